@@ -1,0 +1,44 @@
+# Quick start: `make demo` (lab demo) and `make test` (whole suite) on a fresh Debian machine.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PAIRCTL := $(VENV)/bin/pairctl
+PYTEST_ARGS ?=
+
+.PHONY: setup system venv demo test test-unit bench clean-state
+
+setup: system venv
+
+# Debian packages the lab and builds need (installed only when missing).
+SYSTEM_PKGS := openssh-server openssh-client ccache cmake ninja-build g++ git iproute2 procps
+system:
+	@missing=""; for p in $(SYSTEM_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: setup
+	$(PY) -m orchestrator.lab.demo
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) -m benchmarks
+
+clean-state:
+	-$(PAIRCTL) lab down
+	rm -rf .state

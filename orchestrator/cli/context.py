@@ -1,0 +1,52 @@
+"""What every command gets: the state home, the inventory, output mode, a bound logger.
+
+Built once in the app callback and passed down (httpie's Environment idea), so tests drive
+the real CLI with their own home and inventory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from orchestrator.config.inventory import Inventory, load_inventory
+from orchestrator.paths import Home
+
+
+@dataclass
+class Ctx:
+    home: Home
+    inventory_ref: str
+    json_output: bool = False
+    verbosity: int = 0
+    console: Console = field(default_factory=lambda: Console(stderr=False, highlight=False, soft_wrap=True))
+    _inventory: Inventory | None = None
+
+    @property
+    def variables(self) -> dict[str, str]:
+        return {"PAIRCTL_HOME": str(self.home.root)}
+
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = load_inventory(self.inventory_ref, self.variables)
+        return self._inventory
+
+    def emit_json(self, data: Any) -> None:
+        sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def get_ctx(ctx: typer.Context) -> Ctx:
+    obj = ctx.find_root().obj
+    assert isinstance(obj, Ctx), "pairctl's app callback did not run"
+    return obj
+
+
+def resolve_path(p: str | Path) -> Path:
+    return Path(p).expanduser().resolve()

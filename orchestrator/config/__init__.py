@@ -1,0 +1,1 @@
+"""pydantic models for every file pairctl reads, and one loader that names file, field and reason."""

@@ -1,0 +1,82 @@
+"""Load YAML into a pydantic model; every error names the file, the field and the reason."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_validation_error(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid ({err.error_count()} problem{'s' if err.error_count() != 1 else ''})"]
+    for e in err.errors(include_url=False):
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (not part of this file's schema)"
+        lines.append(f"  {source}: field '{loc}': {msg}")
+    return "\n".join(lines)
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    except Exception as exc:  # yaml can raise odd errors on hostile input
+        raise ConfigError(f"{path}: not valid YAML: {type(exc).__name__}") from None
+
+
+def validate(model: type[M], data: Any, *, source: str, context: dict[str, Any] | None = None) -> M:
+    if data is None:
+        raise ConfigError(f"{source}: file is empty")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping at the top level, found {type(data).__name__}")
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(source, err)) from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+
+
+def load_model(model: type[M], path: Path | str, *, context: dict[str, Any] | None = None) -> M:
+    path = Path(path)
+    return validate(model, read_yaml(path), source=str(path), context=context)
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand(value: str, variables: dict[str, str] | None = None) -> str:
+    """Expand `${VAR}` (from `variables`, then the environment) and a leading `~`.
+
+    Inventories use `${PAIRCTL_HOME}` so the lab's paths follow the state directory.
+    An unknown variable is an error, never an empty string.
+    """
+    env = {**os.environ, **(variables or {})}
+
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in env:
+            raise ConfigError(f"unknown variable ${{{name}}} in {value!r}")
+        return env[name]
+
+    return os.path.expanduser(_VAR.sub(sub, value))

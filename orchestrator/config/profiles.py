@@ -1,0 +1,197 @@
+"""Route profiles: the exact serving configuration of a pair, rendered to llama-server's argv.
+
+Sizes the acceptance checks use (per-slot context, near-full targets) are derived here, the
+way llama-server derives them with an explicit `-np`, so the same check runs at 266240 tokens
+on the real pair and at a few thousand in the lab.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from orchestrator.config.base import StrictModel
+from orchestrator.config.loader import load_model
+from orchestrator.paths import MANIFESTS
+
+QUANTIZED_KV = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
+KV_TYPES = {"f32", "f16", "bf16", *QUANTIZED_KV}
+
+
+def pad(n: int, to: int = 256) -> int:
+    return (n + to - 1) // to * to
+
+
+def per_slot_context(ctx_size: int, parallel: int, n_ctx_train: int | None = None) -> int:
+    """llama-server with an explicit `-np N` (kv_unified false):
+    GGML_PAD(GGML_PAD(n_ctx, 256) / N, 256), capped at the model's trained context."""
+    n = pad(pad(ctx_size, 256) // parallel, 256)
+    if n_ctx_train:
+        n = min(n, n_ctx_train)
+    return n
+
+
+class DraftConfig(StrictModel):
+    spec_type: Literal["draft-simple", "draft-mtp"] = "draft-simple"
+    model: str | None = Field(default=None, description="model role (from the pair's models) used as draft")
+    n_max: int = Field(default=3, ge=0, le=64)
+    n_min: int = Field(default=0, ge=0, le=64)
+    n_gpu_layers: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "DraftConfig":
+        if self.n_min > self.n_max:
+            raise ValueError(f"n_min ({self.n_min}) is greater than n_max ({self.n_max})")
+        if self.spec_type == "draft-simple" and not self.model:
+            raise ValueError("draft-simple needs a draft model role in 'model'")
+        return self
+
+
+class RouteProfile(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    model: str = Field(default="target", description="model role (from the pair's models) to serve")
+    ctx_size: int = Field(gt=0, le=4_194_304)
+    parallel: int = Field(ge=1, le=64, description="slots; always passed explicitly as -np")
+    batch_size: int = Field(default=2048, gt=0)
+    ubatch_size: int = Field(default=512, gt=0)
+    flash_attn: Literal["on", "off", "auto"] = "auto"
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    n_gpu_layers: int | Literal["all"] = "all"
+    split_mode: Literal["none", "layer", "row", "tensor"] = "layer"
+    draft: DraftConfig | None = None
+    expect_pipeline_parallel: bool = False
+    near_full_slack: int = Field(default=1024, ge=0, description="tokens left free by near-full checks")
+    threads: int | None = Field(default=None, ge=1)
+    metrics: bool = True
+    extra_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _check(self) -> "RouteProfile":
+        for field in ("cache_type_k", "cache_type_v"):
+            if getattr(self, field) not in KV_TYPES:
+                raise ValueError(f"{field} {getattr(self, field)!r} is not one of {sorted(KV_TYPES)}")
+        if self.cache_type_v in QUANTIZED_KV and self.flash_attn != "on":
+            raise ValueError("a quantized V cache (cache_type_v) needs flash_attn: on")
+        if self.ubatch_size > self.batch_size:
+            raise ValueError(f"ubatch_size ({self.ubatch_size}) is larger than batch_size ({self.batch_size})")
+        slot = self.per_slot_ctx()
+        if self.near_full_slack >= slot:
+            raise ValueError(
+                f"near_full_slack ({self.near_full_slack}) must be smaller than the per-slot context ({slot} = "
+                f"pad(pad({self.ctx_size},256)/{self.parallel},256))"
+            )
+        if self.expect_pipeline_parallel and self.split_mode != "layer":
+            raise ValueError("pipeline parallelism needs split_mode: layer")
+        for a in self.extra_args:
+            if a in MANAGED_FLAGS:
+                raise ValueError(f"extra_args may not set {a}: it is a profile field or managed by pairctl")
+        return self
+
+    def per_slot_ctx(self, n_ctx_train: int | None = None) -> int:
+        return per_slot_context(self.ctx_size, self.parallel, n_ctx_train)
+
+    def near_full_tokens(self, n_ctx_train: int | None = None) -> int:
+        """Prompt + generation a near-full lane aims for: per-slot capacity minus slack."""
+        return self.per_slot_ctx(n_ctx_train) - self.near_full_slack
+
+    def check_fits(self, tokens: int, what: str) -> None:
+        if tokens > self.per_slot_ctx():
+            raise ValueError(f"{what} needs {tokens} tokens, more than the per-slot context {self.per_slot_ctx()}")
+
+    def render_args(
+        self,
+        *,
+        model_paths: dict[str, str],
+        host: str,
+        port: int,
+        rpc: list[str],
+        api_key_file: str | None = None,
+        log_file: str | None = None,
+    ) -> list[str]:
+        """llama-server arguments (without the binary). Pure, so `--dry-run` and tests show it exactly."""
+        try:
+            model = model_paths[self.model]
+        except KeyError:
+            raise ValueError(f"profile {self.name} serves model role {self.model!r}, which the pair does not define") from None
+        args = ["--model", model, "--host", host, "--port", str(port)]
+        if rpc:
+            args += ["--rpc", ",".join(rpc)]
+        args += [
+            "--ctx-size", str(self.ctx_size),
+            "--parallel", str(self.parallel),
+            "--batch-size", str(self.batch_size),
+            "--ubatch-size", str(self.ubatch_size),
+            "--flash-attn", self.flash_attn,
+            "--cache-type-k", self.cache_type_k,
+            "--cache-type-v", self.cache_type_v,
+            "--n-gpu-layers", "all" if self.n_gpu_layers == "all" else str(self.n_gpu_layers),
+            "--split-mode", self.split_mode,
+        ]
+        if self.threads:
+            args += ["--threads", str(self.threads)]
+        if self.draft is not None:
+            d = self.draft
+            args += ["--spec-type", d.spec_type]
+            if d.model:
+                try:
+                    args += ["--spec-draft-model", model_paths[d.model]]
+                except KeyError:
+                    raise ValueError(f"profile {self.name} drafts with model role {d.model!r}, which the pair does not define") from None
+            args += ["--spec-draft-n-max", str(d.n_max), "--spec-draft-n-min", str(d.n_min)]
+            if d.n_gpu_layers is not None:
+                args += ["--spec-draft-ngl", str(d.n_gpu_layers)]
+        if self.metrics:
+            args += ["--metrics"]
+        if api_key_file:
+            args += ["--api-key-file", api_key_file]
+        if log_file:
+            args += ["--log-file", log_file]
+        args += list(self.extra_args)
+        return args
+
+
+# Flags that pairctl renders from fields; extra_args may not repeat them.
+MANAGED_FLAGS = {
+    "-m", "--model", "--host", "--port", "--rpc", "-c", "--ctx-size", "-np", "--parallel", "-b", "--batch-size",
+    "-ub", "--ubatch-size", "-fa", "--flash-attn", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
+    "-ngl", "--n-gpu-layers", "--gpu-layers", "-sm", "--split-mode", "--spec-type", "-md", "--spec-draft-model",
+    "--model-draft", "--spec-draft-n-max", "--spec-draft-n-min", "-ngld", "--spec-draft-ngl", "--api-key",
+    "--api-key-file", "--log-file", "--metrics", "-t", "--threads",
+}
+
+_FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
+
+
+def flags_in_help(help_text: str) -> set[str]:
+    """Every flag spelled in a `--help` text (llama.cpp lists aliases comma-separated)."""
+    return set(_FLAG.findall(help_text))
+
+
+def unknown_flags(args: list[str], help_text: str) -> list[str]:
+    """Flags in `args` that the package's own `--help` does not offer (renamed between versions)."""
+    known = flags_in_help(help_text)
+    return [a for a in args if a.startswith("-") and not _is_number(a) and a.split("=", 1)[0] not in known]
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def profiles_dir() -> Path:
+    return MANIFESTS / "profiles"
+
+
+def load_profile(name_or_path: str) -> RouteProfile:
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = profiles_dir() / f"{name_or_path}.yaml"
+    return load_model(RouteProfile, p)

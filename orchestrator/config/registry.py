@@ -1,0 +1,84 @@
+"""Which model validates which manifest folder: used by `config check` and `config schema`.
+
+Other packages add their kinds here (playbooks, qualification plans, kernel metadata).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from orchestrator.config.loader import load_model
+from orchestrator.errors import ConfigError
+from orchestrator.paths import KERNELS, MANIFESTS, PLAYBOOKS
+
+
+def schemas() -> dict[str, type[BaseModel]]:
+    from orchestrator.config.inventory import Inventory
+    from orchestrator.config.profiles import RouteProfile
+    from orchestrator.config.targets import Target
+
+    out: dict[str, type[BaseModel]] = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
+    for modname, kind, attr in _OPTIONAL:
+        try:
+            mod = __import__(modname, fromlist=[attr])
+            out[kind] = getattr(mod, attr)
+        except (ImportError, AttributeError):
+            pass
+    return out
+
+
+# (module, kind, class) registered by later packages; absent ones are skipped.
+_OPTIONAL = [
+    ("orchestrator.engine.playbook", "playbook", "Playbook"),
+    ("orchestrator.qualify.plan", "plan", "QualifyPlan"),
+    ("orchestrator.kernels_meta", "kernel", "KernelPatch"),
+    ("orchestrator.checks.fixtures", "fixtures", "FixtureSet"),
+]
+
+FOLDERS = {
+    "target": MANIFESTS / "targets",
+    "profile": MANIFESTS / "profiles",
+    "inventory": MANIFESTS / "inventories",
+    "plan": MANIFESTS / "plans",
+    "fixtures": MANIFESTS / "fixtures",
+    "playbook": PLAYBOOKS,
+}
+
+
+def _kind_of(path: Path) -> str | None:
+    parent = path.resolve().parent
+    for kind, folder in FOLDERS.items():
+        if parent == folder.resolve():
+            return kind
+    if path.name == "kernel.yaml":
+        return "kernel"
+    return None
+
+
+def default_files() -> list[Path]:
+    files: list[Path] = []
+    for kind, folder in FOLDERS.items():
+        files += sorted(folder.glob("*.yaml"))
+    files += sorted(KERNELS.glob("*/kernel.yaml"))
+    return files
+
+
+def check_all(paths: list[Path] | None, *, kind: str | None, variables: dict[str, str]) -> list[tuple[Path, str | None]]:
+    models = schemas()
+    out: list[tuple[Path, str | None]] = []
+    for p in paths or default_files():
+        k = kind or _kind_of(p)
+        if k is None:
+            out.append((p, f"{p}: cannot tell what kind of file this is; pass --kind"))
+            continue
+        if k not in models:
+            out.append((p, f"{p}: unknown kind {k!r}"))
+            continue
+        try:
+            load_model(models[k], p)
+            out.append((p, None))
+        except ConfigError as e:
+            out.append((p, str(e)))
+    return out
