@@ -1,0 +1,96 @@
+"""Config models reject bad input with file, field and reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.loader import load_model
+from orchestrator.config.profiles import RouteProfile, load_profile, per_slot_context, unknown_flags
+from orchestrator.config.targets import Target
+from orchestrator.errors import ConfigError
+
+LAB_PROFILE = yaml.safe_load((Path(__file__).parents[2] / "manifests/profiles/lab.yaml").read_text())
+LAB_INV = yaml.safe_load((Path(__file__).parents[2] / "manifests/inventories/lab.yaml").read_text())
+
+
+def write(tmp_path: Path, name: str, data) -> Path:
+    p = tmp_path / name
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def test_per_slot_context_matches_llama_server():
+    assert per_slot_context(266240, 2) == 133120
+    assert per_slot_context(266240, 1, n_ctx_train=262144) == 262144
+    assert per_slot_context(4000, 3) == 1536  # pad(4096/3=1365 -> 1536)
+
+
+def test_profiles_in_repo_load():
+    assert load_profile("production").per_slot_ctx() == 133120
+    assert load_profile("lab").per_slot_ctx() == 2048
+
+
+@pytest.mark.parametrize(
+    "change, field, reason",
+    [
+        ({"bogus": 1}, "bogus", "unknown key"),
+        ({"ctx_size": "lots"}, "ctx_size", "valid integer"),
+        ({"near_full_slack": 5000}, "", "smaller than the per-slot context"),
+        ({"cache_type_v": "q8_0", "flash_attn": "off"}, "", "needs flash_attn: on"),
+        ({"ubatch_size": 4096}, "", "larger than batch_size"),
+        ({"extra_args": ["--rpc", "x"]}, "", "may not set --rpc"),
+    ],
+)
+def test_bad_profile_is_named(tmp_path, change, field, reason):
+    p = write(tmp_path, "bad.yaml", {**LAB_PROFILE, **change})
+    with pytest.raises(ConfigError) as ei:
+        load_model(RouteProfile, p)
+    msg = str(ei.value)
+    assert str(p) in msg and reason in msg
+    if field:
+        assert f"'{field}'" in msg
+
+
+def test_rpc_bind_any_needs_opt_in(tmp_path):
+    inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
+    inv["pairs"]["lab"]["rpc_bind"] = "0.0.0.0"
+    with pytest.raises(ConfigError, match="allow_rpc_bind_any"):
+        load_model(Inventory, write(tmp_path, "inv.yaml", inv))
+    inv["pairs"]["lab"]["allow_rpc_bind_any"] = True
+    load_model(Inventory, write(tmp_path, "inv2.yaml", inv))
+
+
+def test_pair_names_unknown_host(tmp_path):
+    inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
+    inv["pairs"]["lab"]["rpc"] = "nowhere"
+    with pytest.raises(ConfigError, match="'nowhere' is not in hosts"):
+        load_model(Inventory, write(tmp_path, "inv.yaml", inv))
+
+
+def test_cuda_target_needs_arch(tmp_path):
+    with pytest.raises(ConfigError, match="cuda_arch"):
+        load_model(Target, write(tmp_path, "t.yaml", {"name": "x", "backend": "cuda"}))
+
+
+def test_unknown_flags_against_help():
+    help_text = "-c,    --ctx-size N   size\n--spec-draft-n-max N\n-np, --parallel N"
+    assert unknown_flags(["--ctx-size", "5", "--draft-max", "3", "-np", "2"], help_text) == ["--draft-max"]
+
+
+def test_config_check_cli(cli, tmp_path):
+    r = cli("config", "check")
+    assert r.exit_code == 0, r.output
+    bad = write(tmp_path, "bad.yaml", {**LAB_PROFILE, "parallel": 0})
+    r = cli("config", "check", "--kind", "profile", str(bad))
+    assert r.exit_code == 3
+    assert "parallel" in r.output
+
+
+def test_config_schema_cli(cli):
+    r = cli("config", "schema", "profile")
+    assert r.exit_code == 0 and '"ctx_size"' in r.stdout
+    assert cli("config", "schema", "nope").exit_code == 3
