@@ -6,3 +6,10 @@ from orchestrator.cli import app
 from orchestrator.cli import config_cmd
 
 app.add_typer(config_cmd.app, name="config")
+from orchestrator.cli import doctor_cmd, schedule_cmd  # noqa: E402
+
+app.add_typer(schedule_cmd.app, name="schedule")
+app.command("doctor")(doctor_cmd.doctor)
+from orchestrator.cli import lab_cmd  # noqa: E402
+
+app.add_typer(lab_cmd.app, name="lab")

@@ -1,0 +1,70 @@
+"""`pairctl lab up|status|down`: the embedded default (local sshd hosts, source, tiny models)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.config.inventory import load_inventory
+from orchestrator.lab.lab import Lab, LabStatus, down_all
+
+app = typer.Typer(help="The lab: real sshd hosts on loopback, the pinned llama.cpp source, tiny GGUF models.", no_args_is_help=True)
+
+_INV = typer.Option(None, "--inventory", "-i", help="Inventory name (lab, lab3) or YAML path; default: the global --inventory.")
+_JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
+
+
+def _lab(c: Ctx, inventory: Optional[str]) -> Lab:
+    inv = load_inventory(inventory, c.variables) if inventory else c.inventory()
+    return Lab(c.home, inv)
+
+
+def _show(c: Ctx, st: LabStatus, as_json: bool) -> None:
+    if as_json or c.json_output:
+        c.emit_json(st.as_dict())
+        return
+    t = Table(title="lab hosts")
+    for col in ("host", "address", "pid", "state"):
+        t.add_column(col)
+    for h in st.hosts:
+        t.add_row(h.name, f"{h.address}:{h.port}", str(h.pid or "-"), h.state + (" (started)" if h.started else ""))
+    c.console.print(t)
+    c.console.print(f"models: {'ok' if st.models_ok else 'missing'} ({st.models['target']} ...)", markup=False)
+    c.console.print(f"source: {st.source or 'missing'}", markup=False)
+    c.console.print(f"known_hosts: {st.known_hosts}", markup=False)
+
+
+@app.command("up")
+def up(
+    ctx: typer.Context,
+    inventory: Optional[str] = _INV,
+    no_source: bool = typer.Option(False, "--no-source", help="Skip preparing the pinned llama.cpp source."),
+    json_output: bool = _JSON,
+) -> None:
+    """Start (idempotently) every loopback host of the inventory; write keys, known_hosts, models, source."""
+    c = get_ctx(ctx)
+    _show(c, _lab(c, inventory).up(source=not no_source), json_output)
+
+
+@app.command("status")
+def status(ctx: typer.Context, inventory: Optional[str] = _INV, json_output: bool = _JSON) -> None:
+    """Per host: running, pid, port answering; and whether models and source are present."""
+    c = get_ctx(ctx)
+    _show(c, _lab(c, inventory).status(), json_output)
+
+
+@app.command("down")
+def down(ctx: typer.Context, json_output: bool = _JSON) -> None:
+    """Stop every process this home's lab started (sshd hosts, servers under host roots), by pid."""
+    c = get_ctx(ctx)
+    report = down_all(c.home)
+    if json_output or c.json_output:
+        c.emit_json(report.as_dict())
+        return
+    if not report.stopped:
+        c.console.print("lab: nothing was running")
+    for s in report.stopped:
+        c.console.print(f"stopped {s['what']} on {s['host']}: pids {', '.join(map(str, s['pids']))}", markup=False)

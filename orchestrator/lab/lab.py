@@ -1,0 +1,203 @@
+"""The `Lab` facade: `up`, `status`, `down` for the embedded default on one machine.
+
+`up` is idempotent (running hosts stay, stale pid files are replaced); `down` stops what this
+home's lab started — every host under `Home.lab/hosts/`, whatever inventory brought it up — and
+any llama-server / ggml-rpc-server whose pid file lives in a lab host's `root/run/`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.inventory import Inventory
+from orchestrator.errors import ConfigError, PairctlError
+from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
+from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
+from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, pid_alive, read_pid, terminate
+from orchestrator.log import get_logger
+from orchestrator.paths import Home
+
+SERVICE_NAMES = ("llama-server", "ggml-rpc-server")
+
+
+def is_lab_address(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address) in ipaddress.ip_network("127.0.0.0/8")
+    except ValueError:
+        return False
+
+
+def host_plans(home: Home, inventory: Inventory) -> list[HostPlan]:
+    """The inventory's loopback hosts as lab host plans (pure). Other hosts are not the lab's."""
+    plans = []
+    for name, h in sorted(inventory.hosts.items()):
+        if h.transport != "ssh" or not is_lab_address(h.address):
+            continue
+        plan = HostPlan(name=name, address=h.address, port=h.port, user=h.user or "root", dir=home.lab / "hosts" / name)
+        if Path(h.install_root).resolve() != plan.root.resolve():
+            raise ConfigError(
+                f"inventory host {name!r}: install_root {h.install_root} is not the lab's {plan.root}",
+                hint="lab inventories use install_root: ${PAIRCTL_HOME}/lab/hosts/<name>/root",
+            )
+        plans.append(plan)
+    return plans
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    hosts: list[HostState]
+    models: dict[str, str]
+    models_ok: bool
+    source: str | None
+    known_hosts: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "hosts": [h.as_dict() for h in self.hosts],
+            "models": self.models,
+            "models_ok": self.models_ok,
+            "source": self.source,
+            "known_hosts": self.known_hosts,
+        }
+
+
+@dataclass(frozen=True)
+class DownReport:
+    stopped: list[dict[str, Any]] = field(default_factory=list)  # {"host", "what", "pids"}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"stopped": self.stopped}
+
+
+class Lab:
+    """The lab of one pairctl home for one inventory."""
+
+    def __init__(self, home: Home, inventory: Inventory) -> None:
+        self.home = home
+        self.inventory = inventory
+        self.plans = host_plans(home, inventory)
+        self.log = get_logger(component="lab")
+
+    @property
+    def operator_key(self) -> Path:
+        return self.home.lab / "keys" / "operator"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.home.lab / "known_hosts"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.home.lab / "models"
+
+    @property
+    def source_dir(self) -> Path:
+        return self.home.lab / "source"
+
+    def model_paths(self) -> dict[str, Path]:
+        return {role: self.models_dir / f for role, f in ROLE_FILES.items()}
+
+    def up(self, *, source: bool = True) -> LabStatus:
+        """Keys, models, (source), then every host's sshd; known_hosts written before any login."""
+        self.home.ensure()
+        pub = ensure_ed25519(self.operator_key, "pairctl-operator")
+        ensure_lab_models(self.models_dir)
+        if source:
+            self._ensure_source()
+        hosts = [SshdHost(p) for p in self.plans]
+        for h in hosts:
+            h.prepare(pub)
+        write_known_hosts(self.known_hosts, [KnownHost(h.plan.address, h.plan.port, h.host_key_line()) for h in hosts])
+        states = []
+        for h in hosts:
+            st = h.up(pub)
+            self.log.info("lab host up", host=st.name, address=st.address, port=st.port, pid=st.pid, started=st.started)
+            states.append(st)
+        return self._status(states)
+
+    def status(self) -> LabStatus:
+        return self._status([SshdHost(p).state() for p in self.plans])
+
+    def _status(self, states: list[HostState]) -> LabStatus:
+        return LabStatus(
+            hosts=states,
+            models={role: str(p) for role, p in self.model_paths().items()},
+            models_ok=models_present(self.models_dir),
+            source=str(self.source_dir) if (self.source_dir / ".git").exists() else None,
+            known_hosts=str(self.known_hosts),
+        )
+
+    def _ensure_source(self) -> Path | None:
+        try:
+            from orchestrator.lab.source import ensure_source
+        except ImportError:
+            self.log.info("lab source module not present; skipping the pinned source")
+            return None
+        return ensure_source(self.home)
+
+    def down(self) -> DownReport:
+        """Stop services under each lab host's root, then each lab sshd (all hosts of this home)."""
+        return down_all(self.home)
+
+
+def down_all(home: Home) -> DownReport:
+    """Stop everything the lab of `home` started, found through its pid files."""
+    log = get_logger(component="lab")
+    stopped: list[dict[str, Any]] = []
+    problems: list[str] = []
+    hosts_dir = home.lab / "hosts"
+    for hdir in sorted(p for p in hosts_dir.iterdir() if p.is_dir()) if hosts_dir.is_dir() else []:
+        plan = _plan_from_dir(hdir)
+        try:
+            svc = stop_services(plan.root)
+            if svc:
+                stopped.append({"host": plan.name, "what": "services", "pids": svc})
+            pids = SshdHost(plan).down()
+            if pids:
+                stopped.append({"host": plan.name, "what": "sshd", "pids": pids})
+                log.info("lab host down", host=plan.name, pids=pids)
+        except PairctlError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise PairctlError("lab down left processes running: " + "; ".join(problems))
+    return DownReport(stopped)
+
+
+def _plan_from_dir(hdir: Path) -> HostPlan:
+    try:
+        meta = json.loads((hdir / "host.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    return HostPlan(
+        name=hdir.name, address=meta.get("address", "127.0.0.1"), port=int(meta.get("port", 22)),
+        user=meta.get("user", "root"), dir=hdir,
+    )
+
+
+def service_pid(pid_file: Path) -> int | None:
+    """The pid in `pid_file` if it is alive and its argv[0] names llama-server or ggml-rpc-server."""
+    pid = read_pid(pid_file)
+    if pid is None or not pid_alive(pid):
+        return None
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return None
+    return pid if os.path.basename(argv0) in SERVICE_NAMES else None
+
+
+def stop_services(root: Path) -> list[int]:
+    """Stop llama-server / ggml-rpc-server processes recorded in `root/run/*.pid`."""
+    run = root / "run"
+    pids = [pid for f in sorted(run.glob("*.pid")) if (pid := service_pid(f)) is not None] if run.is_dir() else []
+    if not pids:
+        return []
+    left = terminate(pids)
+    if left:
+        raise PairctlError(f"{root}: service pids {left} survived SIGKILL")
+    return pids
