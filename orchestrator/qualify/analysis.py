@@ -1,0 +1,199 @@
+"""From raw samples to a qualification result: cells, gate verdicts, flags.
+
+Pure: it takes the plan and the sample dicts exactly as the receipt stores them, so the result
+can be recomputed from any receipt (original or derived) without touching a host.
+
+A *cell* is one family (or `combined`). For each pair, a family's ratio is the geometric mean
+over that family's fixtures of candidate/baseline; a pair counts for a cell only when every
+sample it needs is valid in both arms.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any, Iterable
+
+from orchestrator.qualify.gates import GateVerdict, decide, overall
+from orchestrator.qualify.plan import ALL, COMBINED, QualifyPlan
+from orchestrator.qualify.stats import GainEstimate, acceptance_rate, at_least, combine_families, estimate_gain, geomean
+
+# Sample fields the runner writes (one dict per measured request); see runner.measure_fixture.
+SAMPLE_FIELDS = (
+    "pair", "arm", "seq", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native", "package_rpc",
+    "build_info", "ok", "error", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+    "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n", "stop_type", "wall_s", "ttft_s",
+    "peak_memory_bytes", "memory_source",
+)
+
+
+def sample_problem(s: dict[str, Any], n_predict: int) -> str | None:
+    """Why a sample cannot be used, or None. Checked, never assumed: a short generation or a
+    cached prompt would compare different work."""
+    if not s.get("ok"):
+        return f"request failed: {s.get('error') or 'unknown error'}"
+    if s.get("predicted_n") != n_predict:
+        return f"generated {s.get('predicted_n')} tokens, planned {n_predict}"
+    if (s.get("cache_n") or 0) != 0:
+        return f"{s.get('cache_n')} prompt tokens came from the cache (cache_prompt must be off)"
+    for k in ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s"):
+        v = s.get(k)
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            return f"{k} is {v!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Cell:
+    family: str
+    planned_pairs: int
+    valid_pairs: list[int]
+    tg: GainEstimate | None
+    pp_ratio: float | None
+    wall_ratio: float | None  # baseline wall / candidate wall: > 1 = candidate faster
+    ttft_ratio: float | None  # baseline TTFT / candidate TTFT: > 1 = candidate faster
+    memory_ratio: float | None  # candidate peak / baseline peak: > 1 = candidate uses more
+    median_tg: dict[str, float | None] = field(default_factory=dict)
+    acceptance: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.valid_pairs) >= self.planned_pairs
+
+
+@dataclass(frozen=True)
+class FlagResult:
+    metric: str
+    family: str
+    min_ratio: float
+    ratio: float | None
+    ok: bool | None  # None: not measurable
+
+
+@dataclass(frozen=True)
+class QualifyResult:
+    verdict: str
+    gates: list[GateVerdict]
+    flags: list[FlagResult]
+    cells: list[Cell]
+    samples_total: int
+    samples_invalid: list[dict[str, Any]]
+    plan_name: str
+    plan_sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        def cell(c: Cell) -> dict[str, Any]:
+            d = asdict(c)
+            d["tg"] = None if c.tg is None else {
+                "gain": c.tg.gain, "ratios": list(c.tg.ratios), "interval": asdict(c.tg.interval),
+            }
+            d["valid_pair_count"] = len(c.valid_pairs)
+            return d
+
+        return {
+            "verdict": self.verdict,
+            "plan": self.plan_name,
+            "plan_sha256": self.plan_sha256,
+            "gates": [asdict(g) for g in self.gates],
+            "flags": [asdict(f) for f in self.flags],
+            "cells": [cell(c) for c in self.cells],
+            "samples_total": self.samples_total,
+            "samples_invalid": self.samples_invalid,
+        }
+
+
+def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None) -> QualifyResult:
+    samples = list(samples)
+    fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
+    valid: dict[tuple[int, str, str], dict[str, Any]] = {}
+    invalid: list[dict[str, Any]] = []
+    seen: set[tuple[int, str, str]] = set()
+    for s in samples:
+        key = (s.get("pair"), s.get("arm"), s.get("fixture"))
+        problem = sample_problem(s, plan.n_predict)
+        if key in seen:
+            problem = problem or "duplicate sample for this pair, arm and fixture"
+        seen.add(key)  # type: ignore[arg-type]
+        if problem:
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "problem": problem})
+        else:
+            valid[key] = s  # type: ignore[index]
+    # Identity: both arms must have measured the same prompt (same tokens), or the pair is not comparable.
+    for (p, arm, fx), s in list(valid.items()):
+        other = valid.get((p, "candidate" if arm == "baseline" else "baseline", fx))
+        if other is not None and other.get("prompt_sha256") != s.get("prompt_sha256"):
+            invalid.append({"pair": p, "arm": arm, "fixture": fx, "problem": "prompt differs between the arms of this pair"})
+            del valid[(p, arm, fx)]
+
+    def pair_ok(p: int, fam: str) -> bool:
+        return all((p, a, fx) in valid for a in ("baseline", "candidate") for fx in fixtures_of[fam])
+
+    def fam_ratio(p: int, fam: str, key: str, invert: bool = False) -> float:
+        r = [valid[(p, "candidate", fx)][key] / valid[(p, "baseline", fx)][key] for fx in fixtures_of[fam]]
+        g = geomean(r)
+        return 1.0 / g if invert else g
+
+    boot = dict(confidence=plan.bootstrap.confidence, exact_limit=plan.bootstrap.exact_limit,
+                resamples=plan.bootstrap.resamples, seed=plan.bootstrap.seed)
+    cells: list[Cell] = []
+    for fam in plan.families:
+        pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
+        cells.append(_cell(fam, plan.pairs, pairs, fam_ratio, [fam], valid, fixtures_of, boot))
+    combined_pairs = [p for p in range(plan.pairs) if all(pair_ok(p, f) for f in plan.families)]
+    cells.append(_cell(COMBINED, plan.pairs, combined_pairs, fam_ratio, plan.families, valid, fixtures_of, boot))
+    by_family = {c.family: c for c in cells}
+
+    gates: list[GateVerdict] = []
+    for g in plan.gates:
+        for fam in plan.families if g.family == ALL else [g.family]:
+            c = by_family[fam]
+            gates.append(decide(g.kind, fam, g.threshold, c.tg, valid_pairs=len(c.valid_pairs), planned_pairs=plan.pairs))
+
+    flags: list[FlagResult] = []
+    metric_attr = {"client_wall": "wall_ratio", "ttft": "ttft_ratio", "prompt": "pp_ratio"}
+    for fl in plan.flags:
+        for fam in plan.families if fl.family == ALL else [fl.family]:
+            c = by_family[fam]
+            if fl.metric == "generation":
+                ratio = None if c.tg is None else c.tg.gain + 1.0
+            else:
+                ratio = getattr(c, metric_attr[fl.metric])
+            flags.append(FlagResult(fl.metric, fam, fl.min_ratio, ratio, None if ratio is None else at_least(ratio, fl.min_ratio)))
+
+    return QualifyResult(
+        verdict=overall(gates), gates=gates, flags=flags, cells=cells, samples_total=len(samples),
+        samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256,
+    )
+
+
+def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) -> Cell:
+    def per_pair(key: str, invert: bool = False) -> list[float]:
+        if fam == COMBINED:
+            return list(combine_families([[fam_ratio(p, f, key, invert) for p in pairs] for f in families])) if pairs else []
+        return [fam_ratio(p, fam, key, invert) for p in pairs]
+
+    tg = estimate_gain(per_pair("predicted_per_second"), **boot) if pairs else None
+    pp = geomean(per_pair("prompt_per_second")) if pairs else None
+    wall = geomean(per_pair("wall_s", invert=True)) if pairs else None
+    ttft = geomean(per_pair("ttft_s", invert=True)) if pairs else None
+    fxs = [fx for f in families for fx in fixtures_of[f]]
+    mem = None
+    peaks = {
+        arm: [valid[(p, arm, fx)].get("peak_memory_bytes") for p in pairs for fx in fxs]
+        for arm in ("baseline", "candidate")
+    }
+    if pairs and all(isinstance(v, (int, float)) and v > 0 for vs in peaks.values() for v in vs):
+        mem = max(peaks["candidate"]) / max(peaks["baseline"])
+    med = {
+        arm: (median(valid[(p, arm, fx)]["predicted_per_second"] for p in pairs for fx in fxs) if pairs else None)
+        for arm in ("baseline", "candidate")
+    }
+    acc = {
+        arm: acceptance_rate(
+            [valid[(p, arm, fx)].get("draft_n") for p in pairs for fx in fxs],
+            [valid[(p, arm, fx)].get("draft_n_accepted") for p in pairs for fx in fxs],
+        )
+        for arm in ("baseline", "candidate")
+    }
+    return Cell(fam, planned, pairs, tg, pp, wall, ttft, mem, med, acc)

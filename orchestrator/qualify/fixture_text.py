@@ -1,0 +1,116 @@
+"""Deterministic fixture prompts (code / prose / structured) for qualification plans.
+
+The shipped files under manifests/fixtures/qualify/ are this module's output, frozen by sha256 in
+the plans; a test regenerates them and compares hashes, so anyone can see where a prompt came
+from. Only Python's `random.Random(seed)` (stable across versions for these calls) is used.
+
+Token counts are not known here: the server's tokenizer measures them at run time, and the plan
+sends exactly the first `tokens` tokens, so the text is generated long enough for any tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+WORDS = (
+    "river stone light harbor quiet engine morning signal garden winter paper window orbit copper "
+    "lantern valley market thread season mirror forest ladder bridge letter ocean shadow canvas "
+    "silver meadow compass anchor feather candle harvest island journey kettle marble needle "
+    "orchard pebble quarry rocket saddle timber umbrella velvet wagon yonder zephyr"
+).split()
+IDENTS = "count total index value buffer offset length result node item key weight scale row col acc".split()
+
+
+def prose(n_chars: int, seed: int) -> str:
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    while size < n_chars:
+        words = [rng.choice(WORDS) for _ in range(rng.randint(6, 16))]
+        sentence = " ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!"])
+        if rng.random() < 0.15:
+            sentence += "\n\n"
+        else:
+            sentence += " "
+        out.append(sentence)
+        size += len(sentence)
+    return "".join(out)
+
+
+def code(n_chars: int, seed: int) -> str:
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    k = 0
+    while size < n_chars:
+        a, b, c = rng.sample(IDENTS, 3)
+        op = rng.choice(["+", "-", "*", "^", "|"])
+        lim = rng.randint(2, 64)
+        fn = (
+            f"def {rng.choice(WORDS)}_{k}({a}, {b}):\n"
+            f"    {c} = 0\n"
+            f"    for i in range({lim}):\n"
+            f"        if ({a} + i) % {rng.randint(2, 9)} == 0:\n"
+            f"            {c} = {c} {op} ({b} * i)\n"
+            f"        else:\n"
+            f"            {c} += {a}\n"
+            f"    return {c}\n\n\n"
+        )
+        out.append(fn)
+        size += len(fn)
+        k += 1
+    return "".join(out)
+
+
+def structured(n_chars: int, seed: int) -> str:
+    rng = random.Random(seed)
+    out: list[str] = []
+    size = 0
+    k = 0
+    while size < n_chars:
+        rec = {
+            "id": k,
+            "name": f"{rng.choice(WORDS)}-{rng.choice(WORDS)}",
+            "tags": rng.sample(WORDS, 3),
+            "qty": rng.randint(0, 9999),
+            "price": round(rng.uniform(0.5, 999.0), 2),
+            "active": rng.random() < 0.5,
+        }
+        line = json.dumps(rec, sort_keys=True) + "\n"
+        out.append(line)
+        size += len(line)
+        k += 1
+    return "".join(out)
+
+
+GENERATORS = {"code": code, "prose": prose, "structured": structured}
+
+# (file name, family, characters, seed): what the shipped fixtures are.
+SHIPPED = [
+    ("lab-code.txt", "code", 600, 1),
+    ("lab-prose.txt", "prose", 600, 2),
+    ("field-code.txt", "code", 64_000, 11),
+    ("field-prose.txt", "prose", 64_000, 12),
+    ("field-structured.txt", "structured", 64_000, 13),
+]
+
+
+def write_shipped(folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name, family, n, seed in SHIPPED:
+        p = folder / name
+        p.write_text(GENERATORS[family](n, seed), encoding="utf-8")
+        out[name] = p
+    return out
+
+
+if __name__ == "__main__":  # python -m orchestrator.qualify.fixture_text DIR
+    import sys
+
+    from orchestrator.hashing import sha256_file
+
+    for name, p in write_shipped(Path(sys.argv[1])).items():
+        print(sha256_file(p), name)

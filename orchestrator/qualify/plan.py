@@ -1,0 +1,199 @@
+"""Qualification plans: frozen fixtures, run shape and gates, declared before any sample.
+
+The plan file's sha256 goes into the receipt before the first measurement, so a gate cannot be
+moved after the data is seen. Fixtures are named by path and sha256 and checked when the plan
+is loaded: a changed prompt is a different experiment and must not be compared silently.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from orchestrator.config.base import StrictModel
+from orchestrator.config.loader import load_model
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.errors import ConfigError
+from orchestrator.hashing import sha256_file
+from orchestrator.paths import MANIFESTS
+
+ALL = "*"  # a gate or flag on every family
+COMBINED = "combined"  # the per-pair geometric mean over families
+Arm = Literal["baseline", "candidate"]
+
+
+def plans_dir() -> Path:
+    return MANIFESTS / "plans"
+
+
+class Fixture(StrictModel):
+    """One frozen prompt. `family` groups fixtures into the cells the gates judge."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    family: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    path: str = Field(description="text file; relative paths are relative to the plan file's folder")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    tokens: int | None = Field(
+        default=None, gt=0, description="expected prompt tokens (checked against the profile; measured again by the server)"
+    )
+
+    def resolve(self, base_dir: Path) -> Path:
+        p = Path(self.path).expanduser()
+        return p if p.is_absolute() else (base_dir / p).resolve()
+
+
+class Warmup(StrictModel):
+    """The one fixed request after each fresh load, before any measured request (never measured)."""
+
+    prompt: str = Field(default="Warm-up: count from one to ten.", min_length=1)
+    n_predict: int = Field(default=16, ge=1)
+
+
+class Bootstrap(StrictModel):
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+    exact_limit: int = Field(default=100_000, ge=1, description="enumerate all n**n resamples up to this many")
+    resamples: int = Field(default=20_000, ge=1000, description="seeded resamples when n**n is larger")
+    seed: int = Field(default=0, ge=0)
+
+
+class Gate(StrictModel):
+    """A declared decision on one family ('*' = each family, 'combined' = the combined result).
+
+    gain: paired geometric gain >= threshold AND interval lower bound > 0.
+    non_regression: interval lower bound >= threshold (e.g. -0.01).
+    """
+
+    kind: Literal["gain", "non_regression"]
+    family: str = Field(default=ALL)
+    threshold: float = Field(ge=-1, le=10, description="fraction: 0.05 = 5%, -0.01 = -1%")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Gate":
+        if self.kind == "gain" and self.threshold < 0:
+            raise ValueError("a gain gate needs a threshold >= 0 (use non_regression for a floor below parity)")
+        if self.kind == "non_regression" and self.threshold > 0:
+            raise ValueError("a non_regression threshold is a floor at or below 0 (e.g. -0.01)")
+        return self
+
+
+class Flag(StrictModel):
+    """Reported, never deciding: the point ratio of `metric` (higher = candidate better) >= min_ratio."""
+
+    metric: Literal["client_wall", "ttft", "prompt", "generation"]
+    family: str = Field(default=ALL)
+    min_ratio: float = Field(gt=0)
+
+
+class QualifyPlan(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    fixtures: list[Fixture] = Field(min_length=1)
+    n_predict: int = Field(ge=1, description="generated tokens per measured request (EOS ignored)")
+    pairs: int = Field(ge=1, le=1000, description="baseline/candidate pairs")
+    order: Literal["alternating"] | list[Arm] = Field(
+        default="alternating",
+        description="'alternating' = B C C B B C ... (each pair reverses the previous), or an explicit list of arms",
+    )
+    warmup: Warmup = Field(default_factory=Warmup)
+    active_slots: Literal[1] = Field(default=1, description="measured requests run one at a time")
+    temperature: float = Field(default=0.0, ge=0)
+    seed: int = Field(default=42, ge=0, description="sampling seed sent with every request")
+    bootstrap: Bootstrap = Field(default_factory=Bootstrap)
+    gates: list[Gate] = Field(min_length=1)
+    flags: list[Flag] = Field(default_factory=list)
+
+    @field_validator("fixtures")
+    @classmethod
+    def _fixtures(cls, v: list[Fixture], info: ValidationInfo) -> list[Fixture]:
+        names = [f.name for f in v]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"fixture names must be unique; repeated: {dup}")
+        base = Path((info.context or {}).get("base_dir") or plans_dir())
+        for f in v:
+            p = f.resolve(base)
+            if not p.is_file():
+                raise ValueError(f"fixture {f.name!r}: file {p} not found")
+            actual = sha256_file(p)
+            if actual != f.sha256:
+                raise ValueError(f"fixture {f.name!r}: {p} has sha256 {actual}, the plan says {f.sha256}")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "QualifyPlan":
+        fams = set(self.families)
+        for g in [*self.gates, *self.flags]:
+            if g.family not in fams | {ALL, COMBINED}:
+                raise ValueError(f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})")
+        if isinstance(self.order, list):
+            if len(self.order) != 2 * self.pairs:
+                raise ValueError(f"an explicit order lists 2 x pairs = {2 * self.pairs} arms, got {len(self.order)}")
+            for i in range(self.pairs):
+                if sorted(self.order[2 * i : 2 * i + 2]) != ["baseline", "candidate"]:
+                    raise ValueError(f"explicit order: pair {i + 1} (arms {2 * i + 1}-{2 * i + 2}) must hold one baseline and one candidate")
+        return self
+
+    @property
+    def families(self) -> list[str]:
+        """Families in first-seen order (report order)."""
+        out: list[str] = []
+        for f in self.fixtures:
+            if f.family not in out:
+                out.append(f.family)
+        return out
+
+    def arm_order(self) -> list[tuple[int, Arm]]:
+        """(pair index, arm) in run order. Alternating: B C, C B, B C, ... so drift cancels."""
+        if isinstance(self.order, list):
+            return [(i // 2, a) for i, a in enumerate(self.order)]
+        out: list[tuple[int, Arm]] = []
+        for i in range(self.pairs):
+            first, second = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+            out += [(i, first), (i, second)]
+        return out
+
+    def check_fits(self, profile: RouteProfile) -> None:
+        """Every fixture's declared tokens + n_predict must fit one slot of the profile."""
+        for f in self.fixtures:
+            if f.tokens is None:
+                continue
+            try:
+                profile.check_fits(f.tokens + self.n_predict, f"fixture {f.name!r} ({f.tokens} prompt + {self.n_predict} generated)")
+            except ValueError as e:
+                raise ConfigError(f"plan {self.name}: {e} of profile {profile.name}") from None
+
+
+class LoadedPlan:
+    """A validated plan plus where it came from and its hash (what the receipt records)."""
+
+    def __init__(self, plan: QualifyPlan, path: Path, sha256: str) -> None:
+        self.plan = plan
+        self.path = path
+        self.sha256 = sha256
+
+    @cached_property
+    def fixture_paths(self) -> dict[str, Path]:
+        return {f.name: f.resolve(self.path.parent) for f in self.plan.fixtures}
+
+    def fixture_text(self, name: str) -> str:
+        """The fixture's text, re-checked against its sha256 (it could change during a run)."""
+        fx = next(f for f in self.plan.fixtures if f.name == name)
+        p = self.fixture_paths[name]
+        data = p.read_bytes()
+        from orchestrator.hashing import sha256_bytes
+
+        if sha256_bytes(data) != fx.sha256:
+            raise ConfigError(f"fixture {name!r}: {p} changed since the plan was loaded (sha256 mismatch)")
+        return data.decode("utf-8")
+
+
+def load_plan(name_or_path: str | Path) -> LoadedPlan:
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = plans_dir() / f"{name_or_path}.yaml"
+    p = p.expanduser().resolve()
+    plan = load_model(QualifyPlan, p, context={"base_dir": str(p.parent)})
+    return LoadedPlan(plan, p, sha256_file(p))
