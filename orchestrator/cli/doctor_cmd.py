@@ -1,0 +1,40 @@
+"""`pairctl doctor`: is this machine ready to run pairctl jobs?"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.context import get_ctx
+from orchestrator.config.targets import list_targets, load_target
+from orchestrator.errors import CheckFailed, ConfigError
+from orchestrator.ops.doctor import run_doctor
+
+
+def doctor(
+    ctx: typer.Context,
+    target: Optional[list[str]] = typer.Option(None, "--target", "-t", help="Build targets you plan to build (checks toolchains)."),
+    no_inventory: bool = typer.Option(False, "--no-inventory", help="Skip the inventory's keys and known_hosts."),
+) -> None:
+    """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix."""
+    c = get_ctx(ctx)
+    targets = [load_target(t) for t in (target or [])]
+    inv = None
+    if not no_inventory:
+        try:
+            inv = c.inventory()
+        except ConfigError as exc:
+            raise ConfigError(f"inventory: {exc}") from None
+    findings = run_doctor(inv, targets)
+    bad = [f for f in findings if not f.ok]
+    if c.json_output:
+        c.emit_json([f.as_dict() for f in findings])
+    else:
+        t = Table("check", "ok", "detail", "fix")
+        for f in findings:
+            t.add_row(f.check, "yes" if f.ok else "NO", f.detail, f.fix)
+        c.console.print(t)
+    if bad:
+        raise CheckFailed(f"{len(bad)} problem(s): " + "; ".join(f"{f.check}: {f.fix or f.detail}" for f in bad))

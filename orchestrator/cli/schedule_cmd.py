@@ -1,0 +1,122 @@
+"""`pairctl schedule install|list|remove`: acceptance on a timer."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.context import get_ctx
+from orchestrator.config.inventory import inventories_dir
+from orchestrator.errors import PairctlError
+from orchestrator.ops import schedule as sched
+
+app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).", no_args_is_help=True)
+
+
+def _pairctl_exe() -> str:
+    """The pairctl of this installation (next to this interpreter, venv symlinks kept)."""
+    beside = Path(sys.executable).absolute().parent / "pairctl"
+    if beside.exists():
+        return str(beside)
+    exe = shutil.which("pairctl")
+    if exe:
+        return str(Path(exe).absolute())
+    raise PairctlError("cannot find the pairctl executable to schedule")
+
+
+def _inventory_path(ref: str) -> str:
+    p = Path(ref)
+    if not p.suffix:
+        p = inventories_dir() / f"{ref}.yaml"
+    return str(p.resolve())
+
+
+@app.command("install")
+def install(
+    ctx: typer.Context,
+    pair: str = typer.Option(..., "--pair", help="Pair to accept on the schedule."),
+    every: str = typer.Option("6h", "--every", help="Interval: 30m, 6h, 1d ..."),
+    checks: Optional[list[str]] = typer.Option(None, "--checks", help="Only these checks (repeatable)."),
+    system: bool = typer.Option(False, "--system", help="System units in /etc/systemd/system instead of user units."),
+    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", help="Write the units here (and do not enable them)."),
+) -> None:
+    """Write a service + timer that run `pairctl accept --scheduled` for PAIR every interval.
+
+    A scheduled run that finds the pair leased by someone else records `skipped: leased by ...`
+    and exits 11, which the unit treats as success. Without systemd, prints the crontab line.
+    """
+    c = get_ctx(ctx)
+    c.inventory().pair(pair)  # the pair must exist
+    s = sched.Schedule(
+        pair=pair,
+        every_s=sched.parse_every(every),
+        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref), pair=pair, checks=checks),
+        home=str(c.home.root),
+    )
+    if unit_dir is None and not sched.systemd_running():
+        line = s.crontab_line()
+        if c.json_output:
+            c.emit_json({"mode": "cron", "line": line})
+        else:
+            c.console.print("systemd is not running here; add this line to the crontab (crontab -e):", markup=False)
+            typer.echo(line)
+        return
+    directory = unit_dir or sched.unit_dir(system)
+    paths = sched.write_units(s, directory)
+    sched.verify_units(paths)
+    enabled = False
+    if unit_dir is None:
+        sched.systemctl(system, "daemon-reload")
+        sched.systemctl(system, "enable", "--now", f"{s.unit_name}.timer")
+        enabled = True
+    if c.json_output:
+        c.emit_json({"mode": "systemd", "units": [str(p) for p in paths], "enabled": enabled})
+    else:
+        for p in paths:
+            c.console.print(f"wrote {p}", markup=False)
+        c.console.print("enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)", markup=False)
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    system: bool = typer.Option(False, "--system"),
+    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir"),
+) -> None:
+    """List the schedules pairctl installed."""
+    c = get_ctx(ctx)
+    rows = sched.list_units(unit_dir or sched.unit_dir(system))
+    if c.json_output:
+        c.emit_json(rows)
+        return
+    t = Table("unit", "every", "timer file")
+    for r in rows:
+        t.add_row(r["unit"], r["every"], r["timer"])
+    c.console.print(t)
+
+
+@app.command("remove")
+def remove(
+    ctx: typer.Context,
+    pair: str = typer.Option(..., "--pair"),
+    system: bool = typer.Option(False, "--system"),
+    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir"),
+) -> None:
+    """Stop and remove the schedule of PAIR."""
+    c = get_ctx(ctx)
+    name = sched.Schedule(pair=pair, every_s=3600, argv=("x",), home="").unit_name
+    if unit_dir is None and sched.systemd_running():
+        try:
+            sched.systemctl(system, "disable", "--now", f"{name}.timer")
+        except Exception:
+            pass
+    removed = sched.remove_units(name, unit_dir or sched.unit_dir(system))
+    if c.json_output:
+        c.emit_json({"removed": [str(p) for p in removed]})
+    else:
+        c.console.print(f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}", markup=False)

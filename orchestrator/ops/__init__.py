@@ -1,0 +1,1 @@
+"""Fitting pairctl into an operator's day: schedules, monitoring output, machine checks."""
