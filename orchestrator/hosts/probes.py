@@ -1,0 +1,249 @@
+"""Facts read from a host, each a pure parser of a command's real output.
+
+The commands live in `layout.py` (they run the fixed helper `pairctl-svc`); here is only
+parsing and comparison, so every probe is tested from captured output with no host at all.
+`identity_problems` is the one place that decides whether a running pair is what its
+manifests and profile say: deploy, rollback, status and acceptance all call it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+RELEASE_PREFIX = "releases/"
+
+
+class ProbeError(ValueError):
+    """Output did not have the shape the helper prints."""
+
+
+def parse_kv_lines(text: str) -> list[tuple[str, str]]:
+    """`key=value` lines in order (keys may repeat); blank lines skipped, anything else an error."""
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key or not key.replace("_", "").isalnum():
+            raise ProbeError(f"unexpected line {line[:120]!r}")
+        out.append((key, value))
+    return out
+
+
+def release_of_link(target: str) -> str | None:
+    """`releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None."""
+    if target in ("", "-"):
+        return None
+    t = target.rstrip("/")
+    if "/releases/" in t:
+        t = RELEASE_PREFIX + t.rsplit("/releases/", 1)[1]
+    if not t.startswith(RELEASE_PREFIX) or "/" in t[len(RELEASE_PREFIX):]:
+        raise ProbeError(f"link points outside releases/: {target!r}")
+    return t[len(RELEASE_PREFIX):]
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What `pairctl-svc facts` saw on one host: links, releases, running services, route record."""
+
+    root_exists: bool
+    current: str | None
+    previous: str | None
+    releases: tuple[str, ...] = ()
+    svc_sha256: str | None = None
+    running: Mapping[str, int] = field(default_factory=dict)
+    route_bytes: bytes | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root_exists": self.root_exists,
+            "current": self.current,
+            "previous": self.previous,
+            "releases": list(self.releases),
+            "running": dict(self.running),
+            "route_present": self.route_bytes is not None,
+        }
+
+
+def parse_facts(text: str) -> HostFacts:
+    kv = parse_kv_lines(text)
+    d: dict[str, Any] = {"releases": [], "running": {}}
+    for key, value in kv:
+        if key == "root_exists":
+            d["root_exists"] = value == "1"
+        elif key in ("current", "previous"):
+            d[key] = release_of_link(value)
+        elif key == "release":
+            if not value.startswith("."):  # temporary uploads are not releases
+                d["releases"].append(value)
+        elif key == "svc_sha256":
+            d["svc_sha256"] = value if _HEX64.match(value) else None
+        elif key == "running":
+            name, _, pid = value.rpartition(":")
+            if not name or not pid.isdigit():
+                raise ProbeError(f"bad running line {value!r}")
+            d["running"][name] = int(pid)
+        elif key == "route_b64":
+            try:
+                d["route_bytes"] = base64.b64decode(value, validate=True)
+            except binascii.Error:
+                raise ProbeError("route.json: bad base64") from None
+        else:
+            raise ProbeError(f"unknown fact {key!r}")
+    if "root_exists" not in d:
+        raise ProbeError("facts: no root_exists line (did the helper run?)")
+    return HostFacts(
+        root_exists=d["root_exists"],
+        current=d.get("current"),
+        previous=d.get("previous"),
+        releases=tuple(sorted(d["releases"])),
+        svc_sha256=d.get("svc_sha256"),
+        running=d["running"],
+        route_bytes=d.get("route_bytes"),
+    )
+
+
+def parse_sha256sum(text: str) -> dict[str, str]:
+    """`sha256sum` output -> {path: hex}; a leading "./" is dropped; binary-mode "*" accepted."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        if line.startswith("\\"):
+            raise ProbeError(f"escaped file name in sha256sum output (unsupported): {line[:120]!r}")
+        digest, sep, rest = line.partition(" ")
+        if not sep or not _HEX64.match(digest) or not rest or rest[0] not in " *":
+            raise ProbeError(f"not a sha256sum line: {line[:120]!r}")
+        path = rest[1:]
+        if path.startswith("./"):
+            path = path[2:]
+        if path in out:
+            raise ProbeError(f"{path} listed twice")
+        out[path] = digest
+    return out
+
+
+def hash_problems(expected: Mapping[str, str], observed: Mapping[str, str]) -> list[str]:
+    """Every file the manifest names must be present with its sha256 (extra files are allowed:
+    manifest.json itself, meta/)."""
+    problems = []
+    for path, digest in sorted(expected.items()):
+        got = observed.get(path)
+        if got is None:
+            problems.append(f"{path}: missing")
+        elif got != digest:
+            problems.append(f"{path}: sha256 {got[:16]}… expected {digest[:16]}…")
+    return problems
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    name: str
+    pid: int | None
+    exe_sha256: str | None = None
+    argv: tuple[str, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+
+def parse_identity(text: str) -> dict[str, ProcIdentity]:
+    """`pairctl-svc identity` lines: `proc=NAME:PID:SHA256:BASE64(cmdline)` or `proc=NAME:-`."""
+    out = {}
+    for key, value in parse_kv_lines(text):
+        if key != "proc":
+            raise ProbeError(f"unexpected {key!r} in identity output")
+        parts = value.split(":")
+        if len(parts) == 2 and parts[1] == "-":
+            out[parts[0]] = ProcIdentity(parts[0], None)
+            continue
+        if len(parts) != 4 or not parts[1].isdigit() or not _HEX64.match(parts[2]):
+            raise ProbeError(f"bad identity line {value[:120]!r}")
+        try:
+            raw = base64.b64decode(parts[3], validate=True)
+        except binascii.Error:
+            raise ProbeError("bad base64 cmdline") from None
+        argv = tuple(a.decode("utf-8", "surrogateescape") for a in raw.split(b"\0"))
+        if argv and argv[-1] == "":
+            argv = argv[:-1]
+        out[parts[0]] = ProcIdentity(parts[0], int(parts[1]), parts[2], argv)
+    return out
+
+
+_BUILD_INFO = re.compile(r"^b(\d+)-([0-9a-f]{7,40})$")
+
+
+def build_info_problems(build_info: str | None, revision: str, expected: str | None = None) -> list[str]:
+    """`/props` build_info is `b<N>-<commit>`; the commit must be a prefix of the package's revision."""
+    if not build_info:
+        return ["/props has no build_info"]
+    m = _BUILD_INFO.match(build_info)
+    if not m:
+        return [f"/props build_info {build_info!r} does not name a revision (b<N>-<commit>)"]
+    if not revision.startswith(m.group(2)):
+        return [f"/props build_info {build_info!r} names {m.group(2)}, package revision is {revision[:12]}"]
+    if expected and build_info != expected:
+        return [f"/props build_info {build_info!r}, package manifest says {expected!r}"]
+    return []
+
+
+def slots_problems(slots: Iterable[Mapping[str, Any]], parallel: int, per_slot_ctx: int) -> list[str]:
+    slots = list(slots)
+    problems = []
+    if len(slots) != parallel:
+        problems.append(f"/slots lists {len(slots)} slots, profile wants {parallel}")
+    for s in slots:
+        if s.get("n_ctx") != per_slot_ctx:
+            problems.append(f"slot {s.get('id')}: n_ctx {s.get('n_ctx')}, profile gives {per_slot_ctx} per slot")
+    return problems
+
+
+@dataclass(frozen=True)
+class ExpectedProc:
+    """What one supervised process must be: the manifest's binary hash and the exact argv."""
+
+    name: str
+    exe_sha256: str
+    argv: tuple[str, ...]
+
+
+def proc_problems(host: str, expected: ExpectedProc, seen: ProcIdentity | None) -> list[str]:
+    if seen is None or not seen.running:
+        return [f"{host}: {expected.name} is not running"]
+    problems = []
+    if seen.exe_sha256 != expected.exe_sha256:
+        problems.append(
+            f"{host}: running {expected.name} (pid {seen.pid}) has sha256 {str(seen.exe_sha256)[:16]}…, "
+            f"manifest says {expected.exe_sha256[:16]}…"
+        )
+    if tuple(seen.argv) != tuple(expected.argv):
+        diff = _first_difference(expected.argv, seen.argv)
+        problems.append(f"{host}: {expected.name} argv differs from the rendered profile ({diff})")
+    return problems
+
+
+def _first_difference(want: tuple[str, ...], got: tuple[str, ...]) -> str:
+    for i, (a, b) in enumerate(zip(want, got)):
+        if a != b:
+            return f"argument {i}: {b!r}, expected {a!r}"
+    if len(want) != len(got):
+        return f"{len(got)} arguments, expected {len(want)}"
+    return "identical"
+
+
+def parse_rpc_bind(argv: Iterable[str]) -> tuple[str | None, int | None]:
+    """`-H ADDR -p PORT` from a ggml-rpc-server argv (the defaults if absent: 127.0.0.1, 50052)."""
+    host, port = None, None
+    args = list(argv)
+    for i, a in enumerate(args[:-1]):
+        if a in ("-H", "--host"):
+            host = args[i + 1]
+        elif a in ("-p", "--port") and args[i + 1].isdigit():
+            port = int(args[i + 1])
+    return host, port

@@ -1,0 +1,101 @@
+"""The route record: what is active on a pair, persisted on the hosts with a revision number.
+
+`<root>/route.json` on the native host (the record of truth) and a copy on the RPC host. It
+is replaced only by compare-and-swap: the writer names the content hash it read, the helper
+replaces the file (under flock, by rename) only if that is still the content, and prints the
+file back so the writer compares bytes. The record carries the rendered argv of the active
+and the previous pair, so a rollback restarts exactly what ran before.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
+from orchestrator.errors import ConfigError
+
+SCHEMA = "pairctl.route/1"
+
+
+class RouteEntry(BaseModel):
+    """One matched pair as it runs: packages, profile and the exact argv of both services."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    native_package: str
+    rpc_package: str
+    package_revision: str
+    profile_name: str
+    profile_sha256: str
+    profile: dict
+    native_argv: list[str]
+    rpc_argv: list[str]
+    argv_sha256: str
+
+    @classmethod
+    def build(cls, *, native_package: str, rpc_package: str, package_revision: str, profile: dict,
+              native_argv: list[str], rpc_argv: list[str]) -> "RouteEntry":
+        return cls(
+            native_package=native_package,
+            rpc_package=rpc_package,
+            package_revision=package_revision,
+            profile_name=str(profile.get("name", "")),
+            profile_sha256=sha256_json(profile),
+            profile=profile,
+            native_argv=list(native_argv),
+            rpc_argv=list(rpc_argv),
+            argv_sha256=argv_digest(native_argv, rpc_argv),
+        )
+
+    def names(self) -> str:
+        return f"{self.native_package} + {self.rpc_package} ({self.profile_name})"
+
+
+class RouteRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_: str = Field(default=SCHEMA, alias="schema")
+    pair: str
+    revision: int = Field(ge=1)
+    active: RouteEntry | None
+    previous: RouteEntry | None = None
+    updated_at: str
+    updated_by: str
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", by_alias=True)) + b"\n"
+
+
+def argv_digest(native_argv: list[str], rpc_argv: list[str]) -> str:
+    return sha256_json({"native": list(native_argv), "rpc": list(rpc_argv)})
+
+
+def parse_route(data: bytes | None) -> RouteRecord | None:
+    if data is None:
+        return None
+    try:
+        return RouteRecord.model_validate(json.loads(data))
+    except (ValueError, ValidationError) as exc:
+        raise ConfigError(f"route.json does not parse: {str(exc)[:300]}") from None
+
+
+def content_sha(data: bytes | None) -> str | None:
+    """The CAS token: sha256 of the bytes read (None = no record yet)."""
+    return None if data is None else sha256_bytes(data)
+
+
+def next_record(current: RouteRecord | None, *, pair: str, active: RouteEntry | None,
+                previous: RouteEntry | None, run_id: str, now: datetime | None = None) -> RouteRecord:
+    """The successor record: revision + 1 (1 for the first), pure."""
+    ts = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
+    return RouteRecord(
+        pair=pair,
+        revision=(current.revision + 1) if current else 1,
+        active=active,
+        previous=previous,
+        updated_at=ts,
+        updated_by=run_id,
+    )
