@@ -7,12 +7,14 @@ any llama-server / ggml-rpc-server whose pid file lives in a lab host's `root/ru
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import json
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
@@ -105,6 +107,10 @@ class Lab:
     def up(self, *, source: bool = True) -> LabStatus:
         """Keys, models, (source), then every host's sshd; known_hosts written before any login."""
         self.home.ensure()
+        with lab_lock(self.home):
+            return self._up(source=source)
+
+    def _up(self, *, source: bool) -> LabStatus:
         pub = ensure_ed25519(self.operator_key, "pairctl-operator")
         ensure_lab_models(self.models_dir)
         if source:
@@ -145,13 +151,32 @@ class Lab:
         return down_all(self.home)
 
 
-def down_all(home: Home) -> DownReport:
-    """Stop everything the lab of `home` started, found through its pid files."""
+@contextmanager
+def lab_lock(home: Home) -> Iterator[None]:
+    """One `lab up`/`lab down` at a time per home (two test sessions may share a home)."""
+    home.lab.mkdir(parents=True, exist_ok=True)
+    with open(home.lab / ".lock", "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def down_all(home: Home, only: set[str] | None = None) -> DownReport:
+    """Stop everything the lab of `home` started (or only the hosts named), found by pid files."""
+    with lab_lock(home):
+        return _down(home, only)
+
+
+def _down(home: Home, only: set[str] | None) -> DownReport:
     log = get_logger(component="lab")
     stopped: list[dict[str, Any]] = []
     problems: list[str] = []
     hosts_dir = home.lab / "hosts"
     for hdir in sorted(p for p in hosts_dir.iterdir() if p.is_dir()) if hosts_dir.is_dir() else []:
+        if only is not None and hdir.name not in only:
+            continue
         plan = _plan_from_dir(hdir)
         try:
             svc = stop_services(plan.root)

@@ -1,0 +1,77 @@
+"""Session fixtures for the lab: `lab` (manifests/inventories/lab.yaml) and `lab3` (lab3.yaml).
+
+Each runs the real `Lab.up` once per session in the shared `pairctl_home` and yields a
+`LabEnv`. `up` is idempotent, so a lab left running by an aborted session is reused. At session
+end only the hosts this session started are stopped (services under their roots, then sshd):
+another test session sharing the home keeps the hosts it relies on. Set PAIRCTL_LAB_KEEP=1 to
+leave everything running.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.inventory import Inventory, load_inventory
+from orchestrator.lab.lab import Lab, LabStatus, down_all
+from orchestrator.paths import Home
+
+
+@dataclass(frozen=True)
+class LabEnv:
+    home: Home
+    inventory: Inventory  # resolved: ${PAIRCTL_HOME} expanded
+    inventory_path: Path
+    models: dict[str, Path]  # role (target, draft_same, draft_other) -> GGUF path
+    status: LabStatus  # as `lab up` left it
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.home.lab / "known_hosts"
+
+    @property
+    def operator_key(self) -> Path:
+        return self.home.lab / "keys" / "operator"
+
+    def pids(self) -> dict[str, int]:
+        return {h.name: h.pid for h in self.status.hosts if h.pid is not None}
+
+
+def _lab_up(home_root: Path, name: str, *, source: bool):
+    home = Home.resolve(home_root)
+    path = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{name}.yaml"
+    inv = load_inventory(str(path), {"PAIRCTL_HOME": str(home.root)})
+    lab = Lab(home, inv)
+    status = lab.up(source=source)
+    env = LabEnv(home=home, inventory=inv, inventory_path=path, models=lab.model_paths(), status=status)
+    started = {h.name for h in status.hosts if h.started}
+    return env, started
+
+
+def _teardown(env: LabEnv, started: set[str]) -> None:
+    if started and not os.environ.get("PAIRCTL_LAB_KEEP"):
+        down_all(env.home, only=started)
+
+
+def _want_source() -> bool:
+    """The pinned source is slow to prepare the first time; tests that only need hosts may skip it."""
+    return os.environ.get("PAIRCTL_LAB_SOURCE", "1") != "0"
+
+
+@pytest.fixture(scope="session")
+def lab(pairctl_home: Path):
+    """The two-host lab (lab-native 127.0.0.2, lab-rpc 127.0.0.3, port 2222), up for the session."""
+    env, started = _lab_up(pairctl_home, "lab", source=_want_source())
+    yield env
+    _teardown(env, started)
+
+
+@pytest.fixture(scope="session")
+def lab3(pairctl_home: Path):
+    """Three lab pairs on six hosts (127.0.0.12-17, port 2222), up for the session."""
+    env, started = _lab_up(pairctl_home, "lab3", source=_want_source())
+    yield env
+    _teardown(env, started)
