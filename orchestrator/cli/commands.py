@@ -13,3 +13,7 @@ app.command("doctor")(doctor_cmd.doctor)
 from orchestrator.cli import lab_cmd  # noqa: E402
 
 app.add_typer(lab_cmd.app, name="lab")
+from orchestrator.cli import build_cmd, packages_cmd  # noqa: E402
+
+app.command("build")(build_cmd.build)
+app.add_typer(packages_cmd.app, name="packages")

@@ -1,0 +1,1 @@
+"""`pairctl build`: exact-revision source export, toolchain checks, CMake, package store."""

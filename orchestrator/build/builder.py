@@ -1,0 +1,313 @@
+"""`pairctl build`: from an exact, clean revision to one verified package per target.
+
+Order: refuse a dirty tree or a non-commit, check `--expect-tree`, check the toolchain, then
+per target: build-cache lookup, or export REV's tree + prove it equal + configure + compile +
+keep outputs; then assemble the package in a temporary folder, hash it, and rename it into the
+store (or, if the id exists, verify the existing package against the new files).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator, Literal
+
+from orchestrator.build import git
+from orchestrator.build.git import Revision
+from orchestrator.build.manifest import (
+    PackageManifest,
+    PatchRecord,
+    TargetRecord,
+    content_digest,
+    diff_entries,
+    package_id,
+)
+from orchestrator.build.plan import BuildPlan, make_plan
+from orchestrator.build.progress import Reporter, make_reporter, parse_ninja_status
+from orchestrator.build.store import Package, PackageStore, entries_for, remove_tree, verify_tree
+from orchestrator.build.toolchain import Toolchain, check_toolchain
+from orchestrator.config.targets import Target, load_target
+from orchestrator.errors import BuildError, PackageError
+from orchestrator.hashing import sha256_file, sha256_json
+from orchestrator.log import get_logger
+from orchestrator.paths import Home
+
+HELP_TIMEOUT_S = 60
+OUTPUTS_MARKER = "outputs.json"
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    source: Path
+    rev: str
+    targets: tuple[str, ...]
+    expect_tree: str | None = None
+    profile: str | None = None
+    patch: Path | None = None
+    jobs: int | None = None
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    package: Package
+    status: Literal["built", "verified"]  # verified = the id existed and matched file for file
+    cached: bool  # cmake was skipped: outputs came from the build cache
+    duration_s: float
+    log_path: Path | None
+
+    def as_dict(self) -> dict[str, object]:
+        m = self.package.manifest
+        return {
+            "id": m.id, "status": self.status, "cached": self.cached, "duration_s": round(self.duration_s, 2),
+            "path": str(self.package.path), "revision": m.revision, "tree": m.tree, "build_info": m.build_info,
+            "target": m.target.name, "content_digest": m.content_digest, "log": str(self.log_path) if self.log_path else None,
+        }  # fmt: skip
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Path | None = None,
+               on_line: Callable[[str], None] | None = None) -> None:  # fmt: skip
+    """Run argv (no shell), append its output to log_path, feed each line to on_line."""
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"$ {subprocess.list2cmdline(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", bufsize=1)  # fmt: skip
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.write(line)
+            if on_line:
+                on_line(line)
+        rc = proc.wait()
+        log.write(f"[exit {rc}]\n")
+    if rc != 0:
+        tail = "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
+        raise BuildError(f"{argv[0]} {argv[1]} failed (exit {rc}); full log: {log_path}\n{tail}")
+
+
+def _apply_patch(repo: Path, rev: Revision, patch_dir: Path) -> tuple[Revision, PatchRecord]:
+    """`--patch kernels/<name>`: the kernels module commits the patch on top of REV."""
+    try:
+        from orchestrator.build import patching  # type: ignore[attr-defined]
+    except ImportError:
+        raise BuildError("--patch needs orchestrator.build.patching (kernel patches), which is not available yet") from None
+    new_rev = patching.apply_patch_commit(repo, rev.commit, patch_dir)
+    digest_fn = getattr(patching, "patch_digest", None)
+    digest = digest_fn(patch_dir) if digest_fn else _dir_digest(patch_dir)
+    return git.resolve(repo, new_rev), PatchRecord(name=patch_dir.name, sha256=digest, base_revision=rev.commit)
+
+
+def _dir_digest(root: Path) -> str:
+    files = sorted(p for p in root.rglob("*") if p.is_file())
+    return sha256_json({p.relative_to(root).as_posix(): sha256_file(p) for p in files})
+
+
+def _find_output(build_dir: Path, name: str) -> Path:
+    direct = build_dir / "bin" / name
+    if direct.is_file():
+        return direct
+    for p in build_dir.rglob(name):
+        if p.is_file() and os.access(p, os.X_OK):
+            return p
+    raise BuildError(f"the build finished but produced no {name} under {build_dir}")
+
+
+def compile_outputs(plan: BuildPlan, repo: Path, outputs: Path, *, log_path: Path, reporter: Reporter) -> None:
+    """Export, prove, configure and compile; copy the binaries to `outputs` (written last = complete)."""
+    log = get_logger(step="build.compile", target=plan.target.name, rev=plan.revision.short)
+    for d in (plan.src_dir, plan.build_dir):
+        remove_tree(d)  # a stable path, fresh content: ccache reuses objects, ninja never sees stale state
+    reporter.phase("export")
+    git.export_tree(repo, plan.revision.commit, plan.src_dir)
+    diff = git.diff_against(repo, plan.revision.commit, plan.src_dir)
+    if diff:
+        raise BuildError(f"exported tree differs from {plan.revision.commit} (source diff not empty):\n{diff[:2000]}")
+    env = plan.env(dict(os.environ))
+    reporter.phase("configure")
+    log.info("configure", argv=plan.configure_argv())
+    run_logged(plan.configure_argv(), env=env, log_path=log_path)
+    reporter.phase("compile")
+    log.info("compile", argv=plan.build_argv())
+
+    def on_line(line: str) -> None:
+        st = parse_ninja_status(line)
+        if st:
+            reporter.update(*st)
+
+    run_logged(plan.build_argv(), env=env, log_path=log_path, on_line=on_line)
+    tmp = outputs.with_name(outputs.name + ".tmp")
+    remove_tree(tmp)
+    for name in plan.target.build_targets:
+        _copy(_find_output(plan.build_dir, name), tmp / "bin" / name)
+    for name in plan.target.test_targets:
+        _copy(_find_output(plan.build_dir, name), tmp / "tests" / "bin" / name)
+    libs = sorted(p for p in (plan.build_dir / "bin").glob("*.so*") if p.is_file())
+    for lib in libs:
+        _copy(lib, tmp / "lib" / lib.name)
+    (tmp / OUTPUTS_MARKER).write_text(json.dumps({"key": plan.key, "revision": plan.revision.commit, "tree": plan.revision.tree,
+                                                  "defines": plan.defines, "finished_at": _now()}, indent=2))  # fmt: skip
+    remove_tree(outputs)
+    tmp.rename(outputs)
+
+
+def _copy(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dest)
+
+
+def _run_capture(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=HELP_TIMEOUT_S, env=env,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{argv[0]} {argv[1]} did not finish in {HELP_TIMEOUT_S}s") from None
+
+
+def assemble(plan: BuildPlan, outputs: Path, tmp: Path, *, reporter: Reporter) -> dict[str, str]:
+    """Copy outputs into the package folder `tmp`, capture --help/--version; return {relpath: kind}."""
+    kinds: dict[str, str] = {}
+    for sub, kind in (("bin", "runtime"), ("lib", "runtime"), ("tests/bin", "test")):
+        d = outputs / sub
+        if d.is_dir():
+            for f in sorted(d.iterdir()):
+                _copy(f, tmp / sub / f.name)
+                kinds[f"{sub}/{f.name}"] = kind
+    env = dict(os.environ)
+    if (tmp / "lib").is_dir():
+        env["LD_LIBRARY_PATH"] = str(tmp / "lib")
+    server = tmp / "bin" / "llama-server"
+    _check_libs(tmp, env)
+    reporter.phase("capture --help")
+    helped = _run_capture([str(server), "--help"], env)
+    help_text = helped.stdout if helped.stdout.strip() else helped.stderr
+    if helped.returncode != 0 or "--rpc" not in help_text:
+        raise BuildError(f"{server} --help failed (exit {helped.returncode}) or lists no --rpc:\n{(helped.stderr or help_text)[-1500:]}")
+    version = _run_capture([str(server), "--version"], env)
+    version_text = (version.stdout + version.stderr).strip() + "\n"
+    if f"commit {plan.revision.short}" not in version_text or f"build {plan.revision.count}," not in version_text:
+        raise BuildError(f"{server} --version does not name build {plan.revision.count}, commit {plan.revision.short}:\n{version_text}")
+    (tmp / "meta").mkdir(exist_ok=True)
+    (tmp / "meta" / "llama-server.help.txt").write_text(help_text, encoding="utf-8")
+    (tmp / "meta" / "version.txt").write_text(version_text, encoding="utf-8")
+    kinds["meta/llama-server.help.txt"] = "meta"
+    kinds["meta/version.txt"] = "meta"
+    return kinds
+
+
+def _check_libs(pkg: Path, env: dict[str, str]) -> None:
+    """Each binary must find every shared library it needs from the package itself or the system."""
+    if not shutil.which("ldd"):
+        return
+    for b in sorted((pkg / "bin").iterdir()):
+        out = subprocess.run(["ldd", str(b)], capture_output=True, text=True, env=env).stdout
+        missing = [line.strip() for line in out.splitlines() if "not found" in line]
+        if missing:
+            raise BuildError(f"{b.name} needs shared libraries the package does not carry: {missing}")
+
+
+def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: Toolchain, *, home: Home,
+                 store: PackageStore, patch: PatchRecord | None, interactive: bool | None) -> BuildResult:  # fmt: skip
+    t0 = time.monotonic()
+    started = _now()
+    plan = make_plan(target, rev, toolchain, home.build_cache, jobs=req.jobs)
+    pid = package_id(req.profile, rev.commit, target.name)
+    log = get_logger(step="build", target=target.name, rev=rev.short, package=pid)
+    outputs = home.build_cache / "outputs" / plan.key
+    reporter = make_reporter(target.name, interactive=interactive)
+    log_path: Path | None = None
+    cached = True
+    try:
+        with _lock(home.build_cache / "work" / f"{target.name}.lock"):
+            if not (outputs / OUTPUTS_MARKER).is_file():
+                cached = False
+                log_dir = home.logs / "build"
+                log_dir.mkdir(parents=True, exist_ok=True)
+                log_path = log_dir / f"{pid}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.log"
+                compile_outputs(plan, req.source, outputs, log_path=log_path, reporter=reporter)
+            else:
+                log.info("build cache hit: skipping cmake", key=plan.key)
+        tmp = store.new_temp_dir()
+        try:
+            kinds = assemble(plan, outputs, tmp, reporter=reporter)
+            reporter.phase("hash", len(kinds))
+            done = [0]
+
+            def tick(_p: Path) -> None:
+                done[0] += 1
+                reporter.update(done[0], len(kinds))
+
+            files = entries_for(tmp, kinds, on_done=tick)
+            manifest = PackageManifest(
+                id=pid, revision=rev.commit, tree=rev.tree, build_number=rev.count, build_info=rev.build_info,
+                source_diff="", target=TargetRecord(name=target.name, spec=target.model_dump(mode="json")),
+                cmake_flags=plan.defines, toolchain=toolchain.versions(), build_host=socket.gethostname(),
+                build_cache_key=plan.key, started_at=started, finished_at=_now(), files=files,
+                content_digest=content_digest(files), patch=patch,
+            )  # fmt: skip
+            with _lock(store.root / f".{pid}.lock"):
+                if store.exists(pid):
+                    status = "verified"
+                    existing = store.get(pid)
+                    problems = diff_entries(existing.manifest.files, files)
+                    problems += [f"existing package: {p}" for p in verify_tree(existing.path, existing.manifest).problems]
+                    if problems:
+                        raise PackageError(
+                            f"package {pid} already exists and differs from this build; nothing was replaced:\n"
+                            + "\n".join(f"  {p}" for p in problems),
+                            hint="a package is never modified in place; remove it explicitly if it is known bad",
+                        )
+                    remove_tree(tmp)
+                    package = existing
+                    log.info("package already present, verified", path=str(package.path))
+                else:
+                    status = "built"
+                    package = store.install(tmp, manifest)
+                    log.info("package built", path=str(package.path), digest=manifest.content_digest)
+        finally:
+            remove_tree(tmp)
+    finally:
+        reporter.close()
+    return BuildResult(package=package, status=status, cached=cached, duration_s=time.monotonic() - t0, log_path=log_path)  # type: ignore[arg-type]
+
+
+def build(home: Home, req: BuildRequest, *, interactive: bool | None = None) -> list[BuildResult]:
+    """Build one package per requested target from an exact, clean revision."""
+    home.ensure()
+    repo = git.require_repo(req.source)
+    git.require_clean(repo)
+    rev = git.resolve(repo, req.rev)
+    if req.expect_tree:
+        git.require_tree(repo, rev, req.expect_tree)
+    patch = None
+    if req.patch is not None:
+        rev, patch = _apply_patch(repo, rev, req.patch)
+        git.require_clean(repo)
+    targets = [load_target(t) for t in req.targets]
+    if not targets:
+        raise BuildError("no --target given")
+    toolchains = {t.name: check_toolchain(t) for t in targets}  # all checked before the first compile
+    store = PackageStore(home.store)
+    return [build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive) for t in targets]

@@ -1,0 +1,92 @@
+"""Pure build planning: CMake defines, configure/build argv, environment, cache key.
+
+Nothing here runs a process; `builder` executes what this renders, so the exact commands
+are testable and shown in logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.build.git import Revision
+from orchestrator.build.toolchain import Toolchain
+from orchestrator.config.targets import Target
+from orchestrator.hashing import sha256_json
+
+CACHE_KEY_VERSION = 1
+
+
+def cmake_defines(target: Target, rev: Revision, toolchain: Toolchain) -> dict[str, str]:
+    """Every `-D` that can change the binaries: the target's flags plus the revision identity."""
+    flags = dict(target.full_cmake_flags())
+    flags["LLAMA_BUILD_COMMIT"] = rev.short
+    flags["LLAMA_BUILD_NUMBER"] = str(rev.count)
+    if target.backend == "cuda" and toolchain.nvcc_path:
+        flags["CMAKE_CUDA_COMPILER"] = toolchain.nvcc_path
+    return dict(sorted(flags.items()))
+
+
+def launcher_defines(target: Target, toolchain: Toolchain) -> dict[str, str]:
+    """ccache launchers: they change speed, never output, so they stay out of the cache key."""
+    if not toolchain.ccache:
+        return {}
+    out = {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
+    if target.backend == "cuda":
+        out["CMAKE_CUDA_COMPILER_LAUNCHER"] = "ccache"
+    return out
+
+
+def cache_key(tree: str, target: Target, defines: dict[str, str], toolchain: Toolchain) -> str:
+    """(tree hash, target, flags digest, output-relevant tool versions) → a folder name."""
+    return sha256_json(
+        {"v": CACHE_KEY_VERSION, "tree": tree, "target": target.name, "defines": defines, "toolchain": toolchain.output_relevant()}
+    )[:32]
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    target: Target
+    revision: Revision
+    work_dir: Path  # Home.build_cache/work/<target>: stable, so ccache sees the same relative paths
+    defines: dict[str, str]
+    launchers: dict[str, str]
+    key: str
+    jobs: int | None = None
+    env_extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def src_dir(self) -> Path:
+        return self.work_dir / "src"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.work_dir / "build"
+
+    @property
+    def targets(self) -> list[str]:
+        return [*self.target.build_targets, *self.target.test_targets]
+
+    def configure_argv(self) -> list[str]:
+        d = {**self.defines, **self.launchers}
+        return ["cmake", "-S", str(self.src_dir), "-B", str(self.build_dir), "-G", "Ninja",
+                *(f"-D{k}={v}" for k, v in sorted(d.items()))]  # fmt: skip
+
+    def build_argv(self) -> list[str]:
+        argv = ["cmake", "--build", str(self.build_dir), "--target", *self.targets]
+        if self.jobs:
+            argv += ["--parallel", str(self.jobs)]
+        return argv
+
+    def env(self, base: dict[str, str]) -> dict[str, str]:
+        env = dict(base)
+        env.update(CCACHE_BASEDIR=str(self.work_dir), CCACHE_NOHASHDIR="1", NINJA_STATUS="[%f/%t] ", **self.env_extra)
+        return env
+
+
+def make_plan(target: Target, rev: Revision, toolchain: Toolchain, build_cache: Path, *, jobs: int | None = None) -> BuildPlan:
+    defines = cmake_defines(target, rev, toolchain)
+    return BuildPlan(
+        target=target, revision=rev, work_dir=build_cache / "work" / target.name, defines=defines,
+        launchers=launcher_defines(target, toolchain), key=cache_key(rev.tree, target, defines, toolchain), jobs=jobs,
+    )  # fmt: skip

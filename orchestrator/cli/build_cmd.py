@@ -1,0 +1,49 @@
+"""`pairctl build`: thin; parse options, call `orchestrator.build.builder.build`, print results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from orchestrator.cli.context import get_ctx, resolve_path
+
+
+def build(
+    ctx: typer.Context,
+    rev: str = typer.Option(..., "--rev", help="Revision to build (commit, tag, branch); must resolve to a commit."),
+    target: list[str] = typer.Option(..., "--target", "-t", help="Target name (manifests/targets) or YAML path; repeatable."),
+    source: Optional[Path] = typer.Option(None, "--source", help="Git repository to build from (default: the lab source)."),
+    expect_tree: Optional[str] = typer.Option(None, "--expect-tree", help="Refuse unless REV's tree equals this revision's tree."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Name used as the package id prefix (default 'pkg')."),
+    patch: Optional[Path] = typer.Option(None, "--patch", help="Kernel patch folder (kernels/<name>) committed on top of REV."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel compile jobs (default: ninja's)."),
+) -> None:
+    """Build one immutable package per target from an exact, clean git revision.
+
+    The working copy is never compiled: REV's tree is exported with `git archive`, proven equal to
+    REV, configured with the target's flags (GGML_RPC=ON, build info from REV) and compiled; the
+    package is hashed file by file and renamed read-only into the store. Building an existing id
+    verifies it instead of overwriting it.
+    """
+    from orchestrator.build.builder import BuildRequest
+    from orchestrator.build.builder import build as run_build
+
+    c = get_ctx(ctx)
+    src = resolve_path(source) if source else c.home.lab / "source"
+    req = BuildRequest(
+        source=src, rev=rev, targets=tuple(target), expect_tree=expect_tree, profile=profile,
+        patch=resolve_path(patch) if patch else None, jobs=jobs,
+    )  # fmt: skip
+    results = run_build(c.home, req, interactive=None if not c.json_output else False)
+    if c.json_output:
+        c.emit_json([r.as_dict() for r in results])
+        return
+    for r in results:
+        m = r.package.manifest
+        what = "already present, verified" if r.status == "verified" else "built"
+        cache = " (build cache hit)" if r.cached else ""
+        c.console.print(f"{what}: {m.id}{cache}  build_info {m.build_info}  tree {m.tree[:12]}  "
+                        f"{len(m.files)} files  {r.duration_s:.1f}s", markup=False)  # fmt: skip
+        c.console.print(f"  {r.package.path}", markup=False)

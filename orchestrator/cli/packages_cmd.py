@@ -1,0 +1,77 @@
+"""`pairctl packages list|show|verify`: read the package store."""
+
+from __future__ import annotations
+
+import typer
+
+from orchestrator.cli.context import get_ctx
+
+app = typer.Typer(help="List, show and verify built packages.", no_args_is_help=True)
+
+
+def _store(ctx: typer.Context):  # type: ignore[no-untyped-def]
+    from orchestrator.build.store import PackageStore
+
+    c = get_ctx(ctx)
+    return c, PackageStore(c.home.store)
+
+
+@app.command("list")
+def list_(ctx: typer.Context) -> None:
+    """List packages in the store."""
+    c, store = _store(ctx)
+    pkgs = store.list()
+    if c.json_output:
+        c.emit_json([{"id": p.id, "revision": p.manifest.revision, "target": p.manifest.target.name,
+                      "build_info": p.manifest.build_info, "content_digest": p.manifest.content_digest,
+                      "path": str(p.path)} for p in pkgs])  # fmt: skip
+        return
+    from rich.table import Table
+
+    table = Table("id", "build_info", "target", "tree", "files", "finished")
+    for p in pkgs:
+        m = p.manifest
+        table.add_row(m.id, m.build_info, m.target.name, m.tree[:12], str(len(m.files)), m.finished_at)
+    c.console.print(table)
+
+
+@app.command("show")
+def show(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Show a package's manifest."""
+    c, store = _store(ctx)
+    pkg = store.get(package_id)
+    m = pkg.manifest
+    if c.json_output:
+        c.emit_json(m.model_dump(mode="json") | {"path": str(pkg.path)})
+        return
+    from rich.table import Table
+
+    c.console.print(f"{m.id}  ({pkg.path})", markup=False)
+    for k in ("revision", "tree", "build_info", "build_host", "started_at", "finished_at", "content_digest"):
+        c.console.print(f"  {k}: {getattr(m, k)}", markup=False)
+    c.console.print(f"  target: {m.target.name}   toolchain: {m.toolchain}", markup=False)
+    c.console.print(f"  source_diff: {'(empty)' if not m.source_diff else 'NOT EMPTY'}", markup=False)
+    if m.patch:
+        c.console.print(f"  patch: {m.patch.name} {m.patch.sha256}", markup=False)
+    table = Table("file", "kind", "mode", "size", "sha256")
+    for rel, e in sorted(m.files.items()):
+        table.add_row(rel, e.kind, e.mode, str(e.size), e.sha256)
+    c.console.print(table)
+
+
+@app.command("verify")
+def verify(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID")) -> None:
+    """Rehash every file of a package against its manifest; any difference fails (exit 6), by file."""
+    c, store = _store(ctx)
+    report = store.verify(package_id, check=False)
+    if c.json_output:
+        c.emit_json({"id": report.id, "ok": report.ok, "files_checked": report.files_checked, "problems": report.problems})
+    else:
+        for p in report.problems:
+            c.console.print(f"FAIL {p}", markup=False)
+        if report.ok:
+            c.console.print(f"ok {report.id}: {report.files_checked} files match the manifest", markup=False)
+    if not report.ok:
+        from orchestrator.errors import PackageError
+
+        raise PackageError(f"package {package_id} fails verification: " + "; ".join(report.problems))
