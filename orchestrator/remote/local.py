@@ -1,0 +1,118 @@
+"""The local transport: for a host that is the machine pairctl runs on (e.g. the GPU box).
+
+Same interface as SSH; commands are exec'd straight from argv (no shell at all), files are
+copied. It runs as pairctl's own user, whatever the inventory says about `user`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.errors import HostError
+from orchestrator.log import get_logger
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import Result, command_failed, command_timed_out
+from orchestrator.remote.transport import DEFAULT_RETRY, RetryPolicy, TransportStats, transient_command_error
+
+
+@dataclass
+class LocalTransport:
+    name: str = "local"
+    retry: RetryPolicy = DEFAULT_RETRY
+    stats: TransportStats = field(default_factory=TransportStats)
+
+    def __post_init__(self) -> None:
+        self._log = get_logger(host=self.name)
+
+    def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+        if not isinstance(cmd, Cmd):
+            raise TypeError("LocalTransport.run takes a Cmd, never a string")
+        t0 = time.monotonic()
+        try:
+            p = subprocess.run(
+                cmd.real_argv(),
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                timeout=timeout,
+                shell=False,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            self.stats.add(commands=1, command_s=time.monotonic() - t0)
+            raise command_timed_out(self.name, cmd, timeout or 0.0, _dec(exc.stdout), _dec(exc.stderr)) from None
+        except FileNotFoundError:
+            # the same outcome a shell gives for a missing program: status 127
+            p = subprocess.CompletedProcess(cmd.real_argv(), 127, b"", f"{cmd.argv_display()[0]}: command not found\n".encode())
+        except PermissionError:
+            p = subprocess.CompletedProcess(cmd.real_argv(), 126, b"", f"{cmd.argv_display()[0]}: permission denied\n".encode())
+        dt = time.monotonic() - t0
+        self.stats.add(commands=1, command_s=dt)
+        # a signal shows as a negative returncode locally; report it the way a shell would
+        status = p.returncode if p.returncode >= 0 else 128 - p.returncode
+        result = Result(status, _dec(p.stdout), _dec(p.stderr), dt, stdout_bytes=p.stdout or b"")
+        self._log.debug("ran", cmd=cmd.display(), exit_status=status, seconds=round(dt, 4))
+        if check and status != 0:
+            raise command_failed(self.name, cmd, result)
+        return result
+
+    def run_idempotent(
+        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
+    ) -> Result:
+        return self.retry.call(
+            lambda: self.run(cmd, check=check, timeout=timeout, stdin=stdin),
+            retry_on=transient_command_error,
+            what=f"probe: {cmd.display()[:80]}",
+            host=self.name,
+            on_retry=lambda: self.stats.add(retries=1),
+        )
+
+    def put(self, local_path: str | Path, remote_path: str) -> None:
+        src = Path(local_path)
+        t0 = time.monotonic()
+        try:
+            st = src.stat()
+            if not stat.S_ISREG(st.st_mode):
+                raise HostError(f"put {src}: not a regular file")
+            shutil.copyfile(src, remote_path)
+            os.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
+        except OSError as exc:
+            raise HostError(f"{self.name}: put {src} -> {remote_path} failed: {exc}") from None
+        self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
+
+    def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        t0 = time.monotonic()
+        try:
+            with open(remote_path, "wb") as f:
+                f.write(data)
+            os.chmod(remote_path, mode & 0o7755)
+        except OSError as exc:
+            raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
+        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def get(self, remote_path: str, local_path: str | Path) -> None:
+        t0 = time.monotonic()
+        try:
+            shutil.copyfile(remote_path, local_path)
+            n = Path(local_path).stat().st_size
+        except OSError as exc:
+            raise HostError(f"{self.name}: get {remote_path} -> {local_path} failed: {exc}") from None
+        self.stats.add(gets=1, get_bytes=n, get_s=time.monotonic() - t0)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "LocalTransport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _dec(b: bytes | None) -> str:
+    return (b or b"").decode("utf-8", "replace")

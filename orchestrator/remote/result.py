@@ -1,0 +1,70 @@
+"""What a command returned, and the one place a failed command becomes an error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from orchestrator.errors import RemoteCommandError
+from orchestrator.remote.command import Cmd, mask_text
+
+TAIL_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Result:
+    """Exit status, decoded output (UTF-8, undecodable bytes replaced) and wall time.
+
+    `stdout_bytes` keeps the exact bytes for callers that read binary output.
+    """
+
+    exit_status: int
+    stdout: str
+    stderr: str
+    duration_s: float
+    stdout_bytes: bytes = field(default=b"", repr=False, compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_status == 0
+
+
+class CommandTimeout(RemoteCommandError):
+    """The command did not finish within its timeout (it may still run on the host)."""
+
+
+def tail(text: str, n: int = TAIL_CHARS) -> str:
+    text = text.rstrip()
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def command_failed(host: str, cmd: Cmd, result: Result) -> RemoteCommandError:
+    """The error for a nonzero exit: masked command, host, status and stderr tail."""
+    secrets = cmd.secrets()
+    err = mask_text(tail(result.stderr), secrets)
+    out = mask_text(tail(result.stdout), secrets)
+    msg = f"command failed on {host} (exit status {result.exit_status}): {cmd.display()}"
+    if err:
+        msg += f"\nstderr: {err}"
+    elif out:
+        msg += f"\nstdout: {out}"
+    return RemoteCommandError(
+        msg,
+        exit_status=result.exit_status,
+        stdout=mask_text(result.stdout, secrets),
+        stderr=mask_text(result.stderr, secrets),
+    )
+
+
+def command_timed_out(host: str, cmd: Cmd, timeout: float, stdout: str = "", stderr: str = "") -> CommandTimeout:
+    secrets = cmd.secrets()
+    msg = f"command timed out on {host} after {timeout:g} s: {cmd.display()}"
+    err = mask_text(tail(stderr), secrets)
+    if err:
+        msg += f"\nstderr so far: {err}"
+    return CommandTimeout(
+        msg,
+        exit_status=-1,
+        stdout=mask_text(stdout, secrets),
+        stderr=mask_text(stderr, secrets),
+        hint="the command may still be running on the host",
+    )

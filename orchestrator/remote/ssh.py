@@ -1,0 +1,527 @@
+"""SSH transport on fabric/paramiko with strict host keys, one lazy connection per host.
+
+Host keys: only the inventory's known_hosts file (plus ssh_config's UserKnownHostsFile when
+the inventory defers to ~/.ssh/config); the policy rejects every unknown key and never adds
+one. An unknown or changed key raises `HostKeyError` with OpenSSH-style SHA256 fingerprints
+before anything runs.
+
+Commands run on a paramiko session channel of the fabric connection, not through
+`Connection.run`: invoke feeds stdin one byte per 10 ms and decodes it byte by byte, which
+corrupts non-ASCII input and makes a 1 KiB stdin take 10 s. Here stdin is sent as bytes,
+stdout/stderr are read as bytes, and a command costs one channel round trip.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import hashlib
+import os
+import select
+import socket
+import stat
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from orchestrator.config.inventory import Inventory
+from orchestrator.errors import HostError, HostKeyError
+from orchestrator.log import get_logger
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import Result, command_failed, command_timed_out
+from orchestrator.remote.transport import (
+    DEFAULT_RETRY,
+    ConnectionLost,
+    RetryPolicy,
+    TransportStats,
+    transient_command_error,
+)
+
+_READ = 1 << 16
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's `SHA256:<base64, no padding>` of the key blob (what `ssh-keygen -lf` prints)."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
+
+
+def known_hosts_name(address: str, port: int) -> str:
+    """The name OpenSSH and paramiko look a host up by in known_hosts."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+# -- where and how to connect (pure) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """Everything needed to connect to one inventory host, resolved before connecting."""
+
+    name: str
+    hostname: str
+    port: int
+    user: str
+    key_filename: str | None
+    known_hosts: tuple[str, ...]
+    allow_agent: bool = False
+    look_for_keys: bool = False
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S
+
+    @property
+    def known_hosts_name(self) -> str:
+        return known_hosts_name(self.hostname, self.port)
+
+    def where(self) -> str:
+        return f"{self.name} ({self.user}@{self.hostname}:{self.port})"
+
+
+def resolve_target(
+    inventory: Inventory,
+    host_name: str,
+    ssh_config: paramiko.SSHConfig | None = None,
+    *,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> SshTarget:
+    """Inventory fields win; with `use_ssh_config`, fields left out come from ssh_config.
+
+    Only user, port, HostName, IdentityFile and UserKnownHostsFile are taken from ssh_config.
+    StrictHostKeyChecking there is ignored: checking is always strict.
+    """
+    spec = inventory.host(host_name)
+    hostname, port, user, key = spec.address, spec.port, spec.user, spec.key
+    known = [inventory.known_hosts]
+    allow_agent = look_for_keys = False
+    if inventory.use_ssh_config and ssh_config is not None:
+        cfg = ssh_config.lookup(spec.address)
+        hostname = cfg.get("hostname", spec.address)
+        if "port" not in spec.model_fields_set and cfg.get("port"):
+            port = int(cfg["port"])
+        if user is None:
+            user = cfg.get("user")
+        if key is None and cfg.get("identityfile"):
+            key = os.path.expanduser(cfg["identityfile"][0])
+        for f in (cfg.get("userknownhostsfile") or "").split():
+            f = os.path.expanduser(f)
+            if f not in known:
+                known.append(f)
+        if key is None:  # defer to the agent and default keys, as ssh(1) would
+            allow_agent = look_for_keys = True
+        if cfg.get("connecttimeout"):
+            connect_timeout_s = float(cfg["connecttimeout"])
+    if user is None:
+        import getpass
+
+        user = getpass.getuser()
+    if key is None and not allow_agent:
+        raise HostError(
+            f"host {host_name}: no key to log in with",
+            hint="set `key:` for the host in the inventory, or `use_ssh_config: true` to use ~/.ssh/config",
+        )
+    return SshTarget(
+        name=host_name,
+        hostname=hostname,
+        port=port,
+        user=user,
+        key_filename=key,
+        known_hosts=tuple(known),
+        allow_agent=allow_agent,
+        look_for_keys=look_for_keys,
+        connect_timeout_s=connect_timeout_s,
+    )
+
+
+def load_ssh_config(path: str | Path | None = None) -> paramiko.SSHConfig | None:
+    p = Path(path) if path else Path("~/.ssh/config").expanduser()
+    if not p.is_file():
+        return None
+    return paramiko.SSHConfig.from_path(str(p))
+
+
+# -- host keys ---------------------------------------------------------------------------------
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    def __init__(self, name: str, key: paramiko.PKey) -> None:
+        super().__init__(f"{name} not in known_hosts")
+        self.key = key
+
+
+class _RejectAndRecord(paramiko.RejectPolicy):
+    """RejectPolicy that keeps the offered key, so the error can show its fingerprint."""
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        raise _UnknownHostKey(hostname, key)
+
+
+def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str]]:
+    keys = paramiko.HostKeys()
+    missing: list[str] = []
+    for f in files:
+        if os.path.isfile(f):
+            try:
+                keys.load(f)
+            except (OSError, paramiko.SSHException) as exc:
+                raise HostKeyError(f"cannot read known_hosts file {f}: {exc}") from None
+        else:
+            missing.append(f)
+    return keys, missing
+
+
+_TRANSIENT_ERRNOS = {
+    errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
+    errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTDOWN, errno.ENETDOWN,
+}
+
+
+def _connect_transient(exc: BaseException) -> bool:
+    """Connect errors worth retrying: refused, timed out, unreachable, reset, no banner.
+
+    Never a host-key or authentication failure, nor a missing key file: retrying those
+    only delays the same answer.
+    """
+    if isinstance(exc, (HostKeyError, paramiko.AuthenticationException, paramiko.BadHostKeyException)):
+        return False
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return True
+    if isinstance(exc, (socket.timeout, TimeoutError, EOFError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno in _TRANSIENT_ERRNOS
+    if isinstance(exc, paramiko.SSHException):
+        s = str(exc).lower()
+        return "banner" in s or "reset" in s or "eof" in s
+    return False
+
+
+# -- the transport -----------------------------------------------------------------------------
+
+
+@dataclass
+class SshTransport:
+    """`Transport` over SSH. Connects lazily on first use and reuses the connection."""
+
+    target: SshTarget
+    retry: RetryPolicy = DEFAULT_RETRY
+    stats: TransportStats = field(default_factory=TransportStats)
+
+    def __post_init__(self) -> None:
+        self.name = self.target.name
+        self._conn: Any = None  # fabric.Connection once connected
+        self._sftp: paramiko.SFTPClient | None = None
+        self._lock = threading.RLock()
+        self._log = get_logger(host=self.name)
+
+    @classmethod
+    def from_inventory(
+        cls,
+        inventory: Inventory,
+        host_name: str,
+        *,
+        retry: RetryPolicy | None = None,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        ssh_config_path: str | Path | None = None,
+    ) -> "SshTransport":
+        cfg = load_ssh_config(ssh_config_path) if inventory.use_ssh_config else None
+        target = resolve_target(inventory, host_name, cfg, connect_timeout_s=connect_timeout_s)
+        return cls(target=target, retry=retry or DEFAULT_RETRY)
+
+    # -- connecting --
+
+    def connect(self) -> None:
+        """Open the connection now (otherwise the first command does); idempotent."""
+        self._transport()
+
+    @property
+    def connected(self) -> bool:
+        t = self._conn.client.get_transport() if self._conn is not None else None
+        return bool(t and t.is_active())
+
+    def _transport(self) -> paramiko.Transport:
+        with self._lock:
+            if self._conn is not None:
+                t = self._conn.client.get_transport()
+                if t is not None and t.is_active():
+                    return t
+                self._drop()
+            t0 = time.monotonic()
+            self._conn = self.retry.call(
+                self._connect_once,
+                retry_on=_connect_transient,
+                what="ssh connect",
+                host=self.name,
+                on_retry=lambda: self.stats.add(retries=1),
+            )
+            self.stats.add(connects=1, connect_s=time.monotonic() - t0)
+            self._log.debug("connected", address=self.target.hostname, port=self.target.port,
+                            seconds=round(time.monotonic() - t0, 4))
+            return self._conn.client.get_transport()
+
+    def _connect_once(self) -> Any:
+        import fabric
+
+        tg = self.target
+        keys, missing = _load_host_keys(tg.known_hosts)
+        config = fabric.Config(overrides={"load_ssh_configs": False})
+        connect_kwargs: dict[str, Any] = {
+            "allow_agent": tg.allow_agent,
+            "look_for_keys": tg.look_for_keys,
+            "banner_timeout": tg.connect_timeout_s,
+            "auth_timeout": tg.connect_timeout_s,
+        }
+        if tg.key_filename:
+            connect_kwargs["key_filename"] = tg.key_filename
+        conn = fabric.Connection(
+            host=tg.hostname,
+            user=tg.user,
+            port=tg.port,
+            config=config,
+            connect_timeout=max(1, int(round(tg.connect_timeout_s))),
+            connect_kwargs=connect_kwargs,
+        )
+        client = paramiko.SSHClient()  # replaces fabric's AutoAddPolicy client
+        client.set_missing_host_key_policy(_RejectAndRecord())
+        for hostname, entry in keys.items():
+            for ktype, key in entry.items():
+                client.get_host_keys().add(hostname, ktype, key)
+        conn.client = client
+        try:
+            conn.open()
+        except _UnknownHostKey as exc:
+            conn.close()
+            where = f"{tg.name} ({tg.hostname} port {tg.port})"
+            files = ", ".join(tg.known_hosts)
+            note = f" (missing: {', '.join(missing)})" if missing else ""
+            raise HostKeyError(
+                f"host key of {where} is UNKNOWN: not in known_hosts {files}{note}; "
+                f"it offered {exc.key.get_name()} {fingerprint(exc.key)}. Nothing was run.",
+                hint=f"verify that fingerprint out of band, then add the host's key for "
+                f"{tg.known_hosts_name} to {tg.known_hosts[0]} (pairctl never adds keys itself)",
+            ) from None
+        except paramiko.BadHostKeyException as exc:
+            conn.close()
+            where = f"{tg.name} ({tg.hostname} port {tg.port})"
+            raise HostKeyError(
+                f"host key CHANGED for {where}: known_hosts has {exc.expected_key.get_name()} "
+                f"{fingerprint(exc.expected_key)}, the host offered {exc.key.get_name()} "
+                f"{fingerprint(exc.key)}. Nothing was run.",
+                hint="someone may be impersonating the host, or it was reinstalled; find out which before "
+                f"changing the entry for {tg.known_hosts_name} in {tg.known_hosts[0]}",
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            conn.close()
+            raise HostError(
+                f"authentication failed for {tg.where()} with key {tg.key_filename or '(agent/default keys)'}: {exc}",
+                hint="is the operator's public key in the host's authorized_keys?",
+            ) from None
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _drop(self) -> None:
+        conn, self._conn, sftp, self._sftp = self._conn, None, self._sftp, None
+        if sftp is not None:
+            try:
+                sftp.close()
+            except Exception:
+                pass
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    def __enter__(self) -> "SshTransport":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _connect_or_raise(self) -> paramiko.Transport:
+        try:
+            return self._transport()
+        except (HostError, HostKeyError):
+            raise
+        except Exception as exc:
+            tg = self.target
+            raise HostError(
+                f"cannot connect to {tg.where()}: {type(exc).__name__}: {exc}",
+                hint="is the host up and its sshd listening on that address and port?",
+            ) from None
+
+    # -- commands --
+
+    def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+        """Run once; never retried (the command may change state)."""
+        if not isinstance(cmd, Cmd):
+            raise TypeError("SshTransport.run takes a Cmd, never a string")
+        t = self._connect_or_raise()
+        t0 = time.monotonic()
+        try:
+            result = self._exec(t, cmd, timeout, stdin)
+        finally:
+            self.stats.add(commands=1, command_s=time.monotonic() - t0)
+        self._log.debug("ran", cmd=cmd.display(), exit_status=result.exit_status, seconds=round(result.duration_s, 4))
+        if check and result.exit_status != 0:
+            raise command_failed(self.name, cmd, result)
+        return result
+
+    def run_idempotent(
+        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
+    ) -> Result:
+        """For read-only probes: a broken connection or a timeout is retried (reconnecting)."""
+
+        def once() -> Result:
+            return self.run(cmd, check=check, timeout=timeout, stdin=stdin)
+
+        return self.retry.call(once, retry_on=transient_command_error, what=f"probe: {cmd.display()[:80]}",
+                               host=self.name, on_retry=lambda: self.stats.add(retries=1))
+
+    def _exec(self, t: paramiko.Transport, cmd: Cmd, timeout: float | None, stdin: bytes | None) -> Result:
+        t0 = time.monotonic()
+        deadline = None if timeout is None else t0 + timeout
+        out, err = bytearray(), bytearray()
+        try:
+            chan = t.open_session(timeout=self.target.connect_timeout_s)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            with self._lock:
+                self._drop()
+            raise ConnectionLost(f"{self.name}: cannot open a session channel: {exc}") from None
+        writer: threading.Thread | None = None
+        try:
+            chan.exec_command(cmd.render())
+            if stdin:
+                if len(stdin) <= 32768:
+                    chan.sendall(stdin)
+                    chan.shutdown_write()
+                else:  # a writer thread, so a program that answers while reading cannot deadlock us
+                    def feed() -> None:
+                        try:
+                            chan.sendall(stdin)
+                        except Exception:
+                            pass
+                        finally:
+                            try:
+                                chan.shutdown_write()
+                            except Exception:
+                                pass
+
+                    writer = threading.Thread(target=feed, daemon=True, name=f"stdin-{self.name}")
+                    writer.start()
+            else:
+                chan.shutdown_write()
+            fd = chan.fileno()
+            while True:
+                progressed = False
+                while chan.recv_ready():
+                    out += chan.recv(_READ)
+                    progressed = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(_READ)
+                    progressed = True
+                if chan.eof_received and chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if progressed:
+                    continue
+                wait = 1.0
+                if deadline is not None:
+                    wait = deadline - time.monotonic()
+                    if wait <= 0:
+                        raise _Timeout()
+                    wait = min(wait, 1.0)
+                if chan.eof_received:
+                    chan.status_event.wait(wait)
+                else:
+                    select.select([fd], [], [], wait)
+                if not t.is_active():
+                    raise ConnectionLost(f"{self.name}: connection lost while running {cmd.display()}")
+            status = chan.recv_exit_status()
+        except _Timeout:
+            chan.close()
+            raise command_timed_out(self.name, cmd, timeout or 0.0, out.decode("utf-8", "replace"),
+                                    err.decode("utf-8", "replace")) from None
+        except ConnectionLost:
+            with self._lock:
+                self._drop()
+            raise
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            with self._lock:
+                self._drop()
+            raise ConnectionLost(f"{self.name}: connection failed while running {cmd.display()}: {exc}") from None
+        finally:
+            chan.close()
+        if writer is not None:
+            writer.join(timeout=1.0)
+        return Result(
+            exit_status=status,
+            stdout=out.decode("utf-8", "replace"),
+            stderr=err.decode("utf-8", "replace"),
+            duration_s=time.monotonic() - t0,
+            stdout_bytes=bytes(out),
+        )
+
+    # -- files --
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        with self._lock:
+            self._connect_or_raise()
+            if self._sftp is None:
+                self._sftp = self._conn.sftp()
+            return self._sftp
+
+    def put(self, local_path: str | Path, remote_path: str) -> None:
+        """Copy a file (content + permission bits minus group/other write) via SFTP."""
+        local_path = Path(local_path)
+        st = local_path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise HostError(f"put {local_path}: not a regular file")
+        t0 = time.monotonic()
+        sftp = self._sftp_client()
+        try:
+            sftp.put(str(local_path), remote_path, confirm=True)
+            sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error("put", str(local_path), remote_path, exc) from None
+        self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
+
+    def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
+        import io
+
+        t0 = time.monotonic()
+        sftp = self._sftp_client()
+        try:
+            sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
+            sftp.chmod(remote_path, mode & 0o7755)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
+        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def get(self, remote_path: str, local_path: str | Path) -> None:
+        t0 = time.monotonic()
+        sftp = self._sftp_client()
+        try:
+            sftp.get(remote_path, str(local_path))
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error("get", remote_path, str(local_path), exc) from None
+        self.stats.add(gets=1, get_bytes=Path(local_path).stat().st_size, get_s=time.monotonic() - t0)
+
+    def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
+        if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
+            with self._lock:
+                self._drop()
+            return ConnectionLost(f"{self.name}: {op} {src} -> {dst} failed: {exc}")
+        return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
+
+
+class _Timeout(Exception):
+    pass

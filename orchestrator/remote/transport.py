@@ -1,0 +1,204 @@
+"""The one interface every host is reached through, and how to get one for an inventory host.
+
+`open_transport(inventory, host_name)` picks SSH or local from `HostSpec.transport`.
+`TransportPool` keeps one transport (one SSH connection) per host for a whole run and closes
+them all at the end; a deploy/status/lease command opens one pool and passes it down.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+
+from orchestrator.config.inventory import Inventory
+from orchestrator.errors import HostError
+from orchestrator.log import get_logger
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import CommandTimeout, Result
+
+T = TypeVar("T")
+
+
+class ConnectionLost(HostError):
+    """The connection failed while a command or transfer was in flight (transient)."""
+
+
+@dataclass
+class TransportStats:
+    """Counters for benchmarks and receipts: how many round trips and bytes a run cost."""
+
+    connects: int = 0
+    connect_s: float = 0.0
+    commands: int = 0
+    command_s: float = 0.0
+    retries: int = 0
+    puts: int = 0
+    put_bytes: int = 0
+    put_s: float = 0.0
+    gets: int = 0
+    get_bytes: int = 0
+    get_s: float = 0.0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, **kw: float) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    @property
+    def round_trips(self) -> int:
+        """Commands plus file transfers: each costs at least one request/response on the wire."""
+        return self.commands + self.puts + self.gets
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "connects": self.connects,
+            "connect_s": round(self.connect_s, 6),
+            "commands": self.commands,
+            "command_s": round(self.command_s, 6),
+            "retries": self.retries,
+            "puts": self.puts,
+            "put_bytes": self.put_bytes,
+            "put_s": round(self.put_s, 6),
+            "gets": self.gets,
+            "get_bytes": self.get_bytes,
+            "get_s": round(self.get_s, 6),
+            "round_trips": self.round_trips,
+        }
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Run commands on and copy files to/from one host.
+
+    `run` never retries (a command may change state); `run_idempotent` retries transient
+    transport failures and timeouts, for read-only probes only. `check=True` raises
+    `RemoteCommandError` on a nonzero exit. `put` copies content and permission bits
+    (minus group/other write); `put_bytes` writes given bytes with an explicit mode.
+    """
+
+    name: str
+    stats: TransportStats
+
+    def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result: ...
+
+    def run_idempotent(
+        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
+    ) -> Result: ...
+
+    def put(self, local_path: str | Path, remote_path: str) -> None: ...
+
+    def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None: ...
+
+    def get(self, remote_path: str, local_path: str | Path) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# -- retries -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how fast to retry one idempotent step (connect, a read-only probe)."""
+
+    attempts: int = 4
+    initial_s: float = 0.2
+    max_s: float = 2.0
+
+    def call(self, fn: Callable[[], T], *, retry_on: Callable[[BaseException], bool], what: str, host: str,
+             on_retry: Callable[[], None] | None = None) -> T:
+        """Run `fn`, retrying errors `retry_on` accepts; every retry is logged with its cause."""
+        import tenacity
+
+        log = get_logger(host=host, step=what)
+
+        def before_sleep(state: tenacity.RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "retrying",
+                attempt=state.attempt_number,
+                of=self.attempts,
+                sleep_s=round(state.next_action.sleep if state.next_action else 0.0, 3),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            if on_retry:
+                on_retry()
+
+        r = tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(max(1, self.attempts)),
+            wait=tenacity.wait_exponential(multiplier=self.initial_s, min=self.initial_s, max=self.max_s),
+            retry=tenacity.retry_if_exception(retry_on),
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        return r(fn)
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def transient_command_error(exc: BaseException) -> bool:
+    """What `run_idempotent` retries: the connection broke, or the probe timed out."""
+    return isinstance(exc, (ConnectionLost, CommandTimeout))
+
+
+# -- choosing a transport ----------------------------------------------------------------------
+
+
+def open_transport(inventory: Inventory, host_name: str, **kwargs: Any) -> Transport:
+    """A transport for `host_name`: SSH (lazy connect) or local, from `HostSpec.transport`.
+
+    kwargs go to `SshTransport` (retry policy, connect timeout, ssh config path).
+    """
+    spec = inventory.host(host_name)
+    if spec.transport == "local":
+        from orchestrator.remote.local import LocalTransport
+
+        return LocalTransport(host_name)
+    from orchestrator.remote.ssh import SshTransport
+
+    return SshTransport.from_inventory(inventory, host_name, **kwargs)
+
+
+class TransportPool:
+    """One transport per host for a whole run; `with TransportPool(inv) as pool: pool.get(h)`."""
+
+    def __init__(self, inventory: Inventory, **kwargs: Any) -> None:
+        self.inventory = inventory
+        self._kwargs = kwargs
+        self._by_host: dict[str, Transport] = {}
+        self._lock = threading.Lock()
+
+    def get(self, host_name: str) -> Transport:
+        with self._lock:
+            t = self._by_host.get(host_name)
+            if t is None:
+                t = open_transport(self.inventory, host_name, **self._kwargs)
+                self._by_host[host_name] = t
+            return t
+
+    __getitem__ = get
+
+    def opened(self) -> dict[str, Transport]:
+        return dict(self._by_host)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {h: t.stats.as_dict() for h, t in self._by_host.items()}
+
+    def close(self) -> None:
+        with self._lock:
+            for t in self._by_host.values():
+                try:
+                    t.close()
+                except Exception:  # closing must not hide the run's own outcome
+                    get_logger(host=t.name).warning("close failed", exc_info=True)
+            self._by_host.clear()
+
+    def __enter__(self) -> "TransportPool":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
