@@ -1,0 +1,95 @@
+"""Source checks on a small real git repository: dirty trees, non-commits, tree equality, exact export."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.build import git
+from orchestrator.errors import BuildError
+from orchestrator.lab.source import git_env
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], env=git_env(), check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    r = tmp_path / "src"
+    r.mkdir()
+    _git(r, "init", "-q", "-b", "main")
+    (r / "a.cpp").write_text("int a() { return 1; }\n")
+    (r / "tools").mkdir()
+    (r / "tools" / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    (r / "tools" / "run.sh").chmod(0o755)
+    _git(r, "add", "-A")
+    _git(r, "commit", "-q", "-m", "one")
+    _git(r, "tag", "one")
+    return r
+
+
+def test_clean_repo_resolves_to_commit_tree_and_count(repo: Path) -> None:
+    git.require_clean(repo)
+    rev = git.resolve(repo, "one")
+    assert rev.commit == _git(repo, "rev-parse", "HEAD") and rev.tree == _git(repo, "rev-parse", "HEAD^{tree}")
+    assert rev.count == 1 and rev.build_info == f"b1-{rev.commit[:10]}"
+
+
+@pytest.mark.parametrize("make_dirty", ["modify", "untracked", "staged"])
+def test_dirty_tree_is_refused(repo: Path, make_dirty: str) -> None:
+    if make_dirty == "modify":
+        (repo / "a.cpp").write_text("int a() { return 2; }\n")
+    elif make_dirty == "untracked":
+        (repo / "notes.txt").write_text("x")
+    else:
+        (repo / "b.cpp").write_text("x")
+        _git(repo, "add", "b.cpp")
+    with pytest.raises(BuildError, match="uncommitted changes or untracked files"):
+        git.require_clean(repo)
+
+
+@pytest.mark.parametrize("rev,reason", [("one^{tree}", "a tree, not a commit"), ("nope", "not a known revision"),
+                                        ("--output=/tmp/x", "not valid"), ("", "not valid")])  # fmt: skip
+def test_non_commit_revisions_are_refused(repo: Path, rev: str, reason: str) -> None:
+    with pytest.raises(BuildError, match=reason):
+        git.resolve(repo, rev)
+
+
+def test_blob_revision_is_refused(repo: Path) -> None:
+    blob = _git(repo, "rev-parse", "HEAD:a.cpp")
+    with pytest.raises(BuildError, match="a blob, not a commit"):
+        git.resolve(repo, blob)
+
+
+def test_expect_tree_accepts_same_tree_and_refuses_another(repo: Path) -> None:
+    one = git.resolve(repo, "one")
+    # a "merge" commit whose tree equals the reviewed head
+    same = _git(repo, "commit-tree", one.tree, "-p", one.commit, "-m", "merge")
+    git.require_tree(repo, git.resolve(repo, same), "one")
+    (repo / "a.cpp").write_text("int a() { return 3; }\n")
+    _git(repo, "commit", "-q", "-am", "two")
+    two = git.resolve(repo, "HEAD")
+    with pytest.raises(BuildError, match="tree mismatch"):
+        git.require_tree(repo, two, "one")
+
+
+def test_export_is_the_commit_not_the_working_copy_and_diff_proves_it(repo: Path, tmp_path: Path) -> None:
+    one = git.resolve(repo, "one")
+    (repo / "a.cpp").write_text("working copy edit\n")  # must not leak into the export
+    out = tmp_path / "export"
+    git.export_tree(repo, one.commit, out)
+    assert (out / "a.cpp").read_text() == "int a() { return 1; }\n"
+    assert (out / "tools" / "run.sh").stat().st_mode & 0o111
+    assert git.diff_against(repo, one.commit, out) == ""
+    (out / "a.cpp").write_text("changed\n")
+    (out / "extra.h").write_text("x")
+    diff = git.diff_against(repo, one.commit, out)
+    assert "a/a.cpp" in diff and "untracked: extra.h" in diff
+
+
+def test_not_a_repository_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="does not exist"):
+        git.require_repo(tmp_path / "missing")
