@@ -17,3 +17,6 @@ from orchestrator.cli import build_cmd, packages_cmd  # noqa: E402
 
 app.command("build")(build_cmd.build)
 app.add_typer(packages_cmd.app, name="packages")
+from orchestrator.cli import accept_cmd  # noqa: E402
+
+app.command("accept")(accept_cmd.accept)

@@ -1,0 +1,102 @@
+"""Answer fixtures against the baseline: no new failing case.
+
+Each fixture's answer is judged by its own expectation (regex, or equal to the baseline's
+answer), then compared with the baseline's result for the same fixture sha256:
+passed-before-fails-now is a regression (the check fails); failing on both is pre-existing
+(reported, never counted as a pass); a fixture the baseline lacks is judged on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel
+
+from orchestrator.checks.base import CheckContext, CheckResult, Timer
+from orchestrator.checks.fixtures import Fixture, FixtureSet, load_fixture_set
+
+NAME = "answer_fixtures"
+DEFAULT_SET = "lab"
+
+Status = Literal["pass", "regressed", "pre_existing", "fixed", "fail_new", "no_baseline"]
+
+
+class FixtureOutcome(BaseModel):
+    id: str
+    sha256: str
+    family: str
+    passed: bool | None  # None: cannot tell (same_as_baseline without a baseline)
+    content: str
+    tokens: list[int] = []
+    baseline_passed: bool | None = None
+    status: Status
+
+
+def judge(fx: Fixture, content: str, tokens: list[int], base: Mapping[str, Any] | None) -> FixtureOutcome:
+    """Pure: this run's answer vs its expectation and the baseline's result for the same sha256."""
+    base_passed = base.get("passed") if base else None
+    if fx.expect.regex is not None:
+        passed: bool | None = re.search(fx.expect.regex, content, re.DOTALL) is not None
+    elif base is None:
+        passed = None
+    else:
+        passed = list(tokens) == list(base.get("tokens") or []) and content == base.get("content")
+        if fx.expect.same_as_baseline:
+            base_passed = True  # the baseline defines the answer
+    if passed is None:
+        status: Status = "no_baseline"
+    elif base is None or base_passed is None:
+        status = "pass" if passed else "fail_new"
+    elif passed:
+        status = "pass" if base_passed else "fixed"
+    else:
+        status = "regressed" if base_passed else "pre_existing"
+    return FixtureOutcome(id=fx.id, sha256=fx.sha256, family=fx.family, passed=passed, content=content,
+                          tokens=list(tokens), baseline_passed=base_passed, status=status)
+
+
+def verdict_problems(outcomes: list[FixtureOutcome], have_baseline: bool) -> list[str]:
+    p = [f"{o.id}: passed on the baseline, fails now" for o in outcomes if o.status == "regressed"]
+    p += [f"{o.id}: fails, and the baseline has no result for this fixture" for o in outcomes if o.status == "fail_new"]
+    p += [f"{o.id}: the baseline has no answer to compare with" for o in outcomes if o.status == "no_baseline" and have_baseline]
+    return p
+
+
+def baseline_results(ctx: CheckContext) -> dict[str, Mapping[str, Any]] | None:
+    raw = ctx.baseline.raw(NAME) if ctx.baseline is not None else None
+    if not raw:
+        return None
+    return {r["sha256"]: r for r in raw.get("results", []) if isinstance(r, Mapping) and "sha256" in r}
+
+
+def run(ctx: CheckContext) -> CheckResult:
+    timer = Timer()
+    fs: FixtureSet = ctx.fixtures if ctx.fixtures is not None else load_fixture_set(DEFAULT_SET)
+    base = baseline_results(ctx)
+    outcomes = []
+    for fx in fs.fixtures:
+        r = ctx.client.completion(fx.prompt, fx.n_predict, id_slot=0, cache_prompt=False, seed=0,
+                                  timeout=ctx.options.request_timeout_s)
+        outcomes.append(judge(fx, r.content, list(r.tokens), base.get(fx.sha256) if base is not None else None))
+    problems = verdict_problems(outcomes, base is not None)
+    counts = {s: sum(1 for o in outcomes if o.status == s) for s in ("pass", "regressed", "pre_existing", "fixed", "fail_new", "no_baseline")}
+    figures = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256()[:16], **{k: v for k, v in counts.items() if v},
+               "baseline": ctx.baseline.receipt[:16] if ctx.baseline and ctx.baseline.receipt else None}
+    raw = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256(),
+           "baseline_receipt": ctx.baseline.receipt if ctx.baseline else None,
+           "results": [o.model_dump() for o in outcomes], "problems": problems}
+    if base is None:
+        # nothing to compare "no new failing case" against: record these answers as a baseline
+        failing = [o.id for o in outcomes if o.passed is False]
+        return CheckResult(name=NAME, verdict="skipped", required=False,
+                           message="no baseline results: recorded the answers as a baseline"
+                                   + (f" (failing their regex: {', '.join(failing)})" if failing else ""),
+                           figures=figures, raw=raw, duration_s=timer.elapsed())
+    verdict = "failed" if problems else "passed"
+    pre = [o.id for o in outcomes if o.status == "pre_existing"]
+    msg = "; ".join(problems) or (
+        f"no new failing fixture ({counts['pass'] + counts['fixed']} pass"
+        + (f"; pre-existing failures, not counted as passes: {', '.join(pre)}" if pre else "") + ")")
+    return CheckResult(name=NAME, verdict=verdict, message=msg,
+                       figures=figures, raw=raw, duration_s=timer.elapsed())

@@ -1,0 +1,96 @@
+"""Answer fixtures: bounded prompts with expected answers, frozen by sha256.
+
+A fixture file (`manifests/fixtures/*.yaml`, kind `fixtures`) lists prompts with either a
+regex the answer must match or `same_as_baseline` (the answer must equal the baseline pair's).
+Each fixture carries the sha256 of its own canonical content, so an edited fixture cannot be
+compared against results of the old one: the loader refuses a stale hash, and results are
+matched to the baseline by fixture sha256, not by name.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator.config.base import StrictModel
+from orchestrator.config.loader import load_model
+from orchestrator.errors import ConfigError
+from orchestrator.hashing import sha256_json
+from orchestrator.paths import MANIFESTS
+
+
+class Expect(StrictModel):
+    regex: str | None = Field(default=None, description="the answer must match (re.search, DOTALL)")
+    same_as_baseline: bool = Field(default=False, description="the answer must equal the baseline pair's answer")
+
+    @model_validator(mode="after")
+    def _one(self) -> "Expect":
+        if (self.regex is None) == (not self.same_as_baseline):
+            raise ValueError("give exactly one of regex or same_as_baseline: true")
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as exc:
+                raise ValueError(f"regex does not compile: {exc}") from None
+        return self
+
+
+class Fixture(StrictModel):
+    id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    family: str = "general"
+    prompt: str = Field(min_length=1)
+    n_predict: int = Field(default=64, ge=1, le=65536)
+    expect: Expect
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of canonical JSON of the other fields")
+
+    def content(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"sha256"}, mode="json")
+
+    def computed_sha256(self) -> str:
+        return fixture_sha256(self.content())
+
+    @model_validator(mode="after")
+    def _hash(self) -> "Fixture":
+        want = self.computed_sha256()
+        if self.sha256 != want:
+            raise ValueError(f"fixture {self.id}: sha256 {self.sha256[:12]}… does not match its content ({want}); "
+                             "a changed fixture is a new fixture: update its sha256 on purpose")
+        return self
+
+
+def fixture_sha256(content: dict[str, Any]) -> str:
+    return sha256_json(content)
+
+
+class FixtureSet(StrictModel):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    description: str = ""
+    fixtures: list[Fixture] = Field(min_length=1)
+
+    @field_validator("fixtures")
+    @classmethod
+    def _unique(cls, v: list[Fixture]) -> list[Fixture]:
+        ids = [f.id for f in v]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate fixture ids: {dup}")
+        return v
+
+    def sha256(self) -> str:
+        return sha256_json([f.sha256 for f in self.fixtures])
+
+
+def fixtures_dir() -> Path:
+    return MANIFESTS / "fixtures"
+
+
+def load_fixture_set(name_or_path: str) -> FixtureSet:
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = fixtures_dir() / f"{name_or_path}.yaml"
+    if not p.exists():
+        raise ConfigError(f"{p}: fixture set not found")
+    return load_model(FixtureSet, p)

@@ -1,0 +1,417 @@
+"""Kernel validation on a pair: run each host's packaged `ggml-kernel-cases` against the CPU.
+
+On a GPU host the harness tests that host's own GPUs. On the lab's CPU hosts the non-CPU backend
+is the RPC device of the pair's RPC host. `ggml-rpc-server` serves one client at a time, so the
+check never goes through the rpc-server a live llama-server holds: it starts a second one from
+the RPC host's package on another port, bound to the inventory's RPC address, supervised by the
+same `pairctl-svc` helper under its own small root (`<install_root>/run/kernel-check`), and
+stops it afterwards whatever happened.
+
+Planning (`plan_kernel_check`) and judging (`parse_harness_output`, `judge_host`) are pure;
+`run_kernel_check` executes a plan and writes the results into a receipt, either its own
+(`pairctl kernels check`) or a step of a caller's journal (a deploy before the servers start).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from orchestrator.build.harness import HARNESS_NAME
+from orchestrator.config.inventory import Inventory
+from orchestrator.errors import CheckFailed, ConfigError, HostError
+from orchestrator.hosts.layout import RPC_SERVER, HostLayout
+from orchestrator.hosts.probes import parse_facts, parse_sha256sum
+from orchestrator.kernels_meta import CaseSet, load_cases
+from orchestrator.log import get_logger
+from orchestrator.remote.command import Cmd
+
+DEFAULT_KERNEL = "mmvf-warp-per-row"
+KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
+HARNESS_RELPATH = ("tests", "bin", HARNESS_NAME)
+HARNESS_TIMEOUT_S = 900
+EXIT_MEANING = {0: "all cases passed", 1: "a comparison failed", 2: "usage or setup error", 3: "no non-CPU backend to test",
+                126: "harness not executable", 127: "harness not found"}
+
+
+# --- plan (pure) ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RpcServerPlan:
+    """The second rpc-server: which host, from which package, bound where."""
+
+    host: str
+    layout: HostLayout  # the kernel-check svc root (pid and output files live there)
+    binary: str
+    bind: str
+    port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.bind}:{self.port}"
+
+    def mkdir_cmd(self) -> Cmd:
+        return Cmd(("mkdir", "-p", self.layout.run))
+
+    def start_cmd(self) -> Cmd:
+        return self.layout.inline_cmd("start", RPC_SERVER, self.binary, "-H", self.bind, "-p", str(self.port))
+
+    def wait_cmd(self, timeout_s: int = 20) -> Cmd:
+        return self.layout.inline_cmd("wait-listen", RPC_SERVER, self.bind, str(self.port), str(timeout_s))
+
+    def stop_cmd(self) -> Cmd:
+        return self.layout.inline_cmd("stop", RPC_SERVER)
+
+    def log_cmd(self) -> Cmd:
+        return self.layout.inline_cmd("log-tail", f"{RPC_SERVER}.out", "30")
+
+
+@dataclass(frozen=True)
+class HostRun:
+    host: str
+    role: str
+    package: str
+    harness: str
+    via_rpc: bool
+    cmd: Cmd
+
+    def hash_cmd(self) -> Cmd:
+        return Cmd(("sha256sum", self.harness))
+
+
+@dataclass(frozen=True)
+class KernelCheckPlan:
+    pair: str
+    kernel: str
+    cases: tuple[str, ...]
+    max_nmse: float
+    perturb: tuple[str, ...]
+    runs: tuple[HostRun, ...]
+    rpc_server: RpcServerPlan | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pair": self.pair,
+            "kernel": self.kernel,
+            "cases": list(self.cases),
+            "max_nmse": self.max_nmse,
+            "perturb": list(self.perturb),
+            "rpc_server": None if self.rpc_server is None else {
+                "host": self.rpc_server.host, "binary": self.rpc_server.binary, "endpoint": self.rpc_server.endpoint},
+            "runs": [{"host": r.host, "role": r.role, "package": r.package, "harness": r.harness, "via_rpc": r.via_rpc,
+                      "argv": r.cmd.display()} for r in self.runs],
+        }
+
+
+def harness_argv(harness: str, cases: CaseSet, *, rpc: str | None, perturb: Iterable[str] = ()) -> list[str]:
+    argv = [harness]
+    for c in cases.cases:
+        argv += ["--case", c.harness_spec()]
+    argv += ["--max-nmse", repr(cases.max_nmse)]
+    if rpc:
+        argv += ["--rpc", rpc, "--no-local"]
+    for p in perturb:
+        argv += ["--perturb", p]
+    return argv
+
+
+def plan_kernel_check(
+    inventory: Inventory,
+    pair: str,
+    cases: CaseSet,
+    packages: Mapping[str, str],
+    *,
+    port: int | None = None,
+    perturb: Iterable[str] = (),
+) -> KernelCheckPlan:
+    """Which harness runs where, with which argv, and whether a second rpc-server is needed.
+
+    `packages` maps host name -> package id (the active or about-to-be-active release). A host
+    with a GPU (`gpu:` in the inventory) tests its own GPUs; a CPU host tests the pair's RPC
+    device through a second rpc-server on `port` (default: the pair's rpc_port + 1).
+    """
+    p = inventory.pair(pair)
+    perturb = tuple(perturb)
+    unknown = [x for x in perturb if x != "all" and x not in cases.names()]
+    if unknown:
+        raise ConfigError(f"--perturb names no case of {cases.kernel}: {unknown} (cases: {', '.join(cases.names())})")
+    bind = inventory.rpc_bind(pair)
+    port = port if port is not None else p.rpc_port + 1
+    if port in (p.rpc_port, p.server_port):
+        raise ConfigError(f"kernel check port {port} is the pair's {'rpc' if port == p.rpc_port else 'server'} port; pick another")
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"kernel check port {port} is out of range")
+    endpoint = f"{bind}:{port}"
+
+    runs = []
+    need_rpc = False
+    for role, host_name in (("native", p.native), ("rpc", p.rpc)):
+        host = inventory.host(host_name)
+        if host_name not in packages:
+            raise ConfigError(f"no package given for host {host_name}")
+        layout = HostLayout(host.install_root)
+        harness = posixpath.join(layout.release(packages[host_name]), *HARNESS_RELPATH)
+        via_rpc = host.gpu is None
+        need_rpc |= via_rpc
+        argv = harness_argv(harness, cases, rpc=endpoint if via_rpc else None, perturb=perturb)
+        runs.append(HostRun(host=host_name, role=role, package=packages[host_name], harness=harness, via_rpc=via_rpc, cmd=Cmd(tuple(argv))))
+
+    server = None
+    if need_rpc:
+        rpc_host = inventory.host(p.rpc)
+        rl = HostLayout(rpc_host.install_root)
+        server = RpcServerPlan(
+            host=p.rpc,
+            layout=HostLayout(posixpath.join(rl.run, KERNEL_CHECK_DIR)),
+            binary=rl.binary(packages[p.rpc], RPC_SERVER),
+            bind=bind,
+            port=port,
+        )
+    return KernelCheckPlan(pair=pair, kernel=cases.kernel, cases=tuple(cases.names()), max_nmse=cases.max_nmse,
+                           perturb=perturb, runs=tuple(runs), rpc_server=server)
+
+
+# --- judging (pure) ------------------------------------------------------------------------------
+
+def parse_harness_output(text: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
+    """JSON lines -> (case rows, summary or None, lines that were not JSON objects)."""
+    rows: list[dict[str, Any]] = []
+    summary = None
+    junk: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            junk.append(line[:200])
+            continue
+        if not isinstance(obj, dict):
+            junk.append(line[:200])
+        elif obj.get("summary") is True:
+            summary = obj
+        else:
+            rows.append(obj)
+    return rows, summary, junk
+
+
+@dataclass
+class HostVerdict:
+    host: str
+    role: str
+    package: str
+    exit_status: int
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    problems: list[str] = field(default_factory=list)
+    harness_sha256: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "role": self.role, "package": self.package, "exit_status": self.exit_status,
+                "passed": self.passed, "problems": self.problems, "harness_sha256": self.harness_sha256,
+                "summary": self.summary, "rows": self.rows}
+
+
+def judge_host(run: HostRun, exit_status: int, stdout: str, stderr: str, *, cases: Iterable[str], max_nmse: float) -> HostVerdict:
+    """Every case must have a row on at least one non-CPU backend and every row must pass, with an
+    nmse we recompute the verdict from (the harness's own `passed` must agree), and exit 0."""
+    rows, summary, junk = parse_harness_output(stdout)
+    v = HostVerdict(host=run.host, role=run.role, package=run.package, exit_status=exit_status, rows=rows, summary=summary)
+    if exit_status != 0:
+        meaning = EXIT_MEANING.get(exit_status, "unexpected exit status")
+        detail = stderr.strip().splitlines()[-3:] if stderr.strip() else []
+        v.problems.append(f"{run.host}: harness exited {exit_status} ({meaning})" + (": " + " | ".join(detail) if detail else ""))
+    if summary is None:
+        v.problems.append(f"{run.host}: harness printed no summary line (crashed or was killed?)")
+    if junk:
+        v.problems.append(f"{run.host}: {len(junk)} harness output line(s) are not JSON, first: {junk[0]!r}")
+    seen: dict[str, int] = {}
+    for r in rows:
+        name = str(r.get("case"))
+        seen[name] = seen.get(name, 0) + 1
+        nmse = r.get("nmse")
+        ok = isinstance(nmse, (int, float)) and nmse <= max_nmse and not r.get("error")
+        if bool(r.get("passed")) != ok:
+            v.problems.append(f"{run.host}: case {name} on {r.get('backend')}: harness says passed={r.get('passed')} but nmse={nmse}")
+        if not ok:
+            why = r.get("error") or f"nmse {nmse} > {max_nmse}"
+            tag = " (reference perturbed on purpose)" if r.get("perturbed") else ""
+            v.problems.append(f"{run.host}: case {name} on {r.get('backend')} failed: {why}{tag}")
+    for name in cases:
+        if name not in seen:
+            v.problems.append(f"{run.host}: case {name} has no result on any non-CPU backend")
+    return v
+
+
+# --- execution -----------------------------------------------------------------------------------
+
+@dataclass
+class KernelCheckResult:
+    plan: KernelCheckPlan
+    verdicts: list[HostVerdict]
+    receipt: str | None = None
+    rpc_server_log: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.verdicts) and all(v.passed for v in self.verdicts)
+
+    @property
+    def problems(self) -> list[str]:
+        return [p for v in self.verdicts for p in v.problems]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pair": self.plan.pair, "kernel": self.plan.kernel, "passed": self.passed, "receipt": self.receipt,
+                "problems": self.problems, "plan": self.plan.to_dict(), "hosts": [v.to_dict() for v in self.verdicts]}
+
+
+def active_packages(inventory: Inventory, pair: str, pool: Any) -> dict[str, str]:
+    """The release `current` points at on each host of the pair."""
+    p = inventory.pair(pair)
+    out = {}
+    for host_name in (p.native, p.rpc):
+        layout = HostLayout(inventory.host(host_name).install_root)
+        res = pool.get(host_name).run(layout.facts_cmd(), timeout=30)
+        facts = parse_facts(res.stdout)
+        if not facts.current:
+            raise CheckFailed(f"{host_name}: no active package (no `current` release under {layout.root})",
+                              hint="deploy the pair first, or pass the package ids explicitly")
+        out[host_name] = facts.current
+    return out
+
+
+def _execute(plan: KernelCheckPlan, pool: Any, journal: Any, cases: list[str], log: Any) -> KernelCheckResult:
+    result = KernelCheckResult(plan=plan, verdicts=[])
+    server = plan.rpc_server
+    started = False
+    try:
+        if server is not None:
+            t = pool.get(server.host)
+            with journal.step("kernels.rpc_server.start", host=server.host) as step:
+                step.data.update(binary=server.binary, endpoint=server.endpoint)
+                t.run(server.mkdir_cmd(), timeout=30)
+                # A leftover from a killed check would hold the port: stop it first (only ours, by pidfile).
+                t.run(server.stop_cmd(), timeout=60)
+                res = t.run(server.start_cmd(), timeout=30)
+                started = True
+                step.data["start"] = res.stdout.strip()
+                wait = t.run(server.wait_cmd(), check=False, timeout=45)
+                step.data["wait"] = wait.stdout.strip()[-500:]
+                if wait.exit_status != 0:
+                    raise CheckFailed(f"{server.host}: second ggml-rpc-server on {server.endpoint} did not start: {wait.stdout.strip()[-500:]}")
+        for run in plan.runs:
+            t = pool.get(run.host)
+            with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
+                h = t.run(run.hash_cmd(), check=False, timeout=60)
+                sha = parse_sha256sum(h.stdout).get(run.harness) if h.exit_status == 0 else None
+                res = t.run(run.cmd, check=False, timeout=HARNESS_TIMEOUT_S)
+                v = judge_host(run, res.exit_status, res.stdout, res.stderr, cases=cases, max_nmse=plan.max_nmse)
+                v.harness_sha256 = sha
+                result.verdicts.append(v)
+                journal.identity(run.host, {"package": run.package, "harness": run.harness, "harness_sha256": sha})
+                journal.samples(f"kernels.harness.{run.role}", v.rows)
+                step.data.update(argv=run.cmd.display(), exit_status=res.exit_status, summary=v.summary,
+                                 passed=v.passed, problems=v.problems, duration_s=round(res.duration_s, 3))
+                log.info("kernel harness ran", host=run.host, exit_status=res.exit_status, passed=v.passed)
+                if not v.passed:
+                    step.fail("; ".join(v.problems[:5]))
+    finally:
+        if server is not None and started:
+            t = pool.get(server.host)
+            with journal.step("kernels.rpc_server.stop", host=server.host) as step:
+                tail = t.run(server.log_cmd(), check=False, timeout=30)
+                result.rpc_server_log = tail.stdout[-2000:]
+                res = t.run(server.stop_cmd(), check=False, timeout=60)
+                step.data["stop"] = res.stdout.strip()
+                if res.exit_status != 0:
+                    raise HostError(f"{server.host}: could not stop the kernel-check rpc-server: {res.stderr.strip()}")
+    return result
+
+
+def run_kernel_check(
+    inventory: Inventory,
+    pair: str,
+    *,
+    home: Any,
+    kernel: str = DEFAULT_KERNEL,
+    packages: Mapping[str, str] | None = None,
+    port: int | None = None,
+    perturb: Iterable[str] = (),
+    pool: Any = None,
+    journal: Any = None,
+    argv: list[str] | None = None,
+) -> KernelCheckResult:
+    """Run the kernel cases of `kernel` on both hosts of `pair`; raise CheckFailed when any fails.
+
+    - `packages`: {host name: package id}; default: each host's active (`current`) release. A
+      deploy passes the ids it just uploaded, before the servers start.
+    - `pool`: a TransportPool to reuse (default: one opened and closed here).
+    - `journal`: record into this journal's steps (a deploy's); default: a receipt of its own
+      (`kernels check`), sealed here, whose hash is in the result and in the CheckFailed message.
+    """
+    from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.remote.transport import TransportPool
+
+    log = get_logger(pair=pair, step="kernels.check")
+    cases = load_cases(kernel)
+    own_pool = pool is None
+    if own_pool:
+        pool = TransportPool(inventory)
+
+    def run(j: Any) -> KernelCheckResult:
+        nonlocal packages
+        with j.step("kernels.plan") as step:
+            if packages is None:
+                packages = active_packages(inventory, pair, pool)
+            plan = plan_kernel_check(inventory, pair, cases, packages, port=port, perturb=perturb)
+            step.data["plan"] = plan.to_dict()
+        return _execute(plan, pool, j, cases.names(), log)
+
+    try:
+        if journal is not None:
+            result = run(journal)
+        else:
+            own = EvidenceStore(home.evidence).begin(
+                command="kernels check",
+                argv=argv or ["pairctl", "kernels", "check", "--pair", pair, "--kernel", kernel],
+                pair=pair,
+                inputs=_inputs(kernel),
+            )
+            with own:  # an exception seals the receipt as failed (or aborted) and propagates
+                result = run(own)
+                own.set("kernel_check", {"kernel": kernel, "passed": result.passed, "problems": result.problems})
+                result.receipt = own.finish(
+                    "passed" if result.passed else "failed",
+                    "all kernel cases passed on both hosts" if result.passed
+                    else f"{len(result.problems)} kernel problem(s); first: {result.problems[0]}",
+                )
+    finally:
+        if own_pool:
+            pool.close()
+    if not result.passed:
+        where = f" (receipt {result.receipt})" if result.receipt else ""
+        err = KernelCheckFailed(f"kernel check of {kernel} on pair {pair} failed{where}:\n  " + "\n  ".join(result.problems[:12]))
+        err.result = result
+        raise err
+    return result
+
+
+class KernelCheckFailed(CheckFailed):
+    """A kernel case failed; `.result` holds the full KernelCheckResult (for --json output)."""
+
+    result: KernelCheckResult | None = None
+
+
+def _inputs(kernel: str) -> dict[str, str]:
+    from orchestrator.hashing import sha256_file
+    from orchestrator.kernels_meta import load_kernel
+
+    d, meta = load_kernel(kernel)
+    return {"kernel.yaml": sha256_file(d / "kernel.yaml"), "cases.yaml": sha256_file(d / meta.cases), "patch": meta.patch_sha256}

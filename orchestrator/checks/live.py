@@ -1,0 +1,206 @@
+"""Build a `CheckContext` for a deployed pair: what is active (route record), how to reach it,
+how to prove its identity, and which earlier results it is compared against.
+
+Executing code (SSH, HTTP, file reads) lives here so the checks and the CLI stay small.
+`open_live(...)` is what `pairctl accept` calls; deploy builds its own context from what it
+just activated and calls `suite.run_suite` directly.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.profiles import RouteProfile, load_profile
+from orchestrator.errors import ConfigError, EvidenceError, HostError
+from orchestrator.remote.command import Secret
+from orchestrator.server.client import ServerClient
+
+STEP_PREFIX = "check:"
+ROLES = ("native", "rpc")
+
+
+def base_url(inventory: Inventory, pair: str) -> str:
+    p = inventory.pair(pair)
+    host = inventory.server_bind(pair)
+    if host in ("0.0.0.0", "::", "[::]", "*", ""):
+        host = inventory.hosts[p.native].address
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{p.server_port}"
+
+
+def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
+    f = inventory.pair(pair).api_key_file
+    if not f:
+        return None
+    try:
+        text = Path(f).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"pair {pair}: cannot read api_key_file {f}: {exc.strerror}") from None
+    return Secret(text) if text else None
+
+
+def read_route(transport: Any, root: str) -> Any:
+    """The route record on the native host (None when nothing was ever deployed)."""
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.hosts.probes import parse_facts
+    from orchestrator.hosts.route import parse_route
+
+    r = transport.run(HostLayout(root).facts_cmd(), timeout=60)
+    out = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
+    return parse_route(parse_facts(out).route_bytes)
+
+
+def _manifest(store: Any, package_id: str) -> Any:
+    try:
+        return store.get(package_id).manifest
+    except Exception:
+        return None
+
+
+def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], hosts: dict[str, str], inventory: Inventory,
+                        pair: str, route: Any, manifests: dict[str, Any], profile: RouteProfile, url: str,
+                        api_key: Secret | None):
+    """deploy's `verify_identity` against what the route record says is active, plus the route
+    record itself (revision, argv digest) re-read each time: a change during the suite shows."""
+    from orchestrator.engine.identity import Expected, verify_identity
+    from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+    from orchestrator.hosts.probes import ExpectedProc
+
+    active = route.active
+
+    def exe(role: str, rel: str) -> str:
+        m = manifests.get(role)
+        if m is None:
+            raise HostError(f"package {getattr(active, role + '_package')} is not in the local store; cannot check its hashes")
+        return m.files[rel].sha256
+
+    expected = Expected(
+        native=ExpectedProc(LLAMA_SERVER, exe("native", "bin/llama-server"), tuple(active.native_argv)),
+        rpc=ExpectedProc(RPC_SERVER, exe("rpc", "bin/ggml-rpc-server"), tuple(active.rpc_argv)),
+        revision=active.package_revision,
+        build_info=getattr(manifests.get("native"), "build_info", None),
+        parallel=profile.parallel,
+        per_slot_ctx=profile.per_slot_ctx(),
+        rpc_bind=inventory.rpc_bind(pair),
+        rpc_port=inventory.pair(pair).rpc_port,
+        expect_pipeline_parallel=profile.expect_pipeline_parallel,
+    )
+    layouts = {r: HostLayout(roots[r]) for r in ROLES}
+    key = api_key.value if api_key is not None else None
+
+    def probe() -> IdentitySnapshot:
+        rep = verify_identity(transports, layouts, hosts, expected, base_url=url, api_key=key)
+        now = read_route(transports["native"], roots["native"])
+        data = {**rep.data, "route": {"revision": now.revision if now else None,
+                                      "argv_sha256": now.active.argv_sha256 if now and now.active else None,
+                                      "profile_sha256": now.active.profile_sha256 if now and now.active else None}}
+        problems = list(rep.problems)
+        if now is None or now.active is None or now.active.argv_sha256 != active.argv_sha256:
+            problems.append("the route record no longer names the pair this acceptance started with")
+        return IdentitySnapshot(data=data, problems=tuple(problems))
+
+    return probe
+
+
+def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None = None,
+                  check: str = "answer_fixtures") -> BaselineRef | None:
+    """Check results of an earlier run: the given receipt, or the newest passed receipt of
+    `pair` that holds a `check:<check>` step with results."""
+    if receipt:
+        r = evidence.load(receipt)
+        ref = baseline_from_receipt(r)
+        if ref.raw(check) is None:
+            raise EvidenceError(f"receipt {r.sha256[:16]} has no {check} results to compare against")
+        return ref
+    if pair is None:
+        return None
+    for r in reversed(list(evidence.iter(pair=pair))):
+        if r.outcome != "passed":
+            continue
+        ref = baseline_from_receipt(r)
+        raw = ref.raw(check)
+        if raw and raw.get("results"):
+            return ref
+    return None
+
+
+def baseline_from_receipt(r: Any) -> BaselineRef:
+    checks = {}
+    for s in r.steps:
+        if s.name.startswith(STEP_PREFIX) and isinstance(s.data.get("raw"), dict):
+            checks[s.name[len(STEP_PREFIX):]] = s.data["raw"]
+    return BaselineRef(receipt=r.sha256, checks=checks)
+
+
+@dataclass
+class Live:
+    """An opened context and what must be closed after the suite."""
+
+    ctx: CheckContext
+    route: Any
+    stack: ExitStack
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str | None = None,
+              baseline_receipt: str | None = None, baseline_pair: str | None = None,
+              fixtures: str | None = None, options: CheckOptions | None = None, journal: Any = None,
+              evidence: Any = None, logger: Any = None, identity: bool = True) -> Live:
+    """Everything `run_suite` needs for `pair`, read from the hosts and the local stores."""
+    from orchestrator.build.store import PackageStore
+    from orchestrator.checks.fixtures import load_fixture_set
+    from orchestrator.remote.transport import TransportPool
+
+    spec = inventory.pair(pair)
+    hosts = {"native": spec.native, "rpc": spec.rpc}
+    roots = {r: inventory.host(h).install_root for r, h in hosts.items()}
+    stack = ExitStack()
+    try:
+        pool = stack.enter_context(TransportPool(inventory))
+        sampler_pool = stack.enter_context(TransportPool(inventory))
+        transports = {r: pool.get(h) for r, h in hosts.items()}
+        route = read_route(transports["native"], roots["native"])
+        if route is None or route.active is None:
+            raise HostError(f"pair {pair}: no active route on {spec.native} (nothing deployed?)",
+                            hint=f"deploy first: pairctl deploy --pair {pair}")
+        if profile_name:
+            profile = load_profile(profile_name)
+        else:
+            profile = RouteProfile.model_validate(route.active.profile)
+        store = PackageStore(home.store)
+        manifests = {"native": _manifest(store, route.active.native_package),
+                     "rpc": _manifest(store, route.active.rpc_package)}
+        url = base_url(inventory, pair)
+        api_key = read_api_key(inventory, pair)
+        opts = options or CheckOptions()
+        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=opts.request_timeout_s))
+        probe = make_identity_probe(transports=transports, roots=roots, hosts=hosts, inventory=inventory, pair=pair,
+                                    route=route, manifests=manifests, profile=profile, url=url,
+                                    api_key=api_key) if identity else None
+        baseline = find_baseline(evidence, receipt=baseline_receipt, pair=baseline_pair or pair) if evidence is not None else None
+        ctx = CheckContext(
+            client=client, profile=profile, pair=pair, inventory=inventory, transports=transports,
+            sampler_transports={r: sampler_pool.get(h) for r, h in hosts.items()}, host_roots=roots,
+            host_names=hosts, packages=manifests, journal=journal, api_key=api_key, identity_probe=probe,
+            baseline=baseline, fixtures=load_fixture_set(fixtures) if fixtures else None, options=opts, logger=logger,
+        )
+        return Live(ctx=ctx, route=route, stack=stack)
+    except BaseException:
+        stack.close()
+        raise
+
+
+def checks_arg(values: Iterable[str] | None) -> list[str]:
+    """`--only a,b --only c` -> [a, b, c]."""
+    out: list[str] = []
+    for v in values or []:
+        out += [x.strip() for x in v.split(",") if x.strip()]
+    return out

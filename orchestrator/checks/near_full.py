@@ -1,0 +1,260 @@
+"""Near-full slots: two lanes at once, and one lane alone, filled to per-slot capacity minus slack.
+
+Two lanes: both slots generate at the same time, each prompt sized so prompt + generation
+reaches `profile.near_full_tokens()`; each lane carries its own random nonce. Passes only if
+both complete without truncation with exactly the planned token counts, on two distinct slots
+whose requests overlapped in time, and each lane's output is isolated from the other:
+`recall` mode (models that can recall): the answer holds its own nonce and not the other's;
+`solo` mode (the lab's random model): each lane's greedy tokens equal the same request run
+alone. The population reached (sum of tokens_evaluated + tokens_predicted, and the peak seen
+in `/slots` while both ran) is reported against capacity.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, lane_split, verdict_of
+from orchestrator.checks.prompts import BuiltPrompt, PromptBuilder, make_nonce
+from orchestrator.server.client import ServerClient, ServerRequestError
+from orchestrator.server.models import CompletionResult
+
+TWO_LANE = "two_lane_near_full"
+ONE_LANE = "one_lane_near_full"
+
+
+class LaneOutcome(BaseModel):
+    """One lane as written into the receipt."""
+
+    lane: int
+    id_slot: int | None = None
+    prompt_tokens: int
+    n_predict: int
+    nonce: str | None = None
+    tokens_evaluated: int | None = None
+    tokens_predicted: int | None = None
+    truncated: bool | None = None
+    stop_type: str | None = None
+    content: str | None = None
+    output_tokens: list[int] = []
+    started_s: float = 0.0
+    finished_s: float = 0.0
+    predicted_per_second: float | None = None
+    error: str | None = None
+
+    @property
+    def population(self) -> int:
+        return (self.tokens_evaluated or 0) + (self.tokens_predicted or 0)
+
+
+def lane_problems(lane: LaneOutcome) -> list[str]:
+    """Clean completion: no error, no truncation, exactly the planned prompt and generation."""
+    tag = f"lane {lane.lane}"
+    if lane.error:
+        return [f"{tag}: request failed: {lane.error}"]
+    p = []
+    if lane.truncated:
+        p.append(f"{tag}: truncated")
+    if lane.tokens_evaluated != lane.prompt_tokens:
+        p.append(f"{tag}: server evaluated {lane.tokens_evaluated} prompt tokens, sent {lane.prompt_tokens}")
+    if lane.tokens_predicted != lane.n_predict:
+        p.append(f"{tag}: generated {lane.tokens_predicted} tokens, asked for {lane.n_predict} (stop_type {lane.stop_type})")
+    if lane.stop_type not in ("limit", None) and lane.tokens_predicted != lane.n_predict:
+        p.append(f"{tag}: stopped by {lane.stop_type}")
+    return p
+
+
+def isolation_problems_recall(lanes: list[LaneOutcome]) -> list[str]:
+    """Each answer names its own nonce and none of the others'."""
+    p = []
+    for lane in lanes:
+        text = lane.content or ""
+        if lane.nonce and lane.nonce not in text:
+            p.append(f"lane {lane.lane}: answer does not contain its own nonce {lane.nonce}")
+        for other in lanes:
+            if other is not lane and other.nonce and other.nonce in text:
+                p.append(f"lane {lane.lane}: answer contains lane {other.lane}'s nonce {other.nonce}")
+    return p
+
+
+def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome]) -> list[str]:
+    """Each lane's greedy tokens equal the same request run alone."""
+    p = []
+    for lane, ref in zip(lanes, solo):
+        if ref.error:
+            p.append(f"lane {lane.lane}: solo reference failed: {ref.error}")
+        elif lane.output_tokens != ref.output_tokens:
+            first = next((i for i, (a, b) in enumerate(zip(lane.output_tokens, ref.output_tokens)) if a != b),
+                         min(len(lane.output_tokens), len(ref.output_tokens)))
+            p.append(f"lane {lane.lane}: output differs from the same request run alone, from token {first}")
+    return p
+
+
+def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
+    """Each lane's prompt carries its own nonce and no other lane's (else isolation proves nothing)."""
+    p = []
+    for lane, text in zip(lanes, prompt_texts):
+        if lane.nonce and lane.nonce not in text:
+            p.append(f"lane {lane.lane}: prompt does not carry its own nonce")
+        for other in lanes:
+            if other is not lane and other.nonce and other.nonce in text:
+                p.append(f"lane {lane.lane}: prompt carries lane {other.lane}'s nonce {other.nonce}")
+    return p
+
+
+def overlap_problems(lanes: list[LaneOutcome]) -> list[str]:
+    p = []
+    slots = [lane.id_slot for lane in lanes]
+    if len(set(slots)) != len(slots):
+        p.append(f"lanes ran on slots {slots}, not on distinct slots")
+    if len(lanes) == 2:
+        a, b = lanes
+        if not (a.started_s < b.finished_s and b.started_s < a.finished_s):
+            p.append("the two lanes did not run at the same time")
+    return p
+
+
+def _outcome(lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run) -> LaneOutcome:
+    started = time.monotonic() - t0
+    try:
+        r: CompletionResult = run()
+    except ServerRequestError as exc:
+        return LaneOutcome(lane=lane, prompt_tokens=len(prompt), n_predict=n_predict, nonce=prompt.nonce,
+                           started_s=started, finished_s=time.monotonic() - t0, error=str(exc))
+    return LaneOutcome(
+        lane=lane, id_slot=r.id_slot, prompt_tokens=len(prompt), n_predict=n_predict, nonce=prompt.nonce,
+        tokens_evaluated=r.tokens_evaluated, tokens_predicted=r.tokens_predicted, truncated=r.truncated,
+        stop_type=r.stop_type, content=r.content, output_tokens=list(r.tokens),
+        predicted_per_second=r.timings.predicted_per_second,
+        started_s=round(started, 4), finished_s=round(time.monotonic() - t0, 4),
+    )
+
+
+def _request(client: ServerClient, prompt: BuiltPrompt, n_predict: int, slot: int, timeout: float):
+    # cold lanes: no cache reuse, so the whole prompt is evaluated in this request
+    return lambda: client.completion(list(prompt.tokens), n_predict, id_slot=slot, cache_prompt=False,
+                                     ignore_eos=True, seed=0, timeout=timeout)
+
+
+@dataclass
+class SlotsPeak:
+    """What a `/slots` poller saw while lanes ran."""
+
+    samples: int = 0
+    peak_population: int = 0
+    both_processing_seen: bool = False
+    peak_processing: int = 0
+    errors: int = 0
+
+
+def _poll_slots(client: ServerClient, stop: threading.Event, interval: float, out: SlotsPeak) -> None:
+    while not stop.is_set():
+        try:
+            slots = client.slots(timeout=10.0)
+        except Exception:
+            out.errors += 1
+        else:
+            out.samples += 1
+            busy = [s for s in slots if s.is_processing]
+            out.peak_processing = max(out.peak_processing, len(busy))
+            if len(busy) >= 2 and all((s.n_decoded or 0) > 0 for s in busy):
+                out.both_processing_seen = True
+            out.peak_population = max(out.peak_population, sum(s.population for s in busy))
+        stop.wait(interval)
+
+
+def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckResult:
+    """`leak_other_nonce` puts lane 1's nonce into lane 0's prompt: the broken case its test runs."""
+    opts = ctx.options
+    timer = Timer()
+    per_slot, target = ctx.per_slot(), ctx.near_full()
+    if ctx.profile.parallel < 2:
+        return CheckResult(name=TWO_LANE, verdict="skipped", required=False, message="the profile has one slot")
+    prompt_n, gen_n = lane_split(target, opts.generation_fraction)
+    rng = random.Random()  # nonces are fresh every run
+    nonces = [make_nonce(rng), make_nonce(rng)]
+    pb = PromptBuilder(ctx.client, opts.seed)
+    prompts = [pb.with_nonce(prompt_n, nonces[i], variant=i) for i in range(2)]
+    if leak_other_nonce:
+        leaked = pb.with_nonce(prompt_n, nonces[0] + " and " + nonces[1], variant=0)
+        prompts[0] = BuiltPrompt(tokens=leaked.tokens, nonce=nonces[0])
+    prompt_texts = [ctx.client.detokenize(list(p.tokens)) for p in prompts]
+
+    t0 = time.monotonic()
+    stop, peak = threading.Event(), SlotsPeak()
+    poller = threading.Thread(target=_poll_slots, args=(ctx.client, stop, opts.slots_poll_interval_s, peak), daemon=True)
+    poller.start()
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futs = [pool.submit(_outcome, i, prompts[i], gen_n, t0,
+                                _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s)) for i in range(2)]
+            lanes = [f.result() for f in futs]
+    finally:
+        stop.set()
+        poller.join(timeout=15)
+
+    problems = prompt_hygiene_problems(lanes, prompt_texts)
+    for lane in lanes:
+        problems += lane_problems(lane)
+    problems += overlap_problems(lanes)
+    solo: list[LaneOutcome] = []
+    if opts.isolation == "solo":
+        solo = [_outcome(i, prompts[i], gen_n, time.monotonic(),
+                         _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s)) for i in range(2)]
+        problems += isolation_problems_solo(lanes, solo)
+    else:
+        problems += isolation_problems_recall(lanes)
+
+    population = sum(lane.population for lane in lanes)
+    capacity = per_slot * 2
+    figures = {
+        "per_slot_ctx": per_slot,
+        "lane_target": target,
+        "lane_prompt": prompt_n,
+        "lane_generate": gen_n,
+        "population": population,
+        "capacity": capacity,
+        "population_vs_capacity": f"{population}/{capacity}",
+        "slots_peak_population": peak.peak_population,
+        "both_generating_seen": peak.both_processing_seen,
+        "isolation": opts.isolation,
+    }
+    raw: dict[str, Any] = {
+        "lanes": [lane.model_dump() for lane in lanes],
+        "solo": [s.model_dump() for s in solo],
+        "slots_poll": peak.__dict__,
+        "problems": problems,
+    }
+    return CheckResult(name=TWO_LANE, verdict=verdict_of(problems), message="; ".join(problems) or
+                       f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})",
+                       figures=figures, raw=raw, duration_s=timer.elapsed())
+
+
+def run_one_lane(ctx: CheckContext) -> CheckResult:
+    opts = ctx.options
+    timer = Timer()
+    per_slot, target = ctx.per_slot(), ctx.near_full()
+    prompt_n, gen_n = lane_split(target, opts.generation_fraction)
+    pb = PromptBuilder(ctx.client, opts.seed)
+    prompt = pb.with_nonce(prompt_n, make_nonce(random.Random()), variant=7)
+    lane = _outcome(0, prompt, gen_n, time.monotonic(), _request(ctx.client, prompt, gen_n, 0, opts.request_timeout_s))
+    problems = lane_problems(lane)
+    figures = {
+        "per_slot_ctx": per_slot,
+        "prompt": prompt_n,
+        "generate": gen_n,
+        "population": lane.population,
+        "population_vs_capacity": f"{lane.population}/{per_slot}",
+        "slack": per_slot - lane.population,
+        "tg_tokens_per_s": round(lane.predicted_per_second, 2) if lane.predicted_per_second else None,
+    }
+    return CheckResult(name=ONE_LANE, verdict=verdict_of(problems),
+                       message="; ".join(problems) or f"one lane reached {lane.population}/{per_slot} tokens cleanly",
+                       figures=figures, raw={"lane": lane.model_dump(), "problems": problems}, duration_s=timer.elapsed())

@@ -1,0 +1,125 @@
+"""`pairctl accept` end to end: open the live context, begin a receipt, run the suite, seal.
+
+Kept out of the CLI module so the command stays thin and tests can call `accept_pair` directly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.checks.base import CheckOptions
+from orchestrator.checks.live import checks_arg, open_live
+from orchestrator.checks.suite import SuiteResult, run_suite, select
+from orchestrator.errors import CheckFailed, ConfigError
+from orchestrator.log import get_logger
+
+
+@dataclass(frozen=True)
+class AcceptRequest:
+    pair: str
+    only: list[str] = field(default_factory=list)
+    skip: list[str] = field(default_factory=list)
+    baseline_receipt: str | None = None
+    baseline_pair: str | None = None
+    fixtures: str | None = None
+    isolation: str = "solo"
+    scheduled: bool = False
+
+
+@dataclass
+class AcceptOutcome:
+    suite: SuiteResult
+    receipt: str | None
+    route: dict[str, Any]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.suite.summary(), "receipt": self.receipt, "route": self.route}
+
+    def raise_for_verdict(self) -> None:
+        if not self.suite.passed:
+            bad = ", ".join(f"{r.name} ({r.verdict})" for r in self.suite.failed())
+            raise CheckFailed(f"acceptance of pair {self.suite.pair} failed: {bad}",
+                              hint=f"receipt {self.receipt}; `pairctl receipts show {str(self.receipt)[:12]}` has every check's raw data")
+
+
+def accept_pair(home: Any, inventory: Any, req: AcceptRequest) -> AcceptOutcome:
+    from orchestrator.evidence.store import EvidenceStore
+
+    if req.isolation not in ("solo", "recall"):
+        raise ConfigError(f"--isolation must be solo or recall, not {req.isolation!r}")
+    only, skip = checks_arg(req.only), checks_arg(req.skip)
+    select(only, skip)  # unknown names fail before anything is touched
+    inventory.pair(req.pair)
+    log = get_logger(pair=req.pair, command="accept")
+    evidence = EvidenceStore(home.evidence)
+    argv = ["accept", "--pair", req.pair] + [x for o in only for x in ("--only", o)] + [x for s in skip for x in ("--skip", s)]
+    if req.baseline_receipt:
+        argv += ["--baseline-receipt", req.baseline_receipt]
+    journal = evidence.begin(command="accept", argv=argv, pair=req.pair, inputs={})
+    try:
+        with journal.step("open", host=inventory.pair(req.pair).native) as st:
+            live = open_live(home, inventory, req.pair, baseline_receipt=req.baseline_receipt,
+                             baseline_pair=req.baseline_pair, fixtures=req.fixtures,
+                             options=CheckOptions(isolation=req.isolation), journal=journal, evidence=evidence,
+                             logger=log)
+            a = live.route.active
+            route = {"revision": live.route.revision, "native_package": a.native_package, "rpc_package": a.rpc_package,
+                     "profile": a.profile_name, "profile_sha256": a.profile_sha256, "argv_sha256": a.argv_sha256}
+            st.data.update({"route": route, "base_url": live.ctx.client.base_url,
+                            "baseline_receipt": live.ctx.baseline.receipt if live.ctx.baseline else None})
+        try:
+            suite = run_suite(live.ctx, only=only or None, skip=skip or None)
+        finally:
+            live.close()
+        reason = "every required check passed" if suite.passed else \
+            "failed: " + ", ".join(f"{r.name} ({r.verdict}: {r.message[:200]})" for r in suite.failed())
+        receipt = journal.finish("passed" if suite.passed else "failed", reason)
+    except BaseException:
+        if not journal.finished:
+            journal.__exit__(*__import__("sys").exc_info())
+        raise
+    _write_metrics(home, suite)
+    return AcceptOutcome(suite=suite, receipt=receipt, route=route)
+
+
+def _write_metrics(home: Any, suite: SuiteResult) -> None:
+    """The Prometheus textfile for this pair (best effort: metrics never change the verdict)."""
+    try:
+        from orchestrator.ops.textfile import write_acceptance
+
+        one = suite.result("one_lane_near_full")
+        tps = one.figures.get("tg_tokens_per_s") if one else None
+        write_acceptance(home.metrics, pair=suite.pair, now=time.time(), passed=suite.passed,
+                         checks={r.name: r.verdict == "passed" for r in suite.results}, tokens_per_second=tps)
+    except Exception:
+        get_logger(pair=suite.pair).warning("could not write the acceptance textfile", exc_info=True)
+
+
+VERDICT_STYLE = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow"}
+
+
+def key_figures(r: Any, limit: int = 6) -> str:
+    items = [(k, v) for k, v in r.figures.items() if v is not None][:limit]
+    return ", ".join(f"{k}={v}" for k, v in items)
+
+
+def render_table(console: Any, outcome: AcceptOutcome) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    s = outcome.suite
+    t = Table(title=f"acceptance of pair {s.pair} (profile {s.profile})")
+    t.add_column("check")
+    t.add_column("verdict")
+    t.add_column("req")
+    t.add_column("key figures", overflow="fold")
+    t.add_column("message", overflow="fold")
+    for r in s.results:
+        t.add_row(Text(r.name), Text(r.verdict, style=VERDICT_STYLE[r.verdict]), "yes" if r.required else "no",
+                  Text(key_figures(r)), Text(r.message[:300]))
+    console.print(t)
+    if s.sampler_faults:
+        console.print(f"sampler faults (not check failures): {len(s.sampler_faults)}", markup=False)
+    console.print(f"{'PASSED' if s.passed else 'FAILED'}  receipt {outcome.receipt}", markup=False)

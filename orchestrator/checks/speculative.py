@@ -1,0 +1,104 @@
+"""Speculative / MTP drafting: greedy output identical to the same requests with drafting off.
+
+Per-request `speculative.*` is compiled out of the pinned server, but the server never drafts
+for a request whose remaining budget is one token (`get_n_draft_max` caps a draft at
+`n_remaining - 1`). So the draft-free reference is made on the same live server by stepping:
+prompt -> 1 token, prompt + that token -> 1 token, ... each step checked to report no drafting.
+The drafted requests (normal `n_predict`) must give exactly those tokens; draft counts come
+from `timings` (`draft_n`, `draft_n_accepted`): the lab's same-weights draft is accepted, the
+other draft rejected, and both must give the reference output.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.prompts import PromptBuilder
+from orchestrator.hashing import sha256_json
+from orchestrator.server.client import ServerClient
+
+NAME = "speculative"
+N_PROMPTS = 3
+
+
+def build_prompts(ctx: CheckContext) -> list[list[int]]:
+    pb = PromptBuilder(ctx.client, ctx.options.seed + 100)
+    size = max(32, min(512, ctx.per_slot() // 8))
+    return [list(pb.exact(size - 16 * i, variant=100 + i, head="Continue the list:\n")) for i in range(N_PROMPTS)]
+
+
+def compare(outputs: list[list[int]], reference: list[list[int]]) -> list[str]:
+    p = []
+    if len(outputs) != len(reference):
+        return [f"{len(outputs)} outputs, reference has {len(reference)}"]
+    for i, (a, b) in enumerate(zip(outputs, reference)):
+        if a != b:
+            first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            p.append(f"prompt {i}: drafted output differs from the draft-free reference from token {first}")
+    return p
+
+
+def stepwise_reference(client: ServerClient, prompt: list[int], n: int, *, slot: int, timeout: float) -> tuple[list[int], int]:
+    """Greedy tokens one request per token (the server cannot draft with one token left).
+    Returns (tokens, drafted tokens reported by those steps: must be 0)."""
+    out: list[int] = []
+    drafted = 0
+    for _ in range(n):
+        r = client.completion(prompt + out, 1, id_slot=slot, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout)
+        if len(r.tokens) != 1:
+            raise AssertionError(f"a one-token step returned {len(r.tokens)} tokens")
+        drafted += r.timings.draft_n or 0
+        out.append(r.tokens[0])
+    return out, drafted
+
+
+def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> CheckResult:
+    """`drafted_params` adds request fields to the drafted requests only (the broken case sends a
+    temperature, so drafting's rejection sampling changes the output)."""
+    timer = Timer()
+    prompts = build_prompts(ctx)
+    n_predict = ctx.options.speculative_n_predict
+    timeout = ctx.options.request_timeout_s
+    params = {"id_slot": 0, "cache_prompt": False, "ignore_eos": True, "seed": 0, **(drafted_params or {})}
+    results = [ctx.client.completion(p, n_predict, timeout=timeout, **params) for p in prompts]
+    outputs = [list(r.tokens) for r in results]
+    reference, ref_drafted = [], 0
+    for p in prompts:
+        toks, d = stepwise_reference(ctx.client, p, n_predict, slot=0, timeout=timeout)
+        reference.append(toks)
+        ref_drafted += d
+    draft_n = sum(r.timings.draft_n or 0 for r in results)
+    accepted = sum(r.timings.draft_n_accepted or 0 for r in results)
+    problems = compare(outputs, reference)
+    if ref_drafted:
+        problems.append(f"the one-token reference steps drafted {ref_drafted} tokens: the reference is not draft-free")
+    if ctx.drafting() and draft_n == 0:
+        problems.append("drafting is configured but no token was drafted (timings have no draft_n)")
+    if not ctx.drafting() and draft_n:
+        problems.append(f"drafting is off in the profile but the server drafted {draft_n} tokens")
+    figures: dict[str, Any] = {
+        "drafting": ctx.drafting(),
+        "draft_n": draft_n,
+        "draft_n_accepted": accepted,
+        "draft_rejected": draft_n - accepted,
+        "acceptance": round(accepted / draft_n, 4) if draft_n else None,
+        "same_as_reference": not any("differs" in x for x in problems),
+    }
+    raw = {
+        "prompts_sha256": sha256_json(prompts),
+        "n_predict": n_predict,
+        "profile": ctx.profile.name,
+        "drafted_params": drafted_params or {},
+        "timings": [r.timings.model_dump() for r in results],
+        "outputs": outputs,
+        "reference_outputs": reference,
+        "problems": problems,
+    }
+    if not problems:
+        msg = (f"drafted output equals the draft-free reference; {accepted}/{draft_n} drafted tokens accepted"
+               if ctx.drafting() else "drafting off: output equals the one-token-step reference")
+    else:
+        msg = "; ".join(problems)
+    return CheckResult(name=NAME, verdict=verdict_of(problems), required=True, message=msg,
+                       figures=figures, raw=raw, duration_s=timer.elapsed())

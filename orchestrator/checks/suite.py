@@ -1,0 +1,155 @@
+"""The acceptance suite: identity first and last, telemetry around, the checks in between.
+
+`run_suite(ctx, only=None, skip=None) -> SuiteResult` is what `pairctl accept` and deploy's
+acceptance step call. Every check's result (with its raw data) becomes one journal step
+`check:<name>` in the receipt; telemetry samples go to the receipt's samples; the suite
+summary is the receipt field `acceptance`. `SuiteResult.passed` is True only if every required
+check passed; the caller decides what that means (exit 1, or a rollback in deploy).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterable
+
+from pydantic import BaseModel, Field
+
+from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
+from orchestrator.checks import near_full, telemetry
+from orchestrator.checks.base import CheckContext, CheckResult
+from orchestrator.errors import ConfigError
+
+CheckFn = Callable[[CheckContext], CheckResult]
+
+# Run order. identity and telemetry wrap the others and are handled by the suite itself.
+CHECKS: dict[str, CheckFn | None] = {
+    identity.NAME: None,
+    near_full.TWO_LANE: near_full.run_two_lane,
+    near_full.ONE_LANE: near_full.run_one_lane,
+    speculative.NAME: speculative.run,
+    cached_continuation.NAME: cached_continuation.run,
+    cancellation.NAME: cancellation.run,
+    long_prefix.NAME: long_prefix.run,
+    answer_fixtures.NAME: answer_fixtures.run,
+    telemetry.NAME: None,
+}
+STEP_PREFIX = "check:"
+
+
+class SuiteResult(BaseModel):
+    pair: str
+    profile: str
+    results: list[CheckResult]
+    passed: bool
+    sampler_faults: list[dict[str, Any]] = Field(default_factory=list)
+    duration_s: float = 0.0
+
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.ok]
+
+    def result(self, name: str) -> CheckResult | None:
+        return next((r for r in self.results if r.name == name), None)
+
+    def summary(self) -> dict[str, Any]:
+        """Small enough for a receipt field and `--json`: verdicts and figures, no raw data."""
+        return {
+            "pair": self.pair, "profile": self.profile, "passed": self.passed, "duration_s": self.duration_s,
+            "sampler_faults": len(self.sampler_faults),
+            "checks": [{"name": r.name, "verdict": r.verdict, "required": r.required, "message": r.message,
+                        "figures": r.figures, "duration_s": r.duration_s} for r in self.results],
+        }
+
+
+def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> list[str]:
+    """Check names to run, in suite order; unknown names are a usage error naming the known ones."""
+    only, skip = list(only or []), list(skip or [])
+    unknown = sorted(set(only + skip) - set(CHECKS))
+    if unknown:
+        raise ConfigError(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+    return [n for n in CHECKS if (not only or n in only) and n not in skip]
+
+
+def _guarded(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
+    t0 = time.monotonic()
+    try:
+        r = fn()
+    except Exception as exc:  # an unexpected exception is an `error` verdict, never a crash of the suite
+        r = CheckResult(name=name, verdict="error", message=f"{type(exc).__name__}: {exc}",
+                        raw={"exception": f"{type(exc).__name__}: {exc}"})
+    if not r.duration_s:
+        r.duration_s = round(time.monotonic() - t0, 4)
+    return r
+
+
+def _record(ctx: CheckContext, r: CheckResult) -> None:
+    j = ctx.journal
+    if j is None:
+        return
+    host = ctx.host_names.get("native")
+    with j.step(STEP_PREFIX + r.name, host=host) as st:
+        st.data.update(r.model_dump(mode="json"))
+        if r.verdict in ("failed", "error"):
+            st.fail(r.message)
+        elif r.verdict == "skipped":
+            st.skip(r.message)
+
+
+def wait_idle(ctx: CheckContext, within_s: float = 30.0) -> None:
+    """Checks assume idle slots (explicit id_slot, cold lanes); wait for leftovers to finish."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not any(s.is_processing for s in ctx.client.slots(timeout=10)):
+            return
+        time.sleep(0.1)
+
+
+def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterable[str] | None = None,
+              *, overrides: dict[str, CheckFn] | None = None) -> SuiteResult:
+    """Run the selected checks against the live pair in `ctx`. `overrides` replaces a check's
+    function (tests use it to run a deliberately broken variant through the whole suite)."""
+    names = select(only, skip)
+    t0 = time.monotonic()
+    fns = {**CHECKS, **(overrides or {})}
+    results: list[CheckResult] = []
+    before = identity.snapshot(ctx) if identity.NAME in names else None
+    sampler = None
+    if telemetry.NAME in names:
+        sampler = telemetry.Sampler(transports=ctx.sampler_transports or ctx.transports, roots=ctx.host_roots,
+                                    hosts=ctx.host_names, interval_s=ctx.options.telemetry_interval_s,
+                                    timeout_s=ctx.options.telemetry_sample_timeout_s)
+        sampler.start()
+    try:
+        for name in names:
+            fn = fns.get(name)
+            if fn is None:
+                continue
+            wait_idle(ctx)
+            ctx.log("check start", check=name)
+            r = _guarded(name, lambda fn=fn: fn(ctx))
+            ctx.log("check done", check=name, verdict=r.verdict)
+            results.append(r)
+            _record(ctx, r)
+    finally:
+        if sampler is not None:
+            sampler.stop()
+    if sampler is not None:
+        r = sampler.result()
+        results.append(r)
+        _record(ctx, r)
+        if ctx.journal is not None and sampler.rows:
+            ctx.journal.samples(STEP_PREFIX + telemetry.NAME, sampler.rows)
+    if before is not None:
+        after = identity.snapshot(ctx)
+        r = identity.judge(before, after, probe_configured=ctx.identity_probe is not None)
+        results.insert(0, r)
+        _record(ctx, r)
+        if ctx.journal is not None:
+            for when, snap in (("before", before), ("after", after)):
+                ctx.journal.identity(ctx.host_names.get("native", "native"), {"when": when, **snap})
+    results.sort(key=lambda r: list(CHECKS).index(r.name) if r.name in CHECKS else len(CHECKS))
+    suite = SuiteResult(pair=ctx.pair, profile=ctx.profile.name, results=results,
+                        passed=all(r.ok for r in results) and bool(results),
+                        sampler_faults=sampler.faults if sampler else [], duration_s=round(time.monotonic() - t0, 3))
+    if ctx.journal is not None:
+        ctx.journal.set("acceptance", suite.summary())
+    return suite

@@ -1,0 +1,39 @@
+"""`pairctl accept`: run the acceptance suite against a live pair and write one receipt."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from orchestrator.cli.context import get_ctx
+
+
+def accept(
+    ctx: typer.Context,
+    pair: str = typer.Option(..., "--pair", help="Pair to accept (from the inventory)."),
+    only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these checks (repeatable or comma-separated)."),
+    skip: Optional[list[str]] = typer.Option(None, "--skip", help="Skip these checks (repeatable or comma-separated)."),
+    baseline_receipt: Optional[str] = typer.Option(None, "--baseline-receipt", help="Compare answer fixtures against this receipt (hash or prefix)."),
+    baseline_pair: Optional[str] = typer.Option(None, "--baseline-pair", help="Compare against this pair's last passed acceptance (default: the same pair)."),
+    fixtures: Optional[str] = typer.Option(None, "--fixtures", help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
+    isolation: str = typer.Option("solo", "--isolation", help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold their own nonce only)."),
+    scheduled: bool = typer.Option(False, "--scheduled", help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
+) -> None:
+    """Run the acceptance checks against PAIR's running llama-server/ggml-rpc-server.
+
+    Every size comes from the active route profile (per-slot context, slack, slots). One receipt
+    holds every check's raw data; the table shows verdicts and key figures. Exit 0 only if every
+    required check passed, 1 otherwise.
+    """
+    from orchestrator.checks.runner import AcceptRequest, accept_pair, render_table
+
+    c = get_ctx(ctx)
+    req = AcceptRequest(pair=pair, only=only or [], skip=skip or [], baseline_receipt=baseline_receipt,
+                        baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled)
+    outcome = accept_pair(c.home, c.inventory(), req)
+    if c.json_output:
+        c.emit_json(outcome.as_dict())
+    else:
+        render_table(c.console, outcome)
+    outcome.raise_for_verdict()

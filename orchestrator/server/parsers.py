@@ -1,0 +1,152 @@
+"""Pure parsers of llama-server responses; tested with output captured from the real server."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any, Iterable, Iterator
+
+from pydantic import ValidationError
+
+from orchestrator.server.models import CompletionResult, Props, ServerError, SlotState, StreamChunk
+
+
+class ParseError(ValueError):
+    """A response did not have the shape this pinned llama-server produces."""
+
+
+def _obj(data: Any, what: str) -> dict[str, Any]:
+    if isinstance(data, (bytes, str)):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ParseError(f"{what}: not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_props(data: Any) -> Props:
+    d = _obj(data, "/props")
+    try:
+        n_ctx = d["default_generation_settings"]["n_ctx"]
+    except (KeyError, TypeError):
+        raise ParseError("/props: no default_generation_settings.n_ctx") from None
+    try:
+        return Props.model_validate({**d, "n_ctx_per_slot": n_ctx})
+    except ValidationError as exc:
+        raise ParseError(f"/props: {exc}") from None
+
+
+def parse_slots(data: Any) -> list[SlotState]:
+    if isinstance(data, (bytes, str)):
+        try:
+            data = json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ParseError(f"/slots: not JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise ParseError(f"/slots: expected a JSON list, got {type(data).__name__}")
+    out = []
+    for s in data:
+        if not isinstance(s, dict):
+            raise ParseError("/slots: an entry is not an object")
+        nt = s.get("next_token")
+        n_decoded = nt[0].get("n_decoded") if isinstance(nt, list) and nt and isinstance(nt[0], dict) else None
+        # drop the slot's prompt/generated text: it can be a whole context long
+        slim = {k: v for k, v in s.items() if k not in ("prompt", "generated", "params")}
+        try:
+            out.append(SlotState.model_validate({**slim, "n_decoded": n_decoded}))
+        except ValidationError as exc:
+            raise ParseError(f"/slots: {exc}") from None
+    return out
+
+
+def parse_completion(data: Any) -> CompletionResult:
+    d = _obj(data, "/completion")
+    if "error" in d:
+        raise ParseError(f"/completion: server error: {d['error']}")
+    try:
+        return CompletionResult.model_validate(d)
+    except ValidationError as exc:
+        raise ParseError(f"/completion: {exc}") from None
+
+
+def parse_error(data: Any) -> ServerError | None:
+    """The server's error object, or None when the body is not one."""
+    try:
+        d = _obj(data, "error")
+    except ParseError:
+        return None
+    err = d.get("error")
+    if not isinstance(err, dict):
+        return None
+    try:
+        return ServerError.model_validate(err)
+    except ValidationError:
+        return None
+
+
+def parse_tokenize(data: Any) -> list[int]:
+    d = _obj(data, "/tokenize")
+    toks = d.get("tokens")
+    if not isinstance(toks, list):
+        raise ParseError("/tokenize: no tokens list")
+    # with_pieces gives [{"id": .., "piece": ..}]
+    return [t["id"] if isinstance(t, dict) else int(t) for t in toks]
+
+
+def parse_detokenize(data: Any) -> str:
+    d = _obj(data, "/detokenize")
+    if not isinstance(d.get("content"), str):
+        raise ParseError("/detokenize: no content string")
+    return d["content"]
+
+
+def parse_sse_lines(lines: Iterable[str]) -> Iterator[StreamChunk]:
+    """Server-sent events of a streaming /completion: `data: {json}` lines, blank separators."""
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith(":"):
+            continue
+        if line.startswith("error:"):
+            raise ParseError(f"stream: server error: {line[6:].strip()}")
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        d = _obj(payload, "stream chunk")
+        if "error" in d:
+            raise ParseError(f"stream: server error: {d['error']}")
+        try:
+            yield StreamChunk.model_validate(d)
+        except ValidationError as exc:
+            raise ParseError(f"stream chunk: {exc}") from None
+
+
+_METRIC = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\d+)?$")
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text exposition of `/metrics` -> {name: value}; `llamacpp:` prefix kept off.
+
+    Labelled series (none in the pinned server) are keyed `name{labels}`.
+    """
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC.match(line)
+        if not m:
+            raise ParseError(f"/metrics: cannot parse line {line!r}")
+        name, labels, value = m.groups()
+        if name.startswith("llamacpp:"):
+            name = name[len("llamacpp:"):]
+        try:
+            v = float(value)
+        except ValueError:
+            raise ParseError(f"/metrics: bad value in {line!r}") from None
+        out[name + (labels or "")] = v if not math.isnan(v) else float("nan")
+    return out
