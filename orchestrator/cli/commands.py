@@ -20,3 +20,11 @@ app.add_typer(packages_cmd.app, name="packages")
 from orchestrator.cli import accept_cmd  # noqa: E402
 
 app.command("accept")(accept_cmd.accept)
+from orchestrator.cli import deploy_cmd, rollback_cmd, status_cmd  # noqa: E402
+
+app.command("deploy")(deploy_cmd.deploy)
+app.command("rollback")(rollback_cmd.rollback)
+app.command("status")(status_cmd.status)
+from orchestrator.cli import kernels_cmd  # noqa: E402
+
+app.add_typer(kernels_cmd.app, name="kernels")

@@ -1,0 +1,24 @@
+"""`pairctl rollback`: put the route record's previous pair back and verify it."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from orchestrator.cli.context import get_ctx
+
+
+def rollback(ctx: typer.Context, pair: str = typer.Option(..., "--pair", help="Pair name from the inventory.")) -> None:
+    """Swap PAIR back to its previous pair (playbooks/rollback.yaml). Exit 8 if that fails
+    (hosts stopped, leases kept)."""
+    from orchestrator.engine.render import print_result, progress_printer
+    from orchestrator.engine.deploy import rollback as run_rollback
+
+    c = get_ctx(ctx)
+    result = run_rollback(c.home, c.inventory(), pair, argv=["pairctl", *sys.argv[1:]],
+                          on_step=None if c.json_output else progress_printer(c.console))
+    if c.json_output:
+        c.emit_json(result.to_dict())
+    else:
+        print_result(c.console, result)

@@ -1,0 +1,449 @@
+"""deploy / rollback: the run context and the action handlers the engine dispatches to.
+
+Order of business (playbooks/deploy.yaml says the same for people):
+  1. preflight (local, before any host is touched): packages exist and verify; one revision;
+     targets match the pair; the profile renders and every flag is in the native package's
+     captured `--help`; the API key file is readable.
+  2. connect + facts on both hosts (read-only; a host-key problem stops here).
+  3. leases, prepare, upload (nothing that runs has changed yet: a failure aborts).
+  4. stop, switch, start, verify, route, accept: from here any failure rolls back.
+The rollback restores exactly the links and the route entry that were active at the start
+(for `pairctl rollback`: the route record's previous entry), restarts it with its recorded
+argv and verifies it the same way. If the rollback fails, both services are stopped and the
+leases are kept.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config.profiles import RouteProfile, unknown_flags
+from orchestrator.engine.identity import Expected, verify_identity
+from orchestrator.engine.plan import Activation, PairView, links_after_deploy
+from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, RemoteCommandError
+from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts import services
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, SERVICE_OF_ROLE, svc_script, svc_sha256
+from orchestrator.hosts.probes import ExpectedProc, HostFacts, parse_facts
+from orchestrator.hosts.release import ensure_release
+from orchestrator.hosts.route import RouteEntry, RouteRecord, content_sha, next_record, parse_route
+
+ROLES = ("native", "rpc")
+
+
+@dataclass
+class Target:
+    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
+
+    activation: Activation
+    entry: RouteEntry
+    expected: Expected | None  # None when a manifest is not in the local store
+
+
+@dataclass
+class RunContext:
+    home: Any
+    inventory: Any
+    view: PairView
+    pool: Any  # orchestrator.remote.transport.TransportPool
+    journal: Any
+    run_id: str
+    log: Any
+    mode: str = "deploy"  # deploy | rollback
+    # deploy inputs
+    package_ids: tuple[str, str] | None = None
+    profile: RouteProfile | None = None
+    packages: dict[str, Any] = field(default_factory=dict)  # role -> Package
+    skip_accept: bool = False
+    checks: tuple[str, ...] = ()
+    api_key_bytes: bytes | None = field(default=None, repr=False)
+    # what the run found and did
+    target: Target | None = None
+    restore: Target | None = None
+    restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
+    facts: dict[str, HostFacts] = field(default_factory=dict)
+    route_bytes: dict[str, bytes | None] = field(default_factory=dict)
+    route_written: bool = False
+    leases: dict[str, Any] = field(default_factory=dict)
+    changed: bool = False
+    uploads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    accept_result: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _next_route: RouteRecord | None = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def t(self, role: str) -> Any:
+        return self.pool.get(self.view.hosts[role])
+
+    def layout(self, role: str) -> Any:
+        return self.view.layouts[role]
+
+    def host(self, role: str) -> str:
+        return self.view.hosts[role]
+
+    @property
+    def api_key(self) -> str | None:
+        """The Bearer value: the key file's first non-empty line (llama-server reads one key per line)."""
+        if not self.api_key_bytes:
+            return None
+        for line in self.api_key_bytes.decode("utf-8", "replace").splitlines():
+            if line.strip():
+                return line.strip()
+        return None
+
+    def activating(self) -> Target | None:
+        return self.restore if self.mode == "rollback" else self.target
+
+    def timed(self, key: str, seconds: float) -> None:
+        with self._lock:
+            self.timings[key] = self.timings.get(key, 0.0) + seconds
+
+
+def _text(out: str | bytes) -> str:
+    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+
+
+# -- building targets (pure given manifests) ---------------------------------------------------
+
+def model_paths(pair: Any) -> dict[str, str]:
+    return {role: m.path for role, m in pair.models.items()}
+
+
+def render_target(view: PairView, pair: Any, profile: RouteProfile, native_pkg: Any, rpc_pkg: Any) -> Target:
+    """The activation of a new pair: argv from the profile, the route entry, the identity expected."""
+    nid, rid = native_pkg.manifest.id, rpc_pkg.manifest.id
+    rpc_argv = services.rpc_server_argv(view.layouts["rpc"], rid, bind=view.rpc_bind, port=view.rpc_port)
+    try:
+        native_argv = services.llama_server_argv(
+            view.layouts["native"], nid, profile, model_paths=model_paths(pair), host=view.server_bind,
+            port=view.server_port, rpc=[f"{view.rpc_bind}:{view.rpc_port}"], with_api_key=view.has_api_key,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"profile {profile.name} does not render for pair {view.name}: {exc}") from None
+    entry = RouteEntry.build(
+        native_package=nid, rpc_package=rid, package_revision=native_pkg.manifest.revision,
+        profile=profile.model_dump(mode="json"), native_argv=native_argv, rpc_argv=rpc_argv,
+    )
+    return Target(
+        activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label="new"),
+        entry=entry,
+        expected=expected_for(entry, native_pkg.manifest, rpc_pkg.manifest, view),
+    )
+
+
+def expected_for(entry: RouteEntry, native_manifest: Any, rpc_manifest: Any, view: PairView) -> Expected:
+    profile = RouteProfile.model_validate(entry.profile)
+    return Expected(
+        native=ExpectedProc(LLAMA_SERVER, _bin_sha(native_manifest, LLAMA_SERVER), tuple(entry.native_argv)),
+        rpc=ExpectedProc(RPC_SERVER, _bin_sha(rpc_manifest, RPC_SERVER), tuple(entry.rpc_argv)),
+        revision=native_manifest.revision,
+        build_info=getattr(native_manifest, "build_info", None),
+        parallel=profile.parallel,
+        per_slot_ctx=profile.per_slot_ctx(),
+        rpc_bind=view.rpc_bind,
+        rpc_port=view.rpc_port,
+        expect_pipeline_parallel=profile.expect_pipeline_parallel,
+    )
+
+
+def _bin_sha(manifest: Any, name: str) -> str:
+    try:
+        return manifest.files[f"bin/{name}"].sha256
+    except KeyError:
+        raise PackageError(f"package {manifest.id} has no bin/{name}") from None
+
+
+def target_from_entry(entry: RouteEntry, store: Any, view: PairView, label: str) -> Target:
+    """A recorded route entry as a target to restore (manifests from the local store)."""
+    try:
+        expected = expected_for(entry, store.get(entry.native_package).manifest, store.get(entry.rpc_package).manifest, view)
+    except PackageError:
+        expected = None
+    return Target(
+        activation=Activation(entry.native_package, entry.rpc_package, tuple(entry.native_argv),
+                              tuple(entry.rpc_argv), label=label),
+        entry=entry,
+        expected=expected,
+    )
+
+
+# -- preflight (local) ---------------------------------------------------------------------
+
+def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
+    """Everything that can refuse a deploy without touching a host."""
+    pair = ctx.inventory.pair(ctx.view.name)
+    nid, rid = ctx.package_ids
+    native, rpc = store.get(nid), store.get(rid)
+    t0 = time.monotonic()
+    for pid in (nid, rid) if nid != rid else (nid,):
+        store.verify(pid)
+    ctx.timed("local_verify_s", time.monotonic() - t0)
+    nm, rm = native.manifest, rpc.manifest
+    if nm.revision != rm.revision:
+        raise PackageError(
+            f"packages {nid} and {rid} come from two revisions ({nm.revision[:12]} and {rm.revision[:12]}); "
+            "a pair must be built from one revision (the RPC handshake does not prove the builds match)",
+            hint="build both targets from the same commit",
+        )
+    for side, want, m in (("native", pair.target_native, nm), ("rpc", pair.target_rpc, rm)):
+        if want and m.target.name != want:
+            raise PackageError(f"package {m.id} is for target {m.target.name}; pair {ctx.view.name}'s {side} host wants {want}")
+    target = render_target(ctx.view, pair, ctx.profile, native, rpc)
+    help_text = native.help_text
+    unknown = unknown_flags(list(target.activation.native_argv[1:]), help_text)
+    if unknown:
+        raise ConfigError(
+            f"profile {ctx.profile.name} renders flag(s) {', '.join(sorted(set(unknown)))} that package {nid}'s "
+            f"llama-server --help does not offer (renamed or removed in this revision)",
+            hint=f"see {native.path / nm.help_file}",
+        )
+    if pair.api_key_file:
+        try:
+            ctx.api_key_bytes = Path(pair.api_key_file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"pair {ctx.view.name}: cannot read api_key_file {pair.api_key_file}: {exc.strerror}") from None
+        if not ctx.api_key:
+            raise ConfigError(f"pair {ctx.view.name}: api_key_file {pair.api_key_file} is empty")
+    ctx.packages = {"native": native, "rpc": rpc}
+    ctx.target = target
+    return {
+        "packages": {"native": nid, "rpc": rid},
+        "revision": nm.revision,
+        "content_digests": {"native": nm.content_digest, "rpc": rm.content_digest},
+        "profile": ctx.profile.name,
+        "profile_sha256": target.entry.profile_sha256,
+        "argv_sha256": target.entry.argv_sha256,
+        "native_argv": list(target.activation.native_argv),
+        "rpc_argv": list(target.activation.rpc_argv),
+    }
+
+
+# -- host actions --------------------------------------------------------------------------
+
+def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    t = ctx.t(role)
+    connect = getattr(t, "connect", None)
+    if connect is not None:
+        connect()
+    ctx.timed("connect_s", time.monotonic() - t0)
+    return {"seconds": round(time.monotonic() - t0, 4)}
+
+
+def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
+    res = ctx.t(role).run_idempotent(ctx.layout(role).facts_cmd(), timeout=60)
+    f = parse_facts(_text(res.stdout))
+    with ctx._lock:
+        ctx.facts[role] = f
+        ctx.route_bytes[role] = f.route_bytes
+    return f.to_dict()
+
+
+def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
+    from orchestrator.engine import leasing
+
+    handle = leasing.take(ctx, role)
+    with ctx._lock:
+        ctx.leases[role] = handle
+    return leasing.describe(handle)
+
+
+def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
+    from orchestrator.engine import leasing
+
+    handle = ctx.leases.get(role)
+    if handle is None:
+        return {"skipped": "no lease held by this run"}
+    leasing.release(ctx, role, handle)
+    with ctx._lock:
+        ctx.leases.pop(role, None)
+    return {"released": True}
+
+
+def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
+    f = ctx.facts.get(role)
+    if f is not None and f.svc_sha256 == svc_sha256():
+        return {"helper": "up to date"}
+    ctx.t(role).run(ctx.layout(role).prepare_cmd(), stdin=svc_script(), timeout=60)
+    return {"helper": "installed", "sha256": svc_sha256()}
+
+
+def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
+    pkg = ctx.packages[role]
+    f = ctx.facts.get(role)
+    present = f is not None and pkg.manifest.id in f.releases
+    t0 = time.monotonic()
+    res = ensure_release(ctx.t(role), ctx.layout(role), pkg, present, ctx.host(role))
+    ctx.timed("upload_s", time.monotonic() - t0)
+    d = res.to_dict()
+    with ctx._lock:
+        ctx.uploads[role] = d
+    return d
+
+
+def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
+    if not ctx.view.has_api_key:
+        return {"skipped": "the pair has no api_key_file"}
+    ctx.t(role).run(ctx.layout(role).put_secret_cmd(), stdin=ctx.api_key_bytes, timeout=30)
+    return {"path": ctx.layout(role).api_key, "mode": "0600"}  # never the value, never its hash
+
+
+def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
+    t0 = time.monotonic()
+    out = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role])
+    ctx.timed("stop_s", time.monotonic() - t0)
+    return {"result": out}
+
+
+def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
+    new_id = ctx.target.activation.native_package if role == "native" else ctx.target.activation.rpc_package
+    cur, prev = links_after_deploy(ctx.facts.get(role), new_id)
+    res = ctx.t(role).run(ctx.layout(role).switch_cmd(cur, prev), timeout=30)
+    return {"current": cur, "previous": prev, "seen": _text(res.stdout).split()}
+
+
+def a_switch_back(ctx: RunContext, role: str) -> dict[str, Any]:
+    cur, prev = ctx.restore_links[role]
+    res = ctx.t(role).run(ctx.layout(role).switch_cmd(cur, prev), timeout=30)
+    return {"current": cur, "previous": prev, "seen": _text(res.stdout).split()}
+
+
+def a_start_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
+    tgt = ctx.activating()
+    if tgt is None:
+        return {"skipped": "no previous pair to start"}
+    t, layout = ctx.t("rpc"), ctx.layout("rpc")
+    t0 = time.monotonic()
+    pid = services.start(t, layout, RPC_SERVER, list(tgt.activation.rpc_argv))
+    waited = services.wait_listen(t, layout, RPC_SERVER, ctx.view.rpc_bind, ctx.view.rpc_port)
+    ctx.timed("rpc_start_to_listen_s", time.monotonic() - t0)
+    return {"pid": pid, "listen_wait_s": round(waited, 4), "bind": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}"}
+
+
+def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
+    tgt = ctx.activating()
+    if tgt is None:
+        return {"skipped": "no previous pair to start"}
+    t, layout = ctx.t("native"), ctx.layout("native")
+    t0 = time.monotonic()
+    pid = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv))
+    t1 = time.monotonic()
+    w = services.wait_health(t, layout, ctx.view.base_url, log=ctx.log)
+    ctx.timed("server_start_to_healthy_s", time.monotonic() - t1)
+    ctx.timed("server_start_cmd_s", t1 - t0)
+    return {"pid": pid, "healthy_after_s": round(w.seconds, 4), "health_polls": w.polls, "alive_checks": w.alive_checks}
+
+
+def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
+    tgt = ctx.activating()
+    if tgt is None:
+        return {"skipped": "no previous pair: nothing runs"}
+    if tgt.expected is None:
+        raise PackageError(
+            f"cannot verify {tgt.activation.native_package} / {tgt.activation.rpc_package}: "
+            "their manifests are not in the local package store"
+        )
+    rep = verify_identity(
+        {role: ctx.t(role)}, ctx.view.layouts, ctx.view.hosts, tgt.expected,
+        base_url=ctx.view.base_url, api_key=ctx.api_key, roles=(role,),
+    )
+    ctx.journal.identity(ctx.host(role), {**rep.data, "problems": rep.problems, "label": tgt.activation.label})
+    if rep.problems:
+        raise CheckFailed("identity does not match: " + "; ".join(rep.problems))
+    return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
+
+
+def _route_successor(ctx: RunContext) -> RouteRecord | None:
+    """The record this run writes (computed once, identical on both hosts)."""
+    with ctx._lock:
+        if ctx._next_route is not None:
+            return ctx._next_route
+        current = parse_route(ctx.route_bytes.get("native"))
+        if ctx.mode == "deploy":
+            new = ctx.target.entry
+            prev = current.active if current else None
+            if prev is not None and prev == new:
+                prev = current.previous
+            rec = next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
+        else:
+            if ctx.restore is None and not ctx.route_written:
+                return None  # nothing was recorded for the failed pair: leave the record as it was
+            active = ctx.restore.entry if ctx.restore else None
+            prev = ctx.restore_previous_entry
+            rec = next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
+        ctx._next_route = rec
+        return rec
+
+
+def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
+    rec = _route_successor(ctx)
+    if rec is None:
+        return {"skipped": "route record unchanged (no pair was recorded by this run)"}
+    data = rec.to_bytes()
+    token = content_sha(ctx.route_bytes.get(role))
+    res = ctx.t(role).run(ctx.layout(role).cas_write_cmd(token), stdin=data, check=False, timeout=30)
+    out = res.stdout_bytes if getattr(res, "stdout_bytes", b"") else _text(res.stdout).encode()
+    if res.exit_status == 3:
+        raise CheckFailed(
+            f"{ctx.host(role)}: route.json changed under this run (compare-and-swap refused: "
+            f"expected {token or 'no record'}, {_text(res.stdout).strip()})"
+        )
+    if res.exit_status != 0:
+        raise RemoteCommandError(f"{ctx.host(role)}: writing route.json failed: {_text(res.stderr)[-300:]}",
+                                 exit_status=res.exit_status)
+    if out != data:
+        raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
+    with ctx._lock:
+        ctx.route_bytes[role] = data
+        ctx.route_written = True
+    return {"revision": rec.revision, "active": rec.active.names() if rec.active else None,
+            "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+
+
+def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
+    from orchestrator.engine import acceptance
+
+    return acceptance.run(ctx)
+
+
+def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
+    from orchestrator.build.store import PackageStore
+
+    return preflight_checks(ctx, PackageStore(ctx.home.store))
+
+
+HANDLERS = {
+    "preflight": a_preflight,
+    "connect": a_connect,
+    "facts": a_facts,
+    "lease": a_lease,
+    "prepare": a_prepare,
+    "upload": a_upload,
+    "secret": a_secret,
+    "stop": a_stop,
+    "switch": a_switch,
+    "switch-back": a_switch_back,
+    "start-rpc": a_start_rpc,
+    "start-server": a_start_server,
+    "verify": a_verify,
+    "route": a_route,
+    "accept": a_accept,
+    "release-lease": a_release_lease,
+}
+
+
+def stop_everything(ctx: RunContext) -> dict[str, str]:
+    """Best effort, native first: used when a rollback fails (never leave a half-running pair)."""
+    out = {}
+    for role in ROLES:
+        try:
+            out[ctx.host(role)] = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role])
+        except (HostError, OSError, Exception) as exc:  # keep going: the other host must stop too
+            out[ctx.host(role)] = f"stop failed: {exc}"
+    return out

@@ -1,0 +1,100 @@
+"""verify_identity: is the running pair exactly what its manifests, profile and route say?
+
+Used by deploy (after start), rollback (after restore), status, and acceptance (through an
+identity probe). Reads: the helper's `identity` (sha256 of /proc/PID/exe and /proc/PID/cmdline
+of each supervised process), `/props`, `/slots`, and (where the profile expects pipeline
+parallelism) the server log. The comparisons are the pure functions in `hosts.probes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER
+from orchestrator.hosts.probes import (
+    ExpectedProc,
+    build_info_problems,
+    parse_identity,
+    parse_rpc_bind,
+    proc_problems,
+    slots_problems,
+)
+from orchestrator.hosts.services import SERVER_LOG, get_json
+
+PIPELINE_LINE = "pipeline parallelism enabled"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What must be running: per role the binary hash and argv; server-level facts."""
+
+    native: ExpectedProc
+    rpc: ExpectedProc
+    revision: str
+    build_info: str | None
+    parallel: int
+    per_slot_ctx: int
+    rpc_bind: str
+    rpc_port: int
+    expect_pipeline_parallel: bool = False
+
+
+@dataclass
+class IdentityReport:
+    problems: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)  # role/host -> what was seen
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _text(out: str | bytes) -> str:
+    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+
+
+def verify_identity(transports: Mapping[str, Any], layouts: Mapping[str, Any], hosts: Mapping[str, str],
+                    expected: Expected, *, base_url: str, api_key: str | None = None,
+                    roles: tuple[str, ...] = ("native", "rpc"), http: bool = True) -> IdentityReport:
+    """Every identity condition, all checked (not stopping at the first), problems listed."""
+    rep = IdentityReport()
+    for role in roles:
+        t, layout, host = transports[role], layouts[role], hosts[role]
+        exp = expected.native if role == "native" else expected.rpc
+        name = LLAMA_SERVER if role == "native" else RPC_SERVER
+        seen = parse_identity(_text(t.run_idempotent(layout.identity_cmd(name), timeout=60).stdout)).get(name)
+        rep.data[host] = {
+            "service": name,
+            "pid": seen.pid if seen else None,
+            "exe_sha256": seen.exe_sha256 if seen else None,
+            "argv": list(seen.argv) if seen else [],
+            "expected_exe_sha256": exp.exe_sha256,
+        }
+        rep.problems += proc_problems(host, exp, seen)
+        if role == "rpc" and seen is not None and seen.running:
+            bind, port = parse_rpc_bind(seen.argv)
+            if bind != expected.rpc_bind or port != expected.rpc_port:
+                rep.problems.append(f"{host}: ggml-rpc-server runs with -H {bind} -p {port}, "
+                                    f"inventory says {expected.rpc_bind}:{expected.rpc_port}")
+        if role == "native" and expected.expect_pipeline_parallel:
+            r = t.run_idempotent(layout.log_grep_cmd(SERVER_LOG, PIPELINE_LINE), check=False, timeout=30)
+            rep.data[host]["pipeline_parallel"] = r.exit_status == 0
+            if r.exit_status != 0:
+                rep.problems.append(f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
+    if http and "native" in roles:
+        try:
+            props = get_json(base_url, "/props", api_key=api_key)
+            slots = get_json(base_url, "/slots", api_key=api_key)
+        except Exception as exc:  # unreachable server is a problem to report, not a crash
+            rep.problems.append(f"{hosts['native']}: cannot read /props or /slots at {base_url}: {exc}")
+        else:
+            bi = props.get("build_info")
+            rep.data["server"] = {
+                "build_info": bi,
+                "total_slots": props.get("total_slots"),
+                "slots": [{"id": s.get("id"), "n_ctx": s.get("n_ctx")} for s in slots] if isinstance(slots, list) else slots,
+            }
+            rep.problems += build_info_problems(bi, expected.revision, expected.build_info)
+            rep.problems += slots_problems(slots if isinstance(slots, list) else [], expected.parallel, expected.per_slot_ctx)
+    return rep

@@ -1,0 +1,167 @@
+"""Planning: a playbook plus what the hosts look like -> the concrete steps, each on a named
+host with what it will do. Pure: `--dry-run` prints exactly this, and tests check it with no
+host at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from orchestrator.engine.playbook import ACTIONS, Playbook
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.probes import HostFacts
+
+ROLES = ("native", "rpc")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One planned step: which playbook step, on which hosts, doing what."""
+
+    name: str
+    action: str
+    role: str                      # native | rpc | both | local
+    hosts: tuple[str, ...]         # inventory host names ("local" for the operator machine)
+    on_failure: str
+    changes: bool
+    description: str
+    argv: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per host, where one command says it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "action": self.action,
+            "role": self.role,
+            "hosts": list(self.hosts),
+            "on_failure": self.on_failure,
+            "changes": self.changes,
+            "description": self.description,
+            "argv": {h: list(a) for h, a in self.argv.items()},
+        }
+
+
+@dataclass(frozen=True)
+class PairView:
+    """The pair as the plan needs it: host names, layouts, binds, ports (from the inventory)."""
+
+    name: str
+    hosts: Mapping[str, str]           # role -> host name
+    layouts: Mapping[str, HostLayout]  # role -> layout
+    rpc_bind: str
+    rpc_port: int
+    server_bind: str
+    server_port: int
+    base_url: str
+    has_api_key: bool
+
+
+@dataclass(frozen=True)
+class Activation:
+    """What a plan activates (deploy) or restores (rollback): package ids and exact argv."""
+
+    native_package: str
+    rpc_package: str
+    native_argv: tuple[str, ...]
+    rpc_argv: tuple[str, ...]
+    label: str = ""
+
+
+def pair_view(inventory: Any, pair_name: str) -> PairView:
+    p = inventory.pair(pair_name)
+    hosts = {"native": p.native, "rpc": p.rpc}
+    layouts = {role: HostLayout(inventory.host(h).install_root) for role, h in hosts.items()}
+    server_bind = inventory.server_bind(pair_name)
+    reach = inventory.host(p.native).address if server_bind in ("0.0.0.0", "::", "") else server_bind
+    reach = f"[{reach}]" if ":" in reach else reach
+    return PairView(
+        name=pair_name,
+        hosts=hosts,
+        layouts=layouts,
+        rpc_bind=inventory.rpc_bind(pair_name),
+        rpc_port=p.rpc_port,
+        server_bind=server_bind,
+        server_port=p.server_port,
+        base_url=f"http://{reach}:{p.server_port}",
+        has_api_key=bool(p.api_key_file),
+    )
+
+
+def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str | None]:
+    """(current, previous) after activating `new_id`: the old current becomes previous, unless
+    it is the same release (a re-deploy keeps the older previous)."""
+    if facts is None or facts.current is None:
+        return new_id, facts.previous if facts else None
+    if facts.current == new_id:
+        return new_id, facts.previous
+    return new_id, facts.current
+
+
+def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] | None,
+         target: Activation | None, restore: Activation | None = None, mode: str = "manual",
+         skip_accept: bool = False, checks: tuple[str, ...] = ()) -> list[Step]:
+    """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
+    (a rollback inside a failed deploy is already connected and leased)."""
+    steps = []
+    for s in playbook.steps:
+        if mode == "auto" and s.when == "manual":
+            continue
+        roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
+        hosts = tuple(view.hosts[r] for r in roles) or ("local",)
+        desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks)
+        steps.append(Step(
+            name=s.name, action=s.action, role=s.host, hosts=hosts, on_failure=s.on_failure,
+            changes=ACTIONS[s.action], description=desc or s.description, argv=argv,
+        ))
+    return steps
+
+
+def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mapping[str, HostFacts],
+              target: Activation | None, restore: Activation | None, skip_accept: bool,
+              checks: tuple[str, ...]) -> tuple[str, dict[str, tuple[str, ...]]]:
+    """A sentence for people plus the argv that will run where one command says it all."""
+    argv: dict[str, tuple[str, ...]] = {}
+    pkg = {"native": target.native_package, "rpc": target.rpc_package} if target else {}
+    if action == "upload" and target:
+        parts = []
+        for r in roles:
+            f = facts.get(r)
+            present = f is not None and pkg[r] in f.releases
+            parts.append(f"{view.hosts[r]}: {pkg[r]} " + ("present: verify sha256 only, send 0 bytes" if present
+                                                           else "absent: send, verify sha256, rename into releases/"))
+        return "; ".join(parts), argv
+    if action == "switch" and target:
+        parts = []
+        for r in roles:
+            cur, prev = links_after_deploy(facts.get(r), pkg[r])
+            parts.append(f"{view.hosts[r]}: current -> releases/{cur}, previous -> {('releases/' + prev) if prev else '(none)'}")
+            argv[view.hosts[r]] = tuple(view.layouts[r].switch_cmd(cur, prev).argv)
+        return "; ".join(parts), argv
+    if action == "switch-back":
+        if restore is None:
+            return "no previous pair: leave both services stopped, current link removed", argv
+        return (f"current -> {restore.native_package} (native), {restore.rpc_package} (rpc)"
+                + (f" [{restore.label}]" if restore.label else "")), argv
+    if action == "stop":
+        r = roles[0]
+        name = LLAMA_SERVER if r == "native" else RPC_SERVER
+        f = facts.get(r)
+        pid = f.running.get(name) if f else None
+        argv[view.hosts[r]] = tuple(view.layouts[r].stop_cmd(name).argv)
+        return f"stop {name}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), argv
+    if action in ("start-rpc", "start-server"):
+        act = restore if restore is not None and target is None else target
+        if act is None:
+            return "", argv
+        r = "rpc" if action == "start-rpc" else "native"
+        name = RPC_SERVER if r == "rpc" else LLAMA_SERVER
+        a = act.rpc_argv if r == "rpc" else act.native_argv
+        argv[view.hosts[r]] = tuple(view.layouts[r].start_cmd(name, list(a)).argv)
+        then = (f"wait until it lives and listens on {view.rpc_bind}:{view.rpc_port}" if r == "rpc"
+                else f"wait for {view.base_url}/health 200")
+        return f"start {name} under pairctl-svc: {' '.join(a)}; {then}", argv
+    if action == "accept":
+        if skip_accept:
+            return "skipped (--skip-accept): identity checks only", argv
+        return "acceptance checks: " + (", ".join(checks) if checks else "the suite's defaults"), argv
+    return "", argv

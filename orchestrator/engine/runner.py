@@ -1,0 +1,135 @@
+"""The one engine: runs planned steps in order, one journal step per playbook step, and on a
+failure does what the step says (rollback / abort / stop / continue).
+
+Steps on `both` hosts run on the two hosts at once (a 2-thread pool) and collect each host's
+result or error, the way fabric's GroupResult does; the journal step records both.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from orchestrator.engine.plan import Step
+from orchestrator.errors import PairctlError
+
+Handler = Callable[[Any, str | None], dict[str, Any] | None]
+
+
+class StepFailed(Exception):
+    """A planned step failed; carries the step and the per-host errors."""
+
+    def __init__(self, step: Step, errors: dict[str, BaseException]):
+        self.step = step
+        self.errors = errors
+        first = next(iter(errors.values()))
+        self.cause = first
+        where = ", ".join(errors)
+        super().__init__(f"step {step.name} failed on {where}: {first}")
+
+    @property
+    def message(self) -> str:
+        parts = []
+        for host, exc in self.errors.items():
+            parts.append(f"{host}: {exc}")
+        return f"step '{self.step.name}' failed — " + "; ".join(parts)
+
+
+@dataclass
+class StepOutcome:
+    step: Step
+    ok: bool
+    seconds: float
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, journal: Any,
+              on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
+    """Run `steps`; raise StepFailed at the first step that fails unless it says `continue`."""
+    outcomes = []
+    for step in steps:
+        t0 = time.monotonic()
+        host_label = ",".join(step.hosts)
+        data: dict[str, Any] = {}
+        errors: dict[str, BaseException] = {}
+        try:
+            with journal.step(step.name, host=host_label) as js:
+                js.data["action"] = step.action
+                data, errors = _execute(step, ctx, handlers)
+                js.data.update(_plain(data))
+                if errors:
+                    js.data["errors"] = {h: str(e) for h, e in errors.items()}
+                    raise _GroupError(step, errors)
+        except _GroupError:
+            pass
+        except Exception as exc:  # raised outside a handler (should not happen): treat as the step's failure
+            errors = {host_label: exc}
+        out = StepOutcome(step, not errors, time.monotonic() - t0, data,
+                          "; ".join(f"{h}: {e}" for h, e in errors.items()) or None)
+        outcomes.append(out)
+        if on_step:
+            on_step(out)
+        if errors:
+            if step.on_failure == "continue":
+                continue
+            raise StepFailed(step, errors)
+        if step.changes:
+            ctx.changed = True
+    return outcomes
+
+
+class _GroupError(Exception):
+    def __init__(self, step: Step, errors: dict[str, BaseException]):
+        self.errors = errors
+        super().__init__("; ".join(f"{h}: {type(e).__name__}: {e}" for h, e in errors.items()))
+
+
+def _execute(step: Step, ctx: Any, handlers: dict[str, Handler]) -> tuple[dict[str, Any], dict[str, BaseException]]:
+    handler = handlers[step.action]
+    roles: tuple[str | None, ...]
+    if step.role == "both":
+        roles = ("native", "rpc")
+    elif step.role in ("native", "rpc"):
+        roles = (step.role,)
+    else:
+        roles = (None,)
+    data: dict[str, Any] = {}
+    errors: dict[str, BaseException] = {}
+    if len(roles) == 1:
+        r = roles[0]
+        host = step.hosts[0]
+        try:
+            data[host] = handler(ctx, r) or {}
+        except Exception as exc:
+            errors[host] = exc
+        if r is None:
+            data = data.get(host, {})
+        return data, errors
+    with ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix=f"step-{step.name}") as pool:
+        futs = {host: pool.submit(handler, ctx, r) for host, r in zip(step.hosts, roles)}
+        for host, fut in futs.items():
+            try:
+                data[host] = fut.result() or {}
+            except Exception as exc:
+                errors[host] = exc
+    return data, errors
+
+
+def _plain(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {str(k): _plain(v) for k, v in d.items()}
+    if isinstance(d, (list, tuple)):
+        return [_plain(v) for v in d]
+    if isinstance(d, (str, int, float, bool)) or d is None:
+        return d
+    return str(d)
+
+
+def error_of(exc: BaseException) -> PairctlError | None:
+    """The PairctlError behind a step failure, if any (to keep its exit code)."""
+    if isinstance(exc, StepFailed):
+        exc = exc.cause
+    return exc if isinstance(exc, PairctlError) else None

@@ -1,0 +1,122 @@
+"""`pairctl status --pair NAME`: what is active and previous on each host, whether the services
+run and match their manifests, the route record, the leases, and runs that were killed.
+
+Read-only on the hosts. Its receipt goes to the evidence store's pair-less chain, so status
+never waits for (or blocks) a deploy that holds the pair's chain.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.engine.plan import pair_view
+from orchestrator.errors import PairctlError
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, SERVICE_OF_ROLE
+from orchestrator.hosts.probes import parse_facts, parse_identity
+from orchestrator.hosts.route import parse_route
+from orchestrator.hosts.services import get_json
+from orchestrator.paths import Home
+
+
+def _text(out: str | bytes) -> str:
+    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+
+
+def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
+    if not package_id or store is None:
+        return None
+    try:
+        return store.get(package_id).manifest.files[f"bin/{name}"].sha256
+    except (PairctlError, KeyError):
+        return None
+
+
+def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None = None, pool: Any = None) -> dict[str, Any]:
+    from orchestrator.build.store import PackageStore
+    from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.remote.transport import TransportPool
+
+    view = pair_view(inventory, pair_name)
+    store = PackageStore(home.store)
+    evidence = EvidenceStore(home.evidence)
+    recovered = evidence.recover_aborted(pair_name)
+    journal = evidence.begin("status", argv=list(argv or []), pair=None)
+    own = pool is None
+    pool = pool or TransportPool(inventory)
+    out: dict[str, Any] = {"pair": pair_name, "hosts": {}, "route": None, "problems": [],
+                           "aborted_runs_sealed": recovered}
+    try:
+        routes: dict[str, bytes | None] = {}
+        for role in ("native", "rpc"):
+            host, layout = view.hosts[role], view.layouts[role]
+            with journal.step("host", host=host) as st:
+                t = pool.get(host)
+                f = parse_facts(_text(t.run_idempotent(layout.facts_cmd(), timeout=60).stdout))
+                name = SERVICE_OF_ROLE[role]
+                ident = parse_identity(_text(t.run_idempotent(layout.identity_cmd(name), timeout=60).stdout)).get(name)
+                want = _bin_sha(store, f.current, name)
+                matches = None
+                if ident is not None and ident.running:
+                    matches = want is not None and ident.exe_sha256 == want
+                    if not matches:
+                        out["problems"].append(f"{host}: running {name} does not match the manifest of {f.current}")
+                    if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
+                        out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
+                elif f.current:
+                    out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
+                h = {
+                    "role": role,
+                    "current": f.current,
+                    "previous": f.previous,
+                    "releases": list(f.releases),
+                    "service": name,
+                    "running": bool(ident and ident.running),
+                    "pid": ident.pid if ident else None,
+                    "matches_manifest": matches,
+                    "leases": _leases(t, layout.root),
+                }
+                out["hosts"][host] = h
+                routes[role] = f.route_bytes
+                st.data.update(h)
+        rec = parse_route(routes.get("native"))
+        if routes.get("native") != routes.get("rpc"):
+            out["problems"].append("route.json on the RPC host differs from the native host's")
+        if rec is not None:
+            out["route"] = {
+                "revision": rec.revision, "updated_at": rec.updated_at, "updated_by": rec.updated_by,
+                "active": rec.active.names() if rec.active else None,
+                "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
+                "previous": rec.previous.names() if rec.previous else None,
+            }
+            nat = out["hosts"][view.hosts["native"]]
+            if rec.active and nat["current"] != rec.active.native_package:
+                out["problems"].append(f"route record names {rec.active.native_package}, native current is {nat['current']}")
+        try:
+            get_json(view.base_url, "/health", timeout=3)
+            out["health"] = "ok"
+        except Exception as exc:
+            out["health"] = f"not healthy: {str(exc)[:120]}"
+        out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
+        journal.set("status", {k: v for k, v in out.items() if k != "hosts"})
+        out["receipt"] = journal.finish("passed" if not out["problems"] else "failed",
+                                        "; ".join(out["problems"]) or "pair as recorded")
+        return out
+    finally:
+        if not journal.finished:
+            journal.finish("failed", "status did not complete")
+        if own:
+            pool.close()
+
+
+def _leases(transport: Any, root: str) -> list[dict[str, Any]]:
+    try:
+        from orchestrator.hosts import leases
+    except ImportError:
+        return []
+    try:
+        return [dict(x) for x in leases.show_leases(transport, root)]
+    except Exception as exc:  # a status must still show the rest
+        return [{"error": str(exc)[:200]}]
+
+
+__all__ = ["status", "LLAMA_SERVER", "RPC_SERVER"]
