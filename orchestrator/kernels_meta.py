@@ -188,3 +188,29 @@ def load_cases(ref: str | Path) -> CaseSet:
     if cases.kernel != meta.name:
         raise ConfigError(f"{d / meta.cases}: kernel {cases.kernel!r} does not match kernel.yaml name {meta.name!r}")
     return cases
+
+
+def describe_all() -> list[dict[str, object]]:
+    """One summary per `kernels/*/kernel.yaml` (verified); a broken folder is listed with its error."""
+    rows: list[dict[str, object]] = []
+    for f in sorted(KERNELS.glob("*/kernel.yaml")):
+        try:
+            d, meta = load_kernel(f.parent)
+            cases = load_cases(f.parent)
+        except ConfigError as exc:
+            rows.append({"name": f.parent.name, "error": str(exc)})
+            continue
+        s = meta.scope
+        rows.append({
+            "name": meta.name,
+            "title": meta.title,
+            "patch_sha256": meta.patch_sha256,
+            "files": meta.files,
+            "base": meta.base.model_dump(),
+            "scope": s.model_dump(),
+            "scope_line": f"{s.backend} {s.op} {s.weight_type} K{s.k} M{s.m} W{s.dst_columns} cc[{s.cc_min},{s.cc_max})"
+                          f"{'' if s.fusion else ' no-fusion'}{'' if s.ids else ' no-ids'}",
+            "cases": cases.names(),
+            "max_nmse": cases.max_nmse,
+        })
+    return rows

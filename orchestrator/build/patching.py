@@ -127,3 +127,25 @@ def apply_patch(repo: Path | str, rev: str, patch_dir: Path | str) -> PatchedRev
     git(repo, "update-ref", ref, commit, env=env)
     log.info("kernel patch committed", kernel=meta.name, base=base, commit=commit, patch_sha256=meta.patch_sha256)
     return PatchedRevision(commit=commit, tree=tree, base=base, kernel=meta.name, patch_sha256=meta.patch_sha256, ref=ref)
+
+
+def verify_patch(patch_dir: Path | str, repo: Path | str, rev: str = "baseline") -> dict[str, str]:
+    """Check without committing: metadata matches the diff, REV has the base blobs, the diff applies."""
+    repo = Path(repo)
+    try:
+        d, meta = load_kernel(patch_dir)
+    except ConfigError as exc:
+        raise BuildError(f"kernel patch {patch_dir}: {exc}") from None
+    proc = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise BuildError(f"revision {rev!r} is not a commit in {repo}")
+    base = proc.stdout.strip()
+    check_base_blobs(repo, base, meta)
+    with tempfile.TemporaryDirectory(prefix="pairctl-patch-") as tmp:
+        env = _env("1970-01-01T00:00:00+0000")
+        env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")
+        git(repo, "read-tree", base, env=env)
+        applied = git(repo, "apply", "--cached", "--check", "--", str(d / meta.patch), env=env, check=False)
+        if applied.returncode != 0:
+            raise BuildError(f"patch {meta.name} does not apply cleanly onto {base[:12]}:\n{applied.stderr.strip()}")
+    return {"kernel": meta.name, "repo": str(repo), "rev": rev, "base": base, "patch_sha256": meta.patch_sha256}

@@ -1,0 +1,114 @@
+"""`pairctl kernels list|verify|check`: kernel patches, and their CPU-reference cases on a pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.context import get_ctx
+from orchestrator.errors import ConfigError
+
+app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.", no_args_is_help=True)
+
+_JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
+
+
+@app.command("list")
+def list_(ctx: typer.Context, json_output: bool = _JSON) -> None:
+    """Every kernel patch folder: scope, base blobs, patch sha256 (verified) and case names."""
+    from orchestrator.kernels_meta import describe_all
+
+    c = get_ctx(ctx)
+    rows = describe_all()
+    if json_output or c.json_output:
+        c.emit_json(rows)
+        return
+    t = Table(title="kernel patches")
+    for col in ("name", "scope", "cases", "patch sha256"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r.get("scope_line", r.get("error", "")), ", ".join(r.get("cases", [])), (r.get("patch_sha256") or "")[:16])
+    c.console.print(t)
+
+
+@app.command("verify")
+def verify(
+    ctx: typer.Context,
+    kernel: str = typer.Argument("mmvf-warp-per-row", help="Kernel folder name or path."),
+    source: Optional[Path] = typer.Option(None, help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."),
+    rev: str = typer.Option("baseline", help="Revision the patch must apply to."),
+    json_output: bool = _JSON,
+) -> None:
+    """Metadata and hash match the diff, REV has the base blobs, and `git apply --check` passes."""
+    from orchestrator.build.patching import verify_patch
+
+    c = get_ctx(ctx)
+    repo = source or (c.home.lab / "source")
+    out = verify_patch(kernel, repo, rev)
+    if json_output or c.json_output:
+        c.emit_json(out)
+    else:
+        c.console.print(f"ok   {out['kernel']} applies to {out['base'][:12]} in {out['repo']} (patch sha256 {out['patch_sha256'][:16]})", markup=False)
+
+
+@app.command("check")
+def check(
+    ctx: typer.Context,
+    pair: str = typer.Option(..., "--pair", help="Pair name from the inventory."),
+    kernel: str = typer.Option("mmvf-warp-per-row", "--kernel", help="Kernel folder whose cases.yaml to run."),
+    port: Optional[int] = typer.Option(None, "--port", help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
+    package: Optional[list[str]] = typer.Option(None, "--package", help="HOST=PACKAGE_ID (default: each host's active release)."),
+    perturb: Optional[list[str]] = typer.Option(None, "--perturb", help="Perturb this case's CPU reference on purpose (proves the check can fail)."),
+    json_output: bool = _JSON,
+) -> None:
+    """Run the active packages' kernel harness on both hosts of the pair; write a receipt.
+
+    On CPU hosts the backend under test is the pair's RPC device, through a second rpc-server
+    started on --port (never the one a live llama-server holds) and stopped afterwards.
+    """
+    from orchestrator.checks.kernels import KernelCheckFailed, run_kernel_check
+
+    c = get_ctx(ctx)
+    packages = None
+    if package:
+        packages = {}
+        for item in package:
+            host, sep, pid = item.partition("=")
+            if not sep or not host or not pid:
+                raise ConfigError(f"--package {item!r}: expected HOST=PACKAGE_ID")
+            packages[host] = pid
+    argv = ["pairctl", "kernels", "check", "--pair", pair, "--kernel", kernel]
+    as_json = json_output or c.json_output
+    try:
+        result = run_kernel_check(c.inventory(), pair, home=c.home, kernel=kernel, packages=packages, port=port,
+                                  perturb=perturb or (), argv=argv)
+    except KernelCheckFailed as exc:
+        if exc.result is not None:
+            _show(c, exc.result, as_json)
+        raise
+    _show(c, result, as_json)
+
+
+def _show(c, result, as_json: bool) -> None:
+    if as_json:
+        c.emit_json(result.to_dict())
+        return
+    t = Table(title=f"kernel cases {result.plan.kernel} on pair {result.plan.pair}")
+    for col in ("host", "case", "backend", "nmse", "max err", "µs/run", "cpu µs/run", "ok"):
+        t.add_column(col)
+    for v in result.verdicts:
+        for r in v.rows:
+            t.add_row(v.host, str(r.get("case")), str(r.get("backend")), _num(r.get("nmse")), _num(r.get("max_err")),
+                      _num(r.get("us_per_run")), _num(r.get("cpu_us_per_run")),
+                      ("yes" if r.get("passed") else "NO") + (" (perturbed)" if r.get("perturbed") else ""))
+    c.console.print(t)
+    for p in result.problems:
+        c.console.print(f"FAIL {p}", markup=False)
+    c.console.print(f"{'passed' if result.passed else 'failed'}; receipt {result.receipt}", markup=False)
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)
