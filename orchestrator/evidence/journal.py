@@ -1,0 +1,423 @@
+"""The journal: a run's receipt written as it happens, one fsynced JSON line per event.
+
+An orchestrator killed with SIGKILL leaves its journal up to the last completed event; the
+next command on the pair replays it (`replay`) into a receipt marked `aborted`. The same
+reducer (`JournalState.apply`) builds the receipt of a run that finishes normally, so a
+recovered receipt and a normal one cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import EvidenceError, Inconclusive
+from orchestrator.evidence import jsonable
+from orchestrator.evidence.masking import mask_data, mask_text, may_hold_secret
+from orchestrator.evidence.receipt import (
+    OUTCOMES,
+    RESERVED_FIELDS,
+    STEP_OUTCOMES,
+    FieldSet,
+    HostInfo,
+    Identity,
+    Note,
+    Receipt,
+    ReusedStep,
+    StepRecord,
+    canonical_text,
+    seal_bytes,
+    utc_now,
+)
+
+if TYPE_CHECKING:
+    from orchestrator.evidence.store import EvidenceStore, _ChainLock
+
+
+class JournalState:
+    """Everything a journal has recorded so far; pure, rebuilt from events."""
+
+    def __init__(self) -> None:
+        self.header: dict[str, Any] = {}
+        self.open_steps: dict[int, dict[str, Any]] = {}
+        self.steps: dict[int, StepRecord] = {}
+        self.identities: list[Identity] = []
+        self.samples_text: dict[str, list[str]] = {}  # step -> canonical JSON of each call's rows, no brackets
+        self.samples_count: dict[str, int] = {}
+        self.notes: list[Note] = []
+        self.fields: dict[str, Any] = {}
+        self.fields_set: list[FieldSet] = []
+        self.first_sample_at: str | None = None
+        self.derive: dict[str, Any] | None = None
+        self.finish: dict[str, Any] | None = None
+        self.last_at: str | None = None
+        self.last_seq = -1
+
+    @property
+    def run_id(self) -> str:
+        return self.header["run_id"]
+
+    @property
+    def chain(self) -> str:
+        from orchestrator.evidence.receipt import NO_PAIR
+
+        return self.header.get("pair") or NO_PAIR
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        kind = ev["ev"]
+        self.last_seq = ev.get("seq", self.last_seq)
+        self.last_at = ev.get("at", self.last_at)
+        if kind == "begin":
+            self.header = {k: v for k, v in ev.items() if k not in ("ev", "seq", "at")}
+            self.header["started_at"] = ev["at"]
+        elif kind == "step_start":
+            self.open_steps[ev["seq"]] = ev
+        elif kind == "step_end":
+            start = self.open_steps.pop(ev["start_seq"])
+            self.steps[ev["start_seq"]] = StepRecord(
+                seq=ev["start_seq"],
+                name=start["name"],
+                host=start.get("host"),
+                started_at=start["at"],
+                finished_at=ev["at"],
+                duration_s=ev.get("duration_s"),
+                outcome=ev["outcome"],
+                error=ev.get("error"),
+                skip_reason=ev.get("skip_reason"),
+                data=ev.get("data") or {},
+            )
+        elif kind == "step":
+            self.steps[ev["seq"]] = StepRecord(
+                seq=ev["seq"],
+                name=ev["name"],
+                host=ev.get("host"),
+                started_at=ev.get("started_at") or ev["at"],
+                finished_at=ev.get("finished_at") or ev["at"],
+                duration_s=ev.get("duration_s"),
+                outcome=ev["outcome"],
+                error=ev.get("error"),
+                skip_reason=ev.get("skip_reason"),
+                data=ev.get("data") or {},
+            )
+        elif kind == "identity":
+            self.identities.append(Identity(host=ev["host"], at=ev["at"], data=ev["data"]))
+        elif kind == "samples":  # replayed from a file; a live journal calls add_samples directly
+            self.add_samples(ev["step"], canonical_text(ev["rows"])[1:-1], len(ev["rows"]), ev["at"], ev["seq"])
+        elif kind == "note":
+            self.notes.append(Note(at=ev["at"], text=ev["text"]))
+        elif kind == "set":
+            self.fields[ev["key"]] = ev["value"]
+            self.fields_set.append(FieldSet(key=ev["key"], at=ev["at"], seq=ev["seq"]))
+        elif kind == "derive":
+            self.derive = ev
+        elif kind == "finish":
+            self.finish = ev
+        else:
+            raise EvidenceError(f"unknown journal event {kind!r}")
+
+    def add_samples(self, step: str, rows_text: str, n: int, at: str, seq: int) -> None:
+        self.samples_text.setdefault(step, []).append(rows_text)
+        self.samples_count[step] = self.samples_count.get(step, 0) + n
+        if self.first_sample_at is None and n:
+            self.first_sample_at = at
+        self.last_seq, self.last_at = seq, at
+
+    def seal(self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False) -> tuple[str, bytes]:
+        """(sha256, bytes) of the receipt this journal makes."""
+        receipt = self.to_receipt(outcome=outcome, reason=reason, previous=previous, recovered=recovered)
+        return seal_bytes(receipt, self.samples_text)
+
+    def to_receipt(self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False) -> Receipt:
+        """The receipt without its samples (they are spliced in as text by `seal`)."""
+        steps = dict(self.steps)
+        for seq, start in self.open_steps.items():  # only on recovery: killed during these steps
+            steps[seq] = StepRecord(
+                seq=seq,
+                name=start["name"],
+                host=start.get("host"),
+                started_at=start["at"],
+                finished_at=None,
+                outcome="aborted",
+                error="the run was killed while this step was in progress",
+            )
+        h = self.header
+        derive = self.derive or {}
+        return Receipt(
+            schema_version=h.get("schema_version", 1),
+            run_id=h["run_id"],
+            command=h["command"],
+            argv=h["argv"],
+            operator=h.get("operator"),
+            host=HostInfo(**h["host"]),
+            started_at=h["started_at"],
+            finished_at=(self.finish or {}).get("at") or self.last_at or h["started_at"],
+            pair=h.get("pair"),
+            inputs=h.get("inputs") or {},
+            identities=self.identities,
+            steps=[steps[k] for k in sorted(steps)],
+            samples={},
+            notes=self.notes,
+            fields_set=self.fields_set,
+            first_sample_at=self.first_sample_at,
+            outcome=outcome,
+            reason=reason,
+            previous=previous,
+            derived_from=derive.get("derived_from"),
+            reused_steps={k: ReusedStep.model_validate(v) for k, v in (derive.get("reused_steps") or {}).items()},
+            fresh_steps=derive.get("fresh_steps") or [],
+            recovered=recovered,
+            **self.fields,
+        )
+
+
+def replay(path: Path) -> tuple[JournalState, list[str]]:
+    """Rebuild a journal's state from its file; a torn last line (killed mid-write) is dropped."""
+    state = JournalState()
+    problems: list[str] = []
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    for i, line in enumerate(lines):
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            if i == len(lines) - 1:
+                problems.append(f"the journal's last line was incomplete ({len(line)} bytes) and was dropped")
+                break
+            raise EvidenceError(f"journal {path} line {i + 1} is not JSON") from None
+        state.apply(ev)
+    if not state.header:
+        raise EvidenceError(f"journal {path} has no begin event")
+    return state, problems
+
+
+class _SkipStep(Exception):
+    pass
+
+
+class StepHandle:
+    """What `with journal.step(...) as step:` gives: `data` to fill, `skip()`, `fail()`."""
+
+    def __init__(self, name: str, host: str | None) -> None:
+        self.name = name
+        self.host = host
+        self.data: dict[str, Any] = {}
+        self.outcome: str | None = None
+        self.message: str | None = None
+
+    def skip(self, reason: str) -> None:
+        """Mark the step skipped and leave the `with` block."""
+        self.outcome, self.message = "skipped", reason
+        raise _SkipStep(reason)
+
+    def fail(self, message: str) -> None:
+        """Mark the step failed without raising (a check that records its failure and goes on)."""
+        self.outcome, self.message = "failed", message
+
+
+class Journal:
+    """An open run. Created by `EvidenceStore.begin`; sealed by `finish`."""
+
+    def __init__(self, store: "EvidenceStore", path: Path, lock: "_ChainLock | None") -> None:
+        self.store = store
+        self.path = path
+        self._lock = lock
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
+        self._state = JournalState()
+        self._seq = 0
+        self.receipt_hash: str | None = None
+        self.recovered: list[str] = []  # receipts sealed from dead runs when this one began
+
+    # -- writing -----------------------------------------------------------------------------
+    def _emit(self, kind: str, **fields: Any) -> int:
+        if self._fd is None:
+            raise EvidenceError(f"journal {self.run_id or self.path.name} is already finished")
+        seq = self._seq
+        self._seq += 1
+        text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
+        self._write((text + "\n").encode("utf-8"))
+        self._state.apply(json.loads(text))
+        return seq
+
+    def _write(self, data: bytes) -> None:
+        assert self._fd is not None
+        view = memoryview(data)
+        while view:
+            n = os.write(self._fd, view)
+            view = view[n:]
+        os.fsync(self._fd)
+
+    @property
+    def run_id(self) -> str | None:
+        return self._state.header.get("run_id")
+
+    @property
+    def pair(self) -> str | None:
+        return self._state.header.get("pair")
+
+    @property
+    def finished(self) -> bool:
+        return self._fd is None
+
+    @property
+    def state(self) -> JournalState:
+        return self._state
+
+    @contextmanager
+    def step(self, name: str, host: str | None = None) -> Iterator[StepHandle]:
+        """Record one step: start, end, duration, outcome, error text (re-raised), `step.data`."""
+        handle = StepHandle(name, host)
+        start_seq = self._emit("step_start", name=name, host=host)
+        t0 = time.monotonic()
+        error: str | None = None
+        try:
+            yield handle
+        except _SkipStep:
+            pass
+        except Exception as exc:
+            handle.outcome, error = "failed", _error_text(exc)
+            self._end_step(start_seq, handle, t0, error)
+            raise
+        except BaseException as exc:  # KeyboardInterrupt, SystemExit
+            handle.outcome, error = "aborted", _error_text(exc) or type(exc).__name__
+            self._end_step(start_seq, handle, t0, error)
+            raise
+        self._end_step(start_seq, handle, t0, None)
+
+    def _end_step(self, start_seq: int, h: StepHandle, t0: float, error: str | None) -> None:
+        outcome = h.outcome or "passed"
+        if outcome == "failed" and error is None:
+            error = h.message
+        self._emit(
+            "step_end",
+            start_seq=start_seq,
+            outcome=outcome,
+            duration_s=round(time.monotonic() - t0, 6),
+            error=error,
+            skip_reason=h.message if outcome == "skipped" else None,
+            data=h.data,
+        )
+
+    def record_step(
+        self,
+        name: str,
+        outcome: str,
+        data: dict[str, Any] | None = None,
+        *,
+        host: str | None = None,
+        error: str | None = None,
+        skip_reason: str | None = None,
+        started_at: str | None = None,
+        finished_at: str | None = None,
+        duration_s: float | None = None,
+    ) -> None:
+        """Record a step that did not run inside `with journal.step(...)`."""
+        if outcome not in STEP_OUTCOMES:
+            raise ValueError(f"step outcome must be one of {STEP_OUTCOMES}, not {outcome!r}")
+        self._emit(
+            "step",
+            name=name,
+            outcome=outcome,
+            host=host,
+            data=data or {},
+            error=mask_text(error) if error else None,
+            skip_reason=skip_reason,
+            started_at=started_at,
+            finished_at=finished_at,
+            duration_s=duration_s,
+        )
+
+    def identity(self, host: str, data: dict[str, Any]) -> None:
+        """What was observed on `host` (binary hashes, build_info, argv, route record...)."""
+        self._emit("identity", host=host, data=data)
+
+    def samples(self, step_name: str, rows: list[dict[str, Any]]) -> None:
+        """Raw samples, kept whole in the receipt; may be called repeatedly for one step.
+
+        Serialised once, canonically; that text goes into the journal line and, spliced, into
+        the receipt. Non-JSON values (paths, numpy numbers) and secrets take a slower path.
+        """
+        if self._fd is None:
+            raise EvidenceError(f"journal {self.run_id} is already finished")
+        rows = list(rows)
+        try:
+            text = canonical_text(rows)
+        except TypeError:
+            rows = jsonable.plain(rows)
+            text = canonical_text(rows)
+        if may_hold_secret(text):
+            text = canonical_text(mask_data(json.loads(text)))
+        seq = self._seq
+        self._seq += 1
+        at = utc_now()
+        head = jsonable.dumps({"ev": "samples", "seq": seq, "at": at, "step": step_name})
+        self._write((head[:-1] + ',"rows":' + text + "}\n").encode("utf-8"))
+        self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
+
+    def note(self, text: str) -> None:
+        self._emit("note", text=mask_text(text))
+
+    def set(self, key: str, value: Any) -> None:
+        """A command-specific top-level receipt field (e.g. `plan_sha256`), time-stamped."""
+        if key in RESERVED_FIELDS or key.startswith("_"):
+            raise ValueError(f"{key!r} is a reserved receipt field")
+        self._emit("set", key=key, value=value)
+
+    def _derive(self, derived_from: str, reused_steps: dict[str, Any], fresh_steps: list[str]) -> None:
+        self._emit("derive", derived_from=derived_from, reused_steps=reused_steps, fresh_steps=fresh_steps)
+
+    def finish(self, outcome: str, reason: str) -> str:
+        """Seal the receipt (chained to the pair's previous one) and return its hash."""
+        if outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {OUTCOMES}, not {outcome!r}")
+        self._emit("finish", outcome=outcome, reason=mask_text(reason))
+        fd, self._fd = self._fd, None
+        try:
+            self.receipt_hash = self.store._seal(self._state, self.path, lock=self._lock, outcome=outcome, reason=mask_text(reason))
+        finally:
+            if fd is not None:
+                os.close(fd)
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+        return self.receipt_hash
+
+    def close_unfinished(self) -> None:
+        """Drop the file handle without sealing (the journal stays for recovery)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    # -- context manager ---------------------------------------------------------------------
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.finished:
+            return
+        if exc is None:
+            failed = [s.name for s in self._state.steps.values() if s.outcome == "failed"]
+            if failed:
+                self.finish("failed", f"step(s) failed: {', '.join(failed)}")
+            else:
+                self.finish("passed", "all steps completed")
+        elif isinstance(exc, Inconclusive):
+            self.finish("inconclusive", _error_text(exc))
+        elif isinstance(exc, Exception):
+            self.finish("failed", _error_text(exc))
+        else:
+            self.finish("aborted", f"interrupted ({type(exc).__name__})")
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc)
+    return mask_text(f"{type(exc).__name__}: {text}" if text else type(exc).__name__)

@@ -1,0 +1,520 @@
+"""The evidence store: sealed receipts named by hash, per-pair chains, journals of live runs.
+
+Layout under the root:
+
+    receipts/<sha256>.json   canonical JSON, mode 0444, created once (link), never rewritten
+    journal/<run-id>.jsonl   a run in progress (or one killed: recovered as `aborted`)
+    heads/<chain>            hash of the chain's newest receipt (a cache; `verify` does not trust it)
+    heads/<chain>.pending    written before a receipt, removed after its head moved (crash repair)
+    locks/<chain>.lock       flock held by the live run of a pair, so two runs can't extend one chain
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import EvidenceError, LeaseHeldError
+from orchestrator.evidence import atomic, procid
+from orchestrator.evidence.journal import Journal, JournalState, replay
+from orchestrator.evidence.masking import mask_argv
+from orchestrator.evidence.receipt import (
+    NO_PAIR,
+    SCHEMA_VERSION,
+    STEP_OUTCOMES,
+    Receipt,
+    ReusedStep,
+    StepRecord,
+    samples_sha256,
+)
+from orchestrator.hashing import sha256_bytes
+from orchestrator.log import get_logger
+
+_HASH = re.compile(r"^[0-9a-f]{64}$")
+_CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class EvidenceBusy(LeaseHeldError):
+    """Another live pairctl process is writing this pair's chain."""
+
+
+def _check_chain_name(name: str) -> str:
+    if name != NO_PAIR and not _CHAIN_NAME.match(name):
+        raise EvidenceError(f"pair name {name!r} cannot name an evidence chain (letters, digits, . _ - only)")
+    return name
+
+
+def _sha(data: bytes) -> str:
+    return sha256_bytes(data)
+
+
+class _ChainLock:
+    """An exclusive flock on locks/<chain>.lock; the kernel drops it when the holder dies."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, *, wait_s: float = 0.0, holder: dict[str, Any] | None = None) -> bool:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                    os.close(fd)
+                    if exc.errno in (errno.EAGAIN, errno.EACCES):
+                        return False
+                    raise
+                time.sleep(0.05)
+        self._fd = fd
+        if holder is not None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        return True
+
+    def holder(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.path.read_text() or "{}")
+        except (OSError, ValueError):
+            return {}
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+def _new_run_id() -> str:
+    now = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{now}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _operator(explicit: str | None) -> str | None:
+    if explicit:
+        return explicit
+    env = os.environ.get("PAIRCTL_OPERATOR")
+    if env:
+        return env
+    try:
+        import getpass
+
+        return getpass.getuser()
+    except Exception:
+        return None
+
+
+class EvidenceStore:
+    """Receipts, chains and journals under one root (default: `Home.evidence`)."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.receipts_dir = self.root / "receipts"
+        self.journal_dir = self.root / "journal"
+        self.heads_dir = self.root / "heads"
+        self.locks_dir = self.root / "locks"
+        self.log = get_logger(evidence=str(self.root))
+
+    def _ensure(self) -> None:
+        for d in (self.root, self.receipts_dir, self.journal_dir, self.heads_dir, self.locks_dir):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def path_of(self, sha: str) -> Path:
+        return self.receipts_dir / f"{sha}.json"
+
+    def _lock(self, chain: str) -> _ChainLock:
+        return _ChainLock(self.locks_dir / f"{_check_chain_name(chain)}.lock")
+
+    # -- starting a run ----------------------------------------------------------------------
+    def begin(
+        self,
+        command: str,
+        argv: list[str],
+        pair: str | None = None,
+        inputs: dict[str, str] | None = None,
+        operator: str | None = None,
+    ) -> Journal:
+        """Open a journal for one run. For a pair: take the pair's chain lock for the whole run
+        (EvidenceBusy if another live run holds it) and first seal any killed run of that pair."""
+        self._ensure()
+        chain = _check_chain_name(pair or NO_PAIR)
+        run_id = _new_run_id()
+        lock: _ChainLock | None = None
+        if pair is not None:
+            lock = self._lock(chain)
+            holder = {"run_id": run_id, "pid": os.getpid(), "command": command}
+            if not lock.acquire(holder=holder):
+                h = lock.holder()
+                raise EvidenceBusy(
+                    f"pair {pair!r} is being run by another pairctl process "
+                    f"(pid {h.get('pid', '?')}, {h.get('command', '?')}, run {h.get('run_id', '?')})",
+                    hint="wait for it to finish; a killed run releases the pair by itself",
+                )
+        try:
+            recovered = self._recover(chain, lock_held=lock is not None)
+            journal = Journal(self, self.journal_dir / f"{run_id}.jsonl", lock)
+            journal._emit(
+                "begin",
+                schema_version=SCHEMA_VERSION,
+                run_id=run_id,
+                command=command,
+                argv=mask_argv(list(argv)),
+                pair=pair,
+                inputs=dict(inputs or {}),
+                operator=_operator(operator),
+                host=procid.this_process().model_dump(),
+            )
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        journal.recovered = recovered
+        return journal
+
+    # -- recovery of killed runs -------------------------------------------------------------
+    def recover_aborted(self, pair: str | None = ..., ) -> list[str]:  # type: ignore[assignment]
+        """Seal every journal whose process is dead as an `aborted` receipt; returns their hashes.
+
+        `pair=...` (default) looks at every chain; `pair=None` only at runs without a pair.
+        Chains held by a live run are left to that run.
+        """
+        if not self.journal_dir.exists():
+            return []
+        chains = {NO_PAIR if pair is None else pair} if pair is not ... else None
+        out: list[str] = []
+        for chain in sorted(chains or {s.chain for s, _ in self._journals()}):
+            out += self._recover(chain, lock_held=False)
+        return out
+
+    def _journals(self) -> Iterator[tuple[JournalState, Path]]:
+        for path in sorted(self.journal_dir.glob("*.jsonl")):
+            try:
+                with open(path, "rb") as f:
+                    first = f.readline()
+                state = JournalState()
+                state.apply(json.loads(first))
+            except (OSError, ValueError, KeyError) as exc:
+                self.log.warning("unreadable journal skipped", journal=str(path), error=str(exc))
+                continue
+            yield state, path
+
+    def unsealed(self) -> list[dict[str, Any]]:
+        """Journals present now: live runs and killed ones not yet recovered (for status/verify)."""
+        out = []
+        for state, path in self._journals():
+            alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
+            out.append(
+                {"run_id": state.run_id, "pair": state.header.get("pair"), "command": state.header.get("command"),
+                 "journal": str(path), "alive": alive, "why": why}
+            )
+        return out
+
+    def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
+        candidates = [(s, p) for s, p in self._journals() if s.chain == chain] if self.journal_dir.exists() else []
+        dead = []
+        for state, path in candidates:
+            alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
+            if alive is False:
+                dead.append((path, why))
+            elif alive is None:
+                self.log.warning("journal of another host left alone", journal=str(path), why=why)
+        if not dead:
+            return []
+        lock: _ChainLock | None = None
+        if not lock_held:
+            lock = self._lock(chain)
+            if not lock.acquire(wait_s=0 if chain != NO_PAIR else 10.0):
+                return []  # a live run holds the chain; it recovers when it begins
+        out = []
+        try:
+            for path, why in dead:
+                sha = self._recover_one(path, why, lock_held=True)
+                if sha:
+                    out.append(sha)
+        finally:
+            if lock is not None:
+                lock.release()
+        return out
+
+    def _recover_one(self, path: Path, why: str, *, lock_held: bool) -> str | None:
+        state, problems = replay(path)
+        head = self._head(state.chain)
+        if state.finish is not None:
+            # It finished but died while sealing: the receipt may already be the chain's head.
+            if head is not None and self._run_id_of(head) == state.run_id:
+                path.unlink(missing_ok=True)
+                return None
+            outcome, reason = state.finish["outcome"], state.finish["reason"]
+            reason = f"{reason} (sealed later from its journal: {why})"
+        else:
+            in_progress = [s["name"] for s in state.open_steps.values()]
+            outcome = "aborted"
+            reason = f"pairctl was killed ({why})" + (f" during step {', '.join(in_progress)}" if in_progress else "")
+        if problems:
+            reason += "; " + "; ".join(problems)
+        sha = self._write_receipt(state.seal(outcome=outcome, reason=reason, previous=head, recovered=True), state.chain)
+        path.unlink(missing_ok=True)
+        atomic.fsync_dir(path.parent)
+        self.log.warning(
+            "a previous run was killed; sealed its journal as an aborted receipt",
+            pair=state.header.get("pair"), run_id=state.run_id, command=state.header.get("command"),
+            receipt=sha, why=why,
+        )
+        return sha
+
+    def _run_id_of(self, sha: str) -> str | None:
+        try:
+            return json.loads(self.path_of(sha).read_bytes()).get("run_id")
+        except (OSError, ValueError):
+            return None
+
+    # -- sealing -----------------------------------------------------------------------------
+    def _seal(self, state: JournalState, journal_path: Path, *, lock: _ChainLock | None, outcome: str, reason: str) -> str:
+        own = lock is None or not lock.held
+        if own:
+            lock = self._lock(state.chain)
+            if not lock.acquire(wait_s=30.0):
+                raise EvidenceBusy(f"evidence chain {state.chain!r} stayed locked for 30 s; the journal {journal_path} is kept")
+        try:
+            head = self._head(state.chain)
+            sha = self._write_receipt(state.seal(outcome=outcome, reason=reason, previous=head), state.chain)
+            journal_path.unlink(missing_ok=True)
+            atomic.fsync_dir(journal_path.parent)
+        finally:
+            if own and lock is not None:
+                lock.release()
+        return sha
+
+    def _write_receipt(self, sealed: tuple[str, bytes], chain: str) -> str:
+        sha, data = sealed
+        pending = self.heads_dir / f"{chain}.pending"
+        atomic.replace(pending, sha.encode())
+        path = self.path_of(sha)
+        if not atomic.write_once(path, data) and _sha(path.read_bytes()) != sha:
+            raise EvidenceError(f"receipt file {path} exists with different content; run `pairctl receipts verify`")
+        atomic.replace(self.heads_dir / chain, sha.encode())
+        pending.unlink(missing_ok=True)
+        return sha
+
+    def _head(self, chain: str) -> str | None:
+        """The chain's newest receipt, repairing a head left behind by a crash mid-seal."""
+        head_file = self.heads_dir / chain
+        pending = self.heads_dir / f"{chain}.pending"
+        head = head_file.read_text().strip() if head_file.exists() else None
+        if pending.exists():
+            p = pending.read_text().strip()
+            if _HASH.match(p) and self.path_of(p).exists():
+                try:
+                    prev = json.loads(self.path_of(p).read_bytes()).get("previous")
+                except ValueError:
+                    prev = "?"
+                if prev == head:
+                    atomic.replace(head_file, p.encode())
+                    head = p
+            pending.unlink(missing_ok=True)
+        if head is not None:
+            if not _HASH.match(head) or not self.path_of(head).exists():
+                raise EvidenceError(
+                    f"the head of evidence chain {chain!r} names receipt {head[:16]}, which is missing",
+                    hint="run `pairctl receipts verify`; a receipt was deleted or renamed",
+                )
+            return head
+        # No head file: fall back to the receipts themselves (heads are only a cache).
+        members = [r for r in self.iter() if r.chain == chain]
+        if not members:
+            return None
+        referenced = {r.previous for r in members}
+        tips = [r.sha256 for r in members if r.sha256 not in referenced]
+        if len(tips) != 1:
+            raise EvidenceError(f"evidence chain {chain!r} has {len(tips)} ends; run `pairctl receipts verify`")
+        atomic.replace(head_file, tips[0].encode())
+        return tips[0]
+
+    # -- reading -----------------------------------------------------------------------------
+    def hashes(self) -> list[str]:
+        if not self.receipts_dir.exists():
+            return []
+        return sorted(p.name[:-5] for p in self.receipts_dir.glob("*.json") if _HASH.match(p.name[:-5]))
+
+    def resolve(self, ref: str) -> str:
+        """A full receipt hash from a hash or a unique prefix (at least 4 hex digits)."""
+        ref = ref.strip().lower().removesuffix(".json")
+        if _HASH.match(ref):
+            if not self.path_of(ref).exists():
+                raise EvidenceError(f"no receipt {ref} in {self.receipts_dir}")
+            return ref
+        if not re.fullmatch(r"[0-9a-f]{4,63}", ref):
+            raise EvidenceError(f"{ref!r} is not a receipt hash or hash prefix (4+ hex digits)")
+        found = [h for h in self.hashes() if h.startswith(ref)]
+        if not found:
+            raise EvidenceError(f"no receipt starting with {ref} in {self.receipts_dir}")
+        if len(found) > 1:
+            raise EvidenceError(f"{ref} is ambiguous: {', '.join(h[:16] for h in found[:5])}...")
+        return found[0]
+
+    def load(self, ref: str) -> Receipt:
+        """A receipt by hash (or prefix), checked against its name: a changed byte is an error."""
+        sha = self.resolve(ref)
+        path = self.path_of(sha)
+        data = path.read_bytes()
+        actual = _sha(data)
+        if actual != sha:
+            raise EvidenceError(f"receipt file {path} does not match its name (its sha256 is {actual})",
+                                hint="it was changed after it was written; run `pairctl receipts verify`")
+        receipt = Receipt.model_validate_json(data)
+        receipt._sha256 = sha
+        return receipt
+
+    def iter(self, pair: str | None = ...) -> Iterator[Receipt]:  # type: ignore[assignment]
+        """Every receipt that verifies, oldest first; `pair=` filters (None: receipts with no pair)."""
+        out = []
+        for sha in self.hashes():
+            try:
+                r = self.load(sha)
+            except (EvidenceError, ValueError) as exc:
+                self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
+                continue
+            if pair is ... or r.pair == pair:
+                out.append(r)
+        out.sort(key=lambda r: (r.finished_at, r.started_at))
+        return iter(out)
+
+    def latest(self, pair: str | None) -> Receipt | None:
+        """The newest receipt of a pair's chain (None: no receipt yet)."""
+        chain = _check_chain_name(pair or NO_PAIR)
+        head_file = self.heads_dir / chain
+        if head_file.exists():
+            head = head_file.read_text().strip()
+            if _HASH.match(head) and self.path_of(head).exists():
+                return self.load(head)
+        members = list(self.iter(pair))
+        return members[-1] if members else None
+
+    # -- derived records ---------------------------------------------------------------------
+    def derive(
+        self,
+        original_hash: str,
+        reuse: list[str],
+        reason: str,
+        fresh_steps: list[StepRecord | dict[str, Any]] | None = None,
+        *,
+        fresh_samples: dict[str, list[dict[str, Any]]] | None = None,
+        fields: dict[str, Any] | None = None,
+        identities: list[tuple[str, dict[str, Any]]] | None = None,
+        outcome: str | None = None,
+        command: str = "receipts derive",
+        argv: list[str] | None = None,
+        operator: str | None = None,
+    ) -> str:
+        """A new receipt that reuses passed steps of `original_hash` by reference and records
+        `fresh_steps` (re-run now). The original is only read. Returns the new receipt's hash."""
+        original = self.load(original_hash)
+        fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
+        fresh_names = [s.name for s in fresh]
+        reuse = list(dict.fromkeys(reuse))
+        if not reuse:
+            raise EvidenceError("derive needs at least one step to reuse (--reuse STEP)")
+        if not reason.strip():
+            raise EvidenceError("derive needs a reason (--reason TEXT)")
+        reused: dict[str, dict[str, Any]] = {}
+        run = [s.name for s in original.steps]
+        for name in reuse:
+            if name in fresh_names:
+                raise EvidenceError(f"step {name!r} is both reused and given fresh; choose one")
+            if name in original.reused_steps:
+                ref = original.reused_steps[name]  # reuse through a derived record: point at the source
+                reused[name] = ref.model_dump(by_alias=True)
+                continue
+            step = original.step(name)
+            if step is None:
+                raise EvidenceError(
+                    f"cannot reuse step {name!r}: it was not run in receipt {original.sha256[:12]} "
+                    f"(steps: {', '.join(run) or 'none'})"
+                )
+            if step.outcome != "passed":
+                raise EvidenceError(
+                    f"refusing to reuse step {name!r}: it {step.outcome} in receipt {original.sha256[:12]}"
+                    + (f" ({step.error or step.skip_reason})" if (step.error or step.skip_reason) else "")
+                )
+            rows = original.samples.get(name)
+            reused[name] = ReusedStep(
+                from_=original.sha256, data_sha256=step.data_sha256(), samples_sha256=samples_sha256(rows),
+                samples=len(rows or []), outcome=step.outcome,
+            ).model_dump(by_alias=True)
+        argv = list(argv) if argv is not None else ["receipts", "derive", "--from", original.sha256,
+                                                   *[a for n in reuse for a in ("--reuse", n)], "--reason", reason]
+        with self.begin(command, argv, pair=original.pair, inputs=original.inputs, operator=operator) as j:
+            j._derive(original.sha256, reused, fresh_names)
+            for key, value in (fields or {}).items():
+                j.set(key, value)
+            for host, data in identities or []:
+                j.identity(host, data)
+            for s in fresh:
+                j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason,
+                              started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
+            for step, rows in (fresh_samples or {}).items():
+                j.samples(step, rows)
+            if outcome is None:
+                bad = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
+                outcome = "failed" if bad else "passed"
+            return j.finish(outcome, reason)
+
+    def step_view(self, ref: str, step: str) -> tuple[StepRecord, list[Any]]:
+        """A step's record and raw samples, following a derived record's reference to the source
+        and checking the referenced data against the hashes the derived record holds."""
+        rec, rows = self._step_view(ref, step)
+        return rec, rows or []
+
+    def _step_view(self, ref: str, step: str) -> tuple[StepRecord, list[Any] | None]:
+        receipt = self.load(ref)
+        if step in receipt.reused_steps:
+            r = receipt.reused_steps[step]
+            rec, rows = self._step_view(r.from_, step)
+            if rec.data_sha256() != r.data_sha256 or samples_sha256(rows) != r.samples_sha256:
+                raise EvidenceError(f"step {step!r} of {r.from_[:12]} does not match the hashes in {receipt.sha256[:12]}")
+            return rec, rows
+        rec = receipt.step(step)
+        if rec is None:
+            raise EvidenceError(f"receipt {receipt.sha256[:12]} has no step {step!r}")
+        return rec, receipt.samples.get(step)
+
+    def verify(self):  # -> VerifyReport
+        from orchestrator.evidence.verify import verify_store
+
+        return verify_store(self)
+
+
+def _fresh_step(d: dict[str, Any]) -> StepRecord:
+    from orchestrator.evidence.receipt import utc_now
+
+    if d.get("outcome") not in STEP_OUTCOMES:
+        raise EvidenceError(f"fresh step {d.get('name')!r}: outcome must be one of {STEP_OUTCOMES}")
+    now = utc_now()
+    return StepRecord(
+        seq=0,
+        name=d["name"],
+        host=d.get("host"),
+        started_at=d.get("started_at") or now,
+        finished_at=d.get("finished_at") or now,
+        duration_s=d.get("duration_s"),
+        outcome=d["outcome"],
+        error=d.get("error"),
+        skip_reason=d.get("skip_reason"),
+        data=d.get("data") or {},
+    )

@@ -1,0 +1,185 @@
+"""`receipts verify`: rehash every receipt and walk every chain from the receipts themselves.
+
+Heads are a cache and are only cross-checked (a head naming a missing receipt means the newest
+receipt was deleted or replaced, which walking alone cannot see). References of derived
+records must resolve to receipts that verify, with matching data hashes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from orchestrator.evidence.receipt import Receipt, samples_sha256
+from orchestrator.hashing import sha256_bytes
+
+if TYPE_CHECKING:
+    from orchestrator.evidence.store import EvidenceStore
+
+
+@dataclass
+class Problem:
+    kind: str  # changed | invalid | missing-previous | previous-changed | wrong-chain | fork | two-starts
+    #           | head-missing | dangling-reference | stray-file
+    file: str
+    message: str
+    chain: str | None = None
+    at: str | None = None  # when the receipt concerned started (orders "first broken link")
+
+
+@dataclass
+class VerifyReport:
+    root: str
+    receipts: int = 0
+    chains: dict[str, int] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def first(self) -> Problem | None:
+        return self.problems[0] if self.problems else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "root": self.root, "ok": self.ok, "receipts": self.receipts, "chains": self.chains,
+            "problems": [asdict(p) for p in self.problems], "warnings": self.warnings,
+        }
+
+
+def _started(data: bytes) -> str | None:
+    try:
+        return json.loads(data).get("started_at")
+    except (ValueError, AttributeError):
+        return None
+
+
+def verify_store(store: "EvidenceStore") -> VerifyReport:
+    rep = VerifyReport(root=str(store.root))
+    good: dict[str, Receipt] = {}
+    bad: dict[str, str] = {}  # sha named by the file -> file
+    problems: list[Problem] = []
+
+    if store.receipts_dir.exists():
+        for path in sorted(store.receipts_dir.iterdir()):
+            name = path.name
+            if name.startswith(".tmp-"):
+                rep.warnings.append(f"leftover temporary file {path} (an interrupted write; safe to delete)")
+                continue
+            stem = name[:-5] if name.endswith(".json") else name
+            if not name.endswith(".json") or len(stem) != 64 or any(c not in "0123456789abcdef" for c in stem):
+                problems.append(Problem("stray-file", str(path), f"{path} is not a receipt name (<sha256>.json)"))
+                continue
+            rep.receipts += 1
+            data = path.read_bytes()
+            actual = sha256_bytes(data)
+            if actual != stem:
+                bad[stem] = str(path)
+                problems.append(Problem("changed", str(path),
+                                        f"receipt file {path} does not match its name: its sha256 is {actual} "
+                                        "(changed after it was written)", at=_started(data)))
+                continue
+            try:
+                r = Receipt.model_validate_json(data)
+            except (ValidationError, ValueError) as exc:
+                bad[stem] = str(path)
+                problems.append(Problem("invalid", str(path), f"receipt file {path} is not a valid receipt: "
+                                        f"{str(exc).splitlines()[0]}", at=_started(data)))
+                continue
+            r._sha256 = stem
+            good[stem] = r
+
+    by_chain: dict[str, list[Receipt]] = defaultdict(list)
+    for r in good.values():
+        by_chain[r.chain].append(r)
+    for chain, members in sorted(by_chain.items()):
+        rep.chains[chain] = len(members)
+        children: dict[str | None, list[Receipt]] = defaultdict(list)
+        for r in members:
+            children[r.previous].append(r)
+            f = str(store.path_of(r.sha256))
+            if r.previous is None:
+                continue
+            if r.previous in good:
+                if good[r.previous].chain != chain:
+                    problems.append(Problem("wrong-chain", f, f"receipt {f} (chain {chain!r}) names previous "
+                                            f"{r.previous}, which belongs to chain {good[r.previous].chain!r}",
+                                            chain, r.started_at))
+            elif r.previous in bad:
+                problems.append(Problem("previous-changed", f, f"chain {chain!r} broken at {f}: its previous "
+                                        f"receipt {bad[r.previous]} does not verify", chain, r.started_at))
+            else:
+                problems.append(Problem("missing-previous", f, f"chain {chain!r} broken at {f}: it names previous "
+                                        f"receipt {r.previous}, which is missing (deleted or renamed)",
+                                        chain, r.started_at))
+        for prev, kids in children.items():
+            if len(kids) > 1:
+                names = ", ".join(str(store.path_of(k.sha256)) for k in kids)
+                what = "start the chain" if prev is None else f"name the same previous {prev}"
+                problems.append(Problem("two-starts" if prev is None else "fork", str(store.path_of(kids[1].sha256)),
+                                        f"chain {chain!r}: {len(kids)} receipts {what}: {names}",
+                                        chain, min(k.started_at for k in kids)))
+        referenced = {r.previous for r in members}
+        tips = {r.sha256 for r in members if r.sha256 not in referenced}
+        head_file = store.heads_dir / chain
+        if head_file.exists():
+            head = head_file.read_text().strip()
+            if head in good:
+                if head not in tips:
+                    rep.warnings.append(f"head of chain {chain!r} ({head[:12]}) is not its newest receipt")
+            elif head not in bad:
+                problems.append(Problem("head-missing", str(head_file), f"chain {chain!r}: its head {head_file} "
+                                        f"names receipt {head}, which is missing (the newest receipt was deleted "
+                                        "or replaced)", chain, "~"))
+        else:
+            rep.warnings.append(f"chain {chain!r} has no head file {head_file}")
+
+    # Heads of chains that no longer have a single verifying receipt.
+    if store.heads_dir.exists():
+        for head_file in sorted(store.heads_dir.iterdir()):
+            if head_file.name.endswith(".pending") or head_file.name in by_chain:
+                continue
+            head = head_file.read_text().strip()
+            if head not in good and head not in bad:
+                problems.append(Problem("head-missing", str(head_file), f"chain {head_file.name!r}: its head "
+                                        f"{head_file} names receipt {head}, which is missing", head_file.name, "~"))
+
+    for r in good.values():
+        f = str(store.path_of(r.sha256))
+        if r.derived_from and r.derived_from not in good:
+            state = "does not verify" if r.derived_from in bad else "is missing"
+            problems.append(Problem("dangling-reference", f, f"derived receipt {f} names original {r.derived_from}, "
+                                    f"which {state}", r.chain, r.started_at))
+        for step, ref in r.reused_steps.items():
+            src = good.get(ref.from_)
+            why = None
+            if src is None:
+                why = f"receipt {ref.from_} " + ("does not verify" if ref.from_ in bad else "is missing")
+            else:
+                rec = src.step(step)
+                if rec is None:
+                    why = f"receipt {ref.from_[:12]} has no step {step!r}"
+                elif rec.outcome != "passed":
+                    why = f"step {step!r} {rec.outcome} in {ref.from_[:12]}"
+                elif rec.data_sha256() != ref.data_sha256:
+                    why = f"step {step!r} data in {ref.from_[:12]} has sha256 {rec.data_sha256()}, not {ref.data_sha256}"
+                elif samples_sha256(src.samples.get(step)) != ref.samples_sha256:
+                    why = f"step {step!r} samples in {ref.from_[:12]} do not match samples_sha256"
+            if why:
+                problems.append(Problem("dangling-reference", f, f"derived receipt {f} reuses step {step!r}: {why}",
+                                        r.chain, r.started_at))
+
+    for j in store.unsealed() if store.journal_dir.exists() else []:
+        state = "running" if j["alive"] else ("killed, not yet sealed" if j["alive"] is False else "of another host")
+        rep.warnings.append(f"journal {j['journal']} ({j['command']}, pair {j['pair']}): {state}")
+
+    problems.sort(key=lambda p: (p.at is None, p.at or "", p.file))
+    rep.problems = problems
+    return rep
