@@ -20,7 +20,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
-from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, pid_alive, read_pid, terminate
+from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, ensure_sshd_installed, pid_alive, read_pid, terminate
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 
@@ -111,6 +111,8 @@ class Lab:
             return self._up(source=source)
 
     def _up(self, *, source: bool) -> LabStatus:
+        if self.plans:
+            ensure_sshd_installed()
         pub = ensure_ed25519(self.operator_key, "pairctl-operator")
         ensure_lab_models(self.models_dir)
         if source:

@@ -70,6 +70,24 @@ class HostPlan:
         return (SSHD, "-t", "-f", str(self.config))
 
 
+INSTALL_ARGV = ("apt-get", "install", "-y", "-qq", "--no-install-recommends", "openssh-server", "openssh-client")
+
+
+def ensure_sshd_installed() -> None:
+    """Install Debian's openssh-server when /usr/sbin/sshd is missing (root only; no systemd used)."""
+    if Path(SSHD).is_file() and Path("/usr/bin/ssh-keygen").is_file():
+        return
+    if os.geteuid() != 0:
+        raise PairctlError(f"{SSHD} is missing", hint="install Debian's openssh-server (or run `make system`)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for argv in (("apt-get", "update", "-qq"), INSTALL_ARGV):
+        proc = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise PairctlError(f"{' '.join(argv)} failed: {proc.stderr.strip()[-500:]}")
+    if not Path(SSHD).is_file():
+        raise PairctlError(f"{SSHD} is still missing after installing openssh-server")
+
+
 def check_loopback(address: str) -> None:
     """The lab only ever listens on 127.0.0.0/8."""
     try:
