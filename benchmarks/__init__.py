@@ -1,0 +1,1 @@
+"""Benchmarks: each module has `run() -> dict`; `python -m benchmarks` runs them all."""
