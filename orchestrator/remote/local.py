@@ -18,7 +18,7 @@ from orchestrator.errors import HostError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import Result, command_failed, command_timed_out
-from orchestrator.remote.transport import DEFAULT_RETRY, RetryPolicy, TransportStats, transient_command_error
+from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, RetryPolicy, TransportStats, transient_command_error
 
 
 @dataclass
@@ -106,6 +106,64 @@ class LocalTransport:
 
     def close(self) -> None:
         pass
+
+    # -- file operations --
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        os.mkdir(path, mode)
+        os.chmod(path, mode)
+        self.stats.add(commands=1)
+
+    def makedirs(self, path: str, mode: int = 0o755) -> None:
+        missing = []
+        p = Path(path)
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for d in reversed(missing):
+            try:
+                self.mkdir(str(d), mode)
+            except FileExistsError:
+                pass
+
+    def stat(self, path: str) -> FileStat | None:
+        self.stats.add(commands=1)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid)
+
+    def read_bytes(self, path: str) -> bytes:
+        self.stats.add(commands=1)
+        return Path(path).read_bytes()
+
+    def rename(self, src: str, dst: str) -> None:
+        self.stats.add(commands=1)
+        os.rename(src, dst)
+
+    def remove(self, path: str) -> None:
+        self.stats.add(commands=1)
+        os.remove(path)
+
+    def rmdir(self, path: str) -> None:
+        self.stats.add(commands=1)
+        os.rmdir(path)
+
+    def listdir(self, path: str) -> list[str]:
+        self.stats.add(commands=1)
+        return sorted(os.listdir(path))
+
+    def symlink(self, target: str, path: str) -> None:
+        self.stats.add(commands=1)
+        os.symlink(target, path)
+
+    def readlink(self, path: str) -> str | None:
+        self.stats.add(commands=1)
+        try:
+            return os.readlink(path)
+        except (FileNotFoundError, OSError):
+            return None
 
     def __enter__(self) -> "LocalTransport":
         return self

@@ -36,6 +36,7 @@ from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     ConnectionLost,
+    FileStat,
     RetryPolicy,
     TransportStats,
     transient_command_error,
@@ -515,6 +516,95 @@ class SshTransport:
             raise self._transfer_error("get", remote_path, str(local_path), exc) from None
         self.stats.add(gets=1, get_bytes=Path(local_path).stat().st_size, get_s=time.monotonic() - t0)
 
+    # -- file operations (SFTP requests: no login shell, ~ms each) --
+
+    def _fs(self, op: str, path: str, fn: Any) -> Any:
+        sftp = self._sftp_client()
+        t0 = time.monotonic()
+        try:
+            return fn(sftp)
+        except FileNotFoundError:
+            raise
+        except IOError as exc:
+            if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
+                with self._lock:
+                    self._drop()
+                raise ConnectionLost(f"{self.name}: {op} {path} failed: {exc}") from None
+            raise
+        finally:
+            self.stats.add(commands=1, command_s=time.monotonic() - t0)
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        def do(sftp: paramiko.SFTPClient) -> None:
+            try:
+                sftp.mkdir(path, mode)
+            except IOError as exc:
+                # sftp v3 has no "exists" status: OpenSSH answers a generic failure
+                if exc.errno in (None, errno.EEXIST, errno.EIO) and _exists(sftp, path):
+                    raise FileExistsError(errno.EEXIST, f"{self.name}: {path} exists") from None
+                raise
+            sftp.chmod(path, mode)
+
+        self._fs("mkdir", path, do)
+
+    def makedirs(self, path: str, mode: int = 0o755) -> None:
+        parts = [p for p in path.split("/") if p]
+        missing: list[str] = []
+        cur = path.rstrip("/") or "/"
+        while cur not in ("", "/") and self.stat(cur) is None:
+            missing.append(cur)
+            cur = cur.rsplit("/", 1)[0] or "/"
+        del parts
+        for d in reversed(missing):
+            try:
+                self.mkdir(d, mode)
+            except FileExistsError:
+                pass
+
+    def stat(self, path: str) -> "FileStat | None":
+        def do(sftp: paramiko.SFTPClient) -> FileStat | None:
+            try:
+                a = sftp.lstat(path)
+            except FileNotFoundError:
+                return None
+            return FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
+
+        return self._fs("stat", path, do)
+
+    def read_bytes(self, path: str) -> bytes:
+        def do(sftp: paramiko.SFTPClient) -> bytes:
+            with sftp.open(path, "rb") as f:
+                f.prefetch()
+                return f.read()
+
+        data = self._fs("read", path, do)
+        self.stats.add(get_bytes=len(data))
+        return data
+
+    def rename(self, src: str, dst: str) -> None:
+        self._fs("rename", src, lambda sftp: sftp.posix_rename(src, dst))
+
+    def remove(self, path: str) -> None:
+        self._fs("remove", path, lambda sftp: sftp.remove(path))
+
+    def rmdir(self, path: str) -> None:
+        self._fs("rmdir", path, lambda sftp: sftp.rmdir(path))
+
+    def listdir(self, path: str) -> list[str]:
+        return sorted(self._fs("listdir", path, lambda sftp: sftp.listdir(path)))
+
+    def symlink(self, target: str, path: str) -> None:
+        self._fs("symlink", path, lambda sftp: sftp.symlink(target, path))
+
+    def readlink(self, path: str) -> str | None:
+        def do(sftp: paramiko.SFTPClient) -> str | None:
+            try:
+                return sftp.readlink(path)
+            except (FileNotFoundError, IOError):
+                return None
+
+        return self._fs("readlink", path, do)
+
     def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
         if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
             with self._lock:
@@ -525,3 +615,11 @@ class SshTransport:
 
 class _Timeout(Exception):
     pass
+
+
+def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
+    try:
+        sftp.lstat(path)
+        return True
+    except IOError:
+        return False

@@ -21,6 +21,38 @@ from orchestrator.remote.result import CommandTimeout, Result
 T = TypeVar("T")
 
 
+@dataclass(frozen=True)
+class FileStat:
+    """What `Transport.stat` reports about a path (lstat: a symlink is not followed)."""
+
+    mode: int
+    size: int
+    mtime: float
+    uid: int
+
+    @property
+    def is_dir(self) -> bool:
+        import stat as _st
+
+        return _st.S_ISDIR(self.mode)
+
+    @property
+    def is_file(self) -> bool:
+        import stat as _st
+
+        return _st.S_ISREG(self.mode)
+
+    @property
+    def is_link(self) -> bool:
+        import stat as _st
+
+        return _st.S_ISLNK(self.mode)
+
+    @property
+    def perms(self) -> int:
+        return self.mode & 0o7777
+
+
 class ConnectionLost(HostError):
     """The connection failed while a command or transfer was in flight (transient)."""
 
@@ -95,6 +127,43 @@ class Transport(Protocol):
     def get(self, remote_path: str, local_path: str | Path) -> None: ...
 
     def close(self) -> None: ...
+
+    # File operations without a shell (SFTP on SSH hosts, os.* locally): one cheap request
+    # each, no login shell started, the same syscall semantics on both transports.
+
+    def mkdir(self, path: str, mode: int = 0o755) -> None:
+        """mkdir(2), then chmod to `mode`: FileExistsError if the path exists (cannot be won twice)."""
+        ...
+
+    def makedirs(self, path: str, mode: int = 0o755) -> None:
+        """`mkdir -p`: create missing parents with `mode`; existing directories are fine."""
+        ...
+
+    def stat(self, path: str) -> FileStat | None:
+        """lstat(2), or None when the path does not exist."""
+        ...
+
+    def read_bytes(self, path: str) -> bytes:
+        """The file's content; FileNotFoundError when it does not exist."""
+        ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """rename(2): atomic, replaces `dst` if it is a file or symlink."""
+        ...
+
+    def remove(self, path: str) -> None: ...
+
+    def rmdir(self, path: str) -> None: ...
+
+    def listdir(self, path: str) -> list[str]: ...
+
+    def symlink(self, target: str, path: str) -> None:
+        """Create `path` as a symlink pointing to `target` (like `ln -s target path`)."""
+        ...
+
+    def readlink(self, path: str) -> str | None:
+        """The link's target, or None when `path` does not exist or is not a symlink."""
+        ...
 
 
 # -- retries -----------------------------------------------------------------------------------
