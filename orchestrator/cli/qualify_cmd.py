@@ -1,0 +1,107 @@
+"""`pairctl qualify --pair P --baseline N R --candidate N R --plan PLAN` and `pairctl qualify report`.
+
+Exit codes: 0 every gate passed; 1 a gate failed; 9 inconclusive (fewer valid pairs than
+planned); 8 the pair could not be restored after the measurements (the receipt is failed, the
+samples are kept: derive a record and run `qualify report` on it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional, Tuple
+
+import typer
+
+from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
+from orchestrator.qualify.analysis import QualifyResult
+
+app = typer.Typer(
+    help="Paired baseline/candidate TG qualification with bootstrap intervals and declared gates.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+
+@app.callback()
+def qualify(
+    ctx: typer.Context,
+    pair: Optional[str] = typer.Option(None, "--pair", help="Pair name in the inventory."),
+    baseline: Optional[Tuple[str, str]] = typer.Option(None, "--baseline", help="Baseline package ids: NATIVE RPC."),
+    candidate: Optional[Tuple[str, str]] = typer.Option(None, "--candidate", help="Candidate package ids: NATIVE RPC."),
+    plan: Optional[str] = typer.Option(None, "--plan", help="Plan name (manifests/plans) or YAML path."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Route profile; default: the pair's."),
+    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
+    if ctx.invoked_subcommand is not None:
+        return
+    c = get_ctx(ctx)
+    c.json_output = c.json_output or json_output
+    missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
+    if missing:
+        raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
+    from orchestrator.qualify.command import qualify_pair
+
+    out = qualify_pair(c, pair=pair, baseline=tuple(baseline), candidate=tuple(candidate), plan_ref=plan, profile_ref=profile,
+                       argv=_argv(pair, baseline, candidate, plan, profile))
+    _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
+    if not out.restored:
+        from orchestrator.errors import RollbackFailed
+
+        raise RollbackFailed(
+            f"measurements complete but restoring the pair failed: {out.restore_error}; receipt {out.receipt} is failed",
+            hint=f"check the pair, then `pairctl receipts derive --from {out.receipt} "
+                 + " ".join(f"--reuse {s}" for s in out.arm_steps) + " --reason ...` and `pairctl qualify report --receipt HASH`",
+        )
+    _exit_for(out.result)
+
+
+@app.command("report")
+def report(
+    ctx: typer.Context,
+    receipt: str = typer.Option(..., "--receipt", help="Receipt hash (or prefix): a qualify run or a record derived from one."),
+    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+) -> None:
+    """Recompute the result from a receipt (following a derived record's references) and write the report."""
+    c = get_ctx(ctx)
+    c.json_output = c.json_output or json_output
+    from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.qualify.report import write_report
+
+    out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
+    _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived, "checks": record.checks})
+    _exit_for(result)
+
+
+def _argv(pair, baseline, candidate, plan, profile) -> list[str]:
+    argv = ["qualify", "--pair", pair, "--baseline", *baseline, "--candidate", *candidate, "--plan", plan]
+    return argv + (["--profile", profile] if profile else [])
+
+
+def _exit_for(result: QualifyResult) -> None:
+    failed = [g for g in result.gates if g.verdict == "fail"]
+    if result.verdict == "fail":
+        raise CheckFailed("qualification failed: " + "; ".join(f"{g.kind}[{g.family}]: {g.reason}" for g in failed))
+    if result.verdict == "inconclusive":
+        raise Inconclusive("qualification inconclusive: " + "; ".join(
+            f"{g.kind}[{g.family}]: {g.reason}" for g in result.gates if g.verdict == "inconclusive"))
+
+
+def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, extra: dict) -> None:
+    if c.json_output:
+        c.emit_json({"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()})
+        return
+    from rich.table import Table
+
+    t = Table(title=f"qualification {result.verdict.upper()} — plan {result.plan_name}")
+    for col in ("gate", "family", "threshold", "gain", "95% interval", "pairs", "verdict"):
+        t.add_column(col)
+    for g in result.gates:
+        pct = lambda x: "n/a" if x is None else f"{100 * x:+.2f}%"  # noqa: E731
+        t.add_row(g.kind, g.family, pct(g.threshold), pct(g.gain), f"{pct(g.low)} .. {pct(g.high)}",
+                  f"{g.valid_pairs}/{g.planned_pairs}", g.verdict)
+    c.console.print(t)
+    c.console.print(f"receipt: {receipt}")
+    if report_dir:
+        c.console.print(f"report: {report_dir / 'report.md'}")

@@ -1,0 +1,115 @@
+"""One measured request against a running llama-server, and the exact prompts both arms send.
+
+Streaming gives the client's view (time to first token, wall time) and the server's own
+`timings` in the final event of the same request, so one request yields one sample. Every
+measured request has `cache_prompt: false` and `ignore_eos: true`: each arm does the same cold
+prompt and exactly `n_predict` tokens of generation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from orchestrator.errors import ConfigError, PairctlError
+from orchestrator.hashing import sha256_json
+from orchestrator.qualify.plan import LoadedPlan
+
+MemoryProbe = Callable[[], tuple[int | None, str]]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The token ids a fixture sends (a prefix of its tokenized text) and their hash."""
+
+    fixture: str
+    family: str
+    fixture_sha256: str
+    tokens: tuple[int, ...]
+
+    @property
+    def sha256(self) -> str:
+        return sha256_json(list(self.tokens))
+
+
+def prompts_for(loaded: LoadedPlan, tokenize: Callable[[str], list[int]], per_slot_ctx: int) -> list[Prompt]:
+    """Tokenize each fixture with the server's tokenizer and cut it to the plan's `tokens`.
+
+    A fixture whose text is shorter than its declared tokens, or whose prompt plus generation
+    does not fit one slot as the server reports it, is a config error naming the fixture."""
+    plan = loaded.plan
+    out = []
+    for fx in plan.fixtures:
+        ids = tokenize(loaded.fixture_text(fx.name))
+        want = fx.tokens or len(ids)
+        if len(ids) < want:
+            raise ConfigError(f"fixture {fx.name!r}: its text is {len(ids)} tokens with this model's tokenizer, the plan needs {want}")
+        if want + plan.n_predict > per_slot_ctx:
+            raise ConfigError(
+                f"fixture {fx.name!r}: {want} prompt + {plan.n_predict} generated tokens do not fit the server's "
+                f"per-slot context of {per_slot_ctx}"
+            )
+        out.append(Prompt(fx.name, fx.family, fx.sha256, tuple(ids[:want])))
+    return out
+
+
+def request_params(plan_seed: int, temperature: float) -> dict[str, Any]:
+    return {"cache_prompt": False, "ignore_eos": True, "temperature": temperature, "seed": plan_seed, "return_tokens": False}
+
+
+def measure(client: Any, prompt: Prompt, *, n_predict: int, params: dict[str, Any], memory: MemoryProbe | None,
+            base: dict[str, Any]) -> dict[str, Any]:
+    """One streaming request -> one sample dict (fields: analysis.SAMPLE_FIELDS). A failed request
+    is a sample with ok=False and the error, never an exception: the analysis decides."""
+    row: dict[str, Any] = {
+        **base, "fixture": prompt.fixture, "family": prompt.family, "fixture_sha256": prompt.fixture_sha256,
+        "prompt_sha256": prompt.sha256, "prompt_tokens": len(prompt.tokens), "ok": False, "error": None,
+    }
+    t0 = time.monotonic()
+    ttft = None
+    final = None
+    n_chunks = 0
+    try:
+        with client.stream_completion(list(prompt.tokens), n_predict, **params) as (_handle, chunks):
+            for ch in chunks:
+                n_chunks += 1
+                if ttft is None and (ch.content or ch.tokens):
+                    ttft = time.monotonic() - t0
+                if ch.stop:
+                    final = ch
+                    break
+        wall = time.monotonic() - t0
+    except PairctlError as exc:
+        row.update(error=str(exc).splitlines()[0][:500], wall_s=time.monotonic() - t0)
+        return row
+    row.update(wall_s=wall, ttft_s=ttft, chunks=n_chunks)
+    if final is None or final.timings is None:
+        row["error"] = "the stream ended without a final event carrying timings"
+        return row
+    t = final.timings
+    row.update(
+        ok=True,
+        prompt_n=t.prompt_n, prompt_ms=t.prompt_ms, prompt_per_second=t.prompt_per_second,
+        predicted_n=t.predicted_n, predicted_ms=t.predicted_ms, predicted_per_second=t.predicted_per_second,
+        draft_n=t.draft_n, draft_n_accepted=t.draft_n_accepted, cache_n=t.cache_n,
+        stop_type=getattr(final, "stop_type", None),
+    )
+    if memory is not None:
+        try:
+            peak, source = memory()
+        except PairctlError as exc:
+            peak, source = None, f"probe failed: {str(exc).splitlines()[0][:200]}"
+        row.update(peak_memory_bytes=peak, memory_source=source)
+    else:
+        row.update(peak_memory_bytes=None, memory_source="not measured")
+    return row
+
+
+def warmup(client: Any, loaded: LoadedPlan, params: dict[str, Any]) -> dict[str, Any]:
+    """The one fixed request after a fresh load; recorded, never measured."""
+    w = loaded.plan.warmup
+    t0 = time.monotonic()
+    res = client.completion(w.prompt, w.n_predict, **params)
+    return {"prompt": w.prompt, "n_predict": w.n_predict, "predicted_n": res.timings.predicted_n,
+            "wall_s": time.monotonic() - t0}

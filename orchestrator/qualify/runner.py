@@ -1,0 +1,180 @@
+"""The paired runner: alternating fresh arms, one warm-up each, every fixture, then restore.
+
+Order of evidence in the receipt (each a journal event, so a killed run keeps what it had):
+
+1. `plan_sha256`, the plan text and both arms' package ids are set BEFORE the first sample.
+2. `snapshot`: what is active on the pair now (to restore afterwards).
+3. One step per arm, named `arm-<k>-p<pair>-<baseline|candidate>`: fresh activation of that
+   arm's packages with the profile (the deploy engine's activation + verification), the
+   warm-up, then one sample per fixture, kept raw under the step's name.
+4. `restore`: the pair back on what was active before, verified.
+
+A failed `restore` after all samples makes the receipt `failed`, but every arm step passed and
+holds its samples, so `pairctl receipts derive --from HASH --reuse arm-... --reason ...` can
+rebuild the result without measuring again (`pairctl qualify report --receipt DERIVED`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.errors import PairctlError
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.log import get_logger
+from orchestrator.qualify.analysis import QualifyResult, analyze
+from orchestrator.qualify.measure import MemoryProbe, Prompt, measure, prompts_for, request_params, warmup
+from orchestrator.qualify.plan import Arm, LoadedPlan
+
+ARM_STEP_PREFIX = "arm-"
+
+
+@dataclass(frozen=True)
+class ArmPackages:
+    native: str
+    rpc: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"native": self.native, "rpc": self.rpc}
+
+
+@dataclass
+class ActiveArm:
+    """A freshly activated and verified pair, as the runner needs it."""
+
+    client: Any  # orchestrator.server.client.ServerClient
+    identity: dict[str, Any]
+    per_slot_ctx: int
+    memory: MemoryProbe | None = None
+
+
+class PairDriver(Protocol):
+    """What the runner needs from the deploy engine (see engine_driver.EngineDriver)."""
+
+    def snapshot(self) -> dict[str, Any]:
+        """What is active on the pair now (packages, profile, route revision), for restore."""
+
+    def activate(self, packages: ArmPackages, profile: RouteProfile) -> ActiveArm:
+        """Stop whatever runs, start these packages fresh with the profile, verify identity."""
+
+    def restore(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """Put the snapshot's pair back and verify it; returns what was verified."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Hooks:
+    """Test seams that change nothing about measurement: called after steps, may raise."""
+
+    after_arm: Callable[[str], None] | None = None
+    before_restore: Callable[[], None] | None = None
+
+
+@dataclass
+class RunOutcome:
+    receipt: str
+    result: QualifyResult
+    restored: bool
+    restore_error: str | None = None
+    arm_steps: list[str] = field(default_factory=list)
+    report_dir: Path | None = None
+
+
+def arm_step_name(k: int, pair: int, arm: Arm) -> str:
+    return f"{ARM_STEP_PREFIX}{k + 1:02d}-p{pair + 1}-{arm}"
+
+
+def run_qualification(
+    *,
+    store: EvidenceStore,
+    loaded: LoadedPlan,
+    pair: str,
+    baseline: ArmPackages,
+    candidate: ArmPackages,
+    profile: RouteProfile,
+    driver: PairDriver,
+    argv: list[str],
+    hooks: Hooks | None = None,
+    write_report: Callable[[str], Path] | None = None,
+) -> RunOutcome:
+    plan = loaded.plan
+    hooks = hooks or Hooks()
+    log = get_logger(pair=pair, command="qualify", plan=plan.name)
+    plan.check_fits(profile)  # declared sizes: a config error before anything runs
+    arms = {"baseline": baseline, "candidate": candidate}
+    inputs = {"plan": loaded.sha256, **{f"fixture:{f.name}": f.sha256 for f in plan.fixtures}}
+    params = request_params(plan.seed, plan.temperature)
+
+    journal = store.begin(command="qualify", argv=argv, pair=pair, inputs=inputs)
+    with journal:
+        # Declared before any sample: the receipt shows these `set` events precede the first row.
+        journal.set("plan_sha256", loaded.sha256)
+        journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
+        journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
+        journal.set("qualify_profile", profile.model_dump(mode="json"))
+        with journal.step("snapshot") as step:
+            before = driver.snapshot()
+            step.data["active"] = before
+
+        prompts: list[Prompt] | None = None
+        arm_steps: list[str] = []
+        samples: list[dict[str, Any]] = []
+        stopped_early: str | None = None
+        for k, (p_idx, arm) in enumerate(plan.arm_order()):
+            name = arm_step_name(k, p_idx, arm)
+            pkgs = arms[arm]
+            try:
+                with journal.step(name) as step:
+                    active = driver.activate(pkgs, profile)
+                    step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
+                    if prompts is None:
+                        prompts = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
+                    step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
+                    step.data["warmup"] = warmup(active.client, loaded, params)
+                    base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
+                            "build_info": active.identity.get("build_info")}
+                    rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
+                                    base=base) for pr in prompts]
+                    journal.samples(name, rows)
+                    samples += rows
+                    step.data["samples"] = len(rows)
+                    step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
+                arm_steps.append(name)
+                log.info("arm measured", step=name, samples=len(rows))
+                if hooks.after_arm:
+                    hooks.after_arm(name)
+            except PairctlError as exc:
+                # An arm that cannot be activated or measured ends the measuring; the pair is
+                # still restored below, and missing pairs make the result inconclusive.
+                stopped_early = f"{name}: {str(exc).splitlines()[0]}"
+                log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
+                break
+
+        restored, restore_error = True, None
+        try:
+            with journal.step("restore") as step:
+                if hooks.before_restore:
+                    hooks.before_restore()
+                step.data["verified"] = driver.restore(before)
+        except PairctlError as exc:
+            restored, restore_error = False, str(exc).splitlines()[0]
+            log.error("restore failed after measurements", error=restore_error)
+
+        result = analyze(plan, samples, plan_sha256=loaded.sha256)
+        journal.set("qualification", result.to_json())
+        outcome, reason = _outcome(result, restored, restore_error, stopped_early)
+        receipt = journal.finish(outcome, reason)
+    report_dir = write_report(receipt) if write_report is not None else None
+    return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir)
+
+
+def _outcome(result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None) -> tuple[str, str]:
+    gates = ", ".join(f"{g.kind}[{g.family}]={g.verdict}" for g in result.gates)
+    if not restored:
+        return "failed", f"restore failed after measurements: {restore_error}; result {result.verdict} ({gates})"
+    if stopped_early:
+        return "inconclusive" if result.verdict != "fail" else "failed", f"stopped early at {stopped_early}; result {result.verdict} ({gates})"
+    return {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}[result.verdict], f"qualification {result.verdict} ({gates})"

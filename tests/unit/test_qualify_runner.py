@@ -1,0 +1,170 @@
+"""The runner's bookkeeping and the report's recomputation, on a real evidence store.
+
+The pair here is a scripted stand-in (no llama-server, no hosts): these tests check ORDER and
+EVIDENCE — plan hash before the first sample, one step per arm in alternating order, every raw
+sample in the receipt, restore last, a failed restore deriving into a full result without
+re-measuring. The capability itself (real servers, real packages) is tests/e2e/test_qualify.py.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.profiles import load_profile
+from orchestrator.errors import CheckFailed, EvidenceError
+from orchestrator.evidence.receipt import parse_time
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.qualify.plan import load_plan
+from orchestrator.qualify.report import load_record, write_report
+from orchestrator.qualify.runner import ActiveArm, ArmPackages, Hooks, run_qualification
+from orchestrator.server.models import CompletionResult, StreamChunk, Timings
+
+BASE = ArmPackages("base-n", "base-r")
+CAND = ArmPackages("cand-n", "cand-r")
+
+
+class ScriptedClient:
+    """Answers like llama-server's /tokenize, /completion and its SSE stream, with set speeds."""
+
+    def __init__(self, tg: float, log: list):
+        self.tg, self.log = tg, log
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def completion(self, prompt, n_predict, **params):
+        self.log.append(("warmup", params.get("cache_prompt")))
+        return CompletionResult(content="x", id_slot=0, tokens_predicted=n_predict, tokens_evaluated=3, truncated=False,
+                                stop_type="limit", timings=Timings(predicted_n=n_predict, prompt_n=3))
+
+    @contextmanager
+    def stream_completion(self, prompt, n_predict, **params):
+        self.log.append(("measure", len(prompt), params["cache_prompt"], params["ignore_eos"]))
+        t = Timings(prompt_n=len(prompt), prompt_ms=10.0, prompt_per_second=len(prompt) / 0.01, predicted_n=n_predict,
+                    predicted_ms=n_predict / self.tg * 1000, predicted_per_second=self.tg, draft_n=30, draft_n_accepted=20)
+        chunks = [StreamChunk(content="a", tokens=[1]), StreamChunk(content="b", stop=True, timings=t, stop_type="limit")]
+        yield None, iter(chunks)
+
+
+class ScriptedDriver:
+    def __init__(self, speeds: dict[str, list[float]], fail_restore: bool = False):
+        self.speeds = {k: list(v) for k, v in speeds.items()}
+        self.events: list = []
+        self.fail_restore = fail_restore
+
+    def snapshot(self):
+        self.events.append("snapshot")
+        return {"native": "orig-n", "rpc": "orig-r", "revision": 4}
+
+    def activate(self, packages, profile):
+        arm = "baseline" if packages == BASE else "candidate"
+        self.events.append(("activate", arm))
+        return ActiveArm(client=ScriptedClient(self.speeds[arm].pop(0), self.events), identity={"build_info": f"b1-{arm}"},
+                         per_slot_ctx=profile.per_slot_ctx(), memory=lambda: (1000, "scripted"))
+
+    def restore(self, snapshot):
+        self.events.append(("restore", snapshot["native"]))
+        if self.fail_restore:
+            raise CheckFailed("route read-back timed out")
+        return {"native": snapshot["native"], "verified": True}
+
+    def close(self):
+        pass
+
+
+def run(tmp_path: Path, driver, hooks=None):
+    store = EvidenceStore(tmp_path / "evidence")
+    out = run_qualification(
+        store=store, loaded=load_plan("lab"), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
+        driver=driver, argv=["qualify", "--pair", "lab"], hooks=hooks, write_report=lambda h: write_report(store, h)[0],
+    )
+    return store, out
+
+
+SPEEDS = {"baseline": [100.0, 101.0, 99.0], "candidate": [110.0, 111.0, 109.0]}
+
+
+def test_alternating_arms_fresh_activation_warmup_then_fixtures_then_restore(tmp_path):
+    d = ScriptedDriver(SPEEDS)
+    store, out = run(tmp_path, d)
+    arms = [e[1] for e in d.events if isinstance(e, tuple) and e[0] == "activate"]
+    assert arms == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
+    assert d.events[0] == "snapshot" and d.events[-1] == ("restore", "orig-n")
+    # after each activation: one warm-up, then both fixtures, cold (cache_prompt false), EOS ignored
+    first = d.events.index(("activate", "baseline"))
+    assert d.events[first + 1] == ("warmup", False)
+    assert d.events[first + 2 : first + 4] == [("measure", 200, False, True)] * 2
+    assert out.restored and out.arm_steps[0] == "arm-01-p1-baseline" and out.arm_steps[2] == "arm-03-p2-candidate"
+
+    r = store.load(out.receipt)
+    assert r.outcome == "passed"
+    assert sum(len(v) for v in r.samples.values()) == 12  # 3 pairs x 2 arms x 2 fixtures, every one raw
+    row = r.samples["arm-02-p1-candidate"][0]
+    assert row["package_native"] == "cand-n" and row["fixture_sha256"] == load_plan("lab").plan.fixtures[0].sha256
+    extra = r.extra_fields()
+    assert extra["plan_sha256"] == load_plan("lab").sha256
+    declared = next(f for f in r.fields_set if f.key == "plan_sha256")
+    assert parse_time(declared.at) < parse_time(r.first_sample_at)
+    assert [s.name for s in r.steps][-1] == "restore"
+    g = {(x["kind"], x["family"]): x["verdict"] for x in extra["qualification"]["gates"]}
+    assert g == {("gain", "code"): "pass", ("non_regression", "code"): "pass", ("non_regression", "prose"): "pass"}
+    md = (out.report_dir / "report.md").read_text()
+    assert "Qualification PASS" in md and "| gain | code | +5.00% |" in md
+    assert (out.report_dir / "ratios.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_states_failed_gate(tmp_path):
+    d = ScriptedDriver({"baseline": [100.0, 100.0, 100.0], "candidate": [97.0, 97.5, 97.2]})
+    store, out = run(tmp_path, d)
+    assert out.result.verdict == "fail"
+    assert store.load(out.receipt).outcome == "failed"
+    md = (out.report_dir / "report.md").read_text()
+    assert "**FAIL**" in md and "non_regression | prose" in md
+
+
+def test_failed_restore_after_all_samples_derives_without_remeasuring(tmp_path):
+    d = ScriptedDriver(SPEEDS, fail_restore=True)
+    store, out = run(tmp_path, d)
+    original = store.load(out.receipt)
+    assert original.outcome == "failed" and "restore failed after measurements" in original.reason
+    assert not out.restored and len(out.arm_steps) == 6
+    activations = sum(1 for e in d.events if isinstance(e, tuple) and e[0] == "activate")
+
+    derived = store.derive(out.receipt, reuse=["snapshot", *out.arm_steps],
+                           reason="restore read-back timed out after all samples; pair verified by hand")
+    out_dir, record, result = write_report(store, derived)
+    assert sum(1 for e in d.events if isinstance(e, tuple) and e[0] == "activate") == activations  # nothing re-measured
+    assert record.derived and record.origin == out.receipt and len(record.samples) == 12
+    assert result.to_json()["gates"] == out.result.to_json()["gates"]
+    assert store.load(derived).outcome == "passed"
+    assert "derived; measured in" in (out_dir / "report.md").read_text()
+    assert json.loads((out_dir / "result.json").read_text())["origin"] == out.receipt
+
+
+def test_arm_failure_stops_measuring_restores_and_is_inconclusive(tmp_path):
+    d = ScriptedDriver({"baseline": [100.0, 100.0], "candidate": [110.0, 111.0]})
+
+    def boom(name):
+        if name == "arm-03-p2-candidate":
+            raise CheckFailed("identity does not match after start")
+
+    store, out = run(tmp_path, d, hooks=Hooks(after_arm=boom))
+    assert out.restored and out.result.verdict == "inconclusive"
+    assert store.load(out.receipt).outcome == "inconclusive"
+    assert d.events[-1] == ("restore", "orig-n")
+
+
+def test_record_with_tampered_plan_text_is_rejected(tmp_path):
+    store, out = run(tmp_path, ScriptedDriver(SPEEDS))
+    path = store.path_of(out.receipt)
+    data = json.loads(path.read_bytes())
+    assert load_record(store, out.receipt).plan.name == "lab"
+    data["plan_text"] = data["plan_text"].replace("threshold: 0.05", "threshold: 0.01")
+    path.chmod(0o644)
+    path.write_text(json.dumps(data))
+    with pytest.raises(EvidenceError):
+        load_record(store, out.receipt)
