@@ -28,3 +28,6 @@ app.command("status")(status_cmd.status)
 from orchestrator.cli import kernels_cmd  # noqa: E402
 
 app.add_typer(kernels_cmd.app, name="kernels")
+from orchestrator.cli import receipts_cmd  # noqa: E402
+
+app.add_typer(receipts_cmd.app, name="receipts")

@@ -1,0 +1,194 @@
+"""`pairctl receipts list|show|verify|derive`: read, check and extend the evidence store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.errors import EvidenceError
+from orchestrator.evidence.receipt import Receipt, parse_time
+from orchestrator.evidence.store import EvidenceStore
+
+app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
+
+EVIDENCE_OPT = typer.Option(
+    None, "--evidence", envvar="PAIRCTL_EVIDENCE", help="Evidence store directory (default: <home>/evidence)."
+)
+
+
+def evidence_store_for(ctx: typer.Context | Ctx, evidence_dir: Path | str | None = None) -> EvidenceStore:
+    """The store a command writes to: `--evidence DIR` if given, else the home's evidence folder."""
+    c = ctx if isinstance(ctx, Ctx) else get_ctx(ctx)
+    return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
+
+
+def summary(r: Receipt) -> dict[str, Any]:
+    return {
+        "hash": r.sha256, "started_at": r.started_at, "finished_at": r.finished_at, "command": r.command,
+        "pair": r.pair, "outcome": r.outcome, "reason": r.reason, "previous": r.previous,
+        "derived_from": r.derived_from, "recovered": r.recovered,
+    }
+
+
+@app.command("list")
+def list_(
+    ctx: typer.Context,
+    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="Only this pair's receipts."),
+    since: Optional[str] = typer.Option(None, "--since", help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    evidence: Optional[Path] = EVIDENCE_OPT,
+) -> None:
+    """Receipts, oldest first."""
+    c = get_ctx(ctx)
+    cutoff = None
+    if since:
+        from orchestrator.evidence.timespec import parse_since
+
+        try:
+            cutoff = parse_since(since)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--since") from None
+    rows = [
+        r for r in evidence_store_for(c, evidence).iter(pair=pair if pair else ...)
+        if cutoff is None or parse_time(r.started_at) >= cutoff
+    ]
+    if json_out or c.json_output:
+        c.emit_json([summary(r) for r in rows])
+        return
+    table = Table("hash", "started", "command", "pair", "outcome", "reason", box=None, pad_edge=False)
+    for r in rows:
+        table.add_row(r.sha256[:12], r.started_at[:19].replace("T", " "), r.command, r.pair or "-",
+                      r.outcome + (" (derived)" if r.derived_from else ""), r.reason)
+    c.console.print(table)
+    c.console.print(f"{len(rows)} receipt(s)")
+
+
+@app.command("show")
+def show(
+    ctx: typer.Context,
+    ref: str = typer.Argument(..., metavar="HASH", help="Receipt hash or a unique prefix."),
+    json_out: bool = typer.Option(False, "--json", help="The whole receipt as JSON."),
+    evidence: Optional[Path] = EVIDENCE_OPT,
+) -> None:
+    """A readable summary of one receipt (`--json` for all of it)."""
+    c = get_ctx(ctx)
+    r = evidence_store_for(c, evidence).load(ref)
+    if json_out or c.json_output:
+        c.emit_json({"hash": r.sha256, **r.to_json_obj()})
+        return
+    p = c.console.print
+    p(f"receipt   {r.sha256}")
+    p(f"command   {r.command}  {' '.join(r.argv)}", markup=False)
+    p(f"pair      {r.pair or '-'}    operator {r.operator or '-'}    on {r.host.hostname} (pid {r.host.pid})")
+    p(f"time      {r.started_at} -> {r.finished_at}  ({_seconds(r.started_at, r.finished_at)})")
+    p(f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""), markup=False)
+    p(f"previous  {r.previous or '- (first of its chain)'}")
+    if r.derived_from:
+        p(f"derived from {r.derived_from}")
+        for name, ref_ in r.reused_steps.items():
+            p(f"  reused  {name}: from {ref_.from_[:12]} data {ref_.data_sha256[:12]} ({ref_.samples} samples)")
+        p(f"  fresh   {', '.join(r.fresh_steps) or '-'}")
+    if r.inputs:
+        p("inputs")
+        for k, v in sorted(r.inputs.items()):
+            p(f"  {k}: {v}", markup=False)
+    if r.steps:
+        t = Table("step", "host", "outcome", "seconds", "detail", box=None, pad_edge=False)
+        for s in r.steps:
+            t.add_row(s.name, s.host or "-", s.outcome, "-" if s.duration_s is None else f"{s.duration_s:.3f}",
+                      s.error or s.skip_reason or "")
+        p(t)
+    if r.identities:
+        p("identities")
+        for i in r.identities:
+            p(f"  {i.host} @ {i.at}: {json.dumps(i.data, sort_keys=True)[:200]}", markup=False)
+    if r.samples:
+        p("samples   " + ", ".join(f"{k}: {len(v)}" for k, v in sorted(r.samples.items())))
+    extra = r.extra_fields()
+    if extra:
+        p("fields    " + ", ".join(sorted(extra)))
+    for n in r.notes:
+        p(f"note {n.at}: {n.text}", markup=False)
+
+
+def _seconds(a: str, b: str) -> str:
+    try:
+        return f"{(parse_time(b) - parse_time(a)).total_seconds():.1f} s"
+    except ValueError:
+        return "?"
+
+
+@app.command("verify")
+def verify(
+    ctx: typer.Context,
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable report."),
+    evidence: Optional[Path] = EVIDENCE_OPT,
+) -> None:
+    """Rehash every receipt and walk every chain; nonzero exit (10) naming the first broken link."""
+    c = get_ctx(ctx)
+    rep = evidence_store_for(c, evidence).verify()
+    if json_out or c.json_output:
+        c.emit_json(rep.to_json())
+    else:
+        chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
+        c.console.print(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}", markup=False)
+        for w in rep.warnings:
+            c.console.print(f"warning: {w}", markup=False)
+        for prob in rep.problems:
+            c.console.print(f"FAIL [{prob.kind}] {prob.message}", markup=False)
+        if rep.ok:
+            c.console.print("ok: every receipt matches its hash and every chain is whole")
+    if not rep.ok:
+        first = rep.first
+        raise EvidenceError(f"{len(rep.problems)} problem(s); first: {first.message}")
+
+
+@app.command("derive")
+def derive(
+    ctx: typer.Context,
+    original: str = typer.Option(..., "--from", help="Hash (or prefix) of the original receipt."),
+    reuse: list[str] = typer.Option(..., "--reuse", help="Step to reuse by reference (repeat, or comma-separated)."),
+    reason: str = typer.Option(..., "--reason", help="Why this derived record exists (kept in the receipt)."),
+    fresh: Optional[Path] = typer.Option(
+        None, "--fresh", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
+        "or {steps: [...], samples: {step: [rows]}}.",
+    ),
+    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    evidence: Optional[Path] = EVIDENCE_OPT,
+) -> None:
+    """A new receipt reusing passed steps of a failed run by hash; the original is never touched."""
+    c = get_ctx(ctx)
+    steps = [s.strip() for item in reuse for s in item.split(",") if s.strip()]
+    fresh_steps, fresh_samples = _read_fresh(fresh)
+    store = evidence_store_for(c, evidence)
+    argv = ["receipts", "derive", "--from", original, *[a for s in steps for a in ("--reuse", s)], "--reason", reason]
+    if fresh:
+        argv += ["--fresh", str(fresh)]
+    sha = store.derive(original, reuse=steps, reason=reason, fresh_steps=fresh_steps, fresh_samples=fresh_samples,
+                       argv=argv)
+    r = store.load(sha)
+    if json_out or c.json_output:
+        c.emit_json(summary(r) | {"reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
+                                  "fresh_steps": r.fresh_steps})
+    else:
+        c.console.print(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}", markup=False)
+        c.console.print(f"reused: {', '.join(r.reused_steps)}; fresh: {', '.join(r.fresh_steps) or '-'}")
+
+
+def _read_fresh(path: Path | None) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None]:
+    if path is None:
+        return [], None
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: {exc}", param_hint="--fresh") from None
+    if isinstance(data, list):
+        return data, None
+    if isinstance(data, dict) and isinstance(data.get("steps", []), list):
+        return data.get("steps", []), data.get("samples")
+    raise typer.BadParameter(f"{path}: expected a list of steps or {{steps, samples}}", param_hint="--fresh")
