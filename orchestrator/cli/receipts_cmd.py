@@ -52,7 +52,7 @@ def list_(
         try:
             cutoff = parse_since(since)
         except ValueError as exc:
-            raise typer.BadParameter(str(exc), param_hint="--since") from None
+            _usage(str(exc))
     rows = [
         r for r in evidence_store_for(c, evidence).iter(pair=pair if pair else ...)
         if cutoff is None or parse_time(r.started_at) >= cutoff
@@ -60,9 +60,12 @@ def list_(
     if json_out or c.json_output:
         c.emit_json([summary(r) for r in rows])
         return
-    table = Table("hash", "started", "command", "pair", "outcome", "reason", box=None, pad_edge=False)
+    table = Table(box=None, pad_edge=False)
+    for col in ("hash", "started", "command", "pair", "outcome"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("reason", min_width=24)
     for r in rows:
-        table.add_row(r.sha256[:12], r.started_at[:19].replace("T", " "), r.command, r.pair or "-",
+        table.add_row(r.sha256[:12], r.started_at[:16].replace("T", " "), r.command, r.pair or "-",
                       r.outcome + (" (derived)" if r.derived_from else ""), r.reason)
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
@@ -186,9 +189,16 @@ def _read_fresh(path: Path | None) -> tuple[list[dict[str, Any]], dict[str, list
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise typer.BadParameter(f"{path}: {exc}", param_hint="--fresh") from None
+        _usage(f"--fresh {path}: {exc}")
     if isinstance(data, list):
         return data, None
     if isinstance(data, dict) and isinstance(data.get("steps", []), list):
         return data.get("steps", []), data.get("samples")
-    raise typer.BadParameter(f"{path}: expected a list of steps or {{steps, samples}}", param_hint="--fresh")
+    _usage(f"--fresh {path}: expected a list of steps or {{steps, samples}}")
+    raise AssertionError  # unreachable
+
+
+def _usage(message: str) -> None:
+    """A bad option value: exit 2 like click's usage errors, without a traceback."""
+    typer.echo(f"pairctl: error: {message}", err=True)
+    raise typer.Exit(2)
