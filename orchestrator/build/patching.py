@@ -149,3 +149,11 @@ def verify_patch(patch_dir: Path | str, repo: Path | str, rev: str = "baseline")
         if applied.returncode != 0:
             raise BuildError(f"patch {meta.name} does not apply cleanly onto {base[:12]}:\n{applied.stderr.strip()}")
     return {"kernel": meta.name, "repo": str(repo), "rev": rev, "base": base, "patch_sha256": meta.patch_sha256}
+
+
+def patch_digest(patch_dir: Path | str) -> str:
+    """The sha256 of the patch's diff, verified against its kernel.yaml (what a package manifest records)."""
+    try:
+        return load_kernel(patch_dir)[1].patch_sha256
+    except ConfigError as exc:
+        raise BuildError(f"kernel patch {patch_dir}: {exc}") from None
