@@ -1,0 +1,250 @@
+"""Pure decision logic of the acceptance checks: every condition is shown to pass AND to fail."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.checks import answer_fixtures as af
+from orchestrator.checks import cached_continuation as cc
+from orchestrator.checks import cancellation as cn
+from orchestrator.checks import identity as idc
+from orchestrator.checks import long_prefix as lp
+from orchestrator.checks import near_full as nf
+from orchestrator.checks import speculative as sp
+from orchestrator.checks.base import BaselineRef, CheckResult, lane_split
+from orchestrator.checks.fixtures import Expect, Fixture, FixtureSet, fixture_sha256, load_fixture_set
+from orchestrator.checks.prompts import contains_run, filler_text
+from orchestrator.checks.suite import CHECKS, SuiteResult, select
+from orchestrator.config.profiles import load_profile
+from orchestrator.errors import ConfigError
+
+
+# --- sizing from the profile ------------------------------------------------------------------
+
+def test_sizes_come_from_the_profile_lab_and_production():
+    lab, prod = load_profile("lab"), load_profile("production")
+    assert lab.per_slot_ctx() == 2048 and lab.near_full_tokens() == 2048 - 64
+    assert prod.per_slot_ctx() == 133120 and prod.near_full_tokens() == 133120 - 1024
+    p, g = lane_split(lab.near_full_tokens(), 0.125)
+    assert p + g == 1984 and g == 248
+    p, g = lane_split(prod.near_full_tokens(), 0.125)
+    assert p + g == 132096
+
+
+def test_lane_split_refuses_a_lane_too_small():
+    with pytest.raises(ValueError):
+        lane_split(20, 0.125)
+
+
+# --- near-full lanes ----------------------------------------------------------------------------
+
+def lane(i=0, **kw):
+    base = dict(lane=i, id_slot=i, prompt_tokens=100, n_predict=20, tokens_evaluated=100, tokens_predicted=20,
+                truncated=False, stop_type="limit", content="x", output_tokens=[1, 2, 3], started_s=0.0, finished_s=1.0)
+    base.update(kw)
+    return nf.LaneOutcome(**base)
+
+
+def test_clean_lane_passes():
+    assert nf.lane_problems(lane()) == []
+    assert lane().population == 120
+
+
+@pytest.mark.parametrize("kw, text", [
+    (dict(truncated=True), "truncated"),
+    (dict(tokens_predicted=7, stop_type="eos"), "generated 7"),
+    (dict(tokens_evaluated=90), "evaluated 90"),
+    (dict(error="HTTP 400: exceed_context_size_error"), "request failed"),
+])
+def test_broken_lane_fails(kw, text):
+    problems = nf.lane_problems(lane(**kw))
+    assert problems and any(text in p for p in problems)
+
+
+def test_isolation_recall_own_nonce_only():
+    a, b = lane(0, nonce="AAAA1111", content="the code is AAAA1111"), lane(1, nonce="BBBB2222", content="BBBB2222")
+    assert nf.isolation_problems_recall([a, b]) == []
+    leaked = lane(0, nonce="AAAA1111", content="AAAA1111 or BBBB2222")
+    assert any("lane 1's nonce" in p for p in nf.isolation_problems_recall([leaked, b]))
+    forgot = lane(0, nonce="AAAA1111", content="no idea")
+    assert any("own nonce" in p for p in nf.isolation_problems_recall([forgot, b]))
+
+
+def test_isolation_solo_equal_tokens():
+    lanes = [lane(0, output_tokens=[5, 6, 7]), lane(1, output_tokens=[8, 9])]
+    assert nf.isolation_problems_solo(lanes, [lane(0, output_tokens=[5, 6, 7]), lane(1, output_tokens=[8, 9])]) == []
+    p = nf.isolation_problems_solo(lanes, [lane(0, output_tokens=[5, 0, 7]), lane(1, output_tokens=[8, 9])])
+    assert p == ["lane 0: output differs from the same request run alone, from token 1"]
+
+
+def test_prompt_carrying_the_other_lanes_nonce_fails():
+    a, b = lane(0, nonce="AAAA1111"), lane(1, nonce="BBBB2222")
+    assert nf.prompt_hygiene_problems([a, b], ["code AAAA1111", "code BBBB2222"]) == []
+    p = nf.prompt_hygiene_problems([a, b], ["code AAAA1111 and BBBB2222", "code BBBB2222"])
+    assert p == ["lane 0: prompt carries lane 1's nonce BBBB2222"]
+
+
+def test_lanes_must_overlap_on_distinct_slots():
+    assert nf.overlap_problems([lane(0), lane(1, started_s=0.5, finished_s=2)]) == []
+    assert any("same time" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=1.5, finished_s=2)]))
+    assert any("distinct" in p for p in nf.overlap_problems([lane(0), lane(1, id_slot=0)]))
+
+
+# --- speculative ---------------------------------------------------------------------------------
+
+def test_speculative_compare():
+    assert sp.compare([[1, 2], [3]], [[1, 2], [3]]) == []
+    assert sp.compare([[1, 9], [3]], [[1, 2], [3]]) == ["prompt 0: drafted output differs from the draft-free reference from token 1"]
+    assert sp.compare([[1, 2]], [[1, 2], [3]])
+
+
+# --- cache -----------------------------------------------------------------------------------------
+
+def test_cached_continuation():
+    assert cc.continuation_problems(500, 499, [1, 2], [1, 2], 0) == []
+    assert any("reused 0" in p for p in cc.continuation_problems(500, 0, [1, 2], [1, 2], 0))
+    assert any("differs" in p for p in cc.continuation_problems(500, 500, [1, 2], [1, 3], 0))
+    assert any("cache_prompt:false" in p for p in cc.continuation_problems(500, 500, [1], [1], 12))
+
+
+def test_long_prefix_reuse():
+    assert lp.reuse_problems(1000, 750, 750, 250, 64, 64, False) == []
+    assert lp.reuse_problems(1000, 750, 749, 251, 64, 64, False) == []  # one re-evaluated token is allowed
+    assert any("reused 0" in p for p in lp.reuse_problems(1000, 750, 0, 1000, 64, 64, False))
+    assert any("generated 10" in p for p in lp.reuse_problems(1000, 750, 750, 250, 10, 64, False))
+    assert any("!= prompt" in p for p in lp.reuse_problems(1000, 750, 750, 200, 64, 64, False))
+
+
+# --- cancellation --------------------------------------------------------------------------------
+
+def test_cancel_passes_and_each_condition_fails():
+    good = dict(idle_after_s=0.05, bound_s=2.0, n_decoded=9, n_predict=1900, log={"checked": True, "found": True},
+                followup_ok=True, followup_same=True, streamed=8)
+    assert cn.cancel_problems(**good) == []
+    for change, text in [
+        (dict(idle_after_s=None), "still processing"),
+        (dict(n_decoded=1900), "finished instead of being cancelled"),
+        (dict(log={"checked": True, "found": False}), "no cancel"),
+        (dict(log={"checked": False, "why": "no transport"}), "not read"),
+        (dict(followup_ok=False), "follow-up request failed"),
+        (dict(followup_same=False), "differs"),
+        (dict(streamed=0), "no tokens"),
+    ]:
+        p = cn.cancel_problems(**{**good, **change})
+        assert any(text in x for x in p), (change, p)
+
+
+def test_grep_count_and_command():
+    assert cn.count_from_grep(0, "3\n") == 3
+    assert cn.count_from_grep(1, "0\n") == 0
+    assert cn.count_from_grep(2, "") is None
+    cmd = cn.log_grep_cmd("/srv/my root", "llama-server.log", cn.cancel_line(42))
+    assert cmd.argv == ("grep", "-c", "-F", "--", "cancel task, id_task = 42", "/srv/my root/run/llama-server.log")
+    assert cmd.render() == "grep -c -F -- 'cancel task, id_task = 42' '/srv/my root/run/llama-server.log'"
+
+
+# --- answer fixtures ----------------------------------------------------------------------------
+
+def fx(fid="f", regex=None, same=False):
+    content = {"id": fid, "family": "code", "prompt": "p", "n_predict": 8,
+               "expect": {"regex": regex, "same_as_baseline": same}}
+    return Fixture(**content, sha256=fixture_sha256(content))
+
+
+def test_fixture_hash_is_checked():
+    f = fx(regex="x")
+    with pytest.raises(ValueError, match="does not match its content"):
+        Fixture(**{**f.model_dump(), "prompt": "changed"})
+
+
+def test_fixture_expect_needs_exactly_one():
+    with pytest.raises(ValueError):
+        Expect()
+    with pytest.raises(ValueError):
+        Expect(regex="a", same_as_baseline=True)
+    with pytest.raises(ValueError, match="compile"):
+        Expect(regex="(")
+
+
+def test_lab_fixture_set_loads_and_is_hashed():
+    s = load_fixture_set("lab")
+    assert len(s.fixtures) >= 3 and len(s.sha256()) == 64
+    with pytest.raises(ConfigError):
+        load_fixture_set("does-not-exist")
+
+
+@pytest.mark.parametrize("regex, base_passed, content, status", [
+    ("^ok", True, "ok!", "pass"),
+    ("^ok", True, "nope", "regressed"),
+    ("^ok", False, "nope", "pre_existing"),
+    ("^ok", False, "ok", "fixed"),
+])
+def test_judge_regex_vs_baseline(regex, base_passed, content, status):
+    f = fx(regex=regex)
+    o = af.judge(f, content, [1], {"sha256": f.sha256, "passed": base_passed, "content": "?", "tokens": []})
+    assert o.status == status
+
+
+def test_judge_same_as_baseline():
+    f = fx(same=True)
+    base = {"sha256": f.sha256, "passed": None, "content": "abc", "tokens": [1, 2]}
+    assert af.judge(f, "abc", [1, 2], base).status == "pass"
+    assert af.judge(f, "abd", [1, 3], base).status == "regressed"
+    assert af.judge(f, "abc", [1, 2], None).status == "no_baseline"
+
+
+def test_fixture_verdict_counts_preexisting_apart():
+    f1, f2 = fx("a", regex="^ok"), fx("b", regex="^ok")
+    outs = [af.judge(f1, "ok", [], {"passed": True}), af.judge(f2, "no", [], {"passed": False})]
+    assert af.verdict_problems(outs, True) == []
+    outs.append(af.judge(fx("c", regex="^ok"), "no", [], {"passed": True}))
+    assert af.verdict_problems(outs, True) == ["c: passed on the baseline, fails now"]
+
+
+def test_duplicate_fixture_ids_refused():
+    with pytest.raises(ValueError, match="duplicate"):
+        FixtureSet(name="x", fixtures=[fx("a", regex="x"), fx("a", regex="x")])
+
+
+# --- identity ---------------------------------------------------------------------------------
+
+def test_identity_diff_and_judge():
+    before = {"problems": [], "http": {"build_info": "b1-abc", "total_slots": 2}, "probe": {"h": {"pid": 10}}}
+    same = {"problems": [], "http": {"build_info": "b1-abc", "total_slots": 2}, "probe": {"h": {"pid": 10}}}
+    assert idc.judge(before, same, probe_configured=True).verdict == "passed"
+    restarted = {"problems": [], "http": {"build_info": "b1-abc", "total_slots": 2}, "probe": {"h": {"pid": 11}}}
+    r = idc.judge(before, restarted, probe_configured=True)
+    assert r.verdict == "failed" and "probe.h.pid" in r.message
+    bad = {"problems": ["h: llama-server argv differs"], **{k: v for k, v in same.items() if k != "problems"}}
+    assert idc.judge(before, bad, probe_configured=True).verdict == "failed"
+
+
+# --- suite ---------------------------------------------------------------------------------------
+
+def test_select_orders_and_refuses_unknown():
+    assert select() == list(CHECKS)
+    assert select(only=["cancellation", "identity"]) == ["identity", "cancellation"]
+    assert "telemetry" not in select(skip=["telemetry"])
+    with pytest.raises(ConfigError, match="unknown check"):
+        select(only=["nope"])
+
+
+def test_required_failure_fails_the_suite_optional_does_not():
+    ok = CheckResult(name="a", verdict="passed")
+    opt = CheckResult(name="telemetry", verdict="error", required=False)
+    bad = CheckResult(name="b", verdict="failed")
+    assert ok.ok and opt.ok and not bad.ok
+    s = SuiteResult(pair="p", profile="lab", results=[ok, opt, bad], passed=False)
+    assert [r.name for r in s.failed()] == ["b"]
+
+
+def test_baseline_ref():
+    b = BaselineRef(receipt="ab" * 32, checks={"answer_fixtures": {"results": []}})
+    assert b.raw("answer_fixtures") == {"results": []} and b.raw("x") is None
+
+
+# --- prompts ---------------------------------------------------------------------------------------
+
+def test_filler_is_deterministic_and_contains_run():
+    assert filler_text(1) == filler_text(1) != filler_text(2)
+    assert contains_run([1, 2, 3, 4], [2, 3]) and not contains_run([1, 2, 3], [3, 2]) and not contains_run([1], [])
