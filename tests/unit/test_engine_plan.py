@@ -1,0 +1,133 @@
+"""Planning is pure: playbooks validate, the plan names every step and host, links and route
+records follow the rules, with no host involved."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from datetime import datetime, timezone
+
+import pytest
+
+from orchestrator.config.inventory import load_inventory
+from orchestrator.config.loader import validate
+from orchestrator.config.profiles import load_profile
+from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, plan
+from orchestrator.engine.playbook import Playbook, load_playbook
+from orchestrator.errors import ConfigError
+from orchestrator.hosts import services
+from orchestrator.hosts.probes import parse_facts
+from orchestrator.hosts.release import pack
+from orchestrator.hosts.route import RouteEntry, content_sha, next_record, parse_route
+
+
+@pytest.fixture
+def inv(tmp_path):
+    return load_inventory("lab", {"PAIRCTL_HOME": str(tmp_path)})
+
+
+def _activation(view, profile, inv):
+    pair = inv.pair("lab")
+    argv = services.llama_server_argv(view.layouts["native"], "pkg-n", profile,
+                                      model_paths={k: m.path for k, m in pair.models.items()},
+                                      host=view.server_bind, port=view.server_port,
+                                      rpc=[f"{view.rpc_bind}:{view.rpc_port}"], with_api_key=False)
+    rpc = services.rpc_server_argv(view.layouts["rpc"], "pkg-r", bind=view.rpc_bind, port=view.rpc_port)
+    return Activation("pkg-n", "pkg-r", tuple(argv), tuple(rpc))
+
+
+def test_shipped_playbooks_validate():
+    for name in ("deploy", "rollback", "accept"):
+        assert load_playbook(name).steps
+
+
+def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
+    base = {"name": "x", "steps": [
+        {"name": "stop", "host": "native", "action": "stop", "on_failure": "rollback"},
+        {"name": "verify", "host": "both", "action": "verify", "on_failure": "abort"},
+    ]}
+    with pytest.raises(ConfigError, match="abort after 'stop'"):
+        validate(Playbook, base, source="t")
+    bad = {"name": "x", "steps": [{"name": "a", "host": "local", "action": "reboot"}]}
+    with pytest.raises(ConfigError, match="unknown action"):
+        validate(Playbook, bad, source="t")
+    dup = {"name": "x", "steps": [{"name": "a", "host": "both", "action": "connect"}] * 2}
+    with pytest.raises(ConfigError, match="repeat"):
+        validate(Playbook, dup, source="t")
+
+
+def test_deploy_plan_lists_every_step_on_its_hosts(inv):
+    view = pair_view(inv, "lab")
+    act = _activation(view, load_profile("lab"), inv)
+    facts = {"native": parse_facts("root_exists=1\ncurrent=releases/old-n\nprevious=-\nrelease=old-n\nrelease=pkg-n\n"
+                                   "running=llama-server:10\n"),
+             "rpc": parse_facts("root_exists=0\ncurrent=-\nprevious=-\n")}
+    steps = plan(load_playbook("deploy"), view, facts=facts, target=act)
+    names = [s.name for s in steps]
+    assert names.index("lease") < names.index("upload") < names.index("stop-native") < names.index("stop-rpc")
+    assert names.index("start-rpc") < names.index("start-server") < names.index("verify") < names.index("release-lease")
+    by = {s.name: s for s in steps}
+    assert by["stop-native"].hosts == ("lab-native",) and by["stop-rpc"].hosts == ("lab-rpc",)
+    assert by["switch"].hosts == ("lab-native", "lab-rpc")
+    assert "pid 10" in by["stop-native"].description
+    assert "pkg-n present: verify sha256 only, send 0 bytes" in by["upload"].description
+    assert "pkg-r absent: send" in by["upload"].description
+    assert "previous -> releases/old-n" in by["switch"].description
+    start = by["start-rpc"].argv["lab-rpc"]
+    assert start[-4:] == ("-H", "127.0.0.3", "-p", "50052")
+    server = list(by["start-server"].argv["lab-native"])
+    assert "--rpc" in server and server[server.index("--rpc") + 1] == "127.0.0.3:50052"
+    assert all(not s.changes for s in steps[: names.index("stop-native")])
+    assert all(s.on_failure in ("rollback", "continue") for s in steps[names.index("stop-native"):])
+
+
+def test_auto_rollback_plan_skips_manual_steps(inv):
+    view = pair_view(inv, "lab")
+    steps = plan(load_playbook("rollback"), view, facts={}, target=None, restore=None, mode="auto")
+    assert [s.name for s in steps][0] == "stop-native"
+    assert "no previous pair" in next(s for s in steps if s.name == "switch-back").description
+    manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
+    assert [s.name for s in manual][:3] == ["connect", "facts", "lease"]
+
+
+def test_links_after_deploy():
+    f = parse_facts("root_exists=1\ncurrent=releases/a\nprevious=releases/z\n")
+    assert links_after_deploy(f, "b") == ("b", "a")
+    assert links_after_deploy(f, "a") == ("a", "z")  # re-deploy keeps the older previous
+    assert links_after_deploy(parse_facts("root_exists=0\ncurrent=-\nprevious=-\n"), "b") == ("b", None)
+    assert links_after_deploy(None, "b") == ("b", None)
+
+
+def _entry(n: str) -> RouteEntry:
+    return RouteEntry.build(native_package=n, rpc_package=n + "-r", package_revision="a" * 40,
+                            profile={"name": "lab", "ctx_size": 4096}, native_argv=["x", "--port", "1"], rpc_argv=["y"])
+
+
+def test_route_records_count_up_and_round_trip_byte_exact():
+    now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    r1 = next_record(None, pair="lab", active=_entry("a"), previous=None, run_id="run1", now=now)
+    assert r1.revision == 1
+    data = r1.to_bytes()
+    assert parse_route(data) == r1 and parse_route(data).to_bytes() == data
+    r2 = next_record(parse_route(data), pair="lab", active=_entry("b"), previous=r1.active, run_id="run2", now=now)
+    assert r2.revision == 2 and r2.previous.native_package == "a"
+    assert content_sha(None) is None and content_sha(data) != content_sha(r2.to_bytes())
+    assert _entry("a").argv_sha256 != RouteEntry.build(
+        native_package="a", rpc_package="a-r", package_revision="a" * 40, profile={"name": "lab", "ctx_size": 4096},
+        native_argv=["x", "--port", "2"], rpc_argv=["y"]).argv_sha256
+    with pytest.raises(ConfigError):
+        parse_route(b'{"pair": "lab"}')
+
+
+def test_pack_is_stable_and_keeps_modes(tmp_path):
+    (tmp_path / "bin").mkdir()
+    exe = tmp_path / "bin" / "llama-server"
+    exe.write_bytes(b"\x7fELF fake")
+    exe.chmod(0o755)
+    (tmp_path / "manifest.json").write_text("{}")
+    a, b = pack(tmp_path), pack(tmp_path)
+    assert a == b
+    with tarfile.open(fileobj=io.BytesIO(a)) as t:
+        names = t.getnames()
+        assert names == ["manifest.json", "bin/llama-server"]
+        assert t.getmember("bin/llama-server").mode & 0o111

@@ -1,0 +1,131 @@
+"""Pure parsers of the host helper's output and the identity comparisons (captured output)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from orchestrator.hosts.probes import (
+    ExpectedProc,
+    ProbeError,
+    build_info_problems,
+    hash_problems,
+    parse_facts,
+    parse_identity,
+    parse_rpc_bind,
+    parse_sha256sum,
+    proc_problems,
+    release_of_link,
+    slots_problems,
+)
+
+# Captured from `pairctl-svc facts ROOT llama-server ggml-rpc-server` on a lab root.
+FACTS = """root_exists=1
+current=releases/pkgA
+previous=-
+release=pkgA
+release=.pkgB.tmp-1a2b3c4d
+svc_sha256=2a5a72141ee9409bbc273790f0e32ee7b87321315f198a36a9fdd8782a31bebd
+running=llama-server:31620
+route_b64=eyJ4IjoxfQo=
+"""
+# Captured from `pairctl-svc identity ROOT llama-server ggml-rpc-server`.
+IDENTITY = (
+    "proc=llama-server:31620:4add4bb89d8ca0e3b1bd861130ddd7ae0fd9617a8055de0a38c8d2ca1ac95723:"
+    "L3RtcC9oOC9yL3JlbGVhc2VzL3BrZ0EvYmluL2xsYW1hLXNlcnZlcgAzMAAxcwA=\n"
+    "proc=ggml-rpc-server:-\n"
+)
+SHA = "4add4bb89d8ca0e3b1bd861130ddd7ae0fd9617a8055de0a38c8d2ca1ac95723"
+
+
+def test_facts_parse_links_releases_running_route():
+    f = parse_facts(FACTS)
+    assert f.root_exists and f.current == "pkgA" and f.previous is None
+    assert f.releases == ("pkgA",)  # the temporary upload is not a release
+    assert f.running == {"llama-server": 31620}
+    assert f.route_bytes == b'{"x":1}\n'
+
+
+def test_facts_of_an_empty_host():
+    f = parse_facts("root_exists=0\ncurrent=-\nprevious=-\n")
+    assert not f.root_exists and f.current is None and f.releases == () and f.route_bytes is None
+
+
+@pytest.mark.parametrize("bad", ["", "current=releases/x\n", "root_exists=1\nwhat=1\n", "root_exists=1\nno equals sign\n",
+                                 "root_exists=1\nrunning=llama-server:abc\n", "root_exists=1\nroute_b64=@@@\n"])
+def test_facts_refuse_unexpected_output(bad):
+    with pytest.raises(ProbeError):
+        parse_facts(bad)
+
+
+def test_links_must_point_into_releases():
+    assert release_of_link("releases/a-b") == "a-b"
+    assert release_of_link("/r/releases/a") == "a"
+    assert release_of_link("-") is None
+    for bad in ("/etc", "releases/a/b", "../x"):
+        with pytest.raises(ProbeError):
+            release_of_link(bad)
+
+
+def test_sha256sum_parse_and_compare():
+    out = f"{SHA}  ./bin/llama-server\n{'0' * 64} *./meta/help.txt\n{'1' * 64}  ./a file with spaces\n"
+    got = parse_sha256sum(out)
+    assert got == {"bin/llama-server": SHA, "meta/help.txt": "0" * 64, "a file with spaces": "1" * 64}
+    assert hash_problems({"bin/llama-server": SHA}, got) == []
+    probs = hash_problems({"bin/llama-server": "f" * 64, "bin/missing": SHA}, got)
+    assert len(probs) == 2 and "bin/llama-server: sha256" in probs[0] and "bin/missing: missing" in probs[1]
+
+
+@pytest.mark.parametrize("bad", ["nothex  ./x", f"{SHA}./x", f"{SHA}  ./x\n{SHA}  ./x", "\\" + SHA + "  ./a\\nb"])
+def test_sha256sum_refuses_odd_lines(bad):
+    with pytest.raises(ProbeError):
+        parse_sha256sum(bad)
+
+
+def test_identity_parse_decodes_argv_exactly():
+    ids = parse_identity(IDENTITY)
+    ls = ids["llama-server"]
+    assert ls.pid == 31620 and ls.exe_sha256 == SHA
+    assert ls.argv == ("/tmp/h8/r/releases/pkgA/bin/llama-server", "30", "1s")
+    assert not ids["ggml-rpc-server"].running
+
+
+def test_identity_argv_with_spaces_quotes_newlines_survives():
+    argv = ["/r/releases/p/bin/llama-server", "--model", "/m/a b'c\"$(x);\n.gguf", "ü"]
+    raw = b"\0".join(a.encode() for a in argv) + b"\0"
+    line = f"proc=llama-server:7:{SHA}:{base64.b64encode(raw).decode()}\n"
+    assert parse_identity(line)["llama-server"].argv == tuple(argv)
+
+
+def test_proc_problems_catch_wrong_hash_argv_and_absence():
+    argv = ("/r/releases/p/bin/llama-server", "30", "1s")
+    seen = parse_identity(IDENTITY)["llama-server"]
+    seen = type(seen)(seen.name, seen.pid, seen.exe_sha256, argv)
+    assert proc_problems("h", ExpectedProc("llama-server", SHA, argv), seen) == []
+    assert "sha256" in proc_problems("h", ExpectedProc("llama-server", "f" * 64, argv), seen)[0]
+    p = proc_problems("h", ExpectedProc("llama-server", SHA, argv + ("--metrics",)), seen)
+    assert "argv differs" in p[0] and "3 arguments, expected 4" in p[0]
+    assert "not running" in proc_problems("h", ExpectedProc("llama-server", SHA, argv), None)[0]
+
+
+def test_build_info_must_name_the_revision():
+    rev = "5423bddf352adc41a8cc59ed02d38a511b333d30"
+    assert build_info_problems("b11434-5423bddf35", rev) == []
+    assert build_info_problems("b11434-5423bddf35", rev, expected="b11434-5423bddf35") == []
+    assert build_info_problems("b0-unknown", rev)
+    assert build_info_problems("b11434-c7de202aaa", rev)
+    assert build_info_problems(None, rev)
+    assert build_info_problems("b11434-5423bddf35", rev, expected="b11435-5423bddf35")
+
+
+def test_slots_count_and_per_slot_context():
+    slots = [{"id": 0, "n_ctx": 2048}, {"id": 1, "n_ctx": 2048}]
+    assert slots_problems(slots, 2, 2048) == []
+    assert slots_problems(slots[:1], 2, 2048)
+    assert slots_problems(slots, 2, 4096)
+
+
+def test_rpc_bind_from_argv():
+    assert parse_rpc_bind(["/x/ggml-rpc-server", "-H", "127.0.0.3", "-p", "50052"]) == ("127.0.0.3", 50052)
+    assert parse_rpc_bind(["/x/ggml-rpc-server"]) == (None, None)
