@@ -1,0 +1,132 @@
+"""Cmd rendering, masking and the builders in orchestrator.remote.commands (pure, golden)."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from orchestrator.errors import RemoteCommandError
+from orchestrator.remote import commands as C
+from orchestrator.remote.command import Cmd, Secret, mask_text
+from orchestrator.remote.result import Result, command_failed
+
+GOLDEN = {
+    "mkdir_p": (C.mkdir_p("/srv/pair ctl/releases"), "mkdir -p -m 0755 -- '/srv/pair ctl/releases'"),
+    "mkdir_exclusive": (C.mkdir_exclusive("/r/leases/host.lock", 0o700), "mkdir -m 0700 -- /r/leases/host.lock"),
+    "chmod": (C.chmod(0o644, "/r/a", "/r/b"), "chmod 0644 -- /r/a /r/b"),
+    "rename": (C.rename("/r/.current.tmp", "/r/current"), "mv -T -- /r/.current.tmp /r/current"),
+    "symlink_tmp": (C.symlink_tmp("releases/x-1", "/r/.current.tmp"), "ln -sfn -- releases/x-1 /r/.current.tmp"),
+    "readlink": (C.readlink("/r/current"), "readlink -- /r/current"),
+    "sha256sum": (C.sha256sum("/r/bin/llama-server", "/r/a;b"), "sha256sum -- /r/bin/llama-server '/r/a;b'"),
+    "cat": (C.cat("/r/route.json"), "cat -- /r/route.json"),
+    "test_exists": (C.test_exists("/r/x y"), "test -e '/r/x y'"),
+    "remove_tree": (C.remove_tree("/r/releases/.tmp-1"), "rm -rf -- /r/releases/.tmp-1"),
+    "kill": (C.kill(4242), "kill -TERM -- 4242"),
+    "write_stdin_to": (C.write_stdin_to("/r/route.json.tmp"), "dd of=/r/route.json.tmp bs=65536 status=none"),
+    "date_epoch": (C.date_epoch(), "date +%s"),
+    "hostile": (
+        Cmd.of("printf", "%s\\0", "a b", "it's", "x;rm -rf /", "$(id)", "`id`", "*", "new\nline", "é✓"),
+        "printf '%s\\0' 'a b' 'it'\"'\"'s' 'x;rm -rf /' '$(id)' '`id`' '*' 'new\nline' 'é✓'",
+    ),
+    "cwd_env": (
+        Cmd.of("llama-server", "--port", "8080", cwd="/r/current", env={"LD_LIBRARY_PATH": "/r/current/lib", "A": "x y"}),
+        "env -C /r/current -- 'A=x y' LD_LIBRARY_PATH=/r/current/lib llama-server --port 8080",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_builder_golden(name: str) -> None:
+    cmd, expected = GOLDEN[name]
+    assert cmd.render() == expected
+    # what renders is exactly what a POSIX shell splits back
+    assert shlex.split(cmd.render()) == cmd.real_argv()
+
+
+def test_switch_symlink_is_temp_then_rename() -> None:
+    a, b = C.switch_symlink("releases/new", "/r/current", "/r/.current.tmp")
+    assert a.render() == "ln -sfn -- releases/new /r/.current.tmp"
+    assert b.render() == "mv -T -- /r/.current.tmp /r/current"
+
+
+def test_secret_masked_everywhere_but_render() -> None:
+    cmd = Cmd.of("curl", "-H", Secret("Authorization: Bearer s3cr3t"), "http://127.0.0.2:8080/props")
+    assert "s3cr3t" in cmd.render()
+    for shown in (cmd.display(), repr(cmd), str(cmd), " ".join(cmd.argv_display()), repr(cmd.argv)):
+        assert "s3cr3t" not in shown
+        assert "***" in shown
+    assert repr(Secret("x")) == "Secret('***')" and str(Secret("x")) == "***"
+    assert cmd.secrets() == ("Authorization: Bearer s3cr3t",)
+
+
+def test_failed_command_error_masks_secret_echoed_in_stderr() -> None:
+    cmd = Cmd.of("tool", "--token", Secret("hunter2"))
+    res = Result(3, "", "bad token hunter2 given\n", 0.1)
+    err = command_failed("lab-native", cmd, res)
+    assert isinstance(err, RemoteCommandError)
+    text = str(err)
+    assert "hunter2" not in text and "hunter2" not in err.stderr
+    assert "lab-native" in text and "exit status 3" in text and "tool --token '***'" in text
+    assert "bad token *** given" in text
+    assert err.exit_status == 3
+
+
+def test_mask_text() -> None:
+    assert mask_text("a s b s", ["s"]) == "a *** b ***"
+    assert mask_text("abc", [""]) == "abc"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"argv": "ls -l"}, "not one string"),
+        ({"argv": ()}, "empty"),
+        ({"argv": ("ls", 3)}, "convert"),
+        ({"argv": ("printf", "a\x00b")}, "NUL"),
+        ({"argv": ("printf", "\ud800")}, "surrogate"),
+        ({"argv": (Secret("x"), "a")}, "program name"),
+        ({"argv": ("x",), "env": (("A", Secret("s")),)}, "secrets may not travel"),
+        ({"argv": ("x",), "env": (("A B", "1"),)}, "variable name"),
+        ({"argv": ("a=b",), "env": (("A", "1"),)}, "cannot follow env"),
+        ({"argv": ("x",), "cwd": ""}, "cwd"),
+    ],
+)
+def test_cmd_rejects(kwargs: dict, match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        Cmd(**kwargs)
+
+
+def test_cmd_is_frozen_and_hashable() -> None:
+    a = Cmd.of("ls", "-l", env={"B": "2", "A": "1"})
+    b = Cmd(argv=["ls", "-l"], env={"A": "1", "B": "2"})  # type: ignore[arg-type]
+    assert a == b and hash(a) == hash(b) and a.argv == ("ls", "-l")
+    with pytest.raises(Exception):
+        a.argv = ("rm",)  # type: ignore[misc]
+
+
+def test_builders_refuse_dangerous_input() -> None:
+    with pytest.raises(ValueError):
+        C.remove_tree("/")
+    with pytest.raises(ValueError):
+        C.remove_tree("relative/path")
+    with pytest.raises(ValueError):
+        C.kill(1)
+    with pytest.raises(ValueError):
+        C.kill(10, "TERM;id")
+    with pytest.raises(ValueError):
+        C.chmod(0o10000, "/x")
+
+
+def test_parse_sha256sum() -> None:
+    text = (
+        "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  /r/bin/llama-server\n"
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad *bin/a b\n"
+    )
+    assert C.parse_sha256sum(text) == {
+        "/r/bin/llama-server": "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+        "bin/a b": "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad",
+    }
+    for bad in ("nothex  /x", "\\e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  /a\\nb", "x"):
+        with pytest.raises(ValueError):
+            C.parse_sha256sum(bad)
