@@ -31,3 +31,6 @@ app.add_typer(kernels_cmd.app, name="kernels")
 from orchestrator.cli import receipts_cmd  # noqa: E402
 
 app.add_typer(receipts_cmd.app, name="receipts")
+from orchestrator.cli import lease_cmd  # noqa: E402
+
+app.add_typer(lease_cmd.app, name="lease")

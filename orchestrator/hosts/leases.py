@@ -553,3 +553,27 @@ def hold_pair_leases(
             release_leases(ts, nonce)
         else:
             log.warning("leases kept", reason=held.kept, hosts=[t.name for t in ts])
+
+
+# -- operator level: a host or a pair of an inventory -------------------------------------------
+
+
+def hosts_of(inventory: Any, target: str) -> list[str]:
+    """A pair name means both its hosts; otherwise a host name. Unknown names are ConfigError."""
+    if target in inventory.pairs:
+        p = inventory.pairs[target]
+        return sorted([p.native, p.rpc])
+    if target in inventory.hosts:
+        return [target]
+    raise ConfigError(
+        f"{target!r} is neither a pair nor a host of the inventory "
+        f"(pairs: {', '.join(sorted(inventory.pairs)) or 'none'}; hosts: {', '.join(sorted(inventory.hosts))})"
+    )
+
+
+def targets_of(inventory: Any, pool: Any, target: str) -> list[LeaseTarget]:
+    return [LeaseTarget(pool.get(h), inventory.host(h).install_root) for h in hosts_of(inventory, target)]
+
+
+def show_leases(inventory: Any, pool: Any, target: str) -> list[LeaseState]:
+    return [lease_state(t.transport, t.install_root) for t in targets_of(inventory, pool, target)]
