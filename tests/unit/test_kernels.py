@@ -329,3 +329,25 @@ def test_harness_argv_shape():
     assert argv[0] == "/r/tests/bin/ggml-kernel-cases"
     assert argv[argv.index("--max-nmse") + 1] == "0.0005"
     assert argv[-2:] == ["--perturb", "all"]
+
+
+# --- the lab's kernel model variant ------------------------------------------------------------------
+
+def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
+    import gguf
+
+    from orchestrator.kernels_models import ensure_kmmvf_models
+
+    paths = ensure_kmmvf_models(tmp_path)
+    assert set(paths) == {"target", "draft_same"}
+    first = {role: sha256_file(p) for role, p in paths.items()}
+    assert ensure_kmmvf_models(tmp_path) == paths and {r: sha256_file(p) for r, p in paths.items()} == first  # intact: kept
+    tensors = {t.name: t for t in gguf.GGUFReader(paths["target"]).tensors}
+    gate = tensors["blk.0.ffn_gate.weight"]
+    assert gate.tensor_type == gguf.GGMLQuantizationType.BF16
+    assert [int(x) for x in gate.shape] == [320, 10240]  # ne00 = K = 320, ne01 = M = 10240
+    draft = {t.name: t for t in gguf.GGUFReader(paths["draft_same"]).tensors}
+    assert all(bytes(draft[n].data) == bytes(t.data) for n, t in tensors.items())  # same weights: drafts accepted
+    paths["target"].write_bytes(b"broken")
+    ensure_kmmvf_models(tmp_path)
+    assert sha256_file(paths["target"]) == first["target"]  # a damaged file is rewritten identically

@@ -1,0 +1,68 @@
+"""The lab's tiny model variant for the MMVF kernel patch: `ensure_kmmvf_models(home)`.
+
+A BF16 llama with n_embd 320 and n_ff 10240, so `ffn_gate` and `ffn_up` are BF16 matrices with
+K = 320 and M = 10240. With a same-weights draft and `--spec-draft-n-max 3` every verification
+batch is one token plus three drafts: the W4 MUL_MAT (ne11 = 4, no fusion: the CUDA GLU fusion
+only takes one column) the patch targets. 10 heads of size 32 keep Q8 KV with flash attention
+possible. On a CPU lab this only exercises the same graph; on a Volta GPU it runs the patched
+path. Written by `orchestrator.lab.models.write_llama_gguf` (deterministic bytes).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator.hashing import sha256_file
+from orchestrator.paths import Home
+
+KMMVF_SHAPE: dict[str, Any] = {"n_layer": 2, "n_embd": 320, "n_head": 10, "n_ff": 10240, "n_vocab": 384, "ctx": 4096, "dtype": "bf16"}
+KMMVF_SEED = 320_10240
+KMMVF_FILES = {"target": "kmmvf-target.gguf", "draft_same": "kmmvf-draft-same.gguf"}
+KMMVF_INDEX = "kmmvf.json"
+
+
+def kmmvf_folder(home: Home) -> Path:
+    return home.lab / "models"
+
+
+def _present(folder: Path) -> dict[str, Any] | None:
+    index = folder / KMMVF_INDEX
+    if not index.is_file():
+        return None
+    try:
+        data = json.loads(index.read_text())
+        records = data["models"]
+        if data.get("shape") != KMMVF_SHAPE or data.get("seed") != KMMVF_SEED:
+            return None
+    except (ValueError, KeyError, TypeError):
+        return None
+    for role, fname in KMMVF_FILES.items():
+        rec, p = records.get(role), folder / fname
+        if not rec or not p.is_file() or p.stat().st_size != rec.get("size") or sha256_file(p) != rec.get("sha256"):
+            return None
+    return records
+
+
+def ensure_kmmvf_models(home: Home | Path | str) -> dict[str, Path]:
+    """Write (unless intact) the BF16 K320/M10240 target and its same-weights draft; return role -> path.
+
+    Roles are `target` and `draft_same` (same seed, so drafts are always accepted and every
+    verification batch is 4 wide with draft max 3). `kmmvf.json` records sha256, size and shape.
+    """
+    from orchestrator.lab.models import write_llama_gguf
+
+    home = home if isinstance(home, Home) else Home.resolve(home)
+    folder = kmmvf_folder(home)
+    folder.mkdir(parents=True, exist_ok=True)
+    if _present(folder) is None:
+        shape = {k: v for k, v in KMMVF_SHAPE.items()}
+        records = {
+            role: write_llama_gguf(folder / fname, seed=KMMVF_SEED, name=f"pairctl-kmmvf-{role}", **shape)
+            for role, fname in KMMVF_FILES.items()
+        }
+        tmp = folder / f".{KMMVF_INDEX}.tmp"
+        tmp.write_text(json.dumps({"format": 1, "shape": KMMVF_SHAPE, "seed": KMMVF_SEED, "models": records}, indent=2, sort_keys=True) + "\n")
+        tmp.replace(folder / KMMVF_INDEX)
+    return {role: folder / fname for role, fname in KMMVF_FILES.items()}
