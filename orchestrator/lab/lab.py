@@ -167,6 +167,8 @@ def lab_lock(home: Home) -> Iterator[None]:
 
 def down_all(home: Home, only: set[str] | None = None) -> DownReport:
     """Stop everything the lab of `home` started (or only the hosts named), found by pid files."""
+    if not home.lab.is_dir():
+        return DownReport()
     with lab_lock(home):
         return _down(home, only)
 

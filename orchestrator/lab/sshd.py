@@ -283,6 +283,10 @@ class SshdHost:
             self.down()
         self.plan.pid_file.unlink(missing_ok=True)  # stale: the pid is gone or not ours
         p = self.plan
+        orphan = orphaned_lab_sshd(p.address, p.port, p.config)
+        if orphan is not None:
+            if terminate([orphan] + [c for c in children_of(orphan) if _is_sshd_exe(c)]):
+                raise HostError(f"lab host {p.name}: orphaned lab sshd pid {orphan} on {p.address}:{p.port} survived SIGKILL")
         if port_answers(p.address, p.port) or _connects(p.address, p.port):
             raise HostError(
                 f"lab host {p.name}: {p.address}:{p.port} is already in use by a process this lab did not start",
@@ -314,6 +318,54 @@ class SshdHost:
             raise PairctlError(f"lab host {self.plan.name}: pids {left} survived SIGKILL")
         self.plan.pid_file.unlink(missing_ok=True)
         return pids
+
+
+def listening_inodes(address: str, port: int, tcp_table: str) -> set[str]:
+    """Socket inodes listening on IPv4 address:port in /proc/net/tcp text (pure)."""
+    want = "%08X:%04X" % (int.from_bytes(ipaddress.IPv4Address(address).packed, "little"), port)
+    out = set()
+    for line in tcp_table.splitlines()[1:]:
+        f = line.split()
+        if len(f) > 9 and f[1].upper() == want and f[3] == "0A":  # 0A = LISTEN
+            out.add(f[9])
+    return out
+
+
+def config_arg(cmdline: bytes) -> str | None:
+    """The `-f CONFIG` path in an sshd cmdline (also in its rewritten listener title)."""
+    words = cmdline.replace(b"\0", b" ").decode(errors="replace").split()
+    for i, w in enumerate(words[:-1]):
+        if w == "-f":
+            return words[i + 1]
+    return None
+
+
+def orphaned_lab_sshd(address: str, port: int, own_config: Path) -> int | None:
+    """The pid of a lab sshd listening on address:port that no pid file leads to any more.
+
+    It runs either this host's own config (its pid file was lost, e.g. the home was deleted and
+    made again) or a lab config that no longer exists (its home was deleted). Nothing else can
+    stop it, and it holds the lab's address. Any other live config is another home's lab: never ours.
+    """
+    try:
+        inodes = listening_inodes(address, port, Path("/proc/net/tcp").read_text())
+    except OSError:
+        return None
+    if not inodes:
+        return None
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not _is_sshd_exe(int(entry.name)):
+            continue
+        try:
+            cfg = config_arg((entry / "cmdline").read_bytes())
+            fds = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
+        except OSError:
+            continue
+        lost = cfg is not None and "/lab/hosts/" in cfg and cfg.endswith("/sshd_config") and not Path(cfg).exists()
+        if cfg == str(own_config) or lost:
+            if any(f"socket:[{i}]" in fds for i in inodes):
+                return int(entry.name)
+    return None
 
 
 def _is_sshd_exe(pid: int) -> bool:

@@ -14,7 +14,7 @@ import paramiko
 import pytest
 
 from orchestrator.lab.keys import ensure_ed25519
-from orchestrator.lab.sshd import pid_alive, port_answers
+from orchestrator.lab.sshd import is_lab_sshd, pid_alive, port_answers, terminate
 
 pytestmark = pytest.mark.integration
 
@@ -225,3 +225,25 @@ def test_lab_up_refuses_a_port_taken_by_another_lab(throwaway, cli, tmp_path):
     assert r.exit_code == 4, r.output  # ExitCode.HOST
     assert "already in use" in r.stderr
     cli("lab", "down", home=other)
+
+
+def test_lab_up_stops_an_orphaned_lab_sshd_whose_home_was_deleted(throwaway, cli):
+    """`rm -rf` of a home while its lab runs leaves an sshd nobody can find by pid file; the next
+    `lab up` on that address recognises it (its config file is gone) and replaces it."""
+    import shutil
+
+    home, inv = throwaway
+    r = cli("lab", "up", "--no-source", "--json", "--inventory", str(inv), home=home)
+    assert r.exit_code == 0, r.output
+    old = {h["host"]: h["pid"] for h in json.loads(r.stdout)["hosts"]}
+    configs = {n: str(home / "lab" / "hosts" / n / "sshd_config") for n in old}
+    shutil.rmtree(home)
+    try:
+        r = cli("lab", "up", "--no-source", "--json", "--inventory", str(inv), home=home)
+        assert r.exit_code == 0, r.output
+        new = {h["host"]: h for h in json.loads(r.stdout)["hosts"]}
+        for name, pid in old.items():
+            assert not pid_alive(pid), f"orphan {name} pid {pid} still running"
+            assert new[name]["started"] and new[name]["answering"] and new[name]["pid"] != pid
+    finally:  # never leak the orphans this test made, even when it fails
+        terminate([pid for n, pid in old.items() if pid_alive(pid) and is_lab_sshd(pid, Path(configs[n]))])

@@ -10,7 +10,7 @@ from orchestrator.config.inventory import load_inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.lab.keys import KnownHost, known_hosts_pattern, merge_known_hosts
 from orchestrator.lab.lab import host_plans
-from orchestrator.lab.sshd import HostPlan, SshdHost, is_lab_sshd, render_sshd_config
+from orchestrator.lab.sshd import HostPlan, SshdHost, config_arg, is_lab_sshd, listening_inodes, render_sshd_config
 from orchestrator.paths import Home
 
 PLAN = HostPlan(name="lab-native", address="127.0.0.2", port=2222, user="root", dir=Path("/h/lab/hosts/lab-native"))
@@ -84,3 +84,23 @@ def test_host_plans_refuse_an_install_root_outside_the_lab(tmp_path):
     )
     with pytest.raises(ConfigError, match="install_root"):
         host_plans(Home.resolve(tmp_path), load_inventory(str(inv_file)))
+
+
+TCP = """\
+  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0200007F:08AE 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0
+   1: 0300007F:08AE 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4343 1 0
+   2: 0200007F:08AE 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 4444 1 0
+"""
+
+
+def test_listening_inodes_from_proc_net_tcp():
+    assert listening_inodes("127.0.0.2", 2222, TCP) == {"4242"}  # the ESTABLISHED line is not a listener
+    assert listening_inodes("127.0.0.3", 2222, TCP) == {"4343"}
+    assert listening_inodes("127.0.0.4", 2222, TCP) == set()
+
+
+def test_config_arg_from_a_listener_title():
+    title = b"sshd: /usr/sbin/sshd -f /h/lab/hosts/n/sshd_config -E /h/lab/hosts/n/sshd.log [listener] 0 of 64-128 startups\0"
+    assert config_arg(title) == "/h/lab/hosts/n/sshd_config"
+    assert config_arg(b"/usr/sbin/sshd\0-D\0") is None
