@@ -92,7 +92,8 @@ def mask_data(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         items = list(obj)
         if _is_argv_like(items):
-            return mask_argv(items)
+            masked = mask_argv(items)  # strings only; other items keep their type
+            return [m if isinstance(v, str) or m == MASK else mask_data(v) for v, m in zip(items, masked)]
         return [mask_data(v) for v in items]
     if isinstance(obj, str):
         return mask_text(obj) if (" " in obj or "://" in obj) else obj
