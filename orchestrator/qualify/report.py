@@ -79,7 +79,7 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
         _rec, rows = store.step_view(receipt.sha256, name)  # follows references, checks their hashes
         samples += rows
     return QualifyRecord(
-        receipt=receipt.sha256, origin=origin.sha256, plan=plan, plan_sha256=plan_sha, pair=receipt.pair,
+        receipt=receipt.sha256, origin=origin.sha256, plan=plan, plan_sha256=plan_sha, pair=extra.get("qualify_pair"),
         arms=extra.get("qualify_arms") or {}, samples=samples, sample_steps=steps, derived=receipt.derived_from is not None,
         outcome=receipt.outcome, reason=receipt.reason, checks=checks,
     )

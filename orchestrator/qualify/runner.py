@@ -71,6 +71,7 @@ class Hooks:
 
     after_arm: Callable[[str], None] | None = None
     before_restore: Callable[[], None] | None = None
+    after_restore: Callable[[dict[str, Any]], None] | None = None  # e.g. a final read that fails
 
 
 @dataclass
@@ -108,8 +109,11 @@ def run_qualification(
     inputs = {"plan": loaded.sha256, **{f"fixture:{f.name}": f.sha256 for f in plan.fixtures}}
     params = request_params(plan.seed, plan.temperature)
 
-    journal = store.begin(command="qualify", argv=argv, pair=pair, inputs=inputs)
+    # Not on the pair's chain: each arm's deploy writes its own receipt there (and takes that
+    # chain's lock); this receipt names the pair in `qualify_pair` and each deploy receipt.
+    journal = store.begin(command="qualify", argv=argv, pair=None, inputs=inputs)
     with journal:
+        journal.set("qualify_pair", pair)
         # Declared before any sample: the receipt shows these `set` events precede the first row.
         journal.set("plan_sha256", loaded.sha256)
         journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
@@ -159,6 +163,8 @@ def run_qualification(
                 if hooks.before_restore:
                     hooks.before_restore()
                 step.data["verified"] = driver.restore(before)
+                if hooks.after_restore:
+                    hooks.after_restore(step.data["verified"])
         except PairctlError as exc:
             restored, restore_error = False, str(exc).splitlines()[0]
             log.error("restore failed after measurements", error=restore_error)

@@ -168,3 +168,33 @@ def test_record_with_tampered_plan_text_is_rejected(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(EvidenceError):
         load_record(store, out.receipt)
+
+
+# ---- the CLI over receipts: exit codes and the derive path end to end through `pairctl` ----
+
+
+def test_cli_report_exit_codes_follow_the_gates(tmp_path, cli):
+    _, ok = run(tmp_path / "a", ScriptedDriver(SPEEDS))
+    r = cli("qualify", "report", "--receipt", ok.receipt[:12], home=tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    assert "report: " in r.stdout and "report.md" in r.stdout
+    _, bad = run(tmp_path / "b", ScriptedDriver({"baseline": [100.0] * 3, "candidate": [97.0] * 3}))
+    r = cli("qualify", "report", "--receipt", bad.receipt, home=tmp_path / "b")
+    assert r.exit_code == 1 and "qualification failed" in r.stderr
+
+
+def test_cli_derive_then_report_rebuilds_result_without_remeasuring(tmp_path, cli):
+    d = ScriptedDriver(SPEEDS)
+    store, out = run(tmp_path, d, hooks=Hooks(after_restore=lambda v: (_ for _ in ()).throw(CheckFailed("final route read timed out"))))
+    assert not out.restored and store.load(out.receipt).outcome == "failed"
+    assert d.events[-1] == ("restore", "orig-n")  # the restore itself ran; the final read failed
+    reuse = ",".join(["snapshot", *out.arm_steps])
+    r = cli("--json", "receipts", "derive", "--from", out.receipt, "--reuse", reuse,
+            "--reason", "final route read timed out after all samples; restore verified by hand", home=tmp_path)
+    assert r.exit_code == 0, r.output
+    derived = json.loads(r.stdout)["hash"]
+    r = cli("--json", "qualify", "report", "--receipt", derived, home=tmp_path)
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert j["derived"] is True and j["origin"] == out.receipt and j["verdict"] == "pass"
+    assert j["samples_total"] == 12
