@@ -31,6 +31,9 @@ app.add_typer(kernels_cmd.app, name="kernels")
 from orchestrator.cli import receipts_cmd  # noqa: E402
 
 app.add_typer(receipts_cmd.app, name="receipts")
+from orchestrator.cli import qualify_cmd  # noqa: E402
+
+app.add_typer(qualify_cmd.app, name="qualify")
 from orchestrator.cli import lease_cmd  # noqa: E402
 
 app.add_typer(lease_cmd.app, name="lease")
