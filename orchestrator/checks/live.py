@@ -153,8 +153,12 @@ class Live:
 def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str | None = None,
               baseline_receipt: str | None = None, baseline_pair: str | None = None,
               fixtures: str | None = None, options: CheckOptions | None = None, journal: Any = None,
-              evidence: Any = None, logger: Any = None, identity: bool = True) -> Live:
-    """Everything `run_suite` needs for `pair`, read from the hosts and the local stores."""
+              evidence: Any = None, logger: Any = None, identity: bool = True, pool: Any = None) -> Live:
+    """Everything `run_suite` needs for `pair`, read from the hosts and the local stores.
+
+    `pool`: a caller's open `TransportPool` to reuse (deploy's); it is not closed here. The
+    telemetry sampler always gets connections of its own, so a slow sample never blocks a check.
+    """
     from orchestrator.build.store import PackageStore
     from orchestrator.checks.fixtures import load_fixture_set
     from orchestrator.remote.transport import TransportPool
@@ -164,7 +168,8 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
     roots = {r: inventory.host(h).install_root for r, h in hosts.items()}
     stack = ExitStack()
     try:
-        pool = stack.enter_context(TransportPool(inventory))
+        if pool is None:
+            pool = stack.enter_context(TransportPool(inventory))
         sampler_pool = stack.enter_context(TransportPool(inventory))
         transports = {r: pool.get(h) for r, h in hosts.items()}
         route = read_route(transports["native"], roots["native"])

@@ -26,6 +26,7 @@ class AcceptRequest:
     fixtures: str | None = None
     isolation: str = "solo"
     scheduled: bool = False
+    profile: str | None = None  # size checks from this profile instead of the active one
 
 
 @dataclass
@@ -55,12 +56,14 @@ def accept_pair(home: Any, inventory: Any, req: AcceptRequest) -> AcceptOutcome:
     log = get_logger(pair=req.pair, command="accept")
     evidence = EvidenceStore(home.evidence)
     argv = ["accept", "--pair", req.pair] + [x for o in only for x in ("--only", o)] + [x for s in skip for x in ("--skip", s)]
-    if req.baseline_receipt:
-        argv += ["--baseline-receipt", req.baseline_receipt]
+    for flag, value in (("--baseline-receipt", req.baseline_receipt), ("--baseline-pair", req.baseline_pair),
+                        ("--fixtures", req.fixtures), ("--profile", req.profile)):
+        if value:
+            argv += [flag, value]
     journal = evidence.begin(command="accept", argv=argv, pair=req.pair, inputs={})
     try:
         with journal.step("open", host=inventory.pair(req.pair).native) as st:
-            live = open_live(home, inventory, req.pair, baseline_receipt=req.baseline_receipt,
+            live = open_live(home, inventory, req.pair, profile_name=req.profile, baseline_receipt=req.baseline_receipt,
                              baseline_pair=req.baseline_pair, fixtures=req.fixtures,
                              options=CheckOptions(isolation=req.isolation), journal=journal, evidence=evidence,
                              logger=log)

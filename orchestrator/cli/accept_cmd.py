@@ -18,6 +18,7 @@ def accept(
     baseline_pair: Optional[str] = typer.Option(None, "--baseline-pair", help="Compare against this pair's last passed acceptance (default: the same pair)."),
     fixtures: Optional[str] = typer.Option(None, "--fixtures", help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
     isolation: str = typer.Option("solo", "--isolation", help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold their own nonce only)."),
+    profile: Optional[str] = typer.Option(None, "--profile", help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller than it fails."),
     scheduled: bool = typer.Option(False, "--scheduled", help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
 ) -> None:
     """Run the acceptance checks against PAIR's running llama-server/ggml-rpc-server.
@@ -30,7 +31,8 @@ def accept(
 
     c = get_ctx(ctx)
     req = AcceptRequest(pair=pair, only=only or [], skip=skip or [], baseline_receipt=baseline_receipt,
-                        baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled)
+                        baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
+                        profile=profile)
     outcome = accept_pair(c.home, c.inventory(), req)
     if c.json_output:
         c.emit_json(outcome.as_dict())

@@ -1,0 +1,237 @@
+"""`pairctl accept` end to end against the lab pair deployed by `pairctl deploy` (real
+llama-server + ggml-rpc-server built by `pairctl build`), and, for every check, the same check
+run with its condition broken on purpose, seen to fail.
+
+Breaking needs no mock: a profile that asks more of a slot than the deployed server has, a
+lane prompt that carries the other lane's nonce, a drafted request whose output changes
+(temperature > 0 makes drafting sample), a continuation sent without the cache, a stream left
+open instead of closed, a server restarted in the middle of the suite, a different served
+model for answer fixtures (a real redeploy, restored afterwards), and a sampler timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, long_prefix, near_full, speculative
+from orchestrator.checks.base import CheckOptions
+from orchestrator.checks.live import find_baseline, open_live
+from orchestrator.checks.suite import run_suite
+from orchestrator.evidence.store import EvidenceStore
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+PAIR = "lab"
+
+
+def _accept(cli, *extra: str):
+    r = cli("--json", "accept", "--pair", PAIR, *extra)
+    data = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+    return r, data
+
+
+def _verdicts(data):
+    return {c["name"]: c["verdict"] for c in data["checks"]}
+
+
+@pytest.fixture(scope="module")
+def first_accept(deployed_lab, lab, pairctl_home):
+    """The first `pairctl accept` of the deployed lab pair (its fixtures become the baseline)."""
+    from orchestrator.checks.runner import AcceptRequest, accept_pair
+
+    out = accept_pair(lab.home, lab.inventory, AcceptRequest(pair=PAIR))
+    return out
+
+
+@pytest.fixture
+def live(deployed_lab, lab):
+    """A CheckContext on the live lab pair, without a journal (break tests write no receipt)."""
+    lv = open_live(lab.home, lab.inventory, PAIR, evidence=EvidenceStore(lab.home.evidence))
+    yield lv
+    lv.close()
+
+
+# --- the whole suite through the CLI ---------------------------------------------------------
+
+def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept, cli, lab):
+    r, data = _accept(cli)
+    assert r.exit_code == 0, r.output
+    v = _verdicts(data)
+    for name in ("identity", "two_lane_near_full", "one_lane_near_full", "speculative", "cached_continuation",
+                 "cancellation", "long_prefix_cache", "answer_fixtures"):
+        assert v[name] == "passed", (name, data)
+    assert v["telemetry"] in ("passed", "error")
+    receipt = EvidenceStore(lab.home.evidence).load(data["receipt"])
+    assert receipt.command == "accept" and receipt.outcome == "passed"
+    steps = {s.name: s for s in receipt.steps}
+    for name in v:
+        assert steps[f"check:{name}"].data["raw"] is not None
+    # sizes came from the profile: 2 lanes of 2048-64 tokens on the lab's 2 x 2048 slots
+    two = next(c for c in data["checks"] if c["name"] == "two_lane_near_full")
+    assert two["figures"]["population"] == 2 * (2048 - 64) and two["figures"]["capacity"] == 4096
+    # the second run judged fixtures against the first run's answers
+    af = receipt.step("check:answer_fixtures").data
+    assert af["raw"]["baseline_receipt"] == first_accept.receipt
+
+
+def test_same_weights_draft_is_accepted(first_accept):
+    sp = first_accept.suite.result("speculative")
+    assert sp.verdict == "passed", sp.message
+    assert sp.figures["draft_n"] > 0 and sp.figures["acceptance"] > 0.9
+
+
+def test_accept_cli_table_and_unknown_check(deployed_lab, cli):
+    r = cli("accept", "--pair", PAIR, "--only", "identity,one_lane_near_full")
+    assert r.exit_code == 0, r.output
+    assert "one_lane_near_full" in r.stdout and "PASSED" in r.stdout
+    r = cli("accept", "--pair", PAIR, "--only", "no_such_check")
+    assert r.exit_code == 3 and "unknown check" in r.stderr
+
+
+def test_a_failing_required_check_exits_1(deployed_lab, cli, lab, tmp_path):
+    # a profile whose slots are bigger than the deployed server's: identity and the lane fail
+    from orchestrator.config.profiles import load_profile
+    import yaml
+
+    big = load_profile("lab").model_dump(mode="json")
+    big.update(name="lab-big-slots", ctx_size=8192)
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(big))
+    r = cli("accept", "--pair", PAIR, "--only", "identity,one_lane_near_full", "--profile", str(tmp_path / "big.yaml"))
+    assert r.exit_code == 1, r.output
+    assert "acceptance of pair lab failed" in r.stderr
+
+
+# --- each check, broken on purpose ------------------------------------------------------------
+
+def _bigger(ctx):
+    """The same pair checked against a profile wanting twice the slot context it has."""
+    return replace(ctx, profile=ctx.profile.model_copy(update={"ctx_size": ctx.profile.ctx_size * 2}))
+
+
+def test_two_lane_fails_when_slot_context_is_smaller_than_needed(live):
+    r = near_full.run_two_lane(_bigger(live.ctx))
+    assert r.verdict == "failed", r.message
+    assert "exceed" in r.message or "truncated" in r.message or "generated" in r.message
+
+
+def test_one_lane_fails_when_slot_context_is_smaller_than_needed(live):
+    r = near_full.run_one_lane(_bigger(live.ctx))
+    assert r.verdict == "failed", r.message
+
+
+def test_two_lane_fails_when_a_prompt_carries_the_other_lanes_nonce(live):
+    r = near_full.run_two_lane(live.ctx, leak_other_nonce=True)
+    assert r.verdict == "failed"
+    assert "prompt carries lane 1's nonce" in r.message
+
+
+def test_two_lane_recall_mode_fails_on_a_model_that_cannot_recall(live):
+    # the tiny random model never says its nonce: recall-mode isolation must fail, not pass vacuously
+    r = near_full.run_two_lane(replace(live.ctx, options=CheckOptions(isolation="recall")))
+    assert r.verdict == "failed" and "own nonce" in r.message
+
+
+def test_speculative_fails_when_drafting_changes_output(live):
+    r = speculative.run(live.ctx, drafted_params={"temperature": 1.5, "seed": 7})
+    assert r.verdict == "failed" and "differs from the draft-free reference" in r.message
+
+
+def test_cached_continuation_fails_without_the_cache(live):
+    r = cached_continuation.run(live.ctx, cache_second=False)
+    assert r.verdict == "failed" and "cached tokens" in r.message
+
+
+def test_long_prefix_fails_without_the_cache(live):
+    r = long_prefix.run(live.ctx, cache_second=False)
+    assert r.verdict == "failed" and "reused 0" in r.message
+
+
+def test_cancellation_fails_when_the_stream_is_not_closed(live):
+    r = cancellation.run(live.ctx, close_connection=False)
+    assert r.verdict == "failed", r.message
+    assert r.figures["cancel_logged"] is False
+
+
+def test_cancellation_passes_and_reads_the_cancel_from_the_host_log(live):
+    r = cancellation.run(live.ctx)
+    assert r.verdict == "passed", r.message
+    assert r.raw["log"]["found"] and r.figures["idle_after_s"] <= r.figures["bound_s"]
+
+
+def test_identity_fails_when_the_server_restarts_during_the_suite(live):
+    from orchestrator.hosts.layout import LLAMA_SERVER, HostLayout
+    from orchestrator.hosts.services import wait_health
+
+    ctx = live.ctx
+    tr, layout = ctx.transports["native"], HostLayout(ctx.host_roots["native"])
+    argv = list(live.route.active.native_argv)
+
+    def restart(c):
+        tr.run(layout.stop_cmd(LLAMA_SERVER), timeout=60)
+        tr.run(layout.start_cmd(LLAMA_SERVER, argv), timeout=60)
+        wait_health(tr, layout, ctx.client.base_url, timeout_s=60)
+        from orchestrator.checks.base import CheckResult
+        return CheckResult(name="one_lane_near_full", verdict="passed", message="restarted the server")
+
+    s = run_suite(ctx, only=["identity", "one_lane_near_full"], overrides={"one_lane_near_full": restart})
+    ident = s.result("identity")
+    assert ident.verdict == "failed" and not s.passed
+    assert "pid" in ident.message
+
+
+def test_sampler_timeout_is_a_fault_not_a_check_failure(live):
+    ctx = replace(live.ctx, options=CheckOptions(telemetry_sample_timeout_s=1e-4))
+    s = run_suite(ctx, only=["one_lane_near_full", "telemetry"])
+    t = s.result("telemetry")
+    assert s.sampler_faults and t.figures["sampler_faults"] >= 1
+    assert s.result("one_lane_near_full").verdict == "passed"
+    assert s.passed  # a sampler fault is recorded, not a failure of the pair
+
+
+def test_answer_fixture_regression_fails_against_the_baseline(first_accept, deployed_lab, lab, cli):
+    """Redeploy the pair serving other weights (profile lab-other-target): every
+    same-as-baseline answer changes, so the check fails against the first run's receipt.
+    The lab profile is restored afterwards."""
+    pkg = deployed_lab_packages(lab)
+    r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-other-target", "--skip-accept")
+    assert r.exit_code == 0, r.output
+    try:
+        r, data = _accept(cli, "--only", "answer_fixtures", "--baseline-receipt", first_accept.receipt)
+        assert r.exit_code == 1, r.output
+        af = next(c for c in data["checks"] if c["name"] == "answer_fixtures")
+        assert af["verdict"] == "failed" and "passed on the baseline, fails now" in af["message"]
+    finally:
+        r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
+        assert r.exit_code == 0, r.output
+
+
+def test_other_draft_is_rejected_and_gives_the_undrafted_output(deployed_lab, lab, cli):
+    pkg = deployed_lab_packages(lab)
+    r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-draft-other", "--skip-accept")
+    assert r.exit_code == 0, r.output
+    try:
+        r, data = _accept(cli, "--only", "speculative")
+        assert r.exit_code == 0, r.output
+        sp = data["checks"][0]
+        assert sp["verdict"] == "passed" and sp["figures"]["draft_n"] > 0
+        assert sp["figures"]["acceptance"] < 0.5  # rejected, yet the output equals the reference
+    finally:
+        r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
+        assert r.exit_code == 0, r.output
+
+
+def deployed_lab_packages(lab) -> str:
+    """The package id active on the lab pair now (what deployed_lab installed)."""
+    from orchestrator.checks.live import read_route
+    from orchestrator.remote.transport import open_transport
+
+    spec = lab.inventory.pair(PAIR)
+    t = open_transport(lab.inventory, spec.native)
+    try:
+        route = read_route(t, lab.inventory.host(spec.native).install_root)
+    finally:
+        t.close()
+    return route.active.native_package
