@@ -1,0 +1,122 @@
+"""`pairctl qualify` end to end on the lab pair: two packages built by `pairctl build` from two
+revisions (`lab_packages`, `lab_packages_b`), real llama-server + ggml-rpc-server, each arm a
+real deploy, 3 alternating pairs x 2 fixtures (manifests/plans/lab.yaml).
+
+And the field report's failure mode: the final step fails after every sample was taken; the
+receipt is failed, `pairctl receipts derive` reuses the arm steps by reference, and
+`pairctl qualify report` rebuilds the same result without a single new measurement.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from orchestrator.cli.context import Ctx
+from orchestrator.errors import CheckFailed
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.qualify.command import qualify_pair
+from orchestrator.qualify.engine_driver import EngineDriver
+from orchestrator.qualify.plan import load_plan
+from orchestrator.qualify.runner import Hooks
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+PAIR = "lab"
+EXIT_OF = {"pass": 0, "fail": 1, "inconclusive": 9}
+
+
+def _active(lab):
+    d = EngineDriver(lab.home, lab.inventory, PAIR, argv=["test"])
+    try:
+        return d.snapshot()
+    finally:
+        d.close()
+
+
+def _deploy_receipts(store: EvidenceStore) -> list[str]:
+    return [r.sha256 for r in store.iter(PAIR) if r.command.startswith("deploy")]
+
+
+def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_packages_b, cli):
+    a, b = lab_packages.manifest.id, lab_packages_b.manifest.id
+    assert lab_packages.manifest.revision != lab_packages_b.manifest.revision
+    before = _active(lab)
+    store = EvidenceStore(lab.home.evidence)
+
+    r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", b, b, "--plan", "lab")
+    out = json.loads(r.stdout)
+    assert r.exit_code == EXIT_OF[out["verdict"]], r.output
+    assert out["restored"] is True
+
+    receipt = store.load(out["receipt"])
+    plan = load_plan("lab")
+    assert receipt.extra_fields()["plan_sha256"] == plan.sha256 == receipt.inputs["plan"]
+    # every raw sample: 3 pairs x 2 arms x 2 fixtures, each naming its packages and fixture hash
+    rows = [row for name, rs in receipt.samples.items() if name.startswith("arm-") for row in rs]
+    assert len(rows) == 12 and all(row["ok"] for row in rows), rows
+    fx_sha = {f.name: f.sha256 for f in plan.plan.fixtures}
+    for row in rows:
+        assert row["package_native"] == row["package_rpc"] == (a if row["arm"] == "baseline" else b)
+        assert row["fixture_sha256"] == fx_sha[row["fixture"]]
+        assert row["predicted_n"] == plan.plan.n_predict and row["cache_n"] == 0 and row["prompt_n"] == 200
+        assert row["predicted_per_second"] > 0 and 0 < row["ttft_s"] <= row["wall_s"]
+        assert row["peak_memory_bytes"] > 0
+    # the arm order alternates and each arm is a fresh, verified deploy with its own receipt
+    arms = [s for s in receipt.steps if s.name.startswith("arm-")]
+    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
+    for s in arms:
+        dep = store.load(s.data["identity"]["deploy_receipt"])
+        assert dep.command == "deploy" and dep.outcome == "passed"
+        pkg = lab_packages if s.name.endswith("baseline") else lab_packages_b
+        assert s.data["identity"]["build_info"] == pkg.manifest.build_info
+    # the plan hash was declared before the first sample
+    declared = next(f for f in receipt.fields_set if f.key == "plan_sha256")
+    assert declared.at < receipt.first_sample_at
+
+    # the report states each gate's verdict, next to the receipt
+    md = (store.root / "reports" / receipt.sha256 / "report.md").read_text()
+    for g in out["gates"]:
+        assert re.search(rf"\| {g['kind']} \| {g['family']} \|.*\*\*{g['verdict'].upper()}\*\*", md), (g, md)
+    assert (store.root / "reports" / receipt.sha256 / "ratios.png").stat().st_size > 1000
+
+    # the pair is back on what it ran before, and the route record says so
+    after = _active(lab)
+    assert (after["native"], after["rpc"], after["profile_sha256"]) == (before["native"], before["rpc"], before["profile_sha256"])
+    assert after["route_revision"] > before["route_revision"]
+    st = cli("--json", "status", "--pair", PAIR)
+    assert st.exit_code == 0 and json.loads(st.stdout)["problems"] == [], st.output
+
+
+def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_packages, lab_packages_b, cli):
+    a, b = lab_packages.manifest.id, lab_packages_b.manifest.id
+    store = EvidenceStore(lab.home.evidence)
+    before = _active(lab)
+
+    def final_read_times_out(verified):
+        raise CheckFailed("configuration GET timed out after restore (injected)")
+
+    c = Ctx(home=lab.home, inventory_ref=str(lab.inventory_path))
+    c._inventory = lab.inventory
+    out = qualify_pair(c, pair=PAIR, baseline=(a, a), candidate=(b, b), plan_ref="lab", profile_ref=None,
+                       argv=["qualify", "(e2e: injected final-step failure)"], hooks=Hooks(after_restore=final_read_times_out))
+    original = store.load(out.receipt)
+    assert original.outcome == "failed" and "restore failed after measurements" in original.reason
+    assert original.step("restore").outcome == "failed"
+    assert len(out.arm_steps) == 6 and all(original.step(s).outcome == "passed" for s in out.arm_steps)
+    assert _active(lab)["native"] == before["native"]  # the restore itself ran; only the final read "failed"
+
+    deploys_before = _deploy_receipts(store)
+    r = cli("--json", "receipts", "derive", "--from", out.receipt, "--reuse", ",".join(["snapshot", *out.arm_steps]),
+            "--reason", "final configuration read timed out after all samples; route and identities re-read equal")
+    assert r.exit_code == 0, r.output
+    derived = json.loads(r.stdout)["hash"]
+    rep = cli("--json", "qualify", "report", "--receipt", derived)
+    j = json.loads(rep.stdout)
+    assert rep.exit_code == EXIT_OF[j["verdict"]], rep.output
+    assert j["derived"] is True and j["origin"] == out.receipt and j["samples_total"] == 12
+    assert j["gates"] == out.result.to_json()["gates"]  # the same result, from the same raw samples
+    assert _deploy_receipts(store) == deploys_before  # nothing was activated or measured again
+    assert store.load(out.receipt).outcome == "failed"  # the original is untouched
