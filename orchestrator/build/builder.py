@@ -16,7 +16,7 @@ import socket
 import subprocess
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Literal
@@ -63,6 +63,7 @@ class BuildResult:
     cached: bool  # cmake was skipped: outputs came from the build cache
     duration_s: float
     log_path: Path | None
+    receipt: str | None = None  # evidence receipt hash of the `pairctl build` run
 
     def as_dict(self) -> dict[str, object]:
         m = self.package.manifest
@@ -70,6 +71,7 @@ class BuildResult:
             "id": m.id, "status": self.status, "cached": self.cached, "duration_s": round(self.duration_s, 2),
             "path": str(self.package.path), "revision": m.revision, "tree": m.tree, "build_info": m.build_info,
             "target": m.target.name, "content_digest": m.content_digest, "log": str(self.log_path) if self.log_path else None,
+            "receipt": self.receipt,
         }  # fmt: skip
 
 
@@ -293,9 +295,33 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
     return BuildResult(package=package, status=status, cached=cached, duration_s=time.monotonic() - t0, log_path=log_path)  # type: ignore[arg-type]
 
 
-def build(home: Home, req: BuildRequest, *, interactive: bool | None = None) -> list[BuildResult]:
-    """Build one package per requested target from an exact, clean revision."""
+def build(home: Home, req: BuildRequest, *, interactive: bool | None = None, argv: list[str] | None = None) -> list[BuildResult]:
+    """Build one package per requested target from an exact, clean revision; write a receipt."""
     home.ensure()
+    journal = _begin_receipt(home, req, argv)
+    try:
+        results = _build(home, req, interactive=interactive, journal=journal)
+    except BaseException as exc:
+        if journal is not None:
+            journal.finish("aborted" if isinstance(exc, KeyboardInterrupt) else "failed", str(exc)[:2000])
+        raise
+    if journal is None:
+        return results
+    receipt = journal.finish("passed", ", ".join(f"{r.package.id} {r.status}" for r in results))
+    return [replace(r, receipt=receipt) for r in results]
+
+
+def _begin_receipt(home: Home, req: BuildRequest, argv: list[str] | None):  # type: ignore[no-untyped-def]
+    """A receipt for the run when the evidence store is available (it is optional for builds)."""
+    try:
+        from orchestrator.evidence.store import EvidenceStore
+    except ImportError:
+        return None
+    argv = argv or ["build", "--source", str(req.source), "--rev", req.rev, *(f"--target={t}" for t in req.targets)]
+    return EvidenceStore(home.evidence).begin(command="build", argv=argv, pair=None, inputs={})
+
+
+def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal) -> list[BuildResult]:  # type: ignore[no-untyped-def]
     repo = git.require_repo(req.source)
     git.require_clean(repo)
     rev = git.resolve(repo, req.rev)
@@ -305,9 +331,22 @@ def build(home: Home, req: BuildRequest, *, interactive: bool | None = None) -> 
     if req.patch is not None:
         rev, patch = _apply_patch(repo, rev, req.patch)
         git.require_clean(repo)
+    if journal is not None:
+        journal.set("source", {"repo": str(repo), "rev": req.rev, "commit": rev.commit, "tree": rev.tree,
+                               "expect_tree": req.expect_tree, "patch": patch.model_dump() if patch else None})  # fmt: skip
     targets = [load_target(t) for t in req.targets]
     if not targets:
         raise BuildError("no --target given")
     toolchains = {t.name: check_toolchain(t) for t in targets}  # all checked before the first compile
     store = PackageStore(home.store)
-    return [build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive) for t in targets]
+    results = []
+    for t in targets:
+        if journal is None:
+            results.append(build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive))
+            continue
+        with journal.step(f"build {t.name}") as step:
+            r = build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive)
+            step.data.update(r.as_dict())
+            step.data["files"] = {k: v.sha256 for k, v in r.package.manifest.files.items()}
+        results.append(r)
+    return results

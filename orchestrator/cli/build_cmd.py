@@ -47,3 +47,5 @@ def build(
         c.console.print(f"{what}: {m.id}{cache}  build_info {m.build_info}  tree {m.tree[:12]}  "
                         f"{len(m.files)} files  {r.duration_s:.1f}s", markup=False)  # fmt: skip
         c.console.print(f"  {r.package.path}", markup=False)
+    if results and results[0].receipt:
+        c.console.print(f"receipt {results[0].receipt}", markup=False)

@@ -77,6 +77,10 @@ def test_build_package_cache_hit_and_verify(fake: tuple[Path, Path, Home]) -> No
     assert "unrelated" not in str(m.files)  # only the listed targets are packaged
     assert f"commit {commit[:10]}" in (first.package.path / "meta" / "version.txt").read_text()
     assert PackageStore(home.store).verify(m.id).ok
+    from orchestrator.evidence.store import EvidenceStore
+
+    receipt = EvidenceStore(home.evidence).path_of(first.receipt or "missing")
+    assert receipt.is_file() and m.content_digest in receipt.read_text()
 
     (again,) = build(home, req, interactive=False)
     assert again.status == "verified" and again.cached and again.package.manifest == m
