@@ -5,15 +5,22 @@ Kept out of the CLI module so the command stays thin and tests can call `accept_
 
 from __future__ import annotations
 
+import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.checks.base import CheckOptions
 from orchestrator.checks.live import checks_arg, open_live
 from orchestrator.checks.suite import SuiteResult, run_suite, select
-from orchestrator.errors import CheckFailed, ConfigError
+from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, Skipped
+from orchestrator.hosts.leases import default_owner, hold_pair_leases, hosts_of, targets_of
+from orchestrator.remote.transport import TransportPool
 from orchestrator.log import get_logger
+
+
+LEASE_TTL_S = 3600  # the production pair's near-full lanes take minutes; a lease must outlive the suite
 
 
 @dataclass(frozen=True)
@@ -62,42 +69,69 @@ def accept_pair(home: Any, inventory: Any, req: AcceptRequest) -> AcceptOutcome:
             argv += [flag, value]
     journal = evidence.begin(command="accept", argv=argv, pair=req.pair, inputs={})
     try:
-        with journal.step("open", host=inventory.pair(req.pair).native) as st:
-            live = open_live(home, inventory, req.pair, profile_name=req.profile, baseline_receipt=req.baseline_receipt,
-                             baseline_pair=req.baseline_pair, fixtures=req.fixtures,
-                             options=CheckOptions(isolation=req.isolation), journal=journal, evidence=evidence,
-                             logger=log)
-            a = live.route.active
-            route = {"revision": live.route.revision, "native_package": a.native_package, "rpc_package": a.rpc_package,
-                     "profile": a.profile_name, "profile_sha256": a.profile_sha256, "argv_sha256": a.argv_sha256}
-            st.data.update({"route": route, "base_url": live.ctx.client.base_url,
-                            "baseline_receipt": live.ctx.baseline.receipt if live.ctx.baseline else None})
-        try:
-            suite = run_suite(live.ctx, only=only or None, skip=skip or None)
-        finally:
-            live.close()
+        with TransportPool(inventory) as pool, ExitStack() as stack:
+            try:
+                with journal.step("lease", host=",".join(hosts_of(inventory, req.pair))) as st:
+                    held = stack.enter_context(hold_pair_leases(
+                        targets_of(inventory, pool, req.pair), owner=default_owner(),
+                        purpose=f"pairctl accept {req.pair} (run {journal.run_id})", ttl_s=LEASE_TTL_S))
+                    st.data["leases"] = [lease_public(x) for x in held.leases]
+            except LeaseHeldError as exc:
+                if not req.scheduled:
+                    raise
+                journal.finish("inconclusive", f"skipped: {exc.message}")
+                _write_metrics(home, None, pair=req.pair, skipped=True)
+                raise Skipped(f"pair {req.pair} is leased; scheduled acceptance skipped: {exc.message}",
+                              hint=f"receipt {journal.receipt_hash}") from None
+            suite, route = _run(home, inventory, req, journal, evidence, pool, only, skip, log)
         reason = "every required check passed" if suite.passed else \
             "failed: " + ", ".join(f"{r.name} ({r.verdict}: {r.message[:200]})" for r in suite.failed())
         receipt = journal.finish("passed" if suite.passed else "failed", reason)
     except BaseException:
         if not journal.finished:
-            journal.__exit__(*__import__("sys").exc_info())
+            journal.__exit__(*sys.exc_info())
         raise
-    _write_metrics(home, suite)
+    _write_metrics(home, suite, pair=req.pair)
     return AcceptOutcome(suite=suite, receipt=receipt, route=route)
 
 
-def _write_metrics(home: Any, suite: SuiteResult) -> None:
+def _run(home, inventory, req, journal, evidence, pool, only, skip, log):
+    with journal.step("open", host=inventory.pair(req.pair).native) as st:
+        live = open_live(home, inventory, req.pair, profile_name=req.profile, baseline_receipt=req.baseline_receipt,
+                         baseline_pair=req.baseline_pair, fixtures=req.fixtures,
+                         options=CheckOptions(isolation=req.isolation), journal=journal, evidence=evidence,
+                         logger=log, pool=pool)
+        a = live.route.active
+        route = {"revision": live.route.revision, "native_package": a.native_package, "rpc_package": a.rpc_package,
+                 "profile": a.profile_name, "profile_sha256": a.profile_sha256, "argv_sha256": a.argv_sha256,
+                 "checked_with_profile": live.ctx.profile.name}
+        st.data.update({"route": route, "base_url": live.ctx.client.base_url,
+                        "baseline_receipt": live.ctx.baseline.receipt if live.ctx.baseline else None})
+    try:
+        suite = run_suite(live.ctx, only=only or None, skip=skip or None)
+    finally:
+        live.close()
+    return suite, route
+
+
+def lease_public(lease: Any) -> dict[str, Any]:
+    """A lease for the receipt, never its nonce (the nonce releases it)."""
+    public = getattr(lease, "public", None)
+    return dict(public()) if callable(public) else {"host": getattr(lease, "host", None)}
+
+
+def _write_metrics(home: Any, suite: SuiteResult | None, *, pair: str, skipped: bool = False) -> None:
     """The Prometheus textfile for this pair (best effort: metrics never change the verdict)."""
     try:
         from orchestrator.ops.textfile import write_acceptance
 
-        one = suite.result("one_lane_near_full")
+        one = suite.result("one_lane_near_full") if suite else None
         tps = one.figures.get("tg_tokens_per_s") if one else None
-        write_acceptance(home.metrics, pair=suite.pair, now=time.time(), passed=suite.passed,
-                         checks={r.name: r.verdict == "passed" for r in suite.results}, tokens_per_second=tps)
+        write_acceptance(home.metrics, pair=pair, now=time.time(), passed=bool(suite and suite.passed),
+                         checks={r.name: r.verdict == "passed" for r in suite.results} if suite else {},
+                         tokens_per_second=tps, skipped=skipped)
     except Exception:
-        get_logger(pair=suite.pair).warning("could not write the acceptance textfile", exc_info=True)
+        get_logger(pair=pair).warning("could not write the acceptance textfile", exc_info=True)
 
 
 VERDICT_STYLE = {"passed": "green", "failed": "red", "error": "red", "skipped": "yellow"}
