@@ -81,6 +81,9 @@ class BuildPlan:
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
         env.update(CCACHE_BASEDIR=str(self.work_dir), CCACHE_NOHASHDIR="1", NINJA_STATUS="[%f/%t] ", **self.env_extra)
+        # The exported tree is not a checkout. Without a ceiling, ggml's CMakeLists finds whatever
+        # repository encloses the work dir (e.g. pairctl's own) and bakes its HEAD into the binary.
+        env["GIT_CEILING_DIRECTORIES"] = str(self.work_dir)
         return env
 
 

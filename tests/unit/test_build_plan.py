@@ -65,6 +65,7 @@ def test_plan_argv_and_env(tmp_path: Path) -> None:
     assert plan.work_dir == tmp_path / "cache" / "work" / "cpu-lab"
     env = plan.env({"PATH": "/usr/bin"})
     assert env["CCACHE_BASEDIR"] == str(plan.work_dir) and env["CCACHE_NOHASHDIR"] == "1"
+    assert env["GIT_CEILING_DIRECTORIES"] == str(plan.work_dir)  # no enclosing repo's HEAD in the binaries
 
 
 def test_cuda_plan_uses_checked_nvcc_and_cuda_launcher(tmp_path: Path) -> None:
