@@ -35,6 +35,8 @@ def sample_problem(s: dict[str, Any], n_predict: int) -> str | None:
         return f"request failed: {s.get('error') or 'unknown error'}"
     if s.get("predicted_n") != n_predict:
         return f"generated {s.get('predicted_n')} tokens, planned {n_predict}"
+    if s.get("prompt_tokens") is not None and s.get("prompt_n") != s.get("prompt_tokens"):
+        return f"the server evaluated {s.get('prompt_n')} prompt tokens, {s.get('prompt_tokens')} were sent"
     if (s.get("cache_n") or 0) != 0:
         return f"{s.get('cache_n')} prompt tokens came from the cache (cache_prompt must be off)"
     for k in ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s"):

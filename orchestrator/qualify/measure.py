@@ -55,7 +55,7 @@ def prompts_for(loaded: LoadedPlan, tokenize: Callable[[str], list[int]], per_sl
 
 
 def request_params(plan_seed: int, temperature: float) -> dict[str, Any]:
-    return {"cache_prompt": False, "ignore_eos": True, "temperature": temperature, "seed": plan_seed, "return_tokens": False}
+    return {"cache_prompt": False, "ignore_eos": True, "temperature": temperature, "seed": plan_seed, "return_tokens": True}
 
 
 def measure(client: Any, prompt: Prompt, *, n_predict: int, params: dict[str, Any], memory: MemoryProbe | None,
@@ -80,8 +80,8 @@ def measure(client: Any, prompt: Prompt, *, n_predict: int, params: dict[str, An
                     final = ch
                     break
         wall = time.monotonic() - t0
-    except PairctlError as exc:
-        row.update(error=str(exc).splitlines()[0][:500], wall_s=time.monotonic() - t0)
+    except (PairctlError, ValueError) as exc:  # ValueError: the server parsers' ParseError
+        row.update(error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:500]}", wall_s=time.monotonic() - t0)
         return row
     row.update(wall_s=wall, ttft_s=ttft, chunks=n_chunks)
     if final is None or final.timings is None:

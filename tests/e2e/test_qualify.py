@@ -61,7 +61,7 @@ def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_pa
     for row in rows:
         assert row["package_native"] == row["package_rpc"] == (a if row["arm"] == "baseline" else b)
         assert row["fixture_sha256"] == fx_sha[row["fixture"]]
-        assert row["predicted_n"] == plan.plan.n_predict and row["cache_n"] == 0 and row["prompt_n"] == 200
+        assert row["predicted_n"] == plan.plan.n_predict and row["cache_n"] == 0 and row["prompt_n"] == row["prompt_tokens"] == 200
         assert row["predicted_per_second"] > 0 and 0 < row["ttft_s"] <= row["wall_s"]
         assert row["peak_memory_bytes"] > 0
     # the arm order alternates and each arm is a fresh, verified deploy with its own receipt

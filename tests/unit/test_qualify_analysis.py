@@ -83,6 +83,7 @@ def test_missing_pair_makes_cell_inconclusive_not_pass():
         ({"ok": False, "error": "timeout"}, "request failed: timeout"),
         ({"predicted_n": 300}, "generated 300 tokens, planned 512"),
         ({"cache_n": 8191}, "from the cache"),
+        ({"prompt_tokens": 8192, "prompt_n": 1}, "evaluated 1 prompt tokens, 8192 were sent"),
         ({"ttft_s": None}, "ttft_s is None"),
         ({"predicted_per_second": float("inf")}, "predicted_per_second is inf"),
     ],
