@@ -72,7 +72,11 @@ def ensure_rev_b(repo: Path) -> str:
     if proc.returncode == 0:
         return proc.stdout.strip()
     rev = make_commit(repo, BASELINE_TAG, "lab: second revision (README line)", _append_readme_line)
-    _git(repo, "tag", REV_B_TAG, rev)
+    try:
+        _git(repo, "tag", REV_B_TAG, rev)
+    except RuntimeError:  # another session tagged it meanwhile: same inputs, so it must be the same commit
+        if _git(repo, "rev-parse", f"{REV_B_TAG}^{{commit}}") != rev:
+            raise
     return rev
 
 
