@@ -27,6 +27,7 @@ from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.probes import parse_facts, parse_identity
 from orchestrator.hosts.route import parse_route
 from orchestrator.paths import Home
+from orchestrator.remote.command import Cmd
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
 
 
@@ -121,7 +122,9 @@ class EngineDriver:
                 if pid is None:
                     return None, f"{role}: no pid"
                 t = self.pool.get(self.view.hosts[role])
-                peak = parse_vmhwm(t.read_bytes(f"/proc/{pid}/status").decode("utf-8", "replace"))
+                # a command, not SFTP: /proc files report size 0, which SFTP prefetch takes literally
+                res = t.run_idempotent(Cmd.of("cat", f"/proc/{pid}/status"), timeout=30)
+                peak = parse_vmhwm(_text(res.stdout))
                 if peak is None:
                     return None, f"{role}: no VmHWM"
                 total += peak
