@@ -70,6 +70,7 @@ class RunContext:
     route_bytes: dict[str, bytes | None] = field(default_factory=dict)
     route_written: bool = False
     leases: dict[str, Any] = field(default_factory=dict)
+    lease_nonce: str | None = field(default=None, repr=False)
     changed: bool = False
     uploads: dict[str, dict[str, Any]] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)

@@ -1,42 +1,54 @@
-"""Deploy's view of leases: take / release / describe one host's lease for this run.
+"""Deploy's view of leases: take / release / show one host's lease for this run.
 
-A thin adapter over `orchestrator.hosts.leases` (owned by the leases work), so the engine's
-handlers do not depend on that module's exact signatures.
+A thin adapter over `orchestrator.hosts.leases` (take_lease / release_lease / lease_state):
+one nonce per run for both hosts, the run's purpose text, and lease records without nonces
+for receipts.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-PURPOSE = "pairctl {command} {pair} (run {run})"
 DEFAULT_TTL_S = 1800
+
+
+def _nonce(ctx: Any) -> str:
+    from orchestrator.hosts import leases
+
+    with ctx._lock:
+        n = getattr(ctx, "lease_nonce", None)
+        if n is None:
+            n = leases.new_nonce()
+            ctx.lease_nonce = n
+        return n
 
 
 def take(ctx: Any, role: str) -> Any:
     from orchestrator.hosts import leases
 
+    command = ctx.journal.state.header.get("command", "deploy")
     return leases.take_lease(
-        ctx.t(role),
-        ctx.layout(role).root,
-        host=ctx.host(role),
-        purpose=PURPOSE.format(command=ctx.journal.state.header.get("command", "deploy"), pair=ctx.view.name, run=ctx.run_id),
-        ttl_s=DEFAULT_TTL_S,
+        ctx.t(role), ctx.layout(role).root, leases.default_owner(),
+        f"pairctl {command} {ctx.view.name} (run {ctx.run_id})", DEFAULT_TTL_S, nonce=_nonce(ctx),
     )
 
 
 def release(ctx: Any, role: str, handle: Any) -> None:
     from orchestrator.hosts import leases
 
-    leases.release_lease(ctx.t(role), ctx.layout(role).root, handle)
+    leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce)
 
 
 def describe(handle: Any) -> dict[str, Any]:
+    """A lease for receipts and messages: never the nonce (it releases the lease)."""
     if handle is None:
         return {}
-    for attr in ("as_dict", "to_dict", "model_dump"):
-        fn = getattr(handle, attr, None)
-        if callable(fn):
-            d = dict(fn())
-            d.pop("nonce", None)  # the nonce proves ownership: keep it out of receipts
-            return d
-    return {"lease": str(handle)}
+    public = getattr(handle, "public", None)
+    return dict(public()) if callable(public) else {"lease": str(handle)}
+
+
+def show(transport: Any, root: str) -> list[dict[str, Any]]:
+    from orchestrator.hosts import leases
+
+    st = leases.lease_state(transport, root)
+    return [] if st.free else [st.to_dict()]

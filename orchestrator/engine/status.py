@@ -109,12 +109,10 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
 
 
 def _leases(transport: Any, root: str) -> list[dict[str, Any]]:
+    from orchestrator.engine import leasing
+
     try:
-        from orchestrator.hosts import leases
-    except ImportError:
-        return []
-    try:
-        return [dict(x) for x in leases.show_leases(transport, root)]
+        return leasing.show(transport, root)
     except Exception as exc:  # a status must still show the rest
         return [{"error": str(exc)[:200]}]
 

@@ -1,0 +1,97 @@
+"""Wall time of a lab deploy, split into pairctl's own work and the servers' start-up.
+
+Two deploys on the lab pair `lab` with packages built by `pairctl build` (baseline "A" and
+revision lab-b "B"), identity-verified, acceptance skipped:
+  fresh     B is not on the hosts (its release directories are removed first): upload + verify
+  uploaded  back to A, which is already on the hosts: verify only, 0 package bytes sent
+Reported per deploy: wall time, the servers' start-to-ready time (ggml-rpc-server listening,
+llama-server /health 200), pairctl's own share (the rest: connect, leases, upload, hashing,
+stop, switch, verification), SSH round trips (commands + SFTP requests counted by the
+transport) and package bytes sent. Targets (issue 4): fresh < 3 s, uploaded < 2 s with 0 bytes.
+
+Home: PAIRCTL_HOME, else the test session's home (.state/test), so the packages the e2e
+tests built are reused. The lab is brought up if needed; A stays active afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+FRESH_TARGET_S = 3.0
+UPLOADED_TARGET_S = 2.0
+PAIR = "lab"
+
+
+def _home():
+    from orchestrator.paths import Home
+
+    root = os.environ.get("PAIRCTL_HOME") or str(REPO / ".state" / "test")
+    os.environ["PAIRCTL_HOME"] = root
+    return Home.resolve(root)
+
+
+def _packages(home) -> tuple[str, str]:
+    """(A, B): baseline and lab-b cpu-lab packages, built with `pairctl build` if missing."""
+    from orchestrator.build.store import PackageStore
+    from orchestrator.lab.source import BASELINE_TAG, ensure_source
+    from tests.plugins.packages import REV_B_TAG, build_package, ensure_rev_b
+
+    repo = ensure_source(home)
+    ensure_rev_b(repo)
+    a = build_package(home.root, BASELINE_TAG)
+    b = build_package(home.root, REV_B_TAG)
+    assert PackageStore(home.store).get(a.id).manifest.revision != b.manifest.revision
+    return a.id, b.id
+
+
+def _measure(res: Any) -> dict[str, Any]:
+    t = res.timings
+    servers = t.get("server_start_to_healthy_s", 0.0) + t.get("rpc_start_to_listen_s", 0.0)
+    rts = sum(s.get("round_trips", 0) for s in res.transport.values())
+    return {
+        "wall_s": round(res.wall_s, 3),
+        "servers_start_to_ready_s": round(servers, 3),
+        "llama_server_start_to_healthy_s": round(t.get("server_start_to_healthy_s", 0.0), 3),
+        "rpc_server_start_to_listening_s": round(t.get("rpc_start_to_listen_s", 0.0), 3),
+        "pairctl_own_s": round(res.wall_s - servers, 3),
+        "pairctl_parts_s": {k: round(v, 3) for k, v in t.items()
+                            if k not in ("server_start_to_healthy_s", "rpc_start_to_listen_s")},
+        "steps_s": {s["name"]: s["seconds"] for s in res.steps},
+        "ssh_round_trips": rts,
+        "ssh_round_trips_by_host": {h: s.get("round_trips", 0) for h, s in res.transport.items()},
+        "package_bytes_sent": sum(u.get("bytes_sent", 0) for u in res.uploads.values()),
+        "receipt": res.receipt,
+    }
+
+
+def run() -> dict[str, Any]:
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.engine.deploy import deploy
+    from orchestrator.lab.lab import Lab
+
+    home = _home()
+    inv = load_inventory("lab", {"PAIRCTL_HOME": str(home.root)})
+    Lab(home, inv).up()
+    a, b = _packages(home)
+    deploy(home, inv, PAIR, (a, a), skip_accept=True)  # start from A active (untimed)
+    for h in ("lab-native", "lab-rpc"):  # B is new to the hosts: remove its release if an earlier run left it
+        rel = Path(inv.host(h).install_root) / "releases" / b
+        if rel.exists():
+            shutil.rmtree(rel)
+    fresh = _measure(deploy(home, inv, PAIR, (b, b), skip_accept=True))
+    uploaded = _measure(deploy(home, inv, PAIR, (a, a), skip_accept=True))
+    passed = (fresh["wall_s"] < FRESH_TARGET_S and uploaded["wall_s"] < UPLOADED_TARGET_S
+              and uploaded["package_bytes_sent"] == 0 and fresh["package_bytes_sent"] > 0)
+    line = (f"deploy: fresh {fresh['wall_s']:.2f} s (servers {fresh['servers_start_to_ready_s']:.2f} s, "
+            f"{fresh['ssh_round_trips']} round trips, {fresh['package_bytes_sent']} bytes) "
+            f"target <{FRESH_TARGET_S:.0f} s; already uploaded {uploaded['wall_s']:.2f} s "
+            f"({uploaded['ssh_round_trips']} round trips, {uploaded['package_bytes_sent']} bytes) "
+            f"target <{UPLOADED_TARGET_S:.0f} s: {'PASS' if passed else 'FAIL'}")
+    return {"fresh": fresh, "uploaded": uploaded, "targets": {"fresh_s": FRESH_TARGET_S, "uploaded_s": UPLOADED_TARGET_S},
+            "passed": passed, "line": line, "packages": {"A": a, "B": b},
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

@@ -1,0 +1,174 @@
+"""Issue 4, end to end: real sshd hosts, real llama-server + ggml-rpc-server from packages that
+`pairctl build` made, deployed, verified, broken on purpose and rolled back.
+
+Packages: `lab_packages` (baseline, "A") and `lab_packages_b` (revision lab-b, "B"); in the lab
+one cpu-lab package serves both the native and the RPC host.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config.loader import read_yaml
+from orchestrator.evidence.store import EvidenceStore
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+from tests.plugins.pairs import PAIR, deploy_baseline, is_active, lab_status  # noqa: E402
+
+
+def _deploy(cli, *args: str, inventory: str | None = None):
+    r = cli("--json", "deploy", "--pair", PAIR, *args, inventory=inventory)
+    out = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+    return r, out
+
+
+def _receipt(home: Path, sha: str):
+    return EvidenceStore(Path(home) / "evidence").load(sha)
+
+
+def _latest_receipt(home: Path):
+    return EvidenceStore(Path(home) / "evidence").latest(PAIR)
+
+
+def _host_links(st) -> dict[str, tuple[str | None, str | None]]:
+    return {h: (v["current"], v["previous"]) for h, v in st["hosts"].items()}
+
+
+def test_deploy_a_then_b_over_a_then_rollback(deployed_lab, lab_packages_b, cli, restore_baseline):
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    assert a != b
+    before = lab_status(cli)
+    r, out = _deploy(cli, "--packages", b, b, "--skip-accept")
+    assert r.exit_code == 0, r.stderr
+    assert out["outcome"] == "passed" and out["active"]["native_package"] == b
+    st = lab_status(cli)
+    assert is_active(st, b), st
+    for host, (cur, prev) in _host_links(st).items():
+        assert (cur, prev) == (b, a), host  # A became previous
+    assert st["route"]["revision"] == before["route"]["revision"] + 1
+    assert st["route"]["previous"].startswith(f"{a} + {a}")
+    rec = _receipt(deployed_lab.home, out["receipt"])
+    assert rec.outcome == "passed"
+    assert {s.name for s in rec.steps} >= {"preflight", "connect", "lease", "upload", "stop-native", "switch",
+                                          "start-rpc", "start-server", "verify", "route", "release-lease"}
+    assert rec.inputs["package:native"] == b and "profile" in rec.inputs and "playbook:deploy" in rec.inputs
+    assert {i.host for i in rec.identities} == {"lab-native", "lab-rpc"}
+
+    # pairctl rollback: A back, verified, route names A again, B is previous
+    rb = cli("--json", "rollback", "--pair", PAIR)
+    assert rb.exit_code == 0, rb.stderr
+    st2 = lab_status(cli)
+    assert is_active(st2, a), st2
+    assert all(links == (a, b) for links in _host_links(st2).values())
+    assert st2["route"]["revision"] == st["route"]["revision"] + 1
+
+
+def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, restore_baseline):
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    before = lab_status(cli)
+    bad = tmp_path / "unloadable.yaml"
+    prof = read_yaml(Path(__file__).resolve().parents[2] / "manifests" / "profiles" / "lab.yaml")
+    prof.update(name="unloadable", extra_args=["--lora", str(tmp_path / "no-such-adapter.gguf")])
+    bad.write_text(json.dumps(prof))
+    r, out = _deploy(cli, "--packages", b, b, "--profile", str(bad), "--skip-accept")
+    assert r.exit_code == 7, (r.exit_code, r.stderr)
+    assert "rolled back" in r.stderr and "start-server" in r.stderr
+    st = lab_status(cli)
+    assert is_active(st, a), st  # A restored, verified (status compares running binaries to manifests) and serving
+    assert all(links == before_links for links, before_links in zip(_host_links(st).values(), _host_links(before).values()))
+    assert st["route"]["revision"] > before["route"]["revision"]
+    rec = _latest_receipt(deployed_lab.home)
+    assert rec.outcome == "failed"
+    steps = [(s.name, s.outcome) for s in rec.steps]
+    assert ("start-server", "failed") in steps
+    failed_at = steps.index(("start-server", "failed"))
+    after = [n for n, o in steps[failed_at + 1:] if o == "passed"]
+    assert {"stop-native", "switch-back", "start-rpc", "start-server", "verify", "route", "release-lease"} <= set(after)
+    extra = rec.extra_fields()
+    assert extra["failure"]["step"] == "start-server"
+    assert extra["final_state"]["state"] == "restored" and extra["final_state"]["active"].startswith(a)
+    for host, v in st["hosts"].items():
+        assert v["leases"] == [], f"{host} still leased"
+
+
+def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cli, lab):
+    from orchestrator.hosts.leases import release_lease, take_lease
+    from orchestrator.remote.transport import TransportPool
+
+    b = lab_packages_b.id
+    before = lab_status(cli)
+    root = deployed_lab.roots()["rpc"]
+    with TransportPool(lab.inventory) as pool:
+        t = pool.get("lab-rpc")
+        lease = take_lease(t, root, "other-operator@elsewhere", "a concurrent deploy", 600)
+        try:
+            r, _ = _deploy(cli, "--packages", b, b, "--skip-accept")
+            assert r.exit_code == 5, (r.exit_code, r.stderr)
+            assert "other-operator@elsewhere" in r.stderr and "until" in r.stderr
+            st = lab_status(cli)
+            assert st["route"] == before["route"] and _host_links(st) == _host_links(before)
+            assert is_active(st, deployed_lab.package_id)
+            assert st["hosts"]["lab-native"]["leases"] == []  # our half of the pair was released
+        finally:
+            release_lease(t, root, lease.nonce)
+
+
+def test_two_revisions_refused_before_any_host(deployed_lab, lab_packages_b, cli, tmp_path):
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    # an inventory whose hosts cannot be reached: touching a host would fail with exit 4, not 6
+    src = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml"
+    inv = read_yaml(src)
+    for h in inv["hosts"].values():
+        h["port"] = 1
+    path = tmp_path / "unreachable.yaml"
+    path.write_text(json.dumps(inv))
+    before = lab_status(cli)
+    r, _ = _deploy(cli, "--packages", a, b, "--skip-accept", inventory=str(path))
+    assert r.exit_code == 6, (r.exit_code, r.stderr)
+    assert "two revisions" in r.stderr
+    rec = _latest_receipt(deployed_lab.home)
+    assert [s.name for s in rec.steps] == ["preflight"] and rec.outcome == "failed"
+    assert lab_status(cli)["route"] == before["route"]
+
+
+def test_changed_host_key_refused_before_any_host(deployed_lab, lab_packages_b, cli, tmp_path):
+    b = lab_packages_b.id
+    known = (deployed_lab.home / "lab" / "known_hosts").read_text().splitlines()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
+    fake = (tmp_path / "k.pub").read_text().split()[:2]
+    changed = [(" ".join([l.split()[0], *fake]) if l.startswith("[127.0.0.3]") else l) for l in known]
+    assert changed != known
+    (tmp_path / "known_hosts").write_text("\n".join(changed) + "\n")
+    src = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml"
+    inv = read_yaml(src)
+    inv["known_hosts"] = str(tmp_path / "known_hosts")
+    path = tmp_path / "badkey.yaml"
+    path.write_text(json.dumps(inv))
+    before = lab_status(cli)
+    r, _ = _deploy(cli, "--packages", b, b, "--skip-accept", inventory=str(path))
+    assert r.exit_code == 4, (r.exit_code, r.stderr)
+    assert "SHA256:" in r.stderr  # the fingerprint the host presented
+    st = lab_status(cli)
+    assert st["route"] == before["route"] and _host_links(st) == _host_links(before)
+    assert all(v["leases"] == [] for v in st["hosts"].values())
+    rec = _latest_receipt(deployed_lab.home)
+    assert "lease" not in [s.name for s in rec.steps]
+
+
+def test_dry_run_prints_every_step_and_changes_nothing(deployed_lab, lab_packages_b, cli):
+    b = lab_packages_b.id
+    before = lab_status(cli)
+    r = cli("deploy", "--pair", PAIR, "--packages", b, b, "--dry-run")
+    assert r.exit_code == 0, r.stderr
+    for name in ("lease", "upload", "stop-native", "switch", "start-rpc", "start-server", "verify", "route"):
+        assert name in r.stdout
+    assert "lab-native" in r.stdout and "lab-rpc" in r.stdout and "-H 127.0.0.3" in r.stdout
+    st = lab_status(cli)
+    assert st["route"] == before["route"] and _host_links(st) == _host_links(before)
+    assert [h["releases"] for h in st["hosts"].values()] == [h["releases"] for h in before["hosts"].values()]

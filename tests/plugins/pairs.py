@@ -1,0 +1,86 @@
+"""Fixture `deployed_lab`: the baseline packages active and verified on the lab pair `lab`.
+
+Idempotent and cheap when nothing changed: `pairctl status` first; only if the pair does not
+run the baseline (as recorded and verified) is `pairctl deploy --skip-accept` run. Tests that
+deploy something else must put the baseline back before they end (`restore_baseline`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PAIR = "lab"
+PROFILE = "lab"
+
+
+@dataclass(frozen=True)
+class DeployedPair:
+    pair: str
+    base_url: str
+    package_id: str  # the same cpu-lab package on both hosts in the lab
+    native_package: str
+    rpc_package: str
+    profile: str
+    home: Path
+    inventory: Any  # resolved Inventory
+    receipt: str | None = None  # deploy receipt (None when the pair was already active)
+    status: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def api_key(self) -> str | None:
+        return None  # the lab pair has no api_key_file
+
+    def roots(self) -> dict[str, str]:
+        p = self.inventory.pair(self.pair)
+        return {"native": self.inventory.host(p.native).install_root, "rpc": self.inventory.host(p.rpc).install_root}
+
+
+def lab_status(cli, pair: str = PAIR) -> dict[str, Any]:
+    r = cli("--json", "status", "--pair", pair)
+    if r.exit_code not in (0, 1):
+        raise RuntimeError(f"pairctl status --pair {pair} failed (exit {r.exit_code}): {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def is_active(st: dict[str, Any], package_id: str) -> bool:
+    route = st.get("route") or {}
+    return (not st["problems"] and route.get("active_packages") == [package_id, package_id]
+            and (route.get("active") or "").endswith(f"({PROFILE})") and st.get("health") == "ok"
+            and all(h["running"] and h["matches_manifest"] for h in st["hosts"].values()))
+
+
+def deploy_baseline(cli, package_id: str, pair: str = PAIR) -> str | None:
+    """Make the baseline the active pair; returns the deploy receipt (None if it already was)."""
+    st = lab_status(cli, pair)
+    if is_active(st, package_id):
+        return None
+    r = cli("--json", "deploy", "--pair", pair, "--packages", package_id, package_id, "--profile", PROFILE, "--skip-accept")
+    if r.exit_code != 0:
+        raise RuntimeError(f"deploying the baseline failed (exit {r.exit_code}):\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout)["receipt"]
+
+
+@pytest.fixture
+def deployed_lab(lab, lab_packages, cli) -> DeployedPair:
+    """The lab pair running the baseline cpu-lab package (deployed if needed, verified)."""
+    pid = lab_packages.id
+    receipt = deploy_baseline(cli, pid)
+    st = lab_status(cli)
+    assert is_active(st, pid), f"baseline not active after deploy: {st}"
+    from orchestrator.engine.plan import pair_view
+
+    view = pair_view(lab.inventory, PAIR)
+    return DeployedPair(pair=PAIR, base_url=view.base_url, package_id=pid, native_package=pid, rpc_package=pid,
+                        profile=PROFILE, home=lab.home.root, inventory=lab.inventory, receipt=receipt, status=st)
+
+
+@pytest.fixture
+def restore_baseline(lab, lab_packages, cli):
+    """Use in tests that deploy something else: the baseline is active again afterwards."""
+    yield
+    deploy_baseline(cli, lab_packages.id)
