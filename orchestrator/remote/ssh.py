@@ -403,12 +403,12 @@ class SshTransport:
             chan.exec_command(cmd.render())
             if stdin:
                 if len(stdin) <= 32768:
-                    chan.sendall(stdin)
+                    _send_all(chan, stdin)
                     chan.shutdown_write()
                 else:  # a writer thread, so a program that answers while reading cannot deadlock us
                     def feed() -> None:
                         try:
-                            chan.sendall(stdin)
+                            _send_all(chan, stdin)
                         except Exception:
                             pass
                         finally:
@@ -615,6 +615,15 @@ class SshTransport:
 
 class _Timeout(Exception):
     pass
+
+
+def _send_all(chan: paramiko.Channel, data: bytes) -> None:
+    """Channel.sendall re-slices the whole remaining buffer per packet (quadratic: 19 MB took
+    3.5 s); slicing a memoryview per packet keeps it linear."""
+    view = memoryview(data)
+    off, n = 0, len(data)
+    while off < n:
+        off += chan.send(view[off:off + 262144])
 
 
 def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
