@@ -415,3 +415,24 @@ def _inputs(kernel: str) -> dict[str, str]:
 
     d, meta = load_kernel(kernel)
     return {"kernel.yaml": sha256_file(d / "kernel.yaml"), "cases.yaml": sha256_file(d / meta.cases), "patch": meta.patch_sha256}
+
+
+def deploy_step(ctx: Any, role: str | None = None) -> dict[str, Any]:
+    """The engine handler for a playbook step `action: kernel-check` (host: local).
+
+    Place it after `upload` and before `stop-native`: the packages being deployed are on the
+    hosts, nothing that runs has changed yet, and a failure aborts the deploy without a rollback.
+    The live pair keeps serving meanwhile (the check uses its own rpc-server on rpc_port + 1).
+    `ctx` is the engine's RunContext (inventory, view, home, package_ids, pool, journal).
+    """
+    if ctx.package_ids is None:
+        raise ConfigError("kernel-check runs in a deploy (it needs the package ids being deployed)")
+    native_id, rpc_id = ctx.package_ids
+    hosts = ctx.view.hosts
+    result = run_kernel_check(
+        ctx.inventory, ctx.view.name, home=ctx.home,
+        packages={hosts["native"]: native_id, hosts["rpc"]: rpc_id},
+        pool=ctx.pool, journal=ctx.journal,
+    )  # fmt: skip
+    return {"kernel": result.plan.kernel, "passed": result.passed,
+            "hosts": {v.host: (v.summary or {}) for v in result.verdicts}}

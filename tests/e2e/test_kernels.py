@@ -1,0 +1,112 @@
+"""Issue 7, end to end: the MMVF candidate package builds from the patch, and the packaged kernel
+harness passes all six cases on the lab pair through RPC against the CPU reference, and fails
+when a case's reference is perturbed on purpose. Real sshd hosts, real ggml-rpc-server and
+harness from packages `pairctl build` made; the live pair keeps running throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.build.patching import apply_patch_commit
+from orchestrator.build.store import PackageStore
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.kernels_meta import load_cases, load_kernel
+from orchestrator.paths import KERNELS, Home
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+from tests.plugins.packages import build_package  # noqa: E402
+from tests.plugins.pairs import PAIR, lab_status  # noqa: E402
+
+MMVF = KERNELS / "mmvf-warp-per-row"
+HARNESS = "tests/bin/ggml-kernel-cases"
+CASES = load_cases(MMVF).names()
+
+
+def _check(cli, *args: str):
+    r = cli("--json", "kernels", "check", "--pair", PAIR, *args)
+    out = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+    return r, out
+
+
+def _receipt(home: Path, sha: str):
+    return EvidenceStore(Path(home) / "evidence").load(sha)
+
+
+def _services(st) -> dict[str, object]:
+    return {h: (v.get("running"), v.get("pid")) for h, v in st["hosts"].items()}
+
+
+def test_package_carries_the_kernel_harness(lab_packages):
+    assert HARNESS in lab_packages.manifest.files, "pairctl build must add the kernel harness to the package's test files"
+    assert lab_packages.manifest.files[HARNESS].kind == "test"
+    assert (lab_packages.path / HARNESS).is_file()
+
+
+def test_cases_pass_through_rpc_against_the_cpu_reference(deployed_lab, cli):
+    before = lab_status(cli)
+    r, out = _check(cli)
+    assert r.exit_code == 0, r.stderr + r.stdout
+    assert out["passed"] and not out["problems"]
+    for host in out["hosts"]:
+        assert host["exit_status"] == 0 and host["package"] == deployed_lab.package_id
+        rows = host["rows"]
+        assert sorted(row["case"] for row in rows) == sorted(CASES)  # one non-CPU backend: the RPC device
+        for row in rows:
+            assert row["backend"].startswith("RPC") and row["backend"].endswith("[127.0.0.3:50053]"), row
+            assert row["passed"] and row["nmse"] is not None and row["nmse"] <= 5e-4 and not row["perturbed"]
+            assert row["us_per_run"] > 0 and row["runs"] >= 1
+    # the second rpc-server ran on rpc_port + 1 bound to the RPC address, and was stopped
+    assert out["plan"]["rpc_server"]["endpoint"] == "127.0.0.3:50053"
+    ss = subprocess.run(["ss", "-Hltn", "sport = :50053"], capture_output=True, text=True).stdout
+    assert "127.0.0.3:50053" not in ss
+    # the live pair was never touched: same processes, still healthy
+    after = lab_status(cli)
+    assert _services(after) == _services(before) and after.get("health") == "ok"
+    rec = _receipt(deployed_lab.home, out["receipt"])
+    assert rec.outcome == "passed"
+    names = {s.name for s in rec.steps}
+    assert {"kernels.plan", "kernels.rpc_server.start", "kernels.harness.native", "kernels.harness.rpc", "kernels.rpc_server.stop"} <= names
+    _, meta = load_kernel(MMVF)
+    assert rec.inputs["patch"] == meta.patch_sha256
+
+
+def test_perturbed_reference_fails_exactly_that_case(deployed_lab, cli):
+    r, out = _check(cli, "--perturb", "w4-kpad")
+    assert r.exit_code == 1, r.stderr + r.stdout
+    assert not out["passed"]
+    for host in out["hosts"]:
+        failed = {row["case"] for row in host["rows"] if not row["passed"]}
+        assert failed == {"w4-kpad"}, host["rows"]
+        bad = next(row for row in host["rows"] if row["case"] == "w4-kpad")
+        assert bad["perturbed"] and bad["nmse"] > 5e-4
+    assert "w4-kpad" in r.stderr and "receipt" in r.stderr
+    assert _receipt(deployed_lab.home, out["receipt"]).outcome == "failed"
+    ss = subprocess.run(["ss", "-Hltn", "sport = :50053"], capture_output=True, text=True).stdout
+    assert "127.0.0.3:50053" not in ss  # stopped after a failure too
+
+
+def test_check_refuses_the_live_rpc_port(deployed_lab, cli):
+    r, _ = _check(cli, "--port", "50052")
+    assert r.exit_code == 3 and "rpc port" in r.stderr
+
+
+def test_candidate_package_builds_from_the_patch(lab_source, pairctl_home):
+    """`pairctl build --patch kernels/mmvf-warp-per-row`: an exact patched commit, built (CPU target)."""
+    expected = apply_patch_commit(lab_source, "baseline", MMVF)  # reproducible: the build must land on this commit
+    pkg = build_package(pairctl_home, "baseline", extra=("--patch", str(MMVF)))
+    m = pkg.manifest
+    assert m.revision == expected
+    assert m.patch is not None and m.patch.sha256 == load_kernel(MMVF)[1].patch_sha256
+    assert m.patch.base_revision == subprocess.run(["git", "-C", str(lab_source), "rev-parse", "baseline"],
+                                                   capture_output=True, text=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(lab_source), "diff", "--name-only", "baseline", m.revision],
+                             capture_output=True, text=True).stdout.split()
+    assert changed == ["ggml/src/ggml-cuda/mmvf.cu"]
+    assert PackageStore(Home.resolve(pairctl_home).store).verify(pkg.id).ok
+    assert HARNESS in m.files
