@@ -34,6 +34,7 @@ _OPTIONAL = [
     ("orchestrator.engine.playbook", "playbook", "Playbook"),
     ("orchestrator.qualify.plan", "plan", "QualifyPlan"),
     ("orchestrator.kernels_meta", "kernel", "KernelPatch"),
+    ("orchestrator.kernels_meta", "kernel-cases", "CaseSet"),
     ("orchestrator.checks.fixtures", "fixtures", "FixtureSet"),
 ]
 
@@ -54,6 +55,8 @@ def _kind_of(path: Path) -> str | None:
             return kind
     if path.name == "kernel.yaml":
         return "kernel"
+    if path.name == "cases.yaml" and parent.parent == KERNELS.resolve():
+        return "kernel-cases"
     return None
 
 
@@ -62,6 +65,7 @@ def default_files() -> list[Path]:
     for kind, folder in FOLDERS.items():
         files += sorted(folder.glob("*.yaml"))
     files += sorted(KERNELS.glob("*/kernel.yaml"))
+    files += sorted(KERNELS.glob("*/cases.yaml"))
     return files
 
 

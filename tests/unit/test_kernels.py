@@ -351,3 +351,11 @@ def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
     paths["target"].write_bytes(b"broken")
     ensure_kmmvf_models(tmp_path)
     assert sha256_file(paths["target"]) == first["target"]  # a damaged file is rewritten identically
+
+
+def test_config_check_validates_cases_yaml(cli, tmp_path):
+    assert cli("config", "check", str(MMVF / "cases.yaml")).exit_code == 0
+    bad = tmp_path / "cases.yaml"
+    bad.write_text((MMVF / "cases.yaml").read_text().replace("k_stride: 384", "k_stride: 300"))
+    r = cli("config", "check", "--kind", "kernel-cases", str(bad))
+    assert r.exit_code == 3 and "k_stride" in r.output
