@@ -54,6 +54,8 @@ def qualify(
             hint=f"check the pair, then `pairctl receipts derive --from {out.receipt} "
                  + " ".join(f"--reuse {s}" for s in out.arm_steps) + " --reason ...` and `pairctl qualify report --receipt HASH`",
         )
+    if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
+        raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
     _exit_for(out.result)
 
 

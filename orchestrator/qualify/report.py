@@ -193,14 +193,16 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
     cells = result.cells
     fig, ax = plt.subplots(figsize=(1.8 + 1.9 * len(cells), 5.0), dpi=110)
     ax.axhline(0.0, color="black", linewidth=0.8)
+    labelled = False
     for x, c in enumerate(cells):
         if c.tg is not None:
             ys = [100 * (r - 1) for r in c.tg.ratios]
             xs = [x + (i - (len(ys) - 1) / 2) * 0.06 for i in range(len(ys))]
-            ax.scatter(xs, ys, s=18, color="tab:gray", zorder=3, label="per-pair gain" if x == 0 else None)
+            ax.scatter(xs, ys, s=18, color="tab:gray", zorder=3, label=None if labelled else "per-pair gain")
             g, lo, hi = 100 * c.tg.gain, 100 * c.tg.interval.low, 100 * c.tg.interval.high
             ax.errorbar([x + 0.28], [g], yerr=[[g - lo], [hi - g]], fmt="o", color="tab:blue", capsize=5, zorder=4,
-                        label="paired gain, 95% interval" if x == 0 else None)
+                        label=None if labelled else "paired gain, 95% interval")
+            labelled = True
         else:
             ax.text(x, 0, "no valid pairs", ha="center", va="bottom", fontsize=8)
         for gv in result.gates:
@@ -214,7 +216,8 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
     ax.set_ylabel("TG gain, candidate vs baseline (%)")
     ax.set_xlim(-0.6, len(cells) - 0.1)
     ax.set_title(f"{record.plan.name}: {result.verdict.upper()} (dashed: gain gate, dotted: non-regression)", fontsize=10)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
+    if labelled:
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

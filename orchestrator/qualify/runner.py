@@ -82,6 +82,7 @@ class RunOutcome:
     restore_error: str | None = None
     arm_steps: list[str] = field(default_factory=list)
     report_dir: Path | None = None
+    stop_error: BaseException | None = None  # what ended the measurements early, if anything
 
 
 def arm_step_name(k: int, pair: int, arm: Arm) -> str:
@@ -127,6 +128,7 @@ def run_qualification(
         arm_steps: list[str] = []
         samples: list[dict[str, Any]] = []
         stopped_early: str | None = None
+        stop_error: BaseException | None = None
         for k, (p_idx, arm) in enumerate(plan.arm_order()):
             name = arm_step_name(k, p_idx, arm)
             pkgs = arms[arm]
@@ -150,10 +152,11 @@ def run_qualification(
                 log.info("arm measured", step=name, samples=len(rows))
                 if hooks.after_arm:
                     hooks.after_arm(name)
-            except PairctlError as exc:
-                # An arm that cannot be activated or measured ends the measuring; the pair is
-                # still restored below, and missing pairs make the result inconclusive.
-                stopped_early = f"{name}: {str(exc).splitlines()[0]}"
+            except Exception as exc:  # noqa: BLE001 - whatever stops an arm, the pair is restored below
+                # An arm that cannot be activated or measured ends the measuring; missing pairs
+                # make the result inconclusive. The step records the error; nothing is retried.
+                stopped_early = f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                stop_error = exc
                 log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
                 break
 
@@ -174,7 +177,7 @@ def run_qualification(
         outcome, reason = _outcome(result, restored, restore_error, stopped_early)
         receipt = journal.finish(outcome, reason)
     report_dir = write_report(receipt) if write_report is not None else None
-    return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir)
+    return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir, stop_error)
 
 
 def _outcome(result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None) -> tuple[str, str]:

@@ -198,3 +198,33 @@ def test_cli_derive_then_report_rebuilds_result_without_remeasuring(tmp_path, cl
     j = json.loads(r.stdout)
     assert j["derived"] is True and j["origin"] == out.receipt and j["verdict"] == "pass"
     assert j["samples_total"] == 12
+
+
+def test_unexpected_error_in_an_arm_still_restores(tmp_path):
+    class Exploding(ScriptedDriver):
+        def activate(self, packages, profile):
+            if len([e for e in self.events if isinstance(e, tuple) and e[0] == "activate"]) == 1:
+                self.events.append(("activate", "boom"))
+                raise RuntimeError("unexpected")
+            return super().activate(packages, profile)
+
+    d = Exploding(SPEEDS)
+    store, out = run(tmp_path, d)
+    assert d.events[-1] == ("restore", "orig-n") and out.restored
+    assert isinstance(out.stop_error, RuntimeError)
+    r = store.load(out.receipt)
+    assert r.outcome == "inconclusive" and "RuntimeError: unexpected" in r.step("arm-02-p1-candidate").error
+
+
+def test_fixture_longer_than_the_servers_slot_is_a_config_error_after_restore(tmp_path):
+    class SmallSlots(ScriptedDriver):
+        def activate(self, packages, profile):
+            a = super().activate(packages, profile)
+            a.per_slot_ctx = 256  # 200 prompt + 128 generated do not fit
+            return a
+
+    d = SmallSlots(SPEEDS)
+    store, out = run(tmp_path, d)
+    assert d.events[-1] == ("restore", "orig-n")
+    assert "fixture 'code'" in str(out.stop_error) and "per-slot context of 256" in str(out.stop_error)
+    assert store.load(out.receipt).outcome == "inconclusive"
