@@ -29,7 +29,7 @@ from typing import Any
 import paramiko
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.errors import HostError, HostKeyError
+from orchestrator.errors import HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import Result, command_failed, command_timed_out
@@ -186,8 +186,8 @@ def _connect_transient(exc: BaseException) -> bool:
     Never a host-key or authentication failure, nor a missing key file: retrying those
     only delays the same answer.
     """
-    if isinstance(exc, (HostKeyError, paramiko.AuthenticationException, paramiko.BadHostKeyException)):
-        return False
+    if isinstance(exc, (PairctlError, paramiko.AuthenticationException, paramiko.BadHostKeyException)):
+        return False  # our own verdicts (host key, auth) are final; HostError is also a ConnectionError
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
         return True
     if isinstance(exc, (socket.timeout, TimeoutError, EOFError, ConnectionError)):

@@ -278,3 +278,14 @@ def test_inventory_fields_win_over_ssh_config(lab, tmp_path) -> None:
     inv = lab.inventory.model_copy(update={"use_ssh_config": True})
     tg = resolve_target(inv, HOST, cfg)
     assert (tg.port, tg.user, tg.key_filename) == (2222, "root", str(lab.operator_key))
+
+
+def test_wrong_key_is_an_auth_error_not_retried(lab, tmp_path) -> None:
+    key = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    spec = lab.inventory.host(HOST).model_copy(update={"key": str(key)})
+    inv = lab.inventory.model_copy(update={"hosts": {**lab.inventory.hosts, HOST: spec}})
+    tr = SshTransport.from_inventory(inv, HOST, retry=RetryPolicy(attempts=3, initial_s=0.05))
+    with pytest.raises(HostError, match="authentication failed for lab-native") as ei:
+        tr.run(Cmd.of("true"))
+    assert not isinstance(ei.value, HostKeyError) and tr.stats.retries == 0

@@ -130,3 +130,49 @@ def test_parse_sha256sum() -> None:
     for bad in ("nothex  /x", "\\e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855  /a\\nb", "x"):
         with pytest.raises(ValueError):
             C.parse_sha256sum(bad)
+
+
+def test_open_transport_picks_local_or_ssh() -> None:
+    from orchestrator.config.inventory import Inventory
+    from orchestrator.remote.local import LocalTransport
+    from orchestrator.remote.ssh import SshTransport
+    from orchestrator.remote.transport import Transport, open_transport
+
+    inv = Inventory.model_validate({
+        "known_hosts": "/nonexistent/known_hosts",
+        "hosts": {
+            "gpu": {"address": "127.0.0.1", "install_root": "/srv/p", "role": "native", "transport": "local"},
+            "far": {"address": "127.0.0.9", "user": "op", "key": "/k", "install_root": "/srv/p", "role": "rpc"},
+            "nokey": {"address": "127.0.0.9", "install_root": "/srv/p", "role": "rpc"},
+        },
+    })
+    local = open_transport(inv, "gpu")
+    assert isinstance(local, LocalTransport) and local.name == "gpu" and isinstance(local, Transport)
+    ssh = open_transport(inv, "far")  # lazy: nothing connects here
+    assert isinstance(ssh, SshTransport) and not ssh.connected
+    assert (ssh.target.hostname, ssh.target.port, ssh.target.user, ssh.target.key_filename) == ("127.0.0.9", 22, "op", "/k")
+    assert ssh.target.known_hosts == ("/nonexistent/known_hosts",)
+    assert not ssh.target.allow_agent and not ssh.target.look_for_keys
+    from orchestrator.errors import ConfigError, HostError
+
+    with pytest.raises(HostError, match="no key"):
+        open_transport(inv, "nokey")
+    with pytest.raises(ConfigError):
+        open_transport(inv, "missing")
+
+
+def test_fingerprint_matches_openssh_format() -> None:
+    import base64
+    import hashlib
+
+    import paramiko
+
+    from orchestrator.remote.ssh import fingerprint, known_hosts_name
+
+    key = paramiko.Ed25519Key.from_private_key  # noqa: F841  (type exists)
+    blob = base64.b64decode("AAAAC3NzaC1lZDI1NTE5AAAAINdAtgoDoLT7QfYZCr0fiWlLl91q0DA5D2zMyskL3uQw")
+    pk = paramiko.PKey.from_type_string("ssh-ed25519", blob)
+    fp = fingerprint(pk)
+    assert fp == "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    assert fp == pk.fingerprint  # paramiko's own OpenSSH-compatible form
+    assert known_hosts_name("127.0.0.2", 2222) == "[127.0.0.2]:2222" and known_hosts_name("h", 22) == "h"
