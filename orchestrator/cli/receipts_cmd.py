@@ -11,7 +11,7 @@ from rich.table import Table
 
 from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import EvidenceError
-from orchestrator.evidence.receipt import Receipt, parse_time
+from orchestrator.evidence.receipt import Receipt, parse_time, summary_of
 from orchestrator.evidence.store import EvidenceStore
 
 app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
@@ -28,11 +28,7 @@ def evidence_store_for(ctx: typer.Context | Ctx, evidence_dir: Path | str | None
 
 
 def summary(r: Receipt) -> dict[str, Any]:
-    return {
-        "hash": r.sha256, "started_at": r.started_at, "finished_at": r.finished_at, "command": r.command,
-        "pair": r.pair, "outcome": r.outcome, "reason": r.reason, "previous": r.previous,
-        "derived_from": r.derived_from, "recovered": r.recovered,
-    }
+    return summary_of(r)
 
 
 @app.command("list")
@@ -54,19 +50,19 @@ def list_(
         except ValueError as exc:
             _usage(str(exc))
     rows = [
-        r for r in evidence_store_for(c, evidence).iter(pair=pair if pair else ...)
-        if cutoff is None or parse_time(r.started_at) >= cutoff
+        r for r in evidence_store_for(c, evidence).summaries(pair=pair if pair else ...)
+        if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
     if json_out or c.json_output:
-        c.emit_json([summary(r) for r in rows])
+        c.emit_json(rows)
         return
     table = Table(box=None, pad_edge=False)
     for col in ("hash", "started", "command", "pair", "outcome"):
         table.add_column(col, no_wrap=True)
     table.add_column("reason", min_width=24)
     for r in rows:
-        table.add_row(r.sha256[:12], r.started_at[:16].replace("T", " "), r.command, r.pair or "-",
-                      r.outcome + (" (derived)" if r.derived_from else ""), r.reason)
+        table.add_row(r["hash"][:12], r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
+                      r["outcome"] + (" (derived)" if r["derived_from"] else ""), r["reason"])
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -127,10 +128,11 @@ class JournalState:
             self.first_sample_at = at
         self.last_seq, self.last_at = seq, at
 
-    def seal(self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False) -> tuple[str, bytes]:
-        """(sha256, bytes) of the receipt this journal makes."""
+    def seal(self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False) -> tuple[str, bytes, Receipt]:
+        """(sha256, bytes, receipt without samples) of the receipt this journal makes."""
         receipt = self.to_receipt(outcome=outcome, reason=reason, previous=previous, recovered=recovered)
-        return seal_bytes(receipt, self.samples_text)
+        sha, data = seal_bytes(receipt, self.samples_text)
+        return sha, data, receipt
 
     def to_receipt(self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False) -> Receipt:
         """The receipt without its samples (they are spliced in as text by `seal`)."""
@@ -231,19 +233,21 @@ class Journal:
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self._state = JournalState()
         self._seq = 0
+        self._mutex = threading.RLock()  # fan-out threads (a pair's two hosts) share one journal
         self.receipt_hash: str | None = None
         self.recovered: list[str] = []  # receipts sealed from dead runs when this one began
 
     # -- writing -----------------------------------------------------------------------------
     def _emit(self, kind: str, **fields: Any) -> int:
-        if self._fd is None:
-            raise EvidenceError(f"journal {self.run_id or self.path.name} is already finished")
-        seq = self._seq
-        self._seq += 1
-        text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
-        self._write((text + "\n").encode("utf-8"))
-        self._state.apply(json.loads(text))
-        return seq
+        with self._mutex:
+            if self._fd is None:
+                raise EvidenceError(f"journal {self.run_id or self.path.name} is already finished")
+            seq = self._seq
+            self._seq += 1
+            text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
+            self._write((text + "\n").encode("utf-8"))
+            self._state.apply(json.loads(text))
+            return seq
 
     def _write(self, data: bytes) -> None:
         assert self._fd is not None
@@ -343,8 +347,6 @@ class Journal:
         Serialised once, canonically; that text goes into the journal line and, spliced, into
         the receipt. Non-JSON values (paths, numpy numbers) and secrets take a slower path.
         """
-        if self._fd is None:
-            raise EvidenceError(f"journal {self.run_id} is already finished")
         rows = list(rows)
         try:
             text = canonical_text(rows)
@@ -353,12 +355,15 @@ class Journal:
             text = canonical_text(rows)
         if may_hold_secret(text):
             text = canonical_text(mask_data(json.loads(text)))
-        seq = self._seq
-        self._seq += 1
-        at = utc_now()
-        head = jsonable.dumps({"ev": "samples", "seq": seq, "at": at, "step": step_name})
-        self._write((head[:-1] + ',"rows":' + text + "}\n").encode("utf-8"))
-        self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
+        with self._mutex:
+            if self._fd is None:
+                raise EvidenceError(f"journal {self.run_id} is already finished")
+            seq = self._seq
+            self._seq += 1
+            at = utc_now()
+            head = jsonable.dumps({"ev": "samples", "seq": seq, "at": at, "step": step_name})
+            self._write((head[:-1] + ',"rows":' + text + "}\n").encode("utf-8"))
+            self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
 
     def note(self, text: str) -> None:
         self._emit("note", text=mask_text(text))
@@ -376,8 +381,9 @@ class Journal:
         """Seal the receipt (chained to the pair's previous one) and return its hash."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, not {outcome!r}")
-        self._emit("finish", outcome=outcome, reason=mask_text(reason))
-        fd, self._fd = self._fd, None
+        with self._mutex:
+            self._emit("finish", outcome=outcome, reason=mask_text(reason))
+            fd, self._fd = self._fd, None
         try:
             self.receipt_hash = self.store._seal(self._state, self.path, lock=self._lock, outcome=outcome, reason=mask_text(reason))
         finally:

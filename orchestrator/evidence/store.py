@@ -7,6 +7,7 @@ Layout under the root:
     heads/<chain>            hash of the chain's newest receipt (a cache; `verify` does not trust it)
     heads/<chain>.pending    written before a receipt, removed after its head moved (crash repair)
     locks/<chain>.lock       flock held by the live run of a pair, so two runs can't extend one chain
+    index/<sha256>.json      summary of a receipt for listing (a cache; `verify` never reads it)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from orchestrator.evidence.receipt import (
     ReusedStep,
     StepRecord,
     samples_sha256,
+    summary_of,
 )
 from orchestrator.hashing import sha256_bytes
 from orchestrator.log import get_logger
@@ -129,6 +131,7 @@ class EvidenceStore:
         self.journal_dir = self.root / "journal"
         self.heads_dir = self.root / "heads"
         self.locks_dir = self.root / "locks"
+        self.index_dir = self.root / "index"
         self.log = get_logger(evidence=str(self.root))
 
     def _ensure(self) -> None:
@@ -301,8 +304,8 @@ class EvidenceStore:
                 lock.release()
         return sha
 
-    def _write_receipt(self, sealed: tuple[str, bytes], chain: str) -> str:
-        sha, data = sealed
+    def _write_receipt(self, sealed: tuple[str, bytes, Receipt], chain: str) -> str:
+        sha, data, receipt = sealed
         pending = self.heads_dir / f"{chain}.pending"
         atomic.replace(pending, sha.encode())
         path = self.path_of(sha)
@@ -310,7 +313,40 @@ class EvidenceStore:
             raise EvidenceError(f"receipt file {path} exists with different content; run `pairctl receipts verify`")
         atomic.replace(self.heads_dir / chain, sha.encode())
         pending.unlink(missing_ok=True)
+        self._index_put(sha, summary_of(receipt, sha))
         return sha
+
+    # -- summary index (a cache for listing; `verify` never reads it) -------------------------
+    def _index_put(self, sha: str, summary: dict[str, Any]) -> None:
+        try:
+            self.index_dir.mkdir(parents=True, exist_ok=True)
+            atomic.replace(self.index_dir / f"{sha}.json", json.dumps(summary, sort_keys=True).encode())
+        except OSError as exc:  # a cache: never fail a run over it
+            self.log.warning("receipt index not written", receipt=sha, error=str(exc))
+
+    def summaries(self, pair: str | None = ...) -> list[dict[str, Any]]:  # type: ignore[assignment]
+        """Summaries (hash, times, command, pair, outcome, reason, ...) oldest first, without loading
+        samples: from the index, which is filled from the receipt (verified) when missing."""
+        out = []
+        for sha in self.hashes():
+            idx = self.index_dir / f"{sha}.json"
+            summary = None
+            if idx.exists():
+                try:
+                    summary = json.loads(idx.read_text())
+                except (OSError, ValueError):
+                    summary = None
+            if summary is None or summary.get("hash") != sha:
+                try:
+                    summary = summary_of(self.load(sha), sha)
+                except (EvidenceError, ValueError) as exc:
+                    self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
+                    continue
+                self._index_put(sha, summary)
+            if pair is ... or summary.get("pair") == pair:
+                out.append(summary)
+        out.sort(key=lambda s: (s["finished_at"], s["started_at"]))
+        return out
 
     def _head(self, chain: str) -> str | None:
         """The chain's newest receipt, repairing a head left behind by a crash mid-seal."""
@@ -384,18 +420,16 @@ class EvidenceStore:
         return receipt
 
     def iter(self, pair: str | None = ...) -> Iterator[Receipt]:  # type: ignore[assignment]
-        """Every receipt that verifies, oldest first; `pair=` filters (None: receipts with no pair)."""
-        out = []
-        for sha in self.hashes():
+        """Every receipt that verifies, oldest first, loaded one at a time; `pair=` filters
+        (None: receipts with no pair). Ordering and filtering use `summaries()`."""
+        for summary in self.summaries(pair):
             try:
-                r = self.load(sha)
+                r = self.load(summary["hash"])
             except (EvidenceError, ValueError) as exc:
-                self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
+                self.log.warning("receipt skipped", receipt=summary["hash"], error=str(exc).splitlines()[0])
                 continue
             if pair is ... or r.pair == pair:
-                out.append(r)
-        out.sort(key=lambda r: (r.finished_at, r.started_at))
-        return iter(out)
+                yield r
 
     def latest(self, pair: str | None) -> Receipt | None:
         """The newest receipt of a pair's chain (None: no receipt yet)."""

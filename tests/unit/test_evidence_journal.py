@@ -138,7 +138,7 @@ def test_replay_rebuilds_the_same_receipt_and_drops_a_torn_last_line(store, tmp_
     assert problems and "incomplete" in problems[0]
     live = state_live.seal(outcome="aborted", reason="r", previous=None)
     replayed = state.seal(outcome="aborted", reason="r", previous=None)
-    assert live == replayed
+    assert live[:2] == replayed[:2]
     j.finish("passed", "ok")
 
 
@@ -169,3 +169,36 @@ def test_receipt_model_rejects_unknown_outcome():
     with pytest.raises(ValueError):
         Receipt.model_validate({"run_id": "r", "command": "c", "argv": [], "host": {"hostname": "h", "pid": 1},
                                 "started_at": "t", "finished_at": "t", "outcome": "great", "reason": ""})
+
+
+def test_threads_share_one_journal_safely(store):
+    import threading
+
+    j = store.begin("deploy", [], pair="lab")
+
+    def work(host: str) -> None:
+        for i in range(40):
+            with j.step(f"{host}-{i}", host=host) as s:
+                s.data["i"] = i
+            j.samples(f"{host}-{i}", [{"i": i}])
+
+    threads = [threading.Thread(target=work, args=(h,)) for h in ("native", "rpc")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    live = j.state.seal(outcome="passed", reason="ok", previous=None)[:2]
+    replayed = replay(j.path)[0].seal(outcome="passed", reason="ok", previous=None)[:2]
+    assert live == replayed
+    r = store.load(j.finish("passed", "ok"))
+    assert len(r.steps) == 80 and all(s.outcome == "passed" for s in r.steps) and len(r.samples) == 80
+
+
+def test_summaries_come_from_the_index_and_are_rebuilt_when_missing(store):
+    sha = store.begin("deploy", [], pair="lab").finish("passed", "ok")
+    assert (store.index_dir / f"{sha}.json").exists()
+    for p in store.index_dir.iterdir():
+        p.unlink()
+    [s] = store.summaries(pair="lab")
+    assert s["hash"] == sha and s["outcome"] == "passed" and (store.index_dir / f"{sha}.json").exists()
+    assert store.summaries(pair="other") == []
