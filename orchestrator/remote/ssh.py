@@ -5,6 +5,10 @@ the inventory defers to ~/.ssh/config); the policy rejects every unknown key and
 one. An unknown or changed key raises `HostKeyError` with OpenSSH-style SHA256 fingerprints
 before anything runs.
 
+Every command starts the login user's shell (`sh -c LINE`, which sshd requires): where bash
+sources a heavy ~/.bashrc for ssh commands, every `run` pays that. File operations (`mkdir`,
+`rename`, `stat`, `read_bytes`, `symlink`, ...) go over SFTP and start no shell at all.
+
 Commands run on a paramiko session channel of the fabric connection, not through
 `Connection.run`: invoke feeds stdin one byte per 10 ms and decodes it byte by byte, which
 corrupts non-ASCII input and makes a 1 KiB stdin take 10 s. Here stdin is sent as bytes,
@@ -43,6 +47,7 @@ from orchestrator.remote.transport import (
 )
 
 _READ = 1 << 16
+_LINGER_S = 1.0  # how long output may stay open after the program's exit status arrived
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
 
@@ -422,6 +427,7 @@ class SshTransport:
             else:
                 chan.shutdown_write()
             fd = chan.fileno()
+            exited_at: float | None = None
             while True:
                 progressed = False
                 while chan.recv_ready():
@@ -434,12 +440,19 @@ class SshTransport:
                     break
                 if progressed:
                     continue
-                wait = 1.0
+                if chan.exit_status_ready() and not chan.eof_received:
+                    # the program exited but something it started still holds stdout/stderr
+                    # (a daemon that did not redirect): do not hang on it, like `ssh -f` would
+                    exited_at = exited_at or time.monotonic()
+                    if time.monotonic() - exited_at > _LINGER_S:
+                        self._log.warning("output left open after exit", cmd=cmd.display())
+                        break
+                wait = 1.0 if exited_at is None else 0.05
                 if deadline is not None:
                     wait = deadline - time.monotonic()
                     if wait <= 0:
                         raise _Timeout()
-                    wait = min(wait, 1.0)
+                    wait = min(wait, 1.0 if exited_at is None else 0.05)
                 if chan.eof_received:
                     chan.status_event.wait(wait)
                 else:
