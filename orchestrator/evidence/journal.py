@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import EvidenceError, Inconclusive
 from orchestrator.evidence import jsonable
-from orchestrator.evidence.masking import mask_data, mask_text, may_hold_secret
+from orchestrator.evidence.masking import MASK, is_secret_key, mask_data, mask_text, may_hold_secret
 from orchestrator.evidence.receipt import (
     OUTCOMES,
     RESERVED_FIELDS,
@@ -372,7 +372,7 @@ class Journal:
         """A command-specific top-level receipt field (e.g. `plan_sha256`), time-stamped."""
         if key in RESERVED_FIELDS or key.startswith("_"):
             raise ValueError(f"{key!r} is a reserved receipt field")
-        self._emit("set", key=key, value=value)
+        self._emit("set", key=key, value=MASK if is_secret_key(key) and value is not None else value)
 
     def _derive(self, derived_from: str, reused_steps: dict[str, Any], fresh_steps: list[str]) -> None:
         self._emit("derive", derived_from=derived_from, reused_steps=reused_steps, fresh_steps=fresh_steps)
@@ -402,6 +402,16 @@ class Journal:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+    def __del__(self) -> None:
+        # Dropped without finish() (a bug in the caller): seal it now rather than keep the pair
+        # locked for the rest of this process's life.
+        if getattr(self, "_fd", None) is None:
+            return
+        try:
+            self.finish("aborted", "the run's journal was dropped without finish() (a pairctl bug)")
+        except Exception:
+            self.close_unfinished()
 
     # -- context manager ---------------------------------------------------------------------
     def __enter__(self) -> "Journal":

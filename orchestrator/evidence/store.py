@@ -169,6 +169,7 @@ class EvidenceStore:
                     f"(pid {h.get('pid', '?')}, {h.get('command', '?')}, run {h.get('run_id', '?')})",
                     hint="wait for it to finish; a killed run releases the pair by itself",
                 )
+        journal: Journal | None = None
         try:
             recovered = self._recover(chain, lock_held=lock is not None)
             journal = Journal(self, self.journal_dir / f"{run_id}.jsonl", lock)
@@ -184,6 +185,9 @@ class EvidenceStore:
                 host=procid.this_process().model_dump(),
             )
         except BaseException:
+            if journal is not None:
+                journal.close_unfinished()  # also releases the lock
+                journal.path.unlink(missing_ok=True)
             if lock is not None:
                 lock.release()
             raise

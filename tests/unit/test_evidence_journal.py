@@ -202,3 +202,23 @@ def test_summaries_come_from_the_index_and_are_rebuilt_when_missing(store):
     [s] = store.summaries(pair="lab")
     assert s["hash"] == sha and s["outcome"] == "passed" and (store.index_dir / f"{sha}.json").exists()
     assert store.summaries(pair="other") == []
+
+
+def test_a_dropped_journal_is_sealed_aborted_and_frees_the_pair(store):
+    import gc
+
+    j = store.begin("deploy", [], pair="lab")
+    with j.step("one"):
+        pass
+    del j
+    gc.collect()
+    [r] = list(store.iter(pair="lab"))
+    assert r.outcome == "aborted" and "without finish" in r.reason and r.steps[0].outcome == "passed"
+    store.begin("deploy", [], pair="lab").finish("passed", "the pair is free again")
+
+
+def test_secret_named_set_fields_are_masked(store):
+    j = store.begin("x", [], pair="lab")
+    j.set("hf_token", "s3cr3t")
+    sha = j.finish("passed", "ok")
+    assert b"s3cr3t" not in store.path_of(sha).read_bytes()
