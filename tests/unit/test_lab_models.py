@@ -114,3 +114,22 @@ def test_impossible_shapes_are_refused(tmp_path, kwargs):
     with pytest.raises(ValueError):
         write_llama_gguf(tmp_path / "x.gguf", **kwargs)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_output_projection_is_one_cycle_over_printable_tokens(tmp_path):
+    """Each printable token's embedding scores its successor far above every other token, and the
+    successors form a single cycle (no short loop like "aaaa")."""
+    path = tmp_path / "m.gguf"
+    write_llama_gguf(path, seed=11)
+    t = _tensors(path)
+    emb, out = t["token_embd.weight"], t["output.weight"]
+    speakable = np.flatnonzero(np.abs(out).sum(axis=1) > 0)
+    logits = emb[speakable] @ out.T  # what the output layer scores after each printable token
+    succ = dict(zip(speakable.tolist(), logits.argmax(axis=1).tolist()))
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0]).min() > 20  # a wide greedy margin
+    seen, tok = [], int(speakable[0])
+    while tok not in seen:
+        seen.append(tok)
+        tok = succ[tok]
+    assert len(seen) == len(speakable) and tok == seen[0]
