@@ -247,3 +247,17 @@ def test_lab_up_stops_an_orphaned_lab_sshd_whose_home_was_deleted(throwaway, cli
             assert new[name]["started"] and new[name]["answering"] and new[name]["pid"] != pid
     finally:  # never leak the orphans this test made, even when it fails
         terminate([pid for n, pid in old.items() if pid_alive(pid) and is_lab_sshd(pid, Path(configs[n]))])
+
+
+def test_lab3_hosts_accept_logins_and_share_known_hosts_with_lab(lab, lab3):
+    """Six more hosts; bringing them up keeps the two-host lab's known_hosts entries valid."""
+    assert len(lab3.inventory.hosts) == 6
+    assert lab3.known_hosts == lab.known_hosts
+    for name, host in [*lab3.inventory.hosts.items(), *lab.inventory.hosts.items()]:
+        c = _client(lab3.known_hosts)
+        try:
+            _connect(c, host, lab3.operator_key)
+            code, out = _run(c, "echo $((6*7))")
+        finally:
+            c.close()
+        assert (code, out.strip()) == (0, "42"), name
