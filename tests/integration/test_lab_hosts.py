@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
-import time
 from pathlib import Path
 
 import paramiko
