@@ -125,6 +125,10 @@ def render_sshd_config(plan: HostPlan) -> str:
         "LoginGraceTime 30",
         "LogLevel INFO",
         "Subsystem sftp internal-sftp",
+        # Debian's bash sources ~/.bashrc for every ssh command; an operator's rc (here: pyenv init)
+        # then costs ~0.5 s per command. SHLVL=1 makes bash treat the shell as nested and skip it,
+        # as a real host with a plain rc would behave.
+        "SetEnv SHLVL=1",
     ]
     return "\n".join(lines) + "\n"
 
