@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from orchestrator.evidence.receipt import Receipt, samples_sha256
-from orchestrator.hashing import sha256_bytes
+from orchestrator.hashing import canonical_json, sha256_bytes
 
 if TYPE_CHECKING:
     from orchestrator.evidence.store import EvidenceStore
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass
 class Problem:
     kind: str  # changed | invalid | missing-previous | previous-changed | wrong-chain | fork | two-starts
-    #           | head-missing | dangling-reference | stray-file
+    #           | head-missing | beyond-head | dangling-reference | stray-file
     file: str
     message: str
     chain: str | None = None
@@ -87,6 +87,8 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
                                         "(changed after it was written)", at=_started(data)))
                 continue
             try:
+                if canonical_json(json.loads(data)) != data:
+                    raise ValueError("not canonical JSON (sorted keys, no whitespace, UTF-8)")
                 r = Receipt.model_validate_json(data)
             except (ValidationError, ValueError) as exc:
                 bad[stem] = str(path)
@@ -132,8 +134,19 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
         if head_file.exists():
             head = head_file.read_text().strip()
             if head in good:
-                if head not in tips:
-                    rep.warnings.append(f"head of chain {chain!r} ({head[:12]}) is not its newest receipt")
+                pending = store.heads_dir / f"{chain}.pending"
+                explained = pending.exists() and pending.read_text().strip() in tips
+                # A break in the chain leaves an extra end before the gap; the break is reported.
+                broken = any(p.chain == chain and p.kind in ("missing-previous", "previous-changed") for p in problems)
+                for tip in sorted(tips - {head}) if not broken else []:
+                    if explained:
+                        rep.warnings.append(f"chain {chain!r}: newest receipt {tip[:12]} is not yet its head "
+                                            "(a write was interrupted; the next run repairs it)")
+                    else:
+                        f = str(store.path_of(tip))
+                        problems.append(Problem("beyond-head", f, f"chain {chain!r}: receipt {f} is not reachable "
+                                                f"from the chain's head {head[:12]} (added outside pairctl?)",
+                                                chain, good[tip].started_at))
             elif head not in bad:
                 problems.append(Problem("head-missing", str(head_file), f"chain {chain!r}: its head {head_file} "
                                         f"names receipt {head}, which is missing (the newest receipt was deleted "

@@ -262,3 +262,30 @@ def test_list_filters_and_show(cli, store):
     assert full["hash"] == rows[0]["hash"] and full["steps"][0]["name"] == "activate"
     assert cli("receipts", "show", "ffff", "--evidence", str(store.root)).exit_code == ExitCode.EVIDENCE
     assert cli("receipts", "list", "--evidence", str(store.root), "--since", "soon").exit_code == ExitCode.USAGE
+
+
+def test_a_receipt_added_outside_pairctl_is_caught(cli, store):
+    """A well-formed receipt with a correct name, chained onto the real tip, but never made the head."""
+    import json
+
+    from orchestrator.hashing import canonical_json, sha256_bytes
+
+    a, b = _chain(store, 2)
+    forged = json.loads(store.path_of(b).read_bytes())
+    forged.update(previous=b, reason="forged", run_id="forged")
+    data = canonical_json(forged)
+    store.path_of(sha256_bytes(data)).write_bytes(data)
+    r = _verify(cli, store)
+    assert r.exit_code == ExitCode.EVIDENCE and "beyond-head" in r.stdout and sha256_bytes(data) in r.stderr
+
+
+def test_non_canonical_receipt_is_invalid_even_with_a_matching_name(cli, store):
+    import json
+
+    from orchestrator.hashing import sha256_bytes
+
+    (a,) = _chain(store, 1)
+    data = json.dumps(json.loads(store.path_of(a).read_bytes()), indent=1).encode()
+    store.path_of(sha256_bytes(data)).write_bytes(data)
+    r = _verify(cli, store)
+    assert r.exit_code == ExitCode.EVIDENCE and "not canonical" in r.output
