@@ -289,3 +289,60 @@ def test_non_canonical_receipt_is_invalid_even_with_a_matching_name(cli, store):
     store.path_of(sha256_bytes(data)).write_bytes(data)
     r = _verify(cli, store)
     assert r.exit_code == ExitCode.EVIDENCE and "not canonical" in r.output
+
+
+# -- crashes while sealing ------------------------------------------------------------------------
+def test_interrupted_head_update_is_a_warning_and_repaired_by_the_next_run(cli, store):
+    a, b = _chain(store, 2)
+    (store.heads_dir / "lab").write_text(a)  # died after linking b, before moving the head
+    (store.heads_dir / "lab.pending").write_text(b)
+    r = _verify(cli, store)
+    assert r.exit_code == 0 and "not yet its head" in r.stdout
+    c = store.begin("deploy", [], pair="lab").finish("passed", "ok")
+    assert store.load(c).previous == b, "no fork: the head was repaired first"
+    assert (store.heads_dir / "lab").read_text() == c and not (store.heads_dir / "lab.pending").exists()
+    assert store.verify().ok
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def _orphan_journal(store: EvidenceStore, *, finished: bool) -> tuple[Path, str]:
+    """A journal as a process that died right after `finish` was journaled would leave it."""
+    import json
+
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    with j.step("activate"):
+        pass
+    if finished:
+        j._emit("finish", outcome="failed", reason="health check failed")
+    run_id = j.run_id
+    j.close_unfinished()
+    lines = j.path.read_text().splitlines()
+    begin = json.loads(lines[0])
+    begin["host"].update(pid=_dead_pid(), start_ticks=None)
+    j.path.write_text("\n".join([json.dumps(begin), *lines[1:]]) + "\n")
+    return j.path, run_id
+
+
+def test_journal_that_finished_but_was_not_sealed_keeps_its_own_outcome(store):
+    path, run_id = _orphan_journal(store, finished=True)
+    [sha] = store.recover_aborted("lab")
+    r = store.load(sha)
+    assert r.run_id == run_id and r.outcome == "failed" and r.reason.startswith("health check failed (sealed later")
+    assert not path.exists()
+
+
+def test_journal_already_sealed_is_only_removed(store):
+    import json
+
+    path, run_id = _orphan_journal(store, finished=True)
+    # Seal it as the dead process had (its receipt became the head), then leave the journal behind.
+    copy = path.read_bytes()
+    [sha] = store.recover_aborted("lab")
+    path.write_bytes(copy)
+    assert store.recover_aborted("lab") == [] and not path.exists()
+    assert len(store.hashes()) == 1 and json.loads(store.path_of(sha).read_bytes())["run_id"] == run_id
