@@ -217,9 +217,22 @@ class EvidenceStore:
                 state = JournalState()
                 state.apply(json.loads(first))
             except (OSError, ValueError, KeyError) as exc:
-                self.log.warning("unreadable journal skipped", journal=str(path), error=str(exc))
+                self._drop_empty_journal(path, exc)
                 continue
             yield state, path
+
+    def _drop_empty_journal(self, path: Path, exc: Exception) -> None:
+        """A journal without a whole `begin` line: its process died before recording anything.
+        The pid is in the name (<time>-<pid>-<rand>); remove it once that process is gone."""
+        try:
+            pid = int(path.stem.split("-")[1])
+        except (IndexError, ValueError):
+            pid = None
+        if pid is not None and procid.start_ticks(pid) is None and path.stat().st_size < 4096:
+            self.log.warning("empty journal of a dead process removed", journal=str(path))
+            path.unlink(missing_ok=True)
+        else:
+            self.log.warning("unreadable journal skipped", journal=str(path), error=str(exc))
 
     def unsealed(self) -> list[dict[str, Any]]:
         """Journals present now: live runs and killed ones not yet recovered (for status/verify)."""

@@ -222,3 +222,18 @@ def test_secret_named_set_fields_are_masked(store):
     j.set("hf_token", "s3cr3t")
     sha = j.finish("passed", "ok")
     assert b"s3cr3t" not in store.path_of(sha).read_bytes()
+
+
+def test_empty_journal_of_a_dead_process_is_removed(store):
+    import subprocess
+
+    p = subprocess.Popen(["true"])
+    p.wait()
+    store.journal_dir.mkdir(parents=True)
+    empty = store.journal_dir / f"20261202T000000Z-{p.pid}-abcdef.jsonl"
+    empty.write_bytes(b'{"ev":"beg')
+    assert store.recover_aborted() == [] and not empty.exists()
+    mine = store.journal_dir / f"20261202T000000Z-{os.getpid()}-abcdef.jsonl"
+    mine.write_bytes(b"")
+    store.recover_aborted()
+    assert mine.exists(), "a live process's journal is never removed"
