@@ -243,8 +243,8 @@ class Journal:
             if self._fd is None:
                 raise EvidenceError(f"journal {self.run_id or self.path.name} is already finished")
             seq = self._seq
-            self._seq += 1
             text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
+            self._seq += 1
             self._write((text + "\n").encode("utf-8"))
             self._state.apply(json.loads(text))
             return seq
@@ -298,15 +298,16 @@ class Journal:
         outcome = h.outcome or "passed"
         if outcome == "failed" and error is None:
             error = h.message
-        self._emit(
-            "step_end",
-            start_seq=start_seq,
-            outcome=outcome,
-            duration_s=round(time.monotonic() - t0, 6),
-            error=error,
-            skip_reason=h.message if outcome == "skipped" else None,
-            data=h.data,
-        )
+        fields = dict(start_seq=start_seq, outcome=outcome, duration_s=round(time.monotonic() - t0, 6), error=error,
+                      skip_reason=h.message if outcome == "skipped" else None)
+        try:
+            self._emit("step_end", **fields, data=h.data)
+        except TypeError as exc:  # step.data held something that is not JSON: keep the step, say why
+            problem = f"step data is not JSON-serialisable: {exc}"
+            fields.update(outcome="failed", error=f"{error}; {problem}" if error else problem)
+            self._emit("step_end", **fields, data={})
+            if error is None:
+                raise
 
     def record_step(
         self,

@@ -237,3 +237,12 @@ def test_empty_journal_of_a_dead_process_is_removed(store):
     mine.write_bytes(b"")
     store.recover_aborted()
     assert mine.exists(), "a live process's journal is never removed"
+
+
+def test_unserialisable_step_data_fails_the_step_visibly(store):
+    j = store.begin("x", [], pair="lab")
+    with pytest.raises(TypeError):
+        with j.step("bad") as s:
+            s.data["obj"] = object()
+    r = store.load(j.finish("failed", "bug"))
+    assert r.step("bad").outcome == "failed" and "not JSON-serialisable" in r.step("bad").error
