@@ -27,10 +27,18 @@ from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, RemoteCommandError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import services
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, SERVICE_OF_ROLE, svc_script, svc_sha256
-from orchestrator.hosts.probes import ExpectedProc, HostFacts, parse_facts
+from orchestrator.hosts.layout import (
+    LLAMA_SERVER,
+    RPC_SERVER,
+    SERVICE_OF_ROLE,
+    install_helper,
+    put_secret,
+    svc_sha256,
+    switch_links,
+)
+from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, read_facts
 from orchestrator.hosts.release import ensure_release
-from orchestrator.hosts.route import RouteEntry, RouteRecord, content_sha, next_record, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
 
 ROLES = ("native", "rpc")
 
@@ -73,6 +81,7 @@ class RunContext:
     lease_nonce: str | None = field(default=None, repr=False)
     changed: bool = False
     uploads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    identities: dict[str, ProcIdentity] = field(default_factory=dict)  # read by the exec that started each service
     timings: dict[str, float] = field(default_factory=dict)
     accept_result: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -238,8 +247,7 @@ def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
 
 
 def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
-    res = ctx.t(role).run_idempotent(ctx.layout(role).facts_cmd(), timeout=60)
-    f = parse_facts(_text(res.stdout))
+    f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
     with ctx._lock:
         ctx.facts[role] = f
         ctx.route_bytes[role] = f.route_bytes
@@ -271,7 +279,7 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
     f = ctx.facts.get(role)
     if f is not None and f.svc_sha256 == svc_sha256():
         return {"helper": "up to date"}
-    ctx.t(role).run(ctx.layout(role).prepare_cmd(), stdin=svc_script(), timeout=60)
+    install_helper(ctx.t(role), ctx.layout(role))
     return {"helper": "installed", "sha256": svc_sha256()}
 
 
@@ -291,8 +299,8 @@ def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
 def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     if not ctx.view.has_api_key:
         return {"skipped": "the pair has no api_key_file"}
-    ctx.t(role).run(ctx.layout(role).put_secret_cmd(), stdin=ctx.api_key_bytes, timeout=30)
-    return {"path": ctx.layout(role).api_key, "mode": "0600"}  # never the value, never its hash
+    path = put_secret(ctx.t(role), ctx.layout(role), ctx.api_key_bytes)
+    return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
 def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -302,29 +310,37 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"result": out}
 
 
+def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
+    """(current, previous) this run puts on the host: the new release, or what is restored."""
+    if ctx.mode == "rollback":
+        return ctx.restore_links[role]
+    a = ctx.target.activation
+    return links_after_deploy(ctx.facts.get(role), a.native_package if role == "native" else a.rpc_package)
+
+
 def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
-    new_id = ctx.target.activation.native_package if role == "native" else ctx.target.activation.rpc_package
-    cur, prev = links_after_deploy(ctx.facts.get(role), new_id)
-    res = ctx.t(role).run(ctx.layout(role).switch_cmd(cur, prev), timeout=30)
-    return {"current": cur, "previous": prev, "seen": _text(res.stdout).split()}
+    cur, prev = links_for(ctx, role)
+    switch_links(ctx.t(role), ctx.layout(role), cur, prev)
+    return {"current": cur, "previous": prev}
 
 
-def a_switch_back(ctx: RunContext, role: str) -> dict[str, Any]:
-    cur, prev = ctx.restore_links[role]
-    res = ctx.t(role).run(ctx.layout(role).switch_cmd(cur, prev), timeout=30)
-    return {"current": cur, "previous": prev, "seen": _text(res.stdout).split()}
-
-
-def a_start_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
-    tgt = ctx.activating()
-    if tgt is None:
-        return {"skipped": "no previous pair to start"}
+def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
+    links = links_for(ctx, "rpc")
+    tgt = ctx.activating()
     t0 = time.monotonic()
-    pid = services.start(t, layout, RPC_SERVER, list(tgt.activation.rpc_argv))
-    waited = services.wait_listen(t, layout, RPC_SERVER, ctx.view.rpc_bind, ctx.view.rpc_port)
-    ctx.timed("rpc_start_to_listen_s", time.monotonic() - t0)
-    return {"pid": pid, "listen_wait_s": round(waited, 4), "bind": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}"}
+    if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
+        out = services.stop(t, layout, RPC_SERVER)
+        switch_links(t, layout, *links)
+        ctx.timed("stop_s", time.monotonic() - t0)
+        return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
+    pid, ident, stopped = services.restart_listening(
+        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv))
+    ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
+    with ctx._lock:
+        ctx.identities["rpc"] = ident
+    return {"stopped": stopped, "current": links[0], "previous": links[1], "pid": pid,
+            "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}", "exe_sha256": ident.exe_sha256}
 
 
 def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -333,12 +349,15 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
     t0 = time.monotonic()
-    pid = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv))
+    pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv))
+    with ctx._lock:
+        ctx.identities["native"] = ident
     t1 = time.monotonic()
-    w = services.wait_health(t, layout, ctx.view.base_url, log=ctx.log)
+    w = services.wait_health(t, layout, ctx.view.base_url, pid, log=ctx.log)
+    ctx.timed("server_start_exec_s", t1 - t0)
     ctx.timed("server_start_to_healthy_s", time.monotonic() - t1)
-    ctx.timed("server_start_cmd_s", t1 - t0)
-    return {"pid": pid, "healthy_after_s": round(w.seconds, 4), "health_polls": w.polls, "alive_checks": w.alive_checks}
+    return {"pid": pid, "exe_sha256": ident.exe_sha256, "healthy_after_s": round(w.seconds, 4),
+            "health_polls": w.polls, "alive_checks": w.alive_checks}
 
 
 def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -350,9 +369,10 @@ def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
             f"cannot verify {tgt.activation.native_package} / {tgt.activation.rpc_package}: "
             "their manifests are not in the local package store"
         )
+    seen = {role: ctx.identities[role]} if role in ctx.identities else None
     rep = verify_identity(
         {role: ctx.t(role)}, ctx.view.layouts, ctx.view.hosts, tgt.expected,
-        base_url=ctx.view.base_url, api_key=ctx.api_key, roles=(role,),
+        base_url=ctx.view.base_url, api_key=ctx.api_key, roles=(role,), seen=seen,
     )
     ctx.journal.identity(ctx.host(role), {**rep.data, "problems": rep.problems, "label": tgt.activation.label})
     if rep.problems:
@@ -387,18 +407,11 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
     if rec is None:
         return {"skipped": "route record unchanged (no pair was recorded by this run)"}
     data = rec.to_bytes()
-    token = content_sha(ctx.route_bytes.get(role))
-    res = ctx.t(role).run(ctx.layout(role).cas_write_cmd(token), stdin=data, check=False, timeout=30)
-    out = res.stdout_bytes if getattr(res, "stdout_bytes", b"") else _text(res.stdout).encode()
-    if res.exit_status == 3:
-        raise CheckFailed(
-            f"{ctx.host(role)}: route.json changed under this run (compare-and-swap refused: "
-            f"expected {token or 'no record'}, {_text(res.stdout).strip()})"
-        )
-    if res.exit_status != 0:
-        raise RemoteCommandError(f"{ctx.host(role)}: writing route.json failed: {_text(res.stderr)[-300:]}",
-                                 exit_status=res.exit_status)
-    if out != data:
+    try:
+        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.route_bytes.get(role), data)
+    except RouteConflict as exc:
+        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused)") from None
+    if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     with ctx._lock:
         ctx.route_bytes[role] = data
@@ -429,8 +442,7 @@ HANDLERS = {
     "secret": a_secret,
     "stop": a_stop,
     "switch": a_switch,
-    "switch-back": a_switch_back,
-    "start-rpc": a_start_rpc,
+    "restart-rpc": a_restart_rpc,
     "start-server": a_start_server,
     "verify": a_verify,
     "route": a_route,

@@ -18,12 +18,12 @@ from typing import Any, Callable
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine import activate
-from orchestrator.engine.activate import RunContext, Target, target_from_entry
-from orchestrator.engine.plan import Step, pair_view, plan
+from orchestrator.engine.activate import RunContext, target_from_entry
+from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import ConfigError, PairctlError, RollbackFailed, RolledBack
-from orchestrator.hashing import canonical_json, sha256_bytes, sha256_file, sha256_json
+from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts.route import parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
@@ -219,8 +219,9 @@ def _rollback_after_failure(ctx: RunContext, pb: Playbook, failure: StepFailed,
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     ctx.mode = "rollback"
     ctx._next_route = None
-    steps = plan(pb, ctx.view, facts=ctx.facts, target=None,
-                 restore=ctx.restore.activation if ctx.restore else None, mode="auto")
+    ctx.identities = {}
+    steps = plan(pb, ctx.view, facts=ctx.facts, target=None, restore=ctx.restore.activation if ctx.restore else None,
+                 mode="auto", restore_links=ctx.restore_links)
     try:
         run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as rb:
@@ -319,7 +320,8 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = plan(pb, view, facts=ctx.facts, target=None, restore=ctx.restore.activation, mode="manual")
+        full = plan(pb, view, facts=ctx.facts, target=None, restore=ctx.restore.activation, mode="manual",
+                    restore_links=ctx.restore_links)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
         try:
@@ -345,5 +347,3 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
         if own_pool:
             pool.close()
 
-
-__all__ = ["deploy", "rollback", "RunResult", "Step", "Target", "canonical_json", "sha256_bytes"]

@@ -2,7 +2,8 @@
 
 Used by deploy (after start), rollback (after restore), status, and acceptance (through an
 identity probe). Reads: the helper's `identity` (sha256 of /proc/PID/exe and /proc/PID/cmdline
-of each supervised process), `/props`, `/slots`, and (where the profile expects pipeline
+of each supervised process; deploy gets these from the exec that started the process), that
+the pids still run (SFTP), `/props`, `/slots`, and (where the profile expects pipeline
 parallelism) the server log. The comparisons are the pure functions in `hosts.probes`.
 """
 
@@ -11,16 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER
+from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.probes import (
     ExpectedProc,
+    ProcIdentity,
     build_info_problems,
     parse_identity,
     parse_rpc_bind,
     proc_problems,
     slots_problems,
 )
-from orchestrator.hosts.services import SERVER_LOG, get_json
+from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 
 PIPELINE_LINE = "pipeline parallelism enabled"
 
@@ -54,39 +56,64 @@ def _text(out: str | bytes) -> str:
     return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
 
 
+def read_identities(transports: Mapping[str, Any], layouts: Mapping[str, Any],
+                    roles: tuple[str, ...] = ("native", "rpc")) -> dict[str, ProcIdentity | None]:
+    """One exec per host: sha256 of /proc/PID/exe and /proc/PID/cmdline of its service."""
+    out: dict[str, ProcIdentity | None] = {}
+    for role in roles:
+        name = SERVICE_OF_ROLE[role]
+        res = transports[role].run_idempotent(layouts[role].identity_cmd(name), timeout=60)
+        out[role] = parse_identity(_text(res.stdout)).get(name)
+    return out
+
+
 def verify_identity(transports: Mapping[str, Any], layouts: Mapping[str, Any], hosts: Mapping[str, str],
                     expected: Expected, *, base_url: str, api_key: str | None = None,
-                    roles: tuple[str, ...] = ("native", "rpc"), http: bool = True) -> IdentityReport:
-    """Every identity condition, all checked (not stopping at the first), problems listed."""
+                    roles: tuple[str, ...] = ("native", "rpc"), http: bool = True,
+                    seen: Mapping[str, ProcIdentity | None] | None = None) -> IdentityReport:
+    """Every identity condition, all checked (not stopping at the first), problems listed.
+
+    `seen`: identities read by the exec that started each process (deploy passes them, saving an
+    exec per host); then only liveness of those pids is re-read, over SFTP. Without `seen`, the
+    identities are read now (status, acceptance)."""
     rep = IdentityReport()
+    if seen is None:
+        seen = read_identities(transports, layouts, roles)
     for role in roles:
         t, layout, host = transports[role], layouts[role], hosts[role]
         exp = expected.native if role == "native" else expected.rpc
-        name = LLAMA_SERVER if role == "native" else RPC_SERVER
-        seen = parse_identity(_text(t.run_idempotent(layout.identity_cmd(name), timeout=60).stdout)).get(name)
+        name = SERVICE_OF_ROLE[role]
+        ident = seen.get(role)
+        alive = bool(ident and ident.pid is not None and process_alive(t, ident.pid, name))
         rep.data[host] = {
             "service": name,
-            "pid": seen.pid if seen else None,
-            "exe_sha256": seen.exe_sha256 if seen else None,
-            "argv": list(seen.argv) if seen else [],
+            "pid": ident.pid if ident else None,
+            "alive": alive,
+            "exe_sha256": ident.exe_sha256 if ident else None,
+            "argv": list(ident.argv) if ident else [],
             "expected_exe_sha256": exp.exe_sha256,
         }
-        rep.problems += proc_problems(host, exp, seen)
-        if role == "rpc" and seen is not None and seen.running:
-            bind, port = parse_rpc_bind(seen.argv)
+        rep.problems += proc_problems(host, exp, ident)
+        if ident is not None and ident.running and not alive:
+            rep.problems.append(f"{host}: {name} (pid {ident.pid}) is no longer running")
+        if role == "rpc" and ident is not None and ident.running:
+            bind, port = parse_rpc_bind(ident.argv)
             if bind != expected.rpc_bind or port != expected.rpc_port:
                 rep.problems.append(f"{host}: ggml-rpc-server runs with -H {bind} -p {port}, "
                                     f"inventory says {expected.rpc_bind}:{expected.rpc_port}")
         if role == "native" and expected.expect_pipeline_parallel:
-            r = t.run_idempotent(layout.log_grep_cmd(SERVER_LOG, PIPELINE_LINE), check=False, timeout=30)
-            rep.data[host]["pipeline_parallel"] = r.exit_status == 0
-            if r.exit_status != 0:
+            try:
+                log = t.read_bytes(layout.log(SERVER_LOG))
+            except (FileNotFoundError, OSError):
+                log = b""
+            rep.data[host]["pipeline_parallel"] = PIPELINE_LINE.encode() in log
+            if not rep.data[host]["pipeline_parallel"]:
                 rep.problems.append(f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
     if http and "native" in roles:
         try:
             props = get_json(base_url, "/props", api_key=api_key)
             slots = get_json(base_url, "/slots", api_key=api_key)
-        except Exception as exc:  # unreachable server is a problem to report, not a crash
+        except Exception as exc:  # an unreachable server is a problem to report, not a crash
             rep.problems.append(f"{hosts['native']}: cannot read /props or /slots at {base_url}: {exc}")
         else:
             bi = props.get("build_info")

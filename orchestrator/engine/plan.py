@@ -99,7 +99,8 @@ def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str |
 
 def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] | None,
          target: Activation | None, restore: Activation | None = None, mode: str = "manual",
-         skip_accept: bool = False, checks: tuple[str, ...] = ()) -> list[Step]:
+         skip_accept: bool = False, checks: tuple[str, ...] = (),
+         restore_links: Mapping[str, tuple[str | None, str | None]] | None = None) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
     steps = []
@@ -108,7 +109,8 @@ def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] |
             continue
         roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
         hosts = tuple(view.hosts[r] for r in roles) or ("local",)
-        desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks)
+        desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks,
+                               restore_links or {})
         steps.append(Step(
             name=s.name, action=s.action, role=s.host, hosts=hosts, on_failure=s.on_failure,
             changes=ACTIONS[s.action], description=desc or s.description, argv=argv,
@@ -116,9 +118,21 @@ def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] |
     return steps
 
 
+def _rel(rel: str | None) -> str:
+    return f"releases/{rel}" if rel else "(none)"
+
+
+def _links(role: str, facts: Mapping[str, HostFacts], target: Activation | None,
+           restore_links: Mapping[str, tuple[str | None, str | None]]) -> tuple[str | None, str | None]:
+    if target is not None:
+        return links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
+    return restore_links.get(role, (None, None))
+
+
 def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mapping[str, HostFacts],
               target: Activation | None, restore: Activation | None, skip_accept: bool,
-              checks: tuple[str, ...]) -> tuple[str, dict[str, tuple[str, ...]]]:
+              checks: tuple[str, ...], restore_links: Mapping[str, tuple[str | None, str | None]],
+              ) -> tuple[str, dict[str, tuple[str, ...]]]:
     """A sentence for people plus the argv that will run where one command says it all."""
     argv: dict[str, tuple[str, ...]] = {}
     pkg = {"native": target.native_package, "rpc": target.rpc_package} if target else {}
@@ -130,18 +144,12 @@ def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mappin
             parts.append(f"{view.hosts[r]}: {pkg[r]} " + ("present: verify sha256 only, send 0 bytes" if present
                                                            else "absent: send, verify sha256, rename into releases/"))
         return "; ".join(parts), argv
-    if action == "switch" and target:
-        parts = []
-        for r in roles:
-            cur, prev = links_after_deploy(facts.get(r), pkg[r])
-            parts.append(f"{view.hosts[r]}: current -> releases/{cur}, previous -> {('releases/' + prev) if prev else '(none)'}")
-            argv[view.hosts[r]] = tuple(view.layouts[r].switch_cmd(cur, prev).argv)
-        return "; ".join(parts), argv
-    if action == "switch-back":
-        if restore is None:
-            return "no previous pair: leave both services stopped, current link removed", argv
-        return (f"current -> {restore.native_package} (native), {restore.rpc_package} (rpc)"
-                + (f" [{restore.label}]" if restore.label else "")), argv
+    act = restore if target is None else target
+    if action == "switch":
+        r = roles[0]
+        cur, prev = _links(r, facts, target, restore_links)
+        return (f"{view.hosts[r]}: current -> {_rel(cur)}, previous -> {_rel(prev)} (symlinks replaced by rename)",
+                argv)
     if action == "stop":
         r = roles[0]
         name = LLAMA_SERVER if r == "native" else RPC_SERVER
@@ -149,17 +157,19 @@ def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mappin
         pid = f.running.get(name) if f else None
         argv[view.hosts[r]] = tuple(view.layouts[r].stop_cmd(name).argv)
         return f"stop {name}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), argv
-    if action in ("start-rpc", "start-server"):
-        act = restore if restore is not None and target is None else target
+    if action == "restart-rpc":
+        cur, prev = _links("rpc", facts, target, restore_links)
         if act is None:
-            return "", argv
-        r = "rpc" if action == "start-rpc" else "native"
-        name = RPC_SERVER if r == "rpc" else LLAMA_SERVER
-        a = act.rpc_argv if r == "rpc" else act.native_argv
-        argv[view.hosts[r]] = tuple(view.layouts[r].start_cmd(name, list(a)).argv)
-        then = (f"wait until it lives and listens on {view.rpc_bind}:{view.rpc_port}" if r == "rpc"
-                else f"wait for {view.base_url}/health 200")
-        return f"start {name} under pairctl-svc: {' '.join(a)}; {then}", argv
+            return f"stop ggml-rpc-server; links back: current -> {_rel(cur)}, previous -> {_rel(prev)}; no pair to start", argv
+        argv[view.hosts["rpc"]] = tuple(view.layouts["rpc"].restart_cmd(
+            RPC_SERVER, cur, prev, view.rpc_bind, view.rpc_port, 20, list(act.rpc_argv)).argv)
+        return (f"stop ggml-rpc-server; current -> {_rel(cur)}, previous -> {_rel(prev)}; start it bound to "
+                f"{view.rpc_bind}:{view.rpc_port}; wait until it lives and listens; read its identity"), argv
+    if action == "start-server":
+        if act is None:
+            return "nothing to start (no previous pair)", argv
+        argv[view.hosts["native"]] = tuple(view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv)
+        return f"start llama-server from releases/{act.native_package}; wait for {view.base_url}/health 200", argv
     if action == "accept":
         if skip_accept:
             return "skipped (--skip-accept): identity checks only", argv

@@ -23,17 +23,16 @@ from orchestrator.paths import PLAYBOOKS
 ACTIONS: dict[str, bool] = {
     "preflight": False,        # local: packages exist and verify, one revision, profile flags in --help
     "connect": False,          # open one connection per host; strict host keys
-    "facts": False,            # read layout, running services, route record
-    "lease": False,            # take this host's lease (atomic on the host)
-    "prepare": False,          # create the layout, install pairctl-svc
-    "upload": False,           # send + verify the release (skipped when present and verified)
-    "secret": False,           # API key file to secrets/, 0600, over stdin
+    "facts": False,            # read links, releases, pid files, route record (SFTP, read-only)
+    "lease": False,            # take this host's lease (atomic mkdir on the host)
+    "prepare": False,          # create the layout, install pairctl-svc (SFTP)
+    "upload": False,           # send + verify the release (only verified when present)
+    "secret": False,           # API key file to secrets/, 0600 (SFTP, never argv)
     "stop": True,              # stop this host's service
-    "switch": True,            # current/previous symlinks by rename
-    "switch-back": True,       # current/previous back to the pair to restore
-    "start-rpc": True,         # ggml-rpc-server; judged by process alive + port listening
-    "start-server": True,      # llama-server; judged by /health 200
-    "verify": False,           # identity: exe sha256, argv, /props build_info, /slots, route
+    "restart-rpc": True,       # rpc host, one exec: stop, switch links, start, wait for the port, identity
+    "switch": True,            # current/previous symlinks by rename (SFTP)
+    "start-server": True,      # llama-server: start, identity, /health 200
+    "verify": False,           # identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive
     "route": True,             # route record by compare-and-swap, read back byte-identical
     "accept": False,           # acceptance checks (orchestrator.checks.suite) or identity only
     "release-lease": False,    # release this host's lease, verify inactive

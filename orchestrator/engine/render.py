@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any, Callable
 
 from rich.console import Console
@@ -9,13 +10,14 @@ from rich.table import Table
 
 
 def print_plan(console: Console, plan: list[dict[str, Any]]) -> None:
-    table = Table("#", "step", "hosts", "on failure", "what it does", title="deploy plan (dry run: nothing changed)")
+    """Every step, on which host, what it does and what a failure means (no truncation)."""
+    console.print("deploy plan (dry run: nothing was changed)", markup=False)
     for i, s in enumerate(plan, 1):
-        desc = s["description"]
+        console.print(f"{i:>2}. {s['name']:<14} on {', '.join(s['hosts']):<26} on failure: {s['on_failure']}",
+                      markup=False, highlight=False)
+        console.print(f"      {s['description']}", markup=False, highlight=False)
         for host, argv in s.get("argv", {}).items():
-            desc += f"\n  {host}$ " + " ".join(argv if argv[:2] != ["sh", "-c"] else argv[:1] + ["…"])
-        table.add_row(str(i), s["name"], ", ".join(s["hosts"]), s["on_failure"], desc)
-    console.print(table)
+            console.print(f"      {host}$ " + shlex.join(argv), markup=False, highlight=False, soft_wrap=True)
 
 
 def progress_printer(console: Console) -> Callable[[Any], None]:

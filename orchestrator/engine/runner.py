@@ -33,7 +33,8 @@ class StepFailed(Exception):
     def message(self) -> str:
         parts = []
         for host, exc in self.errors.items():
-            parts.append(f"{host}: {exc}")
+            text = str(exc)
+            parts.append(text if text.startswith(f"{host}:") else f"{host}: {text}")
         return f"step '{self.step.name}' failed — " + "; ".join(parts)
 
 
@@ -55,6 +56,8 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
         host_label = ",".join(step.hosts)
         data: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
+        if step.changes:
+            ctx.changed = True  # from here a failure (even of this step) means the pair may be half-changed
         try:
             with journal.step(step.name, host=host_label) as js:
                 js.data["action"] = step.action
@@ -76,8 +79,6 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
             if step.on_failure == "continue":
                 continue
             raise StepFailed(step, errors)
-        if step.changes:
-            ctx.changed = True
     return outcomes
 
 

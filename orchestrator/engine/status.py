@@ -11,8 +11,9 @@ from typing import Any
 
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, SERVICE_OF_ROLE
-from orchestrator.hosts.probes import parse_facts, parse_identity
+from orchestrator.hosts.layout import SERVICE_OF_ROLE
+from orchestrator.engine.identity import read_identities
+from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json
 from orchestrator.paths import Home
@@ -51,9 +52,9 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             host, layout = view.hosts[role], view.layouts[role]
             with journal.step("host", host=host) as st:
                 t = pool.get(host)
-                f = parse_facts(_text(t.run_idempotent(layout.facts_cmd(), timeout=60).stdout))
                 name = SERVICE_OF_ROLE[role]
-                ident = parse_identity(_text(t.run_idempotent(layout.identity_cmd(name), timeout=60).stdout)).get(name)
+                f = read_facts(t, layout, (name,))
+                ident = read_identities({role: t}, {role: layout}, (role,))[role]
                 want = _bin_sha(store, f.current, name)
                 matches = None
                 if ident is not None and ident.running:
@@ -116,5 +117,3 @@ def _leases(transport: Any, root: str) -> list[dict[str, Any]]:
     except Exception as exc:  # a status must still show the rest
         return [{"error": str(exc)[:200]}]
 
-
-__all__ = ["status", "LLAMA_SERVER", "RPC_SERVER"]

@@ -11,7 +11,10 @@ On each host, under the inventory's install_root:
     bin/pairctl-svc          the pidfile supervisor (orchestrator/hosts/pairctl-svc.sh)
 
 Every command here is data (a `Cmd` rendering an argv). The helper script is fixed text and
-takes every value as an argument, so no user value is ever parsed as shell code.
+takes every value as an argument, so no user value is ever parsed as shell code. An SSH exec
+costs a process (and the user's login shell) on the host; SFTP requests do not, so links,
+the helper itself and secrets are written over SFTP and execs are kept to the few steps that
+need a process (hashing, starting, stopping).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import posixpath
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from orchestrator.hashing import sha256_bytes
 from orchestrator.remote.command import Cmd
@@ -97,28 +101,23 @@ class HostLayout:
     def svc(self) -> str:
         return self._p("bin", "pairctl-svc")
 
-    # --- commands -------------------------------------------------------------------------
+    # --- commands (each one SSH exec: keep them few) ----------------------------------------
 
     def svc_cmd(self, sub: str, *args: str) -> Cmd:
         """Run the installed helper: `sh <root>/bin/pairctl-svc SUB ROOT ARGS...`."""
         return Cmd(("sh", self.svc, sub, self.root, *args))
 
-    def inline_cmd(self, sub: str, *args: str) -> Cmd:
-        """Run the helper's fixed text without installing it (read-only facts, first prepare)."""
-        return Cmd(("sh", "-c", svc_script().decode(), "pairctl-svc", sub, self.root, *args))
-
-    def facts_cmd(self) -> Cmd:
-        return self.inline_cmd("facts", LLAMA_SERVER, RPC_SERVER)
-
-    def prepare_cmd(self) -> Cmd:
-        """Create the layout and install the helper from stdin (send `svc_script()` as stdin)."""
-        return self.inline_cmd("prepare", "--install-self")
-
     def start_cmd(self, name: str, argv: list[str]) -> Cmd:
+        """Start NAME under setsid; prints `pid=` and its identity line."""
         return self.svc_cmd("start", name, *argv)
 
     def stop_cmd(self, name: str) -> Cmd:
         return self.svc_cmd("stop", name)
+
+    def restart_cmd(self, name: str, current: str | None, previous: str | None, address: str, port: int,
+                    timeout_s: int, argv: list[str]) -> Cmd:
+        """Stop NAME, switch the links, start argv, wait for address:port, print identity: one exec."""
+        return self.svc_cmd("restart", name, current or "-", previous or "-", address, str(port), str(timeout_s), *argv)
 
     def wait_listen_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
         return self.svc_cmd("wait-listen", name, address, str(port), str(timeout_s))
@@ -140,22 +139,51 @@ class HostLayout:
         return self.svc_cmd("switch", current or "-", previous or "-")
 
     def unpack_cmd(self, tmp_name: str) -> Cmd:
+        """A tar stream (stdin) into releases/TMP; prints sha256sum of every file."""
         return self.svc_cmd("unpack", tmp_name)
 
     def hash_cmd(self, dirname: str) -> Cmd:
         return self.svc_cmd("hash", dirname)
 
-    def commit_cmd(self, tmp_name: str, package_id: str) -> Cmd:
-        return self.svc_cmd("commit", tmp_name, package_id)
-
     def discard_cmd(self, tmp_name: str) -> Cmd:
         return self.svc_cmd("discard", tmp_name)
 
-    def put_secret_cmd(self, name: str = API_KEY_NAME) -> Cmd:
-        return self.svc_cmd("put-secret", name)
 
-    def cas_write_cmd(self, expected_sha256: str | None, file: str = "route.json") -> Cmd:
-        return self.svc_cmd("cas-write", file, expected_sha256 or "absent")
+# -- SFTP operations (no process on the host: cheap) -------------------------------------------
+
+def install_helper(transport: Any, layout: HostLayout) -> None:
+    """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename."""
+    for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
+        transport.makedirs(d, 0o755)
+    transport.makedirs(layout.secrets, 0o700)
+    tmp = layout.svc + ".tmp"
+    transport.put_bytes(svc_script(), tmp, mode=0o755)
+    transport.rename(tmp, layout.svc)
+
+
+def switch_links(transport: Any, layout: HostLayout, current: str | None, previous: str | None) -> None:
+    """current/previous -> releases/<id>: a new symlink under a temporary name, renamed over the
+    old one (never rm + ln); None removes the link."""
+    for link, rel in ((layout.current, current), (layout.previous, previous)):
+        if rel is None:
+            if transport.readlink(link) is not None:
+                transport.remove(link)
+            continue
+        tmp = posixpath.join(layout.root, "." + posixpath.basename(link) + ".tmp")
+        if transport.readlink(tmp) is not None:
+            transport.remove(tmp)
+        transport.symlink(f"releases/{rel}", tmp)
+        transport.rename(tmp, link)
+
+
+def put_secret(transport: Any, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
+    """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument."""
+    transport.makedirs(layout.secrets, 0o700)
+    dest = posixpath.join(layout.secrets, name)
+    tmp = posixpath.join(layout.secrets, f".{name}.tmp")
+    transport.put_bytes(data, tmp, mode=0o600)
+    transport.rename(tmp, dest)
+    return dest
 
 
 def tmp_release_name(package_id: str, nonce: str) -> str:

@@ -1,7 +1,8 @@
-"""Facts read from a host, each a pure parser of a command's real output.
+"""Facts read from a host: pure parsers of real output, and the comparisons made on them.
 
-The commands live in `layout.py` (they run the fixed helper `pairctl-svc`); here is only
-parsing and comparison, so every probe is tested from captured output with no host at all.
+The exec commands live in `layout.py` (they run the fixed helper `pairctl-svc`); `read_facts`
+reads links, pid files and route.json over SFTP and hands the raw bytes to the pure
+`facts_from`, so every probe is tested from captured output with no host at all.
 `identity_problems` is the one place that decides whether a running pair is what its
 manifests and profile say: deploy, rollback, status and acceptance all call it.
 """
@@ -70,41 +71,63 @@ class HostFacts:
         }
 
 
-def parse_facts(text: str) -> HostFacts:
-    kv = parse_kv_lines(text)
-    d: dict[str, Any] = {"releases": [], "running": {}}
-    for key, value in kv:
-        if key == "root_exists":
-            d["root_exists"] = value == "1"
-        elif key in ("current", "previous"):
-            d[key] = release_of_link(value)
-        elif key == "release":
-            if not value.startswith("."):  # temporary uploads are not releases
-                d["releases"].append(value)
-        elif key == "svc_sha256":
-            d["svc_sha256"] = value if _HEX64.match(value) else None
-        elif key == "running":
-            name, _, pid = value.rpartition(":")
-            if not name or not pid.isdigit():
-                raise ProbeError(f"bad running line {value!r}")
-            d["running"][name] = int(pid)
-        elif key == "route_b64":
-            try:
-                d["route_bytes"] = base64.b64decode(value, validate=True)
-            except binascii.Error:
-                raise ProbeError("route.json: bad base64") from None
-        else:
-            raise ProbeError(f"unknown fact {key!r}")
-    if "root_exists" not in d:
-        raise ProbeError("facts: no root_exists line (did the helper run?)")
+def argv0_is(cmdline: bytes, name: str) -> bool:
+    """/proc/PID/cmdline names NAME as argv[0]'s basename (a pid file's process is still ours)."""
+    argv0 = cmdline.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+    return bool(argv0) and argv0.rsplit("/", 1)[-1] == name
+
+
+def facts_from(*, root_exists: bool, current_link: str | None, previous_link: str | None,
+               release_names: Iterable[str], svc_bytes: bytes | None, route_bytes: bytes | None,
+               procs: Mapping[str, tuple[int, bytes]]) -> HostFacts:
+    """HostFacts from raw reads (links, release directory names, pid files + /proc cmdline). Pure."""
+    from orchestrator.hashing import sha256_bytes
+
     return HostFacts(
-        root_exists=d["root_exists"],
-        current=d.get("current"),
-        previous=d.get("previous"),
-        releases=tuple(sorted(d["releases"])),
-        svc_sha256=d.get("svc_sha256"),
-        running=d["running"],
-        route_bytes=d.get("route_bytes"),
+        root_exists=root_exists,
+        current=release_of_link(current_link or "-"),
+        previous=release_of_link(previous_link or "-"),
+        releases=tuple(sorted(n for n in release_names if not n.startswith("."))),
+        svc_sha256=sha256_bytes(svc_bytes) if svc_bytes is not None else None,
+        running={name: pid for name, (pid, cmdline) in procs.items() if argv0_is(cmdline, name)},
+        route_bytes=route_bytes,
+    )
+
+
+def parse_pid(data: bytes) -> int | None:
+    text = data.decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None
+
+
+def read_facts(transport: Any, layout: Any, services: Iterable[str]) -> HostFacts:
+    """What is installed and running on one host, read over SFTP only (no process on the host)."""
+    def read(path: str) -> bytes | None:
+        try:
+            return transport.read_bytes(path)
+        except (FileNotFoundError, OSError):
+            return None
+
+    root_exists = transport.stat(layout.root) is not None
+    releases: list[str] = []
+    procs: dict[str, tuple[int, bytes]] = {}
+    if root_exists:
+        if transport.stat(layout.releases) is not None:
+            releases = transport.listdir(layout.releases)
+        for name in services:
+            raw = read(layout.log(f"{name}.pid"))
+            pid = parse_pid(raw) if raw else None
+            if pid is not None:
+                cmdline = read(f"/proc/{pid}/cmdline")
+                if cmdline:
+                    procs[name] = (pid, cmdline)
+    return facts_from(
+        root_exists=root_exists,
+        current_link=transport.readlink(layout.current) if root_exists else None,
+        previous_link=transport.readlink(layout.previous) if root_exists else None,
+        release_names=releases,
+        svc_bytes=read(layout.svc) if root_exists else None,
+        route_bytes=read(layout.route) if root_exists else None,
+        procs=procs,
     )
 
 

@@ -3,14 +3,15 @@ the host against the manifest, rename into `releases/<id>`. An already present r
 verifies is not sent again.
 
 Packing is pure (a tar stream in memory, sent as stdin of one remote command, so a package is
-one round trip, not one per file); verification parses `sha256sum` output with
-`probes.parse_sha256sum` and compares in Python.
+one exec, not one per file); verification parses the host's `sha256sum` output with
+`probes.parse_sha256sum` and compares in Python before the rename.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import posixpath
 import secrets
 import tarfile
 from dataclasses import dataclass
@@ -66,35 +67,38 @@ class ReleaseResult:
                 "bytes_sent": self.bytes_sent, "files_verified": self.files_verified}
 
 
-def verify_on_host(transport: Any, layout: HostLayout, dirname: str, expected: Mapping[str, str], host: str) -> int:
-    res = transport.run(layout.hash_cmd(dirname), timeout=300)
-    problems = hash_problems(expected, parse_sha256sum(_text(res.stdout)))
+def _check(expected: Mapping[str, str], sha256sum_output: str, host: str, where: str) -> None:
+    problems = hash_problems(expected, parse_sha256sum(sha256sum_output))
     if problems:
         raise PackageError(
-            f"{host}: releases/{dirname} does not match its manifest: " + "; ".join(problems[:5])
+            f"{host}: {where} does not match its manifest: " + "; ".join(problems[:5])
             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
             hint="a release is never modified in place; remove that directory on the host and deploy again",
         )
-    return len(expected)
 
 
 def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bool, host: str) -> ReleaseResult:
-    """Make `releases/<id>` exist on the host and verify it; send bytes only when absent."""
+    """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
+
+    Present: one exec (`sha256sum` of the release), nothing sent. Absent: one exec that unpacks
+    the tar stream into `releases/.<id>.tmp-<nonce>` and prints `sha256sum` of what landed,
+    compared here with the manifest, then a rename into `releases/<id>` (SFTP)."""
     pid = package.manifest.id
     expected = expected_hashes(package.manifest)
     if present:
-        n = verify_on_host(transport, layout, pid, expected, host)
-        return ReleaseResult(host, pid, True, 0, n)
+        res = transport.run(layout.hash_cmd(pid), timeout=300)
+        _check(expected, _text(res.stdout), host, f"releases/{pid}")
+        return ReleaseResult(host, pid, True, 0, len(expected))
     tmp = tmp_release_name(pid, secrets.token_hex(4))
     data = pack(Path(package.path))
-    transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
+    res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
     try:
-        n = verify_on_host(transport, layout, tmp, expected, host)
+        _check(expected, _text(res.stdout), host, f"the upload of {pid}")
     except PackageError:
         transport.run(layout.discard_cmd(tmp), check=False, timeout=120)
         raise
-    transport.run(layout.commit_cmd(tmp, pid), timeout=60)
-    return ReleaseResult(host, pid, False, len(data), n)
+    transport.rename(posixpath.join(layout.releases, tmp), layout.release(pid))
+    return ReleaseResult(host, pid, False, len(data), len(expected))
 
 
 def _text(out: str | bytes) -> str:

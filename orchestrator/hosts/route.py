@@ -10,7 +10,9 @@ and the previous pair, so a rollback restarts exactly what ran before.
 from __future__ import annotations
 
 import json
+import secrets
 from datetime import datetime, timezone
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -99,3 +101,32 @@ def next_record(current: RouteRecord | None, *, pair: str, active: RouteEntry | 
         updated_at=ts,
         updated_by=run_id,
     )
+
+
+class RouteConflict(Exception):
+    """route.json is not what this run read: someone else wrote it (compare-and-swap refused)."""
+
+
+def cas_write(transport: Any, path: str, expected: bytes | None, data: bytes) -> bytes:
+    """Compare-and-swap over SFTP: read, check it is still `expected`, write a temporary file,
+    rename it over route.json, read back. Returns what was read back (the caller compares)."""
+    try:
+        current: bytes | None = transport.read_bytes(path)
+    except FileNotFoundError:
+        current = None
+    if content_sha(current) != content_sha(expected):
+        raise RouteConflict(f"route.json changed under this run: expected {_describe(expected)}, found {_describe(current)}")
+    tmp = f"{path}.tmp-{secrets.token_hex(4)}"
+    transport.put_bytes(data, tmp, mode=0o644)
+    transport.rename(tmp, path)
+    return transport.read_bytes(path)
+
+
+def _describe(data: bytes | None) -> str:
+    if data is None:
+        return "no record"
+    try:
+        rec = parse_route(data)
+        return f"revision {rec.revision} by {rec.updated_by}"
+    except ConfigError:
+        return f"content sha256 {sha256_bytes(data)[:16]}"

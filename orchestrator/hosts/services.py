@@ -17,6 +17,7 @@ import tenacity
 
 from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 
 SERVER_LOG = "llama-server.log"
 
@@ -50,12 +51,43 @@ def _text(out: str | bytes) -> str:
     return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
 
 
-def start(transport: Any, layout: HostLayout, name: str, argv: list[str]) -> int:
-    res = transport.run(layout.start_cmd(name, argv), timeout=30)
-    for line in _text(res.stdout).splitlines():
+def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity]:
+    pid = None
+    ident_lines = []
+    for line in out.splitlines():
         if line.startswith("pid="):
-            return int(line[4:])
-    raise HostError(f"{transport.name}: pairctl-svc start {name} printed no pid: {_text(res.stdout)[:200]!r}")
+            pid = int(line[4:])
+        elif line.startswith("proc="):
+            ident_lines.append(line)
+    ident = parse_identity("\n".join(ident_lines)).get(name)
+    if pid is None or ident is None:
+        raise HostError(f"{host}: pairctl-svc printed no pid/identity for {name}: {out[-300:]!r}")
+    return pid, ident
+
+
+def start(transport: Any, layout: HostLayout, name: str, argv: list[str]) -> tuple[int, ProcIdentity]:
+    """Start NAME (one exec); returns its pid and identity (exe sha256, argv) once it has exec'd."""
+    res = transport.run(layout.start_cmd(name, argv), timeout=30)
+    return _pid_and_identity(transport.name, _text(res.stdout), name)
+
+
+def restart_listening(transport: Any, layout: HostLayout, name: str, links: tuple[str | None, str | None],
+                      address: str, port: int, argv: list[str], timeout_s: int = 20) -> tuple[int, ProcIdentity, str]:
+    """Stop NAME, switch links, start argv, wait until it lives and listens on address:port and
+    read its identity, in one exec. Raises CheckFailed with the output tail if it died or never
+    listened (ggml-rpc-server exits 0 on a failed bind, so its exit code proves nothing)."""
+    cmd = layout.restart_cmd(name, links[0], links[1], address, port, timeout_s, argv)
+    res = transport.run(cmd, check=False, timeout=timeout_s + 60)
+    out = _text(res.stdout)
+    if res.exit_status == 0:
+        pid, ident = _pid_and_identity(transport.name, out, name)
+        stopped = next((l.split("=", 1)[1] for l in out.splitlines() if l.startswith("stopped=")), "")
+        return pid, ident, stopped
+    if res.exit_status in (4, 5):
+        what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
+        raise CheckFailed(f"{transport.name}: {name} {what}; its output ends:\n{_tail(out)}")
+    raise HostError(f"{transport.name}: pairctl-svc restart {name} failed (exit {res.exit_status}): "
+                    f"{_text(res.stderr).strip()[-300:] or _tail(out)}")
 
 
 def stop(transport: Any, layout: HostLayout, name: str) -> str:
@@ -63,24 +95,31 @@ def stop(transport: Any, layout: HostLayout, name: str) -> str:
     return _text(res.stdout).strip()
 
 
-def wait_listen(transport: Any, layout: HostLayout, name: str, address: str, port: int, timeout_s: int = 20) -> float:
-    """Block (on the host) until NAME lives and listens on address:port; raise with its log if not."""
-    t0 = time.monotonic()
-    res = transport.run(layout.wait_listen_cmd(name, address, port, timeout_s), check=False, timeout=timeout_s + 15)
-    out = _text(res.stdout)
-    if res.exit_status == 0:
-        return time.monotonic() - t0
-    what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
-    raise CheckFailed(f"{transport.name}: {name} {what}; its output ends:\n{_tail(out)}")
-
-
 def _tail(text: str, n: int = 15) -> str:
-    lines = [l for l in text.splitlines() if not l.startswith(("died=", "timeout="))]
+    skip = ("died=", "timeout=", "stopped=", "current=", "previous=", "pid=")
+    lines = [l for l in text.splitlines() if not l.startswith(skip)]
     return "\n".join("  " + l for l in lines[-n:]) or "  (no output)"
 
 
-def wait_health(transport: Any, layout: HostLayout, base_url: str, *, timeout_s: float = 60.0,
-                poll_s: float = 0.02, alive_every_s: float = 0.5, log: Any = None) -> WaitResult:
+def process_alive(transport: Any, pid: int, name: str) -> bool:
+    """Over SFTP (no exec): /proc/PID/cmdline still names NAME."""
+    try:
+        cmdline = transport.read_bytes(f"/proc/{pid}/cmdline")
+    except (FileNotFoundError, OSError):
+        return False
+    return argv0_is(cmdline, name)
+
+
+def read_tail(transport: Any, path: str, n: int = 25) -> str:
+    try:
+        data = transport.read_bytes(path)
+    except (FileNotFoundError, OSError):
+        return "  (no output file)"
+    return _tail(data[-20000:].decode("utf-8", "replace"), n)
+
+
+def wait_health(transport: Any, layout: HostLayout, base_url: str, pid: int, *, timeout_s: float = 60.0,
+                poll_s: float = 0.01, alive_every_s: float = 0.2, log: Any = None) -> WaitResult:
     """Poll `GET /health` until 200 (bounded); every `alive_every_s` ask the host whether the
     process still lives, so a server that died fails at once with its log tail, not at timeout."""
     t0 = time.monotonic()
@@ -100,12 +139,10 @@ def wait_health(transport: Any, layout: HostLayout, base_url: str, *, timeout_s:
         if now - last_alive[0] >= alive_every_s or counters["polls"] == 3:
             last_alive[0] = now
             counters["alive"] += 1
-            res = transport.run(layout.alive_cmd(LLAMA_SERVER), check=False, timeout=15)
-            if res.exit_status != 0:
-                tail = transport.run(layout.log_tail_cmd(SERVER_LOG, 25), check=False, timeout=15)
+            if not process_alive(transport, pid, LLAMA_SERVER):
                 raise CheckFailed(
-                    f"{transport.name}: llama-server exited before it was healthy; {SERVER_LOG} ends:\n"
-                    + _tail(_text(tail.stdout) or _text(res.stdout), 25)
+                    f"{transport.name}: llama-server (pid {pid}) exited before it was healthy; its output ends:\n"
+                    + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 25)
                 )
         raise _NotYet(reason)
 
@@ -121,10 +158,9 @@ def wait_health(transport: Any, layout: HostLayout, base_url: str, *, timeout_s:
         try:
             retry(attempt, client)
         except _NotYet as exc:
-            tail = transport.run(layout.log_tail_cmd(SERVER_LOG, 25), check=False, timeout=15)
             raise CheckFailed(
                 f"{transport.name}: llama-server not healthy at {base_url} after {timeout_s:.0f} s ({exc}); "
-                f"{SERVER_LOG} ends:\n" + _tail(_text(tail.stdout), 25)
+                f"its output ends:\n" + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 25)
             ) from None
     return WaitResult(time.monotonic() - t0, counters["polls"], counters["alive"])
 

@@ -16,9 +16,16 @@ from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, 
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.errors import ConfigError
 from orchestrator.hosts import services
-from orchestrator.hosts.probes import parse_facts
+from orchestrator.hosts.probes import facts_from
 from orchestrator.hosts.release import pack
 from orchestrator.hosts.route import RouteEntry, content_sha, next_record, parse_route
+
+
+def _facts(cur, prev, releases, running=None):
+    procs = {n: (pid, f"/r/releases/x/bin/{n}".encode() + b"\0") for n, pid in (running or {}).items()}
+    return facts_from(root_exists=True, current_link=f"releases/{cur}" if cur else None,
+                      previous_link=f"releases/{prev}" if prev else None, release_names=list(releases),
+                      svc_bytes=None, route_bytes=None, procs=procs)
 
 
 @pytest.fixture
@@ -59,22 +66,23 @@ def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
 def test_deploy_plan_lists_every_step_on_its_hosts(inv):
     view = pair_view(inv, "lab")
     act = _activation(view, load_profile("lab"), inv)
-    facts = {"native": parse_facts("root_exists=1\ncurrent=releases/old-n\nprevious=-\nrelease=old-n\nrelease=pkg-n\n"
-                                   "running=llama-server:10\n"),
-             "rpc": parse_facts("root_exists=0\ncurrent=-\nprevious=-\n")}
+    facts = {"native": _facts("old-n", None, ("old-n", "pkg-n"), running={"llama-server": 10}),
+             "rpc": _facts(None, None, ())}
     steps = plan(load_playbook("deploy"), view, facts=facts, target=act)
     names = [s.name for s in steps]
-    assert names.index("lease") < names.index("upload") < names.index("stop-native") < names.index("stop-rpc")
-    assert names.index("start-rpc") < names.index("start-server") < names.index("verify") < names.index("release-lease")
+    assert names.index("lease") < names.index("upload") < names.index("stop-native") < names.index("restart-rpc")
+    assert names.index("restart-rpc") < names.index("switch-native") < names.index("start-server") < names.index("verify")
+    assert names.index("verify") < names.index("route") < names.index("release-lease")
     by = {s.name: s for s in steps}
-    assert by["stop-native"].hosts == ("lab-native",) and by["stop-rpc"].hosts == ("lab-rpc",)
-    assert by["switch"].hosts == ("lab-native", "lab-rpc")
+    assert by["stop-native"].hosts == ("lab-native",) and by["restart-rpc"].hosts == ("lab-rpc",)
+    assert by["upload"].hosts == ("lab-native", "lab-rpc")
     assert "pid 10" in by["stop-native"].description
     assert "pkg-n present: verify sha256 only, send 0 bytes" in by["upload"].description
     assert "pkg-r absent: send" in by["upload"].description
-    assert "previous -> releases/old-n" in by["switch"].description
-    start = by["start-rpc"].argv["lab-rpc"]
-    assert start[-4:] == ("-H", "127.0.0.3", "-p", "50052")
+    assert "previous -> releases/old-n" in by["switch-native"].description
+    restart = by["restart-rpc"].argv["lab-rpc"]
+    assert restart[-4:] == ("-H", "127.0.0.3", "-p", "50052")
+    assert "current -> releases/pkg-r, previous -> (none)" in by["restart-rpc"].description
     server = list(by["start-server"].argv["lab-native"])
     assert "--rpc" in server and server[server.index("--rpc") + 1] == "127.0.0.3:50052"
     assert all(not s.changes for s in steps[: names.index("stop-native")])
@@ -83,18 +91,20 @@ def test_deploy_plan_lists_every_step_on_its_hosts(inv):
 
 def test_auto_rollback_plan_skips_manual_steps(inv):
     view = pair_view(inv, "lab")
-    steps = plan(load_playbook("rollback"), view, facts={}, target=None, restore=None, mode="auto")
+    steps = plan(load_playbook("rollback"), view, facts={}, target=None, restore=None, mode="auto",
+                 restore_links={"native": (None, "z"), "rpc": (None, None)})
     assert [s.name for s in steps][0] == "stop-native"
-    assert "no previous pair" in next(s for s in steps if s.name == "switch-back").description
+    assert "no pair to start" in next(s for s in steps if s.name == "restart-rpc").description
+    assert "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
     manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
     assert [s.name for s in manual][:3] == ["connect", "facts", "lease"]
 
 
 def test_links_after_deploy():
-    f = parse_facts("root_exists=1\ncurrent=releases/a\nprevious=releases/z\n")
+    f = _facts("a", "z", ("a", "z"))
     assert links_after_deploy(f, "b") == ("b", "a")
     assert links_after_deploy(f, "a") == ("a", "z")  # re-deploy keeps the older previous
-    assert links_after_deploy(parse_facts("root_exists=0\ncurrent=-\nprevious=-\n"), "b") == ("b", None)
+    assert links_after_deploy(_facts(None, None, ()), "b") == ("b", None)
     assert links_after_deploy(None, "b") == ("b", None)
 
 

@@ -11,7 +11,9 @@ from orchestrator.hosts.probes import (
     ProbeError,
     build_info_problems,
     hash_problems,
-    parse_facts,
+    argv0_is,
+    facts_from,
+    parse_pid,
     parse_identity,
     parse_rpc_bind,
     parse_sha256sum,
@@ -20,16 +22,6 @@ from orchestrator.hosts.probes import (
     slots_problems,
 )
 
-# Captured from `pairctl-svc facts ROOT llama-server ggml-rpc-server` on a lab root.
-FACTS = """root_exists=1
-current=releases/pkgA
-previous=-
-release=pkgA
-release=.pkgB.tmp-1a2b3c4d
-svc_sha256=2a5a72141ee9409bbc273790f0e32ee7b87321315f198a36a9fdd8782a31bebd
-running=llama-server:31620
-route_b64=eyJ4IjoxfQo=
-"""
 # Captured from `pairctl-svc identity ROOT llama-server ggml-rpc-server`.
 IDENTITY = (
     "proc=llama-server:31620:4add4bb89d8ca0e3b1bd861130ddd7ae0fd9617a8055de0a38c8d2ca1ac95723:"
@@ -39,24 +31,36 @@ IDENTITY = (
 SHA = "4add4bb89d8ca0e3b1bd861130ddd7ae0fd9617a8055de0a38c8d2ca1ac95723"
 
 
-def test_facts_parse_links_releases_running_route():
-    f = parse_facts(FACTS)
+CMDLINE = b"/r/releases/pkgA/bin/llama-server\0--model\0/m/t.gguf\0"
+
+
+def test_facts_from_links_releases_running_route():
+    f = facts_from(root_exists=True, current_link="releases/pkgA", previous_link=None,
+                   release_names=["pkgA", ".pkgB.tmp-1a2b3c4d", "pkgC"], svc_bytes=b"#!/bin/sh\n",
+                   route_bytes=b'{"x":1}\n',
+                   procs={"llama-server": (31620, CMDLINE), "ggml-rpc-server": (7, b"/usr/bin/sleep\x0030\x00")})
     assert f.root_exists and f.current == "pkgA" and f.previous is None
-    assert f.releases == ("pkgA",)  # the temporary upload is not a release
-    assert f.running == {"llama-server": 31620}
-    assert f.route_bytes == b'{"x":1}\n'
+    assert f.releases == ("pkgA", "pkgC")  # the temporary upload is not a release
+    assert f.running == {"llama-server": 31620}  # pid 7 is someone else's process now
+    assert f.route_bytes == b'{"x":1}\n' and len(f.svc_sha256) == 64
 
 
 def test_facts_of_an_empty_host():
-    f = parse_facts("root_exists=0\ncurrent=-\nprevious=-\n")
+    f = facts_from(root_exists=False, current_link=None, previous_link=None, release_names=[], svc_bytes=None,
+                   route_bytes=None, procs={})
     assert not f.root_exists and f.current is None and f.releases == () and f.route_bytes is None
 
 
-@pytest.mark.parametrize("bad", ["", "current=releases/x\n", "root_exists=1\nwhat=1\n", "root_exists=1\nno equals sign\n",
-                                 "root_exists=1\nrunning=llama-server:abc\n", "root_exists=1\nroute_b64=@@@\n"])
-def test_facts_refuse_unexpected_output(bad):
+def test_facts_refuse_a_link_outside_releases():
     with pytest.raises(ProbeError):
-        parse_facts(bad)
+        facts_from(root_exists=True, current_link="/etc", previous_link=None, release_names=[], svc_bytes=None,
+                   route_bytes=None, procs={})
+
+
+def test_argv0_and_pid_files():
+    assert argv0_is(CMDLINE, "llama-server") and not argv0_is(CMDLINE, "ggml-rpc-server")
+    assert not argv0_is(b"", "llama-server")
+    assert parse_pid(b"123\n") == 123 and parse_pid(b"") is None and parse_pid(b"12a") is None
 
 
 def test_links_must_point_into_releases():

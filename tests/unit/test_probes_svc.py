@@ -1,5 +1,6 @@
-"""The host helper (orchestrator/hosts/pairctl-svc.sh) run for real on this machine with real
-processes, its output parsed by the same parsers deploy uses. No network, no SSH."""
+"""The host helper (orchestrator/hosts/pairctl-svc.sh) and the SFTP-side operations, run for
+real on this machine through the real LocalTransport, with real processes; outputs parsed by
+the same parsers deploy uses. No network, no SSH."""
 
 from __future__ import annotations
 
@@ -12,117 +13,148 @@ import time
 import pytest
 
 from orchestrator.hashing import sha256_bytes, sha256_file
-from orchestrator.hosts.layout import HostLayout, svc_script
-from orchestrator.hosts.probes import parse_facts, parse_identity, parse_sha256sum
+from orchestrator.hosts import services
+from orchestrator.hosts.layout import HostLayout, install_helper, put_secret, svc_script, switch_links
+from orchestrator.hosts.probes import parse_identity, parse_sha256sum, read_facts
+from orchestrator.hosts.route import RouteConflict, cas_write
+from orchestrator.remote.local import LocalTransport
 
-
-def run(cmd, stdin: bytes | None = None, check: bool = True) -> subprocess.CompletedProcess:
-    p = subprocess.run(cmd.real_argv(), input=stdin, capture_output=True, timeout=30)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{cmd.display()[:200]} -> {p.returncode}: {p.stderr.decode()}")
-    return p
+SERVICES = ("llama-server", "ggml-rpc-server")
 
 
 @pytest.fixture
 def host(tmp_path):
+    t = LocalTransport("local-test")
     layout = HostLayout(str(tmp_path / "root dir"))  # a space in the root: arguments, not shell text
-    run(layout.prepare_cmd(), stdin=svc_script())
-    return layout
+    install_helper(t, layout)
+    yield t, layout
+    for name in SERVICES:
+        t.run(layout.stop_cmd(name), check=False)
 
 
 def _release(layout: HostLayout, pid: str, name: str = "llama-server") -> str:
     b = os.path.join(layout.release(pid), "bin")
-    os.makedirs(b)
+    os.makedirs(b, exist_ok=True)
     os.symlink("/bin/sleep", os.path.join(b, name))
     return os.path.join(b, name)
 
 
-def test_prepare_installs_layout_and_helper(host):
-    f = parse_facts(run(host.facts_cmd()).stdout.decode())
-    assert f.root_exists and f.current is None and f.svc_sha256 == sha256_bytes(svc_script())
-    assert oct(os.stat(host.secrets).st_mode & 0o777) == "0o700"
+def test_install_helper_and_facts_of_an_empty_host(host):
+    t, layout = host
+    f = read_facts(t, layout, SERVICES)
+    assert f.root_exists and f.current is None and f.releases == () and f.route_bytes is None
+    assert f.svc_sha256 == sha256_bytes(svc_script())
+    assert oct(os.stat(layout.secrets).st_mode & 0o777) == "0o700"
+    assert os.access(layout.svc, os.X_OK)
 
 
 def test_start_identity_stop_with_pidfile(host):
-    exe = _release(host, "pkg-a")
-    run(host.switch_cmd("pkg-a", None))
-    out = run(host.start_cmd("llama-server", [exe, "30", "1s"])).stdout.decode()
-    assert out.startswith("pid=")
-    time.sleep(0.05)
-    again = run(host.start_cmd("llama-server", [exe, "30"]), check=False)
-    assert again.returncode == 3 and b"already runs" in again.stderr
-    ident = parse_identity(run(host.identity_cmd("llama-server", "ggml-rpc-server")).stdout.decode())
-    assert ident["llama-server"].argv == (exe, "30", "1s")
-    assert ident["llama-server"].exe_sha256 == sha256_file("/bin/sleep")
-    assert not ident["ggml-rpc-server"].running
-    assert parse_facts(run(host.facts_cmd()).stdout.decode()).running == {"llama-server": ident["llama-server"].pid}
-    stopped = run(host.stop_cmd("llama-server")).stdout.decode()
-    assert stopped.startswith("stopped=llama-server:") and not stopped.strip().endswith(":-")
-    assert not os.path.exists(f"/proc/{ident['llama-server'].pid}/cmdline") or \
-        open(f"/proc/{ident['llama-server'].pid}/stat").read().split(") ")[1][0] == "Z"
-    assert run(host.stop_cmd("llama-server")).stdout.decode().strip() == "stopped=llama-server:-"
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    pid, ident = services.start(t, layout, "llama-server", [exe, "30", "1s"])
+    assert ident.pid == pid and ident.argv == (exe, "30", "1s")
+    assert ident.exe_sha256 == sha256_file("/bin/sleep")
+    again = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
+    assert again.exit_status == 3 and "already runs" in again.stderr
+    assert read_facts(t, layout, SERVICES).running == {"llama-server": pid}
+    assert services.process_alive(t, pid, "llama-server")
+    ids = parse_identity(t.run(layout.identity_cmd(*SERVICES)).stdout)
+    assert ids["llama-server"].pid == pid and not ids["ggml-rpc-server"].running
+    assert services.stop(t, layout, "llama-server") == f"stopped=llama-server:{pid}"
+    assert not services.process_alive(t, pid, "llama-server")
+    assert services.stop(t, layout, "llama-server") == "stopped=llama-server:-"
 
 
 def test_stop_leaves_a_foreign_pid_alone(host):
+    t, layout = host
     p = subprocess.Popen(["sleep", "30"])
     try:
-        with open(os.path.join(host.run, "llama-server.pid"), "w") as f:
+        with open(os.path.join(layout.run, "llama-server.pid"), "w") as f:
             f.write(str(p.pid))
-        assert run(host.stop_cmd("llama-server")).stdout.decode().strip() == "stopped=llama-server:-"
-        assert p.poll() is None  # argv[0] is not .../llama-server: not ours, not signalled
+        assert read_facts(t, layout, SERVICES).running == {}  # argv[0] is not .../llama-server
+        assert services.stop(t, layout, "llama-server") == "stopped=llama-server:-"
+        assert p.poll() is None  # not ours: never signalled
     finally:
         p.kill()
         p.wait()
 
 
-def test_wait_listen_reports_a_dead_process(host):
-    exe = _release(host, "pkg-a", "ggml-rpc-server")
-    run(host.start_cmd("ggml-rpc-server", [exe, "0"]))  # exits at once, like a failed bind
-    time.sleep(0.1)
-    r = run(host.wait_listen_cmd("ggml-rpc-server", "127.0.0.1", 1, 5), check=False)
-    assert r.returncode == 4 and r.stdout.decode().startswith("died=")
+def test_restart_reports_a_process_that_exits_at_once(host):
+    t, layout = host
+    exe = _release(layout, "pkg-a", "ggml-rpc-server")
+    # `sleep -H ...` exits at once, like ggml-rpc-server on a failed bind: no port, no process
+    with pytest.raises(Exception, match="ggml-rpc-server exited"):
+        services.restart_listening(t, layout, "ggml-rpc-server", ("pkg-a", None), "127.0.0.1", 9, [exe, "-H", "x"])
+    assert read_facts(t, layout, SERVICES).current == "pkg-a"  # the links were switched before the start
 
 
-def test_switch_renames_links_and_refuses_missing_release(host):
-    _release(host, "a")
-    _release(host, "b")
-    run(host.switch_cmd("a", None))
-    run(host.switch_cmd("b", "a"))
-    f = parse_facts(run(host.facts_cmd()).stdout.decode())
+def test_restart_waits_for_the_port_and_returns_identity(host):
+    import socket
+    import sys
+
+    t, layout = host
+    bindir = os.path.join(layout.release("pkg-a"), "bin")
+    os.makedirs(bindir)
+    exe = os.path.join(bindir, "ggml-rpc-server")
+    os.symlink(os.path.realpath(sys.executable), exe)  # a real listener whose argv[0] is .../ggml-rpc-server
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    code = (f"import socket,time;time.sleep(0.3);s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+            f"s.bind(('127.0.0.1',{port}));s.listen();time.sleep(30)")
+    argv = [exe, "-c", code]
+    pid, ident, stopped = services.restart_listening(t, layout, "ggml-rpc-server", ("pkg-a", None), "127.0.0.1", port, argv)
+    assert stopped == "ggml-rpc-server:-" and ident.pid == pid and ident.argv == tuple(argv)
+    assert ident.exe_sha256 == sha256_file(os.path.realpath(sys.executable))
+    f = read_facts(t, layout, SERVICES)
+    assert f.current == "pkg-a" and f.running.get("ggml-rpc-server") == pid
+
+
+def test_switch_links_by_rename(host):
+    t, layout = host
+    _release(layout, "a")
+    _release(layout, "b")
+    switch_links(t, layout, "a", None)
+    switch_links(t, layout, "b", "a")
+    f = read_facts(t, layout, SERVICES)
     assert (f.current, f.previous, f.releases) == ("b", "a", ("a", "b"))
-    assert run(host.switch_cmd("nope", "a"), check=False).returncode == 3
-    assert parse_facts(run(host.facts_cmd()).stdout.decode()).current == "b"
+    assert os.readlink(layout.current) == "releases/b"
+    switch_links(t, layout, "a", None)
+    f = read_facts(t, layout, SERVICES)
+    assert (f.current, f.previous) == ("a", None)
+    # the helper's own switch (used inside `restart`) refuses a release that is not installed
+    assert t.run(layout.switch_cmd("nope", "a"), check=False).exit_status == 3
 
 
-def test_cas_write_refuses_a_stale_token_and_reads_back(host):
-    first = run(host.cas_write_cmd(None), stdin=b'{"revision":1}\n').stdout
-    assert first == b'{"revision":1}\n'
-    stale = run(host.cas_write_cmd(None), stdin=b'{"revision":2}\n', check=False)
-    assert stale.returncode == 3 and stale.stdout.decode().startswith("have=")
-    ok = run(host.cas_write_cmd(sha256_bytes(first)), stdin=b'{"revision":2}\n')
-    assert ok.stdout == b'{"revision":2}\n'
-    assert parse_facts(run(host.facts_cmd()).stdout.decode()).route_bytes == b'{"revision":2}\n'
+def test_cas_write_refuses_a_stale_read_and_reads_back(host):
+    t, layout = host
+    assert cas_write(t, layout.route, None, b'{"revision":1}\n') == b'{"revision":1}\n'
+    with pytest.raises(RouteConflict):
+        cas_write(t, layout.route, None, b'{"revision":2}\n')  # this writer read "no record": stale
+    assert cas_write(t, layout.route, b'{"revision":1}\n', b'{"revision":2}\n') == b'{"revision":2}\n'
+    assert read_facts(t, layout, SERVICES).route_bytes == b'{"revision":2}\n'
 
 
-def test_unpack_hash_commit(host, tmp_path):
+def test_unpack_prints_hashes_and_only_takes_temporary_names(host):
+    t, layout = host
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as t:
+    with tarfile.open(fileobj=buf, mode="w") as tar:
         data = b"payload"
         info = tarfile.TarInfo("bin/llama-server")
         info.size, info.mode = len(data), 0o755
-        t.addfile(info, io.BytesIO(data))
-    run(host.unpack_cmd(".p1.tmp-abcd"), stdin=buf.getvalue())
-    got = parse_sha256sum(run(host.hash_cmd(".p1.tmp-abcd")).stdout.decode())
-    assert got == {"bin/llama-server": sha256_bytes(b"payload")}
-    assert run(host.unpack_cmd("p1"), check=False).returncode == 2  # only temporary names
-    run(host.commit_cmd(".p1.tmp-abcd", "p1"))
-    assert parse_facts(run(host.facts_cmd()).stdout.decode()).releases == ("p1",)
-    assert run(host.commit_cmd(".p1.tmp-abcd", "p1"), check=False).returncode == 3
+        tar.addfile(info, io.BytesIO(data))
+    out = t.run(layout.unpack_cmd(".p1.tmp-abcd"), stdin=buf.getvalue()).stdout
+    assert parse_sha256sum(out) == {"bin/llama-server": sha256_bytes(b"payload")}
+    assert t.run(layout.unpack_cmd("p1"), stdin=buf.getvalue(), check=False).exit_status == 2
+    assert parse_sha256sum(t.run(layout.hash_cmd(".p1.tmp-abcd")).stdout) == {"bin/llama-server": sha256_bytes(b"payload")}
+    t.run(layout.discard_cmd(".p1.tmp-abcd"))
+    assert read_facts(t, layout, SERVICES).releases == ()
 
 
 def test_put_secret_mode_0600(host):
-    run(host.put_secret_cmd(), stdin=b"k3y\n")
-    st = os.stat(host.api_key)
-    assert oct(st.st_mode & 0o777) == "0o600"
-    with open(host.api_key, "rb") as f:
+    t, layout = host
+    path = put_secret(t, layout, b"k3y\n")
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    with open(path, "rb") as f:
         assert f.read() == b"k3y\n"
