@@ -17,7 +17,7 @@ from orchestrator.evidence.store import EvidenceStore
 app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
 
 EVIDENCE_OPT = typer.Option(
-    None, "--evidence", envvar="PAIRCTL_EVIDENCE", help="Evidence store directory (default: <home>/evidence)."
+    None, "--evidence", metavar="DIR", envvar="PAIRCTL_EVIDENCE", help="Evidence store directory (default: <home>/evidence)."
 )
 
 
@@ -34,8 +34,8 @@ def summary(r: Receipt) -> dict[str, Any]:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", help="Only this pair's receipts."),
-    since: Optional[str] = typer.Option(None, "--since", help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
+    pair: Optional[str] = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
+    since: Optional[str] = typer.Option(None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
     evidence: Optional[Path] = EVIDENCE_OPT,
 ) -> None:
@@ -150,11 +150,11 @@ def verify(
 @app.command("derive")
 def derive(
     ctx: typer.Context,
-    original: str = typer.Option(..., "--from", help="Hash (or prefix) of the original receipt."),
-    reuse: list[str] = typer.Option(..., "--reuse", help="Step to reuse by reference (repeat, or comma-separated)."),
-    reason: str = typer.Option(..., "--reason", help="Why this derived record exists (kept in the receipt)."),
+    original: str = typer.Option(..., "--from", metavar="HASH", help="Hash (or prefix) of the original receipt."),
+    reuse: list[str] = typer.Option(..., "--reuse", metavar="STEP", help="Step to reuse by reference (repeat, or comma-separated)."),
+    reason: str = typer.Option(..., "--reason", metavar="TEXT", help="Why this derived record exists (kept in the receipt)."),
     fresh: Optional[Path] = typer.Option(
-        None, "--fresh", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
+        None, "--fresh", metavar="FILE", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
         "or {steps: [...], samples: {step: [rows]}}.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
