@@ -481,6 +481,13 @@ class EvidenceStore:
         fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
         fresh_names = [s.name for s in fresh]
         reuse = list(dict.fromkeys(reuse))
+        from orchestrator.evidence.receipt import OUTCOMES, RESERVED_FIELDS
+
+        bad_fields = [k for k in (fields or {}) if k in RESERVED_FIELDS or k.startswith("_")]
+        if bad_fields:
+            raise EvidenceError(f"derive: {', '.join(bad_fields)} are reserved receipt fields")
+        if outcome is not None and outcome not in OUTCOMES:
+            raise EvidenceError(f"derive: outcome must be one of {OUTCOMES}, not {outcome!r}")
         if not reuse:
             raise EvidenceError("derive needs at least one step to reuse (--reuse STEP)")
         if not reason.strip():

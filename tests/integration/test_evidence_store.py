@@ -346,3 +346,19 @@ def test_journal_already_sealed_is_only_removed(store):
     path.write_bytes(copy)
     assert store.recover_aborted("lab") == [] and not path.exists()
     assert len(store.hashes()) == 1 and json.loads(store.path_of(sha).read_bytes())["run_id"] == run_id
+
+
+def test_derive_with_fields_samples_and_explicit_outcome(store):
+    original = _failed_after_samples(store)
+    with pytest.raises(Exception, match="reserved"):
+        store.derive(original, ["measure"], "x", fields={"outcome": "passed"})
+    n = len(store.hashes())
+    assert n == 1, "a refused derive writes nothing"
+    sha = store.derive(original, ["measure"], "recomputed from the valid samples",
+                       fresh_steps=[{"name": "restore-check", "outcome": "passed", "data": {"match": True}}],
+                       fresh_samples={"restore-check": [{"revision": 7}]},
+                       fields={"qualification": {"code": {"gain": 0.0334}}}, outcome="inconclusive")
+    d = store.load(sha)
+    assert d.outcome == "inconclusive" and d.qualification == {"code": {"gain": 0.0334}}
+    assert d.samples == {"restore-check": [{"revision": 7}]} and d.step("restore-check").data == {"match": True}
+    assert store.verify().ok
