@@ -24,7 +24,7 @@ from orchestrator.engine.plan import pair_view
 from orchestrator.errors import CheckFailed, ConfigError, PairctlError
 from orchestrator.hashing import sha256_json
 from orchestrator.hosts.layout import SERVICE_OF_ROLE
-from orchestrator.hosts.probes import parse_facts, parse_identity
+from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.paths import Home
 from orchestrator.remote.command import Cmd
@@ -64,15 +64,14 @@ class EngineDriver:
                     break
 
     # -- reading the pair ----------------------------------------------------------------------
+    def _facts(self, role: str) -> Any:
+        return read_facts(self.pool.get(self.view.hosts[role]), self.view.layouts[role], (SERVICE_OF_ROLE[role],))
+
     def _route(self) -> Any:
-        host = self.view.hosts["native"]
-        facts = parse_facts(_text(self.pool.get(host).run_idempotent(self.view.layouts["native"].facts_cmd(), timeout=60).stdout))
-        return parse_route(facts.route_bytes)
+        return parse_route(self._facts("native").route_bytes)
 
     def _pid(self, role: str) -> int | None:
-        host, layout, name = self.view.hosts[role], self.view.layouts[role], SERVICE_OF_ROLE[role]
-        ident = parse_identity(_text(self.pool.get(host).run_idempotent(layout.identity_cmd(name), timeout=60).stdout)).get(name)
-        return ident.pid if ident else None
+        return self._facts(role).running.get(SERVICE_OF_ROLE[role])
 
     def snapshot(self) -> dict[str, Any]:
         rec = self._route()
