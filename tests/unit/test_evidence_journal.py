@@ -7,6 +7,8 @@ import os
 from datetime import datetime, timezone
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from orchestrator.errors import EvidenceError, Inconclusive
 from orchestrator.evidence import EvidenceStore
@@ -246,3 +248,30 @@ def test_unserialisable_step_data_fails_the_step_visibly(store):
             s.data["obj"] = object()
     r = store.load(j.finish("failed", "bug"))
     assert r.step("bad").outcome == "failed" and "not JSON-serialisable" in r.step("bad").error
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=12,
+)
+
+
+def test_spliced_samples_equal_canonical_json_for_any_rows(tmp_path):
+    """The 100k-sample fast path writes samples as pre-serialised text: it must be byte-identical
+    to canonical_json of the whole receipt, for any JSON rows, step names and call splits."""
+    counter = iter(range(10**6))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(st.dictionaries(st.text(min_size=1, max_size=6), st.lists(st.lists(_json, max_size=3), max_size=3), max_size=3))
+    def check(calls):
+        store = EvidenceStore(tmp_path / f"s{next(counter)}")
+        j = store.begin("x", [], pair="lab")
+        for step, chunks in calls.items():
+            for rows in chunks:
+                j.samples(step, rows)
+        sha = j.finish("passed", "ok")
+        data = store.path_of(sha).read_bytes()
+        assert canonical_json(json.loads(data)) == data and sha256_bytes(data) == sha
+
+    check()
