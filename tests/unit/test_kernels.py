@@ -359,3 +359,15 @@ def test_config_check_validates_cases_yaml(cli, tmp_path):
     bad.write_text((MMVF / "cases.yaml").read_text().replace("k_stride: 384", "k_stride: 300"))
     r = cli("config", "check", "--kind", "kernel-cases", str(bad))
     assert r.exit_code == 3 and "k_stride" in r.output
+
+
+@pytest.mark.parametrize("name", ["h200_cuda_patched.jsonl", "h200_cuda_forced_warp_per_row.jsonl"])
+def test_judge_real_cuda_output(lab_inv, name):
+    """Captured on an H200 by kernels/harness/cuda_check.sh (CUDA0 vs CPU); 'forced' = the patch's
+    guard without its Volta bound, i.e. the warp-per-row launch itself on a real GPU."""
+    hosts = {k: h.model_copy(update={"gpu": "H200"}) for k, h in lab_inv.hosts.items()}
+    run = plan_kernel_check(lab_inv.model_copy(update={"hosts": hosts}), "lab", load_cases("mmvf-warp-per-row"), PKGS).runs[0]
+    text = (DATA / name).read_text()
+    v = judge_host(run, 0, text, "", cases=NAMES, max_nmse=5e-4)
+    assert v.passed, v.problems
+    assert {r["backend"] for r in v.rows} == {"CUDA0"}
