@@ -67,7 +67,10 @@ class _ChainLock:
         self._fd: int | None = None
 
     def acquire(self, *, wait_s: float = 0.0, holder: dict[str, Any] | None = None) -> bool:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise EvidenceError(f"lock file {self.path} cannot be opened: {exc.strerror or exc}") from None
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -101,6 +104,16 @@ class _ChainLock:
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+
+def _read_small(path: Path) -> str | None:
+    """A pointer file's text, or None if it is missing or unreadable (a cache, never trusted)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        raise EvidenceError(f"{path} cannot be read: {exc.strerror or exc}") from None
 
 
 def _new_run_id() -> str:
@@ -216,7 +229,10 @@ class EvidenceStore:
                     first = f.readline()
                 state = JournalState()
                 state.apply(json.loads(first))
-            except (OSError, ValueError, KeyError) as exc:
+                procid.HostInfo(**state.header["host"])
+                if not isinstance(state.header.get("run_id"), str):
+                    raise ValueError("no run id")
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, EvidenceError) as exc:
                 self._drop_empty_journal(path, exc)
                 continue
             yield state, path
@@ -228,7 +244,7 @@ class EvidenceStore:
             pid = int(path.stem.split("-")[1])
         except (IndexError, ValueError):
             pid = None
-        if pid is not None and procid.start_ticks(pid) is None and path.stat().st_size < 4096:
+        if pid is not None and path.is_file() and procid.start_ticks(pid) is None and path.stat().st_size < 4096:
             self.log.warning("empty journal of a dead process removed", journal=str(path))
             path.unlink(missing_ok=True)
         else:
@@ -301,7 +317,7 @@ class EvidenceStore:
     def _run_id_of(self, sha: str) -> str | None:
         try:
             return json.loads(self.path_of(sha).read_bytes()).get("run_id")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             return None
 
     # -- sealing -----------------------------------------------------------------------------
@@ -369,13 +385,13 @@ class EvidenceStore:
         """The chain's newest receipt, repairing a head left behind by a crash mid-seal."""
         head_file = self.heads_dir / chain
         pending = self.heads_dir / f"{chain}.pending"
-        head = head_file.read_text().strip() if head_file.exists() else None
+        head = _read_small(head_file)
         if pending.exists():
-            p = pending.read_text().strip()
+            p = _read_small(pending) or ""
             if _HASH.match(p) and self.path_of(p).exists():
                 try:
                     prev = json.loads(self.path_of(p).read_bytes()).get("previous")
-                except ValueError:
+                except (OSError, ValueError, AttributeError):
                     prev = "?"
                 if prev == head:
                     atomic.replace(head_file, p.encode())
@@ -427,12 +443,19 @@ class EvidenceStore:
         """A receipt by hash (or prefix), checked against its name: a changed byte is an error."""
         sha = self.resolve(ref)
         path = self.path_of(sha)
-        data = path.read_bytes()
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
         actual = _sha(data)
         if actual != sha:
             raise EvidenceError(f"receipt file {path} does not match its name (its sha256 is {actual})",
                                 hint="it was changed after it was written; run `pairctl receipts verify`")
-        receipt = Receipt.model_validate_json(data)
+        try:
+            receipt = Receipt.model_validate_json(data)
+        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+            raise EvidenceError(f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
+                                hint="run `pairctl receipts verify`") from None
         receipt._sha256 = sha
         return receipt
 
@@ -451,11 +474,12 @@ class EvidenceStore:
     def latest(self, pair: str | None) -> Receipt | None:
         """The newest receipt of a pair's chain (None: no receipt yet)."""
         chain = _check_chain_name(pair or NO_PAIR)
-        head_file = self.heads_dir / chain
-        if head_file.exists():
-            head = head_file.read_text().strip()
-            if _HASH.match(head) and self.path_of(head).exists():
+        head = _read_small(self.heads_dir / chain)
+        if head and _HASH.match(head) and self.path_of(head).is_file():
+            try:
                 return self.load(head)
+            except EvidenceError:
+                pass  # fall back to the receipts themselves
         members = list(self.iter(pair))
         return members[-1] if members else None
 

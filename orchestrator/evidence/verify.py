@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @dataclass
 class Problem:
     kind: str  # changed | invalid | missing-previous | previous-changed | wrong-chain | fork | two-starts
-    #           | head-missing | beyond-head | dangling-reference | stray-file
+    #           | head-missing | beyond-head | dangling-reference | stray-file | unreadable
     file: str
     message: str
     chain: str | None = None
@@ -61,6 +61,14 @@ def _started(data: bytes) -> str | None:
         return None
 
 
+def _text(path) -> str | None:
+    """A head file's content; None when it cannot be read (reported as a missing head)."""
+    try:
+        return path.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+
+
 def verify_store(store: "EvidenceStore") -> VerifyReport:
     rep = VerifyReport(root=str(store.root))
     good: dict[str, Receipt] = {}
@@ -78,7 +86,13 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
                 problems.append(Problem("stray-file", str(path), f"{path} is not a receipt name (<sha256>.json)"))
                 continue
             rep.receipts += 1
-            data = path.read_bytes()
+            try:
+                data = path.read_bytes()
+            except OSError as exc:
+                bad[stem] = str(path)
+                problems.append(Problem("unreadable", str(path), f"receipt file {path} cannot be read: "
+                                        f"{exc.strerror or exc}"))
+                continue
             actual = sha256_bytes(data)
             if actual != stem:
                 bad[stem] = str(path)
@@ -132,10 +146,10 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
         tips = {r.sha256 for r in members if r.sha256 not in referenced}
         head_file = store.heads_dir / chain
         if head_file.exists():
-            head = head_file.read_text().strip()
+            head = _text(head_file)
             if head in good:
                 pending = store.heads_dir / f"{chain}.pending"
-                explained = pending.exists() and pending.read_text().strip() in tips
+                explained = pending.exists() and _text(pending) in tips
                 # A break in the chain leaves an extra end before the gap; the break is reported.
                 broken = any(p.chain == chain and p.kind in ("missing-previous", "previous-changed") for p in problems)
                 for tip in sorted(tips - {head}) if not broken else []:
@@ -149,7 +163,7 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
                                                 chain, good[tip].started_at))
             elif head not in bad:
                 problems.append(Problem("head-missing", str(head_file), f"chain {chain!r}: its head {head_file} "
-                                        f"names receipt {head}, which is missing (the newest receipt was deleted "
+                                        f"names receipt {head or '(unreadable)'}, which is missing (the newest receipt was deleted "
                                         "or replaced)", chain, "~"))
         else:
             rep.warnings.append(f"chain {chain!r} has no head file {head_file}")
@@ -157,12 +171,12 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
     # Heads of chains that no longer have a single verifying receipt.
     if store.heads_dir.exists():
         for head_file in sorted(store.heads_dir.iterdir()):
-            if head_file.name.endswith(".pending") or head_file.name in by_chain:
+            if head_file.name.endswith(".pending") or head_file.name in by_chain or head_file.name.startswith(".tmp-"):
                 continue
-            head = head_file.read_text().strip()
+            head = _text(head_file)
             if head not in good and head not in bad:
                 problems.append(Problem("head-missing", str(head_file), f"chain {head_file.name!r}: its head "
-                                        f"{head_file} names receipt {head}, which is missing", head_file.name, "~"))
+                                        f"{head_file} names receipt {head or '(unreadable)'}, which is missing", head_file.name, "~"))
 
     for r in good.values():
         f = str(store.path_of(r.sha256))
