@@ -23,7 +23,7 @@ from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout
-from orchestrator.hosts.probes import parse_facts, parse_sha256sum
+from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
 from orchestrator.kernels_meta import CaseSet, load_cases
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
@@ -40,32 +40,74 @@ EXIT_MEANING = {0: "all cases passed", 1: "a comparison failed", 2: "usage or se
 
 @dataclass(frozen=True)
 class RpcServerPlan:
-    """The second rpc-server: which host, from which package, bound where."""
+    """The second rpc-server: which host, from which package, bound where.
+
+    It is supervised by the host's installed `pairctl-svc` (put there by a deploy's prepare)
+    under its own root `<install_root>/run/kernel-check`, so its pid and output files never
+    touch the live services'. `restart` in that root = stop a leftover, start, wait until the
+    process lives and the port listens, print its identity: one SSH exec.
+    """
 
     host: str
-    layout: HostLayout  # the kernel-check svc root (pid and output files live there)
+    svc: str  # the installed helper: <install_root>/bin/pairctl-svc
+    root: str  # <install_root>/run/kernel-check
     binary: str
     bind: str
     port: int
+    wait_s: int = 20
 
     @property
     def endpoint(self) -> str:
         return f"{self.bind}:{self.port}"
 
-    def mkdir_cmd(self) -> Cmd:
-        return Cmd(("mkdir", "-p", self.layout.run))
+    @property
+    def run_dir(self) -> str:
+        return posixpath.join(self.root, "run")
+
+    @property
+    def output_file(self) -> str:
+        return posixpath.join(self.run_dir, f"{RPC_SERVER}.out")
+
+    def argv(self) -> list[str]:
+        return [self.binary, "-H", self.bind, "-p", str(self.port)]
 
     def start_cmd(self) -> Cmd:
-        return self.layout.inline_cmd("start", RPC_SERVER, self.binary, "-H", self.bind, "-p", str(self.port))
-
-    def wait_cmd(self, timeout_s: int = 20) -> Cmd:
-        return self.layout.inline_cmd("wait-listen", RPC_SERVER, self.bind, str(self.port), str(timeout_s))
+        return Cmd(("sh", self.svc, "restart", self.root, RPC_SERVER, "-", "-", self.bind, str(self.port), str(self.wait_s),
+                    *self.argv()))
 
     def stop_cmd(self) -> Cmd:
-        return self.layout.inline_cmd("stop", RPC_SERVER)
+        return Cmd(("sh", self.svc, "stop", self.root, RPC_SERVER))
 
-    def log_cmd(self) -> Cmd:
-        return self.layout.inline_cmd("log-tail", f"{RPC_SERVER}.out", "30")
+    def listeners_cmd(self) -> Cmd:
+        return Cmd(("ss", "-Hltn", f"sport = :{self.port}"))
+
+
+def port_taken(ss_output: str, bind: str, port: int) -> list[str]:
+    """Local addresses in `ss -Hltn` output that would clash with binding bind:port."""
+    taken = []
+    for line in ss_output.splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        local = parts[3]
+        host, _, p = local.rpartition(":")
+        if p == str(port) and host.strip("[]") in (bind, "0.0.0.0", "*", "::"):
+            taken.append(local)
+    return taken
+
+
+def started_identity(output: str, binary: str) -> str | None:
+    """Problem with the `proc=` line `pairctl-svc restart` printed, or None when our binary runs."""
+    lines = "\n".join(l for l in output.splitlines() if l.startswith("proc="))
+    try:
+        proc = parse_identity(lines).get(RPC_SERVER)
+    except ProbeError as exc:
+        return f"unreadable identity line ({exc})"
+    if proc is None or not proc.running:
+        return "it is not running after its start (did its bind fail?)"
+    if not proc.argv or proc.argv[0] != binary:
+        return f"the running process is {proc.argv[:1]}, not {binary}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -156,15 +198,17 @@ def plan_kernel_check(
         via_rpc = host.gpu is None
         need_rpc |= via_rpc
         argv = harness_argv(harness, cases, rpc=endpoint if via_rpc else None, perturb=perturb)
-        runs.append(HostRun(host=host_name, role=role, package=packages[host_name], harness=harness, via_rpc=via_rpc, cmd=Cmd(tuple(argv))))
+        # GGML_NO_BACKTRACE: an aborting harness (e.g. the RPC peer vanished) fails fast instead of attaching gdb.
+        cmd = Cmd(tuple(argv), env=(("GGML_NO_BACKTRACE", "1"),))
+        runs.append(HostRun(host=host_name, role=role, package=packages[host_name], harness=harness, via_rpc=via_rpc, cmd=cmd))
 
     server = None
     if need_rpc:
-        rpc_host = inventory.host(p.rpc)
-        rl = HostLayout(rpc_host.install_root)
+        rl = HostLayout(inventory.host(p.rpc).install_root)
         server = RpcServerPlan(
             host=p.rpc,
-            layout=HostLayout(posixpath.join(rl.run, KERNEL_CHECK_DIR)),
+            svc=rl.svc,
+            root=posixpath.join(rl.run, KERNEL_CHECK_DIR),
             binary=rl.binary(packages[p.rpc], RPC_SERVER),
             bind=bind,
             port=port,
@@ -273,16 +317,15 @@ class KernelCheckResult:
 
 
 def active_packages(inventory: Inventory, pair: str, pool: Any) -> dict[str, str]:
-    """The release `current` points at on each host of the pair."""
+    """The release `current` points at on each host of the pair (read over SFTP)."""
     p = inventory.pair(pair)
     out = {}
     for host_name in (p.native, p.rpc):
         layout = HostLayout(inventory.host(host_name).install_root)
-        res = pool.get(host_name).run(layout.facts_cmd(), timeout=30)
-        facts = parse_facts(res.stdout)
+        facts = read_facts(pool.get(host_name), layout, ())
         if not facts.current:
             raise CheckFailed(f"{host_name}: no active package (no `current` release under {layout.root})",
-                              hint="deploy the pair first, or pass the package ids explicitly")
+                              hint="deploy the pair first, or pass the package ids explicitly (--package HOST=ID)")
         out[host_name] = facts.current
     return out
 
@@ -295,17 +338,25 @@ def _execute(plan: KernelCheckPlan, pool: Any, journal: Any, cases: list[str], l
         if server is not None:
             t = pool.get(server.host)
             with journal.step("kernels.rpc_server.start", host=server.host) as step:
-                step.data.update(binary=server.binary, endpoint=server.endpoint)
-                t.run(server.mkdir_cmd(), timeout=30)
-                # A leftover from a killed check would hold the port: stop it first (only ours, by pidfile).
-                t.run(server.stop_cmd(), timeout=60)
-                res = t.run(server.start_cmd(), timeout=30)
-                started = True
-                step.data["start"] = res.stdout.strip()
-                wait = t.run(server.wait_cmd(), check=False, timeout=45)
-                step.data["wait"] = wait.stdout.strip()[-500:]
-                if wait.exit_status != 0:
-                    raise CheckFailed(f"{server.host}: second ggml-rpc-server on {server.endpoint} did not start: {wait.stdout.strip()[-500:]}")
+                step.data.update(argv=server.argv(), endpoint=server.endpoint)
+                if t.stat(server.svc) is None:
+                    raise CheckFailed(f"{server.host}: {server.svc} is not installed",
+                                      hint="a deploy's prepare step installs it; run the check after (or within) a deploy")
+                t.makedirs(server.run_dir, 0o755)
+                started = True  # from here on, always try to stop it
+                t.run(server.stop_cmd(), timeout=60)  # a leftover of a killed check would hold the port
+                # ggml-rpc-server exits 0 when its bind fails, and the helper's wait only sees *a*
+                # listener: refuse a port someone else holds, then require our process to run.
+                taken = port_taken(t.run(server.listeners_cmd(), timeout=30).stdout, server.bind, server.port)
+                if taken:
+                    raise CheckFailed(f"{server.host}: port {server.port} is already in use ({', '.join(taken)}); "
+                                      "the kernel check needs its own rpc-server port", hint="pass --port")
+                res = t.run(server.start_cmd(), check=False, timeout=server.wait_s + 30)
+                step.data.update(exit_status=res.exit_status, output=res.stdout.strip()[-800:])
+                problem = started_identity(res.stdout, server.binary) if res.exit_status == 0 else f"exit {res.exit_status}"
+                if problem:
+                    raise CheckFailed(f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint} did not start: "
+                                      f"{problem}\n{(res.stdout + res.stderr).strip()[-800:]}")
         for run in plan.runs:
             t = pool.get(run.host)
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
@@ -326,8 +377,10 @@ def _execute(plan: KernelCheckPlan, pool: Any, journal: Any, cases: list[str], l
         if server is not None and started:
             t = pool.get(server.host)
             with journal.step("kernels.rpc_server.stop", host=server.host) as step:
-                tail = t.run(server.log_cmd(), check=False, timeout=30)
-                result.rpc_server_log = tail.stdout[-2000:]
+                try:
+                    result.rpc_server_log = t.read_bytes(server.output_file)[-2000:].decode("utf-8", "replace")
+                except OSError:
+                    result.rpc_server_log = None
                 res = t.run(server.stop_cmd(), check=False, timeout=60)
                 step.data["stop"] = res.stdout.strip()
                 if res.exit_status != 0:

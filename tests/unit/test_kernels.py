@@ -252,9 +252,10 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
     s = plan.rpc_server
     assert s is not None and (s.host, s.bind, s.port) == ("lab-rpc", "127.0.0.3", 50053)
     assert s.binary == "/H/lab/hosts/lab-rpc/root/releases/pkg-r/bin/ggml-rpc-server"
-    start = list(s.start_cmd().argv)
-    assert start[:2] == ["sh", "-c"] and start[3:] == ["pairctl-svc", "start", "/H/lab/hosts/lab-rpc/root/run/kernel-check",
-                                                       "ggml-rpc-server", s.binary, "-H", "127.0.0.3", "-p", "50053"]
+    assert list(s.start_cmd().argv) == [
+        "sh", "/H/lab/hosts/lab-rpc/root/bin/pairctl-svc", "restart", "/H/lab/hosts/lab-rpc/root/run/kernel-check",
+        "ggml-rpc-server", "-", "-", "127.0.0.3", "50053", "20", s.binary, "-H", "127.0.0.3", "-p", "50053"]
+    assert list(s.stop_cmd().argv)[2:] == ["stop", "/H/lab/hosts/lab-rpc/root/run/kernel-check", "ggml-rpc-server"]
     native, rpc = plan.runs
     assert native.harness == "/H/lab/hosts/lab-native/root/releases/pkg-n/tests/bin/ggml-kernel-cases"
     argv = list(native.cmd.argv)
@@ -371,3 +372,36 @@ def test_judge_real_cuda_output(lab_inv, name):
     v = judge_host(run, 0, text, "", cases=NAMES, max_nmse=5e-4)
     assert v.passed, v.problems
     assert {r["backend"] for r in v.rows} == {"CUDA0"}
+
+
+def test_port_taken_parses_ss():
+    from orchestrator.checks.kernels import port_taken
+
+    out = ("LISTEN 0      128     127.0.0.3:50063 0.0.0.0:*\n"
+           "LISTEN 0      128     127.0.0.4:50063 0.0.0.0:*\n"
+           "LISTEN 0      128       0.0.0.0:50630 0.0.0.0:*\n")
+    assert port_taken(out, "127.0.0.3", 50063) == ["127.0.0.3:50063"]
+    assert port_taken("LISTEN 0 4096 *:50063 *:*\n", "127.0.0.3", 50063) == ["*:50063"]
+    assert port_taken("LISTEN 0 4096 [::]:50063 [::]:*\n", "127.0.0.3", 50063) == ["[::]:50063"]
+    assert port_taken(out, "127.0.0.9", 50063) == [] and port_taken("", "127.0.0.3", 50063) == []
+
+
+def test_started_identity_requires_our_running_binary():
+    import base64
+
+    from orchestrator.checks.kernels import started_identity
+
+    binary = "/r/releases/p/bin/ggml-rpc-server"
+    argv = base64.b64encode(f"{binary}\0-H\0127.0.0.3\0-p\00050063\0".encode()).decode()
+    ok = f"current=-\nprevious=-\npid=42\nlistening=127.0.0.3:50063\nproc=ggml-rpc-server:42:{'a' * 64}:{argv}\n"
+    assert started_identity(ok, binary) is None
+    # a port held by someone else: the helper saw a listener, but our process died (failed bind)
+    assert "not running" in started_identity("pid=42\nlistening=127.0.0.3:50063\nproc=ggml-rpc-server:-\n", binary)
+    assert "not running" in started_identity("pid=42\n", binary)
+    assert "not /other" in started_identity(ok, "/other") or "/other" in started_identity(ok, "/other")
+
+
+def test_harness_runs_without_gdb_backtraces(lab_inv):
+    run = _run(lab_inv)
+    assert dict(run.cmd.env) == {"GGML_NO_BACKTRACE": "1"}
+    assert run.cmd.full_argv()[:3] == ("env", "--", "GGML_NO_BACKTRACE=1")
