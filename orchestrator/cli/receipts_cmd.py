@@ -49,8 +49,9 @@ def list_(
             cutoff = parse_since(since)
         except ValueError as exc:
             _usage(str(exc))
+    store = evidence_store_for(c, evidence)
     rows = [
-        r for r in evidence_store_for(c, evidence).summaries(pair=pair if pair else ...)
+        r for r in store.summaries(pair=pair if pair else ...)
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
     if json_out or c.json_output:
@@ -65,6 +66,12 @@ def list_(
                       r["outcome"] + (" (derived)" if r["derived_from"] else ""), r["reason"])
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
+    for u in store.unsealed():
+        if pair and u["pair"] != pair:
+            continue
+        state = "running" if u["alive"] else ("killed; sealed as aborted by the next command on its pair"
+                                              if u["alive"] is False else "on another host")
+        c.console.print(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}", markup=False)
 
 
 @app.command("show")

@@ -133,7 +133,7 @@ def _kill(proc: subprocess.Popen) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
-def test_sigkilled_run_becomes_an_aborted_receipt_with_its_completed_steps(tmp_path, store):
+def test_sigkilled_run_becomes_an_aborted_receipt_with_its_completed_steps(cli, tmp_path, store):
     before = _chain(store, 1)[0]
     proc = _start_killable(tmp_path, store.root, "lab")
     try:
@@ -144,6 +144,8 @@ def test_sigkilled_run_becomes_an_aborted_receipt_with_its_completed_steps(tmp_p
         _kill(proc)
     journals = list(store.journal_dir.glob("*.jsonl"))
     assert len(journals) == 1, "the killed run left its journal"
+    listed = cli("receipts", "list", "--evidence", str(store.root))
+    assert "killed; sealed as aborted by the next command" in listed.stdout, listed.output
 
     j = store.begin("deploy", ["deploy"], pair="lab")
     assert len(j.recovered) == 1, "the next run on the pair noticed and sealed it"
