@@ -208,7 +208,7 @@ class EvidenceStore:
         return journal
 
     # -- recovery of killed runs -------------------------------------------------------------
-    def recover_aborted(self, pair: str | None = ..., ) -> list[str]:  # type: ignore[assignment]
+    def recover_aborted(self, pair: str | None = ...) -> list[str]:  # type: ignore[assignment]
         """Seal every journal whose process is dead as an `aborted` receipt; returns their hashes.
 
         `pair=...` (default) looks at every chain; `pair=None` only at runs without a pair.
