@@ -14,7 +14,8 @@ from typing import Any
 
 import structlog
 
-_SECRET_KEYS = re.compile(r"(api[_-]?key|token|secret|password|passphrase)", re.I)
+# The key's last word names a secret (`api_key`, `token`), not `n_tokens` or `tokens_predicted`.
+_SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphrase|nonce)$", re.I)
 
 
 def mask_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:

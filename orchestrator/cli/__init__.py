@@ -77,10 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         typer.echo("pairctl: aborted", err=True)
         sys.exit(int(ExitCode.INTERRUPTED))
-    except Exception as exc:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:  # usage errors (typer bundles its own click) and anything unexpected
+        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             sys.exit(exc.exit_code)
         typer.echo(f"pairctl: internal error: {type(exc).__name__}: {exc}", err=True)
