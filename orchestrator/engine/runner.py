@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from orchestrator.engine import faults
 from orchestrator.engine.plan import Step
 from orchestrator.errors import PairctlError
 
@@ -52,6 +53,7 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
     """Run `steps`; raise StepFailed at the first step that fails unless it says `continue`."""
     outcomes = []
     for step in steps:
+        faults.at_step(step.name)  # test-only, inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 (engine/faults.py)
         t0 = time.monotonic()
         host_label = ",".join(step.hosts)
         data: dict[str, Any] = {}
