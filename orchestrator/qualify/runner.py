@@ -136,14 +136,22 @@ def run_qualification(
                 with journal.step(name) as step:
                     active = driver.activate(pkgs, profile)
                     step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
-                    if prompts is None:
-                        prompts = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
-                    step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
-                    step.data["warmup"] = warmup(active.client, loaded, params)
-                    base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
-                            "build_info": active.identity.get("build_info")}
-                    rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
-                                    base=base) for pr in prompts]
+                    try:
+                        # Every arm tokenizes the fixtures again: both arms must send the same ids
+                        # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
+                        mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
+                        prompts = prompts or mine
+                        step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
+                        step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
+                        step.data["warmup"] = warmup(active.client, loaded, params)
+                        base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
+                                "build_info": active.identity.get("build_info")}
+                        rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
+                                        base=base) for pr in prompts]
+                    finally:
+                        close = getattr(active.client, "close", None)
+                        if close:
+                            close()
                     journal.samples(name, rows)
                     samples += rows
                     step.data["samples"] = len(rows)

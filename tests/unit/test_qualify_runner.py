@@ -110,6 +110,7 @@ def test_alternating_arms_fresh_activation_warmup_then_fixtures_then_restore(tmp
     declared = next(f for f in r.fields_set if f.key == "plan_sha256")
     assert parse_time(declared.at) < parse_time(r.first_sample_at)
     assert [s.name for s in r.steps][-1] == "restore"
+    assert all(s.data["tokenizer_agrees"] for s in r.steps if s.name.startswith("arm-"))
     g = {(x["kind"], x["family"]): x["verdict"] for x in extra["qualification"]["gates"]}
     assert g == {("gain", "code"): "pass", ("non_regression", "code"): "pass", ("non_regression", "prose"): "pass"}
     md = (out.report_dir / "report.md").read_text()
