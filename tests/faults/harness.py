@@ -1,0 +1,532 @@
+"""The fault-injection harness: a dedicated lab pair on small tmpfs install roots, a real
+`pairctl deploy` child process stopped at a step boundary by the engine's test-only hook
+(orchestrator/engine/faults.py), faults injected from outside at that moment, and the
+operator's next commands run and judged against pairctl's promise.
+
+The pair (`faults`) uses the lab's sshd hosts (same addresses, keys, known_hosts) under other
+host names whose install roots are tmpfs mounts the harness owns, with its own server/RPC ports
+and an API key file; so the matrix never disturbs the `lab` pair other tests use, and filling a
+root fills a small filesystem of its own, never the shared disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from orchestrator.config.loader import read_yaml
+from orchestrator.lab.lab import host_plans, service_pid
+from orchestrator.lab.sshd import SshdHost, pid_alive
+from orchestrator.paths import Home
+
+PAIR = "faults"
+ROLES = ("native", "rpc")
+SERVICE = {"native": "llama-server", "rpc": "ggml-rpc-server"}
+LOCK = Path("leases") / "host.lock"
+RUN_TIMEOUT_S = 300
+
+
+# -- the pair ----------------------------------------------------------------------------------
+
+@dataclass
+class FaultPair:
+    """The matrix's pair: inventory file, roots, the lab sshd hosts behind it, two packages."""
+
+    home: Home
+    base_inventory_path: Path
+    base_inventory: Any  # resolved Inventory of the lab hosts
+    inventory_path: Path
+    roots: dict[str, Path]
+    base_hosts: dict[str, str]  # role -> lab host name (its sshd)
+    packages: tuple[str, str]  # (A, B)
+    api_key: str
+    name: str = PAIR
+    mounted: list[Path] = field(default_factory=list)
+
+    # pairctl as a child process, exactly as an operator runs it
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "orchestrator", "--home", str(self.home.root), "--inventory",
+                str(self.inventory_path), *args]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_FAULT")}
+        env.pop("PAIRCTL_ENABLE_FAULT_HOOKS", None)
+        env["PAIRCTL_HOME"] = str(self.home.root)
+        env.update(extra)
+        return env
+
+    def run(self, *args: str, timeout: float = RUN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, timeout=timeout, env=self.env())
+
+    def status(self) -> tuple[int, dict[str, Any]]:
+        p = self.run("--json", "status", "--pair", self.name)
+        try:
+            return p.returncode, json.loads(p.stdout)
+        except ValueError:
+            raise AssertionError(f"status printed no JSON (exit {p.returncode}): {p.stderr[-2000:]}") from None
+
+    def deploy(self, pkg: str) -> subprocess.CompletedProcess[str]:
+        return self.run("--json", "deploy", "--pair", self.name, "--packages", pkg, pkg, "--skip-accept")
+
+    def sshd(self, role: str) -> SshdHost:
+        plans = {p.name: p for p in host_plans(self.home, self.base_inventory)}
+        return SshdHost(plans[self.base_hosts[role]])
+
+    def operator_pub(self) -> Path:
+        return self.home.lab / "keys" / "operator.pub"
+
+
+def make_pair(home: Home, base_inventory_path: Path, base_inventory: Any, packages: tuple[str, str],
+              *, root_mb: int | None, name: str = PAIR, ports: tuple[int, int] = (8190, 50190)) -> FaultPair:
+    """Write an inventory with pair NAME on the lab's sshd hosts (hosts `<name>-native|rpc`, own
+    install roots, ports and API key file); with `root_mb`, each root is a tmpfs of that size."""
+    base = read_yaml(base_inventory_path)
+    (pname, bpair), = [(n, p) for n, p in base["pairs"].items()][:1]
+    fdir = home.root / name
+    fdir.mkdir(parents=True, exist_ok=True)
+    key_file = fdir / "api-key"
+    api_key = "fk-" + secrets.token_hex(16)
+    key_file.write_text(api_key + "\n")
+    os.chmod(key_file, 0o600)
+    hosts, roots, base_hosts = {}, {}, {}
+    for role in ROLES:
+        bname = bpair[role]
+        h = dict(base["hosts"][bname])
+        root = fdir / f"{role}-root"
+        root.mkdir(exist_ok=True)
+        h["install_root"] = str(root)
+        hosts[f"{name}-{role}"] = h
+        roots[role] = root
+        base_hosts[role] = bname
+    pair = dict(bpair, native=f"{name}-native", rpc=f"{name}-rpc", server_port=ports[0], rpc_port=ports[1],
+                api_key_file=str(key_file))
+    pair.pop("rpc_bind", None)
+    pair.pop("server_bind", None)
+    inv = {"known_hosts": base["known_hosts"], "hosts": hosts, "pairs": {name: pair}}
+    path = fdir / f"{name}.yaml"
+    path.write_text("# written by tests/faults/harness.py\n" + yaml.safe_dump(inv, sort_keys=False))
+    fp = FaultPair(home, base_inventory_path, base_inventory, path, roots, base_hosts, packages, api_key, name=name)
+    if root_mb:
+        for role in ROLES:
+            mount_tmpfs(roots[role], root_mb)
+            fp.mounted.append(roots[role])
+    return fp
+
+
+def mount_tmpfs(path: Path, size_mb: int) -> None:
+    if os.path.ismount(path):
+        subprocess.run(["umount", str(path)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "pairctl-faults", str(path)], check=True)
+
+
+def teardown_pair(fp: FaultPair) -> None:
+    for role in ROLES:
+        fp.sshd(role).up(fp.operator_pub())  # a failed cell may have left one down
+    for root in fp.roots.values():
+        for f in sorted((root / "run").glob("*.pid")) if (root / "run").is_dir() else []:
+            pid = service_pid(f)
+            if pid is not None:
+                for sig in (signal.SIGCONT, signal.SIGKILL):
+                    try:
+                        os.kill(pid, sig)
+                    except ProcessLookupError:
+                        pass
+        for pid in processes_under(root):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.2)
+        if root in fp.mounted:
+            subprocess.run(["umount", "-l", str(root)], check=False)
+
+
+def lab_for(request: Any, pairctl_home: Path) -> tuple[Home, Path, Any]:
+    """(home, base inventory path, resolved inventory) of running lab sshd hosts: the session's
+    `lab` fixture, or PAIRCTL_FAULTS_LAB_INVENTORY (a lab of your own, for development)."""
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.lab.lab import Lab
+
+    custom = os.environ.get("PAIRCTL_FAULTS_LAB_INVENTORY")
+    if not custom:
+        env = request.getfixturevalue("lab")
+        return env.home, env.inventory_path, env.inventory
+    home = Home.resolve(pairctl_home)
+    inv = load_inventory(custom, {"PAIRCTL_HOME": str(home.root)})
+    Lab(home, inv).up(source=False)
+    return home, Path(custom), inv
+
+
+def packages_for(request: Any, pairctl_home: Path) -> tuple[str, str]:
+    """Two package ids: `lab_packages` / `lab_packages_b`, or PAIRCTL_FAULTS_PACKAGES="A B"."""
+    from orchestrator.build.store import PackageStore
+
+    ids = os.environ.get("PAIRCTL_FAULTS_PACKAGES", "").split()
+    if ids:
+        store = PackageStore(Home.resolve(pairctl_home).store)
+        for i in ids:
+            store.get(i)
+        return ids[0], ids[1]
+    a, b = request.getfixturevalue("lab_packages"), request.getfixturevalue("lab_packages_b")
+    return a.id, b.id
+
+
+# -- ground truth read straight from the hosts' filesystems (the lab hosts are local) ---------
+
+def processes_under(root: Path) -> set[int]:
+    """Pids of live processes whose executable or argv[0] lies under `root`."""
+    out = set()
+    r = str(root).rstrip("/") + "/"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            exe = os.readlink(entry / "exe")
+        except OSError:
+            exe = ""
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            argv0 = ""
+        if (exe.startswith(r) or argv0.startswith(r)) and pid_alive(pid):
+            out.add(pid)
+    return out
+
+
+def pidfile_pids(root: Path) -> set[int]:
+    run = root / "run"
+    return {pid for f in sorted(run.glob("*.pid")) if (pid := service_pid(f)) is not None} if run.is_dir() else set()
+
+
+def service_pid_of(fp: FaultPair, role: str) -> int | None:
+    return service_pid(fp.roots[role] / "run" / f"{SERVICE[role]}.pid")
+
+
+def lease_held(root: Path) -> bool:
+    return (root / LOCK).exists()
+
+
+# -- the deploy child, stopped at a step -------------------------------------------------------
+
+@dataclass
+class PausedRun:
+    proc: subprocess.Popen
+    marker_dir: Path
+    paused: bool
+    step: str
+
+    def resume(self) -> None:
+        (self.marker_dir / "resume").touch()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float = RUN_TIMEOUT_S) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+
+def start_deploy_paused(fp: FaultPair, pkg: str, step: str, marker_dir: Path, wait_s: float = 120) -> PausedRun:
+    """`pairctl deploy` that stops just before STEP (or runs to its end if STEP never comes)."""
+    if marker_dir.exists():
+        shutil.rmtree(marker_dir)
+    marker_dir.mkdir(parents=True)
+    env = fp.env(PAIRCTL_ENABLE_FAULT_HOOKS="1", PAIRCTL_FAULT_HOOK=f"{step}:pause", PAIRCTL_FAULT_DIR=str(marker_dir))
+    proc = subprocess.Popen(fp.argv("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, "--skip-accept"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if (marker_dir / "paused").exists():
+            return PausedRun(proc, marker_dir, True, step)
+        if proc.poll() is not None:
+            return PausedRun(proc, marker_dir, False, step)
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"deploy did not reach step {step} within {wait_s}s")
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    """Injected while pairctl waits at the boundary; `repair` undoes the outside world's part
+    after the faulted command has finished (the host comes back, the disk is freed)."""
+
+    name: str
+    inject: Callable[[FaultPair, PausedRun, dict[str, Any]], str]  # returns what it did
+    repair: Callable[[FaultPair, dict[str, Any]], None] = lambda fp, st: None
+    kills_pairctl: bool = False
+
+
+def _signal(pid: int | None, sig: int) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def inject_kill_pairctl(fp, run, st):
+    run.kill()
+    return f"SIGKILL pairctl pid {run.proc.pid}"
+
+
+def inject_cut_ssh(fp, run, st):
+    pids = fp.sshd("rpc").down()  # listener and its per-connection processes: the live session drops
+    st["sshd_down"] = True
+    return f"stopped rpc sshd {pids}"
+
+
+def repair_cut_ssh(fp, st):
+    if st.get("sshd_down"):
+        fp.sshd("rpc").up(fp.operator_pub())
+
+
+def _kill_service(role):
+    def inject(fp, run, st):
+        pid = service_pid_of(fp, role)
+        return f"SIGKILL {SERVICE[role]} {pid}" if _signal(pid, signal.SIGKILL) else f"no {SERVICE[role]} running"
+    return inject
+
+
+def inject_hang_server(fp, run, st):
+    pid = service_pid_of(fp, "native")
+    if _signal(pid, signal.SIGSTOP):
+        st["stopped_pid"] = pid
+        return f"SIGSTOP llama-server {pid} (/props, /slots, /health hang)"
+    return "no llama-server running"
+
+
+def repair_hang_server(fp, st):
+    _signal(st.get("stopped_pid"), signal.SIGCONT)
+    # a server started by the faulted run after the SIGSTOP is not ours to continue; any we stopped is
+    for f in (fp.roots["native"] / "run").glob("*.pid"):
+        _signal(service_pid(f), signal.SIGCONT)
+
+
+def inject_fill_root(fp, run, st):
+    root = fp.roots["native"]
+    filler = root / ".faults-filler"
+    free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+    with open(filler, "wb") as f:
+        chunk = b"\0" * (1 << 20)
+        try:
+            while True:
+                f.write(chunk)
+        except OSError:
+            pass
+    st["filler"] = str(filler)
+    left = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
+    return f"filled native root ({free >> 20} MiB free -> {left >> 10} KiB)"
+
+
+def repair_fill_root(fp, st):
+    if st.get("filler"):
+        Path(st["filler"]).unlink(missing_ok=True)
+
+
+def inject_corrupt_release(fp, run, st):
+    """Flip one byte of bin/llama-server in the release being deployed (else the active one),
+    by rename so a running process keeps its own copy, as a disk error or a hand edit would."""
+    rel = fp.roots["native"] / "releases"
+    new, cur = st["new"], st["old"]
+    target = rel / new if (rel / new).is_dir() else rel / cur
+    f = target / "bin" / "llama-server"
+    if not f.is_file():
+        return "no release to corrupt"
+    data = bytearray(f.read_bytes())
+    pos = len(data) // 2
+    data[pos] ^= 0xFF
+    tmp = f.with_name(".corrupt.tmp")
+    tmp.write_bytes(bytes(data))
+    os.chmod(tmp, f.stat().st_mode & 0o777)
+    st["corrupted"] = (str(f), pos)
+    os.replace(tmp, f)
+    return f"flipped byte {pos} of {target.name}/bin/llama-server"
+
+
+def repair_corrupt_release(fp, st):
+    """After the operator's commands (which must have met the corrupted file): the harness puts
+    the byte back so later cells start from intact releases."""
+    if not st.get("corrupted"):
+        return
+    path, pos = st["corrupted"]
+    f = Path(path)
+    data = bytearray(f.read_bytes())
+    data[pos] ^= 0xFF
+    tmp = f.with_name(".repair.tmp")
+    tmp.write_bytes(bytes(data))
+    os.chmod(tmp, f.stat().st_mode & 0o777)
+    os.replace(tmp, f)
+
+
+FAULTS = [
+    Fault("kill-pairctl", inject_kill_pairctl, kills_pairctl=True),
+    Fault("cut-ssh-rpc", inject_cut_ssh, repair_cut_ssh),
+    Fault("kill-llama-server", _kill_service("native")),
+    Fault("kill-rpc-server", _kill_service("rpc")),
+    Fault("hang-server", inject_hang_server, repair_hang_server),
+    Fault("fill-native-root", inject_fill_root, repair_fill_root),
+    Fault("corrupt-release", inject_corrupt_release, repair_corrupt_release),
+]
+
+
+# -- one cell: fault x step, then the operator's next commands, then the promise ---------------
+
+@dataclass
+class Cell:
+    fault: str
+    step: str
+    injected: str = ""
+    first: str = ""  # the faulted deploy: "exit N", "killed", or "exit N (step not reached)"
+    operator: list[str] = field(default_factory=list)  # what the operator had to do
+    recovery: str = ""  # the retried deploy's exit code
+    final: str = ""  # new | previous | NEITHER
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def holds(self) -> bool:
+        return not self.problems
+
+    def text(self) -> str:
+        mark = "ok" if self.holds else "FAIL"
+        extra = "+lease by hand" if any("lease" in o for o in self.operator) else ""
+        return f"{mark} {self.first}->{self.recovery} {self.final}{(' ' + extra) if extra else ''}"
+
+
+def active_package(st: dict[str, Any]) -> str | None:
+    """The package the pair runs, if status says it is recorded, running, matching and healthy."""
+    route = st.get("route") or {}
+    pk = route.get("active_packages")
+    if st.get("problems") or not pk or pk[0] != pk[1] or st.get("health") != "ok":
+        return None
+    if not all(h["running"] and h["matches_manifest"] and h["current"] == pk[0] for h in st["hosts"].values()):
+        return None
+    return pk[0]
+
+
+def establish(fp: FaultPair, pkg: str) -> None:
+    """Make `pkg` the verified active pair (cell set-up; not part of what is judged)."""
+    _, st = fp.status()
+    if active_package(st) == pkg:
+        return
+    for role in ROLES:
+        if lease_held(fp.roots[role]):
+            shutil.rmtree(fp.roots[role] / LOCK)
+    p = fp.deploy(pkg)
+    _, st = fp.status()
+    assert active_package(st) == pkg, f"could not establish {pkg}: exit {p.returncode} {p.stderr[-2000:]} {st}"
+
+
+def _receipts(fp: FaultPair) -> dict[str, dict[str, Any]]:
+    from orchestrator.evidence.store import EvidenceStore
+
+    return {r["hash"]: r for r in EvidenceStore(fp.home.evidence).summaries(pair=fp.name)}
+
+
+def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
+    t0 = time.monotonic()
+    cell = Cell(fault.name, step)
+    _, st0 = fp.status()
+    old = active_package(st0)
+    assert old in fp.packages, f"cell {fault.name}@{step} starts from an unverified pair: {st0}"
+    new = fp.packages[1] if old == fp.packages[0] else fp.packages[0]
+    before = _receipts(fp)
+    state: dict[str, Any] = {"old": old, "new": new}
+
+    # 1. the faulted deploy
+    run = start_deploy_paused(fp, new, step, work / "marker")
+    if not run.paused:
+        rc, _, err = run.wait()
+        cell.first = f"exit {rc} (step not reached)"
+        cell.problems.append(f"step {step} was never reached (exit {rc}): {err[-500:]}")
+    else:
+        cell.injected = fault.inject(fp, run, state)
+        if not fault.kills_pairctl:
+            run.resume()
+        try:
+            rc, _, err = run.wait()
+        except subprocess.TimeoutExpired:
+            run.kill()
+            rc, _, err = run.wait()
+            cell.problems.append(f"the faulted deploy hung past {RUN_TIMEOUT_S}s")
+        cell.first = "killed" if rc == -signal.SIGKILL else f"exit {rc}"
+        if "Traceback" in err:
+            cell.problems.append("a traceback reached the user: " + err[-800:])
+    fault.repair(fp, state) if fault.name != "corrupt-release" else None
+
+    # 2. the operator: status first
+    rc_s, st1 = fp.status()
+    for role in ROLES:
+        host = f"{fp.name}-{role}"
+        if lease_held(fp.roots[role]) and not st1["hosts"][host]["leases"]:
+            cell.problems.append(f"{host}: a lease is held on the host but status does not report it")
+    if cell.first == "killed" and not (st1.get("aborted_runs_sealed") or any(
+            r["outcome"] == "aborted" for h, r in _receipts(fp).items() if h not in before)):
+        cell.problems.append("the killed run was not sealed as an aborted receipt by status")
+    held = [r for r in ROLES if lease_held(fp.roots[r])]
+    if held:
+        why = "killed run" if cell.first == "killed" else f"run that ended with {cell.first}"
+        for r in held:
+            shutil.rmtree(fp.roots[r] / LOCK)  # no pairctl command can release a dead run's lease (no nonce)
+        cell.operator.append(f"broke the lease on {', '.join(held)} by hand (left by the {why}; status reported it)")
+
+    # 3. the operator retries the deploy
+    p = fp.deploy(new)
+    cell.recovery = f"exit {p.returncode}"
+    if "Traceback" in p.stderr:
+        cell.problems.append("a traceback reached the user: " + p.stderr[-800:])
+    if fault.name == "corrupt-release":
+        fault.repair(fp, state)
+
+    # 4. the promise
+    _, st2 = fp.status()
+    act = active_package(st2)
+    cell.final = "new" if act == new else "previous" if act == old else "NEITHER"
+    if act not in (new, old):
+        cell.problems.append(f"pair is neither new-and-verified nor previous-and-verified: {st2.get('problems')}")
+    if p.returncode == 0 and act != new:
+        cell.problems.append("deploy exited 0 but the new pair is not the verified active one")
+    for role in ROLES:
+        host = f"{fp.name}-{role}"
+        if st2["hosts"][host]["leases"] or lease_held(fp.roots[role]):
+            cell.problems.append(f"{host}: lease still held after the operator's deploy")
+        ours, known = processes_under(fp.roots[role]), pidfile_pids(fp.roots[role])
+        if ours != known:
+            cell.problems.append(f"{host}: processes under the root {sorted(ours)} != pidfiles {sorted(known)}")
+    v = fp.run("receipts", "verify")
+    if v.returncode != 0:
+        cell.problems.append(f"receipts verify failed: {(v.stdout + v.stderr)[-800:]}")
+    new_receipts = [r for h, r in _receipts(fp).items() if h not in before]
+    deploys = [r for r in new_receipts if r["command"] == "deploy"]
+    if len(deploys) < 2:
+        cell.problems.append(f"expected receipts for both deploys, found {[(r['command'], r['outcome']) for r in new_receipts]}")
+    cell.seconds = time.monotonic() - t0
+    return cell
+
+
+def render_matrix(cells: list[Cell], faults: list[str], steps: list[str]) -> str:
+    by = {(c.fault, c.step): c for c in cells}
+    w0 = max(len(s) for s in steps + ["step"])
+    widths = {f: max(len(f), *(len(by[(f, s)].text()) for s in steps if (f, s) in by)) for f in faults}
+    lines = ["step".ljust(w0) + " | " + " | ".join(f.ljust(widths[f]) for f in faults)]
+    lines.append("-" * len(lines[0]))
+    for s in steps:
+        lines.append(s.ljust(w0) + " | " + " | ".join((by[(f, s)].text() if (f, s) in by else "-").ljust(widths[f])
+                                                      for f in faults))
+    return "\n".join(lines)
