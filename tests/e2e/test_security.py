@@ -1,0 +1,257 @@
+"""Issue 10, security properties, each with a test that fails if the property is broken.
+
+Already proven elsewhere (referenced, not duplicated):
+  - unknown / changed host keys are refused before anything runs:
+      tests/integration/test_transport.py::test_unknown_host_key_refused_before_anything_runs,
+      ::test_missing_known_hosts_file_is_unknown_key, ::test_changed_host_key_refused_with_both_fingerprints,
+      ::test_host_key_error_is_not_retried; and for a whole deploy
+      tests/e2e/test_deploy.py::test_changed_host_key_refused_before_any_host
+  - command arguments cannot inject shell (hypothesis over a real sshd):
+      tests/integration/test_transport.py::test_args_reach_remote_program_unchanged (and
+      ::test_control_unquoted_line_is_mangled, which shows the property test can fail)
+  - ggml-rpc-server bound to 0.0.0.0 without explicit opt-in is refused at config load:
+      tests/unit/test_config.py::test_rpc_bind_any_needs_opt_in
+  - a lease cannot be released by a holder with the wrong nonce:
+      tests/integration/test_leases.py::test_wrong_nonce_refused_then_release_verified
+
+Here, on a deployed pair (`sec`: the lab's sshd hosts, its own install roots and ports, and an
+`api_key_file`), deployed with acceptance checks running against it:
+  - the API key reaches llama-server only through --api-key-file: never in /proc/<pid>/cmdline,
+    never in pairctl's logs, the hosts' run logs, or the evidence store; requests without it get
+    401 and acceptance passes with it;
+  - the running ggml-rpc-server listens only on the inventory's address (its own sockets, read from
+    /proc/<pid>/fd and /proc/net/tcp);
+  - nothing pairctl created under the install roots is world-writable.
+Each property's checker is first shown to flag a planted violation.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+CHECKS = ("identity", "two_lane_near_full", "cached_continuation")
+
+
+# -- the checkers (pure over /proc and files), each shown to fail first --------------------------
+
+def cmdline_of(pid: int) -> list[str]:
+    return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+
+
+def secret_in_argv(argv: list[str], secret: str) -> list[str]:
+    """Arguments that carry the secret or pass a key by value (`--api-key VALUE`)."""
+    bad = [a for a in argv if secret in a]
+    bad += [a for a in argv if a == "--api-key" or a.startswith("--api-key=")]
+    return bad
+
+
+def files_containing(roots: list[Path], secret: str, *, skip: set[Path] = frozenset()) -> list[Path]:
+    """Every regular file under `roots` whose bytes contain the secret (except `skip`)."""
+    needle = secret.encode()
+    hits = []
+    for root in roots:
+        for dirpath, _dirs, files in os.walk(root):
+            for name in files:
+                p = Path(dirpath) / name
+                if p in skip or p.is_symlink() or not p.is_file():
+                    continue
+                try:
+                    if needle in p.read_bytes():
+                        hits.append(p)
+                except OSError:
+                    pass
+    return hits
+
+
+def world_writable(roots: list[Path]) -> list[str]:
+    """Files and directories under `roots` (roots included) that others may write."""
+    bad = []
+    for root in roots:
+        for dirpath, dirs, files in os.walk(root):
+            for p in [Path(dirpath)] + [Path(dirpath) / n for n in dirs + files]:
+                try:
+                    st = p.lstat()
+                except OSError:
+                    continue
+                if stat.S_ISLNK(st.st_mode):
+                    continue  # a symlink's own mode means nothing; its target is walked
+                if st.st_mode & stat.S_IWOTH:
+                    bad.append(f"{p} {stat.filemode(st.st_mode)}")
+    return sorted(set(bad))
+
+
+def _tcp_tables() -> dict[str, tuple[str, int, str]]:
+    """inode -> (local address, port, state) for IPv4 and IPv6 TCP sockets."""
+    out = {}
+    for table, v6 in (("/proc/net/tcp", False), ("/proc/net/tcp6", True)):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            addr_hex, port_hex = f[1].split(":")
+            raw = bytes.fromhex(addr_hex)
+            if v6:
+                addr = str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
+            else:
+                addr = str(ipaddress.IPv4Address(raw[::-1]))
+            out[f[9]] = (addr, int(port_hex, 16), f[3])
+    return out
+
+
+def listening_addresses(pid: int) -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket process `pid` holds."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    tables = _tcp_tables()
+    return {(a, p) for i, (a, p, state) in tables.items() if i in inodes and state == "0A"}
+
+
+def test_checkers_flag_planted_violations(tmp_path):
+    secret = "sk-planted-" + os.urandom(6).hex()
+    assert secret_in_argv(["llama-server", "--api-key", "x"], secret)
+    assert secret_in_argv(["llama-server", f"--api-key={secret}"], secret)
+    assert not secret_in_argv(["llama-server", "--api-key-file", "/r/secrets/api-key"], secret)
+    (tmp_path / "log").mkdir()
+    (tmp_path / "log" / "a.log").write_text(f"header Authorization: Bearer {secret}\n")
+    assert files_containing([tmp_path], secret) == [tmp_path / "log" / "a.log"]
+    (tmp_path / "w").mkdir()
+    os.chmod(tmp_path / "w", 0o777)
+    (tmp_path / "f").write_text("x")
+    os.chmod(tmp_path / "f", 0o666)
+    assert {b.split()[0] for b in world_writable([tmp_path])} == {str(tmp_path / "w"), str(tmp_path / "f")}
+    # a listener on every interface is seen as 0.0.0.0 for its own pid
+    code = "import socket,time,sys\ns=socket.socket();s.bind(('0.0.0.0',0));s.listen();print(s.getsockname()[1],flush=True);time.sleep(60)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        assert listening_addresses(p.pid) == {("0.0.0.0", port)}
+    finally:
+        p.kill()
+        p.wait()
+
+
+# -- the pair ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sec_pair(request, pairctl_home):
+    home, inv_path, inv = lab_for(request, pairctl_home)
+    packages = packages_for(request, pairctl_home)
+    fp = make_pair(home, inv_path, inv, packages, root_mb=None, name="sec", ports=(8192, 50192))
+    yield fp
+    teardown_pair(fp)
+
+
+@pytest.fixture(scope="module")
+def deployed_sec(sec_pair: FaultPair):
+    """The `sec` pair deployed with its API key, acceptance checks run during the deploy."""
+    fp = sec_pair
+    pkg = fp.packages[0]
+    args = ["--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg]
+    for c in CHECKS:
+        args += ["--checks", c]
+    p = fp.run(*args, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    assert out["outcome"] == "passed"
+    return fp, out
+
+
+def test_api_key_only_through_file(deployed_sec):
+    fp, out = deployed_sec
+    pid = service_pid_of(fp, "native")
+    assert pid is not None
+    argv = cmdline_of(pid)
+    assert "--api-key-file" in argv, argv
+    assert secret_in_argv(argv, fp.api_key) == [], argv
+    key_path = Path(argv[argv.index("--api-key-file") + 1])
+    assert key_path.read_text().strip() == fp.api_key
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_path.parent.stat().st_mode) == 0o700
+    for rpid in filter(None, [service_pid_of(fp, "rpc")]):
+        assert secret_in_argv(cmdline_of(rpid), fp.api_key) == []
+
+
+def test_api_key_never_in_logs_or_receipts(deployed_sec):
+    fp, out = deployed_sec
+    # run an acceptance through `pairctl accept` too, so its logs and receipt are in the haystack
+    a = fp.run("--json", "accept", "--pair", fp.name, "--only", "identity", timeout=600)
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert fp.api_key not in a.stdout + a.stderr
+    key_files = {fp.roots["native"] / "secrets" / "api-key", fp.home.root / fp.name / "api-key"}
+    hits = files_containing([fp.home.logs, fp.home.evidence, fp.roots["native"] / "run", fp.roots["rpc"] / "run",
+                             fp.roots["native"], fp.roots["rpc"]], fp.api_key, skip=key_files)
+    assert hits == [], f"the API key leaked into {hits}"
+    receipt = fp.home.evidence / "receipts" / f"{out['receipt']}.json"
+    assert receipt.is_file()  # the deploy's receipt exists and was in the haystack
+
+
+def test_unauthenticated_request_refused_and_authenticated_served(deployed_sec):
+    fp, _ = deployed_sec
+    pair_host = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    url = f"http://{pair_host}:8192"
+    with httpx.Client(timeout=30, trust_env=False) as c:
+        body = {"prompt": "Hello", "n_predict": 4}
+        assert c.post(url + "/completion", json=body).status_code == 401
+        assert c.get(url + "/props").status_code == 401
+        assert c.post(url + "/completion", json=body, headers={"Authorization": "Bearer wrong-" + fp.api_key}).status_code == 401
+        ok = c.post(url + "/completion", json=body, headers={"Authorization": f"Bearer {fp.api_key}"})
+        assert ok.status_code == 200 and "content" in ok.json()
+
+
+def test_acceptance_passed_with_the_key_set(deployed_sec):
+    fp, out = deployed_sec
+    from orchestrator.evidence.store import EvidenceStore
+
+    r = EvidenceStore(fp.home.evidence).load(out["receipt"])
+    accept = r.step("accept")
+    assert accept is not None and accept.outcome == "passed", accept
+    for c in CHECKS:
+        step = r.step(f"check:{c}")
+        if step is not None:
+            assert step.outcome == "passed", (c, step)
+
+
+def test_rpc_server_listens_only_on_inventory_address(deployed_sec):
+    fp, _ = deployed_sec
+    pid = service_pid_of(fp, "rpc")
+    assert pid is not None
+    want = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+    listening = listening_addresses(pid)
+    assert listening == {(want, 50192)}, listening
+    argv = cmdline_of(pid)
+    assert argv[argv.index("-H") + 1] == want
+    # and from another loopback address nothing answers on that port
+    with socket.socket() as s:
+        s.settimeout(1)
+        assert s.connect_ex(("127.0.0.1", 50192)) != 0
+
+
+def test_nothing_pairctl_created_is_world_writable(deployed_sec):
+    fp, _ = deployed_sec
+    assert world_writable([fp.roots["native"], fp.roots["rpc"]]) == []
+    # every file pairctl wrote is there to be judged: releases, links, run/, leases/, secrets/, route
+    for role in ("native", "rpc"):
+        names = {p.name for p in fp.roots[role].iterdir()}
+        assert {"releases", "current", "run", "leases", "route.json", "bin"} <= names, names
