@@ -37,13 +37,18 @@ def _verdicts(data):
     return {c["name"]: c["verdict"] for c in data["checks"]}
 
 
-@pytest.fixture(scope="module")
-def first_accept(deployed_lab, lab, pairctl_home):
-    """The first `pairctl accept` of the deployed lab pair (its fixtures become the baseline)."""
+_FIRST: dict[str, object] = {}
+
+
+@pytest.fixture
+def first_accept(deployed_lab, lab):
+    """The first acceptance of the deployed lab pair in this module (its answers become the
+    baseline the later runs are judged against); run once, shared by the tests that need it."""
     from orchestrator.checks.runner import AcceptRequest, accept_pair
 
-    out = accept_pair(lab.home, lab.inventory, AcceptRequest(pair=PAIR))
-    return out
+    if "out" not in _FIRST:
+        _FIRST["out"] = accept_pair(lab.home, lab.inventory, AcceptRequest(pair=PAIR))
+    return _FIRST["out"]
 
 
 @pytest.fixture
@@ -191,47 +196,44 @@ def test_sampler_timeout_is_a_fault_not_a_check_failure(live):
     assert s.passed  # a sampler fault is recorded, not a failure of the pair
 
 
-def test_answer_fixture_regression_fails_against_the_baseline(first_accept, deployed_lab, lab, cli):
+def test_answer_fixture_regression_fails_against_the_baseline(first_accept, deployed_lab, restore_baseline, cli):
     """Redeploy the pair serving other weights (profile lab-other-target): every
     same-as-baseline answer changes, so the check fails against the first run's receipt.
     The lab profile is restored afterwards."""
-    pkg = deployed_lab_packages(lab)
+    pkg = deployed_lab.package_id
     r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-other-target", "--skip-accept")
     assert r.exit_code == 0, r.output
-    try:
-        r, data = _accept(cli, "--only", "answer_fixtures", "--baseline-receipt", first_accept.receipt)
-        assert r.exit_code == 1, r.output
-        af = next(c for c in data["checks"] if c["name"] == "answer_fixtures")
-        assert af["verdict"] == "failed" and "passed on the baseline, fails now" in af["message"]
-    finally:
-        r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
-        assert r.exit_code == 0, r.output
+    r, data = _accept(cli, "--only", "answer_fixtures", "--baseline-receipt", first_accept.receipt)
+    assert r.exit_code == 1, r.output
+    af = next(c for c in data["checks"] if c["name"] == "answer_fixtures")
+    assert af["verdict"] == "failed" and "passed on the baseline, fails now" in af["message"]
 
 
-def test_other_draft_is_rejected_and_gives_the_undrafted_output(deployed_lab, lab, cli):
-    pkg = deployed_lab_packages(lab)
+def test_other_draft_is_rejected_and_gives_the_undrafted_output(deployed_lab, restore_baseline, cli):
+    pkg = deployed_lab.package_id
     r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-draft-other", "--skip-accept")
     assert r.exit_code == 0, r.output
-    try:
-        r, data = _accept(cli, "--only", "speculative")
-        assert r.exit_code == 0, r.output
-        sp = data["checks"][0]
-        assert sp["verdict"] == "passed" and sp["figures"]["draft_n"] > 0
-        assert sp["figures"]["acceptance"] < 0.5  # rejected, yet the output equals the reference
-    finally:
-        r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
-        assert r.exit_code == 0, r.output
+    r, data = _accept(cli, "--only", "speculative")
+    assert r.exit_code == 0, r.output
+    sp = data["checks"][0]
+    assert sp["verdict"] == "passed" and sp["figures"]["draft_n"] > 0
+    assert sp["figures"]["acceptance"] < 0.5  # rejected, yet the output equals the reference
 
 
-def deployed_lab_packages(lab) -> str:
-    """The package id active on the lab pair now (what deployed_lab installed)."""
-    from orchestrator.checks.live import read_route
-    from orchestrator.remote.transport import open_transport
+def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, restore_baseline, cli):
+    """Deploy B with a route whose server serves one request at a time (profile lab-serial-http):
+    identity verifies, the two-lane acceptance check fails, and deploy restores A (exit 7)."""
+    from tests.plugins.pairs import is_active, lab_status
 
-    spec = lab.inventory.pair(PAIR)
-    t = open_transport(lab.inventory, spec.native)
-    try:
-        route = read_route(t, lab.inventory.host(spec.native).install_root)
-    finally:
-        t.close()
-    return route.active.native_package
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    r = cli("--json", "deploy", "--pair", PAIR, "--packages", b, b, "--profile", "lab-serial-http",
+            "--checks", "two_lane_near_full")
+    assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])
+    assert "two_lane_near_full" in r.stderr and "rolled back" in r.stderr
+    st = lab_status(cli)
+    assert is_active(st, a), st
+    rec = EvidenceStore(deployed_lab.home / "evidence").latest(PAIR)
+    assert rec.outcome == "failed"
+    lane = rec.step("check:two_lane_near_full")
+    assert lane is not None and lane.outcome == "failed" and "same time" in lane.data["message"]
+    assert rec.extra_fields()["final_state"]["state"] == "restored"
