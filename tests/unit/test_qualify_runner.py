@@ -229,3 +229,14 @@ def test_fixture_longer_than_the_servers_slot_is_a_config_error_after_restore(tm
     assert d.events[-1] == ("restore", "orig-n")
     assert "fixture 'code'" in str(out.stop_error) and "per-slot context of 256" in str(out.stop_error)
     assert store.load(out.receipt).outcome == "inconclusive"
+
+
+def test_cli_refuses_before_touching_a_host(tmp_path, cli):
+    args = ("qualify", "--pair", "lab", "--baseline", "x", "y", "--candidate", "z", "w")
+    r = cli(*args, "--plan", "mmvf-field", home=tmp_path)  # 8192 + 512 tokens vs the lab's 2048-token slots
+    assert r.exit_code == 3 and "fixture 'code'" in r.stderr and "per-slot context 2048" in r.stderr
+    r = cli(*args, "--plan", "lab", home=tmp_path)
+    assert r.exit_code == 6 and "no package 'x'" in r.stderr
+    r = cli("qualify", "--pair", "lab", "--plan", "lab", home=tmp_path)
+    assert r.exit_code == 3 and "--baseline, --candidate" in r.stderr
+    assert not (tmp_path / "evidence" / "receipts").exists() or not any((tmp_path / "evidence" / "receipts").iterdir())
