@@ -33,7 +33,8 @@ KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-se
 HARNESS_RELPATH = ("tests", "bin", HARNESS_NAME)
 HARNESS_TIMEOUT_S = 900
 EXIT_MEANING = {0: "all cases passed", 1: "a comparison failed", 2: "usage or setup error", 3: "no non-CPU backend to test",
-                126: "harness not executable", 127: "harness not found"}
+                126: "harness not executable",
+                127: "harness not found: the package was built without tests/bin/ggml-kernel-cases"}
 
 
 # --- plan (pure) ---------------------------------------------------------------------------------
