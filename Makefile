@@ -40,5 +40,5 @@ bench: setup
 	$(PY) -m benchmarks
 
 clean-state:
-	-$(PAIRCTL) lab down
+	-PAIRCTL_HOME=$(CURDIR)/.state/test $(PAIRCTL) lab down
 	rm -rf .state
