@@ -54,7 +54,8 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                 t = pool.get(host)
                 name = SERVICE_OF_ROLE[role]
                 f = read_facts(t, layout, (name,))
-                ident = read_identities({role: t}, {role: layout}, (role,))[role]
+                # a host pairctl never prepared has no helper to ask (and nothing of ours running)
+                ident = read_identities({role: t}, {role: layout}, (role,))[role] if f.svc_sha256 else None
                 want = _bin_sha(store, f.current, name)
                 matches = None
                 if ident is not None and ident.running:
