@@ -7,10 +7,8 @@ so it is safe to run anywhere, any time.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import stat
-import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,56 +29,23 @@ class Finding:
         return asdict(self)
 
 
-def _version(argv: list[str]) -> str | None:
-    exe = shutil.which(argv[0])
-    if exe is None:
-        return None
-    try:
-        proc = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    text = (proc.stdout or proc.stderr).strip().splitlines()
-    return text[0] if text else ""
+def check_tools(targets: list[Target]) -> list[Finding]:
+    """The build toolchain per target, judged by the same check `pairctl build` runs first."""
+    from orchestrator.build.toolchain import check_toolchain
+    from orchestrator.errors import BuildError
 
-
-def check_tools() -> list[Finding]:
     out = []
-    for tool, argv, pkg in (
-        ("git", ["git", "--version"], "git"),
-        ("cmake", ["cmake", "--version"], "cmake"),
-        ("ninja", ["ninja", "--version"], "ninja-build"),
-        ("c++", ["c++", "--version"], "g++"),
-        ("ccache", ["ccache", "--version"], "ccache"),
-        ("ssh-keygen", ["ssh-keygen", "-V"], "openssh-client"),
-    ):
-        v = _version(argv) if tool != "ssh-keygen" else ("present" if shutil.which("ssh-keygen") else None)
-        out.append(Finding(f"tool:{tool}", v is not None, v or "not found", "" if v else f"apt-get install {pkg}"))
-    return out
-
-
-
-
-def check_nvcc_for(targets: list[Target]) -> list[Finding]:
-    cuda = [t for t in targets if t.backend == "cuda"]
-    if not cuda:
-        return []
-    v = _version(["nvcc", "--version"])
-    if v is None:
-        return [Finding("tool:nvcc", False, "nvcc not found", "install a CUDA toolkit for: " + ", ".join(t.name for t in cuda))]
-    full = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=20).stdout
-    m = re.search(r"release (\d+)\.(\d+)", full)
-    major = int(m.group(1)) if m else None
-    arches = subprocess.run(["nvcc", "--list-gpu-arch"], capture_output=True, text=True, timeout=20).stdout.split()
-    out = []
-    for t in cuda:
-        want = f"compute_{t.cuda_arch}"
-        ok = want in arches and not (t.cuda_major_max and major and major > t.cuda_major_max)
-        fix = ""
-        if not ok:
-            fix = f"target {t.name} needs a CUDA toolkit that offers {want}"
-            if t.cuda_major_max:
-                fix += f" (CUDA {t.cuda_major_max}.x; CUDA {major} cannot target sm_{t.cuda_arch})"
-        out.append(Finding(f"cuda:{t.name}", ok, f"nvcc {m.group(0) if m else '?'}; {want} {'offered' if want in arches else 'not offered'}", fix))
+    for tool, pkg in (("git", "git"), ("ssh-keygen", "openssh-client")):
+        found = shutil.which(tool)
+        out.append(Finding(f"tool:{tool}", bool(found), found or "not found", "" if found else f"apt-get install {pkg}"))
+    for t in targets:
+        try:
+            tc = check_toolchain(t)
+            out.append(Finding(f"toolchain:{t.name}", True, ", ".join(f"{k} {v}" for k, v in tc.versions().items())))
+        except BuildError as exc:
+            out.append(Finding(f"toolchain:{t.name}", False, exc.message, exc.hint or "install the missing tools"))
+    if not shutil.which("ccache"):
+        out.append(Finding("tool:ccache", False, "not found (rebuilds of other revisions recompile everything)", "apt-get install ccache"))
     return out
 
 
@@ -118,7 +83,7 @@ def check_inventory(inv: Inventory) -> list[Finding]:
 
 
 def run_doctor(inv: Inventory | None, targets: list[Target]) -> list[Finding]:
-    findings = check_tools() + check_nvcc_for(targets)
+    findings = check_tools(targets)
     if inv is not None:
         findings += check_inventory(inv)
     return findings
