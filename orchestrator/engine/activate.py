@@ -37,7 +37,7 @@ from orchestrator.hosts.layout import (
     switch_links,
 )
 from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, read_facts
-from orchestrator.hosts.release import ensure_release
+from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
 
 ROLES = ("native", "rpc")
@@ -82,6 +82,7 @@ class RunContext:
     changed: bool = False
     uploads: dict[str, dict[str, Any]] = field(default_factory=dict)
     identities: dict[str, ProcIdentity] = field(default_factory=dict)  # read by the exec that started each service
+    deferred: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)  # role -> present release to verify at stop
     timings: dict[str, float] = field(default_factory=dict)
     accept_result: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -288,11 +289,13 @@ def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
     f = ctx.facts.get(role)
     present = f is not None and pkg.manifest.id in f.releases
     t0 = time.monotonic()
-    res = ensure_release(ctx.t(role), ctx.layout(role), pkg, present, ctx.host(role))
+    res = ensure_release(ctx.t(role), ctx.layout(role), pkg, present, ctx.host(role), defer_present=True)
     ctx.timed("upload_s", time.monotonic() - t0)
     d = res.to_dict()
     with ctx._lock:
         ctx.uploads[role] = d
+        if res.deferred:
+            ctx.deferred[role] = (pkg.manifest.id, expected_hashes(pkg.manifest))
     return d
 
 
@@ -303,11 +306,23 @@ def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
+def _take_deferred(ctx: RunContext, role: str) -> tuple[str, dict[str, str]] | None:
+    """The present release this host's first exec must verify before stopping (deploy only)."""
+    if ctx.mode != "deploy":
+        return None
+    with ctx._lock:
+        return ctx.deferred.pop(role, None)
+
+
 def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
-    out = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role])
+    verify = _take_deferred(ctx, role)
+    out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
     ctx.timed("stop_s", time.monotonic() - t0)
-    return {"result": out}
+    d: dict[str, Any] = {"result": out}
+    if verify:
+        d["release_verified"] = {"release": verify[0], "files": verified}
+    return d
 
 
 def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
@@ -330,17 +345,21 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     tgt = ctx.activating()
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
-        out = services.stop(t, layout, RPC_SERVER)
+        out, _ = services.stop(t, layout, RPC_SERVER)
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
         return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
-    pid, ident, stopped = services.restart_listening(
-        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv))
+    verify = _take_deferred(ctx, "rpc")
+    pid, ident, stopped, verified = services.restart_listening(
+        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv), verify=verify)
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     with ctx._lock:
         ctx.identities["rpc"] = ident
-    return {"stopped": stopped, "current": links[0], "previous": links[1], "pid": pid,
-            "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}", "exe_sha256": ident.exe_sha256}
+    d = {"stopped": stopped, "current": links[0], "previous": links[1], "pid": pid,
+         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}", "exe_sha256": ident.exe_sha256}
+    if verify:
+        d["release_verified"] = {"release": verify[0], "files": verified}
+    return d
 
 
 def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -456,7 +475,7 @@ def stop_everything(ctx: RunContext) -> dict[str, str]:
     out = {}
     for role in ROLES:
         try:
-            out[ctx.host(role)] = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role])
+            out[ctx.host(role)] = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role])[0]
         except (HostError, OSError, Exception) as exc:  # keep going: the other host must stop too
             out[ctx.host(role)] = f"stop failed: {exc}"
     return out

@@ -141,8 +141,9 @@ def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mappin
         for r in roles:
             f = facts.get(r)
             present = f is not None and pkg[r] in f.releases
-            parts.append(f"{view.hosts[r]}: {pkg[r]} " + ("present: verify sha256 only, send 0 bytes" if present
-                                                           else "absent: send, verify sha256, rename into releases/"))
+            parts.append(f"{view.hosts[r]}: {pkg[r]} " + ("present: send 0 bytes; its sha256 are checked on the host "
+                                                           "by the exec that stops the service, before it stops it"
+                                                           if present else "absent: send, verify sha256, rename into releases/"))
         return "; ".join(parts), argv
     act = restore if target is None else target
     if action == "switch":

@@ -58,6 +58,7 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
         host_label = ",".join(step.hosts)
         data: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
+        was_changed = ctx.changed
         if step.changes:
             ctx.changed = True  # from here a failure (even of this step) means the pair may be half-changed
         try:
@@ -78,6 +79,8 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
         if on_step:
             on_step(out)
         if errors:
+            if all(getattr(e, "nothing_changed", False) for e in errors.values()):
+                ctx.changed = was_changed  # e.g. a release check that refused before stopping anything
             if step.on_failure == "continue":
                 continue
             raise StepFailed(step, errors)

@@ -111,13 +111,17 @@ class HostLayout:
         """Start NAME under setsid; prints `pid=` and its identity line."""
         return self.svc_cmd("start", name, *argv)
 
-    def stop_cmd(self, name: str) -> Cmd:
-        return self.svc_cmd("stop", name)
+    def stop_cmd(self, name: str, verify_release: str | None = None) -> Cmd:
+        """Stop NAME; with `verify_release`, first check that release against the manifest on stdin
+        (nothing is stopped if it does not match)."""
+        return self.svc_cmd("stop", name, *((verify_release,) if verify_release else ()))
 
     def restart_cmd(self, name: str, current: str | None, previous: str | None, address: str, port: int,
-                    timeout_s: int, argv: list[str]) -> Cmd:
-        """Stop NAME, switch the links, start argv, wait for address:port, print identity: one exec."""
-        return self.svc_cmd("restart", name, current or "-", previous or "-", address, str(port), str(timeout_s), *argv)
+                    timeout_s: int, argv: list[str], verify_release: str | None = None) -> Cmd:
+        """(Verify a release,) stop NAME, switch the links, start argv, wait for address:port, print
+        identity: one exec."""
+        return self.svc_cmd("restart", name, verify_release or "-", current or "-", previous or "-", address,
+                            str(port), str(timeout_s), *argv)
 
     def wait_listen_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
         return self.svc_cmd("wait-listen", name, address, str(port), str(timeout_s))

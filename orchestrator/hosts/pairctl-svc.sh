@@ -91,6 +91,22 @@ wait_listen() { # wait_listen ROOT NAME ADDRESS PORT TIMEOUT_S: lives AND ADDRES
     done
 }
 
+verify_release() { # verify_release ROOT ID: stdin = the manifest as `sha256sum` lines ("HASH  ./PATH");
+    # prints sha256sum of every file in releases/ID, then verify=ok, or verify=mismatch and exit 3
+    # (the caller's step then stops nothing: a present release is checked before it is used)
+    exp=$(mktemp) && got=$(mktemp) || exit 1
+    cat >"$exp"
+    (cd "$1/releases/$2" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) >"$got"
+    cat "$got"
+    if grep -vxF -f "$got" "$exp" | grep -q .; then
+        rm -f "$exp" "$got"
+        echo "verify=mismatch"
+        exit 3
+    fi
+    rm -f "$exp" "$got"
+    echo "verify=ok"
+}
+
 switch_links() { # switch_links ROOT CURRENT PREVIOUS: by rename (never rm + ln); "-" removes a link
     for pair in "current:$2" "previous:$3"; do
         link=${pair%%:*}; rel=${pair#*:}
@@ -117,16 +133,19 @@ start)
     identity_of "$root" "$name"
     ;;
 stop)
-    # stop ROOT NAME
+    # stop ROOT NAME [VERIFY_ID]: with VERIFY_ID, first verify_release (manifest on stdin)
+    if [ -n "${2:-}" ]; then verify_release "$root" "$2"; fi
     stop_svc "$root" "${1:?name}"
     ;;
 restart)
-    # restart ROOT NAME CURRENT PREVIOUS ADDRESS PORT TIMEOUT_S PROGRAM ARGS...: one exec for a
-    # whole host step: stop NAME, switch the links, start PROGRAM, wait until it lives and
-    # listens on ADDRESS:PORT, print its identity. (ggml-rpc-server exits 0 on a failed bind:
-    # only the port and the living process count.)
-    name=${1:?name}; cur=${2:?current}; prev=${3:?previous}; addr=${4:?address}; port=${5:?port}; limit=${6:?timeout}
-    shift 6
+    # restart ROOT NAME VERIFY_ID|- CURRENT PREVIOUS ADDRESS PORT TIMEOUT_S PROGRAM ARGS...: one
+    # exec for a whole host step: (verify_release VERIFY_ID, manifest on stdin), stop NAME, switch
+    # the links, start PROGRAM, wait until it lives and listens on ADDRESS:PORT, print its
+    # identity. (ggml-rpc-server exits 0 on a failed bind: only the port and the process count.)
+    name=${1:?name}; vid=${2:?verify}; cur=${3:?current}; prev=${4:?previous}; addr=${5:?address}; port=${6:?port}
+    limit=${7:?timeout}
+    shift 7
+    if [ "$vid" != "-" ]; then verify_release "$root" "$vid"; fi
     stop_svc "$root" "$name"
     switch_links "$root" "$cur" "$prev"
     start_svc "$root" "$name" "$@"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import re
 import secrets
 import tarfile
 from dataclasses import dataclass
@@ -54,6 +55,34 @@ def pack(package_dir: Path) -> bytes:
     return buf.getvalue()
 
 
+def manifest_lines(expected: Mapping[str, str]) -> bytes:
+    """The manifest as `sha256sum` output lines ("HASH  ./PATH"), what the helper compares with."""
+    return "".join(f"{h}  ./{rel}\n" for rel, h in sorted(expected.items())).encode()
+
+
+class ReleaseMismatch(PackageError):
+    """A present release does not match its manifest; the step that found it changed nothing."""
+
+    nothing_changed = True
+
+
+def check_hash_output(expected: Mapping[str, str], output: str, host: str, where: str) -> int:
+    """Compare the `sha256sum` lines inside a helper's output with the manifest (pure); returns
+    the number of files verified, raises ReleaseMismatch listing what differs."""
+    sums = "\n".join(l for l in output.splitlines() if _SHA_LINE.match(l))
+    problems = hash_problems(expected, parse_sha256sum(sums))
+    if problems:
+        raise ReleaseMismatch(
+            f"{host}: {where} does not match its manifest: " + "; ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
+            hint="a release is never modified in place; remove that directory on the host and deploy again",
+        )
+    return len(expected)
+
+
+_SHA_LINE = re.compile(r"^[0-9a-f]{64} [ *]")
+
+
 @dataclass(frozen=True)
 class ReleaseResult:
     host: str
@@ -61,44 +90,43 @@ class ReleaseResult:
     reused: bool
     bytes_sent: int
     files_verified: int
+    deferred: bool = False  # present release: verified by the exec that stops its service, before it does
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "package": self.package_id, "reused": self.reused,
-                "bytes_sent": self.bytes_sent, "files_verified": self.files_verified}
+        d = {"host": self.host, "package": self.package_id, "reused": self.reused,
+             "bytes_sent": self.bytes_sent, "files_verified": self.files_verified}
+        if self.deferred:
+            d["verified"] = "on the host, by sha256sum in the exec that stops its service, before it stops it"
+        return d
 
 
-def _check(expected: Mapping[str, str], sha256sum_output: str, host: str, where: str) -> None:
-    problems = hash_problems(expected, parse_sha256sum(sha256sum_output))
-    if problems:
-        raise PackageError(
-            f"{host}: {where} does not match its manifest: " + "; ".join(problems[:5])
-            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
-            hint="a release is never modified in place; remove that directory on the host and deploy again",
-        )
-
-
-def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bool, host: str) -> ReleaseResult:
+def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bool, host: str,
+                   *, defer_present: bool = False) -> ReleaseResult:
     """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
 
-    Present: one exec (`sha256sum` of the release), nothing sent. Absent: one exec that unpacks
-    the tar stream into `releases/.<id>.tmp-<nonce>` and prints `sha256sum` of what landed,
-    compared here with the manifest, then a rename into `releases/<id>` (SFTP)."""
+    Absent: one exec unpacks the tar stream into `releases/.<id>.tmp-<nonce>` and prints
+    `sha256sum` of what landed; compared here with the manifest, then renamed into
+    `releases/<id>` (SFTP). Present: one exec (`sha256sum` of the release), nothing sent; or,
+    with `defer_present`, no exec here: the caller passes the manifest to the exec that stops
+    the service (`stop_cmd(verify_release=...)`), which checks before it stops anything."""
     pid = package.manifest.id
     expected = expected_hashes(package.manifest)
+    if present and defer_present:
+        return ReleaseResult(host, pid, True, 0, 0, deferred=True)
     if present:
         res = transport.run(layout.hash_cmd(pid), timeout=300)
-        _check(expected, _text(res.stdout), host, f"releases/{pid}")
-        return ReleaseResult(host, pid, True, 0, len(expected))
+        n = check_hash_output(expected, _text(res.stdout), host, f"releases/{pid}")
+        return ReleaseResult(host, pid, True, 0, n)
     tmp = tmp_release_name(pid, secrets.token_hex(4))
     data = pack(Path(package.path))
     res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
     try:
-        _check(expected, _text(res.stdout), host, f"the upload of {pid}")
+        n = check_hash_output(expected, _text(res.stdout), host, f"the upload of {pid}")
     except PackageError:
         transport.run(layout.discard_cmd(tmp), check=False, timeout=120)
         raise
     transport.rename(posixpath.join(layout.releases, tmp), layout.release(pid))
-    return ReleaseResult(host, pid, False, len(data), len(expected))
+    return ReleaseResult(host, pid, False, len(data), n)
 
 
 def _text(out: str | bytes) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import httpx
 import tenacity
@@ -18,6 +18,7 @@ import tenacity
 from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
+from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 
 SERVER_LOG = "llama-server.log"
 
@@ -71,18 +72,37 @@ def start(transport: Any, layout: HostLayout, name: str, argv: list[str]) -> tup
     return _pid_and_identity(transport.name, _text(res.stdout), name)
 
 
+Verify = tuple[str, Mapping[str, str]]  # (release id, {relpath: sha256}) checked on the host first
+
+
+def _verified(transport: Any, verify: Verify | None, out: str, exit_status: int) -> int:
+    """The gate's result: files verified, or ReleaseMismatch (the helper stopped nothing)."""
+    if verify is None:
+        return 0
+    rid, expected = verify
+    if exit_status == 3 and "verify=mismatch" in out:
+        check_hash_output(expected, out, transport.name, f"releases/{rid}")  # raises with the differences
+        raise ReleaseMismatch(f"{transport.name}: releases/{rid} does not match its manifest")
+    return check_hash_output(expected, out, transport.name, f"releases/{rid}")
+
+
 def restart_listening(transport: Any, layout: HostLayout, name: str, links: tuple[str | None, str | None],
-                      address: str, port: int, argv: list[str], timeout_s: int = 20) -> tuple[int, ProcIdentity, str]:
-    """Stop NAME, switch links, start argv, wait until it lives and listens on address:port and
-    read its identity, in one exec. Raises CheckFailed with the output tail if it died or never
-    listened (ggml-rpc-server exits 0 on a failed bind, so its exit code proves nothing)."""
-    cmd = layout.restart_cmd(name, links[0], links[1], address, port, timeout_s, argv)
-    res = transport.run(cmd, check=False, timeout=timeout_s + 60)
+                      address: str, port: int, argv: list[str], timeout_s: int = 20,
+                      verify: Verify | None = None) -> tuple[int, ProcIdentity, str, int]:
+    """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
+    listens on address:port and read its identity, in one exec. Raises CheckFailed with the
+    output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
+    exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
+    cmd = layout.restart_cmd(name, links[0], links[1], address, port, timeout_s, argv,
+                             verify_release=verify[0] if verify else None)
+    res = transport.run(cmd, check=False, timeout=timeout_s + 60,
+                        stdin=manifest_lines(verify[1]) if verify else None)
     out = _text(res.stdout)
+    verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
         stopped = next((l.split("=", 1)[1] for l in out.splitlines() if l.startswith("stopped=")), "")
-        return pid, ident, stopped
+        return pid, ident, stopped, verified
     if res.exit_status in (4, 5):
         what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
         raise CheckFailed(f"{transport.name}: {name} {what}; its output ends:\n{_tail(out)}")
@@ -90,9 +110,17 @@ def restart_listening(transport: Any, layout: HostLayout, name: str, links: tupl
                     f"{_text(res.stderr).strip()[-300:] or _tail(out)}")
 
 
-def stop(transport: Any, layout: HostLayout, name: str) -> str:
-    res = transport.run(layout.stop_cmd(name), timeout=60)
-    return _text(res.stdout).strip()
+def stop(transport: Any, layout: HostLayout, name: str, verify: Verify | None = None) -> tuple[str, int]:
+    """Stop NAME (one exec); with `verify`, the release is checked first and nothing is stopped
+    if it does not match. Returns (`stopped=NAME:PID|-`, files verified)."""
+    res = transport.run(layout.stop_cmd(name, verify[0] if verify else None), check=False, timeout=60,
+                        stdin=manifest_lines(verify[1]) if verify else None)
+    out = _text(res.stdout)
+    verified = _verified(transport, verify, out, res.exit_status)
+    if res.exit_status != 0:
+        raise HostError(f"{transport.name}: stopping {name} failed (exit {res.exit_status}): "
+                        f"{_text(res.stderr).strip()[-300:]}")
+    return next((l for l in out.splitlines() if l.startswith("stopped=")), out.strip()), verified
 
 
 def _tail(text: str, n: int = 15) -> str:

@@ -77,7 +77,7 @@ def test_deploy_plan_lists_every_step_on_its_hosts(inv):
     assert by["stop-native"].hosts == ("lab-native",) and by["restart-rpc"].hosts == ("lab-rpc",)
     assert by["upload"].hosts == ("lab-native", "lab-rpc")
     assert "pid 10" in by["stop-native"].description
-    assert "pkg-n present: verify sha256 only, send 0 bytes" in by["upload"].description
+    assert "pkg-n present: send 0 bytes" in by["upload"].description
     assert "pkg-r absent: send" in by["upload"].description
     assert "previous -> releases/old-n" in by["switch-native"].description
     restart = by["restart-rpc"].argv["lab-rpc"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import subprocess
 import tarfile
 import time
@@ -16,6 +17,7 @@ from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.hosts import services
 from orchestrator.hosts.layout import HostLayout, install_helper, put_secret, svc_script, switch_links
 from orchestrator.hosts.probes import parse_identity, parse_sha256sum, read_facts
+from orchestrator.hosts.release import ReleaseMismatch
 from orchestrator.hosts.route import RouteConflict, cas_write
 from orchestrator.remote.local import LocalTransport
 
@@ -35,7 +37,7 @@ def host(tmp_path):
 def _release(layout: HostLayout, pid: str, name: str = "llama-server") -> str:
     b = os.path.join(layout.release(pid), "bin")
     os.makedirs(b, exist_ok=True)
-    os.symlink("/bin/sleep", os.path.join(b, name))
+    shutil.copy2("/bin/sleep", os.path.join(b, name))  # a regular file, as in a package
     return os.path.join(b, name)
 
 
@@ -60,9 +62,9 @@ def test_start_identity_stop_with_pidfile(host):
     assert services.process_alive(t, pid, "llama-server")
     ids = parse_identity(t.run(layout.identity_cmd(*SERVICES)).stdout)
     assert ids["llama-server"].pid == pid and not ids["ggml-rpc-server"].running
-    assert services.stop(t, layout, "llama-server") == f"stopped=llama-server:{pid}"
+    assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
     assert not services.process_alive(t, pid, "llama-server")
-    assert services.stop(t, layout, "llama-server") == "stopped=llama-server:-"
+    assert services.stop(t, layout, "llama-server") == ("stopped=llama-server:-", 0)
 
 
 def test_stop_leaves_a_foreign_pid_alone(host):
@@ -72,7 +74,7 @@ def test_stop_leaves_a_foreign_pid_alone(host):
         with open(os.path.join(layout.run, "llama-server.pid"), "w") as f:
             f.write(str(p.pid))
         assert read_facts(t, layout, SERVICES).running == {}  # argv[0] is not .../llama-server
-        assert services.stop(t, layout, "llama-server") == "stopped=llama-server:-"
+        assert services.stop(t, layout, "llama-server") == ("stopped=llama-server:-", 0)
         assert p.poll() is None  # not ours: never signalled
     finally:
         p.kill()
@@ -104,7 +106,7 @@ def test_restart_waits_for_the_port_and_returns_identity(host):
     code = (f"import socket,time;time.sleep(0.3);s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
             f"s.bind(('127.0.0.1',{port}));s.listen();time.sleep(30)")
     argv = [exe, "-c", code]
-    pid, ident, stopped = services.restart_listening(t, layout, "ggml-rpc-server", ("pkg-a", None), "127.0.0.1", port, argv)
+    pid, ident, stopped, _ = services.restart_listening(t, layout, "ggml-rpc-server", ("pkg-a", None), "127.0.0.1", port, argv)
     assert stopped == "ggml-rpc-server:-" and ident.pid == pid and ident.argv == tuple(argv)
     assert ident.exe_sha256 == sha256_file(os.path.realpath(sys.executable))
     f = read_facts(t, layout, SERVICES)
@@ -158,3 +160,21 @@ def test_put_secret_mode_0600(host):
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     with open(path, "rb") as f:
         assert f.read() == b"k3y\n"
+
+
+def test_stop_verifies_a_present_release_first_and_stops_nothing_on_mismatch(host):
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    with open(os.path.join(layout.release("pkg-a"), "data"), "wb") as f:
+        f.write(b"payload")
+    good = {"data": sha256_bytes(b"payload"), "bin/llama-server": sha256_file(exe)}
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
+    bad = {**good, "data": sha256_bytes(b"tampered")}
+    with pytest.raises(ReleaseMismatch, match="data: sha256"):
+        services.stop(t, layout, "llama-server", verify=("pkg-a", bad))
+    assert services.process_alive(t, pid, "llama-server")  # nothing was stopped
+    with pytest.raises(ReleaseMismatch, match="missing"):
+        services.stop(t, layout, "llama-server", verify=("pkg-a", {**good, "bin/other": sha256_bytes(b"")}))
+    assert services.process_alive(t, pid, "llama-server")
+    out, verified = services.stop(t, layout, "llama-server", verify=("pkg-a", good))
+    assert out == f"stopped=llama-server:{pid}" and verified == 2
