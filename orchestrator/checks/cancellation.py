@@ -1,13 +1,16 @@
 """Cancellation: a streaming request cut off by closing the connection after a few tokens.
 
-Passes when (1) the slot is idle again within a bound (read from `/slots`), having decoded
-fewer tokens than asked (so it stopped, not finished), (2) the server log on the native host
-shows `cancel task, id_task = N` for that very task, and (3) a follow-up request on the same
-slot succeeds with the expected output: the same greedy tokens the stream had produced.
+Passes when (1) the slot is idle again within a bound (read from `/slots`), (2) the server log
+on the native host shows `cancel task, id_task = N` for that very task and its slot's
+`stop processing: n_tokens = M` with M short of prompt + n_predict (it stopped, it did not
+finish; `/slots` resets `n_decoded` on release, so the log is the only record of where it
+stopped), and (3) a follow-up request on the same slot succeeds with the expected output: the
+same greedy tokens the stream had produced.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -23,53 +26,72 @@ def cancel_line(id_task: int) -> str:
     return f"cancel task, id_task = {id_task}"
 
 
-def log_grep_cmd(root: str, file: str, text: str) -> Cmd:
-    """Count lines holding a fixed string in a file under `<root>/run/` (no shell, no regex)."""
-    return Cmd(("grep", "-c", "-F", "--", text, f"{root.rstrip('/')}/run/{file}"))
+def stop_line(id_task: int) -> str:
+    """The slot's release line for this task: `... | task N | stop processing: n_tokens = M, ...`."""
+    return f"| task {id_task} | stop processing: n_tokens = "
 
 
-def count_from_grep(exit_status: int, stdout: str) -> int | None:
-    """`grep -c`: 0 with a count, 1 with "0", 2 when the file is unreadable (None)."""
-    if exit_status == 2:
-        return None
-    try:
-        return int(stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return None
+def log_grep_cmd(root: str, file: str, *texts: str) -> Cmd:
+    """Lines of `<root>/run/<file>` holding any of the fixed strings (no shell, no regex), at most 20."""
+    argv: list[str] = ["grep", "-F", "-m", "20"]
+    for t in texts:
+        argv += ["-e", t]
+    return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
 
 
-def find_in_server_log(ctx: CheckContext, text: str, *, within_s: float = 3.0) -> dict[str, Any]:
-    """Poll the native host's server logs for `text` (the log is written asynchronously)."""
+_STOP = re.compile(r"\| task (\d+) \| stop processing: n_tokens = (\d+)")
+
+
+def parse_log_lines(text: str, id_task: int) -> dict[str, Any]:
+    """Whether the cancel was logged for `id_task`, and the slot's token count when it stopped."""
+    out: dict[str, Any] = {"cancel_logged": False, "stop_n_tokens": None}
+    for line in text.splitlines():
+        if cancel_line(id_task) in line and line.rstrip().endswith(cancel_line(id_task)):
+            out["cancel_logged"] = True
+        m = _STOP.search(line)
+        if m and int(m.group(1)) == id_task:
+            out["stop_n_tokens"] = int(m.group(2))
+    return out
+
+
+def read_server_log(ctx: CheckContext, id_task: int, *, within_s: float = 3.0) -> dict[str, Any]:
+    """Poll the native host's server logs for the task's cancel and stop lines (the log is
+    written asynchronously, so both may take a moment to appear)."""
     tr = ctx.transports.get("native")
     root = ctx.host_roots.get("native")
     if tr is None or root is None:
         return {"checked": False, "found": False, "why": "no transport to the native host"}
     deadline = time.monotonic() + within_s
-    seen: dict[str, int | None] = {}
     while True:
         for f in SERVER_LOGS:
-            r = tr.run(log_grep_cmd(root, f, text), check=False, timeout=30)
-            seen[f] = count_from_grep(r.exit_status, r.stdout)
-            if seen[f]:
-                return {"checked": True, "found": True, "file": f, "count": seen[f]}
+            r = tr.run(log_grep_cmd(root, f, cancel_line(id_task), stop_line(id_task)), check=False, timeout=30)
+            text = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
+            seen = parse_log_lines(text, id_task)
+            if seen["cancel_logged"] and seen["stop_n_tokens"] is not None:
+                return {"checked": True, "found": True, "file": f, **seen}
         if time.monotonic() > deadline:
-            return {"checked": True, "found": False, "counts": seen}
+            return {"checked": True, "found": seen["cancel_logged"], "file": f, **seen}
         time.sleep(0.2)
 
 
-def cancel_problems(*, idle_after_s: float | None, bound_s: float, n_decoded: int | None, n_predict: int,
+def cancel_problems(*, idle_after_s: float | None, bound_s: float, full_n_tokens: int,
                     log: dict[str, Any], followup_ok: bool, followup_same: bool, streamed: int) -> list[str]:
+    """`full_n_tokens`: prompt + n_predict, what the slot would hold had the request finished."""
     p = []
     if streamed == 0:
         p.append("the stream produced no tokens before it was closed")
     if idle_after_s is None:
         p.append(f"the slot was still processing {bound_s:g} s after the connection closed")
-    if n_decoded is not None and n_decoded >= n_predict:
-        p.append(f"the slot decoded all {n_predict} tokens: the request finished instead of being cancelled")
     if not log.get("checked"):
         p.append(f"server log not read: {log.get('why')}")
-    elif not log.get("found"):
-        p.append("the server log shows no cancel for the task")
+    else:
+        if not log.get("cancel_logged"):
+            p.append("the server log shows no cancel for the task")
+        stopped = log.get("stop_n_tokens")
+        if stopped is None:
+            p.append("the server log shows no stop of the task's slot")
+        elif stopped >= full_n_tokens:
+            p.append(f"the slot stopped at {stopped} tokens, the full request: it finished instead of being cancelled")
     if not followup_ok:
         p.append("the follow-up request failed")
     elif not followup_same:
@@ -110,9 +132,11 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
             time.sleep(opts.slots_poll_interval_s)
         if last is not None and id_task is None:
             id_task = last.id_task
+        # read the log before the broken case lets go of its connection, so its close is not counted
+        log = read_server_log(ctx, id_task, within_s=3.0 if close_connection else 0.5) if id_task is not None \
+            else {"checked": False, "why": "no task id seen in /slots"}
         if not close_connection:
-            handle.close()  # clean up the broken case only after measuring it
-    log = find_in_server_log(ctx, cancel_line(id_task)) if id_task is not None else {"checked": False, "why": "no task id seen in /slots"}
+            handle.close()
     try:
         follow = ctx.client.completion(prompt, len(streamed), id_slot=slot, cache_prompt=False, ignore_eos=True,
                                        seed=0, timeout=opts.request_timeout_s)
@@ -122,14 +146,14 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     except Exception as exc:  # the follow-up failing is the finding, not an error of the check
         followup_ok, followup_same = False, False
         raw["followup"] = {"error": f"{type(exc).__name__}: {exc}"}
-    n_decoded = last.n_decoded if last is not None else None
-    problems = cancel_problems(idle_after_s=idle_after, bound_s=opts.cancel_idle_bound_s, n_decoded=n_decoded,
-                               n_predict=n_predict, log=log, followup_ok=followup_ok, followup_same=followup_same,
+    problems = cancel_problems(idle_after_s=idle_after, bound_s=opts.cancel_idle_bound_s,
+                               full_n_tokens=len(prompt) + n_predict, log=log, followup_ok=followup_ok, followup_same=followup_same,
                                streamed=len(streamed))
     raw.update({"id_task": id_task, "streamed_tokens": streamed, "slot_after": last.model_dump() if last else None,
                 "log": log, "problems": problems})
     figures = {"idle_after_s": idle_after, "bound_s": opts.cancel_idle_bound_s, "streamed": len(streamed),
-               "decoded_before_stop": n_decoded, "cancel_logged": bool(log.get("found")), "followup_same": followup_same}
+               "slot_tokens_at_stop": log.get("stop_n_tokens"), "full_request_tokens": len(prompt) + n_predict,
+               "cancel_logged": bool(log.get("cancel_logged")), "followup_same": followup_same}
     return CheckResult(name=NAME, verdict=verdict_of(problems),
                        message="; ".join(problems) or f"cancelled after {len(streamed)} tokens, slot idle in {idle_after} s, follow-up matched",
                        figures=figures, raw=raw, duration_s=timer.elapsed())

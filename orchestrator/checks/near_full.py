@@ -3,7 +3,7 @@
 Two lanes: both slots generate at the same time, each prompt sized so prompt + generation
 reaches `profile.near_full_tokens()`; each lane carries its own random nonce. Passes only if
 both complete without truncation with exactly the planned token counts, on two distinct slots
-whose requests overlapped in time, and each lane's output is isolated from the other:
+that `/slots` showed generating at the same time, and each lane's output is isolated from the other:
 `recall` mode (models that can recall): the answer holds its own nonce and not the other's;
 `solo` mode (the lab's random model): each lane's greedy tokens equal the same request run
 alone. The population reached (sum of tokens_evaluated + tokens_predicted, and the peak seen
@@ -109,7 +109,9 @@ def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -
     return p
 
 
-def overlap_problems(lanes: list[LaneOutcome]) -> list[str]:
+def overlap_problems(lanes: list[LaneOutcome], both_generating_seen: bool) -> list[str]:
+    """Both lanes on distinct slots, and seen generating at once by the server itself (`/slots`):
+    overlapping client requests alone prove nothing (a server may serve them one after the other)."""
     p = []
     slots = [lane.id_slot for lane in lanes]
     if len(set(slots)) != len(slots):
@@ -118,6 +120,8 @@ def overlap_problems(lanes: list[LaneOutcome]) -> list[str]:
         a, b = lanes
         if not (a.started_s < b.finished_s and b.started_s < a.finished_s):
             p.append("the two lanes did not run at the same time")
+        elif not both_generating_seen:
+            p.append("the two lanes did not run at the same time: /slots never showed both slots generating")
     return p
 
 
@@ -203,7 +207,7 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     problems = prompt_hygiene_problems(lanes, prompt_texts)
     for lane in lanes:
         problems += lane_problems(lane)
-    problems += overlap_problems(lanes)
+    problems += overlap_problems(lanes, peak.both_processing_seen)
     solo: list[LaneOutcome] = []
     if opts.isolation == "solo":
         solo = [_outcome(i, prompts[i], gen_n, time.monotonic(),

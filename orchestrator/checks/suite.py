@@ -42,6 +42,7 @@ class SuiteResult(BaseModel):
     results: list[CheckResult]
     passed: bool
     sampler_faults: list[dict[str, Any]] = Field(default_factory=list)
+    client_retries: list[str] = Field(default_factory=list)  # HTTP requests resent after a dropped connection
     duration_s: float = 0.0
 
     def failed(self) -> list[CheckResult]:
@@ -54,7 +55,7 @@ class SuiteResult(BaseModel):
         """Small enough for a receipt field and `--json`: verdicts and figures, no raw data."""
         return {
             "pair": self.pair, "profile": self.profile, "passed": self.passed, "duration_s": self.duration_s,
-            "sampler_faults": len(self.sampler_faults),
+            "sampler_faults": len(self.sampler_faults), "client_retries": len(self.client_retries),
             "checks": [{"name": r.name, "verdict": r.verdict, "required": r.required, "message": r.message,
                         "figures": r.figures, "duration_s": r.duration_s} for r in self.results],
         }
@@ -152,7 +153,8 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
     results.sort(key=lambda r: list(CHECKS).index(r.name) if r.name in CHECKS else len(CHECKS))
     suite = SuiteResult(pair=ctx.pair, profile=ctx.profile.name, results=results,
                         passed=all(r.ok for r in results) and bool(results),
-                        sampler_faults=sampler.faults if sampler else [], duration_s=round(time.monotonic() - t0, 3))
+                        sampler_faults=sampler.faults if sampler else [],
+                        client_retries=list(getattr(ctx.client, "retries", [])), duration_s=round(time.monotonic() - t0, 3))
     if ctx.journal is not None:
         ctx.journal.set("acceptance", suite.summary())
     return suite

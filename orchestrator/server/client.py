@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import httpx
 
 from orchestrator.errors import HostError, PairctlError
+from orchestrator.log import get_logger
 from orchestrator.server import parsers
 from orchestrator.server.models import CompletionResult, Props, ServerError, SlotState, StreamChunk
 
@@ -83,7 +84,11 @@ class ServerClient:
         key = _secret_text(api_key)
         if key:
             headers["Authorization"] = "Bearer " + key
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout)
+        # No keep-alive: llama-server (cpp-httplib) closes idle connections after 5 s, and a request
+        # sent on a connection it is closing comes back as "disconnected without a response".
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
+                                  limits=httpx.Limits(max_keepalive_connections=0))
+        self.retries: list[str] = []  # requests retried once after a dropped connection (for the receipt)
 
     def __repr__(self) -> str:
         return f"ServerClient({self.base_url!r})"
@@ -99,8 +104,16 @@ class ServerClient:
 
     # -- plumbing -----------------------------------------------------------------
     def _request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None) -> httpx.Response:
+        t = timeout if timeout is not None else self.timeout
         try:
-            r = self._http.request(method, path, json=json, timeout=timeout if timeout is not None else self.timeout)
+            try:
+                r = self._http.request(method, path, json=json, timeout=t)
+            except httpx.RemoteProtocolError as exc:
+                # the connection dropped before any response: the request is sent again once, on a
+                # new connection, and counted (every request pairctl sends only reads the server)
+                self.retries.append(f"{method} {path}: {exc}")
+                get_logger(server=self.base_url).warning("request retried after a dropped connection", path=path, error=str(exc))
+                r = self._http.request(method, path, json=json, timeout=t)
         except httpx.TimeoutException as exc:
             raise ServerUnreachable(f"{method} {self.base_url}{path}: timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:

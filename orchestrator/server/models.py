@@ -79,7 +79,9 @@ class SlotState(_Lenient):
 
     @property
     def population(self) -> int:
-        return (self.n_prompt_tokens or 0) + (self.n_decoded or 0)
+        """Tokens in the slot now: `n_prompt_tokens` is the slot's token list, which grows with
+        each generated token (captured: 402 prompt + 9 decoded reads 410), so it is not added to."""
+        return self.n_prompt_tokens or 0
 
 
 class Props(_Lenient):

@@ -221,19 +221,20 @@ def test_other_draft_is_rejected_and_gives_the_undrafted_output(deployed_lab, re
 
 
 def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, restore_baseline, cli):
-    """Deploy B with a route whose server serves one request at a time (profile lab-serial-http):
-    identity verifies, the two-lane acceptance check fails, and deploy restores A (exit 7)."""
+    """Deploy B with a route that declares no near-full slack (profile lab-no-slack): the server is
+    the lab's and verifies, but a lane filling the whole slot is cut short by the server, so the
+    one-lane acceptance check fails and deploy restores A (exit 7)."""
     from tests.plugins.pairs import is_active, lab_status
 
     a, b = deployed_lab.package_id, lab_packages_b.id
-    r = cli("--json", "deploy", "--pair", PAIR, "--packages", b, b, "--profile", "lab-serial-http",
-            "--checks", "two_lane_near_full")
+    r = cli("--json", "deploy", "--pair", PAIR, "--packages", b, b, "--profile", "lab-no-slack",
+            "--checks", "one_lane_near_full")
     assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])
-    assert "two_lane_near_full" in r.stderr and "rolled back" in r.stderr
+    assert "one_lane_near_full" in r.stderr and "rolled back" in r.stderr
     st = lab_status(cli)
     assert is_active(st, a), st
     rec = EvidenceStore(deployed_lab.home / "evidence").latest(PAIR)
     assert rec.outcome == "failed"
-    lane = rec.step("check:two_lane_near_full")
-    assert lane is not None and lane.outcome == "failed" and "same time" in lane.data["message"]
+    lane = rec.step("check:one_lane_near_full")
+    assert lane is not None and lane.outcome == "failed" and "truncated" in lane.data["message"]
     assert rec.extra_fields()["final_state"]["state"] == "restored"

@@ -18,6 +18,8 @@ from orchestrator.checks.suite import CHECKS, SuiteResult, select
 from orchestrator.config.profiles import load_profile
 from orchestrator.errors import ConfigError
 
+GOLDEN = __import__("pathlib").Path(__file__).parent / "golden"
+
 
 # --- sizing from the profile ------------------------------------------------------------------
 
@@ -85,9 +87,11 @@ def test_prompt_carrying_the_other_lanes_nonce_fails():
 
 
 def test_lanes_must_overlap_on_distinct_slots():
-    assert nf.overlap_problems([lane(0), lane(1, started_s=0.5, finished_s=2)]) == []
-    assert any("same time" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=1.5, finished_s=2)]))
-    assert any("distinct" in p for p in nf.overlap_problems([lane(0), lane(1, id_slot=0)]))
+    assert nf.overlap_problems([lane(0), lane(1, started_s=0.5, finished_s=2)], True) == []
+    assert any("same time" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=1.5, finished_s=2)], True))
+    assert any("distinct" in p for p in nf.overlap_problems([lane(0), lane(1, id_slot=0)], True))
+    # overlapping requests the server served one after the other (seen with --threads-http 1)
+    assert any("never showed both" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=0.5, finished_s=2)], False))
 
 
 # --- speculative ---------------------------------------------------------------------------------
@@ -118,13 +122,14 @@ def test_long_prefix_reuse():
 # --- cancellation --------------------------------------------------------------------------------
 
 def test_cancel_passes_and_each_condition_fails():
-    good = dict(idle_after_s=0.05, bound_s=2.0, n_decoded=9, n_predict=1900, log={"checked": True, "found": True},
-                followup_ok=True, followup_same=True, streamed=8)
+    good = dict(idle_after_s=0.05, bound_s=2.0, full_n_tokens=1984, followup_ok=True, followup_same=True, streamed=8,
+                log={"checked": True, "cancel_logged": True, "stop_n_tokens": 80})
     assert cn.cancel_problems(**good) == []
     for change, text in [
         (dict(idle_after_s=None), "still processing"),
-        (dict(n_decoded=1900), "finished instead of being cancelled"),
-        (dict(log={"checked": True, "found": False}), "no cancel"),
+        (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1984}), "finished instead of being cancelled"),
+        (dict(log={"checked": True, "cancel_logged": False, "stop_n_tokens": 80}), "no cancel"),
+        (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": None}), "no stop"),
         (dict(log={"checked": False, "why": "no transport"}), "not read"),
         (dict(followup_ok=False), "follow-up request failed"),
         (dict(followup_same=False), "differs"),
@@ -134,13 +139,20 @@ def test_cancel_passes_and_each_condition_fails():
         assert any(text in x for x in p), (change, p)
 
 
-def test_grep_count_and_command():
-    assert cn.count_from_grep(0, "3\n") == 3
-    assert cn.count_from_grep(1, "0\n") == 0
-    assert cn.count_from_grep(2, "") is None
-    cmd = cn.log_grep_cmd("/srv/my root", "llama-server.log", cn.cancel_line(42))
-    assert cmd.argv == ("grep", "-c", "-F", "--", "cancel task, id_task = 42", "/srv/my root/run/llama-server.log")
-    assert cmd.render() == "grep -c -F -- 'cancel task, id_task = 42' '/srv/my root/run/llama-server.log'"
+def test_server_log_lines_from_the_real_server():
+    # captured with the grep the check runs: a cancelled stream (task 1409: 64-token prompt, stopped at 80)
+    cancelled = (GOLDEN / "server_log_cancel_1409.txt").read_text()
+    assert cn.parse_log_lines(cancelled, 1409) == {"cancel_logged": True, "stop_n_tokens": 80}
+    assert cn.parse_log_lines(cancelled, 140) == {"cancel_logged": False, "stop_n_tokens": None}
+    # a request that ran to its end (task 25: 402 + 1500 tokens) has no cancel line
+    finished = (GOLDEN / "server_log_finished_25.txt").read_text()
+    assert cn.parse_log_lines(finished, 25) == {"cancel_logged": False, "stop_n_tokens": 1901}
+
+
+def test_grep_command_is_argv():
+    cmd = cn.log_grep_cmd("/srv/my root", "llama-server.log", cn.cancel_line(42), cn.stop_line(42))
+    assert cmd.argv == ("grep", "-F", "-m", "20", "-e", "cancel task, id_task = 42",
+                        "-e", "| task 42 | stop processing: n_tokens = ", "--", "/srv/my root/run/llama-server.log")
 
 
 # --- answer fixtures ----------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def test_slots_idle_and_busy():
     busy = parsers.parse_slots(golden("slots_busy.json"))
     running = [s for s in busy if s.is_processing]
     assert running and running[0].n_decoded > 0 and running[0].id_task is not None
-    assert running[0].population == running[0].n_prompt_tokens + running[0].n_decoded
+    # n_prompt_tokens is the slot's token list: prompt + tokens generated so far (402 + 8 here)
+    assert running[0].population == running[0].n_prompt_tokens == running[0].n_prompt_tokens_processed + running[0].n_decoded - 1
 
 
 def test_slots_refuses_non_list():
