@@ -41,11 +41,15 @@ identity_of() { # identity_of ROOT NAME: proc=NAME:PID:SHA256(exe):BASE64(cmdlin
     fi
 }
 
-start_svc() { # start_svc ROOT NAME PROGRAM ARGS...: setsid; returns once PROGRAM has been exec'd
+start_svc() { # start_svc ROOT NAME PROGRAM ARGS...: setsid; returns once PROGRAM has been exec'd;
+    # run/NAME.out and run/NAME.log of the run before are kept as *.prev
     r=$1; n=$2; shift 2
     pid=$(pid_of "$r" "$n")
     if alive "$pid" && is_ours "$pid" "$n"; then CODE=3 die "$n already runs as pid $pid"; fi
     [ -x "$1" ] || CODE=3 die "$1 is not an executable file"
+    for f in "$r/run/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
+        if [ -f "$f" ]; then mv -f "$f" "$f.prev"; fi
+    done
     setsid "$@" >"$r/run/$n.out" 2>&1 </dev/null &
     pid=$!
     echo "$pid" >"$r/run/.$n.pid.tmp" && mv -f "$r/run/.$n.pid.tmp" "$r/run/$n.pid"

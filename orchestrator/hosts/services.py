@@ -169,8 +169,11 @@ def wait_health(transport: Any, layout: HostLayout, base_url: str, pid: int, *, 
             counters["alive"] += 1
             if not process_alive(transport, pid, LLAMA_SERVER):
                 raise CheckFailed(
-                    f"{transport.name}: llama-server (pid {pid}) exited before it was healthy; its output ends:\n"
-                    + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 25)
+                    f"{transport.name}: llama-server (pid {pid}) exited before it was healthy; "
+                    f"{layout.log(SERVER_LOG)} ends:\n" + read_tail(transport, layout.log(SERVER_LOG), 12)
+                    + f"\nand {layout.log(LLAMA_SERVER + '.out')} ends:\n"
+                    + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 6)
+                    + "\n(kept as *.prev when the next start replaces them)"
                 )
         raise _NotYet(reason)
 
