@@ -93,7 +93,7 @@ def _lock(path: Path) -> Iterator[None]:
 def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Path | None = None,
                on_line: Callable[[str], None] | None = None) -> None:  # fmt: skip
     """Run argv (no shell), append its output to log_path, feed each line to on_line."""
-    with open(log_path, "a", encoding="utf-8") as log:
+    with open(log_path, "a", encoding="utf-8", buffering=1) as log:  # line-buffered: `tail -f` works
         log.write(f"$ {subprocess.list2cmdline(argv)}\n")
         log.flush()
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
