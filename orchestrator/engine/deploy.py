@@ -246,7 +246,8 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
     msg = (
-        (f"deploy failed at step '{first_failure.step.name}' ({first_failure.message}); " if first_failure else "")
+        (f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
+         if first_failure else "")
         + f"the rollback failed at step '{rb.step.name}' on {', '.join(where)}: {rb.message}. "
         + "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
     )

@@ -169,3 +169,48 @@ def test_dry_run_prints_every_step_and_changes_nothing(deployed_lab, lab_package
     st = lab_status(cli)
     assert st["route"] == before["route"] and _host_links(st) == _host_links(before)
     assert [h["releases"] for h in st["hosts"].values()] == [h["releases"] for h in before["hosts"].values()]
+
+
+def _release_kept_leases(lab) -> None:
+    """A failed rollback keeps the leases; the test (as the operator would) releases them by nonce."""
+    from orchestrator.hosts.leases import LEASE_FILE, LEASES_DIR, LOCK_DIR, release_lease
+    from orchestrator.remote.transport import TransportPool
+
+    with TransportPool(lab.inventory) as pool:
+        for h in ("lab-native", "lab-rpc"):
+            root = lab.inventory.host(h).install_root
+            lease = Path(root) / LEASES_DIR / LOCK_DIR / LEASE_FILE
+            if lease.exists():
+                release_lease(pool.get(h), root, json.loads(lease.read_text())["nonce"])
+
+
+def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_packages_b, cli, lab, tmp_path,
+                                                             restore_baseline):
+    """The pair to restore cannot start either (its model file vanished): exit 8, nothing runs,
+    both leases are still held, and the message says where to look."""
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    models = tmp_path / "models"
+    models.mkdir()
+    for f in (deployed_lab.home / "lab" / "models").glob("*.gguf"):
+        shutil.copy(f, models / f.name)
+    inv = read_yaml(Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml")
+    for m in inv["pairs"]["lab"]["models"].values():
+        m["path"] = str(models / Path(m["path"]).name)
+    path = tmp_path / "copy-models.yaml"
+    path.write_text(json.dumps(inv))
+    r, _ = _deploy(cli, "--packages", a, a, "--skip-accept", inventory=str(path))
+    assert r.exit_code == 0, r.stderr  # A, serving from the copied model
+    (models / "target.gguf").unlink()
+    try:
+        r, _ = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept", inventory=str(path))
+        assert r.exit_code == 8, (r.exit_code, r.stderr)
+        assert "rollback failed" in r.stderr and "leases are kept" in r.stderr and "run/" in r.stderr
+        st = lab_status(cli)
+        assert all(not v["running"] for v in st["hosts"].values()), st  # stopped, not half-running
+        assert all(v["leases"] and v["leases"][0]["state"] == "held" for v in st["hosts"].values())
+        rec = _latest_receipt(deployed_lab.home)
+        assert rec.outcome == "failed" and rec.extra_fields()["final_state"]["state"] == "stopped (rollback failed)"
+        again, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
+        assert again.exit_code == 5  # nobody deploys onto the unknown state while the leases are kept
+    finally:
+        _release_kept_leases(lab)
