@@ -214,3 +214,16 @@ def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_
         assert again.exit_code == 5  # nobody deploys onto the unknown state while the leases are kept
     finally:
         _release_kept_leases(lab)
+
+
+def test_deploy_runs_the_acceptance_suite(deployed_lab, lab_packages_b, cli, restore_baseline):
+    """Without --skip-accept, deploy's accept step runs orchestrator.checks.suite (here only its
+    identity check, which compares verify_identity before and after the suite)."""
+    b = lab_packages_b.id
+    r, out = _deploy(cli, "--packages", b, b, "--checks", "identity")
+    assert r.exit_code == 0, r.stderr
+    rec = _receipt(deployed_lab.home, out["receipt"])
+    steps = {s.name: s for s in rec.steps}
+    assert steps["accept"].outcome == "passed" and steps["accept"].data["checks"] == ["identity"]
+    assert steps["check:identity"].outcome == "passed"
+    assert rec.extra_fields()["acceptance"]["passed"] is True
