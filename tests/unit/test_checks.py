@@ -260,3 +260,30 @@ def test_baseline_ref():
 def test_filler_is_deterministic_and_contains_run():
     assert filler_text(1) == filler_text(1) != filler_text(2)
     assert contains_run([1, 2, 3, 4], [2, 3]) and not contains_run([1, 2, 3], [3, 2]) and not contains_run([1], [])
+
+
+# --- baseline lookup in the evidence store ---------------------------------------------------------
+
+def _receipt_with(store, outcome, results):
+    j = store.begin(command="accept", argv=["accept"], pair="p")
+    with j.step("check:answer_fixtures") as st:
+        st.data.update({"name": "answer_fixtures", "raw": {"results": results}})
+    return j.finish(outcome, "test")
+
+
+def test_find_baseline_newest_passed_receipt(tmp_path):
+    from orchestrator.checks.live import find_baseline
+    from orchestrator.errors import EvidenceError
+    from orchestrator.evidence.store import EvidenceStore
+
+    store = EvidenceStore(tmp_path / "ev")
+    assert find_baseline(store, pair="p") is None
+    good = _receipt_with(store, "passed", [{"sha256": "a" * 64, "passed": True}])
+    _receipt_with(store, "failed", [{"sha256": "a" * 64, "passed": False}])  # a failed run is never a baseline
+    ref = find_baseline(store, pair="p")
+    assert ref.receipt == good and ref.raw("answer_fixtures")["results"][0]["passed"] is True
+    assert find_baseline(store, receipt=good[:12]).receipt == good
+    j = store.begin(command="accept", argv=[], pair="p")
+    empty = j.finish("passed", "no checks")
+    with pytest.raises(EvidenceError, match="no answer_fixtures results"):
+        find_baseline(store, receipt=empty)
