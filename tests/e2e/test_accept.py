@@ -238,3 +238,24 @@ def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, 
     lane = rec.step("check:one_lane_near_full")
     assert lane is not None and lane.outcome == "failed" and "truncated" in lane.data["message"]
     assert rec.extra_fields()["final_state"]["state"] == "restored"
+
+
+def test_leased_pair_refused_and_scheduled_run_skipped(deployed_lab, cli):
+    """Acceptance holds both hosts' leases: with someone else's lease it is refused (exit 5), and
+    a scheduled run records a skipped receipt and exits 11; the leases are released after."""
+    r = cli("--json", "lease", "take", PAIR, "--purpose", "test: someone else works here", "--ttl", "10m")
+    assert r.exit_code == 0, r.output
+    nonce = json.loads(r.stdout)["nonce"]
+    try:
+        r = cli("accept", "--pair", PAIR, "--only", "identity")
+        assert r.exit_code == 5, r.output
+        assert "someone else works here" in r.stderr
+        r = cli("accept", "--pair", PAIR, "--only", "identity", "--scheduled")
+        assert r.exit_code == 11, r.output
+        rec = EvidenceStore(deployed_lab.home / "evidence").latest(PAIR)
+        assert rec.command == "accept" and rec.outcome == "inconclusive" and rec.reason.startswith("skipped:")
+    finally:
+        r = cli("lease", "release", PAIR, "--nonce", nonce)
+        assert r.exit_code == 0, r.output
+    r = cli("accept", "--pair", PAIR, "--only", "identity")
+    assert r.exit_code == 0, r.output
