@@ -67,7 +67,13 @@ def accept_pair(home: Any, inventory: Any, req: AcceptRequest) -> AcceptOutcome:
                         ("--fixtures", req.fixtures), ("--profile", req.profile)):
         if value:
             argv += [flag, value]
-    journal = evidence.begin(command="accept", argv=argv, pair=req.pair, inputs={})
+    try:
+        journal = evidence.begin(command="accept", argv=argv, pair=req.pair, inputs={})
+    except LeaseHeldError as exc:  # EvidenceBusy: another pairctl run (a deploy) is writing this pair's chain
+        if not req.scheduled:
+            raise
+        _write_metrics(home, None, pair=req.pair, skipped=True)
+        raise Skipped(f"pair {req.pair} is busy; scheduled acceptance skipped: {exc.message}") from None
     try:
         with TransportPool(inventory) as pool, ExitStack() as stack:
             try:
