@@ -287,3 +287,24 @@ def test_find_baseline_newest_passed_receipt(tmp_path):
     empty = j.finish("passed", "no checks")
     with pytest.raises(EvidenceError, match="no answer_fixtures results"):
         find_baseline(store, receipt=empty)
+
+
+def test_table_shows_verdicts_and_survives_brackets_in_messages():
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.checks.runner import AcceptOutcome, render_table
+
+    results = [CheckResult(name="two_lane_near_full", verdict="failed", message="lane [0]: [red]truncated[/]",
+                           figures={"population": 3968, "capacity": 4096}),
+               CheckResult(name="telemetry", verdict="error", required=False, message="x")]
+    out = AcceptOutcome(suite=SuiteResult(pair="lab", profile="lab", results=results, passed=False,
+                                          sampler_faults=[{"host": "h"}]), receipt="ab" * 32, route={})
+    buf = io.StringIO()
+    render_table(Console(file=buf, width=200), out)
+    text = buf.getvalue()
+    assert "lane [0]: [red]truncated[/]" in text and "population=3968" in text
+    assert "FAILED" in text and "sampler faults (not check failures): 1" in text
+    with pytest.raises(Exception, match="two_lane_near_full"):
+        out.raise_for_verdict()
