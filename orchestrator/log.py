@@ -26,6 +26,14 @@ def mask_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, A
     return event
 
 
+def drop_tracebacks(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+    """Console only: a traceback (with its locals, which may hold secrets) never reaches a
+    person's terminal; the JSON log file keeps it."""
+    for key in ("exc_info", "exception", "stack"):
+        event.pop(key, None)
+    return event
+
+
 def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool = False) -> None:
     """Console output (stderr) for people plus JSON lines appended to `log_file`."""
     level = logging.WARNING - 10 * verbosity
@@ -47,6 +55,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
         structlog.stdlib.ProcessorFormatter(
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                drop_tracebacks,
                 structlog.processors.JSONRenderer() if json_console else structlog.dev.ConsoleRenderer(colors=False),
             ],
             foreign_pre_chain=shared,
