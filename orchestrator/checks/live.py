@@ -48,12 +48,13 @@ def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
 def read_route(transport: Any, root: str) -> Any:
     """The route record on the native host (None when nothing was ever deployed)."""
     from orchestrator.hosts.layout import HostLayout
-    from orchestrator.hosts.probes import parse_facts
     from orchestrator.hosts.route import parse_route
 
-    r = transport.run(HostLayout(root).facts_cmd(), timeout=60)
-    out = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
-    return parse_route(parse_facts(out).route_bytes)
+    try:  # over SFTP, as deploy reads it (orchestrator.hosts.probes.read_facts)
+        data = transport.read_bytes(HostLayout(root).route)
+    except FileNotFoundError:
+        data = None
+    return parse_route(data)
 
 
 def _manifest(store: Any, package_id: str) -> Any:
