@@ -328,3 +328,26 @@ def test_base_copy_in_another_folder_still_loads(guarded_cli, tmp_path):
         dst = tmp_path / f"{kind}.yaml"
         shutil.copyfile(path, dst)
         assert _check(guarded_cli, kind, dst).exit_code == 0, kind
+
+
+def test_an_internal_error_prints_no_traceback(tmp_path):
+    """The last line of defence: an exception no loader anticipated is one line and exit 1 on
+    the terminal (the traceback, with its locals, goes only to the JSON log file)."""
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from orchestrator.cli import app, main\n"
+        "import orchestrator.cli.commands\n"
+        "@app.command('boom')\n"
+        "def boom():\n"
+        "    api_key = 'sk-local-secret'\n"
+        "    raise RuntimeError('unexpected')\n"
+        "main(['--home', sys.argv[1], 'boom'])\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert "internal error: RuntimeError: unexpected" in p.stderr
+    assert "Traceback" not in p.stderr and "sk-local-secret" not in p.stderr and "locals" not in p.stderr, p.stderr
+    log = (tmp_path / "logs" / "pairctl.jsonl").read_text()
+    assert "RuntimeError" in log  # the details are kept for whoever debugs it
