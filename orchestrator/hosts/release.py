@@ -16,6 +16,7 @@ import re
 import secrets
 import tarfile
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -33,6 +34,13 @@ def expected_hashes(manifest: Any) -> dict[str, str]:
     for rel, entry in files.items():
         out[rel] = entry["sha256"] if isinstance(entry, Mapping) else entry.sha256
     return out
+
+
+@lru_cache(maxsize=2)
+def _packed(package_dir: str) -> bytes:
+    """One tar per package per process (a lab pair sends the same package to both hosts);
+    packages are immutable, so the path identifies the content."""
+    return pack(Path(package_dir))
 
 
 def pack(package_dir: Path) -> bytes:
@@ -118,7 +126,7 @@ def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bo
         n = check_hash_output(expected, _text(res.stdout), host, f"releases/{pid}")
         return ReleaseResult(host, pid, True, 0, n)
     tmp = tmp_release_name(pid, secrets.token_hex(4))
-    data = pack(Path(package.path))
+    data = _packed(str(package.path))
     res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
     try:
         n = check_hash_output(expected, _text(res.stdout), host, f"the upload of {pid}")
