@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator.config.profiles import RouteProfile, unknown_flags
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
-from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, RemoteCommandError
+from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import services
 from orchestrator.hosts.layout import (

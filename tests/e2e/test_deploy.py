@@ -19,7 +19,7 @@ from orchestrator.evidence.store import EvidenceStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-from tests.plugins.pairs import PAIR, deploy_baseline, is_active, lab_status  # noqa: E402
+from tests.plugins.pairs import PAIR, is_active, lab_status  # noqa: E402
 
 
 def _deploy(cli, *args: str, inventory: str | None = None):
