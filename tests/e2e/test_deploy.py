@@ -55,8 +55,10 @@ def test_deploy_a_then_b_over_a_then_rollback(deployed_lab, lab_packages_b, cli,
     assert st["route"]["previous"].startswith(f"{a} + {a}")
     rec = _receipt(deployed_lab.home, out["receipt"])
     assert rec.outcome == "passed"
-    assert {s.name for s in rec.steps} >= {"preflight", "connect", "lease", "upload", "stop-native", "switch",
-                                          "start-rpc", "start-server", "verify", "route", "release-lease"}
+    assert {s.name for s in rec.steps} >= {"preflight", "connect", "facts", "lease", "prepare", "upload", "stop-native",
+                                          "restart-rpc", "switch-native", "start-server", "verify", "route",
+                                          "release-lease"}
+    assert all(s.outcome in ("passed", "skipped") for s in rec.steps)
     assert rec.inputs["package:native"] == b and "profile" in rec.inputs and "playbook:deploy" in rec.inputs
     assert {i.host for i in rec.identities} == {"lab-native", "lab-rpc"}
 
@@ -86,7 +88,7 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
     assert ("start-server", "failed") in steps
     failed_at = steps.index(("start-server", "failed"))
     after = [n for n, o in steps[failed_at + 1:] if o == "passed"]
-    assert {"stop-native", "switch-back", "start-rpc", "start-server", "verify", "route", "release-lease"} <= set(after)
+    assert {"stop-native", "restart-rpc", "switch-native", "start-server", "verify", "route", "release-lease"} <= set(after)
     extra = rec.extra_fields()
     assert extra["failure"]["step"] == "start-server"
     assert extra["final_state"]["state"] == "restored" and extra["final_state"]["active"].startswith(a)
@@ -163,7 +165,7 @@ def test_dry_run_prints_every_step_and_changes_nothing(deployed_lab, lab_package
     before = lab_status(cli)
     r = cli("deploy", "--pair", PAIR, "--packages", b, b, "--dry-run")
     assert r.exit_code == 0, r.stderr
-    for name in ("lease", "upload", "stop-native", "switch", "start-rpc", "start-server", "verify", "route"):
+    for name in ("lease", "upload", "stop-native", "restart-rpc", "switch-native", "start-server", "verify", "route"):
         assert name in r.stdout
     assert "lab-native" in r.stdout and "lab-rpc" in r.stdout and "-H 127.0.0.3" in r.stdout
     st = lab_status(cli)
