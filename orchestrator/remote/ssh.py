@@ -240,8 +240,9 @@ class SshTransport:
     # -- connecting --
 
     def connect(self) -> None:
-        """Open the connection now (otherwise the first command does); idempotent."""
-        self._transport()
+        """Open the connection now (otherwise the first command does); idempotent. A failure is
+        a HostError naming the host (exit 4), as for a command."""
+        self._connect_or_raise()
 
     @property
     def connected(self) -> bool:
