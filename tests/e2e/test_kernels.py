@@ -109,4 +109,3 @@ def test_candidate_package_builds_from_the_patch(lab_source, pairctl_home):
                              capture_output=True, text=True).stdout.split()
     assert changed == ["ggml/src/ggml-cuda/mmvf.cu"]
     assert PackageStore(Home.resolve(pairctl_home).store).verify(pkg.id).ok
-    assert HARNESS in m.files
