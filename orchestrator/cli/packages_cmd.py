@@ -26,12 +26,13 @@ def list_(ctx: typer.Context) -> None:
                       "build_info": p.manifest.build_info, "content_digest": p.manifest.content_digest,
                       "path": str(p.path)} for p in pkgs])  # fmt: skip
         return
-    from rich.table import Table
+    from rich.table import Column, Table
 
-    table = Table("id", "build_info", "target", "tree", "files", "finished")
+    table = Table(Column("id", no_wrap=True), Column("build_info", no_wrap=True), "target", "tree", "files",
+                  Column("finished", no_wrap=True))  # fmt: skip
     for p in pkgs:
         m = p.manifest
-        table.add_row(m.id, m.build_info, m.target.name, m.tree[:12], str(len(m.files)), m.finished_at)
+        table.add_row(m.id, m.build_info, m.target.name, m.tree[:10], str(len(m.files)), m.finished_at[:19])
     c.console.print(table)
 
 
