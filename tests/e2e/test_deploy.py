@@ -3,14 +3,21 @@
 
 Packages: `lab_packages` (baseline, "A") and `lab_packages_b` (revision lab-b, "B"); in the lab
 one cpu-lab package serves both the native and the RPC host.
+
+The pair under test is `lab` (manifests/inventories/lab.yaml, the `deployed_lab` pair) unless
+PAIRCTL_DEPLOY_E2E_INVENTORY / PAIRCTL_DEPLOY_E2E_PAIR name another lab pair (e.g. lab3 / lab1),
+so these tests, which deploy other packages, can run beside tests that use `deployed_lab`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,11 +26,49 @@ from orchestrator.evidence.store import EvidenceStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-from tests.plugins.pairs import PAIR, is_active, lab_status  # noqa: E402
+from tests.plugins.pairs import deploy_baseline, is_active  # noqa: E402
+from tests.plugins.pairs import lab_status as _lab_status  # noqa: E402
+
+INV = os.environ.get("PAIRCTL_DEPLOY_E2E_INVENTORY", "lab")
+PAIR = os.environ.get("PAIRCTL_DEPLOY_E2E_PAIR", "lab")
+INV_ARG = None if INV == "lab" else INV
+INV_FILE = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{INV}.yaml"
+
+
+def lab_status(cli) -> dict[str, Any]:
+    return _lab_status(cli, PAIR, INV_ARG)
+
+
+@dataclass(frozen=True)
+class PairUnderTest:
+    package_id: str
+    home: Path
+    inventory: Any
+    native: str
+    rpc: str
+
+    def roots(self) -> dict[str, str]:
+        return {"native": self.inventory.host(self.native).install_root, "rpc": self.inventory.host(self.rpc).install_root}
+
+
+@pytest.fixture
+def deployed_lab(request, lab_packages, cli) -> PairUnderTest:
+    """The baseline active and verified on the pair under test."""
+    env = request.getfixturevalue("lab" if INV == "lab" else "lab3")
+    deploy_baseline(cli, lab_packages.id, PAIR, INV_ARG)
+    assert is_active(lab_status(cli), lab_packages.id)
+    p = env.inventory.pair(PAIR)
+    return PairUnderTest(lab_packages.id, env.home.root, env.inventory, p.native, p.rpc)
+
+
+@pytest.fixture
+def restore_baseline(lab_packages, cli):
+    yield
+    deploy_baseline(cli, lab_packages.id, PAIR, INV_ARG)
 
 
 def _deploy(cli, *args: str, inventory: str | None = None):
-    r = cli("--json", "deploy", "--pair", PAIR, *args, inventory=inventory)
+    r = cli("--json", "deploy", "--pair", PAIR, *args, inventory=inventory or INV_ARG)
     out = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
     return r, out
 
@@ -60,10 +105,10 @@ def test_deploy_a_then_b_over_a_then_rollback(deployed_lab, lab_packages_b, cli,
                                           "release-lease"}
     assert all(s.outcome in ("passed", "skipped") for s in rec.steps)
     assert rec.inputs["package:native"] == b and "profile" in rec.inputs and "playbook:deploy" in rec.inputs
-    assert {i.host for i in rec.identities} == {"lab-native", "lab-rpc"}
+    assert {i.host for i in rec.identities} == {deployed_lab.native, deployed_lab.rpc}
 
     # pairctl rollback: A back, verified, route names A again, B is previous
-    rb = cli("--json", "rollback", "--pair", PAIR)
+    rb = cli("--json", "rollback", "--pair", PAIR, inventory=INV_ARG)
     assert rb.exit_code == 0, rb.stderr
     st2 = lab_status(cli)
     assert is_active(st2, a), st2
@@ -96,15 +141,15 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
         assert v["leases"] == [], f"{host} still leased"
 
 
-def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cli, lab):
+def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cli):
     from orchestrator.hosts.leases import release_lease, take_lease
     from orchestrator.remote.transport import TransportPool
 
     b = lab_packages_b.id
     before = lab_status(cli)
     root = deployed_lab.roots()["rpc"]
-    with TransportPool(lab.inventory) as pool:
-        t = pool.get("lab-rpc")
+    with TransportPool(deployed_lab.inventory) as pool:
+        t = pool.get(deployed_lab.rpc)
         lease = take_lease(t, root, "other-operator@elsewhere", "a concurrent deploy", 600)
         try:
             r, _ = _deploy(cli, "--packages", b, b, "--skip-accept")
@@ -113,7 +158,7 @@ def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cl
             st = lab_status(cli)
             assert st["route"] == before["route"] and _host_links(st) == _host_links(before)
             assert is_active(st, deployed_lab.package_id)
-            assert st["hosts"]["lab-native"]["leases"] == []  # our half of the pair was released
+            assert st["hosts"][deployed_lab.native]["leases"] == []  # our half of the pair was released
         finally:
             release_lease(t, root, lease.nonce)
 
@@ -121,8 +166,7 @@ def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cl
 def test_two_revisions_refused_before_any_host(deployed_lab, lab_packages_b, cli, tmp_path):
     a, b = deployed_lab.package_id, lab_packages_b.id
     # an inventory whose hosts cannot be reached: touching a host would fail with exit 4, not 6
-    src = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml"
-    inv = read_yaml(src)
+    inv = read_yaml(INV_FILE)
     for h in inv["hosts"].values():
         h["port"] = 1
     path = tmp_path / "unreachable.yaml"
@@ -141,11 +185,11 @@ def test_changed_host_key_refused_before_any_host(deployed_lab, lab_packages_b, 
     known = (deployed_lab.home / "lab" / "known_hosts").read_text().splitlines()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
     fake = (tmp_path / "k.pub").read_text().split()[:2]
-    changed = [(" ".join([l.split()[0], *fake]) if l.startswith("[127.0.0.3]") else l) for l in known]
+    rpc_addr = deployed_lab.inventory.host(deployed_lab.rpc).address
+    changed = [(" ".join([l.split()[0], *fake]) if l.startswith(f"[{rpc_addr}]") else l) for l in known]
     assert changed != known
     (tmp_path / "known_hosts").write_text("\n".join(changed) + "\n")
-    src = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml"
-    inv = read_yaml(src)
+    inv = read_yaml(INV_FILE)
     inv["known_hosts"] = str(tmp_path / "known_hosts")
     path = tmp_path / "badkey.yaml"
     path.write_text(json.dumps(inv))
@@ -163,30 +207,31 @@ def test_changed_host_key_refused_before_any_host(deployed_lab, lab_packages_b, 
 def test_dry_run_prints_every_step_and_changes_nothing(deployed_lab, lab_packages_b, cli):
     b = lab_packages_b.id
     before = lab_status(cli)
-    r = cli("deploy", "--pair", PAIR, "--packages", b, b, "--dry-run")
+    r = cli("deploy", "--pair", PAIR, "--packages", b, b, "--dry-run", inventory=INV_ARG)
     assert r.exit_code == 0, r.stderr
     for name in ("lease", "upload", "stop-native", "restart-rpc", "switch-native", "start-server", "verify", "route"):
         assert name in r.stdout
-    assert "lab-native" in r.stdout and "lab-rpc" in r.stdout and "-H 127.0.0.3" in r.stdout
+    rpc_bind = deployed_lab.inventory.rpc_bind(PAIR)
+    assert deployed_lab.native in r.stdout and deployed_lab.rpc in r.stdout and f"-H {rpc_bind}" in r.stdout
     st = lab_status(cli)
     assert st["route"] == before["route"] and _host_links(st) == _host_links(before)
     assert [h["releases"] for h in st["hosts"].values()] == [h["releases"] for h in before["hosts"].values()]
 
 
-def _release_kept_leases(lab) -> None:
+def _release_kept_leases(pt: PairUnderTest) -> None:
     """A failed rollback keeps the leases; the test (as the operator would) releases them by nonce."""
     from orchestrator.hosts.leases import LEASE_FILE, LEASES_DIR, LOCK_DIR, release_lease
     from orchestrator.remote.transport import TransportPool
 
-    with TransportPool(lab.inventory) as pool:
-        for h in ("lab-native", "lab-rpc"):
-            root = lab.inventory.host(h).install_root
+    with TransportPool(pt.inventory) as pool:
+        for h in (pt.native, pt.rpc):
+            root = pt.inventory.host(h).install_root
             lease = Path(root) / LEASES_DIR / LOCK_DIR / LEASE_FILE
             if lease.exists():
                 release_lease(pool.get(h), root, json.loads(lease.read_text())["nonce"])
 
 
-def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_packages_b, cli, lab, tmp_path,
+def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_packages_b, cli, tmp_path,
                                                              restore_baseline):
     """The pair to restore cannot start either (its model file vanished): exit 8, nothing runs,
     both leases are still held, and the message says where to look."""
@@ -195,8 +240,8 @@ def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_
     models.mkdir()
     for f in (deployed_lab.home / "lab" / "models").glob("*.gguf"):
         shutil.copy(f, models / f.name)
-    inv = read_yaml(Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml")
-    for m in inv["pairs"]["lab"]["models"].values():
+    inv = read_yaml(INV_FILE)
+    for m in inv["pairs"][PAIR]["models"].values():
         m["path"] = str(models / Path(m["path"]).name)
     path = tmp_path / "copy-models.yaml"
     path.write_text(json.dumps(inv))
@@ -215,7 +260,7 @@ def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_
         again, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
         assert again.exit_code == 5  # nobody deploys onto the unknown state while the leases are kept
     finally:
-        _release_kept_leases(lab)
+        _release_kept_leases(deployed_lab)
 
 
 def test_deploy_runs_the_acceptance_suite(deployed_lab, lab_packages_b, cli, restore_baseline):

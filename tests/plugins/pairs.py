@@ -40,8 +40,8 @@ class DeployedPair:
         return {"native": self.inventory.host(p.native).install_root, "rpc": self.inventory.host(p.rpc).install_root}
 
 
-def lab_status(cli, pair: str = PAIR) -> dict[str, Any]:
-    r = cli("--json", "status", "--pair", pair)
+def lab_status(cli, pair: str = PAIR, inventory: str | None = None) -> dict[str, Any]:
+    r = cli("--json", "status", "--pair", pair, inventory=inventory)
     if r.exit_code not in (0, 1):
         raise RuntimeError(f"pairctl status --pair {pair} failed (exit {r.exit_code}): {r.stderr[-2000:]}")
     return json.loads(r.stdout)
@@ -54,12 +54,13 @@ def is_active(st: dict[str, Any], package_id: str) -> bool:
             and all(h["running"] and h["matches_manifest"] for h in st["hosts"].values()))
 
 
-def deploy_baseline(cli, package_id: str, pair: str = PAIR) -> str | None:
+def deploy_baseline(cli, package_id: str, pair: str = PAIR, inventory: str | None = None) -> str | None:
     """Make the baseline the active pair; returns the deploy receipt (None if it already was)."""
-    st = lab_status(cli, pair)
+    st = lab_status(cli, pair, inventory)
     if is_active(st, package_id):
         return None
-    r = cli("--json", "deploy", "--pair", pair, "--packages", package_id, package_id, "--profile", PROFILE, "--skip-accept")
+    r = cli("--json", "deploy", "--pair", pair, "--packages", package_id, package_id, "--profile", PROFILE,
+            "--skip-accept", inventory=inventory)
     if r.exit_code != 0:
         raise RuntimeError(f"deploying the baseline failed (exit {r.exit_code}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout)["receipt"]
