@@ -22,7 +22,7 @@ from typing import Any, Iterable, Mapping
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import CheckFailed, ConfigError, HostError
-from orchestrator.hosts.layout import RPC_SERVER, HostLayout
+from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
 from orchestrator.kernels_meta import CaseSet, load_cases
 from orchestrator.log import get_logger
@@ -43,14 +43,12 @@ EXIT_MEANING = {0: "all cases passed", 1: "a comparison failed", 2: "usage or se
 class RpcServerPlan:
     """The second rpc-server: which host, from which package, bound where.
 
-    It is supervised by the host's installed `pairctl-svc` (put there by a deploy's prepare)
-    under its own root `<install_root>/run/kernel-check`, so its pid and output files never
-    touch the live services'. `restart` in that root = stop a leftover, start, wait until the
-    process lives and the port listens, print its identity: one SSH exec.
+    It is supervised by its own copy of `pairctl-svc` (this checkout's, installed over SFTP)
+    in its own root `<install_root>/run/kernel-check`, so its pid and output files never touch
+    the live services' and the helper's command line always matches this code.
     """
 
     host: str
-    svc: str  # the installed helper: <install_root>/bin/pairctl-svc
     root: str  # <install_root>/run/kernel-check
     binary: str
     bind: str
@@ -58,26 +56,31 @@ class RpcServerPlan:
     wait_s: int = 20
 
     @property
+    def layout(self) -> HostLayout:
+        return HostLayout(self.root)
+
+    @property
     def endpoint(self) -> str:
         return f"{self.bind}:{self.port}"
 
     @property
-    def run_dir(self) -> str:
-        return posixpath.join(self.root, "run")
-
-    @property
     def output_file(self) -> str:
-        return posixpath.join(self.run_dir, f"{RPC_SERVER}.out")
+        return self.layout.log(f"{RPC_SERVER}.out")
 
     def argv(self) -> list[str]:
         return [self.binary, "-H", self.bind, "-p", str(self.port)]
 
     def start_cmd(self) -> Cmd:
-        return Cmd(("sh", self.svc, "restart", self.root, RPC_SERVER, "-", "-", self.bind, str(self.port), str(self.wait_s),
-                    *self.argv()))
+        return self.layout.start_cmd(RPC_SERVER, self.argv())
+
+    def wait_cmd(self) -> Cmd:
+        return self.layout.wait_listen_cmd(RPC_SERVER, self.bind, self.port, self.wait_s)
+
+    def identity_cmd(self) -> Cmd:
+        return self.layout.identity_cmd(RPC_SERVER)
 
     def stop_cmd(self) -> Cmd:
-        return Cmd(("sh", self.svc, "stop", self.root, RPC_SERVER))
+        return self.layout.stop_cmd(RPC_SERVER)
 
     def listeners_cmd(self) -> Cmd:
         return Cmd(("ss", "-Hltn", f"sport = :{self.port}"))
@@ -208,7 +211,6 @@ def plan_kernel_check(
         rl = HostLayout(inventory.host(p.rpc).install_root)
         server = RpcServerPlan(
             host=p.rpc,
-            svc=rl.svc,
             root=posixpath.join(rl.run, KERNEL_CHECK_DIR),
             binary=rl.binary(packages[p.rpc], RPC_SERVER),
             bind=bind,
@@ -340,10 +342,7 @@ def _execute(plan: KernelCheckPlan, pool: Any, journal: Any, cases: list[str], l
             t = pool.get(server.host)
             with journal.step("kernels.rpc_server.start", host=server.host) as step:
                 step.data.update(argv=server.argv(), endpoint=server.endpoint)
-                if t.stat(server.svc) is None:
-                    raise CheckFailed(f"{server.host}: {server.svc} is not installed",
-                                      hint="a deploy's prepare step installs it; run the check after (or within) a deploy")
-                t.makedirs(server.run_dir, 0o755)
+                install_helper(t, server.layout)  # SFTP: the layout and this checkout's pairctl-svc
                 started = True  # from here on, always try to stop it
                 t.run(server.stop_cmd(), timeout=60)  # a leftover of a killed check would hold the port
                 # ggml-rpc-server exits 0 when its bind fails, and the helper's wait only sees *a*
@@ -352,12 +351,18 @@ def _execute(plan: KernelCheckPlan, pool: Any, journal: Any, cases: list[str], l
                 if taken:
                     raise CheckFailed(f"{server.host}: port {server.port} is already in use ({', '.join(taken)}); "
                                       "the kernel check needs its own rpc-server port", hint="pass --port")
-                res = t.run(server.start_cmd(), check=False, timeout=server.wait_s + 30)
-                step.data.update(exit_status=res.exit_status, output=res.stdout.strip()[-800:])
-                problem = started_identity(res.stdout, server.binary) if res.exit_status == 0 else f"exit {res.exit_status}"
+                out = []
+                for cmd in (server.start_cmd(), server.wait_cmd(), server.identity_cmd()):
+                    res = t.run(cmd, check=False, timeout=server.wait_s + 30)
+                    out.append(res.stdout.strip())
+                    if res.exit_status != 0:
+                        raise CheckFailed(f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint} did not start "
+                                          f"(exit {res.exit_status}):\n{(res.stdout + res.stderr).strip()[-800:]}")
+                step.data["output"] = "\n".join(out)[-1500:]
+                problem = started_identity(out[-1], server.binary)
                 if problem:
-                    raise CheckFailed(f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint} did not start: "
-                                      f"{problem}\n{(res.stdout + res.stderr).strip()[-800:]}")
+                    raise CheckFailed(f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint}: {problem}\n"
+                                      + "\n".join(out)[-800:])
         for run in plan.runs:
             t = pool.get(run.host)
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:

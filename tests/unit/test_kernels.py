@@ -252,10 +252,11 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
     s = plan.rpc_server
     assert s is not None and (s.host, s.bind, s.port) == ("lab-rpc", "127.0.0.3", 50053)
     assert s.binary == "/H/lab/hosts/lab-rpc/root/releases/pkg-r/bin/ggml-rpc-server"
-    assert list(s.start_cmd().argv) == [
-        "sh", "/H/lab/hosts/lab-rpc/root/bin/pairctl-svc", "restart", "/H/lab/hosts/lab-rpc/root/run/kernel-check",
-        "ggml-rpc-server", "-", "-", "127.0.0.3", "50053", "20", s.binary, "-H", "127.0.0.3", "-p", "50053"]
-    assert list(s.stop_cmd().argv)[2:] == ["stop", "/H/lab/hosts/lab-rpc/root/run/kernel-check", "ggml-rpc-server"]
+    kroot = "/H/lab/hosts/lab-rpc/root/run/kernel-check"
+    assert list(s.start_cmd().argv) == ["sh", f"{kroot}/bin/pairctl-svc", "start", kroot, "ggml-rpc-server",
+                                        s.binary, "-H", "127.0.0.3", "-p", "50053"]
+    assert list(s.wait_cmd().argv)[2:] == ["wait-listen", kroot, "ggml-rpc-server", "127.0.0.3", "50053", "20"]
+    assert list(s.stop_cmd().argv)[2:] == ["stop", kroot, "ggml-rpc-server"]
     native, rpc = plan.runs
     assert native.harness == "/H/lab/hosts/lab-native/root/releases/pkg-n/tests/bin/ggml-kernel-cases"
     argv = list(native.cmd.argv)
