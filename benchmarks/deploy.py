@@ -26,7 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 FRESH_TARGET_S = 3.0
 UPLOADED_TARGET_S = 2.0
-PAIR = "lab"
+INVENTORY = os.environ.get("PAIRCTL_BENCH_INVENTORY", "lab")  # another lab pair (lab3 / lab1) if `lab` is busy
+PAIR = os.environ.get("PAIRCTL_BENCH_PAIR", "lab")
 
 
 def _home():
@@ -51,11 +52,51 @@ def _packages(home) -> tuple[str, str]:
     return a.id, b.id
 
 
+class _CountingPool:
+    """A TransportPool whose transports count their execs (`run` calls; SFTP requests are not
+    execs). The transport's own stats count SFTP requests as commands too."""
+
+    def __init__(self, inventory: Any) -> None:
+        from orchestrator.remote.transport import TransportPool
+
+        self._pool = TransportPool(inventory)
+        self.execs: dict[str, int] = {}
+
+    def get(self, host: str) -> Any:
+        t = self._pool.get(host)
+        if not getattr(t, "_bench_counted", False):
+            inner = t.run
+
+            def run(cmd: Any, **kw: Any) -> Any:
+                self.execs[host] = self.execs.get(host, 0) + 1
+                return inner(cmd, **kw)
+
+            t.run = run  # run_idempotent calls run, so it is counted once
+            t._bench_counted = True
+        return t
+
+    def stats(self) -> dict[str, Any]:
+        return {h: {**s, "execs": self.execs.get(h, 0)} for h, s in self._pool.stats().items()}
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def _deploy(home: Any, inv: Any, pkg: str) -> Any:
+    from orchestrator.engine.deploy import deploy
+
+    pool = _CountingPool(inv)
+    try:
+        return deploy(home, inv, PAIR, (pkg, pkg), profile_name="lab", skip_accept=True, pool=pool)
+    finally:
+        pool.close()
+
+
 def _measure(res: Any) -> dict[str, Any]:
     t = res.timings
     servers = t.get("server_start_to_healthy_s", 0.0)  # after the start exec returned: model load + /health
     rts = sum(s.get("round_trips", 0) for s in res.transport.values())
-    execs = sum(s.get("commands", 0) for s in res.transport.values())
+    execs = sum(s.get("execs", 0) for s in res.transport.values())
     return {
         "wall_s": round(res.wall_s, 3),
         "servers_start_to_ready_s": round(servers, 3),
@@ -65,9 +106,9 @@ def _measure(res: Any) -> dict[str, Any]:
         "pairctl_parts_s": {k: round(v, 3) for k, v in t.items()
                             if k != "server_start_to_healthy_s"},
         "steps_s": {s["name"]: s["seconds"] for s in res.steps},
-        "ssh_round_trips": rts,  # as the transport counts them: execs + file puts/gets
+        "ssh_round_trips": rts,  # as the transport counts them: execs + SFTP requests + file puts/gets
         "ssh_execs": execs,  # each starts a process (and the login shell) on the host: the expensive kind
-        "ssh_execs_by_host": {h: s.get("commands", 0) for h, s in res.transport.items()},
+        "ssh_execs_by_host": {h: s.get("execs", 0) for h, s in res.transport.items()},
         "ssh_round_trips_by_host": {h: s.get("round_trips", 0) for h, s in res.transport.items()},
         "package_bytes_sent": sum(u.get("bytes_sent", 0) for u in res.uploads.values()),
         "receipt": res.receipt,
@@ -76,20 +117,20 @@ def _measure(res: Any) -> dict[str, Any]:
 
 def run() -> dict[str, Any]:
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.engine.deploy import deploy
     from orchestrator.lab.lab import Lab
 
     home = _home()
-    inv = load_inventory("lab", {"PAIRCTL_HOME": str(home.root)})
+    inv = load_inventory(INVENTORY, {"PAIRCTL_HOME": str(home.root)})
     Lab(home, inv).up()
     a, b = _packages(home)
-    deploy(home, inv, PAIR, (a, a), skip_accept=True)  # start from A active (untimed)
-    for h in ("lab-native", "lab-rpc"):  # B is new to the hosts: remove its release if an earlier run left it
+    _deploy(home, inv, a)  # start from A active (untimed)
+    p = inv.pair(PAIR)
+    for h in (p.native, p.rpc):  # B is new to the hosts: remove its release if an earlier run left it
         rel = Path(inv.host(h).install_root) / "releases" / b
         if rel.exists():
             shutil.rmtree(rel)
-    fresh = _measure(deploy(home, inv, PAIR, (b, b), skip_accept=True))
-    uploaded = _measure(deploy(home, inv, PAIR, (a, a), skip_accept=True))
+    fresh = _measure(_deploy(home, inv, b))
+    uploaded = _measure(_deploy(home, inv, a))
     passed = (fresh["wall_s"] < FRESH_TARGET_S and uploaded["wall_s"] < UPLOADED_TARGET_S
               and uploaded["package_bytes_sent"] == 0 and fresh["package_bytes_sent"] > 0)
     line = (f"deploy: fresh {fresh['wall_s']:.2f} s (servers {fresh['servers_start_to_ready_s']:.2f} s, "
@@ -98,5 +139,6 @@ def run() -> dict[str, Any]:
             f"({uploaded['ssh_execs']} execs/{uploaded['ssh_round_trips']} round trips, {uploaded['package_bytes_sent']} bytes) "
             f"target <{UPLOADED_TARGET_S:.0f} s: {'PASS' if passed else 'FAIL'}")
     return {"fresh": fresh, "uploaded": uploaded, "targets": {"fresh_s": FRESH_TARGET_S, "uploaded_s": UPLOADED_TARGET_S},
-            "passed": passed, "line": line, "packages": {"A": a, "B": b},
+            "passed": passed, "line": line, "packages": {"A": a, "B": b}, "pair": f"{INVENTORY}/{PAIR}",
+            "load_average": os.getloadavg(),
             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
