@@ -109,3 +109,48 @@ def test_candidate_package_builds_from_the_patch(lab_source, pairctl_home):
                              capture_output=True, text=True).stdout.split()
     assert changed == ["ggml/src/ggml-cuda/mmvf.cu"]
     assert PackageStore(Home.resolve(pairctl_home).store).verify(pkg.id).ok
+
+
+def test_harness_built_against_the_package_build_tree_passes_and_can_fail(lab_packages, pairctl_home, tmp_path):
+    """`build_harness` on the very build tree `pairctl build` used (no hand-made link line), run
+    against the package's own ggml-rpc-server: the six cases pass, a perturbed one fails."""
+    import fcntl
+    import socket
+    import time
+
+    from orchestrator.build.harness import build_harness
+    from orchestrator.config.targets import load_target
+
+    work = Home.resolve(pairctl_home).build_cache / "work" / "cpu-lab"
+    with open(work.parent / "cpu-lab.lock", "w") as lock:  # the builder's per-target lock: no build meanwhile
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            (harness,) = build_harness(work / "build", work / "src", tmp_path / "bin", load_target("cpu-lab"))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(lab_packages.path / "bin" / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        argv = [str(harness)] + [a for c in load_cases(MMVF).cases for a in ("--case", c.harness_spec())]
+        argv += ["--rpc", f"127.0.0.1:{port}", "--no-local"]
+        env = {"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"}
+        ok = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+        assert ok.returncode == 0, ok.stderr
+        rows = [json.loads(line) for line in ok.stdout.splitlines()]
+        assert rows[-1] == {"summary": True, "passed": 6, "failed": 0, "backends": 1, "cases": 6}
+        bad = subprocess.run(argv + ["--perturb", "w4"], capture_output=True, text=True, timeout=600, env=env)
+        assert bad.returncode == 1
+        failed = [json.loads(line)["case"] for line in bad.stdout.splitlines()[:-1] if not json.loads(line)["passed"]]
+        assert failed == ["w4"]
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
