@@ -23,8 +23,9 @@ def print_plan(console: Console, plan: list[dict[str, Any]]) -> None:
 def progress_printer(console: Console) -> Callable[[Any], None]:
     def show(o: Any) -> None:
         mark = "ok " if o.ok else "FAIL"
+        first = o.error.splitlines()[0] if o.error else ""  # the details come once, in the final message
         console.print(f"  [{mark}] {o.step.name:<14} {', '.join(o.step.hosts):<24} {o.seconds:7.3f} s"
-                      + (f"  {o.error}" if o.error else ""), markup=False, highlight=False)
+                      + (f"  {first}" if first else ""), markup=False, highlight=False)
 
     return show
 

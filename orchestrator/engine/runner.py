@@ -74,7 +74,8 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
         except Exception as exc:  # raised outside a handler (should not happen): treat as the step's failure
             errors = {host_label: exc}
         out = StepOutcome(step, not errors, time.monotonic() - t0, data,
-                          "; ".join(f"{h}: {e}" for h, e in errors.items()) or None)
+                          "; ".join(str(e) if str(e).startswith(f"{h}:") else f"{h}: {e}" for h, e in errors.items())
+                          or None)
         outcomes.append(out)
         if on_step:
             on_step(out)
