@@ -14,6 +14,7 @@ exact profile), then the route record and running identities read back and compa
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ import yaml
 
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.engine.plan import pair_view
-from orchestrator.errors import CheckFailed, ConfigError, PairctlError
+from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, PairctlError
 from orchestrator.hashing import sha256_json
 from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
+from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.command import Cmd
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
@@ -46,13 +48,16 @@ def parse_vmhwm(status_text: str) -> int | None:
 
 
 class EngineDriver:
-    def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str]) -> None:
+    def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str], busy_wait_s: float = 300.0,
+                 busy_poll_s: float = 2.0) -> None:
         from orchestrator.remote.transport import TransportPool
 
         self.home, self.inventory, self.pair = home, inventory, pair
         self.view = pair_view(inventory, pair)
         self.pool = TransportPool(inventory)
         self.argv = argv
+        self.busy_wait_s, self.busy_poll_s = busy_wait_s, busy_poll_s
+        self.log = get_logger(pair=pair, command="qualify")
         self._tmp = tempfile.TemporaryDirectory(prefix="pairctl-qualify-")
         self.deploy_receipts: list[str] = []
         self._api_key = None
@@ -92,10 +97,24 @@ class EngineDriver:
         return str(p)
 
     def _deploy(self, native: str, rpc: str, profile: dict[str, Any], why: str) -> Any:
+        """One engine deploy. A pair busy with another run (its evidence chain or a host lease
+        held) refuses before anything changes, so waiting and trying again is safe; every wait
+        is logged, and after `busy_wait_s` the refusal stands."""
         from orchestrator.engine.deploy import deploy
 
-        res = deploy(self.home, self.inventory, self.pair, (native, rpc), profile_name=self._profile_file(profile),
-                     skip_accept=True, argv=[*self.argv, f"({why})"], pool=self.pool)
+        deadline = time.monotonic() + self.busy_wait_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                res = deploy(self.home, self.inventory, self.pair, (native, rpc), profile_name=self._profile_file(profile),
+                             skip_accept=True, argv=[*self.argv, f"({why})"], pool=self.pool)
+                break
+            except LeaseHeldError as exc:  # EvidenceBusy is one too
+                if time.monotonic() >= deadline:
+                    raise
+                self.log.warning("pair busy; waiting to deploy", why=why, attempt=attempt, error=str(exc).splitlines()[0])
+                time.sleep(self.busy_poll_s)
         self.deploy_receipts.append(res.receipt)
         return res
 
