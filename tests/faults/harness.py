@@ -35,6 +35,8 @@ ROLES = ("native", "rpc")
 SERVICE = {"native": "llama-server", "rpc": "ggml-rpc-server"}
 LOCK = Path("leases") / "host.lock"
 RUN_TIMEOUT_S = 300
+# what a deploy may end with: passed, host/host key, leased, package, rolled back, rollback failed
+DEPLOY_EXITS = {0, 4, 5, 6, 7, 8}
 
 
 # -- the pair ----------------------------------------------------------------------------------
@@ -303,10 +305,36 @@ def inject_kill_pairctl(fp, run, st):
     return f"SIGKILL pairctl pid {run.proc.pid}"
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (sshd's [priv] monitor and its user@notty child hold a session)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        p = frontier.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        frontier += kids
+    return out
+
+
 def inject_cut_ssh(fp, run, st):
-    pids = fp.sshd("rpc").down()  # listener and its per-connection processes: the live session drops
+    """The RPC host's sshd goes away with every live session under it: pairctl's connection drops
+    and no new one can be made until `repair` starts sshd again."""
+    sshd = fp.sshd("rpc")
+    listener = sshd.running_pid()
+    tree = descendants(listener) if listener else []
+    for pid in tree:
+        _signal(pid, signal.SIGKILL)
+    pids = sshd.down()
     st["sshd_down"] = True
-    return f"stopped rpc sshd {pids}"
+    return f"stopped rpc sshd {pids} and its sessions {tree}"
 
 
 def repair_cut_ssh(fp, st):
@@ -411,7 +439,9 @@ class Cell:
     step: str
     injected: str = ""
     first: str = ""  # the faulted deploy: "exit N", "killed", or "exit N (step not reached)"
+    first_said: str = ""  # the end of what it printed on stderr
     operator: list[str] = field(default_factory=list)  # what the operator had to do
+    between: str = ""  # status after the faulted deploy (and the repair): new | prev | unverified
     recovery: str = ""  # the retried deploy's exit code
     final: str = ""  # new | previous | NEITHER
     problems: list[str] = field(default_factory=list)
@@ -424,7 +454,7 @@ class Cell:
     def text(self) -> str:
         mark = "ok" if self.holds else "FAIL"
         extra = "+lease by hand" if any("lease" in o for o in self.operator) else ""
-        return f"{mark} {self.first}->{self.recovery} {self.final}{(' ' + extra) if extra else ''}"
+        return f"{mark} {self.first}[{self.between}]->{self.recovery} {self.final}{(' ' + extra) if extra else ''}"
 
 
 def active_package(st: dict[str, Any]) -> str | None:
@@ -486,12 +516,18 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
             rc, _, err = run.wait()
             cell.problems.append(f"the faulted deploy hung past {RUN_TIMEOUT_S}s")
         cell.first = "killed" if rc == -signal.SIGKILL else f"exit {rc}"
+        cell.first_said = err.strip()[-600:]
+        if rc not in DEPLOY_EXITS and rc != -signal.SIGKILL:
+            cell.problems.append(f"the faulted deploy exited {rc}, not one of deploy's documented outcomes "
+                                 f"{sorted(DEPLOY_EXITS)}: {err.strip()[-300:]}")
         if "Traceback" in err:
             cell.problems.append("a traceback reached the user: " + err[-800:])
     fault.repair(fp, state) if fault.name != "corrupt-release" else None
 
     # 2. the operator: status first
     rc_s, st1 = fp.status()
+    mid = active_package(st1)
+    cell.between = "new" if mid == new else "prev" if mid == old else "unverified"
     for role in ROLES:
         host = f"{fp.name}-{role}"
         if lease_held(fp.roots[role]) and not st1["hosts"][host]["leases"]:
