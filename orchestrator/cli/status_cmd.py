@@ -1,25 +1,116 @@
-"""`pairctl status`: what runs on a pair, whether it matches, the route record, leases."""
+"""`pairctl status`: what runs on a pair, whether it matches, the route record, leases.
+
+With several pairs (`--pair` repeated or `--all`) it probes them concurrently (`--parallel`)
+and shows one row per pair: active packages and revision, how long they have been active,
+the last acceptance and its age, leases.
+"""
 
 from __future__ import annotations
 
 import sys
+from datetime import datetime, timezone
+from typing import Any, Optional
 
 import typer
+from rich.table import Table
 
 from orchestrator.cli.context import get_ctx
+from orchestrator.engine.render import lease_text
 
 
-def status(ctx: typer.Context, pair: str = typer.Option(..., "--pair", help="Pair name from the inventory.")) -> None:
-    """Show PAIR's current/previous releases, services, route record and leases (read-only).
-    Exit 1 when something does not match."""
+def _age(iso: str | None, now: datetime) -> str:
+    if not iso:
+        return "-"
+    try:
+        then = datetime.fromisoformat(iso.replace("Z", "+00:00"))
+    except ValueError:
+        return "?"
+    s = int((now - then).total_seconds())
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s // n}{unit}"
+    return f"{s}s"
+
+
+def last_acceptance(evidence: Any, pair: str) -> dict[str, Any] | None:
+    """The newest `accept` receipt of the pair (scheduled or by hand)."""
+    for s in reversed(evidence.summaries(pair)):
+        if s.get("command") == "accept":
+            return s
+    return None
+
+
+def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
+    now = datetime.now(timezone.utc)
+    rows = []
+    for o in results.outcomes:
+        st = o.value or {}
+        route = st.get("route") or {}
+        acc = last_acceptance(evidence, o.pair)
+        leases = [l for h in (st.get("hosts") or {}).values() for l in h.get("leases", [])]
+        rows.append({
+            "pair": o.pair,
+            "ok": o.ok,
+            "active": route.get("active_packages"),
+            "active_for": _age(route.get("updated_at"), now),
+            "health": st.get("health"),
+            "last_acceptance": acc["outcome"] if acc else None,
+            "last_acceptance_age": _age(acc["finished_at"], now) if acc else "-",
+            "leases": [t for t in map(lease_text, leases) if t],
+            "problems": st.get("problems", []) if o.ok or o.value else [o.error],
+        })
+    return rows
+
+
+def status(
+    ctx: typer.Context,
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair name from the inventory (repeatable)."),
+    all_pairs: bool = typer.Option(False, "--all", help="Every pair in the inventory."),
+    parallel: int = typer.Option(4, "--parallel", min=1, help="Pairs probed at once."),
+) -> None:
+    """Show current/previous releases, services, route record and leases (read-only).
+
+    Exit 1 when something does not match on any pair."""
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
+    from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.ops.fleet import fan_out, select_pairs
 
     c = get_ctx(ctx)
-    out = run_status(c.home, c.inventory(), pair, argv=["pairctl", *sys.argv[1:]])
+    inv = c.inventory()
+    pairs = select_pairs(inv, pair, all_pairs)
+    argv = ["pairctl", *sys.argv[1:]]
+    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv), parallel=parallel,
+                      ok=lambda out: not out["problems"])
+    if len(pairs) == 1 and not all_pairs:
+        o = results.outcomes[0]
+        if o.value is None:
+            raise typer.Exit(o.exit_code) if not o.error else _reraise(o)
+        if c.json_output:
+            c.emit_json(o.value)
+        else:
+            print_status(c.console, o.value)
+        if not o.ok:
+            raise typer.Exit(1)
+        return
+    rows = fleet_rows(results, EvidenceStore(c.home.evidence))
     if c.json_output:
-        c.emit_json(out)
+        c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
-        print_status(c.console, out)
-    if out["problems"]:
-        raise typer.Exit(1)
+        t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems", title="pairs",
+                  expand=True)
+        for r in rows:
+            t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"], str(r["health"] or "-"),
+                      f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)" if r["last_acceptance"] else "-",
+                      "; ".join(r["leases"]) or "-", "; ".join(p[:120] for p in r["problems"]) or "-")
+        c.console.print(t)
+    if not results.ok:
+        raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())
+
+
+def _reraise(o: Any) -> typer.Exit:
+    from orchestrator.errors import PairctlError
+
+    err = PairctlError(o.error)
+    err.exit_code = o.exit_code  # type: ignore[misc]
+    raise err

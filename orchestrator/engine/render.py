@@ -39,11 +39,24 @@ def print_result(console: Console, result: Any) -> None:
                       f"({result.active['profile_name']})", markup=False)
 
 
+def lease_text(entry: dict[str, Any]) -> str:
+    """One lease entry of `status` as a short phrase: who holds it, for what, until when."""
+    if entry.get("error"):
+        return f"unreadable: {entry['error']}"
+    lease = entry.get("lease") or {}
+    state = entry.get("state", "held")
+    if state == "free":
+        return ""
+    who = lease.get("owner") or entry.get("holder") or "?"
+    until = str(lease.get("expires_at") or "")[:19]
+    return f"{state} by {who}" + (f" until {until}" if until else "") + (f" ({lease['purpose']})" if lease.get("purpose") else "")
+
+
 def print_status(console: Console, out: dict[str, Any]) -> None:
     table = Table("host", "role", "current", "previous", "service", "pid", "matches manifest", "leases",
                   title=f"pair {out['pair']}")
     for host, h in out["hosts"].items():
-        leases = "; ".join(str(l.get("holder") or l.get("owner") or l) for l in h["leases"]) or "-"
+        leases = "; ".join(t for t in map(lease_text, h["leases"]) if t) or "-"
         table.add_row(host, h["role"], h["current"] or "-", h["previous"] or "-", h["service"],
                       str(h["pid"] or "-"), {True: "yes", False: "NO", None: "-"}[h["matches_manifest"]], leases)
     console.print(table)
