@@ -67,20 +67,24 @@ def _baseline_package() -> str:
     return max(pkgs, key=lambda p: p.manifest.finished_at).id
 
 
-def _deploy(profile: str, expect: int) -> Callable[[], tuple[tuple[str, ...], int]]:
+def _deploy(profile: str, expect: int, *, accept: bool = False) -> Callable[[], tuple[tuple[str, ...], int]]:
     def step() -> tuple[tuple[str, ...], int]:
         pid = _baseline_package()
-        return ("deploy", "--pair", "lab", "--packages", pid, pid, "--profile", profile, "--skip-accept"), expect
+        argv = ("deploy", "--pair", "lab", "--packages", pid, pid, "--profile", profile)
+        return argv + (() if accept else ("--skip-accept",)), expect
 
     return step
 
 
 STEPS += [
     ("build", "--target", "cpu-lab", "--rev", "baseline", "--profile", "lab"),
-    _deploy("lab", 0),
+    _deploy("lab", 0, accept=True),  # identities, then the acceptance suite
     ("status", "--pair", "lab"),
+    ("accept", "--pair", "lab", "--only", "identity,speculative,cancellation"),
     _deploy("lab-unloadable", 7),  # llama-server cannot load: the deploy rolls back to the pair before it
     ("status", "--pair", "lab"),
+    ("receipts", "list", "--pair", "lab", "--since", "1h"),
+    ("receipts", "verify"),
 ]
 
 
