@@ -27,11 +27,18 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-demo: setup
-	$(PY) -m orchestrator.lab.demo
+# The demo keeps its state in .state/demo (its lab stays up so you can try commands after it:
+# `PAIRCTL_HOME=.state/demo .venv/bin/pairctl status --pair lab`); the tests use .state/test.
+DEMO_HOME := $(CURDIR)/.state/demo
+TEST_HOME := $(CURDIR)/.state/test
 
+demo: setup
+	PAIRCTL_HOME=$(DEMO_HOME) $(PY) -m orchestrator.lab.demo
+
+# The demo's lab holds the lab addresses; stop it (by pid) so the tests can start theirs.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	-@[ -d $(DEMO_HOME)/lab ] && PAIRCTL_HOME=$(DEMO_HOME) $(PAIRCTL) lab down >/dev/null 2>&1; true
+	PAIRCTL_TEST_HOME=$(TEST_HOME) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -40,5 +47,6 @@ bench: setup
 	$(PY) -m benchmarks
 
 clean-state:
-	-PAIRCTL_HOME=$(CURDIR)/.state/test $(PAIRCTL) lab down
+	-PAIRCTL_HOME=$(TEST_HOME) $(PAIRCTL) lab down
+	-PAIRCTL_HOME=$(DEMO_HOME) $(PAIRCTL) lab down
 	rm -rf .state
