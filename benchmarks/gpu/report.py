@@ -86,6 +86,10 @@ def main(raw: Path, out: Path) -> None:
     for t in ("h200", "rtx5060ti"):
         done = read(raw / f"build-{t}.done")
         m = re.search(r"rc=(\d+) seconds=(\d+)", done)
+        if not done:
+            prog = re.findall(r"\[(\d+)/(\d+)\]", read(raw / f"build-{t}.log"))
+            md += [f"| {t} | still compiling when the run ended | – | – | – | {'/'.join(prog[-1]) + ' steps' if prog else '–'} |"]
+            continue
         pk = load_json(raw / f"build-{t}.json")
         pk = pk[0] if isinstance(pk, list) and pk else (pk or {})
         md += [f"| {t} | {m.group(1) if m else '?'} | {m.group(2) if m else '?'} | {pk.get('id', '–')} | "
@@ -93,7 +97,7 @@ def main(raw: Path, out: Path) -> None:
     md += ["", "The v100 refusal, as printed:", *fence(v100, 8), ""]
     for t in ("h200", "rtx5060ti"):
         done = read(raw / f"build-{t}.done")
-        if not done.startswith("rc=0"):
+        if done and not done.startswith("rc=0"):
             md += [f"{t} build log (tail):", *fence(read(raw / f"build-{t}.log"), 30), ""]
 
     md += ["## MMVF kernel cases, CUDA vs the CPU reference (`pairctl kernels check --pair gpu`)", ""]

@@ -42,24 +42,27 @@ start() {
   note "v100 under CUDA 13 must be refused before compiling"
   ( time pairctl build --rev baseline --target v100 ) >"$R/build-v100.log" 2>&1; echo "rc=$?" >>"$R/build-v100.log"
   note "start h200 and rtx5060ti builds"
-  for t in h200:12 rtx5060ti:6; do
-    name=${t%%:*}; jobs=${t##*:}
-    setsid bash -c 'start=$(date +%s); python3 -m orchestrator --json build --rev baseline --target "$1" --profile gpu --jobs "$2" >"$3/build-$1.json" 2>"$3/build-$1.log"; rc=$?; echo "rc=$rc seconds=$(( $(date +%s) - start ))" >"$3/build-$1.done"' _ "$name" "$jobs" "$R" </dev/null >/dev/null 2>&1 &
+  # h200 first with every core (the rest of the run needs it); rtx5060ti only proves it compiles, at low priority
+  for t in h200:16:0 rtx5060ti:6:19; do
+    name=${t%%:*}; rest=${t#*:}; jobs=${rest%%:*}; prio=${rest##*:}
+    setsid nice -n "$prio" bash -c 'start=$(date +%s); python3 -m orchestrator --json build --rev baseline --target "$1" --profile gpu --jobs "$2" >"$3/build-$1.json" 2>"$3/build-$1.log"; rc=$?; echo "rc=$rc seconds=$(( $(date +%s) - start ))" >"$3/build-$1.done"' _ "$name" "$jobs" "$R" </dev/null >/dev/null 2>&1 &
   done
 }
 
-wait_builds() {
-  local limit=$1 waited=0
-  while [ ! -e "$R/build-h200.done" ] || [ ! -e "$R/build-rtx5060ti.done" ]; do
-    [ "$waited" -ge "$limit" ] && { note "builds still running after ${waited}s"; return 1; }
-    sleep 10; waited=$((waited + 10))
+wait_builds() {  # wait_builds SECONDS TARGET...
+  local limit=$1 waited=0; shift
+  for t in "$@"; do
+    while [ ! -e "$R/build-$t.done" ]; do
+      [ "$waited" -ge "$limit" ] && { note "build $t still running after ${waited}s: $(grep -o '\[[0-9]*/[0-9]*\]' "$R/build-$t.log" | tail -1)"; return 1; }
+      sleep 5; waited=$((waited + 5))
+    done
+    note "build $t done: $(cat "$R/build-$t.done")"
   done
-  note "builds done: h200 $(cat "$R/build-h200.done"); rtx5060ti $(cat "$R/build-rtx5060ti.done")"
 }
 
 finish() {
   setup
-  wait_builds "${WAIT_S:-480}" || exit 4
+  wait_builds "${WAIT_S:-480}" h200 || exit 4
   pkg=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["id"])' "$R/build-h200.json") || { note "no h200 package"; tail -30 "$R/build-h200.log"; exit 5; }
   note "h200 package $pkg"
   "$PAIRCTL_HOME/packages/$pkg/tests/bin/ggml-kernel-cases" --list-devices >"$R/kernel-devices.jsonl" 2>&1
@@ -74,6 +77,7 @@ finish() {
   pairctl --inventory gpu --json status --pair gpu >"$R/status.json" 2>&1
   kill "$(cat "$STATE/smi.pid")" 2>/dev/null
   cp "$PAIRCTL_HOME"/gpu/native/run/*.log "$R/" 2>/dev/null
+  wait_builds "${RTX_WAIT_S:-0}" rtx5060ti || true
   note "report"
   python3 benchmarks/gpu/report.py "$R" "$OUTDIR/gpu-validation.md"
 }
@@ -83,7 +87,7 @@ pack() { tar -C "$R" -czf "$OUTDIR/raw.tgz" . 2>/dev/null; cp "$R/steps.log" "$O
 trap pack EXIT
 
 case "${1:-all}" in
-  start) start; wait_builds "${WAIT_S:-420}" || true ;;
+  start) start; wait_builds "${WAIT_S:-420}" h200 rtx5060ti || true ;;
   finish) finish ;;
   all) start; finish ;;
   *) echo "usage: $0 start|finish|all" >&2; exit 2 ;;
