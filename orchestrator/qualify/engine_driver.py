@@ -29,7 +29,6 @@ from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
-from orchestrator.remote.command import Cmd
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
 
 
@@ -140,9 +139,8 @@ class EngineDriver:
                 if pid is None:
                     return None, f"{role}: no pid"
                 t = self.pool.get(self.view.hosts[role])
-                # a command, not SFTP: /proc files report size 0, which SFTP prefetch takes literally
-                res = t.run_idempotent(Cmd.of("cat", f"/proc/{pid}/status"), timeout=30)
-                peak = parse_vmhwm(_text(res.stdout))
+                # over SFTP (no process started on the host); reading /proc this way works
+                peak = parse_vmhwm(_text(t.read_bytes(f"/proc/{pid}/status")))
                 if peak is None:
                     return None, f"{role}: no VmHWM"
                 total += peak
