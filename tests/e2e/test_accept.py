@@ -7,12 +7,19 @@ lane prompt that carries the other lane's nonce, a drafted request whose output 
 (temperature > 0 makes drafting sample), a continuation sent without the cache, a stream left
 open instead of closed, a server restarted in the middle of the suite, a different served
 model for answer fixtures (a real redeploy, restored afterwards), and a sampler timeout.
+
+The pair under test is `lab` (the `deployed_lab` pair) unless PAIRCTL_ACCEPT_E2E_INVENTORY /
+PAIRCTL_ACCEPT_E2E_PAIR name another lab pair (e.g. lab3 / lab2), so these tests, which
+redeploy and lease their pair, can run beside other sessions' tests on `lab`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,11 +31,45 @@ from orchestrator.evidence.store import EvidenceStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-PAIR = "lab"
+INV = os.environ.get("PAIRCTL_ACCEPT_E2E_INVENTORY", "lab")
+PAIR = os.environ.get("PAIRCTL_ACCEPT_E2E_PAIR", "lab")
+INV_ARG = None if INV == "lab" else INV
+
+
+@dataclass(frozen=True)
+class PairUnderTest:
+    package_id: str
+    home: Path
+    inventory: Any
+    env: Any  # the LabEnv
+
+
+@pytest.fixture
+def deployed_lab(request, lab_packages, cli) -> PairUnderTest:
+    """The baseline package active and verified on the pair under test (lab profile)."""
+    from tests.plugins.pairs import deploy_baseline, is_active, lab_status
+
+    env = request.getfixturevalue("lab" if INV == "lab" else "lab3")
+    deploy_baseline(cli, lab_packages.id, PAIR, INV_ARG)
+    assert is_active(lab_status(cli, PAIR, INV_ARG), lab_packages.id)
+    return PairUnderTest(lab_packages.id, env.home.root, env.inventory, env)
+
+
+@pytest.fixture
+def restore_baseline(lab_packages, cli):
+    """For tests that deploy something else: the baseline is active again afterwards."""
+    from tests.plugins.pairs import deploy_baseline
+
+    yield
+    deploy_baseline(cli, lab_packages.id, PAIR, INV_ARG)
+
+
+def run_cli(cli, *args: str):
+    return cli(*args, inventory=INV_ARG)
 
 
 def _accept(cli, *extra: str):
-    r = cli("--json", "accept", "--pair", PAIR, *extra)
+    r = run_cli(cli, "--json", "accept", "--pair", PAIR, *extra)
     data = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
     return r, data
 
@@ -41,27 +82,28 @@ _FIRST: dict[str, object] = {}
 
 
 @pytest.fixture
-def first_accept(deployed_lab, lab):
+def first_accept(deployed_lab):
     """The first acceptance of the deployed lab pair in this module (its answers become the
     baseline the later runs are judged against); run once, shared by the tests that need it."""
     from orchestrator.checks.runner import AcceptRequest, accept_pair
 
     if "out" not in _FIRST:
-        _FIRST["out"] = accept_pair(lab.home, lab.inventory, AcceptRequest(pair=PAIR))
+        _FIRST["out"] = accept_pair(deployed_lab.env.home, deployed_lab.inventory, AcceptRequest(pair=PAIR))
     return _FIRST["out"]
 
 
 @pytest.fixture
-def live(deployed_lab, lab):
+def live(deployed_lab):
     """A CheckContext on the live lab pair, without a journal (break tests write no receipt)."""
-    lv = open_live(lab.home, lab.inventory, PAIR, evidence=EvidenceStore(lab.home.evidence))
+    home = deployed_lab.env.home
+    lv = open_live(home, deployed_lab.inventory, PAIR, evidence=EvidenceStore(home.evidence))
     yield lv
     lv.close()
 
 
 # --- the whole suite through the CLI ---------------------------------------------------------
 
-def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept, cli, lab):
+def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept, cli, deployed_lab):
     r, data = _accept(cli)
     assert r.exit_code == 0, r.output
     v = _verdicts(data)
@@ -69,7 +111,7 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
                  "cancellation", "long_prefix_cache", "answer_fixtures"):
         assert v[name] == "passed", (name, data)
     assert v["telemetry"] in ("passed", "error")
-    receipt = EvidenceStore(lab.home.evidence).load(data["receipt"])
+    receipt = EvidenceStore(deployed_lab.env.home.evidence).load(data["receipt"])
     assert receipt.command == "accept" and receipt.outcome == "passed"
     steps = {s.name: s for s in receipt.steps}
     for name in v:
@@ -89,14 +131,14 @@ def test_same_weights_draft_is_accepted(first_accept):
 
 
 def test_accept_cli_table_and_unknown_check(deployed_lab, cli):
-    r = cli("accept", "--pair", PAIR, "--only", "identity,one_lane_near_full")
+    r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity,one_lane_near_full")
     assert r.exit_code == 0, r.output
     assert "one_lane_near_full" in r.stdout and "PASSED" in r.stdout
-    r = cli("accept", "--pair", PAIR, "--only", "no_such_check")
+    r = run_cli(cli, "accept", "--pair", PAIR, "--only", "no_such_check")
     assert r.exit_code == 3 and "unknown check" in r.stderr
 
 
-def test_a_failing_required_check_exits_1(deployed_lab, cli, lab, tmp_path):
+def test_a_failing_required_check_exits_1(deployed_lab, cli, tmp_path):
     # a profile whose slots are bigger than the deployed server's: identity and the lane fail
     from orchestrator.config.profiles import load_profile
     import yaml
@@ -104,9 +146,9 @@ def test_a_failing_required_check_exits_1(deployed_lab, cli, lab, tmp_path):
     big = load_profile("lab").model_dump(mode="json")
     big.update(name="lab-big-slots", ctx_size=8192)
     (tmp_path / "big.yaml").write_text(yaml.safe_dump(big))
-    r = cli("accept", "--pair", PAIR, "--only", "identity,one_lane_near_full", "--profile", str(tmp_path / "big.yaml"))
+    r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity,one_lane_near_full", "--profile", str(tmp_path / "big.yaml"))
     assert r.exit_code == 1, r.output
-    assert "acceptance of pair lab failed" in r.stderr
+    assert f"acceptance of pair {PAIR} failed" in r.stderr
 
 
 # --- each check, broken on purpose ------------------------------------------------------------
@@ -201,7 +243,7 @@ def test_answer_fixture_regression_fails_against_the_baseline(first_accept, depl
     same-as-baseline answer changes, so the check fails against the first run's receipt.
     The lab profile is restored afterwards."""
     pkg = deployed_lab.package_id
-    r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-other-target", "--skip-accept")
+    r = run_cli(cli, "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-other-target", "--skip-accept")
     assert r.exit_code == 0, r.output
     r, data = _accept(cli, "--only", "answer_fixtures", "--baseline-receipt", first_accept.receipt)
     assert r.exit_code == 1, r.output
@@ -211,7 +253,7 @@ def test_answer_fixture_regression_fails_against_the_baseline(first_accept, depl
 
 def test_other_draft_is_rejected_and_gives_the_undrafted_output(deployed_lab, restore_baseline, cli):
     pkg = deployed_lab.package_id
-    r = cli("deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-draft-other", "--skip-accept")
+    r = run_cli(cli, "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-draft-other", "--skip-accept")
     assert r.exit_code == 0, r.output
     r, data = _accept(cli, "--only", "speculative")
     assert r.exit_code == 0, r.output
@@ -227,11 +269,11 @@ def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, 
     from tests.plugins.pairs import is_active, lab_status
 
     a, b = deployed_lab.package_id, lab_packages_b.id
-    r = cli("--json", "deploy", "--pair", PAIR, "--packages", b, b, "--profile", "lab-no-slack",
+    r = run_cli(cli, "--json", "deploy", "--pair", PAIR, "--packages", b, b, "--profile", "lab-no-slack",
             "--checks", "one_lane_near_full")
     assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])
     assert "one_lane_near_full" in r.stderr and "rolled back" in r.stderr
-    st = lab_status(cli)
+    st = lab_status(cli, PAIR, INV_ARG)
     assert is_active(st, a), st
     rec = EvidenceStore(deployed_lab.home / "evidence").latest(PAIR)
     assert rec.outcome == "failed"
@@ -243,19 +285,19 @@ def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, 
 def test_leased_pair_refused_and_scheduled_run_skipped(deployed_lab, cli):
     """Acceptance holds both hosts' leases: with someone else's lease it is refused (exit 5), and
     a scheduled run records a skipped receipt and exits 11; the leases are released after."""
-    r = cli("--json", "lease", "take", PAIR, "--purpose", "test: someone else works here", "--ttl", "10m")
+    r = run_cli(cli, "--json", "lease", "take", PAIR, "--purpose", "test: someone else works here", "--ttl", "10m")
     assert r.exit_code == 0, r.output
     nonce = json.loads(r.stdout)["nonce"]
     try:
-        r = cli("accept", "--pair", PAIR, "--only", "identity")
+        r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity")
         assert r.exit_code == 5, r.output
         assert "someone else works here" in r.stderr
-        r = cli("accept", "--pair", PAIR, "--only", "identity", "--scheduled")
+        r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity", "--scheduled")
         assert r.exit_code == 11, r.output
         rec = EvidenceStore(deployed_lab.home / "evidence").latest(PAIR)
         assert rec.command == "accept" and rec.outcome == "inconclusive" and rec.reason.startswith("skipped:")
     finally:
-        r = cli("lease", "release", PAIR, "--nonce", nonce)
+        r = run_cli(cli, "lease", "release", PAIR, "--nonce", nonce)
         assert r.exit_code == 0, r.output
-    r = cli("accept", "--pair", PAIR, "--only", "identity")
+    r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity")
     assert r.exit_code == 0, r.output
