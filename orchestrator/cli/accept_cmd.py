@@ -11,7 +11,9 @@ from orchestrator.cli.context import get_ctx
 
 def accept(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair", help="Pair to accept (from the inventory)."),
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair to accept (from the inventory); repeatable."),
+    all_pairs: bool = typer.Option(False, "--all", help="Accept every pair of the inventory."),
+    parallel: int = typer.Option(1, "--parallel", min=1, help="Pairs accepted at once (each holds its own hosts' leases)."),
     only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these checks (repeatable or comma-separated)."),
     skip: Optional[list[str]] = typer.Option(None, "--skip", help="Skip these checks (repeatable or comma-separated)."),
     baseline_receipt: Optional[str] = typer.Option(None, "--baseline-receipt", help="Compare answer fixtures against this receipt (hash or prefix)."),
@@ -29,13 +31,36 @@ def accept(
     """
     from orchestrator.checks.runner import AcceptRequest, accept_pair, render_table
 
+    from orchestrator.ops.fleet import fan_out, select_pairs
+
     c = get_ctx(ctx)
-    req = AcceptRequest(pair=pair, only=only or [], skip=skip or [], baseline_receipt=baseline_receipt,
-                        baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
-                        profile=profile)
-    outcome = accept_pair(c.home, c.inventory(), req)
+    inv = c.inventory()
+    pairs = select_pairs(inv, pair, all_pairs)
+
+    def one(name: str):
+        req = AcceptRequest(pair=name, only=only or [], skip=skip or [], baseline_receipt=baseline_receipt,
+                            baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
+                            profile=profile)
+        return accept_pair(c.home, inv, req)
+
+    if len(pairs) == 1 and not all_pairs:
+        outcome = one(pairs[0])
+        if c.json_output:
+            c.emit_json(outcome.as_dict())
+        else:
+            render_table(c.console, outcome)
+        outcome.raise_for_verdict()
+        return
+    # Several pairs: one receipt each, one pair's failure never stops the others.
+    results = fan_out(pairs, one, parallel=parallel, ok=lambda o: o.suite.passed)
     if c.json_output:
-        c.emit_json(outcome.as_dict())
+        c.emit_json(results.as_dict())
     else:
-        render_table(c.console, outcome)
-    outcome.raise_for_verdict()
+        for o in results.outcomes:
+            if o.value is not None:
+                render_table(c.console, o.value)
+            else:
+                c.console.print(f"pair {o.pair}: {o.error}", markup=False)
+        c.console.print(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes), markup=False)
+    if not results.ok:
+        raise typer.Exit(results.exit_code())
