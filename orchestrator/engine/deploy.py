@@ -12,6 +12,7 @@ through the evidence store (inputs by hash), and runs its playbook through the o
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -277,6 +278,17 @@ def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = No
 
 # -- rollback -----------------------------------------------------------------------------------
 
+def _read_api_key(ctx: RunContext, api_key_file: str | None) -> None:
+    """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
+    (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
+    if not api_key_file:
+        return
+    try:
+        ctx.api_key_bytes = Path(api_key_file).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"pair {ctx.view.name}: cannot read api_key_file {api_key_file}: {exc.strerror}") from None
+
+
 def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,
              on_step: Callable[[StepOutcome], None] | None = None, pool: Any = None) -> RunResult:
     """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
@@ -300,6 +312,7 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
             on_step(o)
 
     try:
+        _read_api_key(ctx, inventory.pair(pair_name).api_key_file)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in READ_ONLY_PREFIX | {"lease"})
         try:
