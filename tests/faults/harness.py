@@ -54,6 +54,7 @@ class FaultPair:
     packages: tuple[str, str]  # (A, B)
     api_key: str
     name: str = PAIR
+    in_flight: Any = None  # the deploy child a cell is running (killed at teardown if left)
     mounted: list[Path] = field(default_factory=list)
 
     # pairctl as a child process, exactly as an operator runs it
@@ -151,6 +152,9 @@ def mount_tmpfs(path: Path, size_mb: int) -> None:
 
 
 def teardown_pair(fp: FaultPair) -> None:
+    if fp.in_flight is not None and fp.in_flight.proc.poll() is None:
+        fp.in_flight.kill()
+        fp.in_flight.proc.wait(timeout=30)
     for role in ROLES:
         fp.sshd(role).up(fp.operator_pub())  # a failed cell may have left one down
     for root in fp.roots.values():
@@ -442,7 +446,7 @@ class Cell:
     first_said: str = ""  # the end of what it printed on stderr
     operator: list[str] = field(default_factory=list)  # what the operator had to do
     between: str = ""  # status after the faulted deploy (and the repair): new | prev | unverified
-    recovery: str = ""  # the retried deploy's exit code
+    recovery: str = ""  # the operator's command and its exit code
     final: str = ""  # new | previous | NEITHER
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
@@ -454,7 +458,7 @@ class Cell:
     def text(self) -> str:
         mark = "ok" if self.holds else "FAIL"
         extra = "+lease by hand" if any("lease" in o for o in self.operator) else ""
-        return f"{mark} {self.first}[{self.between}]->{self.recovery} {self.final}{(' ' + extra) if extra else ''}"
+        return f"{mark} {self.first}[{self.between}] -> {self.recovery}: {self.final}{(' ' + extra) if extra else ''}"
 
 
 def active_package(st: dict[str, Any]) -> str | None:
@@ -487,7 +491,10 @@ def _receipts(fp: FaultPair) -> dict[str, dict[str, Any]]:
     return {r["hash"]: r for r in EvidenceStore(fp.home.evidence).summaries(pair=fp.name)}
 
 
-def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
+def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: str = "deploy") -> Cell:
+    """One cell. `operator`: what the operator runs after `status` — the same `deploy` again, or
+    `rollback` (falling back to the deploy when the rollback leaves no verified pair, e.g. when
+    the route record names no previous pair yet)."""
     t0 = time.monotonic()
     cell = Cell(fault.name, step)
     _, st0 = fp.status()
@@ -501,6 +508,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
 
     # 1. the faulted deploy
     run = start_deploy_paused(fp, new, step, work / "marker")
+    fp.in_flight = run
     if not run.paused:
         rc, _, err = run.wait()
         cell.first = f"exit {rc} (step not reached)"
@@ -542,9 +550,19 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
             shutil.rmtree(fp.roots[r] / LOCK)  # no pairctl command can release a dead run's lease (no nonce)
         cell.operator.append(f"broke the lease on {', '.join(held)} by hand (left by the {why}; status reported it)")
 
-    # 3. the operator retries the deploy
-    p = fp.deploy(new)
-    cell.recovery = f"exit {p.returncode}"
+    fp.in_flight = None
+    # 3. the operator's next command
+    if operator == "rollback":
+        p = fp.cli("--json", "rollback", "--pair", fp.name)
+        cell.recovery = f"rollback {p.returncode}"
+        if p.returncode != 0 and active_package(fp.status()[1]) is None:
+            cell.operator.append(f"rollback exited {p.returncode} and left no verified pair; deployed again")
+            p2 = fp.deploy(new)
+            cell.recovery += f", deploy {p2.returncode}"
+            p = subprocess.CompletedProcess(p.args, p2.returncode, p2.stdout, p.stderr + p2.stderr)
+    else:
+        p = fp.deploy(new)
+        cell.recovery = f"deploy {p.returncode}"
     if "Traceback" in p.stderr:
         cell.problems.append("a traceback reached the user: " + p.stderr[-800:])
     if fault.name == "corrupt-release":
@@ -556,7 +574,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
     cell.final = "new" if act == new else "previous" if act == old else "NEITHER"
     if act not in (new, old):
         cell.problems.append(f"pair is neither new-and-verified nor previous-and-verified: {st2.get('problems')}")
-    if p.returncode == 0 and act != new:
+    if operator == "deploy" and p.returncode == 0 and act != new:
         cell.problems.append("deploy exited 0 but the new pair is not the verified active one")
     for role in ROLES:
         host = f"{fp.name}-{role}"
@@ -570,9 +588,9 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path) -> Cell:
         shown = fp.cli("receipts", "show", r["hash"])  # store's chains are verified after the matrix)
         if shown.returncode != 0:
             cell.problems.append(f"receipt {r['hash'][:12]} does not verify: {shown.stderr[-400:]}")
-    deploys = [r for r in new_receipts if r["command"] == "deploy"]
-    if len(deploys) < 2:
-        cell.problems.append(f"expected receipts for both deploys, found {[(r['command'], r['outcome']) for r in new_receipts]}")
+    runs = [r for r in new_receipts if r["command"] in ("deploy", "rollback")]
+    if not any(r["command"] == "deploy" for r in runs) or len(runs) < 2:
+        cell.problems.append(f"expected receipts for both runs, found {[(r['command'], r['outcome']) for r in new_receipts]}")
     cell.seconds = time.monotonic() - t0
     return cell
 

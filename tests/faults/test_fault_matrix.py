@@ -3,7 +3,8 @@
 For each cell the `faults` pair starts on a verified pair (OLD); a real `pairctl deploy NEW`
 child stops just before the step (engine fault hook), the fault is injected, pairctl is resumed
 (or SIGKILLed), the outside world is repaired (sshd back, disk freed, process continued), and
-then the operator's next commands run: `status`, then the same `deploy` again. The promise,
+then the operator's next commands run: `status`, then the same `deploy` again (even steps) or
+`rollback` (odd steps; followed by the deploy if it leaves no verified pair). The promise,
 checked for every cell:
   - the pair ends on NEW-and-verified or OLD-and-verified (status: route record, both services
     running from current and matching their manifests, health ok, no problems);
@@ -42,8 +43,9 @@ def test_fault_matrix(fault_pair, tmp_path, capsys):
     establish(fault_pair, fault_pair.packages[0])
     cells = []
     for fault in faults:
-        for step in steps:
-            cell = run_cell(fault_pair, fault, step, tmp_path / f"{fault.name}-{step}")
+        for i, step in enumerate(steps):
+            operator = "rollback" if i % 2 else "deploy"  # both of the operator's ways out, at alternate steps
+            cell = run_cell(fault_pair, fault, step, tmp_path / f"{fault.name}-{step}", operator=operator)
             cells.append(cell)
             with capsys.disabled():
                 print(f"[faults] {fault.name:18} @ {step:14} {cell.text():40} {cell.seconds:5.1f}s  {cell.injected}"
