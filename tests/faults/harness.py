@@ -557,6 +557,11 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.recovery = f"rollback {p.returncode}"
         if p.returncode != 0 and active_package(fp.status()[1]) is None:
             cell.operator.append(f"rollback exited {p.returncode} and left no verified pair; deployed again")
+            kept = [r for r in ROLES if lease_held(fp.roots[r])]
+            for r in kept:  # a failed rollback keeps the leases by design, with no nonce to release them
+                shutil.rmtree(fp.roots[r] / LOCK)
+            if kept:
+                cell.operator.append(f"broke the lease on {', '.join(kept)} by hand (kept by the failed rollback)")
             p2 = fp.deploy(new)
             cell.recovery += f", deploy {p2.returncode}"
             p = subprocess.CompletedProcess(p.args, p2.returncode, p2.stdout, p.stderr + p2.stderr)
