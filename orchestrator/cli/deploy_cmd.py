@@ -18,6 +18,7 @@ def deploy(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and its host; change nothing."),
     skip_accept: bool = typer.Option(False, "--skip-accept", help="Identity checks only, no acceptance suite."),
     checks: Optional[list[str]] = typer.Option(None, "--checks", help="Acceptance checks to run (repeatable)."),
+    kernel_check: bool = typer.Option(False, "--kernel-check", help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes."),
 ) -> None:
     """Deploy NATIVE_ID + RPC_ID on PAIR (playbooks/deploy.yaml). Exit 7: failed and rolled back;
     8: the rollback failed too (hosts stopped, leases kept)."""
@@ -27,7 +28,7 @@ def deploy(
     c = get_ctx(ctx)
     result = run_deploy(
         c.home, c.inventory(), pair, (packages[0], packages[1]), profile_name=profile, dry_run=dry_run,
-        skip_accept=skip_accept, checks=tuple(checks or ()), argv=["pairctl", *sys.argv[1:]],
+        skip_accept=skip_accept, checks=tuple(checks or ()), kernel_check=kernel_check, argv=["pairctl", *sys.argv[1:]],
         on_step=None if c.json_output else progress_printer(c.console),
     )
     if c.json_output:

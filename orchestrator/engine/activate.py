@@ -68,6 +68,7 @@ class RunContext:
     packages: dict[str, Any] = field(default_factory=dict)  # role -> Package
     skip_accept: bool = False
     checks: tuple[str, ...] = ()
+    kernel_check: bool = False
     api_key_bytes: bytes | None = field(default=None, repr=False)
     # what the run found and did
     target: Target | None = None
@@ -445,6 +446,13 @@ def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
     return acceptance.run(ctx)
 
 
+def a_kernel_check(ctx: RunContext, role: str | None) -> dict[str, Any]:
+    """The packages' own kernel validation harness on both hosts, before anything running changes."""
+    from orchestrator.checks import kernels
+
+    return kernels.deploy_step(ctx, role)
+
+
 def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
     from orchestrator.build.store import PackageStore
 
@@ -466,6 +474,7 @@ HANDLERS = {
     "verify": a_verify,
     "route": a_route,
     "accept": a_accept,
+    "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,
 }
 

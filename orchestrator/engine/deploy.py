@@ -93,6 +93,7 @@ def deploy(
     dry_run: bool = False,
     skip_accept: bool = False,
     checks: tuple[str, ...] = (),
+    kernel_check: bool = False,
     argv: list[str] | None = None,
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Any = None,
@@ -118,7 +119,7 @@ def deploy(
     pool = pool or _pool(inventory)
     ctx = RunContext(home=home, inventory=inventory, view=view, pool=pool, journal=journal, run_id=journal.run_id,
                      log=get_logger(pair=pair_name, run=journal.run_id), package_ids=tuple(package_ids),
-                     profile=profile, skip_accept=skip_accept, checks=tuple(checks))
+                     profile=profile, skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
     result = RunResult(command="deploy", pair=pair_name, outcome="failed", receipt=None)
     outcomes: list[StepOutcome] = []
 
@@ -133,7 +134,7 @@ def deploy(
         try:
             run_steps(first[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
             steps = plan(deploy_pb, view, facts=ctx.facts, target=ctx.target.activation,
-                         skip_accept=skip_accept, checks=tuple(checks))
+                         skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
             if dry_run:

@@ -99,7 +99,7 @@ def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str |
 
 def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] | None,
          target: Activation | None, restore: Activation | None = None, mode: str = "manual",
-         skip_accept: bool = False, checks: tuple[str, ...] = (),
+         skip_accept: bool = False, checks: tuple[str, ...] = (), kernel_check: bool = False,
          restore_links: Mapping[str, tuple[str | None, str | None]] | None = None) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
@@ -107,6 +107,8 @@ def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] |
     for s in playbook.steps:
         if mode == "auto" and s.when == "manual":
             continue
+        if s.action == "kernel-check" and not kernel_check:
+            continue  # only with `deploy --kernel-check`
         roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
         hosts = tuple(view.hosts[r] for r in roles) or ("local",)
         desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks,

@@ -27,6 +27,7 @@ ACTIONS: dict[str, bool] = {
     "lease": False,            # take this host's lease (atomic mkdir on the host)
     "prepare": False,          # create the layout, install pairctl-svc (SFTP)
     "upload": False,           # send + verify the release (only verified when present)
+    "kernel-check": False,     # kernel validation cases of the packages being deployed (deploy --kernel-check)
     "secret": False,           # API key file to secrets/, 0600 (SFTP, never argv)
     "stop": True,              # stop this host's service
     "restart-rpc": True,       # rpc host, one exec: stop, switch links, start, wait for the port, identity
