@@ -57,7 +57,9 @@ def verify(
 @app.command("check")
 def check(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair", help="Pair name from the inventory."),
+    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair name from the inventory (repeatable)."),
+    all_pairs: bool = typer.Option(False, "--all", help="Every pair of the inventory."),
+    parallel: int = typer.Option(1, "--parallel", min=1, help="Pairs checked at once."),
     kernel: str = typer.Option("mmvf-warp-per-row", "--kernel", help="Kernel folder whose cases.yaml to run."),
     port: Optional[int] = typer.Option(None, "--port", help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
     package: Optional[list[str]] = typer.Option(None, "--package", help="HOST=PACKAGE_ID (default: each host's active release)."),
@@ -80,16 +82,41 @@ def check(
             if not sep or not host or not pid:
                 raise ConfigError(f"--package {item!r}: expected HOST=PACKAGE_ID")
             packages[host] = pid
-    argv = ["pairctl", "kernels", "check", "--pair", pair, "--kernel", kernel]
+    from orchestrator.ops.fleet import fan_out, select_pairs
+
+    inv = c.inventory()
+    pairs = select_pairs(inv, pair, all_pairs)
+    if packages and len(pairs) > 1:
+        raise ConfigError("--package names hosts of one pair; give one --pair with it")
     as_json = json_output or c.json_output
-    try:
-        result = run_kernel_check(c.inventory(), pair, home=c.home, kernel=kernel, packages=packages, port=port,
-                                  perturb=perturb or (), argv=argv)
-    except KernelCheckFailed as exc:
-        if exc.result is not None:
-            _show(c, exc.result, as_json)
-        raise
-    _show(c, result, as_json)
+
+    def one(name: str):
+        argv = ["pairctl", "kernels", "check", "--pair", name, "--kernel", kernel]
+        return run_kernel_check(inv, name, home=c.home, kernel=kernel, packages=packages, port=port,
+                                perturb=perturb or (), argv=argv)
+
+    if len(pairs) == 1 and not all_pairs:
+        try:
+            result = one(pairs[0])
+        except KernelCheckFailed as exc:
+            if exc.result is not None:
+                _show(c, exc.result, as_json)
+            raise
+        _show(c, result, as_json)
+        return
+    results = fan_out(pairs, one, parallel=parallel)
+    if as_json:
+        c.emit_json({"ok": results.ok, "pairs": [
+            {"pair": o.pair, "ok": o.ok, "exit_code": o.exit_code, "error": o.error,
+             "result": o.value.to_dict() if o.value is not None else None} for o in results.outcomes]})
+    else:
+        for o in results.outcomes:
+            if o.value is not None:
+                _show(c, o.value, False)
+            else:
+                c.console.print(f"pair {o.pair}: {o.error}", markup=False)
+    if not results.ok:
+        raise typer.Exit(results.exit_code())
 
 
 def _show(c, result, as_json: bool) -> None:
