@@ -93,3 +93,32 @@ def test_textfile_parses_and_keeps_last_success(tmp_path):
     assert s[("pairctl_acceptance_last_run_timestamp_seconds", (("pair", "lab"),))] == 2000.0
     assert s[("pairctl_acceptance_passed", (("pair", "lab"),))] == 0.0
     assert s[("pairctl_acceptance_check_passed", (("check", "cancel"), ("pair", "lab")))] == 0.0
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
+def test_schedule_cli_install_list_remove(cli, tmp_path):
+    import json
+
+    r = cli("--json", "schedule", "install", "--pair", "lab", "--every", "6h", "--checks", "identity", "--unit-dir", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["mode"] == "systemd" and out["enabled"] is False and len(out["units"]) == 2
+    service = (tmp_path / "pairctl-accept-lab.service").read_text()
+    assert " accept --pair lab --scheduled --only identity" in service
+    listed = json.loads(cli("--json", "schedule", "list", "--unit-dir", str(tmp_path)).stdout)
+    assert [x["unit"] for x in listed] == ["pairctl-accept-lab"]
+    assert cli("schedule", "remove", "--pair", "lab", "--unit-dir", str(tmp_path)).exit_code == 0
+    assert not list(tmp_path.iterdir())
+
+
+def test_schedule_cli_refuses_unknown_pair_and_bad_interval(cli, tmp_path):
+    assert cli("schedule", "install", "--pair", "nope", "--unit-dir", str(tmp_path)).exit_code == 3
+    assert cli("schedule", "install", "--pair", "lab", "--every", "2m", "--unit-dir", str(tmp_path)).exit_code == 3
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.skipif(sched.systemd_running(), reason="systemd runs here: install would enable a real timer")
+def test_schedule_cli_without_systemd_prints_the_crontab_line(cli):
+    r = cli("schedule", "install", "--pair", "lab", "--every", "30m")
+    assert r.exit_code == 0
+    assert "*/30 * * * *" in r.stdout and "accept --pair lab --scheduled" in r.stdout
