@@ -369,7 +369,7 @@ class EvidenceStore:
                     summary = json.loads(idx.read_text())
                 except (OSError, ValueError):
                     summary = None
-            if summary is None or summary.get("hash") != sha:
+            if summary is None or summary.get("hash") != sha or not _summary_ok(summary):
                 try:
                     summary = summary_of(self.load(sha), sha)
                 except (EvidenceError, ValueError) as exc:
@@ -602,3 +602,14 @@ def _fresh_step(d: dict[str, Any]) -> StepRecord:
         skip_reason=d.get("skip_reason"),
         data=d.get("data") or {},
     )
+
+
+_SUMMARY_STR = ("hash", "run_id", "command", "outcome", "reason", "started_at", "finished_at")
+_SUMMARY_OPT = ("pair", "previous", "derived_from")
+
+
+def _summary_ok(summary: Any) -> bool:
+    """An index entry is a cache: any field of the wrong type means rebuild it from the receipt."""
+    return (isinstance(summary, dict)
+            and all(isinstance(summary.get(k), str) for k in _SUMMARY_STR)
+            and all(summary.get(k) is None or isinstance(summary.get(k), str) for k in _SUMMARY_OPT))
