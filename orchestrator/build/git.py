@@ -35,7 +35,8 @@ class Revision:
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
+    # the operator's own git config (aliases, filters, autocrlf) must not change what is built
+    env.update(GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", LC_ALL="C")
     return env
 
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable
 
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.errors import ConfigError, EvidenceError, HostError
+from orchestrator.errors import EvidenceError, HostError
 from orchestrator.remote.command import Secret
 from orchestrator.server.client import ServerClient
 
@@ -35,14 +34,10 @@ def base_url(inventory: Inventory, pair: str) -> str:
 
 
 def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
-    f = inventory.pair(pair).api_key_file
-    if not f:
-        return None
-    try:
-        text = Path(f).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"pair {pair}: cannot read api_key_file {f}: {exc.strerror}") from None
-    return Secret(text) if text else None
+    from orchestrator.config.inventory import read_api_key as read_key
+
+    key = read_key(pair, inventory.pair(pair))
+    return Secret(key.value) if key else None
 
 
 def read_route(transport: Any, root: str) -> Any:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import expand, load_model
@@ -140,6 +141,32 @@ class Inventory(StrictModel):
             "hosts": {k: hx(h) for k, h in self.hosts.items()},
             "pairs": {k: px(p) for k, p in self.pairs.items()},
         })
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A pair's API key: the file as uploaded for `--api-key-file`, and what clients send."""
+
+    file_bytes: bytes = field(repr=False)
+    value: str = field(repr=False)  # the file's first non-empty line (sent as the Bearer token)
+
+    def __repr__(self) -> str:
+        return "ApiKey(***)"
+
+
+def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
+    """Read the operator-side key file once, the same way for deploy, rollback and accept.
+    An unreadable or empty file is a config error, never a silent "no key"."""
+    if not pair.api_key_file:
+        return None
+    try:
+        data = Path(pair.api_key_file).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"pair {pair_name}: cannot read api_key_file {pair.api_key_file}: {exc.strerror}") from None
+    value = next((ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()), "")
+    if not value:
+        raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")
+    return ApiKey(file_bytes=data, value=value)
 
 
 def inventories_dir() -> Path:

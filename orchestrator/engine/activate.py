@@ -18,9 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from orchestrator.config.inventory import read_api_key
 from orchestrator.config.profiles import RouteProfile, unknown_flags
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
@@ -215,13 +215,9 @@ def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
             f"llama-server --help does not offer (renamed or removed in this revision)",
             hint=f"see {native.path / nm.help_file}",
         )
-    if pair.api_key_file:
-        try:
-            ctx.api_key_bytes = Path(pair.api_key_file).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"pair {ctx.view.name}: cannot read api_key_file {pair.api_key_file}: {exc.strerror}") from None
-        if not ctx.api_key:
-            raise ConfigError(f"pair {ctx.view.name}: api_key_file {pair.api_key_file} is empty")
+    key = read_api_key(ctx.view.name, pair)
+    if key is not None:
+        ctx.api_key_bytes = key.file_bytes
     ctx.packages = {"native": native, "rpc": rpc}
     ctx.target = target
     return {

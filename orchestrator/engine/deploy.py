@@ -12,7 +12,6 @@ through the evidence store (inputs by hash), and runs its playbook through the o
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -282,12 +281,11 @@ def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = No
 def _read_api_key(ctx: RunContext, api_key_file: str | None) -> None:
     """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
     (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
-    if not api_key_file:
-        return
-    try:
-        ctx.api_key_bytes = Path(api_key_file).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"pair {ctx.view.name}: cannot read api_key_file {api_key_file}: {exc.strerror}") from None
+    from orchestrator.config.inventory import read_api_key
+
+    key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
+    if key is not None:
+        ctx.api_key_bytes = key.file_bytes
 
 
 def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,

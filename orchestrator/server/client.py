@@ -87,7 +87,8 @@ class ServerClient:
         # No keep-alive: llama-server (cpp-httplib) closes idle connections after 5 s, and a request
         # sent on a connection it is closing comes back as "disconnected without a response".
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
-                                  limits=httpx.Limits(max_keepalive_connections=0))
+                                  limits=httpx.Limits(max_keepalive_connections=0),
+                                  trust_env=False)  # the pair is reached directly, never through a proxy (as deploy's verify)
         self.retries: list[str] = []  # requests retried once after a dropped connection (for the receipt)
 
     def __repr__(self) -> str:

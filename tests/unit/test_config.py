@@ -94,3 +94,21 @@ def test_config_schema_cli(cli):
     r = cli("config", "schema", "profile")
     assert r.exit_code == 0 and '"ctx_size"' in r.stdout
     assert cli("config", "schema", "nope").exit_code == 3
+
+
+def test_api_key_is_read_one_way(tmp_path):
+    from orchestrator.config.inventory import PairSpec, read_api_key
+
+    def pair(path):
+        return PairSpec(native="n", rpc="r", api_key_file=str(path))
+
+    assert read_api_key("p", PairSpec(native="n", rpc="r")) is None
+    f = tmp_path / "key"
+    f.write_text("\n  s3cret-one  \nsecond\n")
+    k = read_api_key("p", pair(f))
+    assert k.value == "s3cret-one" and k.file_bytes == f.read_bytes() and "s3cret" not in repr(k)
+    f.write_text("  \n")
+    with pytest.raises(ConfigError, match="is empty"):
+        read_api_key("p", pair(f))
+    with pytest.raises(ConfigError, match="cannot read"):
+        read_api_key("p", pair(tmp_path / "missing"))
