@@ -37,7 +37,6 @@ from orchestrator.build.store import Package, PackageStore, entries_for, remove_
 from orchestrator.build.toolchain import Toolchain, check_toolchain
 from orchestrator.config.targets import Target, load_target
 from orchestrator.errors import BuildError, PackageError
-from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 
@@ -112,19 +111,11 @@ def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Pat
 
 def _apply_patch(repo: Path, rev: Revision, patch_dir: Path) -> tuple[Revision, PatchRecord]:
     """`--patch kernels/<name>`: the kernels module commits the patch on top of REV."""
-    try:
-        from orchestrator.build import patching  # type: ignore[attr-defined]
-    except ImportError:
-        raise BuildError("--patch needs orchestrator.build.patching (kernel patches), which is not available yet") from None
+    from orchestrator.build import patching
+
     new_rev = patching.apply_patch_commit(repo, rev.commit, patch_dir)
-    digest_fn = getattr(patching, "patch_digest", None)
-    digest = digest_fn(patch_dir) if digest_fn else _dir_digest(patch_dir)
-    return git.resolve(repo, new_rev), PatchRecord(name=patch_dir.name, sha256=digest, base_revision=rev.commit)
-
-
-def _dir_digest(root: Path) -> str:
-    files = sorted(p for p in root.rglob("*") if p.is_file())
-    return sha256_json({p.relative_to(root).as_posix(): sha256_file(p) for p in files})
+    record = PatchRecord(name=patch_dir.name, sha256=patching.patch_digest(patch_dir), base_revision=rev.commit)
+    return git.resolve(repo, new_rev), record
 
 
 def _find_output(build_dir: Path, name: str) -> Path:

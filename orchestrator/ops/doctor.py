@@ -6,7 +6,6 @@ so it is safe to run anywhere, any time.
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 from dataclasses import asdict, dataclass
@@ -88,6 +87,3 @@ def run_doctor(inv: Inventory | None, targets: list[Target]) -> list[Finding]:
         findings += check_inventory(inv)
     return findings
 
-
-def env_summary() -> dict[str, str]:
-    return {"PAIRCTL_HOME": os.environ.get("PAIRCTL_HOME", "")}
