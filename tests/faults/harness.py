@@ -100,6 +100,12 @@ class FaultPair:
     def deploy(self, pkg: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return self.cli("--json", "deploy", "--pair", self.name, "--packages", pkg, pkg, "--skip-accept", *extra)
 
+    def planned_steps(self, pkg: str) -> list[str]:
+        """The steps a plain `deploy --skip-accept` of `pkg` runs (`--dry-run`, nothing changes)."""
+        p = self.cli("--json", "deploy", "--pair", self.name, "--packages", pkg, pkg, "--skip-accept", "--dry-run")
+        assert p.returncode == 0, p.stderr[-2000:]
+        return [s["name"] for s in json.loads(p.stdout)["plan"]]
+
     def sshd(self, role: str) -> SshdHost:
         plans = {p.name: p for p in host_plans(self.home, self.base_inventory)}
         return SshdHost(plans[self.base_hosts[role]])
@@ -456,6 +462,8 @@ class Cell:
         return not self.problems
 
     def text(self) -> str:
+        if self.first == "n/a":
+            return "n/a (not in the plan)"
         mark = "ok" if self.holds else "FAIL"
         extra = "+lease by hand" if any("lease" in o for o in self.operator) else ""
         return f"{mark} {self.first}[{self.between}] -> {self.recovery}: {self.final}{(' ' + extra) if extra else ''}"
