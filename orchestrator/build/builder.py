@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator, Literal
 
+from orchestrator.build.harness import build_harness
 from orchestrator.build import git
 from orchestrator.build.git import Revision
 from orchestrator.build.manifest import (
@@ -157,6 +158,10 @@ def compile_outputs(plan: BuildPlan, repo: Path, outputs: Path, *, log_path: Pat
         _copy(_find_output(plan.build_dir, name), tmp / "bin" / name)
     for name in plan.target.test_targets:
         _copy(_find_output(plan.build_dir, name), tmp / "tests" / "bin" / name)
+    # The kernel validation harness, linked exactly like the package's ggml-rpc-server (kernels/harness).
+    if plan.target.kernel_harness:
+        reporter.phase("harness")
+        build_harness(plan.build_dir, plan.src_dir, tmp / "tests" / "bin", plan.target)
     libs = sorted(p for p in (plan.build_dir / "bin").glob("*.so*") if p.is_file())
     for lib in libs:
         _copy(lib, tmp / "lib" / lib.name)

@@ -39,8 +39,11 @@ def launcher_defines(target: Target, toolchain: Toolchain) -> dict[str, str]:
 
 def cache_key(tree: str, target: Target, defines: dict[str, str], toolchain: Toolchain) -> str:
     """(tree hash, target, flags digest, output-relevant tool versions) → a folder name."""
+    from orchestrator.build.harness import harness_inputs
+
     return sha256_json(
-        {"v": CACHE_KEY_VERSION, "tree": tree, "target": target.name, "defines": defines, "toolchain": toolchain.output_relevant()}
+        {"v": CACHE_KEY_VERSION, "tree": tree, "target": target.name, "defines": defines, "toolchain": toolchain.output_relevant(),
+         "harness": harness_inputs() if target.kernel_harness else None}
     )[:32]
 
 

@@ -26,6 +26,7 @@ class Target(StrictModel):
     build_targets: list[str] = Field(default_factory=lambda: ["llama-server", "ggml-rpc-server"])
     test_targets: list[str] = Field(default_factory=list)
     gpu_name_hint: str | None = Field(default=None, description="substring expected in nvidia-smi's GPU name")
+    kernel_harness: bool = Field(default=True, description="build kernels/harness against this build's ggml into tests/bin")
 
     @model_validator(mode="after")
     def _check(self) -> "Target":

@@ -39,6 +39,7 @@ backend: cpu
 cmake_flags: {CMAKE_BUILD_TYPE: Release}
 build_targets: [llama-server, ggml-rpc-server]
 test_targets: [test-backend-ops]
+kernel_harness: false
 """
 
 
