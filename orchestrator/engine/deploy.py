@@ -288,6 +288,18 @@ def _read_api_key(ctx: RunContext, api_key_file: str | None) -> None:
         ctx.api_key_bytes = key.file_bytes
 
 
+def _verify_restore_releases(ctx: RunContext, entry: Any, store: Any) -> None:
+    """Before anything running changes: the releases being restored still match their manifests
+    on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
+    and the running pair keeps running. Without this, a rollback to a damaged previous release
+    stopped a verified pair and left both hosts stopped (found by the fault matrix)."""
+    from orchestrator.hosts.release import ensure_release
+
+    for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
+        if store.exists(pid):
+            ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
+
+
 def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,
              on_step: Callable[[StepOutcome], None] | None = None, pool: Any = None) -> RunResult:
     """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
@@ -327,6 +339,7 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
                     raise ConfigError(f"{view.hosts[r]}: release {want} (the previous pair) is not installed")
                 cur = rec.active.native_package if (rec.active and r == "native") else (rec.active.rpc_package if rec.active else None)
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.facts[r].previous)
+            _verify_restore_releases(ctx, rec.previous, PackageStore(home.store))
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:
