@@ -77,6 +77,17 @@ stop_svc() { # stop_svc ROOT NAME: TERM, wait up to 10 s, then KILL; only a proc
     rm -f "$1/run/$2.pid"
 }
 
+listens() { # listens ADDRESS PORT: a TCP socket listens on exactly ADDRESS:PORT
+    # `ss` (iproute2) where the host has it; otherwise /proc/net/tcp (IPv4), as on minimal images
+    if command -v ss >/dev/null 2>&1; then
+        ss -Hltn "sport = :$2" 2>/dev/null | awk '{print $4}' | grep -qxF "$1:$2"
+        return
+    fi
+    want=$(printf '%s\n' "$1" | awk -F. -v port="$2" 'NF == 4 { printf "%02X%02X%02X%02X:%04X", $4, $3, $2, $1, port }')
+    [ -n "$want" ] || return 1
+    awk -v want="$want" 'NR > 1 && $2 == want && $4 == "0A" { found = 1 } END { exit !found }' /proc/net/tcp
+}
+
 wait_listen() { # wait_listen ROOT NAME ADDRESS PORT TIMEOUT_S: lives AND ADDRESS:PORT listens
     pid=$(pid_of "$1" "$2")
     deadline=$(($(date +%s) + $5))
@@ -86,7 +97,7 @@ wait_listen() { # wait_listen ROOT NAME ADDRESS PORT TIMEOUT_S: lives AND ADDRES
             tail -n 30 "$1/run/$2.out" 2>/dev/null
             exit 4
         fi
-        if ss -Hltn "sport = :$4" 2>/dev/null | awk '{print $4}' | grep -qxF "$3:$4"; then
+        if listens "$3" "$4"; then
             echo "listening=$3:$4"
             return 0
         fi

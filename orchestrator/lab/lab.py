@@ -111,13 +111,17 @@ class Lab:
             return self._up(source=source)
 
     def _up(self, *, source: bool) -> LabStatus:
+        # An inventory of local hosts only (a GPU machine) needs no sshd, operator key or known_hosts.
+        pub = None
         if self.plans:
             ensure_sshd_installed()
-        pub = ensure_ed25519(self.operator_key, "pairctl-operator")
+            pub = ensure_ed25519(self.operator_key, "pairctl-operator")
         ensure_lab_models(self.models_dir)
         if source:
             self._ensure_source()
         hosts = [SshdHost(p) for p in self.plans]
+        if not hosts:
+            return self._status([])
         for h in hosts:
             h.prepare(pub)
         write_known_hosts(self.known_hosts, [KnownHost(h.plan.address, h.plan.port, h.host_key_line()) for h in hosts])

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.hosts import services
-from orchestrator.hosts.layout import HostLayout, install_helper, put_secret, svc_script, switch_links
+from orchestrator.hosts.layout import SVC_SOURCE, HostLayout, install_helper, put_secret, svc_script, switch_links
 from orchestrator.hosts.probes import parse_identity, parse_sha256sum, read_facts
 from orchestrator.hosts.release import ReleaseMismatch
 from orchestrator.hosts.route import RouteConflict, cas_write
@@ -178,3 +178,43 @@ def test_stop_verifies_a_present_release_first_and_stops_nothing_on_mismatch(hos
     assert services.process_alive(t, pid, "llama-server")
     out, verified = services.stop(t, layout, "llama-server", verify=("pkg-a", good))
     assert out == f"stopped=llama-server:{pid}" and verified == 2
+
+
+@pytest.mark.parametrize("with_ss", [True, False])
+def test_wait_listen_with_and_without_ss(tmp_path, with_ss):
+    """`wait-listen` judges a port by `ss` where the host has it, else by /proc/net/tcp (minimal
+    images such as the GPU machine's have no iproute2): a real listener is seen, a closed port is not."""
+    import socket
+    import sys
+
+    if with_ss and shutil.which("ss") is None:
+        pytest.skip("no ss here")
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    srv = subprocess.Popen([sys.executable, "-c", "import socket,time\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\n"
+                            "print(s.getsockname()[1], flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        (root / "run" / "svc.pid").write_text(f"{srv.pid}\n")
+        env = dict(os.environ)
+        if not with_ss:
+            bin_dir = tmp_path / "bin"
+            bin_dir.mkdir()
+            for tool in ("sh", "awk", "grep", "date", "sleep", "tail", "cat", "head", "tr", "cut", "sed", "readlink", "printf"):
+                found = shutil.which(tool)
+                if found:
+                    (bin_dir / tool).symlink_to(found)
+            env["PATH"] = str(bin_dir)
+        script = str(SVC_SOURCE)
+        ok = subprocess.run(["/bin/sh", script, "wait-listen", str(root), "svc", "127.0.0.1", str(port), "3"],
+                            capture_output=True, text=True, env=env, timeout=30)
+        assert ok.returncode == 0 and f"listening=127.0.0.1:{port}" in ok.stdout, ok.stdout + ok.stderr
+        with socket.socket() as probe:  # a port nobody listens on
+            probe.bind(("127.0.0.1", 0))
+            free = probe.getsockname()[1]
+        bad = subprocess.run(["/bin/sh", script, "wait-listen", str(root), "svc", "127.0.0.1", str(free), "1"],
+                             capture_output=True, text=True, env=env, timeout=30)
+        assert bad.returncode == 5 and "timeout=" in bad.stdout
+    finally:
+        srv.kill()
+        srv.wait()
