@@ -38,7 +38,7 @@ def test_manifest_matches_files_revision_and_tree(lab_packages: Package, lab_sou
     assert m.build_number == 1 and m.build_info == f"b1-{commit[:10]}"
     assert m.source_diff == "" and m.cmake_flags["GGML_RPC"] == "ON"
     assert set(m.runtime_files()) >= {"bin/llama-server", "bin/ggml-rpc-server"}
-    assert set(m.test_files()) == {"tests/bin/test-backend-ops"}
+    assert set(m.test_files()) == {"tests/bin/test-backend-ops", "tests/bin/ggml-kernel-cases"}  # + the kernel harness
     assert "meta/llama-server.help.txt" in m.files and "--rpc" in lab_packages.help_text
     for rel, entry in m.files.items():
         p = lab_packages.path / rel
