@@ -40,6 +40,15 @@ def _env() -> dict[str, str]:
     return env
 
 
+def commit_env(name: str, email: str, date: str) -> dict[str, str]:
+    """`_env()` plus a fixed author, committer and date: commits pairctl makes (the lab baseline,
+    a kernel patch on top of a revision) get the same id on every machine."""
+    env = _env()
+    env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email, GIT_AUTHOR_DATE=date,
+               GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email, GIT_COMMITTER_DATE=date)
+    return env
+
+
 def git(repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["git", "-C", str(repo), *args], env=env or _env(), capture_output=True, text=True)
     if check and proc.returncode != 0:

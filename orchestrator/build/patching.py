@@ -10,7 +10,6 @@ the same commit id, and the commit message names the patch and its sha256.
 
 from __future__ import annotations
 
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,20 +37,9 @@ class PatchedRevision:
 
 
 def _env(date: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        GIT_AUTHOR_NAME=PATCH_GIT_NAME,
-        GIT_AUTHOR_EMAIL=PATCH_GIT_EMAIL,
-        GIT_AUTHOR_DATE=date,
-        GIT_COMMITTER_NAME=PATCH_GIT_NAME,
-        GIT_COMMITTER_EMAIL=PATCH_GIT_EMAIL,
-        GIT_COMMITTER_DATE=date,
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_TERMINAL_PROMPT="0",
-        LC_ALL="C",
-    )
-    return env
+    from orchestrator.build.git import commit_env
+
+    return commit_env(PATCH_GIT_NAME, PATCH_GIT_EMAIL, date)
 
 
 def commit_message(meta: KernelPatch, base: str) -> str:

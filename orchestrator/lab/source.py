@@ -8,7 +8,6 @@ commits it with fixed author, committer and dates, so every machine gets the sam
 from __future__ import annotations
 
 import fcntl
-import os
 import shutil
 import subprocess
 import sys
@@ -38,19 +37,9 @@ LAB_GIT_DATE = "2026-01-01T00:00:00+0000"
 
 def git_env(date: str = LAB_GIT_DATE) -> dict[str, str]:
     """Environment for reproducible commits, isolated from the user's and system's git config."""
-    env = dict(os.environ)
-    env.update(
-        GIT_AUTHOR_NAME=LAB_GIT_NAME,
-        GIT_AUTHOR_EMAIL=LAB_GIT_EMAIL,
-        GIT_AUTHOR_DATE=date,
-        GIT_COMMITTER_NAME=LAB_GIT_NAME,
-        GIT_COMMITTER_EMAIL=LAB_GIT_EMAIL,
-        GIT_COMMITTER_DATE=date,
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_TERMINAL_PROMPT="0",
-    )
-    return env
+    from orchestrator.build.git import commit_env
+
+    return commit_env(LAB_GIT_NAME, LAB_GIT_EMAIL, date)
 
 
 def _git(repo: Path, *args: str) -> str:
