@@ -8,20 +8,19 @@ store (or, if the id exists, verify the existing package against the new files).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import socket
 import subprocess
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator, Literal
+from typing import Callable, Literal
 
 from orchestrator.build.harness import build_harness
+from orchestrator.filelock import file_lock
 from orchestrator.build import git
 from orchestrator.build.git import Revision
 from orchestrator.build.manifest import (
@@ -77,17 +76,6 @@ class BuildResult:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Path | None = None,
@@ -238,7 +226,7 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
     log_path: Path | None = None
     cached = True
     try:
-        with _lock(home.build_cache / "work" / f"{target.name}.lock"):
+        with file_lock(home.build_cache / "work" / f"{target.name}.lock"):
             if not (outputs / OUTPUTS_MARKER).is_file():
                 cached = False
                 log_dir = home.logs / "build"
@@ -265,7 +253,7 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
                 build_cache_key=plan.key, started_at=started, finished_at=_now(), files=files,
                 content_digest=content_digest(files), patch=patch,
             )  # fmt: skip
-            with _lock(store.root / f".{pid}.lock"):
+            with file_lock(store.root / f".{pid}.lock"):
                 if store.exists(pid):
                     status = "verified"
                     existing = store.get(pid)

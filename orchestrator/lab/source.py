@@ -7,16 +7,14 @@ commits it with fixed author, committer and dates, so every machine gets the sam
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
+from orchestrator.filelock import file_lock
 from orchestrator.errors import BuildError
 from orchestrator.hashing import sha256_file
 from orchestrator.log import get_logger
@@ -102,17 +100,6 @@ def _extract_tree(tarball: Path, dest: Path) -> None:
         tf.extractall(dest, members=members, filter="tar")
 
 
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def source_ready(repo: Path) -> bool:
     if not (repo / ".git").is_dir():
         return False
@@ -132,7 +119,7 @@ def ensure_source(home: Home | Path) -> Path:
         home = Home.resolve(home)
     repo = home.lab / "source"
     log = get_logger(step="lab.source")
-    with _locked(home.lab / ".source.lock"):
+    with file_lock(home.lab / ".source.lock"):
         if source_ready(repo):
             return repo
         tarball = download_sdist(home)
