@@ -3,8 +3,9 @@
 A BF16 llama with n_embd 320 and n_ff 10240, so `ffn_gate` and `ffn_up` are BF16 matrices with
 K = 320 and M = 10240. With a same-weights draft and `--spec-draft-n-max 3` every verification
 batch is one token plus three drafts: the W4 MUL_MAT (ne11 = 4, no fusion: the CUDA GLU fusion
-only takes one column) the patch targets. 10 heads of size 32 keep Q8 KV with flash attention
-possible. On a CPU lab this only exercises the same graph; on a Volta GPU it runs the patched
+only takes one column) the patch targets. 5 heads of size 64 keep Q8 KV with flash attention
+possible on CUDA too: its flash-attention kernels have no head size 32, and since the RPC backend
+claims every op, a remote CUDA ggml-rpc-server aborted on the first graph (seen on the H200). On a CPU lab this only exercises the same graph; on a Volta GPU it runs the patched
 path. Written by `orchestrator.lab.models.write_llama_gguf` (deterministic bytes).
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 from orchestrator.hashing import sha256_file
 from orchestrator.paths import Home
 
-KMMVF_SHAPE: dict[str, Any] = {"n_layer": 2, "n_embd": 320, "n_head": 10, "n_ff": 10240, "n_vocab": 384, "ctx": 4096, "dtype": "bf16"}
+KMMVF_SHAPE: dict[str, Any] = {"n_layer": 2, "n_embd": 320, "n_head": 5, "n_ff": 10240, "n_vocab": 384, "ctx": 4096, "dtype": "bf16"}
 KMMVF_SEED = 320_10240
 KMMVF_FILES = {"target": "kmmvf-target.gguf", "draft_same": "kmmvf-draft-same.gguf"}
 KMMVF_INDEX = "kmmvf.json"

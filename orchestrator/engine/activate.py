@@ -369,7 +369,14 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
     with ctx._lock:
         ctx.identities["native"] = ident
     t1 = time.monotonic()
-    w = services.wait_health(t, layout, ctx.view.base_url, pid, log=ctx.log)
+    try:
+        w = services.wait_health(t, layout, ctx.view.base_url, pid, log=ctx.log)
+    except CheckFailed as exc:
+        # llama-server often dies of its RPC peer ("recv failed" when ggml-rpc-server aborted on a
+        # graph): the peer's output holds the cause, so the failure names it too.
+        rpc_out = ctx.layout("rpc").log(RPC_SERVER + ".out")
+        raise CheckFailed(f"{exc}\nand {ctx.host('rpc')}'s {rpc_out} ends:\n"
+                          + services.read_tail(ctx.t("rpc"), rpc_out, 8)) from None
     ctx.timed("server_start_exec_s", t1 - t0)
     ctx.timed("server_start_to_healthy_s", time.monotonic() - t1)
     return {"pid": pid, "exe_sha256": ident.exe_sha256, "healthy_after_s": round(w.seconds, 4),

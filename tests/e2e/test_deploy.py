@@ -123,6 +123,7 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
     r, out = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept")
     assert r.exit_code == 7, (r.exit_code, r.stderr)
     assert "rolled back" in r.stderr and "start-server" in r.stderr
+    assert "ggml-rpc-server.out ends" in r.stderr  # the RPC peer's output, where a crash there shows
     st = lab_status(cli)
     assert is_active(st, a), st  # A restored, verified (status compares running binaries to manifests) and serving
     assert all(links == before_links for links, before_links in zip(_host_links(st).values(), _host_links(before).values()))
