@@ -71,7 +71,8 @@ pair() {
   pairctl --inventory gpu --json kernels check --pair gpu --perturb all >"$R/kernels-perturbed.json" 2>"$R/kernels-perturbed.err"; echo "rc=$?" >>"$R/kernels-perturbed.err"
   pairctl --inventory gpu --json status --pair gpu >"$R/status.json" 2>&1
   kill "$(cat "$STATE/smi.pid")" 2>/dev/null
-  cp "$PAIRCTL_HOME"/gpu/native/run/*.log "$R/" 2>/dev/null
+  for side in native rpc; do for f in "$PAIRCTL_HOME/gpu/$side/run/"*.log "$PAIRCTL_HOME/gpu/$side/run/"*.out; do
+    [ -f "$f" ] && tail -c 200000 "$f" >"$R/$side-$(basename "$f")"; done; done
   note "pair phase done"
 }
 
