@@ -72,7 +72,8 @@ pair() {
   pairctl --inventory gpu --json status --pair gpu >"$R/status.json" 2>&1
   kill "$(cat "$STATE/smi.pid")" 2>/dev/null
   for side in native rpc; do for f in "$PAIRCTL_HOME/gpu/$side/run/"*.log "$PAIRCTL_HOME/gpu/$side/run/"*.out; do
-    [ -f "$f" ] && tail -c 200000 "$f" >"$R/$side-$(basename "$f")"; done; done
+    [ -f "$f" ] && tail -c 200000 "$f" >"$R/$side-$(basename "$f")"; done
+    cp "$PAIRCTL_HOME/gpu/$side/route.json" "$R/$side-route.json" 2>/dev/null; done
   note "pair phase done"
 }
 
