@@ -353,6 +353,13 @@ def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
     paths["target"].write_bytes(b"broken")
     ensure_kmmvf_models(tmp_path)
     assert sha256_file(paths["target"]) == first["target"]  # a damaged file is rewritten identically
+    # The GPU profile runs Q8 KV with flash attention on CUDA devices, local and over RPC: the head
+    # size must be one ggml-cuda's flash-attention kernels have (fattn.cu). Head size 32 made the
+    # H200's ggml-rpc-server abort on the first graph (the RPC backend claims every op).
+    reader = gguf.GGUFReader(paths["target"])
+    n_embd = int(reader.fields["llama.embedding_length"].parts[-1][0])
+    n_head = int(reader.fields["llama.attention.head_count"].parts[-1][0])
+    assert n_embd // n_head in {64, 80, 96, 112, 128, 256}
 
 
 def test_config_check_validates_cases_yaml(cli, tmp_path):
