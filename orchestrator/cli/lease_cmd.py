@@ -3,6 +3,8 @@
 A pair name means both of its hosts, taken in one fixed order with one nonce (the first is
 given back if the second is held). `take` prints the nonce: only its holder can release.
 `take` and `release` write a receipt (without the nonce); breaking an expired lease is in it.
+`release --dead-run RUN_ID` frees what a killed or finished run left (its nonce died with it),
+once the evidence store proves that run over.
 """
 
 from __future__ import annotations
@@ -97,11 +99,24 @@ def show(ctx: typer.Context, target: str = _TARGET, json_output: bool = _JSON) -
 def release(
     ctx: typer.Context,
     target: str = _TARGET,
-    nonce: str = typer.Option(..., "--nonce", help="The nonce `lease take` printed."),
+    nonce: str = typer.Option(None, "--nonce", help="The nonce `lease take` printed."),
+    dead_run: str = typer.Option(
+        None, "--dead-run", metavar="RUN_ID",
+        help="Release what run RUN_ID (the `(run ...)` in the lease's purpose, as `status` shows it) still holds, "
+             "once this home's evidence proves that run over: killed, or ended (a failed rollback keeps its "
+             "leases on purpose: release them only after checking the pair). No nonce needed; recorded."),
     json_output: bool = _JSON,
 ) -> None:
-    """Release the lease(s) holding NONCE, then read back that they are inactive."""
+    """Release the lease(s) holding NONCE, then read back that they are inactive.
+
+    With --dead-run instead, release the leases a killed or finished pairctl run left behind
+    (its nonce died with it), refusing unless the run is over and every lease it names is its own.
+    """
     c = get_ctx(ctx)
+    if (nonce is None) == (dead_run is None):
+        raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
+    if dead_run is not None:
+        return _release_dead_run(c, target, dead_run, json_output)
     from orchestrator.remote.transport import TransportPool
 
     inv = c.inventory()
@@ -119,4 +134,48 @@ def release(
         return
     for l in released:
         c.console.print(f"released {l.host} (held by {l.owner} for {l.purpose!r})", markup=False)
+    _table(c, after, f"leases of {target} now")
+
+
+def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> None:
+    """Prove the run over from the evidence store, check every host before touching any, then break
+    that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
+    from orchestrator.errors import LeaseError, LeaseHeldError
+    from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.remote.transport import TransportPool
+
+    inv = c.inventory()
+    hosts = L.hosts_of(inv, target)
+    state, why = EvidenceStore(c.home.evidence).run_status(run_id)
+    if state not in ("ended", "dead"):
+        raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
+                             hint="wait for it to end, or run this on the machine that ran it; an expired lease "
+                                  "can also be broken with `lease take --break-expired`")
+    argv = ["lease", "release", target, "--dead-run", run_id]
+    with TransportPool(inv) as pool:
+        targets = L.targets_of(inv, pool, target)
+        states = [L.lease_state(t.transport, t.install_root) for t in targets]
+        theirs = [s for s in states if s.lease is not None and L.run_of(s.lease) == run_id]
+        others = [s for s in states if not s.free and s not in theirs]
+        if others:
+            raise LeaseError("not every lease on " + target + f" is run {run_id}'s; nothing released: "
+                             + "; ".join(s.describe() for s in others))
+        if not theirs:
+            raise LeaseError(f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")")
+        with _journal(c, "lease release", argv, target) as j:
+            with j.step("release-dead-run", host=",".join(hosts)) as step:
+                step.data["run"] = {"run_id": run_id, "state": state, "why": why}
+                broken = [b for t in targets if (b := L.break_run_lease(
+                    t.transport, t.install_root, run_id, by=L.default_owner(), why=f"run over: {why}")) is not None]
+                after = L.show_leases(inv, pool, target)
+                step.data["released"] = broken
+                step.data["after"] = [s.to_dict() for s in after]
+    out = {"run": {"run_id": run_id, "state": state, "why": why}, "released": broken,
+           "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
+    if c.json_output or json_output:
+        c.emit_json(out)
+        return
+    c.console.print(f"{why}", markup=False)
+    for b in broken:
+        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {j.receipt_hash[:12]})", markup=False)
     _table(c, after, f"leases of {target} now")

@@ -99,6 +99,7 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
         except Exception as exc:
             out["health"] = f"not healthy: {str(exc)[:120]}"
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
+        out["stale_leases"] = _stale_leases(evidence, out["hosts"])
         journal.set("status", {k: v for k, v in out.items() if k != "hosts"})
         out["receipt"] = journal.finish("passed" if not out["problems"] else "failed",
                                         "; ".join(out["problems"]) or "pair as recorded")
@@ -108,6 +109,23 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             journal.finish("failed", "status did not complete")
         if own:
             pool.close()
+
+
+def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
+    """Leases held by a pairctl run that this home's evidence shows over (killed, or a failed
+    rollback that kept them): nothing will release them but `lease release --dead-run`."""
+    from orchestrator.hosts.leases import parse_run_of
+
+    out = []
+    for host, h in hosts.items():
+        for entry in h.get("leases") or []:
+            run_id = parse_run_of((entry.get("lease") or {}).get("purpose") or "")
+            if run_id is None:
+                continue
+            state, why = evidence.run_status(run_id)
+            if state in ("ended", "dead"):
+                out.append({"host": host, "run_id": run_id, "state": state, "why": why})
+    return out
 
 
 def _leases(transport: Any, root: str) -> list[dict[str, Any]]:

@@ -261,6 +261,19 @@ class EvidenceStore:
             )
         return out
 
+    def run_status(self, run_id: str) -> tuple[str, str]:
+        """Is run `run_id` over? ("ended", "receipt H: OUTCOME"), ("dead", why: killed, not yet
+        sealed), ("running", why), ("elsewhere", why: its journal is another machine's) or
+        ("unknown", why). Only "ended" and "dead" prove that nothing will use its leases again."""
+        for j in self.unsealed():
+            if j["run_id"] == run_id:
+                state = {True: "running", False: "dead", None: "elsewhere"}[j["alive"]]
+                return state, f"{j['command']} run {run_id}: {j['why']}"
+        for summ in self.summaries():
+            if summ.get("run_id") == run_id:
+                return "ended", f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})"
+        return "unknown", f"no run {run_id} in the evidence under {self.root}"
+
     def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
         candidates = [(s, p) for s, p in self._journals() if s.chain == chain] if self.journal_dir.exists() else []
         dead = []

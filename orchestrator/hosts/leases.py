@@ -29,7 +29,7 @@ import stat as _stat
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hashing import canonical_json
@@ -305,11 +305,13 @@ def _remove_tree_shallow(transport: Any, d: str) -> None:
         get_logger(host=transport.name).warning("could not remove old lease directory", path=d)
 
 
-def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_s: float) -> dict[str, Any]:
+def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_s: float,
+           may_break: Callable[[LeaseState], bool] | None = None, why: str | None = None) -> dict[str, Any]:
     """Move the judged lock away atomically (rename) and return its record for the receipt.
 
-    The rename only happens after re-reading that the lock is still the one judged breakable;
-    if the moved lock turns out to hold another lease (lost race), it is moved back.
+    The rename only happens after re-reading that the lock is still the one judged breakable
+    (`may_break`, by default: expired, or half-made past `grace_s`); if the moved lock turns out
+    to hold another lease (lost race), it is moved back.
     """
     leases, lock, file = _paths(install_root)
     log = get_logger(host=transport.name)
@@ -317,7 +319,7 @@ def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_
     same = (again.state == st.state and
             ((st.lease is None and again.lease is None) or
              (st.lease is not None and again.lease is not None and again.lease.nonce == st.lease.nonce)))
-    if not same or not again.breakable(grace_s):
+    if not same or not (may_break or (lambda s: s.breakable(grace_s)))(again):
         raise LeaseHeldError(f"host is leased: {again.describe()}", hint="the lease changed while breaking it; nothing broken")
     old_nonce = st.lease.nonce if st.lease else "none"
     tomb = _tomb(leases, "broken", old_nonce)
@@ -344,6 +346,8 @@ def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_
         "broken_at": _iso(utcnow()),
         "broken_by": by,
     }
+    if why:
+        record["why"] = why
     log.warning("lease broken", **{k: v for k, v in record.items() if k != "host"})
     return record
 
@@ -438,6 +442,28 @@ def release_lease(transport: Any, install_root: str, nonce: str) -> Lease:
     get_logger(host=transport.name).info("lease released", owner=st.lease.owner, purpose=st.lease.purpose,
                                          verified=after.state)
     return st.lease
+
+
+def parse_run_of(purpose: str) -> str | None:
+    """The run id a pairctl run writes at the end of its lease's purpose: `... (run RUN_ID)`."""
+    m = re.search(r"\(run ([A-Za-z0-9_.:-]+)\)$", purpose)
+    return m.group(1) if m else None
+
+
+def run_of(lease: Lease) -> str | None:
+    return parse_run_of(lease.purpose)
+
+
+def break_run_lease(transport: Any, install_root: str, run_id: str, *, by: str, why: str) -> dict[str, Any] | None:
+    """Break the lease that run `run_id` holds on this host (the caller has proven the run over:
+    its nonce died with it). None when the host is free; LeaseError when another holds it."""
+    st = lease_state(transport, install_root)
+    if st.free:
+        return None
+    if st.lease is None or run_of(st.lease) != run_id:
+        raise LeaseError(f"not run {run_id}'s lease: {st.describe()}; nothing broken")
+    return _break(transport, install_root, st, by=by, grace_s=DEFAULT_GRACE_S, why=why,
+                  may_break=lambda s: s.lease is not None and run_of(s.lease) == run_id)
 
 
 # -- several hosts ------------------------------------------------------------------------------

@@ -275,3 +275,62 @@ def test_deploy_runs_the_acceptance_suite(deployed_lab, lab_packages_b, cli, res
     assert steps["accept"].outcome == "passed" and steps["accept"].data["checks"] == ["identity"]
     assert steps["check:identity"].outcome == "passed"
     assert rec.extra_fields()["acceptance"]["passed"] is True
+
+
+def test_dead_run_lease_released_only_once_the_run_is_over(deployed_lab, cli, lab_packages_b, tmp_path):
+    """A deploy killed after taking its leases leaves them with no nonce anyone has.
+    `lease release --dead-run` refuses while the run lives (and for an unknown run), and frees
+    both hosts once the evidence proves it over; `status` names the stale leases meanwhile."""
+    import signal
+    import sys
+    import time
+
+    from orchestrator.hosts.leases import parse_run_of
+
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    env = dict(os.environ, PAIRCTL_HOME=str(deployed_lab.home), PAIRCTL_ENABLE_FAULT_HOOKS="1",
+               PAIRCTL_FAULT_HOOK="upload:pause", PAIRCTL_FAULT_DIR=str(tmp_path))
+    argv = [sys.executable, "-m", "orchestrator", "--home", str(deployed_lab.home), *(["--inventory", INV_ARG] if INV_ARG else []),
+            "deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"]
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "paused").exists():
+            assert child.poll() is None, child.stderr.read() if child.stderr else ""
+            assert time.monotonic() < deadline, "the deploy never reached the upload step"
+            time.sleep(0.05)
+        shown = json.loads(cli("--json", "lease", "show", PAIR, inventory=INV_ARG).stdout)
+        runs = {parse_run_of(s["lease"]["purpose"]) for s in shown}
+        assert len(shown) == 2 and len(runs) == 1 and None not in runs, shown
+        run_id = runs.pop()
+
+        live = cli("lease", "release", PAIR, "--dead-run", run_id, inventory=INV_ARG)
+        assert live.exit_code == 5 and "not proven over" in live.stderr and "is running" in live.stderr, live.output
+        unknown = cli("lease", "release", PAIR, "--dead-run", "20990101T000000Z-1-abcdef", inventory=INV_ARG)
+        assert unknown.exit_code == 5 and "no run 20990101T000000Z-1-abcdef" in unknown.stderr, unknown.output
+        both = cli("lease", "release", PAIR, "--dead-run", run_id, "--nonce", "0" * 32, inventory=INV_ARG)
+        assert both.exit_code == 2 and "exactly one of --nonce or --dead-run" in both.output
+        still = json.loads(cli("--json", "lease", "show", PAIR, inventory=INV_ARG).stdout)
+        assert [s["state"] for s in still] == ["held", "held"]  # nothing changed on any host
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+
+    st = lab_status(cli)  # seals the killed run as aborted, names what it left
+    assert is_active(st, a), st  # killed before upload: the pair is untouched
+    assert sorted(s["host"] for s in st["stale_leases"]) == sorted([deployed_lab.native, deployed_lab.rpc])
+    assert {s["run_id"] for s in st["stale_leases"]} == {run_id}
+    human = cli("status", "--pair", PAIR, inventory=INV_ARG)
+    assert f"--dead-run {run_id}" in human.stdout, human.output
+
+    r = cli("--json", "lease", "release", PAIR, "--dead-run", run_id, inventory=INV_ARG)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["run"]["state"] == "ended" and "aborted" in out["run"]["why"]
+    assert sorted(x["host"] for x in out["released"]) == sorted([deployed_lab.native, deployed_lab.rpc])
+    assert [s["state"] for s in out["after"]] == ["free", "free"]
+    rec = EvidenceStore(Path(deployed_lab.home) / "evidence").load(out["receipt"])
+    assert rec.command == "lease release" and rec.outcome == "passed"
+    assert not lab_status(cli)["stale_leases"]
+    again = cli("lease", "release", PAIR, "--dead-run", run_id, inventory=INV_ARG)
+    assert again.exit_code != 0 and "holds no lease" in again.stderr

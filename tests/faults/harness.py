@@ -244,6 +244,30 @@ def service_pid_of(fp: FaultPair, role: str) -> int | None:
     return service_pid(fp.roots[role] / "run" / f"{SERVICE[role]}.pid")
 
 
+def release_dead_run_leases(fp: Any, cell: Any, st: dict[str, Any], why: str) -> None:
+    """The operator's way out of leases a finished run left (its nonce died with it): status names
+    the run, `lease release PAIR --dead-run RUN_ID` frees them; each must work and leave none held."""
+    runs = sorted({s["run_id"] for s in st.get("stale_leases") or []})
+    if not runs:
+        cell.problems.append(f"leases held after the {why} but status names no finished run holding them: "
+                             f"{[h.get('leases') for h in st['hosts'].values()]}")
+        for r in ROLES:
+            if lease_held(fp.roots[r]):
+                shutil.rmtree(fp.roots[r] / LOCK)
+        cell.operator.append("broke the lease by hand (status named no run)")
+        return
+    for run_id in runs:
+        p = fp.cli("--json", "lease", "release", fp.name, "--dead-run", run_id)
+        if p.returncode != 0:
+            cell.problems.append(f"lease release --dead-run {run_id} exited {p.returncode}: {p.stderr[-400:]}")
+    left = [r for r in ROLES if lease_held(fp.roots[r])]
+    if left:
+        cell.problems.append(f"a lease is still held on {left} after lease release --dead-run")
+        for r in left:
+            shutil.rmtree(fp.roots[r] / LOCK)
+    cell.operator.append(f"lease release --dead-run (left by the {why})")
+
+
 def lease_held(root: Path) -> bool:
     return (root / LOCK).exists()
 
@@ -465,7 +489,8 @@ class Cell:
         if self.first == "n/a":
             return "n/a (not in the plan)"
         mark = "ok" if self.holds else "FAIL"
-        extra = "+lease by hand" if any("lease" in o for o in self.operator) else ""
+        extra = ("+lease by hand" if any("by hand" in o for o in self.operator)
+                 else "+lease --dead-run" if any("--dead-run" in o for o in self.operator) else "")
         return f"{mark} {self.first}[{self.between}] -> {self.recovery}: {self.final}{(' ' + extra) if extra else ''}"
 
 
@@ -554,9 +579,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     held = [r for r in ROLES if lease_held(fp.roots[r])]
     if held:
         why = "killed run" if cell.first == "killed" else f"run that ended with {cell.first}"
-        for r in held:
-            shutil.rmtree(fp.roots[r] / LOCK)  # no pairctl command can release a dead run's lease (no nonce)
-        cell.operator.append(f"broke the lease on {', '.join(held)} by hand (left by the {why}; status reported it)")
+        release_dead_run_leases(fp, cell, st1, why)
 
     fp.in_flight = None
     # 3. the operator's next command
@@ -565,11 +588,8 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.recovery = f"rollback {p.returncode}"
         if p.returncode != 0 and active_package(fp.status()[1]) is None:
             cell.operator.append(f"rollback exited {p.returncode} and left no verified pair; deployed again")
-            kept = [r for r in ROLES if lease_held(fp.roots[r])]
-            for r in kept:  # a failed rollback keeps the leases by design, with no nonce to release them
-                shutil.rmtree(fp.roots[r] / LOCK)
-            if kept:
-                cell.operator.append(f"broke the lease on {', '.join(kept)} by hand (kept by the failed rollback)")
+            if any(lease_held(fp.roots[r]) for r in ROLES):  # a failed rollback keeps the leases by design
+                release_dead_run_leases(fp, cell, fp.status()[1], "failed rollback")
             p2 = fp.deploy(new)
             cell.recovery += f", deploy {p2.returncode}"
             p = subprocess.CompletedProcess(p.args, p2.returncode, p2.stdout, p.stderr + p2.stderr)

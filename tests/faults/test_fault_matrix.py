@@ -9,7 +9,8 @@ checked for every cell:
   - the pair ends on NEW-and-verified or OLD-and-verified (status: route record, both services
     running from current and matching their manifests, health ok, no problems);
   - receipts exist for both deploys (a killed one sealed `aborted`) and `receipts verify` passes;
-  - a lease left on a host is reported by `status` (ground truth: the lock directory), and none
+  - a lease left on a host is reported by `status` (ground truth: the lock directory), which
+    names the finished run holding it, and `lease release PAIR --dead-run RUN_ID` frees it; none
     is held at the end;
   - the processes under each install root are exactly those in its pid files;
   - no traceback reaches the user.

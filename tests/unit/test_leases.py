@@ -151,6 +151,27 @@ def test_live_lease_never_broken(host) -> None:
         L.take_lease(t, root, "x", "y", 60, break_expired=True)
 
 
+def test_run_lease_broken_only_for_that_run(host) -> None:
+    """`lease release --dead-run` breaks a held lease only when its purpose names that run (the
+    caller has proven the run over); another run's or a hand-taken lease is left as found."""
+    t, root = host
+    assert L.parse_run_of("pairctl deploy lab (run 20261202T214826Z-5039-735202)") == "20261202T214826Z-5039-735202"
+    assert L.parse_run_of("manual maintenance") is None and L.parse_run_of("(run x) trailing") is None
+    assert L.break_run_lease(t, root, "r1", by="op", why="killed") is None  # free: nothing to do
+    L.take_lease(t, root, "op", "pairctl deploy lab (run r2)", 600)
+    before = open(os.path.join(lock_dir(root), "lease.json"), "rb").read()
+    with pytest.raises(LeaseError, match="not run r1's lease: .*run r2"):
+        L.break_run_lease(t, root, "r1", by="op", why="killed")
+    assert open(os.path.join(lock_dir(root), "lease.json"), "rb").read() == before
+    rec = L.break_run_lease(t, root, "r2", by="op2", why="run over: killed")
+    assert rec["state"] == "held" and rec["lease"]["purpose"].endswith("(run r2)") and rec["broken_by"] == "op2"
+    assert rec["why"] == "run over: killed" and "nonce" not in rec["lease"]
+    assert L.lease_state(t, root).free and os.listdir(os.path.join(root, "leases")) == []
+    L.take_lease(t, root, "op", "manual maintenance", 600)
+    with pytest.raises(LeaseError, match="not run r2's lease"):
+        L.break_run_lease(t, root, "r2", by="op", why="killed")
+
+
 def test_half_made_lease_is_held_until_grace(host) -> None:
     t, root = host
     os.makedirs(lock_dir(root))  # a taker killed between mkdir and writing lease.json
