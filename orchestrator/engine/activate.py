@@ -311,8 +311,31 @@ def _take_deferred(ctx: RunContext, role: str) -> tuple[str, dict[str, str]] | N
         return ctx.deferred.pop(role, None)
 
 
+class UnreachableBeforeChange(HostError):
+    """The RPC host did not answer just before the first change: nothing was stopped."""
+
+    nothing_changed = True
+
+
+def _reach_before_change(ctx: RunContext, role: str) -> float:
+    """Stopping native is the first change, and from there the other host must take a restart
+    (and a rollback needs it too). One exec round trip to it now turns a host lost since `lease`
+    into a refusal with the previous pair still serving (exit 4), not a pair taken down (exit 8)."""
+    t0 = time.monotonic()
+    try:
+        ctx.t(role).run_idempotent(ctx.layout(role).alive_cmd(SERVICE_OF_ROLE[role]), check=False, timeout=30)
+    except (HostError, OSError) as exc:
+        raise UnreachableBeforeChange(
+            f"{ctx.host(role)} did not answer just before the first change, so nothing was stopped: {exc}",
+            hint="the previous pair keeps serving; repair the host, then deploy again",
+        ) from None
+    return time.monotonic() - t0
+
+
 def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
+    if ctx.mode == "deploy" and role == "native":
+        ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
     verify = _take_deferred(ctx, role)
     out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
     ctx.timed("stop_s", time.monotonic() - t0)

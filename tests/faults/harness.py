@@ -31,6 +31,9 @@ from orchestrator.lab.sshd import SshdHost, pid_alive
 from orchestrator.paths import Home
 
 PAIR = "faults"
+# Steps before the first change to what runs (stop-native probes the RPC host before it stops
+# anything): losing the RPC host there must end in a refusal, the previous pair still serving.
+RPC_LOSS_REFUSED = {"preflight", "connect", "facts", "lease", "prepare", "upload", "kernel-check", "secret", "stop-native"}
 ROLES = ("native", "rpc")
 SERVICE = {"native": "llama-server", "rpc": "ggml-rpc-server"}
 LOCK = Path("leases") / "host.lock"
@@ -569,6 +572,9 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     rc_s, st1 = fp.status()
     mid = active_package(st1)
     cell.between = "new" if mid == new else "prev" if mid == old else "unverified"
+    if fault.name == "cut-ssh-rpc" and step in RPC_LOSS_REFUSED and (cell.first, cell.between) != ("exit 4", "prev"):
+        cell.problems.append(f"the RPC host lost before the first change must be refused with nothing changed "
+                             f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]")
     for role in ROLES:
         host = f"{fp.name}-{role}"
         if lease_held(fp.roots[role]) and not st1["hosts"][host]["leases"]:
