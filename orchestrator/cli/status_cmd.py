@@ -67,6 +67,10 @@ def status(
     pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair name from the inventory (repeatable)."),
     all_pairs: bool = typer.Option(False, "--all", help="Every pair in the inventory."),
     parallel: int = typer.Option(4, "--parallel", min=1, help="Pairs probed at once."),
+    verify_files: bool = typer.Option(
+        False, "--verify-files",
+        help="Also sha256 every file of each host's current release against its manifest (one exec per host; "
+             "catches a changed library or model-independent file that the running binaries' hashes cannot)."),
 ) -> None:
     """Show current/previous releases, services, route record and leases (read-only).
 
@@ -80,7 +84,7 @@ def status(
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
     argv = ["pairctl", *sys.argv[1:]]
-    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv), parallel=parallel,
+    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files), parallel=parallel,
                       ok=lambda out: not out["problems"])
     if len(pairs) == 1 and not all_pairs:
         o = results.outcomes[0]

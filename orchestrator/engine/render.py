@@ -67,6 +67,10 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     else:
         console.print("route: no record", markup=False)
     console.print(f"health: {out.get('health')}", markup=False)
+    for host, h in out["hosts"].items():
+        rf = h.get("release_files") or {}
+        if rf.get("verified"):
+            console.print(f"release files: {host}: all {rf['files']} files of {h['current']} match its manifest", markup=False)
     for p in out["problems"]:
         console.print(f"problem: {p}", markup=False)
     if out.get("aborted_runs_sealed"):

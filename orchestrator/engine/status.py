@@ -32,7 +32,8 @@ def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
         return None
 
 
-def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None = None, pool: Any = None) -> dict[str, Any]:
+def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None = None, pool: Any = None,
+           verify_files: bool = False) -> dict[str, Any]:
     from orchestrator.build.store import PackageStore
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.remote.transport import TransportPool
@@ -77,6 +78,10 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                     "matches_manifest": matches,
                     "leases": _leases(t, layout.root),
                 }
+                if verify_files:
+                    h["release_files"] = _verify_current(t, layout, store, f.current, host)
+                    if h["release_files"].get("problem"):
+                        out["problems"].append(h["release_files"]["problem"])
                 out["hosts"][host] = h
                 routes[role] = f.route_bytes
                 st.data.update(h)
@@ -109,6 +114,27 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             journal.finish("failed", "status did not complete")
         if own:
             pool.close()
+
+
+def _verify_current(transport: Any, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:
+    """sha256 of every file in releases/CURRENT on the host (one exec) against the package manifest."""
+    from orchestrator.hosts.release import check_hash_output, expected_hashes
+
+    if not current:
+        return {"verified": None}
+    try:
+        expected = expected_hashes(store.get(current).manifest)
+    except PairctlError as exc:
+        return {"verified": None, "problem": f"{host}: cannot verify release {current}: {exc}"}
+    res = transport.run(layout.hash_cmd(current), check=False, timeout=300)
+    if res.exit_status != 0:
+        return {"verified": False, "problem": f"{host}: hashing release {current} failed (exit {res.exit_status}): "
+                                              f"{_text(res.stderr).strip()[-200:]}"}
+    try:
+        n = check_hash_output(expected, _text(res.stdout), host, f"releases/{current}")
+    except PairctlError as exc:
+        return {"verified": False, "problem": exc.message}
+    return {"verified": True, "files": n}
 
 
 def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:

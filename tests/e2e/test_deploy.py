@@ -334,3 +334,29 @@ def test_dead_run_lease_released_only_once_the_run_is_over(deployed_lab, cli, la
     assert not lab_status(cli)["stale_leases"]
     again = cli("lease", "release", PAIR, "--dead-run", run_id, inventory=INV_ARG)
     assert again.exit_code != 0 and "holds no lease" in again.stderr
+
+
+def test_status_verify_files_sees_a_changed_file_the_process_hashes_cannot(deployed_lab, cli):
+    """The running binaries can match their manifests while another file of the release (the
+    kernel harness here; a shared library alike) has changed on disk: only --verify-files sees it."""
+    root = Path(deployed_lab.roots()["rpc"]) / "current"
+    victim = root / "tests" / "bin" / "ggml-kernel-cases"
+    st = json.loads(cli("--json", "status", "--pair", PAIR, "--verify-files", inventory=INV_ARG).stdout)
+    assert not st["problems"], st["problems"]
+    assert all(h["release_files"]["verified"] is True and h["release_files"]["files"] > 3 for h in st["hosts"].values())
+    mode = victim.stat().st_mode
+    original = victim.read_bytes()
+    victim.chmod(mode | 0o200)
+    try:
+        victim.write_bytes(original[:-1] + bytes([original[-1] ^ 0xFF]))
+        plain = cli("--json", "status", "--pair", PAIR, inventory=INV_ARG)
+        assert plain.exit_code == 0 and not json.loads(plain.stdout)["problems"]  # the blind spot
+        deep = cli("--json", "status", "--pair", PAIR, "--verify-files", inventory=INV_ARG)
+        assert deep.exit_code == 1
+        problems = json.loads(deep.stdout)["problems"]
+        assert any(deployed_lab.rpc in p and "tests/bin/ggml-kernel-cases" in p for p in problems), problems
+    finally:
+        victim.write_bytes(original)
+        victim.chmod(mode)
+    human = cli("status", "--pair", PAIR, "--verify-files", inventory=INV_ARG)
+    assert human.exit_code == 0 and "files of" in human.stdout and "match its manifest" in human.stdout
