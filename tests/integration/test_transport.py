@@ -296,8 +296,6 @@ def test_wrong_key_is_an_auth_error_not_retried(lab, tmp_path) -> None:
 
 
 def test_background_child_holding_output_does_not_hang(t) -> None:
-    from orchestrator.remote import commands as C
-
     r = t.run(Cmd.of("sh", "-c", 'sleep 30 & echo "$!"'), timeout=20)
     assert r.exit_status == 0 and r.stdout.strip().isdigit() and r.duration_s < 5
-    t.run(C.kill(int(r.stdout)), check=False)  # only the process this test started, by pid
+    t.run(Cmd.of("kill", "-TERM", "--", str(int(r.stdout))), check=False)  # only the process this test started, by pid
