@@ -9,10 +9,9 @@ from typing import Optional
 import typer
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.inventory import Inventory, inventories_dir, load_inventory
-from orchestrator.config.loader import load_model
-from orchestrator.config.profiles import RouteProfile, load_profile, profiles_dir
-from orchestrator.config.targets import Target, load_target, targets_dir
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.targets import Target
 from orchestrator.errors import ConfigError
 
 app = typer.Typer(help="Validate manifests and print their JSON schemas.", no_args_is_help=True)

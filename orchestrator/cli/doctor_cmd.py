@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.targets import list_targets, load_target
+from orchestrator.config.targets import load_target
 from orchestrator.errors import CheckFailed, ConfigError
 from orchestrator.ops.doctor import run_doctor
 

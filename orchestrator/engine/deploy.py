@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import load_profile
@@ -78,6 +79,48 @@ def _playbook_sha(name: str) -> str:
     return sha256_file(PLAYBOOKS / f"{name}.yaml")
 
 
+@contextmanager
+def _pair_run(home: Home, inventory: Inventory, view: Any, *, command: str, journal_command: str,
+              inputs: dict[str, str], argv: list[str] | None, on_step: Callable[[StepOutcome], None] | None,
+              pool: Any, **ctx_fields: Any) -> Iterator[tuple[RunContext, RunResult, Callable[[StepOutcome], None]]]:
+    """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
+    raises before finishing it, its hash on the error), one connection per host, the RunContext,
+    and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
+    t_start = time.monotonic()
+    journal = _evidence(home).begin(journal_command, argv=list(argv or []), pair=view.name, inputs=inputs)
+    own_pool = pool is None
+    pool = pool or _pool(inventory)
+    ctx = RunContext(home=home, inventory=inventory, view=view, pool=pool, journal=journal, run_id=journal.run_id,
+                     log=get_logger(pair=view.name, run=journal.run_id), **ctx_fields)
+    result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
+    outcomes: list[StepOutcome] = []
+
+    def record(o: StepOutcome) -> None:
+        outcomes.append(o)
+        if on_step:
+            on_step(o)
+
+    try:
+        yield ctx, result, record
+    except BaseException as exc:
+        if not journal.finished:
+            journal.finish("failed" if isinstance(exc, Exception) else "aborted", str(exc) or type(exc).__name__)
+        if isinstance(exc, PairctlError):
+            exc.receipt = journal.receipt_hash  # type: ignore[attr-defined]
+        raise
+    finally:
+        result.steps = [_step_dict(o) for o in outcomes]
+        result.uploads = dict(ctx.uploads)
+        result.timings = dict(ctx.timings)
+        result.transport = pool.stats() if hasattr(pool, "stats") else {}
+        result.wall_s = time.monotonic() - t_start
+        if result.receipt is None:
+            result.receipt = journal.receipt_hash
+        if own_pool:
+            pool.close()
+        ctx.result = result  # type: ignore[attr-defined]
+
+
 def _step_dict(o: StepOutcome) -> dict[str, Any]:
     return {"name": o.step.name, "hosts": list(o.step.hosts), "ok": o.ok, "seconds": round(o.seconds, 4), "error": o.error}
 
@@ -98,7 +141,6 @@ def deploy(
     pool: Any = None,
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses."""
-    t_start = time.monotonic()
     view = pair_view(inventory, pair_name)
     pair = inventory.pair(pair_name)
     profile = load_profile(profile_name or pair.profile)
@@ -112,22 +154,10 @@ def deploy(
         "playbook:rollback": _playbook_sha("rollback"),
     }
     _add_digests(home, package_ids, inputs)
-    journal = _evidence(home).begin("deploy" if not dry_run else "deploy --dry-run",
-                                    argv=list(argv or []), pair=pair_name, inputs=inputs)
-    own_pool = pool is None
-    pool = pool or _pool(inventory)
-    ctx = RunContext(home=home, inventory=inventory, view=view, pool=pool, journal=journal, run_id=journal.run_id,
-                     log=get_logger(pair=pair_name, run=journal.run_id), package_ids=tuple(package_ids),
-                     profile=profile, skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
-    result = RunResult(command="deploy", pair=pair_name, outcome="failed", receipt=None)
-    outcomes: list[StepOutcome] = []
-
-    def record(o: StepOutcome) -> None:
-        outcomes.append(o)
-        if on_step:
-            on_step(o)
-
-    try:
+    with _pair_run(home, inventory, view, command="deploy", journal_command="deploy" if not dry_run else "deploy --dry-run",
+                   inputs=inputs, argv=argv, on_step=on_step, pool=pool, package_ids=tuple(package_ids), profile=profile,
+                   skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check) as (ctx, result, record):
+        journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
         n_prefix = next(i for i, s in enumerate(first) if s.action not in READ_ONLY_PREFIX)
         try:
@@ -152,23 +182,6 @@ def deploy(
         journal.set("final_state", _final_state(ctx, "activated"))
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
-    except BaseException as exc:
-        if not journal.finished:
-            journal.finish("failed" if isinstance(exc, Exception) else "aborted", str(exc) or type(exc).__name__)
-        if isinstance(exc, PairctlError):
-            exc.receipt = journal.receipt_hash  # type: ignore[attr-defined]
-        raise
-    finally:
-        result.steps = [_step_dict(o) for o in outcomes]
-        result.uploads = dict(ctx.uploads)
-        result.timings = dict(ctx.timings)
-        result.transport = pool.stats() if hasattr(pool, "stats") else {}
-        result.wall_s = time.monotonic() - t_start
-        if result.receipt is None:
-            result.receipt = journal.receipt_hash
-        if own_pool:
-            pool.close()
-        ctx.result = result  # type: ignore[attr-defined]
 
 
 def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str]) -> None:
@@ -305,24 +318,12 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
     """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
     from orchestrator.build.store import PackageStore
 
-    t_start = time.monotonic()
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
-    journal = _evidence(home).begin("rollback", argv=list(argv or []), pair=pair_name,
-                                    inputs={"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")})
-    own_pool = pool is None
-    pool = pool or _pool(inventory)
-    ctx = RunContext(home=home, inventory=inventory, view=view, pool=pool, journal=journal, run_id=journal.run_id,
-                     log=get_logger(pair=pair_name, run=journal.run_id), mode="rollback")
-    result = RunResult(command="rollback", pair=pair_name, outcome="failed", receipt=None)
-    outcomes: list[StepOutcome] = []
-
-    def record(o: StepOutcome) -> None:
-        outcomes.append(o)
-        if on_step:
-            on_step(o)
-
-    try:
+    inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
+    with _pair_run(home, inventory, view, command="rollback", journal_command="rollback", inputs=inputs, argv=argv,
+                   on_step=on_step, pool=pool, mode="rollback") as (ctx, result, record):
+        journal = ctx.journal
         _read_api_key(ctx, inventory.pair(pair_name).api_key_file)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in READ_ONLY_PREFIX | {"lease"})
@@ -359,17 +360,4 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
         journal.set("final_state", _final_state(ctx, "restored"))
         result.receipt = journal.finish("passed", f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         return result
-    except BaseException as exc:
-        if not journal.finished:
-            journal.finish("failed" if isinstance(exc, Exception) else "aborted", str(exc) or type(exc).__name__)
-        raise
-    finally:
-        result.steps = [_step_dict(o) for o in outcomes]
-        result.timings = dict(ctx.timings)
-        result.transport = pool.stats() if hasattr(pool, "stats") else {}
-        result.wall_s = time.monotonic() - t_start
-        if result.receipt is None:
-            result.receipt = journal.receipt_hash
-        if own_pool:
-            pool.close()
 

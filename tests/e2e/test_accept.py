@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, long_prefix, near_full, speculative
+from orchestrator.checks import cached_continuation, cancellation, long_prefix, near_full, speculative
 from orchestrator.checks.base import CheckOptions
-from orchestrator.checks.live import find_baseline, open_live
+from orchestrator.checks.live import open_live
 from orchestrator.checks.suite import run_suite
 from orchestrator.evidence.store import EvidenceStore
 

@@ -21,7 +21,7 @@ from orchestrator.build.manifest import MANIFEST_NAME
 from orchestrator.build.store import Package, PackageStore, make_writable
 from orchestrator.hashing import sha256_file
 from orchestrator.paths import Home
-from tests.plugins.packages import LAB_PROFILE, LAB_TARGET, REV_B_TAG, build_package, run_pairctl
+from tests.plugins.packages import LAB_PROFILE, LAB_TARGET, REV_B_TAG, run_pairctl
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,6 @@ faults kept apart from check verdicts, using the real local transport."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

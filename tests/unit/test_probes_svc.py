@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import tarfile
-import time
 
 import pytest
 

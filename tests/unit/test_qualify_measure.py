@@ -4,7 +4,6 @@ Q8 KV, draft-simple same-weights draft, --rpc to a CPU ggml-rpc-server; lab-code
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from pathlib import Path
 
