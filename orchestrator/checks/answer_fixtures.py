@@ -4,6 +4,8 @@ Each fixture's answer is judged by its own expectation (regex, or equal to the b
 answer), then compared with the baseline's result for the same fixture sha256:
 passed-before-fails-now is a regression (the check fails); failing on both is pre-existing
 (reported, never counted as a pass); a fixture the baseline lacks is judged on its own.
+Answers depend on the weights: a baseline is only one that ran the same model files (sha256 of
+each, from the route entry; `checks.live.find_baseline`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def run(ctx: CheckContext) -> CheckResult:
     counts = {s: sum(1 for o in outcomes if o.status == s) for s in ("pass", "regressed", "pre_existing", "fixed", "fail_new", "no_baseline")}
     figures = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256()[:16], **{k: v for k, v in counts.items() if v},
                "baseline": ctx.baseline.receipt[:16] if ctx.baseline and ctx.baseline.receipt else None}
-    raw = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256(),
+    raw = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256(), "models": dict(ctx.models),
            "baseline_receipt": ctx.baseline.receipt if ctx.baseline else None,
            "results": [o.model_dump() for o in outcomes], "problems": problems}
     if base is None:

@@ -91,6 +91,7 @@ class CheckContext:
     api_key: Any = None
     identity_probe: IdentityProbe | None = None
     baseline: "BaselineRef | None" = None  # answer fixtures are compared against this
+    models: Mapping[str, str] = field(default_factory=dict)  # model name -> sha256, from the active route entry
     fixtures: Any = None  # orchestrator.checks.fixtures.FixtureSet | None (None: the default set)
     options: CheckOptions = field(default_factory=CheckOptions)
     n_ctx_train: int | None = None

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.errors import EvidenceError, HostError
+from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.remote.command import Secret
 from orchestrator.server.client import ServerClient
 
@@ -105,14 +105,23 @@ def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], ho
 
 
 def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None = None,
-                  check: str = "answer_fixtures") -> BaselineRef | None:
+                  check: str = "answer_fixtures", models: Mapping[str, str] | None = None) -> BaselineRef | None:
     """Check results of an earlier run: the given receipt, or the newest passed receipt of
-    `pair` that holds a `check:<check>` step with results."""
+    `pair` that holds a `check:<check>` step with results from the same model files (`models`,
+    name -> sha256: answers from other weights are no baseline; a receipt that did not record
+    its models is passed over). A given receipt from other weights is refused."""
+    want = dict(models or {})
     if receipt:
         r = evidence.load(receipt)
         ref = baseline_from_receipt(r)
-        if ref.raw(check) is None:
+        raw = ref.raw(check)
+        if raw is None:
             raise EvidenceError(f"receipt {r.sha256[:16]} has no {check} results to compare against")
+        if want and dict(raw.get("models") or {}) != want:
+            raise ConfigError(
+                f"baseline receipt {r.sha256[:16]} answered with models {dict(raw.get('models') or {}) or 'unrecorded'}, "
+                f"this pair runs {want}: answers from other weights are no baseline",
+                hint="leave out --baseline-receipt to use the newest passed run on these models (or none)")
         return ref
     if pair is None:
         return None
@@ -121,7 +130,7 @@ def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None
             continue
         ref = baseline_from_receipt(r)
         raw = ref.raw(check)
-        if raw and raw.get("results"):
+        if raw and raw.get("results") and dict(raw.get("models") or {}) == want:
             return ref
     return None
 
@@ -186,12 +195,14 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
         probe = make_identity_probe(transports=transports, roots=roots, hosts=hosts, inventory=inventory, pair=pair,
                                     route=route, manifests=manifests, profile=profile, url=url,
                                     api_key=api_key) if identity else None
-        baseline = find_baseline(evidence, receipt=baseline_receipt, pair=baseline_pair or pair) if evidence is not None else None
+        models = dict(route.active.models)
+        baseline = (find_baseline(evidence, receipt=baseline_receipt, pair=baseline_pair or pair, models=models)
+                    if evidence is not None else None)
         ctx = CheckContext(
             client=client, profile=profile, pair=pair, inventory=inventory, transports=transports,
             sampler_transports={r: sampler_pool.get(h) for r, h in hosts.items()}, host_roots=roots,
             host_names=hosts, packages=manifests, journal=journal, api_key=api_key, identity_probe=probe,
-            baseline=baseline, fixtures=load_fixture_set(fixtures) if fixtures else None, options=opts, logger=logger,
+            baseline=baseline, models=models, fixtures=load_fixture_set(fixtures) if fixtures else None, options=opts, logger=logger,
         )
         return Live(ctx=ctx, route=route, stack=stack)
     except BaseException:

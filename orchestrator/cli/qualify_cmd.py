@@ -50,7 +50,7 @@ def qualify(
         from orchestrator.errors import RollbackFailed
 
         raise RollbackFailed(
-            f"measurements complete but restoring the pair failed: {out.restore_error}; receipt {out.receipt} is failed",
+            f"the pair was not restored after the measurements: {out.restore_error}; receipt {out.receipt} is failed",
             hint=f"check the pair, then `pairctl receipts derive --from {out.receipt} "
                  + " ".join(f"--reuse {s}" for s in out.arm_steps) + " --reason ...` and `pairctl qualify report --receipt HASH`",
         )

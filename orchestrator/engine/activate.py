@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.config.inventory import read_api_key
@@ -36,9 +36,10 @@ from orchestrator.hosts.layout import (
     svc_sha256,
     switch_links,
 )
-from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, read_facts
+from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, parse_model_hashes, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
+from orchestrator.remote.transport import NotStarted
 
 ROLES = ("native", "rpc")
 
@@ -80,6 +81,7 @@ class RunContext:
     route_written: bool = False
     leases: dict[str, Any] = field(default_factory=dict)
     lease_nonce: str | None = field(default=None, repr=False)
+    lease_held_by_caller: bool = False  # renew the caller's lease (lease_nonce), never release it
     changed: bool = False
     uploads: dict[str, dict[str, Any]] = field(default_factory=dict)
     identities: dict[str, ProcIdentity] = field(default_factory=dict)  # read by the exec that started each service
@@ -258,7 +260,8 @@ def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     handle = leasing.take(ctx, role)
     with ctx._lock:
         ctx.leases[role] = handle
-    return leasing.describe(handle)
+    d = leasing.describe(handle)
+    return {**d, "renewed": "the calling run's lease"} if ctx.lease_held_by_caller else d
 
 
 def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -267,18 +270,54 @@ def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     handle = ctx.leases.get(role)
     if handle is None:
         return {"skipped": "no lease held by this run"}
-    leasing.release(ctx, role, handle)
+    released = leasing.release(ctx, role, handle)
     with ctx._lock:
         ctx.leases.pop(role, None)
-    return {"released": True}
+    return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
 def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
     f = ctx.facts.get(role)
     if f is not None and f.svc_sha256 == svc_sha256():
-        return {"helper": "up to date"}
-    install_helper(ctx.t(role), ctx.layout(role))
-    return {"helper": "installed", "sha256": svc_sha256()}
+        d: dict[str, Any] = {"helper": "up to date"}
+    else:
+        install_helper(ctx.t(role), ctx.layout(role))
+        d = {"helper": "installed", "sha256": svc_sha256()}
+    if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
+        d["models"] = _hash_models(ctx)
+    return d
+
+
+def _hash_models(ctx: RunContext) -> dict[str, Any]:
+    """The model files the new pair will load, hashed on the native host (cached there by stat,
+    so only a new or changed file costs a full read). A missing file, or one whose sha256 is not
+    the one the inventory declares, refuses the deploy before anything changes (exit 6); the
+    hashes go into the route entry, so status, acceptance and answer baselines know the weights."""
+    models = ctx.inventory.pair(ctx.view.name).models
+    if not models:
+        return {}
+    t0 = time.monotonic()
+    paths = sorted({m.path for m in models.values()})
+    res = ctx.t("native").run(ctx.layout("native").model_hash_cmd(paths), check=True, timeout=3600)
+    seen = parse_model_hashes(_text(res.stdout))
+    ctx.timed("model_hash_s", time.monotonic() - t0)
+    problems, hashes = [], {}
+    for name, m in sorted(models.items()):
+        h = seen.get(m.path)
+        if h is None or h.sha256 is None:
+            problems.append(f"model {name}: {m.path} does not exist on {ctx.host('native')}")
+        elif m.sha256 and h.sha256 != m.sha256:
+            problems.append(f"model {name}: {m.path} on {ctx.host('native')} has sha256 {h.sha256}, "
+                            f"the inventory declares {m.sha256}")
+        else:
+            hashes[name] = h.sha256
+    if problems:
+        raise PackageError("; ".join(problems) + "; nothing was changed",
+                           hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)")
+    with ctx._lock:
+        ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
+    return {name: {"sha256": hashes[name], "size": seen[m.path].size, "how": seen[m.path].how}
+            for name, m in sorted(models.items())}
 
 
 def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -312,7 +351,8 @@ def _take_deferred(ctx: RunContext, role: str) -> tuple[str, dict[str, str]] | N
 
 
 class UnreachableBeforeChange(HostError):
-    """The RPC host did not answer just before the first change: nothing was stopped."""
+    """A host did not answer just before the first change (the RPC host's probe, or the native
+    host's stop that never started): nothing was stopped."""
 
     nothing_changed = True
 
@@ -337,7 +377,14 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     if ctx.mode == "deploy" and role == "native":
         ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
     verify = _take_deferred(ctx, role)
-    out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
+    try:
+        out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
+    except NotStarted as exc:
+        if ctx.mode == "deploy" and role == "native":  # the first change never started: nothing stopped
+            raise UnreachableBeforeChange(
+                f"{ctx.host(role)} could not be reached to stop {SERVICE_OF_ROLE[role]}, so nothing was stopped: {exc}",
+                hint="the previous pair keeps serving; repair the host, then deploy again") from None
+        raise
     ctx.timed("stop_s", time.monotonic() - t0)
     d: dict[str, Any] = {"result": out}
     if verify:

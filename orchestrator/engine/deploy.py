@@ -139,8 +139,12 @@ def deploy(
     argv: list[str] | None = None,
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Any = None,
+    held_lease_nonce: str | None = None,
 ) -> RunResult:
-    """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses."""
+    """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
+
+    `held_lease_nonce`: the caller already holds both hosts' leases with this nonce (a
+    qualification across its arms); the run renews them and leaves them held on every path."""
     view = pair_view(inventory, pair_name)
     pair = inventory.pair(pair_name)
     profile = load_profile(profile_name or pair.profile)
@@ -156,7 +160,8 @@ def deploy(
     _add_digests(home, package_ids, inputs)
     with _pair_run(home, inventory, view, command="deploy", journal_command="deploy" if not dry_run else "deploy --dry-run",
                    inputs=inputs, argv=argv, on_step=on_step, pool=pool, package_ids=tuple(package_ids), profile=profile,
-                   skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check) as (ctx, result, record):
+                   skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check,
+                   lease_nonce=held_lease_nonce, lease_held_by_caller=held_lease_nonce is not None) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
         n_prefix = next(i for i, s in enumerate(first) if s.action not in READ_ONLY_PREFIX)
@@ -245,12 +250,16 @@ def _rollback_after_failure(ctx: RunContext, pb: Playbook, failure: StepFailed,
     ctx.journal.set("rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}})
     if what:
         msg = (f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-               f"verified, route record revision updated; leases released.\ncause: {failure.message}")
+               f"verified, route record revision updated; {_leases_after(ctx)}.\ncause: {failure.message}")
     else:
         msg = (f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-               f"stopped and the leases released.\ncause: {failure.message}")
+               f"stopped; {_leases_after(ctx)}.\ncause: {failure.message}")
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
+
+
+def _leases_after(ctx: RunContext) -> str:
+    return "the leases stay with the run that holds them" if ctx.lease_held_by_caller else "leases released"
 
 
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:

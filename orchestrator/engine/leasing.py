@@ -2,7 +2,9 @@
 
 A thin adapter over `orchestrator.hosts.leases` (take_lease / release_lease / lease_state):
 one nonce per run for both hosts, the run's purpose text, and lease records without nonces
-for receipts.
+for receipts. A run started under a caller's lease (`ctx.lease_held_by_caller`: qualification
+holds the pair across its arms) renews that lease instead of taking one, and leaves releasing
+it to the caller.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def _nonce(ctx: Any) -> str:
 def take(ctx: Any, role: str) -> Any:
     from orchestrator.hosts import leases
 
+    if ctx.lease_held_by_caller:
+        return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce, DEFAULT_TTL_S)
     command = ctx.journal.state.header.get("command", "deploy")
     return leases.take_lease(
         ctx.t(role), ctx.layout(role).root, leases.default_owner(),
@@ -33,10 +37,14 @@ def take(ctx: Any, role: str) -> Any:
     )
 
 
-def release(ctx: Any, role: str, handle: Any) -> None:
+def release(ctx: Any, role: str, handle: Any) -> bool:
+    """Release this run's lease; False (left held) when the caller holds it."""
     from orchestrator.hosts import leases
 
+    if ctx.lease_held_by_caller:
+        return False
     leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce)
+    return True
 
 
 def describe(handle: Any) -> dict[str, Any]:

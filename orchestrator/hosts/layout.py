@@ -149,6 +149,10 @@ class HostLayout:
     def hash_cmd(self, dirname: str) -> Cmd:
         return self.svc_cmd("hash", dirname)
 
+    def model_hash_cmd(self, paths: list[str]) -> Cmd:
+        """sha256 of each model file, cached on the host by (device, inode, size, mtime, ctime)."""
+        return self.svc_cmd("model-hash", *paths)
+
     def discard_cmd(self, tmp_name: str) -> Cmd:
         return self.svc_cmd("discard", tmp_name)
 

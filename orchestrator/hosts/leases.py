@@ -444,6 +444,32 @@ def release_lease(transport: Any, install_root: str, nonce: str) -> Lease:
     return st.lease
 
 
+def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float) -> Lease:
+    """Extend the live lease holding `nonce` to at least now + `ttl_s` (never shortened).
+
+    For a run that holds a pair across several steps (qualification's arms): each step renews
+    the one lease instead of taking its own, so no other run slips in between. Only a live lease
+    is renewed: an expired one may be broken by anybody at any moment, so renewing it could
+    write into another taker's lock (LeaseError; take a new one instead). Written by temp +
+    rename inside the lock directory, as taking does.
+    """
+    _, lock, file = _paths(install_root)
+    st = lease_state(transport, install_root)
+    if st.lease is None or not hmac.compare_digest(st.lease.nonce.encode(), nonce.encode()):
+        raise LeaseError(f"cannot renew: the lease this run holds is gone ({st.describe()})")
+    if st.state != "held":
+        raise LeaseError(f"cannot renew: {st.describe()}; an expired lease may already be someone else's")
+    want = make_lease(transport.name, st.lease.owner, st.lease.purpose, ttl_s, nonce=nonce).expires_at
+    if want <= st.lease.expires_at:
+        return st.lease
+    renewed = Lease(**{**st.lease.__dict__, "expires_at": want})
+    tmp = f"{lock}/.{LEASE_FILE}.{nonce[:8]}.renew.tmp"
+    transport.put_bytes(renewed.to_json(), tmp, mode=0o644)
+    transport.rename(tmp, file)
+    get_logger(host=transport.name).info("lease renewed", purpose=renewed.purpose, expires_at=_iso(want))
+    return renewed
+
+
 def parse_run_of(purpose: str) -> str | None:
     """The run id a pairctl run writes at the end of its lease's purpose: `... (run RUN_ID)`."""
     m = re.search(r"\(run ([A-Za-z0-9_.:-]+)\)$", purpose)

@@ -122,6 +122,31 @@ verify_release() { # verify_release ROOT ID: stdin = the manifest as `sha256sum`
     echo "verify=ok"
 }
 
+model_hash() { # model_hash ROOT PATH...: per PATH, model=SHA256:SIZE:cached|hashed:PATH (or
+    # model=-:-:missing:PATH). A model is tens of GB: its sha256 is kept in run/model-sha256 under
+    # a key of device, inode, size, mtime and ctime, so an unchanged file is hashed once and any
+    # write, replacement or touch (ctime) makes it hashed again.
+    cache="$1/run/model-sha256"; shift
+    mkdir -p "${cache%/*}" || exit 1
+    for p in "$@"; do
+        # device:inode_size_mtime_ctime, times to the nanosecond (%y/%z): a same-size rewrite in
+        # the second it was hashed still changes the key
+        key=$(stat -L -c '%d:%i %s %y %z' -- "$p" 2>/dev/null) || { echo "model=-:-:missing:$p"; continue; }
+        di=${key%% *}; size=${key#* }; size=${size%% *}
+        key=$(printf '%s' "$key" | tr ' ' '_')
+        sha=$(awk -v k="$key" '$1 == k { print $2; exit }' "$cache" 2>/dev/null)
+        how=cached
+        if [ -z "$sha" ]; then
+            sha=$(sha256sum < "$p") || exit 1
+            sha=${sha%% *}
+            how=hashed
+            # one line per file (device:inode): an older key of the same file is replaced
+            { grep -v "^${di}_" "$cache" 2>/dev/null; echo "$key $sha"; } >"$cache.tmp.$$" && mv "$cache.tmp.$$" "$cache"
+        fi
+        echo "model=$sha:$size:$how:$p"
+    done
+}
+
 switch_links() { # switch_links ROOT CURRENT PREVIOUS: by rename (never rm + ln); "-" removes a link
     for pair in "current:$2" "previous:$3"; do
         link=${pair%%:*}; rel=${pair#*:}
@@ -205,6 +230,10 @@ hash)
     # hash ROOT DIRNAME: sha256sum of every file under releases/DIRNAME (paths relative, "./" prefix).
     cd "$root/releases/${1:?dir}" || exit 1
     find . -type f -print0 | sort -z | xargs -0 -r sha256sum
+    ;;
+model-hash)
+    # model-hash ROOT PATH...: sha256 of each model file (cached by its stat; see model_hash).
+    model_hash "$root" "$@"
     ;;
 discard)
     # discard ROOT TMPNAME: remove a failed upload (only temporary names).

@@ -49,6 +49,35 @@ def release_of_link(target: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class ModelHash:
+    """One model file as `pairctl-svc model-hash` saw it (sha256 None: the file is missing)."""
+
+    path: str
+    sha256: str | None
+    size: int | None
+    how: str  # hashed | cached | missing
+
+
+def parse_model_hashes(text: str) -> dict[str, ModelHash]:
+    """`model=SHA256:SIZE:cached|hashed:PATH` lines (or `model=-:-:missing:PATH`) -> by path."""
+    out: dict[str, ModelHash] = {}
+    for key, value in parse_kv_lines(text):
+        if key != "model":
+            raise ProbeError(f"unexpected key {key!r} in model-hash output")
+        parts = value.split(":", 3)
+        if len(parts) != 4 or not parts[3]:
+            raise ProbeError(f"bad model line {value[:120]!r}")
+        sha, size, how, path = parts
+        if how == "missing" and sha == size == "-":
+            out[path] = ModelHash(path, None, None, how)
+        elif how in ("hashed", "cached") and _HEX64.match(sha) and size.isdigit():
+            out[path] = ModelHash(path, sha, int(size), how)
+        else:
+            raise ProbeError(f"bad model line {value[:120]!r}")
+    return out
+
+
+@dataclass(frozen=True)
 class HostFacts:
     """What `pairctl-svc facts` saw on one host: links, releases, running services, route record."""
 

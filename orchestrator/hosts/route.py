@@ -36,6 +36,8 @@ class RouteEntry(BaseModel):
     native_argv: list[str]
     rpc_argv: list[str]
     argv_sha256: str
+    # the inventory's model files (name -> sha256) as hashed on the native host at deploy time
+    models: dict[str, str] = Field(default_factory=dict)
 
     @classmethod
     def build(cls, *, native_package: str, rpc_package: str, package_revision: str, profile: dict,

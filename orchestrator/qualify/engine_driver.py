@@ -9,14 +9,20 @@ chain's lock for each deploy); it records the pair in `qualify_pair`.
 
 Restore = a deploy of the route record's active entry as found at the start (packages and the
 exact profile), then the route record and running identities read back and compared.
+
+The pair's two host leases are held for the whole run (`hold`): each arm's deploy renews them
+(`deploy(..., held_lease_nonce=...)`) and never releases them, so nobody else's deploy lands
+between a baseline and a candidate arm and makes the pairing meaningless.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -46,6 +52,28 @@ def parse_vmhwm(status_text: str) -> int | None:
     return None
 
 
+QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's hold ends by then
+
+
+@dataclass
+class PairHold:
+    """What `EngineDriver.hold` yields: the leases taken (never their nonce), a way to keep
+    them on exit, and how the hold ended."""
+
+    leases: list[dict[str, Any]]
+    kept: str | None = None
+    ended: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        return {"hosts": self.leases}
+
+    def keep(self, reason: str) -> None:
+        self.kept = reason
+
+    def end(self) -> dict[str, Any]:
+        return dict(self.ended)
+
+
 class EngineDriver:
     def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str], busy_wait_s: float = 300.0,
                  busy_poll_s: float = 2.0) -> None:
@@ -59,6 +87,8 @@ class EngineDriver:
         self.log = get_logger(pair=pair, command="qualify")
         self._tmp = tempfile.TemporaryDirectory(prefix="pairctl-qualify-")
         self.deploy_receipts: list[str] = []
+        self._lease_nonce: str | None = None
+        self._deploys_started = self._deploys_at_hold = 0
         self._api_key = None
         spec = inventory.pair(pair)
         if spec.api_key_file:
@@ -89,6 +119,65 @@ class EngineDriver:
         return {"native": a.native_package, "rpc": a.rpc_package, "profile": a.profile, "profile_sha256": a.profile_sha256,
                 "argv_sha256": a.argv_sha256, "route_revision": rec.revision}
 
+    # -- holding the pair ----------------------------------------------------------------------
+    def _wait_busy(self, what: str, attempt_fn: Any) -> Any:
+        """Run `attempt_fn` until the pair is not busy (a host lease or its evidence chain held by
+        another run: refused before anything changes, so trying again is safe); every wait is
+        logged, and after `busy_wait_s` the refusal stands."""
+        deadline = time.monotonic() + self.busy_wait_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return attempt_fn()
+            except LeaseHeldError as exc:  # EvidenceBusy is one too
+                if time.monotonic() >= deadline:
+                    raise
+                self.log.warning("pair busy; waiting", what=what, attempt=attempt, error=str(exc).splitlines()[0])
+                time.sleep(self.busy_poll_s)
+
+    @contextmanager
+    def hold(self, run_id: str) -> Iterator[PairHold]:
+        """Both hosts' leases for run `run_id`, from before the snapshot until after the restore.
+        Released on exit unless kept (then the lease names the run: `lease release --dead-run`
+        or an operator's `lease release` frees it). A failed release is recorded, not raised:
+        the measurements and the restore already happened."""
+        from orchestrator.hosts import leases
+
+        targets = leases.targets_of(self.inventory, self.pool, self.pair)
+        purpose = f"pairctl qualify {self.pair} (run {run_id})"
+        nonce = leases.new_nonce()
+        taken = self._wait_busy("lease", lambda: leases.take_leases(
+            targets, leases.default_owner(), purpose, QUALIFY_LEASE_TTL_S, nonce=nonce))
+        held = PairHold(leases=[l.public() for l in taken])
+        self._lease_nonce, self._deploys_at_hold = nonce, self._deploys_started
+        try:
+            yield held
+        except BaseException as exc:
+            if held.kept is None and self._deploys_started == self._deploys_at_hold:
+                try:  # nothing was deployed under the hold (e.g. no route record to snapshot)
+                    leases.release_leases(targets, nonce)
+                except PairctlError as rel:
+                    exc.add_note(f"releasing the leases also failed: {rel}")
+                raise
+            if held.kept is None:
+                held.keep(f"the run stopped with {type(exc).__name__} after a deploy began")
+            exc.add_note(f"leases KEPT on {', '.join(t.name for t in targets)}: {held.kept}; after checking the pair, "
+                         f"`pairctl lease release {self.pair} --dead-run {run_id}`")
+            raise
+        finally:
+            self._lease_nonce = None
+        if held.kept is not None:
+            held.ended = {"kept": held.kept, "hosts": [t.name for t in targets]}
+            self.log.warning("leases kept", reason=held.kept)
+            return
+        try:
+            leases.release_leases(targets, nonce)
+            held.ended = {"released": [t.name for t in targets]}
+        except PairctlError as exc:
+            held.ended = {"release_failed": str(exc)}
+            self.log.error("releasing the qualification's leases failed", error=str(exc))
+
     # -- activating ----------------------------------------------------------------------------
     def _profile_file(self, profile: dict[str, Any]) -> str:
         p = Path(self._tmp.name) / f"profile-{sha256_json(profile)[:16]}.yaml"
@@ -96,24 +185,13 @@ class EngineDriver:
         return str(p)
 
     def _deploy(self, native: str, rpc: str, profile: dict[str, Any], why: str) -> Any:
-        """One engine deploy. A pair busy with another run (its evidence chain or a host lease
-        held) refuses before anything changes, so waiting and trying again is safe; every wait
-        is logged, and after `busy_wait_s` the refusal stands."""
+        """One engine deploy under this run's held leases (renewed, not taken or released)."""
         from orchestrator.engine.deploy import deploy
 
-        deadline = time.monotonic() + self.busy_wait_s
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                res = deploy(self.home, self.inventory, self.pair, (native, rpc), profile_name=self._profile_file(profile),
-                             skip_accept=True, argv=[*self.argv, f"({why})"], pool=self.pool)
-                break
-            except LeaseHeldError as exc:  # EvidenceBusy is one too
-                if time.monotonic() >= deadline:
-                    raise
-                self.log.warning("pair busy; waiting to deploy", why=why, attempt=attempt, error=str(exc).splitlines()[0])
-                time.sleep(self.busy_poll_s)
+        self._deploys_started += 1
+        res = self._wait_busy(why, lambda: deploy(
+            self.home, self.inventory, self.pair, (native, rpc), profile_name=self._profile_file(profile),
+            skip_accept=True, argv=[*self.argv, f"({why})"], pool=self.pool, held_lease_nonce=self._lease_nonce))
         self.deploy_receipts.append(res.receipt)
         return res
 

@@ -3,6 +3,11 @@
 Order of evidence in the receipt (each a journal event, so a killed run keeps what it had):
 
 1. `plan_sha256`, the plan text and both arms' package ids are set BEFORE the first sample.
+   `qualify_leases`: both hosts' leases, taken for this run (their purpose names its run id,
+   so `pairctl lease release --dead-run` frees them if the run is killed) and held until after
+   the restore; each arm's deploy renews them instead of taking its own, so no other deploy,
+   accept or rollback can change the pair between two arms. `qualify_leases_end` says how
+   they ended (released, or kept after an arm's failed rollback).
 2. `snapshot`: what is active on the pair now (to restore afterwards).
 3. One step per arm, named `arm-<k>-p<pair>-<baseline|candidate>`: fresh activation of that
    arm's packages with the profile (the deploy engine's activation + verification), the
@@ -18,10 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, ContextManager, Protocol
 
 from orchestrator.config.profiles import RouteProfile
-from orchestrator.errors import PairctlError
+from orchestrator.errors import PairctlError, RollbackFailed
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.log import get_logger
 from orchestrator.qualify.analysis import QualifyResult, analyze
@@ -61,6 +66,11 @@ class PairDriver(Protocol):
 
     def restore(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Put the snapshot's pair back and verify it; returns what was verified."""
+
+    def hold(self, run_id: str) -> ContextManager[Any]:
+        """Hold the pair's host leases (purpose naming `run_id`) from before the snapshot until
+        after the restore, so no other run changes the pair between arms. Yields an object
+        with `keep(reason)`: leases kept on exit (a failed rollback left the pair unknown)."""
 
     def close(self) -> None: ...
 
@@ -120,65 +130,76 @@ def run_qualification(
         journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
         journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
         journal.set("qualify_profile", profile.model_dump(mode="json"))
-        with journal.step("snapshot") as step:
-            before = driver.snapshot()
-            step.data["active"] = before
+        # The pair is held from before the snapshot until after the restore: every arm's deploy
+        # renews this run's leases instead of taking its own, so nothing else runs in between.
+        with driver.hold(journal.run_id) as held:
+            journal.set("qualify_leases", held.public())
+            with journal.step("snapshot") as step:
+                before = driver.snapshot()
+                step.data["active"] = before
 
-        prompts: list[Prompt] | None = None
-        arm_steps: list[str] = []
-        samples: list[dict[str, Any]] = []
-        stopped_early: str | None = None
-        stop_error: BaseException | None = None
-        for k, (p_idx, arm) in enumerate(plan.arm_order()):
-            name = arm_step_name(k, p_idx, arm)
-            pkgs = arms[arm]
-            try:
-                with journal.step(name) as step:
-                    active = driver.activate(pkgs, profile)
-                    step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
-                    try:
-                        # Every arm tokenizes the fixtures again: both arms must send the same ids
-                        # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
-                        mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
-                        prompts = prompts or mine
-                        step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
-                        step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
-                        step.data["warmup"] = warmup(active.client, loaded, params)
-                        base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
-                                "build_info": active.identity.get("build_info")}
-                        rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
-                                        base=base) for pr in prompts]
-                    finally:
-                        close = getattr(active.client, "close", None)
-                        if close:
-                            close()
-                    journal.samples(name, rows)
-                    samples += rows
-                    step.data["samples"] = len(rows)
-                    step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
-                arm_steps.append(name)
-                log.info("arm measured", step=name, samples=len(rows))
-                if hooks.after_arm:
-                    hooks.after_arm(name)
-            except Exception as exc:  # noqa: BLE001 - whatever stops an arm, the pair is restored below
-                # An arm that cannot be activated or measured ends the measuring; missing pairs
-                # make the result inconclusive. The step records the error; nothing is retried.
-                stopped_early = f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                stop_error = exc
-                log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
-                break
+            prompts: list[Prompt] | None = None
+            arm_steps: list[str] = []
+            samples: list[dict[str, Any]] = []
+            stopped_early: str | None = None
+            stop_error: BaseException | None = None
+            for k, (p_idx, arm) in enumerate(plan.arm_order()):
+                name = arm_step_name(k, p_idx, arm)
+                pkgs = arms[arm]
+                try:
+                    with journal.step(name) as step:
+                        active = driver.activate(pkgs, profile)
+                        step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
+                        try:
+                            # Every arm tokenizes the fixtures again: both arms must send the same ids
+                            # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
+                            mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
+                            prompts = prompts or mine
+                            step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
+                            step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
+                            step.data["warmup"] = warmup(active.client, loaded, params)
+                            base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
+                                    "build_info": active.identity.get("build_info")}
+                            rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
+                                            base=base) for pr in prompts]
+                        finally:
+                            close = getattr(active.client, "close", None)
+                            if close:
+                                close()
+                        journal.samples(name, rows)
+                        samples += rows
+                        step.data["samples"] = len(rows)
+                        step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
+                    arm_steps.append(name)
+                    log.info("arm measured", step=name, samples=len(rows))
+                    if hooks.after_arm:
+                        hooks.after_arm(name)
+                except Exception as exc:  # noqa: BLE001 - whatever stops an arm, the pair is restored below
+                    # An arm that cannot be activated or measured ends the measuring; missing pairs
+                    # make the result inconclusive. The step records the error; nothing is retried.
+                    stopped_early = f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    stop_error = exc
+                    log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
+                    break
 
-        restored, restore_error = True, None
-        try:
-            with journal.step("restore") as step:
-                if hooks.before_restore:
-                    hooks.before_restore()
-                step.data["verified"] = driver.restore(before)
-                if hooks.after_restore:
-                    hooks.after_restore(step.data["verified"])
-        except PairctlError as exc:
-            restored, restore_error = False, str(exc).splitlines()[0]
-            log.error("restore failed after measurements", error=restore_error)
+            restored, restore_error = True, None
+            if isinstance(stop_error, RollbackFailed):
+                # The arm's deploy could not put the previous pair back: both services are stopped
+                # and the state is unknown. Nothing is deployed onto it; the leases stay held.
+                restored, restore_error = False, f"not attempted, an arm's rollback failed ({stopped_early})"
+                held.keep("an arm's rollback failed; the pair's state is unknown")
+            else:
+                try:
+                    with journal.step("restore") as step:
+                        if hooks.before_restore:
+                            hooks.before_restore()
+                        step.data["verified"] = driver.restore(before)
+                        if hooks.after_restore:
+                            hooks.after_restore(step.data["verified"])
+                except PairctlError as exc:
+                    restored, restore_error = False, str(exc).splitlines()[0]
+                    log.error("restore failed after measurements", error=restore_error)
+        journal.set("qualify_leases_end", held.end())
 
         result = analyze(plan, samples, plan_sha256=loaded.sha256)
         journal.set("qualification", result.to_json())

@@ -40,6 +40,7 @@ from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     ConnectionLost,
+    NotStarted,
     FileStat,
     RetryPolicy,
     TransportStats,
@@ -361,7 +362,7 @@ class SshTransport:
             raise
         except Exception as exc:
             tg = self.target
-            raise HostError(
+            raise NotStarted(
                 f"cannot connect to {tg.where()}: {type(exc).__name__}: {exc}",
                 hint="is the host up and its sshd listening on that address and port?",
             ) from None
@@ -403,7 +404,7 @@ class SshTransport:
         except (paramiko.SSHException, EOFError, OSError) as exc:
             with self._lock:
                 self._drop()
-            raise ConnectionLost(f"{self.name}: cannot open a session channel: {exc}") from None
+            raise NotStarted(f"{self.name}: cannot open a session channel: {exc}") from None
         writer: threading.Thread | None = None
         try:
             chan.exec_command(cmd.render())

@@ -57,6 +57,14 @@ class ConnectionLost(HostError):
     """The connection failed while a command or transfer was in flight (transient)."""
 
 
+class NotStarted(ConnectionLost):
+    """The host could not be reached (no connection, no session channel): the command never
+    started, so it changed nothing there. The engine turns this, at its first change, into a
+    refusal with the previous pair still serving."""
+
+    never_ran = True
+
+
 @dataclass
 class TransportStats:
     """Counters for benchmarks and receipts: how many round trips and bytes a run cost."""

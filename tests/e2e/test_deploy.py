@@ -234,8 +234,9 @@ def _release_kept_leases(pt: PairUnderTest) -> None:
 
 def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_packages_b, cli, tmp_path,
                                                              restore_baseline):
-    """The pair to restore cannot start either (its model file vanished): exit 8, nothing runs,
-    both leases are still held, and the message says where to look."""
+    """The pair to restore cannot start either (the model file its recorded argv names vanished;
+    the new deploy's own model files are present, so it passes prepare's model check): exit 8,
+    nothing runs, both leases are still held, and the message says where to look."""
     a, b = deployed_lab.package_id, lab_packages_b.id
     models = tmp_path / "models"
     models.mkdir()
@@ -250,7 +251,7 @@ def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_
     assert r.exit_code == 0, r.stderr  # A, serving from the copied model
     (models / "target.gguf").unlink()
     try:
-        r, _ = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept", inventory=str(path))
+        r, _ = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept")
         assert r.exit_code == 8, (r.exit_code, r.stderr)
         assert "rollback failed" in r.stderr and "leases are kept" in r.stderr and "run/" in r.stderr
         st = lab_status(cli)
@@ -360,3 +361,36 @@ def test_status_verify_files_sees_a_changed_file_the_process_hashes_cannot(deplo
         victim.chmod(mode)
     human = cli("status", "--pair", PAIR, "--verify-files", inventory=INV_ARG)
     assert human.exit_code == 0 and "files of" in human.stdout and "match its manifest" in human.stdout
+
+
+def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(deployed_lab, lab_packages_b, cli, tmp_path,
+                                                                      restore_baseline):
+    """The weights are part of what serves: deploy hashes each inventory model file on the native
+    host (cached there by stat) into the route entry, and a file whose sha256 is not the one the
+    inventory declares refuses the deploy with nothing changed (exit 6)."""
+    from orchestrator.hashing import sha256_file
+
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    models = deployed_lab.inventory.pair(PAIR).models
+    want = {name: sha256_file(m.path) for name, m in models.items()}  # the lab's hosts share this disk
+    inv = read_yaml(INV_FILE)
+    inv["pairs"][PAIR]["models"]["target"]["sha256"] = want["target"]
+    good = tmp_path / "declared.yaml"
+    good.write_text(json.dumps(inv))
+    r, out = _deploy(cli, "--packages", b, b, "--skip-accept", inventory=str(good))
+    assert r.exit_code == 0, r.stderr
+    route = json.loads((Path(deployed_lab.roots()["native"]) / "route.json").read_text())
+    assert route["active"]["models"] == want
+    prepared = next(s for s in out["steps"] if s["name"] == "prepare")
+    assert prepared["ok"]
+
+    inv["pairs"][PAIR]["models"]["draft_same"]["sha256"] = "0" * 64
+    bad = tmp_path / "wrong-model.yaml"
+    bad.write_text(json.dumps(inv))
+    before = lab_status(cli)
+    r, _ = _deploy(cli, "--packages", a, a, "--skip-accept", inventory=str(bad))
+    assert r.exit_code == 6, (r.exit_code, r.stderr)
+    assert "model draft_same" in r.stderr and "the inventory declares " + "0" * 64 in r.stderr and "nothing was changed" in r.stderr
+    st = lab_status(cli)
+    assert st["route"] == before["route"] and _host_links(st) == _host_links(before) and is_active(st, b)
+    assert all(v["leases"] == [] for v in st["hosts"].values())

@@ -98,12 +98,29 @@ def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_pa
     def final_read_times_out(verified):
         raise CheckFailed("configuration GET timed out after restore (injected)")
 
+    between_arms: list[str] = []
+
+    def another_deploy_between_arms(step: str) -> None:
+        # the pair is held by this qualification between its arms: another deploy is refused
+        # before it changes anything (exit 5), naming the qualification's run
+        if step == "arm-01-p1-baseline":
+            held = cli("--json", "lease", "show", PAIR)
+            r = cli("deploy", "--pair", PAIR, "--packages", b, b)
+            between_arms.extend([held.stdout, str(r.exit_code), r.stderr])
+
     c = Ctx(home=lab.home, inventory_ref=str(lab.inventory_path))
     c._inventory = lab.inventory
     out = qualify_pair(c, pair=PAIR, baseline=(a, a), candidate=(b, b), plan_ref="lab", profile_ref=None,
-                       argv=["qualify", "(e2e: injected final-step failure)"], hooks=Hooks(after_restore=final_read_times_out))
+                       argv=["qualify", "(e2e: injected final-step failure)"],
+                       hooks=Hooks(after_arm=another_deploy_between_arms, after_restore=final_read_times_out))
     original = store.load(out.receipt)
     assert original.outcome == "failed" and "restore failed after measurements" in original.reason
+    shown, code, err = between_arms
+    assert [h["lease"]["purpose"] for h in json.loads(shown)] == [f"pairctl qualify {PAIR} (run {original.run_id})"] * 2, shown
+    assert code == "5" and f"qualify {PAIR} (run {original.run_id})" in err, err
+    assert "released" in original.extra_fields()["qualify_leases_end"]
+    after = cli("--json", "lease", "show", PAIR)
+    assert [h["state"] for h in json.loads(after.stdout)] == ["free", "free"], after.output
     assert original.step("restore").outcome == "failed"
     assert len(out.arm_steps) == 6 and all(original.step(s).outcome == "passed" for s in out.arm_steps)
     assert _active(lab)["native"] == before["native"]  # the restore itself ran; only the final read "failed"

@@ -32,8 +32,9 @@ from orchestrator.paths import Home
 
 PAIR = "faults"
 # Steps before the first change to what runs (stop-native probes the RPC host before it stops
-# anything): losing the RPC host there must end in a refusal, the previous pair still serving.
-RPC_LOSS_REFUSED = {"preflight", "connect", "facts", "lease", "prepare", "upload", "kernel-check", "secret", "stop-native"}
+# anything, and a stop that cannot reach the native host never started): losing either host
+# there must end in a refusal, the previous pair still serving.
+HOST_LOSS_REFUSED = {"preflight", "connect", "facts", "lease", "prepare", "upload", "kernel-check", "secret", "stop-native"}
 ROLES = ("native", "rpc")
 SERVICE = {"native": "llama-server", "rpc": "ggml-rpc-server"}
 LOCK = Path("leases") / "host.lock"
@@ -361,22 +362,24 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def inject_cut_ssh(fp, run, st):
-    """The RPC host's sshd goes away with every live session under it: pairctl's connection drops
-    and no new one can be made until `repair` starts sshd again."""
-    sshd = fp.sshd("rpc")
-    listener = sshd.running_pid()
-    tree = descendants(listener) if listener else []
-    for pid in tree:
-        _signal(pid, signal.SIGKILL)
-    pids = sshd.down()
-    st["sshd_down"] = True
-    return f"stopped rpc sshd {pids} and its sessions {tree}"
+def _cut_ssh(role):
+    def inject(fp, run, st):
+        """The host's sshd goes away with every live session under it: pairctl's connection
+        drops and no new one can be made until `repair` starts sshd again."""
+        sshd = fp.sshd(role)
+        listener = sshd.running_pid()
+        tree = descendants(listener) if listener else []
+        for pid in tree:
+            _signal(pid, signal.SIGKILL)
+        pids = sshd.down()
+        st["sshd_down"] = role
+        return f"stopped {role} sshd {pids} and its sessions {tree}"
+    return inject
 
 
 def repair_cut_ssh(fp, st):
     if st.get("sshd_down"):
-        fp.sshd("rpc").up(fp.operator_pub())
+        fp.sshd(st["sshd_down"]).up(fp.operator_pub())
 
 
 def _kill_service(role):
@@ -459,7 +462,8 @@ def repair_corrupt_release(fp, st):
 
 FAULTS = [
     Fault("kill-pairctl", inject_kill_pairctl, kills_pairctl=True),
-    Fault("cut-ssh-rpc", inject_cut_ssh, repair_cut_ssh),
+    Fault("cut-ssh-rpc", _cut_ssh("rpc"), repair_cut_ssh),
+    Fault("cut-ssh-native", _cut_ssh("native"), repair_cut_ssh),
     Fault("kill-llama-server", _kill_service("native")),
     Fault("kill-rpc-server", _kill_service("rpc")),
     Fault("hang-server", inject_hang_server, repair_hang_server),
@@ -572,8 +576,8 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     rc_s, st1 = fp.status()
     mid = active_package(st1)
     cell.between = "new" if mid == new else "prev" if mid == old else "unverified"
-    if fault.name == "cut-ssh-rpc" and step in RPC_LOSS_REFUSED and (cell.first, cell.between) != ("exit 4", "prev"):
-        cell.problems.append(f"the RPC host lost before the first change must be refused with nothing changed "
+    if fault.name.startswith("cut-ssh-") and step in HOST_LOSS_REFUSED and (cell.first, cell.between) != ("exit 4", "prev"):
+        cell.problems.append(f"a host lost before the first change must be refused with nothing changed "
                              f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]")
     for role in ROLES:
         host = f"{fp.name}-{role}"

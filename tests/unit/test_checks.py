@@ -264,10 +264,11 @@ def test_filler_is_deterministic_and_contains_run():
 
 # --- baseline lookup in the evidence store ---------------------------------------------------------
 
-def _receipt_with(store, outcome, results):
+def _receipt_with(store, outcome, results, models=None):
     j = store.begin(command="accept", argv=["accept"], pair="p")
     with j.step("check:answer_fixtures") as st:
-        st.data.update({"name": "answer_fixtures", "raw": {"results": results}})
+        raw = {"results": results} if models is None else {"results": results, "models": models}
+        st.data.update({"name": "answer_fixtures", "raw": raw})
     return j.finish(outcome, "test")
 
 
@@ -287,6 +288,27 @@ def test_find_baseline_newest_passed_receipt(tmp_path):
     empty = j.finish("passed", "no checks")
     with pytest.raises(EvidenceError, match="no answer_fixtures results"):
         find_baseline(store, receipt=empty)
+
+
+def test_baseline_only_from_the_same_model_files(tmp_path):
+    """Answers depend on the weights: a run on other model files (or one that did not record
+    them) is never picked as the baseline, and naming one explicitly is refused."""
+    from orchestrator.checks.live import find_baseline
+    from orchestrator.errors import ConfigError
+    from orchestrator.evidence.store import EvidenceStore
+
+    store = EvidenceStore(tmp_path / "ev")
+    m1, m2 = {"target": "1" * 64}, {"target": "2" * 64}
+    unrecorded = _receipt_with(store, "passed", [{"sha256": "a" * 64, "passed": True}])
+    on_m1 = _receipt_with(store, "passed", [{"sha256": "a" * 64, "passed": True}], models=m1)
+    _receipt_with(store, "passed", [{"sha256": "a" * 64, "passed": False}], models=m2)  # newest, other weights
+    assert find_baseline(store, pair="p", models=m1).receipt == on_m1
+    assert find_baseline(store, pair="p", models={"target": "3" * 64}) is None
+    with pytest.raises(ConfigError, match="answers from other weights are no baseline"):
+        find_baseline(store, receipt=on_m1, models=m2)
+    with pytest.raises(ConfigError, match="unrecorded"):
+        find_baseline(store, receipt=unrecorded, models=m1)
+    assert find_baseline(store, receipt=on_m1, models=m1).receipt == on_m1
 
 
 def test_table_shows_verdicts_and_survives_brackets_in_messages():

@@ -172,6 +172,32 @@ def test_run_lease_broken_only_for_that_run(host) -> None:
         L.break_run_lease(t, root, "r2", by="op", why="killed")
 
 
+def test_renew_extends_only_the_holders_live_lease(host) -> None:
+    """A run holding a pair across steps (qualification) renews its lease; a wrong nonce, a
+    released or an expired lease is refused and nothing on the host changes."""
+    t, root = host
+    lease = L.take_lease(t, root, "op", "pairctl qualify lab (run q1)", 60)
+    file = os.path.join(lock_dir(root), "lease.json")
+    renewed = L.renew_lease(t, root, lease.nonce, 3600)
+    assert renewed.nonce == lease.nonce and renewed.taken_at == lease.taken_at and renewed.purpose == lease.purpose
+    assert 3590 <= renewed.remaining_s() <= 3600 and L.read_lease(t, root) == renewed
+    assert L.renew_lease(t, root, lease.nonce, 60) == renewed  # never shortened
+    assert os.listdir(lock_dir(root)) == ["lease.json"]  # no temp file left
+    before = open(file, "rb").read()
+    with pytest.raises(LeaseError, match="cannot renew: the lease this run holds is gone .*leased by op"):
+        L.renew_lease(t, root, "f" * 32, 3600)
+    assert open(file, "rb").read() == before
+    L.release_lease(t, root, lease.nonce)
+    with pytest.raises(LeaseError, match="gone .*free"):
+        L.renew_lease(t, root, lease.nonce, 3600)
+    assert L.lease_state(t, root).free
+    short = L.take_lease(t, root, "op", "q2", 1)
+    time.sleep(1.1)
+    with pytest.raises(LeaseError, match="EXPIRED.*may already be someone else's"):
+        L.renew_lease(t, root, short.nonce, 3600)
+    assert L.lease_state(t, root).state == "expired"
+
+
 def test_half_made_lease_is_held_until_grace(host) -> None:
     t, root = host
     os.makedirs(lock_dir(root))  # a taker killed between mkdir and writing lease.json

@@ -15,7 +15,7 @@ import pytest
 from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.hosts import services
 from orchestrator.hosts.layout import SVC_SOURCE, HostLayout, install_helper, put_secret, svc_script, switch_links
-from orchestrator.hosts.probes import parse_identity, parse_sha256sum, read_facts
+from orchestrator.hosts.probes import ProbeError, parse_identity, parse_model_hashes, parse_sha256sum, read_facts
 from orchestrator.hosts.release import ReleaseMismatch
 from orchestrator.hosts.route import RouteConflict, cas_write
 from orchestrator.remote.local import LocalTransport
@@ -217,3 +217,34 @@ def test_wait_listen_with_and_without_ss(tmp_path, with_ss):
     finally:
         srv.kill()
         srv.wait()
+
+
+def test_model_hash_is_cached_by_stat_and_redone_when_the_file_changes(host, tmp_path):
+    """A model is tens of GB: hashed once, then read from run/model-sha256 while its device,
+    inode, size, mtime and ctime are unchanged; a rewrite (same size) is hashed again."""
+    t, layout = host
+    m = tmp_path / "models dir" / "target.gguf"
+    m.parent.mkdir()
+    m.write_bytes(b"GGUF" + b"\0" * 1000)
+    missing = str(tmp_path / "none.gguf")
+
+    def hashes():
+        return parse_model_hashes(t.run(layout.model_hash_cmd([str(m), missing])).stdout)
+
+    first = hashes()
+    assert first[str(m)].sha256 == sha256_file(m) and first[str(m)].size == 1004 and first[str(m)].how == "hashed"
+    assert first[missing].sha256 is None and first[missing].how == "missing"
+    assert hashes()[str(m)].how == "cached"
+    os.utime(m, ns=(1, 1))  # even a touch back in time changes ctime: hashed again
+    m.write_bytes(b"GGUF" + b"\1" * 1000)
+    again = hashes()[str(m)]
+    assert again.how == "hashed" and again.sha256 == sha256_file(m) != first[str(m)].sha256
+    lines = open(os.path.join(layout.run, "model-sha256")).read().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(again.sha256)  # one line per file
+
+
+@pytest.mark.parametrize("line", ["model=xyz:1:hashed:/m", "model=" + "a" * 64 + ":x:hashed:/m",
+                                  "model=" + "a" * 64 + ":1:guessed:/m", "model=-:-:missing:", "other=1"])
+def test_parse_model_hashes_rejects(line):
+    with pytest.raises(ProbeError):
+        parse_model_hashes(line)

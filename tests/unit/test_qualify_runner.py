@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.profiles import load_profile
-from orchestrator.errors import CheckFailed, EvidenceError
+from orchestrator.errors import CheckFailed, EvidenceError, RollbackFailed
 from orchestrator.evidence.receipt import parse_time
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.qualify.plan import load_plan
 from orchestrator.qualify.report import load_record, write_report
+from orchestrator.qualify.engine_driver import PairHold
 from orchestrator.qualify.runner import ActiveArm, ArmPackages, Hooks, run_qualification
 from orchestrator.server.models import CompletionResult, StreamChunk, Timings
 
@@ -54,6 +55,7 @@ class ScriptedDriver:
     def __init__(self, speeds: dict[str, list[float]], fail_restore: bool = False):
         self.speeds = {k: list(v) for k, v in speeds.items()}
         self.events: list = []
+        self.holds: list = []
         self.fail_restore = fail_restore
 
     def snapshot(self):
@@ -65,6 +67,14 @@ class ScriptedDriver:
         self.events.append(("activate", arm))
         return ActiveArm(client=ScriptedClient(self.speeds[arm].pop(0), self.events), identity={"build_info": f"b1-{arm}"},
                          per_slot_ctx=profile.per_slot_ctx(), memory=lambda: (1000, "scripted"))
+
+    @contextmanager
+    def hold(self, run_id):
+        """The pair's leases: when taken and released relative to the other events."""
+        self.holds.append(("hold", run_id, len(self.events)))
+        held = PairHold(leases=[{"host": "n"}, {"host": "r"}])
+        yield held
+        self.holds.append(("kept", held.kept, len(self.events)) if held.kept else ("released", None, len(self.events)))
 
     def restore(self, snapshot):
         self.events.append(("restore", snapshot["native"]))
@@ -215,6 +225,32 @@ def test_unexpected_error_in_an_arm_still_restores(tmp_path):
     assert isinstance(out.stop_error, RuntimeError)
     r = store.load(out.receipt)
     assert r.outcome == "inconclusive" and "RuntimeError: unexpected" in r.step("arm-02-p1-candidate").error
+
+
+def test_pair_is_held_from_before_the_snapshot_until_after_the_restore(tmp_path):
+    d = ScriptedDriver(SPEEDS)
+    store, out = run(tmp_path, d)
+    r = store.load(out.receipt)
+    assert d.holds == [("hold", r.run_id, 0), ("released", None, len(d.events))]
+    extra = r.extra_fields()
+    assert extra["qualify_leases"] == {"hosts": [{"host": "n"}, {"host": "r"}]}
+
+
+def test_arm_whose_rollback_failed_is_not_restored_onto_and_leases_stay(tmp_path):
+    class RollbackFails(ScriptedDriver):
+        def activate(self, packages, profile):
+            if any(isinstance(e, tuple) and e[0] == "activate" for e in self.events):
+                self.events.append(("activate", "rollback failed"))
+                raise RollbackFailed("deploy failed at step 'verify'; the rollback failed at step 'start-server'")
+            return super().activate(packages, profile)
+
+    d = RollbackFails(SPEEDS)
+    store, out = run(tmp_path, d)
+    assert not any(isinstance(e, tuple) and e[0] == "restore" for e in d.events)  # nothing deployed onto an unknown state
+    assert not out.restored and out.restore_error.startswith("not attempted, an arm's rollback failed")
+    assert d.holds[-1][0] == "kept" and "state is unknown" in d.holds[-1][1]
+    r = store.load(out.receipt)
+    assert r.outcome == "failed" and "not attempted" in r.reason
 
 
 def test_fixture_longer_than_the_servers_slot_is_a_config_error_after_restore(tmp_path):
