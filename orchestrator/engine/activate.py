@@ -39,7 +39,7 @@ from orchestrator.hosts.layout import (
 from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, parse_model_hashes, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
-from orchestrator.remote.transport import NotStarted
+from orchestrator.remote.transport import never_ran
 
 ROLES = ("native", "rpc")
 
@@ -379,8 +379,8 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     verify = _take_deferred(ctx, role)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
-    except NotStarted as exc:
-        if ctx.mode == "deploy" and role == "native":  # the first change never started: nothing stopped
+    except HostError as exc:
+        if ctx.mode == "deploy" and role == "native" and never_ran(exc):  # the first change never started
             raise UnreachableBeforeChange(
                 f"{ctx.host(role)} could not be reached to stop {SERVICE_OF_ROLE[role]}, so nothing was stopped: {exc}",
                 hint="the previous pair keeps serving; repair the host, then deploy again") from None

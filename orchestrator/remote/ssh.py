@@ -41,6 +41,7 @@ from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     ConnectionLost,
     NotStarted,
+    Unreachable,
     FileStat,
     RetryPolicy,
     TransportStats,
@@ -362,7 +363,7 @@ class SshTransport:
             raise
         except Exception as exc:
             tg = self.target
-            raise NotStarted(
+            raise Unreachable(
                 f"cannot connect to {tg.where()}: {type(exc).__name__}: {exc}",
                 hint="is the host up and its sshd listening on that address and port?",
             ) from None

@@ -58,11 +58,23 @@ class ConnectionLost(HostError):
 
 
 class NotStarted(ConnectionLost):
-    """The host could not be reached (no connection, no session channel): the command never
-    started, so it changed nothing there. The engine turns this, at its first change, into a
-    refusal with the previous pair still serving."""
+    """No session channel could be opened on the connection: the command never started, so it
+    changed nothing there (transient: `run_idempotent` reconnects and tries again)."""
 
     never_ran = True
+
+
+class Unreachable(HostError):
+    """No connection could be made (after the connect retries): nothing ran. Not retried again
+    by `run_idempotent`, whose connect already retried."""
+
+    never_ran = True
+
+
+def never_ran(exc: BaseException) -> bool:
+    """The command did not start on the host (the engine turns this, at the first change, into a
+    refusal with the previous pair still serving)."""
+    return bool(getattr(exc, "never_ran", False))
 
 
 @dataclass

@@ -129,3 +129,14 @@ def test_fingerprint_matches_openssh_format() -> None:
     assert fp == "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
     assert fp == pk.fingerprint  # paramiko's own OpenSSH-compatible form
     assert known_hosts_name("127.0.0.2", 2222) == "[127.0.0.2]:2222" and known_hosts_name("h", 22) == "h"
+
+
+def test_never_ran_and_retry_classes_of_transport_errors():
+    """A command that never started changed nothing (deploy's first change turns that into a
+    refusal); only a broken channel is retried by run_idempotent, since connecting already
+    retried on its own."""
+    from orchestrator.remote.transport import ConnectionLost, NotStarted, Unreachable, never_ran, transient_command_error
+
+    assert never_ran(Unreachable("cannot connect")) and not transient_command_error(Unreachable("cannot connect"))
+    assert never_ran(NotStarted("no channel")) and transient_command_error(NotStarted("no channel"))
+    assert not never_ran(ConnectionLost("lost while running")) and transient_command_error(ConnectionLost("lost"))
