@@ -66,6 +66,7 @@ def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], ho
     record itself (revision, argv digest) re-read each time: a change during the suite shows."""
     from orchestrator.engine.identity import Expected, verify_identity
     from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+    from orchestrator.hosts.models import recorded_model_problems
     from orchestrator.hosts.probes import ExpectedProc
 
     active = route.active
@@ -99,6 +100,10 @@ def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], ho
         problems = list(rep.problems)
         if now is None or now.active is None or now.active.argv_sha256 != active.argv_sha256:
             problems.append("the route record no longer names the pair this acceptance started with")
+        if active.models:  # the weights too: a model file replaced under the server changes what it serves
+            problems += recorded_model_problems(active.models, inventory.pair(pair).models, hosts["native"],
+                                                transports["native"], layouts["native"])
+            data["models"] = dict(active.models)
         return IdentitySnapshot(data=data, problems=tuple(problems))
 
     return probe

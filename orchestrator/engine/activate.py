@@ -36,9 +36,11 @@ from orchestrator.hosts.layout import (
     svc_sha256,
     switch_links,
 )
-from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, parse_model_hashes, read_facts
+from orchestrator.hosts.models import hash_models
+from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
+from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import never_ran
 
 ROLES = ("native", "rpc")
@@ -117,10 +119,6 @@ class RunContext:
     def timed(self, key: str, seconds: float) -> None:
         with self._lock:
             self.timings[key] = self.timings.get(key, 0.0) + seconds
-
-
-def _text(out: str | bytes) -> str:
-    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
 
 
 # -- building targets (pure given manifests) ---------------------------------------------------
@@ -297,9 +295,7 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
     if not models:
         return {}
     t0 = time.monotonic()
-    paths = sorted({m.path for m in models.values()})
-    res = ctx.t("native").run(ctx.layout("native").model_hash_cmd(paths), check=True, timeout=3600)
-    seen = parse_model_hashes(_text(res.stdout))
+    seen = hash_models(ctx.t("native"), ctx.layout("native"), (m.path for m in models.values()))
     ctx.timed("model_hash_s", time.monotonic() - t0)
     problems, hashes = [], {}
     for name, m in sorted(models.items()):

@@ -23,6 +23,7 @@ from orchestrator.hosts.probes import (
     slots_problems,
 )
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
+from orchestrator.remote.result import as_text
 
 PIPELINE_LINE = "pipeline parallelism enabled"
 
@@ -52,10 +53,6 @@ class IdentityReport:
         return not self.problems
 
 
-def _text(out: str | bytes) -> str:
-    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
-
-
 def read_identities(transports: Mapping[str, Any], layouts: Mapping[str, Any],
                     roles: tuple[str, ...] = ("native", "rpc")) -> dict[str, ProcIdentity | None]:
     """One exec per host: sha256 of /proc/PID/exe and /proc/PID/cmdline of its service."""
@@ -63,7 +60,7 @@ def read_identities(transports: Mapping[str, Any], layouts: Mapping[str, Any],
     for role in roles:
         name = SERVICE_OF_ROLE[role]
         res = transports[role].run_idempotent(layouts[role].identity_cmd(name), timeout=60)
-        out[role] = parse_identity(_text(res.stdout)).get(name)
+        out[role] = parse_identity(as_text(res.stdout)).get(name)
     return out
 
 

@@ -12,15 +12,13 @@ from typing import Any
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.hosts.layout import SERVICE_OF_ROLE
+from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.engine.identity import read_identities
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json
 from orchestrator.paths import Home
-
-
-def _text(out: str | bytes) -> str:
-    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+from orchestrator.remote.result import as_text
 
 
 def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
@@ -98,6 +96,14 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             nat = out["hosts"][view.hosts["native"]]
             if rec.active and nat["current"] != rec.active.native_package:
                 out["problems"].append(f"route record names {rec.active.native_package}, native current is {nat['current']}")
+            if rec.active and rec.active.models:
+                with journal.step("models", host=view.hosts["native"]) as st:
+                    found = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models, view.hosts["native"],
+                                                    pool.get(view.hosts["native"]), view.layouts["native"])
+                    out["route"]["models"] = dict(rec.active.models)
+                    out["route"]["models_verified"] = not found
+                    out["problems"] += found
+                    st.data.update(models=dict(rec.active.models), problems=found)
         try:
             get_json(view.base_url, "/health", timeout=3)
             out["health"] = "ok"
@@ -129,9 +135,9 @@ def _verify_current(transport: Any, layout: Any, store: Any, current: str | None
     res = transport.run(layout.hash_cmd(current), check=False, timeout=300)
     if res.exit_status != 0:
         return {"verified": False, "problem": f"{host}: hashing release {current} failed (exit {res.exit_status}): "
-                                              f"{_text(res.stderr).strip()[-200:]}"}
+                                              f"{as_text(res.stderr).strip()[-200:]}"}
     try:
-        n = check_hash_output(expected, _text(res.stdout), host, f"releases/{current}")
+        n = check_hash_output(expected, as_text(res.stdout), host, f"releases/{current}")
     except PairctlError as exc:
         return {"verified": False, "problem": exc.message}
     return {"verified": True, "files": n}

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from orchestrator.errors import PackageError
 from orchestrator.hosts.layout import HostLayout, tmp_release_name
 from orchestrator.hosts.probes import hash_problems, parse_sha256sum
+from orchestrator.remote.result import as_text
 
 
 def expected_hashes(manifest: Any) -> dict[str, str]:
@@ -123,13 +124,13 @@ def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bo
         return ReleaseResult(host, pid, True, 0, 0, deferred=True)
     if present:
         res = transport.run(layout.hash_cmd(pid), timeout=300)
-        n = check_hash_output(expected, _text(res.stdout), host, f"releases/{pid}")
+        n = check_hash_output(expected, as_text(res.stdout), host, f"releases/{pid}")
         return ReleaseResult(host, pid, True, 0, n)
     tmp = tmp_release_name(pid, secrets.token_hex(4))
     data = _packed(str(package.path))
     res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
     try:
-        n = check_hash_output(expected, _text(res.stdout), host, f"the upload of {pid}")
+        n = check_hash_output(expected, as_text(res.stdout), host, f"the upload of {pid}")
     except PackageError:
         transport.run(layout.discard_cmd(tmp), check=False, timeout=120)
         raise
@@ -137,5 +138,3 @@ def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bo
     return ReleaseResult(host, pid, False, len(data), n)
 
 
-def _text(out: str | bytes) -> str:
-    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out

@@ -19,6 +19,7 @@ from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
+from orchestrator.remote.result import as_text
 
 SERVER_LOG = "llama-server.log"
 
@@ -48,10 +49,6 @@ class WaitResult:
     alive_checks: int
 
 
-def _text(out: str | bytes) -> str:
-    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
-
-
 def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity]:
     pid = None
     ident_lines = []
@@ -69,7 +66,7 @@ def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity
 def start(transport: Any, layout: HostLayout, name: str, argv: list[str]) -> tuple[int, ProcIdentity]:
     """Start NAME (one exec); returns its pid and identity (exe sha256, argv) once it has exec'd."""
     res = transport.run(layout.start_cmd(name, argv), timeout=30)
-    return _pid_and_identity(transport.name, _text(res.stdout), name)
+    return _pid_and_identity(transport.name, as_text(res.stdout), name)
 
 
 Verify = tuple[str, Mapping[str, str]]  # (release id, {relpath: sha256}) checked on the host first
@@ -97,7 +94,7 @@ def restart_listening(transport: Any, layout: HostLayout, name: str, links: tupl
                              verify_release=verify[0] if verify else None)
     res = transport.run(cmd, check=False, timeout=timeout_s + 60,
                         stdin=manifest_lines(verify[1]) if verify else None)
-    out = _text(res.stdout)
+    out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
@@ -107,7 +104,7 @@ def restart_listening(transport: Any, layout: HostLayout, name: str, links: tupl
         what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
         raise CheckFailed(f"{transport.name}: {name} {what}; its output ends:\n{_tail(out)}")
     raise HostError(f"{transport.name}: pairctl-svc restart {name} failed (exit {res.exit_status}): "
-                    f"{_text(res.stderr).strip()[-300:] or _tail(out)}")
+                    f"{as_text(res.stderr).strip()[-300:] or _tail(out)}")
 
 
 def stop(transport: Any, layout: HostLayout, name: str, verify: Verify | None = None) -> tuple[str, int]:
@@ -115,11 +112,11 @@ def stop(transport: Any, layout: HostLayout, name: str, verify: Verify | None = 
     if it does not match. Returns (`stopped=NAME:PID|-`, files verified)."""
     res = transport.run(layout.stop_cmd(name, verify[0] if verify else None), check=False, timeout=60,
                         stdin=manifest_lines(verify[1]) if verify else None)
-    out = _text(res.stdout)
+    out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status != 0:
         raise HostError(f"{transport.name}: stopping {name} failed (exit {res.exit_status}): "
-                        f"{_text(res.stderr).strip()[-300:]}")
+                        f"{as_text(res.stderr).strip()[-300:]}")
     return next((l for l in out.splitlines() if l.startswith("stopped=")), out.strip()), verified
 
 

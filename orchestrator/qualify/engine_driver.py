@@ -36,10 +36,7 @@ from orchestrator.hosts.route import parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
-
-
-def _text(out: str | bytes) -> str:
-    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+from orchestrator.remote.result import as_text
 
 
 def parse_vmhwm(status_text: str) -> int | None:
@@ -218,7 +215,7 @@ class EngineDriver:
                     return None, f"{role}: no pid"
                 t = self.pool.get(self.view.hosts[role])
                 # over SFTP (no process started on the host); reading /proc this way works
-                peak = parse_vmhwm(_text(t.read_bytes(f"/proc/{pid}/status")))
+                peak = parse_vmhwm(as_text(t.read_bytes(f"/proc/{pid}/status")))
                 if peak is None:
                     return None, f"{role}: no VmHWM"
                 total += peak

@@ -32,6 +32,11 @@ class CommandTimeout(RemoteCommandError):
     """The command did not finish within its timeout (it may still run on the host)."""
 
 
+def as_text(out: str | bytes) -> str:
+    """A command's output or a file read over SFTP as text (UTF-8, undecodable bytes replaced)."""
+    return out.decode("utf-8", "replace") if isinstance(out, bytes) else out
+
+
 def tail(text: str, n: int = TAIL_CHARS) -> str:
     text = text.rstrip()
     return text if len(text) <= n else "..." + text[-n:]

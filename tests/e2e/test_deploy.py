@@ -394,3 +394,24 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(deployed_l
     st = lab_status(cli)
     assert st["route"] == before["route"] and _host_links(st) == _host_links(before) and is_active(st, b)
     assert all(v["leases"] == [] for v in st["hosts"].values())
+
+    # status and acceptance's identity re-hash the model files against the route entry: a file
+    # replaced under the running server (it keeps its mapped inode) is seen, and then fine again
+    st = json.loads(cli("--json", "status", "--pair", PAIR, inventory=INV_ARG).stdout)
+    assert st["route"]["models"] == want and st["route"]["models_verified"] is True and not st["problems"], st
+    target = Path(models["target"].path)
+    keep = target.with_name(target.name + ".keep")
+    os.rename(target, keep)
+    try:
+        data = bytearray(keep.read_bytes())
+        data[-1] ^= 0xFF
+        target.write_bytes(bytes(data))
+        r = cli("--json", "status", "--pair", PAIR, inventory=INV_ARG)
+        problems = json.loads(r.stdout)["problems"]
+        assert r.exit_code == 1 and any("model target" in p and "changed since it was deployed" in p for p in problems), problems
+        acc = cli("--json", "accept", "--pair", PAIR, "--only", "identity", inventory=INV_ARG)
+        assert acc.exit_code == 1 and "changed since it was deployed" in acc.stdout, acc.output
+    finally:
+        os.replace(keep, target)
+    r = cli("--json", "status", "--pair", PAIR, inventory=INV_ARG)
+    assert r.exit_code == 0 and json.loads(r.stdout)["route"]["models_verified"] is True, r.output

@@ -1,0 +1,46 @@
+"""The model files a pair serves, identified by sha256 on the native host.
+
+A model is tens of GB, so the host helper keeps each file's sha256 under a key of its stat
+(`pairctl-svc model-hash`: device, inode, size, mtime and ctime to the nanosecond) and reads
+a file again only when that changes. Deploy hashes the inventory's models into the route
+entry; status and acceptance's identity check re-read them against it, since a file replaced
+or rewritten under a running server changes what it serves (or what it loads on restart).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from orchestrator.hosts.probes import ModelHash, parse_model_hashes
+from orchestrator.remote.result import as_text
+
+
+def hash_models(transport: Any, layout: Any, paths: Iterable[str]) -> dict[str, ModelHash]:
+    """sha256 of each file on the host, by path (one exec; a missing file has sha256 None)."""
+    paths = sorted(set(paths))
+    if not paths:
+        return {}
+    res = transport.run(layout.model_hash_cmd(paths), check=True, timeout=3600)
+    return parse_model_hashes(as_text(res.stdout))
+
+
+def recorded_model_problems(recorded: Mapping[str, str], models: Mapping[str, Any], host: str,
+                            transport: Any, layout: Any) -> list[str]:
+    """The route entry's model hashes (`recorded`, name -> sha256) against the files the
+    inventory's `models` name now, re-hashed on the native host."""
+    if not recorded:
+        return []
+    problems = [f"{host}: model {n} is in the route entry but not in the inventory, so it cannot be checked"
+                for n in sorted(recorded) if n not in models]
+    seen = hash_models(transport, layout, [models[n].path for n in recorded if n in models])
+    for name, want in sorted(recorded.items()):
+        if name not in models:
+            continue
+        path = models[name].path
+        h = seen.get(path)
+        if h is None or h.sha256 is None:
+            problems.append(f"{host}: model {name} ({path}) is missing")
+        elif h.sha256 != want:
+            problems.append(f"{host}: model {name} ({path}) has sha256 {h.sha256}, the route entry records {want} "
+                            "(changed since it was deployed)")
+    return problems
