@@ -2,7 +2,8 @@
 
 Exit codes: 0 every gate passed; 1 a gate failed; 9 inconclusive (fewer valid pairs than
 planned); 8 the pair could not be restored after the measurements (the receipt is failed, the
-samples are kept: derive a record and run `qualify report` on it).
+samples are kept: derive a record and run `qualify report` on it), or an arm's rollback failed
+(nothing restored onto it, leases kept); 5 the pair stayed leased by another run.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
 from orchestrator.qualify.analysis import QualifyResult
 
 app = typer.Typer(
-    help="Paired baseline/candidate TG qualification with bootstrap intervals and declared gates.",
+    help="Paired baseline/candidate TG qualification with bootstrap intervals and declared gates.\n\n"
+         "The pair's two leases are held from the snapshot of what runs until it is restored (every arm's "
+         "deploy renews them), so nothing else changes the pair between arms; a pair leased by another run "
+         "is waited for up to 5 minutes, then refused (exit 5).\n\n"
+         "Exit codes: 0 every gate passed; 1 a gate failed; 3 a fixture does not fit the profile; 5 the pair "
+         "stayed leased; 6 a package is missing; 8 the pair was not restored (the samples are kept: "
+         "`receipts derive` then `qualify report`); 9 inconclusive.",
     invoke_without_command=True,
     no_args_is_help=False,
 )

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta, timezone
 
-_REL = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d|w)$", re.I)
-_UNIT = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
+from orchestrator.durations import parse_duration
+from orchestrator.errors import ConfigError
 
 
 def parse_since(text: str, *, now: datetime | None = None) -> datetime:
     now = now or datetime.now(timezone.utc)
-    m = _REL.match(text.strip())
-    if m:
-        return now - timedelta(seconds=float(m.group(1)) * _UNIT[m.group(2).lower()])
+    try:
+        return now - timedelta(seconds=parse_duration(text, what="--since"))
+    except ConfigError:
+        pass
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterator, Literal, Sequence
 
+from orchestrator.durations import parse_duration  # noqa: F401 - `pairctl lease take --ttl`, tests
 from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
@@ -79,26 +80,6 @@ def default_owner() -> str:
     except Exception:
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
-
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw]?)", re.I)
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def parse_duration(text: str) -> float:
-    """`90`, `90s`, `30m`, `2h`, `1h30m`, `1d` -> seconds. Zero, negative or junk is an error."""
-    s = str(text).strip().replace(" ", "")
-    if not s:
-        raise ConfigError("empty duration")
-    pos, total = 0, 0.0
-    for m in _DURATION.finditer(s):
-        if m.start() != pos:
-            break
-        total += float(m.group(1)) * _UNIT_S[m.group(2).lower()]
-        pos = m.end()
-    if pos != len(s) or total <= 0:
-        raise ConfigError(f"bad duration {text!r}: use e.g. 90s, 30m, 2h, 1h30m, 1d")
-    return total
 
 
 @dataclass(frozen=True)

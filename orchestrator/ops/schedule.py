@@ -12,20 +12,19 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError, PairctlError
 
 MARKER = "# managed by pairctl"
-_EVERY = re.compile(r"^\s*(\d+)\s*(m|min|h|d)\s*$")
 SKIPPED_EXIT = 11  # ExitCode.SKIPPED: a scheduled run that found the pair leased is not a failure
 
 
 def parse_every(every: str) -> int:
-    """'30m', '6h', '1d' -> seconds. Bounded to something a timer should do."""
-    m = _EVERY.match(every)
-    if not m:
-        raise ConfigError(f"--every {every!r}: use a number with m, h or d (e.g. 30m, 6h, 1d)")
-    n, unit = int(m.group(1)), m.group(2)
-    seconds = n * {"m": 60, "min": 60, "h": 3600, "d": 86400}[unit]
+    """'30m', '6h', '1d' (any duration pairctl reads) -> seconds, bounded to what a timer should do."""
+    try:
+        seconds = int(round(parse_duration(every, what="--every")))
+    except ConfigError:
+        raise ConfigError(f"--every {every!r}: use a duration such as 30m, 6h or 1d") from None
     if seconds < 300:
         raise ConfigError(f"--every {every!r}: at least 5m between acceptance runs")
     if seconds > 30 * 86400:

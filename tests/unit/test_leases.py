@@ -59,7 +59,7 @@ def test_parse_lease_rejects(mutate, match: str) -> None:
 
 
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
-                                           ("1d", 86400), ("1.5h", 5400), (" 2H ", 7200)])
+                                           ("1d", 86400), ("1.5h", 5400), (" 2H ", 7200), ("5min", 300), ("1w", 604800)])
 def test_parse_duration(text: str, seconds: float) -> None:
     assert L.parse_duration(text) == seconds
 

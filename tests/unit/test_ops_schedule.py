@@ -30,6 +30,10 @@ def test_every_and_cron(every, seconds, cron):
     assert sched.cron_spec(seconds) == cron
 
 
+def test_every_reads_durations_as_everywhere_else():
+    assert sched.parse_every("90min") == sched.parse_every("1h30m") == 5400
+
+
 @pytest.mark.parametrize("bad", ["", "6", "1m", "6 weeks", "999d"])
 def test_bad_interval_rejected(bad):
     with pytest.raises(ConfigError):
