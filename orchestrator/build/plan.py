@@ -14,7 +14,7 @@ from orchestrator.build.toolchain import Toolchain
 from orchestrator.config.targets import Target
 from orchestrator.hashing import sha256_json
 
-CACHE_KEY_VERSION = 1
+CACHE_KEY_VERSION = 2  # 2: build paths mapped out of the binaries (path_defines)
 
 
 def cmake_defines(target: Target, rev: Revision, toolchain: Toolchain) -> dict[str, str]:
@@ -70,8 +70,18 @@ class BuildPlan:
     def targets(self) -> list[str]:
         return [*self.target.build_targets, *self.target.test_targets]
 
+    def path_defines(self) -> dict[str, str]:
+        """Map the build's own paths out of the binaries (`__FILE__` in ggml's asserts and logs):
+        the same inputs then give the same bytes in any home. Not in the cache key, which must
+        not depend on where the home is."""
+        m = f"-ffile-prefix-map={self.work_dir}=/pairctl-build"
+        d = {"CMAKE_C_FLAGS": m, "CMAKE_CXX_FLAGS": m}
+        if self.target.backend == "cuda":
+            d["CMAKE_CUDA_FLAGS"] = f"-Xcompiler={m}"
+        return d
+
     def configure_argv(self) -> list[str]:
-        d = {**self.defines, **self.launchers}
+        d = {**self.defines, **self.launchers, **self.path_defines()}
         return ["cmake", "-S", str(self.src_dir), "-B", str(self.build_dir), "-G", "Ninja",
                 *(f"-D{k}={v}" for k, v in sorted(d.items()))]  # fmt: skip
 

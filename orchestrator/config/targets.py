@@ -12,7 +12,8 @@ from orchestrator.config.loader import load_model
 from orchestrator.paths import MANIFESTS
 
 # Flags pairctl always sets itself; a target may not override them.
-RESERVED_CMAKE = {"GGML_RPC", "LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "GGML_CUDA", "CMAKE_CUDA_ARCHITECTURES"}
+RESERVED_CMAKE = {"GGML_RPC", "LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "GGML_CUDA", "CMAKE_CUDA_ARCHITECTURES",
+                  "CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS", "CMAKE_CUDA_FLAGS"}
 
 
 class Target(StrictModel):

@@ -36,17 +36,25 @@ from orchestrator.hosts.route import parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
-from orchestrator.remote.result import as_text
 
 
-def parse_vmhwm(status_text: str) -> int | None:
-    """Peak resident set (`VmHWM:  1234 kB` in /proc/PID/status) in bytes; None if absent."""
-    for line in status_text.splitlines():
-        if line.startswith("VmHWM:"):
-            parts = line.split()
-            if len(parts) >= 3 and parts[1].isdigit() and parts[2] == "kB":
-                return int(parts[1]) * 1024
-    return None
+def pair_memory(samples: dict[str, dict[str, Any]]) -> tuple[int | None, str]:
+    """The pair's memory from one telemetry sample per host (`checks.telemetry.parse_sample`):
+    on a host with GPUs, the GPU memory in use (nvidia-smi, all its GPUs: weights, KV cache and
+    compute buffers live there and are allocated at load); on a CPU host, the service's peak
+    resident set (VmHWM). Summed over the hosts; the source names what each host gave."""
+    total, parts = 0, []
+    for role, s in samples.items():
+        if s.get("gpus"):
+            used = sum(g["used_mib"] for g in s["gpus"]) * 1024 * 1024
+            parts.append(f"{role}=nvidia-smi:{used}")
+        elif s.get("vm_hwm_kib") is not None:
+            used = s["vm_hwm_kib"] * 1024
+            parts.append(f"{role}=VmHWM:{used}")
+        else:
+            return None, f"{role}: no GPU memory and no running service to read"
+        total += used
+    return total, " ".join(parts)
 
 
 QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's hold ends by then
@@ -205,22 +213,20 @@ class EngineDriver:
         return ActiveArm(client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=self._memory_probe(pids))
 
     def _memory_probe(self, pids: dict[str, int | None]):
-        """Peak RSS (VmHWM) of llama-server + ggml-rpc-server: on CPU hosts that is where the
-        weights and KV live. A GPU host's peak VRAM needs nvidia-smi sampling (not done here)."""
+        """After each measured request: one telemetry sample per host (GPU memory in use where
+        the host has GPUs, else the service's VmHWM), summed (`pair_memory`); the pids the arm
+        started with must still be the ones sampled."""
+        from orchestrator.checks.telemetry import parse_sample, sample_cmd
 
         def probe() -> tuple[int | None, str]:
-            total, parts = 0, []
+            samples = {}
             for role, pid in pids.items():
-                if pid is None:
-                    return None, f"{role}: no pid"
                 t = self.pool.get(self.view.hosts[role])
-                # over SFTP (no process started on the host); reading /proc this way works
-                peak = parse_vmhwm(as_text(t.read_bytes(f"/proc/{pid}/status")))
-                if peak is None:
-                    return None, f"{role}: no VmHWM"
-                total += peak
-                parts.append(f"{role}={peak}")
-            return total, "VmHWM " + " ".join(parts)
+                s = parse_sample(t.run(sample_cmd(self.view.layouts[role].root, role), check=False, timeout=30).stdout)
+                if s.get("pid") != pid:
+                    return None, f"{role}: {SERVICE_OF_ROLE[role]} is pid {s.get('pid')}, the arm started pid {pid}"
+                samples[role] = s
+            return pair_memory(samples)
 
         return probe
 
@@ -243,4 +249,4 @@ class EngineDriver:
             self._tmp.cleanup()
 
 
-__all__ = ["EngineDriver", "parse_vmhwm", "PairctlError"]
+__all__ = ["EngineDriver", "pair_memory", "PairctlError"]

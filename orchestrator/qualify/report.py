@@ -160,7 +160,9 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     for c in result.cells:
         acc = " / ".join("n/a" if c.acceptance.get(a) is None else f"{c.acceptance[a]:.3f}" for a in ("baseline", "candidate"))
         lines.append(f"| {c.family} | {_r(c.pp_ratio)} | {_r(c.memory_ratio)} | {_r(c.wall_ratio)} | {_r(c.ttft_ratio)} | {acc} |")
-    lines += ["", "Ratios: PP = candidate/baseline prompt tok/s; memory = candidate/baseline peak; wall and TTFT = "
+    lines += ["", "Ratios: PP = candidate/baseline prompt tok/s; memory = candidate/baseline pair memory after each request "
+              "(GPU memory in use from nvidia-smi on GPU hosts, the service's peak RSS on CPU hosts; each sample's "
+              "`memory_source` says which); wall and TTFT = "
               "baseline/candidate time (above 1 = candidate faster).", ""]
     if result.flags:
         lines += ["## Flags (point checks, never gates)", "", "| Metric | Family | Ratio | Minimum | OK |", "|---|---|---|---|---|"]

@@ -46,6 +46,16 @@ def test_manifest_matches_files_revision_and_tree(lab_packages: Package, lab_sou
     assert not (lab_packages.path / "bin" / "llama-server").stat().st_mode & 0o222  # read-only
 
 
+def test_no_build_path_in_the_package(lab_packages: Package, pairctl_home: Path) -> None:
+    """ggml's asserts and logs carry `__FILE__`: without -ffile-prefix-map the build folder (under
+    this home) is in llama-server 100+ times, so the same inputs built in another home hashed
+    differently. The manifest's flags, too, are free of the home."""
+    home = str(pairctl_home.resolve()).encode()
+    for rel in lab_packages.manifest.files:
+        assert home not in (lab_packages.path / rel).read_bytes(), rel
+    assert str(pairctl_home.resolve()) not in json.dumps(lab_packages.manifest.cmake_flags)
+
+
 def test_llama_server_version_names_the_revision(lab_packages: Package) -> None:
     out = subprocess.run([str(lab_packages.bin("llama-server")), "--version"], capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr

@@ -61,6 +61,7 @@ def test_plan_argv_and_env(tmp_path: Path) -> None:
     assert argv[:2] == ["cmake", "-S"] and "-G" in argv and argv[argv.index("-G") + 1] == "Ninja"
     assert "-DGGML_RPC=ON" in argv and "-DLLAMA_BUILD_COMMIT=5423bddf35" in argv
     assert "-DCMAKE_CXX_COMPILER_LAUNCHER=ccache" in argv
+    assert f"-DCMAKE_CXX_FLAGS=-ffile-prefix-map={plan.work_dir}=/pairctl-build" in argv  # no home path in the binaries
     assert plan.build_argv()[-3:] == ["llama-server", "ggml-rpc-server", "test-backend-ops"]
     assert plan.work_dir == tmp_path / "cache" / "work" / "cpu-lab"
     env = plan.env({"PATH": "/usr/bin"})
@@ -76,6 +77,9 @@ def test_cuda_plan_uses_checked_nvcc_and_cuda_launcher(tmp_path: Path) -> None:
     assert "-DCMAKE_CUDA_ARCHITECTURES=70" in argv and "-DGGML_CUDA=ON" in argv
     assert "-DCMAKE_CUDA_COMPILER=/opt/cuda-12.6/bin/nvcc" in argv
     assert "-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache" in argv
+    assert f"-DCMAKE_CUDA_FLAGS=-Xcompiler=-ffile-prefix-map={plan.work_dir}=/pairctl-build" in argv
+    other = make_plan(load_target("v100"), REV, tc, tmp_path / "another home")
+    assert other.key == plan.key  # where the home is never changes the cache key
 
 
 def _e(h: str, kind: str = "runtime", mode: str = "0755") -> FileEntry:

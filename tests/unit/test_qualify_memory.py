@@ -1,28 +1,32 @@
-"""Peak memory probe parser, on /proc/PID/status text as Linux prints it."""
+"""The pair memory a qualification records per sample, from the telemetry sample script's
+output as hosts print it (nvidia-smi CSV, /proc/PID/status lines)."""
 
-from orchestrator.qualify.engine_driver import parse_vmhwm
+from orchestrator.checks.telemetry import parse_sample
+from orchestrator.qualify.engine_driver import pair_memory
 
-STATUS = """Name:\tllama-server
-Umask:\t0022
-State:\tS (sleeping)
-VmPeak:\t  912344 kB
-VmSize:\t  846808 kB
+CPU = """source=proc pid=4242
 VmHWM:\t   48236 kB
-VmRSS:\t   48236 kB
-Threads:\t5
+VmRSS:\t   48000 kB
+"""
+GPU = """source=nvidia-smi
+0, Tesla V100-SXM2-32GB, 30120, 32768
+source=proc pid=777
+VmHWM:\t  900000 kB
+VmRSS:\t  880000 kB
 """
 
 
-def test_vmhwm_in_bytes():
-    assert parse_vmhwm(STATUS) == 48236 * 1024
+def test_cpu_hosts_give_their_services_peak_rss():
+    total, source = pair_memory({"native": parse_sample(CPU), "rpc": parse_sample(CPU)})
+    assert total == 2 * 48236 * 1024 and source == f"native=VmHWM:{48236 * 1024} rpc=VmHWM:{48236 * 1024}"
 
 
-def test_vmhwm_missing_or_malformed_is_none_never_zero():
-    assert parse_vmhwm(STATUS.replace("VmHWM", "VmXXX")) is None
-    assert parse_vmhwm("VmHWM:\t  12 MB\n") is None
-    assert parse_vmhwm("") is None
+def test_a_gpu_host_gives_the_gpu_memory_in_use_not_its_rss():
+    total, source = pair_memory({"native": parse_sample(GPU), "rpc": parse_sample(CPU)})
+    assert total == 30120 * 1024 * 1024 + 48236 * 1024
+    assert source.startswith("native=nvidia-smi:") and "rpc=VmHWM:" in source
 
 
-def test_vmhwm_of_this_process_is_positive():
-    with open("/proc/self/status") as f:
-        assert parse_vmhwm(f.read()) > 0
+def test_no_service_and_no_gpu_is_none_never_zero():
+    total, source = pair_memory({"native": parse_sample("no_process=/r/run/llama-server.pid\n")})
+    assert total is None and "no running service" in source
