@@ -11,7 +11,6 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import paramiko
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.targets import Target
@@ -51,6 +50,8 @@ def check_tools(targets: list[Target]) -> list[Finding]:
 def check_inventory(inv: Inventory) -> list[Finding]:
     out = []
     kh_path = Path(inv.known_hosts)
+    import paramiko  # here, not at import: the CLI starts (and local-transport hosts work) without it
+
     known = paramiko.HostKeys()
     if kh_path.exists():
         try:
