@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.durations import parse_duration
 from orchestrator.hosts import leases as L
 
 app = typer.Typer(help="Take, show and release host leases (atomic on the host, expiring).", no_args_is_help=True)
@@ -57,7 +58,7 @@ def take(
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
     c = get_ctx(ctx)
-    ttl_s = L.parse_duration(ttl)
+    ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
     from orchestrator.remote.transport import TransportPool
 

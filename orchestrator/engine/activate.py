@@ -36,7 +36,7 @@ from orchestrator.hosts.layout import (
     svc_sha256,
     switch_links,
 )
-from orchestrator.hosts.models import hash_models
+from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
@@ -295,25 +295,17 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
     if not models:
         return {}
     t0 = time.monotonic()
-    seen = hash_models(ctx.t("native"), ctx.layout("native"), (m.path for m in models.values()))
+    found, problems = check_models({n: m.path for n, m in models.items()},
+                                    {n: m.sha256 for n, m in models.items() if m.sha256}, ctx.host("native"),
+                                    ctx.t("native"), ctx.layout("native"), expected_is="the inventory declares")
     ctx.timed("model_hash_s", time.monotonic() - t0)
-    problems, hashes = [], {}
-    for name, m in sorted(models.items()):
-        h = seen.get(m.path)
-        if h is None or h.sha256 is None:
-            problems.append(f"model {name}: {m.path} does not exist on {ctx.host('native')}")
-        elif m.sha256 and h.sha256 != m.sha256:
-            problems.append(f"model {name}: {m.path} on {ctx.host('native')} has sha256 {h.sha256}, "
-                            f"the inventory declares {m.sha256}")
-        else:
-            hashes[name] = h.sha256
     if problems:
         raise PackageError("; ".join(problems) + "; nothing was changed",
                            hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)")
+    hashes = {name: h.sha256 for name, h in found.items()}
     with ctx._lock:
         ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
-    return {name: {"sha256": hashes[name], "size": seen[m.path].size, "how": seen[m.path].how}
-            for name, m in sorted(models.items())}
+    return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
 
 
 def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:

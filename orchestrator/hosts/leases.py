@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Iterator, Literal, Sequence
 
-from orchestrator.durations import parse_duration  # noqa: F401 - `pairctl lease take --ttl`, tests
 from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
@@ -536,10 +535,18 @@ class HeldLeases:
     leases: list[Lease]
     nonce: str = field(repr=False)
     kept: str | None = None
+    ended: dict[str, Any] = field(default_factory=dict)  # how the hold ended, once it has
 
     def keep(self, reason: str) -> None:
         """Do not release on exit (a failed rollback: nobody may deploy onto an unknown state)."""
         self.kept = reason
+
+    def public(self) -> dict[str, Any]:
+        """For receipts: the leases without their nonce."""
+        return {"hosts": [l.public() for l in self.leases]}
+
+    def end(self) -> dict[str, Any]:
+        return dict(self.ended)
 
     @property
     def broken(self) -> list[dict[str, Any]]:
@@ -555,18 +562,23 @@ def hold_pair_leases(
     ttl_s: float = DEFAULT_TTL_S,
     break_expired: bool = False,
     grace_s: float = DEFAULT_GRACE_S,
+    record_release_error: bool = False,
 ) -> Iterator[HeldLeases]:
     """Hold every host's lease for the body; release them on every path.
 
     `targets` are `(transport, install_root)` pairs (or `LeaseTarget`s). The leases are kept
     (not released) when the body calls `held.keep(reason)` or raises `RollbackFailed`. A failed
-    release after a failed body is added as a note to the body's exception, never hiding it.
+    release after a failed body is added as a note to the body's exception, never hiding it;
+    after a body that succeeded it is raised, or with `record_release_error` only recorded in
+    `held.ended` (the body's work is done and must not be lost to it). `held.ended` says how the
+    hold ended on every path.
     """
     nonce = new_nonce()
     ts = _targets(targets)
     leases = take_leases(ts, owner, purpose, ttl_s, nonce=nonce, break_expired=break_expired, grace_s=grace_s)
     held = HeldLeases(targets=ts, leases=leases, nonce=nonce)
     log = get_logger(lease=nonce[:8])
+    hosts = [t.name for t in ts]
     try:
         yield held
     except BaseException as exc:
@@ -575,17 +587,28 @@ def hold_pair_leases(
         if held.kept is None:
             try:
                 release_leases(ts, nonce)
+                held.ended = {"released": hosts}
             except Exception as rel_exc:
+                held.ended = {"release_failed": str(rel_exc)}
                 exc.add_note(f"releasing the leases also failed: {rel_exc}")
         else:
-            exc.add_note(f"leases KEPT on {', '.join(t.name for t in ts)}: {held.kept}")
-            log.warning("leases kept", reason=held.kept, hosts=[t.name for t in ts])
+            held.ended = {"kept": held.kept, "hosts": hosts}
+            exc.add_note(f"leases KEPT on {', '.join(hosts)}: {held.kept}")
+            log.warning("leases kept", reason=held.kept, hosts=hosts)
         raise
     else:
-        if held.kept is None:
+        if held.kept is not None:
+            held.ended = {"kept": held.kept, "hosts": hosts}
+            log.warning("leases kept", reason=held.kept, hosts=hosts)
+            return
+        try:
             release_leases(ts, nonce)
-        else:
-            log.warning("leases kept", reason=held.kept, hosts=[t.name for t in ts])
+            held.ended = {"released": hosts}
+        except LeaseError as rel_exc:
+            held.ended = {"release_failed": str(rel_exc)}
+            if not record_release_error:
+                raise
+            log.error("releasing the leases failed", error=str(rel_exc), hosts=hosts)
 
 
 # -- operator level: a host or a pair of an inventory -------------------------------------------

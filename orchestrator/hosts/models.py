@@ -24,6 +24,27 @@ def hash_models(transport: Any, layout: Any, paths: Iterable[str]) -> dict[str, 
     return parse_model_hashes(as_text(res.stdout))
 
 
+def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: str, transport: Any, layout: Any, *,
+                 expected_is: str, mismatch_means: str = "") -> tuple[dict[str, ModelHash], list[str]]:
+    """Hash the model files `paths` (name -> path) on the host (one exec) and compare each with
+    `expected` (name -> sha256; a name without one is only required to exist): deploy against the
+    inventory's declared sha256, status and acceptance against the route entry. Returns what was
+    found for each matching file (by name) and a problem per missing or differing file, worded
+    "..., `expected_is` SHA `mismatch_means`"."""
+    seen = hash_models(transport, layout, paths.values())
+    found, problems = {}, []
+    for name, path in sorted(paths.items()):
+        h = seen.get(path)
+        if h is None or h.sha256 is None:
+            problems.append(f"{host}: model {name} ({path}) is missing")
+        elif name in expected and h.sha256 != expected[name]:
+            problems.append(f"{host}: model {name} ({path}) has sha256 {h.sha256}, {expected_is} {expected[name]}"
+                            + (f" {mismatch_means}" if mismatch_means else ""))
+        else:
+            found[name] = h
+    return found, problems
+
+
 def recorded_model_problems(recorded: Mapping[str, str], models: Mapping[str, Any], host: str,
                             transport: Any, layout: Any) -> list[str]:
     """The route entry's model hashes (`recorded`, name -> sha256) against the files the
@@ -32,15 +53,6 @@ def recorded_model_problems(recorded: Mapping[str, str], models: Mapping[str, An
         return []
     problems = [f"{host}: model {n} is in the route entry but not in the inventory, so it cannot be checked"
                 for n in sorted(recorded) if n not in models]
-    seen = hash_models(transport, layout, [models[n].path for n in recorded if n in models])
-    for name, want in sorted(recorded.items()):
-        if name not in models:
-            continue
-        path = models[name].path
-        h = seen.get(path)
-        if h is None or h.sha256 is None:
-            problems.append(f"{host}: model {name} ({path}) is missing")
-        elif h.sha256 != want:
-            problems.append(f"{host}: model {name} ({path}) has sha256 {h.sha256}, the route entry records {want} "
-                            "(changed since it was deployed)")
-    return problems
+    _, differ = check_models({n: models[n].path for n in recorded if n in models}, recorded, host, transport, layout,
+                             expected_is="the route entry records", mismatch_means="(changed since it was deployed)")
+    return problems + differ

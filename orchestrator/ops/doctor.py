@@ -11,7 +11,6 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.targets import Target
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -60,25 +59,6 @@ def pair_memory(samples: dict[str, dict[str, Any]]) -> tuple[int | None, str]:
 QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's hold ends by then
 
 
-@dataclass
-class PairHold:
-    """What `EngineDriver.hold` yields: the leases taken (never their nonce), a way to keep
-    them on exit, and how the hold ended."""
-
-    leases: list[dict[str, Any]]
-    kept: str | None = None
-    ended: dict[str, Any] = field(default_factory=dict)
-
-    def public(self) -> dict[str, Any]:
-        return {"hosts": self.leases}
-
-    def keep(self, reason: str) -> None:
-        self.kept = reason
-
-    def end(self) -> dict[str, Any]:
-        return dict(self.ended)
-
-
 class EngineDriver:
     def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str], busy_wait_s: float = 300.0,
                  busy_poll_s: float = 2.0) -> None:
@@ -93,7 +73,7 @@ class EngineDriver:
         self._tmp = tempfile.TemporaryDirectory(prefix="pairctl-qualify-")
         self.deploy_receipts: list[str] = []
         self._lease_nonce: str | None = None
-        self._deploys_started = self._deploys_at_hold = 0
+        self._deploys_started = 0
         self._api_key = None
         spec = inventory.pair(pair)
         if spec.api_key_file:
@@ -142,46 +122,30 @@ class EngineDriver:
                 time.sleep(self.busy_poll_s)
 
     @contextmanager
-    def hold(self, run_id: str) -> Iterator[PairHold]:
-        """Both hosts' leases for run `run_id`, from before the snapshot until after the restore.
-        Released on exit unless kept (then the lease names the run: `lease release --dead-run`
-        or an operator's `lease release` frees it). A failed release is recorded, not raised:
-        the measurements and the restore already happened."""
+    def hold(self, run_id: str) -> Iterator[Any]:
+        """Both hosts' leases for run `run_id` (`hosts.leases.hold_pair_leases`), from before the
+        snapshot until after the restore; a pair busy with another run is waited for. Released on
+        exit unless kept: by the runner after an arm's failed rollback, or here when the run
+        stops after a deploy began (the pair's state is then unchecked; the lease names the run,
+        so `lease release --dead-run` frees it). A failed release is recorded, not raised: the
+        measurements and the restore already happened."""
         from orchestrator.hosts import leases
 
         targets = leases.targets_of(self.inventory, self.pool, self.pair)
-        purpose = f"pairctl qualify {self.pair} (run {run_id})"
-        nonce = leases.new_nonce()
-        taken = self._wait_busy("lease", lambda: leases.take_leases(
-            targets, leases.default_owner(), purpose, QUALIFY_LEASE_TTL_S, nonce=nonce))
-        held = PairHold(leases=[l.public() for l in taken])
-        self._lease_nonce, self._deploys_at_hold = nonce, self._deploys_started
-        try:
-            yield held
-        except BaseException as exc:
-            if held.kept is None and self._deploys_started == self._deploys_at_hold:
-                try:  # nothing was deployed under the hold (e.g. no route record to snapshot)
-                    leases.release_leases(targets, nonce)
-                except PairctlError as rel:
-                    exc.add_note(f"releasing the leases also failed: {rel}")
+        with ExitStack() as stack:
+            held = self._wait_busy("lease", lambda: stack.enter_context(leases.hold_pair_leases(
+                targets, owner=leases.default_owner(), purpose=f"pairctl qualify {self.pair} (run {run_id})",
+                ttl_s=QUALIFY_LEASE_TTL_S, record_release_error=True)))
+            self._lease_nonce, deploys_before = held.nonce, self._deploys_started
+            try:
+                yield held
+            except BaseException as exc:
+                if held.kept is None and self._deploys_started != deploys_before:
+                    held.keep(f"the run stopped with {type(exc).__name__} after a deploy began; after checking "
+                              f"the pair, `pairctl lease release {self.pair} --dead-run {run_id}`")
                 raise
-            if held.kept is None:
-                held.keep(f"the run stopped with {type(exc).__name__} after a deploy began")
-            exc.add_note(f"leases KEPT on {', '.join(t.name for t in targets)}: {held.kept}; after checking the pair, "
-                         f"`pairctl lease release {self.pair} --dead-run {run_id}`")
-            raise
-        finally:
-            self._lease_nonce = None
-        if held.kept is not None:
-            held.ended = {"kept": held.kept, "hosts": [t.name for t in targets]}
-            self.log.warning("leases kept", reason=held.kept)
-            return
-        try:
-            leases.release_leases(targets, nonce)
-            held.ended = {"released": [t.name for t in targets]}
-        except PairctlError as exc:
-            held.ended = {"release_failed": str(exc)}
-            self.log.error("releasing the qualification's leases failed", error=str(exc))
+            finally:
+                self._lease_nonce = None
 
     # -- activating ----------------------------------------------------------------------------
     def _profile_file(self, profile: dict[str, Any]) -> str:

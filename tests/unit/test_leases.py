@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
 import time
 from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hosts import leases as L
 from orchestrator.remote.local import LocalTransport
@@ -61,13 +63,13 @@ def test_parse_lease_rejects(mutate, match: str) -> None:
 @pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
                                            ("1d", 86400), ("1.5h", 5400), (" 2H ", 7200), ("5min", 300), ("1w", 604800)])
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert L.parse_duration(text) == seconds
+    assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["", "0", "-5m", "2x", "h", "5m junk", "1h-1m"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ConfigError):
-        L.parse_duration(text)
+        parse_duration(text)
 
 
 def test_make_lease_rejects() -> None:
@@ -265,7 +267,9 @@ def test_hold_pair_leases_releases_on_every_path(tmp_path) -> None:
     with L.hold_pair_leases(pair, owner="op", purpose="deploy", ttl_s=60) as held:
         assert [l.host for l in held.leases] == ["n", "r"]
         assert all(L.lease_state(t, r).state == "held" for t, r in pair)
+        assert [h["owner"] for h in held.public()["hosts"]] == ["op", "op"] and "nonce" not in str(held.public())
     assert all(L.lease_state(t, r).state == "free" for t, r in pair)
+    assert held.end() == {"released": ["n", "r"]}
 
     with pytest.raises(RuntimeError, match="boom"):
         with L.hold_pair_leases(pair, owner="op", purpose="deploy", ttl_s=60):
@@ -278,3 +282,25 @@ def test_hold_pair_leases_releases_on_every_path(tmp_path) -> None:
             raise RollbackFailed("rollback failed")
     assert all(L.lease_state(t, r).state == "held" for t, r in pair)
     assert any("leases KEPT" in n for n in getattr(ei.value, "__notes__", []))
+
+
+def test_hold_pair_leases_release_failure_after_the_body_raises_or_is_recorded(tmp_path) -> None:
+    """After a body that did its work, a lease that cannot be released (here: someone broke and
+    re-took it) raises by default; with record_release_error it is only recorded in `ended`."""
+    a = tmp_path / "a"
+    a.mkdir()
+    t = LocalTransport("n")
+
+    def steal() -> None:
+        os.rename(lock_dir(str(a)), str(a / "leases" / ".stolen"))
+        L.take_lease(t, str(a), "thief", "other", 60)
+
+    with pytest.raises(LeaseError, match="release failed on n"):
+        with L.hold_pair_leases([(t, str(a))], owner="op", purpose="q", ttl_s=60):
+            steal()
+    shutil.rmtree(a / "leases")
+    with L.hold_pair_leases([(t, str(a))], owner="op", purpose="q", ttl_s=60, record_release_error=True) as held:
+        steal()
+    assert "release failed on n" in held.end()["release_failed"]
+    assert L.read_lease(t, str(a)).owner == "thief"  # the other holder's lease is untouched
+

@@ -20,7 +20,6 @@ from orchestrator.evidence.receipt import parse_time
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.qualify.plan import load_plan
 from orchestrator.qualify.report import load_record, write_report
-from orchestrator.qualify.engine_driver import PairHold
 from orchestrator.qualify.runner import ActiveArm, ArmPackages, Hooks, run_qualification
 from orchestrator.server.models import CompletionResult, StreamChunk, Timings
 
@@ -51,6 +50,22 @@ class ScriptedClient:
         yield None, iter(chunks)
 
 
+class ScriptedHold:
+    """What the runner uses of `hosts.leases.HeldLeases`."""
+
+    def __init__(self) -> None:
+        self.kept: str | None = None
+
+    def public(self):
+        return {"hosts": [{"host": "n"}, {"host": "r"}]}
+
+    def keep(self, reason: str) -> None:
+        self.kept = reason
+
+    def end(self):
+        return {"kept": self.kept} if self.kept else {"released": ["n", "r"]}
+
+
 class ScriptedDriver:
     def __init__(self, speeds: dict[str, list[float]], fail_restore: bool = False):
         self.speeds = {k: list(v) for k, v in speeds.items()}
@@ -72,7 +87,7 @@ class ScriptedDriver:
     def hold(self, run_id):
         """The pair's leases: when taken and released relative to the other events."""
         self.holds.append(("hold", run_id, len(self.events)))
-        held = PairHold(leases=[{"host": "n"}, {"host": "r"}])
+        held = ScriptedHold()
         yield held
         self.holds.append(("kept", held.kept, len(self.events)) if held.kept else ("released", None, len(self.events)))
 
