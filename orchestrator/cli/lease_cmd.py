@@ -40,7 +40,7 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
             t.add_row(s.host, s.state, "-", "-", "-", "-",
                       "-" if s.lock_age_s is None else f"lock age {s.lock_age_s:.0f}s")
         else:
-            left = l.remaining_s()
+            left = s.remaining_s() or 0.0  # by the host's clock
             t.add_row(s.host, s.state, l.owner, l.purpose, L._iso(l.taken_at), L._iso(l.expires_at),
                       f"{left / 60:.0f} min" if left > 0 else "expired")
     c.console.print(t)
@@ -77,7 +77,7 @@ def take(
     for l in leases:
         if l.broken:
             c.console.print(f"broke an {l.broken['state']} lease on {l.host} (recorded in receipt {j.receipt_hash[:12]})", markup=False)
-    _table(c, [L.LeaseState(l.host, "held", l) for l in leases], f"leased {target}")
+    _table(c, [L.LeaseState(l.host, "held", l, now=l.taken_at) for l in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
 

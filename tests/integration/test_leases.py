@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,10 @@ def test_second_taker_refused_with_holder_info(inv) -> None:
         assert "alice@ops" in msg and "deploy B" in msg and re.search(r"until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", msg)
         assert ei.value.exit_code == 5
         assert L.read_lease(tb, root).nonce == lease.nonce  # the holder's lease is untouched
-        # what is on the host: lock dir 0755, lease.json 0644, canonical JSON
+        # what is on the host: lock dir 0700, lease.json 0600 (the nonce releases it), canonical JSON
         st_dir = os.stat(f"{root}/leases/host.lock")
         st_file = os.stat(f"{root}/leases/host.lock/lease.json")
-        assert (st_dir.st_mode & 0o777, st_file.st_mode & 0o777) == (0o755, 0o644)
+        assert (st_dir.st_mode & 0o777, st_file.st_mode & 0o777) == (0o700, 0o600)
         assert json.loads(Path(f"{root}/leases/host.lock/lease.json").read_text())["owner"] == "alice@ops"
 
 
@@ -78,12 +79,18 @@ def test_wrong_nonce_refused_then_release_verified(inv) -> None:
         t.close()
 
 
-def test_break_expired_over_ssh(inv) -> None:
+def an_hour_ago(transport, leases_dir: str) -> datetime:
+    """The host's clock an hour back: a lease taken with it has long expired by the host's now."""
+    return L.host_now(transport, leases_dir) - timedelta(hours=1)
+
+
+def test_break_expired_over_ssh(inv, monkeypatch) -> None:
     root = inv.host("lab-native").install_root
     t = open_transport(inv, "lab-native")
     try:
-        L.take_lease(t, root, "gone@ops", "crashed deploy", 1)
-        time.sleep(1.2)
+        L.take_lease(t, root, "gone@ops", "crashed deploy", 60, clock=an_hour_ago)
+        # the operator's clock an hour behind sees it as live; the host's clock decides
+        monkeypatch.setattr(L, "utcnow", lambda: datetime.now(UTC) - timedelta(hours=1))
         with pytest.raises(LeaseHeldError, match="EXPIRED"):
             L.take_lease(t, root, "op", "deploy", 600)
         lease = L.take_lease(t, root, "op", "deploy", 600, break_expired=True)
@@ -166,10 +173,9 @@ def test_cli_break_expired_is_recorded(lab, inv, tmp_path, cli) -> None:
     path = write_inventory(inv, tmp_path / "inv.yaml")
     t = open_transport(inv, "lab-native")
     try:
-        L.take_lease(t, inv.host("lab-native").install_root, "gone@ops", "crashed", 1)
+        L.take_lease(t, inv.host("lab-native").install_root, "gone@ops", "crashed", 60, clock=an_hour_ago)
     finally:
         t.close()
-    time.sleep(1.2)
     r = cli("lease", "take", "lab-native", "--purpose", "x", inventory=str(path))
     assert r.exit_code == 5 and "--break-expired" in r.stderr
     r = cli("--json", "lease", "take", "lab-native", "--purpose", "x", "--break-expired", inventory=str(path))
