@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from orchestrator.checks import budget
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile
@@ -195,8 +196,9 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
                      "rpc": _manifest(store, route.active.rpc_package)}
         url = base_url(inventory, pair)
         api_key = read_api_key(inventory, pair)
-        opts = options or CheckOptions()
-        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=opts.request_timeout_s))
+        limits = budget.for_profile(profile)  # every request bounded by the work it asks for (issue 21)
+        opts = options or CheckOptions(request_timeout_s=limits.completion_s)
+        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=limits.control_s))
         probe = make_identity_probe(transports=transports, roots=roots, hosts=hosts, inventory=inventory, pair=pair,
                                     route=route, manifests=manifests, profile=profile, url=url,
                                     api_key=api_key) if identity else None

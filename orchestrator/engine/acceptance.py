@@ -27,14 +27,16 @@ def run(ctx: Any) -> dict[str, Any]:
     if ctx.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
     try:
-        from orchestrator.checks.base import CheckContext
+        from orchestrator.checks import budget
+        from orchestrator.checks.base import CheckContext, CheckOptions
         from orchestrator.checks.suite import run_suite
         from orchestrator.server.client import ServerClient
     except ImportError as exc:  # the suite is another package's; identity alone stands until it exists
         return {"skipped": f"acceptance suite not available ({exc}); identity only"}
     target = ctx.activating()
     profile = RouteProfile.model_validate(target.entry.profile)
-    with ServerClient(ctx.view.base_url, api_key=ctx.api_key) as client:
+    limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
+    with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s) as client:
         cctx = CheckContext(
             client=client,
             profile=profile,
@@ -48,6 +50,7 @@ def run(ctx: Any) -> dict[str, Any]:
             api_key=ctx.api_key,
             identity_probe=identity_probe(ctx, target),
             logger=ctx.log,
+            options=CheckOptions(request_timeout_s=limits.completion_s),
         )
         suite = run_suite(cctx, only=list(ctx.checks) or None)
     ctx.accept_result = suite
@@ -55,4 +58,5 @@ def run(ctx: Any) -> dict[str, Any]:
     if not suite.passed:
         failed = ", ".join(f"{r.name} ({r.verdict}: {r.message[:120]})" for r in suite.failed())
         raise CheckFailed(f"acceptance failed: {failed or 'no check ran'}")
-    return {"passed": True, "checks": [c["name"] for c in summary["checks"]], "duration_s": summary["duration_s"]}
+    return {"passed": True, "checks": [c["name"] for c in summary["checks"]], "duration_s": summary["duration_s"],
+            "request_budget": limits.to_dict()}

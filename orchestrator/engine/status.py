@@ -109,6 +109,9 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             out["health"] = "ok"
         except Exception as exc:
             out["health"] = f"not healthy: {str(exc)[:120]}"
+            if (rec is not None and rec.active is not None) or any(h["current"] for h in out["hosts"].values()):
+                # a pair that should serve and does not answer is a problem (exit 1), hung or dead
+                out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
         out["stale_leases"] = _stale_leases(evidence, out["hosts"])
         journal.set("status", {k: v for k, v in out.items() if k != "hosts"})
