@@ -4,7 +4,8 @@ A pair name means both of its hosts, taken in one fixed order with one nonce (th
 given back if the second is held). `take` prints the nonce: only its holder can release.
 `take` and `release` write a receipt (without the nonce); breaking an expired lease is in it.
 `release --dead-run RUN_ID` frees what a killed or finished run left (its nonce died with it),
-once the evidence store proves that run over.
+once the evidence store proves that run over, or (another operator's run) its heartbeat on every
+host is older than the bound it promised.
 """
 
 from __future__ import annotations
@@ -141,21 +142,24 @@ def release(
 def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
-    from orchestrator.errors import LeaseError, LeaseHeldError
+    from orchestrator.errors import LeaseError
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.remote.transport import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
     state, why = EvidenceStore(c.home.evidence).run_status(run_id)
-    if state not in ("ended", "dead"):
-        raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
-                             hint="wait for it to end, or run this on the machine that ran it; an expired lease "
-                                  "can also be broken with `lease take --break-expired`")
+    # another operator's run: this home has no evidence of it, the hosts' heartbeats decide (issue 21)
+    if state == "running":
+        raise LeaseError(f"run {run_id} is running ({why}); its leases are left alone")
+    on_hosts = state not in ("ended", "dead")
     argv = ["lease", "release", target, "--dead-run", run_id]
     with TransportPool(inv) as pool:
         targets = L.targets_of(inv, pool, target)
+        L.reach_all(targets)
         states = [L.lease_state(t.transport, t.install_root) for t in targets]
+        if on_hosts:
+            state, why = "stale", L.stale_proof(states, run_id, evidence_says=why)
         theirs = [s for s in states if s.lease is not None and L.run_of(s.lease) == run_id]
         others = [s for s in states if not s.free and s not in theirs]
         if others:
@@ -167,7 +171,8 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}
                 broken = [b for t in targets if (b := L.break_run_lease(
-                    t.transport, t.install_root, run_id, by=L.default_owner(), why=f"run over: {why}")) is not None]
+                    t.transport, t.install_root, run_id, by=L.default_owner(), why=f"run over: {why}",
+                    require_stale=on_hosts)) is not None]
                 after = L.show_leases(inv, pool, target)
                 step.data["released"] = broken
                 step.data["after"] = [s.to_dict() for s in after]

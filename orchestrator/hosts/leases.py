@@ -599,6 +599,25 @@ def break_run_lease(transport: Any, install_root: str, run_id: str, *, by: str, 
     return _break(transport, install_root, st, by=by, grace_s=DEFAULT_GRACE_S, why=why, may_break=theirs, clock=clock)
 
 
+def stale_proof(states: Sequence[LeaseState], run_id: str, *, evidence_says: str = "") -> str:
+    """Why run `run_id` is proven over by the hosts alone: every lease it holds has a heartbeat
+    older than the bound it promised (host time). LeaseHeldError, naming each host, when not:
+    the run may be alive on another operator's machine."""
+    theirs = [s for s in states if s.lease is not None and run_of(s.lease) == run_id]
+    fresh = [s for s in theirs if not s.stale]
+    if not theirs or fresh:
+        where = "; ".join(s.describe() for s in (fresh or states))
+        raise LeaseHeldError(
+            f"run {run_id} is not proven over{f' ({evidence_says})' if evidence_says else ''}, and the hosts do not "
+            f"prove it either: {where}; its leases are left alone",
+            hint="wait until its heartbeat is older than its bound (status shows it), run this on the machine that "
+                 "ran it, or, once expired, `pairctl lease take HOST --break-expired`")
+    ages = ", ".join(f"{s.host} {s.lease.heartbeat_age_s(s.now):.0f} s" for s in theirs
+                     if s.lease is not None and s.now is not None)
+    bound = max(s.lease.stale_after_s or 0 for s in theirs if s.lease is not None)
+    return f"run {run_id} stopped renewing its leases: heartbeat ages {ages} exceed its {bound} s bound (host time)"
+
+
 # -- several hosts ------------------------------------------------------------------------------
 
 
@@ -620,14 +639,26 @@ def _targets(targets: Sequence[Any]) -> list[LeaseTarget]:
     return sorted(out, key=lambda t: t.name)  # one fixed order for every taker
 
 
+def reach_all(targets: Sequence[LeaseTarget]) -> None:
+    """Every host answers and shows the host key known_hosts names before any host's lease
+    changes: a changed key on the second host must not leave the first one's lease taken or
+    released (issue 16 item 9). Connecting is what checks the key (HostKeyError, exit 4)."""
+    for t in targets:
+        connect = getattr(t.transport, "connect", None)
+        if callable(connect):
+            connect()
+
+
 def take_leases(targets: Sequence[Any], owner: str, purpose: str, ttl_s: float = DEFAULT_TTL_S, *,
                 nonce: str | None = None, break_expired: bool = False,
                 grace_s: float = DEFAULT_GRACE_S, stale_after_s: int | None = None) -> list[Lease]:
     """Take every host's lease with one nonce, in name order; if one fails, release those taken."""
     nonce = nonce or new_nonce()
     taken: list[tuple[LeaseTarget, Lease]] = []
+    ordered = _targets(targets)
+    reach_all(ordered)
     try:
-        for t in _targets(targets):
+        for t in ordered:
             taken.append((t, take_lease(t.transport, t.install_root, owner, purpose, ttl_s, nonce=nonce,
                                         break_expired=break_expired, grace_s=grace_s,
                                         stale_after_s=stale_after_s)))
@@ -645,7 +676,9 @@ def release_leases(targets: Sequence[Any], nonce: str) -> list[Lease]:
     """Release on every host (reverse order), collecting each host's error; one error at the end."""
     released: list[Lease] = []
     errors: list[str] = []
-    for t in reversed(_targets(targets)):
+    ordered = _targets(targets)
+    reach_all(ordered)
+    for t in reversed(ordered):
         try:
             released.append(release_lease(t.transport, t.install_root, nonce))
         except Exception as exc:

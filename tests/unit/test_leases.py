@@ -402,3 +402,42 @@ def test_heartbeat_fields_round_trip_and_are_checked() -> None:
     for bad in (0, -1, "60", True):
         with pytest.raises(LeaseError, match="stale_after_s"):
             L.parse_lease(json.dumps({**d, "stale_after_s": bad}))
+
+
+def test_stale_proof_needs_every_lease_of_the_run_stale(tmp_path) -> None:
+    clock = HostClock()
+    pair = []
+    for n in ("n", "r"):
+        (tmp_path / n).mkdir()
+        pair.append((LocalTransport(n), str(tmp_path / n)))
+    L.take_leases(pair, "a@one", "pairctl deploy lab (run r9)", 1800, stale_after_s=60)
+    (tn, rn), (tr, rr) = pair
+    clock.advance(61)
+    nonce = L.read_lease(tn, rn).nonce
+    L.renew_lease(tr, rr, nonce, 1800, clock=clock)  # the RPC host's heartbeat is fresh
+    states = [L.lease_state(t, r, clock=clock) for t, r in pair]
+    with pytest.raises(LeaseHeldError, match="not proven over .*r: leased"):
+        L.stale_proof(states, "r9", evidence_says="unknown run")
+    clock.advance(61)
+    why = L.stale_proof([L.lease_state(t, r, clock=clock) for t, r in pair], "r9")
+    assert "heartbeat ages n 122 s, r 61 s exceed its 60 s bound" in why
+
+
+def test_every_host_is_reached_before_any_lease_changes(tmp_path) -> None:
+    """Issue 16 item 9: the second host's connection (where its host key is checked) fails
+    before the first host's lease is taken or released."""
+    from orchestrator.errors import HostKeyError
+
+    class KeyChanged(LocalTransport):
+        def connect(self) -> None:
+            raise HostKeyError(f"{self.name}: host key changed")
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    good, bad = LocalTransport("host-a"), KeyChanged("host-b")
+    with pytest.raises(HostKeyError):
+        L.take_leases([(good, str(tmp_path / "a")), (bad, str(tmp_path / "b"))], "op", "deploy", 60)
+    assert not os.path.exists(tmp_path / "a" / "leases")  # nothing was written on host-a
+    lease = L.take_lease(good, str(tmp_path / "a"), "op", "deploy", 60)
+    with pytest.raises(HostKeyError):
+        L.release_leases([(good, str(tmp_path / "a")), (bad, str(tmp_path / "b"))], lease.nonce)
+    assert L.lease_state(good, str(tmp_path / "a")).state == "held"
