@@ -15,6 +15,7 @@ from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.engine.identity import read_identities
 from orchestrator.hosts.probes import read_facts
+from orchestrator.hosts.release import leftovers
 from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json
 from orchestrator.paths import Home
@@ -75,6 +76,8 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                     "pid": ident.pid if ident else None,
                     "matches_manifest": matches,
                     "leases": _leases(t, layout.root),
+                    # partial uploads of killed runs (the next deploy under the lease removes them)
+                    "upload_leftovers": leftovers(t, layout),
                 }
                 if verify_files:
                     h["release_files"] = _verify_current(t, layout, store, f.current, host)
@@ -160,6 +163,10 @@ def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
             state, why = evidence.run_status(run_id)
             if state in ("ended", "dead"):
                 out.append({"host": host, "run_id": run_id, "state": state, "why": why})
+            elif state != "running" and entry.get("stale"):  # another home's run: its heartbeat stopped
+                out.append({"host": host, "run_id": run_id, "state": "stale",
+                            "why": f"run {run_id} stopped renewing its lease (heartbeat "
+                                   f"{entry.get('heartbeat_age_s')} s ago, host time)"})
     return out
 
 

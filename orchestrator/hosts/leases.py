@@ -87,7 +87,7 @@ def host_now(transport: Any, leases_dir: str) -> datetime:
             pass
     if st is None:
         raise LeaseError(f"{transport.name}: cannot read the host's clock ({probe} vanished)")
-    return datetime.fromtimestamp(st.mtime, UTC)
+    return datetime.fromtimestamp(int(st.mtime), UTC)  # whole seconds, as SFTP reports them
 
 
 def _iso(t: datetime) -> str:
@@ -352,8 +352,8 @@ def _held_error(st: LeaseState, *, grace_s: float) -> LeaseHeldError:
     hint = None
     lease = st.lease
     if st.state == "expired":
-        hint = ("the lease has expired (host time); `pairctl lease take HOST --break-expired` or "
-                "`pairctl deploy ... --break-expired` breaks it, and that is recorded")
+        hint = (f"the lease has expired (host time): `pairctl lease take {st.host} --break-expired --purpose TEXT` "
+                f"breaks it (recorded), then `pairctl lease release {st.host} --nonce NONCE` with the nonce it prints")
     elif st.stale and lease is not None and lease.run_id:
         hint = (f"its run stopped renewing it (heartbeat older than {lease.stale_after_s} s on the host): "
                 f"`pairctl lease release PAIR --dead-run {lease.run_id}` frees it, with a receipt")
@@ -361,9 +361,10 @@ def _held_error(st: LeaseState, *, grace_s: float) -> LeaseHeldError:
         hint = (f"run {lease.run_id} holds it; if that run is over, `pairctl lease release PAIR --dead-run "
                 f"{lease.run_id}` frees it (refused while its heartbeat is fresh)")
     elif st.state == "half-made":
-        hint = (f"`pairctl lease take HOST --break-expired` breaks it once older than {grace_s:.0f} s"
+        hint = (f"`pairctl lease take {st.host} --break-expired --purpose TEXT` breaks it once older than {grace_s:.0f} s"
                 if not st.breakable(grace_s) else
-                "it is older than the grace period: `pairctl lease take HOST --break-expired` breaks it")
+                f"it is older than the grace period: `pairctl lease take {st.host} --break-expired --purpose TEXT` "
+                "breaks it")
     elif st.state == "unreadable":
         hint = "inspect the host's leases/ directory by hand; pairctl never breaks an unreadable lease"
     return LeaseHeldError(f"host is leased: {st.describe()}", hint=hint)

@@ -6,6 +6,8 @@ copied. It runs as pairctl's own user, whatever the inventory says about `user`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -92,6 +94,11 @@ class LocalTransport:
                 f.write(data)
             os.chmod(remote_path, mode & 0o7755)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                with contextlib.suppress(OSError):
+                    os.remove(remote_path)  # no partial file left behind
+                raise HostError(f"no space left on {self.name}:{os.path.dirname(remote_path)} "
+                                f"(writing {os.path.basename(remote_path)})") from None
             raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 

@@ -21,6 +21,7 @@ import base64
 import errno
 import hashlib
 import os
+import posixpath
 import select
 import socket
 import stat
@@ -626,6 +627,15 @@ class SshTransport:
             with self._lock:
                 self._drop()
             return ConnectionLost(f"{self.name}: {op} {src} -> {dst} failed: {exc}")
+        if op == "put" and ("size mismatch" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
+            # sftp-server reports a full disk as a short file (paramiko: "size mismatch in put! 0 != N")
+            try:
+                self._sftp_client().remove(dst)  # no partial file left behind
+            except (OSError, paramiko.SSHException, EOFError):
+                pass
+            return HostError(f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
+                             f"(writing {posixpath.basename(dst)}: {exc})",
+                             hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again")
         return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
 
 
