@@ -361,7 +361,8 @@ def _held_error(st: LeaseState, *, grace_s: float) -> LeaseHeldError:
         hint = (f"run {lease.run_id} holds it; if that run is over, `pairctl lease release PAIR --dead-run "
                 f"{lease.run_id}` frees it (refused while its heartbeat is fresh)")
     elif st.state == "half-made":
-        hint = (f"`pairctl lease take {st.host} --break-expired --purpose TEXT` breaks it once older than {grace_s:.0f} s"
+        hint = (f"`pairctl lease take {st.host} --break-expired --purpose TEXT` breaks it once older than "
+                f"{grace_s:.0f} s"
                 if not st.breakable(grace_s) else
                 f"it is older than the grace period: `pairctl lease take {st.host} --break-expired --purpose TEXT` "
                 "breaks it")
