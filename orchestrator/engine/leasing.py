@@ -9,41 +9,34 @@ it to the caller.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.engine.context import RunContext
+    from orchestrator.hosts.leases import Lease
 
 DEFAULT_TTL_S = 1800
 
 
-def _nonce(ctx: Any) -> str:
-    from orchestrator.hosts import leases
-
-    with ctx._lock:
-        n = getattr(ctx, "lease_nonce", None)
-        if n is None:
-            n = leases.new_nonce()
-            ctx.lease_nonce = n
-        return n
-
-
-def take(ctx: Any, role: str) -> Any:
+def take(ctx: RunContext, role: str) -> Lease:
     from orchestrator.hosts import leases
 
     if ctx.lease_held_by_caller:
-        return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce, DEFAULT_TTL_S)
+        return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce(), DEFAULT_TTL_S)
     command = ctx.journal.state.header.get("command", "deploy")
     return leases.take_lease(
         ctx.t(role), ctx.layout(role).root, leases.default_owner(),
-        f"pairctl {command} {ctx.view.name} (run {ctx.run_id})", DEFAULT_TTL_S, nonce=_nonce(ctx),
+        f"pairctl {command} {ctx.view.name} (run {ctx.run_id})", DEFAULT_TTL_S, nonce=ctx.hosts.lease_nonce(),
     )
 
 
-def release(ctx: Any, role: str, handle: Any) -> bool:
+def release(ctx: RunContext, role: str, handle: Lease) -> bool:
     """Release this run's lease; False (left held) when the caller holds it."""
     from orchestrator.hosts import leases
 
     if ctx.lease_held_by_caller:
         return False
-    leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce)
+    leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce())
     return True
 
 
