@@ -70,3 +70,9 @@ def is_transport_failure(message: str) -> bool:
     m = message.lower()
     return any(w in m for w in ("timed out", "timeout", "serverunreachable", "connection refused",
                                 "disconnected without", "connection reset", "readerror", "connecterror"))
+
+
+def suite_seconds(limits: RequestBudget, checks: int) -> float:
+    """A bound on a whole suite of `checks` checks: each waits at most its largest request's
+    bound (the lease's heartbeat promise during acceptance)."""
+    return round(checks * limits.completion_s + MARGIN_S, 1)

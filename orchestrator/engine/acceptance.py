@@ -32,6 +32,14 @@ def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnap
     return probe
 
 
+def suite_bound_s(profile: dict[str, Any]) -> float:
+    """How long deploy's acceptance may take for this profile (checks/budget.py), all checks."""
+    from orchestrator.checks import budget
+    from orchestrator.checks.suite import CHECKS
+
+    return budget.suite_seconds(budget.for_profile(RouteProfile.model_validate(profile)), len(CHECKS))
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     if ctx.inputs.options.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}

@@ -23,13 +23,14 @@ from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, unknown_flags
+from orchestrator.engine import leasing
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.engine.runner import Handler
 from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import services
+from orchestrator.hosts import services, space
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -290,10 +291,32 @@ def _reach_before_change(ctx: RunContext, role: str) -> float:
     return time.monotonic() - t0
 
 
+def _before_change(ctx: RunContext, role: str, *, next_within_s: float = leasing.HEARTBEAT_S) -> None:
+    """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
+    LeaseLost otherwise, and nothing is changed)."""
+    leasing.recheck(ctx, role, next_within_s=next_within_s)
+
+
+def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
+    """Before the first change: room on both hosts for what the switch writes (route record
+    twice, pidfiles, the new services' logs); a full disk is refused with nothing stopped."""
+    out = {}
+    for r in ("native", "rpc"):
+        sp = space.free_space(ctx.t(r), ctx.layout(r).root)
+        sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
+        out[ctx.host(r)] = sp.free_bytes
+    return out
+
+
 def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
+        _before_change(ctx, "rpc")  # the first change: both hosts' leases proven this run's first
+        free = _space_for_switch(ctx)
+    else:
+        free = None
+    _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
@@ -305,6 +328,8 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
         raise
     ctx.timed("stop_s", time.monotonic() - t0)
     d: dict[str, Any] = {"result": out}
+    if free is not None:
+        d["free_bytes"] = free
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
@@ -321,6 +346,7 @@ def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
 
 def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     cur, prev = links_for(ctx, role)
+    _before_change(ctx, role)
     switch_links(ctx.t(role), ctx.layout(role), cur, prev)
     return {"current": cur, "previous": prev}
 
@@ -329,6 +355,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = links_for(ctx, "rpc")
     tgt = ctx.activating()
+    _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
         out, _ = services.stop(t, layout, RPC_SERVER)
@@ -353,6 +380,7 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
+    _before_change(ctx, "native")
     t0 = time.monotonic()
     pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv))
     ctx.hosts.started("native", ident)
@@ -418,10 +446,17 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
     if rec is None:
         return {"skipped": "route record unchanged (no pair was recorded by this run)"}
     data = rec.to_bytes()
+    _before_change(ctx, role)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
     except RouteConflict as exc:
-        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused)") from None
+        # never retry stale bytes: what is there now becomes the base, and whoever writes next
+        # (this run's rollback) decides again from it
+        try:
+            ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route))
+        except FileNotFoundError:
+            pass
+        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)") from None
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
@@ -433,6 +468,13 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
 def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
     from orchestrator.engine import acceptance
 
+    tgt = ctx.activating()
+    if tgt is not None and not ctx.inputs.options.skip_accept:
+        # the suite's requests are bounded (checks/budget.py): the next heartbeat comes within
+        # the whole suite's bound, announced in the lease so nobody judges this run dead meanwhile
+        bound = acceptance.suite_bound_s(tgt.entry.profile)
+        for r in ("native", "rpc"):
+            _before_change(ctx, r, next_within_s=bound)
     return acceptance.run(ctx)
 
 

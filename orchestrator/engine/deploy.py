@@ -26,18 +26,20 @@ from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, 
 from orchestrator.engine.plan import PairView, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
-from orchestrator.errors import ConfigError, PairctlError, RollbackFailed, RolledBack
+from orchestrator.errors import ConfigError, LeaseError, PairctlError, RollbackFailed, RolledBack
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
-from orchestrator.hosts.leases import Lease
+from orchestrator.hosts.leases import Lease, LeaseLost
 from orchestrator.hosts.release import ensure_release
 from orchestrator.hosts.route import RouteEntry, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import PLAYBOOKS, Home
 from orchestrator.remote.transport import TransportPool
 
-READ_ONLY_PREFIX = {"preflight", "connect", "facts"}
+# Steps run before the plan is made. The lease comes before the facts: host state that decides
+# anything (and is the route's compare-and-swap base) is read only once this run holds the hosts.
+PLAN_PREFIX = {"preflight", "connect", "lease", "facts"}
 
 
 @dataclass
@@ -174,9 +176,12 @@ def deploy(
                    held_lease_nonce=held_lease_nonce) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
-        n_prefix = next(i for i, s in enumerate(first) if s.action not in READ_ONLY_PREFIX)
+        n_prefix = next(i for i, s in enumerate(first) if s.action not in PLAN_PREFIX)
+        record = _ReleaseWatch(record)
         try:
-            run_steps(first[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            # a dry run changes nothing on a host, not even a lease: it reads the facts unleased
+            run_steps([s for s in first[:n_prefix] if not (dry_run and s.action == "lease")], ctx, activate.HANDLERS,
+                      journal=journal, on_step=record)
             assert ctx.target is not None  # preflight rendered it
             steps = plan(deploy_pb, view, facts=ctx.hosts.facts, target=ctx.target.activation,
                          skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
@@ -193,12 +198,39 @@ def deploy(
                 _abort(ctx, failure, record)
                 raise _cause(failure) from None
             _rollback_after_failure(ctx, rollback_pb, failure, record)  # raises RolledBack / RollbackFailed
-        result.outcome = "passed"
         assert ctx.target is not None
-        result.active = ctx.target.entry.model_dump(mode="json")
         journal.set("final_state", _final_state(ctx, "activated"))
+        record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
+        result.outcome = "passed"
+        result.active = ctx.target.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+class _ReleaseWatch:
+    """The step recorder, noting a failed release-lease: the work is done, but a lease this run
+    cannot give back (lost, or the host gone) makes the run failed, never a warning (issue 21)."""
+
+    def __init__(self, record: Callable[[StepOutcome], None]) -> None:
+        self.record = record
+        self.errors: list[str] = []
+
+    def __call__(self, o: StepOutcome) -> None:
+        self.record(o)
+        if o.step.action == "release-lease" and not o.ok:
+            self.errors.append(o.error or "release-lease failed")
+
+    def raise_if_release_failed(self, ctx: RunContext, done: str) -> None:
+        if not self.errors:
+            return
+        msg = f"{done}, but releasing the leases failed: {'; '.join(self.errors)}"
+        ctx.journal.finish("failed", msg)
+        raise LeaseError(msg, hint=f"`pairctl lease show {ctx.view.name}` shows who holds them now; "
+                                   f"`pairctl status --pair {ctx.view.name}` checks the pair")
+
+
+def _lost_lease(failure: StepFailed) -> LeaseLost | None:
+    return next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
 
 
 def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str]) -> None:
@@ -244,6 +276,18 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
 
 def _rollback_after_failure(ctx: RunContext, pb: Playbook, failure: StepFailed,
                             record: Callable[[StepOutcome], None]) -> None:
+    lost = _lost_lease(failure)
+    if lost is not None:
+        # another operator holds the pair now (it broke this run's expired or stale lease): acting
+        # on it would fight that operator, so this run changes nothing more and keeps no lease
+        msg = (f"deploy lost its lease before step '{failure.step.name}' and changed nothing more: {lost}. "
+               "It holds no lease now (another operator may); the pair is as that step found it.")
+        ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message, "lease": "lost"})
+        ctx.journal.set("final_state", {"state": f"left at step {failure.step.name} (lease lost)"})
+        ctx.journal.finish("failed", msg)
+        raise RollbackFailed(msg, hint=f"`pairctl lease show {ctx.view.name}` names the holder; once it is done, "
+                                       f"`pairctl status --pair {ctx.view.name}` and `pairctl rollback --pair "
+                                       f"{ctx.view.name}` or a new deploy")
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     ctx.mode = "rollback"
@@ -261,16 +305,19 @@ def _rollback_after_failure(ctx: RunContext, pb: Playbook, failure: StepFailed,
                                  "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}})
     if what:
         msg = (f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-               f"verified, route record revision updated; {_leases_after(ctx)}.\ncause: {failure.message}")
+               f"verified, route record revision updated; {_leases_after(ctx, record)}.\ncause: {failure.message}")
     else:
         msg = (f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-               f"stopped; {_leases_after(ctx)}.\ncause: {failure.message}")
+               f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}")
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
 
 
-def _leases_after(ctx: RunContext) -> str:
-    return "the leases stay with the run that holds them" if ctx.lease_held_by_caller else "leases released"
+def _leases_after(ctx: RunContext, record: Callable[[StepOutcome], None] | None = None) -> str:
+    if ctx.lease_held_by_caller:
+        return "the leases stay with the run that holds them"
+    errors = getattr(record, "errors", None)
+    return f"releasing the leases FAILED ({'; '.join(errors)})" if errors else "leases released"
 
 
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
@@ -338,7 +385,8 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
         journal = ctx.journal
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
-        n_prefix = next(i for i, s in enumerate(steps) if s.action not in READ_ONLY_PREFIX | {"lease"})
+        n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+        record = _ReleaseWatch(record)
         try:
             run_steps(steps[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
             rec = parse_route(ctx.hosts.route_bytes("native"))
@@ -368,9 +416,10 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
             _rollback_failed(ctx, rb, None)
+        journal.set("final_state", _final_state(ctx, "restored"))
+        record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         result.outcome = "passed"
         result.active = ctx.restore.entry.model_dump(mode="json")
-        journal.set("final_state", _final_state(ctx, "restored"))
         result.receipt = journal.finish("passed", f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         return result
 

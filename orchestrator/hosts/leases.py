@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, RollbackFailed
+from orchestrator.errors import ConfigError, ExitCode, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
 
@@ -535,11 +535,13 @@ def release_lease(transport: Any, install_root: str, nonce: str, *, clock: Clock
 
 class LeaseLost(LeaseError):
     """The lease this run holds is gone, changed hands, or is about to expire: nothing more may
-    change on the host (the run stops before its next change)."""
+    change on the host (the run stops before its next change). Exit 5: the host is someone else's."""
+
+    exit_code = ExitCode.LEASED
 
 
 def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, min_left_s: float = 0.0,
-                clock: Clock | None = None) -> Lease:
+                stale_after_s: int | None = None, clock: Clock | None = None) -> Lease:
     """Prove this run still holds the lease and renew it: the heartbeat (`renewed_at`) becomes the
     host's now, `expires_at` at least now + `ttl_s` (never shortened).
 
@@ -547,7 +549,8 @@ def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, 
     another's, expired, or has less than `min_left_s` left by the host's clock, so the run aborts
     before changing anything. An expired lease is never renewed: anybody may break it at any
     moment, so renewing it could write into another taker's lock. Written by temp + rename
-    inside the lock directory, as taking does.
+    inside the lock directory, as taking does. `stale_after_s` replaces the holder's promise of
+    its next heartbeat (a long step announces its own bound).
     """
     _, lock, file = _paths(install_root)
     st = lease_state(transport, install_root, clock=clock)
@@ -560,7 +563,8 @@ def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, 
         raise LeaseLost(f"cannot renew: {st.describe()}: {left:.0f} s left by the host's clock is under the "
                         f"{min_left_s:.0f} s this run needs to finish safely")
     want = make_lease(transport.name, st.lease.owner, st.lease.purpose, ttl_s, nonce=nonce, now=st.now).expires_at
-    renewed = replace(st.lease, expires_at=max(want, st.lease.expires_at), renewed_at=st.now.replace(microsecond=0))
+    renewed = replace(st.lease, expires_at=max(want, st.lease.expires_at), renewed_at=st.now.replace(microsecond=0),
+                      stale_after_s=st.lease.stale_after_s if stale_after_s is None else stale_after_s)
     tmp = f"{lock}/.{LEASE_FILE}.{nonce[:8]}.renew.tmp"
     transport.put_bytes(renewed.to_json(), tmp, mode=LEASE_MODE)
     transport.rename(tmp, file)

@@ -97,7 +97,7 @@ def test_auto_rollback_plan_skips_manual_steps(inv):
     assert "no pair to start" in next(s for s in steps if s.name == "restart-rpc").description
     assert "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
     manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
-    assert [s.name for s in manual][:3] == ["connect", "facts", "lease"]
+    assert [s.name for s in manual][:3] == ["connect", "lease", "facts"]  # facts once the hosts are held (issue 21)
 
 
 def test_links_after_deploy():
@@ -141,3 +141,10 @@ def test_pack_is_stable_and_keeps_modes(tmp_path):
         names = t.getnames()
         assert names == ["manifest.json", "bin/llama-server"]
         assert t.getmember("bin/llama-server").mode & 0o111
+
+
+def test_deploy_reads_facts_only_after_the_lease_is_held():
+    """Issue 21 item 3: host state that decides anything (and the route's compare-and-swap base)
+    is read after the lease: an operator delayed between facts and lease used stale bytes."""
+    names = [s.name for s in load_playbook("deploy").steps]
+    assert names.index("lease") < names.index("facts") < names.index("prepare")
