@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
 from orchestrator.checks import budget, near_full, telemetry
 from orchestrator.checks.base import CheckContext, CheckResult
+from orchestrator.engine import faults
 from orchestrator.errors import ConfigError
 
 CheckFn = Callable[[CheckContext], CheckResult]
@@ -135,6 +136,7 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
                 _record(ctx, r)
                 continue
             wait_idle(ctx)
+            faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)
             r = _guarded(name, lambda fn=fn: fn(ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
