@@ -538,6 +538,7 @@ class LeaseLost(LeaseError):
     change on the host (the run stops before its next change). Exit 5: the host is someone else's."""
 
     exit_code = ExitCode.LEASED
+    nothing_changed = True  # raised by the re-check before a change, never after one
 
 
 def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, min_left_s: float = 0.0,
