@@ -84,16 +84,26 @@ class _ChainLock:
                     raise
                 time.sleep(0.05)
         self._fd = fd
-        if holder is not None:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        if holder is not None:  # overwrite, then cut: the file is never empty for a reader
+            data = json.dumps(holder).encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
         return True
 
-    def holder(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return {}
+    def holder(self, wait_s: float = 1.0) -> dict[str, Any]:
+        """Who holds the lock; a winner that is writing its record right now is waited for
+        briefly (a race loser printed "(pid ?, ?, run ?)")."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                h = json.loads(self.path.read_text() or "{}")
+                if isinstance(h, dict) and h.get("run_id"):
+                    return h
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                return {}
+            time.sleep(0.02)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -177,9 +187,10 @@ class EvidenceStore:
             holder = {"run_id": run_id, "pid": os.getpid(), "command": command}
             if not lock.acquire(holder=holder):
                 h = lock.holder()
+                who = (f"(pid {h['pid']}, {h.get('command', 'pairctl')}, run {h['run_id']})" if h.get("pid")
+                       else f"(it has not recorded itself in {lock.path} yet)")
                 raise EvidenceBusy(
-                    f"pair {pair!r} is being run by another pairctl process "
-                    f"(pid {h.get('pid', '?')}, {h.get('command', '?')}, run {h.get('run_id', '?')})",
+                    f"pair {pair!r} is being run by another pairctl process {who}",
                     hint="wait for it to finish; a killed run releases the pair by itself",
                 )
         journal: Journal | None = None
