@@ -442,3 +442,43 @@ def test_every_host_is_reached_before_any_lease_changes(tmp_path) -> None:
     with pytest.raises(HostKeyError):
         L.release_leases([(good, str(tmp_path / "a")), (bad, str(tmp_path / "b"))], lease.nonce)
     assert L.lease_state(good, str(tmp_path / "a")).state == "held"
+
+
+class _Run:
+    """What engine/leasing reads of a run (RunContext's connections, layouts and nonce)."""
+
+    def __init__(self, root: str, nonce: str) -> None:
+        self._t, self._root, self._nonce = LocalTransport("h1"), root, nonce
+        self.lease_held_by_caller = False
+        self.hosts = self
+
+    def t(self, role):
+        return self._t
+
+    def layout(self, role):
+        return type("Layout", (), {"root": self._root})()
+
+    def lease_nonce(self) -> str:
+        return self._nonce
+
+
+def test_the_run_rechecks_its_lease_before_each_change(host) -> None:
+    """Issue 21 item 2: before a change the holder proves the lease its own and renews it (the
+    heartbeat, with the next one promised within the step's bound); a lease broken and re-taken
+    by another operator while the holder was paused stops it before the change (exit 5,
+    nothing changed)."""
+    from orchestrator.engine import leasing
+
+    t, root = host
+    lease = L.take_lease(t, root, "op", "pairctl deploy lab (run r1)", 1800, stale_after_s=leasing.HEARTBEAT_S)
+    run = _Run(root, lease.nonce)
+    out = leasing.recheck(run, "native", next_within_s=5000)  # type: ignore[arg-type]
+    now = L.read_lease(t, root)
+    assert now.stale_after_s == 5000 and now.renewed_at is not None and "lease_rechecked" in out
+    assert now.remaining_s(L.host_now(t, os.path.join(root, "leases"))) >= 5000  # outlives the step
+    shutil.rmtree(lock_dir(root))  # another operator breaks it ...
+    L.take_lease(t, root, "other", "maintenance", 600)  # ... and holds the host
+    with pytest.raises(L.LeaseLost, match="gone .*leased by other") as ei:
+        leasing.recheck(run, "native")  # type: ignore[arg-type]
+    assert ei.value.exit_code == 5 and ei.value.nothing_changed
+    assert L.read_lease(t, root).owner == "other"  # the other operator's lease untouched
