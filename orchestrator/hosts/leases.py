@@ -41,9 +41,11 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from orchestrator.errors import ConfigError, ExitCode, LeaseError, LeaseHeldError, RollbackFailed
+from orchestrator.errors import ConfigError, ExitCode, HostError, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import as_text
 
 LEASES_DIR = "leases"
 LOCK_DIR = "host.lock"
@@ -77,7 +79,10 @@ def host_now(transport: Any, leases_dir: str) -> datetime:
     """The host's clock: the mtime of a file the host writes now (then removed). One cheap SFTP
     write + stat + remove; filesystem times come from the host's kernel clock."""
     probe = f"{leases_dir}/{CLOCK_PROBE}.{secrets.token_hex(4)}"
-    transport.put_bytes(b"", probe, mode=LEASE_MODE)
+    try:
+        transport.put_bytes(b"", probe, mode=LEASE_MODE)
+    except (HostError, OSError):
+        return _host_date(transport)  # a full disk (or a read-only one): ask the host's `date` instead
     try:
         st = transport.stat(probe)
     finally:
@@ -88,6 +93,15 @@ def host_now(transport: Any, leases_dir: str) -> datetime:
     if st is None:
         raise LeaseError(f"{transport.name}: cannot read the host's clock ({probe} vanished)")
     return datetime.fromtimestamp(int(st.mtime), UTC)  # whole seconds, as SFTP reports them
+
+
+def _host_date(transport: Any) -> datetime:
+    """The host's clock from `date +%s` (one exec): when no file can be written to read it from."""
+    res = transport.run(Cmd(("date", "+%s")), check=False, timeout=30)
+    text = as_text(res.stdout).strip()
+    if res.exit_status != 0 or not text.isdigit():
+        raise LeaseError(f"{transport.name}: cannot read the host's clock (date +%s printed {text[:40]!r})")
+    return datetime.fromtimestamp(int(text), UTC)
 
 
 def _iso(t: datetime) -> str:

@@ -482,3 +482,11 @@ def test_the_run_rechecks_its_lease_before_each_change(host) -> None:
         leasing.recheck(run, "native")  # type: ignore[arg-type]
     assert ei.value.exit_code == 5 and ei.value.nothing_changed
     assert L.read_lease(t, root).owner == "other"  # the other operator's lease untouched
+
+
+def test_host_clock_without_a_writable_directory_asks_the_hosts_date(tmp_path) -> None:
+    """On a full disk no probe file can be written: the clock comes from the host's `date`, so a
+    run can still release or renew its lease there."""
+    t = LocalTransport("h1")
+    now = L.host_now(t, str(tmp_path / "no-such-dir"))
+    assert abs((now - L.host_now(t, str(tmp_path))).total_seconds()) <= 2
