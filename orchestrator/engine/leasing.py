@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.errors import LeaseHeldError
+from orchestrator.errors import HostError, LeaseHeldError
 from orchestrator.hosts import leases
 
 if TYPE_CHECKING:
@@ -48,9 +48,21 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     """Immediately before a change on `role`'s host: prove the lease still this run's and renew
     it (heartbeat now, next one within `next_within_s`). LeaseLost (nothing changed) if not."""
     ttl = max(DEFAULT_TTL_S, next_within_s + SAFETY_S)
-    lease = leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce(), ttl,
-                               min_left_s=SAFETY_S,
-                               stale_after_s=None if ctx.lease_held_by_caller else int(max(HEARTBEAT_S, next_within_s)))
+    t, root, nonce = ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce()
+    try:
+        lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S,
+                                   stale_after_s=None if ctx.lease_held_by_caller else int(max(HEARTBEAT_S, next_within_s)))
+    except HostError as exc:
+        if "no space left" not in str(exc):
+            raise
+        # a full disk cannot take the renewed lease.json, but the lease is still provably this
+        # run's: go on (a rollback must not be stopped by the disk it is recovering from)
+        st = leases.lease_state(t, root)
+        if st.lease is None or st.lease.nonce != nonce or st.state != "held" or (st.remaining_s() or 0) < SAFETY_S:
+            raise leases.LeaseLost(f"cannot renew on a full disk and the lease is not provably this run's: "
+                                   f"{st.describe()}") from None
+        return {"lease_rechecked": {"expires_at": leases._iso(st.lease.expires_at), "renewed": False,
+                                    "why": str(exc)[:200]}}
     return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at),
                                 "heartbeat": leases._iso(lease.heartbeat)}}
 
