@@ -49,9 +49,9 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     it (heartbeat now, next one within `next_within_s`). LeaseLost (nothing changed) if not."""
     ttl = max(DEFAULT_TTL_S, next_within_s + SAFETY_S)
     t, root, nonce = ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce()
+    promise = None if ctx.lease_held_by_caller else int(max(HEARTBEAT_S, next_within_s))
     try:
-        lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S,
-                                   stale_after_s=None if ctx.lease_held_by_caller else int(max(HEARTBEAT_S, next_within_s)))
+        lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S, stale_after_s=promise)
     except HostError as exc:
         if "no space left" not in str(exc):
             raise
