@@ -142,7 +142,7 @@ def release(
 def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
-    from orchestrator.errors import LeaseError
+    from orchestrator.errors import LeaseError, LeaseHeldError
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.remote.transport import TransportPool
 
@@ -151,7 +151,9 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
     state, why = EvidenceStore(c.home.evidence).run_status(run_id)
     # another operator's run: this home has no evidence of it, the hosts' heartbeats decide (issue 21)
     if state == "running":
-        raise LeaseError(f"run {run_id} is running ({why}); its leases are left alone")
+        raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
+                             hint="wait for it to end; an expired lease can also be broken with "
+                                  "`lease take --break-expired`")
     on_hosts = state not in ("ended", "dead")
     argv = ["lease", "release", target, "--dead-run", run_id]
     with TransportPool(inv) as pool:
