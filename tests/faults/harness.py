@@ -679,7 +679,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(f"pair is neither new-and-verified nor previous-and-verified: {st2.get('problems')}")
     if operator == "deploy" and p.returncode == 0 and act != new:
         cell.problems.append("deploy exited 0 but the new pair is not the verified active one")
-    if act == new and not _accepted_since(fp, before, new):
+    # "new" counts only when a deploy accepted it after the fault; a passed rollback that restored
+    # it put back the record's previous pair (accepted when it was deployed, and verified now)
+    restored = operator == "rollback" and cell.recovery == "rollback 0"
+    if act == new and not restored and not _accepted_since(fp, before, new):
         cell.problems.append("the new pair is active but no deploy accepted it after the fault")
         cell.final = "new UNACCEPTED"
     for role in ROLES:
