@@ -35,6 +35,8 @@ ACTIONS: dict[str, bool] = {
     "start-server": True,      # llama-server: start, identity, /health 200
     "verify": False,           # identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive
     "route": True,             # route record by compare-and-swap, read back byte-identical
+    "route-accepted": True,    # the same record, state activating -> active, once acceptance passed
+    "route-repair": False,     # pairctl repair: the rebuilt route record by compare-and-swap (nothing runs changes)
     "accept": False,           # acceptance checks (orchestrator.checks.suite) or identity only
     "release-lease": False,    # release this host's lease, verify inactive
 }
