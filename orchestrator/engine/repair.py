@@ -135,7 +135,10 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     prev_links = (facts["native"].previous, facts["rpc"].previous)
     previous = None
     if all(p is not None and p in facts[r].releases for p, r in zip(prev_links, ("native", "rpc"), strict=True)):
-        previous = entry_for("previous", *prev_links)
+        try:
+            previous = entry_for("previous", *prev_links)
+        except PairctlError as exc:  # the previous pair cannot be rendered here: record none rather than guess
+            sources["previous"] = f"none ({exc.message})"
     base = max(olds, key=lambda r: r.revision) if olds else None
     rec = next_record(base, pair=view.name, active=active, previous=previous, run_id=ctx.run_id)
     rec = rec.model_copy(update={"evidence_head": ctx.inputs.evidence_head}).sign(ctx.inputs.route_key)
