@@ -170,7 +170,8 @@ def test_deploy_killed_before_acceptance_is_not_recorded_active(deployed_lab, la
 def test_links_that_leave_the_install_root_are_refused(deployed_lab, lab_packages_b, cli, tmp_path):
     """Issue 16 #8: `current` outside the install root was shown as that release; a link without
     /releases/ crashed deploy/rollback with an internal ProbeError. Now both are exit 6 naming
-    host and link in status, deploy and rollback; `current` naming a missing release is named."""
+    host and link in status, deploy, rollback and kernels check; `current` naming a missing
+    release is named."""
     a, b = deployed_lab.package_id, lab_packages_b.id
     current = _roots(deployed_lab)["native"] / "current"
     target = os.readlink(current)
@@ -181,7 +182,7 @@ def test_links_that_leave_the_install_root_are_refused(deployed_lab, lab_package
             current.unlink()
             os.symlink(bad, current)
             for args in (("status", "--pair", PAIR), ("deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"),
-                         ("rollback", "--pair", PAIR)):
+                         ("rollback", "--pair", PAIR), ("kernels", "check", "--pair", PAIR)):
                 r = cli(*args)
                 assert r.exit_code == 6, (bad, args, r.exit_code, r.output)
                 assert "lab-native" in r.stderr and str(current) in r.stderr, r.stderr
