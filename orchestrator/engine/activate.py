@@ -100,25 +100,35 @@ def _bin_sha(manifest: PackageManifest, name: str) -> str:
         raise PackageError(f"package {manifest.id} has no bin/{name}") from None
 
 
-def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str) -> Target:
-    """A recorded pair to put back, rendered NOW from the inventory and the profile as they
-    stand (API key, binds, ports, flags): the record only says which packages and which
-    profile; its argv are never restarted. Refuses (before anything changes) when the packages
-    are not in the local store, the profile no longer exists or renders a flag the package
-    lacks."""
-    return render_recorded(view, pair, entry.native_package, entry.rpc_package, entry.profile_name,
+def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *,
+                   trusted: bool) -> Target:
+    """A recorded pair to put back, rendered NOW from the inventory as it stands (API key,
+    binds, ports) and its profile: the record says which packages and which profile; its argv
+    are never restarted. The profile is the one the entry records when the record carries this
+    home's signature (`trusted`: this operator deployed exactly that, e.g. a qualification
+    arm's), else the operator's profile file of that name. Refuses (before anything changes)
+    when the packages are not in the local store, the profile cannot be had or renders a flag
+    the package lacks."""
+    profile: RouteProfile | str = entry.profile_name
+    if trusted:
+        try:
+            profile = RouteProfile.model_validate(entry.profile)
+        except ValueError:
+            profile = entry.profile_name
+    return render_recorded(view, pair, entry.native_package, entry.rpc_package, profile,
                            dict(entry.models), store, label)
 
 
-def render_recorded(view: PairView, pair: PairSpec, native_id: str, rpc_id: str, profile_name: str,
+def render_recorded(view: PairView, pair: PairSpec, native_id: str, rpc_id: str, profile: RouteProfile | str,
                     models: dict[str, str], store: PackageStore, label: str) -> Target:
-    """Packages and a profile name (from a route record, or from the links) as a target, rendered now."""
-    try:
-        profile = load_profile(profile_name)
-    except PairctlError as exc:
-        raise ConfigError(f"pair {view.name}: the {label} pair's profile {profile_name!r} (named by the route "
-                          f"record) cannot be loaded now: {exc.message}",
-                          hint="restore the profile file, or deploy the pair you want with --profile") from None
+    """Packages and a profile (or its name, loaded from the operator's profiles) as a target, rendered now."""
+    if isinstance(profile, str):
+        try:
+            profile = load_profile(profile)
+        except PairctlError as exc:
+            raise ConfigError(f"pair {view.name}: the {label} pair's profile {profile!r} (named by the route "
+                              f"record) cannot be loaded now: {exc.message}",
+                              hint="restore the profile file, or deploy the pair you want with --profile") from None
     native, rpc = store.get(native_id), store.get(rpc_id)
     target = render_target(view, pair, profile, native, rpc, label=label)
     unknown = unknown_flags(list(target.activation.native_argv[1:]), native.help_text)

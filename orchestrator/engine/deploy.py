@@ -245,7 +245,8 @@ def _set_restore_from_start(ctx: RunContext) -> None:
     ctx.restore = None
     if record is not None and record.active is not None:
         ctx.restore = restore_target(ctx.view, ctx.inventory.pair(ctx.view.name), record.active,
-                                     PackageStore(ctx.home.store), label="previous")
+                                     PackageStore(ctx.home.store), label="previous",
+                                     trusted=record.mac_ok(ctx.inputs.route_key))
         ctx.restore_previous_entry = record.previous
     elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
@@ -383,7 +384,8 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
             if rec is None or rec.previous is None:
                 raise ConfigError(f"pair {pair_name}: the route record names no previous pair to roll back to")
             store = PackageStore(home.store)
-            ctx.restore = restore_target(view, inventory.pair(pair_name), rec.previous, store, label="previous")
+            ctx.restore = restore_target(view, inventory.pair(pair_name), rec.previous, store, label="previous",
+                                         trusted=rec.mac_ok(ctx.inputs.route_key))
             ctx.restore_previous_entry = rec.active
             _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):

@@ -53,12 +53,13 @@ class PlaybookStep(StrictModel):
         "anything changed); stop: stop both services, keep the leases (a rollback that fails); continue: record, go on",
     )
     when: Literal["always", "manual"] = Field(
-        default="always", description="manual: only when the playbook runs on its own, not inside another run's rollback"
+        default="always",
+        description="manual: only when the playbook runs on its own, not inside another run's rollback",
     )
     description: str = ""
 
     @model_validator(mode="after")
-    def _check(self) -> "PlaybookStep":
+    def _check(self) -> PlaybookStep:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(ACTIONS))})")
         if self.action in ("preflight", "accept") and self.host != "local":
@@ -72,7 +73,7 @@ class Playbook(StrictModel):
     steps: list[PlaybookStep] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "Playbook":
+    def _check(self) -> Playbook:
         names = [s.name for s in self.steps]
         dup = {n for n in names if names.count(n) > 1}
         if dup:

@@ -114,7 +114,7 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
         raise HostStateError("repair cannot rebuild the route record: " + "; ".join(p.text for p in bad),
                              hint=bad[0].hint.split(", then")[0])
     olds = [r for r in (_parsed(facts[role].route_bytes) for role in ("native", "rpc")) if r is not None]
-    old_entries = [e for r in olds for e in (r.active, r.previous) if e is not None]
+    old_entries = [(e, r.mac_ok(ctx.inputs.route_key)) for r in olds for e in (r.active, r.previous) if e is not None]
     pair = ctx.inventory.pair(view.name)
     store = PackageStore(ctx.home.store)
     sources: dict[str, str] = {}
@@ -122,14 +122,16 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     def entry_for(label: str, native: str | None, rpc: str | None) -> RouteEntry | None:
         if native is None or rpc is None:
             return None
-        known = next((e for e in old_entries if (e.native_package, e.rpc_package) == (native, rpc)), None)
+        known = next(((e, ok) for e, ok in old_entries if (e.native_package, e.rpc_package) == (native, rpc)), None)
         if known is not None:
-            profile, models, why = known.profile_name, dict(known.models), "the old route record"
-        else:
-            found = _profile_from_evidence(ctx.evidence, view.name, native, rpc)
-            profile, models, why = (found, {}, "this home's evidence") if found else (pair.profile, {}, "the inventory")
+            e, ok = known
+            sources[label] = f"{native} + {rpc}, profile {e.profile_name} (from the old route record" + (
+                ", signed by this home)" if ok else "; the profile file of that name)")
+            return activate.restore_target(view, pair, e, store, label, trusted=ok).entry
+        found = _profile_from_evidence(ctx.evidence, view.name, native, rpc)
+        profile, why = (found, "this home's evidence") if found else (pair.profile, "the inventory")
         sources[label] = f"{native} + {rpc}, profile {profile} (from {why})"
-        return activate.render_recorded(view, pair, native, rpc, profile, models, store, label).entry
+        return activate.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
 
     active = entry_for("active", facts["native"].current, facts["rpc"].current)
     prev_links = (facts["native"].previous, facts["rpc"].previous)

@@ -158,7 +158,8 @@ def judge(view: PairView, facts: Mapping[str, HostFacts], key: bytes, evidence: 
         linked = facts[role].current
         if linked != want:
             problems.append(Problem(LINKS, f"{view.hosts[role]}: {view.layouts[role].root}/current names "
-                                           f"{linked or 'nothing'} but the route record names {want or 'nothing'} active",
+                                           f"{linked or 'nothing'} but the route record names "
+                                           f"{want or 'nothing'} active",
                                     repair))
     if evidence is not None and record.updated_by != run_id:
         if record.state == "activating":
