@@ -22,13 +22,13 @@ from typing import Any
 from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.inventory import PairSpec, read_api_key
-from orchestrator.config.profiles import RouteProfile, unknown_flags
+from orchestrator.config.profiles import RouteProfile, load_profile, unknown_flags
 from orchestrator.engine import leasing
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.engine.runner import Handler
-from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError
+from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import services, space
 from orchestrator.hosts.layout import (
@@ -56,7 +56,7 @@ def model_paths(pair: PairSpec) -> dict[str, str]:
 
 
 def render_target(view: PairView, pair: PairSpec, profile: RouteProfile, native_pkg: Package,
-                  rpc_pkg: Package) -> Target:
+                  rpc_pkg: Package, label: str = "new") -> Target:
     """The activation of a new pair: argv from the profile, the route entry, the identity expected."""
     nid, rid = native_pkg.manifest.id, rpc_pkg.manifest.id
     rpc_argv = services.rpc_server_argv(view.layouts["rpc"], rid, bind=view.rpc_bind, port=view.rpc_port)
@@ -72,7 +72,7 @@ def render_target(view: PairView, pair: PairSpec, profile: RouteProfile, native_
         profile=profile.model_dump(mode="json"), native_argv=native_argv, rpc_argv=rpc_argv,
     )
     return Target(
-        activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label="new"),
+        activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label=label),
         entry=entry,
         expected=expected_for(entry, native_pkg.manifest, rpc_pkg.manifest, view),
     )
@@ -101,19 +101,44 @@ def _bin_sha(manifest: PackageManifest, name: str) -> str:
         raise PackageError(f"package {manifest.id} has no bin/{name}") from None
 
 
-def target_from_entry(entry: RouteEntry, store: PackageStore, view: PairView, label: str) -> Target:
-    """A recorded route entry as a target to restore (manifests from the local store)."""
-    try:
-        expected = expected_for(entry, store.get(entry.native_package).manifest,
-                                store.get(entry.rpc_package).manifest, view)
-    except PackageError:
-        expected = None
-    return Target(
-        activation=Activation(entry.native_package, entry.rpc_package, tuple(entry.native_argv),
-                              tuple(entry.rpc_argv), label=label),
-        entry=entry,
-        expected=expected,
-    )
+def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *,
+                   trusted: bool) -> Target:
+    """A recorded pair to put back, rendered NOW from the inventory as it stands (API key,
+    binds, ports) and its profile: the record says which packages and which profile; its argv
+    are never restarted. The profile is the one the entry records when the record carries this
+    home's signature (`trusted`: this operator deployed exactly that, e.g. a qualification
+    arm's), else the operator's profile file of that name. Refuses (before anything changes)
+    when the packages are not in the local store, the profile cannot be had or renders a flag
+    the package lacks."""
+    profile: RouteProfile | str = entry.profile_name
+    if trusted:
+        try:
+            profile = RouteProfile.model_validate(entry.profile)
+        except ValueError:
+            profile = entry.profile_name
+    return render_recorded(view, pair, entry.native_package, entry.rpc_package, profile,
+                           dict(entry.models), store, label)
+
+
+def render_recorded(view: PairView, pair: PairSpec, native_id: str, rpc_id: str, profile: RouteProfile | str,
+                    models: dict[str, str], store: PackageStore, label: str) -> Target:
+    """Packages and a profile (or its name, loaded from the operator's profiles) as a target, rendered now."""
+    if isinstance(profile, str):
+        try:
+            profile = load_profile(profile)
+        except PairctlError as exc:
+            raise ConfigError(f"pair {view.name}: the {label} pair's profile {profile!r} (named by the route "
+                              f"record) cannot be loaded now: {exc.message}",
+                              hint="restore the profile file, or deploy the pair you want with --profile") from None
+    native, rpc = store.get(native_id), store.get(rpc_id)
+    target = render_target(view, pair, profile, native, rpc, label=label)
+    unknown = unknown_flags(list(target.activation.native_argv[1:]), native.help_text)
+    if unknown:
+        flags = ", ".join(sorted(set(unknown)))
+        raise ConfigError(f"pair {view.name}: profile {profile.name} now renders flag(s) {flags} "
+                          f"that {label} package {native.manifest.id}'s llama-server does not offer",
+                          hint="deploy the pair you want with a profile that fits its package")
+    return replace(target, entry=target.entry.model_copy(update={"models": dict(models)}))
 
 
 # -- preflight (local) ---------------------------------------------------------------------
@@ -426,19 +451,38 @@ def _route_successor(ctx: RunContext) -> RouteRecord | None:
 
 
 def _compute_route(ctx: RunContext) -> RouteRecord | None:
-    current = parse_route(ctx.hosts.route_bytes("native"))
+    """A deploy names its pair `activating` (route-accepted makes it `active` once acceptance
+    passed); a rollback names the restored pair `active`. Signed with this home's key and
+    anchored at the pair's evidence head as this run found it."""
+    current = _base_record(ctx)
     if ctx.mode == "deploy":
         assert ctx.target is not None
         new = ctx.target.entry
-        prev = current.active if current else None
+        prev = ctx.restore.entry if ctx.restore else None
         if prev is not None and prev == new:
             prev = current.previous if current else None
-        return next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
+        rec = next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
+        return _seal_route(ctx, rec, "activating")
     if ctx.restore is None and not ctx.route_written:
         return None  # nothing was recorded for the failed pair: leave the record as it was
     active = ctx.restore.entry if ctx.restore else None
     prev = ctx.restore_previous_entry
-    return next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
+    rec = next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
+    return _seal_route(ctx, rec, "active")
+
+
+def _base_record(ctx: RunContext) -> RouteRecord | None:
+    """The record this run replaces (its revision counts on); one that does not parse was
+    refused before any change, except this run's own bytes, which always parse."""
+    try:
+        return parse_route(ctx.hosts.route_bytes("native"))
+    except PairctlError:
+        return None
+
+
+def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
+    return rec.model_copy(update={"state": state, "evidence_head": ctx.inputs.evidence_head,
+                                  "mac": None}).sign(ctx.inputs.route_key)
 
 
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -461,8 +505,27 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
     ctx.route_written = True
-    return {"revision": rec.revision, "active": rec.active.names() if rec.active else None,
+    return {"revision": rec.revision, "active": rec.active.names() if rec.active else None, "state": rec.state,
             "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+
+
+def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
+    """Acceptance passed: the record the route step wrote, `activating` -> `active` (same
+    revision), by compare-and-swap on the bytes this run wrote."""
+    rec = _route_successor(ctx)
+    if rec is None or ctx.mode != "deploy":
+        return {"skipped": "no activation recorded by this run"}
+    active = rec.model_copy(update={"state": "active", "mac": None}).sign(ctx.inputs.route_key)
+    data = active.to_bytes()
+    _before_change(ctx, role)
+    try:
+        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
+    except RouteConflict as exc:
+        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused)") from None
+    if back != data:
+        raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
+    ctx.hosts.route_written(role, data)
+    return {"revision": active.revision, "state": "active", "sha256": sha256_bytes(data), "read_back": "byte-identical"}
 
 
 def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
@@ -505,6 +568,7 @@ HANDLERS: dict[str, Handler] = {
     "start-server": a_start_server,
     "verify": a_verify,
     "route": a_route,
+    "route-accepted": a_route_accepted,
     "accept": a_accept,
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,

@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the journal module imports the evidence store, which the en
 
     from orchestrator.build.store import Package
     from orchestrator.evidence.journal import Journal
+    from orchestrator.evidence.store import EvidenceStore
 
 
 class Pool(Protocol):
@@ -77,6 +78,8 @@ class RunInputs:
     profile: RouteProfile | None = None  # deploy only
     options: RunOptions = RunOptions()
     held_lease_nonce: str | None = field(default=None, repr=False)  # the caller holds the leases (qualify)
+    route_key: bytes = field(default=b"", repr=False)  # signs the route records this run writes
+    evidence_head: str | None = None  # the pair's newest receipt when this run began (anchored in the route)
 
     @property
     def lease_held_by_caller(self) -> bool:
@@ -196,6 +199,7 @@ class RunContext:
     pool: Pool
     journal: Journal
     log: BoundLogger
+    evidence: EvidenceStore | None = None
     mode: str = "deploy"  # deploy | rollback
     hosts: HostState = field(default_factory=HostState)
     recorder: RunRecorder = field(default_factory=RunRecorder)

@@ -20,13 +20,13 @@ from typing import Any
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing
-from orchestrator.engine.activate import target_from_entry
+from orchestrator.engine import activate, leasing, route_trust
+from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
-from orchestrator.errors import ConfigError, LeaseError, PairctlError, RollbackFailed, RolledBack
+from orchestrator.errors import ConfigError, HostStateError, LeaseError, PairctlError, RollbackFailed, RolledBack
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
@@ -71,8 +71,8 @@ def _pool(inventory: Inventory) -> Pool:
     return TransportPool(inventory)
 
 
-def _begin(home: Home, command: str, argv: list[str], pair: str, inputs: dict[str, str]) -> Journal:
-    return EvidenceStore(home.evidence).begin(command, argv=argv, pair=pair, inputs=inputs)
+def _begin(evidence: EvidenceStore, command: str, argv: list[str], pair: str, inputs: dict[str, str]) -> Journal:
+    return evidence.begin(command, argv=argv, pair=pair, inputs=inputs)
 
 
 def _inventory_sha(inventory: Inventory) -> str:
@@ -94,14 +94,21 @@ def _pair_run(home: Home, inventory: Inventory, view: PairView, *, command: str,
     raises before finishing it, its hash on the error), one connection per host, the RunContext,
     and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
     t_start = time.monotonic()
-    journal = _begin(home, journal_command, list(argv or []), view.name, inputs)
+    key = route_trust.route_key(home)
+    evidence = EvidenceStore(home.evidence)
+    journal = _begin(evidence, journal_command, list(argv or []), view.name, inputs)
     own_pool = pool is None
     pool = pool or _pool(inventory)
+    try:
+        head = evidence.latest(view.name)
+    except PairctlError:
+        head = None  # a broken chain shows in the route's anchor check
     run_inputs = RunInputs(home=home, inventory=inventory, view=view, run_id=journal.state.run_id,
                            package_ids=package_ids, profile=profile, options=options or RunOptions(),
-                           held_lease_nonce=held_lease_nonce)
+                           held_lease_nonce=held_lease_nonce, route_key=key,
+                           evidence_head=head.sha256 if head else None)
     ctx = RunContext(inputs=run_inputs, pool=pool, journal=journal, log=get_logger(pair=view.name, run=journal.run_id),
-                     mode=mode, hosts=HostState(held_lease_nonce))
+                     evidence=evidence, mode=mode, hosts=HostState(held_lease_nonce))
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
     outcomes: list[StepOutcome] = []
 
@@ -182,6 +189,7 @@ def deploy(
             # a dry run changes nothing on a host, not even a lease: it reads the facts unleased
             run_steps([s for s in first[:n_prefix] if not (dry_run and s.action == "lease")], ctx, activate.HANDLERS,
                       journal=journal, on_step=record)
+            _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
             steps = plan(deploy_pb, view, facts=ctx.hosts.facts, target=ctx.target.activation,
                          skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
@@ -249,14 +257,28 @@ def _cause(failure: StepFailed) -> BaseException:
     return err if err is not None else failure.cause
 
 
+def _judge_hosts(ctx: RunContext, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
+    """Both hosts' route records and links, judged before anything is decided from them
+    (engine/route_trust.py); a problem not in `allowed` refuses the run before any change."""
+    j = route_trust.judge(ctx.view, ctx.hosts.facts, ctx.inputs.route_key, ctx.evidence, run_id=ctx.run_id)
+    if j.problems:
+        ctx.journal.set("host_state_problems", [{"kind": p.kind, "text": p.text, "hint": p.hint} for p in j.problems])
+    j.refuse(command, allowed)
+    return j
+
+
 def _set_restore_from_start(ctx: RunContext) -> None:
-    """What a rollback puts back: the links and the route's active entry as found at the start."""
+    """What a rollback puts back: the links and the route's active pair as found at the start,
+    the pair rendered now from the inventory and its profile (never the recorded argv). A
+    previous pair that cannot be rendered refuses the deploy here, before anything changes."""
     facts = ctx.hosts.facts
     ctx.restore_links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = parse_route(ctx.hosts.route_bytes("native"))
     ctx.restore = None
     if record is not None and record.active is not None:
-        ctx.restore = target_from_entry(record.active, PackageStore(ctx.home.store), ctx.view, label="previous")
+        ctx.restore = restore_target(ctx.view, ctx.inventory.pair(ctx.view.name), record.active,
+                                     PackageStore(ctx.home.store), label="previous",
+                                     trusted=record.mac_ok(ctx.inputs.route_key))
         ctx.restore_previous_entry = record.previous
     elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
@@ -374,6 +396,23 @@ def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageS
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
 
 
+def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> None:
+    """A rollback never "restores" the pair that is already running (a record whose active and
+    previous were swapped on the host would otherwise stop and restart it, reported healthy)."""
+    assert ctx.restore is not None
+    a = ctx.restore.activation
+    facts = ctx.hosts.facts
+    running = (facts["native"].current, facts["rpc"].current) == (a.native_package, a.rpc_package)
+    same = active is not None and (active.native_package, active.rpc_package) == (a.native_package, a.rpc_package) \
+        and tuple(active.native_argv) == a.native_argv and tuple(active.rpc_argv) == a.rpc_argv
+    if running and (same or active is None):
+        raise HostStateError(
+            f"rollback refused, nothing was changed: the route record's previous pair {ctx.restore.entry.names()} "
+            f"is what runs now on {ctx.host('native')} and {ctx.host('rpc')}",
+            hint=f"`pairctl repair --pair {ctx.view.name}` rebuilds the record from the links; deploy the pair "
+                 "you want instead")
+
+
 def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,
              on_step: Callable[[StepOutcome], None] | None = None, pool: Pool | None = None) -> RunResult:
     """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
@@ -389,11 +428,14 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
         record = _ReleaseWatch(record)
         try:
             run_steps(steps[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
-            rec = parse_route(ctx.hosts.route_bytes("native"))
+            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
             if rec is None or rec.previous is None:
                 raise ConfigError(f"pair {pair_name}: the route record names no previous pair to roll back to")
-            ctx.restore = target_from_entry(rec.previous, PackageStore(home.store), view, label="previous")
+            store = PackageStore(home.store)
+            ctx.restore = restore_target(view, inventory.pair(pair_name), rec.previous, store, label="previous",
+                                         trusted=rec.mac_ok(ctx.inputs.route_key))
             ctx.restore_previous_entry = rec.active
+            _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
                 want = rec.previous.native_package if r == "native" else rec.previous.rpc_package
                 if want not in ctx.hosts.facts[r].releases:
@@ -401,7 +443,7 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
                 cur = None if rec.active is None else (
                     rec.active.native_package if r == "native" else rec.active.rpc_package)
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
-            _verify_restore_releases(ctx, rec.previous, PackageStore(home.store))
+            _verify_restore_releases(ctx, rec.previous, store)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:

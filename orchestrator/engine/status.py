@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.engine import route_trust
+from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.models import recorded_model_problems
-from orchestrator.engine.identity import read_identities
-from orchestrator.hosts.probes import read_facts
+from orchestrator.hosts.probes import HostFacts, read_facts
 from orchestrator.hosts.release import leftovers
-from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json
 from orchestrator.paths import Home
 from orchestrator.remote.result import as_text
@@ -47,7 +47,7 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
     out: dict[str, Any] = {"pair": pair_name, "hosts": {}, "route": None, "problems": [],
                            "aborted_runs_sealed": recovered}
     try:
-        routes: dict[str, bytes | None] = {}
+        found: dict[str, HostFacts] = {}
         for role in ("native", "rpc"):
             host, layout = view.hosts[role], view.layouts[role]
             with journal.step("host", host=host) as st:
@@ -66,7 +66,7 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                         out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
                 elif f.current:
                     out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
-                h = {
+                h: dict[str, Any] = {
                     "role": role,
                     "current": f.current,
                     "previous": f.previous,
@@ -84,29 +84,30 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                     if h["release_files"].get("problem"):
                         out["problems"].append(h["release_files"]["problem"])
                 out["hosts"][host] = h
-                routes[role] = f.route_bytes
+                found[role] = f
                 st.data.update(h)
-        rec = parse_route(routes.get("native"))
-        if routes.get("native") != routes.get("rpc"):
-            out["problems"].append("route.json on the RPC host differs from the native host's")
+        # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
+        judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
+        out["problems"] += [str(p) for p in judged.problems]
+        out["host_state_problems"] = [{"kind": p.kind, "text": p.text, "fix": p.hint} for p in judged.problems]
+        rec = judged.record
         if rec is not None:
             out["route"] = {
                 "revision": rec.revision, "updated_at": rec.updated_at, "updated_by": rec.updated_by,
+                "state": rec.state, "signed": rec.mac is not None, "evidence_head": rec.evidence_head,
                 "active": rec.active.names() if rec.active else None,
                 "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
                 "previous": rec.previous.names() if rec.previous else None,
             }
-            nat = out["hosts"][view.hosts["native"]]
-            if rec.active and nat["current"] != rec.active.native_package:
-                out["problems"].append(f"route record names {rec.active.native_package}, native current is {nat['current']}")
             if rec.active and rec.active.models:
                 with journal.step("models", host=view.hosts["native"]) as st:
-                    found = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models, view.hosts["native"],
-                                                    pool.get(view.hosts["native"]), view.layouts["native"])
+                    bad = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models,
+                                                  view.hosts["native"], pool.get(view.hosts["native"]),
+                                                  view.layouts["native"])
                     out["route"]["models"] = dict(rec.active.models)
-                    out["route"]["models_verified"] = not found
-                    out["problems"] += found
-                    st.data.update(models=dict(rec.active.models), problems=found)
+                    out["route"]["models_verified"] = not bad
+                    out["problems"] += bad
+                    st.data.update(models=dict(rec.active.models), problems=bad)
         try:
             get_json(view.base_url, "/health", timeout=3)
             out["health"] = "ok"

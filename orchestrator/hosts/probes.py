@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from orchestrator.errors import HostStateError
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RELEASE_PREFIX = "releases/"
 
@@ -36,16 +38,22 @@ def parse_kv_lines(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def release_of_link(target: str) -> str | None:
-    """`releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None."""
+def release_of_link(target: str, root: str | None = None) -> str | None:
+    """`releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None. An absolute
+    target must be `<root>/releases/<id>` when `root` is known (a link that leaves the install
+    root is not a release pairctl installed), and the id one plain path component."""
     if target in ("", "-"):
         return None
     t = target.rstrip("/")
-    if "/releases/" in t:
-        t = RELEASE_PREFIX + t.rsplit("/releases/", 1)[1]
-    if not t.startswith(RELEASE_PREFIX) or "/" in t[len(RELEASE_PREFIX):]:
-        raise ProbeError(f"link points outside releases/: {target!r}")
-    return t[len(RELEASE_PREFIX):]
+    if t.startswith("/"):
+        base, sep, rel = t.rpartition("/releases/")
+        if not sep or (root is not None and base != root.rstrip("/")):
+            raise ProbeError(f"link points outside {root.rstrip('/') + '/' if root else ''}releases/: {target!r}")
+        t = RELEASE_PREFIX + rel
+    rid = t[len(RELEASE_PREFIX):]
+    if not t.startswith(RELEASE_PREFIX) or "/" in rid or rid in ("", ".", "..") or rid.startswith("."):
+        raise ProbeError(f"link names no release in releases/: {target!r}")
+    return rid
 
 
 @dataclass(frozen=True)
@@ -108,14 +116,14 @@ def argv0_is(cmdline: bytes, name: str) -> bool:
 
 def facts_from(*, root_exists: bool, current_link: str | None, previous_link: str | None,
                release_names: Iterable[str], svc_bytes: bytes | None, route_bytes: bytes | None,
-               procs: Mapping[str, tuple[int, bytes]]) -> HostFacts:
+               procs: Mapping[str, tuple[int, bytes]], root: str | None = None) -> HostFacts:
     """HostFacts from raw reads (links, release directory names, pid files + /proc cmdline). Pure."""
     from orchestrator.hashing import sha256_bytes
 
     return HostFacts(
         root_exists=root_exists,
-        current=release_of_link(current_link or "-"),
-        previous=release_of_link(previous_link or "-"),
+        current=release_of_link(current_link or "-", root),
+        previous=release_of_link(previous_link or "-", root),
         releases=tuple(sorted(n for n in release_names if not n.startswith("."))),
         svc_sha256=sha256_bytes(svc_bytes) if svc_bytes is not None else None,
         running={name: pid for name, (pid, cmdline) in procs.items() if argv0_is(cmdline, name)},
@@ -149,14 +157,25 @@ def read_facts(transport: Any, layout: Any, services: Iterable[str]) -> HostFact
                 cmdline = read(f"/proc/{pid}/cmdline")
                 if cmdline:
                     procs[name] = (pid, cmdline)
+    links = {path: transport.readlink(path) if root_exists else None for path in (layout.current, layout.previous)}
+    for path, target in links.items():
+        try:
+            release_of_link(target or "-", layout.root)
+        except ProbeError as exc:
+            raise HostStateError(
+                f"{transport.name}: {path} -> {target}: {str(exc).split(': ')[0]}; "
+                "it is not a release pairctl installed",
+                hint=f"on {transport.name}, point it at an installed release (`ln -sfn releases/ID {path}`) or remove "
+                     "it; then `pairctl repair --pair PAIR` rebuilds the route record from the links") from None
     return facts_from(
         root_exists=root_exists,
-        current_link=transport.readlink(layout.current) if root_exists else None,
-        previous_link=transport.readlink(layout.previous) if root_exists else None,
+        current_link=links[layout.current],
+        previous_link=links[layout.previous],
         release_names=releases,
         svc_bytes=read(layout.svc) if root_exists else None,
         route_bytes=read(layout.route) if root_exists else None,
         procs=procs,
+        root=layout.root,
     )
 
 

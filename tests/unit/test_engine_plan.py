@@ -14,7 +14,7 @@ from orchestrator.config.loader import validate
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.hosts import services
 from orchestrator.hosts.probes import facts_from
 from orchestrator.hosts.release import pack
@@ -125,8 +125,8 @@ def test_route_records_count_up_and_round_trip_byte_exact():
     assert _entry("a").argv_sha256 != RouteEntry.build(
         native_package="a", rpc_package="a-r", package_revision="a" * 40, profile={"name": "lab", "ctx_size": 4096},
         native_argv=["x", "--port", "2"], rpc_argv=["y"]).argv_sha256
-    with pytest.raises(ConfigError):
-        parse_route(b'{"pair": "lab"}')
+    with pytest.raises(HostStateError, match="native-host:/r/route.json does not parse"):
+        parse_route(b'{"pair": "lab"}', where="native-host:/r/route.json", pair="lab")
 
 
 def test_pack_is_stable_and_keeps_modes(tmp_path):
