@@ -541,6 +541,8 @@ class Cell:
         mark = "ok" if self.holds else "FAIL"
         extra = ("+lease by hand" if any("by hand" in o for o in self.operator)
                  else "+lease --dead-run" if any("--dead-run" in o for o in self.operator) else "")
+        if any(o.startswith("repair") for o in self.operator):
+            extra = (extra + " +repair").strip()
         return f"{mark} {self.first}[{self.between}] -> {self.recovery}: {self.final}{(' ' + extra) if extra else ''}"
 
 
@@ -652,6 +654,13 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         release_dead_run_leases(fp, cell, st1, why)
 
     fp.in_flight = None
+    # damaged host state (links and record disagree after a kill between switch and route) is
+    # refused by deploy and rollback (exit 6) naming `pairctl repair`: the operator does as told
+    if any("pairctl repair" in p_ for p_ in st1.get("problems") or []):
+        rp = fp.cli("--json", "repair", "--pair", fp.name, "--yes")
+        cell.operator.append(f"repair --yes (exit {rp.returncode})")
+        if rp.returncode != 0:
+            cell.problems.append(f"repair --yes exited {rp.returncode}: {rp.stderr[-400:]}")
     # 3. the operator's next command
     if operator == "rollback":
         p = fp.cli("--json", "rollback", "--pair", fp.name)
