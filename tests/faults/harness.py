@@ -566,6 +566,9 @@ def establish(fp: FaultPair, pkg: str) -> None:
         if lease_held(fp.roots[role]):
             shutil.rmtree(fp.roots[role] / LOCK)
     p = fp.deploy(pkg)
+    if p.returncode == 6 and "pairctl repair" in p.stderr:  # a failed cell left damaged host state
+        fp.cli("--json", "repair", "--pair", fp.name, "--yes")
+        p = fp.deploy(pkg)
     _, st = fp.status()
     assert active_package(st) == pkg, f"could not establish {pkg}: exit {p.returncode} {p.stderr[-2000:]} {st}"
 
