@@ -11,9 +11,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from orchestrator.config.base import StrictModel
+from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
+from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.paths import MANIFESTS
 
@@ -71,7 +73,7 @@ class RouteProfile(StrictModel):
     extra_args: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _check(self) -> "RouteProfile":
+    def _check(self, info: ValidationInfo) -> "RouteProfile":
         for field in ("cache_type_k", "cache_type_v"):
             if getattr(self, field) not in KV_TYPES:
                 raise ValueError(f"{field} {getattr(self, field)!r} is not one of {sorted(KV_TYPES)}")
@@ -87,9 +89,13 @@ class RouteProfile(StrictModel):
             )
         if self.expect_pipeline_parallel and self.split_mode != "layer":
             raise ValueError("pipeline parallelism needs split_mode: layer")
-        for a in self.extra_args:
-            if a in MANAGED_FLAGS:
-                raise ValueError(f"extra_args may not set {a}: it is a profile field or managed by pairctl")
+        # Risky flags are judged for the pair that serves this profile: its allow_flags and API key
+        # come in the validation context (load_profile(..., pair=...)); without one, none is allowed.
+        ctx = info.context if isinstance(info.context, dict) else {}
+        problems = check_extra_args(list(self.extra_args), allowed=ctx.get("allow_flags") or {},
+                                    api_key=bool(ctx.get("api_key")))
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def per_slot_ctx(self, n_ctx_train: int | None = None) -> int:
@@ -155,14 +161,7 @@ class RouteProfile(StrictModel):
         return args
 
 
-# Flags that pairctl renders from fields; extra_args may not repeat them.
-MANAGED_FLAGS = {
-    "-m", "--model", "--host", "--port", "--rpc", "-c", "--ctx-size", "-np", "--parallel", "-b", "--batch-size",
-    "-ub", "--ubatch-size", "-fa", "--flash-attn", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
-    "-ngl", "--n-gpu-layers", "--gpu-layers", "-sm", "--split-mode", "--spec-type", "-md", "--spec-draft-model",
-    "--model-draft", "--spec-draft-n-max", "--spec-draft-n-min", "-ngld", "--spec-draft-ngl", "--api-key",
-    "--api-key-file", "--log-file", "--metrics", "-t", "--threads",
-}
+__all__ = ["MANAGED_FLAGS", "RouteProfile", "host_in_args", "load_profile", "unknown_flags"]
 
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
 
@@ -175,7 +174,7 @@ def flags_in_help(help_text: str) -> set[str]:
 def unknown_flags(args: list[str], help_text: str) -> list[str]:
     """Flags in `args` that the package's own `--help` does not offer (renamed between versions)."""
     known = flags_in_help(help_text)
-    return [a for a in args if a.startswith("-") and not _is_number(a) and a.split("=", 1)[0] not in known]
+    return [a for a in args if a.startswith("-") and not _is_number(a) and normalise(a) not in known]
 
 
 def _is_number(s: str) -> bool:
@@ -190,8 +189,15 @@ def profiles_dir() -> Path:
     return MANIFESTS / "profiles"
 
 
-def load_profile(name_or_path: str) -> RouteProfile:
+def load_profile(name_or_path: str, *, pair: PairSpec | None = None) -> RouteProfile:
+    """`pair`: the pair that will serve it, whose allow_flags and API key decide its risky flags."""
     p = Path(name_or_path)
     if not p.suffix:
         p = profiles_dir() / f"{name_or_path}.yaml"
-    return load_model(RouteProfile, p)
+    return load_model(RouteProfile, p, context=pair_context(pair))
+
+
+def pair_context(pair: PairSpec | None) -> dict[str, object] | None:
+    if pair is None:
+        return None
+    return {"allow_flags": dict(pair.allow_flags), "api_key": bool(pair.api_key_file)}

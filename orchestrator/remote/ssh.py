@@ -32,7 +32,7 @@ from typing import Any
 
 import paramiko
 
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import Inventory, warn_if_readable_by_others
 from orchestrator.errors import HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
@@ -131,6 +131,8 @@ def resolve_target(
             f"host {host_name}: no key to log in with",
             hint="set `key:` for the host in the inventory, or `use_ssh_config: true` to use ~/.ssh/config",
         )
+    if key is not None:
+        warn_if_readable_by_others(key, what=f"host {host_name}: operator key")
     return SshTarget(
         name=host_name,
         hostname=hostname,
