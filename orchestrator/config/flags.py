@@ -347,3 +347,70 @@ def host_in_args(args: list[str]) -> list[str]:
     """Every `--host` value an argv sets (any spelling), so an extra `--host=…` is judged too."""
     parsed, _ = parse_args(args, None)
     return [v for p in parsed if p.flag == "--host" for v in p.values[:1]]
+
+
+# -- ggml-rpc-server and the whole rendered pair ------------------------------------------------
+
+# tools/rpc/rpc-server.cpp parses exact spellings only; an unknown one makes it print usage and exit 0.
+RPC_OPTIONS: dict[str, tuple[str, int]] = {
+    "-H": ("--host", 1), "--host": ("--host", 1), "-p": ("--port", 1), "--port": ("--port", 1),
+    "-t": ("--threads", 1), "--threads": ("--threads", 1), "-d": ("--device", 1), "--device": ("--device", 1),
+    "-c": ("--cache", 0), "--cache": ("--cache", 0),
+}
+RPC_REFUSED = {"--cache": "a local file cache under $LLAMA_CACHE/rpc that any client can grow without bound"}
+
+
+def check_rpc_args(args: list[str]) -> list[str]:
+    """ggml-rpc-server's argv (without the binary): known options only, one unicast -H (the last wins)."""
+    out: list[str] = []
+    hosts: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        spec = RPC_OPTIONS.get(a)
+        if spec is None:
+            out.append(f"ggml-rpc-server argv: {a!r} is not one of its options (it would print usage and exit 0)")
+            i += 1
+            continue
+        name, n = spec
+        if n and i + 1 >= len(args):
+            out.append(f"ggml-rpc-server argv: {a} expects a value")
+            break
+        if name in RPC_REFUSED:
+            out.append(f"ggml-rpc-server argv: {a} is refused ({RPC_REFUSED[name]})")
+        if name == "--host":
+            hosts.append(args[i + 1])
+        i += 1 + n
+    if not hosts:
+        out.append("ggml-rpc-server argv: no -H (its default, 127.0.0.1, is not the inventory's address)")
+    elif why := rpc_bind_problem(hosts[-1]):
+        out.append(f"ggml-rpc-server -H {why}")
+    return out
+
+
+@dataclass
+class Policy:
+    problems: list[str]
+    allowed: dict[str, str]  # risky flags in use -> the inventory's reason (for the receipt)
+
+
+def server_policy_problems(
+    allow_flags: dict[str, str],
+    extra_args: list[str],
+    native_args: list[str],
+    rpc_args: list[str],
+    *,
+    help_text: str | None,
+    api_key: bool,
+) -> Policy:
+    """Preflight: the profile's extra_args against the package's own --help and the pair's allow
+    list, every --host the rendered llama-server argv carries, and the rendered rpc-server argv."""
+    problems = check_extra_args(extra_args, allowed=allow_flags, api_key=api_key, help_text=help_text)
+    parsed, _ = parse_args(native_args, parse_help(help_text) if help_text else None)
+    for p in parsed:
+        if p.flag == "--host" and p.values and (why := server_bind_problem(p.values[0], api_key=api_key)):
+            problems.append(f"llama-server --host {why}")
+    problems += check_rpc_args(rpc_args)
+    allow = {canonical_risky(k) or k: v for k, v in allow_flags.items()}
+    used = allowed_used(extra_args, help_text)
+    return Policy(problems=problems, allowed={k: allow[k] for k in used if k in allow})

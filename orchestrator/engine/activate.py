@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import read_api_key
 from orchestrator.config.profiles import RouteProfile, unknown_flags
 from orchestrator.engine.identity import Expected, verify_identity
@@ -216,6 +217,12 @@ def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
             hint=f"see {native.path / nm.help_file}",
         )
     key = read_api_key(ctx.view.name, pair)
+    act = target.activation
+    policy = server_policy_problems(dict(pair.allow_flags), list(ctx.profile.extra_args), list(act.native_argv[1:]),
+                                    list(act.rpc_argv[1:]), help_text=help_text, api_key=key is not None)
+    if policy.problems:
+        raise ConfigError(f"pair {ctx.view.name}, profile {ctx.profile.name}: " + "; ".join(policy.problems),
+                          hint="see the flag policy in README (Security model)")
     if key is not None:
         ctx.api_key_bytes = key.file_bytes
     ctx.packages = {"native": native, "rpc": rpc}
@@ -229,6 +236,7 @@ def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
         "argv_sha256": target.entry.argv_sha256,
         "native_argv": list(target.activation.native_argv),
         "rpc_argv": list(target.activation.rpc_argv),
+        "allowed_flags": policy.allowed,
     }
 
 

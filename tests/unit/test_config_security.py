@@ -244,3 +244,33 @@ def test_deeply_nested_yaml_is_a_config_error(tmp_path):
 def test_yaml_path_is_a_directory(tmp_path):
     with pytest.raises(ConfigError, match="is a directory"):
         load_model(Inventory, tmp_path)
+
+
+def test_rendered_pair_argv_policy():
+    from orchestrator.config.flags import check_rpc_args, server_policy_problems
+
+    assert check_rpc_args(["-H", "127.0.0.3", "-p", "50052"]) == []
+    assert any("every address" in p for p in check_rpc_args(["-H", "127.0.0.3", "-H", "0x0", "-p", "1"]))  # last wins
+    assert any("-c is refused" in p for p in check_rpc_args(["-H", "127.0.0.3", "-c"]))
+    assert any("not one of its options" in p for p in check_rpc_args(["-H", "127.0.0.3", "--host=0"]))
+    pol = server_policy_problems({}, [], ["--model", "m", "--host", "0", "--port", "1"], ["-H", "127.0.0.3"],
+                                 help_text=None, api_key=False)
+    assert any("no API key" in p for p in pol.problems)
+    pol = server_policy_problems({"tools": "isolated host"}, ["--tools", "read_file"], ["--host", "127.0.0.2"],
+                                 ["-H", "127.0.0.3"], help_text=HELP, api_key=True)
+    assert pol.problems == [] and pol.allowed == {"--tools": "isolated host"}
+
+
+def test_config_check_inventory_judges_each_pairs_profile(tmp_path):
+    from orchestrator.config.registry import check_all
+
+    prof = write(tmp_path, "tools.yaml", {**LAB_PROFILE, "name": "tools", "extra_args": ["--agent"]})
+    inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
+    inv["pairs"]["lab"]["profile"] = str(prof)
+    res = check_all([write(tmp_path, "inv.yaml", inv)], kind="inventory", variables={})
+    assert res[0][1] and "--agent is refused" in res[0][1]
+    key = tmp_path / "key"
+    key.write_text("k3y\n")
+    inv["pairs"]["lab"].update(api_key_file=str(key), allow_flags={"--agent": "agent test bench"})
+    res = check_all([write(tmp_path, "inv.yaml", inv)], kind="inventory", variables={})
+    assert res[0][1] is None, res
