@@ -24,6 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from orchestrator import log as logging_setup  # the module, not a name: log.py imports evidence.masking
 from orchestrator.errors import EvidenceError, LeaseHeldError
 from orchestrator.evidence import atomic, procid
 from orchestrator.evidence.journal import Journal, JournalState, replay
@@ -39,7 +40,6 @@ from orchestrator.evidence.receipt import (
     summary_of,
 )
 from orchestrator.hashing import sha256_bytes
-from orchestrator.log import get_logger
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -145,7 +145,7 @@ class EvidenceStore:
         self.heads_dir = self.root / "heads"
         self.locks_dir = self.root / "locks"
         self.index_dir = self.root / "index"
-        self.log = get_logger(evidence=str(self.root))
+        self.log = logging_setup.get_logger(evidence=str(self.root))
 
     def _ensure(self) -> None:
         for d in (self.root, self.receipts_dir, self.journal_dir, self.heads_dir, self.locks_dir):
