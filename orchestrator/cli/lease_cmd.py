@@ -147,7 +147,7 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    state, why = EvidenceStore(c.home.evidence).run_status(run_id)
+    state, why, run_owner = EvidenceStore(c.home.evidence).run_record(run_id)
     if state not in ("ended", "dead"):
         raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
                              hint="wait for it to end, or run this on the machine that ran it; an expired lease "
@@ -163,6 +163,15 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
                              + "; ".join(s.describe() for s in others))
         if not theirs:
             raise LeaseError(f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")")
+        # The lease names its owner; the run's own (verified) evidence must name the same one, so a
+        # receipt or journal planted in this home cannot free someone else's lease.
+        foreign = [s for s in theirs if s.lease is not None and s.lease.owner != run_owner]
+        if foreign:
+            raise LeaseHeldError(
+                f"run {run_id}'s evidence here names owner {run_owner or '(none)'}, but the lease on "
+                + ", ".join(f"{s.host} is held by {s.lease.owner}" for s in foreign if s.lease is not None)
+                + "; nothing released",
+                hint="release it from the machine and account that ran it")
         with _journal(c, "lease release", argv, target) as j:
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}
