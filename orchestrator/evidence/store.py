@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator import log as logging_setup  # the module, not a name: log.py imports evidence.masking
 from orchestrator.errors import EvidenceError, LeaseHeldError
 from orchestrator.evidence import atomic, procid, safejson
+from orchestrator.evidence.derived import coverage, derived_outcome
 from orchestrator.evidence.journal import Journal, JournalState, replay
 from orchestrator.evidence.masking import mask_argv
 from orchestrator.evidence.receipt import (
@@ -605,10 +606,10 @@ class EvidenceStore:
                               started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
             for step, rows in (fresh_samples or {}).items():
                 j.samples(step, rows)
-            if outcome is None:
-                bad = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
-                outcome = "failed" if bad else "passed"
-            return j.finish(outcome, reason)
+            cov = coverage(original, reuse, fresh, list(identities or []))
+            j.set("coverage", cov.to_json())
+            final = derived_outcome(cov, outcome)
+            return j.finish(final, reason if cov.complete else f"{reason} [incomplete: {cov.why()}]")
 
     def step_view(self, ref: str, step: str) -> tuple[StepRecord, list[Any]]:
         """A step's record and raw samples, following a derived record's reference to the source

@@ -137,3 +137,49 @@ def test_rehashing_a_chain_after_editing_an_old_receipt_is_seen(store):
 def test_untampered_store_verifies(store):
     _chain(store)
     assert store.verify().ok
+
+
+# -- item 13: a derived record's outcome is computed --------------------------------------------
+
+def _failed_deploy(store: EvidenceStore) -> str:
+    """A deploy whose acceptance failed, with its plan and identities, as the engine records it."""
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    j.set("plan", [{"name": n} for n in ("preflight", "upload", "start", "check:cached_continuation", "accept")])
+    j.identity("lab-native", {"lab-native": {"exe_sha256": "a" * 64}, "server": {"build_info": "b1-abc"}})
+    for name, outcome in (("preflight", "passed"), ("upload", "passed"), ("start", "passed"),
+                          ("check:cached_continuation", "passed"), ("accept", "failed")):
+        j.record_step(name, outcome, {}, error="broken" if outcome == "failed" else None)
+    return j.finish("failed", "acceptance failed")
+
+
+def test_derived_record_reusing_one_check_is_incomplete_not_passed(store):
+    original = _failed_deploy(store)
+    sha = store.derive(original, ["check:cached_continuation"], "reuse the cached check")
+    d = store.load(sha)
+    assert d.outcome == "incomplete" and "not covered" in d.reason
+    assert set(d.coverage["missing"]) == {"preflight", "upload", "start", "accept"}
+    # an explicit "passed" cannot grant it either
+    granted = store.derive(original, ["check:cached_continuation"], "x", outcome="passed")
+    assert store.load(granted).outcome == "incomplete"
+    assert store.verify().ok
+
+
+def test_derived_record_passes_only_when_covered_against_the_same_identities(store):
+    original = _failed_deploy(store)
+    reuse = ["preflight", "upload", "start", "check:cached_continuation"]
+    fresh = [{"name": "accept", "outcome": "passed", "data": {}}]
+    same = [("lab-native", {"lab-native": {"exe_sha256": "a" * 64}, "server": {"build_info": "b1-abc"}})]
+    other = [("lab-native", {"lab-native": {"exe_sha256": "c" * 64}, "server": {"build_info": "b1-abc"}})]
+    assert store.load(store.derive(original, reuse, "no identity", fresh_steps=fresh)).outcome == "incomplete"
+    d = store.load(store.derive(original, reuse, "other binary", fresh_steps=fresh, identities=other))
+    assert d.outcome == "incomplete" and "identities" in d.reason
+    covered = store.derive(original, reuse, "re-ran accept", fresh_steps=fresh, identities=same)
+    assert store.load(covered).outcome == "passed"
+    failing = [{"name": "accept", "outcome": "failed", "data": {}}]
+    assert store.load(store.derive(original, reuse, "x", fresh_steps=failing, identities=same)).outcome == "failed"
+
+
+def test_since_too_far_back_is_a_usage_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "orchestrator", "--home", str(tmp_path), "receipts", "list", "--since",
+                        "99999999999w"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "before year 1" in r.stderr and "Traceback" not in r.stderr
