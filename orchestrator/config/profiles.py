@@ -17,6 +17,7 @@ from orchestrator.config.base import StrictModel
 from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
+from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
 QUANTIZED_KV = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
@@ -92,6 +93,8 @@ class RouteProfile(StrictModel):
         # Risky flags are judged for the pair that serves this profile: its allow_flags and API key
         # come in the validation context (load_profile(..., pair=...)); without one, none is allowed.
         ctx = info.context if isinstance(info.context, dict) else {}
+        if ctx.get("reading_record"):
+            return self  # a route entry read back: its fields are used, nothing is started from it
         problems = check_extra_args(list(self.extra_args), allowed=ctx.get("allow_flags") or {},
                                     api_key=bool(ctx.get("api_key")))
         if problems:
@@ -195,6 +198,15 @@ def load_profile(name_or_path: str, *, pair: PairSpec | None = None) -> RoutePro
     if not p.suffix:
         p = profiles_dir() / f"{name_or_path}.yaml"
     return load_model(RouteProfile, p, context=pair_context(pair))
+
+
+def profile_from_record(data: object, *, what: str = "the route entry") -> RouteProfile:
+    """The profile a route entry recorded, for its sizes (parallel, context): the flag policy was
+    applied when it was deployed, and a start always renders argv through preflight again."""
+    try:
+        return RouteProfile.model_validate(data, context={"reading_record": True})
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ConfigError(f"{what} holds no valid route profile: {str(exc).splitlines()[0]}") from None
 
 
 def pair_context(pair: PairSpec | None) -> dict[str, object] | None:

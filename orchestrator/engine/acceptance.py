@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.profiles import profile_from_record
 from orchestrator.engine.identity import verify_identity
 from orchestrator.errors import CheckFailed
 
@@ -33,7 +33,7 @@ def run(ctx: Any) -> dict[str, Any]:
     except ImportError as exc:  # the suite is another package's; identity alone stands until it exists
         return {"skipped": f"acceptance suite not available ({exc}); identity only"}
     target = ctx.activating()
-    profile = RouteProfile.model_validate(target.entry.profile)
+    profile = profile_from_record(target.entry.profile)
     with ServerClient(ctx.view.base_url, api_key=ctx.api_key) as client:
         cctx = CheckContext(
             client=client,

@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import read_api_key
-from orchestrator.config.profiles import RouteProfile, unknown_flags
+from orchestrator.config.profiles import RouteProfile, profile_from_record, unknown_flags
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError
@@ -151,7 +151,7 @@ def render_target(view: PairView, pair: Any, profile: RouteProfile, native_pkg: 
 
 
 def expected_for(entry: RouteEntry, native_manifest: Any, rpc_manifest: Any, view: PairView) -> Expected:
-    profile = RouteProfile.model_validate(entry.profile)
+    profile = profile_from_record(entry.profile)
     return Expected(
         native=ExpectedProc(LLAMA_SERVER, _bin_sha(native_manifest, LLAMA_SERVER), tuple(entry.native_argv)),
         rpc=ExpectedProc(RPC_SERVER, _bin_sha(rpc_manifest, RPC_SERVER), tuple(entry.rpc_argv)),
