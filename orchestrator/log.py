@@ -10,6 +10,7 @@ import logging
 import os
 import re
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ _SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphras
 _RAW = ("exc_info", "stack")
 
 
-def mask_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def mask_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Never let a secret reach a log line: secret-looking keys at any depth, secret flags in
     argv-like lists, bearer tokens and URL passwords inside strings (evidence/masking.py)."""
     for key in list(event):
