@@ -79,6 +79,17 @@ def list_files(root: Path) -> list[str]:
     return sorted(out)
 
 
+def not_regular(root: Path) -> list[str]:
+    """Relative paths under root that are symlinks (to files or folders) or not regular files."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink() or not (p.is_dir() if name in dirnames else stat.S_ISREG(p.lstat().st_mode)):
+                out.append(p.relative_to(root).as_posix())
+    return sorted(out)
+
+
 @dataclass(frozen=True)
 class Package:
     path: Path
@@ -150,6 +161,8 @@ class PackageStore:
         """
         pkg = self.get(package_id)
         report = verify_tree(pkg.path, pkg.manifest, workers=workers)
+        if pkg.path.is_symlink():
+            report.problems.insert(0, f"{pkg.path}: the package folder is a symbolic link, not a folder of the store")
         if check and not report.ok:
             raise PackageError(
                 f"package {package_id} fails verification ({len(report.problems)} problem(s)):\n"
@@ -183,6 +196,9 @@ def verify_tree(root: Path, manifest: PackageManifest, *, workers: int | None = 
     report = VerifyReport(id=manifest.id)
     if content_digest(manifest.files) != manifest.content_digest:
         report.problems.append(f"{MANIFEST_NAME}: content_digest does not match its file entries")
+    for rel in not_regular(root):
+        report.problems.append(f"{rel}: not a regular file (a symbolic link or special file; packages hold "
+                               "copies only, so a link could point anywhere)")
     present = set(list_files(root))
     for rel in sorted(present - set(manifest.files)):
         report.problems.append(f"{rel}: not in the manifest")

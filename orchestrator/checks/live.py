@@ -15,7 +15,7 @@ from typing import Any, Iterable, Mapping
 from orchestrator.checks import budget
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.config.inventory import Inventory
-from orchestrator.config.profiles import RouteProfile, load_profile
+from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
 from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.remote.command import Secret
 from orchestrator.server.client import ServerClient
@@ -188,9 +188,9 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
             raise HostError(f"pair {pair}: no active route on {spec.native} (nothing deployed?)",
                             hint=f"deploy first: pairctl deploy --pair {pair}")
         if profile_name:
-            profile = load_profile(profile_name)
+            profile = load_profile(profile_name, pair=inventory.pair(pair))
         else:
-            profile = RouteProfile.model_validate(route.active.profile)
+            profile = profile_from_record(route.active.profile)
         store = PackageStore(home.store)
         manifests = {"native": _manifest(store, route.active.native_package),
                      "rpc": _manifest(store, route.active.rpc_package)}

@@ -148,7 +148,7 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    state, why = EvidenceStore(c.home.evidence).run_status(run_id)
+    state, why, run_owner = EvidenceStore(c.home.evidence).run_record(run_id)
     # another operator's run: this home has no evidence of it, the hosts' heartbeats decide (issue 21)
     if state == "running":
         raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
@@ -169,6 +169,16 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
                              + "; ".join(s.describe() for s in others))
         if not theirs:
             raise LeaseError(f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")")
+        # The lease names its owner; the run's own (verified) evidence must name the same one, so a
+        # receipt or journal planted in this home cannot free someone else's lease.
+        # (A run proven over by the hosts' stale heartbeats needs no evidence here, so no owner to match.)
+        foreign = [] if on_hosts else [s for s in theirs if s.lease is not None and s.lease.owner != run_owner]
+        if foreign:
+            raise LeaseHeldError(
+                f"run {run_id}'s evidence here names owner {run_owner or '(none)'}, but the lease on "
+                + ", ".join(f"{s.host} is held by {s.lease.owner}" for s in foreign if s.lease is not None)
+                + "; nothing released",
+                hint="release it from the machine and account that ran it")
         with _journal(c, "lease release", argv, target) as j:
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}

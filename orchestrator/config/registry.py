@@ -81,8 +81,42 @@ def check_all(paths: list[Path] | None, *, kind: str | None, variables: dict[str
             out.append((p, f"{p}: unknown kind {k!r}"))
             continue
         try:
-            load_model(models[k], p)
+            loaded = load_model(models[k], p, context=_profile_context(p, variables) if k == "profile" else None)
+            if k == "inventory":
+                _check_pair_profiles(p, loaded)
             out.append((p, None))
         except ConfigError as e:
             out.append((p, str(e)))
     return out
+
+
+def _check_pair_profiles(path: Path, inventory: BaseModel) -> None:
+    """Each pair's profile under that pair's flag policy (its allow_flags and API key)."""
+    from orchestrator.config.inventory import Inventory
+    from orchestrator.config.profiles import load_profile
+
+    assert isinstance(inventory, Inventory)
+    for name, pair in inventory.pairs.items():
+        try:
+            load_profile(pair.profile, pair=pair)
+        except ConfigError as e:
+            raise ConfigError(
+                f"{path}: pair {name!r}: profile {pair.profile!r} is refused for this pair:\n{e}") from None
+
+
+def _profile_context(path: Path, variables: dict[str, str]) -> dict[str, object] | None:
+    """A profile checked alone may use a risky flag only where every repo inventory pair serving it allows it
+    (with an API key); a profile no pair allows is judged with nothing allowed."""
+    from orchestrator.config.inventory import Inventory
+    allowed: dict[str, str] | None = None
+    for inv_path in sorted(FOLDERS["inventory"].glob("*.yaml")):
+        try:
+            inv = load_model(Inventory, inv_path)
+        except ConfigError:
+            continue
+        for pair in inv.pairs.values():
+            if pair.profile not in (path.stem, str(path)):
+                continue
+            mine = dict(pair.allow_flags) if pair.api_key_file else {}
+            allowed = mine if allowed is None else {k: v for k, v in allowed.items() if k in mine}
+    return {"allow_flags": allowed or {}, "api_key": bool(allowed)}

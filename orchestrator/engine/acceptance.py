@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.profiles import profile_from_record
 from orchestrator.engine.identity import verify_identity
 from orchestrator.errors import CheckFailed
 
@@ -37,7 +37,7 @@ def suite_bound_s(profile: dict[str, Any]) -> float:
     from orchestrator.checks import budget
     from orchestrator.checks.suite import CHECKS
 
-    return budget.suite_seconds(budget.for_profile(RouteProfile.model_validate(profile)), len(CHECKS))
+    return budget.suite_seconds(budget.for_profile(profile_from_record(profile)), len(CHECKS))
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         return {"skipped": f"acceptance suite not available ({exc}); identity only"}
     target = ctx.activating()
     assert target is not None  # accept follows a verified activation
-    profile = RouteProfile.model_validate(target.entry.profile)
+    profile = profile_from_record(target.entry.profile)
     limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
     with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s) as client:
         cctx = CheckContext(

@@ -21,8 +21,9 @@ from typing import Any
 
 from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import Package, PackageStore
+from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
-from orchestrator.config.profiles import RouteProfile, load_profile, unknown_flags
+from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
@@ -80,7 +81,7 @@ def render_target(view: PairView, pair: PairSpec, profile: RouteProfile, native_
 
 def expected_for(entry: RouteEntry, native_manifest: PackageManifest, rpc_manifest: PackageManifest,
                  view: PairView) -> Expected:
-    profile = RouteProfile.model_validate(entry.profile)
+    profile = profile_from_record(entry.profile)
     return Expected(
         native=ExpectedProc(LLAMA_SERVER, _bin_sha(native_manifest, LLAMA_SERVER), tuple(entry.native_argv)),
         rpc=ExpectedProc(RPC_SERVER, _bin_sha(rpc_manifest, RPC_SERVER), tuple(entry.rpc_argv)),
@@ -113,8 +114,8 @@ def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: Pac
     profile: RouteProfile | str = entry.profile_name
     if trusted:
         try:
-            profile = RouteProfile.model_validate(entry.profile)
-        except ValueError:
+            profile = profile_from_record(entry.profile)
+        except (ValueError, ConfigError):
             profile = entry.profile_name
     return render_recorded(view, pair, entry.native_package, entry.rpc_package, profile,
                            dict(entry.models), store, label)
@@ -176,6 +177,13 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
             hint=f"see {native.path / nm.help_file}",
         )
     key = read_api_key(ctx.view.name, pair)
+    act, prof = target.activation, ctx.profile
+    extra = list(prof.extra_args) if prof is not None else []
+    policy = server_policy_problems(dict(pair.allow_flags), extra, list(act.native_argv[1:]),
+                                    list(act.rpc_argv[1:]), help_text=help_text, api_key=key is not None)
+    if policy.problems:
+        raise ConfigError(f"pair {ctx.view.name}, profile {prof.name if prof else '?'}: " + "; ".join(policy.problems),
+                          hint="see the flag policy in README (Security model)")
     if key is not None:
         ctx.api_key_bytes = key.file_bytes
     ctx.packages = {"native": native, "rpc": rpc}
@@ -189,6 +197,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
         "argv_sha256": target.entry.argv_sha256,
         "native_argv": list(target.activation.native_argv),
         "rpc_argv": list(target.activation.rpc_argv),
+        "allowed_flags": policy.allowed,
     }
 
 

@@ -164,7 +164,7 @@ def deploy(
     qualification across its arms); the run renews them and leaves them held on every path."""
     view = pair_view(inventory, pair_name)
     pair = inventory.pair(pair_name)
-    profile = load_profile(profile_name or pair.profile)
+    profile = load_profile(profile_name or pair.profile, pair=pair)
     deploy_pb, rollback_pb = load_playbook("deploy"), load_playbook("rollback")
     inputs = {
         "package:native": package_ids[0],

@@ -188,6 +188,8 @@ def replay(path: Path) -> tuple[JournalState, list[str]]:
     for i, line in enumerate(lines):
         try:
             ev = json.loads(line)
+        except RecursionError:
+            raise EvidenceError(f"journal {path} line {i + 1} is nested too deeply") from None
         except ValueError:
             if i == len(lines) - 1:
                 problems.append(f"the journal's last line was incomplete ({len(line)} bytes) and was dropped")

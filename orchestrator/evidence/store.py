@@ -24,12 +24,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from orchestrator import log as logging_setup  # the module, not a name: log.py imports evidence.masking
 from orchestrator.errors import EvidenceError, LeaseHeldError
-from orchestrator.evidence import atomic, procid
+from orchestrator.evidence import atomic, procid, safejson
+from orchestrator.evidence.derived import coverage, derived_outcome
 from orchestrator.evidence.journal import Journal, JournalState, replay
 from orchestrator.evidence.masking import mask_argv
 from orchestrator.evidence.receipt import (
     NO_PAIR,
+    OUTCOMES,
     SCHEMA_VERSION,
     STEP_OUTCOMES,
     Receipt,
@@ -39,7 +42,6 @@ from orchestrator.evidence.receipt import (
     summary_of,
 )
 from orchestrator.hashing import sha256_bytes
-from orchestrator.log import get_logger
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -155,7 +157,7 @@ class EvidenceStore:
         self.heads_dir = self.root / "heads"
         self.locks_dir = self.root / "locks"
         self.index_dir = self.root / "index"
-        self.log = get_logger(evidence=str(self.root))
+        self.log = logging_setup.get_logger(evidence=str(self.root))
 
     def _ensure(self) -> None:
         for d in (self.root, self.receipts_dir, self.journal_dir, self.heads_dir, self.locks_dir):
@@ -239,11 +241,11 @@ class EvidenceStore:
                 with open(path, "rb") as f:
                     first = f.readline()
                 state = JournalState()
-                state.apply(json.loads(first))
+                state.apply(safejson.loads(first, what=f"journal {path}"))
                 procid.HostInfo(**state.header["host"])
                 if not isinstance(state.header.get("run_id"), str):
                     raise ValueError("no run id")
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, EvidenceError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, EvidenceError, RecursionError) as exc:
                 self._drop_empty_journal(path, exc)
                 continue
             yield state, path
@@ -268,7 +270,7 @@ class EvidenceStore:
             alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
             out.append(
                 {"run_id": state.run_id, "pair": state.header.get("pair"), "command": state.header.get("command"),
-                 "journal": str(path), "alive": alive, "why": why}
+                 "journal": str(path), "alive": alive, "why": why, "owner": _owner_of(state.header.get("host"))}
             )
         return out
 
@@ -276,14 +278,27 @@ class EvidenceStore:
         """Is run `run_id` over? ("ended", "receipt H: OUTCOME"), ("dead", why: killed, not yet
         sealed), ("running", why), ("elsewhere", why: its journal is another machine's) or
         ("unknown", why). Only "ended" and "dead" prove that nothing will use its leases again."""
+        state, why, _owner = self.run_record(run_id)
+        return state, why
+
+    def run_record(self, run_id: str) -> tuple[str, str, str | None]:
+        """run_status plus who ran it (`user@machine`, as leases name their owner), from the run's
+        journal or its receipt. "ended" only from a receipt that verifies (its bytes match its
+        name) and that the chain reaches from its head: the index, a forged receipt beside the
+        chain or one whose run id was copied never prove a run over."""
         for j in self.unsealed():
             if j["run_id"] == run_id:
                 state = {True: "running", False: "dead", None: "elsewhere"}[j["alive"]]
-                return state, f"{j['command']} run {run_id}: {j['why']}"
+                return state, f"{j['command']} run {run_id}: {j['why']}", j.get("owner")
         for summ in self.summaries():
-            if summ.get("run_id") == run_id:
-                return "ended", f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})"
-        return "unknown", f"no run {run_id} in the evidence under {self.root}"
+            if summ.get("run_id") != run_id:
+                continue
+            if not summ.get("in_chain"):
+                return ("unknown", f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
+                        f"chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)", None)
+            return ("ended", f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})",
+                    summ.get("owner"))
+        return "unknown", f"no run {run_id} in the evidence under {self.root}", None
 
     def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
         candidates = [(s, p) for s, p in self._journals() if s.chain == chain] if self.journal_dir.exists() else []
@@ -340,8 +355,8 @@ class EvidenceStore:
 
     def _run_id_of(self, sha: str) -> str | None:
         try:
-            return json.loads(self.path_of(sha).read_bytes()).get("run_id")
-        except (OSError, ValueError, AttributeError):
+            return safejson.loads(self.path_of(sha).read_bytes(), what="receipt").get("run_id")
+        except (OSError, EvidenceError, AttributeError):
             return None
 
     # -- sealing -----------------------------------------------------------------------------
@@ -382,28 +397,50 @@ class EvidenceStore:
             self.log.warning("receipt index not written", receipt=sha, error=str(exc))
 
     def summaries(self, pair: str | None = ...) -> list[dict[str, Any]]:  # type: ignore[assignment]
-        """Summaries (hash, times, command, pair, outcome, reason, ...) oldest first, without loading
-        samples: from the index, which is filled from the receipt (verified) when missing."""
-        out = []
+        """Summaries (hash, times, command, pair, outcome, reason, run_id, owner, in_chain) oldest
+        first, each read from its receipt and checked against its name. The index is a cache
+        for other tools and is never read here: a forged index entry cannot change an outcome.
+        `in_chain`: the receipt is reachable from its chain's head through receipts that verify
+        (a receipt added beside the chain, or left beyond a moved-back head, is not)."""
+        every: dict[str, dict[str, Any]] = {}
         for sha in self.hashes():
-            idx = self.index_dir / f"{sha}.json"
-            summary = None
-            if idx.exists():
-                try:
-                    summary = json.loads(idx.read_text())
-                except (OSError, ValueError):
-                    summary = None
-            if summary is None or summary.get("hash") != sha or not _summary_ok(summary):
-                try:
-                    summary = summary_of(self.load(sha), sha)
-                except (EvidenceError, ValueError) as exc:
-                    self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
-                    continue
-                self._index_put(sha, summary)
-            if pair is ... or summary.get("pair") == pair:
-                out.append(summary)
+            try:
+                summary = self._summary_of_file(sha)
+            except EvidenceError as exc:
+                self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
+                continue
+            every[sha] = summary
+        for chain in {s["pair"] or NO_PAIR for s in every.values()}:
+            head = _read_small(self.heads_dir / chain)
+            seen: set[str] = set()
+            while head and head in every and head not in seen and (every[head]["pair"] or NO_PAIR) == chain:
+                seen.add(head)
+                every[head]["in_chain"] = True
+                head = every[head]["previous"]
+        out = [s for s in every.values() if pair is ... or s.get("pair") == pair]
+        for s in out:
+            s.setdefault("in_chain", False)
         out.sort(key=lambda s: (s["finished_at"], s["started_at"]))
         return out
+
+    def _summary_of_file(self, sha: str) -> dict[str, Any]:
+        path = self.path_of(sha)
+        try:
+            if path.is_symlink() or not path.is_file():
+                raise EvidenceError(f"receipt {path} is not a regular file")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
+        if _sha(data) != sha:
+            raise EvidenceError(f"receipt file {path} does not match its name")
+        obj = safejson.loads(data, what=f"receipt file {path}")
+        if not isinstance(obj, dict):
+            raise EvidenceError(f"receipt file {path} is not a receipt")
+        summary = {k: obj.get(k) for k in (*_SUMMARY_STR, *_SUMMARY_OPT) if k != "hash"}
+        summary.update(hash=sha, recovered=obj.get("recovered") is True, owner=_owner_of(obj.get("host")))
+        if not _summary_ok(summary) or summary["outcome"] not in OUTCOMES:
+            raise EvidenceError(f"receipt file {path} is not a valid receipt (summary fields)")
+        return summary
 
     def _head(self, chain: str) -> str | None:
         """The chain's newest receipt, repairing a head left behind by a crash mid-seal."""
@@ -414,8 +451,8 @@ class EvidenceStore:
             p = _read_small(pending) or ""
             if _HASH.match(p) and self.path_of(p).exists():
                 try:
-                    prev = json.loads(self.path_of(p).read_bytes()).get("previous")
-                except (OSError, ValueError, AttributeError):
+                    prev = safejson.loads(self.path_of(p).read_bytes(), what="receipt").get("previous")
+                except (OSError, EvidenceError, AttributeError):
                     prev = "?"
                 if prev == head:
                     atomic.replace(head_file, p.encode())
@@ -476,8 +513,10 @@ class EvidenceStore:
             raise EvidenceError(f"receipt file {path} does not match its name (its sha256 is {actual})",
                                 hint="it was changed after it was written; run `pairctl receipts verify`")
         try:
+            if len(data) > safejson.MAX_RECEIPT_BYTES:
+                raise ValueError(f"{len(data)} bytes, more than any receipt")
             receipt = Receipt.model_validate_json(data)
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        except (ValueError, RecursionError) as exc:  # pydantic's ValidationError is a ValueError
             raise EvidenceError(f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
                                 hint="run `pairctl receipts verify`") from None
         receipt._sha256 = sha
@@ -529,7 +568,7 @@ class EvidenceStore:
         fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
         fresh_names = [s.name for s in fresh]
         reuse = list(dict.fromkeys(reuse))
-        from orchestrator.evidence.receipt import OUTCOMES, RESERVED_FIELDS
+        from orchestrator.evidence.receipt import RESERVED_FIELDS
 
         bad_fields = [k for k in (fields or {}) if k in RESERVED_FIELDS or k.startswith("_")]
         if bad_fields:
@@ -578,10 +617,10 @@ class EvidenceStore:
                               started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
             for step, rows in (fresh_samples or {}).items():
                 j.samples(step, rows)
-            if outcome is None:
-                bad = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
-                outcome = "failed" if bad else "passed"
-            return j.finish(outcome, reason)
+            cov = coverage(original, reuse, fresh, list(identities or []))
+            j.set("coverage", cov.to_json())
+            final = derived_outcome(cov, outcome)
+            return j.finish(final, reason if cov.complete else f"{reason} [incomplete: {cov.why()}]")
 
     def step_view(self, ref: str, step: str) -> tuple[StepRecord, list[Any]]:
         """A step's record and raw samples, following a derived record's reference to the source
@@ -630,6 +669,13 @@ def _fresh_step(d: dict[str, Any]) -> StepRecord:
 
 _SUMMARY_STR = ("hash", "run_id", "command", "outcome", "reason", "started_at", "finished_at")
 _SUMMARY_OPT = ("pair", "previous", "derived_from")
+
+
+def _owner_of(host: Any) -> str | None:
+    """`user@machine` of a receipt's or journal's host record (what leases name as owner)."""
+    if isinstance(host, dict) and isinstance(host.get("user"), str) and isinstance(host.get("hostname"), str):
+        return f"{host['user']}@{host['hostname']}"
+    return None
 
 
 def _summary_ok(summary: Any) -> bool:

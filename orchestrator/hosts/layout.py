@@ -25,6 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.remote.command import Cmd
 
@@ -185,11 +186,21 @@ def switch_links(transport: Any, layout: HostLayout, current: str | None, previo
 
 
 def put_secret(transport: Any, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
-    """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument."""
+    """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument.
+    The temporary file is created 0600 and exclusively (never chmod after); secrets/ is tightened
+    to 0700 on every call, and refused when it is a symlink or not a directory."""
     transport.makedirs(layout.secrets, 0o700)
+    st = transport.stat(layout.secrets)
+    if st is None or st.is_link or not st.is_dir:
+        raise HostError(f"{transport.name}: {layout.secrets} is not a directory (a symlink?); the API key is not "
+                        "written there", hint="remove it on the host; pairctl creates it 0700")
+    if st.perms != 0o700:
+        transport.chmod(layout.secrets, 0o700)
     dest = posixpath.join(layout.secrets, name)
     tmp = posixpath.join(layout.secrets, f".{name}.tmp")
-    transport.put_bytes(data, tmp, mode=0o600)
+    if transport.stat(tmp) is not None:
+        transport.remove(tmp)  # left by an interrupted deploy, inside our own 0700 folder
+    transport.put_private(data, tmp)
     transport.rename(tmp, dest)
     return dest
 

@@ -35,7 +35,9 @@ def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: st
     found, problems = {}, []
     for name, path in sorted(paths.items()):
         h = seen.get(path)
-        if h is None or h.sha256 is None:
+        if h is not None and h.how == "notfile":
+            problems.append(f"{host}: model {name} ({path}) is not a regular file (a directory?)")
+        elif h is None or h.sha256 is None:
             problems.append(f"{host}: model {name} ({path}) is missing")
         elif name in expected and h.sha256 != expected[name]:
             problems.append(f"{host}: model {name} ({path}) has sha256 {h.sha256}, {expected_is} {expected[name]}"

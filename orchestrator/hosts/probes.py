@@ -63,7 +63,7 @@ class ModelHash:
     path: str
     sha256: str | None
     size: int | None
-    how: str  # hashed | cached | missing
+    how: str  # hashed | cached | missing | notfile (a directory or special file)
 
 
 def parse_model_hashes(text: str) -> dict[str, ModelHash]:
@@ -76,7 +76,7 @@ def parse_model_hashes(text: str) -> dict[str, ModelHash]:
         if len(parts) != 4 or not parts[3]:
             raise ProbeError(f"bad model line {value[:120]!r}")
         sha, size, how, path = parts
-        if how == "missing" and sha == size == "-":
+        if how in ("missing", "notfile") and sha == size == "-":
             out[path] = ModelHash(path, None, None, how)
         elif how in ("hashed", "cached") and _HEX64.match(sha) and size.isdigit():
             out[path] = ModelHash(path, sha, int(size), how)

@@ -23,7 +23,7 @@ def qualify_pair(c: Any, *, pair: str, baseline: tuple[str, str], candidate: tup
     loaded = load_plan(plan_ref)
     inventory = c.inventory()
     spec = inventory.pair(pair)
-    profile = load_profile(profile_ref or spec.profile)
+    profile = load_profile(profile_ref or spec.profile, pair=spec)
     loaded.plan.check_fits(profile)
     packages = PackageStore(c.home.store)
     for pid in (*baseline, *candidate):

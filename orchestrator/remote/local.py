@@ -102,6 +102,20 @@ class LocalTransport:
             raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
+    def put_private(self, data: bytes, remote_path: str) -> None:
+        t0 = time.monotonic()
+        try:
+            fd = os.open(remote_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
+        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.stats.add(commands=1)
+        os.chmod(path, mode)
+
     def get(self, remote_path: str, local_path: str | Path) -> None:
         t0 = time.monotonic()
         try:

@@ -33,7 +33,7 @@ from typing import Any
 
 import paramiko
 
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import Inventory, warn_if_readable_by_others
 from orchestrator.errors import HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
@@ -132,6 +132,8 @@ def resolve_target(
             f"host {host_name}: no key to log in with",
             hint="set `key:` for the host in the inventory, or `use_ssh_config: true` to use ~/.ssh/config",
         )
+    if key is not None:
+        warn_if_readable_by_others(key, what=f"host {host_name}: operator key")
     return SshTarget(
         name=host_name,
         hostname=hostname,
@@ -523,6 +525,33 @@ class SshTransport:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def put_private(self, data: bytes, remote_path: str) -> None:
+        def do(sftp: paramiko.SFTPClient) -> None:
+            # SFTPClient.open sends no attributes; OPEN with permissions 0600 and EXCL makes the
+            # server create the file with that mode (sftp-server: open(2) with it; umask only clears)
+            attrs = paramiko.SFTPAttributes()
+            attrs.st_mode = 0o600
+            flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_EXCL
+            t, msg = sftp._request(paramiko.sftp.CMD_OPEN, remote_path, flags, attrs)
+            if t != paramiko.sftp.CMD_HANDLE:
+                raise paramiko.SFTPError("expected a handle")
+            with paramiko.SFTPFile(sftp, msg.get_binary(), "wb") as f:
+                f.write(data)
+            st = sftp.lstat(remote_path)
+            if (st.st_mode or 0) & 0o077 or st.st_size != len(data):
+                sftp.remove(remote_path)
+                raise OSError(f"{remote_path} came out mode {(st.st_mode or 0) & 0o777:o}, size {st.st_size}")
+
+        t0 = time.monotonic()
+        try:
+            self._fs("put", remote_path, do)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
+        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self._fs("chmod", path, lambda sftp: sftp.chmod(path, mode))
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         t0 = time.monotonic()

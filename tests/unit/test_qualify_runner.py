@@ -161,7 +161,8 @@ def test_failed_restore_after_all_samples_derives_without_remeasuring(tmp_path):
     activations = sum(1 for e in d.events if isinstance(e, tuple) and e[0] == "activate")
 
     derived = store.derive(out.receipt, reuse=["snapshot", *out.arm_steps],
-                           reason="restore read-back timed out after all samples; pair verified by hand")
+                           reason="restore read-back timed out after all samples; pair verified by hand",
+                           fresh_steps=[{"name": "restore", "outcome": "passed", "data": {"verified": "by hand"}}])
     out_dir, record, result = write_report(store, derived)
     assert sum(1 for e in d.events if isinstance(e, tuple) and e[0] == "activate") == activations  # nothing re-measured
     assert record.derived and record.origin == out.receipt and len(record.samples) == 12
