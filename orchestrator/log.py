@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, Processor
 
 # The key's last word names a secret (`api_key`, `token`), not `n_tokens` or `tokens_predicted`.
 _SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphrase|nonce)$", re.I)
 
 
-def mask_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def mask_secrets(_logger: Any, _name: str, event: EventDict) -> EventDict:
     """Never let a value under a secret-looking key reach a log line."""
     for key in list(event):
         if _SECRET_KEYS.search(key) and event[key] is not None:
@@ -26,7 +27,7 @@ def mask_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, A
     return event
 
 
-def drop_tracebacks(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def drop_tracebacks(_logger: Any, _name: str, event: EventDict) -> EventDict:
     """Console only: a traceback (with its locals, which may hold secrets) never reaches a
     person's terminal; the JSON log file keeps it."""
     for key in ("exc_info", "exception", "stack"):
@@ -43,7 +44,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
         root.removeHandler(h)
     root.setLevel(logging.DEBUG)
 
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -102,7 +102,7 @@ def port_taken(ss_output: str, bind: str, port: int) -> list[str]:
 
 def started_identity(output: str, binary: str) -> str | None:
     """Problem with the `proc=` line `pairctl-svc restart` printed, or None when our binary runs."""
-    lines = "\n".join(l for l in output.splitlines() if l.startswith("proc="))
+    lines = "\n".join(line for line in output.splitlines() if line.startswith("proc="))
     try:
         proc = parse_identity(lines).get(RPC_SERVER)
     except ProbeError as exc:

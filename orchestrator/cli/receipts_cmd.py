@@ -51,7 +51,7 @@ def list_(
             _usage(str(exc))
     store = evidence_store_for(c, evidence)
     rows = [
-        r for r in store.summaries(pair=pair if pair else ...)
+        r for r in (store.summaries(pair=pair) if pair else store.summaries())
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
     if json_out or c.json_output:

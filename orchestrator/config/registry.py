@@ -62,7 +62,7 @@ def _kind_of(path: Path) -> str | None:
 
 def default_files() -> list[Path]:
     files: list[Path] = []
-    for kind, folder in FOLDERS.items():
+    for folder in FOLDERS.values():
         files += sorted(folder.glob("*.yaml"))
     files += sorted(KERNELS.glob("*/kernel.yaml"))
     files += sorted(KERNELS.glob("*/cases.yaml"))

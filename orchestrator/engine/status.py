@@ -65,7 +65,7 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                         out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
                 elif f.current:
                     out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
-                h = {
+                h: dict[str, Any] = {
                     "role": role,
                     "current": f.current,
                     "previous": f.previous,

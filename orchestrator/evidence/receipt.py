@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from orchestrator.errors import EvidenceError
 from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
 
 SCHEMA_VERSION = 1
@@ -131,8 +132,10 @@ class Receipt(BaseModel):
     _sha256: str | None = PrivateAttr(default=None)
 
     @property
-    def sha256(self) -> str | None:
-        """The receipt's hash (its file name) once sealed or loaded; None before."""
+    def sha256(self) -> str:
+        """The receipt's hash (its file name): set when it is sealed or loaded."""
+        if self._sha256 is None:
+            raise EvidenceError("this receipt has no hash yet: it was neither sealed nor loaded")
         return self._sha256
 
     @property

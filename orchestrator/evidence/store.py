@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -502,7 +502,7 @@ class EvidenceStore:
         original_hash: str,
         reuse: list[str],
         reason: str,
-        fresh_steps: list[StepRecord | dict[str, Any]] | None = None,
+        fresh_steps: Sequence[StepRecord | dict[str, Any]] | None = None,
         *,
         fresh_samples: dict[str, list[dict[str, Any]]] | None = None,
         fields: dict[str, Any] | None = None,
@@ -565,8 +565,8 @@ class EvidenceStore:
             for s in fresh:
                 j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason,
                               started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
-            for step, rows in (fresh_samples or {}).items():
-                j.samples(step, rows)
+            for step_name, rows in (fresh_samples or {}).items():
+                j.samples(step_name, rows)
             if outcome is None:
                 bad = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
                 outcome = "failed" if bad else "passed"
@@ -586,10 +586,10 @@ class EvidenceStore:
             if rec.data_sha256() != r.data_sha256 or samples_sha256(rows) != r.samples_sha256:
                 raise EvidenceError(f"step {step!r} of {r.from_[:12]} does not match the hashes in {receipt.sha256[:12]}")
             return rec, rows
-        rec = receipt.step(step)
-        if rec is None:
+        found = receipt.step(step)
+        if found is None:
             raise EvidenceError(f"receipt {receipt.sha256[:12]} has no step {step!r}")
-        return rec, receipt.samples.get(step)
+        return found, receipt.samples.get(step)
 
     def verify(self):  # -> VerifyReport
         from orchestrator.evidence.verify import verify_store

@@ -281,7 +281,7 @@ def proc_problems(host: str, expected: ExpectedProc, seen: ProcIdentity | None) 
 
 
 def _first_difference(want: tuple[str, ...], got: tuple[str, ...]) -> str:
-    for i, (a, b) in enumerate(zip(want, got)):
+    for i, (a, b) in enumerate(zip(want, got, strict=False)):
         if a != b:
             return f"argument {i}: {b!r}, expected {a!r}"
     if len(want) != len(got):

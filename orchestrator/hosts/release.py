@@ -31,6 +31,8 @@ def expected_hashes(manifest: Any) -> dict[str, str]:
     files = getattr(manifest, "files", None)
     if files is None and isinstance(manifest, Mapping):
         files = manifest["files"]
+    if files is None:
+        raise TypeError(f"{type(manifest).__name__} names no files")
     out = {}
     for rel, entry in files.items():
         out[rel] = entry["sha256"] if isinstance(entry, Mapping) else entry.sha256
@@ -78,7 +80,7 @@ class ReleaseMismatch(PackageError):
 def check_hash_output(expected: Mapping[str, str], output: str, host: str, where: str) -> int:
     """Compare the `sha256sum` lines inside a helper's output with the manifest (pure); returns
     the number of files verified, raises ReleaseMismatch listing what differs."""
-    sums = "\n".join(l for l in output.splitlines() if _SHA_LINE.match(l))
+    sums = "\n".join(line for line in output.splitlines() if _SHA_LINE.match(line))
     problems = hash_problems(expected, parse_sha256sum(sums))
     if problems:
         raise ReleaseMismatch(

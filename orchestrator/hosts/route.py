@@ -129,6 +129,7 @@ def _describe(data: bytes | None) -> str:
         return "no record"
     try:
         rec = parse_route(data)
+        assert rec is not None  # data is not None
         return f"revision {rec.revision} by {rec.updated_by}"
     except ConfigError:
         return f"content sha256 {sha256_bytes(data)[:16]}"

@@ -98,7 +98,7 @@ def restart_listening(transport: Any, layout: HostLayout, name: str, links: tupl
     verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
-        stopped = next((l.split("=", 1)[1] for l in out.splitlines() if l.startswith("stopped=")), "")
+        stopped = next((line.split("=", 1)[1] for line in out.splitlines() if line.startswith("stopped=")), "")
         return pid, ident, stopped, verified
     if res.exit_status in (4, 5):
         what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
@@ -117,13 +117,13 @@ def stop(transport: Any, layout: HostLayout, name: str, verify: Verify | None = 
     if res.exit_status != 0:
         raise HostError(f"{transport.name}: stopping {name} failed (exit {res.exit_status}): "
                         f"{as_text(res.stderr).strip()[-300:]}")
-    return next((l for l in out.splitlines() if l.startswith("stopped=")), out.strip()), verified
+    return next((line for line in out.splitlines() if line.startswith("stopped=")), out.strip()), verified
 
 
 def _tail(text: str, n: int = 15) -> str:
     skip = ("died=", "timeout=", "stopped=", "current=", "previous=", "pid=")
-    lines = [l for l in text.splitlines() if not l.startswith(skip)]
-    return "\n".join("  " + l for l in lines[-n:]) or "  (no output)"
+    lines = [line for line in text.splitlines() if not line.startswith(skip)]
+    return "\n".join("  " + line for line in lines[-n:]) or "  (no output)"
 
 
 def process_alive(transport: Any, pid: int, name: str) -> bool:
@@ -179,7 +179,7 @@ def wait_health(transport: Any, layout: HostLayout, base_url: str, pid: int, *, 
         stop=tenacity.stop_after_delay(timeout_s),
         wait=tenacity.wait_fixed(poll_s),
         before_sleep=(lambda rs: log.debug("health not yet", attempt=rs.attempt_number,
-                                           reason=str(rs.outcome.exception()))) if log else None,
+                                           reason=str(rs.outcome and rs.outcome.exception()))) if log else None,
         reraise=True,
     )
     with httpx.Client(timeout=2.0, trust_env=False) as client:

@@ -122,6 +122,7 @@ class Lab:
         hosts = [SshdHost(p) for p in self.plans]
         if not hosts:
             return self._status([])
+        assert pub is not None  # written above whenever there are hosts
         for h in hosts:
             h.prepare(pub)
         write_known_hosts(self.known_hosts, [KnownHost(h.plan.address, h.plan.port, h.host_key_line()) for h in hosts])

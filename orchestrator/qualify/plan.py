@@ -129,7 +129,8 @@ class QualifyPlan(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "QualifyPlan":
         fams = set(self.families)
-        for g in [*self.gates, *self.flags]:
+        judged: list[Gate | Flag] = [*self.gates, *self.flags]
+        for g in judged:
             if g.family not in fams | {ALL, COMBINED}:
                 raise ValueError(f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})")
         if isinstance(self.order, list):
@@ -155,8 +156,8 @@ class QualifyPlan(StrictModel):
             return [(i // 2, a) for i, a in enumerate(self.order)]
         out: list[tuple[int, Arm]] = []
         for i in range(self.pairs):
-            first, second = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
-            out += [(i, first), (i, second)]
+            arms: tuple[Arm, Arm] = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+            out += [(i, arms[0]), (i, arms[1])]
         return out
 
     def check_fits(self, profile: RouteProfile) -> None:

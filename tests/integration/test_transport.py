@@ -66,7 +66,7 @@ def test_login_with_strict_host_keys(lab, t) -> None:
 
 def test_unknown_host_key_refused_before_anything_runs(lab, tmp_path) -> None:
     kh = tmp_path / "known_hosts"
-    kh.write_text("".join(l for l in lab.known_hosts.read_text().splitlines(True) if not l.startswith("[127.0.0.2]")))
+    kh.write_text("".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith("[127.0.0.2]")))
     marker = tmp_path / "ran"
     tr = open_transport(inventory_with_known_hosts(lab, kh), HOST)
     with pytest.raises(HostKeyError) as ei:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
@@ -81,7 +82,7 @@ def test_cmd_is_frozen_and_hashable() -> None:
     a = Cmd.of("ls", "-l", env={"B": "2", "A": "1"})
     b = Cmd(argv=["ls", "-l"], env={"A": "1", "B": "2"})  # type: ignore[arg-type]
     assert a == b and hash(a) == hash(b) and a.argv == ("ls", "-l")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         a.argv = ("rm",)  # type: ignore[misc]
 
 
