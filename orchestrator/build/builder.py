@@ -19,10 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Literal
 
-from orchestrator.build.harness import build_harness
-from orchestrator.filelock import file_lock
-from orchestrator.build import git
+from orchestrator.build import git, patching
 from orchestrator.build.git import Revision
+from orchestrator.build.harness import build_harness
 from orchestrator.build.manifest import (
     PackageManifest,
     PatchRecord,
@@ -39,6 +38,7 @@ from orchestrator.config.targets import Target, load_target
 from orchestrator.errors import BuildError, PackageError
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
+from orchestrator.filelock import file_lock
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 
@@ -102,8 +102,6 @@ def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Pat
 
 def _apply_patch(repo: Path, rev: Revision, patch_dir: Path) -> tuple[Revision, PatchRecord]:
     """`--patch kernels/<name>`: the kernels module commits the patch on top of REV."""
-    from orchestrator.build import patching
-
     new_rev = patching.apply_patch_commit(repo, rev.commit, patch_dir)
     record = PatchRecord(name=patch_dir.name, sha256=patching.patch_digest(patch_dir), base_revision=rev.commit)
     return git.resolve(repo, new_rev), record

@@ -149,8 +149,8 @@ def verify(
             c.console.print(f"FAIL [{prob.kind}] {prob.message}", markup=False)
         if rep.ok:
             c.console.print("ok: every receipt matches its hash and every chain is whole")
-    if not rep.ok:
-        first = rep.first
+    first = rep.first
+    if first is not None:
         raise EvidenceError(f"{len(rep.problems)} problem(s); first: {first.message}")
 
 

@@ -9,16 +9,15 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.config.loader import load_model
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.targets import Target
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS, MANIFESTS, PLAYBOOKS
 
 
 def schemas() -> dict[str, type[BaseModel]]:
-    from orchestrator.config.inventory import Inventory
-    from orchestrator.config.profiles import RouteProfile
-    from orchestrator.config.targets import Target
-
     out: dict[str, type[BaseModel]] = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
     for modname, kind, attr in _OPTIONAL:
         try:

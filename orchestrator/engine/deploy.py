@@ -58,7 +58,7 @@ class RunResult:
 
 
 def _pool(inventory: Inventory) -> Any:
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     return TransportPool(inventory)
 

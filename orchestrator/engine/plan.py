@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
@@ -67,7 +68,7 @@ class Activation:
     label: str = ""
 
 
-def pair_view(inventory: Any, pair_name: str) -> PairView:
+def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     p = inventory.pair(pair_name)
     hosts = {"native": p.native, "rpc": p.rpc}
     layouts = {role: HostLayout(inventory.host(h).install_root) for role, h in hosts.items()}

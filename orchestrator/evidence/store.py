@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import getpass
 import json
 import os
 import re
@@ -30,6 +31,8 @@ from orchestrator.evidence.journal import Journal, JournalState, replay
 from orchestrator.evidence.masking import mask_argv
 from orchestrator.evidence.receipt import (
     NO_PAIR,
+    OUTCOMES,
+    RESERVED_FIELDS,
     SCHEMA_VERSION,
     STEP_OUTCOMES,
     Receipt,
@@ -37,7 +40,9 @@ from orchestrator.evidence.receipt import (
     StepRecord,
     samples_sha256,
     summary_of,
+    utc_now,
 )
+from orchestrator.evidence.verify import VerifyReport, verify_store
 from orchestrator.hashing import sha256_bytes
 from orchestrator.log import get_logger
 
@@ -128,8 +133,6 @@ def _operator(explicit: str | None) -> str | None:
     if env:
         return env
     try:
-        import getpass
-
         return getpass.getuser()
     except Exception:
         return None
@@ -185,9 +188,11 @@ class EvidenceStore:
         journal: Journal | None = None
         try:
             recovered = self._recover(chain, lock_held=lock is not None)
-            journal = Journal(self, self.journal_dir / f"{run_id}.jsonl", lock)
-            journal._emit(
-                "begin",
+
+            def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
+                return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
+
+            journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=dict(
                 schema_version=SCHEMA_VERSION,
                 run_id=run_id,
                 command=command,
@@ -196,7 +201,7 @@ class EvidenceStore:
                 inputs=dict(inputs or {}),
                 operator=_operator(operator),
                 host=procid.this_process().model_dump(),
-            )
+            ))
         except BaseException:
             if journal is not None:
                 journal.close_unfinished()  # also releases the lock
@@ -518,7 +523,6 @@ class EvidenceStore:
         fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
         fresh_names = [s.name for s in fresh]
         reuse = list(dict.fromkeys(reuse))
-        from orchestrator.evidence.receipt import OUTCOMES, RESERVED_FIELDS
 
         bad_fields = [k for k in (fields or {}) if k in RESERVED_FIELDS or k.startswith("_")]
         if bad_fields:
@@ -557,7 +561,7 @@ class EvidenceStore:
         argv = list(argv) if argv is not None else ["receipts", "derive", "--from", original.sha256,
                                                    *[a for n in reuse for a in ("--reuse", n)], "--reason", reason]
         with self.begin(command, argv, pair=original.pair, inputs=original.inputs, operator=operator) as j:
-            j._derive(original.sha256, reused, fresh_names)
+            j.record_derivation(original.sha256, reused, fresh_names)
             for key, value in (fields or {}).items():
                 j.set(key, value)
             for host, data in identities or []:
@@ -591,15 +595,11 @@ class EvidenceStore:
             raise EvidenceError(f"receipt {receipt.sha256[:12]} has no step {step!r}")
         return found, receipt.samples.get(step)
 
-    def verify(self):  # -> VerifyReport
-        from orchestrator.evidence.verify import verify_store
-
+    def verify(self) -> VerifyReport:
         return verify_store(self)
 
 
 def _fresh_step(d: dict[str, Any]) -> StepRecord:
-    from orchestrator.evidence.receipt import utc_now
-
     if d.get("outcome") not in STEP_OUTCOMES:
         raise EvidenceError(f"fresh step {d.get('name')!r}: outcome must be one of {STEP_OUTCOMES}")
     now = utc_now()

@@ -23,10 +23,10 @@ import posixpath
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from orchestrator.hashing import sha256_bytes
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.transport import Transport
 
 SVC_SOURCE = Path(__file__).with_name("pairctl-svc.sh")
 
@@ -159,7 +159,7 @@ class HostLayout:
 
 # -- SFTP operations (no process on the host: cheap) -------------------------------------------
 
-def install_helper(transport: Any, layout: HostLayout) -> None:
+def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename."""
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
@@ -169,7 +169,7 @@ def install_helper(transport: Any, layout: HostLayout) -> None:
     transport.rename(tmp, layout.svc)
 
 
-def switch_links(transport: Any, layout: HostLayout, current: str | None, previous: str | None) -> None:
+def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:
     """current/previous -> releases/<id>: a new symlink under a temporary name, renamed over the
     old one (never rm + ln); None removes the link."""
     for link, rel in ((layout.current, current), (layout.previous, previous)):
@@ -184,7 +184,7 @@ def switch_links(transport: Any, layout: HostLayout, current: str | None, previo
         transport.rename(tmp, link)
 
 
-def put_secret(transport: Any, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
+def put_secret(transport: Transport, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
     """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument."""
     transport.makedirs(layout.secrets, 0o700)
     dest = posixpath.join(layout.secrets, name)

@@ -24,6 +24,7 @@ from orchestrator.errors import PackageError
 from orchestrator.hosts.layout import HostLayout, tmp_release_name
 from orchestrator.hosts.probes import hash_problems, parse_sha256sum
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
 
 
 def expected_hashes(manifest: Any) -> dict[str, str]:
@@ -111,7 +112,7 @@ class ReleaseResult:
         return d
 
 
-def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bool, host: str,
+def ensure_release(transport: Transport, layout: HostLayout, package: Any, present: bool, host: str,
                    *, defer_present: bool = False) -> ReleaseResult:
     """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
 

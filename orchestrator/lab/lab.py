@@ -20,6 +20,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
+from orchestrator.lab.source import ensure_source
 from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, ensure_sshd_installed, pid_alive, read_pid, terminate
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
@@ -146,11 +147,6 @@ class Lab:
         )
 
     def _ensure_source(self) -> Path | None:
-        try:
-            from orchestrator.lab.source import ensure_source
-        except ImportError:
-            self.log.info("lab source module not present; skipping the pinned source")
-            return None
         return ensure_source(self.home)
 
     def down(self) -> DownReport:

@@ -11,8 +11,10 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.build.toolchain import check_toolchain
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.targets import Target
+from orchestrator.errors import BuildError
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,6 @@ class Finding:
 
 def check_tools(targets: list[Target]) -> list[Finding]:
     """The build toolchain per target, judged by the same check `pairctl build` runs first."""
-    from orchestrator.build.toolchain import check_toolchain
-    from orchestrator.errors import BuildError
-
     out = []
     for tool, pkg in (("git", "git"), ("ssh-keygen", "openssh-client")):
         found = shutil.which(tool)

@@ -62,7 +62,7 @@ QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's 
 class EngineDriver:
     def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str], busy_wait_s: float = 300.0,
                  busy_poll_s: float = 2.0) -> None:
-        from orchestrator.remote.transport import TransportPool
+        from orchestrator.remote.pool import TransportPool
 
         self.home, self.inventory, self.pair = home, inventory, pair
         self.view = pair_view(inventory, pair)

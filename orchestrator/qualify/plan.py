@@ -15,10 +15,10 @@ import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, validate
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
-from orchestrator.hashing import sha256_file
+from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.paths import MANIFESTS
 
 ALL = "*"  # a gate or flag on every family
@@ -188,7 +188,6 @@ class LoadedPlan:
         fx = next(f for f in self.plan.fixtures if f.name == name)
         p = self.fixture_paths[name]
         data = p.read_bytes()
-        from orchestrator.hashing import sha256_bytes
 
         if sha256_bytes(data) != fx.sha256:
             raise ConfigError(f"fixture {name!r}: {p} changed since the plan was loaded (sha256 mismatch)")
@@ -197,8 +196,6 @@ class LoadedPlan:
 
 def plan_from_text(text: str, *, source: str) -> QualifyPlan:
     """A plan as recorded in a receipt (`plan_text`): validated, fixture files not consulted."""
-    from orchestrator.config.loader import validate
-
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

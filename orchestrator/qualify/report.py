@@ -187,7 +187,7 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
 def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
     """Per family: each pair's TG gain (dots), the paired gain (bar) and its interval (whiskers),
     with 0, the gain threshold and the non-regression floor drawn where a gate uses them."""
-    import matplotlib
+    import matplotlib  # heavy optional dependency: only drawing the report's figure needs it
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

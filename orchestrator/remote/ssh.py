@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import base64
 import errno
+import getpass
 import hashlib
+import io
 import os
 import select
 import socket
@@ -40,11 +42,11 @@ from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     ConnectionLost,
-    NotStarted,
-    Unreachable,
     FileStat,
+    NotStarted,
     RetryPolicy,
     TransportStats,
+    Unreachable,
     transient_command_error,
 )
 
@@ -123,8 +125,6 @@ def resolve_target(
         if cfg.get("connecttimeout"):
             connect_timeout_s = float(cfg["connecttimeout"])
     if user is None:
-        import getpass
-
         user = getpass.getuser()
     if key is None and not allow_agent:
         raise HostError(
@@ -272,7 +272,7 @@ class SshTransport:
             return self._conn.client.get_transport()
 
     def _connect_once(self) -> Any:
-        import fabric
+        import fabric  # start-up time (fabric pulls in invoke): loaded by the first connect only
 
         tg = self.target
         keys, missing = _load_host_keys(tg.known_hosts)
@@ -512,8 +512,6 @@ class SshTransport:
         self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        import io
-
         t0 = time.monotonic()
         sftp = self._sftp_client()
         try:

@@ -144,7 +144,7 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
 
 def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cli):
     from orchestrator.hosts.leases import release_lease, take_lease
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     b = lab_packages_b.id
     before = lab_status(cli)
@@ -222,7 +222,7 @@ def test_dry_run_prints_every_step_and_changes_nothing(deployed_lab, lab_package
 def _release_kept_leases(pt: PairUnderTest) -> None:
     """A failed rollback keeps the leases; the test (as the operator would) releases them by nonce."""
     from orchestrator.hosts.leases import LEASE_FILE, LEASES_DIR, LOCK_DIR, release_lease
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     with TransportPool(pt.inventory) as pool:
         for h in (pt.native, pt.rpc):

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import HostError, HostKeyError, RemoteCommandError
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.pool import TransportPool, open_transport
 from orchestrator.remote.result import CommandTimeout
 from orchestrator.remote.ssh import SshTransport, resolve_target
-from orchestrator.remote.transport import RetryPolicy, TransportPool, open_transport
+from orchestrator.remote.transport import RetryPolicy
 
 pytestmark = pytest.mark.integration
 

@@ -89,8 +89,9 @@ def test_cmd_is_frozen_and_hashable() -> None:
 def test_open_transport_picks_local_or_ssh() -> None:
     from orchestrator.config.inventory import Inventory
     from orchestrator.remote.local import LocalTransport
+    from orchestrator.remote.pool import open_transport
     from orchestrator.remote.ssh import SshTransport
-    from orchestrator.remote.transport import Transport, open_transport
+    from orchestrator.remote.transport import Transport
 
     inv = Inventory.model_validate({
         "known_hosts": "/nonexistent/known_hosts",
@@ -136,7 +137,13 @@ def test_never_ran_and_retry_classes_of_transport_errors():
     """A command that never started changed nothing (deploy's first change turns that into a
     refusal); only a broken channel is retried by run_idempotent, since connecting already
     retried on its own."""
-    from orchestrator.remote.transport import ConnectionLost, NotStarted, Unreachable, never_ran, transient_command_error
+    from orchestrator.remote.transport import (
+        ConnectionLost,
+        NotStarted,
+        Unreachable,
+        never_ran,
+        transient_command_error,
+    )
 
     assert never_ran(Unreachable("cannot connect")) and not transient_command_error(Unreachable("cannot connect"))
     assert never_ran(NotStarted("no channel")) and transient_command_error(NotStarted("no channel"))
