@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.build.git import commit_env, git
+from orchestrator.config.kernels import KernelPatch, load_kernel
 from orchestrator.errors import BuildError, ConfigError
-from orchestrator.kernels_meta import KernelPatch, load_kernel
 from orchestrator.log import get_logger
 
 PATCH_GIT_NAME = "pairctl kernels"

@@ -21,13 +21,13 @@ from typing import Any, Iterable, Mapping
 
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
+from orchestrator.config.kernels import CaseSet, load_cases, load_kernel
 from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
-from orchestrator.kernels_meta import CaseSet, load_cases, load_kernel
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool

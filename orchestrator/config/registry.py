@@ -32,8 +32,8 @@ def schemas() -> dict[str, type[BaseModel]]:
 _OPTIONAL = [
     ("orchestrator.engine.playbook", "playbook", "Playbook"),
     ("orchestrator.qualify.plan", "plan", "QualifyPlan"),
-    ("orchestrator.kernels_meta", "kernel", "KernelPatch"),
-    ("orchestrator.kernels_meta", "kernel-cases", "CaseSet"),
+    ("orchestrator.config.kernels", "kernel", "KernelPatch"),
+    ("orchestrator.config.kernels", "kernel-cases", "CaseSet"),
     ("orchestrator.checks.fixtures", "fixtures", "FixtureSet"),
 ]
 

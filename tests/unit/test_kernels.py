@@ -13,9 +13,9 @@ from orchestrator.build import harness as hz
 from orchestrator.build.patching import apply_patch, apply_patch_commit, patch_digest, verify_patch
 from orchestrator.checks.kernels import harness_argv, judge_host, parse_harness_output, plan_kernel_check
 from orchestrator.config.inventory import load_inventory
+from orchestrator.config.kernels import CaseSet, KernelCase, describe_all, diff_files, load_cases, load_kernel
 from orchestrator.errors import BuildError, ConfigError
 from orchestrator.hashing import sha256_file
-from orchestrator.kernels_meta import CaseSet, KernelCase, describe_all, diff_files, load_cases, load_kernel
 from orchestrator.paths import KERNELS
 
 MMVF = KERNELS / "mmvf-warp-per-row"
@@ -338,7 +338,7 @@ def test_harness_argv_shape():
 def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
     import gguf
 
-    from orchestrator.kernels_models import ensure_kmmvf_models
+    from orchestrator.lab.kernel_models import ensure_kmmvf_models
 
     paths = ensure_kmmvf_models(tmp_path)
     assert set(paths) == {"target", "draft_same"}
