@@ -16,7 +16,6 @@ from orchestrator.build.store import PackageStore
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.checks.fixtures import load_fixture_set
 from orchestrator.config.inventory import Inventory
-from orchestrator.config.inventory import read_api_key as read_key
 from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.errors import ConfigError, EvidenceError, HostError
@@ -28,10 +27,10 @@ from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Secret
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.transport import Transport
+from orchestrator.roles import ROLES
 from orchestrator.server.client import ServerClient
 
 STEP_PREFIX = "check:"
-ROLES = ("native", "rpc")
 
 
 def base_url(inventory: Inventory, pair: str) -> str:
@@ -45,7 +44,7 @@ def base_url(inventory: Inventory, pair: str) -> str:
 
 
 def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
-    key = read_key(pair, inventory.pair(pair))
+    key = inventory.api_key(pair)
     return Secret(key.value) if key else None
 
 
@@ -89,7 +88,7 @@ def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], ho
         rpc_port=inventory.pair(pair).rpc_port,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
     )
-    layouts = {r: HostLayout(roots[r]) for r in ROLES}
+    layouts: dict[str, HostLayout] = {r: HostLayout(roots[r]) for r in ROLES}
     key = api_key.value if api_key is not None else None
 
     def probe() -> IdentitySnapshot:

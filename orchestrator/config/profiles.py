@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path
 from orchestrator.paths import MANIFESTS
 
 QUANTIZED_KV = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
@@ -191,7 +191,5 @@ def profiles_dir() -> Path:
 
 
 def load_profile(name_or_path: str) -> RouteProfile:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = profiles_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, profiles_dir())
     return load_model(RouteProfile, p)

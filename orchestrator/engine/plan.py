@@ -12,8 +12,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
-
-ROLES = ("native", "rpc")
+from orchestrator.roles import ROLES
 
 
 @dataclass(frozen=True)

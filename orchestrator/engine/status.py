@@ -16,7 +16,6 @@ from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.evidence.store import EvidenceStore
-from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.hosts.probes import read_facts
@@ -27,6 +26,7 @@ from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import Transport
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 
 def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
@@ -51,7 +51,7 @@ def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] 
                            "aborted_runs_sealed": recovered}
     try:
         routes: dict[str, bytes | None] = {}
-        for role in ("native", "rpc"):
+        for role in ROLES:
             host, layout = view.hosts[role], view.layouts[role]
             with journal.step("host", host=host) as st:
                 t = pool.get(host)

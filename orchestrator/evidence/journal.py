@@ -76,31 +76,11 @@ class JournalState:
             self.open_steps[ev["seq"]] = ev
         elif kind == "step_end":
             start = self.open_steps.pop(ev["start_seq"])
-            self.steps[ev["start_seq"]] = StepRecord(
-                seq=ev["start_seq"],
-                name=start["name"],
-                host=start.get("host"),
-                started_at=start["at"],
-                finished_at=ev["at"],
-                duration_s=ev.get("duration_s"),
-                outcome=ev["outcome"],
-                error=ev.get("error"),
-                skip_reason=ev.get("skip_reason"),
-                data=ev.get("data") or {},
-            )
+            self.steps[ev["start_seq"]] = StepRecord.of(
+                ev["start_seq"], {**ev, "name": start["name"], "host": start.get("host"), "started_at": start["at"]},
+                at=ev["at"])
         elif kind == "step":
-            self.steps[ev["seq"]] = StepRecord(
-                seq=ev["seq"],
-                name=ev["name"],
-                host=ev.get("host"),
-                started_at=ev.get("started_at") or ev["at"],
-                finished_at=ev.get("finished_at") or ev["at"],
-                duration_s=ev.get("duration_s"),
-                outcome=ev["outcome"],
-                error=ev.get("error"),
-                skip_reason=ev.get("skip_reason"),
-                data=ev.get("data") or {},
-            )
+            self.steps[ev["seq"]] = StepRecord.of(ev["seq"], ev, at=ev["at"])
         elif kind == "identity":
             self.identities.append(Identity(host=ev["host"], at=ev["at"], data=ev["data"]))
         elif kind == "samples":  # replayed from a file; a live journal calls add_samples directly

@@ -602,19 +602,7 @@ class EvidenceStore:
 def _fresh_step(d: dict[str, Any]) -> StepRecord:
     if d.get("outcome") not in STEP_OUTCOMES:
         raise EvidenceError(f"fresh step {d.get('name')!r}: outcome must be one of {STEP_OUTCOMES}")
-    now = utc_now()
-    return StepRecord(
-        seq=0,
-        name=d["name"],
-        host=d.get("host"),
-        started_at=d.get("started_at") or now,
-        finished_at=d.get("finished_at") or now,
-        duration_s=d.get("duration_s"),
-        outcome=d["outcome"],
-        error=d.get("error"),
-        skip_reason=d.get("skip_reason"),
-        data=d.get("data") or {},
-    )
+    return StepRecord.of(0, d, at=utc_now())
 
 
 _SUMMARY_STR = ("hash", "run_id", "command", "outcome", "reason", "started_at", "finished_at")

@@ -28,12 +28,13 @@ from orchestrator.hashing import sha256_bytes
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import Transport
 
+# The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
+from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
+from orchestrator.roles import RPC_SERVER as RPC_SERVER
+from orchestrator.roles import SERVICE_OF_ROLE as SERVICE_OF_ROLE
+
 SVC_SOURCE = Path(__file__).with_name("pairctl-svc.sh")
 
-# Names of the two supervised services (also argv[0]'s basename, which `stop` checks).
-LLAMA_SERVER = "llama-server"
-RPC_SERVER = "ggml-rpc-server"
-SERVICE_OF_ROLE = {"native": LLAMA_SERVER, "rpc": RPC_SERVER}
 API_KEY_NAME = "api-key"
 
 

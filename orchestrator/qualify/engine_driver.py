@@ -74,13 +74,8 @@ class EngineDriver:
         self.deploy_receipts: list[str] = []
         self._lease_nonce: str | None = None
         self._deploys_started = 0
-        self._api_key = None
-        spec = inventory.pair(pair)
-        if spec.api_key_file:
-            for line in Path(spec.api_key_file).read_text().splitlines():
-                if line.strip():
-                    self._api_key = line.strip()
-                    break
+        key = inventory.api_key(pair)
+        self._api_key = key.value if key else None
 
     # -- reading the pair ----------------------------------------------------------------------
     def _facts(self, role: str) -> Any:

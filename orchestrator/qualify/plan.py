@@ -15,7 +15,7 @@ import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model, validate
+from orchestrator.config.loader import load_model, manifest_path, validate
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
 from orchestrator.hashing import sha256_bytes, sha256_file
@@ -204,9 +204,7 @@ def plan_from_text(text: str, *, source: str) -> QualifyPlan:
 
 
 def load_plan(name_or_path: str | Path) -> LoadedPlan:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = plans_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, plans_dir())
     p = p.expanduser().resolve()
     plan = load_model(QualifyPlan, p, context={"base_dir": str(p.parent)})
     return LoadedPlan(plan, p, sha256_file(p))

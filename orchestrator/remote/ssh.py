@@ -38,6 +38,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.known_hosts import known_hosts_name
 from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
@@ -59,11 +60,6 @@ def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's `SHA256:<base64, no padding>` of the key blob (what `ssh-keygen -lf` prints)."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    """The name OpenSSH and paramiko look a host up by in known_hosts."""
-    return address if port == 22 else f"[{address}]:{port}"
 
 
 # -- where and how to connect (pure) -----------------------------------------------------------

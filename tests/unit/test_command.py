@@ -122,7 +122,8 @@ def test_fingerprint_matches_openssh_format() -> None:
 
     import paramiko
 
-    from orchestrator.remote.ssh import fingerprint, known_hosts_name
+    from orchestrator.remote.known_hosts import known_hosts_name
+    from orchestrator.remote.ssh import fingerprint
 
     key = paramiko.Ed25519Key.from_private_key  # noqa: F841  (type exists)
     blob = base64.b64decode("AAAAC3NzaC1lZDI1NTE5AAAAINdAtgoDoLT7QfYZCr0fiWlLl91q0DA5D2zMyskL3uQw")
