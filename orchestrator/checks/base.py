@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.evidence.journal import Journal
+from orchestrator.remote.transport import Transport
 from orchestrator.server.client import ServerClient
 
 Verdict = Literal["passed", "failed", "error", "skipped"]
@@ -84,8 +85,8 @@ class CheckContext:
     profile: RouteProfile
     pair: str
     inventory: Inventory | None = None
-    transports: Mapping[str, Any] = field(default_factory=dict)  # role ("native"/"rpc") -> Transport
-    sampler_transports: Mapping[str, Any] | None = None  # separate connections for telemetry (else `transports`)
+    transports: Mapping[str, Transport] = field(default_factory=dict)  # role ("native"/"rpc") -> its host
+    sampler_transports: Mapping[str, Transport] | None = None  # separate connections for telemetry (else `transports`)
     host_roots: Mapping[str, str] = field(default_factory=dict)  # role -> install_root on that host
     host_names: Mapping[str, str] = field(default_factory=dict)  # role -> inventory host name
     packages: Mapping[str, Any] = field(default_factory=dict)  # role -> PackageManifest (active)

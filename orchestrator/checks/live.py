@@ -64,7 +64,7 @@ def _manifest(store: Any, package_id: str) -> Any:
         return None
 
 
-def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], hosts: dict[str, str], inventory: Inventory,
+def make_identity_probe(*, transports: dict[str, Transport], roots: dict[str, str], hosts: dict[str, str], inventory: Inventory,
                         pair: str, route: Any, manifests: dict[str, Any], profile: RouteProfile, url: str,
                         api_key: Secret | None):
     """deploy's `verify_identity` against what the route record says is active, plus the route
