@@ -10,11 +10,11 @@ import logging
 import os
 import re
 import sys
-from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, Processor
 
 from orchestrator.errors import ConfigError
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data
@@ -25,7 +25,7 @@ _SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphras
 _RAW = ("exc_info", "stack")
 
 
-def mask_secrets(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+def mask_secrets(_logger: Any, _name: str, event: EventDict) -> EventDict:
     """Never let a secret reach a log line: secret-looking keys at any depth, secret flags in
     argv-like lists, bearer tokens and URL passwords inside strings (evidence/masking.py)."""
     for key in list(event):
@@ -53,7 +53,7 @@ def _private_file(path: Path) -> None:
         os.close(fd)
 
 
-def drop_tracebacks(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+def drop_tracebacks(_logger: Any, _name: str, event: EventDict) -> EventDict:
     """Console only: a traceback (with its locals, which may hold secrets) never reaches a
     person's terminal; the JSON log file keeps it."""
     for key in ("exc_info", "exception", "stack"):
@@ -70,7 +70,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
         root.removeHandler(h)
     root.setLevel(logging.DEBUG)
 
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),

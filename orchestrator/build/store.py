@@ -32,7 +32,7 @@ def hash_files(paths: Iterable[Path], *, workers: int | None = None, on_done: Ca
                 on_done(p)
         return out
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for p, h in zip(paths, pool.map(sha256_file, paths)):
+        for p, h in zip(paths, pool.map(sha256_file, paths), strict=True):
             out[p] = h
             if on_done:
                 on_done(p)
@@ -45,7 +45,7 @@ def file_mode(path: Path) -> str:
 
 
 def make_read_only(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             p = Path(dirpath) / name
             if not p.is_symlink():
@@ -54,7 +54,7 @@ def make_read_only(root: Path) -> None:
 
 
 def make_writable(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         Path(dirpath).chmod(Path(dirpath).stat().st_mode | stat.S_IWUSR)
         for name in filenames:
             p = Path(dirpath) / name
@@ -71,7 +71,7 @@ def remove_tree(root: Path) -> None:
 def list_files(root: Path) -> list[str]:
     """Relative paths of every file under root except the manifest itself."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(root).as_posix()
             if rel != MANIFEST_NAME:
@@ -225,6 +225,6 @@ def entries_for(root: Path, kinds: dict[str, str], *, workers: int | None = None
     """FileEntry for each relpath in `kinds` ({relpath: runtime|test|meta})."""
     hashes = hash_files([root / r for r in kinds], workers=workers, on_done=on_done)
     return {
-        rel: FileEntry(sha256=hashes[root / rel], size=(root / rel).stat().st_size, kind=kind, mode=file_mode(root / rel))  # type: ignore[arg-type]
+        rel: FileEntry(sha256=hashes[root / rel], size=(root / rel).stat().st_size, kind=kind, mode=file_mode(root / rel))
         for rel, kind in sorted(kinds.items())
     }

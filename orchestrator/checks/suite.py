@@ -10,6 +10,7 @@ check passed; the caller decides what that means (exit 1, or a rollback in deplo
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, Field
@@ -138,7 +139,7 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
             wait_idle(ctx)
             faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)
-            r = _guarded(name, lambda fn=fn: fn(ctx))
+            r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
             results.append(r)
             _record(ctx, r)

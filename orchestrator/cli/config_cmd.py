@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from pydantic import BaseModel
 
 from orchestrator.cli.context import get_ctx
 from orchestrator.config.inventory import Inventory
@@ -19,7 +20,7 @@ app = typer.Typer(help="Validate manifests and print their JSON schemas.", no_ar
 KINDS = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
 
 
-def _schemas() -> dict[str, type]:
+def _schemas() -> dict[str, type[BaseModel]]:
     from orchestrator.config import registry
 
     return registry.schemas()

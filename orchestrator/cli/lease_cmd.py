@@ -61,7 +61,7 @@ def take(
     c = get_ctx(ctx)
     ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
@@ -86,7 +86,7 @@ def take(
 def show(ctx: typer.Context, target: str = _TARGET, json_output: bool = _JSON) -> None:
     """Who holds the host(s), for what, until when (never the nonce)."""
     c = get_ctx(ctx)
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     with TransportPool(inv) as pool:
@@ -119,7 +119,7 @@ def release(
         raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
     if dead_run is not None:
         return _release_dead_run(c, target, dead_run, json_output)
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
@@ -144,7 +144,7 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
     from orchestrator.errors import LeaseError, LeaseHeldError
     from orchestrator.evidence.store import EvidenceStore
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)

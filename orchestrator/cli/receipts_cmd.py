@@ -51,7 +51,7 @@ def list_(
             _usage(str(exc))
     store = evidence_store_for(c, evidence)
     rows = [
-        r for r in store.summaries(pair=pair if pair else ...)
+        r for r in (store.summaries(pair=pair) if pair else store.summaries())
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
     if json_out or c.json_output:
@@ -150,8 +150,8 @@ def verify(
             c.console.print(f"FAIL [{prob.kind}] {prob.message}", markup=False)
         if rep.ok:
             c.console.print("ok: every receipt matches its hash and every chain is whole")
-    if not rep.ok:
-        first = rep.first
+    first = rep.first
+    if first is not None:
         raise EvidenceError(f"{len(rep.problems)} problem(s); first: {first.message}")
 
 

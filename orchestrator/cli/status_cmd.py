@@ -117,5 +117,5 @@ def _reraise(o: Any) -> typer.Exit:
     from orchestrator.errors import PairctlError
 
     err = PairctlError(o.error)
-    err.exit_code = o.exit_code  # type: ignore[misc]
+    err.exit_code = o.exit_code
     raise err

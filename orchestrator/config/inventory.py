@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
 from orchestrator.config.flags import RISKY, canonical_risky, rpc_bind_problem, server_bind_problem
-from orchestrator.config.loader import expand, load_model
+from orchestrator.config.loader import expand, load_model, manifest_path
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
@@ -138,6 +138,10 @@ class Inventory(StrictModel):
         except KeyError:
             raise ConfigError(f"no pair named {name!r} in the inventory (pairs: {', '.join(sorted(self.pairs)) or 'none'})") from None
 
+    def api_key(self, pair_name: str) -> ApiKey | None:
+        """The pair's API key, read by `read_api_key` (the one reader: deploy, rollback, accept, qualify)."""
+        return read_api_key(pair_name, self.pair(pair_name))
+
     def host(self, name: str) -> HostSpec:
         try:
             return self.hosts[name]
@@ -234,7 +238,5 @@ def inventories_dir() -> Path:
 
 
 def load_inventory(name_or_path: str, variables: dict[str, str] | None = None) -> Inventory:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = inventories_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, inventories_dir())
     return load_model(Inventory, p).resolved(variables)

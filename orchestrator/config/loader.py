@@ -92,6 +92,14 @@ def validate(model: type[M], data: Any, *, source: str, context: dict[str, Any] 
         raise ConfigError(f"{source}: nested too deeply") from None
 
 
+def manifest_path(name_or_path: str | Path, folder: Path) -> Path:
+    """Where a manifest named on the command line is: a bare name (no suffix) is
+    `folder/<name>.yaml`, anything else is a path. The one rule for profiles, targets,
+    inventories, playbooks, fixture sets and plans."""
+    p = Path(name_or_path)
+    return folder / f"{name_or_path}.yaml" if not p.suffix else p
+
+
 def load_model(model: type[M], path: Path | str, *, context: dict[str, Any] | None = None) -> M:
     path = Path(path)
     return validate(model, read_yaml(path), source=str(path), context=context)

@@ -16,7 +16,7 @@ from pydantic import Field, ValidationInfo, model_validator
 from orchestrator.config.base import StrictModel
 from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
 from orchestrator.config.inventory import PairSpec
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
@@ -194,9 +194,7 @@ def profiles_dir() -> Path:
 
 def load_profile(name_or_path: str, *, pair: PairSpec | None = None) -> RouteProfile:
     """`pair`: the pair that will serve it, whose allow_flags and API key decide its risky flags."""
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = profiles_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, profiles_dir())
     return load_model(RouteProfile, p, context=pair_context(pair))
 
 

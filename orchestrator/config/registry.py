@@ -1,6 +1,7 @@
 """Which model validates which manifest folder: used by `config check` and `config schema`.
 
-Other packages add their kinds here (playbooks, qualification plans, kernel metadata).
+Every kind is named here, also those whose models live with the code that uses them (playbooks,
+qualification plans, fixture sets): a missing one is an import error, never a kind silently skipped.
 """
 
 from __future__ import annotations
@@ -9,34 +10,24 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from orchestrator.checks.fixtures import FixtureSet
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.kernels import CaseSet, KernelPatch
 from orchestrator.config.loader import load_model
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.targets import Target
+from orchestrator.engine.playbook import Playbook
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS, MANIFESTS, PLAYBOOKS
+from orchestrator.qualify.plan import QualifyPlan
 
 
 def schemas() -> dict[str, type[BaseModel]]:
-    from orchestrator.config.inventory import Inventory
-    from orchestrator.config.profiles import RouteProfile
-    from orchestrator.config.targets import Target
-
-    out: dict[str, type[BaseModel]] = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
-    for modname, kind, attr in _OPTIONAL:
-        try:
-            mod = __import__(modname, fromlist=[attr])
-            out[kind] = getattr(mod, attr)
-        except (ImportError, AttributeError):
-            pass
-    return out
-
-
-# (module, kind, class) registered by later packages; absent ones are skipped.
-_OPTIONAL = [
-    ("orchestrator.engine.playbook", "playbook", "Playbook"),
-    ("orchestrator.qualify.plan", "plan", "QualifyPlan"),
-    ("orchestrator.kernels_meta", "kernel", "KernelPatch"),
-    ("orchestrator.kernels_meta", "kernel-cases", "CaseSet"),
-    ("orchestrator.checks.fixtures", "fixtures", "FixtureSet"),
-]
+    """Every manifest kind and the model that validates it."""
+    return {
+        "target": Target, "profile": RouteProfile, "inventory": Inventory, "playbook": Playbook,
+        "plan": QualifyPlan, "kernel": KernelPatch, "kernel-cases": CaseSet, "fixtures": FixtureSet,
+    }
 
 FOLDERS = {
     "target": MANIFESTS / "targets",
@@ -62,7 +53,7 @@ def _kind_of(path: Path) -> str | None:
 
 def default_files() -> list[Path]:
     files: list[Path] = []
-    for kind, folder in FOLDERS.items():
+    for folder in FOLDERS.values():
         files += sorted(folder.glob("*.yaml"))
     files += sorted(KERNELS.glob("*/kernel.yaml"))
     files += sorted(KERNELS.glob("*/cases.yaml"))

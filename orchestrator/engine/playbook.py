@@ -10,13 +10,12 @@ be `rollback`, `stop` (inside a rollback: leave the hosts stopped, keep the leas
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path
 from orchestrator.paths import PLAYBOOKS
 
 # Every action the engine implements, and whether it changes what runs on a host.
@@ -91,7 +90,5 @@ class Playbook(StrictModel):
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = PLAYBOOKS / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, PLAYBOOKS)
     return load_model(Playbook, p)

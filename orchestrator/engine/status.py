@@ -9,17 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.engine import route_trust
+from orchestrator.build.store import PackageStore
+from orchestrator.config.inventory import Inventory
+from orchestrator.engine import leasing, route_trust
 from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
-from orchestrator.hosts.layout import SERVICE_OF_ROLE
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts
-from orchestrator.hosts.release import leftovers
+from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.services import get_json
 from orchestrator.paths import Home
+from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 
 def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
@@ -31,12 +37,8 @@ def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
         return None
 
 
-def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None = None, pool: Any = None,
+def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None, pool: TransportPool | None = None,
            verify_files: bool = False) -> dict[str, Any]:
-    from orchestrator.build.store import PackageStore
-    from orchestrator.evidence.store import EvidenceStore
-    from orchestrator.remote.transport import TransportPool
-
     view = pair_view(inventory, pair_name)
     store = PackageStore(home.store)
     evidence = EvidenceStore(home.evidence)
@@ -48,7 +50,7 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                            "aborted_runs_sealed": recovered}
     try:
         found: dict[str, HostFacts] = {}
-        for role in ("native", "rpc"):
+        for role in ROLES:
             host, layout = view.hosts[role], view.layouts[role]
             with journal.step("host", host=host) as st:
                 t = pool.get(host)
@@ -129,10 +131,8 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             pool.close()
 
 
-def _verify_current(transport: Any, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:
+def _verify_current(transport: Transport, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:
     """sha256 of every file in releases/CURRENT on the host (one exec) against the package manifest."""
-    from orchestrator.hosts.release import check_hash_output, expected_hashes
-
     if not current:
         return {"verified": None}
     try:
@@ -153,8 +153,6 @@ def _verify_current(transport: Any, layout: Any, store: Any, current: str | None
 def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
     """Leases held by a pairctl run that this home's evidence shows over (killed, or a failed
     rollback that kept them): nothing will release them but `lease release --dead-run`."""
-    from orchestrator.hosts.leases import parse_run_of
-
     out = []
     for host, h in hosts.items():
         for entry in h.get("leases") or []:
@@ -171,9 +169,7 @@ def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _leases(transport: Any, root: str) -> list[dict[str, Any]]:
-    from orchestrator.engine import leasing
-
+def _leases(transport: Transport, root: str) -> list[dict[str, Any]]:
     try:
         return leasing.show(transport, root)
     except Exception as exc:  # a status must still show the rest

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import getpass
 import json
 import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from orchestrator.evidence.masking import mask_argv
 from orchestrator.evidence.receipt import (
     NO_PAIR,
     OUTCOMES,
+    RESERVED_FIELDS,
     SCHEMA_VERSION,
     STEP_OUTCOMES,
     Receipt,
@@ -40,7 +42,9 @@ from orchestrator.evidence.receipt import (
     StepRecord,
     samples_sha256,
     summary_of,
+    utc_now,
 )
+from orchestrator.evidence.verify import VerifyReport, verify_store
 from orchestrator.hashing import sha256_bytes
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
@@ -140,8 +144,6 @@ def _operator(explicit: str | None) -> str | None:
     if env:
         return env
     try:
-        import getpass
-
         return getpass.getuser()
     except Exception:
         return None
@@ -198,9 +200,11 @@ class EvidenceStore:
         journal: Journal | None = None
         try:
             recovered = self._recover(chain, lock_held=lock is not None)
-            journal = Journal(self, self.journal_dir / f"{run_id}.jsonl", lock)
-            journal._emit(
-                "begin",
+
+            def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
+                return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
+
+            journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=dict(
                 schema_version=SCHEMA_VERSION,
                 run_id=run_id,
                 command=command,
@@ -209,7 +213,7 @@ class EvidenceStore:
                 inputs=dict(inputs or {}),
                 operator=_operator(operator),
                 host=procid.this_process().model_dump(),
-            )
+            ))
         except BaseException:
             if journal is not None:
                 journal.close_unfinished()  # also releases the lock
@@ -552,7 +556,7 @@ class EvidenceStore:
         original_hash: str,
         reuse: list[str],
         reason: str,
-        fresh_steps: list[StepRecord | dict[str, Any]] | None = None,
+        fresh_steps: Sequence[StepRecord | dict[str, Any]] | None = None,
         *,
         fresh_samples: dict[str, list[dict[str, Any]]] | None = None,
         fields: dict[str, Any] | None = None,
@@ -568,7 +572,6 @@ class EvidenceStore:
         fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
         fresh_names = [s.name for s in fresh]
         reuse = list(dict.fromkeys(reuse))
-        from orchestrator.evidence.receipt import RESERVED_FIELDS
 
         bad_fields = [k for k in (fields or {}) if k in RESERVED_FIELDS or k.startswith("_")]
         if bad_fields:
@@ -607,7 +610,7 @@ class EvidenceStore:
         argv = list(argv) if argv is not None else ["receipts", "derive", "--from", original.sha256,
                                                    *[a for n in reuse for a in ("--reuse", n)], "--reason", reason]
         with self.begin(command, argv, pair=original.pair, inputs=original.inputs, operator=operator) as j:
-            j._derive(original.sha256, reused, fresh_names)
+            j.record_derivation(original.sha256, reused, fresh_names)
             for key, value in (fields or {}).items():
                 j.set(key, value)
             for host, data in identities or []:
@@ -615,8 +618,8 @@ class EvidenceStore:
             for s in fresh:
                 j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason,
                               started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
-            for step, rows in (fresh_samples or {}).items():
-                j.samples(step, rows)
+            for step_name, rows in (fresh_samples or {}).items():
+                j.samples(step_name, rows)
             cov = coverage(original, reuse, fresh, list(identities or []))
             j.set("coverage", cov.to_json())
             final = derived_outcome(cov, outcome)
@@ -636,35 +639,19 @@ class EvidenceStore:
             if rec.data_sha256() != r.data_sha256 or samples_sha256(rows) != r.samples_sha256:
                 raise EvidenceError(f"step {step!r} of {r.from_[:12]} does not match the hashes in {receipt.sha256[:12]}")
             return rec, rows
-        rec = receipt.step(step)
-        if rec is None:
+        found = receipt.step(step)
+        if found is None:
             raise EvidenceError(f"receipt {receipt.sha256[:12]} has no step {step!r}")
-        return rec, receipt.samples.get(step)
+        return found, receipt.samples.get(step)
 
-    def verify(self):  # -> VerifyReport
-        from orchestrator.evidence.verify import verify_store
-
+    def verify(self) -> VerifyReport:
         return verify_store(self)
 
 
 def _fresh_step(d: dict[str, Any]) -> StepRecord:
-    from orchestrator.evidence.receipt import utc_now
-
     if d.get("outcome") not in STEP_OUTCOMES:
         raise EvidenceError(f"fresh step {d.get('name')!r}: outcome must be one of {STEP_OUTCOMES}")
-    now = utc_now()
-    return StepRecord(
-        seq=0,
-        name=d["name"],
-        host=d.get("host"),
-        started_at=d.get("started_at") or now,
-        finished_at=d.get("finished_at") or now,
-        duration_s=d.get("duration_s"),
-        outcome=d["outcome"],
-        error=d.get("error"),
-        skip_reason=d.get("skip_reason"),
-        data=d.get("data") or {},
-    )
+    return StepRecord.of(0, d, at=utc_now())
 
 
 _SUMMARY_STR = ("hash", "run_id", "command", "outcome", "reason", "started_at", "finished_at")

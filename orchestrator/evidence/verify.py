@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -18,8 +19,19 @@ from orchestrator.evidence import safejson
 from orchestrator.evidence.receipt import Receipt, samples_sha256
 from orchestrator.hashing import canonical_json, sha256_bytes
 
-if TYPE_CHECKING:
-    from orchestrator.evidence.store import EvidenceStore
+
+class StoreFiles(Protocol):
+    """What verification reads of an evidence store: its folders and its live journals.
+    `EvidenceStore.verify` hands itself over; this module never imports the store."""
+
+    root: Path
+    receipts_dir: Path
+    journal_dir: Path
+    heads_dir: Path
+
+    def path_of(self, sha: str) -> Path: ...
+
+    def unsealed(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass
@@ -71,7 +83,7 @@ def _text(path) -> str | None:
         return None
 
 
-def verify_store(store: "EvidenceStore") -> VerifyReport:
+def verify_store(store: StoreFiles) -> VerifyReport:
     rep = VerifyReport(root=str(store.root))
     good: dict[str, Receipt] = {}
     bad: dict[str, str] = {}  # sha named by the file -> file

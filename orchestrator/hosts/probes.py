@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from orchestrator.errors import HostStateError
+from orchestrator.hashing import sha256_bytes
+from orchestrator.remote.transport import Transport
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RELEASE_PREFIX = "releases/"
@@ -118,8 +120,6 @@ def facts_from(*, root_exists: bool, current_link: str | None, previous_link: st
                release_names: Iterable[str], svc_bytes: bytes | None, route_bytes: bytes | None,
                procs: Mapping[str, tuple[int, bytes]], root: str | None = None) -> HostFacts:
     """HostFacts from raw reads (links, release directory names, pid files + /proc cmdline). Pure."""
-    from orchestrator.hashing import sha256_bytes
-
     return HostFacts(
         root_exists=root_exists,
         current=release_of_link(current_link or "-", root),
@@ -136,7 +136,7 @@ def parse_pid(data: bytes) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def read_facts(transport: Any, layout: Any, services: Iterable[str]) -> HostFacts:
+def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> HostFacts:
     """What is installed and running on one host, read over SFTP only (no process on the host)."""
     def read(path: str) -> bytes | None:
         try:
@@ -300,7 +300,7 @@ def proc_problems(host: str, expected: ExpectedProc, seen: ProcIdentity | None) 
 
 
 def _first_difference(want: tuple[str, ...], got: tuple[str, ...]) -> str:
-    for i, (a, b) in enumerate(zip(want, got)):
+    for i, (a, b) in enumerate(zip(want, got, strict=False)):
         if a != b:
             return f"argument {i}: {b!r}, expected {a!r}"
     if len(want) != len(got):

@@ -25,6 +25,7 @@ from orchestrator.hosts import space
 from orchestrator.hosts.layout import HostLayout, tmp_release_name
 from orchestrator.hosts.probes import hash_problems, parse_sha256sum
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
 
 
 def expected_hashes(manifest: Any) -> dict[str, str]:
@@ -32,6 +33,8 @@ def expected_hashes(manifest: Any) -> dict[str, str]:
     files = getattr(manifest, "files", None)
     if files is None and isinstance(manifest, Mapping):
         files = manifest["files"]
+    if files is None:
+        raise TypeError(f"{type(manifest).__name__} names no files")
     out = {}
     for rel, entry in files.items():
         out[rel] = entry["sha256"] if isinstance(entry, Mapping) else entry.sha256
@@ -79,7 +82,7 @@ class ReleaseMismatch(PackageError):
 def check_hash_output(expected: Mapping[str, str], output: str, host: str, where: str) -> int:
     """Compare the `sha256sum` lines inside a helper's output with the manifest (pure); returns
     the number of files verified, raises ReleaseMismatch listing what differs."""
-    sums = "\n".join(l for l in output.splitlines() if _SHA_LINE.match(l))
+    sums = "\n".join(line for line in output.splitlines() if _SHA_LINE.match(line))
     problems = hash_problems(expected, parse_sha256sum(sums))
     if problems:
         raise ReleaseMismatch(
@@ -113,7 +116,7 @@ class ReleaseResult:
         return d
 
 
-def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bool, host: str,
+def ensure_release(transport: Transport, layout: HostLayout, package: Any, present: bool, host: str,
                    *, defer_present: bool = False) -> ReleaseResult:
     """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
 

@@ -21,12 +21,13 @@ import hmac
 import json
 import secrets
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
+from orchestrator.remote.transport import Transport
 
 SCHEMA = "pairctl.route/1"
 
@@ -145,7 +146,7 @@ class RouteConflict(Exception):
     """route.json is not what this run read: someone else wrote it (compare-and-swap refused)."""
 
 
-def cas_write(transport: Any, path: str, expected: bytes | None, data: bytes) -> bytes:
+def cas_write(transport: Transport, path: str, expected: bytes | None, data: bytes) -> bytes:
     """Compare-and-swap over SFTP: read, check it is still `expected`, write a temporary file,
     rename it over route.json, read back. Returns what was read back (the caller compares)."""
     try:

@@ -125,6 +125,9 @@ class LocalTransport:
             raise HostError(f"{self.name}: get {remote_path} -> {local_path} failed: {exc}") from None
         self.stats.add(gets=1, get_bytes=n, get_s=time.monotonic() - t0)
 
+    def connect(self) -> None:
+        """Nothing to reach: the host is this machine."""
+
     def close(self) -> None:
         pass
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import base64
 import errno
+import getpass
 import hashlib
+import io
 import os
 import posixpath
 import select
@@ -37,15 +39,16 @@ from orchestrator.config.inventory import Inventory, warn_if_readable_by_others
 from orchestrator.errors import HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.known_hosts import known_hosts_name
 from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     ConnectionLost,
-    NotStarted,
-    Unreachable,
     FileStat,
+    NotStarted,
     RetryPolicy,
     TransportStats,
+    Unreachable,
     transient_command_error,
 )
 
@@ -58,11 +61,6 @@ def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's `SHA256:<base64, no padding>` of the key blob (what `ssh-keygen -lf` prints)."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    """The name OpenSSH and paramiko look a host up by in known_hosts."""
-    return address if port == 22 else f"[{address}]:{port}"
 
 
 # -- where and how to connect (pure) -----------------------------------------------------------
@@ -124,8 +122,6 @@ def resolve_target(
         if cfg.get("connecttimeout"):
             connect_timeout_s = float(cfg["connecttimeout"])
     if user is None:
-        import getpass
-
         user = getpass.getuser()
     if key is None and not allow_agent:
         raise HostError(
@@ -275,7 +271,7 @@ class SshTransport:
             return self._conn.client.get_transport()
 
     def _connect_once(self) -> Any:
-        import fabric
+        import fabric  # start-up time (fabric pulls in invoke): loaded by the first connect only
 
         tg = self.target
         keys, missing = _load_host_keys(tg.known_hosts)
@@ -515,8 +511,6 @@ class SshTransport:
         self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        import io
-
         t0 = time.monotonic()
         sftp = self._sftp_client()
         try:

@@ -29,6 +29,7 @@ from orchestrator.config.loader import read_yaml
 from orchestrator.lab.lab import host_plans, service_pid
 from orchestrator.lab.sshd import SshdHost, pid_alive
 from orchestrator.paths import Home
+from tests.plugins.cli import run_cli
 
 PAIR = "faults"
 # Steps before the first change to what runs (stop-native probes the RPC host before it stops
@@ -89,19 +90,9 @@ class FaultPair:
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
         """The real CLI in this process (`orchestrator.cli.main`, as the `cli` fixture runs it):
         the operator's follow-up commands, without paying interpreter start-up for each."""
-        from typer.testing import CliRunner
-
-        from orchestrator.cli import main
-
         argv = ["--home", str(self.home.root), "--inventory", str(self.inventory_path), *args]
-        with CliRunner().isolation() as streams:
-            try:
-                main(argv)
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            out, err = streams[0].getvalue(), streams[1].getvalue()
-        return subprocess.CompletedProcess(argv, code, out.decode(errors="replace"), err.decode(errors="replace"))
+        r = run_cli(argv)
+        return subprocess.CompletedProcess(argv, r.exit_code, r.stdout, r.stderr)
 
     def status(self) -> tuple[int, dict[str, Any]]:
         p = self.cli("--json", "status", "--pair", self.name)

@@ -19,7 +19,7 @@ import yaml
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LeaseError, LeaseHeldError
 from orchestrator.hosts import leases as L
-from orchestrator.remote.transport import TransportPool, open_transport
+from orchestrator.remote.pool import TransportPool, open_transport
 
 pytestmark = pytest.mark.integration
 

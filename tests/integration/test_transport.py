@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import HostError, HostKeyError, RemoteCommandError
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.pool import TransportPool, open_transport
 from orchestrator.remote.result import CommandTimeout
 from orchestrator.remote.ssh import SshTransport, resolve_target
-from orchestrator.remote.transport import RetryPolicy, TransportPool, open_transport
+from orchestrator.remote.transport import RetryPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def test_login_with_strict_host_keys(lab, t) -> None:
 
 def test_unknown_host_key_refused_before_anything_runs(lab, tmp_path) -> None:
     kh = tmp_path / "known_hosts"
-    kh.write_text("".join(l for l in lab.known_hosts.read_text().splitlines(True) if not l.startswith("[127.0.0.2]")))
+    kh.write_text("".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith("[127.0.0.2]")))
     marker = tmp_path / "ran"
     tr = open_transport(inventory_with_known_hosts(lab, kh), HOST)
     with pytest.raises(HostKeyError) as ei:
