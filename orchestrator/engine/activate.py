@@ -177,12 +177,12 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
             hint=f"see {native.path / nm.help_file}",
         )
     key = read_api_key(ctx.view.name, pair)
-    act, prof = target.activation, ctx.profile
-    extra = list(prof.extra_args) if prof is not None else []
+    act = target.activation
+    extra = list(profile.extra_args)
     policy = server_policy_problems(dict(pair.allow_flags), extra, list(act.native_argv[1:]),
                                     list(act.rpc_argv[1:]), help_text=help_text, api_key=key is not None)
     if policy.problems:
-        raise ConfigError(f"pair {ctx.view.name}, profile {prof.name if prof else '?'}: " + "; ".join(policy.problems),
+        raise ConfigError(f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
                           hint="see the flag policy in README (Security model)")
     if key is not None:
         ctx.api_key_bytes = key.file_bytes

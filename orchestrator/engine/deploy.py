@@ -35,7 +35,7 @@ from orchestrator.hosts.release import ensure_release
 from orchestrator.hosts.route import RouteEntry, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import PLAYBOOKS, Home
-from orchestrator.remote.transport import TransportPool
+from orchestrator.remote.pool import TransportPool
 
 # Steps run before the plan is made. The lease comes before the facts: host state that decides
 # anything (and is the route's compare-and-swap base) is read only once this run holds the hosts.

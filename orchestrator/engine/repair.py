@@ -33,7 +33,7 @@ from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
-from orchestrator.remote.transport import TransportPool
+from orchestrator.remote.pool import TransportPool
 
 EVIDENCE_LOOKBACK = 200  # receipts walked back to find the profile a pair was deployed with
 

@@ -28,6 +28,7 @@ class StoreFiles(Protocol):
     receipts_dir: Path
     journal_dir: Path
     heads_dir: Path
+    index_dir: Path
 
     def path_of(self, sha: str) -> Path: ...
 

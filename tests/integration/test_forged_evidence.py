@@ -15,7 +15,7 @@ import pytest
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import canonical_json
 from orchestrator.hosts import leases as L
-from orchestrator.remote.transport import TransportPool
+from orchestrator.remote.pool import TransportPool
 from tests.integration.test_leases import private_inventory, write_inventory
 
 pytestmark = pytest.mark.integration
