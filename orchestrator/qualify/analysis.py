@@ -3,9 +3,13 @@
 Pure: it takes the plan and the sample dicts exactly as the receipt stores them, so the result
 can be recomputed from any receipt (original or derived) without touching a host.
 
+An *arm value* is, per fixture, the median of the arm's `repeats` measured requests (all of
+them must be valid); its dispersion (sd of log TG over the repeats) is recorded, and an arm
+above the plan's `max_arm_dispersion` is invalid: its pair counts as missing, never used.
+
 A *cell* is one family (or `combined`). For each pair, a family's ratio is the geometric mean
-over that family's fixtures of candidate/baseline; a pair counts for a cell only when every
-sample it needs is valid in both arms.
+over that family's fixtures of candidate/baseline arm values; a pair counts for a cell only
+when every arm value it needs is valid in both arms.
 """
 
 from __future__ import annotations
@@ -17,11 +21,21 @@ from typing import Any, Iterable
 
 from orchestrator.qualify.gates import GateVerdict, decide, overall
 from orchestrator.qualify.plan import ALL, COMBINED, QualifyPlan
-from orchestrator.qualify.stats import GainEstimate, acceptance_rate, at_least, combine_families, estimate_gain, geomean
+from orchestrator.qualify.stats import (
+    DECIDING_METHOD,
+    GainEstimate,
+    acceptance_rate,
+    at_least,
+    combine_families,
+    estimate_gain,
+    geomean,
+    robust_centre,
+)
 
-# Sample fields the runner writes (one dict per measured request); see runner.measure_fixture.
+# Sample fields the runner writes (one dict per measured request); see measure.measure.
+# `rep` is the repeat index (0..repeats-1; absent in receipts from before repeats: 0).
 SAMPLE_FIELDS = (
-    "pair", "arm", "seq", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native", "package_rpc",
+    "pair", "arm", "seq", "rep", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native", "package_rpc",
     "build_info", "ok", "error", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
     "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n", "stop_type", "wall_s", "ttft_s",
     "peak_memory_bytes", "memory_source",
@@ -83,12 +97,17 @@ class QualifyResult:
     samples_invalid: list[dict[str, Any]]
     plan_name: str
     plan_sha256: str | None = None
+    arms: list[dict[str, Any]] = field(default_factory=list)  # per pair/arm/fixture: repeats, median, dispersion
+    deciding_method: str = DECIDING_METHOD
+    noise: dict[str, Any] | None = None  # the calibration the run was judged by (set by the runner)
 
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
             d = asdict(c)
             d["tg"] = None if c.tg is None else {
-                "gain": c.tg.gain, "ratios": list(c.tg.ratios), "interval": asdict(c.tg.interval),
+                "gain": c.tg.gain, "ratios": list(c.tg.ratios),
+                "interval": None if c.tg.interval is None else asdict(c.tg.interval),
+                "bootstrap": None if c.tg.bootstrap is None else asdict(c.tg.bootstrap),
             }
             d["valid_pair_count"] = len(c.valid_pairs)
             return d
@@ -102,25 +121,30 @@ class QualifyResult:
             "cells": [cell(c) for c in self.cells],
             "samples_total": self.samples_total,
             "samples_invalid": self.samples_invalid,
+            "arms": self.arms,
+            "deciding_method": self.deciding_method,
+            "noise": self.noise,
         }
 
 
 def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None) -> QualifyResult:
     samples = list(samples)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
-    valid: dict[tuple[int, str, str], dict[str, Any]] = {}
     invalid: list[dict[str, Any]] = []
-    seen: set[tuple[int, str, str]] = set()
+    reps: dict[tuple[int, str, str], dict[int, dict[str, Any]]] = {}
     for s in samples:
         key = (s.get("pair"), s.get("arm"), s.get("fixture"))
+        rep = s.get("rep", 0)
         problem = sample_problem(s, plan.n_predict)
-        if key in seen:
-            problem = problem or "duplicate sample for this pair, arm and fixture"
-        seen.add(key)  # type: ignore[arg-type]
+        got = reps.setdefault(key, {})  # type: ignore[arg-type]
+        if rep in got:
+            problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
         if problem:
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "problem": problem})
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep, "problem": problem})
+            got.setdefault(rep, {"_invalid": True})
         else:
-            valid[key] = s  # type: ignore[index]
+            got[rep] = s
+    valid, arms = _arm_values(plan, reps, invalid)
     # Identity: both arms must have measured the same prompt (same tokens), or the pair is not comparable.
     for (p, arm, fx), s in list(valid.items()):
         other = valid.get((p, "candidate" if arm == "baseline" else "baseline", fx))
@@ -136,7 +160,7 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
         g = geomean(r)
         return 1.0 / g if invert else g
 
-    boot = dict(confidence=plan.bootstrap.confidence, exact_limit=plan.bootstrap.exact_limit,
+    boot = dict(confidence=plan.confidence, exact_limit=plan.bootstrap.exact_limit,
                 resamples=plan.bootstrap.resamples, seed=plan.bootstrap.seed)
     cells: list[Cell] = []
     for fam in plan.families:
@@ -165,8 +189,53 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
 
     return QualifyResult(
         verdict=overall(gates), gates=gates, flags=flags, cells=cells, samples_total=len(samples),
-        samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256,
+        samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256, arms=arms,
     )
+
+
+_CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
+
+
+def _arm_values(plan: QualifyPlan, reps: dict[tuple[int, str, str], dict[int, dict[str, Any]]],
+                invalid: list[dict[str, Any]]) -> tuple[dict[tuple[int, str, str], dict[str, Any]], list[dict[str, Any]]]:
+    """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent
+    (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows."""
+    valid: dict[tuple[int, str, str], dict[str, Any]] = {}
+    arms: list[dict[str, Any]] = []
+    want = set(range(plan.repeats))
+    for key, got in sorted(reps.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        good = {r: s for r, s in got.items() if not s.get("_invalid")}
+        tg = [good[r]["predicted_per_second"] for r in sorted(good)]
+        centre, spread = robust_centre(tg) if tg else (None, None)
+        row: dict[str, Any] = {"pair": key[0], "arm": key[1], "fixture": key[2], "repeats": len(good),
+                               "median_tg": centre, "dispersion": spread, "valid": False}
+        arms.append(row)
+        if set(good) != want:
+            if not set(got) - set(good):  # not already explained by an invalid sample
+                invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None,
+                                "problem": f"{len(good)} valid of {plan.repeats} planned repeats"})
+            continue
+        bound = plan.max_arm_dispersion
+        if bound is not None and spread is not None and spread > bound:
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None,
+                            "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
+                                       f"exceeds the plan's max_arm_dispersion {bound}"})
+            continue
+        rows = [good[r] for r in sorted(good)]
+        merged = dict(rows[0])
+        for k in _CENTRED:
+            merged[k] = float(median(r[k] for r in rows))
+        peaks = [r.get("peak_memory_bytes") for r in rows]
+        merged["peak_memory_bytes"] = max(peaks) if all(isinstance(v, (int, float)) and v > 0 for v in peaks) else None
+        for k in ("draft_n", "draft_n_accepted"):
+            merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
+        if len({r.get("prompt_sha256") for r in rows}) != 1:
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None,
+                            "problem": "the repeats of this arm sent different prompts"})
+            continue
+        valid[key] = merged
+        row["valid"] = True
+    return valid, arms
 
 
 def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) -> Cell:
