@@ -127,7 +127,8 @@ class QualifyResult:
         }
 
 
-def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None) -> QualifyResult:
+def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None,
+            noise: dict[str, Any] | None = None) -> QualifyResult:
     samples = list(samples)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
     invalid: list[dict[str, Any]] = []
@@ -190,6 +191,7 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
     return QualifyResult(
         verdict=overall(gates), gates=gates, flags=flags, cells=cells, samples_total=len(samples),
         samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256, arms=arms,
+        noise=noise,
     )
 
 
@@ -226,7 +228,8 @@ def _arm_values(plan: QualifyPlan, reps: dict[tuple[int, str, str], dict[int, di
         for k in _CENTRED:
             merged[k] = float(median(r[k] for r in rows))
         peaks = [r.get("peak_memory_bytes") for r in rows]
-        merged["peak_memory_bytes"] = max(peaks) if all(isinstance(v, (int, float)) and v > 0 for v in peaks) else None
+        nums = [v for v in peaks if isinstance(v, (int, float)) and v > 0]
+        merged["peak_memory_bytes"] = max(nums) if len(nums) == len(peaks) else None
         for k in ("draft_n", "draft_n_accepted"):
             merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
         if len({r.get("prompt_sha256") for r in rows}) != 1:

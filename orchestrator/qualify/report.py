@@ -40,6 +40,8 @@ class QualifyRecord:
     outcome: str
     reason: str
     checks: list[str] = field(default_factory=list)  # what was verified about the record itself
+    noise: dict[str, Any] | None = None  # the calibration the run was judged by (`qualify_noise`)
+    calibration: dict[str, Any] | None = None  # set when the record IS a calibration (A/A run)
 
 
 def _origin(store: EvidenceStore, r: Receipt) -> Receipt:
@@ -67,6 +69,9 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
             raise EvidenceError(f"receipt {origin.sha256[:12]}: plan_sha256 was not set before the first sample")
         checks.append(f"plan declared at {declared[0].at}, before the first sample at {origin.first_sample_at}")
     plan = plan_from_text(plan_text, source=f"receipt {origin.sha256[:12]} plan_text")
+    cal_run = extra.get("qualify_calibrate")
+    if isinstance(cal_run, dict) and isinstance(cal_run.get("pairs"), int):
+        plan = plan.model_copy(update={"pairs": cal_run["pairs"]})  # an A/A run measures the calibration's pairs
 
     if receipt.derived_from is None:
         steps = [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
@@ -81,12 +86,13 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
     return QualifyRecord(
         receipt=receipt.sha256, origin=origin.sha256, plan=plan, plan_sha256=plan_sha, pair=extra.get("qualify_pair"),
         arms=extra.get("qualify_arms") or {}, samples=samples, sample_steps=steps, derived=receipt.derived_from is not None,
-        outcome=receipt.outcome, reason=receipt.reason, checks=checks,
+        outcome=receipt.outcome, reason=receipt.reason, checks=checks, noise=extra.get("qualify_noise"),
+        calibration=extra.get("calibration") if isinstance(extra.get("calibration"), dict) else None,
     )
 
 
 def result_of(record: QualifyRecord) -> QualifyResult:
-    return analyze(record.plan, record.samples, plan_sha256=record.plan_sha256)
+    return analyze(record.plan, record.samples, plan_sha256=record.plan_sha256, noise=record.noise)
 
 
 def reports_dir(store: EvidenceStore, receipt: str) -> Path:
@@ -119,8 +125,9 @@ def _r(x: float | None) -> str:
 def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     plan = record.plan
     arms = record.arms
+    title = "A/A calibration" if record.calibration else f"Qualification {result.verdict.upper()}"
     lines = [
-        f"# Qualification {result.verdict.upper()}: plan `{plan.name}` on pair `{record.pair}`",
+        f"# {title}: plan `{plan.name}` on pair `{record.pair}`",
         "",
         f"- Receipt: `{record.receipt}`" + (f" (derived; measured in `{record.origin}`)" if record.derived else ""),
         f"- Receipt outcome: {record.outcome} — {record.reason}",
@@ -187,6 +194,18 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     for c in result.cells:
         by_pair = dict(zip(c.valid_pairs, c.tg.ratios)) if c.tg else {}
         lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(plan.pairs)) + " |")
+    if record.calibration:
+        lines += ["", "## Calibration (A/A: baseline against baseline, every difference is noise)", ""]
+        lines += [f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% (upper {int(100 * v['upper_confidence'])}% "
+                  f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
+                  for fam, v in record.calibration["families"].items()]
+        lines += [f"- problem: {p}" for p in record.calibration.get("problems") or []]
+        lines += ["", "| Gate | Family | Threshold | Power at | Power | Pairs needed | Plan pairs | Resolvable |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {g['kind']} | {g['family']} | {_pct(g['threshold'])} | {_pct(g['power_at'])} | {g['power']} | "
+                  f"{g['needed_pairs'] if g['needed_pairs'] is not None else 'n/a'} | {g['plan_pairs']} | "
+                  f"{'yes' if g['resolvable'] else '**no**'} |" for g in record.calibration["gates"]]
+        lines += ["", "The gate verdicts above are the A/A check: a gain gate that passes here passed on noise."]
     spread = [a["dispersion"] for a in result.arms if a.get("dispersion") is not None]
     if spread:
         lines += ["", "## Within-arm dispersion (sd of log TG over each arm's repeats)", "",

@@ -19,6 +19,8 @@ from orchestrator.errors import CheckFailed, EvidenceError, RollbackFailed
 from orchestrator.evidence.receipt import parse_time
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.qualify.plan import load_plan
+
+PLAN = str(Path(__file__).parent / "data" / "qualify" / "lab-uncalibrated.yaml")  # 3 pairs, 1 repeat, no calibration
 from orchestrator.qualify.report import load_record, write_report
 from orchestrator.qualify.runner import ActiveArm, ArmPackages, Hooks, run_qualification
 from orchestrator.server.models import CompletionResult, StreamChunk, Timings
@@ -104,7 +106,7 @@ class ScriptedDriver:
 def run(tmp_path: Path, driver, hooks=None):
     store = EvidenceStore(tmp_path / "evidence")
     out = run_qualification(
-        store=store, loaded=load_plan("lab"), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
+        store=store, loaded=load_plan(PLAN), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
         driver=driver, argv=["qualify", "--pair", "lab"], hooks=hooks, write_report=lambda h: write_report(store, h)[0],
     )
     return store, out
@@ -129,9 +131,9 @@ def test_alternating_arms_fresh_activation_warmup_then_fixtures_then_restore(tmp
     assert r.outcome == "passed"
     assert sum(len(v) for v in r.samples.values()) == 12  # 3 pairs x 2 arms x 2 fixtures, every one raw
     row = r.samples["arm-02-p1-candidate"][0]
-    assert row["package_native"] == "cand-n" and row["fixture_sha256"] == load_plan("lab").plan.fixtures[0].sha256
+    assert row["package_native"] == "cand-n" and row["fixture_sha256"] == load_plan(PLAN).plan.fixtures[0].sha256
     extra = r.extra_fields()
-    assert extra["plan_sha256"] == load_plan("lab").sha256
+    assert extra["plan_sha256"] == load_plan(PLAN).sha256
     declared = next(f for f in r.fields_set if f.key == "plan_sha256")
     assert parse_time(declared.at) < parse_time(r.first_sample_at)
     assert [s.name for s in r.steps][-1] == "restore"
@@ -188,7 +190,7 @@ def test_record_with_tampered_plan_text_is_rejected(tmp_path):
     store, out = run(tmp_path, ScriptedDriver(SPEEDS))
     path = store.path_of(out.receipt)
     data = json.loads(path.read_bytes())
-    assert load_record(store, out.receipt).plan.name == "lab"
+    assert load_record(store, out.receipt).plan.name == "lab-uncalibrated"
     data["plan_text"] = data["plan_text"].replace("threshold: 0.05", "threshold: 0.01")
     path.chmod(0o644)
     path.write_text(json.dumps(data))
