@@ -19,6 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Iterable, Literal, Sequence
 
 import numpy as np
@@ -147,6 +148,7 @@ def bootstrap_interval(
     )
 
 
+@lru_cache(maxsize=1024)
 def t_quantile(p: float, df: int) -> float:
     """The p quantile of Student's t with `df` degrees of freedom (numpy has none, scipy is a
     test dependency only): bisection on the CDF, which is the regularized incomplete beta."""
