@@ -16,9 +16,10 @@ interval itself (alpha / 2 one-sided), whatever n.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
