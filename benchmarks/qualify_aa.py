@@ -70,7 +70,9 @@ def _setup(home: Path) -> str:
     code, out, err = _pairctl(home, "status", "--pair", PAIR)
     active = (out or {}).get("route", {}).get("active_packages") if out else None
     if active != [pkg, pkg]:
-        code, out, err = _pairctl(home, "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
+        code, out, err = _pairctl(
+            home, "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept"
+        )
         if code != 0:
             raise RuntimeError(f"deploying {pkg} failed (exit {code}): {err}")
     return pkg
@@ -78,10 +80,19 @@ def _setup(home: Path) -> str:
 
 def _calibration_row(code: int, out: dict[str, Any] | None, err: str) -> dict[str, Any]:
     cal = (out or {}).get("calibration") or {}
-    return {"kind": "calibration", "exit": code, "receipt": (out or {}).get("receipt"), "reason": (out or {}).get("reason"),
-            "families": cal.get("families"), "gates": cal.get("gates"), "dispersion": cal.get("dispersion"),
-            "aa_gates": cal.get("aa_gates"), "stderr": err if code not in (0, 9) else "",
-            "load_average": os.getloadavg(), "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "kind": "calibration",
+        "exit": code,
+        "receipt": (out or {}).get("receipt"),
+        "reason": (out or {}).get("reason"),
+        "families": cal.get("families"),
+        "gates": cal.get("gates"),
+        "dispersion": cal.get("dispersion"),
+        "aa_gates": cal.get("aa_gates"),
+        "stderr": err if code not in (0, 9) else "",
+        "load_average": os.getloadavg(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def _run_row(code: int, out: dict[str, Any] | None, err: str, pkg: str, wall: float) -> dict[str, Any]:
@@ -91,17 +102,47 @@ def _run_row(code: int, out: dict[str, Any] | None, err: str, pkg: str, wall: fl
         tg = c.get("tg") or {}
         iv, bs = tg.get("interval") or {}, tg.get("bootstrap") or {}
         cells[c["family"]] = {
-            "gain": tg.get("gain"), "t_low": iv.get("low"), "t_high": iv.get("high"), "sd_log": iv.get("sd_log"),
-            "boot_low": bs.get("low"), "boot_high": bs.get("high"), "valid_pairs": c.get("valid_pair_count"),
+            "gain": tg.get("gain"),
+            "t_low": iv.get("low"),
+            "t_high": iv.get("high"),
+            "sd_log": iv.get("sd_log"),
+            "boot_low": bs.get("low"),
+            "boot_high": bs.get("high"),
+            "valid_pairs": c.get("valid_pair_count"),
             "t_excludes_zero": None if not iv else not (iv["low"] <= 0 <= iv["high"]),
             "boot_excludes_zero": None if not bs else not (bs["low"] <= 0 <= bs["high"]),
         }
-    return {"kind": "aa", "exit": code, "verdict": out.get("verdict"), "receipt": out.get("receipt"), "package": pkg,
-            "gates": [{k: g.get(k) for k in ("kind", "family", "threshold", "verdict", "low", "high", "bootstrap_low",
-                                             "bootstrap_high", "gain")} for g in out.get("gates") or []],
-            "cells": cells, "noise": out.get("noise"), "invalid": len(out.get("samples_invalid") or []),
-            "stderr": err if code not in (0, 1, 9) else "", "wall_s": round(wall, 1), "load_average": os.getloadavg(),
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "kind": "aa",
+        "exit": code,
+        "verdict": out.get("verdict"),
+        "receipt": out.get("receipt"),
+        "package": pkg,
+        "gates": [
+            {
+                k: g.get(k)
+                for k in (
+                    "kind",
+                    "family",
+                    "threshold",
+                    "verdict",
+                    "low",
+                    "high",
+                    "bootstrap_low",
+                    "bootstrap_high",
+                    "gain",
+                )
+            }
+            for g in out.get("gates") or []
+        ],
+        "cells": cells,
+        "noise": out.get("noise"),
+        "invalid": len(out.get("samples_invalid") or []),
+        "stderr": err if code not in (0, 1, 9) else "",
+        "wall_s": round(wall, 1),
+        "load_average": os.getloadavg(),
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def summary() -> dict[str, Any]:
@@ -111,7 +152,8 @@ def summary() -> dict[str, Any]:
     fams = [(r, f, c) for r in aa for f, c in r["cells"].items() if f != "combined"]
     gates = [g for r in aa for g in r["gates"]]
     out = {
-        "runs": len(aa), "refused_or_errored": len([r for r in rows if r["kind"] == "aa" and not r.get("verdict")]),
+        "runs": len(aa),
+        "refused_or_errored": len([r for r in rows if r["kind"] == "aa" and not r.get("verdict")]),
         "family_intervals": len(fams),
         "t_intervals_excluding_zero": sum(1 for _, _, c in fams if c["t_excludes_zero"]),
         "bootstrap_intervals_excluding_zero": sum(1 for _, _, c in fams if c["boot_excludes_zero"]),
@@ -120,17 +162,28 @@ def summary() -> dict[str, Any]:
         "non_regression_fails": sum(1 for g in gates if g["kind"] == "non_regression" and g["verdict"] == "fail"),
         "non_regression_gates": sum(1 for g in gates if g["kind"] == "non_regression"),
         "verdicts": {v: sum(1 for r in aa if r["verdict"] == v) for v in ("pass", "fail", "inconclusive")},
-        "calibrations": [{"receipt": c["receipt"], "families": {f: {"sigma": v["sigma"], "sigma_upper": v["sigma_upper"],
-                                                                     "pairs": v["pairs"]} for f, v in (c["families"] or {}).items()},
-                          "needed": {f"{g['kind']}[{g['family']}]": g["needed_pairs"] for g in c["gates"] or []},
-                          "exit": c["exit"], "at": c["at"]} for c in cals],
+        "calibrations": [
+            {
+                "receipt": c["receipt"],
+                "families": {
+                    f: {"sigma": v["sigma"], "sigma_upper": v["sigma_upper"], "pairs": v["pairs"]}
+                    for f, v in (c["families"] or {}).items()
+                },
+                "needed": {f"{g['kind']}[{g['family']}]": g["needed_pairs"] for g in c["gates"] or []},
+                "exit": c["exit"],
+                "at": c["at"],
+            }
+            for c in cals
+        ],
         "per_run_sd_log": {f: [c["sd_log"] for _, ff, c in fams if ff == f] for f in sorted({f for _, f, _ in fams})},
         "load_average": [r["load_average"][0] for r in aa],
     }
-    out["line"] = (f"qualify A/A: {out['runs']} runs, {out['t_intervals_excluding_zero']}/{out['family_intervals']} Student-t "
-                   f"family intervals exclude 0 (bootstrap: {out['bootstrap_intervals_excluding_zero']}), gain gate passed "
-                   f"{out['gain_gate_passes']}/{out['gain_gates']}, non-regression failed "
-                   f"{out['non_regression_fails']}/{out['non_regression_gates']}")
+    out["line"] = (
+        f"qualify A/A: {out['runs']} runs, {out['t_intervals_excluding_zero']}/{out['family_intervals']} Student-t "
+        f"family intervals exclude 0 (bootstrap: {out['bootstrap_intervals_excluding_zero']}), gain gate passed "
+        f"{out['gain_gate_passes']}/{out['gain_gates']}, non-regression failed "
+        f"{out['non_regression_fails']}/{out['non_regression_gates']}"
+    )
     return out
 
 

@@ -34,8 +34,9 @@ def profile_key(profile: RouteProfile) -> str:
     return sha256_json(profile.model_dump(mode="json"))
 
 
-def calibration_of(plan: QualifyPlan, result: QualifyResult, profile_sha256: str, baseline: dict[str, str],
-                   pair: str) -> dict[str, Any]:
+def calibration_of(
+    plan: QualifyPlan, result: QualifyResult, profile_sha256: str, baseline: dict[str, str], pair: str
+) -> dict[str, Any]:
     """The calibration record of an A/A result: noise per cell (families and combined) and what
     every gate of `plan` needs at that noise."""
     upper = plan.calibration.upper_confidence if plan.calibration else 0.8
@@ -43,13 +44,20 @@ def calibration_of(plan: QualifyPlan, result: QualifyResult, profile_sha256: str
     problems: list[str] = []
     for c in result.cells:
         if c.tg is None or c.tg.n < MIN_CALIBRATION_PAIRS:
-            problems.append(f"{c.family}: {0 if c.tg is None else c.tg.n} valid A/A pairs, "
-                            f"at least {MIN_CALIBRATION_PAIRS} are needed to measure the noise")
+            problems.append(
+                f"{c.family}: {0 if c.tg is None else c.tg.n} valid A/A pairs, "
+                f"at least {MIN_CALIBRATION_PAIRS} are needed to measure the noise"
+            )
             continue
         families[c.family] = asdict(estimate_noise(np.log(c.tg.ratios).tolist(), upper_confidence=upper))
     record: dict[str, Any] = {
-        "pair": pair, "baseline": baseline, "profile_sha256": profile_sha256, "measurement_key": plan.measurement_key(),
-        "pairs": len(next((c.valid_pairs for c in result.cells), [])), "families": families, "problems": problems,
+        "pair": pair,
+        "baseline": baseline,
+        "profile_sha256": profile_sha256,
+        "measurement_key": plan.measurement_key(),
+        "pairs": len(next((c.valid_pairs for c in result.cells), [])),
+        "families": families,
+        "problems": problems,
         "dispersion": _dispersion(result),
         "aa_gates": [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in result.gates],
     }
@@ -67,15 +75,29 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
         for fam in plan.families if g.family == ALL else [g.family]:
             power = g.power if g.power is not None else plan.power
             n = fams.get(fam)
-            need = None if n is None else required_pairs(g.kind, g.threshold, g.design_gain, n["sigma_upper"], power,
-                                                         confidence=plan.confidence)
-            out.append({
-                "kind": g.kind, "family": fam, "threshold": g.threshold, "power_at": g.design_gain, "power": power,
-                "sigma": None if n is None else n["sigma"], "sigma_upper": None if n is None else n["sigma_upper"],
-                "needed_pairs": need, "max_pairs": MAX_PAIRS, "plan_pairs": plan.pairs,
-                "resolvable": need is not None and need <= plan.pairs,
-                "half_width_at_plan": None if n is None else resolution(n["sigma"], plan.pairs, plan.confidence),
-            })
+            need = (
+                None
+                if n is None
+                else required_pairs(
+                    g.kind, g.threshold, g.design_gain, n["sigma_upper"], power, confidence=plan.confidence
+                )
+            )
+            out.append(
+                {
+                    "kind": g.kind,
+                    "family": fam,
+                    "threshold": g.threshold,
+                    "power_at": g.design_gain,
+                    "power": power,
+                    "sigma": None if n is None else n["sigma"],
+                    "sigma_upper": None if n is None else n["sigma_upper"],
+                    "needed_pairs": need,
+                    "max_pairs": MAX_PAIRS,
+                    "plan_pairs": plan.pairs,
+                    "resolvable": need is not None and need <= plan.pairs,
+                    "half_width_at_plan": None if n is None else resolution(n["sigma"], plan.pairs, plan.confidence),
+                }
+            )
     return out
 
 
@@ -88,38 +110,66 @@ def calibration_outcome(cal: dict[str, Any], stopped_early: str | None) -> tuple
         return "inconclusive", f"calibration incomplete: {stopped_early or '; '.join(cal['problems'])}"
     if short:
         return "inconclusive", f"noise floor (sd of per-pair log TG ratio) {floor}; " + refusal_text(short)
-    return "passed", f"noise floor (sd of per-pair log TG ratio) {floor}; every gate resolvable at " \
-                     f"{cal['gates'][0]['plan_pairs'] if cal['gates'] else '?'} pairs (" + \
-        ", ".join(f"{g['kind']}[{g['family']}] needs {g['needed_pairs']}" for g in cal["gates"]) + ")"
+    return (
+        "passed",
+        f"noise floor (sd of per-pair log TG ratio) {floor}; every gate resolvable at "
+        f"{cal['gates'][0]['plan_pairs'] if cal['gates'] else '?'} pairs ("
+        + ", ".join(f"{g['kind']}[{g['family']}] needs {g['needed_pairs']}" for g in cal["gates"])
+        + ")",
+    )
 
 
 def refusal_text(short: list[dict[str, Any]]) -> str:
     return "; ".join(
         f"{g['kind']}[{g['family']}] {100 * g['threshold']:+.2f}% needs "
-        + (f"{g['needed_pairs']} pairs" if g["needed_pairs"] is not None else
-           (f"more than {g['max_pairs']} pairs" if g["sigma"] is not None else "a measured noise"))
+        + (
+            f"{g['needed_pairs']} pairs"
+            if g["needed_pairs"] is not None
+            else (f"more than {g['max_pairs']} pairs" if g["sigma"] is not None else "a measured noise")
+        )
         + f" for power {g['power']} at {100 * g['power_at']:+.2f}%"
-        + ("" if g["sigma"] is None else f" (noise sd {100 * g['sigma']:.2f}%, planned on {100 * g['sigma_upper']:.2f}%)")
+        + (
+            ""
+            if g["sigma"] is None
+            else f" (noise sd {100 * g['sigma']:.2f}%, planned on {100 * g['sigma_upper']:.2f}%)"
+        )
         + f", the plan has {g['plan_pairs']}"
-        for g in short)
+        for g in short
+    )
 
 
-def find_calibration(store: EvidenceStore, *, pair: str, plan: QualifyPlan, profile_sha256: str,
-                     baseline: dict[str, str], ref: str | None = None) -> tuple[str, dict[str, Any]] | None:
+def find_calibration(
+    store: EvidenceStore,
+    *,
+    pair: str,
+    plan: QualifyPlan,
+    profile_sha256: str,
+    baseline: dict[str, str],
+    ref: str | None = None,
+) -> tuple[str, dict[str, Any]] | None:
     """The newest calibration receipt matching this pair, baseline, profile and plan measurement
     (or the one named by `ref`, which must match too)."""
-    want = {"pair": pair, "baseline": baseline, "profile_sha256": profile_sha256, "measurement_key": plan.measurement_key()}
+    want = {
+        "pair": pair,
+        "baseline": baseline,
+        "profile_sha256": profile_sha256,
+        "measurement_key": plan.measurement_key(),
+    }
     if ref is not None:
         sha = store.resolve(ref)
         r = store.load(sha)
         cal = r.extra_fields().get("calibration")
         if not isinstance(cal, dict):
-            raise ConfigError(f"receipt {sha[:16]} is not a calibration (no `calibration` field)",
-                              hint="pass a receipt written by `pairctl qualify --calibrate`")
+            raise ConfigError(
+                f"receipt {sha[:16]} is not a calibration (no `calibration` field)",
+                hint="pass a receipt written by `pairctl qualify --calibrate`",
+            )
         diff = [k for k, v in want.items() if cal.get(k) != v]
         if diff:
-            raise ConfigError(f"calibration {sha[:16]} was measured with a different {', '.join(diff)}",
-                              hint="calibrate this pair, baseline, profile and plan: `pairctl qualify --calibrate ...`")
+            raise ConfigError(
+                f"calibration {sha[:16]} was measured with a different {', '.join(diff)}",
+                hint="calibrate this pair, baseline, profile and plan: `pairctl qualify --calibrate ...`",
+            )
         return sha, cal
     found: tuple[str, dict[str, Any]] | None = None
     for summary in store.summaries(None):  # oldest first: the last match is the newest
@@ -141,18 +191,23 @@ def judge(plan: QualifyPlan, found: tuple[str, dict[str, Any]] | None, *, calibr
         return None
     if found is None:
         if plan.calibration.required:
-            raise ConfigError(f"plan {plan.name} needs an A/A calibration of this pair, baseline, profile and plan "
-                              "measurement, and none is recorded", hint=calibrate_hint)
+            raise ConfigError(
+                f"plan {plan.name} needs an A/A calibration of this pair, baseline, profile and plan "
+                "measurement, and none is recorded",
+                hint=calibrate_hint,
+            )
         return None
     sha, cal = found
     gates = needs(plan, cal)
     noise = {"receipt": sha, "pairs": cal.get("pairs"), "families": cal["families"], "gates": gates}
     short = [g for g in gates if not g["resolvable"]]
     if short:
-        raise Inconclusive(f"plan {plan.name} refused before the first sample: at the noise measured by calibration "
-                           f"{sha[:16]}, " + refusal_text(short),
-                           hint="give the plan more pairs (or more repeats, then calibrate again), widen the gate, "
-                                "or calibrate again on a quieter pair")
+        raise Inconclusive(
+            f"plan {plan.name} refused before the first sample: at the noise measured by calibration "
+            f"{sha[:16]}, " + refusal_text(short),
+            hint="give the plan more pairs (or more repeats, then calibrate again), widen the gate, "
+            "or calibrate again on a quieter pair",
+        )
     return noise
 
 

@@ -52,8 +52,13 @@ def estimate_noise(log_ratios: Sequence[float], *, upper_confidence: float = 0.8
         raise ValueError(f"noise needs at least 2 finite A/A log ratios, got {x.tolist()}")
     df = x.size - 1
     sd = float(x.std(ddof=1))
-    return Noise(sigma=sd, sigma_upper=sd * math.sqrt(df / chi2_quantile(1 - upper_confidence, df)), pairs=int(x.size),
-                 upper_confidence=upper_confidence, mean_log=float(x.mean()))
+    return Noise(
+        sigma=sd,
+        sigma_upper=sd * math.sqrt(df / chi2_quantile(1 - upper_confidence, df)),
+        pairs=int(x.size),
+        upper_confidence=upper_confidence,
+        mean_log=float(x.mean()),
+    )
 
 
 def chi2_quantile(p: float, df: int) -> float:
@@ -64,16 +69,34 @@ def chi2_quantile(p: float, df: int) -> float:
     return max(df * (1 - c + z * math.sqrt(c)) ** 3, 1e-12)
 
 
-def pass_probability(kind: GateKind, threshold: float, true_gain: float, sigma: float, n: int, *,
-                     confidence: float = 0.95, draws: int = POWER_DRAWS, seed: int = POWER_SEED) -> float:
+def pass_probability(
+    kind: GateKind,
+    threshold: float,
+    true_gain: float,
+    sigma: float,
+    n: int,
+    *,
+    confidence: float = 0.95,
+    draws: int = POWER_DRAWS,
+    seed: int = POWER_SEED,
+) -> float:
     """P(the gate passes) for n pairs whose log ratios are N(log(1 + true_gain), sigma^2)."""
     return float(_passes(kind, threshold, true_gain, sigma, n, confidence, _draws(n, draws, seed)).mean())
 
 
-def required_pairs(kind: GateKind, threshold: float, power_at: float, sigma: float, power: float, *,
-                   confidence: float = 0.95, max_pairs: int = MAX_PAIRS) -> int | None:
+def required_pairs(
+    kind: GateKind,
+    threshold: float,
+    power_at: float,
+    sigma: float,
+    power: float,
+    *,
+    confidence: float = 0.95,
+    max_pairs: int = MAX_PAIRS,
+) -> int | None:
     """The fewest pairs (>= 2) at which the gate passes with probability >= `power` when the
     true gain is `power_at`; None when even `max_pairs` are not enough."""
+
     def ok(n: int) -> bool:
         return pass_probability(kind, threshold, power_at, sigma, n, confidence=confidence) >= power
 
@@ -102,8 +125,15 @@ def _draws(n: int, draws: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.standard_normal(draws), rng.chisquare(n - 1, draws)
 
 
-def _passes(kind: GateKind, threshold: float, true_gain: float, sigma: float, n: int, confidence: float,
-            draws: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def _passes(
+    kind: GateKind,
+    threshold: float,
+    true_gain: float,
+    sigma: float,
+    n: int,
+    confidence: float,
+    draws: tuple[np.ndarray, np.ndarray],
+) -> np.ndarray:
     if n < 2:
         return np.zeros(draws[0].size, dtype=bool)
     z, chi2 = draws

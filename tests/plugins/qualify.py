@@ -36,10 +36,24 @@ def lab_calibration(lab, lab_packages: Package, pairctl_home: Path) -> Calibrati
     st = run_pairctl(pairctl_home, "--json", "status", "--pair", PAIR)
     route = (json.loads(st.stdout) if st.stdout.strip() else {}).get("route") or {}
     if route.get("active_packages") != [a, a]:
-        d = run_pairctl(pairctl_home, "--json", "deploy", "--pair", PAIR, "--packages", a, a, "--profile", "lab", "--skip-accept")
+        d = run_pairctl(
+            pairctl_home, "--json", "deploy", "--pair", PAIR, "--packages", a, a, "--profile", "lab", "--skip-accept"
+        )
         assert d.returncode == 0, d.stderr[-3000:]
-    p = run_pairctl(pairctl_home, "--json", "qualify", "--calibrate", "--pair", PAIR, "--baseline", a, a, "--plan", "lab",
-                    timeout=900)
+    p = run_pairctl(
+        pairctl_home,
+        "--json",
+        "qualify",
+        "--calibrate",
+        "--pair",
+        PAIR,
+        "--baseline",
+        a,
+        a,
+        "--plan",
+        "lab",
+        timeout=900,
+    )
     assert p.stdout.strip(), f"calibration printed nothing (exit {p.returncode}): {p.stderr[-3000:]}"
     out = json.loads(p.stdout)
     return Calibration(p.returncode, out["receipt"], out.get("calibration") or {}, out, p.stderr)

@@ -41,7 +41,9 @@ def simulate(kind, threshold, true_gain, sigma, n, *, sims=SIMS, seed=1, method=
         if method == "student-t":
             est = stats.GainEstimate(stats.geometric_gain(r), stats.t_interval(r, confidence=1 - ALPHA), tuple(r))
         else:  # the field report's method deciding, for comparison
-            est = stats.GainEstimate(stats.geometric_gain(r), stats.bootstrap_interval(r, confidence=1 - ALPHA), tuple(r))
+            est = stats.GainEstimate(
+                stats.geometric_gain(r), stats.bootstrap_interval(r, confidence=1 - ALPHA), tuple(r)
+            )
         passes += decide(kind, "f", threshold, est, valid_pairs=n, planned_pairs=n).verdict == "pass"
     return passes / sims
 
@@ -93,8 +95,9 @@ def test_percentile_bootstrap_deciding_would_not_hold_alpha_at_three_pairs():
 # ---- power at the calibrated n ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("sigma,threshold,power_at,target", [(0.03, 0.05, 0.10, 0.8), (0.08, 0.05, 0.30, 0.8),
-                                                               (0.05, 0.0, 0.10, 0.9)])
+@pytest.mark.parametrize(
+    "sigma,threshold,power_at,target", [(0.03, 0.05, 0.10, 0.8), (0.08, 0.05, 0.30, 0.8), (0.05, 0.0, 0.10, 0.9)]
+)
 def test_gain_gate_reaches_its_power_at_the_calibrated_pairs(sigma, threshold, power_at, target):
     n = power.required_pairs("gain", threshold, power_at, sigma, target, confidence=1 - ALPHA)
     assert n is not None and n >= 2
@@ -146,11 +149,28 @@ def _samples(plan, gains_by_pair, sigma_req, rng, base=1000.0):
             for fx in plan.fixtures:
                 for r in range(plan.repeats):
                     tg = base * (gains_by_pair[p] if arm == "candidate" else 1.0) * math.exp(rng.normal(0, sigma_req))
-                    out.append({"pair": p, "arm": arm, "rep": r, "fixture": fx.name, "family": fx.family, "ok": True,
-                                "prompt_sha256": "p" + fx.name, "predicted_n": plan.n_predict, "prompt_n": 200,
-                                "prompt_tokens": 200, "cache_n": 0, "predicted_per_second": tg, "prompt_per_second": 5000.0,
-                                "wall_s": 0.2, "ttft_s": 0.05, "peak_memory_bytes": 1, "draft_n": None,
-                                "draft_n_accepted": None})
+                    out.append(
+                        {
+                            "pair": p,
+                            "arm": arm,
+                            "rep": r,
+                            "fixture": fx.name,
+                            "family": fx.family,
+                            "ok": True,
+                            "prompt_sha256": "p" + fx.name,
+                            "predicted_n": plan.n_predict,
+                            "prompt_n": 200,
+                            "prompt_tokens": 200,
+                            "cache_n": 0,
+                            "predicted_per_second": tg,
+                            "prompt_per_second": 5000.0,
+                            "wall_s": 0.2,
+                            "ttft_s": 0.05,
+                            "peak_memory_bytes": 1,
+                            "draft_n": None,
+                            "draft_n_accepted": None,
+                        }
+                    )
     return out
 
 
@@ -176,7 +196,9 @@ def test_simulated_calibration_then_aa_runs_through_the_real_analysis():
         res = analyze(plan, _samples(plan, [1.0] * plan.pairs, 0.02, rng))
         for g in res.gates:
             verdicts[g.kind].append(g.verdict)
-        excl += sum(1 for c in res.cells if c.family != "combined" and not (c.tg.interval.low <= 0 <= c.tg.interval.high))
+        excl += sum(
+            1 for c in res.cells if c.family != "combined" and not (c.tg.interval.low <= 0 <= c.tg.interval.high)
+        )
     assert verdicts["gain"].count("pass") <= 0.05 * 150
     assert verdicts["non_regression"].count("fail") <= 0.05 * 300
     assert excl <= 0.08 * 300  # ~5% of family intervals exclude zero under pure noise
@@ -185,8 +207,11 @@ def test_simulated_calibration_then_aa_runs_through_the_real_analysis():
 def test_plan_refused_when_noise_cannot_resolve_it_and_when_uncalibrated():
     lab = load_plan("lab").plan
     loud = {"families": {f: {"sigma": 0.4, "sigma_upper": 0.5} for f in ("code", "prose", "combined")}, "pairs": 6}
-    with pytest.raises(Inconclusive, match=r"refused before the first sample: .*non_regression\[code\] -10.00% needs "
-                                           r".* the plan has 4"):
+    with pytest.raises(
+        Inconclusive,
+        match=r"refused before the first sample: .*non_regression\[code\] -10.00% needs "
+        r".* the plan has 4",
+    ):
         judge(lab, ("d" * 64, loud), calibrate_hint="pairctl qualify --calibrate")
     with pytest.raises(ConfigError, match="needs an A/A calibration") as e:
         judge(lab, None, calibrate_hint="pairctl qualify --calibrate --pair lab")
