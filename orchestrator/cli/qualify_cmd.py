@@ -46,12 +46,12 @@ def qualify(
     candidate: Optional[Tuple[str, str]] = typer.Option(None, "--candidate", help="Candidate package ids: NATIVE RPC."),
     plan: Optional[str] = typer.Option(None, "--plan", help="Plan name (manifests/plans) or YAML path."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Route profile; default: the pair's."),
-    candidate_profile: Optional[str] = typer.Option(
+    candidate_profile: str | None = typer.Option(
         None, "--candidate-profile", help="Route profile of the candidate arms only (default: --profile)."),
     calibrate: bool = typer.Option(
-        False, "--calibrate", help="A/A calibration: the baseline in both arms, the plan's calibration pairs; records the "
-                                   "noise floor and the pairs each gate needs (no --candidate)."),
-    calibration: Optional[str] = typer.Option(
+        False, "--calibrate", help="A/A calibration: the baseline in both arms, the plan's calibration pairs; "
+                                   "records the noise floor and the pairs each gate needs (no --candidate)."),
+    calibration: str | None = typer.Option(
         None, "--calibration", help="Calibration receipt to judge the plan by (default: the newest matching one)."),
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
@@ -60,18 +60,24 @@ def qualify(
         return
     c = get_ctx(ctx)
     c.json_output = c.json_output or json_output
-    need = (("--pair", pair), ("--baseline", baseline), ("--plan", plan)) + (() if calibrate else (("--candidate", candidate),))
+    need = [("--pair", pair), ("--baseline", baseline), ("--plan", plan)]
+    if not calibrate:
+        need.append(("--candidate", candidate))
     missing = [n for n, v in need if not v]
     if missing:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
     if calibrate and (candidate or candidate_profile or calibration):
-        raise ConfigError("--calibrate runs the baseline against itself: drop --candidate, --candidate-profile and --calibration",
+        raise ConfigError("--calibrate runs the baseline against itself: drop --candidate, --candidate-profile "
+                          "and --calibration",
                           hint="pairctl qualify --calibrate --pair P --baseline NATIVE RPC --plan PLAN")
     from orchestrator.qualify.command import qualify_pair
 
-    argv = _argv(pair, baseline, candidate, plan, profile) + (["--candidate-profile", candidate_profile] if candidate_profile else []) \
-        + (["--calibrate"] if calibrate else []) + (["--calibration", calibration] if calibration else [])
-    out = qualify_pair(c, pair=pair, baseline=tuple(baseline), candidate=tuple(candidate) if candidate else None, plan_ref=plan,
+    argv = _argv(pair, baseline, candidate, plan, profile)
+    argv += (["--candidate-profile", candidate_profile] if candidate_profile else []) + (["--calibrate"] if calibrate else [])
+    argv += ["--calibration", calibration] if calibration else []
+    assert pair and baseline and plan  # checked above (`missing`)
+    out = qualify_pair(c, pair=pair, baseline=(baseline[0], baseline[1]),
+                       candidate=(candidate[0], candidate[1]) if candidate else None, plan_ref=plan,
                        profile_ref=profile, argv=argv, calibrate=calibrate, calibration_ref=calibration,
                        candidate_profile_ref=candidate_profile)
     _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
@@ -89,7 +95,8 @@ def qualify(
         rec = EvidenceStore(c.home.evidence).load(out.receipt)
         if rec.outcome != "passed":
             raise Inconclusive(f"calibration {out.receipt[:16]}: {rec.reason}",
-                               hint="give the plan the pairs it needs (its calibration stays valid), or widen its gates")
+                               hint="give the plan the pairs it needs (its calibration stays valid), "
+                                    "or widen its gates")
         if not c.json_output:
             c.console.print(f"calibration: {rec.reason}")
         return
@@ -113,7 +120,8 @@ def report(
 
 
 def _argv(pair, baseline, candidate, plan, profile) -> list[str]:
-    argv = ["qualify", "--pair", pair, "--baseline", *baseline, "--candidate", *candidate, "--plan", plan]
+    argv = ["qualify", "--pair", pair, "--baseline", *baseline, *(["--candidate", *candidate] if candidate else []),
+            "--plan", plan]
     return argv + (["--profile", profile] if profile else [])
 
 
@@ -138,8 +146,8 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     from rich.table import Table
 
     t = Table(title=f"qualification {result.verdict.upper()} — plan {result.plan_name}")
-    for col in ("gate", "family", "threshold", "gain", f"{result.deciding_method} interval (decides)", "bootstrap", "pairs",
-                "verdict"):
+    for col in ("gate", "family", "threshold", "gain", f"{result.deciding_method} interval (decides)", "bootstrap",
+                "pairs", "verdict"):
         t.add_column(col)
     for g in result.gates:
         pct = lambda x: "n/a" if x is None else f"{100 * x:+.2f}%"  # noqa: E731

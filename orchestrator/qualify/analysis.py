@@ -35,7 +35,8 @@ from orchestrator.qualify.stats import (
 # Sample fields the runner writes (one dict per measured request); see measure.measure.
 # `rep` is the repeat index (0..repeats-1; absent in receipts from before repeats: 0).
 SAMPLE_FIELDS = (
-    "pair", "arm", "seq", "rep", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native", "package_rpc",
+    "pair", "arm", "seq", "rep", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native",
+    "package_rpc",
     "build_info", "ok", "error", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
     "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n", "stop_type", "wall_s", "ttft_s",
     "peak_memory_bytes", "memory_source",
@@ -198,11 +199,14 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
 _CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
 
 
-def _arm_values(plan: QualifyPlan, reps: dict[tuple[int, str, str], dict[int, dict[str, Any]]],
-                invalid: list[dict[str, Any]]) -> tuple[dict[tuple[int, str, str], dict[str, Any]], list[dict[str, Any]]]:
+ArmKey = tuple[int, str, str]  # (pair, arm, fixture)
+
+
+def _arm_values(plan: QualifyPlan, reps: dict[ArmKey, dict[int, dict[str, Any]]],
+                invalid: list[dict[str, Any]]) -> tuple[dict[ArmKey, dict[str, Any]], list[dict[str, Any]]]:
     """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent
     (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows."""
-    valid: dict[tuple[int, str, str], dict[str, Any]] = {}
+    valid: dict[ArmKey, dict[str, Any]] = {}
     arms: list[dict[str, Any]] = []
     want = set(range(plan.repeats))
     for key, got in sorted(reps.items(), key=lambda kv: tuple(str(x) for x in kv[0])):

@@ -76,7 +76,8 @@ class Gate(StrictModel):
     family: str = Field(default=ALL)
     threshold: float = Field(ge=-1, le=10, description="fraction: 0.05 = 5%, -0.01 = -1%")
     power_at: float | None = Field(default=None, gt=-1, le=10, description="true gain at which the gate must pass")
-    power: float | None = Field(default=None, gt=0, lt=1, description="pass probability at power_at (default: the plan's)")
+    power: float | None = Field(default=None, gt=0, lt=1,
+                                description="pass probability at power_at (default: the plan's)")
 
     @model_validator(mode="after")
     def _check(self) -> "Gate":
@@ -93,7 +94,9 @@ class Gate(StrictModel):
     def design_gain(self) -> float:
         if self.power_at is not None:
             return self.power_at
-        return 2 * self.threshold if self.kind == "gain" and self.threshold > 0 else (0.02 if self.kind == "gain" else 0.0)
+        if self.kind == "gain":
+            return 2 * self.threshold if self.threshold > 0 else 0.02
+        return 0.0
 
 
 class Calibration(StrictModel):
@@ -102,7 +105,8 @@ class Calibration(StrictModel):
 
     pairs: int = Field(default=8, ge=3, le=200, description="A/A pairs measured by --calibrate")
     required: bool = Field(default=True, description="refuse to qualify without a matching calibration")
-    upper_confidence: float = Field(default=0.8, gt=0.5, lt=1, description="pairs are planned on this upper bound of the noise")
+    upper_confidence: float = Field(default=0.8, gt=0.5, lt=1,
+                                    description="pairs are planned on this upper bound of the noise")
 
 
 class Flag(StrictModel):
@@ -120,11 +124,13 @@ class QualifyPlan(StrictModel):
     n_predict: int = Field(ge=1, description="generated tokens per measured request (EOS ignored)")
     pairs: int = Field(ge=2, le=1000, description="baseline/candidate pairs (>= 2: one pair measures no spread)")
     repeats: int = Field(default=1, ge=1, le=50,
-                         description="measured requests per fixture per arm after the warm-up; the arm's value is their median")
+                         description="measured requests per fixture per arm after the warm-up; "
+                                     "the arm's value is their median")
     max_arm_dispersion: float | None = Field(
         default=None, gt=0, le=5,
         description="an arm whose repeats' sd of log TG exceeds this is invalid (its pair counts as missing)")
-    confidence: float = Field(default=0.95, gt=0, lt=1, description="of the deciding Student-t interval and the bootstrap")
+    confidence: float = Field(default=0.95, gt=0, lt=1,
+                              description="of the deciding Student-t interval and the bootstrap")
     power: float = Field(default=0.8, gt=0, lt=1, description="default pass probability of a gate at its power_at")
     calibration: Calibration | None = Field(default=None, description="A/A calibration; absent = none needed")
     order: Literal["alternating"] | list[Arm] = Field(

@@ -141,13 +141,16 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         f"- Deciding interval: **{result.deciding_method}** on the per-pair log TG ratios "
         f"({int(100 * plan.confidence)}%); the exact percentile bootstrap (the field report's method) is shown "
         "beside it and decides nothing",
-        f"- Repeats: {plan.repeats} measured request(s) per fixture per arm after the warm-up, the arm's value their median"
-        + (f"; an arm whose sd of log TG exceeds {plan.max_arm_dispersion} is invalid" if plan.max_arm_dispersion else ""),
+        f"- Repeats: {plan.repeats} measured request(s) per fixture per arm after the warm-up, "
+        "the arm's value their median"
+        + (f"; an arm whose sd of log TG exceeds {plan.max_arm_dispersion} is invalid"
+           if plan.max_arm_dispersion else ""),
         *noise_lines(result),
         "",
         "## Gates (declared before the first sample; only these decide)",
         "",
-        f"| Gate | Family | Threshold | Gain | {result.deciding_method} interval (decides) | Bootstrap interval (not deciding) "
+        f"| Gate | Family | Threshold | Gain | {result.deciding_method} interval (decides) "
+        "| Bootstrap interval (not deciding) "
         "| Valid pairs | Verdict | Why |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -158,7 +161,8 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             f"{g.valid_pairs}/{g.planned_pairs} | **{g.verdict.upper()}** | {g.reason} |"
         )
     lines += ["", "## Generation speed per family (paired, candidate / baseline)", "",
-              "| Family | Baseline median TG | Candidate median TG | Paired geometric gain | Student-t interval (decides) "
+              "| Family | Baseline median TG | Candidate median TG | Paired geometric gain "
+              "| Student-t interval (decides) "
               "| sd of log ratio | Bootstrap interval | Bootstrap method | Valid pairs |",
               "|---|---|---|---|---|---|---|---|---|"]
     for c in result.cells:
@@ -171,7 +175,8 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         lines.append(
             f"| {c.family}{note} | {'n/a' if mb is None else f'{mb:.2f} tok/s'} | {'n/a' if mc is None else f'{mc:.2f} tok/s'} | "
             f"{_pct(c.tg.gain if c.tg else None)} | {_pct(iv.low if iv else None)} to {_pct(iv.high if iv else None)} | "
-            f"{sd} | {_pct(bs.low if bs else None)} to {_pct(bs.high if bs else None)} | {method} | {len(c.valid_pairs)}/{c.planned_pairs} |"
+            f"{sd} | {_pct(bs.low if bs else None)} to {_pct(bs.high if bs else None)} | {method} "
+            f"| {len(c.valid_pairs)}/{c.planned_pairs} |"
         )
     lines += ["", "## Reported, not gated", "",
               "| Family | PP ratio | Peak memory ratio | Client wall ratio | TTFT ratio | Draft acceptance (B / C) |",
@@ -196,7 +201,8 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(plan.pairs)) + " |")
     if record.calibration:
         lines += ["", "## Calibration (A/A: baseline against baseline, every difference is noise)", ""]
-        lines += [f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% (upper {int(100 * v['upper_confidence'])}% "
+        lines += [f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% "
+                  f"(upper {int(100 * v['upper_confidence'])}% "
                   f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
                   for fam, v in record.calibration["families"].items()]
         lines += [f"- problem: {p}" for p in record.calibration.get("problems") or []]
@@ -209,7 +215,8 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     spread = [a["dispersion"] for a in result.arms if a.get("dispersion") is not None]
     if spread:
         lines += ["", "## Within-arm dispersion (sd of log TG over each arm's repeats)", "",
-                  f"- {len(spread)} arm values; median {100 * sorted(spread)[len(spread) // 2]:.2f}%, max {100 * max(spread):.2f}%"
+                  f"- {len(spread)} arm values; median {100 * sorted(spread)[len(spread) // 2]:.2f}%, "
+                  f"max {100 * max(spread):.2f}%"
                   + (f"; bound {100 * plan.max_arm_dispersion:.2f}%" if plan.max_arm_dispersion else "")]
     if result.samples_invalid:
         lines += ["", "## Invalid samples and arms", ""]
@@ -230,8 +237,9 @@ def noise_lines(result: QualifyResult) -> list[str]:
            + ", ".join(f"{fam} sd {100 * v['sigma']:.2f}% (planned on {100 * v['sigma_upper']:.2f}%)"
                        for fam, v in (n.get("families") or {}).items())]
     for g in n.get("gates") or []:
-        out.append(f"  - {g['kind']}[{g['family']}] {_pct(g['threshold'])}: power {g['power']} at {_pct(g['power_at'])} "
-                   f"needs {g['needed_pairs'] if g['needed_pairs'] is not None else 'more than ' + str(g['max_pairs'])} pairs")
+        need = g["needed_pairs"] if g["needed_pairs"] is not None else f"more than {g['max_pairs']}"
+        out.append(f"  - {g['kind']}[{g['family']}] {_pct(g['threshold'])}: power {g['power']} "
+                   f"at {_pct(g['power_at'])} needs {need} pairs")
     return out
 
 
@@ -259,7 +267,8 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
                             label=None if labelled else "paired gain, Student-t interval (decides)")
             if c.tg.bootstrap is not None:
                 lo, hi = 100 * c.tg.bootstrap.low, 100 * c.tg.bootstrap.high
-                ax.errorbar([x + 0.18], [g], yerr=[[g - lo], [hi - g]], fmt="none", color="tab:gray", capsize=3, zorder=4,
+                ax.errorbar([x + 0.18], [g], yerr=[[g - lo], [hi - g]], fmt="none", color="tab:gray", capsize=3,
+                            zorder=4,
                             label=None if labelled else "percentile bootstrap (not deciding)")
             labelled = True
         else:

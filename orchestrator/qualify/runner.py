@@ -124,7 +124,8 @@ def run_qualification(
     plan = loaded.plan
     if calibrate:
         if plan.calibration is None:
-            raise ConfigError(f"plan {plan.name} declares no calibration", hint="add `calibration: {pairs: 8}` to the plan")
+            raise ConfigError(f"plan {plan.name} declares no calibration",
+                              hint="add `calibration: {pairs: 8}` to the plan")
         candidate, candidate_profile = baseline, None
         plan = plan.model_copy(update={"pairs": plan.calibration.pairs})
     hooks = hooks or Hooks()

@@ -57,7 +57,8 @@ def test_calibration_records_the_noise_floor_and_the_pairs_each_gate_needs(lab_c
     for fam in ("code", "prose"):
         n = c["families"][fam]
         assert n["pairs"] == plan.calibration.pairs and 0 < n["sigma"] <= n["sigma_upper"]
-    assert [g["resolvable"] for g in c["gates"]] == [True] * 3 and all(g["needed_pairs"] <= plan.pairs for g in c["gates"])
+    assert [g["resolvable"] for g in c["gates"]] == [True] * 3
+    assert all(g["needed_pairs"] <= plan.pairs for g in c["gates"])
     assert c["measurement_key"] == plan.measurement_key()
     # the A/A run is itself a check: identical code passed no gain gate
     assert [g["verdict"] for g in c["aa_gates"] if g["kind"] == "gain"] != ["pass"]
@@ -70,7 +71,8 @@ def test_calibration_records_the_noise_floor_and_the_pairs_each_gate_needs(lab_c
     assert "# A/A calibration" in md and "sd of per-pair log TG ratio" in md and "| Resolvable |" in md
 
 
-def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_calibration, deployed_lab, lab_packages, cli):
+def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_calibration, deployed_lab, lab_packages,
+                                                                         cli):
     a = lab_packages.manifest.id
     r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a, "--plan", "lab")
     out = json.loads(r.stdout)
@@ -144,8 +146,7 @@ def test_lab_qualification_two_revisions(lab_calibration, deployed_lab, lab, lab
         assert row["peak_memory_bytes"] > 0
     # the arm order alternates and each arm is a fresh, verified deploy with its own receipt
     arms = [s for s in receipt.steps if s.name.startswith("arm-")]
-    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate",
-                                                     "candidate", "baseline"]
+    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline"] * 2
     for s in arms:
         dep = store.load(s.data["identity"]["deploy_receipt"])
         assert dep.command == "deploy" and dep.outcome == "passed"
@@ -169,7 +170,8 @@ def test_lab_qualification_two_revisions(lab_calibration, deployed_lab, lab, lab
     assert st.exit_code == 0 and json.loads(st.stdout)["problems"] == [], st.output
 
 
-def test_failed_final_step_derives_without_remeasuring(lab_calibration, deployed_lab, lab, lab_packages, lab_packages_b, cli):
+def test_failed_final_step_derives_without_remeasuring(lab_calibration, deployed_lab, lab, lab_packages, lab_packages_b,
+                                                       cli):
     a, b = lab_packages.manifest.id, lab_packages_b.manifest.id
     store = EvidenceStore(lab.home.evidence)
     before = _active(lab)
