@@ -116,6 +116,11 @@ def report(
 
     out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
     _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived, "checks": record.checks})
+    if record.calibration is not None:
+        # an A/A run: its gates are the A/A check; its outcome says whether the plan is resolvable
+        if record.outcome != "passed":
+            raise Inconclusive(f"calibration {record.receipt[:16]}: {record.reason}")
+        return
     _exit_for(result)
 
 
