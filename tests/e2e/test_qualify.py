@@ -1,6 +1,6 @@
 """`pairctl qualify` end to end on the lab pair: two packages built by `pairctl build` from two
 revisions (`lab_packages`, `lab_packages_b`), real llama-server + ggml-rpc-server, each arm a
-real deploy, 4 alternating pairs x 2 fixtures x 3 repeats (manifests/plans/lab.yaml), judged by
+real deploy, 6 alternating pairs x 2 fixtures x 3 repeats (manifests/plans/lab.yaml), judged by
 the session's A/A calibration (`lab_calibration`, tests/plugins/qualify.py).
 
 Issue 22's proof on the lab: identical packages through the calibrated plan pass no gain gate
@@ -133,9 +133,9 @@ def test_lab_qualification_two_revisions(lab_calibration, deployed_lab, lab, lab
     receipt = store.load(out["receipt"])
     plan = load_plan("lab")
     assert receipt.extra_fields()["plan_sha256"] == plan.sha256 == receipt.inputs["plan"]
-    # every raw sample: 4 pairs x 2 arms x 2 fixtures x 3 repeats, each naming its packages and fixture hash
+    # every raw sample: 6 pairs x 2 arms x 2 fixtures x 3 repeats, each naming its packages and fixture hash
     rows = [row for name, rs in receipt.samples.items() if name.startswith("arm-") for row in rs]
-    assert len(rows) == 48 and all(row["ok"] for row in rows), rows
+    assert len(rows) == 72 and all(row["ok"] for row in rows), rows
     assert sorted({row["rep"] for row in rows}) == [0, 1, 2]
     fx_sha = {f.name: f.sha256 for f in plan.plan.fixtures}
     for row in rows:
@@ -146,7 +146,7 @@ def test_lab_qualification_two_revisions(lab_calibration, deployed_lab, lab, lab
         assert row["peak_memory_bytes"] > 0
     # the arm order alternates and each arm is a fresh, verified deploy with its own receipt
     arms = [s for s in receipt.steps if s.name.startswith("arm-")]
-    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline"] * 2
+    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline"] * 3
     for s in arms:
         dep = store.load(s.data["identity"]["deploy_receipt"])
         assert dep.command == "deploy" and dep.outcome == "passed"
@@ -203,7 +203,7 @@ def test_failed_final_step_derives_without_remeasuring(lab_calibration, deployed
     after = cli("--json", "lease", "show", PAIR)
     assert [h["state"] for h in json.loads(after.stdout)] == ["free", "free"], after.output
     assert original.step("restore").outcome == "failed"
-    assert len(out.arm_steps) == 8 and all(original.step(s).outcome == "passed" for s in out.arm_steps)
+    assert len(out.arm_steps) == 12 and all(original.step(s).outcome == "passed" for s in out.arm_steps)
     assert _active(lab)["native"] == before["native"]  # the restore itself ran; only the final read "failed"
 
     deploys_before = _deploy_receipts(store)
@@ -214,7 +214,7 @@ def test_failed_final_step_derives_without_remeasuring(lab_calibration, deployed
     rep = cli("--json", "qualify", "report", "--receipt", derived)
     j = json.loads(rep.stdout)
     assert rep.exit_code == EXIT_OF[j["verdict"]], rep.output
-    assert j["derived"] is True and j["origin"] == out.receipt and j["samples_total"] == 48
+    assert j["derived"] is True and j["origin"] == out.receipt and j["samples_total"] == 72
     assert j["gates"] == out.result.to_json()["gates"]  # the same result, from the same raw samples
     assert _deploy_receipts(store) == deploys_before  # nothing was activated or measured again
     assert store.load(out.receipt).outcome == "failed"  # the original is untouched
