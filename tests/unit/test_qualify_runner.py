@@ -348,7 +348,8 @@ def test_noisy_calibration_is_inconclusive_and_refuses_the_plan(tmp_path):
 
 
 def test_qualification_records_the_noise_it_was_judged_by_and_a_candidate_profile(tmp_path):
-    d = ScriptedDriver({"baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1], "candidate": [70.0, 70.5, 69.5, 70.2, 69.9, 70.1]})
+    d = ScriptedDriver({"baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1],
+                        "candidate": [70.0, 70.5, 69.5, 70.2, 69.9, 70.1]})
     noise = {"receipt": "c" * 64, "pairs": 6, "families": {}, "gates": []}
     store, out = _lab_run(tmp_path, d, noise=noise, candidate_profile=load_profile("lab-draft-other"))
     rec = store.load(out.receipt)
