@@ -175,6 +175,13 @@ def summary() -> dict[str, Any]:
             }
             for c in cals
         ],
+        "judged_by": sorted({(r.get("noise") or {}).get("receipt") or "none" for r in aa}),
+        "noise_floor": {
+            f: sorted(
+                {v["sigma"] for r in aa for ff, v in ((r.get("noise") or {}).get("families") or {}).items() if ff == f}
+            )
+            for f in ("code", "prose", "combined")
+        },
         "per_run_sd_log": {f: [c["sd_log"] for _, ff, c in fams if ff == f] for f in sorted({f for _, f, _ in fams})},
         "load_average": [r["load_average"][0] for r in aa],
     }
