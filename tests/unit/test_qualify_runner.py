@@ -317,7 +317,7 @@ def test_calibrate_runs_the_baseline_in_both_arms_and_records_the_noise(tmp_path
     assert [e for e in d.events if isinstance(e, tuple) and e[0] == "activate"] == [("activate", "baseline")] * (2 * n)
     rec = store.load(out.receipt)
     cal = rec.extra_fields()["calibration"]
-    assert rec.outcome == "passed", rec.reason  # about 0.5% noise: every lab gate resolvable at 6 pairs
+    assert rec.outcome == "passed", rec.reason  # about 0.5% noise: every lab gate resolvable at 8 pairs
     assert "noise floor" in rec.reason and cal["measurement_key"] == plan.measurement_key()
     assert 0 < cal["families"]["code"]["sigma"] < 0.02 and all(g["resolvable"] for g in cal["gates"])
     rows = [r for s, rs in rec.samples.items() if s.startswith("arm-") for r in rs]
@@ -340,7 +340,7 @@ def test_noisy_calibration_is_inconclusive_and_refuses_the_plan(tmp_path):
     loud = [100.0, 150.0, 70.0, 130.0, 60.0, 160.0, 90.0, 140.0, 75.0, 125.0, 65.0, 155.0, 80.0, 150.0, 60.0, 140.0]
     store, out = _lab_run(tmp_path, ScriptedDriver({"baseline": loud, "candidate": []}), calibrate=True)
     rec = store.load(out.receipt)
-    assert rec.outcome == "inconclusive" and "needs" in rec.reason and "the plan has 6" in rec.reason
+    assert rec.outcome == "inconclusive" and "needs" in rec.reason and "the plan has 8" in rec.reason
     found = find_calibration(store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")),
                              baseline=BASE.to_dict())
     with pytest.raises(Inconclusive, match="refused before the first sample"):
@@ -348,8 +348,8 @@ def test_noisy_calibration_is_inconclusive_and_refuses_the_plan(tmp_path):
 
 
 def test_qualification_records_the_noise_it_was_judged_by_and_a_candidate_profile(tmp_path):
-    d = ScriptedDriver({"baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1],
-                        "candidate": [70.0, 70.5, 69.5, 70.2, 69.9, 70.1]})
+    d = ScriptedDriver({"baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1, 100.0, 99.8],
+                        "candidate": [40.0, 40.5, 39.5, 40.2, 39.9, 40.1, 40.0, 39.8]})
     noise = {"receipt": "c" * 64, "pairs": 6, "families": {}, "gates": []}
     store, out = _lab_run(tmp_path, d, noise=noise, candidate_profile=load_profile("lab-draft-other"))
     rec = store.load(out.receipt)
