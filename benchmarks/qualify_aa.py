@@ -38,7 +38,15 @@ def _home() -> Path:
     return Path(root)
 
 
+def _plan_sha() -> str:
+    from orchestrator.qualify.plan import load_plan
+
+    return load_plan(PLAN).sha256
+
+
 def _append(row: dict[str, Any]) -> None:
+    """One line per run, naming the plan it ran (the summary counts the current plan's lines)."""
+    row = {**row, "plan_sha256": _plan_sha()}
     LINES.parent.mkdir(parents=True, exist_ok=True)
     with LINES.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row, sort_keys=True) + "\n")
@@ -146,12 +154,16 @@ def _run_row(code: int, out: dict[str, Any] | None, err: str, pkg: str, wall: fl
 
 
 def summary() -> dict[str, Any]:
-    rows = [json.loads(x) for x in LINES.read_text().splitlines() if x.strip()] if LINES.exists() else []
+    every = [json.loads(x) for x in LINES.read_text().splitlines() if x.strip()] if LINES.exists() else []
+    plan = _plan_sha()
+    rows = [r for r in every if r.get("plan_sha256") == plan]
     aa = [r for r in rows if r["kind"] == "aa" and r.get("verdict")]
     cals = [r for r in rows if r["kind"] == "calibration"]
     fams = [(r, f, c) for r in aa for f, c in r["cells"].items() if f != "combined"]
     gates = [g for r in aa for g in r["gates"]]
     out = {
+        "plan_sha256": plan,
+        "lines_of_other_plans": len(every) - len(rows),
         "runs": len(aa),
         "refused_or_errored": len([r for r in rows if r["kind"] == "aa" and not r.get("verdict")]),
         "family_intervals": len(fams),
