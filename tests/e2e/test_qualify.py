@@ -53,15 +53,18 @@ def _deploy_receipts(store: EvidenceStore) -> list[str]:
 
 def test_calibration_records_the_noise_floor_and_the_pairs_each_gate_needs(lab_calibration, lab):
     cal = lab_calibration
-    assert cal.exit_code == 0, (cal.exit_code, cal.stderr[-2000:], cal.output.get("reason"))  # every gate resolvable
     c = cal.calibration
+    # 0: every gate resolvable at the plan's 8 pairs; 9: the noise needs more (named per gate)
+    assert cal.exit_code in (0, 9), (cal.exit_code, cal.stderr[-2000:])
+    assert cal.exit_code == (0 if all(g["resolvable"] for g in c["gates"]) else 9), c["gates"]
     assert set(c["families"]) == {"code", "prose", "combined"}
     plan = load_plan("lab").plan
     for fam in ("code", "prose"):
         n = c["families"][fam]
-        assert n["pairs"] == plan.calibration.pairs and 0 < n["sigma"] <= n["sigma_upper"]
-    assert [g["resolvable"] for g in c["gates"]] == [True] * 3
-    assert all(g["needed_pairs"] <= plan.pairs for g in c["gates"])
+        assert 3 <= n["pairs"] <= plan.calibration.pairs and 0 < n["sigma"] <= n["sigma_upper"]
+    assert len(c["gates"]) == 3 and all(g["needed_pairs"] is None or g["needed_pairs"] >= 2 for g in c["gates"])
+    for g in c["gates"]:
+        assert g["resolvable"] == (g["needed_pairs"] is not None and g["needed_pairs"] <= plan.pairs), g
     assert c["measurement_key"] == plan.measurement_key()
     # the A/A run is itself a check: identical code passed no gain gate
     assert [g["verdict"] for g in c["aa_gates"] if g["kind"] == "gain"] != ["pass"]
@@ -74,10 +77,11 @@ def test_calibration_records_the_noise_floor_and_the_pairs_each_gate_needs(lab_c
     assert "# A/A calibration" in md and "sd of per-pair log TG ratio" in md and "| Resolvable |" in md
 
 
-def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_calibration, deployed_lab, lab_packages,
-                                                                         cli):
+def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_calibration, lab_calibrated_plan,
+                                                                         deployed_lab, lab_packages, cli):
     a = lab_packages.manifest.id
-    r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a, "--plan", "lab")
+    plan = str(lab_calibrated_plan)
+    r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a, "--plan", plan)
     out = json.loads(r.stdout)
     assert out["deciding_method"] == "student-t" and out["noise"]["receipt"] == lab_calibration.receipt
     gates = {(g["kind"], g["family"]): g for g in out["gates"]}
@@ -89,12 +93,12 @@ def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_cal
     assert "Bootstrap interval (not deciding)" in md
 
 
-def test_slowed_candidate_fails_non_regression(lab_calibration, deployed_lab, lab_packages, cli):
+def test_slowed_candidate_fails_non_regression(lab_calibrated_plan, deployed_lab, lab_packages, cli):
     """Same package, candidate profile drafting with the other draft model: every draft is
     rejected, so each generated token costs a target pass plus wasted draft work."""
     a = lab_packages.manifest.id
-    r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a, "--plan", "lab",
-            "--candidate-profile", "lab-draft-other")
+    r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a,
+            "--plan", str(lab_calibrated_plan), "--candidate-profile", "lab-draft-other")
     out = json.loads(r.stdout)
     assert r.exit_code == 1, r.output
     nr = [g for g in out["gates"] if g["kind"] == "non_regression"]
