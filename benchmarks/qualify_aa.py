@@ -12,7 +12,9 @@ runs a chunk of QUALIFY_AA_RUNS qualifications (default 5, about a minute each) 
 JSON line per run to benchmarks/results/qualify_aa.jsonl, so 15 runs can be gathered in chunks
 that each hold the lab lock for a few minutes. Before the first run of a chunk the plan's A/A
 calibration is looked up and, when there is none for this pair/package/profile/plan
-measurement, measured (`pairctl qualify --calibrate`, appended as a `calibration` line).
+measurement, measured (`pairctl qualify --calibrate`, appended as a `calibration` line); the
+runs use the lab plan given the pairs that calibration says its gates need (the "calibrated
+plan", as the e2e tests size it; a `too_noisy` line when that is more than MAX_PAIRS).
 `QUALIFY_AA_SUMMARY_ONLY=1` only recomputes the summary from the lines. The summary (every
 line so far) is what `run()` returns, written by `python -m benchmarks` to
 benchmarks/results/qualify_aa.json. Afterwards the lab is left up (stop it with `pairctl lab down`).
@@ -30,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 LINES = REPO / "benchmarks" / "results" / "qualify_aa.jsonl"
 PAIR = "lab"
 PLAN = os.environ.get("QUALIFY_AA_PLAN", "lab")
+MAX_PAIRS = 16  # as the e2e tests: beyond that the lab is too noisy for the plan's gates
 
 
 def _home() -> Path:
@@ -38,15 +41,16 @@ def _home() -> Path:
     return Path(root)
 
 
-def _plan_sha() -> str:
+def _plan_key() -> str:
+    """The lab plan's measurement key: what a calibration and the sized plans share."""
     from orchestrator.qualify.plan import load_plan
 
-    return load_plan(PLAN).sha256
+    return load_plan(PLAN).plan.measurement_key()
 
 
 def _append(row: dict[str, Any]) -> None:
     """One line per run, naming the plan it ran (the summary counts the current plan's lines)."""
-    row = {**row, "plan_sha256": _plan_sha()}
+    row = {**row, "measurement_key": _plan_key()}
     LINES.parent.mkdir(parents=True, exist_ok=True)
     with LINES.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row, sort_keys=True) + "\n")
@@ -155,14 +159,15 @@ def _run_row(code: int, out: dict[str, Any] | None, err: str, pkg: str, wall: fl
 
 def summary() -> dict[str, Any]:
     every = [json.loads(x) for x in LINES.read_text().splitlines() if x.strip()] if LINES.exists() else []
-    plan = _plan_sha()
-    rows = [r for r in every if r.get("plan_sha256") == plan]
+    plan = _plan_key()
+    rows = [r for r in every if r.get("measurement_key") == plan]
     aa = [r for r in rows if r["kind"] == "aa" and r.get("verdict")]
     cals = [r for r in rows if r["kind"] == "calibration"]
     fams = [(r, f, c) for r in aa for f, c in r["cells"].items() if f != "combined"]
     gates = [g for r in aa for g in r["gates"]]
     out = {
-        "plan_sha256": plan,
+        "measurement_key": plan,
+        "pairs_per_run": sorted({r.get("pairs") for r in aa if r.get("pairs")}),
         "lines_of_other_plans": len(every) - len(rows),
         "runs": len(aa),
         "refused_or_errored": len([r for r in rows if r["kind"] == "aa" and not r.get("verdict")]),
@@ -206,23 +211,70 @@ def summary() -> dict[str, Any]:
     return out
 
 
+def _sized_plan(home: Path, pkg: str, dest: Path) -> tuple[Path | None, str, dict[str, Any] | None]:
+    """The lab plan with the pairs its newest calibration says the gates need (as the e2e tests
+    size it), or None with the reason when the noise needs more than MAX_PAIRS."""
+    import yaml
+
+    from orchestrator.config.profiles import load_profile
+    from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.paths import Home
+    from orchestrator.qualify.calibration import find_calibration, needs, profile_key
+    from orchestrator.qualify.plan import load_plan
+
+    src = load_plan(PLAN)
+    store = EvidenceStore(Home.resolve(str(home)).evidence)
+    found = find_calibration(
+        store,
+        pair=PAIR,
+        plan=src.plan,
+        profile_sha256=profile_key(load_profile("lab")),
+        baseline={"native": pkg, "rpc": pkg},
+    )
+    if found is None:
+        return None, "no calibration", None
+    needed = [g["needed_pairs"] for g in needs(src.plan, found[1])]
+    if any(n is None or n > MAX_PAIRS for n in needed):
+        return None, f"calibration {found[0][:16]}: pairs needed {needed} > {MAX_PAIRS}", found[1]
+    data = yaml.safe_load(src.path.read_text())
+    for f in data["fixtures"]:
+        f["path"] = str(src.fixture_paths[f["name"]])
+    data["pairs"] = max(src.plan.pairs, *needed)
+    dest.write_text(yaml.safe_dump(data, sort_keys=False))
+    return dest, f"calibration {found[0][:16]}: {data['pairs']} pairs", found[1]
+
+
 def run() -> dict[str, Any]:
+    import tempfile
+
     if os.environ.get("QUALIFY_AA_SUMMARY_ONLY"):
         return summary()
     home = _home()
     runs = int(os.environ.get("QUALIFY_AA_RUNS", "5"))
     pkg = _setup(home)
-    base = ("--pair", PAIR, "--baseline", pkg, pkg, "--plan", PLAN)
-    t0 = time.monotonic()
-    code, out, err = _pairctl(home, "qualify", *base, "--candidate", pkg, pkg)
-    if code == 3 and "calibration" in err:  # none recorded for this setup yet: measure it, then qualify
-        c_code, c_out, c_err = _pairctl(home, "qualify", "--calibrate", *base)
-        _append(_calibration_row(c_code, c_out, c_err))
-        t0 = time.monotonic()
-        code, out, err = _pairctl(home, "qualify", *base, "--candidate", pkg, pkg)
-    _append(_run_row(code, out, err, pkg, time.monotonic() - t0))
-    for _ in range(runs - 1):
-        t0 = time.monotonic()
-        code, out, err = _pairctl(home, "qualify", *base, "--candidate", pkg, pkg)
-        _append(_run_row(code, out, err, pkg, time.monotonic() - t0))
+    with tempfile.TemporaryDirectory(prefix="qualify-aa-") as tmp:
+        dest = Path(tmp) / "lab-calibrated.yaml"
+        plan, why, _cal = _sized_plan(home, pkg, dest)
+        if plan is None and why == "no calibration":  # none recorded for this setup yet: measure it
+            c_code, c_out, c_err = _pairctl(
+                home, "qualify", "--calibrate", "--pair", PAIR, "--baseline", pkg, pkg, "--plan", PLAN
+            )
+            _append(_calibration_row(c_code, c_out, c_err))
+            plan, why, _cal = _sized_plan(home, pkg, dest)
+        if plan is None:
+            _append({"kind": "too_noisy", "reason": why, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            return summary()
+        pairs = yaml_pairs(plan)
+        for _ in range(runs):
+            t0 = time.monotonic()
+            code, out, err = _pairctl(
+                home, "qualify", "--pair", PAIR, "--baseline", pkg, pkg, "--candidate", pkg, pkg, "--plan", str(plan)
+            )
+            _append({**_run_row(code, out, err, pkg, time.monotonic() - t0), "pairs": pairs, "sized_by": why})
     return summary()
+
+
+def yaml_pairs(plan: Path) -> int:
+    import yaml
+
+    return int(yaml.safe_load(plan.read_text())["pairs"])
