@@ -35,7 +35,7 @@ from orchestrator.qualify.stats import (
 # Sample fields the runner writes (one dict per measured request); see measure.measure.
 # `rep` is the repeat index (0..repeats-1; absent in receipts from before repeats: 0).
 SAMPLE_FIELDS = (
-    "pair", "arm", "seq", "rep", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native",
+    "pair", "arm", "seq", "rep", "attempt", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native",
     "package_rpc",
     "build_info", "ok", "error", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
     "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n", "stop_type", "wall_s", "ttft_s",
@@ -133,16 +133,17 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
     samples = list(samples)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
     invalid: list[dict[str, Any]] = []
-    reps: dict[tuple[int, str, str], dict[int, dict[str, Any]]] = {}
+    reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
     for s in samples:
         key = (s.get("pair"), s.get("arm"), s.get("fixture"))
-        rep = s.get("rep", 0)
+        rep = (s.get("attempt", 0), s.get("rep", 0))
         problem = sample_problem(s, plan.n_predict)
         got = reps.setdefault(key, {})  # type: ignore[arg-type]
         if rep in got:
             problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
         if problem:
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep, "problem": problem})
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0],
+                            "problem": problem})
             got.setdefault(rep, {"_invalid": True})
         else:
             got[rep] = s
@@ -202,47 +203,60 @@ _CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
 ArmKey = tuple[int, str, str]  # (pair, arm, fixture)
 
 
-def _arm_values(plan: QualifyPlan, reps: dict[ArmKey, dict[int, dict[str, Any]]],
+def _arm_values(plan: QualifyPlan, reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]],
                 invalid: list[dict[str, Any]]) -> tuple[dict[ArmKey, dict[str, Any]], list[dict[str, Any]]]:
     """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent
-    (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows."""
+    (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows.
+    The runner re-measures a fixture whose repeats spread too much (`attempt` 1, 2, ...): the
+    first attempt that is complete and within the bound is used, every attempt stays recorded."""
     valid: dict[ArmKey, dict[str, Any]] = {}
     arms: list[dict[str, Any]] = []
-    want = set(range(plan.repeats))
-    for key, got in sorted(reps.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
-        good = {r: s for r, s in got.items() if not s.get("_invalid")}
-        tg = [good[r]["predicted_per_second"] for r in sorted(good)]
-        centre, spread = robust_centre(tg) if tg else (None, None)
-        row: dict[str, Any] = {"pair": key[0], "arm": key[1], "fixture": key[2], "repeats": len(good),
-                               "median_tg": centre, "dispersion": spread, "valid": False}
-        arms.append(row)
-        if set(good) != want:
-            if not set(got) - set(good):  # not already explained by an invalid sample
-                invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None,
-                                "problem": f"{len(good)} valid of {plan.repeats} planned repeats"})
+    by_attempt: list[tuple[ArmKey, int, dict[int, dict[str, Any]]]] = []
+    for key, all_reps in sorted(reps.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        for attempt in sorted({a for a, _ in all_reps}):
+            by_attempt.append((key, attempt, {r: s for (a, r), s in all_reps.items() if a == attempt}))
+    for key, attempt, got in by_attempt:
+        if key in valid:  # an earlier attempt was usable: later ones are recorded, not used
             continue
-        bound = plan.max_arm_dispersion
-        if bound is not None and spread is not None and spread > bound:
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None,
-                            "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
-                                       f"exceeds the plan's max_arm_dispersion {bound}"})
-            continue
-        rows = [good[r] for r in sorted(good)]
-        merged = dict(rows[0])
-        for k in _CENTRED:
-            merged[k] = float(median(r[k] for r in rows))
-        peaks = [r.get("peak_memory_bytes") for r in rows]
-        nums = [v for v in peaks if isinstance(v, (int, float)) and v > 0]
-        merged["peak_memory_bytes"] = max(nums) if len(nums) == len(peaks) else None
-        for k in ("draft_n", "draft_n_accepted"):
-            merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
-        if len({r.get("prompt_sha256") for r in rows}) != 1:
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None,
-                            "problem": "the repeats of this arm sent different prompts"})
-            continue
-        valid[key] = merged
-        row["valid"] = True
+        _arm_value(plan, key, attempt, got, valid, arms, invalid)
     return valid, arms
+
+
+def _arm_value(plan: QualifyPlan, key: ArmKey, attempt: int, got: dict[int, dict[str, Any]],
+               valid: dict[ArmKey, dict[str, Any]], arms: list[dict[str, Any]], invalid: list[dict[str, Any]]) -> None:
+    want = set(range(plan.repeats))
+    good = {r: s for r, s in got.items() if not s.get("_invalid")}
+    tg = [good[r]["predicted_per_second"] for r in sorted(good)]
+    centre, spread = robust_centre(tg) if tg else (None, None)
+    row: dict[str, Any] = {"pair": key[0], "arm": key[1], "fixture": key[2], "attempt": attempt,
+                           "repeats": len(good), "median_tg": centre, "dispersion": spread, "valid": False}
+    arms.append(row)
+    if set(good) != want:
+        if not set(got) - set(good):  # not already explained by an invalid sample
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
+                            "problem": f"{len(good)} valid of {plan.repeats} planned repeats"})
+        return
+    bound = plan.max_arm_dispersion
+    if bound is not None and spread is not None and spread > bound:
+        invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
+                        "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
+                                   f"exceeds the plan's max_arm_dispersion {bound}"})
+        return
+    rows = [good[r] for r in sorted(good)]
+    merged = dict(rows[0])
+    for k in _CENTRED:
+        merged[k] = float(median(r[k] for r in rows))
+    peaks = [r.get("peak_memory_bytes") for r in rows]
+    nums = [v for v in peaks if isinstance(v, (int, float)) and v > 0]
+    merged["peak_memory_bytes"] = max(nums) if len(nums) == len(peaks) else None
+    for k in ("draft_n", "draft_n_accepted"):
+        merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
+    if len({r.get("prompt_sha256") for r in rows}) != 1:
+        invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
+                        "problem": "the repeats of this arm sent different prompts"})
+        return
+    valid[key] = merged
+    row["valid"] = True
 
 
 def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) -> Cell:

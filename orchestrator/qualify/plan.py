@@ -129,6 +129,9 @@ class QualifyPlan(StrictModel):
     max_arm_dispersion: float | None = Field(
         default=None, gt=0, le=5,
         description="an arm whose repeats' sd of log TG exceeds this is invalid (its pair counts as missing)")
+    arm_retries: int = Field(default=1, ge=0, le=5,
+                             description="re-measure (same activation) a fixture whose repeats spread more than "
+                                         "max_arm_dispersion, up to this many times; every attempt is recorded")
     confidence: float = Field(default=0.95, gt=0, lt=1,
                               description="of the deciding Student-t interval and the bootstrap")
     power: float = Field(default=0.8, gt=0, lt=1, description="default pass probability of a gate at its power_at")

@@ -221,7 +221,8 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     if result.samples_invalid:
         lines += ["", "## Invalid samples and arms", ""]
         lines += [f"- pair {i['pair'] + 1 if isinstance(i['pair'], int) else i['pair']}, {i['arm']}, {i['fixture']}"
-                  + (f", repeat {i['rep'] + 1}" if isinstance(i.get("rep"), int) else "") + f": {i['problem']}"
+                  + (f", repeat {i['rep'] + 1}" if isinstance(i.get("rep"), int) else "")
+                  + (f", attempt {i['attempt'] + 1}" if i.get("attempt") else "") + f": {i['problem']}"
                   for i in result.samples_invalid]
     lines += ["", f"Chart: `{CHART_PNG}` (per-pair ratios, interval, gate lines). Raw samples: the receipt's arm steps "
               f"({', '.join(record.sample_steps) or 'none'}).", ""]

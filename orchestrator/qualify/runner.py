@@ -37,7 +37,8 @@ from orchestrator.log import get_logger
 from orchestrator.qualify.analysis import QualifyResult, analyze
 from orchestrator.qualify.calibration import calibration_of, calibration_outcome, profile_key
 from orchestrator.qualify.measure import MemoryProbe, Prompt, measure, prompts_for, request_params, warmup
-from orchestrator.qualify.plan import Arm, LoadedPlan
+from orchestrator.qualify.plan import Arm, LoadedPlan, QualifyPlan
+from orchestrator.qualify.stats import robust_centre
 
 ARM_STEP_PREFIX = "arm-"
 
@@ -189,6 +190,18 @@ def run_qualification(
                             # spreads over every fixture alike.
                             rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
                                             base={**base, "rep": r}) for r in range(plan.repeats) for pr in prompts]
+                            # A fixture whose repeats spread more than the plan allows is measured
+                            # again (attempt 1, 2, ...); the analysis uses the first attempt within
+                            # the bound, and every attempt stays in the receipt.
+                            for attempt in range(1, plan.arm_retries + 1):
+                                redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
+                                if not redo:
+                                    break
+                                log.info("arm dispersion above the bound; measuring again", step=name, attempt=attempt,
+                                         fixtures=[pr.fixture for pr in redo])
+                                rows += [measure(active.client, pr, n_predict=plan.n_predict, params=params,
+                                                 memory=active.memory, base={**base, "rep": r, "attempt": attempt})
+                                         for r in range(plan.repeats) for pr in redo]
                         finally:
                             close = getattr(active.client, "close", None)
                             if close:
@@ -239,6 +252,16 @@ def run_qualification(
         receipt = journal.finish(outcome, reason)
     report_dir = write_report(receipt) if write_report is not None else None
     return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir, stop_error)
+
+
+def _too_spread(plan: QualifyPlan, rows: list[dict[str, Any]], fixture: str, attempt: int) -> bool:
+    """Whether this fixture's repeats of `attempt` spread more than the plan's bound."""
+    if plan.max_arm_dispersion is None:
+        return False
+    tg = [r["predicted_per_second"] for r in rows if r["fixture"] == fixture and r.get("attempt", 0) == attempt
+          and r.get("ok") and isinstance(r.get("predicted_per_second"), (int, float)) and r["predicted_per_second"] > 0]
+    spread = robust_centre(tg)[1] if len(tg) >= 2 else None
+    return spread is not None and spread > plan.max_arm_dispersion
 
 
 def _outcome(result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None) -> tuple[str, str]:

@@ -86,7 +86,8 @@ def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_cal
     assert out["deciding_method"] == "student-t" and out["noise"]["receipt"] == lab_calibration.receipt
     gates = {(g["kind"], g["family"]): g for g in out["gates"]}
     assert gates[("gain", "code")]["verdict"] != "pass", gates
-    assert [g["verdict"] for k, g in gates.items() if k[0] == "non_regression"] == ["pass", "pass"], gates
+    # never a failed non-regression gate (inconclusive only if an arm stayed too spread after its re-run)
+    assert "fail" not in [g["verdict"] for k, g in gates.items() if k[0] == "non_regression"], gates
     assert r.exit_code in (1, 9), r.output  # the gain gate fails (or is inconclusive): never a pass for A/A
     md = Path(out["report"], "report.md").read_text()
     assert "Deciding interval: **student-t**" in md and "Noise floor (A/A calibration" in md

@@ -233,3 +233,18 @@ def test_dispersed_arm_is_invalid_and_its_pair_missing():
     assert {g.verdict for g in res.gates if g.family == "code"} == {"inconclusive"}
     arm = next(a for a in res.arms if (a["pair"], a["arm"], a["fixture"]) == (1, "candidate", "code"))
     assert arm["dispersion"] > lab.max_arm_dispersion and arm["valid"] is False and arm["repeats"] == 3
+
+
+def test_dispersed_arm_measured_again_uses_the_first_attempt_within_the_bound():
+    lab = load_plan("lab").plan
+    rng = np.random.default_rng(1)
+    s = _samples(lab, [1.0] * lab.pairs, 0.01, rng)
+    arm = [x for x in s if x["pair"] == 1 and x["arm"] == "candidate" and x["fixture"] == "code"]
+    arm[2]["predicted_per_second"] *= 4.0  # attempt 0 spreads too much ...
+    s += [{**x, "attempt": 1, "predicted_per_second": 1000.0 * (1 + 0.001 * x["rep"])} for x in arm]  # ... attempt 1 not
+    res = analyze(lab, s)
+    cells = {c.family: c for c in res.cells}
+    assert 1 in cells["code"].valid_pairs
+    assert [i["attempt"] for i in res.samples_invalid if "max_arm_dispersion" in i["problem"]] == [0]
+    attempts = [a for a in res.arms if (a["pair"], a["arm"], a["fixture"]) == (1, "candidate", "code")]
+    assert [(a["attempt"], a["valid"]) for a in attempts] == [(0, False), (1, True)]
