@@ -141,7 +141,8 @@ def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_pa
     receipt = store.load(out["receipt"])
     plan = load_plan(SMALL_PLAN)
     assert receipt.extra_fields()["plan_sha256"] == plan.sha256 == receipt.inputs["plan"]
-    # every raw sample: 3 pairs x 2 arms x 2 fixtures (the small plan: 1 repeat), each naming its packages and fixture hash
+    # every raw sample: 3 pairs x 2 arms x 2 fixtures (the small plan: 1 repeat), each naming its packages
+    # and fixture hash
     rows = [row for name, rs in receipt.samples.items() if name.startswith("arm-") for row in rs]
     assert len(rows) == 12 and all(row["ok"] for row in rows), rows
     assert sorted({row["rep"] for row in rows}) == [0]
@@ -154,7 +155,8 @@ def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_pa
         assert row["peak_memory_bytes"] > 0
     # the arm order alternates and each arm is a fresh, verified deploy with its own receipt
     arms = [s for s in receipt.steps if s.name.startswith("arm-")]
-    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline", "baseline", "candidate"]
+    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline", "baseline",
+                                                     "candidate"]
     for s in arms:
         dep = store.load(s.data["identity"]["deploy_receipt"])
         assert dep.command == "deploy" and dep.outcome == "passed"
