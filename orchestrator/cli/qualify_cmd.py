@@ -1,7 +1,10 @@
-"""`pairctl qualify --pair P --baseline N R --candidate N R --plan PLAN` and `pairctl qualify report`.
+"""`pairctl qualify --pair P --baseline N R --candidate N R --plan PLAN`, `pairctl qualify --calibrate`
+and `pairctl qualify report`.
 
-Exit codes: 0 every gate passed; 1 a gate failed; 9 inconclusive (fewer valid pairs than
-planned); 8 the pair could not be restored after the measurements (the receipt is failed, the
+Exit codes: 0 every gate passed (a calibration: every gate resolvable at the plan's pairs);
+1 a gate failed; 3 no calibration where the plan needs one; 9 inconclusive (fewer valid pairs
+than planned, or the plan refused before the first sample because a gate cannot reach its power
+at the calibrated noise); 8 the pair could not be restored after the measurements (the receipt is failed, the
 samples are kept: derive a record and run `qualify report` on it), or an arm's rollback failed
 (nothing restored onto it, leases kept); 5 the pair stayed leased by another run.
 """
@@ -15,16 +18,21 @@ import typer
 
 from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
+from orchestrator.evidence.store import EvidenceStore
 from orchestrator.qualify.analysis import QualifyResult
 
 app = typer.Typer(
-    help="Paired baseline/candidate TG qualification with bootstrap intervals and declared gates.\n\n"
+    help="Paired baseline/candidate TG qualification: declared gates decided by a Student-t interval on the "
+         "per-pair log ratios (the exact percentile bootstrap is reported beside it), judged by an A/A "
+         "calibration (`--calibrate`) of the pair's noise.\n\n"
          "The pair's two leases are held from the snapshot of what runs until it is restored (every arm's "
          "deploy renews them), so nothing else changes the pair between arms; a pair leased by another run "
          "is waited for up to 5 minutes, then refused (exit 5).\n\n"
-         "Exit codes: 0 every gate passed; 1 a gate failed; 3 a fixture does not fit the profile; 5 the pair "
+         "Exit codes: 0 every gate passed; 1 a gate failed; 3 a fixture does not fit the profile, or no calibration "
+         "where the plan needs one; 5 the pair "
          "stayed leased; 6 a package is missing; 8 the pair was not restored (the samples are kept: "
-         "`receipts derive` then `qualify report`); 9 inconclusive.",
+         "`receipts derive` then `qualify report`); 9 inconclusive (missing pairs, or refused before the first sample: "
+         "a gate cannot reach its declared power at the calibrated noise).",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -38,6 +46,13 @@ def qualify(
     candidate: Optional[Tuple[str, str]] = typer.Option(None, "--candidate", help="Candidate package ids: NATIVE RPC."),
     plan: Optional[str] = typer.Option(None, "--plan", help="Plan name (manifests/plans) or YAML path."),
     profile: Optional[str] = typer.Option(None, "--profile", help="Route profile; default: the pair's."),
+    candidate_profile: str | None = typer.Option(
+        None, "--candidate-profile", help="Route profile of the candidate arms only (default: --profile)."),
+    calibrate: bool = typer.Option(
+        False, "--calibrate", help="A/A calibration: the baseline in both arms, the plan's calibration pairs; "
+                                   "records the noise floor and the pairs each gate needs (no --candidate)."),
+    calibration: str | None = typer.Option(
+        None, "--calibration", help="Calibration receipt to judge the plan by (default: the newest matching one)."),
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
 ) -> None:
     """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
@@ -45,14 +60,26 @@ def qualify(
         return
     c = get_ctx(ctx)
     c.json_output = c.json_output or json_output
-    missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
+    need = [("--pair", pair), ("--baseline", baseline), ("--plan", plan)]
+    if not calibrate:
+        need.append(("--candidate", candidate))
+    missing = [n for n, v in need if not v]
     if missing:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
-    assert pair and baseline and candidate and plan  # all four checked just above
+    if calibrate and (candidate or candidate_profile or calibration):
+        raise ConfigError("--calibrate runs the baseline against itself: drop --candidate, --candidate-profile "
+                          "and --calibration",
+                          hint="pairctl qualify --calibrate --pair P --baseline NATIVE RPC --plan PLAN")
     from orchestrator.qualify.command import qualify_pair
 
-    out = qualify_pair(c, pair=pair, baseline=baseline, candidate=candidate, plan_ref=plan, profile_ref=profile,
-                       argv=_argv(pair, baseline, candidate, plan, profile))
+    argv = _argv(pair, baseline, candidate, plan, profile)
+    argv += (["--candidate-profile", candidate_profile] if candidate_profile else []) + (["--calibrate"] if calibrate else [])
+    argv += ["--calibration", calibration] if calibration else []
+    assert pair and baseline and plan  # checked above (`missing`)
+    out = qualify_pair(c, pair=pair, baseline=(baseline[0], baseline[1]),
+                       candidate=(candidate[0], candidate[1]) if candidate else None, plan_ref=plan,
+                       profile_ref=profile, argv=argv, calibrate=calibrate, calibration_ref=calibration,
+                       candidate_profile_ref=candidate_profile)
     _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
     if not out.restored:
         from orchestrator.errors import RollbackFailed
@@ -64,6 +91,15 @@ def qualify(
         )
     if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
         raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
+    if calibrate:
+        rec = EvidenceStore(c.home.evidence).load(out.receipt)
+        if rec.outcome != "passed":
+            raise Inconclusive(f"calibration {out.receipt[:16]}: {rec.reason}",
+                               hint="give the plan the pairs it needs (its calibration stays valid), "
+                                    "or widen its gates")
+        if not c.json_output:
+            c.console.print(f"calibration: {rec.reason}")
+        return
     _exit_for(out.result)
 
 
@@ -76,16 +112,21 @@ def report(
     """Recompute the result from a receipt (following a derived record's references) and write the report."""
     c = get_ctx(ctx)
     c.json_output = c.json_output or json_output
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report
 
     out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
     _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived, "checks": record.checks})
+    if record.calibration is not None:
+        # an A/A run: its gates are the A/A check; its outcome says whether the plan is resolvable
+        if record.outcome != "passed":
+            raise Inconclusive(f"calibration {record.receipt[:16]}: {record.reason}")
+        return
     _exit_for(result)
 
 
 def _argv(pair, baseline, candidate, plan, profile) -> list[str]:
-    argv = ["qualify", "--pair", pair, "--baseline", *baseline, "--candidate", *candidate, "--plan", plan]
+    argv = ["qualify", "--pair", pair, "--baseline", *baseline, *(["--candidate", *candidate] if candidate else []),
+            "--plan", plan]
     return argv + (["--profile", profile] if profile else [])
 
 
@@ -100,17 +141,23 @@ def _exit_for(result: QualifyResult) -> None:
 
 def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, extra: dict) -> None:
     if c.json_output:
-        c.emit_json({"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()})
+        payload = {"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()}
+        if report_dir is not None:
+            rec = EvidenceStore(c.home.evidence).load(receipt)
+            payload["outcome"], payload["reason"] = rec.outcome, rec.reason
+            payload["calibration"] = rec.extra_fields().get("calibration")
+        c.emit_json(payload)
         return
     from rich.table import Table
 
     t = Table(title=f"qualification {result.verdict.upper()} — plan {result.plan_name}")
-    for col in ("gate", "family", "threshold", "gain", "95% interval", "pairs", "verdict"):
+    for col in ("gate", "family", "threshold", "gain", f"{result.deciding_method} interval (decides)", "bootstrap",
+                "pairs", "verdict"):
         t.add_column(col)
     for g in result.gates:
         pct = lambda x: "n/a" if x is None else f"{100 * x:+.2f}%"  # noqa: E731
         t.add_row(g.kind, g.family, pct(g.threshold), pct(g.gain), f"{pct(g.low)} .. {pct(g.high)}",
-                  f"{g.valid_pairs}/{g.planned_pairs}", g.verdict)
+                  f"{pct(g.bootstrap_low)} .. {pct(g.bootstrap_high)}", f"{g.valid_pairs}/{g.planned_pairs}", g.verdict)
     c.console.print(t)
     c.console.print(f"receipt: {receipt}")
     if report_dir:

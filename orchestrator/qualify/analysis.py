@@ -3,9 +3,13 @@
 Pure: it takes the plan and the sample dicts exactly as the receipt stores them, so the result
 can be recomputed from any receipt (original or derived) without touching a host.
 
+An *arm value* is, per fixture, the median of the arm's `repeats` measured requests (all of
+them must be valid); its dispersion (sd of log TG over the repeats) is recorded, and an arm
+above the plan's `max_arm_dispersion` is invalid: its pair counts as missing, never used.
+
 A *cell* is one family (or `combined`). For each pair, a family's ratio is the geometric mean
-over that family's fixtures of candidate/baseline; a pair counts for a cell only when every
-sample it needs is valid in both arms.
+over that family's fixtures of candidate/baseline arm values; a pair counts for a cell only
+when every arm value it needs is valid in both arms.
 """
 
 from __future__ import annotations
@@ -17,11 +21,22 @@ from typing import Any, Iterable
 
 from orchestrator.qualify.gates import GateVerdict, decide, overall
 from orchestrator.qualify.plan import ALL, COMBINED, QualifyPlan
-from orchestrator.qualify.stats import GainEstimate, acceptance_rate, at_least, combine_families, estimate_gain, geomean
+from orchestrator.qualify.stats import (
+    DECIDING_METHOD,
+    GainEstimate,
+    acceptance_rate,
+    at_least,
+    combine_families,
+    estimate_gain,
+    geomean,
+    robust_centre,
+)
 
-# Sample fields the runner writes (one dict per measured request); see runner.measure_fixture.
+# Sample fields the runner writes (one dict per measured request); see measure.measure.
+# `rep` is the repeat index (0..repeats-1; absent in receipts from before repeats: 0).
 SAMPLE_FIELDS = (
-    "pair", "arm", "seq", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native", "package_rpc",
+    "pair", "arm", "seq", "rep", "attempt", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native",
+    "package_rpc",
     "build_info", "ok", "error", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
     "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n", "stop_type", "wall_s", "ttft_s",
     "peak_memory_bytes", "memory_source",
@@ -83,12 +98,17 @@ class QualifyResult:
     samples_invalid: list[dict[str, Any]]
     plan_name: str
     plan_sha256: str | None = None
+    arms: list[dict[str, Any]] = field(default_factory=list)  # per pair/arm/fixture: repeats, median, dispersion
+    deciding_method: str = DECIDING_METHOD
+    noise: dict[str, Any] | None = None  # the calibration the run was judged by (set by the runner)
 
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
             d = asdict(c)
             d["tg"] = None if c.tg is None else {
-                "gain": c.tg.gain, "ratios": list(c.tg.ratios), "interval": asdict(c.tg.interval),
+                "gain": c.tg.gain, "ratios": list(c.tg.ratios),
+                "interval": None if c.tg.interval is None else asdict(c.tg.interval),
+                "bootstrap": None if c.tg.bootstrap is None else asdict(c.tg.bootstrap),
             }
             d["valid_pair_count"] = len(c.valid_pairs)
             return d
@@ -102,25 +122,32 @@ class QualifyResult:
             "cells": [cell(c) for c in self.cells],
             "samples_total": self.samples_total,
             "samples_invalid": self.samples_invalid,
+            "arms": self.arms,
+            "deciding_method": self.deciding_method,
+            "noise": self.noise,
         }
 
 
-def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None) -> QualifyResult:
+def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None,
+            noise: dict[str, Any] | None = None) -> QualifyResult:
     samples = list(samples)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
-    valid: dict[tuple[int, str, str], dict[str, Any]] = {}
     invalid: list[dict[str, Any]] = []
-    seen: set[tuple[int, str, str]] = set()
+    reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
     for s in samples:
         key = (s.get("pair"), s.get("arm"), s.get("fixture"))
+        rep = (s.get("attempt", 0), s.get("rep", 0))
         problem = sample_problem(s, plan.n_predict)
-        if key in seen:
-            problem = problem or "duplicate sample for this pair, arm and fixture"
-        seen.add(key)  # type: ignore[arg-type]
+        got = reps.setdefault(key, {})  # type: ignore[arg-type]
+        if rep in got:
+            problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
         if problem:
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "problem": problem})
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0],
+                            "problem": problem})
+            got.setdefault(rep, {"_invalid": True})
         else:
-            valid[key] = s  # type: ignore[index]
+            got[rep] = s
+    valid, arms = _arm_values(plan, reps, invalid)
     # Identity: both arms must have measured the same prompt (same tokens), or the pair is not comparable.
     for (p, arm, fx), s in list(valid.items()):
         other = valid.get((p, "candidate" if arm == "baseline" else "baseline", fx))
@@ -136,7 +163,7 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
         g = geomean(r)
         return 1.0 / g if invert else g
 
-    boot = dict(confidence=plan.bootstrap.confidence, exact_limit=plan.bootstrap.exact_limit,
+    boot = dict(confidence=plan.confidence, exact_limit=plan.bootstrap.exact_limit,
                 resamples=plan.bootstrap.resamples, seed=plan.bootstrap.seed)
     cells: list[Cell] = []
     for fam in plan.families:
@@ -165,8 +192,71 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
 
     return QualifyResult(
         verdict=overall(gates), gates=gates, flags=flags, cells=cells, samples_total=len(samples),
-        samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256,
+        samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256, arms=arms,
+        noise=noise,
     )
+
+
+_CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
+
+
+ArmKey = tuple[int, str, str]  # (pair, arm, fixture)
+
+
+def _arm_values(plan: QualifyPlan, reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]],
+                invalid: list[dict[str, Any]]) -> tuple[dict[ArmKey, dict[str, Any]], list[dict[str, Any]]]:
+    """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent
+    (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows.
+    The runner re-measures a fixture whose repeats spread too much (`attempt` 1, 2, ...): the
+    first attempt that is complete and within the bound is used, every attempt stays recorded."""
+    valid: dict[ArmKey, dict[str, Any]] = {}
+    arms: list[dict[str, Any]] = []
+    by_attempt: list[tuple[ArmKey, int, dict[int, dict[str, Any]]]] = []
+    for key, all_reps in sorted(reps.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        for attempt in sorted({a for a, _ in all_reps}):
+            by_attempt.append((key, attempt, {r: s for (a, r), s in all_reps.items() if a == attempt}))
+    for key, attempt, got in by_attempt:
+        if key in valid:  # an earlier attempt was usable: later ones are recorded, not used
+            continue
+        _arm_value(plan, key, attempt, got, valid, arms, invalid)
+    return valid, arms
+
+
+def _arm_value(plan: QualifyPlan, key: ArmKey, attempt: int, got: dict[int, dict[str, Any]],
+               valid: dict[ArmKey, dict[str, Any]], arms: list[dict[str, Any]], invalid: list[dict[str, Any]]) -> None:
+    want = set(range(plan.repeats))
+    good = {r: s for r, s in got.items() if not s.get("_invalid")}
+    tg = [good[r]["predicted_per_second"] for r in sorted(good)]
+    centre, spread = robust_centre(tg) if tg else (None, None)
+    row: dict[str, Any] = {"pair": key[0], "arm": key[1], "fixture": key[2], "attempt": attempt,
+                           "repeats": len(good), "median_tg": centre, "dispersion": spread, "valid": False}
+    arms.append(row)
+    if set(good) != want:
+        if not set(got) - set(good):  # not already explained by an invalid sample
+            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
+                            "problem": f"{len(good)} valid of {plan.repeats} planned repeats"})
+        return
+    bound = plan.max_arm_dispersion
+    if bound is not None and spread is not None and spread > bound:
+        invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
+                        "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
+                                   f"exceeds the plan's max_arm_dispersion {bound}"})
+        return
+    rows = [good[r] for r in sorted(good)]
+    merged = dict(rows[0])
+    for k in _CENTRED:
+        merged[k] = float(median(r[k] for r in rows))
+    peaks = [r.get("peak_memory_bytes") for r in rows]
+    nums = [v for v in peaks if isinstance(v, (int, float)) and v > 0]
+    merged["peak_memory_bytes"] = max(nums) if len(nums) == len(peaks) else None
+    for k in ("draft_n", "draft_n_accepted"):
+        merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
+    if len({r.get("prompt_sha256") for r in rows}) != 1:
+        invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
+                        "problem": "the repeats of this arm sent different prompts"})
+        return
+    valid[key] = merged
+    row["valid"] = True
 
 
 def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) -> Cell:

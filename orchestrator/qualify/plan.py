@@ -18,7 +18,7 @@ from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model, manifest_path, validate
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
-from orchestrator.hashing import sha256_bytes, sha256_file
+from orchestrator.hashing import sha256_bytes, sha256_file, sha256_json
 from orchestrator.paths import MANIFESTS
 
 ALL = "*"  # a gate or flag on every family
@@ -54,7 +54,8 @@ class Warmup(StrictModel):
 
 
 class Bootstrap(StrictModel):
-    confidence: float = Field(default=0.95, gt=0, lt=1)
+    """The percentile bootstrap reported beside the deciding Student-t interval (never deciding)."""
+
     exact_limit: int = Field(default=100_000, ge=1, description="enumerate all n**n resamples up to this many")
     resamples: int = Field(default=20_000, ge=1000, description="seeded resamples when n**n is larger")
     seed: int = Field(default=0, ge=0)
@@ -63,13 +64,20 @@ class Bootstrap(StrictModel):
 class Gate(StrictModel):
     """A declared decision on one family ('*' = each family, 'combined' = the combined result).
 
-    gain: paired geometric gain >= threshold AND interval lower bound > 0.
-    non_regression: interval lower bound >= threshold (e.g. -0.01).
+    gain: paired geometric gain >= threshold AND the Student-t interval's lower bound > 0.
+    non_regression: the Student-t interval's lower bound >= threshold (e.g. -0.01).
+
+    Power: the gate must pass with probability `power` (default: the plan's) when the true gain
+    is `power_at` (default: twice the threshold for a gain gate, 0 for non_regression: identical
+    code must pass). Calibration turns that into the pairs the gate needs at the measured noise.
     """
 
     kind: Literal["gain", "non_regression"]
     family: str = Field(default=ALL)
     threshold: float = Field(ge=-1, le=10, description="fraction: 0.05 = 5%, -0.01 = -1%")
+    power_at: float | None = Field(default=None, gt=-1, le=10, description="true gain at which the gate must pass")
+    power: float | None = Field(default=None, gt=0, lt=1,
+                                description="pass probability at power_at (default: the plan's)")
 
     @model_validator(mode="after")
     def _check(self) -> "Gate":
@@ -77,7 +85,28 @@ class Gate(StrictModel):
             raise ValueError("a gain gate needs a threshold >= 0 (use non_regression for a floor below parity)")
         if self.kind == "non_regression" and self.threshold > 0:
             raise ValueError("a non_regression threshold is a floor at or below 0 (e.g. -0.01)")
+        if self.power_at is not None and self.power_at <= self.threshold:
+            raise ValueError(f"power_at {self.power_at} must be above the threshold {self.threshold}: "
+                             "a gate cannot be required to pass where it is meant to fail")
         return self
+
+    @property
+    def design_gain(self) -> float:
+        if self.power_at is not None:
+            return self.power_at
+        if self.kind == "gain":
+            return 2 * self.threshold if self.threshold > 0 else 0.02
+        return 0.0
+
+
+class Calibration(StrictModel):
+    """The A/A calibration a plan is judged by (`pairctl qualify --calibrate`): baseline against
+    baseline, `pairs` pairs of fresh activations, same fixtures, repeats and tokens as the plan."""
+
+    pairs: int = Field(default=8, ge=3, le=200, description="A/A pairs measured by --calibrate")
+    required: bool = Field(default=True, description="refuse to qualify without a matching calibration")
+    upper_confidence: float = Field(default=0.8, gt=0.5, lt=1,
+                                    description="pairs are planned on this upper bound of the noise")
 
 
 class Flag(StrictModel):
@@ -93,7 +122,20 @@ class QualifyPlan(StrictModel):
     description: str = ""
     fixtures: list[Fixture] = Field(min_length=1)
     n_predict: int = Field(ge=1, description="generated tokens per measured request (EOS ignored)")
-    pairs: int = Field(ge=1, le=1000, description="baseline/candidate pairs")
+    pairs: int = Field(ge=2, le=1000, description="baseline/candidate pairs (>= 2: one pair measures no spread)")
+    repeats: int = Field(default=1, ge=1, le=50,
+                         description="measured requests per fixture per arm after the warm-up; "
+                                     "the arm's value is their median")
+    max_arm_dispersion: float | None = Field(
+        default=None, gt=0, le=5,
+        description="an arm whose repeats' sd of log TG exceeds this is invalid (its pair counts as missing)")
+    arm_retries: int = Field(default=1, ge=0, le=5,
+                             description="re-measure (same activation) a fixture whose repeats spread more than "
+                                         "max_arm_dispersion, up to this many times; every attempt is recorded")
+    confidence: float = Field(default=0.95, gt=0, lt=1,
+                              description="of the deciding Student-t interval and the bootstrap")
+    power: float = Field(default=0.8, gt=0, lt=1, description="default pass probability of a gate at its power_at")
+    calibration: Calibration | None = Field(default=None, description="A/A calibration; absent = none needed")
     order: Literal["alternating"] | list[Arm] = Field(
         default="alternating",
         description="'alternating' = B C C B B C ... (each pair reverses the previous), or an explicit list of arms",
@@ -133,6 +175,8 @@ class QualifyPlan(StrictModel):
         for g in judged:
             if g.family not in fams | {ALL, COMBINED}:
                 raise ValueError(f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})")
+        if self.max_arm_dispersion is not None and self.repeats < 2:
+            raise ValueError("max_arm_dispersion needs repeats >= 2 (one request per arm measures no spread)")
         if isinstance(self.order, list):
             if len(self.order) != 2 * self.pairs:
                 raise ValueError(f"an explicit order lists 2 x pairs = {2 * self.pairs} arms, got {len(self.order)}")
@@ -159,6 +203,17 @@ class QualifyPlan(StrictModel):
             arms: tuple[Arm, Arm] = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
             out += [(i, arms[0]), (i, arms[1])]
         return out
+
+    def measurement_key(self) -> str:
+        """What a calibration must share with the plan that uses it: the measurement itself
+        (fixtures, tokens, repeats, warm-up, sampling, order), not the gates or the pair count,
+        so a plan may be given more pairs after its calibration says how many it needs."""
+        return sha256_json({
+            "fixtures": [[f.name, f.family, f.sha256, f.tokens] for f in self.fixtures], "n_predict": self.n_predict,
+            "repeats": self.repeats, "warmup": self.warmup.model_dump(mode="json"), "temperature": self.temperature,
+            "seed": self.seed, "active_slots": self.active_slots,
+            "order": "alternating" if self.order == "alternating" else "explicit",
+        })
 
     def check_fits(self, profile: RouteProfile) -> None:
         """Every fixture's declared tokens + n_predict must fit one slot of the profile."""
@@ -188,7 +243,6 @@ class LoadedPlan:
         fx = next(f for f in self.plan.fixtures if f.name == name)
         p = self.fixture_paths[name]
         data = p.read_bytes()
-
         if sha256_bytes(data) != fx.sha256:
             raise ConfigError(f"fixture {name!r}: {p} changed since the plan was loaded (sha256 mismatch)")
         return data.decode("utf-8")

@@ -40,6 +40,8 @@ class QualifyRecord:
     outcome: str
     reason: str
     checks: list[str] = field(default_factory=list)  # what was verified about the record itself
+    noise: dict[str, Any] | None = None  # the calibration the run was judged by (`qualify_noise`)
+    calibration: dict[str, Any] | None = None  # set when the record IS a calibration (A/A run)
 
 
 def _origin(store: EvidenceStore, r: Receipt) -> Receipt:
@@ -67,6 +69,9 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
             raise EvidenceError(f"receipt {origin.sha256[:12]}: plan_sha256 was not set before the first sample")
         checks.append(f"plan declared at {declared[0].at}, before the first sample at {origin.first_sample_at}")
     plan = plan_from_text(plan_text, source=f"receipt {origin.sha256[:12]} plan_text")
+    cal_run = extra.get("qualify_calibrate")
+    if isinstance(cal_run, dict) and isinstance(cal_run.get("pairs"), int):
+        plan = plan.model_copy(update={"pairs": cal_run["pairs"]})  # an A/A run measures the calibration's pairs
 
     if receipt.derived_from is None:
         steps = [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
@@ -81,12 +86,13 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
     return QualifyRecord(
         receipt=receipt.sha256, origin=origin.sha256, plan=plan, plan_sha256=plan_sha, pair=extra.get("qualify_pair"),
         arms=extra.get("qualify_arms") or {}, samples=samples, sample_steps=steps, derived=receipt.derived_from is not None,
-        outcome=receipt.outcome, reason=receipt.reason, checks=checks,
+        outcome=receipt.outcome, reason=receipt.reason, checks=checks, noise=extra.get("qualify_noise"),
+        calibration=extra.get("calibration") if isinstance(extra.get("calibration"), dict) else None,
     )
 
 
 def result_of(record: QualifyRecord) -> QualifyResult:
-    return analyze(record.plan, record.samples, plan_sha256=record.plan_sha256)
+    return analyze(record.plan, record.samples, plan_sha256=record.plan_sha256, noise=record.noise)
 
 
 def reports_dir(store: EvidenceStore, receipt: str) -> Path:
@@ -119,8 +125,9 @@ def _r(x: float | None) -> str:
 def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     plan = record.plan
     arms = record.arms
+    title = "A/A calibration" if record.calibration else f"Qualification {result.verdict.upper()}"
     lines = [
-        f"# Qualification {result.verdict.upper()}: plan `{plan.name}` on pair `{record.pair}`",
+        f"# {title}: plan `{plan.name}` on pair `{record.pair}`",
         "",
         f"- Receipt: `{record.receipt}`" + (f" (derived; measured in `{record.origin}`)" if record.derived else ""),
         f"- Receipt outcome: {record.outcome} — {record.reason}",
@@ -131,28 +138,45 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         f"fresh load + one warm-up per arm, one active slot, cache_prompt off",
         f"- Samples: {result.samples_total} recorded, {len(result.samples_invalid)} invalid",
         "",
+        f"- Deciding interval: **{result.deciding_method}** on the per-pair log TG ratios "
+        f"({int(100 * plan.confidence)}%); the exact percentile bootstrap (the field report's method) is shown "
+        "beside it and decides nothing",
+        f"- Repeats: {plan.repeats} measured request(s) per fixture per arm after the warm-up, "
+        "the arm's value their median"
+        + (f"; an arm whose sd of log TG exceeds {plan.max_arm_dispersion} is invalid"
+           if plan.max_arm_dispersion else ""),
+        *noise_lines(result),
+        "",
         "## Gates (declared before the first sample; only these decide)",
         "",
-        "| Gate | Family | Threshold | Gain | 95% interval | Valid pairs | Verdict | Why |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| Gate | Family | Threshold | Gain | {result.deciding_method} interval (decides) "
+        "| Bootstrap interval (not deciding) "
+        "| Valid pairs | Verdict | Why |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for g in result.gates:
         lines.append(
             f"| {g.kind} | {g.family} | {_pct(g.threshold)} | {_pct(g.gain)} | {_pct(g.low)} to {_pct(g.high)} | "
+            f"{_pct(g.bootstrap_low)} to {_pct(g.bootstrap_high)} | "
             f"{g.valid_pairs}/{g.planned_pairs} | **{g.verdict.upper()}** | {g.reason} |"
         )
     lines += ["", "## Generation speed per family (paired, candidate / baseline)", "",
-              "| Family | Baseline median TG | Candidate median TG | Paired geometric gain | 95% interval | Method | Valid pairs |",
-              "|---|---|---|---|---|---|---|"]
+              "| Family | Baseline median TG | Candidate median TG | Paired geometric gain "
+              "| Student-t interval (decides) "
+              "| sd of log ratio | Bootstrap interval | Bootstrap method | Valid pairs |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for c in result.cells:
         iv = c.tg.interval if c.tg else None
-        method = f"{iv.method} ({iv.resamples} resamples)" if iv else "n/a"
+        bs = c.tg.bootstrap if c.tg else None
+        method = f"{bs.method} ({bs.resamples} resamples)" if bs else "n/a"
         mb, mc = c.median_tg.get("baseline"), c.median_tg.get("candidate")
         note = " (descriptive)" if c.family == COMBINED else ""
+        sd = "n/a" if iv is None or iv.sd_log is None else f"{100 * iv.sd_log:.2f}%"
         lines.append(
             f"| {c.family}{note} | {'n/a' if mb is None else f'{mb:.2f} tok/s'} | {'n/a' if mc is None else f'{mc:.2f} tok/s'} | "
             f"{_pct(c.tg.gain if c.tg else None)} | {_pct(iv.low if iv else None)} to {_pct(iv.high if iv else None)} | "
-            f"{method} | {len(c.valid_pairs)}/{c.planned_pairs} |"
+            f"{sd} | {_pct(bs.low if bs else None)} to {_pct(bs.high if bs else None)} | {method} "
+            f"| {len(c.valid_pairs)}/{c.planned_pairs} |"
         )
     lines += ["", "## Reported, not gated", "",
               "| Family | PP ratio | Peak memory ratio | Client wall ratio | TTFT ratio | Draft acceptance (B / C) |",
@@ -175,13 +199,49 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     for c in result.cells:
         by_pair = dict(zip(c.valid_pairs, c.tg.ratios, strict=True)) if c.tg else {}
         lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(plan.pairs)) + " |")
+    if record.calibration:
+        lines += ["", "## Calibration (A/A: baseline against baseline, every difference is noise)", ""]
+        lines += [f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% "
+                  f"(upper {int(100 * v['upper_confidence'])}% "
+                  f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
+                  for fam, v in record.calibration["families"].items()]
+        lines += [f"- problem: {p}" for p in record.calibration.get("problems") or []]
+        lines += ["", "| Gate | Family | Threshold | Power at | Power | Pairs needed | Plan pairs | Resolvable |",
+                  "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {g['kind']} | {g['family']} | {_pct(g['threshold'])} | {_pct(g['power_at'])} | {g['power']} | "
+                  f"{g['needed_pairs'] if g['needed_pairs'] is not None else 'n/a'} | {g['plan_pairs']} | "
+                  f"{'yes' if g['resolvable'] else '**no**'} |" for g in record.calibration["gates"]]
+        lines += ["", "The gate verdicts above are the A/A check: a gain gate that passes here passed on noise."]
+    spread = [a["dispersion"] for a in result.arms if a.get("dispersion") is not None]
+    if spread:
+        lines += ["", "## Within-arm dispersion (sd of log TG over each arm's repeats)", "",
+                  f"- {len(spread)} arm values; median {100 * sorted(spread)[len(spread) // 2]:.2f}%, "
+                  f"max {100 * max(spread):.2f}%"
+                  + (f"; bound {100 * plan.max_arm_dispersion:.2f}%" if plan.max_arm_dispersion else "")]
     if result.samples_invalid:
-        lines += ["", "## Invalid samples", ""]
-        lines += [f"- pair {i['pair'] + 1 if isinstance(i['pair'], int) else i['pair']}, {i['arm']}, {i['fixture']}: {i['problem']}"
+        lines += ["", "## Invalid samples and arms", ""]
+        lines += [f"- pair {i['pair'] + 1 if isinstance(i['pair'], int) else i['pair']}, {i['arm']}, {i['fixture']}"
+                  + (f", repeat {i['rep'] + 1}" if isinstance(i.get("rep"), int) else "")
+                  + (f", attempt {i['attempt'] + 1}" if i.get("attempt") else "") + f": {i['problem']}"
                   for i in result.samples_invalid]
     lines += ["", f"Chart: `{CHART_PNG}` (per-pair ratios, interval, gate lines). Raw samples: the receipt's arm steps "
               f"({', '.join(record.sample_steps) or 'none'}).", ""]
     return "\n".join(lines)
+
+
+def noise_lines(result: QualifyResult) -> list[str]:
+    """The calibration the run was judged by: the noise floor and each gate's needed pairs."""
+    n = result.noise
+    if not n:
+        return ["- Noise floor: no calibration (the plan needs none); the gates' power is unknown"]
+    out = [f"- Noise floor (A/A calibration `{str(n.get('receipt'))[:16]}`, {n.get('pairs')} pairs): "
+           + ", ".join(f"{fam} sd {100 * v['sigma']:.2f}% (planned on {100 * v['sigma_upper']:.2f}%)"
+                       for fam, v in (n.get("families") or {}).items())]
+    for g in n.get("gates") or []:
+        need = g["needed_pairs"] if g["needed_pairs"] is not None else f"more than {g['max_pairs']}"
+        out.append(f"  - {g['kind']}[{g['family']}] {_pct(g['threshold'])}: power {g['power']} "
+                   f"at {_pct(g['power_at'])} needs {need} pairs")
+    return out
 
 
 def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
@@ -201,9 +261,16 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
             ys = [100 * (r - 1) for r in c.tg.ratios]
             xs = [x + (i - (len(ys) - 1) / 2) * 0.06 for i in range(len(ys))]
             ax.scatter(xs, ys, s=18, color="tab:gray", zorder=3, label=None if labelled else "per-pair gain")
-            g, lo, hi = 100 * c.tg.gain, 100 * c.tg.interval.low, 100 * c.tg.interval.high
-            ax.errorbar([x + 0.28], [g], yerr=[[g - lo], [hi - g]], fmt="o", color="tab:blue", capsize=5, zorder=4,
-                        label=None if labelled else "paired gain, 95% interval")
+            g = 100 * c.tg.gain
+            if c.tg.interval is not None:
+                lo, hi = 100 * c.tg.interval.low, 100 * c.tg.interval.high
+                ax.errorbar([x + 0.28], [g], yerr=[[g - lo], [hi - g]], fmt="o", color="tab:blue", capsize=5, zorder=4,
+                            label=None if labelled else "paired gain, Student-t interval (decides)")
+            if c.tg.bootstrap is not None:
+                lo, hi = 100 * c.tg.bootstrap.low, 100 * c.tg.bootstrap.high
+                ax.errorbar([x + 0.18], [g], yerr=[[g - lo], [hi - g]], fmt="none", color="tab:gray", capsize=3,
+                            zorder=4,
+                            label=None if labelled else "percentile bootstrap (not deciding)")
             labelled = True
         else:
             ax.text(x, 0, "no valid pairs", ha="center", va="bottom", fontsize=8)

@@ -10,9 +10,14 @@ Order of evidence in the receipt (each a journal event, so a killed run keeps wh
    they ended (released, or kept after an arm's failed rollback).
 2. `snapshot`: what is active on the pair now (to restore afterwards).
 3. One step per arm, named `arm-<k>-p<pair>-<baseline|candidate>`: fresh activation of that
-   arm's packages with the profile (the deploy engine's activation + verification), the
-   warm-up, then one sample per fixture, kept raw under the step's name.
+   arm's packages with its profile (the deploy engine's activation + verification), the
+   warm-up, then `repeats` rounds of one sample per fixture, kept raw under the step's name.
 4. `restore`: the pair back on what was active before, verified.
+
+A calibration (`calibrate=`) is the same run with the baseline in both arms and the
+calibration's pair count; its receipt also holds `calibration`: the A/A noise per family and
+the pairs each gate needs (`qualify.calibration`). A qualification judged by a calibration
+records it in `qualify_noise` before the first sample.
 
 A failed `restore` after all samples makes the receipt `failed`, but every arm step passed and
 holds its samples, so `pairctl receipts derive --from HASH --reuse arm-... --reason ...` can
@@ -26,12 +31,14 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol
 
 from orchestrator.config.profiles import RouteProfile
-from orchestrator.errors import PairctlError, RollbackFailed
+from orchestrator.errors import ConfigError, PairctlError, RollbackFailed
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.log import get_logger
 from orchestrator.qualify.analysis import QualifyResult, analyze
+from orchestrator.qualify.calibration import calibration_of, calibration_outcome, profile_key
 from orchestrator.qualify.measure import MemoryProbe, Prompt, measure, prompts_for, request_params, warmup
-from orchestrator.qualify.plan import Arm, LoadedPlan
+from orchestrator.qualify.plan import Arm, LoadedPlan, QualifyPlan
+from orchestrator.qualify.stats import robust_centre
 
 ARM_STEP_PREFIX = "arm-"
 
@@ -111,12 +118,24 @@ def run_qualification(
     argv: list[str],
     hooks: Hooks | None = None,
     write_report: Callable[[str], Path] | None = None,
+    candidate_profile: RouteProfile | None = None,
+    calibrate: bool = False,
+    noise: dict[str, Any] | None = None,
 ) -> RunOutcome:
     plan = loaded.plan
+    if calibrate:
+        if plan.calibration is None:
+            raise ConfigError(f"plan {plan.name} declares no calibration",
+                              hint="add `calibration: {pairs: 8}` to the plan")
+        candidate, candidate_profile = baseline, None
+        plan = plan.model_copy(update={"pairs": plan.calibration.pairs})
     hooks = hooks or Hooks()
     log = get_logger(pair=pair, command="qualify", plan=plan.name)
     plan.check_fits(profile)  # declared sizes: a config error before anything runs
+    if candidate_profile is not None:
+        plan.check_fits(candidate_profile)
     arms = {"baseline": baseline, "candidate": candidate}
+    profiles = {"baseline": profile, "candidate": candidate_profile or profile}
     inputs = {"plan": loaded.sha256, **{f"fixture:{f.name}": f.sha256 for f in plan.fixtures}}
     params = request_params(plan.seed, plan.temperature)
 
@@ -130,6 +149,13 @@ def run_qualification(
         journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
         journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
         journal.set("qualify_profile", profile.model_dump(mode="json"))
+        if candidate_profile is not None:
+            journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
+        if calibrate:
+            journal.set("qualify_calibrate", {"pairs": plan.pairs, "measurement_key": plan.measurement_key(),
+                                              "profile_sha256": profile_key(profile)})
+        if noise is not None:
+            journal.set("qualify_noise", noise)
         # The pair is held from before the snapshot until after the restore: every arm's deploy
         # renews this run's leases instead of taking its own, so nothing else runs in between.
         with driver.hold(journal.run_id) as held:
@@ -148,7 +174,7 @@ def run_qualification(
                 pkgs = arms[arm]
                 try:
                     with journal.step(name) as step:
-                        active = driver.activate(pkgs, profile)
+                        active = driver.activate(pkgs, profiles[arm])
                         step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
                         try:
                             # Every arm tokenizes the fixtures again: both arms must send the same ids
@@ -160,8 +186,22 @@ def run_qualification(
                             step.data["warmup"] = warmup(active.client, loaded, params)
                             base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
                                     "build_info": active.identity.get("build_info")}
+                            # Rounds over the fixtures (not one fixture k times): drift within an arm
+                            # spreads over every fixture alike.
                             rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
-                                            base=base) for pr in prompts]
+                                            base={**base, "rep": r}) for r in range(plan.repeats) for pr in prompts]
+                            # A fixture whose repeats spread more than the plan allows is measured
+                            # again (attempt 1, 2, ...); the analysis uses the first attempt within
+                            # the bound, and every attempt stays in the receipt.
+                            for attempt in range(1, plan.arm_retries + 1):
+                                redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
+                                if not redo:
+                                    break
+                                log.info("arm dispersion above the bound; measuring again", step=name, attempt=attempt,
+                                         fixtures=[pr.fixture for pr in redo])
+                                rows += [measure(active.client, pr, n_predict=plan.n_predict, params=params,
+                                                 memory=active.memory, base={**base, "rep": r, "attempt": attempt})
+                                         for r in range(plan.repeats) for pr in redo]
                         finally:
                             close = getattr(active.client, "close", None)
                             if close:
@@ -201,12 +241,27 @@ def run_qualification(
                     log.error("restore failed after measurements", error=restore_error)
         journal.set("qualify_leases_end", held.end())
 
-        result = analyze(plan, samples, plan_sha256=loaded.sha256)
+        result = analyze(plan, samples, plan_sha256=loaded.sha256, noise=noise)
         journal.set("qualification", result.to_json())
         outcome, reason = _outcome(result, restored, restore_error, stopped_early)
+        if calibrate:
+            cal = calibration_of(loaded.plan, result, profile_key(profile), baseline.to_dict(), pair)
+            journal.set("calibration", cal)
+            if restored:
+                outcome, reason = calibration_outcome(cal, stopped_early)
         receipt = journal.finish(outcome, reason)
     report_dir = write_report(receipt) if write_report is not None else None
     return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir, stop_error)
+
+
+def _too_spread(plan: QualifyPlan, rows: list[dict[str, Any]], fixture: str, attempt: int) -> bool:
+    """Whether this fixture's repeats of `attempt` spread more than the plan's bound."""
+    if plan.max_arm_dispersion is None:
+        return False
+    tg = [r["predicted_per_second"] for r in rows if r["fixture"] == fixture and r.get("attempt", 0) == attempt
+          and r.get("ok") and isinstance(r.get("predicted_per_second"), (int, float)) and r["predicted_per_second"] > 0]
+    spread = robust_centre(tg)[1] if len(tg) >= 2 else None
+    return spread is not None and spread > plan.max_arm_dispersion
 
 
 def _outcome(result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None) -> tuple[str, str]:

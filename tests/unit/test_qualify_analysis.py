@@ -47,7 +47,8 @@ def test_field_like_run_structured_gain_passes_others_non_regression():
     assert r.verdict == "pass"
     cells = {c.family: c for c in r.cells}
     assert cells["structured"].tg.gain == pytest.approx(0.2259, abs=1e-3)
-    assert cells["structured"].tg.interval.method == "exact" and cells["structured"].tg.interval.resamples == 3125
+    assert cells["structured"].tg.bootstrap.method == "exact" and cells["structured"].tg.bootstrap.resamples == 3125
+    assert cells["structured"].tg.interval.method == "student-t" and cells["structured"].tg.interval.df == 4
     assert [len(c.valid_pairs) for c in r.cells] == [5, 5, 5, 5]
     # combined = per pair geomean over the three families, then the same bootstrap
     comb = cells["combined"].tg
@@ -146,4 +147,5 @@ def test_result_json_roundtrip_has_every_gate():
     r = analyze(PLAN, run_of(FIELD_LIKE), plan_sha256="abc")
     j = json.loads(json.dumps(r.to_json()))
     assert j["verdict"] == "pass" and j["plan_sha256"] == "abc"
-    assert len(j["gates"]) == 1 + 3 and j["cells"][2]["tg"]["interval"]["method"] == "exact"
+    assert len(j["gates"]) == 1 + 3 and j["cells"][2]["tg"]["interval"]["method"] == "student-t"
+    assert j["cells"][2]["tg"]["bootstrap"]["method"] == "exact" and j["deciding_method"] == "student-t"

@@ -33,7 +33,8 @@ def write_plan(tmp_path: Path, **over) -> Path:
 
 def test_shipped_plans_load_and_fit_their_profiles():
     lab = load_plan("lab")
-    assert lab.plan.pairs == 3 and len(lab.plan.fixtures) == 2
+    assert (lab.plan.pairs, lab.plan.repeats, len(lab.plan.fixtures)) == (8, 3, 2)
+    assert lab.plan.calibration is not None and lab.plan.calibration.required
     lab.plan.check_fits(load_profile("lab"))
     field = load_plan("mmvf-field")
     assert field.plan.families == ["code", "prose", "structured"]
@@ -83,6 +84,8 @@ def test_alternating_order_reverses_each_pair():
     lp = load_plan("lab")
     assert lp.plan.arm_order() == [
         (0, "baseline"), (0, "candidate"), (1, "candidate"), (1, "baseline"), (2, "baseline"), (2, "candidate"),
+        (3, "candidate"), (3, "baseline"), (4, "baseline"), (4, "candidate"), (5, "candidate"), (5, "baseline"),
+        (6, "baseline"), (6, "candidate"), (7, "candidate"), (7, "baseline"),
     ]
 
 

@@ -19,6 +19,8 @@ from orchestrator.errors import CheckFailed, EvidenceError, RollbackFailed
 from orchestrator.evidence.receipt import parse_time
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.qualify.plan import load_plan
+
+PLAN = str(Path(__file__).parent / "data" / "qualify" / "lab-uncalibrated.yaml")  # 3 pairs, 1 repeat, no calibration
 from orchestrator.qualify.report import load_record, write_report
 from orchestrator.qualify.runner import ActiveArm, ArmPackages, Hooks, run_qualification
 from orchestrator.server.models import CompletionResult, StreamChunk, Timings
@@ -104,7 +106,7 @@ class ScriptedDriver:
 def run(tmp_path: Path, driver, hooks=None):
     store = EvidenceStore(tmp_path / "evidence")
     out = run_qualification(
-        store=store, loaded=load_plan("lab"), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
+        store=store, loaded=load_plan(PLAN), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
         driver=driver, argv=["qualify", "--pair", "lab"], hooks=hooks, write_report=lambda h: write_report(store, h)[0],
     )
     return store, out
@@ -129,9 +131,9 @@ def test_alternating_arms_fresh_activation_warmup_then_fixtures_then_restore(tmp
     assert r.outcome == "passed"
     assert sum(len(v) for v in r.samples.values()) == 12  # 3 pairs x 2 arms x 2 fixtures, every one raw
     row = r.samples["arm-02-p1-candidate"][0]
-    assert row["package_native"] == "cand-n" and row["fixture_sha256"] == load_plan("lab").plan.fixtures[0].sha256
+    assert row["package_native"] == "cand-n" and row["fixture_sha256"] == load_plan(PLAN).plan.fixtures[0].sha256
     extra = r.extra_fields()
-    assert extra["plan_sha256"] == load_plan("lab").sha256
+    assert extra["plan_sha256"] == load_plan(PLAN).sha256
     declared = next(f for f in r.fields_set if f.key == "plan_sha256")
     assert parse_time(declared.at) < parse_time(r.first_sample_at)
     assert [s.name for s in r.steps][-1] == "restore"
@@ -189,7 +191,7 @@ def test_record_with_tampered_plan_text_is_rejected(tmp_path):
     store, out = run(tmp_path, ScriptedDriver(SPEEDS))
     path = store.path_of(out.receipt)
     data = json.loads(path.read_bytes())
-    assert load_record(store, out.receipt).plan.name == "lab"
+    assert load_record(store, out.receipt).plan.name == "lab-uncalibrated"
     data["plan_text"] = data["plan_text"].replace("threshold: 0.05", "threshold: 0.01")
     path.chmod(0o644)
     path.write_text(json.dumps(data))
@@ -294,3 +296,68 @@ def test_cli_refuses_before_touching_a_host(tmp_path, cli):
     r = cli("qualify", "--pair", "lab", "--plan", "lab", home=tmp_path)
     assert r.exit_code == 3 and "--baseline, --candidate" in r.stderr
     assert not (tmp_path / "evidence" / "receipts").exists() or not any((tmp_path / "evidence" / "receipts").iterdir())
+
+
+# ---- issue 22: repeats, calibration (A/A) and the plan refused at the measured noise -----------
+
+
+def _lab_run(tmp_path, driver, **kw):
+    store = EvidenceStore(tmp_path / "evidence")
+    out = run_qualification(
+        store=store, loaded=load_plan("lab"), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
+        driver=driver, argv=["qualify"], write_report=lambda h: write_report(store, h)[0], **kw)
+    return store, out
+
+
+def test_calibrate_runs_the_baseline_in_both_arms_and_records_the_noise(tmp_path):
+    from orchestrator.qualify.calibration import find_calibration, judge, profile_key
+
+    plan = load_plan("lab").plan
+    n = plan.calibration.pairs
+    quiet = [100.0, 101.0, 99.5, 100.5, 100.2, 99.8, 100.1, 99.9, 100.3, 99.7, 100.4, 99.6, 100.6, 99.4, 100.0, 100.1]
+    d = ScriptedDriver({"baseline": quiet[: 2 * n], "candidate": []})
+    store, out = _lab_run(tmp_path, d, calibrate=True)
+    assert [e for e in d.events if isinstance(e, tuple) and e[0] == "activate"] == [("activate", "baseline")] * (2 * n)
+    rec = store.load(out.receipt)
+    cal = rec.extra_fields()["calibration"]
+    assert rec.outcome == "passed", rec.reason  # about 0.5% noise: every lab gate resolvable at 8 pairs
+    assert "noise floor" in rec.reason and cal["measurement_key"] == plan.measurement_key()
+    assert 0 < cal["families"]["code"]["sigma"] < 0.02 and all(g["resolvable"] for g in cal["gates"])
+    rows = [r for s, rs in rec.samples.items() if s.startswith("arm-") for r in rs]
+    assert len(rows) == 2 * n * 2 * plan.repeats and {r["rep"] for r in rows} == {0, 1, 2}
+    # the qualification finds it, and is judged by it
+    found = find_calibration(store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")),
+                             baseline=BASE.to_dict())
+    assert found is not None and found[0] == out.receipt
+    assert judge(plan, found, calibrate_hint="x")["receipt"] == out.receipt
+    assert find_calibration(store, pair="lab", plan=plan, profile_sha256="other", baseline=BASE.to_dict()) is None
+    md = (out.report_dir / "report.md").read_text()
+    assert md.startswith("# A/A calibration") and "| Resolvable |" in md
+
+
+def test_noisy_calibration_is_inconclusive_and_refuses_the_plan(tmp_path):
+    from orchestrator.errors import Inconclusive
+    from orchestrator.qualify.calibration import find_calibration, judge, profile_key
+
+    plan = load_plan("lab").plan
+    loud = [100.0, 150.0, 70.0, 130.0, 60.0, 160.0, 90.0, 140.0, 75.0, 125.0, 65.0, 155.0, 80.0, 150.0, 60.0, 140.0]
+    store, out = _lab_run(tmp_path, ScriptedDriver({"baseline": loud, "candidate": []}), calibrate=True)
+    rec = store.load(out.receipt)
+    assert rec.outcome == "inconclusive" and "needs" in rec.reason and "the plan has 8" in rec.reason
+    found = find_calibration(store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")),
+                             baseline=BASE.to_dict())
+    with pytest.raises(Inconclusive, match="refused before the first sample"):
+        judge(plan, found, calibrate_hint="x")
+
+
+def test_qualification_records_the_noise_it_was_judged_by_and_a_candidate_profile(tmp_path):
+    d = ScriptedDriver({"baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1, 100.0, 99.8],
+                        "candidate": [40.0, 40.5, 39.5, 40.2, 39.9, 40.1, 40.0, 39.8]})
+    noise = {"receipt": "c" * 64, "pairs": 6, "families": {}, "gates": []}
+    store, out = _lab_run(tmp_path, d, noise=noise, candidate_profile=load_profile("lab-draft-other"))
+    rec = store.load(out.receipt)
+    assert rec.extra_fields()["qualify_noise"] == noise
+    assert rec.extra_fields()["qualify_candidate_profile"]["name"] == "lab-draft-other"
+    assert out.result.verdict == "fail" and out.result.noise == noise
+    assert {g.verdict for g in out.result.gates if g.kind == "non_regression"} == {"fail"}
+    assert load_record(store, out.receipt).noise == noise  # the report recomputes with it
