@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel, Field
 
 from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
-from orchestrator.checks import near_full, telemetry
+from orchestrator.checks import near_full, reference_logprobs, telemetry
 from orchestrator.checks.base import CheckContext, CheckResult
 from orchestrator.errors import ConfigError
 
@@ -31,6 +31,7 @@ CHECKS: dict[str, CheckFn | None] = {
     cancellation.NAME: cancellation.run,
     long_prefix.NAME: long_prefix.run,
     answer_fixtures.NAME: answer_fixtures.run,
+    reference_logprobs.NAME: reference_logprobs.run,
     telemetry.NAME: None,
 }
 STEP_PREFIX = "check:"

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
+from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.paths import MANIFESTS
 
 QUANTIZED_KV = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
@@ -69,6 +70,7 @@ class RouteProfile(StrictModel):
     threads: int | None = Field(default=None, ge=1)
     metrics: bool = True
     extra_args: list[str] = Field(default_factory=list)
+    reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
 
     @model_validator(mode="after")
     def _check(self) -> "RouteProfile":
