@@ -17,9 +17,9 @@ from orchestrator.config.base import StrictModel
 
 class ReferenceGates(StrictModel):
     top_k: int = Field(default=0, ge=0, description="logprobs read per position (n_probs); 0: the whole vocabulary")
-    max_mean_kl: float = Field(default=1e-3, ge=0, description="mean KL(reference || candidate) over positions, nats")
-    max_kl: float = Field(default=2e-2, ge=0, description="largest KL at any one position, nats")
+    max_mean_kl: float = Field(default=2e-5, ge=0, description="mean KL(reference || candidate) over positions, nats")
+    max_kl: float = Field(default=1e-4, ge=0, description="largest KL at any one position, nats")
     min_top1: float = Field(default=0.99, ge=0, le=1, description="share of positions whose greedy token agrees")
-    max_abs_dlogprob: float = Field(default=0.25, ge=0, description="largest |delta logprob| over the top-K set, nats")
+    max_abs_dlogprob: float = Field(default=1.0, ge=0, description="largest |delta logprob| over the top-K set, nats")
     logprob_floor: float = Field(default=-80.0, le=0,
                                  description="logprobs below this count as this (float32 rounding rules far below)")
