@@ -111,33 +111,41 @@ def record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, floor: float) 
     for fx in fs.fixtures:
         prompt, prefix = prompts_of(ctx, asker, fs, fx)
         a = asker.first(fx.endpoint, prompt, fx.n_predict)
-        out.append({"id": fx.id, "endpoint": fx.endpoint, "prompt": prompt, "prefix": prefix, "tokens": a.tokens,
-                    "positions": [lp.trimmed(p, floor) for p in a.positions]})
+        mine = {"id": fx.id, "endpoint": fx.endpoint, "prompt": prompt, "prefix": prefix, "tokens": a.tokens}
+        got, _, _ = teacher_forced(asker, mine, first=a)  # fills the positions drafting left without logprobs
+        if len(got.positions) < len(a.tokens):
+            raise ValueError(f"{fx.id}: the reference answered logprobs for {len(got.positions)} of "
+                             f"{len(a.tokens)} positions")
+        out.append({**mine, "positions": [lp.trimmed(p, floor) for p in got.positions]})
     return out
 
 
-def teacher_forced(asker: Asker, fx: Mapping[str, Any]) -> tuple[Answer, int, int]:
+def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = None) -> tuple[Answer, int, int]:
     """The candidate's distribution at every position of the reference's tokens; also the number
-    of positions where its greedy token differed and the first such position (-1: none)."""
+    of positions where its greedy token differed and the first such position (-1: none).
+
+    Two things make it continue from the reference's prefix (`/completion`, prompt cache): a
+    greedy token that differs (its own distribution is still on the reference's prefix, so it
+    counts), and a position without logprobs (the pinned server reports none for tokens accepted
+    from a draft; the first token after a prompt is always sampled with them)."""
     ref_tokens = list(fx["tokens"])
     n = len(ref_tokens)
-    got = asker.first(fx["endpoint"], fx["prompt"], n)
+    got = first if first is not None else asker.first(fx["endpoint"], fx["prompt"], n)
     positions: list[dict[int, float]] = []
     flips, first_flip = 0, -1
     for _ in range(n + 1):  # each round adds at least one position, or ends
         base = len(positions)
         m = min(len(got.tokens), len(got.positions), n - base)
         k = 0
-        while k < m and got.tokens[k] == ref_tokens[base + k]:
+        while k < m and got.positions[k] and got.tokens[k] == ref_tokens[base + k]:
             k += 1
-        if k < m:  # greedy differs at base + k; that distribution was still computed on the reference's prefix
-            positions += got.positions[:k + 1]
+        positions += got.positions[:k]
+        if k < m and got.positions[k]:  # greedy differs here; the distribution was still on the reference's prefix
+            positions.append(got.positions[k])
             flips += 1
             first_flip = base + k if first_flip < 0 else first_flip
-        else:
-            positions += got.positions[:m]
-        if len(positions) >= n or m == 0:
-            break  # done, or the server answered nothing more: missing positions are reported, never invented
+        if len(positions) >= n or (len(positions) == base and (k >= m or not got.positions[k])):
+            break  # done, or no progress: missing positions are reported, never invented
         got = asker.cont(fx["prefix"], ref_tokens[:len(positions)], n - len(positions))
     return Answer(ref_tokens[:len(positions)], positions), flips, first_flip
 

@@ -176,3 +176,18 @@ def test_oracle_fixture_set_loads_and_refuses_bad_fixtures(tmp_path):
     with pytest.raises(ValidationError, match="cannot go through chat"):
         OracleFixtureSet.model_validate({"name": "x", "fixtures": [{"id": "a", "endpoint": "chat", "near_full": True}]})
     assert seeded_text(3, 50) == seeded_text(3, 50) != seeded_text(4, 50)
+
+
+def test_positions_without_logprobs_are_filled_from_the_reference_prefix():
+    """Drafted tokens come back without logprobs: each such gap is a continuation, not a flip."""
+
+    class Drafting(ScriptedAsker):
+        def _answer(self, start, n):
+            a = super()._answer(start, n)
+            return Answer(a.tokens, [p if i == 0 else {} for i, p in enumerate(a.positions)])
+
+    ref = list(range(30, 35))
+    asker = Drafting(ref, flip_at={2})
+    got, flips, first = teacher_forced(asker, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
+    assert len(got.positions) == 5 and all(got.positions) and flips == 1 and first == 2
+    assert [c[1] for c in asker.calls] == [0, 1, 2, 3, 4]
