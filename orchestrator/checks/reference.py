@@ -71,9 +71,12 @@ def profile_answer_fields(profile: RouteProfile, n_ctx_train: int | None = None)
     return {"model": profile.model, "per_slot_ctx": profile.per_slot_ctx(n_ctx_train)}
 
 
+ANSWERS_FORMAT = 2  # how answers are recorded (teacher-forced walk, every position filled); part of the key
+
+
 def answers_key(packages: tuple[str, str], models: Mapping[str, str], profile_fields: Mapping[str, Any],
                 fixture_set_sha256: str) -> str:
-    return sha256_json({"packages": list(packages), "models": dict(sorted(models.items())),
+    return sha256_json({"format": ANSWERS_FORMAT, "packages": list(packages), "models": dict(sorted(models.items())),
                         "profile": dict(profile_fields), "fixtures": fixture_set_sha256})
 
 

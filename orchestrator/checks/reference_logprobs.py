@@ -160,8 +160,10 @@ def compare(asker: Asker, answers: list[Mapping[str, Any]], gates: ReferenceGate
     for fx in answers:
         got, flips, first_flip = teacher_forced(asker, fx)
         ref_pos = [{int(t): float(v) for t, v in p} for p in fx["positions"]]
-        diffs = [lp.compare_position(r, c, floor=gates.logprob_floor, complete=complete)
-                 for r, c in zip(ref_pos, got.positions, strict=False)]
+        pairs = list(zip(ref_pos, got.positions, strict=False))
+        if not all(r and c for r, c in pairs):
+            problems.append(f"{fx['id']}: positions without logprobs on one side; the answers cannot be compared")
+        diffs = [lp.compare_position(r, c, floor=gates.logprob_floor, complete=complete) for r, c in pairs if r and c]
         if len(got.positions) < len(ref_pos):
             problems.append(f"{fx['id']}: the server answered {len(got.positions)} of {len(ref_pos)} positions")
         s = lp.summarize(diffs)

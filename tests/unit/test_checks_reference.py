@@ -160,7 +160,8 @@ def test_answers_key_depends_on_every_part():
 
 
 def test_parse_token_logprobs_reads_all_three_endpoints():
-    entry = {"id": 7, "token": "a", "logprob": -0.1, "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}]}
+    entry = {"id": 7, "token": "a", "logprob": -0.1,
+             "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}]}
     for body in ({"completion_probabilities": [entry]}, {"choices": [{"logprobs": {"content": [entry]}}]}):
         assert parse_token_logprobs(body, "x") == ([7], [{7: -0.1, 3: -2.5}])
     with pytest.raises(ParseError, match="no logprobs"):
