@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable
 from pydantic import BaseModel, Field
 
 from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
-from orchestrator.checks import near_full, reference_logprobs, telemetry
+from orchestrator.checks import exactly_full, near_full, reference_logprobs, telemetry
 from orchestrator.checks.base import CheckContext, CheckResult
 from orchestrator.errors import ConfigError
 
@@ -26,6 +26,7 @@ CHECKS: dict[str, CheckFn | None] = {
     identity.NAME: None,
     near_full.TWO_LANE: near_full.run_two_lane,
     near_full.ONE_LANE: near_full.run_one_lane,
+    exactly_full.NAME: exactly_full.run,
     speculative.NAME: speculative.run,
     cached_continuation.NAME: cached_continuation.run,
     cancellation.NAME: cancellation.run,

@@ -192,3 +192,16 @@ def test_positions_without_logprobs_are_filled_from_the_reference_prefix():
     got, flips, first = teacher_forced(asker, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
     assert len(got.positions) == 5 and all(got.positions) and flips == 1 and first == 2
     assert [c[1] for c in asker.calls] == [0, 1, 2, 3, 4]
+
+
+def test_exactly_full_passes_and_each_condition_fails():
+    from orchestrator.checks.exactly_full import full_problems
+
+    good = dict(prompt=2032, gen=16, evaluated=2032, predicted=16, stop_type="limit", over_status=400,
+                over_type="exceed_context_size_error", over_predicted=16)
+    assert full_problems(**good) == []
+    for change, text in [(dict(predicted=8), "fewer than its reported n_ctx"), (dict(evaluated=1984), "evaluated as"),
+                         (dict(over_status=None, over_type=None), "must refuse"),
+                         (dict(over_status=500, over_type="server_error"), "not 400"),
+                         (dict(over_predicted=17), "has room for")]:
+        assert any(text in x for x in full_problems(**{**good, **change})), change
