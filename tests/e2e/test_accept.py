@@ -108,7 +108,7 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
     assert r.exit_code == 0, r.output
     v = _verdicts(data)
     for name in ("identity", "two_lane_near_full", "one_lane_near_full", "speculative", "cached_continuation",
-                 "cancellation", "long_prefix_cache", "answer_fixtures", "reference_logprobs"):
+                 "cancellation", "long_prefix_cache", "answer_fixtures", "reference_logprobs", "exactly_full"):
         assert v[name] == "passed", (name, data)
     assert v["telemetry"] in ("passed", "error")
     receipt = EvidenceStore(deployed_lab.env.home.evidence).load(data["receipt"])
@@ -167,6 +167,19 @@ def test_two_lane_fails_when_slot_context_is_smaller_than_needed(live):
 def test_one_lane_fails_when_slot_context_is_smaller_than_needed(live):
     r = near_full.run_one_lane(_bigger(live.ctx))
     assert r.verdict == "failed", r.message
+
+
+def test_exactly_full_fills_the_slot_and_fails_when_it_is_short(live):
+    """48 tokens short of the reported context is what the near-full slack hid (issue 15)."""
+    from orchestrator.checks import exactly_full
+
+    r = exactly_full.run(live.ctx)
+    assert r.verdict == "passed", r.message
+    assert r.figures["generated"] == exactly_full.GENERATE and r.raw["over"]["type"] == exactly_full.OVER_ERROR
+    short = replace(live.ctx, profile=live.ctx.profile.model_copy(update={"ctx_size": live.ctx.profile.ctx_size + 96}))
+    assert short.per_slot() > live.ctx.per_slot()
+    r = exactly_full.run(short)
+    assert r.verdict == "failed" and "refused" in r.message, r.message
 
 
 def test_two_lane_fails_when_a_prompt_carries_the_other_lanes_nonce(live):
