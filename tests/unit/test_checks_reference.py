@@ -205,3 +205,5 @@ def test_exactly_full_passes_and_each_condition_fails():
                          (dict(over_status=500, over_type="server_error"), "not 400"),
                          (dict(over_predicted=17), "has room for")]:
         assert any(text in x for x in full_problems(**{**good, **change})), change
+    assert full_problems(**{**good, "predicted": 14, "over_predicted": 14, "draft_room": 3}) == []
+    assert full_problems(**{**good, "predicted": 12, "draft_room": 3})
