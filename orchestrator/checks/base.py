@@ -14,6 +14,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.checks.reference import ReferenceState
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.evidence.journal import Journal
@@ -96,6 +97,8 @@ class CheckContext:
     baseline: "BaselineRef | None" = None  # answer fixtures are compared against this
     models: Mapping[str, str] = field(default_factory=dict)  # model name -> sha256, from the active route entry
     fixtures: Any = None  # orchestrator.checks.fixtures.FixtureSet | None (None: the default set)
+    reference: ReferenceState | None = None  # the route's reference pair and its answers (checks.reference)
+    oracle_fixtures: str | None = None  # reference fixture set name or path (None: oracle-lab)
     options: CheckOptions = field(default_factory=CheckOptions)
     n_ctx_train: int | None = None
     logger: Any = None

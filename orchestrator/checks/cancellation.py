@@ -75,8 +75,12 @@ def read_server_log(ctx: CheckContext, id_task: int, *, within_s: float = 3.0) -
 
 
 def cancel_problems(*, idle_after_s: float | None, bound_s: float, full_n_tokens: int,
-                    log: dict[str, Any], followup_ok: bool, followup_same: bool, streamed: int) -> list[str]:
-    """`full_n_tokens`: prompt + n_predict, what the slot would hold had the request finished."""
+                    log: dict[str, Any], followup_ok: bool, followup_same: bool, streamed: int,
+                    stopped_by: int | None = None) -> list[str]:
+    """`full_n_tokens`: prompt + n_predict, what the slot would hold had the request finished (a
+    finished request logs one less: the last token is sampled, never decoded). `stopped_by`:
+    prompt + tokens streamed when the connection closed + a small bound; a slot that went past it
+    did not stop at the cancel, however fast it is (the idle bound alone misses a fast server)."""
     p = []
     if streamed == 0:
         p.append("the stream produced no tokens before it was closed")
@@ -90,13 +94,30 @@ def cancel_problems(*, idle_after_s: float | None, bound_s: float, full_n_tokens
         stopped = log.get("stop_n_tokens")
         if stopped is None:
             p.append("the server log shows no stop of the task's slot")
-        elif stopped >= full_n_tokens:
+        elif stopped >= full_n_tokens - 1:
             p.append(f"the slot stopped at {stopped} tokens, the full request: it finished instead of being cancelled")
+        elif stopped_by is not None and stopped > stopped_by:
+            p.append(f"the slot stopped at {stopped} tokens, more than the {stopped_by} it held when the stream "
+                     "closed plus the bound: it did not stop at the cancel")
     if not followup_ok:
         p.append("the follow-up request failed")
     elif not followup_same:
         p.append("the follow-up's output differs from what the stream produced")
     return p
+
+
+STOP_BOUND_MIN = 32  # tokens the server may still generate between the client's close and its failed write
+STOP_BOUND_S = 0.25  # ... or this long at the measured speed, whichever is more
+
+
+def stream_speed(handle: Any) -> float | None:
+    """Tokens per second the stream delivered so far (None: too little to tell)."""
+    n, dt = len(handle.tokens), time.monotonic() - handle.started_at
+    return round(n / dt, 1) if n >= 2 and dt > 0 else None
+
+
+def stop_bound_tokens(speed: float | None) -> int:
+    return max(STOP_BOUND_MIN, int(speed * STOP_BOUND_S) + 1 if speed else 0)
 
 
 def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
@@ -119,6 +140,8 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
             if len(handle.tokens) >= k:
                 break
         streamed = list(handle.tokens)[:k]
+        at_close = len(handle.tokens)  # what the client had read when it let go
+        speed = stream_speed(handle)
         if close_connection:
             handle.close()
         closed_at = time.monotonic()
@@ -146,14 +169,19 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     except Exception as exc:  # the follow-up failing is the finding, not an error of the check
         followup_ok, followup_same = False, False
         raw["followup"] = {"error": f"{type(exc).__name__}: {exc}"}
+    bound = stop_bound_tokens(speed)
     problems = cancel_problems(idle_after_s=idle_after, bound_s=opts.cancel_idle_bound_s,
-                               full_n_tokens=len(prompt) + n_predict, log=log, followup_ok=followup_ok, followup_same=followup_same,
-                               streamed=len(streamed))
+                               full_n_tokens=len(prompt) + n_predict, log=log, followup_ok=followup_ok,
+                               followup_same=followup_same, streamed=len(streamed),
+                               stopped_by=len(prompt) + at_close + bound)
+    raw.update({"tokens_at_close": at_close, "stream_tokens_per_s": speed, "stop_bound_tokens": bound,
+                "could_finish_within_idle_bound": speed is not None and n_predict <= speed * opts.cancel_idle_bound_s})
     raw.update({"id_task": id_task, "streamed_tokens": streamed, "slot_after": last.model_dump() if last else None,
                 "log": log, "problems": problems})
     figures = {"idle_after_s": idle_after, "bound_s": opts.cancel_idle_bound_s, "streamed": len(streamed),
                "slot_tokens_at_stop": log.get("stop_n_tokens"), "full_request_tokens": len(prompt) + n_predict,
-               "cancel_logged": bool(log.get("cancel_logged")), "followup_same": followup_same}
+               "cancel_logged": bool(log.get("cancel_logged")), "followup_same": followup_same,
+               "stopped_by": len(prompt) + at_close + bound}
     return CheckResult(name=NAME, verdict=verdict_of(problems),
                        message="; ".join(problems) or f"cancelled after {len(streamed)} tokens, slot idle in {idle_after} s, follow-up matched",
                        figures=figures, raw=raw, duration_s=timer.elapsed())

@@ -16,6 +16,8 @@ from orchestrator.build.store import PackageStore
 from orchestrator.checks import budget
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.checks.fixtures import load_fixture_set
+from orchestrator.checks.reference import ReferenceState
+from orchestrator.checks.reference import load_state as load_reference
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
 from orchestrator.engine.identity import Expected, verify_identity
@@ -141,6 +143,16 @@ def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None
     return None
 
 
+def comparisons(evidence: Any, pair: str, models: Mapping[str, str], *, baseline_receipt: str | None = None,
+                baseline_pair: str | None = None) -> tuple[BaselineRef | None, ReferenceState | None]:
+    """What a run of `pair` on these model files is compared with: the answer-fixture baseline
+    and the route's reference (pin and answers). One lookup for `accept` and deploy's acceptance."""
+    if evidence is None:
+        return None, None
+    baseline = find_baseline(evidence, receipt=baseline_receipt, pair=baseline_pair or pair, models=models)
+    return baseline, load_reference(evidence, pair)
+
+
 def baseline_from_receipt(r: Any) -> BaselineRef:
     checks = {}
     for s in r.steps:
@@ -199,13 +211,13 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
                                     route=route, manifests=manifests, profile=profile, url=url,
                                     api_key=api_key) if identity else None
         models = dict(route.active.models)
-        baseline = (find_baseline(evidence, receipt=baseline_receipt, pair=baseline_pair or pair, models=models)
-                    if evidence is not None else None)
+        baseline, reference = comparisons(evidence, pair, models, baseline_receipt=baseline_receipt,
+                                          baseline_pair=baseline_pair)
         ctx = CheckContext(
             client=client, profile=profile, pair=pair, inventory=inventory, transports=transports,
             sampler_transports={r: sampler_pool.get(h) for r, h in hosts.items()}, host_roots=roots,
             host_names=hosts, packages=manifests, journal=journal, api_key=api_key, identity_probe=probe,
-            baseline=baseline, models=models, fixtures=load_fixture_set(fixtures) if fixtures else None, options=opts, logger=logger,
+            baseline=baseline, reference=reference, models=models, fixtures=load_fixture_set(fixtures) if fixtures else None, options=opts, logger=logger,
         )
         return Live(ctx=ctx, route=route, stack=stack)
     except BaseException:

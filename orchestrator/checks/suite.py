@@ -15,8 +15,19 @@ from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, Field
 
-from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
-from orchestrator.checks import budget, near_full, telemetry
+from orchestrator.checks import (
+    answer_fixtures,
+    budget,
+    cached_continuation,
+    cancellation,
+    exactly_full,
+    identity,
+    long_prefix,
+    near_full,
+    reference_logprobs,
+    speculative,
+    telemetry,
+)
 from orchestrator.checks.base import CheckContext, CheckResult
 from orchestrator.engine import faults
 from orchestrator.errors import ConfigError
@@ -28,11 +39,13 @@ CHECKS: dict[str, CheckFn | None] = {
     identity.NAME: None,
     near_full.TWO_LANE: near_full.run_two_lane,
     near_full.ONE_LANE: near_full.run_one_lane,
+    exactly_full.NAME: exactly_full.run,
     speculative.NAME: speculative.run,
     cached_continuation.NAME: cached_continuation.run,
     cancellation.NAME: cancellation.run,
     long_prefix.NAME: long_prefix.run,
     answer_fixtures.NAME: answer_fixtures.run,
+    reference_logprobs.NAME: reference_logprobs.run,
     telemetry.NAME: None,
 }
 STEP_PREFIX = "check:"

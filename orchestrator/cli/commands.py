@@ -40,3 +40,6 @@ app.add_typer(qualify_cmd.app, name="qualify")
 from orchestrator.cli import lease_cmd  # noqa: E402
 
 app.add_typer(lease_cmd.app, name="lease")
+from orchestrator.cli import reference_cmd  # noqa: E402
+
+app.add_typer(reference_cmd.app, name="reference")

@@ -17,6 +17,7 @@ from orchestrator.config.base import StrictModel
 from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model, manifest_path
+from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
@@ -72,6 +73,7 @@ class RouteProfile(StrictModel):
     threads: int | None = Field(default=None, ge=1)
     metrics: bool = True
     extra_args: list[str] = Field(default_factory=list)
+    reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> "RouteProfile":

@@ -1,24 +1,30 @@
 """Deploy's `accept` step: the acceptance suite (orchestrator.checks.suite.run_suite) against
-the pair just activated, with `verify_identity` as its identity probe. A failed suite raises,
-so the engine rolls the deploy back."""
+the pair just activated, with `verify_identity` as its identity probe. It is compared with the
+same baseline and reference answers as `pairctl accept` (checks.live.comparisons, on the model
+hashes of the route entry being activated), so a regression only the reference answers see
+blocks the deploy. A failed suite raises, so the engine rolls the deploy back."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.checks import budget
+from orchestrator.checks.base import CheckContext, CheckOptions, IdentitySnapshot
+from orchestrator.checks.live import comparisons
+from orchestrator.checks.suite import CHECKS, run_suite
 from orchestrator.config.profiles import profile_from_record
 from orchestrator.engine.identity import verify_identity
 from orchestrator.errors import CheckFailed
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.server.client import ServerClient
 
 if TYPE_CHECKING:
-    from orchestrator.checks.base import IdentitySnapshot
     from orchestrator.engine.context import RunContext, Target
 
 
 def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnapshot]:
     """A zero-argument probe for CheckContext.identity_probe: identity of both hosts, now."""
-    from orchestrator.checks.base import IdentitySnapshot
 
     expected = target.expected
     if expected is None:  # the verify step before accept refuses this already
@@ -34,26 +40,18 @@ def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnap
 
 def suite_bound_s(profile: dict[str, Any]) -> float:
     """How long deploy's acceptance may take for this profile (checks/budget.py), all checks."""
-    from orchestrator.checks import budget
-    from orchestrator.checks.suite import CHECKS
-
     return budget.suite_seconds(budget.for_profile(profile_from_record(profile)), len(CHECKS))
 
 
 def run(ctx: RunContext) -> dict[str, Any]:
     if ctx.inputs.options.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
-    try:
-        from orchestrator.checks import budget
-        from orchestrator.checks.base import CheckContext, CheckOptions
-        from orchestrator.checks.suite import run_suite
-        from orchestrator.server.client import ServerClient
-    except ImportError as exc:  # the suite is another package's; identity alone stands until it exists
-        return {"skipped": f"acceptance suite not available ({exc}); identity only"}
     target = ctx.activating()
     assert target is not None  # accept follows a verified activation
     profile = profile_from_record(target.entry.profile)
     limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
+    models = dict(target.entry.models)
+    baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models)
     with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s) as client:
         cctx = CheckContext(
             client=client,
@@ -67,6 +65,9 @@ def run(ctx: RunContext) -> dict[str, Any]:
             journal=ctx.journal,
             api_key=ctx.api_key,
             identity_probe=identity_probe(ctx, target),
+            baseline=baseline,
+            reference=reference,
+            models=models,
             logger=ctx.log,
             options=CheckOptions(request_timeout_s=limits.completion_s),
         )
@@ -76,4 +77,6 @@ def run(ctx: RunContext) -> dict[str, Any]:
         failed = ", ".join(f"{r.name} ({r.verdict}: {r.message[:120]})" for r in suite.failed())
         raise CheckFailed(f"acceptance failed: {failed or 'no check ran'}")
     return {"passed": True, "checks": [c["name"] for c in summary["checks"]], "duration_s": summary["duration_s"],
-            "request_budget": limits.to_dict()}
+            "request_budget": limits.to_dict(),
+            "baseline_receipt": baseline.receipt if baseline else None,
+            "reference": reference.pin.as_dict() if reference and reference.pin else None}

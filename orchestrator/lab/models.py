@@ -103,8 +103,14 @@ def _silent_rows(n_vocab: int) -> list[int]:
     return rows
 
 
-def _weights(shape: ModelShape, seed: int) -> dict[str, np.ndarray]:
-    """Named float32 arrays in numpy (out, in) order, as llama.cpp's llama loader names them."""
+def _weights(shape: ModelShape, seed: int, *, output_scale: float = 1.0, perturb: float = 0.0,
+             perturb_seed: int = 0) -> dict[str, np.ndarray]:
+    """Named float32 arrays in numpy (out, in) order, as llama.cpp's llama loader names them.
+
+    `output_scale` multiplies the output projection (a small scale turns the wide greedy margins
+    into near-ties: the sensitive model of the reference-logprob fixtures). `perturb` adds seeded
+    noise of that share of each matrix's own spread to every matrix (a draft that agrees with its
+    target often, but not always). Both at their defaults leave the weights byte-identical."""
     rng = np.random.default_rng(seed)
     d, ff, v = shape.n_embd, shape.n_ff, shape.n_vocab
     kv = shape.n_head_kv * shape.head_dim
@@ -131,6 +137,14 @@ def _weights(shape: ModelShape, seed: int) -> dict[str, np.ndarray]:
     out = np.zeros((v, d), dtype=np.float32)
     out[np.roll(order, -1)] = t["token_embd.weight"][order]
     t["output.weight"] = out
+    if output_scale != 1.0:
+        t["output.weight"] = (out * np.float32(output_scale)).astype(np.float32)
+    if perturb:
+        noise = np.random.default_rng(perturb_seed)
+        for name, a in t.items():
+            if a.ndim == 2 and name != "token_embd.weight":
+                spread = float(a.std()) or 1.0
+                t[name] = (a + noise.standard_normal(a.shape) * spread * perturb).astype(np.float32)
     return t
 
 
@@ -148,6 +162,9 @@ def write_llama_gguf(
     n_head_kv: int | None = None,
     name: str = "pairctl-lab",
     extra: dict[str, Any] | None = None,
+    output_scale: float = 1.0,
+    perturb: float = 0.0,
+    perturb_seed: int = 0,
 ) -> dict[str, Any]:
     """Write a random-weight llama GGUF; return its models.json record (sha256, size, shape).
 
@@ -195,7 +212,13 @@ def write_llama_gguf(
         w.add_uint32("pairctl.lab.seed", seed)
         for key, value in (extra or {}).items():
             _add_extra(w, key, value)
-        for tname, arr in _weights(shape, seed).items():
+        if output_scale != 1.0:
+            w.add_float32("pairctl.lab.output_scale", output_scale)
+        if perturb:
+            w.add_float32("pairctl.lab.perturb", perturb)
+            w.add_uint32("pairctl.lab.perturb_seed", perturb_seed)
+        for tname, arr in _weights(shape, seed, output_scale=output_scale, perturb=perturb,
+                                   perturb_seed=perturb_seed).items():
             _add_tensor(w, tname, arr, dtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -242,8 +265,20 @@ def _add_extra(w: Any, key: str, value: Any) -> None:
 
 # --- the lab's three models ---------------------------------------------------------------
 
-ROLE_FILES = {"target": "target.gguf", "draft_same": "draft-same.gguf", "draft_other": "draft-other.gguf"}
-ROLE_SEEDS = {"target": TARGET_SEED, "draft_same": TARGET_SEED, "draft_other": OTHER_SEED}
+ROLE_FILES = {"target": "target.gguf", "draft_same": "draft-same.gguf", "draft_other": "draft-other.gguf",
+              "sensitive": "sensitive.gguf", "draft_perturbed": "draft-perturbed.gguf"}
+ROLE_SEEDS = {"target": TARGET_SEED, "draft_same": TARGET_SEED, "draft_other": OTHER_SEED,
+              "sensitive": TARGET_SEED, "draft_perturbed": TARGET_SEED}
+# `sensitive`: the target with its output projection scaled down, so next-token distributions have
+# near-ties (top-2 gaps of a few nats): KL means something there and small numeric changes flip
+# tokens (the reference-logprob profile lab-oracle serves it). `draft_perturbed`: the target plus
+# seeded noise, so its drafts are accepted often and rejected sometimes (both speculative paths).
+SENSITIVE_OUTPUT_SCALE = 0.08
+DRAFT_PERTURB = 0.35
+ROLE_OPTIONS: dict[str, dict[str, Any]] = {
+    "sensitive": {"output_scale": SENSITIVE_OUTPUT_SCALE},
+    "draft_perturbed": {"perturb": DRAFT_PERTURB, "perturb_seed": 31337},
+}
 
 
 @dataclass(frozen=True)
@@ -281,7 +316,8 @@ def ensure_lab_models(folder: Path) -> LabModels:
     if models_present(folder):
         return LabModels(folder, json.loads((folder / "models.json").read_text())["models"])
     records = {
-        role: write_llama_gguf(folder / fname, seed=ROLE_SEEDS[role], name=f"pairctl-lab-{role}")
+        role: write_llama_gguf(folder / fname, seed=ROLE_SEEDS[role], name=f"pairctl-lab-{role}",
+                               **ROLE_OPTIONS.get(role, {}))
         for role, fname in ROLE_FILES.items()
     }
     index = {"format": 1, "models": records}

@@ -130,6 +130,10 @@ class ServerClient:
     def get_json(self, path: str, *, timeout: float | None = None) -> Any:
         return self._request("GET", path, timeout=timeout).json()
 
+    def post_json(self, path: str, body: dict[str, Any], *, timeout: float | None = None) -> Any:
+        """Any JSON endpoint (`/v1/completions`, `/v1/chat/completions`, `/apply-template`): the raw answer."""
+        return self._request("POST", path, json=body, timeout=timeout).json()
+
     # -- endpoints ----------------------------------------------------------------
     def health(self, *, timeout: float = 5.0) -> bool:
         """True when `/health` is 200 (model loaded); False on 503 (loading) or no answer."""

@@ -150,3 +150,28 @@ def parse_metrics(text: str) -> dict[str, float]:
             raise ParseError(f"/metrics: bad value in {line!r}") from None
         out[name + (labels or "")] = v if not math.isnan(v) else float("nan")
     return out
+
+
+def parse_token_logprobs(data: Any, where: str) -> tuple[list[int], list[dict[int, float]]]:
+    """The generated token ids and each position's `{id: logprob}` from llama-server's
+    pre-sampling probabilities: `completion_probabilities` of `/completion`, or
+    `choices[0].logprobs.content` of `/v1/completions` and `/v1/chat/completions`."""
+    d = _obj(data, where)
+    if "completion_probabilities" in d:
+        entries = d["completion_probabilities"]
+    else:
+        try:
+            entries = d["choices"][0]["logprobs"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise ParseError(f"{where}: no logprobs in the answer (keys: {sorted(d)[:12]})") from None
+    if not isinstance(entries, list):
+        raise ParseError(f"{where}: logprobs are not a list")
+    tokens: list[int] = []
+    positions: list[dict[int, float]] = []
+    try:
+        for e in entries:
+            tokens.append(int(e["id"]))
+            positions.append({int(t["id"]): float(t["logprob"]) for t in e["top_logprobs"]})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ParseError(f"{where}: malformed logprob entry ({type(exc).__name__}: {exc})") from None
+    return tokens, positions

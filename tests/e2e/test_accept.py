@@ -108,7 +108,7 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
     assert r.exit_code == 0, r.output
     v = _verdicts(data)
     for name in ("identity", "two_lane_near_full", "one_lane_near_full", "speculative", "cached_continuation",
-                 "cancellation", "long_prefix_cache", "answer_fixtures"):
+                 "cancellation", "long_prefix_cache", "answer_fixtures", "reference_logprobs", "exactly_full"):
         assert v[name] == "passed", (name, data)
     assert v["telemetry"] in ("passed", "error")
     receipt = EvidenceStore(deployed_lab.env.home.evidence).load(data["receipt"])
@@ -167,6 +167,19 @@ def test_two_lane_fails_when_slot_context_is_smaller_than_needed(live):
 def test_one_lane_fails_when_slot_context_is_smaller_than_needed(live):
     r = near_full.run_one_lane(_bigger(live.ctx))
     assert r.verdict == "failed", r.message
+
+
+def test_exactly_full_fills_the_slot_and_fails_when_it_is_short(live):
+    """48 tokens short of the reported context is what the near-full slack hid (issue 15)."""
+    from orchestrator.checks import exactly_full
+
+    r = exactly_full.run(live.ctx)
+    assert r.verdict == "passed", r.message
+    assert r.figures["generated"] == exactly_full.GENERATE and r.raw["over"]["type"] == exactly_full.OVER_ERROR
+    short = replace(live.ctx, profile=live.ctx.profile.model_copy(update={"ctx_size": live.ctx.profile.ctx_size + 96}))
+    assert short.per_slot() > live.ctx.per_slot()
+    r = exactly_full.run(short)
+    assert r.verdict == "failed" and "refused" in r.message, r.message
 
 
 def test_two_lane_fails_when_a_prompt_carries_the_other_lanes_nonce(live):
@@ -303,3 +316,70 @@ def test_leased_pair_refused_and_scheduled_run_skipped(deployed_lab, cli):
         assert r.exit_code == 0, r.output
     r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity")
     assert r.exit_code == 0, r.output
+
+
+def _deploy(cli, pkg: str, profile: str, *checks: str):
+    args = ["--json", "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", profile]
+    for c in checks:
+        args += ["--checks", c]
+    return run_cli(cli, *args)
+
+
+def _ref_step(home: Path):
+    rec = EvidenceStore(home / "evidence").latest(PAIR)
+    return rec, rec.step("check:reference_logprobs")
+
+
+def test_reference_logprobs_pass_a_numeric_change_and_reject_a_forward_pass_change(deployed_lab, restore_baseline, cli):
+    """On the sensitive model (lab-oracle): the reference pair records its answers once; three
+    accepts of it compare with them and pass at zero distance; the same package with an f16 KV
+    cache (a legitimate numeric change) moves the logprobs and passes the gates; a changed RoPE
+    base (no greedy token flips) is rejected at deploy, exit 7, and the previous pair is back."""
+    pkg = deployed_lab.package_id
+    r = _deploy(cli, pkg, "lab-oracle", "reference_logprobs")
+    assert r.exit_code == 0, r.stderr[-3000:]
+    rec, st = _ref_step(deployed_lab.home)
+    assert st is not None and st.data["raw"]["key"] and st.data["verdict"] in ("skipped", "passed"), st.data["message"]
+    for _ in range(3):
+        r, data = _accept(cli, "--only", "reference_logprobs")
+        assert r.exit_code == 0, r.output
+        c = data["checks"][0]
+        assert c["verdict"] == "passed" and c["required"], c
+        assert c["figures"]["max_abs_dlogprob"] < 1e-3 and c["figures"]["top1"] == 1.0
+        assert c["figures"]["reference_receipt"] and c["figures"]["positions"] >= 100
+
+    r = _deploy(cli, pkg, "lab-oracle-kv-f16", "reference_logprobs")
+    assert r.exit_code == 0, r.stderr[-3000:]
+    rec, st = _ref_step(deployed_lab.home)
+    figs = st.data["figures"]
+    assert st.data["verdict"] == "passed" and figs["max_abs_dlogprob"] > 1e-3, figs  # it moved, within the gates
+    assert st.data["raw"]["reference_receipt"] and st.data["raw"]["gates"]["max_mean_kl"] > figs["mean_kl"]
+
+    r = _deploy(cli, pkg, "lab-oracle-rope", "reference_logprobs")
+    assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])
+    assert "reference_logprobs" in r.stderr and "rolled back" in r.stderr
+    rec, st = _ref_step(deployed_lab.home)
+    assert rec.outcome == "failed" and st.outcome == "failed", st.data["message"]
+    assert "KL" in st.data["message"] or "delta logprob" in st.data["message"]
+    assert rec.extra_fields()["final_state"]["state"] == "restored"
+    status = run_cli(cli, "--json", "status", "--pair", PAIR)
+    assert "lab-oracle-kv-f16" in json.loads(status.stdout)["route"]["active"]
+
+    r = run_cli(cli, "--json", "reference", "show", "--pair", PAIR)
+    assert r.exit_code == 0, r.output
+    shown = json.loads(r.stdout)
+    assert shown["reference"]["native_package"] and shown["answers"]
+
+
+def test_reference_set_is_recorded_and_refuses_bad_input(deployed_lab, cli):
+    pkg = deployed_lab.package_id
+    r = run_cli(cli, "reference", "set", "--pair", PAIR, "--package", "no-such-package", "--reason", "test")
+    assert r.exit_code == 3 and "no such package" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli(cli, "reference", "set", "--pair", PAIR, "--package", pkg, "--native-package", pkg, "--reason", "x")
+    assert r.exit_code == 3
+    r = run_cli(cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg, "--reason", "e2e: pin the baseline")
+    assert r.exit_code == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["reference"] == {"native_package": pkg, "rpc_package": pkg, "receipt": out["receipt"], "how": "set"}
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(out["receipt"])
+    assert rec.command == "reference" and rec.extra_fields()["reference"]["reason"] == "e2e: pin the baseline"

@@ -129,6 +129,11 @@ def test_cancel_passes_and_each_condition_fails():
         (dict(idle_after_s=None), "still processing"),
         (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1984}), "finished instead of being cancelled"),
         (dict(log={"checked": True, "cancel_logged": False, "stop_n_tokens": 80}), "no cancel"),
+        # a finished request logs prompt + n_predict - 1
+        (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1983}), "finished instead of being cancelled"),
+        # went on well past what it held at the close, though it stopped before the end (speed-independent)
+        (dict(stopped_by=64 + 8 + 32, log={"checked": True, "cancel_logged": True, "stop_n_tokens": 900}),
+         "did not stop at the cancel"),
         (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": None}), "no stop"),
         (dict(log={"checked": False, "why": "no transport"}), "not read"),
         (dict(followup_ok=False), "follow-up request failed"),

@@ -1,0 +1,118 @@
+"""Reference answers: which package pair is a route's yardstick, and its recorded answers.
+
+Both live in the pair's receipt chain, so every change is evidence:
+- the *pinned reference* is the newest passed `reference` receipt (`pairctl reference set`);
+  without one, the first passed acceptance that recorded reference answers (a route's first
+  accepted pair becomes its reference unless one is set);
+- *reference answers* are the raw data of a passed `check:reference_logprobs` step whose role
+  was `reference`, keyed by (reference packages, model file hashes, answer-defining profile
+  fields, fixture set). They are recorded once per key, by the reference pair itself.
+An accepted candidate never becomes the yardstick: only the reference pair records answers,
+and promoting another pair is the deliberate `reference set`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.hashing import sha256_json
+
+COMMAND = "reference"  # the receipt command of `pairctl reference set`
+FIELD = "reference"  # the receipt field it sets
+CHECK = "reference_logprobs"
+STEP = "check:" + CHECK
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A route's reference package pair and how it became one."""
+
+    native_package: str
+    rpc_package: str
+    receipt: str | None  # the receipt that set it (a `reference set`, or the first accepted run)
+    how: str  # "set" | "first accepted"
+
+    def packages(self) -> tuple[str, str]:
+        return self.native_package, self.rpc_package
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"native_package": self.native_package, "rpc_package": self.rpc_package, "receipt": self.receipt,
+                "how": self.how}
+
+
+@dataclass(frozen=True)
+class Answers:
+    """One recorded set of reference answers (the step's raw data) and where it is kept."""
+
+    key: str
+    receipt: str
+    raw: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class ReferenceState:
+    """What acceptance compares with: the pin (None: the route has none yet) and every recorded
+    answer set of the pin by key (the check picks the one of its own key)."""
+
+    pin: Pin | None
+    answers: Mapping[str, Answers]
+
+    def for_key(self, key: str) -> Answers | None:
+        return self.answers.get(key)
+
+
+def profile_answer_fields(profile: RouteProfile, n_ctx_train: int | None = None) -> dict[str, Any]:
+    """The profile fields that define *what* the answers are (model served, slot size that sizes
+    the near-full fixtures). Threads, batch sizes, KV types, flash attention, offload and drafting
+    change only *how* they are computed: the gates judge those against the same answers."""
+    return {"model": profile.model, "per_slot_ctx": profile.per_slot_ctx(n_ctx_train)}
+
+
+ANSWERS_FORMAT = 2  # how answers are recorded (teacher-forced walk, every position filled); part of the key
+
+
+def answers_key(packages: tuple[str, str], models: Mapping[str, str], profile_fields: Mapping[str, Any],
+                fixture_set_sha256: str) -> str:
+    return sha256_json({"format": ANSWERS_FORMAT, "packages": list(packages), "models": dict(sorted(models.items())),
+                        "profile": dict(profile_fields), "fixtures": fixture_set_sha256})
+
+
+def _raw(r: Any) -> Mapping[str, Any] | None:
+    st = r.step(STEP)
+    raw = st.data.get("raw") if st is not None else None
+    return raw if isinstance(raw, Mapping) else None
+
+
+def state_from_receipts(receipts: Iterable[Any]) -> ReferenceState:
+    """Pure over loaded receipts (oldest first): the pin, then the pin's answers by key."""
+    rs = [r for r in receipts if r.outcome == "passed"]
+    pin: Pin | None = None
+    for r in reversed(rs):
+        if r.command == COMMAND:
+            v = r.extra_fields().get(FIELD)
+            if isinstance(v, Mapping) and v.get("native_package") and v.get("rpc_package"):
+                pin = Pin(str(v["native_package"]), str(v["rpc_package"]), r.sha256, "set")
+                break
+    if pin is None:
+        for r in rs:
+            raw = _raw(r)
+            if raw and raw.get("role") == "reference" and raw.get("packages"):
+                n, p = raw["packages"]
+                pin = Pin(str(n), str(p), r.sha256, "first accepted")
+                break
+    answers: dict[str, Answers] = {}
+    if pin is not None:
+        for r in rs:
+            raw = _raw(r)
+            if (raw and raw.get("role") == "reference" and tuple(raw.get("packages") or ()) == pin.packages()
+                    and raw.get("key") and raw["key"] not in answers):
+                answers[str(raw["key"])] = Answers(key=str(raw["key"]), receipt=str(r.sha256), raw=raw)
+    return ReferenceState(pin=pin, answers=answers)
+
+
+def load_state(evidence: Any, pair: str) -> ReferenceState:
+    """The reference of `pair` from its receipt chain (every receipt that verifies)."""
+    return state_from_receipts(evidence.iter(pair=pair))

@@ -1,0 +1,228 @@
+"""Reference logprobs: the candidate's next-token distributions against the reference pair's
+recorded answers, teacher-forced on the reference's own tokens.
+
+Self-consistency checks cannot see a forward pass that changed the same way on both sides; this
+one compares with answers recorded once from the route's reference pair (`checks.reference`).
+For each fixture the candidate answers the same prompt through the same endpoint with top-K
+logprobs; where its greedy token differs from the reference's, it continues from the reference's
+prefix (`/completion`, same slot, prompt cache: one new token), so every position is judged on
+the reference's sequence. Figures as `llama-perplexity --kl-divergence` reports them plus the
+largest |delta logprob| over top-K; the gates are the profile's `reference_gates`.
+
+Roles: the pinned reference pair (or, with no pin yet, the route's first pair) *records*
+answers for its key when none exist; any other pair *compares* and fails when the reference has
+no answers for its key (the message says how to record them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.checks import logprobs as lp
+from orchestrator.checks.base import CheckContext, CheckResult, Timer
+from orchestrator.checks.oracle_fixtures import (
+    DEFAULT_SET,
+    OracleFixture,
+    OracleFixtureSet,
+    load_oracle_set,
+    seeded_text,
+)
+from orchestrator.checks.reference import CHECK, answers_key, profile_answer_fields
+from orchestrator.config.reference_gates import ReferenceGates
+from orchestrator.server.parsers import parse_token_logprobs
+
+NAME = CHECK
+Prompt = str | list[int]
+
+
+@dataclass(frozen=True)
+class Answer:
+    tokens: list[int]
+    positions: list[dict[int, float]]
+
+
+def running_packages(ctx: CheckContext) -> tuple[str, str] | None:
+    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ("native", "rpc"))
+    return (str(ids[0]), str(ids[1])) if all(ids) else None
+
+
+def n_vocab(ctx: CheckContext) -> int | None:
+    try:
+        data = ctx.client.get_json("/v1/models", timeout=30)
+        return int(data["data"][0]["meta"]["n_vocab"])
+    except Exception:  # an older server without meta: the gates' top_k must then be set
+        return None
+
+
+class Asker:
+    """The requests of one comparison: first pass per endpoint, continuation via /completion."""
+
+    def __init__(self, ctx: CheckContext, k: int) -> None:
+        self.ctx, self.k = ctx, k
+        self.requests = 0
+
+    def _post(self, path: str, body: dict[str, Any]) -> Answer:
+        self.requests += 1
+        data = self.ctx.client.post_json(path, body, timeout=self.ctx.options.request_timeout_s)
+        tokens, positions = parse_token_logprobs(data, path)
+        return Answer(tokens, positions)
+
+    def first(self, endpoint: str, prompt: Prompt, n: int) -> Answer:
+        common = {"temperature": 0.0, "seed": 0, "id_slot": 0, "cache_prompt": False, "stream": False}
+        if endpoint == "chat":
+            return self._post("/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}],
+                                                       "max_tokens": n, "logprobs": True, "top_logprobs": self.k})
+        path = "/completion" if endpoint == "completion" else "/v1/completions"
+        key = "n_predict" if endpoint == "completion" else "max_tokens"
+        return self._post(path, {**common, "prompt": prompt, key: n, "n_probs": self.k})
+
+    def cont(self, prefix: Prompt, forced: list[int], n: int) -> Answer:
+        prompt: list[Any] = ([prefix] if isinstance(prefix, str) else list(prefix)) + list(forced)
+        return self._post("/completion", {"prompt": prompt, "n_predict": n, "n_probs": self.k, "temperature": 0.0,
+                                          "seed": 0, "id_slot": 0, "cache_prompt": True, "stream": False})
+
+    def template(self, message: str) -> str:
+        self.requests += 1
+        data = self.ctx.client.post_json("/apply-template", {"messages": [{"role": "user", "content": message}]},
+                                         timeout=self.ctx.options.request_timeout_s)
+        return str(data["prompt"])
+
+
+def prompts_of(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, fx: OracleFixture) -> tuple[Prompt, Prompt]:
+    """(prompt sent through the fixture's endpoint, prefix a /completion continuation starts from)."""
+    if fx.near_full:
+        n = ctx.per_slot() - fx.n_predict - fs.near_full_margin
+        ids: list[int] = []
+        chars = 2 * n
+        while len(ids) < n:
+            ids = ctx.client.tokenize(seeded_text(fx.seed, chars), add_special=False)
+            chars *= 2
+        return ids[:n], ids[:n]
+    assert fx.prompt is not None
+    if fx.endpoint == "chat":
+        return fx.prompt, asker.template(fx.prompt)
+    return fx.prompt, fx.prompt
+
+
+def record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, floor: float) -> list[dict[str, Any]]:
+    out = []
+    for fx in fs.fixtures:
+        prompt, prefix = prompts_of(ctx, asker, fs, fx)
+        a = asker.first(fx.endpoint, prompt, fx.n_predict)
+        mine = {"id": fx.id, "endpoint": fx.endpoint, "prompt": prompt, "prefix": prefix, "tokens": a.tokens}
+        got, _, _ = teacher_forced(asker, mine, first=a)  # fills the positions drafting left without logprobs
+        if len(got.positions) < len(a.tokens):
+            raise ValueError(f"{fx.id}: the reference answered logprobs for {len(got.positions)} of "
+                             f"{len(a.tokens)} positions")
+        out.append({**mine, "positions": [lp.trimmed(p, floor) for p in got.positions]})
+    return out
+
+
+def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = None) -> tuple[Answer, int, int]:
+    """The candidate's distribution at every position of the reference's tokens; also the number
+    of positions where its greedy token differed and the first such position (-1: none).
+
+    Two things make it continue from the reference's prefix (`/completion`, prompt cache): a
+    greedy token that differs (its own distribution is still on the reference's prefix, so it
+    counts), and a position without logprobs (the pinned server reports none for tokens accepted
+    from a draft; the first token after a prompt is always sampled with them)."""
+    ref_tokens = list(fx["tokens"])
+    n = len(ref_tokens)
+    got = first if first is not None else asker.first(fx["endpoint"], fx["prompt"], n)
+    positions: list[dict[int, float]] = []
+    flips, first_flip = 0, -1
+    for _ in range(n + 1):  # each round adds at least one position, or ends
+        base = len(positions)
+        m = min(len(got.tokens), len(got.positions), n - base)
+        k = 0
+        while k < m and got.positions[k] and got.tokens[k] == ref_tokens[base + k]:
+            k += 1
+        positions += got.positions[:k]
+        if k < m and got.positions[k]:  # greedy differs here; the distribution was still on the reference's prefix
+            positions.append(got.positions[k])
+            flips += 1
+            first_flip = base + k if first_flip < 0 else first_flip
+        if len(positions) >= n or (len(positions) == base and (k >= m or not got.positions[k])):
+            break  # done, or no progress: missing positions are reported, never invented
+        got = asker.cont(fx["prefix"], ref_tokens[:len(positions)], n - len(positions))
+    return Answer(ref_tokens[:len(positions)], positions), flips, first_flip
+
+
+def gates_dict(g: ReferenceGates) -> dict[str, Any]:
+    return g.model_dump(mode="json")
+
+
+def compare(asker: Asker, answers: list[Mapping[str, Any]], gates: ReferenceGates, complete: bool
+            ) -> tuple[lp.Summary, list[dict[str, Any]], list[str]]:
+    per_fixture, all_diffs, problems = [], [], []
+    for fx in answers:
+        got, flips, first_flip = teacher_forced(asker, fx)
+        ref_pos = [{int(t): float(v) for t, v in p} for p in fx["positions"]]
+        pairs = list(zip(ref_pos, got.positions, strict=False))
+        if not all(r and c for r, c in pairs):
+            problems.append(f"{fx['id']}: positions without logprobs on one side; the answers cannot be compared")
+        diffs = [lp.compare_position(r, c, floor=gates.logprob_floor, complete=complete) for r, c in pairs if r and c]
+        if len(got.positions) < len(ref_pos):
+            problems.append(f"{fx['id']}: the server answered {len(got.positions)} of {len(ref_pos)} positions")
+        s = lp.summarize(diffs)
+        worst = max(range(len(diffs)), key=lambda i: diffs[i].max_abs_dlogprob) if diffs else None
+        per_fixture.append({"id": fx["id"], "endpoint": fx["endpoint"], **s.as_dict(), "greedy_flips": flips,
+                            "first_flip": first_flip, "worst_position": worst,
+                            "worst_token": diffs[worst].worst_token if worst is not None else None})
+        all_diffs += diffs
+    return lp.summarize(all_diffs), per_fixture, problems
+
+
+def run(ctx: CheckContext) -> CheckResult:
+    timer = Timer()
+    fs = load_oracle_set(ctx.oracle_fixtures or DEFAULT_SET)
+    gates = ctx.profile.reference_gates
+    vocab = n_vocab(ctx)
+    k = gates.top_k or vocab or 0
+    if k <= 0:
+        return CheckResult(name=NAME, verdict="failed", message="the server does not report n_vocab (/v1/models); "
+                           "set reference_gates.top_k in the profile", duration_s=timer.elapsed())
+    complete = vocab is not None and k >= vocab
+    running = running_packages(ctx)
+    state = ctx.reference
+    base_raw: dict[str, Any] = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256(), "models": dict(ctx.models),
+                                "top_k": k, "n_vocab": vocab, "gates": gates_dict(gates)}
+    if running is None or state is None:
+        why = "the active packages are not in the local store" if running is None else "no evidence store was given"
+        return CheckResult(name=NAME, verdict="failed", message=f"cannot compare with reference answers: {why}",
+                           raw=base_raw, duration_s=timer.elapsed())
+    pin = state.pin.packages() if state.pin else running
+    key = answers_key(pin, ctx.models, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
+    base_raw |= {"packages": list(running), "reference": state.pin.as_dict() if state.pin else None, "key": key}
+    asker = Asker(ctx, k)
+    found = state.for_key(key)
+    if found is None:
+        if pin != running:
+            return CheckResult(
+                name=NAME, verdict="failed", raw={**base_raw, "role": "candidate"}, duration_s=timer.elapsed(),
+                message=(f"the reference pair {pin[0]} / {pin[1]} has no answers for key {key[:12]} (models, profile "
+                         f"{ctx.profile.model} at {ctx.per_slot()} per slot, fixtures {fs.name}): deploy the reference "
+                         "packages with this profile once to record them, or promote this pair with "
+                         f"`pairctl reference set --pair {ctx.pair}`"))
+        answers = record(ctx, asker, fs, gates.logprob_floor)
+        how = ("this pair is the pinned reference" if state.pin
+               else "the route has no reference yet: this pair becomes it")
+        return CheckResult(
+            name=NAME, verdict="skipped", required=False, duration_s=timer.elapsed(),
+            message=f"{how}; recorded its answers ({len(answers)} fixtures) as reference answers, key {key[:12]}",
+            figures={"role": "reference", "key": key[:12], "fixtures": len(answers), "requests": asker.requests},
+            raw={**base_raw, "role": "reference", "answers": answers})
+    summary, per_fixture, problems = compare(asker, list(found.raw.get("answers") or []), gates, complete)
+    problems += lp.gate_problems(summary, max_mean_kl=gates.max_mean_kl, max_kl=gates.max_kl, min_top1=gates.min_top1,
+                                 max_abs_dlogprob=gates.max_abs_dlogprob)
+    figures = {**summary.as_dict(), "reference_receipt": found.receipt[:16], "key": key[:12],
+               "greedy_flips": sum(f["greedy_flips"] for f in per_fixture), "requests": asker.requests}
+    raw = {**base_raw, "role": "candidate", "reference_receipt": found.receipt, "summary": summary.as_dict(),
+           "fixtures": per_fixture, "problems": problems}
+    msg = "; ".join(problems) if problems else (
+        f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}): mean KL {summary.mean_kl:.3g}, "
+        f"max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| {summary.max_abs_dlogprob:.3g}")
+    return CheckResult(name=NAME, verdict="failed" if problems else "passed", message=msg, figures=figures, raw=raw,
+                       duration_s=timer.elapsed())

@@ -1,0 +1,99 @@
+"""`pairctl reference set|show`: the package pair a route's answers are compared with.
+
+Setting a reference is a deliberate, recorded action: it writes a receipt (command `reference`)
+into the pair's chain, which `checks.reference` reads. The new reference's answers are recorded
+by its next acceptance (deploy it, or `pairctl accept` while it is active); until then a
+candidate's `reference_logprobs` check fails and says so.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+from orchestrator.build.store import PackageStore
+from orchestrator.checks.reference import COMMAND, FIELD, ReferenceState, load_state
+from orchestrator.cli.context import get_ctx
+from orchestrator.errors import ConfigError, PackageError
+from orchestrator.evidence.store import EvidenceStore
+
+app = typer.Typer(help="A route's reference package pair: the yardstick of its answers.", no_args_is_help=True)
+
+
+def _revision(store: PackageStore, package_id: str, role: str) -> str:
+    try:
+        return str(store.get(package_id).manifest.revision)
+    except (PackageError, KeyError, FileNotFoundError):
+        raise ConfigError(f"--{role}-package {package_id}: no such package in the local store",
+                          hint="`pairctl packages list` shows the built packages") from None
+
+
+def state_dict(pair: str, st: ReferenceState) -> dict[str, Any]:
+    return {"pair": pair, "reference": st.pin.as_dict() if st.pin else None,
+            "answers": [{"key": a.key, "receipt": a.receipt, "fixture_set": a.raw.get("fixture_set"),
+                         "models": a.raw.get("models"), "fixtures": len(a.raw.get("answers") or [])}
+                        for a in st.answers.values()]}
+
+
+@app.command("set")
+def set_(
+    ctx: typer.Context,
+    pair: str = typer.Option(..., "--pair", help="Pair (route) whose reference this becomes."),
+    package: str | None = typer.Option(None, "--package", help="One package for both roles."),
+    native_package: str | None = typer.Option(None, "--native-package", help="Package of the native host."),
+    rpc_package: str | None = typer.Option(None, "--rpc-package", help="Package of the RPC host."),
+    reason: str = typer.Option(..., "--reason", help="Why this pair becomes the yardstick (kept in the receipt)."),
+) -> None:
+    """Promote a package pair to PAIR's reference (a receipt records it); exit 2 on bad input."""
+    c = get_ctx(ctx)
+    c.inventory().pair(pair)
+    native, rpc = native_package or package, rpc_package or package
+    if not native or not rpc or (package and (native_package or rpc_package)):
+        raise ConfigError("give --package, or both --native-package and --rpc-package")
+    if not reason.strip():
+        raise ConfigError("--reason must say why this pair becomes the reference")
+    store = PackageStore(c.home.store)
+    revs = {_revision(store, native, "native"), _revision(store, rpc, "rpc")}
+    if len(revs) != 1:
+        raise ConfigError(f"{native} and {rpc} come from different revisions ({', '.join(sorted(revs))}); "
+                          "a reference is a matched pair")
+    evidence = EvidenceStore(c.home.evidence)
+    before = load_state(evidence, pair)
+    argv = ["reference", "set", "--pair", pair, "--native-package", native, "--rpc-package", rpc, "--reason", reason]
+    journal = evidence.begin(command=COMMAND, argv=argv, pair=pair, inputs={})
+    with journal:
+        journal.set(FIELD, {"native_package": native, "rpc_package": rpc, "revision": revs.pop(), "reason": reason,
+                            "previous": before.pin.as_dict() if before.pin else None})
+        receipt = journal.finish("passed", f"reference of {pair} set to {native} / {rpc}")
+    out = {**state_dict(pair, load_state(evidence, pair)), "receipt": receipt}
+    if c.json_output:
+        c.emit_json(out)
+    else:
+        c.console.print(f"reference of {pair}: {native} / {rpc} (receipt {receipt[:16]}); its answers are recorded "
+                        "by its next acceptance", markup=False)
+
+
+@app.command("show")
+def show(
+    ctx: typer.Context,
+    pair: str = typer.Option(..., "--pair", help="Pair (route) to show."),
+) -> None:
+    """The reference of PAIR, how it became one, and the answer sets recorded for it."""
+    c = get_ctx(ctx)
+    c.inventory().pair(pair)
+    out = state_dict(pair, load_state(EvidenceStore(c.home.evidence), pair))
+    if c.json_output:
+        c.emit_json(out)
+        return
+    pin = out["reference"]
+    if pin is None:
+        c.console.print(f"pair {pair} has no reference yet: its first accepted pair becomes it", markup=False)
+        return
+    c.console.print(f"reference of {pair}: {pin['native_package']} / {pin['rpc_package']} ({pin['how']}, "
+                    f"receipt {str(pin['receipt'])[:16]})", markup=False)
+    for a in out["answers"]:
+        c.console.print(f"  answers {a['key'][:12]}: {a['fixtures']} fixtures of {a['fixture_set']}, "
+                        f"receipt {a['receipt'][:16]}", markup=False)
+    if not out["answers"]:
+        c.console.print("  no answers recorded yet: accept the reference pair to record them", markup=False)

@@ -1,0 +1,209 @@
+"""Pure logic of reference answers: the logprob comparison, the gates, teacher forcing over a
+scripted answerer, the reference pin and answer lookup over receipts, the fixture set model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from orchestrator.checks import logprobs as lp
+from orchestrator.checks.oracle_fixtures import OracleFixtureSet, load_oracle_set, seeded_text
+from orchestrator.checks.reference import STEP, answers_key, state_from_receipts
+from orchestrator.checks.reference_logprobs import Answer, teacher_forced
+from orchestrator.server.parsers import ParseError, parse_token_logprobs
+
+
+def dist(*logits: float) -> dict[int, float]:
+    z = math.log(sum(math.exp(x) for x in logits))
+    return {i: x - z for i, x in enumerate(logits)}
+
+
+def test_identical_distributions_have_zero_kl_and_agree():
+    d = lp.compare_position(dist(3, 1, 0), dist(3, 1, 0), floor=-80)
+    assert d.kl == pytest.approx(0, abs=1e-12) and d.top1_agrees and d.max_abs_dlogprob == pytest.approx(0, abs=1e-12)
+
+
+def test_kl_matches_the_definition_and_top1_flip_is_seen():
+    r, c = dist(2.0, 1.9, 0), dist(1.9, 2.0, 0)
+    d = lp.compare_position(r, c, floor=-80)
+    want = sum(math.exp(r[i]) * (r[i] - c[i]) for i in r)
+    assert d.kl == pytest.approx(want, rel=1e-9) and not d.top1_agrees
+
+
+def test_a_runner_up_shift_on_a_peaked_distribution_moves_dlogprob_not_kl():
+    """The lab target's case: the top token holds all the mass; a runner-up moves by 4.5 nats."""
+    r, c = dist(0.0, -66.5, -70.0), dist(0.0, -62.0, -70.0)
+    d = lp.compare_position(r, c, floor=-80)
+    assert d.kl < 1e-20 and d.top1_agrees
+    assert d.max_abs_dlogprob == pytest.approx(4.5, abs=1e-6) and d.worst_token == 1
+
+
+def test_floor_clamps_underflow_and_missing_tokens():
+    r = {0: 0.0, 1: -3.4e38}  # log(0) as llama-server writes it
+    c = {0: 0.0}  # token 1 dropped below the floor
+    assert lp.compare_position(r, c, floor=-80).max_abs_dlogprob == 0
+    # a top-K cut (not complete): a missing token counts as that side's smallest listed value
+    d = lp.compare_position({0: 0.0, 1: -5.0, 2: -9.0}, {0: 0.0, 1: -5.0}, floor=-80, complete=False)
+    assert d.max_abs_dlogprob == pytest.approx(4.0)
+
+
+def test_gates_name_each_figure_missed():
+    s = lp.Summary(positions=10, mean_kl=0.5, max_kl=2.0, top1=0.8, max_abs_dlogprob=3.0)
+    p = lp.gate_problems(s, max_mean_kl=1e-3, max_kl=0.02, min_top1=0.99, max_abs_dlogprob=0.25)
+    assert [x.split()[0] + x.split()[1] for x in p] == ["meanKL", "maxKL", "top-1agreement", "max|delta"]
+    ok = lp.Summary(positions=10, mean_kl=0, max_kl=0, top1=1.0, max_abs_dlogprob=0.01)
+    assert lp.gate_problems(ok, max_mean_kl=1e-3, max_kl=0.02, min_top1=0.99, max_abs_dlogprob=0.25) == []
+
+
+def test_trimmed_keeps_ids_above_floor_rounded():
+    assert lp.trimmed({5: -1.23456789, 2: -0.1, 7: -3.4e38}, -80) == [[2, -0.1], [5, -1.234568]]
+
+
+@dataclass
+class ScriptedAsker:
+    """Answers like a greedy server whose token at absolute position `flip_at` differs from the
+    reference's; a continuation from the reference's prefix agrees again (pure test double)."""
+
+    ref: list[int]
+    flip_at: set[int]
+    calls: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def _answer(self, start: int, n: int) -> Answer:
+        toks = [(t + 1 if start + i in self.flip_at else t) for i, t in enumerate(self.ref[start:start + n])]
+        return Answer(toks, [{t: 0.0, start + i + 1000: -1.0} for i, t in enumerate(toks)])
+
+    def first(self, endpoint: str, prompt: Any, n: int) -> Answer:
+        self.calls.append(("first", 0, n))
+        return self._answer(0, n)
+
+    def cont(self, prefix: Any, forced: list[int], n: int) -> Answer:
+        assert forced == self.ref[:len(forced)], "continuations must follow the reference's tokens"
+        self.calls.append(("cont", len(forced), n))
+        # after a forced prefix, the server's greedy at the flipped position agrees (the position is past it)
+        return self._answer(len(forced), n)
+
+
+def test_teacher_forcing_continues_from_the_reference_prefix_after_each_flip():
+    ref = list(range(10, 20))
+    asker = ScriptedAsker(ref, flip_at={3, 7})
+    got, flips, first = teacher_forced(asker, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
+    assert len(got.positions) == 10 and flips == 2 and first == 3
+    assert asker.calls == [("first", 0, 10), ("cont", 4, 6), ("cont", 8, 2)]
+
+
+def test_teacher_forcing_stops_when_the_server_answers_nothing():
+    class Short(ScriptedAsker):
+        def cont(self, prefix, forced, n):
+            return Answer([], [])
+
+    got, flips, _ = teacher_forced(Short(list(range(5)), {1}), {"tokens": list(range(5)), "endpoint": "chat",
+                                                                 "prompt": "p", "prefix": "t"})
+    assert len(got.positions) == 2 and flips == 1
+
+
+@dataclass
+class FakeStep:
+    data: dict[str, Any]
+
+
+@dataclass
+class FakeReceipt:
+    sha256: str
+    command: str
+    outcome: str = "passed"
+    raw: dict[str, Any] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    def step(self, name: str) -> FakeStep | None:
+        return FakeStep({"raw": self.raw}) if name == STEP and self.raw is not None else None
+
+    def extra_fields(self) -> dict[str, Any]:
+        return self.fields
+
+
+def ref_raw(pkgs: tuple[str, str], key: str) -> dict[str, Any]:
+    return {"role": "reference", "packages": list(pkgs), "key": key, "answers": []}
+
+
+def test_first_accepted_pair_becomes_the_reference_and_candidates_never_do():
+    rs = [FakeReceipt("r0", "deploy", outcome="failed", raw=ref_raw(("x", "x"), "k0")),
+          FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1")),
+          FakeReceipt("r2", "deploy", raw={"role": "candidate", "packages": ["b", "b"], "key": "k1"}),
+          FakeReceipt("r3", "accept", raw=ref_raw(("a", "a"), "k2"))]
+    st = state_from_receipts(rs)
+    assert st.pin is not None and st.pin.packages() == ("a", "a") and st.pin.how == "first accepted"
+    assert set(st.answers) == {"k1", "k2"} and st.answers["k1"].receipt == "r1"
+
+
+def test_a_set_reference_wins_and_only_its_answers_count():
+    rs = [FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1")),
+          FakeReceipt("r2", "reference", fields={"reference": {"native_package": "b", "rpc_package": "b"}}),
+          FakeReceipt("r3", "deploy", raw=ref_raw(("b", "b"), "k9"))]
+    st = state_from_receipts(rs)
+    assert st.pin is not None and st.pin.packages() == ("b", "b") and st.pin.how == "set" and st.pin.receipt == "r2"
+    assert set(st.answers) == {"k9"}
+    assert state_from_receipts([]).pin is None
+
+
+def test_answers_key_depends_on_every_part():
+    base = answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f")
+    assert base == answers_key(("a", "b"), {"target": "1"}, {"per_slot_ctx": 2048, "model": "target"}, "f")
+    for other in (answers_key(("a", "c"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
+                  answers_key(("a", "b"), {"target": "2"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
+                  answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 1024}, "f"),
+                  answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "g")):
+        assert other != base
+
+
+def test_parse_token_logprobs_reads_all_three_endpoints():
+    entry = {"id": 7, "token": "a", "logprob": -0.1,
+             "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}]}
+    for body in ({"completion_probabilities": [entry]}, {"choices": [{"logprobs": {"content": [entry]}}]}):
+        assert parse_token_logprobs(body, "x") == ([7], [{7: -0.1, 3: -2.5}])
+    with pytest.raises(ParseError, match="no logprobs"):
+        parse_token_logprobs({"choices": [{"text": "a"}]}, "/v1/completions")
+
+
+def test_oracle_fixture_set_loads_and_refuses_bad_fixtures(tmp_path):
+    fs = load_oracle_set("oracle-lab")
+    assert {f.endpoint for f in fs.fixtures} == {"completion", "v1_completions", "chat"}
+    assert any(f.near_full for f in fs.fixtures) and len(fs.sha256()) == 64
+    with pytest.raises(ValidationError, match="exactly one of prompt or near_full"):
+        OracleFixtureSet.model_validate({"name": "x", "fixtures": [{"id": "a", "prompt": "p", "near_full": True}]})
+    with pytest.raises(ValidationError, match="cannot go through chat"):
+        OracleFixtureSet.model_validate({"name": "x", "fixtures": [{"id": "a", "endpoint": "chat", "near_full": True}]})
+    assert seeded_text(3, 50) == seeded_text(3, 50) != seeded_text(4, 50)
+
+
+def test_positions_without_logprobs_are_filled_from_the_reference_prefix():
+    """Drafted tokens come back without logprobs: each such gap is a continuation, not a flip."""
+
+    class Drafting(ScriptedAsker):
+        def _answer(self, start, n):
+            a = super()._answer(start, n)
+            return Answer(a.tokens, [p if i == 0 else {} for i, p in enumerate(a.positions)])
+
+    ref = list(range(30, 35))
+    asker = Drafting(ref, flip_at={2})
+    got, flips, first = teacher_forced(asker, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
+    assert len(got.positions) == 5 and all(got.positions) and flips == 1 and first == 2
+    assert [c[1] for c in asker.calls] == [0, 1, 2, 3, 4]
+
+
+def test_exactly_full_passes_and_each_condition_fails():
+    from orchestrator.checks.exactly_full import full_problems
+
+    good = dict(prompt=2032, gen=16, evaluated=2032, predicted=16, stop_type="limit", over_status=400,
+                over_type="exceed_context_size_error", over_predicted=16)
+    assert full_problems(**good) == []
+    for change, text in [(dict(predicted=8), "fewer than its reported n_ctx"), (dict(evaluated=1984), "evaluated as"),
+                         (dict(over_status=None, over_type=None), "must refuse"),
+                         (dict(over_status=500, over_type="server_error"), "not 400"),
+                         (dict(over_predicted=17), "has room for")]:
+        assert any(text in x for x in full_problems(**{**good, **change})), change
+    assert full_problems(**{**good, "predicted": 14, "over_predicted": 14, "draft_room": 3}) == []
+    assert full_problems(**{**good, "predicted": 12, "draft_room": 3})
