@@ -145,7 +145,8 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
                 continue
             if stopped is not None:  # the server stopped answering: the rest would only wait on it
                 r = CheckResult(name=name, verdict="skipped", required=False,
-                                message=f"not run: {stopped.name} found the server not answering ({stopped.message[:160]})")
+                                message=f"not run: {stopped.name} found the server not answering "
+                                        f"({stopped.message[:160]})")
                 results.append(r)
                 _record(ctx, r)
                 continue

@@ -658,7 +658,8 @@ class SshTransport:
                 pass
             return HostError(f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
                              f"(writing {posixpath.basename(dst)}: {exc})",
-                             hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again")
+                             hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command "
+                                  "again")
         return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
 
 

@@ -43,7 +43,8 @@ RUN_TIMEOUT_S = 300
 # The matrix deploys WITH acceptance (issue 21: a fault while acceptance runs must roll back, and a
 # cell is "new" only when the new pair was accepted after the fault). A short set keeps the matrix
 # inside CI's time: identity around one model check, whose boundary is a cell of its own.
-ACCEPT_CHECKS = tuple(c for c in os.environ.get("PAIRCTL_FAULTS_CHECKS", "identity,cached_continuation").split(",") if c)
+ACCEPT_CHECKS = tuple(c for c in os.environ.get("PAIRCTL_FAULTS_CHECKS", "identity,cached_continuation").split(",")
+                      if c)
 CHECK_STEPS = [f"check:{c}" for c in ACCEPT_CHECKS if c != "identity"]  # identity wraps the suite: no boundary
 
 
