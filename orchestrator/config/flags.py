@@ -317,7 +317,7 @@ def _numeric_host(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
 
 def server_bind_problem(value: str, *, api_key: bool) -> str | None:
     """llama-server --host: a comma-separated list (each stripped; `.sock` names a UNIX socket).
-    An unspecified, non-loopback or host-name address needs an API key."""
+    An unspecified, non-loopback or host-name address (localhost included) needs an API key."""
     hosts = [h.strip() for h in value.split(",") if h.strip()]
     if not hosts:
         return f"{value!r} names no address"
@@ -331,9 +331,7 @@ def server_bind_problem(value: str, *, api_key: bool) -> str | None:
             if loop and not addr.is_unspecified:
                 continue
             what = "every address" if addr.is_unspecified else f"non-loopback address {addr}"
-        elif h.lower() == "localhost":
-            continue
-        else:
+        else:  # even "localhost": the host's own resolver (its /etc/hosts) decides, and the host is untrusted
             if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", h):
                 return f"{h!r} is neither an IP address nor a host name"
             what = f"host name {h!r} (resolved on the host, not necessarily loopback)"

@@ -60,6 +60,9 @@ def write(tmp_path: Path, name: str, data) -> Path:
     ["--webui-mcp-proxy"], ["--ui_mcp_proxy"], ["--media-path", "/"], ["--slot-save-path", "/tmp"],
     ["--models-preset", "/x.ini"], ["--models-dir", "/"], ["-hf", "a/b"], ["--tools-runtime", "ssh:root@x"],
     ["--props"], ["--ui-config-file", "/etc/shadow"], ["--log-prompts-dir", "/tmp"],
+    # other spellings an attacker would try
+    ["--agent=1"], ["--media_path", "/"], ["--models_preset", "/x"], ["-hfr", "a/b"], ["--hf_repo_draft", "x"],
+    ["--mcp-servers-json={}"], ["--reuse_port"], ["--tools-runtime=ssh:x"], ["--ui_config_file", "/etc/shadow"],
 ])
 def test_risky_flags_refused_in_every_spelling(args):
     problems = check_extra_args(args)
@@ -119,7 +122,8 @@ def test_profile_with_tools_refused_unless_pair_allows(tmp_path):
 
 # -- item 4: addresses judged as the binaries resolve them -----------------------------------
 
-@pytest.mark.parametrize("spelling", ["0", "0x0", "0.0.0.00", "00", "0.0", "0x0.0", "000.000.000.000", "0 trailing"])
+@pytest.mark.parametrize("spelling", ["0", "0x0", "0.0.0.00", "00", "0.0", "0x0.0", "000.000.000.000", "0 trailing",
+                                      "0x00000000", "0\t", "00.0x0.0.0"])
 def test_rpc_bind_every_spelling_of_any_refused(spelling):
     assert inet_addr(spelling) is not None and inet_addr(spelling).is_unspecified
     assert "every address" in rpc_bind_problem(spelling)
@@ -141,15 +145,17 @@ def test_rpc_bind_inet_addr_forms():
 
 
 @pytest.mark.parametrize("spelling", ["0.0.0.0", "0", "0x0", "::", "::0", "[::]", "0:0::0", "127.0.0.1,0.0.0.0",
-                                      "10.1.2.3", "example.org", "::ffff:0.0.0.0"])
+                                      "10.1.2.3", "example.org", "::ffff:0.0.0.0", "0000::", "::0.0.0.0",
+                                      "127.0.0.1 , 0.0.0.0", "[::ffff:0.0.0.0]", "LOCALHOST"])
 def test_server_bind_open_needs_api_key(spelling):
     assert server_bind_problem(spelling, api_key=False) is not None
     assert server_bind_problem(spelling, api_key=True) is None
 
 
 def test_server_bind_loopback_without_key():
-    for s in ("127.0.0.2", "::1", "localhost", "127.1", "/run/x.sock"):
+    for s in ("127.0.0.2", "::1", "127.1", "0177.0.0.1", "/run/x.sock"):
         assert server_bind_problem(s, api_key=False) is None, s
+    assert server_bind_problem("localhost", api_key=False)  # resolved by the host's /etc/hosts
 
 
 def test_inventory_binds_refused(tmp_path):

@@ -218,7 +218,7 @@ def test_cli_derive_then_report_rebuilds_result_without_remeasuring(tmp_path, cl
     assert not out.restored and store.load(out.receipt).outcome == "failed"
     assert d.events[-1] == ("restore", "orig-n")  # the restore itself ran; the final read failed
     reuse = ",".join(["snapshot", *out.arm_steps])
-    fresh = tmp_path / "fresh.json"  # a derived record passes only when every step is covered (issue 16)
+    fresh = tmp_path / "fresh.json"  # the failed step, checked again by hand: a derived record needs it covered
     fresh.write_text(json.dumps([{"name": "restore", "outcome": "passed", "data": {"verified": "by hand"}}]))
     r = cli("--json", "receipts", "derive", "--from", out.receipt, "--reuse", reuse, "--fresh", str(fresh),
             "--reason", "final route read timed out after all samples; restore verified by hand", home=tmp_path)
