@@ -379,7 +379,8 @@ def test_reference_set_is_recorded_and_refuses_bad_input(deployed_lab, cli):
     assert r.exit_code == 3 and "no such package" in r.stderr and "Traceback" not in r.stderr
     r = run_cli(cli, "reference", "set", "--pair", PAIR, "--package", pkg, "--native-package", pkg, "--reason", "x")
     assert r.exit_code == 3
-    r = run_cli(cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg, "--reason", "e2e: pin the baseline")
+    r = run_cli(cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg,
+                "--reason", "e2e: pin the baseline")
     assert r.exit_code == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["reference"] == {"native_package": pkg, "rpc_package": pkg, "receipt": out["receipt"], "how": "set"}
