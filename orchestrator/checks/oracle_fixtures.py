@@ -73,8 +73,8 @@ def seeded_text(seed: int, n_chars: int) -> str:
 def load_oracle_set(name_or_path: str) -> OracleFixtureSet:
     p = Path(name_or_path)
     if not p.suffix:
-        p = MANIFESTS / "fixtures" / f"{name_or_path}.yaml"
+        p = MANIFESTS / "fixtures" / "reference" / f"{name_or_path}.yaml"
     if not p.exists():
         raise ConfigError(f"{p}: reference fixture set not found",
-                          hint=f"sets live in {MANIFESTS / 'fixtures'}; the default is {DEFAULT_SET}")
+                          hint=f"sets live in {MANIFESTS / 'fixtures' / 'reference'}; the default is {DEFAULT_SET}")
     return load_model(OracleFixtureSet, p)

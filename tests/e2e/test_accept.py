@@ -175,7 +175,9 @@ def test_exactly_full_fills_the_slot_and_fails_when_it_is_short(live):
 
     r = exactly_full.run(live.ctx)
     assert r.verdict == "passed", r.message
-    assert r.figures["generated"] == exactly_full.GENERATE and r.raw["over"]["type"] == exactly_full.OVER_ERROR
+    room = live.ctx.profile.draft.n_max if live.ctx.drafting() and live.ctx.profile.draft else 0
+    assert exactly_full.GENERATE - room <= r.figures["generated"] <= exactly_full.GENERATE  # lab: 14 of 16, drafting
+    assert r.raw["over"]["type"] == exactly_full.OVER_ERROR
     short = replace(live.ctx, profile=live.ctx.profile.model_copy(update={"ctx_size": live.ctx.profile.ctx_size + 96}))
     assert short.per_slot() > live.ctx.per_slot()
     r = exactly_full.run(short)
@@ -377,7 +379,8 @@ def test_reference_set_is_recorded_and_refuses_bad_input(deployed_lab, cli):
     assert r.exit_code == 3 and "no such package" in r.stderr and "Traceback" not in r.stderr
     r = run_cli(cli, "reference", "set", "--pair", PAIR, "--package", pkg, "--native-package", pkg, "--reason", "x")
     assert r.exit_code == 3
-    r = run_cli(cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg, "--reason", "e2e: pin the baseline")
+    r = run_cli(cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg,
+                "--reason", "e2e: pin the baseline")
     assert r.exit_code == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["reference"] == {"native_package": pkg, "rpc_package": pkg, "receipt": out["receipt"], "how": "set"}
