@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
 from orchestrator.errors import ConfigError
@@ -88,9 +89,7 @@ def fixtures_dir() -> Path:
 
 
 def load_fixture_set(name_or_path: str) -> FixtureSet:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = fixtures_dir() / f"{name_or_path}.yaml"
+    p = search.resolve_ref("fixtures", name_or_path)
     if not p.exists():
         raise ConfigError(f"{p}: fixture set not found")
     return load_model(FixtureSet, p)

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import expand, load_model
 from orchestrator.errors import ConfigError
@@ -84,6 +85,7 @@ def _check_address(value: str) -> None:
 class Inventory(StrictModel):
     known_hosts: str = Field(default="~/.ssh/known_hosts", description="strict host-key checking against this file")
     use_ssh_config: bool = Field(default=False, description="fill user/port/key left out here from ~/.ssh/config")
+    keep_releases: int = Field(default=5, ge=1, description="releases kept per host by deploy and `releases prune`")
     hosts: dict[str, HostSpec]
     pairs: dict[str, PairSpec] = Field(default_factory=dict)
 
@@ -174,7 +176,5 @@ def inventories_dir() -> Path:
 
 
 def load_inventory(name_or_path: str, variables: dict[str, str] | None = None) -> Inventory:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = inventories_dir() / f"{name_or_path}.yaml"
+    p = search.resolve_ref("inventory", name_or_path)
     return load_model(Inventory, p).resolved(variables)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
 from orchestrator.paths import MANIFESTS
@@ -191,7 +192,4 @@ def profiles_dir() -> Path:
 
 
 def load_profile(name_or_path: str) -> RouteProfile:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = profiles_dir() / f"{name_or_path}.yaml"
-    return load_model(RouteProfile, p)
+    return load_model(RouteProfile, search.resolve_ref("profile", name_or_path))

@@ -25,6 +25,7 @@ from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import ConfigError, PairctlError, RollbackFailed, RolledBack
 from orchestrator.hashing import sha256_file, sha256_json
+from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.route import parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
@@ -74,9 +75,9 @@ def _inventory_sha(inventory: Inventory) -> str:
 
 
 def _playbook_sha(name: str) -> str:
-    from orchestrator.paths import PLAYBOOKS
+    from orchestrator.config.search import resolve
 
-    return sha256_file(PLAYBOOKS / f"{name}.yaml")
+    return sha256_file(resolve("playbook", name))
 
 
 @contextmanager
@@ -176,7 +177,12 @@ def deploy(
                 result.receipt = journal.finish("passed", "dry run: plan printed, nothing changed")
                 return result
             _set_restore_from_start(ctx)
-            run_steps(steps[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            rest = steps[n_prefix:]
+            cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
+            for i, part in enumerate((rest[:cut], rest[cut:])):
+                if i == 1:
+                    prune_after_deploy(ctx)  # keep_releases, under the leases, recorded in the receipt
+                run_steps(part, ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as failure:
             if not ctx.changed:
                 _abort(ctx, failure, record)

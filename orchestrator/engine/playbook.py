@@ -15,9 +15,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
-from orchestrator.paths import PLAYBOOKS
 
 # Every action the engine implements, and whether it changes what runs on a host.
 ACTIONS: dict[str, bool] = {
@@ -88,7 +88,4 @@ class Playbook(StrictModel):
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = PLAYBOOKS / f"{name_or_path}.yaml"
-    return load_model(Playbook, p)
+    return load_model(Playbook, search.resolve_ref("playbook", name_or_path))

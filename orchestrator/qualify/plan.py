@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
 from orchestrator.config.profiles import RouteProfile
@@ -206,9 +207,6 @@ def plan_from_text(text: str, *, source: str) -> QualifyPlan:
 
 
 def load_plan(name_or_path: str | Path) -> LoadedPlan:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = plans_dir() / f"{name_or_path}.yaml"
-    p = p.expanduser().resolve()
+    p = search.resolve_ref("plan", str(name_or_path)).expanduser().resolve()
     plan = load_model(QualifyPlan, p, context={"base_dir": str(p.parent)})
     return LoadedPlan(plan, p, sha256_file(p))
