@@ -119,7 +119,9 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
                                       f"pass --kind (one of: {', '.join(sorted(models))})",))
     if k not in models:
         return FileCheck(path, k, (f"{path}: unknown kind {k!r}; known: {', '.join(sorted(models))}",))
-    context = {"base_dir": str(path.resolve().parent)} if k == "plan" else None
+    # a plan in a config repo's plans/ resolves its fixture paths against that folder (as loading
+    # it by name does); one elsewhere against the bundled plans folder, as before
+    context = {"base_dir": str(path.resolve().parent)} if k == "plan" and _kind_of(path) == "plan" else None
     problems, fields_ok = validation_problems(models[k], data, source=str(path), context=context)
     if isinstance(data, dict):
         problems += cross_references(k, data, source=str(path), fields_ok=fields_ok)
