@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 pytest_plugins = [
     p
-    for p in ("tests.plugins.lab", "tests.plugins.packages", "tests.plugins.pairs")
+    for p in ("tests.plugins.lab", "tests.plugins.packages", "tests.plugins.pairs", "tests.plugins.wheel")
     if (REPO / (p.replace(".", "/") + ".py")).exists()
 ]
 

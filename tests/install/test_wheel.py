@@ -1,0 +1,59 @@
+"""The wheel works from any directory: bundled defaults are package data, read through
+importlib.resources, never found relative to a checkout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.plugins.wheel import Installed, wheel_names
+
+
+def test_wheel_carries_the_bundled_defaults(installed_pairctl: Installed):
+    names = wheel_names(installed_pairctl.wheel)
+    for must in ("orchestrator/_data/manifests/inventories/lab.yaml", "orchestrator/_data/manifests/targets/v100.yaml",
+                 "orchestrator/_data/manifests/profiles/production.yaml", "orchestrator/_data/manifests/fixtures/lab.yaml",
+                 "orchestrator/_data/manifests/fixtures/qualify/lab-code.txt", "orchestrator/_data/playbooks/deploy.yaml",
+                 "orchestrator/_data/kernels/mmvf-warp-per-row/patch.diff",
+                 "orchestrator/_data/kernels/harness/kernel_cases.cpp", "orchestrator/hosts/pairctl-svc.sh"):
+        assert must in names, must
+    assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "manifests/"))]
+
+
+def test_installed_pairctl_runs_from_a_temporary_directory(installed_pairctl: Installed, tmp_path: Path):
+    cwd, home = tmp_path / "elsewhere", tmp_path / "home"
+    cwd.mkdir()
+    where = subprocess.run([str(installed_pairctl.python), "-c",
+                            "import orchestrator, orchestrator.paths as p; print(orchestrator.__file__); print(p.MANIFESTS)"],
+                           cwd=cwd, env=installed_pairctl.env(home), capture_output=True, text=True, check=True)
+    mod, manifests = where.stdout.split()
+    assert mod.startswith(str(installed_pairctl.venv)), mod  # the wheel's code, not the checkout's
+    assert manifests.startswith(str(installed_pairctl.venv)) and manifests.endswith("orchestrator/_data/manifests")
+
+    r = installed_pairctl.run(cwd, home, "--json", "config", "check")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    checked = json.loads(r.stdout)
+    assert len(checked) > 20 and all(c["ok"] for c in checked)
+    assert all(c["file"].startswith(str(installed_pairctl.venv)) for c in checked)
+
+    r = installed_pairctl.run(cwd, home, "--json", "lab", "status")
+    assert r.returncode == 0, r.stderr[-3000:]
+    st = json.loads(r.stdout)
+    assert {h["host"] for h in st["hosts"]} == {"lab-native", "lab-rpc"}
+    assert all(h["install_root"].startswith(str(home)) for h in st["hosts"])
+
+
+def test_installed_pairctl_with_an_init_config_repo(installed_pairctl: Installed, tmp_path: Path):
+    cwd, home = tmp_path / "ops", tmp_path / "home"
+    cwd.mkdir()
+    r = installed_pairctl.run(cwd, home, "init", "pairctl")  # ./pairctl: found from the working directory
+    assert r.returncode == 0, r.stderr
+    r = installed_pairctl.run(cwd, home, "--json", "config", "show")
+    shown = json.loads(r.stdout)
+    assert shown["search_path"][0] == {"origin": "./pairctl", "root": str(cwd / "pairctl")}
+    assert shown["names"]["inventory"]["site"]["path"] == str(cwd / "pairctl" / "inventories" / "site.yaml")
+    r = installed_pairctl.run(cwd, home, "config", "check")
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = installed_pairctl.run(cwd, home, "-i", "site", "--json", "releases", "list", "--pair", "nosuch")
+    assert r.returncode == 3 and "no pair named 'nosuch'" in r.stderr
