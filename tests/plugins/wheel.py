@@ -42,7 +42,8 @@ class Installed:
         env.update(PAIRCTL_HOME=str(home), **extra)
         return env
 
-    def run(self, cwd: Path, home: Path, *args: str, timeout: float = 600, **extra: str) -> subprocess.CompletedProcess[str]:
+    def run(self, cwd: Path, home: Path, *args: str, timeout: float = 600,
+            **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.pairctl), *args], cwd=cwd, env=self.env(home, **extra), capture_output=True,
                               text=True, timeout=timeout)
 
@@ -50,7 +51,8 @@ class Installed:
 def _run(*argv: str | Path, cwd: Path | None = None, timeout: float = 300) -> None:
     proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="session")
