@@ -25,7 +25,8 @@ def test_installed_pairctl_runs_from_a_temporary_directory(installed_pairctl: In
     cwd, home = tmp_path / "elsewhere", tmp_path / "home"
     cwd.mkdir()
     code = "import orchestrator, orchestrator.paths as p; print(orchestrator.__file__); print(p.MANIFESTS)"
-    where = subprocess.run([str(installed_pairctl.python), "-c", code], cwd=cwd, env=installed_pairctl.env(home), capture_output=True, text=True, check=True)
+    where = subprocess.run([str(installed_pairctl.python), "-c", code], cwd=cwd, env=installed_pairctl.env(home),
+                           capture_output=True, text=True, check=True)
     mod, manifests = where.stdout.split()
     assert mod.startswith(str(installed_pairctl.venv)), mod  # the wheel's code, not the checkout's
     assert manifests.startswith(str(installed_pairctl.venv)) and manifests.endswith("orchestrator/_data/manifests")
