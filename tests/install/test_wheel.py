@@ -18,6 +18,10 @@ def test_wheel_carries_the_bundled_defaults(installed_pairctl: Installed):
                  "kernels/mmvf-warp-per-row/patch.diff", "kernels/harness/kernel_cases.cpp"):
         assert data + must in names, must
     assert "orchestrator/hosts/pairctl-svc.sh" in names
+    repo = Path(__file__).resolve().parents[2]
+    bundled = {f"{data}{p.relative_to(repo).as_posix()}" for top in ("manifests", "playbooks", "kernels")
+               for p in (repo / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert bundled == {n for n in names if n.startswith(data)}  # every bundled file, nothing else
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "manifests/"))]
 
 
