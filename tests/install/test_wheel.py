@@ -18,6 +18,9 @@ def test_wheel_carries_the_bundled_defaults(installed_pairctl: Installed):
                  "kernels/mmvf-warp-per-row/patch.diff", "kernels/harness/kernel_cases.cpp"):
         assert data + must in names, must
     assert "orchestrator/hosts/pairctl-svc.sh" in names
+    for pkg in ("build", "checks", "cli", "config", "engine", "evidence", "hosts", "lab", "ops", "qualify", "remote",
+                "server"):
+        assert any(n.startswith(f"orchestrator/{pkg}/") and n.endswith(".py") for n in names), pkg
     repo = Path(__file__).resolve().parents[2]
     bundled = {f"{data}{p.relative_to(repo).as_posix()}" for top in ("manifests", "playbooks", "kernels")
                for p in (repo / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts}

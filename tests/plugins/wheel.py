@@ -25,8 +25,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_SKIP = shutil.ignore_patterns(".git", ".venv", ".state", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-                               ".hypothesis", ".whl", ".gl", ".carry", "benchmarks", "docs", "tests")
+_TOP_SKIP = {".git", ".venv", ".state", "build", "dist", ".pytest_cache", ".hypothesis", ".whl", ".gl", ".carry",
+             "benchmarks", "docs", "tests"}
+
+
+def _skip(folder: str, names: list[str]) -> set[str]:
+    """Build outputs and what the wheel does not need: top-level names only (orchestrator/build
+    is code), caches and egg-info anywhere."""
+    top = {n for n in names if n in _TOP_SKIP} if Path(folder) == REPO else set()
+    return top | {n for n in names if n == "__pycache__" or n.endswith(".egg-info")}
 
 
 @dataclass(frozen=True)
@@ -59,7 +66,7 @@ def _run(*argv: str | Path, cwd: Path | None = None, timeout: float = 300) -> No
 def installed_pairctl(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     base = tmp_path_factory.mktemp("wheel")
     src = base / "src"
-    shutil.copytree(REPO, src, ignore=_SKIP, symlinks=True)
+    shutil.copytree(REPO, src, ignore=_skip, symlinks=True)
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", base / "dist", src)
     (wheel,) = sorted((base / "dist").glob("pairctl-*.whl"))
     venv = base / "venv"
