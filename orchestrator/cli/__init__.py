@@ -84,9 +84,10 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo("pairctl: aborted", err=True)
         sys.exit(int(ExitCode.INTERRUPTED))
     except Exception as exc:  # usage errors (typer bundles its own click) and anything unexpected
-        if hasattr(exc, "show") and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         typer.echo(f"pairctl: internal error: {type(exc).__name__}: {exc}", err=True)
         typer.echo(f"(details in {Home.resolve().logs / 'pairctl.jsonl'})", err=True)
         try:

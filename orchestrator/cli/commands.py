@@ -25,6 +25,9 @@ from orchestrator.cli import deploy_cmd, rollback_cmd, status_cmd  # noqa: E402
 app.command("deploy")(deploy_cmd.deploy)
 app.command("rollback")(rollback_cmd.rollback)
 app.command("status")(status_cmd.status)
+from orchestrator.cli import repair_cmd  # noqa: E402
+
+app.command("repair")(repair_cmd.repair)
 from orchestrator.cli import kernels_cmd  # noqa: E402
 
 app.add_typer(kernels_cmd.app, name="kernels")

@@ -61,7 +61,10 @@ pairs:
     # unless allow_rpc_bind_any: true); keep the link between the two hosts private.
     target_native: v100          # CUDA 12.x builds sm_70 (CUDA 13 cannot)
     target_rpc: rtx5060ti        # sm_120
-    # api_key_file: ~/.config/pairctl/prod.key   # operator-side file, uploaded 0600, never argv
+    # llama-server listens on the native host's address, so it needs an API key: create this
+    # operator-side file (one line, printable ASCII, mode 0600) before the first deploy; it is
+    # uploaded 0600, never argv. Without one, set server_bind to a loopback address.
+    api_key_file: ~/.config/pairctl/prod.key
     models:
       # role -> GGUF path on the native host; sha256 pins the exact file (deploy refuses another)
       target: {path: /srv/models/target.gguf}

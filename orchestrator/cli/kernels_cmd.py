@@ -19,7 +19,7 @@ _JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
 @app.command("list")
 def list_(ctx: typer.Context, json_output: bool = _JSON) -> None:
     """Every kernel patch folder: scope, base blobs, patch sha256 (verified) and case names."""
-    from orchestrator.kernels_meta import describe_all
+    from orchestrator.config.kernels import describe_all
 
     c = get_ctx(ctx)
     rows = describe_all()

@@ -9,7 +9,7 @@ from orchestrator.cli.context import get_ctx
 app = typer.Typer(help="List, show and verify built packages.", no_args_is_help=True)
 
 
-def _store(ctx: typer.Context):  # type: ignore[no-untyped-def]
+def _store(ctx: typer.Context):
     from orchestrator.build.store import PackageStore
 
     c = get_ctx(ctx)

@@ -48,9 +48,10 @@ def qualify(
     missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
     if missing:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
+    assert pair and baseline and candidate and plan  # all four checked just above
     from orchestrator.qualify.command import qualify_pair
 
-    out = qualify_pair(c, pair=pair, baseline=tuple(baseline), candidate=tuple(candidate), plan_ref=plan, profile_ref=profile,
+    out = qualify_pair(c, pair=pair, baseline=baseline, candidate=candidate, plan_ref=plan, profile_ref=profile,
                        argv=_argv(pair, baseline, candidate, plan, profile))
     _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
     if not out.restored:

@@ -14,7 +14,7 @@ from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import HostError
 from orchestrator.hosts import leases as L
 from orchestrator.hosts import prune as P
-from orchestrator.remote.transport import TransportPool
+from orchestrator.remote.pool import TransportPool
 
 app = typer.Typer(help="List a pair's releases on its hosts, and prune the oldest.", no_args_is_help=True)
 

@@ -74,7 +74,8 @@ def status(
 ) -> None:
     """Show current/previous releases, services, route record and leases (read-only).
 
-    Exit 1 when something does not match on any pair."""
+    Exit 1 when something does not match on any pair (each problem says how to fix it); exit 6
+    when a host's current/previous link leaves the install root or names no release."""
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
     from orchestrator.evidence.store import EvidenceStore
@@ -116,5 +117,5 @@ def _reraise(o: Any) -> typer.Exit:
     from orchestrator.errors import PairctlError
 
     err = PairctlError(o.error)
-    err.exit_code = o.exit_code  # type: ignore[misc]
+    err.exit_code = o.exit_code
     raise err

@@ -60,7 +60,7 @@ def _inner(tp: Any, part: Any) -> Any:
                 return fields[part].annotation
             continue
         origin = getattr(cand, "__origin__", None)
-        args = getattr(cand, "__args__", ())
+        args: tuple[Any, ...] = getattr(cand, "__args__", ())
         if origin is dict and len(args) == 2:
             return args[1]
         if origin is list and args:
@@ -74,15 +74,50 @@ def format_validation_error(source: str, err: ValidationError, model: type[BaseM
     return "\n".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one
+    silently, so a reviewer reading the first `server_bind:` sees the wrong value)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"unhashable key {key!r}", key_node.start_mark) from None
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                f"while reading the mapping (first {key!r} at line {first.start_mark.line + 1})", node.start_mark,
+                f"duplicate key {key!r}", key_node.start_mark)
+        seen[key] = key_node
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_text(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml_text(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -120,6 +155,19 @@ def validation_problems(model: type[BaseModel], data: Any, *, source: str,
     except RecursionError:
         return [f"{source}: nested too deeply"], False
     return [], True
+
+
+def is_manifest_name(name_or_path: str | Path) -> bool:
+    """The one name-or-path rule for every manifest a command names (profiles, targets,
+    inventories, playbooks, fixture sets, plans): a bare name has no suffix, anything else is a
+    path. config.search looks names up on the config search path."""
+    return not Path(name_or_path).suffix
+
+
+def manifest_path(name_or_path: str | Path, folder: Path) -> Path:
+    """Where a manifest reference points within one folder: a bare name is `folder/<name>.yaml`,
+    a path is itself (config.search applies this to each layer of the search path)."""
+    return folder / f"{name_or_path}.yaml" if is_manifest_name(name_or_path) else Path(name_or_path)
 
 
 def load_model(model: type[M], path: Path | str, *, context: dict[str, Any] | None = None) -> M:

@@ -4,7 +4,12 @@ A file's kind comes from `--kind`, else from the folder it sits in (a `targets/`
 ... folder of any layer of the search path, or a kernel folder), else from its content (the
 kind whose fields its top-level keys match best). `check_file` reports every problem of a file
 in one pass: the fields, then the cross-references (the profile, targets and model roles an
-inventory names; the profile a plan names) resolved on the same search path pairctl itself uses.
+inventory names; the profile a plan names) resolved on the same search path pairctl itself uses,
+and the flag policy: an inventory pair's profile under that pair's allow_flags and API key, a
+profile checked alone under what every inventory pair serving it allows.
+
+Every kind is named here, also those whose models live with the code that uses them (playbooks,
+qualification plans, fixture sets): a missing one is an import error, never a kind silently skipped.
 """
 
 from __future__ import annotations
@@ -15,35 +20,25 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.checks.fixtures import FixtureSet
 from orchestrator.config import search
-from orchestrator.config.loader import read_yaml, validation_problems
+from orchestrator.config.inventory import Inventory, PairSpec
+from orchestrator.config.kernels import CaseSet, KernelPatch
+from orchestrator.config.loader import load_model, read_yaml, validation_problems
+from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
+from orchestrator.config.targets import Target
+from orchestrator.engine.playbook import Playbook
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS
+from orchestrator.qualify.plan import QualifyPlan
 
 
 def schemas() -> dict[str, type[BaseModel]]:
-    from orchestrator.config.inventory import Inventory
-    from orchestrator.config.profiles import RouteProfile
-    from orchestrator.config.targets import Target
-
-    out: dict[str, type[BaseModel]] = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
-    for modname, kind, attr in _OPTIONAL:
-        try:
-            mod = __import__(modname, fromlist=[attr])
-            out[kind] = getattr(mod, attr)
-        except (ImportError, AttributeError):
-            pass
-    return out
-
-
-# (module, kind, class) registered by later packages; absent ones are skipped.
-_OPTIONAL = [
-    ("orchestrator.engine.playbook", "playbook", "Playbook"),
-    ("orchestrator.qualify.plan", "plan", "QualifyPlan"),
-    ("orchestrator.kernels_meta", "kernel", "KernelPatch"),
-    ("orchestrator.kernels_meta", "kernel-cases", "CaseSet"),
-    ("orchestrator.checks.fixtures", "fixtures", "FixtureSet"),
-]
+    """Every manifest kind and the model that validates it."""
+    return {
+        "target": Target, "profile": RouteProfile, "inventory": Inventory, "playbook": Playbook,
+        "plan": QualifyPlan, "kernel": KernelPatch, "kernel-cases": CaseSet, "fixtures": FixtureSet,
+    }
 
 
 def _kind_of(path: Path) -> str | None:
@@ -121,7 +116,11 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
         return FileCheck(path, k, (f"{path}: unknown kind {k!r}; known: {', '.join(sorted(models))}",))
     # a plan in a config repo's plans/ resolves its fixture paths against that folder (as loading
     # it by name does); one elsewhere against the bundled plans folder, as before
-    context = {"base_dir": str(path.resolve().parent)} if k == "plan" and _kind_of(path) == "plan" else None
+    context: dict[str, Any] | None = None
+    if k == "plan" and _kind_of(path) == "plan":
+        context = {"base_dir": str(path.resolve().parent)}
+    elif k == "profile":
+        context = _profile_context(path)
     problems, fields_ok = validation_problems(models[k], data, source=str(path), context=context)
     if isinstance(data, dict):
         problems += cross_references(k, data, source=str(path), fields_ok=fields_ok)
@@ -167,8 +166,6 @@ def cross_references(kind: str, data: dict[str, Any], *, source: str, fields_ok:
 
 
 def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[str]:
-    from orchestrator.config.profiles import load_profile
-
     out: list[str] = []
     hosts: dict[str, Any] = data["hosts"] if isinstance(data.get("hosts"), dict) else {}
     pairs: dict[str, Any] = data["pairs"] if isinstance(data.get("pairs"), dict) else {}
@@ -189,11 +186,8 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
             if not _exists("profile", profile_name):
                 out.append(_missing(source, f"{at}.profile", "profile", profile_name))
             else:
-                try:
-                    profile = load_profile(profile_name)
-                except ConfigError:
-                    out.append(f"{source}: field '{at}.profile': profile {profile_name!r} is itself invalid; "
-                               f"run `pairctl config check {search.resolve_ref('profile', profile_name)}`")
+                profile, problems = _pair_profile(source, at, profile_name, pair)
+                out += problems
         for field in ("target_native", "target_rpc"):
             t = pair.get(field)
             if isinstance(t, str) and not _exists("target", t):
@@ -207,3 +201,57 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
                     out.append(f"{source}: field '{at}.models': profile {profile.name!r} uses model role {role!r} "
                                f"({what}), which this pair does not define; add models.{role} with the GGUF's path")
     return out
+
+
+def _pair_spec(pair: dict[str, Any]) -> PairSpec | None:
+    try:
+        return PairSpec.model_validate(pair)
+    except ValueError:  # its own problems are reported with the inventory's fields
+        return None
+
+
+def _pair_profile(source: str, at: str, name: str, pair: dict[str, Any]) -> tuple[RouteProfile | None, list[str]]:
+    """A pair's profile: its own fields first (an invalid one is named once, its problems are the
+    profile file's), then the flag policy under this pair's allow_flags and API key (a pair whose
+    own fields are invalid allows nothing), as deploy judges it."""
+    path = search.resolve_ref("profile", name)
+    try:
+        profile = profile_from_record(read_yaml(path), what=str(path))
+    except ConfigError:
+        return None, [f"{source}: field '{at}.profile': profile {name!r} is itself invalid; "
+                      f"run `pairctl config check {path}`"]
+    try:
+        load_profile(str(path), pair=_pair_spec(pair))
+    except ConfigError as e:
+        lines = [line.strip() for line in str(e).splitlines()[1:]] or [str(e)]
+        return profile, [f"{source}: field '{at}.profile': profile {name!r} is refused for this pair: {line}"
+                         for line in lines]
+    return profile, []
+
+
+def _profile_context(path: Path) -> dict[str, object]:
+    """A profile checked alone may use a risky flag only where every inventory pair on the search
+    path serving it allows it (with an API key); a profile no pair allows is judged with nothing
+    allowed."""
+    allowed: dict[str, str] | None = None
+    for res in search.names("inventory").values():
+        try:
+            inv = load_model(Inventory, res.path)
+        except ConfigError:
+            continue
+        for pair in inv.pairs.values():
+            if not _serves(pair.profile, path):
+                continue
+            mine = dict(pair.allow_flags) if pair.api_key_file else {}
+            allowed = mine if allowed is None else {k: v for k, v in allowed.items() if k in mine}
+    return {"allow_flags": allowed or {}, "api_key": bool(allowed)}
+
+
+def _serves(ref: str, path: Path) -> bool:
+    """Whether a pair's profile reference names this file (by name on the search path, or as a path)."""
+    if ref in (path.stem, str(path)):
+        return True
+    try:
+        return search.resolve_ref("profile", ref).resolve() == path.resolve()
+    except (ConfigError, OSError):
+        return False

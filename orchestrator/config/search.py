@@ -21,6 +21,7 @@ from pathlib import Path
 
 import platformdirs
 
+from orchestrator.config.loader import is_manifest_name, manifest_path
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS, PLAYBOOKS
 
@@ -100,7 +101,7 @@ def resolve(kind: str, name: str) -> Path:
     place looked in when none does."""
     looked: list[Path] = []
     for layer in current_layers():
-        p = layer.folder(kind) / f"{name}.yaml"
+        p = manifest_path(name, layer.folder(kind))
         if p.is_file():
             return p
         looked.append(p.parent)
@@ -113,10 +114,10 @@ def resolve(kind: str, name: str) -> Path:
     )
 
 
-def resolve_ref(kind: str, name_or_path: str) -> Path:
-    """A bare name is looked up on the search path; anything with a suffix is a file path."""
-    p = Path(name_or_path)
-    return resolve(kind, name_or_path) if not p.suffix else p
+def resolve_ref(kind: str, name_or_path: str | Path) -> Path:
+    """How every loader finds the manifest a command names: a bare name (loader.is_manifest_name)
+    is looked up on the search path, anything else is a file path."""
+    return resolve(kind, str(name_or_path)) if is_manifest_name(name_or_path) else Path(name_or_path)
 
 
 @dataclass(frozen=True)

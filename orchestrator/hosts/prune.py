@@ -236,13 +236,30 @@ def summary(results: list[HostPrune]) -> dict[str, Any]:
             "removed": sum(len(r.removed) for r in results)}
 
 
-class DeployRun(Protocol):
-    """What `prune_after_deploy` needs of a deploy's RunContext."""
+class _Pool(Protocol):
+    def get(self, host_name: str) -> Transport: ...
 
-    inventory: Any
-    pool: Any
-    journal: Any
-    view: Any
+
+class _Journal(Protocol):
+    def set(self, key: str, value: Any) -> None: ...
+
+
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class DeployRun(Protocol):
+    """What `prune_after_deploy` needs of a deploy's RunContext (read-only: its inputs are)."""
+
+    @property
+    def inventory(self) -> Inventory: ...
+    @property
+    def pool(self) -> _Pool: ...
+    @property
+    def journal(self) -> _Journal: ...
+    @property
+    def view(self) -> _Named: ...
 
 
 def prune_after_deploy(ctx: DeployRun) -> dict[str, Any]:

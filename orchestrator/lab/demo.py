@@ -7,10 +7,17 @@ what an operator would type after `pairctl`.
 
 from __future__ import annotations
 
+import json
 import shlex
+import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from orchestrator import cli
+from orchestrator.build.store import PackageStore
+from orchestrator.lab.source import BASELINE_TAG
+from orchestrator.paths import Home
 
 STEPS: list[Any] = [
     ("lab", "up"),
@@ -20,10 +27,8 @@ STEPS: list[Any] = [
 
 def run_step(argv: tuple[str, ...]) -> int:
     """Run one `pairctl` command in-process; return its exit code."""
-    from orchestrator.cli import main
-
     try:
-        main(list(argv))
+        cli.main(list(argv))
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
@@ -56,18 +61,10 @@ PATCH = "kernels/mmvf-warp-per-row"
 
 
 def _packages() -> list[Any]:
-    from orchestrator.build.store import PackageStore
-    from orchestrator.paths import Home
-
     return [p for p in PackageStore(Home.resolve().store).list() if p.manifest.target.name == "cpu-lab"]
 
 
 def _baseline_rev() -> str:
-    import subprocess
-
-    from orchestrator.lab.source import BASELINE_TAG
-    from orchestrator.paths import Home
-
     return subprocess.run(["git", "-C", str(Home.resolve().lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
                           capture_output=True, text=True, check=True).stdout.strip()
 
@@ -116,9 +113,6 @@ def _expect_active(current: str, previous: str | None) -> Step:
 
 
 def _check_links(current: str, previous: str | None) -> None:
-    import json
-    import subprocess
-
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "--json", "status", "--pair", "lab"],
                           capture_output=True, text=True)
     st = json.loads(proc.stdout or "{}")

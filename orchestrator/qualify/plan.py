@@ -16,10 +16,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, validate
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
-from orchestrator.hashing import sha256_file
+from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.paths import MANIFESTS
 
 ALL = "*"  # a gate or flag on every family
@@ -130,7 +130,8 @@ class QualifyPlan(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "QualifyPlan":
         fams = set(self.families)
-        for g in [*self.gates, *self.flags]:
+        judged: list[Gate | Flag] = [*self.gates, *self.flags]
+        for g in judged:
             if g.family not in fams | {ALL, COMBINED}:
                 raise ValueError(f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})")
         if isinstance(self.order, list):
@@ -156,8 +157,8 @@ class QualifyPlan(StrictModel):
             return [(i // 2, a) for i, a in enumerate(self.order)]
         out: list[tuple[int, Arm]] = []
         for i in range(self.pairs):
-            first, second = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
-            out += [(i, first), (i, second)]
+            arms: tuple[Arm, Arm] = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+            out += [(i, arms[0]), (i, arms[1])]
         return out
 
     def check_fits(self, profile: RouteProfile) -> None:
@@ -188,7 +189,6 @@ class LoadedPlan:
         fx = next(f for f in self.plan.fixtures if f.name == name)
         p = self.fixture_paths[name]
         data = p.read_bytes()
-        from orchestrator.hashing import sha256_bytes
 
         if sha256_bytes(data) != fx.sha256:
             raise ConfigError(f"fixture {name!r}: {p} changed since the plan was loaded (sha256 mismatch)")
@@ -197,8 +197,6 @@ class LoadedPlan:
 
 def plan_from_text(text: str, *, source: str) -> QualifyPlan:
     """A plan as recorded in a receipt (`plan_text`): validated, fixture files not consulted."""
-    from orchestrator.config.loader import validate
-
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

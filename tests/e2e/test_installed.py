@@ -31,6 +31,10 @@ def _substitute_lab_hosts(site: Path, lab_inventory: Path) -> None:
     lab_pair = lab["pairs"]["lab"]
     inv["pairs"]["prod"].update(profile="lab", target_native="cpu-lab", target_rpc="cpu-lab",
                                 models=lab_pair["models"])
+    # the lab serves on loopback: its pair's API key setting comes along with its hosts
+    inv["pairs"]["prod"].pop("api_key_file", None)
+    if lab_pair.get("api_key_file"):
+        inv["pairs"]["prod"]["api_key_file"] = lab_pair["api_key_file"]
     site.write_text(yaml.safe_dump(inv, sort_keys=False))
 
 

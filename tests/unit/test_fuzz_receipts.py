@@ -201,7 +201,7 @@ def _apply(root: Path, ops) -> bool:
             (folder / pl["name"]).write_bytes(pl["bytes"])
         elif op == "dir-instead":
             victim = folder / pl["name"]
-            if victim.is_file():
+            if victim.is_file() or victim.is_symlink():  # a dangling link left by an earlier op is no dir either
                 victim.unlink()
             victim.mkdir(exist_ok=True)
         elif op == "dangling-link":
