@@ -1,21 +1,42 @@
-"""Where pairctl keeps its state on the operator's machine.
+"""Where pairctl finds its bundled defaults and keeps its state on the operator's machine.
 
-Everything lives under one home so a test, a CI run or an operator can point pairctl at a
-separate world with one variable (`PAIRCTL_HOME`) or `--home`.
+Bundled defaults (targets, profiles, inventories, fixtures, plans, playbooks, kernels) ship in
+the wheel as package data under `orchestrator/_data/` (pyproject.toml maps the repo's top-level
+`manifests/`, `playbooks/` and `kernels/` there), read through importlib.resources; in a checkout
+(or an editable install) they are the repo's own folders. The operator's config repo is layered
+over them by `orchestrator.config.search`.
+
+State lives under one home so a test, a CI run or an operator can point pairctl at a separate
+world with one variable (`PAIRCTL_HOME`) or `--home`.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import platformdirs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MANIFESTS = REPO_ROOT / "manifests"
-PLAYBOOKS = REPO_ROOT / "playbooks"
-KERNELS = REPO_ROOT / "kernels"
+
+
+def bundled(name: str) -> Path:
+    """The bundled folder NAME: the wheel's package data, else the checkout's top-level folder.
+
+    Installed wheels are unpacked on disk (pip, pipx, uv), so the resource is a real directory;
+    a zipped install is not supported and falls back to a path that does not exist (`config
+    check` then says "file not found")."""
+    data = files("orchestrator").joinpath("_data", name)
+    if data.is_dir():
+        return Path(str(data))
+    return REPO_ROOT / name
+
+
+MANIFESTS = bundled("manifests")
+PLAYBOOKS = bundled("playbooks")
+KERNELS = bundled("kernels")
 
 
 def default_home() -> Path:

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 pytest_plugins = [
     p
-    for p in ("tests.plugins.lab", "tests.plugins.packages", "tests.plugins.pairs", "tests.plugins.qualify")
+    for p in ("tests.plugins.lab", "tests.plugins.packages", "tests.plugins.pairs", "tests.plugins.qualify",
+              "tests.plugins.wheel")
     if (REPO / (p.replace(".", "/") + ".py")).exists()
 ]
 

@@ -14,7 +14,7 @@ from typing import Optional
 import typer
 
 from orchestrator import __version__, log
-from orchestrator.cli.context import Ctx
+from orchestrator.cli.context import Ctx, set_config_dir
 from orchestrator.errors import ExitCode, PairctlError
 from orchestrator.paths import Home
 
@@ -40,6 +40,10 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
+_CONFIG = typer.Option(None, "--config", envvar="PAIRCTL_CONFIG", help=(
+    "Operator config directory, searched first (then ./pairctl/ upwards, the user config dir, the bundled defaults)."))
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -50,11 +54,13 @@ def _root(
     json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
     verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (repeat for debug)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    config: Path | None = _CONFIG,
 ) -> None:
     h = Home.resolve(home)
     os.environ["PAIRCTL_HOME"] = str(h.root)  # children (lab sshd, schedules) see the same home
+    config_dir = set_config_dir(config)
     log.configure(log_file=h.logs / "pairctl.jsonl", verbosity=verbose)
-    ctx.obj = Ctx(home=h, inventory_ref=inventory, json_output=json_output, verbosity=verbose)
+    ctx.obj = Ctx(home=h, inventory_ref=inventory, json_output=json_output, verbosity=verbose, config_dir=config_dir)
 
 
 def _register() -> None:

@@ -43,3 +43,9 @@ app.add_typer(lease_cmd.app, name="lease")
 from orchestrator.cli import reference_cmd  # noqa: E402
 
 app.add_typer(reference_cmd.app, name="reference")
+from orchestrator.cli import init_cmd  # noqa: E402
+
+app.command("init")(init_cmd.init)
+from orchestrator.cli import releases_cmd  # noqa: E402
+
+app.add_typer(releases_cmd.app, name="releases")

@@ -1,60 +1,77 @@
-"""`pairctl config check|schema`."""
+"""`pairctl config check|show|schema`."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
-from pydantic import BaseModel
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.inventory import Inventory
-from orchestrator.config.profiles import RouteProfile
-from orchestrator.config.targets import Target
+from orchestrator.config import registry, search
 from orchestrator.errors import ConfigError
 
-app = typer.Typer(help="Validate manifests and print their JSON schemas.", no_args_is_help=True)
-
-KINDS = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
+app = typer.Typer(help="Validate manifests, show where names resolve, print JSON schemas.", no_args_is_help=True)
 
 
-def _schemas() -> dict[str, type[BaseModel]]:
-    from orchestrator.config import registry
-
-    return registry.schemas()
+_PATHS = typer.Argument(None, help="Files to check; default: every name on the config search path.")
+_KIND = typer.Option(None, help="Kind of the files given (target, profile, inventory, ...); "
+                     "default: from their folder, else from their keys.")
+_SCHEMA_KIND = typer.Argument(..., help="One of: target, profile, inventory, playbook, plan, kernel, kernel-cases, "
+                              "fixtures")
 
 
 @app.command("check")
-def check(
-    ctx: typer.Context,
-    paths: Optional[list[Path]] = typer.Argument(None, help="Files to check; default: every manifest in the repo."),
-    kind: Optional[str] = typer.Option(None, help="Kind of the files given (target, profile, inventory, ...); default: from their folder."),
-) -> None:
-    """Validate manifests: unknown keys, wrong types and impossible values are named with file and field."""
+def check(ctx: typer.Context, paths: list[Path] | None = _PATHS, kind: str | None = _KIND) -> None:
+    """Validate manifests: every problem of a file in one pass (unknown keys, wrong types, impossible
+    values, and names it uses that do not resolve: profile, targets, model roles), each with file,
+    field and fix."""
     c = get_ctx(ctx)
-    from orchestrator.config import registry
-
-    results = registry.check_all(paths or None, kind=kind, variables=c.variables)
-    problems = [r for r in results if r[1] is not None]
+    models = registry.schemas()
+    results = [registry.check_file(p, kind=kind, models=models) for p in (paths or registry.default_files())]
+    bad = [r for r in results if not r.ok]
     if c.json_output:
-        c.emit_json([{"file": str(p), "ok": e is None, "error": e} for p, e in results])
+        c.emit_json([{"file": str(r.path), "kind": r.kind, "ok": r.ok, "problems": list(r.problems),
+                      "error": "\n".join(r.problems) or None} for r in results])
     else:
-        for p, e in results:
-            c.console.print(f"{'ok  ' if e is None else 'FAIL'} {p}")
-            if e:
-                c.console.print(e, markup=False)
-    if problems:
-        raise ConfigError(f"{len(problems)} of {len(results)} file(s) invalid")
+        for r in results:
+            kind_note = f"  ({r.kind})" if r.kind else ""
+            c.console.print(f"{'ok  ' if r.ok else 'FAIL'} {r.path}{kind_note}", markup=False)
+            for line in r.problems:
+                c.console.print("  " + line, markup=False)
+    if bad:
+        n = sum(len(r.problems) for r in bad)
+        raise ConfigError(f"{len(bad)} of {len(results)} file(s) invalid ({n} problem{'s' if n != 1 else ''})")
+
+
+@app.command("show")
+def show(ctx: typer.Context) -> None:
+    """The config search path, and where each name resolves (an operator file overrides a bundled
+    one of the same name)."""
+    c = get_ctx(ctx)
+    layers = search.current_layers()
+    table = {kind: search.names(kind, layers) for kind in search.KIND_DIRS}
+    if c.json_output:
+        c.emit_json({
+            "search_path": [{"origin": lay.origin, "root": str(lay.root)} for lay in layers],
+            "names": {kind: {n: {"path": str(r.path), "origin": r.origin, "overrides": [str(p) for p in r.shadows]}
+                             for n, r in res.items()} for kind, res in table.items()},
+        })
+        return
+    c.console.print("search path (first match wins):", markup=False)
+    for i, lay in enumerate(layers, 1):
+        c.console.print(f"  {i}. {lay.origin:<15} {lay.root}", markup=False)
+    for kind, res in table.items():
+        c.console.print(f"\n{kind} ({search.KIND_DIRS[kind]}/):", markup=False)
+        for n, r in res.items():
+            over = f"  (overrides {', '.join(str(p) for p in r.shadows)})" if r.shadows else ""
+            c.console.print(f"  {n:<20} {r.origin:<15} {r.path}{over}", markup=False)
 
 
 @app.command("schema")
-def schema(
-    kind: str = typer.Argument(..., help="One of: " + ", ".join(sorted(["target", "profile", "inventory", "playbook", "plan", "kernel"]))),
-) -> None:
+def schema(kind: str = _SCHEMA_KIND) -> None:
     """Print the JSON schema of a manifest kind."""
-    schemas = _schemas()
+    schemas = registry.schemas()
     if kind not in schemas:
         raise ConfigError(f"unknown kind {kind!r}; known: {', '.join(sorted(schemas))}")
     typer.echo(json.dumps(schemas[kind].model_json_schema(), indent=2))

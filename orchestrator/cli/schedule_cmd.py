@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.inventory import inventories_dir
+from orchestrator.config import search
 from orchestrator.errors import PairctlError
 from orchestrator.ops import schedule as sched
 
@@ -30,10 +30,7 @@ def _pairctl_exe() -> str:
 
 
 def _inventory_path(ref: str) -> str:
-    p = Path(ref)
-    if not p.suffix:
-        p = inventories_dir() / f"{ref}.yaml"
-    return str(p.resolve())
+    return str(search.resolve_ref("inventory", ref).resolve())  # the file the search path finds now
 
 
 @app.command("install")

@@ -12,9 +12,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.flags import RISKY, canonical_risky, rpc_bind_problem, server_bind_problem
-from orchestrator.config.loader import expand, load_model, manifest_path
+from orchestrator.config.loader import expand, load_model
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
@@ -106,6 +107,7 @@ class PairSpec(StrictModel):
 class Inventory(StrictModel):
     known_hosts: str = Field(default="~/.ssh/known_hosts", description="strict host-key checking against this file")
     use_ssh_config: bool = Field(default=False, description="fill user/port/key left out here from ~/.ssh/config")
+    keep_releases: int = Field(default=5, ge=1, description="releases kept per host by deploy and `releases prune`")
     hosts: dict[str, HostSpec]
     pairs: dict[str, PairSpec] = Field(default_factory=dict)
 
@@ -238,5 +240,5 @@ def inventories_dir() -> Path:
 
 
 def load_inventory(name_or_path: str, variables: dict[str, str] | None = None) -> Inventory:
-    p = manifest_path(name_or_path, inventories_dir())
+    p = search.resolve_ref("inventory", name_or_path)
     return load_model(Inventory, p).resolved(variables)

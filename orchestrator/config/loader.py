@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 from pathlib import Path
@@ -15,14 +16,61 @@ from orchestrator.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid ({err.error_count()} problem{'s' if err.error_count() != 1 else ''})"]
+def problem_lines(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
+    """One line per problem: file, field, what is wrong and (where known) the fix. pydantic's own
+    "Value error, " prefix is dropped: the message is the validator's sentence."""
+    out = []
     for e in err.errors(include_url=False):
         loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key (not part of this file's schema)"
-        lines.append(f"  {source}: field '{loc}': {msg}")
+            near = _nearest_field(model, e["loc"]) if model is not None else None
+            msg += f"; did you mean '{near}'?" if near else "; remove it"
+        elif e["type"] == "missing":
+            loc_parts = [str(p) for p in e["loc"]]
+            msg = f"required field missing; add '{loc_parts[-1]}'" if loc_parts else "required field missing"
+        elif e["type"] in ("value_error", "assertion_error"):
+            msg = msg.split(", ", 1)[1] if ", " in msg else msg
+        out.append(f"{source}: field '{loc}': {msg}")
+    return out
+
+
+def _nearest_field(model: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """The known key closest in spelling to an unknown one, at the same level (models only)."""
+    current: Any = model
+    for part in loc[:-1]:
+        current = _inner(current, part)
+        if current is None:
+            return None
+    fields = getattr(current, "model_fields", None)
+    if not fields:
+        return None
+    close = difflib.get_close_matches(str(loc[-1]), [f.alias or n for n, f in fields.items()], n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _inner(tp: Any, part: Any) -> Any:
+    """The type one step of a validation error's location leads to (a field of a model, the
+    value type of a dict or list), looking through Optional; None when it cannot tell."""
+    for cand in (tp, *[a for a in getattr(tp, "__args__", ()) if a is not type(None)]):
+        fields = getattr(cand, "model_fields", None)
+        if fields is not None:
+            if isinstance(part, str) and part in fields:
+                return fields[part].annotation
+            continue
+        origin = getattr(cand, "__origin__", None)
+        args: tuple[Any, ...] = getattr(cand, "__args__", ())
+        if origin is dict and len(args) == 2:
+            return args[1]
+        if origin is list and args:
+            return args[0]
+    return None
+
+
+def format_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> str:
+    lines = [f"{source}: invalid ({err.error_count()} problem{'s' if err.error_count() != 1 else ''})"]
+    lines += ["  " + line for line in problem_lines(source, err, model)]
     return "\n".join(lines)
 
 
@@ -87,17 +135,39 @@ def validate(model: type[M], data: Any, *, source: str, context: dict[str, Any] 
     try:
         return model.model_validate(data, context=context)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(source, err)) from None
+        raise ConfigError(format_validation_error(source, err, model)) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
 
 
+def validation_problems(model: type[BaseModel], data: Any, *, source: str,
+                        context: dict[str, Any] | None = None) -> tuple[list[str], bool]:
+    """Every problem of DATA against MODEL as lines (empty: valid), and whether the fields
+    themselves validated (pydantic runs a model's cross-field checks only once they do)."""
+    if data is None:
+        return [f"{source}: file is empty"], False
+    if not isinstance(data, dict):
+        return [f"{source}: expected a mapping at the top level, found {type(data).__name__}"], False
+    try:
+        model.model_validate(data, context=context)
+    except ValidationError as err:
+        return problem_lines(source, err, model), all(not e["loc"] for e in err.errors(include_url=False))
+    except RecursionError:
+        return [f"{source}: nested too deeply"], False
+    return [], True
+
+
+def is_manifest_name(name_or_path: str | Path) -> bool:
+    """The one name-or-path rule for every manifest a command names (profiles, targets,
+    inventories, playbooks, fixture sets, plans): a bare name has no suffix, anything else is a
+    path. config.search looks names up on the config search path."""
+    return not Path(name_or_path).suffix
+
+
 def manifest_path(name_or_path: str | Path, folder: Path) -> Path:
-    """Where a manifest named on the command line is: a bare name (no suffix) is
-    `folder/<name>.yaml`, anything else is a path. The one rule for profiles, targets,
-    inventories, playbooks, fixture sets and plans."""
-    p = Path(name_or_path)
-    return folder / f"{name_or_path}.yaml" if not p.suffix else p
+    """Where a manifest reference points within one folder: a bare name is `folder/<name>.yaml`,
+    a path is itself (config.search applies this to each layer of the search path)."""
+    return folder / f"{name_or_path}.yaml" if is_manifest_name(name_or_path) else Path(name_or_path)
 
 
 def load_model(model: type[M], path: Path | str, *, context: dict[str, Any] | None = None) -> M:

@@ -13,10 +13,11 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
 from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
 from orchestrator.config.inventory import PairSpec
-from orchestrator.config.loader import load_model, manifest_path
+from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
@@ -196,8 +197,7 @@ def profiles_dir() -> Path:
 
 def load_profile(name_or_path: str, *, pair: PairSpec | None = None) -> RouteProfile:
     """`pair`: the pair that will serve it, whose allow_flags and API key decide its risky flags."""
-    p = manifest_path(name_or_path, profiles_dir())
-    return load_model(RouteProfile, p, context=pair_context(pair))
+    return load_model(RouteProfile, search.resolve_ref("profile", name_or_path), context=pair_context(pair))
 
 
 def profile_from_record(data: object, *, what: str = "the route entry") -> RouteProfile:

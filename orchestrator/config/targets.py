@@ -7,8 +7,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model, manifest_path
+from orchestrator.config.loader import load_model
 from orchestrator.paths import MANIFESTS
 
 # Flags pairctl always sets itself; a target may not override them.
@@ -60,9 +61,8 @@ def targets_dir() -> Path:
 
 
 def load_target(name_or_path: str) -> Target:
-    p = manifest_path(name_or_path, targets_dir())
-    return load_model(Target, p)
+    return load_model(Target, search.resolve_ref("target", name_or_path))
 
 
 def list_targets() -> list[str]:
-    return sorted(p.stem for p in targets_dir().glob("*.yaml"))
+    return sorted(search.names("target"))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.build.store import PackageStore
+from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, route_trust
@@ -26,15 +27,24 @@ from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, 
 from orchestrator.engine.plan import PairView, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
-from orchestrator.errors import ConfigError, HostStateError, LeaseError, PairctlError, RollbackFailed, RolledBack
+from orchestrator.errors import (
+    ConfigError,
+    HostError,
+    HostStateError,
+    LeaseError,
+    PairctlError,
+    RollbackFailed,
+    RolledBack,
+)
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts.leases import Lease, LeaseLost
+from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
 from orchestrator.hosts.route import RouteEntry, parse_route
 from orchestrator.log import get_logger
-from orchestrator.paths import PLAYBOOKS, Home
+from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 
 # Steps run before the plan is made. The lease comes before the facts: host state that decides
@@ -80,7 +90,7 @@ def _inventory_sha(inventory: Inventory) -> str:
 
 
 def _playbook_sha(name: str) -> str:
-    return sha256_file(PLAYBOOKS / f"{name}.yaml")
+    return sha256_file(search.resolve("playbook", name))
 
 
 @contextmanager
@@ -200,7 +210,12 @@ def deploy(
                 result.receipt = journal.finish("passed", "dry run: plan printed, nothing changed")
                 return result
             _set_restore_from_start(ctx)
-            run_steps(steps[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            rest = steps[n_prefix:]
+            cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
+            for i, part in enumerate((rest[:cut], rest[cut:])):
+                if i == 1:
+                    _prune(ctx)  # keep_releases, under the leases, recorded in the receipt
+                run_steps(part, ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as failure:
             if not ctx.changed:
                 _abort(ctx, failure, record)
@@ -213,6 +228,19 @@ def deploy(
         result.active = ctx.target.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+def _prune(ctx: RunContext) -> None:
+    """keep_releases after a successful activation, under the leases: removing a release is a
+    change on the host, so each lease is re-checked first (a lost one: nothing pruned, recorded;
+    release-lease then fails the run). Never fails the deploy itself."""
+    try:
+        for role in ("native", "rpc"):
+            leasing.recheck(ctx, role)
+    except (LeaseError, HostError) as exc:
+        ctx.journal.set("prune", {"error": f"nothing pruned: {exc}"})
+        return
+    prune_after_deploy(ctx)
 
 
 class _ReleaseWatch:

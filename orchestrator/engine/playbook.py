@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model, manifest_path
-from orchestrator.paths import PLAYBOOKS
+from orchestrator.config.loader import load_model
 
 # Every action the engine implements, and whether it changes what runs on a host.
 ACTIONS: dict[str, bool] = {
@@ -90,5 +90,4 @@ class Playbook(StrictModel):
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    p = manifest_path(name_or_path, PLAYBOOKS)
-    return load_model(Playbook, p)
+    return load_model(Playbook, search.resolve_ref("playbook", name_or_path))

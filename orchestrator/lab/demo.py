@@ -7,10 +7,12 @@ what an operator would type after `pairctl`.
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from orchestrator import cli
 from orchestrator.build.store import PackageStore
@@ -52,35 +54,92 @@ def main(steps: list[Any] | None = None) -> int:
     return 0
 
 
-# -- deploy, status, a forced failed deploy that rolls back, status again (issue 4) -------------
+# -- the real story (issue 17): two revisions, a failed candidate that rolls back to the previous
+# revision, the candidate deployed, status naming current and previous, rollback to baseline.
+
+PATCH = "kernels/mmvf-warp-per-row"
+
+
+def _packages() -> list[Any]:
+    return [p for p in PackageStore(Home.resolve().store).list() if p.manifest.target.name == "cpu-lab"]
+
+
+def _baseline_rev() -> str:
+    return subprocess.run(["git", "-C", str(Home.resolve().lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
 
 def _baseline_package() -> str:
-    """The cpu-lab package `pairctl build` made from the lab source's baseline tag."""
-    home = Home.resolve()
-    rev = subprocess.run(["git", "-C", str(home.lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    pkgs = [p for p in PackageStore(home.store).list() if p.manifest.revision == rev and p.manifest.target.name == "cpu-lab"]
+    """The cpu-lab package `pairctl build` made from the lab source's baseline tag (no patch)."""
+    rev = _baseline_rev()
+    pkgs = [p for p in _packages() if p.manifest.revision == rev and p.manifest.patch is None]
     if not pkgs:
         raise SystemExit("demo: no cpu-lab package of the baseline revision (did the build step run?)")
     return max(pkgs, key=lambda p: p.manifest.finished_at).id
 
 
-def _deploy(profile: str, expect: int, *, accept: bool = False) -> Callable[[], tuple[tuple[str, ...], int]]:
+def _candidate_package() -> str:
+    """The cpu-lab package built from the baseline with the MMVF kernel patch committed on top."""
+    rev = _baseline_rev()
+    pkgs = [p for p in _packages() if p.manifest.patch is not None and p.manifest.patch.name == "mmvf-warp-per-row"
+            and p.manifest.patch.base_revision == rev]
+    if not pkgs:
+        raise SystemExit("demo: no cpu-lab package of the MMVF candidate (did the candidate build step run?)")
+    return max(pkgs, key=lambda p: p.manifest.finished_at).id
+
+
+_WHICH: dict[str, Callable[[], str]] = {"baseline": _baseline_package, "candidate": _candidate_package}
+
+
+Step = Callable[[], tuple[tuple[str, ...], int]]
+
+
+def _deploy(which: str, profile: str, expect: int, *, accept: bool = False) -> Step:
     def step() -> tuple[tuple[str, ...], int]:
-        pid = _baseline_package()
+        pid = _WHICH[which]()
         argv = ("deploy", "--pair", "lab", "--packages", pid, pid, "--profile", profile)
         return argv + (() if accept else ("--skip-accept",)), expect
 
     return step
 
 
+def _expect_active(current: str, previous: str | None) -> Step:
+    """`status --pair lab`, then a check that both hosts run CURRENT with PREVIOUS as previous."""
+    def step() -> tuple[tuple[str, ...], int]:
+        _check_links(current, previous)
+        return ("status", "--pair", "lab"), 0
+
+    return step
+
+
+def _check_links(current: str, previous: str | None) -> None:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator", "--json", "status", "--pair", "lab"],
+                          capture_output=True, text=True)
+    st = json.loads(proc.stdout or "{}")
+    want_cur, want_prev = _WHICH[current](), (_WHICH[previous]() if previous else None)
+    for host, h in (st.get("hosts") or {}).items():
+        if h.get("current") != want_cur or (previous and h.get("previous") != want_prev) or not h.get("running"):
+            raise SystemExit(f"demo: {host} has current {h.get('current')}, previous {h.get('previous')}; "
+                             f"expected {current} ({want_cur}) and {previous} ({want_prev})")
+    if proc.returncode != 0 or not st.get("hosts"):
+        raise SystemExit(f"demo: status exited {proc.returncode}: {proc.stderr[-500:]}")
+    prev = f", previous {previous} ({want_prev})" if previous else ""
+    print(f"demo: both hosts run the {current} ({want_cur}){prev}", flush=True)
+
+
 STEPS += [
-    ("build", "--target", "cpu-lab", "--rev", "baseline", "--profile", "lab"),
-    _deploy("lab", 0, accept=True),  # identities, then the acceptance suite
-    ("status", "--pair", "lab"),
-    ("accept", "--pair", "lab", "--only", "identity,speculative,cancellation"),
-    _deploy("lab-unloadable", 7),  # llama-server cannot load: the deploy rolls back to the pair before it
-    ("status", "--pair", "lab"),
+    ("build", "--target", "cpu-lab", "--rev", "baseline", "--profile", "lab"),  # revision 1: baseline
+    # revision 2: the MMVF candidate (the kernel patch committed on top of the baseline)
+    ("build", "--target", "cpu-lab", "--rev", "baseline", "--patch", PATCH, "--profile", "lab"),
+    ("packages", "list"),
+    _deploy("baseline", "lab", 0, accept=True),  # identities, then the acceptance suite
+    _expect_active("baseline", None),
+    _deploy("candidate", "lab-unloadable", 7),  # a broken profile: llama-server cannot load; back to the baseline
+    _expect_active("baseline", None),
+    _deploy("candidate", "lab", 0, accept=True),  # the candidate, accepted
+    _expect_active("candidate", "baseline"),
+    ("rollback", "--pair", "lab"),  # back to the previous pair: the baseline revision, verified
+    _expect_active("baseline", "candidate"),
     ("receipts", "list", "--pair", "lab", "--since", "1h"),
     ("receipts", "verify"),
 ]

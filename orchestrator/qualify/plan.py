@@ -14,8 +14,9 @@ from typing import Literal
 import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model, manifest_path, validate
+from orchestrator.config.loader import load_model, validate
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
 from orchestrator.hashing import sha256_bytes, sha256_file, sha256_json
@@ -258,7 +259,6 @@ def plan_from_text(text: str, *, source: str) -> QualifyPlan:
 
 
 def load_plan(name_or_path: str | Path) -> LoadedPlan:
-    p = manifest_path(name_or_path, plans_dir())
-    p = p.expanduser().resolve()
+    p = search.resolve_ref("plan", str(name_or_path)).expanduser().resolve()
     plan = load_model(QualifyPlan, p, context={"base_dir": str(p.parent)})
     return LoadedPlan(plan, p, sha256_file(p))
