@@ -386,7 +386,9 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     raise RollbackFailed(
         msg,
         hint=f"look at the logs under {logs}, `pairctl status --pair {ctx.view.name}` and receipt "
-        f"{ctx.journal.receipt_hash}; leases held: {held or 'none'} (release with `pairctl lease release`)",
+        f"{ctx.journal.receipt_hash}; leases held: {held or 'none'} (release with `pairctl lease release`); "
+        f"where status then names links that disagree with the route record, `pairctl repair --pair "
+        f"{ctx.view.name} --yes` records what the links name before the next deploy",
     )
 
 
