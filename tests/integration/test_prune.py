@@ -17,7 +17,7 @@ from orchestrator.hosts.layout import HostLayout, install_helper, switch_links
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import RouteEntry, next_record
 from orchestrator.paths import Home
-from orchestrator.remote.transport import TransportPool
+from orchestrator.remote.pool import TransportPool
 
 pytestmark = pytest.mark.integration
 
