@@ -6,6 +6,8 @@ pair. Deploys prune old releases under the lease and say so in their receipt."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,24 @@ from tests.plugins.wheel import Installed
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 LAB_HOST = {"v100": "lab-native", "rtx5060ti": "lab-rpc"}  # init's hosts -> the lab's sshd hosts
+# The pair `prod` lives beside the lab's own pair on the same sshd hosts: its own install roots (so
+# neither pair's route record names the other) and its own ports (so both can run at once).
+PROD_SUFFIX = "-prod"
+PROD_PORTS = {"server_port": 8181, "rpc_port": 50181}
+
+
+def _prod_root(lab_root: str) -> str:
+    return lab_root.rstrip("/") + PROD_SUFFIX
+
+
+def _stop_prod(roots: list[str]) -> None:
+    """The lab's `down` stops what runs under the lab's roots; prod's services run under their own."""
+    for root in roots:
+        for pidfile in Path(root, "run").glob("*.pid"):
+            try:
+                os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)
+            except (ValueError, IndexError, ProcessLookupError):
+                pass
 
 
 def _substitute_lab_hosts(site: Path, lab_inventory: Path) -> None:
@@ -26,11 +46,12 @@ def _substitute_lab_hosts(site: Path, lab_inventory: Path) -> None:
     inv["known_hosts"] = lab["known_hosts"]
     for name, lab_name in LAB_HOST.items():
         h = lab["hosts"][lab_name]
-        inv["hosts"][name].update({k: h[k] for k in ("address", "port", "user", "key", "install_root")})
+        inv["hosts"][name].update({k: h[k] for k in ("address", "port", "user", "key")})
+        inv["hosts"][name]["install_root"] = _prod_root(h["install_root"])
         inv["hosts"][name].pop("gpu", None)
     lab_pair = lab["pairs"]["lab"]
     inv["pairs"]["prod"].update(profile="lab", target_native="cpu-lab", target_rpc="cpu-lab",
-                                models=lab_pair["models"])
+                                models=lab_pair["models"], **PROD_PORTS)
     # the lab serves on loopback: its pair's API key setting comes along with its hosts
     inv["pairs"]["prod"].pop("api_key_file", None)
     if lab_pair.get("api_key_file"):
@@ -61,6 +82,15 @@ def test_installed_wheel_init_repo_deploy_and_rollback(installed_pairctl: Instal
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
 
     a, b = lab_packages.id, lab_packages_b.id
+    roots = [_prod_root(lab.inventory.host(h).install_root) for h in LAB_HOST.values()]
+    try:
+        _deploy_show_rollback(installed_pairctl, cwd, home, a, b)
+    finally:
+        _stop_prod(roots)
+
+
+def _deploy_show_rollback(installed_pairctl: Installed, cwd: Path, home: Path, a: str, b: str) -> None:
+    run = installed_pairctl.run
     receipts = []
     for pid in (a, b):
         r = run(cwd, home, "-i", "site", "--json", "deploy", "--pair", "prod", "--packages", pid, pid, "--skip-accept")
