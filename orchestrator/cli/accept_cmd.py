@@ -6,21 +6,23 @@ from typing import Optional
 
 import typer
 
+from orchestrator.cli import options as o
 from orchestrator.cli.context import get_ctx
 
 
 def accept(
     ctx: typer.Context,
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair to accept (from the inventory); repeatable."),
-    all_pairs: bool = typer.Option(False, "--all", help="Accept every pair of the inventory."),
-    parallel: int = typer.Option(1, "--parallel", min=1, help="Pairs accepted at once (each holds its own hosts' leases)."),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these checks (repeatable or comma-separated)."),
-    skip: Optional[list[str]] = typer.Option(None, "--skip", help="Skip these checks (repeatable or comma-separated)."),
-    baseline_receipt: Optional[str] = typer.Option(None, "--baseline-receipt", help="Compare answer fixtures against this receipt (hash or prefix)."),
-    baseline_pair: Optional[str] = typer.Option(None, "--baseline-pair", help="Compare against this pair's last passed acceptance (default: the same pair)."),
-    fixtures: Optional[str] = typer.Option(None, "--fixtures", help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
-    isolation: str = typer.Option("solo", "--isolation", help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold their own nonce only)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller than it fails."),
+    pair: Optional[list[str]] = o.PAIRS,
+    all_pairs: bool = o.ALL_PAIRS,
+    parallel: int = o.parallel(1, "Pairs accepted (each holds its own hosts' leases)"),
+    checks: Optional[list[str]] = o.CHECKS,
+    only: Optional[list[str]] = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
+    skip: Optional[list[str]] = o.SKIP_CHECKS,
+    baseline_receipt: Optional[str] = typer.Option(None, "--baseline-receipt", metavar="HASH", help="Compare answer fixtures against this receipt (hash or prefix)."),
+    baseline_pair: Optional[str] = typer.Option(None, "--baseline-pair", metavar="PAIR", help="Compare against this pair's last passed acceptance (default: the same pair)."),
+    fixtures: Optional[str] = typer.Option(None, "--fixtures", metavar="NAME|PATH", help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
+    isolation: str = typer.Option("solo", "--isolation", metavar="solo|recall", help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold their own nonce only)."),
+    profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME|PATH", help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller than it fails."),
     scheduled: bool = typer.Option(False, "--scheduled", help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
 ) -> None:
     """Run the acceptance checks against PAIR's running llama-server/ggml-rpc-server.
@@ -29,8 +31,8 @@ def accept(
     holds every check's raw data; the table shows verdicts and key figures. Exit 0 only if every
     required check passed, 1 otherwise.
     """
+    # start-up: the checks (HTTP client, SSH stack) load when acceptance runs, never for `--help`
     from orchestrator.checks.runner import AcceptRequest, accept_pair, render_table
-
     from orchestrator.ops.fleet import fan_out, select_pairs
 
     c = get_ctx(ctx)
@@ -38,7 +40,7 @@ def accept(
     pairs = select_pairs(inv, pair, all_pairs)
 
     def one(name: str):
-        req = AcceptRequest(pair=name, only=only or [], skip=skip or [], baseline_receipt=baseline_receipt,
+        req = AcceptRequest(pair=name, only=o.names(checks) + o.names(only), skip=o.names(skip), baseline_receipt=baseline_receipt,
                             baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
                             profile=profile)
         return accept_pair(c.home, inv, req)

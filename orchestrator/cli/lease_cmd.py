@@ -21,7 +21,6 @@ from orchestrator.hosts import leases as L
 app = typer.Typer(help="Take, show and release host leases (atomic on the host, expiring).", no_args_is_help=True)
 
 _TARGET = typer.Argument(..., metavar="HOST|PAIR", help="A host name, or a pair name (both of its hosts).")
-_JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
 
 
 def _journal(c: Ctx, command: str, argv: list[str], target: str):
@@ -54,7 +53,6 @@ def take(
     ttl: str = typer.Option("2h", "--ttl", help="How long until it expires: 90s, 30m, 2h, 1h30m, 1d."),
     owner: str = typer.Option(None, "--owner", help="Who holds it; default user@machine."),
     break_expired: bool = typer.Option(False, "--break-expired", help="Break an EXPIRED (or long half-made) lease first; recorded."),
-    json_output: bool = _JSON,
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
     c = get_ctx(ctx)
@@ -71,18 +69,18 @@ def take(
             step.data["leases"] = [l.public() for l in leases]
             step.data["broken"] = [l.broken for l in leases if l.broken]
     nonce = leases[0].nonce
-    if c.json_output or json_output:
+    if c.json_output:
         c.emit_json({"nonce": nonce, "leases": [l.public() for l in leases], "receipt": j.receipt_hash})
         return
     for l in leases:
         if l.broken:
-            c.console.print(f"broke an {l.broken['state']} lease on {l.host} (recorded in receipt {j.receipt_hash[:12]})", markup=False)
+            c.console.print(f"broke an {l.broken['state']} lease on {l.host} (recorded in receipt {c.short(j.receipt_hash)})", markup=False)
     _table(c, [L.LeaseState(l.host, "held", l) for l in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
 
 @app.command("show")
-def show(ctx: typer.Context, target: str = _TARGET, json_output: bool = _JSON) -> None:
+def show(ctx: typer.Context, target: str = _TARGET) -> None:
     """Who holds the host(s), for what, until when (never the nonce)."""
     c = get_ctx(ctx)
     from orchestrator.remote.transport import TransportPool
@@ -90,7 +88,7 @@ def show(ctx: typer.Context, target: str = _TARGET, json_output: bool = _JSON) -
     inv = c.inventory()
     with TransportPool(inv) as pool:
         states = L.show_leases(inv, pool, target)
-    if c.json_output or json_output:
+    if c.json_output:
         c.emit_json([s.to_dict() for s in states])
         return
     _table(c, states, f"leases of {target}")
@@ -106,7 +104,6 @@ def release(
         help="Release what run RUN_ID (the `(run ...)` in the lease's purpose, as `status` shows it) still holds, "
              "once this home's evidence proves that run over: killed, or ended (a failed rollback keeps its "
              "leases on purpose: release them only after checking the pair). No nonce needed; recorded."),
-    json_output: bool = _JSON,
 ) -> None:
     """Release the lease(s) holding NONCE, then read back that they are inactive.
 
@@ -117,7 +114,7 @@ def release(
     if (nonce is None) == (dead_run is None):
         raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
     if dead_run is not None:
-        return _release_dead_run(c, target, dead_run, json_output)
+        return _release_dead_run(c, target, dead_run)
     from orchestrator.remote.transport import TransportPool
 
     inv = c.inventory()
@@ -130,7 +127,7 @@ def release(
             step.data["released"] = [l.public() for l in released]
             step.data["after"] = [s.to_dict() for s in after]
     out = {"released": [l.public() for l in released], "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
-    if c.json_output or json_output:
+    if c.json_output:
         c.emit_json(out)
         return
     for l in released:
@@ -138,7 +135,7 @@ def release(
     _table(c, after, f"leases of {target} now")
 
 
-def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> None:
+def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
     from orchestrator.errors import LeaseError, LeaseHeldError
@@ -173,10 +170,10 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
                 step.data["after"] = [s.to_dict() for s in after]
     out = {"run": {"run_id": run_id, "state": state, "why": why}, "released": broken,
            "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
-    if c.json_output or json_output:
+    if c.json_output:
         c.emit_json(out)
         return
     c.console.print(f"{why}", markup=False)
     for b in broken:
-        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {j.receipt_hash[:12]})", markup=False)
+        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})", markup=False)
     _table(c, after, f"leases of {target} now")

@@ -32,7 +32,7 @@ def list_(ctx: typer.Context) -> None:
                   Column("finished", no_wrap=True))  # fmt: skip
     for p in pkgs:
         m = p.manifest
-        table.add_row(m.id, m.build_info, m.target.name, m.tree[:10], str(len(m.files)), m.finished_at[:19])
+        table.add_row(m.id, m.build_info, m.target.name, c.short(m.tree, 10), str(len(m.files)), m.finished_at[:19])
     c.console.print(table)
 
 

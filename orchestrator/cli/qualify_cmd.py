@@ -9,13 +9,16 @@ samples are kept: derive a record and run `qualify report` on it), or an arm's r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import typer
 
+from orchestrator.cli import options as o
 from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
-from orchestrator.qualify.analysis import QualifyResult
+
+if TYPE_CHECKING:
+    from orchestrator.qualify.analysis import QualifyResult
 
 app = typer.Typer(
     help="Paired baseline/candidate TG qualification with bootstrap intervals and declared gates.\n\n"
@@ -33,21 +36,23 @@ app = typer.Typer(
 @app.callback()
 def qualify(
     ctx: typer.Context,
-    pair: Optional[str] = typer.Option(None, "--pair", help="Pair name in the inventory."),
-    baseline: Optional[Tuple[str, str]] = typer.Option(None, "--baseline", help="Baseline package ids: NATIVE RPC."),
-    candidate: Optional[Tuple[str, str]] = typer.Option(None, "--candidate", help="Candidate package ids: NATIVE RPC."),
-    plan: Optional[str] = typer.Option(None, "--plan", help="Plan name (manifests/plans) or YAML path."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Route profile; default: the pair's."),
-    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    pair: Optional[str] = typer.Option(None, "--pair", metavar="PAIR", help="Pair name in the inventory."),
+    baseline: Optional[Tuple[str, str]] = typer.Option(
+        None, "--baseline", metavar="NATIVE_ID RPC_ID", help="Baseline package ids (an id never starts with '-')."),
+    candidate: Optional[Tuple[str, str]] = typer.Option(
+        None, "--candidate", metavar="NATIVE_ID RPC_ID", help="Candidate package ids (an id never starts with '-')."),
+    plan: Optional[str] = typer.Option(None, "--plan", metavar="NAME|PATH", help="Plan name (manifests/plans) or YAML path."),
+    profile: Optional[str] = o.PROFILE,
 ) -> None:
     """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
     if ctx.invoked_subcommand is not None:
         return
     c = get_ctx(ctx)
-    c.json_output = c.json_output or json_output
     missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
     if missing:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
+    o.refuse_option_like(tuple(baseline or ()), "--baseline")
+    o.refuse_option_like(tuple(candidate or ()), "--candidate")
     from orchestrator.qualify.command import qualify_pair
 
     out = qualify_pair(c, pair=pair, baseline=tuple(baseline), candidate=tuple(candidate), plan_ref=plan, profile_ref=profile,
@@ -69,12 +74,10 @@ def qualify(
 @app.command("report")
 def report(
     ctx: typer.Context,
-    receipt: str = typer.Option(..., "--receipt", help="Receipt hash (or prefix): a qualify run or a record derived from one."),
-    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    receipt: str = typer.Option(..., "--receipt", metavar="HASH", help="Receipt hash (or prefix): a qualify run or a record derived from one."),
 ) -> None:
     """Recompute the result from a receipt (following a derived record's references) and write the report."""
     c = get_ctx(ctx)
-    c.json_output = c.json_output or json_output
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report
 

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, first_line, get_ctx
 from orchestrator.errors import EvidenceError
 from orchestrator.evidence.receipt import Receipt, parse_time, summary_of
 from orchestrator.evidence.store import EvidenceStore
@@ -36,7 +36,6 @@ def list_(
     ctx: typer.Context,
     pair: Optional[str] = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
     since: Optional[str] = typer.Option(None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
     evidence: Optional[Path] = EVIDENCE_OPT,
 ) -> None:
     """Receipts, oldest first."""
@@ -54,7 +53,7 @@ def list_(
         r for r in store.summaries(pair=pair if pair else ...)
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json(rows)
         return
     table = Table(box=None, pad_edge=False)
@@ -62,8 +61,8 @@ def list_(
         table.add_column(col, no_wrap=True)
     table.add_column("reason", min_width=24)
     for r in rows:
-        table.add_row(r["hash"][:12], r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
-                      r["outcome"] + (" (derived)" if r["derived_from"] else ""), r["reason"])
+        table.add_row(c.short(r["hash"]), r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
+                      r["outcome"] + (" (derived)" if r["derived_from"] else ""), first_line(r["reason"]))
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
     for u in store.unsealed():
@@ -78,13 +77,12 @@ def list_(
 def show(
     ctx: typer.Context,
     ref: str = typer.Argument(..., metavar="HASH", help="Receipt hash or a unique prefix."),
-    json_out: bool = typer.Option(False, "--json", help="The whole receipt as JSON."),
     evidence: Optional[Path] = EVIDENCE_OPT,
 ) -> None:
     """A readable summary of one receipt (`--json` for all of it)."""
     c = get_ctx(ctx)
     r = evidence_store_for(c, evidence).load(ref)
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json({"hash": r.sha256, **r.to_json_obj()})
         return
     p = c.console.print
@@ -97,7 +95,7 @@ def show(
     if r.derived_from:
         p(f"derived from {r.derived_from}")
         for name, ref_ in r.reused_steps.items():
-            p(f"  reused  {name}: from {ref_.from_[:12]} data {ref_.data_sha256[:12]} ({ref_.samples} samples)")
+            p(f"  reused  {name}: from {c.short(ref_.from_)} data {c.short(ref_.data_sha256)} ({ref_.samples} samples)")
         p(f"  fresh   {', '.join(r.fresh_steps) or '-'}")
     if r.inputs:
         p("inputs")
@@ -132,13 +130,12 @@ def _seconds(a: str, b: str) -> str:
 @app.command("verify")
 def verify(
     ctx: typer.Context,
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable report."),
     evidence: Optional[Path] = EVIDENCE_OPT,
 ) -> None:
     """Rehash every receipt and walk every chain; nonzero exit (10) naming the first broken link."""
     c = get_ctx(ctx)
     rep = evidence_store_for(c, evidence).verify()
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json(rep.to_json())
     else:
         chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
@@ -164,7 +161,6 @@ def derive(
         None, "--fresh", metavar="FILE", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
         "or {steps: [...], samples: {step: [rows]}}.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
     evidence: Optional[Path] = EVIDENCE_OPT,
 ) -> None:
     """A new receipt reusing passed steps of a failed run by hash; the original is never touched."""
@@ -178,7 +174,7 @@ def derive(
     sha = store.derive(original, reuse=steps, reason=reason, fresh_steps=fresh_steps, fresh_samples=fresh_samples,
                        argv=argv)
     r = store.load(sha)
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json(summary(r) | {"reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
                                   "fresh_steps": r.fresh_steps})
     else:

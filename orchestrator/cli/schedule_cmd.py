@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
+from orchestrator.cli import options as o
 from orchestrator.cli.context import get_ctx
 from orchestrator.config.inventory import inventories_dir
 from orchestrator.errors import PairctlError
@@ -39,11 +40,11 @@ def _inventory_path(ref: str) -> str:
 @app.command("install")
 def install(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair", help="Pair to accept on the schedule."),
-    every: str = typer.Option("6h", "--every", help="Interval: 30m, 6h, 1d ..."),
-    checks: Optional[list[str]] = typer.Option(None, "--checks", help="Only these checks (repeatable)."),
+    pair: str = o.PAIR,
+    every: str = typer.Option("6h", "--every", metavar="DURATION", help="Interval: 30m, 6h, 1d ..."),
+    checks: Optional[list[str]] = o.CHECKS,
     system: bool = typer.Option(False, "--system", help="System units in /etc/systemd/system instead of user units."),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", help="Write the units here (and do not enable them)."),
+    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", metavar="DIR", help="Write the units here (and do not enable them)."),
 ) -> None:
     """Write a service + timer that run `pairctl accept --scheduled` for PAIR every interval.
 
@@ -55,7 +56,8 @@ def install(
     s = sched.Schedule(
         pair=pair,
         every_s=sched.parse_every(every),
-        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref), pair=pair, checks=checks),
+        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref), pair=pair,
+                              checks=o.names(checks)),
         home=str(c.home.root),
     )
     if unit_dir is None and not sched.systemd_running():
@@ -85,8 +87,8 @@ def install(
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    system: bool = typer.Option(False, "--system"),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir"),
+    system: bool = typer.Option(False, "--system", help="System units instead of user units."),
+    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", metavar="DIR", help="Look in this folder instead."),
 ) -> None:
     """List the schedules pairctl installed."""
     c = get_ctx(ctx)
@@ -103,9 +105,9 @@ def list_(
 @app.command("remove")
 def remove(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair"),
-    system: bool = typer.Option(False, "--system"),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir"),
+    pair: str = o.PAIR,
+    system: bool = typer.Option(False, "--system", help="System units instead of user units."),
+    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
 ) -> None:
     """Stop and remove the schedule of PAIR."""
     c = get_ctx(ctx)

@@ -14,7 +14,8 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from orchestrator.cli.context import get_ctx
+from orchestrator.cli import options as o
+from orchestrator.cli.context import first_line, get_ctx
 from orchestrator.engine.render import lease_text
 
 
@@ -64,17 +65,18 @@ def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
 
 def status(
     ctx: typer.Context,
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair name from the inventory (repeatable)."),
-    all_pairs: bool = typer.Option(False, "--all", help="Every pair in the inventory."),
-    parallel: int = typer.Option(4, "--parallel", min=1, help="Pairs probed at once."),
+    pair: Optional[list[str]] = o.PAIRS,
+    all_pairs: bool = o.ALL_PAIRS,
+    parallel: int = o.parallel(4, "Pairs probed"),
     verify_files: bool = typer.Option(
         False, "--verify-files",
         help="Also sha256 every file of each host's current release against its manifest (one exec per host; "
              "catches a changed library or model-independent file that the running binaries' hashes cannot)."),
 ) -> None:
-    """Show current/previous releases, services, route record and leases (read-only).
+    """Show current/previous releases, services, route record and leases.
 
-    Exit 1 when something does not match on any pair."""
+    A read: it changes nothing on the hosts and writes no receipt (it may log). Exit 1 when
+    something does not match on any pair."""
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
     from orchestrator.evidence.store import EvidenceStore
@@ -102,11 +104,11 @@ def status(
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
         t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems", title="pairs",
-                  expand=True)
+                  expand=c.interactive)
         for r in rows:
             t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"], str(r["health"] or "-"),
                       f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)" if r["last_acceptance"] else "-",
-                      "; ".join(r["leases"]) or "-", "; ".join(p[:120] for p in r["problems"]) or "-")
+                      "; ".join(r["leases"]) or "-", "; ".join(first_line(p) for p in r["problems"]) or "-")
         c.console.print(t)
     if not results.ok:
         raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())
