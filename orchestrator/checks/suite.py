@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, Field
 
+from orchestrator import progress
 from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
 from orchestrator.checks import near_full, telemetry
 from orchestrator.checks.base import CheckContext, CheckResult
@@ -129,8 +130,10 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
                 continue
             wait_idle(ctx)
             ctx.log("check start", check=name)
+            progress.event("check.start", f"check {name} ({names.index(name) + 1}/{len(names)}) ...", check=name)
             r = _guarded(name, lambda fn=fn: fn(ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
+            progress.event("check.end", f"check {name}: {r.verdict}", check=name, verdict=r.verdict)
             results.append(r)
             _record(ctx, r)
     finally:

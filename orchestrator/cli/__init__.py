@@ -83,7 +83,8 @@ def _meaning(code: int) -> str:
         return f"exit {code}"
 
 
-def _error(code: int, message: str, *, kind: str, hint: str | None = None, receipt: str | None = None) -> dict[str, Any]:
+def _error(code: int, message: str, *, kind: str, hint: str | None = None,
+           receipt: str | None = None) -> dict[str, Any]:
     """The `error` object of a failed run's JSON document (schema: cli/outputs.py ErrorInfo)."""
     return {"exit_code": code, "kind": kind, "message": message, "hint": hint, "receipt": receipt,
             "meaning": _meaning(code)}

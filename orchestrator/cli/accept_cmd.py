@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from orchestrator.cli import options as o
@@ -12,18 +10,26 @@ from orchestrator.cli.context import get_ctx
 
 def accept(
     ctx: typer.Context,
-    pair: Optional[list[str]] = o.PAIRS,
+    pair: list[str] | None = o.PAIRS,
     all_pairs: bool = o.ALL_PAIRS,
     parallel: int = o.parallel(1, "Pairs accepted (each holds its own hosts' leases)"),
-    checks: Optional[list[str]] = o.CHECKS,
-    only: Optional[list[str]] = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
-    skip: Optional[list[str]] = o.SKIP_CHECKS,
-    baseline_receipt: Optional[str] = typer.Option(None, "--baseline-receipt", metavar="HASH", help="Compare answer fixtures against this receipt (hash or prefix)."),
-    baseline_pair: Optional[str] = typer.Option(None, "--baseline-pair", metavar="PAIR", help="Compare against this pair's last passed acceptance (default: the same pair)."),
-    fixtures: Optional[str] = typer.Option(None, "--fixtures", metavar="NAME|PATH", help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
-    isolation: str = typer.Option("solo", "--isolation", metavar="solo|recall", help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold their own nonce only)."),
-    profile: Optional[str] = typer.Option(None, "--profile", metavar="NAME|PATH", help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller than it fails."),
-    scheduled: bool = typer.Option(False, "--scheduled", help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
+    checks: list[str] | None = o.CHECKS,
+    only: list[str] | None = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
+    skip: list[str] | None = o.SKIP_CHECKS,
+    baseline_receipt: str | None = typer.Option(None, "--baseline-receipt", metavar="HASH",
+        help="Compare answer fixtures against this receipt (hash or prefix)."),
+    baseline_pair: str | None = typer.Option(None, "--baseline-pair", metavar="PAIR",
+        help="Compare against this pair's last passed acceptance (default: the same pair)."),
+    fixtures: str | None = typer.Option(None, "--fixtures", metavar="NAME|PATH",
+        help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
+    isolation: str = typer.Option("solo", "--isolation", metavar="solo|recall",
+        help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold "
+             "their own nonce only)."),
+    profile: str | None = typer.Option(None, "--profile", metavar="NAME|PATH",
+        help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller "
+             "than it fails."),
+    scheduled: bool = typer.Option(False, "--scheduled",
+        help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
 ) -> None:
     """Run the acceptance checks against PAIR's running llama-server/ggml-rpc-server.
 

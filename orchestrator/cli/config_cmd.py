@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
+from pydantic import BaseModel
 
 from orchestrator.cli.context import get_ctx
 from orchestrator.config.inventory import Inventory
@@ -19,7 +19,7 @@ app = typer.Typer(help="Validate manifests and print their JSON schemas.", no_ar
 KINDS = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
 
 
-def _schemas() -> dict[str, type]:
+def _schemas() -> dict[str, type[BaseModel]]:
     from orchestrator.config import registry
 
     return registry.schemas()
@@ -28,8 +28,9 @@ def _schemas() -> dict[str, type]:
 @app.command("check")
 def check(
     ctx: typer.Context,
-    paths: Optional[list[Path]] = typer.Argument(None, help="Files to check; default: every manifest in the repo."),
-    kind: Optional[str] = typer.Option(None, help="Kind of the files given (target, profile, inventory, ...); default: from their folder."),
+    paths: list[Path] | None = typer.Argument(None, help="Files to check; default: every manifest in the repo."),
+    kind: str | None = typer.Option(None,
+        help="Kind of the files given (target, profile, inventory, ...); default: from their folder."),
 ) -> None:
     """Validate manifests: unknown keys, wrong types and impossible values are named with file and field."""
     c = get_ctx(ctx)
@@ -50,10 +51,27 @@ def check(
 
 @app.command("schema")
 def schema(
-    kind: str = typer.Argument(..., help="One of: " + ", ".join(sorted(["target", "profile", "inventory", "playbook", "plan", "kernel"]))),
+    ctx: typer.Context,
+    kind: str = typer.Argument(..., metavar="KIND",
+        help="A manifest kind (target, profile, inventory, playbook, plan, kernel), or output.COMMAND for the "
+             "JSON a command prints with --json (output.deploy, output.status, output.error, ...; `output` lists them)."),
 ) -> None:
-    """Print the JSON schema of a manifest kind."""
-    schemas = _schemas()
-    if kind not in schemas:
-        raise ConfigError(f"unknown kind {kind!r}; known: {', '.join(sorted(schemas))}")
-    typer.echo(json.dumps(schemas[kind].model_json_schema(), indent=2))
+    """Print the JSON schema of a manifest kind or of a command's --json output."""
+    from orchestrator.cli.outputs import OUTPUTS, output_schema
+
+    if kind == "output":
+        doc: object = {name: output_schema(name) for name in OUTPUTS}
+    elif kind.startswith("output."):
+        if kind[len("output."):] not in OUTPUTS:
+            raise ConfigError(f"unknown output {kind!r}; known: {', '.join('output.' + n for n in OUTPUTS)}")
+        doc = output_schema(kind[len("output."):])
+    else:
+        schemas = _schemas()
+        if kind not in schemas:
+            raise ConfigError(f"unknown kind {kind!r}; known: {', '.join(sorted(schemas))}, output.COMMAND")
+        doc = schemas[kind].model_json_schema()
+    c = get_ctx(ctx)
+    if c.json_output:
+        c.emit_json(doc)
+    else:
+        typer.echo(json.dumps(doc, indent=2))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import typer
+from typer._click.core import Context  # typer 0.29 vendors click: the base of typer.Context
 
 from orchestrator.cli.options import Globals
 from orchestrator.paths import Home
@@ -100,7 +100,7 @@ class Ctx:
         sys.stdout.flush()
 
 
-def get_ctx(ctx: typer.Context) -> Ctx:
+def get_ctx(ctx: Context) -> Ctx:
     """The run's context, built from the global options the first time a command asks."""
     obj = ctx.find_root().obj
     if isinstance(obj, Ctx):

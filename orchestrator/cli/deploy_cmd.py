@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
@@ -14,14 +13,15 @@ from orchestrator.cli.context import get_ctx
 def deploy(
     ctx: typer.Context,
     pair: str = o.PAIR,
-    native: Optional[str] = o.NATIVE,
-    rpc: Optional[str] = o.RPC,
-    packages: Optional[tuple[str, str]] = o.PACKAGES,
-    profile: Optional[str] = o.PROFILE,
+    native: str | None = o.NATIVE,
+    rpc: str | None = o.RPC,
+    packages: tuple[str, str] | None = o.PACKAGES,
+    profile: str | None = o.PROFILE,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and its host; change nothing."),
     skip_accept: bool = typer.Option(False, "--skip-accept", help="Identity checks only, no acceptance suite."),
-    checks: Optional[list[str]] = o.CHECKS,
-    kernel_check: bool = typer.Option(False, "--kernel-check", help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes."),
+    checks: list[str] | None = o.CHECKS,
+    kernel_check: bool = typer.Option(False, "--kernel-check",
+        help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes."),
 ) -> None:
     """Deploy --native ID + --rpc ID (one revision) on PAIR (playbooks/deploy.yaml). Exit 7: failed
     and rolled back; 8: the rollback failed too (hosts stopped, leases kept)."""

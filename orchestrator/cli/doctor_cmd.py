@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.table import Table
 
@@ -15,7 +13,8 @@ from orchestrator.ops.doctor import run_doctor
 
 def doctor(
     ctx: typer.Context,
-    target: Optional[list[str]] = typer.Option(None, "--target", "-t", metavar="NAME|PATH", help="Targets you plan to build (default cpu-lab); checks their toolchains."),
+    target: list[str] | None = typer.Option(None, "--target", "-t", metavar="NAME|PATH",
+        help="Targets you plan to build (default cpu-lab); checks their toolchains."),
     no_inventory: bool = typer.Option(False, "--no-inventory", help="Skip the inventory's keys and known_hosts."),
 ) -> None:
     """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -28,7 +27,10 @@ def list_(ctx: typer.Context) -> None:
     for col in ("name", "scope", "cases", "patch sha256"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], r.get("scope_line", r.get("error", "")), ", ".join(r.get("cases", [])), c.short(r.get("patch_sha256"), 16))
+        cases = r.get("cases")
+        cases = cases if isinstance(cases, list) else []
+        t.add_row(str(r["name"]), str(r.get("scope_line", r.get("error", ""))), ", ".join(str(x) for x in cases),
+                  c.short(str(r.get("patch_sha256") or ""), 16))
     c.console.print(t)
 
 
@@ -36,7 +38,8 @@ def list_(ctx: typer.Context) -> None:
 def verify(
     ctx: typer.Context,
     kernel: str = typer.Argument("mmvf-warp-per-row", help="Kernel folder name or path."),
-    source: Optional[Path] = typer.Option(None, help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."),
+    source: Path | None = typer.Option(None,
+        help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."),
     rev: str = typer.Option("baseline", help="Revision the patch must apply to."),
 ) -> None:
     """Metadata and hash match the diff, REV has the base blobs, and `git apply --check` passes."""
@@ -54,13 +57,16 @@ def verify(
 @app.command("check")
 def check(
     ctx: typer.Context,
-    pair: Optional[list[str]] = o.PAIRS,
+    pair: list[str] | None = o.PAIRS,
     all_pairs: bool = o.ALL_PAIRS,
     parallel: int = o.parallel(1, "Pairs checked"),
     kernel: str = typer.Option("mmvf-warp-per-row", "--kernel", help="Kernel folder whose cases.yaml to run."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
-    package: Optional[list[str]] = typer.Option(None, "--package", metavar="HOST=ID", help="HOST=PACKAGE_ID (default: each host's active release)."),
-    perturb: Optional[list[str]] = typer.Option(None, "--perturb", metavar="CASE", help="Perturb this case's CPU reference on purpose (proves the check can fail)."),
+    port: int | None = typer.Option(None, "--port",
+        help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
+    package: list[str] | None = typer.Option(None, "--package", metavar="HOST=ID",
+        help="HOST=PACKAGE_ID (default: each host's active release)."),
+    perturb: list[str] | None = typer.Option(None, "--perturb", metavar="CASE",
+        help="Perturb this case's CPU reference on purpose (proves the check can fail)."),
 ) -> None:
     """Run the active packages' kernel harness on both hosts of the pair; write a receipt.
 

@@ -16,8 +16,10 @@ from difflib import get_close_matches
 from typing import Any
 
 import typer
+from typer._click.core import Context  # typer 0.29 vendors click: its Context is the one every command gets
 from typer.core import TyperGroup
 
+from orchestrator import progress
 from orchestrator.cli.options import Globals, global_params
 
 
@@ -38,6 +40,7 @@ def load(name: str, entry: Lazy) -> Any:
     """Import the module and turn its typer app or function into a prepared click command."""
     module, _, attr = entry.target.partition(":")
     obj = getattr(importlib.import_module(module), attr)
+    cmd: Any
     if isinstance(obj, typer.Typer):
         cmd = typer.main.get_group(obj)
     else:
@@ -78,6 +81,8 @@ def _with_run_context(callback: Callable[..., Any]) -> Callable[..., Any]:
             from orchestrator.cli.context import get_ctx
 
             get_ctx(ctx)
+            with progress.to_stderr():
+                return callback(*args, **kwargs)
         return callback(*args, **kwargs)
 
     return run
@@ -93,16 +98,16 @@ class LazyGroup(TyperGroup):
         have = {p.name for p in self.params}
         self.params.extend(p for p in global_params() if p.name not in have)
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         return [*self.registry, *(n for n in self.commands if n not in self.registry)]
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+    def get_command(self, ctx: Context, cmd_name: str) -> Any:
         if cmd_name not in self.commands and cmd_name in self.registry:
             self.commands[cmd_name] = load(cmd_name, self.registry[cmd_name])
         cmd = self.commands.get(cmd_name)
         return prepare(cmd) if cmd is not None else None
 
-    def resolve_command(self, ctx: typer.Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
+    def resolve_command(self, ctx: Context, args: list[str]) -> tuple[str | None, Any, list[str]]:
         name = args[0]
         cmd = self.get_command(ctx, name)
         if cmd is None and not ctx.resilient_parsing:
@@ -112,7 +117,7 @@ class LazyGroup(TyperGroup):
             ctx.fail(f"No such command {name!r}." + (f" Did you mean {', '.join(map(repr, close))}?" if close else ""))
         return (name if cmd is not None else None), cmd, args[1:]
 
-    def format_commands(self, ctx: typer.Context, formatter: Any) -> None:
+    def format_commands(self, ctx: Context, formatter: Any) -> None:
         rows = []
         for name in self.list_commands(ctx):
             if name in self.registry:

@@ -52,7 +52,8 @@ def take(
     purpose: str = typer.Option(..., "--purpose", help="Why you hold it (shown to anyone refused)."),
     ttl: str = typer.Option("2h", "--ttl", help="How long until it expires: 90s, 30m, 2h, 1h30m, 1d."),
     owner: str = typer.Option(None, "--owner", help="Who holds it; default user@machine."),
-    break_expired: bool = typer.Option(False, "--break-expired", help="Break an EXPIRED (or long half-made) lease first; recorded."),
+    break_expired: bool = typer.Option(False, "--break-expired",
+        help="Break an EXPIRED (or long half-made) lease first; recorded."),
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
     c = get_ctx(ctx)

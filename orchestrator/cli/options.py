@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -64,10 +64,10 @@ def _global_options(
     json_output: bool = typer.Option(
         False, "--json", callback=_remember, expose_value=False,
         help="Machine output: exactly one JSON document on stdout, on success and on failure."),
-    inventory: Optional[str] = typer.Option(
+    inventory: str | None = typer.Option(
         None, "--inventory", "-i", metavar="NAME|PATH", callback=_remember, expose_value=False,
         help="Inventory name (manifests/inventories) or YAML path; default $PAIRCTL_INVENTORY or 'lab'."),
-    home: Optional[Path] = typer.Option(
+    home: Path | None = typer.Option(
         None, "--home", metavar="DIR", callback=_remember, expose_value=False,
         help="pairctl's state directory; default $PAIRCTL_HOME or the user state directory."),
     verbose: int = typer.Option(
@@ -95,7 +95,8 @@ ALL_PAIRS = typer.Option(False, "--all", help="Every pair of the inventory.")
 PROFILE = typer.Option(None, "--profile", metavar="NAME|PATH", help="Route profile (default: the pair's).")
 CHECKS = typer.Option(
     None, "--checks", metavar="NAME[,NAME]", help="Run only these acceptance checks (repeatable or comma-separated).")
-SKIP_CHECKS = typer.Option(None, "--skip", metavar="NAME[,NAME]", help="Skip these checks (repeatable or comma-separated).")
+SKIP_CHECKS = typer.Option(None, "--skip", metavar="NAME[,NAME]",
+    help="Skip these checks (repeatable or comma-separated).")
 NATIVE = typer.Option(None, "--native", metavar="ID", help="Package id for the native host (llama-server).")
 RPC = typer.Option(None, "--rpc", metavar="ID", help="Package id for the RPC host (ggml-rpc-server).")
 PACKAGES = typer.Option(
@@ -120,7 +121,7 @@ def package_ids(native: str | None, rpc: str | None, packages: tuple[str, str] |
         raise typer.BadParameter(f"give either {flag} NATIVE_ID RPC_ID or --native ID --rpc ID, not both",
                                  param_hint=flag)
     ids = tuple(packages) if packages is not None else (native, rpc)
-    missing = [n for n, v in zip(("--native", "--rpc"), ids) if not v]
+    missing = [n for n, v in zip(("--native", "--rpc"), ids, strict=True) if not v]
     if missing:
         raise typer.BadParameter(f"missing {' and '.join(missing)} (or {flag} NATIVE_ID RPC_ID)",
                                  param_hint="/".join(missing))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from orchestrator.cli.context import get_ctx
+from orchestrator.cli.context import Ctx, get_ctx
+
+if TYPE_CHECKING:
+    from orchestrator.build.store import PackageStore
 
 app = typer.Typer(help="List, show and verify built packages.", no_args_is_help=True)
 
 
-def _store(ctx: typer.Context):  # type: ignore[no-untyped-def]
+def _store(ctx: typer.Context) -> tuple[Ctx, PackageStore]:
     from orchestrator.build.store import PackageStore
 
     c = get_ctx(ctx)

@@ -9,7 +9,7 @@ samples are kept: derive a record and run `qualify report` on it), or an arm's r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -36,26 +36,27 @@ app = typer.Typer(
 @app.callback()
 def qualify(
     ctx: typer.Context,
-    pair: Optional[str] = typer.Option(None, "--pair", metavar="PAIR", help="Pair name in the inventory."),
-    baseline: Optional[Tuple[str, str]] = typer.Option(
+    pair: str | None = typer.Option(None, "--pair", metavar="PAIR", help="Pair name in the inventory."),
+    baseline: tuple[str, str] | None = typer.Option(
         None, "--baseline", metavar="NATIVE_ID RPC_ID", help="Baseline package ids (an id never starts with '-')."),
-    candidate: Optional[Tuple[str, str]] = typer.Option(
+    candidate: tuple[str, str] | None = typer.Option(
         None, "--candidate", metavar="NATIVE_ID RPC_ID", help="Candidate package ids (an id never starts with '-')."),
-    plan: Optional[str] = typer.Option(None, "--plan", metavar="NAME|PATH", help="Plan name (manifests/plans) or YAML path."),
-    profile: Optional[str] = o.PROFILE,
+    plan: str | None = typer.Option(None, "--plan", metavar="NAME|PATH",
+        help="Plan name (manifests/plans) or YAML path."),
+    profile: str | None = o.PROFILE,
 ) -> None:
     """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
     if ctx.invoked_subcommand is not None:
         return
     c = get_ctx(ctx)
     missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
-    if missing:
+    if missing or pair is None or baseline is None or candidate is None or plan is None:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
-    o.refuse_option_like(tuple(baseline or ()), "--baseline")
-    o.refuse_option_like(tuple(candidate or ()), "--candidate")
+    o.refuse_option_like(baseline, "--baseline")
+    o.refuse_option_like(candidate, "--candidate")
     from orchestrator.qualify.command import qualify_pair
 
-    out = qualify_pair(c, pair=pair, baseline=tuple(baseline), candidate=tuple(candidate), plan_ref=plan, profile_ref=profile,
+    out = qualify_pair(c, pair=pair, baseline=baseline, candidate=candidate, plan_ref=plan, profile_ref=profile,
                        argv=_argv(pair, baseline, candidate, plan, profile))
     _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
     if not out.restored:
@@ -74,7 +75,8 @@ def qualify(
 @app.command("report")
 def report(
     ctx: typer.Context,
-    receipt: str = typer.Option(..., "--receipt", metavar="HASH", help="Receipt hash (or prefix): a qualify run or a record derived from one."),
+    receipt: str = typer.Option(..., "--receipt", metavar="HASH",
+        help="Receipt hash (or prefix): a qualify run or a record derived from one."),
 ) -> None:
     """Recompute the result from a receipt (following a derived record's references) and write the report."""
     c = get_ctx(ctx)

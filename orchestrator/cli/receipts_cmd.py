@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -34,9 +34,10 @@ def summary(r: Receipt) -> dict[str, Any]:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
-    since: Optional[str] = typer.Option(None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    pair: str | None = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
+    since: str | None = typer.Option(None, "--since", metavar="T",
+        help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Receipts, oldest first."""
     c = get_ctx(ctx)
@@ -77,7 +78,7 @@ def list_(
 def show(
     ctx: typer.Context,
     ref: str = typer.Argument(..., metavar="HASH", help="Receipt hash or a unique prefix."),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """A readable summary of one receipt (`--json` for all of it)."""
     c = get_ctx(ctx)
@@ -130,7 +131,7 @@ def _seconds(a: str, b: str) -> str:
 @app.command("verify")
 def verify(
     ctx: typer.Context,
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Rehash every receipt and walk every chain; nonzero exit (10) naming the first broken link."""
     c = get_ctx(ctx)
@@ -155,13 +156,15 @@ def verify(
 def derive(
     ctx: typer.Context,
     original: str = typer.Option(..., "--from", metavar="HASH", help="Hash (or prefix) of the original receipt."),
-    reuse: list[str] = typer.Option(..., "--reuse", metavar="STEP", help="Step to reuse by reference (repeat, or comma-separated)."),
-    reason: str = typer.Option(..., "--reason", metavar="TEXT", help="Why this derived record exists (kept in the receipt)."),
-    fresh: Optional[Path] = typer.Option(
+    reuse: list[str] = typer.Option(..., "--reuse", metavar="STEP",
+        help="Step to reuse by reference (repeat, or comma-separated)."),
+    reason: str = typer.Option(..., "--reason", metavar="TEXT",
+        help="Why this derived record exists (kept in the receipt)."),
+    fresh: Path | None = typer.Option(
         None, "--fresh", metavar="FILE", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
         "or {steps: [...], samples: {step: [rows]}}.",
     ),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """A new receipt reusing passed steps of a failed run by hash; the original is never touched."""
     c = get_ctx(ctx)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
@@ -42,9 +41,10 @@ def install(
     ctx: typer.Context,
     pair: str = o.PAIR,
     every: str = typer.Option("6h", "--every", metavar="DURATION", help="Interval: 30m, 6h, 1d ..."),
-    checks: Optional[list[str]] = o.CHECKS,
+    checks: list[str] | None = o.CHECKS,
     system: bool = typer.Option(False, "--system", help="System units in /etc/systemd/system instead of user units."),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", metavar="DIR", help="Write the units here (and do not enable them)."),
+    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR",
+        help="Write the units here (and do not enable them)."),
 ) -> None:
     """Write a service + timer that run `pairctl accept --scheduled` for PAIR every interval.
 
@@ -88,7 +88,7 @@ def install(
 def list_(
     ctx: typer.Context,
     system: bool = typer.Option(False, "--system", help="System units instead of user units."),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", metavar="DIR", help="Look in this folder instead."),
+    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Look in this folder instead."),
 ) -> None:
     """List the schedules pairctl installed."""
     c = get_ctx(ctx)
@@ -107,7 +107,7 @@ def remove(
     ctx: typer.Context,
     pair: str = o.PAIR,
     system: bool = typer.Option(False, "--system", help="System units instead of user units."),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
+    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
 ) -> None:
     """Stop and remove the schedule of PAIR."""
     c = get_ctx(ctx)

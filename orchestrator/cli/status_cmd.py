@@ -8,8 +8,8 @@ the last acceptance and its age, leases.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -42,7 +42,7 @@ def last_acceptance(evidence: Any, pair: str) -> dict[str, Any] | None:
 
 
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     rows = []
     for o in results.outcomes:
         st = o.value or {}
@@ -65,7 +65,7 @@ def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
 
 def status(
     ctx: typer.Context,
-    pair: Optional[list[str]] = o.PAIRS,
+    pair: list[str] | None = o.PAIRS,
     all_pairs: bool = o.ALL_PAIRS,
     parallel: int = o.parallel(4, "Pairs probed"),
     verify_files: bool = typer.Option(
@@ -118,5 +118,5 @@ def _reraise(o: Any) -> typer.Exit:
     from orchestrator.errors import PairctlError
 
     err = PairctlError(o.error)
-    err.exit_code = o.exit_code  # type: ignore[misc]
+    err.exit_code = o.exit_code
     raise err

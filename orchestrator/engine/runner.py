@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from orchestrator import progress
 from orchestrator.engine import faults
 from orchestrator.engine.plan import Step
 from orchestrator.errors import PairctlError
@@ -56,6 +57,7 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
         faults.at_step(step.name)  # test-only, inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 (engine/faults.py)
         t0 = time.monotonic()
         host_label = ",".join(step.hosts)
+        progress.event("step.start", f"step {step.name} on {host_label or '-'} ...", step=step.name, hosts=host_label)
         data: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
         was_changed = ctx.changed
@@ -77,6 +79,8 @@ def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, jour
                           "; ".join(str(e) if str(e).startswith(f"{h}:") else f"{h}: {e}" for h, e in errors.items())
                           or None)
         outcomes.append(out)
+        progress.event("step.end", f"step {step.name} {'ok' if out.ok else 'FAILED'} ({out.seconds:.2f} s)",
+                       step=step.name)
         if on_step:
             on_step(out)
         if errors:

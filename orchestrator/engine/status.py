@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.hosts.layout import SERVICE_OF_ROLE
 from orchestrator.hosts.models import recorded_model_problems
-from orchestrator.engine.identity import read_identities
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json

@@ -15,11 +15,13 @@ import posixpath
 import re
 import secrets
 import tarfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator import progress
 from orchestrator.errors import PackageError
 from orchestrator.hosts.layout import HostLayout, tmp_release_name
 from orchestrator.hosts.probes import hash_problems, parse_sha256sum
@@ -128,7 +130,9 @@ def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bo
         return ReleaseResult(host, pid, True, 0, n)
     tmp = tmp_release_name(pid, secrets.token_hex(4))
     data = _packed(str(package.path))
+    t0 = time.monotonic()
     res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
+    progress.event("upload", f"upload {pid} to {host}: {progress.rate(len(data), time.monotonic() - t0)}", host=host)
     try:
         n = check_hash_output(expected, as_text(res.stdout), host, f"the upload of {pid}")
     except PackageError:
