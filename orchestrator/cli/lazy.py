@@ -59,15 +59,27 @@ def prepare(cmd: Any) -> Any:
     have = {p.name for p in cmd.params}
     cmd.params.extend(p for p in global_params() if p.name not in have)
     for p in cmd.params:
-        if getattr(p, "param_type_name", "") == "option" and p.metavar is None and not getattr(p, "is_flag", False) \
-                and not getattr(p, "count", False):
+        kind = getattr(p, "param_type_name", "")
+        if kind == "option" and p.metavar is None and not getattr(p, "is_flag", False) and not getattr(p, "count", False):
             p.metavar = (p.name or "value").upper()
+        elif kind == "argument":
+            p.get_help_record = _untyped_help(p.get_help_record)
     cmd.rich_markup_mode = None
     if cmd.callback is not None:
         cmd.callback = _with_run_context(cmd.callback)
     for sub in getattr(cmd, "commands", {}).values():
         prepare(sub)
     return cmd
+
+
+def _untyped_help(record: Callable[[Context], tuple[str, str] | None]) -> Callable[[Context], tuple[str, str] | None]:
+    """An argument's help row names it (`ID`), without typer's `<str>` after the name."""
+
+    def plain(ctx: Context) -> tuple[str, str] | None:
+        rv = record(ctx)
+        return None if rv is None else (rv[0].split(" <", 1)[0], rv[1])
+
+    return plain
 
 
 def _with_run_context(callback: Callable[..., Any]) -> Callable[..., Any]:
