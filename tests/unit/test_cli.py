@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from orchestrator.cli import main
+from orchestrator.cli import app, main
 from orchestrator.cli.commands import COMMANDS
 from orchestrator.cli.outputs import validate_output
 from orchestrator.evidence.store import EvidenceStore
@@ -43,10 +44,6 @@ def receipts_in(home: Path) -> list[str]:
 
 def all_commands() -> list[list[str]]:
     """Every runnable command path, e.g. ['deploy'], ['packages', 'list'] (loads every module)."""
-    from orchestrator.cli import app
-
-    import typer
-
     root = typer.main.get_command(app)
     paths = []
     for name in COMMANDS:
@@ -136,7 +133,8 @@ def test_json_success_is_one_document_that_matches_its_schema(tmp_path):
     code, out, _ = run("--home", str(tmp_path), "packages", "list", "--json")
     assert code == 0
     validate_output("packages-list", json.loads(out))
-    code, out, _ = run("--home", str(tmp_path), "config", "check", str(REPO / "manifests/targets/cpu-lab.yaml"), "--json")
+    target = str(REPO / "manifests/targets/cpu-lab.yaml")
+    code, out, _ = run("--home", str(tmp_path), "config", "check", target, "--json")
     assert code == 0
     validate_output("config-check", json.loads(out))
 
@@ -213,8 +211,8 @@ def test_receipts_list_without_a_tty_keeps_whole_hashes_and_the_first_line_of_re
 # --- lazy commands ------------------------------------------------------------------------
 
 def _modules_after(*argv: str) -> set[str]:
-    code = ("import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
-            "print('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n")
+    code = ("import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\n"
+            "except SystemExit:\n    pass\nprint('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, timeout=60)
     return set(p.stderr.split())
 
@@ -234,10 +232,6 @@ def test_command_help_loads_only_that_command_and_no_heavy_dependency():
 
 
 def test_every_registered_command_loads_under_its_name():
-    from orchestrator.cli import app
-
-    import typer
-
     root = typer.main.get_command(app)
     for name in COMMANDS:
         assert root.get_command(None, name).name == name  # type: ignore[arg-type,union-attr]
@@ -247,5 +241,5 @@ def test_root_help_lists_exit_codes_as_one_table():
     code, out, _ = run("--help")
     assert code == 0
     block = out.split("Exit codes:")[1].split("\n\n")[0].splitlines()
-    assert [ln.split()[0] for ln in block if ln.strip()] == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11",
-                                                               "130"]
+    codes = [ln.split()[0] for ln in block if ln.strip()]
+    assert codes == [str(c) for c in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 130)]
