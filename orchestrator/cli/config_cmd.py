@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from pydantic import BaseModel
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.inventory import Inventory
-from orchestrator.config.profiles import RouteProfile
-from orchestrator.config.targets import Target
 from orchestrator.errors import ConfigError
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 app = typer.Typer(help="Validate manifests and print their JSON schemas.", no_args_is_help=True)
-
-KINDS = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
-
 
 def _schemas() -> dict[str, type[BaseModel]]:
     from orchestrator.config import registry
@@ -53,8 +50,8 @@ def check(
 def schema(
     ctx: typer.Context,
     kind: str = typer.Argument(..., metavar="KIND",
-        help="A manifest kind (target, profile, inventory, playbook, plan, kernel), or output.COMMAND for the "
-             "JSON a command prints with --json (output.deploy, output.status, output.error, ...; `output` lists them)."),
+        help="A manifest kind (target, profile, inventory, playbook, plan, kernel), or output.COMMAND for the JSON "
+             "a command prints with --json (output.deploy, output.status, output.error, ...; `output`: all)."),
 ) -> None:
     """Print the JSON schema of a manifest kind or of a command's --json output."""
     from orchestrator.cli.outputs import OUTPUTS, output_schema

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.targets import load_target
 from orchestrator.errors import CheckFailed, ConfigError
-from orchestrator.ops.doctor import run_doctor
+
+if TYPE_CHECKING:
+    pass
 
 
 def doctor(
@@ -18,6 +20,12 @@ def doctor(
     no_inventory: bool = typer.Option(False, "--no-inventory", help="Skip the inventory's keys and known_hosts."),
 ) -> None:
     """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.config.targets import load_target
+    from orchestrator.ops.doctor import run_doctor
+
     c = get_ctx(ctx)
     targets = [load_target(t) for t in (target or ["cpu-lab"])]
     inv = None

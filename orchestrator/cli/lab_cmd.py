@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import Ctx, get_ctx
-from orchestrator.lab.lab import Lab, LabStatus, down_all
+
+if TYPE_CHECKING:
+    from orchestrator.lab.lab import Lab, LabStatus
+
 
 app = typer.Typer(help="The lab: real sshd hosts on loopback, the pinned llama.cpp source, tiny GGUF models.", no_args_is_help=True)
 
 def _lab(c: Ctx) -> Lab:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.lab.lab import Lab
+
     return Lab(c.home, c.inventory())
 
 
 def _show(c: Ctx, st: LabStatus) -> None:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
     if c.json_output:
         c.emit_json(st.as_dict())
         return
@@ -49,6 +59,9 @@ def status(ctx: typer.Context) -> None:
 @app.command("down")
 def down(ctx: typer.Context) -> None:
     """Stop every process this home's lab started (sshd hosts, servers under host roots), by pid."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.lab.lab import down_all
+
     c = get_ctx(ctx)
     report = down_all(c.home)
     if c.json_output:

@@ -20,7 +20,7 @@ from typer._click.core import Context  # typer 0.29 vendors click: its Context i
 from typer.core import TyperGroup
 
 from orchestrator import progress
-from orchestrator.cli.options import Globals, global_params
+from orchestrator.cli.options import Globals, global_params, uncoerced
 
 
 @dataclass(frozen=True)
@@ -109,6 +109,15 @@ class LazyGroup(TyperGroup):
         super().__init__(**kwargs)
         have = {p.name for p in self.params}
         self.params.extend(p for p in global_params() if p.name not in have)
+
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        for p in self.params:  # --version and completion (added after __init__): flags, parsed before any subcommand
+            if getattr(p, "is_flag", False):
+                uncoerced(p)
+        return super().parse_args(ctx, args)
+
+    def get_help_option(self, ctx: Context) -> Any:
+        return uncoerced(super().get_help_option(ctx))
 
     def list_commands(self, ctx: Context) -> list[str]:
         return [*self.registry, *(n for n in self.commands if n not in self.registry)]

@@ -9,14 +9,15 @@ once the evidence store proves that run over.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import Ctx, get_ctx
-from orchestrator.durations import parse_duration
-from orchestrator.hosts import leases as L
+
+if TYPE_CHECKING:
+    from orchestrator.hosts import leases as L
+
 
 app = typer.Typer(help="Take, show and release host leases (atomic on the host, expiring).", no_args_is_help=True)
 
@@ -30,6 +31,11 @@ def _journal(c: Ctx, command: str, argv: list[str], target: str):
 
 
 def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.hosts import leases as L
+
     t = Table(title=title)
     for col in ("host", "state", "owner", "purpose", "taken", "expires", "left"):
         t.add_column(col)
@@ -56,6 +62,10 @@ def take(
         help="Break an EXPIRED (or long half-made) lease first; recorded."),
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.durations import parse_duration
+    from orchestrator.hosts import leases as L
+
     c = get_ctx(ctx)
     ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
@@ -83,6 +93,9 @@ def take(
 @app.command("show")
 def show(ctx: typer.Context, target: str = _TARGET) -> None:
     """Who holds the host(s), for what, until when (never the nonce)."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.hosts import leases as L
+
     c = get_ctx(ctx)
     from orchestrator.remote.transport import TransportPool
 
@@ -111,6 +124,9 @@ def release(
     With --dead-run instead, release the leases a killed or finished pairctl run left behind
     (its nonce died with it), refusing unless the run is over and every lease it names is its own.
     """
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.hosts import leases as L
+
     c = get_ctx(ctx)
     if (nonce is None) == (dead_run is None):
         raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
@@ -139,8 +155,10 @@ def release(
 def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.errors import LeaseError, LeaseHeldError
     from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.hosts import leases as L
     from orchestrator.remote.transport import TransportPool
 
     inv = c.inventory()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from typer.core import TyperOption
 
 if TYPE_CHECKING:
     from orchestrator.cli.context import Ctx
@@ -77,12 +78,31 @@ def _global_options(
     """Template whose parameters become the global options (never run)."""
 
 
+class _Uncoerced(TyperOption):
+    """A global option whose value is used as click parsed it (str, bool, count).
+
+    typer 0.29 coerces every parameter through a pydantic TypeAdapter, and the root's options
+    (these, --version, --help, completion) are processed before a subcommand's `--help`: skipping
+    it keeps pydantic out of `pairctl COMMAND --help` (start-up budget, issue 20). Only for
+    options whose parsed value is already what the callback wants (flags, counts, plain text)."""
+
+    def process_value(self, ctx: Any, value: Any) -> Any:
+        return self.callback(ctx, self, value) if self.callback is not None else value
+
+
 @cache
 def global_params() -> tuple[Any, ...]:
     """The global options as click parameters, built by typer from `_global_options`."""
     t = typer.Typer(add_completion=False)
     t.command()(_global_options)
-    return tuple(typer.main.get_command(t).params)
+    return tuple(uncoerced(p) for p in typer.main.get_command(t).params)
+
+
+def uncoerced(param: Any) -> Any:
+    """The same option, its parsed value used as is (see _Uncoerced); other parameters unchanged."""
+    if isinstance(param, TyperOption) and not isinstance(param, _Uncoerced):
+        param.__class__ = _Uncoerced
+    return param
 
 
 GLOBAL_NAMES = frozenset({"json_output", "inventory", "home", "verbose"})

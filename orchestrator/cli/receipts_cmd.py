@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import Ctx, first_line, get_ctx
 from orchestrator.errors import EvidenceError
-from orchestrator.evidence.receipt import Receipt, parse_time, summary_of
-from orchestrator.evidence.store import EvidenceStore
+
+if TYPE_CHECKING:
+    from orchestrator.evidence.receipt import Receipt
+    from orchestrator.evidence.store import EvidenceStore
+
 
 app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
 
@@ -23,11 +25,17 @@ EVIDENCE_OPT = typer.Option(
 
 def evidence_store_for(ctx: typer.Context | Ctx, evidence_dir: Path | str | None = None) -> EvidenceStore:
     """The store a command writes to: `--evidence DIR` if given, else the home's evidence folder."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.store import EvidenceStore
+
     c = ctx if isinstance(ctx, Ctx) else get_ctx(ctx)
     return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
 
 
 def summary(r: Receipt) -> dict[str, Any]:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.receipt import summary_of
+
     return summary_of(r)
 
 
@@ -40,6 +48,11 @@ def list_(
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Receipts, oldest first."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.evidence.receipt import parse_time
+
     c = get_ctx(ctx)
     cutoff = None
     if since:
@@ -81,6 +94,9 @@ def show(
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """A readable summary of one receipt (`--json` for all of it)."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
     c = get_ctx(ctx)
     r = evidence_store_for(c, evidence).load(ref)
     if c.json_output:
@@ -122,6 +138,9 @@ def show(
 
 
 def _seconds(a: str, b: str) -> str:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.receipt import parse_time
+
     try:
         return f"{(parse_time(b) - parse_time(a)).total_seconds():.1f} s"
     except ValueError:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli import options as o
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.inventory import inventories_dir
 from orchestrator.errors import PairctlError
-from orchestrator.ops import schedule as sched
+
+if TYPE_CHECKING:
+    pass
+
 
 app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).", no_args_is_help=True)
 
@@ -30,6 +32,9 @@ def _pairctl_exe() -> str:
 
 
 def _inventory_path(ref: str) -> str:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.config.inventory import inventories_dir
+
     p = Path(ref)
     if not p.suffix:
         p = inventories_dir() / f"{ref}.yaml"
@@ -51,6 +56,9 @@ def install(
     A scheduled run that finds the pair leased by someone else records `skipped: leased by ...`
     and exits 11, which the unit treats as success. Without systemd, prints the crontab line.
     """
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.ops import schedule as sched
+
     c = get_ctx(ctx)
     c.inventory().pair(pair)  # the pair must exist
     s = sched.Schedule(
@@ -91,6 +99,11 @@ def list_(
     unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Look in this folder instead."),
 ) -> None:
     """List the schedules pairctl installed."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.ops import schedule as sched
+
     c = get_ctx(ctx)
     rows = sched.list_units(unit_dir or sched.unit_dir(system))
     if c.json_output:
@@ -110,6 +123,9 @@ def remove(
     unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
 ) -> None:
     """Stop and remove the schedule of PAIR."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.ops import schedule as sched
+
     c = get_ctx(ctx)
     name = sched.Schedule(pair=pair, every_s=3600, argv=("x",), home="").unit_name
     if unit_dir is None and sched.systemd_running():
