@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from orchestrator.cli import options as o
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
 def accept(
     ctx: typer.Context,
-    pair: list[str] | None = o.PAIRS,
-    all_pairs: bool = o.ALL_PAIRS,
-    parallel: int = o.parallel(1, "Pairs accepted (each holds its own hosts' leases)"),
-    checks: list[str] | None = o.CHECKS,
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    parallel: int = opts.parallel(1, "Pairs accepted (each holds its own hosts' leases)"),
+    checks: list[str] | None = opts.CHECKS,
     only: list[str] | None = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
-    skip: list[str] | None = o.SKIP_CHECKS,
+    skip: list[str] | None = opts.SKIP_CHECKS,
     baseline_receipt: str | None = typer.Option(None, "--baseline-receipt", metavar="HASH",
         help="Compare answer fixtures against this receipt (hash or prefix)."),
     baseline_pair: str | None = typer.Option(None, "--baseline-pair", metavar="PAIR",
@@ -46,7 +46,7 @@ def accept(
     pairs = select_pairs(inv, pair, all_pairs)
 
     def one(name: str):
-        req = AcceptRequest(pair=name, only=o.names(checks) + o.names(only), skip=o.names(skip), baseline_receipt=baseline_receipt,
+        req = AcceptRequest(pair=name, only=opts.names(checks) + opts.names(only), skip=opts.names(skip), baseline_receipt=baseline_receipt,
                             baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
                             profile=profile)
         return accept_pair(c.home, inv, req)

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from orchestrator.cli import options as o
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError
 
@@ -57,9 +57,9 @@ def verify(
 @app.command("check")
 def check(
     ctx: typer.Context,
-    pair: list[str] | None = o.PAIRS,
-    all_pairs: bool = o.ALL_PAIRS,
-    parallel: int = o.parallel(1, "Pairs checked"),
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    parallel: int = opts.parallel(1, "Pairs checked"),
     kernel: str = typer.Option("mmvf-warp-per-row", "--kernel", help="Kernel folder whose cases.yaml to run."),
     port: int | None = typer.Option(None, "--port",
         help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),

@@ -40,13 +40,13 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
     for col in ("host", "state", "owner", "purpose", "taken", "expires", "left"):
         t.add_column(col)
     for s in states:
-        l = s.lease
-        if l is None:
+        lease = s.lease
+        if lease is None:
             t.add_row(s.host, s.state, "-", "-", "-", "-",
                       "-" if s.lock_age_s is None else f"lock age {s.lock_age_s:.0f}s")
         else:
-            left = l.remaining_s()
-            t.add_row(s.host, s.state, l.owner, l.purpose, L._iso(l.taken_at), L._iso(l.expires_at),
+            left = lease.remaining_s()
+            t.add_row(s.host, s.state, lease.owner, lease.purpose, L._iso(lease.taken_at), L._iso(lease.expires_at),
                       f"{left / 60:.0f} min" if left > 0 else "expired")
     c.console.print(t)
 
@@ -77,16 +77,16 @@ def take(
     with TransportPool(inv) as pool, _journal(c, "lease take", argv, target) as j:
         with j.step("take", host=",".join(hosts)) as step:
             leases = L.take_leases(L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired)
-            step.data["leases"] = [l.public() for l in leases]
-            step.data["broken"] = [l.broken for l in leases if l.broken]
+            step.data["leases"] = [lease.public() for lease in leases]
+            step.data["broken"] = [lease.broken for lease in leases if lease.broken]
     nonce = leases[0].nonce
     if c.json_output:
-        c.emit_json({"nonce": nonce, "leases": [l.public() for l in leases], "receipt": j.receipt_hash})
+        c.emit_json({"nonce": nonce, "leases": [lease.public() for lease in leases], "receipt": j.receipt_hash})
         return
-    for l in leases:
-        if l.broken:
-            c.console.print(f"broke an {l.broken['state']} lease on {l.host} (recorded in receipt {c.short(j.receipt_hash)})", markup=False)
-    _table(c, [L.LeaseState(l.host, "held", l) for l in leases], f"leased {target}")
+    for lease in leases:
+        if lease.broken:
+            c.console.print(f"broke an {lease.broken['state']} lease on {lease.host} (recorded in receipt {c.short(j.receipt_hash)})", markup=False)
+    _table(c, [L.LeaseState(lease.host, "held", lease) for lease in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
 
@@ -141,14 +141,14 @@ def release(
         with j.step("release", host=",".join(hosts)) as step:
             released = L.release_leases(L.targets_of(inv, pool, target), nonce)
             after = L.show_leases(inv, pool, target)
-            step.data["released"] = [l.public() for l in released]
+            step.data["released"] = [lease.public() for lease in released]
             step.data["after"] = [s.to_dict() for s in after]
-    out = {"released": [l.public() for l in released], "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
+    out = {"released": [lease.public() for lease in released], "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
     if c.json_output:
         c.emit_json(out)
         return
-    for l in released:
-        c.console.print(f"released {l.host} (held by {l.owner} for {l.purpose!r})", markup=False)
+    for lease in released:
+        c.console.print(f"released {lease.host} (held by {lease.owner} for {lease.purpose!r})", markup=False)
     _table(c, after, f"leases of {target} now")
 
 

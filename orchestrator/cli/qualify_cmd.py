@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli import options as o
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
 
@@ -43,7 +43,7 @@ def qualify(
         None, "--candidate", metavar="NATIVE_ID RPC_ID", help="Candidate package ids (an id never starts with '-')."),
     plan: str | None = typer.Option(None, "--plan", metavar="NAME|PATH",
         help="Plan name (manifests/plans) or YAML path."),
-    profile: str | None = o.PROFILE,
+    profile: str | None = opts.PROFILE,
 ) -> None:
     """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
     if ctx.invoked_subcommand is not None:
@@ -52,8 +52,8 @@ def qualify(
     missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
     if missing or pair is None or baseline is None or candidate is None or plan is None:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
-    o.refuse_option_like(baseline, "--baseline")
-    o.refuse_option_like(candidate, "--candidate")
+    opts.refuse_option_like(baseline, "--baseline")
+    opts.refuse_option_like(candidate, "--candidate")
     from orchestrator.qualify.command import qualify_pair
 
     out = qualify_pair(c, pair=pair, baseline=baseline, candidate=candidate, plan_ref=plan, profile_ref=profile,

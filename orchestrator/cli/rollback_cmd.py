@@ -6,11 +6,11 @@ import sys
 
 import typer
 
-from orchestrator.cli import options as o
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
-def rollback(ctx: typer.Context, pair: str = o.PAIR) -> None:
+def rollback(ctx: typer.Context, pair: str = opts.PAIR) -> None:
     """Swap PAIR back to its previous pair (playbooks/rollback.yaml). Exit 8 if that fails
     (hosts stopped, leases kept)."""
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`

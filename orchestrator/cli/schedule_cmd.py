@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli import options as o
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import PairctlError
 
@@ -44,9 +44,9 @@ def _inventory_path(ref: str) -> str:
 @app.command("install")
 def install(
     ctx: typer.Context,
-    pair: str = o.PAIR,
+    pair: str = opts.PAIR,
     every: str = typer.Option("6h", "--every", metavar="DURATION", help="Interval: 30m, 6h, 1d ..."),
-    checks: list[str] | None = o.CHECKS,
+    checks: list[str] | None = opts.CHECKS,
     system: bool = typer.Option(False, "--system", help="System units in /etc/systemd/system instead of user units."),
     unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR",
         help="Write the units here (and do not enable them)."),
@@ -65,7 +65,7 @@ def install(
         pair=pair,
         every_s=sched.parse_every(every),
         argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref), pair=pair,
-                              checks=o.names(checks)),
+                              checks=opts.names(checks)),
         home=str(c.home.root),
     )
     if unit_dir is None and not sched.systemd_running():
@@ -118,7 +118,7 @@ def list_(
 @app.command("remove")
 def remove(
     ctx: typer.Context,
-    pair: str = o.PAIR,
+    pair: str = opts.PAIR,
     system: bool = typer.Option(False, "--system", help="System units instead of user units."),
     unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
 ) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from orchestrator.cli import options as o
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import first_line, get_ctx
 from orchestrator.engine.render import lease_text
 
@@ -44,30 +44,30 @@ def last_acceptance(evidence: Any, pair: str) -> dict[str, Any] | None:
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
     now = datetime.now(UTC)
     rows = []
-    for o in results.outcomes:
-        st = o.value or {}
+    for out in results.outcomes:
+        st = out.value or {}
         route = st.get("route") or {}
-        acc = last_acceptance(evidence, o.pair)
-        leases = [l for h in (st.get("hosts") or {}).values() for l in h.get("leases", [])]
+        acc = last_acceptance(evidence, out.pair)
+        leases = [entry for h in (st.get("hosts") or {}).values() for entry in h.get("leases", [])]
         rows.append({
-            "pair": o.pair,
-            "ok": o.ok,
+            "pair": out.pair,
+            "ok": out.ok,
             "active": route.get("active_packages"),
             "active_for": _age(route.get("updated_at"), now),
             "health": st.get("health"),
             "last_acceptance": acc["outcome"] if acc else None,
             "last_acceptance_age": _age(acc["finished_at"], now) if acc else "-",
             "leases": [t for t in map(lease_text, leases) if t],
-            "problems": st.get("problems", []) if o.ok or o.value else [o.error],
+            "problems": st.get("problems", []) if out.ok or out.value else [out.error],
         })
     return rows
 
 
 def status(
     ctx: typer.Context,
-    pair: list[str] | None = o.PAIRS,
-    all_pairs: bool = o.ALL_PAIRS,
-    parallel: int = o.parallel(4, "Pairs probed"),
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    parallel: int = opts.parallel(4, "Pairs probed"),
     verify_files: bool = typer.Option(
         False, "--verify-files",
         help="Also sha256 every file of each host's current release against its manifest (one exec per host; "
@@ -89,14 +89,14 @@ def status(
     results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files), parallel=parallel,
                       ok=lambda out: not out["problems"])
     if len(pairs) == 1 and not all_pairs:
-        o = results.outcomes[0]
-        if o.value is None:
-            raise typer.Exit(o.exit_code) if not o.error else _reraise(o)
+        one = results.outcomes[0]
+        if one.value is None:
+            raise typer.Exit(one.exit_code) if not one.error else _reraise(one)
         if c.json_output:
-            c.emit_json(o.value)
+            c.emit_json(one.value)
         else:
-            print_status(c.console, o.value)
-        if not o.ok:
+            print_status(c.console, one.value)
+        if not one.ok:
             raise typer.Exit(1)
         return
     rows = fleet_rows(results, EvidenceStore(c.home.evidence))
@@ -114,9 +114,9 @@ def status(
         raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())
 
 
-def _reraise(o: Any) -> typer.Exit:
+def _reraise(one: Any) -> typer.Exit:
     from orchestrator.errors import PairctlError
 
-    err = PairctlError(o.error)
-    err.exit_code = o.exit_code
+    err = PairctlError(one.error)
+    err.exit_code = one.exit_code
     raise err

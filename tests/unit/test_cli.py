@@ -243,3 +243,37 @@ def test_root_help_lists_exit_codes_as_one_table():
     block = out.split("Exit codes:")[1].split("\n\n")[0].splitlines()
     codes = [ln.split()[0] for ln in block if ln.strip()]
     assert codes == [str(c) for c in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 130)]
+
+
+# --- commands reach their work (no lab: hosts on a closed port) ---------------------------
+
+def _unreachable_inventory(tmp_path: Path) -> Path:
+    import yaml
+
+    key = tmp_path / "op"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    hosts = {name: {"address": "127.0.0.1", "port": 1, "user": "root", "key": str(key), "install_root": "/srv/p",
+                    "role": role} for name, role in (("n", "native"), ("r", "rpc"))}
+    p = tmp_path / "inv.yaml"
+    p.write_text(yaml.safe_dump({"known_hosts": str(tmp_path / "kh"), "hosts": hosts,
+                                 "pairs": {"p": {"native": "n", "rpc": "r"}}}))
+    return p
+
+
+@pytest.mark.parametrize("argv", [
+    ["accept", "--pair", "p", "--checks", "identity"],
+    ["accept", "--pair", "p", "--only", "identity"],
+    ["status", "--pair", "p"],
+    ["status", "--all"],
+    ["lease", "show", "p"],
+], ids=lambda a: " ".join(a[:2]))
+def test_commands_parse_their_options_and_fail_as_documented(tmp_path, argv):
+    """Each gets past its option handling to the hosts and fails cleanly: a documented exit code
+    and an error document, never an internal error."""
+    inv = _unreachable_inventory(tmp_path)
+    code, out, err = run("--home", str(tmp_path), *argv, "-i", str(inv), "--json")
+    assert "internal error" not in err, err
+    doc = json.loads(out)
+    assert code in (1, 3, 4), (code, err)
+    if "error" in doc:
+        assert doc["error"]["exit_code"] == code and doc["error"]["kind"] != "InternalError", doc
