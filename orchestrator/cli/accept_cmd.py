@@ -46,7 +46,8 @@ def accept(
     pairs = select_pairs(inv, pair, all_pairs)
 
     def one(name: str):
-        req = AcceptRequest(pair=name, only=opts.names(checks) + opts.names(only), skip=opts.names(skip), baseline_receipt=baseline_receipt,
+        req = AcceptRequest(pair=name, only=opts.names(checks) + opts.names(only), skip=opts.names(skip),
+                            baseline_receipt=baseline_receipt,
                             baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
                             profile=profile)
         return accept_pair(c.home, inv, req)
@@ -69,6 +70,7 @@ def accept(
                 render_table(c.console, o.value)
             else:
                 c.console.print(f"pair {o.pair}: {o.error}", markup=False)
-        c.console.print(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes), markup=False)
+        c.console.print(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes),
+                        markup=False)
     if not results.ok:
         raise typer.Exit(results.exit_code())

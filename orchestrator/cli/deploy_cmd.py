@@ -33,7 +33,8 @@ def deploy(
     c = get_ctx(ctx)
     result = run_deploy(
         c.home, c.inventory(), pair, ids, profile_name=profile, dry_run=dry_run,
-        skip_accept=skip_accept, checks=tuple(opts.names(checks)), kernel_check=kernel_check, argv=["pairctl", *sys.argv[1:]],
+        skip_accept=skip_accept, checks=tuple(opts.names(checks)), kernel_check=kernel_check, argv=["pairctl",
+                                                                                                    *sys.argv[1:]],
         on_step=None if c.json_output else progress_printer(c.console),
     )
     if c.json_output:

@@ -11,7 +11,8 @@ from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError
 
-app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.", no_args_is_help=True)
+app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.",
+                  no_args_is_help=True)
 
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
@@ -51,7 +52,8 @@ def verify(
     if c.json_output:
         c.emit_json(out)
     else:
-        c.console.print(f"ok   {out['kernel']} applies to {out['base'][:12]} in {out['repo']} (patch sha256 {c.short(out['patch_sha256'], 16)})", markup=False)
+        c.console.print(f"ok   {out['kernel']} applies to {c.short(out['base'])} in {out['repo']} "
+                        f"(patch sha256 {c.short(out['patch_sha256'], 16)})", markup=False)
 
 
 @app.command("check")

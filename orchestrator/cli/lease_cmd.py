@@ -73,7 +73,8 @@ def take(
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    argv = ["lease", "take", target, "--purpose", purpose, "--ttl", ttl] + (["--break-expired"] if break_expired else [])
+    argv = ["lease", "take", target, "--purpose", purpose, "--ttl",
+            ttl] + (["--break-expired"] if break_expired else [])
     with TransportPool(inv) as pool, _journal(c, "lease take", argv, target) as j:
         with j.step("take", host=",".join(hosts)) as step:
             leases = L.take_leases(L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired)
@@ -85,7 +86,8 @@ def take(
         return
     for lease in leases:
         if lease.broken:
-            c.console.print(f"broke an {lease.broken['state']} lease on {lease.host} (recorded in receipt {c.short(j.receipt_hash)})", markup=False)
+            c.console.print(f"broke an {lease.broken['state']} lease on {lease.host} "
+                            f"(recorded in receipt {c.short(j.receipt_hash)})", markup=False)
     _table(c, [L.LeaseState(lease.host, "held", lease) for lease in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
@@ -143,7 +145,8 @@ def release(
             after = L.show_leases(inv, pool, target)
             step.data["released"] = [lease.public() for lease in released]
             step.data["after"] = [s.to_dict() for s in after]
-    out = {"released": [lease.public() for lease in released], "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
+    out = {"released": [lease.public() for lease in released], "after": [s.to_dict() for s in after],
+           "receipt": j.receipt_hash}
     if c.json_output:
         c.emit_json(out)
         return
@@ -178,7 +181,8 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
             raise LeaseError("not every lease on " + target + f" is run {run_id}'s; nothing released: "
                              + "; ".join(s.describe() for s in others))
         if not theirs:
-            raise LeaseError(f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")")
+            raise LeaseError(f"run {run_id} holds no lease on {target} ("
+                             + "; ".join(s.describe() for s in states) + ")")
         with _journal(c, "lease release", argv, target) as j:
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}
@@ -194,5 +198,6 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
         return
     c.console.print(f"{why}", markup=False)
     for b in broken:
-        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})", markup=False)
+        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})",
+                        markup=False)
     _table(c, after, f"leases of {target} now")

@@ -49,7 +49,8 @@ def qualify(
     if ctx.invoked_subcommand is not None:
         return
     c = get_ctx(ctx)
-    missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan", plan)) if not v]
+    missing = [n for n, v in (("--pair", pair), ("--baseline", baseline), ("--candidate", candidate), ("--plan",
+                                                                                                       plan)) if not v]
     if missing or pair is None or baseline is None or candidate is None or plan is None:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
     opts.refuse_option_like(baseline, "--baseline")
@@ -58,14 +59,16 @@ def qualify(
 
     out = qualify_pair(c, pair=pair, baseline=baseline, candidate=candidate, plan_ref=plan, profile_ref=profile,
                        argv=_argv(pair, baseline, candidate, plan, profile))
-    _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
+    _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored,
+                                                             "restore_error": out.restore_error})
     if not out.restored:
         from orchestrator.errors import RollbackFailed
 
         raise RollbackFailed(
             f"the pair was not restored after the measurements: {out.restore_error}; receipt {out.receipt} is failed",
             hint=f"check the pair, then `pairctl receipts derive --from {out.receipt} "
-                 + " ".join(f"--reuse {s}" for s in out.arm_steps) + " --reason ...` and `pairctl qualify report --receipt HASH`",
+                 + " ".join(f"--reuse {s}" for s in out.arm_steps)
+                 + " --reason ...` and `pairctl qualify report --receipt HASH`",
         )
     if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
         raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
@@ -84,7 +87,8 @@ def report(
     from orchestrator.qualify.report import write_report
 
     out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
-    _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived, "checks": record.checks})
+    _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived,
+                                                     "checks": record.checks})
     _exit_for(result)
 
 
@@ -104,7 +108,8 @@ def _exit_for(result: QualifyResult) -> None:
 
 def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, extra: dict) -> None:
     if c.json_output:
-        c.emit_json({"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()})
+        c.emit_json({"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra,
+                     **result.to_json()})
         return
     from rich.table import Table
 

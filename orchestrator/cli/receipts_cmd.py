@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
 
 EVIDENCE_OPT = typer.Option(
-    None, "--evidence", metavar="DIR", envvar="PAIRCTL_EVIDENCE", help="Evidence store directory (default: <home>/evidence)."
+    None, "--evidence", metavar="DIR", envvar="PAIRCTL_EVIDENCE",
+    help="Evidence store directory (default: <home>/evidence)."
 )
 
 
@@ -107,7 +108,8 @@ def show(
     p(f"command   {r.command}  {' '.join(r.argv)}", markup=False)
     p(f"pair      {r.pair or '-'}    operator {r.operator or '-'}    on {r.host.hostname} (pid {r.host.pid})")
     p(f"time      {r.started_at} -> {r.finished_at}  ({_seconds(r.started_at, r.finished_at)})")
-    p(f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""), markup=False)
+    p(f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""),
+      markup=False)
     p(f"previous  {r.previous or '- (first of its chain)'}")
     if r.derived_from:
         p(f"derived from {r.derived_from}")
@@ -127,7 +129,8 @@ def show(
     if r.identities:
         p("identities")
         for i in r.identities:
-            p(f"  {i.host} @ {i.at}: {json.dumps(i.data, sort_keys=True)[:200]}", markup=False)
+            data = json.dumps(i.data, sort_keys=True)
+            p(f"  {i.host} @ {i.at}: {data[:200] if c.interactive else data}", markup=False)
     if r.samples:
         p("samples   " + ", ".join(f"{k}: {len(v)}" for k, v in sorted(r.samples.items())))
     extra = r.extra_fields()

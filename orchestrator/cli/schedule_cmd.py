@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     pass
 
 
-app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).", no_args_is_help=True)
+app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).",
+                  no_args_is_help=True)
 
 
 def _pairctl_exe() -> str:
@@ -64,7 +65,8 @@ def install(
     s = sched.Schedule(
         pair=pair,
         every_s=sched.parse_every(every),
-        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref), pair=pair,
+        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref),
+                               pair=pair,
                               checks=opts.names(checks)),
         home=str(c.home.root),
     )
@@ -89,7 +91,8 @@ def install(
     else:
         for p in paths:
             c.console.print(f"wrote {p}", markup=False)
-        c.console.print("enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)", markup=False)
+        c.console.print("enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)",
+                        markup=False)
 
 
 @app.command("list")
@@ -137,4 +140,5 @@ def remove(
     if c.json_output:
         c.emit_json({"removed": [str(p) for p in removed]})
     else:
-        c.console.print(f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}", markup=False)
+        c.console.print(f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}",
+                        markup=False)

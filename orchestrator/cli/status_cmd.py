@@ -86,7 +86,8 @@ def status(
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
     argv = ["pairctl", *sys.argv[1:]]
-    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files), parallel=parallel,
+    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files),
+                      parallel=parallel,
                       ok=lambda out: not out["problems"])
     if len(pairs) == 1 and not all_pairs:
         one = results.outcomes[0]
@@ -103,11 +104,14 @@ def status(
     if c.json_output:
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
-        t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems", title="pairs",
+        t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems",
+                  title="pairs",
                   expand=c.interactive)
         for r in rows:
-            t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"], str(r["health"] or "-"),
-                      f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)" if r["last_acceptance"] else "-",
+            t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"],
+                      str(r["health"] or "-"),
+                      f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)"
+                      if r["last_acceptance"] else "-",
                       "; ".join(r["leases"]) or "-", "; ".join(first_line(p) for p in r["problems"]) or "-")
         c.console.print(t)
     if not results.ok:
