@@ -95,6 +95,8 @@ def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None
     doc: Any = g.document if g.has_document else None
     if error is not None:
         if isinstance(doc, dict):
+            if error.get("receipt") is None and isinstance(doc.get("receipt"), str):
+                error = {**error, "receipt": doc["receipt"]}  # e.g. a failed acceptance: its receipt
             doc = {**doc, "error": error}
         else:
             doc = {"error": error} if doc is None else {"result": doc, "error": error}
