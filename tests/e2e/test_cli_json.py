@@ -31,7 +31,7 @@ def test_failed_deploy_json_names_its_receipt(deployed_lab, lab_packages, cli):
         doc = json.loads(r.stdout)  # exactly one document
         validate_output("error", doc)
         err = doc["error"]
-        assert err["exit_code"] == 7 and err["kind"] == "RolledBack" and err["hint"], err
+        assert err["exit_code"] == 7 and err["kind"] == "RolledBack" and "rolled back" in err["message"], err
         new = _hashes(deployed_lab.home) - before
         assert err["receipt"] in new, (err["receipt"], new)
         rec = EvidenceStore(deployed_lab.home / "evidence").load(err["receipt"])
