@@ -12,11 +12,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli import options as opts
 from orchestrator.cli.context import first_line, get_ctx
-from orchestrator.engine.render import lease_text
 
 
 def _age(iso: str | None, now: datetime) -> str:
@@ -42,6 +40,9 @@ def last_acceptance(evidence: Any, pair: str) -> dict[str, Any] | None:
 
 
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.engine.render import lease_text
+
     now = datetime.now(UTC)
     rows = []
     for out in results.outcomes:
@@ -77,6 +78,9 @@ def status(
 
     A read: it changes nothing on the hosts and writes no receipt (it may log). Exit 1 when
     something does not match on any pair."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
     from orchestrator.evidence.store import EvidenceStore
