@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import typer
 
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import CheckFailed, ConfigError
-
-if TYPE_CHECKING:
-    pass
 
 
 def doctor(

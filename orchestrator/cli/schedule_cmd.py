@@ -5,17 +5,12 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import PairctlError
-
-if TYPE_CHECKING:
-    pass
-
 
 app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).",
                   no_args_is_help=True)
