@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PAIRCTL := $(VENV)/bin/pairctl
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo test test-unit bench clean-state
+.PHONY: setup system venv demo test test-unit lint typecheck fmt bench clean-state
 
 setup: system venv
 
@@ -22,7 +22,7 @@ system:
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,lint]'
 	touch $@
 
 venv: $(VENV)/.installed
@@ -42,6 +42,18 @@ test: setup
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+# Static checks CI runs before the tests (configuration: pyproject.toml's [tool.ruff] and [tool.mypy]).
+lint: setup
+	$(VENV)/bin/ruff check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+# The mechanical pass (import order, pyupgrade rewrites, line wrapping); not part of CI.
+fmt: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 bench: setup
 	$(PY) -m benchmarks

@@ -57,7 +57,7 @@ class _CountingPool:
     execs). The transport's own stats count SFTP requests as commands too."""
 
     def __init__(self, inventory: Any) -> None:
-        from orchestrator.remote.transport import TransportPool
+        from orchestrator.remote.pool import TransportPool
 
         self._pool = TransportPool(inventory)
         self.execs: dict[str, int] = {}

@@ -79,6 +79,12 @@ class PackageError(BuildError):
     """A package is missing, mismatched, or fails verification."""
 
 
+class HostStateError(PackageError):
+    """What pairctl keeps on a host (links, releases, route record) is damaged or disagrees
+    between the hosts: refused before any change (exit 6); the message names host, path and
+    the command that repairs it."""
+
+
 class CheckFailed(PairctlError, AssertionError):
     exit_code = ExitCode.FAILURE
 

@@ -7,26 +7,53 @@ Modules never configure logging and keep no logger globals with state; commands 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 import structlog
+from structlog.typing import EventDict, Processor
+
+from orchestrator.errors import ConfigError
+from orchestrator.evidence.masking import MASK, is_secret_key, mask_data
 
 # The key's last word names a secret (`api_key`, `token`), not `n_tokens` or `tokens_predicted`.
 _SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphrase|nonce)$", re.I)
+# Raw exception objects: structlog renders them later (without frame locals, see configure).
+_RAW = ("exc_info", "stack")
 
 
-def mask_secrets(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
-    """Never let a value under a secret-looking key reach a log line."""
+def mask_secrets(_logger: Any, _name: str, event: EventDict) -> EventDict:
+    """Never let a secret reach a log line: secret-looking keys at any depth, secret flags in
+    argv-like lists, bearer tokens and URL passwords inside strings (evidence/masking.py)."""
     for key in list(event):
-        if _SECRET_KEYS.search(key) and event[key] is not None:
-            event[key] = "***"
+        if key in _RAW:
+            continue
+        value = event[key]
+        if (_SECRET_KEYS.search(key) or is_secret_key(key)) and value is not None:
+            event[key] = MASK
+        else:
+            event[key] = mask_data(value)
     return event
 
 
-def drop_tracebacks(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+# File log: tracebacks as data, never with frame locals (a local can be a header holding the key).
+_file_tracebacks = structlog.processors.ExceptionRenderer(
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
+
+
+def _private_file(path: Path) -> None:
+    """Create the log file 0600 (O_EXCL-free: it is appended to across runs), and tighten an old one."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+
+
+def drop_tracebacks(_logger: Any, _name: str, event: EventDict) -> EventDict:
     """Console only: a traceback (with its locals, which may hold secrets) never reaches a
     person's terminal; the JSON log file keeps it."""
     for key in ("exc_info", "exception", "stack"):
@@ -43,7 +70,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
         root.removeHandler(h)
     root.setLevel(logging.DEBUG)
 
-    shared = [
+    shared: list[Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.stdlib.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -63,14 +90,23 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
     )
     root.addHandler(console)
     if log_file is not None:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            _private_file(log_file)
+        except (NotADirectoryError, FileExistsError):
+            raise ConfigError(f"{log_file.parent.parent}: pairctl's home must be a directory, and a file is in the way",
+                              hint="pass --home (or PAIRCTL_HOME) naming a directory") from None
+        except OSError as exc:
+            raise ConfigError(f"{log_file}: cannot write pairctl's log: {exc.strerror}",
+                              hint="pass --home (or PAIRCTL_HOME) naming a writable directory") from None
         fh = logging.FileHandler(log_file, encoding="utf-8")
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(
             structlog.stdlib.ProcessorFormatter(
                 processors=[
                     structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.dict_tracebacks,
+                    _file_tracebacks,
+                    mask_secrets,  # again: exception messages rendered just now
                     structlog.processors.JSONRenderer(),
                 ],
                 foreign_pre_chain=shared,

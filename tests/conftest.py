@@ -7,11 +7,11 @@ session builds and starts each real component once.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+
+from tests.plugins.cli import CliResult, run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,35 +36,13 @@ def pairctl_home() -> Path:
     return home
 
 
-@dataclass
-class CliResult:
-    exit_code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def output(self) -> str:
-        return self.stdout + self.stderr
-
-
 @pytest.fixture
 def cli(pairctl_home: Path):
     """Run the real `pairctl` in-process: cli("deploy", "--pair", "lab", ...) -> CliResult."""
-    from orchestrator.cli import main
-
     def run(*args: str, home: Path | None = None, inventory: str | None = None, input: str | None = None) -> CliResult:
         argv = ["--home", str(home or pairctl_home)]
         if inventory:
             argv += ["--inventory", inventory]
-        argv += list(args)
-        runner = CliRunner()
-        with runner.isolation(input=input) as streams:
-            try:
-                main(argv)
-                code = 0
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            out, err = streams[0].getvalue(), streams[1].getvalue()
-        return CliResult(code, out.decode(errors="replace"), err.decode(errors="replace"))
+        return run_cli(argv + list(args), input=input)
 
     return run

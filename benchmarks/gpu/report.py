@@ -58,7 +58,7 @@ def build_phases(log: str) -> str:
         return "–"
     end = datetime.fromisoformat(_STAMP.findall(log)[-1])
     return ", ".join(f"{name} {((nxt[0] if nxt else end) - t).total_seconds():.0f}"
-                     for (t, name), nxt in zip(marks, [*marks[1:], None]))
+                     for (t, name), nxt in zip(marks, [*marks[1:], None], strict=True))
 
 
 def load_json(p: Path) -> Any:
@@ -170,7 +170,7 @@ def main(out: Path, raw: Raw) -> None:
     dep = read(raw / "deploy.log")
     md += [f"Deploy exit status: {rc_of(dep)}", *fence(dep, 30), ""]
     banner = read(raw / "rpc-ggml-rpc-server.out").splitlines()
-    end = next((i for i, l in enumerate(banner) if "transport" in l), min(len(banner), 10) - 1)
+    end = next((i for i, line in enumerate(banner) if "transport" in line), min(len(banner), 10) - 1)
     if banner:
         md += ["ggml-rpc-server's start-up banner on the RPC host (its output file):", *fence("\n".join(banner[:end + 1]), 12), ""]
     route = load_json(raw / "native-route.json")
@@ -191,9 +191,9 @@ def main(out: Path, raw: Raw) -> None:
         md += fence(read(raw / "accept.err"), 30)
     for earlier in raw.superseded("deploy.log"):
         text = read(earlier)
-        cause = next((l for l in text.splitlines() if l.startswith("cause:")), "")
+        cause = next((line for line in text.splitlines() if line.startswith("cause:")), "")
         md += ["", f"An earlier deploy in `{earlier.parent.name}` (superseded above) exited {rc_of(text)}" + (f"; {cause}" if cause else "."),
-               *fence("\n".join(l for l in text.splitlines() if l.startswith("  ") and not l.startswith("  [")), 12)]
+               *fence("\n".join(line for line in text.splitlines() if line.startswith("  ") and not line.startswith("  [")), 12)]
     vram = [int(x) for x in re.findall(r"^\s*(\d+)\s*$", read(raw / "vram.csv"), re.M)]
     if vram:
         md += ["", f"Peak GPU memory used (nvidia-smi every 200 ms during deploy, accept and kernel checks): {max(vram)} MiB "

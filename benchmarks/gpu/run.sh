@@ -54,7 +54,7 @@ build() {  # build TARGET LIMIT_S: `pairctl -v build`, timed, stopped at LIMIT_S
 
 pair() {
   setup
-  python3 -c 'import sys; from orchestrator.kernels_models import ensure_kmmvf_models as e; print(e(sys.argv[1]))' "$PAIRCTL_HOME" >"$R/kmmvf.txt" 2>&1
+  python3 -c 'import sys; from orchestrator.lab.kernel_models import ensure_kmmvf_models as e; print(e(sys.argv[1]))' "$PAIRCTL_HOME" >"$R/kmmvf.txt" 2>&1
   note "v100 under CUDA 13 must be refused before compiling"
   ( time pairctl build --rev baseline --target v100 ) >"$R/build-v100.log" 2>&1; echo "rc=$?" >>"$R/build-v100.log"
   build h200 "$(( $(left) - 150 ))"

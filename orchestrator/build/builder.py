@@ -19,10 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Literal
 
-from orchestrator.build.harness import build_harness
-from orchestrator.filelock import file_lock
-from orchestrator.build import git
+from orchestrator.build import git, patching
 from orchestrator.build.git import Revision
+from orchestrator.build.harness import build_harness
 from orchestrator.build.manifest import (
     PackageManifest,
     PatchRecord,
@@ -37,6 +36,9 @@ from orchestrator.build.store import Package, PackageStore, entries_for, remove_
 from orchestrator.build.toolchain import Toolchain, check_toolchain
 from orchestrator.config.targets import Target, load_target
 from orchestrator.errors import BuildError, PackageError
+from orchestrator.evidence.journal import Journal
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.filelock import file_lock
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 
@@ -100,8 +102,6 @@ def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Pat
 
 def _apply_patch(repo: Path, rev: Revision, patch_dir: Path) -> tuple[Revision, PatchRecord]:
     """`--patch kernels/<name>`: the kernels module commits the patch on top of REV."""
-    from orchestrator.build import patching
-
     new_rev = patching.apply_patch_commit(repo, rev.commit, patch_dir)
     record = PatchRecord(name=patch_dir.name, sha256=patching.patch_digest(patch_dir), base_revision=rev.commit)
     return git.resolve(repo, new_rev), record
@@ -286,26 +286,19 @@ def build(home: Home, req: BuildRequest, *, interactive: bool | None = None, arg
     try:
         results = _build(home, req, interactive=interactive, journal=journal)
     except BaseException as exc:
-        if journal is not None:
-            journal.finish("aborted" if isinstance(exc, KeyboardInterrupt) else "failed", str(exc)[:2000])
+        journal.finish("aborted" if isinstance(exc, KeyboardInterrupt) else "failed", str(exc)[:2000])
         raise
-    if journal is None:
-        return results
     receipt = journal.finish("passed", ", ".join(f"{r.package.id} {r.status}" for r in results))
     return [replace(r, receipt=receipt) for r in results]
 
 
-def _begin_receipt(home: Home, req: BuildRequest, argv: list[str] | None):  # type: ignore[no-untyped-def]
-    """A receipt for the run when the evidence store is available (it is optional for builds)."""
-    try:
-        from orchestrator.evidence.store import EvidenceStore
-    except ImportError:
-        return None
+def _begin_receipt(home: Home, req: BuildRequest, argv: list[str] | None) -> Journal:
+    """The build's receipt, opened before anything is built."""
     argv = argv or ["build", "--source", str(req.source), "--rev", req.rev, *(f"--target={t}" for t in req.targets)]
     return EvidenceStore(home.evidence).begin(command="build", argv=argv, pair=None, inputs={})
 
 
-def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal) -> list[BuildResult]:  # type: ignore[no-untyped-def]
+def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal: Journal) -> list[BuildResult]:
     repo = git.require_repo(req.source)
     git.require_clean(repo)
     rev = git.resolve(repo, req.rev)
@@ -315,9 +308,8 @@ def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal) 
     if req.patch is not None:
         rev, patch = _apply_patch(repo, rev, req.patch)
         git.require_clean(repo)
-    if journal is not None:
-        journal.set("source", {"repo": str(repo), "rev": req.rev, "commit": rev.commit, "tree": rev.tree,
-                               "expect_tree": req.expect_tree, "patch": patch.model_dump() if patch else None})  # fmt: skip
+    journal.set("source", {"repo": str(repo), "rev": req.rev, "commit": rev.commit, "tree": rev.tree,
+                           "expect_tree": req.expect_tree, "patch": patch.model_dump() if patch else None})
     targets = [load_target(t) for t in req.targets]
     if not targets:
         raise BuildError("no --target given")
@@ -325,9 +317,6 @@ def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal) 
     store = PackageStore(home.store)
     results = []
     for t in targets:
-        if journal is None:
-            results.append(build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive))
-            continue
         with journal.step(f"build {t.name}") as step:
             r = build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive)
             step.data.update(r.as_dict())

@@ -14,9 +14,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.build.git import git
+from orchestrator.build.git import commit_env, git
+from orchestrator.config.kernels import KernelPatch, load_kernel
 from orchestrator.errors import BuildError, ConfigError
-from orchestrator.kernels_meta import KernelPatch, load_kernel
 from orchestrator.log import get_logger
 
 PATCH_GIT_NAME = "pairctl kernels"
@@ -37,8 +37,6 @@ class PatchedRevision:
 
 
 def _env(date: str) -> dict[str, str]:
-    from orchestrator.build.git import commit_env
-
     return commit_env(PATCH_GIT_NAME, PATCH_GIT_EMAIL, date)
 
 

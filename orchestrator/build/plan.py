@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.build.git import Revision
+from orchestrator.build.harness import harness_inputs
 from orchestrator.build.toolchain import Toolchain
 from orchestrator.config.targets import Target
 from orchestrator.hashing import sha256_json
@@ -39,8 +40,6 @@ def launcher_defines(target: Target, toolchain: Toolchain) -> dict[str, str]:
 
 def cache_key(tree: str, target: Target, defines: dict[str, str], toolchain: Toolchain) -> str:
     """(tree hash, target, flags digest, output-relevant tool versions) → a folder name."""
-    from orchestrator.build.harness import harness_inputs
-
     return sha256_json(
         {"v": CACHE_KEY_VERSION, "tree": tree, "target": target.name, "defines": defines, "toolchain": toolchain.output_relevant(),
          "harness": harness_inputs() if target.kernel_harness else None}

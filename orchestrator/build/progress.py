@@ -50,6 +50,7 @@ class RichReporter:
     """TTY progress: one bar per phase (configure, compile [n/N], hash)."""
 
     def __init__(self, label: str) -> None:
+        # rich.progress: start-up time; only an interactive build draws a progress bar
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

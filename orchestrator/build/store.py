@@ -32,7 +32,7 @@ def hash_files(paths: Iterable[Path], *, workers: int | None = None, on_done: Ca
                 on_done(p)
         return out
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for p, h in zip(paths, pool.map(sha256_file, paths)):
+        for p, h in zip(paths, pool.map(sha256_file, paths), strict=True):
             out[p] = h
             if on_done:
                 on_done(p)
@@ -45,7 +45,7 @@ def file_mode(path: Path) -> str:
 
 
 def make_read_only(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             p = Path(dirpath) / name
             if not p.is_symlink():
@@ -54,7 +54,7 @@ def make_read_only(root: Path) -> None:
 
 
 def make_writable(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         Path(dirpath).chmod(Path(dirpath).stat().st_mode | stat.S_IWUSR)
         for name in filenames:
             p = Path(dirpath) / name
@@ -71,11 +71,22 @@ def remove_tree(root: Path) -> None:
 def list_files(root: Path) -> list[str]:
     """Relative paths of every file under root except the manifest itself."""
     out = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         for name in filenames:
             rel = (Path(dirpath) / name).relative_to(root).as_posix()
             if rel != MANIFEST_NAME:
                 out.append(rel)
+    return sorted(out)
+
+
+def not_regular(root: Path) -> list[str]:
+    """Relative paths under root that are symlinks (to files or folders) or not regular files."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [*dirnames, *filenames]:
+            p = Path(dirpath) / name
+            if p.is_symlink() or not (p.is_dir() if name in dirnames else stat.S_ISREG(p.lstat().st_mode)):
+                out.append(p.relative_to(root).as_posix())
     return sorted(out)
 
 
@@ -150,6 +161,8 @@ class PackageStore:
         """
         pkg = self.get(package_id)
         report = verify_tree(pkg.path, pkg.manifest, workers=workers)
+        if pkg.path.is_symlink():
+            report.problems.insert(0, f"{pkg.path}: the package folder is a symbolic link, not a folder of the store")
         if check and not report.ok:
             raise PackageError(
                 f"package {package_id} fails verification ({len(report.problems)} problem(s)):\n"
@@ -183,6 +196,9 @@ def verify_tree(root: Path, manifest: PackageManifest, *, workers: int | None = 
     report = VerifyReport(id=manifest.id)
     if content_digest(manifest.files) != manifest.content_digest:
         report.problems.append(f"{MANIFEST_NAME}: content_digest does not match its file entries")
+    for rel in not_regular(root):
+        report.problems.append(f"{rel}: not a regular file (a symbolic link or special file; packages hold "
+                               "copies only, so a link could point anywhere)")
     present = set(list_files(root))
     for rel in sorted(present - set(manifest.files)):
         report.problems.append(f"{rel}: not in the manifest")
@@ -209,6 +225,6 @@ def entries_for(root: Path, kinds: dict[str, str], *, workers: int | None = None
     """FileEntry for each relpath in `kinds` ({relpath: runtime|test|meta})."""
     hashes = hash_files([root / r for r in kinds], workers=workers, on_done=on_done)
     return {
-        rel: FileEntry(sha256=hashes[root / rel], size=(root / rel).stat().st_size, kind=kind, mode=file_mode(root / rel))  # type: ignore[arg-type]
+        rel: FileEntry(sha256=hashes[root / rel], size=(root / rel).stat().st_size, kind=kind, mode=file_mode(root / rel))
         for rel, kind in sorted(kinds.items())
     }

@@ -14,7 +14,10 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile
+from orchestrator.evidence.journal import Journal
+from orchestrator.remote.transport import Transport
 from orchestrator.server.client import ServerClient
 
 Verdict = Literal["passed", "failed", "error", "skipped"]
@@ -81,13 +84,13 @@ class CheckContext:
     client: ServerClient
     profile: RouteProfile
     pair: str
-    inventory: Any = None  # orchestrator.config.inventory.Inventory
-    transports: Mapping[str, Any] = field(default_factory=dict)  # role ("native"/"rpc") -> Transport
-    sampler_transports: Mapping[str, Any] | None = None  # separate connections for telemetry (else `transports`)
+    inventory: Inventory | None = None
+    transports: Mapping[str, Transport] = field(default_factory=dict)  # role ("native"/"rpc") -> its host
+    sampler_transports: Mapping[str, Transport] | None = None  # separate connections for telemetry (else `transports`)
     host_roots: Mapping[str, str] = field(default_factory=dict)  # role -> install_root on that host
     host_names: Mapping[str, str] = field(default_factory=dict)  # role -> inventory host name
     packages: Mapping[str, Any] = field(default_factory=dict)  # role -> PackageManifest (active)
-    journal: Any = None  # orchestrator.evidence Journal, or None
+    journal: Journal | None = None
     api_key: Any = None
     identity_probe: IdentityProbe | None = None
     baseline: "BaselineRef | None" = None  # answer fixtures are compared against this

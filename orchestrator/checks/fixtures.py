@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path
 from orchestrator.errors import ConfigError
 from orchestrator.hashing import sha256_json
 from orchestrator.paths import MANIFESTS
@@ -88,9 +88,7 @@ def fixtures_dir() -> Path:
 
 
 def load_fixture_set(name_or_path: str) -> FixtureSet:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = fixtures_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, fixtures_dir())
     if not p.exists():
         raise ConfigError(f"{p}: fixture set not found")
     return load_model(FixtureSet, p)

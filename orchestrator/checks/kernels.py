@@ -21,12 +21,16 @@ from typing import Any, Iterable, Mapping
 
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
+from orchestrator.config.kernels import CaseSet, load_cases, load_kernel
 from orchestrator.errors import CheckFailed, ConfigError, HostError
+from orchestrator.evidence.journal import Journal
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.hashing import sha256_file
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
-from orchestrator.kernels_meta import CaseSet, load_cases
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.pool import TransportPool
 
 DEFAULT_KERNEL = "mmvf-warp-per-row"
 KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
@@ -102,7 +106,7 @@ def port_taken(ss_output: str, bind: str, port: int) -> list[str]:
 
 def started_identity(output: str, binary: str) -> str | None:
     """Problem with the `proc=` line `pairctl-svc restart` printed, or None when our binary runs."""
-    lines = "\n".join(l for l in output.splitlines() if l.startswith("proc="))
+    lines = "\n".join(line for line in output.splitlines() if line.startswith("proc="))
     try:
         proc = parse_identity(lines).get(RPC_SERVER)
     except ProbeError as exc:
@@ -319,7 +323,7 @@ class KernelCheckResult:
                 "problems": self.problems, "plan": self.plan.to_dict(), "hosts": [v.to_dict() for v in self.verdicts]}
 
 
-def active_packages(inventory: Inventory, pair: str, pool: Any) -> dict[str, str]:
+def active_packages(inventory: Inventory, pair: str, pool: TransportPool) -> dict[str, str]:
     """The release `current` points at on each host of the pair (read over SFTP)."""
     p = inventory.pair(pair)
     out = {}
@@ -333,7 +337,7 @@ def active_packages(inventory: Inventory, pair: str, pool: Any) -> dict[str, str
     return out
 
 
-def _execute(plan: KernelCheckPlan, pool: Any, journal: Any, cases: list[str], log: Any) -> KernelCheckResult:
+def _execute(plan: KernelCheckPlan, pool: TransportPool, journal: Journal, cases: list[str], log: Any) -> KernelCheckResult:
     result = KernelCheckResult(plan=plan, verdicts=[])
     server = plan.rpc_server
     started = False
@@ -403,8 +407,8 @@ def run_kernel_check(
     packages: Mapping[str, str] | None = None,
     port: int | None = None,
     perturb: Iterable[str] = (),
-    pool: Any = None,
-    journal: Any = None,
+    pool: TransportPool | None = None,
+    journal: Journal | None = None,
     argv: list[str] | None = None,
 ) -> KernelCheckResult:
     """Run the kernel cases of `kernel` on both hosts of `pair`; raise CheckFailed when any fails.
@@ -415,23 +419,19 @@ def run_kernel_check(
     - `journal`: record into this journal's steps (a deploy's); default: a receipt of its own
       (`kernels check`), sealed here, whose hash is in the result and in the CheckFailed message.
     """
-    from orchestrator.evidence.store import EvidenceStore
-    from orchestrator.remote.transport import TransportPool
-
     log = get_logger(pair=pair, step="kernels.check")
     cases = load_cases(kernel)
     own_pool = pool is None
-    if own_pool:
-        pool = TransportPool(inventory)
+    hosts = pool if pool is not None else TransportPool(inventory)
 
-    def run(j: Any) -> KernelCheckResult:
+    def run(j: Journal) -> KernelCheckResult:
         nonlocal packages
         with j.step("kernels.plan") as step:
             if packages is None:
-                packages = active_packages(inventory, pair, pool)
+                packages = active_packages(inventory, pair, hosts)
             plan = plan_kernel_check(inventory, pair, cases, packages, port=port, perturb=perturb)
             step.data["plan"] = plan.to_dict()
-        return _execute(plan, pool, j, cases.names(), log)
+        return _execute(plan, hosts, j, cases.names(), log)
 
     try:
         if journal is not None:
@@ -453,7 +453,7 @@ def run_kernel_check(
                 )
     finally:
         if own_pool:
-            pool.close()
+            hosts.close()
     if not result.passed:
         where = f" (receipt {result.receipt})" if result.receipt else ""
         err = KernelCheckFailed(f"kernel check of {kernel} on pair {pair} failed{where}:\n  " + "\n  ".join(result.problems[:12]))
@@ -469,9 +469,6 @@ class KernelCheckFailed(CheckFailed):
 
 
 def _inputs(kernel: str) -> dict[str, str]:
-    from orchestrator.hashing import sha256_file
-    from orchestrator.kernels_meta import load_kernel
-
     d, meta = load_kernel(kernel)
     return {"kernel.yaml": sha256_file(d / "kernel.yaml"), "cases.yaml": sha256_file(d / meta.cases), "patch": meta.patch_sha256}
 

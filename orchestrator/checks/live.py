@@ -12,15 +12,26 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from orchestrator.build.store import PackageStore
+from orchestrator.checks import budget
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
+from orchestrator.checks.fixtures import load_fixture_set
 from orchestrator.config.inventory import Inventory
-from orchestrator.config.profiles import RouteProfile, load_profile
+from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
+from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.errors import ConfigError, EvidenceError, HostError
+from orchestrator.evidence.journal import Journal
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.models import recorded_model_problems
+from orchestrator.hosts.probes import ExpectedProc
+from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Secret
+from orchestrator.remote.pool import TransportPool
+from orchestrator.remote.transport import Transport
+from orchestrator.roles import ROLES
 from orchestrator.server.client import ServerClient
 
 STEP_PREFIX = "check:"
-ROLES = ("native", "rpc")
 
 
 def base_url(inventory: Inventory, pair: str) -> str:
@@ -34,17 +45,12 @@ def base_url(inventory: Inventory, pair: str) -> str:
 
 
 def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
-    from orchestrator.config.inventory import read_api_key as read_key
-
-    key = read_key(pair, inventory.pair(pair))
+    key = inventory.api_key(pair)
     return Secret(key.value) if key else None
 
 
-def read_route(transport: Any, root: str) -> Any:
+def read_route(transport: Transport, root: str) -> Any:
     """The route record on the native host (None when nothing was ever deployed)."""
-    from orchestrator.hosts.layout import HostLayout
-    from orchestrator.hosts.route import parse_route
-
     try:  # over SFTP, as deploy reads it (orchestrator.hosts.probes.read_facts)
         data = transport.read_bytes(HostLayout(root).route)
     except FileNotFoundError:
@@ -59,16 +65,11 @@ def _manifest(store: Any, package_id: str) -> Any:
         return None
 
 
-def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], hosts: dict[str, str], inventory: Inventory,
+def make_identity_probe(*, transports: dict[str, Transport], roots: dict[str, str], hosts: dict[str, str], inventory: Inventory,
                         pair: str, route: Any, manifests: dict[str, Any], profile: RouteProfile, url: str,
                         api_key: Secret | None):
     """deploy's `verify_identity` against what the route record says is active, plus the route
     record itself (revision, argv digest) re-read each time: a change during the suite shows."""
-    from orchestrator.engine.identity import Expected, verify_identity
-    from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
-    from orchestrator.hosts.models import recorded_model_problems
-    from orchestrator.hosts.probes import ExpectedProc
-
     active = route.active
 
     def exe(role: str, rel: str) -> str:
@@ -88,7 +89,7 @@ def make_identity_probe(*, transports: dict[str, Any], roots: dict[str, str], ho
         rpc_port=inventory.pair(pair).rpc_port,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
     )
-    layouts = {r: HostLayout(roots[r]) for r in ROLES}
+    layouts: dict[str, HostLayout] = {r: HostLayout(roots[r]) for r in ROLES}
     key = api_key.value if api_key is not None else None
 
     def probe() -> IdentitySnapshot:
@@ -162,17 +163,13 @@ class Live:
 
 def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str | None = None,
               baseline_receipt: str | None = None, baseline_pair: str | None = None,
-              fixtures: str | None = None, options: CheckOptions | None = None, journal: Any = None,
-              evidence: Any = None, logger: Any = None, identity: bool = True, pool: Any = None) -> Live:
+              fixtures: str | None = None, options: CheckOptions | None = None, journal: Journal | None = None,
+              evidence: Any = None, logger: Any = None, identity: bool = True, pool: TransportPool | None = None) -> Live:
     """Everything `run_suite` needs for `pair`, read from the hosts and the local stores.
 
     `pool`: a caller's open `TransportPool` to reuse (deploy's); it is not closed here. The
     telemetry sampler always gets connections of its own, so a slow sample never blocks a check.
     """
-    from orchestrator.build.store import PackageStore
-    from orchestrator.checks.fixtures import load_fixture_set
-    from orchestrator.remote.transport import TransportPool
-
     spec = inventory.pair(pair)
     hosts = {"native": spec.native, "rpc": spec.rpc}
     roots = {r: inventory.host(h).install_root for r, h in hosts.items()}
@@ -187,16 +184,17 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
             raise HostError(f"pair {pair}: no active route on {spec.native} (nothing deployed?)",
                             hint=f"deploy first: pairctl deploy --pair {pair}")
         if profile_name:
-            profile = load_profile(profile_name)
+            profile = load_profile(profile_name, pair=inventory.pair(pair))
         else:
-            profile = RouteProfile.model_validate(route.active.profile)
+            profile = profile_from_record(route.active.profile)
         store = PackageStore(home.store)
         manifests = {"native": _manifest(store, route.active.native_package),
                      "rpc": _manifest(store, route.active.rpc_package)}
         url = base_url(inventory, pair)
         api_key = read_api_key(inventory, pair)
-        opts = options or CheckOptions()
-        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=opts.request_timeout_s))
+        limits = budget.for_profile(profile)  # every request bounded by the work it asks for (issue 21)
+        opts = options or CheckOptions(request_timeout_s=limits.completion_s)
+        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=limits.control_s))
         probe = make_identity_probe(transports=transports, roots=roots, hosts=hosts, inventory=inventory, pair=pair,
                                     route=route, manifests=manifests, profile=profile, url=url,
                                     api_key=api_key) if identity else None

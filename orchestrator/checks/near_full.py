@@ -87,11 +87,11 @@ def isolation_problems_recall(lanes: list[LaneOutcome]) -> list[str]:
 def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome]) -> list[str]:
     """Each lane's greedy tokens equal the same request run alone."""
     p = []
-    for lane, ref in zip(lanes, solo):
+    for lane, ref in zip(lanes, solo, strict=True):
         if ref.error:
             p.append(f"lane {lane.lane}: solo reference failed: {ref.error}")
         elif lane.output_tokens != ref.output_tokens:
-            first = next((i for i, (a, b) in enumerate(zip(lane.output_tokens, ref.output_tokens)) if a != b),
+            first = next((i for i, (a, b) in enumerate(zip(lane.output_tokens, ref.output_tokens, strict=False)) if a != b),
                          min(len(lane.output_tokens), len(ref.output_tokens)))
             p.append(f"lane {lane.lane}: output differs from the same request run alone, from token {first}")
     return p
@@ -100,7 +100,7 @@ def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome]) -
 def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
     """Each lane's prompt carries its own nonce and no other lane's (else isolation proves nothing)."""
     p = []
-    for lane, text in zip(lanes, prompt_texts):
+    for lane, text in zip(lanes, prompt_texts, strict=True):
         if lane.nonce and lane.nonce not in text:
             p.append(f"lane {lane.lane}: prompt does not carry its own nonce")
         for other in lanes:

@@ -11,14 +11,20 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.table import Table
+from rich.text import Text
+
 from orchestrator.checks.base import CheckOptions
 from orchestrator.checks.live import checks_arg, open_live
 from orchestrator.checks.suite import SuiteResult, run_suite, select
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, Skipped
+from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.leases import default_owner, hold_pair_leases, hosts_of, targets_of
-from orchestrator.remote.transport import TransportPool
 from orchestrator.log import get_logger
-
+from orchestrator.ops.textfile import write_acceptance
+from orchestrator.paths import Home
+from orchestrator.remote.pool import TransportPool
 
 LEASE_TTL_S = 3600  # the production pair's near-full lanes take minutes; a lease must outlive the suite
 
@@ -52,9 +58,7 @@ class AcceptOutcome:
                               hint=f"receipt {self.receipt}; `pairctl receipts show {str(self.receipt)[:12]}` has every check's raw data")
 
 
-def accept_pair(home: Any, inventory: Any, req: AcceptRequest) -> AcceptOutcome:
-    from orchestrator.evidence.store import EvidenceStore
-
+def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptOutcome:
     if req.isolation not in ("solo", "recall"):
         raise ConfigError(f"--isolation must be solo or recall, not {req.isolation!r}")
     only, skip = checks_arg(req.only), checks_arg(req.skip)
@@ -129,8 +133,6 @@ def lease_public(lease: Any) -> dict[str, Any]:
 def _write_metrics(home: Any, suite: SuiteResult | None, *, pair: str, skipped: bool = False) -> None:
     """The Prometheus textfile for this pair (best effort: metrics never change the verdict)."""
     try:
-        from orchestrator.ops.textfile import write_acceptance
-
         one = suite.result("one_lane_near_full") if suite else None
         tps = one.figures.get("tg_tokens_per_s") if one else None
         write_acceptance(home.metrics, pair=pair, now=time.time(), passed=bool(suite and suite.passed),
@@ -149,9 +151,6 @@ def key_figures(r: Any, limit: int = 6) -> str:
 
 
 def render_table(console: Any, outcome: AcceptOutcome) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
     s = outcome.suite
     t = Table(title=f"acceptance of pair {s.pair} (profile {s.profile})")
     t.add_column("check")

@@ -32,9 +32,9 @@ def compare(outputs: list[list[int]], reference: list[list[int]]) -> list[str]:
     p = []
     if len(outputs) != len(reference):
         return [f"{len(outputs)} outputs, reference has {len(reference)}"]
-    for i, (a, b) in enumerate(zip(outputs, reference)):
+    for i, (a, b) in enumerate(zip(outputs, reference, strict=True)):
         if a != b:
-            first = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            first = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             p.append(f"prompt {i}: drafted output differs from the draft-free reference from token {first}")
     return p
 

@@ -10,14 +10,16 @@ check passed; the caller decides what that means (exit 1, or a rollback in deplo
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, Field
 
 from orchestrator import progress
 from orchestrator.checks import answer_fixtures, cached_continuation, cancellation, identity, long_prefix, speculative
-from orchestrator.checks import near_full, telemetry
+from orchestrator.checks import budget, near_full, telemetry
 from orchestrator.checks.base import CheckContext, CheckResult
+from orchestrator.engine import faults
 from orchestrator.errors import ConfigError
 
 CheckFn = Callable[[CheckContext], CheckResult]
@@ -123,19 +125,29 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
                                     hosts=ctx.host_names, interval_s=ctx.options.telemetry_interval_s,
                                     timeout_s=ctx.options.telemetry_sample_timeout_s)
         sampler.start()
+    stopped: CheckResult | None = None
     try:
         for name in names:
             fn = fns.get(name)
             if fn is None:
                 continue
+            if stopped is not None:  # the server stopped answering: the rest would only wait on it
+                r = CheckResult(name=name, verdict="skipped", required=False,
+                                message=f"not run: {stopped.name} found the server not answering ({stopped.message[:160]})")
+                results.append(r)
+                _record(ctx, r)
+                continue
             wait_idle(ctx)
+            faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)
             progress.event("check.start", f"check {name} ({names.index(name) + 1}/{len(names)}) ...", check=name)
-            r = _guarded(name, lambda fn=fn: fn(ctx))
+            r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
             progress.event("check.end", f"check {name}: {r.verdict}", check=name, verdict=r.verdict)
             results.append(r)
             _record(ctx, r)
+            if r.required and not r.ok and budget.is_transport_failure(r.message):
+                stopped = r
     finally:
         if sampler is not None:
             sampler.stop()
@@ -145,7 +157,7 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
         _record(ctx, r)
         if ctx.journal is not None and sampler.rows:
             ctx.journal.samples(STEP_PREFIX + telemetry.NAME, sampler.rows)
-    if before is not None:
+    if before is not None and stopped is None:
         after = identity.snapshot(ctx)
         r = identity.judge(before, after, probe_configured=ctx.identity_probe is not None)
         results.insert(0, r)

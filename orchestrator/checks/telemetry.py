@@ -16,9 +16,9 @@ from typing import Any, Mapping
 
 from orchestrator.checks.base import CheckResult
 from orchestrator.remote.command import Cmd
+from orchestrator.roles import SERVICE_OF_ROLE
 
 NAME = "telemetry"
-SERVICE_OF_ROLE = {"native": "llama-server", "rpc": "ggml-rpc-server"}
 
 # Fixed text; the pid file arrives as $1, so nothing is ever formatted into the shell line.
 SAMPLE_SCRIPT = r"""

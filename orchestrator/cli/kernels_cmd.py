@@ -17,7 +17,7 @@ app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference 
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
     """Every kernel patch folder: scope, base blobs, patch sha256 (verified) and case names."""
-    from orchestrator.kernels_meta import describe_all
+    from orchestrator.config.kernels import describe_all
 
     c = get_ctx(ctx)
     rows = describe_all()

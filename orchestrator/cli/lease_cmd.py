@@ -4,7 +4,8 @@ A pair name means both of its hosts, taken in one fixed order with one nonce (th
 given back if the second is held). `take` prints the nonce: only its holder can release.
 `take` and `release` write a receipt (without the nonce); breaking an expired lease is in it.
 `release --dead-run RUN_ID` frees what a killed or finished run left (its nonce died with it),
-once the evidence store proves that run over.
+once the evidence store proves that run over, or (another operator's run) its heartbeat on every
+host is older than the bound it promised.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
             t.add_row(s.host, s.state, "-", "-", "-", "-",
                       "-" if s.lock_age_s is None else f"lock age {s.lock_age_s:.0f}s")
         else:
-            left = lease.remaining_s()
+            left = s.remaining_s() or 0.0  # by the host's clock
             t.add_row(s.host, s.state, lease.owner, lease.purpose, L._iso(lease.taken_at), L._iso(lease.expires_at),
                       f"{left / 60:.0f} min" if left > 0 else "expired")
     c.console.print(t)
@@ -69,7 +70,7 @@ def take(
     c = get_ctx(ctx)
     ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
@@ -88,7 +89,7 @@ def take(
         if lease.broken:
             c.console.print(f"broke an {lease.broken['state']} lease on {lease.host} "
                             f"(recorded in receipt {c.short(j.receipt_hash)})", markup=False)
-    _table(c, [L.LeaseState(lease.host, "held", lease) for lease in leases], f"leased {target}")
+    _table(c, [L.LeaseState(lease.host, "held", lease, now=lease.taken_at) for lease in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
 
@@ -99,7 +100,7 @@ def show(ctx: typer.Context, target: str = _TARGET) -> None:
     from orchestrator.hosts import leases as L
 
     c = get_ctx(ctx)
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     with TransportPool(inv) as pool:
@@ -134,7 +135,7 @@ def release(
         raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
     if dead_run is not None:
         return _release_dead_run(c, target, dead_run)
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
@@ -162,19 +163,24 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     from orchestrator.errors import LeaseError, LeaseHeldError
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.hosts import leases as L
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    state, why = EvidenceStore(c.home.evidence).run_status(run_id)
-    if state not in ("ended", "dead"):
+    state, why, run_owner = EvidenceStore(c.home.evidence).run_record(run_id)
+    # another operator's run: this home has no evidence of it, the hosts' heartbeats decide (issue 21)
+    if state == "running":
         raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
-                             hint="wait for it to end, or run this on the machine that ran it; an expired lease "
-                                  "can also be broken with `lease take --break-expired`")
+                             hint="wait for it to end; an expired lease can also be broken with "
+                                  "`lease take --break-expired`")
+    on_hosts = state not in ("ended", "dead")
     argv = ["lease", "release", target, "--dead-run", run_id]
     with TransportPool(inv) as pool:
         targets = L.targets_of(inv, pool, target)
+        L.reach_all(targets)
         states = [L.lease_state(t.transport, t.install_root) for t in targets]
+        if on_hosts:
+            state, why = "stale", L.stale_proof(states, run_id, evidence_says=why)
         theirs = [s for s in states if s.lease is not None and L.run_of(s.lease) == run_id]
         others = [s for s in states if not s.free and s not in theirs]
         if others:
@@ -183,11 +189,22 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
         if not theirs:
             raise LeaseError(f"run {run_id} holds no lease on {target} ("
                              + "; ".join(s.describe() for s in states) + ")")
+        # The lease names its owner; the run's own (verified) evidence must name the same one, so a
+        # receipt or journal planted in this home cannot free someone else's lease.
+        # (A run proven over by the hosts' stale heartbeats needs no evidence here, so no owner to match.)
+        foreign = [] if on_hosts else [s for s in theirs if s.lease is not None and s.lease.owner != run_owner]
+        if foreign:
+            raise LeaseHeldError(
+                f"run {run_id}'s evidence here names owner {run_owner or '(none)'}, but the lease on "
+                + ", ".join(f"{s.host} is held by {s.lease.owner}" for s in foreign if s.lease is not None)
+                + "; nothing released",
+                hint="release it from the machine and account that ran it")
         with _journal(c, "lease release", argv, target) as j:
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}
                 broken = [b for t in targets if (b := L.break_run_lease(
-                    t.transport, t.install_root, run_id, by=L.default_owner(), why=f"run over: {why}")) is not None]
+                    t.transport, t.install_root, run_id, by=L.default_owner(), why=f"run over: {why}",
+                    require_stale=on_hosts)) is not None]
                 after = L.show_leases(inv, pool, target)
                 step.data["released"] = broken
                 step.data["after"] = [s.to_dict() for s in after]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orchestrator.cli.context import Ctx, first_line, get_ctx
-from orchestrator.errors import EvidenceError
+from orchestrator.errors import EvidenceError, ExitCode
 
 if TYPE_CHECKING:
     from orchestrator.evidence.receipt import Receipt
@@ -65,7 +65,7 @@ def list_(
             _usage(str(exc))
     store = evidence_store_for(c, evidence)
     rows = [
-        r for r in store.summaries(pair=pair if pair else ...)
+        r for r in (store.summaries(pair=pair) if pair else store.summaries())
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
     if c.json_output:
@@ -77,7 +77,9 @@ def list_(
     table.add_column("reason", min_width=24)
     for r in rows:
         table.add_row(c.short(r["hash"]), r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
-                      r["outcome"] + (" (derived)" if r["derived_from"] else ""), first_line(r["reason"]))
+                      r["outcome"] + (" (derived)" if r["derived_from"] else "")
+                      + ("" if r.get("in_chain", True) else " (not in its chain: run receipts verify)"),
+                      first_line(r["reason"]))
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
     for u in store.unsealed():
@@ -169,8 +171,8 @@ def verify(
             c.console.print(f"FAIL [{prob.kind}] {prob.message}", markup=False)
         if rep.ok:
             c.console.print("ok: every receipt matches its hash and every chain is whole")
-    if not rep.ok:
-        first = rep.first
+    first = rep.first
+    if first is not None:
         raise EvidenceError(f"{len(rep.problems)} problem(s); first: {first.message}")
 
 
@@ -191,13 +193,13 @@ def derive(
     """A new receipt reusing passed steps of a failed run by hash; the original is never touched."""
     c = get_ctx(ctx)
     steps = [s.strip() for item in reuse for s in item.split(",") if s.strip()]
-    fresh_steps, fresh_samples = _read_fresh(fresh)
+    fresh_steps, fresh_samples, fresh_ids = _read_fresh(fresh)
     store = evidence_store_for(c, evidence)
     argv = ["receipts", "derive", "--from", original, *[a for s in steps for a in ("--reuse", s)], "--reason", reason]
     if fresh:
         argv += ["--fresh", str(fresh)]
     sha = store.derive(original, reuse=steps, reason=reason, fresh_steps=fresh_steps, fresh_samples=fresh_samples,
-                       argv=argv)
+                       identities=fresh_ids, argv=argv)
     r = store.load(sha)
     if c.json_output:
         c.emit_json(summary(r) | {"reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
@@ -205,20 +207,36 @@ def derive(
     else:
         c.console.print(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}", markup=False)
         c.console.print(f"reused: {', '.join(r.reused_steps)}; fresh: {', '.join(r.fresh_steps) or '-'}")
+        if r.outcome == "incomplete":
+            c.console.print(r.reason, markup=False)
+    if r.outcome == "incomplete":  # written, but not a pass: scripts must not read exit 0 as one
+        raise typer.Exit(int(ExitCode.INCONCLUSIVE))
 
 
-def _read_fresh(path: Path | None) -> tuple[list[dict[str, Any]], dict[str, list[Any]] | None]:
+FreshInput = tuple[list[dict[str, Any]], dict[str, list[Any]] | None, list[tuple[str, dict[str, Any]]]]
+
+
+def _read_fresh(path: Path | None) -> FreshInput:
+    """--fresh FILE: a list of steps, or {steps, samples, identities: [{host, data}]} (the identities
+    the fresh steps ran against: a derived record passes only when they match the original's)."""
     if path is None:
-        return [], None
+        return [], None, []
     try:
         data = json.loads(Path(path).read_text())
+    except RecursionError:
+        _usage(f"--fresh {path}: nested too deeply")
     except (OSError, ValueError) as exc:
         _usage(f"--fresh {path}: {exc}")
     if isinstance(data, list):
-        return data, None
+        return data, None, []
     if isinstance(data, dict) and isinstance(data.get("steps", []), list):
-        return data.get("steps", []), data.get("samples")
-    _usage(f"--fresh {path}: expected a list of steps or {{steps, samples}}")
+        ids = data.get("identities") or []
+        shaped = isinstance(ids, list) and all(
+            isinstance(i, dict) and isinstance(i.get("host"), str) and isinstance(i.get("data"), dict) for i in ids)
+        if not shaped:
+            _usage(f"--fresh {path}: identities must be a list of {{host, data}}")
+        return data.get("steps", []), data.get("samples"), [(i["host"], i["data"]) for i in ids]
+    _usage(f"--fresh {path}: expected a list of steps or {{steps, samples, identities}}")
     raise AssertionError  # unreachable
 
 

@@ -11,8 +11,10 @@ from orchestrator.cli.context import get_ctx
 
 
 def rollback(ctx: typer.Context, pair: str = opts.PAIR) -> None:
-    """Swap PAIR back to its previous pair (playbooks/rollback.yaml). Exit 8 if that fails
-    (hosts stopped, leases kept)."""
+    """Swap PAIR back to its previous pair (playbooks/rollback.yaml), restarted with argv
+    rendered now from the inventory and its profile. Exit 6 (nothing changed) when the route
+    record or links are damaged, unsigned or disagree (`pairctl repair` rebuilds the record);
+    exit 8 if the rollback fails (hosts stopped, leases kept)."""
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
     from orchestrator.engine.deploy import rollback as run_rollback
     from orchestrator.engine.render import print_result, progress_printer

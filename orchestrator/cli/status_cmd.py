@@ -77,7 +77,8 @@ def status(
     """Show current/previous releases, services, route record and leases.
 
     A read: it changes nothing on the hosts and writes no receipt (it may log). Exit 1 when
-    something does not match on any pair."""
+    something does not match on any pair (each problem says how to fix it); exit 6 when a
+    host's current/previous link leaves the install root or names no release."""
     # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 

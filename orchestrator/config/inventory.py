@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
+import os
+import posixpath
+import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -10,11 +13,13 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import expand, load_model
+from orchestrator.config.flags import RISKY, canonical_risky, rpc_bind_problem, server_bind_problem
+from orchestrator.config.loader import expand, load_model, manifest_path
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
-ANY_ADDRESSES = {"0.0.0.0", "::", "[::]", "*", ""}
+# Host and pair names travel into paths, lease owners, receipts and remote argv: keep them plain.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 
 
 class ModelRef(StrictModel):
@@ -37,21 +42,38 @@ class HostSpec(StrictModel):
     def _abs(cls, v: str) -> str:
         if not (v.startswith("/") or v.startswith("${") or v.startswith("~")):
             raise ValueError("install_root must be an absolute path")
-        if v.rstrip("/") in ("", "/"):
-            raise ValueError("install_root may not be /")
+        check_canonical_root(v)
         return v
 
 
+def check_canonical_root(v: str) -> None:
+    """An install root is written the way it resolves: no `.`/`..`/empty segments, not `/`.
+    `/.` and `/var/..` both name `/`; a root that normalises elsewhere than it reads is refused.
+    A `${VAR}` or `~` prefix is judged on what follows it."""
+    rest = v.split("/", 1)[1] if "/" in v else ""
+    if v.startswith("/") and posixpath.normpath(v) in ("/", "//"):
+        raise ValueError(f"install_root {v!r} is / (it normalises to {posixpath.normpath(v)!r})")
+    if "\x00" in v or any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
+        raise ValueError(
+            f"install_root {v!r} is not canonical (it normalises to {posixpath.normpath(v)!r}); write it without "
+            "'.', '..', repeated or trailing '/'")
+
+
 class PairSpec(StrictModel):
-    native: str
-    rpc: str
+    native: str = Field(pattern=NAME_PATTERN)
+    rpc: str = Field(pattern=NAME_PATTERN)
     profile: str = Field(default="lab", description="default route profile for this pair")
     server_port: int = Field(default=8080, ge=1, le=65535)
     server_bind: str | None = Field(default=None, description="llama-server --host; default: the native host's address")
     rpc_port: int = Field(default=50052, ge=1, le=65535)
     rpc_bind: str | None = Field(default=None, description="ggml-rpc-server -H; default: the RPC host's address")
     allow_rpc_bind_any: bool = Field(
-        default=False, description="explicit opt-in to bind ggml-rpc-server to all interfaces (it is not secure)"
+        default=False, description="no longer honoured: ggml-rpc-server binds to one specific unicast address"
+    )
+    allow_flags: dict[str, str] = Field(
+        default_factory=dict,
+        description="risky llama-server flags this pair may use (e.g. --tools), each with the reason; "
+                    "needs api_key_file",
     )
     models: dict[str, ModelRef] = Field(default_factory=dict)
     api_key_file: str | None = Field(default=None, description="operator-side file holding the API key (never argv)")
@@ -62,23 +84,23 @@ class PairSpec(StrictModel):
     def _check(self) -> "PairSpec":
         if self.native == self.rpc:
             raise ValueError("native and rpc must be two different hosts")
-        if self.rpc_bind is not None and self.rpc_bind.strip() in ANY_ADDRESSES and not self.allow_rpc_bind_any:
-            raise ValueError(
-                f"rpc_bind {self.rpc_bind!r} exposes ggml-rpc-server on every interface, and it is not secure; "
-                "name one address, or set allow_rpc_bind_any: true to opt in explicitly"
-            )
-        for name in (self.rpc_bind, self.server_bind):
-            if name and name.strip() not in ANY_ADDRESSES:
-                _check_address(name)
+        if self.allow_rpc_bind_any:
+            raise ValueError("allow_rpc_bind_any is not honoured: ggml-rpc-server runs any graph a client sends, so it "
+                             "binds to one specific unicast address; remove the key and set rpc_bind")
+        if self.rpc_bind is not None and (why := rpc_bind_problem(self.rpc_bind)):
+            raise ValueError(f"rpc_bind {why}")
+        has_key = bool(self.api_key_file)
+        if self.server_bind is not None and (why := server_bind_problem(self.server_bind, api_key=has_key)):
+            raise ValueError(f"server_bind {why}")
+        for flag, reason in self.allow_flags.items():
+            if canonical_risky(flag) is None:
+                raise ValueError(
+                    f"allow_flags: {flag!r} is not a flag pairctl refuses (known: {', '.join(sorted(RISKY))})")
+            if not reason.strip():
+                raise ValueError(f"allow_flags: {flag!r} needs a reason (it is recorded in every receipt)")
+        if self.allow_flags and not self.api_key_file:
+            raise ValueError("allow_flags needs api_key_file: a risky flag is never served without an API key")
         return self
-
-
-def _check_address(value: str) -> None:
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        if not value.replace("-", "").replace(".", "").isalnum():
-            raise ValueError(f"{value!r} is neither an IP address nor a host name") from None
 
 
 class Inventory(StrictModel):
@@ -89,6 +111,11 @@ class Inventory(StrictModel):
 
     @model_validator(mode="after")
     def _check(self) -> "Inventory":
+        for kind, names in (("host", self.hosts), ("pair", self.pairs)):
+            for n in names:
+                if not re.fullmatch(NAME_PATTERN, n):
+                    raise ValueError(f"{kind} name {n!r} may hold only letters, digits, '.', '_' and '-' "
+                                     "(it becomes part of paths, lease owners and commands)")
         for pname, pair in self.pairs.items():
             for side, expect in (("native", "native"), ("rpc", "rpc")):
                 host = getattr(pair, side)
@@ -96,10 +123,13 @@ class Inventory(StrictModel):
                     raise ValueError(f"pair {pname!r}: {side} host {host!r} is not in hosts ({sorted(self.hosts)})")
                 if self.hosts[host].role != expect:
                     raise ValueError(f"pair {pname!r}: host {host!r} has role {self.hosts[host].role}, expected {expect}")
-            rpc_host = self.hosts[pair.rpc]
-            bind = pair.rpc_bind or rpc_host.address
-            if bind.strip() in ANY_ADDRESSES and not pair.allow_rpc_bind_any:
-                raise ValueError(f"pair {pname!r}: rpc host address {bind!r} binds every interface; set rpc_bind")
+            if pair.rpc_bind is None and (why := rpc_bind_problem(self.hosts[pair.rpc].address)):
+                raise ValueError(
+                    f"pair {pname!r}: ggml-rpc-server binds to the rpc host's address, and {why}; set rpc_bind")
+            if pair.server_bind is None and (
+                    why := server_bind_problem(self.hosts[pair.native].address, api_key=bool(pair.api_key_file))):
+                raise ValueError(
+                    f"pair {pname!r}: llama-server binds to the native host's address: {why}; set server_bind")
         return self
 
     def pair(self, name: str) -> PairSpec:
@@ -107,6 +137,10 @@ class Inventory(StrictModel):
             return self.pairs[name]
         except KeyError:
             raise ConfigError(f"no pair named {name!r} in the inventory (pairs: {', '.join(sorted(self.pairs)) or 'none'})") from None
+
+    def api_key(self, pair_name: str) -> ApiKey | None:
+        """The pair's API key, read by `read_api_key` (the one reader: deploy, rollback, accept, qualify)."""
+        return read_api_key(pair_name, self.pair(pair_name))
 
     def host(self, name: str) -> HostSpec:
         try:
@@ -156,17 +190,47 @@ class ApiKey:
 
 def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
     """Read the operator-side key file once, the same way for deploy, rollback and accept.
-    An unreadable or empty file is a config error, never a silent "no key"."""
+    An unreadable or empty file is a config error, never a silent "no key"; so is a key that is
+    not printable ASCII (it goes into an HTTP header, where anything else cannot be sent)."""
     if not pair.api_key_file:
         return None
     try:
         data = Path(pair.api_key_file).read_bytes()
     except OSError as exc:
         raise ConfigError(f"pair {pair_name}: cannot read api_key_file {pair.api_key_file}: {exc.strerror}") from None
-    value = next((ln.strip() for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()), "")
+    bad = next((i for i, b in enumerate(data) if not (0x20 <= b <= 0x7E or b in (0x09, 0x0A, 0x0D))), None)
+    if bad is not None:
+        line = data[:bad].count(b"\n") + 1
+        raise ConfigError(
+            f"pair {pair_name}: api_key_file {pair.api_key_file} holds a byte that is not printable ASCII "
+            f"(line {line}); an API key is sent in an HTTP header and must be printable ASCII",
+            hint="write the key as letters, digits and punctuation only")
+    value = next((ln.strip() for ln in data.decode("ascii").splitlines() if ln.strip()), "")
     if not value:
         raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")
+    warn_if_readable_by_others(pair.api_key_file, what=f"pair {pair_name}: api_key_file")
     return ApiKey(file_bytes=data, value=value)
+
+
+def readable_by_others(path: str | os.PathLike[str]) -> int | None:
+    """The file's mode when group or others may read it, else None (also when it cannot be read)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    return stat.S_IMODE(mode) if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH) else None
+
+
+def warn_if_readable_by_others(path: str | os.PathLike[str], *, what: str) -> str | None:
+    """Warn (stderr, log) when an operator-side secret is group/world accessible; returns the text."""
+    mode = readable_by_others(path)
+    if mode is None:
+        return None
+    from orchestrator.log import get_logger  # log imports structlog; config stays light to import
+
+    text = f"{what} {path} is mode {mode:04o}: readable by other users; chmod 600 {path}"
+    get_logger().warning(text)
+    return text
 
 
 def inventories_dir() -> Path:
@@ -174,7 +238,5 @@ def inventories_dir() -> Path:
 
 
 def load_inventory(name_or_path: str, variables: dict[str, str] | None = None) -> Inventory:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = inventories_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, inventories_dir())
     return load_model(Inventory, p).resolved(variables)

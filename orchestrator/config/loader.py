@@ -26,15 +26,50 @@ def format_validation_error(source: str, err: ValidationError) -> str:
     return "\n".join(lines)
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping (plain YAML keeps the last one
+    silently, so a reviewer reading the first `server_bind:` sees the wrong value)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: dict[Any, yaml.Node] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.get(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"unhashable key {key!r}", key_node.start_mark) from None
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                f"while reading the mapping (first {key!r} at line {first.start_mark.line + 1})", node.start_mark,
+                f"duplicate key {key!r}", key_node.start_mark)
+        seen[key] = key_node
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml_text(text: str) -> Any:
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def read_yaml(path: Path) -> Any:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot read: {exc}") from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml_text(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -55,6 +90,14 @@ def validate(model: type[M], data: Any, *, source: str, context: dict[str, Any] 
         raise ConfigError(format_validation_error(source, err)) from None
     except RecursionError:
         raise ConfigError(f"{source}: nested too deeply") from None
+
+
+def manifest_path(name_or_path: str | Path, folder: Path) -> Path:
+    """Where a manifest named on the command line is: a bare name (no suffix) is
+    `folder/<name>.yaml`, anything else is a path. The one rule for profiles, targets,
+    inventories, playbooks, fixture sets and plans."""
+    p = Path(name_or_path)
+    return folder / f"{name_or_path}.yaml" if not p.suffix else p
 
 
 def load_model(model: type[M], path: Path | str, *, context: dict[str, Any] | None = None) -> M:

@@ -11,10 +11,13 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
+from orchestrator.config.inventory import PairSpec
+from orchestrator.config.loader import load_model, manifest_path
+from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
 QUANTIZED_KV = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
@@ -71,7 +74,7 @@ class RouteProfile(StrictModel):
     extra_args: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
-    def _check(self) -> "RouteProfile":
+    def _check(self, info: ValidationInfo) -> "RouteProfile":
         for field in ("cache_type_k", "cache_type_v"):
             if getattr(self, field) not in KV_TYPES:
                 raise ValueError(f"{field} {getattr(self, field)!r} is not one of {sorted(KV_TYPES)}")
@@ -87,9 +90,15 @@ class RouteProfile(StrictModel):
             )
         if self.expect_pipeline_parallel and self.split_mode != "layer":
             raise ValueError("pipeline parallelism needs split_mode: layer")
-        for a in self.extra_args:
-            if a in MANAGED_FLAGS:
-                raise ValueError(f"extra_args may not set {a}: it is a profile field or managed by pairctl")
+        # Risky flags are judged for the pair that serves this profile: its allow_flags and API key
+        # come in the validation context (load_profile(..., pair=...)); without one, none is allowed.
+        ctx = info.context if isinstance(info.context, dict) else {}
+        if ctx.get("reading_record"):
+            return self  # a route entry read back: its fields are used, nothing is started from it
+        problems = check_extra_args(list(self.extra_args), allowed=ctx.get("allow_flags") or {},
+                                    api_key=bool(ctx.get("api_key")))
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
 
     def per_slot_ctx(self, n_ctx_train: int | None = None) -> int:
@@ -155,14 +164,7 @@ class RouteProfile(StrictModel):
         return args
 
 
-# Flags that pairctl renders from fields; extra_args may not repeat them.
-MANAGED_FLAGS = {
-    "-m", "--model", "--host", "--port", "--rpc", "-c", "--ctx-size", "-np", "--parallel", "-b", "--batch-size",
-    "-ub", "--ubatch-size", "-fa", "--flash-attn", "-ctk", "--cache-type-k", "-ctv", "--cache-type-v",
-    "-ngl", "--n-gpu-layers", "--gpu-layers", "-sm", "--split-mode", "--spec-type", "-md", "--spec-draft-model",
-    "--model-draft", "--spec-draft-n-max", "--spec-draft-n-min", "-ngld", "--spec-draft-ngl", "--api-key",
-    "--api-key-file", "--log-file", "--metrics", "-t", "--threads",
-}
+__all__ = ["MANAGED_FLAGS", "RouteProfile", "host_in_args", "load_profile", "unknown_flags"]
 
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
 
@@ -175,7 +177,7 @@ def flags_in_help(help_text: str) -> set[str]:
 def unknown_flags(args: list[str], help_text: str) -> list[str]:
     """Flags in `args` that the package's own `--help` does not offer (renamed between versions)."""
     known = flags_in_help(help_text)
-    return [a for a in args if a.startswith("-") and not _is_number(a) and a.split("=", 1)[0] not in known]
+    return [a for a in args if a.startswith("-") and not _is_number(a) and normalise(a) not in known]
 
 
 def _is_number(s: str) -> bool:
@@ -190,8 +192,22 @@ def profiles_dir() -> Path:
     return MANIFESTS / "profiles"
 
 
-def load_profile(name_or_path: str) -> RouteProfile:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = profiles_dir() / f"{name_or_path}.yaml"
-    return load_model(RouteProfile, p)
+def load_profile(name_or_path: str, *, pair: PairSpec | None = None) -> RouteProfile:
+    """`pair`: the pair that will serve it, whose allow_flags and API key decide its risky flags."""
+    p = manifest_path(name_or_path, profiles_dir())
+    return load_model(RouteProfile, p, context=pair_context(pair))
+
+
+def profile_from_record(data: object, *, what: str = "the route entry") -> RouteProfile:
+    """The profile a route entry recorded, for its sizes (parallel, context): the flag policy was
+    applied when it was deployed, and a start always renders argv through preflight again."""
+    try:
+        return RouteProfile.model_validate(data, context={"reading_record": True})
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise ConfigError(f"{what} holds no valid route profile: {str(exc).splitlines()[0]}") from None
+
+
+def pair_context(pair: PairSpec | None) -> dict[str, object] | None:
+    if pair is None:
+        return None
+    return {"allow_flags": dict(pair.allow_flags), "api_key": bool(pair.api_key_file)}

@@ -1,6 +1,7 @@
 """Which model validates which manifest folder: used by `config check` and `config schema`.
 
-Other packages add their kinds here (playbooks, qualification plans, kernel metadata).
+Every kind is named here, also those whose models live with the code that uses them (playbooks,
+qualification plans, fixture sets): a missing one is an import error, never a kind silently skipped.
 """
 
 from __future__ import annotations
@@ -9,34 +10,24 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from orchestrator.checks.fixtures import FixtureSet
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.kernels import CaseSet, KernelPatch
 from orchestrator.config.loader import load_model
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.targets import Target
+from orchestrator.engine.playbook import Playbook
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS, MANIFESTS, PLAYBOOKS
+from orchestrator.qualify.plan import QualifyPlan
 
 
 def schemas() -> dict[str, type[BaseModel]]:
-    from orchestrator.config.inventory import Inventory
-    from orchestrator.config.profiles import RouteProfile
-    from orchestrator.config.targets import Target
-
-    out: dict[str, type[BaseModel]] = {"target": Target, "profile": RouteProfile, "inventory": Inventory}
-    for modname, kind, attr in _OPTIONAL:
-        try:
-            mod = __import__(modname, fromlist=[attr])
-            out[kind] = getattr(mod, attr)
-        except (ImportError, AttributeError):
-            pass
-    return out
-
-
-# (module, kind, class) registered by later packages; absent ones are skipped.
-_OPTIONAL = [
-    ("orchestrator.engine.playbook", "playbook", "Playbook"),
-    ("orchestrator.qualify.plan", "plan", "QualifyPlan"),
-    ("orchestrator.kernels_meta", "kernel", "KernelPatch"),
-    ("orchestrator.kernels_meta", "kernel-cases", "CaseSet"),
-    ("orchestrator.checks.fixtures", "fixtures", "FixtureSet"),
-]
+    """Every manifest kind and the model that validates it."""
+    return {
+        "target": Target, "profile": RouteProfile, "inventory": Inventory, "playbook": Playbook,
+        "plan": QualifyPlan, "kernel": KernelPatch, "kernel-cases": CaseSet, "fixtures": FixtureSet,
+    }
 
 FOLDERS = {
     "target": MANIFESTS / "targets",
@@ -62,7 +53,7 @@ def _kind_of(path: Path) -> str | None:
 
 def default_files() -> list[Path]:
     files: list[Path] = []
-    for kind, folder in FOLDERS.items():
+    for folder in FOLDERS.values():
         files += sorted(folder.glob("*.yaml"))
     files += sorted(KERNELS.glob("*/kernel.yaml"))
     files += sorted(KERNELS.glob("*/cases.yaml"))
@@ -81,8 +72,42 @@ def check_all(paths: list[Path] | None, *, kind: str | None, variables: dict[str
             out.append((p, f"{p}: unknown kind {k!r}"))
             continue
         try:
-            load_model(models[k], p)
+            loaded = load_model(models[k], p, context=_profile_context(p, variables) if k == "profile" else None)
+            if k == "inventory":
+                _check_pair_profiles(p, loaded)
             out.append((p, None))
         except ConfigError as e:
             out.append((p, str(e)))
     return out
+
+
+def _check_pair_profiles(path: Path, inventory: BaseModel) -> None:
+    """Each pair's profile under that pair's flag policy (its allow_flags and API key)."""
+    from orchestrator.config.inventory import Inventory
+    from orchestrator.config.profiles import load_profile
+
+    assert isinstance(inventory, Inventory)
+    for name, pair in inventory.pairs.items():
+        try:
+            load_profile(pair.profile, pair=pair)
+        except ConfigError as e:
+            raise ConfigError(
+                f"{path}: pair {name!r}: profile {pair.profile!r} is refused for this pair:\n{e}") from None
+
+
+def _profile_context(path: Path, variables: dict[str, str]) -> dict[str, object] | None:
+    """A profile checked alone may use a risky flag only where every repo inventory pair serving it allows it
+    (with an API key); a profile no pair allows is judged with nothing allowed."""
+    from orchestrator.config.inventory import Inventory
+    allowed: dict[str, str] | None = None
+    for inv_path in sorted(FOLDERS["inventory"].glob("*.yaml")):
+        try:
+            inv = load_model(Inventory, inv_path)
+        except ConfigError:
+            continue
+        for pair in inv.pairs.values():
+            if pair.profile not in (path.stem, str(path)):
+                continue
+            mine = dict(pair.allow_flags) if pair.api_key_file else {}
+            allowed = mine if allowed is None else {k: v for k, v in allowed.items() if k in mine}
+    return {"allow_flags": allowed or {}, "api_key": bool(allowed)}

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path
 from orchestrator.paths import MANIFESTS
 
 # Flags pairctl always sets itself; a target may not override them.
@@ -60,9 +60,7 @@ def targets_dir() -> Path:
 
 
 def load_target(name_or_path: str) -> Target:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = targets_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, targets_dir())
     return load_model(Target, p)
 
 

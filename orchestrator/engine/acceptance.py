@@ -4,37 +4,57 @@ so the engine rolls the deploy back."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.profiles import profile_from_record
 from orchestrator.engine.identity import verify_identity
 from orchestrator.errors import CheckFailed
 
+if TYPE_CHECKING:
+    from orchestrator.checks.base import IdentitySnapshot
+    from orchestrator.engine.context import RunContext, Target
 
-def identity_probe(ctx: Any, target: Any):
+
+def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnapshot]:
     """A zero-argument probe for CheckContext.identity_probe: identity of both hosts, now."""
     from orchestrator.checks.base import IdentitySnapshot
 
+    expected = target.expected
+    if expected is None:  # the verify step before accept refuses this already
+        raise CheckFailed(f"no identity to expect for {target.entry.names()}: a manifest is not in the local store")
+
     def probe() -> IdentitySnapshot:
         rep = verify_identity({r: ctx.t(r) for r in ("native", "rpc")}, ctx.view.layouts, ctx.view.hosts,
-                              target.expected, base_url=ctx.view.base_url, api_key=ctx.api_key)
+                              expected, base_url=ctx.view.base_url, api_key=ctx.api_key)
         return IdentitySnapshot(data=rep.data, problems=tuple(rep.problems))
 
     return probe
 
 
-def run(ctx: Any) -> dict[str, Any]:
-    if ctx.skip_accept:
+def suite_bound_s(profile: dict[str, Any]) -> float:
+    """How long deploy's acceptance may take for this profile (checks/budget.py), all checks."""
+    from orchestrator.checks import budget
+    from orchestrator.checks.suite import CHECKS
+
+    return budget.suite_seconds(budget.for_profile(profile_from_record(profile)), len(CHECKS))
+
+
+def run(ctx: RunContext) -> dict[str, Any]:
+    if ctx.inputs.options.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
     try:
-        from orchestrator.checks.base import CheckContext
+        from orchestrator.checks import budget
+        from orchestrator.checks.base import CheckContext, CheckOptions
         from orchestrator.checks.suite import run_suite
         from orchestrator.server.client import ServerClient
     except ImportError as exc:  # the suite is another package's; identity alone stands until it exists
         return {"skipped": f"acceptance suite not available ({exc}); identity only"}
     target = ctx.activating()
-    profile = RouteProfile.model_validate(target.entry.profile)
-    with ServerClient(ctx.view.base_url, api_key=ctx.api_key) as client:
+    assert target is not None  # accept follows a verified activation
+    profile = profile_from_record(target.entry.profile)
+    limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
+    with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s) as client:
         cctx = CheckContext(
             client=client,
             profile=profile,
@@ -48,11 +68,12 @@ def run(ctx: Any) -> dict[str, Any]:
             api_key=ctx.api_key,
             identity_probe=identity_probe(ctx, target),
             logger=ctx.log,
+            options=CheckOptions(request_timeout_s=limits.completion_s),
         )
-        suite = run_suite(cctx, only=list(ctx.checks) or None)
-    ctx.accept_result = suite
+        suite = run_suite(cctx, only=list(ctx.inputs.options.checks) or None)
     summary = suite.summary()
     if not suite.passed:
         failed = ", ".join(f"{r.name} ({r.verdict}: {r.message[:120]})" for r in suite.failed())
         raise CheckFailed(f"acceptance failed: {failed or 'no check ran'}")
-    return {"passed": True, "checks": [c["name"] for c in summary["checks"]], "duration_s": summary["duration_s"]}
+    return {"passed": True, "checks": [c["name"] for c in summary["checks"]], "duration_s": summary["duration_s"],
+            "request_budget": limits.to_dict()}

@@ -15,18 +15,23 @@ leases are kept.
 
 from __future__ import annotations
 
-import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from orchestrator.config.inventory import read_api_key
-from orchestrator.config.profiles import RouteProfile, unknown_flags
+from orchestrator.build.manifest import PackageManifest
+from orchestrator.build.store import Package, PackageStore
+from orchestrator.config.flags import server_policy_problems
+from orchestrator.config.inventory import PairSpec, read_api_key
+from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
+from orchestrator.engine import leasing
+from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
-from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError
+from orchestrator.engine.runner import Handler
+from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import services
+from orchestrator.hosts import services, space
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -37,97 +42,22 @@ from orchestrator.hosts.layout import (
     switch_links,
 )
 from orchestrator.hosts.models import check_models
-from orchestrator.hosts.probes import ExpectedProc, HostFacts, ProcIdentity, read_facts
+from orchestrator.hosts.probes import ExpectedProc, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
-from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import never_ran
 
 ROLES = ("native", "rpc")
 
 
-@dataclass
-class Target:
-    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
-
-    activation: Activation
-    entry: RouteEntry
-    expected: Expected | None  # None when a manifest is not in the local store
-
-
-@dataclass
-class RunContext:
-    home: Any
-    inventory: Any
-    view: PairView
-    pool: Any  # orchestrator.remote.transport.TransportPool
-    journal: Any
-    run_id: str
-    log: Any
-    mode: str = "deploy"  # deploy | rollback
-    # deploy inputs
-    package_ids: tuple[str, str] | None = None
-    profile: RouteProfile | None = None
-    packages: dict[str, Any] = field(default_factory=dict)  # role -> Package
-    skip_accept: bool = False
-    checks: tuple[str, ...] = ()
-    kernel_check: bool = False
-    api_key_bytes: bytes | None = field(default=None, repr=False)
-    # what the run found and did
-    target: Target | None = None
-    restore: Target | None = None
-    restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
-    facts: dict[str, HostFacts] = field(default_factory=dict)
-    route_bytes: dict[str, bytes | None] = field(default_factory=dict)
-    route_written: bool = False
-    leases: dict[str, Any] = field(default_factory=dict)
-    lease_nonce: str | None = field(default=None, repr=False)
-    lease_held_by_caller: bool = False  # renew the caller's lease (lease_nonce), never release it
-    changed: bool = False
-    uploads: dict[str, dict[str, Any]] = field(default_factory=dict)
-    identities: dict[str, ProcIdentity] = field(default_factory=dict)  # read by the exec that started each service
-    deferred: dict[str, tuple[str, dict[str, str]]] = field(default_factory=dict)  # role -> present release to verify at stop
-    timings: dict[str, float] = field(default_factory=dict)
-    accept_result: Any = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _next_route: RouteRecord | None = None
-
-    # -- helpers -----------------------------------------------------------------------------
-    def t(self, role: str) -> Any:
-        return self.pool.get(self.view.hosts[role])
-
-    def layout(self, role: str) -> Any:
-        return self.view.layouts[role]
-
-    def host(self, role: str) -> str:
-        return self.view.hosts[role]
-
-    @property
-    def api_key(self) -> str | None:
-        """The Bearer value: the key file's first non-empty line (llama-server reads one key per line)."""
-        if not self.api_key_bytes:
-            return None
-        for line in self.api_key_bytes.decode("utf-8", "replace").splitlines():
-            if line.strip():
-                return line.strip()
-        return None
-
-    def activating(self) -> Target | None:
-        return self.restore if self.mode == "rollback" else self.target
-
-    def timed(self, key: str, seconds: float) -> None:
-        with self._lock:
-            self.timings[key] = self.timings.get(key, 0.0) + seconds
-
-
 # -- building targets (pure given manifests) ---------------------------------------------------
 
-def model_paths(pair: Any) -> dict[str, str]:
+def model_paths(pair: PairSpec) -> dict[str, str]:
     return {role: m.path for role, m in pair.models.items()}
 
 
-def render_target(view: PairView, pair: Any, profile: RouteProfile, native_pkg: Any, rpc_pkg: Any) -> Target:
+def render_target(view: PairView, pair: PairSpec, profile: RouteProfile, native_pkg: Package,
+                  rpc_pkg: Package, label: str = "new") -> Target:
     """The activation of a new pair: argv from the profile, the route entry, the identity expected."""
     nid, rid = native_pkg.manifest.id, rpc_pkg.manifest.id
     rpc_argv = services.rpc_server_argv(view.layouts["rpc"], rid, bind=view.rpc_bind, port=view.rpc_port)
@@ -143,19 +73,20 @@ def render_target(view: PairView, pair: Any, profile: RouteProfile, native_pkg: 
         profile=profile.model_dump(mode="json"), native_argv=native_argv, rpc_argv=rpc_argv,
     )
     return Target(
-        activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label="new"),
+        activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label=label),
         entry=entry,
         expected=expected_for(entry, native_pkg.manifest, rpc_pkg.manifest, view),
     )
 
 
-def expected_for(entry: RouteEntry, native_manifest: Any, rpc_manifest: Any, view: PairView) -> Expected:
-    profile = RouteProfile.model_validate(entry.profile)
+def expected_for(entry: RouteEntry, native_manifest: PackageManifest, rpc_manifest: PackageManifest,
+                 view: PairView) -> Expected:
+    profile = profile_from_record(entry.profile)
     return Expected(
         native=ExpectedProc(LLAMA_SERVER, _bin_sha(native_manifest, LLAMA_SERVER), tuple(entry.native_argv)),
         rpc=ExpectedProc(RPC_SERVER, _bin_sha(rpc_manifest, RPC_SERVER), tuple(entry.rpc_argv)),
         revision=native_manifest.revision,
-        build_info=getattr(native_manifest, "build_info", None),
+        build_info=native_manifest.build_info,
         parallel=profile.parallel,
         per_slot_ctx=profile.per_slot_ctx(),
         rpc_bind=view.rpc_bind,
@@ -164,33 +95,62 @@ def expected_for(entry: RouteEntry, native_manifest: Any, rpc_manifest: Any, vie
     )
 
 
-def _bin_sha(manifest: Any, name: str) -> str:
+def _bin_sha(manifest: PackageManifest, name: str) -> str:
     try:
         return manifest.files[f"bin/{name}"].sha256
     except KeyError:
         raise PackageError(f"package {manifest.id} has no bin/{name}") from None
 
 
-def target_from_entry(entry: RouteEntry, store: Any, view: PairView, label: str) -> Target:
-    """A recorded route entry as a target to restore (manifests from the local store)."""
-    try:
-        expected = expected_for(entry, store.get(entry.native_package).manifest, store.get(entry.rpc_package).manifest, view)
-    except PackageError:
-        expected = None
-    return Target(
-        activation=Activation(entry.native_package, entry.rpc_package, tuple(entry.native_argv),
-                              tuple(entry.rpc_argv), label=label),
-        entry=entry,
-        expected=expected,
-    )
+def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *,
+                   trusted: bool) -> Target:
+    """A recorded pair to put back, rendered NOW from the inventory as it stands (API key,
+    binds, ports) and its profile: the record says which packages and which profile; its argv
+    are never restarted. The profile is the one the entry records when the record carries this
+    home's signature (`trusted`: this operator deployed exactly that, e.g. a qualification
+    arm's), else the operator's profile file of that name. Refuses (before anything changes)
+    when the packages are not in the local store, the profile cannot be had or renders a flag
+    the package lacks."""
+    profile: RouteProfile | str = entry.profile_name
+    if trusted:
+        try:
+            profile = profile_from_record(entry.profile)
+        except (ValueError, ConfigError):
+            profile = entry.profile_name
+    return render_recorded(view, pair, entry.native_package, entry.rpc_package, profile,
+                           dict(entry.models), store, label)
+
+
+def render_recorded(view: PairView, pair: PairSpec, native_id: str, rpc_id: str, profile: RouteProfile | str,
+                    models: dict[str, str], store: PackageStore, label: str) -> Target:
+    """Packages and a profile (or its name, loaded from the operator's profiles) as a target, rendered now."""
+    if isinstance(profile, str):
+        try:
+            profile = load_profile(profile)
+        except PairctlError as exc:
+            raise ConfigError(f"pair {view.name}: the {label} pair's profile {profile!r} (named by the route "
+                              f"record) cannot be loaded now: {exc.message}",
+                              hint="restore the profile file, or deploy the pair you want with --profile") from None
+    native, rpc = store.get(native_id), store.get(rpc_id)
+    target = render_target(view, pair, profile, native, rpc, label=label)
+    unknown = unknown_flags(list(target.activation.native_argv[1:]), native.help_text)
+    if unknown:
+        flags = ", ".join(sorted(set(unknown)))
+        raise ConfigError(f"pair {view.name}: profile {profile.name} now renders flag(s) {flags} "
+                          f"that {label} package {native.manifest.id}'s llama-server does not offer",
+                          hint="deploy the pair you want with a profile that fits its package")
+    return replace(target, entry=target.entry.model_copy(update={"models": dict(models)}))
 
 
 # -- preflight (local) ---------------------------------------------------------------------
 
-def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
+def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
     """Everything that can refuse a deploy without touching a host."""
     pair = ctx.inventory.pair(ctx.view.name)
-    nid, rid = ctx.package_ids
+    profile, ids = ctx.inputs.profile, ctx.inputs.package_ids
+    if profile is None or ids is None:
+        raise ConfigError("preflight runs in a deploy (it needs the packages and the profile)")
+    nid, rid = ids
     native, rpc = store.get(nid), store.get(rid)
     t0 = time.monotonic()
     for pid in (nid, rid) if nid != rid else (nid,):
@@ -205,17 +165,25 @@ def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
         )
     for side, want, m in (("native", pair.target_native, nm), ("rpc", pair.target_rpc, rm)):
         if want and m.target.name != want:
-            raise PackageError(f"package {m.id} is for target {m.target.name}; pair {ctx.view.name}'s {side} host wants {want}")
-    target = render_target(ctx.view, pair, ctx.profile, native, rpc)
+            raise PackageError(f"package {m.id} is for target {m.target.name}; "
+                               f"pair {ctx.view.name}'s {side} host wants {want}")
+    target = render_target(ctx.view, pair, profile, native, rpc)
     help_text = native.help_text
     unknown = unknown_flags(list(target.activation.native_argv[1:]), help_text)
     if unknown:
         raise ConfigError(
-            f"profile {ctx.profile.name} renders flag(s) {', '.join(sorted(set(unknown)))} that package {nid}'s "
+            f"profile {profile.name} renders flag(s) {', '.join(sorted(set(unknown)))} that package {nid}'s "
             f"llama-server --help does not offer (renamed or removed in this revision)",
             hint=f"see {native.path / nm.help_file}",
         )
     key = read_api_key(ctx.view.name, pair)
+    act = target.activation
+    extra = list(profile.extra_args)
+    policy = server_policy_problems(dict(pair.allow_flags), extra, list(act.native_argv[1:]),
+                                    list(act.rpc_argv[1:]), help_text=help_text, api_key=key is not None)
+    if policy.problems:
+        raise ConfigError(f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
+                          hint="see the flag policy in README (Security model)")
     if key is not None:
         ctx.api_key_bytes = key.file_bytes
     ctx.packages = {"native": native, "rpc": rpc}
@@ -224,11 +192,12 @@ def preflight_checks(ctx: RunContext, store: Any) -> dict[str, Any]:
         "packages": {"native": nid, "rpc": rid},
         "revision": nm.revision,
         "content_digests": {"native": nm.content_digest, "rpc": rm.content_digest},
-        "profile": ctx.profile.name,
+        "profile": profile.name,
         "profile_sha256": target.entry.profile_sha256,
         "argv_sha256": target.entry.argv_sha256,
         "native_argv": list(target.activation.native_argv),
         "rpc_argv": list(target.activation.rpc_argv),
+        "allowed_flags": policy.allowed,
     }
 
 
@@ -246,9 +215,7 @@ def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
 
 def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
     f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
-    with ctx._lock:
-        ctx.facts[role] = f
-        ctx.route_bytes[role] = f.route_bytes
+    ctx.hosts.found(role, f)
     return f.to_dict()
 
 
@@ -256,8 +223,7 @@ def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     from orchestrator.engine import leasing
 
     handle = leasing.take(ctx, role)
-    with ctx._lock:
-        ctx.leases[role] = handle
+    ctx.hosts.lease_taken(role, handle)
     d = leasing.describe(handle)
     return {**d, "renewed": "the calling run's lease"} if ctx.lease_held_by_caller else d
 
@@ -265,17 +231,16 @@ def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
 def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     from orchestrator.engine import leasing
 
-    handle = ctx.leases.get(role)
+    handle = ctx.hosts.leases.get(role)
     if handle is None:
         return {"skipped": "no lease held by this run"}
     released = leasing.release(ctx, role, handle)
-    with ctx._lock:
-        ctx.leases.pop(role, None)
+    ctx.hosts.lease_released(role)
     return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
 def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
-    f = ctx.facts.get(role)
+    f = ctx.hosts.facts.get(role)
     if f is not None and f.svc_sha256 == svc_sha256():
         d: dict[str, Any] = {"helper": "up to date"}
     else:
@@ -303,29 +268,30 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
         raise PackageError("; ".join(problems) + "; nothing was changed",
                            hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)")
     hashes = {name: h.sha256 for name, h in found.items()}
-    with ctx._lock:
-        ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
+    assert ctx.target is not None  # a_prepare hashes only for a deploy whose preflight rendered it
+    ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
     return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
 
 
 def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
     pkg = ctx.packages[role]
-    f = ctx.facts.get(role)
+    f = ctx.hosts.facts.get(role)
     present = f is not None and pkg.manifest.id in f.releases
     t0 = time.monotonic()
     res = ensure_release(ctx.t(role), ctx.layout(role), pkg, present, ctx.host(role), defer_present=True)
     ctx.timed("upload_s", time.monotonic() - t0)
     d = res.to_dict()
-    with ctx._lock:
-        ctx.uploads[role] = d
-        if res.deferred:
-            ctx.deferred[role] = (pkg.manifest.id, expected_hashes(pkg.manifest))
+    ctx.recorder.uploaded(role, d)
+    if res.deferred:
+        ctx.hosts.defer(role, pkg.manifest.id, expected_hashes(pkg.manifest))
     return d
 
 
 def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     if not ctx.view.has_api_key:
         return {"skipped": "the pair has no api_key_file"}
+    if ctx.api_key_bytes is None:
+        raise ConfigError(f"pair {ctx.view.name}: api_key_file was not read before the secret step")
     path = put_secret(ctx.t(role), ctx.layout(role), ctx.api_key_bytes)
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
@@ -334,8 +300,7 @@ def _take_deferred(ctx: RunContext, role: str) -> tuple[str, dict[str, str]] | N
     """The present release this host's first exec must verify before stopping (deploy only)."""
     if ctx.mode != "deploy":
         return None
-    with ctx._lock:
-        return ctx.deferred.pop(role, None)
+    return ctx.hosts.take_deferred(role)
 
 
 class UnreachableBeforeChange(HostError):
@@ -360,10 +325,32 @@ def _reach_before_change(ctx: RunContext, role: str) -> float:
     return time.monotonic() - t0
 
 
+def _before_change(ctx: RunContext, role: str, *, next_within_s: float = leasing.HEARTBEAT_S) -> None:
+    """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
+    LeaseLost otherwise, and nothing is changed)."""
+    leasing.recheck(ctx, role, next_within_s=next_within_s)
+
+
+def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
+    """Before the first change: room on both hosts for what the switch writes (route record
+    twice, pidfiles, the new services' logs); a full disk is refused with nothing stopped."""
+    out = {}
+    for r in ("native", "rpc"):
+        sp = space.free_space(ctx.t(r), ctx.layout(r).root)
+        sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
+        out[ctx.host(r)] = sp.free_bytes
+    return out
+
+
 def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
+        _before_change(ctx, "rpc")  # the first change: both hosts' leases proven this run's first
+        free = _space_for_switch(ctx)
+    else:
+        free = None
+    _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
@@ -375,6 +362,8 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
         raise
     ctx.timed("stop_s", time.monotonic() - t0)
     d: dict[str, Any] = {"result": out}
+    if free is not None:
+        d["free_bytes"] = free
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
@@ -384,12 +373,14 @@ def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
     """(current, previous) this run puts on the host: the new release, or what is restored."""
     if ctx.mode == "rollback":
         return ctx.restore_links[role]
+    assert ctx.target is not None
     a = ctx.target.activation
-    return links_after_deploy(ctx.facts.get(role), a.native_package if role == "native" else a.rpc_package)
+    return links_after_deploy(ctx.hosts.facts.get(role), a.native_package if role == "native" else a.rpc_package)
 
 
 def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     cur, prev = links_for(ctx, role)
+    _before_change(ctx, role)
     switch_links(ctx.t(role), ctx.layout(role), cur, prev)
     return {"current": cur, "previous": prev}
 
@@ -398,6 +389,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = links_for(ctx, "rpc")
     tgt = ctx.activating()
+    _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
         out, _ = services.stop(t, layout, RPC_SERVER)
@@ -406,11 +398,11 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
     verify = _take_deferred(ctx, "rpc")
     pid, ident, stopped, verified = services.restart_listening(
-        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv), verify=verify)
+        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv),
+        verify=verify)
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
-    with ctx._lock:
-        ctx.identities["rpc"] = ident
-    d = {"stopped": stopped, "current": links[0], "previous": links[1], "pid": pid,
+    ctx.hosts.started("rpc", ident)
+    d: dict[str, Any] = {"stopped": stopped, "current": links[0], "previous": links[1], "pid": pid,
          "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}", "exe_sha256": ident.exe_sha256}
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
@@ -422,10 +414,10 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
+    _before_change(ctx, "native")
     t0 = time.monotonic()
     pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv))
-    with ctx._lock:
-        ctx.identities["native"] = ident
+    ctx.hosts.started("native", ident)
     t1 = time.monotonic()
     try:
         w = services.wait_health(t, layout, ctx.view.base_url, pid, log=ctx.log)
@@ -450,7 +442,8 @@ def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
             f"cannot verify {tgt.activation.native_package} / {tgt.activation.rpc_package}: "
             "their manifests are not in the local package store"
         )
-    seen = {role: ctx.identities[role]} if role in ctx.identities else None
+    ident = ctx.hosts.identity(role)
+    seen = {role: ident} if ident is not None else None
     rep = verify_identity(
         {role: ctx.t(role)}, ctx.view.layouts, ctx.view.hosts, tgt.expected,
         base_url=ctx.view.base_url, api_key=ctx.api_key, roles=(role,), seen=seen,
@@ -463,24 +456,42 @@ def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
 
 def _route_successor(ctx: RunContext) -> RouteRecord | None:
     """The record this run writes (computed once, identical on both hosts)."""
-    with ctx._lock:
-        if ctx._next_route is not None:
-            return ctx._next_route
-        current = parse_route(ctx.route_bytes.get("native"))
-        if ctx.mode == "deploy":
-            new = ctx.target.entry
-            prev = current.active if current else None
-            if prev is not None and prev == new:
-                prev = current.previous
-            rec = next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
-        else:
-            if ctx.restore is None and not ctx.route_written:
-                return None  # nothing was recorded for the failed pair: leave the record as it was
-            active = ctx.restore.entry if ctx.restore else None
-            prev = ctx.restore_previous_entry
-            rec = next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
-        ctx._next_route = rec
-        return rec
+    return ctx.route_once(lambda: _compute_route(ctx))
+
+
+def _compute_route(ctx: RunContext) -> RouteRecord | None:
+    """A deploy names its pair `activating` (route-accepted makes it `active` once acceptance
+    passed); a rollback names the restored pair `active`. Signed with this home's key and
+    anchored at the pair's evidence head as this run found it."""
+    current = _base_record(ctx)
+    if ctx.mode == "deploy":
+        assert ctx.target is not None
+        new = ctx.target.entry
+        prev = ctx.restore.entry if ctx.restore else None
+        if prev is not None and prev == new:
+            prev = current.previous if current else None
+        rec = next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
+        return _seal_route(ctx, rec, "activating")
+    if ctx.restore is None and not ctx.route_written:
+        return None  # nothing was recorded for the failed pair: leave the record as it was
+    active = ctx.restore.entry if ctx.restore else None
+    prev = ctx.restore_previous_entry
+    rec = next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
+    return _seal_route(ctx, rec, "active")
+
+
+def _base_record(ctx: RunContext) -> RouteRecord | None:
+    """The record this run replaces (its revision counts on); one that does not parse was
+    refused before any change, except this run's own bytes, which always parse."""
+    try:
+        return parse_route(ctx.hosts.route_bytes("native"))
+    except PairctlError:
+        return None
+
+
+def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
+    return rec.model_copy(update={"state": state, "evidence_head": ctx.inputs.evidence_head,
+                                  "mac": None}).sign(ctx.inputs.route_key)
 
 
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -488,22 +499,54 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
     if rec is None:
         return {"skipped": "route record unchanged (no pair was recorded by this run)"}
     data = rec.to_bytes()
+    _before_change(ctx, role)
     try:
-        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.route_bytes.get(role), data)
+        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
+    except RouteConflict as exc:
+        # never retry stale bytes: what is there now becomes the base, and whoever writes next
+        # (this run's rollback) decides again from it
+        try:
+            ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route))
+        except FileNotFoundError:
+            pass
+        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)") from None
+    if back != data:
+        raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
+    ctx.hosts.route_written(role, data)
+    ctx.route_written = True
+    return {"revision": rec.revision, "active": rec.active.names() if rec.active else None, "state": rec.state,
+            "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+
+
+def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
+    """Acceptance passed: the record the route step wrote, `activating` -> `active` (same
+    revision), by compare-and-swap on the bytes this run wrote."""
+    rec = _route_successor(ctx)
+    if rec is None or ctx.mode != "deploy":
+        return {"skipped": "no activation recorded by this run"}
+    active = rec.model_copy(update={"state": "active", "mac": None}).sign(ctx.inputs.route_key)
+    data = active.to_bytes()
+    _before_change(ctx, role)
+    try:
+        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
     except RouteConflict as exc:
         raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused)") from None
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
-    with ctx._lock:
-        ctx.route_bytes[role] = data
-        ctx.route_written = True
-    return {"revision": rec.revision, "active": rec.active.names() if rec.active else None,
-            "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    ctx.hosts.route_written(role, data)
+    return {"revision": active.revision, "state": "active", "sha256": sha256_bytes(data), "read_back": "byte-identical"}
 
 
 def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
     from orchestrator.engine import acceptance
 
+    tgt = ctx.activating()
+    if tgt is not None and not ctx.inputs.options.skip_accept:
+        # the suite's requests are bounded (checks/budget.py): the next heartbeat comes within
+        # the whole suite's bound, announced in the lease so nobody judges this run dead meanwhile
+        bound = acceptance.suite_bound_s(tgt.entry.profile)
+        for r in ("native", "rpc"):
+            _before_change(ctx, r, next_within_s=bound)
     return acceptance.run(ctx)
 
 
@@ -520,7 +563,7 @@ def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
     return preflight_checks(ctx, PackageStore(ctx.home.store))
 
 
-HANDLERS = {
+HANDLERS: dict[str, Handler] = {
     "preflight": a_preflight,
     "connect": a_connect,
     "facts": a_facts,
@@ -534,6 +577,7 @@ HANDLERS = {
     "start-server": a_start_server,
     "verify": a_verify,
     "route": a_route,
+    "route-accepted": a_route_accepted,
     "accept": a_accept,
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,

@@ -12,24 +12,34 @@ through the evidence store (inputs by hash), and runs its playbook through the o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
-from orchestrator.config.inventory import Inventory
-from orchestrator.config.profiles import load_profile
-from orchestrator.engine import activate
-from orchestrator.engine.activate import RunContext, target_from_entry
-from orchestrator.engine.plan import pair_view, plan
+from orchestrator.build.store import PackageStore
+from orchestrator.config.inventory import Inventory, read_api_key
+from orchestrator.config.profiles import RouteProfile, load_profile
+from orchestrator.engine import activate, leasing, route_trust
+from orchestrator.engine.activate import restore_target
+from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
+from orchestrator.engine.plan import PairView, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
-from orchestrator.errors import ConfigError, PairctlError, RollbackFailed, RolledBack
+from orchestrator.errors import ConfigError, HostStateError, LeaseError, PairctlError, RollbackFailed, RolledBack
+from orchestrator.evidence.journal import Journal
+from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
-from orchestrator.hosts.route import parse_route
+from orchestrator.hosts.leases import Lease, LeaseLost
+from orchestrator.hosts.release import ensure_release
+from orchestrator.hosts.route import RouteEntry, parse_route
 from orchestrator.log import get_logger
-from orchestrator.paths import Home
+from orchestrator.paths import PLAYBOOKS, Home
+from orchestrator.remote.pool import TransportPool
 
-READ_ONLY_PREFIX = {"preflight", "connect", "facts"}
+# Steps run before the plan is made. The lease comes before the facts: host state that decides
+# anything (and is the route's compare-and-swap base) is read only once this run holds the hosts.
+PLAN_PREFIX = {"preflight", "connect", "lease", "facts"}
 
 
 @dataclass
@@ -57,16 +67,12 @@ class RunResult:
         }
 
 
-def _pool(inventory: Inventory) -> Any:
-    from orchestrator.remote.transport import TransportPool
-
+def _pool(inventory: Inventory) -> Pool:
     return TransportPool(inventory)
 
 
-def _evidence(home: Home) -> Any:
-    from orchestrator.evidence.store import EvidenceStore
-
-    return EvidenceStore(home.evidence)
+def _begin(evidence: EvidenceStore, command: str, argv: list[str], pair: str, inputs: dict[str, str]) -> Journal:
+    return evidence.begin(command, argv=argv, pair=pair, inputs=inputs)
 
 
 def _inventory_sha(inventory: Inventory) -> str:
@@ -74,24 +80,35 @@ def _inventory_sha(inventory: Inventory) -> str:
 
 
 def _playbook_sha(name: str) -> str:
-    from orchestrator.paths import PLAYBOOKS
-
     return sha256_file(PLAYBOOKS / f"{name}.yaml")
 
 
 @contextmanager
-def _pair_run(home: Home, inventory: Inventory, view: Any, *, command: str, journal_command: str,
+def _pair_run(home: Home, inventory: Inventory, view: PairView, *, command: str, journal_command: str,
               inputs: dict[str, str], argv: list[str] | None, on_step: Callable[[StepOutcome], None] | None,
-              pool: Any, **ctx_fields: Any) -> Iterator[tuple[RunContext, RunResult, Callable[[StepOutcome], None]]]:
+              pool: Pool | None, mode: str = "deploy", package_ids: tuple[str, str] | None = None,
+              profile: RouteProfile | None = None, options: RunOptions | None = None,
+              held_lease_nonce: str | None = None,
+              ) -> Iterator[tuple[RunContext, RunResult, Callable[[StepOutcome], None]]]:
     """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
     raises before finishing it, its hash on the error), one connection per host, the RunContext,
     and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
     t_start = time.monotonic()
-    journal = _evidence(home).begin(journal_command, argv=list(argv or []), pair=view.name, inputs=inputs)
+    key = route_trust.route_key(home)
+    evidence = EvidenceStore(home.evidence)
+    journal = _begin(evidence, journal_command, list(argv or []), view.name, inputs)
     own_pool = pool is None
     pool = pool or _pool(inventory)
-    ctx = RunContext(home=home, inventory=inventory, view=view, pool=pool, journal=journal, run_id=journal.run_id,
-                     log=get_logger(pair=view.name, run=journal.run_id), **ctx_fields)
+    try:
+        head = evidence.latest(view.name)
+    except PairctlError:
+        head = None  # a broken chain shows in the route's anchor check
+    run_inputs = RunInputs(home=home, inventory=inventory, view=view, run_id=journal.state.run_id,
+                           package_ids=package_ids, profile=profile, options=options or RunOptions(),
+                           held_lease_nonce=held_lease_nonce, route_key=key,
+                           evidence_head=head.sha256 if head else None)
+    ctx = RunContext(inputs=run_inputs, pool=pool, journal=journal, log=get_logger(pair=view.name, run=journal.run_id),
+                     evidence=evidence, mode=mode, hosts=HostState(held_lease_nonce))
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
     outcomes: list[StepOutcome] = []
 
@@ -110,19 +127,19 @@ def _pair_run(home: Home, inventory: Inventory, view: Any, *, command: str, jour
         raise
     finally:
         result.steps = [_step_dict(o) for o in outcomes]
-        result.uploads = dict(ctx.uploads)
-        result.timings = dict(ctx.timings)
-        result.transport = pool.stats() if hasattr(pool, "stats") else {}
+        result.uploads = ctx.recorder.uploads()
+        result.timings = ctx.recorder.timings()
+        result.transport = pool.stats()
         result.wall_s = time.monotonic() - t_start
         if result.receipt is None:
             result.receipt = journal.receipt_hash
         if own_pool:
             pool.close()
-        ctx.result = result  # type: ignore[attr-defined]
 
 
 def _step_dict(o: StepOutcome) -> dict[str, Any]:
-    return {"name": o.step.name, "hosts": list(o.step.hosts), "ok": o.ok, "seconds": round(o.seconds, 4), "error": o.error}
+    return {"name": o.step.name, "hosts": list(o.step.hosts), "ok": o.ok, "seconds": round(o.seconds, 4),
+            "error": o.error}
 
 
 def deploy(
@@ -138,7 +155,7 @@ def deploy(
     kernel_check: bool = False,
     argv: list[str] | None = None,
     on_step: Callable[[StepOutcome], None] | None = None,
-    pool: Any = None,
+    pool: Pool | None = None,
     held_lease_nonce: str | None = None,
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
@@ -147,7 +164,7 @@ def deploy(
     qualification across its arms); the run renews them and leaves them held on every path."""
     view = pair_view(inventory, pair_name)
     pair = inventory.pair(pair_name)
-    profile = load_profile(profile_name or pair.profile)
+    profile = load_profile(profile_name or pair.profile, pair=pair)
     deploy_pb, rollback_pb = load_playbook("deploy"), load_playbook("rollback")
     inputs = {
         "package:native": package_ids[0],
@@ -158,16 +175,23 @@ def deploy(
         "playbook:rollback": _playbook_sha("rollback"),
     }
     _add_digests(home, package_ids, inputs)
-    with _pair_run(home, inventory, view, command="deploy", journal_command="deploy" if not dry_run else "deploy --dry-run",
-                   inputs=inputs, argv=argv, on_step=on_step, pool=pool, package_ids=tuple(package_ids), profile=profile,
-                   skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check,
-                   lease_nonce=held_lease_nonce, lease_held_by_caller=held_lease_nonce is not None) as (ctx, result, record):
+    with _pair_run(home, inventory, view, command="deploy",
+                   journal_command="deploy" if not dry_run else "deploy --dry-run",
+                   inputs=inputs, argv=argv, on_step=on_step, pool=pool, package_ids=(package_ids[0], package_ids[1]),
+                   profile=profile, options=RunOptions(skip_accept=skip_accept, checks=tuple(checks),
+                                                       kernel_check=kernel_check),
+                   held_lease_nonce=held_lease_nonce) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
-        n_prefix = next(i for i, s in enumerate(first) if s.action not in READ_ONLY_PREFIX)
+        n_prefix = next(i for i, s in enumerate(first) if s.action not in PLAN_PREFIX)
+        record = _ReleaseWatch(record)
         try:
-            run_steps(first[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
-            steps = plan(deploy_pb, view, facts=ctx.facts, target=ctx.target.activation,
+            # a dry run changes nothing on a host, not even a lease: it reads the facts unleased
+            run_steps([s for s in first[:n_prefix] if not (dry_run and s.action == "lease")], ctx, activate.HANDLERS,
+                      journal=journal, on_step=record)
+            _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
+            assert ctx.target is not None  # preflight rendered it
+            steps = plan(deploy_pb, view, facts=ctx.hosts.facts, target=ctx.target.activation,
                          skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
@@ -182,20 +206,46 @@ def deploy(
                 _abort(ctx, failure, record)
                 raise _cause(failure) from None
             _rollback_after_failure(ctx, rollback_pb, failure, record)  # raises RolledBack / RollbackFailed
+        assert ctx.target is not None
+        journal.set("final_state", _final_state(ctx, "activated"))
+        record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
         result.outcome = "passed"
         result.active = ctx.target.entry.model_dump(mode="json")
-        journal.set("final_state", _final_state(ctx, "activated"))
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+class _ReleaseWatch:
+    """The step recorder, noting a failed release-lease: the work is done, but a lease this run
+    cannot give back (lost, or the host gone) makes the run failed, never a warning (issue 21)."""
+
+    def __init__(self, record: Callable[[StepOutcome], None]) -> None:
+        self.record = record
+        self.errors: list[str] = []
+
+    def __call__(self, o: StepOutcome) -> None:
+        self.record(o)
+        if o.step.action == "release-lease" and not o.ok:
+            self.errors.append(o.error or "release-lease failed")
+
+    def raise_if_release_failed(self, ctx: RunContext, done: str) -> None:
+        if not self.errors:
+            return
+        msg = f"{done}, but releasing the leases failed: {'; '.join(self.errors)}"
+        ctx.journal.finish("failed", msg)
+        raise LeaseError(msg, hint=f"`pairctl lease show {ctx.view.name}` shows who holds them now; "
+                                   f"`pairctl status --pair {ctx.view.name}` checks the pair")
+
+
+def _lost_lease(failure: StepFailed) -> LeaseLost | None:
+    return next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
 
 
 def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str]) -> None:
     """Packages by content digest in the receipt's inputs (when the store has them)."""
     try:
-        from orchestrator.build.store import PackageStore
-
         store = PackageStore(home.store)
-        for role, pid in zip(("native", "rpc"), package_ids):
+        for role, pid in zip(("native", "rpc"), package_ids, strict=True):
             if store.exists(pid):
                 inputs[f"package:{role}:content_digest"] = store.get(pid).manifest.content_digest
     except PairctlError:
@@ -207,25 +257,39 @@ def _cause(failure: StepFailed) -> BaseException:
     return err if err is not None else failure.cause
 
 
-def _set_restore_from_start(ctx: RunContext) -> None:
-    """What a rollback puts back: the links and the route's active entry as found at the start."""
-    from orchestrator.build.store import PackageStore
+def _judge_hosts(ctx: RunContext, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
+    """Both hosts' route records and links, judged before anything is decided from them
+    (engine/route_trust.py); a problem not in `allowed` refuses the run before any change."""
+    j = route_trust.judge(ctx.view, ctx.hosts.facts, ctx.inputs.route_key, ctx.evidence, run_id=ctx.run_id)
+    if j.problems:
+        ctx.journal.set("host_state_problems", [{"kind": p.kind, "text": p.text, "hint": p.hint} for p in j.problems])
+    j.refuse(command, allowed)
+    return j
 
-    ctx.restore_links = {r: (ctx.facts[r].current, ctx.facts[r].previous) for r in ("native", "rpc")}
-    record = parse_route(ctx.route_bytes.get("native"))
+
+def _set_restore_from_start(ctx: RunContext) -> None:
+    """What a rollback puts back: the links and the route's active pair as found at the start,
+    the pair rendered now from the inventory and its profile (never the recorded argv). A
+    previous pair that cannot be rendered refuses the deploy here, before anything changes."""
+    facts = ctx.hosts.facts
+    ctx.restore_links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
+    record = parse_route(ctx.hosts.route_bytes("native"))
     ctx.restore = None
     if record is not None and record.active is not None:
-        ctx.restore = target_from_entry(record.active, PackageStore(ctx.home.store), ctx.view, label="previous")
+        ctx.restore = restore_target(ctx.view, ctx.inventory.pair(ctx.view.name), record.active,
+                                     PackageStore(ctx.home.store), label="previous",
+                                     trusted=record.mac_ok(ctx.inputs.route_key))
         ctx.restore_previous_entry = record.previous
-    elif ctx.facts["native"].current or ctx.facts["rpc"].current:
+    elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
 
 
 def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome], None]) -> None:
     """Nothing that runs changed: release the leases this run holds; the cause is re-raised."""
     ctx.journal.note(f"aborted before any change to what runs: {failure.message}")
-    if ctx.leases:
-        rel = [s for s in plan(load_playbook("deploy"), ctx.view, facts=None, target=None) if s.action == "release-lease"]
+    if ctx.hosts.leases:
+        rel = [s for s in plan(load_playbook("deploy"), ctx.view, facts=None, target=None)
+               if s.action == "release-lease"]
         try:
             run_steps(rel, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
         except StepFailed:
@@ -234,38 +298,54 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
 
 def _rollback_after_failure(ctx: RunContext, pb: Playbook, failure: StepFailed,
                             record: Callable[[StepOutcome], None]) -> None:
+    lost = _lost_lease(failure)
+    if lost is not None:
+        # another operator holds the pair now (it broke this run's expired or stale lease): acting
+        # on it would fight that operator, so this run changes nothing more and keeps no lease
+        msg = (f"deploy lost its lease before step '{failure.step.name}' and changed nothing more: {lost}. "
+               "It holds no lease now (another operator may); the pair is as that step found it.")
+        ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message, "lease": "lost"})
+        ctx.journal.set("final_state", {"state": f"left at step {failure.step.name} (lease lost)"})
+        ctx.journal.finish("failed", msg)
+        raise RollbackFailed(msg, hint=f"`pairctl lease show {ctx.view.name}` names the holder; once it is done, "
+                                       f"`pairctl status --pair {ctx.view.name}` and `pairctl rollback --pair "
+                                       f"{ctx.view.name}` or a new deploy")
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     ctx.mode = "rollback"
-    ctx._next_route = None
-    ctx.identities = {}
-    steps = plan(pb, ctx.view, facts=ctx.facts, target=None, restore=ctx.restore.activation if ctx.restore else None,
-                 mode="auto", restore_links=ctx.restore_links)
+    ctx.next_route = None
+    ctx.hosts.forget_identities()
+    steps = plan(pb, ctx.view, facts=ctx.hosts.facts, target=None,
+                 restore=ctx.restore.activation if ctx.restore else None, mode="auto", restore_links=ctx.restore_links)
     try:
         run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as rb:
         _rollback_failed(ctx, rb, first_failure=failure)
     what = ctx.restore.entry.names() if ctx.restore else None
     ctx.journal.set("final_state", _final_state(ctx, "restored" if what else "stopped (no previous pair)"))
-    ctx.journal.set("rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}})
+    ctx.journal.set("rollback", {"restored": what,
+                                 "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}})
     if what:
         msg = (f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-               f"verified, route record revision updated; {_leases_after(ctx)}.\ncause: {failure.message}")
+               f"verified, route record revision updated; {_leases_after(ctx, record)}.\ncause: {failure.message}")
     else:
         msg = (f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-               f"stopped; {_leases_after(ctx)}.\ncause: {failure.message}")
+               f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}")
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
 
 
-def _leases_after(ctx: RunContext) -> str:
-    return "the leases stay with the run that holds them" if ctx.lease_held_by_caller else "leases released"
+def _leases_after(ctx: RunContext, record: Callable[[StepOutcome], None] | None = None) -> str:
+    if ctx.lease_held_by_caller:
+        return "the leases stay with the run that holds them"
+    errors = getattr(record, "errors", None)
+    return f"releasing the leases FAILED ({'; '.join(errors)})" if errors else "leases released"
 
 
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
     stopped = activate.stop_everything(ctx)
     ctx.journal.set("final_state", _final_state(ctx, "stopped (rollback failed)", stopped=stopped))
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.leases.items()}
+    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
     msg = (
@@ -282,9 +362,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     )
 
 
-def activate_lease_text(handle: Any) -> str:
-    from orchestrator.engine import leasing
-
+def activate_lease_text(handle: Lease) -> str:
     return str(leasing.describe(handle))
 
 
@@ -300,63 +378,79 @@ def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = No
 
 # -- rollback -----------------------------------------------------------------------------------
 
-def _read_api_key(ctx: RunContext, api_key_file: str | None) -> None:
+def _read_api_key(ctx: RunContext) -> None:
     """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
     (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
-    from orchestrator.config.inventory import read_api_key
-
     key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
     if key is not None:
         ctx.api_key_bytes = key.file_bytes
 
 
-def _verify_restore_releases(ctx: RunContext, entry: Any, store: Any) -> None:
+def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore) -> None:
     """Before anything running changes: the releases being restored still match their manifests
     on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
     and the running pair keeps running. Without this, a rollback to a damaged previous release
     stopped a verified pair and left both hosts stopped (found by the fault matrix)."""
-    from orchestrator.hosts.release import ensure_release
-
     for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
         if store.exists(pid):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
 
 
-def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,
-             on_step: Callable[[StepOutcome], None] | None = None, pool: Any = None) -> RunResult:
-    """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
-    from orchestrator.build.store import PackageStore
+def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> None:
+    """A rollback never "restores" the pair that is already running (a record whose active and
+    previous were swapped on the host would otherwise stop and restart it, reported healthy)."""
+    assert ctx.restore is not None
+    a = ctx.restore.activation
+    facts = ctx.hosts.facts
+    running = (facts["native"].current, facts["rpc"].current) == (a.native_package, a.rpc_package)
+    same = active is not None and (active.native_package, active.rpc_package) == (a.native_package, a.rpc_package) \
+        and tuple(active.native_argv) == a.native_argv and tuple(active.rpc_argv) == a.rpc_argv
+    if running and (same or active is None):
+        raise HostStateError(
+            f"rollback refused, nothing was changed: the route record's previous pair {ctx.restore.entry.names()} "
+            f"is what runs now on {ctx.host('native')} and {ctx.host('rpc')}",
+            hint=f"`pairctl repair --pair {ctx.view.name}` rebuilds the record from the links; deploy the pair "
+                 "you want instead")
 
+
+def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,
+             on_step: Callable[[StepOutcome], None] | None = None, pool: Pool | None = None) -> RunResult:
+    """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
     inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
     with _pair_run(home, inventory, view, command="rollback", journal_command="rollback", inputs=inputs, argv=argv,
                    on_step=on_step, pool=pool, mode="rollback") as (ctx, result, record):
         journal = ctx.journal
-        _read_api_key(ctx, inventory.pair(pair_name).api_key_file)
+        _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
-        n_prefix = next(i for i, s in enumerate(steps) if s.action not in READ_ONLY_PREFIX | {"lease"})
+        n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+        record = _ReleaseWatch(record)
         try:
             run_steps(steps[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
-            rec = parse_route(ctx.route_bytes.get("native"))
+            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
             if rec is None or rec.previous is None:
                 raise ConfigError(f"pair {pair_name}: the route record names no previous pair to roll back to")
-            ctx.restore = target_from_entry(rec.previous, PackageStore(home.store), view, label="previous")
+            store = PackageStore(home.store)
+            ctx.restore = restore_target(view, inventory.pair(pair_name), rec.previous, store, label="previous",
+                                         trusted=rec.mac_ok(ctx.inputs.route_key))
             ctx.restore_previous_entry = rec.active
+            _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
                 want = rec.previous.native_package if r == "native" else rec.previous.rpc_package
-                if want not in ctx.facts[r].releases:
+                if want not in ctx.hosts.facts[r].releases:
                     raise ConfigError(f"{view.hosts[r]}: release {want} (the previous pair) is not installed")
-                cur = rec.active.native_package if (rec.active and r == "native") else (rec.active.rpc_package if rec.active else None)
-                ctx.restore_links[r] = (want, cur if cur != want else ctx.facts[r].previous)
-            _verify_restore_releases(ctx, rec.previous, PackageStore(home.store))
+                cur = None if rec.active is None else (
+                    rec.active.native_package if r == "native" else rec.active.rpc_package)
+                ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
+            _verify_restore_releases(ctx, rec.previous, store)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = plan(pb, view, facts=ctx.facts, target=None, restore=ctx.restore.activation, mode="manual",
+        full = plan(pb, view, facts=ctx.hosts.facts, target=None, restore=ctx.restore.activation, mode="manual",
                     restore_links=ctx.restore_links)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
@@ -364,9 +458,10 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
             _rollback_failed(ctx, rb, None)
+        journal.set("final_state", _final_state(ctx, "restored"))
+        record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         result.outcome = "passed"
         result.active = ctx.restore.entry.model_dump(mode="json")
-        journal.set("final_state", _final_state(ctx, "restored"))
         result.receipt = journal.finish("passed", f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         return result
 

@@ -37,7 +37,7 @@ def at_step(name: str) -> None:
     if os.environ.get(ENABLE) != "1":
         return
     spec = os.environ.get(HOOK, "")
-    step, _, action = spec.partition(":")
+    step, _, action = spec.rpartition(":")  # a step name may hold a colon (check:NAME)
     if step != name or spec in _fired:
         return
     _fired.add(spec)

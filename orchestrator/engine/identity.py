@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from orchestrator.hosts.layout import SERVICE_OF_ROLE
+from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
     ExpectedProc,
     ProcIdentity,
@@ -24,6 +24,8 @@ from orchestrator.hosts.probes import (
 )
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 PIPELINE_LINE = "pipeline parallelism enabled"
 
@@ -53,8 +55,8 @@ class IdentityReport:
         return not self.problems
 
 
-def read_identities(transports: Mapping[str, Any], layouts: Mapping[str, Any],
-                    roles: tuple[str, ...] = ("native", "rpc")) -> dict[str, ProcIdentity | None]:
+def read_identities(transports: Mapping[str, Transport], layouts: Mapping[str, HostLayout],
+                    roles: tuple[str, ...] = ROLES) -> dict[str, ProcIdentity | None]:
     """One exec per host: sha256 of /proc/PID/exe and /proc/PID/cmdline of its service."""
     out: dict[str, ProcIdentity | None] = {}
     for role in roles:
@@ -64,9 +66,9 @@ def read_identities(transports: Mapping[str, Any], layouts: Mapping[str, Any],
     return out
 
 
-def verify_identity(transports: Mapping[str, Any], layouts: Mapping[str, Any], hosts: Mapping[str, str],
+def verify_identity(transports: Mapping[str, Transport], layouts: Mapping[str, HostLayout], hosts: Mapping[str, str],
                     expected: Expected, *, base_url: str, api_key: str | None = None,
-                    roles: tuple[str, ...] = ("native", "rpc"), http: bool = True,
+                    roles: tuple[str, ...] = ROLES, http: bool = True,
                     seen: Mapping[str, ProcIdentity | None] | None = None) -> IdentityReport:
     """Every identity condition, all checked (not stopping at the first), problems listed.
 

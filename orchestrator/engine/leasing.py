@@ -1,49 +1,77 @@
-"""Deploy's view of leases: take / release / show one host's lease for this run.
+"""Deploy's view of leases: take / re-check / release one host's lease for this run.
 
-A thin adapter over `orchestrator.hosts.leases` (take_lease / release_lease / lease_state):
-one nonce per run for both hosts, the run's purpose text, and lease records without nonces
-for receipts. A run started under a caller's lease (`ctx.lease_held_by_caller`: qualification
-holds the pair across its arms) renews that lease instead of taking one, and leaves releasing
-it to the caller.
+A thin adapter over `orchestrator.hosts.leases`: one nonce per run for both hosts, the run's
+purpose text (`... (run RUN_ID)`), and lease records without nonces for receipts. A run
+started under a caller's lease (`ctx.lease_held_by_caller`: qualification holds the pair
+across its arms) renews that lease instead of taking one, and leaves releasing it to the caller.
+
+The run's promise, written into its lease (`stale_after_s`): it renews the lease at least every
+`HEARTBEAT_S` seconds, and before every step that changes a running thing it re-checks it
+(`recheck`: still its nonce, at least `SAFETY_S` left by the host's clock, renewed), so a run
+whose lease was broken while it was paused stops before its next change. A step that waits
+longer than `HEARTBEAT_S` (acceptance) announces its own bound when it re-checks.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.errors import HostError, LeaseHeldError
+from orchestrator.hosts import leases
+
+if TYPE_CHECKING:
+    from orchestrator.engine.context import RunContext
+    from orchestrator.hosts.leases import Lease
 
 DEFAULT_TTL_S = 1800
+HEARTBEAT_S = 600  # longer than any step but acceptance waits (upload 600 s is bounded the same way)
+SAFETY_S = 60.0  # a lease with less left could be broken between the re-check and the change
 
 
-def _nonce(ctx: Any) -> str:
-    from orchestrator.hosts import leases
-
-    with ctx._lock:
-        n = getattr(ctx, "lease_nonce", None)
-        if n is None:
-            n = leases.new_nonce()
-            ctx.lease_nonce = n
-        return n
-
-
-def take(ctx: Any, role: str) -> Any:
-    from orchestrator.hosts import leases
-
+def take(ctx: RunContext, role: str) -> Lease:
     if ctx.lease_held_by_caller:
-        return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce, DEFAULT_TTL_S)
+        return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce(), DEFAULT_TTL_S)
     command = ctx.journal.state.header.get("command", "deploy")
-    return leases.take_lease(
-        ctx.t(role), ctx.layout(role).root, leases.default_owner(),
-        f"pairctl {command} {ctx.view.name} (run {ctx.run_id})", DEFAULT_TTL_S, nonce=_nonce(ctx),
-    )
+    try:
+        return leases.take_lease(
+            ctx.t(role), ctx.layout(role).root, leases.default_owner(),
+            f"pairctl {command} {ctx.view.name} (run {ctx.run_id})", DEFAULT_TTL_S, nonce=ctx.hosts.lease_nonce(),
+            stale_after_s=HEARTBEAT_S,
+        )
+    except LeaseHeldError as exc:  # the hint names the exact command, with this pair's name
+        if exc.hint:
+            exc.hint = exc.hint.replace("lease release PAIR", f"lease release {ctx.view.name}")
+        raise
 
 
-def release(ctx: Any, role: str, handle: Any) -> bool:
+def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -> dict[str, Any]:
+    """Immediately before a change on `role`'s host: prove the lease still this run's and renew
+    it (heartbeat now, next one within `next_within_s`). LeaseLost (nothing changed) if not."""
+    ttl = max(DEFAULT_TTL_S, next_within_s + SAFETY_S)
+    t, root, nonce = ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce()
+    promise = None if ctx.lease_held_by_caller else int(max(HEARTBEAT_S, next_within_s))
+    try:
+        lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S, stale_after_s=promise)
+    except HostError as exc:
+        if "no space left" not in str(exc):
+            raise
+        # a full disk cannot take the renewed lease.json, but the lease is still provably this
+        # run's: go on (a rollback must not be stopped by the disk it is recovering from)
+        st = leases.lease_state(t, root)
+        if st.lease is None or st.lease.nonce != nonce or st.state != "held" or (st.remaining_s() or 0) < SAFETY_S:
+            raise leases.LeaseLost(f"cannot renew on a full disk and the lease is not provably this run's: "
+                                   f"{st.describe()}") from None
+        return {"lease_rechecked": {"expires_at": leases._iso(st.lease.expires_at), "renewed": False,
+                                    "why": str(exc)[:200]}}
+    return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at),
+                                "heartbeat": leases._iso(lease.heartbeat)}}
+
+
+def release(ctx: RunContext, role: str, handle: Lease) -> bool:
     """Release this run's lease; False (left held) when the caller holds it."""
-    from orchestrator.hosts import leases
-
     if ctx.lease_held_by_caller:
         return False
-    leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.lease_nonce)
+    leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce())
     return True
 
 
@@ -56,7 +84,5 @@ def describe(handle: Any) -> dict[str, Any]:
 
 
 def show(transport: Any, root: str) -> list[dict[str, Any]]:
-    from orchestrator.hosts import leases
-
     st = leases.lease_state(transport, root)
     return [] if st.free else [st.to_dict()]

@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
-
-ROLES = ("native", "rpc")
+from orchestrator.roles import ROLES
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ class Activation:
     label: str = ""
 
 
-def pair_view(inventory: Any, pair_name: str) -> PairView:
+def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     p = inventory.pair(pair_name)
     hosts = {"native": p.native, "rpc": p.rpc}
     layouts = {role: HostLayout(inventory.host(h).install_root) for role, h in hosts.items()}
@@ -158,20 +158,20 @@ def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mappin
         name = LLAMA_SERVER if r == "native" else RPC_SERVER
         f = facts.get(r)
         pid = f.running.get(name) if f else None
-        argv[view.hosts[r]] = tuple(view.layouts[r].stop_cmd(name).argv)
+        argv[view.hosts[r]] = tuple(view.layouts[r].stop_cmd(name).argv_display_core())
         return f"stop {name}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), argv
     if action == "restart-rpc":
         cur, prev = _links("rpc", facts, target, restore_links)
         if act is None:
             return f"stop ggml-rpc-server; links back: current -> {_rel(cur)}, previous -> {_rel(prev)}; no pair to start", argv
         argv[view.hosts["rpc"]] = tuple(view.layouts["rpc"].restart_cmd(
-            RPC_SERVER, cur, prev, view.rpc_bind, view.rpc_port, 20, list(act.rpc_argv)).argv)
+            RPC_SERVER, cur, prev, view.rpc_bind, view.rpc_port, 20, list(act.rpc_argv)).argv_display_core())
         return (f"stop ggml-rpc-server; current -> {_rel(cur)}, previous -> {_rel(prev)}; start it bound to "
                 f"{view.rpc_bind}:{view.rpc_port}; wait until it lives and listens; read its identity"), argv
     if action == "start-server":
         if act is None:
             return "nothing to start (no previous pair)", argv
-        argv[view.hosts["native"]] = tuple(view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv)
+        argv[view.hosts["native"]] = tuple(view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv_display_core())
         return f"start llama-server from releases/{act.native_package}; wait for {view.base_url}/health 200", argv
     if action == "accept":
         if skip_accept:

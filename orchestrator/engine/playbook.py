@@ -10,13 +10,12 @@ be `rollback`, `stop` (inside a rollback: leave the hosts stopped, keep the leas
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path
 from orchestrator.paths import PLAYBOOKS
 
 # Every action the engine implements, and whether it changes what runs on a host.
@@ -35,6 +34,8 @@ ACTIONS: dict[str, bool] = {
     "start-server": True,      # llama-server: start, identity, /health 200
     "verify": False,           # identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive
     "route": True,             # route record by compare-and-swap, read back byte-identical
+    "route-accepted": True,    # the same record, state activating -> active, once acceptance passed
+    "route-repair": False,     # pairctl repair: the rebuilt route record by compare-and-swap (nothing runs changes)
     "accept": False,           # acceptance checks (orchestrator.checks.suite) or identity only
     "release-lease": False,    # release this host's lease, verify inactive
 }
@@ -51,12 +52,13 @@ class PlaybookStep(StrictModel):
         "anything changed); stop: stop both services, keep the leases (a rollback that fails); continue: record, go on",
     )
     when: Literal["always", "manual"] = Field(
-        default="always", description="manual: only when the playbook runs on its own, not inside another run's rollback"
+        default="always",
+        description="manual: only when the playbook runs on its own, not inside another run's rollback",
     )
     description: str = ""
 
     @model_validator(mode="after")
-    def _check(self) -> "PlaybookStep":
+    def _check(self) -> PlaybookStep:
         if self.action not in ACTIONS:
             raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(ACTIONS))})")
         if self.action in ("preflight", "accept") and self.host != "local":
@@ -70,7 +72,7 @@ class Playbook(StrictModel):
     steps: list[PlaybookStep] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "Playbook":
+    def _check(self) -> Playbook:
         names = [s.name for s in self.steps]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -88,7 +90,5 @@ class Playbook(StrictModel):
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = PLAYBOOKS / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, PLAYBOOKS)
     return load_model(Playbook, p)

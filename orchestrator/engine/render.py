@@ -75,6 +75,10 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
         console.print(f"problem: {p}", markup=False)
     if out.get("aborted_runs_sealed"):
         console.print(f"sealed {len(out['aborted_runs_sealed'])} killed run(s) as aborted receipts", markup=False)
+    for host, h in out["hosts"].items():
+        for name in h.get("upload_leftovers") or []:
+            console.print(f"leftover upload: {host}: releases/{name} (a killed upload's; the next deploy removes it)",
+                          markup=False)
     for stale in out.get("stale_leases") or []:
         console.print(f"lease left by a finished run: {stale['host']}: {stale['why']}; release it with "
                       f"`pairctl lease release {out['pair']} --dead-run {stale['run_id']}`", markup=False)

@@ -8,16 +8,21 @@ result or error, the way fabric's GroupResult does; the journal step records bot
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import progress
 from orchestrator.engine import faults
 from orchestrator.engine.plan import Step
 from orchestrator.errors import PairctlError
 
-Handler = Callable[[Any, str | None], dict[str, Any] | None]
+if TYPE_CHECKING:
+    from orchestrator.engine.context import RunContext
+    from orchestrator.evidence.journal import Journal
+
+Handler = Callable[["RunContext", Any], dict[str, Any] | None]  # (ctx, role: native | rpc | None)
 
 
 class StepFailed(Exception):
@@ -49,7 +54,7 @@ class StepOutcome:
     error: str | None = None
 
 
-def run_steps(steps: list[Step], ctx: Any, handlers: dict[str, Handler], *, journal: Any,
+def run_steps(steps: list[Step], ctx: RunContext, handlers: Mapping[str, Handler], *, journal: Journal,
               on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
     """Run `steps`; raise StepFailed at the first step that fails unless it says `continue`."""
     outcomes = []
@@ -98,7 +103,8 @@ class _GroupError(Exception):
         super().__init__("; ".join(f"{h}: {type(e).__name__}: {e}" for h, e in errors.items()))
 
 
-def _execute(step: Step, ctx: Any, handlers: dict[str, Handler]) -> tuple[dict[str, Any], dict[str, BaseException]]:
+def _execute(step: Step, ctx: RunContext,
+             handlers: Mapping[str, Handler]) -> tuple[dict[str, Any], dict[str, BaseException]]:
     handler = handlers[step.action]
     roles: tuple[str | None, ...]
     if step.role == "both":
@@ -120,7 +126,7 @@ def _execute(step: Step, ctx: Any, handlers: dict[str, Handler]) -> tuple[dict[s
             data = data.get(host, {})
         return data, errors
     with ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix=f"step-{step.name}") as pool:
-        futs = {host: pool.submit(handler, ctx, r) for host, r in zip(step.hosts, roles)}
+        futs = {host: pool.submit(handler, ctx, r) for host, r in zip(step.hosts, roles, strict=True)}
         for host, fut in futs.items():
             try:
                 data[host] = fut.result() or {}

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.build.store import PackageStore
+from orchestrator.config.inventory import Inventory
+from orchestrator.engine import leasing, route_trust
 from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
-from orchestrator.hosts.layout import SERVICE_OF_ROLE
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
-from orchestrator.hosts.probes import read_facts
-from orchestrator.hosts.route import parse_route
+from orchestrator.hosts.probes import HostFacts, read_facts
+from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.services import get_json
 from orchestrator.paths import Home
+from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 
 def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
@@ -30,12 +37,8 @@ def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
         return None
 
 
-def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None = None, pool: Any = None,
+def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None, pool: TransportPool | None = None,
            verify_files: bool = False) -> dict[str, Any]:
-    from orchestrator.build.store import PackageStore
-    from orchestrator.evidence.store import EvidenceStore
-    from orchestrator.remote.transport import TransportPool
-
     view = pair_view(inventory, pair_name)
     store = PackageStore(home.store)
     evidence = EvidenceStore(home.evidence)
@@ -45,8 +48,8 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
     out: dict[str, Any] = {"pair": pair_name, "hosts": {}, "route": None, "problems": [],
                            "aborted_runs_sealed": recovered}
     try:
-        routes: dict[str, bytes | None] = {}
-        for role in ("native", "rpc"):
+        found: dict[str, HostFacts] = {}
+        for role in ROLES:
             host, layout = view.hosts[role], view.layouts[role]
             t = pool.get(host)
             name = SERVICE_OF_ROLE[role]
@@ -63,7 +66,7 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                     out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
             elif f.current:
                 out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
-            h = {
+            h: dict[str, Any] = {
                 "role": role,
                 "current": f.current,
                 "previous": f.previous,
@@ -73,37 +76,43 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
                 "pid": ident.pid if ident else None,
                 "matches_manifest": matches,
                 "leases": _leases(t, layout.root),
+                # partial uploads of killed runs (the next deploy under the lease removes them)
+                "upload_leftovers": leftovers(t, layout),
             }
             if verify_files:
                 h["release_files"] = _verify_current(t, layout, store, f.current, host)
                 if h["release_files"].get("problem"):
                     out["problems"].append(h["release_files"]["problem"])
             out["hosts"][host] = h
-            routes[role] = f.route_bytes
-        rec = parse_route(routes.get("native"))
-        if routes.get("native") != routes.get("rpc"):
-            out["problems"].append("route.json on the RPC host differs from the native host's")
+            found[role] = f
+        # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
+        judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
+        out["problems"] += [str(p) for p in judged.problems]
+        out["host_state_problems"] = [{"kind": p.kind, "text": p.text, "fix": p.hint} for p in judged.problems]
+        rec = judged.record
         if rec is not None:
             out["route"] = {
                 "revision": rec.revision, "updated_at": rec.updated_at, "updated_by": rec.updated_by,
+                "state": rec.state, "signed": rec.mac is not None, "evidence_head": rec.evidence_head,
                 "active": rec.active.names() if rec.active else None,
                 "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
                 "previous": rec.previous.names() if rec.previous else None,
             }
-            nat = out["hosts"][view.hosts["native"]]
-            if rec.active and nat["current"] != rec.active.native_package:
-                out["problems"].append(f"route record names {rec.active.native_package}, native current is {nat['current']}")
             if rec.active and rec.active.models:
-                found = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models, view.hosts["native"],
-                                                pool.get(view.hosts["native"]), view.layouts["native"])
+                bad = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models,
+                                              view.hosts["native"], pool.get(view.hosts["native"]),
+                                              view.layouts["native"])
                 out["route"]["models"] = dict(rec.active.models)
-                out["route"]["models_verified"] = not found
-                out["problems"] += found
+                out["route"]["models_verified"] = not bad
+                out["problems"] += bad
         try:
             get_json(view.base_url, "/health", timeout=3)
             out["health"] = "ok"
         except Exception as exc:
             out["health"] = f"not healthy: {str(exc)[:120]}"
+            if (rec is not None and rec.active is not None) or any(h["current"] for h in out["hosts"].values()):
+                # a pair that should serve and does not answer is a problem (exit 1), hung or dead
+                out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
         out["stale_leases"] = _stale_leases(evidence, out["hosts"])
         return out
@@ -112,10 +121,8 @@ def status(home: Home, inventory: Any, pair_name: str, *, argv: list[str] | None
             pool.close()
 
 
-def _verify_current(transport: Any, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:
+def _verify_current(transport: Transport, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:
     """sha256 of every file in releases/CURRENT on the host (one exec) against the package manifest."""
-    from orchestrator.hosts.release import check_hash_output, expected_hashes
-
     if not current:
         return {"verified": None}
     try:
@@ -136,8 +143,6 @@ def _verify_current(transport: Any, layout: Any, store: Any, current: str | None
 def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
     """Leases held by a pairctl run that this home's evidence shows over (killed, or a failed
     rollback that kept them): nothing will release them but `lease release --dead-run`."""
-    from orchestrator.hosts.leases import parse_run_of
-
     out = []
     for host, h in hosts.items():
         for entry in h.get("leases") or []:
@@ -147,12 +152,14 @@ def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
             state, why = evidence.run_status(run_id)
             if state in ("ended", "dead"):
                 out.append({"host": host, "run_id": run_id, "state": state, "why": why})
+            elif state != "running" and entry.get("stale"):  # another home's run: its heartbeat stopped
+                out.append({"host": host, "run_id": run_id, "state": "stale",
+                            "why": f"run {run_id} stopped renewing its lease (heartbeat "
+                                   f"{entry.get('heartbeat_age_s')} s ago, host time)"})
     return out
 
 
-def _leases(transport: Any, root: str) -> list[dict[str, Any]]:
-    from orchestrator.engine import leasing
-
+def _leases(transport: Transport, root: str) -> list[dict[str, Any]]:
     try:
         return leasing.show(transport, root)
     except Exception as exc:  # a status must still show the rest

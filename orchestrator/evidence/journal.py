@@ -15,12 +15,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from orchestrator.errors import EvidenceError, Inconclusive
 from orchestrator.evidence import jsonable
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data, mask_text, may_hold_secret
 from orchestrator.evidence.receipt import (
+    NO_PAIR,
     OUTCOMES,
     RESERVED_FIELDS,
     STEP_OUTCOMES,
@@ -35,9 +36,6 @@ from orchestrator.evidence.receipt import (
     seal_bytes,
     utc_now,
 )
-
-if TYPE_CHECKING:
-    from orchestrator.evidence.store import EvidenceStore, _ChainLock
 
 
 class JournalState:
@@ -65,8 +63,6 @@ class JournalState:
 
     @property
     def chain(self) -> str:
-        from orchestrator.evidence.receipt import NO_PAIR
-
         return self.header.get("pair") or NO_PAIR
 
     def apply(self, ev: dict[str, Any]) -> None:
@@ -80,31 +76,11 @@ class JournalState:
             self.open_steps[ev["seq"]] = ev
         elif kind == "step_end":
             start = self.open_steps.pop(ev["start_seq"])
-            self.steps[ev["start_seq"]] = StepRecord(
-                seq=ev["start_seq"],
-                name=start["name"],
-                host=start.get("host"),
-                started_at=start["at"],
-                finished_at=ev["at"],
-                duration_s=ev.get("duration_s"),
-                outcome=ev["outcome"],
-                error=ev.get("error"),
-                skip_reason=ev.get("skip_reason"),
-                data=ev.get("data") or {},
-            )
+            self.steps[ev["start_seq"]] = StepRecord.of(
+                ev["start_seq"], {**ev, "name": start["name"], "host": start.get("host"), "started_at": start["at"]},
+                at=ev["at"])
         elif kind == "step":
-            self.steps[ev["seq"]] = StepRecord(
-                seq=ev["seq"],
-                name=ev["name"],
-                host=ev.get("host"),
-                started_at=ev.get("started_at") or ev["at"],
-                finished_at=ev.get("finished_at") or ev["at"],
-                duration_s=ev.get("duration_s"),
-                outcome=ev["outcome"],
-                error=ev.get("error"),
-                skip_reason=ev.get("skip_reason"),
-                data=ev.get("data") or {},
-            )
+            self.steps[ev["seq"]] = StepRecord.of(ev["seq"], ev, at=ev["at"])
         elif kind == "identity":
             self.identities.append(Identity(host=ev["host"], at=ev["at"], data=ev["data"]))
         elif kind == "samples":  # replayed from a file; a live journal calls add_samples directly
@@ -188,6 +164,8 @@ def replay(path: Path) -> tuple[JournalState, list[str]]:
     for i, line in enumerate(lines):
         try:
             ev = json.loads(line)
+        except RecursionError:
+            raise EvidenceError(f"journal {path} line {i + 1} is nested too deeply") from None
         except ValueError:
             if i == len(lines) - 1:
                 problems.append(f"the journal's last line was incomplete ({len(line)} bytes) and was dropped")
@@ -223,25 +201,45 @@ class StepHandle:
         self.outcome, self.message = "failed", message
 
 
-class Journal:
-    """An open run. Created by `EvidenceStore.begin`; sealed by `finish`."""
+class ChainLock(Protocol):
+    """The lock on the pair's evidence chain that a journal holds for its whole run."""
 
-    def __init__(self, store: "EvidenceStore", path: Path, lock: "_ChainLock | None") -> None:
-        self.store = store
+    def release(self) -> None: ...
+
+
+class Seal(Protocol):
+    """Turns a finished journal into a sealed receipt and returns its hash: the store hands one
+    to each journal it opens (it chains the receipt and removes the journal file)."""
+
+    def __call__(self, state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str: ...
+
+
+class Journal:
+    """An open run. Created by `EvidenceStore.begin` (which writes its `begin` event from
+    `header`); sealed by `finish` through the `seal` the store hands it."""
+
+    def __init__(self, path: Path, lock: ChainLock | None, *, seal: Seal, header: dict[str, Any]) -> None:
         self.path = path
         self._lock = lock
+        self._seal = seal
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o600)
         self._state = JournalState()
         self._seq = 0
         self._mutex = threading.RLock()  # fan-out threads (a pair's two hosts) share one journal
         self.receipt_hash: str | None = None
         self.recovered: list[str] = []  # receipts sealed from dead runs when this one began
+        try:
+            self._emit("begin", **header)
+        except BaseException:
+            self.close_unfinished()  # also releases the lock
+            path.unlink(missing_ok=True)
+            raise
 
     # -- writing -----------------------------------------------------------------------------
     def _emit(self, kind: str, **fields: Any) -> int:
         with self._mutex:
             if self._fd is None:
-                raise EvidenceError(f"journal {self.run_id or self.path.name} is already finished")
+                raise EvidenceError(f"journal {self._state.header.get('run_id') or self.path.name} is already finished")
             seq = self._seq
             text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
             self._seq += 1
@@ -258,8 +256,8 @@ class Journal:
         os.fsync(self._fd)
 
     @property
-    def run_id(self) -> str | None:
-        return self._state.header.get("run_id")
+    def run_id(self) -> str:
+        return self._state.header["run_id"]
 
     @property
     def pair(self) -> str | None:
@@ -375,7 +373,8 @@ class Journal:
             raise ValueError(f"{key!r} is a reserved receipt field")
         self._emit("set", key=key, value=MASK if is_secret_key(key) and value is not None else value)
 
-    def _derive(self, derived_from: str, reused_steps: dict[str, Any], fresh_steps: list[str]) -> None:
+    def record_derivation(self, derived_from: str, reused_steps: dict[str, Any], fresh_steps: list[str]) -> None:
+        """Mark this run as a derived record: steps reused by reference from `derived_from`."""
         self._emit("derive", derived_from=derived_from, reused_steps=reused_steps, fresh_steps=fresh_steps)
 
     def finish(self, outcome: str, reason: str) -> str:
@@ -386,7 +385,7 @@ class Journal:
             self._emit("finish", outcome=outcome, reason=mask_text(reason))
             fd, self._fd = self._fd, None
         try:
-            self.receipt_hash = self.store._seal(self._state, self.path, lock=self._lock, outcome=outcome, reason=mask_text(reason))
+            self.receipt_hash = self._seal(self._state, self.path, outcome=outcome, reason=mask_text(reason))
         finally:
             if fd is not None:
                 os.close(fd)

@@ -93,7 +93,7 @@ def mask_data(obj: Any) -> Any:
         items = list(obj)
         if _is_argv_like(items):
             masked = mask_argv(items)  # strings only; other items keep their type
-            return [m if isinstance(v, str) or m == MASK else mask_data(v) for v, m in zip(items, masked)]
+            return [m if isinstance(v, str) or m == MASK else mask_data(v) for v, m in zip(items, masked, strict=True)]
         return [mask_data(v) for v in items]
     if isinstance(obj, str):
         return mask_text(obj) if (" " in obj or "://" in obj) else obj

@@ -14,6 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
+from orchestrator import __version__
 from orchestrator.evidence.receipt import HostInfo
 
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -42,8 +43,6 @@ def start_ticks(pid: int) -> int | None:
 
 def _pairctl_version() -> str | None:
     try:
-        from orchestrator import __version__
-
         return __version__
     except Exception:
         return None

@@ -12,17 +12,20 @@ records when each was set so "declared before the first sample" can be shown.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
+from orchestrator.errors import EvidenceError
 from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
 
 SCHEMA_VERSION = 1
 
-Outcome = Literal["passed", "failed", "aborted", "inconclusive"]
-OUTCOMES: tuple[str, ...] = ("passed", "failed", "aborted", "inconclusive")
+# `incomplete`: a derived record whose reused and fresh steps do not cover what the original required.
+Outcome = Literal["passed", "failed", "aborted", "inconclusive", "incomplete"]
+OUTCOMES: tuple[str, ...] = ("passed", "failed", "aborted", "inconclusive", "incomplete")
 # `aborted` for a step only when the run was killed while the step was in progress.
 StepOutcome = Literal["passed", "failed", "skipped", "aborted"]
 STEP_OUTCOMES: tuple[str, ...] = ("passed", "failed", "skipped", "aborted")
@@ -70,6 +73,23 @@ class StepRecord(_Model):
 
     def data_sha256(self) -> str:
         return sha256_json(self.data)
+
+    @classmethod
+    def of(cls, seq: int, fields: Mapping[str, Any], *, at: str) -> StepRecord:
+        """The one way a step is built from recorded fields (a journal event, a caller's dict):
+        absent times are `at`, absent data is empty, unknown keys are ignored."""
+        return cls(
+            seq=seq,
+            name=fields["name"],
+            host=fields.get("host"),
+            started_at=fields.get("started_at") or at,
+            finished_at=fields.get("finished_at") or at,
+            duration_s=fields.get("duration_s"),
+            outcome=fields["outcome"],
+            error=fields.get("error"),
+            skip_reason=fields.get("skip_reason"),
+            data=fields.get("data") or {},
+        )
 
 
 class Identity(_Model):
@@ -131,8 +151,10 @@ class Receipt(BaseModel):
     _sha256: str | None = PrivateAttr(default=None)
 
     @property
-    def sha256(self) -> str | None:
-        """The receipt's hash (its file name) once sealed or loaded; None before."""
+    def sha256(self) -> str:
+        """The receipt's hash (its file name): set when it is sealed or loaded."""
+        if self._sha256 is None:
+            raise EvidenceError("this receipt has no hash yet: it was neither sealed nor loaded")
         return self._sha256
 
     @property

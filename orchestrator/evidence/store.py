@@ -14,22 +14,27 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import getpass
 import json
 import os
 import re
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from orchestrator import log as logging_setup  # the module, not a name: log.py imports evidence.masking
 from orchestrator.errors import EvidenceError, LeaseHeldError
-from orchestrator.evidence import atomic, procid
+from orchestrator.evidence import atomic, procid, safejson
+from orchestrator.evidence.derived import coverage, derived_outcome
 from orchestrator.evidence.journal import Journal, JournalState, replay
 from orchestrator.evidence.masking import mask_argv
 from orchestrator.evidence.receipt import (
     NO_PAIR,
+    OUTCOMES,
+    RESERVED_FIELDS,
     SCHEMA_VERSION,
     STEP_OUTCOMES,
     Receipt,
@@ -37,9 +42,10 @@ from orchestrator.evidence.receipt import (
     StepRecord,
     samples_sha256,
     summary_of,
+    utc_now,
 )
+from orchestrator.evidence.verify import VerifyReport, verify_store
 from orchestrator.hashing import sha256_bytes
-from orchestrator.log import get_logger
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 _CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -84,16 +90,26 @@ class _ChainLock:
                     raise
                 time.sleep(0.05)
         self._fd = fd
-        if holder is not None:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode(), 0)
+        if holder is not None:  # overwrite, then cut: the file is never empty for a reader
+            data = json.dumps(holder).encode()
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
         return True
 
-    def holder(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.path.read_text() or "{}")
-        except (OSError, ValueError):
-            return {}
+    def holder(self, wait_s: float = 1.0) -> dict[str, Any]:
+        """Who holds the lock; a winner that is writing its record right now is waited for
+        briefly (a race loser printed "(pid ?, ?, run ?)")."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                h = json.loads(self.path.read_text() or "{}")
+                if isinstance(h, dict) and h.get("run_id"):
+                    return h
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() >= deadline:
+                return {}
+            time.sleep(0.02)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -128,8 +144,6 @@ def _operator(explicit: str | None) -> str | None:
     if env:
         return env
     try:
-        import getpass
-
         return getpass.getuser()
     except Exception:
         return None
@@ -145,7 +159,7 @@ class EvidenceStore:
         self.heads_dir = self.root / "heads"
         self.locks_dir = self.root / "locks"
         self.index_dir = self.root / "index"
-        self.log = get_logger(evidence=str(self.root))
+        self.log = logging_setup.get_logger(evidence=str(self.root))
 
     def _ensure(self) -> None:
         for d in (self.root, self.receipts_dir, self.journal_dir, self.heads_dir, self.locks_dir):
@@ -177,17 +191,20 @@ class EvidenceStore:
             holder = {"run_id": run_id, "pid": os.getpid(), "command": command}
             if not lock.acquire(holder=holder):
                 h = lock.holder()
+                who = (f"(pid {h['pid']}, {h.get('command', 'pairctl')}, run {h['run_id']})" if h.get("pid")
+                       else f"(it has not recorded itself in {lock.path} yet)")
                 raise EvidenceBusy(
-                    f"pair {pair!r} is being run by another pairctl process "
-                    f"(pid {h.get('pid', '?')}, {h.get('command', '?')}, run {h.get('run_id', '?')})",
+                    f"pair {pair!r} is being run by another pairctl process {who}",
                     hint="wait for it to finish; a killed run releases the pair by itself",
                 )
         journal: Journal | None = None
         try:
             recovered = self._recover(chain, lock_held=lock is not None)
-            journal = Journal(self, self.journal_dir / f"{run_id}.jsonl", lock)
-            journal._emit(
-                "begin",
+
+            def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
+                return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
+
+            journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=dict(
                 schema_version=SCHEMA_VERSION,
                 run_id=run_id,
                 command=command,
@@ -196,7 +213,7 @@ class EvidenceStore:
                 inputs=dict(inputs or {}),
                 operator=_operator(operator),
                 host=procid.this_process().model_dump(),
-            )
+            ))
         except BaseException:
             if journal is not None:
                 journal.close_unfinished()  # also releases the lock
@@ -228,11 +245,11 @@ class EvidenceStore:
                 with open(path, "rb") as f:
                     first = f.readline()
                 state = JournalState()
-                state.apply(json.loads(first))
+                state.apply(safejson.loads(first, what=f"journal {path}"))
                 procid.HostInfo(**state.header["host"])
                 if not isinstance(state.header.get("run_id"), str):
                     raise ValueError("no run id")
-            except (OSError, ValueError, KeyError, TypeError, AttributeError, EvidenceError) as exc:
+            except (OSError, ValueError, KeyError, TypeError, AttributeError, EvidenceError, RecursionError) as exc:
                 self._drop_empty_journal(path, exc)
                 continue
             yield state, path
@@ -257,7 +274,7 @@ class EvidenceStore:
             alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
             out.append(
                 {"run_id": state.run_id, "pair": state.header.get("pair"), "command": state.header.get("command"),
-                 "journal": str(path), "alive": alive, "why": why}
+                 "journal": str(path), "alive": alive, "why": why, "owner": _owner_of(state.header.get("host"))}
             )
         return out
 
@@ -265,14 +282,27 @@ class EvidenceStore:
         """Is run `run_id` over? ("ended", "receipt H: OUTCOME"), ("dead", why: killed, not yet
         sealed), ("running", why), ("elsewhere", why: its journal is another machine's) or
         ("unknown", why). Only "ended" and "dead" prove that nothing will use its leases again."""
+        state, why, _owner = self.run_record(run_id)
+        return state, why
+
+    def run_record(self, run_id: str) -> tuple[str, str, str | None]:
+        """run_status plus who ran it (`user@machine`, as leases name their owner), from the run's
+        journal or its receipt. "ended" only from a receipt that verifies (its bytes match its
+        name) and that the chain reaches from its head: the index, a forged receipt beside the
+        chain or one whose run id was copied never prove a run over."""
         for j in self.unsealed():
             if j["run_id"] == run_id:
                 state = {True: "running", False: "dead", None: "elsewhere"}[j["alive"]]
-                return state, f"{j['command']} run {run_id}: {j['why']}"
+                return state, f"{j['command']} run {run_id}: {j['why']}", j.get("owner")
         for summ in self.summaries():
-            if summ.get("run_id") == run_id:
-                return "ended", f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})"
-        return "unknown", f"no run {run_id} in the evidence under {self.root}"
+            if summ.get("run_id") != run_id:
+                continue
+            if not summ.get("in_chain"):
+                return ("unknown", f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
+                        f"chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)", None)
+            return ("ended", f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})",
+                    summ.get("owner"))
+        return "unknown", f"no run {run_id} in the evidence under {self.root}", None
 
     def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
         candidates = [(s, p) for s, p in self._journals() if s.chain == chain] if self.journal_dir.exists() else []
@@ -329,8 +359,8 @@ class EvidenceStore:
 
     def _run_id_of(self, sha: str) -> str | None:
         try:
-            return json.loads(self.path_of(sha).read_bytes()).get("run_id")
-        except (OSError, ValueError, AttributeError):
+            return safejson.loads(self.path_of(sha).read_bytes(), what="receipt").get("run_id")
+        except (OSError, EvidenceError, AttributeError):
             return None
 
     # -- sealing -----------------------------------------------------------------------------
@@ -371,28 +401,50 @@ class EvidenceStore:
             self.log.warning("receipt index not written", receipt=sha, error=str(exc))
 
     def summaries(self, pair: str | None = ...) -> list[dict[str, Any]]:  # type: ignore[assignment]
-        """Summaries (hash, times, command, pair, outcome, reason, ...) oldest first, without loading
-        samples: from the index, which is filled from the receipt (verified) when missing."""
-        out = []
+        """Summaries (hash, times, command, pair, outcome, reason, run_id, owner, in_chain) oldest
+        first, each read from its receipt and checked against its name. The index is a cache
+        for other tools and is never read here: a forged index entry cannot change an outcome.
+        `in_chain`: the receipt is reachable from its chain's head through receipts that verify
+        (a receipt added beside the chain, or left beyond a moved-back head, is not)."""
+        every: dict[str, dict[str, Any]] = {}
         for sha in self.hashes():
-            idx = self.index_dir / f"{sha}.json"
-            summary = None
-            if idx.exists():
-                try:
-                    summary = json.loads(idx.read_text())
-                except (OSError, ValueError):
-                    summary = None
-            if summary is None or summary.get("hash") != sha or not _summary_ok(summary):
-                try:
-                    summary = summary_of(self.load(sha), sha)
-                except (EvidenceError, ValueError) as exc:
-                    self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
-                    continue
-                self._index_put(sha, summary)
-            if pair is ... or summary.get("pair") == pair:
-                out.append(summary)
+            try:
+                summary = self._summary_of_file(sha)
+            except EvidenceError as exc:
+                self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
+                continue
+            every[sha] = summary
+        for chain in {s["pair"] or NO_PAIR for s in every.values()}:
+            head = _read_small(self.heads_dir / chain)
+            seen: set[str] = set()
+            while head and head in every and head not in seen and (every[head]["pair"] or NO_PAIR) == chain:
+                seen.add(head)
+                every[head]["in_chain"] = True
+                head = every[head]["previous"]
+        out = [s for s in every.values() if pair is ... or s.get("pair") == pair]
+        for s in out:
+            s.setdefault("in_chain", False)
         out.sort(key=lambda s: (s["finished_at"], s["started_at"]))
         return out
+
+    def _summary_of_file(self, sha: str) -> dict[str, Any]:
+        path = self.path_of(sha)
+        try:
+            if path.is_symlink() or not path.is_file():
+                raise EvidenceError(f"receipt {path} is not a regular file")
+            data = path.read_bytes()
+        except OSError as exc:
+            raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
+        if _sha(data) != sha:
+            raise EvidenceError(f"receipt file {path} does not match its name")
+        obj = safejson.loads(data, what=f"receipt file {path}")
+        if not isinstance(obj, dict):
+            raise EvidenceError(f"receipt file {path} is not a receipt")
+        summary = {k: obj.get(k) for k in (*_SUMMARY_STR, *_SUMMARY_OPT) if k != "hash"}
+        summary.update(hash=sha, recovered=obj.get("recovered") is True, owner=_owner_of(obj.get("host")))
+        if not _summary_ok(summary) or summary["outcome"] not in OUTCOMES:
+            raise EvidenceError(f"receipt file {path} is not a valid receipt (summary fields)")
+        return summary
 
     def _head(self, chain: str) -> str | None:
         """The chain's newest receipt, repairing a head left behind by a crash mid-seal."""
@@ -403,8 +455,8 @@ class EvidenceStore:
             p = _read_small(pending) or ""
             if _HASH.match(p) and self.path_of(p).exists():
                 try:
-                    prev = json.loads(self.path_of(p).read_bytes()).get("previous")
-                except (OSError, ValueError, AttributeError):
+                    prev = safejson.loads(self.path_of(p).read_bytes(), what="receipt").get("previous")
+                except (OSError, EvidenceError, AttributeError):
                     prev = "?"
                 if prev == head:
                     atomic.replace(head_file, p.encode())
@@ -465,8 +517,10 @@ class EvidenceStore:
             raise EvidenceError(f"receipt file {path} does not match its name (its sha256 is {actual})",
                                 hint="it was changed after it was written; run `pairctl receipts verify`")
         try:
+            if len(data) > safejson.MAX_RECEIPT_BYTES:
+                raise ValueError(f"{len(data)} bytes, more than any receipt")
             receipt = Receipt.model_validate_json(data)
-        except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        except (ValueError, RecursionError) as exc:  # pydantic's ValidationError is a ValueError
             raise EvidenceError(f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
                                 hint="run `pairctl receipts verify`") from None
         receipt._sha256 = sha
@@ -502,7 +556,7 @@ class EvidenceStore:
         original_hash: str,
         reuse: list[str],
         reason: str,
-        fresh_steps: list[StepRecord | dict[str, Any]] | None = None,
+        fresh_steps: Sequence[StepRecord | dict[str, Any]] | None = None,
         *,
         fresh_samples: dict[str, list[dict[str, Any]]] | None = None,
         fields: dict[str, Any] | None = None,
@@ -518,7 +572,6 @@ class EvidenceStore:
         fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
         fresh_names = [s.name for s in fresh]
         reuse = list(dict.fromkeys(reuse))
-        from orchestrator.evidence.receipt import OUTCOMES, RESERVED_FIELDS
 
         bad_fields = [k for k in (fields or {}) if k in RESERVED_FIELDS or k.startswith("_")]
         if bad_fields:
@@ -557,7 +610,7 @@ class EvidenceStore:
         argv = list(argv) if argv is not None else ["receipts", "derive", "--from", original.sha256,
                                                    *[a for n in reuse for a in ("--reuse", n)], "--reason", reason]
         with self.begin(command, argv, pair=original.pair, inputs=original.inputs, operator=operator) as j:
-            j._derive(original.sha256, reused, fresh_names)
+            j.record_derivation(original.sha256, reused, fresh_names)
             for key, value in (fields or {}).items():
                 j.set(key, value)
             for host, data in identities or []:
@@ -565,12 +618,12 @@ class EvidenceStore:
             for s in fresh:
                 j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason,
                               started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
-            for step, rows in (fresh_samples or {}).items():
-                j.samples(step, rows)
-            if outcome is None:
-                bad = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
-                outcome = "failed" if bad else "passed"
-            return j.finish(outcome, reason)
+            for step_name, rows in (fresh_samples or {}).items():
+                j.samples(step_name, rows)
+            cov = coverage(original, reuse, fresh, list(identities or []))
+            j.set("coverage", cov.to_json())
+            final = derived_outcome(cov, outcome)
+            return j.finish(final, reason if cov.complete else f"{reason} [incomplete: {cov.why()}]")
 
     def step_view(self, ref: str, step: str) -> tuple[StepRecord, list[Any]]:
         """A step's record and raw samples, following a derived record's reference to the source
@@ -586,39 +639,30 @@ class EvidenceStore:
             if rec.data_sha256() != r.data_sha256 or samples_sha256(rows) != r.samples_sha256:
                 raise EvidenceError(f"step {step!r} of {r.from_[:12]} does not match the hashes in {receipt.sha256[:12]}")
             return rec, rows
-        rec = receipt.step(step)
-        if rec is None:
+        found = receipt.step(step)
+        if found is None:
             raise EvidenceError(f"receipt {receipt.sha256[:12]} has no step {step!r}")
-        return rec, receipt.samples.get(step)
+        return found, receipt.samples.get(step)
 
-    def verify(self):  # -> VerifyReport
-        from orchestrator.evidence.verify import verify_store
-
+    def verify(self) -> VerifyReport:
         return verify_store(self)
 
 
 def _fresh_step(d: dict[str, Any]) -> StepRecord:
-    from orchestrator.evidence.receipt import utc_now
-
     if d.get("outcome") not in STEP_OUTCOMES:
         raise EvidenceError(f"fresh step {d.get('name')!r}: outcome must be one of {STEP_OUTCOMES}")
-    now = utc_now()
-    return StepRecord(
-        seq=0,
-        name=d["name"],
-        host=d.get("host"),
-        started_at=d.get("started_at") or now,
-        finished_at=d.get("finished_at") or now,
-        duration_s=d.get("duration_s"),
-        outcome=d["outcome"],
-        error=d.get("error"),
-        skip_reason=d.get("skip_reason"),
-        data=d.get("data") or {},
-    )
+    return StepRecord.of(0, d, at=utc_now())
 
 
 _SUMMARY_STR = ("hash", "run_id", "command", "outcome", "reason", "started_at", "finished_at")
 _SUMMARY_OPT = ("pair", "previous", "derived_from")
+
+
+def _owner_of(host: Any) -> str | None:
+    """`user@machine` of a receipt's or journal's host record (what leases name as owner)."""
+    if isinstance(host, dict) and isinstance(host.get("user"), str) and isinstance(host.get("hostname"), str):
+        return f"{host['user']}@{host['hostname']}"
+    return None
 
 
 def _summary_ok(summary: Any) -> bool:

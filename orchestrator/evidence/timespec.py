@@ -11,9 +11,15 @@ from orchestrator.errors import ConfigError
 def parse_since(text: str, *, now: datetime | None = None) -> datetime:
     now = now or datetime.now(timezone.utc)
     try:
-        return now - timedelta(seconds=parse_duration(text, what="--since"))
+        seconds = parse_duration(text, what="--since")
     except ConfigError:
         pass
+    else:
+        try:
+            return now - timedelta(seconds=seconds)
+        except (OverflowError, ValueError):  # before year 1: everything is newer
+            raise ValueError(f"--since {text!r} reaches back before year 1; use a shorter duration or an ISO "
+                             "time (2026-12-01T10:00Z)") from None
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:

@@ -7,24 +7,38 @@ records must resolve to receipts that verify, with matching data hashes.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from orchestrator.errors import EvidenceError
+from orchestrator.evidence import safejson
 from orchestrator.evidence.receipt import Receipt, samples_sha256
 from orchestrator.hashing import canonical_json, sha256_bytes
 
-if TYPE_CHECKING:
-    from orchestrator.evidence.store import EvidenceStore
+
+class StoreFiles(Protocol):
+    """What verification reads of an evidence store: its folders and its live journals.
+    `EvidenceStore.verify` hands itself over; this module never imports the store."""
+
+    root: Path
+    receipts_dir: Path
+    journal_dir: Path
+    heads_dir: Path
+    index_dir: Path
+
+    def path_of(self, sha: str) -> Path: ...
+
+    def unsealed(self) -> list[dict[str, Any]]: ...
 
 
 @dataclass
 class Problem:
     kind: str  # changed | invalid | missing-previous | previous-changed | wrong-chain | fork | two-starts
-    #           | head-missing | beyond-head | dangling-reference | stray-file | unreadable
+    #           | head-missing | beyond-head | dangling-reference | stray-file | unreadable | deleted
     file: str
     message: str
     chain: str | None = None
@@ -56,9 +70,10 @@ class VerifyReport:
 
 def _started(data: bytes) -> str | None:
     try:
-        return json.loads(data).get("started_at")
-    except (ValueError, AttributeError):
+        at = safejson.loads(data, what="receipt").get("started_at")
+    except (EvidenceError, AttributeError):
         return None
+    return at if isinstance(at, str) else None
 
 
 def _text(path) -> str | None:
@@ -69,7 +84,7 @@ def _text(path) -> str | None:
         return None
 
 
-def verify_store(store: "EvidenceStore") -> VerifyReport:
+def verify_store(store: StoreFiles) -> VerifyReport:
     rep = VerifyReport(root=str(store.root))
     good: dict[str, Receipt] = {}
     bad: dict[str, str] = {}  # sha named by the file -> file
@@ -101,10 +116,10 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
                                         "(changed after it was written)", at=_started(data)))
                 continue
             try:
-                if canonical_json(json.loads(data)) != data:
+                if canonical_json(safejson.loads(data, what="it")) != data:
                     raise ValueError("not canonical JSON (sorted keys, no whitespace, UTF-8)")
                 r = Receipt.model_validate_json(data)
-            except (ValidationError, ValueError) as exc:
+            except (ValidationError, ValueError, EvidenceError, RecursionError) as exc:
                 bad[stem] = str(path)
                 problems.append(Problem("invalid", str(path), f"receipt file {path} is not a valid receipt: "
                                         f"{str(exc).splitlines()[0]}", at=_started(data)))
@@ -202,6 +217,16 @@ def verify_store(store: "EvidenceStore") -> VerifyReport:
             if why:
                 problems.append(Problem("dangling-reference", f, f"derived receipt {f} reuses step {step!r}: {why}",
                                         r.chain, r.started_at))
+
+    # pairctl never deletes a receipt; an index entry (written with every receipt) whose receipt
+    # is gone shows a deletion that moving the head back, or re-hashing the chain, hid.
+    if store.index_dir.exists():
+        for idx in sorted(store.index_dir.glob("*.json")):
+            sha = idx.name[:-5]
+            if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) and sha not in good and sha not in bad:
+                problems.append(Problem("deleted", str(store.path_of(sha)),
+                                        f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
+                                        "evidence was deleted or rewritten", None, "~"))
 
     for j in store.unsealed() if store.journal_dir.exists() else []:
         state = "running" if j["alive"] else ("killed, not yet sealed" if j["alive"] is False else "of another host")

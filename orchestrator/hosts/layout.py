@@ -23,17 +23,19 @@ import posixpath
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
+from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.transport import Transport
+
+# The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
+from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
+from orchestrator.roles import RPC_SERVER as RPC_SERVER
+from orchestrator.roles import SERVICE_OF_ROLE as SERVICE_OF_ROLE
 
 SVC_SOURCE = Path(__file__).with_name("pairctl-svc.sh")
 
-# Names of the two supervised services (also argv[0]'s basename, which `stop` checks).
-LLAMA_SERVER = "llama-server"
-RPC_SERVER = "ggml-rpc-server"
-SERVICE_OF_ROLE = {"native": LLAMA_SERVER, "rpc": RPC_SERVER}
 API_KEY_NAME = "api-key"
 
 
@@ -159,7 +161,7 @@ class HostLayout:
 
 # -- SFTP operations (no process on the host: cheap) -------------------------------------------
 
-def install_helper(transport: Any, layout: HostLayout) -> None:
+def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename."""
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
@@ -169,7 +171,7 @@ def install_helper(transport: Any, layout: HostLayout) -> None:
     transport.rename(tmp, layout.svc)
 
 
-def switch_links(transport: Any, layout: HostLayout, current: str | None, previous: str | None) -> None:
+def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:
     """current/previous -> releases/<id>: a new symlink under a temporary name, renamed over the
     old one (never rm + ln); None removes the link."""
     for link, rel in ((layout.current, current), (layout.previous, previous)):
@@ -184,12 +186,22 @@ def switch_links(transport: Any, layout: HostLayout, current: str | None, previo
         transport.rename(tmp, link)
 
 
-def put_secret(transport: Any, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
-    """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument."""
+def put_secret(transport: Transport, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
+    """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument.
+    The temporary file is created 0600 and exclusively (never chmod after); secrets/ is tightened
+    to 0700 on every call, and refused when it is a symlink or not a directory."""
     transport.makedirs(layout.secrets, 0o700)
+    st = transport.stat(layout.secrets)
+    if st is None or st.is_link or not st.is_dir:
+        raise HostError(f"{transport.name}: {layout.secrets} is not a directory (a symlink?); the API key is not "
+                        "written there", hint="remove it on the host; pairctl creates it 0700")
+    if st.perms != 0o700:
+        transport.chmod(layout.secrets, 0o700)
     dest = posixpath.join(layout.secrets, name)
     tmp = posixpath.join(layout.secrets, f".{name}.tmp")
-    transport.put_bytes(data, tmp, mode=0o600)
+    if transport.stat(tmp) is not None:
+        transport.remove(tmp)  # left by an interrupted deploy, inside our own 0700 folder
+    transport.put_private(data, tmp)
     transport.rename(tmp, dest)
     return dest
 

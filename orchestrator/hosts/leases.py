@@ -13,8 +13,17 @@ States a host can be in (`lease_state`):
              writing right now): held, holder unknown; breakable once older than a grace period
   unreadable lease.json present but not a lease: held; never broken automatically
 
-Times are UTC from the operator's clock (hosts and operators are assumed NTP-synced); the
-lock directory's mtime (host clock) dates a half-made lease.
+Time is the host's, never the operator's: an operator whose clock is an hour off must neither
+break a live lease nor write one that is expired the moment it lands. Every time written into or
+compared with a lease comes from the host's own clock, read as the mtime of a file the host
+just wrote (`host_now`; SFTP has no clock call, and an mtime costs no exec). `taken_at`,
+`expires_at` and `renewed_at` are host times; `lease_state` judges them against host time.
+
+A holder proves it is alive by renewing: `renew_lease` rewrites `lease.json` with a fresh
+`renewed_at` (the heartbeat). A pairctl run promises to renew at least every `stale_after_s`
+(written into the lease), so another operator, who cannot see the holder's pid on its own
+machine, can prove the run over from the host alone: a heartbeat older than that bound
+(`LeaseState.stale`). lease.json and its temporary files are 0600 (the nonce releases it).
 """
 
 from __future__ import annotations
@@ -26,14 +35,17 @@ import re
 import secrets
 import socket
 import stat as _stat
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from typing import Any, Callable, Iterator, Literal, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
-from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, RollbackFailed
+from orchestrator.errors import ConfigError, ExitCode, HostError, LeaseError, LeaseHeldError, RollbackFailed
 from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import as_text
 
 LEASES_DIR = "leases"
 LOCK_DIR = "host.lock"
@@ -42,6 +54,10 @@ SCHEMA = 1
 DEFAULT_TTL_S = 2 * 3600
 DEFAULT_GRACE_S = 120.0
 MAX_TTL_S = 7 * 24 * 3600
+LEASE_MODE = 0o600
+# A lease without a heartbeat promise (`lease take` by a person) is never judged stale: only
+# expiry frees it. pairctl runs promise this bound; see orchestrator/engine/leasing.py.
+CLOCK_PROBE = ".clock"
 
 State = Literal["free", "held", "expired", "half-made", "unreadable"]
 
@@ -50,11 +66,46 @@ State = Literal["free", "held", "expired", "half-made", "unreadable"]
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    """The operator's clock: only for records of what the operator did (`broken_at`), never to
+    judge a lease."""
+    return datetime.now(UTC)
+
+
+# (transport, leases_dir) -> the host's time now. Injected by tests; `host_now` by default.
+Clock = Callable[[Any, str], datetime]
+
+
+def host_now(transport: Any, leases_dir: str) -> datetime:
+    """The host's clock: the mtime of a file the host writes now (then removed). One cheap SFTP
+    write + stat + remove; filesystem times come from the host's kernel clock."""
+    probe = f"{leases_dir}/{CLOCK_PROBE}.{secrets.token_hex(4)}"
+    try:
+        transport.put_bytes(b"", probe, mode=LEASE_MODE)
+    except (HostError, OSError):
+        return _host_date(transport)  # a full disk (or a read-only one): ask the host's `date` instead
+    try:
+        st = transport.stat(probe)
+    finally:
+        try:
+            transport.remove(probe)
+        except OSError:
+            pass
+    if st is None:
+        raise LeaseError(f"{transport.name}: cannot read the host's clock ({probe} vanished)")
+    return datetime.fromtimestamp(int(st.mtime), UTC)  # whole seconds, as SFTP reports them
+
+
+def _host_date(transport: Any) -> datetime:
+    """The host's clock from `date +%s` (one exec): when no file can be written to read it from."""
+    res = transport.run(Cmd(("date", "+%s")), check=False, timeout=30)
+    text = as_text(res.stdout).strip()
+    if res.exit_status != 0 or not text.isdigit():
+        raise LeaseError(f"{transport.name}: cannot read the host's clock (date +%s printed {text[:40]!r})")
+    return datetime.fromtimestamp(int(text), UTC)
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return t.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _parse_time(v: Any, what: str) -> datetime:
@@ -66,7 +117,7 @@ def _parse_time(v: Any, what: str) -> datetime:
         raise LeaseError(f"lease.json: {what} {v!r} is not an ISO 8601 timestamp") from None
     if t.tzinfo is None:
         raise LeaseError(f"lease.json: {what} {v!r} has no time zone")
-    return t.astimezone(timezone.utc)
+    return t.astimezone(UTC)
 
 
 def new_nonce() -> str:
@@ -93,12 +144,29 @@ class Lease:
     expires_at: datetime
     host: str
     broken: dict[str, Any] | None = None
+    renewed_at: datetime | None = None  # the holder's last heartbeat (host time); None: never renewed
+    stale_after_s: int | None = None  # the holder renews at least this often (None: no promise)
 
-    def expired(self, now: datetime | None = None) -> bool:
-        return (now or utcnow()) >= self.expires_at
+    def expired(self, now: datetime) -> bool:
+        return now >= self.expires_at
 
-    def remaining_s(self, now: datetime | None = None) -> float:
-        return (self.expires_at - (now or utcnow())).total_seconds()
+    def remaining_s(self, now: datetime) -> float:
+        return (self.expires_at - now).total_seconds()
+
+    @property
+    def heartbeat(self) -> datetime:
+        return self.renewed_at or self.taken_at
+
+    def heartbeat_age_s(self, now: datetime) -> float:
+        return (now - self.heartbeat).total_seconds()
+
+    def stale(self, now: datetime) -> bool:
+        """The holder broke its promise to renew: its run is over (judged by host time only)."""
+        return self.stale_after_s is not None and self.heartbeat_age_s(now) > self.stale_after_s
+
+    @property
+    def run_id(self) -> str | None:
+        return parse_run_of(self.purpose)
 
     def to_dict(self, *, include_nonce: bool = True) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -113,6 +181,10 @@ class Lease:
             d["nonce"] = self.nonce
         if self.broken is not None:
             d["broken"] = self.broken
+        if self.renewed_at is not None:
+            d["renewed_at"] = _iso(self.renewed_at)
+        if self.stale_after_s is not None:
+            d["stale_after_s"] = self.stale_after_s
         return d
 
     def to_json(self) -> bytes:
@@ -149,6 +221,11 @@ def parse_lease(data: bytes | str, *, host: str | None = None) -> Lease:
     broken = d.get("broken")
     if broken is not None and not isinstance(broken, dict):
         raise LeaseError("lease.json: broken is not an object")
+    renewed = None if d.get("renewed_at") is None else _parse_time(d["renewed_at"], "renewed_at")
+    stale_after = d.get("stale_after_s")
+    if stale_after is not None and (not isinstance(stale_after, int) or isinstance(stale_after, bool)
+                                    or stale_after <= 0):
+        raise LeaseError("lease.json: stale_after_s is not a positive integer")
     return Lease(
         nonce=d["nonce"],
         owner=d["owner"],
@@ -157,11 +234,14 @@ def parse_lease(data: bytes | str, *, host: str | None = None) -> Lease:
         expires_at=expires,
         host=host or d["host"],
         broken=broken,
+        renewed_at=renewed,
+        stale_after_s=stale_after,
     )
 
 
 def make_lease(host: str, owner: str, purpose: str, ttl_s: float, *, nonce: str | None = None,
-               now: datetime | None = None) -> Lease:
+               now: datetime | None = None, stale_after_s: int | None = None) -> Lease:
+    """A new lease record. `now` is the host's time (`host_now`); the operator's only for pure use."""
     if not (0 < ttl_s <= MAX_TTL_S):
         raise ConfigError(f"lease ttl must be between 1 s and {MAX_TTL_S // 86400} days, not {ttl_s:g} s")
     if not owner.strip() or not purpose.strip():
@@ -169,9 +249,11 @@ def make_lease(host: str, owner: str, purpose: str, ttl_s: float, *, nonce: str 
     nonce = nonce or new_nonce()
     if not re.fullmatch(r"[0-9a-f]{16,128}", nonce):
         raise ConfigError("a lease nonce must be 16-128 lowercase hex characters")
+    if stale_after_s is not None and not (0 < stale_after_s):
+        raise ConfigError(f"a lease's heartbeat bound must be positive, not {stale_after_s} s")
     t = (now or utcnow()).replace(microsecond=0)
     return Lease(nonce=nonce, owner=owner, purpose=purpose, taken_at=t,
-                 expires_at=t + timedelta(seconds=max(1, round(ttl_s))), host=host)
+                 expires_at=t + timedelta(seconds=max(1, round(ttl_s))), host=host, stale_after_s=stale_after_s)
 
 
 # -- on a host ----------------------------------------------------------------------------------
@@ -186,34 +268,49 @@ def _paths(install_root: str) -> tuple[str, str, str]:
 
 @dataclass(frozen=True)
 class LeaseState:
-    """What `lease_state` found on one host."""
+    """What `lease_state` found on one host, and the host's time when it looked (`now`)."""
 
     host: str
     state: State
     lease: Lease | None = None
     lock_age_s: float | None = None
     detail: str = ""
+    now: datetime | None = None  # the host's clock at the look (None: free, no clock needed)
 
     @property
     def free(self) -> bool:
         return self.state == "free"
+
+    @property
+    def stale(self) -> bool:
+        """Held by a run whose heartbeat is older than the bound it promised (host time)."""
+        return self.lease is not None and self.now is not None and self.lease.stale(self.now)
+
+    def remaining_s(self) -> float | None:
+        return None if self.lease is None or self.now is None else self.lease.remaining_s(self.now)
 
     def breakable(self, grace_s: float = DEFAULT_GRACE_S) -> bool:
         if self.state == "expired":
             return True
         return self.state == "half-made" and self.lock_age_s is not None and self.lock_age_s > grace_s
 
-    def describe(self, now: datetime | None = None) -> str:
+    def describe(self) -> str:
         if self.state == "free":
             return f"{self.host}: free"
         if self.lease is not None:
-            l = self.lease
+            lease = self.lease
+            run = f" (run {lease.run_id})" if lease.run_id and f"(run {lease.run_id})" not in lease.purpose else ""
             if self.state == "expired":
-                return (f"{self.host}: lease by {l.owner} for {l.purpose!r} EXPIRED at {_iso(l.expires_at)} "
-                        f"(taken {_iso(l.taken_at)})")
-            mins = l.remaining_s(now) / 60
-            return (f"{self.host}: leased by {l.owner} for {l.purpose!r} until {_iso(l.expires_at)} "
-                    f"({mins:.0f} min left)")
+                return (f"{self.host}: lease by {lease.owner} for {lease.purpose!r}{run} EXPIRED at "
+                        f"{_iso(lease.expires_at)} (taken {_iso(lease.taken_at)}, host time)")
+            mins = (self.remaining_s() or 0.0) / 60
+            beat: str = ""
+            if self.now is not None and lease.stale_after_s is not None:
+                beat_age = lease.heartbeat_age_s(self.now)
+                beat = (f"; heartbeat {beat_age:.0f} s ago" + (f", older than its {lease.stale_after_s} s bound: "
+                                                          "the run is over" if self.stale else ""))
+            return (f"{self.host}: leased by {lease.owner} for {lease.purpose!r}{run} until "
+                    f"{_iso(lease.expires_at)} ({mins:.0f} min left, host time{beat})")
         age = f"{self.lock_age_s:.0f} s" if self.lock_age_s is not None else "unknown time"
         if self.state == "half-made":
             return (f"{self.host}: held, holder unknown: the lock directory exists without {LEASE_FILE} "
@@ -221,55 +318,95 @@ class LeaseState:
         return f"{self.host}: held, holder unknown: {LEASE_FILE} is unreadable ({self.detail})"
 
     def to_dict(self) -> dict[str, Any]:
+        left = self.remaining_s()
         return {
             "host": self.host,
             "state": self.state,
             "lease": self.lease.public() if self.lease else None,
             "lock_age_s": None if self.lock_age_s is None else round(self.lock_age_s, 1),
             "detail": self.detail,
+            "host_time": None if self.now is None else _iso(self.now),
+            "remaining_s": None if left is None else round(left),
+            "heartbeat_age_s": (None if self.lease is None or self.now is None
+                                else round(self.lease.heartbeat_age_s(self.now))),
+            "stale": self.stale,
         }
 
 
-def lease_state(transport: Any, install_root: str, *, now: datetime | None = None) -> LeaseState:
+def lease_state(transport: Any, install_root: str, *, now: datetime | None = None,
+                clock: Clock | None = None) -> LeaseState:
+    """Look at the host's lease and judge it by the host's clock (`now` overrides it; `clock`
+    is how to read it, `host_now` by default). A free host needs no clock read."""
     host = transport.name
-    _, lock, file = _paths(install_root)
-    now = now or utcnow()
+    leases, lock, file = _paths(install_root)
     st = transport.stat(lock)
     if st is None:
         return LeaseState(host, "free")
+    now = now or (clock or host_now)(transport, leases)
     age = max(0.0, now.timestamp() - st.mtime)
     if not _stat.S_ISDIR(st.mode):
-        return LeaseState(host, "unreadable", lock_age_s=age, detail=f"{lock} is not a directory")
+        return LeaseState(host, "unreadable", lock_age_s=age, detail=f"{lock} is not a directory", now=now)
     try:
         data = transport.read_bytes(file)
     except FileNotFoundError:
-        return LeaseState(host, "half-made", lock_age_s=age)
+        return LeaseState(host, "half-made", lock_age_s=age, now=now)
     try:
         lease = parse_lease(data, host=host)
     except LeaseError as exc:
-        return LeaseState(host, "unreadable", lock_age_s=age, detail=exc.message)
-    return LeaseState(host, "expired" if lease.expired(now) else "held", lease=lease, lock_age_s=age)
+        return LeaseState(host, "unreadable", lock_age_s=age, detail=exc.message, now=now)
+    return LeaseState(host, "expired" if lease.expired(now) else "held", lease=lease, lock_age_s=age, now=now)
 
 
-def read_lease(transport: Any, install_root: str) -> Lease | None:
+def read_lease(transport: Any, install_root: str, *, clock: Clock | None = None) -> Lease | None:
     """The lease in `lease.json`, or None when there is none (see `lease_state` for half-made)."""
-    return lease_state(transport, install_root).lease
+    return lease_state(transport, install_root, clock=clock).lease
 
 
 def _held_error(st: LeaseState, *, grace_s: float) -> LeaseHeldError:
     hint = None
+    lease = st.lease
     if st.state == "expired":
-        hint = "the lease has expired; `--break-expired` (break_expired=True) breaks it, and that is recorded"
+        hint = (f"the lease has expired (host time): `pairctl lease take {st.host} --break-expired --purpose TEXT` "
+                f"breaks it (recorded), then `pairctl lease release {st.host} --nonce NONCE` with the nonce it prints")
+    elif st.stale and lease is not None and lease.run_id:
+        hint = (f"its run stopped renewing it (heartbeat older than {lease.stale_after_s} s on the host): "
+                f"`pairctl lease release PAIR --dead-run {lease.run_id}` frees it, with a receipt")
+    elif lease is not None and lease.run_id:
+        hint = (f"run {lease.run_id} holds it; if that run is over, `pairctl lease release PAIR --dead-run "
+                f"{lease.run_id}` frees it (refused while its heartbeat is fresh)")
     elif st.state == "half-made":
-        hint = (f"it can be broken with --break-expired once older than {grace_s:.0f} s"
-                if not st.breakable(grace_s) else "it is older than the grace period: --break-expired breaks it")
+        hint = (f"`pairctl lease take {st.host} --break-expired --purpose TEXT` breaks it once older than "
+                f"{grace_s:.0f} s"
+                if not st.breakable(grace_s) else
+                f"it is older than the grace period: `pairctl lease take {st.host} --break-expired --purpose TEXT` "
+                "breaks it")
     elif st.state == "unreadable":
         hint = "inspect the host's leases/ directory by hand; pairctl never breaks an unreadable lease"
     return LeaseHeldError(f"host is leased: {st.describe()}", hint=hint)
 
 
-def _tomb(leases_dir: str, why: str, nonce: str) -> str:
-    return f"{leases_dir}/.{why}.{nonce}.{secrets.token_hex(4)}"
+def _entomb(transport: Any, install_root: str, why: str, tag: str, expect_nonce: str,
+            on_changed: Callable[[], BaseException]) -> None:
+    """The one way a lock directory goes away: rename it to `.WHY.TAG.RANDOM` (atomic: a taker's
+    mkdir can win the moment after), read back that the moved lock still holds `expect_nonce`
+    ("" for none) - if not, someone replaced it between our look and our rename: move it back
+    and raise `on_changed()` - then remove the tomb."""
+    leases, lock, _ = _paths(install_root)
+    tomb = f"{leases}/.{why}.{tag}.{secrets.token_hex(4)}"
+    transport.rename(lock, tomb)
+    try:
+        moved_nonce = parse_lease(transport.read_bytes(f"{tomb}/{LEASE_FILE}")).nonce
+    except FileNotFoundError:
+        moved_nonce = ""
+    except LeaseError:
+        moved_nonce = "unparseable"
+    if not hmac.compare_digest(moved_nonce.encode(), expect_nonce.encode()):
+        try:
+            transport.rename(tomb, lock)
+        except OSError:
+            pass
+        raise on_changed()
+    _remove_tree_shallow(transport, tomb)
 
 
 def _remove_tree_shallow(transport: Any, d: str) -> None:
@@ -286,46 +423,36 @@ def _remove_tree_shallow(transport: Any, d: str) -> None:
 
 
 def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_s: float,
-           may_break: Callable[[LeaseState], bool] | None = None, why: str | None = None) -> dict[str, Any]:
+           may_break: Callable[[LeaseState], bool] | None = None, why: str | None = None,
+           clock: Clock | None = None) -> dict[str, Any]:
     """Move the judged lock away atomically (rename) and return its record for the receipt.
 
     The rename only happens after re-reading that the lock is still the one judged breakable
     (`may_break`, by default: expired, or half-made past `grace_s`); if the moved lock turns out
     to hold another lease (lost race), it is moved back.
     """
-    leases, lock, file = _paths(install_root)
     log = get_logger(host=transport.name)
-    again = lease_state(transport, install_root)
+    again = lease_state(transport, install_root, clock=clock)
     same = (again.state == st.state and
             ((st.lease is None and again.lease is None) or
              (st.lease is not None and again.lease is not None and again.lease.nonce == st.lease.nonce)))
     if not same or not (may_break or (lambda s: s.breakable(grace_s)))(again):
-        raise LeaseHeldError(f"host is leased: {again.describe()}", hint="the lease changed while breaking it; nothing broken")
-    old_nonce = st.lease.nonce if st.lease else "none"
-    tomb = _tomb(leases, "broken", old_nonce)
-    transport.rename(lock, tomb)
-    try:
-        moved = transport.read_bytes(f"{tomb}/{LEASE_FILE}")
-        moved_nonce = parse_lease(moved).nonce
-    except FileNotFoundError:
-        moved_nonce = "none"
-    except LeaseError:
-        moved_nonce = "unparseable"
-    if moved_nonce != old_nonce:
-        try:
-            transport.rename(tomb, lock)
-        except OSError:
-            pass
-        raise LeaseHeldError(f"{transport.name}: the lease changed while breaking it; nothing broken")
-    _remove_tree_shallow(transport, tomb)
+        raise LeaseHeldError(f"host is leased: {again.describe()}",
+                             hint="the lease changed while breaking it; nothing broken")
+    old_nonce = st.lease.nonce if st.lease else ""
+    _entomb(transport, install_root, "broken", old_nonce[:16] or "none", old_nonce,
+            lambda: LeaseHeldError(f"{transport.name}: the lease changed while breaking it; nothing broken"))
     record = {
         "host": transport.name,
         "state": st.state,
         "lease": st.lease.public() if st.lease else None,
         "lock_age_s": None if st.lock_age_s is None else round(st.lock_age_s, 1),
+        "host_time": None if again.now is None else _iso(again.now),
         "broken_at": _iso(utcnow()),
         "broken_by": by,
     }
+    if again.lease is not None and again.now is not None:
+        record["heartbeat_age_s"] = round(again.lease.heartbeat_age_s(again.now))
     if why:
         record["why"] = why
     log.warning("lease broken", **{k: v for k, v in record.items() if k != "host"})
@@ -342,34 +469,42 @@ def take_lease(
     nonce: str | None = None,
     break_expired: bool = False,
     grace_s: float = DEFAULT_GRACE_S,
+    stale_after_s: int | None = None,
+    clock: Clock | None = None,
 ) -> Lease:
     """Take the host's lease or fail at once (LeaseHeldError naming holder, purpose, until when).
 
     With `break_expired`, an expired lease (or a half-made one older than `grace_s`) is broken
     first; the returned lease's `broken` holds the broken record. A live lease is never broken.
+    `taken_at` / `expires_at` are read from the host's clock once the lock directory is ours.
+    `stale_after_s` is the holder's promise to renew at least that often (see `renew_lease`).
     """
     log = get_logger(host=transport.name)
     leases, lock, file = _paths(install_root)
-    lease = make_lease(transport.name, owner, purpose, ttl_s, nonce=nonce)
-    transport.makedirs(leases, 0o755)
+    make_lease(transport.name, owner, purpose, ttl_s, nonce=nonce, stale_after_s=stale_after_s)  # bad input: refuse now
+    nonce = nonce or new_nonce()
+    transport.makedirs(leases, 0o700)
     broken: dict[str, Any] | None = None
-    for attempt in range(3):
+    for _attempt in range(3):
         try:
-            transport.mkdir(lock, 0o755)
+            transport.mkdir(lock, 0o700)
         except FileExistsError:
-            st = lease_state(transport, install_root)
+            st = lease_state(transport, install_root, clock=clock)
             if st.free:
                 continue  # released between our mkdir and our look: try again
             if break_expired and st.breakable(grace_s) and broken is None:
-                broken = _break(transport, install_root, st, by=owner, grace_s=grace_s)
+                broken = _break(transport, install_root, st, by=owner, grace_s=grace_s, clock=clock)
                 continue
             raise _held_error(st, grace_s=grace_s) from None
-        # we own the lock directory: write lease.json by temp + rename
-        if broken is not None:
-            lease = Lease(**{**lease.__dict__, "broken": broken})
-        tmp = f"{lock}/.{LEASE_FILE}.{lease.nonce[:8]}.tmp"
+        # we own the lock directory: read the host's clock, write lease.json by temp + rename
+        tmp = f"{lock}/.{LEASE_FILE}.{nonce[:8]}.tmp"
         try:
-            transport.put_bytes(lease.to_json(), tmp, mode=0o644)
+            now = (clock or host_now)(transport, lock)
+            lease = make_lease(transport.name, owner, purpose, ttl_s, nonce=nonce, now=now,
+                               stale_after_s=stale_after_s)
+            if broken is not None:
+                lease = replace(lease, broken=broken)
+            transport.put_bytes(lease.to_json(), tmp, mode=LEASE_MODE)
             transport.rename(tmp, file)
         except BaseException:
             # leave no half-made lease behind if we can help it
@@ -380,19 +515,18 @@ def take_lease(
                     pass
             raise
         log.info("lease taken", owner=owner, purpose=purpose, expires_at=_iso(lease.expires_at),
-                 broke=bool(broken))
+                 host_time=_iso(now), broke=bool(broken))
         return lease
-    st = lease_state(transport, install_root)
+    st = lease_state(transport, install_root, clock=clock)
     raise _held_error(st, grace_s=grace_s)
 
 
-def release_lease(transport: Any, install_root: str, nonce: str) -> Lease:
+def release_lease(transport: Any, install_root: str, nonce: str, *, clock: Clock | None = None) -> Lease:
     """Release the lease holding `nonce`, then read back that it is no longer active.
 
     A wrong nonce raises LeaseError and leaves the lease untouched. Returns the released lease.
     """
-    leases, lock, file = _paths(install_root)
-    st = lease_state(transport, install_root)
+    st = lease_state(transport, install_root, clock=clock)
     if st.lease is None:
         if st.free:
             raise LeaseError(f"{transport.name}: no lease is held; nothing to release")
@@ -403,20 +537,9 @@ def release_lease(transport: Any, install_root: str, nonce: str) -> Lease:
             f"{st.lease.purpose!r} until {_iso(st.lease.expires_at)}); the lease is untouched",
             hint="use the nonce `pairctl lease take` printed",
         )
-    tomb = _tomb(leases, "released", nonce[:16])
-    transport.rename(lock, tomb)
-    try:
-        moved_nonce = parse_lease(transport.read_bytes(f"{tomb}/{LEASE_FILE}")).nonce
-    except (FileNotFoundError, LeaseError):
-        moved_nonce = ""
-    if moved_nonce != nonce:  # someone replaced the lease between our read and our rename
-        try:
-            transport.rename(tomb, lock)
-        except OSError:
-            pass
-        raise LeaseError(f"{transport.name}: the lease changed while releasing it; left as found")
-    _remove_tree_shallow(transport, tomb)
-    after = lease_state(transport, install_root)
+    _entomb(transport, install_root, "released", nonce[:16], nonce,
+            lambda: LeaseError(f"{transport.name}: the lease changed while releasing it; left as found"))
+    after = lease_state(transport, install_root, clock=clock)
     if after.lease is not None and after.lease.nonce == nonce:
         raise LeaseError(f"{transport.name}: lease still active after release ({after.describe()})")
     get_logger(host=transport.name).info("lease released", owner=st.lease.owner, purpose=st.lease.purpose,
@@ -424,29 +547,44 @@ def release_lease(transport: Any, install_root: str, nonce: str) -> Lease:
     return st.lease
 
 
-def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float) -> Lease:
-    """Extend the live lease holding `nonce` to at least now + `ttl_s` (never shortened).
+class LeaseLost(LeaseError):
+    """The lease this run holds is gone, changed hands, or is about to expire: nothing more may
+    change on the host (the run stops before its next change). Exit 5: the host is someone else's."""
 
-    For a run that holds a pair across several steps (qualification's arms): each step renews
-    the one lease instead of taking its own, so no other run slips in between. Only a live lease
-    is renewed: an expired one may be broken by anybody at any moment, so renewing it could
-    write into another taker's lock (LeaseError; take a new one instead). Written by temp +
-    rename inside the lock directory, as taking does.
+    exit_code = ExitCode.LEASED
+    nothing_changed = True  # raised by the re-check before a change, never after one
+
+
+def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, min_left_s: float = 0.0,
+                stale_after_s: int | None = None, clock: Clock | None = None) -> Lease:
+    """Prove this run still holds the lease and renew it: the heartbeat (`renewed_at`) becomes the
+    host's now, `expires_at` at least now + `ttl_s` (never shortened).
+
+    Before every change a run calls this (engine/leasing.py): LeaseLost when the lease is gone,
+    another's, expired, or has less than `min_left_s` left by the host's clock, so the run aborts
+    before changing anything. An expired lease is never renewed: anybody may break it at any
+    moment, so renewing it could write into another taker's lock. Written by temp + rename
+    inside the lock directory, as taking does. `stale_after_s` replaces the holder's promise of
+    its next heartbeat (a long step announces its own bound).
     """
     _, lock, file = _paths(install_root)
-    st = lease_state(transport, install_root)
+    st = lease_state(transport, install_root, clock=clock)
     if st.lease is None or not hmac.compare_digest(st.lease.nonce.encode(), nonce.encode()):
-        raise LeaseError(f"cannot renew: the lease this run holds is gone ({st.describe()})")
-    if st.state != "held":
-        raise LeaseError(f"cannot renew: {st.describe()}; an expired lease may already be someone else's")
-    want = make_lease(transport.name, st.lease.owner, st.lease.purpose, ttl_s, nonce=nonce).expires_at
-    if want <= st.lease.expires_at:
-        return st.lease
-    renewed = Lease(**{**st.lease.__dict__, "expires_at": want})
+        raise LeaseLost(f"cannot renew: the lease this run holds is gone ({st.describe()})")
+    if st.state != "held" or st.now is None:
+        raise LeaseLost(f"cannot renew: {st.describe()}; an expired lease may already be someone else's")
+    left = st.lease.remaining_s(st.now)
+    if left < min_left_s:
+        raise LeaseLost(f"cannot renew: {st.describe()}: {left:.0f} s left by the host's clock is under the "
+                        f"{min_left_s:.0f} s this run needs to finish safely")
+    want = make_lease(transport.name, st.lease.owner, st.lease.purpose, ttl_s, nonce=nonce, now=st.now).expires_at
+    renewed = replace(st.lease, expires_at=max(want, st.lease.expires_at), renewed_at=st.now.replace(microsecond=0),
+                      stale_after_s=st.lease.stale_after_s if stale_after_s is None else stale_after_s)
     tmp = f"{lock}/.{LEASE_FILE}.{nonce[:8]}.renew.tmp"
-    transport.put_bytes(renewed.to_json(), tmp, mode=0o644)
+    transport.put_bytes(renewed.to_json(), tmp, mode=LEASE_MODE)
     transport.rename(tmp, file)
-    get_logger(host=transport.name).info("lease renewed", purpose=renewed.purpose, expires_at=_iso(want))
+    get_logger(host=transport.name).debug("lease renewed", purpose=renewed.purpose,
+                                          expires_at=_iso(renewed.expires_at), host_time=_iso(st.now))
     return renewed
 
 
@@ -460,16 +598,45 @@ def run_of(lease: Lease) -> str | None:
     return parse_run_of(lease.purpose)
 
 
-def break_run_lease(transport: Any, install_root: str, run_id: str, *, by: str, why: str) -> dict[str, Any] | None:
+def break_run_lease(transport: Any, install_root: str, run_id: str, *, by: str, why: str,
+                    require_stale: bool = False, clock: Clock | None = None) -> dict[str, Any] | None:
     """Break the lease that run `run_id` holds on this host (the caller has proven the run over:
-    its nonce died with it). None when the host is free; LeaseError when another holds it."""
-    st = lease_state(transport, install_root)
+    its nonce died with it). None when the host is free; LeaseError when another holds it.
+
+    With `require_stale`, the proof is the host itself: the lease's heartbeat must be older than
+    the bound its run promised (another operator's home has no evidence of that run)."""
+    st = lease_state(transport, install_root, clock=clock)
     if st.free:
         return None
     if st.lease is None or run_of(st.lease) != run_id:
         raise LeaseError(f"not run {run_id}'s lease: {st.describe()}; nothing broken")
-    return _break(transport, install_root, st, by=by, grace_s=DEFAULT_GRACE_S, why=why,
-                  may_break=lambda s: s.lease is not None and run_of(s.lease) == run_id)
+    if require_stale and not st.stale:
+        raise LeaseHeldError(f"run {run_id} is not proven over on {transport.name}: {st.describe()}; nothing broken",
+                             hint="its heartbeat is fresh (or it promised none): the run may be alive")
+
+    def theirs(s: LeaseState) -> bool:
+        return s.lease is not None and run_of(s.lease) == run_id and (s.stale or not require_stale)
+
+    return _break(transport, install_root, st, by=by, grace_s=DEFAULT_GRACE_S, why=why, may_break=theirs, clock=clock)
+
+
+def stale_proof(states: Sequence[LeaseState], run_id: str, *, evidence_says: str = "") -> str:
+    """Why run `run_id` is proven over by the hosts alone: every lease it holds has a heartbeat
+    older than the bound it promised (host time). LeaseHeldError, naming each host, when not:
+    the run may be alive on another operator's machine."""
+    theirs = [s for s in states if s.lease is not None and run_of(s.lease) == run_id]
+    fresh = [s for s in theirs if not s.stale]
+    if not theirs or fresh:
+        where = "; ".join(s.describe() for s in (fresh or states))
+        raise LeaseHeldError(
+            f"run {run_id} is not proven over{f' ({evidence_says})' if evidence_says else ''}, and the hosts do not "
+            f"prove it either: {where}; its leases are left alone",
+            hint="wait until its heartbeat is older than its bound (status shows it), run this on the machine that "
+                 "ran it, or, once expired, `pairctl lease take HOST --break-expired`")
+    ages = ", ".join(f"{s.host} {s.lease.heartbeat_age_s(s.now):.0f} s" for s in theirs
+                     if s.lease is not None and s.now is not None)
+    bound = max(s.lease.stale_after_s or 0 for s in theirs if s.lease is not None)
+    return f"run {run_id} stopped renewing its leases: heartbeat ages {ages} exceed its {bound} s bound (host time)"
 
 
 # -- several hosts ------------------------------------------------------------------------------
@@ -493,16 +660,29 @@ def _targets(targets: Sequence[Any]) -> list[LeaseTarget]:
     return sorted(out, key=lambda t: t.name)  # one fixed order for every taker
 
 
+def reach_all(targets: Sequence[LeaseTarget]) -> None:
+    """Every host answers and shows the host key known_hosts names before any host's lease
+    changes: a changed key on the second host must not leave the first one's lease taken or
+    released (issue 16 item 9). Connecting is what checks the key (HostKeyError, exit 4)."""
+    for t in targets:
+        connect = getattr(t.transport, "connect", None)
+        if callable(connect):
+            connect()
+
+
 def take_leases(targets: Sequence[Any], owner: str, purpose: str, ttl_s: float = DEFAULT_TTL_S, *,
                 nonce: str | None = None, break_expired: bool = False,
-                grace_s: float = DEFAULT_GRACE_S) -> list[Lease]:
+                grace_s: float = DEFAULT_GRACE_S, stale_after_s: int | None = None) -> list[Lease]:
     """Take every host's lease with one nonce, in name order; if one fails, release those taken."""
     nonce = nonce or new_nonce()
     taken: list[tuple[LeaseTarget, Lease]] = []
+    ordered = _targets(targets)
+    reach_all(ordered)
     try:
-        for t in _targets(targets):
+        for t in ordered:
             taken.append((t, take_lease(t.transport, t.install_root, owner, purpose, ttl_s, nonce=nonce,
-                                        break_expired=break_expired, grace_s=grace_s)))
+                                        break_expired=break_expired, grace_s=grace_s,
+                                        stale_after_s=stale_after_s)))
     except BaseException as exc:
         for t, _ in reversed(taken):
             try:
@@ -517,7 +697,9 @@ def release_leases(targets: Sequence[Any], nonce: str) -> list[Lease]:
     """Release on every host (reverse order), collecting each host's error; one error at the end."""
     released: list[Lease] = []
     errors: list[str] = []
-    for t in reversed(_targets(targets)):
+    ordered = _targets(targets)
+    reach_all(ordered)
+    for t in reversed(ordered):
         try:
             released.append(release_lease(t.transport, t.install_root, nonce))
         except Exception as exc:
@@ -536,6 +718,13 @@ class HeldLeases:
     nonce: str = field(repr=False)
     kept: str | None = None
     ended: dict[str, Any] = field(default_factory=dict)  # how the hold ended, once it has
+    ttl_s: float = DEFAULT_TTL_S
+
+    def renew(self, *, min_left_s: float = 0.0) -> None:
+        """Prove every lease still ours and push its heartbeat (a long run calls this between its
+        parts); LeaseLost on the first that is not, before anything else changes."""
+        self.leases = [renew_lease(t.transport, t.install_root, self.nonce, self.ttl_s, min_left_s=min_left_s)
+                       for t in self.targets]
 
     def keep(self, reason: str) -> None:
         """Do not release on exit (a failed rollback: nobody may deploy onto an unknown state)."""
@@ -543,14 +732,14 @@ class HeldLeases:
 
     def public(self) -> dict[str, Any]:
         """For receipts: the leases without their nonce."""
-        return {"hosts": [l.public() for l in self.leases]}
+        return {"hosts": [lease.public() for lease in self.leases]}
 
     def end(self) -> dict[str, Any]:
         return dict(self.ended)
 
     @property
     def broken(self) -> list[dict[str, Any]]:
-        return [l.broken for l in self.leases if l.broken]
+        return [lease.broken for lease in self.leases if lease.broken]
 
 
 @contextmanager
@@ -563,6 +752,7 @@ def hold_pair_leases(
     break_expired: bool = False,
     grace_s: float = DEFAULT_GRACE_S,
     record_release_error: bool = False,
+    stale_after_s: int | None = None,
 ) -> Iterator[HeldLeases]:
     """Hold every host's lease for the body; release them on every path.
 
@@ -575,8 +765,9 @@ def hold_pair_leases(
     """
     nonce = new_nonce()
     ts = _targets(targets)
-    leases = take_leases(ts, owner, purpose, ttl_s, nonce=nonce, break_expired=break_expired, grace_s=grace_s)
-    held = HeldLeases(targets=ts, leases=leases, nonce=nonce)
+    leases = take_leases(ts, owner, purpose, ttl_s, nonce=nonce, break_expired=break_expired, grace_s=grace_s,
+                         stale_after_s=stale_after_s)
+    held = HeldLeases(targets=ts, leases=leases, nonce=nonce, ttl_s=ttl_s)
     log = get_logger(lease=nonce[:8])
     hosts = [t.name for t in ts]
     try:

@@ -13,9 +13,10 @@ from typing import Any, Iterable, Mapping
 
 from orchestrator.hosts.probes import ModelHash, parse_model_hashes
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
 
 
-def hash_models(transport: Any, layout: Any, paths: Iterable[str]) -> dict[str, ModelHash]:
+def hash_models(transport: Transport, layout: Any, paths: Iterable[str]) -> dict[str, ModelHash]:
     """sha256 of each file on the host, by path (one exec; a missing file has sha256 None)."""
     paths = sorted(set(paths))
     if not paths:
@@ -24,7 +25,7 @@ def hash_models(transport: Any, layout: Any, paths: Iterable[str]) -> dict[str, 
     return parse_model_hashes(as_text(res.stdout))
 
 
-def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: str, transport: Any, layout: Any, *,
+def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: str, transport: Transport, layout: Any, *,
                  expected_is: str, mismatch_means: str = "") -> tuple[dict[str, ModelHash], list[str]]:
     """Hash the model files `paths` (name -> path) on the host (one exec) and compare each with
     `expected` (name -> sha256; a name without one is only required to exist): deploy against the
@@ -35,7 +36,9 @@ def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: st
     found, problems = {}, []
     for name, path in sorted(paths.items()):
         h = seen.get(path)
-        if h is None or h.sha256 is None:
+        if h is not None and h.how == "notfile":
+            problems.append(f"{host}: model {name} ({path}) is not a regular file (a directory?)")
+        elif h is None or h.sha256 is None:
             problems.append(f"{host}: model {name} ({path}) is missing")
         elif name in expected and h.sha256 != expected[name]:
             problems.append(f"{host}: model {name} ({path}) has sha256 {h.sha256}, {expected_is} {expected[name]}"
@@ -46,7 +49,7 @@ def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: st
 
 
 def recorded_model_problems(recorded: Mapping[str, str], models: Mapping[str, Any], host: str,
-                            transport: Any, layout: Any) -> list[str]:
+                            transport: Transport, layout: Any) -> list[str]:
     """The route entry's model hashes (`recorded`, name -> sha256) against the files the
     inventory's `models` name now, re-hashed on the native host."""
     if not recorded:

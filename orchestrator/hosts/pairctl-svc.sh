@@ -132,6 +132,7 @@ model_hash() { # model_hash ROOT PATH...: per PATH, model=SHA256:SIZE:cached|has
         # device:inode_size_mtime_ctime, times to the nanosecond (%y/%z): a same-size rewrite in
         # the second it was hashed still changes the key
         key=$(stat -L -c '%d:%i %s %y %z' -- "$p" 2>/dev/null) || { echo "model=-:-:missing:$p"; continue; }
+        [ -f "$p" ] || { echo "model=-:-:notfile:$p"; continue; }  # a directory or device is no model
         di=${key%% *}; size=${key#* }; size=${size%% *}
         key=$(printf '%s' "$key" | tr ' ' '_')
         sha=$(awk -v k="$key" '$1 == k { print $2; exit }' "$cache" 2>/dev/null)

@@ -15,6 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from orchestrator.errors import HostStateError
+from orchestrator.hashing import sha256_bytes
+from orchestrator.remote.transport import Transport
+
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RELEASE_PREFIX = "releases/"
 
@@ -36,16 +40,22 @@ def parse_kv_lines(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def release_of_link(target: str) -> str | None:
-    """`releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None."""
+def release_of_link(target: str, root: str | None = None) -> str | None:
+    """`releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None. An absolute
+    target must be `<root>/releases/<id>` when `root` is known (a link that leaves the install
+    root is not a release pairctl installed), and the id one plain path component."""
     if target in ("", "-"):
         return None
     t = target.rstrip("/")
-    if "/releases/" in t:
-        t = RELEASE_PREFIX + t.rsplit("/releases/", 1)[1]
-    if not t.startswith(RELEASE_PREFIX) or "/" in t[len(RELEASE_PREFIX):]:
-        raise ProbeError(f"link points outside releases/: {target!r}")
-    return t[len(RELEASE_PREFIX):]
+    if t.startswith("/"):
+        base, sep, rel = t.rpartition("/releases/")
+        if not sep or (root is not None and base != root.rstrip("/")):
+            raise ProbeError(f"link points outside {root.rstrip('/') + '/' if root else ''}releases/: {target!r}")
+        t = RELEASE_PREFIX + rel
+    rid = t[len(RELEASE_PREFIX):]
+    if not t.startswith(RELEASE_PREFIX) or "/" in rid or rid in ("", ".", "..") or rid.startswith("."):
+        raise ProbeError(f"link names no release in releases/: {target!r}")
+    return rid
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,7 @@ class ModelHash:
     path: str
     sha256: str | None
     size: int | None
-    how: str  # hashed | cached | missing
+    how: str  # hashed | cached | missing | notfile (a directory or special file)
 
 
 def parse_model_hashes(text: str) -> dict[str, ModelHash]:
@@ -68,7 +78,7 @@ def parse_model_hashes(text: str) -> dict[str, ModelHash]:
         if len(parts) != 4 or not parts[3]:
             raise ProbeError(f"bad model line {value[:120]!r}")
         sha, size, how, path = parts
-        if how == "missing" and sha == size == "-":
+        if how in ("missing", "notfile") and sha == size == "-":
             out[path] = ModelHash(path, None, None, how)
         elif how in ("hashed", "cached") and _HEX64.match(sha) and size.isdigit():
             out[path] = ModelHash(path, sha, int(size), how)
@@ -108,14 +118,12 @@ def argv0_is(cmdline: bytes, name: str) -> bool:
 
 def facts_from(*, root_exists: bool, current_link: str | None, previous_link: str | None,
                release_names: Iterable[str], svc_bytes: bytes | None, route_bytes: bytes | None,
-               procs: Mapping[str, tuple[int, bytes]]) -> HostFacts:
+               procs: Mapping[str, tuple[int, bytes]], root: str | None = None) -> HostFacts:
     """HostFacts from raw reads (links, release directory names, pid files + /proc cmdline). Pure."""
-    from orchestrator.hashing import sha256_bytes
-
     return HostFacts(
         root_exists=root_exists,
-        current=release_of_link(current_link or "-"),
-        previous=release_of_link(previous_link or "-"),
+        current=release_of_link(current_link or "-", root),
+        previous=release_of_link(previous_link or "-", root),
         releases=tuple(sorted(n for n in release_names if not n.startswith("."))),
         svc_sha256=sha256_bytes(svc_bytes) if svc_bytes is not None else None,
         running={name: pid for name, (pid, cmdline) in procs.items() if argv0_is(cmdline, name)},
@@ -128,7 +136,7 @@ def parse_pid(data: bytes) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def read_facts(transport: Any, layout: Any, services: Iterable[str]) -> HostFacts:
+def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> HostFacts:
     """What is installed and running on one host, read over SFTP only (no process on the host)."""
     def read(path: str) -> bytes | None:
         try:
@@ -149,14 +157,25 @@ def read_facts(transport: Any, layout: Any, services: Iterable[str]) -> HostFact
                 cmdline = read(f"/proc/{pid}/cmdline")
                 if cmdline:
                     procs[name] = (pid, cmdline)
+    links = {path: transport.readlink(path) if root_exists else None for path in (layout.current, layout.previous)}
+    for path, target in links.items():
+        try:
+            release_of_link(target or "-", layout.root)
+        except ProbeError as exc:
+            raise HostStateError(
+                f"{transport.name}: {path} -> {target}: {str(exc).split(': ')[0]}; "
+                "it is not a release pairctl installed",
+                hint=f"on {transport.name}, point it at an installed release (`ln -sfn releases/ID {path}`) or remove "
+                     "it; then `pairctl repair --pair PAIR` rebuilds the route record from the links") from None
     return facts_from(
         root_exists=root_exists,
-        current_link=transport.readlink(layout.current) if root_exists else None,
-        previous_link=transport.readlink(layout.previous) if root_exists else None,
+        current_link=links[layout.current],
+        previous_link=links[layout.previous],
         release_names=releases,
         svc_bytes=read(layout.svc) if root_exists else None,
         route_bytes=read(layout.route) if root_exists else None,
         procs=procs,
+        root=layout.root,
     )
 
 
@@ -281,7 +300,7 @@ def proc_problems(host: str, expected: ExpectedProc, seen: ProcIdentity | None) 
 
 
 def _first_difference(want: tuple[str, ...], got: tuple[str, ...]) -> str:
-    for i, (a, b) in enumerate(zip(want, got)):
+    for i, (a, b) in enumerate(zip(want, got, strict=False)):
         if a != b:
             return f"argument {i}: {b!r}, expected {a!r}"
     if len(want) != len(got):

@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from orchestrator import progress
-from orchestrator.errors import PackageError
+from orchestrator.errors import HostError, PackageError
+from orchestrator.hosts import space
 from orchestrator.hosts.layout import HostLayout, tmp_release_name
 from orchestrator.hosts.probes import hash_problems, parse_sha256sum
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
 
 
 def expected_hashes(manifest: Any) -> dict[str, str]:
@@ -33,6 +35,8 @@ def expected_hashes(manifest: Any) -> dict[str, str]:
     files = getattr(manifest, "files", None)
     if files is None and isinstance(manifest, Mapping):
         files = manifest["files"]
+    if files is None:
+        raise TypeError(f"{type(manifest).__name__} names no files")
     out = {}
     for rel, entry in files.items():
         out[rel] = entry["sha256"] if isinstance(entry, Mapping) else entry.sha256
@@ -80,7 +84,7 @@ class ReleaseMismatch(PackageError):
 def check_hash_output(expected: Mapping[str, str], output: str, host: str, where: str) -> int:
     """Compare the `sha256sum` lines inside a helper's output with the manifest (pure); returns
     the number of files verified, raises ReleaseMismatch listing what differs."""
-    sums = "\n".join(l for l in output.splitlines() if _SHA_LINE.match(l))
+    sums = "\n".join(line for line in output.splitlines() if _SHA_LINE.match(line))
     problems = hash_problems(expected, parse_sha256sum(sums))
     if problems:
         raise ReleaseMismatch(
@@ -102,16 +106,19 @@ class ReleaseResult:
     bytes_sent: int
     files_verified: int
     deferred: bool = False  # present release: verified by the exec that stops its service, before it does
+    leftovers_removed: tuple[str, ...] = ()  # partial uploads of earlier runs, removed first
 
     def to_dict(self) -> dict[str, Any]:
         d = {"host": self.host, "package": self.package_id, "reused": self.reused,
              "bytes_sent": self.bytes_sent, "files_verified": self.files_verified}
+        if self.leftovers_removed:
+            d["leftovers_removed"] = list(self.leftovers_removed)
         if self.deferred:
             d["verified"] = "on the host, by sha256sum in the exec that stops its service, before it stops it"
         return d
 
 
-def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bool, host: str,
+def ensure_release(transport: Transport, layout: HostLayout, package: Any, present: bool, host: str,
                    *, defer_present: bool = False) -> ReleaseResult:
     """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
 
@@ -128,10 +135,22 @@ def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bo
         res = transport.run(layout.hash_cmd(pid), timeout=300)
         n = check_hash_output(expected, as_text(res.stdout), host, f"releases/{pid}")
         return ReleaseResult(host, pid, True, 0, n)
-    tmp = tmp_release_name(pid, secrets.token_hex(4))
+    removed = discard_leftovers(transport, layout)  # under the lease: nobody else is uploading
     data = _packed(str(package.path))
+    space.free_space(transport, layout.releases).require(len(data) + space.UPLOAD_MARGIN_BYTES, f"the upload of {pid}")
+    tmp = tmp_release_name(pid, secrets.token_hex(4))
     t0 = time.monotonic()
-    res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
+    try:
+        res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
+    except HostError as exc:
+        try:  # a tar that ran out of space (or was cut off) leaves no partial directory
+            transport.run(layout.discard_cmd(tmp), check=False, timeout=120)
+        except HostError:
+            pass  # the next deploy under the lease removes it (discard_leftovers)
+        if "no space left" in str(exc).lower():
+            raise space.NoSpace(f"no space left on {host}:{layout.releases} while unpacking {pid} "
+                                f"({len(data)} bytes); the partial upload was removed, nothing else changed") from None
+        raise
     progress.event("upload", f"upload {pid} to {host}: {progress.rate(len(data), time.monotonic() - t0)}", host=host)
     try:
         n = check_hash_output(expected, as_text(res.stdout), host, f"the upload of {pid}")
@@ -139,6 +158,26 @@ def ensure_release(transport: Any, layout: HostLayout, package: Any, present: bo
         transport.run(layout.discard_cmd(tmp), check=False, timeout=120)
         raise
     transport.rename(posixpath.join(layout.releases, tmp), layout.release(pid))
-    return ReleaseResult(host, pid, False, len(data), n)
+    return ReleaseResult(host, pid, False, len(data), n, leftovers_removed=tuple(removed))
+
+
+_TMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.tmp-[0-9a-f]+$")
+
+
+def leftovers(transport: Any, layout: HostLayout) -> list[str]:
+    """Temporary upload directories under releases/ (a killed or failed upload's): `status` lists them."""
+    try:
+        names = transport.listdir(layout.releases)
+    except (FileNotFoundError, OSError):
+        return []
+    return sorted(n for n in names if _TMP_NAME.match(n))
+
+
+def discard_leftovers(transport: Any, layout: HostLayout) -> list[str]:
+    """Remove every leftover upload directory (the caller holds the host's lease)."""
+    found = leftovers(transport, layout)
+    for name in found:
+        transport.run(layout.discard_cmd(name), timeout=120)
+    return found
 
 

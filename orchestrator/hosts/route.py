@@ -4,20 +4,30 @@
 is replaced only by compare-and-swap: the writer names the content hash it read, the helper
 replaces the file (under flock, by rename) only if that is still the content, and prints the
 file back so the writer compares bytes. The record carries the rendered argv of the active
-and the previous pair, so a rollback restarts exactly what ran before.
+and the previous pair (a check on what runs; a rollback renders the argv anew from the
+inventory and profile as they stand, never from the record).
+
+The host is untrusted: every record pairctl writes carries `mac`, an HMAC-SHA256 over the rest
+of the record with a key kept in the operator's home (engine/route_trust.py), and
+`evidence_head`, the newest receipt of the pair's evidence chain when the writing run began,
+so a deleted receipt or chain shows up on the next command that reads the route. `state` is
+`activating` from the switch until acceptance passed, then `active`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import secrets
-from datetime import datetime, timezone
-from typing import Any
+from datetime import UTC, datetime
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from orchestrator.errors import HostStateError
 from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
-from orchestrator.errors import ConfigError
+from orchestrator.remote.transport import Transport
 
 SCHEMA = "pairctl.route/1"
 
@@ -41,7 +51,7 @@ class RouteEntry(BaseModel):
 
     @classmethod
     def build(cls, *, native_package: str, rpc_package: str, package_revision: str, profile: dict,
-              native_argv: list[str], rpc_argv: list[str]) -> "RouteEntry":
+              native_argv: list[str], rpc_argv: list[str]) -> RouteEntry:
         return cls(
             native_package=native_package,
             rpc_package=rpc_package,
@@ -67,23 +77,50 @@ class RouteRecord(BaseModel):
     active: RouteEntry | None
     previous: RouteEntry | None = None
     updated_at: str
-    updated_by: str
+    updated_by: str  # the run id that wrote it
+    state: Literal["active", "activating"] = "active"  # activating: switched, acceptance not yet passed
+    evidence_head: str | None = None  # the pair's newest receipt when the writing run began
+    mac: str | None = None  # HMAC-SHA256 of the record without `mac` (None: not signed)
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.model_dump(mode="json", by_alias=True)) + b"\n"
+
+    def signed_part(self) -> bytes:
+        """What the mac covers: the canonical record without its mac."""
+        d = self.model_dump(mode="json", by_alias=True)
+        d.pop("mac", None)
+        return canonical_json(d)
+
+    def sign(self, key: bytes) -> RouteRecord:
+        return self.model_copy(update={"mac": record_mac(key, self.signed_part())})
+
+    def mac_ok(self, key: bytes) -> bool:
+        return self.mac is not None and hmac.compare_digest(self.mac, record_mac(key, self.signed_part()))
+
+
+def record_mac(key: bytes, data: bytes) -> str:
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
 
 
 def argv_digest(native_argv: list[str], rpc_argv: list[str]) -> str:
     return sha256_json({"native": list(native_argv), "rpc": list(rpc_argv)})
 
 
-def parse_route(data: bytes | None) -> RouteRecord | None:
+def entry_argv_ok(entry: RouteEntry) -> bool:
+    """The entry's argv_sha256 is the digest of its argv (an edited argv left it stale)."""
+    return entry.argv_sha256 == argv_digest(entry.native_argv, entry.rpc_argv)
+
+
+def parse_route(data: bytes | None, *, where: str = "route.json", pair: str | None = None) -> RouteRecord | None:
+    """The record in `data` (None: no record). `where` names host and path for the message."""
     if data is None:
         return None
     try:
         return RouteRecord.model_validate(json.loads(data))
-    except (ValueError, ValidationError) as exc:
-        raise ConfigError(f"route.json does not parse: {str(exc)[:300]}") from None
+    except (ValueError, ValidationError, RecursionError) as exc:
+        first = str(exc).splitlines()[0][:200]
+        fix = f"`pairctl repair --pair {pair}` rebuilds it from the links" if pair else "`pairctl repair` rebuilds it"
+        raise HostStateError(f"{where} does not parse ({first})", hint=fix) from None
 
 
 def content_sha(data: bytes | None) -> str | None:
@@ -94,7 +131,7 @@ def content_sha(data: bytes | None) -> str | None:
 def next_record(current: RouteRecord | None, *, pair: str, active: RouteEntry | None,
                 previous: RouteEntry | None, run_id: str, now: datetime | None = None) -> RouteRecord:
     """The successor record: revision + 1 (1 for the first), pure."""
-    ts = (now or datetime.now(timezone.utc)).isoformat(timespec="seconds")
+    ts = (now or datetime.now(UTC)).isoformat(timespec="seconds")
     return RouteRecord(
         pair=pair,
         revision=(current.revision + 1) if current else 1,
@@ -109,7 +146,7 @@ class RouteConflict(Exception):
     """route.json is not what this run read: someone else wrote it (compare-and-swap refused)."""
 
 
-def cas_write(transport: Any, path: str, expected: bytes | None, data: bytes) -> bytes:
+def cas_write(transport: Transport, path: str, expected: bytes | None, data: bytes) -> bytes:
     """Compare-and-swap over SFTP: read, check it is still `expected`, write a temporary file,
     rename it over route.json, read back. Returns what was read back (the caller compares)."""
     try:
@@ -117,7 +154,8 @@ def cas_write(transport: Any, path: str, expected: bytes | None, data: bytes) ->
     except FileNotFoundError:
         current = None
     if content_sha(current) != content_sha(expected):
-        raise RouteConflict(f"route.json changed under this run: expected {_describe(expected)}, found {_describe(current)}")
+        raise RouteConflict(f"route.json changed under this run: expected {_describe(expected)}, "
+                            f"found {_describe(current)}")
     tmp = f"{path}.tmp-{secrets.token_hex(4)}"
     transport.put_bytes(data, tmp, mode=0o644)
     transport.rename(tmp, path)
@@ -129,6 +167,6 @@ def _describe(data: bytes | None) -> str:
         return "no record"
     try:
         rec = parse_route(data)
-        return f"revision {rec.revision} by {rec.updated_by}"
-    except ConfigError:
+        return f"revision {rec.revision} by {rec.updated_by}" if rec else "no record"
+    except HostStateError:
         return f"content sha256 {sha256_bytes(data)[:16]}"

@@ -20,6 +20,7 @@ from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
 
 SERVER_LOG = "llama-server.log"
 
@@ -63,7 +64,7 @@ def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity
     return pid, ident
 
 
-def start(transport: Any, layout: HostLayout, name: str, argv: list[str]) -> tuple[int, ProcIdentity]:
+def start(transport: Transport, layout: HostLayout, name: str, argv: list[str]) -> tuple[int, ProcIdentity]:
     """Start NAME (one exec); returns its pid and identity (exe sha256, argv) once it has exec'd."""
     res = transport.run(layout.start_cmd(name, argv), timeout=30)
     return _pid_and_identity(transport.name, as_text(res.stdout), name)
@@ -72,7 +73,7 @@ def start(transport: Any, layout: HostLayout, name: str, argv: list[str]) -> tup
 Verify = tuple[str, Mapping[str, str]]  # (release id, {relpath: sha256}) checked on the host first
 
 
-def _verified(transport: Any, verify: Verify | None, out: str, exit_status: int) -> int:
+def _verified(transport: Transport, verify: Verify | None, out: str, exit_status: int) -> int:
     """The gate's result: files verified, or ReleaseMismatch (the helper stopped nothing)."""
     if verify is None:
         return 0
@@ -83,7 +84,7 @@ def _verified(transport: Any, verify: Verify | None, out: str, exit_status: int)
     return check_hash_output(expected, out, transport.name, f"releases/{rid}")
 
 
-def restart_listening(transport: Any, layout: HostLayout, name: str, links: tuple[str | None, str | None],
+def restart_listening(transport: Transport, layout: HostLayout, name: str, links: tuple[str | None, str | None],
                       address: str, port: int, argv: list[str], timeout_s: int = 20,
                       verify: Verify | None = None) -> tuple[int, ProcIdentity, str, int]:
     """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
@@ -98,7 +99,7 @@ def restart_listening(transport: Any, layout: HostLayout, name: str, links: tupl
     verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
-        stopped = next((l.split("=", 1)[1] for l in out.splitlines() if l.startswith("stopped=")), "")
+        stopped = next((line.split("=", 1)[1] for line in out.splitlines() if line.startswith("stopped=")), "")
         return pid, ident, stopped, verified
     if res.exit_status in (4, 5):
         what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
@@ -107,7 +108,7 @@ def restart_listening(transport: Any, layout: HostLayout, name: str, links: tupl
                     f"{as_text(res.stderr).strip()[-300:] or _tail(out)}")
 
 
-def stop(transport: Any, layout: HostLayout, name: str, verify: Verify | None = None) -> tuple[str, int]:
+def stop(transport: Transport, layout: HostLayout, name: str, verify: Verify | None = None) -> tuple[str, int]:
     """Stop NAME (one exec); with `verify`, the release is checked first and nothing is stopped
     if it does not match. Returns (`stopped=NAME:PID|-`, files verified)."""
     res = transport.run(layout.stop_cmd(name, verify[0] if verify else None), check=False, timeout=60,
@@ -117,16 +118,16 @@ def stop(transport: Any, layout: HostLayout, name: str, verify: Verify | None = 
     if res.exit_status != 0:
         raise HostError(f"{transport.name}: stopping {name} failed (exit {res.exit_status}): "
                         f"{as_text(res.stderr).strip()[-300:]}")
-    return next((l for l in out.splitlines() if l.startswith("stopped=")), out.strip()), verified
+    return next((line for line in out.splitlines() if line.startswith("stopped=")), out.strip()), verified
 
 
 def _tail(text: str, n: int = 15) -> str:
     skip = ("died=", "timeout=", "stopped=", "current=", "previous=", "pid=")
-    lines = [l for l in text.splitlines() if not l.startswith(skip)]
-    return "\n".join("  " + l for l in lines[-n:]) or "  (no output)"
+    lines = [line for line in text.splitlines() if not line.startswith(skip)]
+    return "\n".join("  " + line for line in lines[-n:]) or "  (no output)"
 
 
-def process_alive(transport: Any, pid: int, name: str) -> bool:
+def process_alive(transport: Transport, pid: int, name: str) -> bool:
     """Over SFTP (no exec): /proc/PID/cmdline still names NAME."""
     try:
         cmdline = transport.read_bytes(f"/proc/{pid}/cmdline")
@@ -135,7 +136,7 @@ def process_alive(transport: Any, pid: int, name: str) -> bool:
     return argv0_is(cmdline, name)
 
 
-def read_tail(transport: Any, path: str, n: int = 25) -> str:
+def read_tail(transport: Transport, path: str, n: int = 25) -> str:
     try:
         data = transport.read_bytes(path)
     except (FileNotFoundError, OSError):
@@ -143,7 +144,7 @@ def read_tail(transport: Any, path: str, n: int = 25) -> str:
     return _tail(data[-20000:].decode("utf-8", "replace"), n)
 
 
-def wait_health(transport: Any, layout: HostLayout, base_url: str, pid: int, *, timeout_s: float = 60.0,
+def wait_health(transport: Transport, layout: HostLayout, base_url: str, pid: int, *, timeout_s: float = 60.0,
                 poll_s: float = 0.01, alive_every_s: float = 0.2, log: Any = None) -> WaitResult:
     """Poll `GET /health` until 200 (bounded); every `alive_every_s` ask the host whether the
     process still lives, so a server that died fails at once with its log tail, not at timeout."""
@@ -179,7 +180,7 @@ def wait_health(transport: Any, layout: HostLayout, base_url: str, pid: int, *, 
         stop=tenacity.stop_after_delay(timeout_s),
         wait=tenacity.wait_fixed(poll_s),
         before_sleep=(lambda rs: log.debug("health not yet", attempt=rs.attempt_number,
-                                           reason=str(rs.outcome.exception()))) if log else None,
+                                           reason=str(rs.outcome and rs.outcome.exception()))) if log else None,
         reraise=True,
     )
     with httpx.Client(timeout=2.0, trust_env=False) as client:

@@ -8,8 +8,14 @@ what an operator would type after `pairctl`.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import sys
 from typing import Any, Callable
+
+from orchestrator import cli
+from orchestrator.build.store import PackageStore
+from orchestrator.lab.source import BASELINE_TAG
+from orchestrator.paths import Home
 
 STEPS: list[Any] = [
     ("lab", "up"),
@@ -19,10 +25,8 @@ STEPS: list[Any] = [
 
 def run_step(argv: tuple[str, ...]) -> int:
     """Run one `pairctl` command in-process; return its exit code."""
-    from orchestrator.cli import main
-
     try:
-        main(list(argv))
+        cli.main(list(argv))
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
@@ -52,12 +56,6 @@ def main(steps: list[Any] | None = None) -> int:
 
 def _baseline_package() -> str:
     """The cpu-lab package `pairctl build` made from the lab source's baseline tag."""
-    import subprocess
-
-    from orchestrator.build.store import PackageStore
-    from orchestrator.lab.source import BASELINE_TAG
-    from orchestrator.paths import Home
-
     home = Home.resolve()
     rev = subprocess.run(["git", "-C", str(home.lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
                          capture_output=True, text=True, check=True).stdout.strip()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import PairctlError
+from orchestrator.remote.known_hosts import known_hosts_name
 
 SSH_KEYGEN = "/usr/bin/ssh-keygen"
 
@@ -45,11 +46,6 @@ def public_key_line(pub: Path) -> str:
     return f"{parts[0]} {parts[1]}"
 
 
-def known_hosts_pattern(address: str, port: int) -> str:
-    """The host pattern OpenSSH and paramiko look up: bare address on 22, `[addr]:port` otherwise."""
-    return address if port == 22 else f"[{address}]:{port}"
-
-
 @dataclass(frozen=True)
 class KnownHost:
     address: str
@@ -57,7 +53,7 @@ class KnownHost:
     key: str  # "ssh-ed25519 AAAA..."
 
     def line(self) -> str:
-        return f"{known_hosts_pattern(self.address, self.port)} {self.key}"
+        return f"{known_hosts_name(self.address, self.port)} {self.key}"
 
 
 def merge_known_hosts(existing: str, entries: list[KnownHost]) -> str:
@@ -65,7 +61,7 @@ def merge_known_hosts(existing: str, entries: list[KnownHost]) -> str:
 
     Lines for other hosts (another inventory of the same lab) are kept in order.
     """
-    ours = {known_hosts_pattern(e.address, e.port) for e in entries}
+    ours = {known_hosts_name(e.address, e.port) for e in entries}
     kept = []
     for line in existing.splitlines():
         fields = line.split()

@@ -20,6 +20,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
+from orchestrator.lab.source import ensure_source
 from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, ensure_sshd_installed, pid_alive, read_pid, terminate
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
@@ -122,6 +123,7 @@ class Lab:
         hosts = [SshdHost(p) for p in self.plans]
         if not hosts:
             return self._status([])
+        assert pub is not None  # written above whenever there are hosts
         for h in hosts:
             h.prepare(pub)
         write_known_hosts(self.known_hosts, [KnownHost(h.plan.address, h.plan.port, h.host_key_line()) for h in hosts])
@@ -145,11 +147,6 @@ class Lab:
         )
 
     def _ensure_source(self) -> Path | None:
-        try:
-            from orchestrator.lab.source import ensure_source
-        except ImportError:
-            self.log.info("lab source module not present; skipping the pinned source")
-            return None
         return ensure_source(self.home)
 
     def down(self) -> DownReport:

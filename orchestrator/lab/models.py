@@ -155,7 +155,7 @@ def write_llama_gguf(
     metadata keys (str, int, float or bool values) under their given names. Writing goes to a
     temporary file in the same folder and is renamed into place, so readers never see half a model.
     """
-    import gguf
+    import gguf  # heavy optional dependency: only writing a lab model needs the GGUF writer
 
     shape = ModelShape(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv or n_head,
@@ -216,7 +216,7 @@ def write_llama_gguf(
 
 
 def _add_tensor(w: Any, name: str, arr: np.ndarray, dtype: Dtype) -> None:
-    import gguf
+    import gguf  # heavy optional dependency: only writing a lab model needs the GGUF writer
 
     if arr.ndim == 1 or dtype == "f32":
         w.add_tensor(name, arr.astype(np.float32))

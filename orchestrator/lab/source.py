@@ -14,8 +14,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from orchestrator.filelock import file_lock
+from orchestrator.build.git import commit_env
 from orchestrator.errors import BuildError
+from orchestrator.filelock import file_lock
 from orchestrator.hashing import sha256_file
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
@@ -35,8 +36,6 @@ LAB_GIT_DATE = "2026-01-01T00:00:00+0000"
 
 def git_env(date: str = LAB_GIT_DATE) -> dict[str, str]:
     """Environment for reproducible commits, isolated from the user's and system's git config."""
-    from orchestrator.build.git import commit_env
-
     return commit_env(LAB_GIT_NAME, LAB_GIT_EMAIL, date)
 
 

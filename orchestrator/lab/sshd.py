@@ -326,7 +326,7 @@ class SshdHost:
 
 def listening_inodes(address: str, port: int, tcp_table: str) -> set[str]:
     """Socket inodes listening on IPv4 address:port in /proc/net/tcp text (pure)."""
-    want = "%08X:%04X" % (int.from_bytes(ipaddress.IPv4Address(address).packed, "little"), port)
+    want = f"{int.from_bytes(ipaddress.IPv4Address(address).packed, 'little'):08X}:{port:04X}"
     out = set()
     for line in tcp_table.splitlines()[1:]:
         f = line.split()

@@ -11,8 +11,11 @@ import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from orchestrator.build.toolchain import check_toolchain
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.targets import Target
+from orchestrator.errors import BuildError
+from orchestrator.remote.known_hosts import known_hosts_name
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,6 @@ class Finding:
 
 def check_tools(targets: list[Target]) -> list[Finding]:
     """The build toolchain per target, judged by the same check `pairctl build` runs first."""
-    from orchestrator.build.toolchain import check_toolchain
-    from orchestrator.errors import BuildError
-
     out = []
     for tool, pkg in (("git", "git"), ("ssh-keygen", "openssh-client")):
         found = shutil.which(tool)
@@ -64,7 +64,7 @@ def check_inventory(inv: Inventory) -> list[Finding]:
         if h.transport == "local":
             out.append(Finding(f"host:{name}", True, "local transport"))
             continue
-        entry = h.address if h.port == 22 else f"[{h.address}]:{h.port}"
+        entry = known_hosts_name(h.address, h.port)
         has = known.lookup(entry) is not None
         out.append(Finding(
             f"known_host:{name}", has, f"{entry} {'present' if has else 'missing'}",

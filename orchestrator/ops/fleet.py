@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, ExitCode, PairctlError
 
 
@@ -52,7 +53,7 @@ class FleetResult:
         return {"ok": self.ok, "pairs": [o.as_dict() for o in self.outcomes]}
 
 
-def select_pairs(inventory: Any, pairs: Iterable[str] | None, all_pairs: bool) -> list[str]:
+def select_pairs(inventory: Inventory, pairs: Iterable[str] | None, all_pairs: bool) -> list[str]:
     chosen = list(dict.fromkeys(pairs or []))
     if all_pairs and chosen:
         raise ConfigError("give --pair or --all, not both")

@@ -7,6 +7,7 @@ No home-made scheduler: systemd (or cron) runs `pairctl accept --scheduled`, whi
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -103,8 +104,6 @@ class Schedule:
         ])
 
     def crontab_line(self) -> str:
-        import shlex
-
         return f"{cron_spec(self.every_s)} PAIRCTL_HOME={shlex.quote(self.home)} {shlex.join(self.argv)}  {MARKER} ({self.pair})"
 
 

@@ -8,22 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.build.store import PackageStore
 from orchestrator.config.profiles import load_profile
 from orchestrator.evidence.store import EvidenceStore
+from orchestrator.qualify.engine_driver import EngineDriver
 from orchestrator.qualify.plan import load_plan
+from orchestrator.qualify.report import write_report
 from orchestrator.qualify.runner import ArmPackages, Hooks, RunOutcome, run_qualification
 
 
 def qualify_pair(c: Any, *, pair: str, baseline: tuple[str, str], candidate: tuple[str, str], plan_ref: str,
                  profile_ref: str | None, argv: list[str], hooks: Hooks | None = None) -> RunOutcome:
-    from orchestrator.build.store import PackageStore
-    from orchestrator.qualify.engine_driver import EngineDriver
-    from orchestrator.qualify.report import write_report
-
     loaded = load_plan(plan_ref)
     inventory = c.inventory()
     spec = inventory.pair(pair)
-    profile = load_profile(profile_ref or spec.profile)
+    profile = load_profile(profile_ref or spec.profile, pair=spec)
     loaded.plan.check_fits(profile)
     packages = PackageStore(c.home.store)
     for pid in (*baseline, *candidate):

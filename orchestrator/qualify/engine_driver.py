@@ -62,7 +62,7 @@ QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's 
 class EngineDriver:
     def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str], busy_wait_s: float = 300.0,
                  busy_poll_s: float = 2.0) -> None:
-        from orchestrator.remote.transport import TransportPool
+        from orchestrator.remote.pool import TransportPool
 
         self.home, self.inventory, self.pair = home, inventory, pair
         self.view = pair_view(inventory, pair)
@@ -74,13 +74,8 @@ class EngineDriver:
         self.deploy_receipts: list[str] = []
         self._lease_nonce: str | None = None
         self._deploys_started = 0
-        self._api_key = None
-        spec = inventory.pair(pair)
-        if spec.api_key_file:
-            for line in Path(spec.api_key_file).read_text().splitlines():
-                if line.strip():
-                    self._api_key = line.strip()
-                    break
+        key = inventory.api_key(pair)
+        self._api_key = key.value if key else None
 
     # -- reading the pair ----------------------------------------------------------------------
     def _facts(self, role: str) -> Any:

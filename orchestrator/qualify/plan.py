@@ -15,10 +15,10 @@ import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, manifest_path, validate
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
-from orchestrator.hashing import sha256_file
+from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.paths import MANIFESTS
 
 ALL = "*"  # a gate or flag on every family
@@ -129,7 +129,8 @@ class QualifyPlan(StrictModel):
     @model_validator(mode="after")
     def _check(self) -> "QualifyPlan":
         fams = set(self.families)
-        for g in [*self.gates, *self.flags]:
+        judged: list[Gate | Flag] = [*self.gates, *self.flags]
+        for g in judged:
             if g.family not in fams | {ALL, COMBINED}:
                 raise ValueError(f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})")
         if isinstance(self.order, list):
@@ -155,8 +156,8 @@ class QualifyPlan(StrictModel):
             return [(i // 2, a) for i, a in enumerate(self.order)]
         out: list[tuple[int, Arm]] = []
         for i in range(self.pairs):
-            first, second = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
-            out += [(i, first), (i, second)]
+            arms: tuple[Arm, Arm] = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+            out += [(i, arms[0]), (i, arms[1])]
         return out
 
     def check_fits(self, profile: RouteProfile) -> None:
@@ -187,7 +188,6 @@ class LoadedPlan:
         fx = next(f for f in self.plan.fixtures if f.name == name)
         p = self.fixture_paths[name]
         data = p.read_bytes()
-        from orchestrator.hashing import sha256_bytes
 
         if sha256_bytes(data) != fx.sha256:
             raise ConfigError(f"fixture {name!r}: {p} changed since the plan was loaded (sha256 mismatch)")
@@ -196,8 +196,6 @@ class LoadedPlan:
 
 def plan_from_text(text: str, *, source: str) -> QualifyPlan:
     """A plan as recorded in a receipt (`plan_text`): validated, fixture files not consulted."""
-    from orchestrator.config.loader import validate
-
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -206,9 +204,7 @@ def plan_from_text(text: str, *, source: str) -> QualifyPlan:
 
 
 def load_plan(name_or_path: str | Path) -> LoadedPlan:
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = plans_dir() / f"{name_or_path}.yaml"
+    p = manifest_path(name_or_path, plans_dir())
     p = p.expanduser().resolve()
     plan = load_model(QualifyPlan, p, context={"base_dir": str(p.parent)})
     return LoadedPlan(plan, p, sha256_file(p))

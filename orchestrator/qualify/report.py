@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from orchestrator.errors import EvidenceError
 from orchestrator.evidence.receipt import Receipt, parse_time
@@ -173,7 +173,7 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     lines += ["## Per-pair TG ratios", "", "| Family | " + " | ".join(f"pair {i + 1}" for i in range(plan.pairs)) + " |",
               "|---|" + "---|" * plan.pairs]
     for c in result.cells:
-        by_pair = dict(zip(c.valid_pairs, c.tg.ratios)) if c.tg else {}
+        by_pair = dict(zip(c.valid_pairs, c.tg.ratios, strict=True)) if c.tg else {}
         lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(plan.pairs)) + " |")
     if result.samples_invalid:
         lines += ["", "## Invalid samples", ""]
@@ -187,7 +187,7 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
 def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
     """Per family: each pair's TG gain (dots), the paired gain (bar) and its interval (whiskers),
     with 0, the gain threshold and the non-regression floor drawn where a gate uses them."""
-    import matplotlib
+    import matplotlib  # heavy optional dependency: only drawing the report's figure needs it
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
@@ -211,7 +211,7 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
             if gv.family != c.family:
                 continue
             color = {"pass": "tab:green", "fail": "tab:red", "inconclusive": "tab:orange"}[gv.verdict]
-            style = "--" if gv.kind == "gain" else ":"
+            style: Literal["--", ":"] = "--" if gv.kind == "gain" else ":"
             ax.hlines(100 * gv.threshold, x - 0.4, x + 0.4, colors=color, linestyles=style, linewidth=1.6)
             ax.text(x + 0.42, 100 * gv.threshold, f"{gv.kind} {gv.verdict}", fontsize=7, color=color, va="center")
     ax.set_xticks(range(len(cells)), [f"{c.family}\n{len(c.valid_pairs)}/{c.planned_pairs} pairs" for c in cells])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Union
+from typing import Iterable, Mapping
 
 MASK = "***"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -42,7 +42,7 @@ class Secret:
         return MASK
 
 
-Arg = Union[str, Secret]
+Arg = str | Secret
 
 
 def _check_arg(a: str, what: str) -> None:

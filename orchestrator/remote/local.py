@@ -6,6 +6,8 @@ copied. It runs as pairctl's own user, whatever the inventory says about `user`.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -92,8 +94,27 @@ class LocalTransport:
                 f.write(data)
             os.chmod(remote_path, mode & 0o7755)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                with contextlib.suppress(OSError):
+                    os.remove(remote_path)  # no partial file left behind
+                raise HostError(f"no space left on {self.name}:{os.path.dirname(remote_path)} "
+                                f"(writing {os.path.basename(remote_path)})") from None
             raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def put_private(self, data: bytes, remote_path: str) -> None:
+        t0 = time.monotonic()
+        try:
+            fd = os.open(remote_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
+        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self.stats.add(commands=1)
+        os.chmod(path, mode)
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         t0 = time.monotonic()
@@ -103,6 +124,9 @@ class LocalTransport:
         except OSError as exc:
             raise HostError(f"{self.name}: get {remote_path} -> {local_path} failed: {exc}") from None
         self.stats.add(gets=1, get_bytes=n, get_s=time.monotonic() - t0)
+
+    def connect(self) -> None:
+        """Nothing to reach: the host is this machine."""
 
     def close(self) -> None:
         pass

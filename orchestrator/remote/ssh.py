@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import base64
 import errno
+import getpass
 import hashlib
+import io
 import os
+import posixpath
 import select
 import socket
 import stat
@@ -32,19 +35,20 @@ from typing import Any
 
 import paramiko
 
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import Inventory, warn_if_readable_by_others
 from orchestrator.errors import HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.known_hosts import known_hosts_name
 from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     ConnectionLost,
-    NotStarted,
-    Unreachable,
     FileStat,
+    NotStarted,
     RetryPolicy,
     TransportStats,
+    Unreachable,
     transient_command_error,
 )
 
@@ -57,11 +61,6 @@ def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's `SHA256:<base64, no padding>` of the key blob (what `ssh-keygen -lf` prints)."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    """The name OpenSSH and paramiko look a host up by in known_hosts."""
-    return address if port == 22 else f"[{address}]:{port}"
 
 
 # -- where and how to connect (pure) -----------------------------------------------------------
@@ -123,14 +122,14 @@ def resolve_target(
         if cfg.get("connecttimeout"):
             connect_timeout_s = float(cfg["connecttimeout"])
     if user is None:
-        import getpass
-
         user = getpass.getuser()
     if key is None and not allow_agent:
         raise HostError(
             f"host {host_name}: no key to log in with",
             hint="set `key:` for the host in the inventory, or `use_ssh_config: true` to use ~/.ssh/config",
         )
+    if key is not None:
+        warn_if_readable_by_others(key, what=f"host {host_name}: operator key")
     return SshTarget(
         name=host_name,
         hostname=hostname,
@@ -272,7 +271,7 @@ class SshTransport:
             return self._conn.client.get_transport()
 
     def _connect_once(self) -> Any:
-        import fabric
+        import fabric  # start-up time (fabric pulls in invoke): loaded by the first connect only
 
         tg = self.target
         keys, missing = _load_host_keys(tg.known_hosts)
@@ -512,8 +511,6 @@ class SshTransport:
         self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        import io
-
         t0 = time.monotonic()
         sftp = self._sftp_client()
         try:
@@ -522,6 +519,33 @@ class SshTransport:
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def put_private(self, data: bytes, remote_path: str) -> None:
+        def do(sftp: paramiko.SFTPClient) -> None:
+            # SFTPClient.open sends no attributes; OPEN with permissions 0600 and EXCL makes the
+            # server create the file with that mode (sftp-server: open(2) with it; umask only clears)
+            attrs = paramiko.SFTPAttributes()
+            attrs.st_mode = 0o600
+            flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_EXCL
+            t, msg = sftp._request(paramiko.sftp.CMD_OPEN, remote_path, flags, attrs)
+            if t != paramiko.sftp.CMD_HANDLE:
+                raise paramiko.SFTPError("expected a handle")
+            with paramiko.SFTPFile(sftp, msg.get_binary(), "wb") as f:
+                f.write(data)
+            st = sftp.lstat(remote_path)
+            if (st.st_mode or 0) & 0o077 or st.st_size != len(data):
+                sftp.remove(remote_path)
+                raise OSError(f"{remote_path} came out mode {(st.st_mode or 0) & 0o777:o}, size {st.st_size}")
+
+        t0 = time.monotonic()
+        try:
+            self._fs("put", remote_path, do)
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
+        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
+
+    def chmod(self, path: str, mode: int) -> None:
+        self._fs("chmod", path, lambda sftp: sftp.chmod(path, mode))
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         t0 = time.monotonic()
@@ -626,6 +650,15 @@ class SshTransport:
             with self._lock:
                 self._drop()
             return ConnectionLost(f"{self.name}: {op} {src} -> {dst} failed: {exc}")
+        if op == "put" and ("size mismatch" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
+            # sftp-server reports a full disk as a short file (paramiko: "size mismatch in put! 0 != N")
+            try:
+                self._sftp_client().remove(dst)  # no partial file left behind
+            except (OSError, paramiko.SSHException, EOFError):
+                pass
+            return HostError(f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
+                             f"(writing {posixpath.basename(dst)}: {exc})",
+                             hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again")
         return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
 
 

@@ -1,18 +1,17 @@
-"""The one interface every host is reached through, and how to get one for an inventory host.
-
-`open_transport(inventory, host_name)` picks SSH or local from `HostSpec.transport`.
-`TransportPool` keeps one transport (one SSH connection) per host for a whole run and closes
-them all at the end; a deploy/status/lease command opens one pool and passes it down.
+"""The one interface every host is reached through: the `Transport` contract, its errors,
+counters and retry policy. `remote/pool.py` picks an implementation (`ssh.py`, `local.py`) for
+an inventory host; those import this module, and this module imports neither.
 """
 
 from __future__ import annotations
 
+import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
-from orchestrator.config.inventory import Inventory
 from orchestrator.errors import HostError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
@@ -32,21 +31,15 @@ class FileStat:
 
     @property
     def is_dir(self) -> bool:
-        import stat as _st
-
-        return _st.S_ISDIR(self.mode)
+        return stat.S_ISDIR(self.mode)
 
     @property
     def is_file(self) -> bool:
-        import stat as _st
-
-        return _st.S_ISREG(self.mode)
+        return stat.S_ISREG(self.mode)
 
     @property
     def is_link(self) -> bool:
-        import stat as _st
-
-        return _st.S_ISLNK(self.mode)
+        return stat.S_ISLNK(self.mode)
 
     @property
     def perms(self) -> int:
@@ -104,7 +97,7 @@ class TransportStats:
         """Commands plus file transfers: each costs at least one request/response on the wire."""
         return self.commands + self.puts + self.gets
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, float]:
         return {
             "connects": self.connects,
             "connect_s": round(self.connect_s, 6),
@@ -134,6 +127,11 @@ class Transport(Protocol):
     name: str
     stats: TransportStats
 
+    def connect(self) -> None:
+        """Reach the host now (every other method does so on first use); idempotent. A failure
+        is a HostError naming the host (`Unreachable` when no connection could be made)."""
+        ...
+
     def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result: ...
 
     def run_idempotent(
@@ -143,6 +141,13 @@ class Transport(Protocol):
     def put(self, local_path: str | Path, remote_path: str) -> None: ...
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None: ...
+
+    def put_private(self, data: bytes, remote_path: str) -> None:
+        """Create `remote_path` exclusively (O_CREAT|O_EXCL) with mode 0600 from its first byte,
+        never chmod after: a secret is never readable by others, even for a moment."""
+        ...
+
+    def chmod(self, path: str, mode: int) -> None: ...
 
     def get(self, remote_path: str, local_path: str | Path) -> None: ...
 
@@ -200,7 +205,7 @@ class RetryPolicy:
     def call(self, fn: Callable[[], T], *, retry_on: Callable[[BaseException], bool], what: str, host: str,
              on_retry: Callable[[], None] | None = None) -> T:
         """Run `fn`, retrying errors `retry_on` accepts; every retry is logged with its cause."""
-        import tenacity
+        import tenacity  # start-up time (~30 ms): loaded by the first idempotent step, not at import
 
         log = get_logger(host=host, step=what)
 
@@ -232,62 +237,3 @@ DEFAULT_RETRY = RetryPolicy()
 def transient_command_error(exc: BaseException) -> bool:
     """What `run_idempotent` retries: the connection broke, or the probe timed out."""
     return isinstance(exc, (ConnectionLost, CommandTimeout))
-
-
-# -- choosing a transport ----------------------------------------------------------------------
-
-
-def open_transport(inventory: Inventory, host_name: str, **kwargs: Any) -> Transport:
-    """A transport for `host_name`: SSH (lazy connect) or local, from `HostSpec.transport`.
-
-    kwargs go to `SshTransport` (retry policy, connect timeout, ssh config path).
-    """
-    spec = inventory.host(host_name)
-    if spec.transport == "local":
-        from orchestrator.remote.local import LocalTransport
-
-        return LocalTransport(host_name)
-    from orchestrator.remote.ssh import SshTransport
-
-    return SshTransport.from_inventory(inventory, host_name, **kwargs)
-
-
-class TransportPool:
-    """One transport per host for a whole run; `with TransportPool(inv) as pool: pool.get(h)`."""
-
-    def __init__(self, inventory: Inventory, **kwargs: Any) -> None:
-        self.inventory = inventory
-        self._kwargs = kwargs
-        self._by_host: dict[str, Transport] = {}
-        self._lock = threading.Lock()
-
-    def get(self, host_name: str) -> Transport:
-        with self._lock:
-            t = self._by_host.get(host_name)
-            if t is None:
-                t = open_transport(self.inventory, host_name, **self._kwargs)
-                self._by_host[host_name] = t
-            return t
-
-    __getitem__ = get
-
-    def opened(self) -> dict[str, Transport]:
-        return dict(self._by_host)
-
-    def stats(self) -> dict[str, dict[str, Any]]:
-        return {h: t.stats.as_dict() for h, t in self._by_host.items()}
-
-    def close(self) -> None:
-        with self._lock:
-            for t in self._by_host.values():
-                try:
-                    t.close()
-                except Exception:  # closing must not hide the run's own outcome
-                    get_logger(host=t.name).warning("close failed", exc_info=True)
-            self._by_host.clear()
-
-    def __enter__(self) -> "TransportPool":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -126,7 +126,7 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
     assert "ggml-rpc-server.out ends" in r.stderr  # the RPC peer's output, where a crash there shows
     st = lab_status(cli)
     assert is_active(st, a), st  # A restored, verified (status compares running binaries to manifests) and serving
-    assert all(links == before_links for links, before_links in zip(_host_links(st).values(), _host_links(before).values()))
+    assert all(links == before_links for links, before_links in zip(_host_links(st).values(), _host_links(before).values(), strict=True))
     assert st["route"]["revision"] > before["route"]["revision"]
     rec = _latest_receipt(deployed_lab.home)
     assert rec.outcome == "failed"
@@ -144,7 +144,7 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
 
 def test_second_deploy_refused_while_lease_held(deployed_lab, lab_packages_b, cli):
     from orchestrator.hosts.leases import release_lease, take_lease
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     b = lab_packages_b.id
     before = lab_status(cli)
@@ -187,7 +187,7 @@ def test_changed_host_key_refused_before_any_host(deployed_lab, lab_packages_b, 
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "k")], check=True)
     fake = (tmp_path / "k.pub").read_text().split()[:2]
     rpc_addr = deployed_lab.inventory.host(deployed_lab.rpc).address
-    changed = [(" ".join([l.split()[0], *fake]) if l.startswith(f"[{rpc_addr}]") else l) for l in known]
+    changed = [(" ".join([line.split()[0], *fake]) if line.startswith(f"[{rpc_addr}]") else line) for line in known]
     assert changed != known
     (tmp_path / "known_hosts").write_text("\n".join(changed) + "\n")
     inv = read_yaml(INV_FILE)
@@ -222,7 +222,7 @@ def test_dry_run_prints_every_step_and_changes_nothing(deployed_lab, lab_package
 def _release_kept_leases(pt: PairUnderTest) -> None:
     """A failed rollback keeps the leases; the test (as the operator would) releases them by nonce."""
     from orchestrator.hosts.leases import LEASE_FILE, LEASES_DIR, LOCK_DIR, release_lease
-    from orchestrator.remote.transport import TransportPool
+    from orchestrator.remote.pool import TransportPool
 
     with TransportPool(pt.inventory) as pool:
         for h in (pt.native, pt.rpc):
@@ -234,22 +234,19 @@ def _release_kept_leases(pt: PairUnderTest) -> None:
 
 def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_packages_b, cli, tmp_path,
                                                              restore_baseline):
-    """The pair to restore cannot start either (the model file its recorded argv names vanished;
-    the new deploy's own model files are present, so it passes prepare's model check): exit 8,
-    nothing runs, both leases are still held, and the message says where to look."""
+    """The pair to restore cannot start either (its llama-server binary on the native host was
+    replaced by one that exits at once; the running process keeps its own inode, and a rollback
+    renders argv from the inventory now, so a vanished model file of the old argv no longer
+    breaks it): exit 8, nothing runs, both leases are still held, and the message says where
+    to look."""
     a, b = deployed_lab.package_id, lab_packages_b.id
-    models = tmp_path / "models"
-    models.mkdir()
-    for f in (deployed_lab.home / "lab" / "models").glob("*.gguf"):
-        shutil.copy(f, models / f.name)
-    inv = read_yaml(INV_FILE)
-    for m in inv["pairs"][PAIR]["models"].values():
-        m["path"] = str(models / Path(m["path"]).name)
-    path = tmp_path / "copy-models.yaml"
-    path.write_text(json.dumps(inv))
-    r, _ = _deploy(cli, "--packages", a, a, "--skip-accept", inventory=str(path))
-    assert r.exit_code == 0, r.stderr  # A, serving from the copied model
-    (models / "target.gguf").unlink()
+    binary = Path(deployed_lab.roots()["native"]) / "releases" / a / "bin" / "llama-server"
+    kept = tmp_path / "llama-server"
+    shutil.copy2(binary, kept)
+    broken = binary.with_name(".llama-server.broken")
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+    broken.rename(binary)
     try:
         r, _ = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept")
         assert r.exit_code == 8, (r.exit_code, r.stderr)
@@ -262,6 +259,7 @@ def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_
         again, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
         assert again.exit_code == 5  # nobody deploys onto the unknown state while the leases are kept
     finally:
+        shutil.copy2(kept, binary)
         _release_kept_leases(deployed_lab)
 
 

@@ -14,8 +14,8 @@ import pytest
 
 from orchestrator.build.patching import apply_patch_commit
 from orchestrator.build.store import PackageStore
+from orchestrator.config.kernels import load_cases, load_kernel
 from orchestrator.evidence.store import EvidenceStore
-from orchestrator.kernels_meta import load_cases, load_kernel
 from orchestrator.paths import KERNELS, Home
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]

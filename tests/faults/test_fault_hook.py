@@ -57,3 +57,12 @@ def test_pause_waits_for_resume_and_fires_once(tmp_path):
     (tmp_path / "resume").touch()
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 0 and out.split() == ["a", "b", "c", "b"]
+
+
+def test_a_check_boundary_is_a_step_name_with_a_colon(tmp_path):
+    """The matrix stops acceptance at `check:NAME`: the hook splits the action at the LAST colon."""
+    (tmp_path / "resume").touch()
+    p = _child(tmp_path, "check:cached_continuation:pause", "1", ["check", "check:cached_continuation", "after"])
+    out, _ = p.communicate(timeout=30)
+    assert out.split() == ["check", "check:cached_continuation", "after"]
+    assert json.loads((tmp_path / "paused").read_text())["step"] == "check:cached_continuation"

@@ -1,4 +1,5 @@
-"""Issue 10: the fault matrix. Every fault x every step boundary of playbooks/deploy.yaml.
+"""Issue 10: the fault matrix. Every fault x every step boundary of playbooks/deploy.yaml, and
+(issue 21) the boundaries of the acceptance checks the matrix's deploys run.
 
 For each cell the `faults` pair starts on a verified pair (OLD); a real `pairctl deploy NEW`
 child stops just before the step (engine fault hook), the fault is injected, pairctl is resumed
@@ -7,7 +8,8 @@ then the operator's next commands run: `status`, then the same `deploy` again (e
 `rollback` (odd steps; followed by the deploy if it leaves no verified pair). The promise,
 checked for every cell:
   - the pair ends on NEW-and-verified or OLD-and-verified (status: route record, both services
-    running from current and matching their manifests, health ok, no problems);
+    running from current and matching their manifests, health ok, no problems), and NEW only
+    when a deploy accepted it (its acceptance suite passed) after the fault;
   - receipts exist for both deploys (a killed one sealed `aborted`) and `receipts verify` passes;
   - a lease left on a host is reported by `status` (ground truth: the lock directory), which
     names the finished run holding it, and `lease release PAIR --dead-run RUN_ID` frees it; none
@@ -27,7 +29,7 @@ import time
 import pytest
 
 from orchestrator.engine.playbook import load_playbook
-from tests.faults.harness import FAULTS, Cell, establish, render_matrix, run_cell
+from tests.faults.harness import CHECK_STEPS, FAULTS, Cell, establish, render_matrix, run_cell
 
 pytestmark = [pytest.mark.faults, pytest.mark.e2e, pytest.mark.timeout(40 * 60)]
 
@@ -38,7 +40,7 @@ def _selected(var: str, all_: list[str]) -> list[str]:
 
 
 def test_fault_matrix(fault_pair, tmp_path, capsys):
-    steps = _selected("PAIRCTL_FAULTS_STEPS", [s.name for s in load_playbook("deploy").steps])
+    steps = _selected("PAIRCTL_FAULTS_STEPS", [s.name for s in load_playbook("deploy").steps] + CHECK_STEPS)
     faults = [f for f in FAULTS if f.name in _selected("PAIRCTL_FAULTS_ONLY", [f.name for f in FAULTS])]
     t0 = time.monotonic()
     establish(fault_pair, fault_pair.packages[0])

@@ -76,7 +76,7 @@ def test_unknown_host_key_is_refused(lab, tmp_path):
 
 def test_wrong_host_key_is_refused(lab, tmp_path):
     """known_hosts names lab-native with lab-rpc's key: a changed key must stop the login."""
-    native, rpc = lab.inventory.hosts["lab-native"], lab.inventory.hosts["lab-rpc"]
+    native = lab.inventory.hosts["lab-native"]
     rpc_key = lab.home.lab.joinpath("hosts", "lab-rpc", "ssh_host_ed25519_key.pub").read_text().split()[:2]
     kh = tmp_path / "known_hosts"
     kh.write_text(f"[{native.address}]:{native.port} {rpc_key[0]} {rpc_key[1]}\n")

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ import yaml
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LeaseError, LeaseHeldError
 from orchestrator.hosts import leases as L
-from orchestrator.remote.transport import TransportPool, open_transport
+from orchestrator.remote.pool import TransportPool, open_transport
 
 pytestmark = pytest.mark.integration
 
@@ -54,10 +55,10 @@ def test_second_taker_refused_with_holder_info(inv) -> None:
         assert "alice@ops" in msg and "deploy B" in msg and re.search(r"until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", msg)
         assert ei.value.exit_code == 5
         assert L.read_lease(tb, root).nonce == lease.nonce  # the holder's lease is untouched
-        # what is on the host: lock dir 0755, lease.json 0644, canonical JSON
+        # what is on the host: lock dir 0700, lease.json 0600 (the nonce releases it), canonical JSON
         st_dir = os.stat(f"{root}/leases/host.lock")
         st_file = os.stat(f"{root}/leases/host.lock/lease.json")
-        assert (st_dir.st_mode & 0o777, st_file.st_mode & 0o777) == (0o755, 0o644)
+        assert (st_dir.st_mode & 0o777, st_file.st_mode & 0o777) == (0o700, 0o600)
         assert json.loads(Path(f"{root}/leases/host.lock/lease.json").read_text())["owner"] == "alice@ops"
 
 
@@ -78,12 +79,18 @@ def test_wrong_nonce_refused_then_release_verified(inv) -> None:
         t.close()
 
 
-def test_break_expired_over_ssh(inv) -> None:
+def an_hour_ago(transport, leases_dir: str) -> datetime:
+    """The host's clock an hour back: a lease taken with it has long expired by the host's now."""
+    return L.host_now(transport, leases_dir) - timedelta(hours=1)
+
+
+def test_break_expired_over_ssh(inv, monkeypatch) -> None:
     root = inv.host("lab-native").install_root
     t = open_transport(inv, "lab-native")
     try:
-        L.take_lease(t, root, "gone@ops", "crashed deploy", 1)
-        time.sleep(1.2)
+        L.take_lease(t, root, "gone@ops", "crashed deploy", 60, clock=an_hour_ago)
+        # the operator's clock an hour behind sees it as live; the host's clock decides
+        monkeypatch.setattr(L, "utcnow", lambda: datetime.now(UTC) - timedelta(hours=1))
         with pytest.raises(LeaseHeldError, match="EXPIRED"):
             L.take_lease(t, root, "op", "deploy", 600)
         lease = L.take_lease(t, root, "op", "deploy", 600, break_expired=True)
@@ -166,10 +173,9 @@ def test_cli_break_expired_is_recorded(lab, inv, tmp_path, cli) -> None:
     path = write_inventory(inv, tmp_path / "inv.yaml")
     t = open_transport(inv, "lab-native")
     try:
-        L.take_lease(t, inv.host("lab-native").install_root, "gone@ops", "crashed", 1)
+        L.take_lease(t, inv.host("lab-native").install_root, "gone@ops", "crashed", 60, clock=an_hour_ago)
     finally:
         t.close()
-    time.sleep(1.2)
     r = cli("lease", "take", "lab-native", "--purpose", "x", inventory=str(path))
     assert r.exit_code == 5 and "--break-expired" in r.stderr
     r = cli("--json", "lease", "take", "lab-native", "--purpose", "x", "--break-expired", inventory=str(path))
@@ -183,3 +189,62 @@ def test_cli_break_expired_is_recorded(lab, inv, tmp_path, cli) -> None:
     text = json.dumps(rec.model_dump(mode="json") if hasattr(rec, "model_dump") else rec.__dict__, default=str)
     assert "gone@ops" in text and "broken" in text
     assert out["nonce"] not in text
+
+
+def _known_hosts_with_rpc_key_changed(lab, tmp_path: Path) -> Path:
+    """known_hosts where lab-rpc's entry carries lab-native's key: the RPC host's key "changed"."""
+    lines = Path(lab.inventory.known_hosts).read_text().splitlines()
+    native = next(ln for ln in lines if ln.startswith("[127.0.0.2]"))
+    changed = [("[127.0.0.3]:2222 " + native.split(" ", 1)[1]) if ln.startswith("[127.0.0.3]") else ln for ln in lines]
+    path = tmp_path / "known_hosts"
+    path.write_text("\n".join(changed) + "\n")
+    return path
+
+
+def test_cli_lease_take_and_release_check_every_host_key_first(lab, inv, tmp_path, cli) -> None:
+    """Issue 16 item 9: with the RPC host's key changed, `lease take lab` took (and gave back) the
+    native lease and `lease release lab` released it before refusing; now neither changes a host."""
+    good = write_inventory(inv, tmp_path / "good.yaml")
+    bad_inv = inv.model_copy(update={"known_hosts": str(_known_hosts_with_rpc_key_changed(lab, tmp_path))})
+    bad = write_inventory(bad_inv, tmp_path / "bad.yaml")
+    native_root = inv.host("lab-native").install_root
+    r = cli("lease", "take", "lab", "--purpose", "x", inventory=str(bad))
+    assert r.exit_code == 4, r.output
+    assert not Path(f"{native_root}/leases").exists()  # the native host was never written to
+    r = cli("lease", "take", "lab-native", "--purpose", "held", inventory=str(good))
+    assert r.exit_code == 0, r.output
+    nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
+    r = cli("lease", "release", "lab", "--nonce", nonce, inventory=str(bad))
+    assert r.exit_code == 4, r.output
+    t = open_transport(inv, "lab-native")
+    try:
+        assert L.lease_state(t, native_root).state == "held"  # untouched
+        L.release_lease(t, native_root, nonce)
+    finally:
+        t.close()
+
+
+def test_another_operator_frees_a_dead_runs_lease_by_its_heartbeat(lab, inv, tmp_path, cli) -> None:
+    """Issue 21: a run of another home (no evidence of it here) whose heartbeat on both hosts is
+    older than the bound it promised is proven over by the hosts: `lease release --dead-run`
+    frees it with a receipt; while the heartbeat is fresh it is refused and nothing changes."""
+    path = write_inventory(inv, tmp_path / "inv.yaml")
+    run = "20261203T120000Z-4242-1"
+    with TransportPool(inv) as pool:
+        targets = L.targets_of(inv, pool, "lab")
+        L.take_leases(targets, "other@elsewhere", f"pairctl deploy lab (run {run})", 7200, stale_after_s=600)
+        r = cli("lease", "release", "lab", "--dead-run", run, inventory=str(path))
+        assert r.exit_code == 5 and "not proven over" in r.stderr and "heartbeat" in r.stderr, r.output
+        assert all(L.lease_state(t.transport, t.install_root).state == "held" for t in targets)
+        for t in targets:  # the holder dies: its last heartbeat was an hour ago (host time)
+            L.release_lease(t.transport, t.install_root, L.read_lease(t.transport, t.install_root).nonce)
+            L.take_lease(t.transport, t.install_root, "other@elsewhere", f"pairctl deploy lab (run {run})", 7200,
+                         stale_after_s=600, clock=an_hour_ago)
+        shown = cli("--json", "lease", "show", "lab", inventory=str(path))
+        assert all(s["stale"] for s in json.loads(shown.stdout)), shown.stdout
+        r = cli("--json", "lease", "release", "lab", "--dead-run", run, inventory=str(path))
+        assert r.exit_code == 0, r.output
+        out = json.loads(r.stdout)
+        assert out["run"]["state"] == "stale" and "exceed its 600 s bound" in out["run"]["why"]
+        assert [s["state"] for s in out["after"]] == ["free", "free"] and out["receipt"]
+        assert all(b["heartbeat_age_s"] >= 3600 for b in out["released"])

@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import HostError, HostKeyError, RemoteCommandError
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.pool import TransportPool, open_transport
 from orchestrator.remote.result import CommandTimeout
 from orchestrator.remote.ssh import SshTransport, resolve_target
-from orchestrator.remote.transport import RetryPolicy, TransportPool, open_transport
+from orchestrator.remote.transport import RetryPolicy
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +67,7 @@ def test_login_with_strict_host_keys(lab, t) -> None:
 
 def test_unknown_host_key_refused_before_anything_runs(lab, tmp_path) -> None:
     kh = tmp_path / "known_hosts"
-    kh.write_text("".join(l for l in lab.known_hosts.read_text().splitlines(True) if not l.startswith("[127.0.0.2]")))
+    kh.write_text("".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith("[127.0.0.2]")))
     marker = tmp_path / "ran"
     tr = open_transport(inventory_with_known_hosts(lab, kh), HOST)
     with pytest.raises(HostKeyError) as ei:
@@ -299,3 +300,26 @@ def test_background_child_holding_output_does_not_hang(t) -> None:
     r = t.run(Cmd.of("sh", "-c", 'sleep 30 & echo "$!"'), timeout=20)
     assert r.exit_status == 0 and r.stdout.strip().isdigit() and r.duration_s < 5
     t.run(Cmd.of("kill", "-TERM", "--", str(int(r.stdout))), check=False)  # only the process this test started, by pid
+
+
+def test_put_private_over_sftp_is_0600_from_creation_and_exclusive(t, lab) -> None:
+    """Issue 16 item 10, over the real sshd: the key file is opened with mode 0600 (never chmod
+    after), refused when it exists, and put_secret tightens an existing 0755 secrets/ to 0700."""
+    from orchestrator.hosts.layout import HostLayout, put_secret
+
+    root = lab.inventory.host(HOST).install_root
+    d = f"{root}/.private-{os.getpid()}"
+    t.makedirs(d)
+    try:
+        t.put_private(b"sk-1\n", f"{d}/key")
+        assert stat.S_IMODE(os.stat(f"{d}/key").st_mode) == 0o600 and t.read_bytes(f"{d}/key") == b"sk-1\n"
+        with pytest.raises(HostError):
+            t.put_private(b"sk-2\n", f"{d}/key")
+        assert t.read_bytes(f"{d}/key") == b"sk-1\n"
+        layout = HostLayout(f"{d}/root")
+        t.makedirs(layout.secrets, 0o755)
+        dest = put_secret(t, layout, b"sk-3\n")
+        assert stat.S_IMODE(os.stat(layout.secrets).st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(dest).st_mode) == 0o600 and t.read_bytes(dest) == b"sk-3\n"
+    finally:
+        t.run(Cmd.of("rm", "-rf", "--", d))

@@ -101,3 +101,36 @@ def test_parallel_hashing_matches_sequential(tmp_path: Path) -> None:
         p.write_bytes(os.urandom(100_000 + i))
         files.append(p)
     assert hash_files(files, workers=4) == {p: sha256_file(p) for p in files} == hash_files(files, workers=1)
+
+
+@pytest.mark.parametrize("how", ["file", "dir", "package"])
+def test_symlink_in_the_store_fails_verification(tmp_path: Path, how: str) -> None:
+    """Issue 16 item 12: a file swapped for a link to an identical copy (same hash) is still refused."""
+    store = PackageStore(tmp_path / "packages")
+    m = _install(store)
+    root = store.path_of(m.id)
+    make_writable(root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if how == "file":
+        target = root / "bin" / "ggml-rpc-server"
+        (outside / "rpc").write_bytes(target.read_bytes())
+        (outside / "rpc").chmod(0o755)
+        target.unlink()
+        target.symlink_to(outside / "rpc")
+    elif how == "dir":
+        import shutil
+
+        shutil.copytree(root / "meta", outside / "meta")
+        shutil.rmtree(root / "meta")
+        (root / "meta").symlink_to(outside / "meta")
+    else:
+        import shutil
+
+        shutil.copytree(root, outside / m.id, symlinks=True)
+        shutil.rmtree(root)
+        root.symlink_to(outside / m.id)
+    report = store.verify(m.id, check=False)
+    assert not report.ok and any("symbolic link" in p for p in report.problems), report.problems
+    with pytest.raises(PackageError, match="symbolic link"):
+        store.verify(m.id)

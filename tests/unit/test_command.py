@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 
 import pytest
@@ -81,15 +82,16 @@ def test_cmd_is_frozen_and_hashable() -> None:
     a = Cmd.of("ls", "-l", env={"B": "2", "A": "1"})
     b = Cmd(argv=["ls", "-l"], env={"A": "1", "B": "2"})  # type: ignore[arg-type]
     assert a == b and hash(a) == hash(b) and a.argv == ("ls", "-l")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         a.argv = ("rm",)  # type: ignore[misc]
 
 
 def test_open_transport_picks_local_or_ssh() -> None:
     from orchestrator.config.inventory import Inventory
     from orchestrator.remote.local import LocalTransport
+    from orchestrator.remote.pool import open_transport
     from orchestrator.remote.ssh import SshTransport
-    from orchestrator.remote.transport import Transport, open_transport
+    from orchestrator.remote.transport import Transport
 
     inv = Inventory.model_validate({
         "known_hosts": "/nonexistent/known_hosts",
@@ -120,7 +122,8 @@ def test_fingerprint_matches_openssh_format() -> None:
 
     import paramiko
 
-    from orchestrator.remote.ssh import fingerprint, known_hosts_name
+    from orchestrator.remote.known_hosts import known_hosts_name
+    from orchestrator.remote.ssh import fingerprint
 
     key = paramiko.Ed25519Key.from_private_key  # noqa: F841  (type exists)
     blob = base64.b64decode("AAAAC3NzaC1lZDI1NTE5AAAAINdAtgoDoLT7QfYZCr0fiWlLl91q0DA5D2zMyskL3uQw")
@@ -135,7 +138,13 @@ def test_never_ran_and_retry_classes_of_transport_errors():
     """A command that never started changed nothing (deploy's first change turns that into a
     refusal); only a broken channel is retried by run_idempotent, since connecting already
     retried on its own."""
-    from orchestrator.remote.transport import ConnectionLost, NotStarted, Unreachable, never_ran, transient_command_error
+    from orchestrator.remote.transport import (
+        ConnectionLost,
+        NotStarted,
+        Unreachable,
+        never_ran,
+        transient_command_error,
+    )
 
     assert never_ran(Unreachable("cannot connect")) and not transient_command_error(Unreachable("cannot connect"))
     assert never_ran(NotStarted("no channel")) and transient_command_error(NotStarted("no channel"))

@@ -56,12 +56,14 @@ def test_bad_profile_is_named(tmp_path, change, field, reason):
 
 
 def test_rpc_bind_any_needs_opt_in(tmp_path):
+    """ggml-rpc-server on every address is refused; the old opt-in is refused too (issue 16 item 4)."""
     inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
     inv["pairs"]["lab"]["rpc_bind"] = "0.0.0.0"
-    with pytest.raises(ConfigError, match="allow_rpc_bind_any"):
+    with pytest.raises(ConfigError, match="every address"):
         load_model(Inventory, write(tmp_path, "inv.yaml", inv))
     inv["pairs"]["lab"]["allow_rpc_bind_any"] = True
-    load_model(Inventory, write(tmp_path, "inv2.yaml", inv))
+    with pytest.raises(ConfigError, match="allow_rpc_bind_any is not honoured"):
+        load_model(Inventory, write(tmp_path, "inv2.yaml", inv))
 
 
 def test_pair_names_unknown_host(tmp_path):

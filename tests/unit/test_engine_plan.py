@@ -14,7 +14,7 @@ from orchestrator.config.loader import validate
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.hosts import services
 from orchestrator.hosts.probes import facts_from
 from orchestrator.hosts.release import pack
@@ -97,7 +97,7 @@ def test_auto_rollback_plan_skips_manual_steps(inv):
     assert "no pair to start" in next(s for s in steps if s.name == "restart-rpc").description
     assert "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
     manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
-    assert [s.name for s in manual][:3] == ["connect", "facts", "lease"]
+    assert [s.name for s in manual][:3] == ["connect", "lease", "facts"]  # facts once the hosts are held (issue 21)
 
 
 def test_links_after_deploy():
@@ -125,8 +125,8 @@ def test_route_records_count_up_and_round_trip_byte_exact():
     assert _entry("a").argv_sha256 != RouteEntry.build(
         native_package="a", rpc_package="a-r", package_revision="a" * 40, profile={"name": "lab", "ctx_size": 4096},
         native_argv=["x", "--port", "2"], rpc_argv=["y"]).argv_sha256
-    with pytest.raises(ConfigError):
-        parse_route(b'{"pair": "lab"}')
+    with pytest.raises(HostStateError, match="native-host:/r/route.json does not parse"):
+        parse_route(b'{"pair": "lab"}', where="native-host:/r/route.json", pair="lab")
 
 
 def test_pack_is_stable_and_keeps_modes(tmp_path):
@@ -141,3 +141,10 @@ def test_pack_is_stable_and_keeps_modes(tmp_path):
         names = t.getnames()
         assert names == ["manifest.json", "bin/llama-server"]
         assert t.getmember("bin/llama-server").mode & 0o111
+
+
+def test_deploy_reads_facts_only_after_the_lease_is_held():
+    """Issue 21 item 3: host state that decides anything (and the route's compare-and-swap base)
+    is read after the lease: an operator delayed between facts and lease used stale bytes."""
+    names = [s.name for s in load_playbook("deploy").steps]
+    assert names.index("lease") < names.index("facts") < names.index("prepare")

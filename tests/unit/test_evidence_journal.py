@@ -196,13 +196,16 @@ def test_threads_share_one_journal_safely(store):
     assert len(r.steps) == 80 and all(s.outcome == "passed" for s in r.steps) and len(r.samples) == 80
 
 
-def test_summaries_come_from_the_index_and_are_rebuilt_when_missing(store):
-    sha = store.begin("deploy", [], pair="lab").finish("passed", "ok")
+def test_summaries_come_from_the_receipts_never_the_index(store):
+    """The index is written as a cache for other tools; a forged or missing entry changes nothing."""
+    sha = store.begin("deploy", [], pair="lab").finish("failed", "broken")
     assert (store.index_dir / f"{sha}.json").exists()
+    (store.index_dir / f"{sha}.json").write_text(json.dumps({"hash": sha, "outcome": "passed", "run_id": "x"}))
+    [s] = store.summaries(pair="lab")
+    assert s["hash"] == sha and s["outcome"] == "failed" and s["in_chain"]
     for p in store.index_dir.iterdir():
         p.unlink()
-    [s] = store.summaries(pair="lab")
-    assert s["hash"] == sha and s["outcome"] == "passed" and (store.index_dir / f"{sha}.json").exists()
+    assert store.summaries(pair="lab")[0]["outcome"] == "failed"
     assert store.summaries(pair="other") == []
 
 

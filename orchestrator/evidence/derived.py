@@ -1,0 +1,113 @@
+"""A derived record's outcome is computed, never granted.
+
+It passes only when every step the original command required is covered: reused by hash from a
+step that passed, or run fresh and passed, with the fresh steps observed against the same
+identities (binary hashes, build info) the original recorded. Otherwise it is `incomplete`,
+which nothing (status, baselines, references, schedules) counts as a pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.evidence.receipt import Receipt, StepRecord
+
+# Identity fields that name *what* ran, compared between the original and the fresh steps.
+_IDENTITY_KEYS = ("sha256", "build_info", "revision", "package")
+
+
+@dataclass
+class Coverage:
+    required: list[str]
+    reused: list[str]
+    fresh: list[str]
+    missing: list[str] = field(default_factory=list)
+    failed_fresh: list[str] = field(default_factory=list)
+    identity_mismatch: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not (self.missing or self.failed_fresh or self.identity_mismatch)
+
+    def why(self) -> str:
+        parts = []
+        if self.missing:
+            parts.append(f"not covered by a reused or fresh passed step: {', '.join(self.missing)}")
+        if self.failed_fresh:
+            parts.append(f"fresh step(s) did not pass: {', '.join(self.failed_fresh)}")
+        if self.identity_mismatch:
+            parts.append(f"fresh steps not shown to run against the original's identities: "
+                         f"{', '.join(self.identity_mismatch)}")
+        return "; ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"required": self.required, "reused": self.reused, "fresh": self.fresh, "missing": self.missing,
+                "failed_fresh": self.failed_fresh, "identity_mismatch": self.identity_mismatch,
+                "complete": self.complete}
+
+
+def required_steps(original: Receipt) -> list[str]:
+    """What the original command set out to do: its recorded plan (a deploy records one; steps
+    it never reached are in it), every step it ran that was not skipped, and, for a derived
+    original, the steps it covered by reference."""
+    names: list[str] = []
+    plan = original.extra_fields().get("plan")
+    if isinstance(plan, list):
+        names += [p["name"] for p in plan if isinstance(p, dict) and isinstance(p.get("name"), str)]
+    names += [s.name for s in original.steps if s.outcome != "skipped"]
+    names += list(original.reused_steps)
+    return list(dict.fromkeys(names))
+
+
+def _identity_leaves(data: Any, path: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    stack: list[tuple[Any, str]] = [(data, path)]
+    while stack:
+        obj, p = stack.pop()
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                key = f"{p}.{k}" if p else str(k)
+                if isinstance(v, (dict, list)):
+                    stack.append((v, key))
+                elif any(str(k).endswith(w) for w in _IDENTITY_KEYS):
+                    out[key] = v
+        elif isinstance(obj, list):
+            stack.extend((v, f"{p}[{i}]") for i, v in enumerate(obj) if isinstance(v, (dict, list)))
+    return out
+
+
+def coverage(original: Receipt, reused: list[str], fresh: list[StepRecord],
+             fresh_identities: list[tuple[str, dict[str, Any]]]) -> Coverage:
+    """Reused steps were already checked to have passed in the original (derive refuses others)."""
+    required = required_steps(original)
+    fresh_passed = {s.name for s in fresh if s.outcome == "passed"}
+    cov = Coverage(required=required, reused=list(reused), fresh=[s.name for s in fresh])
+    cov.missing = [n for n in required if n not in reused and n not in fresh_passed]
+    cov.failed_fresh = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
+    if fresh_passed & set(required):
+        latest: dict[str, dict[str, Any]] = {}
+        for host, data in fresh_identities:
+            latest[host] = data
+        for host in dict.fromkeys(i.host for i in original.identities):
+            want = _identity_leaves(original.identity_of(host))
+            got = _identity_leaves(latest.get(host)) if host in latest else None
+            if not want:
+                continue
+            if got is None:
+                cov.identity_mismatch.append(f"{host} (no fresh identity recorded)")
+                continue
+            differ = sorted(k for k, v in want.items() if got.get(k) != v)
+            if differ:
+                cov.identity_mismatch.append(f"{host} ({', '.join(differ[:4])})")
+    return cov
+
+
+def derived_outcome(cov: Coverage, requested: str | None) -> str:
+    """`requested` may lower the outcome (inconclusive, failed), never raise it to passed."""
+    if cov.failed_fresh:
+        return "failed"
+    computed = "passed" if cov.complete else "incomplete"
+    if requested is None or requested == "passed":
+        return computed
+    return requested

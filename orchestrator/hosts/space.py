@@ -1,0 +1,74 @@
+"""Free space on a host, measured before a change needs it (issue 21 item 4).
+
+A full disk used to turn a recoverable failure into a dead pair: the route write failed half
+way (paramiko's "size mismatch in put! 0 != 3982") and the rollback needed the same write.
+So a deploy measures first: before the upload, the package's size plus a margin must fit
+under `releases/`; before the first change, the route record (written twice: temporary file
+and rename), pidfiles and the logs the new services start must fit under the install root.
+Not enough is a refusal naming host, path, free and needed, before anything changes.
+
+The measurement is one `df -Pk PATH` exec (SFTP has no portable statvfs); the parser is pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.errors import HostError
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
+
+MIB = 1 << 20
+UPLOAD_MARGIN_BYTES = 16 * MIB  # tar headers, the host's sha256sum output, a log line or two
+SWITCH_NEEDED_BYTES = 8 * MIB  # route.json twice (temp + rename), pidfiles, the new services' first log lines
+
+
+class NoSpace(HostError):
+    """Not enough free space for the next change; nothing was changed."""
+
+    nothing_changed = True
+
+
+@dataclass(frozen=True)
+class Space:
+    host: str
+    path: str
+    free_bytes: int
+
+    def require(self, needed: int, what: str) -> None:
+        if self.free_bytes < needed:
+            raise NoSpace(
+                f"no space left on {self.host}:{self.path} for {what}: {_mib(self.free_bytes)} free, "
+                f"{_mib(needed)} needed; nothing was changed",
+                hint=f"free space under {self.path} on {self.host} (old releases under releases/ can go), "
+                     "then run the command again")
+
+
+def _mib(n: int) -> str:
+    return f"{n / MIB:.1f} MiB"
+
+
+def df_cmd(path: str) -> Cmd:
+    return Cmd(("df", "-Pk", path))
+
+
+def parse_df(output: str, host: str, path: str) -> Space:
+    """`df -Pk` output: a header, then one line whose 4th field is the available 1K blocks."""
+    lines = [ln for ln in output.splitlines() if ln.strip()]
+    if len(lines) < 2:
+        raise HostError(f"{host}: cannot read free space of {path}: df printed {output.strip()[:200]!r}")
+    fields = lines[-1].split()
+    try:
+        avail_k = int(fields[-3])
+    except (IndexError, ValueError):
+        raise HostError(f"{host}: cannot read free space of {path} from df line {lines[-1][:200]!r}") from None
+    return Space(host, path, avail_k * 1024)
+
+
+def free_space(transport: Transport, path: str) -> Space:
+    res = transport.run(df_cmd(path), check=False, timeout=30)
+    if res.exit_status != 0:
+        raise HostError(f"{transport.name}: df {path} failed (exit {res.exit_status}): "
+                        f"{as_text(res.stderr).strip()[-200:]}")
+    return parse_df(as_text(res.stdout), transport.name, path)

@@ -1,0 +1,96 @@
+"""The route-record judge (engine/route_trust.py) on hostile records, with no host at all:
+every kind of problem it names is shown to be raised, and a clean record to raise none."""
+
+from __future__ import annotations
+
+import os
+import stat
+from datetime import UTC, datetime
+
+import pytest
+
+from orchestrator.config.inventory import load_inventory
+from orchestrator.engine import route_trust
+from orchestrator.engine.plan import pair_view
+from orchestrator.errors import ConfigError, HostStateError
+from orchestrator.hosts.probes import facts_from
+from orchestrator.hosts.route import RouteEntry, next_record
+from orchestrator.paths import Home
+
+KEY = b"k" * 64
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _entry(n: str) -> RouteEntry:
+    return RouteEntry.build(native_package=n, rpc_package=n, package_revision="a" * 40,
+                            profile={"name": "lab", "ctx_size": 4096}, native_argv=["x", n], rpc_argv=["y"])
+
+
+def _facts(cur, route: bytes | None, releases=("A", "B")):
+    return facts_from(root_exists=True, current_link=f"releases/{cur}" if cur else None, previous_link=None,
+                      release_names=list(releases), svc_bytes=None, route_bytes=route, procs={})
+
+
+@pytest.fixture
+def view(tmp_path):
+    return pair_view(load_inventory("lab", {"PAIRCTL_HOME": str(tmp_path)}), "lab")
+
+
+def _record(active="B", previous="A", key=KEY):
+    rec = next_record(None, pair="lab", active=_entry(active), previous=_entry(previous), run_id="run1", now=NOW)
+    return rec.sign(key) if key else rec
+
+
+def _kinds(view, native: bytes | None, rpc: bytes | None, cur=("B", "B"), releases=("A", "B")) -> set[str]:
+    facts = {"native": _facts(cur[0], native, releases), "rpc": _facts(cur[1], rpc, releases)}
+    return {p.kind for p in route_trust.judge(view, facts, KEY, None).problems}
+
+
+def test_a_signed_record_matching_the_links_is_clean(view):
+    data = _record().to_bytes()
+    assert _kinds(view, data, data) == set()
+    assert _kinds(view, None, None, cur=(None, None)) == set()  # a fresh pair: nothing to judge
+
+
+def test_each_hostile_record_is_named(view):
+    good = _record()
+    data = good.to_bytes()
+    assert _kinds(view, _record(key=None).to_bytes(), _record(key=None).to_bytes()) == {route_trust.UNSIGNED}
+    other = _record(key=b"o" * 64).to_bytes()
+    assert _kinds(view, other, other) == {route_trust.FORGED}
+    tampered = good.model_copy(update={"previous": good.previous.model_copy(
+        update={"native_argv": ["x", "A", "--tools", "exec_shell_command"]})}).to_bytes()
+    assert _kinds(view, tampered, tampered) == {route_trust.FORGED, route_trust.ARGV}
+    assert _kinds(view, data, b"{not json") == {route_trust.PARSE}
+    assert _kinds(view, data, good.model_copy(update={"revision": 40}).sign(KEY).to_bytes()) == {route_trust.DIFFER}
+    assert _kinds(view, None, None) == {route_trust.MISSING}
+    assert _kinds(view, data, data, cur=("A", "A")) == {route_trust.LINKS}
+    assert route_trust.RELEASE in _kinds(view, data, data, releases=("A",))
+
+
+def test_refusal_allows_only_what_the_command_can_resolve(view):
+    facts = {r: _facts("B", _record(key=None).to_bytes()) for r in ("native", "rpc")}
+    j = route_trust.judge(view, facts, KEY, None)
+    j.refuse("deploy", route_trust.DEPLOY_ALLOWS)  # an unsigned record: deploy replaces it with a signed one
+    with pytest.raises(HostStateError, match="rollback refused, nothing was changed.*no signature") as exc:
+        j.refuse("rollback", route_trust.ROLLBACK_ALLOWS)
+    assert "pairctl repair --pair lab" in str(exc.value)
+
+
+def test_the_signing_key_is_made_0600_and_a_readable_one_refused(tmp_path):
+    home = Home(tmp_path / "home")
+    key = route_trust.route_key(home)
+    path = home.root / route_trust.KEY_NAME
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and route_trust.route_key(home) == key and len(key) >= 32
+    os.chmod(path, 0o644)
+    with pytest.raises(ConfigError, match="chmod 600"):
+        route_trust.route_key(home)
+
+
+def test_links_outside_the_install_root_are_not_releases():
+    from orchestrator.hosts.probes import ProbeError, release_of_link
+
+    assert release_of_link("/r/releases/A", "/r") == "A" and release_of_link("releases/A", "/r") == "A"
+    for bad in ("/tmp/evil/releases/A", "/etc", "releases/..", "releases/", "releases/.x"):
+        with pytest.raises(ProbeError):
+            release_of_link(bad, "/r")
