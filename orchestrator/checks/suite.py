@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable
 
 from pydantic import BaseModel, Field
 
+from orchestrator import progress
 from orchestrator.checks import (
     answer_fixtures,
     budget,
@@ -153,8 +154,10 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
             wait_idle(ctx)
             faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)
+            progress.event("check.start", f"check {name} ({names.index(name) + 1}/{len(names)}) ...", check=name)
             r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
+            progress.event("check.end", f"check {name}: {r.verdict}", check=name, verdict=r.verdict)
             results.append(r)
             _record(ctx, r)
             if r.required and not r.ok and budget.is_transport_failure(r.message):

@@ -1,31 +1,60 @@
 """The `pairctl` console script: typer apps, thin.
 
 Each command parses, builds a context, calls one function. Only `main()` turns exceptions into
-exit codes and messages, so no traceback ever reaches a user.
+exit codes and messages, so no traceback ever reaches a user; with `--json` it also prints the
+run's one JSON document, with an `error` object when the run failed.
+
+Start-up is part of the design: this module imports typer and the command registry only.
+Commands (cli/commands.py) are imported when they run, so `pairctl --version` and `--help`
+load none of them.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import sys
-from pathlib import Path
-from typing import Optional
+from typing import Any
 
 import typer
 
-from orchestrator import __version__, log
-from orchestrator.cli.context import Ctx, set_config_dir
+from orchestrator import __version__
+from orchestrator.cli.commands import COMMANDS
+from orchestrator.cli.lazy import LazyGroup
+from orchestrator.cli.options import Globals
 from orchestrator.errors import ExitCode, PairctlError
-from orchestrator.paths import Home
 
-EXIT_CODES_HELP = "\n\n".join(f"{c.value:>3}  {c.name.lower()}" for c in ExitCode)
+EXIT_MEANINGS: dict[ExitCode, str] = {
+    ExitCode.OK: "ok",
+    ExitCode.FAILURE: "a check, gate or verification failed",
+    ExitCode.USAGE: "bad command line",
+    ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook",
+    ExitCode.HOST: "a host could not be reached, or its host key is unknown or changed",
+    ExitCode.LEASED: "a host is leased by someone else (or another pairctl run holds the pair)",
+    ExitCode.BUILD: "build or package problem (dirty tree, toolchain, hash mismatch)",
+    ExitCode.ROLLED_BACK: "failed after activation began; previous pair restored and verified",
+    ExitCode.ROLLBACK_FAILED: "rollback failed: hosts left stopped, leases kept",
+    ExitCode.INCONCLUSIVE: "inconclusive (not enough valid data)",
+    ExitCode.EVIDENCE: "a receipt or chain does not verify",
+    ExitCode.SKIPPED: "skipped (a scheduled run found the pair leased)",
+    ExitCode.INTERRUPTED: "interrupted",
+}
+
+# "\b" keeps click from re-wrapping the table into one paragraph.
+EXIT_CODES_HELP = "\b\nExit codes:\n" + "\n".join(f"  {c.value:>3}  {EXIT_MEANINGS[c]}" for c in ExitCode)
+
+
+class RootGroup(LazyGroup):
+    registry = COMMANDS
+
 
 app = typer.Typer(
     name="pairctl",
+    cls=RootGroup,
     help=(
         "Build, deploy, accept, qualify and roll back matched llama.cpp native/RPC GPU pairs.\n\n"
-        "State (packages, receipts, lab) lives under PAIRCTL_HOME (or --home).\n\n"
-        f"Exit codes:\n\n{EXIT_CODES_HELP}"
+        "State (packages, receipts, lab) lives under PAIRCTL_HOME (or --home). The options "
+        "--json, -i/--inventory, --home and -v are accepted before or after any command.\n\n"
+        + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -40,59 +69,91 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-_CONFIG = typer.Option(None, "--config", envvar="PAIRCTL_CONFIG", help=(
-    "Operator config directory, searched first (then ./pairctl/ upwards, the user config dir, the bundled defaults)."))
-
-
 @app.callback()
 def _root(
-    ctx: typer.Context,
-    home: Optional[Path] = typer.Option(None, "--home", envvar="PAIRCTL_HOME", help="pairctl's state directory."),
-    inventory: str = typer.Option(
-        "lab", "--inventory", "-i", envvar="PAIRCTL_INVENTORY", help="Inventory name (manifests/inventories) or YAML path."
-    ),
-    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
-    verbose: int = typer.Option(0, "--verbose", "-v", count=True, help="More log output (repeat for debug)."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
-    config: Path | None = _CONFIG,
 ) -> None:
-    h = Home.resolve(home)
-    os.environ["PAIRCTL_HOME"] = str(h.root)  # children (lab sshd, schedules) see the same home
-    config_dir = set_config_dir(config)
-    log.configure(log_file=h.logs / "pairctl.jsonl", verbosity=verbose)
-    ctx.obj = Ctx(home=h, inventory_ref=inventory, json_output=json_output, verbosity=verbose, config_dir=config_dir)
+    """The global options live in cli/options.py and are attached to every command."""
 
 
-def _register() -> None:
-    """Import command modules lazily at start-up (not at package import)."""
-    from orchestrator.cli import commands  # noqa: F401
+def _meaning(code: int) -> str:
+    try:
+        return EXIT_MEANINGS[ExitCode(code)]
+    except (ValueError, KeyError):
+        return f"exit {code}"
+
+
+def _error(code: int, message: str, *, kind: str, hint: str | None = None,
+           receipt: str | None = None) -> dict[str, Any]:
+    """The `error` object of a failed run's JSON document (schema: cli/outputs.py ErrorInfo)."""
+    return {"exit_code": code, "kind": kind, "message": message, "hint": hint, "receipt": receipt,
+            "meaning": _meaning(code)}
+
+
+def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None:
+    """Exactly one JSON document: the command's own, with `error` added when the run failed."""
+    doc: Any = g.document if g.has_document else None
+    if error is not None:
+        if isinstance(doc, dict):
+            if error.get("receipt") is None and isinstance(doc.get("receipt"), str):
+                error = {**error, "receipt": doc["receipt"]}  # e.g. a failed acceptance: its receipt
+            doc = {**doc, "error": error}
+        else:
+            doc = {"error": error} if doc is None else {"result": doc, "error": error}
+    elif doc is None:
+        doc = {"exit_code": code}
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> None:
-    _register()
+    args = list(sys.argv[1:] if argv is None else argv)
+    g = Globals()
+    error: dict[str, Any] | None = None
+    code = 0
     try:
-        rv = app(args=argv, standalone_mode=False)
+        rv = app(args=args, standalone_mode=False, obj=g, prog_name="pairctl")
+        code = int(rv) if isinstance(rv, int) else 0
     except PairctlError as exc:
+        code = int(exc.exit_code)
         typer.echo(f"pairctl: error: {exc}", err=True)
-        sys.exit(int(exc.exit_code))
+        error = _error(code, exc.message, kind=type(exc).__name__, hint=exc.hint, receipt=getattr(exc, "receipt", None))
     except KeyboardInterrupt:
+        code = int(ExitCode.INTERRUPTED)
         typer.echo("pairctl: interrupted", err=True)
-        sys.exit(int(ExitCode.INTERRUPTED))
+        error = _error(code, "interrupted", kind="KeyboardInterrupt")
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except typer.Abort:
+        code = int(ExitCode.INTERRUPTED)
         typer.echo("pairctl: aborted", err=True)
-        sys.exit(int(ExitCode.INTERRUPTED))
-    except Exception as exc:  # usage errors (typer bundles its own click) and anything unexpected
-        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
-        if callable(show) and isinstance(code, int):
+        error = _error(code, "aborted", kind="Abort")
+    except typer.TyperException as exc:  # click's usage errors (typer bundles its own click)
+        show = getattr(exc, "show", None)
+        if callable(show):
             show()
-            sys.exit(code)
+        code = int(exc.exit_code)
+        error = _error(code, exc.format_message(), kind=type(exc).__name__, hint="pairctl COMMAND --help")
+    except Exception as exc:  # anything unexpected: one line here, the traceback in the JSON log
+        code = int(ExitCode.FAILURE)
         typer.echo(f"pairctl: internal error: {type(exc).__name__}: {exc}", err=True)
-        typer.echo(f"(details in {Home.resolve().logs / 'pairctl.jsonl'})", err=True)
-        try:
-            log.get_logger().exception("internal error")
-        except Exception:
-            pass
-        sys.exit(int(ExitCode.FAILURE))
-    sys.exit(int(rv) if isinstance(rv, int) else 0)
+        where = _log_internal_error(g)
+        if where:
+            typer.echo(f"(details in {where})", err=True)
+        error = _error(code, f"internal error: {type(exc).__name__}: {exc}", kind="InternalError")
+    # A usage error can stop parsing before --json is read: the word on the command line counts.
+    if (g.json_output or "--json" in args) and (g.ran or error is not None):
+        if code != 0 and error is None:  # the command chose its exit code (typer.Exit)
+            error = _error(code, _meaning(code), kind="Exit")
+        _print_document(g, code, error)
+    sys.exit(code)
+
+
+def _log_internal_error(g: Globals) -> str | None:
+    try:
+        # start-up: the logging stack is loaded only when a command runs (or fails)
+        from orchestrator.cli.context import log_internal_error
+
+        return str(log_internal_error(g))
+    except Exception:
+        return None

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
 def accept(
     ctx: typer.Context,
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair to accept (from the inventory); repeatable."),
-    all_pairs: bool = typer.Option(False, "--all", help="Accept every pair of the inventory."),
-    parallel: int = typer.Option(1, "--parallel", min=1, help="Pairs accepted at once (each holds its own hosts' leases)."),
-    only: Optional[list[str]] = typer.Option(None, "--only", help="Run only these checks (repeatable or comma-separated)."),
-    skip: Optional[list[str]] = typer.Option(None, "--skip", help="Skip these checks (repeatable or comma-separated)."),
-    baseline_receipt: Optional[str] = typer.Option(None, "--baseline-receipt", help="Compare answer fixtures against this receipt (hash or prefix)."),
-    baseline_pair: Optional[str] = typer.Option(None, "--baseline-pair", help="Compare against this pair's last passed acceptance (default: the same pair)."),
-    fixtures: Optional[str] = typer.Option(None, "--fixtures", help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
-    isolation: str = typer.Option("solo", "--isolation", help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold their own nonce only)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller than it fails."),
-    scheduled: bool = typer.Option(False, "--scheduled", help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    parallel: int = opts.parallel(1, "Pairs accepted (each holds its own hosts' leases)"),
+    checks: list[str] | None = opts.CHECKS,
+    only: list[str] | None = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
+    skip: list[str] | None = opts.SKIP_CHECKS,
+    baseline_receipt: str | None = typer.Option(None, "--baseline-receipt", metavar="HASH",
+        help="Compare answer fixtures against this receipt (hash or prefix)."),
+    baseline_pair: str | None = typer.Option(None, "--baseline-pair", metavar="PAIR",
+        help="Compare against this pair's last passed acceptance (default: the same pair)."),
+    fixtures: str | None = typer.Option(None, "--fixtures", metavar="NAME|PATH",
+        help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
+    isolation: str = typer.Option("solo", "--isolation", metavar="solo|recall",
+        help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold "
+             "their own nonce only)."),
+    profile: str | None = typer.Option(None, "--profile", metavar="NAME|PATH",
+        help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller "
+             "than it fails."),
+    scheduled: bool = typer.Option(False, "--scheduled",
+        help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
 ) -> None:
     """Run the acceptance checks against PAIR's running llama-server/ggml-rpc-server.
 
@@ -29,8 +37,8 @@ def accept(
     holds every check's raw data; the table shows verdicts and key figures. Exit 0 only if every
     required check passed, 1 otherwise.
     """
+    # start-up: the checks (HTTP client, SSH stack) load when acceptance runs, never for `--help`
     from orchestrator.checks.runner import AcceptRequest, accept_pair, render_table
-
     from orchestrator.ops.fleet import fan_out, select_pairs
 
     c = get_ctx(ctx)
@@ -38,7 +46,8 @@ def accept(
     pairs = select_pairs(inv, pair, all_pairs)
 
     def one(name: str):
-        req = AcceptRequest(pair=name, only=only or [], skip=skip or [], baseline_receipt=baseline_receipt,
+        req = AcceptRequest(pair=name, only=opts.names(checks) + opts.names(only), skip=opts.names(skip),
+                            baseline_receipt=baseline_receipt,
                             baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
                             profile=profile)
         return accept_pair(c.home, inv, req)
@@ -61,6 +70,7 @@ def accept(
                 render_table(c.console, o.value)
             else:
                 c.console.print(f"pair {o.pair}: {o.error}", markup=False)
-        c.console.print(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes), markup=False)
+        c.console.print(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes),
+                        markup=False)
     if not results.ok:
         raise typer.Exit(results.exit_code())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -13,12 +12,18 @@ from orchestrator.cli.context import get_ctx, resolve_path
 def build(
     ctx: typer.Context,
     rev: str = typer.Option(..., "--rev", help="Revision to build (commit, tag, branch); must resolve to a commit."),
-    target: list[str] = typer.Option(..., "--target", "-t", help="Target name (manifests/targets) or YAML path; repeatable."),
-    source: Optional[Path] = typer.Option(None, "--source", help="Git repository to build from (default: the lab source)."),
-    expect_tree: Optional[str] = typer.Option(None, "--expect-tree", help="Refuse unless REV's tree equals this revision's tree."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Name used as the package id prefix (default 'pkg')."),
-    patch: Optional[Path] = typer.Option(None, "--patch", help="Kernel patch folder (kernels/<name>) committed on top of REV."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel compile jobs (default: ninja's)."),
+    target: list[str] = typer.Option(..., "--target", "-t", metavar="NAME|PATH",
+        help="Target name (manifests/targets) or YAML path; repeatable."),
+    source: Path | None = typer.Option(None, "--source", metavar="DIR",
+        help="Git repository to build from (default: the lab source)."),
+    expect_tree: str | None = typer.Option(None, "--expect-tree", metavar="REV",
+        help="Refuse unless REV's tree equals this revision's tree."),
+    profile: str | None = typer.Option(None, "--profile", metavar="NAME",
+        help="Name used as the package id prefix (default 'pkg')."),
+    patch: Path | None = typer.Option(None, "--patch", metavar="DIR",
+        help="Kernel patch folder (kernels/<name>) committed on top of REV."),
+    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, metavar="N",
+        help="Parallel compile jobs (default: ninja's)."),
 ) -> None:
     """Build one immutable package per target from an exact, clean git revision.
 
@@ -44,7 +49,7 @@ def build(
         m = r.package.manifest
         what = "already present, verified" if r.status == "verified" else "built"
         cache = " (build cache hit)" if r.cached else ""
-        c.console.print(f"{what}: {m.id}{cache}  build_info {m.build_info}  tree {m.tree[:12]}  "
+        c.console.print(f"{what}: {m.id}{cache}  build_info {m.build_info}  tree {c.short(m.tree)}  "
                         f"{len(m.files)} files  {r.duration_s:.1f}s", markup=False)  # fmt: skip
         c.console.print(f"  {r.package.path}", markup=False)
     if results and results[0].receipt:

@@ -1,51 +1,31 @@
-"""Registers every sub-app on the root app. One line per command module."""
+"""Every pairctl command, by name: where it lives and its one-line summary.
+
+Adding a command is one line here (its module is imported only when it runs). The target is
+"module:attribute": a typer app (a group of subcommands) or a command function.
+"""
 
 from __future__ import annotations
 
-from orchestrator.cli import app
-from orchestrator.cli import config_cmd
+from orchestrator.cli.lazy import Lazy, lazy
 
-app.add_typer(config_cmd.app, name="config")
-from orchestrator.cli import doctor_cmd, schedule_cmd  # noqa: E402
-
-app.add_typer(schedule_cmd.app, name="schedule")
-app.command("doctor")(doctor_cmd.doctor)
-from orchestrator.cli import lab_cmd  # noqa: E402
-
-app.add_typer(lab_cmd.app, name="lab")
-from orchestrator.cli import build_cmd, packages_cmd  # noqa: E402
-
-app.command("build")(build_cmd.build)
-app.add_typer(packages_cmd.app, name="packages")
-from orchestrator.cli import accept_cmd  # noqa: E402
-
-app.command("accept")(accept_cmd.accept)
-from orchestrator.cli import deploy_cmd, rollback_cmd, status_cmd  # noqa: E402
-
-app.command("deploy")(deploy_cmd.deploy)
-app.command("rollback")(rollback_cmd.rollback)
-app.command("status")(status_cmd.status)
-from orchestrator.cli import repair_cmd  # noqa: E402
-
-app.command("repair")(repair_cmd.repair)
-from orchestrator.cli import kernels_cmd  # noqa: E402
-
-app.add_typer(kernels_cmd.app, name="kernels")
-from orchestrator.cli import receipts_cmd  # noqa: E402
-
-app.add_typer(receipts_cmd.app, name="receipts")
-from orchestrator.cli import qualify_cmd  # noqa: E402
-
-app.add_typer(qualify_cmd.app, name="qualify")
-from orchestrator.cli import lease_cmd  # noqa: E402
-
-app.add_typer(lease_cmd.app, name="lease")
-from orchestrator.cli import reference_cmd  # noqa: E402
-
-app.add_typer(reference_cmd.app, name="reference")
-from orchestrator.cli import init_cmd  # noqa: E402
-
-app.command("init")(init_cmd.init)
-from orchestrator.cli import releases_cmd  # noqa: E402
-
-app.add_typer(releases_cmd.app, name="releases")
+COMMANDS: dict[str, Lazy] = {
+    "init": lazy("orchestrator.cli.init_cmd:init", "Scaffold an operator config repo (inventory, profile, fixtures)."),
+    "build": lazy("orchestrator.cli.build_cmd:build", "Build one immutable package per target from a clean revision."),
+    "packages": lazy("orchestrator.cli.packages_cmd:app", "List, show and verify built packages."),
+    "deploy": lazy("orchestrator.cli.deploy_cmd:deploy", "Deploy, verify and accept a pair; roll back on failure."),
+    "accept": lazy("orchestrator.cli.accept_cmd:accept", "Run the acceptance checks against a live pair."),
+    "reference": lazy("orchestrator.cli.reference_cmd:app", "Show or set a route's pinned reference answers."),
+    "qualify": lazy("orchestrator.cli.qualify_cmd:app", "Paired baseline/candidate qualification with declared gates."),
+    "rollback": lazy("orchestrator.cli.rollback_cmd:rollback", "Put the previous pair back and verify it."),
+    "status": lazy("orchestrator.cli.status_cmd:status", "What runs on a pair, whether it matches, leases (a read)."),
+    "repair": lazy("orchestrator.cli.repair_cmd:repair",
+                   "Rebuild a pair's route record from its links, manifests and evidence."),
+    "releases": lazy("orchestrator.cli.releases_cmd:app", "List and prune old releases on a pair's hosts."),
+    "lease": lazy("orchestrator.cli.lease_cmd:app", "Take, show and release host leases."),
+    "receipts": lazy("orchestrator.cli.receipts_cmd:app", "List, show, verify receipts; derive recovery records."),
+    "kernels": lazy("orchestrator.cli.kernels_cmd:app", "Kernel patches and their CPU-reference validation cases."),
+    "schedule": lazy("orchestrator.cli.schedule_cmd:app", "Run acceptance on a timer (systemd or cron)."),
+    "doctor": lazy("orchestrator.cli.doctor_cmd:doctor", "Check keys, known_hosts and toolchains; say what to fix."),
+    "config": lazy("orchestrator.cli.config_cmd:app", "Validate manifests, show where names resolve, JSON schemas."),
+    "lab": lazy("orchestrator.cli.lab_cmd:app", "The embedded lab: loopback sshd hosts, pinned source, tiny models."),
+}

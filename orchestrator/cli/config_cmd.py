@@ -4,30 +4,43 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config import registry, search
 from orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 app = typer.Typer(help="Validate manifests, show where names resolve, print JSON schemas.", no_args_is_help=True)
 
 
-_PATHS = typer.Argument(None, help="Files to check; default: every name on the config search path.")
-_KIND = typer.Option(None, help="Kind of the files given (target, profile, inventory, ...); "
-                     "default: from their folder, else from their keys.")
-_SCHEMA_KIND = typer.Argument(..., help="One of: target, profile, inventory, playbook, plan, kernel, kernel-cases, "
-                              "fixtures")
+def _schemas() -> dict[str, type[BaseModel]]:
+    # start-up: the manifest models load when a command runs, never for `--help`
+    from orchestrator.config import registry
+
+    return registry.schemas()
 
 
 @app.command("check")
-def check(ctx: typer.Context, paths: list[Path] | None = _PATHS, kind: str | None = _KIND) -> None:
+def check(
+    ctx: typer.Context,
+    paths: list[Path] | None = typer.Argument(
+        None, help="Files to check; default: every name on the config search path."),
+    kind: str | None = typer.Option(None, metavar="KIND",
+        help="Kind of the files given (target, profile, inventory, ...); default: from their folder, else from "
+             "their keys."),
+) -> None:
     """Validate manifests: every problem of a file in one pass (unknown keys, wrong types, impossible
     values, and names it uses that do not resolve: profile, targets, model roles), each with file,
     field and fix."""
+    # start-up: loaded when the command runs
+    from orchestrator.config import registry
+
     c = get_ctx(ctx)
-    models = registry.schemas()
+    models = _schemas()
     results = [registry.check_file(p, kind=kind, models=models) for p in (paths or registry.default_files())]
     bad = [r for r in results if not r.ok]
     if c.json_output:
@@ -48,6 +61,8 @@ def check(ctx: typer.Context, paths: list[Path] | None = _PATHS, kind: str | Non
 def show(ctx: typer.Context) -> None:
     """The config search path, and where each name resolves (an operator file overrides a bundled
     one of the same name)."""
+    from orchestrator.config import search  # start-up: loaded when the command runs
+
     c = get_ctx(ctx)
     layers = search.current_layers()
     table = {kind: search.names(kind, layers) for kind in search.KIND_DIRS}
@@ -69,9 +84,28 @@ def show(ctx: typer.Context) -> None:
 
 
 @app.command("schema")
-def schema(kind: str = _SCHEMA_KIND) -> None:
-    """Print the JSON schema of a manifest kind."""
-    schemas = registry.schemas()
-    if kind not in schemas:
-        raise ConfigError(f"unknown kind {kind!r}; known: {', '.join(sorted(schemas))}")
-    typer.echo(json.dumps(schemas[kind].model_json_schema(), indent=2))
+def schema(
+    ctx: typer.Context,
+    kind: str = typer.Argument(..., metavar="KIND",
+        help="A manifest kind (target, profile, inventory, playbook, plan, kernel), or output.COMMAND for the JSON "
+             "a command prints with --json (output.deploy, output.status, output.error, ...; `output`: all)."),
+) -> None:
+    """Print the JSON schema of a manifest kind or of a command's --json output."""
+    from orchestrator.cli.outputs import OUTPUTS, output_schema
+
+    if kind == "output":
+        doc: object = {name: output_schema(name) for name in OUTPUTS}
+    elif kind.startswith("output."):
+        if kind[len("output."):] not in OUTPUTS:
+            raise ConfigError(f"unknown output {kind!r}; known: {', '.join('output.' + n for n in OUTPUTS)}")
+        doc = output_schema(kind[len("output."):])
+    else:
+        schemas = _schemas()
+        if kind not in schemas:
+            raise ConfigError(f"unknown kind {kind!r}; known: {', '.join(sorted(schemas))}, output.COMMAND")
+        doc = schemas[kind].model_json_schema()
+    c = get_ctx(ctx)
+    if c.json_output:
+        c.emit_json(doc)
+    else:
+        typer.echo(json.dumps(doc, indent=2))

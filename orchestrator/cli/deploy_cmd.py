@@ -3,32 +3,38 @@
 from __future__ import annotations
 
 import sys
-from typing import Optional
 
 import typer
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
 def deploy(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair", help="Pair name from the inventory."),
-    packages: tuple[str, str] = typer.Option(..., "--packages", help="Package ids: NATIVE_ID RPC_ID (one revision)."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Route profile (default: the pair's)."),
+    pair: str = opts.PAIR,
+    native: str | None = opts.NATIVE,
+    rpc: str | None = opts.RPC,
+    packages: tuple[str, str] | None = opts.PACKAGES,
+    profile: str | None = opts.PROFILE,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and its host; change nothing."),
     skip_accept: bool = typer.Option(False, "--skip-accept", help="Identity checks only, no acceptance suite."),
-    checks: Optional[list[str]] = typer.Option(None, "--checks", help="Acceptance checks to run (repeatable)."),
-    kernel_check: bool = typer.Option(False, "--kernel-check", help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes."),
+    checks: list[str] | None = opts.CHECKS,
+    kernel_check: bool = typer.Option(False, "--kernel-check",
+        help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes."),
 ) -> None:
-    """Deploy NATIVE_ID + RPC_ID on PAIR (playbooks/deploy.yaml). Exit 7: failed and rolled back;
-    8: the rollback failed too (hosts stopped, leases kept)."""
+    """Deploy --native ID + --rpc ID (one revision) on PAIR (playbooks/deploy.yaml). Exit 7: failed
+    and rolled back; 8: the rollback failed too (hosts stopped, leases kept)."""
+    ids = opts.package_ids(native, rpc, packages)
+    # start-up: the engine (SSH stack) loads when a deploy runs, never for `deploy --help`
     from orchestrator.engine.deploy import deploy as run_deploy
     from orchestrator.engine.render import print_plan, print_result, progress_printer
 
     c = get_ctx(ctx)
     result = run_deploy(
-        c.home, c.inventory(), pair, (packages[0], packages[1]), profile_name=profile, dry_run=dry_run,
-        skip_accept=skip_accept, checks=tuple(checks or ()), kernel_check=kernel_check, argv=["pairctl", *sys.argv[1:]],
+        c.home, c.inventory(), pair, ids, profile_name=profile, dry_run=dry_run,
+        skip_accept=skip_accept, checks=tuple(opts.names(checks)), kernel_check=kernel_check, argv=["pairctl",
+                                                                                                    *sys.argv[1:]],
         on_step=None if c.json_output else progress_printer(c.console),
     )
     if c.json_output:

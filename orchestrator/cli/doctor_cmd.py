@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import get_ctx
-from orchestrator.config.targets import load_target
 from orchestrator.errors import CheckFailed, ConfigError
-from orchestrator.ops.doctor import run_doctor
 
 
 def doctor(
     ctx: typer.Context,
-    target: Optional[list[str]] = typer.Option(None, "--target", "-t", help="Targets you plan to build (default cpu-lab); checks their toolchains."),
+    target: list[str] | None = typer.Option(None, "--target", "-t", metavar="NAME|PATH",
+        help="Targets you plan to build (default cpu-lab); checks their toolchains."),
     no_inventory: bool = typer.Option(False, "--no-inventory", help="Skip the inventory's keys and known_hosts."),
 ) -> None:
     """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.config.targets import load_target
+    from orchestrator.ops.doctor import run_doctor
+
     c = get_ctx(ctx)
     targets = [load_target(t) for t in (target or ["cpu-lab"])]
     inv = None

@@ -3,34 +3,35 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.table import Table
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError
 
-app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.", no_args_is_help=True)
-
-_JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
-
+app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.",
+                  no_args_is_help=True)
 
 @app.command("list")
-def list_(ctx: typer.Context, json_output: bool = _JSON) -> None:
+def list_(ctx: typer.Context) -> None:
     """Every kernel patch folder: scope, base blobs, patch sha256 (verified) and case names."""
     from orchestrator.config.kernels import describe_all
 
     c = get_ctx(ctx)
     rows = describe_all()
-    if json_output or c.json_output:
+    if c.json_output:
         c.emit_json(rows)
         return
     t = Table(title="kernel patches")
     for col in ("name", "scope", "cases", "patch sha256"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], r.get("scope_line", r.get("error", "")), ", ".join(r.get("cases", [])), (r.get("patch_sha256") or "")[:16])
+        cases = r.get("cases")
+        cases = cases if isinstance(cases, list) else []
+        t.add_row(str(r["name"]), str(r.get("scope_line", r.get("error", ""))), ", ".join(str(x) for x in cases),
+                  c.short(str(r.get("patch_sha256") or ""), 16))
     c.console.print(t)
 
 
@@ -38,9 +39,9 @@ def list_(ctx: typer.Context, json_output: bool = _JSON) -> None:
 def verify(
     ctx: typer.Context,
     kernel: str = typer.Argument("mmvf-warp-per-row", help="Kernel folder name or path."),
-    source: Optional[Path] = typer.Option(None, help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."),
+    source: Path | None = typer.Option(None,
+        help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."),
     rev: str = typer.Option("baseline", help="Revision the patch must apply to."),
-    json_output: bool = _JSON,
 ) -> None:
     """Metadata and hash match the diff, REV has the base blobs, and `git apply --check` passes."""
     from orchestrator.build.patching import verify_patch
@@ -48,23 +49,26 @@ def verify(
     c = get_ctx(ctx)
     repo = source or (c.home.lab / "source")
     out = verify_patch(kernel, repo, rev)
-    if json_output or c.json_output:
+    if c.json_output:
         c.emit_json(out)
     else:
-        c.console.print(f"ok   {out['kernel']} applies to {out['base'][:12]} in {out['repo']} (patch sha256 {out['patch_sha256'][:16]})", markup=False)
+        c.console.print(f"ok   {out['kernel']} applies to {c.short(out['base'])} in {out['repo']} "
+                        f"(patch sha256 {c.short(out['patch_sha256'], 16)})", markup=False)
 
 
 @app.command("check")
 def check(
     ctx: typer.Context,
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair name from the inventory (repeatable)."),
-    all_pairs: bool = typer.Option(False, "--all", help="Every pair of the inventory."),
-    parallel: int = typer.Option(1, "--parallel", min=1, help="Pairs checked at once."),
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    parallel: int = opts.parallel(1, "Pairs checked"),
     kernel: str = typer.Option("mmvf-warp-per-row", "--kernel", help="Kernel folder whose cases.yaml to run."),
-    port: Optional[int] = typer.Option(None, "--port", help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
-    package: Optional[list[str]] = typer.Option(None, "--package", help="HOST=PACKAGE_ID (default: each host's active release)."),
-    perturb: Optional[list[str]] = typer.Option(None, "--perturb", help="Perturb this case's CPU reference on purpose (proves the check can fail)."),
-    json_output: bool = _JSON,
+    port: int | None = typer.Option(None, "--port",
+        help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
+    package: list[str] | None = typer.Option(None, "--package", metavar="HOST=ID",
+        help="HOST=PACKAGE_ID (default: each host's active release)."),
+    perturb: list[str] | None = typer.Option(None, "--perturb", metavar="CASE",
+        help="Perturb this case's CPU reference on purpose (proves the check can fail)."),
 ) -> None:
     """Run the active packages' kernel harness on both hosts of the pair; write a receipt.
 
@@ -88,7 +92,7 @@ def check(
     pairs = select_pairs(inv, pair, all_pairs)
     if packages and len(pairs) > 1:
         raise ConfigError("--package names hosts of one pair; give one --pair with it")
-    as_json = json_output or c.json_output
+    as_json = c.json_output
 
     def one(name: str):
         argv = ["pairctl", "kernels", "check", "--pair", name, "--kernel", kernel]

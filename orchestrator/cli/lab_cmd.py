@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import Ctx, get_ctx
-from orchestrator.config.inventory import load_inventory
-from orchestrator.lab.lab import Lab, LabStatus, down_all
 
-app = typer.Typer(help="The lab: real sshd hosts on loopback, the pinned llama.cpp source, tiny GGUF models.", no_args_is_help=True)
-
-_INV = typer.Option(None, "--inventory", "-i", help="Inventory name (lab, lab3) or YAML path; default: the global --inventory.")
-_JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
+if TYPE_CHECKING:
+    from orchestrator.lab.lab import Lab, LabStatus
 
 
-def _lab(c: Ctx, inventory: Optional[str]) -> Lab:
-    inv = load_inventory(inventory, c.variables) if inventory else c.inventory()
-    return Lab(c.home, inv)
+app = typer.Typer(help="The lab: real sshd hosts on loopback, the pinned llama.cpp source, tiny GGUF models.",
+                  no_args_is_help=True)
+
+def _lab(c: Ctx) -> Lab:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.lab.lab import Lab
+
+    return Lab(c.home, c.inventory())
 
 
-def _show(c: Ctx, st: LabStatus, as_json: bool) -> None:
-    if as_json or c.json_output:
+def _show(c: Ctx, st: LabStatus) -> None:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    if c.json_output:
         c.emit_json(st.as_dict())
         return
     t = Table(title="lab hosts")
@@ -40,28 +43,29 @@ def _show(c: Ctx, st: LabStatus, as_json: bool) -> None:
 @app.command("up")
 def up(
     ctx: typer.Context,
-    inventory: Optional[str] = _INV,
     no_source: bool = typer.Option(False, "--no-source", help="Skip preparing the pinned llama.cpp source."),
-    json_output: bool = _JSON,
 ) -> None:
     """Start (idempotently) every loopback host of the inventory; write keys, known_hosts, models, source."""
     c = get_ctx(ctx)
-    _show(c, _lab(c, inventory).up(source=not no_source), json_output)
+    _show(c, _lab(c).up(source=not no_source))
 
 
 @app.command("status")
-def status(ctx: typer.Context, inventory: Optional[str] = _INV, json_output: bool = _JSON) -> None:
+def status(ctx: typer.Context) -> None:
     """Per host: running, pid, port answering; and whether models and source are present."""
     c = get_ctx(ctx)
-    _show(c, _lab(c, inventory).status(), json_output)
+    _show(c, _lab(c).status())
 
 
 @app.command("down")
-def down(ctx: typer.Context, json_output: bool = _JSON) -> None:
+def down(ctx: typer.Context) -> None:
     """Stop every process this home's lab started (sshd hosts, servers under host roots), by pid."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.lab.lab import down_all
+
     c = get_ctx(ctx)
     report = down_all(c.home)
-    if json_output or c.json_output:
+    if c.json_output:
         c.emit_json(report.as_dict())
         return
     if not report.stopped:

@@ -10,19 +10,19 @@ host is older than the bound it promised.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
 from orchestrator.cli.context import Ctx, get_ctx
-from orchestrator.durations import parse_duration
-from orchestrator.hosts import leases as L
+
+if TYPE_CHECKING:
+    from orchestrator.hosts import leases as L
+
 
 app = typer.Typer(help="Take, show and release host leases (atomic on the host, expiring).", no_args_is_help=True)
 
 _TARGET = typer.Argument(..., metavar="HOST|PAIR", help="A host name, or a pair name (both of its hosts).")
-_JSON = typer.Option(False, "--json", help="Machine-readable output on stdout.")
 
 
 def _journal(c: Ctx, command: str, argv: list[str], target: str):
@@ -32,17 +32,22 @@ def _journal(c: Ctx, command: str, argv: list[str], target: str):
 
 
 def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.hosts import leases as L
+
     t = Table(title=title)
     for col in ("host", "state", "owner", "purpose", "taken", "expires", "left"):
         t.add_column(col)
     for s in states:
-        l = s.lease
-        if l is None:
+        lease = s.lease
+        if lease is None:
             t.add_row(s.host, s.state, "-", "-", "-", "-",
                       "-" if s.lock_age_s is None else f"lock age {s.lock_age_s:.0f}s")
         else:
             left = s.remaining_s() or 0.0  # by the host's clock
-            t.add_row(s.host, s.state, l.owner, l.purpose, L._iso(l.taken_at), L._iso(l.expires_at),
+            t.add_row(s.host, s.state, lease.owner, lease.purpose, L._iso(lease.taken_at), L._iso(lease.expires_at),
                       f"{left / 60:.0f} min" if left > 0 else "expired")
     c.console.print(t)
 
@@ -54,10 +59,14 @@ def take(
     purpose: str = typer.Option(..., "--purpose", help="Why you hold it (shown to anyone refused)."),
     ttl: str = typer.Option("2h", "--ttl", help="How long until it expires: 90s, 30m, 2h, 1h30m, 1d."),
     owner: str = typer.Option(None, "--owner", help="Who holds it; default user@machine."),
-    break_expired: bool = typer.Option(False, "--break-expired", help="Break an EXPIRED (or long half-made) lease first; recorded."),
-    json_output: bool = _JSON,
+    break_expired: bool = typer.Option(False, "--break-expired",
+        help="Break an EXPIRED (or long half-made) lease first; recorded."),
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.durations import parse_duration
+    from orchestrator.hosts import leases as L
+
     c = get_ctx(ctx)
     ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
@@ -65,33 +74,38 @@ def take(
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    argv = ["lease", "take", target, "--purpose", purpose, "--ttl", ttl] + (["--break-expired"] if break_expired else [])
+    argv = ["lease", "take", target, "--purpose", purpose, "--ttl",
+            ttl] + (["--break-expired"] if break_expired else [])
     with TransportPool(inv) as pool, _journal(c, "lease take", argv, target) as j:
         with j.step("take", host=",".join(hosts)) as step:
             leases = L.take_leases(L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired)
-            step.data["leases"] = [l.public() for l in leases]
-            step.data["broken"] = [l.broken for l in leases if l.broken]
+            step.data["leases"] = [lease.public() for lease in leases]
+            step.data["broken"] = [lease.broken for lease in leases if lease.broken]
     nonce = leases[0].nonce
-    if c.json_output or json_output:
-        c.emit_json({"nonce": nonce, "leases": [l.public() for l in leases], "receipt": j.receipt_hash})
+    if c.json_output:
+        c.emit_json({"nonce": nonce, "leases": [lease.public() for lease in leases], "receipt": j.receipt_hash})
         return
-    for l in leases:
-        if l.broken:
-            c.console.print(f"broke an {l.broken['state']} lease on {l.host} (recorded in receipt {j.receipt_hash[:12]})", markup=False)
-    _table(c, [L.LeaseState(l.host, "held", l, now=l.taken_at) for l in leases], f"leased {target}")
+    for lease in leases:
+        if lease.broken:
+            c.console.print(f"broke an {lease.broken['state']} lease on {lease.host} "
+                            f"(recorded in receipt {c.short(j.receipt_hash)})", markup=False)
+    _table(c, [L.LeaseState(lease.host, "held", lease, now=lease.taken_at) for lease in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
 
 @app.command("show")
-def show(ctx: typer.Context, target: str = _TARGET, json_output: bool = _JSON) -> None:
+def show(ctx: typer.Context, target: str = _TARGET) -> None:
     """Who holds the host(s), for what, until when (never the nonce)."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.hosts import leases as L
+
     c = get_ctx(ctx)
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     with TransportPool(inv) as pool:
         states = L.show_leases(inv, pool, target)
-    if c.json_output or json_output:
+    if c.json_output:
         c.emit_json([s.to_dict() for s in states])
         return
     _table(c, states, f"leases of {target}")
@@ -107,18 +121,20 @@ def release(
         help="Release what run RUN_ID (the `(run ...)` in the lease's purpose, as `status` shows it) still holds, "
              "once this home's evidence proves that run over: killed, or ended (a failed rollback keeps its "
              "leases on purpose: release them only after checking the pair). No nonce needed; recorded."),
-    json_output: bool = _JSON,
 ) -> None:
     """Release the lease(s) holding NONCE, then read back that they are inactive.
 
     With --dead-run instead, release the leases a killed or finished pairctl run left behind
     (its nonce died with it), refusing unless the run is over and every lease it names is its own.
     """
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.hosts import leases as L
+
     c = get_ctx(ctx)
     if (nonce is None) == (dead_run is None):
         raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
     if dead_run is not None:
-        return _release_dead_run(c, target, dead_run, json_output)
+        return _release_dead_run(c, target, dead_run)
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
@@ -128,22 +144,25 @@ def release(
         with j.step("release", host=",".join(hosts)) as step:
             released = L.release_leases(L.targets_of(inv, pool, target), nonce)
             after = L.show_leases(inv, pool, target)
-            step.data["released"] = [l.public() for l in released]
+            step.data["released"] = [lease.public() for lease in released]
             step.data["after"] = [s.to_dict() for s in after]
-    out = {"released": [l.public() for l in released], "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
-    if c.json_output or json_output:
+    out = {"released": [lease.public() for lease in released], "after": [s.to_dict() for s in after],
+           "receipt": j.receipt_hash}
+    if c.json_output:
         c.emit_json(out)
         return
-    for l in released:
-        c.console.print(f"released {l.host} (held by {l.owner} for {l.purpose!r})", markup=False)
+    for lease in released:
+        c.console.print(f"released {lease.host} (held by {lease.owner} for {lease.purpose!r})", markup=False)
     _table(c, after, f"leases of {target} now")
 
 
-def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> None:
+def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.errors import LeaseError, LeaseHeldError
     from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.hosts import leases as L
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
@@ -168,7 +187,8 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
             raise LeaseError("not every lease on " + target + f" is run {run_id}'s; nothing released: "
                              + "; ".join(s.describe() for s in others))
         if not theirs:
-            raise LeaseError(f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")")
+            raise LeaseError(f"run {run_id} holds no lease on {target} ("
+                             + "; ".join(s.describe() for s in states) + ")")
         # The lease names its owner; the run's own (verified) evidence must name the same one, so a
         # receipt or journal planted in this home cannot free someone else's lease.
         # (A run proven over by the hosts' stale heartbeats needs no evidence here, so no owner to match.)
@@ -190,10 +210,11 @@ def _release_dead_run(c: Ctx, target: str, run_id: str, json_output: bool) -> No
                 step.data["after"] = [s.to_dict() for s in after]
     out = {"run": {"run_id": run_id, "state": state, "why": why}, "released": broken,
            "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
-    if c.json_output or json_output:
+    if c.json_output:
         c.emit_json(out)
         return
     c.console.print(f"{why}", markup=False)
     for b in broken:
-        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {j.receipt_hash[:12]})", markup=False)
+        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})",
+                        markup=False)
     _table(c, after, f"leases of {target} now")

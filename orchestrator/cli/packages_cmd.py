@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from orchestrator.cli.context import get_ctx
+from orchestrator.cli.context import Ctx, get_ctx
+
+if TYPE_CHECKING:
+    from orchestrator.build.store import PackageStore
 
 app = typer.Typer(help="List, show and verify built packages.", no_args_is_help=True)
 
 
-def _store(ctx: typer.Context):
+def _store(ctx: typer.Context) -> tuple[Ctx, PackageStore]:
     from orchestrator.build.store import PackageStore
 
     c = get_ctx(ctx)
@@ -32,7 +37,7 @@ def list_(ctx: typer.Context) -> None:
                   Column("finished", no_wrap=True))  # fmt: skip
     for p in pkgs:
         m = p.manifest
-        table.add_row(m.id, m.build_info, m.target.name, m.tree[:10], str(len(m.files)), m.finished_at[:19])
+        table.add_row(m.id, m.build_info, m.target.name, c.short(m.tree, 10), str(len(m.files)), m.finished_at[:19])
     c.console.print(table)
 
 
@@ -66,7 +71,8 @@ def verify(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID
     c, store = _store(ctx)
     report = store.verify(package_id, check=False)
     if c.json_output:
-        c.emit_json({"id": report.id, "ok": report.ok, "files_checked": report.files_checked, "problems": report.problems})
+        c.emit_json({"id": report.id, "ok": report.ok, "files_checked": report.files_checked,
+                     "problems": report.problems})
     else:
         for p in report.problems:
             c.console.print(f"FAIL {p}", markup=False)

@@ -12,14 +12,16 @@ samples are kept: derive a record and run `qualify report` on it), or an arm's r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import TYPE_CHECKING
 
 import typer
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
-from orchestrator.evidence.store import EvidenceStore
-from orchestrator.qualify.analysis import QualifyResult
+
+if TYPE_CHECKING:
+    from orchestrator.qualify.analysis import QualifyResult
 
 app = typer.Typer(
     help="Paired baseline/candidate TG qualification: declared gates decided by a Student-t interval on the "
@@ -41,53 +43,62 @@ app = typer.Typer(
 @app.callback()
 def qualify(
     ctx: typer.Context,
-    pair: Optional[str] = typer.Option(None, "--pair", help="Pair name in the inventory."),
-    baseline: Optional[Tuple[str, str]] = typer.Option(None, "--baseline", help="Baseline package ids: NATIVE RPC."),
-    candidate: Optional[Tuple[str, str]] = typer.Option(None, "--candidate", help="Candidate package ids: NATIVE RPC."),
-    plan: Optional[str] = typer.Option(None, "--plan", help="Plan name (manifests/plans) or YAML path."),
-    profile: Optional[str] = typer.Option(None, "--profile", help="Route profile; default: the pair's."),
+    pair: str | None = typer.Option(None, "--pair", metavar="PAIR", help="Pair name in the inventory."),
+    baseline: tuple[str, str] | None = typer.Option(
+        None, "--baseline", metavar="NATIVE_ID RPC_ID", help="Baseline package ids (an id never starts with '-')."),
+    candidate: tuple[str, str] | None = typer.Option(
+        None, "--candidate", metavar="NATIVE_ID RPC_ID", help="Candidate package ids (an id never starts with '-')."),
+    plan: str | None = typer.Option(None, "--plan", metavar="NAME|PATH",
+        help="Plan name (manifests/plans) or YAML path."),
+    profile: str | None = opts.PROFILE,
     candidate_profile: str | None = typer.Option(
-        None, "--candidate-profile", help="Route profile of the candidate arms only (default: --profile)."),
+        None, "--candidate-profile", metavar="NAME|PATH",
+        help="Route profile of the candidate arms only (default: --profile)."),
     calibrate: bool = typer.Option(
         False, "--calibrate", help="A/A calibration: the baseline in both arms, the plan's calibration pairs; "
                                    "records the noise floor and the pairs each gate needs (no --candidate)."),
     calibration: str | None = typer.Option(
-        None, "--calibration", help="Calibration receipt to judge the plan by (default: the newest matching one)."),
-    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+        None, "--calibration", metavar="HASH",
+        help="Calibration receipt to judge the plan by (default: the newest matching one)."),
 ) -> None:
     """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
     if ctx.invoked_subcommand is not None:
         return
     c = get_ctx(ctx)
-    c.json_output = c.json_output or json_output
     need = [("--pair", pair), ("--baseline", baseline), ("--plan", plan)]
     if not calibrate:
         need.append(("--candidate", candidate))
     missing = [n for n, v in need if not v]
-    if missing:
+    if missing or pair is None or baseline is None or plan is None:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
     if calibrate and (candidate or candidate_profile or calibration):
         raise ConfigError("--calibrate runs the baseline against itself: drop --candidate, --candidate-profile "
                           "and --calibration",
                           hint="pairctl qualify --calibrate --pair P --baseline NATIVE RPC --plan PLAN")
+    opts.refuse_option_like(baseline, "--baseline")
+    if candidate is not None:
+        opts.refuse_option_like(candidate, "--candidate")
+    # start-up: the engine loads when the command runs, never for `--help`
+    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.command import qualify_pair
 
     argv = _argv(pair, baseline, candidate, plan, profile)
-    argv += (["--candidate-profile", candidate_profile] if candidate_profile else []) + (["--calibrate"] if calibrate else [])
-    argv += ["--calibration", calibration] if calibration else []
-    assert pair and baseline and plan  # checked above (`missing`)
+    argv += (["--candidate-profile", candidate_profile] if candidate_profile else [])
+    argv += (["--calibrate"] if calibrate else []) + (["--calibration", calibration] if calibration else [])
     out = qualify_pair(c, pair=pair, baseline=(baseline[0], baseline[1]),
                        candidate=(candidate[0], candidate[1]) if candidate else None, plan_ref=plan,
                        profile_ref=profile, argv=argv, calibrate=calibrate, calibration_ref=calibration,
                        candidate_profile_ref=candidate_profile)
-    _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error})
+    _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored,
+                                                             "restore_error": out.restore_error})
     if not out.restored:
         from orchestrator.errors import RollbackFailed
 
         raise RollbackFailed(
             f"the pair was not restored after the measurements: {out.restore_error}; receipt {out.receipt} is failed",
             hint=f"check the pair, then `pairctl receipts derive --from {out.receipt} "
-                 + " ".join(f"--reuse {s}" for s in out.arm_steps) + " --reason ...` and `pairctl qualify report --receipt HASH`",
+                 + " ".join(f"--reuse {s}" for s in out.arm_steps)
+                 + " --reason ...` and `pairctl qualify report --receipt HASH`",
         )
     if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
         raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
@@ -106,16 +117,17 @@ def qualify(
 @app.command("report")
 def report(
     ctx: typer.Context,
-    receipt: str = typer.Option(..., "--receipt", help="Receipt hash (or prefix): a qualify run or a record derived from one."),
-    json_output: bool = typer.Option(False, "--json", help="Machine-readable output on stdout."),
+    receipt: str = typer.Option(..., "--receipt", metavar="HASH",
+        help="Receipt hash (or prefix): a qualify run or a record derived from one."),
 ) -> None:
     """Recompute the result from a receipt (following a derived record's references) and write the report."""
     c = get_ctx(ctx)
-    c.json_output = c.json_output or json_output
+    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report
 
     out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
-    _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived, "checks": record.checks})
+    _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived,
+                                                     "checks": record.checks})
     if record.calibration is not None:
         # an A/A run: its gates are the A/A check; its outcome says whether the plan is resolvable
         if record.outcome != "passed":
@@ -143,6 +155,8 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     if c.json_output:
         payload = {"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()}
         if report_dir is not None:
+            from orchestrator.evidence.store import EvidenceStore
+
             rec = EvidenceStore(c.home.evidence).load(receipt)
             payload["outcome"], payload["reason"] = rec.outcome, rec.reason
             payload["calibration"] = rec.extra_fields().get("calibration")

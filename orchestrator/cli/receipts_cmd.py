@@ -4,42 +4,56 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, first_line, get_ctx
 from orchestrator.errors import EvidenceError, ExitCode
-from orchestrator.evidence.receipt import Receipt, parse_time, summary_of
-from orchestrator.evidence.store import EvidenceStore
+
+if TYPE_CHECKING:
+    from orchestrator.evidence.receipt import Receipt
+    from orchestrator.evidence.store import EvidenceStore
+
 
 app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
 
 EVIDENCE_OPT = typer.Option(
-    None, "--evidence", metavar="DIR", envvar="PAIRCTL_EVIDENCE", help="Evidence store directory (default: <home>/evidence)."
+    None, "--evidence", metavar="DIR", envvar="PAIRCTL_EVIDENCE",
+    help="Evidence store directory (default: <home>/evidence)."
 )
 
 
 def evidence_store_for(ctx: typer.Context | Ctx, evidence_dir: Path | str | None = None) -> EvidenceStore:
     """The store a command writes to: `--evidence DIR` if given, else the home's evidence folder."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.store import EvidenceStore
+
     c = ctx if isinstance(ctx, Ctx) else get_ctx(ctx)
     return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
 
 
 def summary(r: Receipt) -> dict[str, Any]:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.receipt import summary_of
+
     return summary_of(r)
 
 
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    pair: Optional[str] = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
-    since: Optional[str] = typer.Option(None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    pair: str | None = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
+    since: str | None = typer.Option(None, "--since", metavar="T",
+        help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Receipts, oldest first."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.evidence.receipt import parse_time
+
     c = get_ctx(ctx)
     cutoff = None
     if since:
@@ -54,7 +68,7 @@ def list_(
         r for r in (store.summaries(pair=pair) if pair else store.summaries())
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json(rows)
         return
     table = Table(box=None, pad_edge=False)
@@ -62,9 +76,10 @@ def list_(
         table.add_column(col, no_wrap=True)
     table.add_column("reason", min_width=24)
     for r in rows:
-        table.add_row(r["hash"][:12], r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
+        table.add_row(c.short(r["hash"]), r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
                       r["outcome"] + (" (derived)" if r["derived_from"] else "")
-                      + ("" if r.get("in_chain", True) else " (not in its chain: run receipts verify)"), r["reason"])
+                      + ("" if r.get("in_chain", True) else " (not in its chain: run receipts verify)"),
+                      first_line(r["reason"]))
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
     for u in store.unsealed():
@@ -79,13 +94,15 @@ def list_(
 def show(
     ctx: typer.Context,
     ref: str = typer.Argument(..., metavar="HASH", help="Receipt hash or a unique prefix."),
-    json_out: bool = typer.Option(False, "--json", help="The whole receipt as JSON."),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """A readable summary of one receipt (`--json` for all of it)."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
     c = get_ctx(ctx)
     r = evidence_store_for(c, evidence).load(ref)
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json({"hash": r.sha256, **r.to_json_obj()})
         return
     p = c.console.print
@@ -93,12 +110,13 @@ def show(
     p(f"command   {r.command}  {' '.join(r.argv)}", markup=False)
     p(f"pair      {r.pair or '-'}    operator {r.operator or '-'}    on {r.host.hostname} (pid {r.host.pid})")
     p(f"time      {r.started_at} -> {r.finished_at}  ({_seconds(r.started_at, r.finished_at)})")
-    p(f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""), markup=False)
+    p(f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""),
+      markup=False)
     p(f"previous  {r.previous or '- (first of its chain)'}")
     if r.derived_from:
         p(f"derived from {r.derived_from}")
         for name, ref_ in r.reused_steps.items():
-            p(f"  reused  {name}: from {ref_.from_[:12]} data {ref_.data_sha256[:12]} ({ref_.samples} samples)")
+            p(f"  reused  {name}: from {c.short(ref_.from_)} data {c.short(ref_.data_sha256)} ({ref_.samples} samples)")
         p(f"  fresh   {', '.join(r.fresh_steps) or '-'}")
     if r.inputs:
         p("inputs")
@@ -113,7 +131,8 @@ def show(
     if r.identities:
         p("identities")
         for i in r.identities:
-            p(f"  {i.host} @ {i.at}: {json.dumps(i.data, sort_keys=True)[:200]}", markup=False)
+            data = json.dumps(i.data, sort_keys=True)
+            p(f"  {i.host} @ {i.at}: {data[:200] if c.interactive else data}", markup=False)
     if r.samples:
         p("samples   " + ", ".join(f"{k}: {len(v)}" for k, v in sorted(r.samples.items())))
     extra = r.extra_fields()
@@ -124,6 +143,9 @@ def show(
 
 
 def _seconds(a: str, b: str) -> str:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.receipt import parse_time
+
     try:
         return f"{(parse_time(b) - parse_time(a)).total_seconds():.1f} s"
     except ValueError:
@@ -133,13 +155,12 @@ def _seconds(a: str, b: str) -> str:
 @app.command("verify")
 def verify(
     ctx: typer.Context,
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable report."),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Rehash every receipt and walk every chain; nonzero exit (10) naming the first broken link."""
     c = get_ctx(ctx)
     rep = evidence_store_for(c, evidence).verify()
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json(rep.to_json())
     else:
         chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
@@ -159,14 +180,15 @@ def verify(
 def derive(
     ctx: typer.Context,
     original: str = typer.Option(..., "--from", metavar="HASH", help="Hash (or prefix) of the original receipt."),
-    reuse: list[str] = typer.Option(..., "--reuse", metavar="STEP", help="Step to reuse by reference (repeat, or comma-separated)."),
-    reason: str = typer.Option(..., "--reason", metavar="TEXT", help="Why this derived record exists (kept in the receipt)."),
-    fresh: Optional[Path] = typer.Option(
+    reuse: list[str] = typer.Option(..., "--reuse", metavar="STEP",
+        help="Step to reuse by reference (repeat, or comma-separated)."),
+    reason: str = typer.Option(..., "--reason", metavar="TEXT",
+        help="Why this derived record exists (kept in the receipt)."),
+    fresh: Path | None = typer.Option(
         None, "--fresh", metavar="FILE", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
         "or {steps: [...], samples: {step: [rows]}}.",
     ),
-    json_out: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    evidence: Optional[Path] = EVIDENCE_OPT,
+    evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """A new receipt reusing passed steps of a failed run by hash; the original is never touched."""
     c = get_ctx(ctx)
@@ -179,7 +201,7 @@ def derive(
     sha = store.derive(original, reuse=steps, reason=reason, fresh_steps=fresh_steps, fresh_samples=fresh_samples,
                        identities=fresh_ids, argv=argv)
     r = store.load(sha)
-    if json_out or c.json_output:
+    if c.json_output:
         c.emit_json(summary(r) | {"reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
                                   "fresh_steps": r.fresh_steps})
     else:

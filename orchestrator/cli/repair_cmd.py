@@ -7,15 +7,18 @@ import sys
 
 import typer
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
-from orchestrator.engine.repair import repair as run_repair
 
 
-def repair(ctx: typer.Context, pair: str = typer.Option(..., "--pair", help="Pair name from the inventory."),
+def repair(ctx: typer.Context, pair: str = opts.PAIR,
            yes: bool = typer.Option(False, "--yes", help="Write the rebuilt record (without: show it only).")) -> None:
     """Show (and with --yes write) the route record PAIR's links, manifests and this home's
     evidence support, when deploy or rollback refused a missing, damaged or disagreeing record
     (exit 6). Nothing that runs changes. Recorded in a receipt."""
+    # start-up: the engine (SSH stack) loads when a repair runs, never for `--help`
+    from orchestrator.engine.repair import repair as run_repair
+
     c = get_ctx(ctx)
     result = run_repair(c.home, c.inventory(), pair, write=yes, argv=["pairctl", *sys.argv[1:]])
     if c.json_output:

@@ -6,16 +6,18 @@ import sys
 
 import typer
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
-def rollback(ctx: typer.Context, pair: str = typer.Option(..., "--pair", help="Pair name from the inventory.")) -> None:
+def rollback(ctx: typer.Context, pair: str = opts.PAIR) -> None:
     """Swap PAIR back to its previous pair (playbooks/rollback.yaml), restarted with argv
     rendered now from the inventory and its profile. Exit 6 (nothing changed) when the route
     record or links are damaged, unsigned or disagree (`pairctl repair` rebuilds the record);
     exit 8 if the rollback fails (hosts stopped, leases kept)."""
-    from orchestrator.engine.render import print_result, progress_printer
+    # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
     from orchestrator.engine.deploy import rollback as run_rollback
+    from orchestrator.engine.render import print_result, progress_printer
 
     c = get_ctx(ctx)
     result = run_rollback(c.home, c.inventory(), pair, argv=["pairctl", *sys.argv[1:]],

@@ -5,17 +5,15 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
-from rich.table import Table
 
+from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
-from orchestrator.config import search
 from orchestrator.errors import PairctlError
-from orchestrator.ops import schedule as sched
 
-app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).", no_args_is_help=True)
+app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).",
+                  no_args_is_help=True)
 
 
 def _pairctl_exe() -> str:
@@ -30,29 +28,38 @@ def _pairctl_exe() -> str:
 
 
 def _inventory_path(ref: str) -> str:
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.config import search
+
     return str(search.resolve_ref("inventory", ref).resolve())  # the file the search path finds now
 
 
 @app.command("install")
 def install(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair", help="Pair to accept on the schedule."),
-    every: str = typer.Option("6h", "--every", help="Interval: 30m, 6h, 1d ..."),
-    checks: Optional[list[str]] = typer.Option(None, "--checks", help="Only these checks (repeatable)."),
+    pair: str = opts.PAIR,
+    every: str = typer.Option("6h", "--every", metavar="DURATION", help="Interval: 30m, 6h, 1d ..."),
+    checks: list[str] | None = opts.CHECKS,
     system: bool = typer.Option(False, "--system", help="System units in /etc/systemd/system instead of user units."),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir", help="Write the units here (and do not enable them)."),
+    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR",
+        help="Write the units here (and do not enable them)."),
 ) -> None:
     """Write a service + timer that run `pairctl accept --scheduled` for PAIR every interval.
 
     A scheduled run that finds the pair leased by someone else records `skipped: leased by ...`
     and exits 11, which the unit treats as success. Without systemd, prints the crontab line.
     """
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.ops import schedule as sched
+
     c = get_ctx(ctx)
     c.inventory().pair(pair)  # the pair must exist
     s = sched.Schedule(
         pair=pair,
         every_s=sched.parse_every(every),
-        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref), pair=pair, checks=checks),
+        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref),
+                               pair=pair,
+                              checks=opts.names(checks)),
         home=str(c.home.root),
     )
     if unit_dir is None and not sched.systemd_running():
@@ -76,16 +83,22 @@ def install(
     else:
         for p in paths:
             c.console.print(f"wrote {p}", markup=False)
-        c.console.print("enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)", markup=False)
+        c.console.print("enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)",
+                        markup=False)
 
 
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    system: bool = typer.Option(False, "--system"),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir"),
+    system: bool = typer.Option(False, "--system", help="System units instead of user units."),
+    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Look in this folder instead."),
 ) -> None:
     """List the schedules pairctl installed."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
+    from orchestrator.ops import schedule as sched
+
     c = get_ctx(ctx)
     rows = sched.list_units(unit_dir or sched.unit_dir(system))
     if c.json_output:
@@ -100,11 +113,14 @@ def list_(
 @app.command("remove")
 def remove(
     ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair"),
-    system: bool = typer.Option(False, "--system"),
-    unit_dir: Optional[Path] = typer.Option(None, "--unit-dir"),
+    pair: str = opts.PAIR,
+    system: bool = typer.Option(False, "--system", help="System units instead of user units."),
+    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
 ) -> None:
     """Stop and remove the schedule of PAIR."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.ops import schedule as sched
+
     c = get_ctx(ctx)
     name = sched.Schedule(pair=pair, every_s=3600, argv=("x",), home="").unit_name
     if unit_dir is None and sched.systemd_running():
@@ -116,4 +132,5 @@ def remove(
     if c.json_output:
         c.emit_json({"removed": [str(p) for p in removed]})
     else:
-        c.console.print(f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}", markup=False)
+        c.console.print(f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}",
+                        markup=False)

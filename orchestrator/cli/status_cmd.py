@@ -8,14 +8,13 @@ the last acceptance and its age, leases.
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
 import typer
-from rich.table import Table
 
-from orchestrator.cli.context import get_ctx
-from orchestrator.engine.render import lease_text
+from orchestrator.cli import options as opts
+from orchestrator.cli.context import first_line, get_ctx
 
 
 def _age(iso: str | None, now: datetime) -> str:
@@ -41,41 +40,48 @@ def last_acceptance(evidence: Any, pair: str) -> dict[str, Any] | None:
 
 
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
-    now = datetime.now(timezone.utc)
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.engine.render import lease_text
+
+    now = datetime.now(UTC)
     rows = []
-    for o in results.outcomes:
-        st = o.value or {}
+    for out in results.outcomes:
+        st = out.value or {}
         route = st.get("route") or {}
-        acc = last_acceptance(evidence, o.pair)
-        leases = [l for h in (st.get("hosts") or {}).values() for l in h.get("leases", [])]
+        acc = last_acceptance(evidence, out.pair)
+        leases = [entry for h in (st.get("hosts") or {}).values() for entry in h.get("leases", [])]
         rows.append({
-            "pair": o.pair,
-            "ok": o.ok,
+            "pair": out.pair,
+            "ok": out.ok,
             "active": route.get("active_packages"),
             "active_for": _age(route.get("updated_at"), now),
             "health": st.get("health"),
             "last_acceptance": acc["outcome"] if acc else None,
             "last_acceptance_age": _age(acc["finished_at"], now) if acc else "-",
             "leases": [t for t in map(lease_text, leases) if t],
-            "problems": st.get("problems", []) if o.ok or o.value else [o.error],
+            "problems": st.get("problems", []) if out.ok or out.value else [out.error],
         })
     return rows
 
 
 def status(
     ctx: typer.Context,
-    pair: Optional[list[str]] = typer.Option(None, "--pair", help="Pair name from the inventory (repeatable)."),
-    all_pairs: bool = typer.Option(False, "--all", help="Every pair in the inventory."),
-    parallel: int = typer.Option(4, "--parallel", min=1, help="Pairs probed at once."),
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    parallel: int = opts.parallel(4, "Pairs probed"),
     verify_files: bool = typer.Option(
         False, "--verify-files",
         help="Also sha256 every file of each host's current release against its manifest (one exec per host; "
              "catches a changed library or model-independent file that the running binaries' hashes cannot)."),
 ) -> None:
-    """Show current/previous releases, services, route record and leases (read-only).
+    """Show current/previous releases, services, route record and leases.
 
-    Exit 1 when something does not match on any pair (each problem says how to fix it); exit 6
-    when a host's current/previous link leaves the install root or names no release."""
+    A read: it changes nothing on the hosts and writes no receipt (it may log). Exit 1 when
+    something does not match on any pair (each problem says how to fix it); exit 6 when a
+    host's current/previous link leaves the install root or names no release."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from rich.table import Table
+
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
     from orchestrator.evidence.store import EvidenceStore
@@ -85,37 +91,41 @@ def status(
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
     argv = ["pairctl", *sys.argv[1:]]
-    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files), parallel=parallel,
+    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files),
+                      parallel=parallel,
                       ok=lambda out: not out["problems"])
     if len(pairs) == 1 and not all_pairs:
-        o = results.outcomes[0]
-        if o.value is None:
-            raise typer.Exit(o.exit_code) if not o.error else _reraise(o)
+        one = results.outcomes[0]
+        if one.value is None:
+            raise typer.Exit(one.exit_code) if not one.error else _reraise(one)
         if c.json_output:
-            c.emit_json(o.value)
+            c.emit_json(one.value)
         else:
-            print_status(c.console, o.value)
-        if not o.ok:
+            print_status(c.console, one.value)
+        if not one.ok:
             raise typer.Exit(1)
         return
     rows = fleet_rows(results, EvidenceStore(c.home.evidence))
     if c.json_output:
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
-        t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems", title="pairs",
-                  expand=True)
+        t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems",
+                  title="pairs",
+                  expand=c.interactive)
         for r in rows:
-            t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"], str(r["health"] or "-"),
-                      f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)" if r["last_acceptance"] else "-",
-                      "; ".join(r["leases"]) or "-", "; ".join(p[:120] for p in r["problems"]) or "-")
+            t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"],
+                      str(r["health"] or "-"),
+                      f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)"
+                      if r["last_acceptance"] else "-",
+                      "; ".join(r["leases"]) or "-", "; ".join(first_line(p) for p in r["problems"]) or "-")
         c.console.print(t)
     if not results.ok:
         raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())
 
 
-def _reraise(o: Any) -> typer.Exit:
+def _reraise(one: Any) -> typer.Exit:
     from orchestrator.errors import PairctlError
 
-    err = PairctlError(o.error)
-    err.exit_code = o.exit_code
+    err = PairctlError(one.error)
+    err.exit_code = one.exit_code
     raise err

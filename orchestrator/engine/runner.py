@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import progress
 from orchestrator.engine import faults
 from orchestrator.engine.plan import Step
 from orchestrator.errors import PairctlError
@@ -61,6 +62,7 @@ def run_steps(steps: list[Step], ctx: RunContext, handlers: Mapping[str, Handler
         faults.at_step(step.name)  # test-only, inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 (engine/faults.py)
         t0 = time.monotonic()
         host_label = ",".join(step.hosts)
+        progress.event("step.start", f"step {step.name} on {host_label or '-'} ...", step=step.name, hosts=host_label)
         data: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
         was_changed = ctx.changed
@@ -82,6 +84,8 @@ def run_steps(steps: list[Step], ctx: RunContext, handlers: Mapping[str, Handler
                           "; ".join(str(e) if str(e).startswith(f"{h}:") else f"{h}: {e}" for h, e in errors.items())
                           or None)
         outcomes.append(out)
+        progress.event("step.end", f"step {step.name} {'ok' if out.ok else 'FAILED'} ({out.seconds:.2f} s)",
+                       step=step.name)
         if on_step:
             on_step(out)
         if errors:

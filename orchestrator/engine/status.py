@@ -1,8 +1,8 @@
 """`pairctl status --pair NAME`: what is active and previous on each host, whether the services
 run and match their manifests, the route record, the leases, and runs that were killed.
 
-Read-only on the hosts. Its receipt goes to the evidence store's pair-less chain, so status
-never waits for (or blocks) a deploy that holds the pair's chain.
+Read-only on the hosts, and a read writes no receipt (issue 17: the audit trail holds what
+changed or was judged, not every look); it never waits for (or blocks) a deploy holding the pair.
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] 
     store = PackageStore(home.store)
     evidence = EvidenceStore(home.evidence)
     recovered = evidence.recover_aborted(pair_name)
-    journal = evidence.begin("status", argv=list(argv or []), pair=None)
     own = pool is None
     pool = pool or TransportPool(inventory)
     out: dict[str, Any] = {"pair": pair_name, "hosts": {}, "route": None, "problems": [],
@@ -52,42 +51,40 @@ def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] 
         found: dict[str, HostFacts] = {}
         for role in ROLES:
             host, layout = view.hosts[role], view.layouts[role]
-            with journal.step("host", host=host) as st:
-                t = pool.get(host)
-                name = SERVICE_OF_ROLE[role]
-                f = read_facts(t, layout, (name,))
-                # a host pairctl never prepared has no helper to ask (and nothing of ours running)
-                ident = read_identities({role: t}, {role: layout}, (role,))[role] if f.svc_sha256 else None
-                want = _bin_sha(store, f.current, name)
-                matches = None
-                if ident is not None and ident.running:
-                    matches = want is not None and ident.exe_sha256 == want
-                    if not matches:
-                        out["problems"].append(f"{host}: running {name} does not match the manifest of {f.current}")
-                    if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
-                        out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
-                elif f.current:
-                    out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
-                h: dict[str, Any] = {
-                    "role": role,
-                    "current": f.current,
-                    "previous": f.previous,
-                    "releases": list(f.releases),
-                    "service": name,
-                    "running": bool(ident and ident.running),
-                    "pid": ident.pid if ident else None,
-                    "matches_manifest": matches,
-                    "leases": _leases(t, layout.root),
-                    # partial uploads of killed runs (the next deploy under the lease removes them)
-                    "upload_leftovers": leftovers(t, layout),
-                }
-                if verify_files:
-                    h["release_files"] = _verify_current(t, layout, store, f.current, host)
-                    if h["release_files"].get("problem"):
-                        out["problems"].append(h["release_files"]["problem"])
-                out["hosts"][host] = h
-                found[role] = f
-                st.data.update(h)
+            t = pool.get(host)
+            name = SERVICE_OF_ROLE[role]
+            f = read_facts(t, layout, (name,))
+            # a host pairctl never prepared has no helper to ask (and nothing of ours running)
+            ident = read_identities({role: t}, {role: layout}, (role,))[role] if f.svc_sha256 else None
+            want = _bin_sha(store, f.current, name)
+            matches = None
+            if ident is not None and ident.running:
+                matches = want is not None and ident.exe_sha256 == want
+                if not matches:
+                    out["problems"].append(f"{host}: running {name} does not match the manifest of {f.current}")
+                if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
+                    out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
+            elif f.current:
+                out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
+            h: dict[str, Any] = {
+                "role": role,
+                "current": f.current,
+                "previous": f.previous,
+                "releases": list(f.releases),
+                "service": name,
+                "running": bool(ident and ident.running),
+                "pid": ident.pid if ident else None,
+                "matches_manifest": matches,
+                "leases": _leases(t, layout.root),
+                # partial uploads of killed runs (the next deploy under the lease removes them)
+                "upload_leftovers": leftovers(t, layout),
+            }
+            if verify_files:
+                h["release_files"] = _verify_current(t, layout, store, f.current, host)
+                if h["release_files"].get("problem"):
+                    out["problems"].append(h["release_files"]["problem"])
+            out["hosts"][host] = h
+            found[role] = f
         # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
         judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
         out["problems"] += [str(p) for p in judged.problems]
@@ -102,14 +99,12 @@ def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] 
                 "previous": rec.previous.names() if rec.previous else None,
             }
             if rec.active and rec.active.models:
-                with journal.step("models", host=view.hosts["native"]) as st:
-                    bad = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models,
-                                                  view.hosts["native"], pool.get(view.hosts["native"]),
-                                                  view.layouts["native"])
-                    out["route"]["models"] = dict(rec.active.models)
-                    out["route"]["models_verified"] = not bad
-                    out["problems"] += bad
-                    st.data.update(models=dict(rec.active.models), problems=bad)
+                bad = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models,
+                                              view.hosts["native"], pool.get(view.hosts["native"]),
+                                              view.layouts["native"])
+                out["route"]["models"] = dict(rec.active.models)
+                out["route"]["models_verified"] = not bad
+                out["problems"] += bad
         try:
             get_json(view.base_url, "/health", timeout=3)
             out["health"] = "ok"
@@ -120,13 +115,8 @@ def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] 
                 out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
         out["stale_leases"] = _stale_leases(evidence, out["hosts"])
-        journal.set("status", {k: v for k, v in out.items() if k != "hosts"})
-        out["receipt"] = journal.finish("passed" if not out["problems"] else "failed",
-                                        "; ".join(out["problems"]) or "pair as recorded")
         return out
     finally:
-        if not journal.finished:
-            journal.finish("failed", "status did not complete")
         if own:
             pool.close()
 

@@ -15,11 +15,13 @@ import posixpath
 import re
 import secrets
 import tarfile
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
+from orchestrator import progress
 from orchestrator.errors import HostError, PackageError
 from orchestrator.hosts import space
 from orchestrator.hosts.layout import HostLayout, tmp_release_name
@@ -137,6 +139,7 @@ def ensure_release(transport: Transport, layout: HostLayout, package: Any, prese
     data = _packed(str(package.path))
     space.free_space(transport, layout.releases).require(len(data) + space.UPLOAD_MARGIN_BYTES, f"the upload of {pid}")
     tmp = tmp_release_name(pid, secrets.token_hex(4))
+    t0 = time.monotonic()
     try:
         res = transport.run(layout.unpack_cmd(tmp), stdin=data, timeout=600)
     except HostError as exc:
@@ -148,6 +151,7 @@ def ensure_release(transport: Transport, layout: HostLayout, package: Any, prese
             raise space.NoSpace(f"no space left on {host}:{layout.releases} while unpacking {pid} "
                                 f"({len(data)} bytes); the partial upload was removed, nothing else changed") from None
         raise
+    progress.event("upload", f"upload {pid} to {host}: {progress.rate(len(data), time.monotonic() - t0)}", host=host)
     try:
         n = check_hash_output(expected, as_text(res.stdout), host, f"the upload of {pid}")
     except PackageError:

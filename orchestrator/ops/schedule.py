@@ -110,7 +110,7 @@ class Schedule:
 def accept_argv(pairctl: str, *, home: str, inventory: str, pair: str, checks: list[str] | None) -> tuple[str, ...]:
     argv = [pairctl, "--home", home, "--inventory", inventory, "accept", "--pair", pair, "--scheduled"]
     for c in checks or []:
-        argv += ["--only", c]
+        argv += ["--checks", c]
     return tuple(argv)
 
 

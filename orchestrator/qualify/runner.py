@@ -26,10 +26,12 @@ rebuild the result without measuring again (`pairctl qualify report --receipt DE
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol
 
+from orchestrator import progress
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError, PairctlError, RollbackFailed
 from orchestrator.evidence.store import EvidenceStore
@@ -169,8 +171,11 @@ def run_qualification(
             samples: list[dict[str, Any]] = []
             stopped_early: str | None = None
             stop_error: BaseException | None = None
+            t_arms = time.monotonic()
             for k, (p_idx, arm) in enumerate(plan.arm_order()):
                 name = arm_step_name(k, p_idx, arm)
+                progress.event("arm.start", f"qualify arm {k + 1}/{len(plan.arm_order())} {name} "
+                               f"({progress.eta(k, len(plan.arm_order()), time.monotonic() - t_arms)}) ...", arm=name)
                 pkgs = arms[arm]
                 try:
                     with journal.step(name) as step:
@@ -212,6 +217,7 @@ def run_qualification(
                         step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
                     arm_steps.append(name)
                     log.info("arm measured", step=name, samples=len(rows))
+                    progress.event("arm.end", f"qualify arm {name}: {len(rows)} samples", arm=name, samples=len(rows))
                     if hooks.after_arm:
                         hooks.after_arm(name)
                 except Exception as exc:  # noqa: BLE001 - whatever stops an arm, the pair is restored below

@@ -37,7 +37,9 @@ def test_doctor_names_missing_known_hosts_entries(cli, tmp_path):
     assert "known_host:r" in r.output and "[127.0.0.3]:2222" in r.output
     import json
 
-    rows = {f["check"]: f for f in json.loads(r.stdout)}
+    doc = json.loads(r.stdout)  # a failed run's list output comes under `result`, beside `error`
+    assert doc["error"]["exit_code"] == 1
+    rows = {f["check"]: f for f in doc["result"]}
     assert rows["known_host:n"]["ok"] is True
     assert rows["known_host:r"]["ok"] is False and "known_hosts" in rows["known_host:r"]["fix"]
     assert rows["key:n"]["ok"] is True

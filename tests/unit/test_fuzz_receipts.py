@@ -198,7 +198,10 @@ def _apply(root: Path, ops) -> bool:
             name = hashlib.sha256(data).hexdigest() + ".json" if where == "receipt" else pl["name"]
             (folder / name).write_bytes(data)
         elif op == "junk-file":
-            (folder / pl["name"]).write_bytes(pl["bytes"])
+            junk = folder / pl["name"]
+            if junk.is_dir():  # an earlier dir-instead took the name: the junk goes beside it
+                junk = folder / (pl["name"] + ".junk")
+            junk.write_bytes(pl["bytes"])
         elif op == "dir-instead":
             victim = folder / pl["name"]
             if victim.is_file() or victim.is_symlink():  # a dangling link left by an earlier op is no dir either

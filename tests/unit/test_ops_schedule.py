@@ -108,7 +108,7 @@ def test_schedule_cli_install_list_remove(cli, tmp_path):
     out = json.loads(r.stdout)
     assert out["mode"] == "systemd" and out["enabled"] is False and len(out["units"]) == 2
     service = (tmp_path / "pairctl-accept-lab.service").read_text()
-    assert " accept --pair lab --scheduled --only identity" in service
+    assert " accept --pair lab --scheduled --checks identity" in service
     listed = json.loads(cli("--json", "schedule", "list", "--unit-dir", str(tmp_path)).stdout)
     assert [x["unit"] for x in listed] == ["pairctl-accept-lab"]
     assert cli("schedule", "remove", "--pair", "lab", "--unit-dir", str(tmp_path)).exit_code == 0

@@ -1,0 +1,164 @@
+"""Every CLI option that more than one command takes, declared once.
+
+The global options (`--json`, `-i/--inventory`, `--home`, `-v`) are attached by the lazy
+registry (cli/lazy.py) to the root and to every command and group, so they are accepted before
+and after the subcommand alike; whichever level gives one, its value lands in the one
+`Globals` of the run (the last one given wins, `-v` adds up). Commands never declare them.
+
+This module is imported on every start-up (`pairctl --version` included): typer only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from typer.core import TyperOption
+
+if TYPE_CHECKING:
+    from orchestrator.cli.context import Ctx
+
+DEFAULT_INVENTORY = "lab"
+
+
+@dataclass
+class Globals:
+    """The global options of one run, gathered from every level of the command line.
+
+    `document` is the command's JSON output, held until the run ends so that `--json` always
+    prints exactly one document (on failure it carries the `error` object, cli/__init__.py)."""
+
+    home: Path | None = None
+    inventory: str | None = None
+    config: Path | None = None  # --config: the first layer of the config search path (PAIRCTL_CONFIG)
+    json_output: bool = False
+    verbosity: int = 0
+    context: Ctx | None = None
+    document: Any = None
+    has_document: bool = False
+    ran: bool = False  # a command body started (not only --help or a usage error)
+
+    @property
+    def inventory_ref(self) -> str:
+        return self.inventory or os.environ.get("PAIRCTL_INVENTORY") or DEFAULT_INVENTORY
+
+
+def _remember(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
+    """Store a global option given at any level into the run's Globals (defaults never override)."""
+    g = ctx.find_root().obj
+    if not isinstance(g, Globals) or not value:
+        return
+    if param.name == "verbose":
+        g.verbosity += int(value)
+    elif param.name == "json_output":
+        g.json_output = True
+    elif param.name == "home":
+        g.home = Path(value)
+    elif param.name == "inventory":
+        g.inventory = str(value)
+    elif param.name == "config":
+        g.config = Path(value)
+
+
+def _global_options(
+    json_output: bool = typer.Option(
+        False, "--json", callback=_remember, expose_value=False,
+        help="Machine output: exactly one JSON document on stdout, on success and on failure."),
+    inventory: str | None = typer.Option(
+        None, "--inventory", "-i", metavar="NAME|PATH", callback=_remember, expose_value=False,
+        help="Inventory name (on the config search path) or YAML path; default $PAIRCTL_INVENTORY or 'lab'."),
+    home: Path | None = typer.Option(
+        None, "--home", metavar="DIR", callback=_remember, expose_value=False,
+        help="pairctl's state directory; default $PAIRCTL_HOME or the user state directory."),
+    config: Path | None = typer.Option(
+        None, "--config", metavar="DIR", callback=_remember, expose_value=False,
+        help="Operator config directory, searched first (then ./pairctl/ upwards, the user config dir, the "
+             "bundled defaults); default $PAIRCTL_CONFIG."),
+    verbose: int = typer.Option(
+        0, "--verbose", "-v", count=True, callback=_remember, expose_value=False, show_default=False,
+        help="More log output on stderr (repeat for debug)."),
+) -> None:
+    """Template whose parameters become the global options (never run)."""
+
+
+class _Uncoerced(TyperOption):
+    """A global option whose value is used as click parsed it (str, bool, count).
+
+    typer 0.29 coerces every parameter through a pydantic TypeAdapter, and the root's options
+    (these, --version, --help, completion) are processed before a subcommand's `--help`: skipping
+    it keeps pydantic out of `pairctl COMMAND --help` (start-up budget, issue 20). Only for
+    options whose parsed value is already what the callback wants (flags, counts, plain text)."""
+
+    def process_value(self, ctx: Any, value: Any) -> Any:
+        return self.callback(ctx, self, value) if self.callback is not None else value
+
+
+@cache
+def global_params() -> tuple[Any, ...]:
+    """The global options as click parameters, built by typer from `_global_options`."""
+    t = typer.Typer(add_completion=False)
+    t.command()(_global_options)
+    return tuple(uncoerced(p) for p in typer.main.get_command(t).params)
+
+
+def uncoerced(param: Any) -> Any:
+    """The same option, its parsed value used as is (see _Uncoerced); other parameters unchanged."""
+    if isinstance(param, TyperOption) and not isinstance(param, _Uncoerced):
+        param.__class__ = _Uncoerced
+    return param
+
+
+GLOBAL_NAMES = frozenset({"json_output", "inventory", "home", "verbose"})
+
+
+# Options several commands share: one declaration each.
+PAIR = typer.Option(..., "--pair", metavar="PAIR", help="Pair name from the inventory.")
+PAIRS = typer.Option(None, "--pair", metavar="PAIR", help="Pair name from the inventory (repeatable).")
+ALL_PAIRS = typer.Option(False, "--all", help="Every pair of the inventory.")
+PROFILE = typer.Option(None, "--profile", metavar="NAME|PATH", help="Route profile (default: the pair's).")
+CHECKS = typer.Option(
+    None, "--checks", metavar="NAME[,NAME]", help="Run only these acceptance checks (repeatable or comma-separated).")
+SKIP_CHECKS = typer.Option(None, "--skip", metavar="NAME[,NAME]",
+    help="Skip these checks (repeatable or comma-separated).")
+NATIVE = typer.Option(None, "--native", metavar="ID", help="Package id for the native host (llama-server).")
+RPC = typer.Option(None, "--rpc", metavar="ID", help="Package id for the RPC host (ggml-rpc-server).")
+PACKAGES = typer.Option(
+    None, "--packages", metavar="NATIVE_ID RPC_ID",
+    help="Both package ids at once (same as --native ID --rpc ID); an id never starts with '-'.")
+
+
+def parallel(default: int, what: str) -> Any:
+    return typer.Option(default, "--parallel", min=1, metavar="N", help=f"{what} at once.")
+
+
+def names(values: list[str] | None) -> list[str]:
+    """Repeatable, comma-separated names (`--checks a,b --checks c`) as one list."""
+    return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+
+
+def package_ids(native: str | None, rpc: str | None, packages: tuple[str, str] | None,
+                *, flag: str = "--packages") -> tuple[str, str]:
+    """NATIVE_ID, RPC_ID from `--native ID --rpc ID` or `--packages A B`, refusing anything that
+    looks like an option: click hands `--packages nat1 --dry-run` the text `--dry-run` as an id."""
+    if packages is not None and (native is not None or rpc is not None):
+        raise typer.BadParameter(f"give either {flag} NATIVE_ID RPC_ID or --native ID --rpc ID, not both",
+                                 param_hint=flag)
+    ids = tuple(packages) if packages is not None else (native, rpc)
+    missing = [n for n, v in zip(("--native", "--rpc"), ids, strict=True) if not v]
+    if missing:
+        raise typer.BadParameter(f"missing {' and '.join(missing)} (or {flag} NATIVE_ID RPC_ID)",
+                                 param_hint="/".join(missing))
+    refuse_option_like(ids, flag)
+    return str(ids[0]), str(ids[1])
+
+
+def refuse_option_like(ids: tuple[str | None, ...], flag: str) -> None:
+    """A value that starts with '-' was an option swallowed by a two-value flag: refuse it."""
+    for v in ids:
+        if v is not None and v.startswith("-"):
+            raise typer.BadParameter(f"{v!r} is not a package id (ids never start with '-'); "
+                                     "give one id per flag (--native ID --rpc ID)", param_hint=flag)

@@ -1,0 +1,185 @@
+"""The JSON documents `--json` prints, as pydantic models: `pairctl config schema output.COMMAND`.
+
+Each model names the fields a script may rely on; documents may carry more (extra="allow"), so
+a field added later never breaks a reader. On failure the document carries `error` (ErrorInfo):
+a dict output gets the key, a list output is wrapped as {"result": [...], "error": {...}}.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorInfo(BaseModel):
+    """Why the run failed: exit code (README's table), message, fix, and the receipt it wrote."""
+
+    model_config = ConfigDict(extra="forbid")
+    exit_code: int
+    kind: str
+    message: str
+    hint: str | None
+    receipt: str | None
+    meaning: str
+
+
+class Failed(_Open):
+    """Any failed run's document: at least the error; `result` holds a list output."""
+
+    error: ErrorInfo
+    result: list[Any] | None = None
+
+
+class StepRow(_Open):
+    name: str
+    hosts: list[str]
+    ok: bool
+    seconds: float
+    error: str | None
+
+
+class RunOutput(_Open):
+    """deploy and rollback."""
+
+    command: str
+    pair: str
+    outcome: str
+    receipt: str | None
+    plan: list[dict[str, Any]]
+    steps: list[StepRow]
+    uploads: dict[str, Any]
+    timings: dict[str, float]
+    active: dict[str, Any] | None
+    wall_s: float
+    error: ErrorInfo | None = None
+
+
+class HostStatus(_Open):
+    role: str
+    current: str | None
+    previous: str | None
+    releases: list[str]
+    service: str
+    running: bool
+    pid: int | None
+    matches_manifest: bool | None
+    leases: list[dict[str, Any]]
+
+
+class StatusOutput(_Open):
+    """status --pair P (one pair). A read: no receipt."""
+
+    pair: str
+    hosts: dict[str, HostStatus]
+    route: dict[str, Any] | None
+    problems: list[str]
+    health: str | None = None
+    error: ErrorInfo | None = None
+
+
+class FleetStatusOutput(_Open):
+    """status --all, or several --pair."""
+
+    pairs: list[dict[str, Any]]
+    details: list[dict[str, Any]]
+    error: ErrorInfo | None = None
+
+
+class PackageRow(_Open):
+    id: str
+    revision: str
+    target: str
+    build_info: str
+    content_digest: str
+    path: str
+
+
+class BuildRow(_Open):
+    id: str
+    status: str
+    cached: bool
+    duration_s: float
+    path: str
+    revision: str
+    tree: str
+    target: str
+    content_digest: str
+    receipt: str | None
+
+
+class ReceiptRow(_Open):
+    hash: str
+    started_at: str
+    finished_at: str | None
+    command: str
+    pair: str | None
+    outcome: str
+    reason: str | None
+    previous: str | None
+    derived_from: str | None
+
+
+class AcceptOutput(_Open):
+    """accept --pair P (one pair): the suite's summary and the receipt."""
+
+    receipt: str | None
+    error: ErrorInfo | None = None
+
+
+class LeaseTakeOutput(_Open):
+    nonce: str
+    leases: list[dict[str, Any]]
+    receipt: str | None
+
+
+class DoctorFinding(_Open):
+    check: str
+    ok: bool
+    detail: str
+    fix: str
+
+
+class ConfigCheckRow(_Open):
+    file: str
+    ok: bool
+    error: str | None
+
+
+class QualifyOutput(_Open):
+    receipt: str
+    report: str | None
+    verdict: str
+    gates: list[dict[str, Any]]
+    error: ErrorInfo | None = None
+
+
+# command -> the type of its success document (a failure is `Failed` or the same with `error`).
+OUTPUTS: dict[str, Any] = {
+    "error": Failed,
+    "deploy": RunOutput,
+    "rollback": RunOutput,
+    "status": StatusOutput,
+    "status-fleet": FleetStatusOutput,
+    "build": list[BuildRow],
+    "packages-list": list[PackageRow],
+    "receipts-list": list[ReceiptRow],
+    "accept": AcceptOutput,
+    "lease-take": LeaseTakeOutput,
+    "doctor": list[DoctorFinding],
+    "config-check": list[ConfigCheckRow],
+    "qualify": QualifyOutput,
+}
+
+
+def output_schema(name: str) -> dict[str, Any]:
+    return TypeAdapter(OUTPUTS[name]).json_schema()
+
+
+def validate_output(name: str, document: Any) -> Any:
+    """Check a printed document against its model (the tests do, for real runs)."""
+    return TypeAdapter(OUTPUTS[name]).validate_python(document)
