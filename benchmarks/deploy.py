@@ -103,8 +103,7 @@ def _measure(res: Any) -> dict[str, Any]:
         "llama_server_start_to_healthy_s": round(t.get("server_start_to_healthy_s", 0.0), 3),
         "rpc_restart_exec_s": round(t.get("rpc_restart_to_listening_s", 0.0), 3),  # stop+switch+start+listen, one exec
         "pairctl_own_s": round(res.wall_s - servers, 3),
-        "pairctl_parts_s": {k: round(v, 3) for k, v in t.items()
-                            if k != "server_start_to_healthy_s"},
+        "pairctl_parts_s": {k: round(v, 3) for k, v in t.items() if k != "server_start_to_healthy_s"},
         "steps_s": {s["name"]: s["seconds"] for s in res.steps},
         "ssh_round_trips": rts,  # as the transport counts them: execs + SFTP requests + file puts/gets
         "ssh_execs": execs,  # each starts a process (and the login shell) on the host: the expensive kind
@@ -131,14 +130,27 @@ def run() -> dict[str, Any]:
             shutil.rmtree(rel)
     fresh = _measure(_deploy(home, inv, b))
     uploaded = _measure(_deploy(home, inv, a))
-    passed = (fresh["wall_s"] < FRESH_TARGET_S and uploaded["wall_s"] < UPLOADED_TARGET_S
-              and uploaded["package_bytes_sent"] == 0 and fresh["package_bytes_sent"] > 0)
-    line = (f"deploy: fresh {fresh['wall_s']:.2f} s (servers {fresh['servers_start_to_ready_s']:.2f} s, "
-            f"{fresh['ssh_execs']} execs/{fresh['ssh_round_trips']} round trips, {fresh['package_bytes_sent']} bytes) "
-            f"target <{FRESH_TARGET_S:.0f} s; already uploaded {uploaded['wall_s']:.2f} s "
-            f"({uploaded['ssh_execs']} execs/{uploaded['ssh_round_trips']} round trips, {uploaded['package_bytes_sent']} bytes) "
-            f"target <{UPLOADED_TARGET_S:.0f} s: {'PASS' if passed else 'FAIL'}")
-    return {"fresh": fresh, "uploaded": uploaded, "targets": {"fresh_s": FRESH_TARGET_S, "uploaded_s": UPLOADED_TARGET_S},
-            "passed": passed, "line": line, "packages": {"A": a, "B": b}, "pair": f"{INVENTORY}/{PAIR}",
-            "load_average": os.getloadavg(),
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    passed = (
+        fresh["wall_s"] < FRESH_TARGET_S
+        and uploaded["wall_s"] < UPLOADED_TARGET_S
+        and uploaded["package_bytes_sent"] == 0
+        and fresh["package_bytes_sent"] > 0
+    )
+    line = (
+        f"deploy: fresh {fresh['wall_s']:.2f} s (servers {fresh['servers_start_to_ready_s']:.2f} s, "
+        f"{fresh['ssh_execs']} execs/{fresh['ssh_round_trips']} round trips, {fresh['package_bytes_sent']} bytes) "
+        f"target <{FRESH_TARGET_S:.0f} s; already uploaded {uploaded['wall_s']:.2f} s "
+        f"({uploaded['ssh_execs']} execs/{uploaded['ssh_round_trips']} round trips, {uploaded['package_bytes_sent']} bytes) "
+        f"target <{UPLOADED_TARGET_S:.0f} s: {'PASS' if passed else 'FAIL'}"
+    )
+    return {
+        "fresh": fresh,
+        "uploaded": uploaded,
+        "targets": {"fresh_s": FRESH_TARGET_S, "uploaded_s": UPLOADED_TARGET_S},
+        "passed": passed,
+        "line": line,
+        "packages": {"A": a, "B": b},
+        "pair": f"{INVENTORY}/{PAIR}",
+        "load_average": os.getloadavg(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -38,8 +38,11 @@ def _measure(argv: list[str]) -> dict[str, float]:
         wall.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
-    return {"cpu_s": round(statistics.median(cpu), 4), "cpu_min_s": round(min(cpu), 4),
-            "wall_s": round(statistics.median(wall), 4)}
+    return {
+        "cpu_s": round(statistics.median(cpu), 4),
+        "cpu_min_s": round(min(cpu), 4),
+        "wall_s": round(statistics.median(wall), 4),
+    }
 
 
 def run() -> dict[str, object]:
@@ -50,9 +53,20 @@ def run() -> dict[str, object]:
     worst_root = max(v["cpu_s"] for v in root.values())
     worst_name, worst = max(((n, v["cpu_s"]) for n, v in commands.items()), key=lambda x: x[1])
     passed = worst_root < BUDGET_ROOT_S and worst < BUDGET_COMMAND_S
-    line = (f"startup: --version {root['--version']['cpu_s']:.3f} s, --help {root['--help']['cpu_s']:.3f} s CPU "
-            f"(budget {BUDGET_ROOT_S}); slowest COMMAND --help: {worst_name} {worst:.3f} s "
-            f"(budget {BUDGET_COMMAND_S}); "
-            f"python floor {floor['cpu_s']:.3f} s; median of {REPEATS}, {os.cpu_count()} cpus")
-    return {"line": line, "passed": passed, "repeats": REPEATS, "cpus": os.cpu_count(), "python_floor": floor,
-            "root": root, "commands": commands, "budget_root_s": BUDGET_ROOT_S, "budget_command_s": BUDGET_COMMAND_S}
+    line = (
+        f"startup: --version {root['--version']['cpu_s']:.3f} s, --help {root['--help']['cpu_s']:.3f} s CPU "
+        f"(budget {BUDGET_ROOT_S}); slowest COMMAND --help: {worst_name} {worst:.3f} s "
+        f"(budget {BUDGET_COMMAND_S}); "
+        f"python floor {floor['cpu_s']:.3f} s; median of {REPEATS}, {os.cpu_count()} cpus"
+    )
+    return {
+        "line": line,
+        "passed": passed,
+        "repeats": REPEATS,
+        "cpus": os.cpu_count(),
+        "python_floor": floor,
+        "root": root,
+        "commands": commands,
+        "budget_root_s": BUDGET_ROOT_S,
+        "budget_command_s": BUDGET_COMMAND_S,
+    }

@@ -41,7 +41,8 @@ def mask_secrets(_logger: Any, _name: str, event: EventDict) -> EventDict:
 
 # File log: tracebacks as data, never with frame locals (a local can be a header holding the key).
 _file_tracebacks = structlog.processors.ExceptionRenderer(
-    structlog.tracebacks.ExceptionDictTransformer(show_locals=False))
+    structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+)
 
 
 def _private_file(path: Path) -> None:
@@ -94,11 +95,15 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
             log_file.parent.mkdir(parents=True, exist_ok=True)
             _private_file(log_file)
         except (NotADirectoryError, FileExistsError):
-            raise ConfigError(f"{log_file.parent.parent}: pairctl's home must be a directory, and a file is in the way",
-                              hint="pass --home (or PAIRCTL_HOME) naming a directory") from None
+            raise ConfigError(
+                f"{log_file.parent.parent}: pairctl's home must be a directory, and a file is in the way",
+                hint="pass --home (or PAIRCTL_HOME) naming a directory",
+            ) from None
         except OSError as exc:
-            raise ConfigError(f"{log_file}: cannot write pairctl's log: {exc.strerror}",
-                              hint="pass --home (or PAIRCTL_HOME) naming a writable directory") from None
+            raise ConfigError(
+                f"{log_file}: cannot write pairctl's log: {exc.strerror}",
+                hint="pass --home (or PAIRCTL_HOME) naming a writable directory",
+            ) from None
         fh = logging.FileHandler(log_file, encoding="utf-8")
         fh.setLevel(logging.DEBUG)
         fh.setFormatter(

@@ -53,7 +53,7 @@ class Home:
     root: Path
 
     @classmethod
-    def resolve(cls, root: Path | str | None = None) -> "Home":
+    def resolve(cls, root: Path | str | None = None) -> Home:
         return cls(Path(root).expanduser().resolve() if root else default_home())
 
     @property
@@ -81,7 +81,7 @@ class Home:
     def metrics(self) -> Path:
         return self.root / "metrics"
 
-    def ensure(self) -> "Home":
+    def ensure(self) -> Home:
         for p in (self.root, self.store, self.build_cache, self.evidence, self.logs):
             p.mkdir(parents=True, exist_ok=True)
         return self

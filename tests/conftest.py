@@ -17,8 +17,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 pytest_plugins = [
     p
-    for p in ("tests.plugins.lab", "tests.plugins.packages", "tests.plugins.pairs", "tests.plugins.qualify",
-              "tests.plugins.wheel")
+    for p in (
+        "tests.plugins.lab",
+        "tests.plugins.packages",
+        "tests.plugins.pairs",
+        "tests.plugins.qualify",
+        "tests.plugins.wheel",
+    )
     if (REPO / (p.replace(".", "/") + ".py")).exists()
 ]
 
@@ -40,6 +45,7 @@ def pairctl_home() -> Path:
 @pytest.fixture
 def cli(pairctl_home: Path):
     """Run the real `pairctl` in-process: cli("deploy", "--pair", "lab", ...) -> CliResult."""
+
     def run(*args: str, home: Path | None = None, inventory: str | None = None, input: str | None = None) -> CliResult:
         argv = ["--home", str(home or pairctl_home)]
         if inventory:

@@ -14,10 +14,11 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from orchestrator.build import git, patching
 from orchestrator.build.git import Revision
@@ -77,7 +78,7 @@ class BuildResult:
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def run_logged(argv: list[str], *, env: dict[str, str], log_path: Path, cwd: Path | None = None,
@@ -190,11 +191,15 @@ def assemble(plan: BuildPlan, outputs: Path, tmp: Path, *, reporter: Reporter) -
     helped = _run_capture([str(server), "--help"], env)
     help_text = helped.stdout if helped.stdout.strip() else helped.stderr
     if helped.returncode != 0 or "--rpc" not in help_text:
-        raise BuildError(f"{server} --help failed (exit {helped.returncode}) or lists no --rpc:\n{(helped.stderr or help_text)[-1500:]}")
+        raise BuildError(
+            f"{server} --help failed (exit {helped.returncode}) or lists no --rpc:\n{(helped.stderr or help_text)[-1500:]}"
+        )
     version = _run_capture([str(server), "--version"], env)
     version_text = (version.stdout + version.stderr).strip() + "\n"
     if f"commit {plan.revision.short}" not in version_text or f"build {plan.revision.count}," not in version_text:
-        raise BuildError(f"{server} --version does not name build {plan.revision.count}, commit {plan.revision.short}:\n{version_text}")
+        raise BuildError(
+            f"{server} --version does not name build {plan.revision.count}, commit {plan.revision.short}:\n{version_text}"
+        )
     (tmp / "meta").mkdir(exist_ok=True)
     (tmp / "meta" / "llama-server.help.txt").write_text(help_text, encoding="utf-8")
     (tmp / "meta" / "version.txt").write_text(version_text, encoding="utf-8")
@@ -231,7 +236,7 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
                 cached = False
                 log_dir = home.logs / "build"
                 log_dir.mkdir(parents=True, exist_ok=True)
-                log_path = log_dir / f"{pid}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}.log"
+                log_path = log_dir / f"{pid}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.log"
                 compile_outputs(plan, req.source, outputs, log_path=log_path, reporter=reporter)
             else:
                 log.info("build cache hit: skipping cmake", key=plan.key)
@@ -258,7 +263,9 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
                     status = "verified"
                     existing = store.get(pid)
                     problems = diff_entries(existing.manifest.files, files)
-                    problems += [f"existing package: {p}" for p in verify_tree(existing.path, existing.manifest).problems]
+                    problems += [
+                        f"existing package: {p}" for p in verify_tree(existing.path, existing.manifest).problems
+                    ]
                     if problems:
                         raise PackageError(
                             f"package {pid} already exists and differs from this build; nothing was replaced:\n"
@@ -276,10 +283,14 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
             remove_tree(tmp)
     finally:
         reporter.close()
-    return BuildResult(package=package, status=status, cached=cached, duration_s=time.monotonic() - t0, log_path=log_path)  # type: ignore[arg-type]
+    return BuildResult(
+        package=package, status=status, cached=cached, duration_s=time.monotonic() - t0, log_path=log_path
+    )  # type: ignore[arg-type]
 
 
-def build(home: Home, req: BuildRequest, *, interactive: bool | None = None, argv: list[str] | None = None) -> list[BuildResult]:
+def build(
+    home: Home, req: BuildRequest, *, interactive: bool | None = None, argv: list[str] | None = None
+) -> list[BuildResult]:
     """Build one package per requested target from an exact, clean revision; write a receipt."""
     home.ensure()
     journal = _begin_receipt(home, req, argv)
@@ -308,8 +319,17 @@ def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal: 
     if req.patch is not None:
         rev, patch = _apply_patch(repo, rev, req.patch)
         git.require_clean(repo)
-    journal.set("source", {"repo": str(repo), "rev": req.rev, "commit": rev.commit, "tree": rev.tree,
-                           "expect_tree": req.expect_tree, "patch": patch.model_dump() if patch else None})
+    journal.set(
+        "source",
+        {
+            "repo": str(repo),
+            "rev": req.rev,
+            "commit": rev.commit,
+            "tree": rev.tree,
+            "expect_tree": req.expect_tree,
+            "patch": patch.model_dump() if patch else None,
+        },
+    )
     targets = [load_target(t) for t in req.targets]
     if not targets:
         raise BuildError("no --target given")
@@ -318,7 +338,9 @@ def _build(home: Home, req: BuildRequest, *, interactive: bool | None, journal: 
     results = []
     for t in targets:
         with journal.step(f"build {t.name}") as step:
-            r = build_target(req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive)
+            r = build_target(
+                req, t, rev, toolchains[t.name], home=home, store=store, patch=patch, interactive=interactive
+            )
             step.data.update(r.as_dict())
             step.data["files"] = {k: v.sha256 for k, v in r.package.manifest.files.items()}
         results.append(r)

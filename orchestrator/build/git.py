@@ -44,12 +44,20 @@ def commit_env(name: str, email: str, date: str) -> dict[str, str]:
     """`_env()` plus a fixed author, committer and date: commits pairctl makes (the lab baseline,
     a kernel patch on top of a revision) get the same id on every machine."""
     env = _env()
-    env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email, GIT_AUTHOR_DATE=date,
-               GIT_COMMITTER_NAME=name, GIT_COMMITTER_EMAIL=email, GIT_COMMITTER_DATE=date)
+    env.update(
+        GIT_AUTHOR_NAME=name,
+        GIT_AUTHOR_EMAIL=email,
+        GIT_AUTHOR_DATE=date,
+        GIT_COMMITTER_NAME=name,
+        GIT_COMMITTER_EMAIL=email,
+        GIT_COMMITTER_DATE=date,
+    )
     return env
 
 
-def git(repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+def git(
+    repo: Path, *args: str, env: dict[str, str] | None = None, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(["git", "-C", str(repo), *args], env=env or _env(), capture_output=True, text=True)
     if check and proc.returncode != 0:
         raise BuildError(f"git {' '.join(args)} failed in {repo}: {proc.stderr.strip() or proc.stdout.strip()}")
@@ -75,7 +83,9 @@ def dirty_paths(repo: Path) -> list[str]:
 def require_clean(repo: Path) -> None:
     dirty = dirty_paths(repo)
     if dirty:
-        shown = "\n".join(f"  {d}" for d in dirty[:20]) + (f"\n  ... and {len(dirty) - 20} more" if len(dirty) > 20 else "")
+        shown = "\n".join(f"  {d}" for d in dirty[:20]) + (
+            f"\n  ... and {len(dirty) - 20} more" if len(dirty) > 20 else ""
+        )
         raise BuildError(
             f"source {repo} has uncommitted changes or untracked files; refusing to build:\n{shown}",
             hint="commit or remove them: a package is built only from an exact, clean revision",
@@ -119,7 +129,9 @@ def export_tree(repo: Path, commit: str, dest: Path) -> None:
     archive.stdout.close()
     err = archive.stderr.read().decode(errors="replace") if archive.stderr else ""
     if archive.wait() != 0 or untar.returncode != 0:
-        raise BuildError(f"exporting {commit} from {repo} failed: {err.strip()} {untar.stderr.decode(errors='replace').strip()}")
+        raise BuildError(
+            f"exporting {commit} from {repo} failed: {err.strip()} {untar.stderr.decode(errors='replace').strip()}"
+        )
 
 
 def diff_against(repo: Path, commit: str, work_tree: Path) -> str:
@@ -130,12 +142,19 @@ def diff_against(repo: Path, commit: str, work_tree: Path) -> str:
     with tempfile.TemporaryDirectory(prefix="pairctl-index-") as tmp:
         env = _env()
         env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")
-        base = ["--git-dir", str(Path(git(repo, "rev-parse", "--absolute-git-dir").stdout.strip())), "--work-tree", str(work_tree)]
+        base = [
+            "--git-dir",
+            str(Path(git(repo, "rev-parse", "--absolute-git-dir").stdout.strip())),
+            "--work-tree",
+            str(work_tree),
+        ]
+
         def run(*args: str) -> str:
             proc = subprocess.run(["git", *base, *args], env=env, capture_output=True, text=True)
             if proc.returncode not in (0, 1):
                 raise BuildError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
             return proc.stdout
+
         run("read-tree", commit)
         run("update-index", "-q", "--refresh")
         diff = run("diff-files", "-p", "--no-color")

@@ -99,7 +99,9 @@ def link_line(build_ninja: str, cmake_cache: str, output: str = LINK_LIKE) -> Li
     libs = split("LINK_LIBRARIES")
     if not any("ggml" in part for part in libs):
         raise BuildError(f"the link line of {output} names no ggml library: {' '.join(libs)[:300]}")
-    return LinkLine(cxx=cxx, flags=split("FLAGS"), link_flags=split("LINK_FLAGS"), link_path=split("LINK_PATH"), link_libraries=libs)
+    return LinkLine(
+        cxx=cxx, flags=split("FLAGS"), link_flags=split("LINK_FLAGS"), link_path=split("LINK_PATH"), link_libraries=libs
+    )
 
 
 def compile_argv(line: LinkLine, *, sources: list[Path], include_dirs: list[Path], out: Path) -> list[str]:

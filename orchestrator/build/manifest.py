@@ -76,7 +76,7 @@ class PackageManifest(_Frozen):
         return self.model_dump_json(indent=2) + "\n"
 
     @classmethod
-    def load(cls, path: Path) -> "PackageManifest":
+    def load(cls, path: Path) -> PackageManifest:
         try:
             return cls.model_validate_json(Path(path).read_bytes())
         except FileNotFoundError:

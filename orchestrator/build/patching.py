@@ -112,7 +112,9 @@ def apply_patch(repo: Path | str, rev: str, patch_dir: Path | str) -> PatchedRev
     # Keep the commit reachable (so gc cannot drop it) under a ref naming patch and base.
     git(repo, "update-ref", ref, commit, env=env)
     log.info("kernel patch committed", kernel=meta.name, base=base, commit=commit, patch_sha256=meta.patch_sha256)
-    return PatchedRevision(commit=commit, tree=tree, base=base, kernel=meta.name, patch_sha256=meta.patch_sha256, ref=ref)
+    return PatchedRevision(
+        commit=commit, tree=tree, base=base, kernel=meta.name, patch_sha256=meta.patch_sha256, ref=ref
+    )
 
 
 def verify_patch(patch_dir: Path | str, repo: Path | str, rev: str = "baseline") -> dict[str, str]:

@@ -41,8 +41,14 @@ def launcher_defines(target: Target, toolchain: Toolchain) -> dict[str, str]:
 def cache_key(tree: str, target: Target, defines: dict[str, str], toolchain: Toolchain) -> str:
     """(tree hash, target, flags digest, output-relevant tool versions) → a folder name."""
     return sha256_json(
-        {"v": CACHE_KEY_VERSION, "tree": tree, "target": target.name, "defines": defines, "toolchain": toolchain.output_relevant(),
-         "harness": harness_inputs() if target.kernel_harness else None}
+        {
+            "v": CACHE_KEY_VERSION,
+            "tree": tree,
+            "target": target.name,
+            "defines": defines,
+            "toolchain": toolchain.output_relevant(),
+            "harness": harness_inputs() if target.kernel_harness else None,
+        }
     )[:32]
 
 
@@ -99,7 +105,9 @@ class BuildPlan:
         return env
 
 
-def make_plan(target: Target, rev: Revision, toolchain: Toolchain, build_cache: Path, *, jobs: int | None = None) -> BuildPlan:
+def make_plan(
+    target: Target, rev: Revision, toolchain: Toolchain, build_cache: Path, *, jobs: int | None = None
+) -> BuildPlan:
     defines = cmake_defines(target, rev, toolchain)
     return BuildPlan(
         target=target, revision=rev, work_dir=build_cache / "work" / target.name, defines=defines,

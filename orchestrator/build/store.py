@@ -10,17 +10,19 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
 
 from orchestrator.build.manifest import MANIFEST_NAME, FileEntry, PackageManifest, content_digest
 from orchestrator.errors import PackageError
 from orchestrator.hashing import sha256_file
 
 
-def hash_files(paths: Iterable[Path], *, workers: int | None = None, on_done: Callable[[Path], None] | None = None) -> dict[Path, str]:
+def hash_files(
+    paths: Iterable[Path], *, workers: int | None = None, on_done: Callable[[Path], None] | None = None
+) -> dict[Path, str]:
     """sha256 of many files in parallel threads (hashlib releases the GIL on large buffers)."""
     paths = list(paths)
     workers = workers or min(8, os.cpu_count() or 1, max(1, len(paths)))
@@ -149,7 +151,9 @@ class PackageStore:
     def ids(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if not p.name.startswith(".") and (p / MANIFEST_NAME).is_file())
+        return sorted(
+            p.name for p in self.root.iterdir() if not p.name.startswith(".") and (p / MANIFEST_NAME).is_file()
+        )
 
     def list(self) -> list[Package]:
         return [self.get(i) for i in self.ids()]
@@ -197,8 +201,10 @@ def verify_tree(root: Path, manifest: PackageManifest, *, workers: int | None = 
     if content_digest(manifest.files) != manifest.content_digest:
         report.problems.append(f"{MANIFEST_NAME}: content_digest does not match its file entries")
     for rel in not_regular(root):
-        report.problems.append(f"{rel}: not a regular file (a symbolic link or special file; packages hold "
-                               "copies only, so a link could point anywhere)")
+        report.problems.append(
+            f"{rel}: not a regular file (a symbolic link or special file; packages hold "
+            "copies only, so a link could point anywhere)"
+        )
     present = set(list_files(root))
     for rel in sorted(present - set(manifest.files)):
         report.problems.append(f"{rel}: not in the manifest")
@@ -225,6 +231,8 @@ def entries_for(root: Path, kinds: dict[str, str], *, workers: int | None = None
     """FileEntry for each relpath in `kinds` ({relpath: runtime|test|meta})."""
     hashes = hash_files([root / r for r in kinds], workers=workers, on_done=on_done)
     return {
-        rel: FileEntry(sha256=hashes[root / rel], size=(root / rel).stat().st_size, kind=kind, mode=file_mode(root / rel))
+        rel: FileEntry(
+            sha256=hashes[root / rel], size=(root / rel).stat().st_size, kind=kind, mode=file_mode(root / rel)
+        )
         for rel, kind in sorted(kinds.items())
     }

@@ -152,7 +152,9 @@ def check_toolchain(target: Target) -> Toolchain:
     if missing:
         raise BuildError("toolchain incomplete: missing " + ", ".join(missing), hint="`make setup` installs them")
     try:
-        versions = {k: parse_version_line(_run([p, "--version"])) for k, p in (("cmake", cmake), ("ninja", ninja), ("cxx", cxx))}
+        versions = {
+            k: parse_version_line(_run([p, "--version"])) for k, p in (("cmake", cmake), ("ninja", ninja), ("cxx", cxx))
+        }
     except ValueError as exc:
         raise BuildError(f"cannot read a tool version: {exc}") from None
     ccache_path = _need("ccache")
@@ -161,7 +163,9 @@ def check_toolchain(target: Target) -> Toolchain:
     if target.backend == "cuda":
         nvcc_path = find_nvcc()
         if not nvcc_path:
-            raise BuildError(f"target {target.name} needs nvcc (CUDA toolkit), none found on PATH or in /usr/local/cuda")
+            raise BuildError(
+                f"target {target.name} needs nvcc (CUDA toolkit), none found on PATH or in /usr/local/cuda"
+            )
         nv, arches = probe_nvcc(nvcc_path)
         why = cuda_refusal(target, nv, arches)
         if why:

@@ -11,7 +11,8 @@ each, from the route entry; `checks.live.find_baseline`).
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel
 
@@ -54,14 +55,26 @@ def judge(fx: Fixture, content: str, tokens: list[int], base: Mapping[str, Any] 
         status = "pass" if base_passed else "fixed"
     else:
         status = "regressed" if base_passed else "pre_existing"
-    return FixtureOutcome(id=fx.id, sha256=fx.sha256, family=fx.family, passed=passed, content=content,
-                          tokens=list(tokens), baseline_passed=base_passed, status=status)
+    return FixtureOutcome(
+        id=fx.id,
+        sha256=fx.sha256,
+        family=fx.family,
+        passed=passed,
+        content=content,
+        tokens=list(tokens),
+        baseline_passed=base_passed,
+        status=status,
+    )
 
 
 def verdict_problems(outcomes: list[FixtureOutcome], have_baseline: bool) -> list[str]:
     p = [f"{o.id}: passed on the baseline, fails now" for o in outcomes if o.status == "regressed"]
     p += [f"{o.id}: fails, and the baseline has no result for this fixture" for o in outcomes if o.status == "fail_new"]
-    p += [f"{o.id}: the baseline has no answer to compare with" for o in outcomes if o.status == "no_baseline" and have_baseline]
+    p += [
+        f"{o.id}: the baseline has no answer to compare with"
+        for o in outcomes
+        if o.status == "no_baseline" and have_baseline
+    ]
     return p
 
 
@@ -78,27 +91,47 @@ def run(ctx: CheckContext) -> CheckResult:
     base = baseline_results(ctx)
     outcomes = []
     for fx in fs.fixtures:
-        r = ctx.client.completion(fx.prompt, fx.n_predict, id_slot=0, cache_prompt=False, seed=0,
-                                  timeout=ctx.options.request_timeout_s)
+        r = ctx.client.completion(
+            fx.prompt, fx.n_predict, id_slot=0, cache_prompt=False, seed=0, timeout=ctx.options.request_timeout_s
+        )
         outcomes.append(judge(fx, r.content, list(r.tokens), base.get(fx.sha256) if base is not None else None))
     problems = verdict_problems(outcomes, base is not None)
-    counts = {s: sum(1 for o in outcomes if o.status == s) for s in ("pass", "regressed", "pre_existing", "fixed", "fail_new", "no_baseline")}
-    figures = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256()[:16], **{k: v for k, v in counts.items() if v},
-               "baseline": ctx.baseline.receipt[:16] if ctx.baseline and ctx.baseline.receipt else None}
-    raw = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256(), "models": dict(ctx.models),
-           "baseline_receipt": ctx.baseline.receipt if ctx.baseline else None,
-           "results": [o.model_dump() for o in outcomes], "problems": problems}
+    counts = {
+        s: sum(1 for o in outcomes if o.status == s)
+        for s in ("pass", "regressed", "pre_existing", "fixed", "fail_new", "no_baseline")
+    }
+    figures = {
+        "fixture_set": fs.name,
+        "fixture_set_sha256": fs.sha256()[:16],
+        **{k: v for k, v in counts.items() if v},
+        "baseline": ctx.baseline.receipt[:16] if ctx.baseline and ctx.baseline.receipt else None,
+    }
+    raw = {
+        "fixture_set": fs.name,
+        "fixture_set_sha256": fs.sha256(),
+        "models": dict(ctx.models),
+        "baseline_receipt": ctx.baseline.receipt if ctx.baseline else None,
+        "results": [o.model_dump() for o in outcomes],
+        "problems": problems,
+    }
     if base is None:
         # nothing to compare "no new failing case" against: record these answers as a baseline
         failing = [o.id for o in outcomes if o.passed is False]
-        return CheckResult(name=NAME, verdict="skipped", required=False,
-                           message="no baseline results: recorded the answers as a baseline"
-                                   + (f" (failing their regex: {', '.join(failing)})" if failing else ""),
-                           figures=figures, raw=raw, duration_s=timer.elapsed())
+        return CheckResult(
+            name=NAME,
+            verdict="skipped",
+            required=False,
+            message="no baseline results: recorded the answers as a baseline"
+            + (f" (failing their regex: {', '.join(failing)})" if failing else ""),
+            figures=figures,
+            raw=raw,
+            duration_s=timer.elapsed(),
+        )
     verdict = "failed" if problems else "passed"
     pre = [o.id for o in outcomes if o.status == "pre_existing"]
     msg = "; ".join(problems) or (
         f"no new failing fixture ({counts['pass'] + counts['fixed']} pass"
-        + (f"; pre-existing failures, not counted as passes: {', '.join(pre)}" if pre else "") + ")")
-    return CheckResult(name=NAME, verdict=verdict, message=msg,
-                       figures=figures, raw=raw, duration_s=timer.elapsed())
+        + (f"; pre-existing failures, not counted as passes: {', '.join(pre)}" if pre else "")
+        + ")"
+    )
+    return CheckResult(name=NAME, verdict=verdict, message=msg, figures=figures, raw=raw, duration_s=timer.elapsed())

@@ -9,8 +9,9 @@ runs at 266240 tokens on the production pair and at ~2k in the lab.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -94,7 +95,7 @@ class CheckContext:
     journal: Journal | None = None
     api_key: Any = None
     identity_probe: IdentityProbe | None = None
-    baseline: "BaselineRef | None" = None  # answer fixtures are compared against this
+    baseline: BaselineRef | None = None  # answer fixtures are compared against this
     models: Mapping[str, str] = field(default_factory=dict)  # model name -> sha256, from the active route entry
     fixtures: Any = None  # orchestrator.checks.fixtures.FixtureSet | None (None: the default set)
     reference: ReferenceState | None = None  # the route's reference pair and its answers (checks.reference)

@@ -41,26 +41,40 @@ class RequestBudget:
         return {"completion_s": self.completion_s, "control_s": self.control_s, "why": self.why}
 
 
-def request_seconds(prompt_tokens: int, generated_tokens: int, *, lanes: int = 1,
-                    floor_pp: float = FLOOR_PROMPT_TOKENS_PER_S, floor_tg: float = FLOOR_GENERATED_TOKENS_PER_S,
-                    margin_s: float = MARGIN_S) -> float:
+def request_seconds(
+    prompt_tokens: int,
+    generated_tokens: int,
+    *,
+    lanes: int = 1,
+    floor_pp: float = FLOOR_PROMPT_TOKENS_PER_S,
+    floor_tg: float = FLOOR_GENERATED_TOKENS_PER_S,
+    margin_s: float = MARGIN_S,
+) -> float:
     """Seconds `lanes` concurrent requests of this size may take at the floor speeds."""
     if prompt_tokens < 0 or generated_tokens < 0 or lanes < 1 or floor_pp <= 0 or floor_tg <= 0:
         raise ValueError("token counts must be >= 0, lanes >= 1 and floor speeds > 0")
     return round(lanes * (prompt_tokens / floor_pp + generated_tokens / floor_tg) + margin_s, 1)
 
 
-def for_profile(profile: RouteProfile, *, generation_fraction: float = 0.125, n_ctx_train: int | None = None,
-                floor_pp: float = FLOOR_PROMPT_TOKENS_PER_S, floor_tg: float = FLOOR_GENERATED_TOKENS_PER_S,
-                margin_s: float = MARGIN_S) -> RequestBudget:
+def for_profile(
+    profile: RouteProfile,
+    *,
+    generation_fraction: float = 0.125,
+    n_ctx_train: int | None = None,
+    floor_pp: float = FLOOR_PROMPT_TOKENS_PER_S,
+    floor_tg: float = FLOOR_GENERATED_TOKENS_PER_S,
+    margin_s: float = MARGIN_S,
+) -> RequestBudget:
     """The suite's budget for `profile`: its largest request (a near-full lane, all slots busy)."""
     per_slot = profile.per_slot_ctx(n_ctx_train)
     generated = max(16, int(round(per_slot * generation_fraction)))
     prompt = max(0, per_slot - generated)
     lanes = profile.parallel
     s = request_seconds(prompt, generated, lanes=lanes, floor_pp=floor_pp, floor_tg=floor_tg, margin_s=margin_s)
-    why = (f"{lanes} lane(s) x ({prompt} prompt tokens / {floor_pp:g} tok/s + {generated} generated / "
-           f"{floor_tg:g} tok/s) + {margin_s:g} s margin")
+    why = (
+        f"{lanes} lane(s) x ({prompt} prompt tokens / {floor_pp:g} tok/s + {generated} generated / "
+        f"{floor_tg:g} tok/s) + {margin_s:g} s margin"
+    )
     return RequestBudget(completion_s=s, control_s=CONTROL_TIMEOUT_S, why=why)
 
 
@@ -68,8 +82,19 @@ def is_transport_failure(message: str) -> bool:
     """A check that ended because the server did not answer (timeout, refused, reset): after a
     required one, the rest of the suite would only wait on the same dead server."""
     m = message.lower()
-    return any(w in m for w in ("timed out", "timeout", "serverunreachable", "connection refused",
-                                "disconnected without", "connection reset", "readerror", "connecterror"))
+    return any(
+        w in m
+        for w in (
+            "timed out",
+            "timeout",
+            "serverunreachable",
+            "connection refused",
+            "disconnected without",
+            "connection reset",
+            "readerror",
+            "connecterror",
+        )
+    )
 
 
 def suite_seconds(limits: RequestBudget, checks: int) -> float:

@@ -13,11 +13,14 @@ from orchestrator.checks.prompts import PromptBuilder
 NAME = "cached_continuation"
 
 
-def continuation_problems(first_len: int, cache_n: int, cached_out: list[int], fresh_out: list[int],
-                          fresh_cache_n: int) -> list[str]:
+def continuation_problems(
+    first_len: int, cache_n: int, cached_out: list[int], fresh_out: list[int], fresh_cache_n: int
+) -> list[str]:
     p = []
     if cache_n < first_len - 1:
-        p.append(f"second request reused {cache_n} cached tokens, expected at least {first_len - 1} of the {first_len}-token prefix")
+        p.append(
+            f"second request reused {cache_n} cached tokens, expected at least {first_len - 1} of the {first_len}-token prefix"
+        )
     if fresh_cache_n != 0:
         p.append(f"the cache_prompt:false request still reported cache_n={fresh_cache_n}")
     if cached_out != fresh_out:
@@ -34,8 +37,11 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
     cont_len = max(16, first_len // 4)
     n_predict = 32
     if first_len + cont_len + n_predict > slot_budget:
-        return CheckResult(name=NAME, verdict="failed",
-                           message=f"per-slot context {ctx.per_slot()} too small for {first_len}+{cont_len}+{n_predict}")
+        return CheckResult(
+            name=NAME,
+            verdict="failed",
+            message=f"per-slot context {ctx.per_slot()} too small for {first_len}+{cont_len}+{n_predict}",
+        )
     pb = PromptBuilder(ctx.client, opts.seed + 200)
     first = list(pb.exact(first_len, variant=200, head="A story begins.\n"))
     cont = list(pb.filler(cont_len, variant=201))
@@ -44,7 +50,9 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
     r1 = ctx.client.completion(first, n_predict, cache_prompt=True, **kw)
     r2 = ctx.client.completion(first + cont, n_predict, cache_prompt=cache_second, **kw)
     r3 = ctx.client.completion(first + cont, n_predict, cache_prompt=False, **kw)
-    problems = continuation_problems(first_len, r2.timings.cache_n, list(r2.tokens), list(r3.tokens), r3.timings.cache_n)
+    problems = continuation_problems(
+        first_len, r2.timings.cache_n, list(r2.tokens), list(r3.tokens), r3.timings.cache_n
+    )
     figures = {
         "first_prompt": first_len,
         "continued_prompt": first_len + cont_len,
@@ -58,6 +66,12 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
         "continued_uncached": {"timings": r3.timings.model_dump(), "tokens": list(r3.tokens), "id_slot": r3.id_slot},
         "problems": problems,
     }
-    return CheckResult(name=NAME, verdict=verdict_of(problems),
-                       message="; ".join(problems) or f"continuation reused {r2.timings.cache_n} of {first_len} prefix tokens, same output as uncached",
-                       figures=figures, raw=raw, duration_s=timer.elapsed())
+    return CheckResult(
+        name=NAME,
+        verdict=verdict_of(problems),
+        message="; ".join(problems)
+        or f"continuation reused {r2.timings.cache_n} of {first_len} prefix tokens, same output as uncached",
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )

@@ -74,9 +74,17 @@ def read_server_log(ctx: CheckContext, id_task: int, *, within_s: float = 3.0) -
         time.sleep(0.2)
 
 
-def cancel_problems(*, idle_after_s: float | None, bound_s: float, full_n_tokens: int,
-                    log: dict[str, Any], followup_ok: bool, followup_same: bool, streamed: int,
-                    stopped_by: int | None = None) -> list[str]:
+def cancel_problems(
+    *,
+    idle_after_s: float | None,
+    bound_s: float,
+    full_n_tokens: int,
+    log: dict[str, Any],
+    followup_ok: bool,
+    followup_same: bool,
+    streamed: int,
+    stopped_by: int | None = None,
+) -> list[str]:
     """`full_n_tokens`: prompt + n_predict, what the slot would hold had the request finished (a
     finished request logs one less: the last token is sampled, never decoded). `stopped_by`:
     prompt + tokens streamed when the connection closed + a small bound; a slot that went past it
@@ -97,8 +105,10 @@ def cancel_problems(*, idle_after_s: float | None, bound_s: float, full_n_tokens
         elif stopped >= full_n_tokens - 1:
             p.append(f"the slot stopped at {stopped} tokens, the full request: it finished instead of being cancelled")
         elif stopped_by is not None and stopped > stopped_by:
-            p.append(f"the slot stopped at {stopped} tokens, more than the {stopped_by} it held when the stream "
-                     "closed plus the bound: it did not stop at the cancel")
+            p.append(
+                f"the slot stopped at {stopped} tokens, more than the {stopped_by} it held when the stream "
+                "closed plus the bound: it did not stop at the cancel"
+            )
     if not followup_ok:
         p.append("the follow-up request failed")
     elif not followup_same:
@@ -131,8 +141,9 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     k = opts.cancel_after_tokens
     raw: dict[str, Any] = {"n_predict": n_predict, "cancel_after_tokens": k}
     id_task = None
-    with ctx.client.stream_completion(prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0,
-                                      timeout=opts.request_timeout_s) as (handle, chunks):
+    with ctx.client.stream_completion(
+        prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=opts.request_timeout_s
+    ) as (handle, chunks):
         for _chunk in chunks:
             if id_task is None:
                 busy = [s for s in ctx.client.slots(timeout=10) if s.id == slot and s.is_processing]
@@ -156,13 +167,23 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         if last is not None and id_task is None:
             id_task = last.id_task
         # read the log before the broken case lets go of its connection, so its close is not counted
-        log = read_server_log(ctx, id_task, within_s=3.0 if close_connection else 0.5) if id_task is not None \
+        log = (
+            read_server_log(ctx, id_task, within_s=3.0 if close_connection else 0.5)
+            if id_task is not None
             else {"checked": False, "why": "no task id seen in /slots"}
+        )
         if not close_connection:
             handle.close()
     try:
-        follow = ctx.client.completion(prompt, len(streamed), id_slot=slot, cache_prompt=False, ignore_eos=True,
-                                       seed=0, timeout=opts.request_timeout_s)
+        follow = ctx.client.completion(
+            prompt,
+            len(streamed),
+            id_slot=slot,
+            cache_prompt=False,
+            ignore_eos=True,
+            seed=0,
+            timeout=opts.request_timeout_s,
+        )
         followup_ok = True
         followup_same = list(follow.tokens) == streamed
         raw["followup"] = {"tokens": list(follow.tokens), "id_slot": follow.id_slot, "stop_type": follow.stop_type}
@@ -170,18 +191,49 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         followup_ok, followup_same = False, False
         raw["followup"] = {"error": f"{type(exc).__name__}: {exc}"}
     bound = stop_bound_tokens(speed)
-    problems = cancel_problems(idle_after_s=idle_after, bound_s=opts.cancel_idle_bound_s,
-                               full_n_tokens=len(prompt) + n_predict, log=log, followup_ok=followup_ok,
-                               followup_same=followup_same, streamed=len(streamed),
-                               stopped_by=len(prompt) + at_close + bound)
-    raw.update({"tokens_at_close": at_close, "stream_tokens_per_s": speed, "stop_bound_tokens": bound,
-                "could_finish_within_idle_bound": speed is not None and n_predict <= speed * opts.cancel_idle_bound_s})
-    raw.update({"id_task": id_task, "streamed_tokens": streamed, "slot_after": last.model_dump() if last else None,
-                "log": log, "problems": problems})
-    figures = {"idle_after_s": idle_after, "bound_s": opts.cancel_idle_bound_s, "streamed": len(streamed),
-               "slot_tokens_at_stop": log.get("stop_n_tokens"), "full_request_tokens": len(prompt) + n_predict,
-               "cancel_logged": bool(log.get("cancel_logged")), "followup_same": followup_same,
-               "stopped_by": len(prompt) + at_close + bound}
-    return CheckResult(name=NAME, verdict=verdict_of(problems),
-                       message="; ".join(problems) or f"cancelled after {len(streamed)} tokens, slot idle in {idle_after} s, follow-up matched",
-                       figures=figures, raw=raw, duration_s=timer.elapsed())
+    problems = cancel_problems(
+        idle_after_s=idle_after,
+        bound_s=opts.cancel_idle_bound_s,
+        full_n_tokens=len(prompt) + n_predict,
+        log=log,
+        followup_ok=followup_ok,
+        followup_same=followup_same,
+        streamed=len(streamed),
+        stopped_by=len(prompt) + at_close + bound,
+    )
+    raw.update(
+        {
+            "tokens_at_close": at_close,
+            "stream_tokens_per_s": speed,
+            "stop_bound_tokens": bound,
+            "could_finish_within_idle_bound": speed is not None and n_predict <= speed * opts.cancel_idle_bound_s,
+        }
+    )
+    raw.update(
+        {
+            "id_task": id_task,
+            "streamed_tokens": streamed,
+            "slot_after": last.model_dump() if last else None,
+            "log": log,
+            "problems": problems,
+        }
+    )
+    figures = {
+        "idle_after_s": idle_after,
+        "bound_s": opts.cancel_idle_bound_s,
+        "streamed": len(streamed),
+        "slot_tokens_at_stop": log.get("stop_n_tokens"),
+        "full_request_tokens": len(prompt) + n_predict,
+        "cancel_logged": bool(log.get("cancel_logged")),
+        "followup_same": followup_same,
+        "stopped_by": len(prompt) + at_close + bound,
+    }
+    return CheckResult(
+        name=NAME,
+        verdict=verdict_of(problems),
+        message="; ".join(problems)
+        or f"cancelled after {len(streamed)} tokens, slot idle in {idle_after} s, follow-up matched",
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )

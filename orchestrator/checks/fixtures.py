@@ -28,7 +28,7 @@ class Expect(StrictModel):
     same_as_baseline: bool = Field(default=False, description="the answer must equal the baseline pair's answer")
 
     @model_validator(mode="after")
-    def _one(self) -> "Expect":
+    def _one(self) -> Expect:
         if (self.regex is None) == (not self.same_as_baseline):
             raise ValueError("give exactly one of regex or same_as_baseline: true")
         if self.regex is not None:
@@ -54,11 +54,13 @@ class Fixture(StrictModel):
         return fixture_sha256(self.content())
 
     @model_validator(mode="after")
-    def _hash(self) -> "Fixture":
+    def _hash(self) -> Fixture:
         want = self.computed_sha256()
         if self.sha256 != want:
-            raise ValueError(f"fixture {self.id}: sha256 {self.sha256[:12]}… does not match its content ({want}); "
-                             "a changed fixture is a new fixture: update its sha256 on purpose")
+            raise ValueError(
+                f"fixture {self.id}: sha256 {self.sha256[:12]}… does not match its content ({want}); "
+                "a changed fixture is a new fixture: update its sha256 on purpose"
+            )
         return self
 
 

@@ -21,8 +21,12 @@ VOLATILE = frozenset({"at", "checked_at", "uptime_s"})
 
 def http_identity(ctx: CheckContext) -> dict[str, Any]:
     p = ctx.client.props()
-    return {"build_info": p.build_info, "total_slots": p.total_slots, "n_ctx_per_slot": p.n_ctx_per_slot,
-            "model_path": p.model_path}
+    return {
+        "build_info": p.build_info,
+        "total_slots": p.total_slots,
+        "n_ctx_per_slot": p.n_ctx_per_slot,
+        "model_path": p.model_path,
+    }
 
 
 def http_problems(ctx: CheckContext, seen: dict[str, Any]) -> list[str]:
@@ -82,14 +86,27 @@ def snapshot(ctx: CheckContext) -> dict[str, Any]:
 
 def judge(before: dict[str, Any], after: dict[str, Any], *, probe_configured: bool) -> CheckResult:
     problems = [f"before: {x}" for x in before["problems"]] + [f"after: {x}" for x in after["problems"]]
-    changes = diff(_strip({k: v for k, v in before.items() if k != "problems"}),
-                   _strip({k: v for k, v in after.items() if k != "problems"}))
+    changes = diff(
+        _strip({k: v for k, v in before.items() if k != "problems"}),
+        _strip({k: v for k, v in after.items() if k != "problems"}),
+    )
     problems += [f"changed during the suite: {c}" for c in changes]
     http = before.get("http") or {}
-    figures = {"build_info": http.get("build_info"), "slots": http.get("total_slots"),
-               "n_ctx_per_slot": http.get("n_ctx_per_slot"), "host_probe": probe_configured,
-               "changed": len(changes)}
-    msg = "; ".join(problems) or ("identical before and after the suite" +
-                                  ("" if probe_configured else " (HTTP only: no host identity probe configured)"))
-    return CheckResult(name=NAME, verdict=verdict_of(problems), message=msg, figures=figures,
-                       raw={"before": before, "after": after, "changes": changes})
+    figures = {
+        "build_info": http.get("build_info"),
+        "slots": http.get("total_slots"),
+        "n_ctx_per_slot": http.get("n_ctx_per_slot"),
+        "host_probe": probe_configured,
+        "changed": len(changes),
+    }
+    msg = "; ".join(problems) or (
+        "identical before and after the suite"
+        + ("" if probe_configured else " (HTTP only: no host identity probe configured)")
+    )
+    return CheckResult(
+        name=NAME,
+        verdict=verdict_of(problems),
+        message=msg,
+        figures=figures,
+        raw={"before": before, "after": after, "changes": changes},
+    )

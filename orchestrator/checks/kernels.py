@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import json
 import posixpath
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
@@ -36,12 +37,18 @@ DEFAULT_KERNEL = "mmvf-warp-per-row"
 KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
 HARNESS_RELPATH = ("tests", "bin", HARNESS_NAME)
 HARNESS_TIMEOUT_S = 900
-EXIT_MEANING = {0: "all cases passed", 1: "a comparison failed", 2: "usage or setup error", 3: "no non-CPU backend to test",
-                126: "harness not executable",
-                127: "harness not found: the package was built without tests/bin/ggml-kernel-cases"}
+EXIT_MEANING = {
+    0: "all cases passed",
+    1: "a comparison failed",
+    2: "usage or setup error",
+    3: "no non-CPU backend to test",
+    126: "harness not executable",
+    127: "harness not found: the package was built without tests/bin/ggml-kernel-cases",
+}
 
 
 # --- plan (pure) ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class RpcServerPlan:
@@ -148,10 +155,20 @@ class KernelCheckPlan:
             "cases": list(self.cases),
             "max_nmse": self.max_nmse,
             "perturb": list(self.perturb),
-            "rpc_server": None if self.rpc_server is None else {
-                "host": self.rpc_server.host, "binary": self.rpc_server.binary, "endpoint": self.rpc_server.endpoint},
-            "runs": [{"host": r.host, "role": r.role, "package": r.package, "harness": r.harness, "via_rpc": r.via_rpc,
-                      "argv": r.cmd.display()} for r in self.runs],
+            "rpc_server": None
+            if self.rpc_server is None
+            else {"host": self.rpc_server.host, "binary": self.rpc_server.binary, "endpoint": self.rpc_server.endpoint},
+            "runs": [
+                {
+                    "host": r.host,
+                    "role": r.role,
+                    "package": r.package,
+                    "harness": r.harness,
+                    "via_rpc": r.via_rpc,
+                    "argv": r.cmd.display(),
+                }
+                for r in self.runs
+            ],
         }
 
 
@@ -190,7 +207,9 @@ def plan_kernel_check(
     bind = inventory.rpc_bind(pair)
     port = port if port is not None else p.rpc_port + 1
     if port in (p.rpc_port, p.server_port):
-        raise ConfigError(f"kernel check port {port} is the pair's {'rpc' if port == p.rpc_port else 'server'} port; pick another")
+        raise ConfigError(
+            f"kernel check port {port} is the pair's {'rpc' if port == p.rpc_port else 'server'} port; pick another"
+        )
     if not 1 <= port <= 65535:
         raise ConfigError(f"kernel check port {port} is out of range")
     endpoint = f"{bind}:{port}"
@@ -208,7 +227,9 @@ def plan_kernel_check(
         argv = harness_argv(harness, cases, rpc=endpoint if via_rpc else None, perturb=perturb)
         # GGML_NO_BACKTRACE: an aborting harness (e.g. the RPC peer vanished) fails fast instead of attaching gdb.
         cmd = Cmd(tuple(argv), env=(("GGML_NO_BACKTRACE", "1"),))
-        runs.append(HostRun(host=host_name, role=role, package=packages[host_name], harness=harness, via_rpc=via_rpc, cmd=cmd))
+        runs.append(
+            HostRun(host=host_name, role=role, package=packages[host_name], harness=harness, via_rpc=via_rpc, cmd=cmd)
+        )
 
     server = None
     if need_rpc:
@@ -220,11 +241,19 @@ def plan_kernel_check(
             bind=bind,
             port=port,
         )
-    return KernelCheckPlan(pair=pair, kernel=cases.kernel, cases=tuple(cases.names()), max_nmse=cases.max_nmse,
-                           perturb=perturb, runs=tuple(runs), rpc_server=server)
+    return KernelCheckPlan(
+        pair=pair,
+        kernel=cases.kernel,
+        cases=tuple(cases.names()),
+        max_nmse=cases.max_nmse,
+        perturb=perturb,
+        runs=tuple(runs),
+        rpc_server=server,
+    )
 
 
 # --- judging (pure) ------------------------------------------------------------------------------
+
 
 def parse_harness_output(text: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
     """JSON lines -> (case rows, summary or None, lines that were not JSON objects)."""
@@ -265,20 +294,34 @@ class HostVerdict:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "role": self.role, "package": self.package, "exit_status": self.exit_status,
-                "passed": self.passed, "problems": self.problems, "harness_sha256": self.harness_sha256,
-                "summary": self.summary, "rows": self.rows}
+        return {
+            "host": self.host,
+            "role": self.role,
+            "package": self.package,
+            "exit_status": self.exit_status,
+            "passed": self.passed,
+            "problems": self.problems,
+            "harness_sha256": self.harness_sha256,
+            "summary": self.summary,
+            "rows": self.rows,
+        }
 
 
-def judge_host(run: HostRun, exit_status: int, stdout: str, stderr: str, *, cases: Iterable[str], max_nmse: float) -> HostVerdict:
+def judge_host(
+    run: HostRun, exit_status: int, stdout: str, stderr: str, *, cases: Iterable[str], max_nmse: float
+) -> HostVerdict:
     """Every case must have a row on at least one non-CPU backend and every row must pass, with an
     nmse we recompute the verdict from (the harness's own `passed` must agree), and exit 0."""
     rows, summary, junk = parse_harness_output(stdout)
-    v = HostVerdict(host=run.host, role=run.role, package=run.package, exit_status=exit_status, rows=rows, summary=summary)
+    v = HostVerdict(
+        host=run.host, role=run.role, package=run.package, exit_status=exit_status, rows=rows, summary=summary
+    )
     if exit_status != 0:
         meaning = EXIT_MEANING.get(exit_status, "unexpected exit status")
         detail = stderr.strip().splitlines()[-3:] if stderr.strip() else []
-        v.problems.append(f"{run.host}: harness exited {exit_status} ({meaning})" + (": " + " | ".join(detail) if detail else ""))
+        v.problems.append(
+            f"{run.host}: harness exited {exit_status} ({meaning})" + (": " + " | ".join(detail) if detail else "")
+        )
     if summary is None:
         v.problems.append(f"{run.host}: harness printed no summary line (crashed or was killed?)")
     if junk:
@@ -290,7 +333,9 @@ def judge_host(run: HostRun, exit_status: int, stdout: str, stderr: str, *, case
         nmse = r.get("nmse")
         ok = isinstance(nmse, (int, float)) and nmse <= max_nmse and not r.get("error")
         if bool(r.get("passed")) != ok:
-            v.problems.append(f"{run.host}: case {name} on {r.get('backend')}: harness says passed={r.get('passed')} but nmse={nmse}")
+            v.problems.append(
+                f"{run.host}: case {name} on {r.get('backend')}: harness says passed={r.get('passed')} but nmse={nmse}"
+            )
         if not ok:
             why = r.get("error") or f"nmse {nmse} > {max_nmse}"
             tag = " (reference perturbed on purpose)" if r.get("perturbed") else ""
@@ -302,6 +347,7 @@ def judge_host(run: HostRun, exit_status: int, stdout: str, stderr: str, *, case
 
 
 # --- execution -----------------------------------------------------------------------------------
+
 
 @dataclass
 class KernelCheckResult:
@@ -319,8 +365,15 @@ class KernelCheckResult:
         return [p for v in self.verdicts for p in v.problems]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pair": self.plan.pair, "kernel": self.plan.kernel, "passed": self.passed, "receipt": self.receipt,
-                "problems": self.problems, "plan": self.plan.to_dict(), "hosts": [v.to_dict() for v in self.verdicts]}
+        return {
+            "pair": self.plan.pair,
+            "kernel": self.plan.kernel,
+            "passed": self.passed,
+            "receipt": self.receipt,
+            "problems": self.problems,
+            "plan": self.plan.to_dict(),
+            "hosts": [v.to_dict() for v in self.verdicts],
+        }
 
 
 def active_packages(inventory: Inventory, pair: str, pool: TransportPool) -> dict[str, str]:
@@ -331,13 +384,17 @@ def active_packages(inventory: Inventory, pair: str, pool: TransportPool) -> dic
         layout = HostLayout(inventory.host(host_name).install_root)
         facts = read_facts(pool.get(host_name), layout, ())
         if not facts.current:
-            raise CheckFailed(f"{host_name}: no active package (no `current` release under {layout.root})",
-                              hint="deploy the pair first, or pass the package ids explicitly (--package HOST=ID)")
+            raise CheckFailed(
+                f"{host_name}: no active package (no `current` release under {layout.root})",
+                hint="deploy the pair first, or pass the package ids explicitly (--package HOST=ID)",
+            )
         out[host_name] = facts.current
     return out
 
 
-def _execute(plan: KernelCheckPlan, pool: TransportPool, journal: Journal, cases: list[str], log: Any) -> KernelCheckResult:
+def _execute(
+    plan: KernelCheckPlan, pool: TransportPool, journal: Journal, cases: list[str], log: Any
+) -> KernelCheckResult:
     result = KernelCheckResult(plan=plan, verdicts=[])
     server = plan.rpc_server
     started = False
@@ -353,20 +410,27 @@ def _execute(plan: KernelCheckPlan, pool: TransportPool, journal: Journal, cases
                 # listener: refuse a port someone else holds, then require our process to run.
                 taken = port_taken(t.run(server.listeners_cmd(), timeout=30).stdout, server.bind, server.port)
                 if taken:
-                    raise CheckFailed(f"{server.host}: port {server.port} is already in use ({', '.join(taken)}); "
-                                      "the kernel check needs its own rpc-server port", hint="pass --port")
+                    raise CheckFailed(
+                        f"{server.host}: port {server.port} is already in use ({', '.join(taken)}); "
+                        "the kernel check needs its own rpc-server port",
+                        hint="pass --port",
+                    )
                 out = []
                 for cmd in (server.start_cmd(), server.wait_cmd(), server.identity_cmd()):
                     res = t.run(cmd, check=False, timeout=server.wait_s + 30)
                     out.append(res.stdout.strip())
                     if res.exit_status != 0:
-                        raise CheckFailed(f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint} did not start "
-                                          f"(exit {res.exit_status}):\n{(res.stdout + res.stderr).strip()[-800:]}")
+                        raise CheckFailed(
+                            f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint} did not start "
+                            f"(exit {res.exit_status}):\n{(res.stdout + res.stderr).strip()[-800:]}"
+                        )
                 step.data["output"] = "\n".join(out)[-1500:]
                 problem = started_identity(out[-1], server.binary)
                 if problem:
-                    raise CheckFailed(f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint}: {problem}\n"
-                                      + "\n".join(out)[-800:])
+                    raise CheckFailed(
+                        f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint}: {problem}\n"
+                        + "\n".join(out)[-800:]
+                    )
         for run in plan.runs:
             t = pool.get(run.host)
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
@@ -378,8 +442,14 @@ def _execute(plan: KernelCheckPlan, pool: TransportPool, journal: Journal, cases
                 result.verdicts.append(v)
                 journal.identity(run.host, {"package": run.package, "harness": run.harness, "harness_sha256": sha})
                 journal.samples(f"kernels.harness.{run.role}", v.rows)
-                step.data.update(argv=run.cmd.display(), exit_status=res.exit_status, summary=v.summary,
-                                 passed=v.passed, problems=v.problems, duration_s=round(res.duration_s, 3))
+                step.data.update(
+                    argv=run.cmd.display(),
+                    exit_status=res.exit_status,
+                    summary=v.summary,
+                    passed=v.passed,
+                    problems=v.problems,
+                    duration_s=round(res.duration_s, 3),
+                )
                 log.info("kernel harness ran", host=run.host, exit_status=res.exit_status, passed=v.passed)
                 if not v.passed:
                     step.fail("; ".join(v.problems[:5]))
@@ -448,7 +518,8 @@ def run_kernel_check(
                 own.set("kernel_check", {"kernel": kernel, "passed": result.passed, "problems": result.problems})
                 result.receipt = own.finish(
                     "passed" if result.passed else "failed",
-                    "all kernel cases passed on both hosts" if result.passed
+                    "all kernel cases passed on both hosts"
+                    if result.passed
                     else f"{len(result.problems)} kernel problem(s); first: {result.problems[0]}",
                 )
     finally:
@@ -456,7 +527,9 @@ def run_kernel_check(
             hosts.close()
     if not result.passed:
         where = f" (receipt {result.receipt})" if result.receipt else ""
-        err = KernelCheckFailed(f"kernel check of {kernel} on pair {pair} failed{where}:\n  " + "\n  ".join(result.problems[:12]))
+        err = KernelCheckFailed(
+            f"kernel check of {kernel} on pair {pair} failed{where}:\n  " + "\n  ".join(result.problems[:12])
+        )
         err.result = result
         raise err
     return result
@@ -470,7 +543,11 @@ class KernelCheckFailed(CheckFailed):
 
 def _inputs(kernel: str) -> dict[str, str]:
     d, meta = load_kernel(kernel)
-    return {"kernel.yaml": sha256_file(d / "kernel.yaml"), "cases.yaml": sha256_file(d / meta.cases), "patch": meta.patch_sha256}
+    return {
+        "kernel.yaml": sha256_file(d / "kernel.yaml"),
+        "cases.yaml": sha256_file(d / meta.cases),
+        "patch": meta.patch_sha256,
+    }
 
 
 def deploy_step(ctx: Any, role: str | None = None) -> dict[str, Any]:
@@ -490,5 +567,8 @@ def deploy_step(ctx: Any, role: str | None = None) -> dict[str, Any]:
         packages={hosts["native"]: native_id, hosts["rpc"]: rpc_id},
         pool=ctx.pool, journal=ctx.journal,
     )  # fmt: skip
-    return {"kernel": result.plan.kernel, "passed": result.passed,
-            "hosts": {v.host: (v.summary or {}) for v in result.verdicts}}
+    return {
+        "kernel": result.plan.kernel,
+        "passed": result.passed,
+        "hosts": {v.host: (v.summary or {}) for v in result.verdicts},
+    }

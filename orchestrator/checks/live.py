@@ -8,9 +8,10 @@ just activated and calls `suite.run_suite` directly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.checks import budget
@@ -67,9 +68,19 @@ def _manifest(store: Any, package_id: str) -> Any:
         return None
 
 
-def make_identity_probe(*, transports: dict[str, Transport], roots: dict[str, str], hosts: dict[str, str], inventory: Inventory,
-                        pair: str, route: Any, manifests: dict[str, Any], profile: RouteProfile, url: str,
-                        api_key: Secret | None):
+def make_identity_probe(
+    *,
+    transports: dict[str, Transport],
+    roots: dict[str, str],
+    hosts: dict[str, str],
+    inventory: Inventory,
+    pair: str,
+    route: Any,
+    manifests: dict[str, Any],
+    profile: RouteProfile,
+    url: str,
+    api_key: Secret | None,
+):
     """deploy's `verify_identity` against what the route record says is active, plus the route
     record itself (revision, argv digest) re-read each time: a change during the suite shows."""
     active = route.active
@@ -77,7 +88,9 @@ def make_identity_probe(*, transports: dict[str, Transport], roots: dict[str, st
     def exe(role: str, rel: str) -> str:
         m = manifests.get(role)
         if m is None:
-            raise HostError(f"package {getattr(active, role + '_package')} is not in the local store; cannot check its hashes")
+            raise HostError(
+                f"package {getattr(active, role + '_package')} is not in the local store; cannot check its hashes"
+            )
         return m.files[rel].sha256
 
     expected = Expected(
@@ -97,23 +110,35 @@ def make_identity_probe(*, transports: dict[str, Transport], roots: dict[str, st
     def probe() -> IdentitySnapshot:
         rep = verify_identity(transports, layouts, hosts, expected, base_url=url, api_key=key)
         now = read_route(transports["native"], roots["native"])
-        data = {**rep.data, "route": {"revision": now.revision if now else None,
-                                      "argv_sha256": now.active.argv_sha256 if now and now.active else None,
-                                      "profile_sha256": now.active.profile_sha256 if now and now.active else None}}
+        data = {
+            **rep.data,
+            "route": {
+                "revision": now.revision if now else None,
+                "argv_sha256": now.active.argv_sha256 if now and now.active else None,
+                "profile_sha256": now.active.profile_sha256 if now and now.active else None,
+            },
+        }
         problems = list(rep.problems)
         if now is None or now.active is None or now.active.argv_sha256 != active.argv_sha256:
             problems.append("the route record no longer names the pair this acceptance started with")
         if active.models:  # the weights too: a model file replaced under the server changes what it serves
-            problems += recorded_model_problems(active.models, inventory.pair(pair).models, hosts["native"],
-                                                transports["native"], layouts["native"])
+            problems += recorded_model_problems(
+                active.models, inventory.pair(pair).models, hosts["native"], transports["native"], layouts["native"]
+            )
             data["models"] = dict(active.models)
         return IdentitySnapshot(data=data, problems=tuple(problems))
 
     return probe
 
 
-def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None = None,
-                  check: str = "answer_fixtures", models: Mapping[str, str] | None = None) -> BaselineRef | None:
+def find_baseline(
+    evidence: Any,
+    *,
+    receipt: str | None = None,
+    pair: str | None = None,
+    check: str = "answer_fixtures",
+    models: Mapping[str, str] | None = None,
+) -> BaselineRef | None:
     """Check results of an earlier run: the given receipt, or the newest passed receipt of
     `pair` that holds a `check:<check>` step with results from the same model files (`models`,
     name -> sha256: answers from other weights are no baseline; a receipt that did not record
@@ -129,7 +154,8 @@ def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None
             raise ConfigError(
                 f"baseline receipt {r.sha256[:16]} answered with models {dict(raw.get('models') or {}) or 'unrecorded'}, "
                 f"this pair runs {want}: answers from other weights are no baseline",
-                hint="leave out --baseline-receipt to use the newest passed run on these models (or none)")
+                hint="leave out --baseline-receipt to use the newest passed run on these models (or none)",
+            )
         return ref
     if pair is None:
         return None
@@ -143,8 +169,14 @@ def find_baseline(evidence: Any, *, receipt: str | None = None, pair: str | None
     return None
 
 
-def comparisons(evidence: Any, pair: str, models: Mapping[str, str], *, baseline_receipt: str | None = None,
-                baseline_pair: str | None = None) -> tuple[BaselineRef | None, ReferenceState | None]:
+def comparisons(
+    evidence: Any,
+    pair: str,
+    models: Mapping[str, str],
+    *,
+    baseline_receipt: str | None = None,
+    baseline_pair: str | None = None,
+) -> tuple[BaselineRef | None, ReferenceState | None]:
     """What a run of `pair` on these model files is compared with: the answer-fixture baseline
     and the route's reference (pin and answers). One lookup for `accept` and deploy's acceptance."""
     if evidence is None:
@@ -157,7 +189,7 @@ def baseline_from_receipt(r: Any) -> BaselineRef:
     checks = {}
     for s in r.steps:
         if s.name.startswith(STEP_PREFIX) and isinstance(s.data.get("raw"), dict):
-            checks[s.name[len(STEP_PREFIX):]] = s.data["raw"]
+            checks[s.name[len(STEP_PREFIX) :]] = s.data["raw"]
     return BaselineRef(receipt=r.sha256, checks=checks)
 
 
@@ -173,10 +205,22 @@ class Live:
         self.stack.close()
 
 
-def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str | None = None,
-              baseline_receipt: str | None = None, baseline_pair: str | None = None,
-              fixtures: str | None = None, options: CheckOptions | None = None, journal: Journal | None = None,
-              evidence: Any = None, logger: Any = None, identity: bool = True, pool: TransportPool | None = None) -> Live:
+def open_live(
+    home: Any,
+    inventory: Inventory,
+    pair: str,
+    *,
+    profile_name: str | None = None,
+    baseline_receipt: str | None = None,
+    baseline_pair: str | None = None,
+    fixtures: str | None = None,
+    options: CheckOptions | None = None,
+    journal: Journal | None = None,
+    evidence: Any = None,
+    logger: Any = None,
+    identity: bool = True,
+    pool: TransportPool | None = None,
+) -> Live:
     """Everything `run_suite` needs for `pair`, read from the hosts and the local stores.
 
     `pool`: a caller's open `TransportPool` to reuse (deploy's); it is not closed here. The
@@ -193,31 +237,63 @@ def open_live(home: Any, inventory: Inventory, pair: str, *, profile_name: str |
         transports = {r: pool.get(h) for r, h in hosts.items()}
         route = read_route(transports["native"], roots["native"])
         if route is None or route.active is None:
-            raise HostError(f"pair {pair}: no active route on {spec.native} (nothing deployed?)",
-                            hint=f"deploy first: pairctl deploy --pair {pair}")
+            raise HostError(
+                f"pair {pair}: no active route on {spec.native} (nothing deployed?)",
+                hint=f"deploy first: pairctl deploy --pair {pair}",
+            )
         if profile_name:
             profile = load_profile(profile_name, pair=inventory.pair(pair))
         else:
             profile = profile_from_record(route.active.profile)
         store = PackageStore(home.store)
-        manifests = {"native": _manifest(store, route.active.native_package),
-                     "rpc": _manifest(store, route.active.rpc_package)}
+        manifests = {
+            "native": _manifest(store, route.active.native_package),
+            "rpc": _manifest(store, route.active.rpc_package),
+        }
         url = base_url(inventory, pair)
         api_key = read_api_key(inventory, pair)
         limits = budget.for_profile(profile)  # every request bounded by the work it asks for (issue 21)
         opts = options or CheckOptions(request_timeout_s=limits.completion_s)
         client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=limits.control_s))
-        probe = make_identity_probe(transports=transports, roots=roots, hosts=hosts, inventory=inventory, pair=pair,
-                                    route=route, manifests=manifests, profile=profile, url=url,
-                                    api_key=api_key) if identity else None
+        probe = (
+            make_identity_probe(
+                transports=transports,
+                roots=roots,
+                hosts=hosts,
+                inventory=inventory,
+                pair=pair,
+                route=route,
+                manifests=manifests,
+                profile=profile,
+                url=url,
+                api_key=api_key,
+            )
+            if identity
+            else None
+        )
         models = dict(route.active.models)
-        baseline, reference = comparisons(evidence, pair, models, baseline_receipt=baseline_receipt,
-                                          baseline_pair=baseline_pair)
+        baseline, reference = comparisons(
+            evidence, pair, models, baseline_receipt=baseline_receipt, baseline_pair=baseline_pair
+        )
         ctx = CheckContext(
-            client=client, profile=profile, pair=pair, inventory=inventory, transports=transports,
-            sampler_transports={r: sampler_pool.get(h) for r, h in hosts.items()}, host_roots=roots,
-            host_names=hosts, packages=manifests, journal=journal, api_key=api_key, identity_probe=probe,
-            baseline=baseline, reference=reference, models=models, fixtures=load_fixture_set(fixtures) if fixtures else None, options=opts, logger=logger,
+            client=client,
+            profile=profile,
+            pair=pair,
+            inventory=inventory,
+            transports=transports,
+            sampler_transports={r: sampler_pool.get(h) for r, h in hosts.items()},
+            host_roots=roots,
+            host_names=hosts,
+            packages=manifests,
+            journal=journal,
+            api_key=api_key,
+            identity_probe=probe,
+            baseline=baseline,
+            reference=reference,
+            models=models,
+            fixtures=load_fixture_set(fixtures) if fixtures else None,
+            options=opts,
+            logger=logger,
         )
         return Live(ctx=ctx, route=route, stack=stack)
     except BaseException:

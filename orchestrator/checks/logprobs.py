@@ -62,8 +62,9 @@ def compare_position(ref: Position, cand: Position, *, floor: float, complete: b
             worst, worst_d = t, d
     rn, cn = _renorm(rf), _renorm(cf)
     kl = sum(math.exp(rn[t]) * (rn[t] - cn[t]) for t in tokens)
-    return PositionDiff(kl=max(kl, 0.0), top1_agrees=argmax(ref) == argmax(cand), max_abs_dlogprob=worst_d,
-                        worst_token=worst)
+    return PositionDiff(
+        kl=max(kl, 0.0), top1_agrees=argmax(ref) == argmax(cand), max_abs_dlogprob=worst_d, worst_token=worst
+    )
 
 
 @dataclass(frozen=True)
@@ -75,20 +76,31 @@ class Summary:
     max_abs_dlogprob: float
 
     def as_dict(self) -> dict[str, float | int]:
-        return {"positions": self.positions, "mean_kl": self.mean_kl, "max_kl": self.max_kl, "top1": self.top1,
-                "max_abs_dlogprob": self.max_abs_dlogprob}
+        return {
+            "positions": self.positions,
+            "mean_kl": self.mean_kl,
+            "max_kl": self.max_kl,
+            "top1": self.top1,
+            "max_abs_dlogprob": self.max_abs_dlogprob,
+        }
 
 
 def summarize(diffs: Iterable[PositionDiff]) -> Summary:
     ds = list(diffs)
     if not ds:
         return Summary(0, 0.0, 0.0, 1.0, 0.0)
-    return Summary(positions=len(ds), mean_kl=sum(d.kl for d in ds) / len(ds), max_kl=max(d.kl for d in ds),
-                   top1=sum(d.top1_agrees for d in ds) / len(ds), max_abs_dlogprob=max(d.max_abs_dlogprob for d in ds))
+    return Summary(
+        positions=len(ds),
+        mean_kl=sum(d.kl for d in ds) / len(ds),
+        max_kl=max(d.kl for d in ds),
+        top1=sum(d.top1_agrees for d in ds) / len(ds),
+        max_abs_dlogprob=max(d.max_abs_dlogprob for d in ds),
+    )
 
 
-def gate_problems(s: Summary, *, max_mean_kl: float, max_kl: float, min_top1: float,
-                  max_abs_dlogprob: float) -> list[str]:
+def gate_problems(
+    s: Summary, *, max_mean_kl: float, max_kl: float, min_top1: float, max_abs_dlogprob: float
+) -> list[str]:
     """Each gate the summary misses, as one phrase naming the figure and its bound."""
     p = []
     if s.mean_kl > max_mean_kl:

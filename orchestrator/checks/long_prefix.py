@@ -13,8 +13,9 @@ from orchestrator.checks.prompts import PromptBuilder
 NAME = "long_prefix_cache"
 
 
-def reuse_problems(prompt_len: int, shared: int, reused: int, new: int, generated: int, n_predict: int,
-                   truncated: bool) -> list[str]:
+def reuse_problems(
+    prompt_len: int, shared: int, reused: int, new: int, generated: int, n_predict: int, truncated: bool
+) -> list[str]:
     p = []
     if reused < shared - 1:
         p.append(f"reused {reused} tokens of a {shared}-token shared prefix")
@@ -49,10 +50,19 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
     figures = {"prompt": prompt_len, "shared": shared, "reused": reused, "new": new, "generated": generated}
     raw = {
         "first": {"timings": r1.timings.model_dump(), "id_slot": r1.id_slot},
-        "second": {"timings": r2.timings.model_dump(), "id_slot": r2.id_slot, "truncated": r2.truncated,
-                   "stop_type": r2.stop_type},
+        "second": {
+            "timings": r2.timings.model_dump(),
+            "id_slot": r2.id_slot,
+            "truncated": r2.truncated,
+            "stop_type": r2.stop_type,
+        },
         "problems": problems,
     }
-    return CheckResult(name=NAME, verdict=verdict_of(problems),
-                       message="; ".join(problems) or f"{prompt_len}-token prompt: reused {reused}, new {new}, generated {generated}",
-                       figures=figures, raw=raw, duration_s=timer.elapsed())
+    return CheckResult(
+        name=NAME,
+        verdict=verdict_of(problems),
+        message="; ".join(problems) or f"{prompt_len}-token prompt: reused {reused}, new {new}, generated {generated}",
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )

@@ -65,7 +65,9 @@ def lane_problems(lane: LaneOutcome) -> list[str]:
     if lane.tokens_evaluated != lane.prompt_tokens:
         p.append(f"{tag}: server evaluated {lane.tokens_evaluated} prompt tokens, sent {lane.prompt_tokens}")
     if lane.tokens_predicted != lane.n_predict:
-        p.append(f"{tag}: generated {lane.tokens_predicted} tokens, asked for {lane.n_predict} (stop_type {lane.stop_type})")
+        p.append(
+            f"{tag}: generated {lane.tokens_predicted} tokens, asked for {lane.n_predict} (stop_type {lane.stop_type})"
+        )
     if lane.stop_type not in ("limit", None) and lane.tokens_predicted != lane.n_predict:
         p.append(f"{tag}: stopped by {lane.stop_type}")
     return p
@@ -91,8 +93,10 @@ def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome]) -
         if ref.error:
             p.append(f"lane {lane.lane}: solo reference failed: {ref.error}")
         elif lane.output_tokens != ref.output_tokens:
-            first = next((i for i, (a, b) in enumerate(zip(lane.output_tokens, ref.output_tokens, strict=False)) if a != b),
-                         min(len(lane.output_tokens), len(ref.output_tokens)))
+            first = next(
+                (i for i, (a, b) in enumerate(zip(lane.output_tokens, ref.output_tokens, strict=False)) if a != b),
+                min(len(lane.output_tokens), len(ref.output_tokens)),
+            )
             p.append(f"lane {lane.lane}: output differs from the same request run alone, from token {first}")
     return p
 
@@ -130,21 +134,38 @@ def _outcome(lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run) -> 
     try:
         r: CompletionResult = run()
     except ServerRequestError as exc:
-        return LaneOutcome(lane=lane, prompt_tokens=len(prompt), n_predict=n_predict, nonce=prompt.nonce,
-                           started_s=started, finished_s=time.monotonic() - t0, error=str(exc))
+        return LaneOutcome(
+            lane=lane,
+            prompt_tokens=len(prompt),
+            n_predict=n_predict,
+            nonce=prompt.nonce,
+            started_s=started,
+            finished_s=time.monotonic() - t0,
+            error=str(exc),
+        )
     return LaneOutcome(
-        lane=lane, id_slot=r.id_slot, prompt_tokens=len(prompt), n_predict=n_predict, nonce=prompt.nonce,
-        tokens_evaluated=r.tokens_evaluated, tokens_predicted=r.tokens_predicted, truncated=r.truncated,
-        stop_type=r.stop_type, content=r.content, output_tokens=list(r.tokens),
+        lane=lane,
+        id_slot=r.id_slot,
+        prompt_tokens=len(prompt),
+        n_predict=n_predict,
+        nonce=prompt.nonce,
+        tokens_evaluated=r.tokens_evaluated,
+        tokens_predicted=r.tokens_predicted,
+        truncated=r.truncated,
+        stop_type=r.stop_type,
+        content=r.content,
+        output_tokens=list(r.tokens),
         predicted_per_second=r.timings.predicted_per_second,
-        started_s=round(started, 4), finished_s=round(time.monotonic() - t0, 4),
+        started_s=round(started, 4),
+        finished_s=round(time.monotonic() - t0, 4),
     )
 
 
 def _request(client: ServerClient, prompt: BuiltPrompt, n_predict: int, slot: int, timeout: float):
     # cold lanes: no cache reuse, so the whole prompt is evaluated in this request
-    return lambda: client.completion(list(prompt.tokens), n_predict, id_slot=slot, cache_prompt=False,
-                                     ignore_eos=True, seed=0, timeout=timeout)
+    return lambda: client.completion(
+        list(prompt.tokens), n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=timeout
+    )
 
 
 @dataclass
@@ -193,12 +214,23 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
 
     t0 = time.monotonic()
     stop, peak = threading.Event(), SlotsPeak()
-    poller = threading.Thread(target=_poll_slots, args=(ctx.client, stop, opts.slots_poll_interval_s, peak), daemon=True)
+    poller = threading.Thread(
+        target=_poll_slots, args=(ctx.client, stop, opts.slots_poll_interval_s, peak), daemon=True
+    )
     poller.start()
     try:
         with ThreadPoolExecutor(max_workers=2) as pool:
-            futs = [pool.submit(_outcome, i, prompts[i], gen_n, t0,
-                                _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s)) for i in range(2)]
+            futs = [
+                pool.submit(
+                    _outcome,
+                    i,
+                    prompts[i],
+                    gen_n,
+                    t0,
+                    _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s),
+                )
+                for i in range(2)
+            ]
             lanes = [f.result() for f in futs]
     finally:
         stop.set()
@@ -210,8 +242,16 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     problems += overlap_problems(lanes, peak.both_processing_seen)
     solo: list[LaneOutcome] = []
     if opts.isolation == "solo":
-        solo = [_outcome(i, prompts[i], gen_n, time.monotonic(),
-                         _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s)) for i in range(2)]
+        solo = [
+            _outcome(
+                i,
+                prompts[i],
+                gen_n,
+                time.monotonic(),
+                _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s),
+            )
+            for i in range(2)
+        ]
         problems += isolation_problems_solo(lanes, solo)
     else:
         problems += isolation_problems_recall(lanes)
@@ -236,9 +276,14 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         "slots_poll": peak.__dict__,
         "problems": problems,
     }
-    return CheckResult(name=TWO_LANE, verdict=verdict_of(problems), message="; ".join(problems) or
-                       f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})",
-                       figures=figures, raw=raw, duration_s=timer.elapsed())
+    return CheckResult(
+        name=TWO_LANE,
+        verdict=verdict_of(problems),
+        message="; ".join(problems) or f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})",
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )
 
 
 def run_one_lane(ctx: CheckContext) -> CheckResult:
@@ -259,6 +304,11 @@ def run_one_lane(ctx: CheckContext) -> CheckResult:
         "slack": per_slot - lane.population,
         "tg_tokens_per_s": round(lane.predicted_per_second, 2) if lane.predicted_per_second else None,
     }
-    return CheckResult(name=ONE_LANE, verdict=verdict_of(problems),
-                       message="; ".join(problems) or f"one lane reached {lane.population}/{per_slot} tokens cleanly",
-                       figures=figures, raw={"lane": lane.model_dump(), "problems": problems}, duration_s=timer.elapsed())
+    return CheckResult(
+        name=ONE_LANE,
+        verdict=verdict_of(problems),
+        message="; ".join(problems) or f"one lane reached {lane.population}/{per_slot} tokens cleanly",
+        figures=figures,
+        raw={"lane": lane.model_dump(), "problems": problems},
+        duration_s=timer.elapsed(),
+    )

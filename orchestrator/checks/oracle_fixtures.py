@@ -75,6 +75,8 @@ def load_oracle_set(name_or_path: str) -> OracleFixtureSet:
     if not p.suffix:
         p = MANIFESTS / "fixtures" / "reference" / f"{name_or_path}.yaml"
     if not p.exists():
-        raise ConfigError(f"{p}: reference fixture set not found",
-                          hint=f"sets live in {MANIFESTS / 'fixtures' / 'reference'}; the default is {DEFAULT_SET}")
+        raise ConfigError(
+            f"{p}: reference fixture set not found",
+            hint=f"sets live in {MANIFESTS / 'fixtures' / 'reference'}; the default is {DEFAULT_SET}",
+        )
     return load_model(OracleFixtureSet, p)

@@ -52,7 +52,7 @@ def contains_run(haystack: tuple[int, ...] | list[int], needle: tuple[int, ...] 
         return False
     first = needle[0]
     for i in range(len(haystack) - n + 1):
-        if haystack[i] == first and tuple(haystack[i:i + n]) == tuple(needle):
+        if haystack[i] == first and tuple(haystack[i : i + n]) == tuple(needle):
             return True
     return False
 

@@ -39,8 +39,12 @@ class Pin:
         return self.native_package, self.rpc_package
 
     def as_dict(self) -> dict[str, Any]:
-        return {"native_package": self.native_package, "rpc_package": self.rpc_package, "receipt": self.receipt,
-                "how": self.how}
+        return {
+            "native_package": self.native_package,
+            "rpc_package": self.rpc_package,
+            "receipt": self.receipt,
+            "how": self.how,
+        }
 
 
 @dataclass(frozen=True)
@@ -74,10 +78,18 @@ def profile_answer_fields(profile: RouteProfile, n_ctx_train: int | None = None)
 ANSWERS_FORMAT = 2  # how answers are recorded (teacher-forced walk, every position filled); part of the key
 
 
-def answers_key(packages: tuple[str, str], models: Mapping[str, str], profile_fields: Mapping[str, Any],
-                fixture_set_sha256: str) -> str:
-    return sha256_json({"format": ANSWERS_FORMAT, "packages": list(packages), "models": dict(sorted(models.items())),
-                        "profile": dict(profile_fields), "fixtures": fixture_set_sha256})
+def answers_key(
+    packages: tuple[str, str], models: Mapping[str, str], profile_fields: Mapping[str, Any], fixture_set_sha256: str
+) -> str:
+    return sha256_json(
+        {
+            "format": ANSWERS_FORMAT,
+            "packages": list(packages),
+            "models": dict(sorted(models.items())),
+            "profile": dict(profile_fields),
+            "fixtures": fixture_set_sha256,
+        }
+    )
 
 
 def _raw(r: Any) -> Mapping[str, Any] | None:
@@ -107,8 +119,13 @@ def state_from_receipts(receipts: Iterable[Any]) -> ReferenceState:
     if pin is not None:
         for r in rs:
             raw = _raw(r)
-            if (raw and raw.get("role") == "reference" and tuple(raw.get("packages") or ()) == pin.packages()
-                    and raw.get("key") and raw["key"] not in answers):
+            if (
+                raw
+                and raw.get("role") == "reference"
+                and tuple(raw.get("packages") or ()) == pin.packages()
+                and raw.get("key")
+                and raw["key"] not in answers
+            ):
                 answers[str(raw["key"])] = Answers(key=str(raw["key"]), receipt=str(r.sha256), raw=raw)
     return ReferenceState(pin=pin, answers=answers)
 

@@ -72,21 +72,43 @@ class Asker:
     def first(self, endpoint: str, prompt: Prompt, n: int) -> Answer:
         common = {"temperature": 0.0, "seed": 0, "id_slot": 0, "cache_prompt": False, "stream": False}
         if endpoint == "chat":
-            return self._post("/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}],
-                                                       "max_tokens": n, "logprobs": True, "top_logprobs": self.k})
+            return self._post(
+                "/v1/chat/completions",
+                {
+                    **common,
+                    "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": n,
+                    "logprobs": True,
+                    "top_logprobs": self.k,
+                },
+            )
         path = "/completion" if endpoint == "completion" else "/v1/completions"
         key = "n_predict" if endpoint == "completion" else "max_tokens"
         return self._post(path, {**common, "prompt": prompt, key: n, "n_probs": self.k})
 
     def cont(self, prefix: Prompt, forced: list[int], n: int) -> Answer:
         prompt: list[Any] = ([prefix] if isinstance(prefix, str) else list(prefix)) + list(forced)
-        return self._post("/completion", {"prompt": prompt, "n_predict": n, "n_probs": self.k, "temperature": 0.0,
-                                          "seed": 0, "id_slot": 0, "cache_prompt": True, "stream": False})
+        return self._post(
+            "/completion",
+            {
+                "prompt": prompt,
+                "n_predict": n,
+                "n_probs": self.k,
+                "temperature": 0.0,
+                "seed": 0,
+                "id_slot": 0,
+                "cache_prompt": True,
+                "stream": False,
+            },
+        )
 
     def template(self, message: str) -> str:
         self.requests += 1
-        data = self.ctx.client.post_json("/apply-template", {"messages": [{"role": "user", "content": message}]},
-                                         timeout=self.ctx.options.request_timeout_s)
+        data = self.ctx.client.post_json(
+            "/apply-template",
+            {"messages": [{"role": "user", "content": message}]},
+            timeout=self.ctx.options.request_timeout_s,
+        )
         return str(data["prompt"])
 
 
@@ -114,8 +136,9 @@ def record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, floor: float) 
         mine = {"id": fx.id, "endpoint": fx.endpoint, "prompt": prompt, "prefix": prefix, "tokens": a.tokens}
         got, _, _ = teacher_forced(asker, mine, first=a)  # fills the positions drafting left without logprobs
         if len(got.positions) < len(a.tokens):
-            raise ValueError(f"{fx.id}: the reference answered logprobs for {len(got.positions)} of "
-                             f"{len(a.tokens)} positions")
+            raise ValueError(
+                f"{fx.id}: the reference answered logprobs for {len(got.positions)} of {len(a.tokens)} positions"
+            )
         out.append({**mine, "positions": [lp.trimmed(p, floor) for p in got.positions]})
     return out
 
@@ -146,16 +169,17 @@ def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = N
             first_flip = base + k if first_flip < 0 else first_flip
         if len(positions) >= n or (len(positions) == base and (k >= m or not got.positions[k])):
             break  # done, or no progress: missing positions are reported, never invented
-        got = asker.cont(fx["prefix"], ref_tokens[:len(positions)], n - len(positions))
-    return Answer(ref_tokens[:len(positions)], positions), flips, first_flip
+        got = asker.cont(fx["prefix"], ref_tokens[: len(positions)], n - len(positions))
+    return Answer(ref_tokens[: len(positions)], positions), flips, first_flip
 
 
 def gates_dict(g: ReferenceGates) -> dict[str, Any]:
     return g.model_dump(mode="json")
 
 
-def compare(asker: Asker, answers: list[Mapping[str, Any]], gates: ReferenceGates, complete: bool
-            ) -> tuple[lp.Summary, list[dict[str, Any]], list[str]]:
+def compare(
+    asker: Asker, answers: list[Mapping[str, Any]], gates: ReferenceGates, complete: bool
+) -> tuple[lp.Summary, list[dict[str, Any]], list[str]]:
     per_fixture, all_diffs, problems = [], [], []
     for fx in answers:
         got, flips, first_flip = teacher_forced(asker, fx)
@@ -168,9 +192,17 @@ def compare(asker: Asker, answers: list[Mapping[str, Any]], gates: ReferenceGate
             problems.append(f"{fx['id']}: the server answered {len(got.positions)} of {len(ref_pos)} positions")
         s = lp.summarize(diffs)
         worst = max(range(len(diffs)), key=lambda i: diffs[i].max_abs_dlogprob) if diffs else None
-        per_fixture.append({"id": fx["id"], "endpoint": fx["endpoint"], **s.as_dict(), "greedy_flips": flips,
-                            "first_flip": first_flip, "worst_position": worst,
-                            "worst_token": diffs[worst].worst_token if worst is not None else None})
+        per_fixture.append(
+            {
+                "id": fx["id"],
+                "endpoint": fx["endpoint"],
+                **s.as_dict(),
+                "greedy_flips": flips,
+                "first_flip": first_flip,
+                "worst_position": worst,
+                "worst_token": diffs[worst].worst_token if worst is not None else None,
+            }
+        )
         all_diffs += diffs
     return lp.summarize(all_diffs), per_fixture, problems
 
@@ -182,17 +214,32 @@ def run(ctx: CheckContext) -> CheckResult:
     vocab = n_vocab(ctx)
     k = gates.top_k or vocab or 0
     if k <= 0:
-        return CheckResult(name=NAME, verdict="failed", message="the server does not report n_vocab (/v1/models); "
-                           "set reference_gates.top_k in the profile", duration_s=timer.elapsed())
+        return CheckResult(
+            name=NAME,
+            verdict="failed",
+            message="the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile",
+            duration_s=timer.elapsed(),
+        )
     complete = vocab is not None and k >= vocab
     running = running_packages(ctx)
     state = ctx.reference
-    base_raw: dict[str, Any] = {"fixture_set": fs.name, "fixture_set_sha256": fs.sha256(), "models": dict(ctx.models),
-                                "top_k": k, "n_vocab": vocab, "gates": gates_dict(gates)}
+    base_raw: dict[str, Any] = {
+        "fixture_set": fs.name,
+        "fixture_set_sha256": fs.sha256(),
+        "models": dict(ctx.models),
+        "top_k": k,
+        "n_vocab": vocab,
+        "gates": gates_dict(gates),
+    }
     if running is None or state is None:
         why = "the active packages are not in the local store" if running is None else "no evidence store was given"
-        return CheckResult(name=NAME, verdict="failed", message=f"cannot compare with reference answers: {why}",
-                           raw=base_raw, duration_s=timer.elapsed())
+        return CheckResult(
+            name=NAME,
+            verdict="failed",
+            message=f"cannot compare with reference answers: {why}",
+            raw=base_raw,
+            duration_s=timer.elapsed(),
+        )
     pin = state.pin.packages() if state.pin else running
     key = answers_key(pin, ctx.models, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
     base_raw |= {"packages": list(running), "reference": state.pin.as_dict() if state.pin else None, "key": key}
@@ -201,28 +248,66 @@ def run(ctx: CheckContext) -> CheckResult:
     if found is None:
         if pin != running:
             return CheckResult(
-                name=NAME, verdict="failed", raw={**base_raw, "role": "candidate"}, duration_s=timer.elapsed(),
-                message=(f"the reference pair {pin[0]} / {pin[1]} has no answers for key {key[:12]} (models, profile "
-                         f"{ctx.profile.model} at {ctx.per_slot()} per slot, fixtures {fs.name}): deploy the reference "
-                         "packages with this profile once to record them, or promote this pair with "
-                         f"`pairctl reference set --pair {ctx.pair}`"))
+                name=NAME,
+                verdict="failed",
+                raw={**base_raw, "role": "candidate"},
+                duration_s=timer.elapsed(),
+                message=(
+                    f"the reference pair {pin[0]} / {pin[1]} has no answers for key {key[:12]} (models, profile "
+                    f"{ctx.profile.model} at {ctx.per_slot()} per slot, fixtures {fs.name}): deploy the reference "
+                    "packages with this profile once to record them, or promote this pair with "
+                    f"`pairctl reference set --pair {ctx.pair}`"
+                ),
+            )
         answers = record(ctx, asker, fs, gates.logprob_floor)
-        how = ("this pair is the pinned reference" if state.pin
-               else "the route has no reference yet: this pair becomes it")
+        how = (
+            "this pair is the pinned reference" if state.pin else "the route has no reference yet: this pair becomes it"
+        )
         return CheckResult(
-            name=NAME, verdict="skipped", required=False, duration_s=timer.elapsed(),
+            name=NAME,
+            verdict="skipped",
+            required=False,
+            duration_s=timer.elapsed(),
             message=f"{how}; recorded its answers ({len(answers)} fixtures) as reference answers, key {key[:12]}",
             figures={"role": "reference", "key": key[:12], "fixtures": len(answers), "requests": asker.requests},
-            raw={**base_raw, "role": "reference", "answers": answers})
+            raw={**base_raw, "role": "reference", "answers": answers},
+        )
     summary, per_fixture, problems = compare(asker, list(found.raw.get("answers") or []), gates, complete)
-    problems += lp.gate_problems(summary, max_mean_kl=gates.max_mean_kl, max_kl=gates.max_kl, min_top1=gates.min_top1,
-                                 max_abs_dlogprob=gates.max_abs_dlogprob)
-    figures = {**summary.as_dict(), "reference_receipt": found.receipt[:16], "key": key[:12],
-               "greedy_flips": sum(f["greedy_flips"] for f in per_fixture), "requests": asker.requests}
-    raw = {**base_raw, "role": "candidate", "reference_receipt": found.receipt, "summary": summary.as_dict(),
-           "fixtures": per_fixture, "problems": problems}
-    msg = "; ".join(problems) if problems else (
-        f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}): mean KL {summary.mean_kl:.3g}, "
-        f"max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| {summary.max_abs_dlogprob:.3g}")
-    return CheckResult(name=NAME, verdict="failed" if problems else "passed", message=msg, figures=figures, raw=raw,
-                       duration_s=timer.elapsed())
+    problems += lp.gate_problems(
+        summary,
+        max_mean_kl=gates.max_mean_kl,
+        max_kl=gates.max_kl,
+        min_top1=gates.min_top1,
+        max_abs_dlogprob=gates.max_abs_dlogprob,
+    )
+    figures = {
+        **summary.as_dict(),
+        "reference_receipt": found.receipt[:16],
+        "key": key[:12],
+        "greedy_flips": sum(f["greedy_flips"] for f in per_fixture),
+        "requests": asker.requests,
+    }
+    raw = {
+        **base_raw,
+        "role": "candidate",
+        "reference_receipt": found.receipt,
+        "summary": summary.as_dict(),
+        "fixtures": per_fixture,
+        "problems": problems,
+    }
+    msg = (
+        "; ".join(problems)
+        if problems
+        else (
+            f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}): mean KL {summary.mean_kl:.3g}, "
+            f"max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| {summary.max_abs_dlogprob:.3g}"
+        )
+    )
+    return CheckResult(
+        name=NAME,
+        verdict="failed" if problems else "passed",
+        message=msg,
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )

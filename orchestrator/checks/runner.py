@@ -54,8 +54,10 @@ class AcceptOutcome:
     def raise_for_verdict(self) -> None:
         if not self.suite.passed:
             bad = ", ".join(f"{r.name} ({r.verdict})" for r in self.suite.failed())
-            raise CheckFailed(f"acceptance of pair {self.suite.pair} failed: {bad}",
-                              hint=f"receipt {self.receipt}; `pairctl receipts show {str(self.receipt)[:12]}` has every check's raw data")
+            raise CheckFailed(
+                f"acceptance of pair {self.suite.pair} failed: {bad}",
+                hint=f"receipt {self.receipt}; `pairctl receipts show {str(self.receipt)[:12]}` has every check's raw data",
+            )
 
 
 def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptOutcome:
@@ -66,9 +68,17 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
     inventory.pair(req.pair)
     log = get_logger(pair=req.pair, command="accept")
     evidence = EvidenceStore(home.evidence)
-    argv = ["accept", "--pair", req.pair] + [x for o in only for x in ("--only", o)] + [x for s in skip for x in ("--skip", s)]
-    for flag, value in (("--baseline-receipt", req.baseline_receipt), ("--baseline-pair", req.baseline_pair),
-                        ("--fixtures", req.fixtures), ("--profile", req.profile)):
+    argv = (
+        ["accept", "--pair", req.pair]
+        + [x for o in only for x in ("--only", o)]
+        + [x for s in skip for x in ("--skip", s)]
+    )
+    for flag, value in (
+        ("--baseline-receipt", req.baseline_receipt),
+        ("--baseline-pair", req.baseline_pair),
+        ("--fixtures", req.fixtures),
+        ("--profile", req.profile),
+    ):
         if value:
             argv += [flag, value]
     try:
@@ -82,20 +92,30 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
         with TransportPool(inventory) as pool, ExitStack() as stack:
             try:
                 with journal.step("lease", host=",".join(hosts_of(inventory, req.pair))) as st:
-                    held = stack.enter_context(hold_pair_leases(
-                        targets_of(inventory, pool, req.pair), owner=default_owner(),
-                        purpose=f"pairctl accept {req.pair} (run {journal.run_id})", ttl_s=LEASE_TTL_S))
+                    held = stack.enter_context(
+                        hold_pair_leases(
+                            targets_of(inventory, pool, req.pair),
+                            owner=default_owner(),
+                            purpose=f"pairctl accept {req.pair} (run {journal.run_id})",
+                            ttl_s=LEASE_TTL_S,
+                        )
+                    )
                     st.data["leases"] = [lease_public(x) for x in held.leases]
             except LeaseHeldError as exc:
                 if not req.scheduled:
                     raise
                 journal.finish("inconclusive", f"skipped: {exc.message}")
                 _write_metrics(home, None, pair=req.pair, skipped=True)
-                raise Skipped(f"pair {req.pair} is leased; scheduled acceptance skipped: {exc.message}",
-                              hint=f"receipt {journal.receipt_hash}") from None
+                raise Skipped(
+                    f"pair {req.pair} is leased; scheduled acceptance skipped: {exc.message}",
+                    hint=f"receipt {journal.receipt_hash}",
+                ) from None
             suite, route = _run(home, inventory, req, journal, evidence, pool, only, skip, log)
-        reason = "every required check passed" if suite.passed else \
-            "failed: " + ", ".join(f"{r.name} ({r.verdict}: {r.message[:200]})" for r in suite.failed())
+        reason = (
+            "every required check passed"
+            if suite.passed
+            else "failed: " + ", ".join(f"{r.name} ({r.verdict}: {r.message[:200]})" for r in suite.failed())
+        )
         receipt = journal.finish("passed" if suite.passed else "failed", reason)
     except BaseException:
         if not journal.finished:
@@ -107,16 +127,37 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
 
 def _run(home, inventory, req, journal, evidence, pool, only, skip, log):
     with journal.step("open", host=inventory.pair(req.pair).native) as st:
-        live = open_live(home, inventory, req.pair, profile_name=req.profile, baseline_receipt=req.baseline_receipt,
-                         baseline_pair=req.baseline_pair, fixtures=req.fixtures,
-                         options=CheckOptions(isolation=req.isolation), journal=journal, evidence=evidence,
-                         logger=log, pool=pool)
+        live = open_live(
+            home,
+            inventory,
+            req.pair,
+            profile_name=req.profile,
+            baseline_receipt=req.baseline_receipt,
+            baseline_pair=req.baseline_pair,
+            fixtures=req.fixtures,
+            options=CheckOptions(isolation=req.isolation),
+            journal=journal,
+            evidence=evidence,
+            logger=log,
+            pool=pool,
+        )
         a = live.route.active
-        route = {"revision": live.route.revision, "native_package": a.native_package, "rpc_package": a.rpc_package,
-                 "profile": a.profile_name, "profile_sha256": a.profile_sha256, "argv_sha256": a.argv_sha256,
-                 "checked_with_profile": live.ctx.profile.name}
-        st.data.update({"route": route, "base_url": live.ctx.client.base_url,
-                        "baseline_receipt": live.ctx.baseline.receipt if live.ctx.baseline else None})
+        route = {
+            "revision": live.route.revision,
+            "native_package": a.native_package,
+            "rpc_package": a.rpc_package,
+            "profile": a.profile_name,
+            "profile_sha256": a.profile_sha256,
+            "argv_sha256": a.argv_sha256,
+            "checked_with_profile": live.ctx.profile.name,
+        }
+        st.data.update(
+            {
+                "route": route,
+                "base_url": live.ctx.client.base_url,
+                "baseline_receipt": live.ctx.baseline.receipt if live.ctx.baseline else None,
+            }
+        )
     try:
         suite = run_suite(live.ctx, only=only or None, skip=skip or None)
     finally:
@@ -135,9 +176,15 @@ def _write_metrics(home: Any, suite: SuiteResult | None, *, pair: str, skipped: 
     try:
         one = suite.result("one_lane_near_full") if suite else None
         tps = one.figures.get("tg_tokens_per_s") if one else None
-        write_acceptance(home.metrics, pair=pair, now=time.time(), passed=bool(suite and suite.passed),
-                         checks={r.name: r.verdict == "passed" for r in suite.results} if suite else {},
-                         tokens_per_second=tps, skipped=skipped)
+        write_acceptance(
+            home.metrics,
+            pair=pair,
+            now=time.time(),
+            passed=bool(suite and suite.passed),
+            checks={r.name: r.verdict == "passed" for r in suite.results} if suite else {},
+            tokens_per_second=tps,
+            skipped=skipped,
+        )
     except Exception:
         get_logger(pair=pair).warning("could not write the acceptance textfile", exc_info=True)
 
@@ -159,8 +206,13 @@ def render_table(console: Any, outcome: AcceptOutcome) -> None:
     t.add_column("key figures", overflow="fold")
     t.add_column("message", overflow="fold")
     for r in s.results:
-        t.add_row(Text(r.name), Text(r.verdict, style=VERDICT_STYLE[r.verdict]), "yes" if r.required else "no",
-                  Text(key_figures(r)), Text(r.message[:300]))
+        t.add_row(
+            Text(r.name),
+            Text(r.verdict, style=VERDICT_STYLE[r.verdict]),
+            "yes" if r.required else "no",
+            Text(key_figures(r)),
+            Text(r.message[:300]),
+        )
     console.print(t)
     if s.sampler_faults:
         console.print(f"sampler faults (not check failures): {len(s.sampler_faults)}", markup=False)

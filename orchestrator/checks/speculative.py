@@ -39,13 +39,17 @@ def compare(outputs: list[list[int]], reference: list[list[int]]) -> list[str]:
     return p
 
 
-def stepwise_reference(client: ServerClient, prompt: list[int], n: int, *, slot: int, timeout: float) -> tuple[list[int], int]:
+def stepwise_reference(
+    client: ServerClient, prompt: list[int], n: int, *, slot: int, timeout: float
+) -> tuple[list[int], int]:
     """Greedy tokens one request per token (the server cannot draft with one token left).
     Returns (tokens, drafted tokens reported by those steps: must be 0)."""
     out: list[int] = []
     drafted = 0
     for _ in range(n):
-        r = client.completion(prompt + out, 1, id_slot=slot, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout)
+        r = client.completion(
+            prompt + out, 1, id_slot=slot, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
+        )
         if len(r.tokens) != 1:
             raise AssertionError(f"a one-token step returned {len(r.tokens)} tokens")
         drafted += r.timings.draft_n or 0
@@ -96,9 +100,19 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         "problems": problems,
     }
     if not problems:
-        msg = (f"drafted output equals the draft-free reference; {accepted}/{draft_n} drafted tokens accepted"
-               if ctx.drafting() else "drafting off: output equals the one-token-step reference")
+        msg = (
+            f"drafted output equals the draft-free reference; {accepted}/{draft_n} drafted tokens accepted"
+            if ctx.drafting()
+            else "drafting off: output equals the one-token-step reference"
+        )
     else:
         msg = "; ".join(problems)
-    return CheckResult(name=NAME, verdict=verdict_of(problems), required=True, message=msg,
-                       figures=figures, raw=raw, duration_s=timer.elapsed())
+    return CheckResult(
+        name=NAME,
+        verdict=verdict_of(problems),
+        required=True,
+        message=msg,
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )

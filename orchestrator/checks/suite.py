@@ -10,8 +10,9 @@ check passed; the caller decides what that means (exit 1, or a rollback in deplo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from functools import partial
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -70,10 +71,23 @@ class SuiteResult(BaseModel):
     def summary(self) -> dict[str, Any]:
         """Small enough for a receipt field and `--json`: verdicts and figures, no raw data."""
         return {
-            "pair": self.pair, "profile": self.profile, "passed": self.passed, "duration_s": self.duration_s,
-            "sampler_faults": len(self.sampler_faults), "client_retries": len(self.client_retries),
-            "checks": [{"name": r.name, "verdict": r.verdict, "required": r.required, "message": r.message,
-                        "figures": r.figures, "duration_s": r.duration_s} for r in self.results],
+            "pair": self.pair,
+            "profile": self.profile,
+            "passed": self.passed,
+            "duration_s": self.duration_s,
+            "sampler_faults": len(self.sampler_faults),
+            "client_retries": len(self.client_retries),
+            "checks": [
+                {
+                    "name": r.name,
+                    "verdict": r.verdict,
+                    "required": r.required,
+                    "message": r.message,
+                    "figures": r.figures,
+                    "duration_s": r.duration_s,
+                }
+                for r in self.results
+            ],
         }
 
 
@@ -91,8 +105,12 @@ def _guarded(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
     try:
         r = fn()
     except Exception as exc:  # an unexpected exception is an `error` verdict, never a crash of the suite
-        r = CheckResult(name=name, verdict="error", message=f"{type(exc).__name__}: {exc}",
-                        raw={"exception": f"{type(exc).__name__}: {exc}"})
+        r = CheckResult(
+            name=name,
+            verdict="error",
+            message=f"{type(exc).__name__}: {exc}",
+            raw={"exception": f"{type(exc).__name__}: {exc}"},
+        )
     if not r.duration_s:
         r.duration_s = round(time.monotonic() - t0, 4)
     return r
@@ -123,8 +141,13 @@ def wait_idle(ctx: CheckContext, within_s: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterable[str] | None = None,
-              *, overrides: dict[str, CheckFn] | None = None) -> SuiteResult:
+def run_suite(
+    ctx: CheckContext,
+    only: Iterable[str] | None = None,
+    skip: Iterable[str] | None = None,
+    *,
+    overrides: dict[str, CheckFn] | None = None,
+) -> SuiteResult:
     """Run the selected checks against the live pair in `ctx`. `overrides` replaces a check's
     function (tests use it to run a deliberately broken variant through the whole suite)."""
     names = select(only, skip)
@@ -134,9 +157,13 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
     before = identity.snapshot(ctx) if identity.NAME in names else None
     sampler = None
     if telemetry.NAME in names:
-        sampler = telemetry.Sampler(transports=ctx.sampler_transports or ctx.transports, roots=ctx.host_roots,
-                                    hosts=ctx.host_names, interval_s=ctx.options.telemetry_interval_s,
-                                    timeout_s=ctx.options.telemetry_sample_timeout_s)
+        sampler = telemetry.Sampler(
+            transports=ctx.sampler_transports or ctx.transports,
+            roots=ctx.host_roots,
+            hosts=ctx.host_names,
+            interval_s=ctx.options.telemetry_interval_s,
+            timeout_s=ctx.options.telemetry_sample_timeout_s,
+        )
         sampler.start()
     stopped: CheckResult | None = None
     try:
@@ -145,9 +172,12 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
             if fn is None:
                 continue
             if stopped is not None:  # the server stopped answering: the rest would only wait on it
-                r = CheckResult(name=name, verdict="skipped", required=False,
-                                message=f"not run: {stopped.name} found the server not answering "
-                                        f"({stopped.message[:160]})")
+                r = CheckResult(
+                    name=name,
+                    verdict="skipped",
+                    required=False,
+                    message=f"not run: {stopped.name} found the server not answering ({stopped.message[:160]})",
+                )
                 results.append(r)
                 _record(ctx, r)
                 continue
@@ -180,10 +210,15 @@ def run_suite(ctx: CheckContext, only: Iterable[str] | None = None, skip: Iterab
             for when, snap in (("before", before), ("after", after)):
                 ctx.journal.identity(ctx.host_names.get("native", "native"), {"when": when, **snap})
     results.sort(key=lambda r: list(CHECKS).index(r.name) if r.name in CHECKS else len(CHECKS))
-    suite = SuiteResult(pair=ctx.pair, profile=ctx.profile.name, results=results,
-                        passed=all(r.ok for r in results) and bool(results),
-                        sampler_faults=sampler.faults if sampler else [],
-                        client_retries=list(getattr(ctx.client, "retries", [])), duration_s=round(time.monotonic() - t0, 3))
+    suite = SuiteResult(
+        pair=ctx.pair,
+        profile=ctx.profile.name,
+        results=results,
+        passed=all(r.ok for r in results) and bool(results),
+        sampler_faults=sampler.faults if sampler else [],
+        client_retries=list(getattr(ctx.client, "retries", [])),
+        duration_s=round(time.monotonic() - t0, 3),
+    )
     if ctx.journal is not None:
         ctx.journal.set("acceptance", suite.summary())
     return suite

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.checks.base import CheckResult
 from orchestrator.remote.command import Cmd
@@ -69,7 +70,9 @@ def parse_sample(text: str) -> dict[str, Any]:
             if len(parts) != 4:
                 raise ValueError(f"nvidia-smi line {line!r}: expected 4 fields")
             idx, name, used, total = parts
-            out["gpus"].append({"index": int(idx), "name": name, "used_mib": int(float(used)), "total_mib": int(float(total))})
+            out["gpus"].append(
+                {"index": int(idx), "name": name, "used_mib": int(float(used)), "total_mib": int(float(total))}
+            )
         elif section == "proc":
             key, _, rest = line.partition(":")
             value = rest.strip().split()
@@ -133,8 +136,14 @@ class Sampler:
                 text = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
                 s = parse_sample(text)
             except Exception as exc:  # timeout, lost connection, odd output: a sampler fault
-                self.faults.append({"t_s": t, "host": host, "role": role,
-                                    "fault": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"})
+                self.faults.append(
+                    {
+                        "t_s": t,
+                        "host": host,
+                        "role": role,
+                        "fault": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                    }
+                )
                 self.peaks.setdefault(host, HostPeak()).faults += 1
                 continue
             self.rows.append({"t_s": t, "host": host, "role": role, **s})
@@ -168,11 +177,21 @@ class Sampler:
                 figures[f"{host}.rss_peak_mib"] = round(p.vm_hwm_kib / 1024, 1)
             if p.samples == 0:
                 problems.append(f"{host}: no sample succeeded ({p.faults} sampler faults)")
-        raw = {"peaks": {h: p.__dict__ for h, p in self.peaks.items()}, "faults": self.faults,
-               "samples": len(self.rows)}
+        raw = {
+            "peaks": {h: p.__dict__ for h, p in self.peaks.items()},
+            "faults": self.faults,
+            "samples": len(self.rows),
+        }
         if not self.transports:
-            return CheckResult(name=NAME, verdict="skipped", required=False, message="no host transports: nothing sampled")
+            return CheckResult(
+                name=NAME, verdict="skipped", required=False, message="no host transports: nothing sampled"
+            )
         # not required: telemetry reports; a sampler fault is not a failure of the pair
-        return CheckResult(name=NAME, verdict="error" if problems else "passed", required=False,
-                           message="; ".join(problems) or f"{len(self.rows)} samples, {len(self.faults)} sampler faults",
-                           figures=figures, raw=raw)
+        return CheckResult(
+            name=NAME,
+            verdict="error" if problems else "passed",
+            required=False,
+            message="; ".join(problems) or f"{len(self.rows)} samples, {len(self.faults)} sampler faults",
+            figures=figures,
+            raw=raw,
+        )

@@ -53,8 +53,7 @@ app = typer.Typer(
     help=(
         "Build, deploy, accept, qualify and roll back matched llama.cpp native/RPC GPU pairs.\n\n"
         "State (packages, receipts, lab) lives under PAIRCTL_HOME (or --home). The options "
-        "--json, -i/--inventory, --home and -v are accepted before or after any command.\n\n"
-        + EXIT_CODES_HELP
+        "--json, -i/--inventory, --home and -v are accepted before or after any command.\n\n" + EXIT_CODES_HELP
     ),
     no_args_is_help=True,
     add_completion=True,
@@ -83,11 +82,18 @@ def _meaning(code: int) -> str:
         return f"exit {code}"
 
 
-def _error(code: int, message: str, *, kind: str, hint: str | None = None,
-           receipt: str | None = None) -> dict[str, Any]:
+def _error(
+    code: int, message: str, *, kind: str, hint: str | None = None, receipt: str | None = None
+) -> dict[str, Any]:
     """The `error` object of a failed run's JSON document (schema: cli/outputs.py ErrorInfo)."""
-    return {"exit_code": code, "kind": kind, "message": message, "hint": hint, "receipt": receipt,
-            "meaning": _meaning(code)}
+    return {
+        "exit_code": code,
+        "kind": kind,
+        "message": message,
+        "hint": hint,
+        "receipt": receipt,
+        "meaning": _meaning(code),
+    }
 
 
 def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None:

@@ -16,20 +16,41 @@ def accept(
     checks: list[str] | None = opts.CHECKS,
     only: list[str] | None = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
     skip: list[str] | None = opts.SKIP_CHECKS,
-    baseline_receipt: str | None = typer.Option(None, "--baseline-receipt", metavar="HASH",
-        help="Compare answer fixtures against this receipt (hash or prefix)."),
-    baseline_pair: str | None = typer.Option(None, "--baseline-pair", metavar="PAIR",
-        help="Compare against this pair's last passed acceptance (default: the same pair)."),
-    fixtures: str | None = typer.Option(None, "--fixtures", metavar="NAME|PATH",
-        help="Answer fixture set (manifests/fixtures name or YAML path; default: lab)."),
-    isolation: str = typer.Option("solo", "--isolation", metavar="solo|recall",
+    baseline_receipt: str | None = typer.Option(
+        None,
+        "--baseline-receipt",
+        metavar="HASH",
+        help="Compare answer fixtures against this receipt (hash or prefix).",
+    ),
+    baseline_pair: str | None = typer.Option(
+        None,
+        "--baseline-pair",
+        metavar="PAIR",
+        help="Compare against this pair's last passed acceptance (default: the same pair).",
+    ),
+    fixtures: str | None = typer.Option(
+        None,
+        "--fixtures",
+        metavar="NAME|PATH",
+        help="Answer fixture set (manifests/fixtures name or YAML path; default: lab).",
+    ),
+    isolation: str = typer.Option(
+        "solo",
+        "--isolation",
+        metavar="solo|recall",
         help="Two-lane isolation test: 'solo' (greedy output equals the lane run alone) or 'recall' (answers hold "
-             "their own nonce only)."),
-    profile: str | None = typer.Option(None, "--profile", metavar="NAME|PATH",
+        "their own nonce only).",
+    ),
+    profile: str | None = typer.Option(
+        None,
+        "--profile",
+        metavar="NAME|PATH",
         help="Size the checks from this profile (name or YAML) instead of the active one; a pair deployed smaller "
-             "than it fails."),
-    scheduled: bool = typer.Option(False, "--scheduled",
-        help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."),
+        "than it fails.",
+    ),
+    scheduled: bool = typer.Option(
+        False, "--scheduled", help="Run from a schedule: a leased pair is recorded as skipped (exit 11)."
+    ),
 ) -> None:
     """Run the acceptance checks against PAIR's running llama-server/ggml-rpc-server.
 
@@ -46,10 +67,17 @@ def accept(
     pairs = select_pairs(inv, pair, all_pairs)
 
     def one(name: str):
-        req = AcceptRequest(pair=name, only=opts.names(checks) + opts.names(only), skip=opts.names(skip),
-                            baseline_receipt=baseline_receipt,
-                            baseline_pair=baseline_pair, fixtures=fixtures, isolation=isolation, scheduled=scheduled,
-                            profile=profile)
+        req = AcceptRequest(
+            pair=name,
+            only=opts.names(checks) + opts.names(only),
+            skip=opts.names(skip),
+            baseline_receipt=baseline_receipt,
+            baseline_pair=baseline_pair,
+            fixtures=fixtures,
+            isolation=isolation,
+            scheduled=scheduled,
+            profile=profile,
+        )
         return accept_pair(c.home, inv, req)
 
     if len(pairs) == 1 and not all_pairs:
@@ -70,7 +98,8 @@ def accept(
                 render_table(c.console, o.value)
             else:
                 c.console.print(f"pair {o.pair}: {o.error}", markup=False)
-        c.console.print(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes),
-                        markup=False)
+        c.console.print(
+            ", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes), markup=False
+        )
     if not results.ok:
         raise typer.Exit(results.exit_code())

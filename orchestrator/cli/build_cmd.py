@@ -12,18 +12,24 @@ from orchestrator.cli.context import get_ctx, resolve_path
 def build(
     ctx: typer.Context,
     rev: str = typer.Option(..., "--rev", help="Revision to build (commit, tag, branch); must resolve to a commit."),
-    target: list[str] = typer.Option(..., "--target", "-t", metavar="NAME|PATH",
-        help="Target name (manifests/targets) or YAML path; repeatable."),
-    source: Path | None = typer.Option(None, "--source", metavar="DIR",
-        help="Git repository to build from (default: the lab source)."),
-    expect_tree: str | None = typer.Option(None, "--expect-tree", metavar="REV",
-        help="Refuse unless REV's tree equals this revision's tree."),
-    profile: str | None = typer.Option(None, "--profile", metavar="NAME",
-        help="Name used as the package id prefix (default 'pkg')."),
-    patch: Path | None = typer.Option(None, "--patch", metavar="DIR",
-        help="Kernel patch folder (kernels/<name>) committed on top of REV."),
-    jobs: int | None = typer.Option(None, "--jobs", "-j", min=1, metavar="N",
-        help="Parallel compile jobs (default: ninja's)."),
+    target: list[str] = typer.Option(
+        ..., "--target", "-t", metavar="NAME|PATH", help="Target name (manifests/targets) or YAML path; repeatable."
+    ),
+    source: Path | None = typer.Option(
+        None, "--source", metavar="DIR", help="Git repository to build from (default: the lab source)."
+    ),
+    expect_tree: str | None = typer.Option(
+        None, "--expect-tree", metavar="REV", help="Refuse unless REV's tree equals this revision's tree."
+    ),
+    profile: str | None = typer.Option(
+        None, "--profile", metavar="NAME", help="Name used as the package id prefix (default 'pkg')."
+    ),
+    patch: Path | None = typer.Option(
+        None, "--patch", metavar="DIR", help="Kernel patch folder (kernels/<name>) committed on top of REV."
+    ),
+    jobs: int | None = typer.Option(
+        None, "--jobs", "-j", min=1, metavar="N", help="Parallel compile jobs (default: ninja's)."
+    ),
 ) -> None:
     """Build one immutable package per target from an exact, clean git revision.
 

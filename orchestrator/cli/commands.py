@@ -18,8 +18,9 @@ COMMANDS: dict[str, Lazy] = {
     "qualify": lazy("orchestrator.cli.qualify_cmd:app", "Paired baseline/candidate qualification with declared gates."),
     "rollback": lazy("orchestrator.cli.rollback_cmd:rollback", "Put the previous pair back and verify it."),
     "status": lazy("orchestrator.cli.status_cmd:status", "What runs on a pair, whether it matches, leases (a read)."),
-    "repair": lazy("orchestrator.cli.repair_cmd:repair",
-                   "Rebuild a pair's route record from its links, manifests and evidence."),
+    "repair": lazy(
+        "orchestrator.cli.repair_cmd:repair", "Rebuild a pair's route record from its links, manifests and evidence."
+    ),
     "releases": lazy("orchestrator.cli.releases_cmd:app", "List and prune old releases on a pair's hosts."),
     "lease": lazy("orchestrator.cli.lease_cmd:app", "Take, show and release host leases."),
     "receipts": lazy("orchestrator.cli.receipts_cmd:app", "List, show, verify receipts; derive recovery records."),

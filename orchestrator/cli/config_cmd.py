@@ -28,10 +28,14 @@ def _schemas() -> dict[str, type[BaseModel]]:
 def check(
     ctx: typer.Context,
     paths: list[Path] | None = typer.Argument(
-        None, help="Files to check; default: every name on the config search path."),
-    kind: str | None = typer.Option(None, metavar="KIND",
+        None, help="Files to check; default: every name on the config search path."
+    ),
+    kind: str | None = typer.Option(
+        None,
+        metavar="KIND",
         help="Kind of the files given (target, profile, inventory, ...); default: from their folder, else from "
-             "their keys."),
+        "their keys.",
+    ),
 ) -> None:
     """Validate manifests: every problem of a file in one pass (unknown keys, wrong types, impossible
     values, and names it uses that do not resolve: profile, targets, model roles), each with file,
@@ -44,8 +48,18 @@ def check(
     results = [registry.check_file(p, kind=kind, models=models) for p in (paths or registry.default_files())]
     bad = [r for r in results if not r.ok]
     if c.json_output:
-        c.emit_json([{"file": str(r.path), "kind": r.kind, "ok": r.ok, "problems": list(r.problems),
-                      "error": "\n".join(r.problems) or None} for r in results])
+        c.emit_json(
+            [
+                {
+                    "file": str(r.path),
+                    "kind": r.kind,
+                    "ok": r.ok,
+                    "problems": list(r.problems),
+                    "error": "\n".join(r.problems) or None,
+                }
+                for r in results
+            ]
+        )
     else:
         for r in results:
             kind_note = f"  ({r.kind})" if r.kind else ""
@@ -67,11 +81,18 @@ def show(ctx: typer.Context) -> None:
     layers = search.current_layers()
     table = {kind: search.names(kind, layers) for kind in search.KIND_DIRS}
     if c.json_output:
-        c.emit_json({
-            "search_path": [{"origin": lay.origin, "root": str(lay.root)} for lay in layers],
-            "names": {kind: {n: {"path": str(r.path), "origin": r.origin, "overrides": [str(p) for p in r.shadows]}
-                             for n, r in res.items()} for kind, res in table.items()},
-        })
+        c.emit_json(
+            {
+                "search_path": [{"origin": lay.origin, "root": str(lay.root)} for lay in layers],
+                "names": {
+                    kind: {
+                        n: {"path": str(r.path), "origin": r.origin, "overrides": [str(p) for p in r.shadows]}
+                        for n, r in res.items()
+                    }
+                    for kind, res in table.items()
+                },
+            }
+        )
         return
     c.console.print("search path (first match wins):", markup=False)
     for i, lay in enumerate(layers, 1):
@@ -86,9 +107,12 @@ def show(ctx: typer.Context) -> None:
 @app.command("schema")
 def schema(
     ctx: typer.Context,
-    kind: str = typer.Argument(..., metavar="KIND",
+    kind: str = typer.Argument(
+        ...,
+        metavar="KIND",
         help="A manifest kind (target, profile, inventory, playbook, plan, kernel), or output.COMMAND for the JSON "
-             "a command prints with --json (output.deploy, output.status, output.error, ...; `output`: all)."),
+        "a command prints with --json (output.deploy, output.status, output.error, ...; `output`: all).",
+    ),
 ) -> None:
     """Print the JSON schema of a manifest kind or of a command's --json output."""
     from orchestrator.cli.outputs import OUTPUTS, output_schema
@@ -96,9 +120,9 @@ def schema(
     if kind == "output":
         doc: object = {name: output_schema(name) for name in OUTPUTS}
     elif kind.startswith("output."):
-        if kind[len("output."):] not in OUTPUTS:
+        if kind[len("output.") :] not in OUTPUTS:
             raise ConfigError(f"unknown output {kind!r}; known: {', '.join('output.' + n for n in OUTPUTS)}")
-        doc = output_schema(kind[len("output."):])
+        doc = output_schema(kind[len("output.") :])
     else:
         schemas = _schemas()
         if kind not in schemas:

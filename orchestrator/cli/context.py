@@ -67,8 +67,14 @@ class Ctx:
         os.environ["PAIRCTL_HOME"] = str(home.root)  # children (lab sshd, schedules) see the same home
         config_dir = set_config_dir(g.config)
         log.configure(log_file=home.logs / "pairctl.jsonl", verbosity=g.verbosity)
-        return cls(home=home, inventory_ref=g.inventory_ref, json_output=g.json_output, verbosity=g.verbosity, run=g,
-                   config_dir=config_dir)
+        return cls(
+            home=home,
+            inventory_ref=g.inventory_ref,
+            json_output=g.json_output,
+            verbosity=g.verbosity,
+            run=g,
+            config_dir=config_dir,
+        )
 
     @property
     def variables(self) -> dict[str, str]:

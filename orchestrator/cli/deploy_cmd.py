@@ -20,8 +20,11 @@ def deploy(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print every step and its host; change nothing."),
     skip_accept: bool = typer.Option(False, "--skip-accept", help="Identity checks only, no acceptance suite."),
     checks: list[str] | None = opts.CHECKS,
-    kernel_check: bool = typer.Option(False, "--kernel-check",
-        help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes."),
+    kernel_check: bool = typer.Option(
+        False,
+        "--kernel-check",
+        help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes.",
+    ),
 ) -> None:
     """Deploy --native ID + --rpc ID (one revision) on PAIR (playbooks/deploy.yaml). Exit 7: failed
     and rolled back; 8: the rollback failed too (hosts stopped, leases kept)."""
@@ -32,9 +35,16 @@ def deploy(
 
     c = get_ctx(ctx)
     result = run_deploy(
-        c.home, c.inventory(), pair, ids, profile_name=profile, dry_run=dry_run,
-        skip_accept=skip_accept, checks=tuple(opts.names(checks)), kernel_check=kernel_check, argv=["pairctl",
-                                                                                                    *sys.argv[1:]],
+        c.home,
+        c.inventory(),
+        pair,
+        ids,
+        profile_name=profile,
+        dry_run=dry_run,
+        skip_accept=skip_accept,
+        checks=tuple(opts.names(checks)),
+        kernel_check=kernel_check,
+        argv=["pairctl", *sys.argv[1:]],
         on_step=None if c.json_output else progress_printer(c.console),
     )
     if c.json_output:

@@ -10,8 +10,13 @@ from orchestrator.errors import CheckFailed, ConfigError
 
 def doctor(
     ctx: typer.Context,
-    target: list[str] | None = typer.Option(None, "--target", "-t", metavar="NAME|PATH",
-        help="Targets you plan to build (default cpu-lab); checks their toolchains."),
+    target: list[str] | None = typer.Option(
+        None,
+        "--target",
+        "-t",
+        metavar="NAME|PATH",
+        help="Targets you plan to build (default cpu-lab); checks their toolchains.",
+    ),
     no_inventory: bool = typer.Option(False, "--no-inventory", help="Skip the inventory's keys and known_hosts."),
 ) -> None:
     """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix."""

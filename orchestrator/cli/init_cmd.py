@@ -107,10 +107,20 @@ the hash its content has now; update it on purpose.
 """
 
 _FIXTURES: list[dict[str, Any]] = [
-    {"id": "greeting", "family": "prose", "prompt": "Say hello in one short sentence.", "n_predict": 32,
-     "expect": {"regex": r"\S"}},
-    {"id": "capital", "family": "facts", "prompt": "The capital of France is", "n_predict": 16,
-     "expect": {"same_as_baseline": True}},
+    {
+        "id": "greeting",
+        "family": "prose",
+        "prompt": "Say hello in one short sentence.",
+        "n_predict": 32,
+        "expect": {"regex": r"\S"},
+    },
+    {
+        "id": "capital",
+        "family": "facts",
+        "prompt": "The capital of France is",
+        "n_predict": 16,
+        "expect": {"same_as_baseline": True},
+    },
 ]
 
 
@@ -120,10 +130,15 @@ def fixtures_text() -> str:
     for f in _FIXTURES:
         probe = Fixture.model_construct(**{**f, "expect": Expect(**f["expect"])})
         fixtures.append({**f, "sha256": probe.computed_sha256()})
-    head = ("# Answer fixtures (kind: fixtures): `pairctl accept --pair prod --fixtures site`.\n"
-            "# Each sha256 covers its fixture's other fields (canonical JSON).\n")
-    return head + yaml.safe_dump({"name": "site", "description": "starter answer fixtures", "fixtures": fixtures},
-                                 sort_keys=False, allow_unicode=True)
+    head = (
+        "# Answer fixtures (kind: fixtures): `pairctl accept --pair prod --fixtures site`.\n"
+        "# Each sha256 covers its fixture's other fields (canonical JSON).\n"
+    )
+    return head + yaml.safe_dump(
+        {"name": "site", "description": "starter answer fixtures", "fixtures": fixtures},
+        sort_keys=False,
+        allow_unicode=True,
+    )
 
 
 def scaffold() -> dict[str, str]:
@@ -143,8 +158,10 @@ def write_scaffold(root: Path, *, force: bool = False) -> list[Path]:
     files = scaffold()
     clash = [root / rel for rel in files if (root / rel).exists()]
     if clash and not force:
-        raise ConfigError(f"{root}: would overwrite {', '.join(str(p) for p in clash)}",
-                          hint="pick an empty directory, or pass --force to replace these files")
+        raise ConfigError(
+            f"{root}: would overwrite {', '.join(str(p) for p in clash)}",
+            hint="pick an empty directory, or pass --force to replace these files",
+        )
     written = []
     for rel, text in files.items():
         p = root / rel
@@ -171,5 +188,8 @@ def init(ctx: typer.Context, directory: Path = _DIR, force: bool = _FORCE) -> No
         return
     for p in written:
         c.console.print(f"wrote {p}", markup=False)
-    c.console.print(f"\nnext: export PAIRCTL_CONFIG={root} PAIRCTL_INVENTORY=site; edit inventories/site.yaml; "
-                    "pairctl config check", markup=False)
+    c.console.print(
+        f"\nnext: export PAIRCTL_CONFIG={root} PAIRCTL_INVENTORY=site; edit inventories/site.yaml; "
+        "pairctl config check",
+        markup=False,
+    )

@@ -11,8 +11,10 @@ from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError
 
-app = typer.Typer(help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.", no_args_is_help=True
+)
+
 
 @app.command("list")
 def list_(ctx: typer.Context) -> None:
@@ -30,8 +32,12 @@ def list_(ctx: typer.Context) -> None:
     for r in rows:
         cases = r.get("cases")
         cases = cases if isinstance(cases, list) else []
-        t.add_row(str(r["name"]), str(r.get("scope_line", r.get("error", ""))), ", ".join(str(x) for x in cases),
-                  c.short(str(r.get("patch_sha256") or ""), 16))
+        t.add_row(
+            str(r["name"]),
+            str(r.get("scope_line", r.get("error", ""))),
+            ", ".join(str(x) for x in cases),
+            c.short(str(r.get("patch_sha256") or ""), 16),
+        )
     c.console.print(t)
 
 
@@ -39,8 +45,9 @@ def list_(ctx: typer.Context) -> None:
 def verify(
     ctx: typer.Context,
     kernel: str = typer.Argument("mmvf-warp-per-row", help="Kernel folder name or path."),
-    source: Path | None = typer.Option(None,
-        help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."),
+    source: Path | None = typer.Option(
+        None, help="Source git repo; default: the lab source (PAIRCTL_HOME/lab/source)."
+    ),
     rev: str = typer.Option("baseline", help="Revision the patch must apply to."),
 ) -> None:
     """Metadata and hash match the diff, REV has the base blobs, and `git apply --check` passes."""
@@ -52,8 +59,11 @@ def verify(
     if c.json_output:
         c.emit_json(out)
     else:
-        c.console.print(f"ok   {out['kernel']} applies to {c.short(out['base'])} in {out['repo']} "
-                        f"(patch sha256 {c.short(out['patch_sha256'], 16)})", markup=False)
+        c.console.print(
+            f"ok   {out['kernel']} applies to {c.short(out['base'])} in {out['repo']} "
+            f"(patch sha256 {c.short(out['patch_sha256'], 16)})",
+            markup=False,
+        )
 
 
 @app.command("check")
@@ -63,12 +73,18 @@ def check(
     all_pairs: bool = opts.ALL_PAIRS,
     parallel: int = opts.parallel(1, "Pairs checked"),
     kernel: str = typer.Option("mmvf-warp-per-row", "--kernel", help="Kernel folder whose cases.yaml to run."),
-    port: int | None = typer.Option(None, "--port",
-        help="Port of the second rpc-server (default: the pair's rpc_port + 1)."),
-    package: list[str] | None = typer.Option(None, "--package", metavar="HOST=ID",
-        help="HOST=PACKAGE_ID (default: each host's active release)."),
-    perturb: list[str] | None = typer.Option(None, "--perturb", metavar="CASE",
-        help="Perturb this case's CPU reference on purpose (proves the check can fail)."),
+    port: int | None = typer.Option(
+        None, "--port", help="Port of the second rpc-server (default: the pair's rpc_port + 1)."
+    ),
+    package: list[str] | None = typer.Option(
+        None, "--package", metavar="HOST=ID", help="HOST=PACKAGE_ID (default: each host's active release)."
+    ),
+    perturb: list[str] | None = typer.Option(
+        None,
+        "--perturb",
+        metavar="CASE",
+        help="Perturb this case's CPU reference on purpose (proves the check can fail).",
+    ),
 ) -> None:
     """Run the active packages' kernel harness on both hosts of the pair; write a receipt.
 
@@ -96,8 +112,9 @@ def check(
 
     def one(name: str):
         argv = ["pairctl", "kernels", "check", "--pair", name, "--kernel", kernel]
-        return run_kernel_check(inv, name, home=c.home, kernel=kernel, packages=packages, port=port,
-                                perturb=perturb or (), argv=argv)
+        return run_kernel_check(
+            inv, name, home=c.home, kernel=kernel, packages=packages, port=port, perturb=perturb or (), argv=argv
+        )
 
     if len(pairs) == 1 and not all_pairs:
         try:
@@ -110,9 +127,21 @@ def check(
         return
     results = fan_out(pairs, one, parallel=parallel)
     if as_json:
-        c.emit_json({"ok": results.ok, "pairs": [
-            {"pair": o.pair, "ok": o.ok, "exit_code": o.exit_code, "error": o.error,
-             "result": o.value.to_dict() if o.value is not None else None} for o in results.outcomes]})
+        c.emit_json(
+            {
+                "ok": results.ok,
+                "pairs": [
+                    {
+                        "pair": o.pair,
+                        "ok": o.ok,
+                        "exit_code": o.exit_code,
+                        "error": o.error,
+                        "result": o.value.to_dict() if o.value is not None else None,
+                    }
+                    for o in results.outcomes
+                ],
+            }
+        )
     else:
         for o in results.outcomes:
             if o.value is not None:
@@ -132,9 +161,16 @@ def _show(c, result, as_json: bool) -> None:
         t.add_column(col)
     for v in result.verdicts:
         for r in v.rows:
-            t.add_row(v.host, str(r.get("case")), str(r.get("backend")), _num(r.get("nmse")), _num(r.get("max_err")),
-                      _num(r.get("us_per_run")), _num(r.get("cpu_us_per_run")),
-                      ("yes" if r.get("passed") else "NO") + (" (perturbed)" if r.get("perturbed") else ""))
+            t.add_row(
+                v.host,
+                str(r.get("case")),
+                str(r.get("backend")),
+                _num(r.get("nmse")),
+                _num(r.get("max_err")),
+                _num(r.get("us_per_run")),
+                _num(r.get("cpu_us_per_run")),
+                ("yes" if r.get("passed") else "NO") + (" (perturbed)" if r.get("perturbed") else ""),
+            )
     c.console.print(t)
     for p in result.problems:
         c.console.print(f"FAIL {p}", markup=False)

@@ -12,8 +12,10 @@ if TYPE_CHECKING:
     from orchestrator.lab.lab import Lab, LabStatus
 
 
-app = typer.Typer(help="The lab: real sshd hosts on loopback, the pinned llama.cpp source, tiny GGUF models.",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="The lab: real sshd hosts on loopback, the pinned llama.cpp source, tiny GGUF models.", no_args_is_help=True
+)
+
 
 def _lab(c: Ctx) -> Lab:
     # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)

@@ -60,8 +60,12 @@ def prepare(cmd: Any) -> Any:
     cmd.params.extend(p for p in global_params() if p.name not in have)
     for p in cmd.params:
         kind = getattr(p, "param_type_name", "")
-        if kind == "option" and p.metavar is None and not getattr(p, "is_flag", False) and not getattr(p, "count",
-                                                                                                       False):
+        if (
+            kind == "option"
+            and p.metavar is None
+            and not getattr(p, "is_flag", False)
+            and not getattr(p, "count", False)
+        ):
             p.metavar = (p.name or "value").upper()
         elif kind == "argument":
             p.get_help_record = _untyped_help(p.get_help_record)

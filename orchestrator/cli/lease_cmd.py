@@ -43,12 +43,20 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
     for s in states:
         lease = s.lease
         if lease is None:
-            t.add_row(s.host, s.state, "-", "-", "-", "-",
-                      "-" if s.lock_age_s is None else f"lock age {s.lock_age_s:.0f}s")
+            t.add_row(
+                s.host, s.state, "-", "-", "-", "-", "-" if s.lock_age_s is None else f"lock age {s.lock_age_s:.0f}s"
+            )
         else:
             left = s.remaining_s() or 0.0  # by the host's clock
-            t.add_row(s.host, s.state, lease.owner, lease.purpose, L._iso(lease.taken_at), L._iso(lease.expires_at),
-                      f"{left / 60:.0f} min" if left > 0 else "expired")
+            t.add_row(
+                s.host,
+                s.state,
+                lease.owner,
+                lease.purpose,
+                L._iso(lease.taken_at),
+                L._iso(lease.expires_at),
+                f"{left / 60:.0f} min" if left > 0 else "expired",
+            )
     c.console.print(t)
 
 
@@ -59,8 +67,9 @@ def take(
     purpose: str = typer.Option(..., "--purpose", help="Why you hold it (shown to anyone refused)."),
     ttl: str = typer.Option("2h", "--ttl", help="How long until it expires: 90s, 30m, 2h, 1h30m, 1d."),
     owner: str = typer.Option(None, "--owner", help="Who holds it; default user@machine."),
-    break_expired: bool = typer.Option(False, "--break-expired",
-        help="Break an EXPIRED (or long half-made) lease first; recorded."),
+    break_expired: bool = typer.Option(
+        False, "--break-expired", help="Break an EXPIRED (or long half-made) lease first; recorded."
+    ),
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
     # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
@@ -74,8 +83,9 @@ def take(
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    argv = ["lease", "take", target, "--purpose", purpose, "--ttl",
-            ttl] + (["--break-expired"] if break_expired else [])
+    argv = ["lease", "take", target, "--purpose", purpose, "--ttl", ttl] + (
+        ["--break-expired"] if break_expired else []
+    )
     with TransportPool(inv) as pool, _journal(c, "lease take", argv, target) as j:
         with j.step("take", host=",".join(hosts)) as step:
             leases = L.take_leases(L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired)
@@ -87,8 +97,11 @@ def take(
         return
     for lease in leases:
         if lease.broken:
-            c.console.print(f"broke an {lease.broken['state']} lease on {lease.host} "
-                            f"(recorded in receipt {c.short(j.receipt_hash)})", markup=False)
+            c.console.print(
+                f"broke an {lease.broken['state']} lease on {lease.host} "
+                f"(recorded in receipt {c.short(j.receipt_hash)})",
+                markup=False,
+            )
     _table(c, [L.LeaseState(lease.host, "held", lease, now=lease.taken_at) for lease in leases], f"leased {target}")
     c.console.print(f"nonce: {nonce}", markup=False)
 
@@ -117,10 +130,13 @@ def release(
     target: str = _TARGET,
     nonce: str = typer.Option(None, "--nonce", help="The nonce `lease take` printed."),
     dead_run: str = typer.Option(
-        None, "--dead-run", metavar="RUN_ID",
+        None,
+        "--dead-run",
+        metavar="RUN_ID",
         help="Release what run RUN_ID (the `(run ...)` in the lease's purpose, as `status` shows it) still holds, "
-             "once this home's evidence proves that run over: killed, or ended (a failed rollback keeps its "
-             "leases on purpose: release them only after checking the pair). No nonce needed; recorded."),
+        "once this home's evidence proves that run over: killed, or ended (a failed rollback keeps its "
+        "leases on purpose: release them only after checking the pair). No nonce needed; recorded.",
+    ),
 ) -> None:
     """Release the lease(s) holding NONCE, then read back that they are inactive.
 
@@ -146,8 +162,11 @@ def release(
             after = L.show_leases(inv, pool, target)
             step.data["released"] = [lease.public() for lease in released]
             step.data["after"] = [s.to_dict() for s in after]
-    out = {"released": [lease.public() for lease in released], "after": [s.to_dict() for s in after],
-           "receipt": j.receipt_hash}
+    out = {
+        "released": [lease.public() for lease in released],
+        "after": [s.to_dict() for s in after],
+        "receipt": j.receipt_hash,
+    }
     if c.json_output:
         c.emit_json(out)
         return
@@ -170,9 +189,10 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     state, why, run_owner = EvidenceStore(c.home.evidence).run_record(run_id)
     # another operator's run: this home has no evidence of it, the hosts' heartbeats decide (issue 21)
     if state == "running":
-        raise LeaseHeldError(f"run {run_id} is not proven over ({why}); its leases are left alone",
-                             hint="wait for it to end; an expired lease can also be broken with "
-                                  "`lease take --break-expired`")
+        raise LeaseHeldError(
+            f"run {run_id} is not proven over ({why}); its leases are left alone",
+            hint="wait for it to end; an expired lease can also be broken with `lease take --break-expired`",
+        )
     on_hosts = state not in ("ended", "dead")
     argv = ["lease", "release", target, "--dead-run", run_id]
     with TransportPool(inv) as pool:
@@ -184,11 +204,16 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
         theirs = [s for s in states if s.lease is not None and L.run_of(s.lease) == run_id]
         others = [s for s in states if not s.free and s not in theirs]
         if others:
-            raise LeaseError("not every lease on " + target + f" is run {run_id}'s; nothing released: "
-                             + "; ".join(s.describe() for s in others))
+            raise LeaseError(
+                "not every lease on "
+                + target
+                + f" is run {run_id}'s; nothing released: "
+                + "; ".join(s.describe() for s in others)
+            )
         if not theirs:
-            raise LeaseError(f"run {run_id} holds no lease on {target} ("
-                             + "; ".join(s.describe() for s in states) + ")")
+            raise LeaseError(
+                f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")"
+            )
         # The lease names its owner; the run's own (verified) evidence must name the same one, so a
         # receipt or journal planted in this home cannot free someone else's lease.
         # (A run proven over by the hosts' stale heartbeats needs no evidence here, so no owner to match.)
@@ -198,23 +223,41 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
                 f"run {run_id}'s evidence here names owner {run_owner or '(none)'}, but the lease on "
                 + ", ".join(f"{s.host} is held by {s.lease.owner}" for s in foreign if s.lease is not None)
                 + "; nothing released",
-                hint="release it from the machine and account that ran it")
+                hint="release it from the machine and account that ran it",
+            )
         with _journal(c, "lease release", argv, target) as j:
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}
-                broken = [b for t in targets if (b := L.break_run_lease(
-                    t.transport, t.install_root, run_id, by=L.default_owner(), why=f"run over: {why}",
-                    require_stale=on_hosts)) is not None]
+                broken = [
+                    b
+                    for t in targets
+                    if (
+                        b := L.break_run_lease(
+                            t.transport,
+                            t.install_root,
+                            run_id,
+                            by=L.default_owner(),
+                            why=f"run over: {why}",
+                            require_stale=on_hosts,
+                        )
+                    )
+                    is not None
+                ]
                 after = L.show_leases(inv, pool, target)
                 step.data["released"] = broken
                 step.data["after"] = [s.to_dict() for s in after]
-    out = {"run": {"run_id": run_id, "state": state, "why": why}, "released": broken,
-           "after": [s.to_dict() for s in after], "receipt": j.receipt_hash}
+    out = {
+        "run": {"run_id": run_id, "state": state, "why": why},
+        "released": broken,
+        "after": [s.to_dict() for s in after],
+        "receipt": j.receipt_hash,
+    }
     if c.json_output:
         c.emit_json(out)
         return
     c.console.print(f"{why}", markup=False)
     for b in broken:
-        c.console.print(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})",
-                        markup=False)
+        c.console.print(
+            f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})", markup=False
+        )
     _table(c, after, f"leases of {target} now")

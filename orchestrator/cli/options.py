@@ -66,21 +66,48 @@ def _remember(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Non
 
 def _global_options(
     json_output: bool = typer.Option(
-        False, "--json", callback=_remember, expose_value=False,
-        help="Machine output: exactly one JSON document on stdout, on success and on failure."),
+        False,
+        "--json",
+        callback=_remember,
+        expose_value=False,
+        help="Machine output: exactly one JSON document on stdout, on success and on failure.",
+    ),
     inventory: str | None = typer.Option(
-        None, "--inventory", "-i", metavar="NAME|PATH", callback=_remember, expose_value=False,
-        help="Inventory name (on the config search path) or YAML path; default $PAIRCTL_INVENTORY or 'lab'."),
+        None,
+        "--inventory",
+        "-i",
+        metavar="NAME|PATH",
+        callback=_remember,
+        expose_value=False,
+        help="Inventory name (on the config search path) or YAML path; default $PAIRCTL_INVENTORY or 'lab'.",
+    ),
     home: Path | None = typer.Option(
-        None, "--home", metavar="DIR", callback=_remember, expose_value=False,
-        help="pairctl's state directory; default $PAIRCTL_HOME or the user state directory."),
+        None,
+        "--home",
+        metavar="DIR",
+        callback=_remember,
+        expose_value=False,
+        help="pairctl's state directory; default $PAIRCTL_HOME or the user state directory.",
+    ),
     config: Path | None = typer.Option(
-        None, "--config", metavar="DIR", callback=_remember, expose_value=False,
+        None,
+        "--config",
+        metavar="DIR",
+        callback=_remember,
+        expose_value=False,
         help="Operator config directory, searched first (then ./pairctl/ upwards, the user config dir, the "
-             "bundled defaults); default $PAIRCTL_CONFIG."),
+        "bundled defaults); default $PAIRCTL_CONFIG.",
+    ),
     verbose: int = typer.Option(
-        0, "--verbose", "-v", count=True, callback=_remember, expose_value=False, show_default=False,
-        help="More log output on stderr (repeat for debug)."),
+        0,
+        "--verbose",
+        "-v",
+        count=True,
+        callback=_remember,
+        expose_value=False,
+        show_default=False,
+        help="More log output on stderr (repeat for debug).",
+    ),
 ) -> None:
     """Template whose parameters become the global options (never run)."""
 
@@ -121,14 +148,19 @@ PAIRS = typer.Option(None, "--pair", metavar="PAIR", help="Pair name from the in
 ALL_PAIRS = typer.Option(False, "--all", help="Every pair of the inventory.")
 PROFILE = typer.Option(None, "--profile", metavar="NAME|PATH", help="Route profile (default: the pair's).")
 CHECKS = typer.Option(
-    None, "--checks", metavar="NAME[,NAME]", help="Run only these acceptance checks (repeatable or comma-separated).")
-SKIP_CHECKS = typer.Option(None, "--skip", metavar="NAME[,NAME]",
-    help="Skip these checks (repeatable or comma-separated).")
+    None, "--checks", metavar="NAME[,NAME]", help="Run only these acceptance checks (repeatable or comma-separated)."
+)
+SKIP_CHECKS = typer.Option(
+    None, "--skip", metavar="NAME[,NAME]", help="Skip these checks (repeatable or comma-separated)."
+)
 NATIVE = typer.Option(None, "--native", metavar="ID", help="Package id for the native host (llama-server).")
 RPC = typer.Option(None, "--rpc", metavar="ID", help="Package id for the RPC host (ggml-rpc-server).")
 PACKAGES = typer.Option(
-    None, "--packages", metavar="NATIVE_ID RPC_ID",
-    help="Both package ids at once (same as --native ID --rpc ID); an id never starts with '-'.")
+    None,
+    "--packages",
+    metavar="NATIVE_ID RPC_ID",
+    help="Both package ids at once (same as --native ID --rpc ID); an id never starts with '-'.",
+)
 
 
 def parallel(default: int, what: str) -> Any:
@@ -140,18 +172,21 @@ def names(values: list[str] | None) -> list[str]:
     return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
 
 
-def package_ids(native: str | None, rpc: str | None, packages: tuple[str, str] | None,
-                *, flag: str = "--packages") -> tuple[str, str]:
+def package_ids(
+    native: str | None, rpc: str | None, packages: tuple[str, str] | None, *, flag: str = "--packages"
+) -> tuple[str, str]:
     """NATIVE_ID, RPC_ID from `--native ID --rpc ID` or `--packages A B`, refusing anything that
     looks like an option: click hands `--packages nat1 --dry-run` the text `--dry-run` as an id."""
     if packages is not None and (native is not None or rpc is not None):
-        raise typer.BadParameter(f"give either {flag} NATIVE_ID RPC_ID or --native ID --rpc ID, not both",
-                                 param_hint=flag)
+        raise typer.BadParameter(
+            f"give either {flag} NATIVE_ID RPC_ID or --native ID --rpc ID, not both", param_hint=flag
+        )
     ids = tuple(packages) if packages is not None else (native, rpc)
     missing = [n for n, v in zip(("--native", "--rpc"), ids, strict=True) if not v]
     if missing:
-        raise typer.BadParameter(f"missing {' and '.join(missing)} (or {flag} NATIVE_ID RPC_ID)",
-                                 param_hint="/".join(missing))
+        raise typer.BadParameter(
+            f"missing {' and '.join(missing)} (or {flag} NATIVE_ID RPC_ID)", param_hint="/".join(missing)
+        )
     refuse_option_like(ids, flag)
     return str(ids[0]), str(ids[1])
 
@@ -160,5 +195,7 @@ def refuse_option_like(ids: tuple[str | None, ...], flag: str) -> None:
     """A value that starts with '-' was an option swallowed by a two-value flag: refuse it."""
     for v in ids:
         if v is not None and v.startswith("-"):
-            raise typer.BadParameter(f"{v!r} is not a package id (ids never start with '-'); "
-                                     "give one id per flag (--native ID --rpc ID)", param_hint=flag)
+            raise typer.BadParameter(
+                f"{v!r} is not a package id (ids never start with '-'); give one id per flag (--native ID --rpc ID)",
+                param_hint=flag,
+            )

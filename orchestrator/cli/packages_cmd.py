@@ -71,8 +71,9 @@ def verify(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID
     c, store = _store(ctx)
     report = store.verify(package_id, check=False)
     if c.json_output:
-        c.emit_json({"id": report.id, "ok": report.ok, "files_checked": report.files_checked,
-                     "problems": report.problems})
+        c.emit_json(
+            {"id": report.id, "ok": report.ok, "files_checked": report.files_checked, "problems": report.problems}
+        )
     else:
         for p in report.problems:
             c.console.print(f"FAIL {p}", markup=False)

@@ -25,16 +25,16 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     help="Paired baseline/candidate TG qualification: declared gates decided by a Student-t interval on the "
-         "per-pair log ratios (the exact percentile bootstrap is reported beside it), judged by an A/A "
-         "calibration (`--calibrate`) of the pair's noise.\n\n"
-         "The pair's two leases are held from the snapshot of what runs until it is restored (every arm's "
-         "deploy renews them), so nothing else changes the pair between arms; a pair leased by another run "
-         "is waited for up to 5 minutes, then refused (exit 5).\n\n"
-         "Exit codes: 0 every gate passed; 1 a gate failed; 3 a fixture does not fit the profile, or no calibration "
-         "where the plan needs one; 5 the pair "
-         "stayed leased; 6 a package is missing; 8 the pair was not restored (the samples are kept: "
-         "`receipts derive` then `qualify report`); 9 inconclusive (missing pairs, or refused before the first sample: "
-         "a gate cannot reach its declared power at the calibrated noise).",
+    "per-pair log ratios (the exact percentile bootstrap is reported beside it), judged by an A/A "
+    "calibration (`--calibrate`) of the pair's noise.\n\n"
+    "The pair's two leases are held from the snapshot of what runs until it is restored (every arm's "
+    "deploy renews them), so nothing else changes the pair between arms; a pair leased by another run "
+    "is waited for up to 5 minutes, then refused (exit 5).\n\n"
+    "Exit codes: 0 every gate passed; 1 a gate failed; 3 a fixture does not fit the profile, or no calibration "
+    "where the plan needs one; 5 the pair "
+    "stayed leased; 6 a package is missing; 8 the pair was not restored (the samples are kept: "
+    "`receipts derive` then `qualify report`); 9 inconclusive (missing pairs, or refused before the first sample: "
+    "a gate cannot reach its declared power at the calibrated noise).",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -45,21 +45,33 @@ def qualify(
     ctx: typer.Context,
     pair: str | None = typer.Option(None, "--pair", metavar="PAIR", help="Pair name in the inventory."),
     baseline: tuple[str, str] | None = typer.Option(
-        None, "--baseline", metavar="NATIVE_ID RPC_ID", help="Baseline package ids (an id never starts with '-')."),
+        None, "--baseline", metavar="NATIVE_ID RPC_ID", help="Baseline package ids (an id never starts with '-')."
+    ),
     candidate: tuple[str, str] | None = typer.Option(
-        None, "--candidate", metavar="NATIVE_ID RPC_ID", help="Candidate package ids (an id never starts with '-')."),
-    plan: str | None = typer.Option(None, "--plan", metavar="NAME|PATH",
-        help="Plan name (manifests/plans) or YAML path."),
+        None, "--candidate", metavar="NATIVE_ID RPC_ID", help="Candidate package ids (an id never starts with '-')."
+    ),
+    plan: str | None = typer.Option(
+        None, "--plan", metavar="NAME|PATH", help="Plan name (manifests/plans) or YAML path."
+    ),
     profile: str | None = opts.PROFILE,
     candidate_profile: str | None = typer.Option(
-        None, "--candidate-profile", metavar="NAME|PATH",
-        help="Route profile of the candidate arms only (default: --profile)."),
+        None,
+        "--candidate-profile",
+        metavar="NAME|PATH",
+        help="Route profile of the candidate arms only (default: --profile).",
+    ),
     calibrate: bool = typer.Option(
-        False, "--calibrate", help="A/A calibration: the baseline in both arms, the plan's calibration pairs; "
-                                   "records the noise floor and the pairs each gate needs (no --candidate)."),
+        False,
+        "--calibrate",
+        help="A/A calibration: the baseline in both arms, the plan's calibration pairs; "
+        "records the noise floor and the pairs each gate needs (no --candidate).",
+    ),
     calibration: str | None = typer.Option(
-        None, "--calibration", metavar="HASH",
-        help="Calibration receipt to judge the plan by (default: the newest matching one)."),
+        None,
+        "--calibration",
+        metavar="HASH",
+        help="Calibration receipt to judge the plan by (default: the newest matching one).",
+    ),
 ) -> None:
     """Run a qualification: alternating fresh arms, warm-up, frozen fixtures; gates decide the exit code."""
     if ctx.invoked_subcommand is not None:
@@ -72,9 +84,10 @@ def qualify(
     if missing or pair is None or baseline is None or plan is None:
         raise ConfigError(f"qualify needs {', '.join(missing)}", hint="pairctl qualify --help")
     if calibrate and (candidate or candidate_profile or calibration):
-        raise ConfigError("--calibrate runs the baseline against itself: drop --candidate, --candidate-profile "
-                          "and --calibration",
-                          hint="pairctl qualify --calibrate --pair P --baseline NATIVE RPC --plan PLAN")
+        raise ConfigError(
+            "--calibrate runs the baseline against itself: drop --candidate, --candidate-profile and --calibration",
+            hint="pairctl qualify --calibrate --pair P --baseline NATIVE RPC --plan PLAN",
+        )
     opts.refuse_option_like(baseline, "--baseline")
     if candidate is not None:
         opts.refuse_option_like(candidate, "--candidate")
@@ -83,31 +96,41 @@ def qualify(
     from orchestrator.qualify.command import qualify_pair
 
     argv = _argv(pair, baseline, candidate, plan, profile)
-    argv += (["--candidate-profile", candidate_profile] if candidate_profile else [])
+    argv += ["--candidate-profile", candidate_profile] if candidate_profile else []
     argv += (["--calibrate"] if calibrate else []) + (["--calibration", calibration] if calibration else [])
-    out = qualify_pair(c, pair=pair, baseline=(baseline[0], baseline[1]),
-                       candidate=(candidate[0], candidate[1]) if candidate else None, plan_ref=plan,
-                       profile_ref=profile, argv=argv, calibrate=calibrate, calibration_ref=calibration,
-                       candidate_profile_ref=candidate_profile)
-    _show(c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored,
-                                                             "restore_error": out.restore_error})
+    out = qualify_pair(
+        c,
+        pair=pair,
+        baseline=(baseline[0], baseline[1]),
+        candidate=(candidate[0], candidate[1]) if candidate else None,
+        plan_ref=plan,
+        profile_ref=profile,
+        argv=argv,
+        calibrate=calibrate,
+        calibration_ref=calibration,
+        candidate_profile_ref=candidate_profile,
+    )
+    _show(
+        c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error}
+    )
     if not out.restored:
         from orchestrator.errors import RollbackFailed
 
         raise RollbackFailed(
             f"the pair was not restored after the measurements: {out.restore_error}; receipt {out.receipt} is failed",
             hint=f"check the pair, then `pairctl receipts derive --from {out.receipt} "
-                 + " ".join(f"--reuse {s}" for s in out.arm_steps)
-                 + " --reason ...` and `pairctl qualify report --receipt HASH`",
+            + " ".join(f"--reuse {s}" for s in out.arm_steps)
+            + " --reason ...` and `pairctl qualify report --receipt HASH`",
         )
     if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
         raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
     if calibrate:
         rec = EvidenceStore(c.home.evidence).load(out.receipt)
         if rec.outcome != "passed":
-            raise Inconclusive(f"calibration {out.receipt[:16]}: {rec.reason}",
-                               hint="give the plan the pairs it needs (its calibration stays valid), "
-                                    "or widen its gates")
+            raise Inconclusive(
+                f"calibration {out.receipt[:16]}: {rec.reason}",
+                hint="give the plan the pairs it needs (its calibration stays valid), or widen its gates",
+            )
         if not c.json_output:
             c.console.print(f"calibration: {rec.reason}")
         return
@@ -117,8 +140,9 @@ def qualify(
 @app.command("report")
 def report(
     ctx: typer.Context,
-    receipt: str = typer.Option(..., "--receipt", metavar="HASH",
-        help="Receipt hash (or prefix): a qualify run or a record derived from one."),
+    receipt: str = typer.Option(
+        ..., "--receipt", metavar="HASH", help="Receipt hash (or prefix): a qualify run or a record derived from one."
+    ),
 ) -> None:
     """Recompute the result from a receipt (following a derived record's references) and write the report."""
     c = get_ctx(ctx)
@@ -126,8 +150,13 @@ def report(
     from orchestrator.qualify.report import write_report
 
     out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
-    _show(c, result, record.receipt, out_dir, extra={"origin": record.origin, "derived": record.derived,
-                                                     "checks": record.checks})
+    _show(
+        c,
+        result,
+        record.receipt,
+        out_dir,
+        extra={"origin": record.origin, "derived": record.derived, "checks": record.checks},
+    )
     if record.calibration is not None:
         # an A/A run: its gates are the A/A check; its outcome says whether the plan is resolvable
         if record.outcome != "passed":
@@ -137,8 +166,16 @@ def report(
 
 
 def _argv(pair, baseline, candidate, plan, profile) -> list[str]:
-    argv = ["qualify", "--pair", pair, "--baseline", *baseline, *(["--candidate", *candidate] if candidate else []),
-            "--plan", plan]
+    argv = [
+        "qualify",
+        "--pair",
+        pair,
+        "--baseline",
+        *baseline,
+        *(["--candidate", *candidate] if candidate else []),
+        "--plan",
+        plan,
+    ]
     return argv + (["--profile", profile] if profile else [])
 
 
@@ -147,8 +184,10 @@ def _exit_for(result: QualifyResult) -> None:
     if result.verdict == "fail":
         raise CheckFailed("qualification failed: " + "; ".join(f"{g.kind}[{g.family}]: {g.reason}" for g in failed))
     if result.verdict == "inconclusive":
-        raise Inconclusive("qualification inconclusive: " + "; ".join(
-            f"{g.kind}[{g.family}]: {g.reason}" for g in result.gates if g.verdict == "inconclusive"))
+        raise Inconclusive(
+            "qualification inconclusive: "
+            + "; ".join(f"{g.kind}[{g.family}]: {g.reason}" for g in result.gates if g.verdict == "inconclusive")
+        )
 
 
 def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, extra: dict) -> None:
@@ -165,13 +204,29 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     from rich.table import Table
 
     t = Table(title=f"qualification {result.verdict.upper()} — plan {result.plan_name}")
-    for col in ("gate", "family", "threshold", "gain", f"{result.deciding_method} interval (decides)", "bootstrap",
-                "pairs", "verdict"):
+    for col in (
+        "gate",
+        "family",
+        "threshold",
+        "gain",
+        f"{result.deciding_method} interval (decides)",
+        "bootstrap",
+        "pairs",
+        "verdict",
+    ):
         t.add_column(col)
     for g in result.gates:
         pct = lambda x: "n/a" if x is None else f"{100 * x:+.2f}%"  # noqa: E731
-        t.add_row(g.kind, g.family, pct(g.threshold), pct(g.gain), f"{pct(g.low)} .. {pct(g.high)}",
-                  f"{pct(g.bootstrap_low)} .. {pct(g.bootstrap_high)}", f"{g.valid_pairs}/{g.planned_pairs}", g.verdict)
+        t.add_row(
+            g.kind,
+            g.family,
+            pct(g.threshold),
+            pct(g.gain),
+            f"{pct(g.low)} .. {pct(g.high)}",
+            f"{pct(g.bootstrap_low)} .. {pct(g.bootstrap_high)}",
+            f"{g.valid_pairs}/{g.planned_pairs}",
+            g.verdict,
+        )
     c.console.print(t)
     c.console.print(f"receipt: {receipt}")
     if report_dir:

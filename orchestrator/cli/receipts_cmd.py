@@ -19,8 +19,11 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
 
 EVIDENCE_OPT = typer.Option(
-    None, "--evidence", metavar="DIR", envvar="PAIRCTL_EVIDENCE",
-    help="Evidence store directory (default: <home>/evidence)."
+    None,
+    "--evidence",
+    metavar="DIR",
+    envvar="PAIRCTL_EVIDENCE",
+    help="Evidence store directory (default: <home>/evidence).",
 )
 
 
@@ -44,8 +47,9 @@ def summary(r: Receipt) -> dict[str, Any]:
 def list_(
     ctx: typer.Context,
     pair: str | None = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
-    since: str | None = typer.Option(None, "--since", metavar="T",
-        help="Only receipts started since: 2h, 3d, 1w or an ISO time."),
+    since: str | None = typer.Option(
+        None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."
+    ),
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Receipts, oldest first."""
@@ -65,7 +69,8 @@ def list_(
             _usage(str(exc))
     store = evidence_store_for(c, evidence)
     rows = [
-        r for r in (store.summaries(pair=pair) if pair else store.summaries())
+        r
+        for r in (store.summaries(pair=pair) if pair else store.summaries())
         if cutoff is None or parse_time(r["started_at"]) >= cutoff
     ]
     if c.json_output:
@@ -76,17 +81,30 @@ def list_(
         table.add_column(col, no_wrap=True)
     table.add_column("reason", min_width=24)
     for r in rows:
-        table.add_row(c.short(r["hash"]), r["started_at"][:16].replace("T", " "), r["command"], r["pair"] or "-",
-                      r["outcome"] + (" (derived)" if r["derived_from"] else "")
-                      + ("" if r.get("in_chain", True) else " (not in its chain: run receipts verify)"),
-                      first_line(r["reason"]))
+        table.add_row(
+            c.short(r["hash"]),
+            r["started_at"][:16].replace("T", " "),
+            r["command"],
+            r["pair"] or "-",
+            r["outcome"]
+            + (" (derived)" if r["derived_from"] else "")
+            + ("" if r.get("in_chain", True) else " (not in its chain: run receipts verify)"),
+            first_line(r["reason"]),
+        )
     c.console.print(table)
     c.console.print(f"{len(rows)} receipt(s)")
     for u in store.unsealed():
         if pair and u["pair"] != pair:
             continue
-        state = "running" if u["alive"] else ("killed; sealed as aborted by the next command on its pair"
-                                              if u["alive"] is False else "on another host")
+        state = (
+            "running"
+            if u["alive"]
+            else (
+                "killed; sealed as aborted by the next command on its pair"
+                if u["alive"] is False
+                else "on another host"
+            )
+        )
         c.console.print(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}", markup=False)
 
 
@@ -110,8 +128,10 @@ def show(
     p(f"command   {r.command}  {' '.join(r.argv)}", markup=False)
     p(f"pair      {r.pair or '-'}    operator {r.operator or '-'}    on {r.host.hostname} (pid {r.host.pid})")
     p(f"time      {r.started_at} -> {r.finished_at}  ({_seconds(r.started_at, r.finished_at)})")
-    p(f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""),
-      markup=False)
+    p(
+        f"outcome   {r.outcome}: {r.reason}" + ("   [recovered from a killed run's journal]" if r.recovered else ""),
+        markup=False,
+    )
     p(f"previous  {r.previous or '- (first of its chain)'}")
     if r.derived_from:
         p(f"derived from {r.derived_from}")
@@ -125,8 +145,13 @@ def show(
     if r.steps:
         t = Table("step", "host", "outcome", "seconds", "detail", box=None, pad_edge=False)
         for s in r.steps:
-            t.add_row(s.name, s.host or "-", s.outcome, "-" if s.duration_s is None else f"{s.duration_s:.3f}",
-                      s.error or s.skip_reason or "")
+            t.add_row(
+                s.name,
+                s.host or "-",
+                s.outcome,
+                "-" if s.duration_s is None else f"{s.duration_s:.3f}",
+                s.error or s.skip_reason or "",
+            )
         p(t)
     if r.identities:
         p("identities")
@@ -180,12 +205,17 @@ def verify(
 def derive(
     ctx: typer.Context,
     original: str = typer.Option(..., "--from", metavar="HASH", help="Hash (or prefix) of the original receipt."),
-    reuse: list[str] = typer.Option(..., "--reuse", metavar="STEP",
-        help="Step to reuse by reference (repeat, or comma-separated)."),
-    reason: str = typer.Option(..., "--reason", metavar="TEXT",
-        help="Why this derived record exists (kept in the receipt)."),
+    reuse: list[str] = typer.Option(
+        ..., "--reuse", metavar="STEP", help="Step to reuse by reference (repeat, or comma-separated)."
+    ),
+    reason: str = typer.Option(
+        ..., "--reason", metavar="TEXT", help="Why this derived record exists (kept in the receipt)."
+    ),
     fresh: Path | None = typer.Option(
-        None, "--fresh", metavar="FILE", help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
+        None,
+        "--fresh",
+        metavar="FILE",
+        help="JSON file: a list of fresh step results [{name, outcome, data, host}] "
         "or {steps: [...], samples: {step: [rows]}}.",
     ),
     evidence: Path | None = EVIDENCE_OPT,
@@ -198,12 +228,24 @@ def derive(
     argv = ["receipts", "derive", "--from", original, *[a for s in steps for a in ("--reuse", s)], "--reason", reason]
     if fresh:
         argv += ["--fresh", str(fresh)]
-    sha = store.derive(original, reuse=steps, reason=reason, fresh_steps=fresh_steps, fresh_samples=fresh_samples,
-                       identities=fresh_ids, argv=argv)
+    sha = store.derive(
+        original,
+        reuse=steps,
+        reason=reason,
+        fresh_steps=fresh_steps,
+        fresh_samples=fresh_samples,
+        identities=fresh_ids,
+        argv=argv,
+    )
     r = store.load(sha)
     if c.json_output:
-        c.emit_json(summary(r) | {"reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
-                                  "fresh_steps": r.fresh_steps})
+        c.emit_json(
+            summary(r)
+            | {
+                "reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
+                "fresh_steps": r.fresh_steps,
+            }
+        )
     else:
         c.console.print(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}", markup=False)
         c.console.print(f"reused: {', '.join(r.reused_steps)}; fresh: {', '.join(r.fresh_steps) or '-'}")
@@ -232,7 +274,8 @@ def _read_fresh(path: Path | None) -> FreshInput:
     if isinstance(data, dict) and isinstance(data.get("steps", []), list):
         ids = data.get("identities") or []
         shaped = isinstance(ids, list) and all(
-            isinstance(i, dict) and isinstance(i.get("host"), str) and isinstance(i.get("data"), dict) for i in ids)
+            isinstance(i, dict) and isinstance(i.get("host"), str) and isinstance(i.get("data"), dict) for i in ids
+        )
         if not shaped:
             _usage(f"--fresh {path}: identities must be a list of {{host, data}}")
         return data.get("steps", []), data.get("samples"), [(i["host"], i["data"]) for i in ids]

@@ -25,15 +25,27 @@ def _revision(store: PackageStore, package_id: str, role: str) -> str:
     try:
         return str(store.get(package_id).manifest.revision)
     except (PackageError, KeyError, FileNotFoundError):
-        raise ConfigError(f"--{role}-package {package_id}: no such package in the local store",
-                          hint="`pairctl packages list` shows the built packages") from None
+        raise ConfigError(
+            f"--{role}-package {package_id}: no such package in the local store",
+            hint="`pairctl packages list` shows the built packages",
+        ) from None
 
 
 def state_dict(pair: str, st: ReferenceState) -> dict[str, Any]:
-    return {"pair": pair, "reference": st.pin.as_dict() if st.pin else None,
-            "answers": [{"key": a.key, "receipt": a.receipt, "fixture_set": a.raw.get("fixture_set"),
-                         "models": a.raw.get("models"), "fixtures": len(a.raw.get("answers") or [])}
-                        for a in st.answers.values()]}
+    return {
+        "pair": pair,
+        "reference": st.pin.as_dict() if st.pin else None,
+        "answers": [
+            {
+                "key": a.key,
+                "receipt": a.receipt,
+                "fixture_set": a.raw.get("fixture_set"),
+                "models": a.raw.get("models"),
+                "fixtures": len(a.raw.get("answers") or []),
+            }
+            for a in st.answers.values()
+        ],
+    }
 
 
 @app.command("set")
@@ -56,22 +68,35 @@ def set_(
     store = PackageStore(c.home.store)
     revs = {_revision(store, native, "native"), _revision(store, rpc, "rpc")}
     if len(revs) != 1:
-        raise ConfigError(f"{native} and {rpc} come from different revisions ({', '.join(sorted(revs))}); "
-                          "a reference is a matched pair")
+        raise ConfigError(
+            f"{native} and {rpc} come from different revisions ({', '.join(sorted(revs))}); "
+            "a reference is a matched pair"
+        )
     evidence = EvidenceStore(c.home.evidence)
     before = load_state(evidence, pair)
     argv = ["reference", "set", "--pair", pair, "--native-package", native, "--rpc-package", rpc, "--reason", reason]
     journal = evidence.begin(command=COMMAND, argv=argv, pair=pair, inputs={})
     with journal:
-        journal.set(FIELD, {"native_package": native, "rpc_package": rpc, "revision": revs.pop(), "reason": reason,
-                            "previous": before.pin.as_dict() if before.pin else None})
+        journal.set(
+            FIELD,
+            {
+                "native_package": native,
+                "rpc_package": rpc,
+                "revision": revs.pop(),
+                "reason": reason,
+                "previous": before.pin.as_dict() if before.pin else None,
+            },
+        )
         receipt = journal.finish("passed", f"reference of {pair} set to {native} / {rpc}")
     out = {**state_dict(pair, load_state(evidence, pair)), "receipt": receipt}
     if c.json_output:
         c.emit_json(out)
     else:
-        c.console.print(f"reference of {pair}: {native} / {rpc} (receipt {receipt[:16]}); its answers are recorded "
-                        "by its next acceptance", markup=False)
+        c.console.print(
+            f"reference of {pair}: {native} / {rpc} (receipt {receipt[:16]}); its answers are recorded "
+            "by its next acceptance",
+            markup=False,
+        )
 
 
 @app.command("show")
@@ -90,10 +115,15 @@ def show(
     if pin is None:
         c.console.print(f"pair {pair} has no reference yet: its first accepted pair becomes it", markup=False)
         return
-    c.console.print(f"reference of {pair}: {pin['native_package']} / {pin['rpc_package']} ({pin['how']}, "
-                    f"receipt {str(pin['receipt'])[:16]})", markup=False)
+    c.console.print(
+        f"reference of {pair}: {pin['native_package']} / {pin['rpc_package']} ({pin['how']}, "
+        f"receipt {str(pin['receipt'])[:16]})",
+        markup=False,
+    )
     for a in out["answers"]:
-        c.console.print(f"  answers {a['key'][:12]}: {a['fixtures']} fixtures of {a['fixture_set']}, "
-                        f"receipt {a['receipt'][:16]}", markup=False)
+        c.console.print(
+            f"  answers {a['key'][:12]}: {a['fixtures']} fixtures of {a['fixture_set']}, receipt {a['receipt'][:16]}",
+            markup=False,
+        )
     if not out["answers"]:
         c.console.print("  no answers recorded yet: accept the reference pair to record them", markup=False)

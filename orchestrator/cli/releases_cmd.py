@@ -54,8 +54,12 @@ def list_releases(ctx: typer.Context, pair: str = _PAIR, keep: int | None = _KEE
 
 
 @app.command("prune")
-def prune(ctx: typer.Context, pair: str = _PAIR, keep: int | None = _KEEP,
-          dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; change nothing.")) -> None:
+def prune(
+    ctx: typer.Context,
+    pair: str = _PAIR,
+    keep: int | None = _KEEP,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be removed; change nothing."),
+) -> None:
     """Remove the oldest releases beyond keep_releases on both hosts, under their leases; receipted."""
     c = get_ctx(ctx)
     inv = c.inventory()
@@ -64,8 +68,12 @@ def prune(ctx: typer.Context, pair: str = _PAIR, keep: int | None = _KEEP,
     from orchestrator.evidence.store import EvidenceStore
 
     argv = ["releases", "prune", "--pair", pair] + (["--keep", str(keep)] if keep else [])
-    with TransportPool(inv) as pool, EvidenceStore(c.home.evidence).begin(
-            command="releases prune", argv=argv, pair=pair, inputs={"pair": pair}) as j:
+    with (
+        TransportPool(inv) as pool,
+        EvidenceStore(c.home.evidence).begin(
+            command="releases prune", argv=argv, pair=pair, inputs={"pair": pair}
+        ) as j,
+    ):
         with L.hold_pair_leases(L.targets_of(inv, pool, pair), owner=L.default_owner(), purpose="releases prune"):
             with j.step("prune", host=pair) as step:
                 results = P.prune_pair(inv, pool.get, pair, keep_releases=keep)

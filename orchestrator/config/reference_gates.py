@@ -21,5 +21,6 @@ class ReferenceGates(StrictModel):
     max_kl: float = Field(default=1e-4, ge=0, description="largest KL at any one position, nats")
     min_top1: float = Field(default=0.99, ge=0, le=1, description="share of positions whose greedy token agrees")
     max_abs_dlogprob: float = Field(default=1.0, ge=0, description="largest |delta logprob| over the top-K set, nats")
-    logprob_floor: float = Field(default=-80.0, le=0,
-                                 description="logprobs below this count as this (float32 rounding rules far below)")
+    logprob_floor: float = Field(
+        default=-80.0, le=0, description="logprobs below this count as this (float32 rounding rules far below)"
+    )

@@ -36,8 +36,14 @@ from orchestrator.qualify.plan import QualifyPlan
 def schemas() -> dict[str, type[BaseModel]]:
     """Every manifest kind and the model that validates it."""
     return {
-        "target": Target, "profile": RouteProfile, "inventory": Inventory, "playbook": Playbook,
-        "plan": QualifyPlan, "kernel": KernelPatch, "kernel-cases": CaseSet, "fixtures": FixtureSet,
+        "target": Target,
+        "profile": RouteProfile,
+        "inventory": Inventory,
+        "playbook": Playbook,
+        "plan": QualifyPlan,
+        "kernel": KernelPatch,
+        "kernel-cases": CaseSet,
+        "fixtures": FixtureSet,
     }
 
 
@@ -110,8 +116,14 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
         return FileCheck(path, kind, (str(e),))
     k = kind or _kind_of(path) or infer_kind(data, models)
     if k is None:
-        return FileCheck(path, None, (f"{path}: cannot tell what kind of file this is from its folder or its keys; "
-                                      f"pass --kind (one of: {', '.join(sorted(models))})",))
+        return FileCheck(
+            path,
+            None,
+            (
+                f"{path}: cannot tell what kind of file this is from its folder or its keys; "
+                f"pass --kind (one of: {', '.join(sorted(models))})",
+            ),
+        )
     if k not in models:
         return FileCheck(path, k, (f"{path}: unknown kind {k!r}; known: {', '.join(sorted(models))}",))
     # a plan in a config repo's plans/ resolves its fixture paths against that folder (as loading
@@ -127,8 +139,9 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
     return FileCheck(path, k, tuple(dict.fromkeys(problems)))
 
 
-def check_all(paths: list[Path] | None, *, kind: str | None,
-              variables: dict[str, str]) -> list[tuple[Path, str | None]]:
+def check_all(
+    paths: list[Path] | None, *, kind: str | None, variables: dict[str, str]
+) -> list[tuple[Path, str | None]]:
     """(file, None or every problem as one text) for each file; kept for callers of the old shape."""
     models = schemas()
     out: list[tuple[Path, str | None]] = []
@@ -140,6 +153,7 @@ def check_all(paths: list[Path] | None, *, kind: str | None,
 
 # -- cross-references -----------------------------------------------------------------------
 
+
 def _exists(kind: str, name: str) -> bool:
     try:
         search.resolve_ref(kind, name)
@@ -150,9 +164,11 @@ def _exists(kind: str, name: str) -> bool:
 
 def _missing(source: str, field: str, kind: str, name: str) -> str:
     known = sorted(search.names(kind))
-    return (f"{source}: field '{field}': no {kind} named {name!r} on the config search path"
-            f" (known: {', '.join(known) or 'none'}); add {search.KIND_DIRS[kind]}/{name}.yaml to your config repo"
-            " or name an existing one")
+    return (
+        f"{source}: field '{field}': no {kind} named {name!r} on the config search path"
+        f" (known: {', '.join(known) or 'none'}); add {search.KIND_DIRS[kind]}/{name}.yaml to your config repo"
+        " or name an existing one"
+    )
 
 
 def cross_references(kind: str, data: dict[str, Any], *, source: str, fields_ok: bool) -> list[str]:
@@ -178,8 +194,10 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
                 h = pair.get(side)
                 if isinstance(h, str) and h not in hosts:
                     known = ", ".join(sorted(map(str, hosts))) or "none"
-                    out.append(f"{source}: field '{at}.{side}': host {h!r} is not in hosts ({known}); "
-                               "add it under hosts or name one of those")
+                    out.append(
+                        f"{source}: field '{at}.{side}': host {h!r} is not in hosts ({known}); "
+                        "add it under hosts or name one of those"
+                    )
         profile_name = pair.get("profile", "lab")
         profile = None
         if isinstance(profile_name, str):
@@ -194,12 +212,15 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
                 out.append(_missing(source, f"{at}.{field}", "target", t))
         models: dict[str, Any] = pair["models"] if isinstance(pair.get("models"), dict) else {}
         if profile is not None:
-            roles = [("model", profile.model)] + ([("draft.model", profile.draft.model)]
-                                                   if profile.draft is not None and profile.draft.model else [])
+            roles = [("model", profile.model)] + (
+                [("draft.model", profile.draft.model)] if profile.draft is not None and profile.draft.model else []
+            )
             for what, role in roles:
                 if role not in models:
-                    out.append(f"{source}: field '{at}.models': profile {profile.name!r} uses model role {role!r} "
-                               f"({what}), which this pair does not define; add models.{role} with the GGUF's path")
+                    out.append(
+                        f"{source}: field '{at}.models': profile {profile.name!r} uses model role {role!r} "
+                        f"({what}), which this pair does not define; add models.{role} with the GGUF's path"
+                    )
     return out
 
 
@@ -218,14 +239,16 @@ def _pair_profile(source: str, at: str, name: str, pair: dict[str, Any]) -> tupl
     try:
         profile = profile_from_record(read_yaml(path), what=str(path))
     except ConfigError:
-        return None, [f"{source}: field '{at}.profile': profile {name!r} is itself invalid; "
-                      f"run `pairctl config check {path}`"]
+        return None, [
+            f"{source}: field '{at}.profile': profile {name!r} is itself invalid; run `pairctl config check {path}`"
+        ]
     try:
         load_profile(str(path), pair=_pair_spec(pair))
     except ConfigError as e:
         lines = [line.strip() for line in str(e).splitlines()[1:]] or [str(e)]
-        return profile, [f"{source}: field '{at}.profile': profile {name!r} is refused for this pair: {line}"
-                         for line in lines]
+        return profile, [
+            f"{source}: field '{at}.profile': profile {name!r} is refused for this pair: {line}" for line in lines
+        ]
     return profile, []
 
 

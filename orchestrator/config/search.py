@@ -71,8 +71,10 @@ def search_path(*, explicit: str | None, cwd: Path, user_dir: Path) -> list[Laye
     if explicit:
         root = Path(explicit).expanduser().resolve()
         if not root.is_dir():
-            raise ConfigError(f"config directory {root} does not exist (from --config / {CONFIG_ENV})",
-                              hint="pass an existing directory, or create one with `pairctl init DIR`")
+            raise ConfigError(
+                f"config directory {root} does not exist (from --config / {CONFIG_ENV})",
+                hint="pass an existing directory, or create one with `pairctl init DIR`",
+            )
         layers.append(Layer(CONFIG_ENV, root))
     up = find_upwards(cwd)
     if up is not None:
@@ -108,8 +110,11 @@ def resolve(kind: str, name: str) -> Path:
     known = sorted(names(kind))
     raise ConfigError(
         f"no {kind} named {name!r} (looked in {', '.join(str(p) for p in looked)})",
-        hint=(f"known {kind} names: {', '.join(known)}" if known
-              else f"add {KIND_DIRS[kind]}/{name}.yaml to your config repo")
+        hint=(
+            f"known {kind} names: {', '.join(known)}"
+            if known
+            else f"add {KIND_DIRS[kind]}/{name}.yaml to your config repo"
+        )
         + "; `pairctl config show` lists where each name resolves",
     )
 

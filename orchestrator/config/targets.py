@@ -13,8 +13,16 @@ from orchestrator.config.loader import load_model
 from orchestrator.paths import MANIFESTS
 
 # Flags pairctl always sets itself; a target may not override them.
-RESERVED_CMAKE = {"GGML_RPC", "LLAMA_BUILD_COMMIT", "LLAMA_BUILD_NUMBER", "GGML_CUDA", "CMAKE_CUDA_ARCHITECTURES",
-                  "CMAKE_C_FLAGS", "CMAKE_CXX_FLAGS", "CMAKE_CUDA_FLAGS"}
+RESERVED_CMAKE = {
+    "GGML_RPC",
+    "LLAMA_BUILD_COMMIT",
+    "LLAMA_BUILD_NUMBER",
+    "GGML_CUDA",
+    "CMAKE_CUDA_ARCHITECTURES",
+    "CMAKE_C_FLAGS",
+    "CMAKE_CXX_FLAGS",
+    "CMAKE_CUDA_FLAGS",
+}
 
 
 class Target(StrictModel):
@@ -28,10 +36,12 @@ class Target(StrictModel):
     build_targets: list[str] = Field(default_factory=lambda: ["llama-server", "ggml-rpc-server"])
     test_targets: list[str] = Field(default_factory=list)
     gpu_name_hint: str | None = Field(default=None, description="substring expected in nvidia-smi's GPU name")
-    kernel_harness: bool = Field(default=True, description="build kernels/harness against this build's ggml into tests/bin")
+    kernel_harness: bool = Field(
+        default=True, description="build kernels/harness against this build's ggml into tests/bin"
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "Target":
+    def _check(self) -> Target:
         if self.backend == "cuda" and self.cuda_arch is None:
             raise ValueError("a cuda target needs cuda_arch (e.g. 70 for V100)")
         if self.backend == "cpu" and self.cuda_arch is not None:

@@ -31,8 +31,14 @@ def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnap
         raise CheckFailed(f"no identity to expect for {target.entry.names()}: a manifest is not in the local store")
 
     def probe() -> IdentitySnapshot:
-        rep = verify_identity({r: ctx.t(r) for r in ("native", "rpc")}, ctx.view.layouts, ctx.view.hosts,
-                              expected, base_url=ctx.view.base_url, api_key=ctx.api_key)
+        rep = verify_identity(
+            {r: ctx.t(r) for r in ("native", "rpc")},
+            ctx.view.layouts,
+            ctx.view.hosts,
+            expected,
+            base_url=ctx.view.base_url,
+            api_key=ctx.api_key,
+        )
         return IdentitySnapshot(data=rep.data, problems=tuple(rep.problems))
 
     return probe
@@ -76,7 +82,11 @@ def run(ctx: RunContext) -> dict[str, Any]:
     if not suite.passed:
         failed = ", ".join(f"{r.name} ({r.verdict}: {r.message[:120]})" for r in suite.failed())
         raise CheckFailed(f"acceptance failed: {failed or 'no check ran'}")
-    return {"passed": True, "checks": [c["name"] for c in summary["checks"]], "duration_s": summary["duration_s"],
-            "request_budget": limits.to_dict(),
-            "baseline_receipt": baseline.receipt if baseline else None,
-            "reference": reference.pin.as_dict() if reference and reference.pin else None}
+    return {
+        "passed": True,
+        "checks": [c["name"] for c in summary["checks"]],
+        "duration_s": summary["duration_s"],
+        "request_budget": limits.to_dict(),
+        "baseline_receipt": baseline.receipt if baseline else None,
+        "reference": reference.pin.as_dict() if reference and reference.pin else None,
+    }

@@ -52,25 +52,37 @@ ROLES = ("native", "rpc")
 
 # -- building targets (pure given manifests) ---------------------------------------------------
 
+
 def model_paths(pair: PairSpec) -> dict[str, str]:
     return {role: m.path for role, m in pair.models.items()}
 
 
-def render_target(view: PairView, pair: PairSpec, profile: RouteProfile, native_pkg: Package,
-                  rpc_pkg: Package, label: str = "new") -> Target:
+def render_target(
+    view: PairView, pair: PairSpec, profile: RouteProfile, native_pkg: Package, rpc_pkg: Package, label: str = "new"
+) -> Target:
     """The activation of a new pair: argv from the profile, the route entry, the identity expected."""
     nid, rid = native_pkg.manifest.id, rpc_pkg.manifest.id
     rpc_argv = services.rpc_server_argv(view.layouts["rpc"], rid, bind=view.rpc_bind, port=view.rpc_port)
     try:
         native_argv = services.llama_server_argv(
-            view.layouts["native"], nid, profile, model_paths=model_paths(pair), host=view.server_bind,
-            port=view.server_port, rpc=[f"{view.rpc_bind}:{view.rpc_port}"], with_api_key=view.has_api_key,
+            view.layouts["native"],
+            nid,
+            profile,
+            model_paths=model_paths(pair),
+            host=view.server_bind,
+            port=view.server_port,
+            rpc=[f"{view.rpc_bind}:{view.rpc_port}"],
+            with_api_key=view.has_api_key,
         )
     except ValueError as exc:
         raise ConfigError(f"profile {profile.name} does not render for pair {view.name}: {exc}") from None
     entry = RouteEntry.build(
-        native_package=nid, rpc_package=rid, package_revision=native_pkg.manifest.revision,
-        profile=profile.model_dump(mode="json"), native_argv=native_argv, rpc_argv=rpc_argv,
+        native_package=nid,
+        rpc_package=rid,
+        package_revision=native_pkg.manifest.revision,
+        profile=profile.model_dump(mode="json"),
+        native_argv=native_argv,
+        rpc_argv=rpc_argv,
     )
     return Target(
         activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label=label),
@@ -79,8 +91,9 @@ def render_target(view: PairView, pair: PairSpec, profile: RouteProfile, native_
     )
 
 
-def expected_for(entry: RouteEntry, native_manifest: PackageManifest, rpc_manifest: PackageManifest,
-                 view: PairView) -> Expected:
+def expected_for(
+    entry: RouteEntry, native_manifest: PackageManifest, rpc_manifest: PackageManifest, view: PairView
+) -> Expected:
     profile = profile_from_record(entry.profile)
     return Expected(
         native=ExpectedProc(LLAMA_SERVER, _bin_sha(native_manifest, LLAMA_SERVER), tuple(entry.native_argv)),
@@ -102,8 +115,9 @@ def _bin_sha(manifest: PackageManifest, name: str) -> str:
         raise PackageError(f"package {manifest.id} has no bin/{name}") from None
 
 
-def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *,
-                   trusted: bool) -> Target:
+def restore_target(
+    view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *, trusted: bool
+) -> Target:
     """A recorded pair to put back, rendered NOW from the inventory as it stands (API key,
     binds, ports) and its profile: the record says which packages and which profile; its argv
     are never restarted. The profile is the one the entry records when the record carries this
@@ -117,32 +131,46 @@ def restore_target(view: PairView, pair: PairSpec, entry: RouteEntry, store: Pac
             profile = profile_from_record(entry.profile)
         except (ValueError, ConfigError):
             profile = entry.profile_name
-    return render_recorded(view, pair, entry.native_package, entry.rpc_package, profile,
-                           dict(entry.models), store, label)
+    return render_recorded(
+        view, pair, entry.native_package, entry.rpc_package, profile, dict(entry.models), store, label
+    )
 
 
-def render_recorded(view: PairView, pair: PairSpec, native_id: str, rpc_id: str, profile: RouteProfile | str,
-                    models: dict[str, str], store: PackageStore, label: str) -> Target:
+def render_recorded(
+    view: PairView,
+    pair: PairSpec,
+    native_id: str,
+    rpc_id: str,
+    profile: RouteProfile | str,
+    models: dict[str, str],
+    store: PackageStore,
+    label: str,
+) -> Target:
     """Packages and a profile (or its name, loaded from the operator's profiles) as a target, rendered now."""
     if isinstance(profile, str):
         try:
             profile = load_profile(profile)
         except PairctlError as exc:
-            raise ConfigError(f"pair {view.name}: the {label} pair's profile {profile!r} (named by the route "
-                              f"record) cannot be loaded now: {exc.message}",
-                              hint="restore the profile file, or deploy the pair you want with --profile") from None
+            raise ConfigError(
+                f"pair {view.name}: the {label} pair's profile {profile!r} (named by the route "
+                f"record) cannot be loaded now: {exc.message}",
+                hint="restore the profile file, or deploy the pair you want with --profile",
+            ) from None
     native, rpc = store.get(native_id), store.get(rpc_id)
     target = render_target(view, pair, profile, native, rpc, label=label)
     unknown = unknown_flags(list(target.activation.native_argv[1:]), native.help_text)
     if unknown:
         flags = ", ".join(sorted(set(unknown)))
-        raise ConfigError(f"pair {view.name}: profile {profile.name} now renders flag(s) {flags} "
-                          f"that {label} package {native.manifest.id}'s llama-server does not offer",
-                          hint="deploy the pair you want with a profile that fits its package")
+        raise ConfigError(
+            f"pair {view.name}: profile {profile.name} now renders flag(s) {flags} "
+            f"that {label} package {native.manifest.id}'s llama-server does not offer",
+            hint="deploy the pair you want with a profile that fits its package",
+        )
     return replace(target, entry=target.entry.model_copy(update={"models": dict(models)}))
 
 
 # -- preflight (local) ---------------------------------------------------------------------
+
 
 def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
     """Everything that can refuse a deploy without touching a host."""
@@ -165,8 +193,9 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
         )
     for side, want, m in (("native", pair.target_native, nm), ("rpc", pair.target_rpc, rm)):
         if want and m.target.name != want:
-            raise PackageError(f"package {m.id} is for target {m.target.name}; "
-                               f"pair {ctx.view.name}'s {side} host wants {want}")
+            raise PackageError(
+                f"package {m.id} is for target {m.target.name}; pair {ctx.view.name}'s {side} host wants {want}"
+            )
     target = render_target(ctx.view, pair, profile, native, rpc)
     help_text = native.help_text
     unknown = unknown_flags(list(target.activation.native_argv[1:]), help_text)
@@ -179,11 +208,19 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
     key = read_api_key(ctx.view.name, pair)
     act = target.activation
     extra = list(profile.extra_args)
-    policy = server_policy_problems(dict(pair.allow_flags), extra, list(act.native_argv[1:]),
-                                    list(act.rpc_argv[1:]), help_text=help_text, api_key=key is not None)
+    policy = server_policy_problems(
+        dict(pair.allow_flags),
+        extra,
+        list(act.native_argv[1:]),
+        list(act.rpc_argv[1:]),
+        help_text=help_text,
+        api_key=key is not None,
+    )
     if policy.problems:
-        raise ConfigError(f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
-                          hint="see the flag policy in README (Security model)")
+        raise ConfigError(
+            f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
+            hint="see the flag policy in README (Security model)",
+        )
     if key is not None:
         ctx.api_key_bytes = key.file_bytes
     ctx.packages = {"native": native, "rpc": rpc}
@@ -202,6 +239,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
 
 
 # -- host actions --------------------------------------------------------------------------
+
 
 def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
@@ -260,13 +298,20 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
     if not models:
         return {}
     t0 = time.monotonic()
-    found, problems = check_models({n: m.path for n, m in models.items()},
-                                    {n: m.sha256 for n, m in models.items() if m.sha256}, ctx.host("native"),
-                                    ctx.t("native"), ctx.layout("native"), expected_is="the inventory declares")
+    found, problems = check_models(
+        {n: m.path for n, m in models.items()},
+        {n: m.sha256 for n, m in models.items() if m.sha256},
+        ctx.host("native"),
+        ctx.t("native"),
+        ctx.layout("native"),
+        expected_is="the inventory declares",
+    )
     ctx.timed("model_hash_s", time.monotonic() - t0)
     if problems:
-        raise PackageError("; ".join(problems) + "; nothing was changed",
-                           hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)")
+        raise PackageError(
+            "; ".join(problems) + "; nothing was changed",
+            hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)",
+        )
     hashes = {name: h.sha256 for name, h in found.items()}
     assert ctx.target is not None  # a_prepare hashes only for a deploy whose preflight rendered it
     ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
@@ -358,7 +403,8 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
         if ctx.mode == "deploy" and role == "native" and never_ran(exc):  # the first change never started
             raise UnreachableBeforeChange(
                 f"{ctx.host(role)} could not be reached to stop {SERVICE_OF_ROLE[role]}, so nothing was stopped: {exc}",
-                hint="the previous pair keeps serving; repair the host, then deploy again") from None
+                hint="the previous pair keeps serving; repair the host, then deploy again",
+            ) from None
         raise
     ctx.timed("stop_s", time.monotonic() - t0)
     d: dict[str, Any] = {"result": out}
@@ -398,12 +444,18 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
     verify = _take_deferred(ctx, "rpc")
     pid, ident, stopped, verified = services.restart_listening(
-        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv),
-        verify=verify)
+        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv), verify=verify
+    )
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
-    d: dict[str, Any] = {"stopped": stopped, "current": links[0], "previous": links[1], "pid": pid,
-         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}", "exe_sha256": ident.exe_sha256}
+    d: dict[str, Any] = {
+        "stopped": stopped,
+        "current": links[0],
+        "previous": links[1],
+        "pid": pid,
+        "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
+        "exe_sha256": ident.exe_sha256,
+    }
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
@@ -425,12 +477,18 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         # llama-server often dies of its RPC peer ("recv failed" when ggml-rpc-server aborted on a
         # graph): the peer's output holds the cause, so the failure names it too.
         rpc_out = ctx.layout("rpc").log(RPC_SERVER + ".out")
-        raise CheckFailed(f"{exc}\nand {ctx.host('rpc')}'s {rpc_out} ends:\n"
-                          + services.read_tail(ctx.t("rpc"), rpc_out, 8)) from None
+        raise CheckFailed(
+            f"{exc}\nand {ctx.host('rpc')}'s {rpc_out} ends:\n" + services.read_tail(ctx.t("rpc"), rpc_out, 8)
+        ) from None
     ctx.timed("server_start_exec_s", t1 - t0)
     ctx.timed("server_start_to_healthy_s", time.monotonic() - t1)
-    return {"pid": pid, "exe_sha256": ident.exe_sha256, "healthy_after_s": round(w.seconds, 4),
-            "health_polls": w.polls, "alive_checks": w.alive_checks}
+    return {
+        "pid": pid,
+        "exe_sha256": ident.exe_sha256,
+        "healthy_after_s": round(w.seconds, 4),
+        "health_polls": w.polls,
+        "alive_checks": w.alive_checks,
+    }
 
 
 def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -445,8 +503,14 @@ def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
     ident = ctx.hosts.identity(role)
     seen = {role: ident} if ident is not None else None
     rep = verify_identity(
-        {role: ctx.t(role)}, ctx.view.layouts, ctx.view.hosts, tgt.expected,
-        base_url=ctx.view.base_url, api_key=ctx.api_key, roles=(role,), seen=seen,
+        {role: ctx.t(role)},
+        ctx.view.layouts,
+        ctx.view.hosts,
+        tgt.expected,
+        base_url=ctx.view.base_url,
+        api_key=ctx.api_key,
+        roles=(role,),
+        seen=seen,
     )
     ctx.journal.identity(ctx.host(role), {**rep.data, "problems": rep.problems, "label": tgt.activation.label})
     if rep.problems:
@@ -490,8 +554,9 @@ def _base_record(ctx: RunContext) -> RouteRecord | None:
 
 
 def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
-    return rec.model_copy(update={"state": state, "evidence_head": ctx.inputs.evidence_head,
-                                  "mac": None}).sign(ctx.inputs.route_key)
+    return rec.model_copy(update={"state": state, "evidence_head": ctx.inputs.evidence_head, "mac": None}).sign(
+        ctx.inputs.route_key
+    )
 
 
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -509,13 +574,20 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
             ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route))
         except FileNotFoundError:
             pass
-        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)") from None
+        raise CheckFailed(
+            f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)"
+        ) from None
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
     ctx.route_written = True
-    return {"revision": rec.revision, "active": rec.active.names() if rec.active else None, "state": rec.state,
-            "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    return {
+        "revision": rec.revision,
+        "active": rec.active.names() if rec.active else None,
+        "state": rec.state,
+        "sha256": sha256_bytes(data),
+        "read_back": "byte-identical",
+    }
 
 
 def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:

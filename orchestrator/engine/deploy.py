@@ -70,10 +70,17 @@ class RunResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "command": self.command, "pair": self.pair, "outcome": self.outcome, "receipt": self.receipt,
-            "plan": self.plan, "steps": self.steps, "uploads": self.uploads,
-            "timings": {k: round(v, 4) for k, v in self.timings.items()}, "transport": self.transport,
-            "active": self.active, "wall_s": round(self.wall_s, 4),
+            "command": self.command,
+            "pair": self.pair,
+            "outcome": self.outcome,
+            "receipt": self.receipt,
+            "plan": self.plan,
+            "steps": self.steps,
+            "uploads": self.uploads,
+            "timings": {k: round(v, 4) for k, v in self.timings.items()},
+            "transport": self.transport,
+            "active": self.active,
+            "wall_s": round(self.wall_s, 4),
         }
 
 
@@ -94,12 +101,23 @@ def _playbook_sha(name: str) -> str:
 
 
 @contextmanager
-def _pair_run(home: Home, inventory: Inventory, view: PairView, *, command: str, journal_command: str,
-              inputs: dict[str, str], argv: list[str] | None, on_step: Callable[[StepOutcome], None] | None,
-              pool: Pool | None, mode: str = "deploy", package_ids: tuple[str, str] | None = None,
-              profile: RouteProfile | None = None, options: RunOptions | None = None,
-              held_lease_nonce: str | None = None,
-              ) -> Iterator[tuple[RunContext, RunResult, Callable[[StepOutcome], None]]]:
+def _pair_run(
+    home: Home,
+    inventory: Inventory,
+    view: PairView,
+    *,
+    command: str,
+    journal_command: str,
+    inputs: dict[str, str],
+    argv: list[str] | None,
+    on_step: Callable[[StepOutcome], None] | None,
+    pool: Pool | None,
+    mode: str = "deploy",
+    package_ids: tuple[str, str] | None = None,
+    profile: RouteProfile | None = None,
+    options: RunOptions | None = None,
+    held_lease_nonce: str | None = None,
+) -> Iterator[tuple[RunContext, RunResult, Callable[[StepOutcome], None]]]:
     """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
     raises before finishing it, its hash on the error), one connection per host, the RunContext,
     and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
@@ -113,12 +131,27 @@ def _pair_run(home: Home, inventory: Inventory, view: PairView, *, command: str,
         head = evidence.latest(view.name)
     except PairctlError:
         head = None  # a broken chain shows in the route's anchor check
-    run_inputs = RunInputs(home=home, inventory=inventory, view=view, run_id=journal.state.run_id,
-                           package_ids=package_ids, profile=profile, options=options or RunOptions(),
-                           held_lease_nonce=held_lease_nonce, route_key=key,
-                           evidence_head=head.sha256 if head else None)
-    ctx = RunContext(inputs=run_inputs, pool=pool, journal=journal, log=get_logger(pair=view.name, run=journal.run_id),
-                     evidence=evidence, mode=mode, hosts=HostState(held_lease_nonce))
+    run_inputs = RunInputs(
+        home=home,
+        inventory=inventory,
+        view=view,
+        run_id=journal.state.run_id,
+        package_ids=package_ids,
+        profile=profile,
+        options=options or RunOptions(),
+        held_lease_nonce=held_lease_nonce,
+        route_key=key,
+        evidence_head=head.sha256 if head else None,
+    )
+    ctx = RunContext(
+        inputs=run_inputs,
+        pool=pool,
+        journal=journal,
+        log=get_logger(pair=view.name, run=journal.run_id),
+        evidence=evidence,
+        mode=mode,
+        hosts=HostState(held_lease_nonce),
+    )
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
     outcomes: list[StepOutcome] = []
 
@@ -148,8 +181,13 @@ def _pair_run(home: Home, inventory: Inventory, view: PairView, *, command: str,
 
 
 def _step_dict(o: StepOutcome) -> dict[str, Any]:
-    return {"name": o.step.name, "hosts": list(o.step.hosts), "ok": o.ok, "seconds": round(o.seconds, 4),
-            "error": o.error}
+    return {
+        "name": o.step.name,
+        "hosts": list(o.step.hosts),
+        "ok": o.ok,
+        "seconds": round(o.seconds, 4),
+        "error": o.error,
+    }
 
 
 def deploy(
@@ -185,24 +223,45 @@ def deploy(
         "playbook:rollback": _playbook_sha("rollback"),
     }
     _add_digests(home, package_ids, inputs)
-    with _pair_run(home, inventory, view, command="deploy",
-                   journal_command="deploy" if not dry_run else "deploy --dry-run",
-                   inputs=inputs, argv=argv, on_step=on_step, pool=pool, package_ids=(package_ids[0], package_ids[1]),
-                   profile=profile, options=RunOptions(skip_accept=skip_accept, checks=tuple(checks),
-                                                       kernel_check=kernel_check),
-                   held_lease_nonce=held_lease_nonce) as (ctx, result, record):
+    with _pair_run(
+        home,
+        inventory,
+        view,
+        command="deploy",
+        journal_command="deploy" if not dry_run else "deploy --dry-run",
+        inputs=inputs,
+        argv=argv,
+        on_step=on_step,
+        pool=pool,
+        package_ids=(package_ids[0], package_ids[1]),
+        profile=profile,
+        options=RunOptions(skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check),
+        held_lease_nonce=held_lease_nonce,
+    ) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
         n_prefix = next(i for i, s in enumerate(first) if s.action not in PLAN_PREFIX)
         record = _ReleaseWatch(record)
         try:
             # a dry run changes nothing on a host, not even a lease: it reads the facts unleased
-            run_steps([s for s in first[:n_prefix] if not (dry_run and s.action == "lease")], ctx, activate.HANDLERS,
-                      journal=journal, on_step=record)
+            run_steps(
+                [s for s in first[:n_prefix] if not (dry_run and s.action == "lease")],
+                ctx,
+                activate.HANDLERS,
+                journal=journal,
+                on_step=record,
+            )
             _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
-            steps = plan(deploy_pb, view, facts=ctx.hosts.facts, target=ctx.target.activation,
-                         skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check)
+            steps = plan(
+                deploy_pb,
+                view,
+                facts=ctx.hosts.facts,
+                target=ctx.target.activation,
+                skip_accept=skip_accept,
+                checks=tuple(checks),
+                kernel_check=kernel_check,
+            )
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
             if dry_run:
@@ -261,8 +320,11 @@ class _ReleaseWatch:
             return
         msg = f"{done}, but releasing the leases failed: {'; '.join(self.errors)}"
         ctx.journal.finish("failed", msg)
-        raise LeaseError(msg, hint=f"`pairctl lease show {ctx.view.name}` shows who holds them now; "
-                                   f"`pairctl status --pair {ctx.view.name}` checks the pair")
+        raise LeaseError(
+            msg,
+            hint=f"`pairctl lease show {ctx.view.name}` shows who holds them now; "
+            f"`pairctl status --pair {ctx.view.name}` checks the pair",
+        )
 
 
 def _lost_lease(failure: StepFailed) -> LeaseLost | None:
@@ -304,9 +366,14 @@ def _set_restore_from_start(ctx: RunContext) -> None:
     record = parse_route(ctx.hosts.route_bytes("native"))
     ctx.restore = None
     if record is not None and record.active is not None:
-        ctx.restore = restore_target(ctx.view, ctx.inventory.pair(ctx.view.name), record.active,
-                                     PackageStore(ctx.home.store), label="previous",
-                                     trusted=record.mac_ok(ctx.inputs.route_key))
+        ctx.restore = restore_target(
+            ctx.view,
+            ctx.inventory.pair(ctx.view.name),
+            record.active,
+            PackageStore(ctx.home.store),
+            label="previous",
+            trusted=record.mac_ok(ctx.inputs.route_key),
+        )
         ctx.restore_previous_entry = record.previous
     elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
@@ -316,49 +383,68 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
     """Nothing that runs changed: release the leases this run holds; the cause is re-raised."""
     ctx.journal.note(f"aborted before any change to what runs: {failure.message}")
     if ctx.hosts.leases:
-        rel = [s for s in plan(load_playbook("deploy"), ctx.view, facts=None, target=None)
-               if s.action == "release-lease"]
+        rel = [
+            s for s in plan(load_playbook("deploy"), ctx.view, facts=None, target=None) if s.action == "release-lease"
+        ]
         try:
             run_steps(rel, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
         except StepFailed:
             pass
 
 
-def _rollback_after_failure(ctx: RunContext, pb: Playbook, failure: StepFailed,
-                            record: Callable[[StepOutcome], None]) -> None:
+def _rollback_after_failure(
+    ctx: RunContext, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None]
+) -> None:
     lost = _lost_lease(failure)
     if lost is not None:
         # another operator holds the pair now (it broke this run's expired or stale lease): acting
         # on it would fight that operator, so this run changes nothing more and keeps no lease
-        msg = (f"deploy lost its lease before step '{failure.step.name}' and changed nothing more: {lost}. "
-               "It holds no lease now (another operator may); the pair is as that step found it.")
+        msg = (
+            f"deploy lost its lease before step '{failure.step.name}' and changed nothing more: {lost}. "
+            "It holds no lease now (another operator may); the pair is as that step found it."
+        )
         ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message, "lease": "lost"})
         ctx.journal.set("final_state", {"state": f"left at step {failure.step.name} (lease lost)"})
         ctx.journal.finish("failed", msg)
-        raise RollbackFailed(msg, hint=f"`pairctl lease show {ctx.view.name}` names the holder; once it is done, "
-                                       f"`pairctl status --pair {ctx.view.name}` and `pairctl rollback --pair "
-                                       f"{ctx.view.name}` or a new deploy")
+        raise RollbackFailed(
+            msg,
+            hint=f"`pairctl lease show {ctx.view.name}` names the holder; once it is done, "
+            f"`pairctl status --pair {ctx.view.name}` and `pairctl rollback --pair "
+            f"{ctx.view.name}` or a new deploy",
+        )
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     ctx.mode = "rollback"
     ctx.next_route = None
     ctx.hosts.forget_identities()
-    steps = plan(pb, ctx.view, facts=ctx.hosts.facts, target=None,
-                 restore=ctx.restore.activation if ctx.restore else None, mode="auto", restore_links=ctx.restore_links)
+    steps = plan(
+        pb,
+        ctx.view,
+        facts=ctx.hosts.facts,
+        target=None,
+        restore=ctx.restore.activation if ctx.restore else None,
+        mode="auto",
+        restore_links=ctx.restore_links,
+    )
     try:
         run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as rb:
         _rollback_failed(ctx, rb, first_failure=failure)
     what = ctx.restore.entry.names() if ctx.restore else None
     ctx.journal.set("final_state", _final_state(ctx, "restored" if what else "stopped (no previous pair)"))
-    ctx.journal.set("rollback", {"restored": what,
-                                 "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}})
+    ctx.journal.set(
+        "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
+    )
     if what:
-        msg = (f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-               f"verified, route record revision updated; {_leases_after(ctx, record)}.\ncause: {failure.message}")
+        msg = (
+            f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
+            f"verified, route record revision updated; {_leases_after(ctx, record)}.\ncause: {failure.message}"
+        )
     else:
-        msg = (f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-               f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}")
+        msg = (
+            f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
+            f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}"
+        )
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
 
@@ -377,8 +463,11 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
     msg = (
-        (f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
-         if first_failure else "")
+        (
+            f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
+            if first_failure
+            else ""
+        )
         + f"the rollback failed at step '{rb.step.name}' on {', '.join(where)}: {rb.message}. "
         + "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
     )
@@ -408,6 +497,7 @@ def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = No
 
 # -- rollback -----------------------------------------------------------------------------------
 
+
 def _read_api_key(ctx: RunContext) -> None:
     """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
     (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
@@ -433,24 +523,46 @@ def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> N
     a = ctx.restore.activation
     facts = ctx.hosts.facts
     running = (facts["native"].current, facts["rpc"].current) == (a.native_package, a.rpc_package)
-    same = active is not None and (active.native_package, active.rpc_package) == (a.native_package, a.rpc_package) \
-        and tuple(active.native_argv) == a.native_argv and tuple(active.rpc_argv) == a.rpc_argv
+    same = (
+        active is not None
+        and (active.native_package, active.rpc_package) == (a.native_package, a.rpc_package)
+        and tuple(active.native_argv) == a.native_argv
+        and tuple(active.rpc_argv) == a.rpc_argv
+    )
     if running and (same or active is None):
         raise HostStateError(
             f"rollback refused, nothing was changed: the route record's previous pair {ctx.restore.entry.names()} "
             f"is what runs now on {ctx.host('native')} and {ctx.host('rpc')}",
             hint=f"`pairctl repair --pair {ctx.view.name}` rebuilds the record from the links; deploy the pair "
-                 "you want instead")
+            "you want instead",
+        )
 
 
-def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None,
-             on_step: Callable[[StepOutcome], None] | None = None, pool: Pool | None = None) -> RunResult:
+def rollback(
+    home: Home,
+    inventory: Inventory,
+    pair_name: str,
+    *,
+    argv: list[str] | None = None,
+    on_step: Callable[[StepOutcome], None] | None = None,
+    pool: Pool | None = None,
+) -> RunResult:
     """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
     inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
-    with _pair_run(home, inventory, view, command="rollback", journal_command="rollback", inputs=inputs, argv=argv,
-                   on_step=on_step, pool=pool, mode="rollback") as (ctx, result, record):
+    with _pair_run(
+        home,
+        inventory,
+        view,
+        command="rollback",
+        journal_command="rollback",
+        inputs=inputs,
+        argv=argv,
+        on_step=on_step,
+        pool=pool,
+        mode="rollback",
+    ) as (ctx, result, record):
         journal = ctx.journal
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
@@ -462,16 +574,25 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
             if rec is None or rec.previous is None:
                 raise ConfigError(f"pair {pair_name}: the route record names no previous pair to roll back to")
             store = PackageStore(home.store)
-            ctx.restore = restore_target(view, inventory.pair(pair_name), rec.previous, store, label="previous",
-                                         trusted=rec.mac_ok(ctx.inputs.route_key))
+            ctx.restore = restore_target(
+                view,
+                inventory.pair(pair_name),
+                rec.previous,
+                store,
+                label="previous",
+                trusted=rec.mac_ok(ctx.inputs.route_key),
+            )
             ctx.restore_previous_entry = rec.active
             _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
                 want = rec.previous.native_package if r == "native" else rec.previous.rpc_package
                 if want not in ctx.hosts.facts[r].releases:
                     raise ConfigError(f"{view.hosts[r]}: release {want} (the previous pair) is not installed")
-                cur = None if rec.active is None else (
-                    rec.active.native_package if r == "native" else rec.active.rpc_package)
+                cur = (
+                    None
+                    if rec.active is None
+                    else (rec.active.native_package if r == "native" else rec.active.rpc_package)
+                )
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
             _verify_restore_releases(ctx, rec.previous, store)
         except (StepFailed, PairctlError) as exc:
@@ -480,8 +601,15 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = plan(pb, view, facts=ctx.hosts.facts, target=None, restore=ctx.restore.activation, mode="manual",
-                    restore_links=ctx.restore_links)
+        full = plan(
+            pb,
+            view,
+            facts=ctx.hosts.facts,
+            target=None,
+            restore=ctx.restore.activation,
+            mode="manual",
+            restore_links=ctx.restore_links,
+        )
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
         try:
@@ -494,4 +622,3 @@ def rollback(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str
         result.active = ctx.restore.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         return result
-

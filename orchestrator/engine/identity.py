@@ -9,8 +9,9 @@ parallelism) the server log. The comparisons are the pure functions in `hosts.pr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
@@ -55,8 +56,9 @@ class IdentityReport:
         return not self.problems
 
 
-def read_identities(transports: Mapping[str, Transport], layouts: Mapping[str, HostLayout],
-                    roles: tuple[str, ...] = ROLES) -> dict[str, ProcIdentity | None]:
+def read_identities(
+    transports: Mapping[str, Transport], layouts: Mapping[str, HostLayout], roles: tuple[str, ...] = ROLES
+) -> dict[str, ProcIdentity | None]:
     """One exec per host: sha256 of /proc/PID/exe and /proc/PID/cmdline of its service."""
     out: dict[str, ProcIdentity | None] = {}
     for role in roles:
@@ -66,10 +68,18 @@ def read_identities(transports: Mapping[str, Transport], layouts: Mapping[str, H
     return out
 
 
-def verify_identity(transports: Mapping[str, Transport], layouts: Mapping[str, HostLayout], hosts: Mapping[str, str],
-                    expected: Expected, *, base_url: str, api_key: str | None = None,
-                    roles: tuple[str, ...] = ROLES, http: bool = True,
-                    seen: Mapping[str, ProcIdentity | None] | None = None) -> IdentityReport:
+def verify_identity(
+    transports: Mapping[str, Transport],
+    layouts: Mapping[str, HostLayout],
+    hosts: Mapping[str, str],
+    expected: Expected,
+    *,
+    base_url: str,
+    api_key: str | None = None,
+    roles: tuple[str, ...] = ROLES,
+    http: bool = True,
+    seen: Mapping[str, ProcIdentity | None] | None = None,
+) -> IdentityReport:
     """Every identity condition, all checked (not stopping at the first), problems listed.
 
     `seen`: identities read by the exec that started each process (deploy passes them, saving an
@@ -98,8 +108,10 @@ def verify_identity(transports: Mapping[str, Transport], layouts: Mapping[str, H
         if role == "rpc" and ident is not None and ident.running:
             bind, port = parse_rpc_bind(ident.argv)
             if bind != expected.rpc_bind or port != expected.rpc_port:
-                rep.problems.append(f"{host}: ggml-rpc-server runs with -H {bind} -p {port}, "
-                                    f"inventory says {expected.rpc_bind}:{expected.rpc_port}")
+                rep.problems.append(
+                    f"{host}: ggml-rpc-server runs with -H {bind} -p {port}, "
+                    f"inventory says {expected.rpc_bind}:{expected.rpc_port}"
+                )
         if role == "native" and expected.expect_pipeline_parallel:
             try:
                 log = t.read_bytes(layout.log(SERVER_LOG))
@@ -119,8 +131,12 @@ def verify_identity(transports: Mapping[str, Transport], layouts: Mapping[str, H
             rep.data["server"] = {
                 "build_info": bi,
                 "total_slots": props.get("total_slots"),
-                "slots": [{"id": s.get("id"), "n_ctx": s.get("n_ctx")} for s in slots] if isinstance(slots, list) else slots,
+                "slots": [{"id": s.get("id"), "n_ctx": s.get("n_ctx")} for s in slots]
+                if isinstance(slots, list)
+                else slots,
             }
             rep.problems += build_info_problems(bi, expected.revision, expected.build_info)
-            rep.problems += slots_problems(slots if isinstance(slots, list) else [], expected.parallel, expected.per_slot_ctx)
+            rep.problems += slots_problems(
+                slots if isinstance(slots, list) else [], expected.parallel, expected.per_slot_ctx
+            )
     return rep

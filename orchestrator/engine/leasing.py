@@ -34,8 +34,12 @@ def take(ctx: RunContext, role: str) -> Lease:
     command = ctx.journal.state.header.get("command", "deploy")
     try:
         return leases.take_lease(
-            ctx.t(role), ctx.layout(role).root, leases.default_owner(),
-            f"pairctl {command} {ctx.view.name} (run {ctx.run_id})", DEFAULT_TTL_S, nonce=ctx.hosts.lease_nonce(),
+            ctx.t(role),
+            ctx.layout(role).root,
+            leases.default_owner(),
+            f"pairctl {command} {ctx.view.name} (run {ctx.run_id})",
+            DEFAULT_TTL_S,
+            nonce=ctx.hosts.lease_nonce(),
             stale_after_s=HEARTBEAT_S,
         )
     except LeaseHeldError as exc:  # the hint names the exact command, with this pair's name
@@ -59,12 +63,13 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
         # run's: go on (a rollback must not be stopped by the disk it is recovering from)
         st = leases.lease_state(t, root)
         if st.lease is None or st.lease.nonce != nonce or st.state != "held" or (st.remaining_s() or 0) < SAFETY_S:
-            raise leases.LeaseLost(f"cannot renew on a full disk and the lease is not provably this run's: "
-                                   f"{st.describe()}") from None
-        return {"lease_rechecked": {"expires_at": leases._iso(st.lease.expires_at), "renewed": False,
-                                    "why": str(exc)[:200]}}
-    return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at),
-                                "heartbeat": leases._iso(lease.heartbeat)}}
+            raise leases.LeaseLost(
+                f"cannot renew on a full disk and the lease is not provably this run's: {st.describe()}"
+            ) from None
+        return {
+            "lease_rechecked": {"expires_at": leases._iso(st.lease.expires_at), "renewed": False, "why": str(exc)[:200]}
+        }
+    return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at), "heartbeat": leases._iso(lease.heartbeat)}}
 
 
 def release(ctx: RunContext, role: str, handle: Lease) -> bool:

@@ -5,8 +5,9 @@ host at all.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
@@ -21,8 +22,8 @@ class Step:
 
     name: str
     action: str
-    role: str                      # native | rpc | both | local
-    hosts: tuple[str, ...]         # inventory host names ("local" for the operator machine)
+    role: str  # native | rpc | both | local
+    hosts: tuple[str, ...]  # inventory host names ("local" for the operator machine)
     on_failure: str
     changes: bool
     description: str
@@ -46,7 +47,7 @@ class PairView:
     """The pair as the plan needs it: host names, layouts, binds, ports (from the inventory)."""
 
     name: str
-    hosts: Mapping[str, str]           # role -> host name
+    hosts: Mapping[str, str]  # role -> host name
     layouts: Mapping[str, HostLayout]  # role -> layout
     rpc_bind: str
     rpc_port: int
@@ -97,10 +98,19 @@ def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str |
     return new_id, facts.current
 
 
-def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] | None,
-         target: Activation | None, restore: Activation | None = None, mode: str = "manual",
-         skip_accept: bool = False, checks: tuple[str, ...] = (), kernel_check: bool = False,
-         restore_links: Mapping[str, tuple[str | None, str | None]] | None = None) -> list[Step]:
+def plan(
+    playbook: Playbook,
+    view: PairView,
+    *,
+    facts: Mapping[str, HostFacts] | None,
+    target: Activation | None,
+    restore: Activation | None = None,
+    mode: str = "manual",
+    skip_accept: bool = False,
+    checks: tuple[str, ...] = (),
+    kernel_check: bool = False,
+    restore_links: Mapping[str, tuple[str | None, str | None]] | None = None,
+) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
     steps = []
@@ -111,12 +121,21 @@ def plan(playbook: Playbook, view: PairView, *, facts: Mapping[str, HostFacts] |
             continue  # only with `deploy --kernel-check`
         roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
         hosts = tuple(view.hosts[r] for r in roles) or ("local",)
-        desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks,
-                               restore_links or {})
-        steps.append(Step(
-            name=s.name, action=s.action, role=s.host, hosts=hosts, on_failure=s.on_failure,
-            changes=ACTIONS[s.action], description=desc or s.description, argv=argv,
-        ))
+        desc, argv = _describe(
+            s.action, roles, view, facts or {}, target, restore, skip_accept, checks, restore_links or {}
+        )
+        steps.append(
+            Step(
+                name=s.name,
+                action=s.action,
+                role=s.host,
+                hosts=hosts,
+                on_failure=s.on_failure,
+                changes=ACTIONS[s.action],
+                description=desc or s.description,
+                argv=argv,
+            )
+        )
     return steps
 
 
@@ -124,17 +143,28 @@ def _rel(rel: str | None) -> str:
     return f"releases/{rel}" if rel else "(none)"
 
 
-def _links(role: str, facts: Mapping[str, HostFacts], target: Activation | None,
-           restore_links: Mapping[str, tuple[str | None, str | None]]) -> tuple[str | None, str | None]:
+def _links(
+    role: str,
+    facts: Mapping[str, HostFacts],
+    target: Activation | None,
+    restore_links: Mapping[str, tuple[str | None, str | None]],
+) -> tuple[str | None, str | None]:
     if target is not None:
         return links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
     return restore_links.get(role, (None, None))
 
 
-def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mapping[str, HostFacts],
-              target: Activation | None, restore: Activation | None, skip_accept: bool,
-              checks: tuple[str, ...], restore_links: Mapping[str, tuple[str | None, str | None]],
-              ) -> tuple[str, dict[str, tuple[str, ...]]]:
+def _describe(
+    action: str,
+    roles: tuple[str, ...],
+    view: PairView,
+    facts: Mapping[str, HostFacts],
+    target: Activation | None,
+    restore: Activation | None,
+    skip_accept: bool,
+    checks: tuple[str, ...],
+    restore_links: Mapping[str, tuple[str | None, str | None]],
+) -> tuple[str, dict[str, tuple[str, ...]]]:
     """A sentence for people plus the argv that will run where one command says it all."""
     argv: dict[str, tuple[str, ...]] = {}
     pkg = {"native": target.native_package, "rpc": target.rpc_package} if target else {}
@@ -143,16 +173,24 @@ def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mappin
         for r in roles:
             f = facts.get(r)
             present = f is not None and pkg[r] in f.releases
-            parts.append(f"{view.hosts[r]}: {pkg[r]} " + ("present: send 0 bytes; its sha256 are checked on the host "
-                                                           "by the exec that stops the service, before it stops it"
-                                                           if present else "absent: send, verify sha256, rename into releases/"))
+            parts.append(
+                f"{view.hosts[r]}: {pkg[r]} "
+                + (
+                    "present: send 0 bytes; its sha256 are checked on the host "
+                    "by the exec that stops the service, before it stops it"
+                    if present
+                    else "absent: send, verify sha256, rename into releases/"
+                )
+            )
         return "; ".join(parts), argv
     act = restore if target is None else target
     if action == "switch":
         r = roles[0]
         cur, prev = _links(r, facts, target, restore_links)
-        return (f"{view.hosts[r]}: current -> {_rel(cur)}, previous -> {_rel(prev)} (symlinks replaced by rename)",
-                argv)
+        return (
+            f"{view.hosts[r]}: current -> {_rel(cur)}, previous -> {_rel(prev)} (symlinks replaced by rename)",
+            argv,
+        )
     if action == "stop":
         r = roles[0]
         name = LLAMA_SERVER if r == "native" else RPC_SERVER
@@ -163,15 +201,25 @@ def _describe(action: str, roles: tuple[str, ...], view: PairView, facts: Mappin
     if action == "restart-rpc":
         cur, prev = _links("rpc", facts, target, restore_links)
         if act is None:
-            return f"stop ggml-rpc-server; links back: current -> {_rel(cur)}, previous -> {_rel(prev)}; no pair to start", argv
-        argv[view.hosts["rpc"]] = tuple(view.layouts["rpc"].restart_cmd(
-            RPC_SERVER, cur, prev, view.rpc_bind, view.rpc_port, 20, list(act.rpc_argv)).argv_display_core())
-        return (f"stop ggml-rpc-server; current -> {_rel(cur)}, previous -> {_rel(prev)}; start it bound to "
-                f"{view.rpc_bind}:{view.rpc_port}; wait until it lives and listens; read its identity"), argv
+            return (
+                f"stop ggml-rpc-server; links back: current -> {_rel(cur)}, previous -> {_rel(prev)}; no pair to start",
+                argv,
+            )
+        argv[view.hosts["rpc"]] = tuple(
+            view.layouts["rpc"]
+            .restart_cmd(RPC_SERVER, cur, prev, view.rpc_bind, view.rpc_port, 20, list(act.rpc_argv))
+            .argv_display_core()
+        )
+        return (
+            f"stop ggml-rpc-server; current -> {_rel(cur)}, previous -> {_rel(prev)}; start it bound to "
+            f"{view.rpc_bind}:{view.rpc_port}; wait until it lives and listens; read its identity"
+        ), argv
     if action == "start-server":
         if act is None:
             return "nothing to start (no previous pair)", argv
-        argv[view.hosts["native"]] = tuple(view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv_display_core())
+        argv[view.hosts["native"]] = tuple(
+            view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv_display_core()
+        )
         return f"start llama-server from releases/{act.native_package}; wait for {view.base_url}/health 200", argv
     if action == "accept":
         if skip_accept:

@@ -20,24 +20,24 @@ from orchestrator.config.loader import load_model
 
 # Every action the engine implements, and whether it changes what runs on a host.
 ACTIONS: dict[str, bool] = {
-    "preflight": False,        # local: packages exist and verify, one revision, profile flags in --help
-    "connect": False,          # open one connection per host; strict host keys
-    "facts": False,            # read links, releases, pid files, route record (SFTP, read-only)
-    "lease": False,            # take this host's lease (atomic mkdir on the host)
-    "prepare": False,          # create the layout, install pairctl-svc (SFTP)
-    "upload": False,           # send + verify the release (only verified when present)
-    "kernel-check": False,     # kernel validation cases of the packages being deployed (deploy --kernel-check)
-    "secret": False,           # API key file to secrets/, 0600 (SFTP, never argv)
-    "stop": True,              # stop this host's service
-    "restart-rpc": True,       # rpc host, one exec: stop, switch links, start, wait for the port, identity
-    "switch": True,            # current/previous symlinks by rename (SFTP)
-    "start-server": True,      # llama-server: start, identity, /health 200
-    "verify": False,           # identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive
-    "route": True,             # route record by compare-and-swap, read back byte-identical
-    "route-accepted": True,    # the same record, state activating -> active, once acceptance passed
-    "route-repair": False,     # pairctl repair: the rebuilt route record by compare-and-swap (nothing runs changes)
-    "accept": False,           # acceptance checks (orchestrator.checks.suite) or identity only
-    "release-lease": False,    # release this host's lease, verify inactive
+    "preflight": False,  # local: packages exist and verify, one revision, profile flags in --help
+    "connect": False,  # open one connection per host; strict host keys
+    "facts": False,  # read links, releases, pid files, route record (SFTP, read-only)
+    "lease": False,  # take this host's lease (atomic mkdir on the host)
+    "prepare": False,  # create the layout, install pairctl-svc (SFTP)
+    "upload": False,  # send + verify the release (only verified when present)
+    "kernel-check": False,  # kernel validation cases of the packages being deployed (deploy --kernel-check)
+    "secret": False,  # API key file to secrets/, 0600 (SFTP, never argv)
+    "stop": True,  # stop this host's service
+    "restart-rpc": True,  # rpc host, one exec: stop, switch links, start, wait for the port, identity
+    "switch": True,  # current/previous symlinks by rename (SFTP)
+    "start-server": True,  # llama-server: start, identity, /health 200
+    "verify": False,  # identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive
+    "route": True,  # route record by compare-and-swap, read back byte-identical
+    "route-accepted": True,  # the same record, state activating -> active, once acceptance passed
+    "route-repair": False,  # pairctl repair: the rebuilt route record by compare-and-swap (nothing runs changes)
+    "accept": False,  # acceptance checks (orchestrator.checks.suite) or identity only
+    "release-lease": False,  # release this host's lease, verify inactive
 }
 CHANGES = {a for a, c in ACTIONS.items() if c}
 

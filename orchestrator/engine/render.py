@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,8 +14,11 @@ def print_plan(console: Console, plan: list[dict[str, Any]]) -> None:
     """Every step, on which host, what it does and what a failure means (no truncation)."""
     console.print("deploy plan (dry run: nothing was changed)", markup=False)
     for i, s in enumerate(plan, 1):
-        console.print(f"{i:>2}. {s['name']:<14} on {', '.join(s['hosts']):<26} on failure: {s['on_failure']}",
-                      markup=False, highlight=False)
+        console.print(
+            f"{i:>2}. {s['name']:<14} on {', '.join(s['hosts']):<26} on failure: {s['on_failure']}",
+            markup=False,
+            highlight=False,
+        )
         console.print(f"      {s['description']}", markup=False, highlight=False)
         for host, argv in s.get("argv", {}).items():
             console.print(f"      {host}$ " + shlex.join(argv), markup=False, highlight=False, soft_wrap=True)
@@ -24,19 +28,29 @@ def progress_printer(console: Console) -> Callable[[Any], None]:
     def show(o: Any) -> None:
         mark = "ok " if o.ok else "FAIL"
         first = o.error.splitlines()[0] if o.error else ""  # the details come once, in the final message
-        console.print(f"  [{mark}] {o.step.name:<14} {', '.join(o.step.hosts):<24} {o.seconds:7.3f} s"
-                      + (f"  {first}" if first else ""), markup=False, highlight=False)
+        console.print(
+            f"  [{mark}] {o.step.name:<14} {', '.join(o.step.hosts):<24} {o.seconds:7.3f} s"
+            + (f"  {first}" if first else ""),
+            markup=False,
+            highlight=False,
+        )
 
     return show
 
 
 def print_result(console: Console, result: Any) -> None:
     sent = sum(u.get("bytes_sent", 0) for u in result.uploads.values())
-    console.print(f"{result.command} {result.pair}: {result.outcome} in {result.wall_s:.2f} s; "
-                  f"package bytes sent: {sent}; receipt {result.receipt}", markup=False)
+    console.print(
+        f"{result.command} {result.pair}: {result.outcome} in {result.wall_s:.2f} s; "
+        f"package bytes sent: {sent}; receipt {result.receipt}",
+        markup=False,
+    )
     if result.active:
-        console.print(f"active: {result.active['native_package']} + {result.active['rpc_package']} "
-                      f"({result.active['profile_name']})", markup=False)
+        console.print(
+            f"active: {result.active['native_package']} + {result.active['rpc_package']} "
+            f"({result.active['profile_name']})",
+            markup=False,
+        )
 
 
 def lease_text(entry: dict[str, Any]) -> str:
@@ -49,36 +63,67 @@ def lease_text(entry: dict[str, Any]) -> str:
         return ""
     who = lease.get("owner") or entry.get("holder") or "?"
     until = str(lease.get("expires_at") or "")[:19]
-    return f"{state} by {who}" + (f" until {until}" if until else "") + (f" ({lease['purpose']})" if lease.get("purpose") else "")
+    return (
+        f"{state} by {who}"
+        + (f" until {until}" if until else "")
+        + (f" ({lease['purpose']})" if lease.get("purpose") else "")
+    )
 
 
 def print_status(console: Console, out: dict[str, Any]) -> None:
-    table = Table("host", "role", "current", "previous", "service", "pid", "matches manifest", "leases",
-                  title=f"pair {out['pair']}")
+    table = Table(
+        "host",
+        "role",
+        "current",
+        "previous",
+        "service",
+        "pid",
+        "matches manifest",
+        "leases",
+        title=f"pair {out['pair']}",
+    )
     for host, h in out["hosts"].items():
         leases = "; ".join(t for t in map(lease_text, h["leases"]) if t) or "-"
-        table.add_row(host, h["role"], h["current"] or "-", h["previous"] or "-", h["service"],
-                      str(h["pid"] or "-"), {True: "yes", False: "NO", None: "-"}[h["matches_manifest"]], leases)
+        table.add_row(
+            host,
+            h["role"],
+            h["current"] or "-",
+            h["previous"] or "-",
+            h["service"],
+            str(h["pid"] or "-"),
+            {True: "yes", False: "NO", None: "-"}[h["matches_manifest"]],
+            leases,
+        )
     console.print(table)
     r = out.get("route")
     if r:
-        console.print(f"route: revision {r['revision']} active {r['active']} previous {r['previous']} "
-                      f"(updated {r['updated_at']} by {r['updated_by']})", markup=False)
+        console.print(
+            f"route: revision {r['revision']} active {r['active']} previous {r['previous']} "
+            f"(updated {r['updated_at']} by {r['updated_by']})",
+            markup=False,
+        )
     else:
         console.print("route: no record", markup=False)
     console.print(f"health: {out.get('health')}", markup=False)
     for host, h in out["hosts"].items():
         rf = h.get("release_files") or {}
         if rf.get("verified"):
-            console.print(f"release files: {host}: all {rf['files']} files of {h['current']} match its manifest", markup=False)
+            console.print(
+                f"release files: {host}: all {rf['files']} files of {h['current']} match its manifest", markup=False
+            )
     for p in out["problems"]:
         console.print(f"problem: {p}", markup=False)
     if out.get("aborted_runs_sealed"):
         console.print(f"sealed {len(out['aborted_runs_sealed'])} killed run(s) as aborted receipts", markup=False)
     for host, h in out["hosts"].items():
         for name in h.get("upload_leftovers") or []:
-            console.print(f"leftover upload: {host}: releases/{name} (a killed upload's; the next deploy removes it)",
-                          markup=False)
+            console.print(
+                f"leftover upload: {host}: releases/{name} (a killed upload's; the next deploy removes it)",
+                markup=False,
+            )
     for stale in out.get("stale_leases") or []:
-        console.print(f"lease left by a finished run: {stale['host']}: {stale['why']}; release it with "
-                      f"`pairctl lease release {out['pair']} --dead-run {stale['run_id']}`", markup=False)
+        console.print(
+            f"lease left by a finished run: {stale['host']}: {stale['why']}; release it with "
+            f"`pairctl lease release {out['pair']} --dead-run {stale['run_id']}`",
+            markup=False,
+        )

@@ -48,12 +48,25 @@ class RepairResult:
     sources: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"pair": self.pair, "written": self.written, "problems": self.problems, "record": self.record,
-                "sources": self.sources, "receipt": self.receipt}
+        return {
+            "pair": self.pair,
+            "written": self.written,
+            "problems": self.problems,
+            "record": self.record,
+            "sources": self.sources,
+            "receipt": self.receipt,
+        }
 
 
-def repair(home: Home, inventory: Inventory, pair_name: str, *, write: bool, argv: list[str] | None = None,
-           pool: Pool | None = None) -> RepairResult:
+def repair(
+    home: Home,
+    inventory: Inventory,
+    pair_name: str,
+    *,
+    write: bool,
+    argv: list[str] | None = None,
+    pool: Pool | None = None,
+) -> RepairResult:
     view = pair_view(inventory, pair_name)
     evidence = EvidenceStore(home.evidence)
     key = route_trust.route_key(home)
@@ -65,10 +78,21 @@ def repair(home: Home, inventory: Inventory, pair_name: str, *, write: bool, arg
     except PairctlError:
         head = None
     ctx = RunContext(
-        inputs=RunInputs(home=home, inventory=inventory, view=view, run_id=journal.state.run_id, route_key=key,
-                         evidence_head=head.sha256 if head else None),
-        pool=pool, journal=journal, log=get_logger(pair=pair_name, run=journal.run_id), evidence=evidence,
-        mode="repair", hosts=HostState())
+        inputs=RunInputs(
+            home=home,
+            inventory=inventory,
+            view=view,
+            run_id=journal.state.run_id,
+            route_key=key,
+            evidence_head=head.sha256 if head else None,
+        ),
+        pool=pool,
+        journal=journal,
+        log=get_logger(pair=pair_name, run=journal.run_id),
+        evidence=evidence,
+        mode="repair",
+        hosts=HostState(),
+    )
     steps = plan(load_playbook("repair"), view, facts=None, target=None)
     try:
         n_read = next(i for i, s in enumerate(steps) if s.action == "lease")
@@ -111,8 +135,10 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     view, facts = ctx.view, ctx.hosts.facts
     bad = [p for p in judged.problems if p.kind == route_trust.RELEASE]
     if bad:
-        raise HostStateError("repair cannot rebuild the route record: " + "; ".join(p.text for p in bad),
-                             hint=bad[0].hint.split(", then")[0])
+        raise HostStateError(
+            "repair cannot rebuild the route record: " + "; ".join(p.text for p in bad),
+            hint=bad[0].hint.split(", then")[0],
+        )
     olds = [r for r in (_parsed(facts[role].route_bytes) for role in ("native", "rpc")) if r is not None]
     old_entries = [(e, r.mac_ok(ctx.inputs.route_key)) for r in olds for e in (r.active, r.previous) if e is not None]
     pair = ctx.inventory.pair(view.name)
@@ -126,7 +152,8 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
         if known is not None:
             e, ok = known
             sources[label] = f"{native} + {rpc}, profile {e.profile_name} (from the old route record" + (
-                ", signed by this home)" if ok else "; the profile file of that name)")
+                ", signed by this home)" if ok else "; the profile file of that name)"
+            )
             return activate.restore_target(view, pair, e, store, label, trusted=ok).entry
         found = _profile_from_evidence(ctx.evidence, view.name, native, rpc)
         profile, why = (found, "this home's evidence") if found else (pair.profile, "the inventory")

@@ -39,7 +39,18 @@ CHAIN_WALK_LIMIT = 500  # receipts walked back from the chain head to find the r
 
 # kinds of problem (Problem.kind)
 PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, RELEASE, ACTIVATING, EVIDENCE = (
-    "parse", "differ", "missing", "unsigned", "forged", "argv", "pair", "links", "release", "activating", "evidence")
+    "parse",
+    "differ",
+    "missing",
+    "unsigned",
+    "forged",
+    "argv",
+    "pair",
+    "links",
+    "release",
+    "activating",
+    "evidence",
+)
 DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING})
 ROLLBACK_ALLOWS = frozenset({ACTIVATING})
 
@@ -54,12 +65,16 @@ def route_key(home: Home) -> bytes:
     except FileExistsError:
         st = path.lstat()
         if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise ConfigError(f"{path}: the route signing key must be a plain file only you can read (mode 0600)",
-                              hint=f"chmod 600 {path}") from None
+            raise ConfigError(
+                f"{path}: the route signing key must be a plain file only you can read (mode 0600)",
+                hint=f"chmod 600 {path}",
+            ) from None
         key = path.read_bytes().strip()
         if len(key) < 32:
-            raise ConfigError(f"{path}: the route signing key is too short ({len(key)} bytes)",
-                              hint=f"remove {path} and run `pairctl repair --pair PAIR --yes` to sign anew") from None
+            raise ConfigError(
+                f"{path}: the route signing key is too short ({len(key)} bytes)",
+                hint=f"remove {path} and run `pairctl repair --pair PAIR --yes` to sign anew",
+            ) from None
         return key
     key = secrets.token_hex(32).encode()
     with os.fdopen(fd, "wb") as f:
@@ -104,8 +119,14 @@ def _where(view: PairView, role: str) -> str:
     return f"{view.hosts[role]}:{view.layouts[role].route}"
 
 
-def judge(view: PairView, facts: Mapping[str, HostFacts], key: bytes, evidence: EvidenceStore | None, *,
-          run_id: str | None = None) -> Judgement:
+def judge(
+    view: PairView,
+    facts: Mapping[str, HostFacts],
+    key: bytes,
+    evidence: EvidenceStore | None,
+    *,
+    run_id: str | None = None,
+) -> Judgement:
     """Every problem with both hosts' route records and links; pure apart from reading evidence."""
     pair = view.name
     repair = f"`pairctl repair --pair {pair}` shows the record it would rebuild from the links (--yes writes it)"
@@ -118,61 +139,104 @@ def judge(view: PairView, facts: Mapping[str, HostFacts], key: bytes, evidence: 
             problems.append(Problem(PARSE, exc.message, repair))
     raw = {r: facts[r].route_bytes for r in ("native", "rpc")}
     if len(recs) == 2 and raw["native"] != raw["rpc"]:
-        problems.append(Problem(DIFFER, f"the route records differ: {_where(view, 'native')} has "
-                                        f"{_describe(recs['native'])}, {_where(view, 'rpc')} has "
-                                        f"{_describe(recs['rpc'])}", repair))
+        problems.append(
+            Problem(
+                DIFFER,
+                f"the route records differ: {_where(view, 'native')} has "
+                f"{_describe(recs['native'])}, {_where(view, 'rpc')} has "
+                f"{_describe(recs['rpc'])}",
+                repair,
+            )
+        )
     record = recs.get("native") or recs.get("rpc")
     for role in ("native", "rpc"):
         f = facts[role]
         if f.current and f.current not in f.releases:
             root = view.layouts[role].root
-            problems.append(Problem(
-                RELEASE, f"{view.hosts[role]}: {root}/current names release {f.current}, "
-                         f"which is not in {root}/releases/",
-                f"on {view.hosts[role]}, point current at an installed release (ln -sfn releases/ID {root}/current) "
-                f"or remove it, then {repair}"))
+            problems.append(
+                Problem(
+                    RELEASE,
+                    f"{view.hosts[role]}: {root}/current names release {f.current}, which is not in {root}/releases/",
+                    f"on {view.hosts[role]}, point current at an installed release (ln -sfn releases/ID {root}/current) "
+                    f"or remove it, then {repair}",
+                )
+            )
     if record is None:
         if not any(p.kind == PARSE for p in problems) and any(facts[r].current for r in ("native", "rpc")):
             cur = ", ".join(f"{view.hosts[r]}: {facts[r].current}" for r in ("native", "rpc") if facts[r].current)
-            problems.append(Problem(MISSING, f"no route record on either host ({_where(view, 'native')}, "
-                                             f"{_where(view, 'rpc')}) although current links name a release ({cur})",
-                                    repair))
+            problems.append(
+                Problem(
+                    MISSING,
+                    f"no route record on either host ({_where(view, 'native')}, "
+                    f"{_where(view, 'rpc')}) although current links name a release ({cur})",
+                    repair,
+                )
+            )
         return Judgement(None, problems)
     where = _where(view, "native") if recs.get("native") else _where(view, "rpc")
     if record.pair != pair:
         problems.append(Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair))
     if record.mac is None:
-        problems.append(Problem(UNSIGNED, f"{where} (revision {record.revision}) carries no signature: written by an "
-                                          "older pairctl or by hand", repair))
+        problems.append(
+            Problem(
+                UNSIGNED,
+                f"{where} (revision {record.revision}) carries no signature: written by an older pairctl or by hand",
+                repair,
+            )
+        )
     elif not record.mac_ok(key):
-        problems.append(Problem(FORGED, f"{where} (revision {record.revision}) does not verify against this home's "
-                                        "route key: it was edited on the host, or written from another operator's home",
-                                repair))
+        problems.append(
+            Problem(
+                FORGED,
+                f"{where} (revision {record.revision}) does not verify against this home's "
+                "route key: it was edited on the host, or written from another operator's home",
+                repair,
+            )
+        )
     for label, entry in (("active", record.active), ("previous", record.previous)):
         if entry is not None and not entry_argv_ok(entry):
-            problems.append(Problem(ARGV, f"{where}: the {label} entry's argv_sha256 does not match its argv "
-                                          "(edited after pairctl wrote it)", repair))
+            problems.append(
+                Problem(
+                    ARGV,
+                    f"{where}: the {label} entry's argv_sha256 does not match its argv (edited after pairctl wrote it)",
+                    repair,
+                )
+            )
     for role in ("native", "rpc"):
-        want: str | None = None if record.active is None else (
-            record.active.native_package if role == "native" else record.active.rpc_package)
+        want: str | None = (
+            None
+            if record.active is None
+            else (record.active.native_package if role == "native" else record.active.rpc_package)
+        )
         linked = facts[role].current
         if linked != want:
-            problems.append(Problem(LINKS, f"{view.hosts[role]}: {view.layouts[role].root}/current names "
-                                           f"{linked or 'nothing'} but the route record names "
-                                           f"{want or 'nothing'} active",
-                                    repair))
+            problems.append(
+                Problem(
+                    LINKS,
+                    f"{view.hosts[role]}: {view.layouts[role].root}/current names "
+                    f"{linked or 'nothing'} but the route record names "
+                    f"{want or 'nothing'} active",
+                    repair,
+                )
+            )
     if evidence is not None and record.updated_by != run_id:
         if record.state == "activating":
             state, why = evidence.run_status(record.updated_by)
             if state not in ("running", "elsewhere"):
-                problems.append(Problem(
-                    ACTIVATING, f"route record revision {record.revision} names "
-                                f"{record.active.names() if record.active else 'nothing'} as activating by run "
-                                f"{record.updated_by}, which is over ({why}): that pair was never accepted",
-                    f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)"))
+                problems.append(
+                    Problem(
+                        ACTIVATING,
+                        f"route record revision {record.revision} names "
+                        f"{record.active.names() if record.active else 'nothing'} as activating by run "
+                        f"{record.updated_by}, which is over ({why}): that pair was never accepted",
+                        f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)",
+                    )
+                )
         if record.mac is not None and record.mac_ok(key):
-            problems += [Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record")
-                         for t in anchor_problems(record, evidence, pair)]
+            problems += [
+                Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record")
+                for t in anchor_problems(record, evidence, pair)
+            ]
     return Judgement(record, problems)
 
 
@@ -193,9 +257,11 @@ def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> 
     for _ in range(CHAIN_WALK_LIMIT):
         if r.run_id == run:
             if r.previous != record.evidence_head:
-                return [f"{what}; its receipt {r.sha256} follows {r.previous or 'nothing'} in pair {pair}'s chain, "
-                        f"but the record names {record.evidence_head or 'no receipt'} as the head it followed "
-                        "(the chain was rewritten)"]
+                return [
+                    f"{what}; its receipt {r.sha256} follows {r.previous or 'nothing'} in pair {pair}'s chain, "
+                    f"but the record names {record.evidence_head or 'no receipt'} as the head it followed "
+                    "(the chain was rewritten)"
+                ]
             return []
         if r.previous is None:
             break
@@ -203,8 +269,10 @@ def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> 
             r = evidence.load(r.previous)
         except PairctlError as exc:
             return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"]
-    return [f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
-            "(the newest receipts were deleted?)"]
+    return [
+        f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
+        "(the newest receipts were deleted?)"
+    ]
 
 
 def _describe(rec: RouteRecord | None) -> str:

@@ -54,8 +54,14 @@ class StepOutcome:
     error: str | None = None
 
 
-def run_steps(steps: list[Step], ctx: RunContext, handlers: Mapping[str, Handler], *, journal: Journal,
-              on_step: Callable[[StepOutcome], None] | None = None) -> list[StepOutcome]:
+def run_steps(
+    steps: list[Step],
+    ctx: RunContext,
+    handlers: Mapping[str, Handler],
+    *,
+    journal: Journal,
+    on_step: Callable[[StepOutcome], None] | None = None,
+) -> list[StepOutcome]:
     """Run `steps`; raise StepFailed at the first step that fails unless it says `continue`."""
     outcomes = []
     for step in steps:
@@ -80,12 +86,17 @@ def run_steps(steps: list[Step], ctx: RunContext, handlers: Mapping[str, Handler
             pass
         except Exception as exc:  # raised outside a handler (should not happen): treat as the step's failure
             errors = {host_label: exc}
-        out = StepOutcome(step, not errors, time.monotonic() - t0, data,
-                          "; ".join(str(e) if str(e).startswith(f"{h}:") else f"{h}: {e}" for h, e in errors.items())
-                          or None)
+        out = StepOutcome(
+            step,
+            not errors,
+            time.monotonic() - t0,
+            data,
+            "; ".join(str(e) if str(e).startswith(f"{h}:") else f"{h}: {e}" for h, e in errors.items()) or None,
+        )
         outcomes.append(out)
-        progress.event("step.end", f"step {step.name} {'ok' if out.ok else 'FAILED'} ({out.seconds:.2f} s)",
-                       step=step.name)
+        progress.event(
+            "step.end", f"step {step.name} {'ok' if out.ok else 'FAILED'} ({out.seconds:.2f} s)", step=step.name
+        )
         if on_step:
             on_step(out)
         if errors:
@@ -103,8 +114,9 @@ class _GroupError(Exception):
         super().__init__("; ".join(f"{h}: {type(e).__name__}: {e}" for h, e in errors.items()))
 
 
-def _execute(step: Step, ctx: RunContext,
-             handlers: Mapping[str, Handler]) -> tuple[dict[str, Any], dict[str, BaseException]]:
+def _execute(
+    step: Step, ctx: RunContext, handlers: Mapping[str, Handler]
+) -> tuple[dict[str, Any], dict[str, BaseException]]:
     handler = handlers[step.action]
     roles: tuple[str | None, ...]
     if step.role == "both":

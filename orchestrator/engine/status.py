@@ -37,16 +37,28 @@ def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
         return None
 
 
-def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] | None = None, pool: TransportPool | None = None,
-           verify_files: bool = False) -> dict[str, Any]:
+def status(
+    home: Home,
+    inventory: Inventory,
+    pair_name: str,
+    *,
+    argv: list[str] | None = None,
+    pool: TransportPool | None = None,
+    verify_files: bool = False,
+) -> dict[str, Any]:
     view = pair_view(inventory, pair_name)
     store = PackageStore(home.store)
     evidence = EvidenceStore(home.evidence)
     recovered = evidence.recover_aborted(pair_name)
     own = pool is None
     pool = pool or TransportPool(inventory)
-    out: dict[str, Any] = {"pair": pair_name, "hosts": {}, "route": None, "problems": [],
-                           "aborted_runs_sealed": recovered}
+    out: dict[str, Any] = {
+        "pair": pair_name,
+        "hosts": {},
+        "route": None,
+        "problems": [],
+        "aborted_runs_sealed": recovered,
+    }
     try:
         found: dict[str, HostFacts] = {}
         for role in ROLES:
@@ -92,16 +104,24 @@ def status(home: Home, inventory: Inventory, pair_name: str, *, argv: list[str] 
         rec = judged.record
         if rec is not None:
             out["route"] = {
-                "revision": rec.revision, "updated_at": rec.updated_at, "updated_by": rec.updated_by,
-                "state": rec.state, "signed": rec.mac is not None, "evidence_head": rec.evidence_head,
+                "revision": rec.revision,
+                "updated_at": rec.updated_at,
+                "updated_by": rec.updated_by,
+                "state": rec.state,
+                "signed": rec.mac is not None,
+                "evidence_head": rec.evidence_head,
                 "active": rec.active.names() if rec.active else None,
                 "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
                 "previous": rec.previous.names() if rec.previous else None,
             }
             if rec.active and rec.active.models:
-                bad = recorded_model_problems(rec.active.models, inventory.pair(pair_name).models,
-                                              view.hosts["native"], pool.get(view.hosts["native"]),
-                                              view.layouts["native"])
+                bad = recorded_model_problems(
+                    rec.active.models,
+                    inventory.pair(pair_name).models,
+                    view.hosts["native"],
+                    pool.get(view.hosts["native"]),
+                    view.layouts["native"],
+                )
                 out["route"]["models"] = dict(rec.active.models)
                 out["route"]["models_verified"] = not bad
                 out["problems"] += bad
@@ -131,8 +151,11 @@ def _verify_current(transport: Transport, layout: Any, store: Any, current: str 
         return {"verified": None, "problem": f"{host}: cannot verify release {current}: {exc}"}
     res = transport.run(layout.hash_cmd(current), check=False, timeout=300)
     if res.exit_status != 0:
-        return {"verified": False, "problem": f"{host}: hashing release {current} failed (exit {res.exit_status}): "
-                                              f"{as_text(res.stderr).strip()[-200:]}"}
+        return {
+            "verified": False,
+            "problem": f"{host}: hashing release {current} failed (exit {res.exit_status}): "
+            f"{as_text(res.stderr).strip()[-200:]}",
+        }
     try:
         n = check_hash_output(expected, as_text(res.stdout), host, f"releases/{current}")
     except PairctlError as exc:
@@ -153,9 +176,15 @@ def _stale_leases(evidence: Any, hosts: dict[str, Any]) -> list[dict[str, Any]]:
             if state in ("ended", "dead"):
                 out.append({"host": host, "run_id": run_id, "state": state, "why": why})
             elif state != "running" and entry.get("stale"):  # another home's run: its heartbeat stopped
-                out.append({"host": host, "run_id": run_id, "state": "stale",
-                            "why": f"run {run_id} stopped renewing its lease (heartbeat "
-                                   f"{entry.get('heartbeat_age_s')} s ago, host time)"})
+                out.append(
+                    {
+                        "host": host,
+                        "run_id": run_id,
+                        "state": "stale",
+                        "why": f"run {run_id} stopped renewing its lease (heartbeat "
+                        f"{entry.get('heartbeat_age_s')} s ago, host time)",
+                    }
+                )
     return out
 
 
@@ -164,4 +193,3 @@ def _leases(transport: Transport, root: str) -> list[dict[str, Any]]:
         return leasing.show(transport, root)
     except Exception as exc:  # a status must still show the rest
         return [{"error": str(exc)[:200]}]
-

@@ -37,14 +37,21 @@ class Coverage:
         if self.failed_fresh:
             parts.append(f"fresh step(s) did not pass: {', '.join(self.failed_fresh)}")
         if self.identity_mismatch:
-            parts.append(f"fresh steps not shown to run against the original's identities: "
-                         f"{', '.join(self.identity_mismatch)}")
+            parts.append(
+                f"fresh steps not shown to run against the original's identities: {', '.join(self.identity_mismatch)}"
+            )
         return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        return {"required": self.required, "reused": self.reused, "fresh": self.fresh, "missing": self.missing,
-                "failed_fresh": self.failed_fresh, "identity_mismatch": self.identity_mismatch,
-                "complete": self.complete}
+        return {
+            "required": self.required,
+            "reused": self.reused,
+            "fresh": self.fresh,
+            "missing": self.missing,
+            "failed_fresh": self.failed_fresh,
+            "identity_mismatch": self.identity_mismatch,
+            "complete": self.complete,
+        }
 
 
 def required_steps(original: Receipt) -> list[str]:
@@ -77,8 +84,9 @@ def _identity_leaves(data: Any, path: str = "") -> dict[str, Any]:
     return out
 
 
-def coverage(original: Receipt, reused: list[str], fresh: list[StepRecord],
-             fresh_identities: list[tuple[str, dict[str, Any]]]) -> Coverage:
+def coverage(
+    original: Receipt, reused: list[str], fresh: list[StepRecord], fresh_identities: list[tuple[str, dict[str, Any]]]
+) -> Coverage:
     """Reused steps were already checked to have passed in the original (derive refuses others)."""
     required = required_steps(original)
     fresh_passed = {s.name for s in fresh if s.outcome == "passed"}

@@ -77,8 +77,10 @@ class JournalState:
         elif kind == "step_end":
             start = self.open_steps.pop(ev["start_seq"])
             self.steps[ev["start_seq"]] = StepRecord.of(
-                ev["start_seq"], {**ev, "name": start["name"], "host": start.get("host"), "started_at": start["at"]},
-                at=ev["at"])
+                ev["start_seq"],
+                {**ev, "name": start["name"], "host": start.get("host"), "started_at": start["at"]},
+                at=ev["at"],
+            )
         elif kind == "step":
             self.steps[ev["seq"]] = StepRecord.of(ev["seq"], ev, at=ev["at"])
         elif kind == "identity":
@@ -104,7 +106,9 @@ class JournalState:
             self.first_sample_at = at
         self.last_seq, self.last_at = seq, at
 
-    def seal(self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False) -> tuple[str, bytes, Receipt]:
+    def seal(
+        self, *, outcome: str, reason: str, previous: str | None, recovered: bool = False
+    ) -> tuple[str, bytes, Receipt]:
         """(sha256, bytes, receipt without samples) of the receipt this journal makes."""
         receipt = self.to_receipt(outcome=outcome, reason=reason, previous=previous, recovered=recovered)
         sha, data = seal_bytes(receipt, self.samples_text)
@@ -296,8 +300,13 @@ class Journal:
         outcome = h.outcome or "passed"
         if outcome == "failed" and error is None:
             error = h.message
-        fields = dict(start_seq=start_seq, outcome=outcome, duration_s=round(time.monotonic() - t0, 6), error=error,
-                      skip_reason=h.message if outcome == "skipped" else None)
+        fields = dict(
+            start_seq=start_seq,
+            outcome=outcome,
+            duration_s=round(time.monotonic() - t0, 6),
+            error=error,
+            skip_reason=h.message if outcome == "skipped" else None,
+        )
         try:
             self._emit("step_end", **fields, data=h.data)
         except TypeError as exc:  # step.data held something that is not JSON: keep the step, say why
@@ -414,7 +423,7 @@ class Journal:
             self.close_unfinished()
 
     # -- context manager ---------------------------------------------------------------------
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

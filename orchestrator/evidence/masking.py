@@ -27,7 +27,9 @@ _BEARER = re.compile(r"(\bBearer\s+)(\S+)", re.I)
 # Data keys (normalised: lower case, only letters and digits).
 _KEY_SUFFIXES = ("apikey", "password", "passwd", "passphrase", "secret", "authorization", "token")
 # Tokenizer fields in /props are not secrets.
-_KEY_ALLOW = frozenset({"bostoken", "eostoken", "eottoken", "padtoken", "unktoken", "septoken", "clstoken", "masktoken"})
+_KEY_ALLOW = frozenset(
+    {"bostoken", "eostoken", "eottoken", "padtoken", "unktoken", "septoken", "clstoken", "masktoken"}
+)
 
 
 def is_secret_object(value: Any) -> bool:
@@ -87,7 +89,8 @@ def mask_data(obj: Any) -> Any:
         return MASK
     if isinstance(obj, dict):
         return {
-            k: (MASK if isinstance(k, str) and is_secret_key(k) and v is not None else mask_data(v)) for k, v in obj.items()
+            k: (MASK if isinstance(k, str) and is_secret_key(k) and v is not None else mask_data(v))
+            for k, v in obj.items()
         }
     if isinstance(obj, (list, tuple)):
         items = list(obj)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
@@ -36,7 +36,7 @@ NO_PAIR = "_no-pair"
 
 def utc_now() -> str:
     """ISO-8601 UTC with microseconds and a Z: sortable as text, stable in canonical JSON."""
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def parse_time(text: str) -> datetime:
@@ -205,7 +205,8 @@ def seal_bytes(receipt: Receipt, samples_text: dict[str, list[str]] | None = Non
     for key in sorted([*top, "samples"]):
         if key == "samples":
             steps = ",".join(
-                f"{canonical_text(step)}:[{','.join(c for c in samples_text[step] if c)}]" for step in sorted(samples_text)
+                f"{canonical_text(step)}:[{','.join(c for c in samples_text[step] if c)}]"
+                for step in sorted(samples_text)
             )
             parts.append(f'"samples":{{{steps}}}')
         else:
@@ -221,9 +222,17 @@ def samples_sha256(rows: list[Any] | None) -> str | None:
 def summary_of(r: Receipt, sha: str | None = None) -> dict[str, Any]:
     """The few fields `receipts list` and status need, without the samples."""
     return {
-        "hash": sha or r.sha256, "started_at": r.started_at, "finished_at": r.finished_at, "command": r.command,
-        "pair": r.pair, "outcome": r.outcome, "reason": r.reason, "previous": r.previous,
-        "derived_from": r.derived_from, "recovered": r.recovered, "run_id": r.run_id,
+        "hash": sha or r.sha256,
+        "started_at": r.started_at,
+        "finished_at": r.finished_at,
+        "command": r.command,
+        "pair": r.pair,
+        "outcome": r.outcome,
+        "reason": r.reason,
+        "previous": r.previous,
+        "derived_from": r.derived_from,
+        "recovered": r.recovered,
+        "run_id": r.run_id,
     }
 
 

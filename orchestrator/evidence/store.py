@@ -21,7 +21,7 @@ import re
 import secrets
 import time
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ def _read_small(path: Path) -> str | None:
 
 
 def _new_run_id() -> str:
-    now = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    now = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     return f"{now}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
@@ -191,8 +191,11 @@ class EvidenceStore:
             holder = {"run_id": run_id, "pid": os.getpid(), "command": command}
             if not lock.acquire(holder=holder):
                 h = lock.holder()
-                who = (f"(pid {h['pid']}, {h.get('command', 'pairctl')}, run {h['run_id']})" if h.get("pid")
-                       else f"(it has not recorded itself in {lock.path} yet)")
+                who = (
+                    f"(pid {h['pid']}, {h.get('command', 'pairctl')}, run {h['run_id']})"
+                    if h.get("pid")
+                    else f"(it has not recorded itself in {lock.path} yet)"
+                )
                 raise EvidenceBusy(
                     f"pair {pair!r} is being run by another pairctl process {who}",
                     hint="wait for it to finish; a killed run releases the pair by itself",
@@ -204,16 +207,21 @@ class EvidenceStore:
             def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
                 return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
 
-            journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=dict(
-                schema_version=SCHEMA_VERSION,
-                run_id=run_id,
-                command=command,
-                argv=mask_argv(list(argv)),
-                pair=pair,
-                inputs=dict(inputs or {}),
-                operator=_operator(operator),
-                host=procid.this_process().model_dump(),
-            ))
+            journal = Journal(
+                self.journal_dir / f"{run_id}.jsonl",
+                lock,
+                seal=seal,
+                header=dict(
+                    schema_version=SCHEMA_VERSION,
+                    run_id=run_id,
+                    command=command,
+                    argv=mask_argv(list(argv)),
+                    pair=pair,
+                    inputs=dict(inputs or {}),
+                    operator=_operator(operator),
+                    host=procid.this_process().model_dump(),
+                ),
+            )
         except BaseException:
             if journal is not None:
                 journal.close_unfinished()  # also releases the lock
@@ -273,8 +281,15 @@ class EvidenceStore:
         for state, path in self._journals():
             alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
             out.append(
-                {"run_id": state.run_id, "pair": state.header.get("pair"), "command": state.header.get("command"),
-                 "journal": str(path), "alive": alive, "why": why, "owner": _owner_of(state.header.get("host"))}
+                {
+                    "run_id": state.run_id,
+                    "pair": state.header.get("pair"),
+                    "command": state.header.get("command"),
+                    "journal": str(path),
+                    "alive": alive,
+                    "why": why,
+                    "owner": _owner_of(state.header.get("host")),
+                }
             )
         return out
 
@@ -298,10 +313,17 @@ class EvidenceStore:
             if summ.get("run_id") != run_id:
                 continue
             if not summ.get("in_chain"):
-                return ("unknown", f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
-                        f"chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)", None)
-            return ("ended", f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})",
-                    summ.get("owner"))
+                return (
+                    "unknown",
+                    f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
+                    f"chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)",
+                    None,
+                )
+            return (
+                "ended",
+                f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})",
+                summ.get("owner"),
+            )
         return "unknown", f"no run {run_id} in the evidence under {self.root}", None
 
     def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
@@ -347,13 +369,18 @@ class EvidenceStore:
             reason = f"pairctl was killed ({why})" + (f" during step {', '.join(in_progress)}" if in_progress else "")
         if problems:
             reason += "; " + "; ".join(problems)
-        sha = self._write_receipt(state.seal(outcome=outcome, reason=reason, previous=head, recovered=True), state.chain)
+        sha = self._write_receipt(
+            state.seal(outcome=outcome, reason=reason, previous=head, recovered=True), state.chain
+        )
         path.unlink(missing_ok=True)
         atomic.fsync_dir(path.parent)
         self.log.warning(
             "a previous run was killed; sealed its journal as an aborted receipt",
-            pair=state.header.get("pair"), run_id=state.run_id, command=state.header.get("command"),
-            receipt=sha, why=why,
+            pair=state.header.get("pair"),
+            run_id=state.run_id,
+            command=state.header.get("command"),
+            receipt=sha,
+            why=why,
         )
         return sha
 
@@ -364,12 +391,16 @@ class EvidenceStore:
             return None
 
     # -- sealing -----------------------------------------------------------------------------
-    def _seal(self, state: JournalState, journal_path: Path, *, lock: _ChainLock | None, outcome: str, reason: str) -> str:
+    def _seal(
+        self, state: JournalState, journal_path: Path, *, lock: _ChainLock | None, outcome: str, reason: str
+    ) -> str:
         own = lock is None or not lock.held
         if own:
             lock = self._lock(state.chain)
             if not lock.acquire(wait_s=30.0):
-                raise EvidenceBusy(f"evidence chain {state.chain!r} stayed locked for 30 s; the journal {journal_path} is kept")
+                raise EvidenceBusy(
+                    f"evidence chain {state.chain!r} stayed locked for 30 s; the journal {journal_path} is kept"
+                )
         try:
             head = self._head(state.chain)
             sha = self._write_receipt(state.seal(outcome=outcome, reason=reason, previous=head), state.chain)
@@ -468,8 +499,11 @@ class EvidenceStore:
             if not self.path_of(head).exists():
                 # Never block a run (a rollback may depend on it): chain onto the missing hash so
                 # the gap stays visible to `verify`, and say so now.
-                self.log.warning("the newest receipt of this chain is missing; run `pairctl receipts verify`",
-                                 chain=chain, missing=head)
+                self.log.warning(
+                    "the newest receipt of this chain is missing; run `pairctl receipts verify`",
+                    chain=chain,
+                    missing=head,
+                )
             return head
         # No head file: fall back to the receipts themselves (heads are only a cache).
         members = [r for r in self.iter() if r.chain == chain]
@@ -514,15 +548,19 @@ class EvidenceStore:
             raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
         actual = _sha(data)
         if actual != sha:
-            raise EvidenceError(f"receipt file {path} does not match its name (its sha256 is {actual})",
-                                hint="it was changed after it was written; run `pairctl receipts verify`")
+            raise EvidenceError(
+                f"receipt file {path} does not match its name (its sha256 is {actual})",
+                hint="it was changed after it was written; run `pairctl receipts verify`",
+            )
         try:
             if len(data) > safejson.MAX_RECEIPT_BYTES:
                 raise ValueError(f"{len(data)} bytes, more than any receipt")
             receipt = Receipt.model_validate_json(data)
         except (ValueError, RecursionError) as exc:  # pydantic's ValidationError is a ValueError
-            raise EvidenceError(f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
-                                hint="run `pairctl receipts verify`") from None
+            raise EvidenceError(
+                f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
+                hint="run `pairctl receipts verify`",
+            ) from None
         receipt._sha256 = sha
         return receipt
 
@@ -604,11 +642,25 @@ class EvidenceStore:
                 )
             rows = original.samples.get(name)
             reused[name] = ReusedStep(
-                from_=original.sha256, data_sha256=step.data_sha256(), samples_sha256=samples_sha256(rows),
-                samples=len(rows or []), outcome=step.outcome,
+                from_=original.sha256,
+                data_sha256=step.data_sha256(),
+                samples_sha256=samples_sha256(rows),
+                samples=len(rows or []),
+                outcome=step.outcome,
             ).model_dump(by_alias=True)
-        argv = list(argv) if argv is not None else ["receipts", "derive", "--from", original.sha256,
-                                                   *[a for n in reuse for a in ("--reuse", n)], "--reason", reason]
+        argv = (
+            list(argv)
+            if argv is not None
+            else [
+                "receipts",
+                "derive",
+                "--from",
+                original.sha256,
+                *[a for n in reuse for a in ("--reuse", n)],
+                "--reason",
+                reason,
+            ]
+        )
         with self.begin(command, argv, pair=original.pair, inputs=original.inputs, operator=operator) as j:
             j.record_derivation(original.sha256, reused, fresh_names)
             for key, value in (fields or {}).items():
@@ -616,8 +668,17 @@ class EvidenceStore:
             for host, data in identities or []:
                 j.identity(host, data)
             for s in fresh:
-                j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason,
-                              started_at=s.started_at, finished_at=s.finished_at, duration_s=s.duration_s)
+                j.record_step(
+                    s.name,
+                    s.outcome,
+                    s.data,
+                    host=s.host,
+                    error=s.error,
+                    skip_reason=s.skip_reason,
+                    started_at=s.started_at,
+                    finished_at=s.finished_at,
+                    duration_s=s.duration_s,
+                )
             for step_name, rows in (fresh_samples or {}).items():
                 j.samples(step_name, rows)
             cov = coverage(original, reuse, fresh, list(identities or []))
@@ -637,7 +698,9 @@ class EvidenceStore:
             r = receipt.reused_steps[step]
             rec, rows = self._step_view(r.from_, step)
             if rec.data_sha256() != r.data_sha256 or samples_sha256(rows) != r.samples_sha256:
-                raise EvidenceError(f"step {step!r} of {r.from_[:12]} does not match the hashes in {receipt.sha256[:12]}")
+                raise EvidenceError(
+                    f"step {step!r} of {r.from_[:12]} does not match the hashes in {receipt.sha256[:12]}"
+                )
             return rec, rows
         found = receipt.step(step)
         if found is None:
@@ -667,6 +730,8 @@ def _owner_of(host: Any) -> str | None:
 
 def _summary_ok(summary: Any) -> bool:
     """An index entry is a cache: any field of the wrong type means rebuild it from the receipt."""
-    return (isinstance(summary, dict)
-            and all(isinstance(summary.get(k), str) for k in _SUMMARY_STR)
-            and all(summary.get(k) is None or isinstance(summary.get(k), str) for k in _SUMMARY_OPT))
+    return (
+        isinstance(summary, dict)
+        and all(isinstance(summary.get(k), str) for k in _SUMMARY_STR)
+        and all(summary.get(k) is None or isinstance(summary.get(k), str) for k in _SUMMARY_OPT)
+    )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError
 
 
 def parse_since(text: str, *, now: datetime | None = None) -> datetime:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     try:
         seconds = parse_duration(text, what="--since")
     except ConfigError:
@@ -18,10 +18,14 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
         try:
             return now - timedelta(seconds=seconds)
         except (OverflowError, ValueError):  # before year 1: everything is newer
-            raise ValueError(f"--since {text!r} reaches back before year 1; use a shorter duration or an ISO "
-                             "time (2026-12-01T10:00Z)") from None
+            raise ValueError(
+                f"--since {text!r} reaches back before year 1; use a shorter duration or an ISO "
+                "time (2026-12-01T10:00Z)"
+            ) from None
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"--since {text!r}: use a duration (30m, 2h, 3d, 1w) or an ISO time (2026-12-01T10:00Z)") from None
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+        raise ValueError(
+            f"--since {text!r}: use a duration (30m, 2h, 3d, 1w) or an ISO time (2026-12-01T10:00Z)"
+        ) from None
+    return t if t.tzinfo else t.replace(tzinfo=UTC)

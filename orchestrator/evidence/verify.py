@@ -63,8 +63,12 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "root": self.root, "ok": self.ok, "receipts": self.receipts, "chains": self.chains,
-            "problems": [asdict(p) for p in self.problems], "warnings": self.warnings,
+            "root": self.root,
+            "ok": self.ok,
+            "receipts": self.receipts,
+            "chains": self.chains,
+            "problems": [asdict(p) for p in self.problems],
+            "warnings": self.warnings,
         }
 
 
@@ -105,15 +109,22 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 data = path.read_bytes()
             except OSError as exc:
                 bad[stem] = str(path)
-                problems.append(Problem("unreadable", str(path), f"receipt file {path} cannot be read: "
-                                        f"{exc.strerror or exc}"))
+                problems.append(
+                    Problem("unreadable", str(path), f"receipt file {path} cannot be read: {exc.strerror or exc}")
+                )
                 continue
             actual = sha256_bytes(data)
             if actual != stem:
                 bad[stem] = str(path)
-                problems.append(Problem("changed", str(path),
-                                        f"receipt file {path} does not match its name: its sha256 is {actual} "
-                                        "(changed after it was written)", at=_started(data)))
+                problems.append(
+                    Problem(
+                        "changed",
+                        str(path),
+                        f"receipt file {path} does not match its name: its sha256 is {actual} "
+                        "(changed after it was written)",
+                        at=_started(data),
+                    )
+                )
                 continue
             try:
                 if canonical_json(safejson.loads(data, what="it")) != data:
@@ -121,8 +132,14 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 r = Receipt.model_validate_json(data)
             except (ValidationError, ValueError, EvidenceError, RecursionError) as exc:
                 bad[stem] = str(path)
-                problems.append(Problem("invalid", str(path), f"receipt file {path} is not a valid receipt: "
-                                        f"{str(exc).splitlines()[0]}", at=_started(data)))
+                problems.append(
+                    Problem(
+                        "invalid",
+                        str(path),
+                        f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
+                        at=_started(data),
+                    )
+                )
                 continue
             r._sha256 = stem
             good[stem] = r
@@ -140,23 +157,50 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 continue
             if r.previous in good:
                 if good[r.previous].chain != chain:
-                    problems.append(Problem("wrong-chain", f, f"receipt {f} (chain {chain!r}) names previous "
-                                            f"{r.previous}, which belongs to chain {good[r.previous].chain!r}",
-                                            chain, r.started_at))
+                    problems.append(
+                        Problem(
+                            "wrong-chain",
+                            f,
+                            f"receipt {f} (chain {chain!r}) names previous "
+                            f"{r.previous}, which belongs to chain {good[r.previous].chain!r}",
+                            chain,
+                            r.started_at,
+                        )
+                    )
             elif r.previous in bad:
-                problems.append(Problem("previous-changed", f, f"chain {chain!r} broken at {f}: its previous "
-                                        f"receipt {bad[r.previous]} does not verify", chain, r.started_at))
+                problems.append(
+                    Problem(
+                        "previous-changed",
+                        f,
+                        f"chain {chain!r} broken at {f}: its previous receipt {bad[r.previous]} does not verify",
+                        chain,
+                        r.started_at,
+                    )
+                )
             else:
-                problems.append(Problem("missing-previous", f, f"chain {chain!r} broken at {f}: it names previous "
-                                        f"receipt {r.previous}, which is missing (deleted or renamed)",
-                                        chain, r.started_at))
+                problems.append(
+                    Problem(
+                        "missing-previous",
+                        f,
+                        f"chain {chain!r} broken at {f}: it names previous "
+                        f"receipt {r.previous}, which is missing (deleted or renamed)",
+                        chain,
+                        r.started_at,
+                    )
+                )
         for prev, kids in children.items():
             if len(kids) > 1:
                 names = ", ".join(str(store.path_of(k.sha256)) for k in kids)
                 what = "start the chain" if prev is None else f"name the same previous {prev}"
-                problems.append(Problem("two-starts" if prev is None else "fork", str(store.path_of(kids[1].sha256)),
-                                        f"chain {chain!r}: {len(kids)} receipts {what}: {names}",
-                                        chain, min(k.started_at for k in kids)))
+                problems.append(
+                    Problem(
+                        "two-starts" if prev is None else "fork",
+                        str(store.path_of(kids[1].sha256)),
+                        f"chain {chain!r}: {len(kids)} receipts {what}: {names}",
+                        chain,
+                        min(k.started_at for k in kids),
+                    )
+                )
         referenced = {r.previous for r in members}
         tips = {r.sha256 for r in members if r.sha256 not in referenced}
         head_file = store.heads_dir / chain
@@ -169,17 +213,34 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 broken = any(p.chain == chain and p.kind in ("missing-previous", "previous-changed") for p in problems)
                 for tip in sorted(tips - {head}) if not broken else []:
                     if explained:
-                        rep.warnings.append(f"chain {chain!r}: newest receipt {tip[:12]} is not yet its head "
-                                            "(a write was interrupted; the next run repairs it)")
+                        rep.warnings.append(
+                            f"chain {chain!r}: newest receipt {tip[:12]} is not yet its head "
+                            "(a write was interrupted; the next run repairs it)"
+                        )
                     else:
                         f = str(store.path_of(tip))
-                        problems.append(Problem("beyond-head", f, f"chain {chain!r}: receipt {f} is not reachable "
-                                                f"from the chain's head {head[:12]} (added outside pairctl?)",
-                                                chain, good[tip].started_at))
+                        problems.append(
+                            Problem(
+                                "beyond-head",
+                                f,
+                                f"chain {chain!r}: receipt {f} is not reachable "
+                                f"from the chain's head {head[:12]} (added outside pairctl?)",
+                                chain,
+                                good[tip].started_at,
+                            )
+                        )
             elif head not in bad:
-                problems.append(Problem("head-missing", str(head_file), f"chain {chain!r}: its head {head_file} "
-                                        f"names receipt {head or '(unreadable)'}, which is missing (the newest receipt was deleted "
-                                        "or replaced)", chain, "~"))
+                problems.append(
+                    Problem(
+                        "head-missing",
+                        str(head_file),
+                        f"chain {chain!r}: its head {head_file} "
+                        f"names receipt {head or '(unreadable)'}, which is missing (the newest receipt was deleted "
+                        "or replaced)",
+                        chain,
+                        "~",
+                    )
+                )
         else:
             rep.warnings.append(f"chain {chain!r} has no head file {head_file}")
 
@@ -190,15 +251,30 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 continue
             head = _text(head_file)
             if head not in good and head not in bad:
-                problems.append(Problem("head-missing", str(head_file), f"chain {head_file.name!r}: its head "
-                                        f"{head_file} names receipt {head or '(unreadable)'}, which is missing", head_file.name, "~"))
+                problems.append(
+                    Problem(
+                        "head-missing",
+                        str(head_file),
+                        f"chain {head_file.name!r}: its head "
+                        f"{head_file} names receipt {head or '(unreadable)'}, which is missing",
+                        head_file.name,
+                        "~",
+                    )
+                )
 
     for r in good.values():
         f = str(store.path_of(r.sha256))
         if r.derived_from and r.derived_from not in good:
             state = "does not verify" if r.derived_from in bad else "is missing"
-            problems.append(Problem("dangling-reference", f, f"derived receipt {f} names original {r.derived_from}, "
-                                    f"which {state}", r.chain, r.started_at))
+            problems.append(
+                Problem(
+                    "dangling-reference",
+                    f,
+                    f"derived receipt {f} names original {r.derived_from}, which {state}",
+                    r.chain,
+                    r.started_at,
+                )
+            )
         for step, ref in r.reused_steps.items():
             src = good.get(ref.from_)
             why = None
@@ -211,12 +287,21 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 elif rec.outcome != "passed":
                     why = f"step {step!r} {rec.outcome} in {ref.from_[:12]}"
                 elif rec.data_sha256() != ref.data_sha256:
-                    why = f"step {step!r} data in {ref.from_[:12]} has sha256 {rec.data_sha256()}, not {ref.data_sha256}"
+                    why = (
+                        f"step {step!r} data in {ref.from_[:12]} has sha256 {rec.data_sha256()}, not {ref.data_sha256}"
+                    )
                 elif samples_sha256(src.samples.get(step)) != ref.samples_sha256:
                     why = f"step {step!r} samples in {ref.from_[:12]} do not match samples_sha256"
             if why:
-                problems.append(Problem("dangling-reference", f, f"derived receipt {f} reuses step {step!r}: {why}",
-                                        r.chain, r.started_at))
+                problems.append(
+                    Problem(
+                        "dangling-reference",
+                        f,
+                        f"derived receipt {f} reuses step {step!r}: {why}",
+                        r.chain,
+                        r.started_at,
+                    )
+                )
 
     # pairctl never deletes a receipt; an index entry (written with every receipt) whose receipt
     # is gone shows a deletion that moving the head back, or re-hashing the chain, hid.
@@ -224,9 +309,16 @@ def verify_store(store: StoreFiles) -> VerifyReport:
         for idx in sorted(store.index_dir.glob("*.json")):
             sha = idx.name[:-5]
             if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) and sha not in good and sha not in bad:
-                problems.append(Problem("deleted", str(store.path_of(sha)),
-                                        f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
-                                        "evidence was deleted or rewritten", None, "~"))
+                problems.append(
+                    Problem(
+                        "deleted",
+                        str(store.path_of(sha)),
+                        f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
+                        "evidence was deleted or rewritten",
+                        None,
+                        "~",
+                    )
+                )
 
     for j in store.unsealed() if store.journal_dir.exists() else []:
         state = "running" if j["alive"] else ("killed, not yet sealed" if j["alive"] is False else "of another host")

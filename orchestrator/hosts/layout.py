@@ -118,12 +118,30 @@ class HostLayout:
         (nothing is stopped if it does not match)."""
         return self.svc_cmd("stop", name, *((verify_release,) if verify_release else ()))
 
-    def restart_cmd(self, name: str, current: str | None, previous: str | None, address: str, port: int,
-                    timeout_s: int, argv: list[str], verify_release: str | None = None) -> Cmd:
+    def restart_cmd(
+        self,
+        name: str,
+        current: str | None,
+        previous: str | None,
+        address: str,
+        port: int,
+        timeout_s: int,
+        argv: list[str],
+        verify_release: str | None = None,
+    ) -> Cmd:
         """(Verify a release,) stop NAME, switch the links, start argv, wait for address:port, print
         identity: one exec."""
-        return self.svc_cmd("restart", name, verify_release or "-", current or "-", previous or "-", address,
-                            str(port), str(timeout_s), *argv)
+        return self.svc_cmd(
+            "restart",
+            name,
+            verify_release or "-",
+            current or "-",
+            previous or "-",
+            address,
+            str(port),
+            str(timeout_s),
+            *argv,
+        )
 
     def wait_listen_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
         return self.svc_cmd("wait-listen", name, address, str(port), str(timeout_s))
@@ -161,6 +179,7 @@ class HostLayout:
 
 # -- SFTP operations (no process on the host: cheap) -------------------------------------------
 
+
 def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename."""
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
@@ -193,8 +212,10 @@ def put_secret(transport: Transport, layout: HostLayout, data: bytes, name: str 
     transport.makedirs(layout.secrets, 0o700)
     st = transport.stat(layout.secrets)
     if st is None or st.is_link or not st.is_dir:
-        raise HostError(f"{transport.name}: {layout.secrets} is not a directory (a symlink?); the API key is not "
-                        "written there", hint="remove it on the host; pairctl creates it 0700")
+        raise HostError(
+            f"{transport.name}: {layout.secrets} is not a directory (a symlink?); the API key is not written there",
+            hint="remove it on the host; pairctl creates it 0700",
+        )
     if st.perms != 0o700:
         transport.chmod(layout.secrets, 0o700)
     dest = posixpath.join(layout.secrets, name)

@@ -223,8 +223,9 @@ def parse_lease(data: bytes | str, *, host: str | None = None) -> Lease:
         raise LeaseError("lease.json: broken is not an object")
     renewed = None if d.get("renewed_at") is None else _parse_time(d["renewed_at"], "renewed_at")
     stale_after = d.get("stale_after_s")
-    if stale_after is not None and (not isinstance(stale_after, int) or isinstance(stale_after, bool)
-                                    or stale_after <= 0):
+    if stale_after is not None and (
+        not isinstance(stale_after, int) or isinstance(stale_after, bool) or stale_after <= 0
+    ):
         raise LeaseError("lease.json: stale_after_s is not a positive integer")
     return Lease(
         nonce=d["nonce"],
@@ -239,8 +240,16 @@ def parse_lease(data: bytes | str, *, host: str | None = None) -> Lease:
     )
 
 
-def make_lease(host: str, owner: str, purpose: str, ttl_s: float, *, nonce: str | None = None,
-               now: datetime | None = None, stale_after_s: int | None = None) -> Lease:
+def make_lease(
+    host: str,
+    owner: str,
+    purpose: str,
+    ttl_s: float,
+    *,
+    nonce: str | None = None,
+    now: datetime | None = None,
+    stale_after_s: int | None = None,
+) -> Lease:
     """A new lease record. `now` is the host's time (`host_now`); the operator's only for pure use."""
     if not (0 < ttl_s <= MAX_TTL_S):
         raise ConfigError(f"lease ttl must be between 1 s and {MAX_TTL_S // 86400} days, not {ttl_s:g} s")
@@ -252,8 +261,15 @@ def make_lease(host: str, owner: str, purpose: str, ttl_s: float, *, nonce: str 
     if stale_after_s is not None and not (0 < stale_after_s):
         raise ConfigError(f"a lease's heartbeat bound must be positive, not {stale_after_s} s")
     t = (now or utcnow()).replace(microsecond=0)
-    return Lease(nonce=nonce, owner=owner, purpose=purpose, taken_at=t,
-                 expires_at=t + timedelta(seconds=max(1, round(ttl_s))), host=host, stale_after_s=stale_after_s)
+    return Lease(
+        nonce=nonce,
+        owner=owner,
+        purpose=purpose,
+        taken_at=t,
+        expires_at=t + timedelta(seconds=max(1, round(ttl_s))),
+        host=host,
+        stale_after_s=stale_after_s,
+    )
 
 
 # -- on a host ----------------------------------------------------------------------------------
@@ -301,20 +317,27 @@ class LeaseState:
             lease = self.lease
             run = f" (run {lease.run_id})" if lease.run_id and f"(run {lease.run_id})" not in lease.purpose else ""
             if self.state == "expired":
-                return (f"{self.host}: lease by {lease.owner} for {lease.purpose!r}{run} EXPIRED at "
-                        f"{_iso(lease.expires_at)} (taken {_iso(lease.taken_at)}, host time)")
+                return (
+                    f"{self.host}: lease by {lease.owner} for {lease.purpose!r}{run} EXPIRED at "
+                    f"{_iso(lease.expires_at)} (taken {_iso(lease.taken_at)}, host time)"
+                )
             mins = (self.remaining_s() or 0.0) / 60
             beat: str = ""
             if self.now is not None and lease.stale_after_s is not None:
                 beat_age = lease.heartbeat_age_s(self.now)
-                beat = (f"; heartbeat {beat_age:.0f} s ago" + (f", older than its {lease.stale_after_s} s bound: "
-                                                          "the run is over" if self.stale else ""))
-            return (f"{self.host}: leased by {lease.owner} for {lease.purpose!r}{run} until "
-                    f"{_iso(lease.expires_at)} ({mins:.0f} min left, host time{beat})")
+                beat = f"; heartbeat {beat_age:.0f} s ago" + (
+                    f", older than its {lease.stale_after_s} s bound: the run is over" if self.stale else ""
+                )
+            return (
+                f"{self.host}: leased by {lease.owner} for {lease.purpose!r}{run} until "
+                f"{_iso(lease.expires_at)} ({mins:.0f} min left, host time{beat})"
+            )
         age = f"{self.lock_age_s:.0f} s" if self.lock_age_s is not None else "unknown time"
         if self.state == "half-made":
-            return (f"{self.host}: held, holder unknown: the lock directory exists without {LEASE_FILE} "
-                    f"(for {age}; a taker is writing it or died between mkdir and write)")
+            return (
+                f"{self.host}: held, holder unknown: the lock directory exists without {LEASE_FILE} "
+                f"(for {age}; a taker is writing it or died between mkdir and write)"
+            )
         return f"{self.host}: held, holder unknown: {LEASE_FILE} is unreadable ({self.detail})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -327,14 +350,16 @@ class LeaseState:
             "detail": self.detail,
             "host_time": None if self.now is None else _iso(self.now),
             "remaining_s": None if left is None else round(left),
-            "heartbeat_age_s": (None if self.lease is None or self.now is None
-                                else round(self.lease.heartbeat_age_s(self.now))),
+            "heartbeat_age_s": (
+                None if self.lease is None or self.now is None else round(self.lease.heartbeat_age_s(self.now))
+            ),
             "stale": self.stale,
         }
 
 
-def lease_state(transport: Any, install_root: str, *, now: datetime | None = None,
-                clock: Clock | None = None) -> LeaseState:
+def lease_state(
+    transport: Any, install_root: str, *, now: datetime | None = None, clock: Clock | None = None
+) -> LeaseState:
     """Look at the host's lease and judge it by the host's clock (`now` overrides it; `clock`
     is how to read it, `host_now` by default). A free host needs no clock read."""
     host = transport.name
@@ -366,27 +391,35 @@ def _held_error(st: LeaseState, *, grace_s: float) -> LeaseHeldError:
     hint = None
     lease = st.lease
     if st.state == "expired":
-        hint = (f"the lease has expired (host time): `pairctl lease take {st.host} --break-expired --purpose TEXT` "
-                f"breaks it (recorded), then `pairctl lease release {st.host} --nonce NONCE` with the nonce it prints")
+        hint = (
+            f"the lease has expired (host time): `pairctl lease take {st.host} --break-expired --purpose TEXT` "
+            f"breaks it (recorded), then `pairctl lease release {st.host} --nonce NONCE` with the nonce it prints"
+        )
     elif st.stale and lease is not None and lease.run_id:
-        hint = (f"its run stopped renewing it (heartbeat older than {lease.stale_after_s} s on the host): "
-                f"`pairctl lease release PAIR --dead-run {lease.run_id}` frees it, with a receipt")
+        hint = (
+            f"its run stopped renewing it (heartbeat older than {lease.stale_after_s} s on the host): "
+            f"`pairctl lease release PAIR --dead-run {lease.run_id}` frees it, with a receipt"
+        )
     elif lease is not None and lease.run_id:
-        hint = (f"run {lease.run_id} holds it; if that run is over, `pairctl lease release PAIR --dead-run "
-                f"{lease.run_id}` frees it (refused while its heartbeat is fresh)")
+        hint = (
+            f"run {lease.run_id} holds it; if that run is over, `pairctl lease release PAIR --dead-run "
+            f"{lease.run_id}` frees it (refused while its heartbeat is fresh)"
+        )
     elif st.state == "half-made":
-        hint = (f"`pairctl lease take {st.host} --break-expired --purpose TEXT` breaks it once older than "
-                f"{grace_s:.0f} s"
-                if not st.breakable(grace_s) else
-                f"it is older than the grace period: `pairctl lease take {st.host} --break-expired --purpose TEXT` "
-                "breaks it")
+        hint = (
+            f"`pairctl lease take {st.host} --break-expired --purpose TEXT` breaks it once older than {grace_s:.0f} s"
+            if not st.breakable(grace_s)
+            else f"it is older than the grace period: `pairctl lease take {st.host} --break-expired --purpose TEXT` "
+            "breaks it"
+        )
     elif st.state == "unreadable":
         hint = "inspect the host's leases/ directory by hand; pairctl never breaks an unreadable lease"
     return LeaseHeldError(f"host is leased: {st.describe()}", hint=hint)
 
 
-def _entomb(transport: Any, install_root: str, why: str, tag: str, expect_nonce: str,
-            on_changed: Callable[[], BaseException]) -> None:
+def _entomb(
+    transport: Any, install_root: str, why: str, tag: str, expect_nonce: str, on_changed: Callable[[], BaseException]
+) -> None:
     """The one way a lock directory goes away: rename it to `.WHY.TAG.RANDOM` (atomic: a taker's
     mkdir can win the moment after), read back that the moved lock still holds `expect_nonce`
     ("" for none) - if not, someone replaced it between our look and our rename: move it back
@@ -422,9 +455,17 @@ def _remove_tree_shallow(transport: Any, d: str) -> None:
         get_logger(host=transport.name).warning("could not remove old lease directory", path=d)
 
 
-def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_s: float,
-           may_break: Callable[[LeaseState], bool] | None = None, why: str | None = None,
-           clock: Clock | None = None) -> dict[str, Any]:
+def _break(
+    transport: Any,
+    install_root: str,
+    st: LeaseState,
+    *,
+    by: str,
+    grace_s: float,
+    may_break: Callable[[LeaseState], bool] | None = None,
+    why: str | None = None,
+    clock: Clock | None = None,
+) -> dict[str, Any]:
     """Move the judged lock away atomically (rename) and return its record for the receipt.
 
     The rename only happens after re-reading that the lock is still the one judged breakable
@@ -433,15 +474,23 @@ def _break(transport: Any, install_root: str, st: LeaseState, *, by: str, grace_
     """
     log = get_logger(host=transport.name)
     again = lease_state(transport, install_root, clock=clock)
-    same = (again.state == st.state and
-            ((st.lease is None and again.lease is None) or
-             (st.lease is not None and again.lease is not None and again.lease.nonce == st.lease.nonce)))
+    same = again.state == st.state and (
+        (st.lease is None and again.lease is None)
+        or (st.lease is not None and again.lease is not None and again.lease.nonce == st.lease.nonce)
+    )
     if not same or not (may_break or (lambda s: s.breakable(grace_s)))(again):
-        raise LeaseHeldError(f"host is leased: {again.describe()}",
-                             hint="the lease changed while breaking it; nothing broken")
+        raise LeaseHeldError(
+            f"host is leased: {again.describe()}", hint="the lease changed while breaking it; nothing broken"
+        )
     old_nonce = st.lease.nonce if st.lease else ""
-    _entomb(transport, install_root, "broken", old_nonce[:16] or "none", old_nonce,
-            lambda: LeaseHeldError(f"{transport.name}: the lease changed while breaking it; nothing broken"))
+    _entomb(
+        transport,
+        install_root,
+        "broken",
+        old_nonce[:16] or "none",
+        old_nonce,
+        lambda: LeaseHeldError(f"{transport.name}: the lease changed while breaking it; nothing broken"),
+    )
     record = {
         "host": transport.name,
         "state": st.state,
@@ -500,8 +549,7 @@ def take_lease(
         tmp = f"{lock}/.{LEASE_FILE}.{nonce[:8]}.tmp"
         try:
             now = (clock or host_now)(transport, lock)
-            lease = make_lease(transport.name, owner, purpose, ttl_s, nonce=nonce, now=now,
-                               stale_after_s=stale_after_s)
+            lease = make_lease(transport.name, owner, purpose, ttl_s, nonce=nonce, now=now, stale_after_s=stale_after_s)
             if broken is not None:
                 lease = replace(lease, broken=broken)
             transport.put_bytes(lease.to_json(), tmp, mode=LEASE_MODE)
@@ -514,8 +562,14 @@ def take_lease(
                 except Exception:
                     pass
             raise
-        log.info("lease taken", owner=owner, purpose=purpose, expires_at=_iso(lease.expires_at),
-                 host_time=_iso(now), broke=bool(broken))
+        log.info(
+            "lease taken",
+            owner=owner,
+            purpose=purpose,
+            expires_at=_iso(lease.expires_at),
+            host_time=_iso(now),
+            broke=bool(broken),
+        )
         return lease
     st = lease_state(transport, install_root, clock=clock)
     raise _held_error(st, grace_s=grace_s)
@@ -537,13 +591,20 @@ def release_lease(transport: Any, install_root: str, nonce: str, *, clock: Clock
             f"{st.lease.purpose!r} until {_iso(st.lease.expires_at)}); the lease is untouched",
             hint="use the nonce `pairctl lease take` printed",
         )
-    _entomb(transport, install_root, "released", nonce[:16], nonce,
-            lambda: LeaseError(f"{transport.name}: the lease changed while releasing it; left as found"))
+    _entomb(
+        transport,
+        install_root,
+        "released",
+        nonce[:16],
+        nonce,
+        lambda: LeaseError(f"{transport.name}: the lease changed while releasing it; left as found"),
+    )
     after = lease_state(transport, install_root, clock=clock)
     if after.lease is not None and after.lease.nonce == nonce:
         raise LeaseError(f"{transport.name}: lease still active after release ({after.describe()})")
-    get_logger(host=transport.name).info("lease released", owner=st.lease.owner, purpose=st.lease.purpose,
-                                         verified=after.state)
+    get_logger(host=transport.name).info(
+        "lease released", owner=st.lease.owner, purpose=st.lease.purpose, verified=after.state
+    )
     return st.lease
 
 
@@ -555,8 +616,16 @@ class LeaseLost(LeaseError):
     nothing_changed = True  # raised by the re-check before a change, never after one
 
 
-def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, min_left_s: float = 0.0,
-                stale_after_s: int | None = None, clock: Clock | None = None) -> Lease:
+def renew_lease(
+    transport: Any,
+    install_root: str,
+    nonce: str,
+    ttl_s: float,
+    *,
+    min_left_s: float = 0.0,
+    stale_after_s: int | None = None,
+    clock: Clock | None = None,
+) -> Lease:
     """Prove this run still holds the lease and renew it: the heartbeat (`renewed_at`) becomes the
     host's now, `expires_at` at least now + `ttl_s` (never shortened).
 
@@ -575,16 +644,23 @@ def renew_lease(transport: Any, install_root: str, nonce: str, ttl_s: float, *, 
         raise LeaseLost(f"cannot renew: {st.describe()}; an expired lease may already be someone else's")
     left = st.lease.remaining_s(st.now)
     if left < min_left_s:
-        raise LeaseLost(f"cannot renew: {st.describe()}: {left:.0f} s left by the host's clock is under the "
-                        f"{min_left_s:.0f} s this run needs to finish safely")
+        raise LeaseLost(
+            f"cannot renew: {st.describe()}: {left:.0f} s left by the host's clock is under the "
+            f"{min_left_s:.0f} s this run needs to finish safely"
+        )
     want = make_lease(transport.name, st.lease.owner, st.lease.purpose, ttl_s, nonce=nonce, now=st.now).expires_at
-    renewed = replace(st.lease, expires_at=max(want, st.lease.expires_at), renewed_at=st.now.replace(microsecond=0),
-                      stale_after_s=st.lease.stale_after_s if stale_after_s is None else stale_after_s)
+    renewed = replace(
+        st.lease,
+        expires_at=max(want, st.lease.expires_at),
+        renewed_at=st.now.replace(microsecond=0),
+        stale_after_s=st.lease.stale_after_s if stale_after_s is None else stale_after_s,
+    )
     tmp = f"{lock}/.{LEASE_FILE}.{nonce[:8]}.renew.tmp"
     transport.put_bytes(renewed.to_json(), tmp, mode=LEASE_MODE)
     transport.rename(tmp, file)
-    get_logger(host=transport.name).debug("lease renewed", purpose=renewed.purpose,
-                                          expires_at=_iso(renewed.expires_at), host_time=_iso(st.now))
+    get_logger(host=transport.name).debug(
+        "lease renewed", purpose=renewed.purpose, expires_at=_iso(renewed.expires_at), host_time=_iso(st.now)
+    )
     return renewed
 
 
@@ -598,8 +674,16 @@ def run_of(lease: Lease) -> str | None:
     return parse_run_of(lease.purpose)
 
 
-def break_run_lease(transport: Any, install_root: str, run_id: str, *, by: str, why: str,
-                    require_stale: bool = False, clock: Clock | None = None) -> dict[str, Any] | None:
+def break_run_lease(
+    transport: Any,
+    install_root: str,
+    run_id: str,
+    *,
+    by: str,
+    why: str,
+    require_stale: bool = False,
+    clock: Clock | None = None,
+) -> dict[str, Any] | None:
     """Break the lease that run `run_id` holds on this host (the caller has proven the run over:
     its nonce died with it). None when the host is free; LeaseError when another holds it.
 
@@ -611,8 +695,10 @@ def break_run_lease(transport: Any, install_root: str, run_id: str, *, by: str, 
     if st.lease is None or run_of(st.lease) != run_id:
         raise LeaseError(f"not run {run_id}'s lease: {st.describe()}; nothing broken")
     if require_stale and not st.stale:
-        raise LeaseHeldError(f"run {run_id} is not proven over on {transport.name}: {st.describe()}; nothing broken",
-                             hint="its heartbeat is fresh (or it promised none): the run may be alive")
+        raise LeaseHeldError(
+            f"run {run_id} is not proven over on {transport.name}: {st.describe()}; nothing broken",
+            hint="its heartbeat is fresh (or it promised none): the run may be alive",
+        )
 
     def theirs(s: LeaseState) -> bool:
         return s.lease is not None and run_of(s.lease) == run_id and (s.stale or not require_stale)
@@ -632,9 +718,11 @@ def stale_proof(states: Sequence[LeaseState], run_id: str, *, evidence_says: str
             f"run {run_id} is not proven over{f' ({evidence_says})' if evidence_says else ''}, and the hosts do not "
             f"prove it either: {where}; its leases are left alone",
             hint="wait until its heartbeat is older than its bound (status shows it), run this on the machine that "
-                 "ran it, or, once expired, `pairctl lease take HOST --break-expired`")
-    ages = ", ".join(f"{s.host} {s.lease.heartbeat_age_s(s.now):.0f} s" for s in theirs
-                     if s.lease is not None and s.now is not None)
+            "ran it, or, once expired, `pairctl lease take HOST --break-expired`",
+        )
+    ages = ", ".join(
+        f"{s.host} {s.lease.heartbeat_age_s(s.now):.0f} s" for s in theirs if s.lease is not None and s.now is not None
+    )
     bound = max(s.lease.stale_after_s or 0 for s in theirs if s.lease is not None)
     return f"run {run_id} stopped renewing its leases: heartbeat ages {ages} exceed its {bound} s bound (host time)"
 
@@ -670,9 +758,17 @@ def reach_all(targets: Sequence[LeaseTarget]) -> None:
             connect()
 
 
-def take_leases(targets: Sequence[Any], owner: str, purpose: str, ttl_s: float = DEFAULT_TTL_S, *,
-                nonce: str | None = None, break_expired: bool = False,
-                grace_s: float = DEFAULT_GRACE_S, stale_after_s: int | None = None) -> list[Lease]:
+def take_leases(
+    targets: Sequence[Any],
+    owner: str,
+    purpose: str,
+    ttl_s: float = DEFAULT_TTL_S,
+    *,
+    nonce: str | None = None,
+    break_expired: bool = False,
+    grace_s: float = DEFAULT_GRACE_S,
+    stale_after_s: int | None = None,
+) -> list[Lease]:
     """Take every host's lease with one nonce, in name order; if one fails, release those taken."""
     nonce = nonce or new_nonce()
     taken: list[tuple[LeaseTarget, Lease]] = []
@@ -680,9 +776,22 @@ def take_leases(targets: Sequence[Any], owner: str, purpose: str, ttl_s: float =
     reach_all(ordered)
     try:
         for t in ordered:
-            taken.append((t, take_lease(t.transport, t.install_root, owner, purpose, ttl_s, nonce=nonce,
-                                        break_expired=break_expired, grace_s=grace_s,
-                                        stale_after_s=stale_after_s)))
+            taken.append(
+                (
+                    t,
+                    take_lease(
+                        t.transport,
+                        t.install_root,
+                        owner,
+                        purpose,
+                        ttl_s,
+                        nonce=nonce,
+                        break_expired=break_expired,
+                        grace_s=grace_s,
+                        stale_after_s=stale_after_s,
+                    ),
+                )
+            )
     except BaseException as exc:
         for t, _ in reversed(taken):
             try:
@@ -723,8 +832,10 @@ class HeldLeases:
     def renew(self, *, min_left_s: float = 0.0) -> None:
         """Prove every lease still ours and push its heartbeat (a long run calls this between its
         parts); LeaseLost on the first that is not, before anything else changes."""
-        self.leases = [renew_lease(t.transport, t.install_root, self.nonce, self.ttl_s, min_left_s=min_left_s)
-                       for t in self.targets]
+        self.leases = [
+            renew_lease(t.transport, t.install_root, self.nonce, self.ttl_s, min_left_s=min_left_s)
+            for t in self.targets
+        ]
 
     def keep(self, reason: str) -> None:
         """Do not release on exit (a failed rollback: nobody may deploy onto an unknown state)."""
@@ -765,8 +876,16 @@ def hold_pair_leases(
     """
     nonce = new_nonce()
     ts = _targets(targets)
-    leases = take_leases(ts, owner, purpose, ttl_s, nonce=nonce, break_expired=break_expired, grace_s=grace_s,
-                         stale_after_s=stale_after_s)
+    leases = take_leases(
+        ts,
+        owner,
+        purpose,
+        ttl_s,
+        nonce=nonce,
+        break_expired=break_expired,
+        grace_s=grace_s,
+        stale_after_s=stale_after_s,
+    )
     held = HeldLeases(targets=ts, leases=leases, nonce=nonce, ttl_s=ttl_s)
     log = get_logger(lease=nonce[:8])
     hosts = [t.name for t in ts]

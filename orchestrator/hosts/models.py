@@ -9,7 +9,8 @@ or rewritten under a running server changes what it serves (or what it loads on 
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from orchestrator.hosts.probes import ModelHash, parse_model_hashes
 from orchestrator.remote.result import as_text
@@ -25,8 +26,16 @@ def hash_models(transport: Transport, layout: Any, paths: Iterable[str]) -> dict
     return parse_model_hashes(as_text(res.stdout))
 
 
-def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: str, transport: Transport, layout: Any, *,
-                 expected_is: str, mismatch_means: str = "") -> tuple[dict[str, ModelHash], list[str]]:
+def check_models(
+    paths: Mapping[str, str],
+    expected: Mapping[str, str],
+    host: str,
+    transport: Transport,
+    layout: Any,
+    *,
+    expected_is: str,
+    mismatch_means: str = "",
+) -> tuple[dict[str, ModelHash], list[str]]:
     """Hash the model files `paths` (name -> path) on the host (one exec) and compare each with
     `expected` (name -> sha256; a name without one is only required to exist): deploy against the
     inventory's declared sha256, status and acceptance against the route entry. Returns what was
@@ -41,21 +50,34 @@ def check_models(paths: Mapping[str, str], expected: Mapping[str, str], host: st
         elif h is None or h.sha256 is None:
             problems.append(f"{host}: model {name} ({path}) is missing")
         elif name in expected and h.sha256 != expected[name]:
-            problems.append(f"{host}: model {name} ({path}) has sha256 {h.sha256}, {expected_is} {expected[name]}"
-                            + (f" {mismatch_means}" if mismatch_means else ""))
+            problems.append(
+                f"{host}: model {name} ({path}) has sha256 {h.sha256}, {expected_is} {expected[name]}"
+                + (f" {mismatch_means}" if mismatch_means else "")
+            )
         else:
             found[name] = h
     return found, problems
 
 
-def recorded_model_problems(recorded: Mapping[str, str], models: Mapping[str, Any], host: str,
-                            transport: Transport, layout: Any) -> list[str]:
+def recorded_model_problems(
+    recorded: Mapping[str, str], models: Mapping[str, Any], host: str, transport: Transport, layout: Any
+) -> list[str]:
     """The route entry's model hashes (`recorded`, name -> sha256) against the files the
     inventory's `models` name now, re-hashed on the native host."""
     if not recorded:
         return []
-    problems = [f"{host}: model {n} is in the route entry but not in the inventory, so it cannot be checked"
-                for n in sorted(recorded) if n not in models]
-    _, differ = check_models({n: models[n].path for n in recorded if n in models}, recorded, host, transport, layout,
-                             expected_is="the route entry records", mismatch_means="(changed since it was deployed)")
+    problems = [
+        f"{host}: model {n} is in the route entry but not in the inventory, so it cannot be checked"
+        for n in sorted(recorded)
+        if n not in models
+    ]
+    _, differ = check_models(
+        {n: models[n].path for n in recorded if n in models},
+        recorded,
+        host,
+        transport,
+        layout,
+        expected_is="the route entry records",
+        mismatch_means="(changed since it was deployed)",
+    )
     return problems + differ

@@ -12,8 +12,9 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes
@@ -52,7 +53,7 @@ def release_of_link(target: str, root: str | None = None) -> str | None:
         if not sep or (root is not None and base != root.rstrip("/")):
             raise ProbeError(f"link points outside {root.rstrip('/') + '/' if root else ''}releases/: {target!r}")
         t = RELEASE_PREFIX + rel
-    rid = t[len(RELEASE_PREFIX):]
+    rid = t[len(RELEASE_PREFIX) :]
     if not t.startswith(RELEASE_PREFIX) or "/" in rid or rid in ("", ".", "..") or rid.startswith("."):
         raise ProbeError(f"link names no release in releases/: {target!r}")
     return rid
@@ -116,9 +117,17 @@ def argv0_is(cmdline: bytes, name: str) -> bool:
     return bool(argv0) and argv0.rsplit("/", 1)[-1] == name
 
 
-def facts_from(*, root_exists: bool, current_link: str | None, previous_link: str | None,
-               release_names: Iterable[str], svc_bytes: bytes | None, route_bytes: bytes | None,
-               procs: Mapping[str, tuple[int, bytes]], root: str | None = None) -> HostFacts:
+def facts_from(
+    *,
+    root_exists: bool,
+    current_link: str | None,
+    previous_link: str | None,
+    release_names: Iterable[str],
+    svc_bytes: bytes | None,
+    route_bytes: bytes | None,
+    procs: Mapping[str, tuple[int, bytes]],
+    root: str | None = None,
+) -> HostFacts:
     """HostFacts from raw reads (links, release directory names, pid files + /proc cmdline). Pure."""
     return HostFacts(
         root_exists=root_exists,
@@ -138,6 +147,7 @@ def parse_pid(data: bytes) -> int | None:
 
 def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> HostFacts:
     """What is installed and running on one host, read over SFTP only (no process on the host)."""
+
     def read(path: str) -> bytes | None:
         try:
             return transport.read_bytes(path)
@@ -166,7 +176,8 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
                 f"{transport.name}: {path} -> {target}: {str(exc).split(': ')[0]}; "
                 "it is not a release pairctl installed",
                 hint=f"on {transport.name}, point it at an installed release (`ln -sfn releases/ID {path}`) or remove "
-                     "it; then `pairctl repair --pair PAIR` rebuilds the route record from the links") from None
+                "it; then `pairctl repair --pair PAIR` rebuilds the route record from the links",
+            ) from None
     return facts_from(
         root_exists=root_exists,
         current_link=links[layout.current],

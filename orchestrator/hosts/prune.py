@@ -54,18 +54,30 @@ class PrunePlan:
 
     host: str
     keep_releases: int
-    keep: tuple[str, ...]            # newest first
-    remove: tuple[str, ...]          # oldest first
-    protected: Mapping[str, str]     # release -> why it is kept whatever its age
-    tombs: tuple[str, ...] = ()      # left by an interrupted prune: deleted again
+    keep: tuple[str, ...]  # newest first
+    remove: tuple[str, ...]  # oldest first
+    protected: Mapping[str, str]  # release -> why it is kept whatever its age
+    tombs: tuple[str, ...] = ()  # left by an interrupted prune: deleted again
 
     def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "keep_releases": self.keep_releases, "keep": list(self.keep),
-                "remove": list(self.remove), "protected": dict(self.protected), "leftover_tombs": list(self.tombs)}
+        return {
+            "host": self.host,
+            "keep_releases": self.keep_releases,
+            "keep": list(self.keep),
+            "remove": list(self.remove),
+            "protected": dict(self.protected),
+            "leftover_tombs": list(self.tombs),
+        }
 
 
-def plan_prune(host: str, releases: Mapping[str, float], *, keep_releases: int, protected: Mapping[str, str],
-               tombs: Iterable[str] = ()) -> PrunePlan:
+def plan_prune(
+    host: str,
+    releases: Mapping[str, float],
+    *,
+    keep_releases: int,
+    protected: Mapping[str, str],
+    tombs: Iterable[str] = (),
+) -> PrunePlan:
     """Keep the `keep_releases` newest releases (by mtime, then name), counting protected ones,
     which are kept whatever their age and number; remove the rest, oldest first."""
     newest = sorted(releases, key=lambda r: (releases[r], r), reverse=True)
@@ -98,9 +110,14 @@ class HostPrune:
         return sum(int(r["bytes"]) for r in self.removed)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "plan": self.plan.as_dict() if self.plan else None, "removed": self.removed,
-                "bytes_freed": self.bytes_freed, "leftover_tombs_removed": self.leftover_tombs_removed,
-                "skipped": self.skipped}
+        return {
+            "host": self.host,
+            "plan": self.plan.as_dict() if self.plan else None,
+            "removed": self.removed,
+            "bytes_freed": self.bytes_freed,
+            "leftover_tombs_removed": self.leftover_tombs_removed,
+            "skipped": self.skipped,
+        }
 
 
 def pinned_references(pair_name: str) -> dict[str, str]:
@@ -138,8 +155,10 @@ def route_protected(inventory: Inventory, get: Callable[[str], Transport], host_
             t = get(native)
             raw = t.read_bytes(layout.route) if t.stat(layout.route) is not None else None
         except Exception as exc:
-            raise HostError(f"{host_name}: cannot read pair {pname}'s route record on {native} ({exc}); "
-                            "nothing pruned, since a release it names might be removed") from None
+            raise HostError(
+                f"{host_name}: cannot read pair {pname}'s route record on {native} ({exc}); "
+                "nothing pruned, since a release it names might be removed"
+            ) from None
         rec = parse_route(raw)
         if rec is None:
             continue
@@ -175,16 +194,25 @@ def link_protected(transport: Transport, layout: HostLayout) -> dict[str, str]:
     return out
 
 
-def host_plan(inventory: Inventory, get: Callable[[str], Transport], host_name: str, pair_name: str,
-              keep_releases: int | None = None) -> PrunePlan:
+def host_plan(
+    inventory: Inventory,
+    get: Callable[[str], Transport],
+    host_name: str,
+    pair_name: str,
+    keep_releases: int | None = None,
+) -> PrunePlan:
     """Read one host (links, releases, every route on it) and plan its prune."""
     t = get(host_name)
     layout = HostLayout(inventory.host(host_name).install_root)
     releases, tombs = read_releases(t, layout)
-    protected = {**route_protected(inventory, get, host_name), **pinned_references(pair_name),
-                 **link_protected(t, layout)}
-    return plan_prune(host_name, releases, keep_releases=keep_releases or inventory.keep_releases,
-                      protected=protected, tombs=tombs)
+    protected = {
+        **route_protected(inventory, get, host_name),
+        **pinned_references(pair_name),
+        **link_protected(t, layout),
+    }
+    return plan_prune(
+        host_name, releases, keep_releases=keep_releases or inventory.keep_releases, protected=protected, tombs=tombs
+    )
 
 
 def _parse_removed(output: str) -> dict[str, int]:
@@ -207,16 +235,23 @@ def execute(transport: Transport, layout: HostLayout, plan: PrunePlan) -> HostPr
     names = list(plan.tombs) + list(fresh)
     if not names:
         return res
-    out = transport.run(Cmd(("sh", "-c", REMOVE_SH, "pairctl-prune", layout.releases, *names)),
-                        timeout=120 + 30 * len(names))
+    out = transport.run(
+        Cmd(("sh", "-c", REMOVE_SH, "pairctl-prune", layout.releases, *names)), timeout=120 + 30 * len(names)
+    )
     sizes = _parse_removed(out.stdout)
     res.removed = [{"release": pid, "bytes": sizes.get(tomb, 0)} for tomb, pid in fresh.items()]
     res.leftover_tombs_removed = len([t for t in plan.tombs if t in sizes])
     return res
 
 
-def prune_pair(inventory: Inventory, get: Callable[[str], Transport], pair_name: str, *,
-               keep_releases: int | None = None, dry_run: bool = False) -> list[HostPrune]:
+def prune_pair(
+    inventory: Inventory,
+    get: Callable[[str], Transport],
+    pair_name: str,
+    *,
+    keep_releases: int | None = None,
+    dry_run: bool = False,
+) -> list[HostPrune]:
     """Prune both hosts of a pair (the caller holds their leases). A host whose state cannot be
     read safely is skipped with the reason; the other is still pruned."""
     pair = inventory.pair(pair_name)
@@ -232,8 +267,11 @@ def prune_pair(inventory: Inventory, get: Callable[[str], Transport], pair_name:
 
 
 def summary(results: list[HostPrune]) -> dict[str, Any]:
-    return {"hosts": [r.as_dict() for r in results], "bytes_freed": sum(r.bytes_freed for r in results),
-            "removed": sum(len(r.removed) for r in results)}
+    return {
+        "hosts": [r.as_dict() for r in results],
+        "bytes_freed": sum(r.bytes_freed for r in results),
+        "removed": sum(len(r.removed) for r in results),
+    }
 
 
 class _Pool(Protocol):

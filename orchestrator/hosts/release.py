@@ -16,10 +16,11 @@ import re
 import secrets
 import tarfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from orchestrator import progress
 from orchestrator.errors import HostError, PackageError
@@ -88,7 +89,8 @@ def check_hash_output(expected: Mapping[str, str], output: str, host: str, where
     problems = hash_problems(expected, parse_sha256sum(sums))
     if problems:
         raise ReleaseMismatch(
-            f"{host}: {where} does not match its manifest: " + "; ".join(problems[:5])
+            f"{host}: {where} does not match its manifest: "
+            + "; ".join(problems[:5])
             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""),
             hint="a release is never modified in place; remove that directory on the host and deploy again",
         )
@@ -109,8 +111,13 @@ class ReleaseResult:
     leftovers_removed: tuple[str, ...] = ()  # partial uploads of earlier runs, removed first
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"host": self.host, "package": self.package_id, "reused": self.reused,
-             "bytes_sent": self.bytes_sent, "files_verified": self.files_verified}
+        d = {
+            "host": self.host,
+            "package": self.package_id,
+            "reused": self.reused,
+            "bytes_sent": self.bytes_sent,
+            "files_verified": self.files_verified,
+        }
         if self.leftovers_removed:
             d["leftovers_removed"] = list(self.leftovers_removed)
         if self.deferred:
@@ -118,8 +125,9 @@ class ReleaseResult:
         return d
 
 
-def ensure_release(transport: Transport, layout: HostLayout, package: Any, present: bool, host: str,
-                   *, defer_present: bool = False) -> ReleaseResult:
+def ensure_release(
+    transport: Transport, layout: HostLayout, package: Any, present: bool, host: str, *, defer_present: bool = False
+) -> ReleaseResult:
     """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
 
     Absent: one exec unpacks the tar stream into `releases/.<id>.tmp-<nonce>` and prints
@@ -148,8 +156,10 @@ def ensure_release(transport: Transport, layout: HostLayout, package: Any, prese
         except HostError:
             pass  # the next deploy under the lease removes it (discard_leftovers)
         if "no space left" in str(exc).lower():
-            raise space.NoSpace(f"no space left on {host}:{layout.releases} while unpacking {pid} "
-                                f"({len(data)} bytes); the partial upload was removed, nothing else changed") from None
+            raise space.NoSpace(
+                f"no space left on {host}:{layout.releases} while unpacking {pid} "
+                f"({len(data)} bytes); the partial upload was removed, nothing else changed"
+            ) from None
         raise
     progress.event("upload", f"upload {pid} to {host}: {progress.rate(len(data), time.monotonic() - t0)}", host=host)
     try:
@@ -179,5 +189,3 @@ def discard_leftovers(transport: Any, layout: HostLayout) -> list[str]:
     for name in found:
         transport.run(layout.discard_cmd(name), timeout=120)
     return found
-
-

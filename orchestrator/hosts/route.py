@@ -50,8 +50,16 @@ class RouteEntry(BaseModel):
     models: dict[str, str] = Field(default_factory=dict)
 
     @classmethod
-    def build(cls, *, native_package: str, rpc_package: str, package_revision: str, profile: dict,
-              native_argv: list[str], rpc_argv: list[str]) -> RouteEntry:
+    def build(
+        cls,
+        *,
+        native_package: str,
+        rpc_package: str,
+        package_revision: str,
+        profile: dict,
+        native_argv: list[str],
+        rpc_argv: list[str],
+    ) -> RouteEntry:
         return cls(
             native_package=native_package,
             rpc_package=rpc_package,
@@ -128,8 +136,15 @@ def content_sha(data: bytes | None) -> str | None:
     return None if data is None else sha256_bytes(data)
 
 
-def next_record(current: RouteRecord | None, *, pair: str, active: RouteEntry | None,
-                previous: RouteEntry | None, run_id: str, now: datetime | None = None) -> RouteRecord:
+def next_record(
+    current: RouteRecord | None,
+    *,
+    pair: str,
+    active: RouteEntry | None,
+    previous: RouteEntry | None,
+    run_id: str,
+    now: datetime | None = None,
+) -> RouteRecord:
     """The successor record: revision + 1 (1 for the first), pure."""
     ts = (now or datetime.now(UTC)).isoformat(timespec="seconds")
     return RouteRecord(
@@ -154,8 +169,9 @@ def cas_write(transport: Transport, path: str, expected: bytes | None, data: byt
     except FileNotFoundError:
         current = None
     if content_sha(current) != content_sha(expected):
-        raise RouteConflict(f"route.json changed under this run: expected {_describe(expected)}, "
-                            f"found {_describe(current)}")
+        raise RouteConflict(
+            f"route.json changed under this run: expected {_describe(expected)}, found {_describe(current)}"
+        )
     tmp = f"{path}.tmp-{secrets.token_hex(4)}"
     transport.put_bytes(data, tmp, mode=0o644)
     transport.rename(tmp, path)

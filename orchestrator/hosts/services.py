@@ -9,8 +9,9 @@ from here; a process that died meanwhile fails the wait at once with its log tai
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import httpx
 import tenacity
@@ -30,8 +31,17 @@ def rpc_server_argv(layout: HostLayout, package_id: str, *, bind: str, port: int
     return [layout.binary(package_id, RPC_SERVER), "-H", bind, "-p", str(port)]
 
 
-def llama_server_argv(layout: HostLayout, package_id: str, profile: Any, *, model_paths: dict[str, str],
-                      host: str, port: int, rpc: list[str], with_api_key: bool) -> list[str]:
+def llama_server_argv(
+    layout: HostLayout,
+    package_id: str,
+    profile: Any,
+    *,
+    model_paths: dict[str, str],
+    host: str,
+    port: int,
+    rpc: list[str],
+    with_api_key: bool,
+) -> list[str]:
     """The profile's rendered argv plus the binary, the API key *file* and the log file."""
     return [layout.binary(package_id, LLAMA_SERVER)] + profile.render_args(
         model_paths=model_paths,
@@ -84,17 +94,25 @@ def _verified(transport: Transport, verify: Verify | None, out: str, exit_status
     return check_hash_output(expected, out, transport.name, f"releases/{rid}")
 
 
-def restart_listening(transport: Transport, layout: HostLayout, name: str, links: tuple[str | None, str | None],
-                      address: str, port: int, argv: list[str], timeout_s: int = 20,
-                      verify: Verify | None = None) -> tuple[int, ProcIdentity, str, int]:
+def restart_listening(
+    transport: Transport,
+    layout: HostLayout,
+    name: str,
+    links: tuple[str | None, str | None],
+    address: str,
+    port: int,
+    argv: list[str],
+    timeout_s: int = 20,
+    verify: Verify | None = None,
+) -> tuple[int, ProcIdentity, str, int]:
     """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
     listens on address:port and read its identity, in one exec. Raises CheckFailed with the
     output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
     exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
-    cmd = layout.restart_cmd(name, links[0], links[1], address, port, timeout_s, argv,
-                             verify_release=verify[0] if verify else None)
-    res = transport.run(cmd, check=False, timeout=timeout_s + 60,
-                        stdin=manifest_lines(verify[1]) if verify else None)
+    cmd = layout.restart_cmd(
+        name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None
+    )
+    res = transport.run(cmd, check=False, timeout=timeout_s + 60, stdin=manifest_lines(verify[1]) if verify else None)
     out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status == 0:
@@ -104,20 +122,27 @@ def restart_listening(transport: Transport, layout: HostLayout, name: str, links
     if res.exit_status in (4, 5):
         what = "exited" if res.exit_status == 4 else f"did not listen on {address}:{port} within {timeout_s} s"
         raise CheckFailed(f"{transport.name}: {name} {what}; its output ends:\n{_tail(out)}")
-    raise HostError(f"{transport.name}: pairctl-svc restart {name} failed (exit {res.exit_status}): "
-                    f"{as_text(res.stderr).strip()[-300:] or _tail(out)}")
+    raise HostError(
+        f"{transport.name}: pairctl-svc restart {name} failed (exit {res.exit_status}): "
+        f"{as_text(res.stderr).strip()[-300:] or _tail(out)}"
+    )
 
 
 def stop(transport: Transport, layout: HostLayout, name: str, verify: Verify | None = None) -> tuple[str, int]:
     """Stop NAME (one exec); with `verify`, the release is checked first and nothing is stopped
     if it does not match. Returns (`stopped=NAME:PID|-`, files verified)."""
-    res = transport.run(layout.stop_cmd(name, verify[0] if verify else None), check=False, timeout=60,
-                        stdin=manifest_lines(verify[1]) if verify else None)
+    res = transport.run(
+        layout.stop_cmd(name, verify[0] if verify else None),
+        check=False,
+        timeout=60,
+        stdin=manifest_lines(verify[1]) if verify else None,
+    )
     out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
     if res.exit_status != 0:
-        raise HostError(f"{transport.name}: stopping {name} failed (exit {res.exit_status}): "
-                        f"{as_text(res.stderr).strip()[-300:]}")
+        raise HostError(
+            f"{transport.name}: stopping {name} failed (exit {res.exit_status}): {as_text(res.stderr).strip()[-300:]}"
+        )
     return next((line for line in out.splitlines() if line.startswith("stopped=")), out.strip()), verified
 
 
@@ -144,8 +169,17 @@ def read_tail(transport: Transport, path: str, n: int = 25) -> str:
     return _tail(data[-20000:].decode("utf-8", "replace"), n)
 
 
-def wait_health(transport: Transport, layout: HostLayout, base_url: str, pid: int, *, timeout_s: float = 60.0,
-                poll_s: float = 0.01, alive_every_s: float = 0.2, log: Any = None) -> WaitResult:
+def wait_health(
+    transport: Transport,
+    layout: HostLayout,
+    base_url: str,
+    pid: int,
+    *,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.01,
+    alive_every_s: float = 0.2,
+    log: Any = None,
+) -> WaitResult:
     """Poll `GET /health` until 200 (bounded); every `alive_every_s` ask the host whether the
     process still lives, so a server that died fails at once with its log tail, not at timeout."""
     t0 = time.monotonic()
@@ -168,7 +202,8 @@ def wait_health(transport: Transport, layout: HostLayout, base_url: str, pid: in
             if not process_alive(transport, pid, LLAMA_SERVER):
                 raise CheckFailed(
                     f"{transport.name}: llama-server (pid {pid}) exited before it was healthy; "
-                    f"{layout.log(SERVER_LOG)} ends:\n" + read_tail(transport, layout.log(SERVER_LOG), 12)
+                    f"{layout.log(SERVER_LOG)} ends:\n"
+                    + read_tail(transport, layout.log(SERVER_LOG), 12)
                     + f"\nand {layout.log(LLAMA_SERVER + '.out')} ends:\n"
                     + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 6)
                     + "\n(kept as *.prev when the next start replaces them)"
@@ -179,8 +214,13 @@ def wait_health(transport: Transport, layout: HostLayout, base_url: str, pid: in
         retry=tenacity.retry_if_exception_type(_NotYet),
         stop=tenacity.stop_after_delay(timeout_s),
         wait=tenacity.wait_fixed(poll_s),
-        before_sleep=(lambda rs: log.debug("health not yet", attempt=rs.attempt_number,
-                                           reason=str(rs.outcome and rs.outcome.exception()))) if log else None,
+        before_sleep=(
+            lambda rs: log.debug(
+                "health not yet", attempt=rs.attempt_number, reason=str(rs.outcome and rs.outcome.exception())
+            )
+        )
+        if log
+        else None,
         reraise=True,
     )
     with httpx.Client(timeout=2.0, trust_env=False) as client:
@@ -206,4 +246,3 @@ def get_json(base_url: str, path: str, *, api_key: str | None = None, timeout: f
     if r.status_code != 200:
         raise CheckFailed(f"GET {path}: HTTP {r.status_code}: {r.text[:200]}")
     return r.json()
-

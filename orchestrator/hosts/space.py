@@ -42,7 +42,8 @@ class Space:
                 f"no space left on {self.host}:{self.path} for {what}: {_mib(self.free_bytes)} free, "
                 f"{_mib(needed)} needed; nothing was changed",
                 hint=f"free space under {self.path} on {self.host} (old releases under releases/ can go), "
-                     "then run the command again")
+                "then run the command again",
+            )
 
 
 def _mib(n: int) -> str:
@@ -69,6 +70,7 @@ def parse_df(output: str, host: str, path: str) -> Space:
 def free_space(transport: Transport, path: str) -> Space:
     res = transport.run(df_cmd(path), check=False, timeout=30)
     if res.exit_status != 0:
-        raise HostError(f"{transport.name}: df {path} failed (exit {res.exit_status}): "
-                        f"{as_text(res.stderr).strip()[-200:]}")
+        raise HostError(
+            f"{transport.name}: df {path} failed (exit {res.exit_status}): {as_text(res.stderr).strip()[-200:]}"
+        )
     return parse_df(as_text(res.stdout), transport.name, path)

@@ -65,8 +65,12 @@ def _packages() -> list[Any]:
 
 
 def _baseline_rev() -> str:
-    return subprocess.run(["git", "-C", str(Home.resolve().lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(Home.resolve().lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def _baseline_package() -> str:
@@ -81,8 +85,13 @@ def _baseline_package() -> str:
 def _candidate_package() -> str:
     """The cpu-lab package built from the baseline with the MMVF kernel patch committed on top."""
     rev = _baseline_rev()
-    pkgs = [p for p in _packages() if p.manifest.patch is not None and p.manifest.patch.name == "mmvf-warp-per-row"
-            and p.manifest.patch.base_revision == rev]
+    pkgs = [
+        p
+        for p in _packages()
+        if p.manifest.patch is not None
+        and p.manifest.patch.name == "mmvf-warp-per-row"
+        and p.manifest.patch.base_revision == rev
+    ]
     if not pkgs:
         raise SystemExit("demo: no cpu-lab package of the MMVF candidate (did the candidate build step run?)")
     return max(pkgs, key=lambda p: p.manifest.finished_at).id
@@ -105,6 +114,7 @@ def _deploy(which: str, profile: str, expect: int, *, accept: bool = False) -> S
 
 def _expect_active(current: str, previous: str | None) -> Step:
     """`status --pair lab`, then a check that both hosts run CURRENT with PREVIOUS as previous."""
+
     def step() -> tuple[tuple[str, ...], int]:
         _check_links(current, previous)
         return ("status", "--pair", "lab"), 0
@@ -113,14 +123,17 @@ def _expect_active(current: str, previous: str | None) -> Step:
 
 
 def _check_links(current: str, previous: str | None) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "--json", "status", "--pair", "lab"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--json", "status", "--pair", "lab"], capture_output=True, text=True
+    )
     st = json.loads(proc.stdout or "{}")
     want_cur, want_prev = _WHICH[current](), (_WHICH[previous]() if previous else None)
     for host, h in (st.get("hosts") or {}).items():
         if h.get("current") != want_cur or (previous and h.get("previous") != want_prev) or not h.get("running"):
-            raise SystemExit(f"demo: {host} has current {h.get('current')}, previous {h.get('previous')}; "
-                             f"expected {current} ({want_cur}) and {previous} ({want_prev})")
+            raise SystemExit(
+                f"demo: {host} has current {h.get('current')}, previous {h.get('previous')}; "
+                f"expected {current} ({want_cur}) and {previous} ({want_prev})"
+            )
     if proc.returncode != 0 or not st.get("hosts"):
         raise SystemExit(f"demo: status exited {proc.returncode}: {proc.stderr[-500:]}")
     prev = f", previous {previous} ({want_prev})" if previous else ""

@@ -19,7 +19,15 @@ from orchestrator.hashing import sha256_file
 from orchestrator.lab.models import write_llama_gguf
 from orchestrator.paths import Home
 
-KMMVF_SHAPE: dict[str, Any] = {"n_layer": 2, "n_embd": 320, "n_head": 5, "n_ff": 10240, "n_vocab": 384, "ctx": 4096, "dtype": "bf16"}
+KMMVF_SHAPE: dict[str, Any] = {
+    "n_layer": 2,
+    "n_embd": 320,
+    "n_head": 5,
+    "n_ff": 10240,
+    "n_vocab": 384,
+    "ctx": 4096,
+    "dtype": "bf16",
+}
 KMMVF_SEED = 320_10240
 KMMVF_FILES = {"target": "kmmvf-target.gguf", "draft_same": "kmmvf-draft-same.gguf"}
 KMMVF_INDEX = "kmmvf.json"
@@ -63,6 +71,11 @@ def ensure_kmmvf_models(home: Home | Path | str) -> dict[str, Path]:
             for role, fname in KMMVF_FILES.items()
         }
         tmp = folder / f".{KMMVF_INDEX}.tmp"
-        tmp.write_text(json.dumps({"format": 1, "shape": KMMVF_SHAPE, "seed": KMMVF_SEED, "models": records}, indent=2, sort_keys=True) + "\n")
+        tmp.write_text(
+            json.dumps(
+                {"format": 1, "shape": KMMVF_SHAPE, "seed": KMMVF_SEED, "models": records}, indent=2, sort_keys=True
+            )
+            + "\n"
+        )
         tmp.replace(folder / KMMVF_INDEX)
     return {role: folder / fname for role, fname in KMMVF_FILES.items()}

@@ -11,10 +11,11 @@ import fcntl
 import ipaddress
 import json
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
@@ -204,8 +205,11 @@ def _plan_from_dir(hdir: Path) -> HostPlan:
     except (OSError, ValueError):
         meta = {}
     return HostPlan(
-        name=hdir.name, address=meta.get("address", "127.0.0.1"), port=int(meta.get("port", 22)),
-        user=meta.get("user", "root"), dir=hdir,
+        name=hdir.name,
+        address=meta.get("address", "127.0.0.1"),
+        port=int(meta.get("port", 22)),
+        user=meta.get("user", "root"),
+        dir=hdir,
     )
 
 

@@ -103,8 +103,9 @@ def _silent_rows(n_vocab: int) -> list[int]:
     return rows
 
 
-def _weights(shape: ModelShape, seed: int, *, output_scale: float = 1.0, perturb: float = 0.0,
-             perturb_seed: int = 0) -> dict[str, np.ndarray]:
+def _weights(
+    shape: ModelShape, seed: int, *, output_scale: float = 1.0, perturb: float = 0.0, perturb_seed: int = 0
+) -> dict[str, np.ndarray]:
     """Named float32 arrays in numpy (out, in) order, as llama.cpp's llama loader names them.
 
     `output_scale` multiplies the output projection (a small scale turns the wide greedy margins
@@ -175,8 +176,14 @@ def write_llama_gguf(
     import gguf  # heavy optional dependency: only writing a lab model needs the GGUF writer
 
     shape = ModelShape(
-        n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv or n_head,
-        n_ff=n_ff, n_vocab=n_vocab, ctx=ctx, dtype=dtype,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv or n_head,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        ctx=ctx,
+        dtype=dtype,
     )
     shape.validate()
     path = Path(path)
@@ -217,8 +224,9 @@ def write_llama_gguf(
         if perturb:
             w.add_float32("pairctl.lab.perturb", perturb)
             w.add_uint32("pairctl.lab.perturb_seed", perturb_seed)
-        for tname, arr in _weights(shape, seed, output_scale=output_scale, perturb=perturb,
-                                   perturb_seed=perturb_seed).items():
+        for tname, arr in _weights(
+            shape, seed, output_scale=output_scale, perturb=perturb, perturb_seed=perturb_seed
+        ).items():
             _add_tensor(w, tname, arr, dtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -265,10 +273,20 @@ def _add_extra(w: Any, key: str, value: Any) -> None:
 
 # --- the lab's three models ---------------------------------------------------------------
 
-ROLE_FILES = {"target": "target.gguf", "draft_same": "draft-same.gguf", "draft_other": "draft-other.gguf",
-              "sensitive": "sensitive.gguf", "draft_perturbed": "draft-perturbed.gguf"}
-ROLE_SEEDS = {"target": TARGET_SEED, "draft_same": TARGET_SEED, "draft_other": OTHER_SEED,
-              "sensitive": TARGET_SEED, "draft_perturbed": TARGET_SEED}
+ROLE_FILES = {
+    "target": "target.gguf",
+    "draft_same": "draft-same.gguf",
+    "draft_other": "draft-other.gguf",
+    "sensitive": "sensitive.gguf",
+    "draft_perturbed": "draft-perturbed.gguf",
+}
+ROLE_SEEDS = {
+    "target": TARGET_SEED,
+    "draft_same": TARGET_SEED,
+    "draft_other": OTHER_SEED,
+    "sensitive": TARGET_SEED,
+    "draft_perturbed": TARGET_SEED,
+}
 # `sensitive`: the target with its output projection scaled down, so next-token distributions have
 # near-ties (top-2 gaps of a few nats): KL means something there and small numeric changes flip
 # tokens (the reference-logprob profile lab-oracle serves it). `draft_perturbed`: the target plus
@@ -316,8 +334,9 @@ def ensure_lab_models(folder: Path) -> LabModels:
     if models_present(folder):
         return LabModels(folder, json.loads((folder / "models.json").read_text())["models"])
     records = {
-        role: write_llama_gguf(folder / fname, seed=ROLE_SEEDS[role], name=f"pairctl-lab-{role}",
-                               **ROLE_OPTIONS.get(role, {}))
+        role: write_llama_gguf(
+            folder / fname, seed=ROLE_SEEDS[role], name=f"pairctl-lab-{role}", **ROLE_OPTIONS.get(role, {})
+        )
         for role, fname in ROLE_FILES.items()
     }
     index = {"format": 1, "models": records}

@@ -235,9 +235,15 @@ class HostState:
 
     def as_dict(self) -> dict:
         return {
-            "host": self.name, "address": self.address, "port": self.port, "pid": self.pid,
-            "running": self.running, "answering": self.answering, "state": self.state,
-            "started": self.started, "install_root": self.root,
+            "host": self.name,
+            "address": self.address,
+            "port": self.port,
+            "pid": self.pid,
+            "running": self.running,
+            "answering": self.answering,
+            "state": self.state,
+            "started": self.started,
+            "install_root": self.root,
         }
 
 
@@ -258,8 +264,14 @@ class SshdHost:
         pid = self.running_pid()
         p = self.plan
         return HostState(
-            name=p.name, address=p.address, port=p.port, pid=pid, running=pid is not None,
-            answering=port_answers(p.address, p.port) if pid else False, root=str(p.root), started=started,
+            name=p.name,
+            address=p.address,
+            port=p.port,
+            pid=pid,
+            running=pid is not None,
+            answering=port_answers(p.address, p.port) if pid else False,
+            root=str(p.root),
+            started=started,
         )
 
     def prepare(self, operator_pub: Path) -> bool:
@@ -290,7 +302,9 @@ class SshdHost:
         orphan = orphaned_lab_sshd(p.address, p.port, p.config)
         if orphan is not None:
             if terminate([orphan] + [c for c in children_of(orphan) if _is_sshd_exe(c)]):
-                raise HostError(f"lab host {p.name}: orphaned lab sshd pid {orphan} on {p.address}:{p.port} survived SIGKILL")
+                raise HostError(
+                    f"lab host {p.name}: orphaned lab sshd pid {orphan} on {p.address}:{p.port} survived SIGKILL"
+                )
         if port_answers(p.address, p.port) or _connects(p.address, p.port):
             raise HostError(
                 f"lab host {p.name}: {p.address}:{p.port} is already in use by a process this lab did not start",
@@ -308,7 +322,9 @@ class SshdHost:
             if self.running_pid() is not None and port_answers(p.address, p.port):
                 return self.state(started=True)
             time.sleep(0.05)
-        raise HostError(f"lab host {p.name}: sshd did not answer on {p.address}:{p.port} within {wait_s:.0f}s{_log_tail(p.log_file)}")
+        raise HostError(
+            f"lab host {p.name}: sshd did not answer on {p.address}:{p.port} within {wait_s:.0f}s{_log_tail(p.log_file)}"
+        )
 
     def down(self) -> list[int]:
         """Stop this host's sshd and its session processes; return the pids stopped."""

@@ -34,7 +34,9 @@ def check_tools(targets: list[Target]) -> list[Finding]:
     out = []
     for tool, pkg in (("git", "git"), ("ssh-keygen", "openssh-client")):
         found = shutil.which(tool)
-        out.append(Finding(f"tool:{tool}", bool(found), found or "not found", "" if found else f"apt-get install {pkg}"))
+        out.append(
+            Finding(f"tool:{tool}", bool(found), found or "not found", "" if found else f"apt-get install {pkg}")
+        )
     for t in targets:
         try:
             tc = check_toolchain(t)
@@ -42,7 +44,14 @@ def check_tools(targets: list[Target]) -> list[Finding]:
         except BuildError as exc:
             out.append(Finding(f"toolchain:{t.name}", False, exc.message, exc.hint or "install the missing tools"))
     if not shutil.which("ccache"):
-        out.append(Finding("tool:ccache", False, "not found (rebuilds of other revisions recompile everything)", "apt-get install ccache"))
+        out.append(
+            Finding(
+                "tool:ccache",
+                False,
+                "not found (rebuilds of other revisions recompile everything)",
+                "apt-get install ccache",
+            )
+        )
     return out
 
 
@@ -59,17 +68,28 @@ def check_inventory(inv: Inventory) -> list[Finding]:
         except Exception as exc:
             out.append(Finding("known_hosts", False, f"{kh_path}: unreadable ({exc})", "fix or regenerate the file"))
     else:
-        out.append(Finding("known_hosts", False, f"{kh_path} does not exist", "ssh-keyscan each host, check fingerprints out of band, write them there"))
+        out.append(
+            Finding(
+                "known_hosts",
+                False,
+                f"{kh_path} does not exist",
+                "ssh-keyscan each host, check fingerprints out of band, write them there",
+            )
+        )
     for name, h in sorted(inv.hosts.items()):
         if h.transport == "local":
             out.append(Finding(f"host:{name}", True, "local transport"))
             continue
         entry = known_hosts_name(h.address, h.port)
         has = known.lookup(entry) is not None
-        out.append(Finding(
-            f"known_host:{name}", has, f"{entry} {'present' if has else 'missing'}",
-            "" if has else f"add {entry}'s host key to {kh_path} after checking its fingerprint",
-        ))
+        out.append(
+            Finding(
+                f"known_host:{name}",
+                has,
+                f"{entry} {'present' if has else 'missing'}",
+                "" if has else f"add {entry}'s host key to {kh_path} after checking its fingerprint",
+            )
+        )
         if h.key:
             kp = Path(h.key)
             if not kp.exists():
@@ -86,4 +106,3 @@ def run_doctor(inv: Inventory | None, targets: list[Target]) -> list[Finding]:
     if inv is not None:
         findings += check_inventory(inv)
     return findings
-

@@ -8,9 +8,10 @@ from the leases each operation takes, not from this module.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, ExitCode, PairctlError
@@ -27,8 +28,14 @@ class PairOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         v = self.value.as_dict() if hasattr(self.value, "as_dict") else self.value
-        return {"pair": self.pair, "ok": self.ok, "exit_code": self.exit_code, "error": self.error,
-                "duration_s": round(self.duration_s, 3), "result": v}
+        return {
+            "pair": self.pair,
+            "ok": self.ok,
+            "exit_code": self.exit_code,
+            "error": self.error,
+            "duration_s": round(self.duration_s, 3),
+            "result": v,
+        }
 
 
 @dataclass
@@ -66,8 +73,9 @@ def select_pairs(inventory: Inventory, pairs: Iterable[str] | None, all_pairs: b
     return chosen
 
 
-def fan_out(pairs: list[str], fn: Callable[[str], Any], *, parallel: int = 1,
-            ok: Callable[[Any], bool] = lambda v: True) -> FleetResult:
+def fan_out(
+    pairs: list[str], fn: Callable[[str], Any], *, parallel: int = 1, ok: Callable[[Any], bool] = lambda v: True
+) -> FleetResult:
     """Call fn(pair) for every pair, at most `parallel` at once; keep input order in the result."""
     if parallel < 1:
         raise ConfigError("--parallel must be at least 1")
@@ -77,13 +85,25 @@ def fan_out(pairs: list[str], fn: Callable[[str], Any], *, parallel: int = 1,
         try:
             value = fn(pair)
             good = ok(value)
-            return PairOutcome(pair, good, value=value, exit_code=0 if good else int(ExitCode.FAILURE),
-                               duration_s=time.monotonic() - t0)
+            return PairOutcome(
+                pair,
+                good,
+                value=value,
+                exit_code=0 if good else int(ExitCode.FAILURE),
+                duration_s=time.monotonic() - t0,
+            )
         except PairctlError as exc:
-            return PairOutcome(pair, False, error=str(exc), exit_code=int(exc.exit_code), duration_s=time.monotonic() - t0)
+            return PairOutcome(
+                pair, False, error=str(exc), exit_code=int(exc.exit_code), duration_s=time.monotonic() - t0
+            )
         except Exception as exc:  # one pair's bug must not hide the others' results
-            return PairOutcome(pair, False, error=f"{type(exc).__name__}: {exc}", exit_code=int(ExitCode.FAILURE),
-                               duration_s=time.monotonic() - t0)
+            return PairOutcome(
+                pair,
+                False,
+                error=f"{type(exc).__name__}: {exc}",
+                exit_code=int(ExitCode.FAILURE),
+                duration_s=time.monotonic() - t0,
+            )
 
     if parallel == 1 or len(pairs) == 1:
         return FleetResult([one(p) for p in pairs])

@@ -8,8 +8,8 @@ read back from the previous file.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 from prometheus_client.parser import text_string_to_metric_families
@@ -57,15 +57,20 @@ def write_acceptance(
     Gauge("pairctl_acceptance_passed", "1 if the last acceptance run passed", ["pair"], registry=reg).labels(pair).set(
         1 if passed else 0
     )
-    Gauge("pairctl_acceptance_skipped", "1 if the last scheduled run was skipped (pair leased)", ["pair"], registry=reg).labels(
-        pair
-    ).set(1 if skipped else 0)
-    cg = Gauge("pairctl_acceptance_check_passed", "1 if the check passed in the last run", ["pair", "check"], registry=reg)
+    Gauge(
+        "pairctl_acceptance_skipped", "1 if the last scheduled run was skipped (pair leased)", ["pair"], registry=reg
+    ).labels(pair).set(1 if skipped else 0)
+    cg = Gauge(
+        "pairctl_acceptance_check_passed", "1 if the check passed in the last run", ["pair", "check"], registry=reg
+    )
     for name, ok in sorted(checks.items()):
         cg.labels(pair, name).set(1 if ok else 0)
     if tokens_per_second is not None:
         Gauge(
-            "pairctl_generation_tokens_per_second", "Generation tokens/s measured by the last acceptance run", ["pair"], registry=reg
+            "pairctl_generation_tokens_per_second",
+            "Generation tokens/s measured by the last acceptance run",
+            ["pair"],
+            registry=reg,
         ).labels(pair).set(tokens_per_second)
     write_to_textfile(str(path), reg)
     path.chmod(0o644)

@@ -15,9 +15,10 @@ when every arm value it needs is valid in both arms.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from statistics import median
-from typing import Any, Iterable
+from typing import Any
 
 from orchestrator.qualify.gates import GateVerdict, decide, overall
 from orchestrator.qualify.plan import ALL, COMBINED, QualifyPlan
@@ -35,11 +36,34 @@ from orchestrator.qualify.stats import (
 # Sample fields the runner writes (one dict per measured request); see measure.measure.
 # `rep` is the repeat index (0..repeats-1; absent in receipts from before repeats: 0).
 SAMPLE_FIELDS = (
-    "pair", "arm", "seq", "rep", "attempt", "fixture", "family", "fixture_sha256", "prompt_sha256", "package_native",
+    "pair",
+    "arm",
+    "seq",
+    "rep",
+    "attempt",
+    "fixture",
+    "family",
+    "fixture_sha256",
+    "prompt_sha256",
+    "package_native",
     "package_rpc",
-    "build_info", "ok", "error", "prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
-    "predicted_per_second", "draft_n", "draft_n_accepted", "cache_n", "stop_type", "wall_s", "ttft_s",
-    "peak_memory_bytes", "memory_source",
+    "build_info",
+    "ok",
+    "error",
+    "prompt_n",
+    "prompt_ms",
+    "prompt_per_second",
+    "predicted_n",
+    "predicted_ms",
+    "predicted_per_second",
+    "draft_n",
+    "draft_n_accepted",
+    "cache_n",
+    "stop_type",
+    "wall_s",
+    "ttft_s",
+    "peak_memory_bytes",
+    "memory_source",
 )
 
 
@@ -105,11 +129,16 @@ class QualifyResult:
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
             d = asdict(c)
-            d["tg"] = None if c.tg is None else {
-                "gain": c.tg.gain, "ratios": list(c.tg.ratios),
-                "interval": None if c.tg.interval is None else asdict(c.tg.interval),
-                "bootstrap": None if c.tg.bootstrap is None else asdict(c.tg.bootstrap),
-            }
+            d["tg"] = (
+                None
+                if c.tg is None
+                else {
+                    "gain": c.tg.gain,
+                    "ratios": list(c.tg.ratios),
+                    "interval": None if c.tg.interval is None else asdict(c.tg.interval),
+                    "bootstrap": None if c.tg.bootstrap is None else asdict(c.tg.bootstrap),
+                }
+            )
             d["valid_pair_count"] = len(c.valid_pairs)
             return d
 
@@ -128,8 +157,13 @@ class QualifyResult:
         }
 
 
-def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256: str | None = None,
-            noise: dict[str, Any] | None = None) -> QualifyResult:
+def analyze(
+    plan: QualifyPlan,
+    samples: Iterable[dict[str, Any]],
+    *,
+    plan_sha256: str | None = None,
+    noise: dict[str, Any] | None = None,
+) -> QualifyResult:
     samples = list(samples)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
     invalid: list[dict[str, Any]] = []
@@ -142,8 +176,9 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
         if rep in got:
             problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
         if problem:
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0],
-                            "problem": problem})
+            invalid.append(
+                {"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0], "problem": problem}
+            )
             got.setdefault(rep, {"_invalid": True})
         else:
             got[rep] = s
@@ -152,7 +187,9 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
     for (p, arm, fx), s in list(valid.items()):
         other = valid.get((p, "candidate" if arm == "baseline" else "baseline", fx))
         if other is not None and other.get("prompt_sha256") != s.get("prompt_sha256"):
-            invalid.append({"pair": p, "arm": arm, "fixture": fx, "problem": "prompt differs between the arms of this pair"})
+            invalid.append(
+                {"pair": p, "arm": arm, "fixture": fx, "problem": "prompt differs between the arms of this pair"}
+            )
             del valid[(p, arm, fx)]
 
     def pair_ok(p: int, fam: str) -> bool:
@@ -163,8 +200,12 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
         g = geomean(r)
         return 1.0 / g if invert else g
 
-    boot = dict(confidence=plan.confidence, exact_limit=plan.bootstrap.exact_limit,
-                resamples=plan.bootstrap.resamples, seed=plan.bootstrap.seed)
+    boot = dict(
+        confidence=plan.confidence,
+        exact_limit=plan.bootstrap.exact_limit,
+        resamples=plan.bootstrap.resamples,
+        seed=plan.bootstrap.seed,
+    )
     cells: list[Cell] = []
     for fam in plan.families:
         pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
@@ -177,7 +218,9 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
     for g in plan.gates:
         for fam in plan.families if g.family == ALL else [g.family]:
             c = by_family[fam]
-            gates.append(decide(g.kind, fam, g.threshold, c.tg, valid_pairs=len(c.valid_pairs), planned_pairs=plan.pairs))
+            gates.append(
+                decide(g.kind, fam, g.threshold, c.tg, valid_pairs=len(c.valid_pairs), planned_pairs=plan.pairs)
+            )
 
     flags: list[FlagResult] = []
     metric_attr = {"client_wall": "wall_ratio", "ttft": "ttft_ratio", "prompt": "pp_ratio"}
@@ -188,11 +231,22 @@ def analyze(plan: QualifyPlan, samples: Iterable[dict[str, Any]], *, plan_sha256
                 ratio = None if c.tg is None else c.tg.gain + 1.0
             else:
                 ratio = getattr(c, metric_attr[fl.metric])
-            flags.append(FlagResult(fl.metric, fam, fl.min_ratio, ratio, None if ratio is None else at_least(ratio, fl.min_ratio)))
+            flags.append(
+                FlagResult(
+                    fl.metric, fam, fl.min_ratio, ratio, None if ratio is None else at_least(ratio, fl.min_ratio)
+                )
+            )
 
     return QualifyResult(
-        verdict=overall(gates), gates=gates, flags=flags, cells=cells, samples_total=len(samples),
-        samples_invalid=invalid, plan_name=plan.name, plan_sha256=plan_sha256, arms=arms,
+        verdict=overall(gates),
+        gates=gates,
+        flags=flags,
+        cells=cells,
+        samples_total=len(samples),
+        samples_invalid=invalid,
+        plan_name=plan.name,
+        plan_sha256=plan_sha256,
+        arms=arms,
         noise=noise,
     )
 
@@ -203,8 +257,9 @@ _CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
 ArmKey = tuple[int, str, str]  # (pair, arm, fixture)
 
 
-def _arm_values(plan: QualifyPlan, reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]],
-                invalid: list[dict[str, Any]]) -> tuple[dict[ArmKey, dict[str, Any]], list[dict[str, Any]]]:
+def _arm_values(
+    plan: QualifyPlan, reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]], invalid: list[dict[str, Any]]
+) -> tuple[dict[ArmKey, dict[str, Any]], list[dict[str, Any]]]:
     """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent
     (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows.
     The runner re-measures a fixture whose repeats spread too much (`attempt` 1, 2, ...): the
@@ -222,25 +277,56 @@ def _arm_values(plan: QualifyPlan, reps: dict[ArmKey, dict[tuple[int, int], dict
     return valid, arms
 
 
-def _arm_value(plan: QualifyPlan, key: ArmKey, attempt: int, got: dict[int, dict[str, Any]],
-               valid: dict[ArmKey, dict[str, Any]], arms: list[dict[str, Any]], invalid: list[dict[str, Any]]) -> None:
+def _arm_value(
+    plan: QualifyPlan,
+    key: ArmKey,
+    attempt: int,
+    got: dict[int, dict[str, Any]],
+    valid: dict[ArmKey, dict[str, Any]],
+    arms: list[dict[str, Any]],
+    invalid: list[dict[str, Any]],
+) -> None:
     want = set(range(plan.repeats))
     good = {r: s for r, s in got.items() if not s.get("_invalid")}
     tg = [good[r]["predicted_per_second"] for r in sorted(good)]
     centre, spread = robust_centre(tg) if tg else (None, None)
-    row: dict[str, Any] = {"pair": key[0], "arm": key[1], "fixture": key[2], "attempt": attempt,
-                           "repeats": len(good), "median_tg": centre, "dispersion": spread, "valid": False}
+    row: dict[str, Any] = {
+        "pair": key[0],
+        "arm": key[1],
+        "fixture": key[2],
+        "attempt": attempt,
+        "repeats": len(good),
+        "median_tg": centre,
+        "dispersion": spread,
+        "valid": False,
+    }
     arms.append(row)
     if set(good) != want:
         if not set(got) - set(good):  # not already explained by an invalid sample
-            invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
-                            "problem": f"{len(good)} valid of {plan.repeats} planned repeats"})
+            invalid.append(
+                {
+                    "pair": key[0],
+                    "arm": key[1],
+                    "fixture": key[2],
+                    "rep": None,
+                    "attempt": attempt,
+                    "problem": f"{len(good)} valid of {plan.repeats} planned repeats",
+                }
+            )
         return
     bound = plan.max_arm_dispersion
     if bound is not None and spread is not None and spread > bound:
-        invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
-                        "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
-                                   f"exceeds the plan's max_arm_dispersion {bound}"})
+        invalid.append(
+            {
+                "pair": key[0],
+                "arm": key[1],
+                "fixture": key[2],
+                "rep": None,
+                "attempt": attempt,
+                "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
+                f"exceeds the plan's max_arm_dispersion {bound}",
+            }
+        )
         return
     rows = [good[r] for r in sorted(good)]
     merged = dict(rows[0])
@@ -252,8 +338,16 @@ def _arm_value(plan: QualifyPlan, key: ArmKey, attempt: int, got: dict[int, dict
     for k in ("draft_n", "draft_n_accepted"):
         merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
     if len({r.get("prompt_sha256") for r in rows}) != 1:
-        invalid.append({"pair": key[0], "arm": key[1], "fixture": key[2], "rep": None, "attempt": attempt,
-                        "problem": "the repeats of this arm sent different prompts"})
+        invalid.append(
+            {
+                "pair": key[0],
+                "arm": key[1],
+                "fixture": key[2],
+                "rep": None,
+                "attempt": attempt,
+                "problem": "the repeats of this arm sent different prompts",
+            }
+        )
         return
     valid[key] = merged
     row["valid"] = True
@@ -262,7 +356,11 @@ def _arm_value(plan: QualifyPlan, key: ArmKey, attempt: int, got: dict[int, dict
 def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) -> Cell:
     def per_pair(key: str, invert: bool = False) -> list[float]:
         if fam == COMBINED:
-            return list(combine_families([[fam_ratio(p, f, key, invert) for p in pairs] for f in families])) if pairs else []
+            return (
+                list(combine_families([[fam_ratio(p, f, key, invert) for p in pairs] for f in families]))
+                if pairs
+                else []
+            )
         return [fam_ratio(p, fam, key, invert) for p in pairs]
 
     tg = estimate_gain(per_pair("predicted_per_second"), **boot) if pairs else None

@@ -20,9 +20,20 @@ from orchestrator.qualify.report import write_report
 from orchestrator.qualify.runner import ArmPackages, Hooks, RunOutcome, run_qualification
 
 
-def qualify_pair(c: Any, *, pair: str, baseline: tuple[str, str], candidate: tuple[str, str] | None, plan_ref: str,
-                 profile_ref: str | None, argv: list[str], hooks: Hooks | None = None, calibrate: bool = False,
-                 calibration_ref: str | None = None, candidate_profile_ref: str | None = None) -> RunOutcome:
+def qualify_pair(
+    c: Any,
+    *,
+    pair: str,
+    baseline: tuple[str, str],
+    candidate: tuple[str, str] | None,
+    plan_ref: str,
+    profile_ref: str | None,
+    argv: list[str],
+    hooks: Hooks | None = None,
+    calibrate: bool = False,
+    calibration_ref: str | None = None,
+    candidate_profile_ref: str | None = None,
+) -> RunOutcome:
     """`calibrate`: the A/A run (the baseline in both arms; `candidate` ignored). Otherwise the
     plan's calibration is looked up (or `calibration_ref`) and the plan refused, before any host
     is touched, when it cannot resolve its gates at the measured noise."""
@@ -44,17 +55,34 @@ def qualify_pair(c: Any, *, pair: str, baseline: tuple[str, str], candidate: tup
     base = ArmPackages(*baseline)
     noise = None
     if not calibrate:
-        found = find_calibration(store, pair=pair, plan=loaded.plan, profile_sha256=profile_key(profile),
-                                 baseline=base.to_dict(), ref=calibration_ref)
-        hint = (f"pairctl qualify --calibrate --pair {pair} --baseline {' '.join(baseline)} --plan {plan_ref}"
-                + (f" --profile {profile_ref}" if profile_ref else ""))
+        found = find_calibration(
+            store,
+            pair=pair,
+            plan=loaded.plan,
+            profile_sha256=profile_key(profile),
+            baseline=base.to_dict(),
+            ref=calibration_ref,
+        )
+        hint = f"pairctl qualify --calibrate --pair {pair} --baseline {' '.join(baseline)} --plan {plan_ref}" + (
+            f" --profile {profile_ref}" if profile_ref else ""
+        )
         noise = judge(loaded.plan, found, calibrate_hint=hint)
     driver = EngineDriver(c.home, inventory, pair, argv=argv)
     try:
         return run_qualification(
-            store=store, loaded=loaded, pair=pair, baseline=base, candidate=ArmPackages(*cand),
-            profile=profile, driver=driver, argv=argv, hooks=hooks, write_report=lambda h: write_report(store, h)[0],
-            candidate_profile=cand_profile, calibrate=calibrate, noise=noise,
+            store=store,
+            loaded=loaded,
+            pair=pair,
+            baseline=base,
+            candidate=ArmPackages(*cand),
+            profile=profile,
+            driver=driver,
+            argv=argv,
+            hooks=hooks,
+            write_report=lambda h: write_report(store, h)[0],
+            candidate_profile=cand_profile,
+            calibrate=calibrate,
+            noise=noise,
         )
     finally:
         driver.close()

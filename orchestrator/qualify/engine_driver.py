@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
@@ -60,8 +61,16 @@ QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's 
 
 
 class EngineDriver:
-    def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str], busy_wait_s: float = 300.0,
-                 busy_poll_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        home: Home,
+        inventory: Any,
+        pair: str,
+        *,
+        argv: list[str],
+        busy_wait_s: float = 300.0,
+        busy_poll_s: float = 2.0,
+    ) -> None:
         from orchestrator.remote.pool import TransportPool
 
         self.home, self.inventory, self.pair = home, inventory, pair
@@ -96,8 +105,14 @@ class EngineDriver:
                 hint=f"pairctl deploy --pair {self.pair} --packages NATIVE RPC",
             )
         a = rec.active
-        return {"native": a.native_package, "rpc": a.rpc_package, "profile": a.profile, "profile_sha256": a.profile_sha256,
-                "argv_sha256": a.argv_sha256, "route_revision": rec.revision}
+        return {
+            "native": a.native_package,
+            "rpc": a.rpc_package,
+            "profile": a.profile,
+            "profile_sha256": a.profile_sha256,
+            "argv_sha256": a.argv_sha256,
+            "route_revision": rec.revision,
+        }
 
     # -- holding the pair ----------------------------------------------------------------------
     def _wait_busy(self, what: str, attempt_fn: Any) -> Any:
@@ -128,16 +143,27 @@ class EngineDriver:
 
         targets = leases.targets_of(self.inventory, self.pool, self.pair)
         with ExitStack() as stack:
-            held = self._wait_busy("lease", lambda: stack.enter_context(leases.hold_pair_leases(
-                targets, owner=leases.default_owner(), purpose=f"pairctl qualify {self.pair} (run {run_id})",
-                ttl_s=QUALIFY_LEASE_TTL_S, record_release_error=True)))
+            held = self._wait_busy(
+                "lease",
+                lambda: stack.enter_context(
+                    leases.hold_pair_leases(
+                        targets,
+                        owner=leases.default_owner(),
+                        purpose=f"pairctl qualify {self.pair} (run {run_id})",
+                        ttl_s=QUALIFY_LEASE_TTL_S,
+                        record_release_error=True,
+                    )
+                ),
+            )
             self._lease_nonce, deploys_before = held.nonce, self._deploys_started
             try:
                 yield held
             except BaseException as exc:
                 if held.kept is None and self._deploys_started != deploys_before:
-                    held.keep(f"the run stopped with {type(exc).__name__} after a deploy began; after checking "
-                              f"the pair, `pairctl lease release {self.pair} --dead-run {run_id}`")
+                    held.keep(
+                        f"the run stopped with {type(exc).__name__} after a deploy began; after checking "
+                        f"the pair, `pairctl lease release {self.pair} --dead-run {run_id}`"
+                    )
                 raise
             finally:
                 self._lease_nonce = None
@@ -153,9 +179,20 @@ class EngineDriver:
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
-        res = self._wait_busy(why, lambda: deploy(
-            self.home, self.inventory, self.pair, (native, rpc), profile_name=self._profile_file(profile),
-            skip_accept=True, argv=[*self.argv, f"({why})"], pool=self.pool, held_lease_nonce=self._lease_nonce))
+        res = self._wait_busy(
+            why,
+            lambda: deploy(
+                self.home,
+                self.inventory,
+                self.pair,
+                (native, rpc),
+                profile_name=self._profile_file(profile),
+                skip_accept=True,
+                argv=[*self.argv, f"({why})"],
+                pool=self.pool,
+                held_lease_nonce=self._lease_nonce,
+            ),
+        )
         self.deploy_receipts.append(res.receipt)
         return res
 
@@ -166,10 +203,18 @@ class EngineDriver:
         client = ServerClient(self.view.base_url, api_key=self._api_key)
         props = client.props()
         pids = {role: self._pid(role) for role in ("native", "rpc")}
-        identity = {"deploy_receipt": res.receipt, "build_info": props.build_info, "total_slots": props.total_slots,
-                    "n_ctx_per_slot": props.n_ctx_per_slot, "pids": pids, "active": res.active and {
-                        k: res.active[k] for k in ("native_package", "rpc_package", "profile_sha256", "argv_sha256")}}
-        return ActiveArm(client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=self._memory_probe(pids))
+        identity = {
+            "deploy_receipt": res.receipt,
+            "build_info": props.build_info,
+            "total_slots": props.total_slots,
+            "n_ctx_per_slot": props.n_ctx_per_slot,
+            "pids": pids,
+            "active": res.active
+            and {k: res.active[k] for k in ("native_package", "rpc_package", "profile_sha256", "argv_sha256")},
+        }
+        return ActiveArm(
+            client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=self._memory_probe(pids)
+        )
 
     def _memory_probe(self, pids: dict[str, int | None]):
         """After each measured request: one telemetry sample per host (GPU memory in use where
@@ -194,8 +239,12 @@ class EngineDriver:
         res = self._deploy(snapshot["native"], snapshot["rpc"], snapshot["profile"], "qualify restore")
         rec = self._route()
         a = rec.active if rec else None
-        seen = {"native": a and a.native_package, "rpc": a and a.rpc_package, "profile_sha256": a and a.profile_sha256,
-                "argv_sha256": a and a.argv_sha256}
+        seen = {
+            "native": a and a.native_package,
+            "rpc": a and a.rpc_package,
+            "profile_sha256": a and a.profile_sha256,
+            "argv_sha256": a and a.argv_sha256,
+        }
         want = {k: snapshot[k] for k in seen}
         if seen != want:
             raise CheckFailed(f"after restore the route record names {seen}, expected {want}")

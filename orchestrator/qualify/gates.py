@@ -69,10 +69,20 @@ def decide(
     boot = est.bootstrap if est else None
 
     def verdict(v: Verdict, reason: str) -> GateVerdict:
-        return GateVerdict(kind, family, threshold, v, reason, gain=est.gain if est else None,
-                           low=iv.low if iv else None, high=iv.high if iv else None,
-                           valid_pairs=valid_pairs, planned_pairs=planned_pairs,
-                           bootstrap_low=boot.low if boot else None, bootstrap_high=boot.high if boot else None)
+        return GateVerdict(
+            kind,
+            family,
+            threshold,
+            v,
+            reason,
+            gain=est.gain if est else None,
+            low=iv.low if iv else None,
+            high=iv.high if iv else None,
+            valid_pairs=valid_pairs,
+            planned_pairs=planned_pairs,
+            bootstrap_low=boot.low if boot else None,
+            bootstrap_high=boot.high if boot else None,
+        )
 
     if est is None or iv is None or valid_pairs < planned_pairs:
         why = f"{valid_pairs} of {planned_pairs} planned pairs valid"

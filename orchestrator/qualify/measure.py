@@ -9,8 +9,9 @@ prompt and exactly `n_predict` tokens of generation.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.hashing import sha256_json
@@ -44,7 +45,9 @@ def prompts_for(loaded: LoadedPlan, tokenize: Callable[[str], list[int]], per_sl
         ids = tokenize(loaded.fixture_text(fx.name))
         want = fx.tokens or len(ids)
         if len(ids) < want:
-            raise ConfigError(f"fixture {fx.name!r}: its text is {len(ids)} tokens with this model's tokenizer, the plan needs {want}")
+            raise ConfigError(
+                f"fixture {fx.name!r}: its text is {len(ids)} tokens with this model's tokenizer, the plan needs {want}"
+            )
         if want + plan.n_predict > per_slot_ctx:
             raise ConfigError(
                 f"fixture {fx.name!r}: {want} prompt + {plan.n_predict} generated tokens do not fit the server's "
@@ -55,16 +58,35 @@ def prompts_for(loaded: LoadedPlan, tokenize: Callable[[str], list[int]], per_sl
 
 
 def request_params(plan_seed: int, temperature: float) -> dict[str, Any]:
-    return {"cache_prompt": False, "ignore_eos": True, "temperature": temperature, "seed": plan_seed, "return_tokens": True}
+    return {
+        "cache_prompt": False,
+        "ignore_eos": True,
+        "temperature": temperature,
+        "seed": plan_seed,
+        "return_tokens": True,
+    }
 
 
-def measure(client: Any, prompt: Prompt, *, n_predict: int, params: dict[str, Any], memory: MemoryProbe | None,
-            base: dict[str, Any]) -> dict[str, Any]:
+def measure(
+    client: Any,
+    prompt: Prompt,
+    *,
+    n_predict: int,
+    params: dict[str, Any],
+    memory: MemoryProbe | None,
+    base: dict[str, Any],
+) -> dict[str, Any]:
     """One streaming request -> one sample dict (fields: analysis.SAMPLE_FIELDS). A failed request
     is a sample with ok=False and the error, never an exception: the analysis decides."""
     row: dict[str, Any] = {
-        **base, "fixture": prompt.fixture, "family": prompt.family, "fixture_sha256": prompt.fixture_sha256,
-        "prompt_sha256": prompt.sha256, "prompt_tokens": len(prompt.tokens), "ok": False, "error": None,
+        **base,
+        "fixture": prompt.fixture,
+        "family": prompt.family,
+        "fixture_sha256": prompt.fixture_sha256,
+        "prompt_sha256": prompt.sha256,
+        "prompt_tokens": len(prompt.tokens),
+        "ok": False,
+        "error": None,
     }
     t0 = time.monotonic()
     ttft = None
@@ -90,9 +112,15 @@ def measure(client: Any, prompt: Prompt, *, n_predict: int, params: dict[str, An
     t = final.timings
     row.update(
         ok=True,
-        prompt_n=t.prompt_n, prompt_ms=t.prompt_ms, prompt_per_second=t.prompt_per_second,
-        predicted_n=t.predicted_n, predicted_ms=t.predicted_ms, predicted_per_second=t.predicted_per_second,
-        draft_n=t.draft_n, draft_n_accepted=t.draft_n_accepted, cache_n=t.cache_n,
+        prompt_n=t.prompt_n,
+        prompt_ms=t.prompt_ms,
+        prompt_per_second=t.prompt_per_second,
+        predicted_n=t.predicted_n,
+        predicted_ms=t.predicted_ms,
+        predicted_per_second=t.predicted_per_second,
+        draft_n=t.draft_n,
+        draft_n_accepted=t.draft_n_accepted,
+        cache_n=t.cache_n,
         stop_type=getattr(final, "stop_type", None),
     )
     if memory is not None:
@@ -111,5 +139,9 @@ def warmup(client: Any, loaded: LoadedPlan, params: dict[str, Any]) -> dict[str,
     w = loaded.plan.warmup
     t0 = time.monotonic()
     res = client.completion(w.prompt, w.n_predict, **params)
-    return {"prompt": w.prompt, "n_predict": w.n_predict, "predicted_n": res.timings.predicted_n,
-            "wall_s": time.monotonic() - t0}
+    return {
+        "prompt": w.prompt,
+        "n_predict": w.n_predict,
+        "predicted_n": res.timings.predicted_n,
+        "wall_s": time.monotonic() - t0,
+    }

@@ -39,7 +39,9 @@ class Fixture(StrictModel):
     path: str = Field(description="text file; relative paths are relative to the plan file's folder")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     tokens: int | None = Field(
-        default=None, gt=0, description="expected prompt tokens (checked against the profile; measured again by the server)"
+        default=None,
+        gt=0,
+        description="expected prompt tokens (checked against the profile; measured again by the server)",
     )
 
     def resolve(self, base_dir: Path) -> Path:
@@ -77,18 +79,21 @@ class Gate(StrictModel):
     family: str = Field(default=ALL)
     threshold: float = Field(ge=-1, le=10, description="fraction: 0.05 = 5%, -0.01 = -1%")
     power_at: float | None = Field(default=None, gt=-1, le=10, description="true gain at which the gate must pass")
-    power: float | None = Field(default=None, gt=0, lt=1,
-                                description="pass probability at power_at (default: the plan's)")
+    power: float | None = Field(
+        default=None, gt=0, lt=1, description="pass probability at power_at (default: the plan's)"
+    )
 
     @model_validator(mode="after")
-    def _check(self) -> "Gate":
+    def _check(self) -> Gate:
         if self.kind == "gain" and self.threshold < 0:
             raise ValueError("a gain gate needs a threshold >= 0 (use non_regression for a floor below parity)")
         if self.kind == "non_regression" and self.threshold > 0:
             raise ValueError("a non_regression threshold is a floor at or below 0 (e.g. -0.01)")
         if self.power_at is not None and self.power_at <= self.threshold:
-            raise ValueError(f"power_at {self.power_at} must be above the threshold {self.threshold}: "
-                             "a gate cannot be required to pass where it is meant to fail")
+            raise ValueError(
+                f"power_at {self.power_at} must be above the threshold {self.threshold}: "
+                "a gate cannot be required to pass where it is meant to fail"
+            )
         return self
 
     @property
@@ -106,8 +111,9 @@ class Calibration(StrictModel):
 
     pairs: int = Field(default=8, ge=3, le=200, description="A/A pairs measured by --calibrate")
     required: bool = Field(default=True, description="refuse to qualify without a matching calibration")
-    upper_confidence: float = Field(default=0.8, gt=0.5, lt=1,
-                                    description="pairs are planned on this upper bound of the noise")
+    upper_confidence: float = Field(
+        default=0.8, gt=0.5, lt=1, description="pairs are planned on this upper bound of the noise"
+    )
 
 
 class Flag(StrictModel):
@@ -124,17 +130,28 @@ class QualifyPlan(StrictModel):
     fixtures: list[Fixture] = Field(min_length=1)
     n_predict: int = Field(ge=1, description="generated tokens per measured request (EOS ignored)")
     pairs: int = Field(ge=2, le=1000, description="baseline/candidate pairs (>= 2: one pair measures no spread)")
-    repeats: int = Field(default=1, ge=1, le=50,
-                         description="measured requests per fixture per arm after the warm-up; "
-                                     "the arm's value is their median")
+    repeats: int = Field(
+        default=1,
+        ge=1,
+        le=50,
+        description="measured requests per fixture per arm after the warm-up; the arm's value is their median",
+    )
     max_arm_dispersion: float | None = Field(
-        default=None, gt=0, le=5,
-        description="an arm whose repeats' sd of log TG exceeds this is invalid (its pair counts as missing)")
-    arm_retries: int = Field(default=1, ge=0, le=5,
-                             description="re-measure (same activation) a fixture whose repeats spread more than "
-                                         "max_arm_dispersion, up to this many times; every attempt is recorded")
-    confidence: float = Field(default=0.95, gt=0, lt=1,
-                              description="of the deciding Student-t interval and the bootstrap")
+        default=None,
+        gt=0,
+        le=5,
+        description="an arm whose repeats' sd of log TG exceeds this is invalid (its pair counts as missing)",
+    )
+    arm_retries: int = Field(
+        default=1,
+        ge=0,
+        le=5,
+        description="re-measure (same activation) a fixture whose repeats spread more than "
+        "max_arm_dispersion, up to this many times; every attempt is recorded",
+    )
+    confidence: float = Field(
+        default=0.95, gt=0, lt=1, description="of the deciding Student-t interval and the bootstrap"
+    )
     power: float = Field(default=0.8, gt=0, lt=1, description="default pass probability of a gate at its power_at")
     calibration: Calibration | None = Field(default=None, description="A/A calibration; absent = none needed")
     order: Literal["alternating"] | list[Arm] = Field(
@@ -170,12 +187,14 @@ class QualifyPlan(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _check(self) -> "QualifyPlan":
+    def _check(self) -> QualifyPlan:
         fams = set(self.families)
         judged: list[Gate | Flag] = [*self.gates, *self.flags]
         for g in judged:
             if g.family not in fams | {ALL, COMBINED}:
-                raise ValueError(f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})")
+                raise ValueError(
+                    f"{type(g).__name__.lower()} on family {g.family!r}: no fixture has that family ({sorted(fams)})"
+                )
         if self.max_arm_dispersion is not None and self.repeats < 2:
             raise ValueError("max_arm_dispersion needs repeats >= 2 (one request per arm measures no spread)")
         if isinstance(self.order, list):
@@ -183,7 +202,9 @@ class QualifyPlan(StrictModel):
                 raise ValueError(f"an explicit order lists 2 x pairs = {2 * self.pairs} arms, got {len(self.order)}")
             for i in range(self.pairs):
                 if sorted(self.order[2 * i : 2 * i + 2]) != ["baseline", "candidate"]:
-                    raise ValueError(f"explicit order: pair {i + 1} (arms {2 * i + 1}-{2 * i + 2}) must hold one baseline and one candidate")
+                    raise ValueError(
+                        f"explicit order: pair {i + 1} (arms {2 * i + 1}-{2 * i + 2}) must hold one baseline and one candidate"
+                    )
         return self
 
     @property
@@ -209,12 +230,18 @@ class QualifyPlan(StrictModel):
         """What a calibration must share with the plan that uses it: the measurement itself
         (fixtures, tokens, repeats, warm-up, sampling, order), not the gates or the pair count,
         so a plan may be given more pairs after its calibration says how many it needs."""
-        return sha256_json({
-            "fixtures": [[f.name, f.family, f.sha256, f.tokens] for f in self.fixtures], "n_predict": self.n_predict,
-            "repeats": self.repeats, "warmup": self.warmup.model_dump(mode="json"), "temperature": self.temperature,
-            "seed": self.seed, "active_slots": self.active_slots,
-            "order": "alternating" if self.order == "alternating" else "explicit",
-        })
+        return sha256_json(
+            {
+                "fixtures": [[f.name, f.family, f.sha256, f.tokens] for f in self.fixtures],
+                "n_predict": self.n_predict,
+                "repeats": self.repeats,
+                "warmup": self.warmup.model_dump(mode="json"),
+                "temperature": self.temperature,
+                "seed": self.seed,
+                "active_slots": self.active_slots,
+                "order": "alternating" if self.order == "alternating" else "explicit",
+            }
+        )
 
     def check_fits(self, profile: RouteProfile) -> None:
         """Every fixture's declared tokens + n_predict must fit one slot of the profile."""
@@ -222,7 +249,9 @@ class QualifyPlan(StrictModel):
             if f.tokens is None:
                 continue
             try:
-                profile.check_fits(f.tokens + self.n_predict, f"fixture {f.name!r} ({f.tokens} prompt + {self.n_predict} generated)")
+                profile.check_fits(
+                    f.tokens + self.n_predict, f"fixture {f.name!r} ({f.tokens} prompt + {self.n_predict} generated)"
+                )
             except ValueError as e:
                 raise ConfigError(f"plan {self.name}: {e} of profile {profile.name}") from None
 

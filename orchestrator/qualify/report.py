@@ -48,7 +48,9 @@ def _origin(store: EvidenceStore, r: Receipt) -> Receipt:
     seen = set()
     while "plan_sha256" not in r.extra_fields():
         if r.derived_from is None or r.derived_from in seen:
-            raise EvidenceError(f"receipt {r.sha256[:12]} is not a qualification (no plan_sha256) and derives from none")
+            raise EvidenceError(
+                f"receipt {r.sha256[:12]} is not a qualification (no plan_sha256) and derives from none"
+            )
         seen.add(r.derived_from)
         r = store.load(r.derived_from)
     return r
@@ -61,7 +63,9 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
     plan_sha, plan_text = extra.get("plan_sha256"), extra.get("plan_text")
     checks: list[str] = []
     if not isinstance(plan_text, str) or sha256_bytes(plan_text.encode("utf-8")) != plan_sha:
-        raise EvidenceError(f"receipt {origin.sha256[:12]}: the recorded plan text does not match plan_sha256 {plan_sha}")
+        raise EvidenceError(
+            f"receipt {origin.sha256[:12]}: the recorded plan text does not match plan_sha256 {plan_sha}"
+        )
     checks.append(f"plan text matches plan_sha256 {plan_sha[:16]}")
     declared = [f for f in origin.fields_set if f.key == "plan_sha256"]
     if origin.first_sample_at is not None:
@@ -78,15 +82,27 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
     else:
         steps = [n for n in receipt.reused_steps if n.startswith(ARM_STEP_PREFIX)]
         steps += [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
-        checks.append(f"derived record: {len(receipt.reused_steps)} step(s) reused by reference from {receipt.derived_from[:16]}")
+        checks.append(
+            f"derived record: {len(receipt.reused_steps)} step(s) reused by reference from {receipt.derived_from[:16]}"
+        )
     samples: list[dict[str, Any]] = []
     for name in steps:
         _rec, rows = store.step_view(receipt.sha256, name)  # follows references, checks their hashes
         samples += rows
     return QualifyRecord(
-        receipt=receipt.sha256, origin=origin.sha256, plan=plan, plan_sha256=plan_sha, pair=extra.get("qualify_pair"),
-        arms=extra.get("qualify_arms") or {}, samples=samples, sample_steps=steps, derived=receipt.derived_from is not None,
-        outcome=receipt.outcome, reason=receipt.reason, checks=checks, noise=extra.get("qualify_noise"),
+        receipt=receipt.sha256,
+        origin=origin.sha256,
+        plan=plan,
+        plan_sha256=plan_sha,
+        pair=extra.get("qualify_pair"),
+        arms=extra.get("qualify_arms") or {},
+        samples=samples,
+        sample_steps=steps,
+        derived=receipt.derived_from is not None,
+        outcome=receipt.outcome,
+        reason=receipt.reason,
+        checks=checks,
+        noise=extra.get("qualify_noise"),
         calibration=extra.get("calibration") if isinstance(extra.get("calibration"), dict) else None,
     )
 
@@ -107,10 +123,25 @@ def write_report(store: EvidenceStore, ref: str) -> tuple[Path, QualifyRecord, Q
     out.mkdir(parents=True, exist_ok=True)
     chart(result, record, out / CHART_PNG)
     (out / REPORT_MD).write_text(markdown(result, record), encoding="utf-8")
-    (out / RESULT_JSON).write_text(json.dumps(
-        {"receipt": record.receipt, "origin": record.origin, "derived": record.derived, "pair": record.pair,
-         "arms": record.arms, "sample_steps": record.sample_steps, "checks": record.checks, **result.to_json()},
-        indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    (out / RESULT_JSON).write_text(
+        json.dumps(
+            {
+                "receipt": record.receipt,
+                "origin": record.origin,
+                "derived": record.derived,
+                "pair": record.pair,
+                "arms": record.arms,
+                "sample_steps": record.sample_steps,
+                "checks": record.checks,
+                **result.to_json(),
+            },
+            indent=2,
+            sort_keys=True,
+            default=str,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     return out, record, result
 
 
@@ -143,8 +174,11 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         "beside it and decides nothing",
         f"- Repeats: {plan.repeats} measured request(s) per fixture per arm after the warm-up, "
         "the arm's value their median"
-        + (f"; an arm whose sd of log TG exceeds {plan.max_arm_dispersion} is invalid"
-           if plan.max_arm_dispersion else ""),
+        + (
+            f"; an arm whose sd of log TG exceeds {plan.max_arm_dispersion} is invalid"
+            if plan.max_arm_dispersion
+            else ""
+        ),
         *noise_lines(result),
         "",
         "## Gates (declared before the first sample; only these decide)",
@@ -160,11 +194,15 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             f"{_pct(g.bootstrap_low)} to {_pct(g.bootstrap_high)} | "
             f"{g.valid_pairs}/{g.planned_pairs} | **{g.verdict.upper()}** | {g.reason} |"
         )
-    lines += ["", "## Generation speed per family (paired, candidate / baseline)", "",
-              "| Family | Baseline median TG | Candidate median TG | Paired geometric gain "
-              "| Student-t interval (decides) "
-              "| sd of log ratio | Bootstrap interval | Bootstrap method | Valid pairs |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Generation speed per family (paired, candidate / baseline)",
+        "",
+        "| Family | Baseline median TG | Candidate median TG | Paired geometric gain "
+        "| Student-t interval (decides) "
+        "| sd of log ratio | Bootstrap interval | Bootstrap method | Valid pairs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in result.cells:
         iv = c.tg.interval if c.tg else None
         bs = c.tg.bootstrap if c.tg else None
@@ -178,54 +216,94 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             f"{sd} | {_pct(bs.low if bs else None)} to {_pct(bs.high if bs else None)} | {method} "
             f"| {len(c.valid_pairs)}/{c.planned_pairs} |"
         )
-    lines += ["", "## Reported, not gated", "",
-              "| Family | PP ratio | Peak memory ratio | Client wall ratio | TTFT ratio | Draft acceptance (B / C) |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Reported, not gated",
+        "",
+        "| Family | PP ratio | Peak memory ratio | Client wall ratio | TTFT ratio | Draft acceptance (B / C) |",
+        "|---|---|---|---|---|---|",
+    ]
     for c in result.cells:
-        acc = " / ".join("n/a" if c.acceptance.get(a) is None else f"{c.acceptance[a]:.3f}" for a in ("baseline", "candidate"))
-        lines.append(f"| {c.family} | {_r(c.pp_ratio)} | {_r(c.memory_ratio)} | {_r(c.wall_ratio)} | {_r(c.ttft_ratio)} | {acc} |")
-    lines += ["", "Ratios: PP = candidate/baseline prompt tok/s; memory = candidate/baseline pair memory after each request "
-              "(GPU memory in use from nvidia-smi on GPU hosts, the service's peak RSS on CPU hosts; each sample's "
-              "`memory_source` says which); wall and TTFT = "
-              "baseline/candidate time (above 1 = candidate faster).", ""]
+        acc = " / ".join(
+            "n/a" if c.acceptance.get(a) is None else f"{c.acceptance[a]:.3f}" for a in ("baseline", "candidate")
+        )
+        lines.append(
+            f"| {c.family} | {_r(c.pp_ratio)} | {_r(c.memory_ratio)} | {_r(c.wall_ratio)} | {_r(c.ttft_ratio)} | {acc} |"
+        )
+    lines += [
+        "",
+        "Ratios: PP = candidate/baseline prompt tok/s; memory = candidate/baseline pair memory after each request "
+        "(GPU memory in use from nvidia-smi on GPU hosts, the service's peak RSS on CPU hosts; each sample's "
+        "`memory_source` says which); wall and TTFT = "
+        "baseline/candidate time (above 1 = candidate faster).",
+        "",
+    ]
     if result.flags:
-        lines += ["## Flags (point checks, never gates)", "", "| Metric | Family | Ratio | Minimum | OK |", "|---|---|---|---|---|"]
+        lines += [
+            "## Flags (point checks, never gates)",
+            "",
+            "| Metric | Family | Ratio | Minimum | OK |",
+            "|---|---|---|---|---|",
+        ]
         for f in result.flags:
             ok = "n/a" if f.ok is None else ("yes" if f.ok else "**no**")
             lines.append(f"| {f.metric} | {f.family} | {_r(f.ratio)} | {f.min_ratio} | {ok} |")
         lines.append("")
-    lines += ["## Per-pair TG ratios", "", "| Family | " + " | ".join(f"pair {i + 1}" for i in range(plan.pairs)) + " |",
-              "|---|" + "---|" * plan.pairs]
+    lines += [
+        "## Per-pair TG ratios",
+        "",
+        "| Family | " + " | ".join(f"pair {i + 1}" for i in range(plan.pairs)) + " |",
+        "|---|" + "---|" * plan.pairs,
+    ]
     for c in result.cells:
         by_pair = dict(zip(c.valid_pairs, c.tg.ratios, strict=True)) if c.tg else {}
         lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(plan.pairs)) + " |")
     if record.calibration:
         lines += ["", "## Calibration (A/A: baseline against baseline, every difference is noise)", ""]
-        lines += [f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% "
-                  f"(upper {int(100 * v['upper_confidence'])}% "
-                  f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
-                  for fam, v in record.calibration["families"].items()]
+        lines += [
+            f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% "
+            f"(upper {int(100 * v['upper_confidence'])}% "
+            f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
+            for fam, v in record.calibration["families"].items()
+        ]
         lines += [f"- problem: {p}" for p in record.calibration.get("problems") or []]
-        lines += ["", "| Gate | Family | Threshold | Power at | Power | Pairs needed | Plan pairs | Resolvable |",
-                  "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {g['kind']} | {g['family']} | {_pct(g['threshold'])} | {_pct(g['power_at'])} | {g['power']} | "
-                  f"{g['needed_pairs'] if g['needed_pairs'] is not None else 'n/a'} | {g['plan_pairs']} | "
-                  f"{'yes' if g['resolvable'] else '**no**'} |" for g in record.calibration["gates"]]
+        lines += [
+            "",
+            "| Gate | Family | Threshold | Power at | Power | Pairs needed | Plan pairs | Resolvable |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['kind']} | {g['family']} | {_pct(g['threshold'])} | {_pct(g['power_at'])} | {g['power']} | "
+            f"{g['needed_pairs'] if g['needed_pairs'] is not None else 'n/a'} | {g['plan_pairs']} | "
+            f"{'yes' if g['resolvable'] else '**no**'} |"
+            for g in record.calibration["gates"]
+        ]
         lines += ["", "The gate verdicts above are the A/A check: a gain gate that passes here passed on noise."]
     spread = [a["dispersion"] for a in result.arms if a.get("dispersion") is not None]
     if spread:
-        lines += ["", "## Within-arm dispersion (sd of log TG over each arm's repeats)", "",
-                  f"- {len(spread)} arm values; median {100 * sorted(spread)[len(spread) // 2]:.2f}%, "
-                  f"max {100 * max(spread):.2f}%"
-                  + (f"; bound {100 * plan.max_arm_dispersion:.2f}%" if plan.max_arm_dispersion else "")]
+        lines += [
+            "",
+            "## Within-arm dispersion (sd of log TG over each arm's repeats)",
+            "",
+            f"- {len(spread)} arm values; median {100 * sorted(spread)[len(spread) // 2]:.2f}%, "
+            f"max {100 * max(spread):.2f}%"
+            + (f"; bound {100 * plan.max_arm_dispersion:.2f}%" if plan.max_arm_dispersion else ""),
+        ]
     if result.samples_invalid:
         lines += ["", "## Invalid samples and arms", ""]
-        lines += [f"- pair {i['pair'] + 1 if isinstance(i['pair'], int) else i['pair']}, {i['arm']}, {i['fixture']}"
-                  + (f", repeat {i['rep'] + 1}" if isinstance(i.get("rep"), int) else "")
-                  + (f", attempt {i['attempt'] + 1}" if i.get("attempt") else "") + f": {i['problem']}"
-                  for i in result.samples_invalid]
-    lines += ["", f"Chart: `{CHART_PNG}` (per-pair ratios, interval, gate lines). Raw samples: the receipt's arm steps "
-              f"({', '.join(record.sample_steps) or 'none'}).", ""]
+        lines += [
+            f"- pair {i['pair'] + 1 if isinstance(i['pair'], int) else i['pair']}, {i['arm']}, {i['fixture']}"
+            + (f", repeat {i['rep'] + 1}" if isinstance(i.get("rep"), int) else "")
+            + (f", attempt {i['attempt'] + 1}" if i.get("attempt") else "")
+            + f": {i['problem']}"
+            for i in result.samples_invalid
+        ]
+    lines += [
+        "",
+        f"Chart: `{CHART_PNG}` (per-pair ratios, interval, gate lines). Raw samples: the receipt's arm steps "
+        f"({', '.join(record.sample_steps) or 'none'}).",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -234,13 +312,19 @@ def noise_lines(result: QualifyResult) -> list[str]:
     n = result.noise
     if not n:
         return ["- Noise floor: no calibration (the plan needs none); the gates' power is unknown"]
-    out = [f"- Noise floor (A/A calibration `{str(n.get('receipt'))[:16]}`, {n.get('pairs')} pairs): "
-           + ", ".join(f"{fam} sd {100 * v['sigma']:.2f}% (planned on {100 * v['sigma_upper']:.2f}%)"
-                       for fam, v in (n.get("families") or {}).items())]
+    out = [
+        f"- Noise floor (A/A calibration `{str(n.get('receipt'))[:16]}`, {n.get('pairs')} pairs): "
+        + ", ".join(
+            f"{fam} sd {100 * v['sigma']:.2f}% (planned on {100 * v['sigma_upper']:.2f}%)"
+            for fam, v in (n.get("families") or {}).items()
+        )
+    ]
     for g in n.get("gates") or []:
         need = g["needed_pairs"] if g["needed_pairs"] is not None else f"more than {g['max_pairs']}"
-        out.append(f"  - {g['kind']}[{g['family']}] {_pct(g['threshold'])}: power {g['power']} "
-                   f"at {_pct(g['power_at'])} needs {need} pairs")
+        out.append(
+            f"  - {g['kind']}[{g['family']}] {_pct(g['threshold'])}: power {g['power']} "
+            f"at {_pct(g['power_at'])} needs {need} pairs"
+        )
     return out
 
 
@@ -264,13 +348,28 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
             g = 100 * c.tg.gain
             if c.tg.interval is not None:
                 lo, hi = 100 * c.tg.interval.low, 100 * c.tg.interval.high
-                ax.errorbar([x + 0.28], [g], yerr=[[g - lo], [hi - g]], fmt="o", color="tab:blue", capsize=5, zorder=4,
-                            label=None if labelled else "paired gain, Student-t interval (decides)")
+                ax.errorbar(
+                    [x + 0.28],
+                    [g],
+                    yerr=[[g - lo], [hi - g]],
+                    fmt="o",
+                    color="tab:blue",
+                    capsize=5,
+                    zorder=4,
+                    label=None if labelled else "paired gain, Student-t interval (decides)",
+                )
             if c.tg.bootstrap is not None:
                 lo, hi = 100 * c.tg.bootstrap.low, 100 * c.tg.bootstrap.high
-                ax.errorbar([x + 0.18], [g], yerr=[[g - lo], [hi - g]], fmt="none", color="tab:gray", capsize=3,
-                            zorder=4,
-                            label=None if labelled else "percentile bootstrap (not deciding)")
+                ax.errorbar(
+                    [x + 0.18],
+                    [g],
+                    yerr=[[g - lo], [hi - g]],
+                    fmt="none",
+                    color="tab:gray",
+                    capsize=3,
+                    zorder=4,
+                    label=None if labelled else "percentile bootstrap (not deciding)",
+                )
             labelled = True
         else:
             ax.text(x, 0, "no valid pairs", ha="center", va="bottom", fontsize=8)
@@ -284,7 +383,9 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
     ax.set_xticks(range(len(cells)), [f"{c.family}\n{len(c.valid_pairs)}/{c.planned_pairs} pairs" for c in cells])
     ax.set_ylabel("TG gain, candidate vs baseline (%)")
     ax.set_xlim(-0.6, len(cells) - 0.1)
-    ax.set_title(f"{record.plan.name}: {result.verdict.upper()} (dashed: gain gate, dotted: non-regression)", fontsize=10)
+    ax.set_title(
+        f"{record.plan.name}: {result.verdict.upper()} (dashed: gain gate, dotted: non-regression)", fontsize=10
+    )
     if labelled:
         ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, fontsize=8, frameon=False)
     ax.grid(axis="y", alpha=0.3)

@@ -27,9 +27,10 @@ rebuild the result without measuring again (`pairctl qualify report --receipt DE
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
+from typing import Any, ContextManager, Protocol
 
 from orchestrator import progress
 from orchestrator.config.profiles import RouteProfile
@@ -127,8 +128,9 @@ def run_qualification(
     plan = loaded.plan
     if calibrate:
         if plan.calibration is None:
-            raise ConfigError(f"plan {plan.name} declares no calibration",
-                              hint="add `calibration: {pairs: 8}` to the plan")
+            raise ConfigError(
+                f"plan {plan.name} declares no calibration", hint="add `calibration: {pairs: 8}` to the plan"
+            )
         candidate, candidate_profile = baseline, None
         plan = plan.model_copy(update={"pairs": plan.calibration.pairs})
     hooks = hooks or Hooks()
@@ -154,8 +156,14 @@ def run_qualification(
         if candidate_profile is not None:
             journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
         if calibrate:
-            journal.set("qualify_calibrate", {"pairs": plan.pairs, "measurement_key": plan.measurement_key(),
-                                              "profile_sha256": profile_key(profile)})
+            journal.set(
+                "qualify_calibrate",
+                {
+                    "pairs": plan.pairs,
+                    "measurement_key": plan.measurement_key(),
+                    "profile_sha256": profile_key(profile),
+                },
+            )
         if noise is not None:
             journal.set("qualify_noise", noise)
         # The pair is held from before the snapshot until after the restore: every arm's deploy
@@ -174,27 +182,51 @@ def run_qualification(
             t_arms = time.monotonic()
             for k, (p_idx, arm) in enumerate(plan.arm_order()):
                 name = arm_step_name(k, p_idx, arm)
-                progress.event("arm.start", f"qualify arm {k + 1}/{len(plan.arm_order())} {name} "
-                               f"({progress.eta(k, len(plan.arm_order()), time.monotonic() - t_arms)}) ...", arm=name)
+                progress.event(
+                    "arm.start",
+                    f"qualify arm {k + 1}/{len(plan.arm_order())} {name} "
+                    f"({progress.eta(k, len(plan.arm_order()), time.monotonic() - t_arms)}) ...",
+                    arm=name,
+                )
                 pkgs = arms[arm]
                 try:
                     with journal.step(name) as step:
                         active = driver.activate(pkgs, profiles[arm])
-                        step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
+                        step.data.update(
+                            packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx
+                        )
                         try:
                             # Every arm tokenizes the fixtures again: both arms must send the same ids
                             # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
                             mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
                             prompts = prompts or mine
-                            step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
+                            step.data["prompts"] = {
+                                p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts
+                            }
                             step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
                             step.data["warmup"] = warmup(active.client, loaded, params)
-                            base = {"pair": p_idx, "arm": arm, "seq": k, "package_native": pkgs.native, "package_rpc": pkgs.rpc,
-                                    "build_info": active.identity.get("build_info")}
+                            base = {
+                                "pair": p_idx,
+                                "arm": arm,
+                                "seq": k,
+                                "package_native": pkgs.native,
+                                "package_rpc": pkgs.rpc,
+                                "build_info": active.identity.get("build_info"),
+                            }
                             # Rounds over the fixtures (not one fixture k times): drift within an arm
                             # spreads over every fixture alike.
-                            rows = [measure(active.client, pr, n_predict=plan.n_predict, params=params, memory=active.memory,
-                                            base={**base, "rep": r}) for r in range(plan.repeats) for pr in prompts]
+                            rows = [
+                                measure(
+                                    active.client,
+                                    pr,
+                                    n_predict=plan.n_predict,
+                                    params=params,
+                                    memory=active.memory,
+                                    base={**base, "rep": r},
+                                )
+                                for r in range(plan.repeats)
+                                for pr in prompts
+                            ]
                             # A fixture whose repeats spread more than the plan allows is measured
                             # again (attempt 1, 2, ...); the analysis uses the first attempt within
                             # the bound, and every attempt stays in the receipt.
@@ -202,11 +234,24 @@ def run_qualification(
                                 redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
                                 if not redo:
                                     break
-                                log.info("arm dispersion above the bound; measuring again", step=name, attempt=attempt,
-                                         fixtures=[pr.fixture for pr in redo])
-                                rows += [measure(active.client, pr, n_predict=plan.n_predict, params=params,
-                                                 memory=active.memory, base={**base, "rep": r, "attempt": attempt})
-                                         for r in range(plan.repeats) for pr in redo]
+                                log.info(
+                                    "arm dispersion above the bound; measuring again",
+                                    step=name,
+                                    attempt=attempt,
+                                    fixtures=[pr.fixture for pr in redo],
+                                )
+                                rows += [
+                                    measure(
+                                        active.client,
+                                        pr,
+                                        n_predict=plan.n_predict,
+                                        params=params,
+                                        memory=active.memory,
+                                        base={**base, "rep": r, "attempt": attempt},
+                                    )
+                                    for r in range(plan.repeats)
+                                    for pr in redo
+                                ]
                         finally:
                             close = getattr(active.client, "close", None)
                             if close:
@@ -264,16 +309,30 @@ def _too_spread(plan: QualifyPlan, rows: list[dict[str, Any]], fixture: str, att
     """Whether this fixture's repeats of `attempt` spread more than the plan's bound."""
     if plan.max_arm_dispersion is None:
         return False
-    tg = [r["predicted_per_second"] for r in rows if r["fixture"] == fixture and r.get("attempt", 0) == attempt
-          and r.get("ok") and isinstance(r.get("predicted_per_second"), (int, float)) and r["predicted_per_second"] > 0]
+    tg = [
+        r["predicted_per_second"]
+        for r in rows
+        if r["fixture"] == fixture
+        and r.get("attempt", 0) == attempt
+        and r.get("ok")
+        and isinstance(r.get("predicted_per_second"), (int, float))
+        and r["predicted_per_second"] > 0
+    ]
     spread = robust_centre(tg)[1] if len(tg) >= 2 else None
     return spread is not None and spread > plan.max_arm_dispersion
 
 
-def _outcome(result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None) -> tuple[str, str]:
+def _outcome(
+    result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None
+) -> tuple[str, str]:
     gates = ", ".join(f"{g.kind}[{g.family}]={g.verdict}" for g in result.gates)
     if not restored:
         return "failed", f"restore failed after measurements: {restore_error}; result {result.verdict} ({gates})"
     if stopped_early:
-        return "inconclusive" if result.verdict != "fail" else "failed", f"stopped early at {stopped_early}; result {result.verdict} ({gates})"
-    return {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}[result.verdict], f"qualification {result.verdict} ({gates})"
+        return (
+            "inconclusive" if result.verdict != "fail" else "failed",
+            f"stopped early at {stopped_early}; result {result.verdict} ({gates})",
+        )
+    return {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}[
+        result.verdict
+    ], f"qualification {result.verdict} ({gates})"

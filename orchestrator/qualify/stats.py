@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterable, Literal, Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -115,7 +116,7 @@ def bootstrap_distribution(
     """
     logs = np.log(_positive(pair_ratios, "ratios"))
     n = logs.size
-    if n ** n <= exact_limit:
+    if n**n <= exact_limit:
         idx = np.array(list(itertools.product(range(n), repeat=n)), dtype=np.intp)
         method: Literal["exact", "seeded"] = "exact"
     else:
@@ -190,8 +191,10 @@ def _betainc(a: float, b: float, x: float) -> float:
     d = 1 / (d if abs(d) > tiny else tiny)
     f = d
     for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1 + num * d
             d = 1 / (d if abs(d) > tiny else tiny)
             c = 1 + num / c
@@ -213,8 +216,14 @@ def t_interval(pair_ratios: Sequence[float], *, confidence: float = 0.95) -> Int
         return None
     mean, sd = float(logs.mean()), float(logs.std(ddof=1))
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    return Interval(low=math.expm1(mean - half), high=math.expm1(mean + half), confidence=confidence,
-                    method="student-t", df=n - 1, sd_log=sd)
+    return Interval(
+        low=math.expm1(mean - half),
+        high=math.expm1(mean + half),
+        confidence=confidence,
+        method="student-t",
+        df=n - 1,
+        sd_log=sd,
+    )
 
 
 def estimate_gain(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
 
 MASK = "***"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -114,7 +114,7 @@ class Cmd:
             _check_arg(self.cwd, "cwd")
 
     @classmethod
-    def of(cls, *argv: Arg, cwd: str | None = None, env: Mapping[str, str] | None = None) -> "Cmd":
+    def of(cls, *argv: Arg, cwd: str | None = None, env: Mapping[str, str] | None = None) -> Cmd:
         return cls(argv=tuple(argv), cwd=cwd, env=tuple((env or {}).items()))
 
     # -- what runs --------------------------------------------------------------------------

@@ -50,9 +50,13 @@ class LocalTransport:
             raise command_timed_out(self.name, cmd, timeout or 0.0, _dec(exc.stdout), _dec(exc.stderr)) from None
         except FileNotFoundError:
             # the same outcome a shell gives for a missing program: status 127
-            p = subprocess.CompletedProcess(cmd.real_argv(), 127, b"", f"{cmd.argv_display()[0]}: command not found\n".encode())
+            p = subprocess.CompletedProcess(
+                cmd.real_argv(), 127, b"", f"{cmd.argv_display()[0]}: command not found\n".encode()
+            )
         except PermissionError:
-            p = subprocess.CompletedProcess(cmd.real_argv(), 126, b"", f"{cmd.argv_display()[0]}: permission denied\n".encode())
+            p = subprocess.CompletedProcess(
+                cmd.real_argv(), 126, b"", f"{cmd.argv_display()[0]}: permission denied\n".encode()
+            )
         dt = time.monotonic() - t0
         self.stats.add(commands=1, command_s=dt)
         # a signal shows as a negative returncode locally; report it the way a shell would
@@ -97,8 +101,10 @@ class LocalTransport:
             if exc.errno == errno.ENOSPC:
                 with contextlib.suppress(OSError):
                     os.remove(remote_path)  # no partial file left behind
-                raise HostError(f"no space left on {self.name}:{os.path.dirname(remote_path)} "
-                                f"(writing {os.path.basename(remote_path)})") from None
+                raise HostError(
+                    f"no space left on {self.name}:{os.path.dirname(remote_path)} "
+                    f"(writing {os.path.basename(remote_path)})"
+                ) from None
             raise HostError(f"{self.name}: put <bytes> -> {remote_path} failed: {exc}") from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
@@ -189,7 +195,7 @@ class LocalTransport:
         except (FileNotFoundError, OSError):
             return None
 
-    def __enter__(self) -> "LocalTransport":
+    def __enter__(self) -> LocalTransport:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -18,8 +18,14 @@ from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.transport import RetryPolicy, Transport
 
 
-def open_transport(inventory: Inventory, host_name: str, *, retry: RetryPolicy | None = None,
-                   connect_timeout_s: float | None = None, ssh_config_path: str | Path | None = None) -> Transport:
+def open_transport(
+    inventory: Inventory,
+    host_name: str,
+    *,
+    retry: RetryPolicy | None = None,
+    connect_timeout_s: float | None = None,
+    ssh_config_path: str | Path | None = None,
+) -> Transport:
     """A transport for `host_name`: SSH (lazy connect) or local, from `HostSpec.transport`.
 
     The keywords go to `SshTransport` (retry policy, connect timeout, ssh config path).
@@ -31,15 +37,26 @@ def open_transport(inventory: Inventory, host_name: str, *, retry: RetryPolicy |
     # inventory, as on a GPU machine, never needs them).
     from orchestrator.remote.ssh import DEFAULT_CONNECT_TIMEOUT_S, SshTransport
 
-    return SshTransport.from_inventory(inventory, host_name, retry=retry, ssh_config_path=ssh_config_path,
-                                       connect_timeout_s=connect_timeout_s or DEFAULT_CONNECT_TIMEOUT_S)
+    return SshTransport.from_inventory(
+        inventory,
+        host_name,
+        retry=retry,
+        ssh_config_path=ssh_config_path,
+        connect_timeout_s=connect_timeout_s or DEFAULT_CONNECT_TIMEOUT_S,
+    )
 
 
 class TransportPool:
     """One transport per host for a whole run; `with TransportPool(inv) as pool: pool.get(h)`."""
 
-    def __init__(self, inventory: Inventory, *, retry: RetryPolicy | None = None,
-                 connect_timeout_s: float | None = None, ssh_config_path: str | Path | None = None) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        retry: RetryPolicy | None = None,
+        connect_timeout_s: float | None = None,
+        ssh_config_path: str | Path | None = None,
+    ) -> None:
         self.inventory = inventory
         self._retry, self._connect_timeout_s, self._ssh_config_path = retry, connect_timeout_s, ssh_config_path
         self._by_host: dict[str, Transport] = {}
@@ -49,8 +66,13 @@ class TransportPool:
         with self._lock:
             t = self._by_host.get(host_name)
             if t is None:
-                t = open_transport(self.inventory, host_name, retry=self._retry,
-                                   connect_timeout_s=self._connect_timeout_s, ssh_config_path=self._ssh_config_path)
+                t = open_transport(
+                    self.inventory,
+                    host_name,
+                    retry=self._retry,
+                    connect_timeout_s=self._connect_timeout_s,
+                    ssh_config_path=self._ssh_config_path,
+                )
                 self._by_host[host_name] = t
             return t
 

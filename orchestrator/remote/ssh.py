@@ -181,8 +181,14 @@ def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str
 
 
 _TRANSIENT_ERRNOS = {
-    errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH,
-    errno.ECONNRESET, errno.ECONNABORTED, errno.EHOSTDOWN, errno.ENETDOWN,
+    errno.ECONNREFUSED,
+    errno.ETIMEDOUT,
+    errno.EHOSTUNREACH,
+    errno.ENETUNREACH,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.EHOSTDOWN,
+    errno.ENETDOWN,
 }
 
 
@@ -233,7 +239,7 @@ class SshTransport:
         retry: RetryPolicy | None = None,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         ssh_config_path: str | Path | None = None,
-    ) -> "SshTransport":
+    ) -> SshTransport:
         cfg = load_ssh_config(ssh_config_path) if inventory.use_ssh_config else None
         target = resolve_target(inventory, host_name, cfg, connect_timeout_s=connect_timeout_s)
         return cls(target=target, retry=retry or DEFAULT_RETRY)
@@ -266,8 +272,12 @@ class SshTransport:
                 on_retry=lambda: self.stats.add(retries=1),
             )
             self.stats.add(connects=1, connect_s=time.monotonic() - t0)
-            self._log.debug("connected", address=self.target.hostname, port=self.target.port,
-                            seconds=round(time.monotonic() - t0, 4))
+            self._log.debug(
+                "connected",
+                address=self.target.hostname,
+                port=self.target.port,
+                seconds=round(time.monotonic() - t0, 4),
+            )
             return self._conn.client.get_transport()
 
     def _connect_once(self) -> Any:
@@ -349,7 +359,7 @@ class SshTransport:
         with self._lock:
             self._drop()
 
-    def __enter__(self) -> "SshTransport":
+    def __enter__(self) -> SshTransport:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -392,8 +402,13 @@ class SshTransport:
         def once() -> Result:
             return self.run(cmd, check=check, timeout=timeout, stdin=stdin)
 
-        return self.retry.call(once, retry_on=transient_command_error, what=f"probe: {cmd.display()[:80]}",
-                               host=self.name, on_retry=lambda: self.stats.add(retries=1))
+        return self.retry.call(
+            once,
+            retry_on=transient_command_error,
+            what=f"probe: {cmd.display()[:80]}",
+            host=self.name,
+            on_retry=lambda: self.stats.add(retries=1),
+        )
 
     def _exec(self, t: paramiko.Transport, cmd: Cmd, timeout: float | None, stdin: bytes | None) -> Result:
         t0 = time.monotonic()
@@ -413,6 +428,7 @@ class SshTransport:
                     _send_all(chan, stdin)
                     chan.shutdown_write()
                 else:  # a writer thread, so a program that answers while reading cannot deadlock us
+
                     def feed() -> None:
                         try:
                             _send_all(chan, stdin)
@@ -438,7 +454,12 @@ class SshTransport:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(_READ)
                     progressed = True
-                if chan.eof_received and chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                if (
+                    chan.eof_received
+                    and chan.exit_status_ready()
+                    and not chan.recv_ready()
+                    and not chan.recv_stderr_ready()
+                ):
                     break
                 if progressed:
                     continue
@@ -464,8 +485,9 @@ class SshTransport:
             status = chan.recv_exit_status()
         except _Timeout:
             chan.close()
-            raise command_timed_out(self.name, cmd, timeout or 0.0, out.decode("utf-8", "replace"),
-                                    err.decode("utf-8", "replace")) from None
+            raise command_timed_out(
+                self.name, cmd, timeout or 0.0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+            ) from None
         except ConnectionLost:
             with self._lock:
                 self._drop()
@@ -565,7 +587,7 @@ class SshTransport:
             return fn(sftp)
         except FileNotFoundError:
             raise
-        except IOError as exc:
+        except OSError as exc:
             if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
                 with self._lock:
                     self._drop()
@@ -578,7 +600,7 @@ class SshTransport:
         def do(sftp: paramiko.SFTPClient) -> None:
             try:
                 sftp.mkdir(path, mode)
-            except IOError as exc:
+            except OSError as exc:
                 # sftp v3 has no "exists" status: OpenSSH answers a generic failure
                 if exc.errno in (None, errno.EEXIST, errno.EIO) and _exists(sftp, path):
                     raise FileExistsError(errno.EEXIST, f"{self.name}: {path} exists") from None
@@ -601,7 +623,7 @@ class SshTransport:
             except FileExistsError:
                 pass
 
-    def stat(self, path: str) -> "FileStat | None":
+    def stat(self, path: str) -> FileStat | None:
         def do(sftp: paramiko.SFTPClient) -> FileStat | None:
             try:
                 a = sftp.lstat(path)
@@ -640,7 +662,7 @@ class SshTransport:
         def do(sftp: paramiko.SFTPClient) -> str | None:
             try:
                 return sftp.readlink(path)
-            except (FileNotFoundError, IOError):
+            except (OSError, FileNotFoundError):
                 return None
 
         return self._fs("readlink", path, do)
@@ -656,10 +678,11 @@ class SshTransport:
                 self._sftp_client().remove(dst)  # no partial file left behind
             except (OSError, paramiko.SSHException, EOFError):
                 pass
-            return HostError(f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
-                             f"(writing {posixpath.basename(dst)}: {exc})",
-                             hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command "
-                                  "again")
+            return HostError(
+                f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
+                f"(writing {posixpath.basename(dst)}: {exc})",
+                hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again",
+            )
         return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
 
 
@@ -673,12 +696,12 @@ def _send_all(chan: paramiko.Channel, data: bytes) -> None:
     view = memoryview(data)
     off, n = 0, len(data)
     while off < n:
-        off += chan.send(view[off:off + 262144])
+        off += chan.send(view[off : off + 262144])
 
 
 def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:
     try:
         sftp.lstat(path)
         return True
-    except IOError:
+    except OSError:
         return False

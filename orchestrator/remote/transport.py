@@ -132,7 +132,9 @@ class Transport(Protocol):
         is a HostError naming the host (`Unreachable` when no connection could be made)."""
         ...
 
-    def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result: ...
+    def run(
+        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
+    ) -> Result: ...
 
     def run_idempotent(
         self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
@@ -202,8 +204,15 @@ class RetryPolicy:
     initial_s: float = 0.2
     max_s: float = 2.0
 
-    def call(self, fn: Callable[[], T], *, retry_on: Callable[[BaseException], bool], what: str, host: str,
-             on_retry: Callable[[], None] | None = None) -> T:
+    def call(
+        self,
+        fn: Callable[[], T],
+        *,
+        retry_on: Callable[[BaseException], bool],
+        what: str,
+        host: str,
+        on_retry: Callable[[], None] | None = None,
+    ) -> T:
         """Run `fn`, retrying errors `retry_on` accepts; every retry is logged with its cause."""
         import tenacity  # start-up time (~30 ms): loaded by the first idempotent step, not at import
 

@@ -8,9 +8,10 @@ check can write the server's own words into its receipt. The API key travels onl
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 
@@ -86,9 +87,13 @@ class ServerClient:
             headers["Authorization"] = "Bearer " + key
         # No keep-alive: llama-server (cpp-httplib) closes idle connections after 5 s, and a request
         # sent on a connection it is closing comes back as "disconnected without a response".
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout,
-                                  limits=httpx.Limits(max_keepalive_connections=0),
-                                  trust_env=False)  # the pair is reached directly, never through a proxy (as deploy's verify)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_keepalive_connections=0),
+            trust_env=False,
+        )  # the pair is reached directly, never through a proxy (as deploy's verify)
         self.retries: list[str] = []  # requests retried once after a dropped connection (for the receipt)
 
     def __repr__(self) -> str:
@@ -97,7 +102,7 @@ class ServerClient:
     def close(self) -> None:
         self._http.close()
 
-    def __enter__(self) -> "ServerClient":
+    def __enter__(self) -> ServerClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -113,7 +118,9 @@ class ServerClient:
                 # the connection dropped before any response: the request is sent again once, on a
                 # new connection, and counted (every request pairctl sends only reads the server)
                 self.retries.append(f"{method} {path}: {exc}")
-                get_logger(server=self.base_url).warning("request retried after a dropped connection", path=path, error=str(exc))
+                get_logger(server=self.base_url).warning(
+                    "request retried after a dropped connection", path=path, error=str(exc)
+                )
                 r = self._http.request(method, path, json=json, timeout=t)
         except httpx.TimeoutException as exc:
             raise ServerUnreachable(f"{method} {self.base_url}{path}: timed out ({type(exc).__name__})") from None
@@ -123,7 +130,10 @@ class ServerClient:
             err = parsers.parse_error(r.content)
             what = f"{err.type}: {err.message}" if err else r.text[:300]
             raise ServerRequestError(
-                f"{method} {self.base_url}{path}: HTTP {r.status_code}: {what}", status=r.status_code, error=err, body=r.text[:4000]
+                f"{method} {self.base_url}{path}: HTTP {r.status_code}: {what}",
+                status=r.status_code,
+                error=err,
+                body=r.text[:4000],
             )
         return r
 
@@ -172,7 +182,9 @@ class ServerClient:
         return parsers.parse_metrics(self.metrics_text())
 
     def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
-        return parsers.parse_tokenize(self._request("POST", "/tokenize", json={"content": text, "add_special": add_special}).json())
+        return parsers.parse_tokenize(
+            self._request("POST", "/tokenize", json={"content": text, "add_special": add_special}).json()
+        )
 
     def detokenize(self, tokens: list[int]) -> str:
         return parsers.parse_detokenize(self._request("POST", "/detokenize", json={"tokens": tokens}).json())
@@ -184,12 +196,16 @@ class ServerClient:
         body.update(params)
         return body
 
-    def completion_raw(self, prompt: str | list[int], n_predict: int, *, timeout: float | None = None, **params: Any) -> dict[str, Any]:
+    def completion_raw(
+        self, prompt: str | list[int], n_predict: int, *, timeout: float | None = None, **params: Any
+    ) -> dict[str, Any]:
         body = self.completion_body(prompt, n_predict, **params)
         body["stream"] = False
         return self._request("POST", "/completion", json=body, timeout=timeout).json()
 
-    def completion(self, prompt: str | list[int], n_predict: int, *, timeout: float | None = None, **params: Any) -> CompletionResult:
+    def completion(
+        self, prompt: str | list[int], n_predict: int, *, timeout: float | None = None, **params: Any
+    ) -> CompletionResult:
         """`POST /completion` (non-streaming). `prompt` as text, or as token ids for an exact length."""
         return parsers.parse_completion(self.completion_raw(prompt, n_predict, timeout=timeout, **params))
 
@@ -203,13 +219,17 @@ class ServerClient:
         body["stream"] = True
         handle = StreamHandle(started_at=time.monotonic())
         try:
-            with self._http.stream("POST", "/completion", json=body, timeout=timeout if timeout is not None else self.timeout) as r:
+            with self._http.stream(
+                "POST", "/completion", json=body, timeout=timeout if timeout is not None else self.timeout
+            ) as r:
                 if r.status_code >= 400:
                     r.read()
                     err = parsers.parse_error(r.content)
                     raise ServerRequestError(
                         f"POST {self.base_url}/completion (stream): HTTP {r.status_code}: {err.message if err else r.text[:300]}",
-                        status=r.status_code, error=err, body=r.text[:4000],
+                        status=r.status_code,
+                        error=err,
+                        body=r.text[:4000],
                     )
                 handle._response = r
 
@@ -221,7 +241,9 @@ class ServerClient:
                 yield handle, chunks()
                 handle.close()
         except httpx.TimeoutException as exc:
-            raise ServerUnreachable(f"POST {self.base_url}/completion (stream): timed out ({type(exc).__name__})") from None
+            raise ServerUnreachable(
+                f"POST {self.base_url}/completion (stream): timed out ({type(exc).__name__})"
+            ) from None
         except httpx.TransportError as exc:
             if handle.closed_at is not None:
                 return

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -143,7 +144,7 @@ def parse_metrics(text: str) -> dict[str, float]:
             raise ParseError(f"/metrics: cannot parse line {line!r}")
         name, labels, value = m.groups()
         if name.startswith("llamacpp:"):
-            name = name[len("llamacpp:"):]
+            name = name[len("llamacpp:") :]
         try:
             v = float(value)
         except ValueError:

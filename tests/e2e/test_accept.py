@@ -103,12 +103,23 @@ def live(deployed_lab):
 
 # --- the whole suite through the CLI ---------------------------------------------------------
 
+
 def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept, cli, deployed_lab):
     r, data = _accept(cli)
     assert r.exit_code == 0, r.output
     v = _verdicts(data)
-    for name in ("identity", "two_lane_near_full", "one_lane_near_full", "speculative", "cached_continuation",
-                 "cancellation", "long_prefix_cache", "answer_fixtures", "reference_logprobs", "exactly_full"):
+    for name in (
+        "identity",
+        "two_lane_near_full",
+        "one_lane_near_full",
+        "speculative",
+        "cached_continuation",
+        "cancellation",
+        "long_prefix_cache",
+        "answer_fixtures",
+        "reference_logprobs",
+        "exactly_full",
+    ):
         assert v[name] == "passed", (name, data)
     assert v["telemetry"] in ("passed", "error")
     receipt = EvidenceStore(deployed_lab.env.home.evidence).load(data["receipt"])
@@ -140,18 +151,22 @@ def test_accept_cli_table_and_unknown_check(deployed_lab, cli):
 
 def test_a_failing_required_check_exits_1(deployed_lab, cli, tmp_path):
     # a profile whose slots are bigger than the deployed server's: identity and the lane fail
-    from orchestrator.config.profiles import load_profile
     import yaml
+
+    from orchestrator.config.profiles import load_profile
 
     big = load_profile("lab").model_dump(mode="json")
     big.update(name="lab-big-slots", ctx_size=8192)
     (tmp_path / "big.yaml").write_text(yaml.safe_dump(big))
-    r = run_cli(cli, "accept", "--pair", PAIR, "--only", "identity,one_lane_near_full", "--profile", str(tmp_path / "big.yaml"))
+    r = run_cli(
+        cli, "accept", "--pair", PAIR, "--only", "identity,one_lane_near_full", "--profile", str(tmp_path / "big.yaml")
+    )
     assert r.exit_code == 1, r.output
     assert f"acceptance of pair {PAIR} failed" in r.stderr
 
 
 # --- each check, broken on purpose ------------------------------------------------------------
+
 
 def _bigger(ctx):
     """The same pair checked against a profile wanting twice the slot context it has."""
@@ -199,7 +214,9 @@ def test_two_lane_recall_mode_fails_on_a_model_that_cannot_recall(live):
 def test_speculative_fails_when_drafting_changes_output(live):
     # The lab model's greedy margins are wide (~30 logits): only a near-flat sampler with every
     # truncation off makes the drafted requests leave the greedy path, as a broken draft would.
-    r = speculative.run(live.ctx, drafted_params={"temperature": 1000.0, "seed": 7, "top_k": 0, "top_p": 1.0, "min_p": 0.0})
+    r = speculative.run(
+        live.ctx, drafted_params={"temperature": 1000.0, "seed": 7, "top_k": 0, "top_p": 1.0, "min_p": 0.0}
+    )
     assert r.verdict == "failed" and "differs from the draft-free reference" in r.message
 
 
@@ -238,6 +255,7 @@ def test_identity_fails_when_the_server_restarts_during_the_suite(live):
         tr.run(layout.start_cmd(LLAMA_SERVER, argv), timeout=60)
         wait_health(tr, layout, ctx.client.base_url, timeout_s=60)
         from orchestrator.checks.base import CheckResult
+
         return CheckResult(name="one_lane_near_full", verdict="passed", message="restarted the server")
 
     s = run_suite(ctx, only=["identity", "one_lane_near_full"], overrides={"one_lane_near_full": restart})
@@ -286,8 +304,20 @@ def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, 
     from tests.plugins.pairs import is_active, lab_status
 
     a, b = deployed_lab.package_id, lab_packages_b.id
-    r = run_cli(cli, "--json", "deploy", "--pair", PAIR, "--packages", b, b, "--profile", "lab-no-slack",
-            "--checks", "one_lane_near_full")
+    r = run_cli(
+        cli,
+        "--json",
+        "deploy",
+        "--pair",
+        PAIR,
+        "--packages",
+        b,
+        b,
+        "--profile",
+        "lab-no-slack",
+        "--checks",
+        "one_lane_near_full",
+    )
     assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])
     assert "one_lane_near_full" in r.stderr and "rolled back" in r.stderr
     st = lab_status(cli, PAIR, INV_ARG)
@@ -379,8 +409,9 @@ def test_reference_set_is_recorded_and_refuses_bad_input(deployed_lab, cli):
     assert r.exit_code == 3 and "no such package" in r.stderr and "Traceback" not in r.stderr
     r = run_cli(cli, "reference", "set", "--pair", PAIR, "--package", pkg, "--native-package", pkg, "--reason", "x")
     assert r.exit_code == 3
-    r = run_cli(cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg,
-                "--reason", "e2e: pin the baseline")
+    r = run_cli(
+        cli, "--json", "reference", "set", "--pair", PAIR, "--package", pkg, "--reason", "e2e: pin the baseline"
+    )
     assert r.exit_code == 0, r.stderr[-2000:]
     out = json.loads(r.stdout)
     assert out["reference"] == {"native_package": pkg, "rpc_package": pkg, "receipt": out["receipt"], "how": "set"}

@@ -57,7 +57,9 @@ def test_no_build_path_in_the_package(lab_packages: Package, pairctl_home: Path)
 
 
 def test_llama_server_version_names_the_revision(lab_packages: Package) -> None:
-    out = subprocess.run([str(lab_packages.bin("llama-server")), "--version"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(lab_packages.bin("llama-server")), "--version"], capture_output=True, text=True, timeout=60
+    )
     text = out.stdout + out.stderr
     assert f"commit {lab_packages.manifest.short_revision}" in text and "build 1," in text
 
@@ -125,7 +127,9 @@ def test_verify_rejects_one_changed_byte_on_a_copy(lab_packages: Package, tmp_pa
     report = json.loads(bad.stdout)
     assert not report["ok"] and [p for p in report["problems"] if p.startswith("bin/ggml-rpc-server: sha256")]
     assert len(report["problems"]) == 1
-    assert PackageStore(Home.resolve(pairctl_home_of(lab_packages)).store).verify(lab_packages.id).ok  # shared one untouched
+    assert (
+        PackageStore(Home.resolve(pairctl_home_of(lab_packages)).store).verify(lab_packages.id).ok
+    )  # shared one untouched
 
 
 def pairctl_home_of(pkg: Package) -> Path:
@@ -147,13 +151,17 @@ def test_revision_that_is_not_a_commit_is_refused(lab_source: Path, cli) -> None
 
 
 def test_expect_tree_mismatch_is_refused(lab_source: Path, lab_rev_b: str, cli) -> None:  # type: ignore[no-untyped-def]
-    r = cli("build", "--source", str(lab_source), "--rev", REV_B_TAG, "--expect-tree", "baseline", "--target", LAB_TARGET)
+    r = cli(
+        "build", "--source", str(lab_source), "--rev", REV_B_TAG, "--expect-tree", "baseline", "--target", LAB_TARGET
+    )
     assert r.exit_code == 6 and "tree mismatch" in r.stderr, r.output
 
 
 def test_rebuild_same_inputs_skips_cmake_and_verifies(lab_packages: Package, pairctl_home: Path) -> None:
     before = (lab_packages.path / MANIFEST_NAME).read_bytes()
-    proc = run_pairctl(pairctl_home, "--json", "build", "--target", LAB_TARGET, "--rev", "baseline", "--profile", LAB_PROFILE)
+    proc = run_pairctl(
+        pairctl_home, "--json", "build", "--target", LAB_TARGET, "--rev", "baseline", "--profile", LAB_PROFILE
+    )
     assert proc.returncode == 0, proc.stderr
     (res,) = json.loads(proc.stdout)
     assert res["status"] == "verified" and res["cached"] is True and res["id"] == lab_packages.id
@@ -168,20 +176,41 @@ def test_rebuild_into_a_differing_existing_id_is_refused_and_replaces_nothing(
     help_file = copy / "meta" / "llama-server.help.txt"
     help_file.write_text(help_file.read_text() + "tampered\n")
     key = lab_packages.manifest.build_cache_key  # reuse the shared home's outputs: no compile here
-    shutil.copytree(Home.resolve(pairctl_home).build_cache / "outputs" / key, Home.resolve(home).build_cache / "outputs" / key)
+    shutil.copytree(
+        Home.resolve(pairctl_home).build_cache / "outputs" / key, Home.resolve(home).build_cache / "outputs" / key
+    )
     snapshot = {p: sha256_file(p) for p in copy.rglob("*") if p.is_file()}
-    proc = run_pairctl(home, "build", "--source", str(lab_source), "--target", LAB_TARGET, "--rev", "baseline", "--profile", LAB_PROFILE)
+    proc = run_pairctl(
+        home,
+        "build",
+        "--source",
+        str(lab_source),
+        "--target",
+        LAB_TARGET,
+        "--rev",
+        "baseline",
+        "--profile",
+        LAB_PROFILE,
+    )
     assert proc.returncode == 6, proc.stderr
     assert "already exists and differs" in proc.stderr and "meta/llama-server.help.txt" in proc.stderr
     assert "bin/llama-server" not in proc.stderr.split("differs", 1)[1]
     assert {p: sha256_file(p) for p in copy.rglob("*") if p.is_file()} == snapshot
 
 
-def test_second_revision_package_names_its_own_revision(lab_packages: Package, lab_packages_b: Package, lab_rev_b: str) -> None:
+def test_second_revision_package_names_its_own_revision(
+    lab_packages: Package, lab_packages_b: Package, lab_rev_b: str
+) -> None:
     a, b = lab_packages.manifest, lab_packages_b.manifest
-    assert b.revision == lab_rev_b and b.id == f"{LAB_PROFILE}-{lab_rev_b[:10]}-{LAB_TARGET}" and b.build_info == f"b2-{lab_rev_b[:10]}"
+    assert (
+        b.revision == lab_rev_b
+        and b.id == f"{LAB_PROFILE}-{lab_rev_b[:10]}-{LAB_TARGET}"
+        and b.build_info == f"b2-{lab_rev_b[:10]}"
+    )
     assert a.tree != b.tree and a.id != b.id
-    out = subprocess.run([str(lab_packages_b.bin("llama-server")), "--version"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [str(lab_packages_b.bin("llama-server")), "--version"], capture_output=True, text=True, timeout=60
+    )
     assert f"commit {lab_rev_b[:10]}" in out.stdout + out.stderr
     assert PackageStore(lab_packages_b.path.parent).verify(b.id).ok
 

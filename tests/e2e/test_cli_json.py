@@ -24,8 +24,19 @@ def test_failed_deploy_json_names_its_receipt(deployed_lab, lab_packages, cli):
     pid = deployed_lab.package_id
     before = _hashes(deployed_lab.home)
     # manifests/profiles/lab-unloadable.yaml: a LoRA adapter that does not exist -> start-server fails, rolled back
-    r = cli("deploy", "--pair", PAIR, "--native", pid, "--rpc", pid, "--profile", "lab-unloadable", "--skip-accept",
-            "--json")
+    r = cli(
+        "deploy",
+        "--pair",
+        PAIR,
+        "--native",
+        pid,
+        "--rpc",
+        pid,
+        "--profile",
+        "lab-unloadable",
+        "--skip-accept",
+        "--json",
+    )
     try:
         assert r.exit_code == 7, r.stderr[-3000:]
         doc = json.loads(r.stdout)  # exactly one document

@@ -48,7 +48,10 @@ class PairUnderTest:
     rpc: str
 
     def roots(self) -> dict[str, str]:
-        return {"native": self.inventory.host(self.native).install_root, "rpc": self.inventory.host(self.rpc).install_root}
+        return {
+            "native": self.inventory.host(self.native).install_root,
+            "rpc": self.inventory.host(self.rpc).install_root,
+        }
 
 
 @pytest.fixture
@@ -100,9 +103,21 @@ def test_deploy_a_then_b_over_a_then_rollback(deployed_lab, lab_packages_b, cli,
     assert st["route"]["previous"].startswith(f"{a} + {a}")
     rec = _receipt(deployed_lab.home, out["receipt"])
     assert rec.outcome == "passed"
-    assert {s.name for s in rec.steps} >= {"preflight", "connect", "facts", "lease", "prepare", "upload", "stop-native",
-                                          "restart-rpc", "switch-native", "start-server", "verify", "route",
-                                          "release-lease"}
+    assert {s.name for s in rec.steps} >= {
+        "preflight",
+        "connect",
+        "facts",
+        "lease",
+        "prepare",
+        "upload",
+        "stop-native",
+        "restart-rpc",
+        "switch-native",
+        "start-server",
+        "verify",
+        "route",
+        "release-lease",
+    }
     assert all(s.outcome in ("passed", "skipped") for s in rec.steps)
     assert rec.inputs["package:native"] == b and "profile" in rec.inputs and "playbook:deploy" in rec.inputs
     assert {i.host for i in rec.identities} == {deployed_lab.native, deployed_lab.rpc}
@@ -126,15 +141,20 @@ def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, r
     assert "ggml-rpc-server.out ends" in r.stderr  # the RPC peer's output, where a crash there shows
     st = lab_status(cli)
     assert is_active(st, a), st  # A restored, verified (status compares running binaries to manifests) and serving
-    assert all(links == before_links for links, before_links in zip(_host_links(st).values(), _host_links(before).values(), strict=True))
+    assert all(
+        links == before_links
+        for links, before_links in zip(_host_links(st).values(), _host_links(before).values(), strict=True)
+    )
     assert st["route"]["revision"] > before["route"]["revision"]
     rec = _latest_receipt(deployed_lab.home)
     assert rec.outcome == "failed"
     steps = [(s.name, s.outcome) for s in rec.steps]
     assert ("start-server", "failed") in steps
     failed_at = steps.index(("start-server", "failed"))
-    after = [n for n, o in steps[failed_at + 1:] if o == "passed"]
-    assert {"stop-native", "restart-rpc", "switch-native", "start-server", "verify", "route", "release-lease"} <= set(after)
+    after = [n for n, o in steps[failed_at + 1 :] if o == "passed"]
+    assert {"stop-native", "restart-rpc", "switch-native", "start-server", "verify", "route", "release-lease"} <= set(
+        after
+    )
     extra = rec.extra_fields()
     assert extra["failure"]["step"] == "start-server"
     assert extra["final_state"]["state"] == "restored" and extra["final_state"]["active"].startswith(a)
@@ -232,8 +252,9 @@ def _release_kept_leases(pt: PairUnderTest) -> None:
                 release_lease(pool.get(h), root, json.loads(lease.read_text())["nonce"])
 
 
-def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(deployed_lab, lab_packages_b, cli, tmp_path,
-                                                             restore_baseline):
+def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(
+    deployed_lab, lab_packages_b, cli, tmp_path, restore_baseline
+):
     """The pair to restore cannot start either (its llama-server binary on the native host was
     replaced by one that exits at once; the running process keeps its own inode, and a rollback
     renders argv from the inventory now, so a vanished model file of the old argv no longer
@@ -287,10 +308,28 @@ def test_dead_run_lease_released_only_once_the_run_is_over(deployed_lab, cli, la
     from orchestrator.hosts.leases import parse_run_of
 
     a, b = deployed_lab.package_id, lab_packages_b.id
-    env = dict(os.environ, PAIRCTL_HOME=str(deployed_lab.home), PAIRCTL_ENABLE_FAULT_HOOKS="1",
-               PAIRCTL_FAULT_HOOK="upload:pause", PAIRCTL_FAULT_DIR=str(tmp_path))
-    argv = [sys.executable, "-m", "orchestrator", "--home", str(deployed_lab.home), *(["--inventory", INV_ARG] if INV_ARG else []),
-            "deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"]
+    env = dict(
+        os.environ,
+        PAIRCTL_HOME=str(deployed_lab.home),
+        PAIRCTL_ENABLE_FAULT_HOOKS="1",
+        PAIRCTL_FAULT_HOOK="upload:pause",
+        PAIRCTL_FAULT_DIR=str(tmp_path),
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "--home",
+        str(deployed_lab.home),
+        *(["--inventory", INV_ARG] if INV_ARG else []),
+        "deploy",
+        "--pair",
+        PAIR,
+        "--packages",
+        b,
+        b,
+        "--skip-accept",
+    ]
     child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -361,8 +400,9 @@ def test_status_verify_files_sees_a_changed_file_the_process_hashes_cannot(deplo
     assert human.exit_code == 0 and "files of" in human.stdout and "match its manifest" in human.stdout
 
 
-def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(deployed_lab, lab_packages_b, cli, tmp_path,
-                                                                      restore_baseline):
+def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(
+    deployed_lab, lab_packages_b, cli, tmp_path, restore_baseline
+):
     """The weights are part of what serves: deploy hashes each inventory model file on the native
     host (cached there by stat) into the route entry, and a file whose sha256 is not the one the
     inventory declares refuses the deploy with nothing changed (exit 6)."""
@@ -388,7 +428,11 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(deployed_l
     before = lab_status(cli)
     r, _ = _deploy(cli, "--packages", a, a, "--skip-accept", inventory=str(bad))
     assert r.exit_code == 6, (r.exit_code, r.stderr)
-    assert "model draft_same" in r.stderr and "the inventory declares " + "0" * 64 in r.stderr and "nothing was changed" in r.stderr
+    assert (
+        "model draft_same" in r.stderr
+        and "the inventory declares " + "0" * 64 in r.stderr
+        and "nothing was changed" in r.stderr
+    )
     st = lab_status(cli)
     assert st["route"] == before["route"] and _host_links(st) == _host_links(before) and is_active(st, b)
     assert all(v["leases"] == [] for v in st["hosts"].values())
@@ -406,7 +450,9 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(deployed_l
         target.write_bytes(bytes(data))
         r = cli("--json", "status", "--pair", PAIR, inventory=INV_ARG)
         problems = json.loads(r.stdout)["problems"]
-        assert r.exit_code == 1 and any("model target" in p and "changed since it was deployed" in p for p in problems), problems
+        assert r.exit_code == 1 and any(
+            "model target" in p and "changed since it was deployed" in p for p in problems
+        ), problems
         acc = cli("--json", "accept", "--pair", PAIR, "--only", "identity", inventory=INV_ARG)
         assert acc.exit_code == 1 and "changed since it was deployed" in acc.stdout, acc.output
     finally:

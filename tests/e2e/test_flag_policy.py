@@ -31,8 +31,17 @@ def _setup(tmp_path: Path, extra_args: list[str], pair_update: dict | None = Non
     return path
 
 
-@pytest.mark.parametrize("extra", [["--tools", "exec_shell_command"], ["--tools=all"], ["-ag"],
-                                   ["--path", "/"], ["--mcp_servers_config", "/tmp/x.json"], ["--host=0.0.0.0"]])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--tools", "exec_shell_command"],
+        ["--tools=all"],
+        ["-ag"],
+        ["--path", "/"],
+        ["--mcp_servers_config", "/tmp/x.json"],
+        ["--host=0.0.0.0"],
+    ],
+)
 def test_risky_profile_refused_by_deploy_and_config_check(lab_packages, cli, tmp_path, extra):
     inv = _setup(tmp_path, extra)
     pid = lab_packages.id
@@ -51,7 +60,10 @@ def test_allowed_tools_pass_preflight_only_with_reason_and_key(lab_packages, cli
     no_key = _setup(tmp_path, ["--tools", "get_info"], {"allow_flags": {"--tools": "sandboxed bench host"}})
     r = cli("deploy", "--pair", "lab", "--packages", pid, pid, "--skip-accept", inventory=str(no_key))
     assert r.exit_code == 3 and "needs api_key_file" in r.stderr, r.output
-    ok = _setup(tmp_path, ["--tools", "get_info"],
-                {"allow_flags": {"--tools": "sandboxed bench host"}, "api_key_file": str(key)})
+    ok = _setup(
+        tmp_path,
+        ["--tools", "get_info"],
+        {"allow_flags": {"--tools": "sandboxed bench host"}, "api_key_file": str(key)},
+    )
     r = cli("deploy", "--pair", "lab", "--packages", pid, pid, "--skip-accept", inventory=str(ok))
     assert r.exit_code == 4, r.output  # past preflight (the package's --help offers --tools), then the host

@@ -50,8 +50,9 @@ def _substitute_lab_hosts(site: Path, lab_inventory: Path) -> None:
         inv["hosts"][name]["install_root"] = _prod_root(h["install_root"])
         inv["hosts"][name].pop("gpu", None)
     lab_pair = lab["pairs"]["lab"]
-    inv["pairs"]["prod"].update(profile="lab", target_native="cpu-lab", target_rpc="cpu-lab",
-                                models=lab_pair["models"], **PROD_PORTS)
+    inv["pairs"]["prod"].update(
+        profile="lab", target_native="cpu-lab", target_rpc="cpu-lab", models=lab_pair["models"], **PROD_PORTS
+    )
     # the lab serves on loopback: its pair's API key setting comes along with its hosts
     inv["pairs"]["prod"].pop("api_key_file", None)
     if lab_pair.get("api_key_file"):
@@ -69,8 +70,15 @@ def _links(st: dict) -> set[tuple[str, str | None]]:
     return {(h["current"], h["previous"]) for h in st["hosts"].values()}
 
 
-def test_installed_wheel_init_repo_deploy_and_rollback(installed_pairctl: Installed, lab, lab_packages, lab_packages_b,
-                                                       pairctl_home: Path, tmp_path: Path, restore_baseline):
+def test_installed_wheel_init_repo_deploy_and_rollback(
+    installed_pairctl: Installed,
+    lab,
+    lab_packages,
+    lab_packages_b,
+    pairctl_home: Path,
+    tmp_path: Path,
+    restore_baseline,
+):
     home = pairctl_home
     cwd = tmp_path / "ops"
     cwd.mkdir()

@@ -43,7 +43,9 @@ def _services(st) -> dict[str, object]:
 
 
 def test_package_carries_the_kernel_harness(lab_packages):
-    assert HARNESS in lab_packages.manifest.files, "pairctl build must add the kernel harness to the package's test files"
+    assert HARNESS in lab_packages.manifest.files, (
+        "pairctl build must add the kernel harness to the package's test files"
+    )
     assert lab_packages.manifest.files[HARNESS].kind == "test"
     assert (lab_packages.path / HARNESS).is_file()
 
@@ -71,7 +73,13 @@ def test_cases_pass_through_rpc_against_the_cpu_reference(deployed_lab, cli):
     rec = _receipt(deployed_lab.home, out["receipt"])
     assert rec.outcome == "passed"
     names = {s.name for s in rec.steps}
-    assert {"kernels.plan", "kernels.rpc_server.start", "kernels.harness.native", "kernels.harness.rpc", "kernels.rpc_server.stop"} <= names
+    assert {
+        "kernels.plan",
+        "kernels.rpc_server.start",
+        "kernels.harness.native",
+        "kernels.harness.rpc",
+        "kernels.rpc_server.stop",
+    } <= names
     _, meta = load_kernel(MMVF)
     assert rec.inputs["patch"] == meta.patch_sha256
 
@@ -103,10 +111,15 @@ def test_candidate_package_builds_from_the_patch(lab_source, pairctl_home):
     m = pkg.manifest
     assert m.revision == expected
     assert m.patch is not None and m.patch.sha256 == load_kernel(MMVF)[1].patch_sha256
-    assert m.patch.base_revision == subprocess.run(["git", "-C", str(lab_source), "rev-parse", "baseline"],
-                                                   capture_output=True, text=True).stdout.strip()
-    changed = subprocess.run(["git", "-C", str(lab_source), "diff", "--name-only", "baseline", m.revision],
-                             capture_output=True, text=True).stdout.split()
+    assert (
+        m.patch.base_revision
+        == subprocess.run(
+            ["git", "-C", str(lab_source), "rev-parse", "baseline"], capture_output=True, text=True
+        ).stdout.strip()
+    )
+    changed = subprocess.run(
+        ["git", "-C", str(lab_source), "diff", "--name-only", "baseline", m.revision], capture_output=True, text=True
+    ).stdout.split()
     assert changed == ["ggml/src/ggml-cuda/mmvf.cu"]
     assert PackageStore(Home.resolve(pairctl_home).store).verify(pkg.id).ok
 
@@ -131,8 +144,11 @@ def test_harness_built_against_the_package_build_tree_passes_and_can_fail(lab_pa
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([str(lab_packages.path / "bin" / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(lab_packages.path / "bin" / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         for _ in range(200):
             try:

@@ -77,8 +77,9 @@ def test_calibration_records_the_noise_floor_and_the_pairs_each_gate_needs(lab_c
     assert "# A/A calibration" in md and "sd of per-pair log TG ratio" in md and "| Resolvable |" in md
 
 
-def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(lab_calibration, lab_calibrated_plan,
-                                                                         deployed_lab, lab_packages, cli):
+def test_identical_packages_pass_no_gain_gate_and_fail_no_non_regression(
+    lab_calibration, lab_calibrated_plan, deployed_lab, lab_packages, cli
+):
     a = lab_packages.manifest.id
     plan = str(lab_calibrated_plan)
     r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a, "--plan", plan)
@@ -98,8 +99,22 @@ def test_slowed_candidate_fails_non_regression(lab_calibrated_plan, deployed_lab
     """Same package, candidate profile drafting with the other draft model: every draft is
     rejected, so each generated token costs a target pass plus wasted draft work."""
     a = lab_packages.manifest.id
-    r = cli("--json", "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", a, a,
-            "--plan", str(lab_calibrated_plan), "--candidate-profile", "lab-draft-other")
+    r = cli(
+        "--json",
+        "qualify",
+        "--pair",
+        PAIR,
+        "--baseline",
+        a,
+        a,
+        "--candidate",
+        a,
+        a,
+        "--plan",
+        str(lab_calibrated_plan),
+        "--candidate-profile",
+        "lab-draft-other",
+    )
     out = json.loads(r.stdout)
     assert r.exit_code == 1, r.output
     nr = [g for g in out["gates"] if g["kind"] == "non_regression"]
@@ -108,8 +123,9 @@ def test_slowed_candidate_fails_non_regression(lab_calibrated_plan, deployed_lab
     assert out["restored"] is True
 
 
-def test_plan_the_noise_cannot_resolve_is_refused_before_the_first_sample(lab_calibration, deployed_lab, lab_packages,
-                                                                          tmp_path, cli, lab):
+def test_plan_the_noise_cannot_resolve_is_refused_before_the_first_sample(
+    lab_calibration, deployed_lab, lab_packages, tmp_path, cli, lab
+):
     """Same measurement as the lab plan (so the same calibration applies), a -0.1% floor."""
     a = lab_packages.manifest.id
     src = load_plan("lab")
@@ -150,13 +166,23 @@ def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_pa
     for row in rows:
         assert row["package_native"] == row["package_rpc"] == (a if row["arm"] == "baseline" else b)
         assert row["fixture_sha256"] == fx_sha[row["fixture"]]
-        assert row["predicted_n"] == plan.plan.n_predict and row["cache_n"] == 0 and row["prompt_n"] == row["prompt_tokens"] == 200
+        assert (
+            row["predicted_n"] == plan.plan.n_predict
+            and row["cache_n"] == 0
+            and row["prompt_n"] == row["prompt_tokens"] == 200
+        )
         assert row["predicted_per_second"] > 0 and 0 < row["ttft_s"] <= row["wall_s"]
         assert row["peak_memory_bytes"] > 0
     # the arm order alternates and each arm is a fresh, verified deploy with its own receipt
     arms = [s for s in receipt.steps if s.name.startswith("arm-")]
-    assert [s.name.split("-")[-1] for s in arms] == ["baseline", "candidate", "candidate", "baseline", "baseline",
-                                                     "candidate"]
+    assert [s.name.split("-")[-1] for s in arms] == [
+        "baseline",
+        "candidate",
+        "candidate",
+        "baseline",
+        "baseline",
+        "candidate",
+    ]
     for s in arms:
         dep = store.load(s.data["identity"]["deploy_receipt"])
         assert dep.command == "deploy" and dep.outcome == "passed"
@@ -174,14 +200,17 @@ def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_pa
 
     # the pair is back on what it ran before, and the route record says so
     after = _active(lab)
-    assert (after["native"], after["rpc"], after["profile_sha256"]) == (before["native"], before["rpc"], before["profile_sha256"])
+    assert (after["native"], after["rpc"], after["profile_sha256"]) == (
+        before["native"],
+        before["rpc"],
+        before["profile_sha256"],
+    )
     assert after["route_revision"] > before["route_revision"]
     st = cli("--json", "status", "--pair", PAIR)
     assert st.exit_code == 0 and json.loads(st.stdout)["problems"] == [], st.output
 
 
-def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_packages, lab_packages_b,
-                                                       cli):
+def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_packages, lab_packages_b, cli):
     a, b = lab_packages.manifest.id, lab_packages_b.manifest.id
     store = EvidenceStore(lab.home.evidence)
     before = _active(lab)
@@ -201,13 +230,22 @@ def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_pa
 
     c = Ctx(home=lab.home, inventory_ref=str(lab.inventory_path))
     c._inventory = lab.inventory
-    out = qualify_pair(c, pair=PAIR, baseline=(a, a), candidate=(b, b), plan_ref=SMALL_PLAN, profile_ref=None,
-                       argv=["qualify", "(e2e: injected final-step failure)"],
-                       hooks=Hooks(after_arm=another_deploy_between_arms, after_restore=final_read_times_out))
+    out = qualify_pair(
+        c,
+        pair=PAIR,
+        baseline=(a, a),
+        candidate=(b, b),
+        plan_ref=SMALL_PLAN,
+        profile_ref=None,
+        argv=["qualify", "(e2e: injected final-step failure)"],
+        hooks=Hooks(after_arm=another_deploy_between_arms, after_restore=final_read_times_out),
+    )
     original = store.load(out.receipt)
     assert original.outcome == "failed" and "restore failed after measurements" in original.reason
     shown, code, err = between_arms
-    assert [h["lease"]["purpose"] for h in json.loads(shown)] == [f"pairctl qualify {PAIR} (run {original.run_id})"] * 2, shown
+    assert [h["lease"]["purpose"] for h in json.loads(shown)] == [
+        f"pairctl qualify {PAIR} (run {original.run_id})"
+    ] * 2, shown
     assert code == "5" and f"qualify {PAIR} (run {original.run_id})" in err, err
     assert "released" in original.extra_fields()["qualify_leases_end"]
     after = cli("--json", "lease", "show", PAIR)
@@ -217,8 +255,17 @@ def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_pa
     assert _active(lab)["native"] == before["native"]  # the restore itself ran; only the final read "failed"
 
     deploys_before = _deploy_receipts(store)
-    r = cli("--json", "receipts", "derive", "--from", out.receipt, "--reuse", ",".join(["snapshot", *out.arm_steps]),
-            "--reason", "final configuration read timed out after all samples; route and identities re-read equal")
+    r = cli(
+        "--json",
+        "receipts",
+        "derive",
+        "--from",
+        out.receipt,
+        "--reuse",
+        ",".join(["snapshot", *out.arm_steps]),
+        "--reason",
+        "final configuration read timed out after all samples; route and identities re-read equal",
+    )
     assert r.exit_code == 0, r.output
     derived = json.loads(r.stdout)["hash"]
     rep = cli("--json", "qualify", "report", "--receipt", derived)

@@ -127,9 +127,12 @@ def test_rollback_across_an_inventory_change_renders_argv_now(deployed_lab, b_ov
         assert f"{deployed_lab.inventory.rpc_bind(PAIR)}:{port}" in native_argv
         assert str(port) in route["active"]["rpc_argv"]
         base_url = pair_view(deployed_lab.inventory, PAIR).base_url
-        req = urllib.request.Request(f"{base_url}/completion", method="POST",
-                                     data=b'{"prompt": "a", "n_predict": 1}',
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{base_url}/completion",
+            method="POST",
+            data=b'{"prompt": "a", "n_predict": 1}',
+            headers={"Content-Type": "application/json"},
+        )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(req, timeout=30)
         assert refused.value.code == 401  # the key the inventory names now is enforced
@@ -142,10 +145,27 @@ def test_deploy_killed_before_acceptance_is_not_recorded_active(deployed_lab, la
     SIGKILLed there left status exit 0. Now the record says `activating` by that run until
     acceptance passed; once the run is over status names the problem and the resolving command."""
     a, b = deployed_lab.package_id, lab_packages_b.id
-    env = dict(os.environ, PAIRCTL_HOME=str(deployed_lab.home), PAIRCTL_ENABLE_FAULT_HOOKS="1",
-               PAIRCTL_FAULT_HOOK="accept:kill", PAIRCTL_FAULT_DIR=str(tmp_path))
-    argv = [sys.executable, "-m", "orchestrator", "--home", str(deployed_lab.home),
-            "deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"]
+    env = dict(
+        os.environ,
+        PAIRCTL_HOME=str(deployed_lab.home),
+        PAIRCTL_ENABLE_FAULT_HOOKS="1",
+        PAIRCTL_FAULT_HOOK="accept:kill",
+        PAIRCTL_FAULT_DIR=str(tmp_path),
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        "--home",
+        str(deployed_lab.home),
+        "deploy",
+        "--pair",
+        PAIR,
+        "--packages",
+        b,
+        b,
+        "--skip-accept",
+    ]
     child = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
     run = json.loads((_roots(deployed_lab)["native"] / "route.json").read_text())["updated_by"]
@@ -181,8 +201,12 @@ def test_links_that_leave_the_install_root_are_refused(deployed_lab, lab_package
         for bad in ("/etc", str(fake), "releases/..", "releases/"):
             current.unlink()
             os.symlink(bad, current)
-            for args in (("status", "--pair", PAIR), ("deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"),
-                         ("rollback", "--pair", PAIR), ("kernels", "check", "--pair", PAIR)):
+            for args in (
+                ("status", "--pair", PAIR),
+                ("deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"),
+                ("rollback", "--pair", PAIR),
+                ("kernels", "check", "--pair", PAIR),
+            ):
                 r = cli(*args)
                 assert r.exit_code == 6, (bad, args, r.exit_code, r.output)
                 assert "lab-native" in r.stderr and str(current) in r.stderr, r.stderr
@@ -209,9 +233,11 @@ def test_missing_or_disagreeing_route_refused_then_repaired(deployed_lab, lab_pa
     good = _routes(deployed_lab)
     rev = json.loads(good["native"])["revision"]
     try:
-        for damaged, where in (({"native": None, "rpc": None}, "no route record on either host"),
-                               ({"native": good["native"], "rpc": b"{not json"}, "lab-rpc:"),
-                               ({"native": good["native"], "rpc": _with_revision(good["native"], 1000)}, "lab-rpc:")):
+        for damaged, where in (
+            ({"native": None, "rpc": None}, "no route record on either host"),
+            ({"native": good["native"], "rpc": b"{not json"}, "lab-rpc:"),
+            ({"native": good["native"], "rpc": _with_revision(good["native"], 1000)}, "lab-rpc:"),
+        ):
             _put_routes(deployed_lab, damaged)
             for args in (("deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"), ("rollback", "--pair", PAIR)):
                 r = cli(*args)
@@ -243,8 +269,9 @@ def _with_revision(data: bytes, revision: int) -> bytes:
 
 
 def _routes_or_none(pair) -> dict[str, bytes | None]:
-    return {k: (r / "route.json").read_bytes() if (r / "route.json").exists() else None
-            for k, r in _roots(pair).items()}
+    return {
+        k: (r / "route.json").read_bytes() if (r / "route.json").exists() else None for k, r in _roots(pair).items()
+    }
 
 
 def test_deleted_receipts_show_up_against_the_route_anchor(deployed_lab, b_over_a, cli, tmp_path):

@@ -48,6 +48,7 @@ CHECKS = ("identity", "two_lane_near_full", "cached_continuation")
 
 # -- the checkers (pure over /proc and files), each shown to fail first --------------------------
 
+
 def cmdline_of(pid: int) -> list[str]:
     return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
 
@@ -107,7 +108,7 @@ def _tcp_tables() -> dict[str, tuple[str, int, str]]:
             addr_hex, port_hex = f[1].split(":")
             raw = bytes.fromhex(addr_hex)
             if v6:
-                addr = str(ipaddress.IPv6Address(b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))))
+                addr = str(ipaddress.IPv6Address(b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))))
             else:
                 addr = str(ipaddress.IPv4Address(raw[::-1]))
             out[f[9]] = (addr, int(port_hex, 16), f[3])
@@ -153,6 +154,7 @@ def test_checkers_flag_planted_violations(tmp_path):
 
 
 # -- the pair ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def sec_pair(request, pairctl_home):
@@ -200,8 +202,18 @@ def test_api_key_never_in_logs_or_receipts(deployed_sec):
     assert a.returncode == 0, a.stderr[-2000:]
     assert fp.api_key not in a.stdout + a.stderr
     key_files = {fp.roots["native"] / "secrets" / "api-key", fp.home.root / fp.name / "api-key"}
-    hits = files_containing([fp.home.logs, fp.home.evidence, fp.roots["native"] / "run", fp.roots["rpc"] / "run",
-                             fp.roots["native"], fp.roots["rpc"]], fp.api_key, skip=key_files)
+    hits = files_containing(
+        [
+            fp.home.logs,
+            fp.home.evidence,
+            fp.roots["native"] / "run",
+            fp.roots["rpc"] / "run",
+            fp.roots["native"],
+            fp.roots["rpc"],
+        ],
+        fp.api_key,
+        skip=key_files,
+    )
     assert hits == [], f"the API key leaked into {hits}"
     receipt = fp.home.evidence / "receipts" / f"{out['receipt']}.json"
     assert receipt.is_file()  # the deploy's receipt exists and was in the haystack
@@ -215,7 +227,10 @@ def test_unauthenticated_request_refused_and_authenticated_served(deployed_sec):
         body = {"prompt": "Hello", "n_predict": 4}
         assert c.post(url + "/completion", json=body).status_code == 401
         assert c.get(url + "/props").status_code == 401
-        assert c.post(url + "/completion", json=body, headers={"Authorization": "Bearer wrong-" + fp.api_key}).status_code == 401
+        assert (
+            c.post(url + "/completion", json=body, headers={"Authorization": "Bearer wrong-" + fp.api_key}).status_code
+            == 401
+        )
         ok = c.post(url + "/completion", json=body, headers={"Authorization": f"Bearer {fp.api_key}"})
         assert ok.status_code == 200 and "content" in ok.json()
 

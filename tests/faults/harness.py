@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -35,7 +36,17 @@ PAIR = "faults"
 # Steps before the first change to what runs (stop-native probes the RPC host before it stops
 # anything, and a stop that cannot reach the native host never started): losing either host
 # there must end in a refusal, the previous pair still serving.
-HOST_LOSS_REFUSED = {"preflight", "connect", "facts", "lease", "prepare", "upload", "kernel-check", "secret", "stop-native"}
+HOST_LOSS_REFUSED = {
+    "preflight",
+    "connect",
+    "facts",
+    "lease",
+    "prepare",
+    "upload",
+    "kernel-check",
+    "secret",
+    "stop-native",
+}
 ROLES = ("native", "rpc")
 SERVICE = {"native": "llama-server", "rpc": "ggml-rpc-server"}
 LOCK = Path("leases") / "host.lock"
@@ -43,18 +54,22 @@ RUN_TIMEOUT_S = 300
 # The matrix deploys WITH acceptance (issue 21: a fault while acceptance runs must roll back, and a
 # cell is "new" only when the new pair was accepted after the fault). A short set keeps the matrix
 # inside CI's time: identity around one model check, whose boundary is a cell of its own.
-ACCEPT_CHECKS = tuple(c for c in os.environ.get("PAIRCTL_FAULTS_CHECKS", "identity,cached_continuation").split(",")
-                      if c)
+ACCEPT_CHECKS = tuple(
+    c for c in os.environ.get("PAIRCTL_FAULTS_CHECKS", "identity,cached_continuation").split(",") if c
+)
 CHECK_STEPS = [f"check:{c}" for c in ACCEPT_CHECKS if c != "identity"]  # identity wraps the suite: no boundary
 
 
 def accept_args() -> list[str]:
     return [a for c in ACCEPT_CHECKS for a in ("--checks", c)]
+
+
 # what a deploy may end with: passed, host/host key, leased, package, rolled back, rollback failed
 DEPLOY_EXITS = {0, 4, 5, 6, 7, 8}
 
 
 # -- the pair ----------------------------------------------------------------------------------
+
 
 @dataclass
 class FaultPair:
@@ -74,8 +89,16 @@ class FaultPair:
 
     # pairctl as a child process, exactly as an operator runs it
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "orchestrator", "--home", str(self.home.root), "--inventory",
-                str(self.inventory_path), *args]
+        return [
+            sys.executable,
+            "-m",
+            "orchestrator",
+            "--home",
+            str(self.home.root),
+            "--inventory",
+            str(self.inventory_path),
+            *args,
+        ]
 
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_FAULT")}
@@ -121,12 +144,20 @@ class FaultPair:
         return self.home.lab / "keys" / "operator.pub"
 
 
-def make_pair(home: Home, base_inventory_path: Path, base_inventory: Any, packages: tuple[str, str],
-              *, root_mb: int | None, name: str = PAIR, ports: tuple[int, int] = (8190, 50190)) -> FaultPair:
+def make_pair(
+    home: Home,
+    base_inventory_path: Path,
+    base_inventory: Any,
+    packages: tuple[str, str],
+    *,
+    root_mb: int | None,
+    name: str = PAIR,
+    ports: tuple[int, int] = (8190, 50190),
+) -> FaultPair:
     """Write an inventory with pair NAME on the lab's sshd hosts (hosts `<name>-native|rpc`, own
     install roots, ports and API key file); with `root_mb`, each root is a tmpfs of that size."""
     base = read_yaml(base_inventory_path)
-    (pname, bpair), = [(n, p) for n, p in base["pairs"].items()][:1]
+    ((pname, bpair),) = [(n, p) for n, p in base["pairs"].items()][:1]
     fdir = home.root / name
     fdir.mkdir(parents=True, exist_ok=True)
     key_file = fdir / "api-key"
@@ -143,8 +174,14 @@ def make_pair(home: Home, base_inventory_path: Path, base_inventory: Any, packag
         hosts[f"{name}-{role}"] = h
         roots[role] = root
         base_hosts[role] = bname
-    pair = dict(bpair, native=f"{name}-native", rpc=f"{name}-rpc", server_port=ports[0], rpc_port=ports[1],
-                api_key_file=str(key_file))
+    pair = dict(
+        bpair,
+        native=f"{name}-native",
+        rpc=f"{name}-rpc",
+        server_port=ports[0],
+        rpc_port=ports[1],
+        api_key_file=str(key_file),
+    )
     pair.pop("rpc_bind", None)
     pair.pop("server_bind", None)
     inv = {"known_hosts": base["known_hosts"], "hosts": hosts, "pairs": {name: pair}}
@@ -161,7 +198,9 @@ def make_pair(home: Home, base_inventory_path: Path, base_inventory: Any, packag
 def mount_tmpfs(path: Path, size_mb: int) -> None:
     if os.path.ismount(path):
         subprocess.run(["umount", str(path)], check=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "pairctl-faults", str(path)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "pairctl-faults", str(path)], check=True
+    )
 
 
 def teardown_pair(fp: FaultPair) -> None:
@@ -221,6 +260,7 @@ def packages_for(request: Any, pairctl_home: Path) -> tuple[str, str]:
 
 # -- ground truth read straight from the hosts' filesystems (the lab hosts are local) ---------
 
+
 def processes_under(root: Path) -> set[int]:
     """Pids of live processes whose executable or argv[0] lies under `root`."""
     out = set()
@@ -256,8 +296,10 @@ def release_dead_run_leases(fp: Any, cell: Any, st: dict[str, Any], why: str) ->
     the run, `lease release PAIR --dead-run RUN_ID` frees them; each must work and leave none held."""
     runs = sorted({s["run_id"] for s in st.get("stale_leases") or []})
     if not runs:
-        cell.problems.append(f"leases held after the {why} but status names no finished run holding them: "
-                             f"{[h.get('leases') for h in st['hosts'].values()]}")
+        cell.problems.append(
+            f"leases held after the {why} but status names no finished run holding them: "
+            f"{[h.get('leases') for h in st['hosts'].values()]}"
+        )
         for r in ROLES:
             if lease_held(fp.roots[r]):
                 shutil.rmtree(fp.roots[r] / LOCK)
@@ -280,6 +322,7 @@ def lease_held(root: Path) -> bool:
 
 
 # -- the deploy child, stopped at a step -------------------------------------------------------
+
 
 @dataclass
 class PausedRun:
@@ -305,8 +348,13 @@ def start_deploy_paused(fp: FaultPair, pkg: str, step: str, marker_dir: Path, wa
         shutil.rmtree(marker_dir)
     marker_dir.mkdir(parents=True)
     env = fp.env(PAIRCTL_ENABLE_FAULT_HOOKS="1", PAIRCTL_FAULT_HOOK=f"{step}:pause", PAIRCTL_FAULT_DIR=str(marker_dir))
-    proc = subprocess.Popen(fp.argv("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, *accept_args()),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        fp.argv("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, *accept_args()),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if (marker_dir / "paused").exists():
@@ -319,6 +367,7 @@ def start_deploy_paused(fp: FaultPair, pkg: str, step: str, marker_dir: Path, wa
 
 
 # -- faults ------------------------------------------------------------------------------------
+
 
 @dataclass
 class Fault:
@@ -355,7 +404,7 @@ def descendants(pid: int) -> list[int]:
                 stat = (entry / "stat").read_text()
             except OSError:
                 continue
-            parent[int(entry.name)] = int(stat[stat.rfind(")") + 2:].split()[1])
+            parent[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
     out, frontier = [], [pid]
     while frontier:
         p = frontier.pop()
@@ -377,6 +426,7 @@ def _cut_ssh(role):
         pids = sshd.down()
         st["sshd_down"] = role
         return f"stopped {role} sshd {pids} and its sessions {tree}"
+
     return inject
 
 
@@ -389,6 +439,7 @@ def _kill_service(role):
     def inject(fp, run, st):
         pid = service_pid_of(fp, role)
         return f"SIGKILL {SERVICE[role]} {pid}" if _signal(pid, signal.SIGKILL) else f"no {SERVICE[role]} running"
+
     return inject
 
 
@@ -509,6 +560,7 @@ FAULTS = [
 
 # -- one cell: fault x step, then the operator's next commands, then the promise ---------------
 
+
 @dataclass
 class Cell:
     fault: str
@@ -531,8 +583,13 @@ class Cell:
         if self.first == "n/a":
             return "n/a (not in the plan)"
         mark = "ok" if self.holds else "FAIL"
-        extra = ("+lease by hand" if any("by hand" in o for o in self.operator)
-                 else "+lease --dead-run" if any("--dead-run" in o for o in self.operator) else "")
+        extra = (
+            "+lease by hand"
+            if any("by hand" in o for o in self.operator)
+            else "+lease --dead-run"
+            if any("--dead-run" in o for o in self.operator)
+            else ""
+        )
         if any(o.startswith("repair") for o in self.operator):
             extra = (extra + " +repair").strip()
         return f"{mark} {self.first}[{self.between}] -> {self.recovery}: {self.final}{(' ' + extra) if extra else ''}"
@@ -623,8 +680,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.first = "killed" if rc == -signal.SIGKILL else f"exit {rc}"
         cell.first_said = err.strip()[-600:]
         if rc not in DEPLOY_EXITS and rc != -signal.SIGKILL:
-            cell.problems.append(f"the faulted deploy exited {rc}, not one of deploy's documented outcomes "
-                                 f"{sorted(DEPLOY_EXITS)}: {err.strip()[-300:]}")
+            cell.problems.append(
+                f"the faulted deploy exited {rc}, not one of deploy's documented outcomes "
+                f"{sorted(DEPLOY_EXITS)}: {err.strip()[-300:]}"
+            )
         if "Traceback" in err:
             cell.problems.append("a traceback reached the user: " + err[-800:])
     fault.repair(fp, state) if fault.name != "corrupt-release" else None
@@ -633,15 +692,23 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     rc_s, st1 = fp.status()
     mid = active_package(st1)
     cell.between = "new" if mid == new else "prev" if mid == old else "unverified"
-    if fault.name.startswith("cut-ssh-") and step in HOST_LOSS_REFUSED and (cell.first, cell.between) != ("exit 4", "prev"):
-        cell.problems.append(f"a host lost before the first change must be refused with nothing changed "
-                             f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]")
+    if (
+        fault.name.startswith("cut-ssh-")
+        and step in HOST_LOSS_REFUSED
+        and (cell.first, cell.between) != ("exit 4", "prev")
+    ):
+        cell.problems.append(
+            f"a host lost before the first change must be refused with nothing changed "
+            f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]"
+        )
     for role in ROLES:
         host = f"{fp.name}-{role}"
         if lease_held(fp.roots[role]) and not st1["hosts"][host]["leases"]:
             cell.problems.append(f"{host}: a lease is held on the host but status does not report it")
-    if cell.first == "killed" and not (st1.get("aborted_runs_sealed") or any(
-            r["outcome"] == "aborted" for h, r in _receipts(fp).items() if h not in before)):
+    if cell.first == "killed" and not (
+        st1.get("aborted_runs_sealed")
+        or any(r["outcome"] == "aborted" for h, r in _receipts(fp).items() if h not in before)
+    ):
         cell.problems.append("the killed run was not sealed as an aborted receipt by status")
     held = [r for r in ROLES if lease_held(fp.roots[r])]
     if held:
@@ -703,7 +770,9 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             cell.problems.append(f"receipt {r['hash'][:12]} does not verify: {shown.stderr[-400:]}")
     runs = [r for r in new_receipts if r["command"] in ("deploy", "rollback")]
     if not any(r["command"] == "deploy" for r in runs) or len(runs) < 2:
-        cell.problems.append(f"expected receipts for both runs, found {[(r['command'], r['outcome']) for r in new_receipts]}")
+        cell.problems.append(
+            f"expected receipts for both runs, found {[(r['command'], r['outcome']) for r in new_receipts]}"
+        )
     cell.seconds = time.monotonic() - t0
     return cell
 
@@ -715,6 +784,9 @@ def render_matrix(cells: list[Cell], faults: list[str], steps: list[str]) -> str
     lines = ["step".ljust(w0) + " | " + " | ".join(f.ljust(widths[f]) for f in faults)]
     lines.append("-" * len(lines[0]))
     for s in steps:
-        lines.append(s.ljust(w0) + " | " + " | ".join((by[(f, s)].text() if (f, s) in by else "-").ljust(widths[f])
-                                                      for f in faults))
+        lines.append(
+            s.ljust(w0)
+            + " | "
+            + " | ".join((by[(f, s)].text() if (f, s) in by else "-").ljust(widths[f]) for f in faults)
+        )
     return "\n".join(lines)

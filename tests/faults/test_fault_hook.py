@@ -21,14 +21,21 @@ for name in sys.argv[1:]:
 
 
 def _child(tmp_path: Path, hook: str | None, enable: str | None, steps: list[str]) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_FAULT") and k != "PAIRCTL_ENABLE_FAULT_HOOKS"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_FAULT") and k != "PAIRCTL_ENABLE_FAULT_HOOKS"
+    }
     if hook is not None:
         env["PAIRCTL_FAULT_HOOK"] = hook
         env["PAIRCTL_FAULT_DIR"] = str(tmp_path)
     if enable is not None:
         env["PAIRCTL_ENABLE_FAULT_HOOKS"] = enable
-    return subprocess.Popen([sys.executable, "-c", CHILD, *steps], env=env, stdout=subprocess.PIPE, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, *steps],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
 
 def test_inert_unless_enabled(tmp_path):

@@ -55,12 +55,17 @@ def test_fault_matrix(fault_pair, tmp_path, capsys):
             cell = run_cell(fault_pair, fault, step, tmp_path / f"{fault.name}-{step}", operator=operator)
             cells.append(cell)
             with capsys.disabled():
-                print(f"[faults] {fault.name:18} @ {step:14} {cell.text():40} {cell.seconds:5.1f}s  {cell.injected}"
-                      + ("" if cell.holds else f"\n   PROBLEMS: {cell.problems}"), flush=True)
+                print(
+                    f"[faults] {fault.name:18} @ {step:14} {cell.text():40} {cell.seconds:5.1f}s  {cell.injected}"
+                    + ("" if cell.holds else f"\n   PROBLEMS: {cell.problems}"),
+                    flush=True,
+                )
     table = render_matrix(cells, [f.name for f in faults], steps)
     took = time.monotonic() - t0
     ran = [c for c in cells if c.first != "n/a"]
-    report = f"{table}\n\n{len(ran)} cells run, {sum(c.holds for c in ran)} hold; {len(cells) - len(ran)} n/a; {took:.0f} s"
+    report = (
+        f"{table}\n\n{len(ran)} cells run, {sum(c.holds for c in ran)} hold; {len(cells) - len(ran)} n/a; {took:.0f} s"
+    )
     out = fault_pair.home.root / "faults"
     (out / "matrix.txt").write_text(report + "\n")
     (out / "matrix.json").write_text(json.dumps([c.__dict__ for c in cells], indent=1, default=str))

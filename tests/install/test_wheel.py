@@ -13,17 +13,40 @@ from tests.plugins.wheel import Installed, wheel_names
 def test_wheel_carries_the_bundled_defaults(installed_pairctl: Installed):
     names = wheel_names(installed_pairctl.wheel)
     data = "orchestrator/_data/"
-    for must in ("manifests/inventories/lab.yaml", "manifests/targets/v100.yaml", "manifests/profiles/production.yaml",
-                 "manifests/fixtures/lab.yaml", "manifests/fixtures/qualify/lab-code.txt", "playbooks/deploy.yaml",
-                 "kernels/mmvf-warp-per-row/patch.diff", "kernels/harness/kernel_cases.cpp"):
+    for must in (
+        "manifests/inventories/lab.yaml",
+        "manifests/targets/v100.yaml",
+        "manifests/profiles/production.yaml",
+        "manifests/fixtures/lab.yaml",
+        "manifests/fixtures/qualify/lab-code.txt",
+        "playbooks/deploy.yaml",
+        "kernels/mmvf-warp-per-row/patch.diff",
+        "kernels/harness/kernel_cases.cpp",
+    ):
         assert data + must in names, must
     assert "orchestrator/hosts/pairctl-svc.sh" in names
-    for pkg in ("build", "checks", "cli", "config", "engine", "evidence", "hosts", "lab", "ops", "qualify", "remote",
-                "server"):
+    for pkg in (
+        "build",
+        "checks",
+        "cli",
+        "config",
+        "engine",
+        "evidence",
+        "hosts",
+        "lab",
+        "ops",
+        "qualify",
+        "remote",
+        "server",
+    ):
         assert any(n.startswith(f"orchestrator/{pkg}/") and n.endswith(".py") for n in names), pkg
     repo = Path(__file__).resolve().parents[2]
-    bundled = {f"{data}{p.relative_to(repo).as_posix()}" for top in ("manifests", "playbooks", "kernels")
-               for p in (repo / top).rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    bundled = {
+        f"{data}{p.relative_to(repo).as_posix()}"
+        for top in ("manifests", "playbooks", "kernels")
+        for p in (repo / top).rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
     assert bundled == {n for n in names if n.startswith(data)}  # every bundled file, nothing else
     assert not [n for n in names if "__pycache__" in n or n.startswith(("tests/", "manifests/"))]
 
@@ -32,8 +55,14 @@ def test_installed_pairctl_runs_from_a_temporary_directory(installed_pairctl: In
     cwd, home = tmp_path / "elsewhere", tmp_path / "home"
     cwd.mkdir()
     code = "import orchestrator, orchestrator.paths as p; print(orchestrator.__file__); print(p.MANIFESTS)"
-    where = subprocess.run([str(installed_pairctl.python), "-c", code], cwd=cwd, env=installed_pairctl.env(home),
-                           capture_output=True, text=True, check=True)
+    where = subprocess.run(
+        [str(installed_pairctl.python), "-c", code],
+        cwd=cwd,
+        env=installed_pairctl.env(home),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     mod, manifests = where.stdout.split()
     assert mod.startswith(str(installed_pairctl.venv)), mod  # the wheel's code, not the checkout's
     assert manifests.startswith(str(installed_pairctl.venv)) and manifests.endswith("orchestrator/_data/manifests")

@@ -120,7 +120,9 @@ def _start_killable(tmp_path: Path, root: Path, pair: str | None) -> subprocess.
     script = tmp_path / "killed_run.py"
     script.write_text(_KILLED_RUN)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, str(script), str(root), pair or "-"], stdout=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(root), pair or "-"], stdout=subprocess.PIPE, env=env, text=True
+    )
     line = proc.stdout.readline()
     assert line.strip() == "ready", f"child did not get ready (rc={proc.poll()})"
     return proc
@@ -152,7 +154,11 @@ def test_sigkilled_run_becomes_an_aborted_receipt_with_its_completed_steps(cli, 
     aborted = store.load(j.recovered[0])
     assert aborted.outcome == "aborted" and aborted.recovered
     assert f"process {proc.pid}" in aborted.reason and "restore" in aborted.reason
-    assert [(s.name, s.outcome) for s in aborted.steps] == [("snapshot", "passed"), ("measure", "passed"), ("restore", "aborted")]
+    assert [(s.name, s.outcome) for s in aborted.steps] == [
+        ("snapshot", "passed"),
+        ("measure", "passed"),
+        ("restore", "aborted"),
+    ]
     assert aborted.step("snapshot").data == {"route_revision": 7} and aborted.step("snapshot").host == "native"
     assert len(aborted.samples["measure"]) == 30 and aborted.plan_sha256 == "p" * 64
     assert aborted.host.pid == proc.pid and aborted.argv[-1] == "***"
@@ -196,9 +202,23 @@ def test_derive_references_resolve_and_the_original_is_byte_identical(cli, store
     fresh = tmp_path / "fresh.json"
     fresh.write_text('[{"name": "final-config-read", "outcome": "passed", "data": {"route": {"revision": 7}}}]')
 
-    r = cli("receipts", "derive", "--evidence", str(store.root), "--from", original[:10], "--reuse", "measure",
-            "--reuse", "snapshot-before-write", "--reason", "config read timed out after all samples; snapshot matches",
-            "--fresh", str(fresh), "--json")
+    r = cli(
+        "receipts",
+        "derive",
+        "--evidence",
+        str(store.root),
+        "--from",
+        original[:10],
+        "--reuse",
+        "measure",
+        "--reuse",
+        "snapshot-before-write",
+        "--reason",
+        "config read timed out after all samples; snapshot matches",
+        "--fresh",
+        str(fresh),
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     import json
 
@@ -206,7 +226,10 @@ def test_derive_references_resolve_and_the_original_is_byte_identical(cli, store
     assert path.read_bytes() == before_bytes
     after_stat = os.stat(path)
     assert (after_stat.st_ino, after_stat.st_mtime_ns, after_stat.st_mode) == (
-        before_stat.st_ino, before_stat.st_mtime_ns, before_stat.st_mode)
+        before_stat.st_ino,
+        before_stat.st_mtime_ns,
+        before_stat.st_mode,
+    )
 
     d = store.load(derived)
     assert d.derived_from == original and d.outcome == "passed" and d.previous == original
@@ -223,16 +246,43 @@ def test_derive_references_resolve_and_the_original_is_byte_identical(cli, store
     # A derived record whose original disappears is a dangling reference.
     path.unlink()
     bad = _verify(cli, store)
-    assert bad.exit_code == ExitCode.EVIDENCE and "dangling-reference" in bad.stdout and str(store.path_of(derived)) in bad.stdout
+    assert (
+        bad.exit_code == ExitCode.EVIDENCE
+        and "dangling-reference" in bad.stdout
+        and str(store.path_of(derived)) in bad.stdout
+    )
 
 
 def test_reusing_a_failed_or_missing_step_is_refused(cli, store):
     original = _failed_after_samples(store)
     n = len(store.hashes())
-    r = cli("receipts", "derive", "--evidence", str(store.root), "--from", original, "--reuse", "measure",
-            "--reuse", "final-config-read", "--reason", "try")
+    r = cli(
+        "receipts",
+        "derive",
+        "--evidence",
+        str(store.root),
+        "--from",
+        original,
+        "--reuse",
+        "measure",
+        "--reuse",
+        "final-config-read",
+        "--reason",
+        "try",
+    )
     assert r.exit_code == ExitCode.EVIDENCE and "refusing to reuse step 'final-config-read'" in r.stderr
-    r = cli("receipts", "derive", "--evidence", str(store.root), "--from", original, "--reuse", "never-ran", "--reason", "try")
+    r = cli(
+        "receipts",
+        "derive",
+        "--evidence",
+        str(store.root),
+        "--from",
+        original,
+        "--reuse",
+        "never-ran",
+        "--reason",
+        "try",
+    )
     assert r.exit_code == ExitCode.EVIDENCE and "was not run" in r.stderr
     assert len(store.hashes()) == n, "a refused derive writes nothing"
     assert store.verify().ok
@@ -255,7 +305,12 @@ def test_list_filters_and_show(cli, store):
 
     rows = json.loads(r.stdout)
     assert r.exit_code == 0 and len(rows) == 2 and {x["pair"] for x in rows} == {"lab"}
-    assert json.loads(cli("receipts", "list", "--evidence", str(store.root), "--since", "2099-01-01T00:00Z", "--json").stdout) == []
+    assert (
+        json.loads(
+            cli("receipts", "list", "--evidence", str(store.root), "--since", "2099-01-01T00:00Z", "--json").stdout
+        )
+        == []
+    )
     table = cli("receipts", "list", "--evidence", str(store.root))
     assert table.exit_code == 0 and rows[0]["hash"][:12] in table.stdout and "3 receipt(s)" in table.stdout
     show = cli("receipts", "show", rows[0]["hash"][:8], "--evidence", str(store.root))
@@ -356,10 +411,15 @@ def test_derive_with_fields_samples_and_explicit_outcome(store):
         store.derive(original, ["measure"], "x", fields={"outcome": "passed"})
     n = len(store.hashes())
     assert n == 1, "a refused derive writes nothing"
-    sha = store.derive(original, ["measure"], "recomputed from the valid samples",
-                       fresh_steps=[{"name": "restore-check", "outcome": "passed", "data": {"match": True}}],
-                       fresh_samples={"restore-check": [{"revision": 7}]},
-                       fields={"qualification": {"code": {"gain": 0.0334}}}, outcome="inconclusive")
+    sha = store.derive(
+        original,
+        ["measure"],
+        "recomputed from the valid samples",
+        fresh_steps=[{"name": "restore-check", "outcome": "passed", "data": {"match": True}}],
+        fresh_samples={"restore-check": [{"revision": 7}]},
+        fields={"qualification": {"code": {"gain": 0.0334}}},
+        outcome="inconclusive",
+    )
     d = store.load(sha)
     assert d.outcome == "inconclusive" and d.qualification == {"code": {"gain": 0.0334}}
     assert d.samples == {"restore-check": [{"revision": 7}]} and d.step("restore-check").data == {"match": True}

@@ -27,8 +27,15 @@ def _client(known_hosts: Path | None) -> paramiko.SSHClient:
 
 def _connect(c: paramiko.SSHClient, host, key: Path) -> None:
     c.connect(
-        host.address, port=host.port, username=host.user, key_filename=str(key),
-        allow_agent=False, look_for_keys=False, timeout=10, banner_timeout=10, auth_timeout=10,
+        host.address,
+        port=host.port,
+        username=host.user,
+        key_filename=str(key),
+        allow_agent=False,
+        look_for_keys=False,
+        timeout=10,
+        banner_timeout=10,
+        auth_timeout=10,
     )
 
 
@@ -119,7 +126,9 @@ def test_lab_status_reports_running_hosts(lab, cli):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert {h["host"]: (h["running"], h["answering"]) for h in data["hosts"]} == {
-        "lab-native": (True, True), "lab-rpc": (True, True)}
+        "lab-native": (True, True),
+        "lab-rpc": (True, True),
+    }
     assert data["models_ok"] is True
 
 

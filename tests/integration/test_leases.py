@@ -131,7 +131,9 @@ def test_hold_pair_leases_over_ssh(inv) -> None:
 
 def test_cli_take_show_release_pair(lab, inv, tmp_path, cli) -> None:
     path = write_inventory(inv, tmp_path / "inv.yaml")
-    r = cli("lease", "take", "lab", "--purpose", "cli test", "--ttl", "10m", "--owner", "tester@ops", inventory=str(path))
+    r = cli(
+        "lease", "take", "lab", "--purpose", "cli test", "--ttl", "10m", "--owner", "tester@ops", inventory=str(path)
+    )
     assert r.exit_code == 0, r.output
     nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
 
@@ -154,7 +156,9 @@ def test_cli_take_show_release_pair(lab, inv, tmp_path, cli) -> None:
     assert [s["state"] for s in out["after"]] == ["free", "free"]
     # the receipt records the release and never the nonce
     receipts = list((lab.home.evidence).rglob("*"))
-    assert not any(nonce in p.read_text(errors="ignore") for p in receipts if p.is_file() and p.stat().st_size < 1_000_000)
+    assert not any(
+        nonce in p.read_text(errors="ignore") for p in receipts if p.is_file() and p.stat().st_size < 1_000_000
+    )
 
 
 def test_cli_pair_take_gives_back_first_if_second_held(lab, inv, tmp_path, cli) -> None:
@@ -238,8 +242,15 @@ def test_another_operator_frees_a_dead_runs_lease_by_its_heartbeat(lab, inv, tmp
         assert all(L.lease_state(t.transport, t.install_root).state == "held" for t in targets)
         for t in targets:  # the holder dies: its last heartbeat was an hour ago (host time)
             L.release_lease(t.transport, t.install_root, L.read_lease(t.transport, t.install_root).nonce)
-            L.take_lease(t.transport, t.install_root, "other@elsewhere", f"pairctl deploy lab (run {run})", 7200,
-                         stale_after_s=600, clock=an_hour_ago)
+            L.take_lease(
+                t.transport,
+                t.install_root,
+                "other@elsewhere",
+                f"pairctl deploy lab (run {run})",
+                7200,
+                stale_after_s=600,
+                clock=an_hour_ago,
+            )
         shown = cli("--json", "lease", "show", "lab", inventory=str(path))
         assert all(s["stale"] for s in json.loads(shown.stdout)), shown.stdout
         r = cli("--json", "lease", "release", "lab", "--dead-run", run, inventory=str(path))

@@ -31,15 +31,23 @@ def _inventory(lab, tmp_path: Path) -> Inventory:
     for name, spec in lab.inventory.hosts.items():
         hosts[name] = spec.model_copy(update={"install_root": str(tmp_path / "roots" / name)})
     hosts["other-native"] = hosts["lab-native"].model_copy(update={"install_root": str(tmp_path / "roots" / "other")})
-    other = lab.inventory.pair("lab").model_copy(update={"native": "other-native", "server_port": 8091,
-                                                         "rpc_port": 50091})
-    return lab.inventory.model_copy(update={"hosts": hosts, "pairs": {**lab.inventory.pairs, "other": other},
-                                            "keep_releases": 3})
+    other = lab.inventory.pair("lab").model_copy(
+        update={"native": "other-native", "server_port": 8091, "rpc_port": 50091}
+    )
+    return lab.inventory.model_copy(
+        update={"hosts": hosts, "pairs": {**lab.inventory.pairs, "other": other}, "keep_releases": 3}
+    )
 
 
 def _entry(pid: str) -> RouteEntry:
-    return RouteEntry.build(native_package=pid, rpc_package=pid, package_revision="0" * 40, profile={"name": "lab"},
-                            native_argv=["x"], rpc_argv=["y"])
+    return RouteEntry.build(
+        native_package=pid,
+        rpc_package=pid,
+        package_revision="0" * 40,
+        profile={"name": "lab"},
+        native_argv=["x"],
+        rpc_argv=["y"],
+    )
 
 
 def _seed(inv: Inventory, pool: TransportPool) -> None:

@@ -30,7 +30,9 @@ HOST = "lab-native"
 
 
 def ssh_keygen_fingerprint(pub: Path) -> str:
-    out = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["ssh-keygen", "-l", "-E", "sha256", "-f", str(pub)], capture_output=True, text=True, check=True
+    )
     return out.stdout.split()[1]
 
 
@@ -67,7 +69,9 @@ def test_login_with_strict_host_keys(lab, t) -> None:
 
 def test_unknown_host_key_refused_before_anything_runs(lab, tmp_path) -> None:
     kh = tmp_path / "known_hosts"
-    kh.write_text("".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith("[127.0.0.2]")))
+    kh.write_text(
+        "".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith("[127.0.0.2]"))
+    )
     marker = tmp_path / "ran"
     tr = open_transport(inventory_with_known_hosts(lab, kh), HOST)
     with pytest.raises(HostKeyError) as ei:
@@ -112,13 +116,36 @@ def test_changed_host_key_refused_with_both_fingerprints(lab, tmp_path) -> None:
     assert open_transport(inventory_with_known_hosts(lab, kh), "lab-rpc").run(Cmd.of("true")).ok
 
 
-HOSTILE = ["", "a b", "it's", '"q"', "x;touch /tmp/pwned", "$(id)", "`id`", "$HOME", "*", "a\nb", "\\", "-n", "é✓中文",
-           "'\"'\"'", "!", "#x", "&&", "|", ">o"]
-ARG = st.one_of(st.sampled_from(HOSTILE),
-                st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20))
+HOSTILE = [
+    "",
+    "a b",
+    "it's",
+    '"q"',
+    "x;touch /tmp/pwned",
+    "$(id)",
+    "`id`",
+    "$HOME",
+    "*",
+    "a\nb",
+    "\\",
+    "-n",
+    "é✓中文",
+    "'\"'\"'",
+    "!",
+    "#x",
+    "&&",
+    "|",
+    ">o",
+]
+ARG = st.one_of(
+    st.sampled_from(HOSTILE),
+    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=20),
+)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 @given(args=st.lists(ARG, min_size=1, max_size=6))
 def test_args_reach_remote_program_unchanged(t, args: list[str]) -> None:
     out = t.run(Cmd.of("printf", "%s\\0", *args)).stdout_bytes
@@ -232,8 +259,9 @@ def test_connect_refused_is_retried_and_logged(lab) -> None:
 
 
 def test_host_key_error_is_not_retried(lab, tmp_path) -> None:
-    tr = SshTransport.from_inventory(inventory_with_known_hosts(lab, tmp_path / "empty"), HOST,
-                                     retry=RetryPolicy(attempts=4, initial_s=0.05))
+    tr = SshTransport.from_inventory(
+        inventory_with_known_hosts(lab, tmp_path / "empty"), HOST, retry=RetryPolicy(attempts=4, initial_s=0.05)
+    )
     with structlog.testing.capture_logs() as logs, pytest.raises(HostKeyError):
         tr.connect()
     assert tr.stats.retries == 0 and not [e for e in logs if e["event"] == "retrying"]
@@ -265,7 +293,11 @@ def test_ssh_config_fills_fields_left_out(lab, tmp_path) -> None:
     inv = Inventory.model_validate({"known_hosts": str(lab.known_hosts), "use_ssh_config": True, "hosts": {HOST: bare}})
     tr = SshTransport.from_inventory(inv, HOST, ssh_config_path=cfg)
     assert (tr.target.hostname, tr.target.port, tr.target.user, tr.target.key_filename) == (
-        "127.0.0.2", 2222, "root", str(lab.operator_key))
+        "127.0.0.2",
+        2222,
+        "root",
+        str(lab.operator_key),
+    )
     try:
         assert tr.run(Cmd.of("id", "-u")).stdout == "0\n"
     finally:

@@ -18,8 +18,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 
@@ -87,7 +87,9 @@ def run_pairctl(home: Path, *args: str, timeout: float = 3600) -> subprocess.Com
                           capture_output=True, text=True, timeout=timeout, env=env)  # fmt: skip
 
 
-def build_package(home: Path, rev: str, *, target: str = LAB_TARGET, profile: str = LAB_PROFILE, extra: tuple[str, ...] = ()) -> Package:
+def build_package(
+    home: Path, rev: str, *, target: str = LAB_TARGET, profile: str = LAB_PROFILE, extra: tuple[str, ...] = ()
+) -> Package:
     proc = run_pairctl(home, "--json", "build", "--target", target, "--rev", rev, "--profile", profile, *extra)
     if proc.returncode != 0:
         raise RuntimeError(f"pairctl build --rev {rev} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")

@@ -49,9 +49,13 @@ def lab_status(cli, pair: str = PAIR, inventory: str | None = None) -> dict[str,
 
 def is_active(st: dict[str, Any], package_id: str) -> bool:
     route = st.get("route") or {}
-    return (not st["problems"] and route.get("active_packages") == [package_id, package_id]
-            and (route.get("active") or "").endswith(f"({PROFILE})") and st.get("health") == "ok"
-            and all(h["running"] and h["matches_manifest"] for h in st["hosts"].values()))
+    return (
+        not st["problems"]
+        and route.get("active_packages") == [package_id, package_id]
+        and (route.get("active") or "").endswith(f"({PROFILE})")
+        and st.get("health") == "ok"
+        and all(h["running"] and h["matches_manifest"] for h in st["hosts"].values())
+    )
 
 
 def deploy_baseline(cli, package_id: str, pair: str = PAIR, inventory: str | None = None) -> str | None:
@@ -59,8 +63,19 @@ def deploy_baseline(cli, package_id: str, pair: str = PAIR, inventory: str | Non
     st = lab_status(cli, pair, inventory)
     if is_active(st, package_id):
         return None
-    r = cli("--json", "deploy", "--pair", pair, "--packages", package_id, package_id, "--profile", PROFILE,
-            "--skip-accept", inventory=inventory)
+    r = cli(
+        "--json",
+        "deploy",
+        "--pair",
+        pair,
+        "--packages",
+        package_id,
+        package_id,
+        "--profile",
+        PROFILE,
+        "--skip-accept",
+        inventory=inventory,
+    )
     if r.exit_code != 0:
         raise RuntimeError(f"deploying the baseline failed (exit {r.exit_code}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout)["receipt"]
@@ -76,8 +91,18 @@ def deployed_lab(lab, lab_packages, cli) -> DeployedPair:
     from orchestrator.engine.plan import pair_view
 
     view = pair_view(lab.inventory, PAIR)
-    return DeployedPair(pair=PAIR, base_url=view.base_url, package_id=pid, native_package=pid, rpc_package=pid,
-                        profile=PROFILE, home=lab.home.root, inventory=lab.inventory, receipt=receipt, status=st)
+    return DeployedPair(
+        pair=PAIR,
+        base_url=view.base_url,
+        package_id=pid,
+        native_package=pid,
+        rpc_package=pid,
+        profile=PROFILE,
+        home=lab.home.root,
+        inventory=lab.inventory,
+        receipt=receipt,
+        status=st,
+    )
 
 
 @pytest.fixture

@@ -25,8 +25,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_TOP_SKIP = {".git", ".venv", ".state", "build", "dist", ".pytest_cache", ".hypothesis", ".whl", ".gl", ".carry",
-             "benchmarks", "docs", "tests"}
+_TOP_SKIP = {
+    ".git",
+    ".venv",
+    ".state",
+    "build",
+    "dist",
+    ".pytest_cache",
+    ".hypothesis",
+    ".whl",
+    ".gl",
+    ".carry",
+    "benchmarks",
+    "docs",
+    "tests",
+}
 
 
 def _skip(folder: str, names: list[str]) -> set[str]:
@@ -49,17 +62,25 @@ class Installed:
         env.update(PAIRCTL_HOME=str(home), **extra)
         return env
 
-    def run(self, cwd: Path, home: Path, *args: str, timeout: float = 600,
-            **extra: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(self.pairctl), *args], cwd=cwd, env=self.env(home, **extra), capture_output=True,
-                              text=True, timeout=timeout)
+    def run(
+        self, cwd: Path, home: Path, *args: str, timeout: float = 600, **extra: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.pairctl), *args],
+            cwd=cwd,
+            env=self.env(home, **extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
 
 def _run(*argv: str | Path, cwd: Path | None = None, timeout: float = 300) -> None:
     proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-3000:]}"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -72,8 +93,14 @@ def installed_pairctl(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     venv = base / "venv"
     _run(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     (site / "pairctl-test-deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     _run(py, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel)
     return Installed(venv=venv, wheel=wheel, pairctl=venv / "bin" / "pairctl", python=py)

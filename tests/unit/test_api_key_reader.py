@@ -14,13 +14,15 @@ from orchestrator.qualify.engine_driver import EngineDriver
 
 
 def _inventory(key_file: Path) -> Inventory:
-    return Inventory.model_validate({
-        "hosts": {
-            "n": {"address": "127.0.0.1", "install_root": "/srv/p", "role": "native", "transport": "local"},
-            "r": {"address": "127.0.0.1", "install_root": "/srv/q", "role": "rpc", "transport": "local"},
-        },
-        "pairs": {"p": {"native": "n", "rpc": "r", "api_key_file": str(key_file)}},
-    })
+    return Inventory.model_validate(
+        {
+            "hosts": {
+                "n": {"address": "127.0.0.1", "install_root": "/srv/p", "role": "native", "transport": "local"},
+                "r": {"address": "127.0.0.1", "install_root": "/srv/q", "role": "rpc", "transport": "local"},
+            },
+            "pairs": {"p": {"native": "n", "rpc": "r", "api_key_file": str(key_file)}},
+        }
+    )
 
 
 def test_inventory_reads_the_key(tmp_path: Path) -> None:

@@ -35,11 +35,14 @@ def test_lab_profile_requests_are_bounded_in_minutes_not_an_hour() -> None:
     assert prod.completion_s == budget.request_seconds(per_slot - gen, gen, lanes=2)
 
 
-@pytest.mark.parametrize("message, transport", [
-    ("ServerUnreachable: POST http://127.0.0.2:8080/completion: timed out (ReadTimeout)", True),
-    ("ServerUnreachable: GET http://x/slots: connection refused", True),
-    ("lane 0 generated 3 tokens, expected 256", False),
-])
+@pytest.mark.parametrize(
+    "message, transport",
+    [
+        ("ServerUnreachable: POST http://127.0.0.2:8080/completion: timed out (ReadTimeout)", True),
+        ("ServerUnreachable: GET http://x/slots: connection refused", True),
+        ("lane 0 generated 3 tokens, expected 256", False),
+    ],
+)
 def test_transport_failures_are_told_from_wrong_answers(message: str, transport: bool) -> None:
     assert budget.is_transport_failure(message) is transport
 
@@ -64,12 +67,14 @@ def test_suite_stops_after_a_required_check_finds_the_server_not_answering() -> 
         def fn(ctx: CheckContext) -> CheckResult:
             ran.append(name)
             return CheckResult(name=name, verdict="passed")
+
         return fn
 
     names = list(suite.CHECKS)[1:4]  # the first three model checks after identity
     ctx = CheckContext(client=_IdleServer(), profile=load_profile("lab"), pair="lab")  # type: ignore[arg-type]
-    res = suite.run_suite(ctx, only=names, overrides={names[0]: hung, names[1]: later(names[1]),
-                                                      names[2]: later(names[2])})
+    res = suite.run_suite(
+        ctx, only=names, overrides={names[0]: hung, names[1]: later(names[1]), names[2]: later(names[2])}
+    )
     assert ran == ["two_lane"], ran  # nothing waited on the dead server after the first timeout
     assert not res.passed
     by = {r.name: r for r in res.results}

@@ -13,7 +13,9 @@ from orchestrator.lab.source import git_env
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], env=git_env(), check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], env=git_env(), check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture

@@ -44,7 +44,9 @@ kernel_harness: false
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], env=git_env(), check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args], env=git_env(), check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -72,7 +74,9 @@ def test_build_package_cache_hit_and_verify(fake: tuple[Path, Path, Home]) -> No
     m = first.package.manifest
     assert first.status == "built" and not first.cached
     assert m.id == f"lab-{commit[:10]}-cpu-fake" and m.revision == commit and m.build_info == f"b1-{commit[:10]}"
-    assert m.source_diff == "" and m.cmake_flags["GGML_RPC"] == "ON" and m.cmake_flags["LLAMA_BUILD_COMMIT"] == commit[:10]
+    assert (
+        m.source_diff == "" and m.cmake_flags["GGML_RPC"] == "ON" and m.cmake_flags["LLAMA_BUILD_COMMIT"] == commit[:10]
+    )
     assert set(m.files) == {"bin/llama-server", "bin/ggml-rpc-server", "tests/bin/test-backend-ops",
                             "meta/llama-server.help.txt", "meta/version.txt"}  # fmt: skip
     assert "unrelated" not in str(m.files)  # only the listed targets are packaged

@@ -14,7 +14,9 @@ from orchestrator.build.toolchain import Toolchain
 from orchestrator.config.targets import load_target
 from orchestrator.errors import PackageError
 
-REV = Revision(commit="5423bddf352adc41a8cc59ed02d38a511b333d30", tree="8af9376af703ec4710b4cbed626457c52d5b9069", count=11434)
+REV = Revision(
+    commit="5423bddf352adc41a8cc59ed02d38a511b333d30", tree="8af9376af703ec4710b4cbed626457c52d5b9069", count=11434
+)
 TC = Toolchain(cmake="3.25.1", ninja="1.11.1", cxx="12.2.0", cxx_path="/usr/bin/g++-12", ccache="4.7.5")
 
 

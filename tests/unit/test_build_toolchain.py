@@ -68,7 +68,9 @@ def test_v100_under_cuda13_is_refused_with_the_toolchain_it_needs() -> None:
 
 
 def test_v100_under_cuda12_is_accepted() -> None:
-    assert cuda_refusal(load_target("v100"), parse_nvcc_version(NVCC_12_VERSION), parse_gpu_arches(NVCC_12_ARCHES)) is None
+    assert (
+        cuda_refusal(load_target("v100"), parse_nvcc_version(NVCC_12_VERSION), parse_gpu_arches(NVCC_12_ARCHES)) is None
+    )
 
 
 def test_h200_under_cuda13_is_accepted_and_rtx5060ti_needs_compute_120() -> None:
@@ -97,7 +99,9 @@ def _fake_nvcc(tmp: Path, version: str, arches: str) -> Path:
     return script.parent
 
 
-def test_check_toolchain_refuses_v100_with_fake_cuda13_nvcc_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_toolchain_refuses_v100_with_fake_cuda13_nvcc_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bindir = _fake_nvcc(tmp_path, NVCC_VERSION, NVCC_ARCHES)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDACXX", raising=False)
@@ -105,7 +109,9 @@ def test_check_toolchain_refuses_v100_with_fake_cuda13_nvcc_on_path(tmp_path: Pa
         check_toolchain(load_target("v100"))
 
 
-def test_check_toolchain_accepts_v100_with_fake_cuda12_nvcc_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_toolchain_accepts_v100_with_fake_cuda12_nvcc_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bindir = _fake_nvcc(tmp_path, NVCC_12_VERSION, NVCC_12_ARCHES)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.delenv("CUDACXX", raising=False)

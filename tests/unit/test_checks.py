@@ -23,6 +23,7 @@ GOLDEN = __import__("pathlib").Path(__file__).parent / "golden"
 
 # --- sizing from the profile ------------------------------------------------------------------
 
+
 def test_sizes_come_from_the_profile_lab_and_production():
     lab, prod = load_profile("lab"), load_profile("production")
     assert lab.per_slot_ctx() == 2048 and lab.near_full_tokens() == 2048 - 64
@@ -40,9 +41,22 @@ def test_lane_split_refuses_a_lane_too_small():
 
 # --- near-full lanes ----------------------------------------------------------------------------
 
+
 def lane(i=0, **kw):
-    base = dict(lane=i, id_slot=i, prompt_tokens=100, n_predict=20, tokens_evaluated=100, tokens_predicted=20,
-                truncated=False, stop_type="limit", content="x", output_tokens=[1, 2, 3], started_s=0.0, finished_s=1.0)
+    base = dict(
+        lane=i,
+        id_slot=i,
+        prompt_tokens=100,
+        n_predict=20,
+        tokens_evaluated=100,
+        tokens_predicted=20,
+        truncated=False,
+        stop_type="limit",
+        content="x",
+        output_tokens=[1, 2, 3],
+        started_s=0.0,
+        finished_s=1.0,
+    )
     base.update(kw)
     return nf.LaneOutcome(**base)
 
@@ -52,12 +66,15 @@ def test_clean_lane_passes():
     assert lane().population == 120
 
 
-@pytest.mark.parametrize("kw, text", [
-    (dict(truncated=True), "truncated"),
-    (dict(tokens_predicted=7, stop_type="eos"), "generated 7"),
-    (dict(tokens_evaluated=90), "evaluated 90"),
-    (dict(error="HTTP 400: exceed_context_size_error"), "request failed"),
-])
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        (dict(truncated=True), "truncated"),
+        (dict(tokens_predicted=7, stop_type="eos"), "generated 7"),
+        (dict(tokens_evaluated=90), "evaluated 90"),
+        (dict(error="HTTP 400: exceed_context_size_error"), "request failed"),
+    ],
+)
 def test_broken_lane_fails(kw, text):
     problems = nf.lane_problems(lane(**kw))
     assert problems and any(text in p for p in problems)
@@ -91,18 +108,24 @@ def test_lanes_must_overlap_on_distinct_slots():
     assert any("same time" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=1.5, finished_s=2)], True))
     assert any("distinct" in p for p in nf.overlap_problems([lane(0), lane(1, id_slot=0)], True))
     # overlapping requests the server served one after the other (seen with --threads-http 1)
-    assert any("never showed both" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=0.5, finished_s=2)], False))
+    assert any(
+        "never showed both" in p for p in nf.overlap_problems([lane(0), lane(1, started_s=0.5, finished_s=2)], False)
+    )
 
 
 # --- speculative ---------------------------------------------------------------------------------
 
+
 def test_speculative_compare():
     assert sp.compare([[1, 2], [3]], [[1, 2], [3]]) == []
-    assert sp.compare([[1, 9], [3]], [[1, 2], [3]]) == ["prompt 0: drafted output differs from the draft-free reference from token 1"]
+    assert sp.compare([[1, 9], [3]], [[1, 2], [3]]) == [
+        "prompt 0: drafted output differs from the draft-free reference from token 1"
+    ]
     assert sp.compare([[1, 2]], [[1, 2], [3]])
 
 
 # --- cache -----------------------------------------------------------------------------------------
+
 
 def test_cached_continuation():
     assert cc.continuation_problems(500, 499, [1, 2], [1, 2], 0) == []
@@ -121,19 +144,35 @@ def test_long_prefix_reuse():
 
 # --- cancellation --------------------------------------------------------------------------------
 
+
 def test_cancel_passes_and_each_condition_fails():
-    good = dict(idle_after_s=0.05, bound_s=2.0, full_n_tokens=1984, followup_ok=True, followup_same=True, streamed=8,
-                log={"checked": True, "cancel_logged": True, "stop_n_tokens": 80})
+    good = dict(
+        idle_after_s=0.05,
+        bound_s=2.0,
+        full_n_tokens=1984,
+        followup_ok=True,
+        followup_same=True,
+        streamed=8,
+        log={"checked": True, "cancel_logged": True, "stop_n_tokens": 80},
+    )
     assert cn.cancel_problems(**good) == []
     for change, text in [
         (dict(idle_after_s=None), "still processing"),
-        (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1984}), "finished instead of being cancelled"),
+        (
+            dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1984}),
+            "finished instead of being cancelled",
+        ),
         (dict(log={"checked": True, "cancel_logged": False, "stop_n_tokens": 80}), "no cancel"),
         # a finished request logs prompt + n_predict - 1
-        (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1983}), "finished instead of being cancelled"),
+        (
+            dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": 1983}),
+            "finished instead of being cancelled",
+        ),
         # went on well past what it held at the close, though it stopped before the end (speed-independent)
-        (dict(stopped_by=64 + 8 + 32, log={"checked": True, "cancel_logged": True, "stop_n_tokens": 900}),
-         "did not stop at the cancel"),
+        (
+            dict(stopped_by=64 + 8 + 32, log={"checked": True, "cancel_logged": True, "stop_n_tokens": 900}),
+            "did not stop at the cancel",
+        ),
         (dict(log={"checked": True, "cancel_logged": True, "stop_n_tokens": None}), "no stop"),
         (dict(log={"checked": False, "why": "no transport"}), "not read"),
         (dict(followup_ok=False), "follow-up request failed"),
@@ -156,15 +195,31 @@ def test_server_log_lines_from_the_real_server():
 
 def test_grep_command_is_argv():
     cmd = cn.log_grep_cmd("/srv/my root", "llama-server.log", cn.cancel_line(42), cn.stop_line(42))
-    assert cmd.argv == ("grep", "-F", "-m", "20", "-e", "cancel task, id_task = 42",
-                        "-e", "| task 42 | stop processing: n_tokens = ", "--", "/srv/my root/run/llama-server.log")
+    assert cmd.argv == (
+        "grep",
+        "-F",
+        "-m",
+        "20",
+        "-e",
+        "cancel task, id_task = 42",
+        "-e",
+        "| task 42 | stop processing: n_tokens = ",
+        "--",
+        "/srv/my root/run/llama-server.log",
+    )
 
 
 # --- answer fixtures ----------------------------------------------------------------------------
 
+
 def fx(fid="f", regex=None, same=False):
-    content = {"id": fid, "family": "code", "prompt": "p", "n_predict": 8,
-               "expect": {"regex": regex, "same_as_baseline": same}}
+    content = {
+        "id": fid,
+        "family": "code",
+        "prompt": "p",
+        "n_predict": 8,
+        "expect": {"regex": regex, "same_as_baseline": same},
+    }
     return Fixture(**content, sha256=fixture_sha256(content))
 
 
@@ -190,12 +245,15 @@ def test_lab_fixture_set_loads_and_is_hashed():
         load_fixture_set("does-not-exist")
 
 
-@pytest.mark.parametrize("regex, base_passed, content, status", [
-    ("^ok", True, "ok!", "pass"),
-    ("^ok", True, "nope", "regressed"),
-    ("^ok", False, "nope", "pre_existing"),
-    ("^ok", False, "ok", "fixed"),
-])
+@pytest.mark.parametrize(
+    "regex, base_passed, content, status",
+    [
+        ("^ok", True, "ok!", "pass"),
+        ("^ok", True, "nope", "regressed"),
+        ("^ok", False, "nope", "pre_existing"),
+        ("^ok", False, "ok", "fixed"),
+    ],
+)
 def test_judge_regex_vs_baseline(regex, base_passed, content, status):
     f = fx(regex=regex)
     o = af.judge(f, content, [1], {"sha256": f.sha256, "passed": base_passed, "content": "?", "tokens": []})
@@ -225,6 +283,7 @@ def test_duplicate_fixture_ids_refused():
 
 # --- identity ---------------------------------------------------------------------------------
 
+
 def test_identity_diff_and_judge():
     before = {"problems": [], "http": {"build_info": "b1-abc", "total_slots": 2}, "probe": {"h": {"pid": 10}}}
     same = {"problems": [], "http": {"build_info": "b1-abc", "total_slots": 2}, "probe": {"h": {"pid": 10}}}
@@ -237,6 +296,7 @@ def test_identity_diff_and_judge():
 
 
 # --- suite ---------------------------------------------------------------------------------------
+
 
 def test_select_orders_and_refuses_unknown():
     assert select() == list(CHECKS)
@@ -262,12 +322,14 @@ def test_baseline_ref():
 
 # --- prompts ---------------------------------------------------------------------------------------
 
+
 def test_filler_is_deterministic_and_contains_run():
     assert filler_text(1) == filler_text(1) != filler_text(2)
     assert contains_run([1, 2, 3, 4], [2, 3]) and not contains_run([1, 2, 3], [3, 2]) and not contains_run([1], [])
 
 
 # --- baseline lookup in the evidence store ---------------------------------------------------------
+
 
 def _receipt_with(store, outcome, results, models=None):
     j = store.begin(command="accept", argv=["accept"], pair="p")
@@ -323,11 +385,20 @@ def test_table_shows_verdicts_and_survives_brackets_in_messages():
 
     from orchestrator.checks.runner import AcceptOutcome, render_table
 
-    results = [CheckResult(name="two_lane_near_full", verdict="failed", message="lane [0]: [red]truncated[/]",
-                           figures={"population": 3968, "capacity": 4096}),
-               CheckResult(name="telemetry", verdict="error", required=False, message="x")]
-    out = AcceptOutcome(suite=SuiteResult(pair="lab", profile="lab", results=results, passed=False,
-                                          sampler_faults=[{"host": "h"}]), receipt="ab" * 32, route={})
+    results = [
+        CheckResult(
+            name="two_lane_near_full",
+            verdict="failed",
+            message="lane [0]: [red]truncated[/]",
+            figures={"population": 3968, "capacity": 4096},
+        ),
+        CheckResult(name="telemetry", verdict="error", required=False, message="x"),
+    ]
+    out = AcceptOutcome(
+        suite=SuiteResult(pair="lab", profile="lab", results=results, passed=False, sampler_faults=[{"host": "h"}]),
+        receipt="ab" * 32,
+        route={},
+    )
     buf = io.StringIO()
     render_table(Console(file=buf, width=200), out)
     text = buf.getvalue()

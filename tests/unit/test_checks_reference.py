@@ -73,7 +73,7 @@ class ScriptedAsker:
     calls: list[tuple[str, int, int]] = field(default_factory=list)
 
     def _answer(self, start: int, n: int) -> Answer:
-        toks = [(t + 1 if start + i in self.flip_at else t) for i, t in enumerate(self.ref[start:start + n])]
+        toks = [(t + 1 if start + i in self.flip_at else t) for i, t in enumerate(self.ref[start : start + n])]
         return Answer(toks, [{t: 0.0, start + i + 1000: -1.0} for i, t in enumerate(toks)])
 
     def first(self, endpoint: str, prompt: Any, n: int) -> Answer:
@@ -81,7 +81,7 @@ class ScriptedAsker:
         return self._answer(0, n)
 
     def cont(self, prefix: Any, forced: list[int], n: int) -> Answer:
-        assert forced == self.ref[:len(forced)], "continuations must follow the reference's tokens"
+        assert forced == self.ref[: len(forced)], "continuations must follow the reference's tokens"
         self.calls.append(("cont", len(forced), n))
         # after a forced prefix, the server's greedy at the flipped position agrees (the position is past it)
         return self._answer(len(forced), n)
@@ -100,8 +100,9 @@ def test_teacher_forcing_stops_when_the_server_answers_nothing():
         def cont(self, prefix, forced, n):
             return Answer([], [])
 
-    got, flips, _ = teacher_forced(Short(list(range(5)), {1}), {"tokens": list(range(5)), "endpoint": "chat",
-                                                                 "prompt": "p", "prefix": "t"})
+    got, flips, _ = teacher_forced(
+        Short(list(range(5)), {1}), {"tokens": list(range(5)), "endpoint": "chat", "prompt": "p", "prefix": "t"}
+    )
     assert len(got.positions) == 2 and flips == 1
 
 
@@ -130,19 +131,23 @@ def ref_raw(pkgs: tuple[str, str], key: str) -> dict[str, Any]:
 
 
 def test_first_accepted_pair_becomes_the_reference_and_candidates_never_do():
-    rs = [FakeReceipt("r0", "deploy", outcome="failed", raw=ref_raw(("x", "x"), "k0")),
-          FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1")),
-          FakeReceipt("r2", "deploy", raw={"role": "candidate", "packages": ["b", "b"], "key": "k1"}),
-          FakeReceipt("r3", "accept", raw=ref_raw(("a", "a"), "k2"))]
+    rs = [
+        FakeReceipt("r0", "deploy", outcome="failed", raw=ref_raw(("x", "x"), "k0")),
+        FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1")),
+        FakeReceipt("r2", "deploy", raw={"role": "candidate", "packages": ["b", "b"], "key": "k1"}),
+        FakeReceipt("r3", "accept", raw=ref_raw(("a", "a"), "k2")),
+    ]
     st = state_from_receipts(rs)
     assert st.pin is not None and st.pin.packages() == ("a", "a") and st.pin.how == "first accepted"
     assert set(st.answers) == {"k1", "k2"} and st.answers["k1"].receipt == "r1"
 
 
 def test_a_set_reference_wins_and_only_its_answers_count():
-    rs = [FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1")),
-          FakeReceipt("r2", "reference", fields={"reference": {"native_package": "b", "rpc_package": "b"}}),
-          FakeReceipt("r3", "deploy", raw=ref_raw(("b", "b"), "k9"))]
+    rs = [
+        FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1")),
+        FakeReceipt("r2", "reference", fields={"reference": {"native_package": "b", "rpc_package": "b"}}),
+        FakeReceipt("r3", "deploy", raw=ref_raw(("b", "b"), "k9")),
+    ]
     st = state_from_receipts(rs)
     assert st.pin is not None and st.pin.packages() == ("b", "b") and st.pin.how == "set" and st.pin.receipt == "r2"
     assert set(st.answers) == {"k9"}
@@ -152,16 +157,22 @@ def test_a_set_reference_wins_and_only_its_answers_count():
 def test_answers_key_depends_on_every_part():
     base = answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f")
     assert base == answers_key(("a", "b"), {"target": "1"}, {"per_slot_ctx": 2048, "model": "target"}, "f")
-    for other in (answers_key(("a", "c"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
-                  answers_key(("a", "b"), {"target": "2"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
-                  answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 1024}, "f"),
-                  answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "g")):
+    for other in (
+        answers_key(("a", "c"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
+        answers_key(("a", "b"), {"target": "2"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
+        answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 1024}, "f"),
+        answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "g"),
+    ):
         assert other != base
 
 
 def test_parse_token_logprobs_reads_all_three_endpoints():
-    entry = {"id": 7, "token": "a", "logprob": -0.1,
-             "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}]}
+    entry = {
+        "id": 7,
+        "token": "a",
+        "logprob": -0.1,
+        "top_logprobs": [{"id": 7, "logprob": -0.1}, {"id": 3, "logprob": -2.5}],
+    }
     for body in ({"completion_probabilities": [entry]}, {"choices": [{"logprobs": {"content": [entry]}}]}):
         assert parse_token_logprobs(body, "x") == ([7], [{7: -0.1, 3: -2.5}])
     with pytest.raises(ParseError, match="no logprobs"):
@@ -197,13 +208,24 @@ def test_positions_without_logprobs_are_filled_from_the_reference_prefix():
 def test_exactly_full_passes_and_each_condition_fails():
     from orchestrator.checks.exactly_full import full_problems
 
-    good = dict(prompt=2032, gen=16, evaluated=2032, predicted=16, stop_type="limit", over_status=400,
-                over_type="exceed_context_size_error", over_predicted=16)
+    good = dict(
+        prompt=2032,
+        gen=16,
+        evaluated=2032,
+        predicted=16,
+        stop_type="limit",
+        over_status=400,
+        over_type="exceed_context_size_error",
+        over_predicted=16,
+    )
     assert full_problems(**good) == []
-    for change, text in [(dict(predicted=8), "fewer than its reported n_ctx"), (dict(evaluated=1984), "evaluated as"),
-                         (dict(over_status=None, over_type=None), "must refuse"),
-                         (dict(over_status=500, over_type="server_error"), "not 400"),
-                         (dict(over_predicted=17), "has room for")]:
+    for change, text in [
+        (dict(predicted=8), "fewer than its reported n_ctx"),
+        (dict(evaluated=1984), "evaluated as"),
+        (dict(over_status=None, over_type=None), "must refuse"),
+        (dict(over_status=500, over_type="server_error"), "not 400"),
+        (dict(over_predicted=17), "has room for"),
+    ]:
         assert any(text in x for x in full_problems(**{**good, **change})), change
     assert full_problems(**{**good, "predicted": 14, "over_predicted": 14, "draft_room": 3}) == []
     assert full_problems(**{**good, "predicted": 12, "draft_room": 3})

@@ -52,8 +52,13 @@ def fake_root(tmp_path):
 
 
 def test_sampler_records_peaks(fake_root):
-    s = tm.Sampler(transports={"native": LocalTransport("n")}, roots={"native": str(fake_root)}, hosts={"native": "n"},
-                   interval_s=0.05, timeout_s=10)
+    s = tm.Sampler(
+        transports={"native": LocalTransport("n")},
+        roots={"native": str(fake_root)},
+        hosts={"native": "n"},
+        interval_s=0.05,
+        timeout_s=10,
+    )
     s._t0 = 0.0
     s.sample_once()
     s.sample_once()
@@ -64,8 +69,13 @@ def test_sampler_records_peaks(fake_root):
 
 
 def test_sampler_timeout_is_a_fault_not_a_failure(fake_root):
-    s = tm.Sampler(transports={"native": LocalTransport("n")}, roots={"native": str(fake_root)}, hosts={"native": "n"},
-                   interval_s=0.05, timeout_s=1e-6)
+    s = tm.Sampler(
+        transports={"native": LocalTransport("n")},
+        roots={"native": str(fake_root)},
+        hosts={"native": "n"},
+        interval_s=0.05,
+        timeout_s=1e-6,
+    )
     s.sample_once()
     r = s.result()
     assert s.faults and "CommandTimeout" in s.faults[0]["fault"]

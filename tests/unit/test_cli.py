@@ -57,6 +57,7 @@ def all_commands() -> list[list[str]]:
 
 # --- option positions ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", all_commands(), ids=lambda p: " ".join(p))
 def test_every_command_takes_the_global_options_and_shows_readable_metavars(path):
     code, out, err = run(*path, "--help")
@@ -67,9 +68,11 @@ def test_every_command_takes_the_global_options_and_shows_readable_metavars(path
 
 
 def test_global_options_work_before_and_after_the_subcommand(tmp_path):
-    for argv in (["--home", str(tmp_path), "--json", "packages", "list"],
-                 ["packages", "list", "--json", "--home", str(tmp_path)],
-                 ["packages", "--json", "list", "--home", str(tmp_path)]):
+    for argv in (
+        ["--home", str(tmp_path), "--json", "packages", "list"],
+        ["packages", "list", "--json", "--home", str(tmp_path)],
+        ["packages", "--json", "list", "--home", str(tmp_path)],
+    ):
         code, out, err = run(*argv)
         assert code == 0, (argv, err)
         assert json.loads(out) == [], argv
@@ -84,8 +87,11 @@ def test_the_last_home_given_wins(tmp_path):
 
 
 def test_inventory_after_the_subcommand_is_used(tmp_path):
-    for argv in (["-i", "no-such-inventory", "lab", "status"], ["lab", "status", "-i", "no-such-inventory"],
-                 ["lease", "show", "p1", "--inventory", "no-such-inventory"]):
+    for argv in (
+        ["-i", "no-such-inventory", "lab", "status"],
+        ["lab", "status", "-i", "no-such-inventory"],
+        ["lease", "show", "p1", "--inventory", "no-such-inventory"],
+    ):
         code, _, err = run("--home", str(tmp_path), *argv)
         assert code == 3, (argv, err)
         assert "no-such-inventory" in err, (argv, err)
@@ -99,12 +105,17 @@ def test_checks_is_the_one_name_and_only_still_parses():
 
 # --- --packages cannot swallow an option --------------------------------------------------
 
-@pytest.mark.parametrize("argv", [
-    ["deploy", "--pair", "lab", "--packages", "nat1", "--dry-run"],
-    ["deploy", "--pair", "lab", "--native", "--dry-run", "--rpc", "r1"],
-    ["deploy", "--pair", "lab", "--native", "n1", "--rpc", "-x"],
-    ["qualify", "--pair", "lab", "--baseline", "a", "--json", "--candidate", "c", "c", "--plan", "lab"],
-], ids=["packages-dry-run", "native-dry-run", "rpc-dash", "qualify-baseline"])
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["deploy", "--pair", "lab", "--packages", "nat1", "--dry-run"],
+        ["deploy", "--pair", "lab", "--native", "--dry-run", "--rpc", "r1"],
+        ["deploy", "--pair", "lab", "--native", "n1", "--rpc", "-x"],
+        ["qualify", "--pair", "lab", "--baseline", "a", "--json", "--candidate", "c", "c", "--plan", "lab"],
+    ],
+    ids=["packages-dry-run", "native-dry-run", "rpc-dash", "qualify-baseline"],
+)
 def test_an_id_that_looks_like_an_option_is_refused_before_anything_happens(tmp_path, argv):
     code, _, err = run("--home", str(tmp_path), *argv)
     assert code == 2, err
@@ -121,13 +132,15 @@ def test_native_and_rpc_are_both_needed_and_exclusive_with_packages(tmp_path):
 
 def test_native_and_rpc_reach_the_deploy(tmp_path):
     """The ids arrive in order: the (empty) store names the native one it cannot find."""
-    code, out, err = run("--home", str(tmp_path), "--json", "deploy", "--pair", "lab", "--native", "nat-x", "--rpc",
-                         "rpc-y", "--dry-run")
+    code, out, err = run(
+        "--home", str(tmp_path), "--json", "deploy", "--pair", "lab", "--native", "nat-x", "--rpc", "rpc-y", "--dry-run"
+    )
     assert code != 2, err
     assert "nat-x" in json.loads(out)["error"]["message"]
 
 
 # --- JSON always --------------------------------------------------------------------------
+
 
 def test_json_success_is_one_document_that_matches_its_schema(tmp_path):
     code, out, _ = run("--home", str(tmp_path), "packages", "list", "--json")
@@ -139,13 +152,16 @@ def test_json_success_is_one_document_that_matches_its_schema(tmp_path):
     validate_output("config-check", json.loads(out))
 
 
-@pytest.mark.parametrize("argv,exit_code,kind", [
-    (["packages", "show", "nope"], 6, "PackageError"),
-    (["deploy", "--pair", "lab", "--no-such-option"], 2, "NoSuchOption"),
-    (["no-such-command"], 2, "UsageError"),
-    (["lab", "status", "-i", "no-such-inventory"], 3, "ConfigError"),
-    (["receipts", "show", "0000dead"], 10, "EvidenceError"),
-])
+@pytest.mark.parametrize(
+    "argv,exit_code,kind",
+    [
+        (["packages", "show", "nope"], 6, "PackageError"),
+        (["deploy", "--pair", "lab", "--no-such-option"], 2, "NoSuchOption"),
+        (["no-such-command"], 2, "UsageError"),
+        (["lab", "status", "-i", "no-such-inventory"], 3, "ConfigError"),
+        (["receipts", "show", "0000dead"], 10, "EvidenceError"),
+    ],
+)
 def test_json_failure_is_one_document_with_an_error_object(tmp_path, argv, exit_code, kind):
     code, out, err = run("--home", str(tmp_path), *argv, "--json")
     assert code == exit_code, err
@@ -180,21 +196,29 @@ def test_config_schema_publishes_every_output():
 
 # --- reads are not receipts ---------------------------------------------------------------
 
+
 def test_reads_write_no_receipt(tmp_path):
     home = str(tmp_path)
     store = EvidenceStore(tmp_path / "evidence")
     with store.begin("lease take", argv=["x"], pair=None) as j:
         sha = j.finish("passed", "seed")
     before = receipts_in(tmp_path)
-    for argv in (["receipts", "list"], ["receipts", "show", sha[:12]], ["packages", "list"], ["config", "check",
-                 str(REPO / "manifests/targets/cpu-lab.yaml")], ["config", "schema", "target"],
-                 ["doctor", "--no-inventory"], ["receipts", "verify"]):
+    for argv in (
+        ["receipts", "list"],
+        ["receipts", "show", sha[:12]],
+        ["packages", "list"],
+        ["config", "check", str(REPO / "manifests/targets/cpu-lab.yaml")],
+        ["config", "schema", "target"],
+        ["doctor", "--no-inventory"],
+        ["receipts", "verify"],
+    ):
         run("--home", home, *argv)
         run("--home", home, "--json", *argv)
     assert receipts_in(tmp_path) == before
 
 
 # --- output without a TTY -----------------------------------------------------------------
+
 
 def test_receipts_list_without_a_tty_keeps_whole_hashes_and_the_first_line_of_reasons(tmp_path):
     store = EvidenceStore(tmp_path / "evidence")
@@ -210,9 +234,12 @@ def test_receipts_list_without_a_tty_keeps_whole_hashes_and_the_first_line_of_re
 
 # --- lazy commands ------------------------------------------------------------------------
 
+
 def _modules_after(*argv: str) -> set[str]:
-    code = ("import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\n"
-            "except SystemExit:\n    pass\nprint('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n")
+    code = (
+        "import sys\nfrom orchestrator.cli import main\ntry:\n    main(sys.argv[1:])\n"
+        "except SystemExit:\n    pass\nprint('\\n'.join(sorted(sys.modules)), file=sys.stderr)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=REPO, timeout=60)
     return set(p.stderr.split())
 
@@ -247,26 +274,43 @@ def test_root_help_lists_exit_codes_as_one_table():
 
 # --- commands reach their work (no lab: hosts on a closed port) ---------------------------
 
+
 def _unreachable_inventory(tmp_path: Path) -> Path:
     import yaml
 
     key = tmp_path / "op"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    hosts = {name: {"address": "127.0.0.1", "port": 1, "user": "root", "key": str(key), "install_root": "/srv/p",
-                    "role": role} for name, role in (("n", "native"), ("r", "rpc"))}
+    hosts = {
+        name: {
+            "address": "127.0.0.1",
+            "port": 1,
+            "user": "root",
+            "key": str(key),
+            "install_root": "/srv/p",
+            "role": role,
+        }
+        for name, role in (("n", "native"), ("r", "rpc"))
+    }
     p = tmp_path / "inv.yaml"
-    p.write_text(yaml.safe_dump({"known_hosts": str(tmp_path / "kh"), "hosts": hosts,
-                                 "pairs": {"p": {"native": "n", "rpc": "r"}}}))
+    p.write_text(
+        yaml.safe_dump(
+            {"known_hosts": str(tmp_path / "kh"), "hosts": hosts, "pairs": {"p": {"native": "n", "rpc": "r"}}}
+        )
+    )
     return p
 
 
-@pytest.mark.parametrize("argv", [
-    ["accept", "--pair", "p", "--checks", "identity"],
-    ["accept", "--pair", "p", "--only", "identity"],
-    ["status", "--pair", "p"],
-    ["status", "--all"],
-    ["lease", "show", "p"],
-], ids=lambda a: " ".join(a[:2]))
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["accept", "--pair", "p", "--checks", "identity"],
+        ["accept", "--pair", "p", "--only", "identity"],
+        ["status", "--pair", "p"],
+        ["status", "--all"],
+        ["lease", "show", "p"],
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
 def test_commands_parse_their_options_and_fail_as_documented(tmp_path, argv):
     """Each gets past its option handling to the hosts and fails cleanly: a documented exit code
     and an error document, never an internal error."""

@@ -17,7 +17,9 @@ GOLDEN = {
         "printf '%s\\0' 'a b' 'it'\"'\"'s' 'x;rm -rf /' '$(id)' '`id`' '*' 'new\nline' 'é✓'",
     ),
     "cwd_env": (
-        Cmd.of("llama-server", "--port", "8080", cwd="/r/current", env={"LD_LIBRARY_PATH": "/r/current/lib", "A": "x y"}),
+        Cmd.of(
+            "llama-server", "--port", "8080", cwd="/r/current", env={"LD_LIBRARY_PATH": "/r/current/lib", "A": "x y"}
+        ),
         "env -C /r/current -- 'A=x y' LD_LIBRARY_PATH=/r/current/lib llama-server --port 8080",
     ),
 }
@@ -93,19 +95,26 @@ def test_open_transport_picks_local_or_ssh() -> None:
     from orchestrator.remote.ssh import SshTransport
     from orchestrator.remote.transport import Transport
 
-    inv = Inventory.model_validate({
-        "known_hosts": "/nonexistent/known_hosts",
-        "hosts": {
-            "gpu": {"address": "127.0.0.1", "install_root": "/srv/p", "role": "native", "transport": "local"},
-            "far": {"address": "127.0.0.9", "user": "op", "key": "/k", "install_root": "/srv/p", "role": "rpc"},
-            "nokey": {"address": "127.0.0.9", "install_root": "/srv/p", "role": "rpc"},
-        },
-    })
+    inv = Inventory.model_validate(
+        {
+            "known_hosts": "/nonexistent/known_hosts",
+            "hosts": {
+                "gpu": {"address": "127.0.0.1", "install_root": "/srv/p", "role": "native", "transport": "local"},
+                "far": {"address": "127.0.0.9", "user": "op", "key": "/k", "install_root": "/srv/p", "role": "rpc"},
+                "nokey": {"address": "127.0.0.9", "install_root": "/srv/p", "role": "rpc"},
+            },
+        }
+    )
     local = open_transport(inv, "gpu")
     assert isinstance(local, LocalTransport) and local.name == "gpu" and isinstance(local, Transport)
     ssh = open_transport(inv, "far")  # lazy: nothing connects here
     assert isinstance(ssh, SshTransport) and not ssh.connected
-    assert (ssh.target.hostname, ssh.target.port, ssh.target.user, ssh.target.key_filename) == ("127.0.0.9", 22, "op", "/k")
+    assert (ssh.target.hostname, ssh.target.port, ssh.target.user, ssh.target.key_filename) == (
+        "127.0.0.9",
+        22,
+        "op",
+        "/k",
+    )
     assert ssh.target.known_hosts == ("/nonexistent/known_hosts",)
     assert not ssh.target.allow_agent and not ssh.target.look_for_keys
     from orchestrator.errors import ConfigError, HostError

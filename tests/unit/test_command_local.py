@@ -14,8 +14,33 @@ from orchestrator.remote.command import Cmd
 from orchestrator.remote.local import LocalTransport
 
 HOSTILE = [
-    "", " ", "a b", "it's", '"dq"', "x;echo pwned", "$(id)", "`id`", "$HOME", "${PATH}", "*", "?", "[a-z]*",
-    "~", "a\nb", "\t", "\\", "-n", "--", "é✓中文", "'\"'\"'", "!", "#comment", "&&", "|", ">out", "<in",
+    "",
+    " ",
+    "a b",
+    "it's",
+    '"dq"',
+    "x;echo pwned",
+    "$(id)",
+    "`id`",
+    "$HOME",
+    "${PATH}",
+    "*",
+    "?",
+    "[a-z]*",
+    "~",
+    "a\nb",
+    "\t",
+    "\\",
+    "-n",
+    "--",
+    "é✓中文",
+    "'\"'\"'",
+    "!",
+    "#comment",
+    "&&",
+    "|",
+    ">out",
+    "<in",
 ]
 
 ARG = st.one_of(

@@ -83,14 +83,22 @@ def test_kind_is_inferred_from_content(clean_env):
 
 def test_every_problem_in_one_pass_with_file_field_and_fix(cli, clean_env):
     p = clean_env / "mine.yaml"  # outside any manifest folder: kind from the keys
-    p.write_text(yaml.safe_dump({
-        "hosts": {"a": {"address": "10.0.0.1", "install_root": "/x", "role": "native", "prot": 22},
-                  "b": {"address": "10.0.0.2", "install_root": "relative", "role": "rpc"}},
-        "pairs": {"p": {"native": "a", "rpc": "c", "profile": "nosuch", "target_native": "v99"}},
-    }))
+    p.write_text(
+        yaml.safe_dump(
+            {
+                "hosts": {
+                    "a": {"address": "10.0.0.1", "install_root": "/x", "role": "native", "prot": 22},
+                    "b": {"address": "10.0.0.2", "install_root": "relative", "role": "rpc"},
+                },
+                "pairs": {"p": {"native": "a", "rpc": "c", "profile": "nosuch", "target_native": "v99"}},
+            }
+        )
+    )
     r = cli("--json", "config", "check", str(p))
     assert r.exit_code == 3
-    [res] = json.loads(r.stdout)
+    doc = json.loads(r.stdout)  # a failed command's list output sits under `result`, beside `error`
+    [res] = doc["result"]
+    assert doc["error"]["exit_code"] == 3
     assert res["kind"] == "inventory"
     problems = "\n".join(res["problems"])
     assert len(res["problems"]) == 5, problems

@@ -54,16 +54,42 @@ def write(tmp_path: Path, name: str, data) -> Path:
 
 # -- item 1: flag policy -------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [
-    ["--tools", "exec_shell_command"], ["--tools=all"], ["--tools", "all", "--no-slots"], ["--agent"], ["-ag"],
-    ["--path", "/"], ["--path=/"], ["--mcp_servers_config", "/tmp/m.json"], ["--mcp-servers-json", "{}"],
-    ["--webui-mcp-proxy"], ["--ui_mcp_proxy"], ["--media-path", "/"], ["--slot-save-path", "/tmp"],
-    ["--models-preset", "/x.ini"], ["--models-dir", "/"], ["-hf", "a/b"], ["--tools-runtime", "ssh:root@x"],
-    ["--props"], ["--ui-config-file", "/etc/shadow"], ["--log-prompts-dir", "/tmp"],
-    # other spellings an attacker would try
-    ["--agent=1"], ["--media_path", "/"], ["--models_preset", "/x"], ["-hfr", "a/b"], ["--hf_repo_draft", "x"],
-    ["--mcp-servers-json={}"], ["--reuse_port"], ["--tools-runtime=ssh:x"], ["--ui_config_file", "/etc/shadow"],
-])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--tools", "exec_shell_command"],
+        ["--tools=all"],
+        ["--tools", "all", "--no-slots"],
+        ["--agent"],
+        ["-ag"],
+        ["--path", "/"],
+        ["--path=/"],
+        ["--mcp_servers_config", "/tmp/m.json"],
+        ["--mcp-servers-json", "{}"],
+        ["--webui-mcp-proxy"],
+        ["--ui_mcp_proxy"],
+        ["--media-path", "/"],
+        ["--slot-save-path", "/tmp"],
+        ["--models-preset", "/x.ini"],
+        ["--models-dir", "/"],
+        ["-hf", "a/b"],
+        ["--tools-runtime", "ssh:root@x"],
+        ["--props"],
+        ["--ui-config-file", "/etc/shadow"],
+        ["--log-prompts-dir", "/tmp"],
+        # other spellings an attacker would try
+        ["--agent=1"],
+        ["--media_path", "/"],
+        ["--models_preset", "/x"],
+        ["-hfr", "a/b"],
+        ["--hf_repo_draft", "x"],
+        ["--mcp-servers-json={}"],
+        ["--reuse_port"],
+        ["--tools-runtime=ssh:x"],
+        ["--ui_config_file", "/etc/shadow"],
+    ],
+)
 def test_risky_flags_refused_in_every_spelling(args):
     problems = check_extra_args(args)
     assert problems and "refused" in problems[0], (args, problems)
@@ -112,8 +138,9 @@ def test_profile_with_tools_refused_unless_pair_allows(tmp_path):
     with pytest.raises(ConfigError, match="--tools is refused") as ei:
         load_model(RouteProfile, p)
     assert ei.value.exit_code == ExitCode.CONFIG
-    allowed = PairSpec.model_validate({"native": "a", "rpc": "b", "api_key_file": "/k",
-                                       "allow_flags": {"--tools": "isolated test host"}})
+    allowed = PairSpec.model_validate(
+        {"native": "a", "rpc": "b", "api_key_file": "/k", "allow_flags": {"--tools": "isolated test host"}}
+    )
     assert load_profile(str(p), pair=allowed).extra_args == ["--tools", "exec_shell_command"]
     other = PairSpec.model_validate({"native": "a", "rpc": "b"})
     with pytest.raises(ConfigError, match="--tools is refused"):
@@ -122,15 +149,20 @@ def test_profile_with_tools_refused_unless_pair_allows(tmp_path):
 
 # -- item 4: addresses judged as the binaries resolve them -----------------------------------
 
-@pytest.mark.parametrize("spelling", ["0", "0x0", "0.0.0.00", "00", "0.0", "0x0.0", "000.000.000.000", "0 trailing",
-                                      "0x00000000", "0\t", "00.0x0.0.0"])
+
+@pytest.mark.parametrize(
+    "spelling",
+    ["0", "0x0", "0.0.0.00", "00", "0.0", "0x0.0", "000.000.000.000", "0 trailing", "0x00000000", "0\t", "00.0x0.0.0"],
+)
 def test_rpc_bind_every_spelling_of_any_refused(spelling):
     assert inet_addr(spelling) is not None and inet_addr(spelling).is_unspecified
     assert "every address" in rpc_bind_problem(spelling)
 
 
-@pytest.mark.parametrize("spelling", ["::0", "::", "[::]", "*", "", " 127.0.0.3", "lab-rpc", "256.0.0.1", "1.2.3.4.",
-                                      "255.255.255.255", "224.0.0.1"])
+@pytest.mark.parametrize(
+    "spelling",
+    ["::0", "::", "[::]", "*", "", " 127.0.0.3", "lab-rpc", "256.0.0.1", "1.2.3.4.", "255.255.255.255", "224.0.0.1"],
+)
 def test_rpc_bind_not_one_unicast_ipv4_refused(spelling):
     assert rpc_bind_problem(spelling) is not None
 
@@ -144,9 +176,27 @@ def test_rpc_bind_inet_addr_forms():
     assert rpc_bind_problem("127.0.0.3") is None
 
 
-@pytest.mark.parametrize("spelling", ["0.0.0.0", "0", "0x0", "::", "::0", "[::]", "0:0::0", "127.0.0.1,0.0.0.0",
-                                      "10.1.2.3", "example.org", "::ffff:0.0.0.0", "0000::", "::0.0.0.0",
-                                      "127.0.0.1 , 0.0.0.0", "[::ffff:0.0.0.0]", "LOCALHOST"])
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        "0.0.0.0",
+        "0",
+        "0x0",
+        "::",
+        "::0",
+        "[::]",
+        "0:0::0",
+        "127.0.0.1,0.0.0.0",
+        "10.1.2.3",
+        "example.org",
+        "::ffff:0.0.0.0",
+        "0000::",
+        "::0.0.0.0",
+        "127.0.0.1 , 0.0.0.0",
+        "[::ffff:0.0.0.0]",
+        "LOCALHOST",
+    ],
+)
 def test_server_bind_open_needs_api_key(spelling):
     assert server_bind_problem(spelling, api_key=False) is not None
     assert server_bind_problem(spelling, api_key=True) is None
@@ -159,9 +209,13 @@ def test_server_bind_loopback_without_key():
 
 
 def test_inventory_binds_refused(tmp_path):
-    for key, value, match in (("rpc_bind", "0", "every address"), ("rpc_bind", "0x0", "every address"),
-                              ("rpc_bind", "::0", "not an IPv4"), ("server_bind", "0.0.0.0", "no API key"),
-                              ("server_bind", "0", "no API key")):
+    for key, value, match in (
+        ("rpc_bind", "0", "every address"),
+        ("rpc_bind", "0x0", "every address"),
+        ("rpc_bind", "::0", "not an IPv4"),
+        ("server_bind", "0.0.0.0", "no API key"),
+        ("server_bind", "0", "no API key"),
+    ):
         inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
         inv["pairs"]["lab"][key] = value
         with pytest.raises(ConfigError, match=match):
@@ -173,6 +227,7 @@ def test_inventory_binds_refused(tmp_path):
 
 
 # -- item 5: API key --------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("content", ["kéy\n".encode(), b"key\x00x\n", "\u200bkey\n".encode(), b"k\x1bey", b"\xff\xfe"])
 def test_api_key_not_printable_ascii_refused(tmp_path, content):
@@ -198,8 +253,10 @@ def test_api_key_readable_by_others_warns(tmp_path, capsys):
 
 # -- item 12: bad input with clear messages -------------------------------------------------
 
-@pytest.mark.parametrize("root", ["/.", "/var/..", "//", "/srv/pairctl/", "/srv//x", "/srv/./x", "/a/b/..",
-                                  "${PAIRCTL_HOME}/../x"])
+
+@pytest.mark.parametrize(
+    "root", ["/.", "/var/..", "//", "/srv/pairctl/", "/srv//x", "/srv/./x", "/a/b/..", "${PAIRCTL_HOME}/../x"]
+)
 def test_install_root_not_canonical_refused(tmp_path, root):
     inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
     inv["hosts"]["lab-native"]["install_root"] = root
@@ -235,8 +292,11 @@ def test_bool_is_not_a_profile_number(tmp_path):
 
 
 def test_duplicate_yaml_key_refused(tmp_path):
-    text = (ROOT / "manifests/inventories/lab.yaml").read_text().replace(
-        "pairs:\n  lab:\n", "pairs:\n  lab:\n    server_bind: 127.0.0.2\n    server_bind: 0.0.0.0\n", 1)
+    text = (
+        (ROOT / "manifests/inventories/lab.yaml")
+        .read_text()
+        .replace("pairs:\n  lab:\n", "pairs:\n  lab:\n    server_bind: 127.0.0.2\n    server_bind: 0.0.0.0\n", 1)
+    )
     assert text.count("server_bind") == 2
     with pytest.raises(ConfigError, match="duplicate key 'server_bind'"):
         load_model(Inventory, write(tmp_path, "inv.yaml", text))
@@ -259,11 +319,18 @@ def test_rendered_pair_argv_policy():
     assert any("every address" in p for p in check_rpc_args(["-H", "127.0.0.3", "-H", "0x0", "-p", "1"]))  # last wins
     assert any("-c is refused" in p for p in check_rpc_args(["-H", "127.0.0.3", "-c"]))
     assert any("not one of its options" in p for p in check_rpc_args(["-H", "127.0.0.3", "--host=0"]))
-    pol = server_policy_problems({}, [], ["--model", "m", "--host", "0", "--port", "1"], ["-H", "127.0.0.3"],
-                                 help_text=None, api_key=False)
+    pol = server_policy_problems(
+        {}, [], ["--model", "m", "--host", "0", "--port", "1"], ["-H", "127.0.0.3"], help_text=None, api_key=False
+    )
     assert any("no API key" in p for p in pol.problems)
-    pol = server_policy_problems({"tools": "isolated host"}, ["--tools", "read_file"], ["--host", "127.0.0.2"],
-                                 ["-H", "127.0.0.3"], help_text=HELP, api_key=True)
+    pol = server_policy_problems(
+        {"tools": "isolated host"},
+        ["--tools", "read_file"],
+        ["--host", "127.0.0.2"],
+        ["-H", "127.0.0.3"],
+        help_text=HELP,
+        api_key=True,
+    )
     assert pol.problems == [] and pol.allowed == {"--tools": "isolated host"}
 
 

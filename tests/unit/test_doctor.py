@@ -16,8 +16,22 @@ def _inventory(tmp_path: Path, known_hosts: str) -> Path:
     inv = {
         "known_hosts": known_hosts,
         "hosts": {
-            "n": {"address": "127.0.0.2", "port": 2222, "user": "root", "key": str(key), "install_root": "/srv/p", "role": "native"},
-            "r": {"address": "127.0.0.3", "port": 2222, "user": "root", "key": str(key), "install_root": "/srv/p", "role": "rpc"},
+            "n": {
+                "address": "127.0.0.2",
+                "port": 2222,
+                "user": "root",
+                "key": str(key),
+                "install_root": "/srv/p",
+                "role": "native",
+            },
+            "r": {
+                "address": "127.0.0.3",
+                "port": 2222,
+                "user": "root",
+                "key": str(key),
+                "install_root": "/srv/p",
+                "role": "rpc",
+            },
         },
         "pairs": {"p": {"native": "n", "rpc": "r"}},
     }
@@ -27,7 +41,7 @@ def _inventory(tmp_path: Path, known_hosts: str) -> Path:
 
 
 def test_doctor_names_missing_known_hosts_entries(cli, tmp_path):
-    pub = (tmp_path / "hostkey")
+    pub = tmp_path / "hostkey"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(pub)], check=True)
     kh = tmp_path / "known_hosts"
     kh.write_text("[127.0.0.2]:2222 " + " ".join((tmp_path / "hostkey.pub").read_text().split()[:2]) + "\n")

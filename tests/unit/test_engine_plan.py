@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import tarfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -23,9 +23,15 @@ from orchestrator.hosts.route import RouteEntry, content_sha, next_record, parse
 
 def _facts(cur, prev, releases, running=None):
     procs = {n: (pid, f"/r/releases/x/bin/{n}".encode() + b"\0") for n, pid in (running or {}).items()}
-    return facts_from(root_exists=True, current_link=f"releases/{cur}" if cur else None,
-                      previous_link=f"releases/{prev}" if prev else None, release_names=list(releases),
-                      svc_bytes=None, route_bytes=None, procs=procs)
+    return facts_from(
+        root_exists=True,
+        current_link=f"releases/{cur}" if cur else None,
+        previous_link=f"releases/{prev}" if prev else None,
+        release_names=list(releases),
+        svc_bytes=None,
+        route_bytes=None,
+        procs=procs,
+    )
 
 
 @pytest.fixture
@@ -35,10 +41,16 @@ def inv(tmp_path):
 
 def _activation(view, profile, inv):
     pair = inv.pair("lab")
-    argv = services.llama_server_argv(view.layouts["native"], "pkg-n", profile,
-                                      model_paths={k: m.path for k, m in pair.models.items()},
-                                      host=view.server_bind, port=view.server_port,
-                                      rpc=[f"{view.rpc_bind}:{view.rpc_port}"], with_api_key=False)
+    argv = services.llama_server_argv(
+        view.layouts["native"],
+        "pkg-n",
+        profile,
+        model_paths={k: m.path for k, m in pair.models.items()},
+        host=view.server_bind,
+        port=view.server_port,
+        rpc=[f"{view.rpc_bind}:{view.rpc_port}"],
+        with_api_key=False,
+    )
     rpc = services.rpc_server_argv(view.layouts["rpc"], "pkg-r", bind=view.rpc_bind, port=view.rpc_port)
     return Activation("pkg-n", "pkg-r", tuple(argv), tuple(rpc))
 
@@ -49,10 +61,13 @@ def test_shipped_playbooks_validate():
 
 
 def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
-    base = {"name": "x", "steps": [
-        {"name": "stop", "host": "native", "action": "stop", "on_failure": "rollback"},
-        {"name": "verify", "host": "both", "action": "verify", "on_failure": "abort"},
-    ]}
+    base = {
+        "name": "x",
+        "steps": [
+            {"name": "stop", "host": "native", "action": "stop", "on_failure": "rollback"},
+            {"name": "verify", "host": "both", "action": "verify", "on_failure": "abort"},
+        ],
+    }
     with pytest.raises(ConfigError, match="abort after 'stop'"):
         validate(Playbook, base, source="t")
     bad = {"name": "x", "steps": [{"name": "a", "host": "local", "action": "reboot"}]}
@@ -66,12 +81,16 @@ def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
 def test_deploy_plan_lists_every_step_on_its_hosts(inv):
     view = pair_view(inv, "lab")
     act = _activation(view, load_profile("lab"), inv)
-    facts = {"native": _facts("old-n", None, ("old-n", "pkg-n"), running={"llama-server": 10}),
-             "rpc": _facts(None, None, ())}
+    facts = {
+        "native": _facts("old-n", None, ("old-n", "pkg-n"), running={"llama-server": 10}),
+        "rpc": _facts(None, None, ()),
+    }
     steps = plan(load_playbook("deploy"), view, facts=facts, target=act)
     names = [s.name for s in steps]
     assert names.index("lease") < names.index("upload") < names.index("stop-native") < names.index("restart-rpc")
-    assert names.index("restart-rpc") < names.index("switch-native") < names.index("start-server") < names.index("verify")
+    assert (
+        names.index("restart-rpc") < names.index("switch-native") < names.index("start-server") < names.index("verify")
+    )
     assert names.index("verify") < names.index("route") < names.index("release-lease")
     by = {s.name: s for s in steps}
     assert by["stop-native"].hosts == ("lab-native",) and by["restart-rpc"].hosts == ("lab-rpc",)
@@ -86,16 +105,25 @@ def test_deploy_plan_lists_every_step_on_its_hosts(inv):
     server = list(by["start-server"].argv["lab-native"])
     assert "--rpc" in server and server[server.index("--rpc") + 1] == "127.0.0.3:50052"
     assert all(not s.changes for s in steps[: names.index("stop-native")])
-    assert all(s.on_failure in ("rollback", "continue") for s in steps[names.index("stop-native"):])
+    assert all(s.on_failure in ("rollback", "continue") for s in steps[names.index("stop-native") :])
 
 
 def test_auto_rollback_plan_skips_manual_steps(inv):
     view = pair_view(inv, "lab")
-    steps = plan(load_playbook("rollback"), view, facts={}, target=None, restore=None, mode="auto",
-                 restore_links={"native": (None, "z"), "rpc": (None, None)})
+    steps = plan(
+        load_playbook("rollback"),
+        view,
+        facts={},
+        target=None,
+        restore=None,
+        mode="auto",
+        restore_links={"native": (None, "z"), "rpc": (None, None)},
+    )
     assert [s.name for s in steps][0] == "stop-native"
     assert "no pair to start" in next(s for s in steps if s.name == "restart-rpc").description
-    assert "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
+    assert (
+        "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
+    )
     manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
     assert [s.name for s in manual][:3] == ["connect", "lease", "facts"]  # facts once the hosts are held (issue 21)
 
@@ -109,12 +137,18 @@ def test_links_after_deploy():
 
 
 def _entry(n: str) -> RouteEntry:
-    return RouteEntry.build(native_package=n, rpc_package=n + "-r", package_revision="a" * 40,
-                            profile={"name": "lab", "ctx_size": 4096}, native_argv=["x", "--port", "1"], rpc_argv=["y"])
+    return RouteEntry.build(
+        native_package=n,
+        rpc_package=n + "-r",
+        package_revision="a" * 40,
+        profile={"name": "lab", "ctx_size": 4096},
+        native_argv=["x", "--port", "1"],
+        rpc_argv=["y"],
+    )
 
 
 def test_route_records_count_up_and_round_trip_byte_exact():
-    now = datetime(2026, 12, 2, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 2, tzinfo=UTC)
     r1 = next_record(None, pair="lab", active=_entry("a"), previous=None, run_id="run1", now=now)
     assert r1.revision == 1
     data = r1.to_bytes()
@@ -122,9 +156,17 @@ def test_route_records_count_up_and_round_trip_byte_exact():
     r2 = next_record(parse_route(data), pair="lab", active=_entry("b"), previous=r1.active, run_id="run2", now=now)
     assert r2.revision == 2 and r2.previous.native_package == "a"
     assert content_sha(None) is None and content_sha(data) != content_sha(r2.to_bytes())
-    assert _entry("a").argv_sha256 != RouteEntry.build(
-        native_package="a", rpc_package="a-r", package_revision="a" * 40, profile={"name": "lab", "ctx_size": 4096},
-        native_argv=["x", "--port", "2"], rpc_argv=["y"]).argv_sha256
+    assert (
+        _entry("a").argv_sha256
+        != RouteEntry.build(
+            native_package="a",
+            rpc_package="a-r",
+            package_revision="a" * 40,
+            profile={"name": "lab", "ctx_size": 4096},
+            native_argv=["x", "--port", "2"],
+            rpc_argv=["y"],
+        ).argv_sha256
+    )
     with pytest.raises(HostStateError, match="native-host:/r/route.json does not parse"):
         parse_route(b'{"pair": "lab"}', where="native-host:/r/route.json", pair="lab")
 

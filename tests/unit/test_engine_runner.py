@@ -25,7 +25,9 @@ class Ctx:
 
 def step(name: str, action: str, role: str = "both", on_failure: str = "abort", changes: bool = False) -> Step:
     hosts = ("n", "r") if role == "both" else ("local",) if role == "local" else (role,)
-    return Step(name=name, action=action, role=role, hosts=hosts, on_failure=on_failure, changes=changes, description="")
+    return Step(
+        name=name, action=action, role=role, hosts=hosts, on_failure=on_failure, changes=changes, description=""
+    )
 
 
 def ok(ctx, role):
@@ -58,7 +60,11 @@ HANDLERS = {"ok": ok, "boom": boom, "mismatch": mismatch}
 def test_both_runs_each_host_and_journals_one_step(journal):
     ctx = Ctx()
     outs = run_steps([step("a", "ok"), step("b", "ok", "native", changes=True)], ctx, HANDLERS, journal=journal)
-    assert [o.ok for o in outs] == [True, True] and sorted(ctx.calls) == [("ok", "native"), ("ok", "native"), ("ok", "rpc")]
+    assert [o.ok for o in outs] == [True, True] and sorted(ctx.calls) == [
+        ("ok", "native"),
+        ("ok", "native"),
+        ("ok", "rpc"),
+    ]
     assert ctx.changed
     names = [s.name for s in journal.state.steps.values()]
     assert names == ["a", "b"]
@@ -69,8 +75,16 @@ def test_both_runs_each_host_and_journals_one_step(journal):
 def test_failure_raises_with_each_hosts_error_and_continue_goes_on(journal):
     ctx = Ctx()
     with pytest.raises(StepFailed) as ei:
-        run_steps([step("a", "boom", "both", "continue"), step("b", "boom", "both", "rollback", changes=True),
-                   step("c", "ok")], ctx, HANDLERS, journal=journal)
+        run_steps(
+            [
+                step("a", "boom", "both", "continue"),
+                step("b", "boom", "both", "rollback", changes=True),
+                step("c", "ok"),
+            ],
+            ctx,
+            HANDLERS,
+            journal=journal,
+        )
     assert ei.value.step.name == "b" and list(ei.value.errors) == ["r"] and "rpc: broke" in ei.value.message
     assert ctx.changed  # b changes what runs: its failure means the pair may be half-changed
     outcomes = {s.name: s.outcome for s in journal.state.steps.values()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -40,7 +40,11 @@ def test_step_records_outcomes_timing_errors_and_data(store):
     sha = j.finish("failed", "props timed out")
     r = store.load(sha)
     assert [(s.name, s.outcome) for s in r.steps] == [
-        ("identity", "passed"), ("optional", "skipped"), ("props", "failed"), ("check", "failed"), ("external", "passed")
+        ("identity", "passed"),
+        ("optional", "skipped"),
+        ("props", "failed"),
+        ("check", "failed"),
+        ("external", "passed"),
     ]
     assert r.step("identity").data == {"sha256": "b" * 64} and r.step("identity").host == "native"
     assert r.step("optional").skip_reason == "not configured"
@@ -159,18 +163,28 @@ def test_bad_pair_name_cannot_name_a_chain(store):
 
 
 def test_parse_since():
-    now = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
-    assert parse_since("2h", now=now) == datetime(2026, 12, 2, 10, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
+    assert parse_since("2h", now=now) == datetime(2026, 12, 2, 10, 0, tzinfo=UTC)
     assert parse_since("3d", now=now).day == 29
-    assert parse_since("2026-12-01T10:00Z") == datetime(2026, 12, 1, 10, 0, tzinfo=timezone.utc)
+    assert parse_since("2026-12-01T10:00Z") == datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
     with pytest.raises(ValueError):
         parse_since("yesterday")
 
 
 def test_receipt_model_rejects_unknown_outcome():
     with pytest.raises(ValueError):
-        Receipt.model_validate({"run_id": "r", "command": "c", "argv": [], "host": {"hostname": "h", "pid": 1},
-                                "started_at": "t", "finished_at": "t", "outcome": "great", "reason": ""})
+        Receipt.model_validate(
+            {
+                "run_id": "r",
+                "command": "c",
+                "argv": [],
+                "host": {"hostname": "h", "pid": 1},
+                "started_at": "t",
+                "finished_at": "t",
+                "outcome": "great",
+                "reason": "",
+            }
+        )
 
 
 def test_threads_share_one_journal_safely(store):
@@ -266,7 +280,9 @@ def test_spliced_samples_equal_canonical_json_for_any_rows(tmp_path):
     counter = iter(range(10**6))
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-    @given(st.dictionaries(st.text(min_size=1, max_size=6), st.lists(st.lists(_json, max_size=3), max_size=3), max_size=3))
+    @given(
+        st.dictionaries(st.text(min_size=1, max_size=6), st.lists(st.lists(_json, max_size=3), max_size=3), max_size=3)
+    )
     def check(calls):
         store = EvidenceStore(tmp_path / f"s{next(counter)}")
         j = store.begin("x", [], pair="lab")

@@ -21,7 +21,17 @@ class Secret:  # the shape of orchestrator.remote.command.Secret, matched by cla
 
 def test_argv_masks_value_after_secret_flags_and_keeps_flags():
     argv = ["llama-server", "--api-key", "s3cr3t", "--hf-token", "hf_abc", "--port", "8080", "--password", "pw"]
-    assert mask_argv(argv) == ["llama-server", "--api-key", MASK, "--hf-token", MASK, "--port", "8080", "--password", MASK]
+    assert mask_argv(argv) == [
+        "llama-server",
+        "--api-key",
+        MASK,
+        "--hf-token",
+        MASK,
+        "--port",
+        "8080",
+        "--password",
+        MASK,
+    ]
 
 
 def test_argv_masks_equals_form_env_form_and_secret_objects():
@@ -74,9 +84,14 @@ def test_jsonable_dumps_masks_and_converts():
 
 _keys = st.sampled_from(["n_tokens", "tg_tps", "api_key", "token", "x", "hf-token", "cmd", "url", "Bearer", "pass"])
 _vals = st.recursive(
-    st.none() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20)
+    st.none()
+    | st.integers()
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
     | st.sampled_from(["--api-key", "--token=x", "a --password b", "http://u:p@h/", "Bearer x", "s3cr3t"]),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(_keys | st.text(max_size=8), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(_keys | st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 

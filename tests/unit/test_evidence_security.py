@@ -26,8 +26,9 @@ def store(tmp_path) -> EvidenceStore:
 
 
 def _chain(store: EvidenceStore, outcomes=("passed", "failed", "failed")) -> list[str]:
-    return [store.begin("deploy", ["deploy", str(i)], pair="lab").finish(o, f"run {i} {o}")
-            for i, o in enumerate(outcomes)]
+    return [
+        store.begin("deploy", ["deploy", str(i)], pair="lab").finish(o, f"run {i} {o}") for i, o in enumerate(outcomes)
+    ]
 
 
 def _obj(store: EvidenceStore, sha: str) -> dict:
@@ -43,8 +44,12 @@ def _put(store: EvidenceStore, obj: dict) -> str:
 
 
 def _cli(*args: str, home: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", "--home", str(home), "receipts", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--home", str(home), "receipts", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_deeply_nested_receipt_is_exit_10_not_recursion_error(store, tmp_path):
@@ -83,8 +88,12 @@ def test_forged_index_changes_no_outcome_and_proves_no_run_over(store):
 
 def test_planted_receipt_beside_the_chain_proves_nothing(store):
     shas = _chain(store)
-    forged = _obj(store, shas[-1]) | {"run_id": "live-run", "outcome": "passed", "previous": shas[-1],
-                                      "host": {"hostname": "elsewhere", "pid": 1, "user": "bob"}}
+    forged = _obj(store, shas[-1]) | {
+        "run_id": "live-run",
+        "outcome": "passed",
+        "previous": shas[-1],
+        "host": {"hostname": "elsewhere", "pid": 1, "user": "bob"},
+    }
     sha = _put(store, forged)
     state, why, _ = store.run_record("live-run")
     assert state == "unknown" and "not reachable" in why
@@ -141,13 +150,19 @@ def test_untampered_store_verifies(store):
 
 # -- item 13: a derived record's outcome is computed --------------------------------------------
 
+
 def _failed_deploy(store: EvidenceStore) -> str:
     """A deploy whose acceptance failed, with its plan and identities, as the engine records it."""
     j = store.begin("deploy", ["deploy"], pair="lab")
     j.set("plan", [{"name": n} for n in ("preflight", "upload", "start", "check:cached_continuation", "accept")])
     j.identity("lab-native", {"lab-native": {"exe_sha256": "a" * 64}, "server": {"build_info": "b1-abc"}})
-    for name, outcome in (("preflight", "passed"), ("upload", "passed"), ("start", "passed"),
-                          ("check:cached_continuation", "passed"), ("accept", "failed")):
+    for name, outcome in (
+        ("preflight", "passed"),
+        ("upload", "passed"),
+        ("start", "passed"),
+        ("check:cached_continuation", "passed"),
+        ("accept", "failed"),
+    ):
         j.record_step(name, outcome, {}, error="broken" if outcome == "failed" else None)
     return j.finish("failed", "acceptance failed")
 
@@ -180,6 +195,10 @@ def test_derived_record_passes_only_when_covered_against_the_same_identities(sto
 
 
 def test_since_too_far_back_is_a_usage_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "--home", str(tmp_path), "receipts", "list", "--since",
-                        "99999999999w"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--home", str(tmp_path), "receipts", "list", "--since", "99999999999w"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "before year 1" in r.stderr and "Traceback" not in r.stderr

@@ -48,6 +48,7 @@ FUZZ = settings(
 
 # -- "no host is touched": an audit hook that records network connects and process spawns ------
 
+
 class _Touches(threading.local):
     def __init__(self) -> None:
         self.armed = False
@@ -146,6 +147,7 @@ def test_a_broken_file_is_a_config_error(guarded_cli, tmp_path):
 
 # -- (a) arbitrary text and bytes ---------------------------------------------------------------
 
+
 @FUZZ
 @given(kind=st.sampled_from(KINDS), text=st.text(max_size=400))
 def test_arbitrary_text(guarded_cli, tmp_path_factory, kind, text):
@@ -173,8 +175,27 @@ scalars = st.one_of(
     st.sampled_from([0, -1, 1, 2**31, 2**63, -(2**63), 10**30]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=30),
-    st.sampled_from(["", " ", "0.0.0.0", "::", "../../etc/passwd", "$(reboot)", "; rm -rf /", "${NOPE}",
-                     "${PAIRCTL_HOME}", "~root", "a" * 300, "\x00", "\u202e", "all", "on", "yes", "null"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "0.0.0.0",
+            "::",
+            "../../etc/passwd",
+            "$(reboot)",
+            "; rm -rf /",
+            "${NOPE}",
+            "${PAIRCTL_HOME}",
+            "~root",
+            "a" * 300,
+            "\x00",
+            "\u202e",
+            "all",
+            "on",
+            "yes",
+            "null",
+        ]
+    ),
 )
 values = st.recursive(
     scalars,
@@ -252,6 +273,7 @@ def test_mutated_manifests(guarded_cli, tmp_path_factory, data, kind):
 
 
 # -- (c) hostile YAML ---------------------------------------------------------------------------
+
 
 def _laughs(levels: int, key: str) -> str:
     lines = ['l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
@@ -345,7 +367,9 @@ def test_an_internal_error_prints_no_traceback(tmp_path):
         "    raise RuntimeError('unexpected')\n"
         "main(['--home', sys.argv[1], 'boom'])\n"
     )
-    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
     assert p.returncode == 1, p.stderr
     assert "internal error: RuntimeError: unexpected" in p.stderr
     assert "Traceback" not in p.stderr and "sk-local-secret" not in p.stderr and "locals" not in p.stderr, p.stderr

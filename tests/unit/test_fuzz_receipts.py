@@ -42,8 +42,12 @@ def _write_store(root: Path) -> list[str]:
     store = EvidenceStore(root)
     shas = []
     for i, outcome in enumerate(["passed", "failed", "passed"]):
-        j = store.begin("deploy", argv=["pairctl", "deploy", "--pair", "lab", f"#{i}"], pair="lab",
-                        inputs={"package:native": f"pkg-{i}", "profile": "0" * 64})
+        j = store.begin(
+            "deploy",
+            argv=["pairctl", "deploy", "--pair", "lab", f"#{i}"],
+            pair="lab",
+            inputs={"package:native": f"pkg-{i}", "profile": "0" * 64},
+        )
         with j.step("preflight", host="local") as s:
             s.data["n"] = i
         with j.step("upload", host="lab-native") as s:
@@ -129,14 +133,40 @@ def damage(draw, shas: list[str]):
     for _ in range(draw(st.integers(min_value=1, max_value=3))):
         where = draw(st.sampled_from(targets))
         sha = draw(st.sampled_from(shas))
-        op = draw(st.sampled_from(["flip", "truncate", "garbage-renamed", "json-renamed", "mutate-json",
-                                   "junk-file", "delete", "dir-instead", "dangling-link"]))
+        op = draw(
+            st.sampled_from(
+                [
+                    "flip",
+                    "truncate",
+                    "garbage-renamed",
+                    "json-renamed",
+                    "mutate-json",
+                    "junk-file",
+                    "delete",
+                    "dir-instead",
+                    "dangling-link",
+                ]
+            )
+        )
         payload = {
             "pos": draw(st.integers(min_value=0, max_value=10_000)),
             "bytes": draw(st.binary(max_size=200)),
             "json": draw(json_values),
-            "name": draw(st.sampled_from(["lab", "_no-pair", "x.json", "0" * 64 + ".json", "run-1.jsonl",
-                                          "lab.pending", "lab.lock", ".hidden", "y" * 200])),
+            "name": draw(
+                st.sampled_from(
+                    [
+                        "lab",
+                        "_no-pair",
+                        "x.json",
+                        "0" * 64 + ".json",
+                        "run-1.jsonl",
+                        "lab.pending",
+                        "lab.lock",
+                        ".hidden",
+                        "y" * 200,
+                    ]
+                )
+            ),
         }
         ops.append((op, where, sha, payload))
     return ops
@@ -168,11 +198,21 @@ def _apply(root: Path, ops) -> bool:
     receipts_changed = False
     for op, where, sha, pl in ops:
         rdir = root / "receipts"
-        folder = {"receipt": rdir, "heads": root / "heads", "index": root / "index", "journal": root / "journal",
-                  "locks": root / "locks", "root": root}[where]
+        folder = {
+            "receipt": rdir,
+            "heads": root / "heads",
+            "index": root / "index",
+            "journal": root / "journal",
+            "locks": root / "locks",
+            "root": root,
+        }[where]
         folder.mkdir(parents=True, exist_ok=True)
         existing = sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink())
-        target = (rdir / f"{sha}.json") if where == "receipt" else (existing[pl["pos"] % len(existing)] if existing else folder / pl["name"])
+        target = (
+            (rdir / f"{sha}.json")
+            if where == "receipt"
+            else (existing[pl["pos"] % len(existing)] if existing else folder / pl["name"])
+        )
         if target.is_file():
             os.chmod(target, 0o644)
         if op in ("flip", "truncate", "mutate-json", "delete") and not target.is_file():

@@ -24,13 +24,23 @@ DATA = Path(__file__).parent / "data" / "kernels"
 
 # --- metadata ------------------------------------------------------------------------------------
 
+
 def test_mmvf_metadata_matches_its_diff():
     d, meta = load_kernel("mmvf-warp-per-row")
     assert d == MMVF.resolve()
     assert meta.patch_sha256 == sha256_file(MMVF / "patch.diff")
     assert diff_files((MMVF / "patch.diff").read_text()) == meta.files == ["ggml/src/ggml-cuda/mmvf.cu"]
     s = meta.scope
-    assert (s.weight_type, s.k, s.m, s.dst_columns, s.cc_min, s.cc_max, s.fusion, s.ids) == ("bf16", 320, 10240, 4, 700, 750, False, False)
+    assert (s.weight_type, s.k, s.m, s.dst_columns, s.cc_min, s.cc_max, s.fusion, s.ids) == (
+        "bf16",
+        320,
+        10240,
+        4,
+        700,
+        750,
+        False,
+        False,
+    )
 
 
 def test_mmvf_diff_only_adds_a_guard_with_exactly_the_declared_scope():
@@ -39,9 +49,19 @@ def test_mmvf_diff_only_adds_a_guard_with_exactly_the_declared_scope():
     body = [line for line in text.splitlines() if not line.startswith(("diff ", "index ", "--- ", "+++ ", "@@"))]
     assert not [line for line in body if line.startswith("-")], "the patch must not remove existing code"
     added = "\n".join(line[1:] for line in body if line.startswith("+"))
-    for cond in ("std::is_same_v<T, nv_bfloat16>", "ncols_dst == 4", "!is_multi_token_id", "ids == nullptr", "!has_fusion",
-                 "ncols == 320", "nrows == 10240", "GGML_CUDA_CC_IS_NVIDIA(cc)", "cc >= GGML_CUDA_CC_VOLTA",
-                 "cc < GGML_CUDA_CC_TURING", "block_size_best = warp_size"):
+    for cond in (
+        "std::is_same_v<T, nv_bfloat16>",
+        "ncols_dst == 4",
+        "!is_multi_token_id",
+        "ids == nullptr",
+        "!has_fusion",
+        "ncols == 320",
+        "nrows == 10240",
+        "GGML_CUDA_CC_IS_NVIDIA(cc)",
+        "cc >= GGML_CUDA_CC_VOLTA",
+        "cc < GGML_CUDA_CC_TURING",
+        "block_size_best = warp_size",
+    ):
         assert cond in added, cond
 
 
@@ -63,16 +83,22 @@ def test_cases_are_the_six_of_issue_7():
     assert all((c.weight_type, c.k, c.m) == ("bf16", 320, 10240) for c in cs.cases)
     assert by["w4-kpad"].k_stride == 384 and by["w4-kpad"].n == 4
     assert by["w4-bcast"].channels == 4 and by["w4-bcast"].weight_channels == 2
-    assert by["w4-kpad"].harness_spec() == "name=w4-kpad,type=bf16,k=320,m=10240,n=4,k_stride=384,wch=1,ch=1,runs=20,seed=1"
+    assert (
+        by["w4-kpad"].harness_spec()
+        == "name=w4-kpad,type=bf16,k=320,m=10240,n=4,k_stride=384,wch=1,ch=1,runs=20,seed=1"
+    )
 
 
-@pytest.mark.parametrize("bad, match", [
-    ({"k": 321}, "k must be even"),
-    ({"k_stride": 320}, "k_stride"),
-    ({"k_stride": 385}, "k_stride"),
-    ({"weight_channels": 3, "channels": 4}, "multiple"),
-    ({"extra": 1}, "Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        ({"k": 321}, "k must be even"),
+        ({"k_stride": 320}, "k_stride"),
+        ({"k_stride": 385}, "k_stride"),
+        ({"weight_channels": 3, "channels": 4}, "multiple"),
+        ({"extra": 1}, "Extra inputs"),
+    ],
+)
 def test_bad_case_is_rejected(bad, match):
     with pytest.raises(ValueError, match=match):
         KernelCase.model_validate({"name": "x", "k": 320, "m": 8, "n": 1, **bad})
@@ -96,12 +122,25 @@ def test_config_check_accepts_kernel_yaml(cli):
 
 # --- patch application on a small repo (fast, and every failure mode) ------------------------------
 
+
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
-                          env={"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "PATH": "/usr/bin:/bin",
-                               "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                               "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2026-01-02T00:00:00+0000",
-                               "GIT_COMMITTER_DATE": "2026-01-02T00:00:00+0000"}).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        env={
+            "GIT_CONFIG_GLOBAL": "/dev/null",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "PATH": "/usr/bin:/bin",
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+            "GIT_AUTHOR_DATE": "2026-01-02T00:00:00+0000",
+            "GIT_COMMITTER_DATE": "2026-01-02T00:00:00+0000",
+        },
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -126,15 +165,32 @@ def toy(tmp_path):
         if patch_text is not None:
             (kdir / "patch.diff").write_text(patch_text)
         meta = {
-            "name": "toy-patch", "title": "toy", "description": "toy", "patch_sha256": sha256_file(kdir / "patch.diff"),
-            "files": ["src/k.cu"], "base": {"source": "toy", "blobs": {"src/k.cu": blob_id}},
-            "scope": {"backend": "cuda", "op": "MUL_MAT", "function": "f", "weight_type": "bf16", "k": 2, "m": 2,
-                      "dst_columns": 1, "cc_min": 700, "cc_max": 750, "change": "x", "unchanged": "y"},
+            "name": "toy-patch",
+            "title": "toy",
+            "description": "toy",
+            "patch_sha256": sha256_file(kdir / "patch.diff"),
+            "files": ["src/k.cu"],
+            "base": {"source": "toy", "blobs": {"src/k.cu": blob_id}},
+            "scope": {
+                "backend": "cuda",
+                "op": "MUL_MAT",
+                "function": "f",
+                "weight_type": "bf16",
+                "k": 2,
+                "m": 2,
+                "dst_columns": 1,
+                "cc_min": 700,
+                "cc_max": 750,
+                "change": "x",
+                "unchanged": "y",
+            },
         }
         import yaml
 
         (kdir / "kernel.yaml").write_text(yaml.safe_dump(meta))
-        (kdir / "cases.yaml").write_text(yaml.safe_dump({"kernel": "toy-patch", "cases": [{"name": "c", "k": 2, "m": 2, "n": 1}]}))
+        (kdir / "cases.yaml").write_text(
+            yaml.safe_dump({"kernel": "toy-patch", "cases": [{"name": "c", "k": 2, "m": 2, "n": 1}]})
+        )
         return kdir
 
     write_meta()
@@ -151,7 +207,10 @@ def test_apply_patch_commit_is_reproducible_and_exact(toy):
     assert _git(repo, "rev-parse", f"{c1}^") == _git(repo, "rev-parse", "baseline")
     msg = _git(repo, "log", "-1", "--format=%B", c1)
     assert f"Pairctl-Patch-Sha256: {sha256_file(kdir / 'patch.diff')}" in msg and "toy-patch" in msg
-    assert _git(repo, "log", "-1", "--format=%an <%ae> %aI", c1) == "pairctl kernels <kernels@pairctl.invalid> 2026-01-02T00:00:00+00:00"
+    assert (
+        _git(repo, "log", "-1", "--format=%an <%ae> %aI", c1)
+        == "pairctl kernels <kernels@pairctl.invalid> 2026-01-02T00:00:00+00:00"
+    )
     # the working copy and HEAD are untouched; the commit is kept reachable by a ref
     assert _git(repo, "rev-parse", "HEAD") == head_before and _git(repo, "status", "--porcelain") == ""
     assert _git(repo, "rev-parse", apply_patch(repo, "baseline", kdir).ref) == c1
@@ -181,6 +240,7 @@ def test_unknown_revision_is_refused(toy):
 
 # --- the real patch on the pinned source ------------------------------------------------------------
 
+
 @pytest.fixture(scope="session")
 def kernel_source(request, pairctl_home):
     """The lab's pinned source repo (tests/plugins/packages.py's `lab_source` when present)."""
@@ -194,7 +254,9 @@ def kernel_source(request, pairctl_home):
 
 
 def test_mmvf_patch_applies_to_pinned_source(kernel_source):
-    r = subprocess.run(["git", "-C", str(kernel_source), "apply", "--check", str(MMVF / "patch.diff")], capture_output=True, text=True)
+    r = subprocess.run(
+        ["git", "-C", str(kernel_source), "apply", "--check", str(MMVF / "patch.diff")], capture_output=True, text=True
+    )
     # `git apply --check` checks against the working copy, which is the baseline tree in the lab repo
     assert r.returncode == 0, r.stderr
     out = verify_patch(MMVF, kernel_source, "baseline")
@@ -209,6 +271,7 @@ def test_mmvf_patch_applies_to_pinned_source(kernel_source):
 
 # --- harness link line (golden build.ninja statement from a real CPU build) --------------------------
 
+
 def test_link_line_from_build_ninja():
     ninja = (DATA / "build.ninja.rpc-server.txt").read_text()
     line = hz.link_line(ninja, "CMAKE_CXX_COMPILER:FILEPATH=/usr/bin/c++\nCMAKE_BUILD_TYPE:STRING=Release\n")
@@ -216,14 +279,18 @@ def test_link_line_from_build_ninja():
     assert line.flags == ("-O3", "-DNDEBUG")
     assert line.link_libraries[:2] == ("ggml/src/libggml.a", "-ldl")
     assert "ggml/src/ggml-rpc/libggml-rpc.a" in line.link_libraries
-    argv = hz.compile_argv(line, sources=[Path("/k/kernel_cases.cpp")], include_dirs=[Path("/s/ggml/include")], out=Path("/o/x"))
+    argv = hz.compile_argv(
+        line, sources=[Path("/k/kernel_cases.cpp")], include_dirs=[Path("/s/ggml/include")], out=Path("/o/x")
+    )
     assert argv[:5] == ["/usr/bin/c++", "-std=c++17", "-O3", "-DNDEBUG", "-I/s/ggml/include"]
     assert argv.index("/k/kernel_cases.cpp") < argv.index("ggml/src/libggml.a")
 
 
 def test_link_line_missing_statement_is_a_build_error():
     with pytest.raises(BuildError, match="no build statement"):
-        hz.link_line("build bin/llama-server: X\n  LINK_LIBRARIES = a.a\n", "CMAKE_CXX_COMPILER:FILEPATH=/usr/bin/c++\n")
+        hz.link_line(
+            "build bin/llama-server: X\n  LINK_LIBRARIES = a.a\n", "CMAKE_CXX_COMPILER:FILEPATH=/usr/bin/c++\n"
+        )
 
 
 def test_ninja_unescape():
@@ -237,6 +304,7 @@ def test_harness_inputs_hash_the_sources():
 
 
 # --- the check's plan and verdict (pure) -----------------------------------------------------------
+
 
 @pytest.fixture
 def lab_inv():
@@ -253,8 +321,18 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
     assert s is not None and (s.host, s.bind, s.port) == ("lab-rpc", "127.0.0.3", 50053)
     assert s.binary == "/H/lab/hosts/lab-rpc/root/releases/pkg-r/bin/ggml-rpc-server"
     kroot = "/H/lab/hosts/lab-rpc/root/run/kernel-check"
-    assert list(s.start_cmd().argv) == ["sh", f"{kroot}/bin/pairctl-svc", "start", kroot, "ggml-rpc-server",
-                                        s.binary, "-H", "127.0.0.3", "-p", "50053"]
+    assert list(s.start_cmd().argv) == [
+        "sh",
+        f"{kroot}/bin/pairctl-svc",
+        "start",
+        kroot,
+        "ggml-rpc-server",
+        s.binary,
+        "-H",
+        "127.0.0.3",
+        "-p",
+        "50053",
+    ]
     assert list(s.wait_cmd().argv)[2:] == ["wait-listen", kroot, "ggml-rpc-server", "127.0.0.3", "50053", "20"]
     assert list(s.stop_cmd().argv)[2:] == ["stop", kroot, "ggml-rpc-server"]
     native, rpc = plan.runs
@@ -297,7 +375,11 @@ NAMES = ["w1", "w3", "w4", "w5", "w4-kpad", "w4-bcast"]
 def test_judge_real_passing_output(lab_inv):
     text = (DATA / "harness_pass.jsonl").read_text()
     rows, summary, junk = parse_harness_output(text)
-    assert len(rows) == 6 and summary == {"summary": True, "passed": 6, "failed": 0, "backends": 1, "cases": 6} and not junk
+    assert (
+        len(rows) == 6
+        and summary == {"summary": True, "passed": 6, "failed": 0, "backends": 1, "cases": 6}
+        and not junk
+    )
     v = judge_host(_run(lab_inv), 0, text, "", cases=NAMES, max_nmse=5e-4)
     assert v.passed, v.problems
 
@@ -315,14 +397,21 @@ def test_judge_does_not_trust_exit_zero_alone(lab_inv):
     lines = text.splitlines()
     # a missing case, a lying `passed` flag, a NaN (null) nmse, a missing summary: each one fails
     missing = "\n".join(line for line in lines if '"case":"w5"' not in line)
-    assert any("w5 has no result" in p for p in judge_host(_run(lab_inv), 0, missing, "", cases=NAMES, max_nmse=5e-4).problems)
+    assert any(
+        "w5 has no result" in p for p in judge_host(_run(lab_inv), 0, missing, "", cases=NAMES, max_nmse=5e-4).problems
+    )
     row = json.loads(lines[0])
     lying = json.dumps({**row, "nmse": 0.01})
     assert not judge_host(_run(lab_inv), 0, "\n".join([lying, *lines[1:]]), "", cases=NAMES, max_nmse=5e-4).passed
     nan = json.dumps({**row, "nmse": None, "passed": False})
     assert not judge_host(_run(lab_inv), 0, "\n".join([nan, *lines[1:]]), "", cases=NAMES, max_nmse=5e-4).passed
-    assert any("no summary" in p for p in judge_host(_run(lab_inv), 0, "\n".join(lines[:-1]), "", cases=NAMES, max_nmse=5e-4).problems)
-    assert any("exited 127" in p for p in judge_host(_run(lab_inv), 127, "", "not found", cases=NAMES, max_nmse=5e-4).problems)
+    assert any(
+        "no summary" in p
+        for p in judge_host(_run(lab_inv), 0, "\n".join(lines[:-1]), "", cases=NAMES, max_nmse=5e-4).problems
+    )
+    assert any(
+        "exited 127" in p for p in judge_host(_run(lab_inv), 127, "", "not found", cases=NAMES, max_nmse=5e-4).problems
+    )
 
 
 def test_harness_argv_shape():
@@ -335,6 +424,7 @@ def test_harness_argv_shape():
 
 # --- the lab's kernel model variant ------------------------------------------------------------------
 
+
 def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
     import gguf
 
@@ -343,7 +433,9 @@ def test_kmmvf_models_have_the_patched_matmul_shape(tmp_path):
     paths = ensure_kmmvf_models(tmp_path)
     assert set(paths) == {"target", "draft_same"}
     first = {role: sha256_file(p) for role, p in paths.items()}
-    assert ensure_kmmvf_models(tmp_path) == paths and {r: sha256_file(p) for r, p in paths.items()} == first  # intact: kept
+    assert (
+        ensure_kmmvf_models(tmp_path) == paths and {r: sha256_file(p) for r, p in paths.items()} == first
+    )  # intact: kept
     tensors = {t.name: t for t in gguf.GGUFReader(paths["target"]).tensors}
     gate = tensors["blk.0.ffn_gate.weight"]
     assert gate.tensor_type == gguf.GGMLQuantizationType.BF16
@@ -375,7 +467,9 @@ def test_judge_real_cuda_output(lab_inv, name):
     """Captured on an H200 by kernels/harness/cuda_check.sh (CUDA0 vs CPU); 'forced' = the patch's
     guard without its Volta bound, i.e. the warp-per-row launch itself on a real GPU."""
     hosts = {k: h.model_copy(update={"gpu": "H200"}) for k, h in lab_inv.hosts.items()}
-    run = plan_kernel_check(lab_inv.model_copy(update={"hosts": hosts}), "lab", load_cases("mmvf-warp-per-row"), PKGS).runs[0]
+    run = plan_kernel_check(
+        lab_inv.model_copy(update={"hosts": hosts}), "lab", load_cases("mmvf-warp-per-row"), PKGS
+    ).runs[0]
     text = (DATA / name).read_text()
     v = judge_host(run, 0, text, "", cases=NAMES, max_nmse=5e-4)
     assert v.passed, v.problems
@@ -385,9 +479,11 @@ def test_judge_real_cuda_output(lab_inv, name):
 def test_port_taken_parses_ss():
     from orchestrator.checks.kernels import port_taken
 
-    out = ("LISTEN 0      128     127.0.0.3:50063 0.0.0.0:*\n"
-           "LISTEN 0      128     127.0.0.4:50063 0.0.0.0:*\n"
-           "LISTEN 0      128       0.0.0.0:50630 0.0.0.0:*\n")
+    out = (
+        "LISTEN 0      128     127.0.0.3:50063 0.0.0.0:*\n"
+        "LISTEN 0      128     127.0.0.4:50063 0.0.0.0:*\n"
+        "LISTEN 0      128       0.0.0.0:50630 0.0.0.0:*\n"
+    )
     assert port_taken(out, "127.0.0.3", 50063) == ["127.0.0.3:50063"]
     assert port_taken("LISTEN 0 4096 *:50063 *:*\n", "127.0.0.3", 50063) == ["*:50063"]
     assert port_taken("LISTEN 0 4096 [::]:50063 [::]:*\n", "127.0.0.3", 50063) == ["[::]:50063"]

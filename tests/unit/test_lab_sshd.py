@@ -53,7 +53,9 @@ def test_process_identity_needs_sshd_exe_and_our_config(tmp_path):
     proc = tmp_path / "proc"
     (proc / "10").mkdir(parents=True)
     (proc / "10" / "exe").symlink_to("/usr/sbin/sshd")
-    (proc / "10" / "cmdline").write_bytes(b"sshd: /usr/sbin/sshd -f " + str(PLAN.config).encode() + b" [listener] 0 of 64\0")
+    (proc / "10" / "cmdline").write_bytes(
+        b"sshd: /usr/sbin/sshd -f " + str(PLAN.config).encode() + b" [listener] 0 of 64\0"
+    )
     (proc / "11").mkdir()
     (proc / "11" / "exe").symlink_to("/usr/bin/sleep")
     (proc / "11" / "cmdline").write_bytes(str(PLAN.config).encode() + b"\0")

@@ -22,7 +22,11 @@ def _imports(path: Path, package: str) -> set[str]:
             names = [a.name for a in node.names]
         else:
             continue
-        out |= {n.rsplit(".", 1)[-1] for n in names if n.startswith(package + ".") and n.count(".") == package.count(".") + 1}
+        out |= {
+            n.rsplit(".", 1)[-1]
+            for n in names
+            if n.startswith(package + ".") and n.count(".") == package.count(".") + 1
+        }
     return out
 
 
@@ -39,7 +43,7 @@ def import_cycles(folder: Path) -> list[list[str]]:
             if nxt not in graph:
                 continue
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2

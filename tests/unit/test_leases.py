@@ -10,7 +10,7 @@ import re
 import shutil
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -19,7 +19,7 @@ from orchestrator.errors import ConfigError, LeaseError, LeaseHeldError, Rollbac
 from orchestrator.hosts import leases as L
 from orchestrator.remote.local import LocalTransport
 
-T0 = datetime(2026, 12, 2, 16, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 2, 16, 0, 0, tzinfo=UTC)
 NONCE = "0123456789abcdef0123456789abcdef"
 GOLDEN = (
     '{"expires_at":"2026-12-02T18:00:00Z","host":"lab-native","nonce":"0123456789abcdef0123456789abcdef",'
@@ -62,8 +62,21 @@ def test_parse_lease_rejects(mutate, match: str) -> None:
         L.parse_lease(b"\xff\xfe")
 
 
-@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("30m", 1800), ("2h", 7200), ("1h30m", 5400),
-                                           ("1d", 86400), ("1.5h", 5400), (" 2H ", 7200), ("5min", 300), ("1w", 604800)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("30m", 1800),
+        ("2h", 7200),
+        ("1h30m", 5400),
+        ("1d", 86400),
+        ("1.5h", 5400),
+        (" 2H ", 7200),
+        ("5min", 300),
+        ("1w", 604800),
+    ],
+)
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
@@ -328,7 +341,6 @@ def test_hold_pair_leases_release_failure_after_the_body_raises_or_is_recorded(t
         steal()
     assert "release failed on n" in held.end()["release_failed"]
     assert L.read_lease(t, str(a)).owner == "thief"  # the other holder's lease is untouched
-
 
 
 # -- issue 21: time is the host's; heartbeats prove a run over ---------------------------------

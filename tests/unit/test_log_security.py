@@ -23,6 +23,7 @@ def test_traceback_in_log_has_no_locals_and_nested_secrets_are_masked(tmp_path):
     f = tmp_path / "logs" / "pairctl.jsonl"
     log.configure(log_file=f)
     try:
+
         def send(headers):
             authorization = f"Bearer {SECRET}"  # a local that a locals-dump would print
             raise UnicodeEncodeError("latin-1", authorization, 7, 8, "ordinal not in range")
@@ -30,8 +31,12 @@ def test_traceback_in_log_has_no_locals_and_nested_secrets_are_masked(tmp_path):
         try:
             send({"Authorization": f"Bearer {SECRET}"})
         except UnicodeEncodeError:
-            log.get_logger().exception("internal error", request={"headers": {"Authorization": f"Bearer {SECRET}"}},
-                                       argv=["llama-server", "--api-key", SECRET], deep=[{"x": {"api_key": SECRET}}])
+            log.get_logger().exception(
+                "internal error",
+                request={"headers": {"Authorization": f"Bearer {SECRET}"}},
+                argv=["llama-server", "--api-key", SECRET],
+                deep=[{"x": {"api_key": SECRET}}],
+            )
         for h in logging.getLogger().handlers:
             h.flush()
         text = f.read_text()
@@ -49,7 +54,11 @@ def test_traceback_in_log_has_no_locals_and_nested_secrets_are_masked(tmp_path):
 def test_home_that_is_a_file_is_a_clear_error(tmp_path):
     home = tmp_path / "home"
     home.write_text("not a directory")
-    r = subprocess.run([sys.executable, "-m", "orchestrator", "--home", str(home), "receipts", "list"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--home", str(home), "receipts", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 3, r
     assert "must be a directory" in r.stderr and "Traceback" not in r.stderr + r.stdout

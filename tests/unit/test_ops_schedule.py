@@ -19,12 +19,16 @@ def make(pair: str = "lab", every: str = "6h") -> sched.Schedule:
     return sched.Schedule(
         pair=pair,
         every_s=sched.parse_every(every),
-        argv=sched.accept_argv(exe, home="/var/lib/pair ctl", inventory="/etc/pairctl/inv 1.yaml", pair=pair, checks=["identity"]),
+        argv=sched.accept_argv(
+            exe, home="/var/lib/pair ctl", inventory="/etc/pairctl/inv 1.yaml", pair=pair, checks=["identity"]
+        ),
         home="/var/lib/pair ctl",
     )
 
 
-@pytest.mark.parametrize("every, seconds, cron", [("30m", 1800, "*/30 * * * *"), ("6h", 21600, "0 */6 * * *"), ("1d", 86400, "0 0 * * *")])
+@pytest.mark.parametrize(
+    "every, seconds, cron", [("30m", 1800, "*/30 * * * *"), ("6h", 21600, "0 */6 * * *"), ("1d", 86400, "0 0 * * *")]
+)
 def test_every_and_cron(every, seconds, cron):
     assert sched.parse_every(every) == seconds
     assert sched.cron_spec(seconds) == cron
@@ -86,12 +90,26 @@ def _samples(path: Path) -> dict[tuple[str, tuple], float]:
 
 
 def test_textfile_parses_and_keeps_last_success(tmp_path):
-    p = write_acceptance(tmp_path, pair="lab", now=1000.0, passed=True, checks={"identity": True, "cancel": True}, tokens_per_second=1100.5)
+    p = write_acceptance(
+        tmp_path,
+        pair="lab",
+        now=1000.0,
+        passed=True,
+        checks={"identity": True, "cancel": True},
+        tokens_per_second=1100.5,
+    )
     s = _samples(p)
     assert s[("pairctl_acceptance_last_success_timestamp_seconds", (("pair", "lab"),))] == 1000.0
     assert s[("pairctl_acceptance_check_passed", (("check", "cancel"), ("pair", "lab")))] == 1.0
     assert s[("pairctl_generation_tokens_per_second", (("pair", "lab"),))] == 1100.5
-    p = write_acceptance(tmp_path, pair="lab", now=2000.0, passed=False, checks={"identity": True, "cancel": False}, tokens_per_second=None)
+    p = write_acceptance(
+        tmp_path,
+        pair="lab",
+        now=2000.0,
+        passed=False,
+        checks={"identity": True, "cancel": False},
+        tokens_per_second=None,
+    )
     s = _samples(p)
     assert s[("pairctl_acceptance_last_success_timestamp_seconds", (("pair", "lab"),))] == 1000.0
     assert s[("pairctl_acceptance_last_run_timestamp_seconds", (("pair", "lab"),))] == 2000.0
@@ -103,7 +121,19 @@ def test_textfile_parses_and_keeps_last_success(tmp_path):
 def test_schedule_cli_install_list_remove(cli, tmp_path):
     import json
 
-    r = cli("--json", "schedule", "install", "--pair", "lab", "--every", "6h", "--checks", "identity", "--unit-dir", str(tmp_path))
+    r = cli(
+        "--json",
+        "schedule",
+        "install",
+        "--pair",
+        "lab",
+        "--every",
+        "6h",
+        "--checks",
+        "identity",
+        "--unit-dir",
+        str(tmp_path),
+    )
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["mode"] == "systemd" and out["enabled"] is False and len(out["units"]) == 2

@@ -13,12 +13,12 @@ from orchestrator.hosts import probes
 from orchestrator.hosts.probes import (
     ExpectedProc,
     ProbeError,
-    build_info_problems,
-    hash_problems,
     argv0_is,
+    build_info_problems,
     facts_from,
-    parse_pid,
+    hash_problems,
     parse_identity,
+    parse_pid,
     parse_rpc_bind,
     parse_sha256sum,
     proc_problems,
@@ -39,10 +39,15 @@ CMDLINE = b"/r/releases/pkgA/bin/llama-server\0--model\0/m/t.gguf\0"
 
 
 def test_facts_from_links_releases_running_route():
-    f = facts_from(root_exists=True, current_link="releases/pkgA", previous_link=None,
-                   release_names=["pkgA", ".pkgB.tmp-1a2b3c4d", "pkgC"], svc_bytes=b"#!/bin/sh\n",
-                   route_bytes=b'{"x":1}\n',
-                   procs={"llama-server": (31620, CMDLINE), "ggml-rpc-server": (7, b"/usr/bin/sleep\x0030\x00")})
+    f = facts_from(
+        root_exists=True,
+        current_link="releases/pkgA",
+        previous_link=None,
+        release_names=["pkgA", ".pkgB.tmp-1a2b3c4d", "pkgC"],
+        svc_bytes=b"#!/bin/sh\n",
+        route_bytes=b'{"x":1}\n',
+        procs={"llama-server": (31620, CMDLINE), "ggml-rpc-server": (7, b"/usr/bin/sleep\x0030\x00")},
+    )
     assert f.root_exists and f.current == "pkgA" and f.previous is None
     assert f.releases == ("pkgA", "pkgC")  # the temporary upload is not a release
     assert f.running == {"llama-server": 31620}  # pid 7 is someone else's process now
@@ -50,15 +55,29 @@ def test_facts_from_links_releases_running_route():
 
 
 def test_facts_of_an_empty_host():
-    f = facts_from(root_exists=False, current_link=None, previous_link=None, release_names=[], svc_bytes=None,
-                   route_bytes=None, procs={})
+    f = facts_from(
+        root_exists=False,
+        current_link=None,
+        previous_link=None,
+        release_names=[],
+        svc_bytes=None,
+        route_bytes=None,
+        procs={},
+    )
     assert not f.root_exists and f.current is None and f.releases == () and f.route_bytes is None
 
 
 def test_facts_refuse_a_link_outside_releases():
     with pytest.raises(ProbeError):
-        facts_from(root_exists=True, current_link="/etc", previous_link=None, release_names=[], svc_bytes=None,
-                   route_bytes=None, procs={})
+        facts_from(
+            root_exists=True,
+            current_link="/etc",
+            previous_link=None,
+            release_names=[],
+            svc_bytes=None,
+            route_bytes=None,
+            procs={},
+        )
 
 
 def test_argv0_and_pid_files():
@@ -146,8 +165,19 @@ def test_model_path_that_is_a_directory_is_named_not_a_host_error(tmp_path):
     (tmp_path / "root").mkdir()
     (tmp_path / "model-dir").mkdir()
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
-    out = subprocess.run(["sh", str(script), "model-hash", str(tmp_path / "root"), str(tmp_path / "model-dir"),
-                          str(tmp_path / "m.gguf")], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            "sh",
+            str(script),
+            "model-hash",
+            str(tmp_path / "root"),
+            str(tmp_path / "model-dir"),
+            str(tmp_path / "m.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     seen = probes.parse_model_hashes(out)
     assert seen[str(tmp_path / "model-dir")].how == "notfile" and seen[str(tmp_path / "m.gguf")].sha256
 
@@ -160,6 +190,7 @@ def test_model_path_that_is_a_directory_is_named_not_a_host_error(tmp_path):
         def model_hash_cmd(self, paths):
             return paths
 
-    _, problems = models_module.check_models({"target": str(tmp_path / "model-dir")}, {}, "lab-native", Local(),
-                                             Layout(), expected_is="declared")
+    _, problems = models_module.check_models(
+        {"target": str(tmp_path / "model-dir")}, {}, "lab-native", Local(), Layout(), expected_is="declared"
+    )
     assert problems == [f"lab-native: model target ({tmp_path / 'model-dir'}) is not a regular file (a directory?)"]

@@ -102,10 +102,14 @@ def test_restart_waits_for_the_port_and_returns_identity(host):
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    code = (f"import socket,time;time.sleep(0.3);s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-            f"s.bind(('127.0.0.1',{port}));s.listen();time.sleep(30)")
+    code = (
+        f"import socket,time;time.sleep(0.3);s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+        f"s.bind(('127.0.0.1',{port}));s.listen();time.sleep(30)"
+    )
     argv = [exe, "-c", code]
-    pid, ident, stopped, _ = services.restart_listening(t, layout, "ggml-rpc-server", ("pkg-a", None), "127.0.0.1", port, argv)
+    pid, ident, stopped, _ = services.restart_listening(
+        t, layout, "ggml-rpc-server", ("pkg-a", None), "127.0.0.1", port, argv
+    )
     assert stopped == "ggml-rpc-server:-" and ident.pid == pid and ident.argv == tuple(argv)
     assert ident.exe_sha256 == sha256_file(os.path.realpath(sys.executable))
     f = read_facts(t, layout, SERVICES)
@@ -148,7 +152,9 @@ def test_unpack_prints_hashes_and_only_takes_temporary_names(host):
     out = t.run(layout.unpack_cmd(".p1.tmp-abcd"), stdin=buf.getvalue()).stdout
     assert parse_sha256sum(out) == {"bin/llama-server": sha256_bytes(b"payload")}
     assert t.run(layout.unpack_cmd("p1"), stdin=buf.getvalue(), check=False).exit_status == 2
-    assert parse_sha256sum(t.run(layout.hash_cmd(".p1.tmp-abcd")).stdout) == {"bin/llama-server": sha256_bytes(b"payload")}
+    assert parse_sha256sum(t.run(layout.hash_cmd(".p1.tmp-abcd")).stdout) == {
+        "bin/llama-server": sha256_bytes(b"payload")
+    }
     t.run(layout.discard_cmd(".p1.tmp-abcd"))
     assert read_facts(t, layout, SERVICES).releases == ()
 
@@ -190,8 +196,16 @@ def test_wait_listen_with_and_without_ss(tmp_path, with_ss):
         pytest.skip("no ss here")
     root = tmp_path / "root"
     (root / "run").mkdir(parents=True)
-    srv = subprocess.Popen([sys.executable, "-c", "import socket,time\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\n"
-                            "print(s.getsockname()[1], flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    srv = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import socket,time\ns=socket.socket(); s.bind(('127.0.0.1',0)); s.listen()\n"
+            "print(s.getsockname()[1], flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = int(srv.stdout.readline())
         (root / "run" / "svc.pid").write_text(f"{srv.pid}\n")
@@ -199,20 +213,44 @@ def test_wait_listen_with_and_without_ss(tmp_path, with_ss):
         if not with_ss:
             bin_dir = tmp_path / "bin"
             bin_dir.mkdir()
-            for tool in ("sh", "awk", "grep", "date", "sleep", "tail", "cat", "head", "tr", "cut", "sed", "readlink", "printf"):
+            for tool in (
+                "sh",
+                "awk",
+                "grep",
+                "date",
+                "sleep",
+                "tail",
+                "cat",
+                "head",
+                "tr",
+                "cut",
+                "sed",
+                "readlink",
+                "printf",
+            ):
                 found = shutil.which(tool)
                 if found:
                     (bin_dir / tool).symlink_to(found)
             env["PATH"] = str(bin_dir)
         script = str(SVC_SOURCE)
-        ok = subprocess.run(["/bin/sh", script, "wait-listen", str(root), "svc", "127.0.0.1", str(port), "3"],
-                            capture_output=True, text=True, env=env, timeout=30)
+        ok = subprocess.run(
+            ["/bin/sh", script, "wait-listen", str(root), "svc", "127.0.0.1", str(port), "3"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
         assert ok.returncode == 0 and f"listening=127.0.0.1:{port}" in ok.stdout, ok.stdout + ok.stderr
         with socket.socket() as probe:  # a port nobody listens on
             probe.bind(("127.0.0.1", 0))
             free = probe.getsockname()[1]
-        bad = subprocess.run(["/bin/sh", script, "wait-listen", str(root), "svc", "127.0.0.1", str(free), "1"],
-                             capture_output=True, text=True, env=env, timeout=30)
+        bad = subprocess.run(
+            ["/bin/sh", script, "wait-listen", str(root), "svc", "127.0.0.1", str(free), "1"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=30,
+        )
         assert bad.returncode == 5 and "timeout=" in bad.stdout
     finally:
         srv.kill()
@@ -243,8 +281,16 @@ def test_model_hash_is_cached_by_stat_and_redone_when_the_file_changes(host, tmp
     assert len(lines) == 1 and lines[0].endswith(again.sha256)  # one line per file
 
 
-@pytest.mark.parametrize("line", ["model=xyz:1:hashed:/m", "model=" + "a" * 64 + ":x:hashed:/m",
-                                  "model=" + "a" * 64 + ":1:guessed:/m", "model=-:-:missing:", "other=1"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "model=xyz:1:hashed:/m",
+        "model=" + "a" * 64 + ":x:hashed:/m",
+        "model=" + "a" * 64 + ":1:guessed:/m",
+        "model=-:-:missing:",
+        "other=1",
+    ],
+)
 def test_parse_model_hashes_rejects(line):
     with pytest.raises(ProbeError):
         parse_model_hashes(line)

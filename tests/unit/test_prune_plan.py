@@ -16,8 +16,12 @@ def test_keeps_the_newest_and_removes_oldest_first():
 
 
 def test_protected_releases_are_kept_whatever_their_age():
-    p = plan_prune("h", _rels(8), keep_releases=3,
-                   protected={"r7": "current", "r0": "previous", "r1": "named by pair other's route (active)"})
+    p = plan_prune(
+        "h",
+        _rels(8),
+        keep_releases=3,
+        protected={"r7": "current", "r0": "previous", "r1": "named by pair other's route (active)"},
+    )
     assert set(p.keep) == {"r7", "r0", "r1"}
     assert p.remove == ("r2", "r3", "r4", "r5", "r6")
     assert p.protected["r1"].startswith("named by pair other")

@@ -12,12 +12,32 @@ PLAN = load_plan("mmvf-field").plan  # 5 pairs, code/prose/structured, 512 gener
 
 def sample(pair, arm, fixture, tg, *, pp=1000.0, wall=10.0, ttft=1.0, mem=1000, **over):
     s = {
-        "pair": pair, "arm": arm, "seq": 0, "fixture": fixture, "family": fixture, "fixture_sha256": "f" * 64,
-        "prompt_sha256": "p-" + fixture, "package_native": f"{arm}-n", "package_rpc": f"{arm}-r", "build_info": "b1-x",
-        "ok": True, "error": None, "prompt_n": 8192, "prompt_ms": 8192 / pp * 1000, "prompt_per_second": pp,
-        "predicted_n": 512, "predicted_ms": 512 / tg * 1000, "predicted_per_second": tg, "draft_n": 300,
-        "draft_n_accepted": 200, "cache_n": 0, "stop_type": "limit", "wall_s": wall, "ttft_s": ttft,
-        "peak_memory_bytes": mem, "memory_source": "test",
+        "pair": pair,
+        "arm": arm,
+        "seq": 0,
+        "fixture": fixture,
+        "family": fixture,
+        "fixture_sha256": "f" * 64,
+        "prompt_sha256": "p-" + fixture,
+        "package_native": f"{arm}-n",
+        "package_rpc": f"{arm}-r",
+        "build_info": "b1-x",
+        "ok": True,
+        "error": None,
+        "prompt_n": 8192,
+        "prompt_ms": 8192 / pp * 1000,
+        "prompt_per_second": pp,
+        "predicted_n": 512,
+        "predicted_ms": 512 / tg * 1000,
+        "predicted_per_second": tg,
+        "draft_n": 300,
+        "draft_n_accepted": 200,
+        "cache_n": 0,
+        "stop_type": "limit",
+        "wall_s": wall,
+        "ttft_s": ttft,
+        "peak_memory_bytes": mem,
+        "memory_source": "test",
     }
     s.update(over)
     return s
@@ -53,6 +73,7 @@ def test_field_like_run_structured_gain_passes_others_non_regression():
     # combined = per pair geomean over the three families, then the same bootstrap
     comb = cells["combined"].tg
     import math
+
     expect = [math.prod(FIELD_LIKE[f][p] for f in FIELD_LIKE) ** (1 / 3) for p in range(5)]
     assert list(comb.ratios) == pytest.approx(expect)
     assert cells["code"].median_tg == {"baseline": 60.0, "candidate": pytest.approx(60.0 * 1.035)}
@@ -68,7 +89,11 @@ def test_regression_fails_the_run():
 
 
 def test_missing_pair_makes_cell_inconclusive_not_pass():
-    samples = [s for s in run_of(FIELD_LIKE) if not (s["pair"] == 4 and s["fixture"] == "structured" and s["arm"] == "candidate")]
+    samples = [
+        s
+        for s in run_of(FIELD_LIKE)
+        if not (s["pair"] == 4 and s["fixture"] == "structured" and s["arm"] == "candidate")
+    ]
     r = analyze(PLAN, samples)
     g = {(v.kind, v.family): v for v in r.gates}
     assert g[("gain", "structured")].verdict == "inconclusive"

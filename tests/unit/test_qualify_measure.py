@@ -32,8 +32,14 @@ class Replay:
 def test_real_stream_gives_a_valid_sample():
     ids = tuple(parsers.parse_tokenize((DATA / "tokenize-lab-code.json").read_bytes())[:200])
     client = Replay((DATA / "stream-lab-code-200-128.sse").read_text())
-    row = measure(client, Prompt("code", "code", "f" * 64, ids), n_predict=128, params=request_params(42, 0.0),
-                  memory=lambda: (28816 * 1024, "test"), base={"pair": 0, "arm": "baseline", "seq": 0})
+    row = measure(
+        client,
+        Prompt("code", "code", "f" * 64, ids),
+        n_predict=128,
+        params=request_params(42, 0.0),
+        memory=lambda: (28816 * 1024, "test"),
+        base={"pair": 0, "arm": "baseline", "seq": 0},
+    )
     assert row["ok"] and row["error"] is None
     assert (row["prompt_n"], row["predicted_n"], row["cache_n"]) == (200, 128, 0)
     assert (row["draft_n"], row["draft_n_accepted"]) == (96, 95)
@@ -53,8 +59,14 @@ def test_stream_cut_before_the_final_event_is_a_failed_sample_not_a_crash():
 
 
 def test_server_error_mid_stream_is_a_failed_sample():
-    row = measure(Replay('data: {"error": {"code": 500, "message": "boom", "type": "server_error"}}\n'),
-                  Prompt("code", "code", "f" * 64, (1,)), n_predict=128, params={}, memory=None, base={})
+    row = measure(
+        Replay('data: {"error": {"code": 500, "message": "boom", "type": "server_error"}}\n'),
+        Prompt("code", "code", "f" * 64, (1,)),
+        n_predict=128,
+        params={},
+        memory=None,
+        base={},
+    )
     assert row["ok"] is False and "ParseError" in row["error"]
 
 

@@ -76,16 +76,31 @@ def test_fixture_longer_than_the_slot_names_the_fixture(tmp_path):
     lp = load_plan(write_plan(tmp_path))
     lp.plan.check_fits(load_profile("lab"))  # 100 + 32 fits 2048
     big = load_plan(write_plan(tmp_path, n_predict=1990))  # 100 + 1990 > 2048
-    with pytest.raises(ConfigError, match=r"fixture 'a' \(100 prompt \+ 1990 generated\) needs 2090 tokens.*2048 of profile lab"):
+    with pytest.raises(
+        ConfigError, match=r"fixture 'a' \(100 prompt \+ 1990 generated\) needs 2090 tokens.*2048 of profile lab"
+    ):
         big.plan.check_fits(load_profile("lab"))
 
 
 def test_alternating_order_reverses_each_pair():
     lp = load_plan("lab")
     assert lp.plan.arm_order() == [
-        (0, "baseline"), (0, "candidate"), (1, "candidate"), (1, "baseline"), (2, "baseline"), (2, "candidate"),
-        (3, "candidate"), (3, "baseline"), (4, "baseline"), (4, "candidate"), (5, "candidate"), (5, "baseline"),
-        (6, "baseline"), (6, "candidate"), (7, "candidate"), (7, "baseline"),
+        (0, "baseline"),
+        (0, "candidate"),
+        (1, "candidate"),
+        (1, "baseline"),
+        (2, "baseline"),
+        (2, "candidate"),
+        (3, "candidate"),
+        (3, "baseline"),
+        (4, "baseline"),
+        (4, "candidate"),
+        (5, "candidate"),
+        (5, "baseline"),
+        (6, "baseline"),
+        (6, "candidate"),
+        (7, "candidate"),
+        (7, "baseline"),
     ]
 
 
@@ -129,5 +144,7 @@ def test_registered_as_manifest_kind_plan():
     from orchestrator.config import registry
 
     assert registry.schemas()["plan"].__name__ == "QualifyPlan"
-    results = registry.check_all([MANIFESTS / "plans" / "lab.yaml", MANIFESTS / "plans" / "mmvf-field.yaml"], kind=None, variables={})
+    results = registry.check_all(
+        [MANIFESTS / "plans" / "lab.yaml", MANIFESTS / "plans" / "mmvf-field.yaml"], kind=None, variables={}
+    )
     assert [e for _, e in results] == [None, None]

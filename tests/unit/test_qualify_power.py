@@ -241,7 +241,9 @@ def test_dispersed_arm_measured_again_uses_the_first_attempt_within_the_bound():
     s = _samples(lab, [1.0] * lab.pairs, 0.01, rng)
     arm = [x for x in s if x["pair"] == 1 and x["arm"] == "candidate" and x["fixture"] == "code"]
     arm[2]["predicted_per_second"] *= 4.0  # attempt 0 spreads too much ...
-    s += [{**x, "attempt": 1, "predicted_per_second": 1000.0 * (1 + 0.001 * x["rep"])} for x in arm]  # ... attempt 1 not
+    s += [
+        {**x, "attempt": 1, "predicted_per_second": 1000.0 * (1 + 0.001 * x["rep"])} for x in arm
+    ]  # ... attempt 1 not
     res = analyze(lab, s)
     cells = {c.family: c for c in res.cells}
     assert 1 in cells["code"].valid_pairs

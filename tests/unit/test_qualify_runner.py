@@ -40,15 +40,33 @@ class ScriptedClient:
 
     def completion(self, prompt, n_predict, **params):
         self.log.append(("warmup", params.get("cache_prompt")))
-        return CompletionResult(content="x", id_slot=0, tokens_predicted=n_predict, tokens_evaluated=3, truncated=False,
-                                stop_type="limit", timings=Timings(predicted_n=n_predict, prompt_n=3))
+        return CompletionResult(
+            content="x",
+            id_slot=0,
+            tokens_predicted=n_predict,
+            tokens_evaluated=3,
+            truncated=False,
+            stop_type="limit",
+            timings=Timings(predicted_n=n_predict, prompt_n=3),
+        )
 
     @contextmanager
     def stream_completion(self, prompt, n_predict, **params):
         self.log.append(("measure", len(prompt), params["cache_prompt"], params["ignore_eos"]))
-        t = Timings(prompt_n=len(prompt), prompt_ms=10.0, prompt_per_second=len(prompt) / 0.01, predicted_n=n_predict,
-                    predicted_ms=n_predict / self.tg * 1000, predicted_per_second=self.tg, draft_n=30, draft_n_accepted=20)
-        chunks = [StreamChunk(content="a", tokens=[1]), StreamChunk(content="b", stop=True, timings=t, stop_type="limit")]
+        t = Timings(
+            prompt_n=len(prompt),
+            prompt_ms=10.0,
+            prompt_per_second=len(prompt) / 0.01,
+            predicted_n=n_predict,
+            predicted_ms=n_predict / self.tg * 1000,
+            predicted_per_second=self.tg,
+            draft_n=30,
+            draft_n_accepted=20,
+        )
+        chunks = [
+            StreamChunk(content="a", tokens=[1]),
+            StreamChunk(content="b", stop=True, timings=t, stop_type="limit"),
+        ]
         yield None, iter(chunks)
 
 
@@ -82,8 +100,12 @@ class ScriptedDriver:
     def activate(self, packages, profile):
         arm = "baseline" if packages == BASE else "candidate"
         self.events.append(("activate", arm))
-        return ActiveArm(client=ScriptedClient(self.speeds[arm].pop(0), self.events), identity={"build_info": f"b1-{arm}"},
-                         per_slot_ctx=profile.per_slot_ctx(), memory=lambda: (1000, "scripted"))
+        return ActiveArm(
+            client=ScriptedClient(self.speeds[arm].pop(0), self.events),
+            identity={"build_info": f"b1-{arm}"},
+            per_slot_ctx=profile.per_slot_ctx(),
+            memory=lambda: (1000, "scripted"),
+        )
 
     @contextmanager
     def hold(self, run_id):
@@ -106,8 +128,16 @@ class ScriptedDriver:
 def run(tmp_path: Path, driver, hooks=None):
     store = EvidenceStore(tmp_path / "evidence")
     out = run_qualification(
-        store=store, loaded=load_plan(PLAN), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
-        driver=driver, argv=["qualify", "--pair", "lab"], hooks=hooks, write_report=lambda h: write_report(store, h)[0],
+        store=store,
+        loaded=load_plan(PLAN),
+        pair="lab",
+        baseline=BASE,
+        candidate=CAND,
+        profile=load_profile("lab"),
+        driver=driver,
+        argv=["qualify", "--pair", "lab"],
+        hooks=hooks,
+        write_report=lambda h: write_report(store, h)[0],
     )
     return store, out
 
@@ -162,9 +192,12 @@ def test_failed_restore_after_all_samples_derives_without_remeasuring(tmp_path):
     assert not out.restored and len(out.arm_steps) == 6
     activations = sum(1 for e in d.events if isinstance(e, tuple) and e[0] == "activate")
 
-    derived = store.derive(out.receipt, reuse=["snapshot", *out.arm_steps],
-                           reason="restore read-back timed out after all samples; pair verified by hand",
-                           fresh_steps=[{"name": "restore", "outcome": "passed", "data": {"verified": "by hand"}}])
+    derived = store.derive(
+        out.receipt,
+        reuse=["snapshot", *out.arm_steps],
+        reason="restore read-back timed out after all samples; pair verified by hand",
+        fresh_steps=[{"name": "restore", "outcome": "passed", "data": {"verified": "by hand"}}],
+    )
     out_dir, record, result = write_report(store, derived)
     assert sum(1 for e in d.events if isinstance(e, tuple) and e[0] == "activate") == activations  # nothing re-measured
     assert record.derived and record.origin == out.receipt and len(record.samples) == 12
@@ -214,14 +247,30 @@ def test_cli_report_exit_codes_follow_the_gates(tmp_path, cli):
 
 def test_cli_derive_then_report_rebuilds_result_without_remeasuring(tmp_path, cli):
     d = ScriptedDriver(SPEEDS)
-    store, out = run(tmp_path, d, hooks=Hooks(after_restore=lambda v: (_ for _ in ()).throw(CheckFailed("final route read timed out"))))
+    store, out = run(
+        tmp_path,
+        d,
+        hooks=Hooks(after_restore=lambda v: (_ for _ in ()).throw(CheckFailed("final route read timed out"))),
+    )
     assert not out.restored and store.load(out.receipt).outcome == "failed"
     assert d.events[-1] == ("restore", "orig-n")  # the restore itself ran; the final read failed
     reuse = ",".join(["snapshot", *out.arm_steps])
     fresh = tmp_path / "fresh.json"  # the failed step, checked again by hand: a derived record needs it covered
     fresh.write_text(json.dumps([{"name": "restore", "outcome": "passed", "data": {"verified": "by hand"}}]))
-    r = cli("--json", "receipts", "derive", "--from", out.receipt, "--reuse", reuse, "--fresh", str(fresh),
-            "--reason", "final route read timed out after all samples; restore verified by hand", home=tmp_path)
+    r = cli(
+        "--json",
+        "receipts",
+        "derive",
+        "--from",
+        out.receipt,
+        "--reuse",
+        reuse,
+        "--fresh",
+        str(fresh),
+        "--reason",
+        "final route read timed out after all samples; restore verified by hand",
+        home=tmp_path,
+    )
     assert r.exit_code == 0, r.output
     derived = json.loads(r.stdout)["hash"]
     r = cli("--json", "qualify", "report", "--receipt", derived, home=tmp_path)
@@ -266,7 +315,9 @@ def test_arm_whose_rollback_failed_is_not_restored_onto_and_leases_stay(tmp_path
 
     d = RollbackFails(SPEEDS)
     store, out = run(tmp_path, d)
-    assert not any(isinstance(e, tuple) and e[0] == "restore" for e in d.events)  # nothing deployed onto an unknown state
+    assert not any(
+        isinstance(e, tuple) and e[0] == "restore" for e in d.events
+    )  # nothing deployed onto an unknown state
     assert not out.restored and out.restore_error.startswith("not attempted, an arm's rollback failed")
     assert d.holds[-1][0] == "kept" and "state is unknown" in d.holds[-1][1]
     r = store.load(out.receipt)
@@ -304,8 +355,17 @@ def test_cli_refuses_before_touching_a_host(tmp_path, cli):
 def _lab_run(tmp_path, driver, **kw):
     store = EvidenceStore(tmp_path / "evidence")
     out = run_qualification(
-        store=store, loaded=load_plan("lab"), pair="lab", baseline=BASE, candidate=CAND, profile=load_profile("lab"),
-        driver=driver, argv=["qualify"], write_report=lambda h: write_report(store, h)[0], **kw)
+        store=store,
+        loaded=load_plan("lab"),
+        pair="lab",
+        baseline=BASE,
+        candidate=CAND,
+        profile=load_profile("lab"),
+        driver=driver,
+        argv=["qualify"],
+        write_report=lambda h: write_report(store, h)[0],
+        **kw,
+    )
     return store, out
 
 
@@ -326,8 +386,9 @@ def test_calibrate_runs_the_baseline_in_both_arms_and_records_the_noise(tmp_path
     rows = [r for s, rs in rec.samples.items() if s.startswith("arm-") for r in rs]
     assert len(rows) == 2 * n * 2 * plan.repeats and {r["rep"] for r in rows} == {0, 1, 2}
     # the qualification finds it, and is judged by it
-    found = find_calibration(store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")),
-                             baseline=BASE.to_dict())
+    found = find_calibration(
+        store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")), baseline=BASE.to_dict()
+    )
     assert found is not None and found[0] == out.receipt
     assert judge(plan, found, calibrate_hint="x")["receipt"] == out.receipt
     assert find_calibration(store, pair="lab", plan=plan, profile_sha256="other", baseline=BASE.to_dict()) is None
@@ -344,15 +405,20 @@ def test_noisy_calibration_is_inconclusive_and_refuses_the_plan(tmp_path):
     store, out = _lab_run(tmp_path, ScriptedDriver({"baseline": loud, "candidate": []}), calibrate=True)
     rec = store.load(out.receipt)
     assert rec.outcome == "inconclusive" and "needs" in rec.reason and "the plan has 8" in rec.reason
-    found = find_calibration(store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")),
-                             baseline=BASE.to_dict())
+    found = find_calibration(
+        store, pair="lab", plan=plan, profile_sha256=profile_key(load_profile("lab")), baseline=BASE.to_dict()
+    )
     with pytest.raises(Inconclusive, match="refused before the first sample"):
         judge(plan, found, calibrate_hint="x")
 
 
 def test_qualification_records_the_noise_it_was_judged_by_and_a_candidate_profile(tmp_path):
-    d = ScriptedDriver({"baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1, 100.0, 99.8],
-                        "candidate": [40.0, 40.5, 39.5, 40.2, 39.9, 40.1, 40.0, 39.8]})
+    d = ScriptedDriver(
+        {
+            "baseline": [100.0, 100.5, 99.5, 100.2, 99.9, 100.1, 100.0, 99.8],
+            "candidate": [40.0, 40.5, 39.5, 40.2, 39.9, 40.1, 40.0, 39.8],
+        }
+    )
     noise = {"receipt": "c" * 64, "pairs": 6, "families": {}, "gates": []}
     store, out = _lab_run(tmp_path, d, noise=noise, candidate_profile=load_profile("lab-draft-other"))
     rec = store.load(out.receipt)

@@ -48,9 +48,7 @@ def test_exact_enumeration_five_pairs_is_3125_and_matches_brute_force():
     r = [1.031, 1.045, 1.018, 1.052, 1.027]
     dist, method = stats.bootstrap_distribution(r)
     assert method == "exact" and dist.size == 3125 == 5**5
-    brute = sorted(
-        math.exp(sum(math.log(r[i]) for i in idx) / 5) - 1 for idx in itertools.product(range(5), repeat=5)
-    )
+    brute = sorted(math.exp(sum(math.log(r[i]) for i in idx) / 5) - 1 for idx in itertools.product(range(5), repeat=5))
     assert sorted(dist.tolist()) == pytest.approx(brute, abs=1e-14)
     iv = stats.bootstrap_interval(r)
     assert iv.low == pytest.approx(float(np.percentile(brute, 2.5)))
@@ -79,7 +77,12 @@ def test_matches_scipy_bootstrap_percentile_paired(n):
     res = scipy.stats.bootstrap(
         (cand, base),
         lambda c, b, axis=-1: np.exp(np.mean(np.log(c / b), axis=axis)) - 1,
-        paired=True, vectorized=True, method="percentile", confidence_level=0.95, n_resamples=200_000, rng=7,
+        paired=True,
+        vectorized=True,
+        method="percentile",
+        confidence_level=0.95,
+        n_resamples=200_000,
+        rng=7,
     )
     assert ours.low == pytest.approx(res.confidence_interval.low, abs=5e-4)
     assert ours.high == pytest.approx(res.confidence_interval.high, abs=5e-4)

@@ -22,13 +22,26 @@ NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _entry(n: str) -> RouteEntry:
-    return RouteEntry.build(native_package=n, rpc_package=n, package_revision="a" * 40,
-                            profile={"name": "lab", "ctx_size": 4096}, native_argv=["x", n], rpc_argv=["y"])
+    return RouteEntry.build(
+        native_package=n,
+        rpc_package=n,
+        package_revision="a" * 40,
+        profile={"name": "lab", "ctx_size": 4096},
+        native_argv=["x", n],
+        rpc_argv=["y"],
+    )
 
 
 def _facts(cur, route: bytes | None, releases=("A", "B")):
-    return facts_from(root_exists=True, current_link=f"releases/{cur}" if cur else None, previous_link=None,
-                      release_names=list(releases), svc_bytes=None, route_bytes=route, procs={})
+    return facts_from(
+        root_exists=True,
+        current_link=f"releases/{cur}" if cur else None,
+        previous_link=None,
+        release_names=list(releases),
+        svc_bytes=None,
+        route_bytes=route,
+        procs={},
+    )
 
 
 @pytest.fixture
@@ -58,8 +71,11 @@ def test_each_hostile_record_is_named(view):
     assert _kinds(view, _record(key=None).to_bytes(), _record(key=None).to_bytes()) == {route_trust.UNSIGNED}
     other = _record(key=b"o" * 64).to_bytes()
     assert _kinds(view, other, other) == {route_trust.FORGED}
-    tampered = good.model_copy(update={"previous": good.previous.model_copy(
-        update={"native_argv": ["x", "A", "--tools", "exec_shell_command"]})}).to_bytes()
+    tampered = good.model_copy(
+        update={
+            "previous": good.previous.model_copy(update={"native_argv": ["x", "A", "--tools", "exec_shell_command"]})
+        }
+    ).to_bytes()
     assert _kinds(view, tampered, tampered) == {route_trust.FORGED, route_trust.ARGV}
     assert _kinds(view, data, b"{not json") == {route_trust.PARSE}
     assert _kinds(view, data, good.model_copy(update={"revision": 40}).sign(KEY).to_bytes()) == {route_trust.DIFFER}

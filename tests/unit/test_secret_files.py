@@ -34,6 +34,7 @@ def open_umask():
 def test_key_file_created_0600_and_secrets_tightened(tmp_path, open_umask, monkeypatch):
     chmodded: list[str] = []
     real_chmod = os.chmod
+
     def chmod(path, mode, **kw):
         chmodded.append(str(path))
         real_chmod(path, mode, **kw)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.remote.command import Secret
 from orchestrator.server import parsers
 from orchestrator.server.client import ServerClient, _secret_text
-from orchestrator.remote.command import Secret
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -40,7 +40,11 @@ def test_slots_idle_and_busy():
     running = [s for s in busy if s.is_processing]
     assert running and running[0].n_decoded > 0 and running[0].id_task is not None
     # n_prompt_tokens is the slot's token list: prompt + tokens generated so far (402 + 8 here)
-    assert running[0].population == running[0].n_prompt_tokens == running[0].n_prompt_tokens_processed + running[0].n_decoded - 1
+    assert (
+        running[0].population
+        == running[0].n_prompt_tokens
+        == running[0].n_prompt_tokens_processed + running[0].n_decoded - 1
+    )
 
 
 def test_slots_refuses_non_list():
