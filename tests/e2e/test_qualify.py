@@ -210,7 +210,7 @@ def test_lab_qualification_two_revisions(deployed_lab, lab, lab_packages, lab_pa
     assert st.exit_code == 0 and json.loads(st.stdout)["problems"] == [], st.output
 
 
-def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_packages, lab_packages_b, cli):
+def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_packages, lab_packages_b, cli, tmp_path):
     a, b = lab_packages.manifest.id, lab_packages_b.manifest.id
     store = EvidenceStore(lab.home.evidence)
     before = _active(lab)
@@ -255,6 +255,9 @@ def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_pa
     assert _active(lab)["native"] == before["native"]  # the restore itself ran; only the final read "failed"
 
     deploys_before = _deploy_receipts(store)
+    # the failed step, checked again by hand: a derived record passes only when every step is covered
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text(json.dumps([{"name": "restore", "outcome": "passed", "data": {"verified": "route re-read"}}]))
     r = cli(
         "--json",
         "receipts",
@@ -263,6 +266,8 @@ def test_failed_final_step_derives_without_remeasuring(deployed_lab, lab, lab_pa
         out.receipt,
         "--reuse",
         ",".join(["snapshot", *out.arm_steps]),
+        "--fresh",
+        str(fresh),
         "--reason",
         "final configuration read timed out after all samples; route and identities re-read equal",
     )
