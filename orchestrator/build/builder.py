@@ -230,6 +230,7 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
     reporter = make_reporter(target.name, interactive=interactive)
     log_path: Path | None = None
     cached = True
+    status: Literal["built", "verified"]
     try:
         with file_lock(home.build_cache / "work" / f"{target.name}.lock"):
             if not (outputs / OUTPUTS_MARKER).is_file():
@@ -285,7 +286,7 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
         reporter.close()
     return BuildResult(
         package=package, status=status, cached=cached, duration_s=time.monotonic() - t0, log_path=log_path
-    )  # type: ignore[arg-type]
+    )
 
 
 def build(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from pydantic import Field, field_validator, model_validator
 
@@ -68,6 +68,23 @@ def fixture_sha256(content: dict[str, Any]) -> str:
     return sha256_json(content)
 
 
+class _HasId(Protocol):
+    @property
+    def id(self) -> str: ...
+
+
+_F = TypeVar("_F", bound=_HasId)
+
+
+def unique_ids(fixtures: list[_F]) -> list[_F]:
+    """A fixture set names each fixture once (answer and reference sets alike)."""
+    ids = [f.id for f in fixtures]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise ValueError(f"duplicate fixture ids: {dup}")
+    return fixtures
+
+
 class FixtureSet(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
@@ -76,11 +93,7 @@ class FixtureSet(StrictModel):
     @field_validator("fixtures")
     @classmethod
     def _unique(cls, v: list[Fixture]) -> list[Fixture]:
-        ids = [f.id for f in v]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"duplicate fixture ids: {dup}")
-        return v
+        return unique_ids(v)
 
     def sha256(self) -> str:
         return sha256_json([f.sha256 for f in self.fixtures])

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from orchestrator.checks.fixtures import unique_ids
 from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
 from orchestrator.errors import ConfigError
@@ -47,11 +48,7 @@ class OracleFixtureSet(StrictModel):
     @field_validator("fixtures")
     @classmethod
     def _unique(cls, v: list[OracleFixture]) -> list[OracleFixture]:
-        ids = [f.id for f in v]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"duplicate fixture ids: {dup}")
-        return v
+        return unique_ids(v)
 
     def sha256(self) -> str:
         return sha256_json(self.model_dump(mode="json"))
