@@ -9,7 +9,8 @@ llama-server /health 200), pairctl's own share (the rest: connect, leases, uploa
 stop, switch, verification), SSH execs (each starts a process and the login shell on the host:
 ~0.5 s apiece on this machine, where root's .bashrc runs `pyenv init`) and round trips as the
 transport counts them, and package bytes sent. The rpc server's start-to-listening time is
-measured around the one exec that restarts it, so it includes that exec's overhead. Targets (issue 4): fresh < 3 s, uploaded < 2 s with 0 bytes.
+measured around the one exec that restarts it, so it includes that exec's overhead. Targets
+(issue 4): fresh < 3 s, uploaded < 2 s with 0 bytes.
 
 Home: PAIRCTL_HOME, else the test session's home (.state/test), so the packages the e2e
 tests built are reused. The lab is brought up if needed; A stays active afterwards.
@@ -140,7 +141,8 @@ def run() -> dict[str, Any]:
         f"deploy: fresh {fresh['wall_s']:.2f} s (servers {fresh['servers_start_to_ready_s']:.2f} s, "
         f"{fresh['ssh_execs']} execs/{fresh['ssh_round_trips']} round trips, {fresh['package_bytes_sent']} bytes) "
         f"target <{FRESH_TARGET_S:.0f} s; already uploaded {uploaded['wall_s']:.2f} s "
-        f"({uploaded['ssh_execs']} execs/{uploaded['ssh_round_trips']} round trips, {uploaded['package_bytes_sent']} bytes) "
+        f"({uploaded['ssh_execs']} execs/{uploaded['ssh_round_trips']} round trips, "
+        f"{uploaded['package_bytes_sent']} bytes) "
         f"target <{UPLOADED_TARGET_S:.0f} s: {'PASS' if passed else 'FAIL'}"
     )
     return {

@@ -83,5 +83,6 @@ def run() -> dict:
         "ratio": round(ratio, 3), "target_ratio": TARGET_RATIO, "passed": ratio >= TARGET_RATIO,
         "cpus": os.cpu_count(), "repeats": REPEATS,
         "line": f"hashing: pairctl {mb / t_ours:.0f} MB/s vs sha256sum {mb / t_ref:.0f} MB/s on {len(files)} files "
-                f"({source}, {mb:.0f} MB): ratio {ratio:.2f} (target >= {TARGET_RATIO}; one thread {t_ref / t_one:.2f})",
+                f"({source}, {mb:.0f} MB): ratio {ratio:.2f} (target >= {TARGET_RATIO}; "
+                f"one thread {t_ref / t_one:.2f})",
     }  # fmt: skip

@@ -25,7 +25,8 @@ REPEATS = 3
 def _rows(n: int) -> list[dict]:
     fams = ("code", "prose", "structured")
     return [
-        {"pair": i // 6, "arm": "baseline" if i % 2 == 0 else "candidate", "family": fams[i % 3], "fixture": f"{i % 3:064x}"[:16],
+        {"pair": i // 6, "arm": "baseline" if i % 2 == 0 else "candidate", "family": fams[i % 3],
+         "fixture": f"{i % 3:064x}"[:16],
          "tg_tps": 40.0 + (i % 997) / 100.0, "pp_tps": 1800.0 + (i % 313), "n_predicted": 512, "n_prompt": 8192,
          "ttft_s": 4.5 + (i % 100) / 1000.0, "wall_s": 17.25 + (i % 50) / 100.0}
         for i in range(n)
@@ -68,5 +69,6 @@ def run() -> dict:
         "passed": median < TARGET_S,
         "line": f"receipts: {N_SAMPLES} samples written in {median:.3f} s median, {best['write_s']:.3f} s best "
                 f"(samples() {best['samples_s']:.3f} s + finish() {best['finish_s']:.3f} s; "
-                f"{best['bytes'] / 1e6:.1f} MB; target < {TARGET_S} s; load avg {load_before:.1f} on {os.cpu_count()} cpus)",
+                f"{best['bytes'] / 1e6:.1f} MB; target < {TARGET_S} s; "
+                f"load avg {load_before:.1f} on {os.cpu_count()} cpus)",
     }  # fmt: skip

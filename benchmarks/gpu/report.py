@@ -127,7 +127,8 @@ def main(out: Path, raw: Raw) -> None:
     arches = read(raw / "nvcc-arches.txt").split()
     if arches:
         md += [
-            f"- `nvcc --list-gpu-arch`: {arches[0]} … {arches[-1]} ({len(arches)} arches; compute_70 {'offered' if 'compute_70' in arches else 'not offered'})"
+            f"- `nvcc --list-gpu-arch`: {arches[0]} … {arches[-1]} ({len(arches)} arches; "
+            f"compute_70 {'offered' if 'compute_70' in arches else 'not offered'})"
         ]
     host = read(raw / "host.txt").splitlines()
     if host:
@@ -143,7 +144,8 @@ def main(out: Path, raw: Raw) -> None:
     v100 = read(raw / "build-v100.log")
     real = re.search(r"^real\s+(\d+)m([\d.]+)s", v100, re.M)
     md += [
-        f"| v100 | {rc_of(v100)} | {int(real.group(1)) * 60 + float(real.group(2)) if real else '–'} | refused before compiling | – | – |"
+        f"| v100 | {rc_of(v100)} | {int(real.group(1)) * 60 + float(real.group(2)) if real else '–'} | "
+        "refused before compiling | – | – |"
     ]
     for t in ("h200", "rtx5060ti"):
         done = read(raw / f"build-{t}.done")
@@ -176,7 +178,8 @@ def main(out: Path, raw: Raw) -> None:
         if isinstance(r, dict) and "case" in r
     ]
     md += [
-        f"Exit status: {rc_of(read(raw / 'kernels-check.err'))} (generic block-size selection: the patch is scoped to Volta).",
+        f"Exit status: {rc_of(read(raw / 'kernels-check.err'))} "
+        "(generic block-size selection: the patch is scoped to Volta).",
         "",
     ]
     if rows:
@@ -186,8 +189,9 @@ def main(out: Path, raw: Raw) -> None:
         ]
         for d in rows:
             md += [
-                f"| {d['host']} | {d.get('case')} | {d.get('backend', '')} ({d.get('device', '')}) | {d.get('n', '–')} | "
-                f"{d.get('nmse', '–')} | {d.get('max_err', '–')} | {d.get('passed', '–')} | {d.get('us_per_run', '–')} | "
+                f"| {d['host']} | {d.get('case')} | {d.get('backend', '')} ({d.get('device', '')}) | "
+                f"{d.get('n', '–')} | {d.get('nmse', '–')} | {d.get('max_err', '–')} | {d.get('passed', '–')} | "
+                f"{d.get('us_per_run', '–')} | "
                 f"{d.get('cpu_us_per_run', '–')} | {d.get('runs', '–')} |"
             ]
     else:

@@ -72,7 +72,8 @@ class BuildResult:
         return {
             "id": m.id, "status": self.status, "cached": self.cached, "duration_s": round(self.duration_s, 2),
             "path": str(self.package.path), "revision": m.revision, "tree": m.tree, "build_info": m.build_info,
-            "target": m.target.name, "content_digest": m.content_digest, "log": str(self.log_path) if self.log_path else None,
+            "target": m.target.name, "content_digest": m.content_digest,
+            "log": str(self.log_path) if self.log_path else None,
             "receipt": self.receipt,
         }  # fmt: skip
 
@@ -154,8 +155,9 @@ def compile_outputs(plan: BuildPlan, repo: Path, outputs: Path, *, log_path: Pat
     libs = sorted(p for p in (plan.build_dir / "bin").glob("*.so*") if p.is_file())
     for lib in libs:
         _copy(lib, tmp / "lib" / lib.name)
-    (tmp / OUTPUTS_MARKER).write_text(json.dumps({"key": plan.key, "revision": plan.revision.commit, "tree": plan.revision.tree,
-                                                  "defines": plan.defines, "finished_at": _now()}, indent=2))  # fmt: skip
+    (tmp / OUTPUTS_MARKER).write_text(json.dumps({"key": plan.key, "revision": plan.revision.commit,
+                                                  "tree": plan.revision.tree, "defines": plan.defines,
+                                                  "finished_at": _now()}, indent=2))  # fmt: skip
     remove_tree(outputs)
     tmp.rename(outputs)
 
@@ -192,13 +194,15 @@ def assemble(plan: BuildPlan, outputs: Path, tmp: Path, *, reporter: Reporter) -
     help_text = helped.stdout if helped.stdout.strip() else helped.stderr
     if helped.returncode != 0 or "--rpc" not in help_text:
         raise BuildError(
-            f"{server} --help failed (exit {helped.returncode}) or lists no --rpc:\n{(helped.stderr or help_text)[-1500:]}"
+            f"{server} --help failed (exit {helped.returncode}) or lists no --rpc:\n"
+            f"{(helped.stderr or help_text)[-1500:]}"
         )
     version = _run_capture([str(server), "--version"], env)
     version_text = (version.stdout + version.stderr).strip() + "\n"
     if f"commit {plan.revision.short}" not in version_text or f"build {plan.revision.count}," not in version_text:
         raise BuildError(
-            f"{server} --version does not name build {plan.revision.count}, commit {plan.revision.short}:\n{version_text}"
+            f"{server} --version does not name build {plan.revision.count}, commit {plan.revision.short}:\n"
+            f"{version_text}"
         )
     (tmp / "meta").mkdir(exist_ok=True)
     (tmp / "meta" / "llama-server.help.txt").write_text(help_text, encoding="utf-8")

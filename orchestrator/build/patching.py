@@ -62,7 +62,8 @@ def check_base_blobs(repo: Path, base: str, meta: KernelPatch) -> None:
             raise BuildError(
                 f"patch {meta.name} was written against {path} blob {want[:12]}, but {base[:12]} has blob {got[:12]}; "
                 "refusing to apply it to a different base",
-                hint=f"rebase the patch onto this revision and update kernels/{meta.name}/kernel.yaml (base.blobs, patch_sha256)",
+                hint=f"rebase the patch onto this revision and update kernels/{meta.name}/kernel.yaml "
+                "(base.blobs, patch_sha256)",
             )
 
 

@@ -19,7 +19,8 @@ def continuation_problems(
     p = []
     if cache_n < first_len - 1:
         p.append(
-            f"second request reused {cache_n} cached tokens, expected at least {first_len - 1} of the {first_len}-token prefix"
+            f"second request reused {cache_n} cached tokens, expected at least {first_len - 1} "
+            f"of the {first_len}-token prefix"
         )
     if fresh_cache_n != 0:
         p.append(f"the cache_prompt:false request still reported cache_n={fresh_cache_n}")

@@ -152,7 +152,8 @@ def find_baseline(
             raise EvidenceError(f"receipt {r.sha256[:16]} has no {check} results to compare against")
         if want and dict(raw.get("models") or {}) != want:
             raise ConfigError(
-                f"baseline receipt {r.sha256[:16]} answered with models {dict(raw.get('models') or {}) or 'unrecorded'}, "
+                f"baseline receipt {r.sha256[:16]} answered with models "
+                f"{dict(raw.get('models') or {}) or 'unrecorded'}, "
                 f"this pair runs {want}: answers from other weights are no baseline",
                 hint="leave out --baseline-receipt to use the newest passed run on these models (or none)",
             )

@@ -56,7 +56,8 @@ class AcceptOutcome:
             bad = ", ".join(f"{r.name} ({r.verdict})" for r in self.suite.failed())
             raise CheckFailed(
                 f"acceptance of pair {self.suite.pair} failed: {bad}",
-                hint=f"receipt {self.receipt}; `pairctl receipts show {str(self.receipt)[:12]}` has every check's raw data",
+                hint=f"receipt {self.receipt}; `pairctl receipts show {str(self.receipt)[:12]}` "
+                "has every check's raw data",
             )
 
 

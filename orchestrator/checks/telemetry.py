@@ -22,10 +22,12 @@ from orchestrator.roles import SERVICE_OF_ROLE
 NAME = "telemetry"
 
 # Fixed text; the pid file arrives as $1, so nothing is ever formatted into the shell line.
-SAMPLE_SCRIPT = r"""
+SAMPLE_SCRIPT = (
+    r"""
 if command -v nvidia-smi >/dev/null 2>&1; then
   echo "source=nvidia-smi"
-  nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits || echo "nvidia_smi_failed=$?"
+  nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader,nounits """
+    r"""|| echo "nvidia_smi_failed=$?"
 fi
 pid=$(cat "$1" 2>/dev/null)
 if [ -n "$pid" ] && [ -r "/proc/$pid/status" ]; then
@@ -35,6 +37,7 @@ else
   echo "no_process=$1"
 fi
 """
+)
 
 
 def sample_cmd(root: str, role: str) -> Cmd:
@@ -43,7 +46,8 @@ def sample_cmd(root: str, role: str) -> Cmd:
 
 
 def parse_sample(text: str) -> dict[str, Any]:
-    """The sample script's output -> {"gpus": [{index, name, used_mib, total_mib}], "pid", "vm_hwm_kib", "vm_rss_kib"}."""
+    """The sample script's output -> {"gpus": [{index, name, used_mib, total_mib}], "pid", "vm_hwm_kib",
+    "vm_rss_kib"}."""
     out: dict[str, Any] = {"gpus": []}
     section = None
     for line in text.splitlines():

@@ -230,7 +230,8 @@ def describe_all() -> list[KernelRow]:
                 "files": meta.files,
                 "base": meta.base.model_dump(),
                 "scope": s.model_dump(),
-                "scope_line": f"{s.backend} {s.op} {s.weight_type} K{s.k} M{s.m} W{s.dst_columns} cc[{s.cc_min},{s.cc_max})"
+                "scope_line": f"{s.backend} {s.op} {s.weight_type} K{s.k} M{s.m} W{s.dst_columns} "
+                f"cc[{s.cc_min},{s.cc_max})"
                 f"{'' if s.fusion else ' no-fusion'}{'' if s.ids else ' no-ids'}",
                 "cases": cases.names(),
                 "max_nmse": cases.max_nmse,

@@ -157,7 +157,8 @@ def judge(
                 Problem(
                     RELEASE,
                     f"{view.hosts[role]}: {root}/current names release {f.current}, which is not in {root}/releases/",
-                    f"on {view.hosts[role]}, point current at an installed release (ln -sfn releases/ID {root}/current) "
+                    f"on {view.hosts[role]}, point current at an installed release "
+                    f"(ln -sfn releases/ID {root}/current) "
                     f"or remove it, then {repair}",
                 )
             )

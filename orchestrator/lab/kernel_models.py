@@ -5,8 +5,9 @@ K = 320 and M = 10240. With a same-weights draft and `--spec-draft-n-max 3` ever
 batch is one token plus three drafts: the W4 MUL_MAT (ne11 = 4, no fusion: the CUDA GLU fusion
 only takes one column) the patch targets. 5 heads of size 64 keep Q8 KV with flash attention
 possible on CUDA too: its flash-attention kernels have no head size 32, and since the RPC backend
-claims every op, a remote CUDA ggml-rpc-server aborted on the first graph (seen on the H200). On a CPU lab this only exercises the same graph; on a Volta GPU it runs the patched
-path. Written by `orchestrator.lab.models.write_llama_gguf` (deterministic bytes).
+claims every op, a remote CUDA ggml-rpc-server aborted on the first graph (seen on the H200). On
+a CPU lab this only exercises the same graph; on a Volta GPU it runs the patched path. Written by
+`orchestrator.lab.models.write_llama_gguf` (deterministic bytes).
 """
 
 from __future__ import annotations

@@ -323,7 +323,8 @@ class SshdHost:
                 return self.state(started=True)
             time.sleep(0.05)
         raise HostError(
-            f"lab host {p.name}: sshd did not answer on {p.address}:{p.port} within {wait_s:.0f}s{_log_tail(p.log_file)}"
+            f"lab host {p.name}: sshd did not answer on {p.address}:{p.port} within {wait_s:.0f}s"
+            f"{_log_tail(p.log_file)}"
         )
 
     def down(self) -> list[int]:

@@ -108,7 +108,10 @@ class Schedule:
         )
 
     def crontab_line(self) -> str:
-        return f"{cron_spec(self.every_s)} PAIRCTL_HOME={shlex.quote(self.home)} {shlex.join(self.argv)}  {MARKER} ({self.pair})"
+        return (
+            f"{cron_spec(self.every_s)} PAIRCTL_HOME={shlex.quote(self.home)} {shlex.join(self.argv)}  "
+            f"{MARKER} ({self.pair})"
+        )
 
 
 def accept_argv(pairctl: str, *, home: str, inventory: str, pair: str, checks: list[str] | None) -> tuple[str, ...]:

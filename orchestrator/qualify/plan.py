@@ -203,7 +203,8 @@ class QualifyPlan(StrictModel):
             for i in range(self.pairs):
                 if sorted(self.order[2 * i : 2 * i + 2]) != ["baseline", "candidate"]:
                     raise ValueError(
-                        f"explicit order: pair {i + 1} (arms {2 * i + 1}-{2 * i + 2}) must hold one baseline and one candidate"
+                        f"explicit order: pair {i + 1} (arms {2 * i + 1}-{2 * i + 2}) "
+                        "must hold one baseline and one candidate"
                     )
         return self
 

@@ -164,8 +164,10 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         f"- Receipt outcome: {record.outcome} — {record.reason}",
         f"- Plan sha256: `{record.plan_sha256}` ({'; '.join(record.checks)})",
         f"- Baseline: native `{arms.get('baseline', {}).get('native')}`, rpc `{arms.get('baseline', {}).get('rpc')}`",
-        f"- Candidate: native `{arms.get('candidate', {}).get('native')}`, rpc `{arms.get('candidate', {}).get('rpc')}`",
-        f"- Design: {plan.pairs} alternating pairs, {len(plan.fixtures)} fixture(s), {plan.n_predict} generated tokens, "
+        f"- Candidate: native `{arms.get('candidate', {}).get('native')}`, "
+        f"rpc `{arms.get('candidate', {}).get('rpc')}`",
+        f"- Design: {plan.pairs} alternating pairs, {len(plan.fixtures)} fixture(s), "
+        f"{plan.n_predict} generated tokens, "
         f"fresh load + one warm-up per arm, one active slot, cache_prompt off",
         f"- Samples: {result.samples_total} recorded, {len(result.samples_invalid)} invalid",
         "",
@@ -211,8 +213,10 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         note = " (descriptive)" if c.family == COMBINED else ""
         sd = "n/a" if iv is None or iv.sd_log is None else f"{100 * iv.sd_log:.2f}%"
         lines.append(
-            f"| {c.family}{note} | {'n/a' if mb is None else f'{mb:.2f} tok/s'} | {'n/a' if mc is None else f'{mc:.2f} tok/s'} | "
-            f"{_pct(c.tg.gain if c.tg else None)} | {_pct(iv.low if iv else None)} to {_pct(iv.high if iv else None)} | "
+            f"| {c.family}{note} | {'n/a' if mb is None else f'{mb:.2f} tok/s'} | "
+            f"{'n/a' if mc is None else f'{mc:.2f} tok/s'} | "
+            f"{_pct(c.tg.gain if c.tg else None)} | "
+            f"{_pct(iv.low if iv else None)} to {_pct(iv.high if iv else None)} | "
             f"{sd} | {_pct(bs.low if bs else None)} to {_pct(bs.high if bs else None)} | {method} "
             f"| {len(c.valid_pairs)}/{c.planned_pairs} |"
         )
@@ -228,7 +232,8 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             "n/a" if c.acceptance.get(a) is None else f"{c.acceptance[a]:.3f}" for a in ("baseline", "candidate")
         )
         lines.append(
-            f"| {c.family} | {_r(c.pp_ratio)} | {_r(c.memory_ratio)} | {_r(c.wall_ratio)} | {_r(c.ttft_ratio)} | {acc} |"
+            f"| {c.family} | {_r(c.pp_ratio)} | {_r(c.memory_ratio)} | {_r(c.wall_ratio)} | "
+            f"{_r(c.ttft_ratio)} | {acc} |"
         )
     lines += [
         "",

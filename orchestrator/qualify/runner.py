@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ContextManager, Protocol
+from typing import Any, Protocol
 
 from orchestrator import progress
 from orchestrator.config.profiles import RouteProfile
@@ -77,7 +78,7 @@ class PairDriver(Protocol):
     def restore(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         """Put the snapshot's pair back and verify it; returns what was verified."""
 
-    def hold(self, run_id: str) -> ContextManager[Any]:
+    def hold(self, run_id: str) -> AbstractContextManager[Any]:
         """Hold the pair's host leases (purpose naming `run_id`) from before the snapshot until
         after the restore, so no other run changes the pair between arms. Yields an object
         with `keep(reason)`: leases kept on exit (a failed rollback left the pair unknown)."""

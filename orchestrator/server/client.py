@@ -226,7 +226,8 @@ class ServerClient:
                     r.read()
                     err = parsers.parse_error(r.content)
                     raise ServerRequestError(
-                        f"POST {self.base_url}/completion (stream): HTTP {r.status_code}: {err.message if err else r.text[:300]}",
+                        f"POST {self.base_url}/completion (stream): HTTP {r.status_code}: "
+                        f"{err.message if err else r.text[:300]}",
                         status=r.status_code,
                         error=err,
                         body=r.text[:4000],

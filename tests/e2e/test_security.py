@@ -143,7 +143,10 @@ def test_checkers_flag_planted_violations(tmp_path):
     os.chmod(tmp_path / "f", 0o666)
     assert {b.split()[0] for b in world_writable([tmp_path])} == {str(tmp_path / "w"), str(tmp_path / "f")}
     # a listener on every interface is seen as 0.0.0.0 for its own pid
-    code = "import socket,time,sys\ns=socket.socket();s.bind(('0.0.0.0',0));s.listen();print(s.getsockname()[1],flush=True);time.sleep(60)"
+    code = (
+        "import socket,time,sys\ns=socket.socket();s.bind(('0.0.0.0',0));s.listen();"
+        "print(s.getsockname()[1],flush=True);time.sleep(60)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         port = int(p.stdout.readline())

@@ -102,7 +102,8 @@ _KILLED_RUN = textwrap.dedent(
     from orchestrator.evidence import EvidenceStore
     store = EvidenceStore(sys.argv[1])
     pair = sys.argv[2] if sys.argv[2] != "-" else None
-    j = store.begin("qualify", ["qualify", "--pair", str(pair), "--api-key", "s3cr3t"], pair=pair, inputs={"plan": "p" * 64})
+    j = store.begin("qualify", ["qualify", "--pair", str(pair), "--api-key", "s3cr3t"], pair=pair, """
+    """inputs={"plan": "p" * 64})
     j.set("plan_sha256", "p" * 64)
     with j.step("snapshot", host="native") as s:
         s.data["route_revision"] = 7

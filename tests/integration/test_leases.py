@@ -121,7 +121,7 @@ def test_hold_pair_leases_over_ssh(inv) -> None:
         targets = [(pool.get(h), inv.host(h).install_root) for h in ("lab-rpc", "lab-native")]
         with pytest.raises(RuntimeError):
             with L.hold_pair_leases(targets, owner="op", purpose="deploy", ttl_s=600) as held:
-                assert [l.host for l in held.leases] == ["lab-native", "lab-rpc"]
+                assert [lease.host for lease in held.leases] == ["lab-native", "lab-rpc"]
                 for tr, root in targets:
                     assert L.lease_state(tr, root).state == "held"
                 raise RuntimeError("deploy failed")

@@ -26,14 +26,18 @@ add_executable(ggml-rpc-server rpc.c)
 add_executable(test-backend-ops tbo.c)
 add_executable(unrelated rpc.c)
 """
-SERVER = r"""#include <stdio.h>
+SERVER = (
+    r"""#include <stdio.h>
 #include <string.h>
 int main(int argc, char **argv) {
-  if (argc > 1 && !strcmp(argv[1], "--version")) { fprintf(stderr, "version: 0 (build %d, commit %s)\n", NUMBER, COMMIT); return 0; }
-  if (argc > 1 && !strcmp(argv[1], "--help")) { printf("--rpc SERVERS   comma separated list of RPC servers\n"); return 0; }
+  if (argc > 1 && !strcmp(argv[1], "--version")) { """
+    r"""fprintf(stderr, "version: 0 (build %d, commit %s)\n", NUMBER, COMMIT); return 0; }
+  if (argc > 1 && !strcmp(argv[1], "--help")) { """
+    r"""printf("--rpc SERVERS   comma separated list of RPC servers\n"); return 0; }
   return 1;
 }
 """
+)
 TARGET = """name: cpu-fake
 backend: cpu
 cmake_flags: {CMAKE_BUILD_TYPE: Release}

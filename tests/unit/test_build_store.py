@@ -32,7 +32,8 @@ def _install(store: PackageStore, pid: str = "lab-9d37488533-cpu-lab") -> Packag
     m = PackageManifest(
         id=pid, revision=REV, tree=TREE, build_number=1, build_info="b1-9d37488533", source_diff="",
         target=TargetRecord(name="cpu-lab", spec={}), cmake_flags={"GGML_RPC": "ON"}, toolchain={"cmake": "3.25.1"},
-        build_host="h", build_cache_key="k", started_at="t0", finished_at="t1", files=files, content_digest=content_digest(files),
+        build_host="h", build_cache_key="k", started_at="t0", finished_at="t1", files=files,
+        content_digest=content_digest(files),
     )  # fmt: skip
     store.install(tmp, m)
     return m

@@ -93,7 +93,8 @@ def _fake_nvcc(tmp: Path, version: str, arches: str) -> Path:
     script.parent.mkdir()
     script.write_text(
         "#!/bin/sh\n"
-        f'case "$1" in --version) cat "{tmp}/version.txt";; --list-gpu-arch) cat "{tmp}/arches.txt";; *) exit 2;; esac\n'
+        f'case "$1" in --version) cat "{tmp}/version.txt";; '
+        f'--list-gpu-arch) cat "{tmp}/arches.txt";; *) exit 2;; esac\n'
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     return script.parent

@@ -104,6 +104,9 @@ def test_listening_inodes_from_proc_net_tcp():
 
 
 def test_config_arg_from_a_listener_title():
-    title = b"sshd: /usr/sbin/sshd -f /h/lab/hosts/n/sshd_config -E /h/lab/hosts/n/sshd.log [listener] 0 of 64-128 startups\0"
+    title = (
+        b"sshd: /usr/sbin/sshd -f /h/lab/hosts/n/sshd_config -E /h/lab/hosts/n/sshd.log "
+        b"[listener] 0 of 64-128 startups\0"
+    )
     assert config_arg(title) == "/h/lab/hosts/n/sshd_config"
     assert config_arg(b"/usr/sbin/sshd\0-D\0") is None

@@ -303,7 +303,7 @@ def test_hold_pair_leases_releases_on_every_path(tmp_path) -> None:
     a.mkdir(), b.mkdir()
     pair = [(LocalTransport("n"), str(a)), (LocalTransport("r"), str(b))]
     with L.hold_pair_leases(pair, owner="op", purpose="deploy", ttl_s=60) as held:
-        assert [l.host for l in held.leases] == ["n", "r"]
+        assert [lease.host for lease in held.leases] == ["n", "r"]
         assert all(L.lease_state(t, r).state == "held" for t, r in pair)
         assert [h["owner"] for h in held.public()["hosts"]] == ["op", "op"] and "nonce" not in str(held.public())
     assert all(L.lease_state(t, r).state == "free" for t, r in pair)

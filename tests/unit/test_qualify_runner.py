@@ -19,11 +19,11 @@ from orchestrator.errors import CheckFailed, EvidenceError, RollbackFailed
 from orchestrator.evidence.receipt import parse_time
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.qualify.plan import load_plan
-
-PLAN = str(Path(__file__).parent / "data" / "qualify" / "lab-uncalibrated.yaml")  # 3 pairs, 1 repeat, no calibration
 from orchestrator.qualify.report import load_record, write_report
 from orchestrator.qualify.runner import ActiveArm, ArmPackages, Hooks, run_qualification
 from orchestrator.server.models import CompletionResult, StreamChunk, Timings
+
+PLAN = str(Path(__file__).parent / "data" / "qualify" / "lab-uncalibrated.yaml")  # 3 pairs, 1 repeat, no calibration
 
 BASE = ArmPackages("base-n", "base-r")
 CAND = ArmPackages("cand-n", "cand-r")
