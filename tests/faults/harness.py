@@ -66,6 +66,9 @@ def accept_args() -> list[str]:
 
 # what a deploy may end with: passed, host/host key, leased, package, rolled back, rollback failed
 DEPLOY_EXITS = {0, 4, 5, 6, 7, 8}
+# a deploy whose pair was accepted but whose leases could not be released is a failed run (exit 1,
+# issue 21: a failed release-lease is never a warning)
+RELEASE_FAILED_EXIT = 1
 
 
 # -- the pair ----------------------------------------------------------------------------------
@@ -679,10 +682,11 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             cell.problems.append(f"the faulted deploy hung past {RUN_TIMEOUT_S}s")
         cell.first = "killed" if rc == -signal.SIGKILL else f"exit {rc}"
         cell.first_said = err.strip()[-600:]
-        if rc not in DEPLOY_EXITS and rc != -signal.SIGKILL:
+        documented = DEPLOY_EXITS | ({RELEASE_FAILED_EXIT} if step == "release-lease" else set())
+        if rc not in documented and rc != -signal.SIGKILL:
             cell.problems.append(
                 f"the faulted deploy exited {rc}, not one of deploy's documented outcomes "
-                f"{sorted(DEPLOY_EXITS)}: {err.strip()[-300:]}"
+                f"{sorted(documented)}: {err.strip()[-300:]}"
             )
         if "Traceback" in err:
             cell.problems.append("a traceback reached the user: " + err[-800:])
