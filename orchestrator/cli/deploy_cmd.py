@@ -1,18 +1,36 @@
-"""`pairctl deploy`: activate a matched pair, verify it, accept it; roll back on failure."""
+"""`pairctl deploy`: activate a matched pair, verify it, accept it; roll back on failure.
+
+With `--rev REV` it is a rollout (orchestrator/ops/rollout.py): the packages of REV per pair,
+canary first, in waves, each pair through the same single-pair deploy."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import get_ctx
+from orchestrator.cli.context import get_ctx, resolve_path
 
 
 def deploy(
     ctx: typer.Context,
-    pair: str = opts.PAIR,
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    rev: str | None = typer.Option(
+        None,
+        "--rev",
+        metavar="REV",
+        help="Deploy the packages built from REV (per pair: its native and RPC targets and profile); a rollout.",
+    ),
+    source: Path | None = typer.Option(
+        None, "--source", metavar="DIR", help="Git repository REV is resolved in (default: the lab source)."
+    ),
+    canary: str | None = opts.CANARY,
+    serial: int = opts.SERIAL,
+    max_fail: int = opts.MAX_FAIL,
+    pause: float = opts.PAUSE,
     native: str | None = opts.NATIVE,
     rpc: str | None = opts.RPC,
     packages: tuple[str, str] | None = opts.PACKAGES,
@@ -26,27 +44,68 @@ def deploy(
         help="Run the packages' kernel validation cases on both hosts after upload, before anything running changes.",
     ),
 ) -> None:
-    """Deploy --native ID + --rpc ID (one revision) on PAIR (playbooks/deploy.yaml). Exit 7: failed
-    and rolled back; 8: the rollback failed too (hosts stopped, leases kept)."""
+    """Deploy --native ID + --rpc ID (one revision) on PAIR (playbooks/deploy.yaml), or with --rev REV
+    across --pair A --pair B ... | --all: --canary first and alone, then --serial N pairs at a time,
+    no new pair after --max-fail K failures; pairs already on REV and accepted are skipped, so a re-run
+    continues. Exit 7: failed and rolled back; 8: the rollback failed too (hosts stopped, leases kept).
+
+    \b
+    With --rev (a fleet): 0 every pair on REV; 7 some rolled back; 8 any rollback failed;
+    5 some skipped because leased; 6 a package of REV is missing (nothing started);
+    otherwise the exit code of a pair refused before any change.
+    """
+    c = get_ctx(ctx)
+    if rev is not None:
+        if native or rpc or packages:
+            raise typer.BadParameter("give --rev or package ids, not both", param_hint="--rev")
+        from orchestrator.cli.fleet_cmd import run_fleet  # start-up: the engine loads only when a rollout runs
+
+        run_fleet(
+            c,
+            "deploy",
+            pair,
+            all_pairs,
+            rev=rev,
+            source=resolve_path(source) if source else None,
+            profile=profile,
+            canary=canary,
+            serial=serial,
+            max_fail=max_fail,
+            pause=pause,
+            dry_run=dry_run,
+            skip_accept=skip_accept,
+            checks=tuple(opts.names(checks)),
+            kernel_check=kernel_check,
+        )
+        return
+    if all_pairs or len(pair or []) != 1 or canary:
+        raise typer.BadParameter(
+            "package ids deploy one pair (--pair P); several pairs or --all deploy a revision (--rev REV)",
+            param_hint="--pair",
+        )
     ids = opts.package_ids(native, rpc, packages)
     # start-up: the engine (SSH stack) loads when a deploy runs, never for `deploy --help`
+    from orchestrator.cli.fleet_cmd import fire_deploy_hook
     from orchestrator.engine.deploy import deploy as run_deploy
     from orchestrator.engine.render import print_plan, print_result, progress_printer
 
-    c = get_ctx(ctx)
-    result = run_deploy(
-        c.home,
-        c.inventory(),
-        pair,
-        ids,
-        profile_name=profile,
-        dry_run=dry_run,
-        skip_accept=skip_accept,
-        checks=tuple(opts.names(checks)),
-        kernel_check=kernel_check,
-        argv=["pairctl", *sys.argv[1:]],
-        on_step=None if c.json_output else progress_printer(c.console),
-    )
+    name = (pair or [""])[0]
+    inv = c.inventory()
+    with fire_deploy_hook(c, inv, name, ids, enabled=not dry_run) as hook:
+        result = run_deploy(
+            c.home,
+            inv,
+            name,
+            ids,
+            profile_name=profile,
+            dry_run=dry_run,
+            skip_accept=skip_accept,
+            checks=tuple(opts.names(checks)),
+            kernel_check=kernel_check,
+            argv=["pairctl", *sys.argv[1:]],
+            on_step=None if c.json_output else progress_printer(c.console),
+        )
+        hook["receipt"] = result.receipt
     if c.json_output:
         c.emit_json(result.to_dict())
     elif dry_run:

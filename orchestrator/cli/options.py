@@ -162,6 +162,14 @@ PACKAGES = typer.Option(
     help="Both package ids at once (same as --native ID --rpc ID); an id never starts with '-'.",
 )
 
+# Rollouts (deploy --rev, rollback over several pairs): orchestrator/ops/rollout.py.
+CANARY = typer.Option(
+    None, "--canary", metavar="PAIR", help="Deploy and accept this pair alone first; stop if it fails."
+)
+SERIAL = typer.Option(1, "--serial", min=1, metavar="N", help="Pairs per wave (a wave's pairs run in parallel).")
+MAX_FAIL = typer.Option(1, "--max-fail", min=1, metavar="K", help="Start no more pairs after K failures.")
+PAUSE = typer.Option(0.0, "--pause", min=0.0, metavar="S", help="Seconds to wait between waves.")
+
 
 def parallel(default: int, what: str) -> Any:
     return typer.Option(default, "--parallel", min=1, metavar="N", help=f"{what} at once.")

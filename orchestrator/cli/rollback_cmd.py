@@ -1,4 +1,4 @@
-"""`pairctl rollback`: put the route record's previous pair back and verify it."""
+"""`pairctl rollback`: put the route record's previous pair back and verify it (one pair or many)."""
 
 from __future__ import annotations
 
@@ -10,20 +10,43 @@ from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 
-def rollback(ctx: typer.Context, pair: str = opts.PAIR) -> None:
+def rollback(
+    ctx: typer.Context,
+    pair: list[str] | None = opts.PAIRS,
+    all_pairs: bool = opts.ALL_PAIRS,
+    canary: str | None = opts.CANARY,
+    serial: int = opts.SERIAL,
+    max_fail: int = opts.MAX_FAIL,
+    pause: float = opts.PAUSE,
+    dry_run: bool = typer.Option(False, "--dry-run", help="Several pairs: print the waves; change nothing."),
+) -> None:
     """Swap PAIR back to its previous pair (playbooks/rollback.yaml), restarted with argv
     rendered now from the inventory and its profile. Exit 6 (nothing changed) when the route
     record or links are damaged, unsigned or disagree (`pairctl repair` rebuilds the record);
-    exit 8 if the rollback fails (hosts stopped, leases kept)."""
+    exit 8 if the rollback fails (hosts stopped, leases kept).
+
+    \b
+    Several --pair or --all: in waves like `deploy --rev` (--canary, --serial, --max-fail, --pause),
+    each pair with its own leases and receipt, one fleet receipt naming them. Exit 0 all rolled back;
+    8 any rollback failed; 5 some skipped because leased; else the code of a pair refused.
+    """
+    c = get_ctx(ctx)
+    if all_pairs or len(pair or []) != 1 or canary or dry_run:
+        from orchestrator.cli.fleet_cmd import run_fleet  # start-up: the engine loads only when it runs
+
+        run_fleet(
+            c, "rollback", pair, all_pairs, canary=canary, serial=serial, max_fail=max_fail, pause=pause,
+            dry_run=dry_run,
+        )  # fmt: skip
+        return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
     from orchestrator.engine.deploy import rollback as run_rollback
     from orchestrator.engine.render import print_result, progress_printer
 
-    c = get_ctx(ctx)
     result = run_rollback(
         c.home,
         c.inventory(),
-        pair,
+        (pair or [""])[0],
         argv=["pairctl", *sys.argv[1:]],
         on_step=None if c.json_output else progress_printer(c.console),
     )

@@ -108,12 +108,33 @@ class PairSpec(StrictModel):
         return self
 
 
+HookEvent = Literal[
+    "deploy.passed",
+    "deploy.rolled_back",
+    "deploy.rollback_failed",
+    "accept.scheduled_failed",
+    "accept.scheduled_skipped",
+    "fleet.finished",
+]
+
+
+class HookSpec(StrictModel):
+    """A command run on the operator's machine on events (orchestrator/ops/hooks.py): argv, never
+    a shell line; the event arrives as one JSON document on stdin; its failure never changes the
+    outcome of the run that fired it."""
+
+    on: list[HookEvent] = Field(min_length=1, description="events that run it")
+    argv: list[str] = Field(min_length=1, description="program and arguments (no shell); secrets in files, not here")
+    timeout_s: float = Field(default=10.0, gt=0, le=600, description="killed after this many seconds")
+
+
 class Inventory(StrictModel):
     known_hosts: str = Field(default="~/.ssh/known_hosts", description="strict host-key checking against this file")
     use_ssh_config: bool = Field(default=False, description="fill user/port/key left out here from ~/.ssh/config")
     keep_releases: int = Field(default=5, ge=1, description="releases kept per host by deploy and `releases prune`")
     hosts: dict[str, HostSpec]
     pairs: dict[str, PairSpec] = Field(default_factory=dict)
+    hooks: list[HookSpec] = Field(default_factory=list, description="commands run on events (deploy, accept, fleet)")
 
     @model_validator(mode="after")
     def _check(self) -> Inventory:

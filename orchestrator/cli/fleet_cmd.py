@@ -1,0 +1,136 @@
+"""What `deploy --rev` and `rollback` over several pairs share: resolve, roll out, print, exit.
+
+Imported only when such a run starts (the engine and the SSH stack come with it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import typer
+
+from orchestrator.cli.context import Ctx
+from orchestrator.config.inventory import HookEvent, Inventory
+from orchestrator.errors import RollbackFailed, RolledBack
+from orchestrator.ops.fleet import select_pairs
+from orchestrator.ops.hooks import event_document, run_hooks
+from orchestrator.ops.revision import resolve_commit, resolve_packages
+from orchestrator.ops.rollout import RolloutOptions, RolloutResult, check_options, rollout
+
+
+def run_fleet(
+    c: Ctx,
+    command: str,
+    pair: list[str] | None,
+    all_pairs: bool,
+    *,
+    rev: str | None = None,
+    source: Path | None = None,
+    profile: str | None = None,
+    canary: str | None = None,
+    serial: int = 1,
+    max_fail: int = 1,
+    pause: float = 0.0,
+    dry_run: bool = False,
+    skip_accept: bool = False,
+    checks: tuple[str, ...] = (),
+    kernel_check: bool = False,
+) -> None:
+    inv = c.inventory()
+    pairs = select_pairs(inv, pair, all_pairs)
+    if canary is not None and canary not in pairs:
+        if pair:  # --pair lists name the rollout; a canary outside it is a typo, not an addition
+            raise typer.BadParameter(f"{canary} is not one of the --pair values", param_hint="--canary")
+        inv.pair(canary)
+    options = RolloutOptions(
+        canary=canary,
+        serial=serial,
+        max_fail=max_fail,
+        pause_s=pause,
+        skip_accept=skip_accept,
+        checks=checks,
+        kernel_check=kernel_check,
+    )
+    check_options(options)
+    commit = packages = None
+    if command == "deploy":
+        assert rev is not None
+        commit = resolve_commit(c.home, rev, source)
+        packages = resolve_packages(c.home, inv, pairs, rev, commit, profile_override=profile, source=source)
+
+    def say(line: str) -> None:
+        if not c.json_output:
+            print(line, file=sys.stderr, flush=True)
+
+    result = rollout(
+        c.home,
+        inv,
+        pairs,
+        command=command,
+        packages=packages,
+        rev=rev,
+        commit=commit,
+        options=options,
+        argv=["pairctl", *sys.argv[1:]],
+        dry_run=dry_run,
+        say=say,
+    )
+    if c.json_output:
+        c.emit_json(result.as_dict())
+    else:
+        print_rollout(c, result)
+    code = 0 if dry_run else result.exit_code()
+    if code:
+        raise typer.Exit(code)
+
+
+def print_rollout(c: Ctx, r: RolloutResult) -> None:
+    out = c.console
+    head = f"{'dry run: ' if r.dry_run else ''}fleet {r.command}"
+    if r.rev:
+        head += f" --rev {r.rev} ({(r.commit or '')[:10]})"
+    o = r.options
+    out.print(f"{head}; canary {o.canary or 'none'}, serial {o.serial}, max-fail {o.max_fail}", markup=False)
+    for i, w in enumerate(r.waves):
+        out.print(f"  wave {i + 1}: {', '.join(w)}", markup=False)
+    for p in r.pairs:
+        pk = " + ".join(p.packages) if p.packages else ""
+        line = f"  {p.pair:<12} {p.outcome:<16} {pk}" + (f" ({p.profile})" if p.profile else "")
+        if p.reason:
+            line += f"  {p.reason}"
+        if p.receipt:
+            line += f"  receipt {p.receipt}"
+        out.print(line, markup=False, highlight=False)
+        if p.error:
+            out.print(f"      {p.error.splitlines()[0]}", markup=False, highlight=False)
+    bad_hooks = [h for p in r.pairs for h in p.hooks if not h["ok"]] + [h for h in r.hooks if not h["ok"]]
+    for h in bad_hooks:
+        out.print(f"  hook {h['argv0']} on {h['event']} failed: {h['error']}", markup=False)
+    if not r.dry_run:
+        out.print(f"exit {r.exit_code()}; fleet receipt {r.receipt}; {r.wall_s:.1f} s", markup=False)
+
+
+@contextmanager
+def fire_deploy_hook(
+    c: Ctx, inv: Inventory, pair: str, ids: tuple[str, str], *, enabled: bool = True
+) -> Iterator[dict[str, str | None]]:
+    """A single-pair deploy fires deploy.passed / rolled_back / rollback_failed too; a hook's
+    failure is recorded in logs/hooks.jsonl and never changes the deploy's outcome."""
+    event: HookEvent | None = None
+    box: dict[str, str | None] = {"receipt": None}  # the caller puts the passed deploy's receipt here
+    text = ""
+    try:
+        yield box
+        event, text = "deploy.passed", f"pairctl deploy {pair}: passed"
+    except (RolledBack, RollbackFailed) as exc:
+        event = "deploy.rolled_back" if isinstance(exc, RolledBack) else "deploy.rollback_failed"
+        box["receipt"] = getattr(exc, "receipt", None)
+        text = f"pairctl deploy {pair}: {event.split('.')[1].replace('_', ' ')} ({exc.message.splitlines()[0][:200]})"
+        raise
+    finally:
+        if enabled and event is not None and inv.hooks:
+            doc = event_document(event, text, command="deploy", pair=pair, packages=list(ids), receipt=box["receipt"])
+            run_hooks(c.home, inv, doc)

@@ -1,0 +1,77 @@
+"""Hooks: the inventory's commands run on the operator's machine when something happens.
+
+Like Capistrano's `failed` hooks or Kamal's hooks, for people (a chat message when an
+unattended run rolls back). A hook is argv, never a shell line; the event is one JSON document
+on its stdin; it is killed after its timeout. What it did (exit status, seconds, the tail of its
+stderr) is recorded where the caller keeps evidence and in `<home>/logs/hooks.jsonl`; a hook
+that fails, hangs or cannot start never changes the outcome of the run that fired it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from orchestrator.config.inventory import HookEvent, Inventory
+from orchestrator.evidence.masking import mask_text
+from orchestrator.paths import Home
+
+_TAIL = 400
+
+
+def event_document(event: HookEvent, text: str, **fields: Any) -> dict[str, Any]:
+    """The JSON a hook reads: `event`, a one-line `text` (what a chat webhook shows), the time,
+    and the event's own fields (pair, receipt, outcome ...)."""
+    return {"event": event, "text": text, "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **fields}
+
+
+def run_hooks(home: Home, inventory: Inventory, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run every hook declared for `doc["event"]`, one after the other; never raises."""
+    records = []
+    for hook in inventory.hooks:
+        if doc["event"] not in hook.on:
+            continue
+        records.append(_run_one(list(hook.argv), hook.timeout_s, doc))
+    if records:
+        _log(home, records)
+    return records
+
+
+def _run_one(argv: list[str], timeout_s: float, doc: dict[str, Any]) -> dict[str, Any]:
+    rec: dict[str, Any] = {"event": doc["event"], "argv0": argv[0], "ok": False, "exit_code": None, "error": None}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(
+            argv,
+            input=json.dumps(doc, sort_keys=True).encode(),
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        rec["exit_code"] = proc.returncode
+        rec["ok"] = proc.returncode == 0
+        if proc.returncode != 0:
+            tail = proc.stderr.decode(errors="replace")[-_TAIL:].strip()
+            rec["error"] = f"exit {proc.returncode}: " + mask_text(tail)
+    except subprocess.TimeoutExpired:
+        rec["error"] = f"killed after its timeout of {timeout_s:g} s"
+    except OSError as exc:
+        rec["error"] = f"could not start {argv[0]!r}: {exc.strerror or exc}"
+    rec["seconds"] = round(time.monotonic() - t0, 3)
+    return rec
+
+
+def _log(home: Home, records: list[dict[str, Any]]) -> None:
+    """Append to `<home>/logs/hooks.jsonl` (0600): best effort, a hook's record never fails a run."""
+    try:
+        home.logs.mkdir(parents=True, exist_ok=True)
+        fd = os.open(home.logs / "hooks.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
+            for r in records:
+                f.write(json.dumps({"at": datetime.now(UTC).isoformat(), **r}, sort_keys=True) + "\n")
+    except OSError:
+        pass

@@ -1,0 +1,119 @@
+"""A rollout of one revision over the three lab3 pairs (six real sshd hosts, real servers), issue 19.
+
+Canary lab1, serial 1, max-fail 1, lab2's profile broken (llama-server cannot load): lab1 goes to
+REV and is accepted, lab2 rolls back to the baseline, lab3 is not started, and the fleet receipt
+says all of it; after the profile is fixed the same command skips lab1 and finishes the rollout.
+Hooks receive every event on stdin; a failing hook changes nothing. Only lab3 (127.0.0.12-17).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.plugins.packages import REV_B_TAG, build_package
+from tests.plugins.pairs import deploy_baseline, lab_status
+
+pytestmark = pytest.mark.e2e
+
+CHECKS = "identity,cached_continuation"
+PAIRS = ("lab1", "lab2", "lab3")
+HOOK = "import json, sys; open(sys.argv[1], 'a').write(json.dumps(json.load(sys.stdin)) + '\\n')"
+
+
+def _inventory(src: Path, dest: Path, log: Path, *, lab2_profile: str) -> str:
+    inv = yaml.safe_load(src.read_text())
+    inv["pairs"]["lab2"]["profile"] = lab2_profile
+    inv["hooks"] = [
+        {
+            "on": ["deploy.passed", "deploy.rolled_back", "deploy.rollback_failed", "fleet.finished"],
+            "argv": [sys.executable, "-c", HOOK, str(log)],
+            "timeout_s": 20,
+        },
+        {"on": ["fleet.finished"], "argv": [sys.executable, "-c", "import sys; sys.exit(3)"], "timeout_s": 5},
+    ]
+    dest.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return str(dest)
+
+
+def _active(cli, pair: str, inv: str) -> list[str] | None:
+    return (lab_status(cli, pair, inv).get("route") or {}).get("active_packages")
+
+
+def test_rollout_canary_serial_max_fail_then_continue(cli, lab3, lab_packages, lab_packages_b, pairctl_home, tmp_path):
+    base, cand = lab_packages.id, lab_packages_b.id
+    log = tmp_path / "hooks.jsonl"
+    inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab-unloadable")
+    for p in PAIRS:
+        deploy_baseline(cli, base, pair=p, inventory=inv)
+    rollout = ("deploy", "--rev", REV_B_TAG, "--all", "--canary", "lab1", "--serial", "1", "--max-fail", "1")
+    rollout += ("--checks", CHECKS)
+
+    # 1. a package of REV missing for lab2's profile: refused before anything starts, naming the build
+    r = cli("--json", *rollout, inventory=inv)
+    assert r.exit_code == 6, r.output
+    err = json.loads(r.stdout)["error"]
+    want = f"pairctl build --rev {REV_B_TAG} --target cpu-lab --profile lab-unloadable"
+    assert want in err["hint"], err
+    assert "lab2" in err["message"] and "nothing was started" in err["message"]
+    assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
+    broken = build_package(pairctl_home, REV_B_TAG, profile="lab-unloadable")  # the hint's command (cache hit)
+
+    # 2. dry run: waves, skips, packages; nothing changes
+    r = cli("--json", *rollout, "--dry-run", inventory=inv)
+    assert r.exit_code == 0, r.output
+    dry = json.loads(r.stdout)
+    assert dry["dry_run"] and dry["plan"]["waves"] == [["lab1"], ["lab2"], ["lab3"]]
+    assert dry["plan"]["packages"] == {"lab1": [cand, cand], "lab2": [broken.id, broken.id], "lab3": [cand, cand]}
+    assert dry["receipt"] is None and _active(cli, "lab1", inv) == [base, base]
+
+    # 3. the rollout: canary passes, lab2 rolls back, lab3 is never started (--max-fail 1)
+    r = cli("--json", *rollout, inventory=inv)
+    assert r.exit_code == 7, r.output
+    out = json.loads(r.stdout)
+    got = {p["pair"]: p for p in out["pairs"]}
+    assert {p: got[p]["outcome"] for p in PAIRS} == {"lab1": "passed", "lab2": "rolled-back", "lab3": "not-started"}
+    assert "--max-fail 1" in got["lab3"]["reason"] and got["lab3"]["receipt"] is None
+    assert _active(cli, "lab1", inv) == [cand, cand]  # the canary stays on REV
+    assert _active(cli, "lab2", inv) == [base, base]  # rolled back, verified
+    assert _active(cli, "lab3", inv) == [base, base]  # untouched
+    fleet = json.loads(cli("--json", "receipts", "show", out["receipt"]).stdout)
+    assert fleet["command"] == "fleet deploy" and fleet["outcome"] == "failed" and fleet["exit_code"] == 7
+    assert fleet["plan"]["waves"] == [["lab1"], ["lab2"], ["lab3"]] and fleet["plan"]["canary"] == "lab1"
+    recorded = {p["pair"]: p for p in fleet["pairs"]}
+    for p in ("lab1", "lab2"):  # each pair's own deploy receipt, named by the fleet receipt
+        assert recorded[p]["receipt"] == got[p]["receipt"]
+        own = json.loads(cli("--json", "receipts", "show", got[p]["receipt"]).stdout)
+        assert own["command"] == "deploy" and own["pair"] == p
+        assert own["outcome"] == ("passed" if p == "lab1" else "failed")
+    # hooks: one JSON document per event on stdin; the failing hook is recorded, the outcome unchanged
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["event"], e.get("pair")) for e in events] == [
+        ("deploy.passed", "lab1"),
+        ("deploy.rolled_back", "lab2"),
+        ("fleet.finished", None),
+    ]
+    assert events[1]["receipt"] == got["lab2"]["receipt"] and events[2]["exit_code"] == 7
+    assert [h["ok"] for h in out["hooks"]] == [True, False] and "exit 3" in out["hooks"][1]["error"]
+
+    # 4. the profile fixed, the same command continues: lab1 skipped, lab2 and lab3 deployed
+    _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab")
+    r = cli("--json", *rollout, inventory=inv)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    got = {p["pair"]: p for p in out["pairs"]}
+    assert {p: got[p]["outcome"] for p in PAIRS} == {"lab1": "skipped", "lab2": "passed", "lab3": "passed"}
+    assert "already on" in got["lab1"]["reason"] and out["plan"]["waves"] == [["lab2"], ["lab3"]]
+    assert all(_active(cli, p, inv) == [cand, cand] for p in PAIRS)
+
+    # 5. rollback --all in one wave: every pair back on the baseline, one fleet receipt
+    r = cli("--json", "rollback", "--all", "--serial", "3", inventory=inv)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["plan"]["waves"] == [["lab1", "lab2", "lab3"]]
+    assert {p["outcome"] for p in out["pairs"]} == {"passed"}
+    assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
