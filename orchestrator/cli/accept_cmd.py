@@ -60,7 +60,9 @@ def accept(
     """
     # start-up: the checks (HTTP client, SSH stack) load when acceptance runs, never for `--help`
     from orchestrator.checks.runner import AcceptRequest, accept_pair, render_table
+    from orchestrator.errors import Skipped
     from orchestrator.ops.fleet import fan_out, select_pairs
+    from orchestrator.ops.hooks import event_document, run_hooks
 
     c = get_ctx(ctx)
     inv = c.inventory()
@@ -78,7 +80,21 @@ def accept(
             scheduled=scheduled,
             profile=profile,
         )
-        return accept_pair(c.home, inv, req)
+        if not scheduled or not inv.hooks:
+            return accept_pair(c.home, inv, req)
+        try:
+            got = accept_pair(c.home, inv, req)
+        except Skipped as exc:
+            text = f"pairctl scheduled accept {name}: skipped ({exc.message})"
+            doc = event_document("accept.scheduled_skipped", text, pair=name, reason=exc.message)
+            run_hooks(c.home, inv, doc)
+            raise
+        if not got.suite.passed:
+            bad = ", ".join(r.name for r in got.suite.failed())
+            text = f"pairctl scheduled accept {name}: FAILED ({bad})"
+            doc = event_document("accept.scheduled_failed", text, pair=name, failed=bad, receipt=got.receipt)
+            run_hooks(c.home, inv, doc)
+        return got
 
     if len(pairs) == 1 and not all_pairs:
         outcome = one(pairs[0])

@@ -59,6 +59,42 @@ class RunOutput(_Open):
     error: ErrorInfo | None = None
 
 
+class FleetPairRow(_Open):
+    """One pair of a rollout: passed | skipped | rolled-back | rollback-failed | leased | refused |
+    not-started (before a run: the planned `deploy` / `rollback`, or skipped), its own receipt."""
+
+    pair: str
+    wave: int | None
+    outcome: str
+    packages: list[str] | None
+    profile: str | None
+    reason: str | None
+    receipt: str | None
+    exit_code: int
+    error: str | None
+    wall_s: float
+    hooks: list[dict[str, Any]]
+
+
+class FleetRunOutput(_Open):
+    """deploy --rev REV (any number of pairs), rollback over several pairs: the plan (waves,
+    skipped pairs and why, packages per pair), every pair's row, and the fleet receipt."""
+
+    command: str
+    fleet: bool
+    dry_run: bool
+    rev: str | None
+    commit: str | None
+    plan: dict[str, Any]
+    pairs: list[FleetPairRow]
+    outcome: str
+    exit_code: int
+    receipt: str | None
+    hooks: list[dict[str, Any]]
+    wall_s: float
+    error: ErrorInfo | None = None
+
+
 class HostStatus(_Open):
     role: str
     current: str | None
@@ -163,6 +199,8 @@ OUTPUTS: dict[str, Any] = {
     "error": Failed,
     "deploy": RunOutput,
     "rollback": RunOutput,
+    "deploy-fleet": FleetRunOutput,
+    "rollback-fleet": FleetRunOutput,
     "status": StatusOutput,
     "status-fleet": FleetStatusOutput,
     "build": list[BuildRow],
