@@ -99,6 +99,7 @@ class RolloutResult:
     receipt: str | None = None
     wall_s: float = 0.0
     hooks: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, Any] = field(default_factory=dict)  # status_s (the skip reads), waves_s
 
     def exit_code(self) -> int:
         return fleet_exit_code([p.outcome for p in self.pairs], [p.exit_code for p in self.pairs])
@@ -131,6 +132,7 @@ class RolloutResult:
             "exit_code": 0 if self.dry_run else code,
             "receipt": self.receipt,
             "hooks": self.hooks,
+            "timings": self.timings,
             "wall_s": round(self.wall_s, 3),
         }
 
@@ -203,13 +205,15 @@ def rollout(
     if packages is not None:
         for p, pp in packages.items():
             runs[p].packages, runs[p].profile = list(pp.ids), pp.profile
-        _mark_skips(home, inventory, packages, runs, options)
+    _mark_skips(home, inventory, pairs, packages, runs)
+    t_status = time.monotonic() - t0
     waves = [[p for p in w if runs[p].outcome != SKIPPED] for w in waves_all]
     waves = [w for w in waves if w]
     for i, w in enumerate(waves):
         for p in w:
             runs[p].wave = i
     result = RolloutResult(command, rev, commit, options, waves, [runs[p] for p in pairs], dry_run=dry_run)
+    result.timings = {"status_s": round(t_status, 3), "waves_s": []}
     if dry_run:
         result.wall_s = time.monotonic() - t0
         return result
@@ -229,6 +233,7 @@ def rollout(
         journal.finish("aborted" if not isinstance(exc, Exception) else "failed", str(exc) or type(exc).__name__)
         raise
     journal.set("pairs", [r.as_dict() for r in result.pairs])
+    journal.set("timings", result.timings)
     code = result.exit_code()
     summary = _summary(result)
     journal.set("exit_code", code)
@@ -249,19 +254,38 @@ def rollout(
 
 
 def _mark_skips(
-    home: Home, inventory: Inventory, packages: dict[str, PairPackages], runs: dict[str, PairRun], o: RolloutOptions
+    home: Home,
+    inventory: Inventory,
+    pairs: list[str],
+    packages: dict[str, PairPackages] | None,
+    runs: dict[str, PairRun],
 ) -> None:
-    """Read each pair's status (a read, bounded in parallel) and mark those already on REV."""
-    names = list(packages)
-    got = fan_out(names, lambda p: pair_status(home, inventory, p), parallel=min(4, len(names)))
+    """Read each pair's status (a read, bounded in parallel) and mark the pairs with nothing to
+    do: for a deploy those already on REV; for a rollback those whose route record was last
+    written by a passed rollback (rolling back again would bring back what it replaced)."""
+    got = fan_out(pairs, lambda p: pair_status(home, inventory, p), parallel=min(4, len(pairs)))
+    rolled = _rollback_runs(home) if packages is None else {}
     for out in got.outcomes:
+        run = runs[out.pair]
         if out.value is None:
-            runs[out.pair].reason = f"status unreadable ({(out.error or '').splitlines()[0][:160]}): deploying"
+            run.reason = f"status unreadable ({(out.error or '').splitlines()[0][:160]}): trying anyway"
             continue
-        why = on_revision(out.value, packages[out.pair])
+        if packages is not None:
+            why = on_revision(out.value, packages[out.pair])
+        else:
+            by = (out.value.get("route") or {}).get("updated_by")
+            why = f"already rolled back by rollback run {by} (receipt {rolled[by][:12]})" if by in rolled else None
         if why is not None:
-            runs[out.pair].outcome = SKIPPED
-            runs[out.pair].reason = why
+            run.outcome, run.reason = SKIPPED, why
+
+
+def _rollback_runs(home: Home) -> dict[str, str]:
+    """run id -> receipt hash of every passed `rollback` run in this home's chains."""
+    out: dict[str, str] = {}
+    for summ in EvidenceStore(home.evidence).summaries():
+        if summ.get("command") == "rollback" and summ.get("outcome") == "passed" and summ.get("in_chain"):
+            out[str(summ.get("run_id"))] = str(summ.get("hash"))
+    return out
 
 
 def _run_waves(
@@ -286,8 +310,10 @@ def _run_waves(
             say(f"pausing {o.pause_s:g} s before wave {i + 1}")
             time.sleep(o.pause_s)
         say(f"wave {i + 1}/{len(result.waves)}: {', '.join(wave)}")
+        t_wave = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(wave), thread_name_prefix="rollout") as pool:
             done = list(pool.map(lambda p: _one(home, inventory, result, runs[p], argv), wave))
+        result.timings["waves_s"].append(round(time.monotonic() - t_wave, 3))
         for r in done:
             say(f"  {r.pair}: {r.outcome}{' (' + r.error.splitlines()[0][:160] + ')' if r.error else ''}")
         failures += sum(1 for r in done if r.outcome in FAILURES)

@@ -18,6 +18,7 @@ import yaml
 from orchestrator.build.manifest import package_id
 from orchestrator.build.store import PackageStore
 from orchestrator.cli.outputs import validate_output
+from orchestrator.lab.source import BASELINE_TAG
 from orchestrator.paths import Home
 from tests.plugins.packages import REV_B_TAG, build_package
 from tests.plugins.pairs import deploy_baseline, lab_status
@@ -34,7 +35,8 @@ def _inventory(src: Path, dest: Path, log: Path, *, lab2_profile: str) -> str:
     inv["pairs"]["lab2"]["profile"] = lab2_profile
     inv["hooks"] = [
         {
-            "on": ["deploy.passed", "deploy.rolled_back", "deploy.rollback_failed", "fleet.finished"],
+            "on": ["deploy.passed", "deploy.rolled_back", "deploy.rollback_failed", "fleet.finished"]
+            + ["accept.scheduled_skipped", "accept.scheduled_failed"],
             "argv": [sys.executable, "-c", HOOK, str(log)],
             "timeout_s": 20,
         },
@@ -127,4 +129,39 @@ def test_rollout_canary_serial_max_fail_then_continue(cli, lab3, lab_packages, l
     out = json.loads(r.stdout)
     assert out["plan"]["waves"] == [["lab1", "lab2", "lab3"]]
     assert {p["outcome"] for p in out["pairs"]} == {"passed"}
+    assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
+
+    # 6. the same rollback again: every pair was last changed by a passed rollback, so all are skipped
+    r = cli("--json", "rollback", "--all", "--serial", "3", inventory=inv)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert {p["outcome"] for p in out["pairs"]} == {"skipped"} and out["plan"]["waves"] == []
+    assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
+
+
+def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_packages, lab_packages_b, tmp_path):
+    """A pair leased by someone else is skipped (exit 5), the others finish; a scheduled acceptance
+    that finds it leased fires accept.scheduled_skipped."""
+    base, cand = lab_packages.id, lab_packages_b.id
+    log = tmp_path / "hooks.jsonl"
+    inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab")
+    took = cli("--json", "lease", "take", "lab1", "--purpose", "maintenance by another operator", inventory=inv)
+    assert took.exit_code == 0, took.output
+    nonce = json.loads(took.stdout)["nonce"]
+    try:
+        r = cli("--json", "deploy", "--rev", REV_B_TAG, "--all", "--serial", "3", "--checks", CHECKS, inventory=inv)
+        assert r.exit_code == 5, r.output
+        got = {p["pair"]: p for p in json.loads(r.stdout)["pairs"]}
+        assert got["lab1"]["outcome"] == "leased" and got["lab1"]["exit_code"] == 5
+        assert got["lab2"]["outcome"] in ("passed", "skipped") and got["lab3"]["outcome"] in ("passed", "skipped")
+        assert _active(cli, "lab1", inv) != [cand, cand] and _active(cli, "lab2", inv) == [cand, cand]
+        s = cli("--json", "accept", "--pair", "lab1", "--scheduled", "--checks", "identity", inventory=inv)
+        assert s.exit_code == 11, s.output
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        assert ("accept.scheduled_skipped", "lab1") in [(e["event"], e.get("pair")) for e in events]
+    finally:
+        cli("lease", "release", "lab1", "--nonce", nonce, inventory=inv)
+    # everything back on the baseline, by revision, in one wave
+    r = cli("--json", "deploy", "--rev", BASELINE_TAG, "--all", "--serial", "3", "--skip-accept", inventory=inv)
+    assert r.exit_code == 0, r.output
     assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
