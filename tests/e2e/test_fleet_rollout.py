@@ -82,6 +82,9 @@ def test_rollout_canary_serial_max_fail_then_continue(cli, lab3, lab_packages, l
     assert dry["dry_run"] and dry["plan"]["waves"] == [["lab1"], ["lab2"], ["lab3"]]
     assert dry["plan"]["packages"] == {"lab1": [cand, cand], "lab2": [broken.id, broken.id], "lab3": [cand, cand]}
     assert dry["receipt"] is None and _active(cli, "lab1", inv) == [base, base]
+    text = cli(*rollout, "--dry-run", inventory=inv)
+    assert text.exit_code == 0 and "wave 1: lab1" in text.stdout and "wave 3: lab3" in text.stdout, text.output
+    assert f"{broken.id} + {broken.id} (lab-unloadable)" in text.stdout
 
     # 3. the rollout: canary passes, lab2 rolls back, lab3 is never started (--max-fail 1)
     r = cli("--json", *rollout, inventory=inv)
