@@ -91,6 +91,7 @@ class FleetRunOutput(_Open):
     exit_code: int
     receipt: str | None
     hooks: list[dict[str, Any]]
+    timings: dict[str, Any]  # status_s (the reads that decide skips), waves_s (one per wave run)
     wall_s: float
     error: ErrorInfo | None = None
 

@@ -119,3 +119,43 @@ def test_hook_inventory_refuses_unknown_events_and_shell_strings():
         Inventory.model_validate({"hosts": {}, "hooks": [{"on": ["deploy.failed"], "argv": ["x"]}]})
     with pytest.raises(ValueError):
         Inventory.model_validate({"hosts": {}, "hooks": [{"on": ["fleet.finished"], "argv": "curl -d @- x"}]})
+
+
+# -- the command line refuses before any host is touched (no lab: the hosts do not exist) ----------
+
+
+def _pairctl(tmp_path, *args):
+    from tests.plugins.cli import run_cli
+
+    return run_cli(["--home", str(tmp_path / "home"), "--inventory", "lab3", "--json", *args])
+
+
+def test_deploy_rev_refuses_an_unresolvable_revision(tmp_path):
+    r = _pairctl(tmp_path, "deploy", "--rev", "no-such-tag", "--all")
+    assert r.exit_code == 6, r.output
+    err = json.loads(r.stdout)["error"]
+    assert "no source repository" in err["message"] and "--source DIR" in err["hint"]
+
+
+def test_deploy_rev_names_the_build_command_for_missing_packages(tmp_path):
+    rev = "ab" * 20
+    r = _pairctl(tmp_path, "deploy", "--rev", rev, "--pair", "lab1", "--pair", "lab3")
+    assert r.exit_code == 6, r.output
+    err = json.loads(r.stdout)["error"]
+    assert f"lab-{rev[:10]}-cpu-lab (for lab1, lab3)" in err["message"] and "nothing was started" in err["message"]
+    assert err["hint"] == f"build them first: pairctl build --rev {rev} --target cpu-lab --profile lab"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("deploy", "--pair", "lab1", "--pair", "lab2", "--packages", "a", "b"),  # ids are for one pair
+        ("deploy", "--all", "--native", "a", "--rpc", "b"),
+        ("deploy", "--rev", "x", "--packages", "a", "b", "--pair", "lab1"),
+        ("deploy", "--rev", "x", "--pair", "lab1", "--canary", "lab2"),  # canary outside the --pair list
+        ("deploy", "--rev", "x", "--all", "--serial", "0"),
+    ],
+)
+def test_rollout_usage_errors(tmp_path, args):
+    r = _pairctl(tmp_path, *args)
+    assert r.exit_code == 2, r.output
