@@ -5,12 +5,18 @@
 #   bash benchmarks/gpu/run.sh rtx    # facts, the rtx5060ti (sm_120) build: it must compile under CUDA 13 (~5 min)
 #   bash benchmarks/gpu/run.sh all    # both, for a machine with more than one call's time
 #   bash benchmarks/gpu/run.sh ref    # issue 15: baseline pair = reference, MMVF candidates judged by reference_logprobs,
-#                                     # the -lv 4 load log; resumable (done steps are skipped on a warm machine)
-#   bash benchmarks/gpu/run.sh aa     # issue 22: qualify --calibrate + A/A qualifications of the baseline (plan gpu)
+#                                     # the -lv 4 load log; resumable (done steps are skipped on a warm machine) (~8.5 min)
+#   bash benchmarks/gpu/run.sh aa     # issue 22: qualify --calibrate + A/A qualifications of the baseline (plan gpu;
+#                                     # calibration 80 s, one A/A 75 s); needs the ref phase's baseline on this machine
+#   bash benchmarks/gpu/run.sh refaa  # both, resuming: call it again on the warm machine until steps.log says "aa phase done"
+# `benchmarks/gpu/sections.py RAW_DIR` writes the H200 sections of docs/reference-answers.md and
+# docs/qualify-calibration.md from a ref/aa raw folder (run.sh leaves them under $OUT/docs too).
 #
 # Each phase stands alone (a later call may land on a fresh machine) and fits one 10-minute call:
 # a CUDA build of llama.cpp takes ~4 min of 16 cores, so two builds and the pair do not fit one call.
-# Carried (ignored) paths: .whl (Python wheels for the device's python3), .carry (the pinned sdist).
+# Carried (ignored) paths: .whl (Python wheels for the device's python3), .carry (the pinned sdist, and
+# .carry/ccache/: ccache.bin = a host's /usr/bin/ccache, the libhiredis it links (ldd), and a wrapper
+# script `ccache` that sets LD_LIBRARY_PATH; the device image has no ccache of its own).
 # Everything printed goes to $OUT/raw.tgz (or .gpu-out/); benchmarks/gpu/report.py turns one or more
 # such raw folders into docs/gpu-validation.md, so nothing in that file is typed by hand.
 set -uo pipefail
@@ -113,8 +119,10 @@ judge() {  # judge NAME PKG: deploy PKG as candidate (deploy's acceptance holds 
   echo "rc=$?" >>"$R/deploy-$n.log"
   if grep -q '^rc=0' "$R/deploy-$n.log"; then  # after a rejected deploy the baseline is active again: no accept of it
     pairctl --inventory gpu --json accept --pair gpu >"$R/accept-$n.json" 2>"$R/accept-$n.err"; echo "rc=$?" >>"$R/accept-$n.err"
-  else echo '{}' >"$R/accept-$n.json"; echo "rc=skipped (deploy rejected)" >"$R/accept-$n.err"; fi
-  note "$n: deploy $(rc_line "$R/deploy-$n.log"), accept $(rc_line "$R/accept-$n.err")"
+    # the candidate's own kernel cases (w4 is the launch the patch changes): whether its reduction moves the numbers
+    pairctl --inventory gpu --json kernels check --pair gpu >"$R/kernels-$n.json" 2>"$R/kernels-$n.err"; echo "rc=$?" >>"$R/kernels-$n.err"
+  else echo '{}' >"$R/accept-$n.json"; echo "rc=skipped (deploy rejected)" >"$R/accept-$n.err"; echo "rc=skipped" >"$R/kernels-$n.err"; fi
+  note "$n: deploy $(rc_line "$R/deploy-$n.log"), accept $(rc_line "$R/accept-$n.err"), kernels $(rc_line "$R/kernels-$n.err")"
 }
 rc_line() { grep '^rc=' "$1" | tail -1; }
 
@@ -141,7 +149,9 @@ ref() {  # issue 15 (Done when: the MMVF patch on CUDA passes the reference-logp
 aa() {  # issue 22: the H200 A/A noise floor (calibration, then A/A qualifications while the call has time)
   setup; ccache_setup
   B=$(cat "$STATE/base.pkg" 2>/dev/null) || { ref; B=$(cat "$STATE/base.pkg"); }
-  if [ ! -e "$R/calibrate.json" ]; then
+  # a qualify stopped by timeout keeps its lease (TERM does not release it): calibrate only with room for it
+  # (8 pairs took 80 s on the H200), and stop the A/A loop at the first run that ends in under 30 s (a refusal)
+  if [ ! -e "$R/calibrate.json" ] && [ "$(left)" -gt 200 ]; then
     note "qualify --calibrate, plan gpu, baseline $B in both arms"
     ( time timeout --kill-after=5 "$(( $(left) - 10 ))" python3 -m orchestrator --inventory gpu --json qualify --calibrate --pair gpu --baseline "$B" "$B" --plan gpu ) \
       >"$R/calibrate.json" 2>"$R/calibrate.err"; echo "rc=$?" >>"$R/calibrate.err"
@@ -151,16 +161,18 @@ aa() {  # issue 22: the H200 A/A noise floor (calibration, then A/A qualificatio
   need=$(python3 -c 'import json,sys
 d=json.load(open(sys.argv[1])); g=[x.get("needed_pairs") for x in (d.get("calibration") or d).get("gates", []) if isinstance(x, dict)]
 print(max([x for x in g if isinstance(x, int)] or [0]))' "$R/calibrate.json" 2>/dev/null || echo 0)
-  if [ "${need:-0}" -gt 6 ] && [ "$need" -le 14 ]; then  # the calibration stays valid for more pairs
-    sed "s/^pairs: 6$/pairs: $need/; s/^name: gpu$/name: gpu-n$need/" manifests/plans/gpu.yaml >manifests/plans/gpu-n.yaml; plan=manifests/plans/gpu-n.yaml
+  if [ "${need:-0}" -gt 8 ] && [ "$need" -le 14 ]; then  # the calibration stays valid for more pairs
+    sed "s/^pairs: 8$/pairs: $need/; s/^name: gpu$/name: gpu-n$need/" manifests/plans/gpu.yaml >manifests/plans/gpu-n.yaml; plan=manifests/plans/gpu-n.yaml
     note "A/A with $need pairs (the calibration asked for them)"
   fi
   while [ -e "$R/aa-$i.json" ]; do i=$((i + 1)); done
-  while [ "$(left)" -gt 150 ]; do
-    note "A/A qualification $i (plan $plan)"
+  local t
+  while [ "$(left)" -gt 120 ]; do
+    note "A/A qualification $i (plan $plan)"; t=$(date +%s)
     timeout --kill-after=5 "$(( $(left) - 10 ))" python3 -m orchestrator --inventory gpu --json qualify --pair gpu --baseline "$B" "$B" --candidate "$B" "$B" --plan "$plan" \
       >"$R/aa-$i.json" 2>"$R/aa-$i.err"; echo "rc=$?" >>"$R/aa-$i.err"
     note "A/A $i: $(rc_line "$R/aa-$i.err")"; i=$((i + 1))
+    [ $(( $(date +%s) - t )) -lt 30 ] && { note "A/A stopped: refused ($(tail -2 "$R/aa-$((i - 1)).err" | head -1))"; break; }
   done
   note "aa phase done"
 }
@@ -168,6 +180,8 @@ print(max([x for x in g if isinstance(x, int)] or [0]))' "$R/calibrate.json" 2>/
 # At most 8 files come back from $OUT: keep the raw folder as one archive, plus this call's report.
 finish() {
   python3 benchmarks/gpu/report.py "$OUTDIR/gpu-validation.md" "$R" >/dev/null 2>&1
+  [ -e "$R/accept-base.json" ] && mkdir -p "$OUTDIR/docs" && cp docs/reference-answers.md docs/qualify-calibration.md "$OUTDIR/docs/" \
+    && python3 benchmarks/gpu/sections.py "$R" "$OUTDIR/docs" >/dev/null 2>&1
   tar -C "$R" -czf "$OUTDIR/raw.tgz" . 2>/dev/null; cp "$R/steps.log" "$OUTDIR/" 2>/dev/null
 }
 trap finish EXIT

@@ -159,7 +159,8 @@ def aa_section(raw: Path) -> list[str]:
             f"| {name} | {f.get('pairs')} | {pct(f.get('sigma'))[1:]} | {pct(f.get('sigma_upper'))[1:]} | "
             f"{f.get('mean_log', 0):+.4f} |"
         ]
-    md += ["", "Pairs each gate of `manifests/plans/gpu.yaml` needs at that noise (plan pairs 6):", ""]
+    md += ["", "Pairs each gate of the plan as first calibrated (6 pairs; the receipt's `gates`) needs at that noise:"]
+    md += [""]
     md += [
         f"- {x.get('kind')}[{x.get('family')}] {pct(x.get('threshold'))}: {x.get('needed_pairs')} pairs "
         f"(power {x.get('power')} at {pct(x.get('power_at'))}; "
@@ -171,10 +172,11 @@ def aa_section(raw: Path) -> list[str]:
     pairs = re.findall(r"^pairs: (\d+)", plan, re.M)
     md += [
         "",
-        "The -5% non-regression gate needs more pairs than the plan has, so the plan as committed is refused "
-        f"(exit {rc(read(raw / 'refused-aa-1.err'))}, before any host is touched). The A/A qualifications below ran "
-        f"with the same calibration and a plan of {pairs[0] if pairs else '?'} pairs whose non-regression floor is "
-        f"{nr[0] if nr else '?'} (`plan-gpu-aa.yaml` in the raw archive): the baseline package as both arms.",
+        "The -5% non-regression gate needs more pairs than that plan had, so it was refused "
+        f"(exit {rc(read(raw / 'refused-aa-1.err'))}, before any host was touched). The A/A qualifications below ran "
+        f"with the same calibration and the plan now committed as `manifests/plans/gpu.yaml`: "
+        f"{pairs[0] if pairs else '?'} pairs, non-regression floor {nr[0] if nr else '?'} (`plan-gpu-aa.yaml` in the "
+        "raw archive), the baseline package as both arms.",
         "",
         "| # | exit | verdict | gain[code] | code t-interval | code bootstrap | prose t-interval | prose bootstrap |",
         "|---:|---:|---|---|---|---|---|---|",
