@@ -4,10 +4,19 @@
 #   bash benchmarks/gpu/run.sh pair   # facts, v100 refusal, h200 build, kernel cases, deploy + accept a GPU pair (~7 min)
 #   bash benchmarks/gpu/run.sh rtx    # facts, the rtx5060ti (sm_120) build: it must compile under CUDA 13 (~5 min)
 #   bash benchmarks/gpu/run.sh all    # both, for a machine with more than one call's time
+#   bash benchmarks/gpu/run.sh ref    # issue 15: baseline pair = reference, MMVF candidates judged by reference_logprobs,
+#                                     # the -lv 4 load log; resumable (done steps are skipped on a warm machine) (~8.5 min)
+#   bash benchmarks/gpu/run.sh aa     # issue 22: qualify --calibrate + A/A qualifications of the baseline (plan gpu;
+#                                     # calibration 80 s, one A/A 75 s); needs the ref phase's baseline on this machine
+#   bash benchmarks/gpu/run.sh refaa  # both, resuming: call it again on the warm machine until steps.log says "aa phase done"
+# `benchmarks/gpu/sections.py RAW_DIR` writes the H200 sections of docs/reference-answers.md and
+# docs/qualify-calibration.md from a ref/aa raw folder (run.sh leaves them under $OUT/docs too).
 #
 # Each phase stands alone (a later call may land on a fresh machine) and fits one 10-minute call:
 # a CUDA build of llama.cpp takes ~4 min of 16 cores, so two builds and the pair do not fit one call.
-# Carried (ignored) paths: .whl (Python wheels for the device's python3), .carry (the pinned sdist).
+# Carried (ignored) paths: .whl (Python wheels for the device's python3), .carry (the pinned sdist, and
+# .carry/ccache/: ccache.bin = a host's /usr/bin/ccache, the libhiredis it links (ldd), and a wrapper
+# script `ccache` that sets LD_LIBRARY_PATH; the device image has no ccache of its own).
 # Everything printed goes to $OUT/raw.tgz (or .gpu-out/); benchmarks/gpu/report.py turns one or more
 # such raw folders into docs/gpu-validation.md, so nothing in that file is typed by hand.
 set -uo pipefail
@@ -82,9 +91,97 @@ rtx() {
   build rtx5060ti "$(( $(left) - 15 ))"
 }
 
+ccache_setup() {  # the device image may lack ccache: then the carried one (.carry/ccache, Debian 4.7.5 + libhiredis)
+  command -v ccache >/dev/null 2>&1 || export PATH="$REPO/.carry/ccache:$PATH"
+  export CCACHE_DIR=$STATE/ccache CCACHE_MAXSIZE=20G
+  { command -v ccache; ccache --version | head -1; } >"$R/ccache.txt" 2>&1
+}
+pkg_of() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0]["id"])' "$1" 2>/dev/null; }
+
+pbuild() {  # pbuild NAME LIMIT_S [--patch DIR]: like build(), any patch, ccache stats after
+  local n=$1 lim=$2 start rc; shift 2; start=$(date +%s)
+  [ -e "$R/build-$n.done" ] && grep -q '^rc=0' "$R/build-$n.done" && return 0
+  [ "$lim" -lt 60 ] && { note "no time left to build $n"; return 1; }
+  note "build $n $* (16 jobs, at most $lim s)"
+  timeout --kill-after=5 "$lim" python3 -m orchestrator -v --json build --rev baseline --target h200 --profile gpu \
+    --jobs "$(nproc)" "$@" >"$R/build-$n.json" 2>"$R/build-$n.log"; rc=$?
+  ccache -s >"$R/ccache-after-$n.txt" 2>&1
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then note "build $n stopped after $lim s"; return 1; fi
+  echo "rc=$rc seconds=$(( $(date +%s) - start ))" >"$R/build-$n.done"; note "build $n done: $(cat "$R/build-$n.done")"
+  [ "$rc" = 0 ]
+}
+
+judge() {  # judge NAME PKG: deploy PKG as candidate (deploy's acceptance holds reference_logprobs), then accept --json
+  local n=$1 p=$2
+  [ -e "$R/accept-$n.json" ] && return 0
+  note "deploy $n ($p) as candidate: acceptance compares it with the reference answers"
+  pairctl --inventory gpu --json deploy --pair gpu --packages "$p" "$p" >"$R/deploy-$n.json" 2>"$R/deploy-$n.log"
+  echo "rc=$?" >>"$R/deploy-$n.log"
+  if grep -q '^rc=0' "$R/deploy-$n.log"; then  # after a rejected deploy the baseline is active again: no accept of it
+    pairctl --inventory gpu --json accept --pair gpu >"$R/accept-$n.json" 2>"$R/accept-$n.err"; echo "rc=$?" >>"$R/accept-$n.err"
+    # the candidate's own kernel cases (w4 is the launch the patch changes): whether its reduction moves the numbers
+    pairctl --inventory gpu --json kernels check --pair gpu >"$R/kernels-$n.json" 2>"$R/kernels-$n.err"; echo "rc=$?" >>"$R/kernels-$n.err"
+  else echo '{}' >"$R/accept-$n.json"; echo "rc=skipped (deploy rejected)" >"$R/accept-$n.err"; echo "rc=skipped" >"$R/kernels-$n.err"; fi
+  note "$n: deploy $(rc_line "$R/deploy-$n.log"), accept $(rc_line "$R/accept-$n.err"), kernels $(rc_line "$R/kernels-$n.err")"
+}
+rc_line() { grep '^rc=' "$1" | tail -1; }
+
+ref() {  # issue 15 (Done when: the MMVF patch on CUDA passes the reference-logprob gates) and item 9 (the split)
+  setup; ccache_setup
+  python3 -c 'import sys; from orchestrator.lab.kernel_models import ensure_kmmvf_models as e; print(e(sys.argv[1]))' "$PAIRCTL_HOME" >"$R/kmmvf.txt" 2>&1
+  pbuild base "$(( $(left) - 120 ))" || { note "no baseline package"; tail -30 "$R/build-base.log"; return 5; }
+  B=$(pkg_of "$R/build-base.json"); echo "$B" >"$STATE/base.pkg"; note "baseline package $B"
+  if [ ! -e "$R/accept-base.json" ]; then
+    note "deploy the baseline pair; its first acceptance records the route's reference answers"
+    ( time pairctl --inventory gpu deploy --pair gpu --packages "$B" "$B" --skip-accept ) >"$R/deploy-base.log" 2>&1; echo "rc=$?" >>"$R/deploy-base.log"
+    pairctl --inventory gpu --json accept --pair gpu >"$R/accept-base.json" 2>"$R/accept-base.err"; echo "rc=$?" >>"$R/accept-base.err"
+    pairctl --inventory gpu --json reference show --pair gpu >"$R/reference-show.json" 2>&1
+    cp "$PAIRCTL_HOME/gpu/native/run/llama-server.log" "$R/load-log-h200-full.log" 2>/dev/null
+    cp "$PAIRCTL_HOME/gpu/rpc/run/"*.out "$R/" 2>/dev/null
+    note "baseline: deploy $(rc_line "$R/deploy-base.log"), accept $(rc_line "$R/accept-base.err")"
+  fi
+  # the variant (warp-per-row from Volta on: runs on sm_90) first: it is the reduction-order change the H200 executes
+  pbuild sm90 "$(( $(left) - 60 ))" --patch benchmarks/gpu/mmvf-warp-per-row-sm90 && judge sm90 "$(pkg_of "$R/build-sm90.json")"
+  pbuild mmvf "$(( $(left) - 60 ))" --patch kernels/mmvf-warp-per-row && judge mmvf "$(pkg_of "$R/build-mmvf.json")"
+  note "ref phase done"
+}
+
+aa() {  # issue 22: the H200 A/A noise floor (calibration, then A/A qualifications while the call has time)
+  setup; ccache_setup
+  B=$(cat "$STATE/base.pkg" 2>/dev/null) || { ref; B=$(cat "$STATE/base.pkg"); }
+  # a qualify stopped by timeout keeps its lease (TERM does not release it): calibrate only with room for it
+  # (8 pairs took 80 s on the H200), and stop the A/A loop at the first run that ends in under 30 s (a refusal)
+  if [ ! -e "$R/calibrate.json" ] && [ "$(left)" -gt 200 ]; then
+    note "qualify --calibrate, plan gpu, baseline $B in both arms"
+    ( time timeout --kill-after=5 "$(( $(left) - 10 ))" python3 -m orchestrator --inventory gpu --json qualify --calibrate --pair gpu --baseline "$B" "$B" --plan gpu ) \
+      >"$R/calibrate.json" 2>"$R/calibrate.err"; echo "rc=$?" >>"$R/calibrate.err"
+    note "calibrate: $(rc_line "$R/calibrate.err")"
+  fi
+  local i=1 plan=gpu need
+  need=$(python3 -c 'import json,sys
+d=json.load(open(sys.argv[1])); g=[x.get("needed_pairs") for x in (d.get("calibration") or d).get("gates", []) if isinstance(x, dict)]
+print(max([x for x in g if isinstance(x, int)] or [0]))' "$R/calibrate.json" 2>/dev/null || echo 0)
+  if [ "${need:-0}" -gt 8 ] && [ "$need" -le 14 ]; then  # the calibration stays valid for more pairs
+    sed "s/^pairs: 8$/pairs: $need/; s/^name: gpu$/name: gpu-n$need/" manifests/plans/gpu.yaml >manifests/plans/gpu-n.yaml; plan=manifests/plans/gpu-n.yaml
+    note "A/A with $need pairs (the calibration asked for them)"
+  fi
+  while [ -e "$R/aa-$i.json" ]; do i=$((i + 1)); done
+  local t
+  while [ "$(left)" -gt 120 ]; do
+    note "A/A qualification $i (plan $plan)"; t=$(date +%s)
+    timeout --kill-after=5 "$(( $(left) - 10 ))" python3 -m orchestrator --inventory gpu --json qualify --pair gpu --baseline "$B" "$B" --candidate "$B" "$B" --plan "$plan" \
+      >"$R/aa-$i.json" 2>"$R/aa-$i.err"; echo "rc=$?" >>"$R/aa-$i.err"
+    note "A/A $i: $(rc_line "$R/aa-$i.err")"; i=$((i + 1))
+    [ $(( $(date +%s) - t )) -lt 30 ] && { note "A/A stopped: refused ($(tail -2 "$R/aa-$((i - 1)).err" | head -1))"; break; }
+  done
+  note "aa phase done"
+}
+
 # At most 8 files come back from $OUT: keep the raw folder as one archive, plus this call's report.
 finish() {
   python3 benchmarks/gpu/report.py "$OUTDIR/gpu-validation.md" "$R" >/dev/null 2>&1
+  [ -e "$R/accept-base.json" ] && mkdir -p "$OUTDIR/docs" && cp docs/reference-answers.md docs/qualify-calibration.md "$OUTDIR/docs/" \
+    && python3 benchmarks/gpu/sections.py "$R" "$OUTDIR/docs" >/dev/null 2>&1
   tar -C "$R" -czf "$OUTDIR/raw.tgz" . 2>/dev/null; cp "$R/steps.log" "$OUTDIR/" 2>/dev/null
 }
 trap finish EXIT
@@ -93,5 +190,8 @@ case "${1:-all}" in
   pair) pair ;;
   rtx) rtx ;;
   all) CALL_S=${CALL_S:-1200}; pair; rtx ;;
-  *) echo "usage: $0 pair|rtx|all" >&2; exit 2 ;;
+  ref) ref ;;
+  aa) aa ;;
+  refaa) ref; aa ;;
+  *) echo "usage: $0 pair|rtx|all|ref|aa|refaa" >&2; exit 2 ;;
 esac

@@ -1,0 +1,63 @@
+"""What the H200 run committed stays true: the gpu profile logs at the verbosity that prints the
+per-device split, the captured load log carries that split, and the H200 sections of the docs are
+exactly what benchmarks/gpu/sections.py makes of the committed raw archive (no figure typed by hand)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+from orchestrator.config.profiles import load_profile
+
+ROOT = Path(__file__).resolve().parents[2]
+LOAD_LOG = ROOT / "tests/unit/data/load-log-h200.txt"
+
+
+def sections_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_sections", ROOT / "benchmarks/gpu/sections.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_profile_renders_log_verbosity_4() -> None:
+    args = load_profile("gpu").render_args(
+        model_paths={"target": "/m/t.gguf", "draft_same": "/m/d.gguf"},
+        host="127.0.0.1",
+        port=8080,
+        rpc=["127.0.0.1:50052"],
+        log_file="/run/llama-server.log",
+    )
+    i = args.index("--log-verbosity")
+    assert args[i + 1] == "4"
+
+
+def test_h200_load_log_shows_the_split_per_device() -> None:
+    text = LOAD_LOG.read_text()
+    assert "verbosity = 4" in text
+    model = dict(re.findall(r"load_tensors:\s+(\S+) model buffer size =\s+([\d.]+) MiB", text))
+    kv = dict(re.findall(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([\d.]+) MiB", text))
+    assert set(model) == {"CPU_Mapped", "CUDA0", "RPC0[127.0.0.1:50052]"}
+    assert float(model["RPC0[127.0.0.1:50052]"]) > 10 * float(model["CUDA0"])  # the RPC device holds the layers
+    assert list(kv) == ["RPC0[127.0.0.1:50052]"]
+    assert re.search(r"offloaded 3/3 layers to GPU", text)
+
+
+def test_h200_doc_sections_are_generated_from_the_raw_archive(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    with tarfile.open(ROOT / "docs/gpu-reference-raw.tgz") as tf:
+        tf.extractall(raw, filter="data")
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    names = ("reference-answers.md", "qualify-calibration.md")
+    for name in names:
+        shutil.copy(ROOT / "docs" / name, docs / name)
+    sections_module().main(raw, docs)
+    for name in names:
+        assert (docs / name).read_text() == (ROOT / "docs" / name).read_text(), f"docs/{name} differs from the raw"
