@@ -78,7 +78,9 @@ class KernelPatch(StrictModel):
     patch_sha256: str = Field(pattern=SHA256)
     files: list[str] = Field(min_length=1, description="source files the diff touches")
     base: KernelBase
-    scope: KernelScope
+    scope: KernelScope | None = Field(
+        default=None, description="the kernel case it changes; absent for a test mutant (tests/mutants/)"
+    )
     cases: str = Field(default="cases.yaml", description="validation case set, relative to this folder")
 
     @model_validator(mode="after")

@@ -119,6 +119,7 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
         "answer_fixtures",
         "reference_logprobs",
         "exactly_full",
+        "sampling",
     ):
         assert v[name] == "passed", (name, data)
     assert v["telemetry"] in ("passed", "error")

@@ -1,0 +1,104 @@
+"""Mutants as tests: small patches to the pinned llama.cpp, each breaking one behaviour that
+acceptance checks, must each be rejected by deploy (exit 7) by the check meant for it.
+
+Every folder here is a `pairctl build --patch` folder (patch.diff + kernel.yaml written by
+write_meta.py). A mutant is built on demand (separate builds: one patched file recompiles with
+the warm ccache in about 40 s on 2 cores, see README "The mutant suite"), deployed onto the
+accepted baseline with the acceptance limited to its expected check, and the test asserts:
+exit 7, that check failed in the deploy's receipt, the receipt says `restored`, and the baseline
+is active and verified again. A mutant acceptance does not catch is a failing test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.build.store import Package
+from orchestrator.config.kernels import load_kernel
+from orchestrator.evidence.store import EvidenceStore
+from tests.plugins.packages import build_package
+from tests.plugins.pairs import PAIR, PROFILE, is_active, lab_status
+
+HERE = Path(__file__).resolve().parent
+
+# mutant folder -> the acceptance check that must reject it (checks/suite.py names)
+MUTANTS: dict[str, str] = {
+    "cache-off": "cached_continuation",
+    "long-prefix-capped": "long_prefix_cache",
+    "cancel-ignored": "cancellation",
+    "slot-short": "exactly_full",
+    "build-info-lies": "identity",
+    "rope-scale": "reference_logprobs",
+    "rpc-kernel-mul": "reference_logprobs",
+    "rpc-set-tensor-corrupt": "reference_logprobs",
+    "temperature-zero": "sampling",
+    "spec-verify-skipped": "speculative",
+}
+REFERENCE_REASON = "mutant suite: the baseline package is the yardstick"
+
+_BUILT: dict[str, Package] = {}
+_REFERENCE: dict[str, bool] = {}
+
+
+def _folders() -> list[str]:
+    return sorted(p.parent.name for p in HERE.glob("*/kernel.yaml"))
+
+
+def test_every_mutant_folder_is_listed_and_loads():
+    """Pure: each patch folder parses, its sha256 matches its diff, and it names a check."""
+    from orchestrator.checks.suite import CHECKS
+
+    assert _folders() == sorted(MUTANTS), "tests/mutants/<name>/ and MUTANTS must list the same mutants"
+    for name, check in MUTANTS.items():
+        _, meta = load_kernel(HERE / name)
+        assert meta.name == name and meta.scope is None and meta.files
+        assert check in CHECKS, check
+
+
+def _mutant_package(home: Path, name: str) -> Package:
+    if name not in _BUILT:
+        _BUILT[name] = build_package(home, "baseline", extra=("--patch", str(HERE / name)))
+    return _BUILT[name]
+
+
+def _ensure_reference(cli, baseline: str) -> None:
+    """Pin the baseline as the route's reference and record its answers for the lab profile."""
+    if _REFERENCE.get(baseline):
+        return
+    r = cli("--json", "reference", "show", "--pair", PAIR)
+    shown = json.loads(r.stdout) if r.exit_code == 0 else {}
+    ref = shown.get("reference") or {}
+    if (ref.get("native_package"), ref.get("rpc_package")) != (baseline, baseline):
+        r = cli("--json", "reference", "set", "--pair", PAIR, "--package", baseline, "--reason", REFERENCE_REASON)
+        assert r.exit_code == 0, r.output[-2000:]
+    r = cli("--json", "accept", "--pair", PAIR, "--checks", "reference_logprobs")
+    assert r.exit_code == 0, r.output[-3000:]
+    _REFERENCE[baseline] = True
+
+
+@pytest.mark.mutants
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_mutant_is_rejected_at_deploy_and_the_baseline_restored(name, deployed_lab, pairctl_home, cli):
+    check = MUTANTS[name]
+    baseline = deployed_lab.package_id
+    _ensure_reference(cli, baseline)
+    pkg = _mutant_package(pairctl_home, name)
+    assert pkg.id != baseline and pkg.manifest.patch is not None and pkg.manifest.patch.name == name
+
+    r = cli(
+        "--json", "deploy", "--pair", PAIR, "--native", pkg.id, "--rpc", pkg.id, "--profile", PROFILE,
+        "--checks", check,
+    )  # fmt: skip
+    assert r.exit_code == 7, f"mutant {name} was not rejected (exit {r.exit_code}):\n{r.output[-3000:]}"
+    out = json.loads(r.stdout)
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(out["error"]["receipt"])
+    step = rec.step(f"check:{check}")
+    assert step is not None and step.outcome == "failed", (name, check, step)
+    assert rec.outcome == "failed"
+    assert rec.extra_fields()["final_state"]["state"] == "restored", rec.extra_fields()["final_state"]
+    st = lab_status(cli)
+    assert is_active(st, baseline), f"baseline not active and verified after mutant {name}: {st}"
