@@ -4,9 +4,9 @@ Every other check is greedy, so a server that ignores temperature, top_k, top_p 
 would pass them all. This one sends one prompt with non-greedy settings three times without the
 prompt cache: seed A, seed A again, seed B. It requires that each response's
 `generation_settings` reports the settings sent, that seed A repeats itself token for token and
-that seeds A and B give different tokens. The fixture is flat: at temperature 100 the lab
-models' largest logit gaps (tens of logits) shrink below one nat, so two seeds agree on 32
-sampled tokens with a vanishing chance; a server whose sampler is greedy whatever it is told
+that seeds A and B give different tokens. The fixture is flat: at temperature 100 (applied
+after top_k and before top_p) the lab models' logit gaps (tens of logits) shrink below one nat,
+so two seeds agree on 32 sampled tokens with a vanishing chance; a server whose sampler is greedy whatever it is told
 gives the same tokens for both seeds and fails.
 """
 
@@ -18,7 +18,10 @@ from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_o
 from orchestrator.checks.prompts import PromptBuilder
 
 NAME = "sampling"
-SETTINGS: dict[str, float | int] = {"temperature": 100.0, "top_k": 40, "top_p": 0.95}
+SETTINGS: dict[str, float | int] = {"temperature": 100.0, "top_k": 40, "top_p": 0.95, "min_p": 0.0}
+# Temperature before top_p: the server's default order truncates (top_p, min_p) on the peaked raw
+# distribution first, which leaves one token whatever the temperature.
+SAMPLERS = ["top_k", "temperature", "top_p"]
 SEEDS = (1234, 98765)
 N_PREDICT = 32
 PROMPT_TOKENS = 24
@@ -32,6 +35,8 @@ def settings_problems(sent: dict[str, Any], reported: dict[str, Any], label: str
         ok = isinstance(got, (int, float)) and abs(float(got) - float(want)) <= 1e-6 * max(1.0, abs(float(want)))
         if not ok:
             out.append(f"{label}: generation_settings.{key} is {got!r}, sent {want!r}")
+    if "samplers" in reported and reported["samplers"] != SAMPLERS:
+        out.append(f"{label}: generation_settings.samplers is {reported['samplers']!r}, sent {SAMPLERS!r}")
     return out
 
 
@@ -54,7 +59,7 @@ def run(ctx: CheckContext) -> CheckResult:
     opts = ctx.options
     prompt = list(PromptBuilder(ctx.client, opts.seed + 700).exact(PROMPT_TOKENS, variant=700, head="Once "))
     kw: dict[str, Any] = dict(
-        SETTINGS, ignore_eos=True, cache_prompt=False, timeout=opts.request_timeout_s, id_slot=0
+        SETTINGS, samplers=SAMPLERS, ignore_eos=True, cache_prompt=False, timeout=opts.request_timeout_s, id_slot=0
     )  # fmt: skip
     answers = []
     problems: list[str] = []
