@@ -61,14 +61,16 @@ def run(ctx: CheckContext) -> CheckResult:
     kw: dict[str, Any] = dict(
         SETTINGS, samplers=SAMPLERS, ignore_eos=True, cache_prompt=False, timeout=opts.request_timeout_s, id_slot=0
     )  # fmt: skip
-    answers = []
+    answers: list[dict[str, Any]] = []
+    tokens: list[list[int]] = []
     problems: list[str] = []
     for label, seed in (("seed A", SEEDS[0]), ("seed A again", SEEDS[0]), ("seed B", SEEDS[1])):
         body = ctx.client.completion_raw(prompt, N_PREDICT, seed=seed, **kw)
         reported = body.get("generation_settings") or {}
         problems += settings_problems({**SETTINGS, "seed": seed}, reported, label)
-        answers.append({"seed": seed, "tokens": list(body.get("tokens") or []), "reported": reported})
-    a1, a2, b = (a["tokens"] for a in answers)
+        tokens.append([int(t) for t in body.get("tokens") or []])
+        answers.append({"seed": seed, "tokens": tokens[-1], "reported": reported})
+    a1, a2, b = tokens
     problems += sampling_problems(a1, a2, b)
     differ = sum(x != y for x, y in zip(a1, b, strict=False))
     return CheckResult(

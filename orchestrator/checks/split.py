@@ -15,10 +15,14 @@ parameter-fitting probe loads nothing) up to the draft model or `load_model: ini
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.profiles import SplitExpectation
+from orchestrator.config.split import SplitExpectation
 from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import as_text
+
+if TYPE_CHECKING:  # checks.base imports the profile models; the check context is only a type here
+    from orchestrator.checks.base import CheckContext
 
 CPU = "CPU"
 _LOAD = re.compile(r"load_tensors: loading model tensors.*\(load_mode = (\w[\w+]*)\)")
@@ -28,6 +32,7 @@ _KV = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([0-9.]+) MiB")
 _OFFLOADED = re.compile(r"load_tensors: offloaded (\d+)/(\d+) layers to GPU")
 _LAYER = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+?),")
 MARKERS = ("load_tensors:", "llama_kv_cache:", "load_model: initializing", "loading draft model")
+LOG_FILE = "llama-server.log"  # the --log-file pairctl renders; it starts anew with each server start
 
 
 def device_of(buffer: str) -> str:
@@ -126,3 +131,19 @@ def log_lines_cmd(root: str, file: str) -> Cmd:
     for t in MARKERS:
         argv += ["-e", t]
     return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
+
+
+def read_split(ctx: CheckContext) -> dict[str, Any]:
+    """The split as the native host's server log states it now: {split, problems} (never raises)."""
+    expect = ctx.profile.split
+    tr, root = ctx.transports.get("native"), ctx.host_roots.get("native")
+    if expect is None:
+        return {"split": None, "problems": []}
+    if tr is None or root is None:
+        return {"split": None, "problems": ["split: no transport to the native host to read its server log"]}
+    try:
+        r = tr.run(log_lines_cmd(root, LOG_FILE), check=False, timeout=30)
+    except Exception as exc:  # a host error is an identity problem, not a crash of the suite
+        return {"split": None, "problems": [f"split: cannot read the server log: {type(exc).__name__}: {exc}"]}
+    split = parse_load_split(as_text(r.stdout))
+    return {"split": split, "problems": [f"split: {p}" for p in split_problems(split, expect)]}

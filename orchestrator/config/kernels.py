@@ -224,6 +224,9 @@ def describe_all() -> list[KernelRow]:
             rows.append({"name": f.parent.name, "error": str(exc)})
             continue
         s = meta.scope
+        if s is None:  # a test mutant's folder (tests/mutants/) has no scope: it is not a kernel to ship
+            rows.append({"name": f.parent.name, "error": "kernel.yaml has no scope: not a kernel patch"})
+            continue
         rows.append(
             {
                 "name": meta.name,

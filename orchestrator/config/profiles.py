@@ -47,7 +47,7 @@ class DraftConfig(StrictModel):
     n_min: int = Field(default=0, ge=0, le=64)
     n_gpu_layers: int | None = Field(default=None, ge=0)
     expect: list[Literal["accepted", "rejected"]] = Field(
-        default_factory=lambda: ["accepted"],
+        default=["accepted"],
         description="verification outcomes the speculative check must see: drafts accepted, drafts rejected",
     )
 

@@ -82,7 +82,9 @@ def _ensure_reference(cli, baseline: str) -> None:
 @pytest.mark.mutants
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_mutant_is_rejected_at_deploy_and_the_baseline_restored(name, deployed_lab, restore_baseline, pairctl_home, cli):
+def test_mutant_is_rejected_at_deploy_and_the_baseline_restored(
+    name, deployed_lab, restore_baseline, pairctl_home, cli
+):
     """`restore_baseline` puts the baseline back even when a mutant was wrongly accepted."""
     check = MUTANTS[name]
     baseline = deployed_lab.package_id
