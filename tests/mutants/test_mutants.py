@@ -109,3 +109,28 @@ def test_mutant_is_rejected_at_deploy_and_the_baseline_restored(
     assert rec.extra_fields()["final_state"]["state"] == "restored", rec.extra_fields()["final_state"]
     st = lab_status(cli)
     assert is_active(st, baseline), f"baseline not active and verified after mutant {name}: {st}"
+
+
+@pytest.mark.mutants
+@pytest.mark.timeout(600)
+def test_identity_records_the_split_and_rejects_an_idle_rpc_device(deployed_lab, restore_baseline, cli):
+    """The lab profile declares `split` (the RPC device holds layers): identity records each
+    device's layers and MiB from the load log; the same package with -ngl 0 (lab-rpc-idle: the
+    RPC host connected, holding nothing) is rejected at deploy by identity, baseline restored."""
+    r = cli("--json", "accept", "--pair", PAIR, "--checks", "identity")
+    assert r.exit_code == 0, r.output[-3000:]
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)["receipt"])
+    split = rec.step("check:identity").data["raw"]["before"]["split"]
+    assert split["devices"]["RPC0"]["layers"] >= 1 and split["devices"]["RPC0"]["model_mib"] > 0, split
+    assert split["devices"]["RPC0"]["kv_mib"] > 0, split
+
+    pkg = deployed_lab.package_id
+    r = cli(
+        "--json", "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-rpc-idle", "--checks", "identity"
+    )
+    assert r.exit_code == 7, r.output[-3000:]
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)["error"]["receipt"])
+    step = rec.step("check:identity")
+    assert step is not None and step.outcome == "failed" and "RPC host holds nothing" in step.data["message"]
+    assert rec.extra_fields()["final_state"]["state"] == "restored"
+    assert is_active(lab_status(cli), pkg)
