@@ -36,6 +36,7 @@ MUTANTS: dict[str, str] = {
     "rpc-set-tensor-corrupt": "reference_logprobs",
     "temperature-zero": "sampling",
     "spec-verify-skipped": "speculative",
+    "content-truncated": "answer_fixtures",
 }
 REFERENCE_REASON = "mutant suite: the baseline package is the yardstick"
 
@@ -65,7 +66,8 @@ def _mutant_package(home: Path, name: str) -> Package:
 
 
 def _ensure_reference(cli, baseline: str) -> None:
-    """Pin the baseline as the route's reference and record its answers for the lab profile."""
+    """Pin the baseline as the route's reference and record its answers for the lab profile
+    (reference logprobs, and answer-fixture results a candidate is judged against)."""
     if _REFERENCE.get(baseline):
         return
     r = cli("--json", "reference", "show", "--pair", PAIR)
@@ -74,7 +76,8 @@ def _ensure_reference(cli, baseline: str) -> None:
     if (ref.get("native_package"), ref.get("rpc_package")) != (baseline, baseline):
         r = cli("--json", "reference", "set", "--pair", PAIR, "--package", baseline, "--reason", REFERENCE_REASON)
         assert r.exit_code == 0, r.output[-2000:]
-    r = cli("--json", "accept", "--pair", PAIR, "--checks", "reference_logprobs")
+    # the baseline's answers: reference logprobs and the answer fixtures' baseline results
+    r = cli("--json", "accept", "--pair", PAIR, "--checks", "reference_logprobs,answer_fixtures")
     assert r.exit_code == 0, r.output[-3000:]
     _REFERENCE[baseline] = True
 
