@@ -3,7 +3,8 @@
 Two sources, both compared across the suite: deploy's `verify_identity` (binary hashes on the
 hosts, process argv vs the rendered profile, build_info, slots, route record) through
 `ctx.identity_probe`, and the server's own `/props` (build_info, slots, per-slot context,
-model path) read here. The check fails if either side reports a problem before or after, or
+model path) read here, and, where the profile declares `split`, the devices' share of the model
+from the server's load log (checks.split). The check fails if either side reports a problem before or after, or
 if anything changed in between (a restart, a swapped binary, another profile).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.checks import split
 from orchestrator.checks.base import CheckContext, CheckResult, IdentitySnapshot, verdict_of
 
 NAME = "identity"
@@ -73,6 +75,10 @@ def snapshot(ctx: CheckContext) -> dict[str, Any]:
     except Exception as exc:
         snap["http"] = None
         snap["problems"].append(f"cannot read /props: {type(exc).__name__}: {exc}")
+    if ctx.profile.split is not None:
+        seen = split.read_split(ctx)
+        snap["split"] = seen["split"]
+        snap["problems"] += seen["problems"]
     if ctx.identity_probe is not None:
         try:
             s: IdentitySnapshot = ctx.identity_probe()
@@ -98,6 +104,7 @@ def judge(before: dict[str, Any], after: dict[str, Any], *, probe_configured: bo
         "n_ctx_per_slot": http.get("n_ctx_per_slot"),
         "host_probe": probe_configured,
         "changed": len(changes),
+        "split": {n: d["layers"] for n, d in ((before.get("split") or {}).get("devices") or {}).items()} or None,
     }
     msg = "; ".join(problems) or (
         "identical before and after the suite"

@@ -5,8 +5,9 @@ for a request whose remaining budget is one token (`get_n_draft_max` caps a draf
 `n_remaining - 1`). So the draft-free reference is made on the same live server by stepping:
 prompt -> 1 token, prompt + that token -> 1 token, ... each step checked to report no drafting.
 The drafted requests (normal `n_predict`) must give exactly those tokens; draft counts come
-from `timings` (`draft_n`, `draft_n_accepted`): the lab's same-weights draft is accepted, the
-other draft rejected, and both must give the reference output.
+from `timings` (`draft_n`, `draft_n_accepted`). The profile's `draft.expect` names the
+verification paths that must run: the lab route's perturbed draft is accepted often and rejected
+sometimes (both), lab-draft-other's is always rejected, a same-weights draft always accepted.
 """
 
 from __future__ import annotations
@@ -36,6 +37,22 @@ def compare(outputs: list[list[int]], reference: list[list[int]]) -> list[str]:
         if a != b:
             first = next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
             p.append(f"prompt {i}: drafted output differs from the draft-free reference from token {first}")
+    return p
+
+
+def expected_paths(ctx: CheckContext) -> list[str]:
+    draft = ctx.profile.draft
+    return list(draft.expect) if draft is not None else []
+
+
+def path_problems(expect: list[str], draft_n: int, accepted: int) -> list[str]:
+    """Both verification paths run only if some drafts are accepted and some rejected; the
+    profile's `draft.expect` says which the draft it serves must show."""
+    p = []
+    if "accepted" in expect and accepted <= 0:
+        p.append(f"no drafted token was accepted ({draft_n} drafted); the profile expects accepted drafts")
+    if "rejected" in expect and draft_n - accepted <= 0:
+        p.append(f"every drafted token was accepted ({accepted}/{draft_n}); the profile expects rejected drafts")
     return p
 
 
@@ -79,6 +96,8 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         problems.append(f"the one-token reference steps drafted {ref_drafted} tokens: the reference is not draft-free")
     if ctx.drafting() and draft_n == 0:
         problems.append("drafting is configured but no token was drafted (timings have no draft_n)")
+    if ctx.drafting() and draft_n:
+        problems += path_problems(expected_paths(ctx), draft_n, accepted)
     if not ctx.drafting() and draft_n:
         problems.append(f"drafting is off in the profile but the server drafted {draft_n} tokens")
     figures: dict[str, Any] = {
@@ -87,6 +106,7 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         "draft_n_accepted": accepted,
         "draft_rejected": draft_n - accepted,
         "acceptance": round(accepted / draft_n, 4) if draft_n else None,
+        "expect": expected_paths(ctx),
         "same_as_reference": not any("differs" in x for x in problems),
     }
     raw = {

@@ -27,6 +27,7 @@ from orchestrator.checks import (
     long_prefix,
     near_full,
     reference_logprobs,
+    sampling,
     speculative,
     telemetry,
 )
@@ -43,6 +44,7 @@ CHECKS: dict[str, CheckFn | None] = {
     near_full.ONE_LANE: near_full.run_one_lane,
     exactly_full.NAME: exactly_full.run,
     speculative.NAME: speculative.run,
+    sampling.NAME: sampling.run,
     cached_continuation.NAME: cached_continuation.run,
     cancellation.NAME: cancellation.run,
     long_prefix.NAME: long_prefix.run,

@@ -78,7 +78,9 @@ class KernelPatch(StrictModel):
     patch_sha256: str = Field(pattern=SHA256)
     files: list[str] = Field(min_length=1, description="source files the diff touches")
     base: KernelBase
-    scope: KernelScope
+    scope: KernelScope | None = Field(
+        default=None, description="the kernel case it changes; absent for a test mutant (tests/mutants/)"
+    )
     cases: str = Field(default="cases.yaml", description="validation case set, relative to this folder")
 
     @model_validator(mode="after")
@@ -222,6 +224,9 @@ def describe_all() -> list[KernelRow]:
             rows.append({"name": f.parent.name, "error": str(exc)})
             continue
         s = meta.scope
+        if s is None:  # a test mutant's folder (tests/mutants/) has no scope: it is not a kernel to ship
+            rows.append({"name": f.parent.name, "error": "kernel.yaml has no scope: not a kernel patch"})
+            continue
         rows.append(
             {
                 "name": meta.name,

@@ -19,6 +19,7 @@ from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_a
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
+from orchestrator.config.split import LOG_VERBOSITY, SplitExpectation
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
 
@@ -45,6 +46,10 @@ class DraftConfig(StrictModel):
     n_max: int = Field(default=3, ge=0, le=64)
     n_min: int = Field(default=0, ge=0, le=64)
     n_gpu_layers: int | None = Field(default=None, ge=0)
+    expect: list[Literal["accepted", "rejected"]] = Field(
+        default=["accepted"],
+        description="verification outcomes the speculative check must see: drafts accepted, drafts rejected",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> DraftConfig:
@@ -75,6 +80,9 @@ class RouteProfile(StrictModel):
     metrics: bool = True
     extra_args: list[str] = Field(default_factory=list)
     reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
+    split: SplitExpectation | None = Field(
+        default=None, description="what identity requires of the devices' share (read from the load log)"
+    )
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> RouteProfile:
@@ -177,6 +185,8 @@ class RouteProfile(StrictModel):
             args += ["--api-key-file", api_key_file]
         if log_file:
             args += ["--log-file", log_file]
+        if self.split is not None:
+            args += ["--log-verbosity", str(LOG_VERBOSITY)]  # the level that prints the load log
         args += list(self.extra_args)
         return args
 

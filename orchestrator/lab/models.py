@@ -278,7 +278,7 @@ ROLE_FILES = {
     "draft_same": "draft-same.gguf",
     "draft_other": "draft-other.gguf",
     "sensitive": "sensitive.gguf",
-    "draft_perturbed": "draft-perturbed.gguf",
+    "draft_perturbed": "draft-perturbed-085.gguf",  # named for its noise: a changed one is written anew
 }
 ROLE_SEEDS = {
     "target": TARGET_SEED,
@@ -291,8 +291,10 @@ ROLE_SEEDS = {
 # near-ties (top-2 gaps of a few nats): KL means something there and small numeric changes flip
 # tokens (the reference-logprob profile lab-oracle serves it). `draft_perturbed`: the target plus
 # seeded noise, so its drafts are accepted often and rejected sometimes (both speculative paths).
+# Measured on the lab target (3 prompts x 64 greedy tokens, draft max 3): noise 0.35-0.6 is always
+# accepted (47/47), 0.85 accepts 42-44 of 54-60 (about 77%), 1.0 about 45%, 2.0 almost nothing.
 SENSITIVE_OUTPUT_SCALE = 0.08
-DRAFT_PERTURB = 0.35
+DRAFT_PERTURB = 0.85
 ROLE_OPTIONS: dict[str, dict[str, Any]] = {
     "sensitive": {"output_scale": SENSITIVE_OUTPUT_SCALE},
     "draft_perturbed": {"perturb": DRAFT_PERTURB, "perturb_seed": 31337},

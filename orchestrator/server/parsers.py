@@ -153,6 +153,10 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
+def _logprob(v: Any) -> float:
+    return float("-inf") if v is None else float(v)
+
+
 def parse_token_logprobs(data: Any, where: str) -> tuple[list[int], list[dict[int, float]]]:
     """The generated token ids and each position's `{id: logprob}` from llama-server's
     pre-sampling probabilities: `completion_probabilities` of `/completion`, or
@@ -172,7 +176,10 @@ def parse_token_logprobs(data: Any, where: str) -> tuple[list[int], list[dict[in
     try:
         for e in entries:
             tokens.append(int(e["id"]))
-            positions.append({int(t["id"]): float(t["logprob"]) for t in e["top_logprobs"]})
+            # JSON has no inf/NaN: the server writes a non-finite logprob as null; it counts as -inf
+            # (the comparison clamps it at its floor), a numeric failure, not a malformed answer
+            top = e["top_logprobs"]
+            positions.append({int(t["id"]): _logprob(t["logprob"]) for t in top})
     except (KeyError, TypeError, ValueError) as exc:
         raise ParseError(f"{where}: malformed logprob entry ({type(exc).__name__}: {exc})") from None
     return tokens, positions

@@ -119,6 +119,7 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
         "answer_fixtures",
         "reference_logprobs",
         "exactly_full",
+        "sampling",
     ):
         assert v[name] == "passed", (name, data)
     assert v["telemetry"] in ("passed", "error")
@@ -135,10 +136,13 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
     assert af["raw"]["baseline_receipt"] == first_accept.receipt
 
 
-def test_same_weights_draft_is_accepted(first_accept):
+def test_perturbed_draft_is_accepted_often_and_rejected_sometimes(first_accept):
+    """The lab route's draft (the target's weights plus seeded noise) runs both verification paths."""
     sp = first_accept.suite.result("speculative")
     assert sp.verdict == "passed", sp.message
-    assert sp.figures["draft_n"] > 0 and sp.figures["acceptance"] > 0.9
+    assert sp.figures["expect"] == ["accepted", "rejected"]
+    assert sp.figures["draft_n_accepted"] > 0 and sp.figures["draft_rejected"] > 0, sp.figures
+    assert 0.3 < sp.figures["acceptance"] < 1.0, sp.figures
 
 
 def test_accept_cli_table_and_unknown_check(deployed_lab, cli):
@@ -295,6 +299,7 @@ def test_other_draft_is_rejected_and_gives_the_undrafted_output(deployed_lab, re
     sp = data["checks"][0]
     assert sp["verdict"] == "passed" and sp["figures"]["draft_n"] > 0
     assert sp["figures"]["acceptance"] < 0.5  # rejected, yet the output equals the reference
+    assert sp["figures"]["expect"] == ["rejected"]
 
 
 def test_deploy_whose_acceptance_fails_rolls_back(deployed_lab, lab_packages_b, restore_baseline, cli):

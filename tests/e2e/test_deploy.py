@@ -422,14 +422,14 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(
     prepared = next(s for s in out["steps"] if s["name"] == "prepare")
     assert prepared["ok"]
 
-    inv["pairs"][PAIR]["models"]["draft_same"]["sha256"] = "0" * 64
+    inv["pairs"][PAIR]["models"]["draft_perturbed"]["sha256"] = "0" * 64  # the lab profile's draft
     bad = tmp_path / "wrong-model.yaml"
     bad.write_text(json.dumps(inv))
     before = lab_status(cli)
     r, _ = _deploy(cli, "--packages", a, a, "--skip-accept", inventory=str(bad))
     assert r.exit_code == 6, (r.exit_code, r.stderr)
     assert (
-        "model draft_same" in r.stderr
+        "model draft_perturbed" in r.stderr
         and "the inventory declares " + "0" * 64 in r.stderr
         and "nothing was changed" in r.stderr
     )

@@ -177,6 +177,11 @@ def test_parse_token_logprobs_reads_all_three_endpoints():
         assert parse_token_logprobs(body, "x") == ([7], [{7: -0.1, 3: -2.5}])
     with pytest.raises(ParseError, match="no logprobs"):
         parse_token_logprobs({"choices": [{"text": "a"}]}, "/v1/completions")
+    # a non-finite logprob arrives as null (mutant rpc-set-tensor-corrupt): -inf, judged by the gates
+    broken = {**entry, "top_logprobs": [{"id": 7, "logprob": None}]}
+    assert parse_token_logprobs({"completion_probabilities": [broken]}, "x") == ([7], [{7: float("-inf")}])
+    with pytest.raises(ParseError, match="malformed"):
+        parse_token_logprobs({"completion_probabilities": [{"id": 7, "top_logprobs": [{"id": 7}]}]}, "x")
 
 
 def test_oracle_fixture_set_loads_and_refuses_bad_fixtures(tmp_path):

@@ -116,11 +116,11 @@ def test_profile_model_roles_are_cross_checked(cli, clean_env):
     p = clean_env / "inv.yaml"
     p.write_text(yaml.safe_dump(inv))
     r = cli("config", "check", str(p))
-    assert r.exit_code == 0, r.output  # the lab profile drafts with draft_same only
-    del inv["pairs"]["lab"]["models"]["draft_same"]
+    assert r.exit_code == 0, r.output  # the lab profile drafts with draft_perturbed only
+    del inv["pairs"]["lab"]["models"]["draft_perturbed"]
     p.write_text(yaml.safe_dump(inv))
     r = cli("config", "check", str(p))
-    assert r.exit_code == 3 and "uses model role 'draft_same'" in r.stdout
+    assert r.exit_code == 3 and "uses model role 'draft_perturbed'" in r.stdout
 
 
 def test_init_scaffold_passes_check_and_show_names_it(cli, clean_env):

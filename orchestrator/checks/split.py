@@ -1,0 +1,149 @@
+"""The split of the model between the pair's devices, read from llama-server's own load log.
+
+The point of the pair is that the RPC host holds part of the model; nothing over HTTP says so
+(`/props` lists no devices). llama-server logs it while loading, at `--log-verbosity 4`
+(the profile's `split` asks for that level): per buffer `load_tensors: <buffer> model buffer size
+= X MiB` and `llama_kv_cache: <buffer> KV buffer size = X MiB`, the total `offloaded N/M layers
+to GPU`, and at debug level (5) `layer N assigned to device D`. A buffer is named after its device
+(`RPC0[host:port]`, `CUDA0`, `CPU_Mapped`). Layers per device come from the debug lines when
+present, otherwise from the offloaded count when exactly one non-CPU device holds the weights
+(the lab pair, where the RPC device is the only accelerator); else they are unknown (None).
+The parse uses the first load that really loads (`load_mode` other than `none`: the
+parameter-fitting probe loads nothing) up to the draft model or `load_model: initializing`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.config.split import SplitExpectation
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import as_text
+
+if TYPE_CHECKING:  # checks.base imports the profile models; the check context is only a type here
+    from orchestrator.checks.base import CheckContext
+
+CPU = "CPU"
+_LOAD = re.compile(r"load_tensors: loading model tensors.*\(load_mode = (\w[\w+]*)\)")
+_END = ("load_model: initializing", "loading draft model")
+_MODEL = re.compile(r"load_tensors:\s+(\S+) model buffer size =\s+([0-9.]+) MiB")
+_KV = re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s+([0-9.]+) MiB")
+_OFFLOADED = re.compile(r"load_tensors: offloaded (\d+)/(\d+) layers to GPU")
+_LAYER = re.compile(r"load_tensors: layer\s+(\d+) assigned to device (\S+?),")
+MARKERS = ("load_tensors:", "llama_kv_cache:", "load_model: initializing", "loading draft model")
+LOG_FILE = "llama-server.log"  # the --log-file pairctl renders; it starts anew with each server start
+
+
+def device_of(buffer: str) -> str:
+    """`RPC0[127.0.0.3:50052]` -> `RPC0`; `CPU_Mapped`, `CPU_REPACK`, `CPU` -> `CPU`."""
+    name = buffer.split("[", 1)[0]
+    return CPU if name.upper().startswith("CPU") else name
+
+
+def _target_section(lines: list[str]) -> list[str]:
+    out: list[str] = []
+    inside = False
+    for line in lines:
+        m = _LOAD.search(line)
+        if m and not inside:
+            inside = m.group(1) != "none"
+            continue
+        if m and inside:
+            break  # a second real load (the draft model): the target's section is over
+        if inside and any(e in line for e in _END):
+            break
+        if inside:
+            out.append(line)
+    return out
+
+
+def parse_load_split(text: str) -> dict[str, Any] | None:
+    """{devices: {name: {model_mib, kv_mib, layers}}, offloaded, n_layers_total, layers_from} or
+    None when the log holds no load section (the verbosity was too low)."""
+    section = _target_section(text.splitlines())
+    if not section:
+        return None
+    devices: dict[str, dict[str, Any]] = {}
+
+    def dev(name: str) -> dict[str, Any]:
+        return devices.setdefault(name, {"model_mib": 0.0, "kv_mib": 0.0, "layers": None})
+
+    offloaded = total = None
+    layer_dev: dict[int, str] = {}
+    for line in section:
+        if m := _MODEL.search(line):
+            dev(device_of(m.group(1)))["model_mib"] += float(m.group(2))
+        elif m := _KV.search(line):
+            dev(device_of(m.group(1)))["kv_mib"] += float(m.group(2))
+        elif m := _OFFLOADED.search(line):
+            offloaded, total = int(m.group(1)), int(m.group(2))
+        elif m := _LAYER.search(line):
+            layer_dev.setdefault(int(m.group(1)), device_of(m.group(2)))
+    layers_from = None
+    if layer_dev:
+        for name in set(layer_dev.values()):
+            dev(name)["layers"] = sum(1 for d in layer_dev.values() if d == name)
+        layers_from = "debug: layer N assigned to device"
+    elif offloaded is not None and total is not None:
+        holders = [n for n, d in devices.items() if n != CPU and d["model_mib"] > 0]
+        if len(holders) == 1:
+            dev(holders[0])["layers"] = offloaded
+            dev(CPU)["layers"] = total - offloaded
+            layers_from = "offloaded N/M layers, one accelerator"
+        elif not holders:
+            dev(CPU)["layers"] = total
+            layers_from = "offloaded N/M layers, no accelerator holds weights"
+    for d in devices.values():
+        d["model_mib"] = round(d["model_mib"], 2)
+        d["kv_mib"] = round(d["kv_mib"], 2)
+    return {"devices": devices, "offloaded": offloaded, "n_layers_total": total, "layers_from": layers_from}
+
+
+def split_problems(split: dict[str, Any] | None, expect: SplitExpectation) -> list[str]:
+    """What the profile's `split` declares, against the parsed load log."""
+    if split is None:
+        return ["the server's log shows no model load (run it with --log-verbosity 4: the profile's split sets it)"]
+    rpc = {n: d for n, d in split["devices"].items() if n.startswith("RPC")}
+    p = []
+    if not rpc:
+        p.append("no RPC device holds a buffer: the RPC host holds nothing of the model")
+        return p
+    layers = sum(d["layers"] or 0 for d in rpc.values())
+    known = all(d["layers"] is not None for d in rpc.values())
+    if not known:
+        p.append("layers per RPC device are not in the log (run with --log-verbosity 5 for the per-layer lines)")
+    elif layers < expect.rpc_min_layers:
+        p.append(f"the RPC device(s) hold {layers} layers, the profile expects at least {expect.rpc_min_layers}")
+    model = sum(d["model_mib"] for d in rpc.values())
+    if model < expect.rpc_min_model_mib or model <= 0:
+        p.append(f"the RPC device(s) hold {model:g} MiB of weights, the profile expects at least "
+                 f"{expect.rpc_min_model_mib:g} MiB")  # fmt: skip
+    kv = sum(d["kv_mib"] for d in rpc.values())
+    if expect.rpc_kv and kv <= 0:
+        p.append("the RPC device(s) hold no KV cache, the profile expects part of it there")
+    return p
+
+
+def log_lines_cmd(root: str, file: str) -> Cmd:
+    """The load-log lines of `<root>/run/<file>` (fixed strings, no shell), at most 4000."""
+    argv: list[str] = ["grep", "-F", "-m", "4000"]
+    for t in MARKERS:
+        argv += ["-e", t]
+    return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
+
+
+def read_split(ctx: CheckContext) -> dict[str, Any]:
+    """The split as the native host's server log states it now: {split, problems} (never raises)."""
+    expect = ctx.profile.split
+    tr, root = ctx.transports.get("native"), ctx.host_roots.get("native")
+    if expect is None:
+        return {"split": None, "problems": []}
+    if tr is None or root is None:
+        return {"split": None, "problems": ["split: no transport to the native host to read its server log"]}
+    try:
+        r = tr.run(log_lines_cmd(root, LOG_FILE), check=False, timeout=30)
+    except Exception as exc:  # a host error is an identity problem, not a crash of the suite
+        return {"split": None, "problems": [f"split: cannot read the server log: {type(exc).__name__}: {exc}"]}
+    split = parse_load_split(as_text(r.stdout))
+    return {"split": split, "problems": [f"split: {p}" for p in split_problems(split, expect)]}

@@ -1,0 +1,139 @@
+"""Mutants as tests: small patches to the pinned llama.cpp, each breaking one behaviour that
+acceptance checks, must each be rejected by deploy (exit 7) by the check meant for it.
+
+Every folder here is a `pairctl build --patch` folder (patch.diff + kernel.yaml written by
+write_meta.py). A mutant is built on demand (separate builds: one patched file recompiles with
+the warm ccache in about 40 s on 2 cores, see README "The mutant suite"), deployed onto the
+accepted baseline with the acceptance limited to its expected check, and the test asserts:
+exit 7, that check failed in the deploy's receipt, the receipt says `restored`, and the baseline
+is active and verified again. A mutant acceptance does not catch is a failing test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.build.store import Package
+from orchestrator.config.kernels import load_kernel
+from orchestrator.evidence.store import EvidenceStore
+from tests.plugins.packages import build_package
+from tests.plugins.pairs import PAIR, PROFILE, is_active, lab_status
+
+HERE = Path(__file__).resolve().parent
+
+# mutant folder -> the acceptance check that must reject it (checks/suite.py names)
+MUTANTS: dict[str, str] = {
+    "cache-off": "cached_continuation",
+    "long-prefix-capped": "long_prefix_cache",
+    "cancel-ignored": "cancellation",
+    "slot-short": "exactly_full",
+    "build-info-lies": "identity",  # deploy's identity verification (step verify), before the suite
+    "rope-scale": "reference_logprobs",
+    "rpc-kernel-add": "reference_logprobs",
+    "rpc-set-tensor-corrupt": "reference_logprobs",
+    "temperature-zero": "sampling",
+    "spec-verify-skipped": "speculative",
+    "content-truncated": "answer_fixtures",
+}
+REFERENCE_REASON = "mutant suite: the baseline package is the yardstick"
+
+_BUILT: dict[str, Package] = {}
+_REFERENCE: dict[str, bool] = {}
+
+
+def _folders() -> list[str]:
+    return sorted(p.parent.name for p in HERE.glob("*/kernel.yaml"))
+
+
+def test_every_mutant_folder_is_listed_and_loads():
+    """Pure: each patch folder parses, its sha256 matches its diff, and it names a check."""
+    from orchestrator.checks.suite import CHECKS
+
+    assert _folders() == sorted(MUTANTS), "tests/mutants/<name>/ and MUTANTS must list the same mutants"
+    for name, check in MUTANTS.items():
+        _, meta = load_kernel(HERE / name)
+        assert meta.name == name and meta.scope is None and meta.files
+        assert check in CHECKS, check
+
+
+def _mutant_package(home: Path, name: str) -> Package:
+    if name not in _BUILT:
+        _BUILT[name] = build_package(home, "baseline", extra=("--patch", str(HERE / name)))
+    return _BUILT[name]
+
+
+def _ensure_reference(cli, baseline: str) -> None:
+    """Pin the baseline as the route's reference and record its answers for the lab profile
+    (reference logprobs, and answer-fixture results a candidate is judged against)."""
+    if _REFERENCE.get(baseline):
+        return
+    r = cli("--json", "reference", "show", "--pair", PAIR)
+    shown = json.loads(r.stdout) if r.exit_code == 0 else {}
+    ref = shown.get("reference") or {}
+    if (ref.get("native_package"), ref.get("rpc_package")) != (baseline, baseline):
+        r = cli("--json", "reference", "set", "--pair", PAIR, "--package", baseline, "--reason", REFERENCE_REASON)
+        assert r.exit_code == 0, r.output[-2000:]
+    # the baseline's answers: reference logprobs and the answer fixtures' baseline results
+    r = cli("--json", "accept", "--pair", PAIR, "--checks", "reference_logprobs,answer_fixtures")
+    assert r.exit_code == 0, r.output[-3000:]
+    _REFERENCE[baseline] = True
+
+
+@pytest.mark.mutants
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_mutant_is_rejected_at_deploy_and_the_baseline_restored(
+    name, deployed_lab, restore_baseline, pairctl_home, cli
+):
+    """`restore_baseline` puts the baseline back even when a mutant was wrongly accepted."""
+    check = MUTANTS[name]
+    baseline = deployed_lab.package_id
+    _ensure_reference(cli, baseline)
+    pkg = _mutant_package(pairctl_home, name)
+    assert pkg.id != baseline and pkg.manifest.patch is not None and pkg.manifest.patch.name == name
+
+    r = cli(
+        "--json", "deploy", "--pair", PAIR, "--native", pkg.id, "--rpc", pkg.id, "--profile", PROFILE,
+        "--checks", check,
+    )  # fmt: skip
+    assert r.exit_code == 7, f"mutant {name} was not rejected (exit {r.exit_code}):\n{r.output[-3000:]}"
+    out = json.loads(r.stdout)
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(out["error"]["receipt"])
+    step = rec.step(f"check:{check}")
+    if check == "identity" and step is None:
+        # deploy verifies identity before acceptance starts: its `verify` step is the identity check
+        step = next((s for s in rec.steps if s.name == "verify" and s.outcome == "failed"), None)
+        assert step is not None and "identity does not match" in (step.error or ""), (name, step)
+    assert step is not None and step.outcome == "failed", (name, check, [(s.name, s.outcome) for s in rec.steps])
+    assert rec.outcome == "failed"
+    assert rec.extra_fields()["final_state"]["state"] == "restored", rec.extra_fields()["final_state"]
+    st = lab_status(cli)
+    assert is_active(st, baseline), f"baseline not active and verified after mutant {name}: {st}"
+
+
+@pytest.mark.mutants
+@pytest.mark.timeout(600)
+def test_identity_records_the_split_and_rejects_an_idle_rpc_device(deployed_lab, restore_baseline, cli):
+    """The lab profile declares `split` (the RPC device holds layers): identity records each
+    device's layers and MiB from the load log; the same package with -ngl 0 (lab-rpc-idle: the
+    RPC host connected, holding nothing) is rejected at deploy by identity, baseline restored."""
+    r = cli("--json", "accept", "--pair", PAIR, "--checks", "identity")
+    assert r.exit_code == 0, r.output[-3000:]
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)["receipt"])
+    split = rec.step("check:identity").data["raw"]["before"]["split"]
+    assert split["devices"]["RPC0"]["layers"] >= 1 and split["devices"]["RPC0"]["model_mib"] > 0, split
+    assert split["devices"]["RPC0"]["kv_mib"] > 0, split
+
+    pkg = deployed_lab.package_id
+    r = cli(
+        "--json", "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab-rpc-idle", "--checks", "identity"
+    )
+    assert r.exit_code == 7, r.output[-3000:]
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)["error"]["receipt"])
+    step = rec.step("check:identity")
+    assert step is not None and step.outcome == "failed" and "RPC host holds nothing" in step.data["message"]
+    assert rec.extra_fields()["final_state"]["state"] == "restored"
+    assert is_active(lab_status(cli), pkg)
