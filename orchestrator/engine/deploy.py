@@ -456,9 +456,21 @@ def _leases_after(ctx: RunContext, record: Callable[[StepOutcome], None] | None 
     return f"releasing the leases FAILED ({'; '.join(errors)})" if errors else "leases released"
 
 
+# A deploy that failed at one of these steps has not written the route record yet: its links can
+# go back as found, agreeing with the record again (after `route`, the record names this run's pair)
+LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
+
+
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
     stopped = activate.stop_everything(ctx)
-    ctx.journal.set("final_state", _final_state(ctx, "stopped (rollback failed)", stopped=stopped))
+    final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
+    if (
+        first_failure is not None
+        and first_failure.step.action in LINKS_BACK_BEFORE
+        and all(ctx.hosts.route_bytes(r) == ctx.hosts.facts[r].route_bytes for r in ("native", "rpc"))
+    ):
+        final["links_back"] = activate.links_back(ctx)
+    ctx.journal.set("final_state", final)
     held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
