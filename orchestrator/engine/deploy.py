@@ -280,6 +280,14 @@ def deploy(
                 _abort(ctx, failure, record)
                 raise _cause(failure) from None
             _rollback_after_failure(ctx, rollback_pb, failure, record)  # raises RolledBack / RollbackFailed
+        except PairctlError as refused:
+            # a refusal after `lease` but outside a step (the hosts' state judged, the previous pair
+            # rendered): nothing changed, and the leases this run took are given back (they were
+            # left held until their TTL, and the next deploy was refused with exit 5)
+            if ctx.changed:
+                raise
+            _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
+            raise
         assert ctx.target is not None
         journal.set("final_state", _final_state(ctx, "activated"))
         record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
