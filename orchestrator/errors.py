@@ -49,6 +49,13 @@ class HostError(PairctlError, ConnectionError):
     exit_code = ExitCode.HOST
 
 
+class DiskFull(HostError):
+    """A host's disk could not take a write ("no space left on HOST:PATH"). Exit 6, the host's
+    state, not 4: the host answered, and reaching it again would not help."""
+
+    exit_code = ExitCode.BUILD
+
+
 class HostKeyError(HostError):
     """Unknown or changed host key: stop before any change on any host."""
 

@@ -6,27 +6,83 @@ Kept out of the CLI module so the command stays thin and tests can call `accept_
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.checks import budget
 from orchestrator.checks.base import CheckOptions
 from orchestrator.checks.live import checks_arg, open_live
 from orchestrator.checks.suite import SuiteResult, run_suite, select
 from orchestrator.config.inventory import Inventory
-from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, Skipped
+from orchestrator.config.profiles import RouteProfile, load_profile
+from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, PairctlError, Skipped
 from orchestrator.evidence.store import EvidenceStore
-from orchestrator.hosts.leases import default_owner, hold_pair_leases, hosts_of, targets_of
+from orchestrator.hosts.leases import HeldLeases, LeaseLost, default_owner, hold_pair_leases, hosts_of, targets_of
 from orchestrator.log import get_logger
 from orchestrator.ops.textfile import write_acceptance
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 
-LEASE_TTL_S = 3600  # the production pair's near-full lanes take minutes; a lease must outlive the suite
+# The accept lease lasts as long as the suite may (checks/budget.py suite_seconds for the checks
+# selected, on the profile's budget) plus a margin, and a heartbeat renews it while the suite runs,
+# so a slow suite never outlives its lease and a killed accept's lease goes stale within minutes.
+LEASE_MARGIN_S = 120.0
+HEARTBEAT_S = 300.0  # the heartbeat's period at most; the lease promises the next within twice that
+FALLBACK_TTL_S = 3600.0  # only when no profile can be loaded before the lease (open then refuses)
+
+
+def lease_ttl_s(profile: RouteProfile | None, n_checks: int) -> float:
+    """How long accept's lease must last: the whole suite's bound on `profile` plus a margin."""
+    if profile is None:
+        return FALLBACK_TTL_S
+    return round(budget.suite_seconds(budget.for_profile(profile), max(1, n_checks)) + LEASE_MARGIN_S, 1)
+
+
+def heartbeat_s(ttl_s: float) -> float:
+    """The renewal period: a third of the TTL (three chances before it ends), HEARTBEAT_S at most."""
+    return max(5.0, min(HEARTBEAT_S, ttl_s / 3))
+
+
+@contextmanager
+def heartbeat(held: HeldLeases, period_s: float) -> Iterator[list[str]]:
+    """Renew `held` every `period_s` while the body runs (the suite's requests may each take
+    minutes). Yields a list that holds why, if a renewal found the lease lost: the caller then
+    fails the run, since another operator may have acted on the pair meanwhile."""
+    lost: list[str] = []
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(period_s):
+            try:
+                held.renew()
+            except LeaseLost as exc:
+                lost.append(str(exc))
+                return
+            except PairctlError:  # a host that did not answer this time: try again next period
+                continue
+
+    t = threading.Thread(target=beat, name="accept-lease-heartbeat", daemon=True)
+    t.start()
+    try:
+        yield lost
+    finally:
+        stop.set()
+        t.join(timeout=period_s + 60)
+
+
+def _profile_before_open(inventory: Inventory, req: AcceptRequest) -> RouteProfile | None:
+    pair = inventory.pair(req.pair)
+    try:
+        return load_profile(req.profile or pair.profile, pair=pair)
+    except PairctlError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -93,15 +149,20 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
         with TransportPool(inventory) as pool, ExitStack() as stack:
             try:
                 with journal.step("lease", host=",".join(hosts_of(inventory, req.pair))) as st:
+                    ttl = lease_ttl_s(_profile_before_open(inventory, req), len(select(only, skip)))
+                    period = heartbeat_s(ttl)
                     held = stack.enter_context(
                         hold_pair_leases(
                             targets_of(inventory, pool, req.pair),
                             owner=default_owner(),
                             purpose=f"pairctl accept {req.pair} (run {journal.run_id})",
-                            ttl_s=LEASE_TTL_S,
+                            ttl_s=ttl,
+                            stale_after_s=int(2 * period),
                         )
                     )
                     st.data["leases"] = [lease_public(x) for x in held.leases]
+                    st.data["ttl_s"] = ttl
+                    st.data["heartbeat_s"] = period
             except LeaseHeldError as exc:
                 if not req.scheduled:
                     raise
@@ -111,7 +172,14 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
                     f"pair {req.pair} is leased; scheduled acceptance skipped: {exc.message}",
                     hint=f"receipt {journal.receipt_hash}",
                 ) from None
-            suite, route = _run(home, inventory, req, journal, evidence, pool, only, skip, log)
+            with heartbeat(held, period) as lost:
+                suite, route = _run(home, inventory, req, journal, evidence, pool, only, skip, log)
+            if lost:
+                raise LeaseLost(
+                    f"pair {req.pair}: accept's lease was lost while the suite ran ({lost[0]}); another "
+                    "operator may have changed the pair, so this acceptance proves nothing",
+                    hint=f"`pairctl lease show {req.pair}` names the holder; accept again once it is done",
+                )
         reason = (
             "every required check passed"
             if suite.passed

@@ -30,7 +30,7 @@ EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook",
     ExitCode.HOST: "a host could not be reached, or its host key is unknown or changed",
     ExitCode.LEASED: "a host is leased by someone else (or another pairctl run holds the pair)",
-    ExitCode.BUILD: "build or package problem (dirty tree, toolchain, hash mismatch)",
+    ExitCode.BUILD: "build or package problem, damaged host state, or not enough free space on a host",
     ExitCode.ROLLED_BACK: "failed after activation began; previous pair restored and verified",
     ExitCode.ROLLBACK_FAILED: "rollback failed: hosts left stopped, leases kept",
     ExitCode.INCONCLUSIVE: "inconclusive (not enough valid data)",

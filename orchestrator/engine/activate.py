@@ -390,12 +390,22 @@ def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
 def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
-        ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-        _before_change(ctx, "rpc")  # the first change: both hosts' leases proven this run's first
-        free = _space_for_switch(ctx)
+        try:  # the first change: both hosts reached and both leases proven this run's first
+            ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
+            _before_change(ctx, "rpc")
+            free = _space_for_switch(ctx)
+            _before_change(ctx, "native")
+        except HostError as exc:
+            if getattr(exc, "nothing_changed", False):  # a full disk, or a host already named unreachable
+                raise
+            # a host lost since `lease` (the lease re-check could not reach it): still a refusal
+            raise UnreachableBeforeChange(
+                f"{exc}; just before the first change, so nothing was stopped",
+                hint="the previous pair keeps serving; repair the host, then deploy again",
+            ) from None
     else:
         free = None
-    _before_change(ctx, role)
+        _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
@@ -427,6 +437,8 @@ def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
 def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     cur, prev = links_for(ctx, role)
     _before_change(ctx, role)
+    if ctx.mode == "deploy":
+        ctx.links_switched.add(role)
     switch_links(ctx.t(role), ctx.layout(role), cur, prev)
     return {"current": cur, "previous": prev}
 
@@ -443,6 +455,8 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         ctx.timed("stop_s", time.monotonic() - t0)
         return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
     verify = _take_deferred(ctx, "rpc")
+    if ctx.mode == "deploy":
+        ctx.links_switched.add("rpc")
     pid, ident, stopped, verified = services.restart_listening(
         t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv), verify=verify
     )
@@ -654,6 +668,30 @@ HANDLERS: dict[str, Handler] = {
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,
 }
+
+
+def links_back(ctx: RunContext) -> dict[str, str]:
+    """Best effort after a failed rollback of a deploy: the links this deploy switched go back as
+    it found them (by rename, under this run's lease), so they agree with the route record again
+    - but only when every such host answers: putting back one host of two would leave a mixed
+    pair (new links on one host, previous on the other) for `repair` to record."""
+    changed = [r for r in ROLES if r in ctx.links_switched and ctx.restore_links.get(r, (None, None))[0]]
+    if not changed:
+        return {"links": "none switched by this deploy"}
+    for role in changed:
+        try:
+            leasing.recheck(ctx, role)
+        except Exception as exc:
+            return {"links": f"left as they are ({ctx.host(role)} did not answer: {str(exc)[:200]})"}
+    out = {}
+    for role in changed:
+        cur, prev = ctx.restore_links[role]
+        try:
+            switch_links(ctx.t(role), ctx.layout(role), cur, prev)
+            out[ctx.host(role)] = f"current {cur}, previous {prev}"
+        except Exception as exc:  # keep going: the other host must get its links back too
+            out[ctx.host(role)] = f"links left: {exc}"
+    return out
 
 
 def stop_everything(ctx: RunContext) -> dict[str, str]:

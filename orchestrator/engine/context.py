@@ -211,6 +211,7 @@ class RunContext:
     restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
     route_written: bool = False
+    links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
     next_route: RouteRecord | None = None  # the record this run writes, computed once for both hosts
     _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

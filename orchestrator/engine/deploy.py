@@ -280,6 +280,14 @@ def deploy(
                 _abort(ctx, failure, record)
                 raise _cause(failure) from None
             _rollback_after_failure(ctx, rollback_pb, failure, record)  # raises RolledBack / RollbackFailed
+        except PairctlError as refused:
+            # a refusal after `lease` but outside a step (the hosts' state judged, the previous pair
+            # rendered): nothing changed, and the leases this run took are given back (they were
+            # left held until their TTL, and the next deploy was refused with exit 5)
+            if ctx.changed:
+                raise
+            _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
+            raise
         assert ctx.target is not None
         journal.set("final_state", _final_state(ctx, "activated"))
         record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
@@ -456,9 +464,21 @@ def _leases_after(ctx: RunContext, record: Callable[[StepOutcome], None] | None 
     return f"releasing the leases FAILED ({'; '.join(errors)})" if errors else "leases released"
 
 
+# A deploy that failed at one of these steps has not written the route record yet: its links can
+# go back as found, agreeing with the record again (after `route`, the record names this run's pair)
+LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
+
+
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
     stopped = activate.stop_everything(ctx)
-    ctx.journal.set("final_state", _final_state(ctx, "stopped (rollback failed)", stopped=stopped))
+    final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
+    if (
+        first_failure is not None
+        and first_failure.step.action in LINKS_BACK_BEFORE
+        and all(ctx.hosts.route_bytes(r) == ctx.hosts.facts[r].route_bytes for r in ("native", "rpc"))
+    ):
+        final["links_back"] = activate.links_back(ctx)
+    ctx.journal.set("final_state", final)
     held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())

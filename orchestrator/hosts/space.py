@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from orchestrator.errors import HostError
+from orchestrator.errors import DiskFull, HostError
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import Transport
@@ -24,8 +24,8 @@ UPLOAD_MARGIN_BYTES = 16 * MIB  # tar headers, the host's sha256sum output, a lo
 SWITCH_NEEDED_BYTES = 8 * MIB  # route.json twice (temp + rename), pidfiles, the new services' first log lines
 
 
-class NoSpace(HostError):
-    """Not enough free space for the next change; nothing was changed."""
+class NoSpace(DiskFull):
+    """Not enough free space for the next change; nothing was changed (exit 6, as DiskFull)."""
 
     nothing_changed = True
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.errors import HostError
+from orchestrator.errors import DiskFull, HostError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import Result, command_failed, command_timed_out
@@ -101,7 +101,7 @@ class LocalTransport:
             if exc.errno == errno.ENOSPC:
                 with contextlib.suppress(OSError):
                     os.remove(remote_path)  # no partial file left behind
-                raise HostError(
+                raise DiskFull(
                     f"no space left on {self.name}:{os.path.dirname(remote_path)} "
                     f"(writing {os.path.basename(remote_path)})"
                 ) from None

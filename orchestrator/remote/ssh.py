@@ -36,7 +36,7 @@ from typing import Any
 import paramiko
 
 from orchestrator.config.inventory import Inventory, warn_if_readable_by_others
-from orchestrator.errors import HostError, HostKeyError, PairctlError
+from orchestrator.errors import DiskFull, HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.known_hosts import known_hosts_name
@@ -678,7 +678,7 @@ class SshTransport:
                 self._sftp_client().remove(dst)  # no partial file left behind
             except (OSError, paramiko.SSHException, EOFError):
                 pass
-            return HostError(
+            return DiskFull(
                 f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
                 f"(writing {posixpath.basename(dst)}: {exc})",
                 hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again",

@@ -134,6 +134,15 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
     # the second run judged fixtures against the first run's answers
     af = receipt.step("check:answer_fixtures").data
     assert af["raw"]["baseline_receipt"] == first_accept.receipt
+    # issue 21: the lease lasts as long as this suite may on the lab profile, renewed by a heartbeat
+    from orchestrator.checks.runner import heartbeat_s, lease_ttl_s
+    from orchestrator.checks.suite import select
+    from orchestrator.config.profiles import load_profile
+
+    lease = steps["lease"].data
+    assert lease["ttl_s"] == lease_ttl_s(load_profile("lab"), len(select())), lease
+    assert lease["heartbeat_s"] == heartbeat_s(lease["ttl_s"]) and lease["ttl_s"] != 3600
+    assert all(h["stale_after_s"] == int(2 * lease["heartbeat_s"]) for h in lease["leases"]), lease
 
 
 def test_perturbed_draft_is_accepted_often_and_rejected_sometimes(first_accept):

@@ -26,7 +26,7 @@ from orchestrator.evidence.store import EvidenceStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-from tests.plugins.pairs import deploy_baseline, is_active  # noqa: E402
+from tests.plugins.pairs import deploy_baseline, hooked_deploy, is_active, wait_paused  # noqa: E402
 from tests.plugins.pairs import lab_status as _lab_status  # noqa: E402
 
 INV = os.environ.get("PAIRCTL_DEPLOY_E2E_INVENTORY", "lab")
@@ -302,41 +302,13 @@ def test_dead_run_lease_released_only_once_the_run_is_over(deployed_lab, cli, la
     `lease release --dead-run` refuses while the run lives (and for an unknown run), and frees
     both hosts once the evidence proves it over; `status` names the stale leases meanwhile."""
     import signal
-    import sys
-    import time
 
     from orchestrator.hosts.leases import parse_run_of
 
     a, b = deployed_lab.package_id, lab_packages_b.id
-    env = dict(
-        os.environ,
-        PAIRCTL_HOME=str(deployed_lab.home),
-        PAIRCTL_ENABLE_FAULT_HOOKS="1",
-        PAIRCTL_FAULT_HOOK="upload:pause",
-        PAIRCTL_FAULT_DIR=str(tmp_path),
-    )
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "--home",
-        str(deployed_lab.home),
-        *(["--inventory", INV_ARG] if INV_ARG else []),
-        "deploy",
-        "--pair",
-        PAIR,
-        "--packages",
-        b,
-        b,
-        "--skip-accept",
-    ]
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = hooked_deploy(Path(deployed_lab.home), b, "upload:pause", tmp_path, inventory=INV_ARG)
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "paused").exists():
-            assert child.poll() is None, child.stderr.read() if child.stderr else ""
-            assert time.monotonic() < deadline, "the deploy never reached the upload step"
-            time.sleep(0.05)
+        wait_paused(child, tmp_path, "upload")
         shown = json.loads(cli("--json", "lease", "show", PAIR, inventory=INV_ARG).stdout)
         runs = {parse_run_of(s["lease"]["purpose"]) for s in shown}
         assert len(shown) == 2 and len(runs) == 1 and None not in runs, shown

@@ -12,8 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,7 +23,7 @@ from orchestrator.config.loader import read_yaml
 from orchestrator.engine.plan import pair_view
 from orchestrator.hashing import canonical_json
 from orchestrator.hosts.route import argv_digest
-from tests.plugins.pairs import is_active, lab_status
+from tests.plugins.pairs import hooked_deploy, is_active, lab_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -145,29 +143,9 @@ def test_deploy_killed_before_acceptance_is_not_recorded_active(deployed_lab, la
     SIGKILLed there left status exit 0. Now the record says `activating` by that run until
     acceptance passed; once the run is over status names the problem and the resolving command."""
     a, b = deployed_lab.package_id, lab_packages_b.id
-    env = dict(
-        os.environ,
-        PAIRCTL_HOME=str(deployed_lab.home),
-        PAIRCTL_ENABLE_FAULT_HOOKS="1",
-        PAIRCTL_FAULT_HOOK="accept:kill",
-        PAIRCTL_FAULT_DIR=str(tmp_path),
-    )
-    argv = [
-        sys.executable,
-        "-m",
-        "orchestrator",
-        "--home",
-        str(deployed_lab.home),
-        "deploy",
-        "--pair",
-        PAIR,
-        "--packages",
-        b,
-        b,
-        "--skip-accept",
-    ]
-    child = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
-    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    child = hooked_deploy(Path(deployed_lab.home), b, "accept:kill", tmp_path)
+    _, err = child.communicate(timeout=600)
+    assert child.returncode == -signal.SIGKILL, err[-2000:]
     run = json.loads((_roots(deployed_lab)["native"] / "route.json").read_text())["updated_by"]
     try:
         r = cli("--json", "status", "--pair", PAIR)
@@ -217,16 +195,16 @@ def test_links_that_leave_the_install_root_are_refused(deployed_lab, lab_package
         assert any("which is not in" in p and "lab-native" in p for p in st["problems"]), st["problems"]
         r, _ = _deploy(cli, "--packages", b, b, "--skip-accept")
         assert r.exit_code == 6 and "not in" in r.stderr, r.stderr
+        # refused after `lease` (the hosts' state is judged once they are held): the leases are
+        # given back, not left until their TTL for the next deploy to meet as exit 5
+        held = [h for h, r in _roots(deployed_lab).items() if (r / "leases" / "host.lock").exists()]
+        assert not held, f"the refused deploy left its leases on {held}: {lab_status(cli)['hosts']}"
     finally:
         current.unlink()
         os.symlink(target, current)
     assert is_active(lab_status(cli), a)
 
 
-@pytest.mark.skip(
-    reason="open on issue 21: in the merged clean run a lease of an earlier test's run was still held, "
-    "so deploy exited 5 here (and the next test errored at setup)"
-)
 def test_missing_or_disagreeing_route_refused_then_repaired(deployed_lab, lab_packages_b, cli):
     """Issue 21 #6: route.json missing on both hosts restarted the record at revision 1 (and
     rollback then refused); a wrong record on one host was silently overwritten; invalid JSON
@@ -278,10 +256,6 @@ def _routes_or_none(pair) -> dict[str, bytes | None]:
     }
 
 
-@pytest.mark.skip(
-    reason="open on issue 21: in the merged clean run a lease of an earlier test's run was still held, "
-    "so deploy exited 5 here (and the next test errored at setup)"
-)
 def test_deleted_receipts_show_up_against_the_route_anchor(deployed_lab, b_over_a, cli, tmp_path):
     """Issue 16 #7: deleting the newest receipt (and moving the head back) or the whole chain
     went unnoticed. The route record names the run that wrote it and the chain head it followed:

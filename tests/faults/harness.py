@@ -609,6 +609,16 @@ def active_package(st: dict[str, Any]) -> str | None:
     return pk[0]
 
 
+def status_brief(st: dict[str, Any]) -> str:
+    """What status saw, in one line (for a cell's problems: why no pair counts as verified)."""
+    route = st.get("route") or {}
+    hosts = {
+        h: {k: v.get(k) for k in ("current", "previous", "running", "matches_manifest")}
+        for h, v in (st.get("hosts") or {}).items()
+    }
+    return f"route {route.get('state')} {route.get('active_packages')}, health {st.get('health')}, hosts {hosts}"
+
+
 def establish(fp: FaultPair, pkg: str) -> None:
     """Make `pkg` the verified active pair (cell set-up; not part of what is judged)."""
     _, st = fp.status()
@@ -751,7 +761,9 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     act = active_package(st2)
     cell.final = "new" if act == new else "previous" if act == old else "NEITHER"
     if act not in (new, old):
-        cell.problems.append(f"pair is neither new-and-verified nor previous-and-verified: {st2.get('problems')}")
+        cell.problems.append(
+            f"pair is neither new-and-verified nor previous-and-verified: {st2.get('problems')} {status_brief(st2)}"
+        )
     if operator == "deploy" and p.returncode == 0 and act != new:
         cell.problems.append("deploy exited 0 but the new pair is not the verified active one")
     # "new" counts only when a deploy accepted it after the fault; a passed rollback that restored

@@ -8,6 +8,10 @@ deploy something else must put the baseline back before they end (`restore_basel
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +107,34 @@ def deployed_lab(lab, lab_packages, cli) -> DeployedPair:
         receipt=receipt,
         status=st,
     )
+
+
+def hooked_deploy(
+    home: Path, package_id: str, hook: str, fault_dir: Path, *, pair: str = PAIR, inventory: str | None = None
+) -> subprocess.Popen[str]:
+    """`pairctl deploy --skip-accept` of `package_id` on both hosts, as a child process with the
+    engine's test-only fault hook (`STEP:pause` waits at STEP, `STEP:kill` SIGKILLs itself there;
+    orchestrator/engine/faults.py). stdout is discarded, stderr kept for the assertion messages."""
+    env = dict(
+        os.environ,
+        PAIRCTL_HOME=str(home),
+        PAIRCTL_ENABLE_FAULT_HOOKS="1",
+        PAIRCTL_FAULT_HOOK=hook,
+        PAIRCTL_FAULT_DIR=str(fault_dir),
+    )
+    argv = [sys.executable, "-m", "orchestrator", "--home", str(home)]
+    argv += [*(["--inventory", inventory] if inventory else []), "deploy", "--pair", pair]
+    argv += ["--packages", package_id, package_id, "--skip-accept"]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_paused(child: subprocess.Popen[str], fault_dir: Path, step: str, timeout_s: float = 120) -> None:
+    """Until a `STEP:pause` child waits at its step (it exiting first fails, with its stderr)."""
+    deadline = time.monotonic() + timeout_s
+    while not (fault_dir / "paused").exists():
+        assert child.poll() is None, child.stderr.read() if child.stderr else ""
+        assert time.monotonic() < deadline, f"the deploy never reached the {step} step"
+        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ def test_parse_df_and_refusal_names_host_path_free_and_needed() -> None:
     msg = str(ei.value)
     assert msg.startswith("no space left on faults-native:/r/releases for the upload of pkg-a")
     assert "0.0 MiB free, 20.0 MiB needed; nothing was changed" in msg
-    assert ei.value.nothing_changed and ei.value.exit_code == 4
+    assert ei.value.nothing_changed and ei.value.exit_code == 6  # README: host state, not an unreachable host
     s.require(1024, "a tiny file")  # enough: no error
     with pytest.raises(HostError, match="cannot read free space"):
         space.parse_df("garbage", "h", "/p")
