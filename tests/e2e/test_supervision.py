@@ -211,11 +211,19 @@ def test_crash_loop_gives_up_and_status_says_so(pair, cli):
     assert old is not None
     blocker = socket.socket()
     blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # under a held lease the supervisor stays passive, so the port is taken before any restart
+    r = cli("lease", "take", "lab-native", "--purpose", "crash-loop test", "--ttl", "10m")
+    assert r.exit_code == 0, r.output
+    nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
     try:
-        os.kill(old, signal.SIGKILL)
-        _wait("old llama-server gone", lambda: not _alive(old), 5)
-        blocker.bind((host, int(port)))
-        blocker.listen(1)
+        try:
+            os.kill(old, signal.SIGKILL)
+            _wait("old llama-server gone", lambda: not _alive(old), 5)
+            blocker.bind((host, int(port)))
+            blocker.listen(1)
+        finally:
+            r = cli("lease", "release", "lab-native", "--nonce", nonce)
+            assert r.exit_code == 0, r.output
         _wait("supervisor gave up", lambda: _state(root, LLAMA_SERVER).get("given_up"), 60)
         st = _state(root, LLAMA_SERVER)
         assert st["state"] == "given-up" and st["restarts"] >= 3, st
