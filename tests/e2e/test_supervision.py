@@ -237,13 +237,14 @@ def test_crash_loop_gives_up_and_status_says_so(pair, cli):
 
 
 def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
-    """A host whose login environment carries LLAMA_ARG_API_KEY (how llama.cpp reads every flag
-    from the environment) would make the lab server demand a key it was never given: shown with
-    the same binary run directly; under pairctl-svc the variable has no effect."""
+    """A host whose login environment carries LLAMA_ARG_ENDPOINT_SLOTS=0 and LLAMA_API_KEY (llama.cpp
+    reads flags from LLAMA_ARG_* variables) would turn /slots off and make the server demand a
+    key it was never given: shown with the same binary run directly; started by pairctl-svc from
+    an SSH session that carries them, they have no effect."""
     root = pair.roots()["native"]
     old = _pid(root, LLAMA_SERVER)
     argv = Path(f"/proc/{old}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    planted = ("env", "LLAMA_ARG_API_KEY=planted-by-the-host", "LLAMA_ARG_ENDPOINT_SLOTS=0")
+    planted = ("env", "LLAMA_API_KEY=planted-by-the-host", "LLAMA_ARG_ENDPOINT_SLOTS=0")
 
     # the binary with the planted environment, on a port of its own: the variable takes effect
     s = socket.socket()
@@ -252,16 +253,29 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     s.close()
     direct = [a.decode() for a in argv]
     direct[direct.index("--port") + 1] = str(free)
-    direct = [a for a in direct if not a.startswith("--log-file")]
-    if "--log-file" in direct:
-        i = direct.index("--log-file")
-        del direct[i : i + 2]
-    env = {"PATH": "/usr/bin:/bin", "LLAMA_ARG_API_KEY": "planted-by-the-host", "LLAMA_ARG_ENDPOINT_SLOTS": "0"}
-    proc = subprocess.Popen(direct, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for flag in ("--log-file", "--rpc"):  # its own log; no RPC (ggml-rpc-server serves one client at a time)
+        if flag in direct:
+            i = direct.index(flag)
+            del direct[i : i + 2]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": os.path.dirname(direct[0]),
+        "LLAMA_API_KEY": "planted-by-the-host",
+        "LLAMA_ARG_ENDPOINT_SLOTS": "0",
+    }
+    log = tmp_path / "direct.out"
+    proc = subprocess.Popen(direct, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.2:{free}"
-        _wait("direct llama-server healthy", lambda: _healthy(url), 30)
+        try:
+            _wait("direct llama-server healthy", lambda: _healthy(url), 30)
+        except AssertionError:
+            raise AssertionError(log.read_text()[-3000:]) from None
         assert httpx.get(url + "/props", timeout=5, trust_env=False).status_code == 401
+        slots = httpx.get(
+            url + "/slots", timeout=5, trust_env=False, headers={"Authorization": "Bearer planted-by-the-host"}
+        )
+        assert slots.status_code == 501, slots.text
     finally:
         proc.kill()
         proc.wait(timeout=30)
@@ -280,7 +294,7 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     assert httpx.get(pair.base_url + "/props", timeout=5, trust_env=False).status_code == 200
     assert httpx.get(pair.base_url + "/slots", timeout=5, trust_env=False).status_code == 200
     environ = Path(f"/proc/{new}/environ").read_bytes().split(b"\0")
-    assert not [e for e in environ if e.startswith(b"LLAMA_ARG")]
+    assert not [e for e in environ if e.startswith(b"LLAMA_")]
     names = sorted(e.split(b"=", 1)[0].decode() for e in environ if e)
     assert names == ["HOME", "LD_LIBRARY_PATH", "PATH"], names
     home = dict(e.split(b"=", 1) for e in environ if e)[b"HOME"].decode()
