@@ -235,7 +235,9 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
         # the ended run's log to .1 (a deliberate start keeps it as .prev)
         if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
-        env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@" \
+        # a cleared environment (no LLAMA_ARG_* or config of the host user's), its own HOME and cwd;
+        # the subshell execs env, which execs PROGRAM: $! is the service's pid
+        (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
             >>"$r/run/$n.out" 2>&1 </dev/null &
         cpid=$!
         echo "$cpid" >"$r/run/.$n.pid.tmp" && mv -f "$r/run/.$n.pid.tmp" "$r/run/$n.pid"
