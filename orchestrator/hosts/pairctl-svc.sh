@@ -148,11 +148,13 @@ health_probe() { # health_probe ADDRESS PORT TIMEOUT_S: GET /health gets an HTTP
         exit 1' _ "$1" "$2" 2>/dev/null
 }
 
-peer_connected() { # peer_connected PID ADDRESS PORT: PID holds an ESTABLISHED TCP connection to ADDRESS:PORT
+peer_closed() { # peer_closed PID ADDRESS PORT: PID holds a TCP connection to ADDRESS:PORT that the
+    # peer closed (CLOSE_WAIT: ggml-rpc-server died or restarted). llama-server's own short-lived
+    # connections (device queries at start) close from its side and never show this state.
     want=$(printf '%s\n' "$2" | awk -F. -v port="$3" 'NF == 4 { printf "%02X%02X%02X%02X:%04X", $4, $3, $2, $1, port }')
     inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
     [ -n "$want" ] && [ -n "$inodes" ] || return 1
-    awk -v want="$want" -v inodes=" $inodes" 'NR > 1 && $3 == want && $4 == "01" && index(inodes, " " $10 " ") { found = 1 }
+    awk -v want="$want" -v inodes=" $inodes" 'NR > 1 && $3 == want && $4 == "08" && index(inodes, " " $10 " ") { found = 1 }
         END { exit !found }' /proc/net/tcp
 }
 
@@ -245,7 +247,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         if [ $first = 0 ]; then restarts=$((restarts + 1)); fi
         set_state "$r" "$n" state running pid "$cpid" started_at "$t0" restarts "$restarts"
         [ $first = 0 ] && echo "$(date -u +%FT%TZ) $n: restarted as pid $cpid (restart $restarts, after $reason)"
-        first=0; reason=-; unanswered_since=""; peer_seen=0
+        first=0; reason=-; unanswered_since=""
         while alive "$cpid"; do
             sleep "$probe_s"
             alive "$cpid" || break
@@ -265,9 +267,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
                 fi
             fi
             if [ "$peer" != - ]; then
-                if peer_connected "$cpid" "${peer%:*}" "${peer##*:}"; then
-                    peer_seen=1
-                elif [ $peer_seen = 1 ]; then  # it cannot survive losing its RPC peer: restart it after the peer
+                if peer_closed "$cpid" "${peer%:*}" "${peer##*:}"; then  # it cannot survive losing its peer
                     reason="peer-lost ($peer)"
                     kill -TERM "$cpid" 2>/dev/null
                     i=0
