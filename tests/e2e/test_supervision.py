@@ -219,7 +219,16 @@ def test_crash_loop_gives_up_and_status_says_so(pair, cli):
         try:
             os.kill(old, signal.SIGKILL)
             _wait("old llama-server gone", lambda: not _alive(old), 5)
-            blocker.bind((host, int(port)))
+            # the killed server's sockets of earlier tests' connections may hold the port for a while
+            # (orphaned FIN_WAIT, up to tcp_fin_timeout): retry, still under the lease
+            t0 = time.monotonic()
+            while True:
+                try:
+                    blocker.bind((host, int(port)))
+                    break
+                except OSError:
+                    assert time.monotonic() - t0 < 90, "the port stayed in use"
+                    time.sleep(0.2)
             blocker.listen(1)
         finally:
             r = cli("lease", "release", "lab-native", "--nonce", nonce)
