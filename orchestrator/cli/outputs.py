@@ -106,6 +106,7 @@ class HostStatus(_Open):
     pid: int | None
     matches_manifest: bool | None
     leases: list[dict[str, Any]]
+    supervisor: dict[str, Any] | None = None  # hosts/supervisor.py SupervisorState.as_dict()
 
 
 class StatusOutput(_Open):

@@ -128,10 +128,33 @@ class HookSpec(StrictModel):
     timeout_s: float = Field(default=10.0, gt=0, le=600, description="killed after this many seconds")
 
 
+class Supervision(StrictModel):
+    """How each host's supervisor (pairctl-svc `supervise`) keeps a service up: restart after a
+    crash with exponential backoff, give up after a crash loop, restart a hung llama-server."""
+
+    backoff_s: float = Field(default=1.0, gt=0, le=3600, description="first restart delay; doubles per restart")
+    backoff_max_s: float = Field(default=30.0, gt=0, le=3600, description="restart delay (and RPC-peer wait) cap")
+    loop_starts: int = Field(default=5, ge=1, le=1000, description="this many starts within loop_window_s: give up")
+    loop_window_s: int = Field(default=60, ge=1, le=86400, description="the crash-loop window")
+    hang_after_s: int = Field(
+        default=30, ge=0, le=86400, description="llama-server /health unanswered this long: restarted (0: never)"
+    )
+    probe_every_s: float = Field(default=1.0, gt=0, le=600, description="how often the service is looked at")
+    log_max_bytes: int = Field(default=64 << 20, ge=0, description="run/NAME.out rotates past this size (0: never)")
+    log_keep: int = Field(default=3, ge=1, le=100, description="rotated logs kept per file")
+
+    @model_validator(mode="after")
+    def _check(self) -> Supervision:
+        if self.backoff_max_s < self.backoff_s:
+            raise ValueError("supervision.backoff_max_s must be at least backoff_s")
+        return self
+
+
 class Inventory(StrictModel):
     known_hosts: str = Field(default="~/.ssh/known_hosts", description="strict host-key checking against this file")
     use_ssh_config: bool = Field(default=False, description="fill user/port/key left out here from ~/.ssh/config")
     keep_releases: int = Field(default=5, ge=1, description="releases kept per host by deploy and `releases prune`")
+    supervision: Supervision = Field(default_factory=Supervision, description="the hosts' service supervisors")
     hosts: dict[str, HostSpec]
     pairs: dict[str, PairSpec] = Field(default_factory=dict)
     hooks: list[HookSpec] = Field(default_factory=list, description="commands run on events (deploy, accept, fleet)")

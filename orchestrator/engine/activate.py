@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import Package, PackageStore
@@ -31,7 +32,7 @@ from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.engine.runner import Handler
 from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import services, space
+from orchestrator.hosts import services, space, supervisor
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -458,7 +459,15 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     pid, ident, stopped, verified = services.restart_listening(
-        t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(tgt.activation.rpc_argv), verify=verify
+        t,
+        layout,
+        RPC_SERVER,
+        links,
+        ctx.view.rpc_bind,
+        ctx.view.rpc_port,
+        list(tgt.activation.rpc_argv),
+        verify=verify,
+        sup=supervisor.sup_args(ctx.inventory.supervision),
     )
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
@@ -482,7 +491,13 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
     t, layout = ctx.t("native"), ctx.layout("native")
     _before_change(ctx, "native")
     t0 = time.monotonic()
-    pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv))
+    url = urlsplit(ctx.view.base_url)
+    sup = supervisor.sup_args(
+        ctx.inventory.supervision,
+        health=supervisor.ipv4_endpoint(url.hostname or "", ctx.view.server_port),
+        peer=supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port),
+    )
+    pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv), sup)
     ctx.hosts.started("native", ident)
     t1 = time.monotonic()
     try:

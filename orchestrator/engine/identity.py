@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.hosts import supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
     ExpectedProc,
@@ -102,6 +103,10 @@ def verify_identity(
             "argv": list(ident.argv) if ident else [],
             "expected_exe_sha256": exp.exe_sha256,
         }
+        # restarts the host's supervisor made since this service was (re)started by a deploy or
+        # rollback: a restarted process with the same exe and argv is the same identity, counted
+        sup = supervisor.read_state(t, layout, name)
+        rep.data[host]["supervisor"] = sup.as_dict() if sup else None
         rep.problems += proc_problems(host, exp, ident)
         if ident is not None and ident.running and not alive:
             rep.problems.append(f"{host}: {name} (pid {ident.pid}) is no longer running")

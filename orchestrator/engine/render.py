@@ -106,6 +106,16 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
         console.print("route: no record", markup=False)
     console.print(f"health: {out.get('health')}", markup=False)
     for host, h in out["hosts"].items():
+        sup = h.get("supervisor")
+        if sup:
+            up = f"{sup['uptime_s']:.0f} s" if sup.get("uptime_s") is not None else "-"
+            console.print(
+                f"supervisor: {host}: {h['service']} {sup['state']}"
+                f"{'' if sup['supervisor_alive'] else ' (supervisor not running)'}, restarts {sup['restarts']}, "
+                f"last exit {sup['last_exit'] or '-'}, uptime {up}",
+                markup=False,
+            )
+    for host, h in out["hosts"].items():
         rf = h.get("release_files") or {}
         if rf.get("verified"):
             console.print(

@@ -16,6 +16,7 @@ from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.evidence.store import EvidenceStore
+from orchestrator.hosts import supervisor
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts
@@ -91,6 +92,13 @@ def status(
                 # partial uploads of killed runs (the next deploy under the lease removes them)
                 "upload_leftovers": leftovers(t, layout),
             }
+            sup = supervisor.read_state(t, layout, name)
+            h["supervisor"] = sup.as_dict() if sup else None
+            if sup is not None and sup.given_up:
+                out["problems"].append(
+                    f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
+                    f"last: {sup.last_exit or '?'}); see {layout.log(name + '.out')}, then deploy or rollback"
+                )
             if verify_files:
                 h["release_files"] = _verify_current(t, layout, store, f.current, host)
                 if h["release_files"].get("problem"):

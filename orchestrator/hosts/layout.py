@@ -20,6 +20,7 @@ need a process (hashing, starting, stopping).
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -109,9 +110,10 @@ class HostLayout:
         """Run the installed helper: `sh <root>/bin/pairctl-svc SUB ROOT ARGS...`."""
         return Cmd(("sh", self.svc, sub, self.root, *args))
 
-    def start_cmd(self, name: str, argv: list[str]) -> Cmd:
-        """Start NAME under setsid; prints `pid=` and its identity line."""
-        return self.svc_cmd("start", name, *argv)
+    def start_cmd(self, name: str, argv: list[str], sup: Sequence[str] = ()) -> Cmd:
+        """Start NAME under its supervisor (setsid; `sup.KEY=VALUE` options, hosts/supervisor.py);
+        prints `pid=` and its identity line."""
+        return self.svc_cmd("start", name, *sup, *argv)
 
     def stop_cmd(self, name: str, verify_release: str | None = None) -> Cmd:
         """Stop NAME; with `verify_release`, first check that release against the manifest on stdin
@@ -128,9 +130,10 @@ class HostLayout:
         timeout_s: int,
         argv: list[str],
         verify_release: str | None = None,
+        sup: Sequence[str] = (),
     ) -> Cmd:
-        """(Verify a release,) stop NAME, switch the links, start argv, wait for address:port, print
-        identity: one exec."""
+        """(Verify a release,) stop NAME, switch the links, start argv under its supervisor, wait for
+        address:port, print identity: one exec."""
         return self.svc_cmd(
             "restart",
             name,
@@ -140,6 +143,7 @@ class HostLayout:
             address,
             str(port),
             str(timeout_s),
+            *sup,
             *argv,
         )
 

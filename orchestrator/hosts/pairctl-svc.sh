@@ -41,27 +41,60 @@ identity_of() { # identity_of ROOT NAME: proc=NAME:PID:SHA256(exe):BASE64(cmdlin
     fi
 }
 
-start_svc() { # start_svc ROOT NAME PROGRAM ARGS...: setsid; returns once PROGRAM has been exec'd;
-    # run/NAME.out and run/NAME.log of the run before are kept as *.prev
+start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM under its supervisor
+    # (setsid, so both outlive the SSH session); returns once PROGRAM has been exec'd.
+    # run/NAME.out and run/NAME.log of the run before are kept as *.prev (rotated ones too)
     r=$1; n=$2; shift 2
     pid=$(pid_of "$r" "$n")
     if alive "$pid" && is_ours "$pid" "$n"; then CODE=3 die "$n already runs as pid $pid"; fi
-    [ -x "$1" ] || CODE=3 die "$1 is not an executable file"
+    prog=""
+    for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
+    [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
+    sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
     for f in "$r/run/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
         if [ -f "$f" ]; then mv -f "$f" "$f.prev"; fi
     done
-    setsid "$@" >"$r/run/$n.out" 2>&1 </dev/null &
-    pid=$!
-    echo "$pid" >"$r/run/.$n.pid.tmp" && mv -f "$r/run/.$n.pid.tmp" "$r/run/$n.pid"
-    i=0
-    while alive "$pid" && ! is_ours "$pid" "$n" && [ $i -lt 100 ]; do sleep 0.01; i=$((i + 1)); done
+    rm -f "$r/run/$n.pid" "$r/run/$n.state"
+    setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
+    spid=$!
+    echo "$spid" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+    i=0  # the supervisor writes run/NAME.pid right after it forks the service
+    while [ $i -lt 1000 ]; do
+        pid=$(pid_of "$r" "$n")
+        if [ -n "$pid" ] && { ! alive "$pid" || is_ours "$pid" "$n"; }; then break; fi
+        if ! alive "$spid"; then break; fi
+        sleep 0.01; i=$((i + 1))
+    done
+    [ -n "$pid" ] || CODE=4 die "$n: its supervisor (pid $spid) started nothing; see run/$n.sup.log"
     echo "pid=$pid"
 }
 
-stop_svc() { # stop_svc ROOT NAME: TERM, wait up to 10 s, then KILL; only a process whose argv[0] is NAME
+sup_alive() { # sup_alive ROOT NAME: prints the pid of NAME's supervisor when it runs
+    spid=$(cat "$1/run/$2.sup.pid" 2>/dev/null)
+    alive "$spid" || return 1
+    tr '\0' ' ' <"/proc/$spid/cmdline" 2>/dev/null | grep -qF " supervise $1 $2 " || return 1
+    echo "$spid"
+}
+
+sup_stop() { # sup_stop ROOT NAME: a deliberate stop: the supervisor goes first, so nothing restarts
+    spid=$(sup_alive "$1" "$2") || { rm -f "$1/run/$2.sup.pid"; return 0; }
+    kill -KILL "$spid" 2>/dev/null
+    i=0
+    while alive "$spid" && [ $i -lt 200 ]; do sleep 0.01; i=$((i + 1)); done
+    # a probe or a backoff sleep it had started (its process group) goes with it, the service stays
+    for p in $(ps -o pid= -g "$spid" 2>/dev/null); do
+        [ "$p" = "$(pid_of "$1" "$2")" ] || kill -KILL "$p" 2>/dev/null
+    done
+    rm -f "$1/run/$2.sup.pid"
+    set_state "$1" "$2" state stopped
+}
+
+stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s, then KILL; only a process whose argv[0] is NAME
+    sup_stop "$1" "$2"
     pid=$(pid_of "$1" "$2")
     if alive "$pid" && is_ours "$pid" "$2"; then
         kill -TERM "$pid" 2>/dev/null
+        kill -CONT "$pid" 2>/dev/null  # a stopped (hung) process handles TERM only once continued
         i=0
         while alive "$pid" && [ $i -lt 400 ]; do sleep 0.025; i=$((i + 1)); done
         if alive "$pid"; then
@@ -75,6 +108,190 @@ stop_svc() { # stop_svc ROOT NAME: TERM, wait up to 10 s, then KILL; only a proc
         echo "stopped=$2:-"
     fi
     rm -f "$1/run/$2.pid"
+}
+
+# -- supervision -------------------------------------------------------------------------------
+# `supervise` is the loop `start` runs under setsid, one per service: it starts PROGRAM with a
+# cleared environment, restarts it after a crash (exponential backoff; gives up after a crash
+# loop), kills and restarts it when /health stops answering (hung) or, on the native side, when
+# its RPC peer went away, and waits (bounded backoff) for the peer's port before every start of
+# llama-server. While a lease is held on this host (leases/host.lock: a deploy, rollback or
+# acceptance) it acts on nothing. Its state is run/NAME.state (KEY=VALUE lines), read by status.
+
+now_s() { date +%s; }
+
+set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in run/NAME.state, by rename
+    f="$1/run/$2.state"; shift 2
+    tmp="$f.tmp.$$"
+    cp "$f" "$tmp" 2>/dev/null || : >"$tmp"
+    while [ $# -ge 2 ]; do
+        grep -v "^$1=" "$tmp" >"$tmp.2"; echo "$1=$2" >>"$tmp.2"; mv -f "$tmp.2" "$tmp"
+        shift 2
+    done
+    mv -f "$tmp" "$f"
+}
+
+lease_held() { [ -d "$1/leases/host.lock" ]; }
+
+tcp_probe() { # tcp_probe ADDRESS PORT TIMEOUT_S: something accepts a connection there
+    command -v bash >/dev/null 2>&1 || return 0  # no bash, no /dev/tcp: assume it listens
+    timeout "$3" bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
+}
+
+health_probe() { # health_probe ADDRESS PORT TIMEOUT_S: GET /health gets an HTTP status line back
+    # (503 while loading counts: the server answers; a stopped or deadlocked one does not)
+    command -v bash >/dev/null 2>&1 || return 0
+    timeout "$3" bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf "GET /health HTTP/1.0\r\nHost: %s\r\n\r\n" "$1" >&3
+        IFS= read -r line <&3 || exit 1
+        case "$line" in HTTP/*) exit 0 ;; esac
+        exit 1' _ "$1" "$2" 2>/dev/null
+}
+
+peer_closed() { # peer_closed PID ADDRESS PORT: PID holds a TCP connection to ADDRESS:PORT that the
+    # peer closed (CLOSE_WAIT: ggml-rpc-server died or restarted). llama-server's own short-lived
+    # connections (device queries at start) close from its side and never show this state.
+    want=$(printf '%s\n' "$2" | awk -F. -v port="$3" 'NF == 4 { printf "%02X%02X%02X%02X:%04X", $4, $3, $2, $1, port }')
+    inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
+    [ -n "$want" ] && [ -n "$inodes" ] || return 1
+    awk -v want="$want" -v inodes=" $inodes" 'NR > 1 && $3 == want && $4 == "08" && index(inodes, " " $10 " ") { found = 1 }
+        END { exit !found }' /proc/net/tcp
+}
+
+is_num() { case "$1" in '' | *[!0-9.]* | *.*.*) return 1 ;; esac; }
+
+shift_log() { # shift_log FILE KEEP: FILE.1 .. FILE.KEEP-1 move up one (FILE.KEEP is dropped)
+    k=$2
+    while [ "$k" -gt 1 ]; do
+        if [ -f "$1.$((k - 1))" ]; then mv -f "$1.$((k - 1))" "$1.$k"; fi
+        k=$((k - 1))
+    done
+}
+
+rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES is copied to FILE.1
+    # (older ones shifted up to FILE.KEEP) and truncated in place. Only for a file the service
+    # writes with O_APPEND (run/NAME.out, opened with >>), so it goes on writing at the new end.
+    [ "$1" -gt 0 ] 2>/dev/null || return 0
+    max=$1; keep=$2; shift 2
+    for f in "$@"; do
+        size=$(stat -c %s "$f" 2>/dev/null) || continue
+        [ "$size" -gt "$max" ] || continue
+        shift_log "$f" "$keep"
+        cp "$f" "$f.1" && : >"$f"
+    done
+}
+
+supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
+    r=$1; n=$2; shift 2
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- log_max=0 log_keep=3
+    while [ $# -gt 0 ]; do
+        case "$1" in sup.*=*) ;; *) break ;; esac
+        kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
+        case "$k" in
+        backoff | backoff_max | loop_s | hang_s | probe_s)
+            is_num "$v" || CODE=2 die "supervise: sup.$k=$v is not a number" ;;
+        loop_n | log_max | log_keep)
+            case "$v" in '' | *[!0-9]*) CODE=2 die "supervise: sup.$k=$v is not a whole number" ;; esac ;;
+        health | peer)
+            case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
+        *) CODE=2 die "supervise: unknown option sup.$k" ;;
+        esac
+        case "$k" in backoff) backoff0=$v ;; *) eval "$k=\$v" ;; esac  # $k is one of the names above
+    done
+    [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
+    home="$r/run/home/$n"
+    mkdir -p "$home" && chmod 700 "$home" || exit 1
+    bindir=$(dirname "$1")
+    libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"
+    starts=""; restarts=0; backoff=$backoff0; first=1; reason=-
+    set_state "$r" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
+    while :; do
+        if [ $first = 0 ]; then
+            # never race a deploy: while a lease is held nothing starts (the holder starts what it wants)
+            while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
+            t=$(now_s); kept=""; count=0
+            for s0 in $starts; do
+                if [ $((t - s0)) -lt "${loop_s%.*}" ]; then kept="$kept $s0"; count=$((count + 1)); fi
+            done
+            starts=$kept
+            if [ "$count" -ge "$loop_n" ]; then
+                set_state "$r" "$n" state given-up given_up 1 given_up_at "$t"
+                echo "$(date -u +%FT%TZ) $n: $count starts in ${loop_s} s: crash loop, giving up"
+                exit 0
+            fi
+            set_state "$r" "$n" state backoff backoff_s "$backoff"
+            sleep "$backoff"
+            backoff=$(awk -v b="$backoff" -v m="$backoff_max" 'BEGIN { b *= 2; if (b > m) b = m; print b }')
+            lease_held "$r" && continue
+        fi
+        if [ "$peer" != - ]; then  # the pair as one unit: llama-server starts only once its RPC peer listens
+            w=$backoff0
+            until tcp_probe "${peer%:*}" "${peer##*:}" 2; do
+                set_state "$r" "$n" state waiting-peer
+                sleep "$w"
+                w=$(awk -v b="$w" -v m="$backoff_max" 'BEGIN { b *= 2; if (b > m) b = m; print b }')
+                while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
+            done
+        fi
+        rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
+        # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
+        # the ended run's log to .1 (a deliberate start keeps it as .prev)
+        if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
+        # a cleared environment (no LLAMA_ARG_* or config of the host user's), its own HOME and cwd;
+        # the subshell execs env, which execs PROGRAM: $! is the service's pid
+        (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
+            >>"$r/run/$n.out" 2>&1 </dev/null &
+        cpid=$!
+        echo "$cpid" >"$r/run/.$n.pid.tmp" && mv -f "$r/run/.$n.pid.tmp" "$r/run/$n.pid"
+        t0=$(now_s); starts="$starts $t0"
+        if [ $first = 0 ]; then restarts=$((restarts + 1)); fi
+        set_state "$r" "$n" state running pid "$cpid" started_at "$t0" restarts "$restarts"
+        [ $first = 0 ] && echo "$(date -u +%FT%TZ) $n: restarted as pid $cpid (restart $restarts, after $reason)"
+        first=0; reason=-; unanswered_since=""
+        while alive "$cpid"; do
+            sleep "$probe_s"
+            alive "$cpid" || break
+            rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
+            if lease_held "$r"; then unanswered_since=""; continue; fi  # passive while leased
+            if [ "$health" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
+                if health_probe "${health%:*}" "${health##*:}" 2; then
+                    unanswered_since=""
+                else
+                    t=$(now_s)
+                    [ -n "$unanswered_since" ] || unanswered_since=$t
+                    if [ $((t - unanswered_since)) -ge "${hang_s%.*}" ]; then
+                        reason="hung (/health unanswered for $((t - unanswered_since)) s)"
+                        kill -KILL "$cpid" 2>/dev/null
+                        break
+                    fi
+                fi
+            fi
+            if [ "$peer" != - ]; then
+                if peer_closed "$cpid" "${peer%:*}" "${peer##*:}"; then  # it cannot survive losing its peer
+                    reason="peer-lost ($peer)"
+                    kill -TERM "$cpid" 2>/dev/null
+                    i=0
+                    while alive "$cpid" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); done
+                    kill -KILL "$cpid" 2>/dev/null
+                    break
+                fi
+            fi
+        done
+        wait "$cpid" 2>/dev/null; st=$?
+        if [ "$reason" != - ]; then
+            last="$reason"
+        elif [ $st -gt 128 ]; then
+            last="signal $((st - 128))"
+        else
+            last="exit $st"
+        fi
+        [ "$reason" = - ] && reason=$last
+        t=$(now_s)
+        # a process that ran longer than the loop window was healthy: the backoff starts over
+        if [ $((t - t0)) -ge "${loop_s%.*}" ]; then backoff=$backoff0; fi
+        set_state "$r" "$n" state exited last_exit "$last" last_exit_at "$t" pid -
+        echo "$(date -u +%FT%TZ) $n: pid $cpid ended: $last"
+    done
 }
 
 listens() { # listens ADDRESS PORT: a TCP socket listens on exactly ADDRESS:PORT
@@ -167,6 +384,24 @@ root=${1:-}
 shift
 
 case "$cmd" in
+supervise)
+    # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: the loop `start` runs (never called directly)
+    supervise "$root" "$@"
+    ;;
+supervisor)
+    # supervisor ROOT NAME...: per NAME, its state file as sup=NAME:BASE64(state) (or sup=NAME:-)
+    for name in "$@"; do
+        if [ -r "$root/run/$name.state" ]; then
+            st=$(cat "$root/run/$name.state")
+            if sup_alive "$root" "$name" >/dev/null; then st="$st
+supervisor_alive=1"; else st="$st
+supervisor_alive=0"; fi
+            echo "sup=$name:$(printf '%s\n' "$st" | base64 -w0)"
+        else
+            echo "sup=$name:-"
+        fi
+    done
+    ;;
 start)
     # start ROOT NAME PROGRAM ARGS...: start under setsid, then print its identity.
     name=${1:?name}; shift

@@ -9,7 +9,7 @@ from here; a process that died meanwhile fails the wait at once with its log tai
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,9 +74,12 @@ def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity
     return pid, ident
 
 
-def start(transport: Transport, layout: HostLayout, name: str, argv: list[str]) -> tuple[int, ProcIdentity]:
-    """Start NAME (one exec); returns its pid and identity (exe sha256, argv) once it has exec'd."""
-    res = transport.run(layout.start_cmd(name, argv), timeout=30)
+def start(
+    transport: Transport, layout: HostLayout, name: str, argv: list[str], sup: Sequence[str] = ()
+) -> tuple[int, ProcIdentity]:
+    """Start NAME under its supervisor (one exec); returns its pid and identity (exe sha256, argv)
+    once it has exec'd."""
+    res = transport.run(layout.start_cmd(name, argv, sup), timeout=30)
     return _pid_and_identity(transport.name, as_text(res.stdout), name)
 
 
@@ -104,13 +107,14 @@ def restart_listening(
     argv: list[str],
     timeout_s: int = 20,
     verify: Verify | None = None,
+    sup: Sequence[str] = (),
 ) -> tuple[int, ProcIdentity, str, int]:
     """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
     listens on address:port and read its identity, in one exec. Raises CheckFailed with the
     output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
     exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
     cmd = layout.restart_cmd(
-        name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None
+        name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None, sup=sup
     )
     res = transport.run(cmd, check=False, timeout=timeout_s + 60, stdin=manifest_lines(verify[1]) if verify else None)
     out = as_text(res.stdout)

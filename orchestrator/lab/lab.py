@@ -11,6 +11,7 @@ import fcntl
 import ipaddress
 import json
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -225,8 +226,35 @@ def service_pid(pid_file: Path) -> int | None:
     return pid if os.path.basename(argv0) in SERVICE_NAMES else None
 
 
+def supervisor_pid(pid_file: Path) -> int | None:
+    """The pid in `run/NAME.sup.pid` if it is alive and is a `pairctl-svc supervise` loop."""
+    pid = read_pid(pid_file)
+    if pid is None or not pid_alive(pid):
+        return None
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if b"\0supervise\0" in cmd else None
+
+
+def stop_supervisors(root: Path) -> list[int]:
+    """SIGKILL the supervisors recorded in `root/run/*.sup.pid` first, so that stopping their
+    services is not answered by a restart (what `pairctl-svc stop` does on a host)."""
+    run = root / "run"
+    pids = [p for f in sorted(run.glob("*.sup.pid")) if (p := supervisor_pid(f)) is not None] if run.is_dir() else []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids
+
+
 def stop_services(root: Path) -> list[int]:
-    """Stop llama-server / ggml-rpc-server processes recorded in `root/run/*.pid`."""
+    """Stop llama-server / ggml-rpc-server processes recorded in `root/run/*.pid` (their
+    supervisors first)."""
+    stop_supervisors(root)
     run = root / "run"
     pids = [pid for f in sorted(run.glob("*.pid")) if (pid := service_pid(f)) is not None] if run.is_dir() else []
     if not pids:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.lab.lab import stop_supervisors
 from tests.plugins.pairs import deploy_baseline
 
 pytestmark = pytest.mark.e2e
@@ -23,6 +24,7 @@ CHECKS = "identity,cached_continuation"
 
 
 def _kill_server(root: str) -> int:
+    stop_supervisors(Path(root))  # dead for good: its supervisor would restart it (issue 18)
     pid = int(Path(root, "run", "llama-server.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
     for _ in range(100):

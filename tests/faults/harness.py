@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from orchestrator.config.loader import read_yaml
-from orchestrator.lab.lab import host_plans, service_pid
+from orchestrator.lab.lab import host_plans, service_pid, stop_supervisors
 from orchestrator.lab.sshd import SshdHost, pid_alive
 from orchestrator.paths import Home
 from tests.plugins.cli import run_cli
@@ -213,6 +213,7 @@ def teardown_pair(fp: FaultPair) -> None:
     for role in ROLES:
         fp.sshd(role).up(fp.operator_pub())  # a failed cell may have left one down
     for root in fp.roots.values():
+        stop_supervisors(root)  # before their services, so that nothing restarts them
         for f in sorted((root / "run").glob("*.pid")) if (root / "run").is_dir() else []:
             pid = service_pid(f)
             if pid is not None:

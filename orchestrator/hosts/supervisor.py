@@ -1,0 +1,144 @@
+"""The per-service supervisor on a host: its options (pure) and its state file (read over SFTP).
+
+`pairctl-svc start` runs each service under `pairctl-svc supervise` (setsid, pidfile
+run/NAME.sup.pid). The supervisor restarts a crashed service with exponential backoff, gives
+up after a crash loop, restarts llama-server when /health stops answering (hung) or when its
+RPC peer went away, and starts llama-server only once the peer's port answers. While a lease is
+held on the host it acts on nothing (a deploy, rollback or acceptance owns the services then).
+A deliberate `stop` kills the supervisor first, so a stop is never answered by a restart.
+
+Its state is `run/NAME.state`, KEY=VALUE lines written by rename; this module parses it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from orchestrator.config.inventory import Supervision
+from orchestrator.hosts.layout import HostLayout
+from orchestrator.remote.transport import Transport
+
+CLOCK_TICKS_PER_S = 100  # Linux USER_HZ: /proc/PID/stat start times are in these
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def ipv4_endpoint(host: str, port: int) -> str | None:
+    """ADDRESS:PORT for the supervisor's bash /dev/tcp probes: dotted IPv4 only (else None: no probe)."""
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return None
+    return f"{host}:{port}"
+
+
+def sup_args(s: Supervision, *, health: str | None = None, peer: str | None = None) -> list[str]:
+    """The `sup.KEY=VALUE` words `pairctl-svc start|restart` passes to the supervisor. `health`
+    (llama-server's ADDRESS:PORT) turns on hang detection; `peer` (the RPC server's ADDRESS:PORT)
+    makes the native supervisor start llama-server only once the peer answers, and restart it
+    when the connection to the peer is lost."""
+    out = [
+        f"sup.backoff={_num(s.backoff_s)}",
+        f"sup.backoff_max={_num(s.backoff_max_s)}",
+        f"sup.loop_n={s.loop_starts}",
+        f"sup.loop_s={s.loop_window_s}",
+        f"sup.probe_s={_num(s.probe_every_s)}",
+        f"sup.log_max={s.log_max_bytes}",
+        f"sup.log_keep={s.log_keep}",
+    ]
+    if health:
+        out += [f"sup.health={health}", f"sup.hang_s={s.hang_after_s}"]
+    if peer:
+        out.append(f"sup.peer={peer}")
+    return out
+
+
+@dataclass(frozen=True)
+class SupervisorState:
+    """What `run/NAME.state` says, plus whether the supervisor process lives."""
+
+    state: str  # starting | running | exited | backoff | waiting-peer | passive-lease | given-up | stopped
+    restarts: int
+    last_exit: str | None  # "exit N", "signal N", "hung (...)", "peer-lost (...)"
+    started_at: int | None  # host epoch seconds of the current process's start
+    given_up: bool
+    supervisor_alive: bool
+    uptime_s: float | None = None  # of the current process, by the host's /proc clock
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "state": self.state,
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+            "started_at": self.started_at,
+            "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1),
+            "given_up": self.given_up,
+            "supervisor_alive": self.supervisor_alive,
+        }
+
+
+def parse_state(text: str, *, supervisor_alive: bool = False) -> SupervisorState:
+    """KEY=VALUE lines (unknown keys ignored: the host is untrusted, a bad value reads as absent)."""
+    kv: dict[str, str] = {}
+    for line in text.splitlines():
+        k, sep, v = line.partition("=")
+        if sep:
+            kv[k.strip()] = v.strip()
+
+    def as_int(key: str) -> int | None:
+        v = kv.get(key, "")
+        return int(v) if v.isdigit() else None
+
+    last = kv.get("last_exit")
+    return SupervisorState(
+        state=kv.get("state", "unknown")[:40],
+        restarts=as_int("restarts") or 0,
+        last_exit=None if last in (None, "", "-") else last[:200],
+        started_at=as_int("started_at"),
+        given_up=kv.get("given_up") == "1",
+        supervisor_alive=supervisor_alive,
+    )
+
+
+def parse_uptime(proc_uptime: str, proc_stat: str) -> float | None:
+    """Seconds a process has run: /proc/uptime minus its start (field 22 of /proc/PID/stat, after
+    the parenthesised name, which may itself hold spaces)."""
+    try:
+        boot_s = float(proc_uptime.split()[0])
+        fields = proc_stat.rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])  # field 22 overall; fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+    return max(0.0, boot_s - start_ticks / CLOCK_TICKS_PER_S)
+
+
+def _read(t: Transport, path: str) -> str | None:
+    try:
+        return t.read_bytes(path).decode("utf-8", "replace")
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState | None:
+    """The supervisor's state for NAME over SFTP (no exec), or None when it never ran here."""
+    text = _read(t, layout.log(f"{name}.state"))
+    if text is None:
+        return None
+    spid = (_read(t, layout.log(f"{name}.sup.pid")) or "").strip()
+    alive = False
+    if spid.isdigit():  # `sh .../pairctl-svc supervise ROOT NAME ...` (guards against a reused pid)
+        try:
+            cmd = t.read_bytes(f"/proc/{spid}/cmdline")
+        except (FileNotFoundError, OSError):
+            cmd = b""
+        alive = b"\0supervise\0" in cmd and b"\0" + name.encode() + b"\0" in cmd
+    st = parse_state(text, supervisor_alive=alive)
+    pid = (_read(t, layout.log(f"{name}.pid")) or "").strip()
+    if st.state == "running" and pid.isdigit():
+        up, stat = _read(t, "/proc/uptime"), _read(t, f"/proc/{pid}/stat")
+        if up and stat:
+            return SupervisorState(**{**st.__dict__, "uptime_s": parse_uptime(up, stat)})
+    return st

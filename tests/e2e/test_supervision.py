@@ -1,0 +1,312 @@
+"""The pair stays up on its own: the hosts' supervisors (pairctl-svc `supervise`) on the lab's
+real llama-server + ggml-rpc-server, deployed by `pairctl deploy`.
+
+Faults are real signals sent to the real processes (by pid, from the pidfiles): kill -9 of
+either service, SIGSTOP of llama-server, a port taken so llama-server exits at once on every
+start (a crash loop). Deliberate stops and held leases must not be answered by a restart. The
+lab inventory's `supervision` makes backoffs short (0.2 s doubling to 2 s, hung after 4 s).
+Tests that leave the pair down put the baseline back (`deploy_baseline` redeploys when status
+shows it not running).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.supervisor import ipv4_endpoint, parse_state, sup_args
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.pool import open_transport
+from tests.plugins.pairs import deploy_baseline
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+BACK_WITHIN_S = 30.0  # crash -> healthy again: backoff (<= 2 s) + start (~0.1 s) + probes, on a loaded machine
+
+
+def _pid(root: str, name: str) -> int | None:
+    try:
+        return int(Path(root, "run", f"{name}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _state(root: str, name: str) -> dict[str, Any]:
+    try:
+        text = Path(root, "run", f"{name}.state").read_text()
+    except OSError:
+        return {}
+    return parse_state(text).as_dict()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _healthy(base_url: str) -> bool:
+    try:
+        return httpx.get(base_url + "/health", timeout=2.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _wait(what: str, cond: Any, within_s: float) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {within_s} s")
+
+
+def _back_after(pair: Any, name: str, old_pid: int) -> float:
+    """Seconds until NAME runs as a new pid and llama-server answers /health."""
+    root = pair.roots()["native" if name == LLAMA_SERVER else "rpc"]
+
+    def back() -> bool:
+        new = _pid(root, name)
+        return new is not None and new != old_pid and _alive(new) and _healthy(pair.base_url)
+
+    return _wait(f"{name} back after pid {old_pid}", back, BACK_WITHIN_S)
+
+
+def _status(cli: Any) -> tuple[int, dict[str, Any]]:
+    r = cli("--json", "status", "--pair", "lab")
+    return r.exit_code, json.loads(r.stdout)
+
+
+def _host_of(st: dict[str, Any], role: str) -> dict[str, Any]:
+    return next(h for h in st["hosts"].values() if h["role"] == role)
+
+
+def _svc(pair: Any, role: str, sub: str, *args: str, prefix: tuple[str, ...] = ()) -> str:
+    """Run the installed helper on the lab host over its real sshd."""
+    host = pair.inventory.pair("lab").native if role == "native" else pair.inventory.pair("lab").rpc
+    t = open_transport(pair.inventory, host)
+    try:
+        cmd = HostLayout(pair.roots()[role]).svc_cmd(sub, *args)
+        res = t.run(Cmd((*prefix, *cmd.argv)), check=False, timeout=60)
+        return res.stdout if isinstance(res.stdout, str) else res.stdout.decode()
+    finally:
+        t.close()
+
+
+@pytest.fixture
+def pair(deployed_lab, lab_packages, cli):
+    """The baseline deployed and healthy; put back afterwards if a test left it down."""
+    yield deployed_lab
+    deploy_baseline(cli, lab_packages.id)
+
+
+def test_killed_llama_server_is_restarted_with_the_same_identity(pair, cli):
+    root = pair.roots()["native"]
+    old = _pid(root, LLAMA_SERVER)
+    assert old is not None
+    before = _state(root, LLAMA_SERVER)["restarts"]
+    os.kill(old, signal.SIGKILL)
+    took = _back_after(pair, LLAMA_SERVER, old)
+    print(f"kill -9 llama-server -> healthy again in {took:.2f} s")
+    code, st = _status(cli)
+    h = _host_of(st, "native")
+    assert code == 0, st["problems"]
+    assert h["running"] and h["matches_manifest"] and h["pid"] != old
+    assert h["supervisor"]["restarts"] == before + 1
+    assert h["supervisor"]["last_exit"] == "signal 9"
+    assert h["supervisor"]["state"] == "running" and h["supervisor"]["uptime_s"] is not None
+    r = cli("--json", "accept", "--pair", "lab", "--only", "identity")
+    assert r.exit_code == 0, r.stdout[-3000:]
+
+
+def test_killed_rpc_server_brings_both_back_and_accept_passes(pair, cli):
+    nroot, rroot = pair.roots()["native"], pair.roots()["rpc"]
+    old_rpc, old_native = _pid(rroot, RPC_SERVER), _pid(nroot, LLAMA_SERVER)
+    assert old_rpc is not None and old_native is not None
+    os.kill(old_rpc, signal.SIGKILL)
+    took = _back_after(pair, RPC_SERVER, old_rpc)
+    # llama-server cannot survive losing its peer: its supervisor restarts it once the port listens
+    took_native = _wait(
+        "llama-server restarted after its peer",
+        lambda: _pid(nroot, LLAMA_SERVER) not in (None, old_native) and _healthy(pair.base_url),
+        BACK_WITHIN_S,
+    )
+    print(f"kill -9 ggml-rpc-server -> rpc back in {took:.2f} s, llama-server healthy {took_native:.2f} s later")
+    # restarted by its supervisor for the lost peer (or, had it noticed first, after its own abort)
+    assert _state(nroot, LLAMA_SERVER)["last_exit"].startswith(("peer-lost", "signal", "exit")), _state(
+        nroot, LLAMA_SERVER
+    )
+    r = cli("--json", "accept", "--pair", "lab", "--checks", "identity,cached_continuation")
+    assert r.exit_code == 0, r.stdout[-3000:]
+    code, st = _status(cli)
+    assert code == 0, st["problems"]
+    assert _host_of(st, "rpc")["supervisor"]["last_exit"] == "signal 9"
+
+
+def test_stopped_llama_server_is_restarted_as_hung(pair, cli):
+    root = pair.roots()["native"]
+    old = _pid(root, LLAMA_SERVER)
+    assert old is not None
+    os.kill(old, signal.SIGSTOP)
+    try:
+        took = _back_after(pair, LLAMA_SERVER, old)
+    finally:
+        if _alive(old):
+            os.kill(old, signal.SIGCONT)
+    print(f"SIGSTOP llama-server -> restarted and healthy in {took:.2f} s (hang_after_s 4)")
+    assert not _alive(old)
+    assert _state(root, LLAMA_SERVER)["last_exit"].startswith("hung")
+
+
+def test_deliberate_stop_is_never_restarted(pair, cli):
+    root = pair.roots()["native"]
+    old = _pid(root, LLAMA_SERVER)
+    out = _svc(pair, "native", "stop", LLAMA_SERVER)
+    assert f"stopped={LLAMA_SERVER}:{old}" in out
+    time.sleep(4.0)  # 20x the first backoff, 8 probe intervals
+    assert _pid(root, LLAMA_SERVER) is None and not _healthy(pair.base_url)
+    assert _state(root, LLAMA_SERVER)["state"] == "stopped"
+    code, st = _status(cli)
+    assert code == 1 and not _host_of(st, "native")["supervisor"]["supervisor_alive"]
+
+
+def test_nothing_restarts_while_a_lease_is_held(pair, cli):
+    root = pair.roots()["native"]
+    r = cli("lease", "take", "lab-native", "--purpose", "supervision test", "--ttl", "10m")
+    assert r.exit_code == 0, r.output
+    nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
+    old = _pid(root, LLAMA_SERVER)
+    assert old is not None
+    try:
+        os.kill(old, signal.SIGKILL)
+        time.sleep(4.0)
+        assert _pid(root, LLAMA_SERVER) == old and not _alive(old), "restarted under a held lease"
+        assert _state(root, LLAMA_SERVER)["state"] == "passive-lease"
+    finally:
+        r = cli("lease", "release", "lab-native", "--nonce", nonce)
+        assert r.exit_code == 0, r.output
+    took = _back_after(pair, LLAMA_SERVER, old)
+    print(f"lease released -> llama-server healthy in {took:.2f} s")
+
+
+def test_crash_loop_gives_up_and_status_says_so(pair, cli):
+    """llama-server exits at once on every start while another process holds its port."""
+    root = pair.roots()["native"]
+    host, port = pair.base_url.removeprefix("http://").rsplit(":", 1)
+    old = _pid(root, LLAMA_SERVER)
+    assert old is not None
+    blocker = socket.socket()
+    blocker.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # under a held lease the supervisor stays passive, so the port is taken before any restart
+    r = cli("lease", "take", "lab-native", "--purpose", "crash-loop test", "--ttl", "10m")
+    assert r.exit_code == 0, r.output
+    nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
+    try:
+        try:
+            os.kill(old, signal.SIGKILL)
+            _wait("old llama-server gone", lambda: not _alive(old), 5)
+            # the killed server's sockets of earlier tests' connections may hold the port for a while
+            # (orphaned FIN_WAIT, up to tcp_fin_timeout): retry, still under the lease
+            t0 = time.monotonic()
+            while True:
+                try:
+                    blocker.bind((host, int(port)))
+                    break
+                except OSError:
+                    assert time.monotonic() - t0 < 90, "the port stayed in use"
+                    time.sleep(0.2)
+            blocker.listen(1)
+        finally:
+            r = cli("lease", "release", "lab-native", "--nonce", nonce)
+            assert r.exit_code == 0, r.output
+        _wait("supervisor gave up", lambda: _state(root, LLAMA_SERVER).get("given_up"), 60)
+        st = _state(root, LLAMA_SERVER)
+        assert st["state"] == "given-up" and st["restarts"] >= 3, st
+        code, out = _status(cli)
+        assert code == 1
+        assert any("gave up on llama-server after a crash loop" in p for p in out["problems"]), out["problems"]
+        r = cli("status", "--pair", "lab")
+        assert "given-up" in r.stdout, r.stdout
+    finally:
+        blocker.close()
+
+
+def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
+    """A host whose login environment carries LLAMA_ARG_ENDPOINT_SLOTS=0 and LLAMA_API_KEY (llama.cpp
+    reads flags from LLAMA_ARG_* variables) would turn /slots off and make the server demand a
+    key it was never given: shown with the same binary run directly; started by pairctl-svc from
+    an SSH session that carries them, they have no effect."""
+    root = pair.roots()["native"]
+    old = _pid(root, LLAMA_SERVER)
+    argv = Path(f"/proc/{old}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    planted = ("env", "LLAMA_API_KEY=planted-by-the-host", "LLAMA_ARG_ENDPOINT_SLOTS=0")
+
+    # the binary with the planted environment, on a port of its own: the variable takes effect
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    free = s.getsockname()[1]
+    s.close()
+    direct = [a.decode() for a in argv]
+    direct[direct.index("--port") + 1] = str(free)
+    for flag in ("--log-file", "--rpc"):  # its own log; no RPC (ggml-rpc-server serves one client at a time)
+        if flag in direct:
+            i = direct.index(flag)
+            del direct[i : i + 2]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LD_LIBRARY_PATH": os.path.dirname(direct[0]),
+        "LLAMA_API_KEY": "planted-by-the-host",
+        "LLAMA_ARG_ENDPOINT_SLOTS": "0",
+    }
+    log = tmp_path / "direct.out"
+    proc = subprocess.Popen(direct, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.2:{free}"
+        try:
+            _wait("direct llama-server healthy", lambda: _healthy(url), 30)
+        except AssertionError:
+            raise AssertionError(log.read_text()[-3000:]) from None
+        assert httpx.get(url + "/props", timeout=5, trust_env=False).status_code == 401
+        slots = httpx.get(
+            url + "/slots", timeout=5, trust_env=False, headers={"Authorization": "Bearer planted-by-the-host"}
+        )
+        assert slots.status_code == 501, slots.text
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+    # the same argv started by pairctl-svc from an SSH session carrying the variables
+    _svc(pair, "native", "stop", LLAMA_SERVER)
+    p = pair.inventory.pair("lab")
+    sup = sup_args(
+        pair.inventory.supervision,
+        health=ipv4_endpoint(pair.base_url.removeprefix("http://").rsplit(":", 1)[0], p.server_port),
+        peer=ipv4_endpoint(pair.inventory.rpc_bind("lab"), p.rpc_port),
+    )
+    out = _svc(pair, "native", "start", LLAMA_SERVER, *sup, *[a.decode() for a in argv], prefix=planted)
+    new = int(re.search(r"^pid=(\d+)$", out, re.M).group(1))
+    _wait("supervised llama-server healthy", lambda: _healthy(pair.base_url), 30)
+    assert httpx.get(pair.base_url + "/props", timeout=5, trust_env=False).status_code == 200
+    assert httpx.get(pair.base_url + "/slots", timeout=5, trust_env=False).status_code == 200
+    environ = Path(f"/proc/{new}/environ").read_bytes().split(b"\0")
+    assert not [e for e in environ if e.startswith(b"LLAMA_")]
+    names = sorted(e.split(b"=", 1)[0].decode() for e in environ if e)
+    assert names == ["HOME", "LD_LIBRARY_PATH", "PATH"], names
+    home = dict(e.split(b"=", 1) for e in environ if e)[b"HOME"].decode()
+    assert home == f"{root}/run/home/{LLAMA_SERVER}" and (os.stat(home).st_mode & 0o777) == 0o700
+    line = next(x for x in out.splitlines() if x.startswith("proc="))
+    assert base64.b64decode(line.split(":")[3]).rstrip(b"\0").split(b"\0") == argv
