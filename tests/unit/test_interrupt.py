@@ -109,3 +109,12 @@ def test_exit_code_after_a_signal():
     assert err["message"] == "interrupted by SIGTERM: rolled back" and err["meaning"] == "interrupted"
     assert _after_signal(8, None)[0] == 8  # a failed rollback keeps its code: leases are kept
     assert _after_signal(0, None)[0] == 0
+
+
+def test_local_exec_runs_in_its_own_session():
+    """A terminal's Ctrl-C / hangup goes to its foreground group: a local exec must not be in it."""
+    from orchestrator.remote.command import Cmd
+    from orchestrator.remote.local import LocalTransport
+
+    r = LocalTransport().run(Cmd.of("sh", "-c", "ps -o sid= -p $$"))
+    assert int(r.stdout.strip()) != os.getsid(0)
