@@ -126,3 +126,24 @@ def test_sigterm_during_accept_leaves_no_lease(baseline, lab_packages, cli, tmp_
     assert is_active(lab_status(cli, PAIR), lab_packages.id)
     rec = _latest(baseline.home.root)
     assert rec.command == "accept" and rec.outcome == "interrupted" and "SIGTERM" in rec.reason, rec.reason
+
+
+def test_sigterm_during_qualify_restores_and_leaves_no_lease(baseline, lab_packages, lab_packages_b, cli, tmp_path):
+    """The GPU run's case: a qualify stopped by SIGTERM kept its leases (2 h) before."""
+    a, b = lab_packages.id, lab_packages_b.id
+    plan = str(Path(__file__).resolve().parents[1] / "unit" / "data" / "qualify" / "lab-uncalibrated.yaml")
+    code, out, err = _run_signalled(
+        baseline.home.root,
+        tmp_path,
+        "verify",  # the first arm's deploy, after it started its pair
+        signal.SIGTERM,
+        "qualify", "--pair", PAIR, "--baseline", a, a, "--candidate", b, b, "--plan", plan,
+    )  # fmt: skip
+    assert code == 130, (code, err[-3000:])
+    _no_leases(cli)
+    assert is_active(lab_status(cli, PAIR), a)
+    doc = json.loads(out)
+    sha = doc.get("receipt") or doc["error"]["receipt"]
+    rec = EvidenceStore(Path(baseline.home.root) / "evidence").load(sha)
+    assert rec.command == "qualify" and rec.outcome == "interrupted" and "SIGTERM" in rec.reason, rec.reason
+    assert rec.step("restore").outcome == "passed"
