@@ -114,3 +114,13 @@ class EvidenceError(PairctlError, RuntimeError):
 
 class Skipped(PairctlError, RuntimeError):
     exit_code = ExitCode.SKIPPED
+
+
+class Interrupted(PairctlError, RuntimeError):
+    """A signal (SIGTERM, SIGINT, SIGHUP) stopped the run at a bounded point (orchestrator/interrupt.py)."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+    def __init__(self, message: str, *, signal_name: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.signal_name = signal_name

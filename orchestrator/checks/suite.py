@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from orchestrator import progress
+from orchestrator import interrupt, progress
 from orchestrator.checks import (
     answer_fixtures,
     budget,
@@ -183,6 +183,7 @@ def run_suite(
                 results.append(r)
                 _record(ctx, r)
                 continue
+            interrupt.check(f"before acceptance check {name}")  # a signal: stop here, the deploy rolls back
             wait_idle(ctx)
             faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from orchestrator import __version__
+from orchestrator import __version__, interrupt
 from orchestrator.cli.commands import COMMANDS
 from orchestrator.cli.lazy import LazyGroup
 from orchestrator.cli.options import Globals
@@ -112,11 +112,23 @@ def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None
     sys.stdout.flush()
 
 
+# Commands that take leases: a signal during them stops the run at its next bounded point and
+# ends it like a failure (rollback, leases released; orchestrator/interrupt.py). Others keep
+# Python's default handling (SIGTERM kills, SIGINT is a KeyboardInterrupt: exit 130).
+GUARDED_COMMANDS = frozenset({"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels"})
+
+
+def _command_word(args: list[str]) -> str | None:
+    return next((a for a in args if a in COMMANDS), None)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     g = Globals()
     error: dict[str, Any] | None = None
     code = 0
+    if _command_word(args) in GUARDED_COMMANDS and argv is None:  # the console script, in its main thread
+        interrupt.guard()
     try:
         rv = app(args=args, standalone_mode=False, obj=g, prog_name="pairctl")
         code = int(rv) if isinstance(rv, int) else 0
@@ -147,12 +159,35 @@ def main(argv: list[str] | None = None) -> None:
         if where:
             typer.echo(f"(details in {where})", err=True)
         error = _error(code, f"internal error: {type(exc).__name__}: {exc}", kind="InternalError")
+    code, error = _after_signal(code, error)
     # A usage error can stop parsing before --json is read: the word on the command line counts.
     if (g.json_output or "--json" in args) and (g.ran or error is not None):
         if code != 0 and error is None:  # the command chose its exit code (typer.Exit)
             error = _error(code, _meaning(code), kind="Exit")
         _print_document(g, code, error)
     sys.exit(code)
+
+
+def _after_signal(code: int, error: dict[str, Any] | None) -> tuple[int, dict[str, Any] | None]:
+    """A run a signal stopped exits INTERRUPTED (130) after its cleanup, whatever failure path it
+    took (rolled back: 7; refused before any change); a failed rollback keeps 8, which names the
+    kept leases. A run that had passed its last bounded point finishes with its own code."""
+    sig = interrupt.received()
+    if sig is None:
+        return code, error
+    if code == 0:
+        typer.echo(f"pairctl: {sig} arrived after the last point the run could stop at; it completed", err=True)
+        return code, error
+    if code == int(ExitCode.ROLLBACK_FAILED):
+        return code, error
+    code = int(ExitCode.INTERRUPTED)
+    if error is not None:
+        message = error["message"] if sig in error["message"] else f"interrupted by {sig}: {error['message']}"
+        error = {**error, "exit_code": code, "meaning": _meaning(code), "message": message}
+    else:
+        error = _error(code, f"interrupted by {sig}", kind="Interrupted")
+    typer.echo(f"pairctl: interrupted by {sig}; cleanup done (exit {code})", err=True)
+    return code, error
 
 
 def _log_internal_error(g: Globals) -> str | None:

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import progress
+from orchestrator import interrupt, progress
 from orchestrator.engine import faults
 from orchestrator.engine.plan import Step
-from orchestrator.errors import PairctlError
+from orchestrator.errors import Interrupted, PairctlError
 
 if TYPE_CHECKING:
     from orchestrator.engine.context import RunContext
@@ -68,6 +68,7 @@ def run_steps(
         faults.at_step(step.name)  # test-only, inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 (engine/faults.py)
         t0 = time.monotonic()
         host_label = ",".join(step.hosts)
+        _stop_if_interrupted(step, ctx, journal, host_label)
         progress.event("step.start", f"step {step.name} on {host_label or '-'} ...", step=step.name, hosts=host_label)
         data: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
@@ -106,6 +107,19 @@ def run_steps(
                 continue
             raise StepFailed(step, errors)
     return outcomes
+
+
+def _stop_if_interrupted(step: Step, ctx: RunContext, journal: Journal, host_label: str) -> None:
+    """A signal stops the run before its next step, as that step's failure (the deploy's
+    failure path then rolls back or releases). Never a lease release, nor the steps of a
+    rollback once it changed something: those are the cleanup and run to their end."""
+    if step.action == "release-lease" or (getattr(ctx, "mode", None) == "rollback" and ctx.changed):
+        return
+    try:
+        interrupt.check(f"before step {step.name}")
+    except Interrupted as exc:
+        journal.record_step(step.name, "skipped", host=host_label or None, skip_reason=f"not run: {exc}")
+        raise StepFailed(step, {host_label or "local": exc}) from None
 
 
 class _GroupError(Exception):

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator import interrupt
 from orchestrator.errors import EvidenceError, Inconclusive
 from orchestrator.evidence import jsonable
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data, mask_text, may_hold_secret
@@ -390,6 +391,10 @@ class Journal:
         """Seal the receipt (chained to the pair's previous one) and return its hash."""
         if outcome not in OUTCOMES:
             raise ValueError(f"outcome must be one of {OUTCOMES}, not {outcome!r}")
+        signal_name = interrupt.received()
+        if signal_name is not None and outcome in ("failed", "aborted", "inconclusive"):
+            # a run that did not pass after a signal stopped it says so, whatever path sealed it
+            outcome, reason = "interrupted", f"interrupted by {signal_name}: {reason}"
         with self._mutex:
             self._emit("finish", outcome=outcome, reason=mask_text(reason))
             fd, self._fd = self._fd, None

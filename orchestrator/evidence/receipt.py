@@ -24,8 +24,9 @@ from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
 SCHEMA_VERSION = 1
 
 # `incomplete`: a derived record whose reused and fresh steps do not cover what the original required.
-Outcome = Literal["passed", "failed", "aborted", "inconclusive", "incomplete"]
-OUTCOMES: tuple[str, ...] = ("passed", "failed", "aborted", "inconclusive", "incomplete")
+Outcome = Literal["passed", "failed", "aborted", "inconclusive", "incomplete", "interrupted"]
+# `interrupted`: a signal stopped the run at a bounded point (orchestrator/interrupt.py); reason names it.
+OUTCOMES: tuple[str, ...] = ("passed", "failed", "aborted", "inconclusive", "incomplete", "interrupted")
 # `aborted` for a step only when the run was killed while the step was in progress.
 StepOutcome = Literal["passed", "failed", "skipped", "aborted"]
 STEP_OUTCOMES: tuple[str, ...] = ("passed", "failed", "skipped", "aborted")

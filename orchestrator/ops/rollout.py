@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import interrupt
 from orchestrator.config.inventory import HookEvent, Inventory
 from orchestrator.engine.deploy import RunResult
 from orchestrator.engine.deploy import deploy as deploy_pair
@@ -302,6 +303,8 @@ def _run_waves(
     for i, wave in enumerate(result.waves):
         if stop is None and failures >= o.max_fail:
             stop = f"--max-fail {o.max_fail} reached ({failures} failed)"
+        if stop is None and interrupt.received() is not None:
+            stop = f"interrupted by {interrupt.received()}: no further wave starts"
         if stop is not None:
             for p in wave:
                 runs[p].outcome, runs[p].reason = NOT_STARTED, stop

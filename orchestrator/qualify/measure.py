@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator import interrupt
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.hashing import sha256_json
 from orchestrator.qualify.plan import LoadedPlan
@@ -77,7 +78,9 @@ def measure(
     base: dict[str, Any],
 ) -> dict[str, Any]:
     """One streaming request -> one sample dict (fields: analysis.SAMPLE_FIELDS). A failed request
-    is a sample with ok=False and the error, never an exception: the analysis decides."""
+    is a sample with ok=False and the error, never an exception: the analysis decides. A signal
+    (orchestrator/interrupt.py) stops the arm here, between requests; the pair is then restored."""
+    interrupt.check(f"before a qualification request ({prompt.fixture})")
     row: dict[str, Any] = {
         **base,
         "fixture": prompt.fixture,

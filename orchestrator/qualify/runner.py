@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator import progress
+from orchestrator import interrupt, progress
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError, PairctlError, RollbackFailed
 from orchestrator.evidence.store import EvidenceStore
@@ -282,7 +282,8 @@ def run_qualification(
                 held.keep("an arm's rollback failed; the pair's state is unknown")
             else:
                 try:
-                    with journal.step("restore") as step:
+                    # the cleanup after a signal too: it runs to its end (orchestrator/interrupt.py)
+                    with journal.step("restore") as step, interrupt.shielded():
                         if hooks.before_restore:
                             hooks.before_restore()
                         step.data["verified"] = driver.restore(before)

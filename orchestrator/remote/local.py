@@ -44,6 +44,9 @@ class LocalTransport:
                 timeout=timeout,
                 shell=False,
                 check=False,
+                # its own session: a Ctrl-C or hangup sent to the operator's terminal group must not
+                # kill an exec mid-write (pairctl stops at its next bounded point: orchestrator/interrupt.py)
+                start_new_session=True,
             )
         except subprocess.TimeoutExpired as exc:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
