@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,7 +16,14 @@ import pytest
 
 from orchestrator.config.inventory import Supervision
 from orchestrator.hosts.layout import HostLayout, install_helper
-from orchestrator.hosts.supervisor import ipv4_endpoint, parse_state, parse_uptime, read_state, sup_args
+from orchestrator.hosts.supervisor import (
+    CLOCK_TICKS_PER_S,
+    ipv4_endpoint,
+    parse_state,
+    parse_uptime,
+    read_state,
+    sup_args,
+)
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.result import as_text
@@ -76,8 +84,17 @@ def test_state_and_uptime_parsers():
     st = parse_state("state=given-up\nrestarts=4\nlast_exit=signal 9\nstarted_at=17\ngiven_up=1\njunk\n")
     assert (st.state, st.restarts, st.last_exit, st.started_at, st.given_up) == ("given-up", 4, "signal 9", 17, True)
     assert parse_state("restarts=x\nlast_exit=-\n").restarts == 0 and parse_state("").last_exit is None
-    up = parse_uptime(Path("/proc/uptime").read_text(), Path("/proc/self/stat").read_text())
-    assert up is not None and 0 <= up < 120
+    # A process started just now has run for seconds, whatever the age of the test run itself
+    # (CI ran this 45 min into the suite, so /proc/self was the wrong process to ask).
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        up = parse_uptime(Path("/proc/uptime").read_text(), Path(f"/proc/{child.pid}/stat").read_text())
+    finally:
+        child.kill()
+        child.wait()
+    assert up is not None and 0 <= up < 20
+    stat = "7 (a ) b) S" + " 0" * 18 + " 500 0"  # field 22 = 500 ticks, after a name holding ") "
+    assert parse_uptime("12.5 3.0", stat) == pytest.approx(12.5 - 500 / CLOCK_TICKS_PER_S)
     assert parse_uptime("garbage", "1 (a) b") is None
 
 
