@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.engine.plan import PairView
 from orchestrator.errors import ConfigError, EvidenceError, HostStateError, PairctlError
+from orchestrator.evidence import atomic
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.probes import HostFacts
 from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
@@ -56,29 +57,26 @@ ROLLBACK_ALLOWS = frozenset({ACTIVATING})
 
 
 def route_key(home: Home) -> bytes:
-    """The key route records are signed with, created 0600 (O_EXCL with the mode) on first use.
-    A key others can read is refused: whoever reads it can forge a record pairctl trusts."""
+    """The key route records are signed with, created 0600 on first use. It is written to a
+    temporary file and linked into place (never replacing one), so two first runs of one home
+    at once agree on one key and neither reads a half-written file. A key others can read is
+    refused: whoever reads it can forge a record pairctl trusts."""
     path = home.root / KEY_NAME
     home.root.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        st = path.lstat()
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise ConfigError(
-                f"{path}: the route signing key must be a plain file only you can read (mode 0600)",
-                hint=f"chmod 600 {path}",
-            ) from None
-        key = path.read_bytes().strip()
-        if len(key) < 32:
-            raise ConfigError(
-                f"{path}: the route signing key is too short ({len(key)} bytes)",
-                hint=f"remove {path} and run `pairctl repair --pair PAIR --yes` to sign anew",
-            ) from None
-        return key
-    key = secrets.token_hex(32).encode()
-    with os.fdopen(fd, "wb") as f:
-        f.write(key + b"\n")
+    if not os.path.lexists(path):
+        atomic.write_once(path, secrets.token_hex(32).encode() + b"\n", mode=0o600)
+    st = path.lstat()
+    if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
+        raise ConfigError(
+            f"{path}: the route signing key must be a plain file only you can read (mode 0600)",
+            hint=f"chmod 600 {path}",
+        )
+    key = path.read_bytes().strip()
+    if len(key) < 32:
+        raise ConfigError(
+            f"{path}: the route signing key is too short ({len(key)} bytes)",
+            hint=f"remove {path} and run `pairctl repair --pair PAIR --yes` to sign anew",
+        )
     return key
 
 

@@ -156,11 +156,13 @@ def make_pair(
     root_mb: int | None,
     name: str = PAIR,
     ports: tuple[int, int] = (8190, 50190),
+    base_pair: str | None = None,
 ) -> FaultPair:
-    """Write an inventory with pair NAME on the lab's sshd hosts (hosts `<name>-native|rpc`, own
-    install roots, ports and API key file); with `root_mb`, each root is a tmpfs of that size."""
+    """Write an inventory with pair NAME on the sshd hosts of the lab's pair `base_pair` (its
+    first pair by default): hosts `<name>-native|rpc`, own install roots, ports and API key file;
+    with `root_mb`, each root is a tmpfs of that size."""
     base = read_yaml(base_inventory_path)
-    ((pname, bpair),) = [(n, p) for n, p in base["pairs"].items()][:1]
+    bpair = base["pairs"][base_pair or next(iter(base["pairs"]))]
     fdir = home.root / name
     fdir.mkdir(parents=True, exist_ok=True)
     key_file = fdir / "api-key"
@@ -346,12 +348,19 @@ class PausedRun:
         return self.proc.returncode, out, err
 
 
-def start_deploy_paused(fp: FaultPair, pkg: str, step: str, marker_dir: Path, wait_s: float = 120) -> PausedRun:
+def start_deploy_paused(
+    fp: FaultPair, pkg: str, step: str, marker_dir: Path, wait_s: float = 120, extra_env: dict[str, str] | None = None
+) -> PausedRun:
     """`pairctl deploy` that stops just before STEP (or runs to its end if STEP never comes)."""
     if marker_dir.exists():
         shutil.rmtree(marker_dir)
     marker_dir.mkdir(parents=True)
-    env = fp.env(PAIRCTL_ENABLE_FAULT_HOOKS="1", PAIRCTL_FAULT_HOOK=f"{step}:pause", PAIRCTL_FAULT_DIR=str(marker_dir))
+    env = fp.env(
+        PAIRCTL_ENABLE_FAULT_HOOKS="1",
+        PAIRCTL_FAULT_HOOK=f"{step}:pause",
+        PAIRCTL_FAULT_DIR=str(marker_dir),
+        **(extra_env or {}),
+    )
     proc = subprocess.Popen(
         fp.argv("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, *accept_args()),
         stdout=subprocess.PIPE,
@@ -376,12 +385,18 @@ def start_deploy_paused(fp: FaultPair, pkg: str, step: str, marker_dir: Path, wa
 @dataclass
 class Fault:
     """Injected while pairctl waits at the boundary; `repair` undoes the outside world's part
-    after the faulted command has finished (the host comes back, the disk is freed)."""
+    after the faulted command has finished (the host comes back, the disk is freed). An inject
+    may add to `st["problems"]` what it saw go wrong while it acted (another operator's command
+    that should have been refused)."""
 
     name: str
     inject: Callable[[FaultPair, PausedRun, dict[str, Any]], str]  # returns what it did
     repair: Callable[[FaultPair, dict[str, Any]], None] = lambda fp, st: None
     kills_pairctl: bool = False
+    # the boundaries this fault is injected at (None: every step); the others are n/a for it
+    steps: frozenset[str] | None = None
+    # extra environment of the faulted deploy (a clock of its own)
+    deploy_env: Callable[[], dict[str, str]] = dict
 
 
 def _signal(pid: int | None, sig: int) -> bool:
@@ -447,23 +462,36 @@ def _kill_service(role):
     return inject
 
 
-def inject_hang_server(fp, run, st):
-    pid = service_pid_of(fp, "native")
+def inject_hang_server(fp, run, st, role="native"):
+    pid = service_pid_of(fp, role)
     if _signal(pid, signal.SIGSTOP):
         st["stopped_pid"] = pid
-        return f"SIGSTOP llama-server {pid} (/props, /slots, /health hang)"
-    return "no llama-server running"
+        st["stopped_role"] = role
+        what = "/props, /slots, /health hang" if role == "native" else "llama-server's graph computes hang on it"
+        return f"SIGSTOP {SERVICE[role]} {pid} ({what})"
+    return f"no {SERVICE[role]} running"
+
+
+def inject_hang_rpc_server(fp, run, st):
+    return inject_hang_server(fp, run, st, role="rpc")
 
 
 def repair_hang_server(fp, st):
     _signal(st.get("stopped_pid"), signal.SIGCONT)
     # a server started by the faulted run after the SIGSTOP is not ours to continue; any we stopped is
-    for f in (fp.roots["native"] / "run").glob("*.pid"):
+    for f in (fp.roots[st.get("stopped_role", "native")] / "run").glob("*.pid"):
         _signal(service_pid(f), signal.SIGCONT)
 
 
-def inject_fill_root(fp, run, st):
-    root = fp.roots["native"]
+def _fill_root(role):
+    def inject(fp, run, st):
+        return inject_fill_root(fp, run, st, role=role)
+
+    return inject
+
+
+def inject_fill_root(fp, run, st, role="native"):
+    root = fp.roots[role]
     filler = root / ".faults-filler"
     free = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
     with open(filler, "wb") as f:
@@ -475,7 +503,7 @@ def inject_fill_root(fp, run, st):
             pass
     st["filler"] = str(filler)
     left = os.statvfs(root).f_bavail * os.statvfs(root).f_frsize
-    return f"filled native root ({free >> 20} MiB free -> {left >> 10} KiB)"
+    return f"filled {role} root ({free >> 20} MiB free -> {left >> 10} KiB)"
 
 
 def repair_fill_root(fp, st):
@@ -549,6 +577,174 @@ def repair_break_lease(fp, st):
             pass
 
 
+# -- another operator, clocks, damaged host state (issue 21) ----------------------------------
+
+FAKETIME_LIBS = (
+    "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    "/usr/lib/faketime/libfaketime.so.1",
+)
+SKEW = "1h"
+
+
+def skewed(offset: str) -> dict[str, str]:
+    """The environment that gives a child process a clock `offset` off (libfaketime, Debian's
+    `faketime`; `make setup` installs it): wall time only, monotonic time left alone so timeouts
+    stay real."""
+    lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
+    if lib is None:
+        raise AssertionError("libfaketime is not installed (apt-get install faketime; `make setup` does it)")
+    return {"LD_PRELOAD": lib, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
+
+
+def other_operator(fp: FaultPair, *args: str, clock: str | None = None, same_home: bool = False):
+    """pairctl run by another operator in a child process: with a home of its own (its own
+    evidence, the same hosts, keys and known_hosts) unless `same_home`, and a clock `clock` off."""
+    if same_home:
+        argv = fp.argv(*args)
+        env = fp.env()
+    else:
+        other = fp.home.root / fp.name / "other-operator"
+        inv = other / "inventory.yaml"
+        if not inv.exists():
+            other.mkdir(parents=True, exist_ok=True)
+            data = read_yaml(fp.inventory_path)
+            data["known_hosts"] = str(fp.base_inventory.known_hosts)
+            for spec in data["hosts"].values():
+                spec["key"] = str(fp.base_inventory.hosts[fp.base_hosts[spec["role"]]].key)
+            inv.write_text(yaml.safe_dump(data, sort_keys=False))
+        argv = [sys.executable, "-m", "orchestrator", "--home", str(other / "home"), "--inventory", str(inv), *args]
+        env = fp.env(PAIRCTL_HOME=str(other / "home"))
+    if clock:
+        env.update(skewed(clock))
+    return subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, env=env)
+
+
+def holder_run_id(fp: FaultPair) -> str | None:
+    """The run named by the lease on the native host (ground truth: the lock directory)."""
+    from orchestrator.hosts.leases import parse_lease
+
+    f = fp.roots["native"] / LOCK / "lease.json"
+    try:
+        return parse_lease(f.read_text()).run_id
+    except Exception:
+        return None
+
+
+def _try_to_break(fp, st, clock: str | None, who: str) -> str:
+    """Another operator (home of its own, clock `clock` off) tries both ways of freeing a lease:
+    breaking it as expired, and releasing it as a dead run's. While the holder holds a live,
+    heartbeating lease both must be refused, whatever either clock says."""
+    held = all(lease_held(fp.roots[r]) for r in ROLES)
+    run_id = holder_run_id(fp) if held else None
+    said = []
+    take = other_operator(
+        fp,
+        "--json",
+        "lease",
+        "take",
+        fp.name,
+        "--purpose",
+        f"{who} maintenance",
+        "--ttl",
+        "10m",
+        "--break-expired",
+        clock=clock,
+    )
+    said.append(f"lease take --break-expired: exit {take.returncode}")
+    if take.returncode == 0:
+        try:
+            st["other_nonce"] = json.loads(take.stdout).get("nonce")
+        except ValueError:
+            st["other_nonce"] = None
+        if held:
+            st.setdefault("problems", []).append(f"{who} broke the holder's live lease (lease take --break-expired)")
+    elif take.returncode != 5:
+        st.setdefault("problems", []).append(
+            f"{who}'s lease take exited {take.returncode}, not 0 or 5: {take.stderr.strip()[-300:]}"
+        )
+    if run_id and take.returncode != 0:
+        rel = other_operator(fp, "--json", "lease", "release", fp.name, "--dead-run", run_id, clock=clock)
+        said.append(f"lease release --dead-run {run_id}: exit {rel.returncode}")
+        if rel.returncode == 0:
+            st.setdefault("problems", []).append(f"{who} freed the live run's lease as a dead run's")
+    return f"{who}: " + "; ".join(said) + ("" if held else " (no lease held yet)")
+
+
+def inject_skew_other_ahead(fp, run, st):
+    return _try_to_break(fp, st, f"+{SKEW}", f"an operator {SKEW} ahead")
+
+
+def inject_skew_holder_behind(fp, run, st):
+    return _try_to_break(fp, st, None, f"an operator on time (the holder is {SKEW} behind)")
+
+
+def repair_other_lease(fp, st):
+    """The other operator releases the lease it took (when it legitimately could)."""
+    if st.get("other_nonce"):
+        other_operator(fp, "--json", "lease", "release", fp.name, "--nonce", st["other_nonce"])
+
+
+def inject_other_rolls_back(fp, run, st):
+    """Another process of the same home rolls the pair back while the holder waits at a step:
+    refused (exit 5) while the holder holds the pair; before it does, it may run, and the holder
+    then decides from what it reads under its own lease."""
+    held = all(lease_held(fp.roots[r]) for r in ROLES)
+    p = other_operator(fp, "--json", "rollback", "--pair", fp.name, same_home=True)
+    if p.returncode not in (0, 5, 6):
+        st.setdefault("problems", []).append(
+            f"the other operator's rollback exited {p.returncode}: {p.stderr.strip()[-300:]}"
+        )
+    if held and p.returncode == 0:
+        st.setdefault("problems", []).append("another operator rolled the pair back while the holder held it")
+    if "Traceback" in p.stderr:
+        st.setdefault("problems", []).append("a traceback reached the other operator: " + p.stderr[-600:])
+    return f"another operator's rollback: exit {p.returncode}" + ("" if held else " (holder had no lease yet)")
+
+
+def _route_file(fp: FaultPair, role: str) -> Path:
+    return fp.roots[role] / "route.json"
+
+
+def inject_corrupt_route(fp, run, st):
+    f = _route_file(fp, "native")
+    if not f.exists():
+        return "no route.json on the native host"
+    f.write_bytes(f.read_bytes()[: max(1, f.stat().st_size // 2)])
+    return "cut the native host's route.json in half (invalid JSON)"
+
+
+def inject_drop_route(fp, run, st):
+    gone = [r for r in ROLES if _route_file(fp, r).exists()]
+    for r in gone:
+        _route_file(fp, r).unlink()
+    return f"removed route.json on {gone}"
+
+
+def inject_tamper_route(fp, run, st):
+    """Swap the active and previous entries of the RPC host's record (its signature left as it
+    was), as a hand edit or another tool would."""
+    f = _route_file(fp, "rpc")
+    try:
+        d = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return "no readable route.json on the rpc host"
+    if not d.get("previous"):
+        d["revision"] = int(d.get("revision", 0)) + 1000
+        what = "revision +1000"
+    else:
+        d["active"], d["previous"] = d["previous"], d["active"]
+        what = "active and previous swapped"
+    f.write_text(json.dumps(d))
+    return f"edited the rpc host's route.json ({what}, signature unchanged)"
+
+
+LEASED_STEPS = frozenset({"lease", "upload", "restart-rpc", "accept"})
+SWITCH_STEPS = frozenset({"upload", "restart-rpc", "switch-native", "route"})
+RPC_SERVED_STEPS = frozenset({"restart-rpc", "start-server", "verify", "accept", "check:cached_continuation"})
+OTHER_STEPS = frozenset({"connect", "lease", "upload", "restart-rpc", "accept"})
+DAMAGE_STEPS = frozenset({"lease", "route"})
+
 FAULTS = [
     Fault("kill-pairctl", inject_kill_pairctl, kills_pairctl=True),
     Fault("cut-ssh-rpc", _cut_ssh("rpc"), repair_cut_ssh),
@@ -556,10 +752,25 @@ FAULTS = [
     Fault("kill-llama-server", _kill_service("native")),
     Fault("kill-rpc-server", _kill_service("rpc")),
     Fault("hang-server", inject_hang_server, repair_hang_server),
-    Fault("fill-native-root", inject_fill_root, repair_fill_root),
+    Fault("hang-rpc-server", inject_hang_rpc_server, repair_hang_server, steps=RPC_SERVED_STEPS),
+    Fault("fill-native-root", _fill_root("native"), repair_fill_root),
+    Fault("fill-rpc-root", _fill_root("rpc"), repair_fill_root, steps=SWITCH_STEPS),
     Fault("corrupt-release", inject_corrupt_release, repair_corrupt_release),
     Fault("break-lease", inject_break_lease, repair_break_lease),
+    Fault("skew-other-ahead", inject_skew_other_ahead, repair_other_lease, steps=LEASED_STEPS),
+    Fault(
+        "skew-holder-behind",
+        inject_skew_holder_behind,
+        repair_other_lease,
+        steps=LEASED_STEPS,
+        deploy_env=lambda: skewed(f"-{SKEW}"),
+    ),
+    Fault("other-rolls-back", inject_other_rolls_back, steps=OTHER_STEPS),
+    Fault("corrupt-route", inject_corrupt_route, steps=DAMAGE_STEPS),
+    Fault("drop-route", inject_drop_route, steps=DAMAGE_STEPS),
+    Fault("tamper-route", inject_tamper_route, steps=DAMAGE_STEPS),
 ]
+BY_NAME = {f.name: f for f in FAULTS}
 
 
 # -- one cell: fault x step, then the operator's next commands, then the promise ---------------
@@ -585,7 +796,7 @@ class Cell:
 
     def text(self) -> str:
         if self.first == "n/a":
-            return "n/a (not in the plan)"
+            return f"n/a ({self.recovery or 'not in the plan'})"
         mark = "ok" if self.holds else "FAIL"
         extra = (
             "+lease by hand"
@@ -675,7 +886,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     state: dict[str, Any] = {"old": old, "new": new}
 
     # 1. the faulted deploy
-    run = start_deploy_paused(fp, new, step, work / "marker")
+    run = start_deploy_paused(fp, new, step, work / "marker", extra_env=fault.deploy_env())
     fp.in_flight = run
     if not run.paused:
         rc, _, err = run.wait()
@@ -683,6 +894,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(f"step {step} was never reached (exit {rc}): {err[-500:]}")
     else:
         cell.injected = fault.inject(fp, run, state)
+        cell.problems += state.pop("problems", [])
         if not fault.kills_pairctl:
             run.resume()
         try:
