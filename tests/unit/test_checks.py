@@ -183,6 +183,18 @@ def test_cancel_passes_and_each_condition_fails():
         assert any(text in x for x in p), (change, p)
 
 
+def test_stop_allowance_follows_the_server_not_the_client():
+    """Seen in a loaded run: the client had read 8 tokens when it closed, the server (~1100 tok/s)
+    had generated ~100 into socket buffers and stopped at 168 of a 1984-token request. Judged at
+    the client's read speed that was 'did not stop at the cancel'; at the server's speed over the
+    time the stream ran it is a prompt stop, while a server that ignored the cancel (900) fails."""
+    by = cn.stopped_by_tokens(prompt=64, at_close=8, server_tps=1100.0, streaming_s=0.09)
+    assert 168 <= by < 900
+    # a slow server: what the client read dominates; no speed known: the constant bound alone
+    assert cn.stopped_by_tokens(prompt=64, at_close=8, server_tps=20.0, streaming_s=0.1) == 64 + 8 + 32
+    assert cn.stopped_by_tokens(prompt=64, at_close=8, server_tps=None, streaming_s=5.0) == 64 + 8 + 32
+
+
 def test_server_log_lines_from_the_real_server():
     # captured with the grep the check runs: a cancelled stream (task 1409: 64-token prompt, stopped at 80)
     cancelled = (GOLDEN / "server_log_cancel_1409.txt").read_text()
