@@ -589,12 +589,13 @@ SKEW = "1h"
 
 def skewed(offset: str) -> dict[str, str]:
     """The environment that gives a child process a clock `offset` off (libfaketime, Debian's
-    `faketime`; `make setup` installs it): wall time only, monotonic time left alone so timeouts
-    stay real."""
+    `faketime`; `make setup` installs it). Its monotonic clock is shifted too, consistently, so
+    intervals and timeouts stay real: with the monotonic clock left alone, libfaketime's
+    clock_nanosleep fails every Python sleep with EINVAL."""
     lib = next((p for p in FAKETIME_LIBS if os.path.exists(p)), None)
     if lib is None:
         raise AssertionError("libfaketime is not installed (apt-get install faketime; `make setup` does it)")
-    return {"LD_PRELOAD": lib, "FAKETIME": offset, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "FAKETIME_NO_CACHE": "1"}
+    return {"LD_PRELOAD": lib, "FAKETIME": offset, "FAKETIME_NO_CACHE": "1"}
 
 
 def other_operator(fp: FaultPair, *args: str, clock: str | None = None, same_home: bool = False):
@@ -954,6 +955,8 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     if operator == "rollback":
         p = fp.cli("--json", "rollback", "--pair", fp.name)
         cell.recovery = f"rollback {p.returncode}"
+        if p.returncode not in DEPLOY_EXITS:  # 3 (bad config), 1 or 2 say nothing true of a rollback here
+            cell.problems.append(f"the operator's rollback exited {p.returncode}: {p.stderr.strip()[-500:]}")
         if p.returncode != 0 and active_package(fp.status()[1]) is None:
             cell.operator.append(f"rollback exited {p.returncode} and left no verified pair; deployed again")
             if any(lease_held(fp.roots[r]) for r in ROLES):  # a failed rollback keeps the leases by design
@@ -964,6 +967,8 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     else:
         p = fp.deploy(new)
         cell.recovery = f"deploy {p.returncode}"
+        if p.returncode not in DEPLOY_EXITS:
+            cell.problems.append(f"the operator's deploy exited {p.returncode}: {p.stderr.strip()[-500:]}")
     if "Traceback" in p.stderr:
         cell.problems.append("a traceback reached the user: " + p.stderr[-800:])
     if fault.name == "corrupt-release":
