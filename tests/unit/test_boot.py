@@ -199,8 +199,8 @@ def test_start_keeps_its_arguments_0600_and_boot_restores_exactly_them(host):
     _power_loss(layout)
     _boot_as_cron(layout)
     _wait(lambda: _pid(layout) not in (None, old) and _cmdline(_pid(layout) or 0) == _argv(layout))
-    state = parse_state(Path(layout.log(f"{NAME}.state")).read_text())
-    assert state.state == "running" and state.restarts == 0
+    _wait(lambda: parse_state(Path(layout.log(f"{NAME}.state")).read_text()).state == "running")
+    assert parse_state(Path(layout.log(f"{NAME}.state")).read_text()).restarts == 0
     assert "started_by=boot" in Path(layout.log(f"{NAME}.state")).read_text()
     assert f"boot={NAME}:started" in Path(layout.log("boot.log")).read_text()
     # a second boot run (cron started twice, or by hand) starts nothing more
