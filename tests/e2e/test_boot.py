@@ -70,12 +70,15 @@ def _power_loss(roots: dict[str, str]) -> list[int]:
     for role, root in roots.items():
         name = SERVICE[role]
         sup = _read_pid(Path(root, "run", f"{name}.sup.pid"))
+        ident = _identity(root, name)  # before the group goes: its pid may be reaped at once
         if sup is not None and _alive(sup) and b"\0supervise\0" in Path(f"/proc/{sup}/cmdline").read_bytes():
-            os.killpg(sup, signal.SIGKILL)
+            os.killpg(sup, signal.SIGKILL)  # setsid made the supervisor its group's leader
             killed.append(sup)
-        ident = _identity(root, name)
         if ident is not None:
-            os.kill(ident[0], signal.SIGKILL)
+            try:
+                os.kill(ident[0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it was in the supervisor's group
             killed.append(ident[0])
             stale.append(Path(root, "run", f"{name}.pid"))
     t0 = time.monotonic()
