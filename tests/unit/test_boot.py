@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from orchestrator.hosts import boot
 from orchestrator.hosts.layout import HostLayout, install_helper
 from orchestrator.hosts.supervisor import parse_state
+from orchestrator.lab.lab import stop_services
 from orchestrator.remote.local import LocalTransport
 
 ROOT = "/srv/pairctl"
@@ -233,3 +234,13 @@ def test_boot_waits_while_a_lease_left_by_a_cut_short_run_is_held(host):
     assert parse_state(Path(layout.log(f"{NAME}.state")).read_text()).state == "passive-lease"
     lock.rmdir()
     _wait(lambda: _pid(layout) not in (None, old) and _cmdline(_pid(layout) or 0) == _argv(layout))
+
+
+def test_lab_down_is_a_deliberate_stop_for_boot_too(tmp_path):
+    """`lab down` stops the lab's services itself (by pid file): their run/NAME.boot go too."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("llama-server", "ggml-rpc-server"):
+        (run / f"{name}.boot").write_bytes(b"/x/bin/" + name.encode() + b"\0")
+    stop_services(tmp_path)
+    assert not list(run.glob("*.boot"))
