@@ -118,8 +118,10 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     for host, h in out["hosts"].items():
         b = h.get("boot")
         if b and b.get("persistence"):
-            at_boot = "starts" if b.get("starts_at_boot") else "does not start (stopped deliberately)"
-            console.print(f"boot: {host}: @reboot crontab line installed; {at_boot} {h['service']}", markup=False)
+            at_boot = "started" if b.get("starts_at_boot") else "not started (stopped deliberately)"
+            console.print(
+                f"boot: {host}: @reboot crontab line installed; {h['service']} {at_boot} at boot", markup=False
+            )
     for host, h in out["hosts"].items():
         rf = h.get("release_files") or {}
         if rf.get("verified"):
