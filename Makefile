@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 setup: system venv
 
 # Debian packages the lab and builds need (installed only when missing).
-SYSTEM_PKGS := openssh-server openssh-client ccache cmake ninja-build g++ git iproute2 procps systemd libgomp1 faketime
+SYSTEM_PKGS := openssh-server openssh-client ccache cmake ninja-build g++ git iproute2 procps systemd libgomp1 faketime cron
 system:
 	@missing=""; for p in $(SYSTEM_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 
 class _Open(BaseModel):
@@ -107,6 +107,7 @@ class HostStatus(_Open):
     matches_manifest: bool | None
     leases: list[dict[str, Any]]
     supervisor: dict[str, Any] | None = None  # hosts/supervisor.py SupervisorState.as_dict()
+    boot: dict[str, Any] | None = None  # hosts/boot.py read_entry() + starts_at_boot (prepared hosts)
 
 
 class StatusOutput(_Open):
@@ -116,6 +117,7 @@ class StatusOutput(_Open):
     hosts: dict[str, HostStatus]
     route: dict[str, Any] | None
     problems: list[str]
+    warnings: list[str] = Field(default_factory=list)  # exit 0 all the same (e.g. no boot persistence)
     health: str | None = None
     error: ErrorInfo | None = None
 

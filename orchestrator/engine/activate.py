@@ -32,7 +32,7 @@ from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.engine.runner import Handler
 from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import services, space, supervisor
+from orchestrator.hosts import boot, services, space, supervisor
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -478,6 +478,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         "pid": pid,
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
+        "boot": _boot_entry(ctx, "rpc"),
     }
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
@@ -517,7 +518,23 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         "healthy_after_s": round(w.seconds, 4),
         "health_polls": w.polls,
         "alive_checks": w.alive_checks,
+        "boot": _boot_entry(ctx, "native"),
     }
+
+
+def _boot_entry(ctx: RunContext, role: str) -> dict[str, Any]:
+    """After a start: the host's @reboot crontab line for its root (hosts/boot.py; the start
+    itself left the service's arguments in run/NAME.boot). Recorded, never a failure of the
+    step: a host without crontab keeps a running pair, with "no boot persistence" to say so."""
+    t0 = time.monotonic()
+    try:
+        out = boot.ensure_entry(ctx.t(role), ctx.layout(role))
+    except (HostError, OSError) as exc:  # the host stopped answering: the next step finds out too
+        out = {"persistence": None, "warning": f"no boot persistence: {str(exc)[:300]}"}
+    ctx.timed("boot_entry_s", time.monotonic() - t0)
+    if out.get("warning"):
+        ctx.log.warning("boot persistence", host=ctx.host(role), warning=out["warning"])
+    return out
 
 
 def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:

@@ -116,6 +116,13 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
                 markup=False,
             )
     for host, h in out["hosts"].items():
+        b = h.get("boot")
+        if b and b.get("persistence"):
+            at_boot = "started" if b.get("starts_at_boot") else "not started (stopped deliberately)"
+            console.print(
+                f"boot: {host}: @reboot crontab line installed; {h['service']} {at_boot} at boot", markup=False
+            )
+    for host, h in out["hosts"].items():
         rf = h.get("release_files") or {}
         if rf.get("verified"):
             console.print(
@@ -123,6 +130,8 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
             )
     for p in out["problems"]:
         console.print(f"problem: {p}", markup=False)
+    for w in out.get("warnings") or []:
+        console.print(f"warning: {w}", markup=False)
     if out.get("aborted_runs_sealed"):
         console.print(f"sealed {len(out['aborted_runs_sealed'])} killed run(s) as aborted receipts", markup=False)
     for host, h in out["hosts"].items():

@@ -16,7 +16,7 @@ from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.evidence.store import EvidenceStore
-from orchestrator.hosts import supervisor
+from orchestrator.hosts import boot, supervisor
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts
@@ -58,6 +58,7 @@ def status(
         "hosts": {},
         "route": None,
         "problems": [],
+        "warnings": [],  # worth knowing, not wrong now (exit 0): e.g. no boot persistence
         "aborted_runs_sealed": recovered,
     }
     try:
@@ -99,6 +100,13 @@ def status(
                     f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
                     f"last: {sup.last_exit or '?'}); see {layout.log(name + '.out')}, then deploy or rollback"
                 )
+            if f.svc_sha256:  # a prepared host: what a reboot would bring back (hosts/boot.py)
+                h["boot"] = {
+                    **boot.read_entry(t, layout),
+                    "starts_at_boot": t.stat(layout.log(name + ".boot")) is not None,
+                }
+                if h["boot"].get("warning"):
+                    out["warnings"].append(f"{host}: {h['boot']['warning']}")
             if verify_files:
                 h["release_files"] = _verify_current(t, layout, store, f.current, host)
                 if h["release_files"].get("problem"):

@@ -51,6 +51,9 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
     sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
+    # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
+    # a deliberate stop removes the file, so a stopped service stays stopped after a reboot
+    (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp") && mv -f "$r/run/.$n.boot.tmp" "$r/run/$n.boot" || exit 1
     for f in "$r/run/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
         if [ -f "$f" ]; then mv -f "$f" "$f.prev"; fi
     done
@@ -58,6 +61,10 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
     spid=$!
     echo "$spid" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+    if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then  # at boot the supervisor may first wait for a peer or a lease
+        echo "supervisor=$spid"
+        return 0
+    fi
     i=0  # the supervisor writes run/NAME.pid right after it forks the service
     while [ $i -lt 1000 ]; do
         pid=$(pid_of "$r" "$n")
@@ -90,6 +97,7 @@ sup_stop() { # sup_stop ROOT NAME: a deliberate stop: the supervisor goes first,
 }
 
 stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s, then KILL; only a process whose argv[0] is NAME
+    rm -f "$1/run/$2.boot"  # deliberately stopped: not started at boot either
     sup_stop "$1" "$2"
     pid=$(pid_of "$1" "$2")
     if alive "$pid" && is_ours "$pid" "$2"; then
@@ -205,6 +213,11 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"
     starts=""; restarts=0; backoff=$backoff0; first=1; reason=-
     set_state "$r" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
+    if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then
+        # started by `boot`: a lease left by a run the reboot cut short keeps even the first start off
+        set_state "$r" "$n" started_by boot
+        while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
+    fi
     while :; do
         if [ $first = 0 ]; then
             # never race a deploy: while a lease is held nothing starts (the holder starts what it wants)
@@ -401,6 +414,32 @@ supervisor_alive=0"; fi
             echo "sup=$name:-"
         fi
     done
+    ;;
+boot)
+    # boot ROOT: what the @reboot crontab line runs (orchestrator/hosts/boot.py). The supervisor of
+    # each service whose last deliberate act was a start (run/NAME.boot: the arguments `start` or
+    # `restart` got, removed by `stop`) is started again with exactly those arguments; it does
+    # not wait for the service (llama-server's supervisor first waits for its RPC peer, and any
+    # supervisor for a lease a cut-short run left). Stale pid files of the run before are
+    # harmless: a pid counts only while its argv[0] names the service. Logs to run/boot.log.
+    [ -d "$root/run" ] || exit 0
+    exec >>"$root/run/boot.log" 2>&1
+    echo "$(date -u +%FT%TZ) boot $root"
+    rc=0
+    for f in "$root"/run/*.boot; do
+        [ -f "$f" ] || continue
+        name=${f##*/}; name=${name%.boot}
+        if sup_alive "$root" "$name" >/dev/null; then echo "boot=$name:supervised"; continue; fi
+        pid=$(pid_of "$root" "$name")
+        if alive "$pid" && is_ours "$pid" "$name"; then echo "boot=$name:running"; continue; fi
+        # the arguments go back as they were written (NUL-separated: any byte but NUL survives)
+        if PAIRCTL_SVC_AT_BOOT=1 xargs -0 -x sh "$0" start "$root" "$name" <"$f"; then
+            echo "boot=$name:started"
+        else
+            echo "boot=$name:failed"; rc=1
+        fi
+    done
+    exit $rc
     ;;
 start)
     # start ROOT NAME PROGRAM ARGS...: start under setsid, then print its identity.

@@ -253,9 +253,12 @@ def stop_supervisors(root: Path) -> list[int]:
 
 def stop_services(root: Path) -> list[int]:
     """Stop llama-server / ggml-rpc-server processes recorded in `root/run/*.pid` (their
-    supervisors first)."""
+    supervisors first). A deliberate stop: their run/NAME.boot go too, so the @reboot line
+    (hosts/boot.py) starts nothing of them."""
     stop_supervisors(root)
     run = root / "run"
+    for name in SERVICE_NAMES:
+        (run / f"{name}.boot").unlink(missing_ok=True)
     pids = [pid for f in sorted(run.glob("*.pid")) if (pid := service_pid(f)) is not None] if run.is_dir() else []
     if not pids:
         return []

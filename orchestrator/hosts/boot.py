@@ -1,0 +1,226 @@
+"""Boot persistence on hosts without systemd: one `@reboot` crontab line per install root.
+
+What a boot needs is on the host already: `pairctl-svc start|restart` keeps each service's
+start arguments in `run/NAME.boot` (0600) and `stop` removes them, so `pairctl-svc boot ROOT`
+starts again exactly the supervisors whose last deliberate act was a start, with the argv pairctl
+verified. This module puts the line that runs it at boot into the host user's crontab:
+
+    # pairctl boot persistence, install root /srv/pairctl (managed by pairctl; a deploy rewrites it)
+    @reboot sh /srv/pairctl/bin/pairctl-svc boot /srv/pairctl
+
+The marker comment names the root, so several roots of one user coexist, and a second deploy
+replaces its own line (never appends it twice) and keeps every other line of the user's. The
+merge is pure (`merge_crontab`); the executor reads with `crontab -l`, writes with `crontab -`
+(the text on stdin, argv only) and reads back. A host without `crontab` is no failure: the
+result says "no boot persistence: crontab missing", and `status` shows it as a warning.
+
+cron runs the command with `/bin/sh -c` after turning an unescaped `%` into the end of the
+command (the rest becomes stdin); `cron_command` is what it runs, `cron_escape` its inverse.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from orchestrator.hosts.layout import HostLayout
+from orchestrator.remote.command import Cmd
+from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
+
+MARKER_PREFIX = "# pairctl boot persistence, install root "
+MARKER_SUFFIX = " (managed by pairctl; a deploy rewrites it)"
+CRONTAB_MISSING = "no boot persistence: crontab missing"
+WRITE_ATTEMPTS = 3  # another writer between our write and its read-back: merge again from what is there
+
+CRONTAB_LIST = Cmd(("crontab", "-l"))
+CRONTAB_INSTALL = Cmd(("crontab", "-"))
+
+
+def marker(root: str) -> str:
+    return MARKER_PREFIX + root + MARKER_SUFFIX
+
+
+def boot_argv(layout: HostLayout) -> list[str]:
+    """What the @reboot line runs: the installed helper's `boot` for this root."""
+    return ["sh", layout.svc, "boot", layout.root]
+
+
+def unfit_for_cron(root: str) -> str | None:
+    """Why a root cannot go into a crontab line (None when it can): cron ends a command at a
+    newline, and a `\\` before `%` cannot be written so that cron keeps both."""
+    if "\n" in root or "\r" in root:
+        return "the install root holds a line break"
+    if "\\%" in root:
+        return "the install root holds '\\%', which cron cannot carry"
+    return None
+
+
+def cron_escape(command: str) -> str:
+    """A shell line as a crontab command: every `%` escaped as `\\%` (see `cron_command`)."""
+    return command.replace("%", "\\%")
+
+
+def cron_command(line: str) -> str:
+    """What cron hands to `/bin/sh -c` for a crontab entry line (vixie/Debian cron): the schedule
+    (`@reboot`, or five fields) dropped, `\\%` turned into `%`, and the command cut at the first
+    unescaped `%` (the rest is its stdin, which pairctl's lines never have)."""
+    s = line.lstrip()
+    if s.startswith("@"):
+        cmd = s.split(None, 1)[1] if len(s.split(None, 1)) == 2 else ""
+    else:
+        parts = s.split(None, 5)
+        cmd = parts[5] if len(parts) == 6 else ""
+    out: list[str] = []
+    escaped = False
+    for ch in cmd:
+        if escaped:
+            if ch != "%":
+                out.append("\\")
+            out.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch == "%":
+            break
+        else:
+            out.append(ch)
+    if escaped:
+        out.append("\\")
+    return "".join(out)
+
+
+def entry(layout: HostLayout) -> str:
+    """The @reboot line for this root (the root checked with `unfit_for_cron` first)."""
+    return "@reboot " + cron_escape(shlex.join(boot_argv(layout)))
+
+
+def _lines(text: str) -> list[str]:
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def merge_crontab(existing: str, root: str, line: str) -> str:
+    """The user's crontab with this root's marker + line exactly once: in the place of its first
+    marker (the @reboot line after a marker is ours and replaced), appended when there was none;
+    every other line kept as it was, in order. Equal to `existing` when nothing needs changing."""
+    mark = marker(root)
+    out: list[str] = []
+    placed = False
+    drop_next = False
+    for ln in _lines(existing):
+        if drop_next:
+            drop_next = False
+            if ln.startswith("@reboot"):
+                continue
+        if ln == mark:
+            drop_next = True
+            if not placed:
+                out += [mark, line]
+                placed = True
+            continue
+        if ln == line:
+            continue  # a stray copy of our line without its marker
+        out.append(ln)
+    if not placed:
+        out += [mark, line]
+    merged = "\n".join(out) + "\n"
+    return existing if existing == merged else merged
+
+
+def entry_state(text: str, root: str, line: str) -> str:
+    """`installed` (marker followed by exactly `line`, once), `absent`, or `differs`."""
+    lines = _lines(text)
+    mark = marker(root)
+    at = [i for i, ln in enumerate(lines) if ln == mark]
+    if not at and line not in lines:
+        return "absent"
+    if len(at) == 1 and at[0] + 1 < len(lines) and lines[at[0] + 1] == line and lines.count(line) == 1:
+        return "installed"
+    return "differs"
+
+
+@dataclass(frozen=True)
+class CrontabRead:
+    """`crontab -l` judged: `text` ("" when the user has none), or `missing` (no crontab program),
+    or `error` (anything else, with its output)."""
+
+    text: str | None
+    missing: bool = False
+    error: str | None = None
+
+
+def parse_crontab_list(exit_status: int, stdout: str, stderr: str) -> CrontabRead:
+    if exit_status == 0:
+        return CrontabRead(stdout)
+    err = stderr.strip()
+    if exit_status == 127 or ("not found" in err and "crontab" in err and "no crontab for" not in err):
+        return CrontabRead(None, missing=True)
+    if exit_status == 1 and "no crontab for" in err:
+        return CrontabRead("")
+    return CrontabRead(None, error=f"crontab -l exited {exit_status}: {err[-200:]}")
+
+
+def read_crontab(t: Transport) -> CrontabRead:
+    res = t.run(CRONTAB_LIST, check=False, timeout=30)
+    return parse_crontab_list(res.exit_status, as_text(res.stdout), as_text(res.stderr))
+
+
+def ensure_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
+    """This root's @reboot line in the host user's crontab, replaced in place (never twice), read
+    back and compared. Never raises for cron's absence or a refused write: the result says what
+    is persisted (`persistence`: `cron` or None) and why not (`warning`), for receipts and status."""
+    why = unfit_for_cron(layout.root)
+    if why:
+        return {"persistence": None, "warning": f"no boot persistence: {why}"}
+    line = entry(layout)
+    got = read_crontab(t)
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        if got.missing:
+            return {"persistence": None, "warning": CRONTAB_MISSING}
+        if got.text is None:
+            return {"persistence": None, "warning": f"no boot persistence: {got.error}"}
+        merged = merge_crontab(got.text, layout.root, line)
+        if merged == got.text:
+            return {"persistence": "cron", "entry": line, "changed": attempt > 1, "read_back": "installed"}
+        res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=merged.encode())
+        if res.exit_status != 0:
+            return {
+                "persistence": None,
+                "warning": f"no boot persistence: crontab - exited {res.exit_status}: "
+                f"{as_text(res.stderr).strip()[-200:]}",
+            }
+        got = read_crontab(t)
+        if got.text == merged:
+            return {"persistence": "cron", "entry": line, "changed": True, "read_back": "installed"}
+        # someone else wrote meanwhile (or cron rewrote it): merge again from what is there now
+    return {
+        "persistence": None,
+        "warning": f"no boot persistence: the crontab read back differs from what was written "
+        f"{WRITE_ATTEMPTS} times (another writer?)",
+    }
+
+
+def read_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
+    """For status: whether this root's @reboot line is in the crontab (`installed`), and a
+    `warning` when it is not."""
+    why = unfit_for_cron(layout.root)
+    if why:
+        return {"persistence": None, "warning": f"no boot persistence: {why}"}
+    line = entry(layout)
+    got = read_crontab(t)
+    if got.missing:
+        return {"persistence": None, "warning": CRONTAB_MISSING}
+    if got.text is None:
+        return {"persistence": None, "warning": f"no boot persistence: {got.error}"}
+    state = entry_state(got.text, layout.root, line)
+    if state == "installed":
+        return {"persistence": "cron", "entry": line}
+    return {
+        "persistence": None,
+        "entry_state": state,
+        "warning": f"no boot persistence: the crontab has {'no' if state == 'absent' else 'a different'} "
+        f"@reboot line for {layout.root} (the next deploy or rollback writes it)",
+    }
