@@ -6,7 +6,8 @@ path and the command that resolves it:
 
 - each host's route.json parses, names this pair, and the two hosts hold the same bytes;
 - the record carries this home's signature (`mac`, HMAC-SHA256 with `<home>/route.key`, 0600,
-  made on first use): an entry edited on the host, or written by hand, does not verify;
+  made on first use): an entry edited on the host, or written by hand, does not verify; a signed
+  record must also be byte for byte what pairctl writes (no duplicate keys, no re-encoding);
 - each entry's argv_sha256 is the digest of its argv;
 - `current` on each host names what the record names active, and a release that is there;
 - the record is anchored in this home's evidence: the receipt of the run that wrote it is in
@@ -174,7 +175,8 @@ def judge(
                 )
             )
         return Judgement(None, problems)
-    where = _where(view, "native") if recs.get("native") else _where(view, "rpc")
+    role_of_record = "native" if recs.get("native") else "rpc"
+    where = _where(view, role_of_record)
     if record.pair != pair:
         problems.append(Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair))
     if record.mac is None:
@@ -191,6 +193,17 @@ def judge(
                 FORGED,
                 f"{where} (revision {record.revision}) does not verify against this home's "
                 "route key: it was edited on the host, or written from another operator's home",
+                repair,
+            )
+        )
+    elif raw[role_of_record] != record.to_bytes():
+        # The signature covers what the parser kept; bytes pairctl never wrote (a key given twice,
+        # another encoding, a BOM) could read differently to another parser.
+        problems.append(
+            Problem(
+                FORGED,
+                f"{where} (revision {record.revision}) is signed, but its bytes are not the ones pairctl "
+                "writes (a key given twice, another encoding or layout): it was rewritten on the host",
                 repair,
             )
         )

@@ -167,9 +167,10 @@ class LocalTransport:
             return None
         return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid)
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         self.stats.add(commands=1)
-        return Path(path).read_bytes()
+        with open(path, "rb") as f:
+            return f.read() if max_bytes is None else f.read(max_bytes + 1)
 
     def rename(self, src: str, dst: str) -> None:
         self.stats.add(commands=1)

@@ -633,11 +633,14 @@ class SshTransport:
 
         return self._fs("stat", path, do)
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         def do(sftp: paramiko.SFTPClient) -> bytes:
             with sftp.open(path, "rb") as f:
-                f.prefetch()
-                return f.read()
+                if max_bytes is None:
+                    f.prefetch()
+                    return f.read()
+                f.prefetch(max_bytes + 1)  # not the size stat reports: /dev/zero says 0, a sparse file TBs
+                return f.read(max_bytes + 1)
 
         data = self._fs("read", path, do)
         self.stats.add(get_bytes=len(data))
