@@ -61,6 +61,17 @@ def check_canonical_root(v: str) -> None:
         )
 
 
+def check_expanded_root(host: str, written: str, root: str) -> None:
+    """What `${VAR}` or `~` in an install root expanded to is judged as if it had been written:
+    `${ROOT}` with ROOT=/ is the root directory, ROOT=srv a relative path."""
+    try:
+        if not root.startswith("/"):
+            raise ValueError(f"install_root expands to {root!r}, not an absolute path")
+        check_canonical_root(root)
+    except ValueError as exc:
+        raise ConfigError(f"hosts.{host}.install_root: {exc} (from {written!r})") from None
+
+
 class PairSpec(StrictModel):
     native: str = Field(pattern=NAME_PATTERN)
     rpc: str = Field(pattern=NAME_PATTERN)
@@ -220,13 +231,10 @@ class Inventory(StrictModel):
     def resolved(self, variables: dict[str, str] | None = None) -> Inventory:
         """A copy with `${VAR}` and `~` expanded in every path."""
 
-        def hx(h: HostSpec) -> HostSpec:
-            return h.model_copy(
-                update={
-                    "install_root": expand(h.install_root, variables),
-                    "key": expand(h.key, variables) if h.key else None,
-                }
-            )
+        def hx(name: str, h: HostSpec) -> HostSpec:
+            root = expand(h.install_root, variables)
+            check_expanded_root(name, h.install_root, root)
+            return h.model_copy(update={"install_root": root, "key": expand(h.key, variables) if h.key else None})
 
         def px(p: PairSpec) -> PairSpec:
             return p.model_copy(
@@ -241,7 +249,7 @@ class Inventory(StrictModel):
         return self.model_copy(
             update={
                 "known_hosts": expand(self.known_hosts, variables),
-                "hosts": {k: hx(h) for k, h in self.hosts.items()},
+                "hosts": {k: hx(k, h) for k, h in self.hosts.items()},
                 "pairs": {k: px(p) for k, p in self.pairs.items()},
             }
         )
