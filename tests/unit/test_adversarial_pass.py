@@ -4,6 +4,7 @@ on the code before its fix. Pure logic and local files only, no hosts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from orchestrator.durations import parse_duration
 from orchestrator.engine import route_trust
 from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.evidence.masking import mask_argv, mask_data, mask_text, may_hold_secret
+from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
@@ -26,6 +28,7 @@ from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.transport import HOST_FILE_MAX
 
 sys.path.insert(0, str(Path(__file__).parent))
+from test_cli import run  # noqa: E402 - pairctl in-process
 from test_route_trust import KEY, _kinds, _record, view  # noqa: E402, F401 - the route judge's fixtures
 
 ROOT = Path(__file__).parents[2]
@@ -189,3 +192,50 @@ def test_install_root_from_a_variable_is_judged_after_expansion(tmp_path, monkey
     assert any("hosts.lab-native.install_root" in p for p in problems), problems
     monkeypatch.setenv("PAIRCTL_TEST_ROOT", "/srv/pairctl")
     assert check_file(path, kind="inventory").problems == ()
+
+
+# -- text from hosts and evidence: recorded and shown, never obeyed or crashed on ---------------
+
+
+def test_a_lone_surrogate_from_a_host_or_server_is_recorded_escaped(tmp_path):
+    """/proc/PID/cmdline is decoded with surrogateescape and a server's JSON may hold "\\ud800":
+    recording either raised UnicodeEncodeError out of the step (internal error mid-run)."""
+    store = EvidenceStore(tmp_path / "evidence")
+    with store.begin("status", ["status"], pair="lab") as j:
+        with j.step("identity", host="lab-native") as s:
+            s.data["argv"] = ["llama-server", b"--model=\xff".decode("utf-8", "surrogateescape")]
+        j.samples("identity", [{"content": json.loads('"\\ud800"')}])
+        sha = j.finish("passed", "ok")
+    r = store.load(sha)
+    assert r.steps[0].data["argv"][1] == "--model=\\udcff"
+    assert r.samples["identity"] == [{"content": "\\ud800"}]
+    assert store.verify().ok
+
+
+def test_planted_receipt_text_is_shown_not_obeyed(tmp_path):
+    """A receipt's reason with terminal escapes (clear screen, OSC 52 clipboard) and a lone
+    surrogate: `receipts list` was internal error: UnicodeEncodeError, and once past that the
+    escapes reached the terminal raw."""
+    store = EvidenceStore(tmp_path / "evidence")
+    with store.begin("deploy", ["deploy"], pair="lab") as j:
+        sha = j.finish("passed", "ok")
+    d = json.loads(store.path_of(sha).read_bytes())
+    for reason in ("\x1b[2J\x1b]52;c;ZXZpbA==\x07FAKE passed \x9b31m", "lone \ud800 surrogate"):
+        d.update(reason=reason, previous=sha)
+        data = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()  # ASCII: \u escapes
+        store.path_of(hashlib.sha256(data).hexdigest()).write_bytes(data)
+    code, out, err = run("--home", str(tmp_path), "receipts", "list")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x9b" not in out and "\x07" not in out
+    assert "\\x1b[2J" in out and "\\x9b31m" in out and "\\ud800" in out
+    bad_home = tmp_path / "home\x1b]0;owned\x07"
+    bad_home.write_text("a file, not a directory")
+    code, out, err = run("--home", str(bad_home), "receipts", "list")
+    assert code == 3 and "\x1b" not in err and "home\\x1b]0;owned\\x07" in err, err
+
+
+def test_console_log_lines_show_control_characters():
+    from orchestrator.log import visible_strings
+
+    ev = visible_strings(None, "warning", {"event": "lease held", "owner": "op@x\x1b[2J", "n": 3})
+    assert ev == {"event": "lease held", "owner": "op@x\\x1b[2J", "n": 3}
