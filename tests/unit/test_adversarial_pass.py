@@ -239,3 +239,77 @@ def test_console_log_lines_show_control_characters():
 
     ev = visible_strings(None, "warning", {"event": "lease held", "owner": "op@x\x1b[2J", "n": 3})
     assert ev == {"event": "lease held", "owner": "op@x\\x1b[2J", "n": 3}
+
+
+# -- derived records: checks a failed or interrupted acceptance never ran stay required ---------
+
+
+def _suite_receipt(store: EvidenceStore, overrides, names: list[str], *, interrupted: bool = False) -> str:
+    """An `accept` receipt as the suite records it (a real journal; the checks' bodies replaced)."""
+    from test_budget import _IdleServer  # the suite's between-check /slots: all idle
+
+    from orchestrator.checks import suite
+    from orchestrator.checks.base import CheckContext
+    from orchestrator.config.profiles import load_profile
+    from orchestrator.errors import Interrupted
+
+    try:
+        with store.begin("accept", ["accept", "lab"], pair="lab") as j:
+            ctx = CheckContext(client=_IdleServer(), profile=load_profile("lab"), pair="lab", journal=j)
+            suite.run_suite(ctx, only=names, overrides=overrides)
+            j.finish("failed", "acceptance failed")
+    except Interrupted:
+        assert interrupted
+    return store.summaries(pair="lab")[-1]["hash"]
+
+
+def _passes(name: str):
+    from orchestrator.checks.base import CheckResult
+
+    return lambda ctx: CheckResult(name=name, verdict="passed")
+
+
+def test_a_derived_record_must_cover_checks_the_suite_never_ran(tmp_path):
+    """An acceptance whose server died at the third check recorded the rest as `skipped`; a
+    derived record reusing the first and re-running the third passed, with the rest never run."""
+    from orchestrator.checks import suite
+    from orchestrator.checks.base import CheckResult
+    from orchestrator.server.client import ServerUnreachable
+
+    store = EvidenceStore(tmp_path / "evidence")
+    names = list(suite.CHECKS)[1:5]
+    a, own_skip, dies, never = names
+
+    def died(ctx):
+        raise ServerUnreachable("POST http://127.0.0.2:8080/completion: timed out (ReadTimeout)")
+
+    orig = _suite_receipt(
+        store,
+        {a: _passes(a), own_skip: lambda ctx: CheckResult(name=own_skip, verdict="skipped"), dies: died},
+        names,
+    )
+    step = "check:"
+    d = store.derive(orig, [step + a], "re-ran it", fresh_steps=[{"name": step + dies, "outcome": "passed"}])
+    r = store.load(d)
+    assert r.outcome == "incomplete" and step + never in r.reason, r.reason
+    # every check the suite set out to run covered; the one that skipped by its own judgement is not required
+    fresh = [{"name": step + n, "outcome": "passed"} for n in (dies, never)]
+    assert store.load(store.derive(orig, [step + a], "all re-run", fresh_steps=fresh)).outcome == "passed"
+
+
+def test_a_derived_record_must_cover_checks_an_interrupted_suite_never_reached(tmp_path, monkeypatch):
+    from orchestrator import interrupt
+    from orchestrator.checks import suite
+
+    monkeypatch.setattr(interrupt, "_received", [])
+    store = EvidenceStore(tmp_path / "evidence")
+    names = list(suite.CHECKS)[1:4]
+
+    def first_then_signal(ctx):
+        interrupt._received.append("SIGTERM")  # a signal during the first check: the suite stops after it
+        return _passes(names[0])(ctx)
+
+    orig = _suite_receipt(store, {names[0]: first_then_signal}, names, interrupted=True)
+    assert [s.name for s in store.load(orig).steps] == ["check:" + names[0]]
+    r = store.load(store.derive(orig, ["check:" + names[0]], "only the first ran"))
+    assert r.outcome == "incomplete" and "check:" + names[1] in r.reason, r.reason
