@@ -284,9 +284,14 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
             f"(line {line}); an API key is sent in an HTTP header and must be printable ASCII",
             hint="write the key as letters, digits and punctuation only",
         )
-    value = next((ln.strip() for ln in data.decode("ascii").splitlines() if ln.strip()), "")
+    # llama-server's --api-key-file: every line but empty ones and those starting with '#' is a key
+    lines = data.decode("ascii").split("\n")
+    value = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")), "")
     if not value:
-        raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")
+        raise ConfigError(
+            f"pair {pair_name}: api_key_file {pair.api_key_file} holds no key"
+            + (" (llama-server reads lines starting with '#' as comments)" if any(ln.strip() for ln in lines) else "")
+        )
     warn_if_readable_by_others(pair.api_key_file, what=f"pair {pair_name}: api_key_file")
     return ApiKey(file_bytes=data, value=value)
 

@@ -313,3 +313,18 @@ def test_a_derived_record_must_cover_checks_an_interrupted_suite_never_reached(t
     assert [s.name for s in store.load(orig).steps] == ["check:" + names[0]]
     r = store.load(store.derive(orig, ["check:" + names[0]], "only the first ran"))
     assert r.outcome == "incomplete" and "check:" + names[1] in r.reason, r.reason
+
+
+def test_the_key_pairctl_sends_is_one_llama_server_reads(tmp_path):
+    """A key file opening with a comment: pairctl sent the comment as the Bearer token, which
+    llama-server skips (`#` lines are comments), so every call was refused with 401."""
+    from orchestrator.config.inventory import PairSpec, read_api_key
+
+    f = tmp_path / "key"
+    f.write_text("# lab pair, rotated 2026-12\ns3cret-key\n")
+    f.chmod(0o600)
+    pair = PairSpec.model_validate({"native": "a", "rpc": "b", "api_key_file": str(f)})
+    assert read_api_key("lab", pair).value == "s3cret-key"
+    f.write_text("# only a comment\n\n")
+    with pytest.raises(ConfigError, match="holds no key.*comments"):
+        read_api_key("lab", pair)
