@@ -287,10 +287,12 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
     # llama-server's --api-key-file: every line but empty ones and those starting with '#' is a key
     lines = data.decode("ascii").split("\n")
     value = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")), "")
+    if not value and not any(ln.strip() for ln in lines):
+        raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")
     if not value:
         raise ConfigError(
-            f"pair {pair_name}: api_key_file {pair.api_key_file} holds no key"
-            + (" (llama-server reads lines starting with '#' as comments)" if any(ln.strip() for ln in lines) else "")
+            f"pair {pair_name}: api_key_file {pair.api_key_file} holds no key "
+            "(llama-server reads lines starting with '#' as comments)"
         )
     warn_if_readable_by_others(pair.api_key_file, what=f"pair {pair_name}: api_key_file")
     return ApiKey(file_bytes=data, value=value)
