@@ -328,3 +328,47 @@ def test_the_key_pairctl_sends_is_one_llama_server_reads(tmp_path):
     f.write_text("# only a comment\n\n")
     with pytest.raises(ConfigError, match="holds no key.*comments"):
         read_api_key("lab", pair)
+
+
+# -- route records: an older record this home signed, put back on the hosts ---------------------
+
+
+def _write_route_run(store: EvidenceStore, rec_for, head: str | None):
+    """A run that writes a signed route record and records the write as deploy's route step does."""
+    from orchestrator.hashing import sha256_bytes
+
+    with store.begin("deploy", ["deploy"], pair="lab") as j:
+        rec = rec_for(j.run_id).model_copy(update={"evidence_head": head}).sign(KEY)
+        data = rec.to_bytes()
+        with j.step("route", host="lab-native") as s:
+            s.data.update(revision=rec.revision, sha256=sha256_bytes(data), read_back="byte-identical")
+        sha = j.finish("passed", "ok")
+    return data, sha
+
+
+def test_an_older_signed_record_put_back_on_the_hosts_is_refused(view, tmp_path):  # noqa: F811
+    """A host that restores the route.json (and links) of an earlier deploy: signed by this home,
+    canonical, anchored at its own place in the chain, so it verified; status showed the older
+    pair as the pair's accepted state although a later deploy had replaced it."""
+    from test_route_trust import _entry, _facts
+
+    from orchestrator.hosts.route import next_record, parse_route
+
+    store = EvidenceStore(tmp_path / "evidence")
+    old, sha1 = _write_route_run(
+        store, lambda run: next_record(None, pair="lab", active=_entry("A"), previous=None, run_id=run), None
+    )
+    new, _ = _write_route_run(
+        store,
+        lambda run: next_record(parse_route(old), pair="lab", active=_entry("B"), previous=_entry("A"), run_id=run),
+        sha1,
+    )
+
+    def judge(data: bytes, cur: str) -> list:
+        facts = {r: _facts(cur, data) for r in ("native", "rpc")}
+        return route_trust.judge(view, facts, KEY, store).problems
+
+    assert judge(new, "B") == []
+    problems = judge(old, "A")
+    assert [p.kind for p in problems] == [route_trust.FORGED], problems
+    assert "revision 1" in problems[0].text and "revision 2" in problems[0].text
