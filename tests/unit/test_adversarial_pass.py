@@ -372,3 +372,46 @@ def test_an_older_signed_record_put_back_on_the_hosts_is_refused(view, tmp_path)
     problems = judge(old, "A")
     assert [p.kind for p in problems] == [route_trust.FORGED], problems
     assert "revision 1" in problems[0].text and "revision 2" in problems[0].text
+
+
+# -- evidence files that are links to /dev/zero ------------------------------------------------
+
+_ZERO_LINKS = """
+import json, os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a read to the end of /dev/zero fails fast
+from orchestrator.evidence.store import EvidenceStore
+store = EvidenceStore(sys.argv[1])
+with store.begin("deploy", ["deploy"], pair="lab") as j:
+    j.finish("passed", "ok")
+for rel in ("receipts/" + "a" * 64 + ".json", "journal/x-1-aa.jsonl", "heads/other", "locks/other.lock"):
+    os.symlink("/dev/zero", os.path.join(sys.argv[1], rel))
+out = {"summaries": len(store.summaries())}
+with store.begin("deploy", ["deploy"], pair="lab") as j:  # every run looks at the journals
+    out["second"] = bool(j.finish("passed", "ok"))
+rep = store.verify()
+out["problems"] = [p.message for p in rep.problems]
+try:
+    store.load("a" * 64)
+except Exception as exc:
+    out["load"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+def test_evidence_files_linked_to_dev_zero_are_refused_not_read(tmp_path):
+    """A receipt, journal or head that is a link to /dev/zero was read to its end: every run
+    (journals are read at begin), `receipts verify` and `receipts show` ran out of memory."""
+    import subprocess
+
+    p = subprocess.run(
+        [sys.executable, "-c", _ZERO_LINKS, str(tmp_path / "evidence")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])  # after the skipped files' warnings
+    assert out["summaries"] == 1 and out["second"], out
+    assert any("symbolic link" in m for m in out["problems"]), out
+    assert "EvidenceError" in out["load"] and "symbolic link" in out["load"], out
