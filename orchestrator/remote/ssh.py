@@ -639,7 +639,8 @@ class SshTransport:
                 if max_bytes is None:
                     f.prefetch()
                     return f.read()
-                f.prefetch(max_bytes + 1)  # not the size stat reports: /dev/zero says 0, a sparse file TBs
+                # prefetch what is there, up to the bound (/dev/zero says 0, a sparse file TBs)
+                f.prefetch(min(f.stat().st_size or 0, max_bytes + 1))
                 return f.read(max_bytes + 1)
 
         data = self._fs("read", path, do)

@@ -22,6 +22,8 @@ T = TypeVar("T")
 # The most pairctl reads of a host's small state files (route record, lease, pid and svc files):
 # the host is untrusted, and one of them may be a link to /dev/zero or a huge sparse file.
 HOST_FILE_MAX = 4 << 20
+# The most of a host's log pairctl reads (its supervisor rotates logs at 64 MiB by default).
+HOST_LOG_MAX = 64 << 20
 
 
 @dataclass(frozen=True)
