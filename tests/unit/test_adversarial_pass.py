@@ -415,3 +415,37 @@ def test_evidence_files_linked_to_dev_zero_are_refused_not_read(tmp_path):
     assert out["summaries"] == 1 and out["second"], out
     assert any("symbolic link" in m for m in out["problems"]), out
     assert "EvidenceError" in out["load"] and "symbolic link" in out["load"], out
+
+
+_HOST_ZERO_LINKS = """
+import json, os, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a read to the end of /dev/zero fails fast
+from orchestrator.hosts.layout import HostLayout
+from orchestrator.hosts.probes import read_facts
+from orchestrator.hosts.services import read_tail
+from orchestrator.hosts.supervisor import read_state
+from orchestrator.remote.local import LocalTransport
+layout, t = HostLayout(sys.argv[1]), LocalTransport()
+os.makedirs(layout.run)
+os.makedirs(os.path.dirname(layout.svc))
+for path in (layout.route, layout.svc, layout.log("llama-server.pid"), layout.log("llama-server.out"),
+             layout.log("llama-server.state")):
+    os.symlink("/dev/zero", path)
+facts = read_facts(t, layout, ["llama-server"])
+tail = read_tail(t, layout.log("llama-server.out"))
+state = read_state(t, layout, "llama-server")
+print(json.dumps({"route": len(facts.route_bytes or b""), "tail": len(tail), "state": repr(state)[:40]}))
+"""
+
+
+def test_host_files_linked_to_dev_zero_are_read_only_up_to_a_bound(tmp_path):
+    """The host's route.json, svc file, pid file, service output and supervisor state as links
+    to /dev/zero: each was read to its end (status, deploy and repair read them on every run)."""
+    import subprocess
+
+    p = subprocess.run(
+        [sys.executable, "-c", _HOST_ZERO_LINKS, str(tmp_path)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["route"] == HOST_FILE_MAX + 1, out
