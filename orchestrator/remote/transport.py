@@ -24,6 +24,8 @@ T = TypeVar("T")
 HOST_FILE_MAX = 4 << 20
 # The most of a host's log pairctl reads (its supervisor rotates logs at 64 MiB by default).
 HOST_LOG_MAX = 64 << 20
+# The most output (stdout, stderr each) pairctl reads of one command on a host.
+HOST_OUTPUT_MAX = 64 << 20
 
 
 @dataclass(frozen=True)
