@@ -291,6 +291,18 @@ def canonical_risky(name: str) -> str | None:
     return risky_key(normalise(flag))
 
 
+def argv_text_problem(value: str) -> str | None:
+    """Why `value` cannot be one argv element on a host (a NUL ends it; a lone surrogate has no
+    UTF-8 form), or None. Refused when the file is read, not as an error in the middle of a deploy."""
+    if "\x00" in value:
+        return "contains a NUL byte, which no argv can carry"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
 def check_extra_args(
     args: list[str],
     *,
@@ -304,7 +316,8 @@ def check_extra_args(
     help_spec = parse_help(help_text) if help_text else None
     allow = {canonical_risky(k) or k: v for k, v in (allowed or {}).items()}
     parsed, problems = parse_args(args, help_spec)
-    out = [f"{where}: {p}" for p in problems]
+    out = [f"{where}[{i}] {why}" for i, a in enumerate(args) if (why := argv_text_problem(a))]
+    out += [f"{where}: {p}" for p in problems]
     for p in parsed:
         if (m := managed_key(p.flag, help_spec)) is not None:
             out.append(f"{where} may not set {p.written} ({m}): it is a profile field or managed by pairctl")

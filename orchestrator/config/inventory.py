@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.flags import RISKY, canonical_risky, rpc_bind_problem, server_bind_problem
+from orchestrator.config.flags import RISKY, argv_text_problem, canonical_risky, rpc_bind_problem, server_bind_problem
 from orchestrator.config.loader import expand, load_model
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
@@ -26,6 +26,13 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 class ModelRef(StrictModel):
     path: str = Field(description="path of the GGUF on the native host")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _argv(cls, v: str) -> str:
+        if why := argv_text_problem(v):
+            raise ValueError(f"the model path {why}")
+        return v
 
 
 class HostSpec(StrictModel):
@@ -54,7 +61,9 @@ def check_canonical_root(v: str) -> None:
     rest = v.split("/", 1)[1] if "/" in v else ""
     if v.startswith("/") and posixpath.normpath(v) in ("/", "//"):
         raise ValueError(f"install_root {v!r} is / (it normalises to {posixpath.normpath(v)!r})")
-    if "\x00" in v or any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
+    if why := argv_text_problem(v):
+        raise ValueError(f"install_root {why}")
+    if any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
         raise ValueError(
             f"install_root {v!r} is not canonical (it normalises to {posixpath.normpath(v)!r}); write it without "
             "'.', '..', repeated or trailing '/'"
