@@ -449,3 +449,29 @@ def test_host_files_linked_to_dev_zero_are_read_only_up_to_a_bound(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["route"] == HOST_FILE_MAX + 1, out
+
+
+# -- text no argv can carry, refused when the file is read ---------------------------------------
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "\ud800"])
+def test_text_no_argv_can_carry_is_refused_at_config_check(tmp_path, bad):
+    """A NUL or a lone surrogate in extra_args, a model path or an install root passed config
+    check and failed only later, when the host command was built (Cmd refuses them: ValueError)."""
+    from orchestrator.config.registry import check_file
+
+    prof = yaml.safe_load((ROOT / "manifests/profiles/lab.yaml").read_text())
+    prof["extra_args"] = ["--alias", bad]
+    p = tmp_path / "p.yaml"
+    p.write_text(json.dumps(prof))  # JSON is YAML: \\u0000 and \\ud800 escapes survive the dump
+    assert any("extra_args[1]" in x for x in check_file(p, kind="profile").problems)
+    for edit in (
+        lambda inv: inv["pairs"]["lab"]["models"]["target"].update(path=f"/m/{bad}.gguf"),
+        lambda inv: inv["hosts"]["lab-native"].update(install_root=f"/srv/{bad}"),
+    ):
+        inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
+        edit(inv)
+        q = tmp_path / "inv.yaml"
+        q.write_text(json.dumps(inv))
+        problems = check_file(q, kind="inventory").problems
+        assert any("NUL" in x or "surrogate" in x for x in problems), problems
