@@ -3,6 +3,7 @@ for lease TTLs, schedule intervals and `--since`, so the same text means the sam
 
 from __future__ import annotations
 
+import math
 import re
 
 from orchestrator.errors import ConfigError
@@ -13,8 +14,8 @@ EXAMPLES = "e.g. 90s, 30m, 2h, 1h30m, 1d"
 
 
 def parse_duration(text: str, *, what: str = "duration") -> float:
-    """`90`, `90s`, `30m`, `5min`, `2h`, `1h30m`, `1d`, `1w` -> seconds. Zero, negative or junk
-    is a ConfigError naming `what`."""
+    """`90`, `90s`, `30m`, `5min`, `2h`, `1h30m`, `1d`, `1w` -> seconds. Zero, negative, junk or
+    a number too large for a float (400 digits read as infinity) is a ConfigError naming `what`."""
     s = str(text).strip().replace(" ", "")
     if not s:
         raise ConfigError(f"empty {what}: use {EXAMPLES}")
@@ -24,6 +25,6 @@ def parse_duration(text: str, *, what: str = "duration") -> float:
             break
         total += float(m.group(1)) * _UNIT_S[m.group(2).lower()]
         pos = m.end()
-    if pos != len(s) or total <= 0:
+    if pos != len(s) or not 0 < total < math.inf:
         raise ConfigError(f"bad {what} {text!r}: use {EXAMPLES}")
     return total

@@ -18,6 +18,7 @@ from structlog.typing import EventDict, Processor
 
 from orchestrator.errors import ConfigError
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data
+from orchestrator.terminal import visible
 
 # The key's last word names a secret (`api_key`, `token`), not `n_tokens` or `tokens_predicted`.
 _SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphrase|nonce)$", re.I)
@@ -62,6 +63,12 @@ def drop_tracebacks(_logger: Any, _name: str, event: EventDict) -> EventDict:
     return event
 
 
+def visible_strings(_logger: Any, _name: str, event: EventDict) -> EventDict:
+    """Console only: a control character in a logged value (a host's lease owner, a server's
+    answer) is written as its escape, never sent to the terminal."""
+    return {k: visible(v) if isinstance(v, str) else v for k, v in event.items()}
+
+
 def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool = False) -> None:
     """Console output (stderr) for people plus JSON lines appended to `log_file`."""
     level = logging.WARNING - 10 * verbosity
@@ -84,6 +91,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
             processors=[
                 structlog.stdlib.ProcessorFormatter.remove_processors_meta,
                 drop_tracebacks,
+                visible_strings,
                 structlog.processors.JSONRenderer() if json_console else structlog.dev.ConsoleRenderer(colors=False),
             ],
             foreign_pre_chain=shared,

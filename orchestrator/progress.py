@@ -20,6 +20,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from orchestrator import terminal
+from orchestrator.terminal import visible
+
 
 @dataclass(frozen=True)
 class Event:
@@ -78,7 +81,7 @@ class PlainSink:
 
     def __call__(self, ev: Event) -> None:
         out = self.stream or sys.stderr
-        out.write(f"pairctl: [{time.strftime('%H:%M:%S')}] {ev.message}\n")
+        out.write(f"pairctl: [{time.strftime('%H:%M:%S')}] {visible(ev.message)}\n")
         out.flush()
 
 
@@ -86,9 +89,7 @@ class RichSink:
     """On a TTY: finished events as dim lines, the running one as a spinner line."""
 
     def __init__(self) -> None:
-        from rich.console import Console  # start-up: only a TTY run draws with rich
-
-        self.console = Console(stderr=True, highlight=False)
+        self.console = terminal.console(stderr=True, highlight=False)  # imports rich: only a TTY run draws
         self.status: Any = None
 
     def __call__(self, ev: Event) -> None:

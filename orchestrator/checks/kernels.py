@@ -32,6 +32,7 @@ from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256su
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
+from orchestrator.remote.transport import HOST_LOG_MAX
 
 DEFAULT_KERNEL = "mmvf-warp-per-row"
 KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
@@ -458,7 +459,8 @@ def _execute(
             t = pool.get(server.host)
             with journal.step("kernels.rpc_server.stop", host=server.host) as step:
                 try:
-                    result.rpc_server_log = t.read_bytes(server.output_file)[-2000:].decode("utf-8", "replace")
+                    log = t.read_bytes(server.output_file, max_bytes=HOST_LOG_MAX)
+                    result.rpc_server_log = log[-2000:].decode("utf-8", "replace")
                 except OSError:
                     result.rpc_server_log = None
                 res = t.run(server.stop_cmd(), check=False, timeout=60)

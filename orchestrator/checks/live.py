@@ -30,7 +30,7 @@ from orchestrator.hosts.probes import ExpectedProc
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Secret
 from orchestrator.remote.pool import TransportPool
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 from orchestrator.roles import ROLES
 from orchestrator.server.client import ServerClient
 
@@ -55,7 +55,7 @@ def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
 def read_route(transport: Transport, root: str) -> Any:
     """The route record on the native host (None when nothing was ever deployed)."""
     try:  # over SFTP, as deploy reads it (orchestrator.hosts.probes.read_facts)
-        data = transport.read_bytes(HostLayout(root).route)
+        data = transport.read_bytes(HostLayout(root).route, max_bytes=HOST_FILE_MAX)
     except FileNotFoundError:
         data = None
     return parse_route(data)

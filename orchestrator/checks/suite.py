@@ -118,13 +118,17 @@ def _guarded(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
     return r
 
 
-def _record(ctx: CheckContext, r: CheckResult) -> None:
+def _record(ctx: CheckContext, r: CheckResult, *, not_run: bool = False) -> None:
+    """`not_run`: skipped because the suite stopped, not by the check's own judgement (a derived
+    record must still cover it: evidence/derived.py)."""
     j = ctx.journal
     if j is None:
         return
     host = ctx.host_names.get("native")
     with j.step(STEP_PREFIX + r.name, host=host) as st:
         st.data.update(r.model_dump(mode="json"))
+        if not_run:
+            st.data["not_run"] = True
         if r.verdict in ("failed", "error"):
             st.fail(r.message)
         elif r.verdict == "skipped":
@@ -168,6 +172,8 @@ def run_suite(
         )
         sampler.start()
     stopped: CheckResult | None = None
+    if ctx.journal is not None:  # what it set out to run: an interrupted suite's rest is still required
+        ctx.journal.set("acceptance_plan", [STEP_PREFIX + n for n in names if n in fns])
     try:
         for name in names:
             fn = fns.get(name)
@@ -181,7 +187,7 @@ def run_suite(
                     message=f"not run: {stopped.name} found the server not answering ({stopped.message[:160]})",
                 )
                 results.append(r)
-                _record(ctx, r)
+                _record(ctx, r, not_run=True)
                 continue
             interrupt.check(f"before acceptance check {name}")  # a signal: stop here, the deploy rolls back
             wait_idle(ctx)

@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from orchestrator import __version__, interrupt
+from orchestrator import __version__, interrupt, terminal
 from orchestrator.cli.commands import COMMANDS
 from orchestrator.cli.lazy import LazyGroup
 from orchestrator.cli.options import Globals
@@ -124,6 +124,12 @@ def _command_word(args: list[str]) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
+    for stream in (sys.stdout, sys.stderr):
+        # Text read from hosts and from evidence can hold a lone surrogate (a non-UTF-8 argv or
+        # lease field read back): it is shown escaped, never an internal error while printing.
+        reconfigure = getattr(stream, "reconfigure", None)
+        if callable(reconfigure):
+            reconfigure(errors="backslashreplace")
     g = Globals()
     error: dict[str, Any] | None = None
     code = 0
@@ -134,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         code = int(rv) if isinstance(rv, int) else 0
     except PairctlError as exc:
         code = int(exc.exit_code)
-        typer.echo(f"pairctl: error: {exc}", err=True)
+        typer.echo(f"pairctl: error: {terminal.visible(str(exc))}", err=True)
         error = _error(code, exc.message, kind=type(exc).__name__, hint=exc.hint, receipt=getattr(exc, "receipt", None))
     except KeyboardInterrupt:
         code = int(ExitCode.INTERRUPTED)
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         error = _error(code, exc.format_message(), kind=type(exc).__name__, hint="pairctl COMMAND --help")
     except Exception as exc:  # anything unexpected: one line here, the traceback in the JSON log
         code = int(ExitCode.FAILURE)
-        typer.echo(f"pairctl: internal error: {type(exc).__name__}: {exc}", err=True)
+        typer.echo(f"pairctl: internal error: {type(exc).__name__}: {terminal.visible(str(exc))}", err=True)
         where = _log_internal_error(g)
         if where:
             typer.echo(f"(details in {where})", err=True)

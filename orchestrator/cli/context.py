@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from typer._click.core import Context  # typer 0.29 vendors click: the base of typer.Context
 
+from orchestrator import terminal
 from orchestrator.cli.options import Globals
 from orchestrator.paths import Home
 
@@ -32,11 +33,10 @@ _UNBOUNDED_WIDTH = 100_000
 def make_console() -> Console:
     """Tables for people on a TTY; the same content, never truncated, everywhere else."""
     # start-up: every command module imports this one, and `COMMAND --help` needs no rich
-    from rich.console import Console
-
+    # (orchestrator.terminal imports rich only when a console is made)
     if sys.stdout.isatty():
-        return Console(highlight=False, soft_wrap=True)
-    return Console(highlight=False, soft_wrap=True, width=_UNBOUNDED_WIDTH)
+        return terminal.console(highlight=False, soft_wrap=True)
+    return terminal.console(highlight=False, soft_wrap=True, width=_UNBOUNDED_WIDTH)
 
 
 def first_line(text: str | None) -> str:

@@ -74,7 +74,29 @@ RISKY: dict[str, str] = {
     "--spec-draft-hf": "downloads a model from the network",
     "--mmproj-url": "downloads a model from the network",
     "--reuse-port": "lets another process bind the server's port and take its traffic",
+    "--docker-repo": "downloads a model from the network",
+    "--video-ffmpeg-dir": "runs ffmpeg and ffprobe from a host directory on what clients send",
+    "--chat-template-file": "reads a host file into what the server sends clients (/props chat_template)",
+    "--grammar-file": "reads a host file into what the server sends clients (/props grammar)",
+    "--json-schema-file": "reads a host file into what the server sends clients (/props grammar)",
 }
+# Presets (common/arg.cpp, end of the server's options): each sets a Hugging Face repo to download
+# and overrides the port, context and batch sizes pairctl renders.
+PRESETS = (
+    "--embd-gemma-default",
+    "--fim-qwen-1.5b-default",
+    "--fim-qwen-3b-default",
+    "--fim-qwen-7b-default",
+    "--fim-qwen-7b-spec",
+    "--fim-qwen-14b-spec",
+    "--fim-qwen-30b-default",
+    "--gpt-oss-20b-default",
+    "--gpt-oss-120b-default",
+    "--vision-gemma-4b-default",
+    "--vision-gemma-12b-default",
+)
+_PRESET_WHY = "downloads a model from the network and overrides the port and sizes pairctl renders"
+RISKY.update(dict.fromkeys(PRESETS, _PRESET_WHY))
 
 # Aliases of the risky options in the pinned source, so every spelling maps to its RISKY key.
 RISKY_ALIASES: tuple[tuple[str, ...], ...] = (
@@ -87,6 +109,8 @@ RISKY_ALIASES: tuple[tuple[str, ...], ...] = (
     ("--hf-token", "-hft"),
     ("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"),
     ("--mmproj-url", "-mmu"),
+    ("--docker-repo", "-dr"),
+    ("--json-schema-file", "-jf"),
 )
 
 # Options whose negative form is harmless (it switches the feature off).
@@ -107,7 +131,8 @@ RISKY_FLAGS = frozenset(set(_RISKY) | set(RISKY))
 class OptionSpec:
     names: tuple[str, ...]
     n_values: int  # 0 for a switch
-    untrusted: bool = False  # its help says "do not enable in untrusted environments"
+    untrusted: bool = False  # its help warns about it (see HELP_WARNINGS)
+    warning: str = ""  # the warning its help gives, for the refusal's message
 
 
 @dataclass
@@ -121,6 +146,29 @@ class HelpSpec:
 
 
 _OPT_LINE = re.compile(r"^(-\S.*?)(?:(?<![,\s])\s{2,}|\s*$)")
+_OPT_NAME = re.compile(r"--?[A-Za-z0-9][A-Za-z0-9._-]*")  # not a `----- common params -----` heading
+# What an option's own help says that makes it risky although no table here names it (a new
+# option of a newer package): llama.cpp marks tools/agents/MCP and the download presets so.
+HELP_WARNINGS = ("untrusted environment", "download weights from the internet")
+
+
+def _value_hints(text: str) -> list[str]:
+    """The value hints after an option's last alias: split at spaces outside <>, [], {}, (), so
+    `<tensor name pattern>=<buffer type>,...` (-ot) is one value and `START END` two."""
+    hints: list[str] = []
+    depth, cur = 0, ""
+    for ch in text.strip():
+        if ch in "<[{(":
+            depth += 1
+        elif ch in ">]})" and depth:
+            depth -= 1
+        if ch.isspace() and depth == 0:
+            if cur:
+                hints.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return hints + ([cur] if cur else [])
 
 
 def parse_help(help_text: str) -> HelpSpec:
@@ -136,13 +184,14 @@ def parse_help(help_text: str) -> HelpSpec:
             continue
         head = m.group(1).strip()
         parts = [p.strip() for p in re.split(r",\s+", head) if p.strip()]
-        last = parts[-1].split() if parts else []
-        names = tuple(p for p in parts[:-1] + last[:1] if p.startswith("-"))
+        last, _, hint = parts[-1].partition(" ") if parts else ("", "", "")
+        names = tuple(p for p in parts[:-1] + [last] if _OPT_NAME.fullmatch(p))
         if names:
-            current.append((names, len(last) - 1, [line[m.end() :].strip()]))
+            current.append((names, len(_value_hints(hint)), [line[m.end() :].strip()]))
     for names, n_values, desc in current:
         text = " ".join(desc).lower()
-        opt = OptionSpec(names=names, n_values=n_values, untrusted="untrusted environment" in text)
+        warning = next((w for w in HELP_WARNINGS if w in text), "")
+        opt = OptionSpec(names=names, n_values=n_values, untrusted=bool(warning), warning=warning)
         for n in names:
             spec.options.setdefault(n, opt)
     return spec
@@ -242,6 +291,18 @@ def canonical_risky(name: str) -> str | None:
     return risky_key(normalise(flag))
 
 
+def argv_text_problem(value: str) -> str | None:
+    """Why `value` cannot be one argv element on a host (a NUL ends it; a lone surrogate has no
+    UTF-8 form), or None. Refused when the file is read, not as an error in the middle of a deploy."""
+    if "\x00" in value:
+        return "contains a NUL byte, which no argv can carry"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid Unicode text (a lone surrogate)"
+    return None
+
+
 def check_extra_args(
     args: list[str],
     *,
@@ -255,7 +316,8 @@ def check_extra_args(
     help_spec = parse_help(help_text) if help_text else None
     allow = {canonical_risky(k) or k: v for k, v in (allowed or {}).items()}
     parsed, problems = parse_args(args, help_spec)
-    out = [f"{where}: {p}" for p in problems]
+    out = [f"{where}[{i}] {why}" for i, a in enumerate(args) if (why := argv_text_problem(a))]
+    out += [f"{where}: {p}" for p in problems]
     for p in parsed:
         if (m := managed_key(p.flag, help_spec)) is not None:
             out.append(f"{where} may not set {p.written} ({m}): it is a profile field or managed by pairctl")
@@ -263,7 +325,8 @@ def check_extra_args(
         key = risky_key(p.flag, help_spec)
         if key is None:
             continue
-        reason = RISKY.get(key, "its --help says: do not enable in untrusted environments")
+        opt = help_spec.get(p.flag) if help_spec is not None else None
+        reason = RISKY.get(key) or f"its --help warns: {opt.warning if opt else 'untrusted environment'}"
         if key not in allow:
             out.append(
                 f"{where}: {p.written} is refused ({key}: {reason}); to run it anyway, allow it for the pair in the "

@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.flags import RISKY, canonical_risky, rpc_bind_problem, server_bind_problem
+from orchestrator.config.flags import RISKY, argv_text_problem, canonical_risky, rpc_bind_problem, server_bind_problem
 from orchestrator.config.loader import expand, load_model
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
@@ -26,6 +26,13 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 class ModelRef(StrictModel):
     path: str = Field(description="path of the GGUF on the native host")
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _argv(cls, v: str) -> str:
+        if why := argv_text_problem(v):
+            raise ValueError(f"the model path {why}")
+        return v
 
 
 class HostSpec(StrictModel):
@@ -54,11 +61,24 @@ def check_canonical_root(v: str) -> None:
     rest = v.split("/", 1)[1] if "/" in v else ""
     if v.startswith("/") and posixpath.normpath(v) in ("/", "//"):
         raise ValueError(f"install_root {v!r} is / (it normalises to {posixpath.normpath(v)!r})")
-    if "\x00" in v or any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
+    if why := argv_text_problem(v):
+        raise ValueError(f"install_root {why}")
+    if any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
         raise ValueError(
             f"install_root {v!r} is not canonical (it normalises to {posixpath.normpath(v)!r}); write it without "
             "'.', '..', repeated or trailing '/'"
         )
+
+
+def check_expanded_root(host: str, written: str, root: str) -> None:
+    """What `${VAR}` or `~` in an install root expanded to is judged as if it had been written:
+    `${ROOT}` with ROOT=/ is the root directory, ROOT=srv a relative path."""
+    try:
+        if not root.startswith("/"):
+            raise ValueError(f"install_root expands to {root!r}, not an absolute path")
+        check_canonical_root(root)
+    except ValueError as exc:
+        raise ConfigError(f"hosts.{host}.install_root: {exc} (from {written!r})") from None
 
 
 class PairSpec(StrictModel):
@@ -220,13 +240,10 @@ class Inventory(StrictModel):
     def resolved(self, variables: dict[str, str] | None = None) -> Inventory:
         """A copy with `${VAR}` and `~` expanded in every path."""
 
-        def hx(h: HostSpec) -> HostSpec:
-            return h.model_copy(
-                update={
-                    "install_root": expand(h.install_root, variables),
-                    "key": expand(h.key, variables) if h.key else None,
-                }
-            )
+        def hx(name: str, h: HostSpec) -> HostSpec:
+            root = expand(h.install_root, variables)
+            check_expanded_root(name, h.install_root, root)
+            return h.model_copy(update={"install_root": root, "key": expand(h.key, variables) if h.key else None})
 
         def px(p: PairSpec) -> PairSpec:
             return p.model_copy(
@@ -241,7 +258,7 @@ class Inventory(StrictModel):
         return self.model_copy(
             update={
                 "known_hosts": expand(self.known_hosts, variables),
-                "hosts": {k: hx(h) for k, h in self.hosts.items()},
+                "hosts": {k: hx(k, h) for k, h in self.hosts.items()},
                 "pairs": {k: px(p) for k, p in self.pairs.items()},
             }
         )
@@ -276,9 +293,16 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
             f"(line {line}); an API key is sent in an HTTP header and must be printable ASCII",
             hint="write the key as letters, digits and punctuation only",
         )
-    value = next((ln.strip() for ln in data.decode("ascii").splitlines() if ln.strip()), "")
-    if not value:
+    # llama-server's --api-key-file: every line but empty ones and those starting with '#' is a key
+    lines = data.decode("ascii").split("\n")
+    value = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")), "")
+    if not value and not any(ln.strip() for ln in lines):
         raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")
+    if not value:
+        raise ConfigError(
+            f"pair {pair_name}: api_key_file {pair.api_key_file} holds no key "
+            "(llama-server reads lines starting with '#' as comments)"
+        )
     warn_if_readable_by_others(pair.api_key_file, what=f"pair {pair_name}: api_key_file")
     return ApiKey(file_bytes=data, value=value)
 

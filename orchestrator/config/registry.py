@@ -22,14 +22,14 @@ from pydantic import BaseModel
 
 from orchestrator.checks.fixtures import FixtureSet
 from orchestrator.config import search
-from orchestrator.config.inventory import Inventory, PairSpec
+from orchestrator.config.inventory import Inventory, PairSpec, check_expanded_root
 from orchestrator.config.kernels import CaseSet, KernelPatch
-from orchestrator.config.loader import load_model, read_yaml, validation_problems
+from orchestrator.config.loader import expand, load_model, read_yaml, validation_problems
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
 from orchestrator.config.targets import Target
 from orchestrator.engine.playbook import Playbook
 from orchestrator.errors import ConfigError
-from orchestrator.paths import KERNELS
+from orchestrator.paths import KERNELS, default_home
 from orchestrator.qualify.plan import QualifyPlan
 
 
@@ -134,6 +134,8 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
     elif k == "profile":
         context = _profile_context(path)
     problems, fields_ok = validation_problems(models[k], data, source=str(path), context=context)
+    if k == "inventory" and not problems:
+        problems += _expanded_root_problems(str(path), Inventory.model_validate(data))
     if isinstance(data, dict):
         problems += cross_references(k, data, source=str(path), fields_ok=fields_ok)
     return FileCheck(path, k, tuple(dict.fromkeys(problems)))
@@ -221,6 +223,22 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
                         f"{source}: field '{at}.models': profile {profile.name!r} uses model role {role!r} "
                         f"({what}), which this pair does not define; add models.{role} with the GGUF's path"
                     )
+    return out
+
+
+def _expanded_root_problems(source: str, inv: Inventory) -> list[str]:
+    """Install roots as every command expands them (`${VAR}`, `~`); a variable unset here is
+    left to the command that runs with it."""
+    out: list[str] = []
+    for name, h in inv.hosts.items():
+        try:
+            root = expand(h.install_root, {"PAIRCTL_HOME": str(default_home())})
+        except ConfigError:
+            continue
+        try:
+            check_expanded_root(name, h.install_root, root)
+        except ConfigError as exc:
+            out.append(f"{source}: {exc}")
     return out
 
 

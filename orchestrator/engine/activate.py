@@ -46,7 +46,7 @@ from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
-from orchestrator.remote.transport import never_ran
+from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
 
 ROLES = ("native", "rpc")
 
@@ -617,7 +617,7 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
         # never retry stale bytes: what is there now becomes the base, and whoever writes next
         # (this run's rollback) decides again from it
         try:
-            ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route))
+            ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route, max_bytes=HOST_FILE_MAX))
         except FileNotFoundError:
             pass
         raise CheckFailed(

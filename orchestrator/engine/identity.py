@@ -26,7 +26,7 @@ from orchestrator.hosts.probes import (
 )
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_LOG_MAX, Transport
 from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 PIPELINE_LINE = "pipeline parallelism enabled"
@@ -119,7 +119,7 @@ def verify_identity(
                 )
         if role == "native" and expected.expect_pipeline_parallel:
             try:
-                log = t.read_bytes(layout.log(SERVER_LOG))
+                log = t.read_bytes(layout.log(SERVER_LOG), max_bytes=HOST_LOG_MAX)
             except (FileNotFoundError, OSError):
                 log = b""
             rep.data[host]["pipeline_parallel"] = PIPELINE_LINE.encode() in log

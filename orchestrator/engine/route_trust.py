@@ -6,7 +6,8 @@ path and the command that resolves it:
 
 - each host's route.json parses, names this pair, and the two hosts hold the same bytes;
 - the record carries this home's signature (`mac`, HMAC-SHA256 with `<home>/route.key`, 0600,
-  made on first use): an entry edited on the host, or written by hand, does not verify;
+  made on first use): an entry edited on the host, or written by hand, does not verify; a signed
+  record must also be byte for byte what pairctl writes (no duplicate keys, no re-encoding);
 - each entry's argv_sha256 is the digest of its argv;
 - `current` on each host names what the record names active, and a release that is there;
 - the record is anchored in this home's evidence: the receipt of the run that wrote it is in
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from orchestrator.engine.plan import PairView
 from orchestrator.errors import ConfigError, EvidenceError, HostStateError, PairctlError
 from orchestrator.evidence import atomic
+from orchestrator.evidence.receipt import Receipt
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.probes import HostFacts
 from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
@@ -172,7 +174,8 @@ def judge(
                 )
             )
         return Judgement(None, problems)
-    where = _where(view, "native") if recs.get("native") else _where(view, "rpc")
+    role_of_record = "native" if recs.get("native") else "rpc"
+    where = _where(view, role_of_record)
     if record.pair != pair:
         problems.append(Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair))
     if record.mac is None:
@@ -189,6 +192,17 @@ def judge(
                 FORGED,
                 f"{where} (revision {record.revision}) does not verify against this home's "
                 "route key: it was edited on the host, or written from another operator's home",
+                repair,
+            )
+        )
+    elif raw[role_of_record] != record.to_bytes():
+        # The signature covers what the parser kept; bytes pairctl never wrote (a key given twice,
+        # another encoding, a BOM) could read differently to another parser.
+        problems.append(
+            Problem(
+                FORGED,
+                f"{where} (revision {record.revision}) is signed, but its bytes are not the ones pairctl "
+                "writes (a key given twice, another encoding or layout): it was rewritten on the host",
                 repair,
             )
         )
@@ -232,46 +246,78 @@ def judge(
                     )
                 )
         if record.mac is not None and record.mac_ok(key):
+            anchor, replayed = _anchor(record, evidence, pair)
             problems += [
                 Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record")
-                for t in anchor_problems(record, evidence, pair)
+                for t in anchor
             ]
+            if replayed:
+                problems.append(Problem(FORGED, replayed, repair))
     return Judgement(record, problems)
 
 
 def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> list[str]:
     """The run that wrote `record` (signed by this home) left its receipt in the pair's chain,
     right after the head the record names; its journal counts while it runs or awaits sealing."""
+    return _anchor(record, evidence, pair)[0]
+
+
+def _route_write(receipt: Receipt) -> int | None:
+    """The highest route revision a run recorded writing (a deploy's, rollback's or repair's route
+    step: revision, sha256, read back byte-identical), None when it wrote none."""
+    revs = [
+        s.data["revision"]
+        for s in receipt.steps
+        if s.data.get("read_back") == "byte-identical" and type(s.data.get("revision")) is int
+    ]
+    return max(revs) if revs else None
+
+
+def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[list[str], str | None]:
+    """anchor_problems, and (one walk) whether a later run of this home wrote a newer revision:
+    a signed record of an earlier run put back on the hosts (with its links) is not the pair's state."""
     run = record.updated_by
     state, _ = evidence.run_status(run)
     if state in ("running", "dead", "elsewhere"):
-        return []
+        return [], None
     what = f"route record revision {record.revision} was written by run {run} from this home"
     try:
         r = evidence.latest(pair)
     except PairctlError as exc:
-        return [f"{what}, but pair {pair}'s evidence chain cannot be read: {exc}"]
+        return [f"{what}, but pair {pair}'s evidence chain cannot be read: {exc}"], None
     if r is None:
-        return [f"{what}, but there is no evidence chain for pair {pair} under {evidence.root} (deleted?)"]
+        return [f"{what}, but there is no evidence chain for pair {pair} under {evidence.root} (deleted?)"], None
+    newer: str | None = None
     for _ in range(CHAIN_WALK_LIMIT):
         if r.run_id == run:
-            if r.previous != record.evidence_head:
-                return [
-                    f"{what}; its receipt {r.sha256} follows {r.previous or 'nothing'} in pair {pair}'s chain, "
-                    f"but the record names {record.evidence_head or 'no receipt'} as the head it followed "
-                    "(the chain was rewritten)"
-                ]
-            return []
+            return _anchor_at(r, record, what, pair), newer
+        rev = _route_write(r)
+        if newer is None and rev is not None and rev > record.revision:
+            newer = (
+                f"{what}, but a later run ({r.command} {r.run_id}, receipt {r.sha256[:12]}) wrote revision {rev}: "
+                "an earlier record was put back on the hosts"
+            )
         if r.previous is None:
             break
         try:
             r = evidence.load(r.previous)
         except PairctlError as exc:
-            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"]
+            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], newer
     return [
         f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
         "(the newest receipts were deleted?)"
-    ]
+    ], newer
+
+
+def _anchor_at(r: Receipt, record: RouteRecord, what: str, pair: str) -> list[str]:
+    """The writer's receipt `r` follows the chain head the record names."""
+    if r.previous != record.evidence_head:
+        return [
+            f"{what}; its receipt {r.sha256} follows {r.previous or 'nothing'} in pair {pair}'s chain, "
+            f"but the record names {record.evidence_head or 'no receipt'} as the head it followed "
+            "(the chain was rewritten)"
+        ]
+    return []
 
 
 def _describe(rec: RouteRecord | None) -> str:

@@ -56,15 +56,27 @@ class Coverage:
 
 def required_steps(original: Receipt) -> list[str]:
     """What the original command set out to do: its recorded plan (a deploy records one; steps
-    it never reached are in it), every step it ran that was not skipped, and, for a derived
-    original, the steps it covered by reference."""
+    it never reached are in it), the acceptance checks its suite set out to run (an interrupted
+    suite's rest, and checks skipped only because the suite stopped, are still required), every
+    step it ran that was not skipped by its own judgement, and, for a derived original, the
+    steps it covered by reference."""
     names: list[str] = []
-    plan = original.extra_fields().get("plan")
+    extra = original.extra_fields()
+    plan = extra.get("plan")
     if isinstance(plan, list):
         names += [p["name"] for p in plan if isinstance(p, dict) and isinstance(p.get("name"), str)]
-    names += [s.name for s in original.steps if s.outcome != "skipped"]
+    ran = {s.name: s for s in original.steps}
+    checks = extra.get("acceptance_plan")
+    if isinstance(checks, list):
+        names += [n for n in checks if isinstance(n, str) and not _skipped_by_itself(ran.get(n))]
+    names += [s.name for s in original.steps if not _skipped_by_itself(s)]
     names += list(original.reused_steps)
     return list(dict.fromkeys(names))
+
+
+def _skipped_by_itself(step: StepRecord | None) -> bool:
+    """A step that ran and decided it does not apply (no draft model: no speculative check)."""
+    return step is not None and step.outcome == "skipped" and not (step.data or {}).get("not_run")
 
 
 def _identity_leaves(data: Any, path: str = "") -> dict[str, Any]:

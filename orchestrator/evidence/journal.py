@@ -364,6 +364,8 @@ class Journal:
             text = canonical_text(rows)
         if may_hold_secret(text):
             text = canonical_text(mask_data(json.loads(text)))
+        if jsonable.has_lone_surrogate(text):
+            text = canonical_text(jsonable.escape_surrogates(json.loads(text)))
         with self._mutex:
             if self._fd is None:
                 raise EvidenceError(f"journal {self.run_id} is already finished")

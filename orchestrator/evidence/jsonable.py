@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from datetime import date, datetime
 from pathlib import PurePath
 from typing import Any
@@ -45,7 +46,31 @@ def dumps(obj: Any) -> str:
     text = json.dumps(obj, default=_default, separators=(",", ":"), ensure_ascii=False)
     if may_hold_secret(text):
         text = json.dumps(mask_data(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
+    if has_lone_surrogate(text):
+        text = json.dumps(escape_surrogates(json.loads(text)), separators=(",", ":"), ensure_ascii=False)
     return text
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Text that cannot be encoded as UTF-8: a host's non-UTF-8 argv decoded with
+    surrogateescape, or a server's JSON answer holding "\\ud800"."""
+    return not text.isascii() and _SURROGATE.search(text) is not None
+
+
+def escape_surrogates(obj: Any) -> Any:
+    """A copy of plain JSON `obj` whose strings encode as UTF-8: a lone surrogate becomes the
+    visible text `\\udcff`, never an encoding error in the middle of a run, nor a receipt that
+    `receipts verify` cannot canonicalise."""
+    if isinstance(obj, str):
+        return obj.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(obj, dict):
+        return {escape_surrogates(k): escape_surrogates(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [escape_surrogates(v) for v in obj]
+    return obj
 
 
 def plain(obj: Any) -> Any:

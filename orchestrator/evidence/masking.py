@@ -16,11 +16,15 @@ MASK = "***"
 # A flag whose *name ends* with a secret word: --api-key, --hf-token, --password, --client-secret.
 # --api-key-file (a path) and --max-tokens (a count) do not end with one and are left alone.
 _SECRET_WORD = r"(?:api[-_]?key|token|secret|password|passphrase|passwd|authorization)"
-_FLAG = re.compile(rf"^--?[A-Za-z0-9_-]*{_SECRET_WORD}$", re.I)
-_FLAG_EQ = re.compile(rf"^(--?[A-Za-z0-9_-]*{_SECRET_WORD})=(.*)$", re.I)
+# Short aliases carry no secret word: llama.cpp's -hft is --hf-token (common/arg.cpp).
+_SECRET_ALIAS = r"(?:-hft)"
+_FLAG = re.compile(rf"^(?:--?[A-Za-z0-9_-]*{_SECRET_WORD}|{_SECRET_ALIAS})$", re.I)
+_FLAG_EQ = re.compile(rf"^(--?[A-Za-z0-9_-]*{_SECRET_WORD}|{_SECRET_ALIAS})=(.*)$", re.I)
 _ENV_EQ = re.compile(rf"^([A-Za-z0-9_]*{_SECRET_WORD})=(.+)$", re.I)
 # Inside one string (a whole command line, a URL).
-_INLINE_FLAG = re.compile(rf"(--?[A-Za-z0-9_-]*{_SECRET_WORD})(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)", re.I)
+_INLINE_FLAG = re.compile(
+    rf"((?:--?[A-Za-z0-9_-]*{_SECRET_WORD}|{_SECRET_ALIAS}))(=|\s+)(\"[^\"]*\"|'[^']*'|\S+)", re.I
+)
 _URL_PASSWORD = re.compile(r"(://[^/\s:@]+:)([^@\s/]+)(@)")
 _BEARER = re.compile(r"(\bBearer\s+)(\S+)", re.I)
 
@@ -105,7 +109,18 @@ def mask_data(obj: Any) -> Any:
 
 # Quick pre-check on already serialised JSON: if none of these appear, mask_data cannot change
 # anything, so 100k-row sample sets skip the walk.
-_WORDS = ("apikey", "api_key", "api-key", "token", "secret", "password", "passphrase", "passwd", "authorization")
+_WORDS = (
+    "apikey",
+    "api_key",
+    "api-key",
+    "token",
+    "secret",
+    "password",
+    "passphrase",
+    "passwd",
+    "authorization",
+    "-hft",
+)
 _ENDS_WORD = frozenset(['"', "=", " ", "\t", ""])
 
 

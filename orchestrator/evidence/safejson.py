@@ -6,8 +6,12 @@ Receipts, heads, index entries and journals can be edited by anyone with the hom
 
 from __future__ import annotations
 
+import errno
 import json
-from typing import Any
+import os
+import stat
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from orchestrator.errors import EvidenceError
 
@@ -27,6 +31,42 @@ def depth_exceeds(obj: Any, limit: int = MAX_DEPTH) -> bool:
         elif isinstance(o, list):
             stack.extend((v, d + 1) for v in o)
     return False
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading if it is a regular file, not followed through a link (one to
+    /dev/zero would be read forever; a FIFO would block). OSError (missing, unreadable) passes
+    through; a link or special file is an EvidenceError."""
+    try:  # O_NONBLOCK: a FIFO does not block the open
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise EvidenceError(f"{path} is a symbolic link, not a file pairctl wrote") from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise EvidenceError(f"{path} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file (see open_regular); more is an EvidenceError."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > limit:
+            raise EvidenceError(f"{path} is {size} bytes, more than pairctl writes there ({limit})")
+        data = f.read(size + 1)  # not read(limit): that allocates the limit up front
+    if len(data) > limit:
+        raise EvidenceError(f"{path} is more than {limit} bytes, more than pairctl writes there")
+    return data
+
+
+def read_receipt(path: Path) -> bytes:
+    """A receipt file's bytes (a regular file of at most MAX_RECEIPT_BYTES)."""
+    return read_bounded(path, MAX_RECEIPT_BYTES)
 
 
 def loads(data: bytes | str, *, what: str, max_depth: int | None = None) -> Any:

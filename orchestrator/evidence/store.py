@@ -48,6 +48,7 @@ from orchestrator.evidence.verify import VerifyReport, verify_store
 from orchestrator.hashing import sha256_bytes
 
 _HASH = re.compile(r"^[0-9a-f]{64}$")
+SMALL_FILE_MAX = 1 << 16  # heads, pending heads, lock holders: a hash or a line of JSON
 _CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -102,10 +103,10 @@ class _ChainLock:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                h = json.loads(self.path.read_text() or "{}")
+                h = json.loads(safejson.read_bounded(self.path, SMALL_FILE_MAX) or b"{}")
                 if isinstance(h, dict) and h.get("run_id"):
                     return h
-            except (OSError, ValueError):
+            except (OSError, ValueError, EvidenceError):
                 pass
             if time.monotonic() >= deadline:
                 return {}
@@ -125,7 +126,7 @@ class _ChainLock:
 def _read_small(path: Path) -> str | None:
     """A pointer file's text, or None if it is missing or unreadable (a cache, never trusted)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
+        return safejson.read_bounded(path, SMALL_FILE_MAX).decode("utf-8", errors="replace").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
@@ -250,8 +251,8 @@ class EvidenceStore:
     def _journals(self) -> Iterator[tuple[JournalState, Path]]:
         for path in sorted(self.journal_dir.glob("*.jsonl")):
             try:
-                with open(path, "rb") as f:
-                    first = f.readline()
+                with safejson.open_regular(path) as f:
+                    first = f.readline(safejson.MAX_RECEIPT_BYTES)
                 state = JournalState()
                 state.apply(safejson.loads(first, what=f"journal {path}"))
                 procid.HostInfo(**state.header["host"])
@@ -386,7 +387,7 @@ class EvidenceStore:
 
     def _run_id_of(self, sha: str) -> str | None:
         try:
-            return safejson.loads(self.path_of(sha).read_bytes(), what="receipt").get("run_id")
+            return safejson.loads(safejson.read_receipt(self.path_of(sha)), what="receipt").get("run_id")
         except (OSError, EvidenceError, AttributeError):
             return None
 
@@ -416,7 +417,7 @@ class EvidenceStore:
         pending = self.heads_dir / f"{chain}.pending"
         atomic.replace(pending, sha.encode())
         path = self.path_of(sha)
-        if not atomic.write_once(path, data) and _sha(path.read_bytes()) != sha:
+        if not atomic.write_once(path, data) and _sha(safejson.read_receipt(path)) != sha:
             raise EvidenceError(f"receipt file {path} exists with different content; run `pairctl receipts verify`")
         atomic.replace(self.heads_dir / chain, sha.encode())
         pending.unlink(missing_ok=True)
@@ -461,9 +462,7 @@ class EvidenceStore:
     def _summary_of_file(self, sha: str) -> dict[str, Any]:
         path = self.path_of(sha)
         try:
-            if path.is_symlink() or not path.is_file():
-                raise EvidenceError(f"receipt {path} is not a regular file")
-            data = path.read_bytes()
+            data = safejson.read_receipt(path)  # a link or a huge file is refused before reading
         except OSError as exc:
             raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
         if _sha(data) != sha:
@@ -486,7 +485,7 @@ class EvidenceStore:
             p = _read_small(pending) or ""
             if _HASH.match(p) and self.path_of(p).exists():
                 try:
-                    prev = safejson.loads(self.path_of(p).read_bytes(), what="receipt").get("previous")
+                    prev = safejson.loads(safejson.read_receipt(self.path_of(p)), what="receipt").get("previous")
                 except (OSError, EvidenceError, AttributeError):
                     prev = "?"
                 if prev == head:
@@ -543,7 +542,7 @@ class EvidenceStore:
         sha = self.resolve(ref)
         path = self.path_of(sha)
         try:
-            data = path.read_bytes()
+            data = safejson.read_receipt(path)
         except OSError as exc:
             raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
         actual = _sha(data)

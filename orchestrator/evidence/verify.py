@@ -83,8 +83,8 @@ def _started(data: bytes) -> str | None:
 def _text(path) -> str | None:
     """A head file's content; None when it cannot be read (reported as a missing head)."""
     try:
-        return path.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
+        return safejson.read_bounded(path, 1 << 16).decode("utf-8", errors="replace").strip()
+    except (OSError, EvidenceError):
         return None
 
 
@@ -106,12 +106,16 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 continue
             rep.receipts += 1
             try:
-                data = path.read_bytes()
+                data = safejson.read_receipt(path)
             except OSError as exc:
                 bad[stem] = str(path)
                 problems.append(
                     Problem("unreadable", str(path), f"receipt file {path} cannot be read: {exc.strerror or exc}")
                 )
+                continue
+            except EvidenceError as exc:
+                bad[stem] = str(path)
+                problems.append(Problem("unreadable", str(path), exc.message))
                 continue
             actual = sha256_bytes(data)
             if actual != stem:

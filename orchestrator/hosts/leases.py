@@ -46,6 +46,7 @@ from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import HOST_FILE_MAX
 
 LEASES_DIR = "leases"
 LOCK_DIR = "host.lock"
@@ -197,6 +198,8 @@ class Lease:
 
 def parse_lease(data: bytes | str, *, host: str | None = None) -> Lease:
     """Parse `lease.json`; anything that is not a well-formed lease raises LeaseError."""
+    if len(data) > HOST_FILE_MAX:
+        raise LeaseError(f"lease.json is more than {HOST_FILE_MAX} bytes, which no lease is")
     if isinstance(data, bytes):
         try:
             data = data.decode("utf-8")
@@ -372,7 +375,7 @@ def lease_state(
     if not _stat.S_ISDIR(st.mode):
         return LeaseState(host, "unreadable", lock_age_s=age, detail=f"{lock} is not a directory", now=now)
     try:
-        data = transport.read_bytes(file)
+        data = transport.read_bytes(file, max_bytes=HOST_FILE_MAX)
     except FileNotFoundError:
         return LeaseState(host, "half-made", lock_age_s=age, now=now)
     try:
@@ -428,7 +431,7 @@ def _entomb(
     tomb = f"{leases}/.{why}.{tag}.{secrets.token_hex(4)}"
     transport.rename(lock, tomb)
     try:
-        moved_nonce = parse_lease(transport.read_bytes(f"{tomb}/{LEASE_FILE}")).nonce
+        moved_nonce = parse_lease(transport.read_bytes(f"{tomb}/{LEASE_FILE}", max_bytes=HOST_FILE_MAX)).nonce
     except FileNotFoundError:
         moved_nonce = ""
     except LeaseError:

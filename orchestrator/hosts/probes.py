@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RELEASE_PREFIX = "releases/"
@@ -150,7 +150,7 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
 
     def read(path: str) -> bytes | None:
         try:
-            return transport.read_bytes(path)
+            return transport.read_bytes(path, max_bytes=HOST_FILE_MAX)
         except (FileNotFoundError, OSError):
             return None
 

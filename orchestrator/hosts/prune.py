@@ -26,7 +26,7 @@ from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import release_of_link
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 TOMB = re.compile(r"^\.(?P<id>[^/]+)\.tomb-[0-9a-f]+$")
 
@@ -153,7 +153,7 @@ def route_protected(inventory: Inventory, get: Callable[[str], Transport], host_
         layout = HostLayout(inventory.host(native).install_root)
         try:
             t = get(native)
-            raw = t.read_bytes(layout.route) if t.stat(layout.route) is not None else None
+            raw = t.read_bytes(layout.route, max_bytes=HOST_FILE_MAX) if t.stat(layout.route) is not None else None
         except Exception as exc:
             raise HostError(
                 f"{host_name}: cannot read pair {pname}'s route record on {native} ({exc}); "

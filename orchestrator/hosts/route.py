@@ -26,8 +26,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import HostStateError
+from orchestrator.evidence.safejson import MAX_DEPTH, depth_exceeds
 from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 SCHEMA = "pairctl.route/1"
 
@@ -124,7 +125,14 @@ def parse_route(data: bytes | None, *, where: str = "route.json", pair: str | No
     if data is None:
         return None
     try:
-        return RouteRecord.model_validate(json.loads(data))
+        if len(data) > HOST_FILE_MAX:
+            raise ValueError(f"more than {HOST_FILE_MAX} bytes, which no record pairctl writes is")
+        obj = json.loads(data)
+        if depth_exceeds(obj, MAX_DEPTH):
+            raise ValueError(f"nested more than {MAX_DEPTH} levels deep, which no record pairctl writes is")
+        rec = RouteRecord.model_validate(obj)
+        rec.to_bytes()  # a record that has no canonical form (a lone surrogate) cannot be judged
+        return rec
     except (ValueError, ValidationError, RecursionError) as exc:
         first = str(exc).splitlines()[0][:200]
         fix = f"`pairctl repair --pair {pair}` rebuilds it from the links" if pair else "`pairctl repair` rebuilds it"
@@ -165,7 +173,7 @@ def cas_write(transport: Transport, path: str, expected: bytes | None, data: byt
     """Compare-and-swap over SFTP: read, check it is still `expected`, write a temporary file,
     rename it over route.json, read back. Returns what was read back (the caller compares)."""
     try:
-        current: bytes | None = transport.read_bytes(path)
+        current: bytes | None = transport.read_bytes(path, max_bytes=HOST_FILE_MAX)
     except FileNotFoundError:
         current = None
     if content_sha(current) != content_sha(expected):
@@ -175,7 +183,7 @@ def cas_write(transport: Transport, path: str, expected: bytes | None, data: byt
     tmp = f"{path}.tmp-{secrets.token_hex(4)}"
     transport.put_bytes(data, tmp, mode=0o644)
     transport.rename(tmp, path)
-    return transport.read_bytes(path)
+    return transport.read_bytes(path, max_bytes=HOST_FILE_MAX)
 
 
 def _describe(data: bytes | None) -> str:

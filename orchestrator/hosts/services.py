@@ -21,7 +21,7 @@ from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
 
 SERVER_LOG = "llama-server.log"
 
@@ -159,7 +159,7 @@ def _tail(text: str, n: int = 15) -> str:
 def process_alive(transport: Transport, pid: int, name: str) -> bool:
     """Over SFTP (no exec): /proc/PID/cmdline still names NAME."""
     try:
-        cmdline = transport.read_bytes(f"/proc/{pid}/cmdline")
+        cmdline = transport.read_bytes(f"/proc/{pid}/cmdline", max_bytes=HOST_FILE_MAX)
     except (FileNotFoundError, OSError):
         return False
     return argv0_is(cmdline, name)
@@ -167,7 +167,7 @@ def process_alive(transport: Transport, pid: int, name: str) -> bool:
 
 def read_tail(transport: Transport, path: str, n: int = 25) -> str:
     try:
-        data = transport.read_bytes(path)
+        data = transport.read_bytes(path, max_bytes=HOST_LOG_MAX)
     except (FileNotFoundError, OSError):
         return "  (no output file)"
     return _tail(data[-20000:].decode("utf-8", "replace"), n)

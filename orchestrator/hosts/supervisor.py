@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from orchestrator.config.inventory import Supervision
 from orchestrator.hosts.layout import HostLayout
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 CLOCK_TICKS_PER_S = 100  # Linux USER_HZ: /proc/PID/stat start times are in these
 
@@ -117,7 +117,7 @@ def parse_uptime(proc_uptime: str, proc_stat: str) -> float | None:
 
 def _read(t: Transport, path: str) -> str | None:
     try:
-        return t.read_bytes(path).decode("utf-8", "replace")
+        return t.read_bytes(path, max_bytes=HOST_FILE_MAX).decode("utf-8", "replace")
     except (FileNotFoundError, OSError):
         return None
 
@@ -131,7 +131,7 @@ def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState |
     alive = False
     if spid.isdigit():  # `sh .../pairctl-svc supervise ROOT NAME ...` (guards against a reused pid)
         try:
-            cmd = t.read_bytes(f"/proc/{spid}/cmdline")
+            cmd = t.read_bytes(f"/proc/{spid}/cmdline", max_bytes=HOST_FILE_MAX)
         except (FileNotFoundError, OSError):
             cmd = b""
         alive = b"\0supervise\0" in cmd and b"\0" + name.encode() + b"\0" in cmd

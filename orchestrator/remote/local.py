@@ -167,9 +167,17 @@ class LocalTransport:
             return None
         return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid)
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         self.stats.add(commands=1)
-        return Path(path).read_bytes()
+        with open(path, "rb") as f:
+            if max_bytes is None:
+                return f.read()
+            chunks: list[bytes] = []  # in pieces: read(n) allocates n up front; /proc files say size 0
+            n = 0
+            while n <= max_bytes and (b := f.read(min(1 << 20, max_bytes + 1 - n))):
+                chunks.append(b)
+                n += len(b)
+            return b"".join(chunks)
 
     def rename(self, src: str, dst: str) -> None:
         self.stats.add(commands=1)

@@ -43,6 +43,7 @@ from orchestrator.remote.known_hosts import known_hosts_name
 from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
+    HOST_OUTPUT_MAX,
     ConnectionLost,
     FileStat,
     NotStarted,
@@ -454,6 +455,8 @@ class SshTransport:
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(_READ)
                     progressed = True
+                if len(out) > HOST_OUTPUT_MAX or len(err) > HOST_OUTPUT_MAX:
+                    raise _TooMuch()
                 if (
                     chan.eof_received
                     and chan.exit_status_ready()
@@ -483,6 +486,13 @@ class SshTransport:
                 if not t.is_active():
                     raise ConnectionLost(f"{self.name}: connection lost while running {cmd.display()}")
             status = chan.recv_exit_status()
+        except _TooMuch:
+            chan.close()
+            raise HostError(
+                f"{self.name}: {cmd.display()[:200]} wrote more than {HOST_OUTPUT_MAX} bytes of output; "
+                "stopped reading it (nothing pairctl runs there writes that much)",
+                hint=f"look at what the login shell and pairctl-svc print on {self.name}",
+            ) from None
         except _Timeout:
             chan.close()
             raise command_timed_out(
@@ -633,11 +643,15 @@ class SshTransport:
 
         return self._fs("stat", path, do)
 
-    def read_bytes(self, path: str) -> bytes:
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         def do(sftp: paramiko.SFTPClient) -> bytes:
             with sftp.open(path, "rb") as f:
-                f.prefetch()
-                return f.read()
+                if max_bytes is None:
+                    f.prefetch()
+                    return f.read()
+                # prefetch what is there, up to the bound (/dev/zero says 0, a sparse file TBs)
+                f.prefetch(min(f.stat().st_size or 0, max_bytes + 1))
+                return f.read(max_bytes + 1)
 
         data = self._fs("read", path, do)
         self.stats.add(get_bytes=len(data))
@@ -687,6 +701,10 @@ class SshTransport:
 
 
 class _Timeout(Exception):
+    pass
+
+
+class _TooMuch(Exception):
     pass
 
 

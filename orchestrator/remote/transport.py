@@ -19,6 +19,14 @@ from orchestrator.remote.result import CommandTimeout, Result
 
 T = TypeVar("T")
 
+# The most pairctl reads of a host's small state files (route record, lease, pid and svc files):
+# the host is untrusted, and one of them may be a link to /dev/zero or a huge sparse file.
+HOST_FILE_MAX = 4 << 20
+# The most of a host's log pairctl reads (its supervisor rotates logs at 64 MiB by default).
+HOST_LOG_MAX = 64 << 20
+# The most output (stdout, stderr each) pairctl reads of one command on a host.
+HOST_OUTPUT_MAX = 64 << 20
+
 
 @dataclass(frozen=True)
 class FileStat:
@@ -170,8 +178,10 @@ class Transport(Protocol):
         """lstat(2), or None when the path does not exist."""
         ...
 
-    def read_bytes(self, path: str) -> bytes:
-        """The file's content; FileNotFoundError when it does not exist."""
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        """The file's content; FileNotFoundError when it does not exist. With `max_bytes`, at most
+        `max_bytes + 1` bytes: a caller learns that a host's file is larger than it accepts
+        without reading a hostile one (a link to /dev/zero) to its end."""
         ...
 
     def rename(self, src: str, dst: str) -> None:
