@@ -144,7 +144,7 @@ def test_rollout_canary_serial_max_fail_then_continue(cli, lab3, lab_packages, l
 
 def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_packages, lab_packages_b, tmp_path):
     """A pair leased by someone else is skipped (exit 5), the others finish; a scheduled acceptance
-    that finds it leased fires accept.scheduled_skipped."""
+    that finds it leased fires accept.scheduled_skipped; the way back waits --pause between its waves."""
     base, cand = lab_packages.id, lab_packages_b.id
     log = tmp_path / "hooks.jsonl"
     inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab")
@@ -164,9 +164,16 @@ def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_pa
         assert ("accept.scheduled_skipped", "lab1") in [(e["event"], e.get("pair")) for e in events]
     finally:
         cli("lease", "release", "lab1", "--nonce", nonce, inventory=inv)
-    # everything back on the baseline, by revision, in one wave
-    r = cli("--json", "deploy", "--rev", BASELINE_TAG, "--all", "--serial", "3", "--skip-accept", inventory=inv)
+    # everything back on the baseline, by revision, in waves of two with --pause 1 between them
+    r = cli(
+        "--json", "deploy", "--rev", BASELINE_TAG, "--all", "--serial", "2", "--pause", "1", "--skip-accept",
+        inventory=inv,
+    )  # fmt: skip
     assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["plan"]["pause_s"] == 1 and len(out["plan"]["waves"]) == 2, out["plan"]  # [lab1?, lab2], [lab3]
+    outside_waves = out["wall_s"] - out["timings"]["status_s"] - sum(out["timings"]["waves_s"])
+    assert outside_waves >= 1.0, out["timings"]  # the pause between the two waves
     assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
 
 
