@@ -144,7 +144,8 @@ def test_rollout_canary_serial_max_fail_then_continue(cli, lab3, lab_packages, l
 
 def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_packages, lab_packages_b, tmp_path):
     """A pair leased by someone else is skipped (exit 5), the others finish; a scheduled acceptance
-    that finds it leased fires accept.scheduled_skipped; the way back waits --pause between its waves."""
+    that finds it leased fires accept.scheduled_skipped, one that fails accept.scheduled_failed; the
+    way back waits --pause between its waves."""
     base, cand = lab_packages.id, lab_packages_b.id
     log = tmp_path / "hooks.jsonl"
     inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab")
@@ -164,6 +165,27 @@ def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_pa
         assert ("accept.scheduled_skipped", "lab1") in [(e["event"], e.get("pair")) for e in events]
     finally:
         cli("lease", "release", "lab1", "--nonce", nonce, inventory=inv)
+    # a scheduled acceptance that fails (a profile wanting twice the slots lab2 has) fires accept.scheduled_failed
+    from orchestrator.config.profiles import load_profile
+
+    big = load_profile("lab").model_dump(mode="json")
+    big.update(name="lab-big-slots", ctx_size=8192)
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(big))
+    s = cli(
+        "accept",
+        "--pair",
+        "lab2",
+        "--scheduled",
+        "--checks",
+        "identity",
+        "--profile",
+        str(tmp_path / "big.yaml"),
+        inventory=inv,
+    )
+    assert s.exit_code == 1, s.output
+    failed = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    assert failed["event"] == "accept.scheduled_failed" and failed["pair"] == "lab2", failed
+    assert "identity" in failed["failed"] and failed["receipt"], failed
     # everything back on the baseline, by revision, in waves of two with --pause 1 between them
     r = cli(
         "--json", "deploy", "--rev", BASELINE_TAG, "--all", "--serial", "2", "--pause", "1", "--skip-accept",
