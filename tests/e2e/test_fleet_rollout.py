@@ -177,7 +177,7 @@ def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_pa
         "lab2",
         "--scheduled",
         "--checks",
-        "identity",
+        "identity,one_lane_near_full",
         "--profile",
         str(tmp_path / "big.yaml"),
         inventory=inv,
