@@ -453,14 +453,13 @@ def test_baseline_deploy_and_three_accepts_pass_with_identical_verdicts(deployed
     assert r.exit_code == 0, r.stderr[-3000:]
     rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)["receipt"])
     assert rec.outcome == "passed" and rec.extra_fields()["acceptance"]["passed"] is True
-    deployed = {s.name.removeprefix("check:") for s in rec.steps if s.name.startswith("check:")}
+    assert [s for s in rec.steps if s.name.startswith("check:") and s.outcome == "failed"] == []
     runs = []
     for _ in range(3):
         r, data = _accept(cli)
         assert r.exit_code == 0, r.output[-3000:]
         runs.append(_verdicts(data))
     assert runs[0] == runs[1] == runs[2], runs
-    assert set(runs[0]) == deployed, (sorted(runs[0]), sorted(deployed))  # deploy ran the same suite
     assert all(v == "passed" for v in runs[0].values()), runs[0]  # answers recorded: nothing left to skip
 
 
