@@ -464,8 +464,8 @@ def test_baseline_deploy_and_three_accepts_pass_with_identical_verdicts(deployed
 
 
 def _llama_server_argv(rec) -> list[str]:
-    for ident in rec.extra_fields()["identities"]:
-        for host in ident["data"].values():
+    for ident in rec.identities:
+        for host in ident.data.values():
             if isinstance(host, dict) and host.get("service") == "llama-server":
                 return list(host["argv"])
     raise AssertionError("no llama-server identity in the deploy receipt")
