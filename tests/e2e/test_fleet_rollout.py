@@ -144,7 +144,8 @@ def test_rollout_canary_serial_max_fail_then_continue(cli, lab3, lab_packages, l
 
 def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_packages, lab_packages_b, tmp_path):
     """A pair leased by someone else is skipped (exit 5), the others finish; a scheduled acceptance
-    that finds it leased fires accept.scheduled_skipped."""
+    that finds it leased fires accept.scheduled_skipped, one that fails accept.scheduled_failed; the
+    way back waits --pause between its waves."""
     base, cand = lab_packages.id, lab_packages_b.id
     log = tmp_path / "hooks.jsonl"
     inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab")
@@ -164,7 +165,108 @@ def test_rollout_skips_a_leased_pair_and_scheduled_accept_hook(cli, lab3, lab_pa
         assert ("accept.scheduled_skipped", "lab1") in [(e["event"], e.get("pair")) for e in events]
     finally:
         cli("lease", "release", "lab1", "--nonce", nonce, inventory=inv)
-    # everything back on the baseline, by revision, in one wave
-    r = cli("--json", "deploy", "--rev", BASELINE_TAG, "--all", "--serial", "3", "--skip-accept", inventory=inv)
+    # a scheduled acceptance that fails (a profile wanting twice the slots lab2 has) fires accept.scheduled_failed
+    from orchestrator.config.profiles import load_profile
+
+    big = load_profile("lab").model_dump(mode="json")
+    big.update(name="lab-big-slots", ctx_size=8192)
+    (tmp_path / "big.yaml").write_text(yaml.safe_dump(big))
+    s = cli(
+        "accept",
+        "--pair",
+        "lab2",
+        "--scheduled",
+        "--checks",
+        "identity,one_lane_near_full",
+        "--profile",
+        str(tmp_path / "big.yaml"),
+        inventory=inv,
+    )
+    assert s.exit_code == 1, s.output
+    failed = [json.loads(line) for line in log.read_text().splitlines()][-1]
+    assert failed["event"] == "accept.scheduled_failed" and failed["pair"] == "lab2", failed
+    assert failed["failed"] and failed["receipt"], failed
+    # everything back on the baseline, by revision, in waves of two with --pause 1 between them
+    r = cli(
+        "--json", "deploy", "--rev", BASELINE_TAG, "--all", "--serial", "2", "--pause", "1", "--skip-accept",
+        inventory=inv,
+    )  # fmt: skip
     assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["plan"]["pause_s"] == 1 and len(out["plan"]["waves"]) == 2, out["plan"]  # [lab1?, lab2], [lab3]
+    outside_waves = out["wall_s"] - out["timings"]["status_s"] - sum(out["timings"]["waves_s"])
+    assert outside_waves >= 1.0, out["timings"]  # the pause between the two waves
     assert all(_active(cli, p, inv) == [base, base] for p in PAIRS)
+
+
+def _release_kept_leases(env, pair: str) -> None:
+    """A failed rollback keeps the pair's leases; the test (as the operator would) releases them by nonce."""
+    from orchestrator.hosts.leases import LEASE_FILE, LEASES_DIR, LOCK_DIR, release_lease
+    from orchestrator.remote.pool import TransportPool
+
+    p = env.inventory.pair(pair)
+    with TransportPool(env.inventory) as pool:
+        for h in (p.native, p.rpc):
+            root = env.inventory.host(h).install_root
+            lease = Path(root) / LEASES_DIR / LOCK_DIR / LEASE_FILE
+            if lease.exists():
+                release_lease(pool.get(h), root, json.loads(lease.read_text())["nonce"])
+
+
+def test_rollout_whose_rollback_fails_exits_8(cli, lab3, lab_packages, lab_packages_b, pairctl_home, tmp_path):
+    """Fleet exit 8: lab2's candidate cannot load (lab-unloadable) and the pair to restore cannot
+    start either (its llama-server binary on the native host replaced by one that exits at once;
+    the running process keeps its inode). `deploy --rev --pair lab2 --pair lab3 --serial 1
+    --max-fail 1`: lab2 is rollback-failed (its own exit 8, hosts stopped, leases kept), lab3 is not
+    started, the run exits 8 and deploy.rollback_failed reaches the hook. Restored afterwards."""
+    import shutil
+
+    base = lab_packages.id
+    log = tmp_path / "hooks.jsonl"
+    inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab-unloadable")
+    for p in ("lab2", "lab3"):
+        deploy_baseline(cli, base, pair=p, inventory=inv)
+    log.unlink(missing_ok=True)
+    broken_pkg = build_package(pairctl_home, REV_B_TAG, profile="lab-unloadable")  # the ccache makes it cheap
+    native = lab3.inventory.pair("lab2").native
+    binary = Path(lab3.inventory.host(native).install_root) / "releases" / base / "bin" / "llama-server"
+    kept = tmp_path / "llama-server"
+    shutil.copy2(binary, kept)
+    stub = binary.with_name(".llama-server.broken")
+    stub.write_text("#!/bin/sh\nexit 1\n")
+    stub.chmod(0o755)
+    stub.rename(binary)
+    try:
+        rollout = ("--json", "deploy", "--rev", REV_B_TAG, "--pair", "lab2", "--pair", "lab3", "--serial", "1")
+        r = cli(*rollout, "--max-fail", "1", "--checks", CHECKS, inventory=inv)
+        assert r.exit_code == 8, r.output[-3000:]
+        out = json.loads(r.stdout)
+        validate_output("deploy-fleet", out)
+        got = {p["pair"]: p for p in out["pairs"]}
+        assert got["lab2"]["outcome"] == "rollback-failed" and got["lab2"]["exit_code"] == 8, got["lab2"]
+        assert got["lab2"]["packages"] == [broken_pkg.id, broken_pkg.id]
+        assert got["lab3"]["outcome"] == "not-started" and out["exit_code"] == 8
+        st = lab_status(cli, "lab2", inv)
+        assert all(not h["running"] for h in st["hosts"].values()), st  # stopped, not half-running
+        assert all(h["leases"] and h["leases"][0]["state"] == "held" for h in st["hosts"].values()), st
+        assert _active(cli, "lab3", inv) == [base, base]  # never started
+        fleet = json.loads(cli("--json", "receipts", "show", out["receipt"]).stdout)
+        assert fleet["command"] == "fleet deploy" and fleet["exit_code"] == 8
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        assert [(e["event"], e.get("pair")) for e in events] == [
+            ("deploy.rollback_failed", "lab2"),
+            ("fleet.finished", None),
+        ], events
+        assert events[0]["exit_code"] == 8 and events[1]["exit_code"] == 8
+    finally:
+        shutil.copy2(kept, binary)
+        _release_kept_leases(lab3, "lab2")
+    deploy_baseline(cli, base, pair="lab2", inventory=inv)
+    assert _active(cli, "lab2", inv) == [base, base]
+    # rollback names pairs the same way: a dry run plans lab2 and lab3 in one wave, changing nothing
+    r = cli("--json", "rollback", "--pair", "lab2", "--pair", "lab3", "--serial", "2", "--dry-run", inventory=inv)
+    assert r.exit_code == 0, r.output[-2000:]
+    dry = json.loads(r.stdout)
+    assert dry["dry_run"] and dry["receipt"] is None, dry
+    planned = [p for wave in dry["plan"]["waves"] for p in wave] + list(dry["plan"].get("skipped") or {})
+    assert set(planned) == {"lab2", "lab3"}, dry["plan"]
