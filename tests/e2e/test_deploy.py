@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from orchestrator.evidence.store import EvidenceStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
-from tests.plugins.pairs import deploy_baseline, hooked_deploy, is_active, wait_paused  # noqa: E402
+from tests.plugins.pairs import broken_binary, deploy_baseline, hooked_deploy, is_active, wait_paused  # noqa: E402
 from tests.plugins.pairs import lab_status as _lab_status  # noqa: E402
 
 INV = os.environ.get("PAIRCTL_DEPLOY_E2E_INVENTORY", "lab")
@@ -262,25 +261,19 @@ def test_failed_rollback_leaves_hosts_stopped_and_leases_kept(
     to look."""
     a, b = deployed_lab.package_id, lab_packages_b.id
     binary = Path(deployed_lab.roots()["native"]) / "releases" / a / "bin" / "llama-server"
-    kept = tmp_path / "llama-server"
-    shutil.copy2(binary, kept)
-    broken = binary.with_name(".llama-server.broken")
-    broken.write_text("#!/bin/sh\nexit 1\n")
-    broken.chmod(0o755)
-    broken.rename(binary)
     try:
-        r, _ = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept")
-        assert r.exit_code == 8, (r.exit_code, r.stderr)
-        assert "rollback failed" in r.stderr and "leases are kept" in r.stderr and "run/" in r.stderr
-        st = lab_status(cli)
-        assert all(not v["running"] for v in st["hosts"].values()), st  # stopped, not half-running
-        assert all(v["leases"] and v["leases"][0]["state"] == "held" for v in st["hosts"].values())
-        rec = _latest_receipt(deployed_lab.home)
-        assert rec.outcome == "failed" and rec.extra_fields()["final_state"]["state"] == "stopped (rollback failed)"
-        again, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
-        assert again.exit_code == 5  # nobody deploys onto the unknown state while the leases are kept
+        with broken_binary(binary, tmp_path):
+            r, _ = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept")
+            assert r.exit_code == 8, (r.exit_code, r.stderr)
+            assert "rollback failed" in r.stderr and "leases are kept" in r.stderr and "run/" in r.stderr
+            st = lab_status(cli)
+            assert all(not v["running"] for v in st["hosts"].values()), st  # stopped, not half-running
+            assert all(v["leases"] and v["leases"][0]["state"] == "held" for v in st["hosts"].values())
+            rec = _latest_receipt(deployed_lab.home)
+            assert rec.outcome == "failed" and rec.extra_fields()["final_state"]["state"] == "stopped (rollback failed)"
+            again, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
+            assert again.exit_code == 5  # nobody deploys onto the unknown state while the leases are kept
     finally:
-        shutil.copy2(kept, binary)
         _release_kept_leases(deployed_lab)
 
 

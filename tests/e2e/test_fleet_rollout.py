@@ -21,7 +21,7 @@ from orchestrator.cli.outputs import validate_output
 from orchestrator.lab.source import BASELINE_TAG
 from orchestrator.paths import Home
 from tests.plugins.packages import REV_B_TAG, build_package
-from tests.plugins.pairs import deploy_baseline, lab_status
+from tests.plugins.pairs import broken_binary, deploy_baseline, lab_status
 
 pytestmark = pytest.mark.e2e
 
@@ -219,7 +219,6 @@ def test_rollout_whose_rollback_fails_exits_8(cli, lab3, lab_packages, lab_packa
     the running process keeps its inode). `deploy --rev --pair lab2 --pair lab3 --serial 1
     --max-fail 1`: lab2 is rollback-failed (its own exit 8, hosts stopped, leases kept), lab3 is not
     started, the run exits 8 and deploy.rollback_failed reaches the hook. Restored afterwards."""
-    import shutil
 
     base = lab_packages.id
     log = tmp_path / "hooks.jsonl"
@@ -230,36 +229,30 @@ def test_rollout_whose_rollback_fails_exits_8(cli, lab3, lab_packages, lab_packa
     broken_pkg = build_package(pairctl_home, REV_B_TAG, profile="lab-unloadable")  # the ccache makes it cheap
     native = lab3.inventory.pair("lab2").native
     binary = Path(lab3.inventory.host(native).install_root) / "releases" / base / "bin" / "llama-server"
-    kept = tmp_path / "llama-server"
-    shutil.copy2(binary, kept)
-    stub = binary.with_name(".llama-server.broken")
-    stub.write_text("#!/bin/sh\nexit 1\n")
-    stub.chmod(0o755)
-    stub.rename(binary)
     try:
-        rollout = ("--json", "deploy", "--rev", REV_B_TAG, "--pair", "lab2", "--pair", "lab3", "--serial", "1")
-        r = cli(*rollout, "--max-fail", "1", "--checks", CHECKS, inventory=inv)
-        assert r.exit_code == 8, r.output[-3000:]
-        out = json.loads(r.stdout)
-        validate_output("deploy-fleet", out)
-        got = {p["pair"]: p for p in out["pairs"]}
-        assert got["lab2"]["outcome"] == "rollback-failed" and got["lab2"]["exit_code"] == 8, got["lab2"]
-        assert got["lab2"]["packages"] == [broken_pkg.id, broken_pkg.id]
-        assert got["lab3"]["outcome"] == "not-started" and out["exit_code"] == 8
-        st = lab_status(cli, "lab2", inv)
-        assert all(not h["running"] for h in st["hosts"].values()), st  # stopped, not half-running
-        assert all(h["leases"] and h["leases"][0]["state"] == "held" for h in st["hosts"].values()), st
-        assert _active(cli, "lab3", inv) == [base, base]  # never started
-        fleet = json.loads(cli("--json", "receipts", "show", out["receipt"]).stdout)
-        assert fleet["command"] == "fleet deploy" and fleet["exit_code"] == 8
-        events = [json.loads(line) for line in log.read_text().splitlines()]
-        assert [(e["event"], e.get("pair")) for e in events] == [
-            ("deploy.rollback_failed", "lab2"),
-            ("fleet.finished", None),
-        ], events
-        assert events[0]["exit_code"] == 8 and events[1]["exit_code"] == 8
+        with broken_binary(binary, tmp_path):
+            rollout = ("--json", "deploy", "--rev", REV_B_TAG, "--pair", "lab2", "--pair", "lab3", "--serial", "1")
+            r = cli(*rollout, "--max-fail", "1", "--checks", CHECKS, inventory=inv)
+            assert r.exit_code == 8, r.output[-3000:]
+            out = json.loads(r.stdout)
+            validate_output("deploy-fleet", out)
+            got = {p["pair"]: p for p in out["pairs"]}
+            assert got["lab2"]["outcome"] == "rollback-failed" and got["lab2"]["exit_code"] == 8, got["lab2"]
+            assert got["lab2"]["packages"] == [broken_pkg.id, broken_pkg.id]
+            assert got["lab3"]["outcome"] == "not-started" and out["exit_code"] == 8
+            st = lab_status(cli, "lab2", inv)
+            assert all(not h["running"] for h in st["hosts"].values()), st  # stopped, not half-running
+            assert all(h["leases"] and h["leases"][0]["state"] == "held" for h in st["hosts"].values()), st
+            assert _active(cli, "lab3", inv) == [base, base]  # never started
+            fleet = json.loads(cli("--json", "receipts", "show", out["receipt"]).stdout)
+            assert fleet["command"] == "fleet deploy" and fleet["exit_code"] == 8
+            events = [json.loads(line) for line in log.read_text().splitlines()]
+            assert [(e["event"], e.get("pair")) for e in events] == [
+                ("deploy.rollback_failed", "lab2"),
+                ("fleet.finished", None),
+            ], events
+            assert events[0]["exit_code"] == 8 and events[1]["exit_code"] == 8
     finally:
-        shutil.copy2(kept, binary)
         _release_kept_leases(lab3, "lab2")
     deploy_baseline(cli, base, pair="lab2", inventory=inv)
     assert _active(cli, "lab2", inv) == [base, base]

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -135,6 +138,32 @@ def wait_paused(child: subprocess.Popen[str], fault_dir: Path, step: str, timeou
         assert child.poll() is None, child.stderr.read() if child.stderr else ""
         assert time.monotonic() < deadline, f"the deploy never reached the {step} step"
         time.sleep(0.05)
+
+
+def wait_until(what: str, cond: Callable[[], Any], within_s: float, every_s: float = 0.1) -> float:
+    """Seconds until `cond()` is true, looking every `every_s`; not within `within_s` fails, naming `what`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < within_s:
+        if cond():
+            return time.monotonic() - t0
+        time.sleep(every_s)
+    raise AssertionError(f"{what}: not within {within_s} s")
+
+
+@contextmanager
+def broken_binary(binary: Path, keep_dir: Path) -> Iterator[None]:
+    """`binary` (a release's llama-server) replaced by one that exits 1 at once, by rename so a
+    running process keeps its own inode; the original is copied to `keep_dir` and put back after."""
+    kept = keep_dir / binary.name
+    shutil.copy2(binary, kept)
+    stub = binary.with_name(f".{binary.name}.broken")
+    stub.write_text("#!/bin/sh\nexit 1\n")
+    stub.chmod(0o755)
+    stub.rename(binary)
+    try:
+        yield
+    finally:
+        shutil.copy2(kept, binary)
 
 
 @pytest.fixture
