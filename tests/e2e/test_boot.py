@@ -26,7 +26,7 @@ import pytest
 from orchestrator.hosts import boot
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.remote.pool import open_transport
-from tests.plugins.pairs import PROFILE, deploy_baseline
+from tests.plugins.pairs import PROFILE, deploy_baseline, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -125,15 +125,6 @@ def _status(cli: Any) -> tuple[int, dict[str, Any]]:
     return r.exit_code, json.loads(r.stdout)
 
 
-def _wait(what: str, cond: Any, within_s: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < within_s:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {within_s} s")
-
-
 @pytest.fixture
 def pair(deployed_lab, lab_packages, cli):
     """The baseline deployed again by this branch's pairctl (the line and the run/NAME.boot files
@@ -181,7 +172,7 @@ def test_a_simulated_reboot_brings_the_pair_back_with_the_same_identity(pair, cl
         code, st = _status(cli)
         return code == 0 and st.get("health") == "ok"
 
-    took = _wait("status exit 0 and health ok after the boot lines", back, BACK_WITHIN_S)
+    took = wait_until("status exit 0 and health ok after the boot lines", back, BACK_WITHIN_S)
     print(f"simulated reboot -> pair healthy {time.monotonic() - t0:.2f} s after the first boot line ({took:.2f} s)")
     for role, root in roots.items():
         after = _identity(root, SERVICE[role])
@@ -213,7 +204,7 @@ def test_a_deliberately_stopped_llama_server_stays_stopped_at_boot(pair, cli):
     seen = log.stat().st_size if log.exists() else 0
     for role, root in roots.items():
         _run_as_cron(_reboot_line(_crontab(pair, role), root))
-    _wait(
+    wait_until(
         "ggml-rpc-server back after the boot line",
         lambda: (i := _identity(roots["rpc"], RPC_SERVER)) is not None and i[1:] == old_rpc[1:],
         BACK_WITHIN_S,
@@ -271,7 +262,7 @@ def test_the_real_cron_daemon_runs_the_lines_when_it_starts(pair, cli):
                 code, st = _status(cli)
                 return code == 0 and st.get("health") == "ok"
 
-            _wait("status exit 0 and health ok after cron started", back, BACK_WITHIN_S)
+            wait_until("status exit 0 and health ok after cron started", back, BACK_WITHIN_S)
             print(f"cron -f started -> pair healthy in {time.monotonic() - t0:.2f} s")
         finally:
             cron.terminate()

@@ -12,6 +12,7 @@ shows it not running).
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
@@ -29,11 +30,14 @@ from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.supervisor import ipv4_endpoint, parse_state, sup_args
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import open_transport
-from tests.plugins.pairs import deploy_baseline
+from tests.plugins.pairs import deploy_baseline, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 BACK_WITHIN_S = 30.0  # crash -> healthy again: backoff (<= 2 s) + start (~0.1 s) + probes, on a loaded machine
+
+
+_wait = functools.partial(wait_until, every_s=0.05)  # a restart is judged to the tenth of a second
 
 
 def _pid(root: str, name: str) -> int | None:
@@ -64,15 +68,6 @@ def _healthy(base_url: str) -> bool:
         return httpx.get(base_url + "/health", timeout=2.0, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def _wait(what: str, cond: Any, within_s: float) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < within_s:
-        if cond():
-            return time.monotonic() - t0
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {within_s} s")
 
 
 def _back_after(pair: Any, name: str, old_pid: int) -> float:
