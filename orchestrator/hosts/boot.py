@@ -168,39 +168,43 @@ def read_crontab(t: Transport) -> CrontabRead:
     return parse_crontab_list(res.exit_status, as_text(res.stdout), as_text(res.stderr))
 
 
+def _unpersisted(why: str) -> dict[str, object]:
+    return {"persistence": None, "warning": f"no boot persistence: {why}"}
+
+
+def _text_or_warning(got: CrontabRead) -> str | dict[str, object]:
+    """The crontab's text, or the result saying why `crontab -l` gave nothing to judge or merge."""
+    if got.missing:
+        return {"persistence": None, "warning": CRONTAB_MISSING}
+    if got.text is None:
+        return _unpersisted(str(got.error))
+    return got.text
+
+
 def ensure_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
     """This root's @reboot line in the host user's crontab, replaced in place (never twice), read
     back and compared. Never raises for cron's absence or a refused write: the result says what
     is persisted (`persistence`: `cron` or None) and why not (`warning`), for receipts and status."""
     why = unfit_for_cron(layout.root)
     if why:
-        return {"persistence": None, "warning": f"no boot persistence: {why}"}
+        return _unpersisted(why)
     line = entry(layout)
     got = read_crontab(t)
     for attempt in range(1, WRITE_ATTEMPTS + 1):
-        if got.missing:
-            return {"persistence": None, "warning": CRONTAB_MISSING}
-        if got.text is None:
-            return {"persistence": None, "warning": f"no boot persistence: {got.error}"}
-        merged = merge_crontab(got.text, layout.root, line)
-        if merged == got.text:
+        text = _text_or_warning(got)
+        if isinstance(text, dict):
+            return text
+        merged = merge_crontab(text, layout.root, line)
+        if merged == text:
             return {"persistence": "cron", "entry": line, "changed": attempt > 1, "read_back": "installed"}
         res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=merged.encode())
         if res.exit_status != 0:
-            return {
-                "persistence": None,
-                "warning": f"no boot persistence: crontab - exited {res.exit_status}: "
-                f"{as_text(res.stderr).strip()[-200:]}",
-            }
+            return _unpersisted(f"crontab - exited {res.exit_status}: {as_text(res.stderr).strip()[-200:]}")
         got = read_crontab(t)
         if got.text == merged:
             return {"persistence": "cron", "entry": line, "changed": True, "read_back": "installed"}
         # someone else wrote meanwhile (or cron rewrote it): merge again from what is there now
-    return {
-        "persistence": None,
-        "warning": f"no boot persistence: the crontab read back differs from what was written "
-        f"{WRITE_ATTEMPTS} times (another writer?)",
-    }
+    return _unpersisted(f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)")
 
 
 def read_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
@@ -208,19 +212,18 @@ def read_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
     `warning` when it is not."""
     why = unfit_for_cron(layout.root)
     if why:
-        return {"persistence": None, "warning": f"no boot persistence: {why}"}
+        return _unpersisted(why)
     line = entry(layout)
-    got = read_crontab(t)
-    if got.missing:
-        return {"persistence": None, "warning": CRONTAB_MISSING}
-    if got.text is None:
-        return {"persistence": None, "warning": f"no boot persistence: {got.error}"}
-    state = entry_state(got.text, layout.root, line)
+    text = _text_or_warning(read_crontab(t))
+    if isinstance(text, dict):
+        return text
+    state = entry_state(text, layout.root, line)
     if state == "installed":
         return {"persistence": "cron", "entry": line}
     return {
-        "persistence": None,
+        **_unpersisted(
+            f"the crontab has {'no' if state == 'absent' else 'a different'} @reboot line for {layout.root} "
+            "(the next deploy or rollback writes it)"
+        ),
         "entry_state": state,
-        "warning": f"no boot persistence: the crontab has {'no' if state == 'absent' else 'a different'} "
-        f"@reboot line for {layout.root} (the next deploy or rollback writes it)",
     }
