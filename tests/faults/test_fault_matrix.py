@@ -68,7 +68,7 @@ def _run_shards(matrix, specs: list[dict], capsys) -> list[Cell]:
         spec_file = Path(spec["work"]) / "spec.json"
         spec_file.parent.mkdir(parents=True, exist_ok=True)
         spec_file.write_text(json.dumps(spec))
-        log = open(Path(spec["work"]) / "shard.log", "w")  # noqa: SIM115 (closed below)
+        log = open(Path(spec["work"]) / "shard.log", "w")  # closed once the shard has ended
         procs.append(
             (
                 subprocess.Popen(
