@@ -44,6 +44,27 @@ class HostSpec(StrictModel):
     role: Literal["native", "rpc"]
     transport: Literal["ssh", "local"] = "ssh"
     gpu: str | None = Field(default=None, description="expected GPU, e.g. 'Tesla V100'; none for CPU lab hosts")
+    service_manager: Literal["pairctl", "systemd"] = Field(
+        default="pairctl",
+        description=(
+            "what runs each service's supervisor: 'pairctl' (setsid, started again at boot by an @reboot "
+            "crontab line) or 'systemd' (an enabled unit per service, installed, verified and read back by deploy)"
+        ),
+    )
+    systemd_scope: Literal["user", "system"] = Field(
+        default="user",
+        description="with service_manager: systemd, the login user's manager (needs `loginctl enable-linger` "
+        "to start at boot) or the system manager (/etc/systemd/system; the user must be root)",
+    )
+
+    @model_validator(mode="after")
+    def _system_scope_is_root(self) -> HostSpec:
+        if self.service_manager == "systemd" and self.systemd_scope == "system" and self.user not in (None, "root"):
+            raise ValueError(
+                f"systemd_scope: system needs user root (units go to /etc/systemd/system), not {self.user!r}; "
+                "use systemd_scope: user for a login user's own manager"
+            )
+        return self
 
     @field_validator("install_root")
     @classmethod

@@ -46,6 +46,7 @@ from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
+from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
 
 ROLES = ("native", "rpc")
@@ -458,6 +459,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     verify = _take_deferred(ctx, "rpc")
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
+    units: services.Units = {}
     pid, ident, stopped, verified = services.restart_listening(
         t,
         layout,
@@ -468,6 +470,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         list(tgt.activation.rpc_argv),
         verify=verify,
         sup=supervisor.sup_args(ctx.inventory.supervision),
+        units=units,
     )
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
@@ -478,7 +481,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         "pid": pid,
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
-        "boot": _boot_entry(ctx, "rpc"),
+        "boot": _boot_entry(ctx, "rpc", units.get(RPC_SERVER)),
     }
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
@@ -498,7 +501,8 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         health=supervisor.ipv4_endpoint(url.hostname or "", ctx.view.server_port),
         peer=supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port),
     )
-    pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv), sup)
+    units: services.Units = {}
+    pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv), sup, units=units)
     ctx.hosts.started("native", ident)
     t1 = time.monotonic()
     try:
@@ -518,14 +522,21 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         "healthy_after_s": round(w.seconds, 4),
         "health_polls": w.polls,
         "alive_checks": w.alive_checks,
-        "boot": _boot_entry(ctx, "native"),
+        "boot": _boot_entry(ctx, "native", units.get(LLAMA_SERVER)),
     }
 
 
-def _boot_entry(ctx: RunContext, role: str) -> dict[str, Any]:
-    """After a start: the host's @reboot crontab line for its root (hosts/boot.py; the start
-    itself left the service's arguments in run/NAME.boot). Recorded, never a failure of the
-    step: a host without crontab keeps a running pair, with "no boot persistence" to say so."""
+def _boot_entry(ctx: RunContext, role: str, unit: UnitReadback | None = None) -> dict[str, Any]:
+    """After a start: what brings the service back at boot. On a systemd host its unit, which
+    the start enabled and read back (a user manager without lingering is a warning); elsewhere
+    the host's @reboot crontab line for its root (hosts/boot.py; the start itself left the
+    service's arguments in run/NAME.boot). Recorded, never a failure of the step: a host
+    without crontab keeps a running pair, with "no boot persistence" to say so."""
+    if unit is not None:
+        out = unit.boot()
+        if out.get("warning"):
+            ctx.log.warning("boot persistence", host=ctx.host(role), warning=out["warning"])
+        return out
     t0 = time.monotonic()
     try:
         out = boot.ensure_entry(ctx.t(role), ctx.layout(role))

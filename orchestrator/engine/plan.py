@@ -13,6 +13,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
+from orchestrator.hosts.units import SystemdUnits, unit_name
 from orchestrator.roles import ROLES
 
 
@@ -68,10 +69,29 @@ class Activation:
     label: str = ""
 
 
+def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
+    """How ROLE's host of the pair runs its supervisor: None (setsid, @reboot line) or as a
+    systemd unit; llama-server's unit is ordered after ggml-rpc-server's when both run under one
+    manager (same address, port, user and scope)."""
+    p = inventory.pair(pair_name)
+    spec = inventory.host(p.native if role == "native" else p.rpc)
+    if spec.service_manager != "systemd":
+        return None
+    after = None
+    rpc = inventory.host(p.rpc)
+    same = (rpc.service_manager, rpc.systemd_scope, rpc.address, rpc.port, rpc.user)
+    if role == "native" and same == ("systemd", spec.systemd_scope, spec.address, spec.port, spec.user):
+        after = unit_name(pair_name, RPC_SERVER)
+    return SystemdUnits(scope=spec.systemd_scope, pair=pair_name, supervision=inventory.supervision, after=after)
+
+
 def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     p = inventory.pair(pair_name)
     hosts = {"native": p.native, "rpc": p.rpc}
-    layouts = {role: HostLayout(inventory.host(h).install_root) for role, h in hosts.items()}
+    layouts = {
+        role: HostLayout(inventory.host(h).install_root, systemd_units(inventory, pair_name, role))
+        for role, h in hosts.items()
+    }
     server_bind = inventory.server_bind(pair_name)
     reach = inventory.host(p.native).address if server_bind in ("0.0.0.0", "::", "") else server_bind
     reach = f"[{reach}]" if ":" in reach else reach

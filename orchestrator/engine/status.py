@@ -17,11 +17,13 @@ from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import boot, supervisor
+from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts
 from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.services import get_json
+from orchestrator.hosts.units import parse_readback
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
@@ -100,7 +102,11 @@ def status(
                     f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
                     f"last: {sup.last_exit or '?'}); see {layout.log(name + '.out')}, then deploy or rollback"
                 )
-            if f.svc_sha256:  # a prepared host: what a reboot would bring back (hosts/boot.py)
+            if f.svc_sha256 and layout.systemd is not None:  # its supervisor's unit (hosts/units.py)
+                h["boot"] = _unit_boot(t, layout, name, host, running=bool(f.current), problems=out["problems"])
+                if h["boot"].get("warning"):
+                    out["warnings"].append(f"{host}: {h['boot']['warning']}")
+            elif f.svc_sha256:  # a prepared host: what a reboot would bring back (hosts/boot.py)
                 h["boot"] = {
                     **boot.read_entry(t, layout),
                     "starts_at_boot": t.stat(layout.log(name + ".boot")) is not None,
@@ -209,3 +215,24 @@ def _leases(transport: Transport, root: str) -> list[dict[str, Any]]:
         return leasing.show(transport, root)
     except Exception as exc:  # a status must still show the rest
         return [{"error": str(exc)[:200]}]
+
+
+def _unit_boot(
+    t: Transport, layout: HostLayout, name: str, host: str, *, running: bool, problems: list[str]
+) -> dict[str, Any]:
+    """A systemd host: NAME's unit read back (one exec). A pair with a current release whose unit
+    is missing or not active is a problem (a failed unit: systemd's start limit was hit)."""
+    assert layout.systemd is not None
+    res = t.run_idempotent(layout.units_cmd(name), check=False, timeout=120)
+    rb = parse_readback(as_text(res.stdout))
+    unit = layout.systemd.unit(name)
+    if rb is None or rb.sha256 is None:
+        if running:
+            problems.append(
+                f"{host}: the inventory says service_manager: systemd, but {unit} is not installed; "
+                "a deploy or rollback installs it"
+            )
+        return {"persistence": None, "unit": unit, "starts_at_boot": False}
+    if running and rb.active != "active":
+        problems.append(f"{host}: {unit} is {rb.active} (systemctl{' --user' if rb.user else ''} status {unit})")
+    return {**rb.boot(), "starts_at_boot": rb.starts_at_boot}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts.units import SystemdUnits, supervise_argv
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import Transport
 
@@ -51,9 +52,11 @@ def svc_sha256() -> str:
 
 @dataclass(frozen=True)
 class HostLayout:
-    """Paths under one host's install root (POSIX paths on the host, not here)."""
+    """Paths under one host's install root (POSIX paths on the host, not here), and, where the
+    inventory says `service_manager: systemd`, the units its supervisors run as."""
 
     root: str
+    systemd: SystemdUnits | None = None
 
     def _p(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -104,6 +107,17 @@ class HostLayout:
     def svc(self) -> str:
         return self._p("bin", "pairctl-svc")
 
+    def staged_unit(self, name: str) -> str:
+        """Where deploy puts NAME's rendered unit for `pairctl-svc` to verify and install."""
+        assert self.systemd is not None
+        return self._p("run", "units", self.systemd.unit(name))
+
+    def supervise_argv(self, name: str, argv: Sequence[str], sup: Sequence[str]) -> list[str]:
+        return supervise_argv(self.svc, self.root, name, sup, argv)
+
+    def _unit_word(self, name: str) -> tuple[str, ...]:
+        return (self.systemd.word(name),) if self.systemd else ()
+
     # --- commands (each one SSH exec: keep them few) ----------------------------------------
 
     def svc_cmd(self, sub: str, *args: str) -> Cmd:
@@ -111,9 +125,9 @@ class HostLayout:
         return Cmd(("sh", self.svc, sub, self.root, *args))
 
     def start_cmd(self, name: str, argv: list[str], sup: Sequence[str] = ()) -> Cmd:
-        """Start NAME under its supervisor (setsid; `sup.KEY=VALUE` options, hosts/supervisor.py);
-        prints `pid=` and its identity line."""
-        return self.svc_cmd("start", name, *sup, *argv)
+        """Start NAME under its supervisor (setsid, or its systemd unit; `sup.KEY=VALUE` options,
+        hosts/supervisor.py); prints `pid=` and its identity line (and the unit read back)."""
+        return self.svc_cmd("start", name, *self._unit_word(name), *sup, *argv)
 
     def stop_cmd(self, name: str, verify_release: str | None = None) -> Cmd:
         """Stop NAME; with `verify_release`, first check that release against the manifest on stdin
@@ -143,12 +157,17 @@ class HostLayout:
             address,
             str(port),
             str(timeout_s),
+            *self._unit_word(name),
             *sup,
             *argv,
         )
 
     def wait_listen_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
         return self.svc_cmd("wait-listen", name, address, str(port), str(timeout_s))
+
+    def units_cmd(self, *names: str) -> Cmd:
+        """Per NAME, its installed unit read back (hosts/units.py parse_readback), or `unit=-`."""
+        return self.svc_cmd("units", *names)
 
     def identity_cmd(self, *names: str) -> Cmd:
         return self.svc_cmd("identity", *names)

@@ -41,26 +41,124 @@ identity_of() { # identity_of ROOT NAME: proc=NAME:PID:SHA256(exe):BASE64(cmdlin
     fi
 }
 
+# -- systemd (service_manager: systemd) -------------------------------------------------------
+# With a `systemd=SCOPE:UNIT` word (start, restart) the supervisor runs as that unit instead of
+# under setsid: pairctl renders the unit (orchestrator/hosts/units.py) and stages it as
+# run/units/UNIT over SFTP; here the host's own systemd-analyze verifies it (before anything is
+# stopped), it is installed by rename, enabled (so it starts at boot) and started, and read back
+# (unit=UNIT:SHA256:ENABLED:ACTIVE:NRESTARTS). run/NAME.unit names it, so that a stop in either
+# mode stops, disables and removes it: systemd restarts a supervisor that is merely killed.
+
+sd_parse() { # sd_parse WORD: sd_scope and sd_unit from systemd=SCOPE:UNIT (a plain pairctl-*.service name)
+    v=${1#systemd=}; sd_scope=${v%%:*}; sd_unit=${v#*:}
+    case "$sd_scope" in user | system) ;; *) return 1 ;; esac
+    case "$sd_unit" in pairctl-?*.service) ;; *) return 1 ;; esac
+    case "$sd_unit" in *[!A-Za-z0-9._-]*) return 1 ;; esac
+}
+
+sd_ctl() { # sd_ctl SCOPE ARGS...: that manager's systemctl, bounded (an SSH session has no XDG_RUNTIME_DIR)
+    s=$1; shift
+    if [ "$s" = user ]; then
+        XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/run/user/$(id -u)} timeout 90 systemctl --user "$@"
+    else
+        timeout 90 systemctl "$@"
+    fi
+}
+
+sd_dir() { if [ "$1" = user ]; then echo "$HOME/.config/systemd/user"; else echo /etc/systemd/system; fi; }
+
+sd_verify() { # sd_verify ROOT: the staged run/units/$sd_unit passes the host's systemd-analyze verify
+    f="$1/run/units/$sd_unit"
+    [ -f "$f" ] && [ ! -L "$f" ] || CODE=3 die "unit=missing: $f was not staged"
+    command -v systemd-analyze >/dev/null 2>&1 || CODE=3 die "unit=unverified: systemd-analyze is not installed on this host"
+    if [ "$sd_scope" = user ]; then
+        out=$(XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/run/user/$(id -u)} timeout 60 systemd-analyze --user verify "$f" 2>&1)
+    else
+        out=$(timeout 60 systemd-analyze verify "$f" 2>&1)
+    fi || { printf '%s\n' "$out" | sed 's/^/unit_verify=/'; CODE=3 die "unit=invalid: systemd-analyze verify rejected $sd_unit"; }
+    # verify exits 0 on a setting it ignores ("Failed to parse ..., ignoring"): any complaint naming the file counts
+    if printf '%s\n' "$out" | grep -qF "$f"; then
+        printf '%s\n' "$out" | sed 's/^/unit_verify=/'
+        CODE=3 die "unit=invalid: systemd-analyze verify complained about $sd_unit"
+    fi
+}
+
+sd_install() { # sd_install ROOT NAME: the verified staged unit into the manager's directory, enabled
+    d=$(sd_dir "$sd_scope")
+    mkdir -p "$d" || exit 1
+    cp "$1/run/units/$sd_unit" "$d/.$sd_unit.tmp" && chmod 644 "$d/.$sd_unit.tmp" && mv -f "$d/.$sd_unit.tmp" "$d/$sd_unit" || exit 1
+    printf '%s %s\n' "$sd_scope" "$sd_unit" >"$1/run/.$2.unit.tmp" && mv -f "$1/run/.$2.unit.tmp" "$1/run/$2.unit" || exit 1
+    sd_ctl "$sd_scope" daemon-reload || die "systemctl daemon-reload failed ($sd_scope manager)"
+    sd_ctl "$sd_scope" enable "$sd_unit" 2>/dev/null || die "systemctl enable $sd_unit failed"
+}
+
+sd_state() { # sd_state: the installed unit read back: unit=UNIT:SHA256:ENABLED:ACTIVE:NRESTARTS, linger=USER:yes|no
+    f="$(sd_dir "$sd_scope")/$sd_unit"
+    sha=-; [ -f "$f" ] && sha=$(sha256sum <"$f" | cut -d' ' -f1)
+    en=$(sd_ctl "$sd_scope" is-enabled "$sd_unit" 2>/dev/null | head -n 1)
+    act=$(sd_ctl "$sd_scope" is-active "$sd_unit" 2>/dev/null | head -n 1)
+    nr=$(sd_ctl "$sd_scope" show -p NRestarts --value "$sd_unit" 2>/dev/null | head -n 1)
+    echo "unit=$sd_unit:$sha:${en:--}:${act:--}:${nr:--}"
+    if [ "$sd_scope" = user ]; then
+        u=$(id -un)
+        if [ -e "/var/lib/systemd/linger/$u" ]; then echo "linger=$u:yes"; else echo "linger=$u:no"; fi
+    fi
+}
+
+sd_recorded() { # sd_recorded ROOT NAME: sd_scope/sd_unit from run/NAME.unit (checked: the host is untrusted)
+    [ -f "$1/run/$2.unit" ] || return 1
+    read -r sc un <"$1/run/$2.unit" || return 1
+    sd_parse "systemd=$sc:$un"
+}
+
+sd_stop() { # sd_stop ROOT NAME: the unit run/NAME.unit names is stopped, disabled and removed
+    sd_recorded "$1" "$2" || { rm -f "$1/run/$2.unit"; return 0; }
+    sd_ctl "$sd_scope" stop "$sd_unit" >/dev/null 2>&1
+    sd_ctl "$sd_scope" disable "$sd_unit" >/dev/null 2>&1
+    rm -f "$(sd_dir "$sd_scope")/$sd_unit"
+    sd_ctl "$sd_scope" daemon-reload >/dev/null 2>&1
+    rm -f "$1/run/$2.unit"
+    echo "unit_removed=$sd_unit"
+}
+
 start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM under its supervisor
     # (setsid, so both outlive the SSH session); returns once PROGRAM has been exec'd.
     # run/NAME.out and run/NAME.log of the run before are kept as *.prev (rotated ones too)
     r=$1; n=$2; shift 2
+    sd=""
+    case "${1:-}" in systemd=*) sd_parse "$1" || CODE=2 die "start: $1 is not systemd=user|system:pairctl-NAME.service"; sd=1; shift ;; esac
     pid=$(pid_of "$r" "$n")
     if alive "$pid" && is_ours "$pid" "$n"; then CODE=3 die "$n already runs as pid $pid"; fi
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
+    [ -z "$sd" ] || [ "${sd_verified:-}" = "systemd=$sd_scope:$sd_unit" ] || sd_verify "$r"
+    (
+        sd_stop "$r" "$n" >/dev/null  # a unit of an earlier start (either mode) goes first: systemd would restart it
+    )
     sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
-    # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
-    # a deliberate stop removes the file, so a stopped service stays stopped after a reboot
-    (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp") && mv -f "$r/run/.$n.boot.tmp" "$r/run/$n.boot" || exit 1
+    if [ -z "$sd" ]; then
+        # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
+        # a deliberate stop removes the file, so a stopped service stays stopped after a reboot
+        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp") && mv -f "$r/run/.$n.boot.tmp" "$r/run/$n.boot" || exit 1
+    else
+        rm -f "$r/run/$n.boot"  # systemd starts the enabled unit at boot, not the @reboot line
+    fi
     for f in "$r/run/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
         if [ -f "$f" ]; then mv -f "$f" "$f.prev"; fi
     done
     rm -f "$r/run/$n.pid" "$r/run/$n.state"
-    setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
-    spid=$!
-    echo "$spid" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+    if [ -n "$sd" ]; then
+        sd_install "$r" "$n"
+        : >"$r/run/$n.go"  # this start is the lease holder's: the supervisor's first start does not wait for the lease
+        sd_ctl "$sd_scope" start "$sd_unit" || { rm -f "$r/run/$n.go"; CODE=4 die "systemctl start $sd_unit failed; see run/$n.sup.log"; }
+        spid=$(sd_ctl "$sd_scope" show -p MainPID --value "$sd_unit")
+        [ "${spid:-0}" != 0 ] || { rm -f "$r/run/$n.go"; CODE=4 die "$sd_unit has no main process after its start; see run/$n.sup.log"; }
+    else
+        setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
+        spid=$!
+        echo "$spid" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+    fi
     if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then  # at boot the supervisor may first wait for a peer or a lease
         echo "supervisor=$spid"
         return 0
@@ -72,8 +170,10 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         if ! alive "$spid"; then break; fi
         sleep 0.01; i=$((i + 1))
     done
+    rm -f "$r/run/$n.go"
     [ -n "$pid" ] || CODE=4 die "$n: its supervisor (pid $spid) started nothing; see run/$n.sup.log"
     echo "pid=$pid"
+    [ -z "$sd" ] || sd_state
 }
 
 sup_alive() { # sup_alive ROOT NAME: prints the pid of NAME's supervisor when it runs
@@ -98,8 +198,10 @@ sup_stop() { # sup_stop ROOT NAME: a deliberate stop: the supervisor goes first,
 
 stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s, then KILL; only a process whose argv[0] is NAME
     rm -f "$1/run/$2.boot"  # deliberately stopped: not started at boot either
-    sup_stop "$1" "$2"
     pid=$(pid_of "$1" "$2")
+    was=""; if alive "$pid" && is_ours "$pid" "$2"; then was=$pid; fi
+    sd_stop "$1" "$2"  # its unit (service_manager: systemd) is stopped, disabled and removed
+    sup_stop "$1" "$2"
     if alive "$pid" && is_ours "$pid" "$2"; then
         kill -TERM "$pid" 2>/dev/null
         kill -CONT "$pid" 2>/dev/null  # a stopped (hung) process handles TERM only once continued
@@ -112,6 +214,8 @@ stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s,
         fi
         if alive "$pid"; then CODE=5 die "$2 (pid $pid) did not exit after KILL"; fi
         echo "stopped=$2:$pid"
+    elif [ -n "$was" ]; then
+        echo "stopped=$2:$was"  # its unit's stop ended it
     else
         echo "stopped=$2:-"
     fi
@@ -213,9 +317,16 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"
     starts=""; restarts=0; backoff=$backoff0; first=1; reason=-
     set_state "$r" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
-    if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then
-        # started by `boot`: a lease left by a run the reboot cut short keeps even the first start off
-        set_state "$r" "$n" started_by boot
+    at_boot=${PAIRCTL_SVC_AT_BOOT:-}
+    if [ "${PAIRCTL_SVC_MANAGED:-}" = systemd ]; then
+        echo "$$" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+        # started by the lease holder's `start` (run/NAME.go), or else by systemd itself (at boot,
+        # or again after this supervisor died): then, as at boot, a held lease keeps the first start off
+        if [ -f "$r/run/$n.go" ]; then rm -f "$r/run/$n.go"; set_state "$r" "$n" started_by pairctl; else at_boot=systemd; fi
+    fi
+    if [ -n "$at_boot" ]; then
+        # started by `boot` (or systemd): a lease left by a run the reboot cut short keeps even the first start off
+        set_state "$r" "$n" started_by "$( [ "$at_boot" = systemd ] && echo systemd || echo boot)"
         while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
     fi
     while :; do
@@ -461,6 +572,11 @@ restart)
     limit=${7:?timeout}
     shift 7
     if [ "$vid" != "-" ]; then verify_release "$root" "$vid"; fi
+    case "${1:-}" in systemd=*)  # the staged unit is verified before anything is stopped
+        sd_parse "$1" || CODE=2 die "restart: $1 is not systemd=user|system:pairctl-NAME.service"
+        sd_verify "$root"
+        sd_verified=$1 ;;
+    esac
     stop_svc "$root" "$name"
     switch_links "$root" "$cur" "$prev"
     start_svc "$root" "$name" "$@"
@@ -470,6 +586,12 @@ restart)
 wait-listen)
     # wait-listen ROOT NAME ADDRESS PORT TIMEOUT_S
     wait_listen "$root" "${1:?name}" "${2:?address}" "${3:?port}" "${4:?timeout}"
+    ;;
+units)
+    # units ROOT NAME...: per NAME whose run/NAME.unit names a unit, its state read back (sd_state)
+    for name in "$@"; do
+        if sd_recorded "$root" "$name"; then echo "service=$name"; sd_state; else echo "service=$name"; echo "unit=-"; fi
+    done
     ;;
 identity)
     # identity ROOT NAME...: per NAME, pid, sha256 of /proc/PID/exe, argv (base64, NUL-separated).

@@ -8,8 +8,9 @@ from here; a process that died meanwhile fails the wait at once with its log tai
 
 from __future__ import annotations
 
+import posixpath
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +21,7 @@ from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
+from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
 
@@ -74,13 +76,60 @@ def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity
     return pid, ident
 
 
+Units = MutableMapping[str, UnitReadback]  # service name -> its unit read back after the start
+
+
+def stage_unit(
+    transport: Transport, layout: HostLayout, name: str, argv: Sequence[str], sup: Sequence[str]
+) -> tuple[str, str] | None:
+    """On a `service_manager: systemd` host: NAME's supervisor unit rendered here and put on the
+    host (run/units/UNIT, by rename) for `pairctl-svc` to verify and install; (unit, text), or
+    None on a host without systemd."""
+    sd = layout.systemd
+    if sd is None:
+        return None
+    text = render_unit(
+        pair=sd.pair,
+        service=name,
+        exec_argv=layout.supervise_argv(name, argv, sup),
+        root=layout.root,
+        supervision=sd.supervision,
+        after=sd.after if name == LLAMA_SERVER else None,
+        user=sd.user,
+    )
+    path = layout.staged_unit(name)
+    transport.makedirs(posixpath.dirname(path), 0o755)
+    transport.put_bytes(text.encode(), path + ".tmp", mode=0o644)
+    transport.rename(path + ".tmp", path)
+    return sd.unit(name), text
+
+
+def _unit_read_back(
+    transport: Transport, staged: tuple[str, str] | None, out: str, name: str, units: Units | None
+) -> None:
+    if staged is None:
+        return
+    rb = check_readback(transport.name, out, *staged)
+    if units is not None:
+        units[name] = rb
+
+
 def start(
-    transport: Transport, layout: HostLayout, name: str, argv: list[str], sup: Sequence[str] = ()
+    transport: Transport,
+    layout: HostLayout,
+    name: str,
+    argv: list[str],
+    sup: Sequence[str] = (),
+    units: Units | None = None,
 ) -> tuple[int, ProcIdentity]:
-    """Start NAME under its supervisor (one exec); returns its pid and identity (exe sha256, argv)
-    once it has exec'd."""
-    res = transport.run(layout.start_cmd(name, argv, sup), timeout=30)
-    return _pid_and_identity(transport.name, as_text(res.stdout), name)
+    """Start NAME under its supervisor (one exec; on a systemd host its unit is staged first and
+    read back after); returns its pid and identity (exe sha256, argv) once it has exec'd."""
+    staged = stage_unit(transport, layout, name, argv, sup)
+    res = transport.run(layout.start_cmd(name, argv, sup), timeout=90 if staged else 30)
+    out = as_text(res.stdout)
+    pid_ident = _pid_and_identity(transport.name, out, name)
+    _unit_read_back(transport, staged, out, name, units)
+    return pid_ident
 
 
 Verify = tuple[str, Mapping[str, str]]  # (release id, {relpath: sha256}) checked on the host first
@@ -108,19 +157,29 @@ def restart_listening(
     timeout_s: int = 20,
     verify: Verify | None = None,
     sup: Sequence[str] = (),
+    units: Units | None = None,
 ) -> tuple[int, ProcIdentity, str, int]:
     """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
     listens on address:port and read its identity, in one exec. Raises CheckFailed with the
     output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
     exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
+    staged = stage_unit(transport, layout, name, argv, sup)
     cmd = layout.restart_cmd(
         name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None, sup=sup
     )
-    res = transport.run(cmd, check=False, timeout=timeout_s + 60, stdin=manifest_lines(verify[1]) if verify else None)
+    timeout = timeout_s + (180 if staged else 60)  # systemctl calls are bounded at 90 s each on the host
+    res = transport.run(cmd, check=False, timeout=timeout, stdin=manifest_lines(verify[1]) if verify else None)
     out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
+    if res.exit_status == 3 and "unit=" in as_text(res.stderr):
+        complaints = "\n".join(ln for ln in out.splitlines() if ln.startswith("unit_verify="))
+        raise HostError(
+            f"{transport.name}: the {name} unit was refused before anything was stopped: "
+            f"{as_text(res.stderr).strip()[-300:]}\n{complaints[-1500:]}"
+        )
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
+        _unit_read_back(transport, staged, out, name, units)
         stopped = next((line.split("=", 1)[1] for line in out.splitlines() if line.startswith("stopped=")), "")
         return pid, ident, stopped, verified
     if res.exit_status in (4, 5):

@@ -1,30 +1,64 @@
 """systemd units for a pair's services (pure rendering), and their check by `systemd-analyze verify`.
 
-For hosts with systemd (`service_manager: systemd` in the inventory), the units carry what the
-supervisor does on hosts without it: Restart=on-failure with the inventory's backoff, a start
-limit (the crash loop), a cleared environment (systemd gives a service none of the user's), the
-exact argv pairctl verifies, and, where both services share a host, rpc-before-native ordering
-with llama-server bound to ggml-rpc-server (restarted when it restarts). Rendering is pure; the
-verification runs the real `systemd-analyze verify` on the rendered files before anything is
-installed.
+For hosts with `service_manager: systemd` in the inventory, each service's supervisor
+(`pairctl-svc supervise ROOT NAME sup.* ARGV`, the same loop as on hosts without systemd) runs
+as an enabled unit instead of under setsid. systemd owns what it is good at: starting the
+supervisor at boot, restarting it if it dies (Restart=on-failure, a start limit), and stopping
+the whole process tree. The supervisor keeps what systemd 252 cannot do for these servers:
+exponential backoff (RestartSteps= came in 254), a /health hang check without sd_notify, a
+restart of llama-server when its RPC peer on another host went away, and no action while a
+deploy holds the lease. One supervision model on both kinds of host; the service's exact argv
+is the tail of ExecStart, and identity checks read it from /proc as everywhere else.
+
+Rendering is pure. Deploy stages the text on the host, where `pairctl-svc` has the host's own
+`systemd-analyze verify` check it before anything is stopped, installs it by rename, enables
+and starts it, and prints it back (hash, enabled, active) for deploy to compare.
 """
 
 from __future__ import annotations
 
 import math
 import posixpath
+import re
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from orchestrator.config.inventory import Supervision
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, HostError
+from orchestrator.hashing import sha256_bytes
 from orchestrator.roles import LLAMA_SERVER, RPC_SERVER
+
+Scope = Literal["user", "system"]
 
 
 def unit_name(pair: str, service: str) -> str:
     return f"pairctl-{pair}-{service}.service"
+
+
+@dataclass(frozen=True)
+class SystemdUnits:
+    """A host whose supervisors run as systemd units: the manager's scope, the pair (in the unit
+    names) and, for llama-server on a host it shares with ggml-rpc-server, the unit to start after."""
+
+    scope: Scope
+    pair: str
+    supervision: Supervision
+    after: str | None = None
+
+    @property
+    def user(self) -> bool:
+        return self.scope == "user"
+
+    def unit(self, service: str) -> str:
+        return unit_name(self.pair, service)
+
+    def word(self, service: str) -> str:
+        """The `systemd=SCOPE:UNIT` word `pairctl-svc start|restart` takes."""
+        return f"systemd={self.scope}:{self.unit(service)}"
 
 
 def exec_quote(arg: str) -> str:
@@ -42,48 +76,49 @@ def _spec(value: str) -> str:
     return value.replace("%", "%%")
 
 
-def _env_quote(assignment: str) -> str:
-    exec_quote(assignment)
-    return '"' + assignment.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+def supervise_argv(svc: str, root: str, service: str, sup: Sequence[str], argv: Sequence[str]) -> list[str]:
+    """ExecStart's words: the installed helper's supervisor loop, its options, the service's argv."""
+    return ["/bin/sh", svc, "supervise", root, service, *sup, *argv]
 
 
 def render_unit(
     *,
     pair: str,
     service: str,
-    argv: Sequence[str],
+    exec_argv: Sequence[str],
     root: str,
     supervision: Supervision,
     after: str | None = None,
     user: bool = False,
 ) -> str:
-    """One service unit. `after`: the unit this one needs first on the same host (the RPC server)."""
-    bindir = posixpath.dirname(argv[0])
-    home = posixpath.join(root, "run", "home", service)
+    """One service's supervisor as a unit. `after`: the unit this one needs first on the same host
+    (the RPC server's). Its output goes where `pairctl-svc start` puts it (run/NAME.sup.log)."""
+    sup_log = _spec(posixpath.join(root, "run", service + ".sup.log"))
     lines = [
-        "# written by pairctl; the argv is the one pairctl verifies (do not edit: a deploy rewrites it)",
+        "# written by pairctl; ExecStart ends with the argv pairctl verifies (do not edit: a deploy rewrites it)",
         "[Unit]",
-        f"Description=pairctl pair {pair}: {service}",
+        f"Description=pairctl pair {pair}: {service} (under pairctl-svc supervise)",
         f"StartLimitIntervalSec={supervision.loop_window_s}",
         f"StartLimitBurst={supervision.loop_starts}",
     ]
-    if after:
-        lines += [f"After={after}", f"BindsTo={after}"]
+    if after:  # Wants, not BindsTo: the supervisor itself restarts llama-server when its peer goes
+        lines += [f"After={after}", f"Wants={after}"]
     elif not user:
         lines += ["After=network-online.target", "Wants=network-online.target"]
     lines += [
         "",
         "[Service]",
         "Type=simple",
-        f"ExecStart={' '.join(exec_quote(a) for a in argv)}",
+        f"ExecStart={' '.join(exec_quote(a) for a in exec_argv)}",
         "Restart=on-failure",
         f"RestartSec={max(1, math.ceil(supervision.backoff_s))}",
+        "KillMode=control-group",
+        "TimeoutStopSec=30",
         "Environment=PATH=/usr/local/bin:/usr/bin:/bin",
-        f"Environment={_env_quote('LD_LIBRARY_PATH=' + bindir)}",
-        f"Environment={_env_quote('HOME=' + home)}",
-        f"WorkingDirectory={_spec(home)}",
-        f"StandardOutput=append:{_spec(posixpath.join(root, 'run', service + '.out'))}",
-        f"StandardError=append:{_spec(posixpath.join(root, 'run', service + '.out'))}",
+        "Environment=PAIRCTL_SVC_MANAGED=systemd",
+        f"WorkingDirectory={_spec(posixpath.join(root, 'run'))}",
+        f"StandardOutput=append:{sup_log}",
+        f"StandardError=append:{sup_log}",
         "",
         "[Install]",
         f"WantedBy={'default.target' if user else 'multi-user.target'}",
@@ -95,28 +130,28 @@ def render_unit(
 def render_pair_units(
     *,
     pair: str,
-    native_argv: Sequence[str],
-    rpc_argv: Sequence[str],
+    native_exec: Sequence[str],
+    rpc_exec: Sequence[str],
     native_root: str,
     rpc_root: str,
     same_host: bool,
     supervision: Supervision,
     user: bool = False,
 ) -> dict[str, dict[str, str]]:
-    """role -> {unit file name: text}. Sharing a host, llama-server's unit comes after (and is
-    bound to) ggml-rpc-server's, so it starts once its peer runs and restarts with it."""
+    """role -> {unit file name: text}. Sharing a host, llama-server's unit comes after (and
+    wants) ggml-rpc-server's, so at boot its supervisor starts once its peer's does."""
     rpc_unit = unit_name(pair, RPC_SERVER)
     return {
         "rpc": {
             rpc_unit: render_unit(
-                pair=pair, service=RPC_SERVER, argv=rpc_argv, root=rpc_root, supervision=supervision, user=user
+                pair=pair, service=RPC_SERVER, exec_argv=rpc_exec, root=rpc_root, supervision=supervision, user=user
             )
         },
         "native": {
             unit_name(pair, LLAMA_SERVER): render_unit(
                 pair=pair,
                 service=LLAMA_SERVER,
-                argv=native_argv,
+                exec_argv=native_exec,
                 root=native_root,
                 supervision=supervision,
                 after=rpc_unit if same_host else None,
@@ -124,6 +159,98 @@ def render_pair_units(
             )
         },
     }
+
+
+@dataclass(frozen=True)
+class UnitReadback:
+    """What `pairctl-svc` printed of an installed unit: its file's sha256, `is-enabled`,
+    `is-active`, systemd's restart count of the supervisor, and (user scope) lingering."""
+
+    unit: str
+    sha256: str | None
+    enabled: str
+    active: str
+    restarts: int | None
+    linger: bool | None
+    user: str | None = None  # the login user whose manager runs it (user scope)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "unit": self.unit,
+            "sha256": self.sha256,
+            "enabled": self.enabled,
+            "active": self.active,
+            "supervisor_restarts": self.restarts,
+            "linger": self.linger,
+        }
+
+    @property
+    def starts_at_boot(self) -> bool:
+        return self.enabled == "enabled" and self.linger is not False
+
+    def boot(self) -> dict[str, object]:
+        """What a reboot brings back, for receipts and status (the shape of hosts/boot.py's)."""
+        out: dict[str, object] = {"persistence": "systemd", **self.as_dict()}
+        if self.enabled != "enabled":
+            out["warning"] = (
+                f"no boot persistence: {self.unit} is {self.enabled}, not enabled (the next deploy enables it)"
+            )
+        elif self.linger is False:
+            who = self.user or "USER"
+            out["warning"] = (
+                f"no boot persistence: {who}'s systemd user manager starts at boot only with lingering; "
+                f"run `loginctl enable-linger {who}` on the host"
+            )
+        return out
+
+
+_UNIT_LINE = re.compile(
+    r"^unit=(pairctl-[A-Za-z0-9._-]+\.service):([0-9a-f]{64}|-):([a-z-]{1,40}):([a-z-]{1,40}):(\d{1,9}|-)$"
+)
+
+
+_LINGER_LINE = re.compile(r"^linger=([A-Za-z0-9._][A-Za-z0-9._-]{0,31}):(yes|no)$")
+
+
+def parse_readback(out: str) -> UnitReadback | None:
+    """The `unit=` (and `linger=`) lines of pairctl-svc's output; None when there is no unit line.
+    The host is untrusted: anything that does not match the exact shape reads as absent."""
+    rb: UnitReadback | None = None
+    linger: bool | None = None
+    user: str | None = None
+    for line in out.splitlines():
+        if m := _UNIT_LINE.match(line):
+            sha, nr = m.group(2), m.group(5)
+            rb = UnitReadback(
+                unit=m.group(1),
+                sha256=None if sha == "-" else sha,
+                enabled=m.group(3),
+                active=m.group(4),
+                restarts=None if nr == "-" else int(nr),
+                linger=None,
+            )
+        elif m := _LINGER_LINE.match(line):
+            user, linger = m.group(1), m.group(2) == "yes"
+    if rb is None:
+        return None
+    return UnitReadback(**{**rb.__dict__, "linger": linger, "user": user})
+
+
+def check_readback(host: str, out: str, unit: str, text: str) -> UnitReadback:
+    """After a start: the unit on the host is the one rendered here, enabled and active."""
+    rb = parse_readback(out)
+    want = sha256_bytes(text.encode())
+    if rb is None or rb.unit != unit:
+        raise HostError(f"{host}: pairctl-svc did not read back the unit {unit} after starting it")
+    if rb.sha256 != want:
+        raise HostError(
+            f"{host}: the installed {unit} is not the one pairctl rendered (sha256 {rb.sha256 or 'none'}, "
+            f"expected {want})",
+            hint="something else writes that unit file; remove it and deploy again",
+        )
+    if rb.enabled != "enabled" or rb.active != "active":
+        raise HostError(f"{host}: {unit} is {rb.enabled} and {rb.active} after its start (expected enabled, active)")
+    return rb
 
 
 def verify_units(units: Mapping[str, str], *, user: bool = False, timeout_s: float = 60.0) -> list[str]:

@@ -1,9 +1,9 @@
-"""systemd units for a pair: rendered (pure) and checked by the real `systemd-analyze verify`
-(the lab has no systemd as PID 1, so units are verified, never started, here)."""
+"""systemd units for a pair's supervisors: rendered (pure), checked by the real `systemd-analyze
+verify`, and read back (pure parser of what pairctl-svc prints). Starting them under a real
+systemd user manager: tests/e2e/test_systemd.py."""
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 from pathlib import Path
@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.inventory import Supervision
-from orchestrator.errors import ConfigError
-from orchestrator.hosts.units import exec_quote, render_pair_units, verify_units
+from orchestrator.errors import ConfigError, HostError
+from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts.units import (
+    check_readback,
+    exec_quote,
+    parse_readback,
+    render_pair_units,
+    supervise_argv,
+    verify_units,
+)
 
 needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 
@@ -28,13 +36,15 @@ def _pair(tmp_path: Path, *, same_host: bool, arg: str = "--port"):
     native = [bins["llama-server"], "-m", "/models/a b.gguf", arg, "8080", "--alias", '50% $HOME "q" \\x']
     rpc = [bins["ggml-rpc-server"], "-H", "127.0.0.3", "-p", "50052"]
     s = Supervision(backoff_s=0.2, backoff_max_s=2, loop_starts=4, loop_window_s=20)
+    svc = f"{root}/bin/pairctl-svc"
+    sup = ["sup.backoff=0.2", "sup.peer=127.0.0.3:50052"]
     return (
-        native,
-        rpc,
+        supervise_argv(svc, root, "llama-server", sup, native),
+        supervise_argv(svc, root, "ggml-rpc-server", [], rpc),
         render_pair_units(
             pair="lab",
-            native_argv=native,
-            rpc_argv=rpc,
+            native_exec=supervise_argv(svc, root, "llama-server", sup, native),
+            rpc_exec=supervise_argv(svc, root, "ggml-rpc-server", [], rpc),
             native_root=root,
             rpc_root=root,
             same_host=same_host,
@@ -56,27 +66,30 @@ def test_units_verify_and_carry_the_exact_argv(tmp_path):
     assert verify_units(files) == []
     n, r = units["native"]["pairctl-lab-llama-server.service"], units["rpc"]["pairctl-lab-ggml-rpc-server.service"]
     assert _exec_argv(n) == native and _exec_argv(r) == rpc
+    assert native[:3] == ["/bin/sh", str(tmp_path / "root" / "bin" / "pairctl-svc"), "supervise"]
+    assert native[-1] == '50% $HOME "q" \\x'  # the service's argv is ExecStart's tail, byte for byte
     for text in (n, r):
         assert "Restart=on-failure" in text and "StartLimitBurst=4" in text and "StartLimitIntervalSec=20" in text
         assert "Environment=PATH=/usr/local/bin:/usr/bin:/bin" in text
-    # sharing a host: llama-server after its RPC peer, and restarted with it
-    assert "After=pairctl-lab-ggml-rpc-server.service" in n and "BindsTo=pairctl-lab-ggml-rpc-server.service" in n
-    assert "BindsTo" not in r
+        assert "Environment=PAIRCTL_SVC_MANAGED=systemd" in text and "KillMode=control-group" in text
+    # sharing a host: llama-server's supervisor after its RPC peer's (it also waits for the port itself)
+    assert "After=pairctl-lab-ggml-rpc-server.service" in n and "Wants=pairctl-lab-ggml-rpc-server.service" in n
+    assert "After=pairctl" not in r
 
 
 @needs_analyze
 def test_units_on_two_hosts_have_no_cross_host_ordering(tmp_path):
     _, _, units = _pair(tmp_path, same_host=False)
     n = units["native"]["pairctl-lab-llama-server.service"]
-    assert "BindsTo" not in n and verify_units(units["native"]) == []
+    assert "After=pairctl" not in n and verify_units(units["native"]) == []
 
 
 @needs_analyze
 def test_verify_fails_on_a_broken_unit(tmp_path):
-    native, _, units = _pair(tmp_path, same_host=False)
-    os.remove(native[0])  # the release's binary is gone
-    problems = verify_units(units["native"])
-    assert problems and any("not executable" in p for p in problems)
+    _, _, units = _pair(tmp_path, same_host=False)
+    broken = {k: v.replace('ExecStart="/bin/sh"', 'ExecStart="/nonexistent/sh"') for k, v in units["native"].items()}
+    problems = verify_units(broken)
+    assert problems and any("not executable" in p or "No such file" in p for p in problems)
     bad = {"pairctl-lab-x.service": "[Service]\nExecStart=/bin/true\nRestart=sometimes\n"}
     assert verify_units(bad)
 
@@ -85,3 +98,36 @@ def test_control_characters_are_refused():
     with pytest.raises(ConfigError, match="control character"):
         exec_quote("a\nExecStartPre=/bin/sh -c id")
     assert exec_quote('a"b$c%d\\e') == '"a\\"b$$c%%d\\\\e"'
+
+
+UNIT = "pairctl-lab-llama-server.service"
+
+
+def test_readback_parses_and_checks_what_the_host_printed():
+    text = "[Service]\nExecStart=/bin/true\n"
+    sha = sha256_bytes(text.encode())
+    out = f"pid=12\nproc=llama-server:12:x:y\nunit={UNIT}:{sha}:enabled:active:2\nlinger=ops:no\n"
+    rb = check_readback("h", out, UNIT, text)
+    assert (rb.enabled, rb.active, rb.restarts, rb.linger, rb.user) == ("enabled", "active", 2, False, "ops")
+    assert not rb.starts_at_boot and "loginctl enable-linger ops" in str(rb.boot()["warning"])
+    assert "warning" not in parse_readback(out.replace("linger=ops:no", "linger=ops:yes")).boot()  # type: ignore[union-attr]
+    with pytest.raises(HostError, match="not the one pairctl rendered"):
+        check_readback("h", out, UNIT, text + "# edited on the host\n")
+    with pytest.raises(HostError, match="disabled and active"):
+        check_readback("h", out.replace(":enabled:", ":disabled:"), UNIT, text)
+    with pytest.raises(HostError, match="did not read back"):
+        check_readback("h", "pid=12\n", UNIT, text)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"unit={UNIT}:{'a' * 63}:enabled:active:0",  # short hash
+        f"unit=other.service:{'a' * 64}:enabled:active:0",  # not a pairctl unit
+        f"unit={UNIT}:{'a' * 64}:enabled:active:0\x1b[2J",  # terminal escapes
+        f"unit={UNIT}:{'a' * 64}:enabled:active:99999999999",  # absurd count
+        f"unit={UNIT}/../x:{'a' * 64}:enabled:active:0",
+    ],
+)
+def test_readback_from_an_untrusted_host_reads_as_absent(line):
+    assert parse_readback(line) is None

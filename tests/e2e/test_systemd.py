@@ -1,0 +1,341 @@
+"""`service_manager: systemd` on the lab, under a real systemd: root's user manager.
+
+The lab has no systemd as PID 1, but systemd's user manager (`systemd --user`, the same binary
+and unit semantics as on a host) runs here once it has what a login would give it: a delegated
+cgroup, /run/user/0, and `/run/systemd/system` (its "booted with systemd" test) in a private
+mount namespace, so nothing else on this machine sees a systemd. The lab's sshd logs in as
+root, so pairctl's `systemctl --user` calls over SSH reach that manager through
+/run/user/0/systemd/private, as they would reach a lingering user's manager on a real host.
+
+Proven here: deploy verifies, installs, enables, starts and reads back both units; systemd
+restarts a killed supervisor and the pair comes back with the same identity; a stopped and
+restarted manager (a reboot of everything systemd runs) brings the pair back by itself; a
+deliberate stop disables and removes the unit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from orchestrator.config.inventory import load_inventory
+from orchestrator.engine.plan import pair_view
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.units import unit_name
+from orchestrator.remote.pool import open_transport
+from tests.plugins.cli import run_cli
+from tests.plugins.pairs import PROFILE, wait_until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+PAIR = "sd"
+SERVER_PORT, RPC_PORT = 8097, 50067  # the lab hosts' addresses, ports no other suite uses
+SERVICE = {"native": LLAMA_SERVER, "rpc": RPC_SERVER}
+RUNTIME = Path("/run/user/0")
+UNIT_DIR = Path("/root/.config/systemd/user")
+LINGER = Path("/var/lib/systemd/linger/root")
+CGROUPS = ("unified", "systemd")  # cgroup2 and the name=systemd v1 hierarchy of this machine's hybrid layout
+CGROUP = "pairctl-test-user0"
+BACK_WITHIN_S = 90.0
+
+MANAGER = r"""
+set -e
+mount -t tmpfs tmpfs /run/systemd
+mkdir -p /run/systemd/system
+for h in "$@"; do d=/sys/fs/cgroup/$h/pairctl-test-user0; mkdir -p "$d"; echo $$ >"$d/cgroup.procs"; done
+exec env -i HOME=/root USER=root LOGNAME=root XDG_RUNTIME_DIR=/run/user/0 PATH=/usr/local/bin:/usr/bin:/bin \
+    /lib/systemd/systemd --user
+"""
+
+
+def _systemctl(*args: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(RUNTIME)}
+    return subprocess.run(
+        ["systemctl", "--user", *args], env=env, capture_output=True, text=True, timeout=60, check=check
+    )
+
+
+def _cgroup_pids() -> list[int]:
+    pids: list[int] = []
+    for h in CGROUPS:
+        f = Path("/sys/fs/cgroup", h, CGROUP, "cgroup.procs")
+        if f.exists():
+            pids += [int(x) for x in f.read_text().split()]
+        for sub in Path("/sys/fs/cgroup", h, CGROUP).rglob("cgroup.procs") if f.exists() else ():
+            pids += [int(x) for x in sub.read_text().split()]
+    return sorted(set(pids))
+
+
+class Manager:
+    """Root's systemd user manager, started in its own mount namespace and cgroup."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        RUNTIME.mkdir(parents=True, exist_ok=True)
+        RUNTIME.chmod(0o700)
+        cg = [h for h in CGROUPS if Path("/sys/fs/cgroup", h).is_dir()]
+        self.proc = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "bash", "-c", MANAGER, "_", *cg],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_until("the user manager answers", lambda: _systemctl("show", "-p", "Version").returncode == 0, 20)
+
+    def power_off(self) -> None:
+        """Everything the manager runs and the manager itself SIGKILLed at once, as a power loss."""
+        for pid in _cgroup_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.proc is not None:
+            self.proc.wait(timeout=20)
+        wait_until("the manager's cgroup is empty", lambda: not _cgroup_pids(), 20)
+        for sock in ("systemd/private", "systemd/notify"):
+            (RUNTIME / sock).unlink(missing_ok=True)
+
+
+def _usable() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (the lab's sshd logs in as root)"
+    for tool in (
+        "/lib/systemd/systemd",
+        shutil.which("systemctl"),
+        shutil.which("systemd-analyze"),
+        shutil.which("unshare"),
+    ):
+        if not tool or not Path(tool).exists():
+            return f"{tool or 'systemctl/systemd-analyze/unshare'} is not installed"
+    if Path("/run/systemd/system").is_dir():
+        return "this machine runs systemd itself; the test would start a second root user manager"
+    return None
+
+
+@pytest.fixture(scope="module")
+def manager() -> Iterator[Manager]:
+    why = _usable()
+    if why:
+        pytest.skip(why)
+    m = Manager()
+    if _systemctl("show", "-p", "Version").returncode != 0:
+        m.power_off()  # a manager of an aborted session would still hold the socket
+        m.start()
+    yield m
+    for svc in SERVICE.values():
+        _systemctl("disable", "--now", unit_name(PAIR, svc))
+        (UNIT_DIR / unit_name(PAIR, svc)).unlink(missing_ok=True)
+    m.power_off()
+    LINGER.unlink(missing_ok=True)
+
+
+def _inventory(src: Path, dest: Path) -> str:
+    inv = yaml.safe_load(src.read_text())
+    lab = inv["pairs"]["lab"]
+    for name in ("lab-native", "lab-rpc"):
+        h = inv["hosts"][name]
+        h["install_root"] = h["install_root"].rsplit("/", 1)[0] + "/sd-root"
+        h["service_manager"] = "systemd"
+        h["systemd_scope"] = "user"
+    inv["pairs"] = {PAIR: {**lab, "server_port": SERVER_PORT, "rpc_port": RPC_PORT}}
+    dest.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return str(dest)
+
+
+@pytest.fixture(scope="module")
+def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    inv = _inventory(lab.inventory_path, tmp_path_factory.mktemp("sd") / "inventory.yaml")
+    home = str(lab.home.root)
+
+    def cli(*args: str) -> Any:
+        return run_cli(["--home", home, "--inventory", inv, *args])
+
+    spec = yaml.safe_load(Path(inv).read_text())
+    roots = {role: spec["hosts"][f"lab-{role}"]["install_root"].replace("${PAIRCTL_HOME}", home) for role in SERVICE}
+    _clean(lab, roots)  # the roots are this module's own: each run starts from nothing
+    pid = lab_packages.id
+    r = cli("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", PROFILE, "--skip-accept")
+    assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
+    view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
+    yield {"cli": cli, "roots": roots, "lab": lab, "package": pid, "layouts": view.layouts}
+    _clean(lab, roots)
+
+
+def _clean(lab: Any, roots: dict[str, str]) -> None:
+    """Both services stopped through pairctl-svc (their units disabled and removed), the roots gone."""
+    for role, root in roots.items():
+        if Path(root, "bin", "pairctl-svc").exists():
+            t = open_transport(lab.inventory, "lab-native" if role == "native" else "lab-rpc")
+            try:
+                t.run(HostLayout(root).stop_cmd(SERVICE[role]), check=False, timeout=120)
+            finally:
+                t.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _identity(root: str, name: str) -> tuple[int, str, bytes] | None:
+    try:
+        pid = int(Path(root, "run", f"{name}.pid").read_text().split()[0])
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+        exe = hashlib.sha256(Path(f"/proc/{pid}/exe").read_bytes()).hexdigest()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (pid, exe, argv) if argv.split(b"\0", 1)[0].endswith(b"/" + name.encode()) else None
+
+
+def _main_pid(unit: str) -> int:
+    return int(_systemctl("show", "-p", "MainPID", "--value", unit, check=True).stdout.strip() or 0)
+
+
+def _healthy() -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.2:{SERVER_PORT}/health", timeout=2.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _status(pair: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    r = pair["cli"]("--json", "status", "--pair", PAIR)
+    return r.exit_code, json.loads(r.stdout)
+
+
+def _accept_identity(pair: dict[str, Any]) -> None:
+    r = pair["cli"]("--json", "accept", "--pair", PAIR, "--only", "identity")
+    assert r.exit_code == 0, r.stdout[-3000:] + r.stderr[-2000:]
+
+
+def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
+    for role, root in pair["roots"].items():
+        unit = unit_name(PAIR, SERVICE[role])
+        text = (UNIT_DIR / unit).read_text()
+        assert _systemctl("is-enabled", unit).stdout.strip() == "enabled"
+        assert _systemctl("is-active", unit).stdout.strip() == "active"
+        ident = _identity(root, SERVICE[role])
+        assert ident is not None
+        # the unit runs the supervisor, whose words end with the exact argv the service runs with
+        sup = Path(f"/proc/{_main_pid(unit)}/cmdline").read_bytes().split(b"\0")[:-1]
+        argv = ident[2].split(b"\0")[:-1]
+        assert sup[2:5] == [b"supervise", root.encode(), SERVICE[role].encode()] and sup[-len(argv) :] == argv
+        assert "Restart=on-failure" in text and "StartLimitBurst=" in text
+        assert not Path(root, "run", f"{SERVICE[role]}.boot").exists()  # systemd, not the @reboot line, starts it
+    # no lingering for root yet: status says the user manager would not start at boot
+    code, st = _status(pair)
+    assert code == 0, st["problems"]
+    assert any("loginctl enable-linger root" in w for w in st["warnings"]), st["warnings"]
+    LINGER.parent.mkdir(parents=True, exist_ok=True)
+    LINGER.touch()
+    code, st = _status(pair)
+    assert code == 0 and st["warnings"] == [], (st["problems"], st["warnings"])
+    for h in st["hosts"].values():
+        assert h["boot"]["persistence"] == "systemd" and h["boot"]["starts_at_boot"] is True, h["boot"]
+    _accept_identity(pair)
+
+
+def test_systemd_restarts_a_killed_supervisor_and_the_pair_comes_back(pair):
+    root = pair["roots"]["native"]
+    unit = unit_name(PAIR, LLAMA_SERVER)
+    before = _identity(root, LLAMA_SERVER)
+    sup = _main_pid(unit)
+    assert before is not None and sup > 0
+    os.kill(sup, signal.SIGKILL)  # the supervisor: systemd stops its cgroup and starts the unit again
+    took = wait_until(
+        "llama-server healthy again under a new supervisor",
+        lambda: _healthy() and _main_pid(unit) not in (0, sup),
+        BACK_WITHIN_S,
+    )
+    print(f"supervisor SIGKILLed -> healthy again in {took:.2f} s")
+    after = _identity(root, LLAMA_SERVER)
+    assert after is not None and after[0] != before[0] and after[1:] == before[1:]
+    assert int(_systemctl("show", "-p", "NRestarts", "--value", unit).stdout.strip()) >= 1
+    _accept_identity(pair)
+
+
+def test_a_unit_the_host_rejects_stops_nothing(pair):
+    """The host's systemd-analyze verify runs before the stop: a staged unit it rejects (here
+    one edited on the host after pairctl put it there) fails the step, and the pair keeps running."""
+    root = pair["roots"]["rpc"]
+    layout = HostLayout(root, pair["layouts"]["rpc"].systemd)
+    before = _identity(root, RPC_SERVER)
+    assert before is not None
+    staged = Path(layout.staged_unit(RPC_SERVER))
+    staged.write_text(staged.read_text().replace("Restart=on-failure", "Restart=sometimes"))
+    argv = before[2].decode().split("\0")[:-1]
+    cmd = layout.restart_cmd(RPC_SERVER, None, None, "127.0.0.3", RPC_PORT, 10, argv)
+    t = open_transport(pair["lab"].inventory, "lab-rpc")
+    try:
+        res = t.run(cmd, check=False, timeout=120)
+    finally:
+        t.close()
+    assert res.exit_status == 3 and "unit=invalid" in str(res.stderr), (res.stdout, res.stderr)
+    assert "unit_verify=" in str(res.stdout) and "restart specifier" in str(res.stdout)
+    assert _identity(root, RPC_SERVER) == before  # nothing was stopped
+    assert _systemctl("is-active", unit_name(PAIR, RPC_SERVER)).stdout.strip() == "active"
+    _accept_identity(pair)
+
+
+def test_a_failed_deploy_rolls_back_to_the_previous_units(pair):
+    """A candidate whose llama-server cannot load fails after activation began: the rollback
+    installs, starts and reads back the previous pair's units, and the pair is accepted."""
+    before = {role: _identity(root, SERVICE[role]) for role, root in pair["roots"].items()}
+    pid = pair["package"]
+    r = pair["cli"]("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", "lab-unloadable")
+    assert r.exit_code == 7, r.stderr[-3000:]
+    for role, root in pair["roots"].items():
+        unit = unit_name(PAIR, SERVICE[role])
+        assert _systemctl("is-enabled", unit).stdout.strip() == "enabled"
+        assert _systemctl("is-active", unit).stdout.strip() == "active"
+        after = _identity(root, SERVICE[role])
+        assert after is not None and before[role] is not None and after[1:] == before[role][1:], role
+        sup = Path(f"/proc/{_main_pid(unit)}/cmdline").read_bytes().split(b"\0")[:-1]
+        assert sup[-len(after[2].split(b"\0")[:-1]) :] == after[2].split(b"\0")[:-1]
+    assert _status(pair)[0] == 0
+    _accept_identity(pair)
+
+
+def test_a_restarted_manager_brings_the_pair_back_by_itself(pair, manager):
+    before = {role: _identity(root, SERVICE[role]) for role, root in pair["roots"].items()}
+    assert all(before.values())
+    manager.power_off()
+    assert not _healthy()
+    t0 = time.monotonic()
+    manager.start()  # what a boot does: the manager starts every enabled unit
+    took = wait_until("status exit 0 and health ok", lambda: _status(pair)[0] == 0 and _healthy(), BACK_WITHIN_S)
+    print(f"manager restarted -> pair healthy {time.monotonic() - t0:.2f} s ({took:.2f} s)")
+    for role, root in pair["roots"].items():
+        after = _identity(root, SERVICE[role])
+        assert after is not None and after[1:] == before[role][1:], role  # same binary, same argv
+    _accept_identity(pair)
+
+
+def test_a_deliberate_stop_disables_and_removes_the_unit(pair):
+    root = pair["roots"]["native"]
+    unit = unit_name(PAIR, LLAMA_SERVER)
+    t = open_transport(pair["lab"].inventory, "lab-native")
+    try:
+        out = str(t.run(HostLayout(root).stop_cmd(LLAMA_SERVER), check=True, timeout=120).stdout)
+    finally:
+        t.close()
+    assert f"unit_removed={unit}" in out and "stopped=llama-server:" in out and "stopped=llama-server:-" not in out
+    assert not (UNIT_DIR / unit).exists() and not Path(root, "run", f"{LLAMA_SERVER}.unit").exists()
+    assert _systemctl("is-enabled", unit).returncode != 0
+    assert _identity(root, LLAMA_SERVER) is None
+    code, st = _status(pair)
+    assert code != 0 and any(unit in p and "not installed" in p for p in st["problems"]), st["problems"]
+    # a deploy puts it back
+    pid = pair["package"]
+    r = pair["cli"]("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", PROFILE, "--skip-accept")
+    assert r.exit_code == 0, r.stderr[-3000:]
+    assert _systemctl("is-enabled", unit).stdout.strip() == "enabled" and _healthy()
