@@ -79,6 +79,7 @@ def take(
     c = get_ctx(ctx)
     ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
+    L.check_request(owner, purpose, ttl_s)  # a bad request reaches no host
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()

@@ -314,8 +314,18 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
             f"(line {line}); an API key is sent in an HTTP header and must be printable ASCII",
             hint="write the key as letters, digits and punctuation only",
         )
-    # llama-server's --api-key-file: every line but empty ones and those starting with '#' is a key
+    # llama-server's --api-key-file: every line but empty ones and those starting with '#' is a
+    # key, taken verbatim (std::getline: spaces, tabs and a CRLF file's '\r' stay in the key). A
+    # key line that is not its own stripped text would be a key nobody means (a line of spaces)
+    # or one no client can send (a header value loses them): refused, naming the line.
     lines = data.decode("ascii").split("\n")
+    for n, ln in enumerate(lines, start=1):
+        if ln and not ln.startswith("#") and ln != ln.strip():
+            raise ConfigError(
+                f"pair {pair_name}: api_key_file {pair.api_key_file} line {n} has spaces, tabs or a carriage "
+                "return around its key; llama-server takes each line verbatim, so that key could never be sent",
+                hint="remove them (and write the file with Unix line ends)",
+            )
     value = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")), "")
     if not value and not any(ln.strip() for ln in lines):
         raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")

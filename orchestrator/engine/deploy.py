@@ -592,7 +592,11 @@ def rollback(
             run_steps(steps[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
             rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
             if rec is None or rec.previous is None:
-                raise ConfigError(f"pair {pair_name}: the route record names no previous pair to roll back to")
+                raise HostStateError(
+                    f"rollback refused, nothing was changed: pair {pair_name}'s route record names no previous pair "
+                    "to roll back to (it has been deployed once)",
+                    hint=f"`pairctl status --pair {pair_name}` shows what runs; deploy the pair you want instead",
+                )
             store = PackageStore(home.store)
             ctx.restore = restore_target(
                 view,

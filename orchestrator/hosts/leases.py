@@ -55,6 +55,14 @@ SCHEMA = 1
 DEFAULT_TTL_S = 2 * 3600
 DEFAULT_GRACE_S = 120.0
 MAX_TTL_S = 7 * 24 * 3600
+
+
+def check_request(owner: str, purpose: str, ttl_s: float) -> None:
+    """What a lease asks for, judged before any host is contacted (and again when it is made)."""
+    if not (0 < ttl_s <= MAX_TTL_S):
+        raise ConfigError(f"lease ttl must be between 1 s and {MAX_TTL_S // 86400} days, not {ttl_s:g} s")
+    if not owner.strip() or not purpose.strip():
+        raise ConfigError("a lease needs an owner and a purpose")
 LEASE_MODE = 0o600
 # A lease without a heartbeat promise (`lease take` by a person) is never judged stale: only
 # expiry frees it. pairctl runs promise this bound; see orchestrator/engine/leasing.py.
@@ -254,10 +262,7 @@ def make_lease(
     stale_after_s: int | None = None,
 ) -> Lease:
     """A new lease record. `now` is the host's time (`host_now`); the operator's only for pure use."""
-    if not (0 < ttl_s <= MAX_TTL_S):
-        raise ConfigError(f"lease ttl must be between 1 s and {MAX_TTL_S // 86400} days, not {ttl_s:g} s")
-    if not owner.strip() or not purpose.strip():
-        raise ConfigError("a lease needs an owner and a purpose")
+    check_request(owner, purpose, ttl_s)
     nonce = nonce or new_nonce()
     if not re.fullmatch(r"[0-9a-f]{16,128}", nonce):
         raise ConfigError("a lease nonce must be 16-128 lowercase hex characters")

@@ -231,6 +231,12 @@ def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
         assert sup[2:5] == [b"supervise", root.encode(), SERVICE[role].encode()] and sup[-len(argv) :] == argv
         assert "Restart=on-failure" in text and "StartLimitBurst=" in text
         assert not Path(root, "run", f"{SERVICE[role]}.boot").exists()  # systemd, not the @reboot line, starts it
+    # deployed once (fresh roots): a rollback has nothing to go back to, says so (host state,
+    # exit 6) and changes nothing
+    before = {role: _identity(root, SERVICE[role]) for role, root in pair["roots"].items()}
+    r = pair["cli"]("--json", "rollback", "--pair", PAIR)
+    assert r.exit_code == 6 and "names no previous pair" in r.stderr, r.stderr[-2000:]
+    assert {role: _identity(root, SERVICE[role]) for role, root in pair["roots"].items()} == before
     # no lingering for root yet: status says the user manager would not start at boot
     code, st = _status(pair)
     assert code == 0, st["problems"]

@@ -955,10 +955,9 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     if operator == "rollback":
         p = fp.cli("--json", "rollback", "--pair", fp.name)
         cell.recovery = f"rollback {p.returncode}"
-        # a pair deployed once has nothing to roll back to: refused (3), nothing changed, and the
-        # operator deploys instead (below); any other 3, or 1 or 2, says nothing true of a rollback here
-        nothing_to_undo = p.returncode == 3 and "names no previous pair" in p.stderr
-        if p.returncode not in DEPLOY_EXITS and not nothing_to_undo:
+        # a pair deployed once has nothing to roll back to: refused (6, host state), nothing changed,
+        # and the operator deploys instead (below)
+        if p.returncode not in DEPLOY_EXITS:
             cell.problems.append(f"the operator's rollback exited {p.returncode}: {p.stderr.strip()[-500:]}")
         if p.returncode != 0 and active_package(fp.status()[1]) is None:
             cell.operator.append(f"rollback exited {p.returncode} and left no verified pair; deployed again")

@@ -27,9 +27,19 @@ def _inventory(key_file: Path) -> Inventory:
 
 def test_inventory_reads_the_key(tmp_path: Path) -> None:
     key = tmp_path / "key"
-    key.write_text("\n  s3cret  \n")
+    key.write_text("# the pair's key\n\ns3cret\n")
     k = _inventory(key).api_key("p")
     assert k is not None and k.value == "s3cret" and k.file_bytes == key.read_bytes()
+
+
+@pytest.mark.parametrize("content", ["  s3cret  \n", "s3cret\r\n", "s3cret\n\t\n", "s3cret\n   \n"])
+def test_a_key_line_llama_server_would_read_otherwise_is_refused(tmp_path: Path, content: str) -> None:
+    """llama-server takes every non-comment line verbatim: spaces or a CRLF '\\r' would be part of
+    a key no client can send, and a line of spaces a key nobody meant."""
+    key = tmp_path / "key"
+    key.write_text(content)
+    with pytest.raises(ConfigError, match=r"line \d+ has spaces, tabs or a carriage return"):
+        _inventory(key).api_key("p")
 
 
 @pytest.mark.parametrize("content", [None, "  \n"], ids=["unreadable", "empty"])
