@@ -106,10 +106,13 @@ def test_api_key_is_read_one_way(tmp_path):
 
     assert read_api_key("p", PairSpec(native="n", rpc="r")) is None
     f = tmp_path / "key"
-    f.write_text("\n  s3cret-one  \nsecond\n")
+    f.write_text("\ns3cret-one\nsecond\n")
     k = read_api_key("p", pair(f))
     assert k.value == "s3cret-one" and k.file_bytes == f.read_bytes() and "s3cret" not in repr(k)
-    f.write_text("  \n")
+    f.write_text("  \n")  # llama-server would take "  " as a key
+    with pytest.raises(ConfigError, match="line 1 has spaces"):
+        read_api_key("p", pair(f))
+    f.write_text("\n\n")
     with pytest.raises(ConfigError, match="is empty"):
         read_api_key("p", pair(f))
     with pytest.raises(ConfigError, match="cannot read"):
