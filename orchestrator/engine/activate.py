@@ -30,7 +30,7 @@ from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
 from orchestrator.engine.runner import Handler
-from orchestrator.errors import CheckFailed, ConfigError, HostError, PackageError, PairctlError
+from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import boot, services, space, supervisor
 from orchestrator.hosts.layout import (
@@ -47,6 +47,7 @@ from orchestrator.hosts.probes import ExpectedProc, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
 from orchestrator.hosts.units import UnitReadback
+from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
 
 ROLES = ("native", "rpc")
@@ -256,7 +257,15 @@ def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
 def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
     f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
     ctx.hosts.found(role, f)
-    return f.to_dict()
+    d = f.to_dict()
+    if ctx.layout(role).systemd is not None and ctx.mode == "rollback":
+        # a rollback has no prepare step: its systemd host gets the helper that speaks units
+        # (replaced by rename; running supervisors keep the copy they read) and the manager check
+        if f.svc_sha256 != svc_sha256():
+            install_helper(ctx.t(role), ctx.layout(role))
+            d["helper"] = "installed"
+        d["systemd"] = _check_manager(ctx, role)
+    return d
 
 
 def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -286,9 +295,33 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
     else:
         install_helper(ctx.t(role), ctx.layout(role))
         d = {"helper": "installed", "sha256": svc_sha256()}
+    if ctx.layout(role).systemd is not None:
+        d["systemd"] = _check_manager(ctx, role)
     if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
         d["models"] = _hash_models(ctx)
     return d
+
+
+def _check_manager(ctx: RunContext, role: str) -> str:
+    """A `service_manager: systemd` host: its manager must answer before anything is stopped,
+    or the start after the stop (and the rollback's) would fail and leave the pair down."""
+    layout = ctx.layout(role)
+    assert layout.systemd is not None
+    res = ctx.t(role).run_idempotent(layout.systemd_check_cmd(), check=False, timeout=120)
+    out, err = as_text(res.stdout), as_text(res.stderr).strip()
+    if res.exit_status != 0:
+        user = "the host's user" if layout.systemd.scope == "user" else ""
+        raise HostStateError(
+            f"{ctx.host(role)}: the inventory says service_manager: systemd ({layout.systemd.scope} scope), but "
+            f"{err.removeprefix('pairctl-svc: ')[-300:] or f'systemd-check exited {res.exit_status}'}; "
+            "nothing was changed",
+            hint=(
+                f"start {user}'s manager without a login: `loginctl enable-linger USER` on the host"
+                if user
+                else "install systemd, or set service_manager: pairctl for this host"
+            ),
+        )
+    return next((ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("systemd=")), "?")[:80]
 
 
 def _hash_models(ctx: RunContext) -> dict[str, Any]:
@@ -534,6 +567,10 @@ def _boot_entry(ctx: RunContext, role: str, unit: UnitReadback | None = None) ->
     without crontab keeps a running pair, with "no boot persistence" to say so."""
     if unit is not None:
         out = unit.boot()
+        try:  # a line left from when this host's supervisors ran without systemd
+            out["crontab_line"] = boot.remove_entry(ctx.t(role), ctx.layout(role))
+        except (HostError, OSError) as exc:
+            out["crontab_line"] = f"not checked: {str(exc)[:200]}"
         if out.get("warning"):
             ctx.log.warning("boot persistence", host=ctx.host(role), warning=out["warning"])
         return out

@@ -233,6 +233,8 @@ def _unit_boot(
                 "a deploy or rollback installs it"
             )
         return {"persistence": None, "unit": unit, "starts_at_boot": False}
-    if running and rb.active != "active":
+    if running and rb.active == "-":
+        problems.append(f"{host}: no systemd {layout.systemd.scope} manager answers for {unit}")
+    elif running and rb.active != "active":
         problems.append(f"{host}: {unit} is {rb.active} (systemctl{' --user' if rb.user else ''} status {unit})")
     return {**rb.boot(), "starts_at_boot": rb.starts_at_boot}

@@ -130,6 +130,26 @@ def merge_crontab(existing: str, root: str, line: str) -> str:
     return existing if existing == merged else merged
 
 
+def drop_entry(existing: str, root: str) -> str:
+    """The user's crontab without this root's marker and the @reboot line after it (a host
+    whose services systemd now starts); equal to `existing` when there is none."""
+    mark = marker(root)
+    out: list[str] = []
+    drop_next = found = False
+    for ln in _lines(existing):
+        if drop_next:
+            drop_next = False
+            if ln.startswith("@reboot"):
+                continue
+        if ln == mark:
+            drop_next = found = True
+            continue
+        out.append(ln)
+    if not found:
+        return existing
+    return "\n".join(out) + "\n" if out else ""
+
+
 def entry_state(text: str, root: str, line: str) -> str:
     """`installed` (marker followed by exactly `line`, once), `absent`, or `differs`."""
     lines = _lines(text)
@@ -205,6 +225,21 @@ def ensure_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
             return {"persistence": "cron", "entry": line, "changed": True, "read_back": "installed"}
         # someone else wrote meanwhile (or cron rewrote it): merge again from what is there now
     return _unpersisted(f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)")
+
+
+def remove_entry(t: Transport, layout: HostLayout) -> str:
+    """Best effort, for a root whose services are now systemd units: its @reboot line goes (it
+    would start nothing, since no run/NAME.boot is left, but it should not stay to mislead).
+    Returns what happened, for the receipt; never raises for cron's absence."""
+    got = read_crontab(t)
+    text = _text_or_warning(got)
+    if isinstance(text, dict):
+        return "no crontab"
+    kept = drop_entry(text, layout.root)
+    if kept == text:
+        return "none"
+    res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=kept.encode())
+    return "removed" if res.exit_status == 0 else f"crontab - exited {res.exit_status}"
 
 
 def read_entry(t: Transport, layout: HostLayout) -> dict[str, object]:

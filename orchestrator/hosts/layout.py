@@ -165,6 +165,11 @@ class HostLayout:
     def wait_listen_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
         return self.svc_cmd("wait-listen", name, address, str(port), str(timeout_s))
 
+    def systemd_check_cmd(self) -> Cmd:
+        """The manager this host's units would use answers, and systemd-analyze is installed."""
+        assert self.systemd is not None
+        return self.svc_cmd("systemd-check", self.systemd.scope)
+
     def units_cmd(self, *names: str) -> Cmd:
         """Per NAME, its installed unit read back (hosts/units.py parse_readback), or `unit=-`."""
         return self.svc_cmd("units", *names)

@@ -63,6 +63,8 @@ def check_request(owner: str, purpose: str, ttl_s: float) -> None:
         raise ConfigError(f"lease ttl must be between 1 s and {MAX_TTL_S // 86400} days, not {ttl_s:g} s")
     if not owner.strip() or not purpose.strip():
         raise ConfigError("a lease needs an owner and a purpose")
+
+
 LEASE_MODE = 0o600
 # A lease without a heartbeat promise (`lease take` by a person) is never judged stale: only
 # expiry frees it. pairctl runs promise this bound; see orchestrator/engine/leasing.py.

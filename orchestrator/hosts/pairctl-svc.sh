@@ -587,6 +587,20 @@ wait-listen)
     # wait-listen ROOT NAME ADDRESS PORT TIMEOUT_S
     wait_listen "$root" "${1:?name}" "${2:?address}" "${3:?port}" "${4:?timeout}"
     ;;
+systemd-check)
+    # systemd-check ROOT SCOPE: before any change, the manager a start would use answers and
+    # systemd-analyze is there; prints systemd=SCOPE:VERSION (and linger= for a user manager)
+    sd_parse "systemd=${1:?scope}:pairctl-check.service" || CODE=2 die "systemd-check: scope is user or system, not $1"
+    for tool in systemctl systemd-analyze; do
+        command -v "$tool" >/dev/null 2>&1 || CODE=3 die "$tool is not installed on this host"
+    done
+    v=$(sd_ctl "$sd_scope" show -p Version --value 2>&1) || CODE=3 die "no systemd $sd_scope manager answers here: $(printf '%s' "$v" | head -n 1)"
+    echo "systemd=$sd_scope:$(printf '%s' "$v" | head -n 1)"
+    if [ "$sd_scope" = user ]; then
+        u=$(id -un)
+        if [ -e "/var/lib/systemd/linger/$u" ]; then echo "linger=$u:yes"; else echo "linger=$u:no"; fi
+    fi
+    ;;
 units)
     # units ROOT NAME...: per NAME whose run/NAME.unit names a unit, its state read back (sd_state)
     for name in "$@"; do

@@ -32,6 +32,7 @@ import yaml
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.plan import pair_view
+from orchestrator.hosts import boot
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.units import unit_name
 from orchestrator.remote.pool import open_transport
@@ -170,7 +171,7 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     r = cli("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", PROFILE, "--skip-accept")
     assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
     view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
-    yield {"cli": cli, "roots": roots, "lab": lab, "package": pid, "layouts": view.layouts}
+    yield {"cli": cli, "roots": roots, "lab": lab, "package": pid, "layouts": view.layouts, "inventory": inv}
     _clean(lab, roots)
 
 
@@ -194,6 +195,11 @@ def _identity(root: str, name: str) -> tuple[int, str, bytes] | None:
     except (OSError, ValueError, IndexError):
         return None
     return (pid, exe, argv) if argv.split(b"\0", 1)[0].endswith(b"/" + name.encode()) else None
+
+
+def _crontab() -> str:
+    """root's crontab: the lab's sshd logs in as root, so the hosts' crontab is this one."""
+    return subprocess.run(["crontab", "-l"], capture_output=True, text=True, timeout=30, check=False).stdout
 
 
 def _main_pid(unit: str) -> int:
@@ -311,11 +317,57 @@ def test_a_failed_deploy_rolls_back_to_the_previous_units(pair):
     _accept_identity(pair)
 
 
+def test_switching_a_host_between_managers_leaves_one_supervisor(pair, tmp_path):
+    """The inventory is the truth: a deploy after `service_manager: pairctl` removes the units
+    and starts setsid supervisors with @reboot lines; back to systemd, the units return."""
+    plain = Path(pair["inventory"]).read_text().replace("service_manager: systemd", "service_manager: pairctl")
+    (tmp_path / "plain.yaml").write_text(plain)
+    pid = pair["package"]
+    deploy = ("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", PROFILE, "--skip-accept")
+    r = run_cli(["--home", str(pair["lab"].home.root), "--inventory", str(tmp_path / "plain.yaml"), *deploy])
+    assert r.exit_code == 0, r.stderr[-3000:]
+    for role, root in pair["roots"].items():
+        unit = unit_name(PAIR, SERVICE[role])
+        assert not (UNIT_DIR / unit).exists() and _systemctl("is-active", unit).stdout.strip() != "active"
+        assert (
+            Path(root, "run", f"{SERVICE[role]}.boot").exists()
+            and not Path(root, "run", f"{SERVICE[role]}.unit").exists()
+        )
+        sup = int(Path(root, "run", f"{SERVICE[role]}.sup.pid").read_text())
+        assert CGROUP not in Path(f"/proc/{sup}/cgroup").read_text()  # not under the manager
+        assert boot.marker(root) in _crontab()
+    assert _healthy()
+    r = pair["cli"](*deploy)
+    assert r.exit_code == 0, r.stderr[-3000:]
+    for role, root in pair["roots"].items():
+        unit = unit_name(PAIR, SERVICE[role])
+        assert _systemctl("is-active", unit).stdout.strip() == "active"
+        assert not Path(root, "run", f"{SERVICE[role]}.boot").exists()
+        sup = int(Path(root, "run", f"{SERVICE[role]}.sup.pid").read_text())
+        assert sup == _main_pid(unit)
+        assert boot.marker(root) not in _crontab()  # the @reboot line went with the setsid supervisor
+    _accept_identity(pair)
+
+
 def test_a_restarted_manager_brings_the_pair_back_by_itself(pair, manager):
     before = {role: _identity(root, SERVICE[role]) for role, root in pair["roots"].items()}
     assert all(before.values())
     manager.power_off()
     assert not _healthy()
+    # with no manager to start units, a deploy or rollback changes nothing: refused before the stop
+    kept = {
+        role: (Path(root, "route.json").read_bytes(), os.readlink(Path(root, "current")))
+        for role, root in pair["roots"].items()
+    }
+    pid = pair["package"]
+    for argv in (("deploy", "--packages", pid, pid, "--profile", PROFILE, "--skip-accept"), ("rollback",)):
+        r = pair["cli"]("--json", argv[0], "--pair", PAIR, *argv[1:])
+        assert r.exit_code == 6 and "no systemd user manager answers" in r.stderr, r.stderr[-2000:]
+        assert "enable-linger" in r.stderr and "Traceback" not in r.stderr
+    assert kept == {
+        role: (Path(root, "route.json").read_bytes(), os.readlink(Path(root, "current")))
+        for role, root in pair["roots"].items()
+    }
     t0 = time.monotonic()
     manager.start()  # what a boot does: the manager starts every enabled unit
     took = wait_until("status exit 0 and health ok", lambda: _status(pair)[0] == 0 and _healthy(), BACK_WITHIN_S)

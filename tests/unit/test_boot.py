@@ -49,6 +49,20 @@ def test_merge_is_idempotent_and_keeps_the_users_lines_in_order():
     assert once.count(LINE) == 1
 
 
+def test_drop_removes_only_this_roots_line():
+    """A root whose services became systemd units loses its line; the user's lines and other
+    roots' stay in order, and a crontab without the line is returned unchanged (nothing written)."""
+    user = "MAILTO=ops@example.org\n0 3 * * * /usr/local/bin/backup --all"
+    other = HostLayout("/srv/pairctl-b")
+    both = boot.merge_crontab(boot.merge_crontab(user, ROOT, LINE), other.root, boot.entry(other))
+    kept = boot.drop_entry(both, ROOT)
+    assert kept == boot.merge_crontab(user, other.root, boot.entry(other))
+    assert boot.entry_state(kept, ROOT, LINE) == "absent"
+    assert boot.entry_state(kept, other.root, boot.entry(other)) == "installed"
+    assert boot.drop_entry(user, ROOT) is user  # no trailing newline added, nothing to write
+    assert boot.drop_entry(f"{MARK}\n{LINE}\n", ROOT) == ""
+
+
 def test_two_roots_of_one_user_coexist():
     other = HostLayout("/srv/pairctl-b")
     both = boot.merge_crontab(boot.merge_crontab("", ROOT, LINE), other.root, boot.entry(other))
