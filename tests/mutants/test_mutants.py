@@ -31,6 +31,7 @@ MUTANTS: dict[str, str] = {
     "cancel-ignored": "cancellation",
     "slot-short": "exactly_full",
     "lane-bleed": "two_lane_near_full",
+    "solo-short": "one_lane_near_full",
     "build-info-lies": "identity",  # deploy's identity verification (step verify), before the suite
     "rope-scale": "reference_logprobs",
     "rpc-kernel-add": "reference_logprobs",
