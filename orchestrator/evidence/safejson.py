@@ -69,17 +69,31 @@ def read_receipt(path: Path) -> bytes:
     return read_bounded(path, MAX_RECEIPT_BYTES)
 
 
-def loads(data: bytes | str, *, what: str, max_depth: int | None = None) -> Any:
-    """Parse `data`, or raise EvidenceError naming `what` (JSON error, too deep, too large).
-    `max_depth`: also walk the value (for callers that recurse over it in Python)."""
-    if len(data) > MAX_RECEIPT_BYTES:
-        raise EvidenceError(f"{what} is {len(data)} bytes, more than any receipt pairctl writes ({MAX_RECEIPT_BYTES})")
+class Unbounded(ValueError):
+    """JSON that is not JSON, or larger or deeper than its reader allows; the message says which."""
+
+
+def parse_bounded(data: bytes | str, *, max_bytes: int, max_depth: int | None, noun: str) -> Any:
+    """`json.loads` for hostile bytes: at most `max_bytes`, nested at most `max_depth` (None: only
+    what the parser itself survives), so neither size nor depth can exhaust memory or the stack.
+    Raises Unbounded naming the bound (`noun`: what no such file is, e.g. "receipt")."""
+    if len(data) > max_bytes:
+        raise Unbounded(f"is {len(data)} bytes, more than any {noun} pairctl writes ({max_bytes})")
     try:
         obj = json.loads(data)
     except RecursionError:
-        raise EvidenceError(f"{what} is nested too deeply to be a receipt") from None
+        raise Unbounded(f"is nested too deeply to be a {noun}") from None
     except (ValueError, MemoryError) as exc:
-        raise EvidenceError(f"{what} is not JSON: {(str(exc) or type(exc).__name__).splitlines()[0]}") from None
+        raise Unbounded(f"is not JSON: {(str(exc) or type(exc).__name__).splitlines()[0]}") from None
     if max_depth is not None and depth_exceeds(obj, max_depth):
-        raise EvidenceError(f"{what} is nested more than {max_depth} levels deep, which no receipt is")
+        raise Unbounded(f"is nested more than {max_depth} levels deep, which no {noun} is")
     return obj
+
+
+def loads(data: bytes | str, *, what: str, max_depth: int | None = None) -> Any:
+    """Parse `data`, or raise EvidenceError naming `what` (JSON error, too deep, too large).
+    `max_depth`: also walk the value (for callers that recurse over it in Python)."""
+    try:
+        return parse_bounded(data, max_bytes=MAX_RECEIPT_BYTES, max_depth=max_depth, noun="receipt")
+    except Unbounded as exc:
+        raise EvidenceError(f"{what} {exc}") from None

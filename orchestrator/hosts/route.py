@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
 from datetime import UTC, datetime
 from typing import Literal
@@ -26,7 +25,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from orchestrator.errors import HostStateError
-from orchestrator.evidence.safejson import MAX_DEPTH, depth_exceeds
+from orchestrator.evidence.safejson import MAX_DEPTH, parse_bounded
 from orchestrator.hashing import canonical_json, sha256_bytes, sha256_json
 from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
@@ -125,15 +124,11 @@ def parse_route(data: bytes | None, *, where: str = "route.json", pair: str | No
     if data is None:
         return None
     try:
-        if len(data) > HOST_FILE_MAX:
-            raise ValueError(f"more than {HOST_FILE_MAX} bytes, which no record pairctl writes is")
-        obj = json.loads(data)
-        if depth_exceeds(obj, MAX_DEPTH):
-            raise ValueError(f"nested more than {MAX_DEPTH} levels deep, which no record pairctl writes is")
+        obj = parse_bounded(data, max_bytes=HOST_FILE_MAX, max_depth=MAX_DEPTH, noun="route record")
         rec = RouteRecord.model_validate(obj)
         rec.to_bytes()  # a record that has no canonical form (a lone surrogate) cannot be judged
         return rec
-    except (ValueError, ValidationError, RecursionError) as exc:
+    except (ValueError, ValidationError) as exc:  # Unbounded is a ValueError
         first = str(exc).splitlines()[0][:200]
         fix = f"`pairctl repair --pair {pair}` rebuilds it from the links" if pair else "`pairctl repair` rebuilds it"
         raise HostStateError(f"{where} does not parse ({first})", hint=fix) from None
