@@ -79,6 +79,8 @@ RISKY: dict[str, str] = {
     "--chat-template-file": "reads a host file into what the server sends clients (/props chat_template)",
     "--grammar-file": "reads a host file into what the server sends clients (/props grammar)",
     "--json-schema-file": "reads a host file into what the server sends clients (/props grammar)",
+    "--lora": "lets any client change the adapters' scales for every later request (POST /lora-adapters)",
+    "--lora-scaled": "lets any client change the adapters' scales for every later request (POST /lora-adapters)",
 }
 # Presets (common/arg.cpp, end of the server's options): each sets a Hugging Face repo to download
 # and overrides the port, context and batch sizes pairctl renders.

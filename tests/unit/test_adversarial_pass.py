@@ -56,6 +56,8 @@ LAB_INV = yaml.safe_load((ROOT / "manifests/inventories/lab.yaml").read_text())
         ["--grammar-file", "/etc/shadow"],  # read into /props default_generation_settings
         ["-jf", "/etc/pairctl/secret.json"],
         ["--json-schema-file=/x.json"],
+        ["--lora", "/models/adapter.gguf"],  # POST /lora-adapters: any client rescales it for everyone
+        ["--lora-scaled", "/models/adapter.gguf:0.5"],
     ],
 )
 def test_more_risky_options_refused_with_and_without_help(args):
