@@ -249,9 +249,19 @@ class EvidenceStore:
         return out
 
     def _journals(self) -> Iterator[tuple[JournalState, Path]]:
+        """The journals this user's pairctl wrote. A journal proves a run dead (and so frees its
+        leases, `lease release --dead-run`) and is sealed into a chain: one another user could
+        write, in a home others can write to, is skipped with a warning, never believed."""
+        me = os.geteuid()
         for path in sorted(self.journal_dir.glob("*.jsonl")):
             try:
                 with safejson.open_regular(path) as f:
+                    owner = os.fstat(f.fileno()).st_uid
+                    if owner != me:
+                        self.log.warning(
+                            "journal of another user skipped", journal=str(path), owner_uid=owner, uid=me
+                        )
+                        continue
                     first = f.readline(safejson.MAX_RECEIPT_BYTES)
                 state = JournalState()
                 state.apply(safejson.loads(first, what=f"journal {path}"))

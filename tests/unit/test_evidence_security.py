@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -202,3 +203,22 @@ def test_since_too_far_back_is_a_usage_error(tmp_path):
         timeout=60,
     )
     assert r.returncode == 2 and "before year 1" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_a_journal_another_user_planted_proves_no_run_dead(store, tmp_path):
+    """`lease release --dead-run` frees a run's leases once its journal shows its process dead.
+    A journal written by another user (a home others can write to) is skipped, not believed; the
+    same bytes owned by this user do prove it (so the test can fail)."""
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    real = next(store.journal_dir.glob("*.jsonl"))
+    header = json.loads(real.read_text().splitlines()[0])
+    text = real.read_text().replace(header["run_id"], "victim-run")
+    text = text.replace(f'"pid":{header["host"]["pid"]},', '"pid":999999999,')
+    assert '"pid":999999999,' in text
+    forged = store.journal_dir / "20261204T000000-999999999-forged.jsonl"
+    forged.write_text(text)
+    assert store.run_status("victim-run")[0] == "dead"  # believed while it is this user's file
+    os.chown(forged, 65534, 65534)
+    assert store.run_status("victim-run")[0] == "unknown"
+    j.finish("passed", "ok")
