@@ -1014,15 +1014,20 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
 
 
 def render_matrix(cells: list[Cell], faults: list[str], steps: list[str]) -> str:
+    """One block per fault: the steps it was injected at, each cell's outcome on its own line,
+    then the steps it is not meant for (a table of every fault over every step was mostly n/a)."""
     by = {(c.fault, c.step): c for c in cells}
-    w0 = max(len(s) for s in steps + ["step"])
-    widths = {f: max(len(f), *(len(by[(f, s)].text()) for s in steps if (f, s) in by)) for f in faults}
-    lines = ["step".ljust(w0) + " | " + " | ".join(f.ljust(widths[f]) for f in faults)]
-    lines.append("-" * len(lines[0]))
-    for s in steps:
-        lines.append(
-            s.ljust(w0)
-            + " | "
-            + " | ".join((by[(f, s)].text() if (f, s) in by else "-").ljust(widths[f]) for f in faults)
-        )
-    return "\n".join(lines)
+    w0 = max(len(s) for s in steps)
+    lines: list[str] = []
+    for f in faults:
+        ran = [s for s in steps if (f, s) in by and by[(f, s)].first != "n/a"]
+        lines.append(f"{f} ({len(ran)} of {len(steps)} steps)")
+        lines += [f"  {s.ljust(w0)}  {by[(f, s)].text()}" for s in ran]
+        skipped: dict[str, list[str]] = {}
+        for s in steps:
+            if s not in ran:
+                why = by[(f, s)].text() if (f, s) in by else "n/a (no cell)"
+                skipped.setdefault(why, []).append(s)
+        lines += [f"  {why}: {', '.join(names)}" for why, names in skipped.items()]
+        lines.append("")
+    return "\n".join(lines).rstrip("\n")
