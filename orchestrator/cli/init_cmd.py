@@ -41,6 +41,11 @@ hosts:
     install_root: /opt/pairctl   # releases/, current, previous, leases/, run/ live here
     role: native
     gpu: Tesla V100              # substring expected in nvidia-smi's GPU name
+    # Who keeps the services up: pairctl's own supervisor (default; an @reboot crontab line
+    # starts it at boot) or, on a host with systemd, one enabled unit per service. A user
+    # manager starts at boot only after `loginctl enable-linger pairctl` on the host.
+    # service_manager: systemd
+    # systemd_scope: user
   rtx5060ti:                     # the RPC host: runs ggml-rpc-server, serving its GPU to the native host
     address: 192.0.2.11
     port: 22
