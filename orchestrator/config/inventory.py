@@ -59,9 +59,10 @@ class HostSpec(StrictModel):
 
     @model_validator(mode="after")
     def _system_scope_is_root(self) -> HostSpec:
-        if self.service_manager == "systemd" and self.systemd_scope == "system" and self.user not in (None, "root"):
+        if self.service_manager == "systemd" and self.systemd_scope == "system" and self.user != "root":
             raise ValueError(
-                f"systemd_scope: system needs user root (units go to /etc/systemd/system), not {self.user!r}; "
+                f"systemd_scope: system needs `user: root` written here (units go to /etc/systemd/system), not "
+                f"{self.user or 'a user taken from ssh_config or the local login'}; "
                 "use systemd_scope: user for a login user's own manager"
             )
         return self
@@ -84,6 +85,8 @@ def check_canonical_root(v: str) -> None:
         raise ValueError(f"install_root {v!r} is / (it normalises to {posixpath.normpath(v)!r})")
     if why := argv_text_problem(v):
         raise ValueError(f"install_root {why}")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in v):
+        raise ValueError(f"install_root {v!r} holds a control character (a line break, a tab, an escape)")
     if any(seg in ("", ".", "..") for seg in rest.split("/")) and rest != "":
         raise ValueError(
             f"install_root {v!r} is not canonical (it normalises to {posixpath.normpath(v)!r}); write it without "

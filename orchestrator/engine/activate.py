@@ -15,6 +15,7 @@ leases are kept.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import replace
 from typing import Any
@@ -51,6 +52,7 @@ from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
 
 ROLES = ("native", "rpc")
+MIN_SYSTEMD = 240  # StandardOutput=append: in pairctl's units
 
 
 # -- building targets (pure given manifests) ---------------------------------------------------
@@ -260,7 +262,8 @@ def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
     d = f.to_dict()
     if ctx.layout(role).systemd is not None and ctx.mode == "rollback":
         # a rollback has no prepare step: its systemd host gets the helper that speaks units
-        # (replaced by rename; running supervisors keep the copy they read) and the manager check
+        # (replaced by rename; running supervisors keep the copy they read) and the manager check;
+        # its units are checked once the pair to restore is known (engine/deploy.py rollback)
         if f.svc_sha256 != svc_sha256():
             install_helper(ctx.t(role), ctx.layout(role))
             d["helper"] = "installed"
@@ -297,6 +300,8 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
         d = {"helper": "installed", "sha256": svc_sha256()}
     if ctx.layout(role).systemd is not None:
         d["systemd"] = _check_manager(ctx, role)
+        if ctx.mode == "deploy":
+            d["unit_verified"] = verify_unit_before_change(ctx, role)
     if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
         d["models"] = _hash_models(ctx)
     return d
@@ -321,7 +326,62 @@ def _check_manager(ctx: RunContext, role: str) -> str:
                 else "install systemd, or set service_manager: pairctl for this host"
             ),
         )
-    return next((ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("systemd=")), "?")[:80]
+    version = next((ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("systemd=")), "?")[:80]
+    major = re.match(r"^(?:user|system):(\d+)", version)
+    if major is None or int(major.group(1)) < MIN_SYSTEMD:
+        raise HostStateError(
+            f"{ctx.host(role)}: systemd {version.split(':', 1)[-1]} is older than {MIN_SYSTEMD} or unknown; its units "
+            f"need StandardOutput=append: (systemd {MIN_SYSTEMD}); nothing was changed",
+            hint="set service_manager: pairctl for this host (its own supervisor and an @reboot line)",
+        )
+    linger = next((ln for ln in out.splitlines() if ln.startswith("linger=")), "")
+    if layout.systemd.scope == "user" and not linger.endswith(":yes"):
+        who = linger.removeprefix("linger=").rsplit(":", 1)[0] or "USER"
+        raise HostStateError(
+            f"{ctx.host(role)}: {who}'s systemd user manager does not linger, so it (and every unit in it) stops "
+            "when that user's last login session ends, pairctl's own SSH session included; nothing was changed",
+            hint=f"run `loginctl enable-linger {who}` on the host (as root), or use systemd_scope: system",
+        )
+    return version
+
+
+def _service_plan(ctx: RunContext, role: str, act: Activation) -> tuple[str, list[str], list[str]]:
+    """(service, argv, supervisor options) the start steps give ROLE's service: one place, so the
+    unit checked before the first change is the unit the start installs."""
+    if role == "rpc":
+        return RPC_SERVER, list(act.rpc_argv), supervisor.sup_args(ctx.inventory.supervision)
+    url = urlsplit(ctx.view.base_url)
+    sup = supervisor.sup_args(
+        ctx.inventory.supervision,
+        health=supervisor.ipv4_endpoint(url.hostname or "", ctx.view.server_port),
+        peer=supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port),
+    )
+    return LLAMA_SERVER, list(act.native_argv), sup
+
+
+def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
+    """A systemd host: the unit this run's start will install is rendered, staged and checked by
+    the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
+    rejects, e.g. an older systemd's, refuses the run with nothing changed)."""
+    layout, tgt = ctx.layout(role), ctx.activating()
+    if layout.systemd is None or tgt is None:
+        return None
+    name, argv, sup = _service_plan(ctx, role, tgt.activation)
+    staged = services.stage_unit(ctx.t(role), layout, name, argv, sup)
+    assert staged is not None
+    res = ctx.t(role).run(layout.unit_verify_cmd(name), check=False, timeout=120)
+    if res.exit_status != 0:
+        complaints = "; ".join(
+            ln.removeprefix("unit_verify=") for ln in as_text(res.stdout).splitlines() if ln.startswith("unit_verify=")
+        )
+        raise HostStateError(
+            f"{ctx.host(role)}: {staged[0]} was refused by the host before any change: "
+            f"{as_text(res.stderr).strip().removeprefix('pairctl-svc: ')[-300:]}"
+            + (f" ({complaints[-600:]})" if complaints else "")
+            + "; nothing was changed",
+            hint="set service_manager: pairctl for this host if its systemd cannot run pairctl's units",
+        )
+    return staged[0]
 
 
 def _hash_models(ctx: RunContext) -> dict[str, Any]:
@@ -493,6 +553,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
+    _, rpc_argv, rpc_sup = _service_plan(ctx, "rpc", tgt.activation)
     pid, ident, stopped, verified = services.restart_listening(
         t,
         layout,
@@ -500,9 +561,9 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         links,
         ctx.view.rpc_bind,
         ctx.view.rpc_port,
-        list(tgt.activation.rpc_argv),
+        rpc_argv,
         verify=verify,
-        sup=supervisor.sup_args(ctx.inventory.supervision),
+        sup=rpc_sup,
         units=units,
     )
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
@@ -528,14 +589,9 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
     t, layout = ctx.t("native"), ctx.layout("native")
     _before_change(ctx, "native")
     t0 = time.monotonic()
-    url = urlsplit(ctx.view.base_url)
-    sup = supervisor.sup_args(
-        ctx.inventory.supervision,
-        health=supervisor.ipv4_endpoint(url.hostname or "", ctx.view.server_port),
-        peer=supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port),
-    )
+    _, native_argv, sup = _service_plan(ctx, "native", tgt.activation)
     units: services.Units = {}
-    pid, ident = services.start(t, layout, LLAMA_SERVER, list(tgt.activation.native_argv), sup, units=units)
+    pid, ident = services.start(t, layout, LLAMA_SERVER, native_argv, sup, units=units)
     ctx.hosts.started("native", ident)
     t1 = time.monotonic()
     try:

@@ -619,6 +619,8 @@ def rollback(
                 )
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
             _verify_restore_releases(ctx, rec.previous, store)
+            for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
+                activate.verify_unit_before_change(ctx, r)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:

@@ -81,8 +81,14 @@ def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUni
     rpc = inventory.host(p.rpc)
     same = (rpc.service_manager, rpc.systemd_scope, rpc.address, rpc.port, rpc.user)
     if role == "native" and same == ("systemd", spec.systemd_scope, spec.address, spec.port, spec.user):
-        after = unit_name(pair_name, RPC_SERVER)
-    return SystemdUnits(scope=spec.systemd_scope, pair=pair_name, supervision=inventory.supervision, after=after)
+        after = unit_name(pair_name, RPC_SERVER, rpc.install_root)
+    return SystemdUnits(
+        scope=spec.systemd_scope,
+        pair=pair_name,
+        root=spec.install_root,
+        supervision=inventory.supervision,
+        after=after,
+    )
 
 
 def pair_view(inventory: Inventory, pair_name: str) -> PairView:

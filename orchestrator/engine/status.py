@@ -233,6 +233,14 @@ def _unit_boot(
                 "a deploy or rollback installs it"
             )
         return {"persistence": None, "unit": unit, "starts_at_boot": False}
+    if rb.unit != unit:
+        problems.append(f"{host}: run/{name}.unit names {rb.unit}, not {unit}; a deploy or rollback replaces it")
+        return {"persistence": None, "unit": unit, "starts_at_boot": False}
+    if running and rb.source not in (None, "ok:none:no"):
+        problems.append(
+            f"{host}: {unit} as systemd runs it is not the file pairctl installed (source {rb.source}: "
+            "fragment, drop-ins, pending reload); `systemctl cat` on the host shows what overrides it"
+        )
     if running and rb.active == "-":
         problems.append(f"{host}: no systemd {layout.systemd.scope} manager answers for {unit}")
     elif running and rb.active != "active":

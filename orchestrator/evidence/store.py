@@ -258,9 +258,7 @@ class EvidenceStore:
                 with safejson.open_regular(path) as f:
                     owner = os.fstat(f.fileno()).st_uid
                     if owner != me:
-                        self.log.warning(
-                            "journal of another user skipped", journal=str(path), owner_uid=owner, uid=me
-                        )
+                        self.log.warning("journal of another user skipped", journal=str(path), owner_uid=owner, uid=me)
                         continue
                     first = f.readline(safejson.MAX_RECEIPT_BYTES)
                 state = JournalState()

@@ -170,6 +170,11 @@ class HostLayout:
         assert self.systemd is not None
         return self.svc_cmd("systemd-check", self.systemd.scope)
 
+    def unit_verify_cmd(self, name: str) -> Cmd:
+        """The host's systemd-analyze verify on NAME's staged unit (nothing else is touched)."""
+        assert self.systemd is not None
+        return self.svc_cmd("unit-verify", name, f"{self.systemd.scope}:{self.systemd.unit(name)}")
+
     def units_cmd(self, *names: str) -> Cmd:
         """Per NAME, its installed unit read back (hosts/units.py parse_readback), or `unit=-`."""
         return self.svc_cmd("units", *names)

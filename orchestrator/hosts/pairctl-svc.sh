@@ -57,12 +57,19 @@ sd_parse() { # sd_parse WORD: sd_scope and sd_unit from systemd=SCOPE:UNIT (a pl
 }
 
 sd_ctl() { # sd_ctl SCOPE ARGS...: that manager's systemctl, bounded (an SSH session has no XDG_RUNTIME_DIR)
+    # 30 s: a stop waits for the unit's TimeoutStopSec=20; the callers' exec timeouts cover the sum
     s=$1; shift
     if [ "$s" = user ]; then
-        XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/run/user/$(id -u)} timeout 90 systemctl --user "$@"
+        XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/run/user/$(id -u)} timeout 30 systemctl --user "$@"
     else
-        timeout 90 systemctl "$@"
+        timeout 30 systemctl "$@"
     fi
+}
+
+root_tag() { printf '%s' "$1" | sha256sum | cut -c1-8; }  # as orchestrator/hosts/units.py root_tag
+
+sd_ours() { # sd_ours ROOT NAME: $sd_unit is this root's unit for NAME (pairctl-PAIR-NAME-ROOTTAG.service)
+    case "$sd_unit" in pairctl-?*-"$2-$(root_tag "$1")".service) return 0 ;; *) return 1 ;; esac
 }
 
 sd_dir() { if [ "$1" = user ]; then echo "$HOME/.config/systemd/user"; else echo /etc/systemd/system; fi; }
@@ -72,9 +79,9 @@ sd_verify() { # sd_verify ROOT: the staged run/units/$sd_unit passes the host's 
     [ -f "$f" ] && [ ! -L "$f" ] || CODE=3 die "unit=missing: $f was not staged"
     command -v systemd-analyze >/dev/null 2>&1 || CODE=3 die "unit=unverified: systemd-analyze is not installed on this host"
     if [ "$sd_scope" = user ]; then
-        out=$(XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/run/user/$(id -u)} timeout 60 systemd-analyze --user verify "$f" 2>&1)
+        out=$(XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/run/user/$(id -u)} timeout 30 systemd-analyze --user verify "$f" 2>&1)
     else
-        out=$(timeout 60 systemd-analyze verify "$f" 2>&1)
+        out=$(timeout 30 systemd-analyze verify "$f" 2>&1)
     fi || { printf '%s\n' "$out" | sed 's/^/unit_verify=/'; CODE=3 die "unit=invalid: systemd-analyze verify rejected $sd_unit"; }
     # verify exits 0 on a setting it ignores ("Failed to parse ..., ignoring"): any complaint naming the file counts
     if printf '%s\n' "$out" | grep -qF "$f"; then
@@ -86,35 +93,57 @@ sd_verify() { # sd_verify ROOT: the staged run/units/$sd_unit passes the host's 
 sd_install() { # sd_install ROOT NAME: the verified staged unit into the manager's directory, enabled
     d=$(sd_dir "$sd_scope")
     mkdir -p "$d" || exit 1
-    cp "$1/run/units/$sd_unit" "$d/.$sd_unit.tmp" && chmod 644 "$d/.$sd_unit.tmp" && mv -f "$d/.$sd_unit.tmp" "$d/$sd_unit" || exit 1
+    # a new file of our own (mktemp: O_EXCL, never a link someone left), then renamed over the unit
+    tmp=$(mktemp "$d/.pairctl-unit.XXXXXX") || exit 1
+    { cat "$1/run/units/$sd_unit" >"$tmp" && chmod 644 "$tmp" && mv -f "$tmp" "$d/$sd_unit"; } || { rm -f "$tmp"; exit 1; }
     printf '%s %s\n' "$sd_scope" "$sd_unit" >"$1/run/.$2.unit.tmp" && mv -f "$1/run/.$2.unit.tmp" "$1/run/$2.unit" || exit 1
     sd_ctl "$sd_scope" daemon-reload || die "systemctl daemon-reload failed ($sd_scope manager)"
     sd_ctl "$sd_scope" enable "$sd_unit" 2>/dev/null || die "systemctl enable $sd_unit failed"
 }
 
-sd_state() { # sd_state: the installed unit read back: unit=UNIT:SHA256:ENABLED:ACTIVE:NRESTARTS, linger=USER:yes|no
+sd_state() { # sd_state: the installed unit read back: unit=UNIT:SHA256:ENABLED:ACTIVE:NRESTARTS,
+    # unit_source=FRAGMENT:DROPINS:RELOAD (ok|other, none|some, no|yes: the unit systemd runs is
+    # the file we wrote, nothing overrides it, nothing is pending), linger=USER:yes|no
     f="$(sd_dir "$sd_scope")/$sd_unit"
-    sha=-; [ -f "$f" ] && sha=$(sha256sum <"$f" | cut -d' ' -f1)
+    sha=-; [ -f "$f" ] && [ ! -L "$f" ] && sha=$(sha256sum <"$f" | cut -d' ' -f1)
     en=$(sd_ctl "$sd_scope" is-enabled "$sd_unit" 2>/dev/null | head -n 1)
     act=$(sd_ctl "$sd_scope" is-active "$sd_unit" 2>/dev/null | head -n 1)
-    nr=$(sd_ctl "$sd_scope" show -p NRestarts --value "$sd_unit" 2>/dev/null | head -n 1)
+    props=$(sd_ctl "$sd_scope" show -p NRestarts -p FragmentPath -p DropInPaths -p NeedDaemonReload "$sd_unit" 2>/dev/null)
+    nr=$(printf '%s\n' "$props" | sed -n 's/^NRestarts=//p' | head -n 1)
+    frag=other; [ "$(printf '%s\n' "$props" | sed -n 's/^FragmentPath=//p' | head -n 1)" = "$f" ] && frag=ok
+    drop=some; [ -z "$(printf '%s\n' "$props" | sed -n 's/^DropInPaths=//p' | head -n 1)" ] && drop=none
+    rel=yes; [ "$(printf '%s\n' "$props" | sed -n 's/^NeedDaemonReload=//p' | head -n 1)" = no ] && rel=no
     echo "unit=$sd_unit:$sha:${en:--}:${act:--}:${nr:--}"
+    echo "unit_source=$frag:$drop:$rel"
     if [ "$sd_scope" = user ]; then
         u=$(id -un)
         if [ -e "/var/lib/systemd/linger/$u" ]; then echo "linger=$u:yes"; else echo "linger=$u:no"; fi
     fi
 }
 
-sd_recorded() { # sd_recorded ROOT NAME: sd_scope/sd_unit from run/NAME.unit (checked: the host is untrusted)
+sd_recorded() { # sd_recorded ROOT NAME: sd_scope/sd_unit from run/NAME.unit (checked: the host is
+    # untrusted, so it may name only this root's unit for NAME, in a scope this helper knows)
     [ -f "$1/run/$2.unit" ] || return 1
-    read -r sc un <"$1/run/$2.unit" || return 1
-    sd_parse "systemd=$sc:$un"
+    rec=$(head -c 300 "$1/run/$2.unit")
+    sd_parse "systemd=${rec%% *}:$(printf '%s' "${rec#* }" | head -n 1)" && sd_ours "$1" "$2"
 }
 
-sd_stop() { # sd_stop ROOT NAME: the unit run/NAME.unit names is stopped, disabled and removed
-    sd_recorded "$1" "$2" || { rm -f "$1/run/$2.unit"; return 0; }
-    sd_ctl "$sd_scope" stop "$sd_unit" >/dev/null 2>&1
-    sd_ctl "$sd_scope" disable "$sd_unit" >/dev/null 2>&1
+sd_stop() { # sd_stop ROOT NAME: the unit run/NAME.unit names is stopped, disabled and removed. Its
+    # record goes only once the unit is known to be down (or no manager answers, so none will
+    # restart it): a unit left loaded would start the supervisor again after a stop.
+    if [ -f "$1/run/$2.unit" ] && ! sd_recorded "$1" "$2"; then
+        CODE=3 die "run/$2.unit does not name this root's unit for $2 (pairctl-PAIR-$2-$(root_tag "$1").service); remove it by hand"
+    fi
+    [ -f "$1/run/$2.unit" ] || return 0
+    if sd_ctl "$sd_scope" show -p Version >/dev/null 2>&1; then
+        sd_ctl "$sd_scope" stop "$sd_unit" >/dev/null 2>&1
+        act=$(sd_ctl "$sd_scope" is-active "$sd_unit" 2>/dev/null | head -n 1)
+        case "$act" in
+        inactive | failed | unknown) ;;
+        *) CODE=5 die "$sd_unit is still ${act:-in an unknown state} after systemctl stop; nothing removed" ;;
+        esac
+        sd_ctl "$sd_scope" disable "$sd_unit" >/dev/null 2>&1
+    fi
     rm -f "$(sd_dir "$sd_scope")/$sd_unit"
     sd_ctl "$sd_scope" daemon-reload >/dev/null 2>&1
     rm -f "$1/run/$2.unit"
@@ -126,16 +155,18 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     # run/NAME.out and run/NAME.log of the run before are kept as *.prev (rotated ones too)
     r=$1; n=$2; shift 2
     sd=""
-    case "${1:-}" in systemd=*) sd_parse "$1" || CODE=2 die "start: $1 is not systemd=user|system:pairctl-NAME.service"; sd=1; shift ;; esac
+    case "${1:-}" in systemd=*)
+        { sd_parse "$1" && sd_ours "$r" "$n"; } || CODE=2 die "start: $1 is not systemd=user|system:pairctl-PAIR-$n-$(root_tag "$r").service"
+        sd=1; shift ;;
+    esac
     pid=$(pid_of "$r" "$n")
     if alive "$pid" && is_ours "$pid" "$n"; then CODE=3 die "$n already runs as pid $pid"; fi
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
     [ -z "$sd" ] || [ "${sd_verified:-}" = "systemd=$sd_scope:$sd_unit" ] || sd_verify "$r"
-    (
-        sd_stop "$r" "$n" >/dev/null  # a unit of an earlier start (either mode) goes first: systemd would restart it
-    )
+    # a unit of an earlier start (either mode) goes first: systemd would restart its supervisor
+    (sd_stop "$r" "$n" >/dev/null) || exit $?
     sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
     if [ -z "$sd" ]; then
         # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
@@ -573,7 +604,7 @@ restart)
     shift 7
     if [ "$vid" != "-" ]; then verify_release "$root" "$vid"; fi
     case "${1:-}" in systemd=*)  # the staged unit is verified before anything is stopped
-        sd_parse "$1" || CODE=2 die "restart: $1 is not systemd=user|system:pairctl-NAME.service"
+        { sd_parse "$1" && sd_ours "$root" "$name"; } || CODE=2 die "restart: $1 is not systemd=user|system:pairctl-PAIR-$name-$(root_tag "$root").service"
         sd_verify "$root"
         sd_verified=$1 ;;
     esac
@@ -595,11 +626,22 @@ systemd-check)
         command -v "$tool" >/dev/null 2>&1 || CODE=3 die "$tool is not installed on this host"
     done
     v=$(sd_ctl "$sd_scope" show -p Version --value 2>&1) || CODE=3 die "no systemd $sd_scope manager answers here: $(printf '%s' "$v" | head -n 1)"
+    if [ "$sd_scope" = system ] && [ "$(id -u)" != 0 ]; then CODE=3 die "system units need root, and this login is $(id -un)"; fi
+    d=$(sd_dir "$sd_scope")
+    mkdir -p "$d" 2>/dev/null; [ -w "$d" ] || CODE=3 die "$d is not writable by $(id -un)"
     echo "systemd=$sd_scope:$(printf '%s' "$v" | head -n 1)"
     if [ "$sd_scope" = user ]; then
         u=$(id -un)
         if [ -e "/var/lib/systemd/linger/$u" ]; then echo "linger=$u:yes"; else echo "linger=$u:no"; fi
     fi
+    ;;
+unit-verify)
+    # unit-verify ROOT NAME SCOPE:UNIT: the staged run/units/UNIT passes the host's verify (deploy's
+    # prepare and rollback's check, before the first change: a unit this host rejects stops nothing)
+    name=${1:?name}
+    { sd_parse "systemd=${2:?scope:unit}" && sd_ours "$root" "$name"; } || CODE=2 die "unit-verify: $2 is not this root's unit for $name"
+    sd_verify "$root"
+    echo "unit_verified=$sd_unit"
     ;;
 units)
     # units ROOT NAME...: per NAME whose run/NAME.unit names a unit, its state read back (sd_state)

@@ -76,6 +76,11 @@ def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity
     return pid, ident
 
 
+# A systemd host's exec runs up to ~13 systemctl calls (each bounded at 30 s by pairctl-svc, a
+# stop waiting for TimeoutStopSec=20) and one verify (30 s): the exec's own bound covers their sum,
+# so pairctl never gives up on a step the host is still doing.
+SYSTEMD_EXEC_S = 480
+SYSTEMD_STOP_S = 200
 Units = MutableMapping[str, UnitReadback]  # service name -> its unit read back after the start
 
 
@@ -125,7 +130,7 @@ def start(
     """Start NAME under its supervisor (one exec; on a systemd host its unit is staged first and
     read back after); returns its pid and identity (exe sha256, argv) once it has exec'd."""
     staged = stage_unit(transport, layout, name, argv, sup)
-    res = transport.run(layout.start_cmd(name, argv, sup), timeout=90 if staged else 30)
+    res = transport.run(layout.start_cmd(name, argv, sup), timeout=SYSTEMD_EXEC_S if staged else 30)
     out = as_text(res.stdout)
     pid_ident = _pid_and_identity(transport.name, out, name)
     _unit_read_back(transport, staged, out, name, units)
@@ -167,7 +172,7 @@ def restart_listening(
     cmd = layout.restart_cmd(
         name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None, sup=sup
     )
-    timeout = timeout_s + (180 if staged else 60)  # systemctl calls are bounded at 90 s each on the host
+    timeout = timeout_s + (SYSTEMD_EXEC_S if staged else 60)
     res = transport.run(cmd, check=False, timeout=timeout, stdin=manifest_lines(verify[1]) if verify else None)
     out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
@@ -197,7 +202,7 @@ def stop(transport: Transport, layout: HostLayout, name: str, verify: Verify | N
     res = transport.run(
         layout.stop_cmd(name, verify[0] if verify else None),
         check=False,
-        timeout=60,
+        timeout=SYSTEMD_STOP_S if layout.systemd else 60,
         stdin=manifest_lines(verify[1]) if verify else None,
     )
     out = as_text(res.stdout)

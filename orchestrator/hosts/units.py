@@ -35,8 +35,15 @@ from orchestrator.roles import LLAMA_SERVER, RPC_SERVER
 Scope = Literal["user", "system"]
 
 
-def unit_name(pair: str, service: str) -> str:
-    return f"pairctl-{pair}-{service}.service"
+def unit_name(pair: str, service: str, root: str) -> str:
+    """`pairctl-PAIR-SERVICE-ROOTHASH.service`: the install root's sha256 prefix keeps two roots
+    of one host user (a pair deployed twice, a moved root) from sharing, and overwriting, a unit.
+    pairctl-svc recomputes the suffix from its ROOT, so a unit record can only name this root's."""
+    return f"pairctl-{pair}-{service}-{root_tag(root)}.service"
+
+
+def root_tag(root: str) -> str:
+    return sha256_bytes(root.encode())[:8]
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class SystemdUnits:
 
     scope: Scope
     pair: str
+    root: str
     supervision: Supervision
     after: str | None = None
 
@@ -54,7 +62,7 @@ class SystemdUnits:
         return self.scope == "user"
 
     def unit(self, service: str) -> str:
-        return unit_name(self.pair, service)
+        return unit_name(self.pair, service, self.root)
 
     def word(self, service: str) -> str:
         """The `systemd=SCOPE:UNIT` word `pairctl-svc start|restart` takes."""
@@ -62,17 +70,23 @@ class SystemdUnits:
 
 
 def exec_quote(arg: str) -> str:
-    """One ExecStart= word: double-quoted, with systemd's C-style escapes, and `$`/`%` doubled so
-    neither environment expansion nor specifiers change the argv."""
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in arg):
-        raise ConfigError(f"argument {arg!r} holds a control character; it cannot be written into a unit")
+    """One ExecStart= word: double-quoted with systemd's C-style escapes (a control character as
+    `\\xNN`, which systemd turns back into that byte), and `$`/`%` doubled so neither environment
+    expansion nor specifiers change the argv. Every argument a profile may hold is written
+    exactly, so rendering a unit cannot fail half-way through a deploy."""
+    if "\0" in arg:
+        raise ConfigError(f"argument {arg!r} holds a NUL byte, which no argv can carry")
     escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
+    escaped = "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in escaped)
     return f'"{escaped}"'
 
 
 def _spec(value: str) -> str:
-    """A path setting: `%` doubled (specifiers); control characters refused."""
-    exec_quote(value)
+    """A path setting (an install root's run/ paths): `%` doubled (specifiers). Such settings
+    take no escapes, so a control character is refused; the inventory refuses it in
+    install_root already (config/inventory.py), this guards the rendering itself."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ConfigError(f"path {value!r} holds a control character; it cannot be written into a unit")
     return value.replace("%", "%%")
 
 
@@ -113,7 +127,7 @@ def render_unit(
         "Restart=on-failure",
         f"RestartSec={max(1, math.ceil(supervision.backoff_s))}",
         "KillMode=control-group",
-        "TimeoutStopSec=30",
+        "TimeoutStopSec=20",
         "Environment=PATH=/usr/local/bin:/usr/bin:/bin",
         "Environment=PAIRCTL_SVC_MANAGED=systemd",
         f"WorkingDirectory={_spec(posixpath.join(root, 'run'))}",
@@ -140,7 +154,7 @@ def render_pair_units(
 ) -> dict[str, dict[str, str]]:
     """role -> {unit file name: text}. Sharing a host, llama-server's unit comes after (and
     wants) ggml-rpc-server's, so at boot its supervisor starts once its peer's does."""
-    rpc_unit = unit_name(pair, RPC_SERVER)
+    rpc_unit = unit_name(pair, RPC_SERVER, rpc_root)
     return {
         "rpc": {
             rpc_unit: render_unit(
@@ -148,7 +162,7 @@ def render_pair_units(
             )
         },
         "native": {
-            unit_name(pair, LLAMA_SERVER): render_unit(
+            unit_name(pair, LLAMA_SERVER, native_root): render_unit(
                 pair=pair,
                 service=LLAMA_SERVER,
                 exec_argv=native_exec,
@@ -173,6 +187,7 @@ class UnitReadback:
     restarts: int | None
     linger: bool | None
     user: str | None = None  # the login user whose manager runs it (user scope)
+    source: str | None = None  # FRAGMENT:DROPINS:RELOAD, "ok:none:no" when systemd runs our file as written
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -209,6 +224,7 @@ _UNIT_LINE = re.compile(
 )
 
 
+_SOURCE_LINE = re.compile(r"^unit_source=((?:ok|other):(?:none|some):(?:no|yes))$")
 _LINGER_LINE = re.compile(r"^linger=([A-Za-z0-9._][A-Za-z0-9._-]{0,31}):(yes|no)$")
 
 
@@ -218,6 +234,7 @@ def parse_readback(out: str) -> UnitReadback | None:
     rb: UnitReadback | None = None
     linger: bool | None = None
     user: str | None = None
+    source: str | None = None
     for line in out.splitlines():
         if m := _UNIT_LINE.match(line):
             sha, nr = m.group(2), m.group(5)
@@ -231,9 +248,11 @@ def parse_readback(out: str) -> UnitReadback | None:
             )
         elif m := _LINGER_LINE.match(line):
             user, linger = m.group(1), m.group(2) == "yes"
+        elif m := _SOURCE_LINE.match(line):
+            source = m.group(1)
     if rb is None:
         return None
-    return UnitReadback(**{**rb.__dict__, "linger": linger, "user": user})
+    return UnitReadback(**{**rb.__dict__, "linger": linger, "user": user, "source": source})
 
 
 def check_readback(host: str, out: str, unit: str, text: str) -> UnitReadback:
@@ -250,6 +269,25 @@ def check_readback(host: str, out: str, unit: str, text: str) -> UnitReadback:
         )
     if rb.enabled != "enabled" or rb.active != "active":
         raise HostError(f"{host}: {unit} is {rb.enabled} and {rb.active} after its start (expected enabled, active)")
+    if rb.source is None:
+        raise HostError(
+            f"{host}: where systemd loads {unit} from was not read back (pairctl-svc printed no unit_source)"
+        )
+    if rb.source != "ok:none:no":
+        frag, drop, reload = rb.source.split(":")
+        why = [
+            *(
+                ["systemd loads it from another file (a unit directory earlier in its search path)"]
+                if frag != "ok"
+                else []
+            ),
+            *(["drop-in files (UNIT.d/*.conf) change it"] if drop != "none" else []),
+            *(["the manager has not reloaded it"] if reload != "no" else []),
+        ]
+        raise HostError(
+            f"{host}: {unit} as systemd runs it is not the unit pairctl installed: {'; '.join(why) or 'not read back'}",
+            hint="`systemctl [--user] cat UNIT` on the host shows what overrides it; remove that and deploy again",
+        )
     return rb
 
 

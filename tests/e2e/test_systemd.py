@@ -30,11 +30,11 @@ import httpx
 import pytest
 import yaml
 
-from orchestrator.config.inventory import load_inventory
+from orchestrator.config.inventory import Supervision, load_inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.hosts import boot
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
-from orchestrator.hosts.units import unit_name
+from orchestrator.hosts.units import render_unit
 from orchestrator.remote.pool import open_transport
 from tests.plugins.cli import run_cli
 from tests.plugins.pairs import PROFILE, wait_until
@@ -136,9 +136,9 @@ def manager() -> Iterator[Manager]:
         m.power_off()  # a manager of an aborted session would still hold the socket
         m.start()
     yield m
-    for svc in SERVICE.values():
-        _systemctl("disable", "--now", unit_name(PAIR, svc))
-        (UNIT_DIR / unit_name(PAIR, svc)).unlink(missing_ok=True)
+    for f in UNIT_DIR.glob(f"pairctl-{PAIR}-*.service"):
+        _systemctl("disable", "--now", f.name)
+        f.unlink(missing_ok=True)
     m.power_off()
     LINGER.unlink(missing_ok=True)
 
@@ -168,10 +168,28 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     roots = {role: spec["hosts"][f"lab-{role}"]["install_root"].replace("${PAIRCTL_HOME}", home) for role in SERVICE}
     _clean(lab, roots)  # the roots are this module's own: each run starts from nothing
     pid = lab_packages.id
-    r = cli("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", PROFILE, "--skip-accept")
+    deploy = ("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", PROFILE, "--skip-accept")
+    # a user manager that does not linger ends with the user's last session (pairctl's own SSH
+    # session included): the deploy is refused before any change, naming the fix
+    LINGER.unlink(missing_ok=True)
+    r = cli(*deploy)
+    assert r.exit_code == 6 and "does not linger" in r.stderr and "loginctl enable-linger root" in r.stderr, r.stderr
+    assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
+    LINGER.parent.mkdir(parents=True, exist_ok=True)
+    LINGER.touch()
+    r = cli(*deploy)
     assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
     view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
-    yield {"cli": cli, "roots": roots, "lab": lab, "package": pid, "layouts": view.layouts, "inventory": inv}
+    units = {role: view.layouts[role].systemd.unit(SERVICE[role]) for role in SERVICE}  # type: ignore[union-attr]
+    yield {
+        "cli": cli,
+        "roots": roots,
+        "lab": lab,
+        "package": pid,
+        "layouts": view.layouts,
+        "inventory": inv,
+        "units": units,
+    }
     _clean(lab, roots)
 
 
@@ -225,7 +243,7 @@ def _accept_identity(pair: dict[str, Any]) -> None:
 
 def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
     for role, root in pair["roots"].items():
-        unit = unit_name(PAIR, SERVICE[role])
+        unit = pair["units"][role]
         text = (UNIT_DIR / unit).read_text()
         assert _systemctl("is-enabled", unit).stdout.strip() == "enabled"
         assert _systemctl("is-active", unit).stdout.strip() == "active"
@@ -243,12 +261,6 @@ def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
     r = pair["cli"]("--json", "rollback", "--pair", PAIR)
     assert r.exit_code == 6 and "names no previous pair" in r.stderr, r.stderr[-2000:]
     assert {role: _identity(root, SERVICE[role]) for role, root in pair["roots"].items()} == before
-    # no lingering for root yet: status says the user manager would not start at boot
-    code, st = _status(pair)
-    assert code == 0, st["problems"]
-    assert any("loginctl enable-linger root" in w for w in st["warnings"]), st["warnings"]
-    LINGER.parent.mkdir(parents=True, exist_ok=True)
-    LINGER.touch()
     code, st = _status(pair)
     assert code == 0 and st["warnings"] == [], (st["problems"], st["warnings"])
     for h in st["hosts"].values():
@@ -258,7 +270,7 @@ def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
 
 def test_systemd_restarts_a_killed_supervisor_and_the_pair_comes_back(pair):
     root = pair["roots"]["native"]
-    unit = unit_name(PAIR, LLAMA_SERVER)
+    unit = pair["units"]["native"]
     before = _identity(root, LLAMA_SERVER)
     sup = _main_pid(unit)
     assert before is not None and sup > 0
@@ -294,7 +306,7 @@ def test_a_unit_the_host_rejects_stops_nothing(pair):
     assert res.exit_status == 3 and "unit=invalid" in str(res.stderr), (res.stdout, res.stderr)
     assert "unit_verify=" in str(res.stdout) and "restart specifier" in str(res.stdout)
     assert _identity(root, RPC_SERVER) == before  # nothing was stopped
-    assert _systemctl("is-active", unit_name(PAIR, RPC_SERVER)).stdout.strip() == "active"
+    assert _systemctl("is-active", pair["units"]["rpc"]).stdout.strip() == "active"
     _accept_identity(pair)
 
 
@@ -306,7 +318,7 @@ def test_a_failed_deploy_rolls_back_to_the_previous_units(pair):
     r = pair["cli"]("--json", "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", "lab-unloadable")
     assert r.exit_code == 7, r.stderr[-3000:]
     for role, root in pair["roots"].items():
-        unit = unit_name(PAIR, SERVICE[role])
+        unit = pair["units"][role]
         assert _systemctl("is-enabled", unit).stdout.strip() == "enabled"
         assert _systemctl("is-active", unit).stdout.strip() == "active"
         after = _identity(root, SERVICE[role])
@@ -327,7 +339,7 @@ def test_switching_a_host_between_managers_leaves_one_supervisor(pair, tmp_path)
     r = run_cli(["--home", str(pair["lab"].home.root), "--inventory", str(tmp_path / "plain.yaml"), *deploy])
     assert r.exit_code == 0, r.stderr[-3000:]
     for role, root in pair["roots"].items():
-        unit = unit_name(PAIR, SERVICE[role])
+        unit = pair["units"][role]
         assert not (UNIT_DIR / unit).exists() and _systemctl("is-active", unit).stdout.strip() != "active"
         assert (
             Path(root, "run", f"{SERVICE[role]}.boot").exists()
@@ -340,13 +352,79 @@ def test_switching_a_host_between_managers_leaves_one_supervisor(pair, tmp_path)
     r = pair["cli"](*deploy)
     assert r.exit_code == 0, r.stderr[-3000:]
     for role, root in pair["roots"].items():
-        unit = unit_name(PAIR, SERVICE[role])
+        unit = pair["units"][role]
         assert _systemctl("is-active", unit).stdout.strip() == "active"
         assert not Path(root, "run", f"{SERVICE[role]}.boot").exists()
         sup = int(Path(root, "run", f"{SERVICE[role]}.sup.pid").read_text())
         assert sup == _main_pid(unit)
         assert boot.marker(root) not in _crontab()  # the @reboot line went with the setsid supervisor
     _accept_identity(pair)
+
+
+def test_systemd_gives_the_service_the_exact_argv_of_any_argument(manager, tmp_path):
+    """The quoting, proven by systemd itself: a unit pairctl renders runs a command that writes
+    one argument's bytes to a file; line breaks, tabs, an escape, `$`, `%`, quotes, a backslash
+    and non-ASCII come back exactly."""
+    arg = 'line one\nline two\t$HOME %h "q" \\x \x1b[0m é'
+    (tmp_path / "run").mkdir()
+    out = tmp_path / "argv.bin"
+    unit = "pairctl-quote-probe-00000000.service"
+    text = render_unit(
+        pair="quote",
+        service="probe",
+        exec_argv=["/bin/sh", "-c", 'printf "%s" "$1" > "$2"', "_", arg, str(out)],
+        root=str(tmp_path),
+        supervision=Supervision(),
+        user=True,
+    )
+    UNIT_DIR.mkdir(parents=True, exist_ok=True)
+    (UNIT_DIR / unit).write_text(text)
+    try:
+        _systemctl("daemon-reload", check=True)
+        _systemctl("start", unit, check=True)
+        wait_until("the probe unit wrote its argument", out.exists, 20)
+        time.sleep(0.2)
+        assert out.read_bytes() == arg.encode()
+    finally:
+        _systemctl("stop", unit)
+        (UNIT_DIR / unit).unlink(missing_ok=True)
+        _systemctl("daemon-reload")
+
+
+def test_a_drop_in_that_changes_the_unit_is_a_status_problem(pair):
+    """The readback is of the unit systemd runs, not only the file pairctl wrote: a drop-in
+    (UNIT.d/*.conf) that changes it makes status say so, and its removal clears it."""
+    unit = pair["units"]["native"]
+    d = UNIT_DIR / f"{unit}.d"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "override.conf").write_text("[Service]\nEnvironment=LLAMA_ARG_THREADS=64\n")
+    try:
+        _systemctl("daemon-reload", check=True)
+        code, st = _status(pair)
+        assert code != 0 and any("not the file pairctl installed" in p for p in st["problems"]), st["problems"]
+    finally:
+        shutil.rmtree(d)
+        _systemctl("daemon-reload", check=True)
+    code, st = _status(pair)
+    assert code == 0, st["problems"]
+
+
+def test_a_unit_record_naming_another_unit_stops_nothing(pair):
+    """run/NAME.unit is host state, so untrusted: a record naming another pair's (or root's) unit
+    is refused by stop, and neither that unit nor this service is touched."""
+    root = pair["roots"]["native"]
+    rec = Path(root, "run", f"{LLAMA_SERVER}.unit")
+    kept = rec.read_text()
+    before = _identity(root, LLAMA_SERVER)
+    rec.write_text("user pairctl-otherpair-llama-server-deadbeef.service\n")
+    t = open_transport(pair["lab"].inventory, "lab-native")
+    try:
+        res = t.run(HostLayout(root).stop_cmd(LLAMA_SERVER), check=False, timeout=120)
+    finally:
+        t.close()
+        rec.write_text(kept)
+    assert res.exit_status == 3 and "does not name this root's unit" in str(res.stderr), (res.stdout, res.stderr)
+    assert _identity(root, LLAMA_SERVER) == before and _healthy()
 
 
 def test_a_restarted_manager_brings_the_pair_back_by_itself(pair, manager):
@@ -380,7 +458,7 @@ def test_a_restarted_manager_brings_the_pair_back_by_itself(pair, manager):
 
 def test_a_deliberate_stop_disables_and_removes_the_unit(pair):
     root = pair["roots"]["native"]
-    unit = unit_name(PAIR, LLAMA_SERVER)
+    unit = pair["units"]["native"]
     t = open_transport(pair["lab"].inventory, "lab-native")
     try:
         out = str(t.run(HostLayout(root).stop_cmd(LLAMA_SERVER), check=True, timeout=120).stdout)

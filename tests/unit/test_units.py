@@ -18,7 +18,9 @@ from orchestrator.hosts.units import (
     exec_quote,
     parse_readback,
     render_pair_units,
+    root_tag,
     supervise_argv,
+    unit_name,
     verify_units,
 )
 
@@ -64,7 +66,10 @@ def test_units_verify_and_carry_the_exact_argv(tmp_path):
     native, rpc, units = _pair(tmp_path, same_host=True)
     files = {**units["rpc"], **units["native"]}
     assert verify_units(files) == []
-    n, r = units["native"]["pairctl-lab-llama-server.service"], units["rpc"]["pairctl-lab-ggml-rpc-server.service"]
+    root = str(tmp_path / "root")
+    n_unit, r_unit = unit_name("lab", "llama-server", root), unit_name("lab", "ggml-rpc-server", root)
+    assert n_unit == f"pairctl-lab-llama-server-{root_tag(root)}.service" and len(root_tag(root)) == 8
+    n, r = units["native"][n_unit], units["rpc"][r_unit]
     assert _exec_argv(n) == native and _exec_argv(r) == rpc
     assert native[:3] == ["/bin/sh", str(tmp_path / "root" / "bin" / "pairctl-svc"), "supervise"]
     assert native[-1] == '50% $HOME "q" \\x'  # the service's argv is ExecStart's tail, byte for byte
@@ -73,14 +78,14 @@ def test_units_verify_and_carry_the_exact_argv(tmp_path):
         assert "Environment=PATH=/usr/local/bin:/usr/bin:/bin" in text
         assert "Environment=PAIRCTL_SVC_MANAGED=systemd" in text and "KillMode=control-group" in text
     # sharing a host: llama-server's supervisor after its RPC peer's (it also waits for the port itself)
-    assert "After=pairctl-lab-ggml-rpc-server.service" in n and "Wants=pairctl-lab-ggml-rpc-server.service" in n
+    assert f"After={r_unit}" in n and f"Wants={r_unit}" in n
     assert "After=pairctl" not in r
 
 
 @needs_analyze
 def test_units_on_two_hosts_have_no_cross_host_ordering(tmp_path):
     _, _, units = _pair(tmp_path, same_host=False)
-    n = units["native"]["pairctl-lab-llama-server.service"]
+    (n,) = units["native"].values()
     assert "After=pairctl" not in n and verify_units(units["native"]) == []
 
 
@@ -94,10 +99,20 @@ def test_verify_fails_on_a_broken_unit(tmp_path):
     assert verify_units(bad)
 
 
-def test_control_characters_are_refused():
-    with pytest.raises(ConfigError, match="control character"):
-        exec_quote("a\nExecStartPre=/bin/sh -c id")
+def test_control_characters_are_written_as_escapes_and_nul_is_refused():
+    """A profile argument may hold a line break or an escape (a chat template): systemd reads
+    `\\xNN` inside double quotes as that byte, so every such argument is written exactly and a
+    rendering can never fail half-way through a deploy. NUL cannot be in any argv."""
     assert exec_quote('a"b$c%d\\e') == '"a\\"b$$c%%d\\\\e"'
+    assert exec_quote("a\nExecStartPre=/bin/sh -c id\t\x1b[2J") == '"a\\x0aExecStartPre=/bin/sh -c id\\x09\\x1b[2J"'
+    with pytest.raises(ConfigError, match="NUL"):
+        exec_quote("a\0b")
+
+
+@needs_analyze
+def test_a_unit_with_control_characters_in_its_argv_verifies(tmp_path):
+    _, _, units = _pair(tmp_path, same_host=False, arg="line one\nline two\t\x1b")
+    assert verify_units(units["native"]) == []
 
 
 UNIT = "pairctl-lab-llama-server.service"
@@ -106,7 +121,9 @@ UNIT = "pairctl-lab-llama-server.service"
 def test_readback_parses_and_checks_what_the_host_printed():
     text = "[Service]\nExecStart=/bin/true\n"
     sha = sha256_bytes(text.encode())
-    out = f"pid=12\nproc=llama-server:12:x:y\nunit={UNIT}:{sha}:enabled:active:2\nlinger=ops:no\n"
+    out = (
+        f"pid=12\nproc=llama-server:12:x:y\nunit={UNIT}:{sha}:enabled:active:2\nunit_source=ok:none:no\nlinger=ops:no\n"
+    )
     rb = check_readback("h", out, UNIT, text)
     assert (rb.enabled, rb.active, rb.restarts, rb.linger, rb.user) == ("enabled", "active", 2, False, "ops")
     assert not rb.starts_at_boot and "loginctl enable-linger ops" in str(rb.boot()["warning"])
@@ -117,6 +134,14 @@ def test_readback_parses_and_checks_what_the_host_printed():
         check_readback("h", out.replace(":enabled:", ":disabled:"), UNIT, text)
     with pytest.raises(HostError, match="did not read back"):
         check_readback("h", "pid=12\n", UNIT, text)
+    with pytest.raises(HostError, match="drop-in files"):
+        check_readback("h", out.replace("unit_source=ok:none:no", "unit_source=ok:some:no"), UNIT, text)
+    with pytest.raises(HostError, match="another file"):
+        check_readback("h", out.replace("unit_source=ok:none:no", "unit_source=other:none:no"), UNIT, text)
+    with pytest.raises(HostError, match="not reloaded"):
+        check_readback("h", out.replace("unit_source=ok:none:no", "unit_source=ok:none:yes"), UNIT, text)
+    with pytest.raises(HostError, match="not read back"):
+        check_readback("h", out.replace("unit_source=ok:none:no\n", ""), UNIT, text)
 
 
 @pytest.mark.parametrize(
