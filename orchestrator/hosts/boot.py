@@ -102,13 +102,12 @@ def _lines(text: str) -> list[str]:
     return lines
 
 
-def merge_crontab(existing: str, root: str, line: str) -> str:
-    """The user's crontab with this root's marker + line exactly once: in the place of its first
-    marker (the @reboot line after a marker is ours and replaced), appended when there was none;
-    every other line kept as it was, in order. Equal to `existing` when nothing needs changing."""
+def _without_entry(existing: str, root: str, stray: str | None = None) -> tuple[list[str], int | None]:
+    """The crontab's lines without this root's marker(s) and the @reboot line after each (and
+    without copies of `stray`), and where the first marker stood (None: there was none)."""
     mark = marker(root)
     out: list[str] = []
-    placed = False
+    at: int | None = None
     drop_next = False
     for ln in _lines(existing):
         if drop_next:
@@ -117,15 +116,22 @@ def merge_crontab(existing: str, root: str, line: str) -> str:
                 continue
         if ln == mark:
             drop_next = True
-            if not placed:
-                out += [mark, line]
-                placed = True
+            at = len(out) if at is None else at
             continue
-        if ln == line:
-            continue  # a stray copy of our line without its marker
+        if stray is not None and ln == stray:
+            continue
         out.append(ln)
-    if not placed:
-        out += [mark, line]
+    return out, at
+
+
+def merge_crontab(existing: str, root: str, line: str) -> str:
+    """The user's crontab with this root's marker + line exactly once: in the place of its first
+    marker (the @reboot line after a marker is ours and replaced), appended when there was none;
+    every other line kept as it was, in order (a stray copy of our line without its marker goes).
+    Equal to `existing` when nothing needs changing."""
+    out, at = _without_entry(existing, root, stray=line)
+    pos = len(out) if at is None else at
+    out[pos:pos] = [marker(root), line]
     merged = "\n".join(out) + "\n"
     return existing if existing == merged else merged
 
@@ -133,19 +139,8 @@ def merge_crontab(existing: str, root: str, line: str) -> str:
 def drop_entry(existing: str, root: str) -> str:
     """The user's crontab without this root's marker and the @reboot line after it (a host
     whose services systemd now starts); equal to `existing` when there is none."""
-    mark = marker(root)
-    out: list[str] = []
-    drop_next = found = False
-    for ln in _lines(existing):
-        if drop_next:
-            drop_next = False
-            if ln.startswith("@reboot"):
-                continue
-        if ln == mark:
-            drop_next = found = True
-            continue
-        out.append(ln)
-    if not found:
+    out, at = _without_entry(existing, root)
+    if at is None:
         return existing
     return "\n".join(out) + "\n" if out else ""
 
