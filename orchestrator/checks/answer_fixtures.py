@@ -10,6 +10,7 @@ each, from the route entry; `checks.live.find_baseline`).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -36,11 +37,32 @@ class FixtureOutcome(BaseModel):
     status: Status
 
 
+_FENCED = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+def json_object_has(content: str, keys: list[str]) -> bool:
+    """Whether the answer holds a JSON object with `keys`: a fenced block, or the text from its
+    first `{` to its last `}` (models wrap JSON in prose and code fences)."""
+    candidates = [m.group(1) for m in _FENCED.finditer(content)]
+    if "{" in content and "}" in content:
+        candidates.append(content[content.index("{") : content.rindex("}") + 1])
+    for text in candidates:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and all(k in obj for k in keys):
+            return True
+    return False
+
+
 def judge(fx: Fixture, content: str, tokens: list[int], base: Mapping[str, Any] | None) -> FixtureOutcome:
     """Pure: this run's answer vs its expectation and the baseline's result for the same sha256."""
     base_passed = base.get("passed") if base else None
     if fx.expect.regex is not None:
         passed: bool | None = re.search(fx.expect.regex, content, re.DOTALL) is not None
+    elif fx.expect.json_keys is not None:
+        passed = json_object_has(content, fx.expect.json_keys)
     elif base is None:
         passed = None
     else:
@@ -87,12 +109,21 @@ def baseline_results(ctx: CheckContext) -> dict[str, Mapping[str, Any]] | None:
 
 def run(ctx: CheckContext) -> CheckResult:
     timer = Timer()
-    fs: FixtureSet = ctx.fixtures if ctx.fixtures is not None else load_fixture_set(DEFAULT_SET)
+    fs: FixtureSet = (
+        ctx.fixtures if ctx.fixtures is not None else load_fixture_set(ctx.profile.answer_fixtures or DEFAULT_SET)
+    )
     base = baseline_results(ctx)
     outcomes = []
     for fx in fs.fixtures:
+        prompt = fx.prompt
+        if fx.chat:  # the model's own chat template, as a chat client's request gets it
+            prompt = str(
+                ctx.client.post_json(
+                    "/apply-template", {"messages": [{"role": "user", "content": fx.prompt}]}, timeout=60
+                )["prompt"]
+            )
         r = ctx.client.completion(
-            fx.prompt, fx.n_predict, id_slot=0, cache_prompt=False, seed=0, timeout=ctx.options.request_timeout_s
+            prompt, fx.n_predict, id_slot=0, cache_prompt=False, seed=0, timeout=ctx.options.request_timeout_s
         )
         outcomes.append(judge(fx, r.content, list(r.tokens), base.get(fx.sha256) if base is not None else None))
     problems = verdict_problems(outcomes, base is not None)

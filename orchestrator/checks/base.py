@@ -61,7 +61,8 @@ class CheckOptions:
     long_prefix_fraction: float = 0.75  # long-prefix: prompt as share of the lane's budget
     long_prefix_shared: float = 0.75  # share of that prompt the second request shares
     long_prefix_generate: int = 64
-    request_timeout_s: float = 1800.0
+    request_timeout_s: float = 1800.0  # replaced by the measured budget when measure_speed is on
+    measure_speed: bool = True  # probe this pair's speed first and bound requests by it (checks/budget.py)
     slots_poll_interval_s: float = 0.02
     telemetry_interval_s: float = 1.0
     telemetry_sample_timeout_s: float = 10.0
@@ -103,6 +104,11 @@ class CheckContext:
     options: CheckOptions = field(default_factory=CheckOptions)
     n_ctx_train: int | None = None
     logger: Any = None
+    # told the measured request budget before the checks run (deploy re-announces its lease's
+    # next heartbeat from it: a slow pair's suite may outlast the planning figure)
+    on_budget: Callable[[Any], None] | None = None
+    stall_s: float = 30.0  # how long an idle wait between checks may last (the measured stall bound)
+    budget: dict[str, Any] = field(default_factory=dict)  # the measured request budget, once probed
 
     def per_slot(self) -> int:
         return self.profile.per_slot_ctx(self.n_ctx_train)

@@ -26,11 +26,16 @@ from orchestrator.paths import MANIFESTS
 class Expect(StrictModel):
     regex: str | None = Field(default=None, description="the answer must match (re.search, DOTALL)")
     same_as_baseline: bool = Field(default=False, description="the answer must equal the baseline pair's answer")
+    json_keys: list[str] | None = Field(
+        default=None,
+        description="the answer must hold a JSON object (fenced or bare) that parses and has these keys",
+    )
 
     @model_validator(mode="after")
     def _one(self) -> Expect:
-        if (self.regex is None) == (not self.same_as_baseline):
-            raise ValueError("give exactly one of regex or same_as_baseline: true")
+        given = sum((self.regex is not None, self.same_as_baseline, self.json_keys is not None))
+        if given != 1:
+            raise ValueError("give exactly one of regex, json_keys or same_as_baseline: true")
         if self.regex is not None:
             try:
                 re.compile(self.regex)
@@ -44,11 +49,21 @@ class Fixture(StrictModel):
     family: str = "general"
     prompt: str = Field(min_length=1)
     n_predict: int = Field(default=64, ge=1, le=65536)
+    chat: bool = Field(
+        default=False, description="the prompt is a user message, sent through the model's chat template"
+    )
     expect: Expect
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of canonical JSON of the other fields")
 
     def content(self) -> dict[str, Any]:
-        return self.model_dump(exclude={"sha256"}, mode="json")
+        """What the sha256 covers. Fields added later count only when set, so every fixture
+        written before them keeps its hash."""
+        d = self.model_dump(exclude={"sha256"}, mode="json")
+        if not d.get("chat"):
+            d.pop("chat", None)
+        if d["expect"].get("json_keys") is None:
+            d["expect"].pop("json_keys", None)
+        return d
 
     def computed_sha256(self) -> str:
         return fixture_sha256(self.content())

@@ -9,6 +9,7 @@ check passed; the caller decides what that means (exit 1, or a rollback in deplo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -32,6 +33,7 @@ from orchestrator.checks import (
     telemetry,
 )
 from orchestrator.checks.base import CheckContext, CheckResult
+from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.engine import faults
 from orchestrator.errors import ConfigError
 
@@ -53,6 +55,7 @@ CHECKS: dict[str, CheckFn | None] = {
     telemetry.NAME: None,
 }
 STEP_PREFIX = "check:"
+SPEED = "speed"  # the probe that sizes every bound; a result of its own only when it fails
 
 
 class SuiteResult(BaseModel):
@@ -62,6 +65,7 @@ class SuiteResult(BaseModel):
     passed: bool
     sampler_faults: list[dict[str, Any]] = Field(default_factory=list)
     client_retries: list[str] = Field(default_factory=list)  # HTTP requests resent after a dropped connection
+    request_budget: dict[str, Any] = Field(default_factory=dict)  # measured bounds (checks/budget.py), if probed
     duration_s: float = 0.0
 
     def failed(self) -> list[CheckResult]:
@@ -79,6 +83,7 @@ class SuiteResult(BaseModel):
             "duration_s": self.duration_s,
             "sampler_faults": len(self.sampler_faults),
             "client_retries": len(self.client_retries),
+            "request_budget": self.request_budget,
             "checks": [
                 {
                     "name": r.name,
@@ -135,9 +140,43 @@ def _record(ctx: CheckContext, r: CheckResult, *, not_run: bool = False) -> None
             st.skip(r.message)
 
 
-def wait_idle(ctx: CheckContext, within_s: float = 30.0) -> None:
-    """Checks assume idle slots (explicit id_slot, cold lanes); wait for leftovers to finish."""
-    deadline = time.monotonic() + within_s
+def measure_budget(ctx: CheckContext) -> CheckResult | None:
+    """Probe the pair's speed and bound every later request by it (checks/budget.py): sets the
+    checks' total bound, the client's progress watch and the idle wait. Returns a failed result
+    when the probe fails (the pair is hung, unreachable or slower than the profile's floors)."""
+    from orchestrator.server.client import ServerUnreachable
+
+    timer = time.monotonic()
+    try:
+        prompt_n, _gen = budget.probe_size(ctx.profile)
+        prompt = PromptBuilder(ctx.client, ctx.options.seed).exact(prompt_n, variant=11)
+        speeds = budget.measure(ctx.client, ctx.profile, list(prompt))
+        limits = budget.from_speeds(ctx.profile, speeds, generation_fraction=ctx.options.generation_fraction,
+                                    n_ctx_train=ctx.n_ctx_train)  # fmt: skip
+    except (budget.TooSlow, ServerUnreachable) as exc:
+        verdict = "failed" if isinstance(exc, budget.TooSlow) else "error"
+        msg = str(exc) if isinstance(exc, budget.TooSlow) else f"{type(exc).__name__}: {exc}"
+        return CheckResult(name=SPEED, verdict=verdict, message=msg, duration_s=round(time.monotonic() - timer, 3))
+    ctx.budget = limits.to_dict()
+    ctx.options = dataclasses.replace(ctx.options, request_timeout_s=limits.completion_s)
+    ctx.client.watch = limits.watch()
+    ctx.stall_s = limits.stall_s
+    ctx.log("request budget", **limits.to_dict())
+    if ctx.journal is not None:
+        ctx.journal.set("request_budget", limits.to_dict())
+    if ctx.on_budget is not None:
+        ctx.on_budget(limits)
+    return None
+
+
+def _why_stopped(r: CheckResult) -> str:
+    return "found the server not answering" if budget.is_transport_failure(r.message) else "stopped the suite"
+
+
+def wait_idle(ctx: CheckContext, within_s: float | None = None) -> None:
+    """Checks assume idle slots (explicit id_slot, cold lanes); wait for leftovers to finish
+    (as long as a request may go without progress on this pair)."""
+    deadline = time.monotonic() + (within_s if within_s is not None else ctx.stall_s)
     while time.monotonic() < deadline:
         try:
             if not any(s.is_processing for s in ctx.client.slots(timeout=10)):
@@ -175,6 +214,13 @@ def run_suite(
     if ctx.journal is not None:  # what it set out to run: an interrupted suite's rest is still required
         ctx.journal.set("acceptance_plan", [STEP_PREFIX + n for n in names if n in fns])
     try:
+        model_checks = [n for n in names if fns.get(n) is not None]
+        if model_checks and ctx.options.measure_speed:
+            failed = measure_budget(ctx)
+            if failed is not None:
+                results.append(failed)
+                _record(ctx, failed)
+                stopped = failed
         for name in names:
             fn = fns.get(name)
             if fn is None:
@@ -184,7 +230,7 @@ def run_suite(
                     name=name,
                     verdict="skipped",
                     required=False,
-                    message=f"not run: {stopped.name} found the server not answering ({stopped.message[:160]})",
+                    message=f"not run: {stopped.name} {_why_stopped(stopped)} ({stopped.message[:160]})",
                 )
                 results.append(r)
                 _record(ctx, r, not_run=True)
@@ -226,6 +272,7 @@ def run_suite(
         passed=all(r.ok for r in results) and bool(results),
         sampler_faults=sampler.faults if sampler else [],
         client_retries=list(getattr(ctx.client, "retries", [])),
+        request_budget=dict(ctx.budget),
         duration_s=round(time.monotonic() - t0, 3),
     )
     if ctx.journal is not None:

@@ -48,6 +48,7 @@ MANAGED_ALIASES: tuple[tuple[str, ...], ...] = (
     ("--log-file",),
     ("--metrics",),
     ("--threads", "-t"),
+    ("--alias", "-a"),
 )
 
 # option -> why it is risky. Negative forms (`--no-agent`, `--no-ui-mcp-proxy`) turn a feature

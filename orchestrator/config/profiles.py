@@ -60,6 +60,20 @@ class DraftConfig(StrictModel):
         return self
 
 
+class SpeedFloors(StrictModel):
+    """How slow this route may be and still be called working (checks/budget.py). The defaults
+    admit a small model on a loaded CPU; a production profile declares its pair's own floors."""
+
+    min_prompt_tokens_per_s: float = Field(default=2.0, gt=0, description="slower prompt processing fails")
+    min_generated_tokens_per_s: float = Field(default=1.0, gt=0, description="slower generation fails")
+    slowdown_allowance: float = Field(
+        default=4.0, ge=1.0, description="a request may take this many times its work at the measured speed"
+    )
+    stall_s: float | None = Field(
+        default=None, gt=0, description="no progress for this long fails a request (default: from the speed)"
+    )
+
+
 class RouteProfile(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
@@ -82,6 +96,15 @@ class RouteProfile(StrictModel):
     reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
     split: SplitExpectation | None = Field(
         default=None, description="what identity requires of the devices' share (read from the load log)"
+    )
+    answer_fixtures: str | None = Field(
+        default=None, description="answer fixture set (manifests/fixtures/NAME.yaml) this route is judged on"
+    )
+    speed: SpeedFloors = Field(default_factory=SpeedFloors, description="floors and bounds of acceptance requests")
+    alias: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",
+        description="the model name clients see (llama-server --alias; /v1/models shows it instead of a path)",
     )
 
     @model_validator(mode="after")
@@ -142,6 +165,8 @@ class RouteProfile(StrictModel):
                 f"profile {self.name} serves model role {self.model!r}, which the pair does not define"
             ) from None
         args = ["--model", model, "--host", host, "--port", str(port)]
+        if self.alias:
+            args += ["--alias", self.alias]
         if rpc:
             args += ["--rpc", ",".join(rpc)]
         args += [

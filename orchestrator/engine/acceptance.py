@@ -49,6 +49,16 @@ def suite_bound_s(profile: dict[str, Any]) -> float:
     return budget.suite_seconds(budget.for_profile(profile_from_record(profile)), len(CHECKS))
 
 
+def _announce(ctx: RunContext, measured: budget.RequestBudget) -> None:
+    """Once the pair's speed is measured: the lease's next renewal comes within the whole suite's
+    bound at that speed (a slow real pair's suite may outlast the planning figure)."""
+    from orchestrator.engine import leasing
+
+    bound = budget.suite_seconds(measured, len(CHECKS))
+    for role in ("native", "rpc"):
+        leasing.recheck(ctx, role, next_within_s=bound)
+
+
 def run(ctx: RunContext) -> dict[str, Any]:
     if ctx.inputs.options.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
@@ -76,6 +86,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
             models=models,
             logger=ctx.log,
             options=CheckOptions(request_timeout_s=limits.completion_s),
+            on_budget=lambda measured: _announce(ctx, measured),
         )
         suite = run_suite(cctx, only=list(ctx.inputs.options.checks) or None)
     summary = suite.summary()
@@ -86,7 +97,7 @@ def run(ctx: RunContext) -> dict[str, Any]:
         "passed": True,
         "checks": [c["name"] for c in summary["checks"]],
         "duration_s": summary["duration_s"],
-        "request_budget": limits.to_dict(),
+        "request_budget": suite.request_budget or limits.to_dict(),
         "baseline_receipt": baseline.receipt if baseline else None,
         "reference": reference.pin.as_dict() if reference and reference.pin else None,
     }

@@ -22,6 +22,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
+from orchestrator.lab.real_model import REAL_FILES, ensure_real_model, real_model_present
 from orchestrator.lab.source import ensure_source
 from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, ensure_sshd_installed, pid_alive, read_pid, terminate
 from orchestrator.log import get_logger
@@ -105,7 +106,7 @@ class Lab:
         return self.home.lab / "source"
 
     def model_paths(self) -> dict[str, Path]:
-        return {role: self.models_dir / f for role, f in ROLE_FILES.items()}
+        return {role: self.models_dir / f for role, f in {**ROLE_FILES, **REAL_FILES}.items()}
 
     def up(self, *, source: bool = True) -> LabStatus:
         """Keys, models, (source), then every host's sshd; known_hosts written before any login."""
@@ -120,6 +121,7 @@ class Lab:
             ensure_sshd_installed()
             pub = ensure_ed25519(self.operator_key, "pairctl-operator")
         ensure_lab_models(self.models_dir)
+        ensure_real_model(self.models_dir)
         if source:
             self._ensure_source()
         hosts = [SshdHost(p) for p in self.plans]
@@ -143,7 +145,7 @@ class Lab:
         return LabStatus(
             hosts=states,
             models={role: str(p) for role, p in self.model_paths().items()},
-            models_ok=models_present(self.models_dir),
+            models_ok=models_present(self.models_dir) and real_model_present(self.models_dir),
             source=str(self.source_dir) if (self.source_dir / ".git").exists() else None,
             known_hosts=str(self.known_hosts),
         )

@@ -7,6 +7,7 @@ check can write the server's own words into its receipt. The API key travels onl
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -35,6 +36,42 @@ class ServerRequestError(PairctlError, RuntimeError):
 
 class ServerUnreachable(HostError):
     """No HTTP answer at all (connection refused, reset, timeout)."""
+
+
+class ServerStalled(ServerUnreachable):
+    """The server answered nothing and showed no progress in `/slots` for the stall bound: it is
+    hung or stopped (a slow server that keeps processing is not this)."""
+
+
+class ServerTooSlow(ServerUnreachable):
+    """A request kept making progress but did not finish within its bound, which was derived from
+    the speed measured on this pair: the pair got much slower than it measured."""
+
+
+# Requests that run the model: the ones a progress watch follows.
+MODEL_PATHS = frozenset({"/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions"})
+
+
+@dataclass(frozen=True)
+class ProgressWatch:
+    """How a model request is judged alive while it runs: `/slots` is read every `poll_s`; any
+    change in a slot's task, prompt tokens processed or tokens decoded is progress; none for
+    `stall_s` fails the request. `why` says where `stall_s` came from (for the message)."""
+
+    stall_s: float
+    poll_s: float = 1.0
+    why: str = ""
+
+
+def progress_signature(slots: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """What changes in `/slots` while a server works: per slot its task, whether it processes,
+    prompt tokens processed so far and tokens decoded (llama-server updates these between batches)."""
+    sig = []
+    for s in slots:
+        nt = s.get("next_token")
+        decoded = nt[0].get("n_decoded") if isinstance(nt, list) and nt and isinstance(nt[0], dict) else None
+        sig.append((s.get("id"), s.get("id_task"), s.get("is_processing"), s.get("n_prompt_tokens_processed"), decoded))
+    return tuple(sig)
 
 
 def _secret_text(value: Any) -> str | None:
@@ -95,6 +132,7 @@ class ServerClient:
             trust_env=False,
         )  # the pair is reached directly, never through a proxy (as deploy's verify)
         self.retries: list[str] = []  # requests retried once after a dropped connection (for the receipt)
+        self.watch: ProgressWatch | None = None  # set by acceptance once the pair's speed is measured
 
     def __repr__(self) -> str:
         return f"ServerClient({self.base_url!r})"
@@ -111,6 +149,65 @@ class ServerClient:
     # -- plumbing -----------------------------------------------------------------
     def _request(self, method: str, path: str, *, json: Any = None, timeout: float | None = None) -> httpx.Response:
         t = timeout if timeout is not None else self.timeout
+        if self.watch is not None and method == "POST" and path in MODEL_PATHS:
+            return self._watched(self.watch, method, path, json, t)
+        return self._send(method, path, json, t)
+
+    def _watched(self, watch: ProgressWatch, method: str, path: str, json: Any, timeout: float) -> httpx.Response:
+        """The request in a worker thread, judged by progress while it runs: `/slots` must change
+        within `watch.stall_s`, and the whole request must end within `timeout`. A stalled request
+        is abandoned (its own `timeout` still ends the worker), so a hung server fails in the stall
+        bound, not in the total one."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                box["response"] = self._send(method, path, json, timeout)
+            except BaseException as exc:  # handed to the caller below
+                box["error"] = exc
+            finally:
+                done.set()
+
+        threading.Thread(target=work, daemon=True, name=f"pairctl {method} {path}").start()
+        last = time.monotonic()
+        sig: tuple[Any, ...] | None = None
+        while not done.wait(watch.poll_s):
+            now = time.monotonic()
+            try:
+                slots = self.slots_raw(timeout=max(1.0, watch.stall_s - (now - last)))
+            except ServerRequestError as exc:
+                if exc.status == 501:  # --no-slots: nothing to watch; the total bound still holds
+                    done.wait()
+                    break
+                slots = None
+            except ServerUnreachable:
+                slots = None
+            now = time.monotonic()
+            if isinstance(slots, list):
+                cur = progress_signature(slots)
+                if cur != sig:
+                    sig, last = cur, now
+            if now - last > watch.stall_s:
+                raise ServerStalled(
+                    f"{method} {self.base_url}{path}: stopped making progress for {now - last:.0f} s "
+                    f"(no prompt-processing or generated token in /slots; bound {watch.stall_s:.0f} s"
+                    f"{': ' + watch.why if watch.why else ''})",
+                    hint="the server is hung or stopped: look at its log and process state",
+                )
+        err = box.get("error")
+        if isinstance(err, ServerUnreachable) and "timed out" in str(err) and sig is not None:
+            raise ServerTooSlow(
+                f"{method} {self.base_url}{path}: still making progress but not done within {timeout:.0f} s, "
+                f"the bound derived from this pair's measured speed",
+                hint="the pair became much slower than it measured at the start of acceptance "
+                "(machine load?); declare slower floors in the profile's `speed` if this is normal",
+            )
+        if err is not None:
+            raise err
+        return box["response"]
+
+    def _send(self, method: str, path: str, json: Any, t: float) -> httpx.Response:
         try:
             try:
                 r = self._http.request(method, path, json=json, timeout=t)

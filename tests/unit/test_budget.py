@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.checks import budget, suite
-from orchestrator.checks.base import CheckContext, CheckResult
+from orchestrator.checks.base import CheckContext, CheckOptions, CheckResult
 from orchestrator.config.profiles import load_profile
 from orchestrator.server.client import ServerUnreachable
+
+# these suites run stand-in checks on a stand-in client: no speed probe to send
+NO_PROBE = CheckOptions(measure_speed=False)
 
 
 def test_request_seconds_is_work_over_floor_speed_plus_margin() -> None:
@@ -71,7 +74,7 @@ def test_suite_stops_after_a_required_check_finds_the_server_not_answering() -> 
         return fn
 
     names = list(suite.CHECKS)[1:4]  # the first three model checks after identity
-    ctx = CheckContext(client=_IdleServer(), profile=load_profile("lab"), pair="lab")  # type: ignore[arg-type]
+    ctx = CheckContext(client=_IdleServer(), profile=load_profile("lab"), pair="lab", options=NO_PROBE)  # type: ignore[arg-type]
     res = suite.run_suite(
         ctx, only=names, overrides={names[0]: hung, names[1]: later(names[1]), names[2]: later(names[2])}
     )
@@ -80,3 +83,82 @@ def test_suite_stops_after_a_required_check_finds_the_server_not_answering() -> 
     by = {r.name: r for r in res.results}
     assert by[names[0]].verdict == "error"
     assert all(by[n].verdict == "skipped" and "not answering" in by[n].message for n in names[1:])
+
+
+# --- issue 28: bounds from the pair's measured speed, not from constants ------------------------
+
+
+def _speeds(pp: float, tg: float) -> budget.Speeds:
+    return budget.Speeds(prompt_per_s=pp, generated_per_s=tg, source="test figures")
+
+
+def test_a_slow_real_pair_gets_bounds_from_its_own_speed() -> None:
+    """The issue's pair: ~7 prompt tokens/s over RPC on a loaded 2-core machine. The old constant
+    bound (300 prompt tok/s) gave its two near-full lanes about a minute; measured speeds give
+    them what they need, times the profile's slowdown allowance."""
+    prof = load_profile("lab-real")
+    old = budget.for_profile(prof)
+    b = budget.from_speeds(prof, _speeds(7.0, 5.0))
+    prompt, gen = budget._largest_request(prof, 0.125, None)
+    work = prof.parallel * (prompt / 7.0 + gen / 5.0)
+    assert b.completion_s == round(prof.speed.slowdown_allowance * work + budget.MARGIN_S, 1)
+    assert b.completion_s > 4 * old.completion_s
+    assert "7.0 tok/s" in b.why and "test figures" in b.why
+    # one batch of prompt at 7 tok/s: /slots may be silent that long, three times over
+    assert b.stall_s == round(3 * prof.batch_size / 7.0, 1)
+    # a fast pair's stall bound does not drop below the minimum
+    assert budget.from_speeds(prof, _speeds(5000.0, 900.0)).stall_s == budget.STALL_MIN_S
+
+
+def test_slower_than_the_floor_is_its_own_failure_with_both_figures() -> None:
+    prof = load_profile("lab-real")
+    with pytest.raises(budget.TooSlow) as e:
+        budget.from_speeds(prof, _speeds(1.5, 50.0))
+    msg = str(e.value)
+    assert "slower than the profile's floor" in msg and "measured 1.50 tok/s" in msg and "floor 2 tok/s" in msg
+    assert "speed.min_prompt_tokens_per_s" in msg
+    with pytest.raises(budget.TooSlow, match="generation measured 0.50"):
+        budget.from_speeds(prof, _speeds(100.0, 0.5))
+    assert not budget.is_transport_failure(msg)  # slow is not "unreachable"
+
+
+def test_declared_floors_and_stall_bound_come_from_the_profile() -> None:
+    prof = load_profile("lab-real").model_copy(
+        update={"speed": load_profile("lab-real").speed.model_copy(update={"stall_s": 45.0, "slowdown_allowance": 2})}
+    )
+    b = budget.from_speeds(prof, _speeds(50.0, 20.0))
+    assert b.stall_s == 45.0 and "declared" in b.speeds["stall_why"]
+    assert b.to_dict()["speeds"]["floors"]["stall_s"] == 45.0
+
+
+def test_the_speed_probe_is_bounded_by_the_floors_and_within_two_minutes_when_hung() -> None:
+    for name in ("lab", "lab-real"):
+        pb = budget.probe_budget(load_profile(name))
+        assert pb.stall_s <= 120, (name, pb)  # a SIGSTOPped server fails the probe within 2 minutes
+        assert pb.completion_s > pb.stall_s
+
+
+@pytest.mark.parametrize(
+    "message, transport",
+    [
+        ("ServerStalled: POST http://x/completion: stopped making progress for 31 s (...)", True),
+        ("ServerTooSlow: POST http://x/completion: still making progress but not done within 90 s", True),
+    ],
+)
+def test_stalls_end_the_suite_like_an_unreachable_server(message: str, transport: bool) -> None:
+    assert budget.is_transport_failure(message) is transport
+
+
+def test_progress_signature_changes_with_prompt_and_generation_progress() -> None:
+    from orchestrator.server.client import progress_signature
+
+    def slot(done: int, decoded: int, busy: bool = True, task: int = 7) -> dict:
+        return {"id": 0, "id_task": task, "is_processing": busy, "n_prompt_tokens_processed": done,
+                "next_token": [{"n_decoded": decoded}]}  # fmt: skip
+
+    a = progress_signature([slot(256, 0)])
+    assert a != progress_signature([slot(512, 0)])  # prompt processing moved
+    assert a != progress_signature([slot(256, 1)])  # a token was generated
+    assert a != progress_signature([slot(256, 0, task=8)])  # another task started
+    assert a == progress_signature([slot(256, 0)])  # nothing moved: a stall
+    assert progress_signature([{"id": 0, "is_processing": False}]) == ((0, None, False, None, None),)
