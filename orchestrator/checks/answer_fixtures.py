@@ -19,6 +19,8 @@ from pydantic import BaseModel
 
 from orchestrator.checks.base import CheckContext, CheckResult, Timer
 from orchestrator.checks.fixtures import Fixture, FixtureSet, load_fixture_set
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.hashing import sha256_json
 
 NAME = "answer_fixtures"
 DEFAULT_SET = "lab"
@@ -107,11 +109,21 @@ def baseline_results(ctx: CheckContext) -> dict[str, Mapping[str, Any]] | None:
     return {r["sha256"]: r for r in raw.get("results", []) if isinstance(r, Mapping) and "sha256" in r}
 
 
+def fixture_set_for(profile: RouteProfile, given: FixtureSet | None = None) -> FixtureSet:
+    """The set a run is judged on: the one given (`accept --fixtures`), else the profile's, else the lab's."""
+    return given if given is not None else load_fixture_set(profile.answer_fixtures or DEFAULT_SET)
+
+
+def answer_key(profile: RouteProfile, models: Mapping[str, str], fs: FixtureSet) -> str:
+    """What answers are comparable by: the fixture set and the model file served. A baseline
+    with another key (the tiny model's answers when the real one serves, another fixture set) is
+    no baseline, even on a pair whose inventory lists the same model files."""
+    return sha256_json({"fixtures": fs.sha256(), "model": profile.model, "model_sha256": models.get(profile.model)})
+
+
 def run(ctx: CheckContext) -> CheckResult:
     timer = Timer()
-    fs: FixtureSet = (
-        ctx.fixtures if ctx.fixtures is not None else load_fixture_set(ctx.profile.answer_fixtures or DEFAULT_SET)
-    )
+    fs = fixture_set_for(ctx.profile, ctx.fixtures)
     base = baseline_results(ctx)
     outcomes = []
     for fx in fs.fixtures:
@@ -141,6 +153,7 @@ def run(ctx: CheckContext) -> CheckResult:
         "fixture_set": fs.name,
         "fixture_set_sha256": fs.sha256(),
         "models": dict(ctx.models),
+        "answer_key": answer_key(ctx.profile, ctx.models, fs),
         "baseline_receipt": ctx.baseline.receipt if ctx.baseline else None,
         "results": [o.model_dump() for o in outcomes],
         "problems": problems,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.build.store import PackageStore
-from orchestrator.checks import budget
+from orchestrator.checks import answer_fixtures, budget
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.checks.fixtures import load_fixture_set
 from orchestrator.checks.reference import ReferenceState
@@ -138,6 +138,7 @@ def find_baseline(
     pair: str | None = None,
     check: str = "answer_fixtures",
     models: Mapping[str, str] | None = None,
+    key: str | None = None,
 ) -> BaselineRef | None:
     """Check results of an earlier run: the given receipt, or the newest passed receipt of
     `pair` that holds a `check:<check>` step with results from the same model files (`models`,
@@ -166,6 +167,8 @@ def find_baseline(
         ref = baseline_from_receipt(r)
         raw = ref.raw(check)
         if raw and raw.get("results") and dict(raw.get("models") or {}) == want:
+            if key is not None and raw.get("answer_key") != key:
+                continue  # answers to another fixture set or from another served model
             return ref
     return None
 
@@ -177,12 +180,15 @@ def comparisons(
     *,
     baseline_receipt: str | None = None,
     baseline_pair: str | None = None,
+    answer_key: str | None = None,
 ) -> tuple[BaselineRef | None, ReferenceState | None]:
     """What a run of `pair` on these model files is compared with: the answer-fixture baseline
     and the route's reference (pin and answers). One lookup for `accept` and deploy's acceptance."""
     if evidence is None:
         return None, None
-    baseline = find_baseline(evidence, receipt=baseline_receipt, pair=baseline_pair or pair, models=models)
+    baseline = find_baseline(
+        evidence, receipt=baseline_receipt, pair=baseline_pair or pair, models=models, key=answer_key
+    )
     return baseline, load_reference(evidence, pair)
 
 
@@ -273,8 +279,10 @@ def open_live(
             else None
         )
         models = dict(route.active.models)
+        fixture_set = load_fixture_set(fixtures) if fixtures else None
+        key = answer_fixtures.answer_key(profile, models, answer_fixtures.fixture_set_for(profile, fixture_set))
         baseline, reference = comparisons(
-            evidence, pair, models, baseline_receipt=baseline_receipt, baseline_pair=baseline_pair
+            evidence, pair, models, baseline_receipt=baseline_receipt, baseline_pair=baseline_pair, answer_key=key
         )
         ctx = CheckContext(
             client=client,
@@ -292,7 +300,7 @@ def open_live(
             baseline=baseline,
             reference=reference,
             models=models,
-            fixtures=load_fixture_set(fixtures) if fixtures else None,
+            fixtures=fixture_set,
             options=opts,
             logger=logger,
         )

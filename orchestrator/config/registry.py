@@ -180,6 +180,9 @@ def cross_references(kind: str, data: dict[str, Any], *, source: str, fields_ok:
         return _inventory_refs(data, source, fields_ok)
     if kind == "plan" and isinstance(data.get("profile"), str) and not _exists("profile", data["profile"]):
         return [_missing(source, "profile", "profile", data["profile"])]
+    fx = data.get("answer_fixtures")
+    if kind == "profile" and isinstance(fx, str) and not _exists("fixtures", fx):
+        return [_missing(source, "answer_fixtures", "fixtures", fx)]
     return []
 
 

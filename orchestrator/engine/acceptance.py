@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.checks import budget
+from orchestrator.checks import answer_fixtures, budget
 from orchestrator.checks.base import CheckContext, CheckOptions, IdentitySnapshot
 from orchestrator.checks.live import comparisons
 from orchestrator.checks.suite import CHECKS, run_suite
@@ -67,7 +67,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     profile = profile_from_record(target.entry.profile)
     limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
     models = dict(target.entry.models)
-    baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models)
+    key = answer_fixtures.answer_key(profile, models, answer_fixtures.fixture_set_for(profile))
+    baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models, answer_key=key)
     with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s) as client:
         cctx = CheckContext(
             client=client,

@@ -45,6 +45,8 @@ def _resolve(step: Any) -> tuple[tuple[str, ...], int]:
 def main(steps: list[Any] | None = None) -> int:
     for step in steps if steps is not None else STEPS:
         argv, expect = _resolve(step)
+        if not argv:  # a step that did its own work (asking the model) and printed it
+            continue
         print(f"\n$ pairctl {shlex.join(argv)}" + (f"    # expected to exit {expect}" if expect else ""), flush=True)
         code = run_step(argv)
         if code != expect:
@@ -140,16 +142,44 @@ def _check_links(current: str, previous: str | None) -> None:
     print(f"demo: both hosts run the {current} ({want_cur}){prev}", flush=True)
 
 
+QUESTION = "What is the capital of France? Answer in one short sentence."
+REAL_PROFILE = "lab-real"  # SmolLM2-135M-Instruct, the lab's real model (orchestrator/lab/real_model.py)
+
+
+def _ask(question: str = QUESTION) -> Step:
+    """What a newcomer's OpenAI client sees: one chat request to the pair, its answer printed."""
+
+    def step() -> tuple[tuple[str, ...], int]:
+        import httpx
+
+        from orchestrator.config.inventory import load_inventory
+        from orchestrator.engine.plan import pair_view
+
+        inv = load_inventory("lab", {"PAIRCTL_HOME": str(Home.resolve().root)})
+        url = pair_view(inv, "lab").base_url + "/v1/chat/completions"
+        body = {"messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+        print(f"\n$ curl -s {url} -d '{json.dumps(body)}'", flush=True)
+        with httpx.Client(timeout=120, trust_env=False) as c:
+            r = c.post(url, json=body)
+        r.raise_for_status()
+        data = r.json()
+        print(f"model {data.get('model')}: {data['choices'][0]['message']['content']!r}", flush=True)
+        return (), 0
+
+    return step
+
+
 STEPS += [
     ("build", "--target", "cpu-lab", "--rev", "baseline", "--profile", "lab"),  # revision 1: baseline
     # revision 2: the MMVF candidate (the kernel patch committed on top of the baseline)
     ("build", "--target", "cpu-lab", "--rev", "baseline", "--patch", PATCH, "--profile", "lab"),
     ("packages", "list"),
-    _deploy("baseline", "lab", 0, accept=True),  # identities, then the acceptance suite
+    _deploy("baseline", REAL_PROFILE, 0, accept=True),  # the real model: identities, then the acceptance suite
     _expect_active("baseline", None),
+    _ask(),  # a real answer from the pair
     _deploy("candidate", "lab-unloadable", 7),  # a broken profile: llama-server cannot load; back to the baseline
     _expect_active("baseline", None),
-    _deploy("candidate", "lab", 0, accept=True),  # the candidate, accepted
+    _deploy("candidate", REAL_PROFILE, 0, accept=True),  # the candidate, accepted on the real model
     _expect_active("candidate", "baseline"),
     ("rollback", "--pair", "lab"),  # back to the previous pair: the baseline revision, verified
     _expect_active("baseline", "candidate"),

@@ -45,8 +45,10 @@ REAL_ROLE = "smollm2"
 DRAFT_ROLE = "smollm2_draft"
 REAL_FILE = "smollm2-135m-instruct-q4_1.gguf"
 # The draft's noise: each F32 norm weight times (1 + DRAFT_NOISE * N(0, 1)), seeded. Named in the
-# file name so a changed setting writes a new file rather than reusing an old one.
-DRAFT_NOISE = 0.3
+# file name so a changed setting writes a new file rather than reusing an old one. Measured on the
+# lab (3 chat prompts x 48 greedy tokens, draft max 3, over RPC): noise 0.05 accepts 97 of 127
+# drafted tokens (76%), 0.1 87/161, 0.15 73/199, 0.3 about 15%.
+DRAFT_NOISE = 0.05
 DRAFT_SEED = 4242
 DRAFT_FILE = f"smollm2-draft-norm{int(DRAFT_NOISE * 100):03d}.gguf"
 REAL_FILES = {REAL_ROLE: REAL_FILE, DRAFT_ROLE: DRAFT_FILE}

@@ -426,3 +426,34 @@ def test_table_shows_verdicts_and_survives_brackets_in_messages():
     assert "FAILED" in text and "sampler faults (not check failures): 1" in text
     with pytest.raises(Exception, match="two_lane_near_full"):
         out.raise_for_verdict()
+
+
+def test_baseline_only_with_the_same_answer_key(tmp_path):
+    """Issue 28: one inventory lists the tiny and the real model, so the route entry's model files
+    are the same for both profiles; the answers of the tiny model (another fixture set, another
+    served model) must never be the real model's baseline, and the other way round."""
+    from orchestrator.checks.answer_fixtures import answer_key
+    from orchestrator.checks.fixtures import load_fixture_set
+    from orchestrator.checks.live import find_baseline
+    from orchestrator.config.profiles import load_profile
+    from orchestrator.evidence.store import EvidenceStore
+
+    store = EvidenceStore(tmp_path / "ev")
+    models = {"target": "1" * 64, "smollm2": "2" * 64}
+    tiny, real = load_profile("lab"), load_profile("lab-real")
+    k_tiny = answer_key(tiny, models, load_fixture_set("lab"))
+    k_real = answer_key(real, models, load_fixture_set("smollm2"))
+    assert k_tiny != k_real
+
+    def receipt(key: str) -> str:
+        j = store.begin(command="accept", argv=["accept"], pair="p")
+        with j.step("check:answer_fixtures") as st:
+            st.data.update({"raw": {"results": [{"sha256": "a" * 64, "passed": True}], "models": models,
+                                    "answer_key": key}})  # fmt: skip
+        return j.finish("passed", "test")
+
+    on_real = receipt(k_real)
+    on_tiny = receipt(k_tiny)  # newest
+    assert find_baseline(store, pair="p", models=models, key=k_real).receipt == on_real
+    assert find_baseline(store, pair="p", models=models, key=k_tiny).receipt == on_tiny
+    assert find_baseline(store, pair="p", models=models, key="0" * 64) is None
