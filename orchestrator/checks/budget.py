@@ -161,8 +161,9 @@ def judge_speeds(profile: RouteProfile, speeds: Speeds) -> None:
         ("generation", speeds.generated_per_s, floors.min_generated_tokens_per_s, "min_generated_tokens_per_s"),
     ):
         if got < floor:
+            shown = str(int(floor)) if floor == int(floor) else f"{floor:g}"
             raise TooSlow(
-                f"slower than the profile's floor: {what} measured {got:.2f} tok/s, floor {floor:g} tok/s "
+                f"slower than the profile's floor: {what} measured {got:.2f} tok/s, floor {shown} tok/s "
                 f"(profile {profile.name} speed.{key}; {speeds.source})"
             )
 

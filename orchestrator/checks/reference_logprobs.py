@@ -209,7 +209,7 @@ def compare(
 
 def run(ctx: CheckContext) -> CheckResult:
     timer = Timer()
-    fs = load_oracle_set(ctx.oracle_fixtures or DEFAULT_SET)
+    fs = load_oracle_set(ctx.oracle_fixtures or ctx.profile.reference_fixtures or DEFAULT_SET)
     gates = ctx.profile.reference_gates
     vocab = n_vocab(ctx)
     k = gates.top_k or vocab or 0

@@ -100,6 +100,9 @@ class RouteProfile(StrictModel):
     answer_fixtures: str | None = Field(
         default=None, description="answer fixture set (manifests/fixtures/NAME.yaml) this route is judged on"
     )
+    reference_fixtures: str | None = Field(
+        default=None, description="reference-logprob fixture set (manifests/fixtures/reference/NAME.yaml)"
+    )
     speed: SpeedFloors = Field(default_factory=SpeedFloors, description="floors and bounds of acceptance requests")
     alias: str | None = Field(
         default=None,

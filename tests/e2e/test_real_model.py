@@ -42,8 +42,8 @@ def real_deploy(lab, lab_packages, pairctl_home):
     module); the tiny-model baseline is put back at the end for the other modules."""
     from tests.plugins.cli import run_cli
 
-    def cli(*args: str):
-        return run_cli(["--home", str(pairctl_home), *args])
+    def cli(*args: str, inventory: str | None = None):
+        return run_cli(["--home", str(pairctl_home), *(["--inventory", inventory] if inventory else []), *args])
 
     pid = lab_packages.id
     # the baseline is the route's reference: it records the real model's reference answers
