@@ -43,6 +43,11 @@ class LabEnv:
 def _lab_up(home_root: Path, name: str, *, source: bool):
     home = Home.resolve(home_root)
     path = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{name}.yaml"
+    # A developer's second lab on other addresses (same pair names), so two test runs need not
+    # share one pair: PAIRCTL_TEST_LAB_INVENTORY=FILE with PAIRCTL_INVENTORY=FILE and its own home.
+    override = os.environ.get("PAIRCTL_TEST_LAB_INVENTORY") if name == "lab" else None
+    if override:
+        path = Path(override).resolve()
     inv = load_inventory(str(path), {"PAIRCTL_HOME": str(home.root)})
     lab = Lab(home, inv)
     status = lab.up(source=source)
