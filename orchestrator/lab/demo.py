@@ -150,12 +150,14 @@ def _ask(question: str = QUESTION) -> Step:
     """What a newcomer's OpenAI client sees: one chat request to the pair, its answer printed."""
 
     def step() -> tuple[tuple[str, ...], int]:
+        import os
+
         import httpx
 
         from orchestrator.config.inventory import load_inventory
         from orchestrator.engine.plan import pair_view
 
-        inv = load_inventory("lab", {"PAIRCTL_HOME": str(Home.resolve().root)})
+        inv = load_inventory(os.environ.get("PAIRCTL_INVENTORY", "lab"), {"PAIRCTL_HOME": str(Home.resolve().root)})
         url = pair_view(inv, "lab").base_url + "/v1/chat/completions"
         body = {"messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
         print(f"\n$ curl -s {url} -d '{json.dumps(body)}'", flush=True)
