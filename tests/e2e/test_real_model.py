@@ -52,14 +52,14 @@ def real_deploy(lab, lab_packages, pairctl_home):
     t0 = time.monotonic()
     r = cli("--json", "deploy", "--pair", PAIR, "--native", pid, "--rpc", pid, "--profile", REAL_PROFILE)
     took = time.monotonic() - t0
-    yield r, took, cli
+    yield r, took, cli, lab
     from tests.plugins.pairs import deploy_baseline
 
     deploy_baseline(cli, pid)
 
 
 def test_real_model_deploy_with_full_acceptance_passes(real_deploy, pairctl_home):
-    r, took, cli = real_deploy
+    r, took, cli, _lab = real_deploy
     assert r.exit_code == 0, r.output[-4000:]
     out = json.loads(r.stdout)
     rec = EvidenceStore(Path(pairctl_home) / "evidence").load(out["receipt"])
@@ -79,7 +79,7 @@ def test_real_model_deploy_with_full_acceptance_passes(real_deploy, pairctl_home
 
 
 def test_real_model_three_accepts_pass_with_identical_verdicts(real_deploy, pairctl_home):
-    r, _took, cli = real_deploy
+    r, _took, cli, lab_env = real_deploy
     assert r.exit_code == 0, r.output[-3000:]
     runs = []
     for _ in range(3):
@@ -97,7 +97,7 @@ def test_real_model_three_accepts_pass_with_identical_verdicts(real_deploy, pair
 
 def test_openai_client_gets_a_real_answer_under_the_declared_name(real_deploy):
     openai = pytest.importorskip("openai")
-    r, _took, cli = real_deploy
+    r, _took, cli, lab_env = real_deploy
     assert r.exit_code == 0, r.output[-3000:]
     st = lab_status(cli)
     from orchestrator.config.inventory import load_inventory
@@ -119,13 +119,14 @@ def test_openai_client_gets_a_real_answer_under_the_declared_name(real_deploy):
     assert st["health"] == "ok"
 
 
-def test_a_stopped_server_fails_with_no_progress_within_two_minutes(real_deploy, lab):
+def test_a_stopped_server_fails_with_no_progress_within_two_minutes(real_deploy):
     """SIGSTOP llama-server while acceptance runs its near-full lanes: the request stops making
     progress in /slots, and the check fails naming that (not a 30-minute timeout, not
     "unreachable" on a slow server)."""
-    r, _took, cli = real_deploy
+    r, _took, cli, lab_env = real_deploy
     assert r.exit_code == 0, r.output[-3000:]
-    root = Path(lab.inventory.host(lab.inventory.pair(PAIR).native).install_root)
+    inv = lab_env.inventory
+    root = Path(inv.host(inv.pair(PAIR).native).install_root)
     pid = int((root / "run" / "llama-server.pid").read_text().split()[0])
     import threading
 
@@ -153,7 +154,7 @@ def test_a_stopped_server_fails_with_no_progress_within_two_minutes(real_deploy,
 def test_a_floor_the_pair_cannot_reach_fails_as_too_slow(real_deploy, tmp_path):
     """An operator's profile declaring a floor this pair cannot reach: acceptance fails at the
     speed probe with both figures, and says 'slower than the profile's floor', not 'unreachable'."""
-    r, _took, cli = real_deploy
+    r, _took, cli, lab_env = real_deploy
     assert r.exit_code == 0, r.output[-3000:]
     from orchestrator.paths import MANIFESTS
 
