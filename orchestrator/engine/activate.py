@@ -26,7 +26,7 @@ from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
-from orchestrator.engine import leasing
+from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
@@ -46,7 +46,7 @@ from orchestrator.hosts.layout import (
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
@@ -226,8 +226,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
             f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
             hint="see the flag policy in README (Security model)",
         )
-    if key is not None:
-        ctx.api_key_bytes = key.file_bytes
+    ctx.key = key
     ctx.packages = {"native": native, "rpc": rpc}
     ctx.target = target
     return {
@@ -430,9 +429,9 @@ def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
 def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     if not ctx.view.has_api_key:
         return {"skipped": "the pair has no api_key_file"}
-    if ctx.api_key_bytes is None:
+    if ctx.key is None:
         raise ConfigError(f"pair {ctx.view.name}: api_key_file was not read before the secret step")
-    path = put_secret(ctx.t(role), ctx.layout(role), ctx.api_key_bytes)
+    path = put_secret(ctx.t(role), ctx.layout(role), ctx.key.file_bytes)
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
@@ -674,24 +673,49 @@ def _route_successor(ctx: RunContext) -> RouteRecord | None:
 
 
 def _compute_route(ctx: RunContext) -> RouteRecord | None:
-    """A deploy names its pair `activating` (route-accepted makes it `active` once acceptance
-    passed); a rollback names the restored pair `active`. Signed with this home's key and
-    anchored at the pair's evidence head as this run found it."""
+    """The record this run writes, by the transition engine/route_states.py names for it: a
+    deploy names its pair `activating` (route-accepted settles it); a failed deploy's rollback
+    writes the record it found again; `rollback` and `rollback --to` their own transitions.
+    Signed with this home's key and anchored at the pair's evidence head as this run found it."""
     current = _base_record(ctx)
+    found = _found_record(ctx)
+    pair, run = ctx.view.name, ctx.run_id
     if ctx.mode == "deploy":
         assert ctx.target is not None
         new = ctx.target.entry
-        prev = ctx.restore.entry if ctx.restore else None
-        if prev is not None and prev == new:
-            prev = current.previous if current else None
-        rec = next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
-        return _seal_route(ctx, rec, "activating")
+        keep = ctx.inputs.options.restore_record
+        if keep is not None:  # qualify's restore: the record as found before its first arm
+            rec = route_states.restore(current, keep, new, pair=pair, run_id=run)
+        else:
+            rec = route_states.activate(current, new, ctx.restore.entry if ctx.restore else None, pair=pair, run_id=run)
+        return _seal_route(ctx, rec, route_states.ACTIVATING)
     if ctx.restore is None and not ctx.route_written:
         return None  # nothing was recorded for the failed pair: leave the record as it was
-    active = ctx.restore.entry if ctx.restore else None
-    prev = ctx.restore_previous_entry
-    rec = next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
-    return _seal_route(ctx, rec, "active")
+    restored = ctx.restore.entry if ctx.restore else None
+    if ctx.restore_kind == "back-out" or found is None or restored is None:
+        rec = route_states.back_out(current, found, restored, pair=pair, run_id=run)
+    elif ctx.restore_kind == "roll-to":
+        rec = route_states.roll_to(found, restored, pair=pair, run_id=run)
+    else:
+        rec = route_states.roll_back(found, restored, pair=pair, run_id=run)
+    return _seal_route(ctx, rec, rec.state)
+
+
+def _found_record(ctx: RunContext) -> RouteRecord | None:
+    """The record as this run found it (the facts step's bytes), before it wrote anything."""
+    try:
+        return parse_route(ctx.hosts.facts["native"].route_bytes)
+    except (PairctlError, KeyError):
+        return None
+
+
+def _settled_state(ctx: RunContext, rec: RouteRecord) -> str:
+    """What route-accepted settles a deploy's `activating` record as: accepted only when the
+    whole suite ran and passed; qualify's restore puts back the state it found."""
+    keep = ctx.inputs.options.restore_record
+    if keep is not None:
+        return route_states.restore(None, keep, rec.active, pair=rec.pair, run_id=rec.updated_by).state  # type: ignore[arg-type]
+    return route_states.finish(rec, accepted=ctx.inputs.options.accepts_fully).state
 
 
 def _base_record(ctx: RunContext) -> RouteRecord | None:
@@ -741,12 +765,14 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
 
 
 def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
-    """Acceptance passed: the record the route step wrote, `activating` -> `active` (same
-    revision), by compare-and-swap on the bytes this run wrote."""
+    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
+    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
+    by compare-and-swap on the bytes this run wrote."""
     rec = _route_successor(ctx)
     if rec is None or ctx.mode != "deploy":
         return {"skipped": "no activation recorded by this run"}
-    active = rec.model_copy(update={"state": "active", "mac": None}).sign(ctx.inputs.route_key)
+    state = _settled_state(ctx, rec)
+    active = rec.model_copy(update={"state": state, "mac": None}).sign(ctx.inputs.route_key)
     data = active.to_bytes()
     _before_change(ctx, role)
     try:
@@ -756,7 +782,7 @@ def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
-    return {"revision": active.revision, "state": "active", "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    return {"revision": active.revision, "state": state, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
 
 
 def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.engine.identity import Expected
 from orchestrator.engine.plan import Activation, PairView
@@ -64,6 +64,15 @@ class RunOptions:
     skip_accept: bool = False
     checks: tuple[str, ...] = ()
     kernel_check: bool = False
+    restore_record: RouteRecord | None = None  # qualify's restore: the record to put back as found
+
+    @property
+    def accepts_fully(self) -> bool:
+        """The whole acceptance suite runs: only then is the pair `active` (accepted) in its
+        route record; `--skip-accept` or a partial `--checks` leaves it identity-verified."""
+        from orchestrator.checks.suite import CHECKS  # the suite imports the engine's identity probe
+
+        return not self.skip_accept and (not self.checks or set(CHECKS) <= set(self.checks))
 
 
 @dataclass(frozen=True)
@@ -205,11 +214,12 @@ class RunContext:
     recorder: RunRecorder = field(default_factory=RunRecorder)
     # decided by the run
     packages: dict[str, Package] = field(default_factory=dict)  # role -> Package (deploy)
-    api_key_bytes: bytes | None = field(default=None, repr=False)
+    key: ApiKey | None = field(default=None, repr=False)  # read once by config.inventory.read_api_key
     target: Target | None = None
     restore: Target | None = None
     restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
+    restore_kind: str = "back-out"  # engine/route_states.py: back-out (failed deploy) | roll-back | roll-to
     route_written: bool = False
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
@@ -255,13 +265,9 @@ class RunContext:
 
     @property
     def api_key(self) -> str | None:
-        """The Bearer value: the key file's first non-empty line (llama-server reads one key per line)."""
-        if not self.api_key_bytes:
-            return None
-        for line in self.api_key_bytes.decode("utf-8", "replace").splitlines():
-            if line.strip():
-                return line.strip()
-        return None
+        """The Bearer value, as the one reader (`config.inventory.read_api_key`) found it: the
+        first key line, `#` comments skipped as llama-server skips them."""
+        return self.key.value if self.key is not None else None
 
     def activating(self) -> Target | None:
         return self.restore if self.mode == "rollback" else self.target

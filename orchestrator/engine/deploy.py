@@ -42,7 +42,7 @@ from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts.leases import Lease, LeaseLost
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
-from orchestrator.hosts.route import RouteEntry, parse_route
+from orchestrator.hosts.route import RouteEntry, RouteRecord, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
@@ -205,8 +205,12 @@ def deploy(
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Pool | None = None,
     held_lease_nonce: str | None = None,
+    restore_record: RouteRecord | None = None,
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
+
+    `restore_record`: the route record to put back as it was (qualify's restore): its previous
+    pair and states, not this deploy's (engine/route_states.py `restore`).
 
     `held_lease_nonce`: the caller already holds both hosts' leases with this nonce (a
     qualification across its arms); the run renews them and leaves them held on every path."""
@@ -235,7 +239,9 @@ def deploy(
         pool=pool,
         package_ids=(package_ids[0], package_ids[1]),
         profile=profile,
-        options=RunOptions(skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check),
+        options=RunOptions(
+            skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check, restore_record=restore_record
+        ),
         held_lease_nonce=held_lease_nonce,
     ) as (ctx, result, record):
         journal = ctx.journal
@@ -521,9 +527,7 @@ def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = No
 def _read_api_key(ctx: RunContext) -> None:
     """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
     (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
-    key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
-    if key is not None:
-        ctx.api_key_bytes = key.file_bytes
+    ctx.key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
 def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore) -> None:
@@ -584,6 +588,7 @@ def rollback(
         mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
+        ctx.restore_kind = "roll-back"
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)

@@ -145,6 +145,8 @@ def plan(
             continue
         if s.action == "kernel-check" and not kernel_check:
             continue  # only with `deploy --kernel-check`
+        if s.action == "accept" and skip_accept:
+            continue  # not run, so not recorded as passed; route-accepted settles the pair identity-verified
         roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
         hosts = tuple(view.hosts[r] for r in roles) or ("local",)
         desc, argv = _describe(
@@ -247,8 +249,15 @@ def _describe(
             view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv_display_core()
         )
         return f"start llama-server from releases/{act.native_package}; wait for {view.base_url}/health 200", argv
-    if action == "accept":
+    if action == "route-accepted":
         if skip_accept:
-            return "skipped (--skip-accept): identity checks only", argv
+            return "route.json: the pair identity-verified (--skip-accept: no acceptance ran), same revision", argv
+        if checks:
+            return (
+                "route.json: the pair `active` (accepted) if --checks names the whole suite, else identity-verified",
+                argv,
+            )
+        return "", argv
+    if action == "accept":
         return "acceptance checks: " + (", ".join(checks) if checks else "the suite's defaults"), argv
     return "", argv
