@@ -562,25 +562,106 @@ def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> N
         )
 
 
+def _release_pair(ctx: RunContext, to: tuple[str, ...], store: PackageStore) -> tuple[str, str]:
+    """`rollback --to`: the (native, rpc) release ids. One id: that release on the native host
+    and the RPC host's kept release of the same revision (the same id when the hosts share a
+    target); two ids: native, rpc. Each must be kept on its host and in the local store, both
+    of one revision (a pair is two packages with one revision)."""
+    facts = ctx.hosts.facts
+    if len(to) not in (1, 2):
+        raise ConfigError("rollback --to takes one release (both hosts) or two (native, then rpc)")
+    native = to[0]
+
+    def kept(role: str, pid: str) -> None:
+        if pid not in facts[role].releases:
+            have = ", ".join(sorted(facts[role].releases)) or "none"
+            raise ConfigError(
+                f"{ctx.host(role)}: release {pid} is not kept there (kept: {have})",
+                hint=f"`pairctl releases list --pair {ctx.view.name}` shows what each host keeps",
+            )
+        if not store.exists(pid):
+            raise ConfigError(f"release {pid} is not in the local package store: its identity cannot be verified")
+
+    kept("native", native)
+    rev = store.get(native).manifest.revision
+    if len(to) == 2:
+        rpc = to[1]
+    else:
+        same = [r for r in sorted(facts["rpc"].releases) if store.exists(r) and store.get(r).manifest.revision == rev]
+        rpc = native if native in same else (same[0] if len(same) == 1 else "")
+        if not rpc:
+            raise ConfigError(
+                f"{ctx.host('rpc')}: "
+                + (
+                    f"several kept releases of revision {rev[:12]}: {', '.join(same)}"
+                    if same
+                    else f"no kept release of revision {rev[:12]}"
+                )
+                + f" to pair with {native}",
+                hint="name both: rollback --to NATIVE_RELEASE --to RPC_RELEASE",
+            )
+    kept("rpc", rpc)
+    if store.get(rpc).manifest.revision != rev:
+        raise ConfigError(f"releases {native} and {rpc} come from two revisions; a pair is built from one")
+    return native, rpc
+
+
+def _rollback_target(ctx: RunContext, rec: RouteRecord | None, to: tuple[str, ...], store: PackageStore) -> RouteEntry:
+    """What the rollback puts back, rendered now (ctx.restore), and the record entry it comes from."""
+    pair_name, pair = ctx.view.name, ctx.inventory.pair(ctx.view.name)
+    if rec is None:
+        raise HostStateError(
+            f"rollback refused, nothing was changed: pair {pair_name} has no route record (never deployed)",
+            hint=f"`pairctl deploy --pair {pair_name} --packages NATIVE RPC`",
+        )
+    trusted = rec.mac_ok(ctx.inputs.route_key)
+    if not to:
+        if rec.previous is None:
+            raise HostStateError(
+                f"rollback refused, nothing was changed: pair {pair_name}'s route record names no previous pair "
+                "to roll back to (it has been deployed once)",
+                hint=f"`pairctl status --pair {pair_name}` shows what runs; `pairctl rollback --pair {pair_name} "
+                "--to RELEASE` goes to another kept release",
+            )
+        ctx.restore = restore_target(ctx.view, pair, rec.previous, store, label="previous", trusted=trusted)
+        return rec.previous
+    native, rpc = _release_pair(ctx, to, store)
+    known = next(
+        (e for e in (rec.previous, rec.active) if e is not None and (e.native_package, e.rpc_package) == (native, rpc)),
+        None,
+    )
+    if known is not None:  # a recorded pair: its own profile, as a plain rollback renders it
+        ctx.restore = restore_target(ctx.view, pair, known, store, label="previous", trusted=trusted)
+        return known
+    ctx.restore = activate.render_recorded(ctx.view, pair, native, rpc, pair.profile, {}, store, f"release {native}")
+    return ctx.restore.entry
+
+
 def rollback(
     home: Home,
     inventory: Inventory,
     pair_name: str,
     *,
+    to: tuple[str, ...] = (),
+    dry_run: bool = False,
     argv: list[str] | None = None,
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Pool | None = None,
 ) -> RunResult:
-    """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
+    """`pairctl rollback`: swap to the route record's previous pair (or, with `to`, to a kept
+    release: engine/route_states.py `roll_to`), verify it, release leases. `dry_run` reads the
+    hosts unleased, names the target and prints the plan; nothing changes."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
     inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
+    if to:
+        inputs["to"] = " ".join(to)
     with _pair_run(
         home,
         inventory,
         view,
         command="rollback",
-        journal_command="rollback",
+        journal_command="rollback" if not dry_run else "rollback --dry-run",
         inputs=inputs,
         argv=argv,
         on_step=on_step,
@@ -588,33 +669,27 @@ def rollback(
         mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
-        ctx.restore_kind = "roll-back"
+        ctx.restore_kind = "roll-to" if to else "roll-back"
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
         record = _ReleaseWatch(record)
         try:
-            run_steps(steps[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
-            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
-            if rec is None or rec.previous is None:
-                raise HostStateError(
-                    f"rollback refused, nothing was changed: pair {pair_name}'s route record names no previous pair "
-                    "to roll back to (it has been deployed once)",
-                    hint=f"`pairctl status --pair {pair_name}` shows what runs; deploy the pair you want instead",
-                )
-            store = PackageStore(home.store)
-            ctx.restore = restore_target(
-                view,
-                inventory.pair(pair_name),
-                rec.previous,
-                store,
-                label="previous",
-                trusted=rec.mac_ok(ctx.inputs.route_key),
+            run_steps(
+                [s for s in steps[:n_prefix] if not (dry_run and s.action == "lease")],
+                ctx,
+                activate.HANDLERS,
+                journal=journal,
+                on_step=record,
             )
+            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
+            store = PackageStore(home.store)
+            back_to = _rollback_target(ctx, rec, tuple(to), store)
+            assert rec is not None and ctx.restore is not None
             ctx.restore_previous_entry = rec.active
             _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
-                want = rec.previous.native_package if r == "native" else rec.previous.rpc_package
+                want = back_to.native_package if r == "native" else back_to.rpc_package
                 if want not in ctx.hosts.facts[r].releases:
                     raise ConfigError(f"{view.hosts[r]}: release {want} (the previous pair) is not installed")
                 cur = (
@@ -623,9 +698,10 @@ def rollback(
                     else (rec.active.native_package if r == "native" else rec.active.rpc_package)
                 )
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
-            _verify_restore_releases(ctx, rec.previous, store)
-            for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
-                activate.verify_unit_before_change(ctx, r)
+            if not dry_run:
+                _verify_restore_releases(ctx, back_to, store)
+                for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
+                    activate.verify_unit_before_change(ctx, r)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:
@@ -643,6 +719,12 @@ def rollback(
         )
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
+        journal.set("target", {"to": ctx.restore.entry.names(), "how": ctx.restore_kind})
+        if dry_run:
+            result.outcome = "dry-run"
+            result.active = ctx.restore.entry.model_dump(mode="json")  # the pair it would put back
+            result.receipt = journal.finish("passed", f"dry run: would roll back to {ctx.restore.entry.names()}")
+            return result
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
