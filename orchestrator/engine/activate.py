@@ -19,7 +19,6 @@ import re
 import time
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import Package, PackageStore
@@ -29,11 +28,11 @@ from orchestrator.config.profiles import RouteProfile, load_profile, profile_fro
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
-from orchestrator.engine.plan import Activation, PairView, links_after_deploy
-from orchestrator.engine.runner import Handler
+from orchestrator.engine.plan import Activation, Exec, PairView, links_after_deploy, service_exec
+from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import boot, services, space, supervisor
+from orchestrator.hosts import boot, services, space
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -344,20 +343,6 @@ def _check_manager(ctx: RunContext, role: str) -> str:
     return version
 
 
-def _service_plan(ctx: RunContext, role: str, act: Activation) -> tuple[str, list[str], list[str]]:
-    """(service, argv, supervisor options) the start steps give ROLE's service: one place, so the
-    unit checked before the first change is the unit the start installs."""
-    if role == "rpc":
-        return RPC_SERVER, list(act.rpc_argv), supervisor.sup_args(ctx.inventory.supervision)
-    url = urlsplit(ctx.view.base_url)
-    sup = supervisor.sup_args(
-        ctx.inventory.supervision,
-        health=supervisor.ipv4_endpoint(url.hostname or "", ctx.view.server_port),
-        peer=supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port),
-    )
-    return LLAMA_SERVER, list(act.native_argv), sup
-
-
 def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
     """A systemd host: the unit this run's start will install is rendered, staged and checked by
     the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
@@ -365,8 +350,9 @@ def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
     layout, tgt = ctx.layout(role), ctx.activating()
     if layout.systemd is None or tgt is None:
         return None
-    name, argv, sup = _service_plan(ctx, role, tgt.activation)
-    staged = services.stage_unit(ctx.t(role), layout, name, argv, sup)
+    ex = service_exec(ctx.view, "restart-rpc" if role == "rpc" else "start-server", role, tgt.activation)
+    name = ex.service or SERVICE_OF_ROLE[role]
+    staged = services.stage_unit(ctx.t(role), layout, name, list(ex.service_argv), ex.sup)
     assert staged is not None
     res = ctx.t(role).run(layout.unit_verify_cmd(name), check=False, timeout=120)
     if res.exit_status != 0:
@@ -481,7 +467,26 @@ def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
     return out
 
 
-def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
+def _planned(ctx: RunContext, role: str, ex: Exec | None, verify: Any) -> Exec:
+    """The step's planned command for this host, checked against what the run found: a release
+    verified first is the one the plan named (else the plan and the run disagree: refused)."""
+    if ex is None:
+        raise HostStateError(f"{ctx.host(role)}: the plan carries no command for this step; nothing was run")
+    got = verify[0] if verify else None
+    if got != ex.verify_release:
+        raise HostStateError(
+            f"{ctx.host(role)}: the plan verifies release {ex.verify_release or 'none'} first, the run "
+            f"{got or 'none'}; nothing was run"
+        )
+    return ex
+
+
+def _ran(ex: Exec) -> dict[str, Any]:
+    """What the receipt records of a planned command: its argv as shown (secrets masked) and bound."""
+    return {"argv": list(ex.argv()), "bound_s": ex.bound_s}
+
+
+def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
@@ -501,8 +506,9 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
         free = None
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
+    ex = _planned(ctx, role, ex, verify)
     try:
-        out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
+        out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
         if ctx.mode == "deploy" and role == "native" and never_ran(exc):  # the first change never started
             raise UnreachableBeforeChange(
@@ -511,7 +517,7 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
             ) from None
         raise
     ctx.timed("stop_s", time.monotonic() - t0)
-    d: dict[str, Any] = {"result": out}
+    d: dict[str, Any] = {"result": out, **_ran(ex)}
     if free is not None:
         d["free_bytes"] = free
     if verify:
@@ -537,22 +543,29 @@ def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"current": cur, "previous": prev}
 
 
-def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = links_for(ctx, "rpc")
     tgt = ctx.activating()
     _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
-        out, _ = services.stop(t, layout, RPC_SERVER)
+        ex = _planned(ctx, "rpc", ex, None)
+        out, _ = services.stop(t, layout, RPC_SERVER, cmd=ex.cmd)
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
-        return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
+        return {
+            "stopped": out,
+            "current": links[0],
+            "previous": links[1],
+            "started": "nothing (no previous pair)",
+            **_ran(ex),
+        }
     verify = _take_deferred(ctx, "rpc")
+    ex = _planned(ctx, "rpc", ex, verify)
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
-    _, rpc_argv, rpc_sup = _service_plan(ctx, "rpc", tgt.activation)
     pid, ident, stopped, verified = services.restart_listening(
         t,
         layout,
@@ -560,10 +573,11 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         links,
         ctx.view.rpc_bind,
         ctx.view.rpc_port,
-        rpc_argv,
+        list(ex.service_argv),
         verify=verify,
-        sup=rpc_sup,
+        sup=ex.sup,
         units=units,
+        cmd=ex.cmd,
     )
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
@@ -575,22 +589,23 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
         "boot": _boot_entry(ctx, "rpc", units.get(RPC_SERVER)),
+        **_ran(ex),
     }
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
 
 
-def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_start_server(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     tgt = ctx.activating()
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
+    ex = _planned(ctx, "native", ex, None)
     _before_change(ctx, "native")
     t0 = time.monotonic()
-    _, native_argv, sup = _service_plan(ctx, "native", tgt.activation)
     units: services.Units = {}
-    pid, ident = services.start(t, layout, LLAMA_SERVER, native_argv, sup, units=units)
+    pid, ident = services.start(t, layout, LLAMA_SERVER, list(ex.service_argv), ex.sup, units=units, cmd=ex.cmd)
     ctx.hosts.started("native", ident)
     t1 = time.monotonic()
     try:
@@ -611,6 +626,7 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         "health_polls": w.polls,
         "alive_checks": w.alive_checks,
         "boot": _boot_entry(ctx, "native", units.get(LLAMA_SERVER)),
+        **_ran(ex),
     }
 
 
@@ -819,10 +835,10 @@ HANDLERS: dict[str, Handler] = {
     "prepare": a_prepare,
     "upload": a_upload,
     "secret": a_secret,
-    "stop": a_stop,
+    "stop": Planned(a_stop),
     "switch": a_switch,
-    "restart-rpc": a_restart_rpc,
-    "start-server": a_start_server,
+    "restart-rpc": Planned(a_restart_rpc),
+    "start-server": Planned(a_start_server),
     "verify": a_verify,
     "route": a_route,
     "route-accepted": a_route_accepted,
