@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.profiles import load_profile
@@ -27,7 +29,7 @@ from orchestrator.ops.revision import PairPackages
 from orchestrator.ops.rollout import on_revision
 from orchestrator.qualify.engine_driver import EngineDriver
 from orchestrator.qualify.runner import ArmPackages
-from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, teardown_pair
+from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -116,7 +118,10 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     previous pair keeps its own profile, and `rollback` returns to it."""
     fp = routes
     a, b = fp.packages
-    _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept"), "deploy A")
+    aliased = load_profile("lab").model_dump(mode="json") | {"name": "lab-alias", "extra_args": ["--alias", "m1"]}
+    prof = fp.home.root / NAME / "lab-alias.yaml"
+    prof.write_text(yaml.safe_dump(aliased))
+    _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--profile", str(prof), "--skip-accept"), "A")
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept"), "deploy B")
     before = _status(fp)["route"]
     inv = load_inventory(str(fp.inventory_path), {"PAIRCTL_HOME": str(fp.home.root)})
@@ -132,7 +137,11 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     keys = ("active", "active_packages", "previous", "state")
     assert {k: after.get(k) for k in keys} == {k: before.get(k) for k in keys}, (before, after)
     rb = _json(fp.cli("--json", "rollback", "--pair", NAME), "rollback after qualify")
-    assert rb["active"]["native_package"] == a and rb["active"]["profile_name"] == "lab", rb["active"]
+    assert rb["active"]["native_package"] == a and rb["active"]["profile_name"] == "lab-alias", rb["active"]
+    argv = rb["active"]["native_argv"]
+    assert argv[argv.index("--alias") + 1] == "m1", argv  # the previous pair's own profile, alias and all
+    pid = service_pid_of(fp, "native")
+    assert pid is not None and b"--alias\0m1\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
 def test_rollback_to_a_kept_release(routes: FaultPair) -> None:
