@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config.inventory import ApiKey, Inventory
@@ -268,6 +268,13 @@ class RunContext:
         """The Bearer value, as the one reader (`config.inventory.read_api_key`) found it: the
         first key line, `#` comments skipped as llama-server skips them."""
         return self.key.value if self.key is not None else None
+
+    def for_rollback(self) -> RunContext:
+        """The context a failed deploy's rollback runs in: its own plan and route successor over
+        the same inputs, connections, journal, host state and leases; the deploy's context is
+        left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
+        self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
+        return replace(self, mode="rollback", next_route=None, _route_lock=threading.Lock())
 
     def activating(self) -> Target | None:
         return self.restore if self.mode == "rollback" else self.target

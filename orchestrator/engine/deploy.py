@@ -428,9 +428,7 @@ def _rollback_after_failure(
         )
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
-    ctx.mode = "rollback"
-    ctx.next_route = None
-    ctx.hosts.forget_identities()
+    rb = ctx.for_rollback()
     steps = plan(
         pb,
         ctx.view,
@@ -441,23 +439,23 @@ def _rollback_after_failure(
         restore_links=ctx.restore_links,
     )
     try:
-        run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
-    except StepFailed as rb:
-        _rollback_failed(ctx, rb, first_failure=failure)
-    what = ctx.restore.entry.names() if ctx.restore else None
-    ctx.journal.set("final_state", _final_state(ctx, "restored" if what else "stopped (no previous pair)"))
+        run_steps(steps, rb, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    except StepFailed as failed:
+        _rollback_failed(rb, failed, first_failure=failure)
+    what = rb.restore.entry.names() if rb.restore else None
+    ctx.journal.set("final_state", _final_state(rb, "restored" if what else "stopped (no previous pair)"))
     ctx.journal.set(
         "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
     )
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-            f"verified, route record revision updated; {_leases_after(ctx, record)}.\ncause: {failure.message}"
+            f"verified, route record revision updated; {_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     else:
         msg = (
             f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-            f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}"
+            f"stopped; {_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
