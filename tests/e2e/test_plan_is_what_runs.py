@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.profiles import load_profile
+from orchestrator.engine.deploy import deploy
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.ops.revision import PairPackages
 from orchestrator.ops.rollout import on_revision
@@ -114,8 +115,9 @@ def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPai
 
 
 def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
-    """An arm on another profile, then the restore (as after a failed qualification): the record's
-    previous pair keeps its own profile, and `rollback` returns to it."""
+    """An arm on another profile (whose commands are its dry run's), then the restore (as after a
+    failed qualification): the record's previous pair keeps its own profile, and `rollback`
+    returns to it."""
     fp = routes
     a, b = fp.packages
     aliased = load_profile("lab").model_dump(mode="json") | {"name": "lab-alias", "extra_args": ["--alias", "m1"]}
@@ -126,10 +128,16 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     before = _status(fp)["route"]
     inv = load_inventory(str(fp.inventory_path), {"PAIRCTL_HOME": str(fp.home.root)})
     d = EngineDriver(fp.home, inv, NAME, argv=["test"])
+    arm = load_profile("lab-draft-other", pair=inv.pair(NAME))
+    arm_file = fp.home.root / NAME / "arm.yaml"
+    arm_file.write_text(yaml.safe_dump(arm.model_dump(mode="json")))
     try:
         with d.hold("test-qualify"):
             snap = d.snapshot()
-            d.activate(ArmPackages(a, a), load_profile("lab-draft-other", pair=inv.pair(NAME)))
+            dry = deploy(fp.home, inv, NAME, (a, a), profile_name=str(arm_file), skip_accept=True, dry_run=True)
+            d.activate(ArmPackages(a, a), arm)
+            # the qualification arm ran the commands a dry run of the same deploy prints
+            assert _ran(fp, d.deploy_receipts[-1]) == _planned(dry.plan) != {}
             d.restore(snap)
     finally:
         d.close()
