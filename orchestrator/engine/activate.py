@@ -28,7 +28,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile, profile_fro
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
-from orchestrator.engine.plan import Activation, Exec, PairView, links_after_deploy, service_exec
+from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
@@ -530,8 +530,7 @@ def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
     if ctx.mode == "rollback":
         return ctx.restore_links[role]
     assert ctx.target is not None
-    a = ctx.target.activation
-    return links_after_deploy(ctx.hosts.facts.get(role), a.native_package if role == "native" else a.rpc_package)
+    return deploy_links(ctx.hosts.facts.get(role), ctx.target.activation, role)
 
 
 def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:

@@ -65,6 +65,7 @@ class RunOptions:
     checks: tuple[str, ...] = ()
     kernel_check: bool = False
     restore_record: RouteRecord | None = None  # qualify's restore: the record to put back as found
+    restore_previous_links: tuple[str | None, str | None] | None = None  # ... and the `previous` links
 
     @property
     def accepts_fully(self) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.build.store import PackageStore
@@ -206,11 +206,13 @@ def deploy(
     pool: Pool | None = None,
     held_lease_nonce: str | None = None,
     restore_record: RouteRecord | None = None,
+    restore_previous_links: tuple[str | None, str | None] | None = None,
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
 
     `restore_record`: the route record to put back as it was (qualify's restore): its previous
-    pair and states, not this deploy's (engine/route_states.py `restore`).
+    pair and states, not this deploy's (engine/route_states.py `restore`); `restore_previous_links`
+    the hosts' `previous` links as found, put back with it.
 
     `held_lease_nonce`: the caller already holds both hosts' leases with this nonce (a
     qualification across its arms); the run renews them and leaves them held on every path."""
@@ -240,7 +242,11 @@ def deploy(
         package_ids=(package_ids[0], package_ids[1]),
         profile=profile,
         options=RunOptions(
-            skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check, restore_record=restore_record
+            skip_accept=skip_accept,
+            checks=tuple(checks),
+            kernel_check=kernel_check,
+            restore_record=restore_record,
+            restore_previous_links=restore_previous_links,
         ),
         held_lease_nonce=held_lease_nonce,
     ) as (ctx, result, record):
@@ -259,6 +265,7 @@ def deploy(
             )
             _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
+            _keep_previous_links(ctx)
             steps = plan(
                 deploy_pb,
                 view,
@@ -301,6 +308,18 @@ def deploy(
         result.active = ctx.target.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+def _keep_previous_links(ctx: RunContext) -> None:
+    """Qualify's restore puts the record back as found, and the `previous` links with it (not
+    the last arm's release), where the hosts still keep what they named."""
+    keep = ctx.inputs.options.restore_previous_links
+    if ctx.target is None or keep is None:
+        return
+    facts = ctx.hosts.facts
+    if all(rel is None or rel in facts[r].releases for r, rel in zip(("native", "rpc"), keep, strict=True)):
+        act = replace(ctx.target.activation, keep_previous=keep)
+        ctx.target = replace(ctx.target, activation=act)
 
 
 def _prune(ctx: RunContext) -> None:

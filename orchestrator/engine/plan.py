@@ -97,6 +97,9 @@ class Activation:
     native_argv: tuple[str, ...]
     rpc_argv: tuple[str, ...]
     label: str = ""
+    # (native, rpc) releases the `previous` links name after this activation, instead of the old
+    # current (qualify's restore: the links as the qualification found them)
+    keep_previous: tuple[str | None, str | None] | None = None
 
 
 def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
@@ -203,6 +206,14 @@ def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str |
     return new_id, facts.current
 
 
+def deploy_links(facts: HostFacts | None, target: Activation, role: str) -> tuple[str, str | None]:
+    """(current, previous) a deploy of `target` leaves on ROLE's host: for the executor and the plan."""
+    cur, prev = links_after_deploy(facts, target.native_package if role == "native" else target.rpc_package)
+    if target.keep_previous is not None:
+        prev = target.keep_previous[0 if role == "native" else 1]
+    return cur, prev
+
+
 def plan(
     playbook: Playbook,
     view: PairView,
@@ -257,7 +268,7 @@ def _links(
     restore_links: Mapping[str, tuple[str | None, str | None]],
 ) -> tuple[str | None, str | None]:
     if target is not None:
-        return links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
+        return deploy_links(facts.get(role), target, role)
     return restore_links.get(role, (None, None))
 
 

@@ -86,6 +86,7 @@ class EngineDriver:
         self._lease_nonce: str | None = None
         self._deploys_started = 0
         self._found: Any = None  # the route record as the snapshot found it: restored exactly
+        self._found_links: tuple[str | None, str | None] | None = None  # ... and the `previous` links
         key = inventory.api_key(pair)
         self._api_key = key.value if key else None
 
@@ -108,6 +109,7 @@ class EngineDriver:
                 hint=f"pairctl deploy --pair {self.pair} --packages NATIVE RPC",
             )
         self._found = rec
+        self._found_links = (self._facts("native").previous, self._facts("rpc").previous)
         a = rec.active
         return {
             "native": a.native_package,
@@ -178,7 +180,9 @@ class EngineDriver:
         p.write_text(yaml.safe_dump(profile, sort_keys=True))
         return str(p)
 
-    def _deploy(self, native: str, rpc: str, profile: dict[str, Any], why: str, restore_record: Any = None) -> Any:
+    def _deploy(
+        self, native: str, rpc: str, profile: dict[str, Any], why: str, restore_record: Any = None, links: Any = None
+    ) -> Any:
         """One engine deploy under this run's held leases (renewed, not taken or released)."""
         from orchestrator.engine.deploy import deploy
 
@@ -196,6 +200,7 @@ class EngineDriver:
                 pool=self.pool,
                 held_lease_nonce=self._lease_nonce,
                 restore_record=restore_record,
+                restore_previous_links=links,
             ),
         )
         self.deploy_receipts.append(res.receipt)
@@ -243,7 +248,9 @@ class EngineDriver:
     def restore(self, snapshot: dict[str, Any]) -> dict[str, Any]:
         # the record as found (previous pair, profiles, states), not a new deploy's: a rollback
         # afterwards returns to what was previous before the qualification
-        res = self._deploy(snapshot["native"], snapshot["rpc"], snapshot["profile"], "qualify restore", self._found)
+        res = self._deploy(
+            snapshot["native"], snapshot["rpc"], snapshot["profile"], "qualify restore", self._found, self._found_links
+        )
         rec = self._route()
         a = rec.active if rec else None
         seen = {

@@ -15,6 +15,7 @@ its own install roots and ports):
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,7 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--profile", str(prof), "--skip-accept"), "A")
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept"), "deploy B")
     before = _status(fp)["route"]
+    links = {r: (os.readlink(fp.roots[r] / "current"), os.readlink(fp.roots[r] / "previous")) for r in fp.roots}
     inv = load_inventory(str(fp.inventory_path), {"PAIRCTL_HOME": str(fp.home.root)})
     d = EngineDriver(fp.home, inv, NAME, argv=["test"])
     arm = load_profile("lab-draft-other", pair=inv.pair(NAME))
@@ -144,6 +146,8 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     after = _status(fp)["route"]
     keys = ("active", "active_packages", "previous", "state")
     assert {k: after.get(k) for k in keys} == {k: before.get(k) for k in keys}, (before, after)
+    # ... and the links too: `previous` names the found previous pair, not the arm's release
+    assert {r: (os.readlink(fp.roots[r] / "current"), os.readlink(fp.roots[r] / "previous")) for r in fp.roots} == links
     rb = _json(fp.cli("--json", "rollback", "--pair", NAME), "rollback after qualify")
     assert rb["active"]["native_package"] == a and rb["active"]["profile_name"] == "lab-alias", rb["active"]
     argv = rb["active"]["native_argv"]

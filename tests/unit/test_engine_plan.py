@@ -210,3 +210,17 @@ def test_the_plan_carries_the_commands_the_executor_runs(inv):
     assert by["stop-native"].execs["lab-native"].verify_release == "pkg-n"  # present: verified before the stop
     assert rpc.verify_release is None  # absent: uploaded and verified by the upload
     assert all(isinstance(HANDLERS[a], Planned) for a in ("stop", "restart-rpc", "start-server"))
+
+
+def test_a_restore_keeps_the_previous_links_it_was_given(inv):
+    """Qualify's restore: `previous` names what the qualification found, not the last arm's release."""
+    from dataclasses import replace
+
+    view = pair_view(inv, "lab")
+    act = replace(_activation(view, load_profile("lab"), inv), keep_previous=("found-n", None))
+    facts = {"native": _facts("arm-n", "found-n", ("arm-n", "pkg-n", "found-n")), "rpc": _facts("arm-r", None, ())}
+    by = {s.name: s for s in plan(load_playbook("deploy"), view, facts=facts, target=act)}
+    assert "current -> releases/pkg-n, previous -> releases/found-n" in by["switch-native"].description
+    assert "current -> releases/pkg-r, previous -> (none)" in by["restart-rpc"].description
+    rpc = by["restart-rpc"].execs["lab-rpc"].argv()
+    assert rpc[rpc.index("restart") + 4 : rpc.index("restart") + 6] == ("pkg-r", "-")  # root, name, verify, links
