@@ -166,3 +166,127 @@ def test_rollback_to_a_kept_release(routes: FaultPair) -> None:
     assert _status(fp)["route"]["active_packages"] == [to, to]
     bad = fp.cli("rollback", "--pair", NAME, "--to", "no-such-release")
     assert bad.returncode == 3 and "not kept there" in bad.stderr, bad.stderr
+
+
+# -- the route model on the lab -----------------------------------------------------------------
+
+
+def _record(fp: FaultPair) -> dict[str, Any]:
+    data = json.loads((fp.roots["native"] / "route.json").read_bytes())
+    assert (fp.roots["rpc"] / "route.json").read_bytes() == (fp.roots["native"] / "route.json").read_bytes()
+    return data
+
+
+def _slot(entry: dict[str, Any] | None, state: str | None) -> tuple[tuple[str, str], str] | None:
+    return None if entry is None else ((entry["native_package"], entry["profile_name"]), state or "active")
+
+
+def test_route_model_on_the_lab(routes: FaultPair) -> None:
+    """Random sequences of deploy (skip-accept, partial checks), failed deploy, rollback,
+    rollback --to and repair on the real pair; after every step the hosts' route.json names what
+    engine/route_states.py's model says (the same model tests/unit/test_route_states.py drives
+    through random sequences of thousands of steps)."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    fp = routes
+    a, b = fp.packages
+    alias = fp.home.root / NAME / "lab-alias.yaml"  # written by the qualification test above
+    profiles = {"lab": "lab", "lab-alias": str(alias)}
+
+    class Lab(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            rec = _record(fp)  # each example starts from what the pair has now
+            self.active = _slot(rec["active"], rec["state"])
+            self.previous = _slot(rec["previous"], rec.get("previous_state"))
+
+        def _moved(self, pair: tuple[str, str], state: str) -> None:
+            assert self.active is not None
+            if self.active[0] != pair:
+                self.previous = (
+                    self.active[0],
+                    "identity-verified" if self.active[1] == "activating" else self.active[1],
+                )
+            self.active = (pair, state)
+
+        @rule(
+            pkg=st.sampled_from([a, b]), prof=st.sampled_from(sorted(profiles)), how=st.sampled_from(["skip", "part"])
+        )
+        def deploy(self, pkg: str, prof: str, how: str) -> None:
+            extra = ["--skip-accept"] if how == "skip" else ["--checks", "identity"]
+            _json(
+                fp.cli("--json", "deploy", "--pair", NAME, "--packages", pkg, pkg, "--profile", profiles[prof], *extra),
+                "deploy",
+            )
+            self._moved((pkg, prof), "identity-verified")
+
+        @rule(pkg=st.sampled_from([a, b]))
+        def failed_deploy(self, pkg: str) -> None:
+            p = fp.cli(
+                "--json",
+                "deploy",
+                "--pair",
+                NAME,
+                "--packages",
+                pkg,
+                pkg,
+                "--profile",
+                "lab-unloadable",
+                "--skip-accept",
+            )
+            assert p.returncode == 7, p.stderr[-2000:]  # rolled back: the record as it was
+
+        @rule()
+        def rollback(self) -> None:
+            p = fp.cli("--json", "rollback", "--pair", NAME)
+            if self.previous is None or self.previous[0] == self.active[0]:  # type: ignore[index]
+                assert p.returncode == 6, p.stderr[-2000:]
+                return
+            _json(p, "rollback")
+            self.active, self.previous = self.previous, self.active
+
+        @rule(pkg=st.sampled_from([a, b]))
+        def rollback_to(self, pkg: str) -> None:
+            """--to PKG: the recorded previous pair if it is PKG's, else what runs if it is PKG's
+            (refused), else PKG with the inventory's profile, identity-verified."""
+            assert self.active is not None
+            p = fp.cli("--json", "rollback", "--pair", NAME, "--to", pkg)
+            if self.previous is not None and self.previous[0][0] == pkg:
+                if self.previous[0] == self.active[0]:
+                    assert p.returncode == 6, p.stderr[-2000:]  # what runs already
+                    return
+                _json(p, "rollback --to the previous pair")
+                self.active, self.previous = self.previous, self.active
+            elif self.active[0][0] == pkg:
+                assert p.returncode == 6, p.stderr[-2000:]  # what runs already
+            else:
+                _json(p, "rollback --to")
+                self.previous, self.active = self.active, ((pkg, "lab"), "identity-verified")
+
+        @rule()
+        def repair(self) -> None:
+            """From the links: the active pair and its state kept; `previous` is what the links
+            name (a redeploy of the same release keeps an older previous link), so it is re-read."""
+            _json(fp.cli("--json", "repair", "--pair", NAME, "--yes"), "repair")
+            rec = _record(fp)
+            assert _slot(rec["active"], rec["state"]) == self.active
+            self.previous = _slot(rec["previous"], rec.get("previous_state"))
+
+        @invariant()
+        def record_is_the_model(self) -> None:
+            rec = _record(fp)
+            assert _slot(rec["active"], rec["state"]) == self.active
+            assert _slot(rec["previous"], rec.get("previous_state")) == self.previous
+
+    run_state_machine_as_test(
+        Lab,
+        settings=settings(
+            max_examples=3,
+            stateful_step_count=6,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
