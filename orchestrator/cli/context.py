@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from typer._click.core import Context  # typer 0.29 vendors click: the base of typer.Context
-
 from orchestrator import terminal
 from orchestrator.cli.options import Globals
 from orchestrator.paths import Home
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # typer >= 0.29 vendors click as the private typer._click; only types name it, so
+    # pairctl starts on the older typer its floor allows (whose Context is click's)
     from rich.console import Console
+    from typer._click.core import Context
 
     from orchestrator.config.inventory import Inventory
 

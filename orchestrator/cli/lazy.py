@@ -13,14 +13,17 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from difflib import get_close_matches
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from typer._click.core import Context  # typer 0.29 vendors click: its Context is the one every command gets
 from typer.core import TyperGroup
 
 from orchestrator import progress
 from orchestrator.cli.options import Globals, global_params, uncoerced
+
+if TYPE_CHECKING:  # typer >= 0.29 vendors click as the private typer._click; only types name it, so
+    # pairctl starts on the older typer its floor allows (whose Context is click's)
+    from typer._click.core import Context
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,16 @@ def rollback(
     serial: int = opts.SERIAL,
     max_fail: int = opts.MAX_FAIL,
     pause: float = opts.PAUSE,
-    dry_run: bool = typer.Option(False, "--dry-run", help="Several pairs: print the waves; change nothing."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Name the pair it would go back to and print every step; change nothing."
+    ),
+    to: list[str] | None = typer.Option(
+        None,
+        "--to",
+        metavar="RELEASE",
+        help="Go to this kept release instead of the previous pair (once: both hosts, its revision's "
+        "release on the RPC host; twice: native, then rpc).",
+    ),
 ) -> None:
     """Swap PAIR back to its previous pair (playbooks/rollback.yaml), restarted with argv
     rendered now from the inventory and its profile. Exit 6 (nothing changed) when the route
@@ -31,7 +40,9 @@ def rollback(
     8 any rollback failed; 5 some skipped because leased; else the code of a pair refused.
     """
     c = get_ctx(ctx)
-    if all_pairs or len(pair or []) != 1 or canary or dry_run:
+    if to and (all_pairs or len(pair or []) != 1):
+        raise typer.BadParameter("names a release of one pair: give exactly one --pair", param_hint="--to")
+    if all_pairs or len(pair or []) != 1 or canary:
         from orchestrator.cli.fleet_cmd import run_fleet  # start-up: the engine loads only when it runs
 
         run_fleet(
@@ -41,16 +52,20 @@ def rollback(
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
     from orchestrator.engine.deploy import rollback as run_rollback
-    from orchestrator.engine.render import print_result, progress_printer
+    from orchestrator.engine.render import print_plan, print_result, progress_printer
 
     result = run_rollback(
         c.home,
         c.inventory(),
         (pair or [""])[0],
+        to=tuple(to or ()),
+        dry_run=dry_run,
         argv=["pairctl", *sys.argv[1:]],
         on_step=None if c.json_output else progress_printer(c.console),
     )
     if c.json_output:
         c.emit_json(result.to_dict())
+    elif dry_run:
+        print_plan(c.console, result.plan, command="rollback", target=result.active)
     else:
         print_result(c.console, result)

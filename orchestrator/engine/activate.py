@@ -19,21 +19,20 @@ import re
 import time
 from dataclasses import replace
 from typing import Any
-from urllib.parse import urlsplit
 
 from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
-from orchestrator.engine import leasing
+from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
-from orchestrator.engine.plan import Activation, PairView, links_after_deploy
-from orchestrator.engine.runner import Handler
+from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
+from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import boot, services, space, supervisor
+from orchestrator.hosts import boot, services, space
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -46,7 +45,7 @@ from orchestrator.hosts.layout import (
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, read_facts
 from orchestrator.hosts.release import ensure_release, expected_hashes
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
@@ -226,8 +225,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
             f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
             hint="see the flag policy in README (Security model)",
         )
-    if key is not None:
-        ctx.api_key_bytes = key.file_bytes
+    ctx.key = key
     ctx.packages = {"native": native, "rpc": rpc}
     ctx.target = target
     return {
@@ -345,20 +343,6 @@ def _check_manager(ctx: RunContext, role: str) -> str:
     return version
 
 
-def _service_plan(ctx: RunContext, role: str, act: Activation) -> tuple[str, list[str], list[str]]:
-    """(service, argv, supervisor options) the start steps give ROLE's service: one place, so the
-    unit checked before the first change is the unit the start installs."""
-    if role == "rpc":
-        return RPC_SERVER, list(act.rpc_argv), supervisor.sup_args(ctx.inventory.supervision)
-    url = urlsplit(ctx.view.base_url)
-    sup = supervisor.sup_args(
-        ctx.inventory.supervision,
-        health=supervisor.ipv4_endpoint(url.hostname or "", ctx.view.server_port),
-        peer=supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port),
-    )
-    return LLAMA_SERVER, list(act.native_argv), sup
-
-
 def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
     """A systemd host: the unit this run's start will install is rendered, staged and checked by
     the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
@@ -366,8 +350,9 @@ def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
     layout, tgt = ctx.layout(role), ctx.activating()
     if layout.systemd is None or tgt is None:
         return None
-    name, argv, sup = _service_plan(ctx, role, tgt.activation)
-    staged = services.stage_unit(ctx.t(role), layout, name, argv, sup)
+    ex = service_exec(ctx.view, "restart-rpc" if role == "rpc" else "start-server", role, tgt.activation)
+    name = ex.service or SERVICE_OF_ROLE[role]
+    staged = services.stage_unit(ctx.t(role), layout, name, list(ex.service_argv), ex.sup)
     assert staged is not None
     res = ctx.t(role).run(layout.unit_verify_cmd(name), check=False, timeout=120)
     if res.exit_status != 0:
@@ -430,9 +415,9 @@ def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
 def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     if not ctx.view.has_api_key:
         return {"skipped": "the pair has no api_key_file"}
-    if ctx.api_key_bytes is None:
+    if ctx.key is None:
         raise ConfigError(f"pair {ctx.view.name}: api_key_file was not read before the secret step")
-    path = put_secret(ctx.t(role), ctx.layout(role), ctx.api_key_bytes)
+    path = put_secret(ctx.t(role), ctx.layout(role), ctx.key.file_bytes)
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
@@ -482,7 +467,26 @@ def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
     return out
 
 
-def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
+def _planned(ctx: RunContext, role: str, ex: Exec | None, verify: Any) -> Exec:
+    """The step's planned command for this host, checked against what the run found: a release
+    verified first is the one the plan named (else the plan and the run disagree: refused)."""
+    if ex is None:
+        raise HostStateError(f"{ctx.host(role)}: the plan carries no command for this step; nothing was run")
+    got = verify[0] if verify else None
+    if got != ex.verify_release:
+        raise HostStateError(
+            f"{ctx.host(role)}: the plan verifies release {ex.verify_release or 'none'} first, the run "
+            f"{got or 'none'}; nothing was run"
+        )
+    return ex
+
+
+def _ran(ex: Exec) -> dict[str, Any]:
+    """What the receipt records of a planned command: its argv as shown (secrets masked) and bound."""
+    return {"argv": list(ex.argv()), "bound_s": ex.bound_s}
+
+
+def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
@@ -502,8 +506,9 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
         free = None
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
+    ex = _planned(ctx, role, ex, verify)
     try:
-        out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify)
+        out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
         if ctx.mode == "deploy" and role == "native" and never_ran(exc):  # the first change never started
             raise UnreachableBeforeChange(
@@ -512,7 +517,7 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
             ) from None
         raise
     ctx.timed("stop_s", time.monotonic() - t0)
-    d: dict[str, Any] = {"result": out}
+    d: dict[str, Any] = {"result": out, **_ran(ex)}
     if free is not None:
         d["free_bytes"] = free
     if verify:
@@ -525,8 +530,7 @@ def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
     if ctx.mode == "rollback":
         return ctx.restore_links[role]
     assert ctx.target is not None
-    a = ctx.target.activation
-    return links_after_deploy(ctx.hosts.facts.get(role), a.native_package if role == "native" else a.rpc_package)
+    return deploy_links(ctx.hosts.facts.get(role), ctx.target.activation, role)
 
 
 def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -538,22 +542,29 @@ def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"current": cur, "previous": prev}
 
 
-def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = links_for(ctx, "rpc")
     tgt = ctx.activating()
     _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
-        out, _ = services.stop(t, layout, RPC_SERVER)
+        ex = _planned(ctx, "rpc", ex, None)
+        out, _ = services.stop(t, layout, RPC_SERVER, cmd=ex.cmd)
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
-        return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
+        return {
+            "stopped": out,
+            "current": links[0],
+            "previous": links[1],
+            "started": "nothing (no previous pair)",
+            **_ran(ex),
+        }
     verify = _take_deferred(ctx, "rpc")
+    ex = _planned(ctx, "rpc", ex, verify)
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
-    _, rpc_argv, rpc_sup = _service_plan(ctx, "rpc", tgt.activation)
     pid, ident, stopped, verified = services.restart_listening(
         t,
         layout,
@@ -561,10 +572,11 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         links,
         ctx.view.rpc_bind,
         ctx.view.rpc_port,
-        rpc_argv,
+        list(ex.service_argv),
         verify=verify,
-        sup=rpc_sup,
+        sup=ex.sup,
         units=units,
+        cmd=ex.cmd,
     )
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
@@ -576,22 +588,23 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
         "boot": _boot_entry(ctx, "rpc", units.get(RPC_SERVER)),
+        **_ran(ex),
     }
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
 
 
-def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_start_server(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     tgt = ctx.activating()
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
+    ex = _planned(ctx, "native", ex, None)
     _before_change(ctx, "native")
     t0 = time.monotonic()
-    _, native_argv, sup = _service_plan(ctx, "native", tgt.activation)
     units: services.Units = {}
-    pid, ident = services.start(t, layout, LLAMA_SERVER, native_argv, sup, units=units)
+    pid, ident = services.start(t, layout, LLAMA_SERVER, list(ex.service_argv), ex.sup, units=units, cmd=ex.cmd)
     ctx.hosts.started("native", ident)
     t1 = time.monotonic()
     try:
@@ -612,6 +625,7 @@ def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
         "health_polls": w.polls,
         "alive_checks": w.alive_checks,
         "boot": _boot_entry(ctx, "native", units.get(LLAMA_SERVER)),
+        **_ran(ex),
     }
 
 
@@ -674,24 +688,49 @@ def _route_successor(ctx: RunContext) -> RouteRecord | None:
 
 
 def _compute_route(ctx: RunContext) -> RouteRecord | None:
-    """A deploy names its pair `activating` (route-accepted makes it `active` once acceptance
-    passed); a rollback names the restored pair `active`. Signed with this home's key and
-    anchored at the pair's evidence head as this run found it."""
+    """The record this run writes, by the transition engine/route_states.py names for it: a
+    deploy names its pair `activating` (route-accepted settles it); a failed deploy's rollback
+    writes the record it found again; `rollback` and `rollback --to` their own transitions.
+    Signed with this home's key and anchored at the pair's evidence head as this run found it."""
     current = _base_record(ctx)
+    found = _found_record(ctx)
+    pair, run = ctx.view.name, ctx.run_id
     if ctx.mode == "deploy":
         assert ctx.target is not None
         new = ctx.target.entry
-        prev = ctx.restore.entry if ctx.restore else None
-        if prev is not None and prev == new:
-            prev = current.previous if current else None
-        rec = next_record(current, pair=ctx.view.name, active=new, previous=prev, run_id=ctx.run_id)
-        return _seal_route(ctx, rec, "activating")
+        keep = ctx.inputs.options.restore_record
+        if keep is not None:  # qualify's restore: the record as found before its first arm
+            rec = route_states.restore(current, keep, new, pair=pair, run_id=run)
+        else:
+            rec = route_states.activate(current, new, ctx.restore.entry if ctx.restore else None, pair=pair, run_id=run)
+        return _seal_route(ctx, rec, route_states.ACTIVATING)
     if ctx.restore is None and not ctx.route_written:
         return None  # nothing was recorded for the failed pair: leave the record as it was
-    active = ctx.restore.entry if ctx.restore else None
-    prev = ctx.restore_previous_entry
-    rec = next_record(current, pair=ctx.view.name, active=active, previous=prev, run_id=ctx.run_id)
-    return _seal_route(ctx, rec, "active")
+    restored = ctx.restore.entry if ctx.restore else None
+    if ctx.restore_kind == "back-out" or found is None or restored is None:
+        rec = route_states.back_out(current, found, restored, pair=pair, run_id=run)
+    elif ctx.restore_kind == "roll-to":
+        rec = route_states.roll_to(found, restored, pair=pair, run_id=run)
+    else:
+        rec = route_states.roll_back(found, restored, pair=pair, run_id=run)
+    return _seal_route(ctx, rec, rec.state)
+
+
+def _found_record(ctx: RunContext) -> RouteRecord | None:
+    """The record as this run found it (the facts step's bytes), before it wrote anything."""
+    try:
+        return parse_route(ctx.hosts.facts["native"].route_bytes)
+    except (PairctlError, KeyError):
+        return None
+
+
+def _settled_state(ctx: RunContext, rec: RouteRecord) -> str:
+    """What route-accepted settles a deploy's `activating` record as: accepted only when the
+    whole suite ran and passed; qualify's restore puts back the state it found."""
+    keep = ctx.inputs.options.restore_record
+    if keep is not None:
+        return route_states.restore(None, keep, rec.active, pair=rec.pair, run_id=rec.updated_by).state  # type: ignore[arg-type]
+    return route_states.finish(rec, accepted=ctx.inputs.options.accepts_fully).state
 
 
 def _base_record(ctx: RunContext) -> RouteRecord | None:
@@ -741,12 +780,14 @@ def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
 
 
 def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
-    """Acceptance passed: the record the route step wrote, `activating` -> `active` (same
-    revision), by compare-and-swap on the bytes this run wrote."""
+    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
+    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
+    by compare-and-swap on the bytes this run wrote."""
     rec = _route_successor(ctx)
     if rec is None or ctx.mode != "deploy":
         return {"skipped": "no activation recorded by this run"}
-    active = rec.model_copy(update={"state": "active", "mac": None}).sign(ctx.inputs.route_key)
+    state = _settled_state(ctx, rec)
+    active = rec.model_copy(update={"state": state, "mac": None}).sign(ctx.inputs.route_key)
     data = active.to_bytes()
     _before_change(ctx, role)
     try:
@@ -756,7 +797,7 @@ def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
-    return {"revision": active.revision, "state": "active", "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    return {"revision": active.revision, "state": state, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
 
 
 def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
@@ -793,10 +834,10 @@ HANDLERS: dict[str, Handler] = {
     "prepare": a_prepare,
     "upload": a_upload,
     "secret": a_secret,
-    "stop": a_stop,
+    "stop": Planned(a_stop),
     "switch": a_switch,
-    "restart-rpc": a_restart_rpc,
-    "start-server": a_start_server,
+    "restart-rpc": Planned(a_restart_rpc),
+    "start-server": Planned(a_start_server),
     "verify": a_verify,
     "route": a_route,
     "route-accepted": a_route_accepted,

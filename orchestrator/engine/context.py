@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.engine.identity import Expected
 from orchestrator.engine.plan import Activation, PairView
@@ -64,6 +64,16 @@ class RunOptions:
     skip_accept: bool = False
     checks: tuple[str, ...] = ()
     kernel_check: bool = False
+    restore_record: RouteRecord | None = None  # qualify's restore: the record to put back as found
+    restore_previous_links: tuple[str | None, str | None] | None = None  # ... and the `previous` links
+
+    @property
+    def accepts_fully(self) -> bool:
+        """The whole acceptance suite runs: only then is the pair `active` (accepted) in its
+        route record; `--skip-accept` or a partial `--checks` leaves it identity-verified."""
+        from orchestrator.checks.suite import CHECKS  # the suite imports the engine's identity probe
+
+        return not self.skip_accept and (not self.checks or set(CHECKS) <= set(self.checks))
 
 
 @dataclass(frozen=True)
@@ -205,11 +215,12 @@ class RunContext:
     recorder: RunRecorder = field(default_factory=RunRecorder)
     # decided by the run
     packages: dict[str, Package] = field(default_factory=dict)  # role -> Package (deploy)
-    api_key_bytes: bytes | None = field(default=None, repr=False)
+    key: ApiKey | None = field(default=None, repr=False)  # read once by config.inventory.read_api_key
     target: Target | None = None
     restore: Target | None = None
     restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
+    restore_kind: str = "back-out"  # engine/route_states.py: back-out (failed deploy) | roll-back | roll-to
     route_written: bool = False
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
@@ -255,13 +266,16 @@ class RunContext:
 
     @property
     def api_key(self) -> str | None:
-        """The Bearer value: the key file's first non-empty line (llama-server reads one key per line)."""
-        if not self.api_key_bytes:
-            return None
-        for line in self.api_key_bytes.decode("utf-8", "replace").splitlines():
-            if line.strip():
-                return line.strip()
-        return None
+        """The Bearer value, as the one reader (`config.inventory.read_api_key`) found it: the
+        first key line, `#` comments skipped as llama-server skips them."""
+        return self.key.value if self.key is not None else None
+
+    def for_rollback(self) -> RunContext:
+        """The context a failed deploy's rollback runs in: its own plan and route successor over
+        the same inputs, connections, journal, host state and leases; the deploy's context is
+        left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
+        self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
+        return replace(self, mode="rollback", next_route=None, _route_lock=threading.Lock())
 
     def activating(self) -> Target | None:
         return self.restore if self.mode == "rollback" else self.target

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.build.store import PackageStore
@@ -42,7 +42,7 @@ from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts.leases import Lease, LeaseLost
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
-from orchestrator.hosts.route import RouteEntry, parse_route
+from orchestrator.hosts.route import RouteEntry, RouteRecord, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
@@ -205,8 +205,14 @@ def deploy(
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Pool | None = None,
     held_lease_nonce: str | None = None,
+    restore_record: RouteRecord | None = None,
+    restore_previous_links: tuple[str | None, str | None] | None = None,
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
+
+    `restore_record`: the route record to put back as it was (qualify's restore): its previous
+    pair and states, not this deploy's (engine/route_states.py `restore`); `restore_previous_links`
+    the hosts' `previous` links as found, put back with it.
 
     `held_lease_nonce`: the caller already holds both hosts' leases with this nonce (a
     qualification across its arms); the run renews them and leaves them held on every path."""
@@ -235,7 +241,13 @@ def deploy(
         pool=pool,
         package_ids=(package_ids[0], package_ids[1]),
         profile=profile,
-        options=RunOptions(skip_accept=skip_accept, checks=tuple(checks), kernel_check=kernel_check),
+        options=RunOptions(
+            skip_accept=skip_accept,
+            checks=tuple(checks),
+            kernel_check=kernel_check,
+            restore_record=restore_record,
+            restore_previous_links=restore_previous_links,
+        ),
         held_lease_nonce=held_lease_nonce,
     ) as (ctx, result, record):
         journal = ctx.journal
@@ -253,6 +265,7 @@ def deploy(
             )
             _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
+            _keep_previous_links(ctx)
             steps = plan(
                 deploy_pb,
                 view,
@@ -295,6 +308,18 @@ def deploy(
         result.active = ctx.target.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+def _keep_previous_links(ctx: RunContext) -> None:
+    """Qualify's restore puts the record back as found, and the `previous` links with it (not
+    the last arm's release), where the hosts still keep what they named."""
+    keep = ctx.inputs.options.restore_previous_links
+    if ctx.target is None or keep is None:
+        return
+    facts = ctx.hosts.facts
+    if all(rel is None or rel in facts[r].releases for r, rel in zip(("native", "rpc"), keep, strict=True)):
+        act = replace(ctx.target.activation, keep_previous=keep)
+        ctx.target = replace(ctx.target, activation=act)
 
 
 def _prune(ctx: RunContext) -> None:
@@ -422,9 +447,7 @@ def _rollback_after_failure(
         )
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
-    ctx.mode = "rollback"
-    ctx.next_route = None
-    ctx.hosts.forget_identities()
+    rb = ctx.for_rollback()
     steps = plan(
         pb,
         ctx.view,
@@ -435,23 +458,23 @@ def _rollback_after_failure(
         restore_links=ctx.restore_links,
     )
     try:
-        run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
-    except StepFailed as rb:
-        _rollback_failed(ctx, rb, first_failure=failure)
-    what = ctx.restore.entry.names() if ctx.restore else None
-    ctx.journal.set("final_state", _final_state(ctx, "restored" if what else "stopped (no previous pair)"))
+        run_steps(steps, rb, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    except StepFailed as failed:
+        _rollback_failed(rb, failed, first_failure=failure)
+    what = rb.restore.entry.names() if rb.restore else None
+    ctx.journal.set("final_state", _final_state(rb, "restored" if what else "stopped (no previous pair)"))
     ctx.journal.set(
         "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
     )
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-            f"verified, route record revision updated; {_leases_after(ctx, record)}.\ncause: {failure.message}"
+            f"verified, route record revision updated; {_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     else:
         msg = (
             f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-            f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}"
+            f"stopped; {_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
@@ -521,9 +544,7 @@ def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = No
 def _read_api_key(ctx: RunContext) -> None:
     """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
     (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
-    key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
-    if key is not None:
-        ctx.api_key_bytes = key.file_bytes
+    ctx.key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
 def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore) -> None:
@@ -558,25 +579,106 @@ def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> N
         )
 
 
+def _release_pair(ctx: RunContext, to: tuple[str, ...], store: PackageStore) -> tuple[str, str]:
+    """`rollback --to`: the (native, rpc) release ids. One id: that release on the native host
+    and the RPC host's kept release of the same revision (the same id when the hosts share a
+    target); two ids: native, rpc. Each must be kept on its host and in the local store, both
+    of one revision (a pair is two packages with one revision)."""
+    facts = ctx.hosts.facts
+    if len(to) not in (1, 2):
+        raise ConfigError("rollback --to takes one release (both hosts) or two (native, then rpc)")
+    native = to[0]
+
+    def kept(role: str, pid: str) -> None:
+        if pid not in facts[role].releases:
+            have = ", ".join(sorted(facts[role].releases)) or "none"
+            raise ConfigError(
+                f"{ctx.host(role)}: release {pid} is not kept there (kept: {have})",
+                hint=f"`pairctl releases list --pair {ctx.view.name}` shows what each host keeps",
+            )
+        if not store.exists(pid):
+            raise ConfigError(f"release {pid} is not in the local package store: its identity cannot be verified")
+
+    kept("native", native)
+    rev = store.get(native).manifest.revision
+    if len(to) == 2:
+        rpc = to[1]
+    else:
+        same = [r for r in sorted(facts["rpc"].releases) if store.exists(r) and store.get(r).manifest.revision == rev]
+        rpc = native if native in same else (same[0] if len(same) == 1 else "")
+        if not rpc:
+            raise ConfigError(
+                f"{ctx.host('rpc')}: "
+                + (
+                    f"several kept releases of revision {rev[:12]}: {', '.join(same)}"
+                    if same
+                    else f"no kept release of revision {rev[:12]}"
+                )
+                + f" to pair with {native}",
+                hint="name both: rollback --to NATIVE_RELEASE --to RPC_RELEASE",
+            )
+    kept("rpc", rpc)
+    if store.get(rpc).manifest.revision != rev:
+        raise ConfigError(f"releases {native} and {rpc} come from two revisions; a pair is built from one")
+    return native, rpc
+
+
+def _rollback_target(ctx: RunContext, rec: RouteRecord | None, to: tuple[str, ...], store: PackageStore) -> RouteEntry:
+    """What the rollback puts back, rendered now (ctx.restore), and the record entry it comes from."""
+    pair_name, pair = ctx.view.name, ctx.inventory.pair(ctx.view.name)
+    if rec is None:
+        raise HostStateError(
+            f"rollback refused, nothing was changed: pair {pair_name} has no route record (never deployed)",
+            hint=f"`pairctl deploy --pair {pair_name} --packages NATIVE RPC`",
+        )
+    trusted = rec.mac_ok(ctx.inputs.route_key)
+    if not to:
+        if rec.previous is None:
+            raise HostStateError(
+                f"rollback refused, nothing was changed: pair {pair_name}'s route record names no previous pair "
+                "to roll back to (it has been deployed once)",
+                hint=f"`pairctl status --pair {pair_name}` shows what runs; `pairctl rollback --pair {pair_name} "
+                "--to RELEASE` goes to another kept release",
+            )
+        ctx.restore = restore_target(ctx.view, pair, rec.previous, store, label="previous", trusted=trusted)
+        return rec.previous
+    native, rpc = _release_pair(ctx, to, store)
+    known = next(
+        (e for e in (rec.previous, rec.active) if e is not None and (e.native_package, e.rpc_package) == (native, rpc)),
+        None,
+    )
+    if known is not None:  # a recorded pair: its own profile, as a plain rollback renders it
+        ctx.restore = restore_target(ctx.view, pair, known, store, label="previous", trusted=trusted)
+        return known
+    ctx.restore = activate.render_recorded(ctx.view, pair, native, rpc, pair.profile, {}, store, f"release {native}")
+    return ctx.restore.entry
+
+
 def rollback(
     home: Home,
     inventory: Inventory,
     pair_name: str,
     *,
+    to: tuple[str, ...] = (),
+    dry_run: bool = False,
     argv: list[str] | None = None,
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Pool | None = None,
 ) -> RunResult:
-    """`pairctl rollback`: swap to the route record's previous pair, verify it, release leases."""
+    """`pairctl rollback`: swap to the route record's previous pair (or, with `to`, to a kept
+    release: engine/route_states.py `roll_to`), verify it, release leases. `dry_run` reads the
+    hosts unleased, names the target and prints the plan; nothing changes."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
     inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
+    if to:
+        inputs["to"] = " ".join(to)
     with _pair_run(
         home,
         inventory,
         view,
         command="rollback",
-        journal_command="rollback",
+        journal_command="rollback" if not dry_run else "rollback --dry-run",
         inputs=inputs,
         argv=argv,
         on_step=on_step,
@@ -584,32 +686,27 @@ def rollback(
         mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
+        ctx.restore_kind = "roll-to" if to else "roll-back"
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
         record = _ReleaseWatch(record)
         try:
-            run_steps(steps[:n_prefix], ctx, activate.HANDLERS, journal=journal, on_step=record)
-            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
-            if rec is None or rec.previous is None:
-                raise HostStateError(
-                    f"rollback refused, nothing was changed: pair {pair_name}'s route record names no previous pair "
-                    "to roll back to (it has been deployed once)",
-                    hint=f"`pairctl status --pair {pair_name}` shows what runs; deploy the pair you want instead",
-                )
-            store = PackageStore(home.store)
-            ctx.restore = restore_target(
-                view,
-                inventory.pair(pair_name),
-                rec.previous,
-                store,
-                label="previous",
-                trusted=rec.mac_ok(ctx.inputs.route_key),
+            run_steps(
+                [s for s in steps[:n_prefix] if not (dry_run and s.action == "lease")],
+                ctx,
+                activate.HANDLERS,
+                journal=journal,
+                on_step=record,
             )
+            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
+            store = PackageStore(home.store)
+            back_to = _rollback_target(ctx, rec, tuple(to), store)
+            assert rec is not None and ctx.restore is not None
             ctx.restore_previous_entry = rec.active
             _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
-                want = rec.previous.native_package if r == "native" else rec.previous.rpc_package
+                want = back_to.native_package if r == "native" else back_to.rpc_package
                 if want not in ctx.hosts.facts[r].releases:
                     raise ConfigError(f"{view.hosts[r]}: release {want} (the previous pair) is not installed")
                 cur = (
@@ -618,9 +715,10 @@ def rollback(
                     else (rec.active.native_package if r == "native" else rec.active.rpc_package)
                 )
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
-            _verify_restore_releases(ctx, rec.previous, store)
-            for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
-                activate.verify_unit_before_change(ctx, r)
+            if not dry_run:
+                _verify_restore_releases(ctx, back_to, store)
+                for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
+                    activate.verify_unit_before_change(ctx, r)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:
@@ -638,6 +736,12 @@ def rollback(
         )
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
+        journal.set("target", {"to": ctx.restore.entry.names(), "how": ctx.restore_kind})
+        if dry_run:
+            result.outcome = "dry-run"
+            result.active = ctx.restore.entry.model_dump(mode="json")  # the pair it would put back
+            result.receipt = journal.finish("passed", f"dry run: would roll back to {ctx.restore.entry.names()}")
+            return result
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:

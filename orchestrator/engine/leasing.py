@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, LeaseHeldError
 from orchestrator.hosts import leases
+from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
     from orchestrator.engine.context import RunContext
@@ -88,6 +89,6 @@ def describe(handle: Any) -> dict[str, Any]:
     return dict(public()) if callable(public) else {"lease": str(handle)}
 
 
-def show(transport: Any, root: str) -> list[dict[str, Any]]:
+def show(transport: Transport, root: str) -> list[dict[str, Any]]:
     st = leases.lease_state(transport, root)
     return [] if st.free else [st.to_dict()]

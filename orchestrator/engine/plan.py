@@ -1,6 +1,12 @@
 """Planning: a playbook plus what the hosts look like -> the concrete steps, each on a named
 host with what it will do. Pure: `--dry-run` prints exactly this, and tests check it with no
 host at all.
+
+The plan is what runs: a step that starts or stops a service carries its command per host as a
+frozen `Exec` (argv, the release it verifies first, its bound, the argv the started service
+must show), rendered here and only here (`service_exec`). The executor (engine/activate.py) is
+handed that Exec and runs it as it is, and records its argv in the receipt, so the dry run's
+commands and the receipt's are the same bytes.
 """
 
 from __future__ import annotations
@@ -8,13 +14,32 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
+from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
 from orchestrator.hosts.units import SystemdUnits, unit_name
+from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
+
+
+@dataclass(frozen=True)
+class Exec:
+    """One command a step runs on one host, rendered once: what `--dry-run` prints, what the
+    executor runs and what the receipt records."""
+
+    cmd: Cmd
+    bound_s: float  # the exec's own timeout
+    verify_release: str | None = None  # checked against its manifest (stdin) before anything stops
+    service: str | None = None  # the service it starts, when it starts one
+    service_argv: tuple[str, ...] = ()  # ... and the argv that service's identity must show
+    sup: tuple[str, ...] = ()  # the supervisor options (also in a systemd unit's ExecStart)
+
+    def argv(self) -> tuple[str, ...]:
+        return tuple(self.cmd.argv_display_core())
 
 
 @dataclass(frozen=True)
@@ -28,7 +53,11 @@ class Step:
     on_failure: str
     changes: bool
     description: str
-    argv: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # per host, where one command says it
+    execs: Mapping[str, Exec] = field(default_factory=dict)  # per host: the command this step runs there
+
+    @property
+    def argv(self) -> Mapping[str, tuple[str, ...]]:
+        return {h: e.argv() for h, e in self.execs.items()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +85,7 @@ class PairView:
     server_port: int
     base_url: str
     has_api_key: bool
+    sup: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # role -> supervisor options
 
 
 @dataclass(frozen=True)
@@ -67,6 +97,9 @@ class Activation:
     native_argv: tuple[str, ...]
     rpc_argv: tuple[str, ...]
     label: str = ""
+    # (native, rpc) releases the `previous` links name after this activation, instead of the old
+    # current (qualify's restore: the links as the qualification found them)
+    keep_previous: tuple[str | None, str | None] | None = None
 
 
 def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
@@ -100,18 +133,67 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     }
     server_bind = inventory.server_bind(pair_name)
     reach = inventory.host(p.native).address if server_bind in ("0.0.0.0", "::", "") else server_bind
-    reach = f"[{reach}]" if ":" in reach else reach
+    reach_url = f"[{reach}]" if ":" in reach else reach
+    rpc_bind = inventory.rpc_bind(pair_name)
+    sup = {
+        "rpc": tuple(supervisor.sup_args(inventory.supervision)),
+        "native": tuple(
+            supervisor.sup_args(
+                inventory.supervision,
+                health=supervisor.ipv4_endpoint(urlsplit(f"http://{reach_url}").hostname or "", p.server_port),
+                peer=supervisor.ipv4_endpoint(rpc_bind, p.rpc_port),
+            )
+        ),
+    }
     return PairView(
         name=pair_name,
         hosts=hosts,
         layouts=layouts,
-        rpc_bind=inventory.rpc_bind(pair_name),
+        rpc_bind=rpc_bind,
         rpc_port=p.rpc_port,
         server_bind=server_bind,
         server_port=p.server_port,
-        base_url=f"http://{reach}:{p.server_port}",
+        base_url=f"http://{reach_url}:{p.server_port}",
         has_api_key=bool(p.api_key_file),
+        sup=sup,
     )
+
+
+def service_exec(
+    view: PairView,
+    action: str,
+    role: str,
+    act: Activation | None,
+    links: tuple[str | None, str | None] = (None, None),
+    verify_release: str | None = None,
+) -> Exec:
+    """The command `action` (stop | restart-rpc | start-server) runs on ROLE's host: the one
+    renderer for the plan, the executor and the receipt."""
+    layout = view.layouts[role]
+    name = LLAMA_SERVER if role == "native" else RPC_SERVER
+    if action == "stop" or (action == "restart-rpc" and act is None):
+        return Exec(layout.stop_cmd(name, verify_release), services.stop_bound_s(layout), verify_release)
+    assert act is not None
+    sup = tuple(view.sup.get(role, ()))
+    if action == "restart-rpc":
+        argv = list(act.rpc_argv)
+        cmd = layout.restart_cmd(
+            RPC_SERVER,
+            links[0],
+            links[1],
+            view.rpc_bind,
+            view.rpc_port,
+            services.RPC_LISTEN_S,
+            argv,
+            verify_release=verify_release,
+            sup=sup,
+        )
+        return Exec(cmd, services.restart_bound_s(layout), verify_release, RPC_SERVER, tuple(argv), sup)
+    if action == "start-server":
+        argv = list(act.native_argv)
+        cmd = layout.start_cmd(LLAMA_SERVER, argv, sup)
+        return Exec(cmd, services.start_bound_s(layout), None, LLAMA_SERVER, tuple(argv), sup)
+    raise ValueError(f"action {action} runs no service command")
 
 
 def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str | None]:
@@ -122,6 +204,14 @@ def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str |
     if facts.current == new_id:
         return new_id, facts.previous
     return new_id, facts.current
+
+
+def deploy_links(facts: HostFacts | None, target: Activation, role: str) -> tuple[str, str | None]:
+    """(current, previous) a deploy of `target` leaves on ROLE's host: for the executor and the plan."""
+    cur, prev = links_after_deploy(facts, target.native_package if role == "native" else target.rpc_package)
+    if target.keep_previous is not None:
+        prev = target.keep_previous[0 if role == "native" else 1]
+    return cur, prev
 
 
 def plan(
@@ -145,6 +235,8 @@ def plan(
             continue
         if s.action == "kernel-check" and not kernel_check:
             continue  # only with `deploy --kernel-check`
+        if s.action == "accept" and skip_accept:
+            continue  # not run, so not recorded as passed; route-accepted settles the pair identity-verified
         roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
         hosts = tuple(view.hosts[r] for r in roles) or ("local",)
         desc, argv = _describe(
@@ -159,7 +251,7 @@ def plan(
                 on_failure=s.on_failure,
                 changes=ACTIONS[s.action],
                 description=desc or s.description,
-                argv=argv,
+                execs=argv,
             )
         )
     return steps
@@ -176,8 +268,18 @@ def _links(
     restore_links: Mapping[str, tuple[str | None, str | None]],
 ) -> tuple[str | None, str | None]:
     if target is not None:
-        return links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
+        return deploy_links(facts.get(role), target, role)
     return restore_links.get(role, (None, None))
+
+
+def _present(role: str, facts: Mapping[str, HostFacts], target: Activation | None) -> str | None:
+    """A deploy's release already on the host: nothing is uploaded, so the host's first exec
+    that changes anything (stop-native, restart-rpc) verifies its files before it stops."""
+    if target is None:
+        return None
+    pkg = target.native_package if role == "native" else target.rpc_package
+    f = facts.get(role)
+    return pkg if f is not None and pkg in f.releases else None
 
 
 def _describe(
@@ -190,9 +292,9 @@ def _describe(
     skip_accept: bool,
     checks: tuple[str, ...],
     restore_links: Mapping[str, tuple[str | None, str | None]],
-) -> tuple[str, dict[str, tuple[str, ...]]]:
-    """A sentence for people plus the argv that will run where one command says it all."""
-    argv: dict[str, tuple[str, ...]] = {}
+) -> tuple[str, dict[str, Exec]]:
+    """A sentence for people plus the command that will run on each host where one says it all."""
+    argv: dict[str, Exec] = {}
     pkg = {"native": target.native_package, "rpc": target.rpc_package} if target else {}
     if action == "upload" and target:
         parts = []
@@ -222,20 +324,18 @@ def _describe(
         name = LLAMA_SERVER if r == "native" else RPC_SERVER
         f = facts.get(r)
         pid = f.running.get(name) if f else None
-        argv[view.hosts[r]] = tuple(view.layouts[r].stop_cmd(name).argv_display_core())
+        argv[view.hosts[r]] = service_exec(view, "stop", r, act, verify_release=_present(r, facts, target))
         return f"stop {name}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), argv
     if action == "restart-rpc":
         cur, prev = _links("rpc", facts, target, restore_links)
+        argv[view.hosts["rpc"]] = service_exec(
+            view, "restart-rpc", "rpc", act, (cur, prev), verify_release=_present("rpc", facts, target)
+        )
         if act is None:
             return (
                 f"stop ggml-rpc-server; links back: current -> {_rel(cur)}, previous -> {_rel(prev)}; no pair to start",
                 argv,
             )
-        argv[view.hosts["rpc"]] = tuple(
-            view.layouts["rpc"]
-            .restart_cmd(RPC_SERVER, cur, prev, view.rpc_bind, view.rpc_port, 20, list(act.rpc_argv))
-            .argv_display_core()
-        )
         return (
             f"stop ggml-rpc-server; current -> {_rel(cur)}, previous -> {_rel(prev)}; start it bound to "
             f"{view.rpc_bind}:{view.rpc_port}; wait until it lives and listens; read its identity"
@@ -243,12 +343,17 @@ def _describe(
     if action == "start-server":
         if act is None:
             return "nothing to start (no previous pair)", argv
-        argv[view.hosts["native"]] = tuple(
-            view.layouts["native"].start_cmd(LLAMA_SERVER, list(act.native_argv)).argv_display_core()
-        )
+        argv[view.hosts["native"]] = service_exec(view, "start-server", "native", act)
         return f"start llama-server from releases/{act.native_package}; wait for {view.base_url}/health 200", argv
-    if action == "accept":
+    if action == "route-accepted":
         if skip_accept:
-            return "skipped (--skip-accept): identity checks only", argv
+            return "route.json: the pair identity-verified (--skip-accept: no acceptance ran), same revision", argv
+        if checks:
+            return (
+                "route.json: the pair `active` (accepted) if --checks names the whole suite, else identity-verified",
+                argv,
+            )
+        return "", argv
+    if action == "accept":
         return "acceptance checks: " + (", ".join(checks) if checks else "the suite's defaults"), argv
     return "", argv

@@ -10,9 +10,18 @@ from rich.console import Console
 from rich.table import Table
 
 
-def print_plan(console: Console, plan: list[dict[str, Any]]) -> None:
-    """Every step, on which host, what it does and what a failure means (no truncation)."""
-    console.print("deploy plan (dry run: nothing was changed)", markup=False)
+def print_plan(
+    console: Console, plan: list[dict[str, Any]], *, command: str = "deploy", target: dict[str, Any] | None = None
+) -> None:
+    """Every step, on which host, what it does and what a failure means (no truncation); a
+    rollback's first names the pair it goes back to."""
+    console.print(f"{command} plan (dry run: nothing was changed)", markup=False)
+    if target:
+        console.print(
+            f"goes back to: {target['native_package']} + {target['rpc_package']} ({target['profile_name']})",
+            markup=False,
+            highlight=False,
+        )
     for i, s in enumerate(plan, 1):
         console.print(
             f"{i:>2}. {s['name']:<14} on {', '.join(s['hosts']):<26} on failure: {s['on_failure']}",

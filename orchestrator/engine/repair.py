@@ -9,7 +9,10 @@ deploy and rollback refuse (exit 6) and point here. The rebuilt record says:
     those packages, else the one the newest passed deploy of them in this home's evidence
     used, else the pair's profile in the inventory;
   - the model hashes the old record had for those packages (none otherwise);
-  - revision: one above the highest either host had; signed and anchored like any record.
+  - revision: one above the highest either host had; signed and anchored like any record;
+  - state: the old record's when it names the same pair, else identity-verified (route_states.rebuilt).
+A pair whose `current` names no release on both hosts (never deployed) has nothing to rebuild:
+refused, never a record of nothing active.
 Without `--yes` nothing is written (the receipt says what would be). With it, both hosts'
 leases are taken, route.json is replaced by compare-and-swap on each host, and the leases are
 released. A current link naming a release that is not installed cannot be repaired here.
@@ -22,7 +25,7 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, route_trust
+from orchestrator.engine import activate, route_states, route_trust
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
 from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import load_playbook
@@ -30,7 +33,7 @@ from orchestrator.engine.runner import StepFailed, error_of, run_steps
 from orchestrator.errors import CheckFailed, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
@@ -168,8 +171,23 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
             previous = entry_for("previous", *prev_links)
         except PairctlError as exc:  # the previous pair cannot be rendered here: record none rather than guess
             sources["previous"] = f"none ({exc.message})"
+    if active is None:
+        # a record naming nothing active is no record: never offered (engine/route_states.py)
+        cur = {view.hosts[r]: facts[r].current or "nothing" for r in ("native", "rpc")}
+        never = not olds and not any(facts[r].current for r in ("native", "rpc"))
+        raise HostStateError(
+            f"repair has nothing to rebuild for pair {view.name}: "
+            + (
+                "it was never deployed (no route record, no current release on either host)"
+                if never
+                else "`current` does not name a release on both hosts ("
+                + ", ".join(f"{h}: {c}" for h, c in cur.items())
+                + ")"
+            ),
+            hint=f"`pairctl deploy --pair {view.name} --packages NATIVE RPC` records the pair it activates",
+        )
     base = max(olds, key=lambda r: r.revision) if olds else None
-    rec = next_record(base, pair=view.name, active=active, previous=previous, run_id=ctx.run_id)
+    rec = route_states.rebuilt(base, active, previous, pair=view.name, run_id=ctx.run_id)
     rec = rec.model_copy(update={"evidence_head": ctx.inputs.evidence_head}).sign(ctx.inputs.route_key)
     return rec, sources
 

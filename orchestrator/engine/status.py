@@ -135,6 +135,7 @@ def status(
                 "active": rec.active.names() if rec.active else None,
                 "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
                 "previous": rec.previous.names() if rec.previous else None,
+                "previous_state": (rec.previous_state or "active") if rec.previous else None,
             }
             if rec.active and rec.active.models:
                 bad = recorded_model_problems(

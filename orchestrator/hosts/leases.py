@@ -46,7 +46,7 @@ from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import HOST_FILE_MAX
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 LEASES_DIR = "leases"
 LOCK_DIR = "host.lock"
@@ -86,7 +86,7 @@ def utcnow() -> datetime:
 Clock = Callable[[Any, str], datetime]
 
 
-def host_now(transport: Any, leases_dir: str) -> datetime:
+def host_now(transport: Transport, leases_dir: str) -> datetime:
     """The host's clock: the mtime of a file the host writes now (then removed). One cheap SFTP
     write + stat + remove; filesystem times come from the host's kernel clock."""
     probe = f"{leases_dir}/{CLOCK_PROBE}.{secrets.token_hex(4)}"
@@ -106,7 +106,7 @@ def host_now(transport: Any, leases_dir: str) -> datetime:
     return datetime.fromtimestamp(int(st.mtime), UTC)  # whole seconds, as SFTP reports them
 
 
-def _host_date(transport: Any) -> datetime:
+def _host_date(transport: Transport) -> datetime:
     """The host's clock from `date +%s` (one exec): when no file can be written to read it from."""
     res = transport.run(Cmd(("date", "+%s")), check=False, timeout=30)
     text = as_text(res.stdout).strip()
@@ -368,7 +368,7 @@ class LeaseState:
 
 
 def lease_state(
-    transport: Any, install_root: str, *, now: datetime | None = None, clock: Clock | None = None
+    transport: Transport, install_root: str, *, now: datetime | None = None, clock: Clock | None = None
 ) -> LeaseState:
     """Look at the host's lease and judge it by the host's clock (`now` overrides it; `clock`
     is how to read it, `host_now` by default). A free host needs no clock read."""
@@ -392,7 +392,7 @@ def lease_state(
     return LeaseState(host, "expired" if lease.expired(now) else "held", lease=lease, lock_age_s=age, now=now)
 
 
-def read_lease(transport: Any, install_root: str, *, clock: Clock | None = None) -> Lease | None:
+def read_lease(transport: Transport, install_root: str, *, clock: Clock | None = None) -> Lease | None:
     """The lease in `lease.json`, or None when there is none (see `lease_state` for half-made)."""
     return lease_state(transport, install_root, clock=clock).lease
 
@@ -428,7 +428,12 @@ def _held_error(st: LeaseState, *, grace_s: float) -> LeaseHeldError:
 
 
 def _entomb(
-    transport: Any, install_root: str, why: str, tag: str, expect_nonce: str, on_changed: Callable[[], BaseException]
+    transport: Transport,
+    install_root: str,
+    why: str,
+    tag: str,
+    expect_nonce: str,
+    on_changed: Callable[[], BaseException],
 ) -> None:
     """The one way a lock directory goes away: rename it to `.WHY.TAG.RANDOM` (atomic: a taker's
     mkdir can win the moment after), read back that the moved lock still holds `expect_nonce`
@@ -452,7 +457,7 @@ def _entomb(
     _remove_tree_shallow(transport, tomb)
 
 
-def _remove_tree_shallow(transport: Any, d: str) -> None:
+def _remove_tree_shallow(transport: Transport, d: str) -> None:
     """Remove a (former) lock directory: its files, then itself. Best effort."""
     try:
         for n in transport.listdir(d):
@@ -466,7 +471,7 @@ def _remove_tree_shallow(transport: Any, d: str) -> None:
 
 
 def _break(
-    transport: Any,
+    transport: Transport,
     install_root: str,
     st: LeaseState,
     *,
@@ -519,7 +524,7 @@ def _break(
 
 
 def take_lease(
-    transport: Any,
+    transport: Transport,
     install_root: str,
     owner: str,
     purpose: str,
@@ -585,7 +590,7 @@ def take_lease(
     raise _held_error(st, grace_s=grace_s)
 
 
-def release_lease(transport: Any, install_root: str, nonce: str, *, clock: Clock | None = None) -> Lease:
+def release_lease(transport: Transport, install_root: str, nonce: str, *, clock: Clock | None = None) -> Lease:
     """Release the lease holding `nonce`, then read back that it is no longer active.
 
     A wrong nonce raises LeaseError and leaves the lease untouched. Returns the released lease.
@@ -627,7 +632,7 @@ class LeaseLost(LeaseError):
 
 
 def renew_lease(
-    transport: Any,
+    transport: Transport,
     install_root: str,
     nonce: str,
     ttl_s: float,
@@ -685,7 +690,7 @@ def run_of(lease: Lease) -> str | None:
 
 
 def break_run_lease(
-    transport: Any,
+    transport: Transport,
     install_root: str,
     run_id: str,
     *,
@@ -742,7 +747,7 @@ def stale_proof(states: Sequence[LeaseState], run_id: str, *, evidence_says: str
 
 @dataclass(frozen=True)
 class LeaseTarget:
-    transport: Any
+    transport: Transport
     install_root: str
 
     @property

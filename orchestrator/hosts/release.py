@@ -174,7 +174,7 @@ def ensure_release(
 _TMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.tmp-[0-9a-f]+$")
 
 
-def leftovers(transport: Any, layout: HostLayout) -> list[str]:
+def leftovers(transport: Transport, layout: HostLayout) -> list[str]:
     """Temporary upload directories under releases/ (a killed or failed upload's): `status` lists them."""
     try:
         names = transport.listdir(layout.releases)
@@ -183,7 +183,7 @@ def leftovers(transport: Any, layout: HostLayout) -> list[str]:
     return sorted(n for n in names if _TMP_NAME.match(n))
 
 
-def discard_leftovers(transport: Any, layout: HostLayout) -> list[str]:
+def discard_leftovers(transport: Transport, layout: HostLayout) -> list[str]:
     """Remove every leftover upload directory (the caller holds the host's lease)."""
     found = leftovers(transport, layout)
     for name in found:

@@ -10,8 +10,8 @@ inventory and profile as they stand, never from the record).
 The host is untrusted: every record pairctl writes carries `mac`, an HMAC-SHA256 over the rest
 of the record with a key kept in the operator's home (engine/route_trust.py), and
 `evidence_head`, the newest receipt of the pair's evidence chain when the writing run began,
-so a deleted receipt or chain shows up on the next command that reads the route. `state` is
-`activating` from the switch until acceptance passed, then `active`.
+so a deleted receipt or chain shows up on the next command that reads the route. Its states
+and the transitions between them are engine/route_states.py's.
 """
 
 from __future__ import annotations
@@ -86,16 +86,25 @@ class RouteRecord(BaseModel):
     previous: RouteEntry | None = None
     updated_at: str
     updated_by: str  # the run id that wrote it
-    state: Literal["active", "activating"] = "active"  # activating: switched, acceptance not yet passed
+    # engine/route_states.py: activating (switched, acceptance not finished), active (accepted),
+    # identity-verified (acceptance skipped or partial); previous_state: what `previous` had
+    state: Literal["active", "activating", "identity-verified"] = "active"
+    previous_state: Literal["active", "identity-verified"] | None = None
     evidence_head: str | None = None  # the pair's newest receipt when the writing run began
     mac: str | None = None  # HMAC-SHA256 of the record without `mac` (None: not signed)
 
+    def _dump(self) -> dict:
+        d = self.model_dump(mode="json", by_alias=True)
+        if d.get("previous_state") is None:  # records written before it existed keep their bytes
+            d.pop("previous_state", None)
+        return d
+
     def to_bytes(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json", by_alias=True)) + b"\n"
+        return canonical_json(self._dump()) + b"\n"
 
     def signed_part(self) -> bytes:
         """What the mac covers: the canonical record without its mac."""
-        d = self.model_dump(mode="json", by_alias=True)
+        d = self._dump()
         d.pop("mac", None)
         return canonical_json(d)
 

@@ -22,6 +22,7 @@ from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
+from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
 
@@ -119,6 +120,22 @@ def _unit_read_back(
         units[name] = rb
 
 
+RPC_LISTEN_S = 20  # restart: how long the helper waits for ggml-rpc-server to live and listen
+
+
+def start_bound_s(layout: HostLayout) -> int:
+    """The start exec's bound: a systemd host's systemctl calls, else 30 s."""
+    return SYSTEMD_EXEC_S if layout.systemd is not None else 30
+
+
+def restart_bound_s(layout: HostLayout, listen_s: int = RPC_LISTEN_S) -> int:
+    return listen_s + (SYSTEMD_EXEC_S if layout.systemd is not None else 60)
+
+
+def stop_bound_s(layout: HostLayout) -> int:
+    return SYSTEMD_STOP_S if layout.systemd is not None else 60
+
+
 def start(
     transport: Transport,
     layout: HostLayout,
@@ -126,11 +143,13 @@ def start(
     argv: list[str],
     sup: Sequence[str] = (),
     units: Units | None = None,
+    cmd: Cmd | None = None,
 ) -> tuple[int, ProcIdentity]:
     """Start NAME under its supervisor (one exec; on a systemd host its unit is staged first and
-    read back after); returns its pid and identity (exe sha256, argv) once it has exec'd."""
+    read back after); returns its pid and identity (exe sha256, argv) once it has exec'd. `cmd`:
+    the command as the plan rendered it (engine/plan.py), run as it is."""
     staged = stage_unit(transport, layout, name, argv, sup)
-    res = transport.run(layout.start_cmd(name, argv, sup), timeout=SYSTEMD_EXEC_S if staged else 30)
+    res = transport.run(cmd or layout.start_cmd(name, argv, sup), timeout=start_bound_s(layout))
     out = as_text(res.stdout)
     pid_ident = _pid_and_identity(transport.name, out, name)
     _unit_read_back(transport, staged, out, name, units)
@@ -159,20 +178,21 @@ def restart_listening(
     address: str,
     port: int,
     argv: list[str],
-    timeout_s: int = 20,
+    timeout_s: int = RPC_LISTEN_S,
     verify: Verify | None = None,
     sup: Sequence[str] = (),
     units: Units | None = None,
+    cmd: Cmd | None = None,
 ) -> tuple[int, ProcIdentity, str, int]:
     """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
     listens on address:port and read its identity, in one exec. Raises CheckFailed with the
     output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
     exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
     staged = stage_unit(transport, layout, name, argv, sup)
-    cmd = layout.restart_cmd(
+    cmd = cmd or layout.restart_cmd(
         name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None, sup=sup
     )
-    timeout = timeout_s + (SYSTEMD_EXEC_S if staged else 60)
+    timeout = restart_bound_s(layout, timeout_s)
     res = transport.run(cmd, check=False, timeout=timeout, stdin=manifest_lines(verify[1]) if verify else None)
     out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
@@ -196,13 +216,15 @@ def restart_listening(
     )
 
 
-def stop(transport: Transport, layout: HostLayout, name: str, verify: Verify | None = None) -> tuple[str, int]:
+def stop(
+    transport: Transport, layout: HostLayout, name: str, verify: Verify | None = None, cmd: Cmd | None = None
+) -> tuple[str, int]:
     """Stop NAME (one exec); with `verify`, the release is checked first and nothing is stopped
     if it does not match. Returns (`stopped=NAME:PID|-`, files verified)."""
     res = transport.run(
-        layout.stop_cmd(name, verify[0] if verify else None),
+        cmd or layout.stop_cmd(name, verify[0] if verify else None),
         check=False,
-        timeout=SYSTEMD_STOP_S if layout.systemd else 60,
+        timeout=stop_bound_s(layout),
         stdin=manifest_lines(verify[1]) if verify else None,
     )
     out = as_text(res.stdout)

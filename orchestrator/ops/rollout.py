@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator import interrupt
 from orchestrator.config.inventory import HookEvent, Inventory
+from orchestrator.engine.context import RunOptions
 from orchestrator.engine.deploy import RunResult
 from orchestrator.engine.deploy import deploy as deploy_pair
 from orchestrator.engine.deploy import rollback as rollback_pair
@@ -168,17 +169,22 @@ def fleet_exit_code(outcomes: list[str], codes: list[int]) -> int:
     return int(ExitCode.OK)
 
 
-def on_revision(st: dict[str, Any], pp: PairPackages) -> str | None:
-    """Why a pair needs no deploy (None: it does): `status` shows the packages of REV active and
-    accepted (route state `active`), with the same profile, healthy, and no problem."""
+def on_revision(st: dict[str, Any], pp: PairPackages, *, accepts_fully: bool = True) -> str | None:
+    """Why a pair needs no deploy (None: it does): `status` shows the packages of REV active,
+    with the same profile, healthy, and no problem, and as far along as this rollout would take
+    it (engine/route_states.py): accepted (route state `active`) for a rollout that runs the
+    whole suite; accepted or identity-verified for one that skips acceptance or runs part of it."""
     route = st.get("route") or {}
     if route.get("active_packages") != [pp.native, pp.rpc]:
         return None
-    if route.get("state") != "active" or not str(route.get("active") or "").endswith(f"({pp.profile_name})"):
+    enough = {"active"} if accepts_fully else {"active", "identity-verified"}
+    state = route.get("state")
+    if state not in enough or not str(route.get("active") or "").endswith(f"({pp.profile_name})"):
         return None
     if st.get("problems") or st.get("health") != "ok":
         return None
-    return f"already on {pp.native} + {pp.rpc} ({pp.profile_name}), accepted (route revision {route.get('revision')})"
+    how = "accepted" if state == "active" else "identity-verified"
+    return f"already on {pp.native} + {pp.rpc} ({pp.profile_name}), {how} (route revision {route.get('revision')})"
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -206,7 +212,8 @@ def rollout(
     if packages is not None:
         for p, pp in packages.items():
             runs[p].packages, runs[p].profile = list(pp.ids), pp.profile
-    _mark_skips(home, inventory, pairs, packages, runs)
+    full = RunOptions(skip_accept=options.skip_accept, checks=options.checks).accepts_fully
+    _mark_skips(home, inventory, pairs, packages, runs, full)
     t_status = time.monotonic() - t0
     waves = [[p for p in w if runs[p].outcome != SKIPPED] for w in waves_all]
     waves = [w for w in waves if w]
@@ -260,6 +267,7 @@ def _mark_skips(
     pairs: list[str],
     packages: dict[str, PairPackages] | None,
     runs: dict[str, PairRun],
+    accepts_fully: bool = True,
 ) -> None:
     """Read each pair's status (a read, bounded in parallel) and mark the pairs with nothing to
     do: for a deploy those already on REV; for a rollback those whose route record was last
@@ -272,7 +280,7 @@ def _mark_skips(
             run.reason = f"status unreadable ({(out.error or '').splitlines()[0][:160]}): trying anyway"
             continue
         if packages is not None:
-            why = on_revision(out.value, packages[out.pair])
+            why = on_revision(out.value, packages[out.pair], accepts_fully=accepts_fully)
         else:
             by = (out.value.get("route") or {}).get("updated_by")
             why = f"already rolled back by rollback run {by} (receipt {rolled[by][:12]})" if by in rolled else None

@@ -8,7 +8,9 @@ that reason the qualification receipt is not on the pair's chain (the engine tak
 chain's lock for each deploy); it records the pair in `qualify_pair`.
 
 Restore = a deploy of the route record's active entry as found at the start (packages and the
-exact profile), then the route record and running identities read back and compared.
+exact profile) that writes the record as found (previous pair, profiles, states:
+engine/route_states.py `restore`), then the route record and running identities read back and
+compared.
 
 The pair's two host leases are held for the whole run (`hold`): each arm's deploy renews them
 (`deploy(..., held_lease_nonce=...)`) and never releases them, so nobody else's deploy lands
@@ -83,6 +85,8 @@ class EngineDriver:
         self.deploy_receipts: list[str] = []
         self._lease_nonce: str | None = None
         self._deploys_started = 0
+        self._found: Any = None  # the route record as the snapshot found it: restored exactly
+        self._found_links: tuple[str | None, str | None] | None = None  # ... and the `previous` links
         key = inventory.api_key(pair)
         self._api_key = key.value if key else None
 
@@ -104,6 +108,8 @@ class EngineDriver:
                 "so it needs a deployed pair to start from",
                 hint=f"pairctl deploy --pair {self.pair} --packages NATIVE RPC",
             )
+        self._found = rec
+        self._found_links = (self._facts("native").previous, self._facts("rpc").previous)
         a = rec.active
         return {
             "native": a.native_package,
@@ -174,7 +180,9 @@ class EngineDriver:
         p.write_text(yaml.safe_dump(profile, sort_keys=True))
         return str(p)
 
-    def _deploy(self, native: str, rpc: str, profile: dict[str, Any], why: str) -> Any:
+    def _deploy(
+        self, native: str, rpc: str, profile: dict[str, Any], why: str, restore_record: Any = None, links: Any = None
+    ) -> Any:
         """One engine deploy under this run's held leases (renewed, not taken or released)."""
         from orchestrator.engine.deploy import deploy
 
@@ -191,6 +199,8 @@ class EngineDriver:
                 argv=[*self.argv, f"({why})"],
                 pool=self.pool,
                 held_lease_nonce=self._lease_nonce,
+                restore_record=restore_record,
+                restore_previous_links=links,
             ),
         )
         self.deploy_receipts.append(res.receipt)
@@ -236,7 +246,11 @@ class EngineDriver:
 
     # -- restoring -----------------------------------------------------------------------------
     def restore(self, snapshot: dict[str, Any]) -> dict[str, Any]:
-        res = self._deploy(snapshot["native"], snapshot["rpc"], snapshot["profile"], "qualify restore")
+        # the record as found (previous pair, profiles, states), not a new deploy's: a rollback
+        # afterwards returns to what was previous before the qualification
+        res = self._deploy(
+            snapshot["native"], snapshot["rpc"], snapshot["profile"], "qualify restore", self._found, self._found_links
+        )
         rec = self._route()
         a = rec.active if rec else None
         seen = {

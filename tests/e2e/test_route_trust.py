@@ -143,7 +143,9 @@ def test_deploy_killed_before_acceptance_is_not_recorded_active(deployed_lab, la
     SIGKILLed there left status exit 0. Now the record says `activating` by that run until
     acceptance passed; once the run is over status names the problem and the resolving command."""
     a, b = deployed_lab.package_id, lab_packages_b.id
-    child = hooked_deploy(Path(deployed_lab.home), b, "accept:kill", tmp_path)
+    # killed before route-accepted settles the record (a --skip-accept deploy plans no accept
+    # step since issue 29: nothing runs there, so nothing may say it passed)
+    child = hooked_deploy(Path(deployed_lab.home), b, "route-accepted:kill", tmp_path)
     _, err = child.communicate(timeout=600)
     assert child.returncode == -signal.SIGKILL, err[-2000:]
     run = json.loads((_roots(deployed_lab)["native"] / "route.json").read_text())["updated_by"]

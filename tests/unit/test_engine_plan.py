@@ -190,3 +190,37 @@ def test_deploy_reads_facts_only_after_the_lease_is_held():
     is read after the lease: an operator delayed between facts and lease used stale bytes."""
     names = [s.name for s in load_playbook("deploy").steps]
     assert names.index("lease") < names.index("facts") < names.index("prepare")
+
+
+def test_the_plan_carries_the_commands_the_executor_runs(inv):
+    """Issue 29: the dry run's service commands carry the supervisor options and bounds the
+    executor uses (they carried none, and a literal 20), and the executor is handed them."""
+    from orchestrator.engine.activate import HANDLERS
+    from orchestrator.engine.runner import Planned
+
+    view = pair_view(inv, "lab")
+    act = _activation(view, load_profile("lab"), inv)
+    facts = {"native": _facts("pkg-n", None, ("pkg-n",)), "rpc": _facts(None, None, ())}
+    by = {s.name: s for s in plan(load_playbook("deploy"), view, facts=facts, target=act)}
+    server = by["start-server"].execs["lab-native"]
+    assert server.sup == view.sup["native"] and any(w.startswith("sup.peer=") for w in server.argv())
+    assert server.service_argv == act.native_argv and server.bound_s == services.start_bound_s(view.layouts["native"])
+    rpc = by["restart-rpc"].execs["lab-rpc"]
+    assert str(services.RPC_LISTEN_S) in rpc.argv() and any(w.startswith("sup.") for w in rpc.argv())
+    assert by["stop-native"].execs["lab-native"].verify_release == "pkg-n"  # present: verified before the stop
+    assert rpc.verify_release is None  # absent: uploaded and verified by the upload
+    assert all(isinstance(HANDLERS[a], Planned) for a in ("stop", "restart-rpc", "start-server"))
+
+
+def test_a_restore_keeps_the_previous_links_it_was_given(inv):
+    """Qualify's restore: `previous` names what the qualification found, not the last arm's release."""
+    from dataclasses import replace
+
+    view = pair_view(inv, "lab")
+    act = replace(_activation(view, load_profile("lab"), inv), keep_previous=("found-n", None))
+    facts = {"native": _facts("arm-n", "found-n", ("arm-n", "pkg-n", "found-n")), "rpc": _facts("arm-r", None, ())}
+    by = {s.name: s for s in plan(load_playbook("deploy"), view, facts=facts, target=act)}
+    assert "current -> releases/pkg-n, previous -> releases/found-n" in by["switch-native"].description
+    assert "current -> releases/pkg-r, previous -> (none)" in by["restart-rpc"].description
+    rpc = by["restart-rpc"].execs["lab-rpc"].argv()
+    assert rpc[rpc.index("restart") + 4 : rpc.index("restart") + 6] == ("pkg-r", "-")  # root, name, verify, links

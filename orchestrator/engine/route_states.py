@@ -1,0 +1,212 @@
+"""The route record's states and transitions, written down once; every command goes through here.
+
+A record names the pair that is active on the hosts and the one a rollback returns to:
+
+    state of `active`        meaning
+    (no record)              never deployed
+    activating               a deploy switched to it and verified its identity; acceptance not finished
+    active                   accepted: the whole acceptance suite passed on it (wire name of route/1)
+    identity-verified        identity verified, acceptance skipped or only part of it run
+                             (`--skip-accept`, a partial `--checks`, a `rollback --to` a release)
+
+`previous` is the pair a rollback returns to and `previous_state` the state it had while it
+was active (absent in records written before it existed: read as `active`, as they were).
+
+Transitions (pure; each returns the successor record, revision + 1 unless said otherwise):
+
+    activate(found, new)            deploy's `route` step: new `activating`; previous := found's
+                                    active with its state (a re-deploy of the same pair keeps
+                                    found's previous)
+    finish(rec, accepted)           deploy's `route-accepted` step, same revision:
+                                    `active` if the whole suite passed, else `identity-verified`
+    back_out(found, restored)       a failed deploy rolled back: the found record again (active,
+                                    previous, both states), the active entry as rendered now
+    roll_back(found, restored)      `rollback`: the previous pair active with the state it had,
+                                    found's active becomes previous (`activating` -> identity-verified)
+    roll_to(found, restored)        `rollback --to RELEASE`: that pair active, identity-verified
+                                    (its state if it is found's previous); found's active previous
+    restore(found, restored)        qualify's restore: the record as found before the first arm
+                                    (previous, profiles, states); the state only if what was
+                                    rendered now is what found named
+    rebuilt(found, active, previous) repair: from the links; `identity-verified` (acceptance is
+                                    not known), never a record of nothing active
+
+Who reads states: `rollout.on_revision` skips only an accepted pair (or an identity-verified one
+for a rollout that itself accepts less), `route_trust` flags an `activating` record whose run is over.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Final
+
+from orchestrator.hosts.route import RouteEntry, RouteRecord, next_record
+
+ACTIVATING: Final = "activating"
+ACCEPTED: Final = "active"
+IDENTITY_ONLY: Final = "identity-verified"
+STATES: Final = (ACTIVATING, ACCEPTED, IDENTITY_ONLY)
+
+
+def state_of_previous(rec: RouteRecord | None) -> str:
+    """The state the record's previous pair had while active (older records: accepted)."""
+    return (rec.previous_state if rec is not None else None) or ACCEPTED
+
+
+def settled(state: str) -> str:
+    """The state a pair keeps once it is no longer being activated: an activation that never
+    finished was never accepted."""
+    return IDENTITY_ONLY if state == ACTIVATING else state
+
+
+def _same_pair(a: RouteEntry | None, b: RouteEntry | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    key = ("native_package", "rpc_package", "profile_sha256", "argv_sha256")
+    return all(getattr(a, k) == getattr(b, k) for k in key)
+
+
+def _next(
+    found: RouteRecord | None,
+    *,
+    pair: str,
+    run_id: str,
+    active: RouteEntry | None,
+    state: str,
+    previous: RouteEntry | None,
+    previous_state: str | None,
+    now: datetime | None,
+) -> RouteRecord:
+    rec = next_record(found, pair=pair, active=active, previous=previous, run_id=run_id, now=now)
+    return rec.model_copy(update={"state": state, "previous_state": previous_state if previous else None})
+
+
+def activate(
+    found: RouteRecord | None,
+    new: RouteEntry,
+    prior: RouteEntry | None,
+    *,
+    pair: str,
+    run_id: str,
+    now: datetime | None = None,
+) -> RouteRecord:
+    """`prior`: found's active pair as a rollback would render it now (None: nothing active)."""
+    if found is None or found.active is None or prior is None or _same_pair(prior, new):
+        prev, prev_state = (found.previous, state_of_previous(found)) if found else (None, None)
+    else:
+        prev, prev_state = prior, settled(found.state)
+    return _next(
+        found,
+        pair=pair,
+        run_id=run_id,
+        active=new,
+        state=ACTIVATING,
+        previous=prev,
+        previous_state=prev_state,
+        now=now,
+    )
+
+
+def finish(rec: RouteRecord, *, accepted: bool) -> RouteRecord:
+    return rec.model_copy(update={"state": ACCEPTED if accepted else IDENTITY_ONLY})
+
+
+def back_out(
+    current: RouteRecord | None,
+    found: RouteRecord | None,
+    restored: RouteEntry | None,
+    *,
+    pair: str,
+    run_id: str,
+    now: datetime | None = None,
+) -> RouteRecord:
+    """`current`: what the rollback replaces (the failed deploy's own record, or found)."""
+    return _next(
+        current,
+        pair=pair,
+        run_id=run_id,
+        active=restored,
+        state=settled(found.state) if found is not None and restored is not None else IDENTITY_ONLY,
+        previous=found.previous if found else None,
+        previous_state=state_of_previous(found) if found else None,
+        now=now,
+    )
+
+
+def roll_back(
+    found: RouteRecord, restored: RouteEntry, *, pair: str, run_id: str, now: datetime | None = None
+) -> RouteRecord:
+    return _next(
+        found,
+        pair=pair,
+        run_id=run_id,
+        active=restored,
+        state=state_of_previous(found),
+        previous=found.active,
+        previous_state=settled(found.state),
+        now=now,
+    )
+
+
+def roll_to(
+    found: RouteRecord, restored: RouteEntry, *, pair: str, run_id: str, now: datetime | None = None
+) -> RouteRecord:
+    if found.previous is not None and _same_pair(found.previous, restored):
+        return roll_back(found, restored, pair=pair, run_id=run_id, now=now)
+    return _next(
+        found,
+        pair=pair,
+        run_id=run_id,
+        active=restored,
+        state=IDENTITY_ONLY,
+        previous=found.active,
+        previous_state=settled(found.state),
+        now=now,
+    )
+
+
+def restore(
+    current: RouteRecord | None,
+    found: RouteRecord,
+    restored: RouteEntry,
+    *,
+    pair: str,
+    run_id: str,
+    now: datetime | None = None,
+) -> RouteRecord:
+    """`current` is what the restore replaces (its revision counts on), `found` what to restore."""
+    state = settled(found.state) if _same_pair(found.active, restored) else IDENTITY_ONLY
+    return _next(
+        current,
+        pair=pair,
+        run_id=run_id,
+        active=restored,
+        state=state,
+        previous=found.previous,
+        previous_state=state_of_previous(found) if found.previous else None,
+        now=now,
+    )
+
+
+def rebuilt(
+    found: RouteRecord | None,
+    active: RouteEntry,
+    previous: RouteEntry | None,
+    *,
+    pair: str,
+    run_id: str,
+    now: datetime | None = None,
+) -> RouteRecord:
+    keep = found is not None and _same_pair(found.active, active)
+    state = settled(found.state) if keep and found is not None else IDENTITY_ONLY
+    prev_state = state_of_previous(found) if found is not None and _same_pair(found.previous, previous) else None
+    return _next(
+        found,
+        pair=pair,
+        run_id=run_id,
+        active=active,
+        state=state,
+        previous=previous,
+        previous_state=prev_state or (IDENTITY_ONLY if previous else None),
+        now=now,
+    )

@@ -1,0 +1,292 @@
+"""Issue 29 on the lab's sshd hosts with a real llama-server and ggml-rpc-server (pair `routes`,
+its own install roots and ports):
+
+- the plan is what runs: the commands `--dry-run` prints for deploy (fresh, a present release
+  verified first) and rollback are, byte for byte, the commands the real run records in its
+  receipt (supervisor options, bounds and all);
+- the route record's states (engine/route_states.py): a `--skip-accept` or partial `--checks`
+  deploy is identity-verified, never "accept passed", and a rollout that accepts is not
+  satisfied by it; a qualification (its arm on another profile, then its restore) leaves the
+  record as it found it, so `rollback` returns to the previous pair with its own profile;
+  `rollback --dry-run` names its target and `rollback --to RELEASE` reaches a kept release;
+  `repair` of a never-deployed pair offers no record of nothing active.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator.config.inventory import load_inventory
+from orchestrator.config.profiles import load_profile
+from orchestrator.engine.deploy import deploy
+from orchestrator.evidence.store import EvidenceStore
+from orchestrator.ops.revision import PairPackages
+from orchestrator.ops.rollout import on_revision
+from orchestrator.qualify.engine_driver import EngineDriver
+from orchestrator.qualify.runner import ArmPackages
+from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+NAME = "routes"
+PLANNED = ("stop", "restart-rpc", "start-server")  # the steps that run a service command
+
+
+@pytest.fixture(scope="module")
+def routes(request, pairctl_home):
+    home, inv_path, inv = lab_for(request, pairctl_home)
+    packages = packages_for(request, pairctl_home)
+    shutil.rmtree(home.root / NAME, ignore_errors=True)  # never deployed: no route from an earlier run
+    fp = make_pair(home, inv_path, inv, packages, root_mb=None, name=NAME, ports=(8197, 50197))
+    yield fp
+    teardown_pair(fp)
+
+
+def _json(p: Any, what: str, code: int = 0) -> dict[str, Any]:
+    assert p.returncode == code, f"{what}: exit {p.returncode}\n{p.stderr[-3000:]}"
+    return json.loads(p.stdout)
+
+
+def _status(fp: FaultPair) -> dict[str, Any]:
+    return fp.status()[1]
+
+
+def _planned(plan: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
+    return {(s["name"], h): a for s in plan if s["action"] in PLANNED for h, a in s["argv"].items()}
+
+
+def _ran(fp: FaultPair, receipt: str) -> dict[tuple[str, str], list[str]]:
+    rec = EvidenceStore(fp.home.evidence).load(receipt)
+    out = {}
+    for s in rec.steps:
+        for host, d in (s.data or {}).items():
+            if isinstance(d, dict) and "argv" in d and s.data.get("action") in PLANNED:
+                out[(s.name, host)] = d["argv"]
+    return out
+
+
+def _dry_equals_run(fp: FaultPair, *args: str) -> dict[str, Any]:
+    """`pairctl ARGS --dry-run`, then `pairctl ARGS`: the receipt's commands are the plan's."""
+    dry = _json(fp.cli("--json", *args, "--dry-run"), f"{args[0]} --dry-run")
+    assert dry["outcome"] == "dry-run"
+    out = _json(fp.cli("--json", *args), args[0])
+    want, got = _planned(dry["plan"]), _ran(fp, out["receipt"])
+    assert want and got == want, (want, got)
+    assert all(any(w.startswith("sup.") for w in a) for (step, _), a in want.items() if step != "stop-native")
+    return {"dry": dry, "run": out}
+
+
+def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> None:
+    p = routes.cli("repair", "--pair", NAME)
+    assert p.returncode == 6, p.stdout + p.stderr
+    assert "never deployed" in p.stderr and "active: null" not in p.stdout
+    assert not (routes.roots["native"] / "route.json").exists()
+
+
+def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPair) -> None:
+    fp = routes
+    a, b = fp.packages
+    # fresh deploys: nothing present, nothing verified first
+    _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept")
+    skip = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept")
+    # a --skip-accept deploy is identity-verified: no accept step in its receipt, not accepted
+    assert "accept" not in [s["name"] for s in skip["run"]["steps"]]
+    st = _status(fp)
+    assert st["route"]["state"] == "identity-verified" and st["route"]["active_packages"] == [b, b], st["route"]
+    pp = PairPackages(pair=NAME, profile="lab", profile_name="lab", native=b, rpc=b)
+    assert on_revision(st, pp, accepts_fully=True) is None  # `deploy --rev REV --all` deploys it again
+    assert "identity-verified" in (on_revision(st, pp, accepts_fully=False) or "")
+    # a present release: stop-native and restart-rpc verify it before they stop anything
+    again = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--checks", "identity")
+    argv = {s["name"]: s["argv"] for s in again["dry"]["plan"]}
+    assert a in next(iter(argv["stop-native"].values()))
+    assert _status(fp)["route"]["state"] == "identity-verified"  # a partial --checks is not acceptance
+    # rollback: --dry-run names the pair it goes back to, and its commands are the run's
+    rb = _dry_equals_run(fp, "rollback", "--pair", NAME)
+    assert rb["dry"]["active"]["native_package"] == b and rb["run"]["active"]["native_package"] == b
+    text = fp.cli("rollback", "--pair", NAME, "--dry-run")
+    assert text.returncode == 0 and f"goes back to: {a} + {a} (lab)" in text.stdout, text.stdout + text.stderr
+
+
+def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
+    """An arm on another profile (whose commands are its dry run's), then the restore (as after a
+    failed qualification): the record's previous pair keeps its own profile, and `rollback`
+    returns to it."""
+    fp = routes
+    a, b = fp.packages
+    aliased = load_profile("lab").model_dump(mode="json") | {"name": "lab-alias", "extra_args": ["--alias", "m1"]}
+    prof = fp.home.root / NAME / "lab-alias.yaml"
+    prof.write_text(yaml.safe_dump(aliased))
+    _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--profile", str(prof), "--skip-accept"), "A")
+    _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept"), "deploy B")
+    before = _status(fp)["route"]
+    links = {r: (os.readlink(fp.roots[r] / "current"), os.readlink(fp.roots[r] / "previous")) for r in fp.roots}
+    inv = load_inventory(str(fp.inventory_path), {"PAIRCTL_HOME": str(fp.home.root)})
+    d = EngineDriver(fp.home, inv, NAME, argv=["test"])
+    arm = load_profile("lab-draft-other", pair=inv.pair(NAME))
+    arm_file = fp.home.root / NAME / "arm.yaml"
+    arm_file.write_text(yaml.safe_dump(arm.model_dump(mode="json")))
+    try:
+        with d.hold("test-qualify"):
+            snap = d.snapshot()
+            dry = deploy(fp.home, inv, NAME, (a, a), profile_name=str(arm_file), skip_accept=True, dry_run=True)
+            d.activate(ArmPackages(a, a), arm)
+            # the qualification arm ran the commands a dry run of the same deploy prints
+            assert _ran(fp, d.deploy_receipts[-1]) == _planned(dry.plan) != {}
+            d.restore(snap)
+    finally:
+        d.close()
+    after = _status(fp)["route"]
+    keys = ("active", "active_packages", "previous", "state")
+    assert {k: after.get(k) for k in keys} == {k: before.get(k) for k in keys}, (before, after)
+    # ... and the links too: `previous` names the found previous pair, not the arm's release
+    assert {r: (os.readlink(fp.roots[r] / "current"), os.readlink(fp.roots[r] / "previous")) for r in fp.roots} == links
+    rb = _json(fp.cli("--json", "rollback", "--pair", NAME), "rollback after qualify")
+    assert rb["active"]["native_package"] == a and rb["active"]["profile_name"] == "lab-alias", rb["active"]
+    argv = rb["active"]["native_argv"]
+    assert argv[argv.index("--alias") + 1] == "m1", argv  # the previous pair's own profile, alias and all
+    pid = service_pid_of(fp, "native")
+    assert pid is not None and b"--alias\0m1\0" in Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def test_rollback_to_a_kept_release(routes: FaultPair) -> None:
+    fp = routes
+    a, b = fp.packages
+    st = _status(fp)["route"]
+    to = b if st["active_packages"] == [a, a] else a
+    out = _json(fp.cli("--json", "rollback", "--pair", NAME, "--to", to), "rollback --to")
+    assert out["active"]["native_package"] == to
+    assert _status(fp)["route"]["active_packages"] == [to, to]
+    bad = fp.cli("rollback", "--pair", NAME, "--to", "no-such-release")
+    assert bad.returncode == 3 and "not kept there" in bad.stderr, bad.stderr
+
+
+# -- the route model on the lab -----------------------------------------------------------------
+
+
+def _record(fp: FaultPair) -> dict[str, Any]:
+    data = json.loads((fp.roots["native"] / "route.json").read_bytes())
+    assert (fp.roots["rpc"] / "route.json").read_bytes() == (fp.roots["native"] / "route.json").read_bytes()
+    return data
+
+
+def _slot(entry: dict[str, Any] | None, state: str | None) -> tuple[tuple[str, str], str] | None:
+    return None if entry is None else ((entry["native_package"], entry["profile_name"]), state or "active")
+
+
+def test_route_model_on_the_lab(routes: FaultPair) -> None:
+    """Random sequences of deploy (skip-accept, partial checks), failed deploy, rollback,
+    rollback --to and repair on the real pair; after every step the hosts' route.json names what
+    engine/route_states.py's model says (the same model tests/unit/test_route_states.py drives
+    through random sequences of thousands of steps)."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+    fp = routes
+    a, b = fp.packages
+    alias = fp.home.root / NAME / "lab-alias.yaml"  # written by the qualification test above
+    profiles = {"lab": "lab", "lab-alias": str(alias)}
+
+    class Lab(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            rec = _record(fp)  # each example starts from what the pair has now
+            self.active = _slot(rec["active"], rec["state"])
+            self.previous = _slot(rec["previous"], rec.get("previous_state"))
+
+        def _moved(self, pair: tuple[str, str], state: str) -> None:
+            assert self.active is not None
+            if self.active[0] != pair:
+                self.previous = (
+                    self.active[0],
+                    "identity-verified" if self.active[1] == "activating" else self.active[1],
+                )
+            self.active = (pair, state)
+
+        @rule(
+            pkg=st.sampled_from([a, b]), prof=st.sampled_from(sorted(profiles)), how=st.sampled_from(["skip", "part"])
+        )
+        def deploy(self, pkg: str, prof: str, how: str) -> None:
+            extra = ["--skip-accept"] if how == "skip" else ["--checks", "identity"]
+            _json(
+                fp.cli("--json", "deploy", "--pair", NAME, "--packages", pkg, pkg, "--profile", profiles[prof], *extra),
+                "deploy",
+            )
+            self._moved((pkg, prof), "identity-verified")
+
+        @rule(pkg=st.sampled_from([a, b]))
+        def failed_deploy(self, pkg: str) -> None:
+            p = fp.cli(
+                "--json",
+                "deploy",
+                "--pair",
+                NAME,
+                "--packages",
+                pkg,
+                pkg,
+                "--profile",
+                "lab-unloadable",
+                "--skip-accept",
+            )
+            assert p.returncode == 7, p.stderr[-2000:]  # rolled back: the record as it was
+
+        @rule()
+        def rollback(self) -> None:
+            p = fp.cli("--json", "rollback", "--pair", NAME)
+            if self.previous is None or self.previous[0] == self.active[0]:  # type: ignore[index]
+                assert p.returncode == 6, p.stderr[-2000:]
+                return
+            _json(p, "rollback")
+            self.active, self.previous = self.previous, self.active
+
+        @rule(pkg=st.sampled_from([a, b]))
+        def rollback_to(self, pkg: str) -> None:
+            """--to PKG: the recorded previous pair if it is PKG's, else what runs if it is PKG's
+            (refused), else PKG with the inventory's profile, identity-verified."""
+            assert self.active is not None
+            p = fp.cli("--json", "rollback", "--pair", NAME, "--to", pkg)
+            if self.previous is not None and self.previous[0][0] == pkg:
+                if self.previous[0] == self.active[0]:
+                    assert p.returncode == 6, p.stderr[-2000:]  # what runs already
+                    return
+                _json(p, "rollback --to the previous pair")
+                self.active, self.previous = self.previous, self.active
+            elif self.active[0][0] == pkg:
+                assert p.returncode == 6, p.stderr[-2000:]  # what runs already
+            else:
+                _json(p, "rollback --to")
+                self.previous, self.active = self.active, ((pkg, "lab"), "identity-verified")
+
+        @rule()
+        def repair(self) -> None:
+            """From the links: the active pair and its state kept; `previous` is what the links
+            name (a redeploy of the same release keeps an older previous link), so it is re-read."""
+            _json(fp.cli("--json", "repair", "--pair", NAME, "--yes"), "repair")
+            rec = _record(fp)
+            assert _slot(rec["active"], rec["state"]) == self.active
+            self.previous = _slot(rec["previous"], rec.get("previous_state"))
+
+        @invariant()
+        def record_is_the_model(self) -> None:
+            rec = _record(fp)
+            assert _slot(rec["active"], rec["state"]) == self.active
+            assert _slot(rec["previous"], rec.get("previous_state")) == self.previous
+
+    run_state_machine_as_test(
+        Lab,
+        settings=settings(
+            max_examples=3,
+            stateful_step_count=6,
+            deadline=None,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
