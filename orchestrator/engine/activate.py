@@ -30,6 +30,7 @@ from orchestrator.engine import leasing
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, PairView, links_after_deploy
+from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
@@ -44,7 +45,7 @@ from orchestrator.hosts.layout import (
     switch_links,
 )
 from orchestrator.hosts.models import check_models
-from orchestrator.hosts.probes import ExpectedProc, read_facts
+from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, next_record, parse_route
 from orchestrator.hosts.units import UnitReadback
@@ -110,6 +111,7 @@ def expected_for(
         rpc_bind=view.rpc_bind,
         rpc_port=view.rpc_port,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
+        rpc_revision=rpc_manifest.revision,
     )
 
 
@@ -549,6 +551,7 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
         return {"stopped": out, "current": links[0], "previous": links[1], "started": "nothing (no previous pair)"}
+    _one_revision_before_start(ctx, tgt.activation, RPC_SERVER)
     verify = _take_deferred(ctx, "rpc")
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
@@ -582,12 +585,41 @@ def a_restart_rpc(ctx: RunContext, role: str) -> dict[str, Any]:
     return d
 
 
+def _current_on(ctx: RunContext, role: str) -> str | None:
+    """The release `current` names on ROLE's host now (read over SFTP, not from this run's facts)."""
+    try:
+        return release_of_link(ctx.t(role).readlink(ctx.layout(role).current) or "-", ctx.layout(role).root)
+    except ProbeError as exc:
+        raise HostStateError(f"{ctx.host(role)}: {ctx.layout(role).current}: {exc}") from None
+
+
+def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *, links: bool = False) -> None:
+    """Before any start: the pair being started is of one source revision (engine/revisions.py);
+    with `links`, so are the releases both hosts' `current` links name right now (what a step
+    that timed out, another tool or a hand edit may have changed since this run read them)."""
+    store = PackageStore(ctx.home.store)
+    what = f"starting {service} on {ctx.host('native' if service == LLAMA_SERVER else 'rpc')}"
+    require_one_revision(store, ctx.view.name, act.native_package, act.rpc_package, what=what)
+    if not links:
+        return
+    cur = {r: _current_on(ctx, r) for r in ROLES}
+    problem = mixed_problem(store, cur["native"], cur["rpc"])
+    if cur["native"] != act.native_package or problem:
+        raise HostStateError(
+            f"pair {ctx.view.name}: {what} refused, nothing was started: current names "
+            f"{cur['native'] or 'nothing'} on {ctx.host('native')} and {cur['rpc'] or 'nothing'} on "
+            f"{ctx.host('rpc')}" + (f"; {problem}" if problem else f", not {act.native_package}"),
+            hint=f"`pairctl status --pair {ctx.view.name}` shows both hosts; deploy one revision to both",
+        )
+
+
 def a_start_server(ctx: RunContext, role: str) -> dict[str, Any]:
     tgt = ctx.activating()
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
     _before_change(ctx, "native")
+    _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
     _, native_argv, sup = _service_plan(ctx, "native", tgt.activation)
     units: services.Units = {}

@@ -21,7 +21,7 @@ from orchestrator.build.store import PackageStore
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, route_trust
+from orchestrator.engine import activate, leasing, revisions, route_trust
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, pair_view, plan
@@ -373,7 +373,15 @@ def _set_restore_from_start(ctx: RunContext) -> None:
     ctx.restore_links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = parse_route(ctx.hosts.route_bytes("native"))
     ctx.restore = None
+    mixed = None
     if record is not None and record.active is not None:
+        a = record.active
+        mixed = revisions.mixed_problem(PackageStore(ctx.home.store), a.native_package, a.rpc_package)
+    if mixed is not None:
+        # never put back (a failed deploy stops both services instead): a pair runs one revision
+        ctx.journal.note(f"the recorded active pair is not restored if this deploy fails: {mixed}")
+        ctx.log.warning("recorded active pair mixes revisions: a failed deploy stops both", problem=mixed)
+    elif record is not None and record.active is not None:
         ctx.restore = restore_target(
             ctx.view,
             ctx.inventory.pair(ctx.view.name),
@@ -598,6 +606,15 @@ def rollback(
                     hint=f"`pairctl status --pair {pair_name}` shows what runs; deploy the pair you want instead",
                 )
             store = PackageStore(home.store)
+            revisions.require_one_revision(
+                store,
+                pair_name,
+                rec.previous.native_package,
+                rec.previous.rpc_package,
+                what="rollback to the route record's previous pair",
+                hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
+                "--packages NATIVE RPC`",
+            )
             ctx.restore = restore_target(
                 view,
                 inventory.pair(pair_name),

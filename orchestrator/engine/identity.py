@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.engine import revisions
 from orchestrator.hosts import supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
@@ -45,6 +46,8 @@ class Expected:
     rpc_bind: str
     rpc_port: int
     expect_pipeline_parallel: bool = False
+    # the RPC package's revision (its manifest's): one pair runs one revision (engine/revisions.py)
+    rpc_revision: str | None = None
 
 
 @dataclass
@@ -87,6 +90,11 @@ def verify_identity(
     exec per host); then only liveness of those pids is re-read, over SFTP. Without `seen`, the
     identities are read now (status, acceptance)."""
     rep = IdentityReport()
+    if expected.rpc_revision is not None and revisions.differ(expected.revision, expected.rpc_revision):
+        rep.problems.append(
+            f"{hosts.get('native', 'native')} and {hosts.get('rpc', 'rpc')} run two source revisions "
+            f"({expected.revision[:12]} and {expected.rpc_revision[:12]}): a pair runs one revision"
+        )
     if seen is None:
         seen = read_identities(transports, layouts, roles)
     for role in roles:

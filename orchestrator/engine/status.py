@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import leasing, route_trust
+from orchestrator.engine import leasing, revisions, route_trust
 from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
@@ -119,6 +119,7 @@ def status(
                     out["problems"].append(h["release_files"]["problem"])
             out["hosts"][host] = h
             found[role] = f
+        _revision_problems(store, view.hosts, found, out)
         # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
         judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
         out["problems"] += [str(p) for p in judged.problems]
@@ -161,6 +162,25 @@ def status(
     finally:
         if own:
             pool.close()
+
+
+def _revision_problems(store: PackageStore, hosts: Any, found: dict[str, HostFacts], out: dict[str, Any]) -> None:
+    """Both hosts' `current` of one source revision (a pair runs one revision: engine/revisions.py);
+    each host's revision is shown; one this home's store does not know is a warning."""
+    cur = {r: found[r].current for r in ROLES}
+    for r in ROLES:
+        c = cur[r]
+        out["hosts"][hosts[r]]["revision"] = revisions.revision_of(store, c) if c else None
+    if cur["native"] is None or cur["rpc"] is None:
+        return
+    revs = revisions.pair_revisions(store, cur["native"], cur["rpc"])
+    if revs.native is not None and revs.rpc is not None and not revs.one:
+        out["problems"].append(
+            f"{hosts['native']} and {hosts['rpc']} run two source revisions: current names {revs.describe()}; "
+            "a pair runs one revision (deploy one revision to both hosts)"
+        )
+    elif not revs.one:
+        out["warnings"].append(f"cannot tell whether current is of one revision: {revs.describe()}")
 
 
 def _verify_current(transport: Transport, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:
