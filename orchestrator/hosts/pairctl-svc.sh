@@ -96,7 +96,7 @@ sd_install() { # sd_install ROOT NAME: the verified staged unit into the manager
     # a new file of our own (mktemp: O_EXCL, never a link someone left), then renamed over the unit
     tmp=$(mktemp "$d/.pairctl-unit.XXXXXX") || exit 1
     { cat "$1/run/units/$sd_unit" >"$tmp" && chmod 644 "$tmp" && mv -f "$tmp" "$d/$sd_unit"; } || { rm -f "$tmp"; exit 1; }
-    printf '%s %s\n' "$sd_scope" "$sd_unit" >"$1/run/.$2.unit.tmp" && mv -f "$1/run/.$2.unit.tmp" "$1/run/$2.unit" || exit 1
+    printf '%s %s\n' "$sd_scope" "$sd_unit" >"$1/run/.$2.unit.tmp.$$" && mv -f "$1/run/.$2.unit.tmp.$$" "$1/run/$2.unit" || exit 1
     sd_ctl "$sd_scope" daemon-reload || die "systemctl daemon-reload failed ($sd_scope manager)"
     sd_ctl "$sd_scope" enable "$sd_unit" 2>/dev/null || die "systemctl enable $sd_unit failed"
 }
@@ -171,7 +171,7 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     if [ -z "$sd" ]; then
         # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
         # a deliberate stop removes the file, so a stopped service stays stopped after a reboot
-        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp") && mv -f "$r/run/.$n.boot.tmp" "$r/run/$n.boot" || exit 1
+        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp.$$") && mv -f "$r/run/.$n.boot.tmp.$$" "$r/run/$n.boot" || exit 1
     else
         rm -f "$r/run/$n.boot"  # systemd starts the enabled unit at boot, not the @reboot line
     fi
@@ -181,14 +181,14 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     rm -f "$r/run/$n.pid" "$r/run/$n.state"
     if [ -n "$sd" ]; then
         sd_install "$r" "$n"
-        : >"$r/run/$n.go"  # this start is the lease holder's: the supervisor's first start does not wait for the lease
+        true >"$r/run/$n.go"  # this start is the lease holder's: the supervisor's first start does not wait for the lease
         sd_ctl "$sd_scope" start "$sd_unit" || { rm -f "$r/run/$n.go"; CODE=4 die "systemctl start $sd_unit failed; see run/$n.sup.log"; }
         spid=$(sd_ctl "$sd_scope" show -p MainPID --value "$sd_unit")
         [ "${spid:-0}" != 0 ] || { rm -f "$r/run/$n.go"; CODE=4 die "$sd_unit has no main process after its start; see run/$n.sup.log"; }
     else
         setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
         spid=$!
-        echo "$spid" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+        echo "$spid" >"$r/run/.$n.sup.pid.tmp.$$" && mv -f "$r/run/.$n.sup.pid.tmp.$$" "$r/run/$n.sup.pid"
     fi
     if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then  # at boot the supervisor may first wait for a peer or a lease
         echo "supervisor=$spid"
@@ -266,7 +266,9 @@ now_s() { date +%s; }
 set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in run/NAME.state, by rename
     f="$1/run/$2.state"; shift 2
     tmp="$f.tmp.$$"
-    cp "$f" "$tmp" 2>/dev/null || : >"$tmp"
+    # `true`, never `:`: dash exits on a failed redirection of a special builtin, and a read-only
+    # or full root must not kill the supervisor that keeps the service up
+    cp "$f" "$tmp" 2>/dev/null || true >"$tmp" 2>/dev/null
     while [ $# -ge 2 ]; do
         grep -v "^$1=" "$tmp" >"$tmp.2"; echo "$1=$2" >>"$tmp.2"; mv -f "$tmp.2" "$tmp"
         shift 2
@@ -320,7 +322,7 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
         size=$(stat -c %s "$f" 2>/dev/null) || continue
         [ "$size" -gt "$max" ] || continue
         shift_log "$f" "$keep"
-        cp "$f" "$f.1" && : >"$f"
+        cp "$f" "$f.1" && true >"$f"
     done
 }
 
@@ -350,7 +352,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     set_state "$r" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
     at_boot=${PAIRCTL_SVC_AT_BOOT:-}
     if [ "${PAIRCTL_SVC_MANAGED:-}" = systemd ]; then
-        echo "$$" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+        echo "$$" >"$r/run/.$n.sup.pid.tmp.$$" && mv -f "$r/run/.$n.sup.pid.tmp.$$" "$r/run/$n.sup.pid"
         # started by the lease holder's `start` (run/NAME.go), or else by systemd itself (at boot,
         # or again after this supervisor died): then, as at boot, a held lease keeps the first start off
         if [ -f "$r/run/$n.go" ]; then rm -f "$r/run/$n.go"; set_state "$r" "$n" started_by pairctl; else at_boot=systemd; fi
@@ -397,7 +399,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
             >>"$r/run/$n.out" 2>&1 </dev/null &
         cpid=$!
-        echo "$cpid" >"$r/run/.$n.pid.tmp" && mv -f "$r/run/.$n.pid.tmp" "$r/run/$n.pid"
+        echo "$cpid" >"$r/run/.$n.pid.tmp.$$" && mv -f "$r/run/.$n.pid.tmp.$$" "$r/run/$n.pid"
         t0=$(now_s); starts="$starts $t0"
         if [ $first = 0 ]; then restarts=$((restarts + 1)); fi
         set_state "$r" "$n" state running pid "$cpid" started_at "$t0" restarts "$restarts"
@@ -525,7 +527,8 @@ switch_links() { # switch_links ROOT CURRENT PREVIOUS: by rename (never rm + ln)
         link=${pair%%:*}; rel=${pair#*:}
         if [ "$rel" = "-" ]; then rm -f "$1/$link"; continue; fi
         [ -d "$1/releases/$rel" ] || CODE=3 die "release $rel is not installed"
-        ln -sfn "releases/$rel" "$1/.$link.tmp" && mv -T "$1/.$link.tmp" "$1/$link" || exit 1
+        # a temporary name of this process's own: a late step of another run never renames it into place
+        ln -sfn "releases/$rel" "$1/.$link.tmp.$$" && mv -T "$1/.$link.tmp.$$" "$1/$link" || { rm -f "$1/.$link.tmp.$$"; exit 1; }
     done
     echo "current=$(link_of "$1/current")"
     echo "previous=$(link_of "$1/previous")"

@@ -18,7 +18,7 @@ import httpx
 import tenacity
 
 from orchestrator.errors import CheckFailed, HostError
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout, unique_tmp
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
@@ -104,8 +104,9 @@ def stage_unit(
     )
     path = layout.staged_unit(name)
     transport.makedirs(posixpath.dirname(path), 0o755)
-    transport.put_bytes(text.encode(), path + ".tmp", mode=0o644)
-    transport.rename(path + ".tmp", path)
+    tmp = unique_tmp(path)
+    transport.put_bytes(text.encode(), tmp, mode=0o644)
+    transport.rename(tmp, path)
     return sd.unit(name), text
 
 

@@ -54,6 +54,21 @@ from orchestrator.remote.transport import (
 )
 
 _READ = 1 << 16
+# A command run with a timeout runs under the host's own `timeout` (coreutils): at the bound its
+# process group gets TERM (and CONT, so a stopped one handles it), KILL HOST_KILL_AFTER_S later.
+# pairctl waits that long and HOST_SLACK_S more (the exec's start-up) before it calls the command
+# timed out, so a step that timed out has been killed on the host before anything else touches
+# it (issue 33: a paused restart-rpc switched `current` 2 s after the rollback). Services a step
+# starts run under setsid, in sessions of their own, and are not touched.
+HOST_KILL_AFTER_S = 5.0
+HOST_SLACK_S = 5.0
+
+
+def host_bounded(cmd: Cmd, timeout: float) -> Cmd:
+    """CMD under the host's `timeout -k HOST_KILL_AFTER_S TIMEOUT` (argv, never a shell string)."""
+    return Cmd(argv=("timeout", "-k", f"{HOST_KILL_AFTER_S:g}s", f"{timeout:.3f}s", *cmd.full_argv()))
+
+
 _LINGER_S = 1.0  # how long output may stay open after the program's exit status arrived
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
@@ -381,15 +396,21 @@ class SshTransport:
     # -- commands --
 
     def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result:
-        """Run once; never retried (the command may change state)."""
+        """Run once; never retried (the command may change state). With `timeout`, the host's own
+        `timeout` bounds it (host_bounded): it is killed there before this call gives up."""
         if not isinstance(cmd, Cmd):
             raise TypeError("SshTransport.run takes a Cmd, never a string")
         t = self._connect_or_raise()
         t0 = time.monotonic()
+        wire, wait = (
+            (host_bounded(cmd, timeout), timeout + HOST_KILL_AFTER_S + HOST_SLACK_S) if timeout else (cmd, None)
+        )
         try:
-            result = self._exec(t, cmd, timeout, stdin)
+            result = self._exec(t, wire, wait, stdin, shown=cmd, host_bound=timeout)
         finally:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
+        if timeout and result.exit_status in (124, 137) and result.duration_s >= timeout:
+            raise command_timed_out(self.name, cmd, timeout, result.stdout, result.stderr, killed_on_host=True)
         self._log.debug("ran", cmd=cmd.display(), exit_status=result.exit_status, seconds=round(result.duration_s, 4))
         if check and result.exit_status != 0:
             raise command_failed(self.name, cmd, result)
@@ -411,7 +432,17 @@ class SshTransport:
             on_retry=lambda: self.stats.add(retries=1),
         )
 
-    def _exec(self, t: paramiko.Transport, cmd: Cmd, timeout: float | None, stdin: bytes | None) -> Result:
+    def _exec(
+        self,
+        t: paramiko.Transport,
+        cmd: Cmd,
+        timeout: float | None,
+        stdin: bytes | None,
+        *,
+        shown: Cmd | None = None,
+        host_bound: float | None = None,
+    ) -> Result:
+        shown = shown or cmd
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         out, err = bytearray(), bytearray()
@@ -471,7 +502,7 @@ class SshTransport:
                     # (a daemon that did not redirect): do not hang on it, like `ssh -f` would
                     exited_at = exited_at or time.monotonic()
                     if time.monotonic() - exited_at > _LINGER_S:
-                        self._log.warning("output left open after exit", cmd=cmd.display())
+                        self._log.warning("output left open after exit", cmd=shown.display())
                         break
                 wait = 1.0 if exited_at is None else 0.05
                 if deadline is not None:
@@ -484,19 +515,24 @@ class SshTransport:
                 else:
                     select.select([fd], [], [], wait)
                 if not t.is_active():
-                    raise ConnectionLost(f"{self.name}: connection lost while running {cmd.display()}")
+                    raise ConnectionLost(f"{self.name}: connection lost while running {shown.display()}")
             status = chan.recv_exit_status()
         except _TooMuch:
             chan.close()
             raise HostError(
-                f"{self.name}: {cmd.display()[:200]} wrote more than {HOST_OUTPUT_MAX} bytes of output; "
+                f"{self.name}: {shown.display()[:200]} wrote more than {HOST_OUTPUT_MAX} bytes of output; "
                 "stopped reading it (nothing pairctl runs there writes that much)",
                 hint=f"look at what the login shell and pairctl-svc print on {self.name}",
             ) from None
         except _Timeout:
             chan.close()
             raise command_timed_out(
-                self.name, cmd, timeout or 0.0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+                self.name,
+                shown,
+                host_bound or timeout or 0.0,
+                out.decode("utf-8", "replace"),
+                err.decode("utf-8", "replace"),
+                killed_on_host=None if host_bound else False,
             ) from None
         except ConnectionLost:
             with self._lock:
@@ -505,7 +541,7 @@ class SshTransport:
         except (paramiko.SSHException, EOFError, OSError) as exc:
             with self._lock:
                 self._drop()
-            raise ConnectionLost(f"{self.name}: connection failed while running {cmd.display()}: {exc}") from None
+            raise ConnectionLost(f"{self.name}: connection failed while running {shown.display()}: {exc}") from None
         finally:
             chan.close()
         if writer is not None:
