@@ -351,7 +351,8 @@ def _service_plan(ctx: RunContext, role: str, act: Activation) -> tuple[str, lis
     """(service, argv, supervisor options) the start steps give ROLE's service: one place, so the
     unit checked before the first change is the unit the start installs."""
     if role == "rpc":
-        return RPC_SERVER, list(act.rpc_argv), supervisor.sup_args(ctx.inventory.supervision)
+        rpc = supervisor.ipv4_endpoint(ctx.view.rpc_bind, ctx.view.rpc_port)
+        return RPC_SERVER, list(act.rpc_argv), supervisor.sup_args(ctx.inventory.supervision, rpc=rpc)
     url = urlsplit(ctx.view.base_url)
     sup = supervisor.sup_args(
         ctx.inventory.supervision,

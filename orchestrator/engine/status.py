@@ -12,7 +12,7 @@ from typing import Any
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import leasing, revisions, route_trust
-from orchestrator.engine.identity import read_identities
+from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.evidence.store import EvidenceStore
@@ -20,7 +20,7 @@ from orchestrator.hosts import boot, supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
-from orchestrator.hosts.probes import HostFacts, read_facts
+from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
 from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.services import get_json
 from orchestrator.hosts.units import parse_readback
@@ -95,8 +95,18 @@ def status(
                 # partial uploads of killed runs (the next deploy under the lease removes them)
                 "upload_leftovers": leftovers(t, layout),
             }
+            if role == "rpc" and ident is not None and ident.running:
+                h["rpc_probe"] = rpc_probe(t, layout, view.rpc_bind, view.rpc_port)
+                problem = rpc_probe_problem(host, name, h["rpc_probe"], RPC_PROBE_S)
+                if problem:
+                    out["problems"].append(problem)
             sup = supervisor.read_state(t, layout, name)
             h["supervisor"] = sup.as_dict() if sup else None
+            if sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up"):
+                out["problems"].append(
+                    f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} would not "
+                    f"be restarted; deploying the active pair again starts it under a new supervisor"
+                )
             if sup is not None and sup.given_up:
                 out["problems"].append(
                     f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "

@@ -183,6 +183,10 @@ class HostLayout:
     def identity_cmd(self, *names: str) -> Cmd:
         return self.svc_cmd("identity", *names)
 
+    def rpc_probe_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
+        """Is NAME (ggml-rpc-server) hung: stopped, or no answer to the RPC HELLO (probes.parse_rpc_probe)."""
+        return self.svc_cmd("rpc-probe", name, address, str(port), str(timeout_s))
+
     def alive_cmd(self, name: str) -> Cmd:
         return self.svc_cmd("alive", name)
 

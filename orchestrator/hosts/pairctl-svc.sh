@@ -293,6 +293,44 @@ health_probe() { # health_probe ADDRESS PORT TIMEOUT_S: GET /health gets an HTTP
         exit 1' _ "$1" "$2" 2>/dev/null
 }
 
+proc_state() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1; }  # R S D T t Z ...
+
+rpc_client() { # rpc_client PID PORT: PID holds an ESTABLISHED connection on its local PORT (a client
+    # is being served; ggml-rpc-server serves one at a time, so a HELLO now would only wait behind it)
+    inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
+    [ -n "$inodes" ] || return 1
+    want=$(printf ':%04X' "$2")
+    cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v want="$want" -v inodes=" $inodes" \
+        'NR > 1 && $4 == "01" && substr($2, length($2) - 4) == want && index(inodes, " " $10 " ") { found = 1 }
+        END { exit !found }'
+}
+
+rpc_hello() { # rpc_hello ADDRESS PORT TIMEOUT_S: the ggml RPC HELLO (ggml/src/ggml-rpc/ggml-rpc.cpp:
+    # cmd byte 14, u64 LE request size 24, 24 zero capability bytes; the answer is u64 LE 28, then
+    # major, minor, patch, padding and 24 capability bytes); prints MAJOR.MINOR.PATCH
+    command -v bash >/dev/null 2>&1 || return 2
+    timeout "$3" bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf "\016\030\000\000\000\000\000\000\000" >&3 && head -c 24 /dev/zero >&3 || exit 1
+        set -- $(head -c 36 <&3 | od -An -v -tu1)
+        [ $# -eq 36 ] && [ "$1" = 28 ] || exit 1
+        echo "$9.${10}.${11}"' _ "$1" "$2" 2>/dev/null
+}
+
+rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stopped|serving|unanswered|hello:M.m.p
+    # A stopped process (SIGSTOP: state T) or one that does not answer HELLO is hung although the
+    # kernel still accepts connections on its port. While a client (llama-server) is connected the
+    # HELLO is not sent (it would wait behind that client): a stopped process still shows.
+    pid=$(pid_of "$1" "$2")
+    if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "rpc=$2:down"; return 0; fi
+    if [ "$(proc_state "$pid")" = T ]; then echo "rpc=$2:stopped"; return 0; fi
+    if rpc_client "$pid" "$4"; then echo "rpc=$2:serving"; return 0; fi
+    addr=$3; [ "$addr" = 0.0.0.0 ] && addr=127.0.0.1
+    v=$(rpc_hello "$addr" "$4" "$5"); rc=$?
+    if [ $rc = 2 ]; then echo "rpc=$2:unprobed"
+    elif [ $rc = 0 ] && [ -n "$v" ]; then echo "rpc=$2:hello:$v"
+    else echo "rpc=$2:unanswered"; fi
+}
+
 peer_closed() { # peer_closed PID ADDRESS PORT: PID holds a TCP connection to ADDRESS:PORT that the
     # peer closed (CLOSE_WAIT: ggml-rpc-server died or restarted). llama-server's own short-lived
     # connections (device queries at start) close from its side and never show this state.
@@ -328,7 +366,7 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- log_max=0 log_keep=3
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -337,7 +375,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             is_num "$v" || CODE=2 die "supervise: sup.$k=$v is not a number" ;;
         loop_n | log_max | log_keep)
             case "$v" in '' | *[!0-9]*) CODE=2 die "supervise: sup.$k=$v is not a whole number" ;; esac ;;
-        health | peer)
+        health | peer | rpc)
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
@@ -410,6 +448,21 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             alive "$cpid" || break
             rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
             if lease_held "$r"; then unanswered_since=""; continue; fi  # passive while leased
+            if [ "$rpc" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
+                # ggml-rpc-server: stopped (SIGSTOP), or no HELLO answer while no client is served
+                probe=$(rpc_probe "$r" "$n" "${rpc%:*}" "${rpc##*:}" 2)
+                case "$probe" in
+                *:stopped | *:unanswered)
+                    t=$(now_s)
+                    [ -n "$unanswered_since" ] || unanswered_since=$t
+                    if [ $((t - unanswered_since)) -ge "${hang_s%.*}" ]; then
+                        reason="hung (${probe##*:} for $((t - unanswered_since)) s)"
+                        kill -KILL "$cpid" 2>/dev/null
+                        break
+                    fi ;;
+                *) unanswered_since="" ;;
+                esac
+            fi
             if [ "$health" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
                 if health_probe "${health%:*}" "${health##*:}" 2; then
                     unanswered_since=""
@@ -616,6 +669,10 @@ restart)
     start_svc "$root" "$name" "$@"
     wait_listen "$root" "$name" "$addr" "$port" "$limit"
     identity_of "$root" "$name"
+    ;;
+rpc-probe)
+    # rpc-probe ROOT NAME ADDRESS PORT TIMEOUT_S: is ggml-rpc-server hung? (see rpc_probe)
+    rpc_probe "$root" "${1:?name}" "${2:?address}" "${3:?port}" "${4:?timeout}"
     ;;
 wait-listen)
     # wait-listen ROOT NAME ADDRESS PORT TIMEOUT_S
