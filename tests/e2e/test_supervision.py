@@ -307,6 +307,14 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     assert base64.b64decode(line.split(":")[3]).rstrip(b"\0").split(b"\0") == argv
 
 
+def _redeployed(pair: Any, cli: Any) -> None:
+    """The baseline deployed again by this pairctl: its helper and supervisor options on the hosts
+    (an active pair left by an earlier version runs the supervisors that version started)."""
+    pkg = pair.package_id
+    r = cli("--json", "deploy", "--pair", "lab", "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
+    assert r.exit_code == 0, r.stderr[-3000:]
+
+
 def _sup_pid(root: str, name: str) -> int:
     return int(Path(root, "run", f"{name}.sup.pid").read_text().split()[0])
 
@@ -317,6 +325,7 @@ def test_stopped_rpc_server_while_idle_is_seen_and_restarted(pair, cli):
     the identity check must report it (its supervisor is held stopped meanwhile, so the report
     is not raced by the restart); let go, the supervisor kills it as hung within hang_after_s and
     llama-server follows its peer back."""
+    _redeployed(pair, cli)
     rroot, nroot = pair.roots()["rpc"], pair.roots()["native"]
     old, sup = _pid(rroot, RPC_SERVER), _sup_pid(rroot, RPC_SERVER)
     assert old is not None
@@ -346,6 +355,7 @@ def test_rpc_hello_probe_answers_only_while_no_client_is_served(pair, cli):
     """The probe's wire format against the real ggml-rpc-server: with llama-server connected it
     is not sent (one client at a time: it would wait behind llama-server); with llama-server
     stopped, the RPC HELLO is answered with the protocol version."""
+    _redeployed(pair, cli)
     bind = pair.inventory.rpc_bind("lab")
     port = str(pair.inventory.pair("lab").rpc_port)
     assert "rpc=ggml-rpc-server:serving" in _svc(pair, "rpc", "rpc-probe", RPC_SERVER, bind, port, "3")
