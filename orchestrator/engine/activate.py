@@ -503,6 +503,11 @@ def a_stop(ctx: RunContext, role: str) -> dict[str, Any]:
             ) from None
     else:
         free = None
+        if ctx.mode == "rollback" and role == "native" and ctx.activating() is not None:
+            # restoring needs the RPC host (restart-rpc); one that does not answer now (after the
+            # reconnect budget) means nothing can be restored, and stopping native would only take
+            # down the half that still serves (issue 33: the model traffic between them was fine)
+            ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     try:

@@ -478,6 +478,8 @@ LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
 
 
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
+    if rb.step.action == "stop" and isinstance(error_of(rb), activate.UnreachableBeforeChange):
+        _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
     final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
     if (
@@ -506,6 +508,31 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
         f"{ctx.journal.receipt_hash}; leases held: {held or 'none'} (release with `pairctl lease release`); "
         f"where status then names links that disagree with the route record, `pairctl repair --pair "
         f"{ctx.view.name} --yes` records what the links name before the next deploy",
+    )
+
+
+def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
+    """The rollback could not reach the RPC host before its first change: nothing it would do can
+    work, so it changes nothing (stopping native would take down the half that may still serve)
+    and keeps the leases, like any failed rollback."""
+    ctx.journal.set("final_state", {"state": "left as the failed step left it (rollback could not reach the RPC host)"})
+    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    first = (
+        f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
+        if first_failure
+        else ""
+    )
+    msg = (
+        first
+        + f"the rollback could not reach {ctx.host('rpc')} ({rb.message.splitlines()[0]}), so it changed nothing: "
+        f"{ctx.host('native')} was not stopped. The leases are kept so nobody deploys onto an unknown state."
+    )
+    ctx.journal.finish("failed", msg)
+    raise RollbackFailed(
+        msg,
+        hint=f"once {ctx.host('rpc')} answers SSH again: `pairctl status --pair {ctx.view.name}`, release the "
+        f"leases (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then rollback or deploy; "
+        f"leases held: {held or 'none'}",
     )
 
 
@@ -658,6 +685,9 @@ def rollback(
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
+            if not ctx.changed:  # refused before its first change (the RPC host did not answer)
+                _abort(ctx, rb, record)
+                raise _cause(rb) from None
             _rollback_failed(ctx, rb, None)
         journal.set("final_state", _final_state(ctx, "restored"))
         record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")

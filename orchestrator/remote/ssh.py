@@ -44,6 +44,7 @@ from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     HOST_OUTPUT_MAX,
+    RECONNECT_RETRY,
     ConnectionLost,
     FileStat,
     NotStarted,
@@ -237,6 +238,8 @@ class SshTransport:
 
     target: SshTarget
     retry: RetryPolicy = DEFAULT_RETRY
+    # a host this transport reached before and lost: waited for longer (transport.RECONNECT_BUDGET_S)
+    reconnect: RetryPolicy = RECONNECT_RETRY
     stats: TransportStats = field(default_factory=TransportStats)
 
     def __post_init__(self) -> None:
@@ -245,6 +248,7 @@ class SshTransport:
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
         self._log = get_logger(host=self.name)
+        self._reached = False  # once connected, a lost connection is reconnected with RECONNECT_RETRY
 
     @classmethod
     def from_inventory(
@@ -280,13 +284,15 @@ class SshTransport:
                     return t
                 self._drop()
             t0 = time.monotonic()
-            self._conn = self.retry.call(
+            policy = self.reconnect if self._reached else self.retry
+            self._conn = policy.call(
                 self._connect_once,
                 retry_on=_connect_transient,
-                what="ssh connect",
+                what="ssh reconnect" if self._reached else "ssh connect",
                 host=self.name,
                 on_retry=lambda: self.stats.add(retries=1),
             )
+            self._reached = True
             self.stats.add(connects=1, connect_s=time.monotonic() - t0)
             self._log.debug(
                 "connected",
