@@ -412,7 +412,10 @@ class SshTransport:
             (host_bounded(cmd, timeout), timeout + HOST_KILL_AFTER_S + HOST_SLACK_S) if timeout else (cmd, None)
         )
         try:
-            result = self._exec(t, wire, wait, stdin, shown=cmd, host_bound=timeout)
+            try:
+                result = self._exec(t, wire, wait, stdin, shown=cmd, host_bound=timeout)
+            except NotStarted:  # the connection died unnoticed; the command never started: once more
+                result = self._exec(self._connect_or_raise(), wire, wait, stdin, shown=cmd, host_bound=timeout)
         finally:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
         if timeout and result.exit_status in (124, 137) and result.duration_s >= timeout:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -450,8 +451,31 @@ def _cut_ssh(role):
 
 
 def repair_cut_ssh(fp, st):
+    if st.get("blip") is not None:
+        st["blip"].cancel()
     if st.get("sshd_down"):
         fp.sshd(st["sshd_down"]).up(fp.operator_pub())
+
+
+# issue 33 item 3: sshd refused for this long on one host (sessions cut), then back; shorter than
+# the reconnect budget (orchestrator/remote/transport.py RECONNECT_BUDGET_S), so the run goes on
+BLIP_S = 20.0
+
+
+def _blip_ssh(role):
+    cut = _cut_ssh(role)
+
+    def inject(fp, run, st):
+        """The host's sshd restarts (slowly): every session cut, new connections refused for
+        BLIP_S, then it answers again. The model traffic between the hosts is untouched."""
+        said = cut(fp, run, st)
+        timer = threading.Timer(BLIP_S, lambda: fp.sshd(role).up(fp.operator_pub()))
+        timer.daemon = True
+        timer.start()
+        st["blip"] = timer
+        return f"{said}; back after {BLIP_S:g} s"
+
+    return inject
 
 
 def _kill_service(role):
@@ -745,11 +769,16 @@ SWITCH_STEPS = frozenset({"upload", "restart-rpc", "switch-native", "route"})
 RPC_SERVED_STEPS = frozenset({"restart-rpc", "start-server", "verify", "accept", "check:cached_continuation"})
 OTHER_STEPS = frozenset({"connect", "lease", "upload", "restart-rpc", "accept"})
 DAMAGE_STEPS = frozenset({"lease", "route"})
+BLIP_STEPS = frozenset(
+    {"facts", "stop-native", "restart-rpc", "switch-native", "verify", "accept", "check:cached_continuation"}
+)
 
 FAULTS = [
     Fault("kill-pairctl", inject_kill_pairctl, kills_pairctl=True),
     Fault("cut-ssh-rpc", _cut_ssh("rpc"), repair_cut_ssh),
     Fault("cut-ssh-native", _cut_ssh("native"), repair_cut_ssh),
+    Fault("blip-ssh-rpc", _blip_ssh("rpc"), repair_cut_ssh, steps=BLIP_STEPS),
+    Fault("blip-ssh-native", _blip_ssh("native"), repair_cut_ssh, steps=BLIP_STEPS),
     Fault("kill-llama-server", _kill_service("native")),
     Fault("kill-rpc-server", _kill_service("rpc")),
     Fault("hang-server", inject_hang_server, repair_hang_server),
@@ -928,6 +957,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(
             f"a host lost before the first change must be refused with nothing changed "
             f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]"
+        )
+    if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
+        cell.problems.append(
+            f"an SSH outage of {BLIP_S:g} s must not fail the deploy (it reconnects); got {cell.first}[{cell.between}]"
         )
     for role in ROLES:
         host = f"{fp.name}-{role}"
