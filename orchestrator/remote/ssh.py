@@ -640,14 +640,16 @@ class SshTransport:
         t0 = time.monotonic()
         try:
             return fn(sftp)
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             raise
         except OSError as exc:
             if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
                 with self._lock:
                     self._drop()
                 raise ConnectionLost(f"{self.name}: {op} {path} failed: {exc}") from None
-            raise
+            if isinstance(exc, HostError):
+                raise
+            raise host_file_error(self.name, op, path, exc) from None
         finally:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
 
@@ -727,6 +729,8 @@ class SshTransport:
         return self._fs("readlink", path, do)
 
     def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
+        if isinstance(exc, HostError):  # already judged (by _fs)
+            return exc
         if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
             with self._lock:
                 self._drop()
@@ -742,7 +746,25 @@ class SshTransport:
                 f"(writing {posixpath.basename(dst)}: {exc})",
                 hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again",
             )
+        if isinstance(exc, OSError) and not isinstance(exc, HostError):
+            return host_file_error(self.name, op, dst, exc)
         return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
+
+
+def host_file_error(host: str, op: str, path: str, exc: OSError) -> HostError:
+    """An SFTP operation the host refused, as one line naming host, operation and path (it was
+    "OSError: Failure": OpenSSH's sftp-server answers a read-only or full filesystem with a bare
+    SSH_FX_FAILURE, no errno)."""
+    why = exc.strerror or str(exc) or type(exc).__name__
+    d = posixpath.dirname(path.rstrip("/")) or "/"
+    if exc.errno == errno.ENOSPC:
+        return DiskFull(f"no space left on {host}:{d} ({op} {path})", hint=f"free space under {d} on {host}")
+    if why.strip().lower() == "failure":
+        why = "the host's SFTP server says only 'Failure' (a read-only or full filesystem?)"
+    return HostError(
+        f"{host}: {op} {path} failed: {why}",
+        hint=f"on {host}, check that {d} is writable and has room (`df {d}`, `mount`), then run the command again",
+    )
 
 
 class _Timeout(Exception):
