@@ -481,6 +481,8 @@ def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
     for r in ("native", "rpc"):
         sp = space.free_space(ctx.t(r), ctx.layout(r).root)
         sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
+        space.require_writable(ctx.t(r), ctx.layout(r).run, "the switch (pidfiles, logs)")
+        space.require_writable(ctx.t(r), ctx.layout(r).root, "the switch (current link, route record)")
         out[ctx.host(r)] = sp.free_bytes
     return out
 

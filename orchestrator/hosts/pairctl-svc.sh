@@ -664,6 +664,12 @@ restart)
         sd_verify "$root"
         sd_verified=$1 ;;
     esac
+    # what follows writes the links and run/: a root that takes no new file (read-only, full) is
+    # refused here, before the running service is stopped
+    for d in "$root" "$root/run"; do
+        { true >"$d/.write-probe.$$"; } 2>/dev/null && rm -f "$d/.write-probe.$$" ||
+            CODE=3 die "writable=no: $d takes no new file (read-only or full?); nothing was stopped"
+    done
     stop_svc "$root" "$name"
     switch_links "$root" "$cur" "$prev"
     start_svc "$root" "$name" "$@"

@@ -535,6 +535,22 @@ def repair_fill_root(fp, st):
         Path(st["filler"]).unlink(missing_ok=True)
 
 
+def _read_only_root(role):
+    def inject(fp, run, st):
+        """The host's install root becomes read-only (a remount after a disk error): every step
+        that writes there fails; the message must name host and path, never "OSError: Failure"."""
+        subprocess.run(["mount", "-o", "remount,ro", str(fp.roots[role])], check=True)
+        st["ro_root"] = role
+        return f"remounted {role} root read-only"
+
+    return inject
+
+
+def repair_read_only_root(fp, st):
+    if st.get("ro_root"):
+        subprocess.run(["mount", "-o", "remount,rw", str(fp.roots[st["ro_root"]])], check=True)
+
+
 def inject_corrupt_release(fp, run, st):
     """Flip one byte of bin/llama-server in the release being deployed (else the active one),
     by rename so a running process keeps its own copy, as a disk error or a hand edit would."""
@@ -769,6 +785,7 @@ SWITCH_STEPS = frozenset({"upload", "restart-rpc", "switch-native", "route"})
 RPC_SERVED_STEPS = frozenset({"restart-rpc", "start-server", "verify", "accept", "check:cached_continuation"})
 OTHER_STEPS = frozenset({"connect", "lease", "upload", "restart-rpc", "accept"})
 DAMAGE_STEPS = frozenset({"lease", "route"})
+READ_ONLY_STEPS = frozenset({"stop-native", "restart-rpc", "accept"})
 BLIP_STEPS = frozenset(
     {"facts", "stop-native", "restart-rpc", "switch-native", "verify", "accept", "check:cached_continuation"}
 )
@@ -785,6 +802,8 @@ FAULTS = [
     Fault("hang-rpc-server", inject_hang_rpc_server, repair_hang_server, steps=RPC_SERVED_STEPS),
     Fault("fill-native-root", _fill_root("native"), repair_fill_root),
     Fault("fill-rpc-root", _fill_root("rpc"), repair_fill_root, steps=SWITCH_STEPS),
+    Fault("read-only-rpc-root", _read_only_root("rpc"), repair_read_only_root, steps=READ_ONLY_STEPS),
+    Fault("read-only-native-root", _read_only_root("native"), repair_read_only_root, steps=READ_ONLY_STEPS),
     Fault("corrupt-release", inject_corrupt_release, repair_corrupt_release),
     Fault("break-lease", inject_break_lease, repair_break_lease),
     Fault("skew-other-ahead", inject_skew_other_ahead, repair_other_lease, steps=LEASED_STEPS),
@@ -957,6 +976,21 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(
             f"a host lost before the first change must be refused with nothing changed "
             f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]"
+        )
+    if fault.name.startswith("read-only-") and "Failure" in cell.first_said and "OSError" in cell.first_said:
+        cell.problems.append("a read-only root was reported as a bare OSError: Failure")
+    if (
+        fault.name.startswith("read-only-")
+        and step == "stop-native"
+        and (cell.first, cell.between)
+        != (
+            "exit 6",
+            "prev",
+        )
+    ):
+        cell.problems.append(
+            f"a read-only root before the first change must be refused with nothing changed (exit 6, previous "
+            f"pair serving); got {cell.first}[{cell.between}]"
         )
     if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
         cell.problems.append(
