@@ -408,6 +408,33 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
             pass
 
 
+def _release_unlost(ctx: RunContext, failure: StepFailed) -> str:
+    """After a lease was lost on one host: the leases this run still holds (the other host's) are
+    released, and the message says exactly what is held now (it said "no lease" while the native
+    lease was still this run's: issue 33)."""
+    lost_on = {h for h, e in failure.errors.items() if isinstance(e, LeaseLost)}
+    released, kept = [], []
+    for role, handle in list(ctx.hosts.leases.items()):
+        host = ctx.host(role)
+        if host in lost_on:
+            continue
+        try:
+            if leasing.release(ctx, role, handle):
+                ctx.hosts.lease_released(role)
+                released.append(host)
+            else:
+                kept.append(f"{host} (held by the calling run)")
+        except LeaseError as exc:  # not this run's any more either (a wrong nonce changes nothing)
+            lost_on.add(host)
+            ctx.journal.note(f"{host}: lease not released: {str(exc)[:200]}")
+        except Exception as exc:  # the host did not answer: say so, the lease stays until its TTL
+            kept.append(f"{host} (release failed: {str(exc)[:160]})")
+    said = f"Its lease on {', '.join(sorted(lost_on)) or 'a host'} is not its own any more (another operator's?)"
+    if released:
+        said += f"; it released its lease on {', '.join(released)}"
+    return said + (f"; it still holds the lease on {', '.join(kept)}" if kept else "; it holds no lease now")
+
+
 def _rollback_after_failure(
     ctx: RunContext, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None]
 ) -> None:
@@ -417,7 +444,7 @@ def _rollback_after_failure(
         # on it would fight that operator, so this run changes nothing more and keeps no lease
         msg = (
             f"deploy lost its lease before step '{failure.step.name}' and changed nothing more: {lost}. "
-            "It holds no lease now (another operator may); the pair is as that step found it."
+            f"{_release_unlost(ctx, failure)}; the pair is as that step found it."
         )
         ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message, "lease": "lost"})
         ctx.journal.set("final_state", {"state": f"left at step {failure.step.name} (lease lost)"})
