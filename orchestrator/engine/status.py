@@ -168,6 +168,11 @@ def status(
                 out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
         out["stale_leases"] = _stale_leases(evidence, out["hosts"])
+        for s in out["stale_leases"]:  # a run that is over still holds the host: nothing restarts there
+            out["problems"].append(
+                f"{s['host']}: run {s['run_id']} is over ({s['why']}) but its lease is still held, so the "
+                f"supervisors there stay passive; `pairctl lease release {pair_name} --dead-run {s['run_id']}` frees it"
+            )
         return out
     finally:
         if own:

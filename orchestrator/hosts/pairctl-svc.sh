@@ -276,7 +276,26 @@ set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in ru
     mv -f "$tmp" "$f"
 }
 
-lease_held() { [ -d "$1/leases/host.lock" ]; }
+json_field() { # json_field TEXT KEY: the string or number value of "KEY" in one-line JSON (pairctl's own)
+    printf '%s' "$1" | sed -n "s/.*\"$2\": *\"\{0,1\}\([^\",}]*\).*/\1/p"
+}
+
+lease_held() { # lease_held ROOT: a live lease holds the host. One that has expired, or whose run's
+    # heartbeat is older than the bound it promised (the run is dead), no longer keeps the services
+    # unsupervised (issue 33: an expired lease kept llama-server down until it was released). Host
+    # time, as pairctl judges leases; a lease being made, or a time this shell cannot read, holds.
+    [ -d "$1/leases/host.lock" ] || return 1
+    j=$(head -c 4096 "$1/leases/host.lock/lease.json" 2>/dev/null | tr -d '\n')
+    [ -n "$j" ] || return 0
+    now=$(date +%s)
+    exp=$(json_field "$j" expires_at)
+    e=$(date -d "$exp" +%s 2>/dev/null) && [ "$now" -ge "$e" ] && return 1
+    stale=$(json_field "$j" stale_after_s)
+    beat=$(json_field "$j" renewed_at); [ -n "$beat" ] || beat=$(json_field "$j" taken_at)
+    case "$stale" in '' | *[!0-9]*) return 0 ;; esac
+    b=$(date -d "$beat" +%s 2>/dev/null) && [ $((now - b)) -gt "$stale" ] && return 1
+    return 0
+}
 
 tcp_probe() { # tcp_probe ADDRESS PORT TIMEOUT_S: something accepts a connection there
     command -v bash >/dev/null 2>&1 || return 0  # no bash, no /dev/tcp: assume it listens
