@@ -67,8 +67,9 @@ def command_timed_out(
     None, the host did not answer past that bound either (its `timeout` kills it there); False,
     nothing on the host bounds it."""
     secrets = cmd.secrets()
-    killed = " and was killed there (its process group)" if killed_on_host else ""
-    msg = f"command timed out on {host} after {timeout:g} s{killed}: {cmd.display()}"
+    msg = f"command timed out on {host} after {timeout:g} s: {cmd.display()}"
+    if killed_on_host:
+        msg += "; it was killed there (its process group)"
     err = mask_text(tail(stderr), secrets)
     if err:
         msg += f"\nstderr so far: {err}"
