@@ -539,16 +539,21 @@ def _read_only_root(role):
     def inject(fp, run, st):
         """The host's install root becomes read-only (a remount after a disk error): every step
         that writes there fails; the message must name host and path, never "OSError: Failure"."""
-        subprocess.run(["mount", "-o", "remount,ro", str(fp.roots[role])], check=True)
+        root = str(fp.roots[role])
+        # a read-only bind mount over the root: new writes there fail with EROFS (a plain remount
+        # is refused while the services' logs are open for writing); the files already open keep
+        # the mount beneath, as they would keep an inode on a disk remounted after an error
+        subprocess.run(["mount", "--bind", root, root], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", root], check=True)
         st["ro_root"] = role
-        return f"remounted {role} root read-only"
+        return f"made {role} root read-only (a read-only bind mount over it)"
 
     return inject
 
 
 def repair_read_only_root(fp, st):
-    if st.get("ro_root"):
-        subprocess.run(["mount", "-o", "remount,rw", str(fp.roots[st["ro_root"]])], check=True)
+    if st.get("ro_root"):  # lazily: a service started meanwhile may have its cwd under it
+        subprocess.run(["umount", "-l", str(fp.roots[st["ro_root"]])], check=True)
 
 
 def inject_corrupt_release(fp, run, st):
