@@ -362,3 +362,32 @@ def test_rpc_hello_probe_answers_only_while_no_client_is_served(pair, cli):
     _svc(pair, "native", "stop", LLAMA_SERVER)
     out = _svc(pair, "rpc", "rpc-probe", RPC_SERVER, bind, port, "3")
     assert re.search(r"^rpc=ggml-rpc-server:hello:7\.\d+\.\d+$", out, re.M), out
+
+
+def test_killed_supervisor_is_a_status_problem(pair, cli):
+    """Issue 33 item 8: kill -9 of a supervisor left status at exit 0 while the next crash of its
+    service would never be restarted."""
+    root = pair.roots()["native"]
+    sup = _sup_pid(root, LLAMA_SERVER)
+    os.kill(sup, signal.SIGKILL)
+    _wait("supervisor gone", lambda: not _alive(sup), 10)
+    code, st = _status(cli)
+    assert code == 1 and any("supervisor of llama-server is not running" in p for p in st["problems"]), st["problems"]
+    assert _host_of(st, "native")["running"]  # the service itself still serves
+
+
+def test_an_expired_lease_does_not_keep_supervision_off(pair, cli):
+    """Issue 33 item 8: an expired lease (host time) kept llama-server down until it was released."""
+    root = pair.roots()["native"]
+    r = cli("lease", "take", "lab-native", "--purpose", "supervision test (expires)", "--ttl", "3s")
+    assert r.exit_code == 0, r.output
+    nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
+    old = _pid(root, LLAMA_SERVER)
+    assert old is not None
+    try:
+        os.kill(old, signal.SIGKILL)
+        took = _back_after(pair, LLAMA_SERVER, old)  # restarted once the lease expired, lock still there
+        assert Path(root, "leases", "host.lock").is_dir()
+    finally:
+        cli("lease", "release", "lab-native", "--nonce", nonce)
+    print(f"kill -9 llama-server under a 3 s lease -> healthy again in {took:.2f} s, lease not released")
