@@ -389,5 +389,6 @@ def test_an_expired_lease_does_not_keep_supervision_off(pair, cli):
         took = _back_after(pair, LLAMA_SERVER, old)  # restarted once the lease expired, lock still there
         assert Path(root, "leases", "host.lock").is_dir()
     finally:
-        cli("lease", "release", "lab-native", "--nonce", nonce)
+        freed = cli("lease", "release", "lab-native", "--nonce", nonce)
+        assert freed.exit_code == 0, freed.output
     print(f"kill -9 llama-server under a 3 s lease -> healthy again in {took:.2f} s, lease not released")
