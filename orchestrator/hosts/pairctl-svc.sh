@@ -343,7 +343,8 @@ rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stoppe
     if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "rpc=$2:down"; return 0; fi
     if [ "$(proc_state "$pid")" = T ]; then echo "rpc=$2:stopped"; return 0; fi
     if rpc_client "$pid" "$4"; then echo "rpc=$2:serving"; return 0; fi
-    addr=$3; [ "$addr" = 0.0.0.0 ] && addr=127.0.0.1
+    addr=$3  # a wildcard bind is reached on loopback
+    case "$addr" in 0.0.0.0) addr=127.0.0.1 ;; :: | "[::]") addr=::1 ;; esac
     v=$(rpc_hello "$addr" "$4" "$5"); rc=$?
     if [ $rc = 2 ]; then echo "rpc=$2:unprobed"
     elif [ $rc = 0 ] && [ -n "$v" ]; then echo "rpc=$2:hello:$v"
