@@ -868,7 +868,10 @@ def active_package(st: dict[str, Any]) -> str | None:
     """The package the pair runs, if status says it is recorded, running, matching and healthy."""
     route = st.get("route") or {}
     pk = route.get("active_packages")
-    if st.get("problems") or not pk or pk[0] != pk[1] or st.get("health") != "ok":
+    # a finished run's lease still held is a problem of its own (status names the release; each
+    # cell frees it and checks it is gone): what runs is judged without it
+    problems = [p for p in st.get("problems") or [] if "--dead-run" not in p]
+    if problems or not pk or pk[0] != pk[1] or st.get("health") != "ok":
         return None
     if not all(h["running"] and h["matches_manifest"] and h["current"] == pk[0] for h in st["hosts"].values()):
         return None
