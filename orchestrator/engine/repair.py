@@ -163,6 +163,8 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
         return activate.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
 
     links = _one_revision_links(ctx, store, olds)
+    for r, (cur, prev) in ctx.restore_links.items():  # shown (and, with --yes, done) before the record
+        sources[f"links:{ctx.host(r)}"] = f"current {cur}, previous {prev} (put back: current was of another revision)"
     active = entry_for("active", links["native"][0], links["rpc"][0])
     prev_links = (links["native"][1], links["rpc"][1])
     previous = None
