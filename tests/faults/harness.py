@@ -987,18 +987,16 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         )
     if fault.name.startswith("read-only-") and "Failure" in cell.first_said and "OSError" in cell.first_said:
         cell.problems.append("a read-only root was reported as a bare OSError: Failure")
+    # refused before the first change: exit 6 (the write probe beside the space check) or 4 (the
+    # lease re-check before it, whose renewal the host refused), the previous pair serving
     if (
         fault.name.startswith("read-only-")
         and step == "stop-native"
-        and (cell.first, cell.between)
-        != (
-            "exit 6",
-            "prev",
-        )
+        and (cell.first not in ("exit 4", "exit 6") or cell.between != "prev")
     ):
         cell.problems.append(
-            f"a read-only root before the first change must be refused with nothing changed (exit 6, previous "
-            f"pair serving); got {cell.first}[{cell.between}]"
+            f"a read-only root before the first change must be refused with nothing changed (exit 4 or 6, "
+            f"previous pair serving); got {cell.first}[{cell.between}]"
         )
     if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
         cell.problems.append(
