@@ -376,7 +376,9 @@ def _set_restore_from_start(ctx: RunContext) -> None:
     mixed = None
     if record is not None and record.active is not None:
         a = record.active
-        mixed = revisions.mixed_problem(PackageStore(ctx.home.store), a.native_package, a.rpc_package)
+        revs = revisions.pair_revisions(PackageStore(ctx.home.store), a.native_package, a.rpc_package)
+        # two known revisions; a package missing from the store is refused by restore_target below
+        mixed = revs.describe() if revs.native and revs.rpc and revs.native != revs.rpc else None
     if mixed is not None:
         # never put back (a failed deploy stops both services instead): a pair runs one revision
         ctx.journal.note(f"the recorded active pair is not restored if this deploy fails: {mixed}")
