@@ -193,9 +193,12 @@ def _one_revision_links(
     records (ctx.restore_links). Without such a record repair refuses (exit 6)."""
     facts, pair = ctx.hosts.facts, ctx.view.name
     links = {r: (facts[r].current, facts[r].previous) for r in ROLES}
-    problem = revisions.mixed_problem(store, links["native"][0], links["rpc"][0])
-    if problem is None or links["native"][0] is None or links["rpc"][0] is None:
+    if links["native"][0] is None or links["rpc"][0] is None:
         return links
+    revs = revisions.pair_revisions(store, links["native"][0], links["rpc"][0])
+    if revs.native is None or revs.rpc is None or not revisions.differ(revs.native, revs.rpc):
+        return links  # one revision (a package missing from the store is refused when it is rendered)
+    problem = f"the pair {revs.describe()}, not of one source revision"
     trusted = [r for r in olds if r.mac_ok(ctx.inputs.route_key) and r.active is not None]
     rec = max(trusted, key=lambda r: r.revision) if trusted else None
     act = rec.active if rec is not None else None
