@@ -103,6 +103,7 @@ def make_identity_probe(
         rpc_bind=inventory.rpc_bind(pair),
         rpc_port=inventory.pair(pair).rpc_port,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
+        rpc_revision=getattr(manifests.get("rpc"), "revision", None),
     )
     layouts: dict[str, HostLayout] = {r: HostLayout(roots[r]) for r in ROLES}
     key = api_key.value if api_key is not None else None

@@ -89,7 +89,19 @@ def take(
     )
     with TransportPool(inv) as pool, _journal(c, "lease take", argv, target) as j:
         with j.step("take", host=",".join(hosts)) as step:
-            leases = L.take_leases(L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired)
+            try:
+                leases = L.take_leases(
+                    L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired
+                )
+            except L.LeaseError as exc:  # the hint names the pair the holder's run leased, not a literal PAIR
+                pair = (
+                    target
+                    if target in inv.pairs
+                    else next((n for n, p in inv.pairs.items() if target in (p.native, p.rpc)), target)
+                )
+                if exc.hint:
+                    exc.hint = exc.hint.replace("lease release PAIR", f"lease release {pair}")
+                raise
             step.data["leases"] = [lease.public() for lease in leases]
             step.data["broken"] = [lease.broken for lease in leases if lease.broken]
     nonce = leases[0].nonce

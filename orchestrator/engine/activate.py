@@ -29,6 +29,7 @@ from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
+from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
@@ -43,7 +44,7 @@ from orchestrator.hosts.layout import (
     switch_links,
 )
 from orchestrator.hosts.models import check_models
-from orchestrator.hosts.probes import ExpectedProc, read_facts
+from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.hosts.units import UnitReadback
@@ -109,6 +110,7 @@ def expected_for(
         rpc_bind=view.rpc_bind,
         rpc_port=view.rpc_port,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
+        rpc_revision=rpc_manifest.revision,
     )
 
 
@@ -463,6 +465,8 @@ def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
     for r in ("native", "rpc"):
         sp = space.free_space(ctx.t(r), ctx.layout(r).root)
         sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
+        space.require_writable(ctx.t(r), ctx.layout(r).run, "the switch (pidfiles, logs)")
+        space.require_writable(ctx.t(r), ctx.layout(r).root, "the switch (current link, route record)")
         out[ctx.host(r)] = sp.free_bytes
     return out
 
@@ -504,6 +508,11 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
             ) from None
     else:
         free = None
+        if ctx.mode == "rollback" and role == "native" and ctx.activating() is not None:
+            # restoring needs the RPC host (restart-rpc); one that does not answer now (after the
+            # reconnect budget) means nothing can be restored, and stopping native would only take
+            # down the half that still serves (issue 33: the model traffic between them was fine)
+            ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     ex = _planned(ctx, role, ex, verify)
@@ -560,6 +569,7 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
             "started": "nothing (no previous pair)",
             **_ran(ex),
         }
+    _one_revision_before_start(ctx, tgt.activation, RPC_SERVER)
     verify = _take_deferred(ctx, "rpc")
     ex = _planned(ctx, "rpc", ex, verify)
     if ctx.mode == "deploy":
@@ -595,6 +605,34 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     return d
 
 
+def _current_on(ctx: RunContext, role: str) -> str | None:
+    """The release `current` names on ROLE's host now (read over SFTP, not from this run's facts)."""
+    try:
+        return release_of_link(ctx.t(role).readlink(ctx.layout(role).current) or "-", ctx.layout(role).root)
+    except ProbeError as exc:
+        raise HostStateError(f"{ctx.host(role)}: {ctx.layout(role).current}: {exc}") from None
+
+
+def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *, links: bool = False) -> None:
+    """Before any start: the pair being started is of one source revision (engine/revisions.py);
+    with `links`, so are the releases both hosts' `current` links name right now (what a step
+    that timed out, another tool or a hand edit may have changed since this run read them)."""
+    store = PackageStore(ctx.home.store)
+    what = f"starting {service} on {ctx.host('native' if service == LLAMA_SERVER else 'rpc')}"
+    require_one_revision(store, ctx.view.name, act.native_package, act.rpc_package, what=what)
+    if not links:
+        return
+    cur = {r: _current_on(ctx, r) for r in ROLES}
+    problem = mixed_problem(store, cur["native"], cur["rpc"])
+    if cur["native"] != act.native_package or problem:
+        raise HostStateError(
+            f"pair {ctx.view.name}: {what} refused, nothing was started: current names "
+            f"{cur['native'] or 'nothing'} on {ctx.host('native')} and {cur['rpc'] or 'nothing'} on "
+            f"{ctx.host('rpc')}" + (f"; {problem}" if problem else f", not {act.native_package}"),
+            hint=f"`pairctl status --pair {ctx.view.name}` shows both hosts; deploy one revision to both",
+        )
+
+
 def a_start_server(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     tgt = ctx.activating()
     if tgt is None:
@@ -602,6 +640,7 @@ def a_start_server(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any
     t, layout = ctx.t("native"), ctx.layout("native")
     ex = _planned(ctx, "native", ex, None)
     _before_change(ctx, "native")
+    _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
     units: services.Units = {}
     pid, ident = services.start(t, layout, LLAMA_SERVER, list(ex.service_argv), ex.sup, units=units, cmd=ex.cmd)

@@ -21,7 +21,7 @@ from orchestrator.build.store import PackageStore
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, route_trust
+from orchestrator.engine import activate, leasing, revisions, route_trust
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, pair_view, plan
@@ -398,7 +398,17 @@ def _set_restore_from_start(ctx: RunContext) -> None:
     ctx.restore_links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = parse_route(ctx.hosts.route_bytes("native"))
     ctx.restore = None
+    mixed = None
     if record is not None and record.active is not None:
+        a = record.active
+        revs = revisions.pair_revisions(PackageStore(ctx.home.store), a.native_package, a.rpc_package)
+        # two known revisions; a package missing from the store is refused by restore_target below
+        mixed = revs.describe() if revs.native and revs.rpc and revs.native != revs.rpc else None
+    if mixed is not None:
+        # never put back (a failed deploy stops both services instead): a pair runs one revision
+        ctx.journal.note(f"the recorded active pair is not restored if this deploy fails: {mixed}")
+        ctx.log.warning("recorded active pair mixes revisions: a failed deploy stops both", problem=mixed)
+    elif record is not None and record.active is not None:
         ctx.restore = restore_target(
             ctx.view,
             ctx.inventory.pair(ctx.view.name),
@@ -425,6 +435,33 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
             pass
 
 
+def _release_unlost(ctx: RunContext, failure: StepFailed) -> str:
+    """After a lease was lost on one host: the leases this run still holds (the other host's) are
+    released, and the message says exactly what is held now (it said "no lease" while the native
+    lease was still this run's: issue 33)."""
+    lost_on = {h for h, e in failure.errors.items() if isinstance(e, LeaseLost)}
+    released, kept = [], []
+    for role, handle in list(ctx.hosts.leases.items()):
+        host = ctx.host(role)
+        if host in lost_on:
+            continue
+        try:
+            if leasing.release(ctx, role, handle):
+                ctx.hosts.lease_released(role)
+                released.append(host)
+            else:
+                kept.append(f"{host} (held by the calling run)")
+        except LeaseError as exc:  # not this run's any more either (a wrong nonce changes nothing)
+            lost_on.add(host)
+            ctx.journal.note(f"{host}: lease not released: {str(exc)[:200]}")
+        except Exception as exc:  # the host did not answer: say so, the lease stays until its TTL
+            kept.append(f"{host} (release failed: {str(exc)[:160]})")
+    said = f"Its lease on {', '.join(sorted(lost_on)) or 'a host'} is not its own any more (another operator's?)"
+    if released:
+        said += f"; it released its lease on {', '.join(released)}"
+    return said + (f"; it still holds the lease on {', '.join(kept)}" if kept else "; it holds no lease now")
+
+
 def _rollback_after_failure(
     ctx: RunContext, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None]
 ) -> None:
@@ -434,7 +471,7 @@ def _rollback_after_failure(
         # on it would fight that operator, so this run changes nothing more and keeps no lease
         msg = (
             f"deploy lost its lease before step '{failure.step.name}' and changed nothing more: {lost}. "
-            "It holds no lease now (another operator may); the pair is as that step found it."
+            f"{_release_unlost(ctx, failure)}; the pair is as that step found it."
         )
         ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message, "lease": "lost"})
         ctx.journal.set("final_state", {"state": f"left at step {failure.step.name} (lease lost)"})
@@ -493,6 +530,8 @@ LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
 
 
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
+    if rb.step.action == "stop" and isinstance(error_of(rb), activate.UnreachableBeforeChange):
+        _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
     final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
     if (
@@ -521,6 +560,31 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
         f"{ctx.journal.receipt_hash}; leases held: {held or 'none'} (release with `pairctl lease release`); "
         f"where status then names links that disagree with the route record, `pairctl repair --pair "
         f"{ctx.view.name} --yes` records what the links name before the next deploy",
+    )
+
+
+def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
+    """The rollback could not reach the RPC host before its first change: nothing it would do can
+    work, so it changes nothing (stopping native would take down the half that may still serve)
+    and keeps the leases, like any failed rollback."""
+    ctx.journal.set("final_state", {"state": "left as the failed step left it (rollback could not reach the RPC host)"})
+    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    first = (
+        f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
+        if first_failure
+        else ""
+    )
+    msg = (
+        first
+        + f"the rollback could not reach {ctx.host('rpc')} ({rb.message.splitlines()[0]}), so it changed nothing: "
+        f"{ctx.host('native')} was not stopped. The leases are kept so nobody deploys onto an unknown state."
+    )
+    ctx.journal.finish("failed", msg)
+    raise RollbackFailed(
+        msg,
+        hint=f"once {ctx.host('rpc')} answers SSH again: `pairctl status --pair {ctx.view.name}`, release the "
+        f"leases (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then rollback or deploy; "
+        f"leases held: {held or 'none'}",
     )
 
 
@@ -703,6 +767,15 @@ def rollback(
             store = PackageStore(home.store)
             back_to = _rollback_target(ctx, rec, tuple(to), store)
             assert rec is not None and ctx.restore is not None
+            revisions.require_one_revision(
+                store,
+                pair_name,
+                back_to.native_package,
+                back_to.rpc_package,
+                what="rollback to " + ("the route record's previous pair" if not to else f"release {to[0]}"),
+                hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
+                "--packages NATIVE RPC`",
+            )
             ctx.restore_previous_entry = rec.active
             _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
@@ -745,6 +818,9 @@ def rollback(
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
+            if not ctx.changed:  # refused before its first change (the RPC host did not answer)
+                _abort(ctx, rb, record)
+                raise _cause(rb) from None
             _rollback_failed(ctx, rb, None)
         journal.set("final_state", _final_state(ctx, "restored"))
         record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.engine import revisions
 from orchestrator.hosts import supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
@@ -21,13 +22,15 @@ from orchestrator.hosts.probes import (
     build_info_problems,
     parse_identity,
     parse_rpc_bind,
+    parse_rpc_probe,
     proc_problems,
+    rpc_probe_problem,
     slots_problems,
 )
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
-from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+from orchestrator.roles import ROLES, RPC_SERVER, SERVICE_OF_ROLE
 
 PIPELINE_LINE = "pipeline parallelism enabled"
 
@@ -45,6 +48,8 @@ class Expected:
     rpc_bind: str
     rpc_port: int
     expect_pipeline_parallel: bool = False
+    # the RPC package's revision (its manifest's): one pair runs one revision (engine/revisions.py)
+    rpc_revision: str | None = None
 
 
 @dataclass
@@ -69,6 +74,16 @@ def read_identities(
     return out
 
 
+RPC_PROBE_S = 3  # the RPC HELLO's bound: a healthy ggml-rpc-server answers it in milliseconds
+
+
+def rpc_probe(t: Transport, layout: HostLayout, bind: str, port: int) -> str | None:
+    """ggml-rpc-server hung? (pairctl-svc rpc-probe: stopped, or no HELLO answer while no client
+    is served; the kernel accepting a connection proves nothing). One exec on the RPC host."""
+    res = t.run_idempotent(layout.rpc_probe_cmd(RPC_SERVER, bind, port, RPC_PROBE_S), check=False, timeout=30)
+    return parse_rpc_probe(as_text(res.stdout), RPC_SERVER)
+
+
 def verify_identity(
     transports: Mapping[str, Transport],
     layouts: Mapping[str, HostLayout],
@@ -87,6 +102,12 @@ def verify_identity(
     exec per host); then only liveness of those pids is re-read, over SFTP. Without `seen`, the
     identities are read now (status, acceptance)."""
     rep = IdentityReport()
+    probe_rpc = seen is None  # a deploy's own start just saw it listen, with llama-server connecting
+    if expected.rpc_revision is not None and revisions.differ(expected.revision, expected.rpc_revision):
+        rep.problems.append(
+            f"{hosts.get('native', 'native')} and {hosts.get('rpc', 'rpc')} run two source revisions "
+            f"({expected.revision[:12]} and {expected.rpc_revision[:12]}): a pair runs one revision"
+        )
     if seen is None:
         seen = read_identities(transports, layouts, roles)
     for role in roles:
@@ -110,6 +131,12 @@ def verify_identity(
         rep.problems += proc_problems(host, exp, ident)
         if ident is not None and ident.running and not alive:
             rep.problems.append(f"{host}: {name} (pid {ident.pid}) is no longer running")
+        if role == "rpc" and ident is not None and ident.running and probe_rpc:
+            state = rpc_probe(t, layout, expected.rpc_bind, expected.rpc_port)
+            rep.data[host]["rpc_probe"] = state
+            problem = rpc_probe_problem(host, name, state, RPC_PROBE_S)
+            if problem:
+                rep.problems.append(problem)
         if role == "rpc" and ident is not None and ident.running:
             bind, port = parse_rpc_bind(ident.argv)
             if bind != expected.rpc_bind or port != expected.rpc_port:

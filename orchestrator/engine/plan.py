@@ -136,7 +136,8 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     reach_url = f"[{reach}]" if ":" in reach else reach
     rpc_bind = inventory.rpc_bind(pair_name)
     sup = {
-        "rpc": tuple(supervisor.sup_args(inventory.supervision)),
+        # the RPC server's own endpoint turns on its hang check (pairctl-svc rpc-probe, issue 33)
+        "rpc": tuple(supervisor.sup_args(inventory.supervision, rpc=supervisor.ipv4_endpoint(rpc_bind, p.rpc_port))),
         "native": tuple(
             supervisor.sup_args(
                 inventory.supervision,

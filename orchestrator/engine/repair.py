@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, route_states, route_trust
+from orchestrator.engine import activate, leasing, revisions, route_states, route_trust
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
 from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import load_playbook
@@ -33,11 +33,13 @@ from orchestrator.engine.runner import StepFailed, error_of, run_steps
 from orchestrator.errors import CheckFailed, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts.layout import switch_links
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 
+ROLES = ("native", "rpc")
 EVIDENCE_LOOKBACK = 200  # receipts walked back to find the profile a pair was deployed with
 
 
@@ -163,17 +165,23 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
         sources[label] = f"{native} + {rpc}, profile {profile} (from {why})"
         return activate.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
 
-    active = entry_for("active", facts["native"].current, facts["rpc"].current)
-    prev_links = (facts["native"].previous, facts["rpc"].previous)
+    links = _one_revision_links(ctx, store, olds)
+    for r, (cur, prev) in ctx.restore_links.items():  # shown (and, with --yes, done) before the record
+        sources[f"links:{ctx.host(r)}"] = f"current {cur}, previous {prev} (put back: current was of another revision)"
+    active = entry_for("active", links["native"][0], links["rpc"][0])
+    prev_links = (links["native"][1], links["rpc"][1])
     previous = None
-    if all(p is not None and p in facts[r].releases for p, r in zip(prev_links, ("native", "rpc"), strict=True)):
+    mixed_prev = revisions.mixed_problem(store, *prev_links)
+    if mixed_prev and all(p is not None for p in prev_links):
+        sources["previous"] = f"none ({mixed_prev})"  # never recorded: a rollback would start it
+    elif all(p is not None and p in facts[r].releases for p, r in zip(prev_links, ("native", "rpc"), strict=True)):
         try:
             previous = entry_for("previous", *prev_links)
         except PairctlError as exc:  # the previous pair cannot be rendered here: record none rather than guess
             sources["previous"] = f"none ({exc.message})"
     if active is None:
         # a record naming nothing active is no record: never offered (engine/route_states.py)
-        cur = {view.hosts[r]: facts[r].current or "nothing" for r in ("native", "rpc")}
+        currents = {view.hosts[r]: facts[r].current or "nothing" for r in ("native", "rpc")}
         never = not olds and not any(facts[r].current for r in ("native", "rpc"))
         raise HostStateError(
             f"repair has nothing to rebuild for pair {view.name}: "
@@ -181,7 +189,7 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
                 "it was never deployed (no route record, no current release on either host)"
                 if never
                 else "`current` does not name a release on both hosts ("
-                + ", ".join(f"{h}: {c}" for h, c in cur.items())
+                + ", ".join(f"{h}: {c}" for h, c in currents.items())
                 + ")"
             ),
             hint=f"`pairctl deploy --pair {view.name} --packages NATIVE RPC` records the pair it activates",
@@ -192,10 +200,63 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     return rec, sources
 
 
+def _one_revision_links(
+    ctx: RunContext, store: PackageStore, olds: list[RouteRecord]
+) -> dict[str, tuple[str | None, str | None]]:
+    """(current, previous) per host that the rebuilt record names: the links as they are, unless
+    their `current`s are of two revisions (a run cut short between restart-rpc and switch-native
+    leaves them so). Such a pair is never recorded (a rollback or restart would run it); the
+    links go back to the active pair of the old record signed by this home (one revision, its
+    releases installed on both hosts), which `--yes` switches back by rename under the leases and
+    records (ctx.restore_links). Without such a record repair refuses (exit 6)."""
+    facts, pair = ctx.hosts.facts, ctx.view.name
+    links = {r: (facts[r].current, facts[r].previous) for r in ROLES}
+    if links["native"][0] is None or links["rpc"][0] is None:
+        return links
+    revs = revisions.pair_revisions(store, links["native"][0], links["rpc"][0])
+    if revs.native is None or revs.rpc is None or not revisions.differ(revs.native, revs.rpc):
+        return links  # one revision (a package missing from the store is refused when it is rendered)
+    problem = f"the pair {revs.describe()}, not of one source revision"
+    trusted = [r for r in olds if r.mac_ok(ctx.inputs.route_key) and r.active is not None]
+    rec = max(trusted, key=lambda r: r.revision) if trusted else None
+    act = rec.active if rec is not None else None
+    if (
+        rec is None
+        or act is None
+        or revisions.mixed_problem(store, act.native_package, act.rpc_package) is not None
+        or act.native_package not in facts["native"].releases
+        or act.rpc_package not in facts["rpc"].releases
+    ):
+        raise HostStateError(
+            f"repair refused, nothing was written: the current links name {problem}, and no route record "
+            "signed by this home names an installed pair of one revision to put back",
+            hint=f"on one host point current at a release of the other's revision (`ln -sfn releases/ID "
+            f"ROOT/current`), then `pairctl repair --pair {pair} --yes`; or deploy one revision to both",
+        )
+    want = {"native": act.native_package, "rpc": act.rpc_package}
+    prev = rec.previous
+    for r in ROLES:
+        if links[r][0] != want[r]:
+            p = None if prev is None else (prev.native_package if r == "native" else prev.rpc_package)
+            p = p if p in facts[r].releases and p != want[r] else links[r][0]
+            ctx.restore_links[r] = (want[r], p)
+            links[r] = (want[r], p)
+    ctx.journal.note(
+        f"current links named {problem}; repair puts back {act.names()} (route record revision "
+        f"{rec.revision}) on {', '.join(ctx.host(r) for r in ctx.restore_links)}"
+    )
+    return links
+
+
 def a_route_repair(ctx: RunContext, role: str) -> dict[str, Any]:
-    """The rebuilt record onto one host, by compare-and-swap on the bytes read there."""
+    """The rebuilt record onto one host, by compare-and-swap on the bytes read there; first, a
+    host whose `current` was of the other revision gets the recorded pair's links back."""
     rec = ctx.next_route
     assert rec is not None
+    relinked = ctx.restore_links.get(role)
+    if relinked is not None:
+        leasing.recheck(ctx, role)
+        switch_links(ctx.t(role), ctx.layout(role), *relinked)
     data = rec.to_bytes()
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
@@ -204,7 +265,10 @@ def a_route_repair(ctx: RunContext, role: str) -> dict[str, Any]:
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
-    return {"revision": rec.revision, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    out: dict[str, Any] = {"revision": rec.revision, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    if relinked is not None:
+        out["links_put_back"] = {"current": relinked[0], "previous": relinked[1]}
+    return out
 
 
 def _parsed(data: bytes | None) -> RouteRecord | None:

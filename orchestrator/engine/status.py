@@ -11,8 +11,8 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import leasing, route_trust
-from orchestrator.engine.identity import read_identities
+from orchestrator.engine import leasing, revisions, route_trust
+from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import PairctlError
 from orchestrator.evidence.store import EvidenceStore
@@ -20,7 +20,7 @@ from orchestrator.hosts import boot, supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
-from orchestrator.hosts.probes import HostFacts, read_facts
+from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
 from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.services import get_json
 from orchestrator.hosts.units import parse_readback
@@ -95,8 +95,18 @@ def status(
                 # partial uploads of killed runs (the next deploy under the lease removes them)
                 "upload_leftovers": leftovers(t, layout),
             }
+            if role == "rpc" and ident is not None and ident.running:
+                h["rpc_probe"] = rpc_probe(t, layout, view.rpc_bind, view.rpc_port)
+                problem = rpc_probe_problem(host, name, h["rpc_probe"], RPC_PROBE_S)
+                if problem:
+                    out["problems"].append(problem)
             sup = supervisor.read_state(t, layout, name)
             h["supervisor"] = sup.as_dict() if sup else None
+            if sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up"):
+                out["problems"].append(
+                    f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} would not "
+                    f"be restarted; deploying the active pair again starts it under a new supervisor"
+                )
             if sup is not None and sup.given_up:
                 out["problems"].append(
                     f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
@@ -119,6 +129,7 @@ def status(
                     out["problems"].append(h["release_files"]["problem"])
             out["hosts"][host] = h
             found[role] = f
+        _revision_problems(store, view.hosts, found, out)
         # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
         judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
         out["problems"] += [str(p) for p in judged.problems]
@@ -158,10 +169,34 @@ def status(
                 out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
         out["stale_leases"] = _stale_leases(evidence, out["hosts"])
+        for s in out["stale_leases"]:  # a run that is over still holds the host: nothing restarts there
+            out["problems"].append(
+                f"{s['host']}: run {s['run_id']} is over ({s['why']}) but its lease is still held, so the "
+                f"supervisors there stay passive; `pairctl lease release {pair_name} --dead-run {s['run_id']}` frees it"
+            )
         return out
     finally:
         if own:
             pool.close()
+
+
+def _revision_problems(store: PackageStore, hosts: Any, found: dict[str, HostFacts], out: dict[str, Any]) -> None:
+    """Both hosts' `current` of one source revision (a pair runs one revision: engine/revisions.py);
+    each host's revision is shown; one this home's store does not know is a warning."""
+    cur = {r: found[r].current for r in ROLES}
+    for r in ROLES:
+        c = cur[r]
+        out["hosts"][hosts[r]]["revision"] = revisions.revision_of(store, c) if c else None
+    if cur["native"] is None or cur["rpc"] is None:
+        return
+    revs = revisions.pair_revisions(store, cur["native"], cur["rpc"])
+    if revs.native is not None and revs.rpc is not None and not revs.one:
+        out["problems"].append(
+            f"{hosts['native']} and {hosts['rpc']} run two source revisions: current names {revs.describe()}; "
+            "a pair runs one revision (deploy one revision to both hosts)"
+        )
+    elif not revs.one:
+        out["warnings"].append(f"cannot tell whether current is of one revision: {revs.describe()}")
 
 
 def _verify_current(transport: Transport, layout: Any, store: Any, current: str | None, host: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ recovered receipt and a normal one cannot drift apart.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -219,6 +220,9 @@ class Seal(Protocol):
     def __call__(self, state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str: ...
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
 class Journal:
     """An open run. Created by `EvidenceStore.begin` (which writes its `begin` event from
     `header`); sealed by `finish` through the `seal` the store hands it."""
@@ -231,6 +235,8 @@ class Journal:
         self._state = JournalState()
         self._seq = 0
         self._mutex = threading.RLock()  # fan-out threads (a pair's two hosts) share one journal
+        self._pending = bytearray()  # events not yet on disk (the operator's disk was full)
+        self._no_room: str | None = None  # why the first write found no room
         self.receipt_hash: str | None = None
         self.recovered: list[str] = []  # receipts sealed from dead runs when this one began
         try:
@@ -248,17 +254,39 @@ class Journal:
             seq = self._seq
             text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
             self._seq += 1
-            self._write((text + "\n").encode("utf-8"))
+            try:
+                self._write((text + "\n").encode("utf-8"))
+            except EvidenceError:
+                if self._no_room is None:
+                    raise
+                self._state.apply(json.loads(text))  # kept (written once there is room): part of the run
+                raise
             self._state.apply(json.loads(text))
             return seq
 
     def _write(self, data: bytes) -> None:
+        """Append (fsync'd). The operator's own disk full (or over quota): the first such write
+        raises EvidenceError naming the file, so the step it was part of fails and the run rolls
+        back; from then on events are kept in memory and appended once there is room again, so
+        the rollback itself is never stopped by the evidence it cannot write yet (issue 33)."""
         assert self._fd is not None
-        view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-        os.fsync(self._fd)
+        self._pending += data
+        try:
+            while self._pending:
+                n = os.write(self._fd, self._pending)
+                del self._pending[:n]
+            os.fsync(self._fd)
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            if self._no_room is None:
+                self._no_room = exc.strerror or str(exc)
+                raise EvidenceError(
+                    f"the evidence of this run cannot be written: {self._no_room} ({self.path}); a run that cannot "
+                    "keep its evidence cannot accept a pair",
+                    hint=f"free space under {self.path.parent.parent}; the run's events are kept and written "
+                    "there once there is room",
+                ) from None
 
     @property
     def run_id(self) -> str:
@@ -373,7 +401,12 @@ class Journal:
             self._seq += 1
             at = utc_now()
             head = jsonable.dumps({"ev": "samples", "seq": seq, "at": at, "step": step_name})
-            self._write((head[:-1] + ',"rows":' + text + "}\n").encode("utf-8"))
+            try:
+                self._write((head[:-1] + ',"rows":' + text + "}\n").encode("utf-8"))
+            except EvidenceError:
+                if self._no_room is not None:  # kept, written once there is room (see _write)
+                    self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
+                raise
             self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
 
     def note(self, text: str) -> None:
@@ -398,10 +431,26 @@ class Journal:
             # a run that did not pass after a signal stopped it says so, whatever path sealed it
             outcome, reason = "interrupted", f"interrupted by {signal_name}: {reason}"
         with self._mutex:
-            self._emit("finish", outcome=outcome, reason=mask_text(reason))
+            try:
+                self._emit("finish", outcome=outcome, reason=mask_text(reason))
+            except EvidenceError:
+                if self._no_room is None or self._fd is None:
+                    raise
+                # the first write without room: reported below, with what the run did
             fd, self._fd = self._fd, None
         try:
+            if self._pending:
+                raise OSError(28, self._no_room or "No space left on device")
             self.receipt_hash = self._seal(self._state, self.path, outcome=outcome, reason=mask_text(reason))
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            raise EvidenceError(
+                f"{reason}\nbut its receipt could not be written: {exc.strerror or exc} under "
+                f"{self.path.parent.parent}; its journal {self.path} holds its events up to then",
+                hint="free space there; the next pairctl command for this pair seals that journal as the run's "
+                "receipt (the chain stays intact)",
+            ) from None
         finally:
             if fd is not None:
                 os.close(fd)

@@ -20,6 +20,7 @@ need a process (hashing, starting, stopping).
 from __future__ import annotations
 
 import posixpath
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -182,6 +183,10 @@ class HostLayout:
     def identity_cmd(self, *names: str) -> Cmd:
         return self.svc_cmd("identity", *names)
 
+    def rpc_probe_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
+        """Is NAME (ggml-rpc-server) hung: stopped, or no answer to the RPC HELLO (probes.parse_rpc_probe)."""
+        return self.svc_cmd("rpc-probe", name, address, str(port), str(timeout_s))
+
     def alive_cmd(self, name: str) -> Cmd:
         return self.svc_cmd("alive", name)
 
@@ -218,7 +223,7 @@ def install_helper(transport: Transport, layout: HostLayout) -> None:
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
     transport.makedirs(layout.secrets, 0o700)
-    tmp = layout.svc + ".tmp"
+    tmp = unique_tmp(layout.svc)
     transport.put_bytes(svc_script(), tmp, mode=0o755)
     transport.rename(tmp, layout.svc)
 
@@ -231,9 +236,7 @@ def switch_links(transport: Transport, layout: HostLayout, current: str | None, 
             if transport.readlink(link) is not None:
                 transport.remove(link)
             continue
-        tmp = posixpath.join(layout.root, "." + posixpath.basename(link) + ".tmp")
-        if transport.readlink(tmp) is not None:
-            transport.remove(tmp)
+        tmp = unique_tmp(link)
         transport.symlink(f"releases/{rel}", tmp)
         transport.rename(tmp, link)
 
@@ -252,12 +255,20 @@ def put_secret(transport: Transport, layout: HostLayout, data: bytes, name: str 
     if st.perms != 0o700:
         transport.chmod(layout.secrets, 0o700)
     dest = posixpath.join(layout.secrets, name)
-    tmp = posixpath.join(layout.secrets, f".{name}.tmp")
-    if transport.stat(tmp) is not None:
-        transport.remove(tmp)  # left by an interrupted deploy, inside our own 0700 folder
+    for left in transport.listdir(layout.secrets):  # left by an interrupted run, in our own 0700 folder
+        if left.startswith(f".{name}.tmp"):
+            transport.remove(posixpath.join(layout.secrets, left))
+    tmp = unique_tmp(dest)
     transport.put_private(data, tmp)
     transport.rename(tmp, dest)
     return dest
+
+
+def unique_tmp(path: str) -> str:
+    """A temporary name beside PATH that no other run uses (`.NAME.tmp-RANDOM`): a step that
+    timed out on the host, or another run, never renames this run's file into place (issue 33:
+    a shared `.current.tmp` let a late step switch `current` after the rollback's own switch)."""
+    return posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp-{secrets.token_hex(6)}")
 
 
 def tmp_release_name(package_id: str, nonce: str) -> str:

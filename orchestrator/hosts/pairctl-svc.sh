@@ -96,7 +96,7 @@ sd_install() { # sd_install ROOT NAME: the verified staged unit into the manager
     # a new file of our own (mktemp: O_EXCL, never a link someone left), then renamed over the unit
     tmp=$(mktemp "$d/.pairctl-unit.XXXXXX") || exit 1
     { cat "$1/run/units/$sd_unit" >"$tmp" && chmod 644 "$tmp" && mv -f "$tmp" "$d/$sd_unit"; } || { rm -f "$tmp"; exit 1; }
-    printf '%s %s\n' "$sd_scope" "$sd_unit" >"$1/run/.$2.unit.tmp" && mv -f "$1/run/.$2.unit.tmp" "$1/run/$2.unit" || exit 1
+    printf '%s %s\n' "$sd_scope" "$sd_unit" >"$1/run/.$2.unit.tmp.$$" && mv -f "$1/run/.$2.unit.tmp.$$" "$1/run/$2.unit" || exit 1
     sd_ctl "$sd_scope" daemon-reload || die "systemctl daemon-reload failed ($sd_scope manager)"
     sd_ctl "$sd_scope" enable "$sd_unit" 2>/dev/null || die "systemctl enable $sd_unit failed"
 }
@@ -171,7 +171,7 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     if [ -z "$sd" ]; then
         # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
         # a deliberate stop removes the file, so a stopped service stays stopped after a reboot
-        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp") && mv -f "$r/run/.$n.boot.tmp" "$r/run/$n.boot" || exit 1
+        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp.$$") && mv -f "$r/run/.$n.boot.tmp.$$" "$r/run/$n.boot" || exit 1
     else
         rm -f "$r/run/$n.boot"  # systemd starts the enabled unit at boot, not the @reboot line
     fi
@@ -181,14 +181,14 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     rm -f "$r/run/$n.pid" "$r/run/$n.state"
     if [ -n "$sd" ]; then
         sd_install "$r" "$n"
-        : >"$r/run/$n.go"  # this start is the lease holder's: the supervisor's first start does not wait for the lease
+        true >"$r/run/$n.go"  # this start is the lease holder's: the supervisor's first start does not wait for the lease
         sd_ctl "$sd_scope" start "$sd_unit" || { rm -f "$r/run/$n.go"; CODE=4 die "systemctl start $sd_unit failed; see run/$n.sup.log"; }
         spid=$(sd_ctl "$sd_scope" show -p MainPID --value "$sd_unit")
         [ "${spid:-0}" != 0 ] || { rm -f "$r/run/$n.go"; CODE=4 die "$sd_unit has no main process after its start; see run/$n.sup.log"; }
     else
         setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
         spid=$!
-        echo "$spid" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+        echo "$spid" >"$r/run/.$n.sup.pid.tmp.$$" && mv -f "$r/run/.$n.sup.pid.tmp.$$" "$r/run/$n.sup.pid"
     fi
     if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then  # at boot the supervisor may first wait for a peer or a lease
         echo "supervisor=$spid"
@@ -266,7 +266,9 @@ now_s() { date +%s; }
 set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in run/NAME.state, by rename
     f="$1/run/$2.state"; shift 2
     tmp="$f.tmp.$$"
-    cp "$f" "$tmp" 2>/dev/null || : >"$tmp"
+    # `true`, never `:`: dash exits on a failed redirection of a special builtin, and a read-only
+    # or full root must not kill the supervisor that keeps the service up
+    cp "$f" "$tmp" 2>/dev/null || true >"$tmp" 2>/dev/null
     while [ $# -ge 2 ]; do
         grep -v "^$1=" "$tmp" >"$tmp.2"; echo "$1=$2" >>"$tmp.2"; mv -f "$tmp.2" "$tmp"
         shift 2
@@ -274,7 +276,26 @@ set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in ru
     mv -f "$tmp" "$f"
 }
 
-lease_held() { [ -d "$1/leases/host.lock" ]; }
+json_field() { # json_field TEXT KEY: the string or number value of "KEY" in one-line JSON (pairctl's own)
+    printf '%s' "$1" | sed -n "s/.*\"$2\": *\"\{0,1\}\([^\",}]*\).*/\1/p"
+}
+
+lease_held() { # lease_held ROOT: a live lease holds the host. One that has expired, or whose run's
+    # heartbeat is older than the bound it promised (the run is dead), no longer keeps the services
+    # unsupervised (issue 33: an expired lease kept llama-server down until it was released). Host
+    # time, as pairctl judges leases; a lease being made, or a time this shell cannot read, holds.
+    [ -d "$1/leases/host.lock" ] || return 1
+    j=$(head -c 4096 "$1/leases/host.lock/lease.json" 2>/dev/null | tr -d '\n')
+    [ -n "$j" ] || return 0
+    now=$(date +%s)
+    exp=$(json_field "$j" expires_at)
+    e=$(date -d "$exp" +%s 2>/dev/null) && [ "$now" -ge "$e" ] && return 1
+    stale=$(json_field "$j" stale_after_s)
+    beat=$(json_field "$j" renewed_at); [ -n "$beat" ] || beat=$(json_field "$j" taken_at)
+    case "$stale" in '' | *[!0-9]*) return 0 ;; esac
+    b=$(date -d "$beat" +%s 2>/dev/null) && [ $((now - b)) -gt "$stale" ] && return 1
+    return 0
+}
 
 tcp_probe() { # tcp_probe ADDRESS PORT TIMEOUT_S: something accepts a connection there
     command -v bash >/dev/null 2>&1 || return 0  # no bash, no /dev/tcp: assume it listens
@@ -289,6 +310,45 @@ health_probe() { # health_probe ADDRESS PORT TIMEOUT_S: GET /health gets an HTTP
         IFS= read -r line <&3 || exit 1
         case "$line" in HTTP/*) exit 0 ;; esac
         exit 1' _ "$1" "$2" 2>/dev/null
+}
+
+proc_state() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1; }  # R S D T t Z ...
+
+rpc_client() { # rpc_client PID PORT: PID holds an ESTABLISHED connection on its local PORT (a client
+    # is being served; ggml-rpc-server serves one at a time, so a HELLO now would only wait behind it)
+    inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
+    [ -n "$inodes" ] || return 1
+    want=$(printf ':%04X' "$2")
+    cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v want="$want" -v inodes=" $inodes" \
+        'NR > 1 && $4 == "01" && substr($2, length($2) - 4) == want && index(inodes, " " $10 " ") { found = 1 }
+        END { exit !found }'
+}
+
+rpc_hello() { # rpc_hello ADDRESS PORT TIMEOUT_S: the ggml RPC HELLO (ggml/src/ggml-rpc/ggml-rpc.cpp:
+    # cmd byte 14, u64 LE request size 24, 24 zero capability bytes; the answer is u64 LE 28, then
+    # major, minor, patch, padding and 24 capability bytes); prints MAJOR.MINOR.PATCH
+    command -v bash >/dev/null 2>&1 || return 2
+    timeout "$3" bash -c 'exec 3<>"/dev/tcp/$1/$2" || exit 1
+        printf "\016\030\000\000\000\000\000\000\000" >&3 && head -c 24 /dev/zero >&3 || exit 1
+        set -- $(head -c 36 <&3 | od -An -v -tu1)
+        [ $# -eq 36 ] && [ "$1" = 28 ] || exit 1
+        echo "$9.${10}.${11}"' _ "$1" "$2" 2>/dev/null
+}
+
+rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stopped|serving|unanswered|hello:M.m.p
+    # A stopped process (SIGSTOP: state T) or one that does not answer HELLO is hung although the
+    # kernel still accepts connections on its port. While a client (llama-server) is connected the
+    # HELLO is not sent (it would wait behind that client): a stopped process still shows.
+    pid=$(pid_of "$1" "$2")
+    if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "rpc=$2:down"; return 0; fi
+    if [ "$(proc_state "$pid")" = T ]; then echo "rpc=$2:stopped"; return 0; fi
+    if rpc_client "$pid" "$4"; then echo "rpc=$2:serving"; return 0; fi
+    addr=$3  # a wildcard bind is reached on loopback
+    case "$addr" in 0.0.0.0) addr=127.0.0.1 ;; :: | "[::]") addr=::1 ;; esac
+    v=$(rpc_hello "$addr" "$4" "$5"); rc=$?
+    if [ $rc = 2 ]; then echo "rpc=$2:unprobed"
+    elif [ $rc = 0 ] && [ -n "$v" ]; then echo "rpc=$2:hello:$v"
+    else echo "rpc=$2:unanswered"; fi
 }
 
 peer_closed() { # peer_closed PID ADDRESS PORT: PID holds a TCP connection to ADDRESS:PORT that the
@@ -320,13 +380,13 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
         size=$(stat -c %s "$f" 2>/dev/null) || continue
         [ "$size" -gt "$max" ] || continue
         shift_log "$f" "$keep"
-        cp "$f" "$f.1" && : >"$f"
+        cp "$f" "$f.1" && true >"$f"
     done
 }
 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- log_max=0 log_keep=3
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -335,7 +395,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             is_num "$v" || CODE=2 die "supervise: sup.$k=$v is not a number" ;;
         loop_n | log_max | log_keep)
             case "$v" in '' | *[!0-9]*) CODE=2 die "supervise: sup.$k=$v is not a whole number" ;; esac ;;
-        health | peer)
+        health | peer | rpc)
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
@@ -350,7 +410,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     set_state "$r" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
     at_boot=${PAIRCTL_SVC_AT_BOOT:-}
     if [ "${PAIRCTL_SVC_MANAGED:-}" = systemd ]; then
-        echo "$$" >"$r/run/.$n.sup.pid.tmp" && mv -f "$r/run/.$n.sup.pid.tmp" "$r/run/$n.sup.pid"
+        echo "$$" >"$r/run/.$n.sup.pid.tmp.$$" && mv -f "$r/run/.$n.sup.pid.tmp.$$" "$r/run/$n.sup.pid"
         # started by the lease holder's `start` (run/NAME.go), or else by systemd itself (at boot,
         # or again after this supervisor died): then, as at boot, a held lease keeps the first start off
         if [ -f "$r/run/$n.go" ]; then rm -f "$r/run/$n.go"; set_state "$r" "$n" started_by pairctl; else at_boot=systemd; fi
@@ -397,7 +457,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
             >>"$r/run/$n.out" 2>&1 </dev/null &
         cpid=$!
-        echo "$cpid" >"$r/run/.$n.pid.tmp" && mv -f "$r/run/.$n.pid.tmp" "$r/run/$n.pid"
+        echo "$cpid" >"$r/run/.$n.pid.tmp.$$" && mv -f "$r/run/.$n.pid.tmp.$$" "$r/run/$n.pid"
         t0=$(now_s); starts="$starts $t0"
         if [ $first = 0 ]; then restarts=$((restarts + 1)); fi
         set_state "$r" "$n" state running pid "$cpid" started_at "$t0" restarts "$restarts"
@@ -408,6 +468,21 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             alive "$cpid" || break
             rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
             if lease_held "$r"; then unanswered_since=""; continue; fi  # passive while leased
+            if [ "$rpc" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
+                # ggml-rpc-server: stopped (SIGSTOP), or no HELLO answer while no client is served
+                probe=$(rpc_probe "$r" "$n" "${rpc%:*}" "${rpc##*:}" 2)
+                case "$probe" in
+                *:stopped | *:unanswered)
+                    t=$(now_s)
+                    [ -n "$unanswered_since" ] || unanswered_since=$t
+                    if [ $((t - unanswered_since)) -ge "${hang_s%.*}" ]; then
+                        reason="hung (${probe##*:} for $((t - unanswered_since)) s)"
+                        kill -KILL "$cpid" 2>/dev/null
+                        break
+                    fi ;;
+                *) unanswered_since="" ;;
+                esac
+            fi
             if [ "$health" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
                 if health_probe "${health%:*}" "${health##*:}" 2; then
                     unanswered_since=""
@@ -525,7 +600,8 @@ switch_links() { # switch_links ROOT CURRENT PREVIOUS: by rename (never rm + ln)
         link=${pair%%:*}; rel=${pair#*:}
         if [ "$rel" = "-" ]; then rm -f "$1/$link"; continue; fi
         [ -d "$1/releases/$rel" ] || CODE=3 die "release $rel is not installed"
-        ln -sfn "releases/$rel" "$1/.$link.tmp" && mv -T "$1/.$link.tmp" "$1/$link" || exit 1
+        # a temporary name of this process's own: a late step of another run never renames it into place
+        ln -sfn "releases/$rel" "$1/.$link.tmp.$$" && mv -T "$1/.$link.tmp.$$" "$1/$link" || { rm -f "$1/.$link.tmp.$$"; exit 1; }
     done
     echo "current=$(link_of "$1/current")"
     echo "previous=$(link_of "$1/previous")"
@@ -608,11 +684,21 @@ restart)
         sd_verify "$root"
         sd_verified=$1 ;;
     esac
+    # what follows writes the links and run/: a root that takes no new file (read-only, full) is
+    # refused here, before the running service is stopped
+    for d in "$root" "$root/run"; do
+        { true >"$d/.write-probe.$$"; } 2>/dev/null && rm -f "$d/.write-probe.$$" ||
+            CODE=3 die "writable=no: $d takes no new file (read-only or full?); nothing was stopped"
+    done
     stop_svc "$root" "$name"
     switch_links "$root" "$cur" "$prev"
     start_svc "$root" "$name" "$@"
     wait_listen "$root" "$name" "$addr" "$port" "$limit"
     identity_of "$root" "$name"
+    ;;
+rpc-probe)
+    # rpc-probe ROOT NAME ADDRESS PORT TIMEOUT_S: is ggml-rpc-server hung? (see rpc_probe)
+    rpc_probe "$root" "${1:?name}" "${2:?address}" "${3:?port}" "${4:?timeout}"
     ;;
 wait-listen)
     # wait-listen ROOT NAME ADDRESS PORT TIMEOUT_S

@@ -329,3 +329,24 @@ def parse_rpc_bind(argv: Iterable[str]) -> tuple[str | None, int | None]:
         elif a in ("-p", "--port") and args[i + 1].isdigit():
             port = int(args[i + 1])
     return host, port
+
+
+RPC_HUNG = ("stopped", "unanswered")
+
+
+def parse_rpc_probe(out: str, name: str) -> str | None:
+    """`rpc=NAME:STATE` from `pairctl-svc rpc-probe` -> STATE: down | stopped | serving |
+    unanswered | unprobed | hello:M.m.p (None when the helper printed no such line)."""
+    for line in out.splitlines():
+        if line.startswith(f"rpc={name}:"):
+            return line.split(":", 1)[1][:40]
+    return None
+
+
+def rpc_probe_problem(host: str, name: str, state: str | None, hang_s: float) -> str | None:
+    """A problem line when the probe found NAME hung (a TCP connect cannot: the kernel accepts)."""
+    if state == "stopped":
+        return f"{host}: {name} is stopped (SIGSTOP): it accepts connections but answers nothing"
+    if state == "unanswered":
+        return f"{host}: {name} did not answer the RPC HELLO within {hang_s:g} s (hung)"
+    return None

@@ -137,13 +137,15 @@ def ensure_release(
     the service (`stop_cmd(verify_release=...)`), which checks before it stops anything."""
     pid = package.manifest.id
     expected = expected_hashes(package.manifest)
+    # under the lease nobody else is uploading: a killed upload's directory goes now, whether or
+    # not this release is sent (it survived 90 deploys of present releases: issue 33)
+    removed = tuple(discard_leftovers(transport, layout))
     if present and defer_present:
-        return ReleaseResult(host, pid, True, 0, 0, deferred=True)
+        return ReleaseResult(host, pid, True, 0, 0, deferred=True, leftovers_removed=removed)
     if present:
         res = transport.run(layout.hash_cmd(pid), timeout=300)
         n = check_hash_output(expected, as_text(res.stdout), host, f"releases/{pid}")
-        return ReleaseResult(host, pid, True, 0, n)
-    removed = discard_leftovers(transport, layout)  # under the lease: nobody else is uploading
+        return ReleaseResult(host, pid, True, 0, n, leftovers_removed=removed)
     data = _packed(str(package.path))
     space.free_space(transport, layout.releases).require(len(data) + space.UPLOAD_MARGIN_BYTES, f"the upload of {pid}")
     tmp = tmp_release_name(pid, secrets.token_hex(4))
@@ -168,7 +170,7 @@ def ensure_release(
         transport.run(layout.discard_cmd(tmp), check=False, timeout=120)
         raise
     transport.rename(posixpath.join(layout.releases, tmp), layout.release(pid))
-    return ReleaseResult(host, pid, False, len(data), n, leftovers_removed=tuple(removed))
+    return ReleaseResult(host, pid, False, len(data), n, leftovers_removed=removed)
 
 
 _TMP_NAME = re.compile(r"^\.[A-Za-z0-9][A-Za-z0-9._-]*\.tmp-[0-9a-f]+$")

@@ -18,9 +18,10 @@ import httpx
 import tenacity
 
 from orchestrator.errors import CheckFailed, HostError
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout, unique_tmp
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
+from orchestrator.hosts.space import NotWritable
 from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
@@ -105,8 +106,9 @@ def stage_unit(
     )
     path = layout.staged_unit(name)
     transport.makedirs(posixpath.dirname(path), 0o755)
-    transport.put_bytes(text.encode(), path + ".tmp", mode=0o644)
-    transport.rename(path + ".tmp", path)
+    tmp = unique_tmp(path)
+    transport.put_bytes(text.encode(), tmp, mode=0o644)
+    transport.rename(tmp, path)
     return sd.unit(name), text
 
 
@@ -196,6 +198,11 @@ def restart_listening(
     res = transport.run(cmd, check=False, timeout=timeout, stdin=manifest_lines(verify[1]) if verify else None)
     out = as_text(res.stdout)
     verified = _verified(transport, verify, out, res.exit_status)
+    if res.exit_status == 3 and "writable=no" in as_text(res.stderr):
+        raise NotWritable(
+            f"{transport.name}: {as_text(res.stderr).strip().removeprefix('pairctl-svc: writable=no: ')[-300:]}",
+            hint=f"make the install root writable on {transport.name} (a read-only mount?), then run the command again",
+        )
     if res.exit_status == 3 and "unit=" in as_text(res.stderr):
         complaints = "\n".join(ln for ln in out.splitlines() if ln.startswith("unit_verify="))
         raise HostError(

@@ -12,6 +12,7 @@ The measurement is one `df -Pk PATH` exec (SFTP has no portable statvfs); the pa
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from orchestrator.errors import DiskFull, HostError
@@ -74,3 +75,31 @@ def free_space(transport: Transport, path: str) -> Space:
             f"{transport.name}: df {path} failed (exit {res.exit_status}): {as_text(res.stderr).strip()[-200:]}"
         )
     return parse_df(as_text(res.stdout), transport.name, path)
+
+
+def require_writable(transport: Transport, path: str, what: str) -> None:
+    """PATH takes a new file now (one SFTP write and remove, no exec): a read-only filesystem is
+    refused before any change (exit 6), naming host and path, instead of a step failing half-way
+    with "OSError: Failure" after the other host's service was stopped (issue 33)."""
+    from orchestrator.hosts.layout import unique_tmp
+
+    probe = unique_tmp(posixpath.join(path, "write-probe"))
+    try:
+        transport.put_bytes(b"", probe, mode=0o600)
+        transport.remove(probe)
+    except (HostError, OSError) as exc:
+        if isinstance(exc, DiskFull):
+            raise
+        raise NotWritable(
+            f"{transport.name}: {path} does not take a new file ({str(exc)[:200]}); it is needed for {what}; "
+            "nothing was changed",
+            hint=f"make {path} writable on {transport.name} (a read-only mount? `mount`, `touch {path}/x`), "
+            "then run the command again",
+        ) from None
+
+
+class NotWritable(HostError):
+    """An install root that takes no new file: refused before any change (exit 6, host state)."""
+
+    exit_code = DiskFull.exit_code
+    nothing_changed = True

@@ -35,11 +35,15 @@ def ipv4_endpoint(host: str, port: int) -> str | None:
     return f"{host}:{port}"
 
 
-def sup_args(s: Supervision, *, health: str | None = None, peer: str | None = None) -> list[str]:
+def sup_args(
+    s: Supervision, *, health: str | None = None, peer: str | None = None, rpc: str | None = None
+) -> list[str]:
     """The `sup.KEY=VALUE` words `pairctl-svc start|restart` passes to the supervisor. `health`
     (llama-server's ADDRESS:PORT) turns on hang detection; `peer` (the RPC server's ADDRESS:PORT)
     makes the native supervisor start llama-server only once the peer answers, and restart it
-    when the connection to the peer is lost."""
+    when the connection to the peer is lost; `rpc` (ggml-rpc-server's own ADDRESS:PORT) turns on
+    its hang detection (pairctl-svc rpc_probe: stopped, or no answer to the RPC HELLO while no
+    client is served)."""
     out = [
         f"sup.backoff={_num(s.backoff_s)}",
         f"sup.backoff_max={_num(s.backoff_max_s)}",
@@ -51,6 +55,8 @@ def sup_args(s: Supervision, *, health: str | None = None, peer: str | None = No
     ]
     if health:
         out += [f"sup.health={health}", f"sup.hang_s={s.hang_after_s}"]
+    if rpc:  # ggml-rpc-server's ADDRESS:PORT: stopped, or no HELLO answer while idle, is hung
+        out += [f"sup.rpc={rpc}", f"sup.hang_s={s.hang_after_s}"]
     if peer:
         out.append(f"sup.peer={peer}")
     return out

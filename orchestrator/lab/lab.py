@@ -191,6 +191,9 @@ def _down(home: Home, only: set[str] | None) -> DownReport:
             svc = stop_services(plan.root)
             if svc:
                 stopped.append({"host": plan.name, "what": "services", "pids": svc})
+            gone = _drop_boot_entry(plan.name, plan.root)
+            if gone:
+                stopped.append({"host": plan.name, "what": "@reboot line", "pids": []})
             pids = SshdHost(plan).down()
             if pids:
                 stopped.append({"host": plan.name, "what": "sshd", "pids": pids})
@@ -251,6 +254,21 @@ def stop_supervisors(root: Path) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
+
+
+def _drop_boot_entry(host: str, root: Path) -> bool:
+    """The lab host's @reboot crontab line (hosts/boot.py; the lab hosts share this machine's
+    crontab) goes with the lab: a reboot must not start the supervisor of a lab that is down.
+    Best effort: a machine without cron has no line to drop."""
+    from orchestrator.hosts import boot
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.remote.local import LocalTransport
+
+    try:
+        return boot.remove_entry(LocalTransport(host), HostLayout(str(root))) == "removed"
+    except (PairctlError, OSError) as exc:
+        get_logger(component="lab").warning("@reboot line not removed", host=host, error=str(exc)[:200])
+        return False
 
 
 def stop_services(root: Path) -> list[int]:

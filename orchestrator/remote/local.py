@@ -10,6 +10,7 @@ import contextlib
 import errno
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import time
@@ -21,6 +22,27 @@ from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, RetryPolicy, TransportStats, transient_command_error
+
+
+def _run_group(argv: list[str], stdin: bytes, timeout: float | None) -> subprocess.CompletedProcess[bytes]:
+    """ARGV in a session of its own (a Ctrl-C or hangup sent to the operator's terminal group
+    must not kill an exec mid-write: orchestrator/interrupt.py); at `timeout` its whole process
+    group is killed before this returns (what the SSH transport's host-side bound does), so a
+    step that timed out cannot act later. Services it started under setsid are not in it."""
+    p = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        out, err = p.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        out, err = p.communicate()
+        raise subprocess.TimeoutExpired(argv, timeout or 0.0, out, err) from None
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
 
 
 @dataclass
@@ -37,20 +59,12 @@ class LocalTransport:
             raise TypeError("LocalTransport.run takes a Cmd, never a string")
         t0 = time.monotonic()
         try:
-            p = subprocess.run(
-                cmd.real_argv(),
-                input=stdin if stdin is not None else b"",
-                capture_output=True,
-                timeout=timeout,
-                shell=False,
-                check=False,
-                # its own session: a Ctrl-C or hangup sent to the operator's terminal group must not
-                # kill an exec mid-write (pairctl stops at its next bounded point: orchestrator/interrupt.py)
-                start_new_session=True,
-            )
+            p = _run_group(cmd.real_argv(), stdin if stdin is not None else b"", timeout)
         except subprocess.TimeoutExpired as exc:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
-            raise command_timed_out(self.name, cmd, timeout or 0.0, _dec(exc.stdout), _dec(exc.stderr)) from None
+            raise command_timed_out(
+                self.name, cmd, timeout or 0.0, _dec(exc.stdout), _dec(exc.stderr), killed_on_host=True
+            ) from None
         except FileNotFoundError:
             # the same outcome a shell gives for a missing program: status 127
             p = subprocess.CompletedProcess(

@@ -60,9 +60,16 @@ def command_failed(host: str, cmd: Cmd, result: Result) -> RemoteCommandError:
     )
 
 
-def command_timed_out(host: str, cmd: Cmd, timeout: float, stdout: str = "", stderr: str = "") -> CommandTimeout:
+def command_timed_out(
+    host: str, cmd: Cmd, timeout: float, stdout: str = "", stderr: str = "", *, killed_on_host: bool | None = False
+) -> CommandTimeout:
+    """`killed_on_host`: True, the host's own bound killed its process group (ssh.host_bounded);
+    None, the host did not answer past that bound either (its `timeout` kills it there); False,
+    nothing on the host bounds it."""
     secrets = cmd.secrets()
     msg = f"command timed out on {host} after {timeout:g} s: {cmd.display()}"
+    if killed_on_host:
+        msg += "; it was killed there (its process group)"
     err = mask_text(tail(stderr), secrets)
     if err:
         msg += f"\nstderr so far: {err}"
@@ -71,5 +78,9 @@ def command_timed_out(host: str, cmd: Cmd, timeout: float, stdout: str = "", std
         exit_status=-1,
         stdout=mask_text(stdout, secrets),
         stderr=mask_text(stderr, secrets),
-        hint="the command may still be running on the host",
+        hint={
+            True: "it was killed on the host at that bound (its process group)",
+            None: "the host did not answer after that bound either; its own `timeout` kills the command there",
+            False: "the command may still be running on the host",
+        }[killed_on_host],
     )

@@ -44,6 +44,7 @@ from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
     HOST_OUTPUT_MAX,
+    RECONNECT_RETRY,
     ConnectionLost,
     FileStat,
     NotStarted,
@@ -54,6 +55,21 @@ from orchestrator.remote.transport import (
 )
 
 _READ = 1 << 16
+# A command run with a timeout runs under the host's own `timeout` (coreutils): at the bound its
+# process group gets TERM (and CONT, so a stopped one handles it), KILL HOST_KILL_AFTER_S later.
+# pairctl waits that long and HOST_SLACK_S more (the exec's start-up) before it calls the command
+# timed out, so a step that timed out has been killed on the host before anything else touches
+# it (issue 33: a paused restart-rpc switched `current` 2 s after the rollback). Services a step
+# starts run under setsid, in sessions of their own, and are not touched.
+HOST_KILL_AFTER_S = 5.0
+HOST_SLACK_S = 5.0
+
+
+def host_bounded(cmd: Cmd, timeout: float) -> Cmd:
+    """CMD under the host's `timeout -k HOST_KILL_AFTER_S TIMEOUT` (argv, never a shell string)."""
+    return Cmd(argv=("timeout", "-k", f"{HOST_KILL_AFTER_S:g}s", f"{timeout:.3f}s", *cmd.full_argv()))
+
+
 _LINGER_S = 1.0  # how long output may stay open after the program's exit status arrived
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 
@@ -222,6 +238,8 @@ class SshTransport:
 
     target: SshTarget
     retry: RetryPolicy = DEFAULT_RETRY
+    # a host this transport reached before and lost: waited for longer (transport.RECONNECT_BUDGET_S)
+    reconnect: RetryPolicy = RECONNECT_RETRY
     stats: TransportStats = field(default_factory=TransportStats)
 
     def __post_init__(self) -> None:
@@ -230,6 +248,7 @@ class SshTransport:
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
         self._log = get_logger(host=self.name)
+        self._reached = False  # once connected, a lost connection is reconnected with RECONNECT_RETRY
 
     @classmethod
     def from_inventory(
@@ -265,13 +284,15 @@ class SshTransport:
                     return t
                 self._drop()
             t0 = time.monotonic()
-            self._conn = self.retry.call(
+            policy = self.reconnect if self._reached else self.retry
+            self._conn = policy.call(
                 self._connect_once,
                 retry_on=_connect_transient,
-                what="ssh connect",
+                what="ssh reconnect" if self._reached else "ssh connect",
                 host=self.name,
                 on_retry=lambda: self.stats.add(retries=1),
             )
+            self._reached = True
             self.stats.add(connects=1, connect_s=time.monotonic() - t0)
             self._log.debug(
                 "connected",
@@ -381,15 +402,24 @@ class SshTransport:
     # -- commands --
 
     def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result:
-        """Run once; never retried (the command may change state)."""
+        """Run once; never retried (the command may change state). With `timeout`, the host's own
+        `timeout` bounds it (host_bounded): it is killed there before this call gives up."""
         if not isinstance(cmd, Cmd):
             raise TypeError("SshTransport.run takes a Cmd, never a string")
         t = self._connect_or_raise()
         t0 = time.monotonic()
+        wire, wait = (
+            (host_bounded(cmd, timeout), timeout + HOST_KILL_AFTER_S + HOST_SLACK_S) if timeout else (cmd, None)
+        )
         try:
-            result = self._exec(t, cmd, timeout, stdin)
+            try:
+                result = self._exec(t, wire, wait, stdin, shown=cmd, host_bound=timeout)
+            except NotStarted:  # the connection died unnoticed; the command never started: once more
+                result = self._exec(self._connect_or_raise(), wire, wait, stdin, shown=cmd, host_bound=timeout)
         finally:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
+        if timeout and result.exit_status in (124, 137) and result.duration_s >= timeout:
+            raise command_timed_out(self.name, cmd, timeout, result.stdout, result.stderr, killed_on_host=True)
         self._log.debug("ran", cmd=cmd.display(), exit_status=result.exit_status, seconds=round(result.duration_s, 4))
         if check and result.exit_status != 0:
             raise command_failed(self.name, cmd, result)
@@ -411,7 +441,17 @@ class SshTransport:
             on_retry=lambda: self.stats.add(retries=1),
         )
 
-    def _exec(self, t: paramiko.Transport, cmd: Cmd, timeout: float | None, stdin: bytes | None) -> Result:
+    def _exec(
+        self,
+        t: paramiko.Transport,
+        cmd: Cmd,
+        timeout: float | None,
+        stdin: bytes | None,
+        *,
+        shown: Cmd | None = None,
+        host_bound: float | None = None,
+    ) -> Result:
+        shown = shown or cmd
         t0 = time.monotonic()
         deadline = None if timeout is None else t0 + timeout
         out, err = bytearray(), bytearray()
@@ -471,7 +511,7 @@ class SshTransport:
                     # (a daemon that did not redirect): do not hang on it, like `ssh -f` would
                     exited_at = exited_at or time.monotonic()
                     if time.monotonic() - exited_at > _LINGER_S:
-                        self._log.warning("output left open after exit", cmd=cmd.display())
+                        self._log.warning("output left open after exit", cmd=shown.display())
                         break
                 wait = 1.0 if exited_at is None else 0.05
                 if deadline is not None:
@@ -484,19 +524,24 @@ class SshTransport:
                 else:
                     select.select([fd], [], [], wait)
                 if not t.is_active():
-                    raise ConnectionLost(f"{self.name}: connection lost while running {cmd.display()}")
+                    raise ConnectionLost(f"{self.name}: connection lost while running {shown.display()}")
             status = chan.recv_exit_status()
         except _TooMuch:
             chan.close()
             raise HostError(
-                f"{self.name}: {cmd.display()[:200]} wrote more than {HOST_OUTPUT_MAX} bytes of output; "
+                f"{self.name}: {shown.display()[:200]} wrote more than {HOST_OUTPUT_MAX} bytes of output; "
                 "stopped reading it (nothing pairctl runs there writes that much)",
                 hint=f"look at what the login shell and pairctl-svc print on {self.name}",
             ) from None
         except _Timeout:
             chan.close()
             raise command_timed_out(
-                self.name, cmd, timeout or 0.0, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+                self.name,
+                shown,
+                host_bound or timeout or 0.0,
+                out.decode("utf-8", "replace"),
+                err.decode("utf-8", "replace"),
+                killed_on_host=None if host_bound else False,
             ) from None
         except ConnectionLost:
             with self._lock:
@@ -505,7 +550,7 @@ class SshTransport:
         except (paramiko.SSHException, EOFError, OSError) as exc:
             with self._lock:
                 self._drop()
-            raise ConnectionLost(f"{self.name}: connection failed while running {cmd.display()}: {exc}") from None
+            raise ConnectionLost(f"{self.name}: connection failed while running {shown.display()}: {exc}") from None
         finally:
             chan.close()
         if writer is not None:
@@ -595,14 +640,16 @@ class SshTransport:
         t0 = time.monotonic()
         try:
             return fn(sftp)
-        except FileNotFoundError:
+        except (FileNotFoundError, FileExistsError):
             raise
         except OSError as exc:
             if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
                 with self._lock:
                     self._drop()
                 raise ConnectionLost(f"{self.name}: {op} {path} failed: {exc}") from None
-            raise
+            if isinstance(exc, HostError):
+                raise
+            raise host_file_error(self.name, op, path, exc) from None
         finally:
             self.stats.add(commands=1, command_s=time.monotonic() - t0)
 
@@ -682,6 +729,8 @@ class SshTransport:
         return self._fs("readlink", path, do)
 
     def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
+        if isinstance(exc, HostError):  # already judged (by _fs)
+            return exc
         if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
             with self._lock:
                 self._drop()
@@ -697,7 +746,25 @@ class SshTransport:
                 f"(writing {posixpath.basename(dst)}: {exc})",
                 hint=f"free space under {posixpath.dirname(dst)} on {self.name}, then run the command again",
             )
+        if isinstance(exc, OSError) and not isinstance(exc, HostError):
+            return host_file_error(self.name, op, dst, exc)
         return HostError(f"{self.name}: {op} {src} -> {dst} failed: {type(exc).__name__}: {exc}")
+
+
+def host_file_error(host: str, op: str, path: str, exc: OSError) -> HostError:
+    """An SFTP operation the host refused, as one line naming host, operation and path (it was
+    "OSError: Failure": OpenSSH's sftp-server answers a read-only or full filesystem with a bare
+    SSH_FX_FAILURE, no errno)."""
+    why = exc.strerror or str(exc) or type(exc).__name__
+    d = posixpath.dirname(path.rstrip("/")) or "/"
+    if exc.errno == errno.ENOSPC:
+        return DiskFull(f"no space left on {host}:{d} ({op} {path})", hint=f"free space under {d} on {host}")
+    if why.strip().lower() == "failure":
+        why = "the host's SFTP server says only 'Failure' (a read-only or full filesystem?)"
+    return HostError(
+        f"{host}: {op} {path} failed: {why}",
+        hint=f"on {host}, check that {d} is writable and has room (`df {d}`, `mount`), then run the command again",
+    )
 
 
 class _Timeout(Exception):

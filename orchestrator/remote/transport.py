@@ -213,6 +213,7 @@ class RetryPolicy:
     attempts: int = 4
     initial_s: float = 0.2
     max_s: float = 2.0
+    budget_s: float | None = None  # set: retry until this many seconds have passed, not `attempts` times
 
     def call(
         self,
@@ -241,7 +242,9 @@ class RetryPolicy:
                 on_retry()
 
         r = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(max(1, self.attempts)),
+            stop=tenacity.stop_after_delay(self.budget_s)
+            if self.budget_s is not None
+            else tenacity.stop_after_attempt(max(1, self.attempts)),
             wait=tenacity.wait_exponential(multiplier=self.initial_s, min=self.initial_s, max=self.max_s),
             retry=tenacity.retry_if_exception(retry_on),
             before_sleep=before_sleep,
@@ -251,6 +254,13 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
+# Reconnecting to a host this run already reached (its connection dropped: an sshd restart, a
+# network blip): what it waits for is the host's sshd coming back, which took about 25 s for a
+# restart measured on the lab (issue 33); the run's leases promise their next heartbeat within
+# 600 s (engine/leasing.py HEARTBEAT_S), so waiting a minute costs the pair nothing, while giving
+# up after 1.4 s (the first connect's budget) rolled a healthy pair back and stopped it.
+RECONNECT_BUDGET_S = 60.0
+RECONNECT_RETRY = RetryPolicy(attempts=1000, initial_s=0.5, max_s=5.0, budget_s=RECONNECT_BUDGET_S)
 
 
 def transient_command_error(exc: BaseException) -> bool:

@@ -305,3 +305,90 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     assert home == f"{root}/run/home/{LLAMA_SERVER}" and (os.stat(home).st_mode & 0o777) == 0o700
     line = next(x for x in out.splitlines() if x.startswith("proc="))
     assert base64.b64decode(line.split(":")[3]).rstrip(b"\0").split(b"\0") == argv
+
+
+def _redeployed(pair: Any, cli: Any) -> None:
+    """The baseline deployed again by this pairctl: its helper and supervisor options on the hosts
+    (an active pair left by an earlier version runs the supervisors that version started)."""
+    pkg = pair.package_id
+    r = cli("--json", "deploy", "--pair", "lab", "--packages", pkg, pkg, "--profile", "lab", "--skip-accept")
+    assert r.exit_code == 0, r.stderr[-3000:]
+
+
+def _sup_pid(root: str, name: str) -> int:
+    return int(Path(root, "run", f"{name}.sup.pid").read_text().split()[0])
+
+
+def test_stopped_rpc_server_while_idle_is_seen_and_restarted(pair, cli):
+    """Issue 33 item 2: ggml-rpc-server SIGSTOPped while idle. The kernel still accepts on its port
+    and llama-server's /health stays 200, so a TCP connect or /health sees nothing. Status and
+    the identity check must report it (its supervisor is held stopped meanwhile, so the report
+    is not raced by the restart); let go, the supervisor kills it as hung within hang_after_s and
+    llama-server follows its peer back."""
+    _redeployed(pair, cli)
+    rroot, nroot = pair.roots()["rpc"], pair.roots()["native"]
+    old, sup = _pid(rroot, RPC_SERVER), _sup_pid(rroot, RPC_SERVER)
+    assert old is not None
+    os.kill(sup, signal.SIGSTOP)
+    os.kill(old, signal.SIGSTOP)
+    try:
+        assert _healthy(pair.base_url)  # what made it invisible
+        code, st = _status(cli)
+        assert code == 1 and any("stopped (SIGSTOP)" in p for p in st["problems"]), st["problems"]
+        assert _host_of(st, "rpc")["rpc_probe"] == "stopped"
+        r = cli("--json", "accept", "--pair", "lab", "--checks", "identity")
+        assert r.exit_code != 0 and "stopped (SIGSTOP)" in r.stdout, r.stdout[-3000:]
+    finally:
+        os.kill(sup, signal.SIGCONT)
+    try:
+        took = _back_after(pair, RPC_SERVER, old)
+    finally:
+        if _alive(old):
+            os.kill(old, signal.SIGCONT)
+    print(f"SIGSTOP ggml-rpc-server (idle) -> restarted as hung, pair healthy in {took:.2f} s (hang_after_s 4)")
+    assert _state(rroot, RPC_SERVER)["last_exit"].startswith("hung (stopped"), _state(rroot, RPC_SERVER)
+    _wait("llama-server back after its peer", lambda: _healthy(pair.base_url), BACK_WITHIN_S)
+    assert _pid(nroot, LLAMA_SERVER) is not None
+
+
+def test_rpc_hello_probe_answers_only_while_no_client_is_served(pair, cli):
+    """The probe's wire format against the real ggml-rpc-server: with llama-server connected it
+    is not sent (one client at a time: it would wait behind llama-server); with llama-server
+    stopped, the RPC HELLO is answered with the protocol version."""
+    _redeployed(pair, cli)
+    bind = pair.inventory.rpc_bind("lab")
+    port = str(pair.inventory.pair("lab").rpc_port)
+    assert "rpc=ggml-rpc-server:serving" in _svc(pair, "rpc", "rpc-probe", RPC_SERVER, bind, port, "3")
+    _svc(pair, "native", "stop", LLAMA_SERVER)
+    out = _svc(pair, "rpc", "rpc-probe", RPC_SERVER, bind, port, "3")
+    assert re.search(r"^rpc=ggml-rpc-server:hello:7\.\d+\.\d+$", out, re.M), out
+
+
+def test_killed_supervisor_is_a_status_problem(pair, cli):
+    """Issue 33 item 8: kill -9 of a supervisor left status at exit 0 while the next crash of its
+    service would never be restarted."""
+    root = pair.roots()["native"]
+    sup = _sup_pid(root, LLAMA_SERVER)
+    os.kill(sup, signal.SIGKILL)
+    _wait("supervisor gone", lambda: not _alive(sup), 10)
+    code, st = _status(cli)
+    assert code == 1 and any("supervisor of llama-server is not running" in p for p in st["problems"]), st["problems"]
+    assert _host_of(st, "native")["running"]  # the service itself still serves
+
+
+def test_an_expired_lease_does_not_keep_supervision_off(pair, cli):
+    """Issue 33 item 8: an expired lease (host time) kept llama-server down until it was released."""
+    root = pair.roots()["native"]
+    r = cli("lease", "take", "lab-native", "--purpose", "supervision test (expires)", "--ttl", "3s")
+    assert r.exit_code == 0, r.output
+    nonce = re.search(r"nonce: ([0-9a-f]{32})", r.stdout).group(1)
+    old = _pid(root, LLAMA_SERVER)
+    assert old is not None
+    try:
+        os.kill(old, signal.SIGKILL)
+        took = _back_after(pair, LLAMA_SERVER, old)  # restarted once the lease expired, lock still there
+        assert Path(root, "leases", "host.lock").is_dir()
+    finally:
+        freed = cli("lease", "release", "lab-native", "--nonce", nonce)
+        assert freed.exit_code == 0, freed.output
+    print(f"kill -9 llama-server under a 3 s lease -> healthy again in {took:.2f} s, lease not released")

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -450,8 +451,31 @@ def _cut_ssh(role):
 
 
 def repair_cut_ssh(fp, st):
+    if st.get("blip") is not None:
+        st["blip"].cancel()
     if st.get("sshd_down"):
         fp.sshd(st["sshd_down"]).up(fp.operator_pub())
+
+
+# issue 33 item 3: sshd refused for this long on one host (sessions cut), then back; shorter than
+# the reconnect budget (orchestrator/remote/transport.py RECONNECT_BUDGET_S), so the run goes on
+BLIP_S = 20.0
+
+
+def _blip_ssh(role):
+    cut = _cut_ssh(role)
+
+    def inject(fp, run, st):
+        """The host's sshd restarts (slowly): every session cut, new connections refused for
+        BLIP_S, then it answers again. The model traffic between the hosts is untouched."""
+        said = cut(fp, run, st)
+        timer = threading.Timer(BLIP_S, lambda: fp.sshd(role).up(fp.operator_pub()))
+        timer.daemon = True
+        timer.start()
+        st["blip"] = timer
+        return f"{said}; back after {BLIP_S:g} s"
+
+    return inject
 
 
 def _kill_service(role):
@@ -509,6 +533,27 @@ def inject_fill_root(fp, run, st, role="native"):
 def repair_fill_root(fp, st):
     if st.get("filler"):
         Path(st["filler"]).unlink(missing_ok=True)
+
+
+def _read_only_root(role):
+    def inject(fp, run, st):
+        """The host's install root becomes read-only (a remount after a disk error): every step
+        that writes there fails; the message must name host and path, never "OSError: Failure"."""
+        root = str(fp.roots[role])
+        # a read-only bind mount over the root: new writes there fail with EROFS (a plain remount
+        # is refused while the services' logs are open for writing); the files already open keep
+        # the mount beneath, as they would keep an inode on a disk remounted after an error
+        subprocess.run(["mount", "--bind", root, root], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", root], check=True)
+        st["ro_root"] = role
+        return f"made {role} root read-only (a read-only bind mount over it)"
+
+    return inject
+
+
+def repair_read_only_root(fp, st):
+    if st.get("ro_root"):  # lazily: a service started meanwhile may have its cwd under it
+        subprocess.run(["umount", "-l", str(fp.roots[st["ro_root"]])], check=True)
 
 
 def inject_corrupt_release(fp, run, st):
@@ -745,17 +790,25 @@ SWITCH_STEPS = frozenset({"upload", "restart-rpc", "switch-native", "route"})
 RPC_SERVED_STEPS = frozenset({"restart-rpc", "start-server", "verify", "accept", "check:cached_continuation"})
 OTHER_STEPS = frozenset({"connect", "lease", "upload", "restart-rpc", "accept"})
 DAMAGE_STEPS = frozenset({"lease", "route"})
+READ_ONLY_STEPS = frozenset({"stop-native", "restart-rpc", "accept"})
+BLIP_STEPS = frozenset(
+    {"facts", "stop-native", "restart-rpc", "switch-native", "verify", "accept", "check:cached_continuation"}
+)
 
 FAULTS = [
     Fault("kill-pairctl", inject_kill_pairctl, kills_pairctl=True),
     Fault("cut-ssh-rpc", _cut_ssh("rpc"), repair_cut_ssh),
     Fault("cut-ssh-native", _cut_ssh("native"), repair_cut_ssh),
+    Fault("blip-ssh-rpc", _blip_ssh("rpc"), repair_cut_ssh, steps=BLIP_STEPS),
+    Fault("blip-ssh-native", _blip_ssh("native"), repair_cut_ssh, steps=BLIP_STEPS),
     Fault("kill-llama-server", _kill_service("native")),
     Fault("kill-rpc-server", _kill_service("rpc")),
     Fault("hang-server", inject_hang_server, repair_hang_server),
     Fault("hang-rpc-server", inject_hang_rpc_server, repair_hang_server, steps=RPC_SERVED_STEPS),
     Fault("fill-native-root", _fill_root("native"), repair_fill_root),
     Fault("fill-rpc-root", _fill_root("rpc"), repair_fill_root, steps=SWITCH_STEPS),
+    Fault("read-only-rpc-root", _read_only_root("rpc"), repair_read_only_root, steps=READ_ONLY_STEPS),
+    Fault("read-only-native-root", _read_only_root("native"), repair_read_only_root, steps=READ_ONLY_STEPS),
     Fault("corrupt-release", inject_corrupt_release, repair_corrupt_release),
     Fault("break-lease", inject_break_lease, repair_break_lease),
     Fault("skew-other-ahead", inject_skew_other_ahead, repair_other_lease, steps=LEASED_STEPS),
@@ -815,7 +868,10 @@ def active_package(st: dict[str, Any]) -> str | None:
     """The package the pair runs, if status says it is recorded, running, matching and healthy."""
     route = st.get("route") or {}
     pk = route.get("active_packages")
-    if st.get("problems") or not pk or pk[0] != pk[1] or st.get("health") != "ok":
+    # a finished run's lease still held is a problem of its own (status names the release; each
+    # cell frees it and checks it is gone): what runs is judged without it
+    problems = [p for p in st.get("problems") or [] if "--dead-run" not in p]
+    if problems or not pk or pk[0] != pk[1] or st.get("health") != "ok":
         return None
     if not all(h["running"] and h["matches_manifest"] and h["current"] == pk[0] for h in st["hosts"].values()):
         return None
@@ -928,6 +984,23 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(
             f"a host lost before the first change must be refused with nothing changed "
             f"(exit 4, previous pair serving); got {cell.first}[{cell.between}]"
+        )
+    if fault.name.startswith("read-only-") and "Failure" in cell.first_said and "OSError" in cell.first_said:
+        cell.problems.append("a read-only root was reported as a bare OSError: Failure")
+    # refused before the first change: exit 6 (the write probe beside the space check) or 4 (the
+    # lease re-check before it, whose renewal the host refused), the previous pair serving
+    if (
+        fault.name.startswith("read-only-")
+        and step == "stop-native"
+        and (cell.first not in ("exit 4", "exit 6") or cell.between != "prev")
+    ):
+        cell.problems.append(
+            f"a read-only root before the first change must be refused with nothing changed (exit 4 or 6, "
+            f"previous pair serving); got {cell.first}[{cell.between}]"
+        )
+    if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
+        cell.problems.append(
+            f"an SSH outage of {BLIP_S:g} s must not fail the deploy (it reconnects); got {cell.first}[{cell.between}]"
         )
     for role in ROLES:
         host = f"{fp.name}-{role}"

@@ -355,3 +355,23 @@ def test_put_private_over_sftp_is_0600_from_creation_and_exclusive(t, lab) -> No
         assert stat.S_IMODE(os.stat(dest).st_mode) == 0o600 and t.read_bytes(dest) == b"sk-3\n"
     finally:
         t.run(Cmd.of("rm", "-rf", "--", d))
+
+
+def test_a_timed_out_command_is_killed_on_the_host_before_run_returns(t, lab) -> None:
+    """Issue 33 item 4, over the real sshd: a step whose exec timed out kept running on the host
+    and acted later. The host's own bound kills its process group (a stopped one too) before
+    `run` gives up, so nothing it started can act afterwards."""
+    import time
+
+    d = f"/tmp/pairctl-timeout-{os.getpid()}"
+    t.run(Cmd.of("mkdir", "-p", d))
+    try:
+        with pytest.raises(CommandTimeout) as ei:
+            t.run(Cmd.of("sh", "-c", 'sleep 1.5 && touch "$1/late" & wait', "_", d), timeout=0.5)
+        assert "killed on the host" in (ei.value.hint or "")
+        with pytest.raises(CommandTimeout):
+            t.run(Cmd.of("sh", "-c", 'kill -STOP $$; touch "$1/paused"', "_", d), timeout=0.5)
+        time.sleep(2.0)
+        assert t.run(Cmd.of("ls", "-A", d)).stdout == ""
+    finally:
+        t.run(Cmd.of("rm", "-rf", "--", d), check=False)

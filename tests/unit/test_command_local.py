@@ -104,3 +104,21 @@ def test_local_timeout_and_check() -> None:
         t.run(Cmd.of("sleep", "5"), timeout=0.3)
     with pytest.raises(RemoteCommandError, match=r"exit status 1\): false"):
         t.run(Cmd.of("false"))
+
+
+def test_a_timed_out_command_is_killed_with_its_process_group(tmp_path) -> None:
+    """Issue 33 item 4: a step that timed out must not act later. Its children (not started
+    under setsid) die with it, a stopped one too, before `run` returns."""
+    import time
+
+    from orchestrator.remote.result import CommandTimeout
+
+    late, paused = tmp_path / "late", tmp_path / "paused"
+    t = LocalTransport("local")
+    with pytest.raises(CommandTimeout) as ei:
+        t.run(Cmd.of("sh", "-c", 'sleep 1.5 && touch "$1" & wait', "_", str(late)), timeout=0.3)
+    assert "killed on the host" in (ei.value.hint or "")
+    with pytest.raises(CommandTimeout):
+        t.run(Cmd.of("sh", "-c", 'kill -STOP $$; touch "$1"', "_", str(paused)), timeout=0.3)
+    time.sleep(2.0)
+    assert not late.exists() and not paused.exists()

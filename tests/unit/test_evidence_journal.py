@@ -294,3 +294,50 @@ def test_spliced_samples_equal_canonical_json_for_any_rows(tmp_path):
         assert canonical_json(json.loads(data)) == data and sha256_bytes(data) == sha
 
     check()
+
+
+def test_operator_disk_full_fails_the_step_once_then_keeps_events_until_there_is_room(store, monkeypatch):
+    """Issue 33 item 6: the operator's own disk full mid-run was an internal error (exit 1) that
+    left an unaccepted pair running. The first write without room raises EvidenceError naming the
+    journal (the step fails, the run rolls back); later writes (the rollback's) are kept and
+    written once there is room, and the receipt then holds all of them."""
+    import errno as errno_
+
+    from orchestrator.evidence import journal as journal_mod
+
+    real_write, full = os.write, {"on": False}
+
+    def write(fd, data):
+        if full["on"]:
+            raise OSError(errno_.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(journal_mod.os, "write", write)
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    full["on"] = True
+    with pytest.raises(EvidenceError) as ei:
+        j.note("accept: sample rows")
+    assert "No space left on device" in ei.value.message and str(j.path) in ei.value.message
+    j.note("rolling back")  # kept, not raised: the rollback goes on
+    full["on"] = False
+    h = j.finish("failed", "rolled back")
+    notes = store.load(h).notes
+    assert "rolling back" in str(notes) and "accept: sample rows" in str(notes)
+
+
+def test_operator_disk_still_full_at_the_end_says_what_the_run_did(store, monkeypatch):
+    import errno as errno_
+
+    from orchestrator.evidence import journal as journal_mod
+
+    def write(fd, data):
+        raise OSError(errno_.ENOSPC, "No space left on device")
+
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    monkeypatch.setattr(journal_mod.os, "write", write)
+    with pytest.raises(EvidenceError):
+        j.note("accept")
+    with pytest.raises(EvidenceError) as ei:
+        j.finish("failed", "deploy failed at step 'accept' and was rolled back: A is running again, verified")
+    assert "rolled back" in ei.value.message and "receipt could not be written" in ei.value.message
+    assert str(j.path) in ei.value.message and "seals that journal" in (ei.value.hint or "")

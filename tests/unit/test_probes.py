@@ -194,3 +194,35 @@ def test_model_path_that_is_a_directory_is_named_not_a_host_error(tmp_path):
         {"target": str(tmp_path / "model-dir")}, {}, "lab-native", Local(), Layout(), expected_is="declared"
     )
     assert problems == [f"lab-native: model target ({tmp_path / 'model-dir'}) is not a regular file (a directory?)"]
+
+
+def test_rpc_probe_states_and_problems():
+    """pairctl-svc rpc-probe's line (issue 33: a stopped ggml-rpc-server is hung though the kernel accepts)."""
+    from orchestrator.hosts.probes import parse_rpc_probe, rpc_probe_problem
+
+    name = "ggml-rpc-server"
+    assert parse_rpc_probe("rpc=ggml-rpc-server:hello:7.0.0\n", name) == "hello:7.0.0"
+    assert parse_rpc_probe("noise\nrpc=ggml-rpc-server:stopped\n", name) == "stopped"
+    assert parse_rpc_probe("rpc=llama-server:stopped\n", name) is None
+    assert "SIGSTOP" in (rpc_probe_problem("h", name, "stopped", 3) or "")
+    assert "HELLO" in (rpc_probe_problem("h", name, "unanswered", 3) or "")
+    for fine in ("serving", "hello:7.0.0", "down", "unprobed", None):
+        assert rpc_probe_problem("h", name, fine, 3) is None
+
+
+def test_host_bounded_commands_carry_the_hosts_own_timeout():
+    """Issue 33 item 4: a bounded remote command runs under the host's `timeout -k`, argv intact."""
+    from orchestrator.remote.command import Cmd
+    from orchestrator.remote.ssh import HOST_KILL_AFTER_S, host_bounded
+
+    c = host_bounded(Cmd.of("sh", "/r/bin/pairctl-svc", "restart", "a b"), 80)
+    assert c.real_argv() == [
+        "timeout",
+        "-k",
+        f"{HOST_KILL_AFTER_S:g}s",
+        "80.000s",
+        "sh",
+        "/r/bin/pairctl-svc",
+        "restart",
+        "a b",
+    ]
