@@ -193,10 +193,13 @@ def run_suite(
             wait_idle(ctx)
             faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)
-            progress.event("check.start", f"check {name} ({names.index(name) + 1}/{len(names)}) ...", check=name)
+            nth = f"({names.index(name) + 1}/{len(names)})"  # numbered from 1 in the suite's order
+            progress.event("check.start", f"check {name} {nth} ...", check=name)
             r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
-            progress.event("check.end", f"check {name}: {r.verdict}", check=name, verdict=r.verdict)
+            progress.event(
+                "check.end", f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s)", check=name, verdict=r.verdict
+            )
             results.append(r)
             _record(ctx, r)
             if r.required and not r.ok and budget.is_transport_failure(r.message):

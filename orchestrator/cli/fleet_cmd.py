@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from orchestrator import progress
 from orchestrator.cli.context import Ctx
 from orchestrator.config.inventory import HookEvent, Inventory
 from orchestrator.errors import RollbackFailed, RolledBack
@@ -62,8 +63,7 @@ def run_fleet(
         packages = resolve_packages(c.home, inv, pairs, rev, commit, profile_override=profile, source=source)
 
     def say(line: str) -> None:
-        if not c.json_output:
-            print(line, file=sys.stderr, flush=True)
+        progress.event("fleet", line)  # stderr: a live line on a TTY, a plain line otherwise
 
     result = rollout(
         c.home,

@@ -180,6 +180,21 @@ def names(values: list[str] | None) -> list[str]:
     return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
 
 
+def check_names(values: list[str] | None, flag: str = "--checks") -> list[str]:
+    """`names` of acceptance checks; an unknown one is a usage error (exit 2) naming the known ones."""
+    from orchestrator.checks.suite import CHECKS  # start-up: only a command that runs checks gets here
+
+    got = names(values)
+    unknown = [n for n in got if n not in CHECKS]
+    if unknown:
+        import typer as _typer
+
+        raise _typer.BadParameter(
+            f"unknown check(s): {', '.join(unknown)}; known: {', '.join(CHECKS)}", param_hint=flag
+        )
+    return got
+
+
 def package_ids(
     native: str | None, rpc: str | None, packages: tuple[str, str] | None, *, flag: str = "--packages"
 ) -> tuple[str, str]:

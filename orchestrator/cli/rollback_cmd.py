@@ -41,14 +41,13 @@ def rollback(
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
     from orchestrator.engine.deploy import rollback as run_rollback
-    from orchestrator.engine.render import print_result, progress_printer
+    from orchestrator.engine.render import print_result
 
     result = run_rollback(
         c.home,
         c.inventory(),
         (pair or [""])[0],
         argv=["pairctl", *sys.argv[1:]],
-        on_step=None if c.json_output else progress_printer(c.console),
     )
     if c.json_output:
         c.emit_json(result.to_dict())

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from orchestrator.terminal import size
 
 
 def print_plan(console: Console, plan: list[dict[str, Any]]) -> None:
@@ -24,25 +25,11 @@ def print_plan(console: Console, plan: list[dict[str, Any]]) -> None:
             console.print(f"      {host}$ " + shlex.join(argv), markup=False, highlight=False, soft_wrap=True)
 
 
-def progress_printer(console: Console) -> Callable[[Any], None]:
-    def show(o: Any) -> None:
-        mark = "ok " if o.ok else "FAIL"
-        first = o.error.splitlines()[0] if o.error else ""  # the details come once, in the final message
-        console.print(
-            f"  [{mark}] {o.step.name:<14} {', '.join(o.step.hosts):<24} {o.seconds:7.3f} s"
-            + (f"  {first}" if first else ""),
-            markup=False,
-            highlight=False,
-        )
-
-    return show
-
-
 def print_result(console: Console, result: Any) -> None:
     sent = sum(u.get("bytes_sent", 0) for u in result.uploads.values())
     console.print(
         f"{result.command} {result.pair}: {result.outcome} in {result.wall_s:.2f} s; "
-        f"package bytes sent: {sent}; receipt {result.receipt}",
+        f"package bytes sent: {size(sent)}; receipt {result.receipt}",
         markup=False,
     )
     if result.active:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import interrupt
+from orchestrator import interrupt, progress
 from orchestrator.config.inventory import HookEvent, Inventory
 from orchestrator.engine.deploy import RunResult
 from orchestrator.engine.deploy import deploy as deploy_pair
@@ -315,13 +315,18 @@ def _run_waves(
         say(f"wave {i + 1}/{len(result.waves)}: {', '.join(wave)}")
         t_wave = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(wave), thread_name_prefix="rollout") as pool:
-            done = list(pool.map(lambda p: _one(home, inventory, result, runs[p], argv), wave))
+            done = list(pool.map(lambda p: _labelled_one(home, inventory, result, runs[p], argv), wave))
         result.timings["waves_s"].append(round(time.monotonic() - t_wave, 3))
         for r in done:
             say(f"  {r.pair}: {r.outcome}{' (' + r.error.splitlines()[0][:160] + ')' if r.error else ''}")
         failures += sum(1 for r in done if r.outcome in FAILURES)
         if o.canary is not None and o.canary in wave and runs[o.canary].outcome not in (PASSED, SKIPPED):
             stop = f"the canary {o.canary} did not pass ({runs[o.canary].outcome})"
+
+
+def _labelled_one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, argv: list[str]) -> PairRun:
+    with progress.scope(run.pair):  # parallel pairs' progress lines name their pair
+        return _one(home, inventory, result, run, argv)
 
 
 def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, argv: list[str]) -> PairRun:
