@@ -121,7 +121,9 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
                 hint="pass --home (or PAIRCTL_HOME) naming a writable directory",
             ) from None
         fh = logging.FileHandler(log_file, encoding="utf-8")
-        fh.setLevel(logging.DEBUG)
+        # info: one event per step, check, outcome, rollback, refusal and interrupt (audit, alerting);
+        # the debug lines of every SSH exec and HTTP request only with -v
+        fh.setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO)
         fh.setFormatter(
             structlog.stdlib.ProcessorFormatter(
                 processors=[

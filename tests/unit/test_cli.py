@@ -100,7 +100,18 @@ def test_inventory_after_the_subcommand_is_used(tmp_path):
 def test_checks_is_the_one_name_and_only_still_parses():
     for argv in (["deploy", "--help"], ["accept", "--help"], ["schedule", "install", "--help"]):
         assert "--checks" in run(*argv)[1], argv
-    assert "--only" not in run("accept", "--help")[1]  # a hidden alias
+    # issue 34: an option that works is in --help (an operator reads --help, not the source)
+    assert "--only" in run("accept", "--help")[1] and "same as --checks" in run("accept", "--help")[1]
+
+
+def test_an_unknown_check_is_a_usage_error(tmp_path):
+    for argv in (["accept", "--pair", "lab", "--checks", "bogus"], ["accept", "--pair", "lab", "--only", "x,identity"],
+                 ["deploy", "--pair", "lab", "--native", "a", "--rpc", "b", "--checks", "bogus"]):  # fmt: skip
+        code, out, err = run("--home", str(tmp_path), *argv)
+        assert code == 2, (argv, code, err)
+        assert "unknown check(s)" in err and "identity" in err, err
+        code, out, err = run("--home", str(tmp_path), "--json", *argv)
+        assert code == 2 and json.loads(out)["error"]["exit_code"] == 2
 
 
 # --- --packages cannot swallow an option --------------------------------------------------
