@@ -69,7 +69,7 @@ def visible_strings(_logger: Any, _name: str, event: EventDict) -> EventDict:
     return {k: visible(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
-class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
     """stderr lines for people; a live progress display is cleared first (terminal.before_output)."""
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -50,8 +50,7 @@ class LogReporter:
                 elapsed = time.monotonic() - self._t0
                 progress.event(
                     "build.progress",
-                    f"build {self.target}: {self.name} [{completed}/{total}] "
-                    f"{progress.eta(completed, total, elapsed)}",
+                    f"build {self.target}: {self.name} [{completed}/{total}] {progress.eta(completed, total, elapsed)}",
                 )
 
     def close(self) -> None:

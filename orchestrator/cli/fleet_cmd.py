@@ -14,8 +14,9 @@ import typer
 
 from orchestrator import progress
 from orchestrator.cli.context import Ctx
+from orchestrator.cli.failed_run import failed_run_document
 from orchestrator.config.inventory import HookEvent, Inventory
-from orchestrator.errors import RollbackFailed, RolledBack
+from orchestrator.errors import PairctlError, RollbackFailed, RolledBack
 from orchestrator.ops.fleet import select_pairs
 from orchestrator.ops.hooks import event_document, run_hooks
 from orchestrator.ops.revision import resolve_commit, resolve_packages
@@ -111,6 +112,20 @@ def print_rollout(c: Ctx, r: RolloutResult) -> None:
         out.print(f"  hook {h['argv0']} on {h['event']} failed: {h['error']}", markup=False)
     if not r.dry_run:
         out.print(f"exit {r.exit_code()}; fleet receipt {r.receipt}; {r.wall_s:.1f} s", markup=False)
+
+
+@contextmanager
+def failed_run_json(c: Ctx, command: str, pair: str) -> Iterator[None]:
+    """With --json, a run that fails after it wrote a receipt (exit 1, 7, 8, 130) still prints
+    its steps, final state and rollback beside the `error` object (cli/failed_run.py)."""
+    try:
+        yield
+    except PairctlError as exc:
+        if c.json_output:
+            doc = failed_run_document(c.home, command, pair, getattr(exc, "receipt", None))
+            if doc is not None:
+                c.emit_json(doc)
+        raise
 
 
 @contextmanager

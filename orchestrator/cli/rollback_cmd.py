@@ -40,15 +40,13 @@ def rollback(
         )  # fmt: skip
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
+    from orchestrator.cli.fleet_cmd import failed_run_json
     from orchestrator.engine.deploy import rollback as run_rollback
     from orchestrator.engine.render import print_result
 
-    result = run_rollback(
-        c.home,
-        c.inventory(),
-        (pair or [""])[0],
-        argv=["pairctl", *sys.argv[1:]],
-    )
+    name = (pair or [""])[0]
+    with failed_run_json(c, "rollback", name):
+        result = run_rollback(c.home, c.inventory(), name, argv=["pairctl", *sys.argv[1:]])
     if c.json_output:
         c.emit_json(result.to_dict())
     else:

@@ -338,7 +338,9 @@ class Journal:
             if error is None:
                 raise
         finally:
-            self._log_step(h.name, str(fields["outcome"]), fields["duration_s"], fields["error"], h.host)
+            same = fields["outcome"] == outcome
+            err = error if same else str(fields["error"])
+            self._log_step(h.name, outcome if same else "failed", round(time.monotonic() - t0, 6), err, h.host)
 
     def record_step(
         self,

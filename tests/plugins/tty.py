@@ -23,7 +23,11 @@ SPINNER_GLYPHS = set("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
 
 
 def run_in_pty(
-    argv: list[str], *, env: Mapping[str, str] | None = None, cwd: str | None = None, timeout_s: float = 600,
+    argv: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    timeout_s: float = 600,
     columns: int = 140,
 ) -> tuple[int, bytes]:
     """Run `argv` with a pty of `columns` columns; its exit code and every byte it wrote."""
