@@ -85,12 +85,14 @@ def deploy(
         )
     ids = opts.package_ids(native, rpc, packages)
     # start-up: the engine (SSH stack) loads when a deploy runs, never for `deploy --help`
-    from orchestrator.cli.fleet_cmd import failed_run_json, fire_deploy_hook
+    from orchestrator.cli.fleet_cmd import failed_run_json, fire_deploy_hook, pre_deploy_veto
     from orchestrator.engine.deploy import deploy as run_deploy
     from orchestrator.engine.render import print_plan, print_result
 
     name = (pair or [""])[0]
     inv = c.inventory()
+    if not dry_run:
+        pre_deploy_veto(c, inv, name, ids, profile)
     with failed_run_json(c, "deploy", name), fire_deploy_hook(c, inv, name, ids, enabled=not dry_run) as hook:
         result = run_deploy(
             c.home,

@@ -40,13 +40,15 @@ def rollback(
         )  # fmt: skip
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
-    from orchestrator.cli.fleet_cmd import failed_run_json
+    from orchestrator.cli.fleet_cmd import failed_run_json, fire_rollback_hook
     from orchestrator.engine.deploy import rollback as run_rollback
     from orchestrator.engine.render import print_result
 
     name = (pair or [""])[0]
-    with failed_run_json(c, "rollback", name):
-        result = run_rollback(c.home, c.inventory(), name, argv=["pairctl", *sys.argv[1:]])
+    inv = c.inventory()
+    with failed_run_json(c, "rollback", name), fire_rollback_hook(c, inv, name) as hook:
+        result = run_rollback(c.home, inv, name, argv=["pairctl", *sys.argv[1:]])
+        hook["receipt"] = result.receipt
     if c.json_output:
         c.emit_json(result.to_dict())
     else:

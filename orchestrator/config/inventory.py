@@ -8,7 +8,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -153,13 +153,18 @@ class PairSpec(StrictModel):
 
 
 HookEvent = Literal[
+    "pre-deploy",  # before any host changes; a hook that fails vetoes the deploy (Kamal's pre-deploy)
     "deploy.passed",
     "deploy.rolled_back",
     "deploy.rollback_failed",
+    "rollback.passed",
+    "rollback.failed",
     "accept.scheduled_failed",
     "accept.scheduled_skipped",
     "fleet.finished",
 ]
+# Events whose hooks decide: any of them failing (exit status, timeout, cannot start) stops the run.
+VETO_EVENTS: frozenset[str] = frozenset({"pre-deploy"})
 
 
 class HookSpec(StrictModel):
@@ -170,6 +175,18 @@ class HookSpec(StrictModel):
     on: list[HookEvent] = Field(min_length=1, description="events that run it")
     argv: list[str] = Field(min_length=1, description="program and arguments (no shell); secrets in files, not here")
     timeout_s: float = Field(default=10.0, gt=0, le=600, description="killed after this many seconds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_on(cls, data: Any) -> Any:
+        """YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true (as GitHub Actions files
+        know): that key is `on`, so what operators write works, quoted or not."""
+        if isinstance(data, dict) and True in data:
+            data = dict(data)
+            if "on" in data:
+                raise ValueError('both `on:` and `"on":` given; keep one')
+            data["on"] = data.pop(True)
+        return data
 
 
 class Supervision(StrictModel):

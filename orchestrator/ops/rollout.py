@@ -26,7 +26,7 @@ from orchestrator.errors import ConfigError, ExitCode, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_json
 from orchestrator.ops.fleet import fan_out
-from orchestrator.ops.hooks import event_document, run_hooks
+from orchestrator.ops.hooks import check_veto, event_document, run_hooks
 from orchestrator.ops.revision import PairPackages
 from orchestrator.paths import Home
 
@@ -336,6 +336,11 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
     try:
         if result.command == "deploy":
             assert run.packages is not None
+            if inventory.hooks:  # Kamal's pre-deploy: a failing hook refuses this pair, nothing changed
+                check_veto(home, inventory, event_document(
+                    "pre-deploy", f"pairctl deploy {run.pair}: starting", command="deploy", pair=run.pair,
+                    rev=result.rev, packages=run.packages, profile=run.profile,
+                ))  # fmt: skip
             res = deploy_pair(
                 home,
                 inventory,
@@ -363,7 +368,12 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
         run.exit_code, run.outcome = int(ExitCode.FAILURE), REFUSED
         run.error = f"internal error: {type(exc).__name__}: {exc}"
     run.wall_s = time.monotonic() - t0
-    event = _EVENT_OF.get(run.outcome) if result.command == "deploy" or run.outcome == ROLLBACK_FAILED else None
+    if result.command == "deploy":
+        event = _EVENT_OF.get(run.outcome)
+    else:  # a rollback: passed, or failed whatever stopped it (refused, leased, its own rollback failed)
+        event = (
+            None if run.outcome == NOT_STARTED else "rollback.passed" if run.outcome == PASSED else "rollback.failed"
+        )
     if event is not None:
         text = f"pairctl {result.command} {run.pair}: {run.outcome}" + (
             f" ({run.error.splitlines()[0][:200]})" if run.error else ""
