@@ -160,3 +160,31 @@ def test_failed_deploy_json_has_steps_final_state_rollback_and_log_events(deploy
     refused = [e for e in events if e["event"] == "refused"]
     assert refused and refused[0]["pair"] == PAIR and refused[0]["exit_code"] == bad.returncode, refused
     assert refused[0]["error"], refused
+
+
+def test_manual_rollback_fires_its_hook(deployed_lab, lab, lab_packages_b, cli, tmp_path):
+    """Item 1: `pairctl rollback` fires rollback.passed (with its receipt) like a deploy fires its own."""
+    base = deployed_lab.package_id
+    got = tmp_path / "events.jsonl"
+    hook = f"import sys; open({str(got)!r}, 'a').write(sys.stdin.read() + '\\n')"
+    inv = tmp_path / "lab-hooks.yaml"
+    inv.write_text(
+        lab.inventory_path.read_text()
+        + f"\nhooks:\n  - on: [rollback.passed, rollback.failed]\n    argv: [{json.dumps(sys.executable)}, -c, "
+        + json.dumps(hook)
+        + "]\n"
+    )
+    b = lab_packages_b.id
+    try:
+        r = cli("--json", "deploy", "--pair", PAIR, "--native", b, "--rpc", b, "--skip-accept", inventory=str(inv))
+        assert r.exit_code == 0, r.stderr[-3000:]
+        r = cli("--json", "rollback", "--pair", PAIR, inventory=str(inv))
+        assert r.exit_code == 0, r.stderr[-3000:]
+        receipt = json.loads(r.stdout)["receipt"]
+        events = [json.loads(line) for line in got.read_text().splitlines() if line.strip()]
+        assert [(e["event"], e["pair"], e["receipt"], e["exit_code"]) for e in events] == [
+            ("rollback.passed", PAIR, receipt, 0)
+        ], events
+    finally:
+        deploy_baseline(cli, base)
+    assert is_active(lab_status(cli), base)
