@@ -48,7 +48,6 @@ def build(
     """
     from orchestrator.build.builder import BuildRequest
     from orchestrator.build.builder import build as run_build
-
     from orchestrator.config import search
     from orchestrator.config.kernels import kernel_dir
 
