@@ -50,3 +50,37 @@ def test_build_refuses_a_profile_that_does_not_exist(installed_pairctl: Installe
     )
     assert r.returncode == 3, r.stderr
     assert "no profile named 'prodution'" in r.stderr and "production" in r.stderr, r.stderr
+
+
+def test_preflight_checks_the_operators_own_config_and_key(installed_pairctl: Installed, tmp_path: Path):
+    """Item 6: inside the directory `pairctl init` made (not on the search path), `config check`
+    checks its files and says how to use them; `config check` and `doctor` name a missing or
+    0644 api_key_file; init's template does not mention the retired allow_rpc_bind_any."""
+    home, user = tmp_path / "home", tmp_path / "user"
+    ops = tmp_path / "ops-config"
+    r = installed_pairctl.run(tmp_path, home, "init", str(ops), HOME=str(user))
+    assert r.returncode == 0, r.stderr
+    assert "allow_rpc_bind_any" not in (ops / "inventories" / "site.yaml").read_text()
+    key = user / ".config" / "pairctl" / "prod.key"
+
+    r = installed_pairctl.run(ops, home, "config", "check", HOME=str(user))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert f"{ops}/inventories/site.yaml" in r.stdout and f"api_key_file {key} does not exist" in r.stdout, r.stdout
+    assert "not on the search path" in r.stderr and f"PAIRCTL_CONFIG={ops}" in r.stderr, r.stderr
+
+    key.parent.mkdir(parents=True)
+    key.write_text("k3y-0123\n")
+    key.chmod(0o644)
+    r = installed_pairctl.run(ops, home, "config", "check", HOME=str(user))
+    assert r.returncode == 3 and "mode 0644" in r.stdout and f"chmod 600 {key}" in r.stdout, r.stdout
+    env = {"HOME": str(user), "PAIRCTL_CONFIG": str(ops)}
+    r = installed_pairctl.run(ops, home, "-i", "site", "--json", "doctor", **env)
+    found = {f["check"]: f for f in json.loads(r.stdout)["result"]}
+    assert found["api_key_file:prod"]["ok"] is False and "0644" in found["api_key_file:prod"]["detail"], found
+
+    key.chmod(0o600)
+    r = installed_pairctl.run(ops, home, "config", "check", HOME=str(user))
+    assert r.returncode == 0, r.stdout[-3000:]
+    r = installed_pairctl.run(ops, home, "-i", "site", "--json", "doctor", **env)
+    found = {f["check"]: f for f in json.loads(r.stdout)["result"]}
+    assert found["api_key_file:prod"]["ok"] is True, found
