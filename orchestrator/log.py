@@ -148,3 +148,11 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
 
 def get_logger(**bind: Any) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger("pairctl").bind(**bind)
+
+
+def audit(event: str, **fields: Any) -> None:
+    """An info event of the run's record (step, check, outcome, rollback) for the JSON log; nothing
+    where pairctl's logging was never configured (library use, a test's child process), so it
+    never writes to a stdout that belongs to someone else."""
+    if structlog.is_configured():
+        get_logger().info(event, **fields)

@@ -26,8 +26,8 @@ from orchestrator.errors import ExitCode, PairctlError
 EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
     ExitCode.FAILURE: "a check, gate or verification failed",
-    ExitCode.USAGE: "bad command line",
-    ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook",
+    ExitCode.USAGE: "bad command line (also an id, hash or check name that names nothing)",
+    ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook (or a name it does not define)",
     ExitCode.HOST: "a host could not be reached, or its host key is unknown or changed",
     ExitCode.LEASED: "a host is leased by someone else (or another pairctl run holds the pair)",
     ExitCode.BUILD: "build or package problem, damaged host state, or not enough free space on a host",

@@ -164,7 +164,7 @@ PACKAGES = typer.Option(
 
 # Rollouts (deploy --rev, rollback over several pairs): orchestrator/ops/rollout.py.
 CANARY = typer.Option(
-    None, "--canary", metavar="PAIR", help="Deploy and accept this pair alone first; stop if it fails."
+    None, "--canary", metavar="PAIR", help="Run this pair alone first (its own wave); stop if it fails."
 )
 SERIAL = typer.Option(1, "--serial", min=1, metavar="N", help="Pairs per wave (a wave's pairs run in parallel).")
 MAX_FAIL = typer.Option(1, "--max-fail", min=1, metavar="K", help="Start no more pairs after K failures.")

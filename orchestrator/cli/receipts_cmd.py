@@ -108,6 +108,15 @@ def list_(
         c.console.print(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}", markup=False)
 
 
+def resolve_receipt(store: Any, ref: str, param: str) -> str:
+    """The full hash of the receipt REF names; none, several, or not a hash: a usage error (exit 2),
+    like any argument that names nothing. Exit 10 stays for receipts that exist and do not verify."""
+    try:
+        return str(store.resolve(ref))
+    except EvidenceError as exc:
+        raise typer.BadParameter(f"{exc}; `pairctl receipts list` shows the receipts", param_hint=param) from None
+
+
 @app.command("show")
 def show(
     ctx: typer.Context,
@@ -119,7 +128,8 @@ def show(
     from rich.table import Table
 
     c = get_ctx(ctx)
-    r = evidence_store_for(c, evidence).load(ref)
+    store = evidence_store_for(c, evidence)
+    r = store.load(resolve_receipt(store, ref, "HASH"))
     if c.json_output:
         c.emit_json({"hash": r.sha256, **r.to_json_obj()})
         return
@@ -229,7 +239,7 @@ def derive(
     if fresh:
         argv += ["--fresh", str(fresh)]
     sha = store.derive(
-        original,
+        resolve_receipt(store, original, "--from"),
         reuse=steps,
         reason=reason,
         fresh_steps=fresh_steps,

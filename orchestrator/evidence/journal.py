@@ -251,7 +251,7 @@ class Journal:
         """An info event in pairctl's JSON log naming this run (run id, pair, command); the
         receipt hash comes with the outcome, the one event that has it."""
         try:
-            logging_setup.get_logger().info(
+            logging_setup.audit(
                 event, run_id=self.run_id, pair=self.pair, command=self._state.header.get("command"), **fields
             )
         except Exception:  # a log that cannot be written never fails the run (the receipt is the record)

@@ -166,11 +166,13 @@ def test_json_success_is_one_document_that_matches_its_schema(tmp_path):
 @pytest.mark.parametrize(
     "argv,exit_code,kind",
     [
-        (["packages", "show", "nope"], 6, "PackageError"),
+        (["packages", "show", "nope"], 2, "BadParameter"),  # an argument naming nothing: a usage error
         (["deploy", "--pair", "lab", "--no-such-option"], 2, "NoSuchOption"),
         (["no-such-command"], 2, "UsageError"),
         (["lab", "status", "-i", "no-such-inventory"], 3, "ConfigError"),
-        (["receipts", "show", "0000dead"], 10, "EvidenceError"),
+        (["receipts", "show", "0000dead"], 2, "BadParameter"),  # 10 is for receipts that do not verify
+        (["packages", "verify", "nope"], 2, "BadParameter"),
+        (["qualify", "report", "--receipt", "0000dead"], 2, "BadParameter"),
     ],
 )
 def test_json_failure_is_one_document_with_an_error_object(tmp_path, argv, exit_code, kind):
