@@ -46,9 +46,24 @@ def summary(r: Receipt) -> dict[str, Any]:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    pair: str | None = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
+    pair: str | None = typer.Option(
+        None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts (its chain, and its qualifications)."
+    ),
     since: str | None = typer.Option(
         None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."
+    ),
+    command: list[str] | None = typer.Option(
+        None,
+        "--command",
+        metavar="CMD",
+        help="Only receipts of this command (deploy, rollback, accept, qualify, ...); repeatable or comma-separated.",
+    ),
+    outcome: list[str] | None = typer.Option(
+        None,
+        "--outcome",
+        metavar="OUTCOME",
+        help="Only these outcomes (passed, failed, interrupted, aborted, "
+        "inconclusive, ...); repeatable or comma-separated.",
     ),
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
@@ -67,11 +82,20 @@ def list_(
             cutoff = parse_since(since)
         except ValueError as exc:
             _usage(str(exc))
+    from orchestrator.cli.options import names
+    from orchestrator.evidence.receipt import OUTCOMES
+
+    commands, outcomes = set(names(command)), set(names(outcome))
+    if outcomes - set(OUTCOMES):
+        _usage(f"--outcome: unknown {', '.join(sorted(outcomes - set(OUTCOMES)))}; known: {', '.join(OUTCOMES)}")
     store = evidence_store_for(c, evidence)
     rows = [
         r
-        for r in (store.summaries(pair=pair) if pair else store.summaries())
-        if cutoff is None or parse_time(r["started_at"]) >= cutoff
+        for r in store.summaries()
+        if (pair is None or pair in (r["pair"], r.get("about_pair")))
+        and (not commands or r["command"] in commands or r["command"].split()[0] in commands)
+        and (not outcomes or r["outcome"] in outcomes)
+        and (cutoff is None or parse_time(r["started_at"]) >= cutoff)
     ]
     if c.json_output:
         c.emit_json(rows)
