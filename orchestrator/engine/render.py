@@ -58,17 +58,10 @@ def lease_text(entry: dict[str, Any]) -> str:
 
 
 def print_status(console: Console, out: dict[str, Any]) -> None:
-    table = Table(
-        "host",
-        "role",
-        "current",
-        "previous",
-        "service",
-        "pid",
-        "matches manifest",
-        "leases",
-        title=f"pair {out['pair']}",
-    )
+    table = Table(title=f"pair {out['pair']}")
+    for col in ("host", "role", "current", "previous", "service", "pid", "matches manifest", "leases"):
+        # a narrow terminal wraps an id instead of cutting it: the end is what tells two builds apart
+        table.add_column(col, overflow="fold")
     for host, h in out["hosts"].items():
         leases = "; ".join(t for t in map(lease_text, h["leases"]) if t) or "-"
         table.add_row(
@@ -85,7 +78,7 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     r = out.get("route")
     if r:
         console.print(
-            f"route: revision {r['revision']} active {r['active']} previous {r['previous']} "
+            f"route: revision {r['revision']} active {r['active'] or '-'} previous {r['previous'] or '-'} "
             f"(updated {r['updated_at']} by {r['updated_by']})",
             markup=False,
         )
@@ -105,9 +98,10 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     for host, h in out["hosts"].items():
         b = h.get("boot")
         if b and b.get("persistence"):
-            at_boot = "started" if b.get("starts_at_boot") else "not started (stopped deliberately)"
+            at_boot = "starts" if b.get("starts_at_boot") else "does not start (stopped deliberately)"
             console.print(
-                f"boot: {host}: @reboot crontab line installed; {h['service']} {at_boot} at boot", markup=False
+                f"boot: {host}: @reboot crontab line installed; {h['service']} {at_boot} at the next boot",
+                markup=False,
             )
     for host, h in out["hosts"].items():
         rf = h.get("release_files") or {}
