@@ -4,6 +4,7 @@ redraws cleanly, one plain line per finished step through a pipe, silent with no
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 import textwrap
@@ -134,3 +135,44 @@ def test_rate_eta_and_size():
     assert progress.eta(2, 10, 60.0) == "ETA 4m00s"
     assert progress.eta(9, 10, 9.0) == "ETA 1s"
     assert (size(512), size(47_100_000), size(1_234_567_890), size(None)) == ("512 B", "47.1 MB", "1.2 GB", "-")
+
+
+def test_lab_up_through_a_pipe_says_what_it_did(tmp_path):
+    """Item 4: `lab up` prints its phases to a CI log as they happen (the local inventory: no sshd)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "orchestrator", "--home", str(tmp_path), "-i", "local", "lab", "up", "--no-source"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^pairctl: \[\d\d:\d\d:\d\d\] lab up: models ready in .* \(\d+\.\d s\)$", r.stderr, re.M), (
+        r.stderr
+    )
+
+
+def test_a_build_without_a_tty_prints_phases_and_compile_progress():
+    """Item 4: the builder's reporter without a TTY (what `pairctl build` uses in CI): a line per
+    phase and per 10% of the compile, with an ETA, through the same plain sink."""
+    script = textwrap.dedent(
+        """
+        from orchestrator import log, progress
+        from orchestrator.build.progress import make_reporter, parse_ninja_status
+        log.configure(log_file=None)  # as the CLI does: info events go to the log file, not the terminal
+        with progress.to_stderr():
+            rep = make_reporter("cpu-lab", interactive=False)
+            for phase in ("export", "configure"):
+                rep.phase(phase)
+            rep.phase("compile")
+            for i in range(1, 201):
+                rep.update(*parse_ninja_status(f"[{i}/200] Building CXX object x.o"))
+            rep.phase("hash", 3)
+            rep.close()
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    lines = [line.split("] ", 1)[1] for line in r.stderr.splitlines()]
+    assert lines[:3] == ["build cpu-lab: export", "build cpu-lab: configure", "build cpu-lab: compile"], lines
+    compile_lines = [ln for ln in lines if ln.startswith("build cpu-lab: compile [")]
+    assert len(compile_lines) == 11 and compile_lines[-1].startswith("build cpu-lab: compile [200/200]"), lines
+    assert all("ETA" in ln for ln in compile_lines)
+    assert lines[-1] == "build cpu-lab: hash (3 items)"
+    assert r.stdout == ""
