@@ -18,7 +18,7 @@ from structlog.typing import EventDict, Processor
 
 from orchestrator.errors import ConfigError
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data
-from orchestrator.terminal import visible
+from orchestrator.terminal import before_output, visible
 
 # The key's last word names a secret (`api_key`, `token`), not `n_tokens` or `tokens_predicted`.
 _SECRET_KEYS = re.compile(r"(^|[_-])(api[_-]?key|token|secret|password|passphrase|nonce)$", re.I)
@@ -69,6 +69,14 @@ def visible_strings(_logger: Any, _name: str, event: EventDict) -> EventDict:
     return {k: visible(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
+class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ignore]
+    """stderr lines for people; a live progress display is cleared first (terminal.before_output)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        before_output()
+        super().emit(record)
+
+
 def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool = False) -> None:
     """Console output (stderr) for people plus JSON lines appended to `log_file`."""
     level = logging.WARNING - 10 * verbosity
@@ -84,7 +92,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         mask_secrets,
     ]
-    console = logging.StreamHandler(sys.stderr)
+    console = _ConsoleHandler(sys.stderr)
     console.setLevel(level)
     console.setFormatter(
         structlog.stdlib.ProcessorFormatter(
@@ -113,7 +121,9 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
                 hint="pass --home (or PAIRCTL_HOME) naming a writable directory",
             ) from None
         fh = logging.FileHandler(log_file, encoding="utf-8")
-        fh.setLevel(logging.DEBUG)
+        # info: one event per step, check, outcome, rollback, refusal and interrupt (audit, alerting);
+        # the debug lines of every SSH exec and HTTP request only with -v
+        fh.setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO)
         fh.setFormatter(
             structlog.stdlib.ProcessorFormatter(
                 processors=[
@@ -138,3 +148,11 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
 
 def get_logger(**bind: Any) -> structlog.stdlib.BoundLogger:
     return structlog.get_logger("pairctl").bind(**bind)
+
+
+def audit(event: str, **fields: Any) -> None:
+    """An info event of the run's record (step, check, outcome, rollback) for the JSON log; nothing
+    where pairctl's logging was never configured (library use, a test's child process), so it
+    never writes to a stdout that belongs to someone else."""
+    if structlog.is_configured():
+        get_logger().info(event, **fields)

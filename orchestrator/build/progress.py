@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from typing import Any, Protocol
 
+from orchestrator import progress
 from orchestrator.log import get_logger
 
 _NINJA = re.compile(r"^\[(\d+)/(\d+)\]")
@@ -24,16 +26,20 @@ class Reporter(Protocol):
 
 
 class LogReporter:
-    """Non-TTY progress: one log line per phase and per 10% of a counted phase."""
+    """Non-TTY progress (CI logs, pipes): one line on stderr (a progress event) and one log event
+    per phase and per 10% of a counted phase, so a 17-minute cold compile shows it is moving."""
 
-    def __init__(self, **bind: Any) -> None:
-        self.log = get_logger(**bind)
+    def __init__(self, target: str, **bind: Any) -> None:
+        self.log = get_logger(target=target, **bind)
+        self.target = target
         self.name = ""
         self._last_decile = -1
+        self._t0 = time.monotonic()
 
     def phase(self, name: str, total: int | None = None) -> None:
-        self.name, self._last_decile = name, -1
+        self.name, self._last_decile, self._t0 = name, -1, time.monotonic()
         self.log.info("build phase", phase=name, total=total)
+        progress.event("build.phase", f"build {self.target}: {name}" + (f" ({total} items)" if total else ""))
 
     def update(self, completed: int, total: int | None = None) -> None:
         if total:
@@ -41,6 +47,11 @@ class LogReporter:
             if decile != self._last_decile:
                 self._last_decile = decile
                 self.log.info("build progress", phase=self.name, completed=completed, total=total)
+                elapsed = time.monotonic() - self._t0
+                progress.event(
+                    "build.progress",
+                    f"build {self.target}: {self.name} [{completed}/{total}] {progress.eta(completed, total, elapsed)}",
+                )
 
     def close(self) -> None:
         pass
@@ -81,4 +92,4 @@ class RichReporter:
 def make_reporter(label: str, *, interactive: bool | None = None) -> Reporter:
     if interactive is None:
         interactive = sys.stderr.isatty()
-    return RichReporter(label) if interactive else LogReporter(target=label)
+    return RichReporter(label) if interactive else LogReporter(label)

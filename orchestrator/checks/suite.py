@@ -211,6 +211,7 @@ def run_suite(
         )
         sampler.start()
     stopped: CheckResult | None = None
+    runnable = [n for n in names if fns.get(n) is not None]
     if ctx.journal is not None:  # what it set out to run: an interrupted suite's rest is still required
         ctx.journal.set("acceptance_plan", [STEP_PREFIX + n for n in names if n in fns])
     try:
@@ -239,10 +240,14 @@ def run_suite(
             wait_idle(ctx)
             faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
             ctx.log("check start", check=name)
-            progress.event("check.start", f"check {name} ({names.index(name) + 1}/{len(names)}) ...", check=name)
+            # numbered from 1 among the checks run one after another (identity and telemetry wrap them)
+            nth = f"({runnable.index(name) + 1}/{len(runnable)})"
+            progress.event("check.start", f"check {name} {nth} ...", check=name)
             r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
-            progress.event("check.end", f"check {name}: {r.verdict}", check=name, verdict=r.verdict)
+            progress.event(
+                "check.end", f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s)", check=name, verdict=r.verdict
+            )
             results.append(r)
             _record(ctx, r)
             if r.required and not r.ok and budget.is_transport_failure(r.message):
@@ -254,6 +259,7 @@ def run_suite(
         r = sampler.result()
         results.append(r)
         _record(ctx, r)
+        progress.event("check.end", f"check telemetry (during the suite): {r.verdict}", check=r.name, verdict=r.verdict)
         if ctx.journal is not None and sampler.rows:
             ctx.journal.samples(STEP_PREFIX + telemetry.NAME, sampler.rows)
     if before is not None and stopped is None:
@@ -261,6 +267,7 @@ def run_suite(
         r = identity.judge(before, after, probe_configured=ctx.identity_probe is not None)
         results.insert(0, r)
         _record(ctx, r)
+        progress.event("check.end", f"check identity (before and after): {r.verdict}", check=r.name, verdict=r.verdict)
         if ctx.journal is not None:
             for when, snap in (("before", before), ("after", after)):
                 ctx.journal.identity(ctx.host_names.get("native", "native"), {"when": when, **snap})

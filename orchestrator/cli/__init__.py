@@ -26,8 +26,8 @@ from orchestrator.errors import ExitCode, PairctlError
 EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
     ExitCode.FAILURE: "a check, gate or verification failed",
-    ExitCode.USAGE: "bad command line",
-    ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook",
+    ExitCode.USAGE: "bad command line (also an id, hash or check name that names nothing)",
+    ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook (or a name it does not define)",
     ExitCode.HOST: "a host could not be reached, or its host key is unknown or changed",
     ExitCode.LEASED: "a host is leased by someone else (or another pairctl run holds the pair)",
     ExitCode.BUILD: "build or package problem, damaged host state, or not enough free space on a host",
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"(details in {where})", err=True)
         error = _error(code, f"internal error: {type(exc).__name__}: {exc}", kind="InternalError")
     code, error = _after_signal(code, error)
+    _log_end(g, args, code, error)
     # A usage error can stop parsing before --json is read: the word on the command line counts.
     if (g.json_output or "--json" in args) and (g.ran or error is not None):
         if code != 0 and error is None:  # the command chose its exit code (typer.Exit)
@@ -194,6 +195,50 @@ def _after_signal(code: int, error: dict[str, Any] | None) -> tuple[int, dict[st
         error = _error(code, f"interrupted by {sig}", kind="Interrupted")
     typer.echo(f"pairctl: interrupted by {sig}; cleanup done (exit {code})", err=True)
     return code, error
+
+
+# Exit codes that mean "refused before any change" (README's table): the log calls them refusals.
+_REFUSALS = frozenset({ExitCode.USAGE, ExitCode.CONFIG, ExitCode.HOST, ExitCode.LEASED, ExitCode.BUILD})
+
+
+def _log_end(g: Globals, args: list[str], code: int, error: dict[str, Any] | None) -> None:
+    """One info event in the JSON log for how the command ended (also a refusal before any run
+    began, an interrupt, a usage error), with its pair and receipt, so alerting needs no stderr."""
+    if g.context is None:  # logging was never set up (`--help`, a usage error before the command ran)
+        return
+    try:
+        from orchestrator import log
+
+        sig = interrupt.received()
+        if code == int(ExitCode.INTERRUPTED) or (sig is not None and code != 0):
+            name = "interrupted"
+        elif code in {int(c) for c in _REFUSALS}:
+            name = "refused"
+        else:
+            name = "command finished"
+        doc = g.document if g.has_document and isinstance(g.document, dict) else {}
+        log.get_logger().info(
+            name,
+            command=_command_word(args),
+            pair=_pair_of(args) or doc.get("pair"),
+            exit_code=code,
+            meaning=_meaning(code),
+            receipt=(error or {}).get("receipt") or doc.get("receipt"),
+            error_kind=(error or {}).get("kind"),
+            error=(error or {}).get("message"),
+            signal=sig,
+        )
+    except Exception:  # the log must never change an exit code
+        pass
+
+
+def _pair_of(args: list[str]) -> str | None:
+    for i, a in enumerate(args):
+        if a == "--pair" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--pair="):
+            return a.split("=", 1)[1]
+    return None
 
 
 def _log_internal_error(g: Globals) -> str | None:

@@ -14,7 +14,7 @@ def accept(
     all_pairs: bool = opts.ALL_PAIRS,
     parallel: int = opts.parallel(1, "Pairs accepted (each holds its own hosts' leases)"),
     checks: list[str] | None = opts.CHECKS,
-    only: list[str] | None = typer.Option(None, "--only", hidden=True, help="Old name of --checks."),
+    only: list[str] | None = typer.Option(None, "--only", metavar="NAME[,NAME]", help="The same as --checks."),
     skip: list[str] | None = opts.SKIP_CHECKS,
     baseline_receipt: str | None = typer.Option(
         None,
@@ -65,14 +65,16 @@ def accept(
     from orchestrator.ops.hooks import event_document, run_hooks
 
     c = get_ctx(ctx)
+    only_names = opts.check_names(checks) + opts.check_names(only, "--only")  # unknown names: exit 2, first
+    skip_names = opts.check_names(skip, "--skip")
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
 
     def one(name: str):
         req = AcceptRequest(
             pair=name,
-            only=opts.names(checks) + opts.names(only),
-            skip=opts.names(skip),
+            only=only_names,
+            skip=skip_names,
             baseline_receipt=baseline_receipt,
             baseline_pair=baseline_pair,
             fixtures=fixtures,

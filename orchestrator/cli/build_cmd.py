@@ -22,10 +22,18 @@ def build(
         None, "--expect-tree", metavar="REV", help="Refuse unless REV's tree equals this revision's tree."
     ),
     profile: str | None = typer.Option(
-        None, "--profile", metavar="NAME", help="Name used as the package id prefix (default 'pkg')."
+        None,
+        "--profile",
+        metavar="NAME",
+        help="The route profile the packages are for (must exist on the config search path); its name is the "
+        "package id prefix (default 'pkg').",
     ),
-    patch: Path | None = typer.Option(
-        None, "--patch", metavar="DIR", help="Kernel patch folder (kernels/<name>) committed on top of REV."
+    patch: str | None = typer.Option(
+        None,
+        "--patch",
+        metavar="NAME|DIR",
+        help="Kernel patch committed on top of REV: a name from `pairctl kernels list` (also as kernels/NAME) "
+        "or a patch folder.",
     ),
     jobs: int | None = typer.Option(
         None, "--jobs", "-j", min=1, metavar="N", help="Parallel compile jobs (default: ninja's)."
@@ -40,12 +48,16 @@ def build(
     """
     from orchestrator.build.builder import BuildRequest
     from orchestrator.build.builder import build as run_build
+    from orchestrator.config import search
+    from orchestrator.config.kernels import kernel_dir
 
     c = get_ctx(ctx)
+    if profile is not None:
+        search.resolve("profile", profile)  # a typo would name packages after a profile nobody can deploy
     src = resolve_path(source) if source else c.home.lab / "source"
     req = BuildRequest(
         source=src, rev=rev, targets=tuple(target), expect_tree=expect_tree, profile=profile,
-        patch=resolve_path(patch) if patch else None, jobs=jobs,
+        patch=kernel_dir(patch) if patch else None, jobs=jobs,
     )  # fmt: skip
     results = run_build(c.home, req, interactive=None if not c.json_output else False)
     if c.json_output:

@@ -44,6 +44,8 @@ def check(
     from orchestrator.config import registry
 
     c = get_ctx(ctx)
+    if not paths:
+        _check_here_too()
     models = _schemas()
     results = [registry.check_file(p, kind=kind, models=models) for p in (paths or registry.default_files())]
     bad = [r for r in results if not r.ok]
@@ -69,6 +71,31 @@ def check(
     if bad:
         n = sum(len(r.problems) for r in bad)
         raise ConfigError(f"{len(bad)} of {len(results)} file(s) invalid ({n} problem{'s' if n != 1 else ''})")
+
+
+def _check_here_too() -> None:
+    """Run inside a config directory (`pairctl init DIR`, then `cd DIR`) that is not on the search
+    path: check its files as if it were (`--config .`), and say that other commands will not read
+    it until PAIRCTL_CONFIG names it. Otherwise an operator's own inventory goes unchecked while
+    `config check` says all is well."""
+    import os
+    import sys
+
+    from orchestrator.config import search
+
+    here = Path.cwd().resolve()
+    own = [here / search.KIND_DIRS[k] for k in ("inventory", "profile")]
+    if not any(d.is_dir() and any(d.glob("*.yaml")) for d in own):
+        return
+    if any(layer.root == here for layer in search.current_layers()):
+        return
+    os.environ[search.CONFIG_ENV] = str(here)
+    print(
+        f"pairctl: note: {here} is a config directory that is not on the search path; its files are checked "
+        f"as with --config {here}, but other commands will not read them until you `export "
+        f"PAIRCTL_CONFIG={here}` (or pass --config)",
+        file=sys.stderr,
+    )
 
 
 @app.command("show")

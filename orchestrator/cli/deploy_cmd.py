@@ -74,7 +74,7 @@ def deploy(
             pause=pause,
             dry_run=dry_run,
             skip_accept=skip_accept,
-            checks=tuple(opts.names(checks)),
+            checks=tuple(opts.check_names(checks)),
             kernel_check=kernel_check,
         )
         return
@@ -85,13 +85,15 @@ def deploy(
         )
     ids = opts.package_ids(native, rpc, packages)
     # start-up: the engine (SSH stack) loads when a deploy runs, never for `deploy --help`
-    from orchestrator.cli.fleet_cmd import fire_deploy_hook
+    from orchestrator.cli.fleet_cmd import failed_run_json, fire_deploy_hook, pre_deploy_veto
     from orchestrator.engine.deploy import deploy as run_deploy
-    from orchestrator.engine.render import print_plan, print_result, progress_printer
+    from orchestrator.engine.render import print_plan, print_result
 
     name = (pair or [""])[0]
     inv = c.inventory()
-    with fire_deploy_hook(c, inv, name, ids, enabled=not dry_run) as hook:
+    if not dry_run:
+        pre_deploy_veto(c, inv, name, ids, profile)
+    with failed_run_json(c, "deploy", name), fire_deploy_hook(c, inv, name, ids, enabled=not dry_run) as hook:
         result = run_deploy(
             c.home,
             inv,
@@ -100,10 +102,9 @@ def deploy(
             profile_name=profile,
             dry_run=dry_run,
             skip_accept=skip_accept,
-            checks=tuple(opts.names(checks)),
+            checks=tuple(opts.check_names(checks)),
             kernel_check=kernel_check,
             argv=["pairctl", *sys.argv[1:]],
-            on_step=None if c.json_output else progress_printer(c.console),
         )
         hook["receipt"] = result.receipt
     if c.json_output:

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import typer
 
+from orchestrator import progress
 from orchestrator.cli.context import Ctx
+from orchestrator.cli.failed_run import failed_run_document
 from orchestrator.config.inventory import HookEvent, Inventory
-from orchestrator.errors import RollbackFailed, RolledBack
+from orchestrator.errors import PairctlError, RollbackFailed, RolledBack
 from orchestrator.ops.fleet import select_pairs
-from orchestrator.ops.hooks import event_document, run_hooks
+from orchestrator.ops.hooks import check_veto, event_document, run_hooks
 from orchestrator.ops.revision import resolve_commit, resolve_packages
 from orchestrator.ops.rollout import RolloutOptions, RolloutResult, check_options, rollout
 
@@ -62,8 +64,7 @@ def run_fleet(
         packages = resolve_packages(c.home, inv, pairs, rev, commit, profile_override=profile, source=source)
 
     def say(line: str) -> None:
-        if not c.json_output:
-            print(line, file=sys.stderr, flush=True)
+        progress.event("fleet", line)  # stderr: a live line on a TTY, a plain line otherwise
 
     result = rollout(
         c.home,
@@ -111,6 +112,56 @@ def print_rollout(c: Ctx, r: RolloutResult) -> None:
         out.print(f"  hook {h['argv0']} on {h['event']} failed: {h['error']}", markup=False)
     if not r.dry_run:
         out.print(f"exit {r.exit_code()}; fleet receipt {r.receipt}; {r.wall_s:.1f} s", markup=False)
+
+
+@contextmanager
+def failed_run_json(c: Ctx, command: str, pair: str) -> Iterator[None]:
+    """With --json, a run that fails after it wrote a receipt (exit 1, 7, 8, 130) still prints
+    its steps, final state and rollback beside the `error` object (cli/failed_run.py)."""
+    try:
+        yield
+    except PairctlError as exc:
+        if c.json_output:
+            doc = failed_run_document(c.home, command, pair, getattr(exc, "receipt", None))
+            if doc is not None:
+                c.emit_json(doc)
+        raise
+
+
+def pre_deploy_veto(c: Ctx, inv: Inventory, pair: str, ids: tuple[str, str], profile: str | None) -> None:
+    """Kamal's pre-deploy: the inventory's `pre-deploy` hooks run before any host changes; one
+    that fails (exit status, timeout, cannot start) stops the deploy (exit 1, nothing changed)."""
+    if inv.hooks:
+        doc = event_document(
+            "pre-deploy", f"pairctl deploy {pair}: starting", command="deploy", pair=pair, packages=list(ids),
+            profile=profile,
+        )  # fmt: skip
+        check_veto(c.home, inv, doc)
+
+
+@contextmanager
+def fire_rollback_hook(
+    c: Ctx, inv: Inventory, pair: str, *, enabled: bool = True
+) -> Iterator[dict[str, str | None]]:
+    """A manual rollback fires rollback.passed or rollback.failed (any failure: refused, leased,
+    rollback failed), with its receipt and exit code; like every hook, it never changes the outcome.
+    A dry run (`enabled=False`) fires nothing."""
+    box: dict[str, str | None] = {"receipt": None}
+    event: HookEvent | None = None
+    fields: dict[str, object] = {}
+    try:
+        yield box
+        event, text = "rollback.passed", f"pairctl rollback {pair}: passed"
+        fields = {"outcome": "passed", "exit_code": 0}
+    except PairctlError as exc:
+        event, text = "rollback.failed", f"pairctl rollback {pair}: failed ({exc.message.splitlines()[0][:200]})"
+        box["receipt"] = getattr(exc, "receipt", None)
+        fields = {"outcome": "failed", "exit_code": int(exc.exit_code), "error": exc.message.splitlines()[0]}
+        raise
+    finally:
+        if enabled and event is not None and inv.hooks:
+            run_hooks(c.home, inv, event_document(event, text, command="rollback", pair=pair, receipt=box["receipt"],
+                                                  **fields))  # fmt: skip
 
 
 @contextmanager

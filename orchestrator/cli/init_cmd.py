@@ -62,8 +62,8 @@ pairs:
     profile: production          # profiles/production.yaml in this repo
     server_port: 8080
     rpc_port: 50052
-    # ggml-rpc-server is not secure: it binds the RPC host's address above (never 0.0.0.0
-    # unless allow_rpc_bind_any: true); keep the link between the two hosts private.
+    # ggml-rpc-server is not secure (it runs any graph a client sends): it binds the RPC host's
+    # address above, one specific address, never 0.0.0.0; keep the link between the hosts private.
     target_native: v100          # CUDA 12.x builds sm_70 (CUDA 13 cannot)
     target_rpc: rtx5060ti        # sm_120
     # llama-server listens on the native host's address, so it needs an API key: create this

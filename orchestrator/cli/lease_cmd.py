@@ -22,7 +22,26 @@ if TYPE_CHECKING:
 
 app = typer.Typer(help="Take, show and release host leases (atomic on the host, expiring).", no_args_is_help=True)
 
-_TARGET = typer.Argument(..., metavar="HOST|PAIR", help="A host name, or a pair name (both of its hosts).")
+_TARGET = typer.Argument(
+    None, metavar="HOST|PAIR", help="The same as --pair PAIR or --host HOST: a pair name, or a host name."
+)
+_PAIR = typer.Option(None, "--pair", metavar="PAIR", help="Both hosts of this pair (as every other command names it).")
+_HOST = typer.Option(None, "--host", metavar="HOST", help="This one host.")
+
+
+def _target(c: Ctx, positional: str | None, pair: str | None, host: str | None) -> str:
+    """The pair or host named by --pair / --host, or (the older form) positionally; exactly one."""
+    given = [v for v in (positional, pair, host) if v is not None]
+    if len(given) != 1:
+        raise typer.BadParameter("name one pair (--pair PAIR) or one host (--host HOST)", param_hint="--pair")
+    inv = c.inventory()
+    if pair is not None and pair not in inv.pairs:
+        inv.pair(pair)  # the inventory's own "no pair named ..." error (exit 3)
+    if host is not None and host not in inv.hosts:
+        inv.host(host)
+    # The positional form stays without a deprecation note: pairctl's own hints (status, a lease
+    # refusal, exit 8) print `lease release PAIR --dead-run RUN`, and both forms mean the same.
+    return given[0]
 
 
 def _journal(c: Ctx, command: str, argv: list[str], target: str):
@@ -63,7 +82,9 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
 @app.command("take")
 def take(
     ctx: typer.Context,
-    target: str = _TARGET,
+    positional: str | None = _TARGET,
+    pair: str | None = _PAIR,
+    host: str | None = _HOST,
     purpose: str = typer.Option(..., "--purpose", help="Why you hold it (shown to anyone refused)."),
     ttl: str = typer.Option("2h", "--ttl", help="How long until it expires: 90s, 30m, 2h, 1h30m, 1d."),
     owner: str = typer.Option(None, "--owner", help="Who holds it; default user@machine."),
@@ -77,6 +98,7 @@ def take(
     from orchestrator.hosts import leases as L
 
     c = get_ctx(ctx)
+    target = _target(c, positional, pair, host)
     ttl_s = parse_duration(ttl, what="--ttl")
     owner = owner or L.default_owner()
     L.check_request(owner, purpose, ttl_s)  # a bad request reaches no host
@@ -120,12 +142,15 @@ def take(
 
 
 @app.command("show")
-def show(ctx: typer.Context, target: str = _TARGET) -> None:
+def show(
+    ctx: typer.Context, positional: str | None = _TARGET, pair: str | None = _PAIR, host: str | None = _HOST
+) -> None:
     """Who holds the host(s), for what, until when (never the nonce)."""
     # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.hosts import leases as L
 
     c = get_ctx(ctx)
+    target = _target(c, positional, pair, host)
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
@@ -140,7 +165,9 @@ def show(ctx: typer.Context, target: str = _TARGET) -> None:
 @app.command("release")
 def release(
     ctx: typer.Context,
-    target: str = _TARGET,
+    positional: str | None = _TARGET,
+    pair: str | None = _PAIR,
+    host: str | None = _HOST,
     nonce: str = typer.Option(None, "--nonce", help="The nonce `lease take` printed."),
     dead_run: str = typer.Option(
         None,
@@ -160,6 +187,7 @@ def release(
     from orchestrator.hosts import leases as L
 
     c = get_ctx(ctx)
+    target = _target(c, positional, pair, host)
     if (nonce is None) == (dead_run is None):
         raise typer.BadParameter("give exactly one of --nonce or --dead-run RUN_ID", param_hint="--nonce/--dead-run")
     if dead_run is not None:

@@ -164,7 +164,7 @@ PACKAGES = typer.Option(
 
 # Rollouts (deploy --rev, rollback over several pairs): orchestrator/ops/rollout.py.
 CANARY = typer.Option(
-    None, "--canary", metavar="PAIR", help="Deploy and accept this pair alone first; stop if it fails."
+    None, "--canary", metavar="PAIR", help="Run this pair alone first (its own wave); stop if it fails."
 )
 SERIAL = typer.Option(1, "--serial", min=1, metavar="N", help="Pairs per wave (a wave's pairs run in parallel).")
 MAX_FAIL = typer.Option(1, "--max-fail", min=1, metavar="K", help="Start no more pairs after K failures.")
@@ -178,6 +178,21 @@ def parallel(default: int, what: str) -> Any:
 def names(values: list[str] | None) -> list[str]:
     """Repeatable, comma-separated names (`--checks a,b --checks c`) as one list."""
     return [n.strip() for v in values or [] for n in v.split(",") if n.strip()]
+
+
+def check_names(values: list[str] | None, flag: str = "--checks") -> list[str]:
+    """`names` of acceptance checks; an unknown one is a usage error (exit 2) naming the known ones."""
+    from orchestrator.checks.suite import CHECKS  # start-up: only a command that runs checks gets here
+
+    got = names(values)
+    unknown = [n for n in got if n not in CHECKS]
+    if unknown:
+        import typer as _typer
+
+        raise _typer.BadParameter(
+            f"unknown check(s): {', '.join(unknown)}; known: {', '.join(CHECKS)}", param_hint=flag
+        )
+    return got
 
 
 def package_ids(

@@ -29,10 +29,16 @@ class ErrorInfo(BaseModel):
 
 
 class Failed(_Open):
-    """Any failed run's document: at least the error; `result` holds a list output."""
+    """Any failed run's document: at least the error; `result` holds a list output. A deploy or
+    rollback that failed after writing its receipt also carries, read back from that receipt,
+    `outcome`, `reason`, `steps` (name, hosts, ok, outcome, seconds, error), `final_state` and
+    `rollback` (what was restored)."""
 
     error: ErrorInfo
     result: list[Any] | None = None
+    steps: list[dict[str, Any]] | None = None
+    final_state: dict[str, Any] | None = None
+    rollback: dict[str, Any] | None = None
 
 
 class StepRow(_Open):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -41,11 +41,27 @@ def list_(ctx: typer.Context) -> None:
     c.console.print(table)
 
 
+def _known(store: Any, package_id: str) -> str:
+    """An ID that names no package is a usage error (exit 2), as for a receipt hash; exit 6 stays
+    for a package that is there and broken."""
+    from orchestrator.errors import PackageError
+
+    try:
+        known = store.exists(package_id)
+    except PackageError:  # not even a valid id
+        known = False
+    if not known:
+        raise typer.BadParameter(
+            f"no package {package_id!r} in {store.root}; `pairctl packages list` shows them", param_hint="ID"
+        )
+    return package_id
+
+
 @app.command("show")
 def show(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID")) -> None:
     """Show a package's manifest."""
     c, store = _store(ctx)
-    pkg = store.get(package_id)
+    pkg = store.get(_known(store, package_id))
     m = pkg.manifest
     if c.json_output:
         c.emit_json(m.model_dump(mode="json") | {"path": str(pkg.path)})
@@ -69,7 +85,7 @@ def show(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID")
 def verify(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID")) -> None:
     """Rehash every file of a package against its manifest; any difference fails (exit 6), by file."""
     c, store = _store(ctx)
-    report = store.verify(package_id, check=False)
+    report = store.verify(_known(store, package_id), check=False)
     if c.json_output:
         c.emit_json(
             {"id": report.id, "ok": report.ok, "files_checked": report.files_checked, "problems": report.problems}

@@ -146,10 +146,12 @@ def report(
 ) -> None:
     """Recompute the result from a receipt (following a derived record's references) and write the report."""
     c = get_ctx(ctx)
+    from orchestrator.cli.receipts_cmd import resolve_receipt
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report
 
-    out_dir, record, result = write_report(EvidenceStore(c.home.evidence), receipt)
+    store = EvidenceStore(c.home.evidence)
+    out_dir, record, result = write_report(store, resolve_receipt(store, receipt, "--receipt"))
     _show(
         c,
         result,

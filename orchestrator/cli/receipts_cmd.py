@@ -46,9 +46,24 @@ def summary(r: Receipt) -> dict[str, Any]:
 @app.command("list")
 def list_(
     ctx: typer.Context,
-    pair: str | None = typer.Option(None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts."),
+    pair: str | None = typer.Option(
+        None, "--pair", "-p", metavar="PAIR", help="Only this pair's receipts (its chain, and its qualifications)."
+    ),
     since: str | None = typer.Option(
         None, "--since", metavar="T", help="Only receipts started since: 2h, 3d, 1w or an ISO time."
+    ),
+    command: list[str] | None = typer.Option(
+        None,
+        "--command",
+        metavar="CMD",
+        help="Only receipts of this command (deploy, rollback, accept, qualify, ...); repeatable or comma-separated.",
+    ),
+    outcome: list[str] | None = typer.Option(
+        None,
+        "--outcome",
+        metavar="OUTCOME",
+        help="Only these outcomes (passed, failed, interrupted, aborted, "
+        "inconclusive, ...); repeatable or comma-separated.",
     ),
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
@@ -67,11 +82,20 @@ def list_(
             cutoff = parse_since(since)
         except ValueError as exc:
             _usage(str(exc))
+    from orchestrator.cli.options import names
+    from orchestrator.evidence.receipt import OUTCOMES
+
+    commands, outcomes = set(names(command)), set(names(outcome))
+    if outcomes - set(OUTCOMES):
+        _usage(f"--outcome: unknown {', '.join(sorted(outcomes - set(OUTCOMES)))}; known: {', '.join(OUTCOMES)}")
     store = evidence_store_for(c, evidence)
     rows = [
         r
-        for r in (store.summaries(pair=pair) if pair else store.summaries())
-        if cutoff is None or parse_time(r["started_at"]) >= cutoff
+        for r in store.summaries()
+        if (pair is None or pair in (r["pair"], r.get("about_pair")))
+        and (not commands or r["command"] in commands or r["command"].split()[0] in commands)
+        and (not outcomes or r["outcome"] in outcomes)
+        and (cutoff is None or parse_time(r["started_at"]) >= cutoff)
     ]
     if c.json_output:
         c.emit_json(rows)
@@ -108,6 +132,15 @@ def list_(
         c.console.print(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}", markup=False)
 
 
+def resolve_receipt(store: Any, ref: str, param: str) -> str:
+    """The full hash of the receipt REF names; none, several, or not a hash: a usage error (exit 2),
+    like any argument that names nothing. Exit 10 stays for receipts that exist and do not verify."""
+    try:
+        return str(store.resolve(ref))
+    except EvidenceError as exc:
+        raise typer.BadParameter(f"{exc}; `pairctl receipts list` shows the receipts", param_hint=param) from None
+
+
 @app.command("show")
 def show(
     ctx: typer.Context,
@@ -119,7 +152,8 @@ def show(
     from rich.table import Table
 
     c = get_ctx(ctx)
-    r = evidence_store_for(c, evidence).load(ref)
+    store = evidence_store_for(c, evidence)
+    r = store.load(resolve_receipt(store, ref, "HASH"))
     if c.json_output:
         c.emit_json({"hash": r.sha256, **r.to_json_obj()})
         return
@@ -229,7 +263,7 @@ def derive(
     if fresh:
         argv += ["--fresh", str(fresh)]
     sha = store.derive(
-        original,
+        resolve_receipt(store, original, "--from"),
         reuse=steps,
         reason=reason,
         fresh_steps=fresh_steps,

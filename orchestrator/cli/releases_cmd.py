@@ -15,6 +15,7 @@ from orchestrator.errors import HostError
 from orchestrator.hosts import leases as L
 from orchestrator.hosts import prune as P
 from orchestrator.remote.pool import TransportPool
+from orchestrator.terminal import size
 
 app = typer.Typer(help="List a pair's releases on its hosts, and prune the oldest.", no_args_is_help=True)
 
@@ -34,7 +35,7 @@ def _print(c: Ctx, results: list[P.HostPrune], title: str) -> None:
         for rel in r.plan.keep:
             t.add_row(r.host, rel, "keep" + (f" ({r.plan.protected[rel]})" if rel in r.plan.protected else ""))
         for rel in r.plan.remove:
-            t.add_row(r.host, rel, f"removed ({removed[rel]} bytes)" if rel in removed else "remove")
+            t.add_row(r.host, rel, f"removed ({size(removed[rel])})" if rel in removed else "remove")
     c.console.print(t)
 
 
@@ -85,5 +86,5 @@ def prune(
     if c.json_output:
         c.emit_json({**s, "receipt": j.receipt_hash})
         return
-    _print(c, results, f"pruned {pair}: {s['removed']} release(s), {s['bytes_freed']} bytes freed")
+    _print(c, results, f"pruned {pair}: {s['removed']} release(s), {size(s['bytes_freed'])} freed")
     c.console.print(f"receipt {j.receipt_hash}", markup=False)

@@ -29,6 +29,15 @@ def repair(
         return
     for p in result.problems:
         c.console.print(f"problem: {p}", markup=False)
+    healthy = not result.problems and not result.written
+    if healthy:  # the record the hosts hold already judges clean: say so first, not after 300 lines
+        c.console.print(
+            f"nothing to repair: pair {pair}'s route record is valid, signed and agrees with both hosts' links",
+            markup=False,
+        )
+        if c.verbosity < 1:
+            c.console.print("(-v shows the record it would write)", markup=False)
+            return
     for label, text in result.sources.items():
         c.console.print(f"{label}: {text}", markup=False)
     c.console.print(json.dumps(result.record, indent=2, sort_keys=True), markup=False)

@@ -51,18 +51,15 @@ def rollback(
         )  # fmt: skip
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
+    from orchestrator.cli.fleet_cmd import failed_run_json, fire_rollback_hook
     from orchestrator.engine.deploy import rollback as run_rollback
-    from orchestrator.engine.render import print_plan, print_result, progress_printer
+    from orchestrator.engine.render import print_plan, print_result
 
-    result = run_rollback(
-        c.home,
-        c.inventory(),
-        (pair or [""])[0],
-        to=tuple(to or ()),
-        dry_run=dry_run,
-        argv=["pairctl", *sys.argv[1:]],
-        on_step=None if c.json_output else progress_printer(c.console),
-    )
+    name = (pair or [""])[0]
+    inv = c.inventory()
+    with failed_run_json(c, "rollback", name), fire_rollback_hook(c, inv, name, enabled=not dry_run) as hook:
+        result = run_rollback(c.home, inv, name, to=tuple(to or ()), dry_run=dry_run, argv=["pairctl", *sys.argv[1:]])
+        hook["receipt"] = result.receipt
     if c.json_output:
         c.emit_json(result.to_dict())
     elif dry_run:

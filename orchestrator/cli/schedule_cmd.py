@@ -64,7 +64,7 @@ def install(
             home=str(c.home.root),
             inventory=_inventory_path(c.inventory_ref),
             pair=pair,
-            checks=opts.names(checks),
+            checks=opts.check_names(checks),
         ),
         home=str(c.home.root),
     )

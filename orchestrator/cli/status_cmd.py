@@ -116,14 +116,17 @@ def status(
     if c.json_output:
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
+        from rich.table import Column
+
+        # ids and problems wrap on a narrow terminal instead of being cut: an id's end tells builds apart
         t = Table(
             "pair",
-            "active packages",
+            Column("active packages", overflow="fold"),
             "active for",
             "health",
             "last acceptance",
-            "leases",
-            "problems",
+            Column("leases", overflow="fold"),
+            Column("problems", overflow="fold"),
             title="pairs",
             expand=c.interactive,
         )

@@ -8,7 +8,7 @@ import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -153,13 +153,18 @@ class PairSpec(StrictModel):
 
 
 HookEvent = Literal[
+    "pre-deploy",  # before any host changes; a hook that fails vetoes the deploy (Kamal's pre-deploy)
     "deploy.passed",
     "deploy.rolled_back",
     "deploy.rollback_failed",
+    "rollback.passed",
+    "rollback.failed",
     "accept.scheduled_failed",
     "accept.scheduled_skipped",
     "fleet.finished",
 ]
+# Events whose hooks decide: any of them failing (exit status, timeout, cannot start) stops the run.
+VETO_EVENTS: frozenset[str] = frozenset({"pre-deploy"})
 
 
 class HookSpec(StrictModel):
@@ -170,6 +175,18 @@ class HookSpec(StrictModel):
     on: list[HookEvent] = Field(min_length=1, description="events that run it")
     argv: list[str] = Field(min_length=1, description="program and arguments (no shell); secrets in files, not here")
     timeout_s: float = Field(default=10.0, gt=0, le=600, description="killed after this many seconds")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_on(cls, data: Any) -> Any:
+        """YAML 1.1 (PyYAML) reads a bare `on:` key as the boolean true (as GitHub Actions files
+        know): that key is `on`, so what operators write works, quoted or not."""
+        if isinstance(data, dict) and True in data:
+            data = dict(data)
+            if "on" in data:
+                raise ValueError('both `on:` and `"on":` given; keep one')
+            data["on"] = data.pop(True)
+        return data
 
 
 class Supervision(StrictModel):
@@ -309,11 +326,43 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
         data = Path(pair.api_key_file).read_bytes()
     except OSError as exc:
         raise ConfigError(f"pair {pair_name}: cannot read api_key_file {pair.api_key_file}: {exc.strerror}") from None
+    value = _parse_api_key(pair_name, pair.api_key_file, data)
+    warn_if_readable_by_others(pair.api_key_file, what=f"pair {pair_name}: api_key_file")
+    return ApiKey(file_bytes=data, value=value)
+
+
+def api_key_file_problems(pair_name: str, api_key_file: str) -> list[str]:
+    """What deploy would refuse or warn about in a pair's (expanded) api_key_file, found before
+    any deploy: missing or unreadable, not a regular file, a key llama-server would read
+    differently, readable by other users. For `config check` and `doctor`."""
+    p = Path(api_key_file)
+    try:
+        if not p.is_file():
+            what = "does not exist" if not p.exists() else "is not a regular file"
+            return [f"pair {pair_name}: api_key_file {api_key_file} {what}; write the key there (one line) and "
+                    f"chmod 600 {api_key_file}"]  # fmt: skip
+        data = p.read_bytes()
+    except OSError as exc:
+        return [f"pair {pair_name}: cannot read api_key_file {api_key_file}: {exc.strerror}"]
+    out: list[str] = []
+    try:
+        _parse_api_key(pair_name, api_key_file, data)
+    except ConfigError as exc:
+        out.append(str(exc))
+    mode = readable_by_others(api_key_file)
+    if mode is not None:
+        out.append(f"pair {pair_name}: api_key_file {api_key_file} is mode {mode:04o}, readable by other users; "
+                   f"chmod 600 {api_key_file}")  # fmt: skip
+    return out
+
+
+def _parse_api_key(pair_name: str, api_key_file: str, data: bytes) -> str:
+    """The key clients send (the first key line), or a ConfigError naming what llama-server would get wrong."""
     bad = next((i for i, b in enumerate(data) if not (0x20 <= b <= 0x7E or b in (0x09, 0x0A, 0x0D))), None)
     if bad is not None:
         line = data[:bad].count(b"\n") + 1
         raise ConfigError(
-            f"pair {pair_name}: api_key_file {pair.api_key_file} holds a byte that is not printable ASCII "
+            f"pair {pair_name}: api_key_file {api_key_file} holds a byte that is not printable ASCII "
             f"(line {line}); an API key is sent in an HTTP header and must be printable ASCII",
             hint="write the key as letters, digits and punctuation only",
         )
@@ -325,20 +374,19 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
     for n, ln in enumerate(lines, start=1):
         if ln and not ln.startswith("#") and ln != ln.strip():
             raise ConfigError(
-                f"pair {pair_name}: api_key_file {pair.api_key_file} line {n} has spaces, tabs or a carriage "
+                f"pair {pair_name}: api_key_file {api_key_file} line {n} has spaces, tabs or a carriage "
                 "return around its key; llama-server takes each line verbatim, so that key could never be sent",
                 hint="remove them (and write the file with Unix line ends)",
             )
     value = next((ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")), "")
     if not value and not any(ln.strip() for ln in lines):
-        raise ConfigError(f"pair {pair_name}: api_key_file {pair.api_key_file} is empty")
+        raise ConfigError(f"pair {pair_name}: api_key_file {api_key_file} is empty")
     if not value:
         raise ConfigError(
-            f"pair {pair_name}: api_key_file {pair.api_key_file} holds no key "
+            f"pair {pair_name}: api_key_file {api_key_file} holds no key "
             "(llama-server reads lines starting with '#' as comments)"
         )
-    warn_if_readable_by_others(pair.api_key_file, what=f"pair {pair_name}: api_key_file")
-    return ApiKey(file_bytes=data, value=value)
+    return value
 
 
 def readable_by_others(path: str | os.PathLike[str]) -> int | None:

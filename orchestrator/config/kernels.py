@@ -162,13 +162,20 @@ def diff_files(patch_text: str) -> list[str]:
 
 
 def kernel_dir(ref: str | Path) -> Path:
-    """`mmvf-warp-per-row`, `kernels/mmvf-warp-per-row` or an absolute folder -> the folder."""
-    p = Path(ref)
+    """`mmvf-warp-per-row`, `kernels/mmvf-warp-per-row` (the names `pairctl kernels list` shows,
+    bundled with pairctl, so an installed tool finds them from any directory) or a folder -> the folder."""
+    p = Path(ref).expanduser()
     if p.is_dir():
         return p.resolve()
-    if (KERNELS / p.name).is_dir() and len(p.parts) <= 2:
-        return (KERNELS / p.name).resolve()
-    raise ConfigError(f"kernel patch folder {ref!r} not found (looked in {p} and {KERNELS / p.name})")
+    bundled = KERNELS / p.name
+    if len(p.parts) == 1 or (len(p.parts) == 2 and p.parts[0] == "kernels"):
+        if bundled.is_dir():
+            return bundled.resolve()
+    raise ConfigError(
+        f"kernel patch {str(ref)!r} not found: no folder {p.resolve()}"
+        + (f" and no bundled kernel {p.name!r}" if len(p.parts) <= 2 else ""),
+        hint="`pairctl kernels list` names the bundled kernel patches; or give the path of a patch folder",
+    )
 
 
 def load_kernel(ref: str | Path) -> tuple[Path, KernelPatch]:

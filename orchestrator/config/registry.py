@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from orchestrator.checks.fixtures import FixtureSet
 from orchestrator.config import search
-from orchestrator.config.inventory import Inventory, PairSpec, check_expanded_root
+from orchestrator.config.inventory import Inventory, PairSpec, api_key_file_problems, check_expanded_root
 from orchestrator.config.kernels import CaseSet, KernelPatch
 from orchestrator.config.loader import expand, load_model, read_yaml, validation_problems
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
@@ -136,6 +136,7 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
     problems, fields_ok = validation_problems(models[k], data, source=str(path), context=context)
     if k == "inventory" and not problems:
         problems += _expanded_root_problems(str(path), Inventory.model_validate(data))
+        problems += _api_key_problems(str(path), Inventory.model_validate(data))
     if isinstance(data, dict):
         problems += cross_references(k, data, source=str(path), fields_ok=fields_ok)
     return FileCheck(path, k, tuple(dict.fromkeys(problems)))
@@ -242,6 +243,21 @@ def _expanded_root_problems(source: str, inv: Inventory) -> list[str]:
             check_expanded_root(name, h.install_root, root)
         except ConfigError as exc:
             out.append(f"{source}: {exc}")
+    return out
+
+
+def _api_key_problems(source: str, inv: Inventory) -> list[str]:
+    """Each pair's api_key_file as deploy reads it (expanded as commands expand it): missing,
+    unreadable, a key llama-server reads differently, or readable by other users."""
+    out: list[str] = []
+    for name, pair in inv.pairs.items():
+        if not pair.api_key_file:
+            continue
+        try:
+            path = expand(pair.api_key_file, {"PAIRCTL_HOME": str(default_home())})
+        except ConfigError:
+            continue  # a variable unset here is left to the command that runs with it
+        out += [f"{source}: field 'pairs.{name}.api_key_file': {p}" for p in api_key_file_problems(name, path)]
     return out
 
 

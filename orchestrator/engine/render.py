@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from orchestrator.terminal import size
 
 
 def print_plan(
@@ -33,25 +34,11 @@ def print_plan(
             console.print(f"      {host}$ " + shlex.join(argv), markup=False, highlight=False, soft_wrap=True)
 
 
-def progress_printer(console: Console) -> Callable[[Any], None]:
-    def show(o: Any) -> None:
-        mark = "ok " if o.ok else "FAIL"
-        first = o.error.splitlines()[0] if o.error else ""  # the details come once, in the final message
-        console.print(
-            f"  [{mark}] {o.step.name:<14} {', '.join(o.step.hosts):<24} {o.seconds:7.3f} s"
-            + (f"  {first}" if first else ""),
-            markup=False,
-            highlight=False,
-        )
-
-    return show
-
-
 def print_result(console: Console, result: Any) -> None:
     sent = sum(u.get("bytes_sent", 0) for u in result.uploads.values())
     console.print(
         f"{result.command} {result.pair}: {result.outcome} in {result.wall_s:.2f} s; "
-        f"package bytes sent: {sent}; receipt {result.receipt}",
+        f"package bytes sent: {size(sent)}; receipt {result.receipt}",
         markup=False,
     )
     if result.active:
@@ -80,17 +67,10 @@ def lease_text(entry: dict[str, Any]) -> str:
 
 
 def print_status(console: Console, out: dict[str, Any]) -> None:
-    table = Table(
-        "host",
-        "role",
-        "current",
-        "previous",
-        "service",
-        "pid",
-        "matches manifest",
-        "leases",
-        title=f"pair {out['pair']}",
-    )
+    table = Table(title=f"pair {out['pair']}")
+    for col in ("host", "role", "current", "previous", "service", "pid", "matches manifest", "leases"):
+        # a narrow terminal wraps an id instead of cutting it: the end is what tells two builds apart
+        table.add_column(col, overflow="fold")
     for host, h in out["hosts"].items():
         leases = "; ".join(t for t in map(lease_text, h["leases"]) if t) or "-"
         table.add_row(
@@ -107,7 +87,7 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     r = out.get("route")
     if r:
         console.print(
-            f"route: revision {r['revision']} active {r['active']} previous {r['previous']} "
+            f"route: revision {r['revision']} active {r['active'] or '-'} previous {r['previous'] or '-'} "
             f"(updated {r['updated_at']} by {r['updated_by']})",
             markup=False,
         )
@@ -127,9 +107,10 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     for host, h in out["hosts"].items():
         b = h.get("boot")
         if b and b.get("persistence"):
-            at_boot = "started" if b.get("starts_at_boot") else "not started (stopped deliberately)"
+            at_boot = "starts" if b.get("starts_at_boot") else "does not start (stopped deliberately)"
             console.print(
-                f"boot: {host}: @reboot crontab line installed; {h['service']} {at_boot} at boot", markup=False
+                f"boot: {host}: @reboot crontab line installed; {h['service']} {at_boot} at the next boot",
+                markup=False,
             )
     for host, h in out["hosts"].items():
         rf = h.get("release_files") or {}

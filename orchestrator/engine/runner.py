@@ -106,8 +106,14 @@ def run_steps(
             "; ".join(str(e) if str(e).startswith(f"{h}:") else f"{h}: {e}" for h, e in errors.items()) or None,
         )
         outcomes.append(out)
+        first = (out.error or "").splitlines()[0] if out.error else ""
         progress.event(
-            "step.end", f"step {step.name} {'ok' if out.ok else 'FAILED'} ({out.seconds:.2f} s)", step=step.name
+            "step.end",
+            f"step {step.name:<14} {'ok' if out.ok else 'FAILED':<6} {host_label or '-':<24} {out.seconds:6.2f} s"
+            + (f"  {first}" if first else ""),
+            step=step.name,
+            ok=out.ok,
+            seconds=round(out.seconds, 3),
         )
         if on_step:
             on_step(out)

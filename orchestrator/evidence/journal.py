@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator import interrupt
+from orchestrator import log as logging_setup  # the module: log.py imports evidence.masking
 from orchestrator.errors import EvidenceError, Inconclusive
 from orchestrator.evidence import jsonable
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data, mask_text, may_hold_secret
@@ -221,6 +222,8 @@ class Seal(Protocol):
 
 
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+# Receipt fields that are also log events: a deploy's rollback and the state it left the pair in.
+_LOGGED_FIELDS = {"rollback": "rollback", "final_state": "final state"}
 
 
 class Journal:
@@ -245,6 +248,22 @@ class Journal:
             self.close_unfinished()  # also releases the lock
             path.unlink(missing_ok=True)
             raise
+        self._log("run started", argv=header.get("argv"))
+
+    # -- the JSON log: one info event per step, check, rollback and outcome (audit, alerting) -------
+    def _log(self, event: str, **fields: Any) -> None:
+        """An info event in pairctl's JSON log naming this run (run id, pair, command); the
+        receipt hash comes with the outcome, the one event that has it."""
+        try:
+            logging_setup.audit(
+                event, run_id=self.run_id, pair=self.pair, command=self._state.header.get("command"), **fields
+            )
+        except Exception:  # a log that cannot be written never fails the run (the receipt is the record)
+            pass
+
+    def _log_step(self, name: str, outcome: str, duration_s: float | None, error: str | None, host: str | None) -> None:
+        kind, _, bare = name.partition(":") if name.startswith("check:") else ("step", "", name)
+        self._log(kind, **{kind: bare}, outcome=outcome, host=host, duration_s=duration_s, error=error)
 
     # -- writing -----------------------------------------------------------------------------
     def _emit(self, kind: str, **fields: Any) -> int:
@@ -344,6 +363,10 @@ class Journal:
             self._emit("step_end", **fields, data={})
             if error is None:
                 raise
+        finally:
+            same = fields["outcome"] == outcome
+            err = error if same else str(fields["error"])
+            self._log_step(h.name, outcome if same else "failed", round(time.monotonic() - t0, 6), err, h.host)
 
     def record_step(
         self,
@@ -373,6 +396,7 @@ class Journal:
             finished_at=finished_at,
             duration_s=duration_s,
         )
+        self._log_step(name, outcome, duration_s, mask_text(error) if error else skip_reason, host)
 
     def identity(self, host: str, data: dict[str, Any]) -> None:
         """What was observed on `host` (binary hashes, build_info, argv, route record...)."""
@@ -417,6 +441,8 @@ class Journal:
         if key in RESERVED_FIELDS or key.startswith("_"):
             raise ValueError(f"{key!r} is a reserved receipt field")
         self._emit("set", key=key, value=MASK if is_secret_key(key) and value is not None else value)
+        if key in _LOGGED_FIELDS:  # what a rollback left: an event of its own, for alerting
+            self._log(_LOGGED_FIELDS[key], **{key: value})
 
     def record_derivation(self, derived_from: str, reused_steps: dict[str, Any], fresh_steps: list[str]) -> None:
         """Mark this run as a derived record: steps reused by reference from `derived_from`."""
@@ -457,6 +483,8 @@ class Journal:
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
+            self._log("outcome", outcome=outcome, reason=mask_text(reason), receipt=self.receipt_hash,
+                      signal=signal_name)  # fmt: skip
         return self.receipt_hash
 
     def close_unfinished(self) -> None:

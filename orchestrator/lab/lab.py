@@ -12,12 +12,14 @@ import ipaddress
 import json
 import os
 import signal
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator import progress
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
@@ -117,13 +119,20 @@ class Lab:
     def _up(self, *, source: bool) -> LabStatus:
         # An inventory of local hosts only (a GPU machine) needs no sshd, operator key or known_hosts.
         pub = None
+        t0 = time.monotonic()
+
+        def say(what: str) -> None:  # one line per phase on stderr: a CI log sees `lab up` move
+            progress.event("lab", f"lab up: {what} ({time.monotonic() - t0:.1f} s)")
+
         if self.plans:
             ensure_sshd_installed()
             pub = ensure_ed25519(self.operator_key, "pairctl-operator")
         ensure_lab_models(self.models_dir)
         ensure_real_model(self.models_dir)
+        say(f"models ready in {self.models_dir}")
         if source:
             self._ensure_source()
+            say(f"llama.cpp source ready in {self.source_dir}")
         hosts = [SshdHost(p) for p in self.plans]
         if not hosts:
             return self._status([])
@@ -135,6 +144,7 @@ class Lab:
         for h in hosts:
             st = h.up(pub)
             self.log.info("lab host up", host=st.name, address=st.address, port=st.port, pid=st.pid, started=st.started)
+            say(f"host {st.name} {'started' if st.started else 'already up'} on {st.address}:{st.port}")
             states.append(st)
         return self._status(states)
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orchestrator.build.toolchain import check_toolchain
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import Inventory, api_key_file_problems
 from orchestrator.config.targets import Target
 from orchestrator.errors import BuildError
 from orchestrator.remote.known_hosts import known_hosts_name
@@ -98,6 +98,11 @@ def check_inventory(inv: Inventory) -> list[Finding]:
                 mode = stat.S_IMODE(kp.stat().st_mode)
                 ok = not (mode & 0o077)
                 out.append(Finding(f"key:{name}", ok, f"{kp} mode {mode:o}", "" if ok else f"chmod 600 {kp}"))
+    for pair_name, pair in inv.pairs.items():  # what deploy would refuse, found before a deploy
+        if pair.api_key_file:
+            problems = api_key_file_problems(pair_name, pair.api_key_file)
+            out.append(Finding(f"api_key_file:{pair_name}", not problems, "; ".join(problems) or pair.api_key_file,
+                               "; ".join(p.split("; ", 1)[-1] for p in problems if "; " in p)))  # fmt: skip
     return out
 
 

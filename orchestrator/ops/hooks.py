@@ -4,7 +4,9 @@ Like Capistrano's `failed` hooks or Kamal's hooks, for people (a chat message wh
 unattended run rolls back). A hook is argv, never a shell line; the event is one JSON document
 on its stdin; it is killed after its timeout. What it did (exit status, seconds, the tail of its
 stderr) is recorded where the caller keeps evidence and in `<home>/logs/hooks.jsonl`; a hook
-that fails, hangs or cannot start never changes the outcome of the run that fired it.
+that fails, hangs or cannot start never changes the outcome of the run that fired it, except a
+`pre-deploy` hook (Kamal's pre-deploy): it runs before any host changes, and one that fails,
+hangs or cannot start vetoes the deploy (exit 1, nothing changed), failing closed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from orchestrator.config.inventory import HookEvent, Inventory
+from orchestrator.errors import ExitCode, PairctlError
 from orchestrator.evidence.masking import mask_text
 from orchestrator.paths import Home
 
@@ -38,6 +41,26 @@ def run_hooks(home: Home, inventory: Inventory, doc: dict[str, Any]) -> list[dic
         records.append(_run_one(list(hook.argv), hook.timeout_s, doc))
     if records:
         _log(home, records)
+    return records
+
+
+class HookVetoed(PairctlError):
+    """A pre-deploy hook said no (non-zero exit, timeout, or it could not start): nothing changed."""
+
+    exit_code = ExitCode.FAILURE
+
+
+def check_veto(home: Home, inventory: Inventory, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Run the hooks of a veto event (`pre-deploy`); raise HookVetoed naming the first that failed."""
+    records = run_hooks(home, inventory, doc)
+    for rec in records:
+        if not rec["ok"]:
+            raise HookVetoed(
+                f"pair {doc.get('pair')}: the {doc['event']} hook {rec['argv0']} vetoed the {doc.get('command', 'run')}"
+                f" ({rec['error']}); nothing was changed",
+                hint="the tail of the hook's stderr is above and in logs/hooks.jsonl; fix what it reports, or remove "
+                "the hook from the inventory",
+            )
     return records
 
 

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import interrupt
+from orchestrator import interrupt, progress
 from orchestrator.config.inventory import HookEvent, Inventory
 from orchestrator.engine.context import RunOptions
 from orchestrator.engine.deploy import RunResult
@@ -27,7 +27,7 @@ from orchestrator.errors import ConfigError, ExitCode, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_json
 from orchestrator.ops.fleet import fan_out
-from orchestrator.ops.hooks import event_document, run_hooks
+from orchestrator.ops.hooks import check_veto, event_document, run_hooks
 from orchestrator.ops.revision import PairPackages
 from orchestrator.paths import Home
 
@@ -323,13 +323,18 @@ def _run_waves(
         say(f"wave {i + 1}/{len(result.waves)}: {', '.join(wave)}")
         t_wave = time.monotonic()
         with ThreadPoolExecutor(max_workers=len(wave), thread_name_prefix="rollout") as pool:
-            done = list(pool.map(lambda p: _one(home, inventory, result, runs[p], argv), wave))
+            done = list(pool.map(lambda p: _labelled_one(home, inventory, result, runs[p], argv), wave))
         result.timings["waves_s"].append(round(time.monotonic() - t_wave, 3))
         for r in done:
             say(f"  {r.pair}: {r.outcome}{' (' + r.error.splitlines()[0][:160] + ')' if r.error else ''}")
         failures += sum(1 for r in done if r.outcome in FAILURES)
         if o.canary is not None and o.canary in wave and runs[o.canary].outcome not in (PASSED, SKIPPED):
             stop = f"the canary {o.canary} did not pass ({runs[o.canary].outcome})"
+
+
+def _labelled_one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, argv: list[str]) -> PairRun:
+    with progress.scope(run.pair):  # parallel pairs' progress lines name their pair
+        return _one(home, inventory, result, run, argv)
 
 
 def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, argv: list[str]) -> PairRun:
@@ -339,6 +344,11 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
     try:
         if result.command == "deploy":
             assert run.packages is not None
+            if inventory.hooks:  # Kamal's pre-deploy: a failing hook refuses this pair, nothing changed
+                check_veto(home, inventory, event_document(
+                    "pre-deploy", f"pairctl deploy {run.pair}: starting", command="deploy", pair=run.pair,
+                    rev=result.rev, packages=run.packages, profile=run.profile,
+                ))  # fmt: skip
             res = deploy_pair(
                 home,
                 inventory,
@@ -366,7 +376,12 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
         run.exit_code, run.outcome = int(ExitCode.FAILURE), REFUSED
         run.error = f"internal error: {type(exc).__name__}: {exc}"
     run.wall_s = time.monotonic() - t0
-    event = _EVENT_OF.get(run.outcome) if result.command == "deploy" or run.outcome == ROLLBACK_FAILED else None
+    if result.command == "deploy":
+        event = _EVENT_OF.get(run.outcome)
+    else:  # a rollback: passed, or failed whatever stopped it (refused, leased, its own rollback failed)
+        event = (
+            None if run.outcome == NOT_STARTED else "rollback.passed" if run.outcome == PASSED else "rollback.failed"
+        )
     if event is not None:
         text = f"pairctl {result.command} {run.pair}: {run.outcome}" + (
             f" ({run.error.splitlines()[0][:200]})" if run.error else ""

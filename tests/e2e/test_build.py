@@ -220,4 +220,6 @@ def test_packages_list_and_show(lab_packages: Package, cli) -> None:  # type: ig
     assert listed.exit_code == 0 and lab_packages.id in [p["id"] for p in json.loads(listed.stdout)]
     shown = cli("--json", "packages", "show", lab_packages.id)
     assert shown.exit_code == 0 and json.loads(shown.stdout)["content_digest"] == lab_packages.manifest.content_digest
-    assert cli("packages", "show", "no-such-package").exit_code == 6
+    assert (
+        cli("packages", "show", "no-such-package").exit_code == 2
+    )  # an ID naming no package: a usage error (issue 34)

@@ -318,7 +318,9 @@ def test_list_filters_and_show(cli, store):
     assert show.exit_code == 0 and "activate" in show.stdout and "samples   activate: 1" in show.stdout
     full = json.loads(cli("receipts", "show", rows[0]["hash"], "--evidence", str(store.root), "--json").stdout)
     assert full["hash"] == rows[0]["hash"] and full["steps"][0]["name"] == "activate"
-    assert cli("receipts", "show", "ffff", "--evidence", str(store.root)).exit_code == ExitCode.EVIDENCE
+    assert (
+        cli("receipts", "show", "ffff", "--evidence", str(store.root)).exit_code == ExitCode.USAGE
+    )  # names no receipt: a usage error (issue 34)
     assert cli("receipts", "list", "--evidence", str(store.root), "--since", "soon").exit_code == ExitCode.USAGE
 
 

@@ -259,3 +259,24 @@ def test_another_operator_frees_a_dead_runs_lease_by_its_heartbeat(lab, inv, tmp
         assert out["run"]["state"] == "stale" and "exceed its 600 s bound" in out["run"]["why"]
         assert [s["state"] for s in out["after"]] == ["free", "free"] and out["receipt"]
         assert all(b["heartbeat_age_s"] >= 3600 for b in out["released"])
+
+
+def test_cli_lease_names_its_target_with_pair_or_host_like_every_command(lab, inv, tmp_path, cli) -> None:
+    """Issue 34: `lease take|show|release --pair P` / `--host H` (the positional form still works)."""
+    path = write_inventory(inv, tmp_path / "inv.yaml")
+    r = cli("--json", "lease", "take", "--pair", "lab", "--purpose", "flags", "--ttl", "10m", inventory=str(path))
+    assert r.exit_code == 0, r.output
+    nonce = json.loads(r.stdout)["nonce"]
+    try:
+        shown = json.loads(cli("--json", "lease", "show", "--pair", "lab", inventory=str(path)).stdout)
+        assert [(s["host"], s["state"]) for s in shown] == [("lab-native", "held"), ("lab-rpc", "held")]
+        one = json.loads(cli("--json", "lease", "show", "--host", "lab-rpc", inventory=str(path)).stdout)
+        assert [s["host"] for s in one] == ["lab-rpc"]
+        positional = json.loads(cli("--json", "lease", "show", "lab", inventory=str(path)).stdout)
+        assert [(s["host"], s["lease"]) for s in positional] == [(s["host"], s["lease"]) for s in shown]
+        for bad in (["--pair", "lab-rpc"], ["--host", "lab"], ["--pair", "lab", "--host", "lab-rpc"], []):
+            code = cli("lease", "show", *bad, inventory=str(path)).exit_code
+            assert code in (2, 3), (bad, code)  # a usage error, or a name the inventory does not define
+    finally:
+        r = cli("--json", "lease", "release", "--pair", "lab", "--nonce", nonce, inventory=str(path))
+    assert r.exit_code == 0 and [s["state"] for s in json.loads(r.stdout)["after"]] == ["free", "free"], r.output

@@ -100,7 +100,18 @@ def test_inventory_after_the_subcommand_is_used(tmp_path):
 def test_checks_is_the_one_name_and_only_still_parses():
     for argv in (["deploy", "--help"], ["accept", "--help"], ["schedule", "install", "--help"]):
         assert "--checks" in run(*argv)[1], argv
-    assert "--only" not in run("accept", "--help")[1]  # a hidden alias
+    # issue 34: an option that works is in --help (an operator reads --help, not the source)
+    assert "--only" in run("accept", "--help")[1] and "same as --checks" in run("accept", "--help")[1]
+
+
+def test_an_unknown_check_is_a_usage_error(tmp_path):
+    for argv in (["accept", "--pair", "lab", "--checks", "bogus"], ["accept", "--pair", "lab", "--only", "x,identity"],
+                 ["deploy", "--pair", "lab", "--native", "a", "--rpc", "b", "--checks", "bogus"]):  # fmt: skip
+        code, out, err = run("--home", str(tmp_path), *argv)
+        assert code == 2, (argv, code, err)
+        assert "unknown check(s)" in err and "identity" in err, err
+        code, out, err = run("--home", str(tmp_path), "--json", *argv)
+        assert code == 2 and json.loads(out)["error"]["exit_code"] == 2
 
 
 # --- --packages cannot swallow an option --------------------------------------------------
@@ -155,11 +166,13 @@ def test_json_success_is_one_document_that_matches_its_schema(tmp_path):
 @pytest.mark.parametrize(
     "argv,exit_code,kind",
     [
-        (["packages", "show", "nope"], 6, "PackageError"),
+        (["packages", "show", "nope"], 2, "BadParameter"),  # an argument naming nothing: a usage error
         (["deploy", "--pair", "lab", "--no-such-option"], 2, "NoSuchOption"),
         (["no-such-command"], 2, "UsageError"),
         (["lab", "status", "-i", "no-such-inventory"], 3, "ConfigError"),
-        (["receipts", "show", "0000dead"], 10, "EvidenceError"),
+        (["receipts", "show", "0000dead"], 2, "BadParameter"),  # 10 is for receipts that do not verify
+        (["packages", "verify", "nope"], 2, "BadParameter"),
+        (["qualify", "report", "--receipt", "0000dead"], 2, "BadParameter"),
     ],
 )
 def test_json_failure_is_one_document_with_an_error_object(tmp_path, argv, exit_code, kind):

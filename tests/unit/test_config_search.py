@@ -123,8 +123,13 @@ def test_profile_model_roles_are_cross_checked(cli, clean_env):
     assert r.exit_code == 3 and "uses model role 'draft_perturbed'" in r.stdout
 
 
-def test_init_scaffold_passes_check_and_show_names_it(cli, clean_env):
+def test_init_scaffold_passes_check_and_show_names_it(cli, clean_env, monkeypatch):
     repo = clean_env / "ops"
+    monkeypatch.setenv("HOME", str(clean_env / "user"))
+    key = clean_env / "user" / ".config" / "pairctl" / "prod.key"  # the template's api_key_file, as written
+    key.parent.mkdir(parents=True)
+    key.write_text("k3y\n")
+    key.chmod(0o600)
     r = cli("init", str(repo))
     assert r.exit_code == 0, r.output
     for rel in ("README.md", "inventories/site.yaml", "profiles/production.yaml", "fixtures/site.yaml"):

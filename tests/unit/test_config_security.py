@@ -344,6 +344,7 @@ def test_config_check_inventory_judges_each_pairs_profile(tmp_path):
     assert res[0][1] and "--agent is refused" in res[0][1]
     key = tmp_path / "key"
     key.write_text("k3y\n")
+    key.chmod(0o600)  # as an operator keeps it (config check names a 0644 key file)
     inv["pairs"]["lab"].update(api_key_file=str(key), allow_flags={"--agent": "agent test bench"})
     res = check_all([write(tmp_path, "inv.yaml", inv)], kind="inventory", variables={})
     assert res[0][1] is None, res
