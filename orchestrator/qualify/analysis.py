@@ -241,10 +241,9 @@ def analyze(
         pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
         cells.append(_cell(fam, plan.pairs, pairs, fam_ratio, [fam], valid, fixtures_of, boot, floors.get(fam)))
     combined_pairs = [p for p in range(plan.pairs) if all(pair_ok(p, f) for f in plan.families)]
+    comb_floor = floors.get(COMBINED)
     cells.append(
-        _cell(
-            COMBINED, plan.pairs, combined_pairs, fam_ratio, plan.families, valid, fixtures_of, boot, floors.get(COMBINED)
-        )
+        _cell(COMBINED, plan.pairs, combined_pairs, fam_ratio, plan.families, valid, fixtures_of, boot, comb_floor)
     )
     by_family = {c.family: c for c in cells}
 

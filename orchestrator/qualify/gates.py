@@ -127,7 +127,8 @@ def under_drift(v: GateVerdict, why: str) -> GateVerdict:
     )
     if decisive:
         return replace(v, drift=f"{why}; kept: the whole interval is on the failing side")
-    return replace(v, verdict="inconclusive", reason=f"drift: {why} (the numbers said {v.verdict}: {v.reason})", drift=why)
+    reason = f"drift: {why} (the numbers said {v.verdict}: {v.reason})"
+    return replace(v, verdict="inconclusive", reason=reason, drift=why)
 
 
 def overall(verdicts: list[GateVerdict]) -> Verdict:
