@@ -399,12 +399,13 @@ def noise_lines(result: QualifyResult) -> list[str]:
             "- Noise floor: no calibration (the plan needs none); the gates' power is unknown",
             floor_line(result),
         ]
-    out = [floor_line(result),
+    out = [
+        floor_line(result),
         f"- Noise floor (A/A calibration `{str(n.get('receipt'))[:16]}`, {n.get('pairs')} pairs): "
         + ", ".join(
             f"{fam} sd {100 * v['sigma']:.2f}% (planned on {100 * v['sigma_upper']:.2f}%)"
             for fam, v in (n.get("families") or {}).items()
-        )
+        ),
     ]
     for g in n.get("gates") or []:
         need = g["needed_pairs"] if g["needed_pairs"] is not None else f"more than {g['max_pairs']}"
