@@ -216,3 +216,52 @@ def run() -> dict[str, Any]:
         _append({**_row("slowed", code, o, err, time.monotonic() - t0), "sized": why, "load": load})
     _append({"kind": "load", "record": wave.record(), "at": _now()})
     return summary()
+
+
+def _p(x: float | None, signed: bool = True) -> str:
+    return "n/a" if x is None else (f"{100 * x:+.1f}%" if signed else f"{100 * x:.1f}%")
+
+
+def _gate_text(g: dict[str, Any]) -> str:
+    return (
+        f"{g['kind']}[{g['family']}] {g['verdict']} ({_p(g['gain'])} [{_p(g['low'])}, {_p(g['high'])}], "
+        f"spread {g.get('spread')}: own {_p(g.get('sd_own'), False)}, calibrated {_p(g.get('sd_calibrated'), False)})"
+    )
+
+
+def markdown() -> str:
+    """The lab section of docs/qualify-calibration.md, rendered from the lines (nothing typed by hand)."""
+    every = [json.loads(x) for x in LINES.read_text().splitlines() if x.strip()] if LINES.exists() else []
+    out = []
+    for r in every:
+        if r["kind"] == "calibration":
+            cal = r.get("calibration") or {}
+            fams = cal.get("families") or {}
+            need = {f"{g['kind']}[{g['family']}]": g["needed_pairs"] for g in cal.get("gates") or []}
+            sched = (r.get("load") or {}).get("schedule") or {}
+            sds = ", ".join(
+                f"{f} {_p(v['sigma'], False)} (upper {_p(v['sigma_upper'], False)})" for f, v in fams.items()
+            )
+            out.append(
+                f"- calibration `{str(r['receipt'])[:16]}` at {r['at']} (exit {r['exit']}, load average "
+                f"{r['load_average'][0]:.1f}; injected: {sched.get('workers')} worker(s), {sched.get('on_s')} s on / "
+                f"{sched.get('off_s')} s off): sd {sds}; pairs needed {need}"
+            )
+        elif r["kind"] == "too_noisy":
+            out.append(
+                f"- {r['at']}: no A/A runs, the calibrated noise needs more than {MAX_PAIRS} pairs: {r['reason']}"
+            )
+        elif r["kind"] in ("aa", "slowed"):
+            gates = "; ".join(_gate_text(g) for g in r["gates"])
+            drift = "; drift: " + "; ".join(r["drift"]["reasons"] or []) if r["drift"].get("flagged") else ""
+            out.append(
+                f"- {'A/A' if r['kind'] == 'aa' else 'slowed candidate'} `{str(r['receipt'])[:16]}` at {r['at']} "
+                f"(exit {r['exit']}, {r.get('sized')}, order seed {r.get('order_seed')}, load average "
+                f"{r['load_average'][0]:.1f}): {gates}{drift}"
+            )
+    out += ["", f"Summary: {summary()['line']}."]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(markdown())
