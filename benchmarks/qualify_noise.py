@@ -165,7 +165,11 @@ def summary() -> dict[str, Any]:
         f"qualify under load: {out['runs']} A/A runs, {out['intervals_excluding_zero']}/{out['family_intervals']} "
         f"family intervals exclude 0, gain gate passed {out['gain_gate_passes']}/{out['gain_gates']}, "
         f"drift {out['drift_flagged']}, spread decided {out['spread_decided']}, slowed candidate "
-        f"{'fails' if out['slowed_fail_non_regression'] else 'DOES NOT fail'} non-regression"
+        + (
+            "not run"
+            if not out["slowed"]
+            else f"{'fails' if out['slowed_fail_non_regression'] else 'DOES NOT fail'} non-regression"
+        )
     )
     return out
 
