@@ -80,7 +80,7 @@ def _setup(home: Path) -> str:
     ensure_source(h)
     pkg = build_package(home, BASELINE_TAG).id
     code, out, err = _pairctl(home, "status", "--pair", PAIR)
-    active = (out or {}).get("route", {}).get("active_packages") if out else None
+    active = ((out or {}).get("route") or {}).get("active_packages")  # no route record yet: None
     if active != [pkg, pkg]:
         code, out, err = _pairctl(
             home, "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", "lab", "--skip-accept"

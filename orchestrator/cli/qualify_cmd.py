@@ -34,7 +34,8 @@ app = typer.Typer(
     "where the plan needs one; 5 the pair "
     "stayed leased; 6 a package is missing; 8 the pair was not restored (the samples are kept: "
     "`receipts derive` then `qualify report`); 9 inconclusive (missing pairs, or refused before the first sample: "
-    "a gate cannot reach its declared power at the calibrated noise).",
+    "a gate cannot reach its declared power at the calibrated noise; or the run drifted: its baseline moved, or "
+    "its noise left the calibration's, and no gate failed beyond doubt).",
     invoke_without_command=True,
     no_args_is_help=False,
 )
@@ -212,6 +213,7 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
         "threshold",
         "gain",
         f"{result.deciding_method} interval (decides)",
+        "spread (own / calibrated sd)",
         "bootstrap",
         "pairs",
         "verdict",
@@ -219,17 +221,21 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
         t.add_column(col)
     for g in result.gates:
         pct = lambda x: "n/a" if x is None else f"{100 * x:+.2f}%"  # noqa: E731
+        sd = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
         t.add_row(
             g.kind,
             g.family,
             pct(g.threshold),
             pct(g.gain),
             f"{pct(g.low)} .. {pct(g.high)}",
+            f"{g.spread or 'n/a'} ({sd(g.sd_own)} / {sd(g.sd_calibrated)})",
             f"{pct(g.bootstrap_low)} .. {pct(g.bootstrap_high)}",
             f"{g.valid_pairs}/{g.planned_pairs}",
             g.verdict,
         )
     c.console.print(t)
+    if result.drift and result.drift.get("flagged"):
+        c.console.print("drift (the run ends inconclusive): " + "; ".join(result.drift["reasons"]))
     c.console.print(f"receipt: {receipt}")
     if report_dir:
         c.console.print(f"report: {report_dir / 'report.md'}")

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from orchestrator.qualify.gates import GateVerdict, decide, overall
+from orchestrator.qualify import drift as drift_checks
+from orchestrator.qualify.gates import GateVerdict, decide, overall, under_drift
 from orchestrator.qualify.plan import ALL, COMBINED, QualifyPlan
 from orchestrator.qualify.stats import (
     DECIDING_METHOD,
@@ -125,6 +126,9 @@ class QualifyResult:
     arms: list[dict[str, Any]] = field(default_factory=list)  # per pair/arm/fixture: repeats, median, dispersion
     deciding_method: str = DECIDING_METHOD
     noise: dict[str, Any] | None = None  # the calibration the run was judged by (set by the runner)
+    rules: dict[str, Any] | None = None  # the decision rules recorded before the first sample (None: legacy)
+    drift: dict[str, Any] | None = None  # trend of the baseline arms, own vs calibrated spread, verdict
+    order: dict[str, Any] | None = None  # arm order, its seed, and the position effect per family
 
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
@@ -154,7 +158,31 @@ class QualifyResult:
             "arms": self.arms,
             "deciding_method": self.deciding_method,
             "noise": self.noise,
+            "rules": self.rules,
+            "drift": self.drift,
+            "order": self.order,
         }
+
+
+RULES_VERSION = 31
+
+
+def rules_for(plan: QualifyPlan, noise: dict[str, Any] | None, order_seed: int | None) -> dict[str, Any]:
+    """What decides this run, recorded in the receipt before the first sample (`qualify_rules`):
+    the spread floor (the calibration's sigma_upper, none by the plan's choice, or none because
+    there is no calibration), the drift bounds, and the arm order with its seed. A receipt
+    without it (older) is re-analysed as it was decided: own spread, no drift verdict."""
+    if noise is None:
+        floor = None
+    else:
+        floor = plan.calibration.floor if plan.calibration is not None else "none"
+    return {
+        "version": RULES_VERSION,
+        "floor": floor,
+        "drift": plan.drift.model_dump(mode="json"),
+        "order": plan.order if isinstance(plan.order, str) else "explicit",
+        "order_seed": order_seed,
+    }
 
 
 def analyze(
@@ -163,8 +191,10 @@ def analyze(
     *,
     plan_sha256: str | None = None,
     noise: dict[str, Any] | None = None,
+    rules: dict[str, Any] | None = None,
 ) -> QualifyResult:
     samples = list(samples)
+    floors = _floors(noise, rules)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
     invalid: list[dict[str, Any]] = []
     reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
@@ -209,9 +239,12 @@ def analyze(
     cells: list[Cell] = []
     for fam in plan.families:
         pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
-        cells.append(_cell(fam, plan.pairs, pairs, fam_ratio, [fam], valid, fixtures_of, boot))
+        cells.append(_cell(fam, plan.pairs, pairs, fam_ratio, [fam], valid, fixtures_of, boot, floors.get(fam)))
     combined_pairs = [p for p in range(plan.pairs) if all(pair_ok(p, f) for f in plan.families)]
-    cells.append(_cell(COMBINED, plan.pairs, combined_pairs, fam_ratio, plan.families, valid, fixtures_of, boot))
+    comb_floor = floors.get(COMBINED)
+    cells.append(
+        _cell(COMBINED, plan.pairs, combined_pairs, fam_ratio, plan.families, valid, fixtures_of, boot, comb_floor)
+    )
     by_family = {c.family: c for c in cells}
 
     gates: list[GateVerdict] = []
@@ -221,6 +254,10 @@ def analyze(
             gates.append(
                 decide(g.kind, fam, g.threshold, c.tg, valid_pairs=len(c.valid_pairs), planned_pairs=plan.pairs)
             )
+
+    drift, order = _drift_and_order(plan, valid, cells, noise, rules)
+    if drift["flagged"]:
+        gates = [under_drift(g, "; ".join(drift["reasons"])) for g in gates]
 
     flags: list[FlagResult] = []
     metric_attr = {"client_wall": "wall_ratio", "ttft": "ttft_ratio", "prompt": "pp_ratio"}
@@ -248,7 +285,92 @@ def analyze(
         plan_sha256=plan_sha256,
         arms=arms,
         noise=noise,
+        rules=rules,
+        drift=drift,
+        order=order,
     )
+
+
+def _floors(noise: dict[str, Any] | None, rules: dict[str, Any] | None) -> dict[str, float]:
+    """Per cell, the calibrated sd below which the deciding interval may not go (none when the
+    rules recorded no floor: no calibration, the plan's `floor: none`, or a legacy receipt)."""
+    if not rules or rules.get("floor") != "sigma_upper" or not noise:
+        return {}
+    return {
+        fam: float(v["sigma_upper"])
+        for fam, v in (noise.get("families") or {}).items()
+        if isinstance(v, dict) and isinstance(v.get("sigma_upper"), (int, float))
+    }
+
+
+def _drift_and_order(
+    plan: QualifyPlan,
+    valid: dict[ArmKey, dict[str, Any]],
+    cells: list[Cell],
+    noise: dict[str, Any] | None,
+    rules: dict[str, Any] | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The drift checks (deciding only under recorded rules) and the position effect per cell."""
+    cfg = plan.drift
+    fixtures = [f.name for f in plan.fixtures]
+    points = []
+    for p in range(plan.pairs):
+        arms = [valid.get((p, "baseline", fx)) for fx in fixtures]
+        if all(a is not None and isinstance(a.get("seq"), int) for a in arms):
+            logs = [math.log(a["predicted_per_second"]) for a in arms if a is not None]
+            points.append((float(arms[0]["seq"]), sum(logs) / len(logs)))  # type: ignore[index]
+    tr = drift_checks.trend(
+        [x for x, _ in points], [y for _, y in points], confidence=cfg.confidence, max_trend=cfg.max_trend
+    )
+    cal = (noise or {}).get("families") or {}
+    spreads = {}
+    for c in cells:
+        own = c.tg.interval.sd_own if c.tg and c.tg.interval else None
+        upper = cal.get(c.family, {}).get("sigma_upper") if isinstance(cal.get(c.family), dict) else None
+        spreads[c.family] = drift_checks.spread(own, upper, max_ratio=cfg.max_spread_ratio)
+    reasons = []
+    if tr["drift"]:
+        reasons.append(
+            f"baseline TG moved {100 * tr['change']:+.1f}% over the run "
+            f"(slope interval excludes 0; bound {100 * cfg.max_trend:.0f}%)"
+        )
+    for fam, sp in spreads.items():
+        if sp["drift"]:
+            reasons.append(
+                f"{fam}: own sd {100 * sp['own_sd']:.1f}% is {sp['ratio']:.1f}x the calibrated "
+                f"{100 * sp['calibrated_sd_upper']:.1f}% (bound {cfg.max_spread_ratio}x)"
+            )
+    deciding = bool(rules)
+    drift = {
+        "trend": tr,
+        "spread": spreads,
+        "reasons": reasons,
+        "deciding": deciding,
+        "flagged": deciding and bool(reasons),
+        "calibrated": bool(cal),
+    }
+    position = {}
+    for c in cells:
+        if c.tg is None:
+            continue
+        second = []
+        for p in c.valid_pairs:
+            b = valid[(p, "baseline", fixtures_of_cell(plan, c.family)[0])].get("seq")
+            k = valid[(p, "candidate", fixtures_of_cell(plan, c.family)[0])].get("seq")
+            second.append(isinstance(b, int) and isinstance(k, int) and k > b)
+        position[c.family] = drift_checks.position_effect(
+            [math.log(r) for r in c.tg.ratios], second, confidence=plan.confidence
+        )
+    order = {
+        "order": (rules or {}).get("order") or (plan.order if isinstance(plan.order, str) else "explicit"),
+        "order_seed": (rules or {}).get("order_seed"),
+        "position": position,
+    }
+    return drift, order
+
+
+def fixtures_of_cell(plan: QualifyPlan, family: str) -> list[str]:
+    return [f.name for f in plan.fixtures if family == COMBINED or f.family == family]
 
 
 _CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
@@ -353,7 +475,7 @@ def _arm_value(
     row["valid"] = True
 
 
-def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) -> Cell:
+def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot, floor=None) -> Cell:
     def per_pair(key: str, invert: bool = False) -> list[float]:
         if fam == COMBINED:
             return (
@@ -363,7 +485,7 @@ def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot) ->
             )
         return [fam_ratio(p, fam, key, invert) for p in pairs]
 
-    tg = estimate_gain(per_pair("predicted_per_second"), **boot) if pairs else None
+    tg = estimate_gain(per_pair("predicted_per_second"), **boot, floor_sd=floor) if pairs else None
     pp = geomean(per_pair("prompt_per_second")) if pairs else None
     wall = geomean(per_pair("wall_s", invert=True)) if pairs else None
     ttft = geomean(per_pair("ttft_s", invert=True)) if pairs else None

@@ -70,6 +70,7 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
     noise (None: more than MAX_PAIRS, or the family's noise was not measured), and whether the
     plan's pair count reaches that."""
     fams = calibration.get("families") or {}
+    floored = plan.calibration is not None and plan.calibration.floor == "sigma_upper"
     out = []
     for g in plan.gates:
         for fam in plan.families if g.family == ALL else [g.family]:
@@ -79,7 +80,13 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
                 None
                 if n is None
                 else required_pairs(
-                    g.kind, g.threshold, g.design_gain, n["sigma_upper"], power, confidence=plan.confidence
+                    g.kind,
+                    g.threshold,
+                    g.design_gain,
+                    n["sigma_upper"],
+                    power,
+                    confidence=plan.confidence,
+                    floor=n["sigma_upper"] if floored else None,
                 )
             )
             out.append(
@@ -96,6 +103,11 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
                     "plan_pairs": plan.pairs,
                     "resolvable": need is not None and need <= plan.pairs,
                     "half_width_at_plan": None if n is None else resolution(n["sigma"], plan.pairs, plan.confidence),
+                    # the narrowest deciding half-width a run may have (its sd floored at sigma_upper)
+                    "floor": "sigma_upper" if floored else "none",
+                    "min_half_width_at_plan": (
+                        None if n is None or not floored else resolution(n["sigma_upper"], plan.pairs, plan.confidence)
+                    ),
                 }
             )
     return out

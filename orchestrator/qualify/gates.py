@@ -8,7 +8,7 @@ in the verdict for comparison (the field report's method), never used to decide.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from orchestrator.qualify.stats import DECIDING_METHOD, GainEstimate, Interval, above, at_least
@@ -31,6 +31,21 @@ class GateVerdict:
     method: str = DECIDING_METHOD
     bootstrap_low: float | None = None
     bootstrap_high: float | None = None
+    # Which sd made the deciding interval: "own" (the run's), "calibrated" (the A/A calibration's
+    # upper bound, larger than the run's own), or "own (no calibration)"; both figures beside it.
+    spread: str | None = None
+    sd_own: float | None = None
+    sd_calibrated: float | None = None
+    drift: str | None = None  # set when drift overrode (or left) this verdict: why
+
+
+def spread_text(iv: Interval) -> str:
+    """One phrase naming the sd that decided, with both figures."""
+    own = f"own sd {100 * (iv.sd_own or 0.0):.2f}%"
+    if iv.sd_floor is None:
+        return f"{own} (no calibrated floor)"
+    cal = f"calibrated sd {100 * iv.sd_floor:.2f}%"
+    return f"{cal} decided ({own})" if iv.spread == "calibrated" else f"{own} decided ({cal})"
 
 
 def decide_gain(est: GainEstimate, threshold: float) -> tuple[Verdict, str]:
@@ -69,6 +84,8 @@ def decide(
     boot = est.bootstrap if est else None
 
     def verdict(v: Verdict, reason: str) -> GateVerdict:
+        if iv is not None and iv.spread is not None and v != "inconclusive":
+            reason = f"{reason}; {spread_text(iv)}"
         return GateVerdict(
             kind,
             family,
@@ -82,6 +99,9 @@ def decide(
             planned_pairs=planned_pairs,
             bootstrap_low=boot.low if boot else None,
             bootstrap_high=boot.high if boot else None,
+            spread=None if iv is None else (iv.spread if iv.sd_floor is not None else "own (no calibration)"),
+            sd_own=iv.sd_own if iv else None,
+            sd_calibrated=iv.sd_floor if iv else None,
         )
 
     if est is None or iv is None or valid_pairs < planned_pairs:
@@ -91,6 +111,24 @@ def decide(
         return verdict("inconclusive", why)
     fn = {"gain": decide_gain, "non_regression": decide_non_regression}[kind]
     return verdict(*fn(est, threshold))
+
+
+def under_drift(v: GateVerdict, why: str) -> GateVerdict:
+    """A run that drifted is not the run the plan was sized for: a pass becomes inconclusive, and
+    so does a fail unless its whole deciding interval is on the failing side (a non-regression
+    interval entirely below the floor, a gain interval entirely below 0): such a candidate is
+    slower than the gate allows even at the widened noise, and no drift makes it qualify."""
+    if v.verdict == "inconclusive":
+        return replace(v, drift=why)
+    decisive = (
+        v.verdict == "fail"
+        and v.high is not None
+        and ((v.kind == "non_regression" and v.high < v.threshold) or (v.kind == "gain" and v.high < 0))
+    )
+    if decisive:
+        return replace(v, drift=f"{why}; kept: the whole interval is on the failing side")
+    reason = f"drift: {why} (the numbers said {v.verdict}: {v.reason})"
+    return replace(v, verdict="inconclusive", reason=reason, drift=why)
 
 
 def overall(verdicts: list[GateVerdict]) -> Verdict:

@@ -11,6 +11,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import yaml
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -114,6 +115,24 @@ class Calibration(StrictModel):
     upper_confidence: float = Field(
         default=0.8, gt=0.5, lt=1, description="pairs are planned on this upper bound of the noise"
     )
+    floor: Literal["sigma_upper", "none"] = Field(
+        default="sigma_upper",
+        description="sigma_upper: a run's deciding interval uses the larger of its own sd and the calibration's "
+        "upper bound (never narrower than the measured noise allows); none: the run's own sd only",
+    )
+
+
+class Drift(StrictModel):
+    """When a run's noise is not the noise it was planned for, its verdict is not trusted (exit 9).
+
+    trend: the baseline arms' log TG regressed on their position in the run; drift when the
+    slope's interval (at `confidence`) excludes zero AND the fitted change over the run exceeds
+    `max_trend`. spread: a family's own sd of the per-pair log ratio above `max_spread_ratio`
+    times the calibration's upper bound (needs a calibration)."""
+
+    max_trend: float = Field(default=0.10, gt=0, le=5, description="fitted baseline change over the run (0.10 = 10%)")
+    max_spread_ratio: float = Field(default=2.0, gt=1, le=100, description="own sd / calibrated sigma_upper")
+    confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of the trend's slope interval")
 
 
 class Flag(StrictModel):
@@ -154,10 +173,18 @@ class QualifyPlan(StrictModel):
     )
     power: float = Field(default=0.8, gt=0, lt=1, description="default pass probability of a gate at its power_at")
     calibration: Calibration | None = Field(default=None, description="A/A calibration; absent = none needed")
-    order: Literal["alternating"] | list[Arm] = Field(
+    order: Literal["alternating", "random"] | list[Arm] = Field(
         default="alternating",
-        description="'alternating' = B C C B B C ... (each pair reverses the previous), or an explicit list of arms",
+        description="'alternating' = B C C B B C ... (each pair reverses the previous); 'random' = each pair's "
+        "order drawn from `order_seed`, half of the pairs each way (a periodic load cannot line up with an "
+        "arm); or an explicit list of arms",
     )
+    order_seed: int | None = Field(
+        default=None,
+        ge=0,
+        description="seed of a 'random' order; absent: drawn by the run and recorded in its receipt",
+    )
+    drift: Drift = Field(default_factory=Drift)
     warmup: Warmup = Field(default_factory=Warmup)
     active_slots: Literal[1] = Field(default=1, description="measured requests run one at a time")
     temperature: float = Field(default=0.0, ge=0)
@@ -217,13 +244,24 @@ class QualifyPlan(StrictModel):
                 out.append(f.family)
         return out
 
-    def arm_order(self) -> list[tuple[int, Arm]]:
-        """(pair index, arm) in run order. Alternating: B C, C B, B C, ... so drift cancels."""
+    def arm_order(self, seed: int | None = None) -> list[tuple[int, Arm]]:
+        """(pair index, arm) in run order. Alternating: B C, C B, B C, ... so a linear drift
+        cancels. Random: a seeded shuffle of floor(n/2) B-first and ceil(n/2) C-first pairs
+        (counterbalanced as alternating is, but no fixed period for a periodic load to match);
+        `seed` defaults to the plan's `order_seed` and a random order needs one."""
         if isinstance(self.order, list):
             return [(i // 2, a) for i, a in enumerate(self.order)]
+        if self.order == "random":
+            seed = self.order_seed if seed is None else seed
+            if seed is None:
+                raise ValueError("a random arm order needs a seed (the plan's order_seed or the run's)")
+            firsts = np.array([i % 2 == 1 for i in range(self.pairs)])  # True: candidate first
+            np.random.default_rng(seed).shuffle(firsts)
+        else:
+            firsts = np.array([i % 2 == 1 for i in range(self.pairs)])
         out: list[tuple[int, Arm]] = []
         for i in range(self.pairs):
-            arms: tuple[Arm, Arm] = ("baseline", "candidate") if i % 2 == 0 else ("candidate", "baseline")
+            arms: tuple[Arm, Arm] = ("candidate", "baseline") if firsts[i] else ("baseline", "candidate")
             out += [(i, arms[0]), (i, arms[1])]
         return out
 
@@ -240,7 +278,7 @@ class QualifyPlan(StrictModel):
                 "temperature": self.temperature,
                 "seed": self.seed,
                 "active_slots": self.active_slots,
-                "order": "alternating" if self.order == "alternating" else "explicit",
+                "order": self.order if isinstance(self.order, str) else "explicit",
             }
         )
 

@@ -79,9 +79,11 @@ def pass_probability(
     confidence: float = 0.95,
     draws: int = POWER_DRAWS,
     seed: int = POWER_SEED,
+    floor: float | None = None,
 ) -> float:
-    """P(the gate passes) for n pairs whose log ratios are N(log(1 + true_gain), sigma^2)."""
-    return float(_passes(kind, threshold, true_gain, sigma, n, confidence, _draws(n, draws, seed)).mean())
+    """P(the gate passes) for n pairs whose log ratios are N(log(1 + true_gain), sigma^2), decided
+    with the interval's sd floored at `floor` (the calibrated noise, as `stats.t_interval`)."""
+    return float(_passes(kind, threshold, true_gain, sigma, n, confidence, _draws(n, draws, seed), floor).mean())
 
 
 def required_pairs(
@@ -93,12 +95,14 @@ def required_pairs(
     *,
     confidence: float = 0.95,
     max_pairs: int = MAX_PAIRS,
+    floor: float | None = None,
 ) -> int | None:
     """The fewest pairs (>= 2) at which the gate passes with probability >= `power` when the
-    true gain is `power_at`; None when even `max_pairs` are not enough."""
+    true gain is `power_at`; None when even `max_pairs` are not enough. `floor`: the sd floor
+    the deciding interval will use (the calibrated noise), so the pairs match the rule that runs."""
 
     def ok(n: int) -> bool:
-        return pass_probability(kind, threshold, power_at, sigma, n, confidence=confidence) >= power
+        return pass_probability(kind, threshold, power_at, sigma, n, confidence=confidence, floor=floor) >= power
 
     if ok(2):
         return 2
@@ -133,14 +137,17 @@ def _passes(
     n: int,
     confidence: float,
     draws: tuple[np.ndarray, np.ndarray],
+    floor: float | None = None,
 ) -> np.ndarray:
     if n < 2:
         return np.zeros(draws[0].size, dtype=bool)
     z, chi2 = draws
     mean = math.log1p(true_gain) + sigma / math.sqrt(n) * z
     sd = sigma * np.sqrt(chi2 / (n - 1))
+    if floor is not None:
+        sd = np.maximum(sd, floor)
     low = mean - t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
-    floor = math.log1p(threshold)
+    line = math.log1p(threshold)
     if kind == "gain":
-        return (mean >= floor) & (low > 0)
-    return low >= floor
+        return (mean >= line) & (low > 0)
+    return low >= line

@@ -42,6 +42,7 @@ class QualifyRecord:
     checks: list[str] = field(default_factory=list)  # what was verified about the record itself
     noise: dict[str, Any] | None = None  # the calibration the run was judged by (`qualify_noise`)
     calibration: dict[str, Any] | None = None  # set when the record IS a calibration (A/A run)
+    rules: dict[str, Any] | None = None  # `qualify_rules`: floor, drift bounds, order seed (None: older receipt)
 
 
 def _origin(store: EvidenceStore, r: Receipt) -> Receipt:
@@ -104,11 +105,12 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
         checks=checks,
         noise=extra.get("qualify_noise"),
         calibration=extra.get("calibration") if isinstance(extra.get("calibration"), dict) else None,
+        rules=extra.get("qualify_rules") if isinstance(extra.get("qualify_rules"), dict) else None,
     )
 
 
 def result_of(record: QualifyRecord) -> QualifyResult:
-    return analyze(record.plan, record.samples, plan_sha256=record.plan_sha256, noise=record.noise)
+    return analyze(record.plan, record.samples, plan_sha256=record.plan_sha256, noise=record.noise, rules=record.rules)
 
 
 def reports_dir(store: EvidenceStore, receipt: str) -> Path:
@@ -166,7 +168,7 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         f"- Baseline: native `{arms.get('baseline', {}).get('native')}`, rpc `{arms.get('baseline', {}).get('rpc')}`",
         f"- Candidate: native `{arms.get('candidate', {}).get('native')}`, "
         f"rpc `{arms.get('candidate', {}).get('rpc')}`",
-        f"- Design: {plan.pairs} alternating pairs, {len(plan.fixtures)} fixture(s), "
+        f"- Design: {plan.pairs} pairs in {_order_text(result)} order, {len(plan.fixtures)} fixture(s), "
         f"{plan.n_predict} generated tokens, "
         f"fresh load + one warm-up per arm, one active slot, cache_prompt off",
         f"- Samples: {result.samples_total} recorded, {len(result.samples_invalid)} invalid",
@@ -186,16 +188,18 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         "## Gates (declared before the first sample; only these decide)",
         "",
         f"| Gate | Family | Threshold | Gain | {result.deciding_method} interval (decides) "
-        "| Bootstrap interval (not deciding) "
+        "| Spread that decided | Own sd | Calibrated sd | Bootstrap interval (not deciding) "
         "| Valid pairs | Verdict | Why |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for g in result.gates:
         lines.append(
             f"| {g.kind} | {g.family} | {_pct(g.threshold)} | {_pct(g.gain)} | {_pct(g.low)} to {_pct(g.high)} | "
+            f"{g.spread or 'n/a'} | {_sd(g.sd_own)} | {_sd(g.sd_calibrated)} | "
             f"{_pct(g.bootstrap_low)} to {_pct(g.bootstrap_high)} | "
             f"{g.valid_pairs}/{g.planned_pairs} | **{g.verdict.upper()}** | {g.reason} |"
         )
+    lines += drift_lines(result)
     lines += [
         "",
         "## Generation speed per family (paired, candidate / baseline)",
@@ -312,17 +316,96 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
     return "\n".join(lines)
 
 
+def _sd(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+def _order_text(result: QualifyResult) -> str:
+    o = result.order or {}
+    seed = o.get("order_seed")
+    return str(o.get("order") or "alternating") + (f" (seed {seed})" if seed is not None else "")
+
+
+def floor_line(result: QualifyResult) -> str:
+    """Which spread may decide: the calibrated floor, or the run's own sd and why."""
+    rules = result.rules
+    if rules is None:
+        return (
+            "- Spread: the run's own sd only (this receipt predates calibrated floors and drift checks; "
+            "it is re-analysed as it was decided)"
+        )
+    if rules.get("floor") == "sigma_upper":
+        return (
+            "- Spread: each deciding interval uses the larger of the run's own sd and the calibration's "
+            "upper bound (sigma_upper), so it is never narrower than the calibrated noise allows at its pairs"
+        )
+    if rules.get("floor") == "none":
+        return "- Spread: the run's own sd only (the plan's `calibration.floor: none`)"
+    return "- Spread: the run's own sd only: **no calibration** (the plan declares none, or does not require one)"
+
+
+def drift_lines(result: QualifyResult) -> list[str]:
+    """Drift (trend of the baseline arms, own vs calibrated spread) and the position effect."""
+    d, o = result.drift, result.order
+    if not d:
+        return []
+    tr = d["trend"]
+    out = ["", "## Drift and arm order", ""]
+    if d.get("flagged"):
+        out.append("- **Drift: the run is not the run the plan was sized for** — " + "; ".join(d["reasons"]))
+    elif d.get("reasons"):
+        out.append("- Drift seen but not deciding (older receipt): " + "; ".join(d["reasons"]))
+    else:
+        out.append("- Drift: none beyond the plan's bounds")
+    if tr.get("measurable"):
+        out.append(
+            f"- Baseline trend over the run ({tr['points']} baseline arms, log TG on arm position): "
+            f"{_pct(tr['change'])} [{_pct(tr['change_low'])}, {_pct(tr['change_high'])}] "
+            f"({int(100 * tr['confidence'])}%); drift when the interval excludes 0 and the change exceeds "
+            f"{100 * tr['max_trend']:.0f}%"
+        )
+    else:
+        out.append(f"- Baseline trend: not measurable ({tr.get('why')})")
+    for fam, sp in d["spread"].items():
+        if sp.get("ratio") is None:
+            out.append(f"- {fam}: own sd {_sd(sp.get('own_sd'))}; no calibrated sd to compare")
+        else:
+            out.append(
+                f"- {fam}: own sd {_sd(sp['own_sd'])} = {sp['ratio']:.2f}x the calibrated "
+                f"{_sd(sp['calibrated_sd_upper'])} (drift above {sp['max_ratio']}x)"
+            )
+    for fam, pe in ((o or {}).get("position") or {}).items():
+        if pe.get("effect") is None:
+            out.append(f"- {fam}: position effect not estimable ({pe.get('why')})")
+            continue
+        ci = "" if pe.get("low") is None else f" [{_pct(pe['low'])}, {_pct(pe['high'])}]"
+        out.append(
+            f"- {fam}: position effect (second arm of a pair vs first) {_pct(pe['effect'])}{ci}; "
+            f"candidate second in {pe['candidate_second']}, first in {pe['candidate_first']} pairs: "
+            + (
+                "balanced, so it cancels in the gain"
+                if pe["balanced"]
+                else f"unbalanced, it moves the mean gain by {_pct(pe['bias_in_mean'])}"
+            )
+        )
+    return out
+
+
 def noise_lines(result: QualifyResult) -> list[str]:
     """The calibration the run was judged by: the noise floor and each gate's needed pairs."""
     n = result.noise
     if not n:
-        return ["- Noise floor: no calibration (the plan needs none); the gates' power is unknown"]
+        return [
+            "- Noise floor: no calibration (the plan needs none); the gates' power is unknown",
+            floor_line(result),
+        ]
     out = [
+        floor_line(result),
         f"- Noise floor (A/A calibration `{str(n.get('receipt'))[:16]}`, {n.get('pairs')} pairs): "
         + ", ".join(
             f"{fam} sd {100 * v['sigma']:.2f}% (planned on {100 * v['sigma_upper']:.2f}%)"
             for fam, v in (n.get("families") or {}).items()
-        )
+        ),
     ]
     for g in n.get("gates") or []:
         need = g["needed_pairs"] if g["needed_pairs"] is not None else f"more than {g['max_pairs']}"

@@ -26,6 +26,7 @@ rebuild the result without measuring again (`pairctl qualify report --receipt DE
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -38,7 +39,7 @@ from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError, PairctlError, RollbackFailed
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.log import get_logger
-from orchestrator.qualify.analysis import QualifyResult, analyze
+from orchestrator.qualify.analysis import QualifyResult, analyze, rules_for
 from orchestrator.qualify.calibration import calibration_of, calibration_outcome, profile_key
 from orchestrator.qualify.measure import MemoryProbe, Prompt, measure, prompts_for, request_params, warmup
 from orchestrator.qualify.plan import Arm, LoadedPlan, QualifyPlan
@@ -167,6 +168,11 @@ def run_qualification(
             )
         if noise is not None:
             journal.set("qualify_noise", noise)
+        # The decision rules (spread floor, drift bounds, arm order and its seed) before any sample.
+        order_seed = _order_seed(plan)
+        rules = rules_for(plan, noise, order_seed)
+        journal.set("qualify_rules", rules)
+        arm_order = plan.arm_order(order_seed)
         # The pair is held from before the snapshot until after the restore: every arm's deploy
         # renews this run's leases instead of taking its own, so nothing else runs in between.
         with driver.hold(journal.run_id) as held:
@@ -181,12 +187,12 @@ def run_qualification(
             stopped_early: str | None = None
             stop_error: BaseException | None = None
             t_arms = time.monotonic()
-            for k, (p_idx, arm) in enumerate(plan.arm_order()):
+            for k, (p_idx, arm) in enumerate(arm_order):
                 name = arm_step_name(k, p_idx, arm)
                 progress.event(
                     "arm.start",
-                    f"qualify arm {k + 1}/{len(plan.arm_order())} {name} "
-                    f"({progress.eta(k, len(plan.arm_order()), time.monotonic() - t_arms)}) ...",
+                    f"qualify arm {k + 1}/{len(arm_order)} {name} "
+                    f"({progress.eta(k, len(arm_order), time.monotonic() - t_arms)}) ...",
                     arm=name,
                 )
                 pkgs = arms[arm]
@@ -294,7 +300,7 @@ def run_qualification(
                     log.error("restore failed after measurements", error=restore_error)
         journal.set("qualify_leases_end", held.end())
 
-        result = analyze(plan, samples, plan_sha256=loaded.sha256, noise=noise)
+        result = analyze(plan, samples, plan_sha256=loaded.sha256, noise=noise, rules=rules)
         journal.set("qualification", result.to_json())
         outcome, reason = _outcome(result, restored, restore_error, stopped_early)
         if calibrate:
@@ -324,10 +330,19 @@ def _too_spread(plan: QualifyPlan, rows: list[dict[str, Any]], fixture: str, att
     return spread is not None and spread > plan.max_arm_dispersion
 
 
+def _order_seed(plan: QualifyPlan) -> int | None:
+    """A random order's seed: the plan's, or drawn now (and recorded in `qualify_rules`)."""
+    if plan.order != "random":
+        return None
+    return plan.order_seed if plan.order_seed is not None else secrets.randbelow(2**31)
+
+
 def _outcome(
     result: QualifyResult, restored: bool, restore_error: str | None, stopped_early: str | None
 ) -> tuple[str, str]:
     gates = ", ".join(f"{g.kind}[{g.family}]={g.verdict}" for g in result.gates)
+    if result.drift and result.drift.get("flagged"):
+        gates += "; drift: " + "; ".join(result.drift["reasons"])
     if not restored:
         return "failed", f"restore failed after measurements: {restore_error}; result {result.verdict} ({gates})"
     if stopped_early:

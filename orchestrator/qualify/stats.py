@@ -49,7 +49,10 @@ class Interval:
     resamples: int = 0
     seed: int | None = None
     df: int | None = None  # student-t: degrees of freedom (pairs - 1)
-    sd_log: float | None = None  # student-t: sample sd of the per-pair log ratios
+    sd_log: float | None = None  # student-t: the sd that made the interval (the larger of the two below)
+    sd_own: float | None = None  # student-t: the run's own sample sd of the per-pair log ratios
+    sd_floor: float | None = None  # student-t: the calibrated floor (None: no calibration)
+    spread: Literal["own", "calibrated"] | None = None  # student-t: which sd decided
 
 
 @dataclass(frozen=True)
@@ -205,16 +208,27 @@ def _betainc(a: float, b: float, x: float) -> float:
     return front * f / a
 
 
-def t_interval(pair_ratios: Sequence[float], *, confidence: float = 0.95) -> Interval | None:
+def t_interval(
+    pair_ratios: Sequence[float], *, confidence: float = 0.95, floor_sd: float | None = None
+) -> Interval | None:
     """Student-t interval of the mean per-pair log ratio, back-transformed to a gain:
-    exp(mean +- t(n-1) * sd / sqrt(n)) - 1. None below two pairs."""
+    exp(mean +- t(n-1) * sd / sqrt(n)) - 1. None below two pairs.
+
+    `floor_sd` (the A/A calibration's upper bound of the same sd): the interval uses the larger
+    of the run's own sd and the floor, so it is never narrower than the measured noise allows at
+    n pairs. A run's own sd is blind to noise that is correlated across its pairs (a load that
+    comes and goes over minutes): issue 31 saw a 5% half-width where the calibration said 22%."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
+    if floor_sd is not None and not (math.isfinite(floor_sd) and floor_sd >= 0):
+        raise ValueError(f"floor_sd must be a finite sd >= 0, got {floor_sd}")
     logs = np.log(_positive(pair_ratios, "ratios"))
     n = logs.size
     if n < 2:
         return None
-    mean, sd = float(logs.mean()), float(logs.std(ddof=1))
+    mean, own = float(logs.mean()), float(logs.std(ddof=1))
+    calibrated = floor_sd is not None and floor_sd > own
+    sd = floor_sd if calibrated and floor_sd is not None else own
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
     return Interval(
         low=math.expm1(mean - half),
@@ -223,6 +237,9 @@ def t_interval(pair_ratios: Sequence[float], *, confidence: float = 0.95) -> Int
         method="student-t",
         df=n - 1,
         sd_log=sd,
+        sd_own=own,
+        sd_floor=floor_sd,
+        spread="calibrated" if calibrated else "own",
     )
 
 
@@ -233,11 +250,12 @@ def estimate_gain(
     exact_limit: int = EXACT_LIMIT,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
+    floor_sd: float | None = None,
 ) -> GainEstimate:
     r = tuple(float(x) for x in _positive(pair_ratios, "ratios"))
     return GainEstimate(
         gain=geometric_gain(r),
-        interval=t_interval(r, confidence=confidence),
+        interval=t_interval(r, confidence=confidence, floor_sd=floor_sd),
         ratios=r,
         bootstrap=bootstrap_interval(r, confidence=confidence, exact_limit=exact_limit, resamples=resamples, seed=seed),
     )

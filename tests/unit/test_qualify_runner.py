@@ -427,3 +427,47 @@ def test_qualification_records_the_noise_it_was_judged_by_and_a_candidate_profil
     assert out.result.verdict == "fail" and out.result.noise == noise
     assert {g.verdict for g in out.result.gates if g.kind == "non_regression"} == {"fail"}
     assert load_record(store, out.receipt).noise == noise  # the report recomputes with it
+
+
+def test_random_order_seed_and_rules_recorded_before_the_first_sample(tmp_path):
+    """A plan with `order: random` and no seed: the run draws one, records it (with the spread
+    floor and drift bounds) in `qualify_rules` before any sample, runs the arms in exactly that
+    seed's order, and the report shows the order, the spread that decided and the position effect."""
+    import yaml
+
+    src = load_plan(PLAN)
+    data = yaml.safe_load(src.path.read_text())
+    for f in data["fixtures"]:
+        f["path"] = str(src.fixture_paths[f["name"]])
+    data.update(order="random", pairs=4)
+    plan_file = tmp_path / "random.yaml"
+    plan_file.write_text(yaml.safe_dump(data))
+    d = ScriptedDriver({"baseline": [100.0, 101.0, 99.0, 100.5], "candidate": [110.0, 111.0, 109.0, 110.5]})
+    store = EvidenceStore(tmp_path / "evidence")
+    out = run_qualification(
+        store=store,
+        loaded=load_plan(plan_file),
+        pair="lab",
+        baseline=BASE,
+        candidate=CAND,
+        profile=load_profile("lab"),
+        driver=d,
+        argv=["qualify", "--pair", "lab"],
+        write_report=lambda h: write_report(store, h)[0],
+    )
+    r = store.load(out.receipt)
+    rules = r.extra_fields()["qualify_rules"]
+    assert rules["order"] == "random" and isinstance(rules["order_seed"], int) and rules["floor"] is None
+    declared = next(f for f in r.fields_set if f.key == "qualify_rules")
+    assert parse_time(declared.at) < parse_time(r.first_sample_at)
+    ran = [e[1] for e in d.events if isinstance(e, tuple) and e[0] == "activate"]
+    assert ran == [a for _, a in load_plan(plan_file).plan.arm_order(rules["order_seed"])]
+    assert out.result.order["order_seed"] == rules["order_seed"]
+    assert out.result.order["position"]["code"]["balanced"] is True
+    md = (out.report_dir / "report.md").read_text()
+    assert f"random (seed {rules['order_seed']}) order" in md
+    assert "**no calibration**" in md and "own (no calibration)" in md
+    assert "position effect (second arm of a pair vs first)" in md and "balanced, so it cancels" in md
+    # recomputed from the receipt alone: the same rules, the same verdicts
+    rec = load_record(store, out.receipt)
+    assert rec.rules == rules
