@@ -55,6 +55,7 @@ PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, RELEASE, ACTIVATING
     "evidence",
 )
 DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING})
+ROUTE_WRITES = frozenset({"route", "route-accepted", "route-repair"})  # the playbook actions that write route.json
 ROLLBACK_ALLOWS = frozenset({ACTIVATING})
 
 
@@ -263,13 +264,17 @@ def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> 
 
 
 def _route_write(receipt: Receipt) -> int | None:
-    """The highest route revision a run recorded writing (a deploy's, rollback's or repair's route
-    step: revision, sha256, read back byte-identical), None when it wrote none."""
-    revs = [
-        s.data["revision"]
-        for s in receipt.steps
-        if s.data.get("read_back") == "byte-identical" and type(s.data.get("revision")) is int
-    ]
+    """The highest route revision a run recorded writing, None when it wrote none. The engine
+    records a step's data per host (`{"action": "route", "<host>": {"revision": ..., "read_back":
+    "byte-identical", ...}}`, engine.runner), a local step's at the top: both shapes count, and
+    only the steps that write the record (route, route-accepted, route-repair)."""
+    revs: list[int] = []
+    for s in receipt.steps:
+        if s.data.get("action") not in ROUTE_WRITES:
+            continue
+        for d in (s.data, *(v for v in s.data.values() if isinstance(v, dict))):
+            if d.get("read_back") == "byte-identical" and type(d.get("revision")) is int:
+                revs.append(d["revision"])
     return max(revs) if revs else None
 
 

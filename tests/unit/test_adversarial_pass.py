@@ -336,14 +336,16 @@ def test_the_key_pairctl_sends_is_one_llama_server_reads(tmp_path):
 
 
 def _write_route_run(store: EvidenceStore, rec_for, head: str | None):
-    """A run that writes a signed route record and records the write as deploy's route step does."""
+    """A run that writes a signed route record and records the write as deploy's route step does
+    (engine.runner: the action, then each host's data under its name)."""
     from orchestrator.hashing import sha256_bytes
 
     with store.begin("deploy", ["deploy"], pair="lab") as j:
         rec = rec_for(j.run_id).model_copy(update={"evidence_head": head}).sign(KEY)
         data = rec.to_bytes()
         with j.step("route", host="lab-native") as s:
-            s.data.update(revision=rec.revision, sha256=sha256_bytes(data), read_back="byte-identical")
+            per_host = {"revision": rec.revision, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+            s.data.update({"action": "route", "lab-native": per_host, "lab-rpc": dict(per_host)})
         sha = j.finish("passed", "ok")
     return data, sha
 
