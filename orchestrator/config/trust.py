@@ -42,7 +42,8 @@ def _judge(path: Path, st: os.stat_result, uid: int, *, sticky_ok: bool) -> str 
     if not _owner_ok(st, uid):
         return f"{path} is owned by {_who(st.st_uid)}, not you ({_who(uid)}) or root"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and st.st_mode & stat.S_ISVTX):
-        return f"{path} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'} (mode {stat.S_IMODE(st.st_mode):04o})"
+        who = "others" if st.st_mode & stat.S_IWOTH else "its group"
+        return f"{path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 

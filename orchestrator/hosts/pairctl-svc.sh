@@ -478,14 +478,27 @@ wait_listen() { # wait_listen ROOT NAME ADDRESS PORT TIMEOUT_S: lives AND ADDRES
     done
 }
 
+list_files() { # list_files DIR: sha256sum of every regular file under DIR ("HASH  ./PATH"), then
+    # entries=N, the number of everything that is not a directory (links, fifos and names sha256sum
+    # cannot print on one line make N differ from the number of lines: the caller refuses that)
+    (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) || return 1
+    printf 'entries=%s\n' "$(cd "$1" && find . ! -type d -print0 | tr -dc '\000' | wc -c)"
+}
+
 verify_release() { # verify_release ROOT ID: stdin = the manifest as `sha256sum` lines ("HASH  ./PATH");
-    # prints sha256sum of every file in releases/ID, then verify=ok, or verify=mismatch and exit 3
-    # (the caller's step then stops nothing: a present release is checked before it is used)
+    # prints list_files of releases/ID, then verify=ok, or verify=mismatch and exit 3 (the caller's
+    # step then stops nothing: a present release is checked before it is used). The whole list must
+    # be the manifest's: a file missing or changed, one added (a planted lib/ on LD_LIBRARY_PATH)
+    # beside manifest.json, or anything not a regular file is a mismatch.
     exp=$(mktemp) && got=$(mktemp) || exit 1
     cat >"$exp"
-    (cd "$1/releases/$2" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) >"$got"
+    list_files "$1/releases/$2" >"$got"
     cat "$got"
-    if grep -vxF -f "$got" "$exp" | grep -q .; then
+    n=$(sed -n 's/^entries=//p' "$got")
+    sums=$(grep -vc '^entries=' "$got")
+    if grep -vxF -f "$got" "$exp" | grep -q . \
+        || grep -v '^entries=' "$got" | grep -vxF -f "$exp" | grep -vq '^[0-9a-f]\{64\}  \./manifest\.json$' \
+        || [ "$n" != "$sums" ]; then
         rm -f "$exp" "$got"
         echo "verify=mismatch"
         exit 3
@@ -676,13 +689,11 @@ unpack)
     case "$tmp" in .*.tmp-*) ;; *) CODE=2 die "unpack: temporary name must look like .ID.tmp-NONCE" ;; esac
     mkdir "$root/releases/$tmp" || exit 1
     tar -x -C "$root/releases/$tmp" -f - || exit 1
-    cd "$root/releases/$tmp" || exit 1
-    find . -type f -print0 | sort -z | xargs -0 -r sha256sum
+    list_files "$root/releases/$tmp" || exit 1
     ;;
 hash)
-    # hash ROOT DIRNAME: sha256sum of every file under releases/DIRNAME (paths relative, "./" prefix).
-    cd "$root/releases/${1:?dir}" || exit 1
-    find . -type f -print0 | sort -z | xargs -0 -r sha256sum
+    # hash ROOT DIRNAME: list_files of releases/DIRNAME (sha256sum lines, "./" prefix, then entries=N).
+    list_files "$root/releases/${1:?dir}" || exit 1
     ;;
 model-hash)
     # model-hash ROOT PATH...: sha256 of each model file (cached by its stat; see model_hash).

@@ -21,6 +21,7 @@ from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
+from orchestrator.hosts.root_trust import put_new
 from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
@@ -104,8 +105,7 @@ def stage_unit(
     )
     path = layout.staged_unit(name)
     transport.makedirs(posixpath.dirname(path), 0o755)
-    transport.put_bytes(text.encode(), path + ".tmp", mode=0o644)
-    transport.rename(path + ".tmp", path)
+    put_new(transport, text.encode(), path, 0o644)  # exclusive per-run temp name: never written through a link
     return sd.unit(name), text
 
 

@@ -657,6 +657,15 @@ class SshTransport:
         self.stats.add(get_bytes=len(data))
         return data
 
+    def login_uid(self) -> int:
+        """The login user's uid: the owner of the SFTP session's start directory, its home
+        (hosts/root_trust judges install roots against it); read once per transport."""
+        uid = getattr(self, "_login_uid", None)
+        if uid is None:
+            uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
+            self._login_uid = uid
+        return int(uid)
+
     def rename(self, src: str, dst: str) -> None:
         self._fs("rename", src, lambda sftp: sftp.posix_rename(src, dst))
 
