@@ -94,7 +94,9 @@ def check_hash_output(expected: Mapping[str, str], output: str, host: str, where
     problems += [f"{p}: not in the manifest" for p in sorted(set(observed) - set(expected) - {"manifest.json"})]
     counts = [line.split("=", 1)[1].strip() for line in output.splitlines() if line.startswith("entries=")]
     if len(counts) != 1 or not counts[0].isdigit():
-        problems.append("the host's helper printed no entry count (an older pairctl-svc? deploy installs the current one)")
+        problems.append(
+            "the host's helper printed no entry count (an older pairctl-svc? deploy installs the current one)"
+        )
     elif int(counts[0]) != len(observed):
         problems.append(
             f"{counts[0]} entries but {len(observed)} regular files listed: a link, fifo or device "
