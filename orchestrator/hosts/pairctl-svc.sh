@@ -21,8 +21,13 @@ alive() { # alive PID: the process exists and is not a zombie
     [ -n "$state" ] && [ "$state" != Z ]
 }
 
-pid_of() { # pid_of ROOT NAME: the recorded pid, empty when none
-    if [ -r "$1/run/$2.pid" ]; then cat "$1/run/$2.pid"; fi
+small() { # small FILE MAX: at most MAX bytes of FILE, only when it is a regular file and not a
+    # link (a pid file linked to /dev/zero, a fifo or a huge file is read as nothing / cut short)
+    if [ -f "$1" ] && [ ! -L "$1" ]; then head -c "$2" -- "$1" 2>/dev/null; fi
+}
+
+pid_of() { # pid_of ROOT NAME: the recorded pid, empty when none (digits only)
+    small "$1/run/$2.pid" 32 | tr -cd '0-9'
 }
 
 is_ours() { # is_ours PID NAME: argv[0] ends in /NAME (guards against a reused pid)
@@ -208,7 +213,7 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
 }
 
 sup_alive() { # sup_alive ROOT NAME: prints the pid of NAME's supervisor when it runs
-    spid=$(cat "$1/run/$2.sup.pid" 2>/dev/null)
+    spid=$(small "$1/run/$2.sup.pid" 32 | tr -cd '0-9')
     alive "$spid" || return 1
     tr '\0' ' ' <"/proc/$spid/cmdline" 2>/dev/null | grep -qF " supervise $1 $2 " || return 1
     echo "$spid"
@@ -266,7 +271,8 @@ now_s() { date +%s; }
 set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in run/NAME.state, by rename
     f="$1/run/$2.state"; shift 2
     tmp="$f.tmp.$$"
-    cp "$f" "$tmp" 2>/dev/null || : >"$tmp"
+    rm -f "$tmp" "$tmp.2"  # never write through a link left at these names
+    small "$f" 65536 >"$tmp" || : >"$tmp"  # never copied through a link, never unbounded
     while [ $# -ge 2 ]; do
         grep -v "^$1=" "$tmp" >"$tmp.2"; echo "$1=$2" >>"$tmp.2"; mv -f "$tmp.2" "$tmp"
         shift 2
@@ -560,7 +566,7 @@ supervisor)
     # supervisor ROOT NAME...: per NAME, its state file as sup=NAME:BASE64(state) (or sup=NAME:-)
     for name in "$@"; do
         if [ -r "$root/run/$name.state" ]; then
-            st=$(cat "$root/run/$name.state")
+            st=$(small "$root/run/$name.state" 65536)
             if sup_alive "$root" "$name" >/dev/null; then st="$st
 supervisor_alive=1"; else st="$st
 supervisor_alive=0"; fi
@@ -673,10 +679,14 @@ alive)
     ;;
 log-grep)
     # log-grep ROOT FILE TEXT: 0 when the fixed TEXT occurs in run/FILE.
-    grep -qF -- "${2:?text}" "$root/run/${1:?file}"
+    # Only a regular file, not a link (one to /dev/zero would never end), and at most 64 MiB.
+    f="$root/run/${1:?file}"
+    [ -f "$f" ] && [ ! -L "$f" ] || exit 1
+    head -c 67108864 -- "$f" | grep -qF -- "${2:?text}"
     ;;
 log-tail)
-    tail -n "${2:-40}" "$root/run/${1:?file}" 2>/dev/null || true
+    f="$root/run/${1:?file}"
+    if [ -f "$f" ] && [ ! -L "$f" ]; then tail -c 1048576 -- "$f" 2>/dev/null | tail -n "${2:-40}"; fi
     ;;
 switch)
     # switch ROOT CURRENT PREVIOUS

@@ -374,3 +374,45 @@ def test_an_install_root_others_can_write_is_refused_before_the_helper_runs(host
     assert e.value.exit_code == 6 and "chmod go-w" in (e.value.hint or "")
     with pytest.raises(HostStateError):
         install_helper(t, layout)
+
+
+@pytest.mark.parametrize("what", ["pid", "state", "log"])
+def test_pid_state_and_log_files_linked_to_dev_zero_are_no_hang(host, what):
+    """Issue 32 #9: a pid file linked to /dev/zero hung `status` for 246 s and left readers spinning
+    on the host; set_state copied the state file through links. Every helper read of run/ is
+    bounded and refuses links, within seconds."""
+    import time
+
+    t, layout = host
+    name = "llama-server"
+    path = {"pid": layout.log(f"{name}.pid"), "state": layout.log(f"{name}.state"), "log": layout.log("x.log")}[what]
+    os.symlink("/dev/zero", path)
+    t0 = time.monotonic()
+    if what == "pid":
+        res = t.run(layout.alive_cmd(name), check=False, timeout=20)
+        assert res.exit_status != 0
+        res = t.run(layout.identity_cmd(name), check=False, timeout=20)
+    elif what == "state":
+        res = t.run(layout.svc_cmd("supervisor", name), check=False, timeout=20)
+    else:
+        res = t.run(layout.log_tail_cmd("x.log"), check=False, timeout=20)
+        assert t.run(layout.log_grep_cmd("x.log", "a"), check=False, timeout=20).exit_status != 0
+    assert time.monotonic() - t0 < 10, res
+    assert os.path.islink(path) and os.readlink(path) == "/dev/zero"
+
+
+def test_set_state_never_copies_through_a_link(host, tmp_path):
+    """The supervisor's state file replaced by a link to a root-only file: the next state write
+    (a stop) must not copy that file's text into the world-readable state file."""
+    t, layout = host
+    secret = tmp_path / "secret"
+    secret.write_text("root-only=1\n")
+    secret.chmod(0o600)
+    exe = _release(layout, "pkg-a")
+    services.start(t, layout, "llama-server", [exe, "30"])
+    state = layout.log("llama-server.state")
+    os.remove(state)
+    os.symlink(secret, state)
+    services.stop(t, layout, "llama-server")
+    assert secret.read_text() == "root-only=1\n"
+    assert not os.path.islink(state) and "root-only" not in open(state).read()
