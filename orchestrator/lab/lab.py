@@ -193,11 +193,28 @@ def _down(home: Home, only: set[str] | None) -> DownReport:
             if pids:
                 stopped.append({"host": plan.name, "what": "sshd", "pids": pids})
                 log.info("lab host down", host=plan.name, pids=pids)
+            if _drop_boot_entry(plan) == "removed":
+                stopped.append({"host": plan.name, "what": "@reboot crontab line"})
         except PairctlError as exc:
             problems.append(str(exc))
     if problems:
         raise PairctlError("lab down left processes running: " + "; ".join(problems))
     return DownReport(stopped)
+
+
+def _drop_boot_entry(plan: HostPlan) -> str:
+    """The @reboot line deploys wrote for this lab host's root (hosts/boot.py) goes with it: the
+    lab's hosts are this machine, so it sits in this user's crontab, and left behind it would run
+    whatever sits at that path after the lab's home is deleted (as root, at the next boot)."""
+    import getpass
+
+    from orchestrator.hosts.boot import remove_entry
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.remote.local import LocalTransport
+
+    if plan.user != getpass.getuser():
+        return "another user's crontab"
+    return remove_entry(LocalTransport(plan.name), HostLayout(str(plan.root)))
 
 
 def _plan_from_dir(hdir: Path) -> HostPlan:

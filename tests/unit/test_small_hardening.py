@@ -75,3 +75,36 @@ def test_scheduled_units_never_written_through_a_link(tmp_path):
     os.symlink(victim, tmp_path / f"{s.unit_name}.service.tmp")
     paths = sched.write_units(s, tmp_path)
     assert victim.read_text() == "keep me\n" and all(p.is_file() and not p.is_symlink() for p in paths)
+
+
+def test_lab_down_removes_the_reboot_lines_its_deploys_wrote(tmp_path):
+    """Issue 32 #10: `lab down` left root's @reboot lines pointing into deleted lab homes (whoever
+    recreates the path gets root at the next boot). A private lab home with one host whose root
+    a deploy persisted (the real crontab of this user, as on the lab): down removes that line only."""
+    import getpass
+    import json
+
+    from orchestrator.hosts import boot
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.lab.lab import down_all
+    from orchestrator.paths import Home
+    from orchestrator.remote.local import LocalTransport
+
+    home = Home.resolve(tmp_path / "home")
+    hdir = home.lab / "hosts" / "h-down"
+    (hdir / "root").mkdir(parents=True)
+    (hdir / "host.json").write_text(json.dumps({"address": "127.0.0.77", "port": 2299, "user": getpass.getuser()}))
+    t, layout = LocalTransport("h-down"), HostLayout(str(hdir / "root"))
+    got = boot.ensure_entry(t, layout)
+    if got.get("persistence") != "cron":
+        import pytest
+
+        pytest.skip(f"no crontab here: {got}")
+    try:
+        assert boot.read_entry(t, layout).get("persistence") == "cron"
+        report = down_all(home)
+        assert {"host": "h-down", "what": "@reboot crontab line"} in report.stopped
+        text = boot.read_crontab(t).text or ""
+        assert str(hdir / "root") not in text
+    finally:
+        boot.remove_entry(t, layout)
