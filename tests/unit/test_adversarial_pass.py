@@ -435,10 +435,18 @@ os.makedirs(os.path.dirname(layout.svc))
 for path in (layout.route, layout.svc, layout.log("llama-server.pid"), layout.log("llama-server.out"),
              layout.log("llama-server.state")):
     os.symlink("/dev/zero", path)
+from orchestrator.errors import HostStateError
+try:  # the helper as a link: the install root is refused before anything reads it (hosts/root_trust)
+    read_facts(t, layout, ["llama-server"])
+    svc_refused = False
+except HostStateError:
+    svc_refused = True
+os.remove(layout.svc)
 facts = read_facts(t, layout, ["llama-server"])
 tail = read_tail(t, layout.log("llama-server.out"))
 state = read_state(t, layout, "llama-server")
-print(json.dumps({"route": len(facts.route_bytes or b""), "tail": len(tail), "state": repr(state)[:40]}))
+print(json.dumps({"route": len(facts.route_bytes or b""), "tail": len(tail), "state": repr(state)[:40],
+                  "svc_refused": svc_refused}))
 """
 
 
@@ -453,6 +461,7 @@ def test_host_files_linked_to_dev_zero_are_read_only_up_to_a_bound(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["route"] == HOST_FILE_MAX + 1, out
+    assert out["svc_refused"], out
 
 
 # -- text no argv can carry, refused when the file is read ---------------------------------------
