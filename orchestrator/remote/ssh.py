@@ -185,6 +185,7 @@ def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str
     keys = paramiko.HostKeys()
     missing: list[str] = []
     revoked: set[tuple[str, str]] = set()
+    lines: list[tuple[int, str]] = []
     for f in files:
         if not os.path.isfile(f):
             missing.append(f)
@@ -195,19 +196,18 @@ def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str
         except OSError as exc:
             raise HostKeyError(f"cannot read known_hosts file {f}: {exc}") from None
         revoked |= parsed.revoked
-        for n, line in parsed.entries:
-            try:
-                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, n)
-            except Exception:  # noqa: BLE001 - a line ssh cannot read is skipped, as ssh skips it
-                entry = None
-            if entry is None or entry.key is None:
-                continue
-            for name in entry.hostnames:
-                keys.add(name, entry.key.get_name(), entry.key)
-    for name in list(keys.keys()):  # a revoked key is never accepted, whatever else names it
-        for ktype, key in list(keys[name].items()):
-            if (ktype, key.get_base64()) in revoked:
-                del keys[name][ktype]
+        lines += parsed.entries
+    for n, line in lines:
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, n)
+        except Exception:  # noqa: BLE001 - a line ssh cannot read is skipped, as ssh skips it
+            entry = None
+        if entry is None or entry.key is None:
+            continue
+        if (entry.key.get_name(), entry.key.get_base64()) in revoked:
+            continue  # a revoked key is never accepted, whatever else names it
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
     return keys, missing, frozenset(revoked)
 
 
