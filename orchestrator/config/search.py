@@ -21,6 +21,7 @@ directory on the way there that others could replace; otherwise the command stop
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,8 @@ def resolve(kind: str, name: str) -> Path:
     for layer in current_layers():
         p = manifest_path(name, layer.folder(kind))
         if p.is_file():
+            if layer.origin != "bundled" and kind in SHOWN_OVERRIDES:
+                _say_override(kind, name, p, layer.origin)
             return p
         looked.append(p.parent)
     known = sorted(names(kind))
@@ -130,6 +133,22 @@ def resolve(kind: str, name: str) -> Path:
         )
         + "; `pairctl config show` lists where each name resolves",
     )
+
+
+# Kinds whose override changes what is built or which steps run (a target's CMake flags, a
+# playbook's steps): resolving one from a config directory is said on stderr once per process,
+# so an operator sees it on every command that uses it (`config show` lists every override).
+SHOWN_OVERRIDES = frozenset({"target", "playbook"})
+_said: set[tuple[str, str, Path]] = set()
+
+
+def _say_override(kind: str, name: str, path: Path, origin: str) -> None:
+    if (kind, name, path) in _said:
+        return
+    _said.add((kind, name, path))
+    bundled = manifest_path(name, bundled_folder(kind))
+    what = "overrides the bundled one" if bundled.is_file() else "not a bundled name"
+    sys.stderr.write(f"pairctl: note: {kind} {name!r} comes from {path} (via {origin}; {what})\n")
 
 
 def resolve_ref(kind: str, name_or_path: str | Path) -> Path:

@@ -184,3 +184,29 @@ def test_bundled_playbooks_have_their_required_steps():
 
     for name in REQUIRED_STEPS:
         assert load_playbook(name).name == name
+
+
+def test_a_target_or_playbook_override_is_said_on_stderr(tmp_path):
+    """A config repo's targets/ and playbooks/ change build flags and steps: resolving one is said
+    on stderr by every command that uses it, not only by `config show`."""
+    ops = _plant(tmp_path / "ops", owner=0, mode=0o755)
+    code = (
+        "from orchestrator.config import search; search.resolve('target', 'cpu-lab'); search.resolve('profile', 'lab')"
+    )
+    env = {k: v for k, v in os.environ.items() if k != search.CONFIG_ENV}
+    env.update({search.CONFIG_ENV: str(ops), "XDG_CONFIG_HOME": str(tmp_path / "x")})
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert f"target 'cpu-lab' comes from {ops.resolve() / 'targets' / 'cpu-lab.yaml'}" in p.stderr, p.stderr
+    assert "overrides the bundled one" in p.stderr and "profile" not in p.stderr
+
+
+def test_override_notice_names_the_file(tmp_path, clean_env, monkeypatch, capsys):
+    ops = _plant(tmp_path / "ops", owner=0, mode=0o755)
+    monkeypatch.setenv(search.CONFIG_ENV, str(ops))
+    search._said.clear()
+    said: list[str] = []
+    monkeypatch.setattr(search, "_say_override", lambda k, n, p, o: said.append(f"{k} {n} {p} {o}"))
+    search.resolve("target", "cpu-lab")
+    search.resolve("profile", "lab")
+    assert said == [f"target cpu-lab {ops.resolve() / 'targets' / 'cpu-lab.yaml'} {search.CONFIG_ENV}"]
