@@ -263,6 +263,29 @@ def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> 
     return _anchor(record, evidence, pair)[0]
 
 
+def highest_recorded(evidence: EvidenceStore, pair: str) -> int | None:
+    """The highest route revision any run of this home recorded writing for PAIR (the newest
+    CHAIN_WALK_LIMIT receipts): repair starts above it, so a revision never goes down."""
+    try:
+        r = evidence.latest(pair)
+    except PairctlError:
+        return None
+    best: int | None = None
+    for _ in range(CHAIN_WALK_LIMIT):
+        if r is None:
+            break
+        rev = _route_write(r)
+        if rev is not None and (best is None or rev > best):
+            best = rev
+        if r.previous is None:
+            break
+        try:
+            r = evidence.load(r.previous)
+        except PairctlError:
+            break
+    return best
+
+
 def _route_write(receipt: Receipt) -> int | None:
     """The highest route revision a run recorded writing, None when it wrote none. The engine
     records a step's data per host (`{"action": "route", "<host>": {"revision": ..., "read_back":
@@ -307,11 +330,13 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
         try:
             r = evidence.load(r.previous)
         except PairctlError as exc:
-            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], newer
+            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], None
+    # the writer was not found: receipts met on the walk cannot be ordered against it, so a higher
+    # revision among them says nothing of a replay (the missing evidence is the problem: exit 10)
     return [
         f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
         "(the newest receipts were deleted?)"
-    ], newer
+    ], None
 
 
 def _anchor_at(r: Receipt, record: RouteRecord, what: str, pair: str) -> list[str]:
