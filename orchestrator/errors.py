@@ -41,6 +41,12 @@ class PairctlError(Exception):
         return self.message if not self.hint else f"{self.message}\nhint: {self.hint}"
 
 
+class UsageError(PairctlError, ValueError):
+    """A bad command line that pairctl itself judges (click judges the rest): exit 2."""
+
+    exit_code = ExitCode.USAGE
+
+
 class ConfigError(PairctlError, ValueError):
     exit_code = ExitCode.CONFIG
 

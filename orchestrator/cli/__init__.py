@@ -21,7 +21,7 @@ from orchestrator import __version__, interrupt, terminal
 from orchestrator.cli.commands import COMMANDS
 from orchestrator.cli.lazy import LazyGroup
 from orchestrator.cli.options import Globals
-from orchestrator.errors import ExitCode, PairctlError
+from orchestrator.errors import ExitCode, PairctlError, UsageError
 
 EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
@@ -122,6 +122,21 @@ def _command_word(args: list[str]) -> str | None:
     return next((a for a in args if a in COMMANDS), None)
 
 
+def _check_text(args: list[str]) -> None:
+    """Every argument must be text: bytes that are not UTF-8 reach Python as lone surrogates,
+    which no receipt, lease file or terminal can carry (a `--purpose` of them was an internal
+    error after the leases were asked for). Refused as a usage error before anything runs."""
+    for i, a in enumerate(args, 1):
+        try:
+            a.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(
+                f"argument {i} ({a.encode('utf-8', 'backslashreplace').decode('ascii', 'backslashreplace')!s}) "
+                "is not valid UTF-8 text",
+                hint="pass it as UTF-8 text",
+            ) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     for stream in (sys.stdout, sys.stderr):
@@ -136,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     if _command_word(args) in GUARDED_COMMANDS and argv is None:  # the console script, in its main thread
         interrupt.guard()
     try:
+        _check_text(args)
         rv = app(args=args, standalone_mode=False, obj=g, prog_name="pairctl")
         code = int(rv) if isinstance(rv, int) else 0
     except PairctlError as exc:

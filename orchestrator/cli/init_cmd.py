@@ -17,6 +17,7 @@ import yaml
 from orchestrator.checks.fixtures import Expect, Fixture
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError
+from orchestrator.evidence import atomic
 
 INVENTORY = """\
 # pairctl inventory: one matched pair, a V100 native host and an RTX 5060 Ti RPC host.
@@ -171,9 +172,9 @@ def write_scaffold(root: Path, *, force: bool = False) -> list[Path]:
     for rel, text in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        tmp = p.with_name(f".{p.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(p)
+        # an exclusive temp name unique to this write (O_EXCL), renamed over p: a link planted at
+        # a predictable name is never followed (issue 32 #12)
+        atomic.replace(p, text.encode("utf-8"), mode=0o644)
         written.append(p)
     return written
 

@@ -110,6 +110,12 @@ def load_yaml_text(text: str) -> Any:
 
 
 def read_yaml(path: Path) -> Any:
+    """The YAML of one manifest file; a file (or a directory on the way to it) that another user
+    could have written is refused before it is read (config.trust)."""
+    from orchestrator.config import trust  # trust -> errors only; imported here to keep loader's imports flat
+
+    if Path(path).exists():
+        trust.check_config_file(Path(path))
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -27,7 +27,7 @@ from orchestrator.config.kernels import CaseSet, KernelPatch
 from orchestrator.config.loader import expand, load_model, read_yaml, validation_problems
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
 from orchestrator.config.targets import Target
-from orchestrator.engine.playbook import Playbook
+from orchestrator.engine.playbook import REQUIRED_STEPS, Playbook
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS, default_home
 from orchestrator.qualify.plan import QualifyPlan
@@ -137,6 +137,11 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
     if k == "inventory" and not problems:
         problems += _expanded_root_problems(str(path), Inventory.model_validate(data))
         problems += _api_key_problems(str(path), Inventory.model_validate(data))
+    if k == "playbook" and isinstance(data, dict) and path.stem in REQUIRED_STEPS and data.get("name") != path.stem:
+        problems.append(
+            f"{path}: field 'name': is {data.get('name')!r} but pairctl loads this file as the "
+            f"{path.stem!r} playbook; name it {path.stem!r}"
+        )
     if isinstance(data, dict):
         problems += cross_references(k, data, source=str(path), fields_ok=fields_ok)
     return FileCheck(path, k, tuple(dict.fromkeys(problems)))

@@ -5,22 +5,29 @@ The search path, first match wins (by file name, per kind):
 1. `--config DIR` or `PAIRCTL_CONFIG` (the CLI's `--config` sets the variable, so every loader
    and every child process sees the same path);
 2. `./pairctl/` in the working directory or the nearest parent that has one (a config repo
-   checked out next to other work, found the way git finds `.git`);
+   checked out next to other work, found the way git finds `.git`); the walk stops below the
+   first directory owned by someone other than the user or root, as git's discovery does;
 3. the user config directory (`platformdirs.user_config_dir("pairctl")`, e.g. ~/.config/pairctl);
 4. the defaults bundled with pairctl (orchestrator.paths).
 
 A config directory holds the same folders as the bundled manifests: `inventories/`, `profiles/`,
 `targets/`, `fixtures/`, `plans/`, and `playbooks/`. A name is looked up as `<folder>/<name>.yaml`.
+
+Nothing is believed by where it was found (config.trust): every config directory on the path and
+every file read from one must be the user's or root's and not group/world-writable, with no
+directory on the way there that others could replace; otherwise the command stops (exit 3).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
 
+from orchestrator.config import trust
 from orchestrator.config.loader import is_manifest_name, manifest_path
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS, PLAYBOOKS
@@ -57,11 +64,16 @@ def bundled_folder(kind: str) -> Path:
 
 
 def find_upwards(start: Path, name: str = CWD_DIR) -> Path | None:
-    """`start/name` or the nearest parent's `name` that is a directory (pure but for stat)."""
+    """`start/name` or the nearest parent's `name` that is a directory (pure but for stat). The
+    walk stops at a directory owned by another user (it and its parents are not looked in), so
+    a folder someone else controls above the working directory never becomes a candidate; what
+    is found is judged by search_path (config.trust)."""
     for d in (start, *start.parents):
+        if not trust.owned_by_user(d):
+            return None
         cand = d / name
         if cand.is_dir():
-            return cand.resolve()
+            return Path(os.path.abspath(cand))
     return None
 
 
@@ -69,7 +81,7 @@ def search_path(*, explicit: str | None, cwd: Path, user_dir: Path) -> list[Laye
     """The layers in order; a directory reached twice is listed once (first reason wins)."""
     layers: list[Layer] = []
     if explicit:
-        root = Path(explicit).expanduser().resolve()
+        root = Path(os.path.abspath(Path(explicit).expanduser()))
         if not root.is_dir():
             raise ConfigError(
                 f"config directory {root} does not exist (from --config / {CONFIG_ENV})",
@@ -80,9 +92,11 @@ def search_path(*, explicit: str | None, cwd: Path, user_dir: Path) -> list[Laye
     if up is not None:
         layers.append(Layer("./" + CWD_DIR, up))
     if user_dir.is_dir():
-        layers.append(Layer("user", user_dir.resolve()))
+        layers.append(Layer("user", Path(os.path.abspath(user_dir))))
     out: list[Layer] = []
     for layer in layers:
+        trust.check_config_dir(layer.root, layer.origin)  # the path as given: its links are judged too
+        layer = Layer(layer.origin, layer.root.resolve())
         if all(layer.root != o.root for o in out):
             out.append(layer)
     out.append(Layer("bundled", MANIFESTS.parent))
@@ -105,6 +119,8 @@ def resolve(kind: str, name: str) -> Path:
     for layer in current_layers():
         p = manifest_path(name, layer.folder(kind))
         if p.is_file():
+            if layer.origin != "bundled" and kind in SHOWN_OVERRIDES:
+                _say_override(kind, name, p, layer.origin)
             return p
         looked.append(p.parent)
     known = sorted(names(kind))
@@ -117,6 +133,22 @@ def resolve(kind: str, name: str) -> Path:
         )
         + "; `pairctl config show` lists where each name resolves",
     )
+
+
+# Kinds whose override changes what is built or which steps run (a target's CMake flags, a
+# playbook's steps): resolving one from a config directory is said on stderr once per process,
+# so an operator sees it on every command that uses it (`config show` lists every override).
+SHOWN_OVERRIDES = frozenset({"target", "playbook"})
+_said: set[tuple[str, str, Path]] = set()
+
+
+def _say_override(kind: str, name: str, path: Path, origin: str) -> None:
+    if (kind, name, path) in _said:
+        return
+    _said.add((kind, name, path))
+    bundled = manifest_path(name, bundled_folder(kind))
+    what = "overrides the bundled one" if bundled.is_file() else "not a bundled name"
+    sys.stderr.write(f"pairctl: note: {kind} {name!r} comes from {path} (via {origin}; {what})\n")
 
 
 def resolve_ref(kind: str, name_or_path: str | Path) -> Path:

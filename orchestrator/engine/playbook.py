@@ -41,6 +41,72 @@ ACTIONS: dict[str, bool] = {
 }
 CHANGES = {a for a, c in ACTIONS.items() if c}
 
+# The playbooks pairctl's commands run, by name: (action, host, on_failure) of each step the
+# bundled playbook has, in order. A config repo may override one (descriptions, extra steps),
+# but never drop or reorder these, or soften what their failure means: a planted deploy.yaml
+# without verify/accept, or with `on_failure: continue` on them, would mark an unverified pair
+# active (issue 32). `preflight` first is also what lets deploy refuse before any lease.
+_R, _S, _A, _C = "rollback", "stop", "abort", "continue"
+REQUIRED_STEPS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "deploy": (
+        ("preflight", "local", _A),
+        ("connect", "both", _A),
+        ("lease", "both", _A),
+        ("facts", "both", _A),
+        ("prepare", "both", _A),
+        ("upload", "both", _A),
+        ("kernel-check", "local", _A),
+        ("secret", "native", _A),
+        ("stop", "native", _R),
+        ("restart-rpc", "rpc", _R),
+        ("switch", "native", _R),
+        ("start-server", "native", _R),
+        ("verify", "both", _R),
+        ("route", "both", _R),
+        ("accept", "local", _R),
+        ("route-accepted", "both", _R),
+        ("release-lease", "both", _C),
+    ),
+    "rollback": (
+        ("connect", "both", _A),
+        ("lease", "both", _A),
+        ("facts", "both", _A),
+        ("secret", "native", _A),
+        ("stop", "native", _S),
+        ("restart-rpc", "rpc", _S),
+        ("switch", "native", _S),
+        ("start-server", "native", _S),
+        ("verify", "both", _S),
+        ("route", "both", _S),
+        ("release-lease", "both", _C),
+    ),
+    "accept": (
+        ("connect", "both", _A),
+        ("facts", "both", _A),
+        ("lease", "both", _A),
+        ("verify", "both", _C),
+        ("accept", "local", _C),
+        ("release-lease", "both", _C),
+    ),
+    "repair": (
+        ("connect", "both", _A),
+        ("facts", "both", _A),
+        ("lease", "both", _A),
+        ("route-repair", "both", _A),
+        ("release-lease", "both", _C),
+    ),
+}
+
+
+def missing_required(name: str, steps: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
+    """The required steps of playbook NAME that STEPS lacks, in the required order (a step
+    counts when its action, host and on_failure match and it comes after the previous one)."""
+    need = list(REQUIRED_STEPS.get(name, ()))
+    for s in steps:
+        if need and s == need[0]:
+            need.pop(0)
+    return need
+
 
 class PlaybookStep(StrictModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -86,8 +152,27 @@ class Playbook(StrictModel):
                 )
             if s.action in CHANGES and changed is None:
                 changed = s.name
+        missing = missing_required(self.name, [(s.action, s.host, s.on_failure) for s in self.steps])
+        if missing:
+            act, host, fail = missing[0]
+            raise ValueError(
+                f"playbook {self.name!r} lacks the step action: {act} (host: {host}, on_failure: {fail}) "
+                f"in its place; pairctl {self.name} needs every step of the bundled playbooks/{self.name}.yaml "
+                "in order (missing: " + ", ".join(m[0] for m in missing) + ")"
+            )
         return self
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    return load_model(Playbook, search.resolve_ref("playbook", name_or_path))
+    """The playbook a command runs; a file found under a command's name must call itself that
+    (a `playbooks/deploy.yaml` named `x` would escape the required steps of `deploy`)."""
+    path = search.resolve_ref("playbook", name_or_path)
+    pb = load_model(Playbook, path)
+    if name_or_path in REQUIRED_STEPS and pb.name != name_or_path:
+        from orchestrator.errors import ConfigError
+
+        raise ConfigError(
+            f"{path}: field 'name': is {pb.name!r} but pairctl loads this file as the {name_or_path!r} playbook; "
+            f"name it {name_or_path!r}"
+        )
+    return pb

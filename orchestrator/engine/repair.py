@@ -196,6 +196,10 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
         )
     base = max(olds, key=lambda r: r.revision) if olds else None
     rec = route_states.rebuilt(base, active, previous, pair=view.name, run_id=ctx.run_id)
+    # never below what this home recorded writing: a rebuilt record must not read as a replay
+    recorded = route_trust.highest_recorded(ctx.evidence, view.name) if ctx.evidence is not None else None
+    if recorded is not None and rec.revision <= recorded:
+        rec = rec.model_copy(update={"revision": recorded + 1})
     rec = rec.model_copy(update={"evidence_head": ctx.inputs.evidence_head}).sign(ctx.inputs.route_key)
     return rec, sources
 

@@ -55,6 +55,7 @@ PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, RELEASE, ACTIVATING
     "evidence",
 )
 DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING})
+ROUTE_WRITES = frozenset({"route", "route-accepted", "route-repair"})  # the playbook actions that write route.json
 ROLLBACK_ALLOWS = frozenset({ACTIVATING})
 
 
@@ -262,14 +263,41 @@ def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> 
     return _anchor(record, evidence, pair)[0]
 
 
+def highest_recorded(evidence: EvidenceStore, pair: str) -> int | None:
+    """The highest route revision any run of this home recorded writing for PAIR (the newest
+    CHAIN_WALK_LIMIT receipts): repair starts above it, so a revision never goes down."""
+    try:
+        r = evidence.latest(pair)
+    except PairctlError:
+        return None
+    best: int | None = None
+    for _ in range(CHAIN_WALK_LIMIT):
+        if r is None:
+            break
+        rev = _route_write(r)
+        if rev is not None and (best is None or rev > best):
+            best = rev
+        if r.previous is None:
+            break
+        try:
+            r = evidence.load(r.previous)
+        except PairctlError:
+            break
+    return best
+
+
 def _route_write(receipt: Receipt) -> int | None:
-    """The highest route revision a run recorded writing (a deploy's, rollback's or repair's route
-    step: revision, sha256, read back byte-identical), None when it wrote none."""
-    revs = [
-        s.data["revision"]
-        for s in receipt.steps
-        if s.data.get("read_back") == "byte-identical" and type(s.data.get("revision")) is int
-    ]
+    """The highest route revision a run recorded writing, None when it wrote none. The engine
+    records a step's data per host (`{"action": "route", "<host>": {"revision": ..., "read_back":
+    "byte-identical", ...}}`, engine.runner), a local step's at the top: both shapes count, and
+    only the steps that write the record (route, route-accepted, route-repair)."""
+    revs: list[int] = []
+    for s in receipt.steps:
+        if s.data.get("action") not in ROUTE_WRITES:
+            continue
+        for d in (s.data, *(v for v in s.data.values() if isinstance(v, dict))):
+            if d.get("read_back") == "byte-identical" and type(d.get("revision")) is int:
+                revs.append(d["revision"])
     return max(revs) if revs else None
 
 
@@ -302,11 +330,13 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
         try:
             r = evidence.load(r.previous)
         except PairctlError as exc:
-            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], newer
+            return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], None
+    # the writer was not found: receipts met on the walk cannot be ordered against it, so a higher
+    # revision among them says nothing of a replay (the missing evidence is the problem: exit 10)
     return [
         f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
         "(the newest receipts were deleted?)"
-    ], newer
+    ], None
 
 
 def _anchor_at(r: Receipt, record: RouteRecord, what: str, pair: str) -> list[str]:

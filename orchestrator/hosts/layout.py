@@ -28,6 +28,7 @@ from pathlib import Path
 
 from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import SystemdUnits, supervise_argv
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import Transport
@@ -219,13 +220,14 @@ class HostLayout:
 
 
 def install_helper(transport: Transport, layout: HostLayout) -> None:
-    """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename."""
+    """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
+    exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust)."""
+    check_root(transport, layout.root)
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
     transport.makedirs(layout.secrets, 0o700)
-    tmp = unique_tmp(layout.svc)
-    transport.put_bytes(svc_script(), tmp, mode=0o755)
-    transport.rename(tmp, layout.svc)
+    check_root(transport, layout.root)  # what makedirs found there already
+    put_new(transport, svc_script(), layout.svc, 0o755)
 
 
 def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:

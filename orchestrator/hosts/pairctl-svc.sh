@@ -21,8 +21,13 @@ alive() { # alive PID: the process exists and is not a zombie
     [ -n "$state" ] && [ "$state" != Z ]
 }
 
-pid_of() { # pid_of ROOT NAME: the recorded pid, empty when none
-    if [ -r "$1/run/$2.pid" ]; then cat "$1/run/$2.pid"; fi
+small() { # small FILE MAX: at most MAX bytes of FILE, only when it is a regular file and not a
+    # link (a pid file linked to /dev/zero, a fifo or a huge file is read as nothing / cut short)
+    if [ -f "$1" ] && [ ! -L "$1" ]; then head -c "$2" -- "$1" 2>/dev/null; fi
+}
+
+pid_of() { # pid_of ROOT NAME: the recorded pid, empty when none (digits only)
+    small "$1/run/$2.pid" 32 | tr -cd '0-9'
 }
 
 is_ours() { # is_ours PID NAME: argv[0] ends in /NAME (guards against a reused pid)
@@ -208,7 +213,7 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
 }
 
 sup_alive() { # sup_alive ROOT NAME: prints the pid of NAME's supervisor when it runs
-    spid=$(cat "$1/run/$2.sup.pid" 2>/dev/null)
+    spid=$(small "$1/run/$2.sup.pid" 32 | tr -cd '0-9')
     alive "$spid" || return 1
     tr '\0' ' ' <"/proc/$spid/cmdline" 2>/dev/null | grep -qF " supervise $1 $2 " || return 1
     echo "$spid"
@@ -266,9 +271,11 @@ now_s() { date +%s; }
 set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in run/NAME.state, by rename
     f="$1/run/$2.state"; shift 2
     tmp="$f.tmp.$$"
+    rm -f "$tmp" "$tmp.2" 2>/dev/null  # never write through a link left at these names
     # `true`, never `:`: dash exits on a failed redirection of a special builtin, and a read-only
-    # or full root must not kill the supervisor that keeps the service up
-    cp "$f" "$tmp" 2>/dev/null || true >"$tmp" 2>/dev/null
+    # or full root must not kill the supervisor that keeps the service up; the state file is read
+    # bounded and only as a regular file, never copied through a link
+    small "$f" 65536 >"$tmp" 2>/dev/null || true >"$tmp" 2>/dev/null
     while [ $# -ge 2 ]; do
         grep -v "^$1=" "$tmp" >"$tmp.2"; echo "$1=$2" >>"$tmp.2"; mv -f "$tmp.2" "$tmp"
         shift 2
@@ -553,14 +560,27 @@ wait_listen() { # wait_listen ROOT NAME ADDRESS PORT TIMEOUT_S: lives AND ADDRES
     done
 }
 
+list_files() { # list_files DIR: sha256sum of every regular file under DIR ("HASH  ./PATH"), then
+    # entries=N, the number of everything that is not a directory (links, fifos and names sha256sum
+    # cannot print on one line make N differ from the number of lines: the caller refuses that)
+    (cd "$1" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) || return 1
+    printf 'entries=%s\n' "$(cd "$1" && find . ! -type d -print0 | tr -dc '\000' | wc -c)"
+}
+
 verify_release() { # verify_release ROOT ID: stdin = the manifest as `sha256sum` lines ("HASH  ./PATH");
-    # prints sha256sum of every file in releases/ID, then verify=ok, or verify=mismatch and exit 3
-    # (the caller's step then stops nothing: a present release is checked before it is used)
+    # prints list_files of releases/ID, then verify=ok, or verify=mismatch and exit 3 (the caller's
+    # step then stops nothing: a present release is checked before it is used). The whole list must
+    # be the manifest's: a file missing or changed, one added (a planted lib/ on LD_LIBRARY_PATH)
+    # beside manifest.json, or anything not a regular file is a mismatch.
     exp=$(mktemp) && got=$(mktemp) || exit 1
     cat >"$exp"
-    (cd "$1/releases/$2" && find . -type f -print0 | sort -z | xargs -0 -r sha256sum) >"$got"
+    list_files "$1/releases/$2" >"$got"
     cat "$got"
-    if grep -vxF -f "$got" "$exp" | grep -q .; then
+    n=$(sed -n 's/^entries=//p' "$got")
+    sums=$(grep -vc '^entries=' "$got")
+    if grep -vxF -f "$got" "$exp" | grep -q . \
+        || grep -v '^entries=' "$got" | grep -vxF -f "$exp" | grep -vq '^[0-9a-f]\{64\}  \./manifest\.json$' \
+        || [ "$n" != "$sums" ]; then
         rm -f "$exp" "$got"
         echo "verify=mismatch"
         exit 3
@@ -623,7 +643,7 @@ supervisor)
     # supervisor ROOT NAME...: per NAME, its state file as sup=NAME:BASE64(state) (or sup=NAME:-)
     for name in "$@"; do
         if [ -r "$root/run/$name.state" ]; then
-            st=$(cat "$root/run/$name.state")
+            st=$(small "$root/run/$name.state" 65536)
             if sup_alive "$root" "$name" >/dev/null; then st="$st
 supervisor_alive=1"; else st="$st
 supervisor_alive=0"; fi
@@ -746,10 +766,14 @@ alive)
     ;;
 log-grep)
     # log-grep ROOT FILE TEXT: 0 when the fixed TEXT occurs in run/FILE.
-    grep -qF -- "${2:?text}" "$root/run/${1:?file}"
+    # Only a regular file, not a link (one to /dev/zero would never end), and at most 64 MiB.
+    f="$root/run/${1:?file}"
+    [ -f "$f" ] && [ ! -L "$f" ] || exit 1
+    head -c 67108864 -- "$f" | grep -qF -- "${2:?text}"
     ;;
 log-tail)
-    tail -n "${2:-40}" "$root/run/${1:?file}" 2>/dev/null || true
+    f="$root/run/${1:?file}"
+    if [ -f "$f" ] && [ ! -L "$f" ]; then tail -c 1048576 -- "$f" 2>/dev/null | tail -n "${2:-40}"; fi
     ;;
 switch)
     # switch ROOT CURRENT PREVIOUS
@@ -762,13 +786,11 @@ unpack)
     case "$tmp" in .*.tmp-*) ;; *) CODE=2 die "unpack: temporary name must look like .ID.tmp-NONCE" ;; esac
     mkdir "$root/releases/$tmp" || exit 1
     tar -x -C "$root/releases/$tmp" -f - || exit 1
-    cd "$root/releases/$tmp" || exit 1
-    find . -type f -print0 | sort -z | xargs -0 -r sha256sum
+    list_files "$root/releases/$tmp" || exit 1
     ;;
 hash)
-    # hash ROOT DIRNAME: sha256sum of every file under releases/DIRNAME (paths relative, "./" prefix).
-    cd "$root/releases/${1:?dir}" || exit 1
-    find . -type f -print0 | sort -z | xargs -0 -r sha256sum
+    # hash ROOT DIRNAME: list_files of releases/DIRNAME (sha256sum lines, "./" prefix, then entries=N).
+    list_files "$root/releases/${1:?dir}" || exit 1
     ;;
 model-hash)
     # model-hash ROOT PATH...: sha256 of each model file (cached by its stat; see model_hash).

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts.root_trust import check_root
 from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -154,6 +155,7 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         except (FileNotFoundError, OSError):
             return None
 
+    check_root(transport, layout.root)  # before the helper is hashed here and run by the caller
     root_exists = transport.stat(layout.root) is not None
     releases: list[str] = []
     procs: dict[str, tuple[int, bytes]] = {}
@@ -191,10 +193,11 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
 
 
 def parse_sha256sum(text: str) -> dict[str, str]:
-    """`sha256sum` output -> {path: hex}; a leading "./" is dropped; binary-mode "*" accepted."""
+    """`sha256sum` output -> {path: hex}; a leading "./" is dropped; binary-mode "*" accepted; the
+    helper's `entries=N` line (release.check_hash_output judges it) is skipped."""
     out: dict[str, str] = {}
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith("entries="):
             continue
         if line.startswith("\\"):
             raise ProbeError(f"escaped file name in sha256sum output (unsupported): {line[:120]!r}")
@@ -211,8 +214,8 @@ def parse_sha256sum(text: str) -> dict[str, str]:
 
 
 def hash_problems(expected: Mapping[str, str], observed: Mapping[str, str]) -> list[str]:
-    """Every file the manifest names must be present with its sha256 (extra files are allowed:
-    manifest.json itself, meta/)."""
+    """Every file the manifest names must be present with its sha256 (files it does not name are
+    judged by release.check_hash_output, which sees the whole listing)."""
     problems = []
     for path, digest in sorted(expected.items()):
         got = observed.get(path)

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from orchestrator.config.inventory import HostSpec, Inventory
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostStateError
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import release_of_link
+from orchestrator.hosts.root_trust import check_root
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import HOST_FILE_MAX, Transport
@@ -34,6 +35,9 @@ TOMB = re.compile(r"^\.(?P<id>[^/]+)\.tomb-[0-9a-f]+$")
 # argument, only tomb names are accepted, and each removal prints its apparent size first.
 REMOVE_SH = r"""
 d=$1; shift
+if [ -L "$d" ] || [ ! -d "$d" ] || [ "$(cd -P -- "$d" && pwd)" != "$d" ]; then
+  echo "pairctl-prune: refused $d (a link, or a path through one)" >&2; exit 2
+fi
 for t in "$@"; do
   case "$t" in .*.tomb-*) ;; *) echo "pairctl-prune: refused $t (not a tomb name)" >&2; exit 2 ;; esac
   if [ ! -e "$d/$t" ]; then echo "gone $t"; continue; fi
@@ -204,6 +208,7 @@ def host_plan(
     """Read one host (links, releases, every route on it) and plan its prune."""
     t = get(host_name)
     layout = HostLayout(inventory.host(host_name).install_root)
+    check_root(t, layout.root)  # releases/ (or any directory to it) a link: never prune through it
     releases, tombs = read_releases(t, layout)
     protected = {
         **route_protected(inventory, get, host_name),
@@ -253,7 +258,8 @@ def prune_pair(
     dry_run: bool = False,
 ) -> list[HostPrune]:
     """Prune both hosts of a pair (the caller holds their leases). A host whose state cannot be
-    read safely is skipped with the reason; the other is still pruned."""
+    read safely is skipped with the reason; the other is still pruned. An install root that is
+    not safe to use (hosts/root_trust) refuses the whole prune before anything is renamed."""
     pair = inventory.pair(pair_name)
     out = []
     for host in (pair.native, pair.rpc):
@@ -261,6 +267,8 @@ def prune_pair(
             plan = host_plan(inventory, get, host, pair_name, keep_releases)
             layout = HostLayout(inventory.host(host).install_root)
             out.append(HostPrune(host, plan) if dry_run else execute(get(host), layout, plan))
+        except HostStateError:
+            raise  # an install root others can change (releases/ a link ...): refuse the whole prune, exit 6
         except Exception as exc:
             out.append(HostPrune(host, skipped=str(exc)))
     return out

@@ -83,10 +83,25 @@ class ReleaseMismatch(PackageError):
 
 
 def check_hash_output(expected: Mapping[str, str], output: str, host: str, where: str) -> int:
-    """Compare the `sha256sum` lines inside a helper's output with the manifest (pure); returns
-    the number of files verified, raises ReleaseMismatch listing what differs."""
+    """Compare the helper's `list_files` output (sha256sum lines, then `entries=N`) with the
+    manifest (pure): the whole list, as `packages verify` does locally. Every file the manifest
+    names must be there with its sha256, and nothing else but manifest.json: an added file (a
+    planted lib/libgomp.so.1 is loaded first, release lib/ leads LD_LIBRARY_PATH), a link or
+    any other entry fails. Returns the number of files verified; raises ReleaseMismatch."""
     sums = "\n".join(line for line in output.splitlines() if _SHA_LINE.match(line))
-    problems = hash_problems(expected, parse_sha256sum(sums))
+    observed = parse_sha256sum(sums)
+    problems = hash_problems(expected, observed)
+    problems += [f"{p}: not in the manifest" for p in sorted(set(observed) - set(expected) - {"manifest.json"})]
+    counts = [line.split("=", 1)[1].strip() for line in output.splitlines() if line.startswith("entries=")]
+    if len(counts) != 1 or not counts[0].isdigit():
+        problems.append(
+            "the host's helper printed no entry count (an older pairctl-svc? deploy installs the current one)"
+        )
+    elif int(counts[0]) != len(observed):
+        problems.append(
+            f"{counts[0]} entries but {len(observed)} regular files listed: a link, fifo or device "
+            "(or a name sha256sum cannot print) is there"
+        )
     if problems:
         raise ReleaseMismatch(
             f"{host}: {where} does not match its manifest: "

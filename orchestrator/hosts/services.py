@@ -18,9 +18,10 @@ import httpx
 import tenacity
 
 from orchestrator.errors import CheckFailed, HostError
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout, unique_tmp
+from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
+from orchestrator.hosts.root_trust import put_new
 from orchestrator.hosts.space import NotWritable
 from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
 from orchestrator.remote.command import Cmd
@@ -106,9 +107,7 @@ def stage_unit(
     )
     path = layout.staged_unit(name)
     transport.makedirs(posixpath.dirname(path), 0o755)
-    tmp = unique_tmp(path)
-    transport.put_bytes(text.encode(), tmp, mode=0o644)
-    transport.rename(tmp, path)
+    put_new(transport, text.encode(), path, 0o644)  # exclusive per-run temp name: never written through a link
     return sd.unit(name), text
 
 

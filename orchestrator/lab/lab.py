@@ -201,18 +201,37 @@ def _down(home: Home, only: set[str] | None) -> DownReport:
             svc = stop_services(plan.root)
             if svc:
                 stopped.append({"host": plan.name, "what": "services", "pids": svc})
-            gone = _drop_boot_entry(plan.name, plan.root)
-            if gone:
-                stopped.append({"host": plan.name, "what": "@reboot line", "pids": []})
             pids = SshdHost(plan).down()
             if pids:
                 stopped.append({"host": plan.name, "what": "sshd", "pids": pids})
                 log.info("lab host down", host=plan.name, pids=pids)
+            if _drop_boot_entry(plan) == "removed":
+                stopped.append({"host": plan.name, "what": "@reboot crontab line"})
         except PairctlError as exc:
             problems.append(str(exc))
     if problems:
         raise PairctlError("lab down left processes running: " + "; ".join(problems))
     return DownReport(stopped)
+
+
+def _drop_boot_entry(plan: HostPlan) -> str:
+    """The @reboot line deploys wrote for this lab host's root (hosts/boot.py) goes with it: the
+    lab's hosts are this machine, so it sits in this user's crontab, and left behind it would run
+    whatever sits at that path after the lab's home is deleted (as root, at the next boot). Best
+    effort: a machine without cron has no line to drop (a warning, never a failed `lab down`)."""
+    import getpass
+
+    from orchestrator.hosts.boot import remove_entry
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.remote.local import LocalTransport
+
+    if plan.user != getpass.getuser():
+        return "another user's crontab"
+    try:
+        return remove_entry(LocalTransport(plan.name), HostLayout(str(plan.root)))
+    except (PairctlError, OSError) as exc:
+        get_logger(component="lab").warning("@reboot line not removed", host=plan.name, error=str(exc)[:200])
+        return "not removed"
 
 
 def _plan_from_dir(hdir: Path) -> HostPlan:
@@ -264,21 +283,6 @@ def stop_supervisors(root: Path) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
-
-
-def _drop_boot_entry(host: str, root: Path) -> bool:
-    """The lab host's @reboot crontab line (hosts/boot.py; the lab hosts share this machine's
-    crontab) goes with the lab: a reboot must not start the supervisor of a lab that is down.
-    Best effort: a machine without cron has no line to drop."""
-    from orchestrator.hosts import boot
-    from orchestrator.hosts.layout import HostLayout
-    from orchestrator.remote.local import LocalTransport
-
-    try:
-        return boot.remove_entry(LocalTransport(host), HostLayout(str(root))) == "removed"
-    except (PairctlError, OSError) as exc:
-        get_logger(component="lab").warning("@reboot line not removed", host=host, error=str(exc)[:200])
-        return False
 
 
 def stop_services(root: Path) -> list[int]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from orchestrator.durations import parse_duration
 from orchestrator.errors import ConfigError, PairctlError
+from orchestrator.evidence import atomic
 
 MARKER = "# managed by pairctl"
 SKIPPED_EXIT = 11  # ExitCode.SKIPPED: a scheduled run that found the pair leased is not a failure
@@ -108,10 +109,10 @@ class Schedule:
         )
 
     def crontab_line(self) -> str:
-        return (
-            f"{cron_spec(self.every_s)} PAIRCTL_HOME={shlex.quote(self.home)} {shlex.join(self.argv)}  "
-            f"{MARKER} ({self.pair})"
-        )
+        """The line for crontab(5), where an unescaped `%` in the command ends it and turns the
+        rest into stdin: every `%` is written `\\%` (cron removes the backslash)."""
+        command = f"PAIRCTL_HOME={shlex.quote(self.home)} {shlex.join(self.argv)}".replace("%", "\\%")
+        return f"{cron_spec(self.every_s)} {command}  {MARKER} ({self.pair})"
 
 
 def accept_argv(pairctl: str, *, home: str, inventory: str, pair: str, checks: list[str] | None) -> tuple[str, ...]:
@@ -134,10 +135,7 @@ def write_units(schedule: Schedule, directory: Path) -> list[Path]:
     out = []
     for suffix, text in (("service", schedule.service_text()), ("timer", schedule.timer_text())):
         p = directory / f"{schedule.unit_name}.{suffix}"
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.chmod(0o644)
-        tmp.replace(p)
+        atomic.replace(p, text.encode(), mode=0o644)  # exclusive unique temp name: never through a link
         out.append(p)
     return out
 

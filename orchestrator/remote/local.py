@@ -193,6 +193,10 @@ class LocalTransport:
                 n += len(b)
             return b"".join(chunks)
 
+    def login_uid(self) -> int:
+        """This process's effective uid (hosts/root_trust judges install roots against it)."""
+        return os.geteuid()
+
     def rename(self, src: str, dst: str) -> None:
         self.stats.add(commands=1)
         os.rename(src, dst)

@@ -39,10 +39,11 @@ from orchestrator.config.inventory import Inventory, warn_if_readable_by_others
 from orchestrator.errors import DiskFull, HostError, HostKeyError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.known_hosts import known_hosts_name
+from orchestrator.remote.known_hosts import known_hosts_name, read_known_hosts
 from orchestrator.remote.result import Result, command_failed, command_timed_out
 from orchestrator.remote.transport import (
     DEFAULT_RETRY,
+    HOST_FILE_MAX,
     HOST_OUTPUT_MAX,
     RECONNECT_RETRY,
     ConnectionLost,
@@ -176,25 +177,54 @@ class _UnknownHostKey(paramiko.SSHException):
         self.key = key
 
 
+class _RevokedHostKey(_UnknownHostKey):
+    pass
+
+
 class _RejectAndRecord(paramiko.RejectPolicy):
-    """RejectPolicy that keeps the offered key, so the error can show its fingerprint."""
+    """RejectPolicy that keeps the offered key, so the error can show its fingerprint; a key
+    known_hosts marks `@revoked` is told apart (it is never among the accepted keys)."""
+
+    def __init__(self, revoked: frozenset[tuple[str, str]] = frozenset()) -> None:
+        self.revoked = revoked
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if (key.get_name(), key.get_base64()) in self.revoked:
+            raise _RevokedHostKey(hostname, key)
         raise _UnknownHostKey(hostname, key)
 
 
-def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str]]:
+def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str], frozenset[tuple[str, str]]]:
+    """The accepted keys, the files missing, and the revoked keys. Read as OpenSSH reads them
+    (known_hosts.read_known_hosts): an `@revoked` or `@cert-authority` line, or one that cannot
+    be parsed, is no reason to refuse every host (paramiko's own loader raised on them)."""
     keys = paramiko.HostKeys()
     missing: list[str] = []
+    revoked: set[tuple[str, str]] = set()
+    lines: list[tuple[int, str]] = []
     for f in files:
-        if os.path.isfile(f):
-            try:
-                keys.load(f)
-            except (OSError, paramiko.SSHException) as exc:
-                raise HostKeyError(f"cannot read known_hosts file {f}: {exc}") from None
-        else:
+        if not os.path.isfile(f):
             missing.append(f)
-    return keys, missing
+            continue
+        try:
+            with open(f, encoding="utf-8", errors="replace") as fh:
+                parsed = read_known_hosts(fh.read(HOST_FILE_MAX))
+        except OSError as exc:
+            raise HostKeyError(f"cannot read known_hosts file {f}: {exc}") from None
+        revoked |= parsed.revoked
+        lines += parsed.entries
+    for n, line in lines:
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line, n)
+        except Exception:  # noqa: BLE001 - a line ssh cannot read is skipped, as ssh skips it
+            entry = None
+        if entry is None or entry.key is None:
+            continue
+        if (entry.key.get_name(), entry.key.get_base64()) in revoked:
+            continue  # a revoked key is never accepted, whatever else names it
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+    return keys, missing, frozenset(revoked)
 
 
 _TRANSIENT_ERRNOS = {
@@ -306,7 +336,7 @@ class SshTransport:
         import fabric  # start-up time (fabric pulls in invoke): loaded by the first connect only
 
         tg = self.target
-        keys, missing = _load_host_keys(tg.known_hosts)
+        keys, missing, revoked = _load_host_keys(tg.known_hosts)
         config = fabric.Config(overrides={"load_ssh_configs": False})
         connect_kwargs: dict[str, Any] = {
             "allow_agent": tg.allow_agent,
@@ -325,13 +355,21 @@ class SshTransport:
             connect_kwargs=connect_kwargs,
         )
         client = paramiko.SSHClient()  # replaces fabric's AutoAddPolicy client
-        client.set_missing_host_key_policy(_RejectAndRecord())
+        client.set_missing_host_key_policy(_RejectAndRecord(revoked))
         for hostname, entry in keys.items():
             for ktype, key in entry.items():
                 client.get_host_keys().add(hostname, ktype, key)
         conn.client = client
         try:
             conn.open()
+        except _RevokedHostKey as exc:
+            conn.close()
+            raise HostKeyError(
+                f"host key of {tg.name} ({tg.hostname} port {tg.port}) is REVOKED: {exc.key.get_name()} "
+                f"{fingerprint(exc.key)} is marked @revoked in known_hosts {', '.join(tg.known_hosts)}. "
+                "Nothing was run.",
+                hint="the host still offers a key its operators revoked: find out why before using it",
+            ) from None
         except _UnknownHostKey as exc:
             conn.close()
             where = f"{tg.name} ({tg.hostname} port {tg.port})"
@@ -703,6 +741,15 @@ class SshTransport:
         data = self._fs("read", path, do)
         self.stats.add(get_bytes=len(data))
         return data
+
+    def login_uid(self) -> int:
+        """The login user's uid: the owner of the SFTP session's start directory, its home
+        (hosts/root_trust judges install roots against it); read once per transport."""
+        uid = getattr(self, "_login_uid", None)
+        if uid is None:
+            uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
+            self._login_uid = uid
+        return int(uid)
 
     def rename(self, src: str, dst: str) -> None:
         self._fs("rename", src, lambda sftp: sftp.posix_rename(src, dst))

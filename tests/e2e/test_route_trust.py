@@ -286,3 +286,55 @@ def test_deleted_receipts_show_up_against_the_route_anchor(deployed_lab, b_over_
         shutil.move(str(aside / f"{head}.json"), ev / "receipts" / f"{head}.json")
         head_file.write_text(head)
     assert is_active(lab_status(cli), b)  # the evidence is whole again; b_over_a puts the baseline back
+
+
+def _links(pair) -> dict[str, dict[str, str | None]]:
+    return {
+        k: {n: os.readlink(r / n) if os.path.islink(r / n) else None for n in ("current", "previous")}
+        for k, r in _roots(pair).items()
+    }
+
+
+def _put_links(pair, links: dict[str, dict[str, str | None]]) -> None:
+    for k, r in _roots(pair).items():
+        for n, target in links[k].items():
+            if target is None:
+                (r / n).unlink(missing_ok=True)
+                continue
+            tmp = r / f".{n}.replay"
+            tmp.unlink(missing_ok=True)
+            os.symlink(target, tmp)
+            os.replace(tmp, r / n)
+
+
+def test_a_host_restored_to_an_older_revision_is_refused(deployed_lab, lab_packages_b, cli):
+    """Issue 32 #5, as it was run: the hosts' route records and links of the baseline's deploy
+    (revision N) put back after B was deployed (revision N+1), from real receipts of real
+    deploys. The older record is signed by this home and anchored at its own place in the chain,
+    so only the newer revision in the later deploy's receipt shows the replay: status names it
+    (exit 1), rollback and deploy refuse it (exit 6) before stopping anything."""
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    old_routes, old_links = _routes(deployed_lab), _links(deployed_lab)
+    old_rev = json.loads(old_routes["native"])["revision"]
+    r, _ = _deploy(cli, "--packages", b, b, "--skip-accept")
+    assert r.exit_code == 0, r.stderr
+    new_routes, new_links = _routes(deployed_lab), _links(deployed_lab)
+    new_rev = json.loads(new_routes["native"])["revision"]
+    assert new_rev > old_rev
+    try:
+        _put_routes(deployed_lab, old_routes)
+        _put_links(deployed_lab, old_links)
+        r = cli("--json", "status", "--pair", PAIR)
+        assert r.exit_code == 1, r.output
+        problems = json.loads(r.stdout)["problems"]
+        assert any(f"revision {old_rev}" in p and f"wrote revision {new_rev}" in p for p in problems), problems
+        for args in (("rollback", "--pair", PAIR), ("deploy", "--pair", PAIR, "--packages", a, a, "--skip-accept")):
+            r = cli(*args)
+            assert r.exit_code == 6, (args, r.exit_code, r.output)
+            assert "an earlier record was put back" in r.stderr and "Traceback" not in r.stderr
+            assert _routes(deployed_lab) == old_routes  # refused: nothing written
+    finally:
+        _put_routes(deployed_lab, new_routes)
+        _put_links(deployed_lab, new_links)
+    assert is_active(lab_status(cli), b)
+    _baseline(cli, a)

@@ -139,3 +139,33 @@ def test_interrupted_prune_leaves_a_tomb_never_a_half_release(lab, tmp_path):
         again = P.execute(t, lay, P.host_plan(inv, pool.get, "lab-native", "lab"))
         assert again.leftover_tombs_removed == 4 and again.removed == []
         assert t.listdir(lay.releases) == ["rel-1", "rel-5", "rel-6"]
+
+
+def test_a_releases_link_never_lets_prune_delete_outside_the_root(lab, cli, tmp_path):
+    """Issue 32 #8 as it was run: `releases -> /elsewhere` on a real host; `releases prune`
+    removed five directories there (rc=0). Now the link is refused (exit 6, host and path named)
+    before anything is renamed, by `releases list`, `releases prune` and the prune deploy runs."""
+    import os
+    import shutil
+
+    inv = _inventory(lab, tmp_path)
+    inv_path = tmp_path / "inv.yaml"
+    inv_path.write_text(yaml.safe_dump(inv.model_dump(mode="json")))
+    with TransportPool(inv) as pool:
+        _seed(inv, pool)
+    lay = HostLayout(inv.host("lab-native").install_root)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(lay.releases, elsewhere)
+    os.symlink(elsewhere, lay.releases)
+    before = sorted(os.listdir(elsewhere))
+    for args in (("releases", "list"), ("releases", "prune")):
+        r = cli(*args, "--pair", "lab", inventory=str(inv_path))
+        assert r.exit_code == 6, (args, r.exit_code, r.output)
+        assert "lab-native" in r.stderr and f"{lay.releases} is a link" in r.stderr, r.stderr
+    assert sorted(os.listdir(elsewhere)) == before  # nothing renamed or removed there
+    with TransportPool(inv) as pool:  # and the helper's own guard, were it reached through a link
+        out = pool.get("lab-native").run(
+            P.Cmd(("sh", "-c", P.REMOVE_SH, "pairctl-prune", lay.releases, ".rel-0.tomb-00")), check=False
+        )
+    assert out.exit_status == 2 and "refused" in out.stderr
+    assert sorted(os.listdir(elsewhere)) == before

@@ -375,3 +375,28 @@ def test_a_timed_out_command_is_killed_on_the_host_before_run_returns(t, lab) ->
         assert t.run(Cmd.of("ls", "-A", d)).stdout == ""
     finally:
         t.run(Cmd.of("rm", "-rf", "--", d), check=False)
+
+
+def test_revoked_and_cert_authority_lines_refuse_only_the_revoked_key(lab, tmp_path) -> None:
+    """Issue 32 #11: an `@revoked` or `@cert-authority` line made every connection fail with "is the
+    host up?". As OpenSSH: the revoked key (lab-native's) is refused with its own message and nothing
+    runs; lab-rpc, whose key is not revoked, still connects with the same file."""
+    ca = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ca)], check=True)
+    native_pub = host_pub(lab).read_text().split()
+    kh = tmp_path / "known_hosts"
+    kh.write_text(
+        f"@cert-authority *.example.org {(tmp_path / 'ca.pub').read_text().strip()}\n"
+        + lab.known_hosts.read_text()
+        + f"@revoked * {native_pub[0]} {native_pub[1]}\n"
+    )
+    marker = tmp_path / "ran"
+    inv = inventory_with_known_hosts(lab, kh)
+    with pytest.raises(HostKeyError) as ei:
+        open_transport(inv, HOST).run(Cmd.of("touch", str(marker)))
+    msg = str(ei.value)
+    assert "REVOKED" in msg and ssh_keygen_fingerprint(host_pub(lab)) in msg and "is the host up" not in msg
+    assert not marker.exists()
+    assert open_transport(inv, "lab-rpc").run(Cmd.of("true")).ok
+    kh.write_text(kh.read_text().replace("@revoked", "# @revoked"))  # only the CA line left: all connect
+    assert open_transport(inventory_with_known_hosts(lab, kh), HOST).run(Cmd.of("true")).ok

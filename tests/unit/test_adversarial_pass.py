@@ -341,14 +341,16 @@ def test_the_key_pairctl_sends_is_one_llama_server_reads(tmp_path):
 
 
 def _write_route_run(store: EvidenceStore, rec_for, head: str | None):
-    """A run that writes a signed route record and records the write as deploy's route step does."""
+    """A run that writes a signed route record and records the write as deploy's route step does
+    (engine.runner: the action, then each host's data under its name)."""
     from orchestrator.hashing import sha256_bytes
 
     with store.begin("deploy", ["deploy"], pair="lab") as j:
         rec = rec_for(j.run_id).model_copy(update={"evidence_head": head}).sign(KEY)
         data = rec.to_bytes()
         with j.step("route", host="lab-native") as s:
-            s.data.update(revision=rec.revision, sha256=sha256_bytes(data), read_back="byte-identical")
+            per_host = {"revision": rec.revision, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+            s.data.update({"action": "route", "lab-native": per_host, "lab-rpc": dict(per_host)})
         sha = j.finish("passed", "ok")
     return data, sha
 
@@ -438,10 +440,18 @@ os.makedirs(os.path.dirname(layout.svc))
 for path in (layout.route, layout.svc, layout.log("llama-server.pid"), layout.log("llama-server.out"),
              layout.log("llama-server.state")):
     os.symlink("/dev/zero", path)
+from orchestrator.errors import HostStateError
+try:  # the helper as a link: the install root is refused before anything reads it (hosts/root_trust)
+    read_facts(t, layout, ["llama-server"])
+    svc_refused = False
+except HostStateError:
+    svc_refused = True
+os.remove(layout.svc)
 facts = read_facts(t, layout, ["llama-server"])
 tail = read_tail(t, layout.log("llama-server.out"))
 state = read_state(t, layout, "llama-server")
-print(json.dumps({"route": len(facts.route_bytes or b""), "tail": len(tail), "state": repr(state)[:40]}))
+print(json.dumps({"route": len(facts.route_bytes or b""), "tail": len(tail), "state": repr(state)[:40],
+                  "svc_refused": svc_refused}))
 """
 
 
@@ -456,6 +466,7 @@ def test_host_files_linked_to_dev_zero_are_read_only_up_to_a_bound(tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["route"] == HOST_FILE_MAX + 1, out
+    assert out["svc_refused"], out
 
 
 # -- text no argv can carry, refused when the file is read ---------------------------------------

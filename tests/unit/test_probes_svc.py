@@ -294,3 +294,125 @@ def test_model_hash_is_cached_by_stat_and_redone_when_the_file_changes(host, tmp
 def test_parse_model_hashes_rejects(line):
     with pytest.raises(ProbeError):
         parse_model_hashes(line)
+
+
+def test_a_file_added_to_a_present_release_fails_its_verify(host, tmp_path):
+    """Issue 32 #4 as it was run: a planted lib/libgomp.so.1 (or a link there) in a release whose
+    every manifest file matches. The helper's own gate refuses it before stopping anything, and
+    the hash listing status --verify-files reads names it."""
+    from orchestrator.hosts.release import check_hash_output
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    with open(os.path.join(layout.release("pkg-a"), "manifest.json"), "w") as f:
+        f.write("{}")
+    good = {"bin/llama-server": sha256_file(exe)}
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
+    assert check_hash_output(good, t.run(layout.hash_cmd("pkg-a")).stdout, "h", "releases/pkg-a") == 1
+    lib = os.path.join(layout.release("pkg-a"), "lib")
+    os.makedirs(lib)
+    for plant in ("file", "link"):
+        target = os.path.join(lib, "libgomp.so.1")
+        if plant == "file":
+            with open(target, "wb") as f:
+                f.write(b"\x7fELF evil")
+        else:
+            os.symlink(str(tmp_path / "evil.so"), target)
+        with pytest.raises(ReleaseMismatch, match="libgomp.so.1: not in the manifest" if plant == "file" else "link"):
+            services.stop(t, layout, "llama-server", verify=("pkg-a", good))
+        assert services.process_alive(t, pid, "llama-server")  # refused before stopping anything
+        with pytest.raises(ReleaseMismatch):
+            check_hash_output(good, t.run(layout.hash_cmd("pkg-a")).stdout, "h", "releases/pkg-a")
+        os.remove(target)
+    out, verified = services.stop(t, layout, "llama-server", verify=("pkg-a", good))
+    assert verified == 1
+
+
+def test_helper_is_installed_through_an_exclusive_temp_name_never_a_link(host, tmp_path):
+    """Issue 32 #3: a link planted at bin/pairctl-svc.tmp made deploy overwrite its target with the
+    helper and chmod it 0755. The temp name is now unique per run and created O_EXCL."""
+    t, layout = host
+    victim = tmp_path / "root-only"
+    victim.write_bytes(b"secret\n")
+    victim.chmod(0o600)
+    os.symlink(victim, layout.svc + ".tmp")
+    with open(layout.svc, "wb") as f:
+        f.write(b"# an older helper\n")
+    install_helper(t, layout)
+    assert victim.read_bytes() == b"secret\n" and oct(victim.stat().st_mode & 0o777) == "0o600"
+    assert open(layout.svc, "rb").read() == svc_script()
+    assert not [n for n in os.listdir(os.path.dirname(layout.svc)) if ".tmp-" in n]
+
+
+@pytest.mark.parametrize("what", ["svc-owner", "svc-mode", "bin-mode", "root-owner", "parent-mode", "bin-link"])
+def test_an_install_root_others_can_write_is_refused_before_the_helper_runs(host, tmp_path, what):
+    """Issue 32 #3: as `nobody`, replacing bin/pairctl-svc made a read (status) run it as root.
+    Every directory to the root, the root's folders and the helper must be the login user's or
+    root's and not group/world-writable (OpenSSH StrictModes): read_facts refuses first (exit 6)."""
+    from orchestrator.errors import HostStateError
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to plant another user's files")
+    t, layout = host
+    bindir = os.path.dirname(layout.svc)
+    if what == "svc-owner":
+        os.chown(layout.svc, 65534, 65534)
+    elif what == "svc-mode":
+        os.chmod(layout.svc, 0o777)
+    elif what == "bin-mode":
+        os.chmod(bindir, 0o777)
+    elif what == "root-owner":
+        os.chown(layout.root, 65534, 65534)
+    elif what == "parent-mode":
+        os.chmod(os.path.dirname(layout.root), 0o777)
+    elif what == "bin-link":
+        real = tmp_path / "elsewhere"
+        shutil.move(bindir, real)
+        os.symlink(real, bindir)
+    with pytest.raises(HostStateError, match="refusing install root") as e:
+        read_facts(t, layout, SERVICES)
+    assert e.value.exit_code == 6 and "chmod go-w" in (e.value.hint or "")
+    with pytest.raises(HostStateError):
+        install_helper(t, layout)
+
+
+@pytest.mark.parametrize("what", ["pid", "state", "log"])
+def test_pid_state_and_log_files_linked_to_dev_zero_are_no_hang(host, what):
+    """Issue 32 #9: a pid file linked to /dev/zero hung `status` for 246 s and left readers spinning
+    on the host; set_state copied the state file through links. Every helper read of run/ is
+    bounded and refuses links, within seconds."""
+    import time
+
+    t, layout = host
+    name = "llama-server"
+    path = {"pid": layout.log(f"{name}.pid"), "state": layout.log(f"{name}.state"), "log": layout.log("x.log")}[what]
+    os.symlink("/dev/zero", path)
+    t0 = time.monotonic()
+    if what == "pid":
+        res = t.run(layout.alive_cmd(name), check=False, timeout=20)
+        assert res.exit_status != 0
+        res = t.run(layout.identity_cmd(name), check=False, timeout=20)
+    elif what == "state":
+        res = t.run(layout.svc_cmd("supervisor", name), check=False, timeout=20)
+    else:
+        res = t.run(layout.log_tail_cmd("x.log"), check=False, timeout=20)
+        assert t.run(layout.log_grep_cmd("x.log", "a"), check=False, timeout=20).exit_status != 0
+    assert time.monotonic() - t0 < 10, res
+    assert os.path.islink(path) and os.readlink(path) == "/dev/zero"
+
+
+def test_set_state_never_copies_through_a_link(host, tmp_path):
+    """The supervisor's state file replaced by a link to a root-only file: the next state write
+    (a stop) must not copy that file's text into the world-readable state file."""
+    t, layout = host
+    secret = tmp_path / "secret"
+    secret.write_text("root-only=1\n")
+    secret.chmod(0o600)
+    exe = _release(layout, "pkg-a")
+    services.start(t, layout, "llama-server", [exe, "30"])
+    state = layout.log("llama-server.state")
+    os.remove(state)
+    os.symlink(secret, state)
+    services.stop(t, layout, "llama-server")
+    assert secret.read_text() == "root-only=1\n"
+    assert not os.path.islink(state) and "root-only" not in open(state).read()

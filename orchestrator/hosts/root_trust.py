@@ -1,0 +1,109 @@
+"""Whether an install root on a host may be used: by owner and mode, as OpenSSH's StrictModes.
+
+pairctl runs `sh <root>/bin/pairctl-svc` as the SSH user (often root) and writes there, so
+anyone else who can write the helper, the folders pairctl writes in, or a directory on the way
+to the root could run code as that user or make pairctl write where they choose. Before the
+helper is read or run, every directory from `/` to the root must be owned by the login user or
+root and not writable by group or others (a sticky directory such as /tmp may be writable: others
+cannot replace our entry there), none may be a link, and the root, its own folders and the
+helper must be owned by the login user or root, not writable by group or others, and not links.
+Read over SFTP (lstat, no process on the host). Files are written under a temporary name made
+exclusively and unique per run (never through a link), then renamed into place.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import secrets
+import stat
+from typing import Any
+
+from orchestrator.errors import HostStateError
+from orchestrator.remote.transport import FileStat, Transport
+
+# the install root's own folders and files pairctl runs or writes (HostLayout names them)
+_DIRS = ("bin", "run", "releases", "leases", "secrets")
+_FILES = ("bin/pairctl-svc",)
+
+
+def login_uid(transport: Transport) -> int | None:
+    """The uid the transport acts as on the host, where it can tell (None: root only counts)."""
+    fn: Any = getattr(transport, "login_uid", None)
+    try:
+        return int(fn()) if fn is not None else None
+    except (OSError, TypeError, ValueError):
+        return None
+
+
+def _judge(path: str, st: FileStat, owners: set[int], *, sticky_ok: bool, want_dir: bool) -> str | None:
+    if st.is_link:
+        return f"{path} is a link (pairctl follows no link on the way to or inside its install root)"
+    if want_dir and not st.is_dir:
+        return f"{path} is not a directory"
+    if not want_dir and not st.is_file:
+        return f"{path} is not a regular file"
+    if st.uid not in owners:
+        return f"{path} is owned by uid {st.uid}, not the login user or root"
+    if st.mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and st.mode & stat.S_ISVTX):
+        who = "others" if st.mode & stat.S_IWOTH else "its group"
+        return f"{path} is writable by {who} (mode {st.perms:04o})"
+    return None
+
+
+def root_problem(transport: Transport, root: str) -> str | None:
+    """Why ROOT on this host may not be used, or None (also None when it does not exist yet: the
+    directories above it are still judged, since pairctl will create it there)."""
+    uid = login_uid(transport)
+    owners = {0} | ({uid} if uid is not None else set())
+    parts = [p for p in root.split("/") if p]
+    path = "/"
+    chain = ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    for i, path in enumerate(chain):
+        st = transport.stat(path)
+        if st is None:
+            return None  # pairctl creates the rest (makedirs, 0755) under a directory judged safe
+        last = i == len(chain) - 1
+        why = _judge(path, st, owners, sticky_ok=not last, want_dir=True)
+        if why:
+            return why
+        if last and uid is None:
+            owners.add(st.uid)  # cannot tell the login user: the root's own owner, judged above
+    for d in _DIRS:
+        p = posixpath.join(root, d)
+        st = transport.stat(p)
+        if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=True)):
+            return why
+    for f in _FILES:
+        p = posixpath.join(root, f)
+        st = transport.stat(p)
+        if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=False)):
+            return why
+    return None
+
+
+def check_root(transport: Transport, root: str) -> None:
+    """Refuse (exit 6, before anything there is run or written) an install root others can change."""
+    why = root_problem(transport, root)
+    if why:
+        raise HostStateError(
+            f"{transport.name}: refusing install root {root}: {why}",
+            hint=f"on {transport.name}, make it owned by the login user or root and not group/world-writable "
+            "(chown, chmod go-w), with no link on the way; or choose another install_root",
+        )
+
+
+def put_new(transport: Transport, data: bytes, path: str, mode: int) -> None:
+    """Write PATH by rename from a temporary name next to it that is unique to this call and
+    created exclusively (O_EXCL: a planted file or link there fails the write, never followed)."""
+    tmp = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.tmp-{secrets.token_hex(6)}")
+    transport.put_private(data, tmp)
+    try:
+        if mode != 0o600:
+            transport.chmod(tmp, mode)
+        transport.rename(tmp, path)
+    except BaseException:
+        try:
+            transport.remove(tmp)
+        except OSError:
+            pass
+        raise
