@@ -67,8 +67,9 @@ HOST_SLACK_S = 5.0
 
 
 def host_bounded(cmd: Cmd, timeout: float) -> Cmd:
-    """CMD under the host's `timeout -k HOST_KILL_AFTER_S TIMEOUT` (argv, never a shell string)."""
-    return Cmd(argv=("timeout", "-k", f"{HOST_KILL_AFTER_S:g}s", f"{timeout:.3f}s", *cmd.full_argv()))
+    """CMD under the host's `timeout -k HOST_KILL_AFTER_S TIMEOUT` (argv, never a shell string).
+    A bound under a millisecond is a millisecond: `timeout 0` means no limit at all."""
+    return Cmd(argv=("timeout", "-k", f"{HOST_KILL_AFTER_S:g}s", f"{max(timeout, 0.001):.3f}s", *cmd.full_argv()))
 
 
 _LINGER_S = 1.0  # how long output may stay open after the program's exit status arrived

@@ -226,3 +226,12 @@ def test_host_bounded_commands_carry_the_hosts_own_timeout():
         "restart",
         "a b",
     ]
+
+
+def test_a_sub_millisecond_bound_is_never_no_bound():
+    """`timeout 0` disables the limit: a bound of 1e-4 s (the telemetry fault test's) rendered as
+    "0.000s" let the command run unbounded on the host. It is a millisecond instead."""
+    from orchestrator.remote.command import Cmd
+    from orchestrator.remote.ssh import host_bounded
+
+    assert host_bounded(Cmd.of("true"), 1e-4).real_argv()[3] == "0.001s"
