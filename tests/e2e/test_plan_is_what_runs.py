@@ -121,7 +121,7 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     returns to it."""
     fp = routes
     a, b = fp.packages
-    aliased = load_profile("lab").model_dump(mode="json") | {"name": "lab-alias", "extra_args": ["--alias", "m1"]}
+    aliased = load_profile("lab").model_dump(mode="json") | {"name": "lab-alias", "alias": "m1"}
     prof = fp.home.root / NAME / "lab-alias.yaml"
     prof.write_text(yaml.safe_dump(aliased))
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--profile", str(prof), "--skip-accept"), "A")
