@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PAIRCTL := $(VENV)/bin/pairctl
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo test test-unit lint typecheck fmt bench clean-state
+.PHONY: setup system venv demo test test-real-mutants test-unit lint typecheck fmt bench clean-state
 
 setup: system venv
 
@@ -39,6 +39,10 @@ demo: setup
 test: setup
 	-@[ -d $(DEMO_HOME)/lab ] && PAIRCTL_HOME=$(DEMO_HOME) $(PAIRCTL) lab down >/dev/null 2>&1; true
 	PAIRCTL_TEST_HOME=$(TEST_HOME) $(PY) -m pytest $(PYTEST_ARGS)
+
+# Every mutant on the real model too (about 20 minutes more; not part of CI's `make test`).
+test-real-mutants: setup
+	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_REAL_MUTANTS=1 $(PY) -m pytest tests/mutants -m real_model $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -5,6 +5,7 @@ an inventory host; those import this module, and this module imports neither.
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 from collections.abc import Callable
@@ -259,7 +260,19 @@ DEFAULT_RETRY = RetryPolicy()
 # restart measured on the lab (issue 33); the run's leases promise their next heartbeat within
 # 600 s (engine/leasing.py HEARTBEAT_S), so waiting a minute costs the pair nothing, while giving
 # up after 1.4 s (the first connect's budget) rolled a healthy pair back and stopped it.
-RECONNECT_BUDGET_S = 60.0
+def _reconnect_budget(default: float = 60.0) -> float:
+    """How long a host this run already reached may stay unreachable (an sshd restart, a network
+    blip) before a step fails: 60 s, or PAIRCTL_SSH_RECONNECT_S (seconds, 5 to 3600) for an
+    operator whose hosts take longer, or a test lab that must not wait a minute per cut."""
+    raw = os.environ.get("PAIRCTL_SSH_RECONNECT_S", "")
+    try:
+        v = float(raw) if raw else default
+    except ValueError:
+        return default
+    return min(3600.0, max(5.0, v))
+
+
+RECONNECT_BUDGET_S = _reconnect_budget()
 RECONNECT_RETRY = RetryPolicy(attempts=1000, initial_s=0.5, max_s=5.0, budget_s=RECONNECT_BUDGET_S)
 
 

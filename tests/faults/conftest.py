@@ -25,7 +25,8 @@ from orchestrator.engine import route_trust
 from orchestrator.paths import Home
 from tests.faults.harness import PAIR, lab_for, packages_for
 
-DEFAULT_SHARDS = 3
+# the lab pair and lab3's three: cells mostly wait (cuts, timeouts), so four side by side fit 2 cores
+DEFAULT_SHARDS = 4
 
 
 @dataclass(frozen=True)

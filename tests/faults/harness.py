@@ -108,6 +108,9 @@ class FaultPair:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_FAULT")}
         env.pop("PAIRCTL_ENABLE_FAULT_HOOKS", None)
         env["PAIRCTL_HOME"] = str(self.home.root)
+        # a cut host is given up after 30 s, not the default 60 s: 34 cut-ssh cells would otherwise
+        # wait a minute each; still longer than a blip (BLIP_S), so the blip cells keep their meaning
+        env.setdefault("PAIRCTL_SSH_RECONNECT_S", str(RECONNECT_S))
         env.update(extra)
         return env
 
@@ -460,6 +463,7 @@ def repair_cut_ssh(fp, st):
 # issue 33 item 3: sshd refused for this long on one host (sessions cut), then back; shorter than
 # the reconnect budget (orchestrator/remote/transport.py RECONNECT_BUDGET_S), so the run goes on
 BLIP_S = 20.0
+RECONNECT_S = 30.0  # the fault pairs' PAIRCTL_SSH_RECONNECT_S (FaultPair.env): above BLIP_S
 
 
 def _blip_ssh(role):
