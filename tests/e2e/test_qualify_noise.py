@@ -7,6 +7,7 @@ about 3-4 minutes (a calibration of 8 pairs and one A/A run on 8 or more)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,15 @@ from orchestrator.evidence.store import EvidenceStore
 from tests.plugins.packages import run_pairctl
 from tests.plugins.qualify import MAX_E2E_PAIRS, sized_plan
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(1200),
+    # about 4 minutes of a qualification under load: kept out of CI's 90 (`make test`); the same proof,
+    # repeated, is `python -m benchmarks qualify_noise` (docs/qualify-calibration.md)
+    pytest.mark.skipif(
+        os.environ.get("PAIRCTL_TEST_SLOW") != "1", reason="a qualification under load: PAIRCTL_TEST_SLOW=1"
+    ),
+]
 
 PAIR = "lab"
 
