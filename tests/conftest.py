@@ -53,3 +53,15 @@ def cli(pairctl_home: Path):
         return run_cli(argv + list(args), input=input)
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _config_env_restored():
+    """No test's config directory outlives it: `--config` and `config check` export
+    PAIRCTL_CONFIG in this process, which a later test's profile lookup would read."""
+    saved = os.environ.get("PAIRCTL_CONFIG")
+    yield
+    if saved is None:
+        os.environ.pop("PAIRCTL_CONFIG", None)
+    else:
+        os.environ["PAIRCTL_CONFIG"] = saved

@@ -5,11 +5,13 @@ stream isolation, so a test sees exactly what an operator's terminal would, and 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from typer.testing import CliRunner
 
 from orchestrator.cli import main
+from orchestrator.config.search import CONFIG_ENV
 
 
 @dataclass
@@ -24,7 +26,22 @@ class CliResult:
 
 
 def run_cli(argv: list[str], *, input: str | None = None) -> CliResult:
-    """`pairctl ARGV...` in-process: its exit code, stdout and stderr (decoded, never raising)."""
+    """`pairctl ARGV...` in-process: its exit code, stdout and stderr (decoded, never raising).
+
+    PAIRCTL_CONFIG is put back afterwards, as a real process's exit would: `--config`
+    exports PAIRCTL_CONFIG for child processes, and one test's config directory must not become
+    every later test's (it once gave a unit test an e2e test's impossible speed floor)."""
+    saved = os.environ.get(CONFIG_ENV)
+    try:
+        return _run(argv, input=input)
+    finally:
+        if saved is None:
+            os.environ.pop(CONFIG_ENV, None)
+        else:
+            os.environ[CONFIG_ENV] = saved
+
+
+def _run(argv: list[str], *, input: str | None) -> CliResult:
     with CliRunner().isolation(input=input) as streams:
         try:
             main(argv)
