@@ -1,13 +1,14 @@
 """Fixtures for the fault matrix: the lab hosts, two packages, and the `faults` pairs on tmpfs roots.
 
 By default the lab is the session's `lab` fixture (manifests/inventories/lab.yaml) plus `lab3`
-(lab3.yaml: three more sshd host pairs, so the matrix runs in shards, one pair per shard), and the
+(lab3.yaml: three more sshd host pairs) and `lab_faults` (labfaults.yaml: two more), so the matrix
+runs in shards, one pair per shard; and the
 packages are `lab_packages` / `lab_packages_b` from `pairctl build`. For development on a busy
 machine some variables point elsewhere (never set in CI):
   PAIRCTL_FAULTS_LAB_INVENTORY=PATH   a lab inventory of your own (its hosts are brought up here;
                                       one shard per pair in it)
   PAIRCTL_FAULTS_PACKAGES="A B"       two package ids already in the home's store
-  PAIRCTL_FAULTS_SHARDS=N             shards run side by side (default 3, at most one per host pair)
+  PAIRCTL_FAULTS_SHARDS=N             shards run side by side (default 6, at most one per host pair)
 and PAIRCTL_FAULTS_ONLY / PAIRCTL_FAULTS_STEPS (comma lists) run a part of the matrix.
 """
 
@@ -25,8 +26,9 @@ from orchestrator.engine import route_trust
 from orchestrator.paths import Home
 from tests.faults.harness import PAIR, lab_for, packages_for
 
-# the lab pair and lab3's three: cells mostly wait (cuts, timeouts), so four side by side fit 2 cores
-DEFAULT_SHARDS = 4
+# the lab pair, lab3's three and lab_faults' two: cells mostly wait (cuts, timeouts), so six side by
+# side fit 2 cores
+DEFAULT_SHARDS = 6
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,11 @@ def fault_matrix(request, pairctl_home) -> FaultMatrix:
     home, inv_path, _ = lab_for(request, pairctl_home)
     packages = packages_for(request, pairctl_home)
     bases = [(inv_path, p) for p in read_yaml(inv_path)["pairs"]]
-    if not os.environ.get("PAIRCTL_FAULTS_LAB_INVENTORY"):
-        lab3 = request.getfixturevalue("lab3")
-        bases += [(lab3.inventory_path, p) for p in read_yaml(lab3.inventory_path)["pairs"]]
     want = int(os.environ.get("PAIRCTL_FAULTS_SHARDS", DEFAULT_SHARDS))
+    if not os.environ.get("PAIRCTL_FAULTS_LAB_INVENTORY"):
+        for extra in ("lab3", "lab_faults")[: 1 if want <= 4 else 2]:
+            env = request.getfixturevalue(extra)
+            bases += [(env.inventory_path, p) for p in read_yaml(env.inventory_path)["pairs"]]
     sites = [
         ShardSite(path, bpair, PAIR if i == 0 else f"{PAIR}{i}", (8190 + i, 50190 + i))
         for i, (path, bpair) in enumerate(bases[: max(1, want)])

@@ -1,4 +1,5 @@
-"""Session fixtures for the lab: `lab` (manifests/inventories/lab.yaml) and `lab3` (lab3.yaml).
+"""Session fixtures for the lab: `lab` (manifests/inventories/lab.yaml), `lab3` (lab3.yaml) and
+`lab_faults` (labfaults.yaml, the fault matrix's extra shards).
 
 Each runs the real `Lab.up` once per session in the shared `pairctl_home` and yields a
 `LabEnv`. `up` is idempotent, so a lab left running by an aborted session is reused. At session
@@ -70,6 +71,14 @@ def _want_source() -> bool:
 def lab(pairctl_home: Path):
     """The two-host lab (lab-native 127.0.0.2, lab-rpc 127.0.0.3, port 2222), up for the session."""
     env, started = _lab_up(pairctl_home, "lab", source=_want_source())
+    yield env
+    _teardown(env, started)
+
+
+@pytest.fixture(scope="session")
+def lab_faults(pairctl_home: Path):
+    """Two more pairs on four hosts (127.0.0.18-21, port 2222): the fault matrix's extra shards."""
+    env, started = _lab_up(pairctl_home, "labfaults", source=_want_source())
     yield env
     _teardown(env, started)
 

@@ -104,8 +104,12 @@ def test_a_slow_real_pair_gets_bounds_from_its_own_speed() -> None:
     assert b.completion_s == round(prof.speed.slowdown_allowance * work + budget.MARGIN_S, 1)
     assert b.completion_s > 4 * old.completion_s
     assert "7.0 tok/s" in b.why and "test figures" in b.why
-    # one batch of prompt at 7 tok/s: /slots may be silent that long, three times over
-    assert b.stall_s == round(3 * prof.batch_size / 7.0, 1)
+    # one batch of prompt at 7 tok/s slowed by the allowance: /slots may be silent that long,
+    # three times over, but a stopped server still fails within 2 minutes
+    assert b.stall_s == budget.STALL_MAX_S <= 110
+    mid = budget.from_speeds(prof, _speeds(60.0, 20.0))
+    assert mid.stall_s == round(3 * prof.speed.slowdown_allowance * prof.batch_size / 60.0, 1)
+    assert "allowance" in mid.speeds["stall_why"]
     # a fast pair's stall bound does not drop below the minimum
     assert budget.from_speeds(prof, _speeds(5000.0, 900.0)).stall_s == budget.STALL_MIN_S
 
