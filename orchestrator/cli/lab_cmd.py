@@ -73,4 +73,6 @@ def down(ctx: typer.Context) -> None:
     if not report.stopped:
         c.console.print("lab: nothing was running")
     for s in report.stopped:
-        c.console.print(f"stopped {s['what']} on {s['host']}: pids {', '.join(map(str, s['pids']))}", markup=False)
+        pids = s.get("pids")  # an @reboot crontab line removed has none
+        what = f"stopped {s['what']} on {s['host']}" if pids else f"removed the {s['what']} on {s['host']}"
+        c.console.print(what + (f": pids {', '.join(map(str, pids))}" if pids else ""), markup=False)

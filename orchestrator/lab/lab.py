@@ -206,7 +206,7 @@ def _down(home: Home, only: set[str] | None) -> DownReport:
                 stopped.append({"host": plan.name, "what": "sshd", "pids": pids})
                 log.info("lab host down", host=plan.name, pids=pids)
             if _drop_boot_entry(plan) == "removed":
-                stopped.append({"host": plan.name, "what": "@reboot crontab line"})
+                stopped.append({"host": plan.name, "what": "@reboot crontab line", "pids": []})
         except PairctlError as exc:
             problems.append(str(exc))
     if problems:

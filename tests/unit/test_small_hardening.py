@@ -89,6 +89,7 @@ def test_lab_down_removes_the_reboot_lines_its_deploys_wrote(tmp_path):
     from orchestrator.lab.lab import down_all
     from orchestrator.paths import Home
     from orchestrator.remote.local import LocalTransport
+    from tests.plugins.cli import run_cli
 
     home = Home.resolve(tmp_path / "home")
     hdir = home.lab / "hosts" / "h-down"
@@ -102,8 +103,14 @@ def test_lab_down_removes_the_reboot_lines_its_deploys_wrote(tmp_path):
         pytest.skip(f"no crontab here: {got}")
     try:
         assert boot.read_entry(t, layout).get("persistence") == "cron"
+        # as an operator runs it: `pairctl lab down` printed "internal error" (KeyError 'pids') here
+        r = run_cli(["--home", str(home.root), "lab", "down"])
+        assert r.exit_code == 0 and "removed the @reboot crontab line on h-down" in r.stdout, r.output
+        assert "internal error" not in r.output
+        assert boot.read_entry(t, layout).get("persistence") != "cron"
+        boot.ensure_entry(t, layout)
         report = down_all(home)
-        assert {"host": "h-down", "what": "@reboot crontab line"} in report.stopped
+        assert {"host": "h-down", "what": "@reboot crontab line", "pids": []} in report.stopped
         text = boot.read_crontab(t).text or ""
         assert str(hdir / "root") not in text
     finally:
