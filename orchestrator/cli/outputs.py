@@ -108,12 +108,14 @@ class HostStatus(_Open):
     previous: str | None
     releases: list[str]
     service: str
-    running: bool
+    running: bool | None  # None: the host did not answer (reachable false)
     pid: int | None
     matches_manifest: bool | None
     leases: list[dict[str, Any]]
     supervisor: dict[str, Any] | None = None  # hosts/supervisor.py SupervisorState.as_dict()
     boot: dict[str, Any] | None = None  # hosts/boot.py read_entry() + starts_at_boot (prepared hosts)
+    reachable: bool = True  # false: nothing was read from this host (`error` says why; exit 4)
+    error: str | None = None
 
 
 class StatusOutput(_Open):
@@ -125,6 +127,7 @@ class StatusOutput(_Open):
     problems: list[str]
     warnings: list[str] = Field(default_factory=list)  # exit 0 all the same (e.g. no boot persistence)
     health: str | None = None
+    unreachable: dict[str, str] = Field(default_factory=dict)  # host -> why (a partial view, exit 4)
     error: ErrorInfo | None = None
 
 

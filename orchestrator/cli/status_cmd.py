@@ -109,6 +109,7 @@ def status(
             c.emit_json(one.value)
         else:
             print_status(c.console, one.value)
+        _raise_if_unreachable(one.value)
         if not one.ok:
             raise typer.Exit(1)
         return
@@ -142,7 +143,22 @@ def status(
             )
         c.console.print(t)
     if not results.ok:
+        for o in results.outcomes:
+            _raise_if_unreachable(o.value or {})
         raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())
+
+
+def _raise_if_unreachable(out: dict[str, Any]) -> None:
+    """Exit 4 after the partial view: what the reachable host said is shown, the other is named."""
+    from orchestrator.errors import HostError
+
+    down = out.get("unreachable") or {}
+    if down:
+        host, why = next(iter(down.items()))
+        raise HostError(
+            f"pair {out['pair']}: {', '.join(down)} not reachable ({why}); the view above is partial",
+            hint="the other host's state is shown as it answered; fix the host (sshd, network, key) and look again",
+        )
 
 
 def _reraise(one: Any) -> typer.Exit:
