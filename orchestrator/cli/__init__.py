@@ -115,7 +115,9 @@ def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None
 # Commands that take leases: a signal during them stops the run at its next bounded point and
 # ends it like a failure (rollback, leases released; orchestrator/interrupt.py). Others keep
 # Python's default handling (SIGTERM kills, SIGINT is a KeyboardInterrupt: exit 130).
-GUARDED_COMMANDS = frozenset({"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels"})
+GUARDED_COMMANDS = frozenset(
+    {"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels", "restart", "start", "stop"}
+)
 
 
 def _command_word(args: list[str]) -> str | None:
