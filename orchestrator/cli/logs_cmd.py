@@ -16,14 +16,12 @@ def logs(
     host: str = typer.Option(
         "both", "--host", metavar="native|rpc|both", help="Whose log: llama-server's (native), ggml-rpc-server's (rpc)."
     ),
-    lines: int = typer.Option(50, "-n", "--lines", min=0, max=100000, help="How many of the last lines to show."),
+    lines: int = typer.Option(50, "-n", "--lines", metavar="N", help="How many of the last lines to show (0-100000)."),
     follow_: bool = typer.Option(False, "-f", "--follow", help="Then print lines as they are appended."),
     for_s: float = typer.Option(
         600.0,
         "--for",
         metavar="SECONDS",
-        min=1.0,
-        max=FOLLOW_MAX_S,
         help="How long --follow follows (bounded: default 600 s); Ctrl-C stops it sooner (exit 0).",
     ),
 ) -> None:
@@ -39,6 +37,10 @@ def logs(
     from orchestrator.remote.pool import TransportPool
 
     c = get_ctx(ctx)
+    if not 0 <= lines <= 100000:
+        raise UsageError(f"-n {lines}: give 0 to 100000 lines")
+    if not 1 <= for_s <= FOLLOW_MAX_S:
+        raise UsageError(f"--for {for_s:g}: give 1 to {FOLLOW_MAX_S:g} seconds")
     try:
         roles_of(host)
     except ValueError:

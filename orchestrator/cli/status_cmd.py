@@ -81,13 +81,11 @@ def status(
         0.0,
         "--watch",
         metavar="SECONDS",
-        min=0.0,
-        max=3600.0,
         help="Look again every SECONDS (a terminal is redrawn; a pipe gets each look under a time line), "
         "until Ctrl-C (exit 0) or --count looks.",
     ),
     count: int = typer.Option(
-        0, "--count", metavar="N", min=0, max=100000, help="With --watch: stop after N looks (default: 1 hour's worth)."
+        0, "--count", metavar="N", help="With --watch: stop after N looks (default: 1 hour's worth)."
     ),
 ) -> None:
     """Show current/previous releases, services, route record and leases.
@@ -97,6 +95,10 @@ def status(
     does not answer (what the other host says is still shown, the unreachable one named); exit 6
     when a host's current/previous link leaves the install root or names no release. With
     --watch, the exit code of the last look (--json then is a usage error: one document)."""
+    if watch < 0 or watch > 3600 or count < 0:
+        from orchestrator.errors import UsageError
+
+        raise UsageError("--watch takes 0.1 to 3600 seconds and --count a count of looks (0: an hour's worth)")
     if watch:
         _watch(ctx, pair, all_pairs, parallel, verify_files, watch, count)
         return

@@ -321,6 +321,11 @@ def _unreachable_inventory(tmp_path: Path) -> Path:
         ["status", "--pair", "p"],
         ["status", "--all"],
         ["lease", "show", "p"],
+        ["logs", "--pair", "p", "-n", "3"],
+        ["diff", "--pair", "p"],
+        ["restart", "--pair", "p", "--dry-run"],
+        ["stop", "--pair", "p"],
+        ["start", "--pair", "p"],
     ],
     ids=lambda a: " ".join(a[:2]),
 )
