@@ -24,6 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
+from orchestrator.cli.outputs import validate_output
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.evidence.store import EvidenceStore
@@ -68,6 +69,7 @@ def _dry_equals_run(fp: FaultPair, verb: str) -> dict[str, Any]:
     dry = _json(fp.cli("--json", verb, "--pair", NAME, "--dry-run"), f"{verb} --dry-run")
     assert dry["outcome"] == "dry-run"
     out = _json(fp.cli("--json", verb, "--pair", NAME), verb)
+    validate_output(verb, out)
     want, got = _planned(dry["plan"]), _ran(fp, out["receipt"])
     assert want and got == want, (want, got)
     return out
@@ -94,7 +96,7 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     route_before = (fp.roots["native"] / "route.json").read_bytes()
 
     # diff: nothing differs from the profile it was deployed with; another profile shows its flags
-    same = _json(fp.cli("--json", "diff", "--pair", NAME), "diff")
+    same = validate_output("diff", _json(fp.cli("--json", "diff", "--pair", NAME), "diff")).model_dump()
     assert same["same"] and all(h["diff"] == [] for h in same["hosts"].values()), same
     other = fp.cli("diff", "--pair", NAME, "--profile", "lab-draft-other")
     assert other.returncode == 1, other.stderr
@@ -113,6 +115,7 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
 
     # logs: both hosts' last lines; -f prints what a request appends, and stops at --for
     logs = _json(fp.cli("--json", "logs", "--pair", NAME, "-n", "5"), "logs")
+    validate_output("logs", logs)
     assert [g["host"] for g in logs["logs"]] == [f"{NAME}-native", f"{NAME}-rpc"]
     assert all(g["lines"] and len(g["lines"]) <= 5 and g["error"] is None for g in logs["logs"]), logs
     inv = load_inventory(str(fp.inventory_path), {"PAIRCTL_HOME": str(fp.home.root)})
@@ -164,6 +167,7 @@ def test_status_and_logs_with_one_host_down(verbs: FaultPair) -> None:
     try:
         p = fp.cli("--json", "status", "--pair", NAME)
         doc = _json(p, "status with the rpc host down", code=4)
+        validate_output("status", doc)
         native, rpc = doc["hosts"][f"{NAME}-native"], doc["hosts"][f"{NAME}-rpc"]
         assert native["reachable"] and native["running"] and native["current"] == fp.packages[0], native
         assert rpc["reachable"] is False and rpc["error"], rpc
