@@ -29,6 +29,7 @@ from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.evidence.store import EvidenceStore
 from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
+from tests.plugins.tty import run_in_pty
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -156,6 +157,14 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     watch = fp.cli("status", "--pair", NAME, "--watch", "0.2", "--count", "2")
     assert watch.returncode == 0, watch.stderr
     assert watch.stdout.count("look ") == 2 and watch.stdout.count(f"pair {NAME}") == 2, watch.stdout
+    # on a terminal each look is drawn on a cleared screen: the last one alone is left
+    code, raw = run_in_pty(
+        fp.argv("status", "--pair", NAME, "--watch", "0.2", "--count", "2"), env=fp.env(), timeout_s=120
+    )
+    text = raw.decode("utf-8", "replace")
+    assert code == 0 and text.count("\x1b[2J") == 2, text[-2000:]
+    last = text.rsplit("\x1b[2J", 1)[1]
+    assert "look 2/2" in last and "look 1/2" not in last and last.count(f"pair {NAME}") == 1, last
 
 
 def test_status_and_logs_with_one_host_down(verbs: FaultPair) -> None:
