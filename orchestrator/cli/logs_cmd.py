@@ -30,9 +30,10 @@ def logs(
 
     A read: no lease, no receipt, nothing changes. Each file is read only as a regular file and
     at most 1 MiB at a time. Exit 4 when a host does not answer (the other host's lines are still
-    shown, and the host is named). With --json: one document {pair, logs: [{host, role, path,
-    lines, size, error, truncated}]}; --follow then is a usage error (exit 2)."""
-    from orchestrator.errors import HostError, UsageError
+    shown, and the host is named); 6 when a log is not a regular file. With --json: one document
+    {pair, logs: [{host, role, path, lines, size, error, truncated}]}; --follow then is a usage
+    error (exit 2)."""
+    from orchestrator.errors import HostError, HostStateError, UsageError
     from orchestrator.ops.logs import follow, roles_of, tail
     from orchestrator.remote.pool import TransportPool
 
@@ -68,7 +69,8 @@ def logs(
                 pass
     down = [g for g in got if g.error is not None]
     if down:
-        raise HostError(
+        err = HostError if any(g.exit_code == 4 for g in down) else HostStateError
+        raise err(
             "; ".join(f"{g.host}: {g.error}" for g in down)
             + ("; the other host's lines are shown" if len(down) < len(got) else ""),
             hint="fix the host (sshd, network, key) and look again",

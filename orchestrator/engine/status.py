@@ -14,7 +14,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.engine import leasing, revisions, route_trust
 from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.engine.plan import pair_view
-from orchestrator.errors import HostError, HostStateError, PairctlError
+from orchestrator.errors import HostKeyError, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import boot, supervisor
 from orchestrator.hosts.layout import HostLayout
@@ -28,7 +28,7 @@ from orchestrator.hosts.units import parse_readback
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import ConnectionLost, Transport, Unreachable
 from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 
@@ -73,7 +73,7 @@ def status(
             try:
                 t = pool.get(host)
                 f = read_facts(t, layout, (name,))
-            except HostError as exc:  # unreachable or an unknown key: say so, show what the other host says
+            except (Unreachable, ConnectionLost, HostKeyError) as exc:  # say so, show what the other host says
                 out["unreachable"][host] = exc.message
                 out["hosts"][host] = {
                     **{"role": role, "current": None, "previous": None, "releases": [], "service": name},

@@ -16,7 +16,7 @@ from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine.plan import pair_view
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostStateError
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
@@ -35,6 +35,7 @@ class HostLog:
     lines: list[str] = field(default_factory=list)
     size: int | None = None  # bytes in the file when read; None: no file (never started)
     error: str | None = None  # why nothing was read (unreachable, not a regular file)
+    exit_code: int = 0  # 4 unreachable, 6 a log that is not a regular file
     truncated: bool = False  # more than LOG_TAIL_MAX bytes were new: only the last of them shown
 
     def as_dict(self) -> dict[str, Any]:
@@ -62,7 +63,7 @@ def _size(t: Transport, path: str) -> int | None:
     if st is None:
         return None
     if not st.is_file:
-        raise HostError(f"{path} is not a regular file (a link or device is never read)")
+        raise HostStateError(f"{path} is not a regular file (a link or device is never read)")
     return st.size
 
 
@@ -92,8 +93,8 @@ def tail(pool: TransportPool, inventory: Inventory, pair: str, which: str, lines
                 # the last lines are within the last LOG_TAIL_MAX bytes, or only those are shown
                 data, log.truncated = _read_from(t, log.path, 0, log.size)
                 log.lines = as_text(data).splitlines()[-lines:] if lines > 0 else []
-        except HostError as exc:
-            log.error = exc.message
+        except (HostError, HostStateError) as exc:
+            log.error, log.exit_code = exc.message, int(exc.exit_code)
         out.append(log)
     return out
 
@@ -123,7 +124,7 @@ def follow(
                     continue
                 start = offsets[log.host] if size >= offsets[log.host] else 0
                 data, cut = _read_from(t, log.path, start, size)
-            except HostError as exc:
+            except (HostError, HostStateError) as exc:
                 yield log.host, f"(stopped following: {exc.message})"
                 del offsets[log.host]
                 continue

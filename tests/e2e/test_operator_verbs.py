@@ -147,6 +147,17 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     assert stopped["outcome"] == "passed" and _pids(fp) == {"native": None, "rpc": None}
     code, st = fp.status()
     assert code == 1 and not any(h["running"] for h in st["hosts"].values()), st
+    # the host is untrusted: a log that is a link (here to /dev/zero) is refused, never read
+    out_file = fp.roots["native"] / "run" / "llama-server.out"
+    aside = out_file.with_name("llama-server.out.aside")
+    out_file.rename(aside)
+    out_file.symlink_to("/dev/zero")
+    try:
+        bad = fp.cli("logs", "--pair", NAME, "--host", "native")
+        assert bad.returncode == 6 and "not a regular file" in bad.stderr, (bad.returncode, bad.stderr)
+    finally:
+        out_file.unlink()
+        aside.rename(out_file)
     _dry_equals_run(fp, "start")
     assert None not in _pids(fp).values()
     again = _json(fp.cli("--json", "start", "--pair", NAME), "start of a running pair")
