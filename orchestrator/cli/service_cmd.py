@@ -31,7 +31,9 @@ def _run(ctx: typer.Context, verb: str, pair: str, dry_run: bool) -> None:
     if c.json_output:
         c.emit_json(result.to_dict())
         return
-    if dry_run:
+    if result.outcome == "nothing to start":
+        c.console.print(f"start {pair}: nothing to start, both services run (restart restarts them)", markup=False)
+    elif dry_run:
         a = result.active or {}
         c.console.print(
             f"{verb}s: {a.get('native_package')} + {a.get('rpc_package')} ({a.get('profile_name')})", markup=False

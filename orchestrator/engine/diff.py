@@ -85,7 +85,7 @@ def pair_diff(
             difflib.unified_diff(
                 argv_lines(running),
                 argv_lines(want),
-                fromfile=f"{host}: running" + (f" (current {facts[r].current})" if running else " (not running)"),
+                fromfile=f"{host}: running from {facts[r].current}" if running else f"{host}: not running",
                 tofile=f"{host}: {want_profile} on {pkg}",
                 lineterm="",
                 n=1,

@@ -102,7 +102,7 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     other = fp.cli("diff", "--pair", NAME, "--profile", "lab-draft-other")
     assert other.returncode == 1, other.stderr
     assert any(line.startswith("+--") or line.startswith("+-") for line in other.stdout.splitlines()), other.stdout
-    assert f"{NAME}-native: running" in other.stdout
+    assert f"--- {NAME}-native: running from {a}" in other.stdout, other.stdout
 
     # restart: the dry run's commands are the run's; new pids, the same record
     pids = _pids(fp)
