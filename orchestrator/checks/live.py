@@ -22,7 +22,7 @@ from orchestrator.checks.reference import load_state as load_reference
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
 from orchestrator.engine.identity import Expected, verify_identity
-from orchestrator.errors import ConfigError, EvidenceError, HostError
+from orchestrator.errors import ConfigError, EvidenceError, HostError, HostStateError
 from orchestrator.evidence.journal import Journal
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.models import recorded_model_problems
@@ -245,9 +245,13 @@ def open_live(
         transports = {r: pool.get(h) for r, h in hosts.items()}
         route = read_route(transports["native"], roots["native"])
         if route is None or route.active is None:
-            raise HostError(
-                f"pair {pair}: no active route on {spec.native} (nothing deployed?)",
-                hint=f"deploy first: pairctl deploy --pair {pair}",
+            # nothing to accept is the state rollback and repair refuse too (exit 6), not an unreachable host
+            raise HostStateError(
+                f"accept refused: pair {pair} was never deployed (no route record on {spec.native}), "
+                "so nothing runs to accept"
+                if route is None
+                else f"accept refused: pair {pair}'s route record on {spec.native} names no active pair",
+                hint=f"`pairctl deploy --pair {pair} --native ID --rpc ID` deploys and accepts a pair",
             )
         if profile_name:
             profile = load_profile(profile_name, pair=inventory.pair(pair))

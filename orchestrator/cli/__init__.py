@@ -25,14 +25,14 @@ from orchestrator.errors import ExitCode, PairctlError, UsageError
 
 EXIT_MEANINGS: dict[ExitCode, str] = {
     ExitCode.OK: "ok",
-    ExitCode.FAILURE: "a check, gate or verification failed",
+    ExitCode.FAILURE: "a check, gate or verification failed (status: a mismatch; diff: a difference)",
     ExitCode.USAGE: "bad command line (also an id, hash or check name that names nothing)",
     ExitCode.CONFIG: "invalid manifest, inventory, profile, plan or playbook (or a name it does not define)",
     ExitCode.HOST: "a host could not be reached, or its host key is unknown or changed",
     ExitCode.LEASED: "a host is leased by someone else (or another pairctl run holds the pair)",
-    ExitCode.BUILD: "build or package problem, damaged host state, or not enough free space on a host",
+    ExitCode.BUILD: "build or package problem, damaged host state, a pair never deployed, or a host short of space",
     ExitCode.ROLLED_BACK: "failed after activation began; previous pair restored and verified",
-    ExitCode.ROLLBACK_FAILED: "rollback failed: hosts left stopped, leases kept",
+    ExitCode.ROLLBACK_FAILED: "rollback (or restart/start/stop) failed: hosts left stopped, leases kept",
     ExitCode.INCONCLUSIVE: "inconclusive (not enough valid data)",
     ExitCode.EVIDENCE: "a receipt or chain does not verify",
     ExitCode.SKIPPED: "skipped (a scheduled run found the pair leased)",
@@ -115,7 +115,9 @@ def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None
 # Commands that take leases: a signal during them stops the run at its next bounded point and
 # ends it like a failure (rollback, leases released; orchestrator/interrupt.py). Others keep
 # Python's default handling (SIGTERM kills, SIGINT is a KeyboardInterrupt: exit 130).
-GUARDED_COMMANDS = frozenset({"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels"})
+GUARDED_COMMANDS = frozenset(
+    {"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels", "restart", "start", "stop"}
+)
 
 
 def _command_word(args: list[str]) -> str | None:

@@ -18,6 +18,13 @@ COMMANDS: dict[str, Lazy] = {
     "qualify": lazy("orchestrator.cli.qualify_cmd:app", "Paired baseline/candidate qualification with declared gates."),
     "rollback": lazy("orchestrator.cli.rollback_cmd:rollback", "Put the previous pair back and verify it."),
     "status": lazy("orchestrator.cli.status_cmd:status", "What runs on a pair, whether it matches, leases (a read)."),
+    "logs": lazy("orchestrator.cli.logs_cmd:logs", "A pair's server logs: the last lines, -f to follow (bounded)."),
+    "restart": lazy(
+        "orchestrator.cli.service_cmd:restart", "Restart the pair that runs now (same releases), verified."
+    ),
+    "stop": lazy("orchestrator.cli.service_cmd:stop", "Stop both services of a pair (links and record kept)."),
+    "start": lazy("orchestrator.cli.service_cmd:start", "Start the pair current names (after stop), verified."),
+    "diff": lazy("orchestrator.cli.diff_cmd:diff", "What runs against what the inventory and profile ask now."),
     "repair": lazy(
         "orchestrator.cli.repair_cmd:repair", "Rebuild a pair's route record from its links, manifests and evidence."
     ),

@@ -169,6 +169,13 @@ CANARY = typer.Option(
 SERIAL = typer.Option(1, "--serial", min=1, metavar="N", help="Pairs per wave (a wave's pairs run in parallel).")
 MAX_FAIL = typer.Option(1, "--max-fail", min=1, metavar="K", help="Start no more pairs after K failures.")
 PAUSE = typer.Option(0.0, "--pause", min=0.0, metavar="S", help="Seconds to wait between waves.")
+WAVES = typer.Option(
+    0,
+    "--waves",
+    metavar="N",
+    help="Run N waves, then pause (exit 0, the rest 'paused'); the same command again continues (Argo's "
+    "pause and promote: pairs already done are skipped). Default: every wave.",
+)
 
 
 def parallel(default: int, what: str) -> Any:

@@ -50,7 +50,7 @@ class StepRow(_Open):
 
 
 class RunOutput(_Open):
-    """deploy and rollback."""
+    """deploy, rollback, restart, start and stop (outcome: passed | dry-run | nothing to start)."""
 
     command: str
     pair: str
@@ -67,7 +67,7 @@ class RunOutput(_Open):
 
 class FleetPairRow(_Open):
     """One pair of a rollout: passed | skipped | rolled-back | rollback-failed | leased | refused |
-    not-started (before a run: the planned `deploy` / `rollback`, or skipped), its own receipt."""
+    not-started | paused (before a run: the planned `deploy` / `rollback`, or skipped), its own receipt."""
 
     pair: str
     wave: int | None
@@ -108,12 +108,14 @@ class HostStatus(_Open):
     previous: str | None
     releases: list[str]
     service: str
-    running: bool
+    running: bool | None  # None: the host did not answer (reachable false)
     pid: int | None
     matches_manifest: bool | None
     leases: list[dict[str, Any]]
     supervisor: dict[str, Any] | None = None  # hosts/supervisor.py SupervisorState.as_dict()
     boot: dict[str, Any] | None = None  # hosts/boot.py read_entry() + starts_at_boot (prepared hosts)
+    reachable: bool = True  # false: nothing was read from this host (`error` says why; exit 4)
+    error: str | None = None
 
 
 class StatusOutput(_Open):
@@ -125,6 +127,7 @@ class StatusOutput(_Open):
     problems: list[str]
     warnings: list[str] = Field(default_factory=list)  # exit 0 all the same (e.g. no boot persistence)
     health: str | None = None
+    unreachable: dict[str, str] = Field(default_factory=dict)  # host -> why (a partial view, exit 4)
     error: ErrorInfo | None = None
 
 
@@ -204,11 +207,56 @@ class QualifyOutput(_Open):
     error: ErrorInfo | None = None
 
 
+class LogFile(_Open):
+    host: str
+    role: str
+    path: str
+    lines: list[str]
+    size: int | None  # None: no such file (the service never started there)
+    error: str | None  # why nothing was read (the host unreachable: exit 4)
+    truncated: bool
+
+
+class LogsOutput(_Open):
+    """logs --pair P (without --follow)."""
+
+    pair: str
+    logs: list[LogFile]
+    error: ErrorInfo | None = None
+
+
+class DiffHost(_Open):
+    role: str
+    service: str
+    running: bool
+    current: str | None
+    wanted_release: str
+    running_argv: list[str]
+    wanted_argv: list[str]
+    diff: list[str]  # unified diff lines, one flag and its values a line
+    same: bool
+
+
+class DiffOutput(_Open):
+    """diff --pair P: what runs against what the profile asks now (exit 1 when not `same`)."""
+
+    pair: str
+    profile: str
+    same: bool
+    hosts: dict[str, DiffHost]
+    error: ErrorInfo | None = None
+
+
 # command -> the type of its success document (a failure is `Failed` or the same with `error`).
 OUTPUTS: dict[str, Any] = {
     "error": Failed,
     "deploy": RunOutput,
     "rollback": RunOutput,
+    "restart": RunOutput,
+    "start": RunOutput,
+    "stop": RunOutput,
+    "logs": LogsOutput,
+    "diff": DiffOutput,
     "deploy-fleet": FleetRunOutput,
     "rollback-fleet": FleetRunOutput,
     "status": StatusOutput,

@@ -141,12 +141,22 @@ def qualify(
 @app.command("report")
 def report(
     ctx: typer.Context,
-    receipt: str = typer.Option(
-        ..., "--receipt", metavar="HASH", help="Receipt hash (or prefix): a qualify run or a record derived from one."
+    hash_: str | None = typer.Argument(
+        None, metavar="HASH", help="Receipt hash (or prefix), as `receipts show HASH` takes it."
+    ),
+    receipt: str | None = typer.Option(
+        None, "--receipt", metavar="HASH", help="The same as HASH (kept for scripts that name it)."
     ),
 ) -> None:
-    """Recompute the result from a receipt (following a derived record's references) and write the report."""
+    """Recompute the result from a receipt (a qualify run or a record derived from one, following
+    its references) and write the report: `pairctl qualify report HASH`."""
     c = get_ctx(ctx)
+    if (hash_ is None) == (receipt is None):
+        from orchestrator.errors import UsageError
+
+        raise UsageError("name one receipt: `pairctl qualify report HASH` (or --receipt HASH)")
+    receipt = hash_ or receipt
+    assert receipt is not None
     from orchestrator.cli.receipts_cmd import resolve_receipt
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report

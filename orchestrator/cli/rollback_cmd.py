@@ -18,6 +18,7 @@ def rollback(
     serial: int = opts.SERIAL,
     max_fail: int = opts.MAX_FAIL,
     pause: float = opts.PAUSE,
+    waves: int = opts.WAVES,
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Name the pair it would go back to and print every step; change nothing."
     ),
@@ -47,7 +48,7 @@ def rollback(
 
         run_fleet(
             c, "rollback", pair, all_pairs, canary=canary, serial=serial, max_fail=max_fail, pause=pause,
-            dry_run=dry_run,
+            waves=waves, dry_run=dry_run,
         )  # fmt: skip
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`

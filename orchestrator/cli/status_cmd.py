@@ -77,12 +77,80 @@ def status(
         help="Also sha256 every file of each host's current release against its manifest (one exec per host; "
         "catches a changed library or model-independent file that the running binaries' hashes cannot).",
     ),
+    watch: float = typer.Option(
+        0.0,
+        "--watch",
+        metavar="SECONDS",
+        help="Look again every SECONDS (a terminal is redrawn; a pipe gets each look under a time line), "
+        "until Ctrl-C (exit 0) or --count looks.",
+    ),
+    count: int = typer.Option(
+        0, "--count", metavar="N", help="With --watch: stop after N looks (default: 1 hour's worth)."
+    ),
 ) -> None:
     """Show current/previous releases, services, route record and leases.
 
     A read: it changes nothing on the hosts and writes no receipt (it may log). Exit 1 when
-    something does not match on any pair (each problem says how to fix it); exit 6 when a
-    host's current/previous link leaves the install root or names no release."""
+    something does not match on any pair (each problem says how to fix it); exit 4 when a host
+    does not answer (what the other host says is still shown, the unreachable one named); exit 6
+    when a host's current/previous link leaves the install root or names no release. With
+    --watch, the exit code of the last look (--json then is a usage error: one document)."""
+    if watch < 0 or watch > 3600 or count < 0:
+        from orchestrator.errors import UsageError
+
+        raise UsageError("--watch takes 0.1 to 3600 seconds and --count a count of looks (0: an hour's worth)")
+    if watch:
+        _watch(ctx, pair, all_pairs, parallel, verify_files, watch, count)
+        return
+    _status_once(ctx, pair, all_pairs, parallel, verify_files)
+
+
+def _watch(
+    ctx: typer.Context,
+    pair: list[str] | None,
+    all_pairs: bool,
+    parallel: int,
+    verify_files: bool,
+    every: float,
+    count: int,
+) -> None:
+    """`watch pairctl status`, bounded: COUNT looks (default an hour's), each probe bounded itself."""
+    import time
+
+    from orchestrator.errors import PairctlError, UsageError
+
+    c = get_ctx(ctx)
+    if c.json_output:
+        raise UsageError("--watch prints a look every SECONDS and --json one document: use one of them")
+    looks = count or max(1, int(3600 / every))
+    code = 0
+    try:
+        for i in range(looks):
+            t0 = time.monotonic()
+            if c.interactive:
+                c.console.clear()
+            stamp = datetime.now(UTC).astimezone().strftime("%H:%M:%S")
+            c.console.print(f"-- {stamp} look {i + 1}/{looks}, every {every:g} s (Ctrl-C stops) --", markup=False)
+            try:
+                _status_once(ctx, pair, all_pairs, parallel, verify_files)
+                code = 0
+            except typer.Exit as exc:
+                code = exc.exit_code
+            except PairctlError as exc:
+                code = exc.exit_code
+                c.console.print(f"error: {first_line(exc.message)}", markup=False)
+            if i + 1 < looks:
+                time.sleep(max(0.0, every - (time.monotonic() - t0)))
+    except KeyboardInterrupt:
+        c.console.print("stopped watching", markup=False)
+        code = 0
+    if code:
+        raise typer.Exit(code)
+
+
+def _status_once(
+    ctx: typer.Context, pair: list[str] | None, all_pairs: bool, parallel: int, verify_files: bool
+) -> None:
     # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
@@ -109,6 +177,7 @@ def status(
             c.emit_json(one.value)
         else:
             print_status(c.console, one.value)
+        _raise_if_unreachable(one.value)
         if not one.ok:
             raise typer.Exit(1)
         return
@@ -142,7 +211,22 @@ def status(
             )
         c.console.print(t)
     if not results.ok:
+        for o in results.outcomes:
+            _raise_if_unreachable(o.value or {})
         raise typer.Exit(1 if results.exit_code() == 0 else results.exit_code())
+
+
+def _raise_if_unreachable(out: dict[str, Any]) -> None:
+    """Exit 4 after the partial view: what the reachable host said is shown, the other is named."""
+    from orchestrator.errors import HostError
+
+    down = out.get("unreachable") or {}
+    if down:
+        host, why = next(iter(down.items()))
+        raise HostError(
+            f"pair {out['pair']}: {', '.join(down)} not reachable ({why}); the view above is partial",
+            hint="the other host's state is shown as it answered; fix the host (sshd, network, key) and look again",
+        )
 
 
 def _reraise(one: Any) -> typer.Exit:

@@ -72,6 +72,9 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
         # a narrow terminal wraps an id instead of cutting it: the end is what tells two builds apart
         table.add_column(col, overflow="fold")
     for host, h in out["hosts"].items():
+        if h.get("reachable") is False:  # a partial view: this host said nothing
+            table.add_row(host, h["role"], "UNREACHABLE", "-", h["service"], "-", "-", "-")
+            continue
         leases = "; ".join(t for t in map(lease_text, h["leases"]) if t) or "-"
         table.add_row(
             host,
@@ -88,7 +91,8 @@ def print_status(console: Console, out: dict[str, Any]) -> None:
     if r:
         console.print(
             f"route: revision {r['revision']} active {r['active'] or '-'} previous {r['previous'] or '-'} "
-            f"(updated {r['updated_at']} by {r['updated_by']})",
+            f"(updated {r['updated_at']} by {r['updated_by']})"
+            + (f" as {r['read_from']} alone has it (not judged)" if r.get("read_from") else ""),
             markup=False,
         )
     else:

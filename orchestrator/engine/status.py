@@ -14,7 +14,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.engine import leasing, revisions, route_trust
 from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.engine.plan import pair_view
-from orchestrator.errors import PairctlError
+from orchestrator.errors import HostKeyError, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import boot, supervisor
 from orchestrator.hosts.layout import HostLayout
@@ -22,12 +22,13 @@ from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
 from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
+from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json
 from orchestrator.hosts.units import parse_readback
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import ConnectionLost, Transport, Unreachable
 from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 
@@ -65,11 +66,22 @@ def status(
     }
     try:
         found: dict[str, HostFacts] = {}
+        out["unreachable"] = {}  # host -> why: the other host is still shown (a partial view)
         for role in ROLES:
             host, layout = view.hosts[role], view.layouts[role]
-            t = pool.get(host)
             name = SERVICE_OF_ROLE[role]
-            f = read_facts(t, layout, (name,))
+            try:
+                t = pool.get(host)
+                f = read_facts(t, layout, (name,))
+            except (Unreachable, ConnectionLost, HostKeyError) as exc:  # say so, show what the other host says
+                out["unreachable"][host] = exc.message
+                out["hosts"][host] = {
+                    **{"role": role, "current": None, "previous": None, "releases": [], "service": name},
+                    **{"running": None, "pid": None, "matches_manifest": None, "leases": []},
+                    **{"reachable": False, "error": exc.message},
+                }
+                out["problems"].append(f"{host}: not reachable, nothing read from it: {exc.message}")
+                continue
             # a host pairctl never prepared has no helper to ask (and nothing of ours running)
             ident = read_identities({role: t}, {role: layout}, (role,))[role] if f.svc_sha256 else None
             want = _bin_sha(store, f.current, name)
@@ -84,6 +96,7 @@ def status(
                 out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
             h: dict[str, Any] = {
                 "role": role,
+                "reachable": True,
                 "current": f.current,
                 "previous": f.previous,
                 "releases": list(f.releases),
@@ -129,12 +142,17 @@ def status(
                     out["problems"].append(h["release_files"]["problem"])
             out["hosts"][host] = h
             found[role] = f
-        _revision_problems(store, view.hosts, found, out)
-        # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
-        judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
-        out["problems"] += [str(p) for p in judged.problems]
-        out["host_state_problems"] = [{"kind": p.kind, "text": p.text, "fix": p.hint} for p in judged.problems]
-        rec = judged.record
+        if out["unreachable"]:
+            # one host read: its route record is shown as that host has it, not judged (judging
+            # compares both hosts' records and links; a deploy or rollback would refuse anyway)
+            rec = _one_host_record(view, found, route_trust.route_key(home), out)
+        else:
+            _revision_problems(store, view.hosts, found, out)
+            # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
+            judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
+            out["problems"] += [str(p) for p in judged.problems]
+            out["host_state_problems"] = [{"kind": p.kind, "text": p.text, "fix": p.hint} for p in judged.problems]
+            rec = judged.record
         if rec is not None:
             out["route"] = {
                 "revision": rec.revision,
@@ -148,7 +166,11 @@ def status(
                 "previous": rec.previous.names() if rec.previous else None,
                 "previous_state": (rec.previous_state or "active") if rec.previous else None,
             }
-            if rec.active and rec.active.models:
+            if "native" not in found:
+                out["route"]["read_from"] = view.hosts["rpc"]
+            elif "rpc" not in found:
+                out["route"]["read_from"] = view.hosts["native"]
+            if rec.active and rec.active.models and "native" in found:
                 bad = recorded_model_problems(
                     rec.active.models,
                     inventory.pair(pair_name).models,
@@ -164,7 +186,7 @@ def status(
             out["health"] = "ok"
         except Exception as exc:
             out["health"] = f"not healthy: {str(exc)[:120]}"
-            if (rec is not None and rec.active is not None) or any(h["current"] for h in out["hosts"].values()):
+            if (rec is not None and rec.active is not None) or any(h.get("current") for h in out["hosts"].values()):
                 # a pair that should serve and does not answer is a problem (exit 1), hung or dead
                 out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
@@ -178,6 +200,20 @@ def status(
     finally:
         if own:
             pool.close()
+
+
+def _one_host_record(view: Any, found: dict[str, HostFacts], key: bytes, out: dict[str, Any]) -> Any:
+    """The route record of the one host that answered, parsed (a damaged one is a problem)."""
+    for role, f in found.items():
+        try:
+            rec = parse_route(f.route_bytes, where=f"{view.hosts[role]}:route.json", pair=view.name)
+        except HostStateError as exc:
+            out["problems"].append(exc.message)
+            return None
+        if rec is not None and not rec.mac_ok(key):
+            out["problems"].append(f"{view.hosts[role]}: route.json is not signed by this home")
+        return rec
+    return None
 
 
 def _revision_problems(store: PackageStore, hosts: Any, found: dict[str, HostFacts], out: dict[str, Any]) -> None:

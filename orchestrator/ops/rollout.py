@@ -39,6 +39,7 @@ ROLLBACK_FAILED = "rollback-failed"  # exit 8
 LEASED = "leased"  # exit 5: held by someone else, skipped (nothing changed)
 REFUSED = "refused"  # any other failure before a change (host unreachable, damaged route record ...)
 NOT_STARTED = "not-started"  # --max-fail reached or the canary failed
+PAUSED = "paused"  # --waves N ran its N waves (Argo's pause): the same command again continues
 
 FAILURES = frozenset({ROLLED_BACK, ROLLBACK_FAILED, REFUSED})
 _EVENT_OF: dict[str, HookEvent] = {
@@ -54,6 +55,7 @@ class RolloutOptions:
     serial: int = 1
     max_fail: int = 1
     pause_s: float = 0.0
+    waves: int = 0  # run at most this many waves, then pause (0: every wave)
     skip_accept: bool = False
     checks: tuple[str, ...] = ()
     kernel_check: bool = False
@@ -115,6 +117,7 @@ class RolloutResult:
             "serial": o.serial,
             "max_fail": o.max_fail,
             "pause_s": o.pause_s,
+            "waves_max": o.waves,
             "waves": self.waves,
             "skipped": {p.pair: p.reason for p in self.pairs if p.wave is None},
             "packages": {p.pair: p.packages for p in self.pairs if p.packages},
@@ -317,6 +320,14 @@ def _run_waves(
             for p in wave:
                 runs[p].outcome, runs[p].reason = NOT_STARTED, stop
             continue
+        if o.waves and i >= o.waves:  # an open-ended pause; the same command again is the promote
+            for p in wave:
+                runs[p].outcome = PAUSED
+                runs[p].reason = (
+                    f"paused after {o.waves} wave(s) (--waves {o.waves}): run the same command again to "
+                    "continue (pairs already on it are skipped)"
+                )
+            continue
         if i > 0 and o.pause_s > 0:
             say(f"pausing {o.pause_s:g} s before wave {i + 1}")
             time.sleep(o.pause_s)
@@ -413,3 +424,5 @@ def check_options(o: RolloutOptions) -> None:
         raise ConfigError("--max-fail must be at least 1")
     if o.pause_s < 0:
         raise ConfigError("--pause must not be negative")
+    if o.waves < 0:
+        raise ConfigError("--waves must not be negative (0: every wave)")

@@ -110,6 +110,11 @@ def _deploy_show_rollback(installed_pairctl: Installed, cwd: Path, home: Path, a
     assert r.returncode == 0, r.stderr[-4000:]
     st = _status(installed_pairctl, cwd, home)
     assert _links(st) == {(a, b)} and not st["problems"] and st["health"] == "ok"
+    # issue 34 item 7 from the installed tool: its restart playbook ships, the logs read
+    r = run(cwd, home, "-i", "site", "--json", "restart", "--pair", "prod")
+    assert r.returncode == 0 and json.loads(r.stdout)["outcome"] == "passed", r.stderr[-3000:]
+    r = run(cwd, home, "-i", "site", "logs", "--pair", "prod", "-n", "3")
+    assert r.returncode == 0 and "v100 | " in r.stdout and "rtx5060ti | " in r.stdout, r.stdout + r.stderr[-2000:]
 
     r = run(cwd, home, "--json", "receipts", "show", receipts[-1])
     assert r.returncode == 0, r.stderr[-2000:]

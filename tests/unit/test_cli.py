@@ -173,6 +173,8 @@ def test_json_success_is_one_document_that_matches_its_schema(tmp_path):
         (["receipts", "show", "0000dead"], 2, "BadParameter"),  # 10 is for receipts that do not verify
         (["packages", "verify", "nope"], 2, "BadParameter"),
         (["qualify", "report", "--receipt", "0000dead"], 2, "BadParameter"),
+        (["qualify", "report", "0000dead"], 2, "BadParameter"),  # positional, as `receipts show HASH`
+        (["qualify", "report"], 2, "UsageError"),
     ],
 )
 def test_json_failure_is_one_document_with_an_error_object(tmp_path, argv, exit_code, kind):
@@ -321,6 +323,11 @@ def _unreachable_inventory(tmp_path: Path) -> Path:
         ["status", "--pair", "p"],
         ["status", "--all"],
         ["lease", "show", "p"],
+        ["logs", "--pair", "p", "-n", "3"],
+        ["diff", "--pair", "p"],
+        ["restart", "--pair", "p", "--dry-run"],
+        ["stop", "--pair", "p"],
+        ["start", "--pair", "p"],
     ],
     ids=lambda a: " ".join(a[:2]),
 )

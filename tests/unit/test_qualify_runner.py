@@ -237,7 +237,7 @@ def test_record_with_tampered_plan_text_is_rejected(tmp_path):
 
 def test_cli_report_exit_codes_follow_the_gates(tmp_path, cli):
     _, ok = run(tmp_path / "a", ScriptedDriver(SPEEDS))
-    r = cli("qualify", "report", "--receipt", ok.receipt[:12], home=tmp_path / "a")
+    r = cli("qualify", "report", ok.receipt[:12], home=tmp_path / "a")  # the hash positional, as receipts show
     assert r.exit_code == 0, r.output
     assert "report: " in r.stdout and "report.md" in r.stdout
     _, bad = run(tmp_path / "b", ScriptedDriver({"baseline": [100.0] * 3, "candidate": [97.0] * 3}))

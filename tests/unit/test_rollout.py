@@ -159,3 +159,28 @@ def test_deploy_rev_names_the_build_command_for_missing_packages(tmp_path):
 def test_rollout_usage_errors(tmp_path, args):
     r = _pairctl(tmp_path, *args)
     assert r.exit_code == 2, r.output
+
+
+def test_waves_n_pauses_after_n_waves_and_exits_0(monkeypatch):
+    """`--waves N` (Argo's pause): N waves run, the rest are `paused` with the way to continue;
+    the wave loop only (each pair's run is the engine's, proven on the lab elsewhere)."""
+    from orchestrator.ops import rollout as ro
+
+    ran: list[str] = []
+
+    def one(home, inventory, result, run, argv):
+        ran.append(run.pair)
+        run.outcome = PASSED
+        return run
+
+    monkeypatch.setattr(ro, "_labelled_one", one)
+    waves = plan_waves(["a", "b", "c"], "a", 1)
+    runs = {p: ro.PairRun(p, i, "deploy") for i, w in enumerate(waves) for p in w}
+    res = ro.RolloutResult("deploy", "r", "c", ro.RolloutOptions(canary="a", waves=2), waves, list(runs.values()))
+    res.timings = {"waves_s": []}
+    ro._run_waves(None, None, res, runs, [], lambda line: None)  # type: ignore[arg-type]
+    assert ran == ["a", "b"] and runs["c"].outcome == ro.PAUSED
+    assert "run the same command again" in (runs["c"].reason or "")
+    assert res.exit_code() == 0
+    with pytest.raises(ConfigError, match="--waves"):
+        ro.check_options(ro.RolloutOptions(waves=-1))

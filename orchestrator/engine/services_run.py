@@ -1,0 +1,177 @@
+"""`pairctl restart | start | stop`: the pair that runs now, restarted, started or stopped in place
+(Kamal's `app boot | start | stop`), under both leases, with a receipt.
+
+The same machinery as a rollback (engine/deploy.py `_pair_run`, mode "rollback"): the pair
+restarted is the route record's active entry, rendered now from the inventory and its profile
+(never the recorded argv), its links left as found. The plan (playbooks/restart.yaml or
+stop.yaml) carries every command as an `Exec` from `plan.service_exec`, so `--dry-run` prints
+the exact commands the run records in its receipt. Nothing here writes the route record: the
+pair it names is the pair that runs again. A restart or start that fails after its first change
+ends like a failed rollback: both services stopped, leases kept, exit 8.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+from orchestrator.build.store import PackageStore
+from orchestrator.config.inventory import Inventory
+from orchestrator.engine import activate, route_trust
+from orchestrator.engine.context import RunContext
+from orchestrator.engine.deploy import (
+    PLAN_PREFIX,
+    Pool,
+    RunResult,
+    _abort,
+    _cause,
+    _final_state,
+    _inventory_sha,
+    _judge_hosts,
+    _pair_run,
+    _playbook_sha,
+    _read_api_key,
+    _ReleaseWatch,
+    _verify_restore_releases,
+    activate_lease_text,
+)
+from orchestrator.engine.plan import pair_view, plan
+from orchestrator.engine.playbook import load_playbook
+from orchestrator.engine.runner import StepFailed, StepOutcome, run_steps
+from orchestrator.errors import HostStateError, PairctlError, RollbackFailed
+from orchestrator.paths import Home
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+
+Verb = Literal["restart", "start", "stop"]
+PLAYBOOK: dict[str, str] = {"restart": "restart", "start": "restart", "stop": "stop"}
+DONE = {"restart": "restarted", "start": "started", "stop": "stopped"}
+
+
+def run_services(
+    home: Home,
+    inventory: Inventory,
+    pair_name: str,
+    verb: Verb,
+    *,
+    dry_run: bool = False,
+    argv: list[str] | None = None,
+    on_step: Callable[[StepOutcome], None] | None = None,
+    pool: Pool | None = None,
+) -> RunResult:
+    """Restart, start or stop PAIR's active pair in place. `dry_run` reads the hosts without
+    leases and returns the plan (the exact commands); nothing changes."""
+    view = pair_view(inventory, pair_name)
+    name = PLAYBOOK[verb]
+    pb = load_playbook(name)
+    inputs = {"inventory": _inventory_sha(inventory), f"playbook:{name}": _playbook_sha(name)}
+    with _pair_run(
+        home,
+        inventory,
+        view,
+        command=verb,
+        journal_command=verb if not dry_run else f"{verb} --dry-run",
+        inputs=inputs,
+        argv=argv,
+        on_step=on_step,
+        pool=pool,
+        mode="rollback",
+    ) as (ctx, result, record):
+        journal = ctx.journal
+        ctx.restore_kind = verb
+        _read_api_key(ctx)
+        steps = plan(pb, view, facts=None, target=None, mode="manual")
+        n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+        record = _ReleaseWatch(record)
+        try:
+            run_steps(
+                [s for s in steps[:n_prefix] if not (dry_run and s.action == "lease")],
+                ctx,
+                activate.HANDLERS,
+                journal=journal,
+                on_step=record,
+            )
+            rec = _judge_hosts(ctx, verb, route_trust.ROLLBACK_ALLOWS).record
+            if rec is None or rec.active is None:
+                raise HostStateError(
+                    f"{verb} refused, nothing was changed: pair {pair_name} "
+                    + ("was never deployed (no route record)" if rec is None else "has no active pair recorded"),
+                    hint=f"`pairctl deploy --pair {pair_name} --native ID --rpc ID` deploys one",
+                )
+            store = PackageStore(home.store)
+            ctx.restore = activate.restore_target(
+                view,
+                inventory.pair(pair_name),
+                rec.active,
+                store,
+                label="active",
+                trusted=rec.mac_ok(ctx.inputs.route_key),
+            )
+            ctx.restore_links = {r: (ctx.hosts.facts[r].current, ctx.hosts.facts[r].previous) for r in ROLES}
+            if not dry_run and verb != "stop":
+                _verify_restore_releases(ctx, rec.active, store)
+                for r in ROLES:  # systemd hosts: the units to start pass the host's verify
+                    activate.verify_unit_before_change(ctx, r)
+        except (StepFailed, PairctlError) as exc:
+            failure = exc if isinstance(exc, StepFailed) else None
+            _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
+            raise (_cause(failure) if failure else exc) from None
+        full = plan(
+            pb,
+            view,
+            facts=ctx.hosts.facts,
+            target=None,
+            restore=ctx.restore.activation,
+            mode="manual",
+            restore_links=ctx.restore_links,
+        )
+        result.plan = [s.to_dict() for s in full]
+        journal.set("plan", result.plan)
+        journal.set("target", {"pair": ctx.restore.entry.names(), "how": verb})
+        running = {r: SERVICE_OF_ROLE[r] in ctx.hosts.facts[r].running for r in ROLES}
+        if verb == "start" and all(running.values()):
+            # Kamal's `app start` on a running app: nothing to start (restart restarts it)
+            result.outcome = "nothing to start"
+            result.active = ctx.restore.entry.model_dump(mode="json")
+            if not dry_run:
+                run_steps([s for s in full if s.action == "release-lease"], ctx, activate.HANDLERS, journal=journal,
+                          on_step=record)  # fmt: skip
+                record.raise_if_release_failed(ctx, "nothing to start")
+            result.receipt = journal.finish("passed", f"nothing to start: both services of {pair_name} run")
+            return result
+        if dry_run:
+            result.outcome = "dry-run"
+            result.active = ctx.restore.entry.model_dump(mode="json")
+            result.receipt = journal.finish("passed", f"dry run: would {verb} {ctx.restore.entry.names()}")
+            return result
+        try:
+            run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
+        except StepFailed as failed:
+            if not ctx.changed:
+                _abort(ctx, failed, record)
+                raise _cause(failed) from None
+            _failed_after_change(ctx, failed, verb)
+        journal.set("final_state", _final_state(ctx, DONE[verb]))
+        done = f"{DONE[verb]} {pair_name}: {ctx.restore.entry.names()}"
+        record.raise_if_release_failed(ctx, done)
+        result.outcome = "passed"
+        result.active = ctx.restore.entry.model_dump(mode="json")
+        result.receipt = journal.finish("passed", done)
+        return result
+
+
+def _failed_after_change(ctx: RunContext, failed: StepFailed, verb: str) -> None:
+    """Like a failed rollback: both services stopped (never half a pair), the leases kept."""
+    stopped = activate.stop_everything(ctx)
+    ctx.journal.set("final_state", _final_state(ctx, f"stopped ({verb} failed)", stopped=stopped))
+    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    msg = (
+        f"{verb} failed at step '{failed.step.name}' on {', '.join(failed.step.hosts)}: {failed.message}. "
+        "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
+    )
+    ctx.journal.finish("failed", msg)
+    raise RollbackFailed(
+        msg,
+        hint=f"`pairctl logs --pair {ctx.view.name}` and receipt {ctx.journal.receipt_hash}; leases held: "
+        f"{held or 'none'} (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then deploy "
+        "or rollback",
+    )
