@@ -80,8 +80,28 @@ def test_each_hostile_record_is_named(view):
     assert _kinds(view, data, b"{not json") == {route_trust.PARSE}
     assert _kinds(view, data, good.model_copy(update={"revision": 40}).sign(KEY).to_bytes()) == {route_trust.DIFFER}
     assert _kinds(view, None, None) == {route_trust.MISSING}
-    assert _kinds(view, data, data, cur=("A", "A")) == {route_trust.LINKS}
+    assert _kinds(view, data, data, cur=(None, "B")) == {route_trust.LINKS}
+    unsigned = _record(key=None).to_bytes()
+    assert _kinds(view, unsigned, unsigned, cur=("A", "B")) == {route_trust.UNSIGNED, route_trust.LINKS}
     assert route_trust.RELEASE in _kinds(view, data, data, releases=("A",))
+
+
+def test_links_a_cut_short_run_switched_are_resolved_by_deploy_and_rollback(view):
+    """A link to an installed release beside this home's signed record naming installed releases
+    is what a run killed between its switch and its route step leaves (issue 33 item 5): its own
+    kind, allowed to deploy and rollback, and the links that put the recorded pair back."""
+    data = _record(active="B", previous="A").to_bytes()
+    assert _kinds(view, data, data, cur=("B", "A")) == {route_trust.SWITCHED}
+    assert _kinds(view, data, data, cur=("A", "A")) == {route_trust.SWITCHED}
+    facts = {"native": _facts("B", data), "rpc": _facts("A", data)}
+    j = route_trust.judge(view, facts, KEY, None)
+    j.refuse("deploy", route_trust.DEPLOY_ALLOWS)
+    j.refuse("rollback", route_trust.ROLLBACK_ALLOWS)
+    assert "pairctl rollback --pair lab" in j.problems[0].hint and "repair" not in j.problems[0].hint
+    assert j.record is not None
+    assert route_trust.switched_links(j.record, facts, j) == {"rpc": ("B", "A")}
+    # a link to a release the host does not keep is damage, not a cut-short switch
+    assert _kinds(view, data, data, cur=("B", "C"), releases=("A", "B")) >= {route_trust.LINKS, route_trust.RELEASE}
 
 
 def test_refusal_allows_only_what_the_command_can_resolve(view):
