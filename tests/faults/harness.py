@@ -1037,6 +1037,11 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     # damaged host state (links and record disagree after a kill between switch and route) is
     # refused by deploy and rollback (exit 6) naming `pairctl repair`: the operator does as told
     if any("pairctl repair" in p_ for p_ in st1.get("problems") or []):
+        if fault.name == "kill-pairctl":  # issue 33 item 5: the README's crash recovery is the whole recovery
+            cell.problems.append(
+                "a crash must be recovered by freeing the leases and then rollback or deploy (README), "
+                f"but status asks for repair: {st1.get('problems')}"
+            )
         rp = fp.cli("--json", "repair", "--pair", fp.name, "--yes")
         cell.operator.append(f"repair --yes (exit {rp.returncode})")
         if rp.returncode != 0:
