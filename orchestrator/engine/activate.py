@@ -27,7 +27,7 @@ from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
-from orchestrator.engine.identity import Expected, verify_identity
+from orchestrator.engine.identity import Expected, read_identities, verify_identity
 from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
 from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
@@ -575,19 +575,25 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
-    pid, ident, stopped, verified = services.restart_listening(
-        t,
-        layout,
-        RPC_SERVER,
-        links,
-        ctx.view.rpc_bind,
-        ctx.view.rpc_port,
-        list(ex.service_argv),
-        verify=verify,
-        sup=ex.sup,
-        units=units,
-        cmd=ex.cmd,
-    )
+    try:
+        pid, ident, stopped, verified = services.restart_listening(
+            t,
+            layout,
+            RPC_SERVER,
+            links,
+            ctx.view.rpc_bind,
+            ctx.view.rpc_port,
+            list(ex.service_argv),
+            verify=verify,
+            sup=ex.sup,
+            units=units,
+            cmd=ex.cmd,
+        )
+    except space.NotWritable as exc:
+        kept = _keep_unchanged_rpc(ctx, links, exc)
+        if kept is None:
+            raise
+        return {**kept, **_ran(ex)}
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
     d: dict[str, Any] = {
@@ -603,6 +609,34 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
+
+
+def _keep_unchanged_rpc(
+    ctx: RunContext, links: tuple[str | None, str | None], exc: space.NotWritable
+) -> dict[str, Any] | None:
+    """A rollback's restart-rpc on an RPC root that takes no new file (refused before anything
+    was stopped): when `current` there already names the release being restored and its
+    ggml-rpc-server still runs, that server is kept (verify then proves its identity, exe and
+    argv) instead of failing the rollback, which stopped both services although the RPC side
+    never changed. None (the refusal stands) in a deploy, or when anything else runs there."""
+    if ctx.mode != "rollback" or links[0] is None or _current_on(ctx, "rpc") != links[0]:
+        return None
+    try:
+        ident = read_identities({"rpc": ctx.t("rpc")}, ctx.view.layouts, roles=("rpc",))["rpc"]
+    except (HostError, OSError):
+        return None
+    if ident is None or ident.pid is None:
+        return None
+    pid = ident.pid
+    ctx.journal.note(
+        f"{ctx.host('rpc')}: the install root takes no new file ({exc.message[:200]}); its ggml-rpc-server "
+        f"(pid {pid}) already runs release {links[0]}, the one being restored: kept running, verify proves it"
+    )
+    return {
+        "kept": f"ggml-rpc-server pid {pid} (root not writable; already the pair being restored)",
+        "current": links[0],
+        "pid": pid,
+    }
 
 
 def _current_on(ctx: RunContext, role: str) -> str | None:
@@ -746,6 +780,15 @@ def _compute_route(ctx: RunContext) -> RouteRecord | None:
     if ctx.restore is None and not ctx.route_written:
         return None  # nothing was recorded for the failed pair: leave the record as it was
     restored = ctx.restore.entry if ctx.restore else None
+    if (
+        ctx.restore_kind == "back-out"
+        and not ctx.route_written
+        and found is not None
+        and route_states.unchanged_by_back_out(found, restored)
+    ):
+        # the record already names the restored pair in its settled state: writing it again would
+        # change only the revision, and a host whose root takes no new file (read-only) could not
+        return None
     if ctx.restore_kind == "back-out" or found is None or restored is None:
         rec = route_states.back_out(current, found, restored, pair=pair, run_id=run)
     elif ctx.restore_kind == "roll-to":

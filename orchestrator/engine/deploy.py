@@ -515,7 +515,8 @@ def _rollback_after_failure(
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-            f"verified, route record revision updated; {_leases_after(rb, record)}.\ncause: {failure.message}"
+            f"verified, route record {'revision updated' if rb.route_written else 'unchanged (it names that pair)'}; "
+            f"{_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     else:
         msg = (
@@ -560,7 +561,8 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
             else ""
         )
         + f"the rollback failed at step '{rb.step.name}' on {', '.join(where)}: {rb.message}. "
-        + "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
+        + _down_now(ctx, stopped)
+        + "; the leases are kept so nobody deploys onto an unknown state."
     )
     ctx.journal.finish("failed", msg)
     raise RollbackFailed(
@@ -570,6 +572,22 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
         f"where status then names links that disagree with the route record, `pairctl repair --pair "
         f"{ctx.view.name} --yes` records what the links name before the next deploy",
     )
+
+
+def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
+    """What runs after a failed rollback, host by host, from what stopping each one said: a stop
+    that failed is named as such (it read "both services are stopped" also when one still ran)."""
+    said = []
+    for role in ("native", "rpc"):
+        host, svc = ctx.host(role), activate.SERVICE_OF_ROLE[role]
+        out = stopped.get(host, "")
+        if out.startswith("stop failed"):
+            said.append(
+                f"{host}: {svc} could NOT be stopped ({out.removeprefix('stop failed: ').splitlines()[0][:200]})"
+            )
+        else:
+            said.append(f"{host}: {svc} stopped")
+    return "Now down (a pair never runs half): " + "; ".join(said)
 
 
 def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
