@@ -582,9 +582,8 @@ def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
         host, svc = ctx.host(role), activate.SERVICE_OF_ROLE[role]
         out = stopped.get(host, "")
         if out.startswith("stop failed"):
-            said.append(
-                f"{host}: {svc} could NOT be stopped ({out.removeprefix('stop failed: ').splitlines()[0][:200]})"
-            )
+            why = out.removeprefix("stop failed: ").splitlines()[0][:200]
+            said.append(f"{host}: stopping {svc} FAILED ({why}; `pairctl status` shows whether it still runs)")
         else:
             said.append(f"{host}: {svc} stopped")
     return "Now down (a pair never runs half): " + "; ".join(said)

@@ -58,10 +58,10 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     try:
         lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S, stale_after_s=promise)
     except HostError as exc:
-        if not _unwritable(str(exc)):
+        if not _unwritable(str(exc), rollback=ctx.mode == "rollback"):
             raise
-        # a full or read-only root cannot take the renewed lease.json, but the lease is still
-        # provably this run's (and nobody can take one there either): go on, so a rollback is not
+        # a full (or, in a rollback, read-only) root cannot take the renewed lease.json, but the
+        # lease is still provably this run's (nobody can take one there either): go on, so a rollback is not
         # stopped by the disk it is recovering from (on a read-only RPC root, the rollback of a
         # failed restart-rpc stopped both services although the RPC side never changed)
         st = leases.lease_state(t, root)
@@ -75,11 +75,14 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at), "heartbeat": leases._iso(lease.heartbeat)}}
 
 
-def _unwritable(text: str) -> bool:
-    """A host error that says the root takes no new file: full, or read-only (OpenSSH's SFTP
-    server answers both with a bare 'Failure', which the transport names so: remote/ssh.py)."""
+def _unwritable(text: str, *, rollback: bool) -> bool:
+    """A host error that says the root takes no new file: full, or (for a rollback) read-only
+    (OpenSSH's SFTP server answers both with a bare 'Failure', which the transport names so:
+    remote/ssh.py). A deploy on a read-only root stops at its re-check, before the change (with
+    the renewal let through, acceptance passed and route-accepted then wrote one host's record
+    of two: records that differ, for repair)."""
     low = text.lower()
-    return "no space left" in low or "read-only" in low
+    return "no space left" in low or (rollback and "read-only" in low)
 
 
 def release(ctx: RunContext, role: str, handle: Lease) -> bool:

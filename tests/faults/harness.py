@@ -979,6 +979,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             cell.problems.append(f"the faulted deploy hung past {RUN_TIMEOUT_S}s")
         cell.first = "killed" if rc == -signal.SIGKILL else f"exit {rc}"
         cell.first_said = err.strip()[-600:]
+        state["first_err"] = err
         documented = DEPLOY_EXITS | ({RELEASE_FAILED_EXIT} if step == "release-lease" else set())
         if rc not in documented and rc != -signal.SIGKILL:
             cell.problems.append(
@@ -1014,6 +1015,17 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(
             f"a read-only root before the first change must be refused with nothing changed (exit 4 or 6, "
             f"previous pair serving); got {cell.first}[{cell.between}]"
+        )
+    # issue 33: the RPC side never changed (pairctl-svc restart refuses before it stops anything),
+    # so the rollback keeps that server and ends on the previous pair, verified, instead of stopping both
+    if (fault.name, step) == ("read-only-rpc-root", "restart-rpc") and (cell.first, cell.between) != ("exit 7", "prev"):
+        cell.problems.append(
+            f"a read-only RPC root at restart-rpc must end rolled back to the previous pair, verified (exit 7); "
+            f"got {cell.first}[{cell.between}]"
+        )
+    if fault.name.startswith("read-only-") and cell.first == "exit 8" and "Now down" not in state.get("first_err", ""):
+        cell.problems.append(
+            "a failed rollback must say, host by host, what is down and why: " + cell.first_said[-300:]
         )
     if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
         cell.problems.append(
