@@ -42,6 +42,7 @@ from orchestrator.hosts.layout import (
     put_secret,
     svc_sha256,
     switch_links,
+    unique_tmp,
 )
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
@@ -830,11 +831,35 @@ def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
     )
 
 
+def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
+    """Before either host's record is written: both install roots take a file of the record's
+    size (one SFTP write and remove each, checked once for both hosts' steps). A root that
+    filled up or went read-only after the switch's own check otherwise took the record on one
+    host only: records of two revisions, which only `repair` resolved (issue 33 item 9)."""
+
+    def probe() -> None:
+        for r in ROLES:
+            t, root = ctx.t(r), ctx.layout(r).root
+            tmp = unique_tmp(f"{root}/route-room")
+            try:
+                t.put_bytes(data, tmp, mode=0o600)
+                t.remove(tmp)
+            except (HostError, OSError) as exc:
+                raise space.NotWritable(
+                    f"{ctx.host(r)}: {root} does not take the route record ({str(exc).splitlines()[0][:200]}); "
+                    "the record was written on neither host",
+                    hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
+                ) from None
+
+    ctx.room_once(f"{ctx.mode}:{step}", probe)
+
+
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
     rec = _route_successor(ctx)
     if rec is None:
         return {"skipped": "route record unchanged (no pair was recorded by this run)"}
     data = rec.to_bytes()
+    _room_for_route(ctx, "route", data)
     _before_change(ctx, role)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
@@ -871,6 +896,7 @@ def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
     state = _settled_state(ctx, rec)
     active = rec.model_copy(update={"state": state, "mac": None}).sign(ctx.inputs.route_key)
     data = active.to_bytes()
+    _room_for_route(ctx, "route-accepted", data)
     _before_change(ctx, role)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
