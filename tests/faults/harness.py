@@ -1023,6 +1023,13 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             f"a read-only RPC root at restart-rpc must end rolled back to the previous pair, verified (exit 7); "
             f"got {cell.first}[{cell.between}]"
         )
+    # issue 33 item 9: the RPC disk full at the switch ends rolled back to the previous pair, verified,
+    # with the route record unchanged on both hosts (it took one host's write of two, for repair)
+    if fault.name == "fill-rpc-root" and step != "upload" and (cell.first, cell.between) != ("exit 7", "prev"):
+        cell.problems.append(
+            f"the RPC disk full at {step} must end rolled back to the previous pair, verified (exit 7); "
+            f"got {cell.first}[{cell.between}]"
+        )
     if fault.name.startswith("read-only-") and cell.first == "exit 8" and "Now down" not in state.get("first_err", ""):
         cell.problems.append(
             "a failed rollback must say, host by host, what is down and why: " + cell.first_said[-300:]
@@ -1049,7 +1056,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     # damaged host state (links and record disagree after a kill between switch and route) is
     # refused by deploy and rollback (exit 6) naming `pairctl repair`: the operator does as told
     if any("pairctl repair" in p_ for p_ in st1.get("problems") or []):
-        if fault.name == "kill-pairctl":  # issue 33 item 5: the README's crash recovery is the whole recovery
+        if fault.name in ("kill-pairctl", "fill-rpc-root"):  # issue 33 items 5, 9: no repair in the recovery
             cell.problems.append(
                 "a crash must be recovered by freeing the leases and then rollback or deploy (README), "
                 f"but status asks for repair: {st1.get('problems')}"
