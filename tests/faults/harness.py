@@ -1058,7 +1058,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     if any("pairctl repair" in p_ for p_ in st1.get("problems") or []):
         if fault.name in ("kill-pairctl", "fill-rpc-root"):  # issue 33 items 5, 9: no repair in the recovery
             cell.problems.append(
-                "a crash must be recovered by freeing the leases and then rollback or deploy (README), "
+                "the documented recovery is freeing the leases and then rollback or deploy (README), "
                 f"but status asks for repair: {st1.get('problems')}"
             )
         rp = fp.cli("--json", "repair", "--pair", fp.name, "--yes")
