@@ -45,6 +45,9 @@ from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
 from orchestrator.paths import Home
 
 KEY_NAME = "route.key"
+# what a record from another home looks like here: operators who share route.key but not (yet)
+# one audit trail (issue 35) see each other's records as unanchored; this says so, not "deleted"
+OTHER_HOME = "written from another operator's home that shares route.key (homes do not share evidence yet)"
 CHAIN_WALK_LIMIT = 500  # receipts walked back from the chain head to find the route's writer
 
 # kinds of problem (Problem.kind)
@@ -356,9 +359,14 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
     except PairctlError as exc:
         return [f"{what}, but pair {pair}'s evidence chain cannot be read: {exc}"], None
     if r is None:
-        return [f"{what}, but there is no evidence chain for pair {pair} under {evidence.root} (deleted?)"], None
+        return [
+            f"{what}, but there is no evidence chain for pair {pair} under {evidence.root}: {OTHER_HOME} "
+            "or this home's evidence was deleted"
+        ], None
     newer: str | None = None
+    head_seen = record.evidence_head is None
     for _ in range(CHAIN_WALK_LIMIT):
+        head_seen = head_seen or r.sha256 == record.evidence_head
         if r.run_id == run:
             return _anchor_at(r, record, what, pair), newer
         rev = _route_write(r)
@@ -375,9 +383,15 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
             return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], None
     # the writer was not found: receipts met on the walk cannot be ordered against it, so a higher
     # revision among them says nothing of a replay (the missing evidence is the problem: exit 10)
+    if not head_seen:  # the chain it followed is not this one: not evidence of a deletion here
+        return [
+            f"{what}, but neither its receipt nor the receipt it followed ({(record.evidence_head or '')[:12]}) is in "
+            f"pair {pair}'s evidence chain under {evidence.root}: {OTHER_HOME}, or this home's receipts were deleted"
+        ], None
     return [
-        f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
-        "(the newest receipts were deleted?)"
+        f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root}, "
+        f"although the receipt it followed ({record.evidence_head[:12] if record.evidence_head else 'none'}) is: "
+        "the newest receipts were deleted"
     ], None
 
 

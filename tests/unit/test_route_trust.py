@@ -130,3 +130,39 @@ def test_links_outside_the_install_root_are_not_releases():
     for bad in ("/tmp/evil/releases/A", "/etc", "releases/..", "releases/", "releases/.x"):
         with pytest.raises(ProbeError):
             release_of_link(bad, "/r")
+
+
+def _written_by(store, previous_head: str | None):
+    """A real run of `store`'s home (its receipt in the chain) and the record it signed."""
+    from orchestrator.evidence.store import EvidenceStore
+
+    assert isinstance(store, EvidenceStore)
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    rec = next_record(None, pair="lab", active=_entry("B"), previous=None, run_id=j.run_id, now=NOW)
+    j.finish("passed", "deployed")
+    return rec.model_copy(update={"evidence_head": previous_head}).sign(KEY)
+
+
+def test_a_record_from_another_home_is_not_called_a_deletion(tmp_path):
+    """Issue 33 item 10: two operator homes sharing route.key on one pair. The second home saw the
+    first's record as 'the newest receipts were deleted?': a false alarm. The record's evidence
+    head tells them apart: a chain that holds the head the writer followed but not the writer's
+    receipt lost its newest receipts; one that holds neither is another home's (or lost it all)."""
+    from orchestrator.evidence.store import EvidenceStore
+
+    first, second = EvidenceStore(tmp_path / "a" / "evidence"), EvidenceStore(tmp_path / "b" / "evidence")
+    h0 = first.begin("deploy", ["deploy"], pair="lab").finish("passed", "first")
+    second.begin("deploy", ["deploy"], pair="lab").finish("passed", "the second home's own run")
+    rec = _written_by(first, h0)
+    assert route_trust.anchor_problems(rec, first, "lab") == []
+    (other,) = route_trust.anchor_problems(rec, second, "lab")
+    assert route_trust.OTHER_HOME in other and "newest receipts were deleted" not in other
+    (none,) = route_trust.anchor_problems(rec, EvidenceStore(tmp_path / "c" / "evidence"), "lab")
+    assert route_trust.OTHER_HOME in none
+    # the first home loses its newest receipt (the writer's), the head moved back: a deletion
+    head = first.latest("lab")
+    assert head is not None and head.run_id == rec.updated_by
+    (tmp_path / "a" / "evidence" / "receipts" / f"{head.sha256}.json").unlink()
+    (tmp_path / "a" / "evidence" / "heads" / "lab").write_text(h0 + "\n")
+    (deleted,) = route_trust.anchor_problems(rec, first, "lab")
+    assert "the newest receipts were deleted" in deleted and route_trust.OTHER_HOME not in deleted
