@@ -845,6 +845,8 @@ def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
                 t.put_bytes(data, tmp, mode=0o600)
                 t.remove(tmp)
             except (HostError, OSError) as exc:
+                if not space.refuses_writes(str(exc)):
+                    raise  # not about room (a host lost): the step fails as it would have
                 raise space.NotWritable(
                     f"{ctx.host(r)}: {root} does not take the route record ({str(exc).splitlines()[0][:200]}); "
                     "the record was written on neither host",

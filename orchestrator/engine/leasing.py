@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, LeaseHeldError
-from orchestrator.hosts import leases
+from orchestrator.hosts import leases, space
 from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
@@ -76,13 +76,10 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
 
 
 def _unwritable(text: str, *, rollback: bool) -> bool:
-    """A host error that says the root takes no new file: full, or (for a rollback) read-only
-    (OpenSSH's SFTP server answers both with a bare 'Failure', which the transport names so:
-    remote/ssh.py). A deploy on a read-only root stops at its re-check, before the change (with
-    the renewal let through, acceptance passed and route-accepted then wrote one host's record
-    of two: records that differ, for repair)."""
-    low = text.lower()
-    return "no space left" in low or (rollback and "read-only" in low)
+    """Full, or (for a rollback) read-only. A deploy on a read-only root stops at its re-check,
+    before the change (with the renewal let through, acceptance passed and route-accepted then
+    wrote one host's record of two: records that differ, for repair)."""
+    return "no space left" in text.lower() or (rollback and space.refuses_writes(text))
 
 
 def release(ctx: RunContext, role: str, handle: Lease) -> bool:
