@@ -58,7 +58,7 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     try:
         lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S, stale_after_s=promise)
     except HostError as exc:
-        if not _unwritable(str(exc), rollback=ctx.mode == "rollback"):
+        if not _unwritable(str(exc), ctx):
             raise
         # a full (or, in a rollback, read-only) root cannot take the renewed lease.json, but the
         # lease is still provably this run's (nobody can take one there either): go on, so a rollback is not
@@ -75,11 +75,11 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at), "heartbeat": leases._iso(lease.heartbeat)}}
 
 
-def _unwritable(text: str, *, rollback: bool) -> bool:
+def _unwritable(text: str, ctx: RunContext) -> bool:
     """Full, or (for a rollback) read-only. A deploy on a read-only root stops at its re-check,
     before the change (with the renewal let through, acceptance passed and route-accepted then
     wrote one host's record of two: records that differ, for repair)."""
-    return "no space left" in text.lower() or (rollback and space.refuses_writes(text))
+    return "no space left" in text.lower() or (space.refuses_writes(text) and ctx.mode == "rollback")
 
 
 def release(ctx: RunContext, role: str, handle: Lease) -> bool:
