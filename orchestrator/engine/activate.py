@@ -27,7 +27,7 @@ from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
-from orchestrator.engine.identity import Expected, verify_identity
+from orchestrator.engine.identity import Expected, read_identities, verify_identity
 from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
 from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
@@ -42,6 +42,7 @@ from orchestrator.hosts.layout import (
     put_secret,
     svc_sha256,
     switch_links,
+    unique_tmp,
 )
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
@@ -575,19 +576,25 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
-    pid, ident, stopped, verified = services.restart_listening(
-        t,
-        layout,
-        RPC_SERVER,
-        links,
-        ctx.view.rpc_bind,
-        ctx.view.rpc_port,
-        list(ex.service_argv),
-        verify=verify,
-        sup=ex.sup,
-        units=units,
-        cmd=ex.cmd,
-    )
+    try:
+        pid, ident, stopped, verified = services.restart_listening(
+            t,
+            layout,
+            RPC_SERVER,
+            links,
+            ctx.view.rpc_bind,
+            ctx.view.rpc_port,
+            list(ex.service_argv),
+            verify=verify,
+            sup=ex.sup,
+            units=units,
+            cmd=ex.cmd,
+        )
+    except space.NotWritable as exc:
+        kept = _keep_unchanged_rpc(ctx, links, exc)
+        if kept is None:
+            raise
+        return {**kept, **_ran(ex)}
     ctx.timed("rpc_restart_to_listening_s", time.monotonic() - t0)
     ctx.hosts.started("rpc", ident)
     d: dict[str, Any] = {
@@ -603,6 +610,34 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
+
+
+def _keep_unchanged_rpc(
+    ctx: RunContext, links: tuple[str | None, str | None], exc: space.NotWritable
+) -> dict[str, Any] | None:
+    """A rollback's restart-rpc on an RPC root that takes no new file (refused before anything
+    was stopped): when `current` there already names the release being restored and its
+    ggml-rpc-server still runs, that server is kept (verify then proves its identity, exe and
+    argv) instead of failing the rollback, which stopped both services although the RPC side
+    never changed. None (the refusal stands) in a deploy, or when anything else runs there."""
+    if ctx.mode != "rollback" or links[0] is None or _current_on(ctx, "rpc") != links[0]:
+        return None
+    try:
+        ident = read_identities({"rpc": ctx.t("rpc")}, ctx.view.layouts, roles=("rpc",))["rpc"]
+    except (HostError, OSError):
+        return None
+    if ident is None or ident.pid is None:
+        return None
+    pid = ident.pid
+    ctx.journal.note(
+        f"{ctx.host('rpc')}: the install root takes no new file ({exc.message[:200]}); its ggml-rpc-server "
+        f"(pid {pid}) already runs release {links[0]}, the one being restored: kept running, verify proves it"
+    )
+    return {
+        "kept": f"ggml-rpc-server pid {pid} (root not writable; already the pair being restored)",
+        "current": links[0],
+        "pid": pid,
+    }
 
 
 def _current_on(ctx: RunContext, role: str) -> str | None:
@@ -746,6 +781,15 @@ def _compute_route(ctx: RunContext) -> RouteRecord | None:
     if ctx.restore is None and not ctx.route_written:
         return None  # nothing was recorded for the failed pair: leave the record as it was
     restored = ctx.restore.entry if ctx.restore else None
+    if (
+        ctx.restore_kind == "back-out"
+        and not ctx.route_written
+        and found is not None
+        and route_states.unchanged_by_back_out(found, restored)
+    ):
+        # the record already names the restored pair in its settled state: writing it again would
+        # change only the revision, and a host whose root takes no new file (read-only) could not
+        return None
     if ctx.restore_kind == "back-out" or found is None or restored is None:
         rec = route_states.back_out(current, found, restored, pair=pair, run_id=run)
     elif ctx.restore_kind == "roll-to":
@@ -787,11 +831,37 @@ def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
     )
 
 
+def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
+    """Before either host's record is written: both install roots take a file of the record's
+    size (one SFTP write and remove each, checked once for both hosts' steps). A root that
+    filled up or went read-only after the switch's own check otherwise took the record on one
+    host only: records of two revisions, which only `repair` resolved (issue 33 item 9)."""
+
+    def probe() -> None:
+        for r in ROLES:
+            t, root = ctx.t(r), ctx.layout(r).root
+            tmp = unique_tmp(f"{root}/route-room")
+            try:
+                t.put_bytes(data, tmp, mode=0o600)
+                t.remove(tmp)
+            except (HostError, OSError) as exc:
+                if not space.refuses_writes(str(exc)):
+                    raise  # not about room (a host lost): the step fails as it would have
+                raise space.NotWritable(
+                    f"{ctx.host(r)}: {root} does not take the route record ({str(exc).splitlines()[0][:200]}); "
+                    "the record was written on neither host",
+                    hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
+                ) from None
+
+    ctx.room_once(f"{ctx.mode}:{step}", probe)
+
+
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
     rec = _route_successor(ctx)
     if rec is None:
         return {"skipped": "route record unchanged (no pair was recorded by this run)"}
     data = rec.to_bytes()
+    _room_for_route(ctx, "route", data)
     _before_change(ctx, role)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
@@ -828,6 +898,7 @@ def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
     state = _settled_state(ctx, rec)
     active = rec.model_copy(update={"state": state, "mac": None}).sign(ctx.inputs.route_key)
     data = active.to_bytes()
+    _room_for_route(ctx, "route-accepted", data)
     _before_change(ctx, role)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)

@@ -22,6 +22,7 @@ from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.engine.identity import Expected
 from orchestrator.engine.plan import Activation, PairView
+from orchestrator.errors import PairctlError
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import Lease, new_nonce
 from orchestrator.hosts.probes import HostFacts, ProcIdentity
@@ -225,6 +226,9 @@ class RunContext:
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
     next_route: RouteRecord | None = None  # the record this run writes, computed once for both hosts
+    # per route-writing step ("MODE:STEP"): both hosts took a file of the record's size (None) or
+    # what refused it, found once before either host's record is written (engine/activate.py)
+    route_room: dict[str, PairctlError | None] = field(default_factory=dict)
     _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # read-through to the inputs (checks/kernels.py's deploy step reads these too)
@@ -279,6 +283,20 @@ class RunContext:
 
     def activating(self) -> Target | None:
         return self.restore if self.mode == "rollback" else self.target
+
+    def room_once(self, key: str, probe: Callable[[], None]) -> None:
+        """`probe` runs once per key (under the route lock; the other host's step waits for it)
+        and what it raised is raised to both hosts' steps."""
+        with self._route_lock:
+            if key not in self.route_room:
+                try:
+                    probe()
+                    self.route_room[key] = None
+                except PairctlError as exc:
+                    self.route_room[key] = exc
+            err = self.route_room[key]
+        if err is not None:
+            raise err
 
     def route_once(self, compute: Callable[[], RouteRecord | None]) -> RouteRecord | None:
         """The record both hosts' route steps write: `compute` runs once (under this lock) and

@@ -263,7 +263,7 @@ def deploy(
                 journal=journal,
                 on_step=record,
             )
-            _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
+            judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
             _keep_previous_links(ctx)
             steps = plan(
@@ -281,7 +281,7 @@ def deploy(
                 result.outcome = "dry-run"
                 result.receipt = journal.finish("passed", "dry run: plan printed, nothing changed")
                 return result
-            _set_restore_from_start(ctx)
+            _set_restore_from_start(ctx, judged)
             rest = steps[n_prefix:]
             cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
             for i, part in enumerate((rest[:cut], rest[cut:])):
@@ -390,13 +390,22 @@ def _judge_hosts(ctx: RunContext, command: str, allowed: frozenset[str]) -> rout
     return j
 
 
-def _set_restore_from_start(ctx: RunContext) -> None:
+def _set_restore_from_start(ctx: RunContext, judged: route_trust.Judgement) -> None:
     """What a rollback puts back: the links and the route's active pair as found at the start,
     the pair rendered now from the inventory and its profile (never the recorded argv). A
-    previous pair that cannot be rendered refuses the deploy here, before anything changes."""
+    previous pair that cannot be rendered refuses the deploy here, before anything changes.
+    Links a run cut short left switched go back to the recorded pair, not as found (as found,
+    they would name the cut run's release beside the recorded one: a pair of two revisions)."""
     facts = ctx.hosts.facts
     ctx.restore_links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = parse_route(ctx.hosts.route_bytes("native"))
+    if record is not None and judged.switched:
+        back = route_trust.switched_links(record, facts, judged)
+        ctx.restore_links.update(back)
+        ctx.journal.note(
+            "current links left switched by a run cut short; a failed deploy puts back the recorded pair: "
+            + ", ".join(f"{ctx.host(r)} current {c}" for r, (c, _) in back.items())
+        )
     ctx.restore = None
     mixed = None
     if record is not None and record.active is not None:
@@ -506,7 +515,8 @@ def _rollback_after_failure(
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-            f"verified, route record revision updated; {_leases_after(rb, record)}.\ncause: {failure.message}"
+            f"verified, route record {'revision updated' if rb.route_written else 'unchanged (it names that pair)'}; "
+            f"{_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     else:
         msg = (
@@ -551,7 +561,8 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
             else ""
         )
         + f"the rollback failed at step '{rb.step.name}' on {', '.join(where)}: {rb.message}. "
-        + "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
+        + _down_now(ctx, stopped)
+        + "; the leases are kept so nobody deploys onto an unknown state."
     )
     ctx.journal.finish("failed", msg)
     raise RollbackFailed(
@@ -561,6 +572,21 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
         f"where status then names links that disagree with the route record, `pairctl repair --pair "
         f"{ctx.view.name} --yes` records what the links name before the next deploy",
     )
+
+
+def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
+    """What runs after a failed rollback, host by host, from what stopping each one said: a stop
+    that failed is named as such (it read "both services are stopped" also when one still ran)."""
+    said = []
+    for role in ("native", "rpc"):
+        host, svc = ctx.host(role), activate.SERVICE_OF_ROLE[role]
+        out = stopped.get(host, "")
+        if out.startswith("stop failed"):
+            why = out.removeprefix("stop failed: ").splitlines()[0][:200]
+            said.append(f"{host}: stopping {svc} FAILED ({why}; `pairctl status` shows whether it still runs)")
+        else:
+            said.append(f"{host}: {svc} stopped")
+    return "Now down (a pair never runs half): " + "; ".join(said)
 
 
 def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
@@ -718,6 +744,22 @@ def _rollback_target(ctx: RunContext, rec: RouteRecord | None, to: tuple[str, ..
     return ctx.restore.entry
 
 
+def _cut_short_target(ctx: RunContext, rec: RouteRecord | None, store: PackageStore) -> RouteEntry:
+    """`rollback` after a run cut short between its switch and its route record (links that
+    disagree with this home's signed record, kind `switched`): the recorded active pair comes
+    back, verified, and the record is written as found (a back-out: active, previous and their
+    states), which is what that run's own rollback would have done."""
+    assert rec is not None and rec.active is not None  # `switched` needs a record naming a pair
+    pair = ctx.inventory.pair(ctx.view.name)
+    ctx.restore_kind = "back-out"
+    ctx.restore = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)
+    ctx.journal.note(
+        f"current links disagree with route record revision {rec.revision} (a run cut short): "
+        f"rollback puts back the recorded pair {rec.active.names()}"
+    )
+    return rec.active
+
+
 def rollback(
     home: Home,
     inventory: Inventory,
@@ -763,9 +805,11 @@ def rollback(
                 journal=journal,
                 on_step=record,
             )
-            rec = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS).record
+            judged = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS)
+            rec = judged.record
             store = PackageStore(home.store)
-            back_to = _rollback_target(ctx, rec, tuple(to), store)
+            cut_short = judged.switched and not to
+            back_to = _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
             assert rec is not None and ctx.restore is not None
             revisions.require_one_revision(
                 store,
@@ -776,8 +820,9 @@ def rollback(
                 hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
                 "--packages NATIVE RPC`",
             )
-            ctx.restore_previous_entry = rec.active
-            _refuse_restoring_what_runs(ctx, rec.active)
+            ctx.restore_previous_entry = rec.previous if cut_short else rec.active
+            if not cut_short:
+                _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
                 want = back_to.native_package if r == "native" else back_to.rpc_package
                 if want not in ctx.hosts.facts[r].releases:
@@ -788,6 +833,8 @@ def rollback(
                     else (rec.active.native_package if r == "native" else rec.active.rpc_package)
                 )
                 ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
+            if cut_short:  # the recorded pair's own links, where the cut run switched them
+                ctx.restore_links.update(route_trust.switched_links(rec, ctx.hosts.facts, judged))
             if not dry_run:
                 _verify_restore_releases(ctx, back_to, store)
                 for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify

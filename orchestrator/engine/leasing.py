@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.errors import HostError, LeaseHeldError
-from orchestrator.hosts import leases
+from orchestrator.hosts import leases, space
 from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
@@ -58,19 +58,28 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     try:
         lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S, stale_after_s=promise)
     except HostError as exc:
-        if "no space left" not in str(exc):
+        if not _unwritable(str(exc), ctx):
             raise
-        # a full disk cannot take the renewed lease.json, but the lease is still provably this
-        # run's: go on (a rollback must not be stopped by the disk it is recovering from)
+        # a full (or, in a rollback, read-only) root cannot take the renewed lease.json, but the
+        # lease is still provably this run's (nobody can take one there either): go on, so a rollback is not
+        # stopped by the disk it is recovering from (on a read-only RPC root, the rollback of a
+        # failed restart-rpc stopped both services although the RPC side never changed)
         st = leases.lease_state(t, root)
         if st.lease is None or st.lease.nonce != nonce or st.state != "held" or (st.remaining_s() or 0) < SAFETY_S:
             raise leases.LeaseLost(
-                f"cannot renew on a full disk and the lease is not provably this run's: {st.describe()}"
+                f"cannot renew on a full or read-only root and the lease is not provably this run's: {st.describe()}"
             ) from None
         return {
             "lease_rechecked": {"expires_at": leases._iso(st.lease.expires_at), "renewed": False, "why": str(exc)[:200]}
         }
     return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at), "heartbeat": leases._iso(lease.heartbeat)}}
+
+
+def _unwritable(text: str, ctx: RunContext) -> bool:
+    """Full, or (for a rollback) read-only. A deploy on a read-only root stops at its re-check,
+    before the change (with the renewal let through, acceptance passed and route-accepted then
+    wrote one host's record of two: records that differ, for repair)."""
+    return "no space left" in text.lower() or (space.refuses_writes(text) and ctx.mode == "rollback")
 
 
 def release(ctx: RunContext, role: str, handle: Lease) -> bool:

@@ -20,7 +20,9 @@ Transitions (pure; each returns the successor record, revision + 1 unless said o
     finish(rec, accepted)           deploy's `route-accepted` step, same revision:
                                     `active` if the whole suite passed, else `identity-verified`
     back_out(found, restored)       a failed deploy rolled back: the found record again (active,
-                                    previous, both states), the active entry as rendered now
+                                    previous, both states), the active entry as rendered now; not
+                                    written at all when the run wrote none and it would equal
+                                    found (unchanged_by_back_out)
     roll_back(found, restored)      `rollback`: the previous pair active with the state it had,
                                     found's active becomes previous (`activating` -> identity-verified)
     roll_to(found, restored)        `rollback --to RELEASE`: that pair active, identity-verified
@@ -131,6 +133,12 @@ def back_out(
         previous_state=state_of_previous(found) if found else None,
         now=now,
     )
+
+
+def unchanged_by_back_out(found: RouteRecord, restored: RouteEntry | None) -> bool:
+    """A back-out of a run that wrote no record would write `found` again: the same pairs and
+    states, only the revision higher (the record then stays as it was)."""
+    return restored is not None and _same_pair(found.active, restored) and found.state == settled(found.state)
 
 
 def roll_back(

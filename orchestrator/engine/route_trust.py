@@ -15,9 +15,16 @@ path and the command that resolves it:
   a deleted chain or a rewritten one shows up;
 - a record still `activating` whose run is over names a pair that was never accepted.
 
+A `current` that disagrees with a record signed by this home, where both the link and the
+recorded release are installed on that host, is a switch cut short (a run killed or failed
+between its first switch and its route step leaves exactly that): kind `switched`, which
+deploy and rollback resolve themselves (rollback puts the recorded active pair back, deploy
+replaces it, and a failed deploy backs out to the recorded pair, not to the links it found),
+so the documented crash recovery (free the leases, then rollback or deploy) needs no repair.
+
 Deploy refuses every problem except an unsigned record (written before records were signed:
-deploy replaces it with a signed one) and an unaccepted activation (deploying again resolves
-it); rollback refuses every problem except the unaccepted activation, which it resolves.
+deploy replaces it with a signed one), an unaccepted activation (deploying again resolves
+it) and a switch cut short; rollback refuses every problem except those last two.
 """
 
 from __future__ import annotations
@@ -38,10 +45,13 @@ from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
 from orchestrator.paths import Home
 
 KEY_NAME = "route.key"
+# what a record from another home looks like here: operators who share route.key but not (yet)
+# one audit trail (issue 35) see each other's records as unanchored; this says so, not "deleted"
+OTHER_HOME = "written from another operator's home that shares route.key (homes do not share evidence yet)"
 CHAIN_WALK_LIMIT = 500  # receipts walked back from the chain head to find the route's writer
 
 # kinds of problem (Problem.kind)
-PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, RELEASE, ACTIVATING, EVIDENCE = (
+PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, SWITCHED, RELEASE, ACTIVATING, EVIDENCE = (
     "parse",
     "differ",
     "missing",
@@ -50,13 +60,14 @@ PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, RELEASE, ACTIVATING
     "argv",
     "pair",
     "links",
+    "switched",
     "release",
     "activating",
     "evidence",
 )
-DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING})
+DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING, SWITCHED})
 ROUTE_WRITES = frozenset({"route", "route-accepted", "route-repair"})  # the playbook actions that write route.json
-ROLLBACK_ALLOWS = frozenset({ACTIVATING})
+ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED})
 
 
 def route_key(home: Home) -> bytes:
@@ -99,6 +110,11 @@ class Judgement:
 
     record: RouteRecord | None
     problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def switched(self) -> bool:
+        """Some host's `current` left switched by a run cut short (see the module doc)."""
+        return any(p.kind == SWITCHED for p in self.problems)
 
     def refusing(self, allowed: Collection[str]) -> list[Problem]:
         return [p for p in self.problems if p.kind not in allowed]
@@ -207,6 +223,7 @@ def judge(
                 repair,
             )
         )
+    signed = bool(record.mac is not None and record.mac_ok(key) and raw[role_of_record] == record.to_bytes())
     for label, entry in (("active", record.active), ("previous", record.previous)):
         if entry is not None and not entry_argv_ok(entry):
             problems.append(
@@ -224,15 +241,23 @@ def judge(
         )
         linked = facts[role].current
         if linked != want:
-            problems.append(
-                Problem(
-                    LINKS,
-                    f"{view.hosts[role]}: {view.layouts[role].root}/current names "
-                    f"{linked or 'nothing'} but the route record names "
-                    f"{want or 'nothing'} active",
-                    repair,
-                )
+            text = (
+                f"{view.hosts[role]}: {view.layouts[role].root}/current names "
+                f"{linked or 'nothing'} but the route record names "
+                f"{want or 'nothing'} active"
             )
+            releases = facts[role].releases
+            if signed and want in releases and linked in releases and record.active is not None:
+                problems.append(
+                    Problem(
+                        SWITCHED,
+                        text + " (a run cut short between its switch and its route record)",
+                        f"free a dead run's leases as status names them, then `pairctl rollback --pair {pair}` "
+                        f"puts back the recorded pair {record.active.names()}, or deploy again",
+                    )
+                )
+            else:
+                problems.append(Problem(LINKS, text, repair))
     if evidence is not None and record.updated_by != run_id:
         if record.state == "activating":
             state, why = evidence.run_status(record.updated_by)
@@ -255,6 +280,26 @@ def judge(
             if replayed:
                 problems.append(Problem(FORGED, replayed, repair))
     return Judgement(record, problems)
+
+
+def switched_links(
+    record: RouteRecord, facts: Mapping[str, HostFacts], judged: Judgement
+) -> dict[str, tuple[str | None, str | None]]:
+    """(current, previous) that put back the recorded active pair on each host whose `current` a
+    cut-short run switched (kind `switched`): previous is the record's previous release where
+    that host keeps it, else the release the link named (as repair puts them back)."""
+    out: dict[str, tuple[str | None, str | None]] = {}
+    if record.active is None or not judged.switched:
+        return out
+    for role in ("native", "rpc"):
+        want = record.active.native_package if role == "native" else record.active.rpc_package
+        linked = facts[role].current
+        if linked == want:
+            continue
+        prev = record.previous
+        p = None if prev is None else (prev.native_package if role == "native" else prev.rpc_package)
+        out[role] = (want, p if p in facts[role].releases and p != want else linked)
+    return out
 
 
 def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> list[str]:
@@ -314,9 +359,14 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
     except PairctlError as exc:
         return [f"{what}, but pair {pair}'s evidence chain cannot be read: {exc}"], None
     if r is None:
-        return [f"{what}, but there is no evidence chain for pair {pair} under {evidence.root} (deleted?)"], None
+        return [
+            f"{what}, but there is no evidence chain for pair {pair} under {evidence.root}: {OTHER_HOME} "
+            "or this home's evidence was deleted"
+        ], None
     newer: str | None = None
+    head_seen = record.evidence_head is None
     for _ in range(CHAIN_WALK_LIMIT):
+        head_seen = head_seen or r.sha256 == record.evidence_head
         if r.run_id == run:
             return _anchor_at(r, record, what, pair), newer
         rev = _route_write(r)
@@ -333,9 +383,15 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
             return [f"{what}; pair {pair}'s evidence chain breaks before reaching its receipt: {exc}"], None
     # the writer was not found: receipts met on the walk cannot be ordered against it, so a higher
     # revision among them says nothing of a replay (the missing evidence is the problem: exit 10)
+    if not head_seen:  # the chain it followed is not this one: not evidence of a deletion here
+        return [
+            f"{what}, but neither its receipt nor the receipt it followed ({(record.evidence_head or '')[:12]}) is in "
+            f"pair {pair}'s evidence chain under {evidence.root}: {OTHER_HOME}, or this home's receipts were deleted"
+        ], None
     return [
-        f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root} "
-        "(the newest receipts were deleted?)"
+        f"{what}, but its receipt is not in pair {pair}'s evidence chain under {evidence.root}, "
+        f"although the receipt it followed ({record.evidence_head[:12] if record.evidence_head else 'none'}) is: "
+        "the newest receipts were deleted"
     ], None
 
 

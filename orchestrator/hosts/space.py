@@ -77,6 +77,13 @@ def free_space(transport: Transport, path: str) -> Space:
     return parse_df(as_text(res.stdout), transport.name, path)
 
 
+def refuses_writes(text: str) -> bool:
+    """A host error that says a root takes no new file: full, or read-only (OpenSSH's SFTP
+    server answers both with a bare 'Failure', which the transport names so: remote/ssh.py)."""
+    low = text.lower()
+    return "no space left" in low or "read-only" in low
+
+
 def require_writable(transport: Transport, path: str, what: str) -> None:
     """PATH takes a new file now (one SFTP write and remove, no exec): a read-only filesystem is
     refused before any change (exit 6), naming host and path, instead of a step failing half-way

@@ -979,6 +979,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             cell.problems.append(f"the faulted deploy hung past {RUN_TIMEOUT_S}s")
         cell.first = "killed" if rc == -signal.SIGKILL else f"exit {rc}"
         cell.first_said = err.strip()[-600:]
+        state["first_err"] = err
         documented = DEPLOY_EXITS | ({RELEASE_FAILED_EXIT} if step == "release-lease" else set())
         if rc not in documented and rc != -signal.SIGKILL:
             cell.problems.append(
@@ -1015,6 +1016,24 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             f"a read-only root before the first change must be refused with nothing changed (exit 4 or 6, "
             f"previous pair serving); got {cell.first}[{cell.between}]"
         )
+    # issue 33: the RPC side never changed (pairctl-svc restart refuses before it stops anything),
+    # so the rollback keeps that server and ends on the previous pair, verified, instead of stopping both
+    if (fault.name, step) == ("read-only-rpc-root", "restart-rpc") and (cell.first, cell.between) != ("exit 7", "prev"):
+        cell.problems.append(
+            f"a read-only RPC root at restart-rpc must end rolled back to the previous pair, verified (exit 7); "
+            f"got {cell.first}[{cell.between}]"
+        )
+    # issue 33 item 9: the RPC disk full at the switch ends rolled back to the previous pair, verified,
+    # with the route record unchanged on both hosts (it took one host's write of two, for repair)
+    if fault.name == "fill-rpc-root" and step != "upload" and (cell.first, cell.between) != ("exit 7", "prev"):
+        cell.problems.append(
+            f"the RPC disk full at {step} must end rolled back to the previous pair, verified (exit 7); "
+            f"got {cell.first}[{cell.between}]"
+        )
+    if fault.name.startswith("read-only-") and cell.first == "exit 8" and "Now down" not in state.get("first_err", ""):
+        cell.problems.append(
+            "a failed rollback must say, host by host, what is down and why: " + cell.first_said[-300:]
+        )
     if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
         cell.problems.append(
             f"an SSH outage of {BLIP_S:g} s must not fail the deploy (it reconnects); got {cell.first}[{cell.between}]"
@@ -1037,6 +1056,11 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     # damaged host state (links and record disagree after a kill between switch and route) is
     # refused by deploy and rollback (exit 6) naming `pairctl repair`: the operator does as told
     if any("pairctl repair" in p_ for p_ in st1.get("problems") or []):
+        if fault.name in ("kill-pairctl", "fill-rpc-root"):  # issue 33 items 5, 9: no repair in the recovery
+            cell.problems.append(
+                "the documented recovery is freeing the leases and then rollback or deploy (README), "
+                f"but status asks for repair: {st1.get('problems')}"
+            )
         rp = fp.cli("--json", "repair", "--pair", fp.name, "--yes")
         cell.operator.append(f"repair --yes (exit {rp.returncode})")
         if rp.returncode != 0:

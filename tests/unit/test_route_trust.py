@@ -80,8 +80,28 @@ def test_each_hostile_record_is_named(view):
     assert _kinds(view, data, b"{not json") == {route_trust.PARSE}
     assert _kinds(view, data, good.model_copy(update={"revision": 40}).sign(KEY).to_bytes()) == {route_trust.DIFFER}
     assert _kinds(view, None, None) == {route_trust.MISSING}
-    assert _kinds(view, data, data, cur=("A", "A")) == {route_trust.LINKS}
+    assert _kinds(view, data, data, cur=(None, "B")) == {route_trust.LINKS}
+    unsigned = _record(key=None).to_bytes()
+    assert _kinds(view, unsigned, unsigned, cur=("A", "B")) == {route_trust.UNSIGNED, route_trust.LINKS}
     assert route_trust.RELEASE in _kinds(view, data, data, releases=("A",))
+
+
+def test_links_a_cut_short_run_switched_are_resolved_by_deploy_and_rollback(view):
+    """A link to an installed release beside this home's signed record naming installed releases
+    is what a run killed between its switch and its route step leaves (issue 33 item 5): its own
+    kind, allowed to deploy and rollback, and the links that put the recorded pair back."""
+    data = _record(active="B", previous="A").to_bytes()
+    assert _kinds(view, data, data, cur=("B", "A")) == {route_trust.SWITCHED}
+    assert _kinds(view, data, data, cur=("A", "A")) == {route_trust.SWITCHED}
+    facts = {"native": _facts("B", data), "rpc": _facts("A", data)}
+    j = route_trust.judge(view, facts, KEY, None)
+    j.refuse("deploy", route_trust.DEPLOY_ALLOWS)
+    j.refuse("rollback", route_trust.ROLLBACK_ALLOWS)
+    assert "pairctl rollback --pair lab" in j.problems[0].hint and "repair" not in j.problems[0].hint
+    assert j.record is not None
+    assert route_trust.switched_links(j.record, facts, j) == {"rpc": ("B", "A")}
+    # a link to a release the host does not keep is damage, not a cut-short switch
+    assert _kinds(view, data, data, cur=("B", "C"), releases=("A", "B")) >= {route_trust.LINKS, route_trust.RELEASE}
 
 
 def test_refusal_allows_only_what_the_command_can_resolve(view):
@@ -110,3 +130,39 @@ def test_links_outside_the_install_root_are_not_releases():
     for bad in ("/tmp/evil/releases/A", "/etc", "releases/..", "releases/", "releases/.x"):
         with pytest.raises(ProbeError):
             release_of_link(bad, "/r")
+
+
+def _written_by(store, previous_head: str | None):
+    """A real run of `store`'s home (its receipt in the chain) and the record it signed."""
+    from orchestrator.evidence.store import EvidenceStore
+
+    assert isinstance(store, EvidenceStore)
+    j = store.begin("deploy", ["deploy"], pair="lab")
+    rec = next_record(None, pair="lab", active=_entry("B"), previous=None, run_id=j.run_id, now=NOW)
+    j.finish("passed", "deployed")
+    return rec.model_copy(update={"evidence_head": previous_head}).sign(KEY)
+
+
+def test_a_record_from_another_home_is_not_called_a_deletion(tmp_path):
+    """Issue 33 item 10: two operator homes sharing route.key on one pair. The second home saw the
+    first's record as 'the newest receipts were deleted?': a false alarm. The record's evidence
+    head tells them apart: a chain that holds the head the writer followed but not the writer's
+    receipt lost its newest receipts; one that holds neither is another home's (or lost it all)."""
+    from orchestrator.evidence.store import EvidenceStore
+
+    first, second = EvidenceStore(tmp_path / "a" / "evidence"), EvidenceStore(tmp_path / "b" / "evidence")
+    h0 = first.begin("deploy", ["deploy"], pair="lab").finish("passed", "first")
+    second.begin("deploy", ["deploy"], pair="lab").finish("passed", "the second home's own run")
+    rec = _written_by(first, h0)
+    assert route_trust.anchor_problems(rec, first, "lab") == []
+    (other,) = route_trust.anchor_problems(rec, second, "lab")
+    assert route_trust.OTHER_HOME in other and "newest receipts were deleted" not in other
+    (none,) = route_trust.anchor_problems(rec, EvidenceStore(tmp_path / "c" / "evidence"), "lab")
+    assert route_trust.OTHER_HOME in none
+    # the first home loses its newest receipt (the writer's), the head moved back: a deletion
+    head = first.latest("lab")
+    assert head is not None and head.run_id == rec.updated_by
+    (tmp_path / "a" / "evidence" / "receipts" / f"{head.sha256}.json").unlink()
+    (tmp_path / "a" / "evidence" / "heads" / "lab").write_text(h0 + "\n")
+    (deleted,) = route_trust.anchor_problems(rec, first, "lab")
+    assert "the newest receipts were deleted" in deleted and route_trust.OTHER_HOME not in deleted
