@@ -226,7 +226,11 @@ realbuild() {  # in the background (setsid), so that the next calls can carry th
   touch "$STATE/builds.done"
 }
 
-real2() { stash c2; note "model part carried"; }
+real2() {  # carries model part 1, then holds the machine while the builds run (a call keeps it warm)
+  stash c2; note "model part carried; waiting for the builds"
+  while [ ! -e "$STATE/builds.done" ] && [ "$(left)" -gt 30 ]; do sleep 5; done
+  note "builds: $(cat "$R"/build-*.done 2>/dev/null | tr '\n' ' ')"
+}
 
 rpc() { pairctl "${RI[@]}" "$@"; }
 keep_logs() {  # keep_logs NAME: the pair's server logs and route record as they are now
@@ -248,7 +252,7 @@ real3() {
   while [ ! -e "$STATE/builds.done" ] && [ "$(left)" -gt 240 ]; do sleep 5; done
   B=$(cat "$STATE/base.pkg" 2>/dev/null) || { note "no baseline package yet"; tail -5 "$R/build-base.log"; return 5; }
   note "baseline package $B"
-  ( nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$R/vram.csv" 2>/dev/null & echo $! >"$STATE/smi.pid" )
+  ( nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >>"$R/vram-real.csv" 2>/dev/null & echo $! >"$STATE/smi.pid" )
   if [ ! -e "$R/accept-real.json" ]; then
     note "deploy the baseline on the real model (profile lab-real), then accept: the first acceptance records the reference"
     ( time rpc deploy --pair gpu --packages "$B" "$B" --skip-accept ) >"$R/deploy-real.log" 2>&1; echo "rc=$?" >>"$R/deploy-real.log"
