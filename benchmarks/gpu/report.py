@@ -205,8 +205,14 @@ def real_section(raw: Raw) -> list[str]:
             f"{g(f.get('mean_kl'))} | {g(f.get('max_kl'))} | {g(f.get('top1'))} | {g(f.get('max_abs_dlogprob'))} | "
             f"{f.get('greedy_flips', '–')} |"
         ]
-    if gates:
-        md += ["", "Gates in force: " + ", ".join(f"`{k}` {v}" for k, v in gates.items()) + "."]
+    if not gates:  # the check's figures carry no gates: the profile's, as the check reads them
+        import yaml
+
+        from orchestrator.config.reference_gates import ReferenceGates
+
+        prof = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/profiles/lab-real.yaml").read_text())
+        gates = ReferenceGates.model_validate(prof.get("reference_gates") or {}).model_dump()
+    md += ["", "Gates in force (profile `lab-real`): " + ", ".join(f"`{k}` {v}" for k, v in gates.items()) + "."]
     ref = load_json(raw / "reference-show-real.json")
     if ref:
         keys = sorted({str(d["key"]) for d in dicts(ref) if isinstance(d.get("key"), str)})
