@@ -198,6 +198,7 @@ def real_section(raw: Raw) -> list[str]:
             md += [f"| {label} | not run | – | – | – | – | – | – | – |"]
             continue
         c = check_of(load_json(raw / js), "reference_logprobs")
+        c = c or check_of(load_json(raw / js.replace("deploy-", "receipt-")), "reference_logprobs")
         f = c.get("figures") or {}
         gates = gates or next((d["gates"] for d in dicts(c) if isinstance(d.get("gates"), dict)), {})
         md += [

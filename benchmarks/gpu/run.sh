@@ -239,6 +239,11 @@ keep_logs() {  # keep_logs NAME: the pair's server logs and route record as they
     cp "$PAIRCTL_HOME/gpu/$side/route.json" "$R/$1-$side-route.json" 2>/dev/null; done
 }
 
+receipt_of() {  # a rejected deploy's --json has no check figures: its receipt has them
+  local id; id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("receipt") or "")' "$R/deploy-$1.json" 2>/dev/null)
+  [ -n "$id" ] && rpc --json receipts show "$id" >"$R/receipt-$1.json" 2>/dev/null
+}
+
 real3() {
   stash c3; config
   export PYTHONPATH="$STATE/site:$REPO"
@@ -273,7 +278,7 @@ real3() {
     note "the same package with f16 KV (profile gpu-real-kv-f16) against the q8_0 answers"
     rpc --json deploy --pair gpu --packages "$B" "$B" --profile gpu-real-kv-f16 --checks reference_logprobs \
       >"$R/deploy-kvf16.json" 2>"$R/deploy-kvf16.log"; echo "rc=$?" >>"$R/deploy-kvf16.log"
-    keep_logs kvf16
+    keep_logs kvf16; receipt_of kvf16
     note "kv f16: deploy $(rc_line "$R/deploy-kvf16.log")"
   fi
   local S; S=$(cat "$STATE/sm90.pkg" 2>/dev/null)
@@ -281,6 +286,7 @@ real3() {
     note "MMVF candidate $S (profile lab-real) judged against the reference answers"
     rpc --json deploy --pair gpu --packages "$S" "$S" --profile lab-real --checks reference_logprobs \
       >"$R/deploy-sm90-real.json" 2>"$R/deploy-sm90-real.log"; echo "rc=$?" >>"$R/deploy-sm90-real.log"
+    receipt_of sm90-real
     rpc --json kernels check --pair gpu >"$R/kernels-sm90-real.json" 2>"$R/kernels-sm90-real.err"; echo "rc=$?" >>"$R/kernels-sm90-real.err"
     note "sm90: deploy $(rc_line "$R/deploy-sm90-real.log"), kernels $(rc_line "$R/kernels-sm90-real.err")"
   fi
