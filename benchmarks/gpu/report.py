@@ -101,6 +101,154 @@ def fence(text: str, limit: int = 40) -> list[str]:
     return ["```", *lines, "```"]
 
 
+def check_of(doc: Any, name: str) -> dict:
+    return next((d for d in dicts(doc) if d.get("name") == name and "verdict" in d), {})
+
+
+def g(x: Any) -> str:
+    return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+
+_SPLIT = re.compile(r"load_tensors: (offloaded .*|.*model buffer size.*)|llama_kv_cache: .*KV buffer size.*")
+
+
+def real_section(raw: Raw) -> list[str]:
+    """The real model (SmolLM2-135M-Instruct Q4_1) on the CUDA pair: `run.sh real1..real3` (issue 37)."""
+    dep = read(raw / "deploy-real.log")
+    if not dep:
+        return []
+    md = [
+        "## The real model on the CUDA pair (issue 37)",
+        "",
+        "`benchmarks/gpu/run.sh real1`, `real2`, `real3`: three calls to one warm machine, because a call carries at",
+        "most 64 MiB. The baseline tree (git archive, xz) and SmolLM2-135M-Instruct Q4_1 in three parts were",
+        "carried; the rebuilt lab source and the joined model were checked where they landed:",
+        "",
+        *fence(read(raw / "source.txt"), 2),
+        *fence(read(raw / "model.txt"), 2),
+        "",
+        "The baseline package was deployed on the `gpu` pair of `benchmarks/gpu/config/inventories/gpu-real.yaml`",
+        "(ggml-rpc-server on the H200 bound to 127.0.0.1, llama-server with `--rpc`, local transport) with the lab's",
+        "production-shape profile `lab-real` (2 slots, q8_0 KV, flash attention, all layers offloaded, draft-simple",
+        "3/1 with the seeded-noise draft), then `pairctl accept`: the route's first acceptance, so it recorded the",
+        "reference answers.",
+        "",
+        f"Deploy (`--skip-accept`) exit status: {rc_of(dep)}",
+        *fence(dep, 24),
+        "",
+    ]
+    route = load_json(raw / "real-native-route.json")
+    active = route.get("active") if isinstance(route, dict) else None
+    if isinstance(active, dict) and active.get("native_argv"):
+        md += [
+            "The route record's argv, as activated:",
+            "```",
+            " ".join(active["native_argv"]),
+            " ".join(active.get("rpc_argv") or []),
+            "```",
+            "",
+        ]
+    split = [m.group(0) for m in _SPLIT.finditer(read(raw / "real-native-llama-server.log"))]
+    if split:
+        md += [
+            "The split, from llama-server's load log (target model first, then the draft):",
+            *fence("\n".join(split), 16),
+            "",
+        ]
+    acc = load_json(raw / "accept-real.json")
+    md += [f"Accept exit status: {rc_of(read(raw / 'accept-real.err'))}", ""]
+    checks = [d for d in dicts(acc) if "verdict" in d and "name" in d]
+    if checks:
+        md += ["| check | verdict | required | key figures |", "|---|---|---|---|"]
+        for d in checks:
+            figs = d.get("figures") or {}
+            fig = ", ".join(f"{k}={v}" for k, v in list(figs.items())[:9]) if isinstance(figs, dict) else str(figs)
+            md += [f"| {d['name']} | {d['verdict']} | {d.get('required', '')} | {fig} |"]
+    else:
+        md += fence(read(raw / "accept-real.err"), 30)
+    budget = next((d["request_budget"] for d in dicts(acc) if isinstance(d.get("request_budget"), dict)), {})
+    if budget:
+        md += [
+            "",
+            "The acceptance's cold probe and the bounds derived from it (`request_budget`): "
+            + ", ".join(f"{k}={g(v)}" for k, v in budget.items() if not isinstance(v, (dict, list)))
+            + ".",
+        ]
+    md += [
+        "",
+        "### Replay floor on CUDA (reference_logprobs against the answers recorded above)",
+        "",
+        "The reference pair replayed against its own answers (`accept --only reference_logprobs`, same package,",
+        "same profile), then the same package with f16 KV instead of q8_0 (`deploy --profile gpu-real-kv-f16",
+        "--checks reference_logprobs`, profile in `benchmarks/gpu/config/profiles/`) for scale, then the MMVF",
+        "sm90 candidate (`benchmarks/gpu/mmvf-warp-per-row-sm90`, profile lab-real). Figures from `--json`:",
+        "",
+        "| run | exit | verdict | positions | mean KL | max KL | top-1 | max abs dlogprob | greedy flips |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    runs = [
+        ("replay 1 (same pair, q8_0 KV)", "replay-1.json", "replay-1.err"),
+        ("replay 2 (same pair, q8_0 KV)", "replay-2.json", "replay-2.err"),
+        ("f16 KV (gpu-real-kv-f16)", "deploy-kvf16.json", "deploy-kvf16.log"),
+        ("MMVF sm90 candidate", "deploy-sm90-real.json", "deploy-sm90-real.log"),
+    ]
+    gates: dict = {}
+    for label, js, err in runs:
+        if not read(raw / err):
+            md += [f"| {label} | not run | – | – | – | – | – | – | – |"]
+            continue
+        c = check_of(load_json(raw / js), "reference_logprobs")
+        c = c or check_of(load_json(raw / js.replace("deploy-", "receipt-")), "reference_logprobs")
+        f = c.get("figures") or {}
+        gates = gates or next((d["gates"] for d in dicts(c) if isinstance(d.get("gates"), dict)), {})
+        md += [
+            f"| {label} | {rc_of(read(raw / err))} | {c.get('verdict', '–')} | {f.get('positions', '–')} | "
+            f"{g(f.get('mean_kl'))} | {g(f.get('max_kl'))} | {g(f.get('top1'))} | {g(f.get('max_abs_dlogprob'))} | "
+            f"{f.get('greedy_flips', '–')} |"
+        ]
+    if not gates:  # the check's figures carry no gates: the profile's, as the check reads them
+        import yaml
+
+        from orchestrator.config.reference_gates import ReferenceGates
+
+        prof = yaml.safe_load((Path(__file__).resolve().parents[2] / "manifests/profiles/lab-real.yaml").read_text())
+        gates = ReferenceGates.model_validate(prof.get("reference_gates") or {}).model_dump()
+    md += ["", "Gates in force (profile `lab-real`): " + ", ".join(f"`{k}` {v}" for k, v in gates.items()) + "."]
+    ref = load_json(raw / "reference-show-real.json")
+    if ref:
+        keys = sorted({str(d["key"]) for d in dicts(ref) if isinstance(d.get("key"), str)})
+        md += ["", f"Reference answer key(s) (`reference show`): {', '.join(f'`{k}`' for k in keys) or '–'}."]
+    kc = load_json(raw / "kernels-sm90-real.json")
+    rows = [
+        {"host": h["host"], **r}
+        for h in dicts(kc)
+        if isinstance(h.get("rows"), list) and "host" in h
+        for r in h["rows"]
+        if isinstance(r, dict) and "case" in r
+    ]
+    if rows:
+        md += [
+            "",
+            f"The sm90 candidate's kernel cases (`kernels check`, exit {rc_of(read(raw / 'kernels-sm90-real.err'))};"
+            " w4 is the launch the patch changes):",
+            "",
+            "| host | case | n | nmse | max abs err | passed | µs per run |",
+            "|---|---|---:|---:|---:|---|---:|",
+        ]
+        md += [
+            f"| {d['host']} | {d.get('case')} | {d.get('n', '–')} | {d.get('nmse', '–')} | {d.get('max_err', '–')} | "
+            f"{d.get('passed', '–')} | {d.get('us_per_run', '–')} |"
+            for d in rows
+        ]
+    vram = [int(x) for x in re.findall(r"^\s*(\d+)\s*$", read(raw / "vram-real.csv"), re.M)]
+    if vram:
+        md += [
+            "",
+            f"Peak GPU memory used during the real-model runs: {max(vram)} MiB ({len(vram)} samples, 200 ms apart).",
+        ]
+    return [*md, ""]
+
+
 def main(out: Path, raw: Raw) -> None:
     md: list[str] = [
         "# GPU validation on the lent H200",
@@ -264,6 +412,7 @@ def main(out: Path, raw: Raw) -> None:
             f"(idle at start: {vram[0]} MiB; {len(vram)} samples).",
         ]
     md += [""]
+    md += real_section(raw)
     out.write_text("\n".join(md) + "\n")
     print(f"wrote {out}")
 
