@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext, CheckResult, Timer
 from orchestrator.checks.oracle_fixtures import load_oracle_set
-from orchestrator.checks.reference_logprobs import Asker, compare, n_vocab, record, teacher_forced
+from orchestrator.checks.reference_logprobs import Answer, Asker, compare, n_vocab, record
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.config.rpc_consistency import RpcConsistency
@@ -75,6 +75,10 @@ def probe_profile(profile: RouteProfile) -> RouteProfile:
     return profile.model_copy(update={"draft": None, "split": None})
 
 
+def _with_threads(profile: RouteProfile, threads: int | None) -> RouteProfile:
+    return profile if threads is None else profile.model_copy(update={"threads": threads})
+
+
 def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
     """Pure: the probe's argv from the active native package, the pair's models and the profile."""
     if ctx.inventory is None:
@@ -91,7 +95,7 @@ def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
     if port in (pair.server_port, pair.rpc_port) or port > 65535:
         raise CheckFailed(f"rpc_consistency.port_offset {cfg.port_offset} gives port {port}, which the pair cannot use")
     layout, probe = HostLayout(root), HostLayout(posixpath.join(HostLayout(root).run, PROBE_DIR))
-    args = probe_profile(ctx.profile).render_args(
+    args = _with_threads(probe_profile(ctx.profile), cfg.threads).render_args(
         model_paths={role: m.path for role, m in pair.models.items()},
         host=bind,
         port=port,
@@ -209,9 +213,9 @@ def run(ctx: CheckContext) -> CheckResult:
     probe = _Probe(ctx, plan, cfg.start_timeout_s)
     with probe, ServerClient(plan.base_url, api_key=ctx.api_key, timeout=ctx.client.timeout) as client:
         start_s = round(timer.elapsed() - t1, 3)
-        native = Asker(_on(ctx, client), k)
+        native = _Recorder(_on(ctx, client), k)
         summary, per_fixture, problems = compare(native, answers, ref_gates, complete)
-        chosen = chosen_deltas(native, answers)
+        chosen = chosen_deltas(answers, native.got)
     native_s = round(timer.elapsed() - t1, 3)
     problems += judge(summary, cfg)
     figures = {
@@ -248,13 +252,36 @@ def run(ctx: CheckContext) -> CheckResult:
     )
 
 
-def chosen_deltas(asker: Asker, answers: list[Mapping[str, Any]]) -> list[float]:
+class _Recorder(Asker):
+    """An Asker that keeps each fixture's teacher-forced answer (the positions `compare` judged),
+    so the chosen tokens' deltas come from the same requests, not a second pass."""
+
+    def __init__(self, ctx: CheckContext, k: int) -> None:
+        super().__init__(ctx, k)
+        self.got: list[Answer] = []
+
+    def first(self, endpoint: str, prompt: Any, n: int) -> Answer:
+        a = super().first(endpoint, prompt, n)
+        self.got.append(a)
+        return a
+
+    def cont(self, prefix: Any, forced: list[int], n: int) -> Answer:
+        a = super().cont(prefix, forced, n)
+        self.got[-1] = Answer(self.got[-1].tokens, _joined(self.got[-1], a, len(forced)))
+        return a
+
+
+def _joined(before: Answer, cont: Answer, at: int) -> list[dict[int, float]]:
+    """Positions of a teacher-forced walk: the first `at` from before, the rest from the continuation."""
+    return list(before.positions[:at]) + list(cont.positions)
+
+
+def chosen_deltas(answers: list[Mapping[str, Any]], got: list[Answer]) -> list[float]:
     """|delta logprob| of each position's chosen token (the live pair's greedy token), native side
     teacher-forced on the live pair's tokens; a token missing from one side's top-K is skipped."""
     out = []
-    for fx in answers:
-        got, _, _ = teacher_forced(asker, fx)
-        for tok, ref, cand in zip(fx["tokens"], fx["positions"], got.positions, strict=False):
+    for fx, g in zip(answers, got, strict=False):
+        for tok, ref, cand in zip(fx["tokens"], fx["positions"], g.positions, strict=False):
             r = {int(t): float(v) for t, v in ref}
             if int(tok) in r and cand and int(tok) in cand:
                 out.append(abs(r[int(tok)] - float(cand[int(tok)])))

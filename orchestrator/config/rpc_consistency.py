@@ -7,8 +7,8 @@ floor of that comparison on a healthy build: `max(factor * floor, minimum)`. Flo
 minimum and the derived gate are written into the receipt with the figures.
 
 Defaults are the lab's, measured 2026-12-05 with the baseline package on both lab profiles
-(README, "RPC consistency"): both devices are CPUs running the same ggml code, and every logprob
-agreed bit for bit (floor 0). The minimum sits 200 times above the replay floor of an unchanged
+(README, "The RPC host's half on its own"): both devices are CPUs running the same ggml code and
+agree bit for bit; the floor is the 6-digit rounding of the recorded answers. The minimum sits 200 times above the replay floor of an unchanged
 forward pass (5e-7 nats, docs/reference-answers.md). A pair whose two devices differ (a V100 and an
 RTX 5060 Ti) must measure its own floor (`pairctl accept --checks rpc_consistency` on a build it
 trusts reports it) and declare it here with where it came from.
@@ -25,11 +25,12 @@ class RpcConsistency(StrictModel):
     enabled: bool = Field(default=True, description="false: the check is skipped (with its reason in the receipt)")
     fixtures: str = Field(default="rpc-probe", description="reference fixture set (name or path) the probe computes")
     floor_abs_dlogprob: float = Field(
-        default=0.0, ge=0, description="measured largest |delta logprob| between the two devices on a healthy build"
+        default=5e-7, ge=0, description="measured largest |delta logprob| between the two devices on a healthy build"
     )
-    floor_max_kl: float = Field(default=0.0, ge=0, description="measured largest KL on a healthy build")
+    floor_max_kl: float = Field(default=5.1e-14, ge=0, description="measured largest KL on a healthy build")
     floor_source: str = Field(
-        default="lab, 2026-12-05: baseline 9d37488533 on lab and lab-real, CPU rpc device vs CPU, bit-identical",
+        default="lab, 2026-12-05: baseline 9d37488533, CPU RPC device vs CPU; lab 5.0e-7 / KL 1.4e-28, lab-real "
+        "5.0e-7 / KL 5.0e-14 (the 6-digit rounding of recorded answers: the devices agree bit for bit)",
         description="where the floor was measured (kept in the receipt)",
     )
     factor: float = Field(default=10.0, ge=1, description="gate = max(factor * floor, minimum)")
@@ -37,6 +38,12 @@ class RpcConsistency(StrictModel):
     min_max_kl: float = Field(default=1e-9, gt=0, description="absolute minimum of the KL gate")
     port_offset: int = Field(
         default=1, ge=1, le=1000, description="the probe llama-server listens on the pair's server_port + this"
+    )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        description="the probe's --threads (default: the profile's); ggml's CPU threads split rows, never a "
+        "sum, so the count does not change a number (measured: the lab's floor is the same at 1 and 2)",
     )
     start_timeout_s: float = Field(default=120.0, gt=0, description="bound on the probe server becoming healthy")
 

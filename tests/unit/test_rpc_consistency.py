@@ -75,7 +75,8 @@ def test_probe_profile_drops_draft_and_split_only():
 
 def test_gates_come_from_the_floor_with_a_minimum():
     lab = RpcConsistency()
-    assert lab.gate_abs_dlogprob() == lab.min_abs_dlogprob == 1e-4  # the lab's floor is the rounding of answers
+    assert lab.gate_abs_dlogprob() == lab.min_abs_dlogprob == 1e-4  # 10 x the lab floor (5e-7) is below the minimum
+    assert lab.gate_max_kl() == lab.min_max_kl == 1e-9
     gpu = RpcConsistency(floor_abs_dlogprob=0.02, floor_max_kl=1e-6, factor=5, floor_source="measured")
     assert gpu.gate_abs_dlogprob() == pytest.approx(0.1) and gpu.gate_max_kl() == pytest.approx(5e-6)
     g = gates_of(gpu)
