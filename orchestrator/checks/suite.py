@@ -28,6 +28,7 @@ from orchestrator.checks import (
     long_prefix,
     near_full,
     reference_logprobs,
+    rpc_consistency,
     sampling,
     speculative,
     telemetry,
@@ -52,6 +53,7 @@ CHECKS: dict[str, CheckFn | None] = {
     long_prefix.NAME: long_prefix.run,
     answer_fixtures.NAME: answer_fixtures.run,
     reference_logprobs.NAME: reference_logprobs.run,
+    rpc_consistency.NAME: rpc_consistency.run,
     telemetry.NAME: None,
 }
 STEP_PREFIX = "check:"

@@ -19,6 +19,7 @@ from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_a
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
+from orchestrator.config.rpc_consistency import RpcConsistency
 from orchestrator.config.split import LOG_VERBOSITY, SplitExpectation
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS
@@ -94,6 +95,9 @@ class RouteProfile(StrictModel):
     metrics: bool = True
     extra_args: list[str] = Field(default_factory=list)
     reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
+    rpc_consistency: RpcConsistency = Field(
+        default_factory=RpcConsistency, description="the RPC host alone vs the native device (checks.rpc_consistency)"
+    )
     split: SplitExpectation | None = Field(
         default=None, description="what identity requires of the devices' share (read from the load log)"
     )

@@ -118,6 +118,7 @@ def test_accept_passes_every_required_check_and_writes_one_receipt(first_accept,
         "long_prefix_cache",
         "answer_fixtures",
         "reference_logprobs",
+        "rpc_consistency",
         "exactly_full",
         "sampling",
     ):

@@ -37,6 +37,7 @@ MUTANTS: dict[str, str] = {
     "rope-scale": "reference_logprobs",
     "rpc-kernel-add": "reference_logprobs",
     "rpc-set-tensor-corrupt": "reference_logprobs",
+    "rpc-only-rms-norm-scale": "rpc_consistency",  # judged without a reference: tests/e2e/test_rpc_consistency.py
     "temperature-zero": "sampling",
     "spec-verify-skipped": "speculative",
     "content-truncated": "answer_fixtures",
