@@ -31,6 +31,7 @@ from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
 from orchestrator.roles import ROLES, RPC_SERVER, SERVICE_OF_ROLE
+from orchestrator.server.tunnel import via_for
 
 PIPELINE_LINE = "pipeline parallelism enabled"
 
@@ -154,8 +155,9 @@ def verify_identity(
                 rep.problems.append(f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
     if http and "native" in roles:
         try:
-            props = get_json(base_url, "/props", api_key=api_key)
-            slots = get_json(base_url, "/slots", api_key=api_key)
+            via = via_for(transports["native"], api_key)  # the key only inside SSH (server.tunnel)
+            props = get_json(base_url, "/props", api_key=api_key, via=via)
+            slots = get_json(base_url, "/slots", api_key=api_key, via=via)
         except Exception as exc:  # an unreachable server is a problem to report, not a crash
             rep.problems.append(f"{hosts['native']}: cannot read /props or /slots at {base_url}: {exc}")
         else:

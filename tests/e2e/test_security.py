@@ -21,6 +21,10 @@ Here, on a deployed pair (`sec`: the lab's sshd hosts, its own install roots and
     401 and acceptance passes with it;
   - the running ggml-rpc-server listens only on the inventory's address (its own sockets, read from
     /proc/<pid>/fd and /proc/net/tcp);
+  - the API key never crosses the network in cleartext (issue 32 item 6): captured on the wire
+    (lo, AF_PACKET) while `pairctl accept` runs, every segment that carries it is on the native
+    host's own last hop (sshd -> llama-server), and pairctl itself opens no TCP connection to the
+    server: its requests travel inside the SSH connection to the native host;
   - nothing pairctl created under the install roots is world-writable.
 Each property's checker is first shown to flag a planted violation.
 """
@@ -32,8 +36,11 @@ import json
 import os
 import socket
 import stat
+import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -273,3 +280,95 @@ def test_nothing_pairctl_created_is_world_writable(deployed_sec):
     for role in ("native", "rpc"):
         names = {p.name for p in fp.roots[role].iterdir()}
         assert {"releases", "current", "run", "leases", "route.json", "bin"} <= names, names
+
+
+# -- the API key on the wire (issue 32 item 6) ---------------------------------------------------
+
+
+class LoCapture:
+    """Every IPv4 TCP segment on `lo` to PORT whose payload holds NEEDLE: (source port, payload).
+    A real capture (AF_PACKET, as tcpdump reads it), so what a client sends is what is judged."""
+
+    def __init__(self, port: int, needle: bytes) -> None:
+        self.port, self.needle = port, needle
+        self.hits: list[tuple[int, bytes]] = []
+        self.segments = 0
+        self._stop = threading.Event()
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
+        self._sock.bind(("lo", 0))
+        self._sock.settimeout(0.2)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                frame = self._sock.recv(1 << 17)
+            except TimeoutError:
+                continue
+            ip = frame[14:]
+            if len(ip) < 20 or ip[0] >> 4 != 4 or ip[9] != 6:
+                continue
+            ihl = (ip[0] & 0x0F) * 4
+            tcp = ip[ihl:]
+            sport, dport = struct.unpack("!HH", tcp[:4])
+            if dport != self.port:
+                continue
+            self.segments += 1
+            payload = tcp[(tcp[12] >> 4) * 4 :]
+            if self.needle in payload:
+                self.hits.append((sport, bytes(payload[:200])))
+
+    def __enter__(self) -> LoCapture:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        time.sleep(0.3)  # the last segments are read before the capture stops
+        self._stop.set()
+        self._thread.join(5)
+        self._sock.close()
+
+
+class ConnectLog:
+    """The local port of every TCP connection this process opens to (address, port)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, address: str, port: int) -> None:
+        self.ports: list[int] = []
+        real = socket.socket.connect
+
+        def connect(sock: socket.socket, addr: object) -> None:
+            real(sock, addr)
+            if isinstance(addr, tuple) and addr[:2] == (address, port):
+                self.ports.append(sock.getsockname()[1])
+
+        monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+def capture_allowed() -> bool:
+    try:
+        socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003)).close()
+    except (PermissionError, OSError, AttributeError):
+        return False
+    return True
+
+
+def test_api_key_never_crosses_the_network_in_cleartext(deployed_sec, monkeypatch):
+    if not capture_allowed():
+        pytest.skip("capturing on lo needs CAP_NET_RAW")
+    fp, _ = deployed_sec
+    address = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    needle = fp.api_key.encode()
+    # the checker first flags a planted violation: a client of this process sending the key directly
+    log = ConnectLog(monkeypatch, address, 8192)
+    with LoCapture(8192, needle) as direct:
+        with httpx.Client(timeout=30, trust_env=False) as c:
+            assert c.get(f"http://{address}:8192/props", headers={"Authorization": f"Bearer {fp.api_key}"}).is_success
+    assert direct.hits and {p for p, _ in direct.hits} <= set(log.ports), (direct.hits, log.ports)
+    # pairctl's acceptance, in this process: /props, /slots and completions, all with the key
+    log.ports.clear()
+    with LoCapture(8192, needle) as cap:
+        a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity", "--only", "cached_continuation")
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert log.ports == [], f"pairctl opened {len(log.ports)} TCP connections to the server itself"
+    assert cap.hits, f"no segment with the key on lo at all ({cap.segments} to the port): the capture saw nothing"
+    assert not {p for p, _ in cap.hits} & set(log.ports)
