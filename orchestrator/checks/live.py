@@ -103,6 +103,7 @@ def make_identity_probe(
         per_slot_ctx=profile.per_slot_ctx(),
         rpc_bind=inventory.rpc_bind(pair),
         rpc_port=inventory.pair(pair).rpc_port,
+        rpc_peers=tuple(inventory.rpc_peers(pair)),
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
         rpc_revision=getattr(manifests.get("rpc"), "revision", None),
     )

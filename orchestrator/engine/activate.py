@@ -47,6 +47,7 @@ from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
+from orchestrator.hosts.rpc_guard import install_guard
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
@@ -109,6 +110,7 @@ def expected_for(
         per_slot_ctx=profile.per_slot_ctx(),
         rpc_bind=view.rpc_bind,
         rpc_port=view.rpc_port,
+        rpc_peers=view.rpc_peers,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
         rpc_revision=rpc_manifest.revision,
     )
@@ -268,6 +270,8 @@ def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
             install_helper(ctx.t(role), ctx.layout(role))
             d["helper"] = "installed"
         d["systemd"] = _check_manager(ctx, role)
+    if role == "rpc" and ctx.mode == "rollback":  # the server it restarts is preloaded with it
+        d["rpc_guard"] = install_guard(ctx.t(role), ctx.layout(role))
     return d
 
 
@@ -298,6 +302,8 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
     else:
         install_helper(ctx.t(role), ctx.layout(role))
         d = {"helper": "installed", "sha256": svc_sha256()}
+    if role == "rpc":  # ggml-rpc-server serves only the pair's peers (hosts/rpc_guard.py)
+        d["rpc_guard"] = install_guard(ctx.t(role), ctx.layout(role))
     if ctx.layout(role).systemd is not None:
         d["systemd"] = _check_manager(ctx, role)
         if ctx.mode == "deploy":

@@ -27,6 +27,7 @@ from orchestrator.hosts.probes import (
     rpc_probe_problem,
     slots_problems,
 )
+from orchestrator.hosts.rpc_guard import guard_problem, parse_guard
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
@@ -51,6 +52,8 @@ class Expected:
     expect_pipeline_parallel: bool = False
     # the RPC package's revision (its manifest's): one pair runs one revision (engine/revisions.py)
     rpc_revision: str | None = None
+    # the peers ggml-rpc-server's guard must serve (Inventory.rpc_peers); None: not checked
+    rpc_peers: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -137,6 +140,12 @@ def verify_identity(
             rep.data[host]["rpc_probe"] = state
             problem = rpc_probe_problem(host, name, state, RPC_PROBE_S)
             if problem:
+                rep.problems.append(problem)
+        if role == "rpc" and ident is not None and ident.running and expected.rpc_peers is not None:
+            res = t.run_idempotent(layout.guard_cmd(name), check=False, timeout=30)
+            guard = parse_guard(as_text(res.stdout), name)
+            rep.data[host]["rpc_guard"] = {"sha256": guard[0], "allow": guard[1]} if guard else None
+            if problem := guard_problem(host, name, guard, list(expected.rpc_peers)):
                 rep.problems.append(problem)
         if role == "rpc" and ident is not None and ident.running:
             bind, port = parse_rpc_bind(ident.argv)

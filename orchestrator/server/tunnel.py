@@ -106,9 +106,13 @@ class _ChannelBackend(httpcore.NetworkBackend):
         except Exception as exc:
             if not _stream_error(exc):
                 raise
+            if getattr(exc, "code", None) == 1:  # SSH_OPEN_ADMINISTRATIVELY_PROHIBITED (RFC 4254)
+                raise httpcore.ConnectError(
+                    f"{self._opener.name}: its sshd refuses to forward to {host}:{port}; pairctl sends the API "
+                    "key only through SSH: allow TCP forwarding for the login user (AllowTcpForwarding local)"
+                ) from None
             raise httpcore.ConnectError(
-                f"{self._opener.name}: its sshd did not open {host}:{port} for pairctl ({exc}); pairctl sends "
-                "the API key only through SSH: the login user needs TCP forwarding (AllowTcpForwarding local)"
+                f"{host}:{port} as seen from {self._opener.name} (through SSH): {type(exc).__name__}: {exc}"
             ) from None
 
 

@@ -372,3 +372,87 @@ def test_api_key_never_crosses_the_network_in_cleartext(deployed_sec, monkeypatc
     assert log.ports == [], f"pairctl opened {len(log.ports)} TCP connections to the server itself"
     assert cap.hits, f"no segment with the key on lo at all ({cap.segments} to the port): the capture saw nothing"
     assert not {p for p, _ in cap.hits} & set(log.ports)
+
+
+# -- the RPC port (issue 32 item 2) ---------------------------------------------------------------
+
+# ggml-rpc-server's HELLO (ggml/src/ggml-rpc/ggml-rpc.cpp): command 14, u64 LE size 24, 24 zero bytes
+HELLO = bytes([14]) + (24).to_bytes(8, "little") + bytes(24)
+STRAY = "127.0.0.80"  # an address of this machine that is neither lab host's
+
+
+def stray_client(address: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((STRAY, 0))
+    s.settimeout(5)
+    s.connect((address, port))  # the kernel completes the handshake into the listen backlog
+    s.sendall(HELLO)
+    return s
+
+
+def answer_of(s: socket.socket, within_s: float) -> bytes | str:
+    """What the server sent back: bytes (a HELLO answer when 36 arrive), or why none came."""
+    s.settimeout(within_s)
+    try:
+        data = s.recv(64)
+    except ConnectionResetError:
+        return "reset"
+    except TimeoutError:
+        return "no answer yet"
+    return data or "closed"
+
+
+def test_rpc_server_serves_only_the_native_host(deployed_sec):
+    """Issue 32 #2, as it was run: a client from a third address held the RPC server's one client
+    slot through a llama-server restart (HELLO answered, /health down for 44 s). Now the server
+    runs with pairctl's guard preloaded, verified on the host (mapped, the list from the
+    inventory): the stray client is reset without a byte, llama-server comes back, and the
+    server's log names the refused peer."""
+    fp, _ = deployed_sec
+    rpc_addr = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+    native_addr = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    stray = stray_client(rpc_addr, 50192)  # waits in the backlog behind llama-server's connection
+    try:
+        npid = service_pid_of(fp, "native")
+        assert npid is not None
+        os.kill(npid, 9)  # its supervisor starts it again; the RPC server accepts the next client
+        got = answer_of(stray, 30)
+        assert got in ("reset", "closed"), f"the stray client got {got!r}"
+        deadline = time.monotonic() + 60
+        healthy = False
+        while time.monotonic() < deadline and not healthy:
+            try:
+                healthy = httpx.get(f"http://{native_addr}:8192/health", timeout=2, trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                pass
+            if not healthy:
+                time.sleep(0.3)
+        assert healthy, "llama-server did not come back within 60 s"
+        assert service_pid_of(fp, "native") != npid
+    finally:
+        stray.close()
+    out = (fp.roots["rpc"] / "run" / "ggml-rpc-server.out").read_text(errors="replace")
+    assert f"refused a connection from {STRAY}" in out, out[-2000:]
+    # what did it: the guard mapped into the running server, with the inventory's list
+    rpid = service_pid_of(fp, "rpc")
+    assert rpid is not None
+    assert str(fp.roots["rpc"] / "bin" / "pairctl-rpc-guard.so") in Path(f"/proc/{rpid}/maps").read_text()
+    env = Path(f"/proc/{rpid}/environ").read_bytes().split(b"\0")
+    assert b"PAIRCTL_RPC_ALLOW=127.0.0.1" in env, env  # the lab's hosts reach each other from 127.0.0.1
+
+
+def test_a_guard_file_changed_on_the_host_fails_identity(deployed_sec):
+    """The host is untrusted: the guard pairctl verifies is the file it wrote, mapped into the
+    running server with the inventory's list; a replaced file is an identity problem."""
+    fp, _ = deployed_sec
+    guard = fp.roots["rpc"] / "bin" / "pairctl-rpc-guard.so"
+    good = guard.read_bytes()
+    try:
+        guard.write_bytes(good + b"\0planted")
+        a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
+        assert a.returncode != 0, a.stdout[-2000:]
+        assert "guard file is not the one pairctl built" in a.stdout + a.stderr, (a.stdout + a.stderr)[-2000:]
+    finally:
+        guard.write_bytes(good)
+    a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
+    assert a.returncode == 0, (a.stdout + a.stderr)[-2000:]
