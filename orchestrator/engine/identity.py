@@ -27,7 +27,7 @@ from orchestrator.hosts.probes import (
     rpc_probe_problem,
     slots_problems,
 )
-from orchestrator.hosts.rpc_guard import guard_problem, parse_guard
+from orchestrator.hosts.rpc_guard import guard_problem, guard_sha256, parse_guard
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
@@ -144,7 +144,9 @@ def verify_identity(
         if role == "rpc" and ident is not None and ident.running and expected.rpc_peers is not None:
             res = t.run_idempotent(layout.guard_cmd(name), check=False, timeout=30)
             guard = parse_guard(as_text(res.stdout), name)
-            rep.data[host]["rpc_guard"] = {"sha256": guard[0], "allow": guard[1]} if guard else None
+            rep.data[host]["rpc_guard"] = (
+                {"sha256": guard[0], "allow": guard[1], "this_pairctl": guard[0] == guard_sha256()} if guard else None
+            )
             if problem := guard_problem(host, name, guard, list(expected.rpc_peers)):
                 rep.problems.append(problem)
         if role == "rpc" and ident is not None and ident.running:

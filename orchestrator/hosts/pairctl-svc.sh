@@ -349,7 +349,10 @@ guard_state() { # guard_state ROOT NAME: guard=NAME:SHA256:ALLOW with the guard 
     # running service and PAIRCTL_RPC_ALLOW from its environment; guard=NAME:- when not loaded
     pid=$(pid_of "$1" "$2")
     if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "guard=$2:down"; return 0; fi
-    if ! grep -q " $1/bin/$GUARD\$" "/proc/$pid/maps" 2>/dev/null; then echo "guard=$2:-"; return 0; fi
+    # mapped from ROOT/bin/GUARD (or from the file a later deploy replaced: " (deleted)")
+    if ! awk -v p=" $1/bin/$GUARD" 'substr($0, length($0) - length(p) + 1) == p ||
+        substr($0, length($0) - length(p) - 9) == p " (deleted)" { f = 1 } END { exit !f }' \
+        "/proc/$pid/maps" 2>/dev/null; then echo "guard=$2:-"; return 0; fi
     allow=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^PAIRCTL_RPC_ALLOW=//p' | head -n 1)
     sum=-; guard_file_ok "$1" && sum=$(sha256sum <"$1/bin/$GUARD" | cut -c1-64)
     echo "guard=$2:$sum:${allow:--}"

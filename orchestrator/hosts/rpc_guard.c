@@ -65,11 +65,11 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
             inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, who, sizeof who);
         else
             inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, who, sizeof who);
+        fprintf(stderr, "pairctl-rpc-guard: refused a connection from %s (not in PAIRCTL_RPC_ALLOW)\n", who);
+        fflush(stderr); /* said before the reset: whoever sees the reset can read why */
         struct linger l = {1, 0};
         setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
         close(c);
-        fprintf(stderr, "pairctl-rpc-guard: refused a connection from %s (not in PAIRCTL_RPC_ALLOW)\n", who);
-        fflush(stderr);
     }
 }
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
 
@@ -300,10 +301,15 @@ class LoCapture:
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
+        drained_by = None  # once stopped, what is queued is still read: until a quiet 0.2 s, at most 3 s
+        while drained_by is None or time.monotonic() < drained_by:
+            if drained_by is None and self._stop.is_set():
+                drained_by = time.monotonic() + 3
             try:
                 frame = self._sock.recv(1 << 17)
             except TimeoutError:
+                if self._stop.is_set():
+                    return
                 continue
             ip = frame[14:]
             if len(ip) < 20 or ip[0] >> 4 != 4 or ip[9] != 6:
@@ -323,9 +329,8 @@ class LoCapture:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        time.sleep(0.3)  # the last segments are read before the capture stops
         self._stop.set()
-        self._thread.join(5)
+        self._thread.join(60)
         self._sock.close()
 
 
@@ -378,7 +383,7 @@ def test_api_key_never_crosses_the_network_in_cleartext(deployed_sec, monkeypatc
 
 # ggml-rpc-server's HELLO (ggml/src/ggml-rpc/ggml-rpc.cpp): command 14, u64 LE size 24, 24 zero bytes
 HELLO = bytes([14]) + (24).to_bytes(8, "little") + bytes(24)
-STRAY = "127.0.0.80"  # an address of this machine that is neither lab host's
+STRAY = "127.0.0.93"  # an address no lab uses (the labs: 127.0.0.2-81)
 
 
 def stray_client(address: str, port: int) -> socket.socket:
@@ -441,18 +446,20 @@ def test_rpc_server_serves_only_the_native_host(deployed_sec):
     assert b"PAIRCTL_RPC_ALLOW=127.0.0.1" in env, env  # the lab's hosts reach each other from 127.0.0.1
 
 
-def test_a_guard_file_changed_on_the_host_fails_identity(deployed_sec):
-    """The host is untrusted: the guard pairctl verifies is the file it wrote, mapped into the
-    running server with the inventory's list; a replaced file is an identity problem."""
+def test_a_guard_list_other_than_the_inventorys_fails_identity(deployed_sec):
+    """Verified on the host, against the inventory as it stands: the list the running server's
+    guard holds (its environment, read on the host) must be the pair's rpc_peers. An inventory
+    that now names another list fails `accept` (identity) until a deploy applies it."""
     fp, _ = deployed_sec
-    guard = fp.roots["rpc"] / "bin" / "pairctl-rpc-guard.so"
-    good = guard.read_bytes()
+    text = fp.inventory_path.read_text()
+    inv = yaml.safe_load(text)
+    inv["pairs"][fp.name]["rpc_peers"] = ["127.0.0.1", STRAY]
     try:
-        guard.write_bytes(good + b"\0planted")
+        fp.inventory_path.write_text(yaml.safe_dump(inv))
         a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
         assert a.returncode != 0, a.stdout[-2000:]
-        assert "guard file is not the one pairctl built" in a.stdout + a.stderr, (a.stdout + a.stderr)[-2000:]
+        assert f"serves '127.0.0.1', the inventory says '127.0.0.1,{STRAY}'" in a.stdout + a.stderr
     finally:
-        guard.write_bytes(good)
+        fp.inventory_path.write_text(text)
     a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
     assert a.returncode == 0, (a.stdout + a.stderr)[-2000:]
