@@ -270,8 +270,6 @@ def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
             install_helper(ctx.t(role), ctx.layout(role))
             d["helper"] = "installed"
         d["systemd"] = _check_manager(ctx, role)
-    if role == "rpc" and ctx.mode == "rollback":  # the server it restarts is preloaded with it
-        d["rpc_guard"] = install_guard(ctx.t(role), ctx.layout(role))
     return d
 
 
@@ -302,8 +300,6 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
     else:
         install_helper(ctx.t(role), ctx.layout(role))
         d = {"helper": "installed", "sha256": svc_sha256()}
-    if role == "rpc":  # ggml-rpc-server serves only the pair's peers (hosts/rpc_guard.py)
-        d["rpc_guard"] = install_guard(ctx.t(role), ctx.layout(role))
     if ctx.layout(role).systemd is not None:
         d["systemd"] = _check_manager(ctx, role)
         if ctx.mode == "deploy":
@@ -576,6 +572,9 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
             **_ran(ex),
         }
     _one_revision_before_start(ctx, tgt.activation, RPC_SERVER)
+    # whatever starts ggml-rpc-server (deploy, rollback, restart) puts its guard there first: the
+    # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
+    guard = install_guard(t, layout)
     verify = _take_deferred(ctx, "rpc")
     ex = _planned(ctx, "rpc", ex, verify)
     if ctx.mode == "deploy":
@@ -603,6 +602,7 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
         "pid": pid,
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
+        "rpc_guard": guard,
         "boot": _boot_entry(ctx, "rpc", units.get(RPC_SERVER)),
         **_ran(ex),
     }
