@@ -33,6 +33,7 @@ from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 from orchestrator.roles import ROLES
 from orchestrator.server.client import ServerClient
+from orchestrator.server.tunnel import via_for
 
 STEP_PREFIX = "check:"
 
@@ -102,6 +103,7 @@ def make_identity_probe(
         per_slot_ctx=profile.per_slot_ctx(),
         rpc_bind=inventory.rpc_bind(pair),
         rpc_port=inventory.pair(pair).rpc_port,
+        rpc_peers=tuple(inventory.rpc_peers(pair)),
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
         rpc_revision=getattr(manifests.get("rpc"), "revision", None),
     )
@@ -266,7 +268,8 @@ def open_live(
         api_key = read_api_key(inventory, pair)
         limits = budget.for_profile(profile)  # every request bounded by the work it asks for (issue 21)
         opts = options or CheckOptions(request_timeout_s=limits.completion_s)
-        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=limits.control_s))
+        via = via_for(transports["native"], api_key)  # the key only inside SSH (server.tunnel)
+        client = stack.enter_context(ServerClient(url, api_key=api_key, timeout=limits.control_s, via=via))
         probe = (
             make_identity_probe(
                 transports=transports,

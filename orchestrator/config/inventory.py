@@ -113,6 +113,12 @@ class PairSpec(StrictModel):
     server_bind: str | None = Field(default=None, description="llama-server --host; default: the native host's address")
     rpc_port: int = Field(default=50052, ge=1, le=65535)
     rpc_bind: str | None = Field(default=None, description="ggml-rpc-server -H; default: the RPC host's address")
+    rpc_peers: list[str] | None = Field(
+        default=None,
+        description="the IPv4 addresses ggml-rpc-server serves (its guard resets every other peer); default: "
+        "the native host's address and the RPC host's own (its supervisor's probe), or 127.0.0.1 for a "
+        "loopback rpc_bind",
+    )
     allow_rpc_bind_any: bool = Field(
         default=False, description="no longer honoured: ggml-rpc-server binds to one specific unicast address"
     )
@@ -137,6 +143,11 @@ class PairSpec(StrictModel):
             )
         if self.rpc_bind is not None and (why := rpc_bind_problem(self.rpc_bind)):
             raise ValueError(f"rpc_bind {why}")
+        for peer in self.rpc_peers or ():
+            if rpc_bind_problem(peer):
+                raise ValueError(f"rpc_peers: {peer!r} is not one specific unicast IPv4 address")
+        if self.rpc_peers is not None and not self.rpc_peers:
+            raise ValueError("rpc_peers is empty: ggml-rpc-server would serve no one (leave it out for the default)")
         has_key = bool(self.api_key_file)
         if self.server_bind is not None and (why := server_bind_problem(self.server_bind, api_key=has_key)):
             raise ValueError(f"server_bind {why}")
@@ -242,6 +253,12 @@ class Inventory(StrictModel):
                 raise ValueError(
                     f"pair {pname!r}: ggml-rpc-server binds to the rpc host's address, and {why}; set rpc_bind"
                 )
+            if pair.rpc_peers is None and _default_peers(self.hosts[pair.native].address, self.rpc_bind(pname)) is None:
+                raise ValueError(
+                    f"pair {pname!r}: the native host's address {self.hosts[pair.native].address!r} is not an IPv4 "
+                    "address, so ggml-rpc-server's guard cannot default to it; set rpc_peers to the address(es) "
+                    "the native host connects from"
+                )
             if pair.server_bind is None and (
                 why := server_bind_problem(self.hosts[pair.native].address, api_key=bool(pair.api_key_file))
             ):
@@ -273,6 +290,16 @@ class Inventory(StrictModel):
     def rpc_bind(self, pair: str) -> str:
         p = self.pair(pair)
         return p.rpc_bind or self.hosts[p.rpc].address
+
+    def rpc_peers(self, pair: str) -> list[str]:
+        """The peers ggml-rpc-server serves (orchestrator/hosts/rpc_guard.c): the pair's rpc_peers,
+        else the native host's address plus the RPC host's own (its supervisor probes the server),
+        else, for a loopback rpc_bind, 127.0.0.1 (the kernel's source address towards 127/8)."""
+        p = self.pair(pair)
+        peers = p.rpc_peers or _default_peers(self.hosts[p.native].address, self.rpc_bind(pair))
+        if not peers:
+            raise ConfigError(f"pair {pair!r}: set rpc_peers (the native host's address is not IPv4)")
+        return peers
 
     def server_bind(self, pair: str) -> str:
         p = self.pair(pair)
@@ -417,3 +444,19 @@ def inventories_dir() -> Path:
 def load_inventory(name_or_path: str, variables: dict[str, str] | None = None) -> Inventory:
     p = search.resolve_ref("inventory", name_or_path)
     return load_model(Inventory, p).resolved(variables)
+
+
+def _default_peers(native_address: str, rpc_bind: str) -> list[str] | None:
+    import ipaddress
+
+    try:
+        bind = ipaddress.IPv4Address(rpc_bind)
+    except ValueError:
+        return None
+    if bind.is_loopback:
+        return ["127.0.0.1"]
+    try:
+        native = ipaddress.IPv4Address(native_address)
+    except ValueError:
+        return None
+    return list(dict.fromkeys([str(native), str(bind)]))

@@ -18,6 +18,7 @@ from orchestrator.engine.identity import verify_identity
 from orchestrator.errors import CheckFailed
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.server.client import ServerClient
+from orchestrator.server.tunnel import via_for
 
 if TYPE_CHECKING:
     from orchestrator.engine.context import RunContext, Target
@@ -69,7 +70,8 @@ def run(ctx: RunContext) -> dict[str, Any]:
     models = dict(target.entry.models)
     key = answer_fixtures.answer_key(profile, models, answer_fixtures.fixture_set_for(profile))
     baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models, answer_key=key)
-    with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s) as client:
+    via = via_for(ctx.t("native"), ctx.api_key)  # the key only inside SSH (server.tunnel)
+    with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s, via=via) as client:
         cctx = CheckContext(
             client=client,
             profile=profile,

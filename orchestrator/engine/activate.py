@@ -48,6 +48,7 @@ from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
+from orchestrator.hosts.rpc_guard import install_guard
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
@@ -110,6 +111,7 @@ def expected_for(
         per_slot_ctx=profile.per_slot_ctx(),
         rpc_bind=view.rpc_bind,
         rpc_port=view.rpc_port,
+        rpc_peers=view.rpc_peers,
         expect_pipeline_parallel=profile.expect_pipeline_parallel,
         rpc_revision=rpc_manifest.revision,
     )
@@ -571,6 +573,9 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
             **_ran(ex),
         }
     _one_revision_before_start(ctx, tgt.activation, RPC_SERVER)
+    # whatever starts ggml-rpc-server (deploy, rollback, restart) puts its guard there first: the
+    # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
+    guard = install_guard(t, layout)
     verify = _take_deferred(ctx, "rpc")
     ex = _planned(ctx, "rpc", ex, verify)
     if ctx.mode == "deploy":
@@ -604,6 +609,7 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
         "pid": pid,
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
+        "rpc_guard": guard,
         "boot": _boot_entry(ctx, "rpc", units.get(RPC_SERVER)),
         **_ran(ex),
     }

@@ -27,10 +27,12 @@ from orchestrator.hosts.probes import (
     rpc_probe_problem,
     slots_problems,
 )
+from orchestrator.hosts.rpc_guard import guard_problem, guard_sha256, parse_guard
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
 from orchestrator.roles import ROLES, RPC_SERVER, SERVICE_OF_ROLE
+from orchestrator.server.tunnel import via_for
 
 PIPELINE_LINE = "pipeline parallelism enabled"
 
@@ -50,6 +52,8 @@ class Expected:
     expect_pipeline_parallel: bool = False
     # the RPC package's revision (its manifest's): one pair runs one revision (engine/revisions.py)
     rpc_revision: str | None = None
+    # the peers ggml-rpc-server's guard must serve (Inventory.rpc_peers); None: not checked
+    rpc_peers: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -137,6 +141,14 @@ def verify_identity(
             problem = rpc_probe_problem(host, name, state, RPC_PROBE_S)
             if problem:
                 rep.problems.append(problem)
+        if role == "rpc" and ident is not None and ident.running and expected.rpc_peers is not None:
+            res = t.run_idempotent(layout.guard_cmd(name), check=False, timeout=30)
+            guard = parse_guard(as_text(res.stdout), name)
+            rep.data[host]["rpc_guard"] = (
+                {"sha256": guard[0], "allow": guard[1], "this_pairctl": guard[0] == guard_sha256()} if guard else None
+            )
+            if problem := guard_problem(host, name, guard, list(expected.rpc_peers)):
+                rep.problems.append(problem)
         if role == "rpc" and ident is not None and ident.running:
             bind, port = parse_rpc_bind(ident.argv)
             if bind != expected.rpc_bind or port != expected.rpc_port:
@@ -154,8 +166,9 @@ def verify_identity(
                 rep.problems.append(f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
     if http and "native" in roles:
         try:
-            props = get_json(base_url, "/props", api_key=api_key)
-            slots = get_json(base_url, "/slots", api_key=api_key)
+            via = via_for(transports["native"], api_key)  # the key only inside SSH (server.tunnel)
+            props = get_json(base_url, "/props", api_key=api_key, via=via)
+            slots = get_json(base_url, "/slots", api_key=api_key, via=via)
         except Exception as exc:  # an unreachable server is a problem to report, not a crash
             rep.problems.append(f"{hosts['native']}: cannot read /props or /slots at {base_url}: {exc}")
         else:

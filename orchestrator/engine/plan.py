@@ -81,6 +81,7 @@ class PairView:
     layouts: Mapping[str, HostLayout]  # role -> layout
     rpc_bind: str
     rpc_port: int
+    rpc_peers: tuple[str, ...]
     server_bind: str
     server_port: int
     base_url: str
@@ -137,7 +138,13 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     rpc_bind = inventory.rpc_bind(pair_name)
     sup = {
         # the RPC server's own endpoint turns on its hang check (pairctl-svc rpc-probe, issue 33)
-        "rpc": tuple(supervisor.sup_args(inventory.supervision, rpc=supervisor.ipv4_endpoint(rpc_bind, p.rpc_port))),
+        "rpc": tuple(
+            supervisor.sup_args(
+                inventory.supervision,
+                rpc=supervisor.ipv4_endpoint(rpc_bind, p.rpc_port),
+                allow=inventory.rpc_peers(pair_name),
+            )
+        ),
         "native": tuple(
             supervisor.sup_args(
                 inventory.supervision,
@@ -152,6 +159,7 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
         layouts=layouts,
         rpc_bind=rpc_bind,
         rpc_port=p.rpc_port,
+        rpc_peers=tuple(inventory.rpc_peers(pair_name)),
         server_bind=server_bind,
         server_port=p.server_port,
         base_url=f"http://{reach_url}:{p.server_port}",

@@ -6,9 +6,10 @@ parse, differs between the hosts, names what the links do not, or was written el
 deploy and rollback refuse (exit 6) and point here. The rebuilt record says:
   - active: the packages `current` names on both hosts, previous: what `previous` names;
   - each rendered now from the inventory and a profile: the one the old record names for
-    those packages, else the one the newest passed deploy of them in this home's evidence
-    used, else the pair's profile in the inventory;
-  - the model hashes the old record had for those packages (none otherwise);
+    those packages when this home signed it, else the one the newest passed deploy of them in
+    this home's evidence used, else the pair's profile in the inventory (an unsigned record is
+    what the host wrote: it never picks the profile, issue 32 item 14);
+  - the model hashes the signed old record had for those packages (none otherwise);
   - revision: one above the highest either host had; signed and anchored like any record;
   - state: the old record's when it names the same pair, else identity-verified (route_states.rebuilt).
 A pair whose `current` names no release on both hosts (never deployed) has nothing to rebuild:
@@ -153,15 +154,18 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     def entry_for(label: str, native: str | None, rpc: str | None) -> RouteEntry | None:
         if native is None or rpc is None:
             return None
-        known = next(((e, ok) for e, ok in old_entries if (e.native_package, e.rpc_package) == (native, rpc)), None)
-        if known is not None:
-            e, ok = known
-            sources[label] = f"{native} + {rpc}, profile {e.profile_name} (from the old route record" + (
-                ", signed by this home)" if ok else "; the profile file of that name)"
-            )
-            return activate.restore_target(view, pair, e, store, label, trusted=ok).entry
+        # Only a record this home signed says which profile and model hashes: an unsigned one is
+        # whatever the host wrote, and must not choose which of the operator's profiles runs.
+        same = [(e, ok) for e, ok in old_entries if (e.native_package, e.rpc_package) == (native, rpc)]
+        signed = next((e for e, ok in same if ok), None)
+        if signed is not None:
+            what = f"profile {signed.profile_name} (from the old route record, signed by this home)"
+            sources[label] = f"{native} + {rpc}, {what}"
+            return activate.restore_target(view, pair, signed, store, label, trusted=True).entry
         found = _profile_from_evidence(ctx.evidence, view.name, native, rpc)
         profile, why = (found, "this home's evidence") if found else (pair.profile, "the inventory")
+        if same:
+            why += "; the old route record is not signed by this home, so its profile and model hashes are not used"
         sources[label] = f"{native} + {rpc}, profile {profile} (from {why})"
         return activate.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
 

@@ -39,6 +39,7 @@ from orchestrator.roles import RPC_SERVER as RPC_SERVER
 from orchestrator.roles import SERVICE_OF_ROLE as SERVICE_OF_ROLE
 
 SVC_SOURCE = Path(__file__).with_name("pairctl-svc.sh")
+GUARD = "pairctl-rpc-guard.so"  # as GUARD in pairctl-svc.sh
 
 API_KEY_NAME = "api-key"
 
@@ -108,6 +109,15 @@ class HostLayout:
     @property
     def svc(self) -> str:
         return self._p("bin", "pairctl-svc")
+
+    @property
+    def guard(self) -> str:
+        """ggml-rpc-server's preloaded guard (orchestrator/hosts/rpc_guard.py)."""
+        return self._p("bin", GUARD)
+
+    def guard_cmd(self, name: str) -> Cmd:
+        """The guard as running NAME has it: `guard=NAME:SHA256:ALLOW` (rpc_guard.parse_guard)."""
+        return self.svc_cmd("guard", name)
 
     def staged_unit(self, name: str) -> str:
         """Where deploy puts NAME's rendered unit for `pairctl-svc` to verify and install."""

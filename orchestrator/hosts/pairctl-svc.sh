@@ -342,6 +342,22 @@ rpc_hello() { # rpc_hello ADDRESS PORT TIMEOUT_S: the ggml RPC HELLO (ggml/src/g
         echo "$9.${10}.${11}"' _ "$1" "$2" 2>/dev/null
 }
 
+GUARD=pairctl-rpc-guard.so
+guard_file_ok() { [ -f "$1/bin/$GUARD" ] && [ ! -L "$1/bin/$GUARD" ]; }
+
+guard_state() { # guard_state ROOT NAME: guard=NAME:SHA256:ALLOW with the guard mapped into the
+    # running service and PAIRCTL_RPC_ALLOW from its environment; guard=NAME:- when not loaded
+    pid=$(pid_of "$1" "$2")
+    if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "guard=$2:down"; return 0; fi
+    # mapped from ROOT/bin/GUARD (or from the file a later deploy replaced: " (deleted)")
+    if ! awk -v p=" $1/bin/$GUARD" 'substr($0, length($0) - length(p) + 1) == p ||
+        substr($0, length($0) - length(p) - 9) == p " (deleted)" { f = 1 } END { exit !f }' \
+        "/proc/$pid/maps" 2>/dev/null; then echo "guard=$2:-"; return 0; fi
+    allow=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^PAIRCTL_RPC_ALLOW=//p' | head -n 1)
+    sum=-; guard_file_ok "$1" && sum=$(sha256sum <"$1/bin/$GUARD" | cut -c1-64)
+    echo "guard=$2:$sum:${allow:--}"
+}
+
 rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stopped|serving|unanswered|hello:M.m.p
     # A stopped process (SIGSTOP: state T) or one that does not answer HELLO is hung although the
     # kernel still accepts connections on its port. While a client (llama-server) is connected the
@@ -393,7 +409,7 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=-
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -404,6 +420,8 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             case "$v" in '' | *[!0-9]*) CODE=2 die "supervise: sup.$k=$v is not a whole number" ;; esac ;;
         health | peer | rpc)
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
+        allow)  # the RPC guard's IPv4 allow list (orchestrator/hosts/rpc_guard.c)
+            case "$v" in '' | *[!0-9.,]*) CODE=2 die "supervise: sup.allow=$v is not a list of IPv4 addresses" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
         case "$k" in backoff) backoff0=$v ;; *) eval "$k=\$v" ;; esac  # $k is one of the names above
@@ -461,6 +479,11 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
         # a cleared environment (no LLAMA_ARG_* or config of the host user's), its own HOME and cwd;
         # the subshell execs env, which execs PROGRAM: $! is the service's pid
+        # sup.allow: the RPC guard is preloaded (only those peers are served); missing or a link, nothing starts
+        if [ "$allow" != - ]; then
+            guard_file_ok "$r" || { echo "$(date -u +%FT%TZ) $n: $r/bin/$GUARD is missing, a link or not ours: not started"; exit 1; }
+            set -- env LD_PRELOAD="$r/bin/$GUARD" PAIRCTL_RPC_ALLOW="$allow" "$@"
+        fi
         (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
             >>"$r/run/$n.out" 2>&1 </dev/null &
         cpid=$!
@@ -715,6 +738,10 @@ restart)
     start_svc "$root" "$name" "$@"
     wait_listen "$root" "$name" "$addr" "$port" "$limit"
     identity_of "$root" "$name"
+    ;;
+guard)
+    # guard ROOT NAME: the RPC guard as the running service has it (see guard_state)
+    guard_state "$root" "${1:?name}"
     ;;
 rpc-probe)
     # rpc-probe ROOT NAME ADDRESS PORT TIMEOUT_S: is ggml-rpc-server hung? (see rpc_probe)

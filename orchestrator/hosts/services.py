@@ -27,6 +27,7 @@ from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
+from orchestrator.server.tunnel import TcpOpener, ssh_http_transport
 
 SERVER_LOG = "llama-server.log"
 
@@ -334,10 +335,15 @@ class _NotYet(Exception):
     pass
 
 
-def get_json(base_url: str, path: str, *, api_key: str | None = None, timeout: float = 10.0) -> Any:
-    """GET a llama-server JSON endpoint (Bearer key when the pair has one)."""
+def get_json(
+    base_url: str, path: str, *, api_key: str | None = None, timeout: float = 10.0, via: TcpOpener | None = None
+) -> Any:
+    """GET a llama-server JSON endpoint (Bearer key when the pair has one; with `via`, inside
+    that SSH connection: orchestrator.server.tunnel)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    with httpx.Client(timeout=timeout, trust_env=False) as client:
+    limits = httpx.Limits(max_keepalive_connections=0)
+    transport = ssh_http_transport(via, limits) if via is not None else None
+    with httpx.Client(timeout=timeout, trust_env=False, transport=transport) as client:
         r = client.get(base_url.rstrip("/") + path, headers=headers)
     if r.status_code != 200:
         raise CheckFailed(f"GET {path}: HTTP {r.status_code}: {r.text[:200]}")

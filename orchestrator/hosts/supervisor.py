@@ -36,14 +36,19 @@ def ipv4_endpoint(host: str, port: int) -> str | None:
 
 
 def sup_args(
-    s: Supervision, *, health: str | None = None, peer: str | None = None, rpc: str | None = None
+    s: Supervision,
+    *,
+    health: str | None = None,
+    peer: str | None = None,
+    rpc: str | None = None,
+    allow: list[str] | None = None,
 ) -> list[str]:
     """The `sup.KEY=VALUE` words `pairctl-svc start|restart` passes to the supervisor. `health`
     (llama-server's ADDRESS:PORT) turns on hang detection; `peer` (the RPC server's ADDRESS:PORT)
     makes the native supervisor start llama-server only once the peer answers, and restart it
     when the connection to the peer is lost; `rpc` (ggml-rpc-server's own ADDRESS:PORT) turns on
     its hang detection (pairctl-svc rpc_probe: stopped, or no answer to the RPC HELLO while no
-    client is served)."""
+    client is served); `allow`: ggml-rpc-server's peers, served through the preloaded guard."""
     out = [
         f"sup.backoff={_num(s.backoff_s)}",
         f"sup.backoff_max={_num(s.backoff_max_s)}",
@@ -59,6 +64,8 @@ def sup_args(
         out += [f"sup.rpc={rpc}", f"sup.hang_s={s.hang_after_s}"]
     if peer:
         out.append(f"sup.peer={peer}")
+    if allow:  # ggml-rpc-server with its guard preloaded: only these peers are served (rpc_guard.py)
+        out.append(f"sup.allow={','.join(allow)}")
     return out
 
 

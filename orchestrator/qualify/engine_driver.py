@@ -210,7 +210,10 @@ class EngineDriver:
         from orchestrator.server.client import ServerClient
 
         res = self._deploy(packages.native, packages.rpc, profile.model_dump(mode="json"), "qualify arm")
-        client = ServerClient(self.view.base_url, api_key=self._api_key)
+        from orchestrator.server.tunnel import via_for
+
+        via = via_for(self.pool.get(self.view.hosts["native"]), self._api_key)  # the key only inside SSH
+        client = ServerClient(self.view.base_url, api_key=self._api_key, via=via)
         props = client.props()
         pids = {role: self._pid(role) for role in ("native", "rpc")}
         identity = {

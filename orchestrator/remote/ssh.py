@@ -602,6 +602,14 @@ class SshTransport:
             stdout_bytes=bytes(out),
         )
 
+    # -- tcp through the host --
+
+    def open_tcp(self, host: str, port: int, timeout: float | None) -> paramiko.Channel:
+        """A `direct-tcpip` channel (what `ssh -L` opens) to HOST:PORT as the host sees it: the
+        bytes cross the network inside this SSH connection (orchestrator.server.tunnel)."""
+        t = self._connect_or_raise()
+        return t.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
+
     # -- files --
 
     def _sftp_client(self) -> paramiko.SFTPClient:

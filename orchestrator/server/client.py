@@ -20,6 +20,7 @@ from orchestrator.errors import HostError, PairctlError
 from orchestrator.log import get_logger
 from orchestrator.server import parsers
 from orchestrator.server.models import CompletionResult, Props, ServerError, SlotState, StreamChunk
+from orchestrator.server.tunnel import TcpOpener, ssh_http_transport
 
 DEFAULT_TIMEOUT = 600.0
 
@@ -113,9 +114,13 @@ class StreamHandle:
 
 
 class ServerClient:
-    """A llama-server's HTTP endpoint. `base_url` like `http://127.0.0.2:8080`."""
+    """A llama-server's HTTP endpoint. `base_url` like `http://127.0.0.2:8080`. With `via` (the
+    native host's SSH transport, see `tunnel.via_for`) every request travels inside that SSH
+    connection: a request that carries the API key never crosses the network in cleartext."""
 
-    def __init__(self, base_url: str, api_key: Any = None, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, base_url: str, api_key: Any = None, timeout: float = DEFAULT_TIMEOUT, *, via: TcpOpener | None = None
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         headers = {}
@@ -124,12 +129,15 @@ class ServerClient:
             headers["Authorization"] = "Bearer " + key
         # No keep-alive: llama-server (cpp-httplib) closes idle connections after 5 s, and a request
         # sent on a connection it is closing comes back as "disconnected without a response".
+        limits = httpx.Limits(max_keepalive_connections=0)
+        self.via = via.name if via is not None else None
         self._http = httpx.Client(
             base_url=self.base_url,
             headers=headers,
             timeout=timeout,
-            limits=httpx.Limits(max_keepalive_connections=0),
+            limits=limits,
             trust_env=False,
+            transport=ssh_http_transport(via, limits) if via is not None else None,
         )  # the pair is reached directly, never through a proxy (as deploy's verify)
         self.retries: list[str] = []  # requests retried once after a dropped connection (for the receipt)
         self.watch: ProgressWatch | None = None  # set by acceptance once the pair's speed is measured

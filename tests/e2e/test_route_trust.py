@@ -338,3 +338,32 @@ def test_a_host_restored_to_an_older_revision_is_refused(deployed_lab, lab_packa
         _put_links(deployed_lab, new_links)
     assert is_active(lab_status(cli), b)
     _baseline(cli, a)
+
+
+def test_repair_takes_no_profile_from_an_unsigned_record(deployed_lab, cli):
+    """Issue 32 #14, the last of its list: `repair` took the profile (and model hashes) from the
+    host's route record even when this home had not signed it, so whoever writes route.json on a
+    host chose which of the operator's profiles the repaired pair names. Here both hosts hold the
+    real record with another loadable profile named and its mac left as it was (no longer valid):
+    repair must name the profile this home's evidence used for those packages, and say why."""
+    a = deployed_lab.package_id
+    good = _routes(deployed_lab)
+    planted = json.loads(good["native"])
+    assert planted["active"]["native_package"] == a and planted["active"]["profile_name"] == "lab"
+    planted["active"]["profile_name"] = "lab-no-slack"
+    planted["active"]["models"] = {k: "0" * 64 for k in planted["active"].get("models") or {}}
+    data = canonical_json(planted) + b"\n"
+    try:
+        _put_routes(deployed_lab, {"native": data, "rpc": data})
+        shown = cli("--json", "repair", "--pair", PAIR)
+        assert shown.exit_code == 0, shown.output
+        out = json.loads(shown.stdout)
+        active = out["record"]["active"]
+        assert active["native_package"] == a
+        assert active["profile_name"] == "lab", active["profile_name"]
+        assert "0" * 64 not in json.dumps(active.get("models")), active.get("models")
+        assert "not signed by this home" in json.dumps(out), out
+        assert _routes(deployed_lab) == {"native": data, "rpc": data}  # shown, not written
+    finally:
+        _put_routes(deployed_lab, good)
+    assert is_active(lab_status(cli), a)

@@ -21,6 +21,10 @@ Here, on a deployed pair (`sec`: the lab's sshd hosts, its own install roots and
     401 and acceptance passes with it;
   - the running ggml-rpc-server listens only on the inventory's address (its own sockets, read from
     /proc/<pid>/fd and /proc/net/tcp);
+  - the API key never crosses the network in cleartext (issue 32 item 6): captured on the wire
+    (lo, AF_PACKET) while `pairctl accept` runs, every segment that carries it is on the native
+    host's own last hop (sshd -> llama-server), and pairctl itself opens no TCP connection to the
+    server: its requests travel inside the SSH connection to the native host;
   - nothing pairctl created under the install roots is world-writable.
 Each property's checker is first shown to flag a planted violation.
 """
@@ -32,12 +36,16 @@ import json
 import os
 import socket
 import stat
+import struct
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
 
@@ -273,3 +281,185 @@ def test_nothing_pairctl_created_is_world_writable(deployed_sec):
     for role in ("native", "rpc"):
         names = {p.name for p in fp.roots[role].iterdir()}
         assert {"releases", "current", "run", "leases", "route.json", "bin"} <= names, names
+
+
+# -- the API key on the wire (issue 32 item 6) ---------------------------------------------------
+
+
+class LoCapture:
+    """Every IPv4 TCP segment on `lo` to PORT whose payload holds NEEDLE: (source port, payload).
+    A real capture (AF_PACKET, as tcpdump reads it), so what a client sends is what is judged."""
+
+    def __init__(self, port: int, needle: bytes) -> None:
+        self.port, self.needle = port, needle
+        self.hits: list[tuple[int, bytes]] = []
+        self.segments = 0
+        self._stop = threading.Event()
+        self._sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003))
+        self._sock.bind(("lo", 0))
+        self._sock.settimeout(0.2)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        drained_by = None  # once stopped, what is queued is still read: until a quiet 0.2 s, at most 3 s
+        while drained_by is None or time.monotonic() < drained_by:
+            if drained_by is None and self._stop.is_set():
+                drained_by = time.monotonic() + 3
+            try:
+                frame = self._sock.recv(1 << 17)
+            except TimeoutError:
+                if self._stop.is_set():
+                    return
+                continue
+            ip = frame[14:]
+            if len(ip) < 20 or ip[0] >> 4 != 4 or ip[9] != 6:
+                continue
+            ihl = (ip[0] & 0x0F) * 4
+            tcp = ip[ihl:]
+            sport, dport = struct.unpack("!HH", tcp[:4])
+            if dport != self.port:
+                continue
+            self.segments += 1
+            payload = tcp[(tcp[12] >> 4) * 4 :]
+            if self.needle in payload:
+                self.hits.append((sport, bytes(payload[:200])))
+
+    def __enter__(self) -> LoCapture:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        self._sock.close()
+
+
+class ConnectLog:
+    """The local port of every TCP connection this process opens to (address, port)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, address: str, port: int) -> None:
+        self.ports: list[int] = []
+        real = socket.socket.connect
+
+        def connect(sock: socket.socket, addr: object) -> None:
+            real(sock, addr)
+            if isinstance(addr, tuple) and addr[:2] == (address, port):
+                self.ports.append(sock.getsockname()[1])
+
+        monkeypatch.setattr(socket.socket, "connect", connect)
+
+
+def capture_allowed() -> bool:
+    try:
+        socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.ntohs(0x0003)).close()
+    except (PermissionError, OSError, AttributeError):
+        return False
+    return True
+
+
+def test_api_key_never_crosses_the_network_in_cleartext(deployed_sec, monkeypatch):
+    if not capture_allowed():
+        pytest.skip("capturing on lo needs CAP_NET_RAW")
+    fp, _ = deployed_sec
+    address = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    needle = fp.api_key.encode()
+    # the checker first flags a planted violation: a client of this process sending the key directly
+    log = ConnectLog(monkeypatch, address, 8192)
+    with LoCapture(8192, needle) as direct:
+        with httpx.Client(timeout=30, trust_env=False) as c:
+            assert c.get(f"http://{address}:8192/props", headers={"Authorization": f"Bearer {fp.api_key}"}).is_success
+    assert direct.hits and {p for p, _ in direct.hits} <= set(log.ports), (direct.hits, log.ports)
+    # pairctl's acceptance, in this process: /props, /slots and completions, all with the key
+    log.ports.clear()
+    with LoCapture(8192, needle) as cap:
+        a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity", "--only", "cached_continuation")
+    assert a.returncode == 0, a.stderr[-2000:]
+    assert log.ports == [], f"pairctl opened {len(log.ports)} TCP connections to the server itself"
+    assert cap.hits, f"no segment with the key on lo at all ({cap.segments} to the port): the capture saw nothing"
+    assert not {p for p, _ in cap.hits} & set(log.ports)
+
+
+# -- the RPC port (issue 32 item 2) ---------------------------------------------------------------
+
+# ggml-rpc-server's HELLO (ggml/src/ggml-rpc/ggml-rpc.cpp): command 14, u64 LE size 24, 24 zero bytes
+HELLO = bytes([14]) + (24).to_bytes(8, "little") + bytes(24)
+STRAY = "127.0.0.93"  # an address no lab uses (the labs: 127.0.0.2-81)
+
+
+def stray_client(address: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((STRAY, 0))
+    s.settimeout(5)
+    s.connect((address, port))  # the kernel completes the handshake into the listen backlog
+    s.sendall(HELLO)
+    return s
+
+
+def answer_of(s: socket.socket, within_s: float) -> bytes | str:
+    """What the server sent back: bytes (a HELLO answer when 36 arrive), or why none came."""
+    s.settimeout(within_s)
+    try:
+        data = s.recv(64)
+    except ConnectionResetError:
+        return "reset"
+    except TimeoutError:
+        return "no answer yet"
+    return data or "closed"
+
+
+def test_rpc_server_serves_only_the_native_host(deployed_sec):
+    """Issue 32 #2, as it was run: a client from a third address held the RPC server's one client
+    slot through a llama-server restart (HELLO answered, /health down for 44 s). Now the server
+    runs with pairctl's guard preloaded, verified on the host (mapped, the list from the
+    inventory): the stray client is reset without a byte, llama-server comes back, and the
+    server's log names the refused peer."""
+    fp, _ = deployed_sec
+    rpc_addr = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+    native_addr = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    stray = stray_client(rpc_addr, 50192)  # waits in the backlog behind llama-server's connection
+    try:
+        npid = service_pid_of(fp, "native")
+        assert npid is not None
+        os.kill(npid, 9)  # its supervisor starts it again; the RPC server accepts the next client
+        got = answer_of(stray, 30)
+        assert got in ("reset", "closed"), f"the stray client got {got!r}"
+        deadline = time.monotonic() + 60
+        healthy = False
+        while time.monotonic() < deadline and not healthy:
+            try:
+                healthy = httpx.get(f"http://{native_addr}:8192/health", timeout=2, trust_env=False).status_code == 200
+            except httpx.HTTPError:
+                pass
+            if not healthy:
+                time.sleep(0.3)
+        assert healthy, "llama-server did not come back within 60 s"
+        assert service_pid_of(fp, "native") != npid
+    finally:
+        stray.close()
+    out = (fp.roots["rpc"] / "run" / "ggml-rpc-server.out").read_text(errors="replace")
+    assert f"refused a connection from {STRAY}" in out, out[-2000:]
+    # what did it: the guard mapped into the running server, with the inventory's list
+    rpid = service_pid_of(fp, "rpc")
+    assert rpid is not None
+    assert str(fp.roots["rpc"] / "bin" / "pairctl-rpc-guard.so") in Path(f"/proc/{rpid}/maps").read_text()
+    env = Path(f"/proc/{rpid}/environ").read_bytes().split(b"\0")
+    assert b"PAIRCTL_RPC_ALLOW=127.0.0.1" in env, env  # the lab's hosts reach each other from 127.0.0.1
+
+
+def test_a_guard_list_other_than_the_inventorys_fails_identity(deployed_sec):
+    """Verified on the host, against the inventory as it stands: the list the running server's
+    guard holds (its environment, read on the host) must be the pair's rpc_peers. An inventory
+    that now names another list fails `accept` (identity) until a deploy applies it."""
+    fp, _ = deployed_sec
+    text = fp.inventory_path.read_text()
+    inv = yaml.safe_load(text)
+    inv["pairs"][fp.name]["rpc_peers"] = ["127.0.0.1", STRAY]
+    try:
+        fp.inventory_path.write_text(yaml.safe_dump(inv))
+        a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
+        assert a.returncode != 0, a.stdout[-2000:]
+        assert f"serves '127.0.0.1', the inventory says '127.0.0.1,{STRAY}'" in a.stdout + a.stderr
+    finally:
+        fp.inventory_path.write_text(text)
+    a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
+    assert a.returncode == 0, (a.stdout + a.stderr)[-2000:]

@@ -400,3 +400,49 @@ def test_revoked_and_cert_authority_lines_refuse_only_the_revoked_key(lab, tmp_p
     assert open_transport(inv, "lab-rpc").run(Cmd.of("true")).ok
     kh.write_text(kh.read_text().replace("@revoked", "# @revoked"))  # only the CA line left: all connect
     assert open_transport(inventory_with_known_hosts(lab, kh), HOST).run(Cmd.of("true")).ok
+
+
+def test_http_through_the_ssh_connection(t, lab) -> None:
+    """orchestrator/server/tunnel.py: a request (with its key) travels in a direct-tcpip channel of
+    the host's SSH connection to an HTTP server the host reaches; a port nothing listens on is one
+    line naming the address as the host sees it, never a traceback."""
+    import http.server
+    import socket
+    import threading
+
+    from orchestrator.errors import PairctlError
+    from orchestrator.server.client import ServerClient
+    from orchestrator.server.tunnel import via_for
+
+    seen: list[str] = []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(self.headers.get("Authorization", ""))
+            body = b'{"ok": true}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+    address = lab.inventory.hosts[HOST].address
+    srv = http.server.HTTPServer((address, 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        assert via_for(t, None) is None and via_for(t, "k") is t
+        with ServerClient(f"http://{address}:{srv.server_port}", api_key="sk-tunnel", via=via_for(t, "k")) as c:
+            assert c.get_json("/props") == {"ok": True}
+        assert seen == ["Bearer sk-tunnel"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind((address, 0))
+        dead = s.getsockname()[1]
+    with ServerClient(f"http://{address}:{dead}", api_key="k", via=t) as c:
+        with pytest.raises(PairctlError) as err:
+            c.get_json("/props")
+    assert f"{address}:{dead} as seen from {HOST} (through SSH)" in str(err.value)

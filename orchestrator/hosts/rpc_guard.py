@@ -1,0 +1,100 @@
+"""The RPC guard: ggml-rpc-server serves only the pair's peers (issue 32 item 2).
+
+ggml-rpc-server has no authentication and runs any graph a client sends, and binding it to one
+address is not access control: any host that can route to that address could talk to it (HELLO,
+ALLOC_BUFFER, SET_TENSOR, GRAPH_COMPUTE), and one stray client held its single client slot. The
+fixes that need root (a firewall rule, systemd's IPAddressAllow=) are not available to a login
+user, and a tunnel would need keys between the hosts; so pairctl preloads a 60-line shim
+(`rpc_guard.c`) into the server: accept() resets every peer outside `Inventory.rpc_peers` before
+a byte is read. It is compiled here with the operator's C compiler (pairctl already builds
+llama.cpp with one), put on the RPC host as `bin/pairctl-rpc-guard.so` (exclusive temp name,
+rename), preloaded by the supervisor (`sup.allow=`), and verified on the host: the running
+server must have that file mapped (not a deleted one) and its environment must hold exactly the
+inventory's list (`pairctl-svc guard`); its hash is recorded beside.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from orchestrator.errors import BuildError
+from orchestrator.hosts.layout import GUARD, HostLayout
+from orchestrator.hosts.root_trust import put_new
+from orchestrator.remote.transport import Transport
+
+SOURCE = Path(__file__).with_name("rpc_guard.c")
+
+
+@functools.lru_cache(maxsize=1)
+def guard_bytes() -> bytes:
+    """The shim, compiled once per process with `$CC` or `cc` (about 0.1 s)."""
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        raise BuildError(
+            f"pairctl builds ggml-rpc-server's guard (orchestrator/hosts/rpc_guard.c) with a C compiler; {cc!r} "
+            "is not on PATH",
+            hint="install one (e.g. apt-get install gcc) or point CC at it",
+        )
+    with tempfile.TemporaryDirectory(prefix="pairctl-guard-") as d:
+        out = Path(d) / GUARD
+        p = subprocess.run(
+            [cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(SOURCE)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if p.returncode != 0:
+            raise BuildError(f"compiling {SOURCE.name} failed (exit {p.returncode}): {p.stderr.strip()[-400:]}")
+        return out.read_bytes()
+
+
+def guard_sha256() -> str:
+    return hashlib.sha256(guard_bytes()).hexdigest()
+
+
+def install_guard(transport: Transport, layout: HostLayout) -> str:
+    """The guard on the RPC host (bin/ is judged by install_helper first), replaced only when it
+    differs; 'up to date' or 'installed'."""
+    try:
+        there = transport.read_bytes(layout.guard, max_bytes=1 << 20)
+    except (FileNotFoundError, OSError):
+        there = None
+    if there == guard_bytes() and not (transport.stat(layout.guard) or _NoStat).is_link:
+        return "up to date"
+    put_new(transport, guard_bytes(), layout.guard, 0o755)
+    return "installed"
+
+
+class _NoStat:
+    is_link = False
+
+
+def parse_guard(out: str, name: str) -> tuple[str, str] | None:
+    """`guard=NAME:SHA256:ALLOW` -> (sha256, allow); None when the server runs without it
+    (`guard=NAME:-`), is down, or the line is missing."""
+    for line in out.splitlines():
+        if line.startswith(f"guard={name}:"):
+            parts = line[len(f"guard={name}:") :].split(":")
+            if len(parts) == 2:
+                return parts[0], parts[1]
+    return None
+
+
+def guard_problem(host: str, name: str, state: tuple[str, str] | None, peers: list[str]) -> str | None:
+    """What is wrong with the guard the running server has, as a problem line (None: as rendered).
+    Its file's hash is data, not a problem: another pairctl version or compiler builds other
+    bytes (the next deploy replaces them), and whoever can write bin/ can already replace the
+    helper pairctl runs (hosts/root_trust.py)."""
+    if state is None:
+        return f"{host}: {name} runs without pairctl's RPC guard: any host that reaches its port is served"
+    _, allow = state
+    if allow != ",".join(peers):
+        return f"{host}: {name} serves {allow!r}, the inventory says {','.join(peers)!r}"
+    return None

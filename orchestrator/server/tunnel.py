@@ -1,0 +1,128 @@
+"""HTTP to llama-server carried inside the SSH connection pairctl already holds to the native host.
+
+Why: pairctl needs an API key exactly when llama-server listens beyond loopback, i.e. on a
+network; sent over `http://` there, the key crosses that network in cleartext (issue 32 item 6).
+Through SSH's `direct-tcpip` channel (what `ssh -L` uses) the request leaves the operator's
+machine encrypted and authenticated by the host key pairctl already checked; the native host's
+sshd opens the last hop to the server on the host itself. No listening port is opened on the
+operator's machine and nothing is installed on the host; the host's sshd must allow TCP
+forwarding for the login user (OpenSSH's default, `AllowTcpForwarding local` suffices).
+
+The seam is httpcore's `NetworkBackend`: httpx keeps its HTTP/1.1 handling, timeouts and errors,
+only the byte stream comes from the channel.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+import httpcore
+import httpx
+
+
+@runtime_checkable
+class TcpOpener(Protocol):
+    """What can open a byte stream to HOST:PORT as seen from a remote host (SshTransport)."""
+
+    name: str
+
+    def open_tcp(self, host: str, port: int, timeout: float | None) -> Any:
+        """A socket-like channel (recv, sendall, settimeout, close); OSError when refused."""
+        ...
+
+
+def via_for(transport: object, api_key: object) -> TcpOpener | None:
+    """The route for requests that carry `api_key`: the native host's SSH connection when there is
+    a key and the transport is SSH (a local transport's server is on this machine: no network)."""
+    if not api_key:
+        return None
+    return transport if isinstance(transport, TcpOpener) else None
+
+
+_READ_ERRORS = (OSError, EOFError)  # paramiko's SSHException is an Exception; checked below by name
+
+
+def _stream_error(exc: BaseException) -> bool:
+    return isinstance(exc, _READ_ERRORS) or type(exc).__module__.startswith("paramiko")
+
+
+class _ChannelStream(httpcore.NetworkStream):
+    def __init__(self, channel: Any) -> None:
+        self._ch = channel
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            self._ch.settimeout(timeout)
+            return bytes(self._ch.recv(max_bytes))
+        except TimeoutError as exc:
+            raise httpcore.ReadTimeout(str(exc) or "read timed out") from None
+        except Exception as exc:
+            if _stream_error(exc):
+                raise httpcore.ReadError(f"{type(exc).__name__}: {exc}") from None
+            raise
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        try:
+            self._ch.settimeout(timeout)
+            self._ch.sendall(buffer)
+        except TimeoutError as exc:
+            raise httpcore.WriteTimeout(str(exc) or "write timed out") from None
+        except Exception as exc:
+            if _stream_error(exc):
+                raise httpcore.WriteError(f"{type(exc).__name__}: {exc}") from None
+            raise
+
+    def close(self) -> None:
+        try:
+            self._ch.close()
+        except Exception:  # noqa: BLE001 - closing a channel of a dropped connection is not an error
+            pass
+
+    def start_tls(
+        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
+    ) -> httpcore.NetworkStream:
+        raise httpcore.ConnectError("TLS inside the SSH channel is not used")
+
+    def get_extra_info(self, info: str) -> Any:
+        return None  # no socket here; httpcore then never asks whether an idle connection is readable
+
+
+class _ChannelBackend(httpcore.NetworkBackend):
+    def __init__(self, opener: TcpOpener) -> None:
+        self._opener = opener
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        try:
+            return _ChannelStream(self._opener.open_tcp(host, port, timeout))
+        except Exception as exc:
+            if not _stream_error(exc):
+                raise
+            if getattr(exc, "code", None) == 1:  # SSH_OPEN_ADMINISTRATIVELY_PROHIBITED (RFC 4254)
+                raise httpcore.ConnectError(
+                    f"{self._opener.name}: its sshd refuses to forward to {host}:{port}; pairctl sends the API "
+                    "key only through SSH: allow TCP forwarding for the login user (AllowTcpForwarding local)"
+                ) from None
+            raise httpcore.ConnectError(
+                f"{host}:{port} as seen from {self._opener.name} (through SSH): {type(exc).__name__}: {exc}"
+            ) from None
+
+
+def ssh_http_transport(opener: TcpOpener, limits: httpx.Limits) -> httpx.HTTPTransport:
+    """An httpx transport whose every connection is a `direct-tcpip` channel of `opener`."""
+    t = httpx.HTTPTransport(limits=limits, trust_env=False)
+    t._pool = httpcore.ConnectionPool(  # the one seam httpx leaves: its pool, given our network backend
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=_ChannelBackend(opener),
+    )
+    return t
