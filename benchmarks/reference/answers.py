@@ -93,7 +93,8 @@ def g(x: Any) -> str:
 
 
 def _numerics(n: Mapping[str, Any]) -> str:
-    s = f"KV {n.get('cache_type_k')}/{n.get('cache_type_v')}, FA {n.get('flash_attn')}, devices {'+'.join(n['device_kinds'])}"
+    kv = f"KV {n.get('cache_type_k')}/{n.get('cache_type_v')}"
+    s = f"{kv}, FA {n.get('flash_attn')}, devices {'+'.join(n['device_kinds'])}"
     return s + (f", split {json.dumps(n['split'])}" if n.get("split") else "")
 
 
@@ -126,8 +127,9 @@ def render(data: list[dict[str, Any]]) -> str:
         f, d = x.get("floor") or {}, x.get("derived_gates") or {}
         md.append(
             f"| `{x['key']}` | {x['profile']} | {_numerics(x['numerics'])} | {g(f.get('positions'))} | "
-            f"{g(f.get('mean_kl'))} | {g(f.get('max_kl'))} | {g(f.get('max_abs_dlogprob'))} | {g(x.get('floor_factor'))} | "
-            f"{g(d.get('max_mean_kl'))} | {g(d.get('max_kl'))} | {g(d.get('max_abs_dlogprob'))} | {x['finished_at'][:16]} |"
+            f"{g(f.get('mean_kl'))} | {g(f.get('max_kl'))} | {g(f.get('max_abs_dlogprob'))} | "
+            f"{g(x.get('floor_factor'))} | {g(d.get('max_mean_kl'))} | {g(d.get('max_kl'))} | "
+            f"{g(d.get('max_abs_dlogprob'))} | {x['finished_at'][:16]} |"
         )
     md += [
         "",
@@ -145,7 +147,8 @@ def render(data: list[dict[str, Any]]) -> str:
         tol = " (tolerance)" if x.get("tolerance") else ""
         md.append(
             f"| `{x['key']}` | {x['profile']} | {x['patch']} | {g(s.get('positions'))} | {g(s.get('mean_kl'))} | "
-            f"{g(s.get('max_kl'))} | {g(s.get('top1'))} | {g(s.get('max_abs_dlogprob'))} | {g(x.get('greedy_flips'))} | "
+            f"{g(s.get('max_kl'))} | {g(s.get('top1'))} | {g(s.get('max_abs_dlogprob'))} | "
+            f"{g(x.get('greedy_flips'))} | "
             f"{g(gi.get('max_kl'))}{tol} | {g(gi.get('max_abs_dlogprob'))}{tol} | {x['verdict']} | "
             f"{x['command']} {x['outcome']} |"
         )

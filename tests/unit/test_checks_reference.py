@@ -20,9 +20,9 @@ from orchestrator.checks.reference import (
     numerics_fields,
     state_from_receipts,
 )
+from orchestrator.checks.reference_logprobs import Answer, teacher_forced
 from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.config.reference_gates import GateFigures, derived
-from orchestrator.checks.reference_logprobs import Answer, teacher_forced
 from orchestrator.server.parsers import ParseError, parse_token_logprobs
 
 
