@@ -66,7 +66,7 @@ def rows(home: Path, receipts: Iterable[Any]) -> list[dict[str, Any]]:
         if raw["role"] in ("reference", "replay"):
             row |= {k: raw.get(k) for k in ("floor", "floor_factor", "minimum", "derived_gates")}
         else:
-            row |= {k: raw.get(k) for k in ("summary", "gates_in_force", "tolerance", "reference_floor")}
+            row |= {k: raw.get(k) for k in ("summary", "spread", "gates_in_force", "tolerance", "reference_floor")}
             row["greedy_flips"] = sum(int(f.get("greedy_flips") or 0) for f in raw.get("fixtures") or [])
         out.append(row)
     return out
@@ -138,16 +138,17 @@ def render(data: list[dict[str, Any]]) -> str:
         "Patch `none` is the baseline package (a legitimate change of settings); any other is a mutant "
         "(tests/mutants). Gates: those in force (derived, or a profile tolerance with its reason).",
         "",
-        "| key | profile | patch | positions | mean KL | max KL | top-1 | max abs dlogprob | greedy flips "
-        "| gate max KL | gate max abs dlogprob | verdict | deploy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| key | profile | patch | positions | mean KL | max KL | top-1 | median abs dlogprob | max abs dlogprob "
+        "| greedy flips | gate max KL | gate max abs dlogprob | verdict | deploy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for x in sorted(cands, key=lambda x: (x["key"], x["patch"] != "none", x["patch"], x["profile"], x["finished_at"])):
         s, gi = x.get("summary") or {}, x.get("gates_in_force") or {}
         tol = " (tolerance)" if x.get("tolerance") else ""
         md.append(
             f"| `{x['key']}` | {x['profile']} | {x['patch']} | {g(s.get('positions'))} | {g(s.get('mean_kl'))} | "
-            f"{g(s.get('max_kl'))} | {g(s.get('top1'))} | {g(s.get('max_abs_dlogprob'))} | "
+            f"{g(s.get('max_kl'))} | {g(s.get('top1'))} | {g((x.get('spread') or {}).get('median_abs_dlogprob'))} | "
+            f"{g(s.get('max_abs_dlogprob'))} | "
             f"{g(x.get('greedy_flips'))} | "
             f"{g(gi.get('max_kl'))}{tol} | {g(gi.get('max_abs_dlogprob'))}{tol} | {x['verdict']} | "
             f"{x['command']} {x['outcome']} |"

@@ -212,10 +212,20 @@ def compare(
                 "first_flip": first_flip,
                 "worst_position": worst,
                 "worst_token": diffs[worst].worst_token if worst is not None else None,
+                "position_dlogprob": [round(d.max_abs_dlogprob, 7) for d in diffs],
             }
         )
         all_diffs += diffs
     return lp.summarize(all_diffs), per_fixture, problems
+
+
+def spread(per_fixture: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Median and 90th percentile over fixtures' per-position worst |dlogprob| (what a bug's size
+    is quoted in: a few tail tokens set the max, the median says how much a typical position moved)."""
+    xs = sorted(float(v) for f in per_fixture for v in f.get("position_dlogprob") or [])
+    if not xs:
+        return {}
+    return {"median_abs_dlogprob": xs[len(xs) // 2], "p90_abs_dlogprob": xs[min(len(xs) - 1, int(0.9 * len(xs)))]}
 
 
 def floor_figures(s: lp.Summary) -> GateFigures:
@@ -415,6 +425,7 @@ def run(ctx: CheckContext) -> CheckResult:
         "reference_floor": found.raw.get("floor"),
         **judged_by,
         "summary": summary.as_dict(),
+        "spread": spread(per_fixture),
         "fixtures": per_fixture,
         "problems": problems,
     }
