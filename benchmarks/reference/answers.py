@@ -34,11 +34,17 @@ def _profile(r: Any, raw: Mapping[str, Any]) -> str:
 
 
 def _patch(home: Path, package: str) -> str:
+    """The package's patch name; a mutant built from an older version of its folder is `NAME@old`."""
     try:
         m = json.loads((home / "packages" / package / "manifest.json").read_text())
     except (OSError, ValueError):
         return "?"
-    return str((m.get("patch") or {}).get("name") or "none")
+    patch = m.get("patch") or {}
+    name = str(patch.get("name") or "none")
+    meta = ROOT / "tests/mutants" / name / "kernel.yaml"
+    if name != "none" and meta.is_file() and f"patch_sha256: {patch.get('sha256')}" not in meta.read_text():
+        return name + "@old"
+    return name
 
 
 def rows(home: Path, receipts: Iterable[Any]) -> list[dict[str, Any]]:
@@ -77,7 +83,8 @@ def collect(home: Path, pair: str) -> int:
 
     old = json.loads(RAW.read_text()) if RAW.is_file() else []
     seen = {x["receipt"] for x in old}
-    new = [x for x in rows(home, EvidenceStore(home / "evidence").iter(pair=pair)) if x["receipt"] not in seen]
+    found = rows(home, EvidenceStore(home / "evidence").iter(pair=pair))
+    new = [x for x in found if x["receipt"] not in seen and not x["patch"].endswith("@old")]
     RAW.parent.mkdir(parents=True, exist_ok=True)
     RAW.write_text(json.dumps(old + new, indent=1, sort_keys=True) + "\n")
     print(f"{RAW.relative_to(ROOT)}: {len(new)} new rows, {len(old) + len(new)} in all")
@@ -103,6 +110,8 @@ def _model(row: Mapping[str, Any]) -> str:
 
 
 def render(data: list[dict[str, Any]]) -> str:
+    named = {x["key"]: x["profile"] for x in data if not x["profile"].startswith("(")}
+    data = [{**x, "profile": named.get(x["key"], x["profile"])} for x in data]  # runs before the field existed
     refs = [x for x in data if x["role"] in ("reference", "replay")]
     cands = [x for x in data if x["role"] == "candidate"]
     md = [

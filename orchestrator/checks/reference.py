@@ -95,9 +95,10 @@ PLACEMENT_FLAGS = {"-ts", "--tensor-split", "-ot", "--override-tensor", "-mg", "
 def device_kind(manifest: Any) -> str:
     """What computes on a package's device: its target's backend and arch (`cpu`, `cuda:sm_90`).
     Two devices of one kind run the same kernels, so moving layers between them changes no number."""
-    spec = getattr(getattr(manifest, "target", None), "spec", None)
-    backend = str(getattr(spec, "backend", None) or "unknown")
-    arch = getattr(spec, "cuda_arch", None)
+    spec = getattr(getattr(manifest, "target", None), "spec", None)  # the manifest keeps the target spec as a dict
+    spec = spec if isinstance(spec, Mapping) else {}
+    backend = str(spec.get("backend") or "unknown")
+    arch = spec.get("cuda_arch")
     return f"{backend}:{arch}" if arch else backend
 
 

@@ -17,6 +17,7 @@ from orchestrator.checks.reference import (
     answers_key,
     base_key,
     changed_fields,
+    device_kind,
     numerics_fields,
     state_from_receipts,
 )
@@ -188,6 +189,16 @@ def test_numerics_key_holds_kv_types_and_flash_attention_but_not_threads_or_batc
     assert numerics_fields(_profile(n_gpu_layers=1), cpu) == lab  # layers moved between identical backends
     assert numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16"), cpu) != lab
     assert numerics_fields(_profile(flash_attn="off", cache_type_v="f16"), cpu) != lab
+
+
+def test_device_kind_reads_the_package_manifests_target():
+    from types import SimpleNamespace
+
+    from orchestrator.build.manifest import TargetRecord
+
+    cpu = SimpleNamespace(target=TargetRecord(name="cpu-lab", spec={"backend": "cpu", "cuda_arch": None}))
+    gpu = SimpleNamespace(target=TargetRecord(name="h200", spec={"backend": "cuda", "cuda_arch": "sm_90"}))
+    assert device_kind(cpu) == "cpu" and device_kind(gpu) == "cuda:sm_90" and device_kind(None) == "unknown"
 
 
 def test_numerics_key_holds_the_split_when_devices_differ():
