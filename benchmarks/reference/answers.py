@@ -111,7 +111,9 @@ def _model(row: Mapping[str, Any]) -> str:
 
 def render(data: list[dict[str, Any]]) -> str:
     named = {x["key"]: x["profile"] for x in data if not x["profile"].startswith("(")}
-    data = [{**x, "profile": named.get(x["key"], x["profile"])} for x in data]  # runs before the field existed
+    # rows from before the check kept its profile name: the name another row of the same key carries
+    data = [{**x, "profile": named.get(x["key"], x["profile"]) if x["profile"].startswith("(") else x["profile"]}
+            for x in data]  # fmt: skip
     refs = [x for x in data if x["role"] in ("reference", "replay")]
     cands = [x for x in data if x["role"] == "candidate"]
     md = [
@@ -123,7 +125,8 @@ def render(data: list[dict[str, Any]]) -> str:
         "### Replay floor and derived gates, per numerics key",
         "",
         "The reference pair records its answers, replays them at once, and derives each gate as floor x factor, "
-        "at least the minimum.",
+        "at least the minimum. `devices unknown`: recorded before the check read the device kind from the "
+        "package manifest (the lab's CPUs); the comparisons are the same.",
         "",
         "| key | profile | numerics | positions | floor mean KL | floor max KL | floor max abs dlogprob | factor "
         "| gate mean KL | gate max KL | gate max abs dlogprob | recorded |",
