@@ -6,7 +6,9 @@ Both live in the pair's receipt chain, so every change is evidence:
   accepted pair becomes its reference unless one is set);
 - *reference answers* are the raw data of a passed `check:reference_logprobs` step whose role
   was `reference`, keyed by (reference packages, model file hashes, answer-defining profile
-  fields, fixture set). They are recorded once per key, by the reference pair itself.
+  fields, fixture set, **numerics**: KV types, flash attention, and the split of layers when it
+  spans device kinds). They are recorded once per key, by the reference pair itself, with the
+  replay floor it measured and the gates derived from it.
 An accepted candidate never becomes the yardstick: only the reference pair records answers,
 and promoting another pair is the deliberate `reference set`.
 """
@@ -67,6 +69,13 @@ class ReferenceState:
     def for_key(self, key: str) -> Answers | None:
         return self.answers.get(key)
 
+    def nearest(self, base: str, numerics: Mapping[str, Any]) -> Answers | None:
+        """Of the answers of the same base key at other numerics, the one differing in fewest fields."""
+        same = [a for a in self.answers.values() if a.raw.get("base_key") == base]
+        if not same:
+            return None
+        return min(same, key=lambda a: len(changed_fields(a.raw.get("numerics") or {}, numerics)))
+
 
 def profile_answer_fields(profile: RouteProfile, n_ctx_train: int | None = None) -> dict[str, Any]:
     """The profile fields that define *what* the answers are (model served, slot size that sizes
@@ -75,12 +84,52 @@ def profile_answer_fields(profile: RouteProfile, n_ctx_train: int | None = None)
     return {"model": profile.model, "per_slot_ctx": profile.per_slot_ctx(n_ctx_train)}
 
 
-ANSWERS_FORMAT = 2  # how answers are recorded (teacher-forced walk, every position filled); part of the key
+# how answers are recorded (teacher-forced walk, every position filled; 3: with the replay floor
+# and derived gates, per numerics key); part of the key
+ANSWERS_FORMAT = 3
+
+# extra_args that move layers or tensors between devices (llama-server --help)
+PLACEMENT_FLAGS = {"-ts", "--tensor-split", "-ot", "--override-tensor", "-mg", "--main-gpu", "-dev", "--device"}
 
 
-def answers_key(
+def device_kind(manifest: Any) -> str:
+    """What computes on a package's device: its target's backend and arch (`cpu`, `cuda:sm_90`).
+    Two devices of one kind run the same kernels, so moving layers between them changes no number."""
+    spec = getattr(getattr(manifest, "target", None), "spec", None)  # the manifest keeps the target spec as a dict
+    spec = spec if isinstance(spec, Mapping) else {}
+    backend = str(spec.get("backend") or "unknown")
+    arch = spec.get("cuda_arch")
+    return f"{backend}:{arch}" if arch else backend
+
+
+def numerics_fields(profile: RouteProfile, kinds: Mapping[str, str]) -> dict[str, Any]:
+    """The profile fields that legitimately change the numbers (measured: docs/reference-answers.md).
+
+    KV types and flash attention change the kernels and the stored precision. The split of layers
+    counts only when the devices that may hold layers are of different kinds (`kinds`: role ->
+    device_kind; the native host's CPU holds layers when not all are offloaded): between identical
+    backends it was measured to change nothing. Threads, batch and ubatch sizes and drafting were
+    measured to change nothing on the CPU lab and the H200 and are not part of the key."""
+    used = {kinds.get("native", "unknown"), kinds.get("rpc", "unknown")}
+    if profile.n_gpu_layers != "all":
+        used.add("cpu")
+    fields: dict[str, Any] = {
+        "cache_type_k": profile.cache_type_k,
+        "cache_type_v": profile.cache_type_v,
+        "flash_attn": profile.flash_attn,
+        "device_kinds": sorted(used),
+    }
+    if len(used) > 1:
+        args = list(profile.extra_args)
+        placement = [a for i, a in enumerate(args) if a in PLACEMENT_FLAGS or (i and args[i - 1] in PLACEMENT_FLAGS)]
+        fields["split"] = {"n_gpu_layers": profile.n_gpu_layers, "split_mode": profile.split_mode, "args": placement}
+    return fields
+
+
+def base_key(
     packages: tuple[str, str], models: Mapping[str, str], profile_fields: Mapping[str, Any], fixture_set_sha256: str
 ) -> str:
+    """What the answers are *of* (packages, models, answer-defining fields, fixtures)."""
     return sha256_json(
         {
             "format": ANSWERS_FORMAT,
@@ -90,6 +139,16 @@ def answers_key(
             "fixtures": fixture_set_sha256,
         }
     )
+
+
+def answers_key(base: str, numerics: Mapping[str, Any]) -> str:
+    """The numerics key: the base key plus how the numbers are computed."""
+    return sha256_json({"base": base, "numerics": dict(numerics)})
+
+
+def changed_fields(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """`field old -> new` for each numerics field that differs (old: a, new: b)."""
+    return [f"{k} {a.get(k)} -> {b.get(k)}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
 def _raw(r: Any) -> Mapping[str, Any] | None:

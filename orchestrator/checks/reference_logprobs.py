@@ -16,7 +16,7 @@ no answers for its key (the message says how to record them).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +29,17 @@ from orchestrator.checks.oracle_fixtures import (
     load_oracle_set,
     seeded_text,
 )
-from orchestrator.checks.reference import CHECK, answers_key, profile_answer_fields
-from orchestrator.config.reference_gates import ReferenceGates
+from orchestrator.checks.reference import (
+    CHECK,
+    Answers,
+    answers_key,
+    base_key,
+    changed_fields,
+    device_kind,
+    numerics_fields,
+    profile_answer_fields,
+)
+from orchestrator.config.reference_gates import GateFigures, ReferenceGates, derived
 from orchestrator.server.parsers import parse_token_logprobs
 
 NAME = CHECK
@@ -178,8 +187,10 @@ def gates_dict(g: ReferenceGates) -> dict[str, Any]:
 
 
 def compare(
-    asker: Asker, answers: list[Mapping[str, Any]], gates: ReferenceGates, complete: bool
+    asker: Asker, answers: Sequence[Mapping[str, Any]], gates: ReferenceGates, complete: bool
 ) -> tuple[lp.Summary, list[dict[str, Any]], list[str]]:
+    """Teacher-forced figures of the running pair against `answers`, per fixture and overall;
+    problems are only about completeness (the gates are judged by the caller)."""
     per_fixture, all_diffs, problems = [], [], []
     for fx in answers:
         got, flips, first_flip = teacher_forced(asker, fx)
@@ -201,10 +212,87 @@ def compare(
                 "first_flip": first_flip,
                 "worst_position": worst,
                 "worst_token": diffs[worst].worst_token if worst is not None else None,
+                "position_dlogprob": [round(d.max_abs_dlogprob, 7) for d in diffs],
             }
         )
         all_diffs += diffs
     return lp.summarize(all_diffs), per_fixture, problems
+
+
+def spread(per_fixture: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Median and 90th percentile over fixtures' per-position worst |dlogprob| (what a bug's size
+    is quoted in: a few tail tokens set the max, the median says how much a typical position moved)."""
+    xs = sorted(float(v) for f in per_fixture for v in f.get("position_dlogprob") or [])
+    if not xs:
+        return {}
+    return {"median_abs_dlogprob": xs[len(xs) // 2], "p90_abs_dlogprob": xs[min(len(xs) - 1, int(0.9 * len(xs)))]}
+
+
+def floor_figures(s: lp.Summary) -> GateFigures:
+    return GateFigures(max_mean_kl=s.mean_kl, max_kl=s.max_kl, max_abs_dlogprob=s.max_abs_dlogprob)
+
+
+def recorded_gates(found: Answers) -> GateFigures | None:
+    g = found.raw.get("derived_gates")
+    try:
+        return GateFigures.model_validate(g) if isinstance(g, Mapping) else None
+    except ValueError:
+        return None
+
+
+def _record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, gates: ReferenceGates, complete: bool,
+            base_raw: dict[str, Any], how: str, key: str, started: Timer) -> CheckResult:  # fmt: skip
+    """Record the answers, replay them at once on the same pair (the replay floor of this numerics
+    key), and derive the gates from that floor. A replay that already misses the minimum gates
+    means the pair does not reproduce itself: nothing is recorded as a yardstick then."""
+    answers = record(ctx, asker, fs, gates.logprob_floor)
+    floor, per_fixture, problems = compare(asker, answers, gates, complete)
+    fl = floor_figures(floor)
+    g = derived(fl, gates.floor_factor, gates.minimum)
+    problems += lp.gate_problems(
+        floor, max_mean_kl=gates.minimum.max_mean_kl, max_kl=gates.minimum.max_kl, min_top1=gates.min_top1,
+        max_abs_dlogprob=gates.minimum.max_abs_dlogprob,
+    )  # fmt: skip
+    origin = {
+        "floor": floor.as_dict(),
+        "floor_factor": gates.floor_factor,
+        "minimum": gates.minimum.model_dump(mode="json"),
+        "derived_gates": g.model_dump(mode="json"),
+        "floor_fixtures": per_fixture,
+    }
+    if problems:
+        return CheckResult(
+            name=NAME,
+            verdict="failed",
+            duration_s=started.elapsed(),
+            message=(
+                f"the reference pair does not reproduce its own answers (replay right after recording): "
+                f"{'; '.join(problems)}; nothing was recorded (raise reference_gates.minimum only with a reason)"
+            ),
+            raw={**base_raw, "role": "replay", **origin, "problems": problems},
+        )
+    return CheckResult(
+        name=NAME,
+        verdict="skipped",
+        required=False,
+        duration_s=started.elapsed(),
+        message=(
+            f"{how}; recorded its answers ({len(answers)} fixtures) as reference answers, key {key[:12]}; replay "
+            f"floor max |dlogprob| {floor.max_abs_dlogprob:.3g}, max KL {floor.max_kl:.3g} -> gates "
+            f"{g.max_abs_dlogprob:.3g} / {g.max_kl:.3g}"
+        ),
+        figures={
+            "role": "reference",
+            "key": key[:12],
+            "fixtures": len(answers),
+            "requests": asker.requests,
+            "floor_max_abs_dlogprob": floor.max_abs_dlogprob,
+            "floor_max_kl": floor.max_kl,
+            "gate_max_abs_dlogprob": g.max_abs_dlogprob,
+            "gate_max_kl": g.max_kl,
+        },
+        raw={**base_raw, "role": "reference", "answers": answers, **origin},
+    )
 
 
 def run(ctx: CheckContext) -> CheckResult:
@@ -223,6 +311,8 @@ def run(ctx: CheckContext) -> CheckResult:
     complete = vocab is not None and k >= vocab
     running = running_packages(ctx)
     state = ctx.reference
+    kinds = {r: device_kind(ctx.packages.get(r)) for r in ("native", "rpc")}
+    numerics = numerics_fields(ctx.profile, kinds)
     base_raw: dict[str, Any] = {
         "fixture_set": fs.name,
         "fixture_set_sha256": fs.sha256(),
@@ -230,6 +320,8 @@ def run(ctx: CheckContext) -> CheckResult:
         "top_k": k,
         "n_vocab": vocab,
         "gates": gates_dict(gates),
+        "numerics": numerics,
+        "profile": ctx.profile.name,
     }
     if running is None or state is None:
         why = "the active packages are not in the local store" if running is None else "no evidence store was given"
@@ -241,44 +333,80 @@ def run(ctx: CheckContext) -> CheckResult:
             duration_s=timer.elapsed(),
         )
     pin = state.pin.packages() if state.pin else running
-    key = answers_key(pin, ctx.models, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
-    base_raw |= {"packages": list(running), "reference": state.pin.as_dict() if state.pin else None, "key": key}
+    base = base_key(pin, ctx.models, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
+    key = answers_key(base, numerics)
+    base_raw |= {
+        "packages": list(running),
+        "reference": state.pin.as_dict() if state.pin else None,
+        "key": key,
+        "base_key": base,
+    }
     asker = Asker(ctx, k)
     found = state.for_key(key)
+    tolerance = gates.tolerance
+    nearest = state.nearest(base, numerics) if found is None else None
+    judged_by: dict[str, Any] = {}
+    if found is None and nearest is not None and tolerance is not None:
+        found = nearest
+        judged_by = {
+            "tolerance": {
+                "reason": tolerance.reason,
+                "against_key": nearest.key,
+                "changed": changed_fields(nearest.raw.get("numerics") or {}, numerics),
+            }
+        }
     if found is None:
+        changed = changed_fields(nearest.raw.get("numerics") or {}, numerics) if nearest else []
         if pin != running:
-            return CheckResult(
-                name=NAME,
-                verdict="failed",
-                raw={**base_raw, "role": "candidate"},
-                duration_s=timer.elapsed(),
-                message=(
+            if changed:
+                msg = (
+                    f"numerics changed since the reference answers ({'; '.join(changed)}) and profile "
+                    f"{ctx.profile.name} declares no reference_gates.tolerance: deploy the reference packages "
+                    f"{pin[0]} / {pin[1]} with this profile once to re-record, or declare a tolerance with its reason"
+                )
+            else:
+                msg = (
                     f"the reference pair {pin[0]} / {pin[1]} has no answers for key {key[:12]} (models, profile "
                     f"{ctx.profile.model} at {ctx.per_slot()} per slot, fixtures {fs.name}): deploy the reference "
                     "packages with this profile once to record them, or promote this pair with "
                     f"`pairctl reference set --pair {ctx.pair}`"
-                ),
+                )
+            return CheckResult(
+                name=NAME,
+                verdict="failed",
+                raw={**base_raw, "role": "candidate", "changed": changed},
+                duration_s=timer.elapsed(),
+                message=msg,
             )
-        answers = record(ctx, asker, fs, gates.logprob_floor)
         how = (
             "this pair is the pinned reference" if state.pin else "the route has no reference yet: this pair becomes it"
         )
-        return CheckResult(
-            name=NAME,
-            verdict="skipped",
-            required=False,
-            duration_s=timer.elapsed(),
-            message=f"{how}; recorded its answers ({len(answers)} fixtures) as reference answers, key {key[:12]}",
-            figures={"role": "reference", "key": key[:12], "fixtures": len(answers), "requests": asker.requests},
-            raw={**base_raw, "role": "reference", "answers": answers},
-        )
+        if changed:
+            how += f" (numerics changed: {'; '.join(changed)})"
+        return _record(ctx, asker, fs, gates, complete, base_raw, how, key, timer)
+    if judged_by:
+        assert tolerance is not None
+        in_force = tolerance.gates
+        origin = "profile tolerance: " + tolerance.reason
+    else:
+        rg = recorded_gates(found)
+        if rg is None:
+            return CheckResult(
+                name=NAME,
+                verdict="failed",
+                raw={**base_raw, "role": "candidate", "reference_receipt": found.receipt},
+                duration_s=timer.elapsed(),
+                message=f"reference answers {found.receipt[:12]} carry no derived gates: re-record them",
+            )
+        in_force = rg
+        origin = f"replay floor x {found.raw.get('floor_factor')} (receipt {found.receipt[:12]})"
     summary, per_fixture, problems = compare(asker, list(found.raw.get("answers") or []), gates, complete)
     problems += lp.gate_problems(
         summary,
-        max_mean_kl=gates.max_mean_kl,
-        max_kl=gates.max_kl,
+        max_mean_kl=in_force.max_mean_kl,
+        max_kl=in_force.max_kl,
         min_top1=gates.min_top1,
-        max_abs_dlogprob=gates.max_abs_dlogprob,
+        max_abs_dlogprob=in_force.max_abs_dlogprob,
     )
     figures = {
         **summary.as_dict(),
@@ -286,21 +414,28 @@ def run(ctx: CheckContext) -> CheckResult:
         "key": key[:12],
         "greedy_flips": sum(f["greedy_flips"] for f in per_fixture),
         "requests": asker.requests,
+        "gate_max_abs_dlogprob": in_force.max_abs_dlogprob,
+        "gate_max_kl": in_force.max_kl,
     }
     raw = {
         **base_raw,
         "role": "candidate",
         "reference_receipt": found.receipt,
+        "gates_in_force": {**in_force.model_dump(mode="json"), "min_top1": gates.min_top1, "from": origin},
+        "reference_floor": found.raw.get("floor"),
+        **judged_by,
         "summary": summary.as_dict(),
+        "spread": spread(per_fixture),
         "fixtures": per_fixture,
         "problems": problems,
     }
     msg = (
-        "; ".join(problems)
+        "; ".join(problems) + f" (gates from {origin})"
         if problems
         else (
-            f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}): mean KL {summary.mean_kl:.3g}, "
-            f"max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| {summary.max_abs_dlogprob:.3g}"
+            f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}, {origin}): mean KL "
+            f"{summary.mean_kl:.3g}, max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| "
+            f"{summary.max_abs_dlogprob:.3g}"
         )
     )
     return CheckResult(

@@ -42,6 +42,9 @@ def state_dict(pair: str, st: ReferenceState) -> dict[str, Any]:
                 "fixture_set": a.raw.get("fixture_set"),
                 "models": a.raw.get("models"),
                 "fixtures": len(a.raw.get("answers") or []),
+                "numerics": a.raw.get("numerics"),
+                "floor": a.raw.get("floor"),
+                "gates": a.raw.get("derived_gates"),
             }
             for a in st.answers.values()
         ],
@@ -121,8 +124,12 @@ def show(
         markup=False,
     )
     for a in out["answers"]:
+        n, f, g = a.get("numerics") or {}, a.get("floor") or {}, a.get("gates") or {}
         c.console.print(
-            f"  answers {a['key'][:12]}: {a['fixtures']} fixtures of {a['fixture_set']}, receipt {a['receipt'][:16]}",
+            f"  answers {a['key'][:12]}: {a['fixtures']} fixtures of {a['fixture_set']}, receipt {a['receipt'][:16]}; "
+            f"KV {n.get('cache_type_k')}/{n.get('cache_type_v')}, FA {n.get('flash_attn')}; replay floor max "
+            f"|dlogprob| {f.get('max_abs_dlogprob')}, gates |dlogprob| {g.get('max_abs_dlogprob')} "
+            f"KL {g.get('max_kl')}",
             markup=False,
         )
     if not out["answers"]:

@@ -28,6 +28,7 @@ from orchestrator.checks.base import CheckOptions
 from orchestrator.checks.live import open_live
 from orchestrator.checks.suite import run_suite
 from orchestrator.evidence.store import EvidenceStore
+from orchestrator.paths import MANIFESTS
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -377,16 +378,31 @@ def _ref_step(home: Path):
     return rec, rec.step("check:reference_logprobs")
 
 
-def test_reference_logprobs_pass_a_numeric_change_and_reject_a_forward_pass_change(deployed_lab, restore_baseline, cli):
-    """On the sensitive model (lab-oracle): the reference pair records its answers once; three
-    accepts of it compare with them and pass at zero distance; the same package with an f16 KV
-    cache (a legitimate numeric change) moves the logprobs and passes the gates; a changed RoPE
-    base (no greedy token flips) is rejected at deploy, exit 7, and the previous pair is back."""
+def test_reference_logprobs_pass_a_numeric_change_and_reject_a_forward_pass_change(
+    deployed_lab, lab_packages_b, restore_baseline, cli, tmp_path
+):
+    """On the sensitive model (lab-oracle): the reference pair records its answers once, replays
+    them and derives its gates from that floor (kept in the receipt); three accepts of it compare
+    with them and pass at the floor; the same package with an f16 KV cache (another numerics key)
+    is judged against the q8_0 answers only through its profile's tolerance, which names its
+    reason; another package with f16 KV and no tolerance is refused with one line saying what
+    changed and how to fix it; a changed RoPE base (no greedy token flips) is rejected at deploy,
+    exit 7, and the previous pair is back."""
     pkg = deployed_lab.package_id
+    _ensure_baseline_reference(cli, pkg)
     r = _deploy(cli, pkg, "lab-oracle", "reference_logprobs")
     assert r.exit_code == 0, r.stderr[-3000:]
     rec, st = _ref_step(deployed_lab.home)
     assert st is not None and st.data["raw"]["key"] and st.data["verdict"] in ("skipped", "passed"), st.data["message"]
+    ref = (
+        EvidenceStore(deployed_lab.home / "evidence")
+        .load(st.data["raw"].get("reference_receipt") or rec.sha256)
+        .step("check:reference_logprobs")
+        .data["raw"]
+    )
+    assert ref["role"] == "reference" and ref["floor"]["positions"] >= 100, ref.get("floor")
+    gates = ref["derived_gates"]  # floor x factor, at least the documented minimum
+    assert gates["max_abs_dlogprob"] >= max(ref["floor"]["max_abs_dlogprob"] * ref["floor_factor"], 2e-3 - 1e-12)
     for _ in range(3):
         r, data = _accept(cli, "--only", "reference_logprobs")
         assert r.exit_code == 0, r.output
@@ -394,13 +410,27 @@ def test_reference_logprobs_pass_a_numeric_change_and_reject_a_forward_pass_chan
         assert c["verdict"] == "passed" and c["required"], c
         assert c["figures"]["max_abs_dlogprob"] < 1e-3 and c["figures"]["top1"] == 1.0
         assert c["figures"]["reference_receipt"] and c["figures"]["positions"] >= 100
+        assert c["figures"]["gate_max_abs_dlogprob"] == gates["max_abs_dlogprob"]
 
     r = _deploy(cli, pkg, "lab-oracle-kv-f16", "reference_logprobs")
     assert r.exit_code == 0, r.stderr[-3000:]
     rec, st = _ref_step(deployed_lab.home)
-    figs = st.data["figures"]
-    assert st.data["verdict"] == "passed" and figs["max_abs_dlogprob"] > 1e-3, figs  # it moved, within the gates
-    assert st.data["raw"]["reference_receipt"] and st.data["raw"]["gates"]["max_mean_kl"] > figs["mean_kl"]
+    figs, raw = st.data["figures"], st.data["raw"]
+    assert st.data["verdict"] == "passed" and figs["max_abs_dlogprob"] > 1e-3, figs  # it moved, within the tolerance
+    assert raw["tolerance"]["reason"] and "cache_type_k q8_0 -> f16" in raw["tolerance"]["changed"], raw["tolerance"]
+    assert raw["gates_in_force"]["max_mean_kl"] > figs["mean_kl"] and "tolerance" in raw["gates_in_force"]["from"]
+
+    # the same change on a pair that is not the reference, with no tolerance declared: refused, one line
+    bare = tmp_path / "lab-oracle-kv-f16-bare.yaml"
+    text = (MANIFESTS / "profiles/lab-oracle-kv-f16.yaml").read_text().split("reference_gates:")[0]
+    bare.write_text(text.replace("name: lab-oracle-kv-f16", "name: lab-oracle-kv-f16-bare"))
+    r = _deploy(cli, lab_packages_b.id, str(bare), "reference_logprobs")
+    assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])
+    rec, st = _ref_step(deployed_lab.home)
+    msg = st.data["message"]
+    assert "numerics changed since the reference answers (cache_type_k q8_0 -> f16" in msg, msg
+    assert "declares no reference_gates.tolerance" in msg and "\n" not in msg, msg
+    assert rec.extra_fields()["final_state"]["state"] == "restored"
 
     r = _deploy(cli, pkg, "lab-oracle-rope", "reference_logprobs")
     assert r.exit_code == 7, (r.exit_code, r.stderr[-2000:])

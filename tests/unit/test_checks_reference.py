@@ -12,8 +12,18 @@ from pydantic import ValidationError
 
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.oracle_fixtures import OracleFixtureSet, load_oracle_set, seeded_text
-from orchestrator.checks.reference import STEP, answers_key, state_from_receipts
+from orchestrator.checks.reference import (
+    STEP,
+    answers_key,
+    base_key,
+    changed_fields,
+    device_kind,
+    numerics_fields,
+    state_from_receipts,
+)
 from orchestrator.checks.reference_logprobs import Answer, teacher_forced
+from orchestrator.config.profiles import RouteProfile, load_profile
+from orchestrator.config.reference_gates import GateFigures, derived
 from orchestrator.server.parsers import ParseError, parse_token_logprobs
 
 
@@ -155,15 +165,76 @@ def test_a_set_reference_wins_and_only_its_answers_count():
 
 
 def test_answers_key_depends_on_every_part():
-    base = answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f")
-    assert base == answers_key(("a", "b"), {"target": "1"}, {"per_slot_ctx": 2048, "model": "target"}, "f")
+    base = base_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f")
+    assert base == base_key(("a", "b"), {"target": "1"}, {"per_slot_ctx": 2048, "model": "target"}, "f")
     for other in (
-        answers_key(("a", "c"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
-        answers_key(("a", "b"), {"target": "2"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
-        answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 1024}, "f"),
-        answers_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "g"),
+        base_key(("a", "c"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
+        base_key(("a", "b"), {"target": "2"}, {"model": "target", "per_slot_ctx": 2048}, "f"),
+        base_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 1024}, "f"),
+        base_key(("a", "b"), {"target": "1"}, {"model": "target", "per_slot_ctx": 2048}, "g"),
     ):
         assert other != base
+    assert answers_key(base, {"cache_type_k": "q8_0"}) != answers_key(base, {"cache_type_k": "f16"})
+
+
+def _profile(**kw: Any) -> RouteProfile:
+    return load_profile("lab").model_copy(update=kw)
+
+
+def test_numerics_key_holds_kv_types_and_flash_attention_but_not_threads_or_batches():
+    cpu = {"native": "cpu", "rpc": "cpu"}
+    lab = numerics_fields(_profile(), cpu)
+    assert lab == {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on", "device_kinds": ["cpu"]}
+    assert numerics_fields(_profile(threads=2, ubatch_size=64, batch_size=512, draft=None), cpu) == lab
+    assert numerics_fields(_profile(n_gpu_layers=1), cpu) == lab  # layers moved between identical backends
+    assert numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16"), cpu) != lab
+    assert numerics_fields(_profile(flash_attn="off", cache_type_v="f16"), cpu) != lab
+
+
+def test_device_kind_reads_the_package_manifests_target():
+    from types import SimpleNamespace
+
+    from orchestrator.build.manifest import TargetRecord
+
+    cpu = SimpleNamespace(target=TargetRecord(name="cpu-lab", spec={"backend": "cpu", "cuda_arch": None}))
+    gpu = SimpleNamespace(target=TargetRecord(name="h200", spec={"backend": "cuda", "cuda_arch": "sm_90"}))
+    assert device_kind(cpu) == "cpu" and device_kind(gpu) == "cuda:sm_90" and device_kind(None) == "unknown"
+
+
+def test_numerics_key_holds_the_split_when_devices_differ():
+    pair = {"native": "cuda:sm_70", "rpc": "cuda:sm_120"}
+    a = numerics_fields(_profile(extra_args=["--tensor-split", "3,1"]), pair)
+    assert a["device_kinds"] == ["cuda:sm_120", "cuda:sm_70"] and a["split"]["args"] == ["--tensor-split", "3,1"]
+    assert numerics_fields(_profile(n_gpu_layers=40), pair)["device_kinds"] == ["cpu", "cuda:sm_120", "cuda:sm_70"]
+    assert numerics_fields(_profile(n_gpu_layers=40), pair) != numerics_fields(_profile(n_gpu_layers=30), pair)
+    same = {"native": "cuda:sm_90", "rpc": "cuda:sm_90"}
+    assert "split" not in numerics_fields(_profile(extra_args=["--tensor-split", "3,1"]), same)
+
+
+def test_gates_are_the_floor_times_the_factor_and_never_below_the_minimum():
+    floor = GateFigures(max_mean_kl=1e-14, max_kl=5e-14, max_abs_dlogprob=5e-7)
+    minimum = GateFigures(max_mean_kl=1e-9, max_kl=1e-8, max_abs_dlogprob=2e-3)
+    assert derived(floor, 20, minimum) == minimum
+    noisy = GateFigures(max_mean_kl=1e-8, max_kl=1e-6, max_abs_dlogprob=1e-3)
+    g = derived(noisy, 20, minimum)
+    assert g.max_kl == pytest.approx(2e-5) and g.max_abs_dlogprob == pytest.approx(0.02)
+    assert g.max_mean_kl == pytest.approx(2e-7)
+
+
+def test_nearest_answers_are_the_same_base_with_fewest_changed_fields():
+    num = {"cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"}
+    rs = [
+        FakeReceipt("r1", "deploy", raw={**ref_raw(("a", "a"), "k1"), "base_key": "B", "numerics": num}),
+        FakeReceipt("r2", "deploy", raw={**ref_raw(("a", "a"), "k2"), "base_key": "B",
+                                         "numerics": {**num, "flash_attn": "off", "cache_type_v": "f16"}}),
+        FakeReceipt("r3", "deploy", raw={**ref_raw(("a", "a"), "k3"), "base_key": "C", "numerics": num}),
+    ]  # fmt: skip
+    st = state_from_receipts(rs)
+    want = {**num, "cache_type_k": "f16"}
+    near = st.nearest("B", want)
+    assert near is not None and near.key == "k1"
+    assert changed_fields(near.raw["numerics"], want) == ["cache_type_k q8_0 -> f16"]
+    assert st.nearest("Z", want) is None
 
 
 def test_parse_token_logprobs_reads_all_three_endpoints():
