@@ -57,6 +57,17 @@ def running_packages(ctx: CheckContext) -> tuple[str, str] | None:
     return (str(ids[0]), str(ids[1])) if all(ids) else None
 
 
+NO_VOCAB = "the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile"
+
+
+def top_k_for(ctx: CheckContext, gates: ReferenceGates) -> tuple[int, int | None, bool]:
+    """How many top logprobs each position asks for: the profile's `top_k`, else the whole
+    vocabulary; with n_vocab and whether that list is complete. k is 0 when neither is known."""
+    vocab = n_vocab(ctx)
+    k = gates.top_k or vocab or 0
+    return k, vocab, vocab is not None and k >= vocab
+
+
 def n_vocab(ctx: CheckContext) -> int | None:
     try:
         data = ctx.client.get_json("/v1/models", timeout=30)
@@ -299,16 +310,9 @@ def run(ctx: CheckContext) -> CheckResult:
     timer = Timer()
     fs = load_oracle_set(ctx.oracle_fixtures or ctx.profile.reference_fixtures or DEFAULT_SET)
     gates = ctx.profile.reference_gates
-    vocab = n_vocab(ctx)
-    k = gates.top_k or vocab or 0
+    k, vocab, complete = top_k_for(ctx, gates)
     if k <= 0:
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            message="the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile",
-            duration_s=timer.elapsed(),
-        )
-    complete = vocab is not None and k >= vocab
+        return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
     running = running_packages(ctx)
     state = ctx.reference
     kinds = {r: device_kind(ctx.packages.get(r)) for r in ("native", "rpc")}

@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext, CheckResult, Timer
 from orchestrator.checks.oracle_fixtures import load_oracle_set
-from orchestrator.checks.reference_logprobs import Answer, Asker, compare, n_vocab, record
+from orchestrator.checks.reference_logprobs import NO_VOCAB, Answer, Asker, compare, record, top_k_for
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.config.rpc_consistency import RpcConsistency
@@ -183,16 +183,9 @@ def run(ctx: CheckContext) -> CheckResult:
         )
     fs = load_oracle_set(cfg.fixtures)
     ref_gates: ReferenceGates = ctx.profile.reference_gates
-    vocab = n_vocab(ctx)
-    k = ref_gates.top_k or vocab or 0
+    k, vocab, complete = top_k_for(ctx, ref_gates)
     if k <= 0:
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            message="the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile",
-            duration_s=timer.elapsed(),
-        )
-    complete = vocab is not None and k >= vocab
+        return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
     plan = plan_probe(ctx, cfg)
     raw: dict[str, Any] = {
         "fixture_set": fs.name,
