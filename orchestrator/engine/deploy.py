@@ -24,7 +24,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, revisions, route_trust
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
-from orchestrator.engine.plan import PairView, pair_view, plan
+from orchestrator.engine.plan import PairView, Step, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import (
@@ -373,6 +373,21 @@ def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str
                 inputs[f"package:{role}:content_digest"] = store.get(pid).manifest.content_digest
     except PairctlError:
         pass
+
+
+def _restore_plan(ctx: RunContext, pb: Playbook, view: PairView) -> list[Step]:
+    """The whole plan of a run that puts the recorded pair back by hand (rollback, restart, start,
+    stop), from the facts its prefix gathered: what the dry run shows and the receipt keeps."""
+    assert ctx.restore is not None  # both callers chose the pair to put back before planning
+    return plan(
+        pb,
+        view,
+        facts=ctx.hosts.facts,
+        target=None,
+        restore=ctx.restore.activation,
+        mode="manual",
+        restore_links=ctx.restore_links,
+    )
 
 
 def _cause(failure: StepFailed) -> BaseException:
@@ -845,15 +860,7 @@ def rollback(
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = plan(
-            pb,
-            view,
-            facts=ctx.hosts.facts,
-            target=None,
-            restore=ctx.restore.activation,
-            mode="manual",
-            restore_links=ctx.restore_links,
-        )
+        full = _restore_plan(ctx, pb, view)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
         journal.set("target", {"to": ctx.restore.entry.names(), "how": ctx.restore_kind})

@@ -32,6 +32,7 @@ from orchestrator.engine.deploy import (
     _playbook_sha,
     _read_api_key,
     _ReleaseWatch,
+    _restore_plan,
     _verify_restore_releases,
     activate_lease_text,
 )
@@ -115,15 +116,7 @@ def run_services(
             failure = exc if isinstance(exc, StepFailed) else None
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = plan(
-            pb,
-            view,
-            facts=ctx.hosts.facts,
-            target=None,
-            restore=ctx.restore.activation,
-            mode="manual",
-            restore_links=ctx.restore_links,
-        )
+        full = _restore_plan(ctx, pb, view)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
         journal.set("target", {"pair": ctx.restore.entry.names(), "how": verb})
