@@ -7,14 +7,20 @@ leases cannot touch another's. A shard is a process, not a thread, because pairc
 commands install signal handlers, which only a main thread may do.
 
 SPEC is a JSON file: home, base inventory path and pair, the shard pair's name and ports, the two
-package ids, the tmpfs size, the cells ([fault, step, operator] triples) and the results file,
-to which each finished cell is appended as one JSON line (so a parent sees progress, and a shard
-that dies keeps what it did).
+package ids, the tmpfs size, the cells ([fault, step, operator] triples, longest expected first),
+the claims directory and the results file, to which each finished cell is appended as one JSON
+line (so a parent sees progress, and a shard that dies keeps what it did).
+
+Every shard gets the whole list and runs the cells it claims: a cell is claimed by creating
+`claims/INDEX` exclusively, so each runs once, and a shard that is free takes the next one. Dealt
+out in advance, the cells left one shard running for minutes after the others had finished (a
+cut-ssh cell takes 70-200 s, a corrupt-release one 10 s).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
@@ -23,6 +29,15 @@ from pathlib import Path
 from orchestrator.config.inventory import load_inventory
 from orchestrator.paths import Home
 from tests.faults.harness import BY_NAME, Cell, establish, make_pair, run_cell, teardown_pair
+
+
+def claim(claims: Path, index: int) -> bool:
+    """Whether this shard is the first to take cell `index` (O_EXCL: one winner per cell)."""
+    try:
+        os.close(os.open(claims / str(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def run_shard(spec: dict) -> None:
@@ -49,7 +64,10 @@ def run_shard(spec: dict) -> None:
     try:
         establish(fp, fp.packages[0])
         planned = fp.planned_steps(fp.packages[1])
-        for fault_name, step, operator in spec["cells"]:
+        claims = Path(spec["claims"])
+        for index, (fault_name, step, operator) in enumerate(spec["cells"]):
+            if not claim(claims, index):
+                continue
             fault = BY_NAME[fault_name]
             if step not in planned:  # e.g. kernel-check, only with --kernel-check: no such boundary here
                 emit(Cell(fault_name, step, first="n/a", recovery="not in the plan"))

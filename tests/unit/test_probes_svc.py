@@ -411,8 +411,11 @@ def test_set_state_never_copies_through_a_link(host, tmp_path):
     exe = _release(layout, "pkg-a")
     services.start(t, layout, "llama-server", [exe, "30"])
     state = layout.log("llama-server.state")
-    os.remove(state)
-    os.symlink(secret, state)
+    # swapped in one rename: the supervisor writes its state too, and a remove-then-link left a
+    # moment in which its write made the link fail (FileExistsError, seen at load 9)
+    planted = f"{state}.planted"
+    os.symlink(secret, planted)
+    os.replace(planted, state)
     services.stop(t, layout, "llama-server")
     assert secret.read_text() == "root-only=1\n"
     assert not os.path.islink(state) and "root-only" not in open(state).read()
