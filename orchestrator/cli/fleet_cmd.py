@@ -142,7 +142,9 @@ def pre_deploy_veto(c: Ctx, inv: Inventory, pair: str, ids: tuple[str, str], pro
 
 
 @contextmanager
-def fire_rollback_hook(c: Ctx, inv: Inventory, pair: str, *, enabled: bool = True) -> Iterator[dict[str, str | None]]:
+def fire_rollback_hook(
+    c: Ctx, inv: Inventory, pair: str, *, enabled: bool = True
+) -> Iterator[dict[str, str | None]]:
     """A manual rollback fires rollback.passed or rollback.failed (any failure: refused, leased,
     rollback failed), with its receipt and exit code; like every hook, it never changes the outcome.
     A dry run (`enabled=False`) fires nothing."""

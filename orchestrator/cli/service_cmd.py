@@ -26,12 +26,7 @@ def _run(ctx: typer.Context, verb: str, pair: str, dry_run: bool) -> None:
     inv = c.inventory()
     with failed_run_json(c, verb, pair):
         result = run_services(
-            c.home,
-            inv,
-            pair,
-            verb,
-            dry_run=dry_run,
-            argv=["pairctl", *sys.argv[1:]],  # type: ignore[arg-type]
+            c.home, inv, pair, verb, dry_run=dry_run, argv=["pairctl", *sys.argv[1:]]  # type: ignore[arg-type]
         )
     if c.json_output:
         c.emit_json(result.to_dict())

