@@ -391,8 +391,9 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
     state, _ = evidence.run_status(run)
     if state in ("running", "dead", "elsewhere"):
         return [], None
+    mine = record.evidence_home in (None, evidence.home_id(create=False))
     what = f"route record revision {record.revision} was written by run {run} from " + (
-        "this home" if record.evidence_home is None else f"home {record.evidence_home}"
+        "this home" if mine else f"operator home {record.evidence_home} (its receipts as pulled here)"
     )
     try:
         r = evidence.latest(pair)

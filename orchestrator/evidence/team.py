@@ -164,6 +164,7 @@ def _mktree(store: EvidenceStore, entries: dict[str, tuple[str, str]]) -> str:
 
 def commit_local(store: EvidenceStore, access: RemoteAccess, operator: str | None) -> tuple[str | None, int]:
     """Commit the receipts not yet on this home's branch (appending, signed); (tip, added)."""
+    ensure_mirror(store)
     me = store.home_id()
     ref = BRANCH + me
     tip = _rev(store, ref)
