@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import shlex
-import subprocess
 from typing import TYPE_CHECKING
 
 import typer
@@ -72,29 +70,11 @@ def pull_cmd(ctx: typer.Context) -> None:
 def init_remote_cmd(ctx: typer.Context) -> None:
     """Create the bare repository the inventory's evidence_remote names, on its host, append-only
     (receive.denyNonFastForwards, receive.denyDeletes), over SSH with strict host keys."""
+    from orchestrator.evidence.team import init_remote
+
     c = get_ctx(ctx)
     a = access_of(c)
-    script = " && ".join(
-        shlex.join(argv)
-        for argv in (
-            ["git", "init", "-q", "--bare", a.path],
-            ["git", "--git-dir", a.path, "config", "receive.denyNonFastForwards", "true"],
-            ["git", "--git-dir", a.path, "config", "receive.denyDeletes", "true"],
-            ["git", "--git-dir", a.path, "config", "receive.fsckObjects", "true"],
-        )
-    )
-    try:
-        cp = subprocess.run(
-            [*a.ssh_argv, a.destination, script], capture_output=True, text=True, timeout=a.timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        from orchestrator.evidence.team import RemoteUnreachable
-
-        raise RemoteUnreachable(f"{a.host_name} did not answer within {a.timeout_s:.0f} s") from None
-    if cp.returncode != 0:
-        from orchestrator.evidence.team import RemoteUnreachable
-
-        raise RemoteUnreachable(f"creating {a.path} on {a.host_name} failed: {cp.stderr.strip()[-300:]}")
+    init_remote(a)
     c.console.print(f"{a.url}: an append-only bare repository", markup=False)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -252,6 +253,33 @@ def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProce
 
 
 PairctlErrorT = EvidenceError | RemoteUnreachable
+
+
+def init_remote(access: RemoteAccess) -> None:
+    """Create the bare repository on its host over SSH (strict host keys), refusing rewrites and
+    deletes of any branch; an existing one keeps its history and gets the same settings."""
+    path = access.path
+    script = " && ".join(
+        shlex.join(argv)
+        for argv in (
+            ["git", "init", "-q", "--bare", path],
+            ["git", "--git-dir", path, "config", "receive.denyNonFastForwards", "true"],
+            ["git", "--git-dir", path, "config", "receive.denyDeletes", "true"],
+            ["git", "--git-dir", path, "config", "receive.fsckObjects", "true"],
+        )
+    )
+    try:
+        cp = subprocess.run(
+            [*access.ssh_argv, access.destination, script],
+            capture_output=True,
+            text=True,
+            timeout=access.timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RemoteUnreachable(f"{access.host_name} did not answer within {access.timeout_s:.0f} s") from None
+    if cp.returncode != 0:
+        raise RemoteUnreachable(f"creating {path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
 
 
 def fetch(store: EvidenceStore, access: RemoteAccess) -> None:
