@@ -215,26 +215,32 @@ def commit_local(store: EvidenceStore, access: RemoteAccess, operator: str | Non
 
 
 def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None) -> PushResult:
-    """Commit what is new, then push this home's branch (fast-forward only)."""
+    """Commit what is new, then push this home's branch (fast-forward only). A branch the remote
+    holds further than this mirror (the mirror was lost or made anew) is fetched and built upon:
+    its receipts stay as the remote has them, this home's missing ones are added; never forced."""
     with _mirror_lock(store):
         tip, added = commit_local(store, access, operator)
         if tip is None:
             return PushResult(None, 0, False)
-        ref = BRANCH + store.home_id()
-        cp = _git(
-            store,
-            "push",
-            "--porcelain",
-            access.url,
-            f"{ref}:{ref}",
-            access=access,
-            timeout=access.timeout_s,
-            check=False,
-        )
+        cp = _push_branch(store, access)
+        if cp.returncode != 0 and b"[rejected]" in cp.stdout:  # behind the remote (fetch first, non-fast-forward)
+            fetch(store, access)
+            ref, remote_tip = BRANCH + store.home_id(), _rev(store, TRACKING + store.home_id())
+            if remote_tip is not None:
+                _git(store, "update-ref", ref, remote_tip)
+                tip, added = commit_local(store, access, operator)
+                cp = _push_branch(store, access)
         if cp.returncode != 0:
             raise _remote_error("push", access, cp)
-        _git(store, "update-ref", TRACKING + store.home_id(), tip)  # what the remote now holds
+        _git(store, "update-ref", TRACKING + store.home_id(), tip or "")  # what the remote now holds
         return PushResult(tip, added, True)
+
+
+def _push_branch(store: EvidenceStore, access: RemoteAccess) -> subprocess.CompletedProcess[bytes]:
+    ref = BRANCH + store.home_id()
+    return _git(
+        store, "push", "--porcelain", access.url, f"{ref}:{ref}", access=access, timeout=access.timeout_s, check=False
+    )
 
 
 def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProcess[bytes]) -> PairctlErrorT:

@@ -84,11 +84,20 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     b = run(b_home, "deploy", "--pair", PAIR, "--packages", pid, pid, "--profile", "lab", "--skip-accept")
     assert "deleted" not in b.stderr, b.stderr
     _ok(b)
-    _ok(run(a_home, "accept", "--pair", PAIR, "--checks", "identity"), 0)
+    # offline first: a remote that does not answer (nothing listens on port 1) leaves the run's
+    # result and exit code alone and its receipt here; the next command's push sends it
+    offline = json.loads(inv_text) | {"evidence_remote": {"url": f"ssh://lab-native:1{repo}"}}
+    offline_inv = tmp_path / "offline.yaml"
+    offline_inv.write_text(json.dumps(offline))
+    acc = cli("--json", "accept", "--pair", PAIR, "--checks", "identity", home=a_home, inventory=str(offline_inv))
+    assert acc.exit_code == 0 and "receipts not pushed to the evidence remote" in acc.stderr, acc.stderr[-2000:]
+    accept_receipt = _ok(acc)["receipt"]
     _ok(run(b_home, "rollback", "--pair", PAIR))
     _ok(run(a_home, "rollback", "--pair", PAIR))
     st = _ok(run(b_home, "status", "--pair", PAIR), 0)
     assert not st["problems"], st["problems"]
+    shutil.rmtree(b_home / "evidence" / "mirror.git")  # a lost mirror: the next push builds on the remote's branch
+    _ok(run(b_home, "receipts", "push"))
     a_id, b_id = EvidenceStore(a_home / "evidence").home_id(), EvidenceStore(b_home / "evidence").home_id()
     assert st["route"]["evidence_home"] == a_id
 
@@ -100,6 +109,7 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     rows = _ok(run(c_home, "receipts", "list", "--pair", PAIR))
     by_home = {r["home"] for r in rows}
     assert {a_id, b_id} <= by_home, by_home
+    assert accept_receipt in {r["hash"] for r in rows}  # pushed by A's next command
     cmds = {(r["home"], r["command"]) for r in rows}
     assert {(a_id, "deploy"), (b_id, "deploy"), (a_id, "accept"), (b_id, "rollback"), (a_id, "rollback")} <= cmds
 
