@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from orchestrator.config.inventory import Inventory
 
 _PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+_USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}$")
 
 
 class EvidenceRemote(StrictModel):
@@ -67,6 +68,10 @@ def parse_url(url: str) -> ParsedUrl:
         raise ValueError(f"evidence_remote.url {url!r}: only ssh://[USER@]HOST[:PORT]/ABSOLUTE/PATH.git is supported")
     if u.password is not None or u.query or u.fragment:
         raise ValueError(f"evidence_remote.url {url!r}: no password, query or fragment")
+    if u.username is not None and not _USER.match(u.username):
+        raise ValueError(
+            f"evidence_remote.url {url!r}: the user name must be letters, digits, . _ - (not starting with -)"
+        )
     path = u.path
     if not _PATH.match(path) or posixpath.normpath(path) != path or path == "/":
         raise ValueError(

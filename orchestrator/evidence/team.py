@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shlex
 import subprocess
 import time
@@ -29,15 +30,13 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from orchestrator.errors import EvidenceError, HostError
+from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.evidence import atomic
+from orchestrator.evidence.store import HOME_ID, EvidenceStore
 
-if TYPE_CHECKING:
-    from orchestrator.config.evidence_remote import RemoteAccess
-    from orchestrator.evidence.store import EvidenceStore
-
+_HEAD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # a chain's name (NO_PAIR included)
 BRANCH = "refs/heads/homes/"
 TRACKING = "refs/team/"
 LOCK_WAIT_S = 30.0
@@ -50,6 +49,28 @@ _SIG_MEANING = {
     "E": "a signature that cannot be checked (is gpg.ssh.allowedSignersFile readable?)",
     "N": "no signature",
 }
+
+
+class RemoteAccess(Protocol):
+    """How to reach the remote (config/evidence_remote.py builds it from the inventory); the
+    evidence layer only reads it, so it stays below config."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def host_name(self) -> str: ...
+    @property
+    def ssh_argv(self) -> tuple[str, ...]: ...
+    @property
+    def destination(self) -> str: ...
+    @property
+    def signing_key(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def git_ssh_command(self) -> str: ...
 
 
 class RemoteUnreachable(HostError):
@@ -345,7 +366,7 @@ def materialize(store: EvidenceStore, home: str) -> tuple[int, list[str]]:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         written += 1
-    heads = [(p, oid) for p, oid in tree.items() if p.startswith("heads/") and "/" not in p[6:]]
+    heads = [(p, oid) for p, oid in tree.items() if p.startswith("heads/") and _HEAD_NAME.match(p[6:])]
     for (path, _), (_, data) in zip(heads, _cat_blobs(store, [o for _, o in heads]), strict=True):
         atomic.replace(copy / path, data)
     if written:
@@ -361,6 +382,9 @@ def pull(store: EvidenceStore, access: RemoteAccess) -> PullResult:
         me = store.home_id()
         for home in team_homes(store):
             if home == me:
+                continue
+            if not HOME_ID.match(home):
+                res.problems.append(f"the remote's branch homes/{home} does not name an operator home; not copied")
                 continue
             n, probs = materialize(store, home)
             res.homes[home] = n
@@ -399,7 +423,10 @@ def signature_problems(store: EvidenceStore, home: str, allowed_signers: str | N
         out.append("no allowed signers listed (inventory evidence_remote.allowed_signers): signatures were not checked")
     else:
         if not Path(allowed_signers).is_file():
-            raise EvidenceError(f"evidence_remote.allowed_signers {allowed_signers} is not a readable file")
+            raise ConfigError(
+                f"evidence_remote.allowed_signers {allowed_signers} is not a readable file",
+                hint='list the team\'s keys there, one a line: `alice@team namespaces="git" ssh-ed25519 AAAA...`',
+            )
         cp = _git(
             store,
             "log",

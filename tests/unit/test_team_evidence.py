@@ -44,6 +44,7 @@ def _inventory(tmp_path: Path, remote: dict) -> Path:
         ("ssh://lab-native/x.git?a=b", "no password, query"),
         ("ssh://lab-native:99999/x.git", "not a URL"),
         ("ssh://lab-native/-oProxyCommand=x", "absolute and plain"),
+        ("ssh://-oProxyCommand=x@lab-native/x.git", "the user name must be"),
     ],
 )
 def test_a_bad_url_is_one_line_naming_the_field(url, why):
