@@ -38,18 +38,20 @@ def pull_for_route(evidence: EvidenceStore, inventory: Inventory, route_bytes: b
 
 
 def remote_problems(evidence: EvidenceStore, inventory: Inventory) -> tuple[list[str], list[str]]:
-    """(problems, warnings): receipts the remote holds that this home's evidence, or its copy of
-    another home's, lacks or holds otherwise (a rewritten home), after fetching (the last fetched
-    copy when the remote does not answer)."""
+    """(problems, warnings): receipts the remote holds that this home's evidence lacks or holds
+    otherwise, or that its copy of another home's holds otherwise (a rewritten home), after
+    pulling (other homes' new receipts are copied, so only a change shows); compared with the
+    last fetched copy when the remote does not answer."""
     access = resolve_remote(inventory)
     if access is None:
         return [], []
     warnings: list[str] = []
+    problems: list[str] = []
     try:
-        team.fetch(evidence, access)
+        problems += team.pull(evidence, access).problems
     except PairctlError as exc:
         warnings.append(f"evidence remote: {exc.message} (compared with the last fetched copy)")
-    problems = team.local_differences(evidence, evidence.home_id(), evidence)
+    problems += team.local_differences(evidence, evidence.home_id(), evidence)
     for home, copy in evidence.team_stores().items():
         problems += team.local_differences(evidence, home, copy)
     if team.ahead(evidence):

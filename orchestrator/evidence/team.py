@@ -394,10 +394,12 @@ def pull(store: EvidenceStore, access: RemoteAccess) -> PullResult:
 
 def local_differences(store: EvidenceStore, home: str, files: EvidenceStore) -> list[str]:
     """Receipts the last fetched copy of `home`'s branch holds that `files` lacks or holds
-    otherwise: a rewritten home (a receipt changed, or the chain re-hashed and the old names gone)."""
+    otherwise: a rewritten home (a receipt changed, or the chain re-hashed and the old names gone).
+    A copy of another home lacking one is only behind (`pull` copies it), not rewritten."""
     tree = {p: o for p, o in tree_of(store, TRACKING + home).items() if p.startswith("receipts/")}
-    missing = sorted(p for p in tree if not (files.root / p).is_file())
-    present = sorted(p for p in tree if p not in missing)
+    gone = sorted(p for p in tree if not (files.root / p).is_file())
+    missing = gone if home == store.home_id() else []
+    present = sorted(p for p in tree if p not in gone)
     local = _hash_files(store, [files.root / p for p in present], write=False)
     changed = [p for p, oid in zip(present, local, strict=True) if oid != tree[p]]
     who = "this home" if home == store.home_id() else f"the copy of home {home}"
