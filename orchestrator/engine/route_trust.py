@@ -10,9 +10,12 @@ path and the command that resolves it:
   record must also be byte for byte what pairctl writes (no duplicate keys, no re-encoding);
 - each entry's argv_sha256 is the digest of its argv;
 - `current` on each host names what the record names active, and a release that is there;
-- the record is anchored in this home's evidence: the receipt of the run that wrote it is in
-  the pair's chain and follows the chain head the record names, so a deleted newest receipt,
-  a deleted chain or a rewritten one shows up;
+- the record is anchored in the writing home's evidence (`evidence_home`: this home's, or the
+  copy of another operator's pulled from the team's evidence remote, evidence/team.py): the
+  receipt of the run that wrote it is in the pair's chain and follows the chain head the record
+  names, so a deleted newest receipt, a deleted chain or a rewritten one shows up; a record of
+  another home whose receipts are not here (yet) is `unpulled`, a warning deploy and rollback
+  let pass (offline first);
 - a record still `activating` whose run is over names a pair that was never accepted.
 
 A `current` that disagrees with a record signed by this home, where both the link and the
