@@ -172,3 +172,21 @@ def test_a_remote_that_does_not_answer_keeps_every_receipt(tmp_path):
     assert store.path_of(sha).is_file() and store.verify().ok
     assert team.tree_of(store, team.BRANCH + store.home_id())  # committed, waiting
     assert team.ahead(store)
+
+
+def test_an_older_record_of_another_home_put_back_is_a_replay(tmp_path):
+    """This home wrote revision 5 after another home's revision 3: revision 3 on the hosts again
+    (with its links) was put back, whoever's home signed it."""
+    view = pair_view(load_inventory("lab", {"PAIRCTL_HOME": str(tmp_path)}), "lab")
+    a, b = EvidenceStore(tmp_path / "a" / "evidence"), EvidenceStore(tmp_path / "b" / "evidence")
+    h0 = a.begin("deploy", ["deploy"], pair="lab").finish("passed", "first")
+    rec = _written_by(a, h0).model_copy(update={"revision": 3, "evidence_home": a.home_id(), "mac": None}).sign(KEY)
+    j = b.begin("rollback", ["rollback"], pair="lab")
+    with j.step("route") as s:
+        s.data.update({"action": "route", "lab-native": {"revision": 5, "read_back": "byte-identical"}})
+    j.finish("passed", "rolled back")
+    _copy_home(a, b)
+    facts = {"native": _facts("B", rec.to_bytes()), "rpc": _facts("B", rec.to_bytes())}
+    problems = route_trust.judge(view, facts, KEY, b).problems
+    assert [p.kind for p in problems] == [route_trust.FORGED]
+    assert "this home later wrote revision 5" in problems[0].text
