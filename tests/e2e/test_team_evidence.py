@@ -93,6 +93,7 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     assert acc.exit_code == 0 and "receipts not pushed to the evidence remote" in acc.stderr, acc.stderr[-2000:]
     accept_receipt = _ok(acc)["receipt"]
     _ok(run(b_home, "rollback", "--pair", PAIR))
+    _ok(run(b_home, "repair", "--pair", PAIR, "--yes"))  # issue 33 #10: after it, the first home was refused
     _ok(run(a_home, "rollback", "--pair", PAIR))
     st = _ok(run(b_home, "status", "--pair", PAIR), 0)
     assert not st["problems"], st["problems"]
@@ -111,7 +112,8 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     assert {a_id, b_id} <= by_home, by_home
     assert accept_receipt in {r["hash"] for r in rows}  # pushed by A's next command
     cmds = {(r["home"], r["command"]) for r in rows}
-    assert {(a_id, "deploy"), (b_id, "deploy"), (a_id, "accept"), (b_id, "rollback"), (a_id, "rollback")} <= cmds
+    assert {(a_id, "deploy"), (b_id, "deploy"), (a_id, "accept"), (b_id, "rollback"), (b_id, "repair")} <= cmds
+    assert (a_id, "rollback") in cmds
 
     # B's home rewritten after it pushed: local verify cannot tell, the remote and status can
     b_store = EvidenceStore(b_home / "evidence")
