@@ -24,6 +24,7 @@ import hashlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -113,12 +114,28 @@ def _git(
     argv = ["git", "--git-dir", str(mirror_dir(store))]
     for c in config:
         argv += ["-c", c]
-    try:
-        cp = subprocess.run([*argv, *args], input=input, capture_output=True, env=env, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
-        raise RemoteUnreachable(f"git {args[0]} did not finish within {timeout:.0f} s") from None
+    try:  # its own process group: a timeout ends git and the ssh it started, not git alone
+        proc = subprocess.Popen(
+            [*argv, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
     except FileNotFoundError:
         raise EvidenceError("git is not installed here; the evidence remote needs the git CLI") from None
+    try:
+        out, err_b = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RemoteUnreachable(f"git {args[0]} did not finish within {timeout:.0f} s") from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    cp = subprocess.CompletedProcess(proc.args, proc.returncode, out, err_b)
     if check and cp.returncode != 0:
         err = cp.stderr.decode(errors="replace").strip().splitlines()
         raise EvidenceError(f"git {args[0]} failed: {'; '.join(err[-3:]) or f'exit {cp.returncode}'}")
@@ -129,7 +146,10 @@ def ensure_mirror(store: EvidenceStore) -> Path:
     d = mirror_dir(store)
     if not (d / "HEAD").is_file():
         store.root.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["git", "init", "-q", "--bare", str(d)], check=True, capture_output=True, timeout=60)
+        try:
+            subprocess.run(["git", "init", "-q", "--bare", str(d)], check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise EvidenceError(f"cannot make the evidence mirror {d}: {exc}") from None
     return d
 
 
