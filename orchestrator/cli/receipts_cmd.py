@@ -240,6 +240,8 @@ def verify(
     else:
         chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
         c.console.print(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}", markup=False)
+        for home, who in sorted(rep.signers.items()):
+            c.console.print(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}", markup=False)
         for w in rep.warnings:
             c.console.print(f"warning: {w}", markup=False)
         for prob in rep.problems:

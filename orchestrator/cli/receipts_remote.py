@@ -89,7 +89,9 @@ def verify_remote(c: Ctx, store: EvidenceStore, rep: VerifyReport) -> None:
     me = store.home_id()
     found = [("pull", p) for p in res.problems]
     for home in team.team_homes(store):
-        found += [("signature", p) for p in team.signature_problems(store, home, access.allowed_signers)]
+        who: set[str] = set()
+        found += [("signature", p) for p in team.signature_problems(store, home, access.allowed_signers, who)]
+        rep.signers[home] = sorted(who)
         copy = store if home == me else store.team_store(home)
         if copy is None:
             continue

@@ -437,8 +437,11 @@ def local_differences(store: EvidenceStore, home: str, files: EvidenceStore) -> 
     return out
 
 
-def signature_problems(store: EvidenceStore, home: str, allowed_signers: str | None) -> list[str]:
-    """Every commit of `home`'s branch signed by an allowed signer, and appending only."""
+def signature_problems(
+    store: EvidenceStore, home: str, allowed_signers: str | None, signers: set[str] | None = None
+) -> list[str]:
+    """Every commit of `home`'s branch signed by an allowed signer, and appending only; the
+    principals that signed go into `signers` (who pushed that home's receipts)."""
     ref = TRACKING + home
     out: list[str] = []
     if allowed_signers is None:
@@ -458,6 +461,8 @@ def signature_problems(store: EvidenceStore, home: str, allowed_signers: str | N
         )
         for line in cp.stdout.decode(errors="replace").splitlines():
             sha, status, *who = line.split(" ", 2)
+            if status == "G" and who and signers is not None:
+                signers.add(who[0])
             if status != "G":
                 out.append(
                     f"home {home}: commit {sha[:12]} carries {_SIG_MEANING.get(status, 'an unknown signature')}"

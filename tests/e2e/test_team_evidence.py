@@ -107,6 +107,7 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     assert {a_id, b_id} <= set(pulled["homes"]), pulled
     ver = _ok(run(c_home, "receipts", "verify", "--remote"))
     assert ver["ok"] and not ver["warnings"], ver
+    assert ver["signers"][a_id] == ver["signers"][b_id] == ["team@pairctl"]  # the allowed signer's name
     rows = _ok(run(c_home, "receipts", "list", "--pair", PAIR))
     by_home = {r["home"] for r in rows}
     assert {a_id, b_id} <= by_home, by_home
