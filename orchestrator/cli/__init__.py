@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
         if callable(reconfigure):
             reconfigure(errors="backslashreplace")
     g = Globals()
+    if (ev := sys.modules.get("orchestrator.evidence.store")) is not None:
+        ev.WRITTEN.clear()  # only this run's receipts are pushed after it (in-process callers: tests)
     error: dict[str, Any] | None = None
     code = 0
     if _command_word(args) in GUARDED_COMMANDS and argv is None:  # the console script, in its main thread
@@ -184,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             typer.echo(f"(details in {where})", err=True)
         error = _error(code, f"internal error: {type(exc).__name__}: {exc}", kind="InternalError")
     code, error = _after_signal(code, error)
+    _push_receipts(g)
     _log_end(g, args, code, error)
     # A usage error can stop parsing before --json is read: the word on the command line counts.
     if (g.json_output or "--json" in args) and (g.ran or error is not None):
@@ -191,6 +194,18 @@ def main(argv: list[str] | None = None) -> None:
             error = _error(code, _meaning(code), kind="Exit")
         _print_document(g, code, error)
     sys.exit(code)
+
+
+def _push_receipts(g: Globals) -> None:
+    """Receipts this run sealed go to the team's evidence remote, if the inventory names one."""
+    if g.context is None:
+        return
+    from orchestrator.cli.receipts_remote import push_after_run
+
+    try:
+        push_after_run(g.context)
+    except Exception as exc:  # never fail a command that already ended over its push
+        typer.echo(f"pairctl: warning: receipts not pushed: {type(exc).__name__}: {exc}", err=True)
 
 
 def _after_signal(code: int, error: dict[str, Any] | None) -> tuple[int, dict[str, Any] | None]:

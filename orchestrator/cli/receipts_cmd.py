@@ -89,9 +89,13 @@ def list_(
     if outcomes - set(OUTCOMES):
         _usage(f"--outcome: unknown {', '.join(sorted(outcomes - set(OUTCOMES)))}; known: {', '.join(OUTCOMES)}")
     store = evidence_store_for(c, evidence)
+    everyone = [r | {"home": store.home_id(create=False) or "-"} for r in store.summaries()]
+    for home, copy in store.team_stores().items():  # other operators' runs, pulled from the team's remote
+        everyone += [r | {"home": home} for r in copy.summaries()]
+    everyone.sort(key=lambda s: (s["finished_at"], s["started_at"]))
     rows = [
         r
-        for r in store.summaries()
+        for r in everyone
         if (pair is None or pair in (r["pair"], r.get("about_pair")))
         and (not commands or r["command"] in commands or r["command"].split()[0] in commands)
         and (not outcomes or r["outcome"] in outcomes)
@@ -101,7 +105,7 @@ def list_(
         c.emit_json(rows)
         return
     table = Table(box=None, pad_edge=False)
-    for col in ("hash", "started", "command", "pair", "outcome"):
+    for col in ("hash", "started", "command", "pair", "by", "outcome"):
         table.add_column(col, no_wrap=True)
     table.add_column("reason", min_width=24)
     for r in rows:
@@ -110,6 +114,7 @@ def list_(
             r["started_at"][:16].replace("T", " "),
             r["command"],
             r["pair"] or "-",
+            f"{r.get('owner') or '-'} ({r['home']})",
             r["outcome"]
             + (" (derived)" if r["derived_from"] else "")
             + ("" if r.get("in_chain", True) else " (not in its chain: run receipts verify)"),
@@ -215,15 +220,28 @@ def _seconds(a: str, b: str) -> str:
 def verify(
     ctx: typer.Context,
     evidence: Path | None = EVIDENCE_OPT,
+    remote: bool = typer.Option(
+        False,
+        "--remote",
+        help="Also fetch the team's evidence remote: every home's chains and commit signatures (against the "
+        "allowed signers), and any receipt here that differs from the remote's copy.",
+    ),
 ) -> None:
     """Rehash every receipt and walk every chain; nonzero exit (10) naming the first broken link."""
     c = get_ctx(ctx)
-    rep = evidence_store_for(c, evidence).verify()
+    store = evidence_store_for(c, evidence)
+    rep = store.verify()
+    if remote:
+        from orchestrator.cli.receipts_remote import verify_remote
+
+        verify_remote(c, store, rep)
     if c.json_output:
         c.emit_json(rep.to_json())
     else:
         chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
         c.console.print(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}", markup=False)
+        for home, who in sorted(rep.signers.items()):
+            c.console.print(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}", markup=False)
         for w in rep.warnings:
             c.console.print(f"warning: {w}", markup=False)
         for prob in rep.problems:
@@ -315,6 +333,11 @@ def _read_fresh(path: Path | None) -> FreshInput:
         return data.get("steps", []), data.get("samples"), [(i["host"], i["data"]) for i in ids]
     _usage(f"--fresh {path}: expected a list of steps or {{steps, samples, identities}}")
     raise AssertionError  # unreachable
+
+
+from orchestrator.cli import receipts_remote  # noqa: E402  (push, pull, init-remote register on `app`)
+
+receipts_remote.register(app)
 
 
 def _usage(message: str) -> None:

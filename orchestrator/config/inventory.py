@@ -14,6 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
+from orchestrator.config.evidence_remote import EvidenceRemote, resolve_remote
 from orchestrator.config.flags import RISKY, argv_text_problem, canonical_risky, rpc_bind_problem, server_bind_problem
 from orchestrator.config.loader import expand, load_model
 from orchestrator.errors import ConfigError
@@ -230,6 +231,9 @@ class Inventory(StrictModel):
     hosts: dict[str, HostSpec]
     pairs: dict[str, PairSpec] = Field(default_factory=dict)
     hooks: list[HookSpec] = Field(default_factory=list, description="commands run on events (deploy, accept, fleet)")
+    evidence_remote: EvidenceRemote | None = Field(
+        default=None, description="the team's shared evidence remote: receipts pushed to a git repository over SSH"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Inventory:
@@ -265,6 +269,7 @@ class Inventory(StrictModel):
                 raise ValueError(
                     f"pair {pname!r}: llama-server binds to the native host's address: {why}; set server_bind"
                 )
+        resolve_remote(self)  # the remote's host must be one of these hosts
         return self
 
     def pair(self, name: str) -> PairSpec:
@@ -328,6 +333,15 @@ class Inventory(StrictModel):
                 "known_hosts": expand(self.known_hosts, variables),
                 "hosts": {k: hx(k, h) for k, h in self.hosts.items()},
                 "pairs": {k: px(p) for k, p in self.pairs.items()},
+                "evidence_remote": None
+                if self.evidence_remote is None
+                else self.evidence_remote.model_copy(
+                    update={
+                        k: expand(v, variables)
+                        for k in ("allowed_signers", "signing_key")
+                        if (v := getattr(self.evidence_remote, k))
+                    }
+                ),
             }
         )
 

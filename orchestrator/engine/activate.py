@@ -832,9 +832,8 @@ def _base_record(ctx: RunContext) -> RouteRecord | None:
 
 
 def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
-    return rec.model_copy(update={"state": state, "evidence_head": ctx.inputs.evidence_head, "mac": None}).sign(
-        ctx.inputs.route_key
-    )
+    update = {"state": state, "evidence_head": ctx.inputs.evidence_head, "mac": None}
+    return rec.model_copy(update={**update, "evidence_home": ctx.inputs.evidence_home}).sign(ctx.inputs.route_key)
 
 
 def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:

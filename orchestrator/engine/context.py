@@ -91,6 +91,7 @@ class RunInputs:
     held_lease_nonce: str | None = field(default=None, repr=False)  # the caller holds the leases (qualify)
     route_key: bytes = field(default=b"", repr=False)  # signs the route records this run writes
     evidence_head: str | None = None  # the pair's newest receipt when this run began (anchored in the route)
+    evidence_home: str | None = None  # whose chain that is: this home's id (evidence/team.py)
 
     @property
     def lease_held_by_caller(self) -> bool:

@@ -21,7 +21,7 @@ from orchestrator.build.store import PackageStore
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, revisions, route_trust
+from orchestrator.engine import activate, leasing, revisions, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, Step, pair_view, plan
@@ -142,6 +142,7 @@ def _pair_run(
         held_lease_nonce=held_lease_nonce,
         route_key=key,
         evidence_head=head.sha256 if head else None,
+        evidence_home=evidence.home_id(),
     )
     ctx = RunContext(
         inputs=run_inputs,
@@ -398,6 +399,10 @@ def _cause(failure: StepFailed) -> BaseException:
 def _judge_hosts(ctx: RunContext, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
     """Both hosts' route records and links, judged before anything is decided from them
     (engine/route_trust.py); a problem not in `allowed` refuses the run before any change."""
+    if ctx.evidence is not None and "native" in ctx.hosts.facts:  # another home's record: its receipts first
+        warning = team_sync.pull_for_route(ctx.evidence, ctx.inputs.inventory, ctx.hosts.facts["native"].route_bytes)
+        if warning:
+            ctx.log.warning(warning)
     j = route_trust.judge(ctx.view, ctx.hosts.facts, ctx.inputs.route_key, ctx.evidence, run_id=ctx.run_id)
     if j.problems:
         ctx.journal.set("host_state_problems", [{"kind": p.kind, "text": p.text, "hint": p.hint} for p in j.problems])

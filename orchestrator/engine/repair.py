@@ -26,7 +26,7 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, leasing, revisions, route_states, route_trust
+from orchestrator.engine import activate, leasing, revisions, route_states, route_trust, team_sync
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
 from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import load_playbook
@@ -91,6 +91,7 @@ def repair(
             run_id=journal.state.run_id,
             route_key=key,
             evidence_head=head.sha256 if head else None,
+            evidence_home=evidence.home_id(),
         ),
         pool=pool,
         journal=journal,
@@ -104,6 +105,7 @@ def repair(
         n_read = next(i for i, s in enumerate(steps) if s.action == "lease")
         try:
             run_steps(steps[:n_read], ctx, HANDLERS, journal=journal)
+            team_sync.pull_for_route(evidence, inventory, ctx.hosts.facts["native"].route_bytes)
             judged = route_trust.judge(view, ctx.hosts.facts, key, evidence, run_id=ctx.run_id)
             problems = [str(p) for p in judged.problems]
             journal.set("problems_before", problems)
@@ -204,7 +206,9 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     recorded = route_trust.highest_recorded(ctx.evidence, view.name) if ctx.evidence is not None else None
     if recorded is not None and rec.revision <= recorded:
         rec = rec.model_copy(update={"revision": recorded + 1})
-    rec = rec.model_copy(update={"evidence_head": ctx.inputs.evidence_head}).sign(ctx.inputs.route_key)
+    rec = rec.model_copy(
+        update={"evidence_head": ctx.inputs.evidence_head, "evidence_home": ctx.inputs.evidence_home}
+    ).sign(ctx.inputs.route_key)
     return rec, sources
 
 

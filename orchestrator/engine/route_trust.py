@@ -10,9 +10,12 @@ path and the command that resolves it:
   record must also be byte for byte what pairctl writes (no duplicate keys, no re-encoding);
 - each entry's argv_sha256 is the digest of its argv;
 - `current` on each host names what the record names active, and a release that is there;
-- the record is anchored in this home's evidence: the receipt of the run that wrote it is in
-  the pair's chain and follows the chain head the record names, so a deleted newest receipt,
-  a deleted chain or a rewritten one shows up;
+- the record is anchored in the writing home's evidence (`evidence_home`: this home's, or the
+  copy of another operator's pulled from the team's evidence remote, evidence/team.py): the
+  receipt of the run that wrote it is in the pair's chain and follows the chain head the record
+  names, so a deleted newest receipt, a deleted chain or a rewritten one shows up; a record of
+  another home whose receipts are not here (yet) is `unpulled`, a warning deploy and rollback
+  let pass (offline first);
 - a record still `activating` whose run is over names a pair that was never accepted.
 
 A `current` that disagrees with a record signed by this home, where both the link and the
@@ -45,13 +48,16 @@ from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
 from orchestrator.paths import Home
 
 KEY_NAME = "route.key"
-# what a record from another home looks like here: operators who share route.key but not (yet)
-# one audit trail (issue 35) see each other's records as unanchored; this says so, not "deleted"
-OTHER_HOME = "written from another operator's home that shares route.key (homes do not share evidence yet)"
+# what a record from another home looks like here when it does not name its home (`evidence_home`,
+# written by an older pairctl): unanchored; this says so, not "deleted"
+OTHER_HOME = (
+    "written from another operator's home that shares route.key by a pairctl that did not name its home in the "
+    "record (deploy again, or repair, to write one that does)"
+)
 CHAIN_WALK_LIMIT = 500  # receipts walked back from the chain head to find the route's writer
 
 # kinds of problem (Problem.kind)
-PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, SWITCHED, RELEASE, ACTIVATING, EVIDENCE = (
+PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, SWITCHED, RELEASE, ACTIVATING, EVIDENCE, UNPULLED = (
     "parse",
     "differ",
     "missing",
@@ -64,10 +70,11 @@ PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, SWITCHED, RELEASE, 
     "release",
     "activating",
     "evidence",
+    "unpulled",  # written by another operator home whose receipts are not here (yet): a warning
 )
-DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING, SWITCHED})
+DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING, SWITCHED, UNPULLED})
 ROUTE_WRITES = frozenset({"route", "route-accepted", "route-repair"})  # the playbook actions that write route.json
-ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED})
+ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED, UNPULLED})
 
 
 def route_key(home: Home) -> bytes:
@@ -258,9 +265,21 @@ def judge(
                 )
             else:
                 problems.append(Problem(LINKS, text, repair))
-    if evidence is not None and record.updated_by != run_id:
+    writer = None if evidence is None else writer_evidence(record, evidence)
+    if writer is not None and writer is not evidence and writer.run_status(record.updated_by)[0] == "unknown":
+        writer = None  # pulled before that run's receipt was pushed: the remote only appends, so not a deletion
+    if evidence is not None and writer is None and record.updated_by != run_id and record.mac_ok(key):
+        problems.append(
+            Problem(
+                UNPULLED,
+                f"route record revision {record.revision} was written by run {record.updated_by} from operator "
+                f"home {record.evidence_home}, whose receipts this home has not pulled: not checked against them",
+                "`pairctl receipts pull` (the inventory's evidence_remote) fetches them",
+            )
+        )
+    if evidence is not None and writer is not None and record.updated_by != run_id:
         if record.state == "activating":
-            state, why = evidence.run_status(record.updated_by)
+            state, why = writer.run_status(record.updated_by)
             if state not in ("running", "elsewhere"):
                 problems.append(
                     Problem(
@@ -272,7 +291,9 @@ def judge(
                     )
                 )
         if record.mac is not None and record.mac_ok(key):
-            anchor, replayed = _anchor(record, evidence, pair)
+            anchor, replayed = _anchor(record, writer, pair)
+            if replayed is None and writer is not evidence:
+                replayed = _replayed_here(record, evidence, pair)
             problems += [
                 Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record")
                 for t in anchor
@@ -280,6 +301,26 @@ def judge(
             if replayed:
                 problems.append(Problem(FORGED, replayed, repair))
     return Judgement(record, problems)
+
+
+def writer_evidence(record: RouteRecord, evidence: EvidenceStore) -> EvidenceStore | None:
+    """The evidence of the home that wrote `record`: this home's (also for records written before
+    homes were named), else the pulled copy of the writing home's (None: not pulled)."""
+    home = record.evidence_home
+    if home is None or home == evidence.home_id(create=False):
+        return evidence
+    return evidence.team_store(home)
+
+
+def _replayed_here(record: RouteRecord, evidence: EvidenceStore, pair: str) -> str | None:
+    """A record another home wrote, older than a revision this home wrote since: put back."""
+    mine = highest_recorded(evidence, pair)
+    if mine is None or mine <= record.revision:
+        return None
+    return (
+        f"route record revision {record.revision} was written by run {record.updated_by} from operator home "
+        f"{record.evidence_home}, but this home later wrote revision {mine}: an earlier record was put back"
+    )
 
 
 def switched_links(
@@ -353,7 +394,10 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
     state, _ = evidence.run_status(run)
     if state in ("running", "dead", "elsewhere"):
         return [], None
-    what = f"route record revision {record.revision} was written by run {run} from this home"
+    mine = record.evidence_home in (None, evidence.home_id(create=False))
+    what = f"route record revision {record.revision} was written by run {run} from " + (
+        "this home" if mine else f"operator home {record.evidence_home} (its receipts as pulled here)"
+    )
     try:
         r = evidence.latest(pair)
     except PairctlError as exc:

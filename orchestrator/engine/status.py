@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import leasing, revisions, route_trust
+from orchestrator.engine import leasing, revisions, route_trust, team_sync
 from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import HostKeyError, HostStateError, PairctlError
@@ -149,8 +149,11 @@ def status(
         else:
             _revision_problems(store, view.hosts, found, out)
             # route records and links judged as deploy and rollback judge them (engine/route_trust.py)
+            if (warning := team_sync.pull_for_route(evidence, inventory, found["native"].route_bytes)) is not None:
+                out["warnings"].append(warning)
             judged = route_trust.judge(view, found, route_trust.route_key(home), evidence)
-            out["problems"] += [str(p) for p in judged.problems]
+            out["problems"] += [str(p) for p in judged.problems if p.kind != route_trust.UNPULLED]
+            out["warnings"] += [str(p) for p in judged.problems if p.kind == route_trust.UNPULLED]
             out["host_state_problems"] = [{"kind": p.kind, "text": p.text, "fix": p.hint} for p in judged.problems]
             rec = judged.record
         if rec is not None:
@@ -161,6 +164,7 @@ def status(
                 "state": rec.state,
                 "signed": rec.mac is not None,
                 "evidence_head": rec.evidence_head,
+                "evidence_home": rec.evidence_home,
                 "active": rec.active.names() if rec.active else None,
                 "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
                 "previous": rec.previous.names() if rec.previous else None,
@@ -190,6 +194,10 @@ def status(
                 # a pair that should serve and does not answer is a problem (exit 1), hung or dead
                 out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
+        # a home rewritten after it pushed: the team's remote still holds what was written
+        remote_bad, remote_warn = team_sync.remote_problems(evidence, inventory)
+        out["problems"] += remote_bad
+        out["warnings"] += remote_warn
         out["stale_leases"] = _stale_leases(evidence, out["hosts"])
         for s in out["stale_leases"]:  # a run that is over still holds the host: nothing restarts there
             out["problems"].append(

@@ -50,6 +50,9 @@ from orchestrator.hashing import sha256_bytes
 _HASH = re.compile(r"^[0-9a-f]{64}$")
 SMALL_FILE_MAX = 1 << 16  # heads, pending heads, lock holders: a hash or a line of JSON
 _CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+HOME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a branch name on the evidence remote
+# evidence roots that sealed a receipt in this process: main() pushes them to the team's remote
+WRITTEN: set[Path] = set()
 
 
 class EvidenceBusy(LeaseHeldError):
@@ -168,6 +171,40 @@ class EvidenceStore:
 
     def path_of(self, sha: str) -> Path:
         return self.receipts_dir / f"{sha}.json"
+
+    # -- this home among the team's (evidence/team.py) ---------------------------------------
+    def home_id(self, *, create: bool = True) -> str:
+        """This home's name in the team: its branch on the evidence remote and the `evidence_home`
+        of the route records it writes. Made once (user, machine, random) and kept in `home-id`."""
+        path = self.root / "home-id"
+        found = _read_small(path)
+        if found and HOME_ID.match(found):
+            return found
+        if found is not None or not create:
+            if found is None:
+                return ""
+            raise EvidenceError(f"{path} does not hold a home id (letters, digits, . _ - only)")
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{_operator(None) or 'operator'}-{os.uname().nodename}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic.write_once(path, f"{base.strip('-._')[:48] or 'home'}-{secrets.token_hex(3)}".encode(), mode=0o644)
+        return self.home_id(create=False)
+
+    def team_dir(self, home: str) -> Path:
+        if not HOME_ID.match(home):
+            raise EvidenceError(f"{home!r} cannot name an operator home (letters, digits, . _ - only)")
+        return self.root / "team" / home
+
+    def team_store(self, home: str) -> EvidenceStore | None:
+        """The pulled copy of another home's evidence (None: none pulled, or `home` is this one)."""
+        if not HOME_ID.match(home) or home == self.home_id(create=False):
+            return None
+        d = self.team_dir(home)
+        return EvidenceStore(d) if (d / "receipts").is_dir() else None
+
+    def team_stores(self) -> dict[str, EvidenceStore]:
+        d = self.root / "team"
+        names = sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
+        return {n: s for n in names if (s := self.team_store(n)) is not None}
 
     def _lock(self, chain: str) -> _ChainLock:
         return _ChainLock(self.locks_dir / f"{_check_chain_name(chain)}.lock")
@@ -430,6 +467,7 @@ class EvidenceStore:
         atomic.replace(self.heads_dir / chain, sha.encode())
         pending.unlink(missing_ok=True)
         self._index_put(sha, summary_of(receipt, sha))
+        WRITTEN.add(self.root)
         return sha
 
     # -- summary index (a cache for listing; `verify` never reads it) -------------------------

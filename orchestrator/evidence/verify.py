@@ -52,6 +52,7 @@ class VerifyReport:
     chains: dict[str, int] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    signers: dict[str, list[str]] = field(default_factory=dict)  # home -> who signed its pushes (--remote)
 
     @property
     def ok(self) -> bool:
@@ -69,7 +70,7 @@ class VerifyReport:
             "chains": self.chains,
             "problems": [asdict(p) for p in self.problems],
             "warnings": self.warnings,
-        }
+        } | ({"signers": self.signers} if self.signers else {})
 
 
 def _started(data: bytes) -> str | None:

@@ -10,7 +10,9 @@ inventory and profile as they stand, never from the record).
 The host is untrusted: every record pairctl writes carries `mac`, an HMAC-SHA256 over the rest
 of the record with a key kept in the operator's home (engine/route_trust.py), and
 `evidence_head`, the newest receipt of the pair's evidence chain when the writing run began,
-so a deleted receipt or chain shows up on the next command that reads the route. Its states
+and `evidence_home`, the id of the home whose chain that is (its branch on the team's evidence
+remote), so a deleted receipt or chain shows up on the next command that reads the route, in
+the writer's home and in every home that pulled the writer's receipts. Its states
 and the transitions between them are engine/route_states.py's.
 """
 
@@ -91,12 +93,16 @@ class RouteRecord(BaseModel):
     state: Literal["active", "activating", "identity-verified"] = "active"
     previous_state: Literal["active", "identity-verified"] | None = None
     evidence_head: str | None = None  # the pair's newest receipt when the writing run began
+    # the writing home's id (evidence/home-id): whose chain `evidence_head` is in, which is also its
+    # branch on the team's evidence remote (evidence/team.py); None: written before homes were named
+    evidence_home: str | None = None
     mac: str | None = None  # HMAC-SHA256 of the record without `mac` (None: not signed)
 
     def _dump(self) -> dict:
         d = self.model_dump(mode="json", by_alias=True)
-        if d.get("previous_state") is None:  # records written before it existed keep their bytes
-            d.pop("previous_state", None)
+        for k in ("previous_state", "evidence_home"):  # records written before they existed keep their bytes
+            if d.get(k) is None:
+                d.pop(k, None)
         return d
 
     def to_bytes(self) -> bytes:

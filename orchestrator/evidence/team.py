@@ -1,0 +1,485 @@
+"""The team's evidence remote: this home's receipts pushed as signed git commits to a shared bare
+repository; every other home's pulled into read-only copies. git does the syncing (plumbing
+commands only, no work tree); nothing here is a protocol of its own.
+
+On the remote, one branch per operator home, `refs/heads/homes/<home-id>`, whose tree is
+`receipts/<sha256>.json` (every receipt the home sealed, byte for byte) and `heads/<chain>`. A
+home only appends: a commit adds the receipt names its parent lacks and keeps every earlier blob
+as it was, so a local receipt rewritten after it was committed is never sent over the remote's
+copy; the repository refuses non-fast-forward updates and deletes (receive.denyNonFastForwards,
+receive.denyDeletes). Every commit is signed with the operator's SSH key (gpg.format=ssh) and
+checked against the team's allowed signers by `receipts verify --remote`.
+
+Under the evidence root:
+
+    home-id            this home's name in the team (its branch); made on first use
+    mirror.git/        bare: refs/heads/homes/<me> (committed here), refs/team/<home> (fetched)
+    team/<home>/       a pulled home's receipts/ and heads/, read as an EvidenceStore
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from orchestrator.errors import ConfigError, EvidenceError, HostError
+from orchestrator.evidence import atomic
+from orchestrator.evidence.store import HOME_ID, EvidenceStore
+
+_HEAD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # a chain's name (NO_PAIR included)
+BRANCH = "refs/heads/homes/"
+TRACKING = "refs/team/"
+LOCK_WAIT_S = 30.0
+_SIG_MEANING = {
+    "B": "a bad signature",
+    "U": "a good signature by a key the allowed signers do not list",
+    "X": "an expired signature",
+    "Y": "a signature by an expired key",
+    "R": "a signature by a revoked key",
+    "E": "a signature that cannot be checked (is gpg.ssh.allowedSignersFile readable?)",
+    "N": "no signature",
+}
+
+
+class RemoteAccess(Protocol):
+    """How to reach the remote (config/evidence_remote.py builds it from the inventory); the
+    evidence layer only reads it, so it stays below config."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def host_name(self) -> str: ...
+    @property
+    def ssh_argv(self) -> tuple[str, ...]: ...
+    @property
+    def destination(self) -> str: ...
+    @property
+    def signing_key(self) -> str | None: ...
+    @property
+    def timeout_s(self) -> float: ...
+    @property
+    def git_ssh_command(self) -> str: ...
+
+
+class RemoteUnreachable(HostError):
+    """The evidence remote did not answer (or refused): nothing local was changed or lost."""
+
+
+@dataclass
+class PushResult:
+    commit: str | None  # the branch tip after committing (None: nothing ever committed)
+    added: int  # receipts this commit added
+    pushed: bool
+
+
+@dataclass
+class PullResult:
+    homes: dict[str, int] = field(default_factory=dict)  # home -> receipts written into its copy
+    problems: list[str] = field(default_factory=list)
+
+
+def mirror_dir(store: EvidenceStore) -> Path:
+    return store.root / "mirror.git"
+
+
+def _git(
+    store: EvidenceStore,
+    *args: str,
+    input: bytes | None = None,
+    access: RemoteAccess | None = None,
+    timeout: float = 120.0,
+    config: Sequence[str] = (),
+    check: bool = True,
+) -> subprocess.CompletedProcess[bytes]:
+    """git on this home's mirror, argv only; with `access`, ssh reaches the remote as pairctl's own
+    connections do (strict host keys against the inventory's known_hosts, its key and port)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", LC_ALL="C")
+    if access is not None:
+        env["GIT_SSH_COMMAND"] = access.git_ssh_command
+        env["GIT_SSH_VARIANT"] = "ssh"
+    argv = ["git", "--git-dir", str(mirror_dir(store))]
+    for c in config:
+        argv += ["-c", c]
+    try:  # its own process group: a timeout ends git and the ssh it started, not git alone
+        proc = subprocess.Popen(
+            [*argv, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+    except FileNotFoundError:
+        raise EvidenceError("git is not installed here; the evidence remote needs the git CLI") from None
+    try:
+        out, err_b = proc.communicate(input, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise RemoteUnreachable(f"git {args[0]} did not finish within {timeout:.0f} s") from None
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    cp = subprocess.CompletedProcess(proc.args, proc.returncode, out, err_b)
+    if check and cp.returncode != 0:
+        err = cp.stderr.decode(errors="replace").strip().splitlines()
+        raise EvidenceError(f"git {args[0]} failed: {'; '.join(err[-3:]) or f'exit {cp.returncode}'}")
+    return cp
+
+
+def ensure_mirror(store: EvidenceStore) -> Path:
+    d = mirror_dir(store)
+    if not (d / "HEAD").is_file():
+        store.root.mkdir(parents=True, exist_ok=True)
+        try:
+            subprocess.run(["git", "init", "-q", "--bare", str(d)], check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise EvidenceError(f"cannot make the evidence mirror {d}: {exc}") from None
+    return d
+
+
+@contextmanager
+def _mirror_lock(store: EvidenceStore) -> Iterator[None]:
+    """One git writer per home at a time (a deploy's automatic push and a `receipts push`)."""
+    fd = os.open(ensure_mirror(store) / "pairctl.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise EvidenceError(f"{mirror_dir(store)} stayed locked for {LOCK_WAIT_S:.0f} s") from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _rev(store: EvidenceStore, ref: str) -> str | None:
+    cp = _git(store, "rev-parse", "--verify", "-q", ref + "^{commit}", check=False)
+    return cp.stdout.decode().strip() or None if cp.returncode == 0 else None
+
+
+def tree_of(store: EvidenceStore, ref: str) -> dict[str, str]:
+    """path -> blob id of every file in `ref`'s tree (empty: no such ref)."""
+    if _rev(store, ref) is None:
+        return {}
+    out: dict[str, str] = {}
+    for line in _git(store, "ls-tree", "-r", "-z", "--full-tree", ref).stdout.split(b"\0"):
+        if not line:
+            continue
+        meta, path = line.split(b"\t", 1)
+        out[path.decode()] = meta.split()[2].decode()
+    return out
+
+
+def _hash_files(store: EvidenceStore, paths: Sequence[Path], *, write: bool) -> list[str]:
+    if not paths:
+        return []
+    args = ["hash-object", "--no-filters", "--stdin-paths"] + (["-w"] if write else [])
+    data = "".join(f"{p}\n" for p in paths).encode()
+    return _git(store, *args, input=data).stdout.decode().split()
+
+
+def _mktree(store: EvidenceStore, entries: dict[str, tuple[str, str]]) -> str:
+    """name -> (mode type, id): one tree object."""
+    lines = "".join(f"{mt} {oid}\t{name}\n" for name, (mt, oid) in sorted(entries.items()))
+    return _git(store, "mktree", input=lines.encode()).stdout.decode().strip()
+
+
+def commit_local(store: EvidenceStore, access: RemoteAccess, operator: str | None) -> tuple[str | None, int]:
+    """Commit the receipts not yet on this home's branch (appending, signed); (tip, added)."""
+    ensure_mirror(store)
+    me = store.home_id()
+    ref = BRANCH + me
+    tip = _rev(store, ref)
+    old = tree_of(store, ref) if tip else {}
+    names = [f"{h}.json" for h in store.hashes()]
+    new = [n for n in names if f"receipts/{n}" not in old]
+    heads = sorted(
+        p
+        for p in (store.heads_dir.iterdir() if store.heads_dir.is_dir() else [])
+        if p.is_file() and not p.name.endswith(".pending") and not p.name.startswith(".")
+    )
+    blobs = _hash_files(store, [store.receipts_dir / n for n in new] + heads, write=True)
+    receipts = {p.removeprefix("receipts/"): ("100644 blob", b) for p, b in old.items() if p.startswith("receipts/")}
+    receipts.update({n: ("100644 blob", b) for n, b in zip(new, blobs[: len(new)], strict=True)})
+    head_tree = {p.name: ("100644 blob", b) for p, b in zip(heads, blobs[len(new) :], strict=True)}
+    root: dict[str, tuple[str, str]] = {"receipts": ("040000 tree", _mktree(store, receipts))}
+    if head_tree:
+        root["heads"] = ("040000 tree", _mktree(store, head_tree))
+    tree = _mktree(store, root)
+    if tip and _git(store, "rev-parse", tip + "^{tree}").stdout.decode().strip() == tree:
+        return tip, 0
+    key = access.signing_key
+    if not key:
+        raise EvidenceError(
+            "no SSH key to sign the evidence commit with",
+            hint="set evidence_remote.signing_key (or a key on the remote's host) in the inventory",
+        )
+    who = operator or me
+    env_args = ["-m", f"pairctl: {len(new)} receipt(s) from home {me}"]
+    cp = _git(
+        store,
+        "commit-tree",
+        "-S",
+        *(["-p", tip] if tip else []),
+        *env_args,
+        tree,
+        config=[
+            "gpg.format=ssh",
+            f"user.signingkey={key}",
+            f"user.name={who}",
+            f"user.email={me}@pairctl",
+        ],
+    )
+    commit = cp.stdout.decode().strip()
+    _git(store, "update-ref", ref, commit, *([tip] if tip else []))
+    return commit, len(new)
+
+
+def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None) -> PushResult:
+    """Commit what is new, then push this home's branch (fast-forward only). A branch the remote
+    holds further than this mirror (the mirror was lost or made anew) is fetched and built upon:
+    its receipts stay as the remote has them, this home's missing ones are added; never forced."""
+    with _mirror_lock(store):
+        tip, added = commit_local(store, access, operator)
+        if tip is None:
+            return PushResult(None, 0, False)
+        cp = _push_branch(store, access)
+        if cp.returncode != 0 and b"[rejected]" in cp.stdout:  # behind the remote (fetch first, non-fast-forward)
+            fetch(store, access)
+            ref, remote_tip = BRANCH + store.home_id(), _rev(store, TRACKING + store.home_id())
+            if remote_tip is not None:
+                _git(store, "update-ref", ref, remote_tip)
+                tip, added = commit_local(store, access, operator)
+                cp = _push_branch(store, access)
+        if cp.returncode != 0:
+            raise _remote_error("push", access, cp)
+        _git(store, "update-ref", TRACKING + store.home_id(), tip or "")  # what the remote now holds
+        return PushResult(tip, added, True)
+
+
+def _push_branch(store: EvidenceStore, access: RemoteAccess) -> subprocess.CompletedProcess[bytes]:
+    ref = BRANCH + store.home_id()
+    return _git(
+        store, "push", "--porcelain", access.url, f"{ref}:{ref}", access=access, timeout=access.timeout_s, check=False
+    )
+
+
+def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProcess[bytes]) -> PairctlErrorT:
+    text = (cp.stderr + cp.stdout).decode(errors="replace")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("To ")]
+    short = "; ".join(lines[-3:]) or f"exit {cp.returncode}"
+    if "rejected" in text or "denied" in text or "non-fast-forward" in text:
+        return EvidenceError(
+            f"the evidence remote {access.url} refused the {verb}: {short}",
+            hint="it only accepts appended history; run `pairctl receipts verify --remote`",
+        )
+    return RemoteUnreachable(
+        f"the evidence remote {access.url} did not take the {verb}: {short}",
+        hint="every receipt is kept here; `pairctl receipts push` (or the next command) retries",
+    )
+
+
+PairctlErrorT = EvidenceError | RemoteUnreachable
+
+
+def init_remote(access: RemoteAccess) -> None:
+    """Create the bare repository on its host over SSH (strict host keys), refusing rewrites and
+    deletes of any branch; an existing one keeps its history and gets the same settings."""
+    path = access.path
+    script = " && ".join(
+        shlex.join(argv)
+        for argv in (
+            ["git", "init", "-q", "--bare", path],
+            ["git", "--git-dir", path, "config", "receive.denyNonFastForwards", "true"],
+            ["git", "--git-dir", path, "config", "receive.denyDeletes", "true"],
+            ["git", "--git-dir", path, "config", "receive.fsckObjects", "true"],
+        )
+    )
+    try:
+        cp = subprocess.run(
+            [*access.ssh_argv, access.destination, script],
+            capture_output=True,
+            text=True,
+            timeout=access.timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise RemoteUnreachable(f"{access.host_name} did not answer within {access.timeout_s:.0f} s") from None
+    if cp.returncode != 0:
+        raise RemoteUnreachable(f"creating {path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
+
+
+def fetch(store: EvidenceStore, access: RemoteAccess) -> None:
+    """Every home's branch into refs/team/<home>; never forced (a rewritten remote branch is refused)."""
+    ensure_mirror(store)
+    cp = _git(
+        store,
+        "fetch",
+        "--no-tags",
+        "--no-write-fetch-head",
+        access.url,
+        f"{BRANCH}*:{TRACKING}*",
+        access=access,
+        timeout=access.timeout_s,
+        check=False,
+    )
+    if cp.returncode != 0:
+        raise _remote_error("fetch", access, cp)
+
+
+def team_homes(store: EvidenceStore) -> list[str]:
+    cp = _git(store, "for-each-ref", "--format=%(refname)", TRACKING, check=False)
+    return sorted(r.removeprefix(TRACKING) for r in cp.stdout.decode().split() if r.startswith(TRACKING))
+
+
+def _cat_blobs(store: EvidenceStore, oids: Sequence[str]) -> Iterator[tuple[str, bytes]]:
+    """(oid, content) of each blob, through one `git cat-file --batch`."""
+    if not oids:
+        return
+    out = _git(store, "cat-file", "--batch", input="".join(o + "\n" for o in oids).encode()).stdout
+    pos = 0
+    for oid in oids:
+        nl = out.index(b"\n", pos)
+        header = out[pos:nl].split()
+        if len(header) != 3:
+            raise EvidenceError(f"{mirror_dir(store)} lacks object {oid}")
+        size = int(header[2])
+        yield oid, out[nl + 1 : nl + 1 + size]
+        pos = nl + 1 + size + 1
+
+
+def materialize(store: EvidenceStore, home: str) -> tuple[int, list[str]]:
+    """Write the receipts of refs/team/<home> missing from team/<home>/ (heads replaced)."""
+    tree = tree_of(store, TRACKING + home)
+    copy = store.team_dir(home)
+    (copy / "receipts").mkdir(parents=True, exist_ok=True)
+    (copy / "heads").mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    want = [(p, oid) for p, oid in tree.items() if p.startswith("receipts/") and not (copy / p).exists()]
+    written = 0
+    for (path, _oid), (_, data) in zip(want, _cat_blobs(store, [o for _, o in want]), strict=True):
+        name = path.removeprefix("receipts/")
+        if hashlib.sha256(data).hexdigest() + ".json" != name:
+            problems.append(f"home {home}: the remote's {path} does not match its name; not copied")
+            continue
+        fd = os.open(copy / path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o444)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        written += 1
+    heads = [(p, oid) for p, oid in tree.items() if p.startswith("heads/") and _HEAD_NAME.match(p[6:])]
+    for (path, _), (_, data) in zip(heads, _cat_blobs(store, [o for _, o in heads]), strict=True):
+        atomic.replace(copy / path, data)
+    if written:
+        atomic.fsync_dir(copy / "receipts")
+    return written, problems
+
+
+def pull(store: EvidenceStore, access: RemoteAccess) -> PullResult:
+    """Fetch every home's branch and copy the other homes' receipts here (read-only copies)."""
+    with _mirror_lock(store):
+        fetch(store, access)
+        res = PullResult()
+        me = store.home_id()
+        for home in team_homes(store):
+            if home == me:
+                continue
+            if not HOME_ID.match(home):
+                res.problems.append(f"the remote's branch homes/{home} does not name an operator home; not copied")
+                continue
+            n, probs = materialize(store, home)
+            res.homes[home] = n
+            res.problems += probs
+        return res
+
+
+def local_differences(store: EvidenceStore, home: str, files: EvidenceStore) -> list[str]:
+    """Receipts the last fetched copy of `home`'s branch holds that `files` lacks or holds
+    otherwise: a rewritten home (a receipt changed, or the chain re-hashed and the old names gone).
+    A copy of another home lacking one is only behind (`pull` copies it), not rewritten."""
+    tree = {p: o for p, o in tree_of(store, TRACKING + home).items() if p.startswith("receipts/")}
+    gone = sorted(p for p in tree if not (files.root / p).is_file())
+    missing = gone if home == store.home_id() else []
+    present = sorted(p for p in tree if p not in gone)
+    local = _hash_files(store, [files.root / p for p in present], write=False)
+    changed = [p for p, oid in zip(present, local, strict=True) if oid != tree[p]]
+    who = "this home" if home == store.home_id() else f"the copy of home {home}"
+    out = []
+    if missing:
+        out.append(
+            f"{len(missing)} receipt(s) of {who} that the evidence remote holds are missing under {files.root} "
+            f"(first: {missing[0]}): the evidence here was deleted or rewritten"
+        )
+    if changed:
+        out.append(
+            f"{len(changed)} receipt(s) under {files.root} differ from the evidence remote's copy "
+            f"(first: {changed[0]}): rewritten after they were pushed"
+        )
+    return out
+
+
+def signature_problems(
+    store: EvidenceStore, home: str, allowed_signers: str | None, signers: set[str] | None = None
+) -> list[str]:
+    """Every commit of `home`'s branch signed by an allowed signer, and appending only; the
+    principals that signed go into `signers` (who pushed that home's receipts)."""
+    ref = TRACKING + home
+    out: list[str] = []
+    if allowed_signers is None:
+        out.append("no allowed signers listed (inventory evidence_remote.allowed_signers): signatures were not checked")
+    else:
+        if not Path(allowed_signers).is_file():
+            raise ConfigError(
+                f"evidence_remote.allowed_signers {allowed_signers} is not a readable file",
+                hint='list the team\'s keys there, one a line: `alice@team namespaces="git" ssh-ed25519 AAAA...`',
+            )
+        cp = _git(
+            store,
+            "log",
+            "--format=%H %G? %GS",
+            ref,
+            config=["gpg.format=ssh", f"gpg.ssh.allowedSignersFile={allowed_signers}"],
+        )
+        for line in cp.stdout.decode(errors="replace").splitlines():
+            sha, status, *who = line.split(" ", 2)
+            if status == "G" and who and signers is not None:
+                signers.add(who[0])
+            if status != "G":
+                out.append(
+                    f"home {home}: commit {sha[:12]} carries {_SIG_MEANING.get(status, 'an unknown signature')}"
+                    + (f" ({who[0]})" if who and who[0] else "")
+                )
+    cp = _git(store, "log", "--format=%H", "--no-renames", "--diff-filter=DMT", "--name-only", ref, "--", "receipts/")
+    touched = [ln for ln in cp.stdout.decode().splitlines() if ln.startswith("receipts/")]
+    if touched:
+        out.append(
+            f"home {home}: {len(touched)} receipt(s) were changed or deleted by a later commit "
+            f"(first: {touched[0]}): the branch does not only append"
+        )
+    return out
+
+
+def ahead(store: EvidenceStore) -> bool:
+    """Has this home receipts its last fetched remote branch lacks (a push to retry)?"""
+    me = store.home_id()
+    remote = {p for p in tree_of(store, TRACKING + me) if p.startswith("receipts/")}
+    return any(f"receipts/{h}.json" not in remote for h in store.hashes())
