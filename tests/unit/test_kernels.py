@@ -335,7 +335,7 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
         "-p",
         "50053",
     ]
-    assert s.allow == tuple(lab_inv.rpc_peers("lab")) and "127.0.0.2" in s.allow
+    assert s.allow == tuple(lab_inv.rpc_peers("lab")) and s.allow
     assert list(s.guard_cmd().argv)[2:] == ["guard", kroot, "ggml-rpc-server"]
     assert list(s.wait_cmd().argv)[2:] == ["wait-listen", kroot, "ggml-rpc-server", "127.0.0.3", "50053", "20"]
     assert list(s.stop_cmd().argv)[2:] == ["stop", kroot, "ggml-rpc-server"]
