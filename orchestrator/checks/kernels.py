@@ -26,8 +26,8 @@ from typing import Any
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.kernels import CaseSet, load_cases, load_kernel
-from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.engine import faults
+from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
@@ -168,7 +168,12 @@ class KernelCheckPlan:
             "perturb": list(self.perturb),
             "rpc_server": None
             if self.rpc_server is None
-            else {"host": self.rpc_server.host, "binary": self.rpc_server.binary, "endpoint": self.rpc_server.endpoint, "allow": list(self.rpc_server.allow)},
+            else {
+                "host": self.rpc_server.host,
+                "binary": self.rpc_server.binary,
+                "endpoint": self.rpc_server.endpoint,
+                "allow": list(self.rpc_server.allow),
+            },
             "runs": [
                 {
                     "host": r.host,

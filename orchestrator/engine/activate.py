@@ -50,6 +50,7 @@ from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.hosts.rpc_guard import install_guard
 from orchestrator.hosts.units import UnitReadback
+from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
 
@@ -224,6 +225,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
         list(act.rpc_argv[1:]),
         help_text=help_text,
         api_key=key is not None,
+        files=dict(profile.files),
     )
     if policy.problems:
         raise ConfigError(
@@ -305,9 +307,31 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
         d["systemd"] = _check_manager(ctx, role)
         if ctx.mode == "deploy":
             d["unit_verified"] = verify_unit_before_change(ctx, role)
+    if (svc_user := ctx.inventory.host(ctx.host(role)).service_user) is not None:
+        d["service_user"] = _check_service_user(ctx, role, svc_user)
     if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
         d["models"] = _hash_models(ctx)
+        if files := _hash_files(ctx):
+            d["files"] = files
     return d
+
+
+def _check_service_user(ctx: RunContext, role: str, user: str) -> dict[str, Any]:
+    """The inventory's service_user exists on the host (not as root) and setpriv is there, before
+    any change: the supervisor starts nothing without them, and a rollback would fail the same way."""
+    res = ctx.t(role).run(Cmd(("sh", "-c", 'id -u -- "$1" && command -v setpriv', "_", user)), check=False, timeout=30)
+    lines = as_text(res.stdout).split()
+    if res.exit_status != 0 or not lines or lines[0] == "0":
+        why = (
+            "is root" if lines[:1] == ["0"] else
+            "does not exist" if not lines else "exists, but setpriv (util-linux) is not installed"
+        )  # fmt: skip
+        raise HostStateError(
+            f"{ctx.host(role)}: service_user {user} {why} on this host; nothing was changed",
+            hint=f"create it (useradd --system --no-create-home {user}) and install util-linux, or remove service_user "
+            "from this host in the inventory",
+        )
+    return {"user": user, "uid": int(lines[0]) if lines[0].isdigit() else None}
 
 
 def _check_manager(ctx: RunContext, role: str) -> str:
@@ -401,6 +425,27 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
     assert ctx.target is not None  # a_prepare hashes only for a deploy whose preflight rendered it
     ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
     return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
+
+
+def _hash_files(ctx: RunContext) -> dict[str, Any]:
+    """The answer-changing files the profile's extra_args name (RouteProfile.files), hashed on the
+    native host before anything changes: a missing file or one whose sha256 is not the declared
+    one refuses the deploy (exit 6). The declared hashes are in the profile the route entry
+    records, so status and acceptance re-hash the files against them."""
+    assert ctx.target is not None
+    files = dict(ctx.target.entry.profile.get("files") or {})
+    if not files:
+        return {}
+    found, problems = check_models(
+        {p: p for p in files}, files, ctx.host("native"), ctx.t("native"), ctx.layout("native"),
+        expected_is="the profile declares", kind="file",
+    )  # fmt: skip
+    if problems:
+        raise PackageError(
+            "; ".join(problems) + "; nothing was changed",
+            hint="put the declared file in place on the native host, or correct the profile's files.<path>",
+        )
+    return {p: {"sha256": h.sha256, "size": h.size, "how": h.how} for p, h in sorted(found.items())}
 
 
 def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:

@@ -409,7 +409,7 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=-
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=-
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -422,6 +422,9 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
         allow)  # the RPC guard's IPv4 allow list (orchestrator/hosts/rpc_guard.c)
             case "$v" in '' | *[!0-9.,]*) CODE=2 die "supervise: sup.allow=$v is not a list of IPv4 addresses" ;; esac ;;
+        user)  # the inventory's service_user: the service runs as this user (setpriv), never as root
+            case "$v" in [a-z_]*) ;; *) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac
+            case "$v" in *[!a-z0-9_-]*) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
         case "$k" in backoff) backoff0=$v ;; *) eval "$k=\$v" ;; esac  # $k is one of the names above
@@ -429,6 +432,23 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
     home="$r/run/home/$n"
     mkdir -p "$home" && chmod 700 "$home" || exit 1
+    if [ "$user" != - ]; then
+        # the service drops to the service user; its own files (HOME, the log it opens itself,
+        # the API key it reads) become that user's, nothing else under the root does. Missing
+        # user or setpriv: nothing starts (the step fails; deploy checked both before any change)
+        uid=$(id -u -- "$user" 2>/dev/null) && gid=$(id -g -- "$user" 2>/dev/null) ||
+            { echo "$(date -u +%FT%TZ) $n: service user $user does not exist on this host: not started"; exit 1; }
+        [ "$uid" != 0 ] || { echo "$(date -u +%FT%TZ) $n: service user $user is root: not started"; exit 1; }
+        command -v setpriv >/dev/null 2>&1 ||
+            { echo "$(date -u +%FT%TZ) $n: setpriv (util-linux) is not installed: not started"; exit 1; }
+        chmod 711 "$r/run/home" && chown "$uid:$gid" "$home" || exit 1  # its HOME, reached through a root-owned run/home
+        if [ -d "$r/secrets" ] && [ ! -L "$r/secrets" ]; then
+            chmod 711 "$r/secrets"  # the user reads its key by name; it lists and changes nothing there
+            for f in "$r/secrets"/*; do
+                if [ -f "$f" ] && [ ! -L "$f" ]; then chown "$uid" "$f" && chmod 400 "$f"; fi
+            done
+        fi
+    fi
     bindir=$(dirname "$1")
     libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"
     starts=""; restarts=0; backoff=$backoff0; first=1; reason=-
@@ -477,12 +497,18 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
         # the ended run's log to .1 (a deliberate start keeps it as .prev)
         if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
+        if [ "$user" != - ] && [ ! -e "$r/run/$n.log" ]; then  # llama-server opens its --log-file itself
+            (umask 077 && true >"$r/run/$n.log") && chown "$uid:$gid" "$r/run/$n.log"
+        fi
         # a cleared environment (no LLAMA_ARG_* or config of the host user's), its own HOME and cwd;
         # the subshell execs env, which execs PROGRAM: $! is the service's pid
         # sup.allow: the RPC guard is preloaded (only those peers are served); missing or a link, nothing starts
         if [ "$allow" != - ]; then
             guard_file_ok "$r" || { echo "$(date -u +%FT%TZ) $n: $r/bin/$GUARD is missing, a link or not ours: not started"; exit 1; }
             set -- env LD_PRELOAD="$r/bin/$GUARD" PAIRCTL_RPC_ALLOW="$allow" "$@"
+        fi
+        if [ "$user" != - ]; then  # setpriv execs the service: $! stays its pid; the preload applies after the drop
+            set -- setpriv --reuid="$uid" --regid="$gid" --init-groups --inh-caps=-all --no-new-privs -- "$@"
         fi
         (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
             >>"$r/run/$n.out" 2>&1 </dev/null &

@@ -143,7 +143,10 @@ def manager() -> Iterator[Manager]:
     LINGER.unlink(missing_ok=True)
 
 
-def _inventory(src: Path, dest: Path) -> str:
+SERVICE_USER = "nobody"  # the servers drop to it (service_user); uid 65534 on Debian
+
+
+def _inventory(src: Path, dest: Path, home: str) -> str:
     inv = yaml.safe_load(src.read_text())
     lab = inv["pairs"]["lab"]
     for name in ("lab-native", "lab-rpc"):
@@ -151,6 +154,19 @@ def _inventory(src: Path, dest: Path) -> str:
         h["install_root"] = h["install_root"].rsplit("/", 1)[0] + "/sd-root"
         h["service_manager"] = "systemd"
         h["systemd_scope"] = "user"
+        h["service_user"] = SERVICE_USER
+    # the lab's models are root's 0600 files: the service user reads copies of the two it serves
+    models = Path(home, "lab", "hosts", "sd-models")
+    models.mkdir(parents=True, exist_ok=True)
+    models.chmod(0o755)
+    lab = {**lab, "models": dict(lab["models"])}
+    for role in ("target", "draft_same"):
+        src_model = Path(lab["models"][role]["path"].replace("${PAIRCTL_HOME}", home))
+        copy = models / src_model.name
+        if not copy.exists() or copy.stat().st_size != src_model.stat().st_size:
+            shutil.copyfile(src_model, copy)
+        copy.chmod(0o644)
+        lab["models"][role] = {"path": str(copy)}
     inv["pairs"] = {PAIR: {**lab, "server_port": SERVER_PORT, "rpc_port": RPC_PORT}}
     dest.write_text(yaml.safe_dump(inv, sort_keys=False))
     return str(dest)
@@ -158,8 +174,8 @@ def _inventory(src: Path, dest: Path) -> str:
 
 @pytest.fixture(scope="module")
 def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    inv = _inventory(lab.inventory_path, tmp_path_factory.mktemp("sd") / "inventory.yaml")
     home = str(lab.home.root)
+    inv = _inventory(lab.inventory_path, tmp_path_factory.mktemp("sd") / "inventory.yaml", home)
 
     def cli(*args: str) -> Any:
         return run_cli(["--home", home, "--inventory", inv, *args])
@@ -265,6 +281,37 @@ def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
     assert code == 0 and st["warnings"] == [], (st["problems"], st["warnings"])
     for h in st["hosts"].values():
         assert h["boot"]["persistence"] == "systemd" and h["boot"]["starts_at_boot"] is True, h["boot"]
+    _accept_identity(pair)
+
+
+def _proc_status(pid: int) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+
+
+def test_the_servers_run_hardened_and_as_the_service_user(pair):
+    """Issue 32 #14: the units carry the hardening a user manager applies (no_new_privs, seccomp
+    filters: address families, namespaces, syscall groups) and the supervisors drop both servers
+    to the inventory's service_user; the pair still serves and passes identity with all of it."""
+    uid = int(subprocess.run(["id", "-u", SERVICE_USER], capture_output=True, text=True, check=True).stdout)
+    for role, root in pair["roots"].items():
+        unit = pair["units"][role]
+        text = (UNIT_DIR / unit).read_text()
+        for line in ("NoNewPrivileges=yes", "RestrictNamespaces=yes", "SystemCallFilter=~@clock", "UMask=0077"):
+            assert line in text, (line, text)
+        assert "ProtectSystem=" not in text  # the system manager's set; a user manager without namespaces lacks it
+        ident = _identity(root, SERVICE[role])
+        assert ident is not None
+        st = _proc_status(ident[0])
+        assert st["Uid"].split()[:2] == [str(uid), str(uid)], st["Uid"]  # real and effective: the service user
+        assert st["NoNewPrivs"].strip() == "1" and st["Seccomp"].strip() == "2", (st["NoNewPrivs"], st["Seccomp"])
+        assert st["CapEff"].strip() == "0" * 16, st["CapEff"]
+        sup = _proc_status(_main_pid(unit))
+        assert sup["Uid"].split()[0] == "0" and sup["NoNewPrivs"].strip() == "1"  # the supervisor drops it
+        home = Path(root, "run", "home", SERVICE[role])
+        assert home.stat().st_uid == uid and Path(root, "run").stat().st_uid == 0
+    log = Path(pair["roots"]["native"], "run", f"{LLAMA_SERVER}.log")
+    assert log.stat().st_uid == uid and log.stat().st_size > 0  # llama-server opened its own --log-file
+    assert _healthy()
     _accept_identity(pair)
 
 
