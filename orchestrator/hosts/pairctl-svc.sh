@@ -441,7 +441,8 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         [ "$uid" != 0 ] || { echo "$(date -u +%FT%TZ) $n: service user $user is root: not started"; exit 1; }
         command -v setpriv >/dev/null 2>&1 ||
             { echo "$(date -u +%FT%TZ) $n: setpriv (util-linux) is not installed: not started"; exit 1; }
-        chmod 711 "$r/run/home" && chown "$uid:$gid" "$home" || exit 1  # its HOME, reached through a root-owned run/home
+        # it reaches its binaries, HOME and log through the root (search only: it lists and writes nothing there)
+        chmod go+x "$r" && chmod 711 "$r/run/home" && chown "$uid:$gid" "$home" || exit 1
         if [ -d "$r/secrets" ] && [ ! -L "$r/secrets" ]; then
             chmod 711 "$r/secrets"  # the user reads its key by name; it lists and changes nothing there
             for f in "$r/secrets"/*; do
