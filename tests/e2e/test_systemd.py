@@ -155,13 +155,15 @@ def _inventory(src: Path, dest: Path, home: str) -> str:
         h["service_manager"] = "systemd"
         h["systemd_scope"] = "user"
         h["service_user"] = SERVICE_USER
-    # the lab's models are root's 0600 files: the service user reads copies of the two it serves
+    # the lab's tiny models are root's 0600 files: the service user reads copies of them
     models = Path(home, "lab", "hosts", "sd-models")
     models.mkdir(parents=True, exist_ok=True)
     models.chmod(0o755)
     lab = {**lab, "models": dict(lab["models"])}
-    for role in ("target", "draft_same"):
-        src_model = Path(lab["models"][role]["path"].replace("${PAIRCTL_HOME}", home))
+    for role, ref in lab["models"].items():
+        src_model = Path(ref["path"].replace("${PAIRCTL_HOME}", home))
+        if src_model.stat().st_mode & 0o004:
+            continue  # readable by others already (the real model)
         copy = models / src_model.name
         if not copy.exists() or copy.stat().st_size != src_model.stat().st_size:
             shutil.copyfile(src_model, copy)
