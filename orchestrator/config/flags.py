@@ -186,7 +186,7 @@ def parse_help(help_text: str) -> HelpSpec:
     """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0 (common_arg::to_string);
     continuation lines are indented. Aliases are separated by ", "; value hints follow a space."""
     spec = HelpSpec()
-    current: list[tuple[tuple[str, ...], int, list[str]]] = []
+    current: list[tuple[tuple[str, ...], tuple[str, ...], list[str]]] = []
     for line in help_text.splitlines():
         m = _OPT_LINE.match(line)
         if not m:

@@ -143,6 +143,8 @@ def manager() -> Iterator[Manager]:
     LINGER.unlink(missing_ok=True)
 
 
+# the lab hosts' addresses (the lab inventory's; the pair fixture reads them)
+ADDRESS = {"native": "127.0.0.2", "rpc": "127.0.0.3"}
 SERVICE_USER = "nobody"  # the servers drop to it (service_user); uid 65534 on Debian
 
 
@@ -183,6 +185,7 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
         return run_cli(["--home", home, "--inventory", inv, *args])
 
     spec = yaml.safe_load(Path(inv).read_text())
+    ADDRESS.update({role: spec["hosts"][f"lab-{role}"]["address"] for role in SERVICE})
     roots = {role: spec["hosts"][f"lab-{role}"]["install_root"].replace("${PAIRCTL_HOME}", home) for role in SERVICE}
     _clean(lab, roots)  # the roots are this module's own: each run starts from nothing
     pid = lab_packages.id
@@ -244,7 +247,8 @@ def _main_pid(unit: str) -> int:
 
 def _healthy() -> bool:
     try:
-        return httpx.get(f"http://127.0.0.2:{SERVER_PORT}/health", timeout=2.0, trust_env=False).status_code == 200
+        url = f"http://{ADDRESS['native']}:{SERVER_PORT}/health"
+        return httpx.get(url, timeout=2.0, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -346,7 +350,7 @@ def test_a_unit_the_host_rejects_stops_nothing(pair):
     staged = Path(layout.staged_unit(RPC_SERVER))
     staged.write_text(staged.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     argv = before[2].decode().split("\0")[:-1]
-    cmd = layout.restart_cmd(RPC_SERVER, None, None, "127.0.0.3", RPC_PORT, 10, argv)
+    cmd = layout.restart_cmd(RPC_SERVER, None, None, ADDRESS["rpc"], RPC_PORT, 10, argv)
     t = open_transport(pair["lab"].inventory, "lab-rpc")
     try:
         res = t.run(cmd, check=False, timeout=120)
