@@ -71,6 +71,7 @@ class RpcServerPlan:
     bind: str
     port: int
     allow: tuple[str, ...] = ()  # the peers its guard serves (Inventory.rpc_peers); () refuses all
+    user: str | None = None  # the RPC host's service_user: it runs as the live one does
     wait_s: int = 20
 
     @property
@@ -90,7 +91,8 @@ class RpcServerPlan:
 
     def start_cmd(self) -> Cmd:
         # sup.allow: the supervisor preloads the guard from <root>/bin and starts nothing without it
-        return self.layout.start_cmd(RPC_SERVER, self.argv(), (f"sup.allow={','.join(self.allow)}",))
+        sup = (f"sup.allow={','.join(self.allow)}", *((f"sup.user={self.user}",) if self.user else ()))
+        return self.layout.start_cmd(RPC_SERVER, self.argv(), sup)
 
     def guard_cmd(self) -> Cmd:
         return self.layout.guard_cmd(RPC_SERVER)
@@ -257,6 +259,7 @@ def plan_kernel_check(
             bind=bind,
             port=port,
             allow=tuple(inventory.rpc_peers(pair)),
+            user=inventory.host(p.rpc).service_user,
         )
     return KernelCheckPlan(
         pair=pair,

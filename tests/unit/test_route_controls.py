@@ -221,3 +221,16 @@ def test_system_scope_needs_an_unprivileged_service_user():
 def test_the_service_user_reaches_the_supervisor():
     assert "sup.user=pairctl" in sup_args(Supervision(), user="pairctl")
     assert not any(a.startswith("sup.user=") for a in sup_args(Supervision()))
+
+
+def test_the_kernel_checks_rpc_server_runs_as_the_service_user(tmp_path):
+    from orchestrator.checks.kernels import RpcServerPlan
+
+    plan = RpcServerPlan(host="h", root="/r/run/kernel-check", binary="/r/b", bind="10.0.0.2", port=2,
+                         allow=("10.0.0.1",), user="pairctl")  # fmt: skip
+    argv = list(plan.start_cmd().argv)
+    assert (
+        "sup.allow=10.0.0.1" in argv
+        and "sup.user=pairctl" in argv
+        and argv.index("sup.user=pairctl") < argv.index("/r/b")
+    )
