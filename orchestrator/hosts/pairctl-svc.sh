@@ -169,6 +169,13 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
+    for a in "$@"; do  # the service user's files made right here, outside any unit's sandbox
+        case "$a" in
+        sup.user=*) user_prep "$r" "$n" "${a#sup.user=}" >&2 || CODE=3 die "service user ${a#sup.user=}: see above" ;;
+        sup.*=*) ;;
+        *) break ;;
+        esac
+    done
     [ -z "$sd" ] || [ "${sd_verified:-}" = "systemd=$sd_scope:$sd_unit" ] || sd_verify "$r"
     # a unit of an earlier start (either mode) goes first: systemd would restart its supervisor
     (sd_stop "$r" "$n" >/dev/null) || exit $?
@@ -407,6 +414,31 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
     done
 }
 
+same_mode() { [ -n "$(find "$1" -maxdepth 0 -perm "$2" 2>/dev/null)" ]; }  # same_mode PATH MODE (find -perm)
+
+user_prep() { # user_prep ROOT NAME USER: uid/gid of the service user, and what it needs to run as
+    # it: search permission on the root (it lists and writes nothing there), its own HOME under
+    # a root-owned run/home, its API key file (0400, its own; secrets/ searchable, not listable).
+    # Only what differs is changed, so a sandboxed supervisor (read-only root) passes when start did it.
+    uid=$(id -u -- "$3" 2>/dev/null) && gid=$(id -g -- "$3" 2>/dev/null) ||
+        { echo "$(date -u +%FT%TZ) $2: service user $3 does not exist on this host: not started"; return 1; }
+    [ "$uid" != 0 ] || { echo "$(date -u +%FT%TZ) $2: service user $3 is root: not started"; return 1; }
+    command -v setpriv >/dev/null 2>&1 ||
+        { echo "$(date -u +%FT%TZ) $2: setpriv (util-linux) is not installed: not started"; return 1; }
+    same_mode "$1" -011 || chmod go+x "$1" || return 1
+    mkdir -p "$1/run/home/$2" || return 1
+    same_mode "$1/run/home" 711 || chmod 711 "$1/run/home" || return 1
+    [ "$(stat -c %u:%g "$1/run/home/$2")" = "$uid:$gid" ] || chown "$uid:$gid" "$1/run/home/$2" || return 1
+    if [ -d "$1/secrets" ] && [ ! -L "$1/secrets" ]; then
+        same_mode "$1/secrets" 711 || chmod 711 "$1/secrets" || return 1
+        for f in "$1/secrets"/*; do
+            if [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %u:%a "$f")" != "$uid:400" ]; then
+                chown "$uid" "$f" && chmod 400 "$f" || return 1
+            fi
+        done
+    fi
+}
+
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
     backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=-
@@ -433,22 +465,10 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     home="$r/run/home/$n"
     mkdir -p "$home" && chmod 700 "$home" || exit 1
     if [ "$user" != - ]; then
-        # the service drops to the service user; its own files (HOME, the log it opens itself,
-        # the API key it reads) become that user's, nothing else under the root does. Missing
-        # user or setpriv: nothing starts (the step fails; deploy checked both before any change)
-        uid=$(id -u -- "$user" 2>/dev/null) && gid=$(id -g -- "$user" 2>/dev/null) ||
-            { echo "$(date -u +%FT%TZ) $n: service user $user does not exist on this host: not started"; exit 1; }
-        [ "$uid" != 0 ] || { echo "$(date -u +%FT%TZ) $n: service user $user is root: not started"; exit 1; }
-        command -v setpriv >/dev/null 2>&1 ||
-            { echo "$(date -u +%FT%TZ) $n: setpriv (util-linux) is not installed: not started"; exit 1; }
-        # it reaches its binaries, HOME and log through the root (search only: it lists and writes nothing there)
-        chmod go+x "$r" && chmod 711 "$r/run/home" && chown "$uid:$gid" "$home" || exit 1
-        if [ -d "$r/secrets" ] && [ ! -L "$r/secrets" ]; then
-            chmod 711 "$r/secrets"  # the user reads its key by name; it lists and changes nothing there
-            for f in "$r/secrets"/*; do
-                if [ -f "$f" ] && [ ! -L "$f" ]; then chown "$uid" "$f" && chmod 400 "$f"; fi
-            done
-        fi
+        # the service drops to the service user; what it needs is in place (start made it so;
+        # under ProtectSystem=strict the root is read-only here, so only what differs changes).
+        # Missing user or setpriv: nothing starts (deploy checked both before any change)
+        user_prep "$r" "$n" "$user" || exit 1
     fi
     bindir=$(dirname "$1")
     libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"

@@ -33,8 +33,9 @@ import yaml
 from orchestrator.config.inventory import Supervision, load_inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.hosts import boot
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
-from orchestrator.hosts.units import render_unit
+from orchestrator.hosts.layout import GUARD, LLAMA_SERVER, RPC_SERVER, HostLayout, svc_script
+from orchestrator.hosts.rpc_guard import guard_bytes
+from orchestrator.hosts.units import render_unit, supervise_argv
 from orchestrator.remote.pool import open_transport
 from tests.plugins.cli import run_cli
 from tests.plugins.pairs import PROFILE, wait_until
@@ -442,6 +443,80 @@ def test_systemd_gives_the_service_the_exact_argv_of_any_argument(manager, tmp_p
         _systemctl("stop", unit)
         (UNIT_DIR / unit).unlink(missing_ok=True)
         _systemctl("daemon-reload")
+
+
+def test_the_system_managers_sandbox_runs_a_real_server(pair, manager, lab_packages):
+    """The system scope's unit (ProtectSystem=strict, ReadWritePaths=ROOT/run, PrivateTmp,
+    PrivateMounts, the kernel protections, a capability bound) is only rendered and verified by
+    deploy here; root's user manager can apply all of it, so one real ggml-rpc-server runs under
+    exactly that unit text: its supervisor drops it to the service user, the OS and the install
+    root outside run/ are read-only to it, and it serves the guard's peer."""
+    root = Path(pair["lab"].home.root, "lab", "hosts", "sd-system-root")
+    shutil.rmtree(root, ignore_errors=True)
+    rel = root / "releases" / "pkg" / "bin"
+    rel.mkdir(parents=True)
+    (root / "run").mkdir()
+    shutil.copy2(lab_packages.path / "bin" / RPC_SERVER, rel / RPC_SERVER)
+    (root / "bin").mkdir()
+    (root / "bin" / "pairctl-svc").write_bytes(svc_script())
+    (root / "bin" / GUARD).write_bytes(guard_bytes())
+    for d in [root, *root.rglob("*")]:
+        d.chmod(0o755 if d.is_dir() or d.suffix == ".so" or d.name == RPC_SERVER else 0o644)
+    addr, port = ADDRESS["rpc"], RPC_PORT + 2
+    argv = [str(rel / RPC_SERVER), "-H", addr, "-p", str(port)]
+    sup = ["sup.allow=127.0.0.1", f"sup.user={SERVICE_USER}"]
+    text = render_unit(
+        pair="sdsys", service=RPC_SERVER, root=str(root), supervision=Supervision(), user=False,
+        exec_argv=supervise_argv(str(root / "bin" / "pairctl-svc"), str(root), RPC_SERVER, sup, argv),
+    )  # fmt: skip
+    assert "ProtectSystem=strict" in text and f"ReadWritePaths={root}/run" in text
+    # this lab's container refuses to remount /proc/sys and /proc/kmsg (226/NAMESPACE for a bare
+    # /bin/true too); a host's system manager applies them. Everything else runs as rendered.
+    lab_lacks = ("ProtectKernelTunables=yes", "ProtectKernelLogs=yes")
+    text = "\n".join(line for line in text.splitlines() if line not in lab_lacks) + "\n"
+    unit = "pairctl-sdsys-ggml-rpc-server-00000000.service"
+    (UNIT_DIR / unit).write_text(text)
+    try:
+        _systemctl("daemon-reload", check=True)
+        _systemctl("start", unit, check=True)
+        try:
+            took = wait_until("the sandboxed ggml-rpc-server serves", lambda: _identity(str(root), RPC_SERVER)
+                              is not None and _hello(addr, port), 30)  # fmt: skip
+        except AssertionError:
+            logs = {f.name: f.read_text(errors="replace")[-1500:] for f in (root / "run").glob("*.*") if f.is_file()}
+            raise AssertionError(f"{_systemctl('status', unit).stdout[-2000:]}\n{logs}") from None
+        print(f"system-scope sandbox: ggml-rpc-server serving in {took:.2f} s")
+        ident = _identity(str(root), RPC_SERVER)
+        assert ident is not None
+        st = _proc_status(ident[0])
+        uid = subprocess.run(["id", "-u", SERVICE_USER], capture_output=True, text=True, check=True).stdout.strip()
+        assert st["Uid"].split()[0] == uid and st["NoNewPrivs"].strip() == "1" and st["CapEff"].strip() == "0" * 16
+        sup_status = _proc_status(_main_pid(unit))
+        bound = int(sup_status["CapBnd"].strip(), 16)
+        assert not bound >> 21 & 1 and bound >> 7 & 1  # the supervisor: no CAP_SYS_ADMIN, still CAP_SETUID
+        mounts = Path(f"/proc/{ident[0]}/mountinfo").read_text().splitlines()
+        ro = {m.split()[4]: "ro" in m.split()[5].split(",") for m in mounts}
+        assert ro.get("/usr", ro.get("/")) and ro.get(str(root / "run")) is False, [m for m in mounts if "root" in m]
+    finally:
+        _systemctl("stop", unit)
+        (UNIT_DIR / unit).unlink(missing_ok=True)
+        _systemctl("daemon-reload")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _hello(addr: str, port: int) -> bool:
+    """ggml-rpc-server's HELLO (command 14, size 24, zeros) from 127.0.0.1, answered with size 28."""
+    import socket
+
+    try:
+        with socket.socket() as c:
+            c.bind(("127.0.0.1", 0))
+            c.settimeout(3)
+            c.connect((addr, port))
+            c.sendall(bytes([14]) + (24).to_bytes(8, "little") + bytes(24))
+            return c.recv(8)[:1] == bytes([28])
+    except OSError:
+        return False
 
 
 def test_a_drop_in_that_changes_the_unit_is_a_status_problem(pair):
