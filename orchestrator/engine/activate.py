@@ -316,22 +316,39 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
     return d
 
 
+# id and setpriv as the host has them; each path the service reads is tried as that user
+_SERVICE_USER_SH = (
+    'u=$1; shift; id -u -- "$u" || exit 2; command -v setpriv >/dev/null || exit 3; g=$(id -g -- "$u"); '
+    'for p in "$@"; do setpriv --reuid="$u" --regid="$g" --init-groups -- test -r "$p" || echo "unreadable=$p"; done'
+)
+
+
 def _check_service_user(ctx: RunContext, role: str, user: str) -> dict[str, Any]:
-    """The inventory's service_user exists on the host (not as root) and setpriv is there, before
-    any change: the supervisor starts nothing without them, and a rollback would fail the same way."""
-    res = ctx.t(role).run(Cmd(("sh", "-c", 'id -u -- "$1" && command -v setpriv', "_", user)), check=False, timeout=30)
+    """The inventory's service_user exists on the host (not as root), setpriv is there and (native
+    host) it can read every model and declared file the servers load, before any change: the
+    supervisor starts nothing without them, and a rollback would fail the same way."""
+    paths: list[str] = []
+    if role == "native":
+        paths = [m.path for m in ctx.inventory.pair(ctx.view.name).models.values()]
+        if ctx.target is not None:
+            paths += sorted(ctx.target.entry.profile.get("files") or {})
+    res = ctx.t(role).run(Cmd(("sh", "-c", _SERVICE_USER_SH, "_", user, *paths)), check=False, timeout=120)
     lines = as_text(res.stdout).split()
-    if res.exit_status != 0 or not lines or lines[0] == "0":
-        why = (
-            "is root" if lines[:1] == ["0"] else
-            "does not exist" if not lines else "exists, but setpriv (util-linux) is not installed"
-        )  # fmt: skip
+    unreadable = [ln.removeprefix("unreadable=") for ln in lines if ln.startswith("unreadable=")]
+    why = {2: "does not exist", 3: "exists, but setpriv (util-linux) is not installed"}.get(res.exit_status)
+    if why is None and lines[:1] == ["0"]:
+        why = "is root"
+    if why is None and unreadable:
+        why = f"cannot read {', '.join(unreadable[:4])}"
+    if why is None and res.exit_status != 0:
+        why = f"could not be checked (exit {res.exit_status})"
+    if why is not None:
         raise HostStateError(
             f"{ctx.host(role)}: service_user {user} {why} on this host; nothing was changed",
-            hint=f"create it (useradd --system --no-create-home {user}) and install util-linux, or remove service_user "
-            "from this host in the inventory",
+            hint=f"create it (useradd --system --no-create-home {user}), install util-linux and let it read the "
+            "models (chmod/chgrp), or remove service_user from this host in the inventory",
         )
-    return {"user": user, "uid": int(lines[0]) if lines[0].isdigit() else None}
+    return {"user": user, "uid": int(lines[0]) if lines and lines[0].isdigit() else None, "checked": len(paths)}
 
 
 def _check_manager(ctx: RunContext, role: str) -> str:

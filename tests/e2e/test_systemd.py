@@ -199,6 +199,20 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
     LINGER.parent.mkdir(parents=True, exist_ok=True)
     LINGER.touch()
+    # a service user the host lacks, or one that cannot read a model, is refused before any change
+    bad = Path(inv).with_name("no-user.yaml")
+    bad.write_text(Path(inv).read_text().replace(f"service_user: {SERVICE_USER}", "service_user: pairctl-no-such-user"))
+    r = run_cli(["--home", home, "--inventory", str(bad), *deploy])
+    assert r.exit_code == 6 and "service_user pairctl-no-such-user does not exist" in r.stderr, r.stderr[-2000:]
+    unreadable = Path(inv).with_name("unreadable.yaml")
+    unreadable.write_text(
+        Path(inv).read_text().replace(str(Path(home, "lab", "hosts", "sd-models")), f"{home}/lab/models")
+    )
+    r = run_cli(["--home", home, "--inventory", str(unreadable), *deploy])
+    assert r.exit_code == 6 and f"service_user {SERVICE_USER} cannot read {home}/lab/models/" in r.stderr, r.stderr[
+        -2000:
+    ]
+    assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
     r = cli(*deploy)
     assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
     view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
