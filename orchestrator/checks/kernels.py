@@ -5,7 +5,10 @@ is the RPC device of the pair's RPC host. `ggml-rpc-server` serves one client at
 check never goes through the rpc-server a live llama-server holds: it starts a second one from
 the RPC host's package on another port, bound to the inventory's RPC address, supervised by the
 same `pairctl-svc` helper under its own small root (`<install_root>/run/kernel-check`), and
-stops it afterwards whatever happened.
+stops it afterwards whatever happened. It serves only the pair's peers, as the live one does:
+pairctl's RPC guard (hosts/rpc_guard.py) is preloaded into it and read back from the running
+process before any harness connects (issue 32: a second, unguarded rpc-server on rpc_port + 1
+served any host that could reach it for the length of the check).
 
 Planning (`plan_kernel_check`) and judging (`parse_harness_output`, `judge_host`) are pure;
 `run_kernel_check` executes a plan and writes the results into a receipt, either its own
@@ -23,12 +26,14 @@ from typing import Any
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.kernels import CaseSet, load_cases, load_kernel
+from orchestrator.engine import faults
 from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
+from orchestrator.hosts.rpc_guard import guard_problem, install_guard, parse_guard
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
@@ -65,6 +70,8 @@ class RpcServerPlan:
     binary: str
     bind: str
     port: int
+    allow: tuple[str, ...] = ()  # the peers its guard serves (Inventory.rpc_peers); () refuses all
+    user: str | None = None  # the RPC host's service_user: it runs as the live one does
     wait_s: int = 20
 
     @property
@@ -83,7 +90,12 @@ class RpcServerPlan:
         return [self.binary, "-H", self.bind, "-p", str(self.port)]
 
     def start_cmd(self) -> Cmd:
-        return self.layout.start_cmd(RPC_SERVER, self.argv())
+        # sup.allow: the supervisor preloads the guard from <root>/bin and starts nothing without it
+        sup = (f"sup.allow={','.join(self.allow)}", *((f"sup.user={self.user}",) if self.user else ()))
+        return self.layout.start_cmd(RPC_SERVER, self.argv(), sup)
+
+    def guard_cmd(self) -> Cmd:
+        return self.layout.guard_cmd(RPC_SERVER)
 
     def wait_cmd(self) -> Cmd:
         return self.layout.wait_listen_cmd(RPC_SERVER, self.bind, self.port, self.wait_s)
@@ -158,7 +170,12 @@ class KernelCheckPlan:
             "perturb": list(self.perturb),
             "rpc_server": None
             if self.rpc_server is None
-            else {"host": self.rpc_server.host, "binary": self.rpc_server.binary, "endpoint": self.rpc_server.endpoint},
+            else {
+                "host": self.rpc_server.host,
+                "binary": self.rpc_server.binary,
+                "endpoint": self.rpc_server.endpoint,
+                "allow": list(self.rpc_server.allow),
+            },
             "runs": [
                 {
                     "host": r.host,
@@ -241,6 +258,8 @@ def plan_kernel_check(
             binary=rl.binary(packages[p.rpc], RPC_SERVER),
             bind=bind,
             port=port,
+            allow=tuple(inventory.rpc_peers(pair)),
+            user=inventory.host(p.rpc).service_user,
         )
     return KernelCheckPlan(
         pair=pair,
@@ -405,6 +424,7 @@ def _execute(
             with journal.step("kernels.rpc_server.start", host=server.host) as step:
                 step.data.update(argv=server.argv(), endpoint=server.endpoint)
                 install_helper(t, server.layout)  # SFTP: the layout and this checkout's pairctl-svc
+                step.data["guard"] = install_guard(t, server.layout)  # bin/ judged by install_helper
                 started = True  # from here on, always try to stop it
                 t.run(server.stop_cmd(), timeout=60)  # a leftover of a killed check would hold the port
                 # ggml-rpc-server exits 0 when its bind fails, and the helper's wait only sees *a*
@@ -427,6 +447,11 @@ def _execute(
                         )
                 step.data["output"] = "\n".join(out)[-1500:]
                 problem = started_identity(out[-1], server.binary)
+                if problem is None:  # the running process has the guard mapped, with the pair's peers
+                    g = t.run(server.guard_cmd(), check=False, timeout=30)
+                    state = parse_guard(g.stdout, RPC_SERVER)
+                    step.data["guard_state"] = {"allow": state[1], "sha256": state[0]} if state else None
+                    problem = guard_problem(server.host, RPC_SERVER, state, list(server.allow))
                 if problem:
                     raise CheckFailed(
                         f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint}: {problem}\n"
@@ -434,6 +459,7 @@ def _execute(
                     )
         for run in plan.runs:
             t = pool.get(run.host)
+            faults.at_step(f"kernels.harness.{run.role}")  # test-only boundary (engine/faults.py); inert otherwise
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
                 h = t.run(run.hash_cmd(), check=False, timeout=60)
                 sha = parse_sha256sum(h.stdout).get(run.harness) if h.exit_status == 0 else None

@@ -25,7 +25,7 @@ from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.errors import ConfigError, EvidenceError, HostError, HostStateError
 from orchestrator.evidence.journal import Journal
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
-from orchestrator.hosts.models import recorded_model_problems
+from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.probes import ExpectedProc
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Secret
@@ -129,6 +129,9 @@ def make_identity_probe(
                 active.models, inventory.pair(pair).models, hosts["native"], transports["native"], layouts["native"]
             )
             data["models"] = dict(active.models)
+        if recorded_files(active.profile):  # extra_args' answer-changing files (RouteProfile.files)
+            problems += recorded_file_problems(active.profile, hosts["native"], transports["native"], layouts["native"])
+            data["files"] = recorded_files(active.profile)
         return IdentitySnapshot(data=data, problems=tuple(problems))
 
     return probe

@@ -47,6 +47,9 @@ hosts:
     # manager starts at boot only after `loginctl enable-linger pairctl` on the host.
     # service_manager: systemd
     # systemd_scope: user
+    # With `user: root` (and always with systemd_scope: system) name an unprivileged user the
+    # servers run as; it must read the models and use the GPUs:
+    # service_user: llama
   rtx5060ti:                     # the RPC host: runs ggml-rpc-server, serving its GPU to the native host
     address: 192.0.2.11
     port: 22

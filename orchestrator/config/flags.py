@@ -49,7 +49,14 @@ MANAGED_ALIASES: tuple[tuple[str, ...], ...] = (
     ("--metrics",),
     ("--threads", "-t"),
     ("--alias", "-a"),
+    ("--cors-origins",),
+    ("--cors-credentials", "--no-cors-credentials"),
 )
+# Managed options a profile field renders: the refusal names the field to set instead.
+MANAGED_FIELD: dict[str, str] = {
+    "--cors-origins": "cors.origins (with cors.reason for '*')",
+    "--cors-credentials": "cors.credentials (with cors.reason)",
+}
 
 # option -> why it is risky. Negative forms (`--no-agent`, `--no-ui-mcp-proxy`) turn a feature
 # off and stay allowed.
@@ -136,6 +143,7 @@ class OptionSpec:
     n_values: int  # 0 for a switch
     untrusted: bool = False  # its help warns about it (see HELP_WARNINGS)
     warning: str = ""  # the warning its help gives, for the refusal's message
+    hints: tuple[str, ...] = ()  # its value hints (FNAME, FILE, N, ...)
 
 
 @dataclass
@@ -178,7 +186,7 @@ def parse_help(help_text: str) -> HelpSpec:
     """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0 (common_arg::to_string);
     continuation lines are indented. Aliases are separated by ", "; value hints follow a space."""
     spec = HelpSpec()
-    current: list[tuple[tuple[str, ...], int, list[str]]] = []
+    current: list[tuple[tuple[str, ...], tuple[str, ...], list[str]]] = []
     for line in help_text.splitlines():
         m = _OPT_LINE.match(line)
         if not m:
@@ -190,11 +198,11 @@ def parse_help(help_text: str) -> HelpSpec:
         last, _, hint = parts[-1].partition(" ") if parts else ("", "", "")
         names = tuple(p for p in parts[:-1] + [last] if _OPT_NAME.fullmatch(p))
         if names:
-            current.append((names, len(_value_hints(hint)), [line[m.end() :].strip()]))
-    for names, n_values, desc in current:
+            current.append((names, tuple(_value_hints(hint)), [line[m.end() :].strip()]))
+    for names, hints, desc in current:
         text = " ".join(desc).lower()
         warning = next((w for w in HELP_WARNINGS if w in text), "")
-        opt = OptionSpec(names=names, n_values=n_values, untrusted=bool(warning), warning=warning)
+        opt = OptionSpec(names=names, n_values=len(hints), untrusted=bool(warning), warning=warning, hints=hints)
         for n in names:
             spec.options.setdefault(n, opt)
     return spec
@@ -323,7 +331,11 @@ def check_extra_args(
     out += [f"{where}: {p}" for p in problems]
     for p in parsed:
         if (m := managed_key(p.flag, help_spec)) is not None:
-            out.append(f"{where} may not set {p.written} ({m}): it is a profile field or managed by pairctl")
+            field_ = MANAGED_FIELD.get(m)
+            out.append(
+                f"{where} may not set {p.written} ({m}): "
+                + (f"set the profile's {field_} instead" if field_ else "it is a profile field or managed by pairctl")
+            )
             continue
         key = risky_key(p.flag, help_spec)
         if key is None:
@@ -345,6 +357,107 @@ def allowed_used(args: list[str], help_text: str | None = None) -> list[str]:
     help_spec = parse_help(help_text) if help_text else None
     parsed, _ = parse_args(args, help_spec)
     return sorted({k for p in parsed if (k := risky_key(p.flag, help_spec)) is not None})
+
+
+# -- files that change what llama-server answers ---------------------------------------------------
+
+# llama-server options whose value names a file it reads and that changes its answers (pinned
+# source, common/arg.cpp; server examples). How the value holds paths: "path" one path, "list"
+# comma-separated paths, "scaled" FNAME:SCALE,... Such a file is part of the route as much as the
+# model is: a profile declares each with its sha256 (RouteProfile.files), the host's copy is
+# hashed before the start and recorded, and status/acceptance re-hash it.
+OUTPUT_FILES: dict[str, str] = {
+    "--lora": "list",
+    "--lora-scaled": "scaled",
+    "--control-vector": "path",
+    "--control-vector-scaled": "scaled",
+    "--mmproj": "path",
+    "--grammar-file": "path",
+    "--json-schema-file": "path",
+    "--chat-template-file": "path",
+    "--lookup-cache-static": "path",
+    "--lookup-cache-dynamic": "path",
+}
+OUTPUT_FILE_ALIASES: tuple[tuple[str, ...], ...] = (
+    ("--mmproj", "-mm"),
+    ("--json-schema-file", "-jf"),
+    ("--lookup-cache-static", "-lcs"),
+    ("--lookup-cache-dynamic", "-lcd"),
+)
+# File options that do not change answers (TLS material) or are judged elsewhere (managed, risky
+# downloads and directories: allow_flags)
+NOT_OUTPUT_FILES = frozenset({"--ssl-key-file", "--ssl-cert-file", "--hf-file", "-hff"})
+_FILE_OPT = {a: names[0] for names in OUTPUT_FILE_ALIASES for a in names} | {k: k for k in OUTPUT_FILES}
+# a newer package's own --help: an option whose value hint names a file is treated as one
+_FILE_HINT = re.compile(r"^(FNAME|FILE|[A-Z_]*_FILE)(:SCALE,\.\.\.)?$")
+
+
+def output_file_key(flag: str, help_spec: HelpSpec | None = None) -> tuple[str, str] | None:
+    """(canonical option, how its value holds paths) when `flag` reads an answer-changing file."""
+    names: tuple[str, ...] = (flag,)
+    opt = help_spec.get(flag) if help_spec is not None else None
+    if opt is not None:
+        names = opt.names
+    for n in names:
+        if n in _FILE_OPT:
+            key = _FILE_OPT[n]
+            return key, OUTPUT_FILES[key]
+    if opt is not None and opt.hints and not set(opt.names) & (NOT_OUTPUT_FILES | MANAGED_FLAGS | RISKY_FLAGS):
+        if m := _FILE_HINT.match(opt.hints[0]):
+            return max(opt.names, key=len), "scaled" if m.group(2) else "path"
+    return None
+
+
+def value_paths(how: str, values: tuple[str, ...]) -> list[str]:
+    """The paths one option's value(s) name."""
+    if not values:
+        return []
+    v = values[0]
+    if how == "path":
+        return [v]
+    items = [x for x in v.split(",") if x]
+    if how == "scaled":
+        return [x.rsplit(":", 1)[0] if ":" in x else x for x in items]
+    return items
+
+
+def file_args(args: list[str], help_text: str | None = None) -> list[tuple[str, str]]:
+    """(option as written, path) for every answer-changing file `args` names."""
+    help_spec = parse_help(help_text) if help_text else None
+    parsed, _ = parse_args(args, help_spec)
+    return [
+        (p.written, path)
+        for p in parsed
+        if (k := output_file_key(p.flag, help_spec)) is not None
+        for path in value_paths(k[1], p.values)
+    ]
+
+
+def file_problems(
+    args: list[str], files: dict[str, str], *, help_text: str | None = None, where: str = "extra_args"
+) -> list[str]:
+    """Every answer-changing file `args` name must be declared in the profile's `files` (absolute
+    path -> sha256), and every declared file must be one they name."""
+    out: list[str] = []
+    named = file_args(args, help_text)
+    for flag, path in named:
+        if not path.startswith("/"):
+            out.append(
+                f"{where}: {flag} {path!r} is not an absolute path (llama-server would resolve it in its own "
+                "working directory); write the file's absolute path on the native host"
+            )
+        elif path not in files:
+            out.append(
+                f"{where}: {flag} {path} reads a file that changes the server's answers, and its sha256 is not "
+                f"declared; add it to the profile's files ({path}: SHA256, from `sha256sum {path}` on the native "
+                "host) or remove the option"
+            )
+    used = {path for _, path in named}
+    out += [
+        f"files: {path} is declared but no option in {where} reads it; remove it from the profile's files"
+        for path in sorted(set(files) - used)
+    ]
+    return out
 
 
 # -- addresses --------------------------------------------------------------------------------
@@ -500,10 +613,12 @@ def server_policy_problems(
     *,
     help_text: str | None,
     api_key: bool,
+    files: dict[str, str] | None = None,
 ) -> Policy:
     """Preflight: the profile's extra_args against the package's own --help and the pair's allow
     list, every --host the rendered llama-server argv carries, and the rendered rpc-server argv."""
     problems = check_extra_args(extra_args, allowed=allow_flags, api_key=api_key, help_text=help_text)
+    problems += file_problems(extra_args, dict(files or {}), help_text=help_text)
     parsed, _ = parse_args(native_args, parse_help(help_text) if help_text else None)
     for p in parsed:
         if p.flag == "--host" and p.values and (why := server_bind_problem(p.values[0], api_key=api_key)):

@@ -58,6 +58,13 @@ class HostSpec(StrictModel):
         "to start at boot) or the system manager (/etc/systemd/system; the user must be root)",
     )
 
+    service_user: str | None = Field(
+        default=None,
+        pattern=r"^[a-z_][a-z0-9_-]{0,31}$",
+        description="the unprivileged host user the servers run as (the supervisor, run as root, drops them to it "
+        "with setpriv); needs `user: root`; required with systemd_scope: system",
+    )
+
     @model_validator(mode="after")
     def _system_scope_is_root(self) -> HostSpec:
         if self.service_manager == "systemd" and self.systemd_scope == "system" and self.user != "root":
@@ -65,6 +72,17 @@ class HostSpec(StrictModel):
                 f"systemd_scope: system needs `user: root` written here (units go to /etc/systemd/system), not "
                 f"{self.user or 'a user taken from ssh_config or the local login'}; "
                 "use systemd_scope: user for a login user's own manager"
+            )
+        if self.service_user is not None and (self.user != "root" or self.service_user == "root"):
+            raise ValueError(
+                f"service_user: {self.service_user} needs `user: root` written here (only root can run the servers as "
+                "another user) and must not be root; remove it to run them as the login user"
+            )
+        if self.service_manager == "systemd" and self.systemd_scope == "system" and self.service_user is None:
+            raise ValueError(
+                "systemd_scope: system would run llama-server and ggml-rpc-server as root; set service_user to an "
+                "unprivileged host user that can read the models and use the GPUs (e.g. `useradd --system "
+                "--no-create-home pairctl` on the host, then service_user: pairctl)"
             )
         return self
 

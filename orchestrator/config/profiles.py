@@ -15,7 +15,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, host_in_args, normalise
+from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, file_problems, host_in_args, normalise
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
@@ -75,6 +75,46 @@ class SpeedFloors(StrictModel):
     )
 
 
+_ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$")
+
+
+class CorsPolicy(StrictModel):
+    """Which web pages' scripts may read the server's answers (llama-server --cors-origins and
+    --cors-credentials, always rendered). The pinned server's own default is `*` with credentials:
+    it echoes any page's Origin back, so any web page a user on the network opens can drive the
+    server and read its answers (with no API key, everything it serves). pairctl renders
+    `localhost` (only pages served from localhost; the server's own web UI is same-origin and
+    needs no CORS) and no credentials unless the profile says otherwise with a reason."""
+
+    origins: str = Field(
+        default="localhost",
+        description="'localhost', exact origins (https://app.example.com:8443, comma-separated) or '*' (needs reason)",
+    )
+    credentials: bool = Field(default=False, description="allow credentials (needs reason)")
+    reason: str | None = Field(default=None, description="why '*' or credentials are needed (recorded with the route)")
+
+    @model_validator(mode="after")
+    def _check(self) -> CorsPolicy:
+        items = [o.strip() for o in self.origins.split(",")]
+        bad = [o for o in items if o not in ("localhost", "*") and not _ORIGIN.match(o)]
+        if not self.origins.strip() or bad:
+            raise ValueError(
+                f"cors.origins {self.origins!r}: each entry must be 'localhost', '*' or an exact origin like "
+                "https://app.example.com:8443 (scheme, host, optional port; no path)"
+            )
+        wide = [w for w, on in (("origins '*'", "*" in items), ("credentials: true", self.credentials)) if on]
+        if wide and not (self.reason or "").strip():
+            raise ValueError(
+                f"cors: {' and '.join(wide)} lets any web page a user opens drive the server and read its answers; "
+                "set cors.reason to say why this route needs it, or use cors.origins: localhost (the default) or "
+                "the exact origins of your web app"
+            )
+        return self
+
+    def render(self) -> list[str]:
+        return ["--cors-origins", self.origins, "--cors-credentials" if self.credentials else "--no-cors-credentials"]
+
+
 class RouteProfile(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
@@ -94,6 +134,12 @@ class RouteProfile(StrictModel):
     threads: int | None = Field(default=None, ge=1)
     metrics: bool = True
     extra_args: list[str] = Field(default_factory=list)
+    files: dict[str, str] = Field(
+        default_factory=dict,
+        description="absolute path on the native host -> sha256 of every file an extra_args option reads that "
+        "changes answers (--lora, --control-vector, --mmproj, --grammar-file, --chat-template-file, ...)",
+    )
+    cors: CorsPolicy = Field(default_factory=CorsPolicy, description="llama-server's CORS answer (always rendered)")
     reference_gates: ReferenceGates = Field(default_factory=ReferenceGates)
     rpc_consistency: RpcConsistency = Field(
         default_factory=RpcConsistency, description="the RPC host alone vs the native device (checks.rpc_consistency)"
@@ -139,6 +185,12 @@ class RouteProfile(StrictModel):
         problems = check_extra_args(
             list(self.extra_args), allowed=ctx.get("allow_flags") or {}, api_key=bool(ctx.get("api_key"))
         )
+        problems += file_problems(list(self.extra_args), dict(self.files))
+        problems += [
+            f"files: {path!r} -> {sha!r}: write an absolute path and its 64-hex-digit sha256"
+            for path, sha in self.files.items()
+            if not path.startswith("/") or not re.fullmatch(r"[0-9a-f]{64}", sha)
+        ]
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -213,6 +265,7 @@ class RouteProfile(StrictModel):
                 args += ["--spec-draft-ngl", str(d.n_gpu_layers)]
         if self.metrics:
             args += ["--metrics"]
+        args += self.cors.render()
         if api_key_file:
             args += ["--api-key-file", api_key_file]
         if log_file:

@@ -50,6 +50,7 @@ from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
 from orchestrator.hosts.rpc_guard import install_guard
 from orchestrator.hosts.units import UnitReadback
+from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
 
@@ -224,6 +225,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
         list(act.rpc_argv[1:]),
         help_text=help_text,
         api_key=key is not None,
+        files=dict(profile.files),
     )
     if policy.problems:
         raise ConfigError(
@@ -305,9 +307,48 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
         d["systemd"] = _check_manager(ctx, role)
         if ctx.mode == "deploy":
             d["unit_verified"] = verify_unit_before_change(ctx, role)
+    if (svc_user := ctx.inventory.host(ctx.host(role)).service_user) is not None:
+        d["service_user"] = _check_service_user(ctx, role, svc_user)
     if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
         d["models"] = _hash_models(ctx)
+        if files := _hash_files(ctx):
+            d["files"] = files
     return d
+
+
+# id and setpriv as the host has them; each path the service reads is tried as that user
+_SERVICE_USER_SH = (
+    'u=$1; shift; id -u -- "$u" || exit 2; command -v setpriv >/dev/null || exit 3; g=$(id -g -- "$u"); '
+    'for p in "$@"; do setpriv --reuid="$u" --regid="$g" --init-groups -- test -r "$p" || echo "unreadable=$p"; done'
+)
+
+
+def _check_service_user(ctx: RunContext, role: str, user: str) -> dict[str, Any]:
+    """The inventory's service_user exists on the host (not as root), setpriv is there and (native
+    host) it can read every model and declared file the servers load, before any change: the
+    supervisor starts nothing without them, and a rollback would fail the same way."""
+    paths: list[str] = []
+    if role == "native":
+        paths = [m.path for m in ctx.inventory.pair(ctx.view.name).models.values()]
+        if ctx.target is not None:
+            paths += sorted(ctx.target.entry.profile.get("files") or {})
+    res = ctx.t(role).run(Cmd(("sh", "-c", _SERVICE_USER_SH, "_", user, *paths)), check=False, timeout=120)
+    lines = as_text(res.stdout).split()
+    unreadable = [ln.removeprefix("unreadable=") for ln in lines if ln.startswith("unreadable=")]
+    why = {2: "does not exist", 3: "exists, but setpriv (util-linux) is not installed"}.get(res.exit_status)
+    if why is None and lines[:1] == ["0"]:
+        why = "is root"
+    if why is None and unreadable:
+        why = f"cannot read {', '.join(unreadable[:4])}"
+    if why is None and res.exit_status != 0:
+        why = f"could not be checked (exit {res.exit_status})"
+    if why is not None:
+        raise HostStateError(
+            f"{ctx.host(role)}: service_user {user} {why} on this host; nothing was changed",
+            hint=f"create it (useradd --system --no-create-home {user}), install util-linux and let it read the "
+            "models (chmod/chgrp), or remove service_user from this host in the inventory",
+        )
+    return {"user": user, "uid": int(lines[0]) if lines and lines[0].isdigit() else None, "checked": len(paths)}
 
 
 def _check_manager(ctx: RunContext, role: str) -> str:
@@ -401,6 +442,27 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
     assert ctx.target is not None  # a_prepare hashes only for a deploy whose preflight rendered it
     ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
     return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
+
+
+def _hash_files(ctx: RunContext) -> dict[str, Any]:
+    """The answer-changing files the profile's extra_args name (RouteProfile.files), hashed on the
+    native host before anything changes: a missing file or one whose sha256 is not the declared
+    one refuses the deploy (exit 6). The declared hashes are in the profile the route entry
+    records, so status and acceptance re-hash the files against them."""
+    assert ctx.target is not None
+    files = dict(ctx.target.entry.profile.get("files") or {})
+    if not files:
+        return {}
+    found, problems = check_models(
+        {p: p for p in files}, files, ctx.host("native"), ctx.t("native"), ctx.layout("native"),
+        expected_is="the profile declares", kind="file",
+    )  # fmt: skip
+    if problems:
+        raise PackageError(
+            "; ".join(problems) + "; nothing was changed",
+            hint="put the declared file in place on the native host, or correct the profile's files.<path>",
+        )
+    return {p: {"sha256": h.sha256, "size": h.size, "how": h.how} for p, h in sorted(found.items())}
 
 
 def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:

@@ -143,6 +143,7 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
                 inventory.supervision,
                 rpc=supervisor.ipv4_endpoint(rpc_bind, p.rpc_port),
                 allow=inventory.rpc_peers(pair_name),
+                user=inventory.host(p.rpc).service_user,
             )
         ),
         "native": tuple(
@@ -150,6 +151,7 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
                 inventory.supervision,
                 health=supervisor.ipv4_endpoint(urlsplit(f"http://{reach_url}").hostname or "", p.server_port),
                 peer=supervisor.ipv4_endpoint(rpc_bind, p.rpc_port),
+                user=inventory.host(p.native).service_user,
             )
         ),
     }

@@ -19,7 +19,7 @@ from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import boot, supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
-from orchestrator.hosts.models import recorded_model_problems
+from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
 from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.route import parse_route
@@ -184,6 +184,13 @@ def status(
                 )
                 out["route"]["models"] = dict(rec.active.models)
                 out["route"]["models_verified"] = not bad
+                out["problems"] += bad
+            if rec.active and recorded_files(rec.active.profile) and "native" in found:
+                bad = recorded_file_problems(
+                    rec.active.profile, view.hosts["native"], pool.get(view.hosts["native"]), view.layouts["native"]
+                )
+                out["route"]["files"] = recorded_files(rec.active.profile)
+                out["route"]["files_verified"] = not bad
                 out["problems"] += bad
         try:
             get_json(view.base_url, "/health", timeout=3)

@@ -35,6 +35,7 @@ def check_models(
     *,
     expected_is: str,
     mismatch_means: str = "",
+    kind: str = "model",
 ) -> tuple[dict[str, ModelHash], list[str]]:
     """Hash the model files `paths` (name -> path) on the host (one exec) and compare each with
     `expected` (name -> sha256; a name without one is only required to exist): deploy against the
@@ -45,13 +46,14 @@ def check_models(
     found, problems = {}, []
     for name, path in sorted(paths.items()):
         h = seen.get(path)
+        what = f"{kind} {name}" if name == path else f"{kind} {name} ({path})"
         if h is not None and h.how == "notfile":
-            problems.append(f"{host}: model {name} ({path}) is not a regular file (a directory?)")
+            problems.append(f"{host}: {what} is not a regular file (a directory?)")
         elif h is None or h.sha256 is None:
-            problems.append(f"{host}: model {name} ({path}) is missing")
+            problems.append(f"{host}: {what} is missing")
         elif name in expected and h.sha256 != expected[name]:
             problems.append(
-                f"{host}: model {name} ({path}) has sha256 {h.sha256}, {expected_is} {expected[name]}"
+                f"{host}: {what} has sha256 {h.sha256}, {expected_is} {expected[name]}"
                 + (f" {mismatch_means}" if mismatch_means else "")
             )
         else:
@@ -81,3 +83,31 @@ def recorded_model_problems(
         mismatch_means="(changed since it was deployed)",
     )
     return problems + differ
+
+
+def recorded_files(profile: Any) -> dict[str, str]:
+    """The answer-changing files (path -> sha256) a route entry's recorded profile declares."""
+    files = profile.get("files") if isinstance(profile, Mapping) else None
+    if not isinstance(files, Mapping):
+        return {}
+    return {str(p): str(s) for p, s in files.items()}
+
+
+def recorded_file_problems(profile: Any, host: str, transport: Transport, layout: Any) -> list[str]:
+    """The files the route entry's profile declares (extra_args' control vectors, adapters,
+    grammars, templates...) re-hashed on the native host: one replaced under a running server
+    changes what it answers (or what it loads on its next restart)."""
+    files = recorded_files(profile)
+    if not files:
+        return []
+    _, differ = check_models(
+        {p: p for p in files},
+        files,
+        host,
+        transport,
+        layout,
+        expected_is="the route entry records",
+        mismatch_means="(changed since it was deployed)",
+        kind="file",
+    )
+    return differ

@@ -169,6 +169,13 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
+    for a in "$@"; do  # the service user's files made right here, outside any unit's sandbox
+        case "$a" in
+        sup.user=*) user_prep "$r" "$n" "${a#sup.user=}" >&2 || CODE=3 die "service user ${a#sup.user=}: see above" ;;
+        sup.*=*) ;;
+        *) break ;;
+        esac
+    done
     [ -z "$sd" ] || [ "${sd_verified:-}" = "systemd=$sd_scope:$sd_unit" ] || sd_verify "$r"
     # a unit of an earlier start (either mode) goes first: systemd would restart its supervisor
     (sd_stop "$r" "$n" >/dev/null) || exit $?
@@ -407,9 +414,34 @@ rotate_logs() { # rotate_logs MAX_BYTES KEEP FILE...: each FILE past MAX_BYTES i
     done
 }
 
+same_mode() { [ -n "$(find "$1" -maxdepth 0 -perm "$2" 2>/dev/null)" ]; }  # same_mode PATH MODE (find -perm)
+
+user_prep() { # user_prep ROOT NAME USER: uid/gid of the service user, and what it needs to run as
+    # it: search permission on the root (it lists and writes nothing there), its own HOME under
+    # a root-owned run/home, its API key file (0400, its own; secrets/ searchable, not listable).
+    # Only what differs is changed, so a sandboxed supervisor (read-only root) passes when start did it.
+    uid=$(id -u -- "$3" 2>/dev/null) && gid=$(id -g -- "$3" 2>/dev/null) ||
+        { echo "$(date -u +%FT%TZ) $2: service user $3 does not exist on this host: not started"; return 1; }
+    [ "$uid" != 0 ] || { echo "$(date -u +%FT%TZ) $2: service user $3 is root: not started"; return 1; }
+    command -v setpriv >/dev/null 2>&1 ||
+        { echo "$(date -u +%FT%TZ) $2: setpriv (util-linux) is not installed: not started"; return 1; }
+    same_mode "$1" -011 || chmod go+x "$1" || return 1
+    mkdir -p "$1/run/home/$2" || return 1
+    same_mode "$1/run/home" 711 || chmod 711 "$1/run/home" || return 1
+    [ "$(stat -c %u:%g "$1/run/home/$2")" = "$uid:$gid" ] || chown "$uid:$gid" "$1/run/home/$2" || return 1
+    if [ -d "$1/secrets" ] && [ ! -L "$1/secrets" ]; then
+        same_mode "$1/secrets" 711 || chmod 711 "$1/secrets" || return 1
+        for f in "$1/secrets"/*; do
+            if [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %u:%a "$f")" != "$uid:400" ]; then
+                chown "$uid" "$f" && chmod 400 "$f" || return 1
+            fi
+        done
+    fi
+}
+
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=-
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=-
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -422,6 +454,9 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
         allow)  # the RPC guard's IPv4 allow list (orchestrator/hosts/rpc_guard.c)
             case "$v" in '' | *[!0-9.,]*) CODE=2 die "supervise: sup.allow=$v is not a list of IPv4 addresses" ;; esac ;;
+        user)  # the inventory's service_user: the service runs as this user (setpriv), never as root
+            case "$v" in [a-z_]*) ;; *) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac
+            case "$v" in *[!a-z0-9_-]*) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
         case "$k" in backoff) backoff0=$v ;; *) eval "$k=\$v" ;; esac  # $k is one of the names above
@@ -429,6 +464,12 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
     home="$r/run/home/$n"
     mkdir -p "$home" && chmod 700 "$home" || exit 1
+    if [ "$user" != - ]; then
+        # the service drops to the service user; what it needs is in place (start made it so;
+        # under ProtectSystem=strict the root is read-only here, so only what differs changes).
+        # Missing user or setpriv: nothing starts (deploy checked both before any change)
+        user_prep "$r" "$n" "$user" || exit 1
+    fi
     bindir=$(dirname "$1")
     libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"
     starts=""; restarts=0; backoff=$backoff0; first=1; reason=-
@@ -477,12 +518,18 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
         # the ended run's log to .1 (a deliberate start keeps it as .prev)
         if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
+        if [ "$user" != - ] && [ ! -e "$r/run/$n.log" ]; then  # llama-server opens its --log-file itself
+            (umask 077 && true >"$r/run/$n.log") && chown "$uid:$gid" "$r/run/$n.log"
+        fi
         # a cleared environment (no LLAMA_ARG_* or config of the host user's), its own HOME and cwd;
         # the subshell execs env, which execs PROGRAM: $! is the service's pid
         # sup.allow: the RPC guard is preloaded (only those peers are served); missing or a link, nothing starts
         if [ "$allow" != - ]; then
             guard_file_ok "$r" || { echo "$(date -u +%FT%TZ) $n: $r/bin/$GUARD is missing, a link or not ours: not started"; exit 1; }
             set -- env LD_PRELOAD="$r/bin/$GUARD" PAIRCTL_RPC_ALLOW="$allow" "$@"
+        fi
+        if [ "$user" != - ]; then  # setpriv execs the service: $! stays its pid; the preload applies after the drop
+            set -- setpriv --reuid="$uid" --regid="$gid" --init-groups --inh-caps=-all --no-new-privs -- "$@"
         fi
         (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
             >>"$r/run/$n.out" 2>&1 </dev/null &

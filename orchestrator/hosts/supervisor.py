@@ -42,13 +42,15 @@ def sup_args(
     peer: str | None = None,
     rpc: str | None = None,
     allow: list[str] | None = None,
+    user: str | None = None,
 ) -> list[str]:
     """The `sup.KEY=VALUE` words `pairctl-svc start|restart` passes to the supervisor. `health`
     (llama-server's ADDRESS:PORT) turns on hang detection; `peer` (the RPC server's ADDRESS:PORT)
     makes the native supervisor start llama-server only once the peer answers, and restart it
     when the connection to the peer is lost; `rpc` (ggml-rpc-server's own ADDRESS:PORT) turns on
     its hang detection (pairctl-svc rpc_probe: stopped, or no answer to the RPC HELLO while no
-    client is served); `allow`: ggml-rpc-server's peers, served through the preloaded guard."""
+    client is served); `allow`: ggml-rpc-server's peers, served through the preloaded guard;
+    `user`: the host's service_user, whom the (root) supervisor runs the service as (setpriv)."""
     out = [
         f"sup.backoff={_num(s.backoff_s)}",
         f"sup.backoff_max={_num(s.backoff_max_s)}",
@@ -66,6 +68,8 @@ def sup_args(
         out.append(f"sup.peer={peer}")
     if allow:  # ggml-rpc-server with its guard preloaded: only these peers are served (rpc_guard.py)
         out.append(f"sup.allow={','.join(allow)}")
+    if user:  # the service drops to this user (its home, log and API key file become its own)
+        out.append(f"sup.user={user}")
     return out
 
 

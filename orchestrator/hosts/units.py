@@ -90,6 +90,55 @@ def _spec(value: str) -> str:
     return value.replace("%", "%%")
 
 
+# Hardening every unit gets: what a user manager applies without namespaces (seccomp filters and
+# the no_new_privs bit; an unprivileged manager implies NoNewPrivileges= for them anyway). The
+# servers need TCP/IP and the resolver (AF_NETLINK: getaddrinfo's AI_ADDRCONFIG), nothing more.
+# Measured with `systemd-analyze security --offline=true` (systemd 252): a system unit's exposure
+# 9.6 without these lines, 3.4 with them (system set); a user unit 6.5. What is left: the
+# supervisor runs as root (it drops the service itself), devices stay open (GPUs), the network
+# stays open (the servers serve it).
+HARDENING_COMMON = (
+    "NoNewPrivileges=yes",
+    "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
+    "RestrictNamespaces=yes",
+    "RestrictRealtime=yes",
+    "RestrictSUIDSGID=yes",
+    "LockPersonality=yes",
+    "SystemCallArchitectures=native",
+    # calls no server or supervisor makes (clock setting, kernel modules, mounts, swap, reboot,
+    # raw I/O ports, ptrace and perf): refused with EPERM rather than a SIGSYS kill
+    "SystemCallFilter=~@clock @cpu-emulation @debug @module @mount @obsolete @raw-io @reboot @swap",
+    "SystemCallErrorNumber=EPERM",
+    "UMask=0077",
+)
+# Added in the system manager, where the supervisor runs as root (it drops the service itself
+# to service_user with setpriv, hosts/pairctl-svc.sh): a read-only OS and install root except
+# run/, no /tmp shared with other services, no writes to the kernel's knobs, and only the
+# capabilities the supervisor uses (drop to the service user, signal it, read its /proc entries,
+# chown its home and log). No PrivateDevices=: the GPU device nodes must stay reachable.
+HARDENING_SYSTEM = (
+    "ProtectSystem=strict",
+    "ProtectHome=read-only",
+    "PrivateTmp=yes",
+    "PrivateMounts=yes",
+    "ProtectKernelTunables=yes",
+    "ProtectKernelModules=yes",
+    "ProtectKernelLogs=yes",
+    "ProtectControlGroups=yes",
+    "ProtectClock=yes",
+    "ProtectHostname=yes",
+    "CapabilityBoundingSet=CAP_SETUID CAP_SETGID CAP_SETPCAP CAP_KILL CAP_CHOWN CAP_FOWNER CAP_DAC_OVERRIDE "
+    "CAP_DAC_READ_SEARCH CAP_SYS_PTRACE",
+)
+
+
+def hardening(root: str, *, user: bool) -> list[str]:
+    """The [Service] sandboxing lines for a unit of this scope (see HARDENING_*)."""
+    if user:
+        return list(HARDENING_COMMON)
+    return [*HARDENING_COMMON, *HARDENING_SYSTEM, f"ReadWritePaths={_spec(posixpath.join(root, 'run'))}"]
+
+
 def supervise_argv(svc: str, root: str, service: str, sup: Sequence[str], argv: Sequence[str]) -> list[str]:
     """ExecStart's words: the installed helper's supervisor loop, its options, the service's argv."""
     return ["/bin/sh", svc, "supervise", root, service, *sup, *argv]
@@ -133,6 +182,7 @@ def render_unit(
         f"WorkingDirectory={_spec(posixpath.join(root, 'run'))}",
         f"StandardOutput=append:{sup_log}",
         f"StandardError=append:{sup_log}",
+        *hardening(root, user=user),
         "",
         "[Install]",
         f"WantedBy={'default.target' if user else 'multi-user.target'}",

@@ -24,7 +24,7 @@ def _hashes(home) -> set[str]:
 def test_failed_deploy_json_names_its_receipt(deployed_lab, lab_packages, cli):
     pid = deployed_lab.package_id
     before = _hashes(deployed_lab.home)
-    # manifests/profiles/lab-unloadable.yaml: a --mmproj file that does not exist -> start-server fails, rolled back
+    # manifests/profiles/lab-unloadable.yaml: an --override-kv naming no architecture -> start-server fails, rolled back
     r = cli(
         "deploy",
         "--pair",

@@ -133,7 +133,7 @@ def test_deploy_a_then_b_over_a_then_rollback(deployed_lab, lab_packages_b, cli,
 def test_failed_deploy_restores_a(deployed_lab, lab_packages_b, cli, tmp_path, restore_baseline):
     a, b = deployed_lab.package_id, lab_packages_b.id
     before = lab_status(cli)
-    # manifests/profiles/lab-unloadable.yaml: the lab route plus a --mmproj file that does not exist
+    # manifests/profiles/lab-unloadable.yaml: the lab route plus an --override-kv naming no architecture
     r, out = _deploy(cli, "--packages", b, b, "--profile", "lab-unloadable", "--skip-accept")
     assert r.exit_code == 7, (r.exit_code, r.stderr)
     assert "rolled back" in r.stderr and "start-server" in r.stderr

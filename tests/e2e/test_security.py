@@ -463,3 +463,126 @@ def test_a_guard_list_other_than_the_inventorys_fails_identity(deployed_sec):
         fp.inventory_path.write_text(text)
     a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
     assert a.returncode == 0, (a.stdout + a.stderr)[-2000:]
+
+
+# -- issue 32 #14: CORS, answer-changing files, the kernel check's rpc-server ---------------------
+
+EVIL = "https://evil.example"
+
+
+def test_a_foreign_web_page_cannot_read_the_servers_answers(deployed_sec):
+    """The pinned llama-server's own default is `--cors-origins *` with credentials: it echoes any
+    page's Origin, so a page a user opens could drive the server and read its answers. pairctl
+    renders the profile's cors (default localhost, no credentials): a foreign Origin gets nothing."""
+    fp, _ = deployed_sec
+    url = f"http://{fp.base_inventory.hosts[fp.base_hosts['native']].address}:8192"
+    auth = {"Authorization": f"Bearer {fp.api_key}"}
+    with httpx.Client(timeout=10, trust_env=False) as c:
+        for r in (
+            c.get(f"{url}/health", headers={"Origin": EVIL}),
+            c.get(f"{url}/v1/models", headers={"Origin": EVIL, **auth}),
+            c.options(f"{url}/completion", headers={"Origin": EVIL, "Access-Control-Request-Method": "POST"}),
+        ):
+            assert r.headers.get("access-control-allow-origin") not in (EVIL, "*"), dict(r.headers)
+            assert r.headers.get("access-control-allow-credentials") != "true", dict(r.headers)
+        local = c.get(f"{url}/health", headers={"Origin": "http://localhost:3000"})
+        assert local.headers.get("access-control-allow-origin") == "http://localhost:3000"  # what localhost allows
+    argv = cmdline_of(service_pid_of(fp, "native"))  # type: ignore[arg-type]
+    assert argv[argv.index("--cors-origins") + 1] == "localhost" and "--no-cors-credentials" in argv
+
+
+def _control_vector(path: Path, value: float) -> str:
+    """A control vector for the lab model (n_embd 128), as llama.cpp's cvector tools write one."""
+    import hashlib
+
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "controlvector")
+    w.add_string("controlvector.model_hint", "llama")
+    w.add_uint32("controlvector.layer_count", 1)
+    w.add_tensor("direction.1", np.full(128, value, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_answer_changing_file_is_declared_verified_and_watched(deployed_sec, tmp_path):
+    """A --control-vector named in extra_args changes every answer, and was deployed without its
+    hash anywhere: swapping the file on the host left status and identity clean. Now the profile
+    must declare it with its sha256, deploy hashes the host's copy before any change, the route
+    entry records it, and status sees it replaced."""
+    fp, _ = deployed_sec
+    pkg = fp.packages[0]
+    cv = tmp_path / "calm.gguf"
+    sha = _control_vector(cv, 0.5)
+    base = yaml.safe_load(Path(__file__).parents[2].joinpath("manifests", "profiles", "lab.yaml").read_text())
+    route = (fp.roots["native"] / "route.json").read_bytes()
+
+    def profile(name: str, **extra: object) -> str:
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(yaml.safe_dump({**base, "name": name, "extra_args": ["--control-vector", str(cv)], **extra}))
+        return str(p)
+
+    deploy = ("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, "--skip-accept", "--profile")
+    r = fp.cli(*deploy, profile("cv-undeclared"))
+    assert r.returncode == 3 and f"files ({cv}: SHA256" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    r = fp.cli(*deploy, profile("cv-wrong", files={str(cv): "0" * 64}))
+    assert r.returncode != 0 and f"file {cv} has sha256 {sha}, the profile declares" in r.stderr, r.stderr[-2000:]
+    assert "nothing was changed" in r.stderr and (fp.roots["native"] / "route.json").read_bytes() == route
+    try:
+        r = fp.cli(*deploy, profile("cv", files={str(cv): sha}))
+        assert r.returncode == 0, r.stderr[-3000:]
+        code, st = fp.status()
+        assert code == 0 and st["route"]["files"] == {str(cv): sha} and st["route"]["files_verified"], st
+        _control_vector(cv, -0.5)  # the same size, other directions: every answer moves
+        code, st = fp.status()
+        changed = [p for p in st["problems"] if str(cv) in p and "changed since it was deployed" in p]
+        assert code != 0 and changed, st["problems"]
+        a = fp.cli("--json", "accept", "--pair", fp.name, "--only", "identity")
+        assert a.returncode != 0 and str(cv) in a.stdout + a.stderr
+    finally:
+        r = fp.cli("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, "--skip-accept")
+        assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_the_kernel_checks_rpc_server_serves_only_the_pairs_peers(deployed_sec, tmp_path):
+    """`kernels check` starts a second ggml-rpc-server on rpc_port + 1 for the length of the
+    check; it ran without the RPC guard, so any host reaching that port got HELLO answered. Held
+    at its first harness (the server up, no client yet), a third address is reset; the pair's
+    own peer is served; the check then passes."""
+    fp, _ = deployed_sec
+    fault = tmp_path / "fault"
+    env = fp.env(PAIRCTL_ENABLE_FAULT_HOOKS="1", PAIRCTL_FAULT_HOOK="kernels.harness.native:pause",
+                 PAIRCTL_FAULT_DIR=str(fault))  # fmt: skip
+    p = subprocess.Popen(
+        fp.argv("--json", "kernels", "check", "--pair", fp.name), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (fault / "paused").exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (fault / "paused").exists(), f"kernels check never reached its harness (exit {p.poll()})"
+        addr = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+        stray = stray_client(addr, 50193)
+        try:
+            assert answer_of(stray, 10) in ("reset", "closed")
+        finally:
+            stray.close()
+        with socket.socket() as ok:
+            ok.bind(("127.0.0.1", 0))  # the lab's hosts reach each other from 127.0.0.1 (rpc_peers)
+            ok.settimeout(10)
+            ok.connect((addr, 50193))
+            ok.sendall(HELLO)
+            got = answer_of(ok, 10)
+            assert isinstance(got, bytes) and got[:1] == bytes([28]), got
+    finally:
+        (fault / "resume").touch()
+        out, err = p.communicate(timeout=600)
+    assert p.returncode == 0, err[-3000:]
+    assert json.loads(out)["plan"]["rpc_server"]["allow"] == ["127.0.0.1"]
+    log = (fp.roots["rpc"] / "run" / "kernel-check" / "run" / "ggml-rpc-server.out").read_text(errors="replace")
+    assert f"refused a connection from {STRAY}" in log, log[-2000:]

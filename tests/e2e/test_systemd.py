@@ -33,8 +33,9 @@ import yaml
 from orchestrator.config.inventory import Supervision, load_inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.hosts import boot
-from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
-from orchestrator.hosts.units import render_unit
+from orchestrator.hosts.layout import GUARD, LLAMA_SERVER, RPC_SERVER, HostLayout, svc_script
+from orchestrator.hosts.rpc_guard import guard_bytes
+from orchestrator.hosts.units import render_unit, supervise_argv
 from orchestrator.remote.pool import open_transport
 from tests.plugins.cli import run_cli
 from tests.plugins.pairs import PROFILE, wait_until
@@ -143,7 +144,12 @@ def manager() -> Iterator[Manager]:
     LINGER.unlink(missing_ok=True)
 
 
-def _inventory(src: Path, dest: Path) -> str:
+# the lab hosts' addresses (the lab inventory's; the pair fixture reads them)
+ADDRESS = {"native": "127.0.0.2", "rpc": "127.0.0.3"}
+SERVICE_USER = "nobody"  # the servers drop to it (service_user); uid 65534 on Debian
+
+
+def _inventory(src: Path, dest: Path, home: str) -> str:
     inv = yaml.safe_load(src.read_text())
     lab = inv["pairs"]["lab"]
     for name in ("lab-native", "lab-rpc"):
@@ -151,6 +157,21 @@ def _inventory(src: Path, dest: Path) -> str:
         h["install_root"] = h["install_root"].rsplit("/", 1)[0] + "/sd-root"
         h["service_manager"] = "systemd"
         h["systemd_scope"] = "user"
+        h["service_user"] = SERVICE_USER
+    # the lab's tiny models are root's 0600 files: the service user reads copies of them
+    models = Path(home, "lab", "hosts", "sd-models")
+    models.mkdir(parents=True, exist_ok=True)
+    models.chmod(0o755)
+    lab = {**lab, "models": dict(lab["models"])}
+    for role, ref in lab["models"].items():
+        src_model = Path(ref["path"].replace("${PAIRCTL_HOME}", home))
+        if src_model.stat().st_mode & 0o004:
+            continue  # readable by others already (the real model)
+        copy = models / src_model.name
+        if not copy.exists() or copy.stat().st_size != src_model.stat().st_size:
+            shutil.copyfile(src_model, copy)
+        copy.chmod(0o644)
+        lab["models"][role] = {"path": str(copy)}
     inv["pairs"] = {PAIR: {**lab, "server_port": SERVER_PORT, "rpc_port": RPC_PORT}}
     dest.write_text(yaml.safe_dump(inv, sort_keys=False))
     return str(dest)
@@ -158,13 +179,14 @@ def _inventory(src: Path, dest: Path) -> str:
 
 @pytest.fixture(scope="module")
 def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any]]:
-    inv = _inventory(lab.inventory_path, tmp_path_factory.mktemp("sd") / "inventory.yaml")
     home = str(lab.home.root)
+    inv = _inventory(lab.inventory_path, tmp_path_factory.mktemp("sd") / "inventory.yaml", home)
 
     def cli(*args: str) -> Any:
         return run_cli(["--home", home, "--inventory", inv, *args])
 
     spec = yaml.safe_load(Path(inv).read_text())
+    ADDRESS.update({role: spec["hosts"][f"lab-{role}"]["address"] for role in SERVICE})
     roots = {role: spec["hosts"][f"lab-{role}"]["install_root"].replace("${PAIRCTL_HOME}", home) for role in SERVICE}
     _clean(lab, roots)  # the roots are this module's own: each run starts from nothing
     pid = lab_packages.id
@@ -177,6 +199,20 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
     LINGER.parent.mkdir(parents=True, exist_ok=True)
     LINGER.touch()
+    # a service user the host lacks, or one that cannot read a model, is refused before any change
+    bad = Path(inv).with_name("no-user.yaml")
+    bad.write_text(Path(inv).read_text().replace(f"service_user: {SERVICE_USER}", "service_user: pairctl-no-such-user"))
+    r = run_cli(["--home", home, "--inventory", str(bad), *deploy])
+    assert r.exit_code == 6 and "service_user pairctl-no-such-user does not exist" in r.stderr, r.stderr[-2000:]
+    unreadable = Path(inv).with_name("unreadable.yaml")
+    unreadable.write_text(
+        Path(inv).read_text().replace(str(Path(home, "lab", "hosts", "sd-models")), f"{home}/lab/models")
+    )
+    r = run_cli(["--home", home, "--inventory", str(unreadable), *deploy])
+    assert r.exit_code == 6 and f"service_user {SERVICE_USER} cannot read {home}/lab/models/" in r.stderr, r.stderr[
+        -2000:
+    ]
+    assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
     r = cli(*deploy)
     assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
     view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
@@ -226,7 +262,8 @@ def _main_pid(unit: str) -> int:
 
 def _healthy() -> bool:
     try:
-        return httpx.get(f"http://127.0.0.2:{SERVER_PORT}/health", timeout=2.0, trust_env=False).status_code == 200
+        url = f"http://{ADDRESS['native']}:{SERVER_PORT}/health"
+        return httpx.get(url, timeout=2.0, trust_env=False).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -268,6 +305,37 @@ def test_deploy_installs_verifies_enables_and_reads_back_both_units(pair):
     _accept_identity(pair)
 
 
+def _proc_status(pid: int) -> dict[str, str]:
+    return dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+
+
+def test_the_servers_run_hardened_and_as_the_service_user(pair):
+    """Issue 32 #14: the units carry the hardening a user manager applies (no_new_privs, seccomp
+    filters: address families, namespaces, syscall groups) and the supervisors drop both servers
+    to the inventory's service_user; the pair still serves and passes identity with all of it."""
+    uid = int(subprocess.run(["id", "-u", SERVICE_USER], capture_output=True, text=True, check=True).stdout)
+    for role, root in pair["roots"].items():
+        unit = pair["units"][role]
+        text = (UNIT_DIR / unit).read_text()
+        for line in ("NoNewPrivileges=yes", "RestrictNamespaces=yes", "SystemCallFilter=~@clock", "UMask=0077"):
+            assert line in text, (line, text)
+        assert "ProtectSystem=" not in text  # the system manager's set; a user manager without namespaces lacks it
+        ident = _identity(root, SERVICE[role])
+        assert ident is not None
+        st = _proc_status(ident[0])
+        assert st["Uid"].split()[:2] == [str(uid), str(uid)], st["Uid"]  # real and effective: the service user
+        assert st["NoNewPrivs"].strip() == "1" and st["Seccomp"].strip() == "2", (st["NoNewPrivs"], st["Seccomp"])
+        assert st["CapEff"].strip() == "0" * 16, st["CapEff"]
+        sup = _proc_status(_main_pid(unit))
+        assert sup["Uid"].split()[0] == "0" and sup["NoNewPrivs"].strip() == "1"  # the supervisor drops it
+        home = Path(root, "run", "home", SERVICE[role])
+        assert home.stat().st_uid == uid and Path(root, "run").stat().st_uid == 0
+    log = Path(pair["roots"]["native"], "run", f"{LLAMA_SERVER}.log")
+    assert log.stat().st_uid == uid and log.stat().st_size > 0  # llama-server opened its own --log-file
+    assert _healthy()
+    _accept_identity(pair)
+
+
 def test_systemd_restarts_a_killed_supervisor_and_the_pair_comes_back(pair):
     root = pair["roots"]["native"]
     unit = pair["units"]["native"]
@@ -297,7 +365,7 @@ def test_a_unit_the_host_rejects_stops_nothing(pair):
     staged = Path(layout.staged_unit(RPC_SERVER))
     staged.write_text(staged.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     argv = before[2].decode().split("\0")[:-1]
-    cmd = layout.restart_cmd(RPC_SERVER, None, None, "127.0.0.3", RPC_PORT, 10, argv)
+    cmd = layout.restart_cmd(RPC_SERVER, None, None, ADDRESS["rpc"], RPC_PORT, 10, argv)
     t = open_transport(pair["lab"].inventory, "lab-rpc")
     try:
         res = t.run(cmd, check=False, timeout=120)
@@ -389,6 +457,80 @@ def test_systemd_gives_the_service_the_exact_argv_of_any_argument(manager, tmp_p
         _systemctl("stop", unit)
         (UNIT_DIR / unit).unlink(missing_ok=True)
         _systemctl("daemon-reload")
+
+
+def test_the_system_managers_sandbox_runs_a_real_server(pair, manager, lab_packages):
+    """The system scope's unit (ProtectSystem=strict, ReadWritePaths=ROOT/run, PrivateTmp,
+    PrivateMounts, the kernel protections, a capability bound) is only rendered and verified by
+    deploy here; root's user manager can apply all of it, so one real ggml-rpc-server runs under
+    exactly that unit text: its supervisor drops it to the service user, the OS and the install
+    root outside run/ are read-only to it, and it serves the guard's peer."""
+    root = Path(pair["lab"].home.root, "lab", "hosts", "sd-system-root")
+    shutil.rmtree(root, ignore_errors=True)
+    rel = root / "releases" / "pkg" / "bin"
+    rel.mkdir(parents=True)
+    (root / "run").mkdir()
+    shutil.copy2(lab_packages.path / "bin" / RPC_SERVER, rel / RPC_SERVER)
+    (root / "bin").mkdir()
+    (root / "bin" / "pairctl-svc").write_bytes(svc_script())
+    (root / "bin" / GUARD).write_bytes(guard_bytes())
+    for d in [root, *root.rglob("*")]:
+        d.chmod(0o755 if d.is_dir() or d.suffix == ".so" or d.name == RPC_SERVER else 0o644)
+    addr, port = ADDRESS["rpc"], RPC_PORT + 2
+    argv = [str(rel / RPC_SERVER), "-H", addr, "-p", str(port)]
+    sup = ["sup.allow=127.0.0.1", f"sup.user={SERVICE_USER}"]
+    text = render_unit(
+        pair="sdsys", service=RPC_SERVER, root=str(root), supervision=Supervision(), user=False,
+        exec_argv=supervise_argv(str(root / "bin" / "pairctl-svc"), str(root), RPC_SERVER, sup, argv),
+    )  # fmt: skip
+    assert "ProtectSystem=strict" in text and f"ReadWritePaths={root}/run" in text
+    # this lab's container refuses to remount /proc/sys and /proc/kmsg (226/NAMESPACE for a bare
+    # /bin/true too); a host's system manager applies them. Everything else runs as rendered.
+    lab_lacks = ("ProtectKernelTunables=yes", "ProtectKernelLogs=yes")
+    text = "\n".join(line for line in text.splitlines() if line not in lab_lacks) + "\n"
+    unit = "pairctl-sdsys-ggml-rpc-server-00000000.service"
+    (UNIT_DIR / unit).write_text(text)
+    try:
+        _systemctl("daemon-reload", check=True)
+        _systemctl("start", unit, check=True)
+        try:
+            took = wait_until("the sandboxed ggml-rpc-server serves", lambda: _identity(str(root), RPC_SERVER)
+                              is not None and _hello(addr, port), 30)  # fmt: skip
+        except AssertionError:
+            logs = {f.name: f.read_text(errors="replace")[-1500:] for f in (root / "run").glob("*.*") if f.is_file()}
+            raise AssertionError(f"{_systemctl('status', unit).stdout[-2000:]}\n{logs}") from None
+        print(f"system-scope sandbox: ggml-rpc-server serving in {took:.2f} s")
+        ident = _identity(str(root), RPC_SERVER)
+        assert ident is not None
+        st = _proc_status(ident[0])
+        uid = subprocess.run(["id", "-u", SERVICE_USER], capture_output=True, text=True, check=True).stdout.strip()
+        assert st["Uid"].split()[0] == uid and st["NoNewPrivs"].strip() == "1" and st["CapEff"].strip() == "0" * 16
+        sup_status = _proc_status(_main_pid(unit))
+        bound = int(sup_status["CapBnd"].strip(), 16)
+        assert not bound >> 21 & 1 and bound >> 7 & 1  # the supervisor: no CAP_SYS_ADMIN, still CAP_SETUID
+        mounts = Path(f"/proc/{ident[0]}/mountinfo").read_text().splitlines()
+        ro = {m.split()[4]: "ro" in m.split()[5].split(",") for m in mounts}
+        assert ro.get("/usr", ro.get("/")) and ro.get(str(root / "run")) is False, [m for m in mounts if "root" in m]
+    finally:
+        _systemctl("stop", unit)
+        (UNIT_DIR / unit).unlink(missing_ok=True)
+        _systemctl("daemon-reload")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _hello(addr: str, port: int) -> bool:
+    """ggml-rpc-server's HELLO (command 14, size 24, zeros) from 127.0.0.1, answered with size 28."""
+    import socket
+
+    try:
+        with socket.socket() as c:
+            c.bind(("127.0.0.1", 0))
+            c.settimeout(3)
+            c.connect((addr, port))
+            c.sendall(bytes([14]) + (24).to_bytes(8, "little") + bytes(24))
+            return c.recv(8)[:1] == bytes([28])
+    except OSError:
+        return False
 
 
 def test_a_drop_in_that_changes_the_unit_is_a_status_problem(pair):

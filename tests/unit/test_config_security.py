@@ -33,6 +33,7 @@ HELP = """\
 -h,    --help, --usage                  print usage and exit
 -c,    --ctx-size N                     size of the prompt context (default: 4096, 0 = loaded from model)
 --cors-origins ORIGINS                  comma-separated list of allowed origins for CORS (default: *)
+--cors-methods METHODS                  comma-separated list of allowed methods for CORS
 --path PATH                             path to serve static files from (default: )
 --tools TOOL1,TOOL2,...                 experimental: whether to enable built-in tools for AI agents - do not
                                         enable in untrusted environments (default: no tools)
@@ -101,8 +102,8 @@ def test_risky_flag_found_through_help_aliases_and_untrusted_warning():
     assert check_extra_args(["-ag"], help_text=HELP)
     assert "refused" in check_extra_args(["--new-exec-thing", "id"], help_text=HELP)[0]
     assert check_extra_args(["--no-agent", "-no-ag"], help_text=HELP) == []
-    # a value is consumed as the binary does: --cors-origins takes one, so "--tools" here is its value
-    assert check_extra_args(["--cors-origins", "--tools"], help_text=HELP) == []
+    # a value is consumed as the binary does: --cors-methods takes one, so "--tools" here is its value
+    assert check_extra_args(["--cors-methods", "--tools"], help_text=HELP) == []
     # an option the help does not list is named
     assert "not an option" in check_extra_args(["--draft-max", "3"], help_text=HELP)[0]
 

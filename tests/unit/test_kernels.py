@@ -327,12 +327,16 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
         "start",
         kroot,
         "ggml-rpc-server",
+        # the second rpc-server is guarded as the live one is: only the pair's peers are served
+        f"sup.allow={','.join(lab_inv.rpc_peers('lab'))}",
         s.binary,
         "-H",
         "127.0.0.3",
         "-p",
         "50053",
     ]
+    assert s.allow == tuple(lab_inv.rpc_peers("lab")) and s.allow
+    assert list(s.guard_cmd().argv)[2:] == ["guard", kroot, "ggml-rpc-server"]
     assert list(s.wait_cmd().argv)[2:] == ["wait-listen", kroot, "ggml-rpc-server", "127.0.0.3", "50053", "20"]
     assert list(s.stop_cmd().argv)[2:] == ["stop", kroot, "ggml-rpc-server"]
     native, rpc = plan.runs
