@@ -148,6 +148,7 @@ def _request_state(home: Home, req: BisectRequest, pair: _Pair) -> tuple[BisectS
         return old, None
     if req.good is None or req.bad is None or req.judgement is None:
         raise UsageError("bisect needs --good REV and --bad REV and a judgement (--checks or --plan), or --resume")
+    git.require_repo(req.source)
     rng = resolve_range(req.source, req.good, req.bad)
     if old is not None and old.finished is None:
         if old.same_request(rng.good.commit, rng.bad.commit, req.judgement, pair.profile_ref) and not req.dry_run:
@@ -160,7 +161,6 @@ def _request_state(home: Home, req: BisectRequest, pair: _Pair) -> tuple[BisectS
 def bisect(home: Home, inventory: Inventory, req: BisectRequest) -> BisectResult:
     """Run (or resume, or with dry_run only describe) a bisect of `req.pair`."""
     home.ensure()
-    git.require_repo(req.source)
     pair = _pair(inventory, req.pair, req.profile)
     old, rng = _request_state(home, req, pair)
     if old is not None:
@@ -239,7 +239,7 @@ class _Run:
             "profile": self.pair.profile_ref,
         }
         journal = self.store.begin(command="bisect", argv=self.argv, pair=None, inputs=inputs)
-        self.state.receipts.append(journal.run_id)
+        self.state.runs.append(journal.run_id)
         result = BisectResult(self.pair.name, "running", self.rng.as_dict(), resumed=self.resumed)
         driver = BisectDriver(self.home, self.inventory, self.pair.name, argv=self.argv)
         try:

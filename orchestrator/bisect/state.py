@@ -57,7 +57,7 @@ class BisectState:
     profile: str
     started_at: str
     steps: list[StepRecord] = field(default_factory=list)
-    receipts: list[str] = field(default_factory=list)  # the bisect receipts of each run (first, resumes)
+    runs: list[str] = field(default_factory=list)  # run ids of the bisect receipts (the first run, each resume)
     calibration: str | None = None  # plan judgement: the calibration receipt used
     finished: dict[str, Any] | None = None  # the answer, once git named it
     version: int = STATE_VERSION
