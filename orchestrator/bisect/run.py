@@ -53,6 +53,14 @@ _NOT_STARTED = frozenset(
 )
 
 
+def classify_rolled_back(failed_steps: list[str], first_line: str) -> tuple[str, str]:
+    """A rolled-back deploy's verdict from its failed steps: `skip` when only steps before
+    identity verification failed (the package never came up), else `bad`."""
+    if failed_steps and all(n in _NOT_STARTED for n in failed_steps):
+        return "skip", f"the package did not come up ({', '.join(failed_steps)}): {first_line}"
+    return "bad", f"acceptance failed ({', '.join(failed_steps) or 'deploy'}): {first_line}"
+
+
 @dataclass(frozen=True)
 class BisectRequest:
     pair: str
@@ -436,10 +444,7 @@ class _Run:
             evidence["deploy"] = {"receipt": receipt, "rolled_back": True}
             failed = self._failed_steps(receipt)
             evidence["deploy"]["failed_steps"] = failed
-            first = str(exc.message).splitlines()[0][:300]
-            if failed and all(n in _NOT_STARTED for n in failed):
-                return "skip", f"the package did not come up ({', '.join(failed)}): {first}"
-            return "bad", f"acceptance failed ({', '.join(failed) or 'deploy'}): {first}"
+            return classify_rolled_back(failed, str(exc.message).splitlines()[0][:300])
         evidence["deploy"] = {"receipt": res.receipt, "rolled_back": False}
         return "good", f"deployed and accepted ({', '.join(checks) or 'the whole suite'})"
 

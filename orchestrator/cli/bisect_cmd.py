@@ -84,7 +84,8 @@ def bisect(
         got = opts.names(checks)
         judgement = Judgement("checks", () if got == ["all"] else tuple(opts.check_names(checks)))
     elif plan:
-        judgement = Judgement("plan", plan=plan)
+        # a file by its absolute path: `--resume` from another directory judges with the same plan
+        judgement = Judgement("plan", plan=str(resolve_path(Path(plan))) if Path(plan).is_file() else plan)
     if resume and (good or bad or judgement):
         raise UsageError("--resume continues the recorded bisect: give only --pair (and --dry-run)")
     if not resume and (good is None or bad is None):

@@ -18,7 +18,6 @@ The tip is kept reachable by `refs/pairctl/test-history/<name>`.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -127,9 +126,3 @@ def make_history(
         breaking_index=breaking_at,
         unbuildable=tuple(unbuildable),
     )
-
-
-def first_bisect_point(repo: Path, good: str, bad: str) -> str:
-    """The commit git's bisect judges first in good..bad (`git rev-list --bisect`)."""
-    argv = ["git", "-C", os.fspath(repo), "rev-list", "--bisect", bad, f"^{good}"]
-    return subprocess.run(argv, env=git_env(), capture_output=True, text=True, check=True).stdout.strip()

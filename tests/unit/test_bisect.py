@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.bisect import state as st
 from orchestrator.bisect.gitbisect import PrivateBisect, resolve_range
+from orchestrator.bisect.run import classify_rolled_back
 from orchestrator.bisect.state import BisectState, Judgement, StepRecord
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.paths import Home
@@ -129,3 +130,17 @@ def test_reset_discards_the_state(tmp_path, cli):
     r = cli("--json", "bisect", "--home", str(tmp_path), "--pair", "lab", "--reset")
     assert r.exit_code == 0 and json.loads(r.stdout)["discarded"] is True
     assert st.load(home, "lab") is None
+
+
+@pytest.mark.parametrize(
+    ("failed", "verdict"),
+    [
+        (["start-server"], "skip"),  # llama-server never became healthy: the package cannot start
+        (["restart-rpc"], "skip"),
+        (["verify"], "bad"),  # it runs, but is not what the manifest says
+        (["accept", "check:cached_continuation"], "bad"),
+        ([], "bad"),  # no step named: never a free pass
+    ],
+)
+def test_a_rolled_back_deploy_is_bad_only_once_the_package_ran(failed, verdict):
+    assert classify_rolled_back(failed, "x")[0] == verdict
