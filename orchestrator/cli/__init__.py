@@ -116,7 +116,8 @@ def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None
 # ends it like a failure (rollback, leases released; orchestrator/interrupt.py). Others keep
 # Python's default handling (SIGTERM kills, SIGINT is a KeyboardInterrupt: exit 130).
 GUARDED_COMMANDS = frozenset(
-    {"deploy", "rollback", "accept", "qualify", "bisect", "lease", "releases", "repair", "kernels", "restart", "start", "stop"}
+    {"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels", "restart", "start", "stop"}
+    | {"bisect"}  # holds the pair's leases across its steps
 )
 
 
