@@ -34,12 +34,10 @@ from orchestrator.evidence.store import EvidenceStore
 from orchestrator.lab.source import BASELINE_TAG
 from orchestrator.paths import Home
 from orchestrator.qualify.plan import load_plan
-from tests.plugins.history import make_history
 from tests.plugins.pairs import PAIR, is_active, lab_status
 
 pytestmark = [pytest.mark.e2e]
 
-MUTANTS = Path(__file__).resolve().parents[1] / "mutants"
 N = 16
 MAX_JUDGED = math.ceil(math.log2(N)) + 1
 SLOW = os.environ.get("PAIRCTL_TEST_SLOW") == "1"
@@ -75,12 +73,11 @@ def _check_receipts(home: Path, out: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(900)
 def test_bisect_names_the_breaking_commit_skips_one_that_does_not_build_and_leaves_the_pair(
-    deployed_lab, lab_source, cli
+    deployed_lab, lab_history, cli
 ):
     # Positions chosen so that git's walk over these (fixed) commit ids tests the non-building
     # commit second and the skip costs no extra judged step: 4 steps, 3 judged (docs/bisect.md).
-    hist = make_history(lab_source, BASELINE_TAG, name="checks-16", n=N, breaking_at=9,
-                        patch_dir=MUTANTS / "cache-off", unbuildable_at=(11,))  # fmt: skip
+    hist = lab_history("checks-16", n=N, breaking_at=9, patch="cache-off", unbuildable_at=(11,))
     before = _route_as_found(lab_status(cli))
     cli("bisect", "--pair", PAIR, "--reset")
 
@@ -148,9 +145,8 @@ def _bisect_plan(dest: Path) -> Path:
 
 @pytest.mark.skipif(not SLOW, reason="slow (about 20 min on the shared machine): PAIRCTL_TEST_SLOW=1")
 @pytest.mark.timeout(3600)
-def test_qualification_gated_bisect_interrupted_and_resumed(deployed_lab, lab_source, cli, tmp_path):
-    hist = make_history(lab_source, BASELINE_TAG, name="slow-16", n=N, breaking_at=5,
-                        patch_dir=MUTANTS / "perf" / "slow-decode")  # fmt: skip
+def test_qualification_gated_bisect_interrupted_and_resumed(deployed_lab, lab_history, cli, tmp_path):
+    hist = lab_history("slow-16", n=N, breaking_at=5, patch="perf/slow-decode")
     plan = _bisect_plan(tmp_path / "lab-bisect.yaml")
     home = deployed_lab.home
     before = _route_as_found(lab_status(cli))

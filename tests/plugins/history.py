@@ -13,15 +13,19 @@ on every machine, and so the same package ids: a home that built them once build
 - a commit that does not build: `message(FATAL_ERROR ...)` appended to the top CMakeLists.txt,
   which fails the configure in seconds; the next commit puts the file back.
 
-The tip is kept reachable by `refs/pairctl/test-history/<name>`.
+The tip is kept reachable by `refs/pairctl/test-history/<name>`. Fixture `lab_history(name, n,
+breaking_at, patch, unbuildable_at=())`: the same on the lab source's `baseline`.
 """
 
 from __future__ import annotations
 
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 from orchestrator.lab.source import git_env
 
@@ -126,3 +130,23 @@ def make_history(
         breaking_index=breaking_at,
         unbuildable=tuple(unbuildable),
     )
+
+
+MUTANTS = Path(__file__).resolve().parents[1] / "mutants"
+
+
+@pytest.fixture
+def lab_history(lab_source: Path) -> Callable[..., History]:
+    """`lab_history(name, n=16, breaking_at=9, patch="cache-off", unbuildable_at=())`: a history
+    on the lab source's `baseline` with the tests/mutants patch folder `patch` (e.g.
+    "perf/slow-decode") at `breaking_at`."""
+
+    def make(
+        name: str, *, n: int = 16, breaking_at: int = 9, patch: str = "cache-off", unbuildable_at: tuple[int, ...] = ()
+    ) -> History:
+        return make_history(
+            lab_source, "baseline", name=name, n=n, breaking_at=breaking_at, patch_dir=MUTANTS / patch,
+            unbuildable_at=unbuildable_at,
+        )  # fmt: skip
+
+    return make
