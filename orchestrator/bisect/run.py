@@ -442,17 +442,22 @@ class _Run:
         except RolledBack as exc:
             receipt = getattr(exc, "receipt", None)
             evidence["deploy"] = {"receipt": receipt, "rolled_back": True}
-            failed = self._failed_steps(receipt)
+            failed, why = self._failed_steps(receipt)
             evidence["deploy"]["failed_steps"] = failed
-            return classify_rolled_back(failed, str(exc.message).splitlines()[0][:300])
+            return classify_rolled_back(failed, why or str(exc.message).splitlines()[0][:300])
         evidence["deploy"] = {"receipt": res.receipt, "rolled_back": False}
         return "good", f"deployed and accepted ({', '.join(checks) or 'the whole suite'})"
 
-    def _failed_steps(self, receipt: str | None) -> list[str]:
+    def _failed_steps(self, receipt: str | None) -> tuple[list[str], str]:
+        """The deploy receipt's failed steps (its rollback's aside) and the first line of the most
+        specific error: a check's own message rather than the deploy's summary."""
         if not receipt:
-            return []
+            return [], ""
         rec = self.store.load(receipt)
-        return [s.name for s in rec.steps if s.outcome == "failed" and not s.name.startswith("rollback")]
+        failed = [s for s in rec.steps if s.outcome == "failed" and not s.name.startswith("rollback")]
+        best = next((s for s in failed if s.name.startswith("check:")), failed[-1] if failed else None)
+        why = ((best.error or "").strip().splitlines() or [""])[0][:300] if best else ""
+        return [s.name for s in failed], why
 
     # -- plan judgement ------------------------------------------------------------------------
     def _prepare_plan(self, driver: BisectDriver, held: Any) -> dict[str, Any]:
