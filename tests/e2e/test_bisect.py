@@ -143,7 +143,7 @@ def _bisect_plan(dest: Path) -> Path:
     return dest
 
 
-@pytest.mark.skipif(not SLOW, reason="slow (about 20 min on the shared machine): PAIRCTL_TEST_SLOW=1")
+@pytest.mark.skipif(not SLOW, reason="slow (27 min on the shared machine, docs/bisect.md): PAIRCTL_TEST_SLOW=1")
 @pytest.mark.timeout(3600)
 def test_qualification_gated_bisect_interrupted_and_resumed(deployed_lab, lab_history, cli, tmp_path):
     hist = lab_history("slow-16", n=N, breaking_at=5, patch="perf/slow-decode")
