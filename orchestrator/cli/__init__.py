@@ -117,6 +117,7 @@ def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None
 # Python's default handling (SIGTERM kills, SIGINT is a KeyboardInterrupt: exit 130).
 GUARDED_COMMANDS = frozenset(
     {"deploy", "rollback", "accept", "qualify", "lease", "releases", "repair", "kernels", "restart", "start", "stop"}
+    | {"bisect"}  # holds the pair's leases across its steps
 )
 
 

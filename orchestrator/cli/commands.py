@@ -16,6 +16,9 @@ COMMANDS: dict[str, Lazy] = {
     "accept": lazy("orchestrator.cli.accept_cmd:accept", "Run the acceptance checks against a live pair."),
     "reference": lazy("orchestrator.cli.reference_cmd:app", "Show or set a route's pinned reference answers."),
     "qualify": lazy("orchestrator.cli.qualify_cmd:app", "Paired baseline/candidate qualification with declared gates."),
+    "bisect": lazy(
+        "orchestrator.cli.bisect_cmd:bisect", "Find the first bad revision between a good and a bad one, on a pair."
+    ),
     "rollback": lazy("orchestrator.cli.rollback_cmd:rollback", "Put the previous pair back and verify it."),
     "status": lazy("orchestrator.cli.status_cmd:status", "What runs on a pair, whether it matches, leases (a read)."),
     "logs": lazy("orchestrator.cli.logs_cmd:logs", "A pair's server logs: the last lines, -f to follow (bounded)."),

@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"server", "build", "hosts"},  # llama-server client, packages, what is on a host
     {"engine"},  # plans and runs deploy / rollback / repair
     {"checks", "qualify"},  # acceptance and qualification drive the engine's deploys
-    {"ops"},  # fleets, schedules, metrics
+    {"ops", "bisect"},  # fleets, schedules, metrics; bisect (builds, deploys and qualifies per step)
     {"lab", "cli", "__main__"},  # entry points
 ]
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}

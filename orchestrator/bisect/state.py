@@ -1,0 +1,124 @@
+"""A bisect's state in the home: `<home>/bisect/<pair>/state.json` beside git's own (repo.git).
+
+What git keeps (the verdicts and which commit is next) stays in git; this file keeps what git
+cannot: the request (so a resume judges the same way), the evidence for each verdict (step
+receipts), and whether the bisect ended. A verdict is written here before git is told, so a
+run killed in between re-tells git on resume instead of judging the commit again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError, UsageError
+from orchestrator.evidence.atomic import replace
+from orchestrator.paths import Home
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """How a commit is judged: acceptance checks on a deploy, or a qualification plan's
+    non-regression gates against the good revision's packages."""
+
+    kind: str  # "checks" | "plan"
+    checks: tuple[str, ...] = ()
+    plan: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "checks": list(self.checks), "plan": self.plan}
+
+    def describe(self) -> str:
+        return (
+            f"checks {','.join(self.checks) or '(the whole suite)'}" if self.kind == "checks" else f"plan {self.plan}"
+        )
+
+
+@dataclass
+class StepRecord:
+    commit: str
+    verdict: str  # good | bad | skip
+    reason: str
+    receipt: str | None  # the step's own receipt (`pairctl receipts show`)
+    evidence: dict[str, Any] = field(default_factory=dict)  # build / deploy / qualify receipts behind it
+
+
+@dataclass
+class BisectState:
+    pair: str
+    source: str
+    good: str
+    bad: str
+    judgement: Judgement
+    profile: str
+    started_at: str
+    steps: list[StepRecord] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)  # run ids of the bisect receipts (the first run, each resume)
+    calibration: str | None = None  # plan judgement: the calibration receipt used
+    finished: dict[str, Any] | None = None  # the answer, once git named it
+    version: int = STATE_VERSION
+
+    def verdict_of(self, commit: str) -> StepRecord | None:
+        return next((s for s in self.steps if s.commit == commit), None)
+
+    @property
+    def judged(self) -> int:
+        """Steps that gave git a verdict of good or bad (skips are not judgements)."""
+        return sum(1 for s in self.steps if s.verdict in ("good", "bad"))
+
+    def same_request(self, good: str, bad: str, judgement: Judgement, profile: str) -> bool:
+        return (self.good, self.bad, self.judgement, self.profile) == (good, bad, judgement, profile)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["judgement"] = self.judgement.as_dict()
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, where: Path) -> BisectState:
+        try:
+            d = json.loads(text)
+            if d.get("version") != STATE_VERSION:
+                raise ValueError(f"version {d.get('version')!r}, this pairctl reads {STATE_VERSION}")
+            j = d.pop("judgement")
+            d["judgement"] = Judgement(kind=j["kind"], checks=tuple(j["checks"]), plan=j["plan"])
+            d["steps"] = [StepRecord(**s) for s in d["steps"]]
+            return cls(**d)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"{where}: not a bisect state this pairctl can read ({exc})",
+                hint="`pairctl bisect --pair PAIR --reset` discards it",
+            ) from None
+
+
+def folder(home: Home, pair: str) -> Path:
+    return home.root / "bisect" / pair
+
+
+def state_path(home: Home, pair: str) -> Path:
+    return folder(home, pair) / "state.json"
+
+
+def load(home: Home, pair: str) -> BisectState | None:
+    p = state_path(home, pair)
+    if not p.is_file():
+        return None
+    return BisectState.from_json(p.read_text(encoding="utf-8"), p)
+
+
+def save(home: Home, st: BisectState) -> None:
+    p = state_path(home, st.pair)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    replace(p, st.to_json().encode())
+
+
+def refuse_other(st: BisectState) -> UsageError:
+    return UsageError(
+        f"pair {st.pair} has an unfinished bisect (--good {st.good[:10]} --bad {st.bad[:10]}, "
+        f"{st.judgement.describe()}, profile {st.profile}); refusing to start another",
+        hint=f"`pairctl bisect --pair {st.pair} --resume` continues it; `--reset` discards it",
+    )

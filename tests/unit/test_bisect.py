@@ -1,0 +1,146 @@
+"""`pairctl bisect`'s pure parts on a small real git repository: the range and its checks,
+git's bisect in the private clone (verdicts, skips, the answer), the state file, and the
+command line's refusals (one line, exit 2/3, nothing started)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from orchestrator.bisect import state as st
+from orchestrator.bisect.gitbisect import PrivateBisect, resolve_range
+from orchestrator.bisect.run import classify_rolled_back
+from orchestrator.bisect.state import BisectState, Judgement, StepRecord
+from orchestrator.errors import ConfigError, UsageError
+from orchestrator.paths import Home
+
+
+def _repo(tmp_path: Path, n: int) -> tuple[Path, list[str]]:
+    repo = tmp_path / "src"
+    env = {"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *a], env=env, check=True, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+
+    repo.mkdir()
+    git("init", "-q")
+    commits = []
+    for i in range(n + 1):
+        (repo / "f").write_text(f"{i}\n")
+        git("add", "f")
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", f"c{i}")
+        commits.append(git("rev-parse", "HEAD"))
+    return repo, commits
+
+
+def test_range_counts_commits_and_bounds_the_steps(tmp_path):
+    repo, c = _repo(tmp_path, 16)
+    rng = resolve_range(repo, c[0], c[16])
+    assert rng.size == 16 and [x.sha for x in rng.commits] == c[1:]
+    assert rng.max_judged_steps == 4 and rng.as_dict()["estimated_steps"] == 4
+    assert resolve_range(repo, c[0], c[1]).max_judged_steps == 0
+
+
+@pytest.mark.parametrize(
+    ("good", "bad", "says"),
+    [
+        ("nosuch", "HEAD", "--good 'nosuch'"),
+        ("HEAD", "HEAD", "are the same commit"),
+        ("HEAD", "HEAD~3", "is not an ancestor of --bad"),
+    ],
+)
+def test_range_refuses_bad_ends_in_one_line(tmp_path, good, bad, says):
+    repo, _ = _repo(tmp_path, 4)
+    with pytest.raises(UsageError) as e:
+        resolve_range(repo, good, bad)
+    assert says in e.value.message and "\n" not in e.value.message
+
+
+@pytest.mark.parametrize("first_bad", [1, 7, 12, 16])
+def test_git_bisect_names_the_first_bad_commit_within_log2_steps(tmp_path, first_bad):
+    repo, c = _repo(tmp_path, 16)
+    priv = PrivateBisect(tmp_path / "home" / "bisect" / "lab", repo)
+    mark = priv.start(resolve_range(repo, c[0], c[16]))
+    judged = 0
+    while not mark.done:
+        assert mark.next is not None
+        judged += 1
+        mark = priv.mark(mark.next, "bad" if c.index(mark.next) >= first_bad else "good")
+    assert mark.first_bad == c[first_bad] and judged <= 4
+    assert subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True,
+                          text=True).stdout == ""  # fmt: skip
+
+
+def test_a_skipped_commit_costs_a_step_and_only_skips_left_is_ambiguous(tmp_path):
+    repo, c = _repo(tmp_path, 8)
+    priv = PrivateBisect(tmp_path / "b", repo)
+    mark = priv.start(resolve_range(repo, c[0], c[8]))
+    first = mark.next
+    mark = priv.mark(first, "skip")
+    assert mark.next not in (None, first)
+    # every commit skipped: git names the candidates instead of a first bad commit
+    while not mark.done:
+        mark = priv.mark(mark.next, "skip")
+    assert mark.first_bad is None and set(mark.candidates) == set(c[1:])
+
+
+def test_state_round_trips_and_refuses_a_different_request(tmp_path):
+    home = Home.resolve(tmp_path)
+    j = Judgement("checks", ("cached_continuation",))
+    s = BisectState(pair="lab", source="/src", good="a" * 40, bad="b" * 40, judgement=j, profile="lab",
+                    started_at="now")  # fmt: skip
+    s.steps.append(StepRecord("c" * 40, "skip", "does not build", "r1", {"build": {"error": "x"}}))
+    st.save(home, s)
+    back = st.load(home, "lab")
+    assert back == s and back.judged == 0
+    assert back.same_request("a" * 40, "b" * 40, j, "lab")
+    assert not back.same_request("a" * 40, "b" * 40, Judgement("plan", plan="lab"), "lab")
+    assert "--resume" in (st.refuse_other(back).hint or "")
+    st.state_path(home, "lab").write_text(json.dumps({"version": 99}))
+    with pytest.raises(ConfigError, match="--reset"):
+        st.load(home, "lab")
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["--good", "baseline", "--bad", "lab-b"], 2, "needs a judgement"),
+        (["--good", "baseline"], 2, "--bad"),
+        (["--good", "a", "--bad", "b", "--checks", "identity", "--plan", "lab"], 2, "one judgement"),
+        (["--resume", "--good", "a"], 2, "--resume continues"),
+        (["--reset", "--good", "a"], 2, "--reset"),
+        (["--resume"], 2, "no unfinished bisect"),
+    ],
+)
+def test_command_line_refusals(tmp_path, cli, args, code, says):
+    r = cli("bisect", "--home", str(tmp_path), "--pair", "lab", *args)
+    assert r.exit_code == code, r.output
+    assert says in r.stderr and "Traceback" not in r.output
+
+
+def test_reset_discards_the_state(tmp_path, cli):
+    home = Home.resolve(tmp_path)
+    s = BisectState(pair="lab", source="/s", good="a" * 40, bad="b" * 40, judgement=Judgement("plan", plan="x"),
+                    profile="lab", started_at="now")  # fmt: skip
+    st.save(home, s)
+    r = cli("--json", "bisect", "--home", str(tmp_path), "--pair", "lab", "--reset")
+    assert r.exit_code == 0 and json.loads(r.stdout)["discarded"] is True
+    assert st.load(home, "lab") is None
+
+
+@pytest.mark.parametrize(
+    ("failed", "verdict"),
+    [
+        (["start-server"], "skip"),  # llama-server never became healthy: the package cannot start
+        (["restart-rpc"], "skip"),
+        (["verify"], "bad"),  # it runs, but is not what the manifest says
+        (["accept", "check:cached_continuation"], "bad"),
+        ([], "bad"),  # no step named: never a free pass
+    ],
+)
+def test_a_rolled_back_deploy_is_bad_only_once_the_package_ran(failed, verdict):
+    assert classify_rolled_back(failed, "x")[0] == verdict
