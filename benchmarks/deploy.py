@@ -1,16 +1,22 @@
-"""Wall time of a lab deploy, split into pairctl's own work and the servers' start-up.
+"""A lab redeploy against its physical floor and against an Ansible playbook of the same steps.
 
-Two deploys on the lab pair `lab` with packages built by `pairctl build` (baseline "A" and
-revision lab-b "B"), identity-verified, acceptance skipped:
-  fresh     B is not on the hosts (its release directories are removed first): upload + verify
-  uploaded  back to A, which is already on the hosts: verify only, 0 package bytes sent
-Reported per deploy: wall time, the servers' start-to-ready time (ggml-rpc-server listening,
-llama-server /health 200), pairctl's own share (the rest: connect, leases, upload, hashing,
-stop, switch, verification), SSH execs (each starts a process and the login shell on the host:
-~0.5 s apiece on this machine, where root's .bashrc runs `pyenv init`) and round trips as the
-transport counts them, and package bytes sent. The rpc server's start-to-listening time is
-measured around the one exec that restarts it, so it includes that exec's overhead. Targets
-(issue 4): fresh < 3 s, uploaded < 2 s with 0 bytes.
+On the lab pair `lab` with packages built by `pairctl build` (baseline "A" and revision lab-b
+"B"), identity-verified, acceptance skipped, in one run:
+  fresh     B is not on the hosts (removed first): pairctl (upload + verify) and the Ansible
+            playbook (unarchive + sha256sum), PAIRCTL_BENCH_FRESH_ROUNDS rounds, alternating
+  redeploy  A and B in turn, both present: pairctl, the floor and the Ansible playbook in
+            rotating order, PAIRCTL_BENCH_ROUNDS rounds
+The floor (`_floor`) is what any redeploy must do: two SSH connects, each host's release hashed
+against the manifest, stop, start, GET /health; it and the playbook (benchmarks/ansible/deploy.yml,
+ansible-core installed in .bench-venv, not in pairctl's venv: `python3 -m venv .bench-venv &&
+.bench-venv/bin/pip install ansible-core`) work on a bench pair of their own on the same two
+hosts (other ports and root), from the same package bytes. Reported: each tool's times and
+medians, the ratios, and for pairctl its SSH execs (each starts the login shell on the host) and
+round trips as the transport counts them (an exec, an SFTP request, a pipelined batch of SFTP
+requests per wait), bytes sent and step times. Target (issue 29 item 4): the redeploy median
+within FLOOR_FACTOR of the floor's; a fresh deploy under FRESH_TARGET_S with bytes sent, a
+redeploy with none. pairctl is timed in-process (its start-up is benchmarks/startup.py's);
+ansible-playbook as the process it is.
 
 Home: PAIRCTL_HOME, else the test session's home (.state/test), so the packages the e2e
 tests built are reused. The lab is brought up if needed; A stays active afterwards.
@@ -130,12 +136,13 @@ ANSIBLE_BIN = REPO / ".bench-venv" / "bin" / "ansible-playbook"  # ansible-core,
 # One script per host per phase, its values as positional arguments (never formatted into it).
 _STOP = (
     '( pid=$(cat "$1/run/$2.pid" 2>/dev/null) || exit 0; kill "$pid" 2>/dev/null || exit 0; i=0; '
-    'while kill -0 "$pid" 2>/dev/null && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; ! kill -0 "$pid" 2>/dev/null )'
+    'while kill -0 "$pid" 2>/dev/null && [ $i -lt 1000 ]; do sleep 0.01; i=$((i+1)); done; '
+    '! kill -0 "$pid" 2>/dev/null )'
 )
 _HASH = 'cd "$1/releases/$3" && sha256sum -c --quiet --strict - && cd / && '
 _SWITCH_START = (
     'cd "$1" && { [ -L current ] && mv -T current previous || true; } && ln -sfn "releases/$3" .current.tmp '
-    '&& mv -T .current.tmp current && cd run && n=$2 && shift 3 && '
+    "&& mv -T .current.tmp current && cd run && n=$2 && shift 3 && "
     '{ setsid "$PWD/../current/bin/$n" "$@" > "$n.out" 2>&1 < /dev/null & echo $! > "$n.pid"; }'
 )
 _WAIT_PORT = (
@@ -278,7 +285,12 @@ def _ansible(home: Any, inv: Any, pkg: str, server_args: list[str], work: Path) 
     inventory = {
         "all": {
             "children": {
-                "pair": {"children": {"native": {"hosts": {p.native: hosts[p.native]}}, "rpc": {"hosts": {p.rpc: hosts[p.rpc]}}}}
+                "pair": {
+                    "children": {
+                        "native": {"hosts": {p.native: hosts[p.native]}},
+                        "rpc": {"hosts": {p.rpc: hosts[p.rpc]}},
+                    }
+                }
             }
         }
     }
@@ -304,7 +316,8 @@ def _ansible(home: Any, inv: Any, pkg: str, server_args: list[str], work: Path) 
     env = {**os.environ, "ANSIBLE_CONFIG": str(run_dir / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(run_dir / "tmp")}
     t0 = time.monotonic()
     res = subprocess.run(
-        [str(ANSIBLE_BIN), "-i", str(run_dir / "inventory.json"), str(ANSIBLE_PLAYBOOK), "-e", f"@{run_dir / 'vars.json'}"],
+        [str(ANSIBLE_BIN), "-i", str(run_dir / "inventory.json"), str(ANSIBLE_PLAYBOOK),
+         "-e", f"@{run_dir / 'vars.json'}"],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     wall = time.monotonic() - t0
@@ -432,9 +445,14 @@ def run() -> dict[str, Any]:
     line = (
         f"deploy: redeploy median {med['pairctl']:.2f} s vs floor {med['floor']:.2f} s "
         f"({ratios['pairctl_over_floor']:.2f}x, target <= {FLOOR_FACTOR:g}x)"
-        + (f" vs ansible {med['ansible']:.2f} s ({ratios['ansible_over_pairctl']:.1f}x slower)" if "ansible" in med else "")
+        + (
+            f" vs ansible {med['ansible']:.2f} s ({ratios['ansible_over_pairctl']:.1f}x slower)"
+            if "ansible" in med
+            else ""
+        )
         + f"; {uploaded.get('ssh_execs')} execs/{uploaded.get('ssh_round_trips')} round trips; "
-        f"fresh {fmed['pairctl']:.2f} s" + (f" vs ansible {fmed['ansible']:.2f} s" if "ansible" in fmed else "")
+        f"fresh {fmed['pairctl']:.2f} s"
+        + (f" vs ansible {fmed['ansible']:.2f} s" if "ansible" in fmed else "")
         + f" ({rounds} + {fresh_rounds} rounds): {'PASS' if passed else 'FAIL'}"
     )
     return {

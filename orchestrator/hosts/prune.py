@@ -17,6 +17,7 @@ import posixpath
 import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +28,7 @@ from orchestrator.hosts.probes import release_of_link
 from orchestrator.hosts.root_trust import check_root
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, FileStat, Lstat, Transport, fs_batch
 
 TOMB = re.compile(r"^\.(?P<id>[^/]+)\.tomb-[0-9a-f]+$")
 
@@ -179,12 +180,16 @@ def read_releases(transport: Transport, layout: HostLayout) -> tuple[dict[str, f
         return {}, []
     releases: dict[str, float] = {}
     tombs: list[str] = []
-    for name in transport.listdir(layout.releases):
+    names = transport.listdir(layout.releases)
+    cands = [n for n in names if not TOMB.match(n) and not n.startswith(".")]
+    stats = fs_batch(transport, [Lstat(layout.release(n)) for n in cands])  # one pipelined batch
+    got = dict(zip(cands, stats, strict=True))
+    for name in names:
         if TOMB.match(name):
             tombs.append(name)
         elif not name.startswith("."):
-            st = transport.stat(layout.release(name))
-            if st is not None and st.is_dir:
+            st = got[name]
+            if isinstance(st, FileStat) and st.is_dir:
                 releases[name] = st.mtime
     return releases, tombs
 
@@ -261,10 +266,19 @@ def prune_pair(
     read safely is skipped with the reason; the other is still pruned. An install root that is
     not safe to use (hosts/root_trust) refuses the whole prune before anything is renamed."""
     pair = inventory.pair(pair_name)
+    hosts = (pair.native, pair.rpc)
+    # both hosts are read at once (reads only); then each plan is carried out, host by host
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prune-plan") as pool:
+        futs = [pool.submit(host_plan, inventory, get, host, pair_name, keep_releases) for host in hosts]
+        plans: list[PrunePlan | BaseException] = []
+        for f in futs:
+            exc = f.exception()
+            plans.append(exc if exc is not None else f.result())
     out = []
-    for host in (pair.native, pair.rpc):
+    for host, plan in zip(hosts, plans, strict=True):
         try:
-            plan = host_plan(inventory, get, host, pair_name, keep_releases)
+            if isinstance(plan, BaseException):
+                raise plan
             layout = HostLayout(inventory.host(host).install_root)
             out.append(HostPrune(host, plan) if dry_run else execute(get(host), layout, plan))
         except HostStateError:

@@ -784,7 +784,8 @@ class SshTransport:
                 return None
             return FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
 
-        return self._fs("stat", path, do)
+        st: FileStat | None = self._fs("stat", path, do)
+        return st
 
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         if max_bytes is not None and max_bytes <= HOST_FILE_MAX:
@@ -800,12 +801,14 @@ class SshTransport:
             with sftp.open(path, "rb") as f:
                 if max_bytes is None:
                     f.prefetch()
-                    return f.read()
+                    whole: bytes = f.read()
+                    return whole
                 # prefetch what is there, up to the bound (/dev/zero says 0, a sparse file TBs)
                 f.prefetch(min(f.stat().st_size or 0, max_bytes + 1))
-                return f.read(max_bytes + 1)
+                head: bytes = f.read(max_bytes + 1)
+                return head
 
-        data = self._fs("read", path, do)
+        data: bytes = self._fs("read", path, do)
         self.stats.add(get_bytes=len(data))
         return data
 
@@ -916,7 +919,7 @@ class SshTransport:
                 pending = nxt
             return out
 
-        got = self._fs("read", ops[0].path, do)
+        got: list[FsResult] = self._fs("read", ops[0].path, do)
         self.stats.add(commands=max(0, rounds - 1), get_bytes=sum(len(r) for r in got if isinstance(r, bytes)))
         return got
 
@@ -972,11 +975,13 @@ class SshTransport:
     def readlink(self, path: str) -> str | None:
         def do(sftp: paramiko.SFTPClient) -> str | None:
             try:
-                return sftp.readlink(path)
+                target: str | None = sftp.readlink(path)
+                return target
             except (OSError, FileNotFoundError):
                 return None
 
-        return self._fs("readlink", path, do)
+        link: str | None = self._fs("readlink", path, do)
+        return link
 
     def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
         if isinstance(exc, HostError):  # already judged (by _fs)
