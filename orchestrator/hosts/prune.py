@@ -17,7 +17,6 @@ import posixpath
 import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -266,19 +265,10 @@ def prune_pair(
     read safely is skipped with the reason; the other is still pruned. An install root that is
     not safe to use (hosts/root_trust) refuses the whole prune before anything is renamed."""
     pair = inventory.pair(pair_name)
-    hosts = (pair.native, pair.rpc)
-    # both hosts are read at once (reads only); then each plan is carried out, host by host
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="prune-plan") as pool:
-        futs = [pool.submit(host_plan, inventory, get, host, pair_name, keep_releases) for host in hosts]
-        plans: list[PrunePlan | BaseException] = []
-        for f in futs:
-            exc = f.exception()
-            plans.append(exc if exc is not None else f.result())
     out = []
-    for host, plan in zip(hosts, plans, strict=True):
+    for host in (pair.native, pair.rpc):
         try:
-            if isinstance(plan, BaseException):
-                raise plan
+            plan = host_plan(inventory, get, host, pair_name, keep_releases)
             layout = HostLayout(inventory.host(host).install_root)
             out.append(HostPrune(host, plan) if dry_run else execute(get(host), layout, plan))
         except HostStateError:

@@ -285,6 +285,10 @@ class SshTransport:
         self._conn: Any = None  # fabric.Connection once connected
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
+        # one SFTP conversation at a time: paramiko's client drops an answer that another thread's
+        # wait reads first, and that thread's own wait then never ends (two threads on one host
+        # deadlocked so); requests of one batch are still pipelined
+        self._sftp_io = threading.RLock()
         self._log = get_logger(host=self.name)
         self._reached = False  # once connected, a lost connection is reconnected with RECONNECT_RETRY
 
@@ -634,23 +638,25 @@ class SshTransport:
         if not stat.S_ISREG(st.st_mode):
             raise HostError(f"put {local_path}: not a regular file")
         t0 = time.monotonic()
-        sftp = self._sftp_client()
         try:
-            sftp.put(str(local_path), remote_path, confirm=True)
-            sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
+            with self._sftp_io:
+                sftp = self._sftp_client()
+                sftp.put(str(local_path), remote_path, confirm=True)
+                sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error("put", str(local_path), remote_path, exc) from None
         self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         t0 = time.monotonic()
-        sftp = self._sftp_client()
         try:
-            if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
-                # refused somewhere: again the long way, for the error as it always read (a full
-                # disk shows as paramiko's "size mismatch in put!", which names it DiskFull)
-                sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
-                sftp.chmod(remote_path, mode & 0o7755)
+            with self._sftp_io:
+                sftp = self._sftp_client()
+                if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
+                    # refused somewhere: again the long way, for the error as it always read (a full
+                    # disk shows as paramiko's "size mismatch in put!", which names it DiskFull)
+                    sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
+                    sftp.chmod(remote_path, mode & 0o7755)
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
@@ -722,9 +728,9 @@ class SshTransport:
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         t0 = time.monotonic()
-        sftp = self._sftp_client()
         try:
-            sftp.get(remote_path, str(local_path))
+            with self._sftp_io:
+                self._sftp_client().get(remote_path, str(local_path))
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error("get", remote_path, str(local_path), exc) from None
         self.stats.add(gets=1, get_bytes=Path(local_path).stat().st_size, get_s=time.monotonic() - t0)
@@ -732,6 +738,10 @@ class SshTransport:
     # -- file operations (SFTP requests: no login shell, ~ms each) --
 
     def _fs(self, op: str, path: str, fn: Any) -> Any:
+        with self._sftp_io:
+            return self._fs_locked(op, path, fn)
+
+    def _fs_locked(self, op: str, path: str, fn: Any) -> Any:
         sftp = self._sftp_client()
         t0 = time.monotonic()
         try:
