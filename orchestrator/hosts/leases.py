@@ -46,7 +46,7 @@ from orchestrator.hashing import canonical_json
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, FileStat, HostClock, Lstat, ReadFile, Transport, fs_batch
 
 LEASES_DIR = "leases"
 LOCK_DIR = "host.lock"
@@ -374,15 +374,34 @@ def lease_state(
     is how to read it, `host_now` by default). A free host needs no clock read."""
     host = transport.name
     leases, lock, file = _paths(install_root)
-    st = transport.stat(lock)
-    if st is None:
-        return LeaseState(host, "free")
-    now = now or (clock or host_now)(transport, leases)
+    if now is None and clock is None:
+        # the lock, the host's clock and the lease in one pipelined batch (engine/leasing.py
+        # re-checks before every change: this was a dozen SFTP round trips each time)
+        probe = f"{leases}/{CLOCK_PROBE}.{secrets.token_hex(4)}"
+        st_r, clock_r, data_r = fs_batch(transport, [Lstat(lock), HostClock(probe, LEASE_MODE), ReadFile(file)])
+        st = st_r if isinstance(st_r, FileStat) else None
+        if st is None:
+            return LeaseState(host, "free")
+        if isinstance(clock_r, FileStat):
+            now = datetime.fromtimestamp(int(clock_r.mtime), UTC)  # whole seconds, as SFTP reports them
+        else:
+            now = _host_date(transport)  # a full disk (or a read-only one): ask the host's `date` instead
+    else:
+        st = transport.stat(lock)
+        if st is None:
+            return LeaseState(host, "free")
+        now = now or (clock or host_now)(transport, leases)
+        data_r = None
     age = max(0.0, now.timestamp() - st.mtime)
     if not _stat.S_ISDIR(st.mode):
         return LeaseState(host, "unreadable", lock_age_s=age, detail=f"{lock} is not a directory", now=now)
     try:
-        data = transport.read_bytes(file, max_bytes=HOST_FILE_MAX)
+        if isinstance(data_r, bytes):
+            data = data_r
+        elif isinstance(data_r, FileNotFoundError):
+            raise data_r
+        else:  # not batched, or refused: read it alone, for the error the host gives (or the bytes)
+            data = transport.read_bytes(file, max_bytes=HOST_FILE_MAX)
     except FileNotFoundError:
         return LeaseState(host, "half-made", lock_age_s=age, now=now)
     try:

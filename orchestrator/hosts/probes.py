@@ -19,7 +19,16 @@ from typing import Any
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.root_trust import check_root
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.remote.transport import (
+    HOST_FILE_MAX,
+    FsRead,
+    FsResult,
+    Lstat,
+    ReadFile,
+    Readlink,
+    Transport,
+    fs_batch,
+)
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 RELEASE_PREFIX = "releases/"
@@ -147,29 +156,41 @@ def parse_pid(data: bytes) -> int | None:
 
 
 def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> HostFacts:
-    """What is installed and running on one host, read over SFTP only (no process on the host)."""
+    """What is installed and running on one host, read over SFTP only (no process on the host):
+    the small files and links in one pipelined batch, then the processes their pid files name."""
+    services = tuple(services)
 
-    def read(path: str) -> bytes | None:
-        try:
-            return transport.read_bytes(path, max_bytes=HOST_FILE_MAX)
-        except (FileNotFoundError, OSError):
-            return None
+    def got(r: FsResult) -> bytes | None:
+        return r if isinstance(r, bytes) else None  # a missing or unreadable file reads as none
 
     check_root(transport, layout.root)  # before the helper is hashed here and run by the caller
-    root_exists = transport.stat(layout.root) is not None
+    pidfiles = [layout.log(f"{name}.pid") for name in services]
+    ops: list[FsRead] = [
+        Lstat(layout.root),
+        Lstat(layout.releases),
+        Readlink(layout.current),
+        Readlink(layout.previous),
+        ReadFile(layout.svc, HOST_FILE_MAX),
+        ReadFile(layout.route, HOST_FILE_MAX),
+        *(ReadFile(f, HOST_FILE_MAX) for f in pidfiles),
+    ]
+    first = fs_batch(transport, ops)
+    root_exists = first[0] is not None
     releases: list[str] = []
     procs: dict[str, tuple[int, bytes]] = {}
     if root_exists:
-        if transport.stat(layout.releases) is not None:
+        if first[1] is not None:
             releases = transport.listdir(layout.releases)
-        for name in services:
-            raw = read(layout.log(f"{name}.pid"))
-            pid = parse_pid(raw) if raw else None
-            if pid is not None:
-                cmdline = read(f"/proc/{pid}/cmdline")
-                if cmdline:
-                    procs[name] = (pid, cmdline)
-    links = {path: transport.readlink(path) if root_exists else None for path in (layout.current, layout.previous)}
+        pids = {name: parse_pid(raw) for name, r in zip(services, first[6:], strict=True) if (raw := got(r))}
+        running = [(name, pid) for name, pid in pids.items() if pid is not None]
+        cmdlines = fs_batch(transport, [ReadFile(f"/proc/{pid}/cmdline", HOST_FILE_MAX) for _, pid in running])
+        for (name, pid), r in zip(running, cmdlines, strict=True):
+            if cmdline := got(r):
+                procs[name] = (pid, cmdline)
+    links = {
+        layout.current: _link(first[2]) if root_exists else None,
+        layout.previous: _link(first[3]) if root_exists else None,
+    }
     for path, target in links.items():
         try:
             release_of_link(target or "-", layout.root)
@@ -185,11 +206,15 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         current_link=links[layout.current],
         previous_link=links[layout.previous],
         release_names=releases,
-        svc_bytes=read(layout.svc) if root_exists else None,
-        route_bytes=read(layout.route) if root_exists else None,
+        svc_bytes=got(first[4]) if root_exists else None,
+        route_bytes=got(first[5]) if root_exists else None,
         procs=procs,
         root=layout.root,
     )
+
+
+def _link(r: FsResult) -> str | None:
+    return r if isinstance(r, str) else None
 
 
 def parse_sha256sum(text: str) -> dict[str, str]:

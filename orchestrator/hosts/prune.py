@@ -27,7 +27,7 @@ from orchestrator.hosts.probes import release_of_link
 from orchestrator.hosts.root_trust import check_root
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, FileStat, Lstat, Transport, fs_batch
 
 TOMB = re.compile(r"^\.(?P<id>[^/]+)\.tomb-[0-9a-f]+$")
 
@@ -179,12 +179,16 @@ def read_releases(transport: Transport, layout: HostLayout) -> tuple[dict[str, f
         return {}, []
     releases: dict[str, float] = {}
     tombs: list[str] = []
-    for name in transport.listdir(layout.releases):
+    names = transport.listdir(layout.releases)
+    cands = [n for n in names if not TOMB.match(n) and not n.startswith(".")]
+    stats = fs_batch(transport, [Lstat(layout.release(n)) for n in cands])  # one pipelined batch
+    got = dict(zip(cands, stats, strict=True))
+    for name in names:
         if TOMB.match(name):
             tombs.append(name)
         elif not name.startswith("."):
-            st = transport.stat(layout.release(name))
-            if st is not None and st.is_dir:
+            st = got[name]
+            if isinstance(st, FileStat) and st.is_dir:
                 releases[name] = st.mtime
     return releases, tombs
 

@@ -7,8 +7,9 @@ helper is read or run, every directory from `/` to the root must be owned by the
 root and not writable by group or others (a sticky directory such as /tmp may be writable: others
 cannot replace our entry there), none may be a link, and the root, its own folders and the
 helper must be owned by the login user or root, not writable by group or others, and not links.
-Read over SFTP (lstat, no process on the host). Files are written under a temporary name made
-exclusively and unique per run (never through a link), then renamed into place.
+Read over SFTP (lstat, no process on the host; all of them in one pipelined batch). Files are
+written under a temporary name made exclusively and unique per run (never through a link), then
+renamed into place.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import stat
 from typing import Any
 
 from orchestrator.errors import HostStateError
-from orchestrator.remote.transport import FileStat, Transport
+from orchestrator.remote.transport import FileStat, FsResult, Lstat, Transport, fs_batch
 
 # the install root's own folders and files pairctl runs or writes (HostLayout names them)
 _DIRS = ("bin", "run", "releases", "leases", "secrets")
@@ -56,10 +57,14 @@ def root_problem(transport: Transport, root: str) -> str | None:
     uid = login_uid(transport)
     owners = {0} | ({uid} if uid is not None else set())
     parts = [p for p in root.split("/") if p]
-    path = "/"
     chain = ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    dirs = [posixpath.join(root, d) for d in _DIRS]
+    files = [posixpath.join(root, f) for f in _FILES]
+    # every lstat at once (one SFTP round trip), judged in the same order as one by one
+    got = fs_batch(transport, [Lstat(p) for p in (*chain, *dirs, *files)])
+    seen = dict(zip((*chain, *dirs, *files), got, strict=True))
     for i, path in enumerate(chain):
-        st = transport.stat(path)
+        st = _stat_of(seen[path])
         if st is None:
             return None  # pairctl creates the rest (makedirs, 0755) under a directory judged safe
         last = i == len(chain) - 1
@@ -68,17 +73,20 @@ def root_problem(transport: Transport, root: str) -> str | None:
             return why
         if last and uid is None:
             owners.add(st.uid)  # cannot tell the login user: the root's own owner, judged above
-    for d in _DIRS:
-        p = posixpath.join(root, d)
-        st = transport.stat(p)
+    for p in dirs:
+        st = _stat_of(seen[p])
         if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=True)):
             return why
-    for f in _FILES:
-        p = posixpath.join(root, f)
-        st = transport.stat(p)
+    for p in files:
+        st = _stat_of(seen[p])
         if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=False)):
             return why
     return None
+
+
+def _stat_of(r: FsResult) -> FileStat | None:
+    assert r is None or isinstance(r, FileStat), r  # an Lstat gives a FileStat or None
+    return r
 
 
 def check_root(transport: Transport, root: str) -> None:

@@ -7,7 +7,8 @@ under `releases/`; before the first change, the route record (written twice: tem
 and rename), pidfiles and the logs the new services start must fit under the install root.
 Not enough is a refusal naming host, path, free and needed, before anything changes.
 
-The measurement is one `df -Pk PATH` exec (SFTP has no portable statvfs); the parser is pure.
+The measurement is the SFTP server's statvfs (OpenSSH's extension: one request, batched with
+the other pre-change reads), or one `df -Pk PATH` exec where the server has none; the parser is pure.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from orchestrator.errors import DiskFull, HostError
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import FreeBytes, FsResult, Transport, fs_batch
 
 MIB = 1 << 20
 UPLOAD_MARGIN_BYTES = 16 * MIB  # tar headers, the host's sha256sum output, a log line or two
@@ -68,7 +69,13 @@ def parse_df(output: str, host: str, path: str) -> Space:
     return Space(host, path, avail_k * 1024)
 
 
-def free_space(transport: Transport, path: str) -> Space:
+def free_space(transport: Transport, path: str, known: FsResult = None) -> Space:
+    """Free space under PATH: KNOWN when a batch already read it (fs_batch FreeBytes), else the
+    SFTP server's statvfs, else `df -Pk` (an SFTP server without the extension)."""
+    if known is None:
+        known = fs_batch(transport, [FreeBytes(path)])[0]
+    if isinstance(known, int) and not isinstance(known, bool):
+        return Space(transport.name, path, known)
     res = transport.run(df_cmd(path), check=False, timeout=30)
     if res.exit_status != 0:
         raise HostError(

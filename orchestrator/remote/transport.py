@@ -204,6 +204,99 @@ class Transport(Protocol):
         ...
 
 
+# -- batched file reads -------------------------------------------------------------------------
+#
+# A step that reads several small things on one host (an install root's chain of directories, a
+# lease with the host's clock) asks for them at once: an SSH transport sends every request before
+# it waits for the first answer (SFTP is pipelined; the server answers in order), so the batch
+# costs two round trips instead of several per path. Every other transport runs them one by one.
+
+
+@dataclass(frozen=True)
+class Lstat:
+    """lstat(2) of `path`: a FileStat, or None when it does not exist."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class ReadFile:
+    """At most `max_bytes + 1` bytes of `path` (as `read_bytes`), or the error the host answered
+    (FileNotFoundError when it does not exist)."""
+
+    path: str
+    max_bytes: int = HOST_FILE_MAX
+
+
+@dataclass(frozen=True)
+class Readlink:
+    """The link's target, or None (as `readlink`)."""
+
+    path: str
+
+
+@dataclass(frozen=True)
+class HostClock:
+    """The host's clock: `path` created exclusively now (empty, `mode`), its lstat read, then
+    removed (as leases.host_now does). The FileStat, or the error making the file raised."""
+
+    path: str
+    mode: int = 0o600
+
+
+@dataclass(frozen=True)
+class FreeBytes:
+    """Bytes available to an unprivileged writer on `path`'s filesystem (what `df -Pk` calls
+    Available, in whole KiB), from the SFTP server's statvfs: an int, or NotImplementedError
+    where the transport cannot tell without an exec (hosts/space.py then runs `df`)."""
+
+    path: str
+
+
+FsRead = Lstat | ReadFile | Readlink | HostClock | FreeBytes
+FsResult = FileStat | bytes | str | int | None | OSError | NotImplementedError
+
+
+def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
+    """Run OPS on one host, results in order: pipelined where the transport can (SSH: two round
+    trips for the whole batch), one by one elsewhere. A ReadFile the host refused (missing:
+    FileNotFoundError) or a HostClock that could not write its file gives the error; a connection
+    lost raises."""
+    batch = getattr(transport, "fs_batch", None)
+    if batch is not None:
+        return list(batch(ops))
+    return [one_fs_read(transport, op) for op in ops]
+
+
+def one_fs_read(transport: Transport, op: FsRead) -> FsResult:
+    """OP with the transport's own one-request methods (what `fs_batch` does one by one)."""
+    if isinstance(op, Lstat):
+        return transport.stat(op.path)
+    if isinstance(op, Readlink):
+        return transport.readlink(op.path)
+    if isinstance(op, FreeBytes):
+        return NotImplementedError("statvfs")
+    if isinstance(op, ReadFile):
+        try:
+            return transport.read_bytes(op.path, max_bytes=op.max_bytes)
+        except ConnectionLost:
+            raise
+        except OSError as exc:  # HostError is one: the host refused the read
+            return exc
+    try:
+        transport.put_bytes(b"", op.path, mode=op.mode)
+    except OSError as exc:  # a full or read-only disk (HostError is an OSError): the caller asks `date`
+        return exc
+    try:
+        st = transport.stat(op.path)
+    finally:
+        try:
+            transport.remove(op.path)
+        except OSError:
+            pass
+    return st if st is not None else FileNotFoundError(2, f"{op.path} vanished")
+
+
 # -- retries -----------------------------------------------------------------------------------
 
 
