@@ -10,11 +10,14 @@ every draft rejected). One JSON line per run is APPENDED to
 benchmarks/results/qualify_noise.jsonl (chunks add up to 15 runs); the summary of every line is
 what `run()` returns (`python -m benchmarks` writes it to benchmarks/results/qualify_noise.json).
 
-It needs the lab lock, the built lab packages and about 2 minutes per run (QUALIFY_NOISE_SLOWED=0
-skips the slowed candidate in a chunk):
+It needs a lab of its own (or the shared lab's lock), the built lab packages and 2-10 minutes per
+run depending on the machine's load (QUALIFY_NOISE_SLOWED=0 skips the slowed candidate in a chunk).
+PAIRCTL_HOME is the test home, PAIRCTL_INVENTORY the lab inventory (default `lab`: the shared lab on
+127.0.0.2/3, then hold `flock /tmp/pairctl-lab.lock`); the load's schedule is QUALIFY_NOISE_WORKERS,
+QUALIFY_NOISE_ON_S, QUALIFY_NOISE_OFF_S (defaults 1 worker, 10 s on / 20 s off: the runs on record):
 
-    PAIRCTL_HOME=/work/main/.state/test QUALIFY_NOISE_RUNS=5 \\
-        flock /tmp/pairctl-lab.lock nice .venv/bin/python -m benchmarks qualify_noise
+    PAIRCTL_HOME=HOME PAIRCTL_INVENTORY=INVENTORY QUALIFY_NOISE_RUNS=3 QUALIFY_NOISE_SLOWED=0 \\
+        nice .venv/bin/python -m benchmarks qualify_noise
     QUALIFY_NOISE_SUMMARY_ONLY=1 .venv/bin/python -m benchmarks qualify_noise   # summary only
 
 What must hold (issue 31): no gain gate passes identical code; at most one family interval in
@@ -188,7 +191,7 @@ def run() -> dict[str, Any]:
     runs = int(os.environ.get("QUALIFY_NOISE_RUNS", "5"))
     sched = Schedule(
         workers=int(os.environ.get("QUALIFY_NOISE_WORKERS", "1")),
-        on_s=_env_float("QUALIFY_NOISE_ON_S", 20.0),
+        on_s=_env_float("QUALIFY_NOISE_ON_S", 10.0),  # the schedule of every run on record
         off_s=_env_float("QUALIFY_NOISE_OFF_S", 20.0),
         duration_s=_env_float("QUALIFY_NOISE_MAX_S", 3600.0),
     )
