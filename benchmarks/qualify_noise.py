@@ -168,7 +168,8 @@ def summary() -> dict[str, Any]:
     out["line"] = (
         f"qualify under load: {out['runs']} A/A runs, {out['intervals_excluding_zero']}/{out['family_intervals']} "
         f"family intervals exclude 0, gain gate passed {out['gain_gate_passes']}/{out['gain_gates']}, "
-        f"drift {out['drift_flagged']}, spread decided {out['spread_decided']}, slowed candidate "
+        f"verdicts {out['verdicts']}, drift {out['drift_flagged']}, spread decided {out['spread_decided']}, "
+        "slowed candidate "
         + (
             "not run"
             if not out["slowed"]
@@ -272,6 +273,12 @@ def markdown() -> str:
         elif r["kind"] in ("aa", "slowed"):
             gates = "; ".join(_gate_text(g) for g in r["gates"])
             drift = "; drift: " + "; ".join(r["drift"]["reasons"] or []) if r["drift"].get("flagged") else ""
+            planned = int(str(r.get("sized") or "0").split()[0] or 0)
+            short = {
+                f: c["valid_pairs"] for f, c in r["cells"].items() if f != "combined" and c["valid_pairs"] < planned
+            }
+            if short:  # pairs missing (an arm over the plan's dispersion bound, or failed): inconclusive
+                drift += "; valid pairs " + ", ".join(f"{f} {n}" for f, n in short.items()) + f" of {planned}"
             out.append(
                 f"- {'A/A' if r['kind'] == 'aa' else 'slowed candidate'} `{str(r['receipt'])[:16]}` at {r['at']} "
                 f"(exit {r['exit']}, {r.get('sized')}, order seed {r.get('order_seed')}, load average "
