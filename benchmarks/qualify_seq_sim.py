@@ -80,8 +80,11 @@ def run() -> dict[str, Any]:
     from tests.unit import qualify_sim as sim
 
     runs = int(os.environ.get("QUALIFY_SEQ_SIM_RUNS", "200"))
+    only = os.environ.get("QUALIFY_SEQ_SIM_MODELS")  # e.g. "iid,ar1": a part, to run parts side by side
     rows = []
     for m in (sim.IID, sim.AR1, sim.WAVE, sim.SLOW_WAVE):
+        if only and m.name not in only.split(","):
+            continue
         for name, design in DESIGNS:
             plan = _plan(design)
             row: dict[str, Any] = {"model": m.name, "design": name, "sequential": plan.sequential_design()}
@@ -89,8 +92,9 @@ def run() -> dict[str, Any]:
                 row[key] = _tally(plan, m, gain=gain, runs=runs if key == "aa" else runs // 2, seed=seed)
             rows.append(row)
     out = {"runs_per_cell": runs, "pairs": PAIRS, "rows": rows}
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    dest = Path(os.environ.get("QUALIFY_SEQ_SIM_OUT") or RESULT)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     seq = [r for r in rows if r["design"] != "fixed"]
     worst = max(r["aa"]["gain_pass"] / max(r["aa"]["gain_gates"], 1) for r in seq)
     missed = sum(r["slowed_40"]["nr_pass"] for r in seq)

@@ -71,7 +71,6 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
     plan's pair count reaches that."""
     fams = calibration.get("families") or {}
     floored = plan.calibration is not None and plan.calibration.floor == "sigma_upper"
-    conf = plan.decision_confidence()  # a sequential design's last look decides at a wider interval
     out = []
     for g in plan.gates:
         for fam in plan.families if g.family == ALL else [g.family]:
@@ -86,7 +85,7 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
                     g.design_gain,
                     n["sigma_upper"],
                     power,
-                    confidence=conf,
+                    confidence=plan.confidence,
                     floor=n["sigma_upper"] if floored else None,
                 )
             )
@@ -103,11 +102,11 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
                     "max_pairs": MAX_PAIRS,
                     "plan_pairs": plan.pairs,
                     "resolvable": need is not None and need <= plan.pairs,
-                    "half_width_at_plan": None if n is None else resolution(n["sigma"], plan.pairs, conf),
+                    "half_width_at_plan": None if n is None else resolution(n["sigma"], plan.pairs, plan.confidence),
                     # the narrowest deciding half-width a run may have (its sd floored at sigma_upper)
                     "floor": "sigma_upper" if floored else "none",
                     "min_half_width_at_plan": (
-                        None if n is None or not floored else resolution(n["sigma_upper"], plan.pairs, conf)
+                        None if n is None or not floored else resolution(n["sigma_upper"], plan.pairs, plan.confidence)
                     ),
                 }
             )

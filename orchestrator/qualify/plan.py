@@ -138,14 +138,15 @@ class Drift(StrictModel):
 
 class Sequential(StrictModel):
     """Opt-in group-sequential design (`orchestrator/qualify/sequential.py`): the run is looked at
-    after ceil(k pairs / looks) pairs, each look at a confidence from `spending` so the error rates
-    over all looks stay within the plan's; it stops at the first look that settles every gate."""
+    after ceil(k pairs / looks) pairs; a look before the last stops it when a gate has failed with
+    its whole interval below the threshold (at a confidence from `spending`, so a good candidate is
+    failed early at most alpha of the time); passes are decided only at the last look, as a fixed run."""
 
     looks: int = Field(ge=2, le=10, description="pre-planned looks, equally spaced in pairs; the last at `pairs`")
     spending: Literal["bonferroni", "obrien-fleming"] = Field(
         default="bonferroni",
-        description="how the one-sided alpha is split over the looks: equally (bonferroni), or little early "
-        "and most at the last look (Lan-DeMets O'Brien-Fleming-type)",
+        description="how the one-sided alpha of the early fails is split over the looks before the last: "
+        "equally (bonferroni), or strict at first (Lan-DeMets O'Brien-Fleming-type)",
     )
 
 
@@ -200,7 +201,7 @@ class QualifyPlan(StrictModel):
     )
     drift: Drift = Field(default_factory=Drift)
     sequential: Sequential | None = Field(
-        default=None, description="stop early once the gates are decided at a pre-planned look; absent = off"
+        default=None, description="stop early at a pre-planned look once a gate has failed decisively; absent = off"
     )
     warmup: Warmup = Field(default_factory=Warmup)
     active_slots: Literal[1] = Field(default=1, description="measured requests run one at a time")
@@ -304,12 +305,6 @@ class QualifyPlan(StrictModel):
         if self.sequential is None:
             return None
         return seq.design(self.pairs, self.sequential.looks, self.sequential.spending, self.confidence)
-
-    def decision_confidence(self) -> float:
-        """The confidence of the interval that decides at the last pair: the plan's, or with a
-        sequential design its last look's (lower: part of alpha went to the earlier looks)."""
-        d = self.sequential_design()
-        return self.confidence if d is None else float(d["confidence_at"][-1])
 
     def measurement_key(self) -> str:
         """What a calibration must share with the plan that uses it: the measurement itself
