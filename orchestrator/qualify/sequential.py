@@ -10,9 +10,9 @@ passes and missed regressions are at most the fixed design's).
 
 Why passes wait for the last look (issue 31, benchmarks/qualify_seq_sim.py): the first build also
 let early looks pass, with alpha split over all looks; under a periodic load that comes and goes
-every two pairs, 4 pairs of a counterbalanced order line up with the load in 1 of 6 shuffles, every
-pair then says the same, and a calibration that happened to see none of the load gives a floor too
-low: identical code passed the +5% gain gate in 16% of the decided gates (fixed run: 0%). Pairs are
+every two pairs identical code passed the +5% gain gate in 16% of the decided gates (fixed run: 0%);
+as we read it, 4 pairs of a counterbalanced order line up with the load in 1 of 6 shuffles (every
+pair then says the same) and a calibration that saw little of the load floors too low. Pairs are
 not independent under such load, and a look with few of them cannot be trusted to pass.
 
 The early fails spend the one-sided alpha, (1 - confidence) / 2, over the K - 1 early looks:
