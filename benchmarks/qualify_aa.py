@@ -75,7 +75,9 @@ def _setup(home: Path) -> str:
     from tests.plugins.packages import build_package
 
     h = Home.resolve(str(home))
-    inv = load_inventory("lab", {"PAIRCTL_HOME": str(home)})
+    # PAIRCTL_INVENTORY (name or file): a developer's own lab on other addresses, as the lab fixture's
+    # PAIRCTL_TEST_LAB_INVENTORY; the child `pairctl` commands read the same variable.
+    inv = load_inventory(os.environ.get("PAIRCTL_INVENTORY") or "lab", {"PAIRCTL_HOME": str(home)})
     Lab(h, inv).up()
     ensure_source(h)
     pkg = build_package(home, BASELINE_TAG).id

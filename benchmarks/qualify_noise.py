@@ -10,11 +10,14 @@ every draft rejected). One JSON line per run is APPENDED to
 benchmarks/results/qualify_noise.jsonl (chunks add up to 15 runs); the summary of every line is
 what `run()` returns (`python -m benchmarks` writes it to benchmarks/results/qualify_noise.json).
 
-It needs the lab lock, the built lab packages and about 2 minutes per run (QUALIFY_NOISE_SLOWED=0
-skips the slowed candidate in a chunk):
+It needs a lab of its own (or the shared lab's lock), the built lab packages and 2-10 minutes per
+run depending on the machine's load (QUALIFY_NOISE_SLOWED=0 skips the slowed candidate in a chunk).
+PAIRCTL_HOME is the test home, PAIRCTL_INVENTORY the lab inventory (default `lab`: the shared lab on
+127.0.0.2/3, then hold `flock /tmp/pairctl-lab.lock`); the load's schedule is QUALIFY_NOISE_WORKERS,
+QUALIFY_NOISE_ON_S, QUALIFY_NOISE_OFF_S (defaults 1 worker, 10 s on / 20 s off: the runs on record):
 
-    PAIRCTL_HOME=/work/main/.state/test QUALIFY_NOISE_RUNS=5 \\
-        flock /tmp/pairctl-lab.lock nice .venv/bin/python -m benchmarks qualify_noise
+    PAIRCTL_HOME=HOME PAIRCTL_INVENTORY=INVENTORY QUALIFY_NOISE_RUNS=3 QUALIFY_NOISE_SLOWED=0 \\
+        nice .venv/bin/python -m benchmarks qualify_noise
     QUALIFY_NOISE_SUMMARY_ONLY=1 .venv/bin/python -m benchmarks qualify_noise   # summary only
 
 What must hold (issue 31): no gain gate passes identical code; at most one family interval in
@@ -165,7 +168,8 @@ def summary() -> dict[str, Any]:
     out["line"] = (
         f"qualify under load: {out['runs']} A/A runs, {out['intervals_excluding_zero']}/{out['family_intervals']} "
         f"family intervals exclude 0, gain gate passed {out['gain_gate_passes']}/{out['gain_gates']}, "
-        f"drift {out['drift_flagged']}, spread decided {out['spread_decided']}, slowed candidate "
+        f"verdicts {out['verdicts']}, drift {out['drift_flagged']}, spread decided {out['spread_decided']}, "
+        "slowed candidate "
         + (
             "not run"
             if not out["slowed"]
@@ -188,7 +192,7 @@ def run() -> dict[str, Any]:
     runs = int(os.environ.get("QUALIFY_NOISE_RUNS", "5"))
     sched = Schedule(
         workers=int(os.environ.get("QUALIFY_NOISE_WORKERS", "1")),
-        on_s=_env_float("QUALIFY_NOISE_ON_S", 20.0),
+        on_s=_env_float("QUALIFY_NOISE_ON_S", 10.0),  # the schedule of every run on record
         off_s=_env_float("QUALIFY_NOISE_OFF_S", 20.0),
         duration_s=_env_float("QUALIFY_NOISE_MAX_S", 3600.0),
     )
@@ -269,6 +273,12 @@ def markdown() -> str:
         elif r["kind"] in ("aa", "slowed"):
             gates = "; ".join(_gate_text(g) for g in r["gates"])
             drift = "; drift: " + "; ".join(r["drift"]["reasons"] or []) if r["drift"].get("flagged") else ""
+            planned = int(str(r.get("sized") or "0").split()[0] or 0)
+            short = {
+                f: c["valid_pairs"] for f, c in r["cells"].items() if f != "combined" and c["valid_pairs"] < planned
+            }
+            if short:  # pairs missing (an arm over the plan's dispersion bound, or failed): inconclusive
+                drift += "; valid pairs " + ", ".join(f"{f} {n}" for f, n in short.items()) + f" of {planned}"
             out.append(
                 f"- {'A/A' if r['kind'] == 'aa' else 'slowed candidate'} `{str(r['receipt'])[:16]}` at {r['at']} "
                 f"(exit {r['exit']}, {r.get('sized')}, order seed {r.get('order_seed')}, load average "

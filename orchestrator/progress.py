@@ -26,7 +26,7 @@ from orchestrator.terminal import visible
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # step.start, step.end, upload, check.start, check.end, arm.start, arm.end, sample
+    kind: str  # step.start, step.end, upload, check.start, check.end, arm.start, arm.end, sample, qualify.stop
     message: str
     fields: dict[str, Any] = field(default_factory=dict)
 

@@ -246,6 +246,14 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     c.console.print(t)
     if result.drift and result.drift.get("flagged"):
         c.console.print("drift (the run ends inconclusive): " + "; ".join(result.drift["reasons"]))
+    q = result.sequential
+    if q:
+        at = q.get("decided_at_look")
+        c.console.print(
+            f"sequential ({q['spending']}, looks at {q['pairs_at']} pairs): "
+            + ("no look decided" if at is None else f"decided at look {at} of {q['looks']} ({q['pairs_used']} pairs)")
+            + (", stopped early" if q.get("stopped_early") else "")
+        )
     c.console.print(f"receipt: {receipt}")
     if report_dir:
         c.console.print(f"report: {report_dir / 'report.md'}")

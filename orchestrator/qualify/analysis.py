@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from statistics import median
 from typing import Any
 
 from orchestrator.qualify import drift as drift_checks
+from orchestrator.qualify import sequential as seq
 from orchestrator.qualify.gates import GateVerdict, decide, overall, under_drift
 from orchestrator.qualify.plan import ALL, COMBINED, QualifyPlan
 from orchestrator.qualify.stats import (
@@ -129,6 +130,7 @@ class QualifyResult:
     rules: dict[str, Any] | None = None  # the decision rules recorded before the first sample (None: legacy)
     drift: dict[str, Any] | None = None  # trend of the baseline arms, own vs calibrated spread, verdict
     order: dict[str, Any] | None = None  # arm order, its seed, and the position effect per family
+    sequential: dict[str, Any] | None = None  # the looks of a sequential design and which one decided
 
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
@@ -161,6 +163,7 @@ class QualifyResult:
             "rules": self.rules,
             "drift": self.drift,
             "order": self.order,
+            "sequential": self.sequential,
         }
 
 
@@ -176,13 +179,17 @@ def rules_for(plan: QualifyPlan, noise: dict[str, Any] | None, order_seed: int |
         floor = None
     else:
         floor = plan.calibration.floor if plan.calibration is not None else "none"
-    return {
+    rules = {
         "version": RULES_VERSION,
         "floor": floor,
         "drift": plan.drift.model_dump(mode="json"),
         "order": plan.order if isinstance(plan.order, str) else "explicit",
         "order_seed": order_seed,
     }
+    design = plan.sequential_design()
+    if design is not None:  # only when on: a receipt without it is a fixed run, as before
+        rules["sequential"] = design
+    return rules
 
 
 def analyze(
@@ -193,7 +200,52 @@ def analyze(
     noise: dict[str, Any] | None = None,
     rules: dict[str, Any] | None = None,
 ) -> QualifyResult:
+    """The result of a run. Under a recorded sequential design (`rules['sequential']`), the
+    looks are taken in order on the first n_k pairs at their own confidence, and the first look
+    that settles the gates (or the last one the samples reach) is the result, saying which."""
     samples = list(samples)
+    design = (rules or {}).get("sequential")
+    if not design:
+        return _analyze_fixed(plan, samples, plan_sha256=plan_sha256, noise=noise, rules=rules)
+    pairs_at, conf_at = list(design["pairs_at"]), list(design["confidence_at"])
+    measured = 1 + max((s["pair"] for s in samples if isinstance(s.get("pair"), int)), default=-1)
+    looks: list[dict[str, Any]] = []
+    for k, (n, conf) in enumerate(zip(pairs_at, conf_at, strict=True), start=1):
+        sub = plan.model_copy(update={"pairs": n, "confidence": conf, "sequential": None})
+        part = [s for s in samples if isinstance(s.get("pair"), int) and s["pair"] < n]
+        res = _analyze_fixed(sub, part, plan_sha256=plan_sha256, noise=noise, rules=rules)
+        stop = seq.settled(res.gates)
+        looks.append(
+            {
+                "look": k,
+                "pairs": n,
+                "confidence": conf,
+                "settled": stop,
+                "gates": [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in res.gates],
+            }
+        )
+        last = k == len(pairs_at)
+        if stop or last or n >= measured:
+            gates = [seq.at_look(g, k, len(pairs_at), n) for g in res.gates]
+            info = {
+                **design,
+                "looks_taken": looks,
+                "decided_at_look": k if (stop or last) else None,
+                "pairs_used": n,
+                "stopped_early": stop and not last,
+            }
+            return replace(res, gates=gates, verdict=overall(gates), samples_total=len(samples), sequential=info)
+    raise AssertionError("unreachable: the last look always returns")
+
+
+def _analyze_fixed(
+    plan: QualifyPlan,
+    samples: list[dict[str, Any]],
+    *,
+    plan_sha256: str | None = None,
+    noise: dict[str, Any] | None = None,
+    rules: dict[str, Any] | None = None,
+) -> QualifyResult:
     floors = _floors(noise, rules)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
     invalid: list[dict[str, Any]] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import yaml
@@ -22,6 +22,7 @@ from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError
 from orchestrator.hashing import sha256_bytes, sha256_file, sha256_json
 from orchestrator.paths import MANIFESTS
+from orchestrator.qualify import sequential as seq
 
 ALL = "*"  # a gate or flag on every family
 COMBINED = "combined"  # the per-pair geometric mean over families
@@ -135,6 +136,20 @@ class Drift(StrictModel):
     confidence: float = Field(default=0.95, gt=0.5, lt=1, description="of the trend's slope interval")
 
 
+class Sequential(StrictModel):
+    """Opt-in group-sequential design (`orchestrator/qualify/sequential.py`): the run is looked at
+    after ceil(k pairs / looks) pairs; a look before the last stops it when a gate has failed with
+    its whole interval below the threshold (at a confidence from `spending`, so a good candidate is
+    failed early at most alpha of the time); passes are decided only at the last look, as a fixed run."""
+
+    looks: int = Field(ge=2, le=10, description="pre-planned looks, equally spaced in pairs; the last at `pairs`")
+    spending: Literal["bonferroni", "obrien-fleming"] = Field(
+        default="bonferroni",
+        description="how the one-sided alpha of the early fails is split over the looks before the last: "
+        "equally (bonferroni), or strict at first (Lan-DeMets O'Brien-Fleming-type)",
+    )
+
+
 class Flag(StrictModel):
     """Reported, never deciding: the point ratio of `metric` (higher = candidate better) >= min_ratio."""
 
@@ -185,6 +200,9 @@ class QualifyPlan(StrictModel):
         description="seed of a 'random' order; absent: drawn by the run and recorded in its receipt",
     )
     drift: Drift = Field(default_factory=Drift)
+    sequential: Sequential | None = Field(
+        default=None, description="stop early at a pre-planned look once a gate has failed decisively; absent = off"
+    )
     warmup: Warmup = Field(default_factory=Warmup)
     active_slots: Literal[1] = Field(default=1, description="measured requests run one at a time")
     temperature: float = Field(default=0.0, ge=0)
@@ -224,6 +242,13 @@ class QualifyPlan(StrictModel):
                 )
         if self.max_arm_dispersion is not None and self.repeats < 2:
             raise ValueError("max_arm_dispersion needs repeats >= 2 (one request per arm measures no spread)")
+        if self.sequential is not None:
+            first = -(-self.pairs // self.sequential.looks)
+            if first < seq.MIN_LOOK_PAIRS:
+                raise ValueError(
+                    f"sequential: {self.sequential.looks} looks at {self.pairs} pairs put the first look at "
+                    f"{first} pairs; each look needs at least {seq.MIN_LOOK_PAIRS} (fewer looks or more pairs)"
+                )
         if isinstance(self.order, list):
             if len(self.order) != 2 * self.pairs:
                 raise ValueError(f"an explicit order lists 2 x pairs = {2 * self.pairs} arms, got {len(self.order)}")
@@ -247,7 +272,8 @@ class QualifyPlan(StrictModel):
     def arm_order(self, seed: int | None = None) -> list[tuple[int, Arm]]:
         """(pair index, arm) in run order. Alternating: B C, C B, B C, ... so a linear drift
         cancels. Random: a seeded shuffle of floor(n/2) B-first and ceil(n/2) C-first pairs
-        (counterbalanced as alternating is, but no fixed period for a periodic load to match);
+        (counterbalanced as alternating is, but no fixed period for a periodic load to match; with a
+        sequential design, within each look's new pairs);
         `seed` defaults to the plan's `order_seed` and a random order needs one."""
         if isinstance(self.order, list):
             return [(i // 2, a) for i, a in enumerate(self.order)]
@@ -255,8 +281,17 @@ class QualifyPlan(StrictModel):
             seed = self.order_seed if seed is None else seed
             if seed is None:
                 raise ValueError("a random arm order needs a seed (the plan's order_seed or the run's)")
-            firsts = np.array([i % 2 == 1 for i in range(self.pairs)])  # True: candidate first
-            np.random.default_rng(seed).shuffle(firsts)
+            # True: candidate first. Shuffled within each sequential look's new pairs (one block without
+            # a design), so every look, not only the last, has half of its pairs each way.
+            rng = np.random.default_rng(seed)
+            d = self.sequential_design()
+            ends = d["pairs_at"] if d is not None else [self.pairs]
+            blocks = []
+            for lo, hi in zip([0, *ends[:-1]], ends, strict=True):
+                block = np.array([i % 2 == 1 for i in range(hi - lo)])
+                rng.shuffle(block)
+                blocks.append(block)
+            firsts = np.concatenate(blocks)
         else:
             firsts = np.array([i % 2 == 1 for i in range(self.pairs)])
         out: list[tuple[int, Arm]] = []
@@ -264,6 +299,12 @@ class QualifyPlan(StrictModel):
             arms: tuple[Arm, Arm] = ("candidate", "baseline") if firsts[i] else ("baseline", "candidate")
             out += [(i, arms[0]), (i, arms[1])]
         return out
+
+    def sequential_design(self) -> dict[str, Any] | None:
+        """The looks, their pair counts and confidences (None: no sequential design)."""
+        if self.sequential is None:
+            return None
+        return seq.design(self.pairs, self.sequential.looks, self.sequential.spending, self.confidence)
 
     def measurement_key(self) -> str:
         """What a calibration must share with the plan that uses it: the measurement itself

@@ -184,6 +184,7 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             else ""
         ),
         *noise_lines(result),
+        *sequential_lines(result),
         "",
         "## Gates (declared before the first sample; only these decide)",
         "",
@@ -389,6 +390,31 @@ def drift_lines(result: QualifyResult) -> list[str]:
             )
         )
     return out
+
+
+def sequential_lines(result: QualifyResult) -> list[str]:
+    """A sequential design's looks (pairs, confidence, verdicts) and which one decided."""
+    q = result.sequential
+    if not q:
+        return []
+    looks = ", ".join(f"{n} ({100 * c:.2f}%)" for n, c in zip(q["pairs_at"], q["confidence_at"], strict=False))
+    taken = "; ".join(
+        f"look {t['look']} at {t['pairs']} pairs: "
+        + ", ".join(f"{g['kind']}[{g['family']}] {g['verdict']}" for g in t["gates"])
+        + (" (settled)" if t["settled"] else "")
+        for t in q["looks_taken"]
+    )
+    if q.get("decided_at_look") is None:
+        end = f"**no look decided** (the samples end at {q['pairs_used']} pairs)"
+    elif q.get("stopped_early"):
+        end = f"**decided at look {q['decided_at_look']} of {q['looks']}, {q['pairs_used']} pairs: stopped early**"
+    else:
+        end = f"**decided at the last look ({q['pairs_used']} pairs)**"
+    return [
+        f"- Sequential design ({q['spending']} spending of the one-sided alpha over {q['looks']} looks): "
+        f"looks at pairs (interval confidence) {looks}; {end}",
+        f"- Looks taken: {taken}",
+    ]
 
 
 def noise_lines(result: QualifyResult) -> list[str]:

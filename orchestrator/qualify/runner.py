@@ -134,7 +134,7 @@ def run_qualification(
                 f"plan {plan.name} declares no calibration", hint="add `calibration: {pairs: 8}` to the plan"
             )
         candidate, candidate_profile = baseline, None
-        plan = plan.model_copy(update={"pairs": plan.calibration.pairs})
+        plan = plan.model_copy(update={"pairs": plan.calibration.pairs, "sequential": None})
     hooks = hooks or Hooks()
     log = get_logger(pair=pair, command="qualify", plan=plan.name)
     plan.check_fits(profile)  # declared sizes: a config error before anything runs
@@ -272,6 +272,12 @@ def run_qualification(
                     progress.event("arm.end", f"qualify arm {name}: {len(rows)} samples", arm=name, samples=len(rows))
                     if hooks.after_arm:
                         hooks.after_arm(name)
+                    look = _sequential_stop(plan, rules, samples, noise, loaded.sha256, p_idx, k, arm_order)
+                    if look is not None:
+                        journal.set("qualify_sequential_stop", look)
+                        log.info("sequential design settled; no more pairs", **look)
+                        progress.event("qualify.stop", f"qualify: settled at look {look['look']}", **look)
+                        break
                 except Exception as exc:  # noqa: BLE001 - whatever stops an arm, the pair is restored below
                     # An arm that cannot be activated or measured ends the measuring; missing pairs
                     # make the result inconclusive. The step records the error; nothing is retried.
@@ -311,6 +317,30 @@ def run_qualification(
         receipt = journal.finish(outcome, reason)
     report_dir = write_report(receipt) if write_report is not None else None
     return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir, stop_error)
+
+
+def _sequential_stop(
+    plan: QualifyPlan,
+    rules: dict[str, Any],
+    samples: list[dict[str, Any]],
+    noise: dict[str, Any] | None,
+    plan_sha256: str,
+    p_idx: int,
+    k: int,
+    arm_order: list[tuple[int, Arm]],
+) -> dict[str, Any] | None:
+    """After the arm that completes a look's pairs (a look before the last): the look, when it
+    settles every gate (the run stops there); else None. The same analysis the result uses."""
+    design = rules.get("sequential")
+    if not design or k + 1 >= len(arm_order) or arm_order[k + 1][0] == p_idx:
+        return None  # no design, the last arm, or this pair's first arm
+    if p_idx + 1 not in design["pairs_at"][:-1]:
+        return None
+    res = analyze(plan, samples, plan_sha256=plan_sha256, noise=noise, rules=rules)
+    info = res.sequential or {}
+    if not info.get("stopped_early"):
+        return None
+    return {"look": info["decided_at_look"], "pairs": info["pairs_used"], "verdict": res.verdict}
 
 
 def _too_spread(plan: QualifyPlan, rows: list[dict[str, Any]], fixture: str, attempt: int) -> bool:

@@ -136,7 +136,7 @@ def calibrate(
     runner records it, and the `qualify_noise` record judge() would hand the run; `refuse`:
     judge() itself, raising Inconclusive where the command would refuse the plan (exit 9)."""
     assert plan.calibration is not None
-    cal_plan = plan.model_copy(update={"pairs": plan.calibration.pairs})
+    cal_plan = plan.model_copy(update={"pairs": plan.calibration.pairs, "sequential": None})  # as the runner
     seed = int(rng.integers(2**31)) if plan.order == "random" else None
     aa = NoiseModel(**{**model.__dict__, "confound_sd": 0.0})
     res = analyze(cal_plan, samples(cal_plan, aa, rng, order_seed=seed), rules=rules_for(cal_plan, None, seed))
