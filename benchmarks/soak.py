@@ -40,11 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.deploy import INVENTORY, PAIR, _home, _packages
+from orchestrator.log import LOG_KEEP, LOG_MAX_BYTES
 
 REPO = Path(__file__).resolve().parent.parent
 CYCLES = int(os.environ.get("SOAK_CYCLES", "50"))
 PROFILE = os.environ.get("SOAK_PROFILE", "")
-LOG_CAP_BYTES = 4 * (16 << 20)  # orchestrator/log.py: pairctl.jsonl rotates past 16 MiB, 3 kept
+LOG_CAP_BYTES = (LOG_KEEP + 1) * LOG_MAX_BYTES + (1 << 20)  # the JSON log and its rotated files (+ hooks.jsonl)
 COMMAND_TIMEOUT_S = 1800.0  # one deploy with the whole suite on the real model at load 8: ~450 s
 
 
@@ -229,7 +230,7 @@ def _fit(ys: list[float]) -> tuple[float, float]:
 
 
 def _kind(key: str) -> str:
-    if key.endswith("receipts") or key.endswith("receipts_index"):
+    if key in ("home.receipts", "home.receipts_index"):
         return "receipts"
     if key.endswith("rss_kib") or key.endswith("wall_s") or key.endswith("logs_bytes"):
         return "relative"
@@ -238,13 +239,27 @@ def _kind(key: str) -> str:
     return "count"
 
 
-def trend(series: dict[str, list[float]]) -> dict[str, Any]:
+def _fit_with_load(ys: list[float], loads: list[float]) -> tuple[float, float]:
+    """(slope per cycle, residual sd) of ys ~ a + b*cycle + c*load: a wall time's trend with the
+    machine's load (shared, and it came and went) taken out."""
+    import numpy as np
+
+    n = len(ys)
+    x = np.column_stack([np.ones(n), np.arange(n, dtype=float), np.asarray(loads, dtype=float)])
+    coef, *_ = np.linalg.lstsq(x, np.asarray(ys, dtype=float), rcond=None)
+    res = np.asarray(ys) - x @ coef
+    sd = float(math.sqrt(float(res @ res) / (n - 3))) if n > 3 else 0.0
+    return float(coef[1]), sd
+
+
+def trend(series: dict[str, list[float]], loads: list[float] | None = None) -> dict[str, Any]:
     """Judge each indicator's series (one value per cycle, warm-up excluded): leak or flat."""
     out: dict[str, Any] = {}
     for key, ys in sorted(series.items()):
         if len(ys) < 3:
             continue
-        slope, sd = _fit(ys)
+        by_load = key.endswith("wall_s") and loads is not None and len(loads) == len(ys) and len(ys) > 4
+        slope, sd = _fit_with_load(ys, loads) if by_load and loads is not None else _fit(ys)
         n = len(ys)
         growth = slope * (n - 1)
         third = max(1, n // 3)
@@ -275,7 +290,7 @@ def trend(series: dict[str, list[float]]) -> dict[str, Any]:
             "projected_growth": round(growth, 3),
             "noise_sd": round(sd, 4),
             "leak": leak,
-            "rule": rule,
+            "rule": rule + (" (slope with the 1-minute load average as a second regressor)" if by_load else ""),
         }
     return out
 
@@ -286,7 +301,10 @@ def _series(cycles: list[dict[str, Any]]) -> dict[str, list[float]]:
         _flat(
             {
                 "ind": c["indicators"],
-                "deploy": {"wall_s": c["deploy"]["wall_s"]},
+                "deploy": {
+                    "wall_s": c["deploy"]["wall_s"],
+                    "accept_wall_s": c["deploy"]["steps_s"].get("accept") or 0.0,
+                },
                 "rollback": {"wall_s": c["rollback"]["wall_s"]},
             }
         )
@@ -296,6 +314,50 @@ def _series(cycles: list[dict[str, Any]]) -> dict[str, list[float]]:
     for k in sorted(common):
         keys[k.removeprefix("ind.")] = [r[k] for r in rows]
     return keys
+
+
+def finish(result: dict[str, Any], failure: str | None) -> dict[str, Any]:
+    """Judge the cycles recorded in `result` (also a partial SOAK_OUT file: `python -m benchmarks.soak FILE`)."""
+    done = result["cycles"]
+    asked = result["cycles_asked"]
+    series = _series(done[1:] if len(done) > 3 else done)  # cycle 1 settles B's release files
+    loads = [c["load_average"][0] for c in (done[1:] if len(done) > 3 else done)]
+    trends = trend(series, loads)
+    leaks = sorted(k for k, v in trends.items() if v["leak"])
+    passed = failure is None and not leaks and len(done) == asked
+    walls = [c["deploy"]["wall_s"] for c in done]
+    accept = [c["deploy"]["steps_s"].get("accept") or 0.0 for c in done]
+    rb = [c["rollback"]["wall_s"] for c in done]
+    result.update(
+        cycles_done=len(done),
+        failure=failure,
+        leaks=leaks,
+        trend=trends,
+        summary={
+            "deploy_wall_s_median": round(statistics.median(walls), 2) if walls else None,
+            "deploy_wall_s_max": max(walls, default=None),
+            "accept_s_median": round(statistics.median(accept), 2) if accept else None,
+            "rollback_wall_s_median": round(statistics.median(rb), 2) if rb else None,
+            "load_average_1min_median": round(statistics.median(c["load_average"][0] for c in done), 2)
+            if done
+            else None,
+            "load_average_1min_range": [
+                min(c["load_average"][0] for c in done),
+                max(c["load_average"][0] for c in done),
+            ]
+            if done
+            else None,
+        },
+        passed=passed,
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    result["line"] = (
+        f"soak: {len(done)}/{asked} deploy(+accept)/rollback cycles on {result['pair']} ({result['profile']}), "
+        f"deploy median {result['summary']['deploy_wall_s_median']} s, rollback median "
+        f"{result['summary']['rollback_wall_s_median']} s, failure {failure or 'none'}, "
+        f"leaks {', '.join(leaks) or 'none'} of {len(trends)} indicators: {'PASS' if passed else 'FAIL'}"
+    )
+    return result
 
 
 def run() -> dict[str, Any]:
@@ -349,36 +411,18 @@ def run() -> dict[str, Any]:
         if d["exit"] != 0 or r["exit"] != 0:
             failure = f"cycle {i}: deploy exit {d['exit']}, rollback exit {r['exit']}"
             break
-    done = result["cycles"]
-    series = _series(done[1:] if len(done) > 3 else done)  # cycle 1 settles B's release files
-    trends = trend(series)
-    leaks = sorted(k for k, v in trends.items() if v["leak"])
-    passed = failure is None and not leaks and len(done) == CYCLES
-    walls = [c["deploy"]["wall_s"] for c in done]
-    accept = [c["deploy"]["steps_s"].get("accept") or 0.0 for c in done]
-    rb = [c["rollback"]["wall_s"] for c in done]
-    result.update(
-        cycles_done=len(done),
-        failure=failure,
-        leaks=leaks,
-        trend=trends,
-        soak_wall_s=round(time.monotonic() - t_start, 1),
-        summary={
-            "deploy_wall_s_median": round(statistics.median(walls), 2) if walls else None,
-            "deploy_wall_s_max": max(walls, default=None),
-            "accept_s_median": round(statistics.median(accept), 2) if accept else None,
-            "rollback_wall_s_median": round(statistics.median(rb), 2) if rb else None,
-            "load_average_median": round(statistics.median(c["load_average"][0] for c in done), 2) if done else None,
-        },
-        passed=passed,
-        measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    )
-    result["line"] = (
-        f"soak: {len(done)}/{CYCLES} deploy(+accept)/rollback cycles on {result['pair']} ({result['profile']}), "
-        f"deploy median {result['summary']['deploy_wall_s_median']} s, rollback median "
-        f"{result['summary']['rollback_wall_s_median']} s, failure {failure or 'none'}, "
-        f"leaks {', '.join(leaks) or 'none'} of {len(trends)} indicators: {'PASS' if passed else 'FAIL'}"
-    )
+    result["soak_wall_s"] = round(time.monotonic() - t_start, 1)
+    finish(result, failure)
     if out_path:
         Path(out_path).write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result
+
+
+if __name__ == "__main__":  # re-judge a (partial) SOAK_OUT file: python -m benchmarks.soak FILE [OUT]
+    doc = json.loads(Path(sys.argv[1]).read_text())
+    last = doc["cycles"][-1] if doc["cycles"] else None
+    bad = last is not None and (last["deploy"]["exit"] != 0 or last["rollback"]["exit"] != 0)
+    doc = finish(doc, doc.get("failure") or (f"cycle {last['cycle']}: a command failed" if bad and last else None))
+    doc.setdefault("benchmark", "soak")
+    text = json.dumps(doc, indent=2, sort_keys=True) + "\n"
+    Path(sys.argv[2]).write_text(text) if len(sys.argv) > 2 else print(doc["line"])
