@@ -19,7 +19,7 @@ import stat
 from typing import Any
 
 from orchestrator.errors import HostStateError
-from orchestrator.remote.transport import FileStat, Transport
+from orchestrator.remote.transport import ConnectionLost, FileStat, Transport, Unreachable
 
 # the install root's own folders and files pairctl runs or writes (HostLayout names them)
 _DIRS = ("bin", "run", "releases", "leases", "secrets")
@@ -27,10 +27,14 @@ _FILES = ("bin/pairctl-svc",)
 
 
 def login_uid(transport: Transport) -> int | None:
-    """The uid the transport acts as on the host, where it can tell (None: root only counts)."""
+    """The uid the transport acts as on the host, where it can tell (None: root only counts). A host
+    that cannot be reached is not "cannot tell": that error goes up, or the next read would try
+    to connect all over again (`status` with a host down retried and warned twice)."""
     fn: Any = getattr(transport, "login_uid", None)
     try:
         return int(fn()) if fn is not None else None
+    except (Unreachable, ConnectionLost):
+        raise
     except (OSError, TypeError, ValueError):
         return None
 
