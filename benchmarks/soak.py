@@ -62,6 +62,8 @@ def _pairctl(home: Path, inventory: str, *args: str) -> dict[str, Any]:
         doc = {"unparsed_stdout": p.stdout[-2000:]}
     steps = {s["name"]: s.get("seconds") for s in doc.get("steps", []) if isinstance(s, dict) and "name" in s}
     out: dict[str, Any] = {"exit": p.returncode, "wall_s": round(wall, 3), "steps_s": steps}
+    if args[0] == "status":
+        out["doc"] = doc
     if p.returncode != 0:
         out["error"] = doc.get("error") or doc
         out["stderr_tail"] = p.stderr[-3000:]
@@ -372,7 +374,13 @@ def run() -> dict[str, Any]:
     profile = ["--profile", PROFILE] if PROFILE else []
     out_path = os.environ.get("SOAK_OUT")
 
-    warm = _pairctl(home.root, inv_ref, "deploy", "--pair", PAIR, "--packages", a, a, *profile)
+    st = _pairctl(home.root, inv_ref, "status", "--pair", PAIR)
+    route = (st.get("doc") or {}).get("route") or {}
+    on_a = st["exit"] == 0 and route.get("active_packages") == [a, a] and route.get("state") == "active"
+    if on_a and (not PROFILE or str(route.get("active", "")).endswith(f"({PROFILE})")):
+        warm = {"exit": 0, "wall_s": 0.0, "steps_s": {}, "skipped": "A already active, accepted and healthy"}
+    else:
+        warm = _pairctl(home.root, inv_ref, "deploy", "--pair", PAIR, "--packages", a, a, *profile)
     result: dict[str, Any] = {
         "pair": f"{inv_ref}/{PAIR}",
         "profile": PROFILE or inv.pair(PAIR).profile,
