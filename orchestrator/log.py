@@ -46,6 +46,42 @@ _file_tracebacks = structlog.processors.ExceptionRenderer(
 )
 
 
+# The JSON log rotates when a command starts and finds it past this size (about 10 KB per deploy
+# at info level: some 1,600 deploys a file); the newest LOG_KEEP rotated files are kept (.1 newest).
+LOG_MAX_BYTES = 16 << 20
+LOG_KEEP = 3
+
+
+def rotate_if_large(path: Path, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_KEEP) -> bool:
+    """Shift `path` to `path.1` (`.1` to `.2` ..., the oldest beyond `keep` dropped) when it is past
+    `max_bytes`, under a lock so two commands starting together rotate once; a process still
+    writing keeps its open file (now `.1`). True when it rotated."""
+    from orchestrator.filelock import file_lock
+
+    try:
+        if path.stat().st_size <= max_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    with file_lock(path.with_name(f".{path.name}.rotate.lock")):
+        try:
+            if path.stat().st_size <= max_bytes:  # another command rotated it meanwhile
+                return False
+        except FileNotFoundError:
+            return False
+        for i in range(keep, 0, -1):
+            older = path.with_name(f"{path.name}.{i}")
+            if i == keep:
+                older.unlink(missing_ok=True)
+            else:
+                try:
+                    older.rename(path.with_name(f"{path.name}.{i + 1}"))
+                except FileNotFoundError:
+                    pass
+        path.rename(path.with_name(f"{path.name}.1"))
+        return True
+
+
 def _private_file(path: Path) -> None:
     """Create the log file 0600 (O_EXCL-free: it is appended to across runs), and tighten an old one."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -109,6 +145,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
     if log_file is not None:
         try:
             log_file.parent.mkdir(parents=True, exist_ok=True)
+            rotate_if_large(log_file)
             _private_file(log_file)
         except (NotADirectoryError, FileExistsError):
             raise ConfigError(

@@ -114,6 +114,12 @@ def print_rollout(c: Ctx, r: RolloutResult) -> None:
         out.print(f"  hook {h['argv0']} on {h['event']} failed: {h['error']}", markup=False)
     if not r.dry_run:
         out.print(f"exit {r.exit_code()}; fleet receipt {r.receipt}; {r.wall_s:.1f} s", markup=False)
+        if r.paused():
+            out.print(
+                f"paused after wave {r.waves_run()} of {len(r.waves)} (--waves {o.waves}): run the same "
+                "command again to continue (without --waves: every wave left)",
+                markup=False,
+            )
 
 
 @contextmanager
@@ -142,9 +148,7 @@ def pre_deploy_veto(c: Ctx, inv: Inventory, pair: str, ids: tuple[str, str], pro
 
 
 @contextmanager
-def fire_rollback_hook(
-    c: Ctx, inv: Inventory, pair: str, *, enabled: bool = True
-) -> Iterator[dict[str, str | None]]:
+def fire_rollback_hook(c: Ctx, inv: Inventory, pair: str, *, enabled: bool = True) -> Iterator[dict[str, str | None]]:
     """A manual rollback fires rollback.passed or rollback.failed (any failure: refused, leased,
     rollback failed), with its receipt and exit code; like every hook, it never changes the outcome.
     A dry run (`enabled=False`) fires nothing."""

@@ -20,7 +20,7 @@ import stat
 from typing import Any
 
 from orchestrator.errors import HostStateError
-from orchestrator.remote.transport import FileStat, FsResult, Lstat, Transport, fs_batch
+from orchestrator.remote.transport import ConnectionLost, FileStat, FsResult, Lstat, Transport, Unreachable, fs_batch
 
 # the install root's own folders and files pairctl runs or writes (HostLayout names them)
 _DIRS = ("bin", "run", "releases", "leases", "secrets")
@@ -28,10 +28,14 @@ _FILES = ("bin/pairctl-svc",)
 
 
 def login_uid(transport: Transport) -> int | None:
-    """The uid the transport acts as on the host, where it can tell (None: root only counts)."""
+    """The uid the transport acts as on the host, where it can tell (None: root only counts). A host
+    that cannot be reached is not "cannot tell": that error goes up, or the next read would try
+    to connect all over again (`status` with a host down retried and warned twice)."""
     fn: Any = getattr(transport, "login_uid", None)
     try:
         return int(fn()) if fn is not None else None
+    except (Unreachable, ConnectionLost):
+        raise
     except (OSError, TypeError, ValueError):
         return None
 

@@ -108,6 +108,14 @@ class RolloutResult:
     def exit_code(self) -> int:
         return fleet_exit_code([p.outcome for p in self.pairs], [p.exit_code for p in self.pairs])
 
+    def paused(self) -> bool:
+        """`--waves N` stopped it with waves left (Argo's pause): said as such in the output, the
+        receipt's reason and the hook event, since `passed` and `fleet.finished` would read as done."""
+        return any(p.outcome == PAUSED for p in self.pairs)
+
+    def waves_run(self) -> int:
+        return len(self.timings.get("waves_s", []))
+
     def plan_dict(self) -> dict[str, Any]:
         o = self.options
         return {
@@ -133,7 +141,7 @@ class RolloutResult:
             "commit": self.commit,
             "plan": self.plan_dict(),
             "pairs": [p.as_dict() for p in self.pairs],
-            "outcome": "dry-run" if self.dry_run else ("passed" if code == 0 else "failed"),
+            "outcome": "dry-run" if self.dry_run else ("failed" if code else "paused" if self.paused() else "passed"),
             "exit_code": 0 if self.dry_run else code,
             "receipt": self.receipt,
             "hooks": self.hooks,
@@ -247,11 +255,13 @@ def rollout(
     journal.set("timings", result.timings)
     code = result.exit_code()
     summary = _summary(result)
+    if result.paused():
+        summary = f"paused after wave {result.waves_run()} of {len(result.waves)}; {summary}"
     journal.set("exit_code", code)
     result.receipt = journal.finish("passed" if code == 0 else "failed", summary)
     result.wall_s = time.monotonic() - t0
     doc = event_document(
-        "fleet.finished",
+        "fleet.paused" if result.paused() else "fleet.finished",
         f"pairctl fleet {command}{' ' + rev if rev else ''}: {summary}",
         command=command,
         rev=rev,

@@ -35,7 +35,7 @@ def _inventory(src: Path, dest: Path, log: Path, *, lab2_profile: str) -> str:
     inv["pairs"]["lab2"]["profile"] = lab2_profile
     inv["hooks"] = [
         {
-            "on": ["deploy.passed", "deploy.rolled_back", "deploy.rollback_failed", "fleet.finished"]
+            "on": ["deploy.passed", "deploy.rolled_back", "deploy.rollback_failed", "fleet.finished", "fleet.paused"]
             + ["accept.scheduled_skipped", "accept.scheduled_failed"],
             "argv": [sys.executable, "-c", HOOK, str(log)],
             "timeout_s": 20,
@@ -263,3 +263,62 @@ def test_rollout_whose_rollback_fails_exits_8(cli, lab3, lab_packages, lab_packa
     assert dry["dry_run"] and dry["receipt"] is None, dry
     planned = [p for wave in dry["plan"]["waves"] for p in wave] + list(dry["plan"].get("skipped") or {})
     assert set(planned) == {"lab2", "lab3"}, dry["plan"]
+
+
+def test_rollout_waves_pause_then_continue_where_it_stopped(
+    cli, lab3, lab_packages, lab_packages_b, pairctl_home, tmp_path
+):
+    """`--waves 1` (Argo's pause and promote) on the real pairs, acceptance skipped, lab2's profile
+    broken: the first run deploys lab1 and pauses (exit 0; lab2, lab3 `paused`, untouched); the
+    same command again skips lab1 and starts at lab2, which fails and rolls back, so lab3 is
+    `not-started` (no longer `paused`), and lab1 stays on REV. Two pair deploys and one rollback."""
+    base, cand = lab_packages.id, lab_packages_b.id
+    log = tmp_path / "hooks.jsonl"
+    inv = _inventory(lab3.inventory_path, tmp_path / "lab3-fleet.yaml", log, lab2_profile="lab-unloadable")
+    for p in PAIRS:
+        deploy_baseline(cli, base, pair=p, inventory=inv)
+    log.unlink(missing_ok=True)
+    broken = build_package(pairctl_home, REV_B_TAG, profile="lab-unloadable")  # cache hit after the first session
+    rollout = ("deploy", "--rev", REV_B_TAG, "--all", "--serial", "1", "--waves", "1", "--skip-accept")
+
+    # 1. the pause: one wave runs, the rest wait with the way to continue (the operator's text output)
+    r = cli(*rollout, inventory=inv)
+    assert r.exit_code == 0, r.output
+    lines = {ln.split()[0]: ln for ln in r.stdout.splitlines() if ln.startswith("  lab")}
+    assert lines["lab1"].split()[1] == "passed", r.stdout
+    for p in ("lab2", "lab3"):
+        assert lines[p].split()[1] == "paused" and "run the same command again" in lines[p], r.stdout
+    assert "paused after wave 1 of 3" in r.stdout, r.stdout
+    assert _active(cli, "lab1", inv) == [cand, cand]
+    assert _active(cli, "lab2", inv) == [base, base] and _active(cli, "lab3", inv) == [base, base]
+    fleet_hash = r.stdout.split("fleet receipt ")[1].split(";")[0]
+    fleet = json.loads(cli("--json", "receipts", "show", fleet_hash).stdout)
+    assert fleet["command"] == "fleet deploy" and fleet["outcome"] == "passed", fleet
+    assert fleet["reason"].startswith("paused after wave 1 of 3"), fleet["reason"]
+    assert {p["pair"]: p["outcome"] for p in fleet["pairs"]} == {"lab1": "passed", "lab2": "paused", "lab3": "paused"}
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["event"], e.get("pair")) for e in events] == [("deploy.passed", "lab1"), ("fleet.paused", None)]
+    assert events[1]["receipt"] == fleet_hash and events[1]["exit_code"] == 0
+
+    # 2. what the same command would do now: lab1 skipped, the remaining waves from lab2 on
+    r = cli("--json", *rollout, "--dry-run", inventory=inv)
+    assert r.exit_code == 0, r.output
+    dry = json.loads(r.stdout)
+    assert dry["plan"]["waves"] == [["lab2"], ["lab3"]] and "already on" in dry["plan"]["skipped"]["lab1"], dry
+
+    # 3. the same command again: continues at lab2, which fails and rolls back; the rollout stops there
+    r = cli("--json", *rollout, inventory=inv)
+    assert r.exit_code == 7, r.output
+    out = json.loads(r.stdout)
+    validate_output("deploy-fleet", out)
+    got = {p["pair"]: p for p in out["pairs"]}
+    assert {p: got[p]["outcome"] for p in PAIRS} == {"lab1": "skipped", "lab2": "rolled-back", "lab3": "not-started"}
+    assert got["lab2"]["packages"] == [broken.id, broken.id] and "--max-fail 1" in got["lab3"]["reason"]
+    assert out["outcome"] == "failed" and out["plan"]["waves"] == [["lab2"], ["lab3"]]
+    assert _active(cli, "lab1", inv) == [cand, cand]  # the earlier wave is kept
+    assert _active(cli, "lab2", inv) == [base, base]  # rolled back, verified
+    assert _active(cli, "lab3", inv) == [base, base]  # never started
+    st2 = lab_status(cli, "lab2", inv)
+    assert st2["health"] == "ok" and not st2["problems"], st2
+    events = [json.loads(line) for line in log.read_text().splitlines()][2:]
+    assert [(e["event"], e.get("pair")) for e in events] == [("deploy.rolled_back", "lab2"), ("fleet.finished", None)]

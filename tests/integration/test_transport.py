@@ -22,7 +22,7 @@ from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool, open_transport
 from orchestrator.remote.result import CommandTimeout
 from orchestrator.remote.ssh import SshTransport, resolve_target
-from orchestrator.remote.transport import RetryPolicy
+from orchestrator.remote.transport import RetryPolicy, Unreachable
 
 pytestmark = pytest.mark.integration
 
@@ -256,6 +256,21 @@ def test_connect_refused_is_retried_and_logged(lab) -> None:
     retries = [e for e in logs if e["event"] == "retrying"]
     assert len(retries) == 2 and tr.stats.retries == 2
     assert all(e["host"] == HOST and e["step"] == "ssh connect" for e in retries)
+
+
+def test_an_unreachable_host_is_tried_once_per_read(lab) -> None:
+    """`status` with a host down: the install root check's first SFTP request (the login uid) met
+    the refused connect and swallowed it, so the next request connected (and warned) all over again."""
+    from orchestrator.engine.plan import pair_view
+    from orchestrator.hosts.probes import read_facts
+
+    spec = lab.inventory.host(HOST).model_copy(update={"port": 2399})  # nothing listens there
+    inv = lab.inventory.model_copy(update={"hosts": {**lab.inventory.hosts, HOST: spec}})
+    tr = SshTransport.from_inventory(inv, HOST, retry=RetryPolicy(attempts=3, initial_s=0.05, max_s=0.1))
+    layout = pair_view(inv, "lab").layouts["native"]
+    with structlog.testing.capture_logs() as logs, pytest.raises(Unreachable, match="cannot connect to lab-native"):
+        read_facts(tr, layout, ("llama-server",))
+    assert len([e for e in logs if e["event"] == "retrying"]) == 2 and tr.stats.retries == 2
 
 
 def test_host_key_error_is_not_retried(lab, tmp_path) -> None:

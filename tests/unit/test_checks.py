@@ -206,11 +206,38 @@ def test_stopped_by_counts_what_the_server_sent_before_the_close_not_only_what_w
 def test_server_log_lines_from_the_real_server():
     # captured with the grep the check runs: a cancelled stream (task 1409: 64-token prompt, stopped at 80)
     cancelled = (GOLDEN / "server_log_cancel_1409.txt").read_text()
-    assert cn.parse_log_lines(cancelled, 1409) == {"cancel_logged": True, "stop_n_tokens": 80}
-    assert cn.parse_log_lines(cancelled, 140) == {"cancel_logged": False, "stop_n_tokens": None}
+    got = cn.parse_log_lines(cancelled, 1409)
+    assert (got["cancel_logged"], got["stop_n_tokens"], got["launch_t"]) == (True, 80, None)
+    assert got["stop_t"] == pytest.approx(56.96975)  # 0.56.969.750: minutes.seconds.ms.us
+    none = cn.parse_log_lines(cancelled, 140)
+    assert none == {"cancel_logged": False, "stop_n_tokens": None, "launch_t": None, "stop_t": None}
     # a request that ran to its end (task 25: 402 + 1500 tokens) has no cancel line
     finished = (GOLDEN / "server_log_finished_25.txt").read_text()
-    assert cn.parse_log_lines(finished, 25) == {"cancel_logged": False, "stop_n_tokens": 1901}
+    got = cn.parse_log_lines(finished, 25)
+    assert (got["cancel_logged"], got["stop_n_tokens"]) == (False, 1901)
+    assert cn.log_time("61.02.003.004 I x") == pytest.approx(3662.003004) and cn.log_time("no stamp") is None
+
+
+def test_a_prompt_stop_on_a_loaded_machine_is_judged_on_the_servers_clock():
+    """The soak (benchmarks/soak.py, load ~20 on 2 cores) failed a deploy here: 8 tokens read, the
+    stream open 0.119 s, the follow-up's speed 147 tokens/s, so the speed bound allowed 119 tokens;
+    the slot stopped at 126, because the speculative server ran at ~400 tokens/s during the stream.
+    Its own log (task 1286, captured) shows it released the slot 37 ms after the client's close."""
+    lines = (GOLDEN / "server_log_cancel_1286.txt").read_text()
+    log = {"checked": True, **cn.parse_log_lines(lines, 1286)}
+    assert log["stop_n_tokens"] == 126 and log["launch_t"] is not None
+    held = cn.held_after_close_s(log, 0.1193)
+    assert held is not None and 0.0 < held < 0.05
+    good = dict(idle_after_s=0.0766, bound_s=2.0, full_n_tokens=1984, followup_ok=True, followup_same=True, streamed=8)
+    by = cn.stopped_by_tokens(64, 8, 0.1193, 147.1)
+    assert by == 119  # the speed-based fallback alone judges this prompt stop late ...
+    assert any("did not stop at the cancel" in x for x in cn.cancel_problems(**good, log=log, stopped_by=by))
+    # ... the server's clock does not
+    assert cn.cancel_problems(**good, log=log, stopped_by=by, held_after_s=held) == []
+    # a slot released 0.8 s after the close (the same lines, the release moved) did not stop at the cancel
+    late = {**log, "stop_t": log["stop_t"] + 0.8}
+    p = cn.cancel_problems(**good, log=late, stopped_by=by, held_after_s=cn.held_after_close_s(late, 0.1193))
+    assert any("kept the task 0.8" in x and "did not stop at the cancel" in x for x in p), p
 
 
 def test_grep_command_is_argv():

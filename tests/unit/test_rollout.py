@@ -181,6 +181,7 @@ def test_waves_n_pauses_after_n_waves_and_exits_0(monkeypatch):
     ro._run_waves(None, None, res, runs, [], lambda line: None)  # type: ignore[arg-type]
     assert ran == ["a", "b"] and runs["c"].outcome == ro.PAUSED
     assert "run the same command again" in (runs["c"].reason or "")
-    assert res.exit_code() == 0
+    assert res.exit_code() == 0 and res.paused() and res.waves_run() == 2
+    assert res.as_dict()["outcome"] == "paused"  # not "passed": waves are left
     with pytest.raises(ConfigError, match="--waves"):
         ro.check_options(ro.RolloutOptions(waves=-1))
