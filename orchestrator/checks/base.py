@@ -109,6 +109,10 @@ class CheckContext:
     on_budget: Callable[[Any], None] | None = None
     stall_s: float = 30.0  # how long an idle wait between checks may last (the measured stall bound)
     budget: dict[str, Any] = field(default_factory=dict)  # the measured request budget, once probed
+    # two_lane_near_full's solo reference run of lane 0 (a near_full.LaneOutcome): one near-full lane
+    # alone on slot 0, cold, the very request one_lane_near_full sends, so that check judges it
+    # instead of sending it again (the same deployed release, within one suite run)
+    solo_near_full: Any = None
 
     def per_slot(self) -> int:
         return self.profile.per_slot_ctx(self.n_ctx_train)

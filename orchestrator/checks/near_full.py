@@ -8,6 +8,11 @@ that `/slots` showed generating at the same time, and each lane's output is isol
 `solo` mode (the lab's random model): each lane's greedy tokens equal the same request run
 alone. The population reached (sum of tokens_evaluated + tokens_predicted, and the peak seen
 in `/slots` while both ran) is reported against capacity.
+
+One lane: a near-full lane alone on slot 0 must complete cleanly. In `solo` mode two_lane's
+reference run of lane 0 is exactly that request (same size, slot, cold, greedy), so within one
+suite one_lane judges that run instead of sending it again; alone (`--checks one_lane_near_full`)
+or in `recall` mode it sends its own.
 """
 
 from __future__ import annotations
@@ -253,6 +258,7 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
             for i in range(2)
         ]
         problems += isolation_problems_solo(lanes, solo)
+        ctx.solo_near_full = solo[0]  # one_lane_near_full's request, already sent: it judges this run
     else:
         problems += isolation_problems_recall(lanes)
 
@@ -286,14 +292,28 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     )
 
 
+def solo_run(ctx: CheckContext, prompt_n: int, gen_n: int) -> LaneOutcome | None:
+    """two_lane_near_full's solo run of lane 0 in this suite when it is one_lane_near_full's own
+    request: one lane of `prompt_n` + `gen_n` tokens alone on slot 0, cold, greedy. Sending it
+    again would prove nothing new."""
+    lane = ctx.solo_near_full
+    if isinstance(lane, LaneOutcome) and (lane.lane, lane.prompt_tokens, lane.n_predict) == (0, prompt_n, gen_n):
+        return lane
+    return None
+
+
 def run_one_lane(ctx: CheckContext) -> CheckResult:
     opts = ctx.options
     timer = Timer()
     per_slot, target = ctx.per_slot(), ctx.near_full()
     prompt_n, gen_n = lane_split(target, opts.generation_fraction)
-    pb = PromptBuilder(ctx.client, opts.seed)
-    prompt = pb.with_nonce(prompt_n, make_nonce(random.Random()), variant=7)
-    lane = _outcome(0, prompt, gen_n, time.monotonic(), _request(ctx.client, prompt, gen_n, 0, opts.request_timeout_s))
+    lane = solo_run(ctx, prompt_n, gen_n)
+    source = "two_lane_near_full's solo run of lane 0" if lane is not None else "its own request"
+    if lane is None:
+        pb = PromptBuilder(ctx.client, opts.seed)
+        prompt = pb.with_nonce(prompt_n, make_nonce(random.Random()), variant=7)
+        req = _request(ctx.client, prompt, gen_n, 0, opts.request_timeout_s)
+        lane = _outcome(0, prompt, gen_n, time.monotonic(), req)
     problems = lane_problems(lane)
     figures = {
         "per_slot_ctx": per_slot,
@@ -303,12 +323,13 @@ def run_one_lane(ctx: CheckContext) -> CheckResult:
         "population_vs_capacity": f"{lane.population}/{per_slot}",
         "slack": per_slot - lane.population,
         "tg_tokens_per_s": round(lane.predicted_per_second, 2) if lane.predicted_per_second else None,
+        "run": source,
     }
     return CheckResult(
         name=ONE_LANE,
         verdict=verdict_of(problems),
-        message="; ".join(problems) or f"one lane reached {lane.population}/{per_slot} tokens cleanly",
+        message="; ".join(problems) or f"one lane reached {lane.population}/{per_slot} tokens cleanly ({source})",
         figures=figures,
-        raw={"lane": lane.model_dump(), "problems": problems},
+        raw={"lane": lane.model_dump(), "run": source, "problems": problems},
         duration_s=timer.elapsed(),
     )

@@ -176,6 +176,7 @@ def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = N
     got = first if first is not None else asker.first(fx["endpoint"], fx["prompt"], n)
     positions: list[dict[int, float]] = []
     flips, first_flip = 0, -1
+    drafting = False  # a position came back without logprobs: the server drafts
     for _ in range(n + 1):  # each round adds at least one position, or ends
         base = len(positions)
         m = min(len(got.tokens), len(got.positions), n - base)
@@ -187,10 +188,25 @@ def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = N
             positions.append(got.positions[k])
             flips += 1
             first_flip = base + k if first_flip < 0 else first_flip
+        drafting = drafting or any(not p for p in got.positions[: n - base])
         if len(positions) >= n or (len(positions) == base and (k >= m or not got.positions[k])):
             break  # done, or no progress: missing positions are reported, never invented
-        got = asker.cont(fx["prefix"], ref_tokens[: len(positions)], n - len(positions))
+        got = asker.cont(fx["prefix"], ref_tokens[: len(positions)], continuation_tokens(n - len(positions), drafting))
     return Answer(ref_tokens[: len(positions)], positions), flips, first_flip
+
+
+DRAFT_FREE_TOKENS = 2  # a request's first token comes from its prompt, the second with one token left
+
+
+def continuation_tokens(left: int, drafting: bool) -> int:
+    """How many tokens a teacher-forced continuation asks for. A drafting server reports logprobs
+    only for tokens it did not take from a draft, so asking all that is left generated tokens the
+    walk threw away (measured: one position per request, up to 9 tokens generated for it). Two
+    tokens are never drafted: the first is sampled from the prompt, and the server drafts at most
+    n_remaining - 1 tokens (`get_n_draft_max`), none with one token left. Both are the same
+    distributions at the same positions from the same cached prefix. A server that does not draft
+    answers every position with logprobs: all that is left, in one request."""
+    return min(left, DRAFT_FREE_TOKENS) if drafting else left
 
 
 def gates_dict(g: ReferenceGates) -> dict[str, Any]:

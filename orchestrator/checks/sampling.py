@@ -6,8 +6,11 @@ prompt cache: seed A, seed A again, seed B. It requires that each response's
 `generation_settings` reports the settings sent, that seed A repeats itself token for token and
 that seeds A and B give different tokens. The fixture is flat: at temperature 100 (applied
 after top_k and before top_p) the lab models' logit gaps (tens of logits) shrink below one nat,
-so two seeds agree on 32 sampled tokens with a vanishing chance; a server whose sampler is greedy whatever it is told
-gives the same tokens for both seeds and fails.
+so two seeds agree on N_PREDICT sampled tokens with a vanishing chance (about 1 in 30 a token, so
+below 1e-20 for 16); a server whose sampler is greedy whatever it is told gives the same tokens for
+both seeds and fails. More tokens would prove nothing more and cost the most of any check on a
+drafting pair: at that temperature every draft is rejected, so each token costs a draft and a
+verification.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ SETTINGS: dict[str, float | int] = {"temperature": 100.0, "top_k": 40, "top_p": 
 # distribution first, which leaves one token whatever the temperature.
 SAMPLERS = ["top_k", "temperature", "top_p"]
 SEEDS = (1234, 98765)
-N_PREDICT = 32
+N_PREDICT = 16
 PROMPT_TOKENS = 24
 
 

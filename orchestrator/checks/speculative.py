@@ -2,8 +2,9 @@
 
 Per-request `speculative.*` is compiled out of the pinned server, but the server never drafts
 for a request whose remaining budget is one token (`get_n_draft_max` caps a draft at
-`n_remaining - 1`). So the draft-free reference is made on the same live server by stepping:
-prompt -> 1 token, prompt + that token -> 1 token, ... each step checked to report no drafting.
+`n_remaining - 1`). So the draft-free reference is made on the same live server by stepping two
+tokens a request (the first sampled from the prompt, the second with one token left): prompt ->
+2 tokens, prompt + those -> 2 tokens, ... each step checked to report no drafting.
 The drafted requests (normal `n_predict`) must give exactly those tokens; draft counts come
 from `timings` (`draft_n`, `draft_n_accepted`). The profile's `draft.expect` names the
 verification paths that must run: the lab route's perturbed draft is accepted often and rejected
@@ -56,21 +57,26 @@ def path_problems(expect: list[str], draft_n: int, accepted: int) -> list[str]:
     return p
 
 
+STEP_TOKENS = 2  # a step's tokens the server cannot draft: the first from the prompt, then one left
+
+
 def stepwise_reference(
     client: ServerClient, prompt: list[int], n: int, *, slot: int, timeout: float
 ) -> tuple[list[int], int]:
-    """Greedy tokens one request per token (the server cannot draft with one token left).
-    Returns (tokens, drafted tokens reported by those steps: must be 0)."""
+    """Greedy tokens STEP_TOKENS a request (the server cannot draft the first token after a
+    prompt, nor with one token left). Returns (tokens, drafted tokens reported by those steps:
+    must be 0)."""
     out: list[int] = []
     drafted = 0
-    for _ in range(n):
+    while len(out) < n:
+        want = min(STEP_TOKENS, n - len(out))
         r = client.completion(
-            prompt + out, 1, id_slot=slot, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
+            prompt + out, want, id_slot=slot, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
         )
-        if len(r.tokens) != 1:
-            raise AssertionError(f"a one-token step returned {len(r.tokens)} tokens")
+        if len(r.tokens) != want:
+            raise AssertionError(f"a {want}-token step returned {len(r.tokens)} tokens")
         drafted += r.timings.draft_n or 0
-        out.append(r.tokens[0])
+        out += list(r.tokens)
     return out, drafted
 
 
@@ -93,7 +99,7 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
     accepted = sum(r.timings.draft_n_accepted or 0 for r in results)
     problems = compare(outputs, reference)
     if ref_drafted:
-        problems.append(f"the one-token reference steps drafted {ref_drafted} tokens: the reference is not draft-free")
+        problems.append(f"the reference steps drafted {ref_drafted} tokens: the reference is not draft-free")
     if ctx.drafting() and draft_n == 0:
         problems.append("drafting is configured but no token was drafted (timings have no draft_n)")
     if ctx.drafting() and draft_n:
@@ -123,7 +129,7 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         msg = (
             f"drafted output equals the draft-free reference; {accepted}/{draft_n} drafted tokens accepted"
             if ctx.drafting()
-            else "drafting off: output equals the one-token-step reference"
+            else "drafting off: output equals the stepwise reference"
         )
     else:
         msg = "; ".join(problems)

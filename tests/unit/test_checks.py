@@ -113,6 +113,16 @@ def test_lanes_must_overlap_on_distinct_slots():
     )
 
 
+def test_one_lane_judges_two_lanes_solo_run_only_when_it_is_the_same_request():
+    from types import SimpleNamespace
+
+    solo = lane(0, prompt_tokens=1736, n_predict=248)
+    assert nf.solo_run(SimpleNamespace(solo_near_full=solo), 1736, 248) is solo
+    assert nf.solo_run(SimpleNamespace(solo_near_full=None), 1736, 248) is None  # two_lane did not run solo
+    assert nf.solo_run(SimpleNamespace(solo_near_full=solo), 1735, 249) is None  # another size
+    assert nf.solo_run(SimpleNamespace(solo_near_full=lane(1, prompt_tokens=1736, n_predict=248)), 1736, 248) is None
+
+
 # --- speculative ---------------------------------------------------------------------------------
 
 

@@ -279,6 +279,29 @@ def test_positions_without_logprobs_are_filled_from_the_reference_prefix():
     got, flips, first = teacher_forced(asker, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
     assert len(got.positions) == 5 and all(got.positions) and flips == 1 and first == 2
     assert [c[1] for c in asker.calls] == [0, 1, 2, 3, 4]
+    # once drafting showed, a continuation asks only the tokens a server cannot draft
+    assert [c[2] for c in asker.calls] == [5, 2, 2, 2, 1]
+
+
+def test_a_drafting_server_is_walked_two_positions_a_request_and_a_plain_one_in_one():
+    """Like the pinned server: logprobs for the first token after a prompt and for tokens made
+    with one token left; tokens taken from a draft come back without."""
+
+    class Drafting(ScriptedAsker):
+        def _answer(self, start, n):
+            a = super()._answer(start, n)
+            keep = 2 if n <= 2 else 1
+            return Answer(a.tokens, [p if i < keep else {} for i, p in enumerate(a.positions)])
+
+    ref = list(range(40, 50))
+    asker = Drafting(ref, flip_at=set())
+    got, flips, _ = teacher_forced(asker, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
+    assert len(got.positions) == 10 and all(got.positions) and flips == 0
+    assert asker.calls == [("first", 0, 10), ("cont", 1, 2), ("cont", 3, 2), ("cont", 5, 2), ("cont", 7, 2),
+                           ("cont", 9, 1)]  # fmt: skip
+    plain = ScriptedAsker(ref, flip_at={4})
+    got, flips, _ = teacher_forced(plain, {"tokens": ref, "endpoint": "completion", "prompt": "p", "prefix": "p"})
+    assert len(got.positions) == 10 and flips == 1 and plain.calls == [("first", 0, 10), ("cont", 5, 5)]
 
 
 def test_exactly_full_passes_and_each_condition_fails():
