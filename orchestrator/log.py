@@ -184,7 +184,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
 
 
 def get_logger(**bind: Any) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger("pairctl").bind(**bind)
+    return structlog.stdlib.get_logger("pairctl").bind(**bind)
 
 
 def audit(event: str, **fields: Any) -> None:

@@ -35,7 +35,7 @@ class NvccVersion:
 def parse_version_line(text: str) -> str:
     """First dotted version in the output (`cmake version 3.25.1`, `1.11.1`, `g++ (Debian 12.2.0-14) 12.2.0`)."""
     first = next((line for line in text.splitlines() if line.strip()), "")
-    found = _VERSION.findall(first)
+    found: list[str] = _VERSION.findall(first)  # one group: findall yields its strings
     if not found:
         raise ValueError(f"no version number in {first!r}")
     return found[-1] if "(" in first else found[0]

@@ -80,7 +80,8 @@ def held_after_close_s(log: dict[str, Any], open_s: float) -> float | None:
     release minus (its start + the time the stream was open). The client's open time began before
     the request reached the server, so this errs short by the request's latency, never long; no
     speed estimate is involved (None: the lines carry no timestamps)."""
-    launch, stop = log.get("launch_t"), log.get("stop_t")
+    launch: float | None = log.get("launch_t")  # log_time's values (parse_log_lines above)
+    stop: float | None = log.get("stop_t")
     if launch is None or stop is None or stop < launch:
         return None
     return round(stop - (launch + open_s), 4)

@@ -8,11 +8,12 @@ just activated and calls `suite.run_suite` directly.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.build.manifest import PackageManifest
 from orchestrator.build.store import PackageStore
 from orchestrator.checks import answer_fixtures, budget
 from orchestrator.checks.base import BaselineRef, CheckContext, CheckOptions, IdentitySnapshot
@@ -77,11 +78,11 @@ def make_identity_probe(
     inventory: Inventory,
     pair: str,
     route: Any,
-    manifests: dict[str, Any],
+    manifests: dict[str, PackageManifest],
     profile: RouteProfile,
     url: str,
     api_key: Secret | None,
-):
+) -> Callable[[], IdentitySnapshot]:
     """deploy's `verify_identity` against what the route record says is active, plus the route
     record itself (revision, argv digest) re-read each time: a change during the suite shows."""
     active = route.active

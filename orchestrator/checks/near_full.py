@@ -20,6 +20,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -134,10 +135,12 @@ def overlap_problems(lanes: list[LaneOutcome], both_generating_seen: bool) -> li
     return p
 
 
-def _outcome(lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run) -> LaneOutcome:
+def _outcome(
+    lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run: Callable[[], CompletionResult]
+) -> LaneOutcome:
     started = time.monotonic() - t0
     try:
-        r: CompletionResult = run()
+        r = run()
     except ServerRequestError as exc:
         return LaneOutcome(
             lane=lane,
@@ -166,7 +169,9 @@ def _outcome(lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run) -> 
     )
 
 
-def _request(client: ServerClient, prompt: BuiltPrompt, n_predict: int, slot: int, timeout: float):
+def _request(
+    client: ServerClient, prompt: BuiltPrompt, n_predict: int, slot: int, timeout: float
+) -> Callable[[], CompletionResult]:
     # cold lanes: no cache reuse, so the whole prompt is evaluated in this request
     return lambda: client.completion(
         list(prompt.tokens), n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=timeout

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from rich.table import Table
 from rich.text import Text
@@ -29,6 +29,11 @@ from orchestrator.log import get_logger
 from orchestrator.ops.textfile import write_acceptance
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
+
+if TYPE_CHECKING:
+    from structlog.stdlib import BoundLogger
+
+    from orchestrator.evidence.journal import Journal
 
 # The accept lease lasts as long as the suite may (checks/budget.py suite_seconds for the checks
 # selected, on the profile's budget) plus a margin, and a heartbeat renews it while the suite runs,
@@ -117,9 +122,16 @@ class AcceptOutcome:
             )
 
 
+def _isolation(value: str) -> Literal["solo", "recall"]:
+    if value == "solo":
+        return "solo"
+    if value == "recall":
+        return "recall"
+    raise ConfigError(f"--isolation must be solo or recall, not {value!r}")
+
+
 def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptOutcome:
-    if req.isolation not in ("solo", "recall"):
-        raise ConfigError(f"--isolation must be solo or recall, not {req.isolation!r}")
+    isolation = _isolation(req.isolation)
     only, skip = checks_arg(req.only), checks_arg(req.skip)
     select(only, skip)  # unknown names fail before anything is touched
     inventory.pair(req.pair)
@@ -173,7 +185,7 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
                     hint=f"receipt {journal.receipt_hash}",
                 ) from None
             with heartbeat(held, period) as lost:
-                suite, route = _run(home, inventory, req, journal, evidence, pool, only, skip, log)
+                suite, route = _run(home, inventory, req, isolation, journal, evidence, pool, only, skip, log)
             if lost:
                 raise LeaseLost(
                     f"pair {req.pair}: accept's lease was lost while the suite ran ({lost[0]}); another "
@@ -194,7 +206,18 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
     return AcceptOutcome(suite=suite, receipt=receipt, route=route)
 
 
-def _run(home, inventory, req, journal, evidence, pool, only, skip, log):
+def _run(
+    home: Home,
+    inventory: Inventory,
+    req: AcceptRequest,
+    isolation: Literal["solo", "recall"],
+    journal: Journal,
+    evidence: EvidenceStore,
+    pool: TransportPool,
+    only: list[str],
+    skip: list[str],
+    log: BoundLogger,
+) -> tuple[SuiteResult, dict[str, Any]]:
     with journal.step("open", host=inventory.pair(req.pair).native) as st:
         live = open_live(
             home,
@@ -204,7 +227,7 @@ def _run(home, inventory, req, journal, evidence, pool, only, skip, log):
             baseline_receipt=req.baseline_receipt,
             baseline_pair=req.baseline_pair,
             fixtures=req.fixtures,
-            options=CheckOptions(isolation=req.isolation),
+            options=CheckOptions(isolation=isolation),
             journal=journal,
             evidence=evidence,
             logger=log,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
+
+if TYPE_CHECKING:
+    from orchestrator.checks.runner import AcceptOutcome
 
 
 def accept(
@@ -70,7 +75,7 @@ def accept(
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
 
-    def one(name: str):
+    def one(name: str) -> AcceptOutcome:
         req = AcceptRequest(
             pair=name,
             only=only_names,

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import get_ctx
+from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import ConfigError
+
+if TYPE_CHECKING:
+    from orchestrator.checks.kernels import KernelCheckResult
 
 app = typer.Typer(
     help="Kernel patches (kernels/<name>) and their CPU-reference validation cases.", no_args_is_help=True
@@ -110,7 +114,7 @@ def check(
         raise ConfigError("--package names hosts of one pair; give one --pair with it")
     as_json = c.json_output
 
-    def one(name: str):
+    def one(name: str) -> KernelCheckResult:
         argv = ["pairctl", "kernels", "check", "--pair", name, "--kernel", kernel]
         return run_kernel_check(
             inv, name, home=c.home, kernel=kernel, packages=packages, port=port, perturb=perturb or (), argv=argv
@@ -152,7 +156,7 @@ def check(
         raise typer.Exit(results.exit_code())
 
 
-def _show(c, result, as_json: bool) -> None:
+def _show(c: Ctx, result: KernelCheckResult, as_json: bool) -> None:
     if as_json:
         c.emit_json(result.to_dict())
         return
@@ -177,5 +181,5 @@ def _show(c, result, as_json: bool) -> None:
     c.console.print(f"{'passed' if result.passed else 'failed'}; receipt {result.receipt}", markup=False)
 
 
-def _num(x) -> str:
+def _num(x: object) -> str:
     return "-" if x is None else f"{x:.3g}" if isinstance(x, float) else str(x)

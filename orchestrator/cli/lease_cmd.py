@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.errors import LeaseError
 
 if TYPE_CHECKING:
+    from orchestrator.evidence.journal import Journal
     from orchestrator.hosts import leases as L
 
 
@@ -44,7 +46,7 @@ def _target(c: Ctx, positional: str | None, pair: str | None, host: str | None) 
     return given[0]
 
 
-def _journal(c: Ctx, command: str, argv: list[str], target: str):
+def _journal(c: Ctx, command: str, argv: list[str], target: str) -> Journal:
     from orchestrator.evidence.store import EvidenceStore
 
     return EvidenceStore(c.home.evidence).begin(command=command, argv=argv, pair=None, inputs={"target": target})
@@ -115,7 +117,7 @@ def take(
                 leases = L.take_leases(
                     L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired
                 )
-            except L.LeaseError as exc:  # the hint names the pair the holder's run leased, not a literal PAIR
+            except LeaseError as exc:  # the hint names the pair the holder's run leased, not a literal PAIR
                 pair = (
                     target
                     if target in inv.pairs

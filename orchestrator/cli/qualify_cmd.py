@@ -12,7 +12,7 @@ samples are kept: derive a record and run `qualify report` on it), or an arm's r
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -178,7 +178,9 @@ def report(
     _exit_for(result)
 
 
-def _argv(pair, baseline, candidate, plan, profile) -> list[str]:
+def _argv(
+    pair: str, baseline: tuple[str, str], candidate: tuple[str, str] | None, plan: str, profile: str | None
+) -> list[str]:
     argv = [
         "qualify",
         "--pair",
@@ -192,6 +194,14 @@ def _argv(pair, baseline, candidate, plan, profile) -> list[str]:
     return argv + (["--profile", profile] if profile else [])
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:+.2f}%"
+
+
+def _sd(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
 def _exit_for(result: QualifyResult) -> None:
     failed = [g for g in result.gates if g.verdict == "fail"]
     if result.verdict == "fail":
@@ -203,7 +213,7 @@ def _exit_for(result: QualifyResult) -> None:
         )
 
 
-def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, extra: dict) -> None:
+def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, extra: dict[str, Any]) -> None:
     if c.json_output:
         payload = {"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()}
         if report_dir is not None:
@@ -230,16 +240,14 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     ):
         t.add_column(col)
     for g in result.gates:
-        pct = lambda x: "n/a" if x is None else f"{100 * x:+.2f}%"  # noqa: E731
-        sd = lambda x: "n/a" if x is None else f"{100 * x:.2f}%"  # noqa: E731
         t.add_row(
             g.kind,
             g.family,
-            pct(g.threshold),
-            pct(g.gain),
-            f"{pct(g.low)} .. {pct(g.high)}",
-            f"{g.spread or 'n/a'} ({sd(g.sd_own)} / {sd(g.sd_calibrated)})",
-            f"{pct(g.bootstrap_low)} .. {pct(g.bootstrap_high)}",
+            _pct(g.threshold),
+            _pct(g.gain),
+            f"{_pct(g.low)} .. {_pct(g.high)}",
+            f"{g.spread or 'n/a'} ({_sd(g.sd_own)} / {_sd(g.sd_calibrated)})",
+            f"{_pct(g.bootstrap_low)} .. {_pct(g.bootstrap_high)}",
             f"{g.valid_pairs}/{g.planned_pairs}",
             g.verdict,
         )

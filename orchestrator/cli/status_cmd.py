@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from orchestrator.cli import options as opts
 from orchestrator.cli.context import first_line, get_ctx
+
+if TYPE_CHECKING:
+    from orchestrator.evidence.store import EvidenceStore
 
 
 def _age(iso: str | None, now: datetime) -> str:
@@ -31,9 +34,9 @@ def _age(iso: str | None, now: datetime) -> str:
     return f"{s}s"
 
 
-def last_acceptance(evidence: Any, pair: str) -> dict[str, Any] | None:
+def last_acceptance(evidence: EvidenceStore, pair: str) -> dict[str, Any] | None:
     """The newest `accept` receipt of the pair (scheduled or by hand)."""
-    for s in reversed(evidence.summaries(pair)):
+    for s in evidence.summaries(pair)[::-1]:  # newest first
         if s.get("command") == "accept":
             return s
     return None

@@ -46,6 +46,7 @@ from orchestrator.hosts.route import RouteEntry, RouteRecord, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
+from orchestrator.roles import SERVICE_OF_ROLE
 
 # Steps run before the plan is made. The lease comes before the facts: host state that decides
 # anything (and is the route's compare-and-swap base) is read only once this run holds the hosts.
@@ -599,7 +600,7 @@ def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
     that failed is named as such (it read "both services are stopped" also when one still ran)."""
     said = []
     for role in ("native", "rpc"):
-        host, svc = ctx.host(role), activate.SERVICE_OF_ROLE[role]
+        host, svc = ctx.host(role), SERVICE_OF_ROLE[role]
         out = stopped.get(host, "")
         if out.startswith("stop failed"):
             why = out.removeprefix("stop failed: ").splitlines()[0][:200]

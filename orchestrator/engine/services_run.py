@@ -18,10 +18,9 @@ from typing import Literal
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate, route_trust
-from orchestrator.engine.context import RunContext
+from orchestrator.engine.context import Pool, RunContext
 from orchestrator.engine.deploy import (
     PLAN_PREFIX,
-    Pool,
     RunResult,
     _abort,
     _cause,

@@ -32,7 +32,7 @@ from orchestrator.remote.transport import ConnectionLost, Transport, Unreachable
 from orchestrator.roles import ROLES, SERVICE_OF_ROLE
 
 
-def _bin_sha(store: Any, package_id: str | None, name: str) -> str | None:
+def _bin_sha(store: PackageStore | None, package_id: str | None, name: str) -> str | None:
     if not package_id or store is None:
         return None
     try:

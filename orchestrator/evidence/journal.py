@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import TracebackType
 from typing import Any, Protocol
 
 from orchestrator import interrupt
@@ -62,7 +63,10 @@ class JournalState:
 
     @property
     def run_id(self) -> str:
-        return self.header["run_id"]
+        run_id = self.header["run_id"]
+        if not isinstance(run_id, str):  # the store checks this when it reads a journal; a header is untrusted
+            raise EvidenceError(f"journal header: run_id is {type(run_id).__name__}, not a string")
+        return run_id
 
     @property
     def chain(self) -> str:
@@ -309,7 +313,7 @@ class Journal:
 
     @property
     def run_id(self) -> str:
-        return self._state.header["run_id"]
+        return self._state.run_id
 
     @property
     def pair(self) -> str | None:
@@ -510,7 +514,9 @@ class Journal:
     def __enter__(self) -> Journal:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.finished:
             return
         if exc is None:

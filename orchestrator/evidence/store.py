@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from types import EllipsisType
 from typing import Any
 
 from orchestrator import log as logging_setup  # the module, not a name: log.py imports evidence.masking
@@ -37,6 +38,7 @@ from orchestrator.evidence.receipt import (
     RESERVED_FIELDS,
     SCHEMA_VERSION,
     STEP_OUTCOMES,
+    HostInfo,
     Receipt,
     ReusedStep,
     StepRecord,
@@ -271,7 +273,7 @@ class EvidenceStore:
         return journal
 
     # -- recovery of killed runs -------------------------------------------------------------
-    def recover_aborted(self, pair: str | None = ...) -> list[str]:  # type: ignore[assignment]
+    def recover_aborted(self, pair: str | None | EllipsisType = ...) -> list[str]:
         """Seal every journal whose process is dead as an `aborted` receipt; returns their hashes.
 
         `pair=...` (default) looks at every chain; `pair=None` only at runs without a pair.
@@ -300,7 +302,7 @@ class EvidenceStore:
                     first = f.readline(safejson.MAX_RECEIPT_BYTES)
                 state = JournalState()
                 state.apply(safejson.loads(first, what=f"journal {path}"))
-                procid.HostInfo(**state.header["host"])
+                HostInfo(**state.header["host"])
                 if not isinstance(state.header.get("run_id"), str):
                     raise ValueError("no run id")
             except (OSError, ValueError, KeyError, TypeError, AttributeError, EvidenceError, RecursionError) as exc:
@@ -325,7 +327,7 @@ class EvidenceStore:
         """Journals present now: live runs and killed ones not yet recovered (for status/verify)."""
         out = []
         for state, path in self._journals():
-            alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
+            alive, why = procid.liveness(HostInfo(**state.header["host"]))
             out.append(
                 {
                     "run_id": state.run_id,
@@ -376,7 +378,7 @@ class EvidenceStore:
         candidates = [(s, p) for s, p in self._journals() if s.chain == chain] if self.journal_dir.exists() else []
         dead = []
         for state, path in candidates:
-            alive, why = procid.liveness(procid.HostInfo(**state.header["host"]))
+            alive, why = procid.liveness(HostInfo(**state.header["host"]))
             if alive is False:
                 dead.append((path, why))
             elif alive is None:
@@ -432,9 +434,10 @@ class EvidenceStore:
 
     def _run_id_of(self, sha: str) -> str | None:
         try:
-            return safejson.loads(safejson.read_receipt(self.path_of(sha)), what="receipt").get("run_id")
+            run_id = safejson.loads(safejson.read_receipt(self.path_of(sha)), what="receipt").get("run_id")
         except (OSError, EvidenceError, AttributeError):
             return None
+        return run_id if isinstance(run_id, str) else None
 
     # -- sealing -----------------------------------------------------------------------------
     def _seal(
@@ -478,7 +481,7 @@ class EvidenceStore:
         except OSError as exc:  # a cache: never fail a run over it
             self.log.warning("receipt index not written", receipt=sha, error=str(exc))
 
-    def summaries(self, pair: str | None = ...) -> list[dict[str, Any]]:  # type: ignore[assignment]
+    def summaries(self, pair: str | None | EllipsisType = ...) -> list[dict[str, Any]]:
         """Summaries (hash, times, command, pair, outcome, reason, run_id, owner, in_chain) oldest
         first, each read from its receipt and checked against its name. The index is a cache
         for other tools and is never read here: a forged index entry cannot change an outcome.
@@ -612,7 +615,7 @@ class EvidenceStore:
         receipt._sha256 = sha
         return receipt
 
-    def iter(self, pair: str | None = ...) -> Iterator[Receipt]:  # type: ignore[assignment]
+    def iter(self, pair: str | None | EllipsisType = ...) -> Iterator[Receipt]:
         """Every receipt that verifies, oldest first, loaded one at a time; `pair=` filters
         (None: receipts with no pair). Ordering and filtering use `summaries()`."""
         for summary in self.summaries(pair):

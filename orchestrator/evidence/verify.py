@@ -81,7 +81,7 @@ def _started(data: bytes) -> str | None:
     return at if isinstance(at, str) else None
 
 
-def _text(path) -> str | None:
+def _text(path: Path) -> str | None:
     """A head file's content; None when it cannot be read (reported as a missing head)."""
     try:
         return safejson.read_bounded(path, 1 << 16).decode("utf-8", errors="replace").strip()

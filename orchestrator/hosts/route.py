@@ -22,7 +22,7 @@ import hashlib
 import hmac
 import secrets
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -44,7 +44,7 @@ class RouteEntry(BaseModel):
     package_revision: str
     profile_name: str
     profile_sha256: str
-    profile: dict
+    profile: dict[str, Any]
     native_argv: list[str]
     rpc_argv: list[str]
     argv_sha256: str
@@ -58,7 +58,7 @@ class RouteEntry(BaseModel):
         native_package: str,
         rpc_package: str,
         package_revision: str,
-        profile: dict,
+        profile: dict[str, Any],
         native_argv: list[str],
         rpc_argv: list[str],
     ) -> RouteEntry:
@@ -98,7 +98,7 @@ class RouteRecord(BaseModel):
     evidence_home: str | None = None
     mac: str | None = None  # HMAC-SHA256 of the record without `mac` (None: not signed)
 
-    def _dump(self) -> dict:
+    def _dump(self) -> dict[str, Any]:
         d = self.model_dump(mode="json", by_alias=True)
         for k in ("previous_state", "evidence_home"):  # records written before they existed keep their bytes
             if d.get(k) is None:

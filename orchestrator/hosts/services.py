@@ -12,7 +12,7 @@ import posixpath
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import tenacity
@@ -29,6 +29,9 @@ from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
 from orchestrator.server.tunnel import TcpOpener, ssh_http_transport
 
+if TYPE_CHECKING:
+    from orchestrator.config.profiles import RouteProfile
+
 SERVER_LOG = "llama-server.log"
 
 
@@ -40,7 +43,7 @@ def rpc_server_argv(layout: HostLayout, package_id: str, *, bind: str, port: int
 def llama_server_argv(
     layout: HostLayout,
     package_id: str,
-    profile: Any,
+    profile: RouteProfile,
     *,
     model_paths: dict[str, str],
     host: str,

@@ -12,14 +12,17 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from orchestrator import cli
-from orchestrator.build.store import PackageStore
+from orchestrator.build.store import Package, PackageStore
 from orchestrator.lab.source import BASELINE_TAG
 from orchestrator.paths import Home
 
-STEPS: list[Any] = [
+# a step run as is (must exit 0), or one that works out its argv and expected exit code when run
+Deferred = Callable[[], tuple[tuple[str, ...], int]]
+Step = tuple[str, ...] | Deferred
+
+STEPS: list[Step] = [
     ("lab", "up"),
     ("lab", "status"),
 ]
@@ -34,7 +37,7 @@ def run_step(argv: tuple[str, ...]) -> int:
     return 0
 
 
-def _resolve(step: Any) -> tuple[tuple[str, ...], int]:
+def _resolve(step: Step) -> tuple[tuple[str, ...], int]:
     """A step is an argv tuple (must exit 0), or a callable returning (argv, expected exit code)
     for steps that need something only known at run time (a package id) or must fail."""
     if callable(step):
@@ -42,7 +45,7 @@ def _resolve(step: Any) -> tuple[tuple[str, ...], int]:
     return tuple(step), 0
 
 
-def main(steps: list[Any] | None = None) -> int:
+def main(steps: list[Step] | None = None) -> int:
     for step in steps if steps is not None else STEPS:
         argv, expect = _resolve(step)
         if not argv:  # a step that did its own work (asking the model) and printed it
@@ -62,7 +65,7 @@ def main(steps: list[Any] | None = None) -> int:
 PATCH = "kernels/mmvf-warp-per-row"
 
 
-def _packages() -> list[Any]:
+def _packages() -> list[Package]:
     return [p for p in PackageStore(Home.resolve().store).list() if p.manifest.target.name == "cpu-lab"]
 
 
@@ -102,10 +105,9 @@ def _candidate_package() -> str:
 _WHICH: dict[str, Callable[[], str]] = {"baseline": _baseline_package, "candidate": _candidate_package}
 
 
-Step = Callable[[], tuple[tuple[str, ...], int]]
 
 
-def _deploy(which: str, profile: str, expect: int, *, accept: bool = False) -> Step:
+def _deploy(which: str, profile: str, expect: int, *, accept: bool = False) -> Deferred:
     def step() -> tuple[tuple[str, ...], int]:
         pid = _WHICH[which]()
         argv = ("deploy", "--pair", "lab", "--packages", pid, pid, "--profile", profile)
@@ -114,7 +116,7 @@ def _deploy(which: str, profile: str, expect: int, *, accept: bool = False) -> S
     return step
 
 
-def _expect_active(current: str, previous: str | None) -> Step:
+def _expect_active(current: str, previous: str | None) -> Deferred:
     """`status --pair lab`, then a check that both hosts run CURRENT with PREVIOUS as previous."""
 
     def step() -> tuple[tuple[str, ...], int]:
@@ -146,7 +148,7 @@ QUESTION = "What is the capital of France? Answer in one short sentence."
 REAL_PROFILE = "lab-real"  # SmolLM2-135M-Instruct, the lab's real model (orchestrator/lab/real_model.py)
 
 
-def _ask(question: str = QUESTION) -> Step:
+def _ask(question: str = QUESTION) -> Deferred:
     """What a newcomer's OpenAI client sees: one chat request to the pair, its answer printed."""
 
     def step() -> tuple[tuple[str, ...], int]:

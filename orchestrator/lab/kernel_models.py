@@ -49,6 +49,8 @@ def _present(folder: Path) -> dict[str, Any] | None:
             return None
     except (ValueError, KeyError, TypeError):
         return None
+    if not isinstance(records, dict):
+        return None
     for role, fname in KMMVF_FILES.items():
         rec, p = records.get(role), folder / fname
         if not rec or not p.is_file() or p.stat().st_size != rec.get("size") or sha256_file(p) != rec.get("sha256"):

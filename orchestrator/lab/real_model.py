@@ -166,7 +166,7 @@ def real_model_present(folder: Path) -> bool:
         rec, p = records.get(role) or {}, folder / fname
         if not p.is_file() or p.stat().st_size != rec.get("size"):
             return False
-    return records.get(REAL_ROLE, {}).get("sha256") == MODEL_SHA256
+    return bool(records.get(REAL_ROLE, {}).get("sha256") == MODEL_SHA256)
 
 
 def ensure_real_model(folder: Path) -> RealModel:

@@ -16,6 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import HostError, PairctlError
 from orchestrator.lab.keys import ensure_ed25519, public_key_line
@@ -233,7 +234,7 @@ class HostState:
             return "not answering"
         return "down"
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "host": self.name,
             "address": self.address,

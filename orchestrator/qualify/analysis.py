@@ -15,10 +15,10 @@ when every arm value it needs is valid in both arms.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from statistics import median
-from typing import Any
+from typing import Any, TypedDict
 
 from orchestrator.qualify import drift as drift_checks
 from orchestrator.qualify import sequential as seq
@@ -282,12 +282,12 @@ def _analyze_fixed(
         g = geomean(r)
         return 1.0 / g if invert else g
 
-    boot = dict(
-        confidence=plan.confidence,
-        exact_limit=plan.bootstrap.exact_limit,
-        resamples=plan.bootstrap.resamples,
-        seed=plan.bootstrap.seed,
-    )
+    boot: _Bootstrap = {
+        "confidence": plan.confidence,
+        "exact_limit": plan.bootstrap.exact_limit,
+        "resamples": plan.bootstrap.resamples,
+        "seed": plan.bootstrap.seed,
+    }
     cells: list[Cell] = []
     for fam in plan.families:
         pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
@@ -527,7 +527,26 @@ def _arm_value(
     row["valid"] = True
 
 
-def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot, floor=None) -> Cell:
+class _Bootstrap(TypedDict):
+    """`estimate_gain`'s bootstrap arguments, as the plan sets them."""
+
+    confidence: float
+    exact_limit: int
+    resamples: int
+    seed: int
+
+
+def _cell(
+    fam: str,
+    planned: int,
+    pairs: list[int],
+    fam_ratio: Callable[[int, str, str, bool], float],
+    families: list[str],
+    valid: dict[ArmKey, dict[str, Any]],
+    fixtures_of: dict[str, list[str]],
+    boot: _Bootstrap,
+    floor: float | None = None,
+) -> Cell:
     def per_pair(key: str, invert: bool = False) -> list[float]:
         if fam == COMBINED:
             return (
@@ -543,11 +562,14 @@ def _cell(fam, planned, pairs, fam_ratio, families, valid, fixtures_of, boot, fl
     ttft = geomean(per_pair("ttft_s", invert=True)) if pairs else None
     fxs = [fx for f in families for fx in fixtures_of[f]]
     mem = None
-    peaks = {
+    raw_peaks = {
         arm: [valid[(p, arm, fx)].get("peak_memory_bytes") for p in pairs for fx in fxs]
         for arm in ("baseline", "candidate")
     }
-    if pairs and all(isinstance(v, (int, float)) and v > 0 for vs in peaks.values() for v in vs):
+    peaks: dict[str, list[float]] = {
+        arm: [v for v in vs if isinstance(v, (int, float)) and v > 0] for arm, vs in raw_peaks.items()
+    }
+    if pairs and all(len(peaks[arm]) == len(vs) for arm, vs in raw_peaks.items()):  # every peak a positive number
         mem = max(peaks["candidate"]) / max(peaks["baseline"])
     med = {
         arm: (median(valid[(p, arm, fx)]["predicted_per_second"] for p in pairs for fx in fxs) if pairs else None)

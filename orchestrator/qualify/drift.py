@@ -73,7 +73,9 @@ def spread(own_sd: float | None, calibrated_upper: float | None, *, max_ratio: f
     }
 
 
-def position_effect(log_ratios: Sequence[float], candidate_second: Sequence[bool], *, confidence: float) -> dict:
+def position_effect(
+    log_ratios: Sequence[float], candidate_second: Sequence[bool], *, confidence: float
+) -> dict[str, Any]:
     """Position effect P (log speed of a pair's second arm over its first, net of the candidate)
     and what it does to the plain mean gain: bias = P (n_second - n_first) / n, 0 when balanced."""
     y = np.asarray(log_ratios, dtype=float)

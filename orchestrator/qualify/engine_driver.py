@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
@@ -33,8 +33,8 @@ from orchestrator.engine.plan import pair_view
 from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, PairctlError
 from orchestrator.hashing import sha256_json
 from orchestrator.hosts.layout import SERVICE_OF_ROLE
-from orchestrator.hosts.probes import read_facts
-from orchestrator.hosts.route import parse_route
+from orchestrator.hosts.probes import HostFacts, read_facts
+from orchestrator.hosts.route import RouteRecord, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
@@ -59,6 +59,11 @@ def pair_memory(samples: dict[str, dict[str, Any]]) -> tuple[int | None, str]:
     return total, " ".join(parts)
 
 
+if TYPE_CHECKING:
+    from orchestrator.engine.deploy import RunResult
+
+T = TypeVar("T")
+
 QUALIFY_LEASE_TTL_S = 2 * 3600  # renewed by every arm's deploy; a killed run's hold ends by then
 
 
@@ -82,7 +87,7 @@ class EngineDriver:
         self.busy_wait_s, self.busy_poll_s = busy_wait_s, busy_poll_s
         self.log = get_logger(pair=pair, command="qualify")
         self._tmp = tempfile.TemporaryDirectory(prefix="pairctl-qualify-")
-        self.deploy_receipts: list[str] = []
+        self.deploy_receipts: list[str | None] = []
         self._lease_nonce: str | None = None
         self._deploys_started = 0
         self._found: Any = None  # the route record as the snapshot found it: restored exactly
@@ -91,10 +96,10 @@ class EngineDriver:
         self._api_key = key.value if key else None
 
     # -- reading the pair ----------------------------------------------------------------------
-    def _facts(self, role: str) -> Any:
+    def _facts(self, role: str) -> HostFacts:
         return read_facts(self.pool.get(self.view.hosts[role]), self.view.layouts[role], (SERVICE_OF_ROLE[role],))
 
-    def _route(self) -> Any:
+    def _route(self) -> RouteRecord | None:
         return parse_route(self._facts("native").route_bytes)
 
     def _pid(self, role: str) -> int | None:
@@ -121,7 +126,7 @@ class EngineDriver:
         }
 
     # -- holding the pair ----------------------------------------------------------------------
-    def _wait_busy(self, what: str, attempt_fn: Any) -> Any:
+    def _wait_busy(self, what: str, attempt_fn: Callable[[], T]) -> T:
         """Run `attempt_fn` until the pair is not busy (a host lease or its evidence chain held by
         another run: refused before anything changes, so trying again is safe); every wait is
         logged, and after `busy_wait_s` the refusal stands."""
@@ -182,7 +187,7 @@ class EngineDriver:
 
     def _deploy(
         self, native: str, rpc: str, profile: dict[str, Any], why: str, restore_record: Any = None, links: Any = None
-    ) -> Any:
+    ) -> RunResult:
         """One engine deploy under this run's held leases (renewed, not taken or released)."""
         from orchestrator.engine.deploy import deploy
 
@@ -229,7 +234,7 @@ class EngineDriver:
             client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=self._memory_probe(pids)
         )
 
-    def _memory_probe(self, pids: dict[str, int | None]):
+    def _memory_probe(self, pids: dict[str, int | None]) -> Callable[[], tuple[int | None, str]]:
         """After each measured request: one telemetry sample per host (GPU memory in use where
         the host has GPUs, else the service's VmHWM), summed (`pair_memory`); the pids the arm
         started with must still be the ones sampled."""
@@ -265,7 +270,7 @@ class EngineDriver:
         want = {k: snapshot[k] for k in seen}
         if seen != want:
             raise CheckFailed(f"after restore the route record names {seen}, expected {want}")
-        return {"deploy_receipt": res.receipt, "route_revision": rec.revision, **seen}
+        return {"deploy_receipt": res.receipt, "route_revision": rec.revision if rec else None, **seen}
 
     def close(self) -> None:
         try:

@@ -21,9 +21,12 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
 
 EXACT_LIMIT = 100_000  # enumerate all n**n resamples up to this many (n <= 6)
 DEFAULT_RESAMPLES = 20_000
@@ -77,9 +80,9 @@ def geomean(values: Iterable[float]) -> float:
     return float(np.exp(np.log(arr).mean()))
 
 
-def ratios(candidate: Sequence[float], baseline: Sequence[float]) -> np.ndarray:
+def ratios(candidate: Sequence[float], baseline: Sequence[float]) -> NDArray[np.float64]:
     """Per-pair ratios candidate/baseline; both sequences are indexed by pair."""
-    c, b = np.asarray(candidate, dtype=float), np.asarray(baseline, dtype=float)
+    c, b = np.asarray(candidate, dtype=np.float64), np.asarray(baseline, dtype=np.float64)
     if c.shape != b.shape:
         raise ValueError(f"paired ratios need equal lengths, got {c.size} candidate and {b.size} baseline")
     _positive(c, "candidate"), _positive(b, "baseline")
@@ -91,7 +94,7 @@ def geometric_gain(pair_ratios: Sequence[float]) -> float:
     return geomean(pair_ratios) - 1.0
 
 
-def combine_families(per_family: Sequence[Sequence[float]]) -> np.ndarray:
+def combine_families(per_family: Sequence[Sequence[float]]) -> NDArray[np.float64]:
     """Per pair, the geometric mean of that pair's ratios over families.
 
     `per_family[f][p]` is family f's ratio in pair p. The combined result bootstraps these
@@ -101,7 +104,7 @@ def combine_families(per_family: Sequence[Sequence[float]]) -> np.ndarray:
     if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError("combine_families needs a non-empty families x pairs table")
     _positive(arr.ravel(), "family ratios")
-    return np.exp(np.log(arr).mean(axis=0))
+    return np.asarray(np.exp(np.log(arr).mean(axis=0)), dtype=np.float64)  # numpy types mean() as Any
 
 
 def bootstrap_distribution(

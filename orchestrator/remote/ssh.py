@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Protocol, runtime_checkable
 
 import paramiko
 
@@ -179,6 +179,25 @@ def load_ssh_config(path: str | Path | None = None) -> paramiko.SSHConfig | None
 # -- host keys ---------------------------------------------------------------------------------
 
 
+class _FabricConnection(Protocol):
+    """What is used of a fabric.Connection (fabric ships no type information)."""
+
+    client: paramiko.SSHClient
+
+    def open(self) -> object: ...
+
+    def close(self) -> None: ...
+
+    def sftp(self) -> paramiko.SFTPClient: ...
+
+
+def _transport_of(conn: _FabricConnection, host: str) -> paramiko.Transport:
+    t = conn.client.get_transport()
+    if t is None:  # paramiko: only before connect() or after close()
+        raise ConnectionLost(f"{host}: the SSH connection closed as it opened")
+    return t
+
+
 class _UnknownHostKey(paramiko.SSHException):
     def __init__(self, name: str, key: paramiko.PKey) -> None:
         super().__init__(f"{name} not in known_hosts")
@@ -196,7 +215,7 @@ class _RejectAndRecord(paramiko.RejectPolicy):
     def __init__(self, revoked: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.revoked = revoked
 
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> NoReturn:
         if (key.get_name(), key.get_base64()) in self.revoked:
             raise _RevokedHostKey(hostname, key)
         raise _UnknownHostKey(hostname, key)
@@ -282,7 +301,7 @@ class SshTransport:
 
     def __post_init__(self) -> None:
         self.name = self.target.name
-        self._conn: Any = None  # fabric.Connection once connected
+        self._conn: _FabricConnection | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
         # one SFTP conversation at a time: paramiko's client drops an answer that another thread's
@@ -327,7 +346,7 @@ class SshTransport:
                 self._drop()
             t0 = time.monotonic()
             policy = self.reconnect if self._reached else self.retry
-            self._conn = policy.call(
+            self._conn = conn = policy.call(
                 self._connect_once,
                 retry_on=_connect_transient,
                 what="ssh reconnect" if self._reached else "ssh connect",
@@ -342,9 +361,9 @@ class SshTransport:
                 port=self.target.port,
                 seconds=round(time.monotonic() - t0, 4),
             )
-            return self._conn.client.get_transport()
+            return _transport_of(conn, self.name)
 
-    def _connect_once(self) -> Any:
+    def _connect_once(self) -> _FabricConnection:
         import fabric  # start-up time (fabric pulls in invoke): loaded by the first connect only
 
         tg = self.target
@@ -358,7 +377,7 @@ class SshTransport:
         }
         if tg.key_filename:
             connect_kwargs["key_filename"] = tg.key_filename
-        conn = fabric.Connection(
+        conn: _FabricConnection = fabric.Connection(  # fabric ships no types: its surface used here
             host=tg.hostname,
             user=tg.user,
             port=tg.port,
@@ -628,6 +647,7 @@ class SshTransport:
         with self._lock:
             self._connect_or_raise()
             if self._sftp is None:
+                assert self._conn is not None  # _connect_or_raise connected, or raised
                 self._sftp = self._conn.sftp()
             return self._sftp
 
@@ -662,13 +682,14 @@ class SshTransport:
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     @staticmethod
-    def _put_pipelined(sftp: paramiko.SFTPClient, data: bytes, path: str, mode: int) -> bool:
+    def _put_pipelined(sftp_client: paramiko.SFTPClient, data: bytes, path: str, mode: int) -> bool:
         """A small file in two round trips: OPEN (create, truncate), then every WRITE, FSETSTAT
         (the mode), FSTAT (the size, what putfo's confirm checks) and CLOSE sent at once. False
         when the host refused any of them (the caller then does it the long way)."""
         from paramiko import sftp as S
         from paramiko.sftp_attr import SFTPAttributes
 
+        sftp = _requests(sftp_client)
         if len(data) > 1 << 20:
             return False  # big files keep paramiko's own windowed writes
         flags = S.SFTP_FLAG_WRITE | S.SFTP_FLAG_CREATE | S.SFTP_FLAG_TRUNC
@@ -696,7 +717,7 @@ class SshTransport:
                 ok = False
                 continue
             if num == fstat and t == S.CMD_ATTRS:
-                size = SFTPAttributes._from_msg(msg).st_size or 0
+                size = _attrs_of(msg).st_size or 0
         return ok and size == len(data)
 
     def put_private(self, data: bytes, remote_path: str) -> None:
@@ -706,7 +727,7 @@ class SshTransport:
             attrs = paramiko.SFTPAttributes()
             attrs.st_mode = 0o600
             flags = paramiko.sftp.SFTP_FLAG_WRITE | paramiko.sftp.SFTP_FLAG_CREATE | paramiko.sftp.SFTP_FLAG_EXCL
-            t, msg = sftp._request(paramiko.sftp.CMD_OPEN, remote_path, flags, attrs)
+            t, msg = _requests(sftp)._request(paramiko.sftp.CMD_OPEN, remote_path, flags, attrs)
             if t != paramiko.sftp.CMD_HANDLE:
                 raise paramiko.SFTPError("expected a handle")
             with paramiko.SFTPFile(sftp, msg.get_binary(), "wb") as f:
@@ -831,11 +852,12 @@ class SshTransport:
             return []
         rounds = 0
 
-        def do(sftp: paramiko.SFTPClient) -> list[FsResult]:
+        def do(sftp_client: paramiko.SFTPClient) -> list[FsResult]:
             nonlocal rounds
             from paramiko import sftp as S
             from paramiko.sftp_attr import SFTPAttributes
 
+            sftp = _requests(sftp_client)
             send = sftp._async_request
             first: list[int] = []
             for op in ops:
@@ -869,7 +891,7 @@ class SshTransport:
                         failed = failed or exc  # raised once every answer is read
                     continue
                 if isinstance(op, Lstat):
-                    a = SFTPAttributes._from_msg(msg)
+                    a = _attrs_of(msg)
                     out[i] = FileStat(
                         mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0
                     )
@@ -934,10 +956,9 @@ class SshTransport:
         return got
 
     @staticmethod
-    def _answers(sftp: paramiko.SFTPClient, nums: list[int]) -> tuple[list[BaseException | None], list[Any]]:
+    def _answers(sftp: _SftpRequests, nums: list[int]) -> tuple[list[BaseException | None], list[Any]]:
         """Read the answers to NUMS in order: (error or None, FileStat for an ATTRS answer)."""
         from paramiko import sftp as S
-        from paramiko.sftp_attr import SFTPAttributes
 
         errs: list[BaseException | None] = []
         vals: list[Any] = []
@@ -950,7 +971,7 @@ class SshTransport:
                 continue
             errs.append(None)
             if t == S.CMD_ATTRS:
-                a = SFTPAttributes._from_msg(msg)
+                a = _attrs_of(msg)
                 vals.append(
                     FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
                 )
@@ -1052,13 +1073,50 @@ def _no_delay(t: paramiko.Transport | None) -> None:
             pass
 
 
+@runtime_checkable
+class _SftpRequests(Protocol):
+    """paramiko.SFTPClient's request layer, which the pipelined transfers drive directly (several
+    requests in flight per round trip). It is private in paramiko, so types-paramiko leaves it out;
+    `_requests` checks that the installed paramiko has it. `_read_response` as called here, with
+    the request number it waits for: it returns that answer or raises."""
+
+    def _request(self, t: int, *args: object) -> tuple[int, paramiko.Message]: ...
+
+    def _async_request(self, fileobj: object, t: int, *args: object) -> int: ...
+
+    def _read_response(self, waitfor: int | None = None) -> tuple[int, paramiko.Message]: ...
+
+    def _adjust_cwd(self, path: str) -> str: ...
+
+
+@runtime_checkable
+class _AttrsFromMsg(Protocol):
+    """paramiko.SFTPAttributes' private constructor from an ATTRS answer."""
+
+    def _from_msg(self, msg: paramiko.Message) -> paramiko.SFTPAttributes: ...
+
+
+def _requests(sftp: paramiko.SFTPClient) -> _SftpRequests:
+    if not isinstance(sftp, _SftpRequests):
+        raise HostError(f"paramiko {paramiko.__version__}: SFTPClient has no request layer to pipeline over")
+    return sftp
+
+
+def _attrs_of(msg: paramiko.Message) -> paramiko.SFTPAttributes:
+    factory: object = paramiko.SFTPAttributes
+    if not isinstance(factory, _AttrsFromMsg):
+        raise HostError(f"paramiko {paramiko.__version__}: SFTPAttributes cannot be read from an answer")
+    return factory._from_msg(msg)
+
+
 def _send_all(chan: paramiko.Channel, data: bytes) -> None:
     """Channel.sendall re-slices the whole remaining buffer per packet (quadratic: 19 MB took
     3.5 s); slicing a memoryview per packet keeps it linear."""
     view = memoryview(data)
     off, n = 0, len(data)
     while off < n:
-        off += chan.send(view[off : off + 262144])
+        # Channel.send takes any bytes-like object (it slices it into packets); types-paramiko says bytes
+        off += chan.send(view[off : off + 262144])  # type: ignore[arg-type]
 
 
 def _exists(sftp: paramiko.SFTPClient, path: str) -> bool:

@@ -213,7 +213,8 @@ class ServerClient:
             )
         if err is not None:
             raise err
-        return box["response"]
+        response: httpx.Response = box["response"]  # set by work() whenever it set no error
+        return response
 
     def _send(self, method: str, path: str, json: Any, t: float) -> httpx.Response:
         try:
@@ -269,13 +270,16 @@ class ServerClient:
             time.sleep(interval_s)
 
     def props_raw(self) -> dict[str, Any]:
-        return self.get_json("/props")
+        return _json_object(self.get_json("/props"), "/props")
 
     def props(self) -> Props:
         return parsers.parse_props(self.props_raw())
 
     def slots_raw(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
-        return self.get_json("/slots", timeout=timeout)
+        data = self.get_json("/slots", timeout=timeout)
+        if not isinstance(data, list):
+            raise parsers.ParseError(f"/slots: expected a JSON list, got {type(data).__name__}")
+        return data
 
     def slots(self, *, timeout: float | None = None) -> list[SlotState]:
         return parsers.parse_slots(self.slots_raw(timeout=timeout))
@@ -306,7 +310,7 @@ class ServerClient:
     ) -> dict[str, Any]:
         body = self.completion_body(prompt, n_predict, **params)
         body["stream"] = False
-        return self._request("POST", "/completion", json=body, timeout=timeout).json()
+        return _json_object(self._request("POST", "/completion", json=body, timeout=timeout).json(), "/completion")
 
     def completion(
         self, prompt: str | list[int], n_predict: int, *, timeout: float | None = None, **params: Any
@@ -354,3 +358,10 @@ class ServerClient:
             if handle.closed_at is not None:
                 return
             raise ServerUnreachable(f"POST {self.base_url}/completion (stream): {type(exc).__name__}: {exc}") from None
+
+
+def _json_object(data: Any, what: str) -> dict[str, Any]:
+    """A decoded answer that must be a JSON object (the host is untrusted input)."""
+    if not isinstance(data, dict):
+        raise parsers.ParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    return data

@@ -99,9 +99,10 @@ def parse_tokenize(data: Any) -> list[int]:
 
 def parse_detokenize(data: Any) -> str:
     d = _obj(data, "/detokenize")
-    if not isinstance(d.get("content"), str):
+    content = d.get("content")
+    if not isinstance(content, str):
         raise ParseError("/detokenize: no content string")
-    return d["content"]
+    return content
 
 
 def parse_sse_lines(lines: Iterable[str]) -> Iterator[StreamChunk]:
