@@ -145,6 +145,14 @@ class EngineDriver:
         stops after a deploy began (the pair's state is then unchecked; the lease names the run,
         so `lease release --dead-run` frees it). A failed release is recorded, not raised: the
         measurements and the restore already happened."""
+        with self._held_leases(run_id, "qualify", QUALIFY_LEASE_TTL_S, keep_after_deploy=True) as held:
+            yield held
+
+    @contextmanager
+    def _held_leases(self, run_id: str, verb: str, ttl_s: float, *, keep_after_deploy: bool) -> Iterator[Any]:
+        """The one way a run over many deploys holds the pair (qualify, bisect): both leases taken
+        under `pairctl VERB PAIR (run RUN_ID)`, their nonce kept for the deploys to renew, and, with
+        `keep_after_deploy`, kept rather than released when the run stops after a deploy began."""
         from orchestrator.hosts import leases
 
         targets = leases.targets_of(self.inventory, self.pool, self.pair)
@@ -155,8 +163,8 @@ class EngineDriver:
                     leases.hold_pair_leases(
                         targets,
                         owner=leases.default_owner(),
-                        purpose=f"pairctl qualify {self.pair} (run {run_id})",
-                        ttl_s=QUALIFY_LEASE_TTL_S,
+                        purpose=f"pairctl {verb} {self.pair} (run {run_id})",
+                        ttl_s=ttl_s,
                         record_release_error=True,
                     )
                 ),
@@ -165,7 +173,7 @@ class EngineDriver:
             try:
                 yield held
             except BaseException as exc:
-                if held.kept is None and self._deploys_started != deploys_before:
+                if keep_after_deploy and held.kept is None and self._deploys_started != deploys_before:
                     held.keep(
                         f"the run stopped with {type(exc).__name__} after a deploy began; after checking "
                         f"the pair, `pairctl lease release {self.pair} --dead-run {run_id}`"
