@@ -270,10 +270,10 @@ class EngineDriver:
             "profile_sha256": a and a.profile_sha256,
             "argv_sha256": a and a.argv_sha256,
         }
-        want = {k: snapshot[k] for k in seen}
+        want, re_rendered = restore_expectation(snapshot, res.active)
         if seen != want:
             raise CheckFailed(f"after restore the route record names {seen}, expected {want}")
-        return {"deploy_receipt": res.receipt, "route_revision": rec.revision, **seen}
+        return {"deploy_receipt": res.receipt, "route_revision": rec.revision, **seen, **re_rendered}
 
     def close(self) -> None:
         try:
@@ -282,4 +282,26 @@ class EngineDriver:
             self._tmp.cleanup()
 
 
-__all__ = ["EngineDriver", "pair_memory", "PairctlError"]
+def restore_expectation(
+    snapshot: dict[str, Any], rendered: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the route record must name after a restore, and what was rendered anew.
+
+    The packages are the snapshot's. The profile and argv hashes are those the restore's own
+    deploy rendered from the snapshot's profile and verified on the hosts (`rendered`, its
+    route entry): the inventory and profile as they stand are the truth, as for a rollback. A
+    record written by an earlier pairctl, whose profile model lacked a field added since (a
+    `cors` block, declared `files`), hashes differently once this pairctl renders it; demanding
+    the old bytes failed every first qualification after an upgrade with "not restored" (exit 8)
+    on a pair that was restored. Where the hashes moved, both are returned for the receipt."""
+    want = {"native": snapshot["native"], "rpc": snapshot["rpc"]}
+    moved: dict[str, Any] = {}
+    for key in ("profile_sha256", "argv_sha256"):
+        now = (rendered or {}).get(key) or snapshot[key]
+        want[key] = now
+        if now != snapshot[key]:
+            moved[key] = {"found": snapshot[key], "rendered": now}
+    return want, ({"re_rendered": moved} if moved else {})
+
+
+__all__ = ["EngineDriver", "pair_memory", "PairctlError", "restore_expectation"]
