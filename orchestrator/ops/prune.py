@@ -77,7 +77,7 @@ def pins(receipts: Sequence[Receipt]) -> dict[str, str]:
     for members in by_pair.values():
         members.sort(key=lambda r: (r.finished_at, r.started_at))
         state = state_from_receipts(members)
-        if state.pin is not None:
+        if state.pin is not None and state.pin.receipt:
             out[state.pin.receipt] = "the pair's reference pin"
         for a in state.answers.values():
             out[a.receipt] = "the pair's reference answers"
@@ -163,8 +163,8 @@ def run(
     by_hash = {r.sha256: r for r in receipts}
     chains = sorted({r.chain for r in receipts})
     blocked: dict[str, str] = {}
-    for j in store.unsealed():
-        blocked.setdefault(j["pair"] or NO_PAIR, f"run {j['run_id']} ({j['command']}) is not sealed yet")
+    for u in store.unsealed():
+        blocked.setdefault(u["pair"] or NO_PAIR, f"run {u['run_id']} ({u['command']}) is not sealed yet")
     locks: list[_ChainLock] = []
     try:
         for chain in chains:

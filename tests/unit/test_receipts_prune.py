@@ -4,13 +4,13 @@ records on real hosts, deploys and rollbacks) is tests/e2e/test_receipts_prune.p
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import stat
 import tarfile
 import time
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
@@ -105,7 +105,7 @@ def test_prune_with_an_archive_then_verify_passes_and_still_finds_tampering(tmp_
 
 def test_a_missing_receipt_no_prune_receipt_accounts_for_is_still_deleted_evidence(tmp_path):
     store = EvidenceStore(tmp_path / "ev")
-    r = _chain(store, None, 4, command="build")
+    _chain(store, None, 4, command="build")
     ops_prune.run(
         store, days=0, inventory=None, access=None, archive=tmp_path / "a.tar.xz", dry_run=False, argv=[], now=LATER
     )
@@ -145,8 +145,6 @@ def test_an_archive_that_does_not_read_back_stops_the_prune(tmp_path):
         data = store.path_of(r[0]).read_bytes().replace(b"run 0", b"run 9")
         info = tarfile.TarInfo(f"receipts/{r[0]}.json")
         info.size = len(data)
-        import io
-
         tar.addfile(info, io.BytesIO(data))
     with pytest.raises(EvidenceError, match="did not read back intact"):
         pr.check_archive(bad, {r[0]: store.path_of(r[0])})
