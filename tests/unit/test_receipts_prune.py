@@ -175,3 +175,32 @@ def test_cli_dry_run_lists_and_frees_nothing_and_bad_options_are_one_line(tmp_pa
                   str(tmp_path / "b.tar.xz")])  # fmt: skip
     assert ok.exit_code == 0 and "pruned 2 receipt(s)" in ok.stdout, ok.output
     assert run_cli(["receipts", "verify", "--evidence", str(ev)]).exit_code == 0
+
+
+def test_receipts_on_the_team_remote_with_the_same_bytes_go_and_others_stay(tmp_path):
+    """The remote side on real git objects: a bare repository reached by git's local transport
+    (the same plumbing as over SSH, tests/e2e/test_team_evidence.py has the SSH half)."""
+    import subprocess
+
+    from orchestrator.config.evidence_remote import RemoteAccess
+    from orchestrator.evidence import team
+
+    bare = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    access = RemoteAccess(str(bare), str(bare), "local", ("ssh",), "x", 22, str(key), None, 20.0)
+    store = EvidenceStore(tmp_path / "ev")
+    pushed = _chain(store, None, 4, command="build")
+    team.push(store, access, "alice")
+    later = _chain(store, None, 2, command="build")  # not pushed
+    res = ops_prune.run(store, days=0, inventory=None, access=access, archive=None, dry_run=False, argv=[], now=LATER)
+    assert [c.sha for c in res.selection.prune] == pushed
+    assert "not on the team's evidence remote" in res.selection.kept[later[0]]
+    doc = store.load(res.receipt).extra_fields()["pruned"]
+    assert doc["remote"]["commit"] and all(e["kept"] == ["remote"] for e in doc["receipts"])
+    assert store.verify().ok
+    team.push(store, access, "alice")  # the prune receipt goes too; the remote keeps what was pruned here
+    me = store.home_id()
+    assert team.local_differences(store, me, store, set(store.pruned())) == []
+    assert "missing" in team.local_differences(store, me, store)[0]  # what `verify --remote` saw before
