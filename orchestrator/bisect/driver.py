@@ -10,7 +10,7 @@ each arm's deploy, never released by the qualification, so no other run lands be
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.engine.deploy import RunResult
@@ -32,27 +32,8 @@ class BisectDriver(EngineDriver):
         """Both leases for the whole bisect (renewed by every deploy and after every build).
         Unlike a qualification's hold, a stop after a deploy does not keep them: the bisect
         restores the pair first and keeps them itself (`held.keep`) when it could not."""
-        from orchestrator.hosts import leases
-
-        targets = leases.targets_of(self.inventory, self.pool, self.pair)
-        with ExitStack() as stack:
-            held = self._wait_busy(
-                "lease",
-                lambda: stack.enter_context(
-                    leases.hold_pair_leases(
-                        targets,
-                        owner=leases.default_owner(),
-                        purpose=f"pairctl bisect {self.pair} (run {run_id})",
-                        ttl_s=BISECT_LEASE_TTL_S,
-                        record_release_error=True,
-                    )
-                ),
-            )
-            self._lease_nonce = held.nonce
-            try:
-                yield held
-            finally:
-                self._lease_nonce = None
+        with self._held_leases(run_id, "bisect", BISECT_LEASE_TTL_S, keep_after_deploy=False) as held:
+            yield held
 
     @property
     def nonce(self) -> str | None:

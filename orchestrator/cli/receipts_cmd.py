@@ -16,7 +16,9 @@ if TYPE_CHECKING:
     from orchestrator.evidence.store import EvidenceStore
 
 
-app = typer.Typer(help="Receipts: list, show, verify the hash chains, derive recovery records.", no_args_is_help=True)
+app = typer.Typer(
+    help="Receipts: list, show, verify the hash chains, derive recovery records, prune old ones.", no_args_is_help=True
+)
 
 EVIDENCE_OPT = typer.Option(
     None,
@@ -338,6 +340,9 @@ def _read_fresh(path: Path | None) -> FreshInput:
 from orchestrator.cli import receipts_remote  # noqa: E402  (push, pull, init-remote register on `app`)
 
 receipts_remote.register(app)
+from orchestrator.cli import receipts_prune  # noqa: E402
+
+receipts_prune.register(app)
 
 
 def _usage(message: str) -> None:

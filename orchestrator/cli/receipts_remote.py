@@ -95,7 +95,8 @@ def verify_remote(c: Ctx, store: EvidenceStore, rep: VerifyReport) -> None:
         copy = store if home == me else store.team_store(home)
         if copy is None:
             continue
-        found += [("differs", p) for p in team.local_differences(store, home, copy)]
+        pruned = set(store.pruned()) if home == me else set()
+        found += [("differs", p) for p in team.local_differences(store, home, copy, pruned)]
         if copy is not store:
             sub = copy.verify()
             rep.receipts += sub.receipts

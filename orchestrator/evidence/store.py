@@ -495,18 +495,39 @@ class EvidenceStore:
                 self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
                 continue
             every[sha] = summary
+        pruned = self.pruned(every)
         for chain in {s["pair"] or NO_PAIR for s in every.values()}:
             head = _read_small(self.heads_dir / chain)
             seen: set[str] = set()
-            while head and head in every and head not in seen and (every[head]["pair"] or NO_PAIR) == chain:
+            while head and head not in seen:
                 seen.add(head)
-                every[head]["in_chain"] = True
-                head = every[head]["previous"]
+                if head in every and (every[head]["pair"] or NO_PAIR) == chain:
+                    every[head]["in_chain"] = True
+                    head = every[head]["previous"]
+                elif head not in every and pruned.get(head, {}).get("chain") == chain:
+                    head = pruned[head].get("previous")  # pruned: step over it by its recorded link
+                else:
+                    break
         out = [s for s in every.values() if pair is ... or s.get("pair") == pair]
         for s in out:
             s.setdefault("in_chain", False)
         out.sort(key=lambda s: (s["finished_at"], s["started_at"]))
         return out
+
+    def pruned(self, summaries: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+        """hash -> its entry in the prune receipt that accounts for it (evidence/prune.py), from the
+        prune receipts here that verify."""
+        from orchestrator.evidence.prune import COMMAND, accounted
+
+        every = summaries if summaries is not None else {s["hash"]: s for s in self.summaries()}
+        records = []
+        for sha, summ in every.items():
+            if summ.get("command") == COMMAND:
+                try:
+                    records.append(self.load(sha))
+                except EvidenceError:
+                    continue
+        return accounted(records)
 
     def _summary_of_file(self, sha: str) -> dict[str, Any]:
         path = self.path_of(sha)

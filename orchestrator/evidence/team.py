@@ -27,7 +27,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -412,14 +412,15 @@ def pull(store: EvidenceStore, access: RemoteAccess) -> PullResult:
         return res
 
 
-def local_differences(store: EvidenceStore, home: str, files: EvidenceStore) -> list[str]:
+def local_differences(store: EvidenceStore, home: str, files: EvidenceStore, pruned: Collection[str] = ()) -> list[str]:
     """Receipts the last fetched copy of `home`'s branch holds that `files` lacks or holds
     otherwise: a rewritten home (a receipt changed, or the chain re-hashed and the old names gone).
-    A copy of another home lacking one is only behind (`pull` copies it), not rewritten."""
+    A copy of another home lacking one is only behind (`pull` copies it), not rewritten; nor is this
+    home lacking one a prune receipt accounts for (`pruned`: `receipts prune` removed it)."""
     tree = {p: o for p, o in tree_of(store, TRACKING + home).items() if p.startswith("receipts/")}
-    gone = sorted(p for p in tree if not (files.root / p).is_file())
+    gone = sorted(p for p in tree if not (files.root / p).is_file() and p.removeprefix("receipts/")[:-5] not in pruned)
     missing = gone if home == store.home_id() else []
-    present = sorted(p for p in tree if p not in gone)
+    present = sorted(p for p in tree if (files.root / p).is_file())
     local = _hash_files(store, [files.root / p for p in present], write=False)
     changed = [p for p, oid in zip(present, local, strict=True) if oid != tree[p]]
     who = "this home" if home == store.home_id() else f"the copy of home {home}"
@@ -483,3 +484,19 @@ def ahead(store: EvidenceStore) -> bool:
     me = store.home_id()
     remote = {p for p in tree_of(store, TRACKING + me) if p.startswith("receipts/")}
     return any(f"receipts/{h}.json" not in remote for h in store.hashes())
+
+
+def remote_copies(
+    store: EvidenceStore, access: RemoteAccess, names: Sequence[str]
+) -> tuple[str | None, dict[str, bytes]]:
+    """Fetch, then the remote's bytes of each receipt `names` (sha256) that this home's branch holds
+    there: (the branch's tip on the remote, sha -> bytes). `receipts prune` compares them with the
+    local files before removing any."""
+    with _mirror_lock(store):
+        fetch(store, access)
+        ref = TRACKING + store.home_id()
+        tip = _rev(store, ref)
+        tree = tree_of(store, ref)
+    want = [(n, tree[f"receipts/{n}.json"]) for n in names if f"receipts/{n}.json" in tree]
+    got = dict(zip((n for n, _ in want), (d for _, d in _cat_blobs(store, [o for _, o in want])), strict=True))
+    return tip, got

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from orchestrator.errors import EvidenceError
 from orchestrator.evidence import safejson
+from orchestrator.evidence.prune import accounted
 from orchestrator.evidence.receipt import Receipt, samples_sha256
 from orchestrator.hashing import canonical_json, sha256_bytes
 
@@ -53,6 +54,7 @@ class VerifyReport:
     problems: list[Problem] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     signers: dict[str, list[str]] = field(default_factory=dict)  # home -> who signed its pushes (--remote)
+    pruned: int = 0  # receipts a prune receipt accounts for that are gone (kept on the remote or an archive)
 
     @property
     def ok(self) -> bool:
@@ -70,6 +72,7 @@ class VerifyReport:
             "chains": self.chains,
             "problems": [asdict(p) for p in self.problems],
             "warnings": self.warnings,
+            "pruned": self.pruned,
         } | ({"signers": self.signers} if self.signers else {})
 
 
@@ -149,6 +152,10 @@ def verify_store(store: StoreFiles) -> VerifyReport:
             r._sha256 = stem
             good[stem] = r
 
+    # receipts `receipts prune` removed, as its prune receipts (which verify) account for them
+    pruned = {h: e for h, e in accounted(good.values()).items() if h not in good and h not in bad}
+    rep.pruned = len(pruned)
+
     by_chain: dict[str, list[Receipt]] = defaultdict(list)
     for r in good.values():
         by_chain[r.chain].append(r)
@@ -172,6 +179,8 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                             r.started_at,
                         )
                     )
+            elif r.previous in pruned and pruned[r.previous]["chain"] == chain:
+                pass  # pruned: kept on the team's remote or in an archive, as its prune receipt says
             elif r.previous in bad:
                 problems.append(
                     Problem(
@@ -308,12 +317,19 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                     )
                 )
 
-    # pairctl never deletes a receipt; an index entry (written with every receipt) whose receipt
-    # is gone shows a deletion that moving the head back, or re-hashing the chain, hid.
+    # pairctl deletes a receipt only by `receipts prune`, which accounts for it; an index entry
+    # (written with every receipt) whose receipt is gone otherwise shows a deletion that moving the
+    # head back, or re-hashing the chain, hid.
     if store.index_dir.exists():
         for idx in sorted(store.index_dir.glob("*.json")):
             sha = idx.name[:-5]
-            if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) and sha not in good and sha not in bad:
+            if (
+                len(sha) == 64
+                and all(c in "0123456789abcdef" for c in sha)
+                and sha not in good
+                and sha not in bad
+                and sha not in pruned
+            ):
                 problems.append(
                     Problem(
                         "deleted",

@@ -150,6 +150,14 @@ class EngineDriver:
         stops after a deploy began (the pair's state is then unchecked; the lease names the run,
         so `lease release --dead-run` frees it). A failed release is recorded, not raised: the
         measurements and the restore already happened."""
+        with self._held_leases(run_id, "qualify", QUALIFY_LEASE_TTL_S, keep_after_deploy=True) as held:
+            yield held
+
+    @contextmanager
+    def _held_leases(self, run_id: str, verb: str, ttl_s: float, *, keep_after_deploy: bool) -> Iterator[Any]:
+        """The one way a run over many deploys holds the pair (qualify, bisect): both leases taken
+        under `pairctl VERB PAIR (run RUN_ID)`, their nonce kept for the deploys to renew, and, with
+        `keep_after_deploy`, kept rather than released when the run stops after a deploy began."""
         from orchestrator.hosts import leases
 
         targets = leases.targets_of(self.inventory, self.pool, self.pair)
@@ -160,8 +168,8 @@ class EngineDriver:
                     leases.hold_pair_leases(
                         targets,
                         owner=leases.default_owner(),
-                        purpose=f"pairctl qualify {self.pair} (run {run_id})",
-                        ttl_s=QUALIFY_LEASE_TTL_S,
+                        purpose=f"pairctl {verb} {self.pair} (run {run_id})",
+                        ttl_s=ttl_s,
                         record_release_error=True,
                     )
                 ),
@@ -170,7 +178,7 @@ class EngineDriver:
             try:
                 yield held
             except BaseException as exc:
-                if held.kept is None and self._deploys_started != deploys_before:
+                if keep_after_deploy and held.kept is None and self._deploys_started != deploys_before:
                     held.keep(
                         f"the run stopped with {type(exc).__name__} after a deploy began; after checking "
                         f"the pair, `pairctl lease release {self.pair} --dead-run {run_id}`"
@@ -267,10 +275,10 @@ class EngineDriver:
             "profile_sha256": a and a.profile_sha256,
             "argv_sha256": a and a.argv_sha256,
         }
-        want = {k: snapshot[k] for k in seen}
+        want, re_rendered = restore_expectation(snapshot, res.active)
         if seen != want:
             raise CheckFailed(f"after restore the route record names {seen}, expected {want}")
-        return {"deploy_receipt": res.receipt, "route_revision": rec.revision if rec else None, **seen}
+        return {"deploy_receipt": res.receipt, "route_revision": rec.revision if rec else None, **seen, **re_rendered}
 
     def close(self) -> None:
         try:
@@ -279,4 +287,26 @@ class EngineDriver:
             self._tmp.cleanup()
 
 
-__all__ = ["EngineDriver", "pair_memory", "PairctlError"]
+def restore_expectation(
+    snapshot: dict[str, Any], rendered: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the route record must name after a restore, and what was rendered anew.
+
+    The packages are the snapshot's. The profile and argv hashes are those the restore's own
+    deploy rendered from the snapshot's profile and verified on the hosts (`rendered`, its
+    route entry): the inventory and profile as they stand are the truth, as for a rollback. A
+    record written by an earlier pairctl, whose profile model lacked a field added since (a
+    `cors` block, declared `files`), hashes differently once this pairctl renders it; demanding
+    the old bytes failed every first qualification after an upgrade with "not restored" (exit 8)
+    on a pair that was restored. Where the hashes moved, both are returned for the receipt."""
+    want = {"native": snapshot["native"], "rpc": snapshot["rpc"]}
+    moved: dict[str, Any] = {}
+    for key in ("profile_sha256", "argv_sha256"):
+        now = (rendered or {}).get(key) or snapshot[key]
+        want[key] = now
+        if now != snapshot[key]:
+            moved[key] = {"found": snapshot[key], "rendered": now}
+    return want, ({"re_rendered": moved} if moved else {})
+
+
+__all__ = ["EngineDriver", "pair_memory", "PairctlError", "restore_expectation"]

@@ -471,3 +471,26 @@ def test_random_order_seed_and_rules_recorded_before_the_first_sample(tmp_path):
     # recomputed from the receipt alone: the same rules, the same verdicts
     rec = load_record(store, out.receipt)
     assert rec.rules == rules
+
+
+def test_restore_expects_the_snapshots_packages_and_what_the_restore_rendered():
+    """The benchmark's calibration of 2026-12-05 10:00: a pair deployed by an earlier pairctl (its
+    profile model had no `cors` block) was restored by this one; the record then named the same
+    packages and the profile and argv this pairctl rendered, and the old check called it
+    "not restored" (exit 8). The hashes the restore's own deploy rendered are expected, and the
+    move is kept for the receipt; other packages are still a failed restore."""
+    from orchestrator.qualify.engine_driver import restore_expectation
+
+    snap = {"native": "n1", "rpc": "r1", "profile_sha256": "p-old", "argv_sha256": "a-old"}
+    want, moved = restore_expectation(snap, {"native_package": "n1", "rpc_package": "r1",
+                                             "profile_sha256": "p-new", "argv_sha256": "a-new"})  # fmt: skip
+    assert want == {"native": "n1", "rpc": "r1", "profile_sha256": "p-new", "argv_sha256": "a-new"}
+    assert moved == {"re_rendered": {"profile_sha256": {"found": "p-old", "rendered": "p-new"},
+                                     "argv_sha256": {"found": "a-old", "rendered": "a-new"}}}  # fmt: skip
+    same, none = restore_expectation(snap, {"profile_sha256": "p-old", "argv_sha256": "a-old"})
+    assert same == snap and none == {}
+    # nothing rendered (a deploy that reported no route entry): the snapshot's own hashes stand
+    assert restore_expectation(snap, None) == (snap, {})
+    # the packages always come from the snapshot, never from what happened to be deployed
+    seen_other = {"native": "n2", "rpc": "r1", "profile_sha256": "p-new", "argv_sha256": "a-new"}
+    assert seen_other != want
