@@ -150,9 +150,13 @@ def render(data: list[dict[str, Any]]) -> str:
         "Patch `none` is the baseline package (a legitimate change of settings); any other is a mutant "
         "(tests/mutants). Gates: those in force (derived, or a profile tolerance with its reason).",
         "",
+        "`max abs dlogprob` is gated: the union of both sides' top-K, a token that crosses the cut counted at "
+        "the other side's smallest listed logprob. `both listed` is the largest movement of a token both "
+        "sides list (the cut left out: how far the numbers themselves moved); `–` where the receipt predates it.",
+        "",
         "| key | profile | patch | positions | mean KL | max KL | top-1 | median abs dlogprob | max abs dlogprob "
-        "| greedy flips | gate max KL | gate max abs dlogprob | verdict | deploy |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| both listed | greedy flips | gate max KL | gate max abs dlogprob | verdict | deploy |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for x in sorted(cands, key=lambda x: (x["key"], x["patch"] != "none", x["patch"], x["profile"], x["finished_at"])):
         s, gi = x.get("summary") or {}, x.get("gates_in_force") or {}
@@ -161,6 +165,7 @@ def render(data: list[dict[str, Any]]) -> str:
             f"| `{x['key']}` | {x['profile']} | {x['patch']} | {g(s.get('positions'))} | {g(s.get('mean_kl'))} | "
             f"{g(s.get('max_kl'))} | {g(s.get('top1'))} | {g((x.get('spread') or {}).get('median_abs_dlogprob'))} | "
             f"{g(s.get('max_abs_dlogprob'))} | "
+            f"{g((x.get('spread') or {}).get('shared_max_abs_dlogprob'))} | "
             f"{g(x.get('greedy_flips'))} | "
             f"{g(gi.get('max_kl'))}{tol} | {g(gi.get('max_abs_dlogprob'))}{tol} | {x['verdict']} | "
             f"{x['command']} {x['outcome']} |"

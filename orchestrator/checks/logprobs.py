@@ -6,6 +6,11 @@ vocabulary) count as that side's smallest listed logprob; every value is clamped
 (the server writes log(0) as the lowest float, and far below the floor float32 rounding rules).
 The figures follow llama.cpp's `llama-perplexity --kl-divergence` (KL of the candidate from the
 reference, top-1 agreement) plus the largest |delta logprob| over the union of both top-K sets.
+
+Under a top-K cut that union figure has two parts: the movement of tokens both sides list, and a
+token crossing the cut, which counts at the other side's smallest listed logprob (on a real model's
+long tail that alone can be most of a nat). `shared_max_abs_dlogprob` keeps the first part apart: how
+far the numbers themselves moved, the size a numeric bug is quoted in. It is reported, not gated.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ class PositionDiff:
     top1_agrees: bool
     max_abs_dlogprob: float
     worst_token: int | None
+    shared_max_abs_dlogprob: float = 0.0  # over tokens listed above the floor on both sides
 
 
 def _clamped(p: Position, floor: float) -> dict[int, float]:
@@ -60,10 +66,15 @@ def compare_position(ref: Position, cand: Position, *, floor: float, complete: b
         d = abs(rf[t] - cf[t])
         if d > worst_d:
             worst, worst_d = t, d
+    shared = [abs(r[t] - c[t]) for t in set(r) & set(c) if r[t] > floor and c[t] > floor]
     rn, cn = _renorm(rf), _renorm(cf)
     kl = sum(math.exp(rn[t]) * (rn[t] - cn[t]) for t in tokens)
     return PositionDiff(
-        kl=max(kl, 0.0), top1_agrees=argmax(ref) == argmax(cand), max_abs_dlogprob=worst_d, worst_token=worst
+        kl=max(kl, 0.0),
+        top1_agrees=argmax(ref) == argmax(cand),
+        max_abs_dlogprob=worst_d,
+        worst_token=worst,
+        shared_max_abs_dlogprob=max(shared, default=0.0),
     )
 
 

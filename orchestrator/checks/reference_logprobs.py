@@ -240,6 +240,7 @@ def compare(
                 "worst_position": worst,
                 "worst_token": diffs[worst].worst_token if worst is not None else None,
                 "position_dlogprob": [round(d.max_abs_dlogprob, 7) for d in diffs],
+                "position_shared_dlogprob": [round(d.shared_max_abs_dlogprob, 7) for d in diffs],
             }
         )
         all_diffs += diffs
@@ -248,11 +249,16 @@ def compare(
 
 def spread(per_fixture: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """Median and 90th percentile over fixtures' per-position worst |dlogprob| (what a bug's size
-    is quoted in: a few tail tokens set the max, the median says how much a typical position moved)."""
+    is quoted in: a few tail tokens set the max, the median says how much a typical position moved),
+    and the largest movement of a token both sides list (a top-K cut crossing left out)."""
     xs = sorted(float(v) for f in per_fixture for v in f.get("position_dlogprob") or [])
     if not xs:
         return {}
-    return {"median_abs_dlogprob": xs[len(xs) // 2], "p90_abs_dlogprob": xs[min(len(xs) - 1, int(0.9 * len(xs)))]}
+    out = {"median_abs_dlogprob": xs[len(xs) // 2], "p90_abs_dlogprob": xs[min(len(xs) - 1, int(0.9 * len(xs)))]}
+    shared = [float(v) for f in per_fixture for v in f.get("position_shared_dlogprob") or []]
+    if shared:
+        out["shared_max_abs_dlogprob"] = max(shared)
+    return out
 
 
 def floor_figures(s: lp.Summary) -> GateFigures:

@@ -61,6 +61,18 @@ def test_floor_clamps_underflow_and_missing_tokens():
     assert d.max_abs_dlogprob == pytest.approx(4.0)
 
 
+def test_a_token_crossing_the_top_k_cut_is_kept_apart_from_what_both_sides_list():
+    """The real model's case: token 2 leaves the candidate's top-K, so the gated union figure is
+    the distance to the candidate's smallest listed value (6 nats), while the tokens both sides
+    list moved by at most 0.05: the size of the numeric change itself."""
+    r = {0: -0.1, 1: -2.0, 2: -6.0}
+    c = {0: -0.12, 1: -2.05, 3: -0.2 - 11.8}
+    d = lp.compare_position(r, c, floor=-80, complete=False)
+    assert d.max_abs_dlogprob == pytest.approx(6.0)
+    assert d.shared_max_abs_dlogprob == pytest.approx(0.05)
+    assert lp.compare_position(r, r, floor=-80, complete=False).shared_max_abs_dlogprob == 0
+
+
 def test_gates_name_each_figure_missed():
     s = lp.Summary(positions=10, mean_kl=0.5, max_kl=2.0, top1=0.8, max_abs_dlogprob=3.0)
     p = lp.gate_problems(s, max_mean_kl=1e-3, max_kl=0.02, min_top1=0.99, max_abs_dlogprob=0.25)
