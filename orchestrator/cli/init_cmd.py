@@ -188,7 +188,8 @@ _FORCE = typer.Option(False, "--force", help="Replace files init would write tha
 
 def init(ctx: typer.Context, directory: Path = _DIR, force: bool = _FORCE) -> None:
     """Scaffold an operator config repo: an inventory for a V100 native + RTX 5060 Ti RPC pair (with
-    comments), a production profile, answer fixtures and a README; it passes `config check`."""
+    comments), a production profile, answer fixtures and a README; it passes `config check` once the
+    API key file the inventory names exists (one line, mode 600: deploy and `config check` refuse others)."""
     c = get_ctx(ctx)
     root = directory.expanduser().resolve()
     written = write_scaffold(root, force=force)
@@ -199,6 +200,7 @@ def init(ctx: typer.Context, directory: Path = _DIR, force: bool = _FORCE) -> No
         c.console.print(f"wrote {p}", markup=False)
     c.console.print(
         f"\nnext: export PAIRCTL_CONFIG={root} PAIRCTL_INVENTORY=site; edit inventories/site.yaml; "
-        "pairctl config check",
+        "write the server's API key, one line, to the api_key_file it names "
+        "(umask 077; mkdir -p ~/.config/pairctl; cat > ~/.config/pairctl/prod.key); pairctl config check",
         markup=False,
     )

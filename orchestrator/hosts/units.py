@@ -132,11 +132,26 @@ HARDENING_SYSTEM = (
 )
 
 
-def hardening(root: str, *, user: bool) -> list[str]:
-    """The [Service] sandboxing lines for a unit of this scope (see HARDENING_*)."""
+# PrivateTmp= mounts an empty /tmp and /var/tmp: an install root, model or other file the service
+# reads from under them would vanish, and the start fails 226/NAMESPACE (seen with a root in /tmp).
+_SHARED_TMP = ("/tmp", "/var/tmp")
+
+
+def _under_shared_tmp(path: str) -> bool:
+    p = posixpath.normpath(path)
+    return any(p == t or p.startswith(t + "/") for t in _SHARED_TMP)
+
+
+def hardening(root: str, *, user: bool, reads: Sequence[str] = ()) -> list[str]:
+    """The [Service] sandboxing lines for a unit of this scope (see HARDENING_*). `reads`: the
+    service's argv; PrivateTmp= is left out when the root or an absolute path in it lies under
+    /tmp or /var/tmp, which a private /tmp would hide."""
     if user:
         return list(HARDENING_COMMON)
-    return [*HARDENING_COMMON, *HARDENING_SYSTEM, f"ReadWritePaths={_spec(posixpath.join(root, 'run'))}"]
+    paths = [root, *(w.split("=", 1)[-1] for w in reads)]
+    hides = any(p.startswith("/") and _under_shared_tmp(p) for p in paths)
+    system = [x for x in HARDENING_SYSTEM if not (hides and x == "PrivateTmp=yes")]
+    return [*HARDENING_COMMON, *system, f"ReadWritePaths={_spec(posixpath.join(root, 'run'))}"]
 
 
 def supervise_argv(svc: str, root: str, service: str, sup: Sequence[str], argv: Sequence[str]) -> list[str]:
@@ -182,7 +197,7 @@ def render_unit(
         f"WorkingDirectory={_spec(posixpath.join(root, 'run'))}",
         f"StandardOutput=append:{sup_log}",
         f"StandardError=append:{sup_log}",
-        *hardening(root, user=user),
+        *hardening(root, user=user, reads=exec_argv),
         "",
         "[Install]",
         f"WantedBy={'default.target' if user else 'multi-user.target'}",

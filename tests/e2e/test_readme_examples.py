@@ -116,7 +116,8 @@ def _deploy(fp: FaultPair, pkg: str) -> dict[str, Any]:
     return json.loads(_ok(p, f"deploy {pkg}").stdout)
 
 
-def test_a_first_deploy_status_repair_and_prune_read_well(fp: FaultPair) -> None:
+def test_a_first_deploy_status_repair_and_prune_read_well(fp: FaultPair, build_c) -> None:
+    """`build_c`: the third package (the baseline under another profile) this test deploys."""
     a, b = fp.packages
     out = fp.cli("deploy", "--pair", NAME, "--native", a, "--rpc", a, "--skip-accept")
     _ok(out, "the first deploy")
@@ -215,6 +216,14 @@ def test_the_readme_examples_run(fp: FaultPair, tmp_path: Path, monkeypatch) -> 
         if ex.lineno < 50:  # the quick start's own config repository, made by `pairctl init`
             argv = [str(tmp_path / "ops" / "pairctl") if w == "~/ops/pairctl" else w for w in argv]
             monkeypatch.setenv("PAIRCTL_CONFIG", str(tmp_path / "ops" / "pairctl"))
+            # the README's key step (`umask 077; ... cat > ~/.config/pairctl/prod.key`) in a home of
+            # the test's own: `config check` refuses an api_key_file that is missing or readable by others
+            monkeypatch.setenv("HOME", str(tmp_path))
+            key = tmp_path / ".config" / "pairctl" / "prod.key"
+            if not key.exists():
+                key.parent.mkdir(parents=True, exist_ok=True)
+                key.write_text("sk-readme-example\n")
+                key.chmod(0o600)
             monkeypatch.setenv("PAIRCTL_INVENTORY", "site")
             r = run_cli(["--home", str(fp.home.root), *argv])
             monkeypatch.delenv("PAIRCTL_INVENTORY")

@@ -186,6 +186,24 @@ def test_units_are_hardened_for_their_scope():
     assert re.search(r"^CapabilityBoundingSet=.*CAP_SETUID", system, re.M) and "CAP_SYS_ADMIN" not in system
 
 
+def test_a_private_tmp_is_left_out_when_it_would_hide_what_the_service_reads():
+    """A root or a model under /tmp or /var/tmp would vanish under PrivateTmp= (226/NAMESPACE)."""
+
+    def unit(root: str, *argv: str) -> list[str]:
+        exec_argv = ["/bin/sh", f"{root}/bin/pairctl-svc", "supervise", root, *argv]
+        text = render_unit(
+            pair="p", service="llama-server", root=root, supervision=Supervision(), user=False, exec_argv=exec_argv
+        )
+        return text.splitlines()
+
+    assert "PrivateTmp=yes" in unit("/srv/pairctl", "/srv/m.gguf")
+    assert "PrivateTmp=yes" not in unit("/tmp/ci/state/root", "/bin/true")
+    assert "PrivateTmp=yes" not in unit("/srv/pairctl", "-m", "/var/tmp/models/m.gguf")
+    assert "PrivateTmp=yes" not in unit("/srv/pairctl", "--model=/tmp/m.gguf")
+    assert "PrivateTmp=yes" in unit("/srv/pairctl", "/tmpfoo/m.gguf")  # only /tmp itself and below
+    assert "ProtectSystem=strict" in unit("/tmp/r")  # the rest of the sandbox stays
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_hardened_units_verify_and_score_on_this_hosts_systemd(tmp_path):
     """The host's own systemd-analyze: both scopes verify; `security --offline` scores the system
