@@ -215,7 +215,8 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                         min(k.started_at for k in kids),
                     )
                 )
-        referenced = {r.previous for r in members}
+        # a receipt the next one of which was pruned is still followed: the prune receipt says by what
+        referenced = {r.previous for r in members} | {e.get("previous") for e in pruned.values() if e["chain"] == chain}
         tips = {r.sha256 for r in members if r.sha256 not in referenced}
         head_file = store.heads_dir / chain
         if head_file.exists():

@@ -78,6 +78,12 @@ NOT_RUN = {
 # exit codes other than 0 that an example must end with here, by its expanded (unfilled) words
 EXIT = {
     "diff --pair lab --profile P --native ID --rpc ID": 1,  # P: another profile, so its flags differ
+    # one reused step of a deploy covers too little of it: the derived record says what is not
+    # covered and is inconclusive (9), as the README's exit table has it
+    "receipts derive --from HASH --reuse STEP --reason TEXT": 9,
+    # neither --yes nor --dry-run, and no terminal to ask on: refused before anything is read (2)
+    "receipts prune --older-than DAYS": 2,
+    "receipts prune --older-than DAYS --archive FILE": 2,
 }
 
 
@@ -160,8 +166,10 @@ def test_build_through_a_pipe_prints_a_line_per_phase(fp: FaultPair, build_c) ->
 
 def _values(fp: FaultPair) -> dict[str, Callable[[], str]]:
     def last_receipt() -> str:
+        """The pair's newest deploy: `derive` reusing one of its steps is then always incomplete (EXIT)."""
         rows = json.loads(_ok(fp.cli("--json", "receipts", "list", "--pair", NAME), "receipts list").stdout)
         rows = rows.get("receipts", rows) if isinstance(rows, dict) else rows
+        rows = [r for r in rows if r.get("command") == "deploy"] or rows
         return rows[-1]["receipt"] if "receipt" in rows[-1] else rows[-1]["hash"]
 
     def a_step() -> str:
@@ -180,6 +188,9 @@ def _values(fp: FaultPair) -> dict[str, Callable[[], str]]:
         "REV": lambda: "baseline",
         "N": lambda: "2",
         "v2": lambda: "lab-b",
+        # no receipt here is 90 days old: the prune examples find nothing to remove in the session's home
+        "DAYS": lambda: "90",
+        "FILE": lambda: str(fp.home.root / NAME / "prune-example.tar.xz"),
     }
 
 

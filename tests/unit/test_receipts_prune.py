@@ -103,6 +103,26 @@ def test_prune_with_an_archive_then_verify_passes_and_still_finds_tampering(tmp_
     assert {p.kind for p in probs} == {"changed", "previous-changed"} and probs[0].file == str(kept)
 
 
+def test_a_second_prune_around_the_first_prune_receipt_still_verifies(tmp_path):
+    """A receipt that stays (here the first prune receipt: pinned) whose next receipt was pruned is
+    still followed, by the pruned one's entry: not a stray tip "beyond the head" (seen on the lab,
+    where reference answers and the pair's baselines stay among pruned deploys)."""
+    store = EvidenceStore(tmp_path / "ev")
+    _chain(store, None, 3, command="build")
+    first = ops_prune.run(store, days=0, inventory=None, access=None, archive=tmp_path / "1.tar.xz",
+                          dry_run=False, argv=[], now=LATER)  # fmt: skip
+    assert first.receipt and store.verify().ok
+    _chain(store, None, 3, command="build")
+    later = LATER + timedelta(days=1)
+    second = ops_prune.run(store, days=0, inventory=None, access=None, archive=tmp_path / "2.tar.xz",
+                           dry_run=False, argv=[], now=later)  # fmt: skip
+    assert second.receipt and first.receipt not in [c.sha for c in second.selection.prune]
+    assert store.path_of(first.receipt).exists() and second.selection.prune
+    rep = store.verify()
+    assert rep.ok and rep.pruned == len(first.selection.prune) + len(second.selection.prune), rep.problems
+    assert all(s["in_chain"] for s in store.summaries())
+
+
 def test_a_missing_receipt_no_prune_receipt_accounts_for_is_still_deleted_evidence(tmp_path):
     store = EvidenceStore(tmp_path / "ev")
     _chain(store, None, 4, command="build")
