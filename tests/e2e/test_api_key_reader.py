@@ -10,14 +10,13 @@ accept and rollback of such a pair all pass, and the server enforces the key.
 from __future__ import annotations
 
 import json
-import shutil
 
 import httpx
 import pytest
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.plan import pair_view
-from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, teardown_pair
+from tests.faults.harness import FaultPair, fresh_pair
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -26,14 +25,10 @@ CHECKS = ("--checks", "identity")
 
 @pytest.fixture(scope="module")
 def keyc_pair(request, pairctl_home):
-    home, inv_path, inv = lab_for(request, pairctl_home)
-    packages = packages_for(request, pairctl_home)
-    shutil.rmtree(home.root / "keyc", ignore_errors=True)  # a fresh pair: no route from an earlier run
-    fp = make_pair(home, inv_path, inv, packages, root_mb=None, name="keyc", ports=(8196, 50196))
-    key_file = home.root / "keyc" / "api-key"
-    key_file.write_text(f"# the pair key, rotated 2026-12\n{fp.api_key}\n")
-    yield fp
-    teardown_pair(fp)
+    with fresh_pair(request, pairctl_home, "keyc", (8196, 50196)) as fp:  # no route from an earlier run
+        key_file = fp.home.root / "keyc" / "api-key"
+        key_file.write_text(f"# the pair key, rotated 2026-12\n{fp.api_key}\n")
+        yield fp
 
 
 def _ok(p, what: str) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import threading
 import time
 from typing import Any
@@ -28,7 +27,7 @@ from orchestrator.cli.outputs import validate_output
 from orchestrator.config.inventory import load_inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.evidence.store import EvidenceStore
-from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
+from tests.faults.harness import FaultPair, fresh_pair, service_pid_of
 from tests.plugins.tty import run_in_pty
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -40,12 +39,8 @@ PLANNED = ("stop", "restart-rpc", "start-server")
 
 @pytest.fixture(scope="module")
 def verbs(request, pairctl_home):
-    home, inv_path, inv = lab_for(request, pairctl_home)
-    packages = packages_for(request, pairctl_home)
-    shutil.rmtree(home.root / NAME, ignore_errors=True)  # never deployed: no route from an earlier run
-    fp = make_pair(home, inv_path, inv, packages, root_mb=None, name=NAME, ports=PORTS)
-    yield fp
-    teardown_pair(fp)
+    with fresh_pair(request, pairctl_home, NAME, PORTS) as fp:  # no route from an earlier run
+        yield fp
 
 
 def _json(p: Any, what: str, code: int = 0) -> dict[str, Any]:

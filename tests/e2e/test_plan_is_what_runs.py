@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from orchestrator.ops.revision import PairPackages
 from orchestrator.ops.rollout import on_revision
 from orchestrator.qualify.engine_driver import EngineDriver
 from orchestrator.qualify.runner import ArmPackages
-from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
+from tests.faults.harness import FaultPair, fresh_pair, service_pid_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -41,12 +40,8 @@ PLANNED = ("stop", "restart-rpc", "start-server")  # the steps that run a servic
 
 @pytest.fixture(scope="module")
 def routes(request, pairctl_home):
-    home, inv_path, inv = lab_for(request, pairctl_home)
-    packages = packages_for(request, pairctl_home)
-    shutil.rmtree(home.root / NAME, ignore_errors=True)  # never deployed: no route from an earlier run
-    fp = make_pair(home, inv_path, inv, packages, root_mb=None, name=NAME, ports=(8197, 50197))
-    yield fp
-    teardown_pair(fp)
+    with fresh_pair(request, pairctl_home, NAME, (8197, 50197)) as fp:  # no route from an earlier run
+        yield fp
 
 
 def _json(p: Any, what: str, code: int = 0) -> dict[str, Any]:

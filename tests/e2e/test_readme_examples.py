@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ from typing import Any
 import pytest
 
 from orchestrator.build.store import PackageStore
-from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, teardown_pair
+from tests.faults.harness import FaultPair, fresh_pair
 from tests.plugins.cli import run_cli
 from tests.plugins.readme import README, Example, example_lines, examples
 from tests.plugins.tty import SPINNER_GLYPHS, run_in_pty, screen
@@ -89,12 +88,8 @@ EXIT = {
 
 @pytest.fixture(scope="module")
 def fp(request, pairctl_home) -> Iterator[FaultPair]:
-    home, inv_path, inv = lab_for(request, pairctl_home)
-    packages = packages_for(request, pairctl_home)
-    shutil.rmtree(home.root / NAME, ignore_errors=True)  # never deployed: its first deploy has no previous
-    pair = make_pair(home, inv_path, inv, packages, root_mb=None, name=NAME, ports=PORTS)
-    yield pair
-    teardown_pair(pair)
+    with fresh_pair(request, pairctl_home, NAME, PORTS) as pair:  # its first deploy has no previous
+        yield pair
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,20 @@ def mount_tmpfs(path: Path, size_mb: int) -> None:
     subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "pairctl-faults", str(path)], check=True
     )
+
+
+@contextmanager
+def fresh_pair(request: Any, pairctl_home: Path, name: str, ports: tuple[int, int]) -> Iterator[FaultPair]:
+    """A module's own pair (`name`, `ports`) on the session's lab hosts, never deployed before: what an
+    earlier session left under its roots is removed first, and its services are stopped after."""
+    home, inv_path, inv = lab_for(request, pairctl_home)
+    packages = packages_for(request, pairctl_home)
+    shutil.rmtree(home.root / name, ignore_errors=True)
+    fp = make_pair(home, inv_path, inv, packages, root_mb=None, name=name, ports=ports)
+    try:
+        yield fp
+    finally:
+        teardown_pair(fp)
 
 
 def teardown_pair(fp: FaultPair) -> None:
