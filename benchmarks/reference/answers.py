@@ -102,6 +102,8 @@ def g(x: Any) -> str:
 def _numerics(n: Mapping[str, Any]) -> str:
     kv = f"KV {n.get('cache_type_k')}/{n.get('cache_type_v')}"
     s = f"{kv}, FA {n.get('flash_attn')}, devices {'+'.join(n['device_kinds'])}"
+    s += f", threads {n['threads']}" if "threads" in n else ""
+    s += f", ubatch {n['ubatch_size']}" if "ubatch_size" in n else ""
     return s + (f", split {json.dumps(n['split'])}" if n.get("split") else "")
 
 

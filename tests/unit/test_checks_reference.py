@@ -203,6 +203,23 @@ def test_numerics_key_holds_kv_types_and_flash_attention_but_not_threads_or_batc
     assert numerics_fields(_profile(flash_attn="off", cache_type_v="f16"), cpu) != lab
 
 
+def test_numerics_key_holds_threads_and_ubatch_where_the_cpu_sums_an_f16_cache_in_their_order():
+    """The pinned CPU flash-attention kernel splits an f16/f32 cache across threads for one-token
+    steps and tiles batches (measured on the real lab model stored F16: 0.07-0.5 nats between 1
+    and 2 threads, 0.008 between ubatch 256 and 64)."""
+    cpu = {"native": "cpu", "rpc": "cpu"}
+    f16 = numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16", threads=1), cpu)
+    assert f16["threads"] == 1 and f16["ubatch_size"] == 256
+    assert numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16", threads=2), cpu) != f16
+    assert numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16", threads=1, ubatch_size=64), cpu) != f16
+    assert numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16", threads=1, n_gpu_layers=1), cpu) == f16
+    assert "threads" not in numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16", flash_attn="off"), cpu)
+    assert "threads" not in numerics_fields(_profile(cache_type_k="f16", cache_type_v="q8_0"), cpu)
+    gpu = {"native": "cuda:sm_90", "rpc": "cuda:sm_90"}
+    assert "threads" not in numerics_fields(_profile(cache_type_k="f16", cache_type_v="f16"), gpu)
+    assert "threads" in numerics_fields(_profile(cache_type_k="f32", cache_type_v="f32", n_gpu_layers=2), gpu)
+
+
 def test_device_kind_reads_the_package_manifests_target():
     from types import SimpleNamespace
 

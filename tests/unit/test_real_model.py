@@ -67,3 +67,43 @@ def test_the_draft_is_the_model_with_noisy_norms(tmp_path: Path) -> None:
         y = np.frombuffer(a.read_bytes(), np.float32, n, off)
         assert 0 < float(np.max(np.abs(y / np.where(x == 0, 1, x) - 1))) < 0.5
     assert bytes(d) == s
+
+
+def test_the_f16_form_holds_the_dequantized_values_and_the_same_metadata(tmp_path: Path) -> None:
+    """Written from a real Q4_1 GGUF: each Q4_1 tensor comes back as F16 holding its dequantized
+    values, F32 tensors unchanged, every key kept but the file type (F16), deterministically."""
+    import numpy as np
+    from gguf import GGMLQuantizationType as Q
+    from gguf import GGUFReader, GGUFWriter
+    from gguf.quants import dequantize, quantize
+
+    rng = np.random.default_rng(3)
+    src = tmp_path / "q.gguf"
+    w = GGUFWriter(str(src), "llama")
+    w.add_name("t")
+    w.add_file_type(3)  # LLAMA_FTYPE_MOSTLY_Q4_1
+    w.add_token_list(["a", "b"])
+    weight = rng.standard_normal((4, 64)).astype(np.float32)
+    w.add_tensor("blk.0.attn_q.weight", quantize(weight, Q.Q4_1), raw_dtype=Q.Q4_1)
+    norm = rng.standard_normal(64).astype(np.float32)
+    w.add_tensor("blk.0.attn_norm.weight", norm)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    rm.write_f16(src, a)
+    rm.write_f16(src, b)
+    assert a.read_bytes() == b.read_bytes()
+    orig, got = GGUFReader(str(src)), GGUFReader(str(a))
+    t = {x.name: x for x in got.tensors}
+    q = next(x for x in orig.tensors if x.name == "blk.0.attn_q.weight")
+    assert t["blk.0.attn_q.weight"].tensor_type == Q.F16
+    want = dequantize(q.data, Q.Q4_1).reshape(4, 64).astype(np.float16)
+    assert np.array_equal(np.asarray(t["blk.0.attn_q.weight"].data).reshape(4, 64), want)
+    assert t["blk.0.attn_norm.weight"].tensor_type == Q.F32
+    assert np.array_equal(np.asarray(t["blk.0.attn_norm.weight"].data), norm)
+    assert got.fields["general.file_type"].parts[-1][0] == rm.GGUF_FILE_TYPE_F16
+    assert set(got.fields) == set(orig.fields)
+    tokens = got.fields["tokenizer.ggml.tokens"]
+    assert [bytes(tokens.parts[i]).decode() for i in tokens.data] == ["a", "b"]
