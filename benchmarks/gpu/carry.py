@@ -86,7 +86,7 @@ def model(home: Path, parts: list[Path]) -> None:
         tmp.unlink()
         sys.exit(f"carry: the joined model has sha256 {got}, not the pinned {MODEL_SHA256}: refused")
     tmp.replace(dest)
-    rm = ensure_real_model(folder)  # finds the pinned model; writes the draft (seeded noise on its norms)
+    rm = ensure_real_model(folder)  # finds the pinned model; writes the draft and the F16 form
     print(f"real model {dest} sha256 {got} ({MODEL_SIZE} bytes); draft {rm.records['smollm2_draft']['sha256'][:16]}")
 
 
