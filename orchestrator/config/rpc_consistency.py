@@ -43,8 +43,10 @@ class RpcConsistency(StrictModel):
     threads: int | None = Field(
         default=None,
         ge=1,
-        description="the probe's --threads (default: the profile's); ggml's CPU threads split rows, never a "
-        "sum, so the count does not change a number (measured: the lab's floor is the same at 1 and 2)",
+        description="the probe's --threads (default: the profile's); with a quantized KV cache ggml's CPU "
+        "threads split rows, never a sum, so the count changes no number (the lab's floor is the same at 1 "
+        "and 2); with an f16/f32 cache under flash attention the CPU kernel sums the cache in thread order, "
+        "so set it to the RPC host's ggml-rpc-server thread count (its default: hardware threads / 2)",
     )
     start_timeout_s: float = Field(default=120.0, gt=0, description="bound on the probe server becoming healthy")
 

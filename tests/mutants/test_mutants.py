@@ -214,7 +214,8 @@ def test_identity_records_the_split_and_rejects_an_idle_rpc_device(deployed_lab,
 @pytest.mark.parametrize("profile", [pytest.param("lab-real-f16-ngl20", marks=_REAL_MARKS)])
 def test_legitimate_changes_pass_on_the_real_model_stored_f16(profile, deployed_lab, restore_baseline, cli):
     """The other direction on the F16 route (issue 30): the baseline with 10 of the 30 layers moved
-    to the native CPU (same kind, same threads: the same numerics key) passes `reference_logprobs`
+    to the native CPU (same kind, same threads: the same numerics key; on the 2-core lab
+    ggml-rpc-server runs one thread like the profile's llama-server) passes `reference_logprobs`
     at the replay floor. (Ubatch 256 -> 64, measured the same way before the ubatch size joined
     the key on an f16 cache, moved 0.0076 nats and failed: docs/reference-answers.md.) A KV-type
     change (f16 -> q8_0, judged through a tolerance that only measures) moves this model by more
