@@ -55,7 +55,7 @@ REFERENCE_REASON = "mutant suite: the baseline package is the yardstick"
 REAL_PROFILE = "lab-real"
 # The real-model variants take about a minute and a half each on 2 cores (13 of them): `make test`
 # (CI's 90 minutes) runs the tiny-model ones; `make test-real-mutants` (or PAIRCTL_TEST_REAL_MUTANTS=1)
-# runs these too. All 13 were rejected on the real model when last run (README, "The mutant suite").
+# runs these too. All were rejected on the real model when last run (README, "The mutant suite").
 _REAL = os.environ.get("PAIRCTL_TEST_REAL_MUTANTS") == "1"
 _REAL_MARKS = [pytest.mark.real_model] + (
     [] if _REAL else [pytest.mark.skip(reason="real-model mutants: PAIRCTL_TEST_REAL_MUTANTS=1")]
