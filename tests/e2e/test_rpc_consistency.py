@@ -12,7 +12,6 @@ tests/mutants. The figures are printed (-s) for README's table.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import uuid
@@ -22,6 +21,7 @@ import pytest
 import yaml
 
 from orchestrator.evidence.store import EvidenceStore
+from tests.mutants.test_mutants import F16_PROFILE, PROFILE, REAL_MARKS, REAL_PROFILE
 from tests.mutants.test_mutants import HERE as MUTANTS_DIR
 from tests.plugins.packages import build_package
 from tests.plugins.pairs import lab_status
@@ -30,12 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.mutants, pytest.mark.timeout(1200)]
 
 MUTANT = "rpc-only-rms-norm-scale"
 CHECK = "rpc_consistency"
-_REAL = os.environ.get("PAIRCTL_TEST_REAL_MUTANTS") == "1"
-_REAL_MARKS = [pytest.mark.real_model] + (
-    [] if _REAL else [pytest.mark.skip(reason="real-model mutants: PAIRCTL_TEST_REAL_MUTANTS=1")]
-)
-# lab-real-f16: the real model's weights stored F16 with an f16 cache (tests/mutants F16_PROFILE)
-PROFILES = ["lab", pytest.param("lab-real", marks=_REAL_MARKS), pytest.param("lab-real-f16", marks=_REAL_MARKS)]
+# the real model (Q4_1) and its weights stored F16 with an f16 cache, marked as tests/mutants marks them
+PROFILES = [PROFILE, pytest.param(REAL_PROFILE, marks=REAL_MARKS), pytest.param(F16_PROFILE, marks=REAL_MARKS)]
 # ports of the fresh pair: apart from the lab pair's 8080 / 50052 on the same two addresses
 SERVER_PORT, RPC_PORT = 8180, 50152
 

@@ -57,7 +57,7 @@ REAL_PROFILE = "lab-real"
 # (CI's 90 minutes) runs the tiny-model ones; `make test-real-mutants` (or PAIRCTL_TEST_REAL_MUTANTS=1)
 # runs these too. All were rejected on the real model when last run (README, "The mutant suite").
 _REAL = os.environ.get("PAIRCTL_TEST_REAL_MUTANTS") == "1"
-_REAL_MARKS = [pytest.mark.real_model] + (
+REAL_MARKS = [pytest.mark.real_model] + (
     [] if _REAL else [pytest.mark.skip(reason="real-model mutants: PAIRCTL_TEST_REAL_MUTANTS=1")]
 )
 # The real model's own weights stored F16 with an f16 KV cache (issue 30): on the Q4_1 file every
@@ -78,9 +78,9 @@ def _cases() -> list[Any]:
     out = []
     for name in sorted(MUTANTS):
         out.append(pytest.param(name, PROFILE, id=f"{PROFILE}-{name}"))
-        out.append(pytest.param(name, REAL_PROFILE, marks=_REAL_MARKS, id=f"{REAL_PROFILE}-{name}"))
+        out.append(pytest.param(name, REAL_PROFILE, marks=REAL_MARKS, id=f"{REAL_PROFILE}-{name}"))
         if name in F16_MUTANTS:
-            out.append(pytest.param(name, F16_PROFILE, marks=_REAL_MARKS, id=f"{F16_PROFILE}-{name}"))
+            out.append(pytest.param(name, F16_PROFILE, marks=REAL_MARKS, id=f"{F16_PROFILE}-{name}"))
     return out
 
 
@@ -211,7 +211,7 @@ def test_identity_records_the_split_and_rejects_an_idle_rpc_device(deployed_lab,
 
 @pytest.mark.mutants
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("profile", [pytest.param("lab-real-f16-ngl20", marks=_REAL_MARKS)])
+@pytest.mark.parametrize("profile", [pytest.param("lab-real-f16-ngl20", marks=REAL_MARKS)])
 def test_legitimate_changes_pass_on_the_real_model_stored_f16(profile, deployed_lab, restore_baseline, cli):
     """The other direction on the F16 route (issue 30): the baseline with 10 of the 30 layers moved
     to the native CPU (same kind, same threads: the same numerics key; on the 2-core lab
