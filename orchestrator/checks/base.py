@@ -113,6 +113,9 @@ class CheckContext:
     # alone on slot 0, cold, the very request one_lane_near_full sends, so that check judges it
     # instead of sending it again (the same deployed release, within one suite run)
     solo_near_full: Any = None
+    # the batch-variance tolerance of this suite run (a parting.Tolerance), measured once by the first
+    # comparison check that needs it (checks/batch_floor.py) and used by every other
+    batch_tolerance: Any = None
 
     def per_slot(self) -> int:
         return self.profile.per_slot_ctx(self.n_ctx_train)

@@ -5,9 +5,11 @@ reaches `profile.near_full_tokens()`; each lane carries its own random nonce. Pa
 both complete without truncation with exactly the planned token counts, on two distinct slots
 that `/slots` showed generating at the same time, and each lane's output is isolated from the other:
 `recall` mode (models that can recall): the answer holds its own nonce and not the other's;
-`solo` mode (the lab's random model): each lane's greedy tokens equal the same request run
-alone. The population reached (sum of tokens_evaluated + tokens_predicted, and the peak seen
-in `/slots` while both ran) is reported against capacity.
+`solo` mode (the lab's random model, any model): each lane's greedy tokens follow the same
+request run alone, parting only at near-ties within the pair's batch-variance tolerance (a GPU is
+not batch-invariant: checks/parting.py, checks/batch_floor.py). The population reached (sum of
+tokens_evaluated + tokens_predicted, and the peak seen in `/slots` while both ran) is reported
+against capacity.
 
 One lane: a near-full lane alone on slot 0 must complete cleanly. In `solo` mode two_lane's
 reference run of lane 0 is exactly that request (same size, slot, cold, greedy), so within one
@@ -20,14 +22,16 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
+from orchestrator.checks import batch_floor
 from orchestrator.checks.base import CheckContext, CheckResult, Timer, lane_split, verdict_of
+from orchestrator.checks.parting import Tolerance, Walk, summary, walk
 from orchestrator.checks.prompts import BuiltPrompt, PromptBuilder, make_nonce
 from orchestrator.server.client import ServerClient, ServerRequestError
 from orchestrator.server.models import CompletionResult
@@ -92,19 +96,39 @@ def isolation_problems_recall(lanes: list[LaneOutcome]) -> list[str]:
     return p
 
 
-def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome]) -> list[str]:
-    """Each lane's greedy tokens equal the same request run alone."""
+def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome], walks: list[Walk | None]) -> list[str]:
+    """Each lane's greedy tokens follow the same request run alone, but for near-ties within the
+    pair's batch-variance tolerance (`walks`: one per lane, checks/parting.py; None: not walked)."""
     p = []
-    for lane, ref in zip(lanes, solo, strict=True):
+    for lane, ref, w in zip(lanes, solo, walks, strict=True):
         if ref.error:
             p.append(f"lane {lane.lane}: solo reference failed: {ref.error}")
-        elif lane.output_tokens != ref.output_tokens:
-            first = next(
-                (i for i, (a, b) in enumerate(zip(lane.output_tokens, ref.output_tokens, strict=False)) if a != b),
-                min(len(lane.output_tokens), len(ref.output_tokens)),
-            )
-            p.append(f"lane {lane.lane}: output differs from the same request run alone, from token {first}")
+        elif w is not None and w.problem:
+            p.append(f"lane {lane.lane}: output differs from the same request run alone: {w.problem}")
     return p
+
+
+def solo_walk(ctx: CheckContext, lane: LaneOutcome, ref: LaneOutcome, prompt: BuiltPrompt, tol: Tolerance) -> Walk:
+    """Walk a lane against its solo run; at a near-tie the solo side continues from the lane's
+    prefix on the lane's slot (the prompt cache keeps that cheap)."""
+    timeout = ctx.options.request_timeout_s
+    head = list(prompt.tokens)
+
+    def probe_at(prefix: list[int]) -> Mapping[int, float]:
+        return batch_floor.probe(ctx.client, head + prefix, slot=lane.lane, cache=True, timeout=timeout)
+
+    def continue_solo(prefix: list[int], left: int) -> list[int]:
+        if left <= 0:
+            return []
+        r = ctx.client.completion(
+            head + prefix, left, id_slot=lane.lane, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
+        )
+        return list(r.tokens)
+
+    return walk(
+        lane.output_tokens, ref.output_tokens, probe=probe_at, reanchor=continue_solo, side="reference",
+        tolerance=tol.nats,
+    )  # fmt: skip
 
 
 def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
@@ -251,6 +275,8 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         problems += lane_problems(lane)
     problems += overlap_problems(lanes, peak.both_processing_seen)
     solo: list[LaneOutcome] = []
+    walks: list[Walk | None] = []
+    tol: Tolerance | None = None
     if opts.isolation == "solo":
         solo = [
             _outcome(
@@ -262,8 +288,15 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
             )
             for i in range(2)
         ]
-        problems += isolation_problems_solo(lanes, solo)
         ctx.solo_near_full = solo[0]  # one_lane_near_full's request, already sent: it judges this run
+        tol = batch_floor.measure(ctx)
+        if tol.problem:
+            problems.append(tol.problem)
+        walks = [
+            solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
+            for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
+        ]
+        problems += isolation_problems_solo(lanes, solo, walks)
     else:
         problems += isolation_problems_recall(lanes)
 
@@ -281,10 +314,14 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         "both_generating_seen": peak.both_processing_seen,
         "isolation": opts.isolation,
     }
+    if tol is not None:
+        figures.update(summary([w for w in walks if w is not None], tol))
     raw: dict[str, Any] = {
         "lanes": [lane.model_dump() for lane in lanes],
         "solo": [s.model_dump() for s in solo],
         "slots_poll": peak.__dict__,
+        "walks": [w.as_dict() if w is not None else None for w in walks],
+        "tolerance": tol.as_dict() if tol is not None else None,
         "problems": problems,
     }
     return CheckResult(

@@ -75,6 +75,27 @@ class SpeedFloors(StrictModel):
     )
 
 
+class BatchVariance(StrictModel):
+    """How far this pair's numerics may move a logprob when only the batch around a request changes
+    (checks/batch_floor.py, checks/parting.py). GPU kernels are not batch-invariant: a request decoded
+    beside another lane or in a verification batch may flip a greedy near-tie. By default the floor is
+    measured on the pair in each acceptance run (the same prompt in two slots at once against it
+    alone); a profile may declare it instead."""
+
+    floor_nats: float | None = Field(
+        default=None, ge=0, description="declared batch-variance floor (nats); default: measured on the pair"
+    )
+    factor: float = Field(
+        default=2.0, ge=1.0, description="a near-tie within this many times the floor may part two runs"
+    )
+    cap_nats: float = Field(
+        default=1.0,
+        gt=0,
+        description="a measured floor above this fails acceptance (4x the 0.27 nats measured on an H100 with a "
+        "real model): two runs of one prompt that differ more are not numerics",
+    )
+
+
 _ORIGIN = re.compile(r"^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?$|^https?://\[[0-9A-Fa-f:.]+\](:[0-9]{1,5})?$")
 
 
@@ -154,6 +175,9 @@ class RouteProfile(StrictModel):
         default=None, description="reference-logprob fixture set (manifests/fixtures/reference/NAME.yaml)"
     )
     speed: SpeedFloors = Field(default_factory=SpeedFloors, description="floors and bounds of acceptance requests")
+    batch_variance: BatchVariance = Field(
+        default_factory=BatchVariance, description="how comparisons of two runs allow for the devices' numerics"
+    )
     alias: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$",

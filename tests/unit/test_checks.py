@@ -89,11 +89,16 @@ def test_isolation_recall_own_nonce_only():
     assert any("own nonce" in p for p in nf.isolation_problems_recall([forgot, b]))
 
 
-def test_isolation_solo_equal_tokens():
+def test_isolation_solo_reports_each_lanes_walk():
+    from orchestrator.checks.parting import Walk
+
     lanes = [lane(0, output_tokens=[5, 6, 7]), lane(1, output_tokens=[8, 9])]
-    assert nf.isolation_problems_solo(lanes, [lane(0, output_tokens=[5, 6, 7]), lane(1, output_tokens=[8, 9])]) == []
-    p = nf.isolation_problems_solo(lanes, [lane(0, output_tokens=[5, 0, 7]), lane(1, output_tokens=[8, 9])])
-    assert p == ["lane 0: output differs from the same request run alone, from token 1"]
+    solo = [lane(0, output_tokens=[5, 6, 7]), lane(1, output_tokens=[8, 9])]
+    assert nf.isolation_problems_solo(lanes, solo, [Walk(), Walk()]) == []
+    p = nf.isolation_problems_solo(lanes, solo, [Walk(problem="parted at token 1 (margin 3 nats)"), Walk()])
+    assert p == ["lane 0: output differs from the same request run alone: parted at token 1 (margin 3 nats)"]
+    failed = [lane(0, output_tokens=[5, 6, 7]), lane(1, error="HTTP 500")]
+    assert nf.isolation_problems_solo(lanes, failed, [Walk(), None]) == ["lane 1: solo reference failed: HTTP 500"]
 
 
 def test_prompt_carrying_the_other_lanes_nonce_fails():
@@ -127,21 +132,22 @@ def test_one_lane_judges_two_lanes_solo_run_only_when_it_is_the_same_request():
 
 
 def test_speculative_compare():
-    assert sp.compare([[1, 2], [3]], [[1, 2], [3]]) == []
-    assert sp.compare([[1, 9], [3]], [[1, 2], [3]]) == [
-        "prompt 0: drafted output differs from the draft-free reference from token 1"
+    from orchestrator.checks.parting import Walk
+
+    assert sp.compare([Walk(), Walk()]) == []
+    assert sp.compare([Walk(problem="parted at token 1"), Walk()]) == [
+        "prompt 0: drafted output differs from the draft-free reference: parted at token 1"
     ]
-    assert sp.compare([[1, 2]], [[1, 2], [3]])
 
 
 # --- cache -----------------------------------------------------------------------------------------
 
 
 def test_cached_continuation():
-    assert cc.continuation_problems(500, 499, [1, 2], [1, 2], 0) == []
-    assert any("reused 0" in p for p in cc.continuation_problems(500, 0, [1, 2], [1, 2], 0))
-    assert any("differs" in p for p in cc.continuation_problems(500, 500, [1, 2], [1, 3], 0))
-    assert any("cache_prompt:false" in p for p in cc.continuation_problems(500, 500, [1], [1], 12))
+    assert cc.continuation_problems(500, 499, None, 0) == []
+    assert any("reused 0" in p for p in cc.continuation_problems(500, 0, None, 0))
+    assert any("differs" in p for p in cc.continuation_problems(500, 500, "parted at token 1", 0))
+    assert any("cache_prompt:false" in p for p in cc.continuation_problems(500, 500, None, 12))
 
 
 def test_long_prefix_reuse():

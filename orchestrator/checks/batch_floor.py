@@ -1,0 +1,148 @@
+"""The batch-variance floor of this pair: how far a logprob moves when only the batch around a
+request changes, measured on the running pair before any comparison uses it.
+
+One prompt goes to two slots at once (twin lanes: the same tokens at the same positions), then to
+one slot alone; each twin is walked against the solo run while their tokens agree, and the floor is
+the largest movement of a token both sides list (`logprobs.compare_position`'s shared figure), or the
+margin where a twin parted. The twins' content is identical, so a regression that lets one lane's
+content reach the other (lane bleed) cannot move this figure: only numerics can, which is what the
+floor is for. A comparison check (near_full, speculative, cached_continuation) then lets two runs
+part only at a near-tie within `factor` times this floor (checks/parting.py).
+
+On the CPU lab the floor is 0 (bit-identical runs), so those checks keep demanding equal text there;
+on an H100 beside a second lane it was measured up to 0.27 nats. A floor above the profile's
+`batch_variance.cap_nats` fails acceptance: two runs of one prompt that differ more than any device
+measured are not numerics. Measured once per suite run (cached on the context); a profile may
+declare `batch_variance.floor_nats` instead (the receipt says which).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from orchestrator.checks import logprobs as lp
+from orchestrator.checks.base import CheckContext
+from orchestrator.checks.parting import Tolerance, first_difference, margin_of
+from orchestrator.checks.prompts import PromptBuilder
+from orchestrator.server.client import ServerClient
+from orchestrator.server.parsers import parse_token_logprobs
+
+TOP_K = 10  # logprobs read per position (n_probs) by the floor and by every parting probe
+TWIN_GENERATE = 48  # tokens each twin generates: enough decode steps in one batch of two
+LOGPROB_FLOOR = -80.0  # as reference_gates.logprob_floor: far below, float32 rounding rules
+
+
+def scored(
+    client: ServerClient, prompt: list[int], n: int, *, timeout: float, **params: Any
+) -> tuple[list[int], list[dict[int, float]]]:
+    """A greedy `/completion` with top-K logprobs per position (a position the server drafted may
+    come back without any: the pinned server reports none for tokens it took from a draft)."""
+    body = {
+        "prompt": prompt,
+        "n_predict": n,
+        "n_probs": TOP_K,
+        "temperature": 0.0,
+        "seed": 0,
+        "ignore_eos": True,
+        "stream": False,
+        "return_tokens": True,
+        **params,
+    }
+    return parse_token_logprobs(client.post_json("/completion", body, timeout=timeout), "/completion")
+
+
+def probe(client: ServerClient, prompt: list[int], *, slot: int, cache: bool, timeout: float) -> Mapping[int, float]:
+    """The next-token distribution after `prompt` (top K): one token, which the server samples
+    from the prompt itself and never takes from a draft, so it always comes with logprobs."""
+    _, positions = scored(client, prompt, 1, timeout=timeout, id_slot=slot, cache_prompt=cache)
+    return positions[0] if positions else {}
+
+
+def twin_figures(
+    twin: tuple[list[int], list[dict[int, float]]], solo: tuple[list[int], list[dict[int, float]]]
+) -> dict[str, Any]:
+    """How far one twin moved from the solo run: the largest shared |dlogprob| over positions both
+    list while their tokens agree, and the margin (in the solo run's distribution) where they part."""
+    (tt, tp), (st, sp) = twin, solo
+    k = first_difference(tt, st)
+    upto = len(st) if k is None else k
+    moved = 0.0
+    compared = 0
+    for i in range(min(upto + 1, len(tp), len(sp))):
+        if tp[i] and sp[i]:
+            d = lp.compare_position(sp[i], tp[i], floor=LOGPROB_FLOOR, complete=False)
+            moved = max(moved, d.shared_max_abs_dlogprob)
+            compared += 1
+    parted_margin = None
+    if k is not None and k < min(len(tt), len(st)) and k < len(sp) and sp[k]:
+        m, at_least = margin_of(sp[k], st[k], tt[k])
+        parted_margin = m if m is not None else at_least
+    return {"moved": moved, "compared_positions": compared, "parted_at": k, "parted_margin": parted_margin}
+
+
+def measure(ctx: CheckContext) -> Tolerance:
+    """The tolerance every comparison in this suite run uses (cached on `ctx`)."""
+    cached = getattr(ctx, "batch_tolerance", None)
+    if isinstance(cached, Tolerance):
+        return cached
+    tol = _measure(ctx)
+    ctx.batch_tolerance = tol
+    ctx.log("batch_floor", **tol.as_dict())
+    return tol
+
+
+def _measure(ctx: CheckContext) -> Tolerance:
+    bv = ctx.profile.batch_variance
+    if bv.floor_nats is not None:
+        return Tolerance(
+            bv.factor * bv.floor_nats,
+            f"declared in the profile (batch_variance.floor_nats {bv.floor_nats:g} x factor {bv.factor:g})",
+            {"floor_nats": bv.floor_nats, "factor": bv.factor},
+        )
+    if ctx.profile.parallel < 2:
+        return Tolerance(
+            0.0,
+            "one slot: no second lane to measure against, so runs must agree exactly "
+            "(declare batch_variance.floor_nats for devices that need one)",
+        )
+    timeout = ctx.options.request_timeout_s
+    size = max(32, min(256, ctx.per_slot() // 8))
+    gen = min(TWIN_GENERATE, max(8, ctx.near_full() - size - 8))
+    pb = PromptBuilder(ctx.client, ctx.options.seed + 400)
+    prompt = list(pb.exact(size, variant=400, head="Notes for the record:\n"))
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futs = [
+            pool.submit(scored, ctx.client, prompt, gen, timeout=timeout, id_slot=i, cache_prompt=False)
+            for i in range(2)
+        ]
+        twins = [f.result() for f in futs]
+    solo = scored(ctx.client, prompt, gen, timeout=timeout, id_slot=0, cache_prompt=False)
+    per_twin = [twin_figures(t, solo) for t in twins]
+    floor = max(
+        [f["moved"] for f in per_twin] + [f["parted_margin"] for f in per_twin if f["parted_margin"] is not None]
+    )
+    figures = {
+        "floor_nats": round(floor, 7),
+        "factor": bv.factor,
+        "cap_nats": bv.cap_nats,
+        "twin_prompt": size,
+        "twin_generate": gen,
+        "twins": per_twin,
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    problem = None
+    if floor > bv.cap_nats:
+        problem = (
+            f"the same prompt in two slots at once moved a logprob {floor:.3g} nats from the same prompt alone, "
+            f"above batch_variance.cap_nats {bv.cap_nats:g}: that is not numerics (lanes affect each other)"
+        )
+    return Tolerance(
+        min(bv.factor * floor, bv.cap_nats),
+        f"measured on this pair: twin lanes against solo moved {floor:.3g} nats, x factor {bv.factor:g}",
+        figures,
+        problem,
+    )

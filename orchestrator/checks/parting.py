@@ -1,0 +1,171 @@
+"""Where two greedy runs of one request part, and whether the device's numerics explain it.
+
+Kernels on a GPU are not batch-invariant (llama.cpp issues #3014, #7052, #27407): a request
+decoded beside another lane, or verified in a batch of drafted tokens, goes through other kernels
+(or tilings) than the same request alone, so its logits move a little and a greedy near-tie can
+flip. Measured on an H100 with a real model: chosen tokens' logprobs moved up to 0.27 nats beside
+a second lane, and texts parted at top-two margins of 0.006-0.28 nats. On the CPU lab the same
+runs are bit-identical. So the checks that compare two runs of the model (two lanes against solo,
+drafted against draft-free, cached against uncached) never demand equal text; they walk the two
+token lists and judge each place they part:
+
+- the reference side's next-token distribution at the common prefix (one `probe` request, top K)
+  gives the *margin*: how much more it preferred its own token than the one the other side chose;
+- a margin within the tolerance (the batch-variance floor measured on this pair, `batch_floor`)
+  is a near-tie the device may flip: it is reported, one side continues from the other's prefix
+  (`reanchor`: one request), and the walk goes on, so the rest of the text is still judged;
+- a margin above it, or the other side's token outside the reference's top K, is a real
+  difference: the check fails there, naming the position and the margin.
+
+The regressions these checks exist for (a lane steered by the other's logits, a draft accepted
+without verification, a cache that changes the answer) part where the reference was sure, far
+above any device's floor, and they part again after every re-anchor. Pure except through the two
+callables the caller passes in; tested without a server in tests/unit/test_parting.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Probe = Callable[[list[int]], Mapping[int, float]]  # generated prefix -> the reference side's next-token logprobs
+Reanchor = Callable[[list[int], int], list[int]]  # (generated prefix, tokens left) -> the re-run side's tokens
+
+# How many partings one walk follows before it stops comparing (each costs two requests); a healthy
+# GPU pair parted at most a few times in 64 tokens, a broken build fails at its first real parting.
+MAX_PARTINGS = 8
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far apart a near-tie may be and still be flipped by this pair's numerics (nats), and
+    where the number comes from (recorded in the receipt of every check that uses it)."""
+
+    nats: float
+    origin: str
+    figures: Mapping[str, Any] = field(default_factory=dict)
+    problem: str | None = None  # the measurement itself found the pair unfit (e.g. a floor above the cap)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"nats": self.nats, "origin": self.origin, **dict(self.figures), "problem": self.problem}
+
+
+@dataclass(frozen=True)
+class Parting:
+    position: int
+    ours: int  # the token the run under test chose
+    theirs: int  # the token the reference side chose
+    margin: float | None  # lp(theirs) - lp(ours) in the reference side's distribution; None: ours not in its top K
+    at_least: float  # when `margin` is None: the margin is at least this (lp(theirs) - the smallest listed)
+    within: bool
+
+    def describe(self) -> str:
+        m = f"{self.margin:.4g}" if self.margin is not None else f">= {self.at_least:.4g} (not in the top K)"
+        return f"token {self.position} (margin {m} nats)"
+
+
+@dataclass
+class Walk:
+    """What a walk found: every parting, how many positions were compared, and a problem if any."""
+
+    partings: list[Parting] = field(default_factory=list)
+    compared: int = 0
+    stopped_early: bool = False  # MAX_PARTINGS reached: the rest was not compared
+    problem: str | None = None
+    requests: int = 0
+
+    @property
+    def max_margin(self) -> float | None:
+        ms = [p.margin for p in self.partings if p.margin is not None]
+        return max(ms) if ms else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "partings": [asdict(p) for p in self.partings],
+            "compared": self.compared,
+            "stopped_early": self.stopped_early,
+            "problem": self.problem,
+            "requests": self.requests,
+        }
+
+
+def first_difference(a: list[int], b: list[int], start: int = 0) -> int | None:
+    """The first position from `start` where the two lists differ (a shorter list differs where it ends)."""
+    for i in range(start, min(len(a), len(b))):
+        if a[i] != b[i]:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def margin_of(dist: Mapping[int, float], theirs: int, ours: int) -> tuple[float | None, float]:
+    """(lp(theirs) - lp(ours), lower bound when `ours` is not listed). A negative margin means the
+    probe itself preferred our token: the tie is as close as it gets."""
+    if not dist:
+        return None, float("inf")
+    top = dist.get(theirs, max(dist.values()))
+    if ours in dist:
+        return top - dist[ours], top - dist[ours]
+    return None, top - min(dist.values())
+
+
+def walk(
+    subject: list[int],
+    reference: list[int],
+    *,
+    probe: Probe,
+    reanchor: Reanchor,
+    side: Literal["subject", "reference"],
+    tolerance: float,
+    max_partings: int = MAX_PARTINGS,
+) -> Walk:
+    """Compare `subject` (the run under test) with `reference` token by token. At each parting the
+    probe scores the reference side after the common prefix; within `tolerance` the side named by
+    `side` is re-run from the other's prefix (its token at the parting taken over) and the walk
+    goes on. Both lists hold generated tokens only; prefixes handed to the callables are too."""
+    a, r = list(subject), list(reference)
+    n = len(r)
+    out = Walk()
+    start = 0
+    while True:
+        k = first_difference(a, r, start)
+        if k is None:
+            out.compared = n
+            return out
+        if k >= min(len(a), len(r)):
+            out.compared = k
+            out.problem = f"the runs have {len(a)} and {len(r)} tokens, same up to token {k}"
+            return out
+        dist = probe(r[:k])
+        out.requests += 1
+        margin, at_least = margin_of(dist, r[k], a[k])
+        within = margin is not None and margin <= tolerance
+        p = Parting(position=k, ours=a[k], theirs=r[k], margin=margin, at_least=at_least, within=within)
+        out.partings.append(p)
+        out.compared = k
+        if not within:
+            out.problem = f"parted at {p.describe()}, above the tolerance {tolerance:.4g} nats"
+            return out
+        if len(out.partings) >= max_partings:
+            out.stopped_early = True
+            return out
+        left = n - k - 1
+        if side == "reference":
+            r = r[:k] + [a[k]] + list(reanchor(a[: k + 1], left))[:left]
+        else:
+            a = a[:k] + [r[k]] + list(reanchor(r[: k + 1], left))[:left]
+        out.requests += 1
+        start = k + 1
+
+
+def summary(walks: list[Walk], tol: Tolerance) -> dict[str, Any]:
+    """Figures for a check's table: partings seen, the widest near-tie accepted, the tolerance."""
+    margins = [m for w in walks for m in [w.max_margin] if m is not None]
+    return {
+        "partings": sum(len(w.partings) for w in walks),
+        "max_parting_margin": round(max(margins), 6) if margins else None,
+        "tolerance_nats": round(tol.nats, 6),
+        "tolerance_origin": tol.origin,
+        "compared_tokens": sum(w.compared for w in walks),
+        "stopped_early": any(w.stopped_early for w in walks),
+    }
