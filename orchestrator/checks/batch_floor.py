@@ -1,10 +1,11 @@
 """The batch-variance floor of this pair: how far a logprob moves when only the batch around a
 request changes, measured on the running pair before any comparison uses it.
 
-One prompt goes to two slots at once (twin lanes: the same tokens at the same positions), then to
-one slot alone; each twin is walked against the solo run while their tokens agree, and the floor is
-the largest movement of a token both sides list (`logprobs.compare_position`'s shared figure), or the
-margin where a twin parted. The twins' content is identical, so a regression that lets one lane's
+One prompt goes to two slots at once (twin lanes: the same tokens at the same positions, posted in
+one request so that the server batches them together), then to one slot alone, for a few prompts;
+each twin is walked against the solo run while their tokens agree, and the floor is the largest
+movement of a token both sides list (`logprobs.compare_position`'s shared figure), or the margin
+where a twin parted. The twins' content is identical, so a regression that lets one lane's
 content reach the other (lane bleed) cannot move this figure: only numerics can, which is what the
 floor is for. A comparison check (near_full, speculative, cached_continuation) then lets two runs
 part only at a near-tie within `factor` times this floor (checks/parting.py).
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.checks import logprobs as lp
@@ -31,7 +31,9 @@ from orchestrator.server.client import ServerClient
 from orchestrator.server.parsers import parse_token_logprobs
 
 TOP_K = 10  # logprobs read per position (n_probs) by the floor and by every parting probe
-TWIN_GENERATE = 48  # tokens each twin generates: enough decode steps in one batch of two
+TWIN_PROMPT = 64  # tokens of each twin prompt (two fit one ubatch: their last tokens are one batch's outputs)
+TWIN_GENERATE = 24  # tokens each twin generates: decode steps in one batch of two
+TWIN_ROUNDS = 6  # prompts measured: a drafting server reports logprobs only for tokens it did not draft
 LOGPROB_FLOOR = -80.0  # as reference_gates.logprob_floor: far below, float32 rounding rules
 
 
@@ -94,6 +96,27 @@ def measure(ctx: CheckContext) -> Tolerance:
     return tol
 
 
+def scored_twins(
+    client: ServerClient, prompt: list[int], n: int, *, timeout: float
+) -> list[tuple[list[int], list[dict[int, float]]]]:
+    """The same prompt twice in one request: the server posts both tasks at once, so they start in
+    the same update and share every batch (their prompts' last tokens one ubatch, then each decode
+    step), whatever the client's timing. No `id_slot`: each task takes a free slot."""
+    body = {
+        "prompt": [prompt, prompt],
+        "n_predict": n,
+        "n_probs": TOP_K,
+        "temperature": 0.0,
+        "seed": 0,
+        "ignore_eos": True,
+        "stream": False,
+        "cache_prompt": False,
+    }
+    data = client.post_json("/completion", body, timeout=timeout)
+    items = data if isinstance(data, list) else [data]
+    return [parse_token_logprobs(d, "/completion (twins)") for d in items]
+
+
 def _measure(ctx: CheckContext) -> Tolerance:
     bv = ctx.profile.batch_variance
     if bv.floor_nats is not None:
@@ -109,19 +132,18 @@ def _measure(ctx: CheckContext) -> Tolerance:
             "(declare batch_variance.floor_nats for devices that need one)",
         )
     timeout = ctx.options.request_timeout_s
-    size = max(32, min(256, ctx.per_slot() // 8))
-    gen = min(TWIN_GENERATE, max(8, ctx.near_full() - size - 8))
+    # both prompts' last tokens in one ubatch: each at most half of it
+    size = max(16, min(TWIN_PROMPT, ctx.profile.ubatch_size // 2 - 1, ctx.per_slot() // 8))
+    gen = min(TWIN_GENERATE, max(4, ctx.near_full() - size - 8))
     pb = PromptBuilder(ctx.client, ctx.options.seed + 400)
-    prompt = list(pb.exact(size, variant=400, head="Notes for the record:\n"))
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futs = [
-            pool.submit(scored, ctx.client, prompt, gen, timeout=timeout, id_slot=i, cache_prompt=False)
-            for i in range(2)
-        ]
-        twins = [f.result() for f in futs]
-    solo = scored(ctx.client, prompt, gen, timeout=timeout, id_slot=0, cache_prompt=False)
-    per_twin = [twin_figures(t, solo) for t in twins]
+    per_twin: list[dict[str, Any]] = []
+    for r in range(TWIN_ROUNDS):
+        prompt = list(pb.exact(size, variant=400 + r, head="Notes for the record:\n"))
+        twins = scored_twins(ctx.client, prompt, gen, timeout=timeout)
+        solo = scored(ctx.client, prompt, gen, timeout=timeout, cache_prompt=False)
+        per_twin += [{"round": r, **twin_figures(t, solo)} for t in twins]
+    readings = sum(f["compared_positions"] for f in per_twin)
     floor = max(
         [f["moved"] for f in per_twin] + [f["parted_margin"] for f in per_twin if f["parted_margin"] is not None]
     )
@@ -131,6 +153,8 @@ def _measure(ctx: CheckContext) -> Tolerance:
         "cap_nats": bv.cap_nats,
         "twin_prompt": size,
         "twin_generate": gen,
+        "rounds": TWIN_ROUNDS,
+        "readings": readings,
         "twins": per_twin,
         "seconds": round(time.monotonic() - t0, 3),
     }
@@ -142,7 +166,8 @@ def _measure(ctx: CheckContext) -> Tolerance:
         )
     return Tolerance(
         min(bv.factor * floor, bv.cap_nats),
-        f"measured on this pair: twin lanes against solo moved {floor:.3g} nats, x factor {bv.factor:g}",
+        f"measured on this pair: twin lanes against solo moved {floor:.3g} nats over {readings} readings, "
+        f"x factor {bv.factor:g}",
         figures,
         problem,
     )
