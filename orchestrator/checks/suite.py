@@ -27,6 +27,7 @@ from orchestrator.checks import (
     identity,
     long_prefix,
     near_full,
+    reference,
     reference_logprobs,
     rpc_consistency,
     sampling,
@@ -214,8 +215,10 @@ def run_suite(
         sampler.start()
     stopped: CheckResult | None = None
     runnable = [n for n in names if fns.get(n) is not None]
+    ctx.whole_suite = names == select()
     if ctx.journal is not None:  # what it set out to run: an interrupted suite's rest is still required
         ctx.journal.set("acceptance_plan", [STEP_PREFIX + n for n in names if n in fns])
+        ctx.journal.set(reference.WHOLE_SUITE, ctx.whole_suite)
     try:
         model_checks = [n for n in names if fns.get(n) is not None]
         if model_checks and ctx.options.measure_speed:
