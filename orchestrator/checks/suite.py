@@ -153,7 +153,10 @@ def measure_budget(ctx: CheckContext) -> CheckResult | None:
     try:
         prompt_n, _gen = budget.probe_size(ctx.profile)
         prompt = PromptBuilder(ctx.client, ctx.options.seed).exact(prompt_n, variant=11)
-        speeds = budget.measure(ctx.client, ctx.profile, list(prompt))
+        # the services' CPU time on their hosts: the finer progress signal (a stopped server fails in
+        # budget.IDLE_S, however long an honest batch at this profile's context may take)
+        alive = budget.services_cpu(ctx.transports, ctx.host_roots) if ctx.transports else None
+        speeds = budget.measure(ctx.client, ctx.profile, list(prompt), alive)
         limits = budget.from_speeds(ctx.profile, speeds, generation_fraction=ctx.options.generation_fraction,
                                     n_ctx_train=ctx.n_ctx_train)  # fmt: skip
     except (budget.TooSlow, ServerUnreachable) as exc:
@@ -162,7 +165,7 @@ def measure_budget(ctx: CheckContext) -> CheckResult | None:
         return CheckResult(name=SPEED, verdict=verdict, message=msg, duration_s=round(time.monotonic() - timer, 3))
     ctx.budget = limits.to_dict()
     ctx.options = dataclasses.replace(ctx.options, request_timeout_s=limits.completion_s)
-    ctx.client.watch = limits.watch()
+    ctx.client.watch = limits.watch(alive)
     ctx.stall_s = limits.stall_s
     ctx.log("request budget", **limits.to_dict())
     if ctx.journal is not None:

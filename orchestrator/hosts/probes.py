@@ -435,3 +435,15 @@ def port_taken(listeners: Iterable[tuple[str, int]], bind: str, port: int) -> li
     """Listening addresses that would clash with binding bind:port (the same address or a wildcard)."""
     clash = {bind, "0.0.0.0", "::"}
     return [f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in listeners if p == port and a in clash]
+
+
+def parse_proc_stat(data: bytes) -> tuple[str, int] | None:
+    """(state, utime + stime in clock ticks) from /proc/<pid>/stat (proc(5): the command name in
+    parentheses may hold spaces, so fields are counted after its closing parenthesis: state is
+    field 3, utime 14 and stime 15). None when the text is not such a line."""
+    text = data.decode("ascii", "replace")
+    _, sep, rest = text.rpartition(")")
+    f = rest.split()
+    if not sep or len(f) < 13 or not f[11].isdigit() or not f[12].isdigit():
+        return None
+    return f[0], int(f[11]) + int(f[12])
