@@ -212,6 +212,7 @@ def late_bound(step_s: float | None, gap_s: float | None, allowance: float) -> t
         f"longest stream gap {gap_s or 0:.4f} s)"
     )
 
+
 FOLLOWUP_TOKENS = 64  # the follow-up's length: enough decode steps for the server's own speed figure
 
 
@@ -250,6 +251,10 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     n_predict = ctx.per_slot() - len(prompt) - ctx.profile.near_full_slack
     k = opts.cancel_after_tokens
     raw: dict[str, Any] = {"n_predict": n_predict, "cancel_after_tokens": k}
+    draft = ctx.profile.draft
+    per_step = 1 + (draft.n_max if draft is not None and draft.n_max > 0 else 0)  # tokens one step may yield
+    probe_tg = (ctx.budget.get("speeds") or {}).get("generated_per_s")
+    allowance = ctx.profile.speed.slowdown_allowance
     id_task = None
     with ctx.client.stream_completion(
         prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=opts.request_timeout_s
@@ -267,9 +272,14 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
             handle.close()
         closed_at = time.monotonic()
         open_s = closed_at - handle.started_at
+        # how long to watch for the idle slot: the server's own test's 2 s, or the lateness bound
+        # from the probe's decode step and this stream's gaps when a slow pair needs longer
+        gap_s = longest_gap_s(handle.arrivals[:at_close])
+        pre_step, _ = step_seconds(None, None, per_step, probe_tg)
+        idle_bound = max(opts.cancel_idle_bound_s, late_bound(pre_step, gap_s, allowance)[0] or 0.0)
         idle_after = None
         last = None
-        while time.monotonic() - closed_at <= opts.cancel_idle_bound_s:
+        while time.monotonic() - closed_at <= idle_bound:
             last = next((s for s in ctx.client.slots(timeout=10) if s.id == slot), None)
             if last is not None and not last.is_processing:
                 idle_after = round(time.monotonic() - closed_at, 4)
@@ -315,20 +325,14 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     bound = stop_bound_tokens(speed)
     stopped_by = stopped_by_tokens(len(prompt), at_close, open_s, speed)
     held_after = held_after_close_s(log, open_s) if log.get("checked") else None
-    draft = ctx.profile.draft
-    per_step = 1 + (draft.n_max if draft is not None and draft.n_max > 0 else 0)
     t = follow_timings
-    probe_tg = (ctx.budget.get("speeds") or {}).get("generated_per_s")
-    step_s, step_why = step_seconds(
-        t.predicted_ms if t else None, t.predicted_n if t else None, per_step, probe_tg
-    )
-    gap_s = longest_gap_s(handle.arrivals[: at_close])
-    late_s, late_why = late_bound(step_s, gap_s, ctx.profile.speed.slowdown_allowance)
+    step_s, step_why = step_seconds(t.predicted_ms if t else None, t.predicted_n if t else None, per_step, probe_tg)
+    late_s, late_why = late_bound(step_s, gap_s, allowance)
     raw["late_bound"] = {"bound_s": late_s, "why": late_why, "step_s": step_s, "step_from": step_why,
                          "longest_stream_gap_s": gap_s}  # fmt: skip
     problems = cancel_problems(
         idle_after_s=idle_after,
-        bound_s=opts.cancel_idle_bound_s,
+        bound_s=idle_bound,
         full_n_tokens=len(prompt) + n_predict,
         log=log,
         followup_ok=followup_ok,
@@ -345,7 +349,7 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
             "server_tokens_per_s": server_speed,
             "stream_open_s": round(open_s, 4),
             "stop_bound_tokens": bound,
-            "could_finish_within_idle_bound": speed is not None and n_predict <= speed * opts.cancel_idle_bound_s,
+            "could_finish_within_idle_bound": speed is not None and n_predict <= speed * idle_bound,
         }
     )
     raw.update(
@@ -359,7 +363,7 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     )
     figures = {
         "idle_after_s": idle_after,
-        "bound_s": opts.cancel_idle_bound_s,
+        "bound_s": idle_bound,
         "streamed": len(streamed),
         "slot_tokens_at_stop": log.get("stop_n_tokens"),
         "full_request_tokens": len(prompt) + n_predict,
