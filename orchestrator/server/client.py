@@ -88,6 +88,10 @@ def _read_alive(watch: ProgressWatch) -> Liveness | None:
         return None
 
 
+def _ticks(seen: Liveness | None) -> dict[str, int]:
+    return {f"{n}:{pid}": t for n, pid, _st, t in seen or ()}
+
+
 def progress_signature(slots: list[dict[str, Any]]) -> tuple[Any, ...]:
     """What changes in `/slots` while a server works: per slot its task, whether it processes,
     prompt tokens processed so far and tokens decoded (llama-server updates these between batches)."""
@@ -205,22 +209,14 @@ class ServerClient:
         threading.Thread(target=work, daemon=True, name=f"pairctl {method} {path}").start()
         last = busy = time.monotonic()  # last /slots progress; last sign of work (/slots or CPU time)
         sig: tuple[Any, ...] | None = None
-        cpu: Liveness | None = None
-        cpu_ticks: dict[str, int] = {}
+        cpu = _read_alive(watch)  # the baseline: CPU time that moves from here on is work
+        cpu_ticks = _ticks(cpu)
         while not done.wait(watch.poll_s):
-            seen = _read_alive(watch)
             now = time.monotonic()
-            if seen is not None:
-                cpu = seen
-                ticks = {f"{n}:{pid}": t for n, pid, _st, t in seen}
-                if ticks != cpu_ticks:
-                    if cpu_ticks:  # the first reading is the baseline, not progress
-                        busy = now
-                    cpu_ticks = ticks
             bound = watch.stall_s - (now - last)
             if watch.idle_s is not None and cpu is not None:
                 bound = min(bound, watch.idle_s - (now - busy))
-            try:
+            try:  # llama-server answers /slots between batches: this waits out a long batch, bounded
                 slots = self.slots_raw(timeout=max(1.0, bound))
             except ServerRequestError as exc:
                 if exc.status == 501:  # --no-slots: nothing to watch; the total bound still holds
@@ -229,7 +225,12 @@ class ServerClient:
                 slots = None
             except ServerUnreachable:
                 slots = None
+            seen = _read_alive(watch)  # after /slots, so a batch that kept /slots silent is seen working
             now = time.monotonic()
+            if seen is not None:
+                if cpu is not None and _ticks(seen) != cpu_ticks:
+                    busy = now
+                cpu, cpu_ticks = seen, _ticks(seen)
             if isinstance(slots, list):
                 cur = progress_signature(slots)
                 if cur != sig:

@@ -209,8 +209,8 @@ def test_proc_stat_gives_state_and_cpu_ticks_from_real_lines() -> None:
 
 
 class _SlowServer:
-    """A real HTTP server whose /completion answers after `answer_s` and whose /slots never moves
-    (one batch that takes long: llama-server's /slots does not change within a batch)."""
+    """A real HTTP server whose /completion answers after `answer_s` and whose /slots answers only
+    when no request computes, as llama-server's answers only between batches (one long batch)."""
 
     def __init__(self, answer_s: float) -> None:
         import http.server
@@ -231,19 +231,26 @@ class _SlowServer:
                 self.wfile.write(data)
 
             def do_GET(self) -> None:
+                idle.wait()  # no answer during the batch
                 self._send([{"id": 0, "id_task": 1, "is_processing": True, "n_prompt_tokens_processed": 1024}])
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                idle.clear()
                 _time.sleep(answer_s)
+                idle.set()
                 self._send(_json.loads((GOLDEN / "completion.json").read_text()))
 
+        idle = threading.Event()
+        idle.set()
+        self.idle = idle
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:
+        self.idle.set()
         self.httpd.shutdown()
         self.httpd.server_close()
 
