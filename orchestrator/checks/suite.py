@@ -253,8 +253,14 @@ def run_suite(
             progress.event("check.start", f"check {name} {nth} ...", check=name)
             r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
+            # a check that skipped itself says why on the operator's screen (e.g. reference_logprobs in a
+            # run limited by --checks: no reference is recorded, issue 42 item 5)
+            why = f": {r.message[:300]}" if r.verdict == "skipped" and r.message else ""
             progress.event(
-                "check.end", f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s)", check=name, verdict=r.verdict
+                "check.end",
+                f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s){why}",
+                check=name,
+                verdict=r.verdict,
             )
             results.append(r)
             _record(ctx, r)
