@@ -34,6 +34,7 @@ Tested without a server in tests/unit/test_budget.py, on the lab in tests/e2e/te
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -307,10 +308,47 @@ def suite_seconds(limits: RequestBudget, checks: int) -> float:
     return round(checks * limits.completion_s + MARGIN_S, 1)
 
 
+READ_WAIT_S = 5.0  # how long the watch waits for one reading of the hosts before it goes on without
+
+
+class _Bounded:
+    """Calls `read` in a worker thread and waits at most `wait_s` for it: a host whose sshd hangs
+    must not hang the watch (its reading is then None, unknown, and `stall_s` alone judges). At most
+    one reading is in flight; a late one is handed to the next call."""
+
+    def __init__(self, read: Callable[[], Liveness | None], wait_s: float = READ_WAIT_S) -> None:
+        self._read, self._wait_s = read, wait_s
+        self._lock = threading.Lock()
+        self._done: threading.Event | None = None
+        self._box: dict[str, Liveness | None] = {}
+
+    def __call__(self) -> Liveness | None:
+        with self._lock:
+            if self._done is None:
+                done, box = threading.Event(), self._box
+                self._done = done
+
+                def work() -> None:
+                    try:
+                        box["seen"] = self._read()
+                    except Exception:  # an unreadable host: no sign either way
+                        box["seen"] = None
+                    finally:
+                        done.set()
+
+                threading.Thread(target=work, daemon=True, name="pairctl services-cpu").start()
+            done = self._done
+        if not done.wait(self._wait_s):
+            return None
+        with self._lock:
+            seen, self._box, self._done = self._box.get("seen"), {}, None
+        return seen
+
+
 def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:
     """A reader of the pair's services' CPU time: per role with a transport and an install root,
     the service's pid file (`<root>/run/<service>.pid`) and its `/proc/<pid>/stat`, over SFTP (no
-    tool runs on the host). None when no service could be read."""
+    tool runs on the host), bounded by READ_WAIT_S. None when no service could be read."""
 
     def read() -> Liveness | None:
         out = []
@@ -329,4 +367,4 @@ def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) 
                 out.append((service, pid, st[0], st[1]))
         return tuple(out) or None
 
-    return read
+    return _Bounded(read)

@@ -286,3 +286,25 @@ def test_a_long_batch_that_burns_cpu_is_not_a_stall_and_a_stopped_server_is() ->
         assert budget.is_transport_failure(msg)
     finally:
         srv.close()
+
+
+def test_a_host_that_hangs_does_not_hang_the_watch() -> None:
+    """The CPU-time reading goes over SSH; a frozen sshd must not stop the watch from judging."""
+    import threading
+    import time
+
+    gate = threading.Event()
+    reading = (("llama-server", 7, "S", 3),)
+
+    def slow() -> tuple:
+        gate.wait(10)
+        return reading
+
+    read = budget._Bounded(slow, wait_s=0.2)
+    t0 = time.monotonic()
+    assert read() is None and read() is None  # the same reading still in flight: no second thread
+    assert time.monotonic() - t0 < 1.0
+    gate.set()
+    assert read() == reading  # the late reading is handed to the next call
+    assert budget._Bounded(lambda: reading)() == reading
+    assert budget._Bounded(lambda: 1 / 0)() is None  # type: ignore[arg-type,return-value]
