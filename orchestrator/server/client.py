@@ -227,8 +227,10 @@ class ServerClient:
                 slots = None
             seen = _read_alive(watch)  # after /slots, so a batch that kept /slots silent is seen working
             now = time.monotonic()
-            if seen is not None:
-                if cpu is not None and _ticks(seen) != cpu_ticks:
+            if seen is None:  # unknown (a host did not answer): only stall_s judges until it answers again
+                cpu, cpu_ticks = None, {}
+            else:
+                if cpu is None or _ticks(seen) != cpu_ticks:  # moved, or a new baseline after a gap
                     busy = now
                 cpu, cpu_ticks = seen, _ticks(seen)
             if isinstance(slots, list):
@@ -242,7 +244,7 @@ class ServerClient:
                     what = (f"and no CPU time used by {procs} for {now - busy:.0f} s; bound {watch.idle_s:.0f} s"
                             f"{': ' + watch.idle_why if watch.idle_why else ''}")  # fmt: skip
                 else:
-                    what = f"bound {watch.stall_s:.0f} s{': ' + watch.why if watch.why else ''}"
+                    what = f"; bound {watch.stall_s:.0f} s{': ' + watch.why if watch.why else ''}"
                 raise ServerStalled(
                     f"{method} {self.base_url}{path}: stopped making progress for {now - last:.0f} s "
                     f"(no prompt-processing or generated token in /slots {what})",
