@@ -200,16 +200,21 @@ def longest_gap_s(arrivals: list[float]) -> float | None:
     return round(max(gaps), 4) if gaps else None
 
 
-def late_bound(step_s: float | None, gap_s: float | None, allowance: float) -> tuple[float | None, str]:
-    """How long after the close the slot may keep the task: STOP_STEPS steps, each the longer of a
-    measured decode step and the stream's longest write gap, times the slowdown allowance."""
-    unit = max((v for v in (step_s, gap_s) if v), default=None)
+def late_bound(
+    step_s: float | None, gap_s: float | None, allowance: float, reaction_s: float | None = None
+) -> tuple[float | None, str]:
+    """How long after the close the slot may keep the task: STOP_STEPS steps times the slowdown
+    allowance, each step the longest of what this pair was measured to take for one: a decode step,
+    the stream's longest gap between chunks, and the server's reaction to a request while this
+    slot generated (a `/slots` round trip: the server learns of the close on its HTTP thread, which
+    a busy machine wakes late, as it answers `/slots` late)."""
+    unit = max((v for v in (step_s, gap_s, reaction_s) if v), default=None)
     if unit is None:
         return None, "no step measured: judged by tokens instead"
     bound = round(STOP_STEPS * allowance * unit, 4)
     return bound, (
         f"{STOP_STEPS} steps x allowance {allowance:g} x max(decode step {step_s or 0:.4f} s, "
-        f"longest stream gap {gap_s or 0:.4f} s)"
+        f"longest stream gap {gap_s or 0:.4f} s, /slots round trip while generating {reaction_s or 0:.4f} s)"
     )
 
 
@@ -256,12 +261,15 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     probe_tg = (ctx.budget.get("speeds") or {}).get("generated_per_s")
     allowance = ctx.profile.speed.slowdown_allowance
     id_task = None
+    reaction_s: float | None = None  # the longest /slots round trip while the slot generated
     with ctx.client.stream_completion(
         prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=opts.request_timeout_s
     ) as (handle, chunks):
         for _chunk in chunks:
             if id_task is None:
+                asked = time.monotonic()
                 busy = [s for s in ctx.client.slots(timeout=10) if s.id == slot and s.is_processing]
+                reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
                 id_task = busy[0].id_task if busy else None
             if len(handle.tokens) >= k:
                 break
@@ -276,7 +284,7 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         # from the probe's decode step and this stream's gaps when a slow pair needs longer
         gap_s = longest_gap_s(handle.arrivals[:at_close])
         pre_step, _ = step_seconds(None, None, per_step, probe_tg)
-        idle_bound = max(opts.cancel_idle_bound_s, late_bound(pre_step, gap_s, allowance)[0] or 0.0)
+        idle_bound = max(opts.cancel_idle_bound_s, late_bound(pre_step, gap_s, allowance, reaction_s)[0] or 0.0)
         idle_after = None
         last = None
         while time.monotonic() - closed_at <= idle_bound:
@@ -327,9 +335,9 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     held_after = held_after_close_s(log, open_s) if log.get("checked") else None
     t = follow_timings
     step_s, step_why = step_seconds(t.predicted_ms if t else None, t.predicted_n if t else None, per_step, probe_tg)
-    late_s, late_why = late_bound(step_s, gap_s, allowance)
+    late_s, late_why = late_bound(step_s, gap_s, allowance, reaction_s)
     raw["late_bound"] = {"bound_s": late_s, "why": late_why, "step_s": step_s, "step_from": step_why,
-                         "longest_stream_gap_s": gap_s}  # fmt: skip
+                         "longest_stream_gap_s": gap_s, "slots_round_trip_s": reaction_s}  # fmt: skip
     problems = cancel_problems(
         idle_after_s=idle_after,
         bound_s=idle_bound,
