@@ -347,8 +347,11 @@ class _Bounded:
 
 def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:
     """A reader of the pair's services' CPU time: per role with a transport and an install root,
-    the service's pid file (`<root>/run/<service>.pid`) and its `/proc/<pid>/stat`, over SFTP (no
-    tool runs on the host), bounded by READ_WAIT_S. None when no service could be read."""
+    the service's pid file (`<root>/run/<service>.pid`) and its main thread's
+    `/proc/<pid>/task/<pid>/stat`, over SFTP (no tool runs on the host), bounded by READ_WAIT_S.
+    None when no service could be read. (With the process total, a SIGSTOPped ggml-rpc-server was
+    caught only by the speed probe's 96 s bound in the fault matrix: llama-server's HTTP threads
+    used CPU time answering the watch's /slots polls.)"""
 
     def read() -> Liveness | None:
         out = []
@@ -358,7 +361,10 @@ def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) 
                 continue
             try:
                 pid = parse_pid(t.read_bytes(f"{root.rstrip('/')}/run/{service}.pid", max_bytes=64))
-                st = parse_proc_stat(t.read_bytes(f"/proc/{pid}/stat", max_bytes=4096)) if pid else None
+                # the main thread: it runs the decode loop (and takes part in CPU graph compute);
+                # llama-server's HTTP threads answer the watch's own /slots polls, so the process
+                # total moves even while the loop waits on a stopped ggml-rpc-server
+                st = parse_proc_stat(t.read_bytes(f"/proc/{pid}/task/{pid}/stat", max_bytes=4096)) if pid else None
             except (OSError, ValueError):
                 continue
             except Exception:  # a host error: no reading from it this poll

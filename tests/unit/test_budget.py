@@ -311,3 +311,40 @@ def test_a_host_that_hangs_does_not_hang_the_watch() -> None:
     assert read() == reading  # the late reading is handed to the next call
     assert budget._Bounded(lambda: reading)() == reading
     assert budget._Bounded(lambda: 1 / 0)() is None  # type: ignore[arg-type,return-value]
+
+
+def test_services_cpu_reads_the_main_threads_of_real_processes(tmp_path) -> None:
+    """The reader the watch uses, on real processes through the local transport: a busy one's CPU
+    ticks move, a SIGSTOPped one reads state T and its ticks stand still."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.remote.local import LocalTransport
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        roots = {}
+        for role, service, proc in (("native", "llama-server", busy), ("rpc", "ggml-rpc-server", stopped)):
+            root = tmp_path / role
+            (root / "run").mkdir(parents=True)
+            (root / "run" / f"{service}.pid").write_text(f"{proc.pid}\n")
+            roots[role] = str(root)
+        t = LocalTransport()
+        read = budget.services_cpu({"native": t, "rpc": t}, roots)
+        first = read()
+        time.sleep(0.5)
+        second = read()
+        assert first is not None and second is not None
+        by1, by2 = {s[0]: s for s in first}, {s[0]: s for s in second}
+        assert by2["llama-server"][1] == busy.pid and by2["llama-server"][3] > by1["llama-server"][3]
+        assert by2["ggml-rpc-server"][2] == "T" and by2["ggml-rpc-server"][3] == by1["ggml-rpc-server"][3]
+        assert budget.services_cpu({"native": t}, {"native": str(tmp_path / "none")})() is None
+    finally:
+        for p in (busy, stopped):
+            p.kill()
+            p.wait()
