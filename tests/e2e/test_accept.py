@@ -255,6 +255,14 @@ def test_cancellation_passes_and_reads_the_cancel_from_the_host_log(live):
     r = cancellation.run(live.ctx)
     assert r.verdict == "passed", r.message
     assert r.raw["log"]["found"] and r.figures["idle_after_s"] <= r.figures["bound_s"]
+    # issue 42 item 2: the lateness bound is decode steps measured on this pair, with its source
+    late = r.raw["late_bound"]
+    assert late["bound_s"] == r.figures["late_bound_s"] and late["bound_s"] > 0, late
+    assert "steps x allowance" in late["why"] and "follow-up" in late["step_from"], late
+    assert late["slots_round_trip_s"] is not None and late["step_s"] > 0, late
+    held = r.figures["held_after_close_s"]
+    assert held is None or held <= late["bound_s"], (held, late)
+    print("cancellation late bound:", late)
 
 
 def test_identity_fails_when_the_server_restarts_during_the_suite(live):
