@@ -108,6 +108,9 @@ class CheckContext:
     # next heartbeat from it: a slow pair's suite may outlast the planning figure)
     on_budget: Callable[[Any], None] | None = None
     stall_s: float = 30.0  # how long an idle wait between checks may last (the measured stall bound)
+    # set by run_suite: this run runs every check of the suite (no --checks/--skip); only such a run
+    # may record reference answers (checks.reference: a reference only from a pair that passed it all)
+    whole_suite: bool = False
     budget: dict[str, Any] = field(default_factory=dict)  # the measured request budget, once probed
     # two_lane_near_full's solo reference run of lane 0 (a near_full.LaneOutcome): one near-full lane
     # alone on slot 0, cold, the very request one_lane_near_full sends, so that check judges it

@@ -6,12 +6,20 @@ is judged two ways, neither a fixed number:
 
 - **Progress.** While a model request runs, `/slots` must show progress (a slot's prompt tokens
   processed or tokens decoded change) within `stall_s`. llama-server answers `/slots` between
-  batches, so the longest honest gap is one batch, and a busy machine may make it
-  `slowdown_allowance` times longer than measured: `stall_s = clamp(STALL_BATCHES *
-  slowdown_allowance * batch_size / measured prompt speed, STALL_MIN_S, STALL_MAX_S)`. (Without the
-  allowance a healthy real-model pair failed `make demo` while six test runs loaded the machine: one
-  256-token batch took longer than 3 x its measured time.) A hung or SIGSTOPped server fails within
-  that ("stopped making progress for N s"), whatever the request's size, and always within 2 minutes.
+  batches, so the longest honest gap is one batch *at the deepest context the suite fills, with
+  every lane in it*: the probe's per-token cost grows with the KV cells a token attends (the
+  probe's `max(PROBE_PROMPT, KV_PAD)` against a slot's `per_slot_ctx`; counted as if all of the
+  cost were attention, so the bound is never short), and a busy machine may make it
+  `slowdown_allowance` times longer: `stall_s = max(STALL_MIN_S, STALL_BATCHES * allowance *
+  batch_tokens / measured prompt speed * context growth)`, with no upper cap. (A cap of 100 s failed
+  a healthy pair at ctx 4096 / 2 slots / batch 1024 on a busy 2-core machine: one batch of two
+  near-full lanes took ~100 s where the 128-token probe ran 34 tok/s; issue 42 item 2.)
+- **Liveness.** Because that bound grows with the work, a stopped server is caught by a finer
+  signal: the CPU time of llama-server and ggml-rpc-server on their hosts (`/proc/<pid>/stat`
+  over SFTP, no tool on the host), read every poll. A service that computes uses CPU time every
+  second; none on either service and no `/slots` progress for `idle_s` (STALL_MIN_S: a floor that
+  only a stopped or deadlocked process reaches, not a slow one) fails the request: a SIGSTOPped
+  llama-server or ggml-rpc-server fails within ~30 s whatever the profile.
 - **Total.** A short cold probe at the start of acceptance measures this pair's prompt and
   generation speed (`timings`), and the largest request (a near-full lane, all slots busy) may
   take `slowdown_allowance` times its work at those speeds, plus a margin. A request that keeps
@@ -26,11 +34,16 @@ Tested without a server in tests/unit/test_budget.py, on the lab in tests/e2e/te
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.profiles import RouteProfile, SpeedFloors
-from orchestrator.server.client import ProgressWatch, ServerClient
+from orchestrator.hosts.probes import parse_pid, parse_proc_stat
+from orchestrator.remote.transport import Transport
+from orchestrator.roles import SERVICE_OF_ROLE
+from orchestrator.server.client import Liveness, ProgressWatch, ServerClient
 
 # Planning speeds (the field report's pair runs ~1000 prompt and ~50 generated tokens/s per lane):
 # only for bounds needed before the pair is measured (lease TTLs, renewed by heartbeats).
@@ -38,11 +51,13 @@ FLOOR_PROMPT_TOKENS_PER_S = 300.0
 FLOOR_GENERATED_TOKENS_PER_S = 20.0
 MARGIN_S = 30.0
 CONTROL_TIMEOUT_S = 30.0
-# Progress: the shortest and longest stall bounds (a stopped server fails within 2 minutes), and how
-# many batches' worth of silence is still honest at the slowest speed the allowance admits.
+# Progress: the shortest stall bound, and how many batches' worth of silence in /slots is still honest
+# at the slowest speed the allowance admits. No upper cap: the bound follows the batch's cost.
 STALL_MIN_S = 30.0
-STALL_MAX_S = 100.0
 STALL_BATCHES = 3.0
+# The KV cells llama.cpp attends at least (the cache's n_kv is padded to 256): the probe's span
+IDLE_S = STALL_MIN_S  # no CPU time on either service and no /slots progress this long: stopped
+KV_PAD = 256
 POLL_S = 1.0
 # The speed probe: a cold prompt of PROBE_PROMPT tokens (at most a quarter of a slot), PROBE_GENERATE
 # generated; both small enough to take seconds at the default floors' speed on the slowest lab.
@@ -70,8 +85,15 @@ class RequestBudget:
             "speeds": dict(self.speeds),
         }
 
-    def watch(self) -> ProgressWatch:
-        return ProgressWatch(stall_s=self.stall_s, poll_s=POLL_S, why=self.speeds.get("stall_why", ""))
+    def watch(self, alive: Callable[[], Liveness | None] | None = None) -> ProgressWatch:
+        """The client's progress watch; with `alive` (services' CPU time) a stopped server fails in
+        IDLE_S whatever `stall_s` is."""
+        return ProgressWatch(
+            stall_s=self.stall_s, poll_s=POLL_S, why=self.speeds.get("stall_why", ""), alive=alive,
+            idle_s=IDLE_S if alive is not None else None,
+            idle_why="a working service uses CPU time every second; none on either for this long is a stopped "
+            "or deadlocked process (checks/budget.py IDLE_S)",
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -128,17 +150,35 @@ def for_profile(
     return RequestBudget(completion_s=s, control_s=CONTROL_TIMEOUT_S, why=why)
 
 
-def stall_seconds(profile: RouteProfile, prompt_per_s: float) -> tuple[float, str]:
-    """The longest honest silence in `/slots`: STALL_BATCHES batches of prompt at this speed slowed
-    by the profile's allowance, within [STALL_MIN_S, STALL_MAX_S]."""
+def context_growth(profile: RouteProfile, n_ctx_train: int | None = None) -> tuple[float, int, int]:
+    """How much more a prompt token costs at the deepest context the suite fills than in the speed
+    probe: (growth, cells attended there, cells attended in the probe). Counted as if attention
+    were the whole cost (the weights' share does not grow), so it is an upper bound. Lanes: with
+    explicit `-np` (pairctl always renders it) each lane has its own KV stream and a token attends
+    its own lane's cells; a unified cache (`--kv-unified` in extra_args) attends every lane's."""
+    per_slot = profile.per_slot_ctx(n_ctx_train)
+    unified = any(a in ("--kv-unified", "-kvu") for a in profile.extra_args)
+    deep = per_slot * (profile.parallel if unified else 1)
+    probe = max(probe_size(profile)[0], KV_PAD)
+    return max(1.0, deep / probe), deep, probe
+
+
+def stall_seconds(profile: RouteProfile, prompt_per_s: float, n_ctx_train: int | None = None) -> tuple[float, str]:
+    """The longest honest silence in `/slots`: STALL_BATCHES batches of prompt, each as costly as
+    the deepest one the suite runs (all lanes busy, at a slot's full context), at this speed slowed
+    by the profile's allowance; at least STALL_MIN_S, never capped."""
     floors = profile.speed
     if floors.stall_s is not None:
         return floors.stall_s, f"declared in the profile's speed.stall_s ({floors.stall_s:g} s)"
-    batch, slow = profile.batch_size, floors.slowdown_allowance
-    s = round(min(STALL_MAX_S, max(STALL_MIN_S, STALL_BATCHES * slow * batch / prompt_per_s)), 1)
+    slow = floors.slowdown_allowance
+    per_slot = profile.per_slot_ctx(n_ctx_train)
+    batch = min(profile.batch_size, profile.parallel * per_slot)
+    growth, deep, probe = context_growth(profile, n_ctx_train)
+    s = round(max(STALL_MIN_S, STALL_BATCHES * slow * batch / prompt_per_s * growth), 1)
     return s, (
-        f"{STALL_BATCHES:g} x allowance {slow:g} x batch {batch} / {prompt_per_s:.1f} prompt tok/s, "
-        f"within {STALL_MIN_S:g}-{STALL_MAX_S:g} s"
+        f"{STALL_BATCHES:g} x allowance {slow:g} x batch {batch} tokens / {prompt_per_s:.1f} prompt tok/s x "
+        f"context growth {growth:.2f} ({deep} cells attended at a full slot / {probe} in the probe), "
+        f"at least {STALL_MIN_S:g} s"
     )
 
 
@@ -191,7 +231,7 @@ def from_speeds(
     lanes, k = profile.parallel, profile.speed.slowdown_allowance
     work = lanes * (prompt / speeds.prompt_per_s + generated / speeds.generated_per_s)
     total = round(k * work + MARGIN_S, 1)
-    stall, stall_why = stall_seconds(profile, speeds.prompt_per_s)
+    stall, stall_why = stall_seconds(profile, speeds.prompt_per_s, n_ctx_train)
     why = (
         f"{k:g} x {lanes} lane(s) x ({prompt} prompt tokens / {speeds.prompt_per_s:.1f} tok/s + {generated} "
         f"generated / {speeds.generated_per_s:.1f} tok/s) + {MARGIN_S:g} s margin; speeds {speeds.source}"
@@ -207,15 +247,22 @@ def from_speeds(
             "source": speeds.source,
             "floors": profile.speed.model_dump(),
             "stall_why": stall_why,
+            "idle_s": IDLE_S,
+            "idle_why": "no CPU time on llama-server or ggml-rpc-server and no /slots progress (checks/budget.py)",
         },
     )
 
 
-def measure(client: ServerClient, profile: RouteProfile, prompt_tokens: list[int]) -> Speeds:
+def measure(
+    client: ServerClient,
+    profile: RouteProfile,
+    prompt_tokens: list[int],
+    alive: Callable[[], Liveness | None] | None = None,
+) -> Speeds:
     """One cold request on slot 0 under the probe's own bounds; its `timings` are the speeds."""
     pb = probe_budget(profile)
     saved = client.watch
-    client.watch = pb.watch()
+    client.watch = pb.watch(alive)
     try:
         r = client.completion(
             prompt_tokens, PROBE_GENERATE, id_slot=0, cache_prompt=False, ignore_eos=True, seed=0,
@@ -259,3 +306,71 @@ def suite_seconds(limits: RequestBudget, checks: int) -> float:
     """A bound on a whole suite of `checks` checks: each waits at most its largest request's
     bound (the lease's heartbeat promise during acceptance)."""
     return round(checks * limits.completion_s + MARGIN_S, 1)
+
+
+READ_WAIT_S = 5.0  # how long the watch waits for one reading of the hosts before it goes on without
+
+
+class _Bounded:
+    """Calls `read` in a worker thread and waits at most `wait_s` for it: a host whose sshd hangs
+    must not hang the watch (its reading is then None, unknown, and `stall_s` alone judges). At most
+    one reading is in flight; a late one is handed to the next call."""
+
+    def __init__(self, read: Callable[[], Liveness | None], wait_s: float = READ_WAIT_S) -> None:
+        self._read, self._wait_s = read, wait_s
+        self._lock = threading.Lock()
+        self._done: threading.Event | None = None
+        self._box: dict[str, Liveness | None] = {}
+
+    def __call__(self) -> Liveness | None:
+        with self._lock:
+            if self._done is None:
+                done, box = threading.Event(), self._box
+                self._done = done
+
+                def work() -> None:
+                    try:
+                        box["seen"] = self._read()
+                    except Exception:  # an unreadable host: no sign either way
+                        box["seen"] = None
+                    finally:
+                        done.set()
+
+                threading.Thread(target=work, daemon=True, name="pairctl services-cpu").start()
+            done = self._done
+        if not done.wait(self._wait_s):
+            return None
+        with self._lock:
+            seen, self._box, self._done = self._box.get("seen"), {}, None
+        return seen
+
+
+def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:
+    """A reader of the pair's services' CPU time: per role with a transport and an install root,
+    the service's pid file (`<root>/run/<service>.pid`) and its main thread's
+    `/proc/<pid>/task/<pid>/stat`, over SFTP (no tool runs on the host), bounded by READ_WAIT_S.
+    None when no service could be read. (With the process total, a SIGSTOPped ggml-rpc-server was
+    caught only by the speed probe's 96 s bound in the fault matrix: llama-server's HTTP threads
+    used CPU time answering the watch's /slots polls.)"""
+
+    def read() -> Liveness | None:
+        out = []
+        for role, service in SERVICE_OF_ROLE.items():
+            t, root = transports.get(role), roots.get(role)
+            if t is None or root is None:
+                continue
+            try:
+                pid = parse_pid(t.read_bytes(f"{root.rstrip('/')}/run/{service}.pid", max_bytes=64))
+                # the main thread: it runs the decode loop (and takes part in CPU graph compute);
+                # llama-server's HTTP threads answer the watch's own /slots polls, so the process
+                # total moves even while the loop waits on a stopped ggml-rpc-server
+                st = parse_proc_stat(t.read_bytes(f"/proc/{pid}/task/{pid}/stat", max_bytes=4096)) if pid else None
+            except (OSError, ValueError):
+                continue
+            except Exception:  # a host error: no reading from it this poll
+                continue
+            if pid and st:
+                out.append((service, pid, st[0], st[1]))
+        return tuple(out) or None
+
+    return _Bounded(read)

@@ -31,6 +31,7 @@ from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
+from orchestrator.hosts import probes
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
 from orchestrator.hosts.rpc_guard import guard_problem, install_guard, parse_guard
@@ -107,21 +108,12 @@ class RpcServerPlan:
         return self.layout.stop_cmd(RPC_SERVER)
 
     def listeners_cmd(self) -> Cmd:
-        return Cmd(("ss", "-Hltn", f"sport = :{self.port}"))
+        return probes.listeners_cmd()
 
 
-def port_taken(ss_output: str, bind: str, port: int) -> list[str]:
-    """Local addresses in `ss -Hltn` output that would clash with binding bind:port."""
-    taken = []
-    for line in ss_output.splitlines():
-        parts = line.split()
-        if len(parts) < 4:
-            continue
-        local = parts[3]
-        host, _, p = local.rpartition(":")
-        if p == str(port) and host.strip("[]") in (bind, "0.0.0.0", "*", "::"):
-            taken.append(local)
-    return taken
+def port_taken(proc_net_tcp: str, bind: str, port: int) -> list[str]:
+    """Listening addresses in /proc/net/tcp{,6} text that would clash with binding bind:port."""
+    return probes.port_taken(probes.parse_proc_net_tcp(proc_net_tcp), bind, port)
 
 
 def started_identity(output: str, binary: str) -> str | None:
@@ -429,7 +421,7 @@ def _execute(
                 t.run(server.stop_cmd(), timeout=60)  # a leftover of a killed check would hold the port
                 # ggml-rpc-server exits 0 when its bind fails, and the helper's wait only sees *a*
                 # listener: refuse a port someone else holds, then require our process to run.
-                taken = port_taken(t.run(server.listeners_cmd(), timeout=30).stdout, server.bind, server.port)
+                taken = probes.port_taken(probes.tcp_listeners(t), server.bind, server.port)
                 if taken:
                     raise CheckFailed(
                         f"{server.host}: port {server.port} is already in use ({', '.join(taken)}); "

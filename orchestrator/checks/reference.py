@@ -10,7 +10,10 @@ Both live in the pair's receipt chain, so every change is evidence:
   spans device kinds). They are recorded once per key, by the reference pair itself, with the
   replay floor it measured and the gates derived from it.
 An accepted candidate never becomes the yardstick: only the reference pair records answers,
-and promoting another pair is the deliberate `reference set`.
+and promoting another pair is the deliberate `reference set`. Neither the pin nor answers come
+from a run limited by `--checks`/`--skip` (issue 42: a deploy limited to `--checks
+reference_logprobs`, whose only check skipped, made its pair the route's reference): the receipt
+must say the whole suite ran (`acceptance_whole_suite`, set by checks.suite) and it must have passed.
 """
 
 from __future__ import annotations
@@ -29,6 +32,17 @@ COMMAND = "reference"  # the receipt command of `pairctl reference set`
 FIELD = "reference"  # the receipt field it sets
 CHECK = "reference_logprobs"
 STEP = "check:" + CHECK
+WHOLE_SUITE = "acceptance_whole_suite"  # receipt field (checks.suite): no check of the suite was left out
+# Receipts written before WHOLE_SUITE existed: their `acceptance_plan` must hold every check the
+# suite ran on 2026-12-06 (checks.suite.CHECKS with a function; identity and telemetry wrap them).
+LEGACY_WHOLE_SUITE = frozenset(
+    "check:" + n
+    for n in (
+        "two_lane_near_full", "one_lane_near_full", "exactly_full", "speculative", "sampling",
+        "cached_continuation", "cancellation", "long_prefix_cache", "answer_fixtures", "reference_logprobs",
+        "rpc_consistency",
+    )
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -170,11 +184,23 @@ def _raw(r: Any) -> Mapping[str, Any] | None:
     return raw if isinstance(raw, Mapping) else None
 
 
+def ran_whole_suite(receipt: Any) -> bool:
+    """Did this receipt's acceptance run every check of the suite (no `--checks`/`--skip`)?"""
+    extra = receipt.extra_fields()
+    flag = extra.get(WHOLE_SUITE)
+    if isinstance(flag, bool):
+        return flag
+    plan = extra.get("acceptance_plan")
+    return isinstance(plan, list) and LEGACY_WHOLE_SUITE <= set(plan)
+
+
 def state_from_receipts(receipts: Iterable[Any]) -> ReferenceState:
-    """Pure over loaded receipts (oldest first): the pin, then the pin's answers by key."""
-    rs = [r for r in receipts if r.outcome == "passed"]
+    """Pure over loaded receipts (oldest first): the pin, then the pin's answers by key. Answers
+    (and the first-accepted pin) come only from passed receipts whose acceptance ran the whole suite."""
+    passed = [r for r in receipts if r.outcome == "passed"]
+    rs = [r for r in passed if r.command != COMMAND and ran_whole_suite(r)]
     pin: Pin | None = None
-    for r in reversed(rs):
+    for r in reversed(passed):
         if r.command == COMMAND:
             v = r.extra_fields().get(FIELD)
             if isinstance(v, Mapping) and v.get("native_package") and v.get("rpc_package"):

@@ -409,6 +409,19 @@ def run(ctx: CheckContext) -> CheckResult:
         )
         if changed:
             how += f" (numerics changed: {'; '.join(changed)})"
+        if not ctx.whole_suite:
+            return CheckResult(
+                name=NAME,
+                verdict="skipped",
+                required=False,
+                duration_s=timer.elapsed(),
+                message=(
+                    f"{how}, but this run does not run the whole suite (--checks/--skip): a reference is recorded "
+                    "only by a run of every check that then passes, so nothing was recorded and the route has no "
+                    "reference from this run; deploy or accept without --checks/--skip to record it"
+                ),
+                raw={**base_raw, "role": "not recorded", "why": "limited suite"},
+            )
         return _record(ctx, asker, fs, gates, complete, base_raw, how, key, timer)
     if judged_by:
         assert tolerance is not None

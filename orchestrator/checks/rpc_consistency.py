@@ -32,7 +32,7 @@ from orchestrator.config.profiles import RouteProfile
 from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.config.rpc_consistency import RpcConsistency
 from orchestrator.errors import CheckFailed
-from orchestrator.hosts import services
+from orchestrator.hosts import probes, services
 from orchestrator.hosts.layout import LLAMA_SERVER, HostLayout, install_helper
 from orchestrator.remote.command import Cmd
 from orchestrator.server.client import ServerClient
@@ -63,7 +63,7 @@ class ProbePlan:
         return f"http://{host}:{self.port}"
 
     def listeners_cmd(self) -> Cmd:
-        return Cmd(("ss", "-Hltn", f"sport = :{self.port}"))
+        return probes.listeners_cmd()
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "root": self.root, "argv": list(self.argv), "url": self.base_url}
@@ -147,7 +147,7 @@ class _Probe:
         install_helper(self.t, layout)
         self.started = True  # from here on, always try to stop it
         services.stop(self.t, layout, LLAMA_SERVER)  # a leftover of a killed check would hold the port
-        taken = _port_taken(self.t.run(self.plan.listeners_cmd(), timeout=30).stdout, self.plan.bind, self.plan.port)
+        taken = probes.port_taken(probes.tcp_listeners(self.t), self.plan.bind, self.plan.port)
         if taken:
             raise CheckFailed(
                 f"{self.plan.host}: port {self.plan.port} is in use ({', '.join(taken)}); the RPC consistency "
@@ -162,12 +162,6 @@ class _Probe:
             return
         self.log_tail = services.read_tail(self.t, self.plan.layout.log(services.SERVER_LOG), 8)
         services.stop(self.t, self.plan.layout, LLAMA_SERVER)
-
-
-def _port_taken(ss_output: str, bind: str, port: int) -> list[str]:
-    from orchestrator.checks.kernels import port_taken
-
-    return port_taken(ss_output, bind, port)
 
 
 def run(ctx: CheckContext) -> CheckResult:

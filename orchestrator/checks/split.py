@@ -6,8 +6,12 @@ The point of the pair is that the RPC host holds part of the model; nothing over
 = X MiB` and `llama_kv_cache: <buffer> KV buffer size = X MiB`, the total `offloaded N/M layers
 to GPU`, and at debug level (5) `layer N assigned to device D`. A buffer is named after its device
 (`RPC0[host:port]`, `CUDA0`, `CPU_Mapped`). Layers per device come from the debug lines when
-present, otherwise from the offloaded count when exactly one non-CPU device holds the weights
-(the lab pair, where the RPC device is the only accelerator); else they are unknown (None).
+present, otherwise from the offloaded count: all of it when exactly one non-CPU device holds the
+weights (the lab pair, where the RPC device is the only accelerator), else shared between the
+accelerators in proportion to their model buffer bytes (a GPU pair: `CUDA0` and `RPC0[...]` both
+hold weights, and level 4, the level the profile renders, has no per-layer line; issue 42 item 3).
+A shared count is an estimate (layers differ in size by their share of the output layer) and says
+so in `layers_from`; the judgement it feeds is "the RPC device holds at least N layers".
 The parse uses the first load that really loads (`load_mode` other than `none`: the
 parameter-fitting probe loads nothing) up to the draft model or `load_model: initializing`.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config.split import SplitExpectation
+from orchestrator.config.split import LOG_VERBOSITY, SplitExpectation
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 
@@ -94,16 +98,35 @@ def parse_load_split(text: str) -> dict[str, Any] | None:
         elif not holders:
             dev(CPU)["layers"] = total
             layers_from = "offloaded N/M layers, no accelerator holds weights"
+        else:
+            shares = _shares(offloaded, {n: devices[n]["model_mib"] for n in holders})
+            for n, k in shares.items():
+                dev(n)["layers"] = k
+            dev(CPU)["layers"] = total - offloaded
+            layers_from = "offloaded N/M layers shared by model buffer bytes between accelerators (estimate)"
     for d in devices.values():
         d["model_mib"] = round(d["model_mib"], 2)
         d["kv_mib"] = round(d["kv_mib"], 2)
     return {"devices": devices, "offloaded": offloaded, "n_layers_total": total, "layers_from": layers_from}
 
 
+def _shares(n: int, weights: dict[str, float]) -> dict[str, int]:
+    """`n` split in proportion to `weights` by largest remainder (the parts sum to `n`)."""
+    total = sum(weights.values())
+    exact = {k: n * w / total for k, w in weights.items()}
+    out = {k: int(v) for k, v in exact.items()}
+    for k in sorted(exact, key=lambda k: (out[k] - exact[k], k))[: n - sum(out.values())]:
+        out[k] += 1
+    return out
+
+
 def split_problems(split: dict[str, Any] | None, expect: SplitExpectation) -> list[str]:
     """What the profile's `split` declares, against the parsed load log."""
     if split is None:
-        return ["the server's log shows no model load (run it with --log-verbosity 4: the profile's split sets it)"]
+        return [
+            f"the server's log shows no model load (run it with --log-verbosity {LOG_VERBOSITY}: the profile's "
+            "split sets it)"
+        ]
     rpc = {n: d for n, d in split["devices"].items() if n.startswith("RPC")}
     p = []
     if not rpc:
@@ -112,9 +135,10 @@ def split_problems(split: dict[str, Any] | None, expect: SplitExpectation) -> li
     layers = sum(d["layers"] or 0 for d in rpc.values())
     known = all(d["layers"] is not None for d in rpc.values())
     if not known:
-        p.append("layers per RPC device are not in the log (run with --log-verbosity 5 for the per-layer lines)")
+        p.append(f"layers per RPC device are not in the log (offloaded count missing; log level {LOG_VERBOSITY})")
     elif layers < expect.rpc_min_layers:
-        p.append(f"the RPC device(s) hold {layers} layers, the profile expects at least {expect.rpc_min_layers}")
+        how = f" ({split['layers_from']})" if "estimate" in str(split.get("layers_from")) else ""
+        p.append(f"the RPC device(s) hold {layers} layers{how}, the profile expects at least {expect.rpc_min_layers}")
     model = sum(d["model_mib"] for d in rpc.values())
     if model < expect.rpc_min_model_mib or model <= 0:
         p.append(f"the RPC device(s) hold {model:g} MiB of weights, the profile expects at least "

@@ -27,6 +27,7 @@ from orchestrator.checks import (
     identity,
     long_prefix,
     near_full,
+    reference,
     reference_logprobs,
     rpc_consistency,
     sampling,
@@ -152,7 +153,10 @@ def measure_budget(ctx: CheckContext) -> CheckResult | None:
     try:
         prompt_n, _gen = budget.probe_size(ctx.profile)
         prompt = PromptBuilder(ctx.client, ctx.options.seed).exact(prompt_n, variant=11)
-        speeds = budget.measure(ctx.client, ctx.profile, list(prompt))
+        # the services' CPU time on their hosts: the finer progress signal (a stopped server fails in
+        # budget.IDLE_S, however long an honest batch at this profile's context may take)
+        alive = budget.services_cpu(ctx.transports, ctx.host_roots) if ctx.transports else None
+        speeds = budget.measure(ctx.client, ctx.profile, list(prompt), alive)
         limits = budget.from_speeds(ctx.profile, speeds, generation_fraction=ctx.options.generation_fraction,
                                     n_ctx_train=ctx.n_ctx_train)  # fmt: skip
     except (budget.TooSlow, ServerUnreachable) as exc:
@@ -161,7 +165,7 @@ def measure_budget(ctx: CheckContext) -> CheckResult | None:
         return CheckResult(name=SPEED, verdict=verdict, message=msg, duration_s=round(time.monotonic() - timer, 3))
     ctx.budget = limits.to_dict()
     ctx.options = dataclasses.replace(ctx.options, request_timeout_s=limits.completion_s)
-    ctx.client.watch = limits.watch()
+    ctx.client.watch = limits.watch(alive)
     ctx.stall_s = limits.stall_s
     ctx.log("request budget", **limits.to_dict())
     if ctx.journal is not None:
@@ -214,8 +218,10 @@ def run_suite(
         sampler.start()
     stopped: CheckResult | None = None
     runnable = [n for n in names if fns.get(n) is not None]
+    ctx.whole_suite = names == select()
     if ctx.journal is not None:  # what it set out to run: an interrupted suite's rest is still required
         ctx.journal.set("acceptance_plan", [STEP_PREFIX + n for n in names if n in fns])
+        ctx.journal.set(reference.WHOLE_SUITE, ctx.whole_suite)
     try:
         model_checks = [n for n in names if fns.get(n) is not None]
         if model_checks and ctx.options.measure_speed:
@@ -247,8 +253,14 @@ def run_suite(
             progress.event("check.start", f"check {name} {nth} ...", check=name)
             r = _guarded(name, partial(fn, ctx))
             ctx.log("check done", check=name, verdict=r.verdict)
+            # a check that skipped itself says why on the operator's screen (e.g. reference_logprobs in a
+            # run limited by --checks: no reference is recorded, issue 42 item 5)
+            why = f": {r.message[:300]}" if r.verdict == "skipped" and r.message else ""
             progress.event(
-                "check.end", f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s)", check=name, verdict=r.verdict
+                "check.end",
+                f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s){why}",
+                check=name,
+                verdict=r.verdict,
             )
             results.append(r)
             _record(ctx, r)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import Any
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.root_trust import check_root
+from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import (
     HOST_FILE_MAX,
     FsRead,
@@ -378,3 +380,70 @@ def rpc_probe_problem(host: str, name: str, state: str | None, hang_s: float) ->
     if state == "unanswered":
         return f"{host}: {name} did not answer the RPC HELLO within {hang_s:g} s (hung)"
     return None
+
+
+# TCP listeners from the kernel's own tables, not `ss` (iproute2 is missing on minimal images, e.g.
+# the lent GPU host: issue 42 item 4). `cat` is coreutils, which the pairctl-svc helper needs anyway.
+PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN = 10
+
+
+def _proc_addr(hex_addr: str) -> str:
+    """A /proc/net/tcp{,6} address (each 32-bit word in host byte order, x86/arm little-endian)."""
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) not in (4, 16):
+        raise ValueError(f"not an IPv4 or IPv6 address: {hex_addr!r}")
+    packed = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+    addr = ipaddress.ip_address(packed)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        return str(addr.ipv4_mapped)
+    return str(addr)
+
+
+def parse_proc_net_tcp(text: str) -> list[tuple[str, int]]:
+    """(address, port) of every listening socket in /proc/net/tcp and /proc/net/tcp6 text (both
+    files concatenated, each with its header line). A line that is not a socket entry is ignored."""
+    out: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 4 or not f[0].endswith(":") or not f[0][:-1].isdigit() or f[3].upper() != TCP_LISTEN:
+            continue
+        host, _, port = f[1].partition(":")
+        try:
+            out.append((_proc_addr(host), int(port, 16)))
+        except ValueError:
+            continue
+    return out
+
+
+def listeners_cmd() -> Cmd:
+    """Both kernel tables; the command exits 1 on a host without IPv6 (tcp6 absent): judge stdout."""
+    return Cmd(("cat", *PROC_NET_TCP))
+
+
+def tcp_listeners(transport: Transport) -> list[tuple[str, int]]:
+    """The host's listening TCP sockets, read from its /proc (no `ss` needed on the host)."""
+    r = transport.run(listeners_cmd(), check=False, timeout=30)
+    if "local_address" not in r.stdout:
+        raise HostStateError(
+            f"{transport.name}: cannot read {' '.join(PROC_NET_TCP)} (exit {r.exit_status}): {r.stderr.strip()[:200]}"
+        )
+    return parse_proc_net_tcp(r.stdout)
+
+
+def port_taken(listeners: Iterable[tuple[str, int]], bind: str, port: int) -> list[str]:
+    """Listening addresses that would clash with binding bind:port (the same address or a wildcard)."""
+    clash = {bind, "0.0.0.0", "::"}
+    return [f"[{a}]:{p}" if ":" in a else f"{a}:{p}" for a, p in listeners if p == port and a in clash]
+
+
+def parse_proc_stat(data: bytes) -> tuple[str, int] | None:
+    """(state, utime + stime in clock ticks) from /proc/<pid>/stat (proc(5): the command name in
+    parentheses may hold spaces, so fields are counted after its closing parenthesis: state is
+    field 3, utime 14 and stime 15). None when the text is not such a line."""
+    text = data.decode("ascii", "replace")
+    _, sep, rest = text.rpartition(")")
+    f = rest.split()
+    if not sep or len(f) < 13 or not f[11].isdigit() or not f[12].isdigit():
+        return None
+    return f[0], int(f[11]) + int(f[12])

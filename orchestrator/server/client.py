@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,15 +53,43 @@ class ServerTooSlow(ServerUnreachable):
 MODEL_PATHS = frozenset({"/completion", "/completions", "/v1/completions", "/v1/chat/completions", "/chat/completions"})
 
 
+# What `ProgressWatch.alive` returns: per service (name, pid, state, CPU ticks), or None (unknown)
+Liveness = tuple[tuple[str, int, str, int], ...]
+
+
 @dataclass(frozen=True)
 class ProgressWatch:
     """How a model request is judged alive while it runs: `/slots` is read every `poll_s`; any
     change in a slot's task, prompt tokens processed or tokens decoded is progress; none for
-    `stall_s` fails the request. `why` says where `stall_s` came from (for the message)."""
+    `stall_s` fails the request. `why` says where `stall_s` came from (for the message).
+
+    `/slots` answers only between batches, so a long batch is silent there. `alive` is the finer
+    signal: the services' CPU time on their hosts (/proc/<pid>/stat), read every poll; a service
+    that computes uses CPU time every second. When neither `/slots` nor the CPU time of any service
+    moves for `idle_s` (a SIGSTOPped or deadlocked server), the request fails then, however long a
+    batch at this context may honestly take; `stall_s` still bounds a server that spins without
+    progress. `alive` returning None (host not readable) leaves `stall_s` alone to judge."""
 
     stall_s: float
     poll_s: float = 1.0
     why: str = ""
+    alive: Callable[[], Liveness | None] | None = None
+    idle_s: float | None = None
+    idle_why: str = ""
+
+
+def _read_alive(watch: ProgressWatch) -> Liveness | None:
+    """The services' CPU time now, or None when there is no reader or the hosts did not answer."""
+    if watch.alive is None:
+        return None
+    try:
+        return watch.alive()
+    except Exception:  # an unreadable host is no sign either way: /slots and stall_s still judge
+        return None
+
+
+def _ticks(seen: Liveness | None) -> dict[str, int]:
+    return {f"{n}:{pid}": t for n, pid, _st, t in seen or ()}
 
 
 def progress_signature(slots: list[dict[str, Any]]) -> tuple[Any, ...]:
@@ -95,6 +123,7 @@ class StreamHandle:
     """A streaming completion in progress; `close()` drops the connection (the server cancels)."""
 
     chunks_seen: list[StreamChunk] = field(default_factory=list)
+    arrivals: list[float] = field(default_factory=list)  # time.monotonic() each chunk was read
     started_at: float = 0.0
     closed_at: float | None = None
     _response: httpx.Response | None = None
@@ -178,12 +207,17 @@ class ServerClient:
                 done.set()
 
         threading.Thread(target=work, daemon=True, name=f"pairctl {method} {path}").start()
-        last = time.monotonic()
+        last = busy = time.monotonic()  # last /slots progress; last sign of work (/slots or CPU time)
         sig: tuple[Any, ...] | None = None
+        cpu = _read_alive(watch)  # the baseline: CPU time that moves from here on is work
+        cpu_ticks = _ticks(cpu)
         while not done.wait(watch.poll_s):
             now = time.monotonic()
-            try:
-                slots = self.slots_raw(timeout=max(1.0, watch.stall_s - (now - last)))
+            bound = watch.stall_s - (now - last)
+            if watch.idle_s is not None and cpu is not None:
+                bound = min(bound, watch.idle_s - (now - busy))
+            try:  # llama-server answers /slots between batches: this waits out a long batch, bounded
+                slots = self.slots_raw(timeout=max(1.0, bound))
             except ServerRequestError as exc:
                 if exc.status == 501:  # --no-slots: nothing to watch; the total bound still holds
                     done.wait()
@@ -191,16 +225,29 @@ class ServerClient:
                 slots = None
             except ServerUnreachable:
                 slots = None
+            seen = _read_alive(watch)  # after /slots, so a batch that kept /slots silent is seen working
             now = time.monotonic()
+            if seen is None:  # unknown (a host did not answer): only stall_s judges until it answers again
+                cpu, cpu_ticks = None, {}
+            else:
+                if cpu is None or _ticks(seen) != cpu_ticks:  # moved, or a new baseline after a gap
+                    busy = now
+                cpu, cpu_ticks = seen, _ticks(seen)
             if isinstance(slots, list):
                 cur = progress_signature(slots)
                 if cur != sig:
-                    sig, last = cur, now
-            if now - last > watch.stall_s:
+                    sig, last, busy = cur, now, now
+            idle = watch.idle_s is not None and cpu is not None and now - busy > watch.idle_s
+            if now - last > watch.stall_s or idle:
+                if idle:
+                    procs = ", ".join(f"{n} pid {pid} state {st}" for n, pid, st, _t in cpu or ())
+                    what = (f"and no CPU time used by {procs} for {now - busy:.0f} s; bound {watch.idle_s:.0f} s"
+                            f"{': ' + watch.idle_why if watch.idle_why else ''}")  # fmt: skip
+                else:
+                    what = f"; bound {watch.stall_s:.0f} s{': ' + watch.why if watch.why else ''}"
                 raise ServerStalled(
                     f"{method} {self.base_url}{path}: stopped making progress for {now - last:.0f} s "
-                    f"(no prompt-processing or generated token in /slots; bound {watch.stall_s:.0f} s"
-                    f"{': ' + watch.why if watch.why else ''})",
+                    f"(no prompt-processing or generated token in /slots {what})",
                     hint="the server is hung or stopped: look at its log and process state",
                 )
         err = box.get("error")
@@ -346,6 +393,7 @@ class ServerClient:
                 def chunks() -> Iterator[StreamChunk]:
                     for chunk in parsers.parse_sse_lines(r.iter_lines()):
                         handle.chunks_seen.append(chunk)
+                        handle.arrivals.append(time.monotonic())
                         yield chunk
 
                 yield handle, chunks()

@@ -255,6 +255,14 @@ def test_cancellation_passes_and_reads_the_cancel_from_the_host_log(live):
     r = cancellation.run(live.ctx)
     assert r.verdict == "passed", r.message
     assert r.raw["log"]["found"] and r.figures["idle_after_s"] <= r.figures["bound_s"]
+    # issue 42 item 2: the lateness bound is decode steps measured on this pair, with its source
+    late = r.raw["late_bound"]
+    assert late["bound_s"] == r.figures["late_bound_s"] and late["bound_s"] > 0, late
+    assert "steps x allowance" in late["why"] and "follow-up" in late["step_from"], late
+    assert late["slots_round_trip_s"] is not None and late["step_s"] > 0, late
+    held = r.figures["held_after_close_s"]
+    assert held is None or held <= late["bound_s"], (held, late)
+    print("cancellation late bound:", late)
 
 
 def test_identity_fails_when_the_server_restarts_during_the_suite(live):
@@ -390,7 +398,7 @@ def test_reference_logprobs_pass_a_numeric_change_and_reject_a_forward_pass_chan
     exit 7, and the previous pair is back."""
     pkg = deployed_lab.package_id
     _ensure_baseline_reference(cli, pkg)
-    r = _deploy(cli, pkg, "lab-oracle", "reference_logprobs")
+    r = _deploy(cli, pkg, "lab-oracle")  # the whole suite: only such a run records answers (issue 42 item 5)
     assert r.exit_code == 0, r.stderr[-3000:]
     rec, st = _ref_step(deployed_lab.home)
     assert st is not None and st.data["raw"]["key"] and st.data["verdict"] in ("skipped", "passed"), st.data["message"]
@@ -502,6 +510,32 @@ def _llama_server_argv(rec) -> list[str]:
     raise AssertionError("no llama-server identity in the deploy receipt")
 
 
+def test_a_deploy_limited_to_reference_logprobs_records_no_reference(deployed_lab, restore_baseline, cli, tmp_path):
+    """Issue 42 item 5: a deploy limited to `--checks reference_logprobs`, whose only check skipped,
+    made its pair the route's reference. Now the reference pair, deployed with a profile whose key
+    has no answers yet, records nothing in such a run and says so; its receipt says the suite was
+    limited, and that real receipt alone makes no pair a reference."""
+    from orchestrator.checks.reference import WHOLE_SUITE, ran_whole_suite, state_from_receipts
+
+    pkg = deployed_lab.package_id
+    _ensure_baseline_reference(cli, pkg)
+    prof = tmp_path / "lab-oracle-limited.yaml"  # a slot size no run has recorded answers for
+    text = (MANIFESTS / "profiles/lab-oracle.yaml").read_text()
+    text = text.replace("name: lab-oracle", "name: lab-oracle-limited").replace("ctx_size: 4096", "ctx_size: 3072")
+    prof.write_text(text)
+    r = _deploy(cli, pkg, str(prof), "reference_logprobs")
+    assert r.exit_code == 0, r.stderr[-3000:]
+    rec, st = _ref_step(deployed_lab.home)
+    assert rec.outcome == "passed" and rec.extra_fields()[WHOLE_SUITE] is False and not ran_whole_suite(rec)
+    assert st.data["verdict"] == "skipped" and st.data["raw"]["role"] == "not recorded", st.data
+    msg = st.data["message"]
+    assert "does not run the whole suite" in msg and "nothing was recorded" in msg and "\n" not in msg, msg
+    assert "reference_logprobs" in r.stderr and "nothing was recorded" in r.stderr, r.stderr[-2000:]
+    shown = json.loads(run_cli(cli, "--json", "reference", "show", "--pair", PAIR).stdout)
+    assert st.data["raw"]["key"] not in [a["key"] for a in shown["answers"]], shown
+    assert state_from_receipts([rec]).pin is None  # this receipt alone would not make a reference
+
+
 def test_reference_logprobs_pass_thread_count_split_and_ubatch_changes(deployed_lab, restore_baseline, cli):
     """Issue 15: the thread-count change in the lab passes the logprob gates. In the lab every layer
     of lab-oracle runs on the RPC host (ggml-rpc-server, its own thread count), where llama-server's
@@ -511,7 +545,7 @@ def test_reference_logprobs_pass_thread_count_split_and_ubatch_changes(deployed_
     Each deploy passes reference_logprobs; the figures are printed for docs/reference-answers.md."""
     pkg = deployed_lab.package_id
     _ensure_baseline_reference(cli, pkg)
-    r = _deploy(cli, pkg, "lab-oracle", "reference_logprobs")  # records the answers, or compares at zero
+    r = _deploy(cli, pkg, "lab-oracle")  # the whole suite records the answers (issue 42 item 5), or compares at zero
     assert r.exit_code == 0, r.stderr[-3000:]
     measured = {}
     for profile, checks in (

@@ -104,12 +104,15 @@ def test_a_slow_real_pair_gets_bounds_from_its_own_speed() -> None:
     assert b.completion_s == round(prof.speed.slowdown_allowance * work + budget.MARGIN_S, 1)
     assert b.completion_s > 4 * old.completion_s
     assert "7.0 tok/s" in b.why and "test figures" in b.why
-    # one batch of prompt at 7 tok/s slowed by the allowance: /slots may be silent that long,
-    # three times over, but a stopped server still fails within 2 minutes
-    assert b.stall_s == budget.STALL_MAX_S <= 110
+    # one batch of prompt at 7 tok/s slowed by the allowance and grown to a full slot's context
+    # (512 cells against the probe's 256): /slots may be silent that long, three times over, with
+    # no cap (issue 42 item 2: a stopped server is caught by the services' CPU time instead)
+    growth = prof.per_slot_ctx() / 256
+    assert b.stall_s == round(3 * prof.speed.slowdown_allowance * prof.batch_size / 7.0 * growth, 1)
     mid = budget.from_speeds(prof, _speeds(60.0, 20.0))
-    assert mid.stall_s == round(3 * prof.speed.slowdown_allowance * prof.batch_size / 60.0, 1)
-    assert "allowance" in mid.speeds["stall_why"]
+    assert mid.stall_s == round(3 * prof.speed.slowdown_allowance * prof.batch_size / 60.0 * growth, 1)
+    assert "allowance" in mid.speeds["stall_why"] and "context growth 2.00" in mid.speeds["stall_why"]
+    assert mid.speeds["idle_s"] == budget.IDLE_S and "CPU time" in mid.speeds["idle_why"]
     # a fast pair's stall bound does not drop below the minimum
     assert budget.from_speeds(prof, _speeds(5000.0, 900.0)).stall_s == budget.STALL_MIN_S
 
@@ -166,3 +169,182 @@ def test_progress_signature_changes_with_prompt_and_generation_progress() -> Non
     assert a != progress_signature([slot(256, 0, task=8)])  # another task started
     assert a == progress_signature([slot(256, 0)])  # nothing moved: a stall
     assert progress_signature([{"id": 0, "is_processing": False}]) == ((0, None, False, None, None),)
+
+
+# --- issue 42 item 2: bounds that scale with the work; a stopped server caught by its CPU time ---------
+
+
+def test_the_silence_bound_covers_a_batch_of_two_near_full_lanes_at_4x_context() -> None:
+    """The operator's profile (ctx 4096, 2 slots, batch 1024, ubatch 256) on a busy 2-core machine:
+    the probe measured 34 prompt tok/s on 128 tokens, and one 1024-token batch of two near-full
+    lanes then took about 100 s; the old cap (100 s) called that a stall after 101 s."""
+    prof = load_profile("lab-real").model_copy(update={"ctx_size": 4096, "batch_size": 1024, "ubatch_size": 256})
+    b = budget.from_speeds(prof, _speeds(34.0, 20.0))
+    growth, deep, probe = budget.context_growth(prof)
+    assert (deep, probe, growth) == (2048, 256, 8.0)
+    assert b.stall_s == round(3 * prof.speed.slowdown_allowance * 1024 / 34.0 * 8.0, 1)
+    assert b.stall_s > 10 * 110  # the batch seen taking ~100-110 s is far inside it
+    assert "1024 tokens / 34.0 prompt tok/s x context growth 8.00" in b.speeds["stall_why"]
+    # the batch bound never exceeds what the lanes hold, and grows with the lanes on a unified cache
+    small = load_profile("lab-real").model_copy(update={"ctx_size": 256, "batch_size": 4096})
+    assert "batch 512 tokens" in budget.from_speeds(small, _speeds(34.0, 20.0)).speeds["stall_why"]
+    uni = prof.model_copy(update={"extra_args": ["--kv-unified"]})
+    assert budget.context_growth(uni)[0] == 16.0
+
+
+GOLDEN = __import__("pathlib").Path(__file__).parent / "golden"
+
+
+def test_proc_stat_gives_state_and_cpu_ticks_from_real_lines() -> None:
+    """Captured on this machine: a busy python3 (R, 16 ticks) and a SIGSTOPped process (T)."""
+    from orchestrator.hosts.probes import parse_proc_stat
+
+    assert parse_proc_stat((GOLDEN / "proc_pid_stat_running.txt").read_bytes()) == ("R", 16)
+    state, ticks = parse_proc_stat((GOLDEN / "proc_pid_stat_stopped.txt").read_bytes()) or ("", -1)
+    assert state == "T" and ticks >= 0
+    # a command name with spaces and parentheses is counted from its last ")"
+    line = (GOLDEN / "proc_pid_stat_running.txt").read_bytes().replace(b"(python3)", b"(a) b (c)")
+    assert parse_proc_stat(line) == ("R", 16)
+    assert parse_proc_stat(b"") is None and parse_proc_stat(b"12 (x) R 1") is None
+
+
+class _SlowServer:
+    """A real HTTP server whose /completion answers after `answer_s` and whose /slots answers only
+    when no request computes, as llama-server's answers only between batches (one long batch)."""
+
+    def __init__(self, answer_s: float) -> None:
+        import http.server
+        import json as _json
+        import threading
+        import time as _time
+
+        class H(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                pass
+
+            def _send(self, body: object) -> None:
+                data = _json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                idle.wait()  # no answer during the batch
+                self._send([{"id": 0, "id_task": 1, "is_processing": True, "n_prompt_tokens_processed": 1024}])
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                idle.clear()
+                _time.sleep(answer_s)
+                idle.set()
+                self._send(_json.loads((GOLDEN / "completion.json").read_text()))
+
+        idle = threading.Event()
+        idle.set()
+        self.idle = idle
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.idle.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_long_batch_that_burns_cpu_is_not_a_stall_and_a_stopped_server_is() -> None:
+    """/slots silent for longer than the idle bound: while the services' CPU time moves the request
+    goes on to its answer; when it stops moving (SIGSTOP, deadlock) the request fails at idle_s,
+    naming the process state, long before the (work-derived) stall bound."""
+    import itertools
+    import time
+
+    from orchestrator.server.client import ProgressWatch, ServerClient, ServerStalled
+
+    srv = _SlowServer(answer_s=2.5)
+    try:
+        ticks = itertools.count()
+        working = ProgressWatch(
+            stall_s=60.0, poll_s=0.1, alive=lambda: (("llama-server", 7, "R", next(ticks)),), idle_s=1.0
+        )
+        with ServerClient(srv.url) as c:
+            c.watch = working
+            t0 = time.monotonic()
+            r = c.completion([1, 2, 3], 1, timeout=30)
+            assert r.content and time.monotonic() - t0 >= 2.4
+            # a host that does not answer the reading (a cut SSH session) is no sign of a stop
+            c.watch = ProgressWatch(stall_s=60.0, poll_s=0.1, alive=lambda: None, idle_s=1.0)
+            assert c.completion([1, 2, 3], 1, timeout=30).content
+            c.watch = ProgressWatch(stall_s=60.0, poll_s=0.1, alive=lambda: (("llama-server", 7, "T", 5),), idle_s=1.0)
+            t0 = time.monotonic()
+            with pytest.raises(ServerStalled) as e:
+                c.completion([1, 2, 3], 1, timeout=30)
+            took = time.monotonic() - t0
+        assert 1.0 <= took < 2.4, took
+        msg = str(e.value)
+        assert "stopped making progress" in msg and "llama-server pid 7 state T" in msg and "no CPU time" in msg
+        assert budget.is_transport_failure(msg)
+    finally:
+        srv.close()
+
+
+def test_a_host_that_hangs_does_not_hang_the_watch() -> None:
+    """The CPU-time reading goes over SSH; a frozen sshd must not stop the watch from judging."""
+    import threading
+    import time
+
+    gate = threading.Event()
+    reading = (("llama-server", 7, "S", 3),)
+
+    def slow() -> tuple:
+        gate.wait(10)
+        return reading
+
+    read = budget._Bounded(slow, wait_s=0.2)
+    t0 = time.monotonic()
+    assert read() is None and read() is None  # the same reading still in flight: no second thread
+    assert time.monotonic() - t0 < 1.0
+    gate.set()
+    assert read() == reading  # the late reading is handed to the next call
+    assert budget._Bounded(lambda: reading)() == reading
+    assert budget._Bounded(lambda: 1 / 0)() is None  # type: ignore[arg-type,return-value]
+
+
+def test_services_cpu_reads_the_main_threads_of_real_processes(tmp_path) -> None:
+    """The reader the watch uses, on real processes through the local transport: a busy one's CPU
+    ticks move, a SIGSTOPped one reads state T and its ticks stand still."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from orchestrator.remote.local import LocalTransport
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        roots = {}
+        for role, service, proc in (("native", "llama-server", busy), ("rpc", "ggml-rpc-server", stopped)):
+            root = tmp_path / role
+            (root / "run").mkdir(parents=True)
+            (root / "run" / f"{service}.pid").write_text(f"{proc.pid}\n")
+            roots[role] = str(root)
+        t = LocalTransport()
+        read = budget.services_cpu({"native": t, "rpc": t}, roots)
+        first = read()
+        time.sleep(0.5)
+        second = read()
+        assert first is not None and second is not None
+        by1, by2 = {s[0]: s for s in first}, {s[0]: s for s in second}
+        assert by2["llama-server"][1] == busy.pid and by2["llama-server"][3] > by1["llama-server"][3]
+        assert by2["ggml-rpc-server"][2] == "T" and by2["ggml-rpc-server"][3] == by1["ggml-rpc-server"][3]
+        assert budget.services_cpu({"native": t}, {"native": str(tmp_path / "none")})() is None
+    finally:
+        for p in (busy, stopped):
+            p.kill()
+            p.wait()

@@ -248,12 +248,38 @@ def test_a_prompt_stop_on_a_loaded_machine_is_judged_on_the_servers_clock():
     by = cn.stopped_by_tokens(64, 8, 0.1193, 147.1)
     assert by == 119  # the speed-based fallback alone judges this prompt stop late ...
     assert any("did not stop at the cancel" in x for x in cn.cancel_problems(**good, log=log, stopped_by=by))
-    # ... the server's clock does not
-    assert cn.cancel_problems(**good, log=log, stopped_by=by, held_after_s=held) == []
+    # ... the server's clock does not; the bound is decode steps of this pair (issue 42 item 2): the
+    # follow-up's 147.1 tokens/s, a step of up to 1 + n_max 3 tokens, 4 steps, allowance 4
+    step, why = cn.step_seconds(64 / 147.1 * 1000, 64, 4, None)
+    assert step == pytest.approx(4 / 147.1) and "follow-up" in why
+    bound, why = cn.late_bound(step, None, 4.0)
+    assert bound == pytest.approx(16 * 4 / 147.1, abs=1e-4) and "4 steps" in why
+    assert cn.cancel_problems(**good, log=log, stopped_by=by, held_after_s=held, late_bound_s=bound) == []
     # a slot released 0.8 s after the close (the same lines, the release moved) did not stop at the cancel
     late = {**log, "stop_t": log["stop_t"] + 0.8}
-    p = cn.cancel_problems(**good, log=late, stopped_by=by, held_after_s=cn.held_after_close_s(late, 0.1193))
+    held_late = cn.held_after_close_s(late, 0.1193)
+    p = cn.cancel_problems(**good, log=late, stopped_by=by, held_after_s=held_late, late_bound_s=bound)
     assert any("kept the task 0.8" in x and "did not stop at the cancel" in x for x in p), p
+
+
+def test_the_cancel_lateness_bound_grows_with_the_steps_this_pair_takes():
+    """Issue 42 item 2: `make demo` failed at 0.828 s against the constant 0.5 s on a busy machine.
+    The bound is STOP_STEPS decode steps x the slowdown allowance, each step the longer of the
+    measured decode step and the longest gap between streamed chunks (a write's delay under load)."""
+    fast, _ = cn.step_seconds(100.0, 100, 1, None)  # 1 ms a token, a quiet machine
+    quiet, _ = cn.late_bound(fast, 0.002, 4.0)
+    assert quiet == pytest.approx(0.032)
+    busy, why = cn.late_bound(fast, 0.06, 4.0)  # the same server, its writes 60 ms apart under load
+    assert busy == pytest.approx(0.96) and busy > 0.828 and "longest stream gap 0.0600" in why
+    assert cn.longest_gap_s([0.0, 1.0, 1.01, 1.07, 1.08]) == pytest.approx(0.06)  # the first wait is the prompt's
+    assert cn.longest_gap_s([0.0, 1.0]) is None
+    # a fast server on a loaded machine: it answered /slots 0.3 s late while generating, so it may
+    # learn of the close as late (make demo: 0.828 s against the old constant 0.5 s)
+    loaded, why = cn.late_bound(fast, 0.002, 4.0, 0.3)
+    assert loaded == pytest.approx(4.8) and loaded > 0.828 and "/slots round trip while generating 0.3000" in why
+    probe, why = cn.step_seconds(None, None, 1, 50.0)
+    assert probe == pytest.approx(0.02) and "probe" in why
+    assert cn.step_seconds(None, None, 1, None)[0] is None and cn.late_bound(None, None, 4.0)[0] is None
 
 
 def test_grep_command_is_argv():

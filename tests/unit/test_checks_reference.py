@@ -13,12 +13,14 @@ from pydantic import ValidationError
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.oracle_fixtures import OracleFixtureSet, load_oracle_set, seeded_text
 from orchestrator.checks.reference import (
+    LEGACY_WHOLE_SUITE,
     STEP,
     answers_key,
     base_key,
     changed_fields,
     device_kind,
     numerics_fields,
+    ran_whole_suite,
     state_from_receipts,
 )
 from orchestrator.checks.reference_logprobs import Answer, teacher_forced
@@ -139,7 +141,8 @@ class FakeReceipt:
     command: str
     outcome: str = "passed"
     raw: dict[str, Any] | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
+    # a deploy/accept that ran the whole suite (checks.suite records it; issue 42 item 5)
+    fields: dict[str, Any] = field(default_factory=lambda: {"acceptance_whole_suite": True})
 
     def step(self, name: str) -> FakeStep | None:
         return FakeStep({"raw": self.raw}) if name == STEP and self.raw is not None else None
@@ -174,6 +177,39 @@ def test_a_set_reference_wins_and_only_its_answers_count():
     assert st.pin is not None and st.pin.packages() == ("b", "b") and st.pin.how == "set" and st.pin.receipt == "r2"
     assert set(st.answers) == {"k9"}
     assert state_from_receipts([]).pin is None
+
+
+def test_a_run_limited_to_some_checks_never_makes_or_feeds_the_reference():
+    """Issue 42 item 5: `deploy --checks reference_logprobs` passed with that one check and made its
+    pair the route's reference. A receipt counts only when its acceptance ran the whole suite."""
+    limited = {"acceptance_whole_suite": False, "acceptance_plan": ["check:reference_logprobs"]}
+    rs = [
+        FakeReceipt("r1", "deploy", raw=ref_raw(("x", "x"), "k0"), fields=limited),
+        FakeReceipt("r2", "deploy", raw=ref_raw(("a", "a"), "k1")),
+        FakeReceipt("r3", "accept", raw=ref_raw(("a", "a"), "k2"), fields=limited),
+    ]
+    st = state_from_receipts(rs)
+    assert st.pin is not None and st.pin.packages() == ("a", "a") and st.pin.receipt == "r2"
+    assert set(st.answers) == {"k1"}
+    assert state_from_receipts(rs[:1]).pin is None
+
+
+def test_receipts_from_before_the_flag_count_only_with_the_whole_plan():
+    whole = sorted(LEGACY_WHOLE_SUITE)
+    old_whole = FakeReceipt("r1", "deploy", raw=ref_raw(("a", "a"), "k1"), fields={"acceptance_plan": whole})
+    old_limited = FakeReceipt(
+        "r0", "deploy", raw=ref_raw(("x", "x"), "k0"), fields={"acceptance_plan": ["check:reference_logprobs"]}
+    )
+    no_plan = FakeReceipt("r9", "accept", raw=ref_raw(("y", "y"), "k9"), fields={})
+    assert ran_whole_suite(old_whole) and not ran_whole_suite(old_limited) and not ran_whole_suite(no_plan)
+    st = state_from_receipts([no_plan, old_limited, old_whole])
+    assert st.pin is not None and st.pin.receipt == "r1"
+
+
+def test_the_legacy_plan_is_the_suite_of_today():
+    from orchestrator.checks.suite import CHECKS, STEP_PREFIX
+
+    assert {STEP_PREFIX + n for n, fn in CHECKS.items() if fn is not None} == LEGACY_WHOLE_SUITE
 
 
 def test_answers_key_depends_on_every_part():

@@ -480,18 +480,25 @@ def test_judge_real_cuda_output(lab_inv, name):
     assert {r["backend"] for r in v.rows} == {"CUDA0"}
 
 
-def test_port_taken_parses_ss():
-    from orchestrator.checks.kernels import port_taken
+GOLDEN = Path(__file__).parent / "golden"
 
-    out = (
-        "LISTEN 0      128     127.0.0.3:50063 0.0.0.0:*\n"
-        "LISTEN 0      128     127.0.0.4:50063 0.0.0.0:*\n"
-        "LISTEN 0      128       0.0.0.0:50630 0.0.0.0:*\n"
-    )
-    assert port_taken(out, "127.0.0.3", 50063) == ["127.0.0.3:50063"]
-    assert port_taken("LISTEN 0 4096 *:50063 *:*\n", "127.0.0.3", 50063) == ["*:50063"]
-    assert port_taken("LISTEN 0 4096 [::]:50063 [::]:*\n", "127.0.0.3", 50063) == ["[::]:50063"]
-    assert port_taken(out, "127.0.0.9", 50063) == [] and port_taken("", "127.0.0.3", 50063) == []
+
+def test_listeners_come_from_a_real_proc_net_tcp():
+    """Issue 42 item 4: `ss` is missing on the GPU host; the kernel's tables are read instead.
+    Golden: this machine's /proc/net/tcp and /proc/net/tcp6, captured with listeners on
+    127.0.0.1:18081, [::1]:18082 and [::]:18083 (v6only) and one connection to the first."""
+    from orchestrator.checks.kernels import port_taken
+    from orchestrator.hosts.probes import parse_proc_net_tcp
+
+    text = (GOLDEN / "proc_net_tcp.txt").read_text() + (GOLDEN / "proc_net_tcp6.txt").read_text()
+    got = parse_proc_net_tcp(text)
+    assert sorted(got) == sorted([("0.0.0.0", 2024), ("127.0.0.1", 18081), ("::", 18083), ("::1", 18082)])
+    # established sockets (st 01) are not listeners, even on a listening port
+    assert port_taken(text, "127.0.0.1", 18081) == ["127.0.0.1:18081"]
+    assert port_taken(text, "127.0.0.3", 2024) == ["0.0.0.0:2024"]  # the wildcard holds every address
+    assert port_taken(text, "127.0.0.3", 18083) == ["[::]:18083"]
+    assert port_taken(text, "127.0.0.3", 18081) == [] and port_taken(text, "::1", 18082) == ["[::1]:18082"]
+    assert port_taken("", "127.0.0.3", 50063) == [] and parse_proc_net_tcp("garbage\n 0: zz:1 y 0A") == []
 
 
 def test_started_identity_requires_our_running_binary():
