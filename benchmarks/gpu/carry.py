@@ -38,6 +38,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo's orchestrator, run as a script here or there
+
 MIB = 1 << 20
 # What one device call may carry: the working tree and the carried paths together (device README).
 CALL_LIMIT = 64 * MIB

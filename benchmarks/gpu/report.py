@@ -565,7 +565,7 @@ def calls_section(raw: Raw, cpu_accept: Path | None = None) -> list[str]:
         "### The baseline: deployed with the whole suite, then accepted three times",
         "",
         f"Deploy exit {rc}, {secs} s wall with its acceptance (the route's first: it records the reference "
-        f"answers); the deploy's own steps {deploy_seconds(rec)} s.",
+        f"answers)" + (f"; the deploy's own steps {own} s." if (own := deploy_seconds(rec)) != "–" else "."),
         "",
     ]
     runs = [("deploy", checks_in(rec.get("acceptance") if isinstance(rec, dict) else None))]

@@ -222,7 +222,7 @@ receipt_of() {  # receipt_of NAME: the receipt of the deploy or rollback whose -
 }
 
 stash() {  # stash cN: check the carried folder against its SHA256SUMS, keep it outside the tree
-  local d=$REPO/.gpu/$1
+  local d=${GPU_CARRIED:-$REPO/.gpu}/$1
   [ -d "$d" ] || stop "nothing carried at .gpu/$1: name .gpu/$1 in this call's carry (README, GPU run)"
   (cd "$d" && sha256sum --quiet -c SHA256SUMS) >"$R/carried-$1.txt" 2>&1 || stop ".gpu/$1 does not match its SHA256SUMS: $(tail -2 "$R/carried-$1.txt" | tr '\n' ' ')"
   mkdir -p "$IN"; cp -r "$d/." "$IN/"; note "carried .gpu/$1 checked ($(du -sh "$d" | cut -f1))"
@@ -369,7 +369,7 @@ judge_mutant() {  # judge_mutant NAME PKG BASE
 
 call3() {
   need_call1
-  [ -d "$REPO/.gpu/c3" ] && stash c3
+  [ -d "${GPU_CARRIED:-$REPO/.gpu}/c3" ] && stash c3
   snapshot; device_env; config
   ( nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >>"$R/vram-real.csv" 2>/dev/null & echo $! >"$STATE/smi.pid" )
   if [ ! -e "$STATE/model.ok" ]; then
