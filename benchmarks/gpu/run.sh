@@ -215,7 +215,9 @@ timed() {  # timed NAME CMD...: stdout to NAME.out, stderr to NAME.err, then "rc
 }
 why() { grep -v '^rc=' "$R/$1.err" | grep -E 'error|cause|Error|failed' | tail -2 | tr '\n' ' ' | cut -c1-400; }
 pkg_id() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print((d[0] if isinstance(d, list) else d)["id"])' "$1"; }
-rpc() { python3 -m orchestrator "${RI[@]}" "$@"; }
+budget() { local l; l=$(( $(left) - 15 )); echo $(( l > 5 ? l : 5 )); }
+# every pairctl step ends inside the call (a step cut off by the device's limit would leave no report)
+rpc() { timeout -k 5 "$(budget)" python3 -m orchestrator "${RI[@]}" "$@"; }
 receipt_of() {  # receipt_of NAME: the receipt of the deploy or rollback whose --json is NAME.out, as receipt-NAME.json
   local id; id=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("receipt") or (d.get("error") or {}).get("receipt") or "")' "$R/$1.out" 2>/dev/null)
   [ -n "$id" ] && rpc --json receipts show "$id" >"$R/receipt-$1.json" 2>/dev/null
@@ -286,7 +288,7 @@ call1() {
   if [ -e "$STATE/builds.done" ] || kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null; then
     note "builds already running or done"
   else
-    rm -f "$STATE/builds.failed"
+    rm -f "$STATE/builds.failed" "$STATE/builds.pid"
     note "builds start in the background from $APP: base, sm90, $MUTANTS"
     APP=$APP setsid nohup bash "$APP/benchmarks/gpu/run.sh" builds >>"$R/builds.out" 2>&1 </dev/null &
     sleep 20
