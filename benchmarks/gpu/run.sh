@@ -217,7 +217,8 @@ why() { grep -v '^rc=' "$R/$1.err" | grep -E 'error|cause|Error|failed' | tail -
 pkg_id() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print((d[0] if isinstance(d, list) else d)["id"])' "$1"; }
 budget() { local l; l=$(( $(left) - 15 )); echo $(( l > 5 ? l : 5 )); }
 # every pairctl step ends inside the call (a step cut off by the device's limit would leave no report)
-rpc() { timeout -k 5 "$(budget)" python3 -m orchestrator "${RI[@]}" "$@"; }
+read -r -a PAIRCTL <<<"${GPU_PAIRCTL:-python3 -m orchestrator}"  # a stand-in only in tests/unit/test_gpu_procedure.py
+rpc() { timeout -k 5 "$(budget)" "${PAIRCTL[@]}" "${RI[@]}" "$@"; }
 receipt_of() {  # receipt_of NAME: the receipt of the deploy or rollback whose --json is NAME.out, as receipt-NAME.json
   local id; id=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("receipt") or (d.get("error") or {}).get("receipt") or "")' "$R/$1.out" 2>/dev/null)
   [ -n "$id" ] && rpc --json receipts show "$id" >"$R/receipt-$1.json" 2>/dev/null
@@ -292,7 +293,8 @@ call1() {
     note "builds start in the background from $APP: base, sm90, $MUTANTS"
     APP=$APP setsid nohup bash "$APP/benchmarks/gpu/run.sh" builds >>"$R/builds.out" 2>&1 </dev/null &
     sleep 20
-    kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null || stop "the background builds died at once: $(tail -3 "$R/builds.out" | tr '\n' ' ')"
+    kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null \
+      || stop "the background builds died at once: $(cat "$STATE/builds.failed" 2>/dev/null || tail -1 "$R/builds.out")"
   fi
   note "call 1 done: send call 2 now"
 }
@@ -310,7 +312,7 @@ builds() {  # background (setsid), from $APP: every package in the order call 3 
       [ -e "$STATE/ccache.ok" ] && ccache -s >"$R/ccache-after-$n.txt" 2>&1
       tail -1 "$R/build-$n.err" >"$R/build-$n.ok"; note "build $n: ok, $(cat "$R/build-$n.pkg"), $(cat "$R/build-$n.ok")"
     else
-      echo "build $n: $(tail -1 "$R/build-$n.err") $(why "build-$n")" >"$STATE/builds.failed"
+      echo "build $n: $(tail -1 "$R/build-$n.err"); $(why "build-$n" | cut -c1-300)" >"$STATE/builds.failed"
       stop "$(cat "$STATE/builds.failed")"
     fi
   done

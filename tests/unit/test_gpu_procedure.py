@@ -157,3 +157,93 @@ def test_report_names_the_card_and_leaves_out_what_did_not_run(tmp_path: Path) -
         "– s.",
     ):
         assert absent not in text, absent
+
+
+FAKE_PAIRCTL = r"""
+import json, sys
+from pathlib import Path
+state = Path(sys.argv[1]); args = sys.argv[2:]
+s = json.loads(state.read_text()) if state.exists() else {"active": None, "previous": None, "calls": []}
+cmd = [a for a in args if not a.startswith("-")]
+words = [a for a in args[4:] if a != "--json"]  # after --config DIR --inventory NAME
+s["calls"].append(" ".join(words))
+rc, out = 0, {}
+if words[:1] == ["deploy"]:
+    pkg = words[words.index("--packages") + 1]
+    check = words[words.index("--checks") + 1] if "--checks" in words else None
+    if pkg.startswith("mut-") and pkg not in s.get("accept_mutants", []):
+        s["last_check"] = check
+        rc, out = 7, {"error": {"exit_code": 7, "receipt": "r-" + pkg}}
+    else:
+        s["previous"], s["active"] = s["active"], pkg
+        out = {"receipt": "r-" + pkg, "outcome": "passed"}
+elif words[:1] == ["accept"]:
+    n = sum(c.startswith("accept") for c in s["calls"])
+    rc = 1 if n in s.get("fail_accepts", []) else 0
+    out = {"passed": rc == 0, "checks": [{"name": "identity", "verdict": "passed" if rc == 0 else "failed",
+                                          "duration_s": 0.1}]}
+elif words[:1] == ["rollback"]:
+    s["active"], s["previous"] = s["previous"], s["active"]
+elif words[:2] == ["receipts", "show"]:
+    out = {"steps": [{"name": "check:" + s["last_check"], "outcome": "failed"}], "final_state": {"state": "restored"}}
+elif words[:1] == ["status"]:
+    out = {"problems": [], "health": "ok", "route": {"active_packages": [s["active"]] * 2}}
+state.write_text(json.dumps(s))
+print(json.dumps(out))
+if rc:
+    print("pairctl: error: cause: fake failure", file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def _call3(tmp: Path, **fake: object) -> tuple[int, list[str], dict]:
+    """call3 on a machine where call 1 ran and every package is built, with pairctl replaced by a fake
+    that deploys, accepts, rejects each mutant by the check it is given, and rolls back."""
+    state = tmp / "state"
+    raw = state / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for marker in ("call1.ok", "model.ok"):
+        (state / marker).touch()
+    text = (GPU / "run.sh").read_text()
+    names = re.search(r"^MUTANTS=\$\{GPU_MUTANTS:-([^}]*)\}", text, re.M).group(1).split()  # type: ignore[union-attr]
+    for n in ["base", "sm90", *names]:
+        (raw / f"build-{n}.ok").write_text("rc=0 seconds=1\n")
+        (raw / f"build-{n}.pkg").write_text(("pkg-" if n in ("base", "sm90") else "mut-") + n + "\n")
+    (tmp / "fake.py").write_text(FAKE_PAIRCTL)
+    fake_state = tmp / "fake.json"
+    if not fake_state.exists():
+        fake_state.write_text(json.dumps({"active": None, "previous": None, "calls": [], **fake}))
+    env = {**os.environ, "GPU_STATE": str(state), "OUT": str(tmp / "out"), "GPU_CARRIED": str(tmp / "none"),
+           "GPU_PAIRCTL": f"{os.sys.executable} {tmp / 'fake.py'} {fake_state}"}  # fmt: skip
+    proc = subprocess.run(["bash", str(GPU / "run.sh"), "call3"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    return proc.returncode, (raw / "steps.log").read_text().splitlines(), json.loads(fake_state.read_text())
+
+
+def test_call3_judges_baseline_candidate_and_mutants_in_order_and_resumes_idempotently(tmp_path: Path) -> None:
+    rc, steps, fake = _call3(tmp_path)
+    assert rc == 0, steps[-5:]
+    assert steps[-1].split("] ", 1)[1].startswith("ALL DONE") and "rejected as meant: 6 of 6" in steps[-1]
+    calls = [c for c in fake["calls"] if c.startswith(("deploy", "accept", "rollback"))]
+    assert calls[0] == "deploy --pair gpu --packages pkg-base pkg-base"  # the whole suite: no --checks
+    assert calls[1:4] == ["accept --pair gpu"] * 3
+    assert "deploy --pair gpu --packages pkg-sm90 pkg-sm90" in calls and "rollback --pair gpu" in calls
+    assert "deploy --pair gpu --packages mut-lane-bleed mut-lane-bleed --checks two_lane_near_full" in calls
+    assert fake["active"] == "pkg-base"
+    rc, steps, fake2 = _call3(tmp_path)  # again on the same machine: nothing is deployed twice
+    assert rc == 0 and not [c for c in fake2["calls"][len(fake["calls"]) :] if c.startswith(("deploy", "accept"))]
+
+
+def test_call3_stops_when_the_baseline_is_not_accepted_three_times_in_a_row(tmp_path: Path) -> None:
+    rc, steps, fake = _call3(tmp_path, fail_accepts=[2])
+    assert rc == 1 and steps[-1].endswith("STOP: the baseline was not accepted three times in a row")
+    assert not any("sm90" in c or "mut-" in c for c in fake["calls"])  # nothing after the failed step
+
+
+def test_a_mutant_accepted_is_a_finding_the_baseline_is_put_back_and_the_run_goes_on(tmp_path: Path) -> None:
+    rc, steps, fake = _call3(tmp_path, accept_mutants=["mut-cache-off"])
+    assert rc == 0 and "rejected as meant: 5 of 6" in steps[-1]
+    assert any("mutant cache-off: ACCEPTED" in line for line in steps)
+    assert fake["active"] == "pkg-base"
+    i = fake["calls"].index("deploy --pair gpu --packages mut-cache-off mut-cache-off --checks cached_continuation")
+    assert fake["calls"][i + 1] == "rollback --pair gpu"
