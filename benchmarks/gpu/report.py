@@ -621,8 +621,8 @@ def calls_section(raw: Raw, cpu_accept: Path | None = None) -> list[str]:
             "",
             "### The MMVF candidate (`benchmarks/gpu/mmvf-warp-per-row-sm90`), deployed with the whole suite",
             "",
-            f"Verdict: **{verdict}** (deploy exit {crc}, {csecs} s; {passed}"
-            f" of {len(cc)} checks passed)."
+            f"Verdict: **{verdict}** (deploy exit {crc}, {csecs} s"
+            + (f"; {passed} of {len(cc)} checks passed)." if cc else ").")
             + (f" reference_logprobs: mean KL {g(ref.get('mean_kl'))}, max KL {g(ref.get('max_kl'))}, top-1 "
                f"{g(ref.get('top1'))}, max |dlogprob| {g(ref.get('max_abs_dlogprob'))}." if ref else "")
             + (f" Then `pairctl rollback` to the baseline: exit {rrc}, {rsecs} s." if rrc != "–" else ""),

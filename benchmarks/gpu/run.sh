@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# GPU validation on the lent H200 (issue 8), with the same pairctl commands an operator runs.
+# GPU validation on a lent H100 or H200, with the same pairctl commands an operator runs.
 #
+#   bash benchmarks/gpu/run.sh call1|call2|call3   # the real model, baseline, candidate and mutants (issues 42, 43):
+#                                                  # README, "GPU run"; the section "issues 42/43" below
+# Earlier phases (issues 8, 15, 22; the tiny BF16 model on the `gpu` inventory):
 #   bash benchmarks/gpu/run.sh pair   # facts, v100 refusal, h200 build, kernel cases, deploy + accept a GPU pair (~7 min)
 #   bash benchmarks/gpu/run.sh rtx    # facts, the rtx5060ti (sm_120) build: it must compile under CUDA 13 (~5 min)
 #   bash benchmarks/gpu/run.sh all    # both, for a machine with more than one call's time
