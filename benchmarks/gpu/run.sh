@@ -356,22 +356,22 @@ accept_three() {
   done
 }
 
-judge_mutant() {  # judge_mutant NAME PKG BASE
-  local n=$1 m=$2 b=$3 c rc; c=$(mutant_check "$n") || stop "no check named for mutant $n"
-  [ -e "$R/mutant-$n.verdict" ] && return 0
+judge_mutant() {  # judge_mutant NAME PKG BASE; the verdict file is written once the baseline runs again
+  local n=$1 m=$2 b=$3 c rc v; c=$(mutant_check "$n") || stop "no check named for mutant $n"
   note "mutant $n ($m): deploy --checks $c, must be rejected by it"
   timed "mutant-$n" rpc --json deploy --pair gpu --packages "$m" "$m" --checks "$c"; rc=$?
   keep_logs "mutant-$n"
   if [ "$rc" = 0 ]; then
-    echo "ACCEPTED: $c did not reject it" >"$R/mutant-$n.verdict"; note "mutant $n: ACCEPTED (a finding: $c did not see it); rollback"
+    v="ACCEPTED: $c did not reject it"; note "mutant $n: ACCEPTED (a finding: $c did not see it); rollback"
     timed "rollback-$n" rpc --json rollback --pair gpu || stop "rollback after mutant $n: $(why "rollback-$n")"
   else
     receipt_of "mutant-$n" || stop "mutant $n: deploy exit $rc without a receipt: $(why "mutant-$n")"
-    python3 "$HERE/carry.py" verdict "$R/mutant-$n.out" "$R/receipt-mutant-$n.json" "$c" >"$R/mutant-$n.verdict.tmp"; rc=$?
-    mv "$R/mutant-$n.verdict.tmp" "$R/mutant-$n.verdict"; note "mutant $n: $(cat "$R/mutant-$n.verdict")"
-    [ "$rc" = 0 ] || [ "$rc" = 2 ] || stop "mutant $n: verdict: $(cat "$R/mutant-$n.verdict")"
+    v=$(python3 "$HERE/carry.py" verdict "$R/mutant-$n.out" "$R/receipt-mutant-$n.json" "$c"); rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 2 ] || stop "mutant $n: no verdict: $v"
+    note "mutant $n: $v"
   fi
   active_is "$b" "after-$n"
+  echo "$v" >"$R/mutant-$n.verdict"
 }
 
 call3() {
@@ -403,16 +403,18 @@ call3() {
   fi
   S=$(wait_build sm90 90) || exit $?
   if [ ! -e "$R/candidate-sm90.verdict" ]; then
+    local v
     note "MMVF candidate $S (benchmarks/gpu/mmvf-warp-per-row-sm90): deploy with the whole suite"
     timed candidate-sm90 rpc --json deploy --pair gpu --packages "$S" "$S"; rc=$?
     keep_logs candidate-sm90; receipt_of candidate-sm90
     case $rc in
-      0) echo "accepted" >"$R/candidate-sm90.verdict"; note "candidate sm90: accepted; rollback to the baseline"
+      0) v="accepted"; note "candidate sm90: accepted; rollback to the baseline"
          timed rollback-sm90 rpc --json rollback --pair gpu || stop "rollback from the candidate: $(why rollback-sm90)" ;;
-      7) echo "REJECTED: $(why candidate-sm90)" >"$R/candidate-sm90.verdict"; note "candidate sm90: REJECTED (baseline restored): $(why candidate-sm90)" ;;
+      7) v="REJECTED: $(why candidate-sm90)"; note "candidate sm90: REJECTED (baseline restored): $(why candidate-sm90)" ;;
       *) stop "candidate deploy exit $rc: $(why candidate-sm90)" ;;
     esac
     active_is "$B" after-sm90
+    echo "$v" >"$R/candidate-sm90.verdict"
   fi
   for m in $MUTANTS; do
     [ -e "$R/mutant-$m.verdict" ] && continue
