@@ -247,3 +247,11 @@ def test_a_mutant_accepted_is_a_finding_the_baseline_is_put_back_and_the_run_goe
     assert fake["active"] == "pkg-base"
     i = fake["calls"].index("deploy --pair gpu --packages mut-cache-off mut-cache-off --checks cached_continuation")
     assert fake["calls"][i + 1] == "rollback --pair gpu"
+
+
+def test_lab_models_take_a_folder_given_as_text(tmp_path: Path) -> None:
+    """real1's crash (`'str' object has no attribute 'mkdir'`, orchestrator/lab/models.py): a script passes argv."""
+    from orchestrator.lab.models import ensure_lab_models
+
+    models = ensure_lab_models(str(tmp_path / "models"))
+    assert models.folder == tmp_path / "models" and all(p.is_file() for p in models.paths.values())
