@@ -186,7 +186,8 @@ print(max([x for x in g if isinstance(x, int)] or [0]))' "$R/calibrate.json" 2>/
 #   call1  .gpu/c1: wheels, ccache, baseline tree, model part 0. Facts, lab source, then the builds start
 #          in the background (baseline cold, then the MMVF sm90 candidate and the mutants through ccache),
 #          from a copy of the repo under $STATE: the device replaces the working tree at every call.
-#   call2  .gpu/c2: model part 1.
+#   call2  .gpu/c2: model part 1; then waits until the baseline is built (about 3 min), so call 3 has its time
+#          for the deploys and the later builds.
 #   call3  .gpu/c3: model part 2. Model joined and checked, `lab up`, then as each package is built: the
 #          baseline deployed with the whole suite (the route's first acceptance records the reference),
 #          accepted three times in a row, the MMVF candidate deployed with the whole suite, `rollback` to
@@ -322,6 +323,18 @@ builds() {  # background (setsid), from $APP: every package in the order call 3 
   touch "$STATE/builds.done"; note "builds: all done"
 }
 
+call2() {  # part 1 of the model; then holds the machine until the baseline is built, so that call 3 has its
+           # whole time for the deploys and the later builds (the machine is held, and counted, either way)
+  need_call1; stash c2
+  while [ ! -e "$R/build-base.ok" ] && [ "$(left)" -gt 30 ]; do
+    [ -e "$STATE/builds.failed" ] && stop "$(cat "$STATE/builds.failed")"
+    kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null || stop "the background builds are gone (builds.out: $(tail -1 "$R/builds.out"))"
+    sleep 5
+  done
+  note "builds so far: $(cd "$R" && ls build-*.ok 2>/dev/null | sed 's/build-//; s/.ok//' | tr '\n' ' ')"
+  note "call 2 done: send call 3 now"
+}
+
 progress() { grep -o '\[[0-9]*/[0-9]*\]' "$R/build-$1.err" 2>/dev/null | tail -1; }
 wait_build() {  # wait_build NAME NEED_S: NAME's package id once built; pauses when less than NEED_S would be left
   local n=$1 said=
@@ -445,7 +458,7 @@ case "${1:-}" in
   aa) aa ;;
   refaa) ref; aa ;;
   call1) call1 ;;
-  call2) need_call1; stash c2; note "builds so far: $(cd "$R" && ls build-*.ok 2>/dev/null | sed 's/build-//; s/.ok//' | tr '\n' ' ')"; note "call 2 done: send call 3 now" ;;
+  call2) call2 ;;
   call3) call3 ;;
   builds) trap - EXIT; APP=${APP:?}; builds ;;
   *) echo "usage: $0 call1|call2|call3 (README, GPU run) | pair|rtx|all|ref|aa|refaa (earlier runs)" >&2; exit 2 ;;

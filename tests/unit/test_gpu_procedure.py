@@ -255,3 +255,16 @@ def test_lab_models_take_a_folder_given_as_text(tmp_path: Path) -> None:
 
     models = ensure_lab_models(str(tmp_path / "models"))
     assert models.folder == tmp_path / "models" and all(p.is_file() for p in models.paths.values())
+
+
+def test_call2_checks_its_part_and_returns_once_the_baseline_is_built(tmp_path: Path) -> None:
+    c2 = tmp_path / "carried/c2"
+    c2.mkdir(parents=True)
+    (c2 / "model.part1").write_bytes(b"part")
+    subprocess.run("sha256sum model.part1 > SHA256SUMS", shell=True, cwd=c2, check=True)
+    (tmp_path / "state/raw").mkdir(parents=True)
+    (tmp_path / "state/call1.ok").touch()
+    (tmp_path / "state/raw/build-base.ok").write_text("rc=0 seconds=207\n")
+    rc, steps = _run(tmp_path, "call2", tmp_path / "carried")
+    assert rc == 0 and steps[-1].endswith("call 2 done: send call 3 now")
+    assert (tmp_path / "state/in/model.part1").read_bytes() == b"part"
