@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# GPU validation on the lent H200 (issue 8), with the same pairctl commands an operator runs.
+# GPU validation on a lent H100 or H200, with the same pairctl commands an operator runs.
 #
+#   bash benchmarks/gpu/run.sh call1|call2|call3   # the real model, baseline, candidate and mutants (issues 42, 43):
+#                                                  # README, "GPU run"; the section "issues 42/43" below
+# Earlier phases (issues 8, 15, 22; the tiny BF16 model on the `gpu` inventory):
 #   bash benchmarks/gpu/run.sh pair   # facts, v100 refusal, h200 build, kernel cases, deploy + accept a GPU pair (~7 min)
 #   bash benchmarks/gpu/run.sh rtx    # facts, the rtx5060ti (sm_120) build: it must compile under CUDA 13 (~5 min)
 #   bash benchmarks/gpu/run.sh all    # both, for a machine with more than one call's time
@@ -177,142 +180,286 @@ print(max([x for x in g if isinstance(x, int)] or [0]))' "$R/calibrate.json" 2>/
   note "aa phase done"
 }
 
-# ---- issue 37: the real model (SmolLM2-135M-Instruct Q4_1) on a CUDA pair, over several calls ----
-# A call carries at most 64 MiB; the sdist (37 MB) and the model (98 MB) do not fit one with the repo.
-# benchmarks/gpu/carry.py packs the baseline tree (git archive | xz, 23 MB) and the model in 3 parts;
-# the calls run back to back on one warm machine (ignored files and /tmp are kept while it is warm):
-#   real1  carried .gpu/c1 (wheels, ccache, tree, model part 0): lab source rebuilt and checked against
-#          the baseline commit, then the baseline and the MMVF sm90 builds start in the background (setsid)
-#   real2  carried .gpu/c2 (model part 1): stashed in $STATE
-#   real3  carried .gpu/c3 (model part 2): joined and checked by sha256, draft written; waits for the
-#          builds, then deploys the baseline with profile lab-real (all layers over RPC on the H200),
-#          accepts it (the first acceptance records the reference answers), replays them against the
-#          same pair (the replay floor), then with f16 KV (gpu-real-kv-f16), then the MMVF candidate
-HERE=$(cd "$(dirname "$0")" && pwd)
+# ---- issues 42/43: the real model (SmolLM2-135M-Instruct Q4_1) on a CUDA pair, in three calls ----
+# README, "GPU run": `python3 benchmarks/gpu/carry.py pack` here, then three calls back to back on one
+# warm machine, each carrying its folder (a call carries at most 64 MiB with the repo):
+#   call1  .gpu/c1: wheels, ccache, baseline tree, model part 0. Facts, lab source, then the builds start
+#          in the background (baseline cold, then the MMVF sm90 candidate and the mutants through ccache),
+#          from a copy of the repo under $STATE: the device replaces the working tree at every call.
+#   call2  .gpu/c2: model part 1; then waits until the baseline is built (about 3 min), so call 3 has its time
+#          for the deploys and the later builds.
+#   call3  .gpu/c3: model part 2. Model joined and checked, `lab up`, then as each package is built: the
+#          baseline deployed with the whole suite (the route's first acceptance records the reference),
+#          accepted three times in a row, the MMVF candidate deployed with the whole suite, `rollback` to
+#          the baseline, each mutant deployed with --checks its check (must be rejected, baseline restored).
+#          Stopped by the call's time: the same command again (nothing carried) goes on where it stopped.
+# Every step leaves its output in $R and one line in steps.log; a step that fails stops the call with
+# "STOP: reason" as the last line (exit 1); "PAUSED" (exit 75) means call again; "ALL DONE" (exit 0).
+# A mutant accepted or a candidate rejected is a verdict, not a failed step: it is recorded, the baseline
+# put back (`rollback`, which must succeed), and the call goes on.
+HERE=$REPO/benchmarks/gpu
+IN=$STATE/in
 RI=(--config "$STATE/config" --inventory "${GPU_INVENTORY:-gpu-real}")
-config() {  # pairctl believes a config dir only if no one else can write it or a directory above it
-  rm -rf "$STATE/config"; cp -r "$HERE/config" "$STATE/config"; chmod -R go-w "$STATE/config"
+MUTANTS=${GPU_MUTANTS:-lane-bleed spec-verify-skipped cache-off long-prefix-capped cancel-ignored slot-short}
+mutant_check() {  # the check meant to reject each mutant (tests/mutants/test_mutants.py MUTANTS; a unit test keeps them equal)
+  case $1 in
+    lane-bleed) echo two_lane_near_full ;; spec-verify-skipped) echo speculative ;;
+    cache-off) echo cached_continuation ;; long-prefix-capped) echo long_prefix_cache ;;
+    cancel-ignored) echo cancellation ;; slot-short) echo exactly_full ;; solo-short) echo one_lane_near_full ;;
+    *) return 1 ;;
+  esac
 }
-stash() { mkdir -p "$STATE/in"; cp -r "$REPO/.gpu/$1/." "$STATE/in/"; ls -la "$STATE/in" >>"$R/carried.txt"; }
+stop() { note "STOP: $*"; exit 1; }
+pause() { note "PAUSED: $* -- call again with the same command to go on"; exit 75; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+timed() {  # timed NAME CMD...: stdout to NAME.out, stderr to NAME.err, then "rc=N seconds=S" in NAME.err
+  local n=$1 t rc; shift; t=$(date +%s.%N)
+  "$@" >"$R/$n.out" 2>"$R/$n.err"; rc=$?
+  echo "rc=$rc seconds=$(since "$t")" >>"$R/$n.err"; return $rc
+}
+why() { grep -v '^rc=' "$R/$1.err" | grep -E 'error|cause|Error|failed' | tail -2 | tr '\n' ' ' | cut -c1-400; }
+pkg_id() { python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print((d[0] if isinstance(d, list) else d)["id"])' "$1"; }
+budget() { local l; l=$(( $(left) - 15 )); echo $(( l > 5 ? l : 5 )); }
+# every pairctl step ends inside the call (a step cut off by the device's limit would leave no report)
+read -r -a PAIRCTL <<<"${GPU_PAIRCTL:-python3 -m orchestrator}"  # a stand-in only in tests/unit/test_gpu_procedure.py
+rpc() { timeout -k 5 "$(budget)" "${PAIRCTL[@]}" "${RI[@]}" "$@"; }
+receipt_of() {  # receipt_of NAME: the receipt of the deploy or rollback whose --json is NAME.out, as receipt-NAME.json
+  local id; id=$(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d.get("receipt") or (d.get("error") or {}).get("receipt") or "")' "$R/$1.out" 2>/dev/null)
+  [ -n "$id" ] && rpc --json receipts show "$id" >"$R/receipt-$1.json" 2>/dev/null
+}
 
-real1() {
+stash() {  # stash cN: check the carried folder against its SHA256SUMS, keep it outside the tree
+  local d=${GPU_CARRIED:-$REPO/.gpu}/$1
+  [ -d "$d" ] || stop "nothing carried at .gpu/$1: name .gpu/$1 in this call's carry (README, GPU run)"
+  (cd "$d" && sha256sum --quiet -c SHA256SUMS) >"$R/carried-$1.txt" 2>&1 || stop ".gpu/$1 does not match its SHA256SUMS: $(tail -2 "$R/carried-$1.txt" | tr '\n' ' ')"
+  mkdir -p "$IN"; cp -r "$d/." "$IN/"; note "carried .gpu/$1 checked ($(du -sh "$d" | cut -f1))"
+}
+
+snapshot() {  # APP: this call's repo copied under $STATE (content-addressed, never replaced while in use)
+  local h
+  h=$(cd "$REPO" && find orchestrator manifests playbooks kernels benchmarks tests pyproject.toml setup.py -type f \
+      ! -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)
+  APP=$STATE/app/$h
+  if [ ! -e "$APP/.complete" ]; then
+    rm -rf "$APP"; mkdir -p "$APP"
+    tar -C "$REPO" -cf - --exclude=.gpu --exclude=.git --exclude=.venv --exclude=.state --exclude=__pycache__ . | tar -C "$APP" -xf -
+    touch "$APP/.complete"
+  fi
+}
+
+device_env() {  # what every step of calls 1-3 (and the background builds) runs with
+  export PYTHONPATH="$STATE/site:$APP" CCACHE_DIR=$STATE/ccache CCACHE_MAXSIZE=20G
+  [ -e "$STATE/ccache.ok" ] && export PATH="$IN/ccache:$PATH"
+  cd "$APP" || stop "no $APP"
+}
+config() {  # pairctl believes a config dir only if no one else can write it or a directory above it
+  rm -rf "$STATE/config"; cp -r "$APP/benchmarks/gpu/config" "$STATE/config"; chmod -R go-w "$STATE/config"
+}
+
+need_call1() {
+  [ -e "$STATE/call1.ok" ] && return 0
+  note "this machine has no state of call 1 (a fresh machine: the last one went back between calls)"
+  stop "run call 1 again, then call 2 and call 3, each within 30 s of the last one's end"
+}
+
+facts() {
+  nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader >"$R/gpu.txt" 2>&1 \
+    || stop "nvidia-smi: $(head -1 "$R/gpu.txt")"
+  nvidia-smi >"$R/nvidia-smi.txt" 2>&1
+  nvcc --version >"$R/nvcc.txt" 2>&1 || stop "nvcc: $(head -1 "$R/nvcc.txt")"
+  nvcc --list-gpu-arch >"$R/nvcc-arches.txt" 2>&1
+  { nproc; cmake --version | head -1; ninja --version; c++ --version | head -1; git --version; python3 --version; } >"$R/host.txt" 2>&1
+  note "facts: $(head -1 "$R/gpu.txt"); $(grep -o 'CUDA Version: [0-9.]*' "$R/nvidia-smi.txt"); nvcc $(grep -o 'release [0-9.]*' "$R/nvcc.txt")"
+}
+
+call1() {
   stash c1
   if [ ! -e "$STATE/site.ok" ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STATE/site" "$STATE"/in/whl/*.whl \
-      && touch "$STATE/site.ok" || { note "wheel install failed"; exit 3; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$STATE/site" "$IN"/whl/*.whl \
+      >"$R/wheels.txt" 2>&1 || stop "wheel install: $(tail -2 "$R/wheels.txt" | tr '\n' ' ')"
+    touch "$STATE/site.ok"; note "wheels installed: $(ls "$IN/whl" | wc -l)"
   fi
-  export PYTHONPATH="$STATE/site:$REPO"
-  note "facts"
-  { nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader; } >"$R/gpu.txt" 2>&1
-  nvcc --version >"$R/nvcc.txt" 2>&1; nvcc --list-gpu-arch >"$R/nvcc-arches.txt" 2>&1
-  { nproc; cmake --version | head -1; ninja --version; c++ --version | head -1; git --version; python3 --version; } >"$R/host.txt" 2>&1
-  note "lab source from the carried baseline tree"
-  python3 "$HERE/carry.py" source "$PAIRCTL_HOME" "$STATE/in/tree.tar.xz" >"$R/source.txt" 2>&1 \
-    || { note "source failed: $(tail -1 "$R/source.txt")"; return 3; }
-  note "$(tail -1 "$R/source.txt")"
-  python3 -c 'import sys; from orchestrator.lab.models import ensure_lab_models as e; e(sys.argv[1])' "$PAIRCTL_HOME/lab/models" >"$R/lab-models.txt" 2>&1
-  export PATH="$STATE/in/ccache:$PATH"
-  note "baseline then MMVF sm90 builds started in the background"
-  setsid nohup bash "$HERE/run.sh" realbuild >"$R/realbuild.out" 2>&1 </dev/null &
-  sleep 5
+  facts
+  cp "$HERE/ccache" "$IN/ccache/ccache" && chmod +x "$IN/ccache/ccache"
+  if "$IN/ccache/ccache" --version >"$R/ccache.txt" 2>&1; then touch "$STATE/ccache.ok"; note "ccache: $(head -1 "$R/ccache.txt")"
+  else rm -f "$STATE/ccache.ok"; note "ccache does not run here ($(tail -1 "$R/ccache.txt")): building without it, each patched build cold (~210 s)"; fi
+  snapshot; device_env
+  if [ ! -e "$STATE/source.ok" ]; then
+    python3 "$HERE/carry.py" source "$PAIRCTL_HOME" "$IN/tree.tar.xz" >"$R/source.txt" 2>&1 \
+      || stop "lab source: $(tail -1 "$R/source.txt")"
+    touch "$STATE/source.ok"; note "$(tail -1 "$R/source.txt")"
+  fi
+  touch "$STATE/call1.ok"
+  if [ -e "$STATE/builds.done" ] || kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null; then
+    note "builds already running or done"
+  else
+    rm -f "$STATE/builds.failed" "$STATE/builds.pid"
+    note "builds start in the background from $APP: base, sm90, $MUTANTS"
+    APP=$APP setsid nohup bash "$APP/benchmarks/gpu/run.sh" builds >>"$R/builds.out" 2>&1 </dev/null &
+    sleep 20
+    kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null \
+      || stop "the background builds died at once: $(cat "$STATE/builds.failed" 2>/dev/null || tail -1 "$R/builds.out")"
+  fi
+  note "call 1 done: send call 2 now"
 }
 
-realbuild() {  # in the background (setsid), so that the next calls can carry the rest of the model meanwhile
-  export PYTHONPATH="$STATE/site:$REPO" PATH="$STATE/in/ccache:$PATH"
-  ccache_setup
-  CALL_S=100000
-  pbuild base 900 && pkg_of "$R/build-base.json" >"$STATE/base.pkg"
-  pbuild sm90 600 --patch "$HERE/mmvf-warp-per-row-sm90" && pkg_of "$R/build-sm90.json" >"$STATE/sm90.pkg"
-  touch "$STATE/builds.done"
+builds() {  # background (setsid), from $APP: every package in the order call 3 needs them; stops at the first failure
+  echo $$ >"$STATE/builds.pid"
+  CALL_S=1000000; device_env
+  local n patch
+  for n in base sm90 $MUTANTS; do
+    [ -e "$R/build-$n.ok" ] && continue
+    case $n in base) patch=() ;; sm90) patch=(--patch benchmarks/gpu/mmvf-warp-per-row-sm90) ;; *) patch=(--patch "tests/mutants/$n") ;; esac
+    note "build $n: start"
+    if timed "build-$n" nice -n 10 python3 -m orchestrator -v --json build --rev baseline --target h200 --profile gpu \
+        --jobs "$(nproc)" "${patch[@]}" && pkg_id "$R/build-$n.out" >"$R/build-$n.pkg"; then
+      [ -e "$STATE/ccache.ok" ] && ccache -s >"$R/ccache-after-$n.txt" 2>&1
+      tail -1 "$R/build-$n.err" >"$R/build-$n.ok"; note "build $n: ok, $(cat "$R/build-$n.pkg"), $(cat "$R/build-$n.ok")"
+    else
+      echo "build $n: $(tail -1 "$R/build-$n.err"); $(why "build-$n" | cut -c1-300)" >"$STATE/builds.failed"
+      stop "$(cat "$STATE/builds.failed")"
+    fi
+  done
+  touch "$STATE/builds.done"; note "builds: all done"
 }
 
-real2() {  # carries model part 1, then holds the machine while the builds run (a call keeps it warm)
-  stash c2; note "model part carried; waiting for the builds"
-  while [ ! -e "$STATE/builds.done" ] && [ "$(left)" -gt 30 ]; do sleep 5; done
-  note "builds: $(cat "$R"/build-*.done 2>/dev/null | tr '\n' ' ')"
+call2() {  # part 1 of the model; then holds the machine until the baseline is built, so that call 3 has its
+           # whole time for the deploys and the later builds (the machine is held, and counted, either way)
+  need_call1; stash c2
+  while [ ! -e "$R/build-base.ok" ] && [ "$(left)" -gt 30 ]; do
+    [ -e "$STATE/builds.failed" ] && stop "$(cat "$STATE/builds.failed")"
+    kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null || stop "the background builds are gone (builds.out: $(tail -1 "$R/builds.out"))"
+    sleep 5
+  done
+  note "builds so far: $(cd "$R" && ls build-*.ok 2>/dev/null | sed 's/build-//; s/.ok//' | tr '\n' ' ')"
+  note "call 2 done: send call 3 now"
 }
 
-rpc() { pairctl "${RI[@]}" "$@"; }
-keep_logs() {  # keep_logs NAME: the pair's server logs and route record as they are now
+progress() { grep -o '\[[0-9]*/[0-9]*\]' "$R/build-$1.err" 2>/dev/null | tail -1; }
+wait_build() {  # wait_build NAME NEED_S: NAME's package id once built; pauses when less than NEED_S would be left
+  local n=$1 said=
+  while [ ! -e "$R/build-$n.ok" ]; do
+    [ -e "$STATE/builds.failed" ] && stop "$(cat "$STATE/builds.failed")"
+    kill -0 "$(cat "$STATE/builds.pid" 2>/dev/null)" 2>/dev/null || stop "the background builds are gone before build $n finished (builds.out: $(tail -1 "$R/builds.out"))"
+    [ "$(left)" -gt "$2" ] || pause "build $n not done yet $(progress "$n")"
+    [ -n "$said" ] || { note "waiting for build $n $(progress "$n")" >&2; said=1; }
+    sleep 5
+  done
+  cat "$R/build-$n.pkg"
+}
+
+keep_logs() {  # keep_logs NAME: the pair's server logs (load log: buffers per device) and route records as they are now
+  local side f
   for side in native rpc; do for f in "$PAIRCTL_HOME/gpu/$side/run/"*.log "$PAIRCTL_HOME/gpu/$side/run/"*.out; do
     [ -f "$f" ] && tail -c 400000 "$f" >"$R/$1-$side-$(basename "$f")"; done
     cp "$PAIRCTL_HOME/gpu/$side/route.json" "$R/$1-$side-route.json" 2>/dev/null; done
 }
 
-receipt_of() {  # a rejected deploy's --json has no check figures: its receipt has them
-  local id; id=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("receipt") or "")' "$R/deploy-$1.json" 2>/dev/null)
-  [ -n "$id" ] && rpc --json receipts show "$id" >"$R/receipt-$1.json" 2>/dev/null
+active_is() {  # active_is PKG NAME: the pair runs PKG on both hosts, verified (pairctl status), or stop
+  timed "status-$2" rpc --json status --pair gpu
+  python3 "$HERE/carry.py" active "$R/status-$2.out" "$1" >"$R/status-$2.txt" 2>&1 \
+    || stop "after $2 the baseline is not active: $(cat "$R/status-$2.txt")"
 }
 
-real3() {
-  stash c3; config
-  export PYTHONPATH="$STATE/site:$REPO"
-  if [ ! -e "$R/model.txt" ]; then
-    python3 "$HERE/carry.py" model "$PAIRCTL_HOME" "$STATE"/in/model.part* >"$R/model.txt" 2>&1 \
-      || { note "model refused: $(tail -1 "$R/model.txt")"; rm -f "$R/model.txt"; return 3; }
-    note "$(tail -1 "$R/model.txt")"
-    rpc lab up --json >"$R/lab-up.json" 2>"$R/lab-up.err"
-  fi
-  note "waiting for the builds"
-  while [ ! -e "$STATE/builds.done" ] && [ "$(left)" -gt 240 ]; do sleep 5; done
-  B=$(cat "$STATE/base.pkg" 2>/dev/null) || { note "no baseline package yet"; tail -5 "$R/build-base.log"; return 5; }
-  note "baseline package $B"
-  ( nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >>"$R/vram-real.csv" 2>/dev/null & echo $! >"$STATE/smi.pid" )
-  if [ ! -e "$R/accept-real.json" ]; then
-    note "deploy the baseline on the real model (profile lab-real), then accept: the first acceptance records the reference"
-    ( time rpc deploy --pair gpu --packages "$B" "$B" --skip-accept ) >"$R/deploy-real.log" 2>&1; echo "rc=$?" >>"$R/deploy-real.log"
-    keep_logs deploy
-    ( time rpc --json accept --pair gpu ) >"$R/accept-real.json" 2>"$R/accept-real.err"; echo "rc=$?" >>"$R/accept-real.err"
-    rpc --json reference show --pair gpu >"$R/reference-show-real.json" 2>&1
-    rpc --json status --pair gpu >"$R/status-real.json" 2>&1
-    keep_logs real
-    note "real: deploy $(rc_line "$R/deploy-real.log"), accept $(rc_line "$R/accept-real.err")"
-  fi
+accept_three() {
   local i
-  for i in 1 2; do  # the replay floor: the reference pair itself, same settings, against its own recorded answers
-    [ -e "$R/replay-$i.json" ] && continue
-    ( time rpc --json accept --pair gpu --only reference_logprobs ) >"$R/replay-$i.json" 2>"$R/replay-$i.err"; echo "rc=$?" >>"$R/replay-$i.err"
-    note "replay $i (same pair, q8_0 KV): $(rc_line "$R/replay-$i.err")"
+  for i in 1 2 3; do
+    timed "accept-$i" rpc --json accept --pair gpu || { note "accept $i of 3: failed: $(why "accept-$i")"; return 1; }
+    note "accept $i of 3: passed ($(tail -1 "$R/accept-$i.err"))"
   done
-  if [ ! -e "$R/deploy-kvf16.json" ]; then
-    note "the same package with f16 KV (profile gpu-real-kv-f16) against the q8_0 answers"
-    rpc --json deploy --pair gpu --packages "$B" "$B" --profile gpu-real-kv-f16 --checks reference_logprobs \
-      >"$R/deploy-kvf16.json" 2>"$R/deploy-kvf16.log"; echo "rc=$?" >>"$R/deploy-kvf16.log"
-    keep_logs kvf16; receipt_of kvf16
-    note "kv f16: deploy $(rc_line "$R/deploy-kvf16.log")"
-  fi
-  local S; S=$(cat "$STATE/sm90.pkg" 2>/dev/null)
-  if [ -n "$S" ] && [ ! -e "$R/deploy-sm90-real.json" ] && [ "$(left)" -gt 90 ]; then
-    note "MMVF candidate $S (profile lab-real) judged against the reference answers"
-    rpc --json deploy --pair gpu --packages "$S" "$S" --profile lab-real --checks reference_logprobs \
-      >"$R/deploy-sm90-real.json" 2>"$R/deploy-sm90-real.log"; echo "rc=$?" >>"$R/deploy-sm90-real.log"
-    receipt_of sm90-real
-    rpc --json kernels check --pair gpu >"$R/kernels-sm90-real.json" 2>"$R/kernels-sm90-real.err"; echo "rc=$?" >>"$R/kernels-sm90-real.err"
-    note "sm90: deploy $(rc_line "$R/deploy-sm90-real.log"), kernels $(rc_line "$R/kernels-sm90-real.err")"
-  fi
-  kill "$(cat "$STATE/smi.pid")" 2>/dev/null
-  note "real phase done"
 }
 
-# At most 8 files come back from $OUT: keep the raw folder as one archive, plus this call's report.
+judge_mutant() {  # judge_mutant NAME PKG BASE; the verdict file is written once the baseline runs again
+  local n=$1 m=$2 b=$3 c rc v; c=$(mutant_check "$n") || stop "no check named for mutant $n"
+  note "mutant $n ($m): deploy --checks $c, must be rejected by it"
+  timed "mutant-$n" rpc --json deploy --pair gpu --packages "$m" "$m" --checks "$c"; rc=$?
+  keep_logs "mutant-$n"
+  if [ "$rc" = 0 ]; then
+    v="ACCEPTED: $c did not reject it"; note "mutant $n: ACCEPTED (a finding: $c did not see it); rollback"
+    timed "rollback-$n" rpc --json rollback --pair gpu || stop "rollback after mutant $n: $(why "rollback-$n")"
+  else
+    receipt_of "mutant-$n" || stop "mutant $n: deploy exit $rc without a receipt: $(why "mutant-$n")"
+    v=$(python3 "$HERE/carry.py" verdict "$R/mutant-$n.out" "$R/receipt-mutant-$n.json" "$c"); rc=$?
+    [ "$rc" = 0 ] || [ "$rc" = 2 ] || stop "mutant $n: no verdict: $v"
+    note "mutant $n: $v"
+  fi
+  active_is "$b" "after-$n"
+  echo "$v" >"$R/mutant-$n.verdict"
+}
+
+call3() {
+  need_call1
+  [ -d "${GPU_CARRIED:-$REPO/.gpu}/c3" ] && stash c3
+  snapshot; device_env; config
+  ( nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader,nounits -lms 500 >>"$R/vram-real.csv" 2>/dev/null & echo $! >"$STATE/smi.pid" )
+  if [ ! -e "$STATE/model.ok" ]; then
+    local p; for p in 0 1 2; do [ -e "$IN/model.part$p" ] || stop "model part $p missing: call $((p + 1)) did not carry .gpu/c$((p + 1))"; done
+    python3 "$HERE/carry.py" model "$PAIRCTL_HOME" "$IN"/model.part* >"$R/model.txt" 2>&1 || stop "model: $(tail -1 "$R/model.txt")"
+    note "$(tail -1 "$R/model.txt")"
+    timed lab-up rpc --json lab up || stop "lab up: $(why lab-up)"
+    touch "$STATE/model.ok"; note "lab up: models and source ready ($(tail -1 "$R/lab-up.err"))"
+  fi
+  local B S m M
+  B=$(wait_build base 120) || exit $?
+  if [ ! -e "$R/deploy-base.ok" ]; then
+    note "deploy the baseline $B (profile lab-real) with the whole suite: the route's first acceptance records the reference"
+    timed deploy-base rpc --json deploy --pair gpu --packages "$B" "$B"; local rc=$?
+    keep_logs deploy-base; receipt_of deploy-base
+    [ "$rc" = 0 ] || stop "baseline deploy (whole suite) exit $rc: $(why deploy-base)"
+    rpc --json reference show --pair gpu >"$R/reference-show.json" 2>&1
+    tail -1 "$R/deploy-base.err" >"$R/deploy-base.ok"; note "baseline deployed and accepted: $(cat "$R/deploy-base.ok")"
+  fi
+  if [ ! -e "$R/accept-3.ok" ]; then
+    [ "$(left)" -gt 90 ] || pause "three acceptances of the baseline next"
+    accept_three || stop "the baseline was not accepted three times in a row"
+    touch "$R/accept-3.ok"
+  fi
+  S=$(wait_build sm90 90) || exit $?
+  if [ ! -e "$R/candidate-sm90.verdict" ]; then
+    local v
+    note "MMVF candidate $S (benchmarks/gpu/mmvf-warp-per-row-sm90): deploy with the whole suite"
+    timed candidate-sm90 rpc --json deploy --pair gpu --packages "$S" "$S"; rc=$?
+    keep_logs candidate-sm90; receipt_of candidate-sm90
+    case $rc in
+      0) v="accepted"; note "candidate sm90: accepted; rollback to the baseline"
+         timed rollback-sm90 rpc --json rollback --pair gpu || stop "rollback from the candidate: $(why rollback-sm90)" ;;
+      7) v="REJECTED: $(why candidate-sm90)"; note "candidate sm90: REJECTED (baseline restored): $(why candidate-sm90)" ;;
+      *) stop "candidate deploy exit $rc: $(why candidate-sm90)" ;;
+    esac
+    active_is "$B" after-sm90
+    echo "$v" >"$R/candidate-sm90.verdict"
+  fi
+  for m in $MUTANTS; do
+    [ -e "$R/mutant-$m.verdict" ] && continue
+    M=$(wait_build "$m" 60) || exit $?
+    judge_mutant "$m" "$M" "$B"
+  done
+  keep_logs final
+  local ok; ok=$(grep -l '^rejected by' "$R"/mutant-*.verdict 2>/dev/null | wc -l)
+  note "ALL DONE: baseline deployed with the whole suite and accepted 3 times; candidate sm90 $(cat "$R/candidate-sm90.verdict" | cut -c1-60); mutants rejected as meant: $ok of $(echo $MUTANTS | wc -w)"
+}
+
+# At most 8 files come back from $OUT: the raw folder as one archive, steps.log, and this call's report.
 finish() {
-  python3 benchmarks/gpu/report.py "$OUTDIR/gpu-validation.md" "$R" >/dev/null 2>&1
-  [ -e "$R/accept-base.json" ] && mkdir -p "$OUTDIR/docs" && cp docs/reference-answers.md docs/qualify-calibration.md "$OUTDIR/docs/" \
-    && python3 benchmarks/gpu/sections.py "$R" "$OUTDIR/docs" >/dev/null 2>&1
+  kill "$(cat "$STATE/smi.pid" 2>/dev/null)" 2>/dev/null
+  python3 "$REPO/benchmarks/gpu/report.py" "$OUTDIR/gpu-validation.md" "$R" >"$R/report.txt" 2>&1
+  [ -e "$R/accept-base.json" ] && mkdir -p "$OUTDIR/docs" && cp "$REPO/docs/reference-answers.md" "$REPO/docs/qualify-calibration.md" "$OUTDIR/docs/" \
+    && python3 "$REPO/benchmarks/gpu/sections.py" "$R" "$OUTDIR/docs" >/dev/null 2>&1
   tar -C "$R" -czf "$OUTDIR/raw.tgz" . 2>/dev/null; cp "$R/steps.log" "$OUTDIR/" 2>/dev/null
+  tail -3 "$R/steps.log" 2>/dev/null
 }
 trap finish EXIT
 
-case "${1:-all}" in
+case "${1:-}" in
   pair) pair ;;
   rtx) rtx ;;
   all) CALL_S=${CALL_S:-1200}; pair; rtx ;;
   ref) ref ;;
   aa) aa ;;
   refaa) ref; aa ;;
-  real1) real1 ;;
-  realbuild) trap - EXIT; realbuild ;;
-  real2) real2 ;;
-  real3) real3 ;;
-  *) echo "usage: $0 pair|rtx|all|ref|aa|refaa|real1|real2|real3" >&2; exit 2 ;;
+  call1) call1 ;;
+  call2) call2 ;;
+  call3) call3 ;;
+  builds) trap - EXIT; APP=${APP:?}; builds ;;
+  *) echo "usage: $0 call1|call2|call3 (README, GPU run) | pair|rtx|all|ref|aa|refaa (earlier runs)" >&2; exit 2 ;;
 esac

@@ -330,8 +330,11 @@ def models_present(folder: Path) -> bool:
     return True
 
 
-def ensure_lab_models(folder: Path) -> LabModels:
-    """Write target / draft-same / draft-other and models.json unless they are already intact."""
+def ensure_lab_models(folder: str | os.PathLike[str]) -> LabModels:
+    """Write target / draft-same / draft-other and models.json unless they are already intact.
+
+    `folder` may be a str: scripts pass argv through (benchmarks/gpu/run.sh crashed on `.mkdir`)."""
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if models_present(folder):
         return LabModels(folder, json.loads((folder / "models.json").read_text())["models"])

@@ -23,6 +23,7 @@ on weights the CPU does not re-quantize against (docs/reference-answers.md, issu
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -219,9 +220,10 @@ def real_model_present(folder: Path) -> bool:
     return bool(records.get(REAL_ROLE, {}).get("sha256") == MODEL_SHA256)
 
 
-def ensure_real_model(folder: Path) -> RealModel:
-    """The real model, its draft and its F16 form in `folder`, fetched and written once, verified every time
-    they are (re)made; a cheap size check afterwards (deploy re-hashes what it serves)."""
+def ensure_real_model(folder: str | os.PathLike[str]) -> RealModel:
+    """The real model, its draft and its F16 form in `folder` (a str too), fetched and written once, verified
+    every time they are (re)made; a cheap size check afterwards (deploy re-hashes what it serves)."""
+    folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     index = folder / "real-model.json"
     if real_model_present(folder):
