@@ -61,7 +61,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _make_check(root: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PAIRCTL_", "PYTEST_"))}
+    # not the outer run's settings: its pairctl/pytest variables, nor `make test VAR=...` passed down
+    drop = ("PAIRCTL_", "PYTEST_", "MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env["MYPY_CACHE_DIR"] = str(root / ".mypy_cache")
     return subprocess.run(
         ["make", "--no-print-directory", "-C", str(root), "check", f"VENV={VENV}", "-o", f"{VENV}/.installed"],
