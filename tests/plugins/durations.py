@@ -24,6 +24,7 @@ import platform
 import resource
 import socket
 import time
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -55,16 +56,16 @@ def _cpu() -> float:
 _STARTS: dict[str, float] = {}
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
-    outcome = yield
-    rep = outcome.get_result()
-    start = _STARTS.get(item.nodeid)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, Any]:
+    rep = yield
+    rep.pairctl_tier = tier_of(item)
+    start = _STARTS.get(item.nodeid)  # absent when a skip mark stopped the setup before it
     if start is not None:
-        rep.pairctl_cpu_s = round(_cpu() - start, 3)  # cumulative since this test's setup
-        rep.pairctl_tier = tier_of(item)
+        rep.pairctl_cpu_s = round(_cpu() - start, 3)  # cumulative since this test's setup began
     if call.when == "teardown":
         _STARTS.pop(item.nodeid, None)
+    return rep
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -31,6 +31,7 @@ def test_waits():
 def test_fails():
     assert 1 == 2
 
+@pytest.mark.unit_slow
 @pytest.mark.skip(reason="not here")
 def test_skipped():
     pass
@@ -61,6 +62,7 @@ def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, m
     assert rows["test_burns_cpu"]["cpu_s"] >= 0.25 and rows["test_burns_cpu"]["wall_s"] >= 0.25
     assert rows["test_waits"]["wall_s"] >= 0.2 and rows["test_waits"]["cpu_s"] < 0.15  # waiting is not CPU
     assert rows["test_marked_slow"]["tier"] == "unit_slow" and rows["test_waits"]["tier"] == "other"
+    assert rows["test_skipped"]["tier"] == "unit_slow"  # a skip mark ends the setup early: the tier stays
     assert doc["exitstatus"] == 1 and doc["cpus"] and len(doc["loadavg_end"]) == 3 and doc["wall_s"] > 0.5
 
     # the next run moves this one beside it, so the benchmark can say which test got slower
@@ -74,7 +76,7 @@ def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, m
     assert run["junit"] == {"tests": 5, "failures": 1, "errors": 0, "skipped": 1, "passed": 3,
                             "time_s": run["junit"]["time_s"]}  # fmt: skip
     assert run["slowest"][0]["test"].endswith("test_burns_cpu") or run["slowest"][0]["test"].endswith("test_waits")
-    assert set(run["tiers"]) == {"other", "unit_slow"} and run["tiers"]["other"]["tests"] == 4
+    assert set(run["tiers"]) == {"other", "unit_slow"} and run["tiers"]["other"]["tests"] == 3
     assert got["line"].startswith("suite: check ") and "5 tests" in got["line"]
 
 
