@@ -113,7 +113,8 @@ def render(name: str, run: dict[str, Any]) -> list[str]:
     if j:
         lines.append(f"   {j['tests']} tests: {j['passed']} passed, {j['failures']} failed, {j['errors']} errors, "
                      f"{j['skipped']} skipped")  # fmt: skip
-    lines.append(f"   {'tier':<12} {'tests':>6} {'wall':>9} {'cpu s':>8}")
+    # the tests' own seconds added up: the run's wall time when serial, more than it under xdist
+    lines.append(f"   {'tier':<12} {'tests':>6} {'sum wall':>9} {'cpu s':>8}")
     for tier, t in run["tiers"].items():
         lines.append(f"   {tier:<12} {t['tests']:>6} {_mmss(t['wall_s']):>9} {t['cpu_s']:>8}")
     lines.append(f"   slowest {len(run['slowest'])} (wall s, cpu s, tier):")

@@ -12,8 +12,9 @@ CPU time is kept beside wall time because the machine is shared: a test that got
 its CPU seconds whatever the load was; wall time alone moves with the neighbours.
 
 Under pytest-xdist the CPU seconds are measured in the worker and travel on the report
-(`pairctl_cpu_s`); the controller writes the file. A failure to write is reported and never turns
-a green run red.
+(`pairctl_cpu_s`); the controller writes the file, with each test's worker (tried 2026-12-06:
+`pytest tests/unit -m "not unit_slow" -n 2`, 1,199 passed, rows from gw0 and gw1). A failure to
+write is reported and never turns a green run red.
 """
 
 from __future__ import annotations
