@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PAIRCTL := $(VENV)/bin/pairctl
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo test test-real-mutants test-unit lint typecheck fmt bench clean-state
+.PHONY: setup system venv demo check test test-real-mutants test-unit lint typecheck fmt bench clean-state
 
 setup: system venv
 
@@ -35,17 +35,34 @@ TEST_HOME := $(CURDIR)/.state/test
 demo: setup
 	PAIRCTL_HOME=$(DEMO_HOME) $(PY) -m orchestrator.lab.demo
 
+# Each run of a tier keeps its numbers in .state/runs/<tier>/: junit.xml and durations.json (every
+# test's wall and CPU seconds, tests/plugins/durations.py); `python -m benchmarks suite` reports them.
+RUNS := $(CURDIR)/.state/runs
+CHECK_HOME := $(CURDIR)/.state/check
+
+# The fast tier, for every change: ruff, strict mypy, and every unit test but those marked unit_slow.
+# No sshd, no builds, no servers (PAIRCTL_TEST_TIER=check makes a lab or source fixture fail the test),
+# and no `system` step: a warm venv is all it needs. tests/unit/test_make_check.py proves it fails on
+# a lint error, a type error and a broken unit test.
+check: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
+	PAIRCTL_TEST_TIER=check PAIRCTL_TEST_HOME=$(CHECK_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/check \
+	  $(PY) -m pytest tests/unit -m "not unit_slow" --junitxml=$(RUNS)/check/junit.xml $(PYTEST_ARGS)
+
 # The demo's lab holds the lab addresses; stop it (by pid) so the tests can start theirs.
 test: setup
 	-@[ -d $(DEMO_HOME)/lab ] && PAIRCTL_HOME=$(DEMO_HOME) $(PAIRCTL) lab down >/dev/null 2>&1; true
-	PAIRCTL_TEST_HOME=$(TEST_HOME) $(PY) -m pytest $(PYTEST_ARGS)
+	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/test \
+	  $(PY) -m pytest --junitxml=$(RUNS)/test/junit.xml $(PYTEST_ARGS)
 
 # Every mutant on the real model too (about 20 minutes more; not part of CI's `make test`).
 test-real-mutants: setup
 	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_REAL_MUTANTS=1 $(PY) -m pytest tests/mutants -m real_model $(PYTEST_ARGS)
 
+# Every unit test, unit_slow included (the lab source is prepared, no sshd started).
 test-unit: setup
-	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+	PAIRCTL_TEST_RECORD=$(RUNS)/test-unit $(PY) -m pytest tests/unit --junitxml=$(RUNS)/test-unit/junit.xml $(PYTEST_ARGS)
 
 # Static checks CI runs before the tests (configuration: pyproject.toml's [tool.ruff] and [tool.mypy]).
 lint: setup

@@ -19,6 +19,7 @@ import pytest
 from orchestrator.config.inventory import Inventory, load_inventory
 from orchestrator.lab.lab import Lab, LabStatus, down_all
 from orchestrator.paths import Home
+from tests.plugins.tiers import refuse_in_check
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class LabEnv:
 
 
 def _lab_up(home_root: Path, name: str, *, source: bool):
+    refuse_in_check(f"the {name} lab's sshd hosts")
     home = Home.resolve(home_root)
     path = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{name}.yaml"
     # A developer's second lab on other addresses (same pair names), so two test runs need not

@@ -26,6 +26,7 @@ import pytest
 from orchestrator.build.store import Package, PackageStore
 from orchestrator.lab.source import BASELINE_TAG, ensure_source, git_env
 from orchestrator.paths import Home
+from tests.plugins.tiers import refuse_in_check
 
 LAB_PROFILE = "lab"
 LAB_TARGET = "cpu-lab"
@@ -90,6 +91,7 @@ def run_pairctl(home: Path, *args: str, timeout: float = 3600) -> subprocess.Com
 def build_package(
     home: Path, rev: str, *, target: str = LAB_TARGET, profile: str = LAB_PROFILE, extra: tuple[str, ...] = ()
 ) -> Package:
+    refuse_in_check(f"a package build ({rev})")
     proc = run_pairctl(home, "--json", "build", "--target", target, "--rev", rev, "--profile", profile, *extra)
     if proc.returncode != 0:
         raise RuntimeError(f"pairctl build --rev {rev} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -108,6 +110,7 @@ def _seed_sdist(home: Home) -> None:
 @pytest.fixture(scope="session")
 def lab_source(pairctl_home: Path) -> Path:
     """The lab's llama.cpp git repository (tag `baseline` = the pinned sdist's tree)."""
+    refuse_in_check("the pinned llama.cpp source")
     home = Home.resolve(pairctl_home)
     _seed_sdist(home)
     return ensure_source(home)

@@ -10,6 +10,8 @@ import sys
 import textwrap
 import threading
 
+import pytest
+
 from orchestrator import progress
 from orchestrator.terminal import size
 from tests.plugins.tty import SPINNER_GLYPHS, run_in_pty, screen
@@ -137,6 +139,7 @@ def test_rate_eta_and_size():
     assert (size(512), size(47_100_000), size(1_234_567_890), size(None)) == ("512 B", "47.1 MB", "1.2 GB", "-")
 
 
+@pytest.mark.unit_slow  # a `pairctl lab up` process writing the lab's models: ~9 s of CPU
 def test_lab_up_through_a_pipe_says_what_it_did(tmp_path):
     """Item 4: `lab up` prints its phases to a CI log as they happen (the local inventory: no sshd)."""
     r = subprocess.run(

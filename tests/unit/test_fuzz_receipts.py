@@ -236,6 +236,8 @@ def _apply(root: Path, ops) -> bool:
         elif op in ("garbage-renamed", "json-renamed"):
             data = pl["bytes"] if op == "garbage-renamed" else json.dumps(pl["json"]).encode()
             name = hashlib.sha256(data).hexdigest() + ".json" if where == "receipt" else pl["name"]
+            if (folder / name).is_dir():  # an earlier dir-instead took the name (found 2026-12-06): beside it
+                name += ".junk"
             (folder / name).write_bytes(data)
         elif op == "junk-file":
             junk = folder / pl["name"]

@@ -249,10 +249,14 @@ def kernel_source(request, pairctl_home):
     except pytest.FixtureLookupError:
         from orchestrator.lab.source import ensure_source
         from orchestrator.paths import Home
+        from tests.plugins.tiers import refuse_in_check
+
+        refuse_in_check("the pinned llama.cpp source")
 
         return ensure_source(Home.resolve(pairctl_home))
 
 
+@pytest.mark.unit_slow  # the pinned llama.cpp source (prepared once per home: 27 s cold)
 def test_mmvf_patch_applies_to_pinned_source(kernel_source):
     r = subprocess.run(
         ["git", "-C", str(kernel_source), "apply", "--check", str(MMVF / "patch.diff")], capture_output=True, text=True

@@ -1,0 +1,138 @@
+"""Kept numbers (issue 45): every test's wall and CPU time, written as JSON at the end of a run.
+
+Set PAIRCTL_TEST_RECORD=DIR (the Makefile's `check` and `test` do) and the session writes
+`DIR/durations.json` (the previous one becomes `durations.prev.json`): one row per test id with
+its tier, outcome, wall seconds (setup + call + teardown, as pytest's `--durations` counts them)
+and CPU seconds (this process and the children it waited for, over the same phases); and the
+run's wall time, start, end, load averages and host.
+`python -m benchmarks suite` reads it with the junit XML beside it (`--junitxml`, also set by the
+Makefile). Unset, the plugin records nothing.
+
+CPU time is kept beside wall time because the machine is shared: a test that got slower shows in
+its CPU seconds whatever the load was; wall time alone moves with the neighbours.
+
+Under pytest-xdist the CPU seconds are measured in the worker and travel on the report
+(`pairctl_cpu_s`); the controller writes the file, with each test's worker (tried 2026-12-06:
+`pytest tests/unit -m "not unit_slow" -n 2`, 1,199 passed, rows from gw0 and gw1). A failure to
+write is reported and never turns a green run red.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import socket
+import time
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RECORD_ENV = "PAIRCTL_TEST_RECORD"
+SCHEMA = "pairctl-test-durations/1"
+
+# Tier of a test: the first of these markers it carries, else its folder under tests/ ("unit",
+# "install", ...): `make check` runs tier "unit"; `make test` runs them all.
+TIER_MARKERS = ("faults", "mutants", "real_model", "e2e", "integration", "unit_slow")
+
+
+def tier_of(item: pytest.Item) -> str:
+    names = {m.name for m in item.iter_markers()}
+    for marker in TIER_MARKERS:
+        if marker in names:
+            return marker
+    parts = item.nodeid.split("/")
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+
+
+def _cpu() -> float:
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+_STARTS: dict[str, float] = {}
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, Any]:
+    rep = yield
+    rep.pairctl_tier = tier_of(item)
+    start = _STARTS.get(item.nodeid)  # absent when a skip mark stopped the setup before it
+    if start is not None:
+        rep.pairctl_cpu_s = round(_cpu() - start, 3)  # cumulative since this test's setup began
+    if call.when == "teardown":
+        _STARTS.pop(item.nodeid, None)
+    return rep
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _STARTS[item.nodeid] = _cpu()
+
+
+class _Recorder:
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.started = time.time()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        row = self.rows.setdefault(
+            report.nodeid, {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed", "tier": "other"}
+        )
+        row["wall_s"] = round(row["wall_s"] + report.duration, 4)
+        cpu = getattr(report, "pairctl_cpu_s", None)
+        if cpu is not None:
+            row["cpu_s"] = max(row["cpu_s"], cpu)
+        tier = getattr(report, "pairctl_tier", None)
+        if tier:
+            row["tier"] = tier
+        if report.when == "call" or report.outcome != "passed":
+            # a failed setup or teardown is the test's outcome; a skip in setup too
+            if not (report.when == "teardown" and report.outcome == "passed"):
+                row["outcome"] = "error" if report.failed and report.when != "call" else report.outcome
+        worker = getattr(getattr(report, "node", None), "workerinput", {}).get("workerid")  # xdist controller
+        if worker:
+            row["worker"] = worker
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        ended = time.time()
+        doc = {
+            "schema": SCHEMA,
+            "started_at": _iso(self.started),
+            "ended_at": _iso(ended),
+            "wall_s": round(ended - self.started, 2),
+            "exitstatus": int(exitstatus),
+            "args": list(session.config.invocation_params.args),
+            "markexpr": session.config.getoption("markexpr", "") or "",
+            "host": socket.gethostname(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            "tests": dict(sorted(self.rows.items())),
+        }
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            last = self.out / "durations.json"
+            if last.is_file():  # the run before stays beside it, so a test that got slower shows
+                last.replace(self.out / "durations.prev.json")
+            tmp = self.out / f".durations.json.{os.getpid()}"
+            tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+            tmp.replace(self.out / "durations.json")
+        except OSError as exc:  # the numbers are kept for people; a full disk must not fail the suite
+            session.config.get_terminal_writer().line(f"pairctl durations: not written: {exc}", yellow=True)
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    out = os.environ.get(RECORD_ENV)
+    # the xdist controller writes; workers only measure (they have `workerinput`)
+    if out and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_Recorder(Path(out)), "pairctl-durations-recorder")

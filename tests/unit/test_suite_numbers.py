@@ -1,0 +1,96 @@
+"""Kept numbers (issue 45): the durations file a run writes, and `python -m benchmarks suite` reading it.
+
+The file comes from a real pytest session (pytester, in this process) with the real plugin
+(tests/plugins/durations.py) and the real `--junitxml`, as `make check` and `make test` run them;
+the benchmark reads exactly those two files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import suite
+
+pytest_plugins = ["pytester"]
+
+TESTS = '''
+import time
+import pytest
+
+def test_burns_cpu():
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+
+def test_waits():
+    time.sleep(0.2)
+
+def test_fails():
+    assert 1 == 2
+
+@pytest.mark.unit_slow
+@pytest.mark.skip(reason="not here")
+def test_skipped():
+    pass
+
+@pytest.mark.unit_slow
+def test_marked_slow():
+    pass
+'''
+
+
+def _session(pytester: pytest.Pytester, out: Path, monkeypatch: pytest.MonkeyPatch) -> pytest.RunResult:
+    monkeypatch.setenv("PAIRCTL_TEST_RECORD", str(out))
+    pytester.makeini("[pytest]\nmarkers =\n  unit_slow: x\n")
+    pytester.makepyfile(test_tiny=TESTS)
+    return pytester.runpytest_inprocess("-p", "tests.plugins.durations", f"--junitxml={out / 'junit.xml'}")
+
+
+def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, monkeypatch):
+    out = tmp_path / "runs" / "check"
+    r = _session(pytester, out, monkeypatch)
+    r.assert_outcomes(passed=3, failed=1, skipped=1)
+    doc = json.loads((out / "durations.json").read_text())
+    rows = {k.split("::")[1]: v for k, v in doc["tests"].items()}
+    assert {k: v["outcome"] for k, v in rows.items()} == {
+        "test_burns_cpu": "passed", "test_waits": "passed", "test_fails": "failed",
+        "test_skipped": "skipped", "test_marked_slow": "passed",
+    }  # fmt: skip
+    assert rows["test_burns_cpu"]["cpu_s"] >= 0.25 and rows["test_burns_cpu"]["wall_s"] >= 0.25
+    assert rows["test_waits"]["wall_s"] >= 0.2 and rows["test_waits"]["cpu_s"] < 0.15  # waiting is not CPU
+    assert rows["test_marked_slow"]["tier"] == "unit_slow" and rows["test_waits"]["tier"] == "other"
+    assert rows["test_skipped"]["tier"] == "unit_slow"  # a skip mark ends the setup early: the tier stays
+    assert doc["exitstatus"] == 1 and doc["cpus"] and len(doc["loadavg_end"]) == 3 and doc["wall_s"] > 0.5
+
+    # the next run moves this one beside it, so the benchmark can say which test got slower
+    first = (out / "durations.json").read_text()
+    _session(pytester, out, monkeypatch)
+    assert (out / "durations.prev.json").read_text() == first
+
+    monkeypatch.setenv("SUITE_RUNS", str(tmp_path / "runs"))
+    got = suite.run()
+    run = got["runs"]["check"]
+    assert run["junit"] == {"tests": 5, "failures": 1, "errors": 0, "skipped": 1, "passed": 3,
+                            "time_s": run["junit"]["time_s"]}  # fmt: skip
+    assert run["slowest"][0]["test"].endswith("test_burns_cpu") or run["slowest"][0]["test"].endswith("test_waits")
+    assert set(run["tiers"]) == {"other", "unit_slow"} and run["tiers"]["other"]["tests"] == 3
+    assert got["line"].startswith("suite: check ") and "5 tests" in got["line"]
+
+
+def test_a_test_whose_cpu_grew_is_named():
+    before = {"a": {"cpu_s": 1.0, "wall_s": 2.0, "outcome": "passed"},
+              "b": {"cpu_s": 1.0, "wall_s": 2.0, "outcome": "passed"},
+              "c": {"cpu_s": 0.01, "wall_s": 0.02, "outcome": "passed"}}  # fmt: skip
+    now = {"a": {"cpu_s": 1.2, "wall_s": 5.0, "outcome": "passed"},  # wall grew with the load: not named
+           "b": {"cpu_s": 2.0, "wall_s": 4.0, "outcome": "passed"},
+           "c": {"cpu_s": 0.1, "wall_s": 0.2, "outcome": "passed"}}  # fmt: skip  # tenfold but under 0.5 s
+    assert [r["test"] for r in suite.grew(now, before)] == ["b"]
+
+
+def test_no_recorded_run_is_said_not_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUITE_RUNS", str(tmp_path / "nothing"))
+    got = suite.run()
+    assert got["runs"] == {} and "no run recorded" in got["line"]
