@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext
-from orchestrator.checks.parting import Tolerance, first_difference, margin_of
+from orchestrator.checks.parting import Tolerance, Walk, first_difference, margin_of, walk
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.server.client import ServerClient
 from orchestrator.server.parsers import parse_token_logprobs
@@ -33,6 +33,7 @@ from orchestrator.server.parsers import parse_token_logprobs
 TOP_K = 10  # logprobs read per position (n_probs) by the floor and by every parting probe
 TWIN_PROMPT = 64  # tokens of each twin prompt (two fit one ubatch: their last tokens are one batch's outputs)
 TWIN_GENERATE = 24  # tokens each twin generates: decode steps in one batch of two
+LONG_GENERATE = 64  # tokens each long twin generates (a near-full lane's generation, at most this)
 TWIN_ROUNDS = 6  # prompts measured: a drafting server reports logprobs only for tokens it did not draft
 LOGPROB_FLOOR = -80.0  # as reference_gates.logprob_floor: far below, float32 rounding rules
 
@@ -117,6 +118,25 @@ def scored_twins(
     return [parse_token_logprobs(d, "/completion (twins)") for d in items]
 
 
+def _twin_walk(ctx: CheckContext, prompt: list[int], twin: list[int], solo: list[int]) -> Walk:
+    """Every place a twin parts from the solo run, with the solo side's margin there (no tolerance:
+    this measures, it judges nothing)."""
+    timeout = ctx.options.request_timeout_s
+
+    def probe_at(prefix: list[int]) -> Mapping[int, float]:
+        return probe(ctx.client, prompt + prefix, slot=0, cache=True, timeout=timeout)
+
+    def continue_solo(prefix: list[int], left: int) -> list[int]:
+        if left <= 0:
+            return []
+        r = ctx.client.completion(
+            prompt + prefix, left, id_slot=0, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
+        )
+        return list(r.tokens)
+
+    return walk(twin, solo, probe=probe_at, reanchor=continue_solo, side="reference", tolerance=float("inf"))
+
+
 def _measure(ctx: CheckContext) -> Tolerance:
     bv = ctx.profile.batch_variance
     if bv.floor_nats is not None:
@@ -143,9 +163,23 @@ def _measure(ctx: CheckContext) -> Tolerance:
         twins = scored_twins(ctx.client, prompt, gen, timeout=timeout)
         solo = scored(ctx.client, prompt, gen, timeout=timeout, cache_prompt=False)
         per_twin += [{"round": r, **twin_figures(t, solo)} for t in twins]
-    readings = sum(f["compared_positions"] for f in per_twin)
+    # the regime the comparisons run in: a long prompt and a lane's generation, where a GPU's
+    # differences accumulate in the KV cache (on an H100 healthy lanes parted at margins up to 0.96
+    # nats after 28 tokens, where the first token moved 0.36); each parting of a twin from the solo
+    # run is a sample of the margins numerics flip here (twins cannot bleed into each other)
+    gen2 = min(LONG_GENERATE, max(16, ctx.near_full() // 8))
+    size2 = max(size, min(ctx.per_slot() // 2, ctx.near_full() - gen2 - 8))
+    prompt2 = list(pb.exact(size2, variant=410, head="Notes for the record:\n"))
+    long_twins = scored_twins(ctx.client, prompt2, gen2, timeout=timeout)
+    long_solo = scored(ctx.client, prompt2, gen2, timeout=timeout, cache_prompt=False, id_slot=0)
+    long_walks = [_twin_walk(ctx, prompt2, t[0], long_solo[0]) for t in long_twins]
+    per_twin += [{"round": "long", **twin_figures(t, long_solo)} for t in long_twins]
+    parted = [p.margin if p.margin is not None else p.at_least for w in long_walks for p in w.partings]
+    readings = sum(f["compared_positions"] for f in per_twin) + len(parted)
     floor = max(
-        [f["moved"] for f in per_twin] + [f["parted_margin"] for f in per_twin if f["parted_margin"] is not None]
+        [f["moved"] for f in per_twin]
+        + [f["parted_margin"] for f in per_twin if f["parted_margin"] is not None]
+        + parted
     )
     figures = {
         "floor_nats": round(floor, 7),
@@ -156,6 +190,10 @@ def _measure(ctx: CheckContext) -> Tolerance:
         "rounds": TWIN_ROUNDS,
         "readings": readings,
         "twins": per_twin,
+        "long_twin_prompt": size2,
+        "long_twin_generate": gen2,
+        "long_twin_partings": [round(m, 6) for m in parted],
+        "long_twin_walks": [w.as_dict() for w in long_walks],
         "seconds": round(time.monotonic() - t0, 3),
     }
     problem = None
