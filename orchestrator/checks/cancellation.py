@@ -206,15 +206,15 @@ def late_bound(
     """How long after the close the slot may keep the task: STOP_STEPS steps times the slowdown
     allowance, each step the longest of what this pair was measured to take for one: a decode step,
     the stream's longest gap between chunks, and the server's reaction to a request while this
-    slot generated (a `/slots` round trip: the server learns of the close on its HTTP thread, which
-    a busy machine wakes late, as it answers `/slots` late)."""
+    slot generated and while it cancelled (the longest `/slots` round trip: the server learns of
+    the close on its HTTP thread, which a busy machine wakes late, as it answers `/slots` late)."""
     unit = max((v for v in (step_s, gap_s, reaction_s) if v), default=None)
     if unit is None:
         return None, "no step measured: judged by tokens instead"
     bound = round(STOP_STEPS * allowance * unit, 4)
     return bound, (
         f"{STOP_STEPS} steps x allowance {allowance:g} x max(decode step {step_s or 0:.4f} s, "
-        f"longest stream gap {gap_s or 0:.4f} s, /slots round trip while generating {reaction_s or 0:.4f} s)"
+        f"longest stream gap {gap_s or 0:.4f} s, /slots round trip {reaction_s or 0:.4f} s)"
     )
 
 
@@ -261,7 +261,7 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     probe_tg = (ctx.budget.get("speeds") or {}).get("generated_per_s")
     allowance = ctx.profile.speed.slowdown_allowance
     id_task = None
-    reaction_s: float | None = None  # the longest /slots round trip while the slot generated
+    reaction_s: float | None = None  # the longest /slots round trip while the slot generated or cancelled
     with ctx.client.stream_completion(
         prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=opts.request_timeout_s
     ) as (handle, chunks):
@@ -288,7 +288,9 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         idle_after = None
         last = None
         while time.monotonic() - closed_at <= idle_bound:
+            asked = time.monotonic()  # these round trips measure the server's reaction at the very cancel
             last = next((s for s in ctx.client.slots(timeout=10) if s.id == slot), None)
+            reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
             if last is not None and not last.is_processing:
                 idle_after = round(time.monotonic() - closed_at, 4)
                 break
