@@ -85,7 +85,7 @@ def _param_rows(cmd: Any, skip: set[str]) -> list[str]:
         kind = getattr(p, "param_type_name", "")
         if kind == "argument":
             names = (p.metavar or p.name or "").upper()
-            help_text = ""
+            help_text = getattr(p, "help", None) or ""
         else:
             names = ", ".join(f"`{o}`" for o in (*p.opts, *p.secondary_opts))
             if not getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.metavar:
