@@ -10,7 +10,7 @@ from enum import IntEnum
 
 
 class ExitCode(IntEnum):
-    """pairctl's documented exit codes (README, `pairctl --help`)."""
+    """pairctl's documented exit codes (docs/reference/exit-codes.md, `pairctl --help`)."""
 
     OK = 0
     FAILURE = 1  # a check, gate or verification failed; the run completed and says why

@@ -231,7 +231,7 @@ def _after_signal(code: int, error: dict[str, Any] | None) -> tuple[int, dict[st
     return code, error
 
 
-# Exit codes that mean "refused before any change" (README's table): the log calls them refusals.
+# Exit codes that mean "refused before any change" (docs/reference/exit-codes.md): the log calls them refusals.
 _REFUSALS = frozenset({ExitCode.USAGE, ExitCode.CONFIG, ExitCode.HOST, ExitCode.LEASED, ExitCode.BUILD})
 
 

@@ -17,7 +17,7 @@ class _Open(BaseModel):
 
 
 class ErrorInfo(BaseModel):
-    """Why the run failed: exit code (README's table), message, fix, and the receipt it wrote."""
+    """Why the run failed: exit code (docs/reference/exit-codes.md), message, fix, and the receipt it wrote."""
 
     model_config = ConfigDict(extra="forbid")
     exit_code: int

@@ -23,7 +23,10 @@ def access_of(c: Ctx) -> RemoteAccess:
     if access is None:
         raise ConfigError(
             f"the inventory {c.inventory_ref} names no evidence_remote",
-            hint="add `evidence_remote: {url: ssh://HOST/PATH.git, allowed_signers: FILE}` (README: Team evidence)",
+            hint=(
+                "add `evidence_remote: {url: ssh://HOST/PATH.git, allowed_signers: FILE}` "
+                "(docs/guides/team-evidence.md)"
+            ),
         )
     return access
 

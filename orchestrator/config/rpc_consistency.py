@@ -7,7 +7,7 @@ floor of that comparison on a healthy build: `max(factor * floor, minimum)`. Flo
 minimum and the derived gate are written into the receipt with the figures.
 
 Defaults are the lab's, measured 2026-12-05 with the baseline package on both lab profiles
-(README, "The RPC host's half on its own"): both devices are CPUs running the same ggml code and
+(docs/guides/acceptance.md, "The RPC host's half on its own"): both devices are CPUs running the same ggml code and
 agree bit for bit; the floor is the 6-digit rounding of the recorded answers. The minimum sits 200
 times above that floor (the same 5e-7 nats as the replay floor in docs/reference-answers.md). A
 pair whose two devices differ (a V100 and an RTX 5060 Ti) must measure its own floor (`pairctl

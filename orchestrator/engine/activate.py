@@ -232,7 +232,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
     if policy.problems:
         raise ConfigError(
             f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
-            hint="see the flag policy in README (Security model)",
+            hint="see the flag policy in docs/explanation/security.md",
         )
     ctx.key = key
     ctx.packages = {"native": native, "rpc": rpc}

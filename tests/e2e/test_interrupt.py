@@ -3,7 +3,7 @@
 A real `pairctl` child process is paused at a step or check boundary by the test-only fault
 hook (engine/faults.py), signalled, and resumed: the run must stop at its next bounded point and
 end like a failure: the previous pair active and verified (`pairctl status`), no lease left on
-either host, the receipt `interrupted` naming the signal, exit 130 (README's exit-code table).
+either host, the receipt `interrupted` naming the signal, exit 130 (docs/reference/exit-codes.md).
 """
 
 from __future__ import annotations

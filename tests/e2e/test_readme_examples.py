@@ -7,9 +7,11 @@ sshd hosts, deployed once for the whole module), run the way an operator runs pa
   `releases prune` reports the space it freed in human units;
 - item 4: a real `pairctl build` (the build cache's hit of the lab baseline) through a pipe
   prints one plain line per phase on stderr while it runs, its result on stdout;
-- the README's examples: every `pairctl` line of its code blocks, expanded (tests/plugins/readme.py),
-  run in-process against this pair with the exit code each must end with; the lines that cannot
-  run in the lab are listed in NOT_RUN with the reason and the test that covers them instead;
+- the examples of README.md and of every guide (docs/guides/*.md): every `pairctl` line of their
+  code blocks, expanded (tests/plugins/readme.py), run in-process against this pair with the exit
+  code each must end with (blocks marked `<!-- examples: config-repo -->` in a config repo that the
+  document's own `pairctl init` made); the lines that cannot run in the lab are listed in NOT_RUN
+  with the reason and the test that covers them instead;
 - item 3: `rollback` and `accept` on a real pseudo-terminal redraw cleanly: each step or check
   shown once, no spinner or start line left behind, the outcome last.
 """
@@ -29,7 +31,7 @@ import pytest
 from orchestrator.build.store import PackageStore
 from tests.faults.harness import FaultPair, fresh_pair
 from tests.plugins.cli import run_cli
-from tests.plugins.readme import README, Example, example_lines, examples
+from tests.plugins.readme import Example, documents, example_lines, examples
 from tests.plugins.tty import SPINNER_GLYPHS, run_in_pty, screen
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -38,12 +40,14 @@ NAME = "readme"
 PORTS = (8194, 50194)
 PROFILE_C = "lab-real"  # a third package of the baseline: the same build, another id prefix
 
-# README lines (comment removed) that this lab cannot run, each with why and what covers it
+# lines of README.md and the guides (comment removed) that this lab cannot run, each with why and what covers it
 NOT_RUN = {
     "pairctl build --rev REV --target v100 --target rtx5060ti --profile production": (
         "CUDA targets of the real GPU hosts: docs/ GPU validation report, benchmarks/gpu/run.sh"
     ),
-    "pairctl deploy --pair prod --packages NATIVE_ID RPC_ID": "a production inventory's GPU pair",
+    "pairctl deploy --pair prod --native NATIVE_ID --rpc RPC_ID": "a production inventory's GPU pair",
+    "pairctl status --pair prod": "a production inventory's GPU pair (the lab pair runs `status` in README's tour)",
+    "pairctl accept --pair prod": "a production inventory's GPU pair (the lab pair runs `accept` in README's tour)",
     "pairctl deploy --rev REV --all --canary prod1 --serial 2 --max-fail 1 --dry-run": (
         "production pairs prod1...: tests/e2e/test_fleet_rollout.py runs rollouts on lab3"
     ),
@@ -55,9 +59,6 @@ NOT_RUN = {
     ),
     "pairctl qualify --pair lab --baseline A A --candidate B B --plan manifests/plans/lab.yaml": (
         "minutes of measurement: tests/e2e/test_qualify.py"
-    ),
-    "pairctl receipts push | pull | verify --remote | init-remote": (
-        "needs an evidence_remote: tests/e2e/test_team_evidence.py runs them against the lab host"
     ),
     "pairctl receipts init-remote": "needs an evidence_remote: tests/e2e/test_team_evidence.py",
     "pairctl receipts pull": "needs an evidence_remote: tests/e2e/test_team_evidence.py",
@@ -72,13 +73,16 @@ NOT_RUN = {
         "my-plan.yaml is the reader's own plan; a qualification per step: tests/e2e/test_bisect.py"
     ),
     "pairctl bisect --pair lab --resume": "an interrupted bisect to resume: tests/e2e/test_bisect.py",
+    "pairctl schedule install --pair prod --every 6h --checks identity,cached_continuation": (
+        "installs and enables units on the operator's machine: tests/unit/test_ops_schedule.py renders them"
+    ),
 }
 
 # exit codes other than 0 that an example must end with here, by its expanded (unfilled) words
 EXIT = {
     "diff --pair lab --profile P --native ID --rpc ID": 1,  # P: another profile, so its flags differ
     # one reused step of a deploy covers too little of it: the derived record says what is not
-    # covered and is inconclusive (9), as the README's exit table has it
+    # covered and is inconclusive (9), as the exit-code table has it
     "receipts derive --from HASH --reuse STEP --reason TEXT": 9,
     # neither --yes nor --dry-run, and no terminal to ask on: refused before anything is read (2)
     "receipts prune --older-than DAYS": 2,
@@ -189,7 +193,7 @@ def _values(fp: FaultPair) -> dict[str, Callable[[], str]]:
     }
 
 
-def _fill(argv: tuple[str, ...], values: dict[str, Callable[[], str]]) -> list[str]:
+def _fill(argv: tuple[str, ...], values: dict[str, Callable[[], str]], tmp_path: Path) -> list[str]:
     out: list[str] = []
     for prev, w in zip(("",) + argv, argv, strict=False):
         if prev == "--pair" and w in ("lab", "P"):
@@ -200,6 +204,8 @@ def _fill(argv: tuple[str, ...], values: dict[str, Callable[[], str]]) -> list[s
             w = "0.2"
         elif prev == "--for" and w == "S":
             w = "1"
+        elif prev == "--unit-dir" and w == "DIR":
+            w = str(tmp_path / "units")
         elif w in values:
             w = values[w]()
         out.append(w)
@@ -207,25 +213,31 @@ def _fill(argv: tuple[str, ...], values: dict[str, Callable[[], str]]) -> list[s
 
 
 def test_the_readme_examples_run(fp: FaultPair, tmp_path: Path, monkeypatch) -> None:
-    lines = {line for _, line in example_lines(README.read_text())}
-    assert set(NOT_RUN) <= lines, sorted(set(NOT_RUN) - lines)  # a line the README no longer has
+    """README.md's examples, then every guide's (docs/guides/*.md, by file name)."""
+    lines = {line for doc in documents() for _, line in example_lines(doc.read_text())}
+    assert set(NOT_RUN) <= lines, sorted(set(NOT_RUN) - lines)  # a line no document has any more
     if fp.status()[1]["route"] is None:  # run alone (-k): the pair the tests above leave
         _deploy(fp, fp.packages[0])
         _deploy(fp, fp.packages[1])
     values = _values(fp)
     ran: list[str] = []
+    sources: set[str] = set()
     for ex in examples():
         if ex.line in NOT_RUN:
             continue
         words = " ".join(ex.argv)
-        argv = _fill(ex.argv, values)
-        if ex.lineno < 50:  # the quick start's own config repository, made by `pairctl init`
-            argv = [str(tmp_path / "ops" / "pairctl") if w == "~/ops/pairctl" else w for w in argv]
-            monkeypatch.setenv("PAIRCTL_CONFIG", str(tmp_path / "ops" / "pairctl"))
-            # the README's key step (`umask 077; ... cat > ~/.config/pairctl/prod.key`) in a home of
-            # the test's own: `config check` refuses an api_key_file that is missing or readable by others
-            monkeypatch.setenv("HOME", str(tmp_path))
-            key = tmp_path / ".config" / "pairctl" / "prod.key"
+        argv = _fill(ex.argv, values, tmp_path)
+        # each document's own HOME: `~` in its examples (an archive, a config repo) lands there
+        home = tmp_path / ex.source.stem
+        home.mkdir(exist_ok=True)
+        monkeypatch.setenv("HOME", str(home))
+        if ex.context == "config-repo":  # the document's own config repository, made by `pairctl init`
+            repo = home / "ops" / "pairctl"
+            argv = [str(repo) if w == "~/ops/pairctl" else w for w in argv]
+            monkeypatch.setenv("PAIRCTL_CONFIG", str(repo))
+            # the guide's key step (`umask 077; ... cat > ~/.config/pairctl/prod.key`) in that home:
+            # `config check` refuses an api_key_file that is missing or readable by others
+            key = home / ".config" / "pairctl" / "prod.key"
             if not key.exists():
                 key.parent.mkdir(parents=True, exist_ok=True)
                 key.write_text("sk-readme-example\n")
@@ -233,17 +245,21 @@ def test_the_readme_examples_run(fp: FaultPair, tmp_path: Path, monkeypatch) -> 
             monkeypatch.setenv("PAIRCTL_INVENTORY", "site")
             r = run_cli(["--home", str(fp.home.root), *argv])
             monkeypatch.delenv("PAIRCTL_INVENTORY")
+            monkeypatch.delenv("PAIRCTL_CONFIG")
         else:
             r = run_cli(["--home", str(fp.home.root), "--inventory", str(fp.inventory_path), *argv])
         want = EXIT.get(words, 0)
         assert r.exit_code == want, _failure(ex, argv, r.exit_code, want, r.stdout, r.stderr)
         assert "Traceback" not in r.output, r.output[-3000:]
         ran.append(words)
+        sources.add(ex.source.name)
     assert len(ran) >= 30, ran
+    guides = {d.name for d in documents()[1:] if example_lines(d.read_text())}
+    assert guides <= sources, sorted(guides - sources)  # every guide with examples ran some
 
 
 def _failure(ex: Example, argv: list[str], code: int, want: int, out: str, err: str) -> str:
-    return f"README line {ex.lineno}: pairctl {' '.join(argv)}: exit {code}, want {want}\n{out[-2000:]}\n{err[-3000:]}"
+    return f"{ex.where}: pairctl {' '.join(argv)}: exit {code}, want {want}\n{out[-2000:]}\n{err[-3000:]}"
 
 
 def _clean(shown: list[str], text: str) -> None:

@@ -6,7 +6,7 @@ no previous pair, no reference) gets the `rpc-only-rms-norm-scale` mutant with t
 `rpc_consistency`: exit 7, the check failed, nothing left active ("stopped (no previous pair)").
 Then the baseline on the same still-fresh pair passes it, which measures the floor (the receipt
 keeps it). Both on the tiny model; on the real one (Q4_1 and stored F16) with PAIRCTL_TEST_REAL_MUTANTS=1, like
-tests/mutants. The figures are printed (-s) for README's table.
+tests/mutants. The figures are printed (-s) for the table in docs/results/measurements.md.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def test_first_deploy_rejects_a_broken_rpc_host_and_the_baseline_passes(
         assert not (st.get("route") or {}).get("active_packages"), st
         bad = step.data["figures"]
         # a numeric fault smaller than a KV-type change (0.17 on the lab target): the chosen tokens move
-        # less than that typically; on the real model a few uncertain positions move more (README)
+        # less than that typically; on the real model a few uncertain positions move more (docs/results/measurements.md)
         assert bad["chosen_median_abs_dlogprob"] < 0.2, bad
 
         r = cli("--json", "deploy", "--pair", name, "--packages", baseline, baseline, "--profile", profile,

@@ -3,7 +3,7 @@ acceptance checks, must each be rejected by deploy (exit 7) by the check meant f
 
 Every folder here is a `pairctl build --patch` folder (patch.diff + kernel.yaml written by
 write_meta.py). A mutant is built on demand (separate builds: one patched file recompiles with
-the warm ccache in about 40 s on 2 cores, see README "The mutant suite"), deployed onto the
+the warm ccache in about 40 s on 2 cores, see docs/explanation/checks-and-mutants.md), deployed onto the
 accepted baseline with the acceptance limited to its expected check, and the test asserts:
 exit 7, that check failed in the deploy's receipt, the receipt says `restored`, and the baseline
 is active and verified again. A mutant acceptance does not catch is a failing test.
@@ -55,7 +55,7 @@ REFERENCE_REASON = "mutant suite: the baseline package is the yardstick"
 REAL_PROFILE = "lab-real"
 # The real-model variants take about a minute and a half each on 2 cores (13 of them): `make test`
 # (CI's 90 minutes) runs the tiny-model ones; `make test-real-mutants` (or PAIRCTL_TEST_REAL_MUTANTS=1)
-# runs these too. All were rejected on the real model when last run (README, "The mutant suite").
+# runs these too. All were rejected on the real model when last run (docs/results/measurements.md, "Mutants").
 _REAL = os.environ.get("PAIRCTL_TEST_REAL_MUTANTS") == "1"
 REAL_MARKS = [pytest.mark.real_model] + (
     [] if _REAL else [pytest.mark.skip(reason="real-model mutants: PAIRCTL_TEST_REAL_MUTANTS=1")]

@@ -1,13 +1,19 @@
-"""The README's example commands, expanded the way a reader takes them (issue 34: "The README's
-examples are checked by a test that runs them"; tests/e2e/test_readme_examples.py runs them).
+"""The example commands of README.md and of every guide (docs/guides/*.md), expanded the way a
+reader takes them; tests/e2e/test_readme_examples.py runs them.
 
-`examples()` reads every `pairctl ...` line of README.md's code blocks (fenced blocks without a
-language, and indented blocks) and expands its notation into the command lines it stands for:
+`examples()` reads every `pairctl ...` line of the documents' code blocks (fenced blocks without a
+language or marked sh/shell/bash/console, and indented blocks), README first, then the guides
+sorted by file name, and expands its notation into the command lines it stands for:
 - `a|b` inside one word (`restart|stop|start`, `--host native|rpc`): each alternative;
 - ` | ` between forms: an alternative to the first form's last option (`--dry-run | --to
   RELEASE`) or, when it starts with a word, to its subcommand (`list ... | show HASH`);
 - `[...]`: once with every optional part, then once without any.
 Placeholders (ID, HASH, RELEASE, ...) are left for the runner to fill in.
+
+A block's context is named by an HTML comment on the line before its fence (or the indented
+block): `<!-- examples: config-repo -->` runs its lines in a config repository that the
+document's own `pairctl init` made (PAIRCTL_CONFIG, PAIRCTL_INVENTORY=site, a home of its own);
+every other block runs against the lab pair.
 """
 
 from __future__ import annotations
@@ -17,29 +23,67 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+GUIDES = ROOT / "docs" / "guides"
 _FENCE_LANGS = {"", "sh", "shell", "bash", "console"}
+_CONTEXT = re.compile(r"^<!--\s*examples:\s*([a-z-]+)\s*-->\s*$")
+CONTEXTS = ("lab", "config-repo")
+
+
+def documents() -> list[Path]:
+    """The documents whose examples run: README.md, then every guide by file name."""
+    return [README, *sorted(GUIDES.glob("*.md"))]
 
 
 @dataclass(frozen=True)
 class Example:
     lineno: int
-    line: str  # the README line without its comment: what a list of lines not run is keyed by
+    line: str  # the line without its comment: what a list of lines not run is keyed by
     argv: tuple[str, ...]  # the words after `pairctl`, placeholders not yet filled
+    source: Path = README
+    context: str = "lab"  # "config-repo": run in the config repo the document's `init` made
+
+    @property
+    def where(self) -> str:
+        return f"{self.source.relative_to(ROOT)}:{self.lineno}"
 
 
 def example_lines(text: str) -> list[tuple[int, str]]:
     """(line number, `pairctl ...` without `$ ` and comment) of every example line."""
-    out: list[tuple[int, str]] = []
+    return [(n, line) for n, line, _ in example_lines_in_context(text)]
+
+
+def example_lines_in_context(text: str) -> list[tuple[int, str, str]]:
+    """(line number, `pairctl ...` line, context) of every example line."""
+    out: list[tuple[int, str, str]] = []
     fence: str | None = None
+    pending = context = "lab"  # the marker waiting for the next block; the current block's context
+    indented = False  # inside an indented block (blank lines keep it)
     for n, raw in enumerate(text.splitlines(), 1):
-        if raw.startswith("```"):
-            fence = None if fence is not None else raw[3:].strip()
-            continue
-        in_code = fence in _FENCE_LANGS if fence is not None else raw.startswith("    ")
+        if fence is None:
+            m = _CONTEXT.match(raw.strip())
+            if m:
+                assert m.group(1) in CONTEXTS, f"line {n}: unknown examples context {m.group(1)!r}"
+                pending = m.group(1)
+                continue
+            if raw.startswith("```"):
+                fence, context, pending, indented = raw[3:].strip(), pending, "lab", False
+                continue
+            if raw.startswith("    "):
+                if not indented:
+                    context, pending, indented = pending, "lab", True
+            elif raw.strip():
+                indented = False
+            in_code = indented and raw.startswith("    ")
+        else:
+            if raw.startswith("```"):
+                fence = None
+                continue
+            in_code = fence in _FENCE_LANGS
         line = raw.strip().removeprefix("$ ")
         if in_code and line.startswith("pairctl "):
-            out.append((n, " ".join(line.split("#", 1)[0].split())))
+            out.append((n, " ".join(line.split("#", 1)[0].split()), context))
     return out
 
 
@@ -94,5 +138,11 @@ def expand(line: str) -> list[tuple[str, ...]]:
     return out
 
 
-def examples(readme: Path = README) -> list[Example]:
-    return [Example(n, line, argv) for n, line in example_lines(readme.read_text()) for argv in expand(line)]
+def examples(docs: list[Path] | None = None) -> list[Example]:
+    """Every expanded example of `docs` (default: README.md and the guides), in the order they run."""
+    return [
+        Example(n, line, argv, path, context)
+        for path in (documents() if docs is None else docs)
+        for n, line, context in example_lines_in_context(path.read_text())
+        for argv in expand(line)
+    ]

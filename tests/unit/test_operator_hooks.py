@@ -1,4 +1,4 @@
-"""Issue 34, item 1: the README's hooks example passes `config check` as written (a bare `on:`,
+"""Issue 34, item 1: the hooks example (docs/guides/fleets-and-hooks.md) passes `config check` as written (a bare `on:`,
 which YAML 1.1 reads as the boolean true), and a pre-deploy hook vetoes a deploy before any
 host is touched (exit 1, its reason named, no receipt, nothing changed). Run through the real
 CLI; the hook is a real child process."""
@@ -20,10 +20,10 @@ LAB_INVENTORY = ROOT / "manifests" / "inventories" / "lab.yaml"
 
 
 def _readme_hooks_block() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Hooks", 1)[1]
+    text = (ROOT / "docs" / "guides" / "fleets-and-hooks.md").read_text()
+    section = text.split("## Hooks", 1)[1]
     m = re.search(r"```yaml\n(hooks:\n.*?)```", section, re.S)
-    assert m, "the README's hooks example is gone"
+    assert m, "the fleets-and-hooks guide's hooks example is gone"
     return m.group(1)
 
 

@@ -34,7 +34,7 @@ LAYERS: list[set[str]] = [
     {"engine"},  # plans and runs deploy / rollback / repair
     {"checks", "qualify"},  # acceptance and qualification drive the engine's deploys
     {"ops", "bisect"},  # fleets, schedules, metrics; bisect (builds, deploys and qualifies per step)
-    {"lab", "cli", "__main__"},  # entry points
+    {"lab", "cli", "__main__", "docs"},  # entry points (docs: python -m orchestrator.docs writes docs/reference)
 ]
 LAYER_OF = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
