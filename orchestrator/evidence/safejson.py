@@ -97,3 +97,26 @@ def loads(data: bytes | str, *, what: str, max_depth: int | None = None) -> Any:
         return parse_bounded(data, max_bytes=MAX_RECEIPT_BYTES, max_depth=max_depth, noun="receipt")
     except Unbounded as exc:
         raise EvidenceError(f"{what} {exc}") from None
+
+
+def read_json(path: Path, *, max_bytes: int, max_depth: int, noun: str) -> Any:
+    """A local state file's JSON (bisect state, lab indexes): a regular file, not a link, of at
+    most `max_bytes`, nested at most `max_depth`. Raises Unbounded naming the file and the bound
+    (callers turn it into their own one-line error and exit code); OSError passes through."""
+    with open_regular_or_unbounded(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise Unbounded(f"{path} is {size} bytes, more than any {noun} pairctl writes ({max_bytes})")
+        data = f.read(max_bytes + 1)
+    try:
+        return parse_bounded(data, max_bytes=max_bytes, max_depth=max_depth, noun=noun)
+    except Unbounded as exc:
+        raise Unbounded(f"{path} {exc}") from None
+
+
+def open_regular_or_unbounded(path: Path) -> BinaryIO:
+    """open_regular with its refusals (a link, a special file) as Unbounded."""
+    try:
+        return open_regular(path)
+    except EvidenceError as exc:
+        raise Unbounded(exc.message) from None
