@@ -441,7 +441,7 @@ user_prep() { # user_prep ROOT NAME USER: uid/gid of the service user, and what 
 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=-
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=- files=-
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -454,6 +454,9 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
         allow)  # the RPC guard's IPv4 allow list (orchestrator/hosts/rpc_guard.c)
             case "$v" in '' | *[!0-9.,]*) CODE=2 die "supervise: sup.allow=$v is not a list of IPv4 addresses" ;; esac ;;
+        files)  # the release's files digest (orchestrator/hosts/supervisor.py release_files_digest)
+            case "$v" in *[!0-9a-f]* | '') CODE=2 die "supervise: sup.files=$v is not a sha256" ;; esac
+            [ ${#v} -eq 64 ] || CODE=2 die "supervise: sup.files=$v is not a sha256" ;;
         user)  # the inventory's service_user: the service runs as this user (setpriv), never as root
             case "$v" in [a-z_]*) ;; *) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac
             case "$v" in *[!a-z0-9_-]*) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac ;;
@@ -513,6 +516,13 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
                 w=$(awk -v b="$w" -v m="$backoff_max" 'BEGIN { b *= 2; if (b > m) b = m; print b }')
                 while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
             done
+        fi
+        # sup.files: every start (the first, each restart, at boot) from a release whose files are
+        # still its manifest's; a planted library or a changed binary starts nothing (issue 49)
+        if [ "$files" != - ] && ! release_ok "$bindir/.." "$files"; then
+            set_state "$r" "$n" state refused refused "the files of $(cd "$bindir/.." 2>/dev/null && pwd -P) differ from its manifest" pid -
+            echo "$(date -u +%FT%TZ) $n: release $(cd "$bindir/.." 2>/dev/null && pwd -P): files differ from its manifest: not started"
+            exit 1
         fi
         rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
@@ -599,6 +609,21 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         set_state "$r" "$n" state exited last_exit "$last" last_exit_at "$t" pid -
         echo "$(date -u +%FT%TZ) $n: pid $cpid ended: $last"
     done
+}
+
+release_ok() { # release_ok DIR DIGEST: DIR's files (list_files, manifest.json aside) hash to DIGEST
+    # (supervisor.release_files_digest). Cheap on a restart: the full hash runs only when the stat
+    # of some entry (path, size, inode, mtime, ctime) differs from the last listing that passed.
+    rl_sig=$(cd "$1" 2>/dev/null && find . ! -type d -printf '%p %s %i %T@ %C@\n' | LC_ALL=C sort | sha256sum) || return 1
+    rl_sig=${rl_sig%% *}
+    [ "$rl_sig" = "${release_sig:-}" ] && return 0
+    # (sh has no locals: these names are the supervisor's own, never its n, r or user)
+    rl_got=$(list_files "$1") || return 1
+    rl_n=$(printf '%s\n' "$rl_got" | sed -n 's/^entries=//p')
+    [ "$rl_n" = "$(printf '%s\n' "$rl_got" | grep -vc '^entries=')" ] || return 1  # a link, fifo or odd name
+    rl_d=$(printf '%s\n' "$rl_got" | grep -v '^entries=' | grep -v '^[0-9a-f]\{64\}  \./manifest\.json$' | LC_ALL=C sort | sha256sum)
+    [ "${rl_d%% *}" = "$2" ] || return 1
+    release_sig=$rl_sig
 }
 
 listens() { # listens ADDRESS PORT: a TCP socket listens on exactly ADDRESS:PORT
