@@ -120,3 +120,14 @@ def open_regular_or_unbounded(path: Path) -> BinaryIO:
         return open_regular(path)
     except EvidenceError as exc:
         raise Unbounded(exc.message) from None
+
+
+INDEX_MAX_BYTES = 1 << 20  # the lab's models.json, real-model.json, host.json: a few hundred bytes each
+INDEX_MAX_DEPTH = 16
+
+
+def read_index(path: Path) -> Any:
+    """A small JSON index pairctl wrote in its home (lab models, lab hosts): read_json with the
+    index bounds. Unbounded is a ValueError, so a caller that rewrites a damaged index on
+    ValueError rewrites a huge or 200,000-deep one too, instead of dying of RecursionError."""
+    return read_json(path, max_bytes=INDEX_MAX_BYTES, max_depth=INDEX_MAX_DEPTH, noun="index")
