@@ -105,6 +105,7 @@ def render_target(
                 supervisor.release_files_digest(expected_hashes(native_pkg.manifest)),
                 supervisor.release_files_digest(expected_hashes(rpc_pkg.manifest)),
             ),
+            declared=tuple(sorted(profile.files.items())),
         ),
         entry=entry,
         expected=expected_for(entry, native_pkg.manifest, rpc_pkg.manifest, view),

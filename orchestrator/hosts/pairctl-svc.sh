@@ -442,6 +442,8 @@ user_prep() { # user_prep ROOT NAME USER: uid/gid of the service user, and what 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
     backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=- files=-
+    wants="" nl='
+'
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -457,12 +459,16 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         files)  # the release's files digest (orchestrator/hosts/supervisor.py release_files_digest)
             case "$v" in *[!0-9a-f]* | '') CODE=2 die "supervise: sup.files=$v is not a sha256" ;; esac
             [ ${#v} -eq 64 ] || CODE=2 die "supervise: sup.files=$v is not a sha256" ;;
+        want)  # SHA256:PATH, a file the service reads besides its release (the profile's declared files)
+            case "$v" in *"$nl"*) CODE=2 die "supervise: sup.want holds a newline" ;; esac
+            case "${v%%:*}" in *[!0-9a-f]* | '') CODE=2 die "supervise: sup.want=$v is not SHA256:/PATH" ;; esac
+            case "${v#*:}" in /*) ;; *) CODE=2 die "supervise: sup.want=$v is not SHA256:/PATH" ;; esac ;;
         user)  # the inventory's service_user: the service runs as this user (setpriv), never as root
             case "$v" in [a-z_]*) ;; *) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac
             case "$v" in *[!a-z0-9_-]*) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
-        case "$k" in backoff) backoff0=$v ;; *) eval "$k=\$v" ;; esac  # $k is one of the names above
+        case "$k" in backoff) backoff0=$v ;; want) wants="$wants$v$nl" ;; *) eval "$k=\$v" ;; esac  # $k: a name above
     done
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
     home="$r/run/home/$n"
@@ -522,6 +528,11 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         if [ "$files" != - ] && ! release_ok "$bindir/.." "$files"; then
             set_state "$r" "$n" state refused refused "the files of $(cd "$bindir/.." 2>/dev/null && pwd -P) differ from its manifest" pid -
             echo "$(date -u +%FT%TZ) $n: release $(cd "$bindir/.." 2>/dev/null && pwd -P): files differ from its manifest: not started"
+            exit 1
+        fi
+        if [ -n "$wants" ] && ! changed=$(wants_ok "$r"); then
+            set_state "$r" "$n" state refused refused "file $changed changed since it was deployed" pid -
+            echo "$(date -u +%FT%TZ) $n: file $changed changed since it was deployed: not started"
             exit 1
         fi
         rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
@@ -624,6 +635,17 @@ release_ok() { # release_ok DIR DIGEST: DIR's files (list_files, manifest.json a
     rl_d=$(printf '%s\n' "$rl_got" | grep -v '^entries=' | grep -v '^[0-9a-f]\{64\}  \./manifest\.json$' | LC_ALL=C sort | sha256sum)
     [ "${rl_d%% *}" = "$2" ] || return 1
     release_sig=$rl_sig
+}
+
+wants_ok() { # wants_ok ROOT: every sup.want file hashes to its SHA256 (model_hash: cached by stat,
+    # so only a changed file is read again); else prints the first path that does not and fails
+    while IFS= read -r w; do
+        [ -n "$w" ] || continue
+        wo=$(model_hash "$1" "${w#*:}" | sed -n 's/^model=\([^:]*\):.*/\1/p')
+        [ "$wo" = "${w%%:*}" ] || { printf '%s' "${w#*:}"; return 1; }
+    done <<WANTS
+$wants
+WANTS
 }
 
 listens() { # listens ADDRESS PORT: a TCP socket listens on exactly ADDRESS:PORT

@@ -221,3 +221,31 @@ def test_a_changed_or_missing_release_file_is_refused_at_the_first_start(host, c
     r = t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, f"sup.files={digest}"]), check=False)
     assert r.exit_status == 4 and "started nothing" in as_text(r.stderr)
     assert _state(t, layout).state == "refused"
+
+
+def test_a_declared_file_replaced_under_a_running_server_stops_its_next_start(host, tmp_path):
+    """Issue 49 item 3 (the supervisor's restarts): a grammar the profile declares, replaced on
+    the host, was loaded by the next crash restart. sup.want=SHA256:PATH is re-hashed (cached by
+    stat) before every start: unchanged, the restart goes ahead; replaced, nothing starts."""
+    import hashlib
+
+    t, layout = host
+    exe = _binary(layout, "/bin/sleep")
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "yes"\n')
+    want = f"sup.want={hashlib.sha256(grammar.read_bytes()).hexdigest()}:{grammar}"
+    t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, want]))
+    first = _pid(layout)
+    assert first is not None
+    _until(lambda: _state(t, layout).state == "running")
+    os.kill(first, signal.SIGKILL)
+    _until(lambda: _pid(layout) not in (None, first) and _state(t, layout).state == "running")
+    second = _pid(layout)
+    assert second is not None
+    grammar.write_text('root ::= "no!"\n')  # the same size: only the hash tells
+    os.kill(second, signal.SIGKILL)
+    _until(lambda: _state(t, layout).state == "refused" and not _state(t, layout).supervisor_alive)
+    st = _state(t, layout)
+    assert st.refused == f"file {grammar} changed since it was deployed", st
+    r = t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, "sup.want=xyz:relative"]), check=False)
+    assert r.exit_status != 0
