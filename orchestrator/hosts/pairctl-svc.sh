@@ -525,7 +525,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         fi
         # sup.files: every start (the first, each restart, at boot) from a release whose files are
         # still its manifest's; a planted library or a changed binary starts nothing (issue 49)
-        if [ "$files" != - ] && ! release_ok "$bindir/.." "$files"; then
+        if [ "$files" != - ] && ! release_ok "$r" "$bindir/.." "$files"; then
             set_state "$r" "$n" state refused refused "the files of $(cd "$bindir/.." 2>/dev/null && pwd -P) differ from its manifest" pid -
             echo "$(date -u +%FT%TZ) $n: release $(cd "$bindir/.." 2>/dev/null && pwd -P): files differ from its manifest: not started"
             exit 1
@@ -622,19 +622,26 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     done
 }
 
-release_ok() { # release_ok DIR DIGEST: DIR's files (list_files, manifest.json aside) hash to DIGEST
-    # (supervisor.release_files_digest). Cheap on a restart: the full hash runs only when the stat
-    # of some entry (path, size, inode, mtime, ctime) differs from the last listing that passed.
-    rl_sig=$(cd "$1" 2>/dev/null && find . ! -type d -printf '%p %s %i %T@ %C@\n' | LC_ALL=C sort | sha256sum) || return 1
+release_ok() { # release_ok ROOT DIR DIGEST: DIR's files (list_files, manifest.json aside) hash to
+    # DIGEST (supervisor.release_files_digest). Cheap: the full hash runs only when the stat of some
+    # entry (path, size, inode, mtime, ctime: a write or a replacement changes the ctime) differs
+    # from the last listing that passed, kept in run/release-ok (DIGEST SIG) for the next supervisor
+    # too, as model_hash keeps run/model-sha256 (run/ is checked for owner and mode, root_trust.py)
+    rl_sig=$(cd "$2" 2>/dev/null && find . ! -type d -printf '%p %s %i %T@ %C@\n' | LC_ALL=C sort | sha256sum) || return 1
     rl_sig=${rl_sig%% *}
     [ "$rl_sig" = "${release_sig:-}" ] && return 0
+    if grep -qxF "$3 $rl_sig" "$1/run/release-ok" 2>/dev/null; then release_sig=$rl_sig; return 0; fi
     # (sh has no locals: these names are the supervisor's own, never its n, r or user)
-    rl_got=$(list_files "$1") || return 1
+    rl_got=$(list_files "$2") || return 1
     rl_n=$(printf '%s\n' "$rl_got" | sed -n 's/^entries=//p')
     [ "$rl_n" = "$(printf '%s\n' "$rl_got" | grep -vc '^entries=')" ] || return 1  # a link, fifo or odd name
     rl_d=$(printf '%s\n' "$rl_got" | grep -v '^entries=' | grep -v '^[0-9a-f]\{64\}  \./manifest\.json$' | LC_ALL=C sort | sha256sum)
-    [ "${rl_d%% *}" = "$2" ] || return 1
+    [ "${rl_d%% *}" = "$3" ] || return 1
     release_sig=$rl_sig
+    # one line per release digest; a root that takes no new file only loses the shortcut
+    { grep -v "^$3 " "$1/run/release-ok" 2>/dev/null; echo "$3 $rl_sig"; } >"$1/run/.release-ok.$$" 2>/dev/null &&
+        mv -f "$1/run/.release-ok.$$" "$1/run/release-ok" 2>/dev/null || rm -f "$1/run/.release-ok.$$" 2>/dev/null
+    return 0
 }
 
 wants_ok() { # wants_ok ROOT: every sup.want file hashes to its SHA256 (model_hash: cached by stat,

@@ -197,6 +197,8 @@ def test_a_restart_from_a_release_with_a_planted_library_is_refused(host):
     first = _pid(layout)
     assert first is not None
     _until(lambda: _state(t, layout).state == "running")
+    ok = Path(layout.log("release-ok")).read_text().split()
+    assert ok[0] == digest and len(ok) == 2  # the listing that passed, for the next start's shortcut
     os.kill(first, signal.SIGKILL)  # an unchanged release: restarted (by its stat, no re-hash needed)
     _until(lambda: _pid(layout) not in (None, first) and _state(t, layout).state == "running")
     second = _pid(layout)
@@ -249,3 +251,20 @@ def test_a_declared_file_replaced_under_a_running_server_stops_its_next_start(ho
     assert st.refused == f"file {grammar} changed since it was deployed", st
     r = t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, "sup.want=xyz:relative"]), check=False)
     assert r.exit_status != 0
+
+
+def test_the_kept_listing_never_passes_a_release_changed_since(host):
+    """run/release-ok spares a fresh supervisor the full hash of an unchanged release; a file
+    planted after it was written changes the listing's stat, so the next start hashes and refuses."""
+    t, layout = host
+    exe, digest = _release_with_manifest(layout)
+    args = [*QUICK, f"sup.files={digest}"]
+    t.run(layout.start_cmd(NAME, [exe, "300"], args))
+    _until(lambda: _state(t, layout).state == "running")
+    t.run(layout.stop_cmd(NAME))
+    t.run(layout.start_cmd(NAME, [exe, "300"], args))  # unchanged: the kept listing
+    _until(lambda: _state(t, layout).state == "running")
+    t.run(layout.stop_cmd(NAME))
+    Path(layout.release("r1"), "lib", "libggml-cpu.so").write_bytes(b"\x7fELF planted")
+    r = t.run(layout.start_cmd(NAME, [exe, "300"], args), check=False)
+    assert r.exit_status == 4 and _state(t, layout).state == "refused"
