@@ -113,6 +113,45 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ig
         super().emit(record)
 
 
+class _LogFileHandler(logging.FileHandler):
+    """The JSON log file. A write it cannot make (the operator's disk full, the file removed
+    under a read-only remount) prints one line once and drops the later lines of this run:
+    logging's own handleError printed a traceback per line, and a run's outcome never depends
+    on its log (the receipt is the record)."""
+
+    failed: str | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        if self.failed is not None:
+            return
+        exc = sys.exc_info()[1]
+        self.failed = (getattr(exc, "strerror", None) or str(exc) or type(exc).__name__) if exc else "unknown error"
+        try:
+            before_output()
+            sys.stderr.write(f"pairctl: warning: cannot write the log {self.baseFilename}: {self.failed}; "
+                             "its lines are dropped for the rest of this run\n")  # fmt: skip
+            sys.stderr.flush()
+        except Exception:  # stderr itself gone: nothing left to tell
+            pass
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError:
+            if self.failed is None:
+                self.handleError(logging.makeLogRecord({}))
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError:  # buffered lines that found no room: already said once
+            pass
+
+
 def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool = False) -> None:
     """Console output (stderr) for people plus JSON lines appended to `log_file`."""
     level = logging.WARNING - 10 * verbosity
@@ -157,7 +196,7 @@ def configure(*, log_file: Path | None, verbosity: int = 0, json_console: bool =
                 f"{log_file}: cannot write pairctl's log: {exc.strerror}",
                 hint="pass --home (or PAIRCTL_HOME) naming a writable directory",
             ) from None
-        fh = logging.FileHandler(log_file, encoding="utf-8")
+        fh = _LogFileHandler(log_file, encoding="utf-8")
         # info: one event per step, check, outcome, rollback, refusal and interrupt (audit, alerting);
         # the debug lines of every SSH exec and HTTP request only with -v
         fh.setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO)

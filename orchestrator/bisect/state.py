@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.evidence import safejson
 from orchestrator.evidence.atomic import replace
 from orchestrator.paths import Home
 
 STATE_VERSION = 1
+# A state holds one record per step (about log2 of the range, a few KB each) and nests 5 levels
+# (steps -> evidence -> receipts -> ...): the bounds are far above that and far below what
+# exhausts memory or json's recursion (a 200,000-deep file was `internal error: RecursionError`).
+MAX_STATE_BYTES = 16 << 20
+MAX_STATE_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -79,16 +85,23 @@ class BisectState:
         return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, where: Path) -> BisectState:
+    def from_json(cls, text: str | bytes, where: Path) -> BisectState:
         try:
-            d = json.loads(text)
+            d = safejson.parse_bounded(text, max_bytes=MAX_STATE_BYTES, max_depth=MAX_STATE_DEPTH, noun="bisect state")
+            if not isinstance(d, dict):
+                raise ValueError(f"a JSON {type(d).__name__}, not an object")
             if d.get("version") != STATE_VERSION:
                 raise ValueError(f"version {d.get('version')!r}, this pairctl reads {STATE_VERSION}")
             j = d.pop("judgement")
             d["judgement"] = Judgement(kind=j["kind"], checks=tuple(j["checks"]), plan=j["plan"])
             d["steps"] = [StepRecord(**s) for s in d["steps"]]
             return cls(**d)
-        except (ValueError, KeyError, TypeError) as exc:
+        except safejson.Unbounded as exc:
+            raise ConfigError(
+                f"{where}: not a bisect state this pairctl can read: it {exc}",
+                hint="`pairctl bisect --pair PAIR --reset` discards it",
+            ) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(
                 f"{where}: not a bisect state this pairctl can read ({exc})",
                 hint="`pairctl bisect --pair PAIR --reset` discards it",
@@ -105,9 +118,17 @@ def state_path(home: Home, pair: str) -> Path:
 
 def load(home: Home, pair: str) -> BisectState | None:
     p = state_path(home, pair)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         return None
-    return BisectState.from_json(p.read_text(encoding="utf-8"), p)
+    try:
+        with safejson.open_regular_or_unbounded(p) as f:
+            data = f.read(MAX_STATE_BYTES + 1)
+    except (safejson.Unbounded, OSError) as exc:
+        raise ConfigError(
+            f"{p}: not a bisect state this pairctl can read: {getattr(exc, 'strerror', None) or exc}",
+            hint="`pairctl bisect --pair PAIR --reset` discards it",
+        ) from None
+    return BisectState.from_json(data, p)
 
 
 def save(home: Home, st: BisectState) -> None:

@@ -126,9 +126,10 @@ def compile_outputs(plan: BuildPlan, repo: Path, outputs: Path, *, log_path: Pat
         remove_tree(d)  # a stable path, fresh content: ccache reuses objects, ninja never sees stale state
     reporter.phase("export")
     git.export_tree(repo, plan.revision.commit, plan.src_dir)
-    diff = git.diff_against(repo, plan.revision.commit, plan.src_dir)
+    diff = git.export_differences(repo, plan.revision.commit, plan.src_dir)
     if diff:
-        raise BuildError(f"exported tree differs from {plan.revision.commit} (source diff not empty):\n{diff[:2000]}")
+        raise BuildError(f"exported tree differs from {plan.revision.commit}: {diff[0]}"
+                         + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))  # fmt: skip
     env = plan.env(dict(os.environ))
     reporter.phase("configure")
     log.info("configure", argv=plan.configure_argv())

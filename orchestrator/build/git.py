@@ -1,14 +1,17 @@
 """Reading a source repository: revisions, trees, cleanliness, and exporting an exact tree.
 
-Builds never compile the working copy: they export REV's tree with `git archive` and then
-prove, with a throw-away index, that the exported folder is byte-for-byte that tree.
+Builds never compile the working copy: they write REV's blobs raw (no `.gitattributes`, no
+filters) and then prove, by blob id, that the exported folder is byte-for-byte that tree.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import subprocess
-import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -119,46 +122,166 @@ def require_tree(repo: Path, rev: Revision, expect_rev: str) -> Revision:
     return expected
 
 
+@dataclass(frozen=True)
+class TreeEntry:
+    """One path of a commit's tree as `git ls-tree -r` lists it: mode, object id, path."""
+
+    mode: str  # 100644, 100755, 120000 (symlink) or 160000 (submodule: an empty folder)
+    oid: str
+    path: str
+
+
+def tree_entries(repo: Path, commit: str) -> list[TreeEntry]:
+    """Every blob and submodule of COMMIT's tree; a path git itself would never check out
+    (absolute, `..`, `.`, `.git`) is refused before anything is written."""
+    out = subprocess.run(["git", "-C", str(repo), "ls-tree", "-r", "-z", "--full-tree", commit],
+                         env=_env(), capture_output=True)  # fmt: skip
+    if out.returncode != 0:
+        raise BuildError(f"git ls-tree {commit} failed in {repo}: {out.stderr.decode(errors='replace').strip()}")
+    entries = []
+    for rec in out.stdout.split(b"\0"):
+        if not rec:
+            continue
+        meta, _, raw_path = rec.partition(b"\t")
+        mode, _kind, oid = meta.decode().split()
+        path = raw_path.decode("utf-8", errors="surrogateescape")
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") or p.lower() == ".git" for p in parts):
+            raise BuildError(f"commit {commit} has a path git would not check out: {path!r}; refusing to build")
+        if mode not in ("100644", "100755", "120000", "160000"):
+            raise BuildError(f"commit {commit}: {path} has mode {mode}, which no checkout writes; refusing to build")
+        entries.append(TreeEntry(mode, oid, path))
+    return entries
+
+
+def _object_format(repo: Path) -> str:
+    proc = git(repo, "rev-parse", "--show-object-format", check=False)
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else "sha1"
+
+
+def blob_id(data: bytes, object_format: str = "sha1") -> str:
+    """The id git gives a blob of these bytes (`git hash-object --no-filters`), computed here so
+    that no `.gitattributes` or filter of the repository takes part."""
+    h = hashlib.new("sha256" if object_format == "sha256" else "sha1")
+    h.update(b"blob %d\0" % len(data))
+    h.update(data)
+    return h.hexdigest()
+
+
+def _read_blobs(repo: Path, oids: list[str]) -> Iterator[tuple[str, bytes]]:
+    """The raw bytes of each blob (`git cat-file --batch`: no attributes, no filters, no
+    conversion); stdin is fed from a thread so neither pipe can fill and block the other."""
+    proc = subprocess.Popen(["git", "-C", str(repo), "cat-file", "--batch"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write("".join(f"{o}\n" for o in oids).encode())
+            proc.stdin.close()
+        except OSError:
+            pass  # git exited; the reader below says why
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    try:
+        for oid in oids:
+            header = proc.stdout.readline().decode(errors="replace").split()
+            if len(header) != 3 or header[1] != "blob":
+                raise BuildError(f"git cat-file could not read blob {oid} in {repo}: {' '.join(header) or 'no answer'}")
+            size = int(header[2])
+            data = proc.stdout.read(size)
+            proc.stdout.read(1)  # the newline after each object
+            if len(data) != size:
+                raise BuildError(f"git cat-file returned {len(data)} of {size} bytes of blob {oid} in {repo}")
+            yield oid, data
+    finally:
+        proc.stdout.close()
+        writer.join()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    """Create PATH (never through a link, never over an existing file) with exactly DATA."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, mode)  # the umask must not take the executable bit a blob's mode gives
+
+
 def export_tree(repo: Path, commit: str, dest: Path) -> None:
-    """Write exactly COMMIT's tree into the empty folder DEST (`git archive | tar -x`)."""
+    """Write exactly COMMIT's blobs into the new folder DEST.
+
+    Not `git archive`: it applies `.gitattributes` (ident, eol/text, filter drivers,
+    working-tree-encoding, export-subst, export-ignore), so the folder it writes can differ from
+    the commit that the package's manifest names. Blobs are read raw and written as they are;
+    links are made last so no file is ever written through one."""
     dest.mkdir(parents=True, exist_ok=False)
-    archive = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", commit],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())  # fmt: skip
-    untar = subprocess.run(["tar", "-x", "-f", "-", "-C", str(dest)], stdin=archive.stdout, capture_output=True)
-    assert archive.stdout is not None
-    archive.stdout.close()
-    err = archive.stderr.read().decode(errors="replace") if archive.stderr else ""
-    if archive.wait() != 0 or untar.returncode != 0:
-        raise BuildError(
-            f"exporting {commit} from {repo} failed: {err.strip()} {untar.stderr.decode(errors='replace').strip()}"
-        )
+    entries = tree_entries(repo, commit)
+    blobs = [e for e in entries if e.mode != "160000"]
+    by_oid: dict[str, list[TreeEntry]] = {}
+    for e in blobs:
+        by_oid.setdefault(e.oid, []).append(e)
+    links: list[tuple[TreeEntry, bytes]] = []
+    try:
+        for oid, data in _read_blobs(repo, list(by_oid)):
+            for e in by_oid[oid]:
+                if e.mode == "120000":
+                    links.append((e, data))
+                else:
+                    _write_new(dest / e.path, data, 0o755 if e.mode == "100755" else 0o644)
+        for e in entries:
+            if e.mode == "160000":
+                (dest / e.path).mkdir(parents=True, exist_ok=True)  # as `git archive` does: an empty folder
+        for e, target in links:
+            (dest / e.path).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.fsdecode(target), dest / e.path)
+    except OSError as exc:
+        raise BuildError(f"exporting {commit} from {repo} into {dest} failed: {exc}") from None
 
 
-def diff_against(repo: Path, commit: str, work_tree: Path) -> str:
-    """`git diff` of WORK_TREE against COMMIT using a throw-away index; "" proves they are equal.
+def export_differences(repo: Path, commit: str, work_tree: Path) -> list[str]:
+    """Each way WORK_TREE differs from COMMIT's tree, one line per path ("" nowhere: equal).
 
-    Untracked files in WORK_TREE are listed too, so an extra file is a difference.
-    """
-    with tempfile.TemporaryDirectory(prefix="pairctl-index-") as tmp:
-        env = _env()
-        env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")
-        base = [
-            "--git-dir",
-            str(Path(git(repo, "rev-parse", "--absolute-git-dir").stdout.strip())),
-            "--work-tree",
-            str(work_tree),
-        ]
-
-        def run(*args: str) -> str:
-            proc = subprocess.run(["git", *base, *args], env=env, capture_output=True, text=True)
-            if proc.returncode not in (0, 1):
-                raise BuildError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
-            return proc.stdout
-
-        run("read-tree", commit)
-        run("update-index", "-q", "--refresh")
-        diff = run("diff-files", "-p", "--no-color")
-        extra = run("ls-files", "--others", "-z")
-        lines = [diff] if diff else []
-        lines += [f"untracked: {p}\n" for p in extra.split("\0") if p]
-        return "".join(lines)
+    Compared here, byte for byte, by blob id and mode: `git diff` would apply the repository's
+    `.gitattributes` to both sides and call an `$Id$`-expanded or CRLF-converted file equal."""
+    fmt = _object_format(repo)
+    expected = {e.path: e for e in tree_entries(repo, commit)}
+    problems: list[str] = []
+    seen: set[str] = set()
+    for top, dirs, files in os.walk(work_tree):
+        rel_top = os.path.relpath(top, work_tree)
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(top, d))]):
+            full = os.path.join(top, name)
+            rel = os.path.normpath(os.path.join(rel_top, name)).replace(os.sep, "/")
+            seen.add(rel)
+            want = expected.get(rel)
+            if want is None:
+                problems.append(f"{rel}: not in {commit[:10]}'s tree")
+                continue
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                mode, data = "120000", os.fsencode(os.readlink(full))
+            elif stat.S_ISREG(st.st_mode):
+                mode = "100755" if st.st_mode & 0o100 else "100644"
+                data = Path(full).read_bytes()
+            else:
+                problems.append(f"{rel}: not a regular file or link")
+                continue
+            if mode != want.mode:
+                problems.append(f"{rel}: mode {mode}, the commit has {want.mode}")
+            elif blob_id(data, fmt) != want.oid:
+                problems.append(f"{rel}: bytes differ from the commit's blob {want.oid[:12]}")
+        for d in dirs:
+            rel = os.path.normpath(os.path.join(rel_top, d)).replace(os.sep, "/")
+            want = expected.get(rel)
+            if want is not None and want.mode == "160000":
+                seen.add(rel)
+                if os.listdir(os.path.join(top, d)):
+                    problems.append(f"{rel}: a submodule's folder, expected empty")
+    problems += [f"{p}: missing from the export" for p in sorted(set(expected) - seen)]
+    return problems

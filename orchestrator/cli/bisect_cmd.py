@@ -53,7 +53,8 @@ def bisect(
     Exit codes: 0 the first bad commit is named (or --dry-run, --reset); 9 only skipped
     commits are left (the receipt lists the candidates); 2 bad command line (an unknown
     revision, --good not an ancestor of --bad, no judgement, another bisect of the pair
-    unfinished); 3 invalid config or plan; 4 a host unreachable; 5 the pair stayed leased;
+    unfinished); 3 invalid config or plan, or a state file too large, too deep or not a
+    state; 4 a host unreachable; 5 the pair stayed leased;
     6 the good revision does not build (--plan) or a package differs from its id; 8 the pair
     could not be restored (leases kept); 130 interrupted: the pair was restored, and
     `pairctl bisect --pair P --resume` continues where it stopped.

@@ -41,8 +41,9 @@ def build(
 ) -> None:
     """Build one immutable package per target from an exact, clean git revision.
 
-    The working copy is never compiled: REV's tree is exported with `git archive`, proven equal to
-    REV, configured with the target's flags (GGML_RPC=ON, build info from REV) and compiled; the
+    The working copy is never compiled: REV's blobs are written as committed (no .gitattributes
+    filter, ident or eol conversion), each proven by its blob id, configured with the target's
+    flags (GGML_RPC=ON, build info from REV) and compiled; the
     package is hashed file by file and renamed read-only into the store. Building an existing id
     verifies it instead of overwriting it.
     """

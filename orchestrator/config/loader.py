@@ -14,6 +14,9 @@ from pydantic import BaseModel, ValidationError
 from orchestrator.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+# Inventories, profiles, targets and plans are a few KB; a fixture list of thousands of entries is
+# under 1 MB. A file beyond this is not a manifest (a log, a model, /dev/zero through a link).
+MAX_CONFIG_BYTES = 16 << 20
 
 
 def problem_lines(source: str, err: ValidationError, model: type[BaseModel] | None = None) -> list[str]:
@@ -117,7 +120,11 @@ def read_yaml(path: Path) -> Any:
     if Path(path).exists():
         trust.check_config_file(Path(path))
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES} bytes, larger than any manifest pairctl reads")
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except IsADirectoryError:

@@ -35,7 +35,7 @@ from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import boot, services, space
+from orchestrator.hosts import boot, services, space, supervisor
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -95,7 +95,18 @@ def render_target(
         rpc_argv=rpc_argv,
     )
     return Target(
-        activation=Activation(nid, rid, tuple(native_argv), tuple(rpc_argv), label=label),
+        activation=Activation(
+            nid,
+            rid,
+            tuple(native_argv),
+            tuple(rpc_argv),
+            label=label,
+            files=(
+                supervisor.release_files_digest(expected_hashes(native_pkg.manifest)),
+                supervisor.release_files_digest(expected_hashes(rpc_pkg.manifest)),
+            ),
+            declared=tuple(sorted(profile.files.items())),
+        ),
         entry=entry,
         expected=expected_for(entry, native_pkg.manifest, rpc_pkg.manifest, view),
     )

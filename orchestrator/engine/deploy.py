@@ -40,6 +40,7 @@ from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts.leases import Lease, LeaseLost
+from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
 from orchestrator.hosts.route import RouteEntry, RouteRecord, parse_route
@@ -666,6 +667,32 @@ def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageS
     for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
         if store.exists(pid):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
+    _verify_restore_files(ctx, entry)
+
+
+def _verify_restore_files(ctx: RunContext, entry: RouteEntry) -> None:
+    """Before anything running changes: every file the restored llama-server loads besides its
+    release (the profile's declared `files`: grammars, control vectors, templates; the models)
+    re-hashed on the native host against what the route record holds for that pair. A file
+    replaced since it was deployed refuses the rollback or restart (exit 6, the file named): it
+    started the server on the planted file and reported "passed" (issue 49 item 3). The hashes
+    come from the entry as recorded, and from the profile as rendered now when they differ."""
+    assert ctx.restore is not None
+    t, layout, host = ctx.t("native"), ctx.layout("native"), ctx.host("native")
+    problems = recorded_file_problems(entry.profile, host, t, layout)
+    rendered = recorded_files(ctx.restore.entry.profile)
+    if rendered != recorded_files(entry.profile):  # an untrusted record: the operator's profile file renders it
+        problems += recorded_file_problems(ctx.restore.entry.profile, host, t, layout)
+    models = ctx.inventory.pair(ctx.view.name).models  # the ones the server is rendered to load now
+    recorded = {n: sha for n, sha in entry.models.items() if n in models}
+    problems += recorded_model_problems(recorded, models, host, t, layout)
+    if problems:
+        verb = ctx.restore_kind if ctx.restore_kind in ("restart", "start") else "rollback"
+        raise HostStateError(
+            f"{verb} refused, nothing was changed: " + "; ".join(dict.fromkeys(problems)),
+            hint="put the deployed file back on the native host (or deploy the pair you want with a profile that "
+            "declares the new file's sha256)",
+        )
 
 
 def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> None:

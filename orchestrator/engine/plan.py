@@ -101,6 +101,12 @@ class Activation:
     # (native, rpc) releases the `previous` links name after this activation, instead of the old
     # current (qualify's restore: the links as the qualification found them)
     keep_previous: tuple[str | None, str | None] | None = None
+    # (native, rpc) release-files digests (supervisor.release_files_digest of each manifest): each
+    # supervisor refuses to start a service from a release whose files no longer hash to it
+    files: tuple[str | None, str | None] = (None, None)
+    # (path, sha256) of each file the profile declares (RouteProfile.files): llama-server's
+    # supervisor re-hashes them (cached by stat) before each start, as a rollback does before its own
+    declared: tuple[tuple[str, str], ...] = ()
 
 
 def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
@@ -186,6 +192,10 @@ def service_exec(
         return Exec(layout.stop_cmd(name, verify_release), services.stop_bound_s(layout), verify_release)
     assert act is not None
     sup = tuple(view.sup.get(role, ()))
+    if digest := act.files[0 if role == "native" else 1]:
+        sup += (f"sup.files={digest}",)
+    if role == "native":
+        sup += tuple(f"sup.want={sha}:{path}" for path, sha in act.declared)
     if action == "restart-rpc":
         argv = list(act.rpc_argv)
         cmd = layout.restart_cmd(

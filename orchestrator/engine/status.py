@@ -115,7 +115,14 @@ def status(
                     out["problems"].append(problem)
             sup = supervisor.read_state(t, layout, name)
             h["supervisor"] = sup.as_dict() if sup else None
-            if sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up"):
+            if sup is not None and sup.state == "refused":
+                out["problems"].append(
+                    f"{host}: the supervisor refused to start {name}: {sup.refused or 'its release failed its check'}; "
+                    f"`pairctl status --pair {view.name} --verify-files` names the files, then deploy or rollback"
+                )
+            elif (
+                sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up")
+            ):
                 out["problems"].append(
                     f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} would not "
                     f"be restarted; deploying the active pair again starts it under a new supervisor"

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from orchestrator import interrupt
 from orchestrator import log as logging_setup  # the module: log.py imports evidence.masking
 from orchestrator.errors import EvidenceError, Inconclusive
-from orchestrator.evidence import jsonable
+from orchestrator.evidence import jsonable, safejson
 from orchestrator.evidence.masking import MASK, is_secret_key, mask_data, mask_text, may_hold_secret
 from orchestrator.evidence.receipt import (
     NO_PAIR,
@@ -168,8 +168,8 @@ def replay(path: Path) -> tuple[JournalState, list[str]]:
     """Rebuild a journal's state from its file; a torn last line (killed mid-write) is dropped."""
     state = JournalState()
     problems: list[str] = []
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+    # a journal becomes a receipt: bounded as one (a regular file, not a link; safejson)
+    lines = safejson.read_bounded(path, safejson.MAX_RECEIPT_BYTES).split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
     for i, line in enumerate(lines):

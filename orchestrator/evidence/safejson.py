@@ -97,3 +97,37 @@ def loads(data: bytes | str, *, what: str, max_depth: int | None = None) -> Any:
         return parse_bounded(data, max_bytes=MAX_RECEIPT_BYTES, max_depth=max_depth, noun="receipt")
     except Unbounded as exc:
         raise EvidenceError(f"{what} {exc}") from None
+
+
+def read_json(path: Path, *, max_bytes: int, max_depth: int, noun: str) -> Any:
+    """A local state file's JSON (bisect state, lab indexes): a regular file, not a link, of at
+    most `max_bytes`, nested at most `max_depth`. Raises Unbounded naming the file and the bound
+    (callers turn it into their own one-line error and exit code); OSError passes through."""
+    with open_regular_or_unbounded(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise Unbounded(f"{path} is {size} bytes, more than any {noun} pairctl writes ({max_bytes})")
+        data = f.read(max_bytes + 1)
+    try:
+        return parse_bounded(data, max_bytes=max_bytes, max_depth=max_depth, noun=noun)
+    except Unbounded as exc:
+        raise Unbounded(f"{path} {exc}") from None
+
+
+def open_regular_or_unbounded(path: Path) -> BinaryIO:
+    """open_regular with its refusals (a link, a special file) as Unbounded."""
+    try:
+        return open_regular(path)
+    except EvidenceError as exc:
+        raise Unbounded(exc.message) from None
+
+
+INDEX_MAX_BYTES = 1 << 20  # the lab's models.json, real-model.json, host.json: a few hundred bytes each
+INDEX_MAX_DEPTH = 16
+
+
+def read_index(path: Path) -> Any:
+    """A small JSON index pairctl wrote in its home (lab models, lab hosts): read_json with the
+    index bounds. Unbounded is a ValueError, so a caller that rewrites a damaged index on
+    ValueError rewrites a huge or 200,000-deep one too, instead of dying of RecursionError."""
+    return read_json(path, max_bytes=INDEX_MAX_BYTES, max_depth=INDEX_MAX_DEPTH, noun="index")

@@ -108,7 +108,8 @@ class _ChainLock:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                h = json.loads(safejson.read_bounded(self.path, SMALL_FILE_MAX) or b"{}")
+                raw = safejson.read_bounded(self.path, SMALL_FILE_MAX) or b"{}"
+                h = safejson.parse_bounded(raw, max_bytes=SMALL_FILE_MAX, max_depth=8, noun="lock holder")
                 if isinstance(h, dict) and h.get("run_id"):
                     return h
             except (OSError, ValueError, EvidenceError):

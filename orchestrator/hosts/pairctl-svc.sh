@@ -441,7 +441,9 @@ user_prep() { # user_prep ROOT NAME USER: uid/gid of the service user, and what 
 
 supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     r=$1; n=$2; shift 2
-    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=-
+    backoff0=1 backoff_max=30 loop_n=5 loop_s=60 hang_s=0 probe_s=1 health=- peer=- rpc=- log_max=0 log_keep=3 allow=- user=- files=-
+    wants="" nl='
+'
     while [ $# -gt 0 ]; do
         case "$1" in sup.*=*) ;; *) break ;; esac
         kv=${1#sup.}; k=${kv%%=*}; v=${kv#*=}; shift
@@ -454,12 +456,19 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             case "$v" in - | [0-9]*.[0-9]*.[0-9]*.[0-9]*:[0-9]* | \[*\]:[0-9]*) ;; *) CODE=2 die "supervise: sup.$k=$v is not ADDRESS:PORT" ;; esac ;;
         allow)  # the RPC guard's IPv4 allow list (orchestrator/hosts/rpc_guard.c)
             case "$v" in '' | *[!0-9.,]*) CODE=2 die "supervise: sup.allow=$v is not a list of IPv4 addresses" ;; esac ;;
+        files)  # the release's files digest (orchestrator/hosts/supervisor.py release_files_digest)
+            case "$v" in *[!0-9a-f]* | '') CODE=2 die "supervise: sup.files=$v is not a sha256" ;; esac
+            [ ${#v} -eq 64 ] || CODE=2 die "supervise: sup.files=$v is not a sha256" ;;
+        want)  # SHA256:PATH, a file the service reads besides its release (the profile's declared files)
+            case "$v" in *"$nl"*) CODE=2 die "supervise: sup.want holds a newline" ;; esac
+            case "${v%%:*}" in *[!0-9a-f]* | '') CODE=2 die "supervise: sup.want=$v is not SHA256:/PATH" ;; esac
+            case "${v#*:}" in /*) ;; *) CODE=2 die "supervise: sup.want=$v is not SHA256:/PATH" ;; esac ;;
         user)  # the inventory's service_user: the service runs as this user (setpriv), never as root
             case "$v" in [a-z_]*) ;; *) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac
             case "$v" in *[!a-z0-9_-]*) CODE=2 die "supervise: sup.user=$v is not a user name" ;; esac ;;
         *) CODE=2 die "supervise: unknown option sup.$k" ;;
         esac
-        case "$k" in backoff) backoff0=$v ;; *) eval "$k=\$v" ;; esac  # $k is one of the names above
+        case "$k" in backoff) backoff0=$v ;; want) wants="$wants$v$nl" ;; *) eval "$k=\$v" ;; esac  # $k: a name above
     done
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
     home="$r/run/home/$n"
@@ -513,6 +522,18 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
                 w=$(awk -v b="$w" -v m="$backoff_max" 'BEGIN { b *= 2; if (b > m) b = m; print b }')
                 while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
             done
+        fi
+        # sup.files: every start (the first, each restart, at boot) from a release whose files are
+        # still its manifest's; a planted library or a changed binary starts nothing (issue 49)
+        if [ "$files" != - ] && ! release_ok "$r" "$bindir/.." "$files"; then
+            set_state "$r" "$n" state refused refused "the files of $(cd "$bindir/.." 2>/dev/null && pwd -P) differ from its manifest" pid -
+            echo "$(date -u +%FT%TZ) $n: release $(cd "$bindir/.." 2>/dev/null && pwd -P): files differ from its manifest: not started"
+            exit 1
+        fi
+        if [ -n "$wants" ] && ! changed=$(wants_ok "$r"); then
+            set_state "$r" "$n" state refused refused "file $changed changed since it was deployed" pid -
+            echo "$(date -u +%FT%TZ) $n: file $changed changed since it was deployed: not started"
+            exit 1
         fi
         rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
@@ -599,6 +620,39 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         set_state "$r" "$n" state exited last_exit "$last" last_exit_at "$t" pid -
         echo "$(date -u +%FT%TZ) $n: pid $cpid ended: $last"
     done
+}
+
+release_ok() { # release_ok ROOT DIR DIGEST: DIR's files (list_files, manifest.json aside) hash to
+    # DIGEST (supervisor.release_files_digest). Cheap: the full hash runs only when the stat of some
+    # entry (path, size, inode, mtime, ctime: a write or a replacement changes the ctime) differs
+    # from the last listing that passed, kept in run/release-ok (DIGEST SIG) for the next supervisor
+    # too, as model_hash keeps run/model-sha256 (run/ is checked for owner and mode, root_trust.py)
+    rl_sig=$(cd "$2" 2>/dev/null && find . ! -type d -printf '%p %s %i %T@ %C@\n' | LC_ALL=C sort | sha256sum) || return 1
+    rl_sig=${rl_sig%% *}
+    [ "$rl_sig" = "${release_sig:-}" ] && return 0
+    if grep -qxF "$3 $rl_sig" "$1/run/release-ok" 2>/dev/null; then release_sig=$rl_sig; return 0; fi
+    # (sh has no locals: these names are the supervisor's own, never its n, r or user)
+    rl_got=$(list_files "$2") || return 1
+    rl_n=$(printf '%s\n' "$rl_got" | sed -n 's/^entries=//p')
+    [ "$rl_n" = "$(printf '%s\n' "$rl_got" | grep -vc '^entries=')" ] || return 1  # a link, fifo or odd name
+    rl_d=$(printf '%s\n' "$rl_got" | grep -v '^entries=' | grep -v '^[0-9a-f]\{64\}  \./manifest\.json$' | LC_ALL=C sort | sha256sum)
+    [ "${rl_d%% *}" = "$3" ] || return 1
+    release_sig=$rl_sig
+    # one line per release digest; a root that takes no new file only loses the shortcut
+    { grep -v "^$3 " "$1/run/release-ok" 2>/dev/null; echo "$3 $rl_sig"; } >"$1/run/.release-ok.$$" 2>/dev/null &&
+        mv -f "$1/run/.release-ok.$$" "$1/run/release-ok" 2>/dev/null || rm -f "$1/run/.release-ok.$$" 2>/dev/null
+    return 0
+}
+
+wants_ok() { # wants_ok ROOT: every sup.want file hashes to its SHA256 (model_hash: cached by stat,
+    # so only a changed file is read again); else prints the first path that does not and fails
+    while IFS= read -r w; do
+        [ -n "$w" ] || continue
+        wo=$(model_hash "$1" "${w#*:}" | sed -n 's/^model=\([^:]*\):.*/\1/p')
+        [ "$wo" = "${w%%:*}" ] || { printf '%s' "${w#*:}"; return 1; }
+    done <<WANTS
+$wants
+WANTS
 }
 
 listens() { # listens ADDRESS PORT: a TCP socket listens on exactly ADDRESS:PORT

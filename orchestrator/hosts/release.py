@@ -177,6 +177,9 @@ def ensure_release(
                 f"no space left on {host}:{layout.releases} while unpacking {pid} "
                 f"({len(data)} bytes); the partial upload was removed, nothing else changed"
             ) from None
+        # tar's last line ("Exiting with failure status") names no cause: a root that takes no
+        # new file (remounted read-only) is said as such, with its path (issue 49 item 1)
+        space.require_writable(transport, layout.releases, f"the upload of {pid}")
         raise
     progress.event("upload", f"upload {pid} to {host}: {progress.rate(len(data), time.monotonic() - t0)}", host=host)
     try:

@@ -12,7 +12,9 @@ Its state is `run/NAME.state`, KEY=VALUE lines written by rename; this module pa
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import Supervision
@@ -33,6 +35,15 @@ def ipv4_endpoint(host: str, port: int) -> str | None:
     except ValueError:
         return None
     return f"{host}:{port}"
+
+
+def release_files_digest(expected: Mapping[str, str]) -> str:
+    """The digest `pairctl-svc supervise` compares a release with before it starts a service from
+    it (sup.files): sha256 of the release's `sha256sum` lines ("HASH  ./PATH", every file the
+    manifest names, manifest.json itself aside), sorted bytewise. A file added (a planted
+    library on LD_LIBRARY_PATH), changed or removed gives another digest."""
+    lines = sorted(f"{sha}  ./{rel}\n" for rel, sha in expected.items() if rel != "manifest.json")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def sup_args(
@@ -77,13 +88,14 @@ def sup_args(
 class SupervisorState:
     """What `run/NAME.state` says, plus whether the supervisor process lives."""
 
-    state: str  # starting | running | exited | backoff | waiting-peer | passive-lease | given-up | stopped
+    state: str  # starting | running | exited | backoff | waiting-peer | passive-lease | given-up | refused | stopped
     restarts: int
     last_exit: str | None  # "exit N", "signal N", "hung (...)", "peer-lost (...)"
     started_at: int | None  # host epoch seconds of the current process's start
     given_up: bool
     supervisor_alive: bool
     uptime_s: float | None = None  # of the current process, by the host's /proc clock
+    refused: str | None = None  # why it started nothing (its release's files differ from the manifest)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -94,6 +106,7 @@ class SupervisorState:
             "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1),
             "given_up": self.given_up,
             "supervisor_alive": self.supervisor_alive,
+            "refused": self.refused,
         }
 
 
@@ -117,6 +130,7 @@ def parse_state(text: str, *, supervisor_alive: bool = False) -> SupervisorState
         started_at=as_int("started_at"),
         given_up=kv.get("given_up") == "1",
         supervisor_alive=supervisor_alive,
+        refused=kv.get("refused", "")[:200] or None,
     )
 
 

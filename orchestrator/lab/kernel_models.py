@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestrator.evidence.safejson import read_index
 from orchestrator.hashing import sha256_file
 from orchestrator.lab.models import write_llama_gguf
 from orchestrator.paths import Home
@@ -43,7 +44,7 @@ def _present(folder: Path) -> dict[str, Any] | None:
     if not index.is_file():
         return None
     try:
-        data = json.loads(index.read_text())
+        data = read_index(index)
         records = data["models"]
         if data.get("shape") != KMMVF_SHAPE or data.get("seed") != KMMVF_SEED:
             return None

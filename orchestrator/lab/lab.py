@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import fcntl
 import ipaddress
-import json
 import os
 import signal
 import time
@@ -22,6 +21,7 @@ from typing import Any
 from orchestrator import progress
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
+from orchestrator.evidence.safejson import read_index
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
 from orchestrator.lab.real_model import REAL_FILES, ensure_real_model, real_model_present
@@ -236,7 +236,7 @@ def _drop_boot_entry(plan: HostPlan) -> str:
 
 def _plan_from_dir(hdir: Path) -> HostPlan:
     try:
-        meta = json.loads((hdir / "host.json").read_text())
+        meta = read_index(hdir / "host.json")
     except (OSError, ValueError):
         meta = {}
     return HostPlan(

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator.evidence.safejson import read_index
 from orchestrator.hashing import sha256_file
 
 Dtype = Literal["f32", "f16", "bf16"]
@@ -319,7 +320,7 @@ def models_present(folder: Path) -> bool:
     if not index.is_file():
         return False
     try:
-        records = json.loads(index.read_text())["models"]
+        records = read_index(index)["models"]
     except (ValueError, KeyError, TypeError):
         return False
     for role, fname in ROLE_FILES.items():
@@ -337,7 +338,7 @@ def ensure_lab_models(folder: str | os.PathLike[str]) -> LabModels:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if models_present(folder):
-        return LabModels(folder, json.loads((folder / "models.json").read_text())["models"])
+        return LabModels(folder, read_index(folder / "models.json")["models"])
     records = {
         role: write_llama_gguf(
             folder / fname, seed=ROLE_SEEDS[role], name=f"pairctl-lab-{role}", **ROLE_OPTIONS.get(role, {})

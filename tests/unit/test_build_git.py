@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -85,11 +86,45 @@ def test_export_is_the_commit_not_the_working_copy_and_diff_proves_it(repo: Path
     git.export_tree(repo, one.commit, out)
     assert (out / "a.cpp").read_text() == "int a() { return 1; }\n"
     assert (out / "tools" / "run.sh").stat().st_mode & 0o111
-    assert git.diff_against(repo, one.commit, out) == ""
+    assert git.export_differences(repo, one.commit, out) == []
     (out / "a.cpp").write_text("changed\n")
     (out / "extra.h").write_text("x")
-    diff = git.diff_against(repo, one.commit, out)
-    assert "a/a.cpp" in diff and "untracked: extra.h" in diff
+    (out / "tools" / "run.sh").chmod(0o644)
+    diff = git.export_differences(repo, one.commit, out)
+    assert diff == [
+        "a.cpp: bytes differ from the commit's blob " + _git(repo, "rev-parse", "HEAD:a.cpp")[:12],
+        f"extra.h: not in {one.commit[:10]}'s tree",
+        "tools/run.sh: mode 100644, the commit has 100755",
+    ]
+
+
+def test_export_keeps_links_and_attribute_bytes_and_sees_a_rewritten_file(repo: Path, tmp_path: Path) -> None:
+    """`.gitattributes` ident/eol would make `git diff` call a rewritten file equal; the blob id does not."""
+    (repo / ".gitattributes").write_text("* ident\n*.txt text eol=crlf\n")
+    (repo / "v.txt").write_text("$Id$\nline\n")
+    (repo / "link").symlink_to("a.cpp")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "two")
+    two = git.resolve(repo, "HEAD")
+    out = tmp_path / "export"
+    git.export_tree(repo, two.commit, out)
+    assert (out / "v.txt").read_bytes() == b"$Id$\nline\n" and os.readlink(out / "link") == "a.cpp"
+    assert git.export_differences(repo, two.commit, out) == []
+    expanded = subprocess.run(["git", "-C", str(repo), "archive", two.commit, "v.txt"], env=git_env(),
+                              check=True, capture_output=True).stdout  # fmt: skip
+    assert b"$Id: " in expanded and b"\r\n" in expanded  # what `git archive` would have built
+    (out / "v.txt").write_bytes(b"$Id: 0123 $\r\nline\r\n")
+    assert [d.split(":")[0] for d in git.export_differences(repo, two.commit, out)] == ["v.txt"]
+
+
+def test_a_tree_with_a_path_no_checkout_writes_is_refused(repo: Path, tmp_path: Path) -> None:
+    blob = _git(repo, "rev-parse", "HEAD:a.cpp")
+    tree = subprocess.run(["git", "-C", str(repo), "mktree"], input=f"100644 blob {blob}\t..\n", env=git_env(),
+                          check=True, capture_output=True, text=True).stdout.strip()  # fmt: skip
+    commit = _git(repo, "commit-tree", tree, "-m", "hostile")
+    with pytest.raises(BuildError, match="a path git would not check out"):
+        git.export_tree(repo, commit, tmp_path / "export")
+    assert not list((tmp_path / "export").iterdir())
 
 
 def test_not_a_repository_is_refused(tmp_path: Path) -> None:

@@ -127,3 +127,28 @@ def test_compile_failure_is_a_build_error_with_the_log(fake: tuple[Path, Path, H
     with pytest.raises(BuildError, match=r"cmake --build failed .*full log"):
         build(home, BuildRequest(source=repo, rev="HEAD", targets=(str(target),)), interactive=False)
     assert not PackageStore(home.store).ids()
+
+
+def test_gitattributes_never_change_the_exported_bytes(fake: tuple[Path, Path, Home]) -> None:
+    """Issue 49 item 6: a commit whose `.gitattributes` asks for `ident`, CRLF conversion and a
+    filter driver (defined in the repository's own config, which `git archive` obeys) built with
+    an export that was not the commit: `$Id$` expanded in the binary, CRLF CMakeLists.txt, a
+    smudged source. The package must be built from the commit's blobs, byte for byte."""
+    repo, target, home = fake
+    (repo / "server.c").write_text(SERVER.replace('printf("--rpc', 'printf("$Id$\\n--rpc'))
+    (repo / ".gitattributes").write_text("*.c ident\nCMakeLists.txt ident text eol=crlf\nrpc.c filter=evil\n")
+    (repo / "CMakeLists.txt").write_text("# $Id$\n" + CMAKE)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "attributes")
+    # defined after the commit, so `git add` never ran it: only an export can
+    _git(repo, "config", "filter.evil.smudge", "sed s/return.0/return 7/")
+    _git(repo, "config", "filter.evil.clean", "cat")
+    (res,) = build(home, BuildRequest(source=repo, rev="HEAD", targets=(str(target),)), interactive=False)
+    help_text = (res.package.path / "meta" / "llama-server.help.txt").read_text()
+    assert "$Id$" in help_text and "$Id:" not in help_text
+    src = home.root / "build-cache"
+    exported = {p.name: p.read_bytes() for p in src.rglob("src/*") if p.is_file()}
+    for name in ("CMakeLists.txt", "rpc.c", "server.c", ".gitattributes"):
+        blob = subprocess.run(["git", "-C", str(repo), "cat-file", "blob", f"HEAD:{name}"], env=git_env(),
+                              check=True, capture_output=True).stdout  # fmt: skip
+        assert exported[name] == blob, name

@@ -349,3 +349,15 @@ def test_config_check_inventory_judges_each_pairs_profile(tmp_path):
     inv["pairs"]["lab"].update(api_key_file=str(key), allow_flags={"--agent": "agent test bench"})
     res = check_all([write(tmp_path, "inv.yaml", inv)], kind="inventory", variables={})
     assert res[0][1] is None, res
+
+
+def test_a_manifest_larger_than_any_is_refused_before_it_is_parsed(tmp_path):
+    """Issue 49 item 7: every local file is bounded in size; a 17 MB 'inventory' is exit 3 naming it."""
+    from orchestrator.config.loader import MAX_CONFIG_BYTES, read_yaml
+    from orchestrator.errors import ConfigError
+
+    big = tmp_path / "inventory.yaml"
+    big.write_bytes(b"# " + b"x" * MAX_CONFIG_BYTES + b"\n")
+    with pytest.raises(ConfigError, match=f"{big}: more than {MAX_CONFIG_BYTES} bytes") as ei:
+        read_yaml(big)
+    assert ei.value.exit_code == 3 and "\n" not in ei.value.message

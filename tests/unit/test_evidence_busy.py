@@ -34,3 +34,13 @@ def test_race_loser_names_the_winner_even_while_it_records_itself(tmp_path) -> N
         os.close(fd)
     assert "(pid 4242, deploy, run 20261203T1-77-1)" in str(ei.value)
     assert "?" not in str(ei.value)
+
+
+def test_a_deep_lock_holder_file_reads_as_no_holder_not_a_recursion_error(tmp_path):
+    """Issue 49 item 7: a lock file edited to 30,000 brackets (within its 64 KB bound) was a
+    RecursionError out of the busy message; it now reads as an unknown holder."""
+    from orchestrator.evidence.store import _ChainLock
+
+    path = tmp_path / "lab.lock"
+    path.write_bytes(b"[" * 30_000 + b"]" * 30_000)
+    assert _ChainLock(path).holder(wait_s=0.05) == {}

@@ -133,3 +133,14 @@ def test_output_projection_is_one_cycle_over_printable_tokens(tmp_path):
         seen.append(tok)
         tok = succ[tok]
     assert len(seen) == len(speakable) and tok == seen[0]
+
+
+def test_a_deep_or_huge_models_index_is_rewritten_not_a_recursion_error(tmp_path):
+    """Issue 49 item 7: every local file pairctl reads is bounded; a models.json nested 200,000
+    deep was a RecursionError out of `lab up` (json.loads), now it reads as a damaged index."""
+    from orchestrator.evidence.safejson import INDEX_MAX_BYTES
+    from orchestrator.lab.models import models_present
+
+    for content in (b"[" * 200_000 + b"]" * 200_000, b" " * (INDEX_MAX_BYTES + 1)):
+        (tmp_path / "models.json").write_bytes(content)
+        assert models_present(tmp_path) is False

@@ -47,3 +47,35 @@ def test_leftover_uploads_are_listed_and_discarded(tmp_path) -> None:
     assert leftovers(t, layout) == [".pkg-a.tmp-0badc0de", ".pkg-b.tmp-12345678"]
     assert discard_leftovers(t, layout) == [".pkg-a.tmp-0badc0de", ".pkg-b.tmp-12345678"]
     assert sorted(os.listdir(layout.releases)) == ["pkg-c"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind: needs root")
+def test_an_upload_into_a_read_only_root_names_the_path_not_tar(tmp_path) -> None:
+    """Issue 49 item 1: the RPC root remounted read-only at upload ended in exit 4 with only
+    `tar: Exiting with failure status`. A real read-only bind mount over releases/: the upload is
+    refused (exit 6, nothing changed) naming host and path."""
+    import hashlib
+    import subprocess
+    from types import SimpleNamespace
+
+    from orchestrator.hosts.release import ensure_release
+
+    t = LocalTransport("rpc-host")
+    layout = HostLayout(str(tmp_path / "root"))
+    install_helper(t, layout)
+    pkg = tmp_path / "pkg"
+    (pkg / "bin").mkdir(parents=True)
+    (pkg / "bin" / "ggml-rpc-server").write_bytes(b"\x7fELF")
+    files = {"bin/ggml-rpc-server": {"sha256": hashlib.sha256(b"\x7fELF").hexdigest()}}
+    package = SimpleNamespace(manifest=SimpleNamespace(id="pkg-ro", files=files), path=pkg)
+    subprocess.run(["mount", "--bind", layout.releases, layout.releases], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", layout.releases], check=True)
+        with pytest.raises(space.NotWritable) as ei:
+            ensure_release(t, layout, package, False, "rpc-host")
+    finally:
+        subprocess.run(["umount", "-l", layout.releases], check=True)
+    msg = ei.value.message
+    assert ei.value.exit_code == 6 and f"{layout.releases} does not take a new file" in msg, msg
+    assert "rpc-host" in msg and "nothing was changed" in msg and "Exiting with failure" not in msg
+    assert os.listdir(layout.releases) == []

@@ -167,3 +167,104 @@ def test_out_rotates_by_size_and_keeps_the_lines_in_order(host):
     # copy, then truncate (logrotate's copytruncate): a line written between the two can be lost
     assert lines == sorted(lines) and len(lines) >= 390 and lines[-1] == "line 00399"
     assert len(rotated) >= 2
+
+
+def _release_with_manifest(layout: HostLayout) -> tuple[str, str]:
+    """releases/r1 as a deploy leaves it: bin/NAME, lib/libggml.so, manifest.json; returns the
+    service's path and the release-files digest pairctl passes (sup.files)."""
+    import hashlib
+    import json
+
+    from orchestrator.hosts.supervisor import release_files_digest
+
+    exe = _binary(layout, "/bin/sleep")
+    rel = Path(layout.release("r1"))
+    (rel / "lib").mkdir()
+    (rel / "lib" / "libggml.so").write_bytes(b"\x7fELF the real one")
+    files = {str(p.relative_to(rel)): hashlib.sha256(p.read_bytes()).hexdigest() for p in rel.rglob("*") if p.is_file()}
+    (rel / "manifest.json").write_text(json.dumps({"files": files}))
+    return exe, release_files_digest(files)
+
+
+def test_a_restart_from_a_release_with_a_planted_library_is_refused(host):
+    """Issue 49 item 5: a library planted in a running release was refused by deploy and reported
+    by `status --verify-files`, but the supervisor's next restart (after a crash) loaded it. Now
+    every start first checks the release against the manifest's digest; a planted file starts
+    nothing, and the state says why (status reports it)."""
+    t, layout = host
+    exe, digest = _release_with_manifest(layout)
+    t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, f"sup.files={digest}"]))
+    first = _pid(layout)
+    assert first is not None
+    _until(lambda: _state(t, layout).state == "running")
+    ok = Path(layout.log("release-ok")).read_text().split()
+    assert ok[0] == digest and len(ok) == 2  # the listing that passed, for the next start's shortcut
+    os.kill(first, signal.SIGKILL)  # an unchanged release: restarted (by its stat, no re-hash needed)
+    _until(lambda: _pid(layout) not in (None, first) and _state(t, layout).state == "running")
+    second = _pid(layout)
+    assert second is not None
+    Path(layout.release("r1"), "lib", "libggml-cpu.so").write_bytes(b"\x7fELF planted")
+    os.kill(second, signal.SIGKILL)
+    _until(lambda: _state(t, layout).state == "refused" and not _state(t, layout).supervisor_alive)
+    st = _state(t, layout)
+    assert st.refused is not None and "differ from its manifest" in st.refused and st.restarts == 1
+    assert not Path(f"/proc/{second}").exists() and "not started" in Path(layout.log(f"{NAME}.sup.log")).read_text()
+
+
+@pytest.mark.parametrize("change", ["same-size rewrite", "removed"])
+def test_a_changed_or_missing_release_file_is_refused_at_the_first_start(host, change):
+    t, layout = host
+    exe, digest = _release_with_manifest(layout)
+    lib = Path(layout.release("r1"), "lib", "libggml.so")
+    if change == "removed":
+        lib.unlink()
+    else:
+        lib.write_bytes(b"\x7fELF the evil one"[: len(lib.read_bytes())].ljust(len(lib.read_bytes()), b"!"))
+    r = t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, f"sup.files={digest}"]), check=False)
+    assert r.exit_status == 4 and "started nothing" in as_text(r.stderr)
+    assert _state(t, layout).state == "refused"
+
+
+def test_a_declared_file_replaced_under_a_running_server_stops_its_next_start(host, tmp_path):
+    """Issue 49 item 3 (the supervisor's restarts): a grammar the profile declares, replaced on
+    the host, was loaded by the next crash restart. sup.want=SHA256:PATH is re-hashed (cached by
+    stat) before every start: unchanged, the restart goes ahead; replaced, nothing starts."""
+    import hashlib
+
+    t, layout = host
+    exe = _binary(layout, "/bin/sleep")
+    grammar = tmp_path / "answer.gbnf"
+    grammar.write_text('root ::= "yes"\n')
+    want = f"sup.want={hashlib.sha256(grammar.read_bytes()).hexdigest()}:{grammar}"
+    t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, want]))
+    first = _pid(layout)
+    assert first is not None
+    _until(lambda: _state(t, layout).state == "running")
+    os.kill(first, signal.SIGKILL)
+    _until(lambda: _pid(layout) not in (None, first) and _state(t, layout).state == "running")
+    second = _pid(layout)
+    assert second is not None
+    grammar.write_text('root ::= "no!"\n')  # the same size: only the hash tells
+    os.kill(second, signal.SIGKILL)
+    _until(lambda: _state(t, layout).state == "refused" and not _state(t, layout).supervisor_alive)
+    st = _state(t, layout)
+    assert st.refused == f"file {grammar} changed since it was deployed", st
+    r = t.run(layout.start_cmd(NAME, [exe, "300"], [*QUICK, "sup.want=xyz:relative"]), check=False)
+    assert r.exit_status != 0
+
+
+def test_the_kept_listing_never_passes_a_release_changed_since(host):
+    """run/release-ok spares a fresh supervisor the full hash of an unchanged release; a file
+    planted after it was written changes the listing's stat, so the next start hashes and refuses."""
+    t, layout = host
+    exe, digest = _release_with_manifest(layout)
+    args = [*QUICK, f"sup.files={digest}"]
+    t.run(layout.start_cmd(NAME, [exe, "300"], args))
+    _until(lambda: _state(t, layout).state == "running")
+    t.run(layout.stop_cmd(NAME))
+    t.run(layout.start_cmd(NAME, [exe, "300"], args))  # unchanged: the kept listing
+    _until(lambda: _state(t, layout).state == "running")
+    t.run(layout.stop_cmd(NAME))
+    Path(layout.release("r1"), "lib", "libggml-cpu.so").write_bytes(b"\x7fELF planted")
+    r = t.run(layout.start_cmd(NAME, [exe, "300"], args), check=False)
+    assert r.exit_status == 4 and _state(t, layout).state == "refused"
