@@ -103,7 +103,7 @@ def init_remote_cmd(ctx: typer.Context) -> None:
 
 def quarantine_cmd(
     ctx: typer.Context,
-    home: str = typer.Argument(..., metavar="HOME-ID", help="The home whose branch homes/HOME-ID to set aside."),
+    stray: str = typer.Argument(..., metavar="HOME-ID", help="The home whose branch homes/HOME-ID to set aside."),
     reason: str = typer.Option(..., "--reason", metavar="TEXT", help="Why (kept in the signed receipt)."),
 ) -> None:
     """Set a stray or rogue branch aside: a sealed receipt here (who, why, when, the branch's tip),
@@ -117,22 +117,22 @@ def quarantine_cmd(
     c = get_ctx(ctx)
     store = _store(c)
     access = access_of(c)
-    if not HOME_ID.match(home):
-        raise UsageError(f"{home!r} cannot name an operator home (letters, digits, . _ - only)")
-    if home == store.home_id():
+    if not HOME_ID.match(stray):
+        raise UsageError(f"{stray!r} cannot name an operator home (letters, digits, . _ - only)")
+    if stray == store.home_id():
         raise UsageError("a home cannot quarantine its own branch")
     team.pull(store, access)
-    tip = team.branch_tip(store, home)
+    tip = team.branch_tip(store, stray)
     if tip is None:
-        raise UsageError(f"the evidence remote {access.url} has no branch homes/{home}")
+        raise UsageError(f"the evidence remote {access.url} has no branch homes/{stray}")
     who: set[str] = set()
-    found = team.signature_problems(store, home, access.allowed_signers, who)
-    j = store.begin(team.QUARANTINE, ["receipts", "quarantine", home], inputs={"home": home, "tip": tip})
+    found = team.signature_problems(store, stray, access.allowed_signers, who)
+    j = store.begin(team.QUARANTINE, ["receipts", "quarantine", stray], inputs={"home": stray, "tip": tip})
     with j.step("decision") as step:
         step.data.update(
             {
-                "home": home,
-                "branch": f"homes/{home}",
+                "home": stray,
+                "branch": f"homes/{stray}",
                 "tip": tip,
                 "reason": reason,
                 "remote": access.url,
@@ -140,14 +140,14 @@ def quarantine_cmd(
                 "problems": found,
             }
         )
-    sha = j.finish("passed", f"branch homes/{home} set aside at {tip[:12]}: {reason}")
+    sha = j.finish("passed", f"branch homes/{stray} set aside at {tip[:12]}: {reason}")
     res = team.push(store, access, _operator(None))
-    doc = {"home": home, "tip": tip, "reason": reason, "receipt": sha, "by": _operator(None), "pushed": res.pushed}
+    doc = {"home": stray, "tip": tip, "reason": reason, "receipt": sha, "by": _operator(None), "pushed": res.pushed}
     if c.json_output:
         c.emit_json(doc)
     else:
         c.console.print(
-            f"homes/{home} quarantined at {tip[:12]} by {doc['by']} (receipt {sha[:16]}, commit {res.commit or '-'})",
+            f"homes/{stray} quarantined at {tip[:12]} by {doc['by']} (receipt {sha[:16]}, commit {res.commit or '-'})",
             markup=False,
         )
 

@@ -20,8 +20,6 @@ import pytest
 from orchestrator.evidence import team
 from orchestrator.evidence.store import EvidenceStore
 
-ZERO = "0" * 40
-
 
 @dataclass(frozen=True)
 class LocalAccess:
@@ -51,9 +49,12 @@ class Team:
     a: EvidenceStore
     b: EvidenceStore
     keys: dict[str, Path]
+    url: str = ""  # how git reaches the repository (its path here; ssh://... over the lab's sshd)
+    ssh: str = "false"  # GIT_SSH_COMMAND for that url
 
     def access(self, who: str) -> LocalAccess:
-        return LocalAccess(str(self.repo), str(self.repo), str(self.keys[who]), str(self.signers))
+        url = self.url or str(self.repo)
+        return LocalAccess(url, str(self.repo), str(self.keys[who]), str(self.signers), git_ssh_command=self.ssh)
 
 
 def _make_team(tmp_path: Path, *, hooked: bool) -> Team:
@@ -103,10 +104,12 @@ def _commit(store: EvidenceStore, tree: dict[str, str], parent: str | None, key:
 
 
 def _push(t: Team, store: EvidenceStore, commit: str, home: str, *, force: bool = False) -> subprocess.CompletedProcess:
-    ref = f"refs/heads/homes/{home}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    """`git push` of `commit` to homes/HOME, straight from a home's mirror: no pairctl in the way."""
+    ref = f"refs/heads/homes/{home}" if commit else f":refs/heads/homes/{home}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")} | {"GIT_SSH_COMMAND": t.ssh}
     argv = ["git", "--git-dir", str(team.mirror_dir(store)), "push", *(["--force"] if force else [])]
-    return subprocess.run([*argv, str(t.repo), f"{commit}:{ref}"], capture_output=True, text=True, env=env)
+    spec = f"{commit}:{ref}" if commit else ref
+    return subprocess.run([*argv, t.url or str(t.repo), spec], capture_output=True, text=True, env=env)
 
 
 def _forbidden(t: Team) -> dict[str, tuple[EvidenceStore, str, str, bool]]:
@@ -166,13 +169,7 @@ def test_the_hooked_remote_takes_appends_and_refuses_deletes_and_strays(tmp_path
     assert team.push(a, t.access("alice"), "alice").pushed  # pairctl's own append passes the hook
     tip = team._rev(a, team.BRANCH + a.home_id())
     assert tip
-    gone = _push(t, a, ZERO, a.home_id())
-    assert gone.returncode != 0
-    deleted = subprocess.run(
-        ["git", "--git-dir", str(team.mirror_dir(a)), "push", str(t.repo), f":refs/heads/homes/{a.home_id()}"],
-        capture_output=True,
-        text=True,
-    )
+    deleted = _push(t, a, "", a.home_id())
     assert deleted.returncode != 0 and "deletion prohibited" in deleted.stderr
     stray = _push(t, a, tip, "rogue-home")  # an allowed key, but not bound to that home
     assert stray.returncode != 0 and "no key in the allowed signers is bound to this home" in stray.stderr
