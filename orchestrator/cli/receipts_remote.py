@@ -174,9 +174,8 @@ def verify_remote(c: Ctx, store: EvidenceStore, rep: VerifyReport) -> None:
     me = store.home_id()
     found += [("pull", p) for p in res.problems]
     homes = team.team_homes(store)
-    decisions = team.quarantine_decisions(
-        [(me, store), *((h, s) for h in homes if (s := store.team_store(h)) is not None)]
-    )
+    per_home: dict[str, list[tuple[str, str]]] = {}
+    chains: dict[str, tuple[int, dict[str, int]]] = {}
     for home in homes:
         mine: list[tuple[str, str]] = []
         who: set[str] = set()
@@ -189,27 +188,41 @@ def verify_remote(c: Ctx, store: EvidenceStore, rep: VerifyReport) -> None:
             if copy is not store:
                 sub = copy.verify()
                 mine += [(p.kind, f"home {home}: {p.message}") for p in sub.problems]
-                if not (decisions.get(home) and home != me):
-                    rep.receipts += sub.receipts
-                    rep.chains.update({f"{home}/{k}": v for k, v in sub.chains.items()})
+                chains[home] = (sub.receipts, sub.chains)
+        per_home[home] = mine
+    # a decision counts from this home, or from a home whose own branch verifies: a rogue branch
+    # cannot set an honest one aside
+    sound = [h for h, m in per_home.items() if h != me and not [k for k, t in m if not _only_warning(k, t)]]
+    decisions = team.quarantine_decisions(
+        [(me, store), *((h, s) for h in sound if (s := store.team_store(h)) is not None)]
+    )
+    for home in homes:
+        mine = per_home[home]
         d = decisions.get(home) if home != me else None
         if d is not None:
             tip = team.branch_tip(store, home)
             if tip == d["tip"]:
                 rep.quarantined[home] = {**d, "problems": [t for _, t in mine]}
-                continue
+                continue  # its receipts and chains are not the team's
             mine.append(
                 (
                     "quarantine",
                     f"home {home}: its branch moved to {str(tip)[:12]} past its quarantine at {d['tip'][:12]}",
                 )
             )
+        if home in chains:
+            rep.receipts += chains[home][0]
+            rep.chains.update({f"{home}/{k}": v for k, v in chains[home][1].items()})
         found += mine
     for kind, text in found:
-        if kind == "signature" and text.startswith("no allowed signers"):
+        if _only_warning(kind, text):
             rep.warnings.append(text)
         else:
             rep.problems.append(Problem(f"remote-{kind}", access.url, text, None, "~"))
+
+
+def _only_warning(kind: str, text: str) -> bool:
+    return kind == "signature" and text.startswith("no allowed signers")
 
 
 def register(app: typer.Typer) -> None:

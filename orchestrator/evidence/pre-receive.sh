@@ -12,7 +12,13 @@
 set -u
 ZERO=0000000000000000000000000000000000000000
 SIGNERS="${GIT_DIR:-.}/pairctl/allowed_signers"
-TMP="${TMPDIR:-/tmp}/pairctl-pre-receive.$$"
+if [ ! -f "$SIGNERS" ]; then
+    echo "pairctl evidence remote: $SIGNERS is missing; run \`pairctl receipts init-remote\`" >&2
+    exit 1
+fi
+# the lines bound to one home, beside the signers (the repository is checked for owner and mode
+# by init-remote; never a guessable name in a shared /tmp)
+TMP=$(mktemp "${GIT_DIR:-.}/pairctl/.bound.XXXXXX") || exit 1
 trap 'rm -f "$TMP"' EXIT HUP INT TERM
 status=0
 
@@ -28,11 +34,6 @@ bound_to() {
         { n = split($1, p, ","); for (i = 1; i <= n; i++) if (p[i] == want) { print; next } }
     ' "$SIGNERS"
 }
-
-if [ ! -f "$SIGNERS" ]; then
-    echo "pairctl evidence remote: $SIGNERS is missing; run \`pairctl receipts init-remote\`" >&2
-    exit 1
-fi
 
 while read -r old new ref; do
     case "$ref" in
