@@ -144,3 +144,37 @@ def test_reset_discards_the_state(tmp_path, cli):
 )
 def test_a_rolled_back_deploy_is_bad_only_once_the_package_ran(failed, verdict):
     assert classify_rolled_back(failed, "x")[0] == verdict
+
+
+def test_the_snapshot_taken_before_the_first_step_survives_the_state_file(tmp_path):
+    """Issue 48 item 3: the restore of a resumed bisect puts back what ran before the bisect, so
+    the first run's snapshot (a real signed route record, the active pair, the previous links)
+    is kept in state.json and read back whole; a state written before it existed still loads."""
+    from orchestrator.bisect.driver import BisectDriver
+    from orchestrator.config.inventory import load_inventory
+    from tests.unit.test_route_trust import _record
+
+    home = Home.resolve(tmp_path / "home")
+    inv = load_inventory("lab", {"PAIRCTL_HOME": str(home.root)})
+    first = BisectDriver(home, inv, "lab", argv=["pairctl", "bisect"])
+    rec = _record(active="B", previous="A")
+    active = {"native": "B", "rpc": "B", "profile": {"name": "lab"}, "route_revision": rec.revision}
+    first.found_snapshot, first._bisect_found, first._bisect_links = active, rec, ("A", "A")
+    s = BisectState(
+        pair="lab", source="/src", good="a" * 40, bad="b" * 40, judgement=Judgement("checks", ("identity",)),
+        profile="lab", started_at="2026-12-06T00:00:00+00:00", snapshot=first.saved_snapshot(),
+    )  # fmt: skip
+    st.save(home, s)
+    back = st.load(home, "lab")
+    assert back is not None and back.snapshot == s.snapshot
+    resumed = BisectDriver(home, inv, "lab", argv=["pairctl", "bisect", "--resume"])
+    assert resumed.use_snapshot(back.snapshot) == active
+    assert resumed._bisect_found is not None and resumed._bisect_found.to_bytes() == rec.to_bytes()
+    assert resumed._bisect_links == ("A", "A")
+    first.close()
+    resumed.close()
+    old = json.loads(st.state_path(home, "lab").read_text())
+    del old["snapshot"]
+    st.state_path(home, "lab").write_text(json.dumps(old))
+    legacy = st.load(home, "lab")
+    assert legacy is not None and legacy.snapshot is None  # the next run takes one, as before
