@@ -178,3 +178,24 @@ def test_the_snapshot_taken_before_the_first_step_survives_the_state_file(tmp_pa
     st.state_path(home, "lab").write_text(json.dumps(old))
     legacy = st.load(home, "lab")
     assert legacy is not None and legacy.snapshot is None  # the next run takes one, as before
+
+
+def test_bisect_receipts_are_listed_under_their_pair(tmp_path, cli):
+    """Issue 48 item 6: a bisect and its steps run beside the pair's chain (under its leases), and
+    `receipts list --pair P --command bisect` shows them, an interrupted run's included."""
+    from orchestrator.evidence.store import EvidenceStore
+
+    home = tmp_path / "home"
+    store = EvidenceStore(Home.resolve(home).evidence)
+    j = store.begin("bisect", ["pairctl", "bisect", "--pair", "lab"], pair=None)
+    j.set("bisect_pair", "lab")
+    run = j.finish("interrupted", "interrupted by SIGINT")
+    s = store.begin("bisect step", ["pairctl", "bisect", "(step)"], pair=None)
+    s.set("bisect_step", {"pair": "lab", "commit": "c" * 40})
+    step = s.finish("passed", "good")
+    other = store.begin("bisect", ["pairctl", "bisect", "--pair", "lab3"], pair=None)
+    other.set("bisect_pair", "lab3")
+    other.finish("passed", "found")
+    r = cli("--json", "receipts", "list", "--pair", "lab", "--command", "bisect", home=home)
+    assert r.exit_code == 0, r.stderr
+    assert {row["hash"] for row in json.loads(r.stdout)} == {run, step}
