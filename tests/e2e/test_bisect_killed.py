@@ -74,7 +74,8 @@ def _started(home: Path, kind: str) -> bool:
     return False
 
 
-def _run_until(home: Path, env: dict[str, str], args: list[str], kind: str) -> None:
+def _run_until(home: Path, env: dict[str, str], args: list[str], kind: str) -> str:
+    """Run the bisect until a step of `kind` starts, SIGKILL its process group; its stderr."""
     child = subprocess.Popen(
         _pairctl(home, *args),
         env=env,
@@ -91,8 +92,9 @@ def _run_until(home: Path, env: dict[str, str], args: list[str], kind: str) -> N
         pytest.fail(f"the bisect ended (exit {child.returncode}) before a {kind} step: {err[-3000:]}")
     assert _started(home, kind), f"no {kind} step within the bound"
     os.killpg(child.pid, signal.SIGKILL)
-    child.communicate(timeout=60)
+    _, err = child.communicate(timeout=60)
     assert child.returncode == -signal.SIGKILL
+    return err
 
 
 def test_a_bisect_killed_at_each_step_kind_resumes_to_the_pair_it_found(deployed_lab, lab_history, cli):
@@ -115,8 +117,9 @@ def test_a_bisect_killed_at_each_step_kind_resumes_to_the_pair_it_found(deployed
         "cached_continuation",
     ]
     resume = ["--json", "bisect", "--pair", PAIR, "--resume"]
+    progress = ""
     for i, kind in enumerate(("build", "deploy", "judge", "restore")):
-        _run_until(home, env, start if i == 0 else resume, kind)
+        progress += _run_until(home, env, start if i == 0 else resume, kind)
         st = bisect_state.load(Home.resolve(home), PAIR)
         assert st is not None and st.snapshot is not None and st.finished is None
         assert st.snapshot["active"]["native"] == deployed_lab.package_id  # taken once, before the first step
@@ -140,7 +143,10 @@ def test_a_bisect_killed_at_each_step_kind_resumes_to_the_pair_it_found(deployed
     assert is_active(after, deployed_lab.package_id) and not after["problems"]
     # progress without a TTY: the restore, and (over the runs) each commit and its verdict
     assert f"bisect {PAIR}: restored and verified" in done.stderr, done.stderr[-3000:]
-    assert f"{hist.breaking[:10]} was judged bad" in done.stderr or f"{hist.breaking[:10]} is bad:" in done.stderr
+    progress += done.stderr
+    for s in out["steps"]:  # each printed by the run that judged it, as it went
+        c = s["commit"][:10]
+        assert f"judging {c}" in progress and f"{c} is {s['verdict']}:" in progress, (s, progress[-3000:])
     listed = cli("--json", "receipts", "list", "--pair", PAIR, "--command", "bisect")
     rows = json.loads(listed.stdout)
     assert out["receipt"] in {r["hash"] for r in rows} and len(rows) >= 5, rows  # every run of the bisect
