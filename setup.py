@@ -34,6 +34,6 @@ PACKAGE_DATA = data_packages()
 setup(
     packages=find_namespace_packages(include=["orchestrator*"], exclude=["*.__pycache__"]) + sorted(PACKAGE_DATA),
     package_dir=DATA_DIRS,
-    package_data={**PACKAGE_DATA, "orchestrator.hosts": ["*.sh", "*.c"]},
+    package_data={**PACKAGE_DATA, "orchestrator.hosts": ["*.sh", "*.c"], "orchestrator.evidence": ["*.sh"]},
     exclude_package_data={pkg: ["*.pyc"] for pkg in PACKAGE_DATA},
 )

@@ -9,15 +9,18 @@ each arm's deploy, never released by the qualification, so no other run lands be
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.engine.deploy import RunResult
+from orchestrator.errors import ConfigError, LeaseHeldError
 from orchestrator.paths import Home
 from orchestrator.qualify.engine_driver import QUALIFY_LEASE_TTL_S, EngineDriver
 
 BISECT_LEASE_TTL_S = QUALIFY_LEASE_TTL_S  # renewed by every deploy and after every build
+RESET_HINT = "`pairctl bisect --pair PAIR --reset` discards the bisect; restore the pair by hand (rollback or deploy)"
+T = TypeVar("T")
 
 
 class BisectDriver(EngineDriver):
@@ -26,6 +29,9 @@ class BisectDriver(EngineDriver):
     def __init__(self, home: Home, inventory: Any, pair: str, *, argv: list[str]) -> None:
         super().__init__(home, inventory, pair, argv=argv)
         self.found_snapshot: dict[str, Any] | None = None
+        self._bisect_found: Any = None
+        self._bisect_links: tuple[str | None, str | None] | None = None
+        self.own_runs: tuple[str, ...] = ()  # this bisect's earlier runs (their leases are not waited for)
 
     @contextmanager
     def hold(self, run_id: str) -> Iterator[Any]:
@@ -44,6 +50,48 @@ class BisectDriver(EngineDriver):
         self.found_snapshot = self.snapshot()
         self._bisect_found, self._bisect_links = self._found, self._found_links
         return self.found_snapshot
+
+    def saved_snapshot(self) -> dict[str, Any]:
+        """The snapshot as the bisect's state keeps it (JSON): the active pair, the route record
+        as found (its signed bytes) and the `previous` links."""
+        assert self.found_snapshot is not None and self._bisect_found is not None
+        return {
+            "active": self.found_snapshot,
+            "route_record": self._bisect_found.to_bytes().decode(),
+            "previous_links": list(self._bisect_links or (None, None)),
+        }
+
+    def use_snapshot(self, saved: dict[str, Any]) -> dict[str, Any]:
+        """Restore to `saved` (taken by the bisect's first run) instead of what runs now: after a
+        kill, what runs now is the candidate the killed run was judging."""
+        from orchestrator.hosts.route import parse_route
+
+        rec = parse_route(str(saved["route_record"]).encode(), where="the bisect state's snapshot")
+        if rec is None:
+            raise ConfigError("the bisect state's snapshot holds no route record", hint=RESET_HINT)
+        links = saved.get("previous_links") or [None, None]
+        self.found_snapshot = dict(saved["active"])
+        self._bisect_found, self._bisect_links = rec, (links[0], links[1])
+        return self.found_snapshot
+
+    def _wait_busy(self, what: str, attempt_fn: Callable[[], T]) -> T:
+        """As EngineDriver's, except a lease held by one of this bisect's own earlier runs (a
+        killed run: its nonce died with it) is not waited for: nothing but the documented
+        dead-run release frees it, so say so at once instead of waiting out busy_wait_s."""
+        try:
+            return attempt_fn()
+        except LeaseHeldError as exc:
+            text = f"{exc.message} {exc.hint or ''}"
+            dead = next((r for r in self.own_runs if f"run {r}" in text or f"--dead-run {r}" in text), None)
+            if dead is None:
+                return super()._wait_busy(what, attempt_fn)
+            raise LeaseHeldError(
+                f"pair {self.pair} is still held by this bisect's earlier run {dead} (stopped without releasing "
+                f"its leases): {exc.message}",
+                hint=f"check the pair (`pairctl status --pair {self.pair}`), then `pairctl lease release "
+                f"{self.pair} --dead-run {dead}` and `pairctl bisect --pair {self.pair} --resume`; the resume "
+                "puts back what ran before the bisect",
+            ) from None
 
     def deploy_checked(self, ids: tuple[str, str], profile: str, checks: tuple[str, ...], why: str) -> RunResult:
         """A full deploy with acceptance limited to `checks` (all when empty); the engine rolls

@@ -17,6 +17,7 @@ or `--resume`, continues an interrupted bisect where it stopped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,6 +74,9 @@ class BisectRequest:
     resume: bool = False
     jobs: int | None = None
     argv: list[str] = field(default_factory=list)
+    # one line per event as it happens (the commit judged, its verdict, the restore): the CLI
+    # writes them to stderr, so a run without a TTY (CI, a log file) shows its progress too
+    progress: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -248,6 +252,7 @@ class _Run:
         }
         journal = self.store.begin(command="bisect", argv=self.argv, pair=None, inputs=inputs)
         self.state.runs.append(journal.run_id)
+        st.save(self.home, self.state)  # a later resume knows this run's leases as its own, even after a SIGKILL
         result = BisectResult(self.pair.name, "running", self.rng.as_dict(), resumed=self.resumed)
         driver = BisectDriver(self.home, self.inventory, self.pair.name, argv=self.argv)
         try:
@@ -264,10 +269,17 @@ class _Run:
                     },
                 )
                 journal.set("bisect_range", self.rng.as_dict())
+                driver.own_runs = tuple(self.state.runs[:-1])
                 with driver.hold(journal.run_id) as held:
                     journal.set("bisect_leases", held.public())
                     with journal.step("snapshot") as step:
-                        step.data["active"] = driver.take_snapshot()
+                        if self.state.snapshot is None:  # the first run: what runs now, kept before any step
+                            step.data["active"] = driver.take_snapshot()
+                            self.state.snapshot = driver.saved_snapshot()
+                            st.save(self.home, self.state)
+                        else:  # a resume: the first run's, whatever a killed run left active
+                            step.data["active"] = driver.use_snapshot(self.state.snapshot)
+                            step.data["taken_by"] = "the bisect's first run (state.json)"
                     try:
                         mark = self._walk(driver, held, journal)
                     except BaseException as exc:
@@ -303,11 +315,22 @@ class _Run:
                 result.receipt = journal.finish(
                     "passed" if result.first_bad else "inconclusive", f"{what}; {result.judged_steps} judged steps"
                 )
+        except BaseException as exc:
+            # every exit names the bisect receipt it sealed (--json's error.receipt): an
+            # interrupted or failed run seals one too, on leaving `with journal`
+            if journal.receipt_hash and getattr(exc, "receipt", None) is None:
+                exc.receipt = journal.receipt_hash  # type: ignore[attr-defined]
+                self._say(f"receipt {journal.receipt_hash} ({type(exc).__name__})")
+            raise
         finally:
             driver.close()
             st.save(self.home, self.state) if self.state.finished is None else None
         result.steps = [self._evidence(s) for s in self.state.steps]
         return result
+
+    def _say(self, line: str) -> None:
+        if self.req.progress is not None:
+            self.req.progress(line)
 
     def _restore(self, driver: BisectDriver, held: Any, journal: Any, result: BisectResult) -> None:
         """What ran before the bisect, verified (route record, packages, profile, argv); shielded
@@ -315,7 +338,10 @@ class _Run:
         with interrupt.shielded(), journal.step("restore") as step:
             if held.kept is not None:
                 step.data["not_attempted"] = held.kept
+                self._say(f"restore not attempted: {held.kept}")
                 return
+            found = driver.found_snapshot or {}
+            self._say(f"restoring what ran before the bisect: {found.get('native')} / {found.get('rpc')}")
             try:
                 result.restored = driver.restore_found()
             except PairctlError as exc:
@@ -325,6 +351,7 @@ class _Run:
                     hint=f"check the pair (`pairctl status --pair {self.pair.name}`), then release the leases",
                 ) from exc
             step.data["verified"] = result.restored
+            self._say("restored and verified (route record, packages, profile, argv)")
 
     def _answer(self, mark: Mark, result: BisectResult) -> None:
         result.judged_steps = self.state.judged
@@ -346,10 +373,16 @@ class _Run:
             assert mark.next is not None
             interrupt.check("before the next bisect step")
             done = self.state.verdict_of(mark.next)
+            n = len(self.state.steps) + (1 if done is None else 0)
             if done is None:  # not judged yet (a verdict recorded but not told to git is re-told)
+                subject = _subject(self.source, mark.next)["subject"]
+                self._say(f"step {n}: judging {mark.next[:10]} {subject[:80]}")
                 done = self._step(driver, held, mark.next)
                 self.state.steps.append(done)
                 st.save(self.home, self.state)
+                self._say(f"step {n}: {done.commit[:10]} is {done.verdict}: {done.reason[:160]}")
+            else:
+                self._say(f"{done.commit[:10]} was judged {done.verdict} by an earlier run (told to git again)")
             with journal.step(f"step-{len(self.state.steps):02d}-{done.commit[:10]}") as step:
                 step.data.update(self._evidence(done))
             mark = self.private.mark(done.commit, done.verdict)  # type: ignore[arg-type]

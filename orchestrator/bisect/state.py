@@ -66,6 +66,10 @@ class BisectState:
     runs: list[str] = field(default_factory=list)  # run ids of the bisect receipts (the first run, each resume)
     calibration: str | None = None  # plan judgement: the calibration receipt used
     finished: dict[str, Any] | None = None  # the answer, once git named it
+    # what ran before the bisect began (BisectDriver.saved_snapshot), taken once by its first run
+    # and written here before any step changes the pair: every restore (a resume's after a kill
+    # included) puts back this, never what a killed run left active
+    snapshot: dict[str, Any] | None = None
     version: int = STATE_VERSION
 
     def verdict_of(self, commit: str) -> StepRecord | None:

@@ -7,6 +7,7 @@ made read-only, so a reader never sees half a package. It is never modified in p
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -124,6 +125,30 @@ class VerifyReport:
         return not self.problems
 
 
+_PACKAGE_ID = re.compile(r"^(?P<profile>[a-z0-9][a-z0-9.-]*?)-(?P<rev>[0-9a-f]{10})-(?P<target>[a-z0-9][a-z0-9.-]*)$")
+
+
+def how_to_get(package_id: str) -> str:
+    """How a home that lacks `package_id` gets it (a second operator's first deploy or rollback of
+    a pair another home deployed): build the same revision here (the id is derived from the
+    revision, target and profile, so the same inputs give the same id and the same files) or
+    copy the folder from the home that built it and verify it."""
+    copy = (
+        "or copy its folder from the home that built it into this home's packages/ and check it with "
+        f"`pairctl packages verify {package_id}`"
+    )
+    m = _PACKAGE_ID.match(package_id)
+    if m is None:
+        return f"build it from its revision (`pairctl build --rev REV --target TARGET`), {copy}"
+    cmd = f"pairctl build --rev {m['rev']} --target {m['target']}"
+    if m["profile"] != "pkg":
+        cmd += f" --profile {m['profile']}"
+    return (
+        f"build it here from the same revision (the same inputs give the same id): `{cmd}` "
+        f"(add `--source DIR` when that commit is not in the lab source), {copy}"
+    )
+
+
 class PackageStore:
     """`PackageStore(home.store)`: get / list / verify packages; install new ones atomically."""
 
@@ -142,7 +167,9 @@ class PackageStore:
         path = self.path_of(package_id)
         if not (path / MANIFEST_NAME).is_file():
             known = ", ".join(self.ids()) or "none"
-            raise PackageError(f"no package {package_id!r} in {self.root} (known: {known})")
+            raise PackageError(
+                f"no package {package_id!r} in {self.root} (known: {known})", hint=how_to_get(package_id)
+            )
         manifest = PackageManifest.load(path / MANIFEST_NAME)
         if manifest.id != package_id:
             raise PackageError(f"{path}: manifest says id {manifest.id!r}, folder says {package_id!r}")

@@ -163,10 +163,10 @@ def main(argv: list[str] | None = None) -> None:
         code = int(exc.exit_code)
         typer.echo(f"pairctl: error: {terminal.visible(str(exc))}", err=True)
         error = _error(code, exc.message, kind=type(exc).__name__, hint=exc.hint, receipt=getattr(exc, "receipt", None))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         code = int(ExitCode.INTERRUPTED)
         typer.echo("pairctl: interrupted", err=True)
-        error = _error(code, "interrupted", kind="KeyboardInterrupt")
+        error = _error(code, "interrupted", kind="KeyboardInterrupt", receipt=getattr(exc, "receipt", None))
     except typer.Exit as exc:
         code = exc.exit_code
     except typer.Abort:

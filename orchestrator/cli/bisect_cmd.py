@@ -105,6 +105,7 @@ def bisect(
         resume=resume,
         jobs=jobs,
         argv=["pairctl", *sys.argv[1:]],
+        progress=lambda line: typer.echo(f"bisect {pair}: {line}", err=True),
     )
     result = run_bisect(c.home, c.inventory(), req)
     doc = result.to_dict()

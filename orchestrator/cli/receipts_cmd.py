@@ -244,6 +244,12 @@ def verify(
         c.console.print(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}", markup=False)
         for home, who in sorted(rep.signers.items()):
             c.console.print(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}", markup=False)
+        for home, d in sorted(rep.quarantined.items()):
+            c.console.print(
+                f"home {home}: quarantined at {d['tip'][:12]} by {d['by']} (home {d['by_home']}) on {d['at']}: "
+                f"{d['reason']} (receipt {d['receipt'][:16]}; {len(d['problems'])} problem(s) set aside)",
+                markup=False,
+            )
         for w in rep.warnings:
             c.console.print(f"warning: {w}", markup=False)
         for prob in rep.problems:

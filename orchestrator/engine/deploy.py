@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from orchestrator.build.store import PackageStore
+from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
@@ -735,7 +735,10 @@ def _release_pair(ctx: RunContext, to: tuple[str, ...], store: PackageStore) -> 
                 hint=f"`pairctl releases list --pair {ctx.view.name}` shows what each host keeps",
             )
         if not store.exists(pid):
-            raise ConfigError(f"release {pid} is not in the local package store: its identity cannot be verified")
+            raise ConfigError(
+                f"release {pid} is not in the local package store: its identity cannot be verified",
+                hint=how_to_get(pid),
+            )
 
     kept("native", native)
     rev = store.get(native).manifest.revision

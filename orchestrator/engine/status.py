@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.build.store import PackageStore
+from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import leasing, revisions, route_trust, team_sync
 from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
@@ -30,6 +30,14 @@ from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import ConnectionLost, Transport, Unreachable
 from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+
+
+def _have(store: PackageStore, package_id: str) -> bool:
+    """Whether this home holds `package_id` (a name read from a host that is no package id: no)."""
+    try:
+        return store.exists(package_id)
+    except PairctlError:
+        return False
 
 
 def _bin_sha(store: PackageStore | None, package_id: str | None, name: str) -> str | None:
@@ -88,7 +96,13 @@ def status(
             matches = None
             if ident is not None and ident.running:
                 matches = want is not None and ident.exe_sha256 == want
-                if not matches:
+                if f.current and not _have(store, f.current):  # missing here, not wrong there
+                    matches = None
+                    out["problems"].append(
+                        f"{host}: package {f.current} (current) is not in this home ({store.root}), so running "
+                        f"{name} cannot be checked against its manifest; {how_to_get(f.current)}"
+                    )
+                elif not matches:
                     out["problems"].append(f"{host}: running {name} does not match the manifest of {f.current}")
                 if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
                     out["problems"].append(f"{host}: running {name} is not from current ({f.current})")

@@ -543,8 +543,12 @@ class EvidenceStore:
             raise EvidenceError(f"receipt file {path} is not a receipt")
         summary = {k: obj.get(k) for k in (*_SUMMARY_STR, *_SUMMARY_OPT) if k != "hash"}
         summary.update(hash=sha, recovered=obj.get("recovered") is True, owner=_owner_of(obj.get("host")))
-        # a receipt outside every pair's chain that is still about one pair (a qualification)
-        about = obj.get("qualify_pair")
+        # a receipt outside every pair's chain that is still about one pair (a qualification, a
+        # bisect and its steps: they run under the pair's leases, beside its chain)
+        step = obj.get("bisect_step")
+        about = obj.get("qualify_pair") or obj.get("bisect_pair")
+        if about is None and isinstance(step, dict):
+            about = step.get("pair")
         summary["about_pair"] = about if isinstance(about, str) else None
         if not _summary_ok(summary) or summary["outcome"] not in OUTCOMES:
             raise EvidenceError(f"receipt file {path} is not a valid receipt (summary fields)")

@@ -10,6 +10,13 @@ copy; the repository refuses non-fast-forward updates and deletes (receive.denyN
 receive.denyDeletes). Every commit is signed with the operator's SSH key (gpg.format=ssh) and
 checked against the team's allowed signers by `receipts verify --remote`.
 
+The remote enforces the same rules (issue 48): `init-remote` installs a pre-receive hook
+(pre-receive.sh beside this file; git and ssh-keygen only) and a copy of the allowed signers, so a
+push that drops or changes a receipt blob, is not a fast-forward, or carries a commit not signed by
+a key bound to that branch's home is refused. A home is bound to a key by the principal
+`homes/<home-id>` on the key's line of allowed_signers (`alice@team,homes/alice-vm-1a2b3c
+namespaces="git" ssh-ed25519 AAAA...`). verify checks the same on a remote made before the hook.
+
 Under the evidence root:
 
     home-id            this home's name in the team (its branch); made on first use
@@ -41,6 +48,10 @@ _HEAD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # a chain's nam
 BRANCH = "refs/heads/homes/"
 TRACKING = "refs/team/"
 LOCK_WAIT_S = 30.0
+HOOK_SOURCE = Path(__file__).with_name("pre-receive.sh")
+HOOK_MARK = "evidence remote: pre-receive hook"
+REMOTE_SIGNERS = "pairctl/allowed_signers"  # the hook's copy, under the bare repository
+UNTRUSTED_EXIT = 3  # the setup script's exit when the repository (or the way to it) is not safe
 _SIG_MEANING = {
     "B": "a bad signature",
     "U": "a good signature by a key the allowed signers do not list",
@@ -83,6 +94,7 @@ class PushResult:
     commit: str | None  # the branch tip after committing (None: nothing ever committed)
     added: int  # receipts this commit added
     pushed: bool
+    lost: list[str] = field(default_factory=list)  # receipts this home pushed that its remote branch lost
 
 
 @dataclass
@@ -263,10 +275,12 @@ def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None
         tip, added = commit_local(store, access, operator)
         if tip is None:
             return PushResult(None, 0, False)
+        lost: list[str] = []
         cp = _push_branch(store, access)
         if cp.returncode != 0 and b"[rejected]" in cp.stdout:  # behind the remote (fetch first, non-fast-forward)
             fetch(store, access)
             ref, remote_tip = BRANCH + store.home_id(), _rev(store, TRACKING + store.home_id())
+            lost = lost_receipts(store)
             if remote_tip is not None:
                 _git(store, "update-ref", ref, remote_tip)
                 tip, added = commit_local(store, access, operator)
@@ -274,7 +288,7 @@ def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None
         if cp.returncode != 0:
             raise _remote_error("push", access, cp)
         _git(store, "update-ref", TRACKING + store.home_id(), tip or "")  # what the remote now holds
-        return PushResult(tip, added, True)
+        return PushResult(tip, added, True, lost)
 
 
 def _push_branch(store: EvidenceStore, access: RemoteAccess) -> subprocess.CompletedProcess[bytes]:
@@ -302,21 +316,67 @@ def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProce
 PairctlErrorT = EvidenceError | RemoteUnreachable
 
 
-def init_remote(access: RemoteAccess) -> None:
-    """Create the bare repository on its host over SSH (strict host keys), refusing rewrites and
-    deletes of any branch; an existing one keeps its history and gets the same settings."""
-    path = access.path
-    script = " && ".join(
-        shlex.join(argv)
-        for argv in (
-            ["git", "init", "-q", "--bare", path],
-            ["git", "--git-dir", path, "config", "receive.denyNonFastForwards", "true"],
-            ["git", "--git-dir", path, "config", "receive.denyDeletes", "true"],
-            ["git", "--git-dir", path, "config", "receive.fsckObjects", "true"],
-        )
+def _trust_script(path: str) -> str:
+    """sh that exits UNTRUSTED_EXIT naming the first path someone other than the login user or
+    root could have written: the repository, its config, hooks and signers, and every directory
+    above it (a sticky one such as /tmp may be writable by others), as config/trust.py judges
+    local files. Links are judged by where they lead (find -L)."""
+    q = shlex.quote(path)
+    return (
+        f"uid=$(id -u); p={q}; "
+        'unsafe() { [ -e "$1" ] || return 0; '
+        'if [ "$2" = 1 ]; then s="! -perm -1000"; else s=""; fi; '
+        'f=$(find -L "$1" -maxdepth 0 \\( \\( ! -uid "$uid" ! -uid 0 \\) -o \\( -perm /022 $s \\) \\) '
+        "-printf '%p is owned by uid %U with mode %m' 2>/dev/null || true); "
+        f'if [ -n "$f" ]; then echo "untrusted: $f (the login user is uid $uid)" >&2; exit {UNTRUSTED_EXIT}; fi; }}; '
+        'd=$p; while [ "$d" != / ] && [ "$d" != . ]; do d=$(dirname "$d"); unsafe "$d" 1; done; '
+        f'for f in "$p" "$p/config" "$p/hooks" "$p/hooks/pre-receive" "$p/pairctl" "$p/{REMOTE_SIGNERS}"; '
+        'do unsafe "$f" 0; done'
     )
+
+
+def setup_script(path: str, signers: bytes) -> str:
+    """sh (run on the remote's host, or here for a local repository) that makes or updates the bare
+    repository: refuse an untrusted one, `git init`, the receive settings, the team's allowed
+    signers and the pre-receive hook, each written to a temp name and renamed into place."""
+    q = shlex.quote(path)
+    hook = HOOK_SOURCE.read_text()
+    steps = [
+        "set -e",
+        "umask 022",
+        _trust_script(path),
+        shlex.join(["git", "init", "-q", "--bare", path]),
+        *(
+            shlex.join(["git", "--git-dir", path, "config", k, "true"])
+            for k in ("receive.denyNonFastForwards", "receive.denyDeletes", "receive.fsckObjects")
+        ),
+        f"mkdir -p {q}/pairctl {q}/hooks",
+        f"printf %s {shlex.quote(signers.decode())} > {q}/pairctl/.allowed_signers.new",
+        f"chmod 0644 {q}/pairctl/.allowed_signers.new",
+        f"mv -f {q}/pairctl/.allowed_signers.new {q}/{REMOTE_SIGNERS}",
+        f"printf %s {shlex.quote(hook)} > {q}/hooks/.pre-receive.new",
+        f"chmod 0755 {q}/hooks/.pre-receive.new",
+        f"mv -f {q}/hooks/.pre-receive.new {q}/hooks/pre-receive",
+    ]
+    return "\n".join(steps) + "\n"
+
+
+def read_signers(allowed_signers: str | None) -> bytes:
+    if allowed_signers is None:
+        raise ConfigError(
+            "the evidence remote needs evidence_remote.allowed_signers: its pre-receive hook accepts only "
+            "commits signed by a key listed there",
+            hint='list the team\'s keys, one a line: `alice@team,homes/HOME-ID namespaces="git" ssh-ed25519 AAAA...`',
+        )
     try:
-        cp = subprocess.run(
+        return Path(allowed_signers).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"evidence_remote.allowed_signers {allowed_signers}: {exc.strerror}") from None
+
+
+def _ssh(access: RemoteAccess, script: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
             [*access.ssh_argv, access.destination, script],
             capture_output=True,
             text=True,
@@ -325,8 +385,52 @@ def init_remote(access: RemoteAccess) -> None:
         )
     except subprocess.TimeoutExpired:
         raise RemoteUnreachable(f"{access.host_name} did not answer within {access.timeout_s:.0f} s") from None
+
+
+def init_remote(access: RemoteAccess, signers: bytes) -> None:
+    """Create (or update) the bare repository on its host over SSH (strict host keys): refusing
+    rewrites and deletes of any branch, with the pre-receive hook and the team's allowed signers.
+    An existing one keeps its history; one someone else could write is refused (ConfigError)."""
+    cp = _ssh(access, setup_script(access.path, signers))
+    if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
+        why = cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]
+        raise ConfigError(
+            f"refusing the evidence repository {access.path} on {access.host_name}: {why}",
+            hint="make it (and every directory above it) the login user's or root's, not group/world-writable",
+        )
     if cp.returncode != 0:
-        raise RemoteUnreachable(f"creating {path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
+        raise RemoteUnreachable(f"creating {access.path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
+
+
+def remote_state(access: RemoteAccess) -> list[str]:
+    """What `verify --remote` reports of the repository itself, read over SSH: '' when it is safe
+    and hooked; else 'untrusted: WHY' or 'unhooked' (made before the hook existed)."""
+    q = shlex.quote(access.path)
+    script = (
+        _trust_script(access.path)
+        + f"; grep -q {shlex.quote(HOOK_MARK)} {q}/hooks/pre-receive 2>/dev/null && [ -x {q}/hooks/pre-receive ] "
+        f"&& [ -f {q}/{REMOTE_SIGNERS} ] || echo unhooked"
+    )
+    cp = _ssh(access, script)
+    if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
+        return ["untrusted: " + cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]]
+    if cp.returncode != 0:
+        raise RemoteUnreachable(f"reading {access.path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
+    return ["unhooked"] if "unhooked" in cp.stdout else []
+
+
+def bound_lines(signers: str, home: str) -> str:
+    """The allowed-signers lines that bind `home`: principals (first field, comma separated) that
+    hold `homes/<home>` (as the hook's awk reads them)."""
+    want = f"homes/{home}"
+    out = []
+    for line in signers.splitlines():
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if want in fields[0].split(","):
+            out.append(line + "\n")
+    return "".join(out)
 
 
 def fetch(store: EvidenceStore, access: RemoteAccess) -> None:
@@ -394,12 +498,41 @@ def materialize(store: EvidenceStore, home: str) -> tuple[int, list[str]]:
     return written, problems
 
 
+def lost_receipts(store: EvidenceStore) -> list[str]:
+    """Receipts this home's own branch here holds (committed, and pushed when the remote took them)
+    that the last fetched remote branch lacks: someone dropped them there (a remote without the
+    pre-receive hook). The next push adds them back; the operator is told."""
+    me = store.home_id()
+    if _rev(store, TRACKING + me) is None:
+        return []
+    remote = tree_of(store, TRACKING + me)
+    mine = tree_of(store, BRANCH + me)
+    pushed = _rev(store, BRANCH + me)
+    if pushed is None or _git(store, "merge-base", "--is-ancestor", pushed, TRACKING + me, check=False).returncode == 0:
+        ours = {p for p in mine if p.startswith("receipts/")}
+    else:  # only what the remote ever held of ours: the commits it has seen from this branch
+        base = _git(store, "merge-base", pushed, TRACKING + me, check=False).stdout.decode().strip()
+        ours = {p for p in tree_of(store, base) if p.startswith("receipts/")} if base else set()
+    return sorted(p.removeprefix("receipts/")[:-5] for p in ours if p not in remote)
+
+
+def lost_message(store: EvidenceStore, lost: Sequence[str]) -> str:
+    return (
+        f"the evidence remote's branch homes/{store.home_id()} lost {len(lost)} receipt(s) this home pushed "
+        f"(first: {lost[0]}): someone rewrote it; they are kept here and pushed again; "
+        "run `pairctl receipts verify --remote` and tell the team"
+    )
+
+
 def pull(store: EvidenceStore, access: RemoteAccess) -> PullResult:
     """Fetch every home's branch and copy the other homes' receipts here (read-only copies)."""
     with _mirror_lock(store):
         fetch(store, access)
         res = PullResult()
         me = store.home_id()
+        lost = lost_receipts(store)
+        if lost:
+            res.problems.append(lost_message(store, lost))
         for home in team_homes(store):
             if home == me:
                 continue
@@ -460,15 +593,19 @@ def signature_problems(
             ref,
             config=["gpg.format=ssh", f"gpg.ssh.allowedSignersFile={allowed_signers}"],
         )
+        good: dict[str, str] = {}
         for line in cp.stdout.decode(errors="replace").splitlines():
             sha, status, *who = line.split(" ", 2)
             if status == "G" and who and signers is not None:
                 signers.add(who[0])
-            if status != "G":
+            if status == "G":
+                good[sha] = who[0] if who else "?"
+            else:
                 out.append(
                     f"home {home}: commit {sha[:12]} carries {_SIG_MEANING.get(status, 'an unknown signature')}"
                     + (f" ({who[0]})" if who and who[0] else "")
                 )
+        out += _binding_problems(store, home, allowed_signers, good)
     cp = _git(store, "log", "--format=%H", "--no-renames", "--diff-filter=DMT", "--name-only", ref, "--", "receipts/")
     touched = [ln for ln in cp.stdout.decode().splitlines() if ln.startswith("receipts/")]
     if touched:
@@ -476,6 +613,40 @@ def signature_problems(
             f"home {home}: {len(touched)} receipt(s) were changed or deleted by a later commit "
             f"(first: {touched[0]}): the branch does not only append"
         )
+    return out
+
+
+def _binding_problems(store: EvidenceStore, home: str, allowed_signers: str, good: dict[str, str]) -> list[str]:
+    """Each home its own signer: the commits `good` (sha -> principal: signed by an allowed
+    signer) must verify against the lines bound to `homes/<home>` alone, as the hook checks."""
+    if not good:
+        return []
+    bound = bound_lines(Path(allowed_signers).read_text(errors="replace"), home)
+    if not bound:
+        return [
+            f"home {home}: no key in {allowed_signers} is bound to this home; its commits are signed by "
+            f"{', '.join(sorted(set(good.values())))} (add the principal homes/{home} to its operator's key line)"
+        ]
+    tmp = mirror_dir(store) / f".bound-{os.getpid()}-{home}"
+    try:
+        atomic.replace(tmp, bound.encode())
+        cp = _git(
+            store,
+            "log",
+            "--format=%H %G?",
+            TRACKING + home,
+            config=["gpg.format=ssh", f"gpg.ssh.allowedSignersFile={tmp}"],
+        )
+    finally:
+        tmp.unlink(missing_ok=True)
+    out = []
+    for line in cp.stdout.decode(errors="replace").splitlines():
+        sha, status = (line.split(" ", 1) + [""])[:2]
+        if sha in good and status != "G":
+            out.append(
+                f"home {home}: commit {sha[:12]} is signed by {good[sha]}, whose key is not bound to home {home} "
+                f"(principal homes/{home}): a receipt written into another home's branch"
+            )
     return out
 
 
@@ -500,3 +671,46 @@ def remote_copies(
     want = [(n, tree[f"receipts/{n}.json"]) for n in names if f"receipts/{n}.json" in tree]
     got = dict(zip((n for n, _ in want), (d for _, d in _cat_blobs(store, [o for _, o in want])), strict=True))
     return tip, got
+
+
+QUARANTINE = "quarantine"  # the command of a receipt that sets a home's branch aside
+
+
+def branch_tip(store: EvidenceStore, home: str) -> str | None:
+    """The last fetched tip of `home`'s branch (None: the remote has no such branch)."""
+    return _rev(store, TRACKING + home)
+
+
+def quarantine_decisions(stores: Sequence[tuple[str, EvidenceStore]]) -> dict[str, dict[str, str]]:
+    """home -> the newest decision (a sealed `quarantine` receipt of any of `stores`, given as
+    (deciding home, store)) to set its branch aside: who, why, when, at which tip, which receipt."""
+    found: list[dict[str, str]] = []
+    for decider, st in stores:
+        for summ in st.summaries(None):
+            if summ.get("command") != QUARANTINE:
+                continue
+            try:
+                r = st.load(summ["hash"])
+            except (EvidenceError, ValueError):
+                continue
+            step = r.step("decision")
+            if r.outcome != "passed" or step is None:
+                continue
+            d = step.data
+            if not all(isinstance(d.get(k), str) for k in ("home", "tip", "reason")):
+                continue
+            found.append(
+                {
+                    "home": d["home"],
+                    "tip": d["tip"],
+                    "reason": d["reason"],
+                    "by": r.operator or "?",
+                    "by_home": decider,
+                    "at": r.finished_at,
+                    "receipt": r.sha256,
+                }
+            )
+    out: dict[str, dict[str, str]] = {}
+    for d in sorted(found, key=lambda x: x["at"]):
+        out[d["home"]] = d
+    return out

@@ -55,6 +55,7 @@ class VerifyReport:
     warnings: list[str] = field(default_factory=list)
     signers: dict[str, list[str]] = field(default_factory=dict)  # home -> who signed its pushes (--remote)
     pruned: int = 0  # receipts a prune receipt accounts for that are gone (kept on the remote or an archive)
+    quarantined: dict[str, dict[str, Any]] = field(default_factory=dict)  # home -> the decision (--remote)
 
     @property
     def ok(self) -> bool:
@@ -65,15 +66,19 @@ class VerifyReport:
         return self.problems[0] if self.problems else None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "root": self.root,
-            "ok": self.ok,
-            "receipts": self.receipts,
-            "chains": self.chains,
-            "problems": [asdict(p) for p in self.problems],
-            "warnings": self.warnings,
-            "pruned": self.pruned,
-        } | ({"signers": self.signers} if self.signers else {})
+        return (
+            {
+                "root": self.root,
+                "ok": self.ok,
+                "receipts": self.receipts,
+                "chains": self.chains,
+                "problems": [asdict(p) for p in self.problems],
+                "warnings": self.warnings,
+                "pruned": self.pruned,
+            }
+            | ({"signers": self.signers} if self.signers else {})
+            | ({"quarantined": self.quarantined} if self.quarantined else {})
+        )
 
 
 def _started(data: bytes) -> str | None:

@@ -57,8 +57,13 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     pid, other = lab_packages.id, lab_packages_b.id
     repo = lab.home.lab / "hosts" / "lab-native" / "evidence.git"  # under the host's root
     shutil.rmtree(repo, ignore_errors=True)
-    signers = tmp_path / "allowed_signers"
-    signers.write_text(f'team@pairctl namespaces="git" {lab.operator_key.with_suffix(".pub").read_text().strip()}\n')
+    b_home, c_home = tmp_path / "home-b", tmp_path / "home-c"
+    a_id, b_id = EvidenceStore(a_home / "evidence").home_id(), EvidenceStore(b_home / "evidence").home_id()
+    signers = tmp_path / "allowed_signers"  # one team key, bound to both homes' branches (issue 48)
+    signers.write_text(
+        f'team@pairctl,homes/{a_id},homes/{b_id} namespaces="git" '
+        f"{lab.operator_key.with_suffix('.pub').read_text().strip()}\n"
+    )
     inv = read_yaml(lab.inventory_path)
     native = lab.inventory.hosts["lab-native"]
     inv_text = json.dumps(inv).replace("${PAIRCTL_HOME}", str(a_home))  # one inventory for every home
@@ -66,9 +71,8 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     inv["evidence_remote"] = {"url": f"ssh://lab-native{repo}", "allowed_signers": str(signers)}
     inventory = tmp_path / "team.yaml"
     inventory.write_text(json.dumps(inv))
-    b_home, c_home = tmp_path / "home-b", tmp_path / "home-c"
     for h in (b_home, c_home):
-        h.mkdir()
+        h.mkdir(exist_ok=True)
         (h / "packages").symlink_to(a_home / "packages")
     shutil.copy2(a_home / "route.key", b_home / "route.key")  # operators of one pair share route.key
 
@@ -99,7 +103,6 @@ def test_two_homes_take_turns_and_a_third_verifies_everything(lab, lab_packages,
     assert not st["problems"], st["problems"]
     shutil.rmtree(b_home / "evidence" / "mirror.git")  # a lost mirror: the next push builds on the remote's branch
     _ok(run(b_home, "receipts", "push"))
-    a_id, b_id = EvidenceStore(a_home / "evidence").home_id(), EvidenceStore(b_home / "evidence").home_id()
     assert st["route"]["evidence_home"] == a_id
 
     # a third, empty home pulls and verifies the pair's whole history, signatures included

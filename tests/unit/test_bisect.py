@@ -173,3 +173,58 @@ def test_a_linked_state_file_is_refused_not_followed(tmp_path, cli):
     path.symlink_to("/dev/zero")
     r = cli("bisect", "--home", str(tmp_path), "--pair", "lab", "--resume")
     assert r.exit_code == 3 and "symbolic link" in r.stderr, r.output
+
+
+def test_the_snapshot_taken_before_the_first_step_survives_the_state_file(tmp_path):
+    """Issue 48 item 3: the restore of a resumed bisect puts back what ran before the bisect, so
+    the first run's snapshot (a real signed route record, the active pair, the previous links)
+    is kept in state.json and read back whole; a state written before it existed still loads."""
+    from orchestrator.bisect.driver import BisectDriver
+    from orchestrator.config.inventory import load_inventory
+    from tests.unit.test_route_trust import _record
+
+    home = Home.resolve(tmp_path / "home")
+    inv = load_inventory("lab", {"PAIRCTL_HOME": str(home.root)})
+    first = BisectDriver(home, inv, "lab", argv=["pairctl", "bisect"])
+    rec = _record(active="B", previous="A")
+    active = {"native": "B", "rpc": "B", "profile": {"name": "lab"}, "route_revision": rec.revision}
+    first.found_snapshot, first._bisect_found, first._bisect_links = active, rec, ("A", "A")
+    s = BisectState(
+        pair="lab", source="/src", good="a" * 40, bad="b" * 40, judgement=Judgement("checks", ("identity",)),
+        profile="lab", started_at="2026-12-06T00:00:00+00:00", snapshot=first.saved_snapshot(),
+    )  # fmt: skip
+    st.save(home, s)
+    back = st.load(home, "lab")
+    assert back is not None and back.snapshot == s.snapshot
+    resumed = BisectDriver(home, inv, "lab", argv=["pairctl", "bisect", "--resume"])
+    assert resumed.use_snapshot(back.snapshot) == active
+    assert resumed._bisect_found is not None and resumed._bisect_found.to_bytes() == rec.to_bytes()
+    assert resumed._bisect_links == ("A", "A")
+    first.close()
+    resumed.close()
+    old = json.loads(st.state_path(home, "lab").read_text())
+    del old["snapshot"]
+    st.state_path(home, "lab").write_text(json.dumps(old))
+    legacy = st.load(home, "lab")
+    assert legacy is not None and legacy.snapshot is None  # the next run takes one, as before
+
+
+def test_bisect_receipts_are_listed_under_their_pair(tmp_path, cli):
+    """Issue 48 item 6: a bisect and its steps run beside the pair's chain (under its leases), and
+    `receipts list --pair P --command bisect` shows them, an interrupted run's included."""
+    from orchestrator.evidence.store import EvidenceStore
+
+    home = tmp_path / "home"
+    store = EvidenceStore(Home.resolve(home).evidence)
+    j = store.begin("bisect", ["pairctl", "bisect", "--pair", "lab"], pair=None)
+    j.set("bisect_pair", "lab")
+    run = j.finish("interrupted", "interrupted by SIGINT")
+    s = store.begin("bisect step", ["pairctl", "bisect", "(step)"], pair=None)
+    s.set("bisect_step", {"pair": "lab", "commit": "c" * 40})
+    step = s.finish("passed", "good")
+    other = store.begin("bisect", ["pairctl", "bisect", "--pair", "lab3"], pair=None)
+    other.set("bisect_pair", "lab3")
+    other.finish("passed", "found")
+    r = cli("--json", "receipts", "list", "--pair", "lab", "--command", "bisect", home=home)
+    assert r.exit_code == 0, r.stderr
+    assert {row["hash"] for row in json.loads(r.stdout)} == {run, step}

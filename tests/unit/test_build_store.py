@@ -135,3 +135,21 @@ def test_symlink_in_the_store_fails_verification(tmp_path: Path, how: str) -> No
     assert not report.ok and any("symbolic link" in p for p in report.problems), report.problems
     with pytest.raises(PackageError, match="symbolic link"):
         store.verify(m.id)
+
+
+def test_a_missing_package_says_how_to_get_it_by_its_id(tmp_path):
+    """Issue 48 item 5: a second operator's home lacks the package another home deployed; deploy,
+    rollback and status name the build that makes the same id (or the copy to verify)."""
+    from orchestrator.build.store import how_to_get
+    from orchestrator.errors import PackageError
+
+    store = PackageStore(tmp_path / "packages")
+    pid = "lab-5423bddf35-cpu-lab"
+    with pytest.raises(PackageError) as exc:
+        store.get(pid)
+    hint = exc.value.hint or ""
+    assert f"no package {pid!r}" in exc.value.message
+    assert "`pairctl build --rev 5423bddf35 --target cpu-lab --profile lab`" in hint
+    assert f"`pairctl packages verify {pid}`" in hint and "--source DIR" in hint
+    assert "--profile" not in how_to_get("pkg-5423bddf35-v100")  # the default prefix needs none
+    assert "--rev REV" in how_to_get("odd")
