@@ -1,0 +1,210 @@
+"""Request contract: what a client asks for is what it gets, field by field (issue 47).
+
+Every other check judges how the engine computes; a fork can keep every token right and still
+break a request field clients depend on (a sampling parameter echoed but never applied, a stop
+string never honoured). This check probes each field of the profile's declared `request_surface`
+(config/request_surface.py) with a question whose answer a broken build cannot fake
+(checks/contract_probes.py):
+
+- one greedy `/completion` of GREEDY_TOKENS tokens with `n_probs` is the reference: `n_predict`
+  (that many tokens, stop_type limit), `n_probs` (that many sorted entries a token, greedy on top);
+- `stop`: a character of the reference's text as stop string ends the text before its first
+  occurrence, stop_type word;
+- `logit_bias`: banning the reference's first token gives its second-ranked one; raising the
+  third-ranked one 2 nats past the first gives it;
+- `top_k` 1 and `top_p` 1e-6 at temperature 100 give the reference's tokens; `temperature` 100
+  with top_k 40 does not;
+- `grammar`: the answer matches the grammar in full and ends with eos;
+- chat: `max_tokens` N (ignore_eos) gives N completion tokens, finish_reason length; `logprobs`
+  gives one entry a token with `top_logprobs` entries; `messages`: `/apply-template` holds the
+  system message verbatim before the user's, in a place independent of its text, and the chat's
+  usage.prompt_tokens is the token count of that rendered prompt; `stream` adds up to the
+  non-streamed answer with one final finish_reason chunk, and `stream_options.include_usage`
+  sends the non-streamed usage; `response_format` json_schema parses and matches the schema.
+
+Compared answers come from one configuration (greedy or one kept token, slot 0, no prompt cache,
+sequential), so their tokens are equal on any device. `seed` is the `sampling` check's; `tools`
+and the penalties have no probe yet: the suite's `request_surface` record names them unchecked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from orchestrator.checks import contract_probes as cp
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.prompts import PromptBuilder
+from orchestrator.config.profiles import RouteProfile
+from orchestrator.config.request_surface import KNOWN_FIELDS
+
+NAME = "request_contract"
+PROMPT_TOKENS = 16
+SEED = 4747
+# fields judged by another check of the suite (it must have run for the field to count as checked)
+ELSEWHERE = {"seed": "sampling"}
+COMPLETION_FIELDS = {"n_predict", "n_probs", "stop", "logit_bias", "top_k", "top_p", "temperature"}
+CHAT_FIELDS = {"messages", "max_tokens", "logprobs", "stream", "stream_options"}
+
+
+def _completion_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeResult]:
+    out: list[cp.ProbeResult] = []
+    greedy = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, n_probs=cp.N_PROBS)
+    g = cp.tokens_of(greedy)
+    ref = {"tokens": g, "content": greedy.get("content"), "top0": cp.top_entries(greedy, 0)}
+    if "n_predict" in want:
+        out.append(cp.ProbeResult("n_predict", ("n_predict",), cp.n_predict_problems(greedy, cp.GREEDY_TOKENS), ref))
+    if "n_probs" in want:
+        out.append(
+            cp.ProbeResult("n_probs", ("n_probs",), cp.n_probs_problems(greedy, cp.N_PROBS, drafting=drafting), ref)
+        )
+    if "stop" in want:
+        stop = cp.choose_stop(str(greedy.get("content") or ""))
+        r = cp.ProbeResult("stop", ("stop",), raw={"reference": ref, "stop": stop})
+        if stop is None:
+            r.problems.append(f"stop: no character to stop at in the greedy text {greedy.get('content')!r}")
+        else:
+            stopped = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, stop=[stop])
+            r.problems += cp.stop_problems(greedy, stopped, stop)
+            r.raw["answer"] = {k: stopped.get(k) for k in ("content", "stop_type", "stopping_word", "tokens")}
+        out.append(r)
+    if "logit_bias" in want:
+        r = cp.ProbeResult("logit_bias", ("logit_bias",), raw={"reference": ref})
+        boost = cp.boost_for(greedy)
+        if boost is None or not g:
+            r.problems.append(f"logit_bias: the greedy reference has no three top entries at token 0: {ref['top0']}")
+        else:
+            banned = p.completion(1, logit_bias=[[g[0], False]])
+            boosted = p.completion(1, logit_bias={str(boost[0]): boost[1]})
+            r.problems += cp.logit_bias_problems(greedy, banned, boosted)
+            r.raw.update(banned=cp.tokens_of(banned), boosted=cp.tokens_of(boosted), boost=list(boost))
+        out.append(r)
+    for name in ("top_k", "top_p"):
+        if name in want:
+            sampled = cp.tokens_of(
+                p.completion(cp.GREEDY_TOKENS, ignore_eos=True, temperature=cp.HOT, seed=SEED, **cp.KEEP_ONE[name])
+            )
+            out.append(cp.ProbeResult(name, (name,), cp.keep_one_problems(name, g, sampled),
+                                      {"greedy": g, "sampled": sampled, "settings": cp.KEEP_ONE[name]}))  # fmt: skip
+    if "temperature" in want:
+        sampled = cp.tokens_of(
+            p.completion(cp.GREEDY_TOKENS, ignore_eos=True, temperature=cp.HOT, seed=SEED, **cp.KEEP_MANY)
+        )
+        out.append(cp.ProbeResult("temperature", ("temperature",), cp.keep_many_problems(g, sampled),
+                                  {"greedy": g, "sampled": sampled, "settings": cp.KEEP_MANY}))  # fmt: skip
+    return out
+
+
+def _chat_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeResult]:
+    out: list[cp.ProbeResult] = []
+    user = {"role": "user", "content": cp.USER}
+    extra: dict[str, Any] = {"logprobs": True, "top_logprobs": cp.TOP_LOGPROBS} if "logprobs" in want else {}
+    body = p.chat_body([{"role": "system", "content": cp.SYSTEM_A}, user], cp.CHAT_TOKENS, ignore_eos=True, **extra)
+    answer = p.chat(body)
+    brief = {"content": cp.chat_text(answer), "usage": answer.get("usage"),
+             "finish_reason": cp.chat_choice(answer).get("finish_reason")}  # fmt: skip
+    if "max_tokens" in want:
+        out.append(cp.ProbeResult("max_tokens", ("max_tokens",), cp.max_tokens_problems(answer, cp.CHAT_TOKENS), brief))
+    if "logprobs" in want:
+        problems = cp.logprobs_problems(answer, cp.CHAT_TOKENS, cp.TOP_LOGPROBS, drafting=drafting)
+        out.append(cp.ProbeResult("logprobs", ("logprobs",), problems, brief))
+    if "messages" in want:
+        rendered = {
+            label: str(p.client.post_json("/apply-template", {"messages": msgs}, timeout=p.timeout).get("prompt"))
+            for label, msgs in (
+                ("system_a", [{"role": "system", "content": cp.SYSTEM_A}, user]),
+                ("system_b", [{"role": "system", "content": cp.SYSTEM_B}, user]),
+                ("no_system", [user]),
+            )
+        }
+        problems = cp.template_problems(rendered["system_a"], rendered["system_b"], rendered["no_system"], cp.USER)
+        n_rendered = len(p.client.tokenize(rendered["system_a"], add_special=True))
+        used = (answer.get("usage") or {}).get("prompt_tokens")
+        if used != n_rendered:
+            problems.append(f"messages: the chat used {used!r} prompt tokens, its rendered prompt is {n_rendered}")
+        raw = {"rendered": rendered, "rendered_tokens": n_rendered, "prompt_tokens": used}
+        out.append(cp.ProbeResult("messages", ("messages",), problems, raw))
+    if want & {"stream", "stream_options"}:
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        events = p.client.stream_events("/v1/chat/completions", streamed, timeout=p.timeout)
+        fields = tuple(f for f in ("stream", "stream_options") if f in want)
+        out.append(cp.ProbeResult("stream", fields, cp.stream_problems(events, answer),
+                                  {"answer": brief, "events": events[-3:], "n_events": len(events)}))  # fmt: skip
+    return out
+
+
+def _constrained_probes(p: cp.Prober, want: set[str]) -> list[cp.ProbeResult]:
+    out: list[cp.ProbeResult] = []
+    if "grammar" in want:
+        body = p.completion(cp.GRAMMAR_TOKENS, grammar=cp.GRAMMAR)
+        out.append(cp.ProbeResult("grammar", ("grammar",), cp.grammar_problems(body),
+                                  {"content": body.get("content"), "stop_type": body.get("stop_type")}))  # fmt: skip
+    if "response_format" in want:
+        fmt = {"type": "json_schema", "json_schema": {"name": "probe", "schema": cp.SCHEMA}}
+        msgs = [{"role": "user", "content": "Name a colour and say if it is ok, as JSON."}]
+        answer = p.chat(p.chat_body(msgs, cp.SCHEMA_TOKENS, response_format=fmt))
+        out.append(cp.ProbeResult("response_format", ("response_format",), cp.schema_problems(answer),
+                                  {"content": cp.chat_text(answer),
+                                   "finish_reason": cp.chat_choice(answer).get("finish_reason")}))  # fmt: skip
+    return out
+
+
+def run(ctx: CheckContext) -> CheckResult:
+    timer = Timer()
+    want: set[str] = set(ctx.profile.request_surface)
+    prompt = list(PromptBuilder(ctx.client, ctx.options.seed + 747).exact(PROMPT_TOKENS, variant=747, head="Once "))
+    p = cp.Prober(ctx.client, prompt, ctx.options.request_timeout_s)
+    probes: list[cp.ProbeResult] = []
+    if want & COMPLETION_FIELDS:
+        probes += _completion_probes(p, want, ctx.drafting())
+    if want & CHAT_FIELDS:
+        probes += _chat_probes(p, want, ctx.drafting())
+    probes += _constrained_probes(p, want)
+    problems = [x for r in probes for x in r.problems]
+    covered = {f: f"{NAME}/{r.name}" for r in probes for f in r.fields}
+    failed = sorted({r.name for r in probes if r.problems})
+    return CheckResult(
+        name=NAME,
+        verdict=verdict_of(problems),
+        message="; ".join(problems) or f"{len(probes)} probes held their contract: {', '.join(r.name for r in probes)}",
+        figures={"probes": len(probes), "failed_probes": failed, "fields_checked": sorted(covered)},
+        raw={
+            "covered": covered,
+            "probes": [{"name": r.name, "fields": list(r.fields), "problems": r.problems, **r.raw} for r in probes],
+            "prompt_tokens": len(prompt),
+        },
+        duration_s=timer.elapsed(),
+    )
+
+
+def surface_report(profile: RouteProfile, results: Iterable[CheckResult]) -> dict[str, Any]:
+    """For the receipt: each declared request field checked (by which check or probe, with the
+    verdict) or not (and why), and the known fields outside the declared surface."""
+    by_name = {r.name: r for r in results}
+    declared = list(profile.request_surface)
+    checked: dict[str, dict[str, str]] = {}
+    contract = by_name.get(NAME)
+    if contract is not None and contract.verdict in ("passed", "failed"):
+        failed = set(contract.figures.get("failed_probes") or [])
+        for f, probe in (contract.raw.get("covered") or {}).items():
+            checked[f] = {"by": probe, "verdict": "failed" if probe.split("/")[-1] in failed else "passed"}
+    for f, check in ELSEWHERE.items():
+        other = by_name.get(check)
+        if f in declared and other is not None and other.verdict in ("passed", "failed"):
+            checked[f] = {"by": check, "verdict": other.verdict}
+    unchecked = {}
+    for f in declared:
+        if f not in checked:
+            if f in ELSEWHERE:
+                why = f"{ELSEWHERE[f]} did not run"
+            elif contract is None or contract.verdict not in ("passed", "failed"):
+                why = f"{NAME} did not run" + (f" ({contract.verdict})" if contract is not None else "")
+            else:
+                why = "no probe for this field"
+            unchecked[f] = why
+    return {
+        "declared": declared,
+        "checked": checked,
+        "unchecked": unchecked,
+        "not_declared": [f for f in KNOWN_FIELDS if f not in declared],
+    }
