@@ -29,7 +29,8 @@ and the penalties have no probe yet: the suite's `request_surface` record names 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from orchestrator.checks import contract_probes as cp
@@ -37,6 +38,8 @@ from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_o
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.config.request_surface import KNOWN_FIELDS
+from orchestrator.server.client import ServerRequestError
+from orchestrator.server.parsers import ParseError
 
 NAME = "request_contract"
 PROMPT_TOKENS = 16
@@ -47,51 +50,74 @@ COMPLETION_FIELDS = {"n_predict", "n_probs", "stop", "logit_bias", "top_k", "top
 CHAT_FIELDS = {"messages", "max_tokens", "logprobs", "stream", "stream_options"}
 
 
+Judged = tuple[list[str], dict[str, Any]]  # a probe's problems and its raw answers
+
+
+def _probe(out: list[cp.ProbeResult], name: str, fields: tuple[str, ...], fn: Callable[[], Judged]) -> None:
+    """Run one probe; a server that refuses its request (an HTTP error, an answer that does not
+    parse) fails that probe, saying what the server answered. A server that does not answer at
+    all is not a contract question: that propagates (the suite stops on a transport failure)."""
+    try:
+        problems, raw = fn()
+    except (ServerRequestError, ParseError, ValueError, KeyError, TypeError) as exc:
+        problems, raw = [f"{name}: the server answered {type(exc).__name__}: {exc}"[:600]], {}
+    out.append(cp.ProbeResult(name, fields, problems, raw))
+
+
 def _completion_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeResult]:
     out: list[cp.ProbeResult] = []
-    greedy = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, n_probs=cp.N_PROBS)
+    box: dict[str, Any] = {}
+
+    def reference() -> Judged:
+        box["greedy"] = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, n_probs=cp.N_PROBS)
+        return [], {}
+
+    _probe(out, "reference", (), reference)
+    if out[-1].problems:  # the greedy reference was refused: every probe built on it fails with it
+        failed = out.pop()
+        for f in sorted(want & COMPLETION_FIELDS):
+            out.append(cp.ProbeResult(f, (f,), [f"{f}: no greedy reference: {failed.problems[0]}"]))
+        return out
+    out.pop()
+    greedy = box["greedy"]
     g = cp.tokens_of(greedy)
     ref = {"tokens": g, "content": greedy.get("content"), "top0": cp.top_entries(greedy, 0)}
     if "n_predict" in want:
-        out.append(cp.ProbeResult("n_predict", ("n_predict",), cp.n_predict_problems(greedy, cp.GREEDY_TOKENS), ref))
+        _probe(out, "n_predict", ("n_predict",), lambda: (cp.n_predict_problems(greedy, cp.GREEDY_TOKENS), ref))
     if "n_probs" in want:
-        out.append(
-            cp.ProbeResult("n_probs", ("n_probs",), cp.n_probs_problems(greedy, cp.N_PROBS, drafting=drafting), ref)
-        )
-    if "stop" in want:
-        stop = cp.choose_stop(str(greedy.get("content") or ""))
-        r = cp.ProbeResult("stop", ("stop",), raw={"reference": ref, "stop": stop})
-        if stop is None:
-            r.problems.append(f"stop: no character to stop at in the greedy text {greedy.get('content')!r}")
-        else:
-            stopped = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, stop=[stop])
-            r.problems += cp.stop_problems(greedy, stopped, stop)
-            r.raw["answer"] = {k: stopped.get(k) for k in ("content", "stop_type", "stopping_word", "tokens")}
-        out.append(r)
-    if "logit_bias" in want:
-        r = cp.ProbeResult("logit_bias", ("logit_bias",), raw={"reference": ref})
+        _probe(out, "n_probs", ("n_probs",), lambda: (cp.n_probs_problems(greedy, cp.N_PROBS, drafting=drafting), ref))
+
+    def stop() -> Judged:
+        word = cp.choose_stop(str(greedy.get("content") or ""))
+        if word is None:
+            return [f"stop: no character to stop at in the greedy text {greedy.get('content')!r}"], {"reference": ref}
+        stopped = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, stop=[word])
+        answer = {k: stopped.get(k) for k in ("content", "stop_type", "stopping_word", "tokens")}
+        return cp.stop_problems(greedy, stopped, word), {"reference": ref, "stop": word, "answer": answer}
+
+    def logit_bias() -> Judged:
         boost = cp.boost_for(greedy)
         if boost is None or not g:
-            r.problems.append(f"logit_bias: the greedy reference has no three top entries at token 0: {ref['top0']}")
-        else:
-            banned = p.completion(1, logit_bias=[[g[0], False]])
-            boosted = p.completion(1, logit_bias={str(boost[0]): boost[1]})
-            r.problems += cp.logit_bias_problems(greedy, banned, boosted)
-            r.raw.update(banned=cp.tokens_of(banned), boosted=cp.tokens_of(boosted), boost=list(boost))
-        out.append(r)
+            return [f"logit_bias: the greedy reference has no three top entries at token 0: {ref['top0']}"], {}
+        banned = p.completion(1, logit_bias=[[g[0], False]])
+        boosted = p.completion(1, logit_bias={str(boost[0]): boost[1]})
+        raw = {"reference": ref, "banned": cp.tokens_of(banned), "boosted": cp.tokens_of(boosted), "boost": list(boost)}
+        return cp.logit_bias_problems(greedy, banned, boosted), raw
+
+    def sampled(name: str, settings: dict[str, Any]) -> Judged:
+        toks = cp.tokens_of(p.completion(cp.GREEDY_TOKENS, ignore_eos=True, temperature=cp.HOT, seed=SEED, **settings))
+        judge = cp.keep_many_problems(g, toks) if name == "temperature" else cp.keep_one_problems(name, g, toks)
+        return judge, {"greedy": g, "sampled": toks, "settings": settings}
+
+    if "stop" in want:
+        _probe(out, "stop", ("stop",), stop)
+    if "logit_bias" in want:
+        _probe(out, "logit_bias", ("logit_bias",), logit_bias)
     for name in ("top_k", "top_p"):
         if name in want:
-            sampled = cp.tokens_of(
-                p.completion(cp.GREEDY_TOKENS, ignore_eos=True, temperature=cp.HOT, seed=SEED, **cp.KEEP_ONE[name])
-            )
-            out.append(cp.ProbeResult(name, (name,), cp.keep_one_problems(name, g, sampled),
-                                      {"greedy": g, "sampled": sampled, "settings": cp.KEEP_ONE[name]}))  # fmt: skip
+            _probe(out, name, (name,), partial(sampled, name, cp.KEEP_ONE[name]))
     if "temperature" in want:
-        sampled = cp.tokens_of(
-            p.completion(cp.GREEDY_TOKENS, ignore_eos=True, temperature=cp.HOT, seed=SEED, **cp.KEEP_MANY)
-        )
-        out.append(cp.ProbeResult("temperature", ("temperature",), cp.keep_many_problems(g, sampled),
-                                  {"greedy": g, "sampled": sampled, "settings": cp.KEEP_MANY}))  # fmt: skip
+        _probe(out, "temperature", ("temperature",), partial(sampled, "temperature", cp.KEEP_MANY))
     return out
 
 
@@ -100,15 +126,24 @@ def _chat_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeR
     user = {"role": "user", "content": cp.USER}
     extra: dict[str, Any] = {"logprobs": True, "top_logprobs": cp.TOP_LOGPROBS} if "logprobs" in want else {}
     body = p.chat_body([{"role": "system", "content": cp.SYSTEM_A}, user], cp.CHAT_TOKENS, ignore_eos=True, **extra)
-    answer = p.chat(body)
+    box: dict[str, Any] = {}
+
+    def chat() -> Judged:
+        box["answer"] = p.chat(body)
+        return [], {}
+
+    _probe(out, "chat", (), chat)
+    if out[-1].problems:
+        failed = out.pop()
+        for f in sorted(want & CHAT_FIELDS):
+            out.append(cp.ProbeResult(f, (f,), [f"{f}: the chat request was refused: {failed.problems[0]}"]))
+        return out
+    out.pop()
+    answer = box["answer"]
     brief = {"content": cp.chat_text(answer), "usage": answer.get("usage"),
              "finish_reason": cp.chat_choice(answer).get("finish_reason")}  # fmt: skip
-    if "max_tokens" in want:
-        out.append(cp.ProbeResult("max_tokens", ("max_tokens",), cp.max_tokens_problems(answer, cp.CHAT_TOKENS), brief))
-    if "logprobs" in want:
-        problems = cp.logprobs_problems(answer, cp.CHAT_TOKENS, cp.TOP_LOGPROBS, drafting=drafting)
-        out.append(cp.ProbeResult("logprobs", ("logprobs",), problems, brief))
-    if "messages" in want:
+
+    def messages() -> Judged:
         rendered = {
             label: str(p.client.post_json("/apply-template", {"messages": msgs}, timeout=p.timeout).get("prompt"))
             for label, msgs in (
@@ -122,30 +157,43 @@ def _chat_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeR
         used = (answer.get("usage") or {}).get("prompt_tokens")
         if used != n_rendered:
             problems.append(f"messages: the chat used {used!r} prompt tokens, its rendered prompt is {n_rendered}")
-        raw = {"rendered": rendered, "rendered_tokens": n_rendered, "prompt_tokens": used}
-        out.append(cp.ProbeResult("messages", ("messages",), problems, raw))
-    if want & {"stream", "stream_options"}:
+        return problems, {"rendered": rendered, "rendered_tokens": n_rendered, "prompt_tokens": used}
+
+    def stream() -> Judged:
         streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         events = p.client.stream_events("/v1/chat/completions", streamed, timeout=p.timeout)
-        fields = tuple(f for f in ("stream", "stream_options") if f in want)
-        out.append(cp.ProbeResult("stream", fields, cp.stream_problems(events, answer),
-                                  {"answer": brief, "events": events[-3:], "n_events": len(events)}))  # fmt: skip
+        return cp.stream_problems(events, answer), {"answer": brief, "events": events[-3:], "n_events": len(events)}
+
+    if "max_tokens" in want:
+        _probe(out, "max_tokens", ("max_tokens",), lambda: (cp.max_tokens_problems(answer, cp.CHAT_TOKENS), brief))
+    if "logprobs" in want:
+        problems = cp.logprobs_problems(answer, cp.CHAT_TOKENS, cp.TOP_LOGPROBS, drafting=drafting)
+        _probe(out, "logprobs", ("logprobs",), lambda: (problems, brief))
+    if "messages" in want:
+        _probe(out, "messages", ("messages",), messages)
+    if want & {"stream", "stream_options"}:
+        _probe(out, "stream", tuple(f for f in ("stream", "stream_options") if f in want), stream)
     return out
 
 
 def _constrained_probes(p: cp.Prober, want: set[str]) -> list[cp.ProbeResult]:
     out: list[cp.ProbeResult] = []
-    if "grammar" in want:
+
+    def grammar() -> Judged:
         body = p.completion(cp.GRAMMAR_TOKENS, grammar=cp.GRAMMAR)
-        out.append(cp.ProbeResult("grammar", ("grammar",), cp.grammar_problems(body),
-                                  {"content": body.get("content"), "stop_type": body.get("stop_type")}))  # fmt: skip
-    if "response_format" in want:
+        return cp.grammar_problems(body), {"content": body.get("content"), "stop_type": body.get("stop_type")}
+
+    def response_format() -> Judged:
         fmt = {"type": "json_schema", "json_schema": {"name": "probe", "schema": cp.SCHEMA}}
         msgs = [{"role": "user", "content": "Name a colour and say if it is ok, as JSON."}]
         answer = p.chat(p.chat_body(msgs, cp.SCHEMA_TOKENS, response_format=fmt))
-        out.append(cp.ProbeResult("response_format", ("response_format",), cp.schema_problems(answer),
-                                  {"content": cp.chat_text(answer),
-                                   "finish_reason": cp.chat_choice(answer).get("finish_reason")}))  # fmt: skip
+        raw = {"content": cp.chat_text(answer), "finish_reason": cp.chat_choice(answer).get("finish_reason")}
+        return cp.schema_problems(answer), raw
+
+    if "grammar" in want:
+        _probe(out, "grammar", ("grammar",), grammar)
+    if "response_format" in want:
+        _probe(out, "response_format", ("response_format",), response_format)
     return out
 
 
