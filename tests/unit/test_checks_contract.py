@@ -107,3 +107,23 @@ def test_a_surface_names_only_known_fields():
     RouteProfile(name="p", ctx_size=4096, parallel=2, near_full_slack=64, request_surface=list(KNOWN_FIELDS))
     with pytest.raises(ValidationError):
         RouteProfile(name="p", ctx_size=4096, parallel=2, near_full_slack=64, request_surface=["stop", "nonsense"])
+
+
+def test_a_refused_probe_request_fails_that_probe_saying_what_the_server_answered():
+    from orchestrator.server.client import ServerRequestError, ServerUnreachable
+
+    out: list[cp.ProbeResult] = []
+    # grammar-not-applied on the tiny model: the json_schema chat came back HTTP 500
+    msg = "POST /v1/chat/completions: HTTP 500: server_error: The model produced output that does not match"
+
+    def refused() -> contract.Judged:
+        raise ServerRequestError(msg, status=500)
+
+    contract._probe(out, "response_format", ("response_format",), refused)
+    assert out[0].problems == [f"response_format: the server answered ServerRequestError: {msg}"]
+
+    def gone() -> contract.Judged:
+        raise ServerUnreachable("connection refused")
+
+    with pytest.raises(ServerUnreachable):  # not a contract question: the suite stops on it
+        contract._probe(out, "stop", ("stop",), gone)
