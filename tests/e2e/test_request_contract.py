@@ -33,13 +33,11 @@ def _judge(rec) -> None:
 @pytest.mark.parametrize("profile", [PROFILE, pytest.param(REAL_PROFILE, marks=REAL_MARKS)])
 def test_the_baseline_keeps_the_request_contract(profile, deployed_lab, restore_baseline, cli):
     pkg = deployed_lab.package_id
-    if profile == PROFILE:
+    if profile == PROFILE:  # the baseline is active on `lab`: accept it
         r = cli("--json", "accept", "--pair", PAIR, "--checks", contract.NAME)
-        key = "receipt"
-    else:
+    else:  # the same package on the real model, accepted by deploy (restore_baseline puts `lab` back)
         r = cli("--json", "deploy", "--pair", PAIR, "--packages", pkg, pkg, "--profile", profile,
                 "--checks", contract.NAME)  # fmt: skip
-        key = "receipt"
     assert r.exit_code == 0, r.output[-4000:]
-    rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)[key])
+    rec = EvidenceStore(deployed_lab.home / "evidence").load(json.loads(r.stdout)["receipt"])
     _judge(rec)
