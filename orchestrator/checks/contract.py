@@ -25,6 +25,12 @@ string never honoured). This check probes each field of the profile's declared `
 Compared answers come from one configuration (greedy or one kept token, slot 0, no prompt cache,
 sequential), so their tokens are equal on any device. `seed` is the `sampling` check's; `tools`
 and the penalties have no probe yet: the suite's `request_surface` record names them unchecked.
+A probe whose request the server refuses (HTTP error, unparsable answer) fails with the server's
+answer; the others still run.
+
+Cost (measured 2026-12-06 on the 2-core lab, load 2-4): 11 model requests of a 16-token prompt,
+0.2 s on `lab`, 6.4-6.7 s on `lab-real` over RPC, where the whole suite took 142 s with it (the
+README's target is 3 minutes).
 """
 
 from __future__ import annotations
