@@ -86,7 +86,11 @@ class PromptBuilder:
         if body < 0:
             raise ValueError(f"a prompt of {n} tokens cannot hold its head and tail ({len(h) + len(t)} tokens)")
         out = h + self.filler(body, variant=variant) + t
-        assert len(out) == n
+        if len(out) != n:  # the server's tokenizer answered pieces that do not add up
+            raise ValueError(
+                f"a prompt of {n} tokens came out {len(out)} long: the server tokenized the head into {len(h)}, "
+                f"the tail into {len(t)} tokens"
+            )
         return out
 
     def with_nonce(self, n: int, nonce: str, *, variant: int = 0) -> BuiltPrompt:

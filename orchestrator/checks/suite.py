@@ -23,6 +23,7 @@ from orchestrator.checks import (
     budget,
     cached_continuation,
     cancellation,
+    contract,
     exactly_full,
     identity,
     long_prefix,
@@ -49,6 +50,7 @@ CHECKS: dict[str, CheckFn | None] = {
     exactly_full.NAME: exactly_full.run,
     speculative.NAME: speculative.run,
     sampling.NAME: sampling.run,
+    contract.NAME: contract.run,
     cached_continuation.NAME: cached_continuation.run,
     cancellation.NAME: cancellation.run,
     long_prefix.NAME: long_prefix.run,
@@ -69,6 +71,7 @@ class SuiteResult(BaseModel):
     sampler_faults: list[dict[str, Any]] = Field(default_factory=list)
     client_retries: list[str] = Field(default_factory=list)  # HTTP requests resent after a dropped connection
     request_budget: dict[str, Any] = Field(default_factory=dict)  # measured bounds (checks/budget.py), if probed
+    request_surface: dict[str, Any] = Field(default_factory=dict)  # declared request fields checked or not
     duration_s: float = 0.0
 
     def failed(self) -> list[CheckResult]:
@@ -87,6 +90,7 @@ class SuiteResult(BaseModel):
             "sampler_faults": len(self.sampler_faults),
             "client_retries": len(self.client_retries),
             "request_budget": self.request_budget,
+            "request_surface": self.request_surface,
             "checks": [
                 {
                     "name": r.name,
@@ -294,6 +298,7 @@ def run_suite(
         sampler_faults=sampler.faults if sampler else [],
         client_retries=list(getattr(ctx.client, "retries", [])),
         request_budget=dict(ctx.budget),
+        request_surface=contract.surface_report(ctx.profile, results),
         duration_s=round(time.monotonic() - t0, 3),
     )
     if ctx.journal is not None:

@@ -19,6 +19,7 @@ from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, file_prob
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
+from orchestrator.config.request_surface import DEFAULT_SURFACE, RequestField
 from orchestrator.config.rpc_consistency import RpcConsistency
 from orchestrator.config.split import LOG_VERBOSITY, SplitExpectation
 from orchestrator.errors import ConfigError
@@ -177,6 +178,11 @@ class RouteProfile(StrictModel):
     speed: SpeedFloors = Field(default_factory=SpeedFloors, description="floors and bounds of acceptance requests")
     batch_variance: BatchVariance = Field(
         default_factory=BatchVariance, description="how comparisons of two runs allow for the devices' numerics"
+    )
+    request_surface: list[RequestField] = Field(
+        default_factory=lambda: list(DEFAULT_SURFACE),
+        description="request fields this route's clients send; request_contract probes each, and every "
+        "acceptance receipt lists which were checked and which not (config/request_surface.py)",
     )
     alias: str | None = Field(
         default=None,

@@ -297,6 +297,29 @@ class ServerClient:
         """Any JSON endpoint (`/v1/completions`, `/v1/chat/completions`, `/apply-template`): the raw answer."""
         return self._request("POST", path, json=body, timeout=timeout).json()
 
+    def stream_events(self, path: str, body: dict[str, Any], *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """A streaming POST to any JSON endpoint (`/v1/chat/completions` with `stream: true`): every
+        event's JSON object, in order, read to the end of the stream."""
+        try:
+            with self._http.stream(
+                "POST", path, json=body, timeout=timeout if timeout is not None else self.timeout
+            ) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    err = parsers.parse_error(r.content)
+                    raise ServerRequestError(
+                        f"POST {self.base_url}{path} (stream): HTTP {r.status_code}: "
+                        f"{err.message if err else r.text[:300]}",
+                        status=r.status_code,
+                        error=err,
+                        body=r.text[:4000],
+                    )
+                return list(parsers.parse_sse_events(r.iter_lines()))
+        except httpx.TimeoutException as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path} (stream): timed out ({type(exc).__name__})") from None
+        except httpx.TransportError as exc:
+            raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {type(exc).__name__}: {exc}") from None
+
     # -- endpoints ----------------------------------------------------------------
     def health(self, *, timeout: float = 5.0) -> bool:
         """True when `/health` is 200 (model loaded); False on 503 (loading) or no answer."""

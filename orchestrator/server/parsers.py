@@ -127,6 +127,24 @@ def parse_sse_lines(lines: Iterable[str]) -> Iterator[StreamChunk]:
             raise ParseError(f"stream chunk: {exc}") from None
 
 
+def parse_sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+    """Server-sent events of any streaming endpoint (`/v1/chat/completions`): each `data: {json}`
+    line as a JSON object, until `data: [DONE]`; an `error:` line or an error object raises."""
+    for line in lines:
+        line = line.strip()
+        if line.startswith("error:"):
+            raise ParseError(f"stream: server error: {line[6:].strip()}")
+        if not line.startswith("data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        d = _obj(payload, "stream event")
+        if "error" in d:
+            raise ParseError(f"stream: server error: {d['error']}")
+        yield d
+
+
 _METRIC = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)(?:\s+\d+)?$")
 
 

@@ -48,6 +48,14 @@ MUTANTS: dict[str, str] = {
     "num-rms-norm-scale": "reference_logprobs",
     "num-fa-softmax-scale": "reference_logprobs",
     "num-rpc-mantissa-flip": "reference_logprobs",
+    # request-contract mutants (issue 47): each breaks one request field a client sends while every
+    # token the engine computes stays right; checks/contract_probes.py says what each probe asserts
+    "stop-word-kept": "request_contract",  # stop logic
+    "top-k-ignored": "request_contract",  # sampler chain
+    "system-dropped": "request_contract",  # chat template path
+    "logit-bias-ban-ignored": "request_contract",  # request parsing
+    "grammar-not-applied": "request_contract",  # constrained decoding
+    "stream-finish-stop": "request_contract",  # the stream
 }
 REFERENCE_REASON = "mutant suite: the baseline package is the yardstick"
 # Each mutant is judged on the tiny lab model and on the real one (issue 28): a check that only
