@@ -627,6 +627,7 @@ def calls_section(raw: Raw, cpu_accept: Path | None = None) -> list[str]:
                f"{g(ref.get('top1'))}, max |dlogprob| {g(ref.get('max_abs_dlogprob'))}." if ref else "")
             + (f" Then `pairctl rollback` to the baseline: exit {rrc}, {rsecs} s." if rrc != "–" else ""),
         ]  # fmt: skip
+    md += numerics_lines(raw, runs)
     judged = [n for n in mutant_names(raw) if read(raw / f"mutant-{n}.verdict")]
     if judged:
         md += [
@@ -642,6 +643,45 @@ def calls_section(raw: Raw, cpu_accept: Path | None = None) -> list[str]:
         ok = sum(read(raw / f"mutant-{n}.verdict").startswith("rejected by") for n in judged)
         md += ["", f"{ok} of {len(judged)} rejected by the check meant for each, the baseline restored after each."]
     return [*md, ""]
+
+
+COMPARISONS = ("two_lane_near_full", "speculative", "cached_continuation")
+
+
+def numerics_lines(raw: Raw, runs: list[tuple[str, dict[str, dict[str, Any]]]]) -> list[str]:
+    """The comparison checks' judgement under the device's numerics (checks/parting.py): the
+    tolerance each run measured on the pair, how often two runs parted at a near-tie, the widest."""
+    rows = list(runs)
+    crec = load_json(raw / "receipt-candidate-sm90.json")
+    if isinstance(crec, dict):
+        rows.append(("candidate sm90", checks_in(crec.get("acceptance"))))
+    for n in mutant_names(raw):
+        mrec = load_json(raw / f"receipt-mutant-{n}.json")
+        if isinstance(mrec, dict):
+            rows.append((f"mutant {n}", checks_in(mrec.get("acceptance"))))
+    out = []
+    for label, c in rows:
+        for name in COMPARISONS:
+            f = (c.get(name) or {}).get("figures") or {}
+            if "tolerance_nats" in f:
+                out.append(
+                    f"| {label} | {name} | {c[name]['verdict']} | {g(f.get('tolerance_nats'))} | "
+                    f"{f.get('partings')} | {g(f.get('max_parting_margin'))} |"
+                )
+    if not out:
+        return []
+    return [
+        "",
+        "### Comparisons under the device's numerics",
+        "",
+        "Two runs of the model (two lanes against solo, drafted against draft-free, cached against uncached)",
+        "may part only at a near-tie within the tolerance measured on the pair in the same run (twin lanes",
+        "against solo: `checks/batch_floor.py`); each parting's margin is the reference side's own.",
+        "",
+        "| run | check | verdict | tolerance (nats) | partings | widest margin (nats) |",
+        "|---|---|---|---:|---:|---:|",
+        *out,
+    ]
 
 
 def mutant_names(raw: Raw) -> list[str]:

@@ -61,3 +61,23 @@ def test_h200_doc_sections_are_generated_from_the_raw_archive(tmp_path: Path) ->
     sections_module().main(raw, docs)
     for name in names:
         assert (docs / name).read_text() == (ROOT / "docs" / name).read_text(), f"docs/{name} differs from the raw"
+
+
+def test_gpu_validation_is_generated_from_the_raw_archives(tmp_path: Path) -> None:
+    """docs/gpu-validation.md is what report.py makes of the committed raw archives (the earlier
+    H200 phases and the real model's run on the H100: issue 42's baseline, candidate and mutants),
+    unpacked as docs/guides/gpu.md says; no figure in it is typed by hand."""
+    spec = importlib.util.spec_from_file_location("gpu_report", ROOT / "benchmarks/gpu/report.py")
+    assert spec and spec.loader
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    old, real = tmp_path / "old", tmp_path / "real"
+    for archive, into in (("gpu-validation-raw.tgz", old), ("gpu-real-raw.tgz", real)):
+        into.mkdir()
+        with tarfile.open(ROOT / "docs" / archive) as tf:
+            tf.extractall(into, filter="data")
+    out = tmp_path / "gpu-validation.md"
+    report.main(out, report.Raw([*sorted(p for p in old.iterdir() if p.is_dir()), real]))
+    text = out.read_text()
+    assert text == (ROOT / "docs/gpu-validation.md").read_text(), "docs/gpu-validation.md differs from the raw"
+    assert "ALL DONE" in text and "6 of 6 rejected" in text and "### Comparisons under the device's numerics" in text
