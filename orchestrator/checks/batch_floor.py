@@ -27,7 +27,7 @@ from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext
 from orchestrator.checks.parting import Tolerance, Walk, first_difference, margin_of, walk
 from orchestrator.checks.prompts import PromptBuilder
-from orchestrator.server.client import ServerClient
+from orchestrator.server.client import ServerClient, ServerRequestError
 from orchestrator.server.parsers import parse_token_logprobs
 
 TOP_K = 10  # logprobs read per position (n_probs) by the floor and by every parting probe
@@ -91,7 +91,14 @@ def measure(ctx: CheckContext) -> Tolerance:
     cached = getattr(ctx, "batch_tolerance", None)
     if isinstance(cached, Tolerance):
         return cached
-    tol = _measure(ctx)
+    try:
+        tol = _measure(ctx)
+    except ServerRequestError as exc:  # e.g. a slot smaller than the profile says: the check fails, saying so
+        tol = Tolerance(
+            0.0,
+            "not measured: the server refused a measuring request",
+            problem=f"the batch-variance floor could not be measured: {exc}",
+        )
     ctx.batch_tolerance = tol
     ctx.log("batch_floor", **tol.as_dict())
     return tol
