@@ -28,7 +28,7 @@ from orchestrator.checks.base import CheckContext
 from orchestrator.checks.parting import Tolerance, Walk, first_difference, margin_of, walk
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.server.client import ServerClient, ServerRequestError
-from orchestrator.server.parsers import parse_token_logprobs
+from orchestrator.server.parsers import ParseError, parse_token_logprobs
 
 TOP_K = 10  # logprobs read per position (n_probs) by the floor and by every parting probe
 TWIN_PROMPT = 64  # tokens of each twin prompt (two fit one ubatch: their last tokens are one batch's outputs)
@@ -93,10 +93,10 @@ def measure(ctx: CheckContext) -> Tolerance:
         return cached
     try:
         tol = _measure(ctx)
-    except ServerRequestError as exc:  # e.g. a slot smaller than the profile says: the check fails, saying so
+    except (ServerRequestError, ParseError) as exc:  # e.g. a slot smaller than the profile says: fail, saying so
         tol = Tolerance(
             0.0,
-            "not measured: the server refused a measuring request",
+            "not measured: the server refused or garbled a measuring request",
             problem=f"the batch-variance floor could not be measured: {exc}",
         )
     ctx.batch_tolerance = tol
@@ -147,10 +147,15 @@ def _twin_walk(ctx: CheckContext, prompt: list[int], twin: list[int], solo: list
 def _measure(ctx: CheckContext) -> Tolerance:
     bv = ctx.profile.batch_variance
     if bv.floor_nats is not None:
+        declared = bv.factor * bv.floor_nats
         return Tolerance(
-            bv.factor * bv.floor_nats,
+            min(declared, bv.cap_nats),
             f"declared in the profile (batch_variance.floor_nats {bv.floor_nats:g} x factor {bv.factor:g})",
-            {"floor_nats": bv.floor_nats, "factor": bv.factor},
+            {"floor_nats": bv.floor_nats, "factor": bv.factor, "cap_nats": bv.cap_nats},
+            None
+            if declared <= bv.cap_nats
+            else f"batch_variance.floor_nats {bv.floor_nats:g} x factor {bv.factor:g} is above cap_nats "
+            f"{bv.cap_nats:g}: a tolerance that wide hides real differences (lower it, or raise the cap with a reason)",
         )
     if ctx.profile.parallel < 2:
         return Tolerance(

@@ -61,7 +61,13 @@ class Parting:
     within: bool
 
     def describe(self) -> str:
-        m = f"{self.margin:.4g}" if self.margin is not None else f">= {self.at_least:.4g} (not in the top K)"
+        m = (
+            f"{self.margin:.4g}"
+            if self.margin is not None
+            else f">= {self.at_least:.4g} (not in the top K)"
+            if self.at_least != float("inf")
+            else "unknown: the reference's own token is not in its probe's top K"
+        )
         return f"token {self.position} (margin {m} nats)"
 
 
@@ -100,10 +106,11 @@ def first_difference(a: list[int], b: list[int], start: int = 0) -> int | None:
 
 def margin_of(dist: Mapping[int, float], theirs: int, ours: int) -> tuple[float | None, float]:
     """(lp(theirs) - lp(ours), lower bound when `ours` is not listed). A negative margin means the
-    probe itself preferred our token: the tie is as close as it gets."""
-    if not dist:
+    probe itself preferred our token; how far either way is what numerics must explain. A probe
+    whose top K lacks the reference side's own token disagrees with that run: no margin (never a tie)."""
+    if not dist or theirs not in dist:
         return None, float("inf")
-    top = dist.get(theirs, max(dist.values()))
+    top = dist[theirs]
     if ours in dist:
         return top - dist[ours], top - dist[ours]
     return None, top - min(dist.values())
@@ -139,7 +146,7 @@ def walk(
         dist = probe(r[:k])
         out.requests += 1
         margin, at_least = margin_of(dist, r[k], a[k])
-        within = margin is not None and margin <= tolerance
+        within = margin is not None and abs(margin) <= tolerance
         p = Parting(position=k, ours=a[k], theirs=r[k], margin=margin, at_least=at_least, within=within)
         out.partings.append(p)
         out.compared = k

@@ -146,3 +146,23 @@ def test_twin_figures_measure_movement_and_parting_margin():
     parted = batch_floor.twin_figures((twin_toks, twin_pos), (solo_toks, solo_pos))
     assert parted["parted_at"] == 3 and parted["parted_margin"] == pytest.approx(0.1)
     assert parted["moved"] == pytest.approx(0.2, abs=0.05)  # the runner-up moved 0.2 before the tie
+
+
+def test_a_probe_that_disagrees_with_its_own_run_is_never_a_tie():
+    """The reference run's token missing from its own probe's top K, or the probe preferring our
+    token by more than the tolerance: the reference side disagrees with itself, not a near-tie."""
+    assert margin_of({1: -0.1, 2: -0.3}, 9, 1) == (None, float("inf"))
+    ref = greedy([], 10)
+    other = ref[:4] + [(ref[4] + 1) % 6] + ref[5:]
+
+    def flipped(prefix: list[int]) -> dict[int, float]:  # the probe prefers our token by 3 nats
+        d = dist(prefix)
+        if len(prefix) == 4:
+            d = {t: v for t, v in d.items()}
+            d[ref[4]], d[other[4]] = d[other[4]], d[ref[4]]
+        return d
+
+    w = walk(other, ref, probe=flipped, reanchor=lambda p, n: greedy(p, n), side="reference", tolerance=1.0)
+    assert w.problem is not None and w.partings[0].margin == pytest.approx(-3.0)
+    w = walk(other, ref, probe=lambda p: {99: 0.0}, reanchor=lambda p, n: [], side="reference", tolerance=1.0)
+    assert w.problem is not None and "not in its probe's top K" in w.problem
