@@ -38,12 +38,9 @@ TWIN_ROUNDS = 6  # prompts measured: a drafting server reports logprobs only for
 LOGPROB_FLOOR = -80.0  # as reference_gates.logprob_floor: far below, float32 rounding rules
 
 
-def scored(
-    client: ServerClient, prompt: list[int], n: int, *, timeout: float, **params: Any
-) -> tuple[list[int], list[dict[int, float]]]:
-    """A greedy `/completion` with top-K logprobs per position (a position the server drafted may
-    come back without any: the pinned server reports none for tokens it took from a draft)."""
-    body = {
+def _body(prompt: list[int] | list[list[int]], n: int, **params: Any) -> dict[str, Any]:
+    """A greedy, non-streamed `/completion` body with top-K logprobs per position."""
+    return {
         "prompt": prompt,
         "n_predict": n,
         "n_probs": TOP_K,
@@ -51,9 +48,16 @@ def scored(
         "seed": 0,
         "ignore_eos": True,
         "stream": False,
-        "return_tokens": True,
         **params,
     }
+
+
+def scored(
+    client: ServerClient, prompt: list[int], n: int, *, timeout: float, **params: Any
+) -> tuple[list[int], list[dict[int, float]]]:
+    """A greedy `/completion` with top-K logprobs per position (a position the server drafted may
+    come back without any: the pinned server reports none for tokens it took from a draft)."""
+    body = _body(prompt, n, return_tokens=True, **params)
     return parse_token_logprobs(client.post_json("/completion", body, timeout=timeout), "/completion")
 
 
@@ -110,38 +114,32 @@ def scored_twins(
     """The same prompt twice in one request: the server posts both tasks at once, so they start in
     the same update and share every batch (their prompts' last tokens one ubatch, then each decode
     step), whatever the client's timing. No `id_slot`: each task takes a free slot."""
-    body = {
-        "prompt": [prompt, prompt],
-        "n_predict": n,
-        "n_probs": TOP_K,
-        "temperature": 0.0,
-        "seed": 0,
-        "ignore_eos": True,
-        "stream": False,
-        "cache_prompt": False,
-    }
+    body = _body([prompt, prompt], n, cache_prompt=False)
     data = client.post_json("/completion", body, timeout=timeout)
     items = data if isinstance(data, list) else [data]
     return [parse_token_logprobs(d, "/completion (twins)") for d in items]
 
 
-def _twin_walk(ctx: CheckContext, prompt: list[int], twin: list[int], solo: list[int]) -> Walk:
-    """Every place a twin parts from the solo run, with the solo side's margin there (no tolerance:
-    this measures, it judges nothing)."""
+def solo_walk(
+    ctx: CheckContext, head: list[int], subject: list[int], solo: list[int], *, slot: int, tolerance: float
+) -> Walk:
+    """Walk `subject` against a solo run of `head`: at each parting the solo side is probed and,
+    within `tolerance`, continues from the subject's prefix on `slot` (the prompt cache keeps it
+    cheap). near_full judges its lanes with it; the long twins measure with it (no tolerance)."""
     timeout = ctx.options.request_timeout_s
 
     def probe_at(prefix: list[int]) -> Mapping[int, float]:
-        return probe(ctx.client, prompt + prefix, slot=0, cache=True, timeout=timeout)
+        return probe(ctx.client, head + prefix, slot=slot, cache=True, timeout=timeout)
 
     def continue_solo(prefix: list[int], left: int) -> list[int]:
         if left <= 0:
             return []
         r = ctx.client.completion(
-            prompt + prefix, left, id_slot=0, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
+            head + prefix, left, id_slot=slot, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
         )
         return list(r.tokens)
 
-    return walk(twin, solo, probe=probe_at, reanchor=continue_solo, side="reference", tolerance=float("inf"))
+    return walk(subject, solo, probe=probe_at, reanchor=continue_solo, side="reference", tolerance=tolerance)
 
 
 def _measure(ctx: CheckContext) -> Tolerance:
@@ -184,7 +182,7 @@ def _measure(ctx: CheckContext) -> Tolerance:
     prompt2 = list(pb.exact(size2, variant=410, head="Notes for the record:\n"))
     long_twins = scored_twins(ctx.client, prompt2, gen2, timeout=timeout)
     long_solo = scored(ctx.client, prompt2, gen2, timeout=timeout, cache_prompt=False, id_slot=0)
-    long_walks = [_twin_walk(ctx, prompt2, t[0], long_solo[0]) for t in long_twins]
+    long_walks = [solo_walk(ctx, prompt2, t[0], long_solo[0], slot=0, tolerance=float("inf")) for t in long_twins]
     per_twin += [{"round": "long", **twin_figures(t, long_solo)} for t in long_twins]
     parted = [p.margin if p.margin is not None else p.at_least for w in long_walks for p in w.partings]
     readings = sum(f["compared_positions"] for f in per_twin) + len(parted)

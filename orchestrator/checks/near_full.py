@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from orchestrator.checks import batch_floor
 from orchestrator.checks.base import CheckContext, CheckResult, Timer, lane_split, verdict_of
-from orchestrator.checks.parting import Tolerance, Walk, summary, walk
+from orchestrator.checks.parting import Tolerance, Walk, summary
 from orchestrator.checks.prompts import BuiltPrompt, PromptBuilder, make_nonce
 from orchestrator.server.client import ServerClient, ServerRequestError
 from orchestrator.server.models import CompletionResult
@@ -110,25 +110,10 @@ def isolation_problems_solo(lanes: list[LaneOutcome], solo: list[LaneOutcome], w
 
 def solo_walk(ctx: CheckContext, lane: LaneOutcome, ref: LaneOutcome, prompt: BuiltPrompt, tol: Tolerance) -> Walk:
     """Walk a lane against its solo run; at a near-tie the solo side continues from the lane's
-    prefix on the lane's slot (the prompt cache keeps that cheap)."""
-    timeout = ctx.options.request_timeout_s
-    head = list(prompt.tokens)
-
-    def probe_at(prefix: list[int]) -> Mapping[int, float]:
-        return batch_floor.probe(ctx.client, head + prefix, slot=lane.lane, cache=True, timeout=timeout)
-
-    def continue_solo(prefix: list[int], left: int) -> list[int]:
-        if left <= 0:
-            return []
-        r = ctx.client.completion(
-            head + prefix, left, id_slot=lane.lane, cache_prompt=True, ignore_eos=True, seed=0, timeout=timeout
-        )
-        return list(r.tokens)
-
-    return walk(
-        lane.output_tokens, ref.output_tokens, probe=probe_at, reanchor=continue_solo, side="reference",
-        tolerance=tol.nats,
-    )  # fmt: skip
+    prefix on the lane's slot."""
+    return batch_floor.solo_walk(
+        ctx, list(prompt.tokens), lane.output_tokens, ref.output_tokens, slot=lane.lane, tolerance=tol.nats
+    )
 
 
 def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
