@@ -6,7 +6,7 @@
 What each page is made from:
 - cli.md: every command and subcommand of the typer app (the lazy registry walked like `--help`
   does), with its arguments and options (names, metavar, default, help); the global options once;
-- config.md: every manifest kind `config check` validates (config/registry.py), each field with
+- config.md: every manifest kind `config check` validates (cli/config_registry.py), each field with
   its type, default and `Field(description=...)`, from the pydantic models' JSON schemas;
 - exit-codes.md: the `ExitCode` enum with the meanings `pairctl --help` prints;
 - formats.md: the receipt (evidence/receipt.py) and the route record (hosts/route.py);
@@ -206,7 +206,7 @@ def _schema_doc(title: str, schema: dict[str, Any]) -> str:
 
 
 def config_md() -> str:
-    from orchestrator.config import registry
+    from orchestrator.cli import config_registry as registry
 
     out = [_HEADER, "# Configuration reference\n\n"]
     out.append(

@@ -23,10 +23,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator import faults
 from orchestrator.build.harness import HARNESS_NAME
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.kernels import CaseSet, load_cases, load_kernel
-from orchestrator.engine import faults
 from orchestrator.errors import CheckFailed, ConfigError, HostError
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
@@ -451,7 +451,9 @@ def _execute(
                     )
         for run in plan.runs:
             t = pool.get(run.host)
-            faults.at_step(f"kernels.harness.{run.role}")  # test-only boundary (engine/faults.py); inert otherwise
+            faults.at_step(
+                f"kernels.harness.{run.role}"
+            )  # test-only boundary (orchestrator/faults.py); inert otherwise
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
                 h = t.run(run.hash_cmd(), check=False, timeout=60)
                 sha = parse_sha256sum(h.stdout).get(run.harness) if h.exit_status == 0 else None

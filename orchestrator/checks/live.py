@@ -22,9 +22,9 @@ from orchestrator.checks.reference import ReferenceState
 from orchestrator.checks.reference import load_state as load_reference
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
-from orchestrator.engine.identity import Expected, verify_identity
 from orchestrator.errors import ConfigError, EvidenceError, HostError, HostStateError
 from orchestrator.evidence.journal import Journal
+from orchestrator.hosts.identity import Expected, verify_identity
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.probes import ExpectedProc

@@ -20,13 +20,13 @@ from orchestrator.checks import budget
 from orchestrator.checks.base import CheckOptions
 from orchestrator.checks.live import checks_arg, open_live
 from orchestrator.checks.suite import SuiteResult, run_suite, select
+from orchestrator.checks.textfile import write_acceptance
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.errors import CheckFailed, ConfigError, LeaseHeldError, PairctlError, Skipped
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.leases import HeldLeases, LeaseLost, default_owner, hold_pair_leases, hosts_of, targets_of
 from orchestrator.log import get_logger
-from orchestrator.ops.textfile import write_acceptance
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 

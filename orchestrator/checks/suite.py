@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from orchestrator import interrupt, progress
+from orchestrator import faults, interrupt, progress
 from orchestrator.checks import (
     answer_fixtures,
     budget,
@@ -37,7 +37,6 @@ from orchestrator.checks import (
 )
 from orchestrator.checks.base import CheckContext, CheckResult
 from orchestrator.checks.prompts import PromptBuilder
-from orchestrator.engine import faults
 from orchestrator.errors import ConfigError
 
 CheckFn = Callable[[CheckContext], CheckResult]

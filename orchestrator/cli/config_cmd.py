@@ -19,7 +19,7 @@ app = typer.Typer(help="Validate manifests, show where names resolve, print JSON
 
 def _schemas() -> dict[str, type[BaseModel]]:
     # start-up: the manifest models load when a command runs, never for `--help`
-    from orchestrator.config import registry
+    from orchestrator.cli import config_registry as registry
 
     return registry.schemas()
 
@@ -41,7 +41,7 @@ def check(
     values, and names it uses that do not resolve: profile, targets, model roles), each with file,
     field and fix."""
     # start-up: loaded when the command runs
-    from orchestrator.config import registry
+    from orchestrator.cli import config_registry as registry
 
     c = get_ctx(ctx)
     if not paths:

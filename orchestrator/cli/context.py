@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import typer
+
 from orchestrator import terminal
 from orchestrator.cli.options import Globals
 from orchestrator.paths import Home
@@ -24,6 +26,7 @@ if TYPE_CHECKING:  # typer >= 0.29 vendors click as the private typer._click; on
     from typer._click.core import Context
 
     from orchestrator.config.inventory import Inventory
+    from orchestrator.evidence.store import EvidenceStore
 
 # Without a TTY (logs, CI, pipes) nothing is cut to 80 columns: tables take the width their
 # content needs (rich only measures up to this).
@@ -107,6 +110,21 @@ class Ctx:
             return
         sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         sys.stdout.flush()
+
+
+def evidence_store_for(ctx: Context | Ctx, evidence_dir: Path | str | None = None) -> EvidenceStore:
+    """The store a command writes to: `--evidence DIR` if given, else the home's evidence folder."""
+    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
+    from orchestrator.evidence.store import EvidenceStore
+
+    c = ctx if isinstance(ctx, Ctx) else get_ctx(ctx)
+    return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
+
+
+def usage(message: str) -> None:
+    """A bad option value: exit 2 like click's usage errors, without a traceback."""
+    typer.echo(f"pairctl: error: {message}", err=True)
+    raise typer.Exit(2)
 
 
 def get_ctx(ctx: Context) -> Ctx:

@@ -24,6 +24,15 @@ if TYPE_CHECKING:
 
 DEFAULT_INVENTORY = "lab"
 
+# --evidence of the receipts commands (cli/receipts_cmd.py, cli/receipts_prune.py)
+EVIDENCE_OPT = typer.Option(
+    None,
+    "--evidence",
+    metavar="DIR",
+    envvar="PAIRCTL_EVIDENCE",
+    help="Evidence store directory (default: <home>/evidence).",
+)
+
 
 @dataclass
 class Globals:

@@ -8,34 +8,18 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from orchestrator.cli.context import Ctx, first_line, get_ctx
+from orchestrator.cli import receipts_prune, receipts_remote
+from orchestrator.cli.context import evidence_store_for, first_line, get_ctx, usage
+from orchestrator.cli.options import EVIDENCE_OPT
 from orchestrator.errors import EvidenceError, ExitCode
 
 if TYPE_CHECKING:
     from orchestrator.evidence.receipt import Receipt
-    from orchestrator.evidence.store import EvidenceStore
 
 
 app = typer.Typer(
     help="Receipts: list, show, verify the hash chains, derive recovery records, prune old ones.", no_args_is_help=True
 )
-
-EVIDENCE_OPT = typer.Option(
-    None,
-    "--evidence",
-    metavar="DIR",
-    envvar="PAIRCTL_EVIDENCE",
-    help="Evidence store directory (default: <home>/evidence).",
-)
-
-
-def evidence_store_for(ctx: typer.Context | Ctx, evidence_dir: Path | str | None = None) -> EvidenceStore:
-    """The store a command writes to: `--evidence DIR` if given, else the home's evidence folder."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
-    from orchestrator.evidence.store import EvidenceStore
-
-    c = ctx if isinstance(ctx, Ctx) else get_ctx(ctx)
-    return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
 
 
 def summary(r: Receipt) -> dict[str, Any]:
@@ -83,13 +67,13 @@ def list_(
         try:
             cutoff = parse_since(since)
         except ValueError as exc:
-            _usage(str(exc))
+            usage(str(exc))
     from orchestrator.cli.options import names
     from orchestrator.evidence.receipt import OUTCOMES
 
     commands, outcomes = set(names(command)), set(names(outcome))
     if outcomes - set(OUTCOMES):
-        _usage(f"--outcome: unknown {', '.join(sorted(outcomes - set(OUTCOMES)))}; known: {', '.join(OUTCOMES)}")
+        usage(f"--outcome: unknown {', '.join(sorted(outcomes - set(OUTCOMES)))}; known: {', '.join(OUTCOMES)}")
     store = evidence_store_for(c, evidence)
     everyone = [r | {"home": store.home_id(create=False) or "-"} for r in store.summaries()]
     for home, copy in store.team_stores().items():  # other operators' runs, pulled from the team's remote
@@ -326,9 +310,9 @@ def _read_fresh(path: Path | None) -> FreshInput:
     try:
         data = json.loads(Path(path).read_text())
     except RecursionError:
-        _usage(f"--fresh {path}: nested too deeply")
+        usage(f"--fresh {path}: nested too deeply")
     except (OSError, ValueError) as exc:
-        _usage(f"--fresh {path}: {exc}")
+        usage(f"--fresh {path}: {exc}")
     if isinstance(data, list):
         return data, None, []
     if isinstance(data, dict) and isinstance(data.get("steps", []), list):
@@ -337,21 +321,11 @@ def _read_fresh(path: Path | None) -> FreshInput:
             isinstance(i, dict) and isinstance(i.get("host"), str) and isinstance(i.get("data"), dict) for i in ids
         )
         if not shaped:
-            _usage(f"--fresh {path}: identities must be a list of {{host, data}}")
+            usage(f"--fresh {path}: identities must be a list of {{host, data}}")
         return data.get("steps", []), data.get("samples"), [(i["host"], i["data"]) for i in ids]
-    _usage(f"--fresh {path}: expected a list of steps or {{steps, samples, identities}}")
+    usage(f"--fresh {path}: expected a list of steps or {{steps, samples, identities}}")
     raise AssertionError  # unreachable
 
 
-from orchestrator.cli import receipts_remote  # noqa: E402  (push, pull, init-remote register on `app`)
-
-receipts_remote.register(app)
-from orchestrator.cli import receipts_prune  # noqa: E402
-
+receipts_remote.register(app)  # push, pull, init-remote
 receipts_prune.register(app)
-
-
-def _usage(message: str) -> None:
-    """A bad option value: exit 2 like click's usage errors, without a traceback."""
-    typer.echo(f"pairctl: error: {message}", err=True)
-    raise typer.Exit(2)

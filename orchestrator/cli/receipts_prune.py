@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.cli.context import first_line, get_ctx
-from orchestrator.cli.receipts_cmd import EVIDENCE_OPT
+from orchestrator.cli.context import evidence_store_for, first_line, get_ctx, usage
+from orchestrator.cli.options import EVIDENCE_OPT
 
 EPILOG = (
     "Exit codes: 0 pruned, or nothing to prune (dry run: listed); 2 bad options (DAYS, --archive exists, "
@@ -40,21 +40,20 @@ def prune_cmd(
     ones), receipts newer than DAYS, reference answers, baselines, calibrations, prune receipts,
     receipts a kept derived record reuses, and any chain with an unsealed run or unreadable hosts."""
     from orchestrator import terminal
-    from orchestrator.cli.receipts_cmd import _usage, evidence_store_for
     from orchestrator.errors import ConfigError
     from orchestrator.ops import prune
 
     c = get_ctx(ctx)
     if not older_than >= 0 or older_than != older_than or older_than > 1e6:
-        _usage(f"--older-than {older_than}: give a number of days, 0 or more")
+        usage(f"--older-than {older_than}: give a number of days, 0 or more")
     if archive is not None:
         archive = archive.expanduser().absolute()
         if archive.exists() or archive.is_symlink():
-            _usage(f"--archive {archive} exists; name a new file (an archive is never overwritten)")
+            usage(f"--archive {archive} exists; name a new file (an archive is never overwritten)")
         if not archive.parent.is_dir():
-            _usage(f"--archive {archive}: the folder {archive.parent} does not exist")
+            usage(f"--archive {archive}: the folder {archive.parent} does not exist")
     if not dry_run and not yes:
-        _usage("prune removes receipts: add --yes (or --dry-run to see what would go)")
+        usage("prune removes receipts: add --yes (or --dry-run to see what would go)")
     warnings: list[str] = []
     try:
         inventory = c.inventory()

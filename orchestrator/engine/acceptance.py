@@ -14,9 +14,9 @@ from orchestrator.checks.base import CheckContext, CheckOptions, IdentitySnapsho
 from orchestrator.checks.live import comparisons
 from orchestrator.checks.suite import CHECKS, run_suite
 from orchestrator.config.profiles import profile_from_record
-from orchestrator.engine.identity import verify_identity
 from orchestrator.errors import CheckFailed
 from orchestrator.evidence.store import EvidenceStore
+from orchestrator.hosts.identity import verify_identity
 from orchestrator.server.client import ServerClient
 from orchestrator.server.tunnel import via_for
 

@@ -23,19 +23,19 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator.build.manifest import PackageManifest
+from orchestrator.build.revisions import mixed_problem, require_one_revision
 from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
-from orchestrator.engine.identity import Expected, read_identities, verify_identity
 from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
-from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import boot, services, space, supervisor
+from orchestrator.hosts.identity import Expected, read_identities, verify_identity
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
     RPC_SERVER,
@@ -765,7 +765,7 @@ def _current_on(ctx: RunContext, role: str) -> str | None:
 
 
 def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *, links: bool = False) -> None:
-    """Before any start: the pair being started is of one source revision (engine/revisions.py);
+    """Before any start: the pair being started is of one source revision (build/revisions.py);
     with `links`, so are the releases both hosts' `current` links name right now (what a step
     that timed out, another tool or a hand edit may have changed since this run read them)."""
     store = PackageStore(ctx.home.store)

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.config.profiles import RouteProfile
-from orchestrator.engine.identity import Expected
 from orchestrator.engine.plan import Activation, PairView
 from orchestrator.errors import PairctlError
+from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import Lease, new_nonce
 from orchestrator.hosts.probes import HostFacts, ProcIdentity

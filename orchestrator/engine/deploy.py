@@ -17,11 +17,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, revisions, route_trust, team_sync
+from orchestrator.engine import activate, leasing, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, Step, pair_view, plan

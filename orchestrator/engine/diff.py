@@ -15,9 +15,9 @@ from typing import Any
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate
-from orchestrator.engine.identity import read_identities
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import HostStateError
+from orchestrator.hosts.identity import read_identities
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.paths import Home

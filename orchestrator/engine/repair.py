@@ -24,9 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, leasing, revisions, route_states, route_trust, team_sync
+from orchestrator.engine import activate, leasing, route_states, route_trust, team_sync
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
 from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import load_playbook

@@ -13,8 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import interrupt, progress
-from orchestrator.engine import faults
+from orchestrator import faults, interrupt, progress
 from orchestrator.engine.plan import Exec, Step
 from orchestrator.errors import Interrupted, PairctlError
 
@@ -76,7 +75,7 @@ def run_steps(
     """Run `steps`; raise StepFailed at the first step that fails unless it says `continue`."""
     outcomes = []
     for step in steps:
-        faults.at_step(step.name)  # test-only, inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 (engine/faults.py)
+        faults.at_step(step.name)  # test-only, inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 (orchestrator/faults.py)
         t0 = time.monotonic()
         host_label = ",".join(step.hosts)
         _stop_if_interrupted(step, ctx, journal, host_label)

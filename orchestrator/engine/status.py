@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import leasing, revisions, route_trust, team_sync
-from orchestrator.engine.identity import RPC_PROBE_S, read_identities, rpc_probe
+from orchestrator.engine import leasing, route_trust, team_sync
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import HostKeyError, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import boot, supervisor
+from orchestrator.hosts.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
@@ -253,7 +254,7 @@ def _one_host_record(view: Any, found: dict[str, HostFacts], key: bytes, out: di
 
 
 def _revision_problems(store: PackageStore, hosts: Any, found: dict[str, HostFacts], out: dict[str, Any]) -> None:
-    """Both hosts' `current` of one source revision (a pair runs one revision: engine/revisions.py);
+    """Both hosts' `current` of one source revision (a pair runs one revision: build/revisions.py);
     each host's revision is shown; one this home's store does not know is a warning."""
     cur = {r: found[r].current for r in ROLES}
     for r in ROLES:

@@ -1,7 +1,7 @@
 """Signals during commands that hold leases (orchestrator/interrupt.py), on the real lab pair.
 
 A real `pairctl` child process is paused at a step or check boundary by the test-only fault
-hook (engine/faults.py), signalled, and resumed: the run must stop at its next bounded point and
+hook (orchestrator/faults.py), signalled, and resumed: the run must stop at its next bounded point and
 end like a failure: the previous pair active and verified (`pairctl status`), no lease left on
 either host, the receipt `interrupted` naming the signal, exit 130 (docs/reference/exit-codes.md).
 """

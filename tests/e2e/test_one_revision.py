@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.engine import revisions
+from orchestrator.build import revisions
 from tests.plugins.pairs import deploy_baseline, hooked_deploy, is_active, lab_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

@@ -1,6 +1,6 @@
 """The fault-injection harness: a dedicated lab pair on small tmpfs install roots, a real
 `pairctl deploy` child process stopped at a step boundary by the engine's test-only hook
-(orchestrator/engine/faults.py), faults injected from outside at that moment, and the
+(orchestrator/faults.py), faults injected from outside at that moment, and the
 operator's next commands run and judged against pairctl's promise.
 
 The pair (`faults`) uses the lab's sshd hosts (same addresses, keys, known_hosts) under other

@@ -1,4 +1,4 @@
-"""The engine's test-only fault hook (orchestrator/engine/faults.py): inert unless enabled,
+"""The engine's test-only fault hook (orchestrator/faults.py): inert unless enabled,
 pauses at exactly the named step boundary, kills at it, fires once."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 CHILD = r"""
 import sys
-from orchestrator.engine import faults
+from orchestrator import faults
 for name in sys.argv[1:]:
     faults.at_step(name)
     print(name, flush=True)

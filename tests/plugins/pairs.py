@@ -117,7 +117,7 @@ def hooked_deploy(
 ) -> subprocess.Popen[str]:
     """`pairctl deploy --skip-accept` of `package_id` on both hosts, as a child process with the
     engine's test-only fault hook (`STEP:pause` waits at STEP, `STEP:kill` SIGKILLs itself there;
-    orchestrator/engine/faults.py). stdout is discarded, stderr kept for the assertion messages."""
+    orchestrator/faults.py). stdout is discarded, stderr kept for the assertion messages."""
     env = dict(
         os.environ,
         PAIRCTL_HOME=str(home),

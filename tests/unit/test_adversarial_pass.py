@@ -190,7 +190,7 @@ def test_install_root_from_a_variable_is_judged_after_expansion(tmp_path, monkey
     with pytest.raises(ConfigError, match=match) as exc:
         loaded.resolved({"PAIRCTL_HOME": str(tmp_path), "PAIRCTL_TEST_ROOT": value})
     assert "hosts.lab-native.install_root" in str(exc.value)
-    from orchestrator.config.registry import check_file
+    from orchestrator.cli.config_registry import check_file
 
     monkeypatch.setenv("PAIRCTL_TEST_ROOT", value)
     problems = check_file(path, kind="inventory").problems
@@ -476,7 +476,7 @@ def test_host_files_linked_to_dev_zero_are_read_only_up_to_a_bound(tmp_path):
 def test_text_no_argv_can_carry_is_refused_at_config_check(tmp_path, bad):
     """A NUL or a lone surrogate in extra_args, a model path or an install root passed config
     check and failed only later, when the host command was built (Cmd refuses them: ValueError)."""
-    from orchestrator.config.registry import check_file
+    from orchestrator.cli.config_registry import check_file
 
     prof = yaml.safe_load((ROOT / "manifests/profiles/lab.yaml").read_text())
     prof["extra_args"] = ["--alias", bad]

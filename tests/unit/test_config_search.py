@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.config import registry, search
+from orchestrator.cli import config_registry as registry
+from orchestrator.config import search
 from orchestrator.config.profiles import load_profile
 from orchestrator.errors import ConfigError
 from orchestrator.paths import MANIFESTS

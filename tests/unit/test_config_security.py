@@ -336,7 +336,7 @@ def test_rendered_pair_argv_policy():
 
 
 def test_config_check_inventory_judges_each_pairs_profile(tmp_path):
-    from orchestrator.config.registry import check_all
+    from orchestrator.cli.config_registry import check_all
 
     prof = write(tmp_path, "tools.yaml", {**LAB_PROFILE, "name": "tools", "extra_args": ["--agent"]})
     inv = yaml.safe_load(yaml.safe_dump(LAB_INV))

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.checks.textfile import write_acceptance
 from orchestrator.errors import ConfigError
 from orchestrator.ops import schedule as sched
-from orchestrator.ops.textfile import write_acceptance
 
 
 def make(pair: str = "lab", every: str = "6h") -> sched.Schedule:

@@ -141,7 +141,7 @@ def test_plan_hash_changes_with_any_edit(tmp_path):
 
 
 def test_registered_as_manifest_kind_plan():
-    from orchestrator.config import registry
+    from orchestrator.cli import config_registry as registry
 
     assert registry.schemas()["plan"].__name__ == "QualifyPlan"
     results = registry.check_all(

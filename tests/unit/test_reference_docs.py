@@ -15,7 +15,7 @@ def test_the_checked_in_reference_is_what_the_code_generates():
 
 def test_the_reference_covers_every_command_kind_and_exit_code():
     from orchestrator.cli.commands import COMMANDS
-    from orchestrator.config.registry import schemas
+    from orchestrator.cli.config_registry import schemas
     from orchestrator.errors import ExitCode
 
     pages = docs.render()

@@ -1,4 +1,4 @@
-"""engine/revisions.py: one source revision per pair, judged from the local store's manifests."""
+"""build/revisions.py: one source revision per pair, judged from the local store's manifests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.engine import revisions
+from orchestrator.build import revisions
 from orchestrator.errors import HostStateError, PackageError
 
 A, B = "a" * 40, "b" * 40

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.engine import revisions
+from orchestrator.build import revisions
 from orchestrator.hosts import supervisor
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
@@ -50,7 +50,7 @@ class Expected:
     rpc_bind: str
     rpc_port: int
     expect_pipeline_parallel: bool = False
-    # the RPC package's revision (its manifest's): one pair runs one revision (engine/revisions.py)
+    # the RPC package's revision (its manifest's): one pair runs one revision (build/revisions.py)
     rpc_revision: str | None = None
     # the peers ggml-rpc-server's guard must serve (Inventory.rpc_peers); None: not checked
     rpc_peers: tuple[str, ...] | None = None

@@ -10,6 +10,8 @@ profile checked alone under what every inventory pair serving it allows.
 
 Every kind is named here, also those whose models live with the code that uses them (playbooks,
 qualification plans, fixture sets): a missing one is an import error, never a kind silently skipped.
+That is why this table sits with the `config` command and not in config/: it names models of
+every layer, and config/ imports none above it.
 """
 
 from __future__ import annotations
