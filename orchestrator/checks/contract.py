@@ -70,6 +70,16 @@ def _probe(out: list[cp.ProbeResult], name: str, fields: tuple[str, ...], fn: Ca
     out.append(cp.ProbeResult(name, fields, problems, raw))
 
 
+def _base_probe(out: list[cp.ProbeResult], name: str, fn: Callable[[], Judged], fields: set[str], why: str) -> bool:
+    """Run the request every later probe builds on (it judges nothing itself); when the server
+    refuses it, each of `fields` fails with it, saying why (True: stop probing)."""
+    _probe(out, name, (), fn)
+    refused = out.pop()
+    for f in sorted(fields) if refused.problems else ():
+        out.append(cp.ProbeResult(f, (f,), [f"{f}: {why}: {refused.problems[0]}"]))
+    return bool(refused.problems)
+
+
 def _completion_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeResult]:
     out: list[cp.ProbeResult] = []
     box: dict[str, Any] = {}
@@ -78,13 +88,8 @@ def _completion_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.
         box["greedy"] = p.completion(cp.GREEDY_TOKENS, ignore_eos=True, n_probs=cp.N_PROBS)
         return [], {}
 
-    _probe(out, "reference", (), reference)
-    if out[-1].problems:  # the greedy reference was refused: every probe built on it fails with it
-        failed = out.pop()
-        for f in sorted(want & COMPLETION_FIELDS):
-            out.append(cp.ProbeResult(f, (f,), [f"{f}: no greedy reference: {failed.problems[0]}"]))
+    if _base_probe(out, "reference", reference, want & COMPLETION_FIELDS, "no greedy reference"):
         return out
-    out.pop()
     greedy = box["greedy"]
     g = cp.tokens_of(greedy)
     ref = {"tokens": g, "content": greedy.get("content"), "top0": cp.top_entries(greedy, 0)}
@@ -138,13 +143,8 @@ def _chat_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeR
         box["answer"] = p.chat(body)
         return [], {}
 
-    _probe(out, "chat", (), chat)
-    if out[-1].problems:
-        failed = out.pop()
-        for f in sorted(want & CHAT_FIELDS):
-            out.append(cp.ProbeResult(f, (f,), [f"{f}: the chat request was refused: {failed.problems[0]}"]))
+    if _base_probe(out, "chat", chat, want & CHAT_FIELDS, "the chat request was refused"):
         return out
-    out.pop()
     answer = box["answer"]
     brief = {"content": cp.chat_text(answer), "usage": answer.get("usage"),
              "finish_reason": cp.chat_choice(answer).get("finish_reason")}  # fmt: skip

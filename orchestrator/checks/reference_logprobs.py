@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.checks import logprobs as lp
-from orchestrator.checks.base import CheckContext, CheckResult, Timer
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
 from orchestrator.checks.oracle_fixtures import (
     DEFAULT_SET,
     OracleFixture,
@@ -58,6 +58,31 @@ def running_packages(ctx: CheckContext) -> tuple[str, str] | None:
 
 
 NO_VOCAB = "the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile"
+
+
+def asked_raw(ctx: CheckContext, fs: OracleFixtureSet, k: int, vocab: int | None) -> dict[str, Any]:
+    """What every logprob comparison records first: the fixtures, the models, how wide it asked."""
+    return {
+        "fixture_set": fs.name,
+        "fixture_set_sha256": fs.sha256(),
+        "models": dict(ctx.models),
+        "top_k": k,
+        "n_vocab": vocab,
+    }
+
+
+def judged(
+    name: str, problems: list[str], failed: str, passed: str, figures: dict[str, Any], raw: dict[str, Any], timer: Timer
+) -> CheckResult:
+    """A logprob comparison's result: `failed` (which names the problems) when there are any, else `passed`."""
+    return CheckResult(
+        name=name,
+        verdict=verdict_of(problems),
+        message=failed if problems else passed,
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )
 
 
 def top_k_for(ctx: CheckContext, gates: ReferenceGates) -> tuple[int, int | None, bool]:
@@ -340,11 +365,7 @@ def run(ctx: CheckContext) -> CheckResult:
     kinds = {r: device_kind(ctx.packages.get(r)) for r in ("native", "rpc")}
     numerics = numerics_fields(ctx.profile, kinds)
     base_raw: dict[str, Any] = {
-        "fixture_set": fs.name,
-        "fixture_set_sha256": fs.sha256(),
-        "models": dict(ctx.models),
-        "top_k": k,
-        "n_vocab": vocab,
+        **asked_raw(ctx, fs, k, vocab),
         "gates": gates_dict(gates),
         "numerics": numerics,
         "profile": ctx.profile.name,
@@ -468,20 +489,9 @@ def run(ctx: CheckContext) -> CheckResult:
         "fixtures": per_fixture,
         "problems": problems,
     }
-    msg = (
-        "; ".join(problems) + f" (gates from {origin})"
-        if problems
-        else (
-            f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}, {origin}): mean KL "
-            f"{summary.mean_kl:.3g}, max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| "
-            f"{summary.max_abs_dlogprob:.3g}"
-        )
+    passed = (
+        f"within the gates of reference {pin[0]} (receipt {found.receipt[:12]}, {origin}): mean KL "
+        f"{summary.mean_kl:.3g}, max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| "
+        f"{summary.max_abs_dlogprob:.3g}"
     )
-    return CheckResult(
-        name=NAME,
-        verdict="failed" if problems else "passed",
-        message=msg,
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    return judged(NAME, problems, "; ".join(problems) + f" (gates from {origin})", passed, figures, raw, timer)

@@ -27,7 +27,16 @@ from typing import Any
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext, CheckResult, Timer
 from orchestrator.checks.oracle_fixtures import load_oracle_set
-from orchestrator.checks.reference_logprobs import NO_VOCAB, Answer, Asker, compare, record, top_k_for
+from orchestrator.checks.reference_logprobs import (
+    NO_VOCAB,
+    Answer,
+    Asker,
+    asked_raw,
+    compare,
+    judged,
+    record,
+    top_k_for,
+)
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.config.reference_gates import ReferenceGates
 from orchestrator.config.rpc_consistency import RpcConsistency
@@ -181,15 +190,7 @@ def run(ctx: CheckContext) -> CheckResult:
     if k <= 0:
         return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
     plan = plan_probe(ctx, cfg)
-    raw: dict[str, Any] = {
-        "fixture_set": fs.name,
-        "fixture_set_sha256": fs.sha256(),
-        "models": dict(ctx.models),
-        "top_k": k,
-        "n_vocab": vocab,
-        "gates": gates_of(cfg),
-        "probe": plan.to_dict(),
-    }
+    raw: dict[str, Any] = {**asked_raw(ctx, fs, k, vocab), "gates": gates_of(cfg), "probe": plan.to_dict()}
     # 1. the live pair: the layers on the RPC device
     live = Asker(ctx, k)
     t0 = timer.elapsed()
@@ -220,23 +221,13 @@ def run(ctx: CheckContext) -> CheckResult:
         "requests": live.requests + native.requests,
     }
     raw |= {"summary": summary.as_dict(), "fixtures": per_fixture, "problems": problems, "probe_log": probe.log_tail}
-    msg = (
-        "the RPC device's answers differ from the native device's: " + "; ".join(problems)
-        if problems
-        else (
-            f"the RPC device agrees with the native device: max |dlogprob| {summary.max_abs_dlogprob:.3g} "
-            f"(gate {cfg.gate_abs_dlogprob():g}), max KL {summary.max_kl:.3g} (gate {cfg.gate_max_kl():g}), "
-            f"{summary.positions} positions"
-        )
+    failed = "the RPC device's answers differ from the native device's: " + "; ".join(problems)
+    passed = (
+        f"the RPC device agrees with the native device: max |dlogprob| {summary.max_abs_dlogprob:.3g} "
+        f"(gate {cfg.gate_abs_dlogprob():g}), max KL {summary.max_kl:.3g} (gate {cfg.gate_max_kl():g}), "
+        f"{summary.positions} positions"
     )
-    return CheckResult(
-        name=NAME,
-        verdict="failed" if problems else "passed",
-        message=msg,
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    return judged(NAME, problems, failed, passed, figures, raw, timer)
 
 
 class _Recorder(Asker):

@@ -300,6 +300,17 @@ class ServerClient:
     def stream_events(self, path: str, body: dict[str, Any], *, timeout: float | None = None) -> list[dict[str, Any]]:
         """A streaming POST to any JSON endpoint (`/v1/chat/completions` with `stream: true`): every
         event's JSON object, in order, read to the end of the stream."""
+        with self._stream(path, body, timeout) as r:
+            return list(parsers.parse_sse_events(r.iter_lines()))
+        raise AssertionError  # unreachable: the stream either returns or raises
+
+    @contextmanager
+    def _stream(
+        self, path: str, body: dict[str, Any], timeout: float | None, closed: Callable[[], bool] = lambda: False
+    ) -> Iterator[httpx.Response]:
+        """A streaming POST, open: an HTTP error answer raises ServerRequestError, a timeout or a
+        broken connection ServerUnreachable, unless `closed()` says we dropped it on purpose."""
+        where = f"POST {self.base_url}{path} (stream)"
         try:
             with self._http.stream(
                 "POST", path, json=body, timeout=timeout if timeout is not None else self.timeout
@@ -308,17 +319,17 @@ class ServerClient:
                     r.read()
                     err = parsers.parse_error(r.content)
                     raise ServerRequestError(
-                        f"POST {self.base_url}{path} (stream): HTTP {r.status_code}: "
-                        f"{err.message if err else r.text[:300]}",
+                        f"{where}: HTTP {r.status_code}: {err.message if err else r.text[:300]}",
                         status=r.status_code,
                         error=err,
                         body=r.text[:4000],
                     )
-                return list(parsers.parse_sse_events(r.iter_lines()))
+                yield r
         except httpx.TimeoutException as exc:
-            raise ServerUnreachable(f"POST {self.base_url}{path} (stream): timed out ({type(exc).__name__})") from None
+            raise ServerUnreachable(f"{where}: timed out ({type(exc).__name__})") from None
         except httpx.TransportError as exc:
-            raise ServerUnreachable(f"POST {self.base_url}{path} (stream): {type(exc).__name__}: {exc}") from None
+            if not closed():
+                raise ServerUnreachable(f"{where}: {type(exc).__name__}: {exc}") from None
 
     # -- endpoints ----------------------------------------------------------------
     def health(self, *, timeout: float = 5.0) -> bool:
@@ -397,38 +408,17 @@ class ServerClient:
         body = self.completion_body(prompt, n_predict, **params)
         body["stream"] = True
         handle = StreamHandle(started_at=time.monotonic())
-        try:
-            with self._http.stream(
-                "POST", "/completion", json=body, timeout=timeout if timeout is not None else self.timeout
-            ) as r:
-                if r.status_code >= 400:
-                    r.read()
-                    err = parsers.parse_error(r.content)
-                    raise ServerRequestError(
-                        f"POST {self.base_url}/completion (stream): HTTP {r.status_code}: "
-                        f"{err.message if err else r.text[:300]}",
-                        status=r.status_code,
-                        error=err,
-                        body=r.text[:4000],
-                    )
-                handle._response = r
+        with self._stream("/completion", body, timeout, lambda: handle.closed_at is not None) as r:
+            handle._response = r
 
-                def chunks() -> Iterator[StreamChunk]:
-                    for chunk in parsers.parse_sse_lines(r.iter_lines()):
-                        handle.chunks_seen.append(chunk)
-                        handle.arrivals.append(time.monotonic())
-                        yield chunk
+            def chunks() -> Iterator[StreamChunk]:
+                for chunk in parsers.parse_sse_lines(r.iter_lines()):
+                    handle.chunks_seen.append(chunk)
+                    handle.arrivals.append(time.monotonic())
+                    yield chunk
 
-                yield handle, chunks()
-                handle.close()
-        except httpx.TimeoutException as exc:
-            raise ServerUnreachable(
-                f"POST {self.base_url}/completion (stream): timed out ({type(exc).__name__})"
-            ) from None
-        except httpx.TransportError as exc:
-            if handle.closed_at is not None:
-                return
-            raise ServerUnreachable(f"POST {self.base_url}/completion (stream): {type(exc).__name__}: {exc}") from None
+            yield handle, chunks()
+            handle.close()
 
 
 def _json_object(data: Any, what: str) -> dict[str, Any]:

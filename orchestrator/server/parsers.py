@@ -106,30 +106,18 @@ def parse_detokenize(data: Any) -> str:
 
 
 def parse_sse_lines(lines: Iterable[str]) -> Iterator[StreamChunk]:
-    """Server-sent events of a streaming /completion: `data: {json}` lines, blank separators."""
-    for line in lines:
-        line = line.strip()
-        if not line or line.startswith(":"):
-            continue
-        if line.startswith("error:"):
-            raise ParseError(f"stream: server error: {line[6:].strip()}")
-        if not line.startswith("data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
-        d = _obj(payload, "stream chunk")
-        if "error" in d:
-            raise ParseError(f"stream: server error: {d['error']}")
+    """Server-sent events of a streaming /completion, each a StreamChunk."""
+    for d in parse_sse_events(lines, what="stream chunk"):
         try:
             yield StreamChunk.model_validate(d)
         except ValidationError as exc:
             raise ParseError(f"stream chunk: {exc}") from None
 
 
-def parse_sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+def parse_sse_events(lines: Iterable[str], *, what: str = "stream event") -> Iterator[dict[str, Any]]:
     """Server-sent events of any streaming endpoint (`/v1/chat/completions`): each `data: {json}`
-    line as a JSON object, until `data: [DONE]`; an `error:` line or an error object raises."""
+    line as a JSON object, until `data: [DONE]`; other lines (blank separators, `:` comments) are
+    passed over; an `error:` line or an error object raises."""
     for line in lines:
         line = line.strip()
         if line.startswith("error:"):
@@ -139,7 +127,7 @@ def parse_sse_events(lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         payload = line[5:].strip()
         if payload == "[DONE]":
             return
-        d = _obj(payload, "stream event")
+        d = _obj(payload, what)
         if "error" in d:
             raise ParseError(f"stream: server error: {d['error']}")
         yield d
