@@ -39,6 +39,7 @@ from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.transport import HOST_LOG_MAX
+from orchestrator.roles import ROLES, Role
 
 DEFAULT_KERNEL = "mmvf-warp-per-row"
 KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
@@ -133,7 +134,7 @@ def started_identity(output: str, binary: str) -> str | None:
 @dataclass(frozen=True)
 class HostRun:
     host: str
-    role: str
+    role: Role
     package: str
     harness: str
     via_rpc: bool
@@ -226,7 +227,7 @@ def plan_kernel_check(
 
     runs = []
     need_rpc = False
-    for role, host_name in (("native", p.native), ("rpc", p.rpc)):
+    for role, host_name in zip(ROLES, (p.native, p.rpc), strict=True):
         host = inventory.host(host_name)
         if host_name not in packages:
             raise ConfigError(f"no package given for host {host_name}")
@@ -293,7 +294,7 @@ def parse_harness_output(text: str) -> tuple[list[dict[str, Any]], dict[str, Any
 @dataclass
 class HostVerdict:
     host: str
-    role: str
+    role: Role
     package: str
     exit_status: int
     rows: list[dict[str, Any]]

@@ -32,7 +32,7 @@ from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Secret
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.transport import HOST_FILE_MAX, Transport
-from orchestrator.roles import ROLES
+from orchestrator.roles import ROLES, Role
 from orchestrator.server.client import ServerClient
 from orchestrator.server.tunnel import via_for
 
@@ -87,7 +87,7 @@ def make_identity_probe(
     record itself (revision, argv digest) re-read each time: a change during the suite shows."""
     active = route.active
 
-    def exe(role: str, rel: str) -> str:
+    def exe(role: Role, rel: str) -> str:
         m = manifests.get(role)
         if m is None:
             raise HostError(

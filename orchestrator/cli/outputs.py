@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from orchestrator.roles import Role
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -103,7 +105,7 @@ class FleetRunOutput(_Open):
 
 
 class HostStatus(_Open):
-    role: str
+    role: Role
     current: str | None
     previous: str | None
     releases: list[str]
@@ -209,7 +211,7 @@ class QualifyOutput(_Open):
 
 class LogFile(_Open):
     host: str
-    role: str
+    role: Role
     path: str
     lines: list[str]
     size: int | None  # None: no such file (the service never started there)
@@ -226,7 +228,7 @@ class LogsOutput(_Open):
 
 
 class DiffHost(_Open):
-    role: str
+    role: Role
     service: str
     running: bool
     current: str | None

@@ -17,11 +17,12 @@ from orchestrator.checks.reference import COMMAND, FIELD, ReferenceState, load_s
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError, PackageError
 from orchestrator.evidence.store import EvidenceStore
+from orchestrator.roles import Role
 
 app = typer.Typer(help="A route's reference package pair: the yardstick of its answers.", no_args_is_help=True)
 
 
-def _revision(store: PackageStore, package_id: str, role: str) -> str:
+def _revision(store: PackageStore, package_id: str, role: Role) -> str:
     try:
         return str(store.get(package_id).manifest.revision)
     except (PackageError, KeyError, FileNotFoundError):

@@ -21,7 +21,7 @@ from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import Transport
-from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE, Role
 
 LOG_TAIL_MAX = 1 << 20  # bytes read per look: the last lines of a log, or what grew between two polls
 READ_S = 20.0  # one read's bound (an exec over a live connection)
@@ -30,7 +30,7 @@ READ_S = 20.0  # one read's bound (an exec over a live connection)
 @dataclass
 class HostLog:
     host: str
-    role: str
+    role: Role
     path: str
     lines: list[str] = field(default_factory=list)
     size: int | None = None  # bytes in the file when read; None: no file (never started)
@@ -50,12 +50,11 @@ class HostLog:
         }
 
 
-def roles_of(which: str) -> tuple[str, ...]:
-    if which in ("both", "all"):
-        return ROLES
-    if which in ROLES:
-        return (which,)
-    raise ValueError(which)
+def roles_of(which: str) -> tuple[Role, ...]:
+    chosen = tuple(r for r in ROLES if which in (r, "both", "all"))
+    if not chosen:
+        raise ValueError(which)
+    return chosen
 
 
 def _size(t: Transport, path: str) -> int | None:

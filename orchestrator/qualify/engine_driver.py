@@ -38,6 +38,7 @@ from orchestrator.hosts.route import RouteRecord, parse_route
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.qualify.runner import ActiveArm, ArmPackages
+from orchestrator.roles import ROLES, Role
 
 
 def pair_memory(samples: dict[str, dict[str, Any]]) -> tuple[int | None, str]:
@@ -96,13 +97,13 @@ class EngineDriver:
         self._api_key = key.value if key else None
 
     # -- reading the pair ----------------------------------------------------------------------
-    def _facts(self, role: str) -> HostFacts:
+    def _facts(self, role: Role) -> HostFacts:
         return read_facts(self.pool.get(self.view.hosts[role]), self.view.layouts[role], (SERVICE_OF_ROLE[role],))
 
     def _route(self) -> RouteRecord | None:
         return parse_route(self._facts("native").route_bytes)
 
-    def _pid(self, role: str) -> int | None:
+    def _pid(self, role: Role) -> int | None:
         return self._facts(role).running.get(SERVICE_OF_ROLE[role])
 
     def snapshot(self) -> dict[str, Any]:
@@ -228,7 +229,7 @@ class EngineDriver:
         via = via_for(self.pool.get(self.view.hosts["native"]), self._api_key)  # the key only inside SSH
         client = ServerClient(self.view.base_url, api_key=self._api_key, via=via)
         props = client.props()
-        pids = {role: self._pid(role) for role in ("native", "rpc")}
+        pids: dict[str, int | None] = {role: self._pid(role) for role in ROLES}
         identity = {
             "deploy_receipt": res.receipt,
             "build_info": props.build_info,
