@@ -360,11 +360,13 @@ class _Bounded:
 
                 threading.Thread(target=work, daemon=True, name="pairctl services-cpu").start()
             done = self._done
+            box = self._box
         if not done.wait(self._wait_s):
             return None
-        with self._lock:
-            seen, self._box, self._done = self._box.get("seen"), {}, None
-        return seen
+        with self._lock:  # every caller that waited on this reading gets it (two lanes' watches share
+            if self._done is done:  # one reader; the second used to get None, and never judged idle)
+                self._box, self._done = {}, None
+        return box.get("seen")
 
 
 def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:

@@ -361,6 +361,54 @@ def test_the_blind_bound_is_one_batch_at_the_probe_speed_times_the_factor() -> N
     assert w.blind_stall_s() == pytest.approx(1200.0)
 
 
+def test_a_stopped_server_fails_at_idle_s_when_half_the_readings_come_late() -> None:
+    """Found on the busy lab (load 20, ctx 4096): a SIGSTOPped llama-server was not failed in 4
+    minutes. One CPU-time reading came back late (None): the watch forgot the baseline and waited
+    on /slots for the whole work-derived stall bound (2.6 hours). Readings are cumulative, so a
+    None teaches nothing and forgets nothing, and /slots is never waited on past idle_s."""
+    import itertools
+    import time
+
+    from orchestrator.server.client import ProgressWatch, ServerClient, ServerStalled
+
+    srv = _SlowServer(answer_s=20.0)  # a batch whose /slots never answers, as a stopped server's
+    try:
+        stopped = (("llama-server", 7, "T", 5),)
+        readings = itertools.cycle([stopped, None])
+        with ServerClient(srv.url) as c:
+            c.watch = ProgressWatch(stall_s=600.0, poll_s=0.1, alive=lambda: next(readings), idle_s=1.0)
+            t0 = time.monotonic()
+            with pytest.raises(ServerStalled) as e:
+                c.completion([1, 2, 3], 1, timeout=30)
+        assert time.monotonic() - t0 < 5.0
+        assert "no CPU time used by llama-server pid 7 state T" in str(e.value)
+    finally:
+        srv.close()
+
+
+def test_two_watches_sharing_the_reader_both_get_each_reading() -> None:
+    """Found on the busy lab: the two near-full lanes' watches share one CPU-time reader and poll
+    together; the second caller of a reading in flight got None, so that lane never judged idle and
+    a SIGSTOPped llama-server held the check for the blind bound (12 minutes) instead of ~30 s."""
+    import threading
+    import time
+
+    reading = (("llama-server", 7, "T", 5),)
+
+    def slow() -> Any:
+        time.sleep(0.3)
+        return reading
+
+    r = budget._Bounded(slow, wait_s=2.0)
+    got: list[Any] = []
+    ts = [threading.Thread(target=lambda: got.append(r())) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got == [reading, reading]
+
+
 def test_a_host_that_hangs_does_not_hang_the_watch() -> None:
     """The CPU-time reading goes over SSH; a frozen sshd must not stop the watch from judging."""
     import threading
