@@ -25,7 +25,7 @@ from typing import Any
 
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext
-from orchestrator.checks.parting import Tolerance, Walk, first_difference, margin_of, walk
+from orchestrator.checks.parting import UNMEASURED, Tolerance, Walk, first_difference, margin_of, walk
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.server.client import ServerClient, ServerRequestError
 from orchestrator.server.parsers import ParseError, parse_token_logprobs
@@ -121,7 +121,14 @@ def scored_twins(
 
 
 def solo_walk(
-    ctx: CheckContext, head: list[int], subject: list[int], solo: list[int], *, slot: int, tolerance: float
+    ctx: CheckContext,
+    head: list[int],
+    subject: list[int],
+    solo: list[int],
+    *,
+    slot: int,
+    tolerance: float,
+    max_partings: tuple[int, str] = UNMEASURED,
 ) -> Walk:
     """Walk `subject` against a solo run of `head`: at each parting the solo side is probed and,
     within `tolerance`, continues from the subject's prefix on `slot` (the prompt cache keeps it
@@ -139,7 +146,8 @@ def solo_walk(
         )
         return list(r.tokens)
 
-    return walk(subject, solo, probe=probe_at, reanchor=continue_solo, side="reference", tolerance=tolerance)
+    return walk(subject, solo, probe=probe_at, reanchor=continue_solo, side="reference", tolerance=tolerance,
+                max_partings=max_partings)  # fmt: skip
 
 
 def _measure(ctx: CheckContext) -> Tolerance:
@@ -203,6 +211,7 @@ def _measure(ctx: CheckContext) -> Tolerance:
         "long_twin_prompt": size2,
         "long_twin_generate": gen2,
         "long_twin_partings": [round(m, 6) for m in parted],
+        "long_twin_compared": sum(w.compared for w in long_walks),
         "long_twin_walks": [w.as_dict() for w in long_walks],
         "seconds": round(time.monotonic() - t0, 3),
     }

@@ -19,7 +19,10 @@ is judged two ways, neither a fixed number:
   over SFTP, no tool on the host), read every poll. A service that computes uses CPU time every
   second; none on either service and no `/slots` progress for `idle_s` (STALL_MIN_S: a floor that
   only a stopped or deadlocked process reaches, not a slow one) fails the request: a SIGSTOPped
-  llama-server or ggml-rpc-server fails within ~30 s whatever the profile.
+  llama-server or ggml-rpc-server fails within ~30 s whatever the profile. While that reading is
+  unavailable (a host's /proc unreadable), `stall_s` is held to `blind_s` (`blind_seconds`: one
+  batch at the probe's speed without the context growth, x STALL_BATCHES x allowance), raised as the
+  suite goes to that factor times the longest silence between batches seen: measured, not assumed.
 - **Total.** A short cold probe at the start of acceptance measures this pair's prompt and
   generation speed (`timings`), and the largest request (a near-full lane, all slots busy) may
   take `slowdown_allowance` times its work at those speeds, plus a margin. A request that keeps
@@ -75,12 +78,16 @@ class RequestBudget:
     why: str
     stall_s: float = STALL_MIN_S
     speeds: dict[str, Any] = field(default_factory=dict)
+    blind_s: float | None = None  # the stall bound while the services' CPU time cannot be read
+    blind_factor: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
         return {
             "completion_s": self.completion_s,
             "control_s": self.control_s,
             "stall_s": self.stall_s,
+            "blind_s": self.blind_s,
+            "blind_factor": self.blind_factor,
             "why": self.why,
             "speeds": dict(self.speeds),
         }
@@ -93,6 +100,7 @@ class RequestBudget:
             idle_s=IDLE_S if alive is not None else None,
             idle_why="a working service uses CPU time every second; none on either for this long is a stopped "
             "or deadlocked process (checks/budget.py IDLE_S)",
+            blind_s=self.blind_s, blind_factor=self.blind_factor,
         )  # fmt: skip
 
 
@@ -182,6 +190,17 @@ def stall_seconds(profile: RouteProfile, prompt_per_s: float, n_ctx_train: int |
     )
 
 
+def blind_seconds(profile: RouteProfile, prompt_per_s: float, n_ctx_train: int | None = None) -> tuple[float, float]:
+    """The stall bound while the services' CPU time cannot be read, and its growth factor: one batch
+    at the probe's measured speed (the context growth left out: it is what `stall_seconds` over-counts
+    into hours at a field profile's context), times STALL_BATCHES and the allowance; the watch raises
+    it to that factor times the longest silence between batches it has seen (ProgressWatch). A hung
+    server then fails within minutes; one whose batches slow as its context fills is measured doing so."""
+    factor = STALL_BATCHES * profile.speed.slowdown_allowance
+    batch = min(profile.batch_size, profile.parallel * profile.per_slot_ctx(n_ctx_train))
+    return round(max(STALL_MIN_S, factor * batch / prompt_per_s), 1), factor
+
+
 def probe_budget(profile: RouteProfile) -> RequestBudget:
     """Bounds for the speed probe itself, from the profile's floors (nothing is measured yet)."""
     floors = profile.speed
@@ -232,6 +251,7 @@ def from_speeds(
     work = lanes * (prompt / speeds.prompt_per_s + generated / speeds.generated_per_s)
     total = round(k * work + MARGIN_S, 1)
     stall, stall_why = stall_seconds(profile, speeds.prompt_per_s, n_ctx_train)
+    blind, blind_factor = blind_seconds(profile, speeds.prompt_per_s, n_ctx_train)
     why = (
         f"{k:g} x {lanes} lane(s) x ({prompt} prompt tokens / {speeds.prompt_per_s:.1f} tok/s + {generated} "
         f"generated / {speeds.generated_per_s:.1f} tok/s) + {MARGIN_S:g} s margin; speeds {speeds.source}"
@@ -241,6 +261,8 @@ def from_speeds(
         control_s=CONTROL_TIMEOUT_S,
         why=why,
         stall_s=stall,
+        blind_s=min(blind, stall),
+        blind_factor=blind_factor,
         speeds={
             "prompt_per_s": round(speeds.prompt_per_s, 2),
             "generated_per_s": round(speeds.generated_per_s, 2),
@@ -338,11 +360,13 @@ class _Bounded:
 
                 threading.Thread(target=work, daemon=True, name="pairctl services-cpu").start()
             done = self._done
+            box = self._box
         if not done.wait(self._wait_s):
             return None
-        with self._lock:
-            seen, self._box, self._done = self._box.get("seen"), {}, None
-        return seen
+        with self._lock:  # every caller that waited on this reading gets it (two lanes' watches share
+            if self._done is done:  # one reader; the second used to get None, and never judged idle)
+                self._box, self._done = {}, None
+        return box.get("seen")
 
 
 def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:

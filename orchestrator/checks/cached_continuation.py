@@ -66,7 +66,7 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
         return list(ctx.client.completion(head + prefix, left, cache_prompt=False, **kw).tokens) if left > 0 else []
 
     w = walk(list(r2.tokens), list(r3.tokens), probe=probe_at, reanchor=continue_uncached, side="reference",
-             tolerance=tol.nats)  # fmt: skip
+             tolerance=tol.nats, max_partings=tol.parting_bound(len(r3.tokens)))  # fmt: skip
     problems = [tol.problem] if tol.problem else []
     problems += continuation_problems(first_len, r2.timings.cache_n, w.problem, r3.timings.cache_n)
     figures = {

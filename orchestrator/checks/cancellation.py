@@ -206,8 +206,8 @@ def late_bound(
     """How long after the close the slot may keep the task: STOP_STEPS steps times the slowdown
     allowance, each step the longest of what this pair was measured to take for one: a decode step,
     the stream's longest gap between chunks, and the server's reaction to a request while this
-    slot generated and while it cancelled (the longest `/slots` round trip: the server learns of
-    the close on its HTTP thread, which a busy machine wakes late, as it answers `/slots` late)."""
+    slot generated, before the close (the longest `/slots` round trip: the server learns of the
+    close on its HTTP thread, which a busy machine wakes late, as it answers `/slots` late)."""
     unit = max((v for v in (step_s, gap_s, reaction_s) if v), default=None)
     if unit is None:
         return None, "no step measured: judged by tokens instead"
@@ -261,15 +261,17 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     probe_tg = (ctx.budget.get("speeds") or {}).get("generated_per_s")
     allowance = ctx.profile.speed.slowdown_allowance
     id_task = None
-    reaction_s: float | None = None  # the longest /slots round trip while the slot generated or cancelled
+    # the longest /slots round trip while the slot generated, before the close only: one taken after
+    # it would be slowed by the very regression the bound is for (a loop that stalls on a disconnect)
+    reaction_s: float | None = None
     with ctx.client.stream_completion(
         prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=opts.request_timeout_s
     ) as (handle, chunks):
         for _chunk in chunks:
+            asked = time.monotonic()
+            busy = [s for s in ctx.client.slots(timeout=10) if s.id == slot and s.is_processing]
+            reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
             if id_task is None:
-                asked = time.monotonic()
-                busy = [s for s in ctx.client.slots(timeout=10) if s.id == slot and s.is_processing]
-                reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
                 id_task = busy[0].id_task if busy else None
             if len(handle.tokens) >= k:
                 break
@@ -288,9 +290,7 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         idle_after = None
         last = None
         while time.monotonic() - closed_at <= idle_bound:
-            asked = time.monotonic()  # these round trips measure the server's reaction at the very cancel
             last = next((s for s in ctx.client.slots(timeout=10) if s.id == slot), None)
-            reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
             if last is not None and not last.is_processing:
                 idle_after = round(time.monotonic() - closed_at, 4)
                 break

@@ -112,7 +112,13 @@ def solo_walk(ctx: CheckContext, lane: LaneOutcome, ref: LaneOutcome, prompt: Bu
     """Walk a lane against its solo run; at a near-tie the solo side continues from the lane's
     prefix on the lane's slot."""
     return batch_floor.solo_walk(
-        ctx, list(prompt.tokens), lane.output_tokens, ref.output_tokens, slot=lane.lane, tolerance=tol.nats
+        ctx,
+        list(prompt.tokens),
+        lane.output_tokens,
+        ref.output_tokens,
+        slot=lane.lane,
+        tolerance=tol.nats,
+        max_partings=tol.parting_bound(len(ref.output_tokens)),
     )
 
 

@@ -25,6 +25,7 @@ callables the caller passes in; tested without a server in tests/unit/test_parti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
@@ -32,9 +33,17 @@ from typing import Any, Literal
 Probe = Callable[[list[int]], Mapping[int, float]]  # generated prefix -> the reference side's next-token logprobs
 Reanchor = Callable[[list[int], int], list[int]]  # (generated prefix, tokens left) -> the re-run side's tokens
 
-# How many partings one walk follows before it stops comparing (each costs two requests); a healthy
-# GPU pair parted at most a few times in 64 tokens, a broken build fails at its first real parting.
+# How many near-tie partings one walk may hold. Each is a flip numerics can explain, but flips come
+# at the rate this pair's numerics make them: the long twins (batch_floor) measure it, P partings
+# in T tokens compared, and a walk of m tokens may part PARTING_RATE_FACTOR x (P + 1) / T x m times
+# (the + 1: a pair whose twins never parted may still flip one tie), at most MAX_PARTINGS (each
+# costs two requests). More is a run that keeps parting: a small systematic shift (a lane nudged
+# by the other's logits) that stays under the tolerance at each place, which the walk used to stop
+# following and pass. On the H100 run twins parted 5 times in 112 tokens and healthy 56-64 token
+# walks at most 3 times (bound 8); the CPU lab's twins never part (bound 2 for such a walk).
 MAX_PARTINGS = 8
+PARTING_RATE_FACTOR = 3.0
+UNMEASURED = (MAX_PARTINGS, f"no parting rate measured: at most {MAX_PARTINGS}")
 
 
 @dataclass(frozen=True)
@@ -49,6 +58,17 @@ class Tolerance:
 
     def as_dict(self) -> dict[str, Any]:
         return {"nats": self.nats, "origin": self.origin, **dict(self.figures), "problem": self.problem}
+
+    def parting_bound(self, tokens: int) -> tuple[int, str]:
+        """How many near-tie partings a walk of `tokens` tokens may hold, and why (see MAX_PARTINGS)."""
+        seen, over = self.figures.get("long_twin_partings"), self.figures.get("long_twin_compared")
+        if seen is None or not over:
+            return UNMEASURED
+        n = min(MAX_PARTINGS, max(1, math.ceil(PARTING_RATE_FACTOR * (len(seen) + 1) / over * tokens)))
+        return n, (
+            f"{PARTING_RATE_FACTOR:g} x ({len(seen)} + 1) partings of the long twins in {over} tokens x {tokens} "
+            f"tokens, at most {MAX_PARTINGS}"
+        )
 
 
 @dataclass(frozen=True)
@@ -77,7 +97,7 @@ class Walk:
 
     partings: list[Parting] = field(default_factory=list)
     compared: int = 0
-    stopped_early: bool = False  # MAX_PARTINGS reached: the rest was not compared
+    stopped_early: bool = False  # more near-ties than the parting bound: a problem, the rest not compared
     problem: str | None = None
     requests: int = 0
 
@@ -124,12 +144,14 @@ def walk(
     reanchor: Reanchor,
     side: Literal["subject", "reference"],
     tolerance: float,
-    max_partings: int = MAX_PARTINGS,
+    max_partings: tuple[int, str] = UNMEASURED,
 ) -> Walk:
     """Compare `subject` (the run under test) with `reference` token by token. At each parting the
     probe scores the reference side after the common prefix; within `tolerance` the side named by
     `side` is re-run from the other's prefix (its token at the parting taken over) and the walk
-    goes on. Both lists hold generated tokens only; prefixes handed to the callables are too."""
+    goes on. More near-ties than `max_partings` (the bound and its why: `Tolerance.parting_bound`)
+    fail the walk, except a measuring one (`tolerance` infinite), which stops there. Both lists
+    hold generated tokens only; prefixes handed to the callables are too."""
     a, r = list(subject), list(reference)
     n = len(r)
     out = Walk()
@@ -153,8 +175,14 @@ def walk(
         if not within:
             out.problem = f"parted at {p.describe()}, above the tolerance {tolerance:.4g} nats"
             return out
-        if len(out.partings) >= max_partings:
+        if len(out.partings) > max_partings[0] or (tolerance == math.inf and len(out.partings) >= max_partings[0]):
             out.stopped_early = True
+            if tolerance != math.inf:
+                out.problem = (
+                    f"parted {len(out.partings)} times by token {k}, each a near-tie within the tolerance "
+                    f"{tolerance:.4g} nats, more than this pair's numerics explain ({max_partings[0]}: "
+                    f"{max_partings[1]}): a shift that keeps parting the runs"
+                )
             return out
         left = n - k - 1
         if side == "reference":

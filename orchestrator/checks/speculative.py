@@ -113,7 +113,8 @@ def drafted_walk(
             return []
         return list(ctx.client.completion(prompt + prefix, left, timeout=timeout, **params).tokens)
 
-    return walk(drafted, reference, probe=probe_at, reanchor=continue_drafted, side="subject", tolerance=tol.nats)
+    return walk(drafted, reference, probe=probe_at, reanchor=continue_drafted, side="subject", tolerance=tol.nats,
+                max_partings=tol.parting_bound(len(reference)))  # fmt: skip
 
 
 def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> CheckResult:

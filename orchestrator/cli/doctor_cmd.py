@@ -18,8 +18,12 @@ def doctor(
         help="Targets you plan to build (default cpu-lab); checks their toolchains.",
     ),
     no_inventory: bool = typer.Option(False, "--no-inventory", help="Skip the inventory's keys and known_hosts."),
+    hosts: bool = typer.Option(
+        False, "--hosts", help="Also connect to each inventory host and name the programs pairctl needs there."
+    ),
 ) -> None:
-    """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix."""
+    """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix.
+    With --hosts, also the programs pairctl runs on each host (by package, and what each is for)."""
     # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
@@ -34,7 +38,13 @@ def doctor(
             inv = c.inventory()
         except ConfigError as exc:
             raise ConfigError(f"inventory: {exc}") from None
-    findings = run_doctor(inv, targets)
+    if hosts and inv is not None:
+        from orchestrator.remote.pool import TransportPool
+
+        with TransportPool(inv) as pool:
+            findings = run_doctor(inv, targets, {h: pool.get(h) for h in sorted(inv.hosts)})
+    else:
+        findings = run_doctor(inv, targets)
     bad = [f for f in findings if not f.ok]
     if c.json_output:
         c.emit_json([f.as_dict() for f in findings])

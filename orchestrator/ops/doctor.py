@@ -1,21 +1,26 @@
 """`pairctl doctor`: check the operator's machine before a job, and say what to fix.
 
 Reads only local files and runs only `--version`-style probes: it never connects to a host,
-so it is safe to run anywhere, any time.
+so it is safe to run anywhere, any time. With `--hosts` it also connects to each inventory host
+once and asks it for every program pairctl runs there (hosts/tools.py), naming what is missing.
 """
 
 from __future__ import annotations
 
 import shutil
 import stat
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from orchestrator.build.toolchain import check_toolchain
 from orchestrator.config.inventory import Inventory, api_key_file_problems
 from orchestrator.config.targets import Target
-from orchestrator.errors import BuildError
+from orchestrator.errors import BuildError, PairctlError
+from orchestrator.hosts import tools
 from orchestrator.remote.known_hosts import known_hosts_name
+from orchestrator.remote.result import as_text
+from orchestrator.remote.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -106,8 +111,37 @@ def check_inventory(inv: Inventory) -> list[Finding]:
     return out
 
 
-def run_doctor(inv: Inventory | None, targets: list[Target]) -> list[Finding]:
+def check_host_tools(inv: Inventory, transports: Mapping[str, Transport]) -> list[Finding]:
+    """Per host, one exec that names every program pairctl needs there and lacks (hosts/tools.py):
+    the required ones fail the check with their package and use, the optional ones are reported."""
+    out = []
+    for name, t in sorted(transports.items()):
+        spec = inv.host(name)
+        try:
+            res = t.run(tools.missing_cmd(spec), check=False, timeout=TOOLS_TIMEOUT_S)
+        except PairctlError as exc:
+            out.append(Finding(f"host_tools:{name}", False, f"not reachable: {exc}", "fix the connection first"))
+            continue
+        text = as_text(res.stdout)
+        if res.exit_status != 0:  # sh or timeout itself missing (127), or the login failed
+            err = (as_text(res.stderr).strip().splitlines() or [f"exit {res.exit_status}"])[0]
+            out.append(Finding(f"host_tools:{name}", False, f"the tool check did not run: {err}",
+                               "apt-get install coreutils dash on the host"))  # fmt: skip
+            continue
+        ok, detail, fix = tools.judge(spec, set(text.split()))
+        out.append(Finding(f"host_tools:{name}", ok, detail, fix))
+    return out
+
+
+TOOLS_TIMEOUT_S = 30.0
+
+
+def run_doctor(
+    inv: Inventory | None, targets: list[Target], transports: Mapping[str, Transport] | None = None
+) -> list[Finding]:
     findings = check_tools(targets)
     if inv is not None:
         findings += check_inventory(inv)
+        if transports:
+            findings += check_host_tools(inv, transports)
     return findings

@@ -68,7 +68,14 @@ class ProgressWatch:
     that computes uses CPU time every second. When neither `/slots` nor the CPU time of any service
     moves for `idle_s` (a SIGSTOPped or deadlocked server), the request fails then, however long a
     batch at this context may honestly take; `stall_s` still bounds a server that spins without
-    progress. `alive` returning None (host not readable) leaves `stall_s` alone to judge."""
+    progress. `alive` returning None (a host slow to answer) changes nothing: the counters are
+    cumulative, so the next reading still shows whether any CPU time was used across the gap, and
+    `/slots` is never waited on past `idle_s`. No reading for `idle_s` leaves `/slots` alone: then
+    `stall_s` (an upper bound on a batch at the deepest context, hours on a field profile) is held
+    to `blind_s` or `blind_factor` times the longest silence between two `/slots` moves seen so far
+    in this suite (`gaps`, shared by the requests that use this watch), whichever is more: a batch
+    costs at most a bounded multiple of the one before it at the same lanes, so a slow pair that
+    progresses is measured as it goes, while a hung one fails within `blind_s`."""
 
     stall_s: float
     poll_s: float = 1.0
@@ -76,6 +83,15 @@ class ProgressWatch:
     alive: Callable[[], Liveness | None] | None = None
     idle_s: float | None = None
     idle_why: str = ""
+    blind_s: float | None = None
+    blind_factor: float = 1.0
+    gaps: list[float] = field(default_factory=list)
+
+    def blind_stall_s(self) -> float:
+        """The stall bound while no CPU-time reading is known (see the class note)."""
+        if self.blind_s is None:
+            return self.stall_s
+        return round(min(self.stall_s, max(self.blind_s, self.blind_factor * max(self.gaps, default=0.0))), 1)
 
 
 def _read_alive(watch: ProgressWatch) -> Liveness | None:
@@ -86,6 +102,11 @@ def _read_alive(watch: ProgressWatch) -> Liveness | None:
         return watch.alive()
     except Exception:  # an unreadable host is no sign either way: /slots and stall_s still judge
         return None
+
+
+def _fresh(watch: ProgressWatch, read_at: float | None, now: float) -> bool:
+    """A CPU-time reading came within the idle bound: the liveness signal is there to judge by."""
+    return read_at is not None and now - read_at <= (watch.idle_s or watch.stall_s)
 
 
 def _ticks(seen: Liveness | None) -> dict[str, int]:
@@ -211,11 +232,13 @@ class ServerClient:
         sig: tuple[Any, ...] | None = None
         cpu = _read_alive(watch)  # the baseline: CPU time that moves from here on is work
         cpu_ticks = _ticks(cpu)
+        read_at = last if cpu is not None else None  # when the services' CPU time was last read
         while not done.wait(watch.poll_s):
             now = time.monotonic()
-            bound = watch.stall_s - (now - last)
-            if watch.idle_s is not None and cpu is not None:
-                bound = min(bound, watch.idle_s - (now - busy))
+            stall_s = watch.stall_s if _fresh(watch, read_at, now) else watch.blind_stall_s()
+            bound = stall_s - (now - last)
+            if watch.idle_s is not None:  # back within idle_s to judge a reading (or one late by a busy host)
+                bound = min(bound, watch.idle_s - (now - busy) if cpu is not None else watch.idle_s)
             try:  # llama-server answers /slots between batches: this waits out a long batch, bounded
                 slots = self.slots_raw(timeout=max(1.0, bound))
             except ServerRequestError as exc:
@@ -227,24 +250,37 @@ class ServerClient:
                 slots = None
             seen = _read_alive(watch)  # after /slots, so a batch that kept /slots silent is seen working
             now = time.monotonic()
-            if seen is None:  # unknown (a host did not answer): only stall_s judges until it answers again
-                cpu, cpu_ticks = None, {}
-            else:
-                if cpu is None or _ticks(seen) != cpu_ticks:  # moved, or a new baseline after a gap
+            # None (a host slow to answer, as under load) teaches nothing and forgets nothing: the
+            # counters are cumulative, so a reading after a gap that shows the same ticks still
+            # proves no CPU time was used across it (resetting here let alternate late readings hide
+            # a SIGSTOPped llama-server for minutes at load 20)
+            if seen is not None:
+                if cpu is None or _ticks(seen) != cpu_ticks:  # moved, or the first reading
                     busy = now
-                cpu, cpu_ticks = seen, _ticks(seen)
+                cpu, cpu_ticks, read_at = seen, _ticks(seen), now
             if isinstance(slots, list):
                 cur = progress_signature(slots)
                 if cur != sig:
+                    if sig is not None:  # a whole silence between two moves: an honest batch's length
+                        watch.gaps[:] = [max([now - last, *watch.gaps])]
                     sig, last, busy = cur, now, now
-            idle = watch.idle_s is not None and cpu is not None and now - busy > watch.idle_s
-            if now - last > watch.stall_s or idle:
+            idle = watch.idle_s is not None and read_at is not None and read_at - busy > watch.idle_s
+            stall_s = watch.stall_s if _fresh(watch, read_at, now) else watch.blind_stall_s()
+            if now - last > stall_s or idle:
                 if idle:
                     procs = ", ".join(f"{n} pid {pid} state {st}" for n, pid, st, _t in cpu or ())
                     what = (f"and no CPU time used by {procs} for {now - busy:.0f} s; bound {watch.idle_s:.0f} s"
                             f"{': ' + watch.idle_why if watch.idle_why else ''}")  # fmt: skip
                 else:
-                    what = f"; bound {watch.stall_s:.0f} s{': ' + watch.why if watch.why else ''}"
+                    why = (
+                        watch.why
+                        if stall_s == watch.stall_s
+                        else (
+                            f"no CPU-time reading of the services, so {watch.blind_s:g} s or {watch.blind_factor:g} "
+                            f"x the longest silence between batches seen ({max(watch.gaps, default=0.0):.1f} s)"
+                        )
+                    )
+                    what = f"; bound {stall_s:.0f} s{': ' + why if why else ''}"
                 raise ServerStalled(
                     f"{method} {self.base_url}{path}: stopped making progress for {now - last:.0f} s "
                     f"(no prompt-processing or generated token in /slots {what})",

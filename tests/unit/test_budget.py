@@ -3,6 +3,8 @@ stops after a required check found the server not answering (pure: no server).""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from orchestrator.checks import budget, suite
@@ -289,6 +291,122 @@ def test_a_long_batch_that_burns_cpu_is_not_a_stall_and_a_stopped_server_is() ->
         assert budget.is_transport_failure(msg)
     finally:
         srv.close()
+
+
+class _SteppingServer(_SlowServer):
+    """/slots answers at once, its prompt count moving at the given moments (seconds after the
+    request came): batches that lengthen as the context fills; /completion answers at `answer_s`."""
+
+    def __init__(self, moves: list[float], answer_s: float) -> None:
+        super().__init__(answer_s)
+        import time as _time
+
+        self.moves, self.started = moves, _time.monotonic()
+        outer = self
+
+        def slots(h: Any) -> None:
+            n = sum(1 for m in outer.moves if _time.monotonic() - outer.started >= m)
+            h._send([{"id": 0, "id_task": 1, "is_processing": True, "n_prompt_tokens_processed": 256 * n}])
+
+        handler = self.httpd.RequestHandlerClass
+        handler.do_GET = slots  # type: ignore[method-assign]
+
+    def restart(self) -> None:
+        import time as _time
+
+        self.started = _time.monotonic()
+
+
+def test_without_a_cpu_reading_a_hung_server_fails_in_minutes_and_a_slowing_one_passes() -> None:
+    """Review of issue 42: with no CPU-time reading (a host's /proc unreadable) the work-derived
+    stall bound alone judged, ~6,400 s on the field profile. Now it is held to `blind_s` (one batch
+    at the probe's speed x the allowance's factor), raised to `blind_factor` x the longest silence
+    between batches seen: batches that lengthen (0.4, 0.8, 1.2 s) pass under a 1 s ceiling, a server
+    whose /slots stops moving fails at the ceiling, not at the 60 s bound."""
+    import time
+
+    from orchestrator.server.client import ProgressWatch, ServerClient, ServerStalled
+
+    srv = _SteppingServer([0.4, 1.2, 2.4], answer_s=2.6)
+    try:
+        with ServerClient(srv.url) as c:
+            c.watch = ProgressWatch(stall_s=60.0, poll_s=0.05, alive=lambda: None, idle_s=1.0, blind_s=1.0,
+                                    blind_factor=3.0)  # fmt: skip
+            srv.restart()
+            assert c.completion([1, 2, 3], 1, timeout=30).content
+            assert c.watch.gaps and 1.1 <= c.watch.gaps[0] < 1.6, c.watch.gaps
+            hung = ProgressWatch(stall_s=60.0, poll_s=0.05, alive=lambda: None, idle_s=1.0, blind_s=1.0,
+                                 blind_factor=3.0)  # fmt: skip
+            c.watch, srv.moves = hung, []
+            t0 = time.monotonic()
+            with pytest.raises(ServerStalled) as e:
+                c.completion([1, 2, 3], 1, timeout=30)
+        assert time.monotonic() - t0 < 2.5
+        assert "no CPU-time reading" in str(e.value) and "bound 1 s" in str(e.value)
+    finally:
+        srv.close()
+
+
+def test_the_blind_bound_is_one_batch_at_the_probe_speed_times_the_factor() -> None:
+    """The issue's operator profile (ctx 4096, 2 slots, batch 1024; probe 34 tok/s): the stall bound
+    counts context growth 8 (2,891 s); without a CPU reading a hung server fails in 361 s, still
+    3.6x the ~100 s its honest deepest batch took on the busy machine."""
+    prof = load_profile("lab-real").model_copy(update={"ctx_size": 4096, "batch_size": 1024})
+    b = budget.from_speeds(prof, _speeds(34.0, 20.0))
+    assert b.stall_s == pytest.approx(2891.3)
+    assert b.blind_s == pytest.approx(361.4) and b.blind_factor == 12.0
+    w = b.watch(alive=None)
+    assert w.blind_stall_s() == pytest.approx(361.4)
+    w.gaps.append(100.0)  # a 100 s batch seen: the next may take up to 12 x that (held to stall_s)
+    assert w.blind_stall_s() == pytest.approx(1200.0)
+
+
+def test_a_stopped_server_fails_at_idle_s_when_half_the_readings_come_late() -> None:
+    """Found on the busy lab (load 20, ctx 4096): a SIGSTOPped llama-server was not failed in 4
+    minutes. One CPU-time reading came back late (None): the watch forgot the baseline and waited
+    on /slots for the whole work-derived stall bound (2.6 hours). Readings are cumulative, so a
+    None teaches nothing and forgets nothing, and /slots is never waited on past idle_s."""
+    import itertools
+    import time
+
+    from orchestrator.server.client import ProgressWatch, ServerClient, ServerStalled
+
+    srv = _SlowServer(answer_s=20.0)  # a batch whose /slots never answers, as a stopped server's
+    try:
+        stopped = (("llama-server", 7, "T", 5),)
+        readings = itertools.cycle([stopped, None])
+        with ServerClient(srv.url) as c:
+            c.watch = ProgressWatch(stall_s=600.0, poll_s=0.1, alive=lambda: next(readings), idle_s=1.0)
+            t0 = time.monotonic()
+            with pytest.raises(ServerStalled) as e:
+                c.completion([1, 2, 3], 1, timeout=30)
+        assert time.monotonic() - t0 < 5.0
+        assert "no CPU time used by llama-server pid 7 state T" in str(e.value)
+    finally:
+        srv.close()
+
+
+def test_two_watches_sharing_the_reader_both_get_each_reading() -> None:
+    """Found on the busy lab: the two near-full lanes' watches share one CPU-time reader and poll
+    together; the second caller of a reading in flight got None, so that lane never judged idle and
+    a SIGSTOPped llama-server held the check for the blind bound (12 minutes) instead of ~30 s."""
+    import threading
+    import time
+
+    reading = (("llama-server", 7, "T", 5),)
+
+    def slow() -> Any:
+        time.sleep(0.3)
+        return reading
+
+    r = budget._Bounded(slow, wait_s=2.0)
+    got: list[Any] = []
+    ts = [threading.Thread(target=lambda: got.append(r())) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert got == [reading, reading]
 
 
 def test_a_host_that_hangs_does_not_hang_the_watch() -> None:

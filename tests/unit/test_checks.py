@@ -282,6 +282,72 @@ def test_the_cancel_lateness_bound_grows_with_the_steps_this_pair_takes():
     assert cn.step_seconds(None, None, 1, None)[0] is None and cn.late_bound(None, None, 4.0)[0] is None
 
 
+class _CancelFake:
+    """A stand-in for the server's HTTP side in `cancellation.run`: /slots answers in 10 ms while
+    the stream runs and in 300 ms after the client closed it (a loop that stalls on a disconnect)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def tokenize(self, text: str, add_special: bool = False) -> list[int]:
+        return [1] * add_special + [7] * max(1, len(text) // 4)
+
+    def stream_completion(self, prompt: list[int], n_predict: int, **kw: object):  # type: ignore[no-untyped-def]
+        import contextlib
+        import time
+
+        from orchestrator.server.client import StreamHandle
+        from orchestrator.server.models import StreamChunk
+
+        fake = self
+
+        class Handle(StreamHandle):
+            def close(self) -> None:
+                fake.closed, self.closed_at = True, time.monotonic()
+
+        @contextlib.contextmanager
+        def cm():  # type: ignore[no-untyped-def]
+            h = Handle(started_at=time.monotonic())
+
+            def chunks():  # type: ignore[no-untyped-def]
+                for i in range(32):
+                    time.sleep(0.005)
+                    c = StreamChunk(content="x", tokens=[100 + i])
+                    h.chunks_seen.append(c)
+                    h.arrivals.append(time.monotonic())
+                    yield c
+
+            yield h, chunks()
+
+        return cm()
+
+    def slots(self, timeout: float = 10) -> list[object]:
+        import time
+        from types import SimpleNamespace
+
+        time.sleep(0.3 if self.closed else 0.01)
+        return [SimpleNamespace(id=0, id_task=5, is_processing=not self.closed, model_dump=lambda: {})]
+
+    def completion(self, prompt: list[int], n: int, **kw: object) -> object:
+        from types import SimpleNamespace
+
+        t = SimpleNamespace(predicted_per_second=100.0, predicted_ms=10.0 * n, predicted_n=n)
+        return SimpleNamespace(tokens=[100 + i for i in range(n)], id_slot=0, stop_type="limit", timings=t)
+
+
+def test_the_cancel_lateness_bound_is_sized_from_round_trips_before_the_close_only():
+    """Review of issue 42: /slots round trips taken after the close sized the lateness step, so a
+    regression that stalls the server loop after a disconnect widened its own bound. Only the
+    round trips while the slot generated count (10 ms here); the 300 ms ones after the close do not."""
+    from orchestrator.checks.base import CheckContext
+
+    ctx = CheckContext(client=_CancelFake(), profile=load_profile("lab"), pair="lab")  # type: ignore[arg-type]
+    r = cn.run(ctx)
+    lb = r.raw["late_bound"]
+    assert lb["slots_round_trip_s"] is not None and lb["slots_round_trip_s"] < 0.15, lb
+    assert r.raw["followup"]["tokens"][:8] == r.raw["streamed_tokens"]
+
+
 def test_grep_command_is_argv():
     cmd = cn.log_grep_cmd("/srv/my root", "llama-server.log", cn.cancel_line(42), cn.stop_line(42))
     assert cmd.argv == (

@@ -116,15 +116,42 @@ def test_subject_side_reanchor_takes_the_references_token():
     assert w.problem is None and seen == [ref[:5]]
 
 
-def test_partings_budget_stops_comparing_and_says_so():
+def test_more_near_ties_than_the_measured_parting_rate_explains_fail():
+    """Review of issue 42: the walk stopped comparing after MAX_PARTINGS near-ties and passed, so a
+    shift that parts the runs at every tie (each within the tolerance) was accepted. A walk may hold
+    as many near-ties as the long twins' measured parting rate explains; one more fails, naming it."""
     tie = set(range(1, 30, 2))
     ref = greedy([], 30, tie_at=tie)
     batched = greedy([], 30, tie_at=tie, noise=0.2)
     w = walk(batched, ref, probe=lambda p: dist(p, tie_at=tie), reanchor=lambda p, n: greedy(p, n, tie_at=tie),
-             side="reference", tolerance=0.3, max_partings=3)  # fmt: skip
-    assert w.problem is None and w.stopped_early and len(w.partings) == 3
+             side="reference", tolerance=0.3, max_partings=(3, "measured"))  # fmt: skip
+    assert w.stopped_early and len(w.partings) == 4
+    assert w.problem is not None and "parted 4 times" in w.problem and "(3: measured)" in w.problem
     s = summary([w], Tolerance(0.3, "declared"))
-    assert s["partings"] == 3 and s["stopped_early"] and s["max_parting_margin"] == pytest.approx(0.1)
+    assert s["partings"] == 4 and s["stopped_early"] and s["max_parting_margin"] == pytest.approx(0.1)
+    # the default bound (no rate measured) no longer passes a walk that keeps parting either
+    w8 = walk(batched, ref, probe=lambda p: dist(p, tie_at=tie), reanchor=lambda p, n: greedy(p, n, tie_at=tie),
+              side="reference", tolerance=0.3)  # fmt: skip
+    assert w8.problem is not None and len(w8.partings) == 9
+    # a measuring walk (no tolerance) stops at the bound without a problem
+    wm = walk(batched, ref, probe=lambda p: dist(p, tie_at=tie), reanchor=lambda p, n: greedy(p, n, tie_at=tie),
+              side="reference", tolerance=math.inf, max_partings=(3, "measuring"))  # fmt: skip
+    assert wm.problem is None and wm.stopped_early and len(wm.partings) == 3
+
+
+def test_the_parting_bound_comes_from_the_long_twins_rate():
+    """The H100 run: long twins parted 5 times in 112 tokens, healthy 56-token lane walks at most 3
+    times: bound 3 x 6/112 x 56 = 9, held to 8. The CPU lab's twins never part: a 64-token walk of
+    two lanes of 64 each may hold 2. No rate measured (a declared floor): MAX_PARTINGS."""
+    from orchestrator.checks.parting import MAX_PARTINGS
+
+    twins = {"long_twin_partings": [0.004, 0.03, 0.27, 0.35, 0.27], "long_twin_compared": 112}
+    h100 = Tolerance(1.03, "measured", twins)
+    assert h100.parting_bound(56)[0] == MAX_PARTINGS == 8 and h100.parting_bound(16)[0] == 3
+    cpu = Tolerance(0.0, "measured", {"long_twin_partings": [], "long_twin_compared": 128})
+    n, why = cpu.parting_bound(64)
+    assert n == 2 and "(0 + 1) partings of the long twins in 128 tokens" in why
+    assert Tolerance(0.5, "declared").parting_bound(64)[0] == MAX_PARTINGS
 
 
 def test_a_short_run_is_a_problem():
