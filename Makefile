@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PAIRCTL := $(VENV)/bin/pairctl
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo check test test-real-mutants test-unit lint typecheck fmt bench clean-state
+.PHONY: setup system venv demo check test test-real-mutants test-long-ctx test-unit lint typecheck fmt bench clean-state
 
 setup: system venv
 
@@ -59,6 +59,10 @@ test: setup
 # Every mutant on the real model too (about 20 minutes more; not part of CI's `make test`).
 test-real-mutants: setup
 	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_REAL_MUTANTS=1 $(PY) -m pytest tests/mutants -m real_model $(PYTEST_ARGS)
+
+# The 4x-context real-model profile deployed with the whole suite and accepted twice (tens of minutes).
+test-long-ctx: setup
+	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_LONG_CTX=1 $(PY) -m pytest tests/e2e/test_real_model_long_ctx.py $(PYTEST_ARGS)
 
 # Every unit test, unit_slow included (the lab source is prepared, no sshd started).
 test-unit: setup

@@ -5,7 +5,9 @@ lab, where the cold speed probe ran seconds; a healthy pair must still deploy wi
 and be accepted twice, while a SIGSTOPped llama-server or ggml-rpc-server still fails within 3
 minutes (the bounds scale with the work; the CPU-time liveness reading catches a stopped service).
 
-Slow (tens of minutes on a busy machine): run it alone, `-m real_model`.
+The whole-suite deploy and its two accepts take tens of minutes on 2 cores (over an hour on a busy
+machine), more than CI's 90 minutes leave: they run with `make test-long-ctx` (PAIRCTL_TEST_LONG_CTX=1).
+The two SIGSTOP cases deploy without the suite and run in `make test`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.real_model]
 
 LONG = "lab-real-ctx4096"
 STOPPED_WITHIN_S = 180.0
+_LONG = pytest.mark.skipif(os.environ.get("PAIRCTL_TEST_LONG_CTX") != "1",
+                           reason="4x-context whole suite: make test-long-ctx (PAIRCTL_TEST_LONG_CTX=1)")  # fmt: skip
 
 
 def _load() -> str:
@@ -81,6 +85,7 @@ def long_pair(long_cli):
     return _deploy(cli, pid, "--skip-accept"), cli, lab
 
 
+@_LONG
 def test_long_context_deploy_with_whole_suite_passes(long_deploy, pairctl_home):
     r, cli, _lab = long_deploy
     assert r.exit_code == 0, r.output[-4000:]
@@ -125,6 +130,7 @@ def test_a_stopped_service_fails_within_three_minutes_at_long_context(long_pair,
     assert took < STOPPED_WITHIN_S, took
 
 
+@_LONG
 def test_long_context_two_accepts_pass(long_deploy):
     r, cli, _lab = long_deploy
     assert r.exit_code == 0, r.output[-3000:]
