@@ -206,6 +206,10 @@ def probe_nvcc(nvcc: str) -> tuple[NvccVersion, list[int]]:
 def pick_nvcc(target: Target) -> tuple[str, str]:
     """(path, version) of the first candidate nvcc that can build `target`; refuse, naming each
     one tried, when none can, and refuse an nvcc whose file or toolkit root others could write."""
+    for root in filter(None, os.environ.get(CUDA_ROOTS_ENV, "").split(os.pathsep)):
+        if not shutil.which(os.path.join(root, "bin", "nvcc")):
+            raise BuildError(f"${CUDA_ROOTS_ENV} lists {root}, which has no executable bin/nvcc",
+                             hint=f"name the folder above the toolkit's bin/ ({CUDA_GUIDE})")  # fmt: skip
     refusals = []
     for cand in nvcc_candidates(os.environ):
         path = shutil.which(cand)
@@ -223,7 +227,7 @@ def pick_nvcc(target: Target) -> tuple[str, str]:
         raise BuildError(f"target {target.name} needs nvcc (CUDA toolkit), none found on PATH or in /usr/local/cuda",
                          hint=f"install one, or list a toolkit root in ${CUDA_ROOTS_ENV} ({CUDA_GUIDE})")  # fmt: skip
     raise BuildError("; ".join(refusals), hint=f"set CUDACXX, or list a suitable toolkit root in ${CUDA_ROOTS_ENV} "
-                     f"({CUDA_GUIDE} assembles one from registry wheels)")  # fmt: skip
+                     f"({CUDA_GUIDE} says where each target's toolkit comes from)")  # fmt: skip
 
 
 def check_toolchain(target: Target) -> Toolchain:

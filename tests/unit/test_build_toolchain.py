@@ -207,3 +207,11 @@ def test_configured_toolkit_must_be_the_checked_nvccs() -> None:
     ok = "CUDAToolkit_NVCC_EXECUTABLE:FILEPATH=/w/nvidia/cu13/bin/nvcc\n"
     assert configured_toolkit_mismatch(ok, "/w/nvidia/cu13/bin/nvcc") is None
     assert configured_toolkit_mismatch("", "/usr/bin/nvcc") is not None
+
+
+def test_a_listed_root_without_nvcc_is_named_not_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in the list would otherwise build silently with whatever nvcc comes next."""
+    _clean_cuda_env(monkeypatch, path_first=_fake_nvcc(tmp_path, NVCC_12_VERSION, NVCC_12_ARCHES))
+    monkeypatch.setenv(CUDA_ROOTS_ENV, str(tmp_path / "cuda-12.9"))
+    with pytest.raises(BuildError, match=r"lists .*cuda-12\.9, which has no executable bin/nvcc"):
+        check_toolchain(load_target("v100"))
