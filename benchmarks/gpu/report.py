@@ -311,6 +311,7 @@ def main(out: Path, raw: Raw, cpu_accept: Path | None = None) -> None:
         md += early_pair(raw)
     md += real_section(raw)
     md += calls_section(raw, cpu_accept)
+    md += production_section(raw)
     out.write_text("\n".join(md) + "\n")
     print(f"wrote {out}")
 
@@ -681,6 +682,56 @@ def numerics_lines(raw: Raw, runs: list[tuple[str, dict[str, dict[str, Any]]]]) 
         "| run | check | verdict | tolerance (nats) | partings | widest margin (nats) |",
         "|---|---|---|---:|---:|---:|",
         *out,
+    ]
+
+
+_CUBIN = re.compile(r"^(ELF|PTX) file\s+\d+: .*?\.(sm_\w+)\.(?:cubin|ptx)$", re.M)
+_RUNS_NOT = {
+    "v100": "not run: no V100 was lent; a Hopper GPU would run it only by compiling its embedded PTX at load, "
+    "which is not how a V100 runs it",
+    "rtx5060ti": "not run: no RTX 5060 Ti was lent, and a Hopper GPU cannot run sm_120 code",
+}
+
+
+def gpu_code(text: str) -> dict[str, dict[str, list[str]]]:
+    """`cuobjdump --list-elf/--list-ptx` output per binary → {binary: {"ELF": [sm_..], "PTX": [sm_..]}}."""
+    out: dict[str, dict[str, list[str]]] = {}
+    for block in text.split("$ cuobjdump ")[1:]:
+        binary = block.split("\n", 1)[0].split()[-1]
+        for kind, arch in _CUBIN.findall(block):
+            found = out.setdefault(binary, {"ELF": [], "PTX": []})[kind]
+            found += [arch] if arch not in found else []
+    return out
+
+
+def production_section(raw: Raw) -> list[str]:
+    """The v100 and rtx5060ti packages built without a GPU (benchmarks/gpu/production.py's files)."""
+    rows = []
+    for t in ("v100", "rtx5060ti"):
+        m = load_json(raw / f"prod-{t}.manifest.json")
+        if not isinstance(m, dict):
+            continue
+        tc, code = m.get("toolchain", {}), gpu_code(read(raw / f"prod-{t}.cuobjdump.txt"))
+        arches = "; ".join(
+            f"{b}: ELF {', '.join(k['ELF']) or 'none'}, PTX {', '.join(k['PTX']) or 'none'}" for b, k in code.items()
+        )
+        rows += [
+            f"| {t} | {m.get('id')} | {tc.get('nvcc', '?')} | {tc.get('cuda_from', '?')} | "
+            f"{m.get('cmake_flags', {}).get('CMAKE_CUDA_ARCHITECTURES', '?')} | {arches or 'not listed'} | "
+            f"{_RUNS_NOT[t]} |"
+        ]
+    if not rows:
+        return []
+    return [
+        "## Production packages built without a GPU (`pairctl build --target v100 --target rtx5060ti`)",
+        "",
+        "Built on a 2-core machine without a GPU, each target with the first toolkit that can build it",
+        "(docs/guides/cuda-toolchain.md); the architectures are what `cuobjdump` lists in the package's binaries.",
+        "",
+        "| target | package | nvcc | toolkit from | CMAKE_CUDA_ARCHITECTURES | GPU code in the binaries | ran |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
     ]
 
 

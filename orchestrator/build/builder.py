@@ -34,7 +34,7 @@ from orchestrator.build.manifest import (
 from orchestrator.build.plan import BuildPlan, make_plan
 from orchestrator.build.progress import Reporter, make_reporter, parse_ninja_status
 from orchestrator.build.store import Package, PackageStore, entries_for, remove_tree, verify_tree
-from orchestrator.build.toolchain import Toolchain, check_toolchain
+from orchestrator.build.toolchain import Toolchain, check_toolchain, configured_toolkit_mismatch
 from orchestrator.config.targets import Target, load_target
 from orchestrator.errors import BuildError, PackageError
 from orchestrator.evidence.journal import Journal
@@ -134,6 +134,9 @@ def compile_outputs(plan: BuildPlan, repo: Path, outputs: Path, *, log_path: Pat
     reporter.phase("configure")
     log.info("configure", argv=plan.configure_argv())
     run_logged(plan.configure_argv(), env=env, log_path=log_path)
+    nvcc = plan.defines.get("CMAKE_CUDA_COMPILER")
+    if nvcc and (why := configured_toolkit_mismatch(_read(plan.build_dir / "CMakeCache.txt"), nvcc)):
+        raise BuildError(why, hint=f"nothing was compiled; full log: {log_path}")
     reporter.phase("compile")
     log.info("compile", argv=plan.build_argv())
 
@@ -163,6 +166,10 @@ def compile_outputs(plan: BuildPlan, repo: Path, outputs: Path, *, log_path: Pat
     tmp.rename(outputs)
 
 
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
+
+
 def _copy(src: Path, dest: Path) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(src, dest)
@@ -185,9 +192,9 @@ def assemble(plan: BuildPlan, outputs: Path, tmp: Path, *, reporter: Reporter) -
             for f in sorted(d.iterdir()):
                 _copy(f, tmp / sub / f.name)
                 kinds[f"{sub}/{f.name}"] = kind
-    env = dict(os.environ)
+    env = plan.env(dict(os.environ))
     if (tmp / "lib").is_dir():
-        env["LD_LIBRARY_PATH"] = str(tmp / "lib")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(tmp / "lib"), env.get("LD_LIBRARY_PATH")) if p)
     server = tmp / "bin" / "llama-server"
     _check_libs(tmp, env)
     reporter.phase("capture --help")

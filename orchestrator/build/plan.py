@@ -6,6 +6,7 @@ are testable and shown in logs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,7 +99,9 @@ class BuildPlan:
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
-        env.update(CCACHE_BASEDIR=str(self.work_dir), CCACHE_NOHASHDIR="1", NINJA_STATUS="[%f/%t] ", **self.env_extra)
+        env.update(CCACHE_BASEDIR=str(self.work_dir), CCACHE_NOHASHDIR="1", NINJA_STATUS="[%f/%t] ")
+        for k, v in self.env_extra.items():  # search paths: ours first, then the caller's
+            env[k] = os.pathsep.join(p for p in (v, base.get(k)) if p)
         # The exported tree is not a checkout. Without a ceiling, ggml's CMakeLists finds whatever
         # repository encloses the work dir (e.g. pairctl's own) and bakes its HEAD into the binary.
         env["GIT_CEILING_DIRECTORIES"] = str(self.work_dir)
@@ -112,4 +115,17 @@ def make_plan(
     return BuildPlan(
         target=target, revision=rev, work_dir=build_cache / "work" / target.name, defines=defines,
         launchers=launcher_defines(target, toolchain), key=cache_key(rev.tree, target, defines, toolchain), jobs=jobs,
+        env_extra=toolkit_env(target, toolchain),
     )  # fmt: skip
+
+
+def toolkit_env(target: Target, toolchain: Toolchain) -> dict[str, str]:
+    """Search paths put first for a CUDA build: nvcc's own folder on PATH, so the ptxas, fatbinary
+    and nvlink it runs are its toolkit's and not another CUDA's earlier on PATH; the toolkit's
+    library folders, so the built binaries find its cudart and cublas when the package is checked
+    (`--help`, `ldd`) even when the toolkit was unpacked from wheels onto no loader path."""
+    root = toolchain.cuda_root if target.backend == "cuda" else None
+    if root is None or toolchain.nvcc_path is None:
+        return {}
+    return {"PATH": str(Path(toolchain.nvcc_path).parent),
+            "LD_LIBRARY_PATH": f"{root / 'lib64'}{os.pathsep}{root / 'lib'}"}  # fmt: skip

@@ -2,6 +2,10 @@
 
 Parsers are pure and tested on captured output. The one check that matters most: CUDA 13
 dropped sm_70, so a V100 build must stop before configure when only CUDA 13 is available.
+Targets may need different CUDA majors (sm_70 wants 12.x or older, sm_120 12.8 or newer), so
+each target takes the first nvcc that can build it, from $CUDACXX, the roots listed in
+$PAIRCTL_CUDA_ROOTS (toolkits unpacked from registry wheels), PATH and /usr/local/cuda; an
+nvcc is run only if it and its toolkit root pass the same ownership rules as config files.
 """
 
 from __future__ import annotations
@@ -10,16 +14,22 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.config.targets import Target
+from orchestrator.config.trust import FIX, unsafe_reason
 from orchestrator.errors import BuildError
+
+CUDA_ROOTS_ENV = "PAIRCTL_CUDA_ROOTS"
+CUDA_GUIDE = "docs/guides/cuda-toolchain.md"
 
 _VERSION = re.compile(r"(\d+(?:\.\d+)+)")
 _NVCC_RELEASE = re.compile(r"release\s+(\d+)\.(\d+)", re.I)
 _NVCC_BUILD = re.compile(r"\bV(\d+\.\d+\.\d+)")
 _GPU_ARCH = re.compile(r"^\s*compute_(\d+)[a-z]?\s*$")
+_DIST_INFO = re.compile(r"^(nvidia_[a-z0-9_]+)-([0-9][^-]*)\.dist-info$")
 
 
 @dataclass(frozen=True)
@@ -83,6 +93,19 @@ def cuda_refusal(target: Target, nvcc: NvccVersion, arches: list[int]) -> str | 
     return None
 
 
+def configured_toolkit_mismatch(cmake_cache: str, nvcc: str) -> str | None:
+    """Why CMake's CUDAToolkit (headers, cudart, cublas) is not the checked nvcc's toolkit, or None.
+    ggml calls find_package(CUDAToolkit) before enable_language(CUDA), so CMake looks for nvcc on
+    PATH and not at CMAKE_CUDA_COMPILER: unchecked, one CUDA's nvcc compiles against another's
+    headers and the binaries link another's cublas."""
+    m = re.search(r"^CUDAToolkit_NVCC_EXECUTABLE:FILEPATH=(.*)$", cmake_cache, re.M)
+    found = m.group(1).strip() if m else ""
+    if found and os.path.realpath(found) == os.path.realpath(nvcc):
+        return None
+    return (f"CMake found the CUDA toolkit of {found or 'no nvcc'}, not of the checked {nvcc}: "
+            "its headers and libraries would be another toolkit's")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Toolchain:
     """The versions recorded in the manifest and mixed into the build cache key."""
@@ -94,12 +117,20 @@ class Toolchain:
     ccache: str | None = None
     nvcc: str | None = None
     nvcc_path: str | None = None
+    cuda_from: str | None = None  # what installed the toolkit: its wheels or its Debian package
     paths: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def cuda_root(self) -> Path | None:
+        return Path(os.path.realpath(self.nvcc_path)).parent.parent if self.nvcc_path else None
+
     def versions(self) -> dict[str, str]:
+        """What the manifest records: versions, and for CUDA where nvcc is and what installed it."""
         out = {"cmake": self.cmake, "ninja": self.ninja, "cxx": self.cxx}
         if self.nvcc:
             out["nvcc"] = self.nvcc
+            out["nvcc_path"] = str(self.nvcc_path)
+            out["cuda_from"] = self.cuda_from or "unknown"
         if self.ccache:
             out["ccache"] = self.ccache
         return out
@@ -131,8 +162,38 @@ def _need(name: str, env_var: str | None = None, extra: tuple[str, ...] = ()) ->
     return ""
 
 
-def find_nvcc() -> str:
-    return _need("nvcc", "CUDACXX", ("/usr/local/cuda/bin/nvcc",))
+def nvcc_candidates(env: Mapping[str, str]) -> list[str]:
+    """Every nvcc that may build a CUDA target, first choice first: $CUDACXX, bin/nvcc of each
+    root in $PAIRCTL_CUDA_ROOTS (os.pathsep-separated), the first on PATH, /usr/local/cuda."""
+    roots = [r for r in env.get(CUDA_ROOTS_ENV, "").split(os.pathsep) if r]
+    cands = [env.get("CUDACXX", ""), *(os.path.join(r, "bin", "nvcc") for r in roots),
+             shutil.which("nvcc", path=env.get("PATH")) or "", "/usr/local/cuda/bin/nvcc"]  # fmt: skip
+    return list(dict.fromkeys(c for c in cands if c))
+
+
+def wheel_versions(root: Path) -> dict[str, str]:
+    """{wheel: version} of the NVIDIA wheels a toolkit root came from, read from their dist-info
+    folders: ROOT/dist-info (a copied layout) or the folder `pip install --target` filled, two
+    levels above ROOT (ROOT is its nvidia/cu13 or nvidia/cuda_nvcc)."""
+    found = {}
+    for d in (root / "dist-info", root.parent.parent):
+        for p in d.iterdir() if d.is_dir() else ():
+            if m := _DIST_INFO.match(p.name):
+                found[m.group(1).replace("_", "-")] = m.group(2)
+    return dict(sorted(found.items()))
+
+
+def cuda_origin(nvcc: str) -> str:
+    """What installed the toolkit of `nvcc`, for the manifest: its wheels, else its Debian package."""
+    real = os.path.realpath(nvcc)
+    wheels = wheel_versions(Path(real).parent.parent)
+    if wheels:
+        return "wheels: " + ", ".join(f"{k} {v}" for k, v in wheels.items())
+    try:
+        pkg = _run(["dpkg-query", "-S", real]).split(":", 1)[0].strip()
+        return f"Debian package {pkg} {_run(['dpkg-query', '-W', '-f=${Version}', pkg]).strip()}"
+    except BuildError:
+        return f"not from wheels or a Debian package: {real}"
 
 
 def probe_nvcc(nvcc: str) -> tuple[NvccVersion, list[int]]:
@@ -140,6 +201,33 @@ def probe_nvcc(nvcc: str) -> tuple[NvccVersion, list[int]]:
         return parse_nvcc_version(_run([nvcc, "--version"])), parse_gpu_arches(_run([nvcc, "--list-gpu-arch"]))
     except ValueError as exc:
         raise BuildError(f"{nvcc}: {exc}") from None
+
+
+def pick_nvcc(target: Target) -> tuple[str, str]:
+    """(path, version) of the first candidate nvcc that can build `target`; refuse, naming each
+    one tried, when none can, and refuse an nvcc whose file or toolkit root others could write."""
+    for root in filter(None, os.environ.get(CUDA_ROOTS_ENV, "").split(os.pathsep)):
+        if not shutil.which(os.path.join(root, "bin", "nvcc")):
+            raise BuildError(f"${CUDA_ROOTS_ENV} lists {root}, which has no executable bin/nvcc",
+                             hint=f"name the folder above the toolkit's bin/ ({CUDA_GUIDE})")  # fmt: skip
+    refusals = []
+    for cand in nvcc_candidates(os.environ):
+        path = shutil.which(cand)
+        if not path:
+            continue
+        why = unsafe_reason(Path(path)) or unsafe_reason(Path(os.path.realpath(path)).parent.parent)
+        if why:
+            raise BuildError(f"refusing nvcc {path} for target {target.name}: {why}", hint=FIX)
+        nv, arches = probe_nvcc(path)
+        refusal = cuda_refusal(target, nv, arches)
+        if refusal is None:
+            return path, str(nv)
+        refusals.append(f"{refusal} ({path})")
+    if not refusals:
+        raise BuildError(f"target {target.name} needs nvcc (CUDA toolkit), none found on PATH or in /usr/local/cuda",
+                         hint=f"install one, or list a toolkit root in ${CUDA_ROOTS_ENV} ({CUDA_GUIDE})")  # fmt: skip
+    raise BuildError("; ".join(refusals), hint=f"set CUDACXX, or list a suitable toolkit root in ${CUDA_ROOTS_ENV} "
+                     f"({CUDA_GUIDE} says where each target's toolkit comes from)")  # fmt: skip
 
 
 def check_toolchain(target: Target) -> Toolchain:
@@ -159,20 +247,12 @@ def check_toolchain(target: Target) -> Toolchain:
         raise BuildError(f"cannot read a tool version: {exc}") from None
     ccache_path = _need("ccache")
     ccache = parse_version_line(_run([ccache_path, "--version"])) if ccache_path else None
-    nvcc_v = nvcc_path = None
+    nvcc_v = nvcc_path = cuda_from = None
     if target.backend == "cuda":
-        nvcc_path = find_nvcc()
-        if not nvcc_path:
-            raise BuildError(
-                f"target {target.name} needs nvcc (CUDA toolkit), none found on PATH or in /usr/local/cuda"
-            )
-        nv, arches = probe_nvcc(nvcc_path)
-        why = cuda_refusal(target, nv, arches)
-        if why:
-            raise BuildError(why, hint=f"put a suitable nvcc first on PATH (or set CUDACXX); used {nvcc_path}")
-        nvcc_v = str(nv)
+        nvcc_path, nvcc_v = pick_nvcc(target)
+        cuda_from = cuda_origin(nvcc_path)
     return Toolchain(
         cmake=versions["cmake"], ninja=versions["ninja"], cxx=versions["cxx"], cxx_path=str(Path(cxx).resolve()),
-        ccache=ccache, nvcc=nvcc_v, nvcc_path=nvcc_path,
+        ccache=ccache, nvcc=nvcc_v, nvcc_path=nvcc_path, cuda_from=cuda_from,
         paths={"cmake": cmake, "ninja": ninja, "cxx": cxx, **({"ccache": ccache_path} if ccache_path else {})},
     )  # fmt: skip

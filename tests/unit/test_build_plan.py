@@ -84,6 +84,31 @@ def test_cuda_plan_uses_checked_nvcc_and_cuda_launcher(tmp_path: Path) -> None:
     assert other.key == plan.key  # where the home is never changes the cache key
 
 
+def test_cuda_plan_puts_the_toolkits_own_tools_and_libraries_first(tmp_path: Path) -> None:
+    """A wheel toolkit is on no search path, and another CUDA's ptxas may come first on PATH: the
+    build and the package check search nvcc's folder and its root's libraries before the caller's."""
+    root = tmp_path / "site" / "nvidia" / "cu13"
+    tc = Toolchain(cmake="3.25.1", ninja="1.11.1", cxx="12.2.0", cxx_path="/usr/bin/g++-12",
+                   nvcc="13.5.37", nvcc_path=str(root / "bin" / "nvcc"))  # fmt: skip
+    plan = make_plan(load_target("rtx5060ti"), REV, tc, tmp_path)
+    env = plan.env({"PATH": "/usr/local/bin:/usr/bin", "LD_LIBRARY_PATH": "/x"})
+    assert env["PATH"] == f"{root / 'bin'}:/usr/local/bin:/usr/bin"
+    assert env["LD_LIBRARY_PATH"] == f"{root / 'lib64'}:{root / 'lib'}:/x"
+    assert plan.key == make_plan(load_target("rtx5060ti"), REV, tc, tmp_path / "b").key
+    assert make_plan(load_target("cpu-lab"), REV, TC, tmp_path).env({"PATH": "/usr/bin"})["PATH"] == "/usr/bin"
+
+
+def test_manifest_toolchain_records_where_nvcc_came_from() -> None:
+    deb = "Debian package nvidia-cuda-toolkit 11.8.89~11.8.0-5~deb12u1"
+    tc = Toolchain(cmake="3.25.1", ninja="1.11.1", cxx="12.2.0", cxx_path="/usr/bin/g++-12", nvcc="11.8.89",
+                   nvcc_path="/usr/bin/nvcc", cuda_from=deb)  # fmt: skip
+    assert tc.versions() == {
+        "cmake": "3.25.1", "ninja": "1.11.1", "cxx": "12.2.0", "nvcc": "11.8.89", "nvcc_path": "/usr/bin/nvcc",
+        "cuda_from": deb,
+    }  # fmt: skip
+    assert "cuda_from" not in TC.versions() and "nvcc_path" not in tc.output_relevant()
+
+
 def _e(h: str, kind: str = "runtime", mode: str = "0755") -> FileEntry:
     return FileEntry(sha256=h * 64, size=10, kind=kind, mode=mode)  # type: ignore[arg-type]
 

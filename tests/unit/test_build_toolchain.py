@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 
 from orchestrator.build.toolchain import (
+    CUDA_ROOTS_ENV,
     NvccVersion,
     check_toolchain,
+    configured_toolkit_mismatch,
     cuda_refusal,
+    nvcc_candidates,
     parse_gpu_arches,
     parse_nvcc_version,
     parse_version_line,
+    wheel_versions,
 )
 from orchestrator.config.targets import load_target
 from orchestrator.errors import BuildError
@@ -123,3 +127,91 @@ def test_check_toolchain_accepts_v100_with_fake_cuda12_nvcc_on_path(
 def test_check_toolchain_cpu_target_finds_cmake_ninja_cxx() -> None:
     tc = check_toolchain(load_target("cpu-lab"))
     assert tc.cmake and tc.ninja and tc.cxx and tc.nvcc is None
+
+
+def _clean_cuda_env(monkeypatch: pytest.MonkeyPatch, *, path_first: Path | None = None) -> None:
+    monkeypatch.delenv("CUDACXX", raising=False)
+    monkeypatch.delenv(CUDA_ROOTS_ENV, raising=False)
+    if path_first is not None:
+        monkeypatch.setenv("PATH", f"{path_first}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_nvcc_candidates_order_cudacxx_roots_path_default(tmp_path: Path) -> None:
+    bindir = _fake_nvcc(tmp_path, NVCC_VERSION, NVCC_ARCHES)
+    env = {"CUDACXX": "/x/nvcc", CUDA_ROOTS_ENV: f"/r12{os.pathsep}{os.pathsep}/r13", "PATH": str(bindir)}
+    assert nvcc_candidates(env) == [
+        "/x/nvcc", "/r12/bin/nvcc", "/r13/bin/nvcc", str(bindir / "nvcc"), "/usr/local/cuda/bin/nvcc"
+    ]
+
+
+def test_v100_takes_the_cuda12_root_when_path_has_cuda13(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two toolkits side by side, as for v100 + rtx5060ti: each target gets the first that can build it."""
+    new, old = tmp_path / "cu13", tmp_path / "cu12"
+    new.mkdir(), old.mkdir()
+    _clean_cuda_env(monkeypatch, path_first=_fake_nvcc(new, NVCC_VERSION, NVCC_ARCHES))
+    _fake_nvcc(old, NVCC_12_VERSION, NVCC_12_ARCHES)
+    (old / "dist-info" / "nvidia_cuda_nvcc-12.6.85.dist-info").mkdir(parents=True)
+    monkeypatch.setenv(CUDA_ROOTS_ENV, str(old))
+    tc = check_toolchain(load_target("v100"))
+    assert tc.nvcc_path == str(old / "bin" / "nvcc") and tc.cuda_root == old
+    v = tc.versions()
+    assert (v["nvcc"], v["nvcc_path"], v["cuda_from"]) == ("12.6.85", str(old / "bin" / "nvcc"),
+                                                           "wheels: nvidia-cuda-nvcc 12.6.85")  # fmt: skip
+    assert check_toolchain(load_target("rtx5060ti")).nvcc_path == str(new / "bin" / "nvcc")
+
+
+def test_refusal_names_every_nvcc_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _clean_cuda_env(monkeypatch, path_first=_fake_nvcc(a, NVCC_VERSION, NVCC_ARCHES))
+    _fake_nvcc(b, NVCC_VERSION, NVCC_ARCHES)
+    monkeypatch.setenv(CUDA_ROOTS_ENV, str(b))
+    with pytest.raises(BuildError) as err:
+        check_toolchain(load_target("v100"))
+    assert str(a / "bin" / "nvcc") in err.value.message and str(b / "bin" / "nvcc") in err.value.message
+    assert CUDA_ROOTS_ENV in (err.value.hint or "")
+
+
+def test_a_toolkit_root_others_can_write_is_refused_before_nvcc_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "cu12"
+    root.mkdir()
+    _fake_nvcc(root, NVCC_12_VERSION, NVCC_12_ARCHES)
+    (tmp_path / "ran").mkdir()
+    (root / "bin" / "nvcc").write_text(f"#!/bin/sh\ntouch {tmp_path}/ran/yes\n")
+    root.chmod(0o777)
+    _clean_cuda_env(monkeypatch)
+    monkeypatch.setenv(CUDA_ROOTS_ENV, str(root))
+    with pytest.raises(BuildError, match=r"refusing nvcc .*writable by others"):
+        check_toolchain(load_target("v100"))
+    assert not (tmp_path / "ran" / "yes").exists()
+
+
+def test_wheel_versions_of_a_pip_target_folder(tmp_path: Path) -> None:
+    """`pip install --target SITE` puts CUDA 13 in SITE/nvidia/cu13 and the dist-info beside `nvidia`."""
+    root = tmp_path / "nvidia" / "cu13"
+    root.mkdir(parents=True)
+    for d in ("nvidia_cuda_nvcc-13.5.37.dist-info", "nvidia_cublas-13.10.0.20.dist-info", "typer-0.9.dist-info"):
+        (tmp_path / d).mkdir()
+    assert wheel_versions(root) == {"nvidia-cublas": "13.10.0.20", "nvidia-cuda-nvcc": "13.5.37"}
+    assert wheel_versions(tmp_path / "absent" / "nvidia" / "cu13") == {}
+
+
+def test_configured_toolkit_must_be_the_checked_nvccs() -> None:
+    """Captured: with /usr/local/bin/nvcc (CUDA 13.0) first on PATH, CMake took 13.0's headers and
+    Debian's CUDA 11 cublas for a build whose nvcc was a CUDA 13.5 wheel."""
+    cache = "CUDAToolkit_BIN_DIR:PATH=/usr/local/cuda-13.0/bin\nCUDAToolkit_NVCC_EXECUTABLE:FILEPATH=/usr/local/bin/nvcc"  # noqa: E501
+    why = configured_toolkit_mismatch(cache, "/w/nvidia/cu13/bin/nvcc")
+    assert why is not None and "/usr/local/bin/nvcc" in why and "/w/nvidia/cu13/bin/nvcc" in why
+    ok = "CUDAToolkit_NVCC_EXECUTABLE:FILEPATH=/w/nvidia/cu13/bin/nvcc\n"
+    assert configured_toolkit_mismatch(ok, "/w/nvidia/cu13/bin/nvcc") is None
+    assert configured_toolkit_mismatch("", "/usr/bin/nvcc") is not None
+
+
+def test_a_listed_root_without_nvcc_is_named_not_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A typo in the list would otherwise build silently with whatever nvcc comes next."""
+    _clean_cuda_env(monkeypatch, path_first=_fake_nvcc(tmp_path, NVCC_12_VERSION, NVCC_12_ARCHES))
+    monkeypatch.setenv(CUDA_ROOTS_ENV, str(tmp_path / "cuda-12.9"))
+    with pytest.raises(BuildError, match=r"lists .*cuda-12\.9, which has no executable bin/nvcc"):
+        check_toolchain(load_target("v100"))

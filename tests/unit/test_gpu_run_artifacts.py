@@ -5,6 +5,7 @@ exactly what benchmarks/gpu/sections.py makes of the committed raw archive (no f
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import tarfile
@@ -17,12 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 LOAD_LOG = ROOT / "tests/unit/data/load-log-h200.txt"
 
 
-def sections_module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_sections", ROOT / "benchmarks/gpu/sections.py")
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"gpu_{name}", ROOT / f"benchmarks/gpu/{name}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def sections_module() -> ModuleType:
+    return _module("sections")
 
 
 def test_gpu_profile_renders_log_verbosity_4() -> None:
@@ -81,3 +86,32 @@ def test_gpu_validation_is_generated_from_the_raw_archives(tmp_path: Path) -> No
     text = out.read_text()
     assert text == (ROOT / "docs/gpu-validation.md").read_text(), "docs/gpu-validation.md differs from the raw"
     assert "ALL DONE" in text and "6 of 6 rejected" in text and "### Comparisons under the device's numerics" in text
+
+
+# cuobjdump 13.5.37 (wheel nvidia-cuda-cuobjdump) on a one-kernel program built by each toolkit.
+LIST_SM120 = "ELF file    1: k120.1.sm_120a.cubin\nELF file    2: k120.2.sm_120a.cubin\n"
+PTX_SM120 = "PTX file    1: k120.1.sm_120.ptx\nPTX file    2: k120.2.sm_120a.ptx\n"
+
+
+def test_production_packages_are_collected_and_rendered_from_what_exists(tmp_path: Path) -> None:
+    """Only a package in the store gets a row; its architectures are cuobjdump's, and no run is claimed."""
+    home, raw = tmp_path / "home", tmp_path / "raw"
+    pkg = home / "packages" / "production-9d37488533-rtx5060ti"
+    (pkg / "bin").mkdir(parents=True)
+    (pkg / "bin" / "llama-server").write_text("")
+    manifest = {"id": pkg.name, "target": {"name": "rtx5060ti"}, "cmake_flags": {"CMAKE_CUDA_ARCHITECTURES": "120"},
+                "toolchain": {"nvcc": "13.5.37", "cuda_from": "wheels: nvidia-cuda-nvcc 13.5.37"}}  # fmt: skip
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    (home / "packages" / "lab-9d37488533-cpu-lab").mkdir()  # no manifest: skipped
+    fake = tmp_path / "cuobjdump"
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = --list-elf ] && printf '{LIST_SM120}' || printf '{PTX_SM120}'\n")
+    fake.chmod(0o755)
+    assert _module("production").collect(home, raw, str(fake)) == [pkg.name]
+    report = _module("report")
+    assert report.gpu_code((raw / "prod-rtx5060ti.cuobjdump.txt").read_text()) == {
+        "bin/llama-server": {"ELF": ["sm_120a"], "PTX": ["sm_120", "sm_120a"]}
+    }
+    md = "\n".join(report.production_section(report.Raw([raw])))
+    assert "| rtx5060ti | production-9d37488533-rtx5060ti | 13.5.37 | wheels: nvidia-cuda-nvcc 13.5.37 | 120 |" in md
+    assert "cannot run sm_120" in md and "v100" not in md.split("|---|")[-1]
+    assert report.production_section(report.Raw([tmp_path / "empty"])) == []
