@@ -464,6 +464,11 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
             run_steps(rel, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
         except StepFailed:
             pass
+        # a root that refused the release (read-only, full) keeps the lease until this home's next
+        # run frees it: the refusal says so (it said nothing, and the lease was left for the operator)
+        cause, left = _cause(failure), [e for e in getattr(record, "errors", ()) if leasing.LEFT_ON_UNWRITABLE in e]
+        if isinstance(cause, PairctlError) and left:
+            cause.message += "\n" + "\n".join(x.splitlines()[0] for x in left)
 
 
 def _release_unlost(ctx: RunContext, failure: StepFailed) -> str:
