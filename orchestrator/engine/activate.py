@@ -626,6 +626,7 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
             # reconnect budget) means nothing can be restored, and stopping native would only take
             # down the half that still serves (issue 33: the model traffic between them was fine)
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
+            _writable_for_restore(ctx)
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     ex = _planned(ctx, role, ex, verify)
@@ -726,6 +727,19 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
+
+
+def _writable_for_restore(ctx: RunContext) -> None:
+    """Before a rollback stops native: the roots it will write take a new file (native's always,
+    the RPC host's unless `current` there already names the release restored, whose server
+    restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
+    both services down with neither able to start again, where what ran kept serving (issue 49)."""
+    tgt = ctx.activating()
+    assert tgt is not None  # the caller checked
+    roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
+    for role in roles:
+        for path in (ctx.layout(role).run, ctx.layout(role).root):
+            space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")
 
 
 def _keep_unchanged_rpc(

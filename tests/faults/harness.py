@@ -1045,9 +1045,23 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             f"the RPC disk full at {step} must end rolled back to the previous pair, verified (exit 7); "
             f"got {cell.first}[{cell.between}]"
         )
-    if fault.name.startswith("read-only-") and cell.first == "exit 8" and "Now down" not in state.get("first_err", ""):
+    # a failed rollback says what is down, or (a read-only root it must write, seen before its first
+    # change: issue 49) that it changed nothing, so what ran keeps serving
+    said_8 = state.get("first_err", "")
+    if (
+        fault.name.startswith("read-only-")
+        and cell.first == "exit 8"
+        and not ("Now down" in said_8 or "changed nothing" in said_8)
+    ):
         cell.problems.append(
             "a failed rollback must say, host by host, what is down and why: " + cell.first_said[-300:]
+        )
+    if (fault.name, step, cell.first) in {(f"read-only-{r}-root", "accept", "exit 8") for r in ROLES} and (
+        "changed nothing" not in said_8
+    ):
+        cell.problems.append(
+            "a root read-only during acceptance stopped both services although what ran could keep serving "
+            "(the rollback can start neither there): " + cell.first_said[-300:]
         )
     if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
         cell.problems.append(
