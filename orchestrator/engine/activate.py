@@ -33,7 +33,15 @@ from orchestrator.engine.identity import Expected, read_identities, verify_ident
 from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
 from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
-from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
+from orchestrator.errors import (
+    CheckFailed,
+    ConfigError,
+    DiskFull,
+    HostError,
+    HostStateError,
+    PackageError,
+    PairctlError,
+)
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import boot, services, space, supervisor
 from orchestrator.hosts.layout import (
@@ -739,7 +747,15 @@ def _writable_for_restore(ctx: RunContext) -> None:
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
     for role in roles:
         for path in (ctx.layout(role).run, ctx.layout(role).root):
-            space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")
+            try:
+                space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")
+            except space.NotWritable as exc:
+                # only a root that refuses the file (a full one that still takes it goes on, as
+                # before); a host lost meanwhile fails the steps as it did
+                if space.refuses_writes(exc.message):
+                    raise
+            except DiskFull:
+                pass
 
 
 def _keep_unchanged_rpc(
