@@ -32,7 +32,15 @@ from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
 from orchestrator.engine.runner import Handler, Planned
-from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
+from orchestrator.errors import (
+    CheckFailed,
+    ConfigError,
+    DiskFull,
+    HostError,
+    HostStateError,
+    PackageError,
+    PairctlError,
+)
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import boot, services, space, supervisor
 from orchestrator.hosts.identity import Expected, read_identities, verify_identity
@@ -626,6 +634,7 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
             # reconnect budget) means nothing can be restored, and stopping native would only take
             # down the half that still serves (issue 33: the model traffic between them was fine)
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
+            _writable_for_restore(ctx)
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
     ex = _planned(ctx, role, ex, verify)
@@ -726,6 +735,27 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     if verify:
         d["release_verified"] = {"release": verify[0], "files": verified}
     return d
+
+
+def _writable_for_restore(ctx: RunContext) -> None:
+    """Before a rollback stops native: the roots it will write take a new file (native's always,
+    the RPC host's unless `current` there already names the release restored, whose server
+    restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
+    both services down with neither able to start again, where what ran kept serving (issue 49)."""
+    tgt = ctx.activating()
+    assert tgt is not None  # the caller checked
+    roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
+    for role in roles:
+        for path in (ctx.layout(role).run, ctx.layout(role).root):
+            try:
+                space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")
+            except space.NotWritable as exc:
+                # only a root that refuses the file (a full one that still takes it goes on, as
+                # before); a host lost meanwhile fails the steps as it did
+                if space.refuses_writes(exc.message):
+                    raise
+            except DiskFull:
+                pass
 
 
 def _keep_unchanged_rpc(

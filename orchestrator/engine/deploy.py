@@ -40,6 +40,7 @@ from orchestrator.errors import (
 from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
+from orchestrator.hosts import space
 from orchestrator.hosts.leases import Lease, LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
@@ -465,6 +466,11 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
             run_steps(rel, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
         except StepFailed:
             pass
+        # a root that refused the release (read-only, full) keeps the lease until this home's next
+        # run frees it: the refusal says so (it said nothing, and the lease was left for the operator)
+        cause, left = _cause(failure), [e for e in getattr(record, "errors", ()) if leasing.LEFT_ON_UNWRITABLE in e]
+        if isinstance(cause, PairctlError) and left:
+            cause.message += "\n" + "\n".join(x.splitlines()[0] for x in left)
 
 
 def _release_unlost(ctx: RunContext, failure: StepFailed) -> str:
@@ -563,7 +569,7 @@ LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
 
 
 def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
-    if rb.step.action == "stop" and isinstance(error_of(rb), activate.UnreachableBeforeChange):
+    if rb.step.action == "stop" and isinstance(error_of(rb), (activate.UnreachableBeforeChange, space.NotWritable)):
         _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
     final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
@@ -613,27 +619,33 @@ def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
 
 
 def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
-    """The rollback could not reach the RPC host before its first change: nothing it would do can
-    work, so it changes nothing (stopping native would take down the half that may still serve)
-    and keeps the leases, like any failed rollback."""
-    ctx.journal.set("final_state", {"state": "left as the failed step left it (rollback could not reach the RPC host)"})
+    """The rollback could not reach the RPC host, or a root it must write takes no new file, before
+    its first change: nothing it would do can work, so it changes nothing (stopping native would
+    take down what may still serve) and keeps the leases, like any failed rollback."""
+    unwritable = isinstance(error_of(rb), space.NotWritable)
+    why = "a root it must write takes no new file" if unwritable else "could not reach the RPC host"
+    ctx.journal.set("final_state", {"state": f"left as the failed step left it (rollback {why})"})
     held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
     first = (
         f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
         if first_failure
         else ""
     )
-    msg = (
-        first
-        + f"the rollback could not reach {ctx.host('rpc')} ({rb.message.splitlines()[0]}), so it changed nothing: "
-        f"{ctx.host('native')} was not stopped. The leases are kept so nobody deploys onto an unknown state."
+    said = rb.message.splitlines()[0]
+    msg = first + (
+        f"the rollback cannot write where it must ({said}), so it changed nothing: what runs keeps running "
+        f"(`pairctl status --pair {ctx.view.name}` names what is down)."
+        if unwritable
+        else f"the rollback could not reach {ctx.host('rpc')} ({said}), so it changed nothing: "
+        f"{ctx.host('native')} was not stopped."
     )
+    msg += " The leases are kept so nobody deploys onto an unknown state."
     ctx.journal.finish("failed", msg)
     raise RollbackFailed(
         msg,
-        hint=f"once {ctx.host('rpc')} answers SSH again: `pairctl status --pair {ctx.view.name}`, release the "
-        f"leases (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then rollback or deploy; "
-        f"leases held: {held or 'none'}",
+        hint=f"once {'the root takes writes' if unwritable else ctx.host('rpc') + ' answers SSH'} again: "
+        f"`pairctl status --pair {ctx.view.name}`, release the leases (`pairctl lease release {ctx.view.name} "
+        f"--dead-run {ctx.run_id}`), then rollback or deploy; leases held: {held or 'none'}",
     )
 
 

@@ -33,7 +33,8 @@ def take(ctx: RunContext, role: str) -> Lease:
     if ctx.lease_held_by_caller:
         return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce(), DEFAULT_TTL_S)
     command = ctx.journal.state.header.get("command", "deploy")
-    try:
+
+    def once() -> Lease:
         return leases.take_lease(
             ctx.t(role),
             ctx.layout(role).root,
@@ -43,10 +44,47 @@ def take(ctx: RunContext, role: str) -> Lease:
             nonce=ctx.hosts.lease_nonce(),
             stale_after_s=HEARTBEAT_S,
         )
+
+    try:
+        return once()
     except LeaseHeldError as exc:  # the hint names the exact command, with this pair's name
+        if _free_left_by_unwritable_root(ctx, role):
+            return once()
         if exc.hint:
             exc.hint = exc.hint.replace("lease release PAIR", f"lease release {ctx.view.name}")
         raise
+
+
+def _free_left_by_unwritable_root(ctx: RunContext, role: str) -> bool:
+    """A lease this home's own run left because its root refused the release (read-only or full
+    then: issue 49) is freed by the next run of this home, so no operator step is left after the
+    root takes writes again. Only when the evidence here proves that run over (its sealed receipt,
+    in the chain, the same owner as the lease) and records that very refusal on this host: a lease
+    kept on purpose (a failed rollback) or another home's run is left alone, as before."""
+    t, root, host = ctx.t(role), ctx.layout(role).root, ctx.host(role)
+    st = leases.lease_state(t, root)
+    run = leases.run_of(st.lease) if st.lease is not None else None
+    if ctx.evidence is None or st.lease is None or run is None:
+        return False
+    state, why, owner = ctx.evidence.run_record(run)
+    if state != "ended" or owner != st.lease.owner:
+        return False
+    sha = next((s["hash"] for s in ctx.evidence.summaries() if s.get("run_id") == run and s.get("in_chain")), None)
+    refused = sha is not None and any(
+        s.name == "release-lease" and LEFT_ON_UNWRITABLE in str((s.data.get("errors") or {}).get(host, ""))
+        for s in ctx.evidence.load(sha).steps
+    )
+    if not refused:
+        return False
+    broken = leases.break_run_lease(
+        t, root, run, by=leases.default_owner(), why=f"run over: {why}; {LEFT_ON_UNWRITABLE}"
+    )
+    ctx.journal.note(f"{host}: freed the lease of this home's run {run} ({why}), which its root refused to release")
+    return broken is not None
+
+
+# what `release` says of a lease the root refused to give back; `take` finds it in that run's receipt
+LEFT_ON_UNWRITABLE = "the root refused the release"
 
 
 def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -> dict[str, Any]:
@@ -86,7 +124,17 @@ def release(ctx: RunContext, role: str, handle: Lease) -> bool:
     """Release this run's lease; False (left held) when the caller holds it."""
     if ctx.lease_held_by_caller:
         return False
-    leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce())
+    try:
+        leases.release_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce())
+    except HostError as exc:
+        if not space.refuses_writes(str(exc)):
+            raise
+        raise HostError(
+            f"{ctx.host(role)}: {ctx.layout(role).leases} takes no new file ({exc.message[:200]}): "
+            f"{LEFT_ON_UNWRITABLE}, so run {ctx.run_id}'s lease stays until it is writable again; this "
+            f"home's next deploy or rollback of {ctx.view.name} frees it then",
+            hint=f"make {ctx.layout(role).root} writable on {ctx.host(role)} (a read-only mount? a full disk?)",
+        ) from None
     return True
 
 

@@ -108,7 +108,10 @@ def status(
                 if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
                     out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
             elif f.current:
-                out["problems"].append(f"{host}: current is {f.current} but {name} is not running")
+                out["problems"].append(
+                    f"{host}: current is {f.current} but {name} is not running; `pairctl restart --pair {view.name}` "
+                    "starts the pair again"
+                )
             h: dict[str, Any] = {
                 "role": role,
                 "reachable": True,
@@ -139,8 +142,9 @@ def status(
                 sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up")
             ):
                 out["problems"].append(
-                    f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} would not "
-                    f"be restarted; deploying the active pair again starts it under a new supervisor"
+                    f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} is restarted "
+                    f"only by the crontab watchdog, within a minute, where cron runs (systemd hosts: by its unit); "
+                    f"`pairctl restart --pair {view.name}` starts it under a new supervisor now"
                 )
             if sup is not None and sup.given_up:
                 out["problems"].append(

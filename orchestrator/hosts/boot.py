@@ -91,8 +91,17 @@ def cron_command(line: str) -> str:
 
 
 def entry(layout: HostLayout) -> str:
-    """The @reboot line for this root (the root checked with `unfit_for_cron` first)."""
-    return "@reboot " + cron_escape(shlex.join(boot_argv(layout)))
+    """The lines under this root's marker (the root checked with `unfit_for_cron` first): the
+    @reboot line, and the watchdog that supervises the supervisors where no service manager does
+    (issue 49: a supervisor killed, then its service, stayed down): every minute, `watch` starts
+    again what `boot` would, unless a lease is held or the supervisor gave up or refused."""
+    watch = ["sh", layout.svc, "watch", layout.root]
+    return (
+        "@reboot " + cron_escape(shlex.join(boot_argv(layout))) + "\n" + WATCH_SCHEDULE + cron_escape(shlex.join(watch))
+    )
+
+
+WATCH_SCHEDULE = "* * * * * "  # the watchdog's bound: a minute, plus the supervisor's start
 
 
 def _lines(text: str) -> list[str]:
@@ -108,17 +117,18 @@ def _without_entry(existing: str, root: str, stray: str | None = None) -> tuple[
     mark = marker(root)
     out: list[str] = []
     at: int | None = None
-    drop_next = False
+    drop_next = 0
     for ln in _lines(existing):
-        if drop_next:
-            drop_next = False
-            if ln.startswith("@reboot"):
+        if drop_next:  # ours: the @reboot line and the watchdog after the marker (older pairctl: one)
+            drop_next -= 1
+            if ln.startswith("@reboot") or (ln.startswith(WATCH_SCHEDULE) and "pairctl-svc" in ln):
                 continue
+            drop_next = 0
         if ln == mark:
-            drop_next = True
+            drop_next = 2
             at = len(out) if at is None else at
             continue
-        if stray is not None and ln == stray:
+        if stray is not None and ln in stray.split("\n"):
             continue
         out.append(ln)
     return out, at
@@ -147,12 +157,12 @@ def drop_entry(existing: str, root: str) -> str:
 
 def entry_state(text: str, root: str, line: str) -> str:
     """`installed` (marker followed by exactly `line`, once), `absent`, or `differs`."""
-    lines = _lines(text)
+    lines, want = _lines(text), line.split("\n")
     mark = marker(root)
     at = [i for i, ln in enumerate(lines) if ln == mark]
-    if not at and line not in lines:
+    if not at and not set(want) & set(lines):
         return "absent"
-    if len(at) == 1 and at[0] + 1 < len(lines) and lines[at[0] + 1] == line and lines.count(line) == 1:
+    if len(at) == 1 and lines[at[0] + 1 : at[0] + 1 + len(want)] == want and all(lines.count(w) == 1 for w in want):
         return "installed"
     return "differs"
 

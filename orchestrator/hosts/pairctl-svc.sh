@@ -803,6 +803,23 @@ boot)
     done
     exit $rc
     ;;
+watch)
+    # watch ROOT: what the per-minute crontab line runs where no service manager supervises the
+    # supervisors (orchestrator/hosts/boot.py; issue 49: a killed supervisor, then its service,
+    # stayed down). `boot` again when a supervisor that should run does not, unless a live lease
+    # holds the host (its holder starts what it wants) or the supervisor ended on purpose (gave
+    # up on a crash loop, refused changed files: the operator's, as status says). Silent otherwise.
+    [ -d "$root/run" ] || exit 0
+    ! lease_held "$root" || exit 0
+    for f in "$root"/run/*.boot; do
+        [ -f "$f" ] || continue
+        name=${f##*/}; name=${name%.boot}
+        sup_alive "$root" "$name" >/dev/null && continue
+        small "$root/run/$name.state" 65536 | grep -qx 'state=\(given-up\|refused\)' && continue
+        exec sh "$0" boot "$root"
+    done
+    exit 0
+    ;;
 start)
     # start ROOT NAME PROGRAM ARGS...: start under setsid, then print its identity.
     name=${1:?name}; shift

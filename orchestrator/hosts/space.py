@@ -105,7 +105,8 @@ def require_writable(transport: Transport, path: str, what: str) -> None:
         if isinstance(exc, DiskFull):
             raise
         raise NotWritable(
-            f"{transport.name}: {path} does not take a new file ({str(exc)[:200]}); it is needed for {what}; "
+            f"{transport.name}: {path} does not take a new file ({getattr(exc, 'message', str(exc))[:200]}); "
+            f"it is needed for {what}; "
             "nothing was changed",
             hint=f"make {path} writable on {transport.name} (a read-only mount? `mount`, `touch {path}/x`), "
             "then run the command again",

@@ -109,6 +109,14 @@ def _reboot_line(crontab: str, root: str) -> str:
     return line
 
 
+def _watch_line(crontab: str, root: str) -> str:
+    """The watchdog line, right after this root's @reboot line."""
+    lines = crontab.splitlines()
+    line = lines[lines.index(boot.marker(root)) + 2]
+    assert line.startswith(boot.WATCH_SCHEDULE) and lines.count(line) == 1, crontab
+    return line
+
+
 def _run_as_cron(line: str) -> None:
     subprocess.run(["/bin/sh", "-c", boot.cron_command(line)], env=CRON_ENV, check=True, timeout=60)
 
@@ -139,8 +147,9 @@ def pair(deployed_lab, lab_packages, cli):
 def test_deploy_installs_one_reboot_line_per_root_and_status_shows_it(pair, cli, lab_packages):
     roots = pair.roots()
     for role, root in roots.items():
-        line = _reboot_line(_crontab(pair, role), root)
-        assert line == boot.entry(HostLayout(root))
+        crontab = _crontab(pair, role)
+        line = _reboot_line(crontab, root)
+        assert f"{line}\n{_watch_line(crontab, root)}" == boot.entry(HostLayout(root))
         assert Path(root, "run", f"{SERVICE[role]}.boot").stat().st_mode & 0o777 == 0o600
     before = _crontab(pair, "native")
     # a second deploy replaces nothing and appends nothing
@@ -185,6 +194,43 @@ def test_a_simulated_reboot_brings_the_pair_back_with_the_same_identity(pair, cl
         assert h["running"] and h["matches_manifest"] and h["supervisor"]["supervisor_alive"], h
     r = cli("--json", "accept", "--pair", "lab", "--only", "identity")
     assert r.exit_code == 0, r.stdout[-3000:]
+
+
+def test_the_watchdog_brings_the_pair_back_after_its_supervisors_then_services_are_killed(pair, cli):
+    """No service manager supervised the supervisors: a kill -9 of each, then of each service, left
+    the pair down (health 000 after 60 s). Status names what is down and the command that brings it
+    back; the crontab's per-minute watchdog line, run as cron runs it, brings the pair back."""
+    roots = pair.roots()
+    before = {role: _identity(root, SERVICE[role]) for role, root in roots.items()}
+    watch = {role: _watch_line(_crontab(pair, role), root) for role, root in roots.items()}
+    sups = [_read_pid(Path(root, "run", f"{SERVICE[role]}.sup.pid")) for role, root in roots.items()]
+    for pid in [*sups, *(i[0] for i in before.values() if i)]:  # the supervisors first, then the services
+        assert pid is not None and _alive(pid)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(f"pid {pid} gone", lambda p=pid: not _alive(p), 10)
+    time.sleep(2.0)  # backoff 0.2 s, probes 0.5 s: a supervisor would have started them by now
+    assert not _healthy(pair.base_url)
+    code, st = _status(cli)
+    down = [p for p in st["problems"] if "is not running; `pairctl restart --pair lab` starts the pair again" in p]
+    assert code == 1 and len(down) == 2, st["problems"]
+    t0 = time.monotonic()
+    for role in ("native", "rpc"):
+        _run_as_cron(watch[role])
+
+    def back() -> bool:
+        code, st = _status(cli)
+        return code == 0 and st.get("health") == "ok"
+
+    took = wait_until("status exit 0 and health ok after the watchdog lines", back, BACK_WITHIN_S)
+    print(
+        f"supervisors and services killed -> pair healthy {time.monotonic() - t0:.2f} s after the watchdog ran "
+        f"({took:.2f} s)"
+    )
+    for role, root in roots.items():
+        after, was = _identity(root, SERVICE[role]), before[role]
+        assert after is not None and was is not None and after[1:] == was[1:], role  # same binary, same argv
+    code, st = _status(cli)
+    assert code == 0 and all(h["supervisor"]["supervisor_alive"] for h in st["hosts"].values()), st["problems"]
 
 
 def test_a_deliberately_stopped_llama_server_stays_stopped_at_boot(pair, cli):

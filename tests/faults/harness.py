@@ -815,7 +815,7 @@ SWITCH_STEPS = frozenset({"upload", "restart-rpc", "switch-native", "route"})
 RPC_SERVED_STEPS = frozenset({"restart-rpc", "start-server", "verify", "accept", "check:cached_continuation"})
 OTHER_STEPS = frozenset({"connect", "lease", "upload", "restart-rpc", "accept"})
 DAMAGE_STEPS = frozenset({"lease", "route"})
-READ_ONLY_STEPS = frozenset({"stop-native", "restart-rpc", "accept"})
+READ_ONLY_STEPS = frozenset({"upload", "stop-native", "restart-rpc", "accept"})
 BLIP_STEPS = frozenset(
     {"facts", "stop-native", "restart-rpc", "switch-native", "verify", "accept", "check:cached_continuation"}
 )
@@ -1055,9 +1055,23 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             f"the RPC disk full at {step} must end rolled back to the previous pair, verified (exit 7); "
             f"got {cell.first}[{cell.between}]"
         )
-    if fault.name.startswith("read-only-") and cell.first == "exit 8" and "Now down" not in state.get("first_err", ""):
+    # a failed rollback says what is down, or (a read-only root it must write, seen before its first
+    # change: issue 49) that it changed nothing, so what ran keeps serving
+    said_8 = state.get("first_err", "")
+    if (
+        fault.name.startswith("read-only-")
+        and cell.first == "exit 8"
+        and not ("Now down" in said_8 or "changed nothing" in said_8)
+    ):
         cell.problems.append(
             "a failed rollback must say, host by host, what is down and why: " + cell.first_said[-300:]
+        )
+    if (fault.name, step, cell.first) in {(f"read-only-{r}-root", "accept", "exit 8") for r in ROLES} and (
+        "changed nothing" not in said_8
+    ):
+        cell.problems.append(
+            "a root read-only during acceptance stopped both services although what ran could keep serving "
+            "(the rollback can start neither there): " + cell.first_said[-300:]
         )
     if fault.name.startswith("blip-ssh-") and (cell.first, cell.between) != ("exit 0", "new"):
         cell.problems.append(
@@ -1073,7 +1087,15 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     ):
         cell.problems.append("the killed run was not sealed as an aborted receipt by status")
     held = [r for r in ROLES if lease_held(fp.roots[r])]
-    if held:
+    # issue 49: a lease a read-only root refused to give back is freed by the home's next deploy
+    # or rollback (checked at the end: none held), never by hand; a failed rollback (exit 8) keeps
+    # its leases on purpose, as everywhere
+    if held and fault.name.startswith("read-only-") and cell.first != "exit 8":
+        if "frees it then" not in state.get("first_err", ""):
+            cell.problems.append(
+                f"a lease left on a read-only root is not said to be freed later: {cell.first_said[-300:]}"
+            )
+    elif held:
         why = "killed run" if cell.first == "killed" else f"run that ended with {cell.first}"
         release_dead_run_leases(fp, cell, st1, why)
 

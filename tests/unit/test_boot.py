@@ -33,8 +33,19 @@ MARK = boot.marker(ROOT)
 
 
 def test_entry_runs_the_installed_helper_for_its_root():
-    assert LINE == "@reboot sh /srv/pairctl/bin/pairctl-svc boot /srv/pairctl"
-    assert shlex.split(boot.cron_command(LINE)) == ["sh", "/srv/pairctl/bin/pairctl-svc", "boot", ROOT]
+    reboot, watch = LINE.split("\n")
+    assert reboot == "@reboot sh /srv/pairctl/bin/pairctl-svc boot /srv/pairctl"
+    assert watch == "* * * * * sh /srv/pairctl/bin/pairctl-svc watch /srv/pairctl"
+    assert shlex.split(boot.cron_command(reboot)) == ["sh", "/srv/pairctl/bin/pairctl-svc", "boot", ROOT]
+    assert shlex.split(boot.cron_command(watch)) == ["sh", "/srv/pairctl/bin/pairctl-svc", "watch", ROOT]
+
+
+def test_an_older_single_reboot_line_is_replaced_by_both():
+    old = f"0 3 * * * mine\n{MARK}\n@reboot sh /srv/pairctl/bin/pairctl-svc boot {ROOT}\n* * * * * theirs\n"
+    assert boot.entry_state(old, ROOT, LINE) == "differs"
+    merged = boot.merge_crontab(old, ROOT, LINE)
+    assert merged == f"0 3 * * * mine\n{MARK}\n{LINE}\n* * * * * theirs\n"  # the user's own line stays
+    assert boot.entry_state(merged, ROOT, LINE) == "installed"
 
 
 def test_merge_into_an_empty_crontab():
@@ -112,8 +123,9 @@ def test_any_root_cron_can_carry_reaches_sh_as_its_argv(name):
         return
     layout = HostLayout(root)
     line = boot.entry(layout)
-    assert "\n" not in line
-    assert shlex.split(boot.cron_command(line)) == boot.boot_argv(layout)
+    reboot, watch = line.split("\n")
+    assert shlex.split(boot.cron_command(reboot)) == boot.boot_argv(layout)
+    assert shlex.split(boot.cron_command(watch)) == ["sh", layout.svc, "watch", root]
     merged = boot.merge_crontab("0 3 * * * mine\n", root, line)
     assert boot.entry_state(merged, root, line) == "installed"
 
@@ -189,9 +201,10 @@ def _power_loss(layout: HostLayout) -> None:
     time.sleep(0.2)
 
 
-def _boot_as_cron(layout: HostLayout) -> None:
-    """The crontab line's command, run the way cron runs it (`/bin/sh -c`, cron's environment)."""
-    cmd = boot.cron_command(boot.entry(layout))
+def _boot_as_cron(layout: HostLayout, which: int = 0) -> None:
+    """A crontab line's command (0: @reboot, 1: the watchdog), run the way cron runs it (`/bin/sh -c`,
+    cron's environment)."""
+    cmd = boot.cron_command(boot.entry(layout).split("\n")[which])
     env = {"HOME": "/root", "LOGNAME": "root", "PATH": "/usr/bin:/bin", "SHELL": "/bin/sh"}
     subprocess.run(["/bin/sh", "-c", cmd], env=env, check=True, timeout=30)
 
@@ -258,3 +271,41 @@ def test_lab_down_is_a_deliberate_stop_for_boot_too(tmp_path):
         (run / f"{name}.boot").write_bytes(b"/x/bin/" + name.encode() + b"\0")
     stop_services(tmp_path)
     assert not list(run.glob("*.boot"))
+
+
+def test_the_watchdog_brings_back_a_killed_supervisor_once_its_service_is_killed_too(host):
+    """Without a service manager nothing supervised the supervisor: a kill -9 of it, then of its
+    service, stayed down. The per-minute watchdog line, run as cron runs it: nothing while all is
+    supervised or a lease is held, and the service back (same argv) once both are gone."""
+    t, layout = host
+    t.run(layout.start_cmd(NAME, _argv(layout), SUP))
+    old = _pid(layout)
+    _boot_as_cron(layout, 1)  # all supervised: nothing started, nothing logged
+    assert _pid(layout) == old and not Path(layout.log("boot.log")).exists()
+    sup = int(Path(layout.log(f"{NAME}.sup.pid")).read_text())
+    os.kill(sup, 9)
+    _wait(lambda: _cmdline(sup) is None)
+    assert old is not None and _cmdline(old) == _argv(layout)  # the service itself still runs
+    os.kill(old, 9)
+    _wait(lambda: _cmdline(old) is None)
+    lock = Path(layout.leases, "host.lock")
+    lock.mkdir()  # a lease being made holds the host: its holder starts what it wants
+    _boot_as_cron(layout, 1)
+    time.sleep(0.5)
+    assert not Path(layout.log("boot.log")).exists()
+    lock.rmdir()
+    _boot_as_cron(layout, 1)
+    _wait(lambda: _pid(layout) not in (None, old) and _cmdline(_pid(layout) or 0) == _argv(layout))
+    assert f"boot={NAME}:started" in Path(layout.log("boot.log")).read_text()
+
+
+def test_the_watchdog_leaves_a_supervisor_that_gave_up_alone(host):
+    t, layout = host
+    t.run(layout.start_cmd(NAME, _argv(layout), SUP))
+    for f in (f"{NAME}.sup.pid", f"{NAME}.pid"):
+        os.kill(int(Path(layout.log(f)).read_text()), 9)
+    state = Path(layout.log(f"{NAME}.state"))
+    state.write_text(state.read_text() + "state=given-up\n")  # as a crash loop ends it
+    _boot_as_cron(layout, 1)
+    time.sleep(0.5)
+    assert not Path(layout.log("boot.log")).exists()
