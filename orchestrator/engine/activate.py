@@ -30,7 +30,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile, profile_fro
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.identity import Expected, read_identities, verify_identity
-from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
+from orchestrator.engine.plan import Activation, Exec, PairView, Step, service_exec
 from orchestrator.engine.revisions import mixed_problem, require_one_revision
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import CheckFailed, ConfigError, HostError, HostStateError, PackageError, PairctlError
@@ -587,9 +587,10 @@ def _prove_both_before_first_change(ctx: RunContext) -> dict[str, int]:
     return {ctx.host(r): futs[r].result() for r in ("native", "rpc")}
 
 
-def _planned(ctx: RunContext, role: str, ex: Exec | None, verify: Any) -> Exec:
+def _planned(ctx: RunContext, role: str, step: Step, verify: Any) -> Exec:
     """The step's planned command for this host, checked against what the run found: a release
     verified first is the one the plan named (else the plan and the run disagree: refused)."""
+    ex = step.execs.get(ctx.host(role))
     if ex is None:
         raise HostStateError(f"{ctx.host(role)}: the plan carries no command for this step; nothing was run")
     got = verify[0] if verify else None
@@ -601,12 +602,20 @@ def _planned(ctx: RunContext, role: str, ex: Exec | None, verify: Any) -> Exec:
     return ex
 
 
+def _planned_links(ctx: RunContext, role: str, step: Step) -> tuple[str | None, str | None]:
+    """The (current, previous) links the plan put on this host's step (decided there, never here)."""
+    links = step.links.get(ctx.host(role))
+    if links is None:
+        raise HostStateError(f"{ctx.host(role)}: the plan carries no links for this step; nothing was changed")
+    return links
+
+
 def _ran(ex: Exec) -> dict[str, Any]:
     """What the receipt records of a planned command: its argv as shown (secrets masked) and bound."""
     return {"argv": list(ex.argv()), "bound_s": ex.bound_s}
 
 
-def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
+def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
@@ -628,7 +637,7 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
         _before_change(ctx, role)
     verify = _take_deferred(ctx, role)
-    ex = _planned(ctx, role, ex, verify)
+    ex = _planned(ctx, role, step, verify)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
@@ -647,16 +656,8 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     return d
 
 
-def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
-    """(current, previous) this run puts on the host: the new release, or what is restored."""
-    if ctx.mode == "rollback":
-        return ctx.restore_links[role]
-    assert ctx.target is not None
-    return deploy_links(ctx.hosts.facts.get(role), ctx.target.activation, role)
-
-
-def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
-    cur, prev = links_for(ctx, role)
+def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    cur, prev = _planned_links(ctx, role, step)
     _before_change(ctx, role)
     if ctx.mode == "deploy":
         ctx.links_switched.add(role)
@@ -664,14 +665,14 @@ def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"current": cur, "previous": prev}
 
 
-def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
+def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
-    links = links_for(ctx, "rpc")
+    links = _planned_links(ctx, "rpc", step)
     tgt = ctx.activating()
     _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
-        ex = _planned(ctx, "rpc", ex, None)
+        ex = _planned(ctx, "rpc", step, None)
         out, _ = services.stop(t, layout, RPC_SERVER, cmd=ex.cmd)
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
@@ -687,7 +688,7 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
     guard = install_guard(t, layout)
     verify = _take_deferred(ctx, "rpc")
-    ex = _planned(ctx, "rpc", ex, verify)
+    ex = _planned(ctx, "rpc", step, verify)
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
@@ -784,12 +785,12 @@ def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *
         )
 
 
-def a_start_server(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
+def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     tgt = ctx.activating()
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
-    ex = _planned(ctx, "native", ex, None)
+    ex = _planned(ctx, "native", step, None)
     _before_change(ctx, "native")
     _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
@@ -1060,7 +1061,7 @@ HANDLERS: dict[str, Handler] = {
     "upload": a_upload,
     "secret": a_secret,
     "stop": Planned(a_stop),
-    "switch": a_switch,
+    "switch": Planned(a_switch),
     "restart-rpc": Planned(a_restart_rpc),
     "start-server": Planned(a_start_server),
     "verify": a_verify,
