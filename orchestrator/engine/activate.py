@@ -501,13 +501,6 @@ def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
-def _take_deferred(ctx: RunContext, role: str) -> tuple[str, dict[str, str]] | None:
-    """The present release this host's first exec must verify before stopping (deploy only)."""
-    if ctx.mode != "deploy":
-        return None
-    return ctx.hosts.take_deferred(role)
-
-
 class UnreachableBeforeChange(HostError):
     """A host did not answer just before the first change (the RPC host's probe, or the native
     host's stop that never started): nothing was stopped."""
@@ -587,19 +580,21 @@ def _prove_both_before_first_change(ctx: RunContext) -> dict[str, int]:
     return {ctx.host(r): futs[r].result() for r in ("native", "rpc")}
 
 
-def _planned(ctx: RunContext, role: str, step: Step, verify: Any) -> Exec:
-    """The step's planned command for this host, checked against what the run found: a release
-    verified first is the one the plan named (else the plan and the run disagree: refused)."""
+def _planned(ctx: RunContext, role: str, step: Step) -> tuple[Exec, tuple[str, dict[str, str]] | None]:
+    """The step's planned command for this host and, when the plan has it verify a present
+    release first, that release's hashes as the upload deferred them; a plan and a run that
+    disagree (no command, or no such release deferred) are refused before anything runs."""
     ex = step.execs.get(ctx.host(role))
     if ex is None:
         raise HostStateError(f"{ctx.host(role)}: the plan carries no command for this step; nothing was run")
+    verify = ctx.hosts.take_deferred(role) if ex.verify_release else None
     got = verify[0] if verify else None
     if got != ex.verify_release:
         raise HostStateError(
             f"{ctx.host(role)}: the plan verifies release {ex.verify_release or 'none'} first, the run "
             f"{got or 'none'}; nothing was run"
         )
-    return ex
+    return ex, verify
 
 
 def _planned_links(ctx: RunContext, role: str, step: Step) -> tuple[str | None, str | None]:
@@ -636,8 +631,7 @@ def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
             # down the half that still serves (issue 33: the model traffic between them was fine)
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
         _before_change(ctx, role)
-    verify = _take_deferred(ctx, role)
-    ex = _planned(ctx, role, step, verify)
+    ex, verify = _planned(ctx, role, step)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
@@ -672,7 +666,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
-        ex = _planned(ctx, "rpc", step, None)
+        ex, _ = _planned(ctx, "rpc", step)
         out, _ = services.stop(t, layout, RPC_SERVER, cmd=ex.cmd)
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
@@ -687,8 +681,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     # whatever starts ggml-rpc-server (deploy, rollback, restart) puts its guard there first: the
     # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
     guard = install_guard(t, layout)
-    verify = _take_deferred(ctx, "rpc")
-    ex = _planned(ctx, "rpc", step, verify)
+    ex, verify = _planned(ctx, "rpc", step)
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
@@ -790,7 +783,7 @@ def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
-    ex = _planned(ctx, "native", step, None)
+    ex, _ = _planned(ctx, "native", step)
     _before_change(ctx, "native")
     _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
