@@ -962,7 +962,7 @@ def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
                     hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
                 ) from None
 
-    ctx.room_once(f"{ctx.mode}:{step}", probe)
+    ctx.room_once(step, probe)
 
 
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
