@@ -30,7 +30,7 @@ from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing, route_states
 from orchestrator.engine.context import RunContext, Target
-from orchestrator.engine.plan import Activation, Exec, PairView, deploy_links, service_exec
+from orchestrator.engine.plan import Activation, Exec, PairView, Step, service_exec
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import (
     CheckFailed,
@@ -509,13 +509,6 @@ def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
-def _take_deferred(ctx: RunContext, role: str) -> tuple[str, dict[str, str]] | None:
-    """The present release this host's first exec must verify before stopping (deploy only)."""
-    if ctx.mode != "deploy":
-        return None
-    return ctx.hosts.take_deferred(role)
-
-
 class UnreachableBeforeChange(HostError):
     """A host did not answer just before the first change (the RPC host's probe, or the native
     host's stop that never started): nothing was stopped."""
@@ -595,18 +588,29 @@ def _prove_both_before_first_change(ctx: RunContext) -> dict[str, int]:
     return {ctx.host(r): futs[r].result() for r in ("native", "rpc")}
 
 
-def _planned(ctx: RunContext, role: str, ex: Exec | None, verify: Any) -> Exec:
-    """The step's planned command for this host, checked against what the run found: a release
-    verified first is the one the plan named (else the plan and the run disagree: refused)."""
+def _planned(ctx: RunContext, role: str, step: Step) -> tuple[Exec, tuple[str, dict[str, str]] | None]:
+    """The step's planned command for this host and, when the plan has it verify a present
+    release first, that release's hashes as the upload deferred them; a plan and a run that
+    disagree (no command, or no such release deferred) are refused before anything runs."""
+    ex = step.execs.get(ctx.host(role))
     if ex is None:
         raise HostStateError(f"{ctx.host(role)}: the plan carries no command for this step; nothing was run")
+    verify = ctx.hosts.take_deferred(role) if ex.verify_release else None
     got = verify[0] if verify else None
     if got != ex.verify_release:
         raise HostStateError(
             f"{ctx.host(role)}: the plan verifies release {ex.verify_release or 'none'} first, the run "
             f"{got or 'none'}; nothing was run"
         )
-    return ex
+    return ex, verify
+
+
+def _planned_links(ctx: RunContext, role: str, step: Step) -> tuple[str | None, str | None]:
+    """The (current, previous) links the plan put on this host's step (decided there, never here)."""
+    links = step.links.get(ctx.host(role))
+    if links is None:
+        raise HostStateError(f"{ctx.host(role)}: the plan carries no links for this step; nothing was changed")
+    return links
 
 
 def _ran(ex: Exec) -> dict[str, Any]:
@@ -614,7 +618,7 @@ def _ran(ex: Exec) -> dict[str, Any]:
     return {"argv": list(ex.argv()), "bound_s": ex.bound_s}
 
 
-def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
+def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t0 = time.monotonic()
     if ctx.mode == "deploy" and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
@@ -636,8 +640,7 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
             _writable_for_restore(ctx)
         _before_change(ctx, role)
-    verify = _take_deferred(ctx, role)
-    ex = _planned(ctx, role, ex, verify)
+    ex, verify = _planned(ctx, role, step)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
@@ -656,16 +659,8 @@ def a_stop(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
     return d
 
 
-def links_for(ctx: RunContext, role: str) -> tuple[str | None, str | None]:
-    """(current, previous) this run puts on the host: the new release, or what is restored."""
-    if ctx.mode == "rollback":
-        return ctx.restore_links[role]
-    assert ctx.target is not None
-    return deploy_links(ctx.hosts.facts.get(role), ctx.target.activation, role)
-
-
-def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
-    cur, prev = links_for(ctx, role)
+def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    cur, prev = _planned_links(ctx, role, step)
     _before_change(ctx, role)
     if ctx.mode == "deploy":
         ctx.links_switched.add(role)
@@ -673,14 +668,14 @@ def a_switch(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"current": cur, "previous": prev}
 
 
-def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
+def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
-    links = links_for(ctx, "rpc")
+    links = _planned_links(ctx, "rpc", step)
     tgt = ctx.activating()
     _before_change(ctx, "rpc")
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
-        ex = _planned(ctx, "rpc", ex, None)
+        ex, _ = _planned(ctx, "rpc", step)
         out, _ = services.stop(t, layout, RPC_SERVER, cmd=ex.cmd)
         switch_links(t, layout, *links)
         ctx.timed("stop_s", time.monotonic() - t0)
@@ -695,8 +690,7 @@ def a_restart_rpc(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]
     # whatever starts ggml-rpc-server (deploy, rollback, restart) puts its guard there first: the
     # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
     guard = install_guard(t, layout)
-    verify = _take_deferred(ctx, "rpc")
-    ex = _planned(ctx, "rpc", ex, verify)
+    ex, verify = _planned(ctx, "rpc", step)
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
     units: services.Units = {}
@@ -814,12 +808,12 @@ def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *
         )
 
 
-def a_start_server(ctx: RunContext, role: str, ex: Exec | None) -> dict[str, Any]:
+def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     tgt = ctx.activating()
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
-    ex = _planned(ctx, "native", ex, None)
+    ex, _ = _planned(ctx, "native", step)
     _before_change(ctx, "native")
     _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
@@ -998,7 +992,7 @@ def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
                     hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
                 ) from None
 
-    ctx.room_once(f"{ctx.mode}:{step}", probe)
+    ctx.room_once(step, probe)
 
 
 def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
@@ -1090,7 +1084,7 @@ HANDLERS: dict[str, Handler] = {
     "upload": a_upload,
     "secret": a_secret,
     "stop": Planned(a_stop),
-    "switch": a_switch,
+    "switch": Planned(a_switch),
     "restart-rpc": Planned(a_restart_rpc),
     "start-server": Planned(a_start_server),
     "verify": a_verify,

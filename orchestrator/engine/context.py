@@ -227,7 +227,7 @@ class RunContext:
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
     next_route: RouteRecord | None = None  # the record this run writes, computed once for both hosts
-    # per route-writing step ("MODE:STEP"): both hosts took a file of the record's size (None) or
+    # per route-writing step of this run: both hosts took a file of the record's size (None) or
     # what refused it, found once before either host's record is written (engine/activate.py)
     route_room: dict[str, PairctlError | None] = field(default_factory=dict)
     _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -276,11 +276,11 @@ class RunContext:
         return self.key.value if self.key is not None else None
 
     def for_rollback(self) -> RunContext:
-        """The context a failed deploy's rollback runs in: its own plan and route successor over
-        the same inputs, connections, journal, host state and leases; the deploy's context is
-        left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
+        """The context a failed deploy's rollback runs in: its own plan, route successor and room
+        probes over the same inputs, connections, journal, host state and leases; the deploy's
+        context is left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
         self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
-        return replace(self, mode="rollback", next_route=None, _route_lock=threading.Lock())
+        return replace(self, mode="rollback", next_route=None, route_room={}, _route_lock=threading.Lock())
 
     def activating(self) -> Target | None:
         return self.restore if self.mode == "rollback" else self.target

@@ -54,6 +54,8 @@ class Step:
     changes: bool
     description: str
     execs: Mapping[str, Exec] = field(default_factory=dict)  # per host: the command this step runs there
+    # per host: the (current, previous) links a switch / restart-rpc puts there, decided here once
+    links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -227,14 +229,6 @@ def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str |
     return new_id, facts.current
 
 
-def deploy_links(facts: HostFacts | None, target: Activation, role: str) -> tuple[str, str | None]:
-    """(current, previous) a deploy of `target` leaves on ROLE's host: for the executor and the plan."""
-    cur, prev = links_after_deploy(facts, target.native_package if role == "native" else target.rpc_package)
-    if target.keep_previous is not None:
-        prev = target.keep_previous[0 if role == "native" else 1]
-    return cur, prev
-
-
 def plan(
     playbook: Playbook,
     view: PairView,
@@ -260,9 +254,11 @@ def plan(
             continue  # not run, so not recorded as passed; route-accepted settles the pair identity-verified
         roles = ROLES if s.host == "both" else ((s.host,) if s.host in ROLES else ())
         hosts = tuple(view.hosts[r] for r in roles) or ("local",)
-        desc, argv = _describe(
-            s.action, roles, view, facts or {}, target, restore, skip_accept, checks, restore_links or {}
-        )
+        links: dict[str, tuple[str | None, str | None]] = {
+            r: _links(r, facts or {}, target, restore_links or {})
+            for r in (roles if s.action in ("switch", "restart-rpc") else ())
+        }
+        desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks, links)
         steps.append(
             Step(
                 name=s.name,
@@ -273,6 +269,7 @@ def plan(
                 changes=ACTIONS[s.action],
                 description=desc or s.description,
                 execs=argv,
+                links={view.hosts[r]: lk for r, lk in links.items()},
             )
         )
     return steps
@@ -288,9 +285,15 @@ def _links(
     target: Activation | None,
     restore_links: Mapping[str, tuple[str | None, str | None]],
 ) -> tuple[str | None, str | None]:
-    if target is not None:
-        return deploy_links(facts.get(role), target, role)
-    return restore_links.get(role, (None, None))
+    """(current, previous) a switch leaves on ROLE's host, decided once here for the plan and the
+    executor: a deploy's new release (qualify's restore keeps the `previous` it found), or what
+    a restore puts back."""
+    if target is None:
+        return restore_links.get(role, (None, None))
+    cur, prev = links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
+    if target.keep_previous is not None:
+        prev = target.keep_previous[0 if role == "native" else 1]
+    return cur, prev
 
 
 def _present(role: str, facts: Mapping[str, HostFacts], target: Activation | None) -> str | None:
@@ -312,7 +315,7 @@ def _describe(
     restore: Activation | None,
     skip_accept: bool,
     checks: tuple[str, ...],
-    restore_links: Mapping[str, tuple[str | None, str | None]],
+    links: Mapping[str, tuple[str | None, str | None]],
 ) -> tuple[str, dict[str, Exec]]:
     """A sentence for people plus the command that will run on each host where one says it all."""
     argv: dict[str, Exec] = {}
@@ -335,7 +338,7 @@ def _describe(
     act = restore if target is None else target
     if action == "switch":
         r = roles[0]
-        cur, prev = _links(r, facts, target, restore_links)
+        cur, prev = links[r]
         return (
             f"{view.hosts[r]}: current -> {_rel(cur)}, previous -> {_rel(prev)} (symlinks replaced by rename)",
             argv,
@@ -348,7 +351,7 @@ def _describe(
         argv[view.hosts[r]] = service_exec(view, "stop", r, act, verify_release=_present(r, facts, target))
         return f"stop {name}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), argv
     if action == "restart-rpc":
-        cur, prev = _links("rpc", facts, target, restore_links)
+        cur, prev = links["rpc"]
         argv[view.hosts["rpc"]] = service_exec(
             view, "restart-rpc", "rpc", act, (cur, prev), verify_release=_present("rpc", facts, target)
         )

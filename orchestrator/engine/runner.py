@@ -26,10 +26,11 @@ HandlerFn = Callable[["RunContext", Any], dict[str, Any] | None]  # (ctx, role: 
 
 @dataclass(frozen=True)
 class Planned:
-    """A handler that runs the command its planned step carries for its host (plan.Exec): it
-    is handed that Exec and renders none of its own, so what runs is what the plan printed."""
+    """A handler that runs what its planned step carries for its host (the command as a
+    plan.Exec, the links a switch puts there): it is handed the step and decides none of it,
+    so what runs is what the plan printed."""
 
-    fn: Callable[[RunContext, Any, Exec | None], dict[str, Any] | None]
+    fn: Callable[[RunContext, Any, Step], dict[str, Any] | None]
 
 
 Handler = HandlerFn | Planned
@@ -148,12 +149,7 @@ def _execute(
     step: Step, ctx: RunContext, handlers: Mapping[str, Handler]
 ) -> tuple[dict[str, Any], dict[str, BaseException]]:
     planned = handlers[step.action]
-
-    def bound(host: str) -> HandlerFn:
-        if isinstance(planned, Planned):
-            return lambda c, r: planned.fn(c, r, step.execs.get(host))
-        return planned
-
+    fn: HandlerFn = (lambda c, r: planned.fn(c, r, step)) if isinstance(planned, Planned) else planned
     roles: tuple[str | None, ...]
     if step.role == "both":
         roles = ("native", "rpc")
@@ -167,14 +163,14 @@ def _execute(
         r = roles[0]
         host = step.hosts[0]
         try:
-            data[host] = bound(host)(ctx, r) or {}
+            data[host] = fn(ctx, r) or {}
         except Exception as exc:
             errors[host] = exc
         if r is None:
             data = data.get(host, {})
         return data, errors
     with ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix=f"step-{step.name}") as pool:
-        futs = {host: pool.submit(bound(host), ctx, r) for host, r in zip(step.hosts, roles, strict=True)}
+        futs = {host: pool.submit(fn, ctx, r) for host, r in zip(step.hosts, roles, strict=True)}
         for host, fut in futs.items():
             try:
                 data[host] = fut.result() or {}

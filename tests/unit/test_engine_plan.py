@@ -209,7 +209,7 @@ def test_the_plan_carries_the_commands_the_executor_runs(inv):
     assert str(services.RPC_LISTEN_S) in rpc.argv() and any(w.startswith("sup.") for w in rpc.argv())
     assert by["stop-native"].execs["lab-native"].verify_release == "pkg-n"  # present: verified before the stop
     assert rpc.verify_release is None  # absent: uploaded and verified by the upload
-    assert all(isinstance(HANDLERS[a], Planned) for a in ("stop", "restart-rpc", "start-server"))
+    assert all(isinstance(HANDLERS[a], Planned) for a in ("stop", "restart-rpc", "switch", "start-server"))
 
 
 def test_a_restore_keeps_the_previous_links_it_was_given(inv):
@@ -222,5 +222,8 @@ def test_a_restore_keeps_the_previous_links_it_was_given(inv):
     by = {s.name: s for s in plan(load_playbook("deploy"), view, facts=facts, target=act)}
     assert "current -> releases/pkg-n, previous -> releases/found-n" in by["switch-native"].description
     assert "current -> releases/pkg-r, previous -> (none)" in by["restart-rpc"].description
+    # the links are decided once, on the step, and the executor is handed them (never recomputed)
+    assert by["switch-native"].links == {"lab-native": ("pkg-n", "found-n")}
+    assert by["restart-rpc"].links == {"lab-rpc": ("pkg-r", None)}
     rpc = by["restart-rpc"].execs["lab-rpc"].argv()
     assert rpc[rpc.index("restart") + 4 : rpc.index("restart") + 6] == ("pkg-r", "-")  # root, name, verify, links
