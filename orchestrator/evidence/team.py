@@ -335,7 +335,7 @@ def _trust_script(path: str) -> str:
         '[ -z "$f" ] || no "$f (the login user is uid $uid)"; }; '
         'up() { d=$1; while [ "$d" != / ] && [ "$d" != . ]; do d=$(dirname "$d"); unsafe "$d" 1; done; }; '
         'r=$p; while [ ! -e "$r" ] && [ "$r" != / ] && [ "$r" != . ]; do r=$(dirname "$r"); done; '
-        'r=$(cd -P "$r" && pwd -P) || no "$r could not be resolved"; up "$p"; up "$r/."; '
+        'r=$(CDPATH= cd -P -- "$r" && pwd -P) || no "$r could not be resolved"; up "$p"; up "$r/."; '
         f'for f in "$p" "$p/config" "$p/hooks" "$p/hooks/pre-receive" "$p/pairctl" "$p/{REMOTE_SIGNERS}"; '
         'do unsafe "$f" 0; done'
     )
