@@ -13,8 +13,8 @@ Placeholders (ID, HASH, RELEASE, ...) are left for the runner to fill in.
 A block's context is named by an HTML comment on the line before its fence (or the indented
 block): `<!-- examples: config-repo -->` runs its lines in a config repository that the
 document's own `pairctl init` made (PAIRCTL_CONFIG, PAIRCTL_INVENTORY=site, a home of its own);
-`<!-- examples: second-home -->` marks a walk-through (shell lines too) that its own
-test (WALKS) runs in order; every other block runs against the lab pair.
+`<!-- examples: second-home -->` and `fork` mark walk-throughs (shell lines too) that their
+own tests (WALKS) run in order; every other block runs against the lab pair.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ README = ROOT / "README.md"
 GUIDES = ROOT / "docs" / "guides"
 _FENCE_LANGS = {"", "sh", "shell", "bash", "console"}
 _CONTEXT = re.compile(r"^<!--\s*examples:\s*([a-z-]+)\s*-->\s*$")
-CONTEXTS = ("lab", "config-repo", "second-home")  # walk-throughs (WALKS): their own tests run them
-WALKS = {"second-home": "tests/e2e/test_second_operator.py"}
+CONTEXTS = ("lab", "config-repo", "second-home", "fork")  # walk-throughs (WALKS): their own tests run them
+WALKS = {"second-home": "tests/e2e/test_second_operator.py", "fork": "tests/e2e/test_bisect_fork.py"}
 
 
 def documents() -> list[Path]:
