@@ -151,7 +151,22 @@ def tree_entries(repo: Path, commit: str) -> list[TreeEntry]:
         if mode not in ("100644", "100755", "120000", "160000"):
             raise BuildError(f"commit {commit}: {path} has mode {mode}, which no checkout writes; refusing to build")
         entries.append(TreeEntry(mode, oid, path))
+    # a crafted tree may list a name twice (mktree takes it): a link `x`, then `x/...` that the export
+    # would write through it
+    names = {e.path for e in entries}
+    for e in entries:
+        top = next((p for p in _parents(e.path) if p in names), None)
+        if top is not None:
+            raise BuildError(f"commit {commit}: {e.path} lies inside {top}, which the tree also lists as a file, "
+                             "link or submodule; no checkout writes both; refusing to build")  # fmt: skip
+    if len(names) < len(entries):
+        raise BuildError(f"commit {commit}: its tree lists a path twice; no checkout writes both; refusing to build")
     return entries
+
+
+def _parents(path: str) -> Iterator[str]:
+    parts = path.split("/")
+    return ("/".join(parts[:i]) for i in range(1, len(parts)))
 
 
 def _object_format(repo: Path) -> str:

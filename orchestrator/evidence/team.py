@@ -320,16 +320,22 @@ def _trust_script(path: str) -> str:
     """sh that exits UNTRUSTED_EXIT naming the first path someone other than the login user or
     root could have written: the repository, its config, hooks and signers, and every directory
     above it (a sticky one such as /tmp may be writable by others), as config/trust.py judges
-    local files. Links are judged by where they lead (find -L)."""
+    local files. Links are judged by where they lead (find -L), and the directories above the
+    path's resolved form are walked too (a link into a world-writable folder is caught). A find
+    that cannot judge (BusyBox and BSD lack -printf) fails closed."""
     q = shlex.quote(path)
     return (
         f"uid=$(id -u); p={q}; "
+        f'no() {{ echo "untrusted: $1" >&2; exit {UNTRUSTED_EXIT}; }}; '
         'unsafe() { [ -e "$1" ] || return 0; '
         'if [ "$2" = 1 ]; then s="! -perm -1000"; else s=""; fi; '
         'f=$(find -L "$1" -maxdepth 0 \\( \\( ! -uid "$uid" ! -uid 0 \\) -o \\( -perm /022 $s \\) \\) '
-        "-printf '%p is owned by uid %U with mode %m' 2>/dev/null || true); "
-        f'if [ -n "$f" ]; then echo "untrusted: $f (the login user is uid $uid)" >&2; exit {UNTRUSTED_EXIT}; fi; }}; '
-        'd=$p; while [ "$d" != / ] && [ "$d" != . ]; do d=$(dirname "$d"); unsafe "$d" 1; done; '
+        "-printf '%p is owned by uid %U with mode %m' 2>&1) "
+        '|| no "$1 could not be judged: ${f:-find failed} (GNU find is needed)"; '
+        '[ -z "$f" ] || no "$f (the login user is uid $uid)"; }; '
+        'up() { d=$1; while [ "$d" != / ] && [ "$d" != . ]; do d=$(dirname "$d"); unsafe "$d" 1; done; }; '
+        'r=$p; while [ ! -e "$r" ] && [ "$r" != / ] && [ "$r" != . ]; do r=$(dirname "$r"); done; '
+        'r=$(CDPATH= cd -P -- "$r" && pwd -P) || no "$r could not be resolved"; up "$p"; up "$r/."; '
         f'for f in "$p" "$p/config" "$p/hooks" "$p/hooks/pre-receive" "$p/pairctl" "$p/{REMOTE_SIGNERS}"; '
         'do unsafe "$f" 0; done'
     )
@@ -369,9 +375,16 @@ def read_signers(allowed_signers: str | None) -> bytes:
             hint='list the team\'s keys, one a line: `alice@team,homes/HOME-ID namespaces="git" ssh-ed25519 AAAA...`',
         )
     try:
-        return Path(allowed_signers).read_bytes()
+        data = Path(allowed_signers).read_bytes()
+        data.decode()  # the setup script writes it as text
     except OSError as exc:
         raise ConfigError(f"evidence_remote.allowed_signers {allowed_signers}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"evidence_remote.allowed_signers {allowed_signers}: byte {exc.start} is not UTF-8 text",
+            hint="write it as UTF-8: one `PRINCIPALS [OPTIONS] KEYTYPE KEY` a line",
+        ) from None
+    return data
 
 
 def _ssh(access: RemoteAccess, script: str) -> subprocess.CompletedProcess[str]:

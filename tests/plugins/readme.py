@@ -13,13 +13,17 @@ Placeholders (ID, HASH, RELEASE, ...) are left for the runner to fill in.
 A block's context is named by an HTML comment on the line before its fence (or the indented
 block): `<!-- examples: config-repo -->` runs its lines in a config repository that the
 document's own `pairctl init` made (PAIRCTL_CONFIG, PAIRCTL_INVENTORY=site, a home of its own);
-every other block runs against the lab pair.
+`<!-- examples: second-home -->` and `fork` mark walk-throughs (shell lines too) that their
+own tests (WALKS) run in order; every other block runs against the lab pair.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +32,8 @@ README = ROOT / "README.md"
 GUIDES = ROOT / "docs" / "guides"
 _FENCE_LANGS = {"", "sh", "shell", "bash", "console"}
 _CONTEXT = re.compile(r"^<!--\s*examples:\s*([a-z-]+)\s*-->\s*$")
-CONTEXTS = ("lab", "config-repo")
+CONTEXTS = ("lab", "config-repo", "second-home", "fork")  # walk-throughs (WALKS): their own tests run them
+WALKS = {"second-home": "tests/e2e/test_second_operator.py", "fork": "tests/e2e/test_bisect_fork.py"}
 
 
 def documents() -> list[Path]:
@@ -56,6 +61,18 @@ def example_lines(text: str) -> list[tuple[int, str]]:
 
 def example_lines_in_context(text: str) -> list[tuple[int, str, str]]:
     """(line number, `pairctl ...` line, context) of every example line."""
+    lines = code_lines(text)
+    return [(n, " ".join(line.split("#", 1)[0].split()), c) for n, line, c in lines if line.startswith("pairctl ")]
+
+
+def block_lines(text: str, context: str) -> list[tuple[int, str]]:
+    """(line number, line with its comment) of every code line, shell ones too, of the blocks
+    marked `<!-- examples: CONTEXT -->`: a walk-through that its own test runs line by line."""
+    return [(n, line) for n, line, c in code_lines(text) if c == context]
+
+
+def code_lines(text: str) -> list[tuple[int, str, str]]:
+    """(line number, line without `$ `, context) of every non-empty line of a code block."""
     out: list[tuple[int, str, str]] = []
     fence: str | None = None
     pending = context = "lab"  # the marker waiting for the next block; the current block's context
@@ -82,8 +99,8 @@ def example_lines_in_context(text: str) -> list[tuple[int, str, str]]:
                 continue
             in_code = fence in _FENCE_LANGS
         line = raw.strip().removeprefix("$ ")
-        if in_code and line.startswith("pairctl "):
-            out.append((n, " ".join(line.split("#", 1)[0].split()), context))
+        if in_code and line:
+            out.append((n, line, context))
     return out
 
 
@@ -146,3 +163,39 @@ def examples(docs: list[Path] | None = None) -> list[Example]:
         for n, line, context in example_lines_in_context(path.read_text())
         for argv in expand(line)
     ]
+
+
+def walk(
+    doc: Path,
+    context: str,
+    fill: Callable[[str, list[str]], str],
+    pairctl: Callable[[list[str]], tuple[int, str]],
+    setenv: Callable[[str, str], None],
+) -> list[str]:
+    """Run the walk-through `context` of `doc` line by line, as a reader would: `export K=V ...`
+    through setenv (`~` and `$VAR` expanded), other shell lines in sh, `pairctl ...` lines through
+    `pairctl(words)` -> (exit, output). Each ends with the exit its comment names (`# exit N`,
+    else 0). fill(line, outputs so far) replaces the placeholders. Returns each pairctl output."""
+    lines = block_lines(doc.read_text(), context)
+    assert lines, f"{doc.name}: no block marked `<!-- examples: {context} -->`"
+    said: list[str] = []
+    for n, raw in lines:
+        line, _, comment = raw.partition("#")
+        if not line.strip():
+            continue
+        m = re.search(r"\bexit (\d+)", comment)
+        want = int(m.group(1)) if m else 0
+        words = fill(line, said).split()
+        where = f"{doc.name}:{n}: {' '.join(words)}"
+        if words[0] == "export":
+            for kv in words[1:]:
+                k, v = kv.split("=", 1)
+                setenv(k, os.path.expanduser(os.path.expandvars(v)))
+        elif words[0] == "pairctl":
+            code, out = pairctl(words[1:])
+            assert code == want and "Traceback" not in out, f"{where}: exit {code}, want {want}\n{out[-4000:]}"
+            said.append(out)
+        else:
+            p = subprocess.run(["sh", "-c", " ".join(words)], capture_output=True, text=True, check=False)
+            assert p.returncode == want, f"{where}: exit {p.returncode}, want {want}\n{p.stderr[-2000:]}"
+    return said

@@ -130,3 +130,23 @@ def test_a_tree_with_a_path_no_checkout_writes_is_refused(repo: Path, tmp_path: 
 def test_not_a_repository_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BuildError, match="does not exist"):
         git.require_repo(tmp_path / "missing")
+
+
+def test_a_tree_whose_link_is_the_folder_of_another_entry_is_refused(repo: Path, tmp_path: Path) -> None:
+    """A crafted tree (mktree takes duplicate names): link `x` to a folder outside, then a tree `x`
+    holding link `evil`; the export must not make `evil` through `x` (mkdir would follow it)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    def obj(*args: str, data: str) -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], input=data, env=git_env(), check=True,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    link = obj("hash-object", "-w", "--stdin", data=str(outside))
+    evil = obj("hash-object", "-w", "--stdin", data="zz")
+    sub = obj("mktree", data=f"120000 blob {evil}\tevil\n")
+    tree = obj("mktree", data=f"120000 blob {link}\tx\n040000 tree {sub}\tx\n")
+    commit = _git(repo, "commit-tree", tree, "-m", "hostile")
+    with pytest.raises(BuildError, match="x/evil.*inside x, which the tree also lists"):
+        git.export_tree(repo, commit, tmp_path / "export")
+    assert not list(outside.iterdir())

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import ConfigError
 from orchestrator.evidence import team
 from orchestrator.evidence.store import EvidenceStore
 
@@ -221,3 +222,42 @@ def test_the_operator_whose_branch_lost_a_receipt_is_told(tmp_path):
     assert res.pushed and len(res.lost) == 1
     assert "lost 1 receipt(s) this home pushed" in team.lost_message(a, res.lost)
     assert team.tree_of(a, team.TRACKING + a.home_id()).get(f"receipts/{res.lost[0]}.json")  # added back
+
+
+def _setup(repo: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    script = team.setup_script(str(repo), b"")
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env, check=False)
+
+
+def test_a_repository_reached_through_a_link_into_an_open_folder_is_refused(tmp_path):
+    """The walk up judges the folders the path resolves to: ev -> open/ev, open mode 0777."""
+    (tmp_path / "open" / "ev").mkdir(parents=True)
+    (tmp_path / "open").chmod(0o777)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "ev").symlink_to(tmp_path / "open" / "ev")
+    cp = _setup(tmp_path / "mine" / "ev" / "evidence.git")
+    assert cp.returncode == team.UNTRUSTED_EXIT, cp.stderr
+    assert f"untrusted: {tmp_path / 'open'} is owned by uid" in cp.stderr and "mode 777" in cp.stderr, cp.stderr
+    assert not (tmp_path / "open" / "ev" / "evidence.git").exists()
+    assert _setup(tmp_path / "open" / "ev" / "evidence.git").returncode == team.UNTRUSTED_EXIT  # as its own path
+
+
+def test_a_find_without_printf_fails_closed(tmp_path):
+    """BusyBox's and BSD's find refuse -printf: the repository is then not judged safe."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "find").write_text("#!/bin/sh\necho 'find: unrecognized: -printf' >&2\nexit 1\n")
+    (bin_dir / "find").chmod(0o755)
+    cp = _setup(tmp_path / "evidence.git", {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
+    assert cp.returncode == team.UNTRUSTED_EXIT, cp.stderr
+    assert "could not be judged: find: unrecognized: -printf" in cp.stderr, cp.stderr
+    assert not (tmp_path / "evidence.git").exists()
+    assert _setup(tmp_path / "evidence.git").returncode == 0  # GNU find: judged, and safe
+
+
+def test_allowed_signers_that_are_not_utf8_are_a_named_config_error(tmp_path):
+    f = tmp_path / "allowed_signers"
+    f.write_bytes(b'alice@team namespaces="git" ssh-ed25519 AAAA \xff\n')
+    with pytest.raises(ConfigError, match=r"allowed_signers .*: byte 45 is not UTF-8 text") as e:
+        team.read_signers(str(f))
+    assert e.value.exit_code == 3
