@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import faults, interrupt, progress
-from orchestrator.engine.plan import Exec, Step
+from orchestrator.engine.plan import Step
 from orchestrator.errors import Interrupted, PairctlError
 
 if TYPE_CHECKING:

@@ -31,6 +31,7 @@ def commands(script: str) -> set[str]:
     out = set()
     for raw in script.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", raw)
+        line = re.sub(r"^\s*[\w.*|-]+\)", "", line)  # a case label (`watch)`) is no command
         line = re.sub(r"'[^']*'", "''", line)
         line = re.sub(r'"(?:[^"\\$]|\\.)*"', '""', line)
         for seg in re.split(r"\|\||&&|[;|&`(){}]|\$\(|\bthen\b|\bdo\b|\belse\b", line):
