@@ -56,6 +56,13 @@ def example_lines(text: str) -> list[tuple[int, str]]:
 
 def example_lines_in_context(text: str) -> list[tuple[int, str, str]]:
     """(line number, `pairctl ...` line, context) of every example line."""
+    return [(n, line, c) for n, line, c in code_lines(text) if line.startswith("pairctl ")]
+
+
+def code_lines(text: str) -> list[tuple[int, str, str]]:
+    """(line number, line without `$ ` and comment, context) of every non-empty line of the code
+    blocks whose `pairctl` lines are examples: a guide followed as a whole reads its other lines
+    (`export`, `$EDITOR`, ...) too."""
     out: list[tuple[int, str, str]] = []
     fence: str | None = None
     pending = context = "lab"  # the marker waiting for the next block; the current block's context
@@ -81,9 +88,9 @@ def example_lines_in_context(text: str) -> list[tuple[int, str, str]]:
                 fence = None
                 continue
             in_code = fence in _FENCE_LANGS
-        line = raw.strip().removeprefix("$ ")
-        if in_code and line.startswith("pairctl "):
-            out.append((n, " ".join(line.split("#", 1)[0].split()), context))
+        line = " ".join(raw.strip().removeprefix("$ ").split("#", 1)[0].split())
+        if in_code and line:
+            out.append((n, line, context))
     return out
 
 
