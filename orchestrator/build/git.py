@@ -70,7 +70,10 @@ def git(
 def require_repo(repo: Path) -> Path:
     repo = Path(repo)
     if not repo.is_dir():
-        raise BuildError(f"source {repo} does not exist", hint="`pairctl lab up` creates the lab source")
+        raise BuildError(
+            f"source {repo} does not exist",
+            hint="name your llama.cpp clone with --source DIR (the default is the source `pairctl lab up` makes)",
+        )
     proc = git(repo, "rev-parse", "--show-toplevel", check=False)
     if proc.returncode != 0 or Path(proc.stdout.strip()).resolve() != repo.resolve():
         raise BuildError(f"source {repo} is not the top of a git repository")

@@ -42,16 +42,20 @@ PROFILE_C = "lab-real"  # a third package of the baseline: the same build, anoth
 
 # lines of README.md and the guides (comment removed) that this lab cannot run, each with why and what covers it
 NOT_RUN = {
-    "pairctl build --rev REV --target v100 --target rtx5060ti --profile production": (
-        "CUDA targets of the real GPU hosts: docs/ GPU validation report, benchmarks/gpu/run.sh"
+    # first-deploy.md's GPU pair: tests/e2e/test_first_deploy.py follows that guide on lab hosts
+    "pairctl build --rev REV --source ~/src/llama.cpp --target v100 --target rtx5060ti --profile production": (
+        "CUDA targets of the real GPU hosts: tests/e2e/test_first_deploy.py builds the lab's targets"
     ),
-    "pairctl deploy --pair prod --native NATIVE_ID --rpc RPC_ID": "a production inventory's GPU pair",
-    "pairctl status --pair prod": "a production inventory's GPU pair (the lab pair runs `status` in README's tour)",
-    "pairctl accept --pair prod": "a production inventory's GPU pair (the lab pair runs `accept` in README's tour)",
-    "pairctl deploy --rev REV --all --canary prod1 --serial 2 --max-fail 1 --dry-run": (
+    "pairctl deploy --pair prod --native NATIVE_ID --rpc RPC_ID": "the guide's pair: tests/e2e/test_first_deploy.py",
+    "pairctl status --pair prod": "the guide's pair: tests/e2e/test_first_deploy.py",
+    "pairctl accept --pair prod": "the guide's pair: tests/e2e/test_first_deploy.py",
+    "pairctl deploy --rev REV --all --canary prod1 --serial 2 --max-fail 1 --dry-run": (  # README's tour
         "production pairs prod1...: tests/e2e/test_fleet_rollout.py runs rollouts on lab3"
     ),
-    "pairctl deploy --rev REV --all --canary prod1 --serial 2 --max-fail 1": (
+    "pairctl deploy --rev REV --source ~/src/llama.cpp --all --canary prod1 --serial 2 --max-fail 1 --dry-run": (
+        "production pairs prod1...: tests/e2e/test_fleet_rollout.py runs rollouts on lab3"
+    ),
+    "pairctl deploy --rev REV --source ~/src/llama.cpp --all --canary prod1 --serial 2 --max-fail 1": (
         "production pairs prod1...: tests/e2e/test_fleet_rollout.py runs rollouts on lab3"
     ),
     "pairctl qualify --calibrate --pair lab --baseline A A --plan lab": (
