@@ -60,7 +60,8 @@ test: setup
 test-real-mutants: setup
 	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_REAL_MUTANTS=1 $(PY) -m pytest tests/mutants -m real_model $(PYTEST_ARGS)
 
-# The 4x-context real-model profile deployed with the whole suite and accepted twice (tens of minutes).
+# The 4x-context real-model profile deployed with the whole suite and accepted twice, and a SIGSTOPped
+# service of it failed within 3 minutes (tens of minutes; meant for a busy machine).
 test-long-ctx: setup
 	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_LONG_CTX=1 $(PY) -m pytest tests/e2e/test_real_model_long_ctx.py $(PYTEST_ARGS)
 

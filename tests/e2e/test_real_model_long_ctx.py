@@ -6,8 +6,10 @@ and be accepted twice, while a SIGSTOPped llama-server or ggml-rpc-server still 
 minutes (the bounds scale with the work; the CPU-time liveness reading catches a stopped service).
 
 The whole-suite deploy and its two accepts take tens of minutes on 2 cores (over an hour on a busy
-machine), more than CI's 90 minutes leave: they run with `make test-long-ctx` (PAIRCTL_TEST_LONG_CTX=1).
-The two SIGSTOP cases deploy without the suite and run in `make test`.
+machine), more than CI's 90 minutes leave, and the SIGSTOP cases stop a service 45 s into a check
+whose length depends on the machine's load: the module runs with `make test-long-ctx`
+(PAIRCTL_TEST_LONG_CTX=1), on a busy machine as the issue asks. `make test` keeps the real model's
+own SIGSTOP case at lab-real's context (tests/e2e/test_real_model.py).
 """
 
 from __future__ import annotations
@@ -26,12 +28,15 @@ from orchestrator.evidence.store import EvidenceStore
 from orchestrator.paths import MANIFESTS
 from tests.plugins.pairs import PAIR
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_model]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.real_model,
+    pytest.mark.skipif(os.environ.get("PAIRCTL_TEST_LONG_CTX") != "1",
+                       reason="4x context: make test-long-ctx (PAIRCTL_TEST_LONG_CTX=1)"),  # fmt: skip
+]
 
 LONG = "lab-real-ctx4096"
 STOPPED_WITHIN_S = 180.0
-_LONG = pytest.mark.skipif(os.environ.get("PAIRCTL_TEST_LONG_CTX") != "1",
-                           reason="4x-context whole suite: make test-long-ctx (PAIRCTL_TEST_LONG_CTX=1)")  # fmt: skip
 
 
 def _load() -> str:
@@ -85,7 +90,6 @@ def long_pair(long_cli):
     return _deploy(cli, pid, "--skip-accept"), cli, lab
 
 
-@_LONG
 def test_long_context_deploy_with_whole_suite_passes(long_deploy, pairctl_home):
     r, cli, _lab = long_deploy
     assert r.exit_code == 0, r.output[-4000:]
@@ -130,7 +134,6 @@ def test_a_stopped_service_fails_within_three_minutes_at_long_context(long_pair,
     assert took < STOPPED_WITHIN_S, took
 
 
-@_LONG
 def test_long_context_two_accepts_pass(long_deploy):
     r, cli, _lab = long_deploy
     assert r.exit_code == 0, r.output[-3000:]
