@@ -76,16 +76,18 @@ def test_gpu_validation_is_generated_from_the_raw_archives(tmp_path: Path) -> No
     assert spec and spec.loader
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
-    old, real = tmp_path / "old", tmp_path / "real"
-    for archive, into in (("gpu-validation-raw.tgz", old), ("gpu-real-raw.tgz", real)):
+    old, real, prod = tmp_path / "old", tmp_path / "real", tmp_path / "prod"
+    archives = (("gpu-validation-raw.tgz", old), ("gpu-real-raw.tgz", real), ("gpu-production-raw.tgz", prod))
+    for archive, into in archives:
         into.mkdir()
         with tarfile.open(ROOT / "docs" / archive) as tf:
             tf.extractall(into, filter="data")
     out = tmp_path / "gpu-validation.md"
-    report.main(out, report.Raw([*sorted(p for p in old.iterdir() if p.is_dir()), real]))
+    report.main(out, report.Raw([*sorted(p for p in old.iterdir() if p.is_dir()), real, prod / "production"]))
     text = out.read_text()
     assert text == (ROOT / "docs/gpu-validation.md").read_text(), "docs/gpu-validation.md differs from the raw"
     assert "ALL DONE" in text and "6 of 6 rejected" in text and "### Comparisons under the device's numerics" in text
+    assert "ELF sm_70" in text and "ELF sm_120a" in text  # the production packages built without a GPU
 
 
 # cuobjdump 13.5.37 (wheel nvidia-cuda-cuobjdump) on a one-kernel program built by each toolkit.
