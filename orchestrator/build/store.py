@@ -106,9 +106,6 @@ class Package:
         """Path of a runtime binary, e.g. `pkg.bin("llama-server")`."""
         return self.path / "bin" / name
 
-    def test_bin(self, name: str) -> Path:
-        return self.path / "tests" / "bin" / name
-
     @property
     def help_text(self) -> str:
         return (self.path / self.manifest.help_file).read_text(encoding="utf-8", errors="replace")

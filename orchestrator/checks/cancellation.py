@@ -246,6 +246,73 @@ def stopped_by_tokens(prompt_n: int, at_close: int, open_s: float, speed: float 
     return prompt_n + before + stop_bound_tokens(speed)
 
 
+def _read_until(ctx: CheckContext, handle: Any, chunks: Any, slot: int, k: int) -> tuple[int | None, float | None]:
+    """Read the stream up to `k` tokens, asking /slots at each chunk: (the slot's task id, the
+    longest /slots round trip while the slot generated). Before the close only: one taken after it
+    would be slowed by the very regression the bound is for (a loop that stalls on a disconnect)."""
+    id_task, reaction_s = None, None
+    for _chunk in chunks:
+        asked = time.monotonic()
+        busy = [s for s in ctx.client.slots(timeout=10) if s.id == slot and s.is_processing]
+        reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
+        if id_task is None:
+            id_task = busy[0].id_task if busy else None
+        if len(handle.tokens) >= k:
+            break
+    return id_task, reaction_s
+
+
+def _idle_bound(
+    ctx: CheckContext, per_step: int, probe_tg: float | None, gap_s: float | None, reaction_s: float | None
+) -> float:
+    """How long to watch for the idle slot: the server's own test's 2 s, or the lateness bound
+    from the probe's decode step and this stream's gaps when a slow pair needs longer."""
+    pre_step, _ = step_seconds(None, None, per_step, probe_tg)
+    allowance = ctx.profile.speed.slowdown_allowance
+    return max(ctx.options.cancel_idle_bound_s, late_bound(pre_step, gap_s, allowance, reaction_s)[0] or 0.0)
+
+
+def _wait_idle(ctx: CheckContext, slot: int, closed_at: float, idle_bound: float) -> tuple[float | None, Any]:
+    """Poll /slots until the slot is idle or the bound passes: (seconds after the close, the last
+    slot read). A server that keeps generating for a client that left holds the slot past it."""
+    idle_after, last = None, None
+    while time.monotonic() - closed_at <= idle_bound:
+        last = next((s for s in ctx.client.slots(timeout=10) if s.id == slot), None)
+        if last is not None and not last.is_processing:
+            idle_after = round(time.monotonic() - closed_at, 4)
+            break
+        time.sleep(ctx.options.slots_poll_interval_s)
+    return idle_after, last
+
+
+def _follow_up(
+    ctx: CheckContext, prompt: list[int], streamed: list[int], slot: int, raw: dict[str, Any]
+) -> tuple[bool, bool, Any]:
+    """The same request again on the same slot, whole: (answered, same first tokens, its timings).
+    A cancel that left the slot broken fails here; its timings give the server's own decode speed."""
+    try:
+        follow = ctx.client.completion(
+            prompt,
+            max(len(streamed), FOLLOWUP_TOKENS),
+            id_slot=slot,
+            cache_prompt=False,
+            ignore_eos=True,
+            seed=0,
+            timeout=ctx.options.request_timeout_s,
+        )
+        same = list(follow.tokens)[: len(streamed)] == streamed
+        raw["followup"] = {
+            "tokens": list(follow.tokens),
+            "id_slot": follow.id_slot,
+            "stop_type": follow.stop_type,
+            "predicted_per_second": follow.timings.predicted_per_second,
+        }
+        return True, same, follow.timings
+    except Exception as exc:  # the follow-up failing is the finding, not an error of the check
+        raw["followup"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return False, False, None
+
+
 def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     """`close_connection=False` stops reading but keeps the connection open: the broken case."""
     timer = Timer()
@@ -260,21 +327,10 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
     per_step = 1 + (draft.n_max if draft is not None and draft.n_max > 0 else 0)  # tokens one step may yield
     probe_tg = (ctx.budget.get("speeds") or {}).get("generated_per_s")
     allowance = ctx.profile.speed.slowdown_allowance
-    id_task = None
-    # the longest /slots round trip while the slot generated, before the close only: one taken after
-    # it would be slowed by the very regression the bound is for (a loop that stalls on a disconnect)
-    reaction_s: float | None = None
     with ctx.client.stream_completion(
         prompt, n_predict, id_slot=slot, cache_prompt=False, ignore_eos=True, seed=0, timeout=opts.request_timeout_s
     ) as (handle, chunks):
-        for _chunk in chunks:
-            asked = time.monotonic()
-            busy = [s for s in ctx.client.slots(timeout=10) if s.id == slot and s.is_processing]
-            reaction_s = max(reaction_s or 0.0, time.monotonic() - asked)
-            if id_task is None:
-                id_task = busy[0].id_task if busy else None
-            if len(handle.tokens) >= k:
-                break
+        id_task, reaction_s = _read_until(ctx, handle, chunks, slot, k)
         streamed = list(handle.tokens)[:k]
         at_close = len(handle.tokens)  # what the client had read when it let go
         client_speed = stream_speed(handle)
@@ -282,19 +338,9 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
             handle.close()
         closed_at = time.monotonic()
         open_s = closed_at - handle.started_at
-        # how long to watch for the idle slot: the server's own test's 2 s, or the lateness bound
-        # from the probe's decode step and this stream's gaps when a slow pair needs longer
         gap_s = longest_gap_s(handle.arrivals[:at_close])
-        pre_step, _ = step_seconds(None, None, per_step, probe_tg)
-        idle_bound = max(opts.cancel_idle_bound_s, late_bound(pre_step, gap_s, allowance, reaction_s)[0] or 0.0)
-        idle_after = None
-        last = None
-        while time.monotonic() - closed_at <= idle_bound:
-            last = next((s for s in ctx.client.slots(timeout=10) if s.id == slot), None)
-            if last is not None and not last.is_processing:
-                idle_after = round(time.monotonic() - closed_at, 4)
-                break
-            time.sleep(opts.slots_poll_interval_s)
+        idle_bound = _idle_bound(ctx, per_step, probe_tg, gap_s, reaction_s)
+        idle_after, last = _wait_idle(ctx, slot, closed_at, idle_bound)
         if last is not None and id_task is None:
             id_task = last.id_task
         # read the log before the broken case lets go of its connection, so its close is not counted
@@ -305,37 +351,14 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         )
         if not close_connection:
             handle.close()
-    follow_timings = None
-    try:
-        follow = ctx.client.completion(
-            prompt,
-            max(len(streamed), FOLLOWUP_TOKENS),
-            id_slot=slot,
-            cache_prompt=False,
-            ignore_eos=True,
-            seed=0,
-            timeout=opts.request_timeout_s,
-        )
-        followup_ok = True
-        followup_same = list(follow.tokens)[: len(streamed)] == streamed
-        server_speed = follow.timings.predicted_per_second
-        follow_timings = follow.timings
-        raw["followup"] = {
-            "tokens": list(follow.tokens),
-            "id_slot": follow.id_slot,
-            "stop_type": follow.stop_type,
-            "predicted_per_second": server_speed,
-        }
-    except Exception as exc:  # the follow-up failing is the finding, not an error of the check
-        followup_ok, followup_same, server_speed = False, False, None
-        raw["followup"] = {"error": f"{type(exc).__name__}: {exc}"}
+    followup_ok, followup_same, t = _follow_up(ctx, prompt, streamed, slot, raw)
+    server_speed = t.predicted_per_second if t else None
     # the server's own decode speed (the same slot, prompt and settings), else what the client saw
     speeds = [v for v in (server_speed, client_speed) if v]
     speed = max(speeds) if speeds else None
     bound = stop_bound_tokens(speed)
     stopped_by = stopped_by_tokens(len(prompt), at_close, open_s, speed)
     held_after = held_after_close_s(log, open_s) if log.get("checked") else None
-    t = follow_timings
     step_s, step_why = step_seconds(t.predicted_ms if t else None, t.predicted_n if t else None, per_step, probe_tg)
     late_s, late_why = late_bound(step_s, gap_s, allowance, reaction_s)
     raw["late_bound"] = {"bound_s": late_s, "why": late_why, "step_s": step_s, "step_from": step_why,
@@ -360,10 +383,6 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
             "stream_open_s": round(open_s, 4),
             "stop_bound_tokens": bound,
             "could_finish_within_idle_bound": speed is not None and n_predict <= speed * idle_bound,
-        }
-    )
-    raw.update(
-        {
             "id_task": id_task,
             "streamed_tokens": streamed,
             "slot_after": last.model_dump() if last else None,

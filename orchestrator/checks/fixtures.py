@@ -10,7 +10,6 @@ matched to the baseline by fixture sha256, not by name.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from pydantic import Field, field_validator, model_validator
@@ -20,7 +19,6 @@ from orchestrator.config.base import StrictModel
 from orchestrator.config.loader import load_model
 from orchestrator.errors import ConfigError
 from orchestrator.hashing import sha256_json
-from orchestrator.paths import MANIFESTS
 
 
 class Expect(StrictModel):
@@ -112,10 +110,6 @@ class FixtureSet(StrictModel):
 
     def sha256(self) -> str:
         return sha256_json([f.sha256 for f in self.fixtures])
-
-
-def fixtures_dir() -> Path:
-    return MANIFESTS / "fixtures"
 
 
 def load_fixture_set(name_or_path: str) -> FixtureSet:

@@ -28,7 +28,7 @@ from orchestrator.hosts.identity import Expected, verify_identity
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.probes import ExpectedProc
-from orchestrator.hosts.route import parse_route
+from orchestrator.hosts.route import RouteRecord, parse_route
 from orchestrator.remote.command import Secret
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.transport import HOST_FILE_MAX, Transport
@@ -54,7 +54,7 @@ def read_api_key(inventory: Inventory, pair: str) -> Secret | None:
     return Secret(key.value) if key else None
 
 
-def read_route(transport: Transport, root: str) -> Any:
+def read_route(transport: Transport, root: str) -> RouteRecord | None:
     """The route record on the native host (None when nothing was ever deployed)."""
     try:  # over SFTP, as deploy reads it (orchestrator.hosts.probes.read_facts)
         data = transport.read_bytes(HostLayout(root).route, max_bytes=HOST_FILE_MAX)
@@ -249,16 +249,8 @@ def open_live(
             pool = stack.enter_context(TransportPool(inventory))
         sampler_pool = stack.enter_context(TransportPool(inventory))
         transports = {r: pool.get(h) for r, h in hosts.items()}
-        route = read_route(transports["native"], roots["native"])
-        if route is None or route.active is None:
-            # nothing to accept is the state rollback and repair refuse too (exit 6), not an unreachable host
-            raise HostStateError(
-                f"accept refused: pair {pair} was never deployed (no route record on {spec.native}), "
-                "so nothing runs to accept"
-                if route is None
-                else f"accept refused: pair {pair}'s route record on {spec.native} names no active pair",
-                hint=f"`pairctl deploy --pair {pair} --native ID --rpc ID` deploys and accepts a pair",
-            )
+        route = _active_route(transports["native"], roots["native"], pair, spec.native)
+        assert route.active is not None
         if profile_name:
             profile = load_profile(profile_name, pair=inventory.pair(pair))
         else:
@@ -320,6 +312,20 @@ def open_live(
     except BaseException:
         stack.close()
         raise
+
+
+def _active_route(transport: Transport, root: str, pair: str, native: str) -> RouteRecord:
+    """The route record, which must name an active pair: nothing to accept is the state rollback
+    and repair refuse too (exit 6), not an unreachable host."""
+    route = read_route(transport, root)
+    if route is None or route.active is None:
+        raise HostStateError(
+            f"accept refused: pair {pair} was never deployed (no route record on {native}), so nothing runs to accept"
+            if route is None
+            else f"accept refused: pair {pair}'s route record on {native} names no active pair",
+            hint=f"`pairctl deploy --pair {pair} --native ID --rpc ID` deploys and accepts a pair",
+        )
+    return route
 
 
 def checks_arg(values: Iterable[str] | None) -> list[str]:

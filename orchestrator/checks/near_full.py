@@ -237,30 +237,7 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         prompts[0] = BuiltPrompt(tokens=leaked.tokens, nonce=nonces[0])
     prompt_texts = [ctx.client.detokenize(list(p.tokens)) for p in prompts]
 
-    t0 = time.monotonic()
-    stop, peak = threading.Event(), SlotsPeak()
-    poller = threading.Thread(
-        target=_poll_slots, args=(ctx.client, stop, opts.slots_poll_interval_s, peak), daemon=True
-    )
-    poller.start()
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futs = [
-                pool.submit(
-                    _outcome,
-                    i,
-                    prompts[i],
-                    gen_n,
-                    t0,
-                    _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s),
-                )
-                for i in range(2)
-            ]
-            lanes = [f.result() for f in futs]
-    finally:
-        stop.set()
-        poller.join(timeout=15)
-
+    lanes, peak = _both_lanes(ctx, prompts, gen_n)
     problems = prompt_hygiene_problems(lanes, prompt_texts)
     for lane in lanes:
         problems += lane_problems(lane)
@@ -269,25 +246,7 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     walks: list[Walk | None] = []
     tol: Tolerance | None = None
     if opts.isolation == "solo":
-        solo = [
-            _outcome(
-                i,
-                prompts[i],
-                gen_n,
-                time.monotonic(),
-                _request(ctx.client, prompts[i], gen_n, i, opts.request_timeout_s),
-            )
-            for i in range(2)
-        ]
-        ctx.solo_near_full = solo[0]  # one_lane_near_full's request, already sent: it judges this run
-        tol = batch_floor.measure(ctx)
-        if tol.problem:
-            problems.append(tol.problem)
-        walks = [
-            solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
-            for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
-        ]
-        problems += isolation_problems_solo(lanes, solo, walks)
+        solo, walks, tol = _solo_lanes(ctx, lanes, prompts, gen_n, problems)
     else:
         problems += isolation_problems_recall(lanes)
 
@@ -323,6 +282,61 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         raw=raw,
         duration_s=timer.elapsed(),
     )
+
+
+def _both_lanes(ctx: CheckContext, prompts: list[BuiltPrompt], gen_n: int) -> tuple[list[LaneOutcome], SlotsPeak]:
+    """Both lanes at once, with /slots polled meanwhile: the peak shows whether the two really
+    generated together, which is what makes the isolation judged afterwards mean anything."""
+    t0 = time.monotonic()
+    stop, peak = threading.Event(), SlotsPeak()
+    poller = threading.Thread(
+        target=_poll_slots, args=(ctx.client, stop, ctx.options.slots_poll_interval_s, peak), daemon=True
+    )
+    poller.start()
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futs = [
+                pool.submit(
+                    _outcome,
+                    i,
+                    prompts[i],
+                    gen_n,
+                    t0,
+                    _request(ctx.client, prompts[i], gen_n, i, ctx.options.request_timeout_s),
+                )
+                for i in range(2)
+            ]
+            return [f.result() for f in futs], peak
+    finally:
+        stop.set()
+        poller.join(timeout=15)
+
+
+def _solo_lanes(
+    ctx: CheckContext, lanes: list[LaneOutcome], prompts: list[BuiltPrompt], gen_n: int, problems: list[str]
+) -> tuple[list[LaneOutcome], list[Walk | None], Tolerance]:
+    """Each lane's request again alone: greedy output beside another lane must equal it, within the
+    batch floor measured on this pair (a difference beyond it is one lane's data leaking)."""
+    solo = [
+        _outcome(
+            i,
+            prompts[i],
+            gen_n,
+            time.monotonic(),
+            _request(ctx.client, prompts[i], gen_n, i, ctx.options.request_timeout_s),
+        )
+        for i in range(2)
+    ]
+    ctx.solo_near_full = solo[0]  # one_lane_near_full's request, already sent: it judges this run
+    tol = batch_floor.measure(ctx)
+    if tol.problem:
+        problems.append(tol.problem)
+    walks = [
+        solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
+        for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
+    ]
+    problems += isolation_problems_solo(lanes, solo, walks)
+    return solo, walks, tol
 
 
 def solo_run(ctx: CheckContext, prompt_n: int, gen_n: int) -> LaneOutcome | None:

@@ -404,46 +404,7 @@ def run(ctx: CheckContext) -> CheckResult:
         }
     if found is None:
         changed = changed_fields(nearest.raw.get("numerics") or {}, numerics) if nearest else []
-        if pin != running:
-            if changed:
-                msg = (
-                    f"numerics changed since the reference answers ({'; '.join(changed)}) and profile "
-                    f"{ctx.profile.name} declares no reference_gates.tolerance: deploy the reference packages "
-                    f"{pin[0]} / {pin[1]} with this profile once to re-record, or declare a tolerance with its reason"
-                )
-            else:
-                msg = (
-                    f"the reference pair {pin[0]} / {pin[1]} has no answers for key {key[:12]} (models, profile "
-                    f"{ctx.profile.model} at {ctx.per_slot()} per slot, fixtures {fs.name}): deploy the reference "
-                    "packages with this profile once to record them, or promote this pair with "
-                    f"`pairctl reference set --pair {ctx.pair}`"
-                )
-            return CheckResult(
-                name=NAME,
-                verdict="failed",
-                raw={**base_raw, "role": "candidate", "changed": changed},
-                duration_s=timer.elapsed(),
-                message=msg,
-            )
-        how = (
-            "this pair is the pinned reference" if state.pin else "the route has no reference yet: this pair becomes it"
-        )
-        if changed:
-            how += f" (numerics changed: {'; '.join(changed)})"
-        if not ctx.whole_suite:
-            return CheckResult(
-                name=NAME,
-                verdict="skipped",
-                required=False,
-                duration_s=timer.elapsed(),
-                message=(
-                    f"{how}, but this run does not run the whole suite (--checks/--skip): a reference is recorded "
-                    "only by a run of every check that then passes, so nothing was recorded and the route has no "
-                    "reference from this run; deploy or accept without --checks/--skip to record it"
-                ),
-                raw={**base_raw, "role": "not recorded", "why": "limited suite"},
-            )
-        return _record(ctx, asker, fs, gates, complete, base_raw, how, key, timer)
+        return _no_answers(ctx, asker, fs, gates, complete, pin, running, key, changed, base_raw, timer)
     if judged_by:
         assert tolerance is not None
         in_force = tolerance.gates
@@ -460,6 +421,61 @@ def run(ctx: CheckContext) -> CheckResult:
             )
         in_force = rg
         origin = f"replay floor x {found.raw.get('floor_factor')} (receipt {found.receipt[:12]})"
+    return _judge(asker, found, gates, complete, in_force, origin, judged_by, pin, key, base_raw, timer)
+
+
+def _no_answers(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, gates: ReferenceGates, complete: bool,
+                pin: tuple[str, str], running: tuple[str, str], key: str, changed: list[str],
+                base_raw: dict[str, Any], timer: Timer) -> CheckResult:  # fmt: skip
+    """No answers to compare with: a candidate (not the pinned pair) fails and says how to record
+    them; the reference pair itself records them, but only in a run of the whole suite, since a
+    yardstick recorded by a run that skipped checks could be a broken pair's."""
+    if pin != running:
+        if changed:
+            msg = (
+                f"numerics changed since the reference answers ({'; '.join(changed)}) and profile "
+                f"{ctx.profile.name} declares no reference_gates.tolerance: deploy the reference packages "
+                f"{pin[0]} / {pin[1]} with this profile once to re-record, or declare a tolerance with its reason"
+            )
+        else:
+            msg = (
+                f"the reference pair {pin[0]} / {pin[1]} has no answers for key {key[:12]} (models, profile "
+                f"{ctx.profile.model} at {ctx.per_slot()} per slot, fixtures {fs.name}): deploy the reference "
+                "packages with this profile once to record them, or promote this pair with "
+                f"`pairctl reference set --pair {ctx.pair}`"
+            )
+        return CheckResult(
+            name=NAME,
+            verdict="failed",
+            raw={**base_raw, "role": "candidate", "changed": changed},
+            duration_s=timer.elapsed(),
+            message=msg,
+        )
+    pinned = ctx.reference is not None and ctx.reference.pin is not None
+    how = "this pair is the pinned reference" if pinned else "the route has no reference yet: this pair becomes it"
+    if changed:
+        how += f" (numerics changed: {'; '.join(changed)})"
+    if not ctx.whole_suite:
+        return CheckResult(
+            name=NAME,
+            verdict="skipped",
+            required=False,
+            duration_s=timer.elapsed(),
+            message=(
+                f"{how}, but this run does not run the whole suite (--checks/--skip): a reference is recorded "
+                "only by a run of every check that then passes, so nothing was recorded and the route has no "
+                "reference from this run; deploy or accept without --checks/--skip to record it"
+            ),
+            raw={**base_raw, "role": "not recorded", "why": "limited suite"},
+        )
+    return _record(ctx, asker, fs, gates, complete, base_raw, how, key, timer)
+
+
+def _judge(asker: Asker, found: Answers, gates: ReferenceGates, complete: bool, in_force: GateFigures, origin: str,
+           judged_by: dict[str, Any], pin: tuple[str, str], key: str, base_raw: dict[str, Any],
+           timer: Timer) -> CheckResult:  # fmt: skip
+    """Ask the recorded questions again and hold the answers to the gates in force (derived from the
+    recorded replay floor, or the profile's declared tolerance when numerics changed)."""
     summary, per_fixture, problems = compare(asker, list(found.raw.get("answers") or []), gates, complete)
     problems += lp.gate_problems(
         summary,

@@ -195,6 +195,25 @@ def wait_idle(ctx: CheckContext, within_s: float | None = None) -> None:
         time.sleep(0.1)
 
 
+def _run_one(ctx: CheckContext, name: str, fn: CheckFn, nth: str) -> CheckResult:
+    """One check, once the pair is idle, with its start and end on the operator's screen and in the
+    log; a signal stops the suite here (the deploy rolls back), never inside a check."""
+    interrupt.check(f"before acceptance check {name}")
+    wait_idle(ctx)
+    faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
+    ctx.log("check start", check=name)
+    progress.event("check.start", f"check {name} {nth} ...", check=name)
+    r = _guarded(name, partial(fn, ctx))
+    ctx.log("check done", check=name, verdict=r.verdict)
+    # a check that skipped itself says why on the operator's screen (e.g. reference_logprobs in a
+    # run limited by --checks: no reference is recorded)
+    why = f": {r.message[:300]}" if r.verdict == "skipped" and r.message else ""
+    progress.event(
+        "check.end", f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s){why}", check=name, verdict=r.verdict
+    )
+    return r
+
+
 def run_suite(
     ctx: CheckContext,
     only: Iterable[str] | None = None,
@@ -247,24 +266,8 @@ def run_suite(
                 results.append(r)
                 _record(ctx, r, not_run=True)
                 continue
-            interrupt.check(f"before acceptance check {name}")  # a signal: stop here, the deploy rolls back
-            wait_idle(ctx)
-            faults.at_step(STEP_PREFIX + name)  # test-only boundary for the fault matrix; inert otherwise
-            ctx.log("check start", check=name)
             # numbered from 1 among the checks run one after another (identity and telemetry wrap them)
-            nth = f"({runnable.index(name) + 1}/{len(runnable)})"
-            progress.event("check.start", f"check {name} {nth} ...", check=name)
-            r = _guarded(name, partial(fn, ctx))
-            ctx.log("check done", check=name, verdict=r.verdict)
-            # a check that skipped itself says why on the operator's screen (e.g. reference_logprobs in a
-            # run limited by --checks: no reference is recorded, issue 42 item 5)
-            why = f": {r.message[:300]}" if r.verdict == "skipped" and r.message else ""
-            progress.event(
-                "check.end",
-                f"check {name} {nth}: {r.verdict} ({r.duration_s:.1f} s){why}",
-                check=name,
-                verdict=r.verdict,
-            )
+            r = _run_one(ctx, name, fn, f"({runnable.index(name) + 1}/{len(runnable)})")
             results.append(r)
             _record(ctx, r)
             if r.required and not r.ok and budget.is_transport_failure(r.message):

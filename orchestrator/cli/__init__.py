@@ -201,10 +201,12 @@ def _push_receipts(g: Globals) -> None:
     """Receipts this run sealed go to the team's evidence remote, if the inventory names one."""
     if g.context is None:
         return
+    from orchestrator.cli.context import Ctx
     from orchestrator.cli.receipts_remote import push_after_run
 
     try:
-        push_after_run(g.context)
+        if isinstance(g.context, Ctx):
+            push_after_run(g.context)
     except Exception as exc:  # never fail a command that already ended over its push
         typer.echo(f"pairctl: warning: receipts not pushed: {type(exc).__name__}: {exc}", err=True)
 

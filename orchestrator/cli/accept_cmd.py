@@ -10,7 +10,9 @@ from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
 
 if TYPE_CHECKING:
-    from orchestrator.checks.runner import AcceptOutcome
+    from orchestrator.checks.runner import AcceptOutcome, AcceptRequest
+    from orchestrator.cli.context import Ctx
+    from orchestrator.config.inventory import Inventory
 
 
 def accept(
@@ -64,10 +66,8 @@ def accept(
     required check passed, 1 otherwise.
     """
     # start-up: the checks (HTTP client, SSH stack) load when acceptance runs, never for `--help`
-    from orchestrator.checks.runner import AcceptRequest, accept_pair, render_table
-    from orchestrator.errors import Skipped
+    from orchestrator.checks.runner import AcceptRequest, render_table
     from orchestrator.ops.fleet import fan_out, select_pairs
-    from orchestrator.ops.hooks import event_document, run_hooks
 
     c = get_ctx(ctx)
     only_names = opts.check_names(checks) + opts.check_names(only, "--only")  # unknown names: exit 2, first
@@ -87,21 +87,7 @@ def accept(
             scheduled=scheduled,
             profile=profile,
         )
-        if not scheduled or not inv.hooks:
-            return accept_pair(c.home, inv, req)
-        try:
-            got = accept_pair(c.home, inv, req)
-        except Skipped as exc:
-            text = f"pairctl scheduled accept {name}: skipped ({exc.message})"
-            doc = event_document("accept.scheduled_skipped", text, pair=name, reason=exc.message)
-            run_hooks(c.home, inv, doc)
-            raise
-        if not got.suite.passed:
-            bad = ", ".join(r.name for r in got.suite.failed())
-            text = f"pairctl scheduled accept {name}: FAILED ({bad})"
-            doc = event_document("accept.scheduled_failed", text, pair=name, failed=bad, receipt=got.receipt)
-            run_hooks(c.home, inv, doc)
-        return got
+        return _accept_one(c, inv, req)
 
     if len(pairs) == 1 and not all_pairs:
         outcome = one(pairs[0])
@@ -126,3 +112,27 @@ def accept(
         )
     if not results.ok:
         raise typer.Exit(results.exit_code())
+
+
+def _accept_one(c: Ctx, inv: Inventory, req: AcceptRequest) -> AcceptOutcome:
+    """One pair's acceptance. A scheduled run also tells the inventory's hooks when it was skipped
+    (a leased pair) or failed, since nobody is watching its output."""
+    from orchestrator.checks.runner import accept_pair
+    from orchestrator.errors import Skipped
+    from orchestrator.ops.hooks import event_document, run_hooks
+
+    if not req.scheduled or not inv.hooks:
+        return accept_pair(c.home, inv, req)
+    name = req.pair
+    try:
+        got = accept_pair(c.home, inv, req)
+    except Skipped as exc:
+        text = f"pairctl scheduled accept {name}: skipped ({exc.message})"
+        run_hooks(c.home, inv, event_document("accept.scheduled_skipped", text, pair=name, reason=exc.message))
+        raise
+    if not got.suite.passed:
+        bad = ", ".join(r.name for r in got.suite.failed())
+        text = f"pairctl scheduled accept {name}: FAILED ({bad})"
+        doc = event_document("accept.scheduled_failed", text, pair=name, failed=bad, receipt=got.receipt)
+        run_hooks(c.home, inv, doc)
+    return got

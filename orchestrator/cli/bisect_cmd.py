@@ -6,12 +6,15 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx, resolve_path
+
+if TYPE_CHECKING:
+    from orchestrator.bisect.state import Judgement
 
 
 def bisect(
@@ -62,7 +65,6 @@ def bisect(
     from orchestrator.bisect import state as st
     from orchestrator.bisect.run import BisectRequest
     from orchestrator.bisect.run import bisect as run_bisect
-    from orchestrator.bisect.state import Judgement
     from orchestrator.errors import Inconclusive, UsageError
 
     c = get_ctx(ctx)
@@ -78,21 +80,7 @@ def bisect(
             f"bisect state of {pair} {'discarded' if existed else 'was absent'} ({folder})",
         )
         return
-    judgement = None
-    if checks and plan:
-        raise UsageError("give one judgement: --checks or --plan, not both")
-    if checks:
-        got = opts.names(checks)
-        judgement = Judgement("checks", () if got == ["all"] else tuple(opts.check_names(checks)))
-    elif plan:
-        # a file by its absolute path: `--resume` from another directory judges with the same plan
-        judgement = Judgement("plan", plan=str(resolve_path(Path(plan))) if Path(plan).is_file() else plan)
-    if resume and (good or bad or judgement):
-        raise UsageError("--resume continues the recorded bisect: give only --pair (and --dry-run)")
-    if not resume and (good is None or bad is None):
-        raise UsageError("bisect needs --good REV and --bad REV (or --resume)", hint="pairctl bisect --help")
-    if not resume and judgement is None:
-        raise UsageError("bisect needs a judgement: --checks NAME[,NAME] (or all) or --plan NAME|PATH")
+    judgement = _judgement(checks, plan, good, bad, resume)
     src = resolve_path(source) if source else c.home.lab / "source"
     req = BisectRequest(
         pair=pair,
@@ -119,6 +107,32 @@ def bisect(
             + ", ".join(x["commit"][:10] for x in result.candidates),
             hint=f"receipt {result.receipt}",
         )
+
+
+def _judgement(
+    checks: list[str] | None, plan: str | None, good: str | None, bad: str | None, resume: bool
+) -> Judgement | None:
+    """How each step is judged, from --checks or --plan; a usage error (exit 2) for a command line
+    that gives both, neither, or a new range with --resume, before anything is built."""
+    from orchestrator.bisect.state import Judgement
+    from orchestrator.errors import UsageError
+
+    judgement = None
+    if checks and plan:
+        raise UsageError("give one judgement: --checks or --plan, not both")
+    if checks:
+        got = opts.names(checks)
+        judgement = Judgement("checks", () if got == ["all"] else tuple(opts.check_names(checks)))
+    elif plan:
+        # a file by its absolute path: `--resume` from another directory judges with the same plan
+        judgement = Judgement("plan", plan=str(resolve_path(Path(plan))) if Path(plan).is_file() else plan)
+    if resume and (good or bad or judgement):
+        raise UsageError("--resume continues the recorded bisect: give only --pair (and --dry-run)")
+    if not resume and (good is None or bad is None):
+        raise UsageError("bisect needs --good REV and --bad REV (or --resume)", hint="pairctl bisect --help")
+    if not resume and judgement is None:
+        raise UsageError("bisect needs a judgement: --checks NAME[,NAME] (or all) or --plan NAME|PATH")
+    return judgement
 
 
 def _emit(c: Any, doc: dict[str, Any], text: str) -> None:

@@ -133,7 +133,7 @@ def get_ctx(ctx: Context) -> Ctx:
     if isinstance(obj, Ctx):
         return obj
     assert isinstance(obj, Globals), "pairctl's main() did not set up the run"
-    if obj.context is None:
+    if not isinstance(obj.context, Ctx):
         obj.context = Ctx.from_globals(obj)
     return obj.context
 
@@ -142,7 +142,7 @@ def log_internal_error(g: Globals) -> Path:
     """Record an unexpected exception with its traceback in the JSON log (never on the terminal)."""
     from orchestrator import log
 
-    c = g.context or Ctx.from_globals(g)
+    c = g.context if isinstance(g.context, Ctx) else Ctx.from_globals(g)
     log.get_logger().exception("internal error")
     return c.home.logs / "pairctl.jsonl"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import get_ctx, resolve_path
+from orchestrator.cli.context import Ctx, get_ctx, resolve_path
 
 
 def deploy(
@@ -86,12 +86,19 @@ def deploy(
             param_hint="--pair",
         )
     ids = opts.package_ids(native, rpc, packages)
+    only = tuple(opts.check_names(checks))
+    _deploy_one(c, (pair or [""])[0], ids, profile, dry_run, skip_accept, only, kernel_check)
+
+
+def _deploy_one(c: Ctx, name: str, ids: tuple[str, str], profile: str | None, dry_run: bool, skip_accept: bool,
+                checks: tuple[str, ...], kernel_check: bool) -> None:  # fmt: skip
+    """One pair onto package ids: the inventory's pre-deploy veto and deploy hook around the
+    engine's run (neither for a dry run, which changes nothing), then its plan or its result."""
     # start-up: the engine (SSH stack) loads when a deploy runs, never for `deploy --help`
     from orchestrator.cli.fleet_cmd import failed_run_json, fire_deploy_hook, pre_deploy_veto
     from orchestrator.engine.deploy import deploy as run_deploy
     from orchestrator.engine.render import print_plan, print_result
 
-    name = (pair or [""])[0]
     inv = c.inventory()
     if not dry_run:
         pre_deploy_veto(c, inv, name, ids, profile)
@@ -104,7 +111,7 @@ def deploy(
             profile_name=profile,
             dry_run=dry_run,
             skip_accept=skip_accept,
-            checks=tuple(opts.check_names(checks)),
+            checks=checks,
             kernel_check=kernel_check,
             argv=["pairctl", *sys.argv[1:]],
         )

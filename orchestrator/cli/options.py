@@ -14,13 +14,10 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 from typer.core import TyperOption
-
-if TYPE_CHECKING:
-    from orchestrator.cli.context import Ctx
 
 DEFAULT_INVENTORY = "lab"
 
@@ -46,7 +43,7 @@ class Globals:
     config: Path | None = None  # --config: the first layer of the config search path (PAIRCTL_CONFIG)
     json_output: bool = False
     verbosity: int = 0
-    context: Ctx | None = None
+    context: object = None  # the run's cli.context.Ctx, once built (that module imports this one)
     document: Any = None
     has_document: bool = False
     ran: bool = False  # a command body started (not only --help or a usage error)
@@ -146,9 +143,6 @@ def uncoerced(param: Any) -> Any:
     if isinstance(param, TyperOption) and not isinstance(param, _Uncoerced):
         param.__class__ = _Uncoerced
     return param
-
-
-GLOBAL_NAMES = frozenset({"json_output", "inventory", "home", "verbose"})
 
 
 # Options several commands share: one declaration each.

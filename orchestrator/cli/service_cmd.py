@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import typer
 
 from orchestrator.cli import options as opts
 from orchestrator.cli.context import get_ctx
+
+if TYPE_CHECKING:
+    from orchestrator.engine.services_run import Verb
 
 DRY_RUN = typer.Option(
     False,
@@ -16,7 +20,7 @@ DRY_RUN = typer.Option(
 )
 
 
-def _run(ctx: typer.Context, verb: str, pair: str, dry_run: bool) -> None:
+def _run(ctx: typer.Context, verb: Verb, pair: str, dry_run: bool) -> None:
     # start-up: the engine (SSH stack) loads when the command runs, never for `--help`
     from orchestrator.cli.fleet_cmd import failed_run_json
     from orchestrator.engine.render import print_plan, print_result
@@ -25,9 +29,7 @@ def _run(ctx: typer.Context, verb: str, pair: str, dry_run: bool) -> None:
     c = get_ctx(ctx)
     inv = c.inventory()
     with failed_run_json(c, verb, pair):
-        result = run_services(
-            c.home, inv, pair, verb, dry_run=dry_run, argv=["pairctl", *sys.argv[1:]]  # type: ignore[arg-type]
-        )
+        result = run_services(c.home, inv, pair, verb, dry_run=dry_run, argv=["pairctl", *sys.argv[1:]])
     if c.json_output:
         c.emit_json(result.to_dict())
         return

@@ -11,16 +11,14 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from orchestrator.config.base import StrictModel
-
-if TYPE_CHECKING:
-    from orchestrator.config.inventory import Inventory
 
 _PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}$")
@@ -100,7 +98,32 @@ class RemoteAccess:
         return shlex.join(self.ssh_argv)
 
 
-def resolve_remote(inv: Inventory) -> RemoteAccess | None:
+class _Host(Protocol):
+    """What the remote borrows of an inventory host (config.inventory's HostSpec)."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def key(self) -> str | None: ...
+
+
+class Hosts(Protocol):
+    """What the remote is resolved against: an Inventory, named by its parts because the inventory
+    module validates with this one (an import back would be a cycle)."""
+
+    @property
+    def hosts(self) -> Mapping[str, _Host]: ...
+    @property
+    def known_hosts(self) -> str: ...
+    @property
+    def use_ssh_config(self) -> bool: ...
+
+
+def resolve_remote(inv: Hosts) -> RemoteAccess | None:
     """The inventory's remote resolved against its hosts (None: no remote configured).
     Raises ValueError naming the field when the URL's host is not one of the inventory's."""
     spec = getattr(inv, "evidence_remote", None)

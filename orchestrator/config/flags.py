@@ -238,7 +238,7 @@ def parse_args(args: list[str], help_spec: HelpSpec | None = None) -> tuple[list
     i = 0
     while i < len(args):
         a = args[i]
-        if not a.startswith("-") or a in ("-", "--") or _is_number(a):
+        if not a.startswith("-") or a in ("-", "--") or is_number(a):
             if out and help_spec is None:
                 last = out[-1]
                 out[-1] = ParsedArg(last.flag, last.values + (a,), last.written)
@@ -267,7 +267,7 @@ def parse_args(args: list[str], help_spec: HelpSpec | None = None) -> tuple[list
     return out, problems
 
 
-def _is_number(s: str) -> bool:
+def is_number(s: str) -> bool:
     try:
         float(s)
         return True

@@ -194,8 +194,6 @@ HookEvent = Literal[
     "fleet.finished",
     "fleet.paused",  # `--waves N` ran its N waves and waves are left (the same command continues)
 ]
-# Events whose hooks decide: any of them failing (exit status, timeout, cannot start) stops the run.
-VETO_EVENTS: frozenset[str] = frozenset({"pre-deploy"})
 
 
 class HookSpec(StrictModel):

@@ -15,7 +15,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, file_problems, host_in_args, normalise
+from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, file_problems, host_in_args, is_number, normalise
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
@@ -319,15 +319,7 @@ def flags_in_help(help_text: str) -> set[str]:
 def unknown_flags(args: list[str], help_text: str) -> list[str]:
     """Flags in `args` that the package's own `--help` does not offer (renamed between versions)."""
     known = flags_in_help(help_text)
-    return [a for a in args if a.startswith("-") and not _is_number(a) and normalise(a) not in known]
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-        return True
-    except ValueError:
-        return False
+    return [a for a in args if a.startswith("-") and not is_number(a) and normalise(a) not in known]
 
 
 def profiles_dir() -> Path:

@@ -72,7 +72,3 @@ def targets_dir() -> Path:
 
 def load_target(name_or_path: str) -> Target:
     return load_model(Target, search.resolve_ref("target", name_or_path))
-
-
-def list_targets() -> list[str]:
-    return sorted(search.names("target"))

@@ -97,173 +97,36 @@ def _text(path: Path) -> str | None:
         return None
 
 
+@dataclass
+class _Found:
+    """What the walk has learnt so far: the checks after the first read it, so each stays small."""
+
+    good: dict[str, Receipt] = field(default_factory=dict)
+    bad: dict[str, str] = field(default_factory=dict)  # sha named by the file -> file
+    pruned: dict[str, dict[str, Any]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def add(self, kind: str, file: str, message: str, chain: str | None = None, at: str | None = None) -> None:
+        self.problems.append(Problem(kind, file, message, chain, at))
+
+
 def verify_store(store: StoreFiles) -> VerifyReport:
     rep = VerifyReport(root=str(store.root))
-    good: dict[str, Receipt] = {}
-    bad: dict[str, str] = {}  # sha named by the file -> file
-    problems: list[Problem] = []
-
+    found = _Found()
     if store.receipts_dir.exists():
         for path in sorted(store.receipts_dir.iterdir()):
-            name = path.name
-            if name.startswith(".tmp-"):
-                rep.warnings.append(f"leftover temporary file {path} (an interrupted write; safe to delete)")
-                continue
-            stem = name[:-5] if name.endswith(".json") else name
-            if not name.endswith(".json") or len(stem) != 64 or any(c not in "0123456789abcdef" for c in stem):
-                problems.append(Problem("stray-file", str(path), f"{path} is not a receipt name (<sha256>.json)"))
-                continue
-            rep.receipts += 1
-            try:
-                data = safejson.read_receipt(path)
-            except OSError as exc:
-                bad[stem] = str(path)
-                problems.append(
-                    Problem("unreadable", str(path), f"receipt file {path} cannot be read: {exc.strerror or exc}")
-                )
-                continue
-            except EvidenceError as exc:
-                bad[stem] = str(path)
-                problems.append(Problem("unreadable", str(path), exc.message))
-                continue
-            actual = sha256_bytes(data)
-            if actual != stem:
-                bad[stem] = str(path)
-                problems.append(
-                    Problem(
-                        "changed",
-                        str(path),
-                        f"receipt file {path} does not match its name: its sha256 is {actual} "
-                        "(changed after it was written)",
-                        at=_started(data),
-                    )
-                )
-                continue
-            try:
-                if canonical_json(safejson.loads(data, what="it")) != data:
-                    raise ValueError("not canonical JSON (sorted keys, no whitespace, UTF-8)")
-                r = Receipt.model_validate_json(data)
-            except (ValidationError, ValueError, EvidenceError, RecursionError) as exc:
-                bad[stem] = str(path)
-                problems.append(
-                    Problem(
-                        "invalid",
-                        str(path),
-                        f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
-                        at=_started(data),
-                    )
-                )
-                continue
-            r._sha256 = stem
-            good[stem] = r
-
+            _read_receipt(path, rep, found)
+    good, bad, problems = found.good, found.bad, found.problems
     # receipts `receipts prune` removed, as its prune receipts (which verify) account for them
-    pruned = {h: e for h, e in accounted(good.values()).items() if h not in good and h not in bad}
-    rep.pruned = len(pruned)
-
+    found.pruned = {h: e for h, e in accounted(good.values()).items() if h not in good and h not in bad}
+    rep.pruned = len(found.pruned)
     by_chain: dict[str, list[Receipt]] = defaultdict(list)
     for r in good.values():
         by_chain[r.chain].append(r)
     for chain, members in sorted(by_chain.items()):
         rep.chains[chain] = len(members)
-        children: dict[str | None, list[Receipt]] = defaultdict(list)
-        for r in members:
-            children[r.previous].append(r)
-            f = str(store.path_of(r.sha256))
-            if r.previous is None:
-                continue
-            if r.previous in good:
-                if good[r.previous].chain != chain:
-                    problems.append(
-                        Problem(
-                            "wrong-chain",
-                            f,
-                            f"receipt {f} (chain {chain!r}) names previous "
-                            f"{r.previous}, which belongs to chain {good[r.previous].chain!r}",
-                            chain,
-                            r.started_at,
-                        )
-                    )
-            elif r.previous in pruned and pruned[r.previous]["chain"] == chain:
-                pass  # pruned: kept on the team's remote or in an archive, as its prune receipt says
-            elif r.previous in bad:
-                problems.append(
-                    Problem(
-                        "previous-changed",
-                        f,
-                        f"chain {chain!r} broken at {f}: its previous receipt {bad[r.previous]} does not verify",
-                        chain,
-                        r.started_at,
-                    )
-                )
-            else:
-                problems.append(
-                    Problem(
-                        "missing-previous",
-                        f,
-                        f"chain {chain!r} broken at {f}: it names previous "
-                        f"receipt {r.previous}, which is missing (deleted or renamed)",
-                        chain,
-                        r.started_at,
-                    )
-                )
-        for prev, kids in children.items():
-            if len(kids) > 1:
-                names = ", ".join(str(store.path_of(k.sha256)) for k in kids)
-                what = "start the chain" if prev is None else f"name the same previous {prev}"
-                problems.append(
-                    Problem(
-                        "two-starts" if prev is None else "fork",
-                        str(store.path_of(kids[1].sha256)),
-                        f"chain {chain!r}: {len(kids)} receipts {what}: {names}",
-                        chain,
-                        min(k.started_at for k in kids),
-                    )
-                )
-        # a receipt the next one of which was pruned is still followed: the prune receipt says by what
-        referenced = {r.previous for r in members} | {e.get("previous") for e in pruned.values() if e["chain"] == chain}
-        tips = {r.sha256 for r in members if r.sha256 not in referenced}
-        head_file = store.heads_dir / chain
-        if head_file.exists():
-            head = _text(head_file)
-            if head in good:
-                pending = store.heads_dir / f"{chain}.pending"
-                explained = pending.exists() and _text(pending) in tips
-                # A break in the chain leaves an extra end before the gap; the break is reported.
-                broken = any(p.chain == chain and p.kind in ("missing-previous", "previous-changed") for p in problems)
-                for tip in sorted(tips - {head}) if not broken else []:
-                    if explained:
-                        rep.warnings.append(
-                            f"chain {chain!r}: newest receipt {tip[:12]} is not yet its head "
-                            "(a write was interrupted; the next run repairs it)"
-                        )
-                    else:
-                        f = str(store.path_of(tip))
-                        problems.append(
-                            Problem(
-                                "beyond-head",
-                                f,
-                                f"chain {chain!r}: receipt {f} is not reachable "
-                                f"from the chain's head {head[:12]} (added outside pairctl?)",
-                                chain,
-                                good[tip].started_at,
-                            )
-                        )
-            elif head not in bad:
-                problems.append(
-                    Problem(
-                        "head-missing",
-                        str(head_file),
-                        f"chain {chain!r}: its head {head_file} "
-                        f"names receipt {head or '(unreadable)'}, which is missing (the newest receipt was deleted "
-                        "or replaced)",
-                        chain,
-                        "~",
-                    )
-                )
-        else:
-            rep.warnings.append(f"chain {chain!r} has no head file {head_file}")
-
+        _check_links(store, chain, members, found)
+        _check_head(store, chain, members, found, rep)
     # Heads of chains that no longer have a single verifying receipt.
     if store.heads_dir.exists():
         for head_file in sorted(store.heads_dir.iterdir()):
@@ -271,86 +134,228 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 continue
             head = _text(head_file)
             if head not in good and head not in bad:
-                problems.append(
-                    Problem(
-                        "head-missing",
-                        str(head_file),
-                        f"chain {head_file.name!r}: its head "
-                        f"{head_file} names receipt {head or '(unreadable)'}, which is missing",
-                        head_file.name,
-                        "~",
-                    )
+                found.add(
+                    "head-missing",
+                    str(head_file),
+                    f"chain {head_file.name!r}: its head "
+                    f"{head_file} names receipt {head or '(unreadable)'}, which is missing",
+                    head_file.name,
+                    "~",
                 )
-
     for r in good.values():
-        f = str(store.path_of(r.sha256))
-        if r.derived_from and r.derived_from not in good:
-            state = "does not verify" if r.derived_from in bad else "is missing"
-            problems.append(
-                Problem(
-                    "dangling-reference",
-                    f,
-                    f"derived receipt {f} names original {r.derived_from}, which {state}",
-                    r.chain,
-                    r.started_at,
-                )
-            )
-        for step, ref in r.reused_steps.items():
-            src = good.get(ref.from_)
-            why = None
-            if src is None:
-                why = f"receipt {ref.from_} " + ("does not verify" if ref.from_ in bad else "is missing")
-            else:
-                rec = src.step(step)
-                if rec is None:
-                    why = f"receipt {ref.from_[:12]} has no step {step!r}"
-                elif rec.outcome != "passed":
-                    why = f"step {step!r} {rec.outcome} in {ref.from_[:12]}"
-                elif rec.data_sha256() != ref.data_sha256:
-                    why = (
-                        f"step {step!r} data in {ref.from_[:12]} has sha256 {rec.data_sha256()}, not {ref.data_sha256}"
-                    )
-                elif samples_sha256(src.samples.get(step)) != ref.samples_sha256:
-                    why = f"step {step!r} samples in {ref.from_[:12]} do not match samples_sha256"
-            if why:
-                problems.append(
-                    Problem(
-                        "dangling-reference",
-                        f,
-                        f"derived receipt {f} reuses step {step!r}: {why}",
-                        r.chain,
-                        r.started_at,
-                    )
-                )
-
-    # pairctl deletes a receipt only by `receipts prune`, which accounts for it; an index entry
-    # (written with every receipt) whose receipt is gone otherwise shows a deletion that moving the
-    # head back, or re-hashing the chain, hid.
-    if store.index_dir.exists():
-        for idx in sorted(store.index_dir.glob("*.json")):
-            sha = idx.name[:-5]
-            if (
-                len(sha) == 64
-                and all(c in "0123456789abcdef" for c in sha)
-                and sha not in good
-                and sha not in bad
-                and sha not in pruned
-            ):
-                problems.append(
-                    Problem(
-                        "deleted",
-                        str(store.path_of(sha)),
-                        f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
-                        "evidence was deleted or rewritten",
-                        None,
-                        "~",
-                    )
-                )
-
+        _check_references(str(store.path_of(r.sha256)), r, found)
+    _check_deleted(store, found)
     for j in store.unsealed() if store.journal_dir.exists() else []:
         state = "running" if j["alive"] else ("killed, not yet sealed" if j["alive"] is False else "of another host")
         rep.warnings.append(f"journal {j['journal']} ({j['command']}, pair {j['pair']}): {state}")
-
     problems.sort(key=lambda p: (p.at is None, p.at or "", p.file))
     rep.problems = problems
     return rep
+
+
+def _read_receipt(path: Path, rep: VerifyReport, found: _Found) -> None:
+    """One file of the receipts folder: a receipt whose bytes hash to its name, in canonical form,
+    goes to `good`; anything else is a problem (and `bad` when it claims a receipt's name, so a
+    chain through it is reported as broken there rather than as missing)."""
+    name = path.name
+    if name.startswith(".tmp-"):
+        rep.warnings.append(f"leftover temporary file {path} (an interrupted write; safe to delete)")
+        return
+    stem = name[:-5] if name.endswith(".json") else name
+    if not name.endswith(".json") or len(stem) != 64 or any(c not in "0123456789abcdef" for c in stem):
+        found.add("stray-file", str(path), f"{path} is not a receipt name (<sha256>.json)")
+        return
+    rep.receipts += 1
+    try:
+        data = safejson.read_receipt(path)
+    except OSError as exc:
+        found.bad[stem] = str(path)
+        found.add("unreadable", str(path), f"receipt file {path} cannot be read: {exc.strerror or exc}")
+        return
+    except EvidenceError as exc:
+        found.bad[stem] = str(path)
+        found.add("unreadable", str(path), exc.message)
+        return
+    actual = sha256_bytes(data)
+    if actual != stem:
+        found.bad[stem] = str(path)
+        found.add(
+            "changed",
+            str(path),
+            f"receipt file {path} does not match its name: its sha256 is {actual} (changed after it was written)",
+            at=_started(data),
+        )
+        return
+    try:
+        if canonical_json(safejson.loads(data, what="it")) != data:
+            raise ValueError("not canonical JSON (sorted keys, no whitespace, UTF-8)")
+        r = Receipt.model_validate_json(data)
+    except (ValidationError, ValueError, EvidenceError, RecursionError) as exc:
+        found.bad[stem] = str(path)
+        found.add(
+            "invalid",
+            str(path),
+            f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
+            at=_started(data),
+        )
+        return
+    r._sha256 = stem
+    found.good[stem] = r
+
+
+def _check_links(store: StoreFiles, chain: str, members: list[Receipt], found: _Found) -> None:
+    """Each receipt's `previous` must be a verifying receipt of the same chain (or one a prune
+    receipt accounts for), and no two receipts may follow the same one: walking the receipts
+    themselves finds a deletion or an insertion that the head cache cannot."""
+    good, bad = found.good, found.bad
+    children: dict[str | None, list[Receipt]] = defaultdict(list)
+    for r in members:
+        children[r.previous].append(r)
+        f = str(store.path_of(r.sha256))
+        if r.previous is None:
+            continue
+        if r.previous in good:
+            if good[r.previous].chain != chain:
+                found.add(
+                    "wrong-chain",
+                    f,
+                    f"receipt {f} (chain {chain!r}) names previous "
+                    f"{r.previous}, which belongs to chain {good[r.previous].chain!r}",
+                    chain,
+                    r.started_at,
+                )
+        elif r.previous in found.pruned and found.pruned[r.previous]["chain"] == chain:
+            pass  # pruned: kept on the team's remote or in an archive, as its prune receipt says
+        elif r.previous in bad:
+            found.add(
+                "previous-changed",
+                f,
+                f"chain {chain!r} broken at {f}: its previous receipt {bad[r.previous]} does not verify",
+                chain,
+                r.started_at,
+            )
+        else:
+            found.add(
+                "missing-previous",
+                f,
+                f"chain {chain!r} broken at {f}: it names previous "
+                f"receipt {r.previous}, which is missing (deleted or renamed)",
+                chain,
+                r.started_at,
+            )
+    for prev, kids in children.items():
+        if len(kids) > 1:
+            names = ", ".join(str(store.path_of(k.sha256)) for k in kids)
+            what = "start the chain" if prev is None else f"name the same previous {prev}"
+            found.add(
+                "two-starts" if prev is None else "fork",
+                str(store.path_of(kids[1].sha256)),
+                f"chain {chain!r}: {len(kids)} receipts {what}: {names}",
+                chain,
+                min(k.started_at for k in kids),
+            )
+
+
+def _check_head(store: StoreFiles, chain: str, members: list[Receipt], found: _Found, rep: VerifyReport) -> None:
+    """The head file is a cache, only cross-checked: it must name a receipt that exists, and every
+    end of the chain other than the head must be explained (an interrupted write) or is reported."""
+    good, problems = found.good, found.problems
+    # a receipt the next one of which was pruned is still followed: the prune receipt says by what
+    referenced = {r.previous for r in members} | {
+        e.get("previous") for e in found.pruned.values() if e["chain"] == chain
+    }
+    tips = {r.sha256 for r in members if r.sha256 not in referenced}
+    head_file = store.heads_dir / chain
+    if not head_file.exists():
+        rep.warnings.append(f"chain {chain!r} has no head file {head_file}")
+        return
+    head = _text(head_file)
+    if head in good:
+        pending = store.heads_dir / f"{chain}.pending"
+        explained = pending.exists() and _text(pending) in tips
+        # A break in the chain leaves an extra end before the gap; the break is reported.
+        broken = any(p.chain == chain and p.kind in ("missing-previous", "previous-changed") for p in problems)
+        for tip in sorted(tips - {head}) if not broken else []:
+            if explained:
+                rep.warnings.append(
+                    f"chain {chain!r}: newest receipt {tip[:12]} is not yet its head "
+                    "(a write was interrupted; the next run repairs it)"
+                )
+            else:
+                f = str(store.path_of(tip))
+                found.add(
+                    "beyond-head",
+                    f,
+                    f"chain {chain!r}: receipt {f} is not reachable "
+                    f"from the chain's head {head[:12]} (added outside pairctl?)",
+                    chain,
+                    good[tip].started_at,
+                )
+    elif head not in found.bad:
+        found.add(
+            "head-missing",
+            str(head_file),
+            f"chain {chain!r}: its head {head_file} "
+            f"names receipt {head or '(unreadable)'}, which is missing (the newest receipt was deleted "
+            "or replaced)",
+            chain,
+            "~",
+        )
+
+
+def _check_references(f: str, r: Receipt, found: _Found) -> None:
+    """A derived receipt's original, and each step it reuses, must resolve to a receipt that
+    verifies and whose step data and samples still hash as the derived receipt recorded."""
+    good, bad = found.good, found.bad
+    if r.derived_from and r.derived_from not in good:
+        state = "does not verify" if r.derived_from in bad else "is missing"
+        found.add(
+            "dangling-reference",
+            f,
+            f"derived receipt {f} names original {r.derived_from}, which {state}",
+            r.chain,
+            r.started_at,
+        )
+    for step, ref in r.reused_steps.items():
+        src = good.get(ref.from_)
+        why = None
+        if src is None:
+            why = f"receipt {ref.from_} " + ("does not verify" if ref.from_ in bad else "is missing")
+        else:
+            rec = src.step(step)
+            if rec is None:
+                why = f"receipt {ref.from_[:12]} has no step {step!r}"
+            elif rec.outcome != "passed":
+                why = f"step {step!r} {rec.outcome} in {ref.from_[:12]}"
+            elif rec.data_sha256() != ref.data_sha256:
+                why = f"step {step!r} data in {ref.from_[:12]} has sha256 {rec.data_sha256()}, not {ref.data_sha256}"
+            elif samples_sha256(src.samples.get(step)) != ref.samples_sha256:
+                why = f"step {step!r} samples in {ref.from_[:12]} do not match samples_sha256"
+        if why:
+            found.add(
+                "dangling-reference",
+                f,
+                f"derived receipt {f} reuses step {step!r}: {why}",
+                r.chain,
+                r.started_at,
+            )
+
+
+def _check_deleted(store: StoreFiles, found: _Found) -> None:
+    """pairctl deletes a receipt only by `receipts prune`, which accounts for it; an index entry
+    (written with every receipt) whose receipt is gone otherwise shows a deletion that moving the
+    head back, or re-hashing the chain, hid."""
+    if not store.index_dir.exists():
+        return
+    for idx in sorted(store.index_dir.glob("*.json")):
+        sha = idx.name[:-5]
+        if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) and sha not in found.good:
+            if sha not in found.bad and sha not in found.pruned:
+                found.add(
+                    "deleted",
+                    str(store.path_of(sha)),
+                    f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
+                    "evidence was deleted or rewritten",
+                    None,
+                    "~",
+                )

@@ -361,9 +361,6 @@ def parse_rpc_bind(argv: Iterable[str]) -> tuple[str | None, int | None]:
     return host, port
 
 
-RPC_HUNG = ("stopped", "unanswered")
-
-
 def parse_rpc_probe(out: str, name: str) -> str | None:
     """`rpc=NAME:STATE` from `pairctl-svc rpc-probe` -> STATE: down | stopped | serving |
     unanswered | unprobed | hello:M.m.p (None when the helper printed no such line)."""

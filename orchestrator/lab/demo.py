@@ -105,8 +105,6 @@ def _candidate_package() -> str:
 _WHICH: dict[str, Callable[[], str]] = {"baseline": _baseline_package, "candidate": _candidate_package}
 
 
-
-
 def _deploy(which: str, profile: str, expect: int, *, accept: bool = False) -> Deferred:
     def step() -> tuple[tuple[str, ...], int]:
         pid = _WHICH[which]()

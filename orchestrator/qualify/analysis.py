@@ -249,22 +249,7 @@ def _analyze_fixed(
     floors = _floors(noise, rules)
     fixtures_of = {fam: [f.name for f in plan.fixtures if f.family == fam] for fam in plan.families}
     invalid: list[dict[str, Any]] = []
-    reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
-    for s in samples:
-        key = (s.get("pair"), s.get("arm"), s.get("fixture"))
-        rep = (s.get("attempt", 0), s.get("rep", 0))
-        problem = sample_problem(s, plan.n_predict)
-        got = reps.setdefault(key, {})  # type: ignore[arg-type]
-        if rep in got:
-            problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
-        if problem:
-            invalid.append(
-                {"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0], "problem": problem}
-            )
-            got.setdefault(rep, {"_invalid": True})
-        else:
-            got[rep] = s
-    valid, arms = _arm_values(plan, reps, invalid)
+    valid, arms = _arm_values(plan, _by_arm(plan, samples, invalid), invalid)
     # Identity: both arms must have measured the same prompt (same tokens), or the pair is not comparable.
     for (p, arm, fx), s in list(valid.items()):
         other = valid.get((p, "candidate" if arm == "baseline" else "baseline", fx))
@@ -311,6 +296,48 @@ def _analyze_fixed(
     if drift["flagged"]:
         gates = [under_drift(g, "; ".join(drift["reasons"])) for g in gates]
 
+    return QualifyResult(
+        verdict=overall(gates),
+        gates=gates,
+        flags=_flags(plan, by_family),
+        cells=cells,
+        samples_total=len(samples),
+        samples_invalid=invalid,
+        plan_name=plan.name,
+        plan_sha256=plan_sha256,
+        arms=arms,
+        noise=noise,
+        rules=rules,
+        drift=drift,
+        order=order,
+    )
+
+
+def _by_arm(
+    plan: QualifyPlan, samples: list[dict[str, Any]], invalid: list[dict[str, Any]]
+) -> dict[ArmKey, dict[tuple[int, int], dict[str, Any]]]:
+    """The samples by (pair, arm, fixture), then (attempt, repeat). A failed or duplicated sample
+    goes to `invalid` with its reason and leaves a marker, so the arm's value knows it is short."""
+    reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
+    for s in samples:
+        key = (s.get("pair"), s.get("arm"), s.get("fixture"))
+        rep = (s.get("attempt", 0), s.get("rep", 0))
+        problem = sample_problem(s, plan.n_predict)
+        got = reps.setdefault(key, {})  # type: ignore[arg-type]
+        if rep in got:
+            problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
+        if problem:
+            invalid.append(
+                {"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0], "problem": problem}
+            )
+            got.setdefault(rep, {"_invalid": True})
+        else:
+            got[rep] = s
+    return reps
+
+
+def _flags(plan: QualifyPlan, by_family: dict[str, Cell]) -> list[FlagResult]:
+    """The plan's point checks on each family's ratios: reported beside the gates, never deciding."""
     flags: list[FlagResult] = []
     metric_attr = {"client_wall": "wall_ratio", "ttft": "ttft_ratio", "prompt": "pp_ratio"}
     for fl in plan.flags:
@@ -325,22 +352,7 @@ def _analyze_fixed(
                     fl.metric, fam, fl.min_ratio, ratio, None if ratio is None else at_least(ratio, fl.min_ratio)
                 )
             )
-
-    return QualifyResult(
-        verdict=overall(gates),
-        gates=gates,
-        flags=flags,
-        cells=cells,
-        samples_total=len(samples),
-        samples_invalid=invalid,
-        plan_name=plan.name,
-        plan_sha256=plan_sha256,
-        arms=arms,
-        noise=noise,
-        rules=rules,
-        drift=drift,
-        order=order,
-    )
+    return flags
 
 
 def _floors(noise: dict[str, Any] | None, rules: dict[str, Any] | None) -> dict[str, float]:

@@ -156,8 +156,7 @@ def _r(x: float | None) -> str:
 
 
 def markdown(result: QualifyResult, record: QualifyRecord) -> str:
-    plan = record.plan
-    arms = record.arms
+    plan, arms = record.plan, record.arms
     title = "A/A calibration" if record.calibration else f"Qualification {result.verdict.upper()}"
     lines = [
         f"# {title}: plan `{plan.name}` on pair `{record.pair}`",
@@ -192,16 +191,31 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         "| Spread that decided | Own sd | Calibrated sd | Bootstrap interval (not deciding) "
         "| Valid pairs | Verdict | Why |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *_gate_rows(result),
+        *drift_lines(result),
+        *_speed_lines(result),
+        *_reported_lines(result),
+        *_pair_lines(result, plan.pairs),
+        *_calibration_lines(record),
+        *_tail_lines(result, record),
     ]
-    for g in result.gates:
-        lines.append(
-            f"| {g.kind} | {g.family} | {_pct(g.threshold)} | {_pct(g.gain)} | {_pct(g.low)} to {_pct(g.high)} | "
-            f"{g.spread or 'n/a'} | {_sd(g.sd_own)} | {_sd(g.sd_calibrated)} | "
-            f"{_pct(g.bootstrap_low)} to {_pct(g.bootstrap_high)} | "
-            f"{g.valid_pairs}/{g.planned_pairs} | **{g.verdict.upper()}** | {g.reason} |"
-        )
-    lines += drift_lines(result)
-    lines += [
+    return "\n".join(lines)
+
+
+def _gate_rows(result: QualifyResult) -> list[str]:
+    """One row per declared gate, in the order the plan declares them."""
+    return [
+        f"| {g.kind} | {g.family} | {_pct(g.threshold)} | {_pct(g.gain)} | {_pct(g.low)} to {_pct(g.high)} | "
+        f"{g.spread or 'n/a'} | {_sd(g.sd_own)} | {_sd(g.sd_calibrated)} | "
+        f"{_pct(g.bootstrap_low)} to {_pct(g.bootstrap_high)} | "
+        f"{g.valid_pairs}/{g.planned_pairs} | **{g.verdict.upper()}** | {g.reason} |"
+        for g in result.gates
+    ]
+
+
+def _speed_lines(result: QualifyResult) -> list[str]:
+    """The paired TG gain per family: the numbers the gates above were judged on."""
+    lines = [
         "",
         "## Generation speed per family (paired, candidate / baseline)",
         "",
@@ -225,7 +239,12 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             f"{sd} | {_pct(bs.low if bs else None)} to {_pct(bs.high if bs else None)} | {method} "
             f"| {len(c.valid_pairs)}/{c.planned_pairs} |"
         )
-    lines += [
+    return lines
+
+
+def _reported_lines(result: QualifyResult) -> list[str]:
+    """Ratios and point flags that are shown beside the gates and decide nothing."""
+    lines = [
         "",
         "## Reported, not gated",
         "",
@@ -259,36 +278,54 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
             ok = "n/a" if f.ok is None else ("yes" if f.ok else "**no**")
             lines.append(f"| {f.metric} | {f.family} | {_r(f.ratio)} | {f.min_ratio} | {ok} |")
         lines.append("")
-    lines += [
+    return lines
+
+
+def _pair_lines(result: QualifyResult, pairs: int) -> list[str]:
+    """Every pair's own TG ratio, so one outlying pair is seen rather than averaged away."""
+    lines = [
         "## Per-pair TG ratios",
         "",
-        "| Family | " + " | ".join(f"pair {i + 1}" for i in range(plan.pairs)) + " |",
-        "|---|" + "---|" * plan.pairs,
+        "| Family | " + " | ".join(f"pair {i + 1}" for i in range(pairs)) + " |",
+        "|---|" + "---|" * pairs,
     ]
     for c in result.cells:
         by_pair = dict(zip(c.valid_pairs, c.tg.ratios, strict=True)) if c.tg else {}
-        lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(plan.pairs)) + " |")
-    if record.calibration:
-        lines += ["", "## Calibration (A/A: baseline against baseline, every difference is noise)", ""]
-        lines += [
-            f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% "
-            f"(upper {int(100 * v['upper_confidence'])}% "
-            f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
-            for fam, v in record.calibration["families"].items()
-        ]
-        lines += [f"- problem: {p}" for p in record.calibration.get("problems") or []]
-        lines += [
-            "",
-            "| Gate | Family | Threshold | Power at | Power | Pairs needed | Plan pairs | Resolvable |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {g['kind']} | {g['family']} | {_pct(g['threshold'])} | {_pct(g['power_at'])} | {g['power']} | "
-            f"{g['needed_pairs'] if g['needed_pairs'] is not None else 'n/a'} | {g['plan_pairs']} | "
-            f"{'yes' if g['resolvable'] else '**no**'} |"
-            for g in record.calibration["gates"]
-        ]
-        lines += ["", "The gate verdicts above are the A/A check: a gain gate that passes here passed on noise."]
+        lines.append(f"| {c.family} | " + " | ".join(_r(by_pair.get(i)) for i in range(pairs)) + " |")
+    return lines
+
+
+def _calibration_lines(record: QualifyRecord) -> list[str]:
+    """The A/A noise and the pairs each gate needs (a calibration's report only)."""
+    if not record.calibration:
+        return []
+    lines = ["", "## Calibration (A/A: baseline against baseline, every difference is noise)", ""]
+    lines += [
+        f"- {fam}: sd of per-pair log TG ratio {100 * v['sigma']:.2f}% "
+        f"(upper {int(100 * v['upper_confidence'])}% "
+        f"bound {100 * v['sigma_upper']:.2f}%), mean {100 * v['mean_log']:+.2f}% over {v['pairs']} pairs"
+        for fam, v in record.calibration["families"].items()
+    ]
+    lines += [f"- problem: {p}" for p in record.calibration.get("problems") or []]
+    lines += [
+        "",
+        "| Gate | Family | Threshold | Power at | Power | Pairs needed | Plan pairs | Resolvable |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {g['kind']} | {g['family']} | {_pct(g['threshold'])} | {_pct(g['power_at'])} | {g['power']} | "
+        f"{g['needed_pairs'] if g['needed_pairs'] is not None else 'n/a'} | {g['plan_pairs']} | "
+        f"{'yes' if g['resolvable'] else '**no**'} |"
+        for g in record.calibration["gates"]
+    ]
+    lines += ["", "The gate verdicts above are the A/A check: a gain gate that passes here passed on noise."]
+    return lines
+
+
+def _tail_lines(result: QualifyResult, record: QualifyRecord) -> list[str]:
+    """How much the arms spread, what was invalid, and where the chart and raw samples are."""
+    plan = record.plan
+    lines: list[str] = []
     spread = [a["dispersion"] for a in result.arms if a.get("dispersion") is not None]
     if spread:
         lines += [
@@ -314,7 +351,7 @@ def markdown(result: QualifyResult, record: QualifyRecord) -> str:
         f"({', '.join(record.sample_steps) or 'none'}).",
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def _sd(x: float | None) -> str:
@@ -460,30 +497,16 @@ def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
             xs = [x + (i - (len(ys) - 1) / 2) * 0.06 for i in range(len(ys))]
             ax.scatter(xs, ys, s=18, color="tab:gray", zorder=3, label=None if labelled else "per-pair gain")
             g = 100 * c.tg.gain
-            if c.tg.interval is not None:
-                lo, hi = 100 * c.tg.interval.low, 100 * c.tg.interval.high
-                ax.errorbar(
-                    [x + 0.28],
-                    [g],
-                    yerr=[[g - lo], [hi - g]],
-                    fmt="o",
-                    color="tab:blue",
-                    capsize=5,
-                    zorder=4,
-                    label=None if labelled else "paired gain, Student-t interval (decides)",
-                )
-            if c.tg.bootstrap is not None:
-                lo, hi = 100 * c.tg.bootstrap.low, 100 * c.tg.bootstrap.high
-                ax.errorbar(
-                    [x + 0.18],
-                    [g],
-                    yerr=[[g - lo], [hi - g]],
-                    fmt="none",
-                    color="tab:gray",
-                    capsize=3,
-                    zorder=4,
-                    label=None if labelled else "percentile bootstrap (not deciding)",
-                )
+            whiskers = (
+                (c.tg.interval, 0.28, "o", "tab:blue", 5, "paired gain, Student-t interval (decides)"),
+                (c.tg.bootstrap, 0.18, "none", "tab:gray", 3, "percentile bootstrap (not deciding)"),
+            )
+            for iv, dx, fmt, color, cap, label in whiskers:
+                if iv is not None:
+                    lo, hi = 100 * iv.low, 100 * iv.high
+                    err = [[g - lo], [hi - g]]
+                    ax.errorbar([x + dx], [g], yerr=err, fmt=fmt, color=color, capsize=cap, zorder=4,
+                                label=None if labelled else label)  # fmt: skip
             labelled = True
         else:
             ax.text(x, 0, "no valid pairs", ha="center", va="bottom", fontsize=8)

@@ -32,11 +32,12 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import interrupt, progress
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.errors import ConfigError, PairctlError, RollbackFailed
+from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.log import get_logger
 from orchestrator.qualify.analysis import QualifyResult, analyze, rules_for
@@ -44,6 +45,9 @@ from orchestrator.qualify.calibration import calibration_of, calibration_outcome
 from orchestrator.qualify.measure import MemoryProbe, Prompt, measure, prompts_for, request_params, warmup
 from orchestrator.qualify.plan import Arm, LoadedPlan, QualifyPlan
 from orchestrator.qualify.stats import robust_centre
+
+if TYPE_CHECKING:
+    from structlog.stdlib import BoundLogger
 
 ARM_STEP_PREFIX = "arm-"
 
@@ -143,35 +147,13 @@ def run_qualification(
     arms = {"baseline": baseline, "candidate": candidate}
     profiles = {"baseline": profile, "candidate": candidate_profile or profile}
     inputs = {"plan": loaded.sha256, **{f"fixture:{f.name}": f.sha256 for f in plan.fixtures}}
-    params = request_params(plan.seed, plan.temperature)
 
     # Not on the pair's chain: each arm's deploy writes its own receipt there (and takes that
     # chain's lock); this receipt names the pair in `qualify_pair` and each deploy receipt.
     journal = store.begin(command="qualify", argv=argv, pair=None, inputs=inputs)
     with journal:
-        journal.set("qualify_pair", pair)
-        # Declared before any sample: the receipt shows these `set` events precede the first row.
-        journal.set("plan_sha256", loaded.sha256)
-        journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
-        journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
-        journal.set("qualify_profile", profile.model_dump(mode="json"))
-        if candidate_profile is not None:
-            journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
-        if calibrate:
-            journal.set(
-                "qualify_calibrate",
-                {
-                    "pairs": plan.pairs,
-                    "measurement_key": plan.measurement_key(),
-                    "profile_sha256": profile_key(profile),
-                },
-            )
-        if noise is not None:
-            journal.set("qualify_noise", noise)
-        # The decision rules (spread floor, drift bounds, arm order and its seed) before any sample.
         order_seed = _order_seed(plan)
-        rules = rules_for(plan, noise, order_seed)
-        journal.set("qualify_rules", rules)
+        rules = _declare(journal, loaded, plan, pair, arms, profile, candidate_profile, calibrate, noise, order_seed)
         arm_order = plan.arm_order(order_seed)
         # The pair is held from before the snapshot until after the restore: every arm's deploy
         # renews this run's leases instead of taking its own, so nothing else runs in between.
@@ -195,78 +177,10 @@ def run_qualification(
                     f"({progress.eta(k, len(arm_order), time.monotonic() - t_arms)}) ...",
                     arm=name,
                 )
-                pkgs = arms[arm]
                 try:
-                    with journal.step(name) as step:
-                        active = driver.activate(pkgs, profiles[arm])
-                        step.data.update(
-                            packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx
-                        )
-                        try:
-                            # Every arm tokenizes the fixtures again: both arms must send the same ids
-                            # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
-                            mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
-                            prompts = prompts or mine
-                            step.data["prompts"] = {
-                                p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts
-                            }
-                            step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
-                            step.data["warmup"] = warmup(active.client, loaded, params)
-                            base = {
-                                "pair": p_idx,
-                                "arm": arm,
-                                "seq": k,
-                                "package_native": pkgs.native,
-                                "package_rpc": pkgs.rpc,
-                                "build_info": active.identity.get("build_info"),
-                            }
-                            # Rounds over the fixtures (not one fixture k times): drift within an arm
-                            # spreads over every fixture alike.
-                            rows = [
-                                measure(
-                                    active.client,
-                                    pr,
-                                    n_predict=plan.n_predict,
-                                    params=params,
-                                    memory=active.memory,
-                                    base={**base, "rep": r},
-                                )
-                                for r in range(plan.repeats)
-                                for pr in prompts
-                            ]
-                            # A fixture whose repeats spread more than the plan allows is measured
-                            # again (attempt 1, 2, ...); the analysis uses the first attempt within
-                            # the bound, and every attempt stays in the receipt.
-                            for attempt in range(1, plan.arm_retries + 1):
-                                redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
-                                if not redo:
-                                    break
-                                log.info(
-                                    "arm dispersion above the bound; measuring again",
-                                    step=name,
-                                    attempt=attempt,
-                                    fixtures=[pr.fixture for pr in redo],
-                                )
-                                rows += [
-                                    measure(
-                                        active.client,
-                                        pr,
-                                        n_predict=plan.n_predict,
-                                        params=params,
-                                        memory=active.memory,
-                                        base={**base, "rep": r, "attempt": attempt},
-                                    )
-                                    for r in range(plan.repeats)
-                                    for pr in redo
-                                ]
-                        finally:
-                            close = getattr(active.client, "close", None)
-                            if close:
-                                close()
-                        journal.samples(name, rows)
-                        samples += rows
-                        step.data["samples"] = len(rows)
-                        step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
+                    base = {"pair": p_idx, "arm": arm, "seq": k}
+                    pkgs, prof = arms[arm], profiles[arm]
+                    rows, prompts = _measure_arm(journal, driver, loaded, pkgs, prof, base, prompts, samples, log)
                     arm_steps.append(name)
                     log.info("arm measured", step=name, samples=len(rows))
                     progress.event("arm.end", f"qualify arm {name}: {len(rows)} samples", arm=name, samples=len(rows))
@@ -285,25 +199,7 @@ def run_qualification(
                     stop_error = exc
                     log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
                     break
-
-            restored, restore_error = True, None
-            if isinstance(stop_error, RollbackFailed):
-                # The arm's deploy could not put the previous pair back: both services are stopped
-                # and the state is unknown. Nothing is deployed onto it; the leases stay held.
-                restored, restore_error = False, f"not attempted, an arm's rollback failed ({stopped_early})"
-                held.keep("an arm's rollback failed; the pair's state is unknown")
-            else:
-                try:
-                    # the cleanup after a signal too: it runs to its end (orchestrator/interrupt.py)
-                    with journal.step("restore") as step, interrupt.shielded():
-                        if hooks.before_restore:
-                            hooks.before_restore()
-                        step.data["verified"] = driver.restore(before)
-                        if hooks.after_restore:
-                            hooks.after_restore(step.data["verified"])
-                except PairctlError as exc:
-                    restored, restore_error = False, str(exc).splitlines()[0]
-                    log.error("restore failed after measurements", error=restore_error)
+            restored, restore_error = _restore(journal, driver, hooks, held, before, stop_error, stopped_early, log)
         journal.set("qualify_leases_end", held.end())
 
         result = analyze(plan, samples, plan_sha256=loaded.sha256, noise=noise, rules=rules)
@@ -317,6 +213,162 @@ def run_qualification(
         receipt = journal.finish(outcome, reason)
     report_dir = write_report(receipt) if write_report is not None else None
     return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir, stop_error)
+
+
+def _declare(
+    journal: Journal,
+    loaded: LoadedPlan,
+    plan: QualifyPlan,
+    pair: str,
+    arms: dict[str, ArmPackages],
+    profile: RouteProfile,
+    candidate_profile: RouteProfile | None,
+    calibrate: bool,
+    noise: dict[str, Any] | None,
+    order_seed: int | None,
+) -> dict[str, Any]:
+    """Everything the result will be judged by, set before any sample (the receipt shows these
+    `set` events precede the first row): the plan, both arms, profiles, noise and decision rules."""
+    journal.set("qualify_pair", pair)
+    journal.set("plan_sha256", loaded.sha256)
+    journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
+    journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
+    journal.set("qualify_profile", profile.model_dump(mode="json"))
+    if candidate_profile is not None:
+        journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
+    if calibrate:
+        journal.set(
+            "qualify_calibrate",
+            {"pairs": plan.pairs, "measurement_key": plan.measurement_key(), "profile_sha256": profile_key(profile)},
+        )
+    if noise is not None:
+        journal.set("qualify_noise", noise)
+    # The decision rules (spread floor, drift bounds, arm order and its seed) before any sample.
+    rules = rules_for(plan, noise, order_seed)
+    journal.set("qualify_rules", rules)
+    return rules
+
+
+def _measure_arm(
+    journal: Journal,
+    driver: PairDriver,
+    loaded: LoadedPlan,
+    pkgs: ArmPackages,
+    profile: RouteProfile,
+    base: dict[str, Any],
+    prompts: list[Prompt] | None,
+    samples: list[dict[str, Any]],
+    log: BoundLogger,
+) -> tuple[list[dict[str, Any]], list[Prompt]]:
+    """One arm in its own step: a fresh activation, the fixtures tokenized again, one warm-up and
+    every sample, so the receipt holds each arm's identity and rows or the error that ended it.
+    Adds the rows to `samples`; returns them and the prompts every later arm sends (the first
+    arm's token ids)."""
+    plan = loaded.plan
+    name = arm_step_name(base["seq"], base["pair"], base["arm"])
+    params = request_params(plan.seed, plan.temperature)
+    with journal.step(name) as step:
+        active = driver.activate(pkgs, profile)
+        step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
+        try:
+            # Every arm tokenizes the fixtures again: both arms must send the same ids
+            # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
+            mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
+            prompts = prompts or mine
+            step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
+            step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
+            step.data["warmup"] = warmup(active.client, loaded, params)
+            base = {
+                **base,
+                "package_native": pkgs.native,
+                "package_rpc": pkgs.rpc,
+                "build_info": active.identity.get("build_info"),
+            }
+            rows = _measure_rows(active, plan, prompts, params, base, name, log)
+        finally:
+            close = getattr(active.client, "close", None)
+            if close:
+                close()
+        journal.samples(name, rows)
+        samples += rows
+        step.data["samples"] = len(rows)
+        step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
+    return rows, prompts
+
+
+def _measure_rows(
+    active: ActiveArm,
+    plan: QualifyPlan,
+    prompts: list[Prompt],
+    params: dict[str, Any],
+    base: dict[str, Any],
+    name: str,
+    log: BoundLogger,
+) -> list[dict[str, Any]]:
+    """Rounds over the fixtures (not one fixture k times), so drift within an arm spreads over
+    every fixture alike. A fixture whose repeats spread more than the plan allows is measured
+    again (attempt 1, 2, ...); the analysis uses the first attempt within the bound, and every
+    attempt stays in the receipt."""
+
+    def rounds(fixtures: list[Prompt], **extra: Any) -> list[dict[str, Any]]:
+        return [
+            measure(
+                active.client,
+                pr,
+                n_predict=plan.n_predict,
+                params=params,
+                memory=active.memory,
+                base={**base, "rep": r, **extra},
+            )
+            for r in range(plan.repeats)
+            for pr in fixtures
+        ]
+
+    rows = rounds(prompts)
+    for attempt in range(1, plan.arm_retries + 1):
+        redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
+        if not redo:
+            break
+        log.info(
+            "arm dispersion above the bound; measuring again",
+            step=name,
+            attempt=attempt,
+            fixtures=[pr.fixture for pr in redo],
+        )
+        rows += rounds(redo, attempt=attempt)
+    return rows
+
+
+def _restore(
+    journal: Journal,
+    driver: PairDriver,
+    hooks: Hooks,
+    held: Any,
+    before: dict[str, Any],
+    stop_error: BaseException | None,
+    stopped_early: str | None,
+    log: BoundLogger,
+) -> tuple[bool, str | None]:
+    """The pair back on what was active before the first arm, in the `restore` step; a failure
+    here is the run's outcome (the samples stay usable), so it is returned, not raised."""
+    if isinstance(stop_error, RollbackFailed):
+        # The arm's deploy could not put the previous pair back: both services are stopped
+        # and the state is unknown. Nothing is deployed onto it; the leases stay held.
+        held.keep("an arm's rollback failed; the pair's state is unknown")
+        return False, f"not attempted, an arm's rollback failed ({stopped_early})"
+    try:
+        # the cleanup after a signal too: it runs to its end (orchestrator/interrupt.py)
+        with journal.step("restore") as step, interrupt.shielded():
+            if hooks.before_restore:
+                hooks.before_restore()
+            step.data["verified"] = driver.restore(before)
+            if hooks.after_restore:
+                hooks.after_restore(step.data["verified"])
+    except PairctlError as exc:
+        restore_error = str(exc).splitlines()[0]
+        log.error("restore failed after measurements", error=restore_error)
+        return False, restore_error
+    return True, None
 
 
 def _sequential_stop(

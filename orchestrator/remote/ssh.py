@@ -534,67 +534,8 @@ class SshTransport:
         writer: threading.Thread | None = None
         try:
             chan.exec_command(cmd.render())
-            if stdin:
-                if len(stdin) <= 32768:
-                    _send_all(chan, stdin)
-                    chan.shutdown_write()
-                else:  # a writer thread, so a program that answers while reading cannot deadlock us
-
-                    def feed() -> None:
-                        try:
-                            _send_all(chan, stdin)
-                        except Exception:
-                            pass
-                        finally:
-                            try:
-                                chan.shutdown_write()
-                            except Exception:
-                                pass
-
-                    writer = threading.Thread(target=feed, daemon=True, name=f"stdin-{self.name}")
-                    writer.start()
-            else:
-                chan.shutdown_write()
-            fd = chan.fileno()
-            exited_at: float | None = None
-            while True:
-                progressed = False
-                while chan.recv_ready():
-                    out += chan.recv(_READ)
-                    progressed = True
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(_READ)
-                    progressed = True
-                if len(out) > HOST_OUTPUT_MAX or len(err) > HOST_OUTPUT_MAX:
-                    raise _TooMuch()
-                if (
-                    chan.eof_received
-                    and chan.exit_status_ready()
-                    and not chan.recv_ready()
-                    and not chan.recv_stderr_ready()
-                ):
-                    break
-                if progressed:
-                    continue
-                if chan.exit_status_ready() and not chan.eof_received:
-                    # the program exited but something it started still holds stdout/stderr
-                    # (a daemon that did not redirect): do not hang on it, like `ssh -f` would
-                    exited_at = exited_at or time.monotonic()
-                    if time.monotonic() - exited_at > _LINGER_S:
-                        self._log.warning("output left open after exit", cmd=shown.display())
-                        break
-                wait = 1.0 if exited_at is None else 0.05
-                if deadline is not None:
-                    wait = deadline - time.monotonic()
-                    if wait <= 0:
-                        raise _Timeout()
-                    wait = min(wait, 1.0 if exited_at is None else 0.05)
-                if chan.eof_received:
-                    chan.status_event.wait(wait)
-                else:
-                    select.select([fd], [], [], wait)
-                if not t.is_active():
-                    raise ConnectionLost(f"{self.name}: connection lost while running {shown.display()}")
+            writer = self._feed(chan, stdin)
+            self._drain(t, chan, out, err, deadline, shown)
             status = chan.recv_exit_status()
         except _TooMuch:
             chan.close()
@@ -632,6 +573,82 @@ class SshTransport:
             duration_s=time.monotonic() - t0,
             stdout_bytes=bytes(out),
         )
+
+    def _feed(self, chan: paramiko.Channel, stdin: bytes | None) -> threading.Thread | None:
+        """Send stdin and close our side. Large input goes from a writer thread (returned, to be
+        joined), so a program that answers while it reads cannot deadlock us on a full window."""
+        if not stdin or len(stdin) <= 32768:
+            if stdin:
+                _send_all(chan, stdin)
+            chan.shutdown_write()
+            return None
+
+        def feed() -> None:
+            try:
+                _send_all(chan, stdin)
+            except Exception:
+                pass
+            finally:
+                try:
+                    chan.shutdown_write()
+                except Exception:
+                    pass
+
+        writer = threading.Thread(target=feed, daemon=True, name=f"stdin-{self.name}")
+        writer.start()
+        return writer
+
+    def _drain(
+        self,
+        t: paramiko.Transport,
+        chan: paramiko.Channel,
+        out: bytearray,
+        err: bytearray,
+        deadline: float | None,
+        shown: Cmd,
+    ) -> None:
+        """Read stdout and stderr into `out` and `err` until the program exits and both close,
+        bounded by the deadline (_Timeout), the output cap (_TooMuch) and the connection's life."""
+        fd = chan.fileno()
+        exited_at: float | None = None
+        while True:
+            progressed = False
+            while chan.recv_ready():
+                out += chan.recv(_READ)
+                progressed = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(_READ)
+                progressed = True
+            if len(out) > HOST_OUTPUT_MAX or len(err) > HOST_OUTPUT_MAX:
+                raise _TooMuch()
+            if (
+                chan.eof_received
+                and chan.exit_status_ready()
+                and not chan.recv_ready()
+                and not chan.recv_stderr_ready()
+            ):
+                break
+            if progressed:
+                continue
+            if chan.exit_status_ready() and not chan.eof_received:
+                # the program exited but something it started still holds stdout/stderr
+                # (a daemon that did not redirect): do not hang on it, like `ssh -f` would
+                exited_at = exited_at or time.monotonic()
+                if time.monotonic() - exited_at > _LINGER_S:
+                    self._log.warning("output left open after exit", cmd=shown.display())
+                    break
+            wait = 1.0 if exited_at is None else 0.05
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise _Timeout()
+                wait = min(wait, 1.0 if exited_at is None else 0.05)
+            if chan.eof_received:
+                chan.status_event.wait(wait)
+            else:
+                select.select([fd], [], [], wait)
+            if not t.is_active():
+                raise ConnectionLost(f"{self.name}: connection lost while running {shown.display()}")
 
     # -- tcp through the host --
 
@@ -855,58 +872,13 @@ class SshTransport:
         def do(sftp_client: paramiko.SFTPClient) -> list[FsResult]:
             nonlocal rounds
             from paramiko import sftp as S
-            from paramiko.sftp_attr import SFTPAttributes
 
             sftp = _requests(sftp_client)
             send = sftp._async_request
-            first: list[int] = []
-            for op in ops:
-                path = sftp._adjust_cwd(op.path)
-                if isinstance(op, Lstat):
-                    first.append(send(type(None), S.CMD_LSTAT, path))
-                elif isinstance(op, Readlink):
-                    first.append(send(type(None), S.CMD_READLINK, path))
-                elif isinstance(op, ReadFile):
-                    first.append(send(type(None), S.CMD_OPEN, path, S.SFTP_FLAG_READ, SFTPAttributes()))
-                elif isinstance(op, FreeBytes):  # a server without it answers "unsupported": df then
-                    first.append(send(type(None), S.CMD_EXTENDED, "statvfs@openssh.com", path))
-                else:
-                    attrs = SFTPAttributes()
-                    attrs.st_mode = op.mode
-                    flags = S.SFTP_FLAG_WRITE | S.SFTP_FLAG_CREATE | S.SFTP_FLAG_EXCL
-                    first.append(send(type(None), S.CMD_OPEN, path, flags, attrs))
+            first = [_send_first(sftp, op) for op in ops]
             rounds += 1
             out: list[FsResult] = [None] * len(ops)
-            handles: dict[int, bytes] = {}
-            failed: BaseException | None = None
-            for i, (op, num) in enumerate(zip(ops, first, strict=True)):
-                try:
-                    _, msg = sftp._read_response(num)
-                except OSError as exc:  # the answer was an error status
-                    if isinstance(op, Readlink) or (isinstance(op, Lstat) and isinstance(exc, FileNotFoundError)):
-                        out[i] = None
-                    elif isinstance(op, (HostClock, ReadFile, FreeBytes)):
-                        out[i] = exc
-                    else:
-                        failed = failed or exc  # raised once every answer is read
-                    continue
-                if isinstance(op, Lstat):
-                    a = _attrs_of(msg)
-                    out[i] = FileStat(
-                        mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0
-                    )
-                elif isinstance(op, Readlink):
-                    out[i] = msg.get_text() if msg.get_int() == 1 else None
-                elif isinstance(op, FreeBytes):
-                    # struct statvfs as OpenSSH's PROTOCOL says: bsize, frsize, blocks, bfree, bavail, ...
-                    _bsize, frsize, _blocks, _bfree, bavail = (msg.get_int64() for _ in range(5))
-                    out[i] = (bavail * frsize // 1024) * 1024  # df -Pk's Available, in bytes
-                else:
-                    handles[i] = msg.get_binary()
-            if failed is not None:
-                for h in handles.values():
-                    send(type(None), S.CMD_CLOSE, h)  # answers are drained by the next request
-                raise failed
+            handles = _first_answers(sftp, ops, first, out)
             data: dict[int, bytes] = {}
             pending: dict[int, list[int]] = {}
             for i, h in handles.items():
@@ -1094,6 +1066,63 @@ class _AttrsFromMsg(Protocol):
     """paramiko.SFTPAttributes' private constructor from an ATTRS answer."""
 
     def _from_msg(self, msg: paramiko.Message) -> paramiko.SFTPAttributes: ...
+
+
+def _send_first(sftp: _SftpRequests, op: FsRead) -> int:
+    """The first request of one batch operation (an LSTAT, READLINK, statvfs or OPEN), sent
+    without waiting, so every path's first round trip is shared."""
+    from paramiko import sftp as S
+    from paramiko.sftp_attr import SFTPAttributes
+
+    send, path = sftp._async_request, sftp._adjust_cwd(op.path)
+    if isinstance(op, Lstat):
+        return send(type(None), S.CMD_LSTAT, path)
+    if isinstance(op, Readlink):
+        return send(type(None), S.CMD_READLINK, path)
+    if isinstance(op, ReadFile):
+        return send(type(None), S.CMD_OPEN, path, S.SFTP_FLAG_READ, SFTPAttributes())
+    if isinstance(op, FreeBytes):  # a server without it answers "unsupported": df then
+        return send(type(None), S.CMD_EXTENDED, "statvfs@openssh.com", path)
+    attrs = SFTPAttributes()
+    attrs.st_mode = op.mode
+    return send(type(None), S.CMD_OPEN, path, S.SFTP_FLAG_WRITE | S.SFTP_FLAG_CREATE | S.SFTP_FLAG_EXCL, attrs)
+
+
+def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out: list[FsResult]) -> dict[int, bytes]:
+    """Read the first answers in order into `out`; returns the open handles by op index. An error
+    a caller must see (a clock file that cannot be created) is raised once every answer is read,
+    after closing the handles, so the channel stays in step."""
+    from paramiko import sftp as S
+
+    handles: dict[int, bytes] = {}
+    failed: BaseException | None = None
+    for i, (op, num) in enumerate(zip(ops, first, strict=True)):
+        try:
+            _, msg = sftp._read_response(num)
+        except OSError as exc:  # the answer was an error status
+            if isinstance(op, Readlink) or (isinstance(op, Lstat) and isinstance(exc, FileNotFoundError)):
+                out[i] = None
+            elif isinstance(op, (HostClock, ReadFile, FreeBytes)):
+                out[i] = exc
+            else:
+                failed = failed or exc  # raised once every answer is read
+            continue
+        if isinstance(op, Lstat):
+            a = _attrs_of(msg)
+            out[i] = FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
+        elif isinstance(op, Readlink):
+            out[i] = msg.get_text() if msg.get_int() == 1 else None
+        elif isinstance(op, FreeBytes):
+            # struct statvfs as OpenSSH's PROTOCOL says: bsize, frsize, blocks, bfree, bavail, ...
+            _bsize, frsize, _blocks, _bfree, bavail = (msg.get_int64() for _ in range(5))
+            out[i] = (bavail * frsize // 1024) * 1024  # df -Pk's Available, in bytes
+        else:
+            handles[i] = msg.get_binary()
+    if failed is not None:
+        for h in handles.values():
+            sftp._async_request(type(None), S.CMD_CLOSE, h)  # answers are drained by the next request
+        raise failed
+    return handles
 
 
 def _requests(sftp: paramiko.SFTPClient) -> _SftpRequests:

@@ -348,6 +348,8 @@ class RetryPolicy:
 
 
 DEFAULT_RETRY = RetryPolicy()
+
+
 # Reconnecting to a host this run already reached (its connection dropped: an sshd restart, a
 # network blip): what it waits for is the host's sshd coming back, which took about 25 s for a
 # restart measured on the lab (issue 33); the run's leases promise their next heartbeat within

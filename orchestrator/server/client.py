@@ -376,16 +376,6 @@ class ServerClient:
             return False
         return r.status_code == 200
 
-    def wait_healthy(self, *, within_s: float = 60.0, interval_s: float = 0.05) -> float:
-        """Poll `/health` until 200; returns seconds waited. Raises ServerUnreachable after `within_s`."""
-        t0 = time.monotonic()
-        while True:
-            if self.health(timeout=min(5.0, within_s)):
-                return time.monotonic() - t0
-            if time.monotonic() - t0 > within_s:
-                raise ServerUnreachable(f"{self.base_url}/health not ready within {within_s:.0f} s")
-            time.sleep(interval_s)
-
     def props_raw(self) -> dict[str, Any]:
         return _json_object(self.get_json("/props"), "/props")
 
