@@ -826,8 +826,9 @@ watch)
     # watch ROOT: what the per-minute crontab line runs where no service manager supervises the
     # supervisors (orchestrator/hosts/boot.py; issue 49: a killed supervisor, then its service,
     # stayed down). `boot` again when a supervisor that should run does not, unless a live lease
-    # holds the host (its holder starts what it wants) or the supervisor ended on purpose (gave
-    # up on a crash loop, refused changed files: the operator's, as status says). Silent otherwise.
+    # holds the host (its holder starts what it wants), the supervisor ended on purpose (gave
+    # up on a crash loop, refused changed files: the operator's, as status says) or its service
+    # still runs. Silent otherwise.
     [ -d "$root/run" ] || exit 0
     ! lease_held "$root" || exit 0
     for f in "$root"/run/*.boot; do
@@ -835,6 +836,11 @@ watch)
         name=${f##*/}; name=${name%.boot}
         sup_alive "$root" "$name" >/dev/null && continue
         small "$root/run/$name.state" 65536 | grep -qx 'state=\(given-up\|refused\)' && continue
+        # its service outlives it: `boot` would only log "running" each minute (`start` refuses a
+        # live service); the minute after the service ends, it is started again (status names the
+        # dead supervisor meanwhile)
+        pid=$(pid_of "$root" "$name")
+        alive "$pid" && is_ours "$pid" "$name" && continue
         exec sh "$0" boot "$root"
     done
     exit 0
