@@ -444,7 +444,7 @@ def _execute(
                     g = t.run(server.guard_cmd(), check=False, timeout=30)
                     state = parse_guard(g.stdout, RPC_SERVER)
                     step.data["guard_state"] = {"allow": state[1], "sha256": state[0]} if state else None
-                    problem = guard_problem(server.host, RPC_SERVER, state, list(server.allow))
+                    problem = guard_problem(server.host, RPC_SERVER, state, list(server.allow), keyed=False)
                 if problem:
                     raise CheckFailed(
                         f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint}: {problem}\n"

@@ -58,7 +58,7 @@ from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
-from orchestrator.hosts.rpc_guard import install_guard
+from orchestrator.hosts.rpc_guard import install_guard, install_route_key
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
@@ -690,6 +690,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     # whatever starts ggml-rpc-server (deploy, rollback, restart) puts its guard there first: the
     # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
     guard = install_guard(t, layout)
+    key = install_route_key((ctx.t("native"), ctx.layout("native")), (t, layout))
     ex, verify = _planned(ctx, "rpc", step)
     if ctx.mode == "deploy":
         ctx.links_switched.add("rpc")
@@ -723,6 +724,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
         "listening": f"{ctx.view.rpc_bind}:{ctx.view.rpc_port}",
         "exe_sha256": ident.exe_sha256,
         "rpc_guard": guard,
+        "rpc_route_key_id": key,
         "boot": _boot_entry(ctx, "rpc", units.get(RPC_SERVER)),
         **_ran(ex),
     }

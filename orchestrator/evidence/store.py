@@ -403,7 +403,12 @@ class EvidenceStore:
         return out
 
     def _recover_one(self, path: Path, why: str, *, lock_held: bool) -> str | None:
-        state, problems = replay(path)
+        try:
+            state, problems = replay(path)
+        except FileNotFoundError:
+            # listed dead before this run had the chain's lock, and sealed meanwhile by the run
+            # that had it (two commands started at once after a killed one): nothing left to do
+            return None
         head = self._head(state.chain)
         if state.finish is not None:
             # It finished but died while sealing: the receipt may already be the chain's head.

@@ -145,7 +145,9 @@ def verify_identity(
             res = t.run_idempotent(layout.guard_cmd(name), check=False, timeout=30)
             guard = parse_guard(as_text(res.stdout), name)
             rep.data[host]["rpc_guard"] = (
-                {"sha256": guard[0], "allow": guard[1], "this_pairctl": guard[0] == guard_sha256()} if guard else None
+                {"sha256": guard[0], "allow": guard[1], "key_id": guard[2], "this_pairctl": guard[0] == guard_sha256()}
+                if guard
+                else None
             )
             if problem := guard_problem(host, name, guard, list(expected.rpc_peers)):
                 rep.problems.append(problem)

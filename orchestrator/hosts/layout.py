@@ -116,7 +116,7 @@ class HostLayout:
         return self._p("bin", GUARD)
 
     def guard_cmd(self, name: str) -> Cmd:
-        """The guard as running NAME has it: `guard=NAME:SHA256:ALLOW` (rpc_guard.parse_guard)."""
+        """The guard as running NAME has it: `guard=NAME:SHA256:ALLOW:KEYID` (rpc_guard.parse_guard)."""
         return self.svc_cmd("guard", name)
 
     def staged_unit(self, name: str) -> str:

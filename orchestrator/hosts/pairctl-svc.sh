@@ -311,9 +311,10 @@ lease_held() { # lease_held ROOT: a live lease holds the host. One that has expi
     return 0
 }
 
-tcp_probe() { # tcp_probe ADDRESS PORT TIMEOUT_S: something accepts a connection there
+tcp_probe() { # tcp_probe ADDRESS PORT TIMEOUT_S: something accepts a connection there (and,
+    # keyed, takes this root's route key: keyed)
     command -v bash >/dev/null 2>&1 || return 0  # no bash, no /dev/tcp: assume it listens
-    timeout "$3" bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
+    keyed "$r" "$1" "$2" timeout "$3" bash -c 'exec 3<>"/dev/tcp/$1/$2"' _ "$1" "$2" 2>/dev/null
 }
 
 health_probe() { # health_probe ADDRESS PORT TIMEOUT_S: GET /health gets an HTTP status line back
@@ -351,9 +352,19 @@ rpc_hello() { # rpc_hello ADDRESS PORT TIMEOUT_S: the ggml RPC HELLO (ggml/src/g
 
 GUARD=pairctl-rpc-guard.so
 guard_file_ok() { [ -f "$1/bin/$GUARD" ] && [ ! -L "$1/bin/$GUARD" ]; }
+key_ok() { [ -f "$1/secrets/rpc.key" ] && [ ! -L "$1/secrets/rpc.key" ]; }  # the route key (rpc_guard.py)
 
-guard_state() { # guard_state ROOT NAME: guard=NAME:SHA256:ALLOW with the guard mapped into the
-    # running service and PAIRCTL_RPC_ALLOW from its environment; guard=NAME:- when not loaded
+keyed() { # keyed ROOT ADDRESS PORT CMD...: CMD, its connects to ADDRESS:PORT answering the RPC
+    # guard's challenge with ROOT's route key when ROOT has one (rpc_guard.c); CMD as is otherwise
+    if key_ok "$1" && guard_file_ok "$1"; then
+        (export LD_PRELOAD="$1/bin/$GUARD" PAIRCTL_RPC_DIAL="$2:$3" PAIRCTL_RPC_KEY="$1/secrets/rpc.key"; shift 3; "$@")
+    else
+        shift 3; "$@"
+    fi
+}
+
+guard_state() { # guard_state ROOT NAME: guard=NAME:SHA256:ALLOW:KEYID with the guard mapped into
+    # the running service and PAIRCTL_RPC_ALLOW from its environment; guard=NAME:- when not loaded
     pid=$(pid_of "$1" "$2")
     if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "guard=$2:down"; return 0; fi
     # mapped from ROOT/bin/GUARD (or from the file a later deploy replaced: " (deleted)")
@@ -362,7 +373,10 @@ guard_state() { # guard_state ROOT NAME: guard=NAME:SHA256:ALLOW with the guard 
         "/proc/$pid/maps" 2>/dev/null; then echo "guard=$2:-"; return 0; fi
     allow=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^PAIRCTL_RPC_ALLOW=//p' | head -n 1)
     sum=-; guard_file_ok "$1" && sum=$(sha256sum <"$1/bin/$GUARD" | cut -c1-64)
-    echo "guard=$2:$sum:${allow:--}"
+    # the route key it checks: its file's sha256, 16 digits (the key itself never leaves the host)
+    kf=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | sed -n 's/^PAIRCTL_RPC_KEY=//p' | head -n 1)
+    kid=-; [ -n "$kf" ] && kid=$(sha256sum <"$kf" 2>/dev/null | cut -c1-16)
+    echo "guard=$2:$sum:${allow:--}:${kid:--}"
 }
 
 rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stopped|serving|unanswered|hello:M.m.p
@@ -375,7 +389,7 @@ rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stoppe
     if rpc_client "$pid" "$4"; then echo "rpc=$2:serving"; return 0; fi
     addr=$3  # a wildcard bind is reached on loopback
     case "$addr" in 0.0.0.0) addr=127.0.0.1 ;; :: | "[::]") addr=::1 ;; esac
-    v=$(rpc_hello "$addr" "$4" "$5"); rc=$?
+    v=$(keyed "$1" "$addr" "$4" rpc_hello "$addr" "$4" "$5"); rc=$?
     if [ $rc = 2 ]; then echo "rpc=$2:unprobed"
     elif [ $rc = 0 ] && [ -n "$v" ]; then echo "rpc=$2:hello:$v"
     else echo "rpc=$2:unanswered"; fi
@@ -547,7 +561,12 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         # sup.allow: the RPC guard is preloaded (only those peers are served); missing or a link, nothing starts
         if [ "$allow" != - ]; then
             guard_file_ok "$r" || { echo "$(date -u +%FT%TZ) $n: $r/bin/$GUARD is missing, a link or not ours: not started"; exit 1; }
+            # and, with the route key in secrets/, each allowed peer proves it (rpc_guard.c)
+            if key_ok "$r"; then set -- env PAIRCTL_RPC_KEY="$r/secrets/rpc.key" "$@"; fi
             set -- env LD_PRELOAD="$r/bin/$GUARD" PAIRCTL_RPC_ALLOW="$allow" "$@"
+        elif [ "$peer" != - ] && key_ok "$r" && guard_file_ok "$r"; then
+            # llama-server proves the route key to its RPC peer's guard: the same file preloaded
+            set -- env LD_PRELOAD="$r/bin/$GUARD" PAIRCTL_RPC_DIAL="$peer" PAIRCTL_RPC_KEY="$r/secrets/rpc.key" "$@"
         fi
         if [ "$user" != - ]; then  # setpriv execs the service: $! stays its pid; the preload applies after the drop
             set -- setpriv --reuid="$uid" --regid="$gid" --init-groups --inh-caps=-all --no-new-privs -- "$@"
@@ -807,8 +826,9 @@ watch)
     # watch ROOT: what the per-minute crontab line runs where no service manager supervises the
     # supervisors (orchestrator/hosts/boot.py; issue 49: a killed supervisor, then its service,
     # stayed down). `boot` again when a supervisor that should run does not, unless a live lease
-    # holds the host (its holder starts what it wants) or the supervisor ended on purpose (gave
-    # up on a crash loop, refused changed files: the operator's, as status says). Silent otherwise.
+    # holds the host (its holder starts what it wants), the supervisor ended on purpose (gave
+    # up on a crash loop, refused changed files: the operator's, as status says) or its service
+    # still runs. Silent otherwise.
     [ -d "$root/run" ] || exit 0
     ! lease_held "$root" || exit 0
     for f in "$root"/run/*.boot; do
@@ -816,6 +836,11 @@ watch)
         name=${f##*/}; name=${name%.boot}
         sup_alive "$root" "$name" >/dev/null && continue
         small "$root/run/$name.state" 65536 | grep -qx 'state=\(given-up\|refused\)' && continue
+        # its service outlives it: `boot` would only log "running" each minute (`start` refuses a
+        # live service); the minute after the service ends, it is started again (status names the
+        # dead supervisor meanwhile)
+        pid=$(pid_of "$root" "$name")
+        alive "$pid" && is_ours "$pid" "$name" && continue
         exec sh "$0" boot "$root"
     done
     exit 0

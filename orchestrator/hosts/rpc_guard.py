@@ -11,6 +11,16 @@ llama.cpp with one), put on the RPC host as `bin/pairctl-rpc-guard.so` (exclusiv
 rename), preloaded by the supervisor (`sup.allow=`), and verified on the host: the running
 server must have that file mapped (not a deleted one) and its environment must hold exactly the
 inventory's list (`pairctl-svc guard`); its hash is recorded beside.
+
+An address is not a user: every local user of the native host connects from its address (issue
+49). So each route also has a key: 32 random bytes made here, put over SFTP as `secrets/rpc.key`
+on both hosts (0600, the service user's 0400 once started; never argv, logs or receipts, which
+keep a 16-digit id of its sha256). The guard challenges every allowed peer and resets one whose
+answer is not HMAC-SHA256(key, challenge); llama-server answers through the same shim preloaded
+with PAIRCTL_RPC_DIAL (its connect() to the RPC endpoint), as do the supervisors' probes. Why this
+design: a local stranger can neither read the key nor use llama-server's connections (another
+uid), whereas a loopback forwarder or a uid check by /proc/net/tcp would need a second process
+to supervise and would not reach a stranger on the RPC host's side of a remote native host.
 """
 
 from __future__ import annotations
@@ -18,13 +28,15 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import posixpath
+import secrets
 import shutil
 import subprocess
 import tempfile
 from pathlib import Path
 
 from orchestrator.errors import BuildError
-from orchestrator.hosts.layout import GUARD, HostLayout
+from orchestrator.hosts.layout import GUARD, HostLayout, put_secret
 from orchestrator.hosts.root_trust import put_new
 from orchestrator.remote.transport import Transport
 
@@ -76,25 +88,59 @@ class _NoStat:
     is_link = False
 
 
-def parse_guard(out: str, name: str) -> tuple[str, str] | None:
-    """`guard=NAME:SHA256:ALLOW` -> (sha256, allow); None when the server runs without it
-    (`guard=NAME:-`), is down, or the line is missing."""
+ROUTE_KEY = "rpc.key"  # in secrets/ on both hosts of a pair (pairctl-svc key_ok)
+KEY_LEN = 32
+
+
+def key_id(key: bytes) -> str:
+    """What receipts and `status` show of a route key: its sha256, 16 digits."""
+    return hashlib.sha256(key).hexdigest()[:16]
+
+
+def install_route_key(native: tuple[Transport, HostLayout], rpc: tuple[Transport, HostLayout]) -> str:
+    """The pair's route key on both hosts (the one there when both hold the same 32 bytes, else a
+    new one, RPC host first), and the shim on the native host; returns the key's id. Called before
+    ggml-rpc-server starts: the supervisors read the key at every start, the guard and the shim
+    at every connection."""
+    held = []
+    for t, layout in (native, rpc):
+        try:
+            held.append(t.read_bytes(posixpath.join(layout.secrets, ROUTE_KEY), max_bytes=KEY_LEN + 1))
+        except (FileNotFoundError, OSError):
+            held.append(b"")
+    key = held[0]
+    if len(key) != KEY_LEN or held[1] != key:
+        key = secrets.token_bytes(KEY_LEN)
+        for t, layout in (rpc, native):
+            put_secret(t, layout, key, ROUTE_KEY)
+    install_guard(*native)
+    return key_id(key)
+
+
+def parse_guard(out: str, name: str) -> tuple[str, str, str] | None:
+    """`guard=NAME:SHA256:ALLOW:KEYID` -> (sha256, allow, key id or "-"); None when the server runs
+    without it (`guard=NAME:-`), is down, or the line is missing."""
     for line in out.splitlines():
         if line.startswith(f"guard={name}:"):
             parts = line[len(f"guard={name}:") :].split(":")
-            if len(parts) == 2:
-                return parts[0], parts[1]
+            if len(parts) == 3:
+                return parts[0], parts[1], parts[2]
     return None
 
 
-def guard_problem(host: str, name: str, state: tuple[str, str] | None, peers: list[str]) -> str | None:
+def guard_problem(
+    host: str, name: str, state: tuple[str, str, str] | None, peers: list[str], *, keyed: bool = True
+) -> str | None:
     """What is wrong with the guard the running server has, as a problem line (None: as rendered).
     Its file's hash is data, not a problem: another pairctl version or compiler builds other
     bytes (the next deploy replaces them), and whoever can write bin/ can already replace the
-    helper pairctl runs (hosts/root_trust.py)."""
+    helper pairctl runs (hosts/root_trust.py). `keyed`: the pair's server also checks a route key
+    (the kernel check's short-lived second server is served by address only)."""
     if state is None:
         return f"{host}: {name} runs without pairctl's RPC guard: any host that reaches its port is served"
-    _, allow = state
+    _, allow, key = state
     if allow != ",".join(peers):
         return f"{host}: {name} serves {allow!r}, the inventory says {','.join(peers)!r}"
+    if keyed and key == "-":
+        return f"{host}: {name} checks no route key: any local user of {allow} is served (deploy again)"
     return None

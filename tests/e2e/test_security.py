@@ -34,6 +34,8 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import pwd
+import shutil
 import socket
 import stat
 import struct
@@ -466,6 +468,109 @@ def test_rpc_server_serves_only_the_native_host(deployed_sec):
     assert str(fp.roots["rpc"] / "bin" / "pairctl-rpc-guard.so") in Path(f"/proc/{rpid}/maps").read_text()
     env = Path(f"/proc/{rpid}/environ").read_bytes().split(b"\0")
     assert b"PAIRCTL_RPC_ALLOW=127.0.0.1" in env, env  # the lab's hosts reach each other from 127.0.0.1
+
+
+STRANGER_CLIENT = """
+import socket, sys
+s = socket.socket(); s.settimeout(30); got = b""
+try:
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    s.sendall(bytes([14]) + (24).to_bytes(8, "little") + bytes(24))  # the ggml RPC HELLO
+    got = b""
+    while True:
+        b = s.recv(64)
+        if not b:
+            break
+        got += b
+    print("closed", got.hex())
+except ConnectionResetError:
+    print("reset", got.hex())
+except OSError as e:
+    print("error", e)
+"""
+
+
+@pytest.fixture
+def stranger():
+    """A real second local user (issue 49 item 4): made here, removed after."""
+    if os.geteuid() != 0 or not all(map(shutil.which, ("useradd", "setpriv", "/usr/bin/python3"))):
+        pytest.skip("a second local user needs root with useradd, setpriv and /usr/bin/python3")
+    name = f"pcs{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def test_a_local_stranger_at_the_peers_address_gets_nothing(deployed_sec, stranger):
+    """Issue 49 item 4, as it was run: an unprivileged local user connecting from the allowed
+    address (127.0.0.1 in the lab) got HELLO answers and held the server's slot. Now the guard
+    challenges every allowed peer for the route key (secrets/rpc.key, 0600, on both hosts): the
+    stranger, who cannot read it, gets the challenge and a reset, never a HELLO answer, while the
+    pairctl-run llama-server (the shim preloaded with the key) comes back and serves."""
+    fp, _ = deployed_sec
+    rpc_addr = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+    native_addr = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    port = 50192  # sec_pair's
+    for role in ("native", "rpc"):  # the key: the same 32 bytes on both hosts, owner-only
+        key = fp.roots[role] / "secrets" / "rpc.key"
+        assert stat.S_IMODE(key.stat().st_mode) in (0o600, 0o400), key
+        assert len(key.read_bytes()) == 32
+    assert (fp.roots["native"] / "secrets" / "rpc.key").read_bytes() == (
+        fp.roots["rpc"] / "secrets" / "rpc.key"
+    ).read_bytes()
+    shim = fp.roots["native"] / "bin" / "pairctl-rpc-guard.so"
+    npid = service_pid_of(fp, "native")
+    assert npid is not None
+    env = Path(f"/proc/{npid}/environ").read_bytes().split(b"\0")
+    assert f"LD_PRELOAD={shim}".encode() in env and f"PAIRCTL_RPC_DIAL={rpc_addr}:{port}".encode() in env, env
+    # the stranger waits in the backlog behind llama-server's connection; its restart frees the slot
+    uid = pwd.getpwnam(stranger).pw_uid
+    as_stranger = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    plain = subprocess.Popen(
+        [*as_stranger, "/usr/bin/python3", "-c", STRANGER_CLIENT, rpc_addr, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    time.sleep(1)
+    os.kill(npid, 9)
+    got, err = plain.communicate(timeout=60)
+    verdict, _, data = got.strip().partition(" ")
+    assert verdict in ("reset", "closed"), (got, err)
+    assert len(bytes.fromhex(data)) <= 32, f"the stranger got more than the challenge: {data}"  # HELLO's answer: 36
+    # with pairctl's shim and the key's path the stranger still cannot answer: the file is not theirs
+    borrowed = subprocess.run(
+        [
+            *as_stranger,
+            "env",
+            f"LD_PRELOAD={shim}",
+            f"PAIRCTL_RPC_DIAL={rpc_addr}:{port}",
+            f"PAIRCTL_RPC_KEY={fp.roots['native'] / 'secrets' / 'rpc.key'}",
+            "/usr/bin/python3",
+            "-c",
+            STRANGER_CLIENT,
+            rpc_addr,
+            str(port),
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        timeout=60,
+    )
+    assert borrowed.stdout.split()[:1] in (["reset"], ["closed"], ["error"]), borrowed
+    assert "closed 0" not in borrowed.stdout and len(borrowed.stdout.split()[-1]) <= 64, borrowed.stdout
+    deadline, healthy = time.monotonic() + 60, False
+    while time.monotonic() < deadline and not healthy:
+        try:
+            healthy = httpx.get(f"http://{native_addr}:8192/health", timeout=2, trust_env=False).status_code == 200
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    assert healthy, "llama-server did not come back within 60 s"
+    log = (fp.roots["rpc"] / "run" / "ggml-rpc-server.out").read_text(errors="replace")
+    assert "refused a connection from 127.0.0.1 (no proof of the route's key)" in log, log[-2000:]
 
 
 def test_a_guard_list_other_than_the_inventorys_fails_identity(deployed_sec):

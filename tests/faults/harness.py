@@ -1048,6 +1048,17 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             f"a read-only RPC root at restart-rpc must end rolled back to the previous pair, verified (exit 7); "
             f"got {cell.first}[{cell.between}]"
         )
+    # issue 49 item 1 (open: test_fault_matrix.KNOWN_OPEN): the native root read-only at restart-rpc,
+    # llama-server already stopped; every start writes under the root (pidfiles, state, logs), so
+    # the rollback cannot start the previous llama-server again: exit 8 with both down
+    if (fault.name, step) == ("read-only-native-root", "restart-rpc") and (cell.first, cell.between) != (
+        "exit 7",
+        "prev",
+    ):
+        cell.problems.append(
+            f"a read-only native root at restart-rpc must end rolled back to the previous pair, verified "
+            f"(exit 7); got {cell.first}[{cell.between}]"
+        )
     # issue 33 item 9: the RPC disk full at the switch ends rolled back to the previous pair, verified,
     # with the route record unchanged on both hosts (it took one host's write of two, for repair)
     if fault.name == "fill-rpc-root" and step != "upload" and (cell.first, cell.between) != ("exit 7", "prev"):

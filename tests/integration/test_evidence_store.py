@@ -396,6 +396,24 @@ def test_journal_that_finished_but_was_not_sealed_keeps_its_own_outcome(store):
     assert not path.exists()
 
 
+def test_two_commands_recovering_one_killed_run_at_once_seal_it_once(store):
+    """Two `pairctl build` on one home after a killed run: both list its journal as dead, one
+    takes the chain's lock and seals it, the other gets the lock next and finds the journal
+    gone. It ended in an internal FileNotFoundError; it now finds nothing left to seal."""
+    path, run_id = _orphan_journal(store, finished=False)
+    winner = EvidenceStore(store.root)
+    won: list[str] = []
+
+    class Loser(EvidenceStore):
+        def _lock(self, chain: str):  # type: ignore[no-untyped-def]
+            won.extend(winner.recover_aborted(chain))  # the other command seals it first
+            return super()._lock(chain)
+
+    assert Loser(store.root).recover_aborted("lab") == []
+    assert len(won) == 1 and store.load(won[0]).run_id == run_id and store.load(won[0]).outcome == "aborted"
+    assert not path.exists() and store.hashes() == won
+
+
 def test_journal_already_sealed_is_only_removed(store):
     import json
 

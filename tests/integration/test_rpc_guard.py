@@ -6,9 +6,12 @@ CPython's socket.accept() goes through libc's accept4(), the symbol the guard re
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -26,13 +29,16 @@ while True:
 """
 
 
-def _serve(tmp_path: Path, allow: str | None) -> tuple[subprocess.Popen[str], int]:
+def _serve(tmp_path: Path, allow: str | None, key: Path | None = None) -> tuple[subprocess.Popen[str], int]:
     so = tmp_path / "pairctl-rpc-guard.so"
     so.write_bytes(guard_bytes())
-    env = {k: v for k, v in os.environ.items() if k not in ("PAIRCTL_RPC_ALLOW", "LD_PRELOAD")}
+    so.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_RPC_") and k != "LD_PRELOAD"}
     env["LD_PRELOAD"] = str(so)
     if allow is not None:
         env["PAIRCTL_RPC_ALLOW"] = allow
+    if key is not None:
+        env["PAIRCTL_RPC_KEY"] = str(key)
     p = subprocess.Popen(
         [sys.executable, "-c", SERVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -75,14 +81,86 @@ def test_guard_serves_only_the_listed_peers(tmp_path, allow, served, refused):
 
 
 def test_guard_state_judged_against_the_inventory():
-    state = parse_guard(f"guard=ggml-rpc-server:{guard_sha256()}:127.0.0.1\n", "ggml-rpc-server")
-    assert state == (guard_sha256(), "127.0.0.1")
+    state = parse_guard(f"guard=ggml-rpc-server:{guard_sha256()}:127.0.0.1:0123456789abcdef\n", "ggml-rpc-server")
+    assert state == (guard_sha256(), "127.0.0.1", "0123456789abcdef")
     assert guard_problem("h", "ggml-rpc-server", state, ["127.0.0.1"]) is None
+    unkeyed = parse_guard(f"guard=ggml-rpc-server:{guard_sha256()}:127.0.0.1:-\n", "ggml-rpc-server")
+    assert "checks no route key" in (guard_problem("h", "ggml-rpc-server", unkeyed, ["127.0.0.1"]) or "")
+    assert guard_problem("h", "ggml-rpc-server", unkeyed, ["127.0.0.1"], keyed=False) is None
     assert "serves '127.0.0.1'" in (guard_problem("h", "ggml-rpc-server", state, ["10.0.0.2"]) or "")
     for out in ("guard=ggml-rpc-server:-\n", "guard=ggml-rpc-server:down\n", ""):
         assert "runs without pairctl's RPC guard" in (
             guard_problem("h", "ggml-rpc-server", parse_guard(out, "ggml-rpc-server"), ["127.0.0.1"]) or ""
         )
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"
+PROBE = """
+import socket, sys
+s = socket.socket(); s.settimeout(10); got = b""
+try:
+    s.connect(("127.0.0.94", int(sys.argv[1])))
+    while b := s.recv(64):
+        got += b
+    print("closed", got.decode(errors="replace"))
+except (ConnectionResetError, ConnectionRefusedError):
+    print("reset", len(got))
+"""
+
+
+def _client(port: int, shim: Path | None, key: Path | None, user: list[str] | None = None) -> str:
+    env = {"PATH": os.environ["PATH"]}
+    if shim is not None:
+        env |= {"LD_PRELOAD": str(shim), "PAIRCTL_RPC_DIAL": f"127.0.0.94:{port}", "PAIRCTL_RPC_KEY": str(key)}
+    python = sys.executable if user is None else SYSTEM_PYTHON  # root's may lie where a stranger cannot search
+    argv = [*(user or []), "env", *(f"{k}={v}" for k, v in env.items()), python, "-c", PROBE, str(port)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd="/")
+    assert r.returncode == 0, r.stderr[-500:]
+    return r.stdout.strip()
+
+
+@pytest.fixture
+def stranger():
+    """A real second local user: made here, removed after (needs root)."""
+    if os.geteuid() != 0 or not all(map(shutil.which, ("useradd", "setpriv", SYSTEM_PYTHON))):
+        pytest.skip(f"a second local user needs root with useradd, setpriv and {SYSTEM_PYTHON}")
+    name = f"pcg{os.getpid() % 100000}"
+    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        uid = pwd.getpwnam(name).pw_uid
+        yield ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    finally:
+        subprocess.run(["userdel", name], check=False)
+
+
+def test_keyed_guard_serves_only_who_proves_the_route_key(tmp_path, stranger):
+    """Issue 49 item 4: an allowed address is not enough. The guard sends a challenge and resets
+    a peer whose answer is not HMAC-SHA256(key, challenge); the shim preloaded with the key
+    (as the supervisor preloads it into llama-server) answers it. A real second local user at
+    the allowed address, even with the shim and the key's path, cannot read the key (0600)."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="pairctl-guard-"))  # pytest's is 0700: the stranger may
+    tmp_path.chmod(0o755)  # load the shim from here, never read the key
+    key = tmp_path / "rpc.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    other = tmp_path / "other.key"
+    other.write_bytes(os.urandom(32))
+    other.chmod(0o600)
+    shim = tmp_path / "pairctl-rpc-guard.so"
+    p, port = _serve(tmp_path, "127.0.0.1", key)
+    try:
+        assert _client(port, shim, key) == "closed hello 127.0.0.1"  # the route's process
+        assert _client(port, None, None).startswith(("reset", "closed")), "no proof"
+        assert "hello" not in _client(port, None, None)
+        assert "hello" not in _client(port, shim, other)  # another key
+        assert "hello" not in _client(port, shim, key, stranger)  # another user: the key unreadable
+        assert "hello" not in _client(port, None, None, stranger)
+        assert _client(port, shim, key) == "closed hello 127.0.0.1"  # still serving
+    finally:
+        p.kill()
+        _, err = p.communicate(timeout=10)
+        shutil.rmtree(tmp_path)
+    assert err.count("refused a connection from 127.0.0.1 (no proof of the route's key)") == 5, err
 
 
 def _inventory(native: str, rpc: str, **pair: object) -> Inventory:

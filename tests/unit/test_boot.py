@@ -276,7 +276,8 @@ def test_lab_down_is_a_deliberate_stop_for_boot_too(tmp_path):
 def test_the_watchdog_brings_back_a_killed_supervisor_once_its_service_is_killed_too(host):
     """Without a service manager nothing supervised the supervisor: a kill -9 of it, then of its
     service, stayed down. The per-minute watchdog line, run as cron runs it: nothing while all is
-    supervised or a lease is held, and the service back (same argv) once both are gone."""
+    supervised, while the service outlives its supervisor, or while a lease is held, and the
+    service back (same argv) once both are gone."""
     t, layout = host
     t.run(layout.start_cmd(NAME, _argv(layout), SUP))
     old = _pid(layout)
@@ -286,6 +287,8 @@ def test_the_watchdog_brings_back_a_killed_supervisor_once_its_service_is_killed
     os.kill(sup, 9)
     _wait(lambda: _cmdline(sup) is None)
     assert old is not None and _cmdline(old) == _argv(layout)  # the service itself still runs
+    _boot_as_cron(layout, 1)  # so no `boot` each minute (it found it running and logged so, every time)
+    assert not Path(layout.log("boot.log")).exists()
     os.kill(old, 9)
     _wait(lambda: _cmdline(old) is None)
     lock = Path(layout.leases, "host.lock")
