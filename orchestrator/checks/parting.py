@@ -34,15 +34,19 @@ Probe = Callable[[list[int]], Mapping[int, float]]  # generated prefix -> the re
 Reanchor = Callable[[list[int], int], list[int]]  # (generated prefix, tokens left) -> the re-run side's tokens
 
 # How many near-tie partings one walk may hold. Each is a flip numerics can explain, but flips come
-# at the rate this pair's numerics make them: the long twins (batch_floor) measure it, P partings
-# in T tokens compared, and a walk of m tokens may part PARTING_RATE_FACTOR x (P + 1) / T x m times
-# (the + 1: a pair whose twins never parted may still flip one tie), at most MAX_PARTINGS (each
-# costs two requests). More is a run that keeps parting: a small systematic shift (a lane nudged
-# by the other's logits) that stays under the tolerance at each place, which the walk used to stop
-# following and pass. On the H100 run twins parted 5 times in 112 tokens and healthy 56-64 token
-# walks at most 3 times (bound 8); the CPU lab's twins never part (bound 2 for such a walk).
+# at the rate this pair's numerics make them, and batch_floor measures that rate on every twin it
+# runs (`pooled`: P partings in T tokens compared, short and long twins together). A walk of m
+# tokens may then hold the count a healthy pair exceeds with chance at most FALSE_FAIL, the rate's
+# uncertainty included: the rate's upper confidence bound at FALSE_FAIL / 2 (Garwood: the rate at
+# which P or fewer partings in T tokens had that chance), scaled to m, and that mean's Poisson upper
+# quantile at FALSE_FAIL / 2; at most MAX_PARTINGS (each parting costs two requests). More is a run
+# that keeps parting: a small systematic shift (a lane nudged by the other's logits) that stays
+# under the tolerance at each place. On the H100 run the twins parted 9 times in 354 tokens and
+# healthy 56-64 token walks at most 7 times (bound 12, held to 8); twins that never part in 400
+# tokens allow 6 in a 56-token walk. (The rule this replaces scaled the long twins' partings alone,
+# one sample of ~112 tokens: 0 or 1 partings there allowed 2-4, which a healthy GPU pair may exceed.)
 MAX_PARTINGS = 8
-PARTING_RATE_FACTOR = 3.0
+FALSE_FAIL = 1e-3  # per walk; a suite walks about six times
 UNMEASURED = (MAX_PARTINGS, f"no parting rate measured: at most {MAX_PARTINGS}")
 
 
@@ -61,14 +65,52 @@ class Tolerance:
 
     def parting_bound(self, tokens: int) -> tuple[int, str]:
         """How many near-tie partings a walk of `tokens` tokens may hold, and why (see MAX_PARTINGS)."""
-        seen, over = self.figures.get("long_twin_partings"), self.figures.get("long_twin_compared")
-        if seen is None or not over:
+        events, exposure = pooled(self.figures)
+        if not exposure:
             return UNMEASURED
-        n = min(MAX_PARTINGS, max(1, math.ceil(PARTING_RATE_FACTOR * (len(seen) + 1) / over * tokens)))
-        return n, (
-            f"{PARTING_RATE_FACTOR:g} x ({len(seen)} + 1) partings of the long twins in {over} tokens x {tokens} "
-            f"tokens, at most {MAX_PARTINGS}"
+        n = parting_limit(events, exposure, tokens)
+        return min(n, MAX_PARTINGS), (
+            f"twins parted {events} times in {exposure} tokens compared; {n} or more partings in {tokens} "
+            f"tokens has chance < {FALSE_FAIL:g} at that rate's upper bound, at most {MAX_PARTINGS}"
         )
+
+
+def pooled(figures: Mapping[str, Any]) -> tuple[int, int]:
+    """Every twin comparison of a batch_floor measurement pooled: (partings, tokens compared). A
+    short twin is compared up to its first parting (k + 1 tokens, one parting) or over all it
+    generated; a long twin is walked on past each parting. (0, 0) where nothing was measured."""
+    events = exposure = 0
+    for t in figures.get("twins", []):
+        if t.get("round") == "long":
+            continue  # walked: counted from long_twin_walks
+        k = t.get("parted_at")
+        events, exposure = events + (k is not None), exposure + (figures["twin_generate"] if k is None else k + 1)
+    for w in figures.get("long_twin_walks", []):
+        events, exposure = events + len(w["partings"]), exposure + w["compared"]
+    return events, exposure
+
+
+def _poisson_above(n: int, mean: float) -> float:
+    """P(X > n) for X ~ Poisson(mean)."""
+    term = total = math.exp(-mean)
+    for i in range(1, n + 1):
+        term *= mean / i
+        total += term
+    return max(0.0, 1.0 - total)
+
+
+def parting_limit(events: int, exposure: int, tokens: int, false_fail: float = FALSE_FAIL) -> int:
+    """The most partings a walk of `tokens` tokens may hold when `events` partings were seen in
+    `exposure` tokens: a healthy pair exceeds it with chance below `false_fail` (see MAX_PARTINGS)."""
+    lo, hi = 0.0, events + 20.0 + 10.0 * math.sqrt(events + 1)  # expected partings in `exposure`
+    for _ in range(60):  # Garwood's upper bound: P(X <= events) = false_fail / 2, by bisection
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 1.0 - _poisson_above(events, mid) > false_fail / 2 else (lo, mid)
+    mean = hi / exposure * tokens
+    n = 0
+    while _poisson_above(n, mean) >= false_fail / 2:
+        n += 1
+    return n
 
 
 @dataclass(frozen=True)

@@ -109,6 +109,14 @@ def _fresh(watch: ProgressWatch, read_at: float | None, now: float) -> bool:
     return read_at is not None and now - read_at <= (watch.idle_s or watch.stall_s)
 
 
+def _stopped(seen: Liveness | None) -> bool:
+    """A service in state T (SIGSTOP) or t (a tracer's stop) computes nothing, whatever CPU time
+    the other still spends: the RPC server finishing the batch it was sent (a minute and more at 4x
+    context on the loaded lab) is work the stopped llama-server will never collect, so it is no sign
+    of progress (it held a SIGSTOPped llama-server's failure to ~120 s where idle_s is 30)."""
+    return any(st in ("T", "t") for _n, _pid, st, _t in seen or ())
+
+
 def _ticks(seen: Liveness | None) -> dict[str, int]:
     return {f"{n}:{pid}": t for n, pid, _st, t in seen or ()}
 
@@ -255,7 +263,7 @@ class ServerClient:
             # proves no CPU time was used across it (resetting here let alternate late readings hide
             # a SIGSTOPped llama-server for minutes at load 20)
             if seen is not None:
-                if cpu is None or _ticks(seen) != cpu_ticks:  # moved, or the first reading
+                if (cpu is None or _ticks(seen) != cpu_ticks) and not _stopped(seen):  # moved, or the first reading
                     busy = now
                 cpu, cpu_ticks, read_at = seen, _ticks(seen), now
             if isinstance(slots, list):

@@ -289,6 +289,19 @@ def test_a_long_batch_that_burns_cpu_is_not_a_stall_and_a_stopped_server_is() ->
         msg = str(e.value)
         assert "stopped making progress" in msg and "llama-server pid 7 state T" in msg and "no CPU time" in msg
         assert budget.is_transport_failure(msg)
+        # issue 42: a SIGSTOPped llama-server while the RPC server still computes the batch it was
+        # sent (its CPU time moving for a minute and more at 4x context): stopped all the same
+        rpc_ticks = itertools.count()
+        c2 = ServerClient(srv.url)
+
+        def both() -> tuple[tuple[str, int, str, int], ...]:
+            return (("llama-server", 7, "T", 5), ("ggml-rpc-server", 8, "R", next(rpc_ticks)))
+
+        c2.watch = ProgressWatch(stall_s=60.0, poll_s=0.1, idle_s=1.0, alive=both)
+        t0 = time.monotonic()
+        with c2, pytest.raises(ServerStalled):
+            c2.completion([1, 2, 3], 1, timeout=30)
+        assert 1.0 <= time.monotonic() - t0 < 2.4
     finally:
         srv.close()
 

@@ -7,13 +7,18 @@ distribution is a function of the prefix, and a "batched" run adds a perturbatio
 
 from __future__ import annotations
 
+import json
 import math
+import tarfile
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.parting import Tolerance, first_difference, margin_of, summary, walk
+from orchestrator.checks.parting import Tolerance, first_difference, margin_of, pooled, summary, walk
 
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = range(6)
 
 
@@ -139,19 +144,68 @@ def test_more_near_ties_than_the_measured_parting_rate_explains_fail():
     assert wm.problem is None and wm.stopped_early and len(wm.partings) == 3
 
 
-def test_the_parting_bound_comes_from_the_long_twins_rate():
-    """The H100 run: long twins parted 5 times in 112 tokens, healthy 56-token lane walks at most 3
-    times: bound 3 x 6/112 x 56 = 9, held to 8. The CPU lab's twins never part: a 64-token walk of
-    two lanes of 64 each may hold 2. No rate measured (a declared floor): MAX_PARTINGS."""
-    from orchestrator.checks.parting import MAX_PARTINGS
+def _h100_receipts() -> list[dict[str, Any]]:
+    with tarfile.open(ROOT / "docs/gpu-real-raw.tgz") as tf:
+        return [json.load(tf.extractfile(m)) for m in tf.getmembers()  # type: ignore[arg-type]
+                if m.name.endswith(("receipt-deploy-base.json", "receipt-candidate-sm90.json"))]  # fmt: skip
 
-    twins = {"long_twin_partings": [0.004, 0.03, 0.27, 0.35, 0.27], "long_twin_compared": 112}
-    h100 = Tolerance(1.03, "measured", twins)
-    assert h100.parting_bound(56)[0] == MAX_PARTINGS == 8 and h100.parting_bound(16)[0] == 3
-    cpu = Tolerance(0.0, "measured", {"long_twin_partings": [], "long_twin_compared": 128})
-    n, why = cpu.parting_bound(64)
-    assert n == 2 and "(0 + 1) partings of the long twins in 128 tokens" in why
-    assert Tolerance(0.5, "declared").parting_bound(64)[0] == MAX_PARTINGS
+
+def test_the_parting_bound_pools_every_twin_and_fails_a_healthy_walk_rarely():
+    """Issue 42: the bound came from one sample (the long twins' partings in ~112 tokens), so a pair
+    whose long twins happened not to part allowed 2, which a healthy GPU walk may exceed. Now every
+    twin is pooled and the bound holds the rate's uncertainty: at any true rate, the chance that a
+    healthy walk exceeds the bound set from a healthy measurement is below FALSE_FAIL (computed
+    exactly over the measurement's Poisson outcomes), and more evidence of no partings tightens it."""
+    from orchestrator.checks.parting import FALSE_FAIL, MAX_PARTINGS, parting_limit
+
+    exposure, tokens = 400, 56
+    for rate in (0.0005, 0.005, 0.02, 0.05, 0.1):
+        mu = rate * exposure
+        p_seen = [math.exp(-mu + k * math.log(mu) - math.lgamma(k + 1)) for k in range(200)]
+        fail = sum(ps * _poisson_above(parting_limit(k, exposure, tokens), rate * tokens)
+                   for k, ps in enumerate(p_seen))  # fmt: skip
+        assert fail < FALSE_FAIL, rate
+    assert parting_limit(0, 400, 56) == 6 and parting_limit(0, 2000, 56) == 3 and parting_limit(0, 400, 16) == 3
+    assert parting_limit(9, 354, 56) > parting_limit(1, 354, 56) > parting_limit(0, 354, 56)
+    assert Tolerance(0.5, "declared").parting_bound(64)[0] == MAX_PARTINGS  # no rate measured
+
+
+def _poisson_above(n: int, mean: float) -> float:
+    return 1.0 - sum(math.exp(-mean) * mean**i / math.factorial(i) for i in range(n + 1))
+
+
+def test_every_twin_is_pooled_and_no_healthy_h100_walk_exceeds_its_bound():
+    """The H100 run (docs/gpu-real-raw.tgz): short twins parted 4 times (at 7, 7, 16, 16: 8 + 17 tokens
+    each, 8 more twins 24 unparted), long twins 5 times in 112: 9 in 354. Every walk of the healthy
+    baseline and candidate (up to 7 partings in 56 tokens) stays within its bound."""
+    walks = 0
+    for receipt in _h100_receipts():
+        for step in receipt["steps"]:
+            raw = (step.get("data") or {}).get("raw") or {}
+            if "tolerance" not in raw:
+                continue
+            tol = Tolerance(raw["tolerance"]["nats"], "receipt", raw["tolerance"])
+            assert pooled(raw["tolerance"]) == (9, 354)
+            for w in raw.get("walks") or [raw["walk"]]:
+                n, why = tol.parting_bound(w["compared"])
+                assert len(w["partings"]) <= n and "9 times in 354 tokens" in why
+                walks += 1
+    assert walks == 12
+
+
+def test_the_bound_fails_a_walk_that_parts_more_naming_it():
+    tie = set(range(1, 30, 2))
+    ref = greedy([], 30, tie_at=tie)
+    batched = greedy([], 30, tie_at=tie, noise=0.2)
+    short = [{"round": r, "parted_at": None} for r in range(12)]
+    long = [{"partings": [], "compared": 64}] * 2
+    cpu = Tolerance(0.3, "measured", {"twins": short, "twin_generate": 24, "long_twin_walks": long})
+    assert pooled(cpu.figures) == (0, 12 * 24 + 128)
+    bound = cpu.parting_bound(30)
+    w = walk(batched, ref, probe=lambda p: dist(p, tie_at=tie), reanchor=lambda p, n: greedy(p, n, tie_at=tie),
+             side="reference", tolerance=0.3, max_partings=bound)  # fmt: skip
+    assert w.stopped_early and len(w.partings) == bound[0] + 1
+    assert w.problem is not None and "twins parted 0 times in 416 tokens compared" in w.problem
 
 
 def test_a_short_run_is_a_problem():
