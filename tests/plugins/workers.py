@@ -50,6 +50,14 @@ def worker_address(address: str, index: int) -> str:
     return f"{os.environ.get(NET_ENV, '127.0.4')}.{BLOCK * index + last}"
 
 
+def spare_addresses() -> tuple[str, str]:
+    """Two addresses no lab inventory uses, for a test's throwaway lab: the worker's own under xdist."""
+    index = worker_index()
+    if index is None:
+        return "127.0.0.40", "127.0.0.41"
+    return worker_address("127.0.0.30", index), worker_address("127.0.0.31", index)
+
+
 def worker_inventory(name: str) -> Path:
     """The bundled inventory NAME as this worker's copy (written once per worker session)."""
     index = worker_index()
