@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 pytest_plugins = [
     p
     for p in (
+        "tests.plugins.workers",  # first: lab.py and packages.py import it
         "tests.plugins.durations",
         "tests.plugins.history",
         "tests.plugins.lab",

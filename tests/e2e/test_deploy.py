@@ -25,13 +25,15 @@ from orchestrator.evidence.store import EvidenceStore
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
+from tests.plugins.lab import lab_inventory_file  # noqa: E402
 from tests.plugins.pairs import broken_binary, deploy_baseline, hooked_deploy, is_active, wait_paused  # noqa: E402
 from tests.plugins.pairs import lab_status as _lab_status  # noqa: E402
 
 INV = os.environ.get("PAIRCTL_DEPLOY_E2E_INVENTORY", "lab")
 PAIR = os.environ.get("PAIRCTL_DEPLOY_E2E_PAIR", "lab")
 INV_ARG = None if INV == "lab" else INV
-INV_FILE = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{INV}.yaml"
+# the lab's own file (a developer's second lab or an xdist worker's copy), else the bundled INV
+INV_FILE = lab_inventory_file() if INV == "lab" else lab_inventory_file(INV)
 
 
 def lab_status(cli) -> dict[str, Any]:

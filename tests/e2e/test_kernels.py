@@ -50,7 +50,14 @@ def test_package_carries_the_kernel_harness(lab_packages):
     assert (lab_packages.path / HARNESS).is_file()
 
 
+def _rpc_address(deployed_lab) -> str:
+    """The lab's RPC host address (127.0.0.3 by default; a worker's own under xdist)."""
+    inv = deployed_lab.inventory
+    return inv.host(inv.pair(deployed_lab.pair).rpc).address
+
+
 def test_cases_pass_through_rpc_against_the_cpu_reference(deployed_lab, cli):
+    rpc = _rpc_address(deployed_lab)
     before = lab_status(cli)
     r, out = _check(cli)
     assert r.exit_code == 0, r.stderr + r.stdout
@@ -60,12 +67,12 @@ def test_cases_pass_through_rpc_against_the_cpu_reference(deployed_lab, cli):
         rows = host["rows"]
         assert sorted(row["case"] for row in rows) == sorted(CASES)  # one non-CPU backend: the RPC device
         for row in rows:
-            assert row["backend"].startswith("RPC") and row["backend"].endswith("[127.0.0.3:50053]"), row
+            assert row["backend"].startswith("RPC") and row["backend"].endswith(f"[{rpc}:50053]"), row
             assert row["passed"] and row["nmse"] is not None and row["nmse"] <= 5e-4 and not row["perturbed"]
             assert row["us_per_run"] > 0 and row["runs"] >= 1
     # the second rpc-server ran on rpc_port + 1 bound to the RPC address, and was stopped
-    assert out["plan"]["rpc_server"]["endpoint"] == "127.0.0.3:50053"
-    assert not _listening("127.0.0.3", 50053)
+    assert out["plan"]["rpc_server"]["endpoint"] == f"{rpc}:50053"
+    assert not _listening(rpc, 50053)
     # the live pair was never touched: same processes, still healthy
     after = lab_status(cli)
     assert _services(after) == _services(before) and after.get("health") == "ok"
@@ -101,7 +108,7 @@ def test_perturbed_reference_fails_exactly_that_case(deployed_lab, cli):
         assert bad["perturbed"] and bad["nmse"] > 5e-4
     assert "w4-kpad" in r.stderr and "receipt" in r.stderr
     assert _receipt(deployed_lab.home, out["receipt"]).outcome == "failed"
-    assert not _listening("127.0.0.3", 50053)  # stopped after a failure too
+    assert not _listening(_rpc_address(deployed_lab), 50053)  # stopped after a failure too
 
 
 def test_check_refuses_the_live_rpc_port(deployed_lab, cli):

@@ -23,12 +23,13 @@ from orchestrator.config.loader import read_yaml
 from orchestrator.engine.plan import pair_view
 from orchestrator.hashing import canonical_json
 from orchestrator.hosts.route import argv_digest
+from tests.plugins.lab import lab_inventory_file
 from tests.plugins.pairs import hooked_deploy, is_active, lab_status
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 PAIR = "lab"
-INV_FILE = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / "lab.yaml"
+INV_FILE = lab_inventory_file()
 
 
 def _roots(pair) -> dict[str, Path]:

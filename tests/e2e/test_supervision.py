@@ -251,8 +251,9 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     planted = ("env", "LLAMA_API_KEY=planted-by-the-host", "LLAMA_ARG_ENDPOINT_SLOTS=0")
 
     # the binary with the planted environment, on a port of its own: the variable takes effect
+    address = pair.inventory.host(pair.inventory.pair(pair.pair).native).address
     s = socket.socket()
-    s.bind(("127.0.0.2", 0))
+    s.bind((address, 0))
     free = s.getsockname()[1]
     s.close()
     direct = [a.decode() for a in argv]
@@ -270,7 +271,7 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     log = tmp_path / "direct.out"
     proc = subprocess.Popen(direct, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.2:{free}"
+        url = f"http://{address}:{free}"
         try:
             _wait("direct llama-server healthy", lambda: _healthy(url), 30)
         except AssertionError:

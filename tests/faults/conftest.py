@@ -1,7 +1,7 @@
 """Fixtures for the fault matrix: the lab hosts, two packages, and the `faults` pairs on tmpfs roots.
 
-By default the lab is the session's `lab` fixture (manifests/inventories/lab.yaml) plus `lab3`
-(lab3.yaml: three more sshd host pairs) and `lab_faults` (labfaults.yaml: two more), so the matrix
+By default the shards' hosts are `lab3` (lab3.yaml: three sshd host pairs) and `lab_faults`
+(labfaults.yaml: three more), never the `lab` pair the other lab tests deploy on, so the matrix
 runs in shards, one pair per shard; and the
 packages are `lab_packages` / `lab_packages_b` from `pairctl build`. For development on a busy
 machine some variables point elsewhere (never set in CI):
@@ -26,8 +26,8 @@ from orchestrator.engine import route_trust
 from orchestrator.paths import Home
 from tests.faults.harness import PAIR, lab_for, packages_for
 
-# the lab pair, lab3's three and lab_faults' two: cells mostly wait (cuts, timeouts), so six side by
-# side fit 2 cores
+# lab3's three pairs and lab_faults' three: cells mostly wait (cuts, timeouts), so six side by side fit
+# 2 cores
 DEFAULT_SHARDS = 6
 
 
@@ -62,16 +62,17 @@ def _need_root() -> None:
 
 @pytest.fixture(scope="session")
 def fault_matrix(request, pairctl_home) -> FaultMatrix:
-    """The shards' sites: the lab's pair and lab3's pairs, each shard a pair of sshd hosts."""
+    """The shards' sites: lab3's and lab_faults' pairs, each shard a pair of sshd hosts."""
     _need_root()
-    home, inv_path, _ = lab_for(request, pairctl_home)
-    packages = packages_for(request, pairctl_home)
-    bases = [(inv_path, p) for p in read_yaml(inv_path)["pairs"]]
     want = int(os.environ.get("PAIRCTL_FAULTS_SHARDS", DEFAULT_SHARDS))
-    if not os.environ.get("PAIRCTL_FAULTS_LAB_INVENTORY"):
-        for extra in ("lab3", "lab_faults")[: 1 if want <= 4 else 2]:
-            env = request.getfixturevalue(extra)
-            bases += [(env.inventory_path, p) for p in read_yaml(env.inventory_path)["pairs"]]
+    if os.environ.get("PAIRCTL_FAULTS_LAB_INVENTORY"):
+        home, inv_path, _ = lab_for(request, pairctl_home)
+        bases = [(inv_path, p) for p in read_yaml(inv_path)["pairs"]]
+    else:  # hosts of its own: the matrix runs beside the tests on `lab` (its own xdist group)
+        envs = [request.getfixturevalue(x) for x in ("lab3", "lab_faults")[: 1 if want <= 3 else 2]]
+        home = envs[0].home
+        bases = [(e.inventory_path, p) for e in envs for p in read_yaml(e.inventory_path)["pairs"]]
+    packages = packages_for(request, pairctl_home)
     sites = [
         ShardSite(path, bpair, PAIR if i == 0 else f"{PAIR}{i}", (8190 + i, 50190 + i))
         for i, (path, bpair) in enumerate(bases[: max(1, want)])

@@ -27,7 +27,7 @@ lease, another process of the same home rolling the pair back while the holder w
 damaged route records (cut in half, removed on both hosts, entries swapped).
 
 The cells are independent, so shards (tests/faults/shard.py) run them side by side, each a process
-with a `faults` pair of its own on its own sshd hosts (the lab's pair, lab3's and lab_faults'),
+with a `faults` pair of its own on its own sshd hosts (lab3's and lab_faults', never `lab`'s),
 each taking the next unclaimed cell, longest expected first; the table is assembled from their
 results.
 """

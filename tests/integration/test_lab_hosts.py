@@ -13,6 +13,7 @@ import pytest
 
 from orchestrator.lab.keys import ensure_ed25519
 from orchestrator.lab.sshd import is_lab_sshd, pid_alive, port_answers, terminate
+from tests.plugins.workers import spare_addresses
 
 pytestmark = pytest.mark.integration
 
@@ -134,15 +135,16 @@ def test_lab_status_reports_running_hosts(lab, cli):
 
 # --- a throwaway lab on other addresses: up is idempotent, down leaves nothing running ---------
 
-THROWAWAY = """\
-known_hosts: ${PAIRCTL_HOME}/lab/known_hosts
+TW = spare_addresses()  # 127.0.0.40 and .41, or an xdist worker's own two
+THROWAWAY = f"""\
+known_hosts: ${{PAIRCTL_HOME}}/lab/known_hosts
 hosts:
-  tw-native: {address: 127.0.0.40, port: 2222, user: root, key: "${PAIRCTL_HOME}/lab/keys/operator",
-              install_root: "${PAIRCTL_HOME}/lab/hosts/tw-native/root", role: native}
-  tw-rpc: {address: 127.0.0.41, port: 2222, user: root, key: "${PAIRCTL_HOME}/lab/keys/operator",
-           install_root: "${PAIRCTL_HOME}/lab/hosts/tw-rpc/root", role: rpc}
+  tw-native: {{address: {TW[0]}, port: 2222, user: root, key: "${{PAIRCTL_HOME}}/lab/keys/operator",
+              install_root: "${{PAIRCTL_HOME}}/lab/hosts/tw-native/root", role: native}}
+  tw-rpc: {{address: {TW[1]}, port: 2222, user: root, key: "${{PAIRCTL_HOME}}/lab/keys/operator",
+           install_root: "${{PAIRCTL_HOME}}/lab/hosts/tw-rpc/root", role: rpc}}
 pairs:
-  tw: {native: tw-native, rpc: tw-rpc}
+  tw: {{native: tw-native, rpc: tw-rpc}}
 """
 
 
@@ -193,7 +195,7 @@ def test_lab_up_idempotent_and_down_leaves_nothing_running(throwaway, cli):
             p.wait(timeout=10)  # reaps it; raises if lab down did not stop it
         for n, pid in pids.items():
             assert not pid_alive(pid), f"sshd {n} pid {pid} still running"
-        assert not port_answers("127.0.0.40", 2222) and not port_answers("127.0.0.41", 2222)
+        assert not port_answers(TW[0], 2222) and not port_answers(TW[1], 2222)
         assert bystander.poll() is None, "lab down killed a process it did not start"
         stopped = json.loads(d.stdout)["stopped"]
         assert sorted(p for s in stopped for p in s["pids"]) == sorted([*pids.values(), server.pid, rpc.pid])

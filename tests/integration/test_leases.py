@@ -198,8 +198,9 @@ def test_cli_break_expired_is_recorded(lab, inv, tmp_path, cli) -> None:
 def _known_hosts_with_rpc_key_changed(lab, tmp_path: Path) -> Path:
     """known_hosts where lab-rpc's entry carries lab-native's key: the RPC host's key "changed"."""
     lines = Path(lab.inventory.known_hosts).read_text().splitlines()
-    native = next(ln for ln in lines if ln.startswith("[127.0.0.2]"))
-    changed = [("[127.0.0.3]:2222 " + native.split(" ", 1)[1]) if ln.startswith("[127.0.0.3]") else ln for ln in lines]
+    native, rpc = (f"[{lab.inventory.host(h).address}]" for h in ("lab-native", "lab-rpc"))
+    line = next(ln for ln in lines if ln.startswith(native))
+    changed = [(f"{rpc}:2222 " + line.split(" ", 1)[1]) if ln.startswith(rpc) else ln for ln in lines]
     path = tmp_path / "known_hosts"
     path.write_text("\n".join(changed) + "\n")
     return path

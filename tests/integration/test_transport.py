@@ -36,6 +36,11 @@ def ssh_keygen_fingerprint(pub: Path) -> str:
     return out.stdout.split()[1]
 
 
+def addr(lab, host: str = HOST) -> str:
+    """HOST's address in the session's lab (127.0.0.2 by default; a worker's own under xdist)."""
+    return lab.inventory.host(host).address
+
+
 def host_pub(lab, host: str = HOST) -> Path:
     return lab.home.lab / "hosts" / host / "ssh_host_ed25519_key.pub"
 
@@ -63,25 +68,25 @@ def test_login_with_strict_host_keys(lab, t) -> None:
     from paramiko import HostKeys
 
     assert set(client.get_host_keys().keys()) == set(HostKeys(str(lab.known_hosts)).keys())
-    assert {"[127.0.0.2]:2222", "[127.0.0.3]:2222"} <= set(client.get_host_keys().keys())
+    assert {f"[{addr(lab)}]:2222", f"[{addr(lab, 'lab-rpc')}]:2222"} <= set(client.get_host_keys().keys())
     assert not client._system_host_keys.keys()
 
 
 def test_unknown_host_key_refused_before_anything_runs(lab, tmp_path) -> None:
     kh = tmp_path / "known_hosts"
     kh.write_text(
-        "".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith("[127.0.0.2]"))
+        "".join(line for line in lab.known_hosts.read_text().splitlines(True) if not line.startswith(f"[{addr(lab)}]"))
     )
     marker = tmp_path / "ran"
     tr = open_transport(inventory_with_known_hosts(lab, kh), HOST)
     with pytest.raises(HostKeyError) as ei:
         tr.run(Cmd.of("touch", str(marker)))
     msg = str(ei.value)
-    assert "UNKNOWN" in msg and "127.0.0.2" in msg and "2222" in msg
+    assert "UNKNOWN" in msg and addr(lab) in msg and "2222" in msg
     assert ssh_keygen_fingerprint(host_pub(lab)) in msg
     assert not marker.exists()
     assert "never adds keys" in msg
-    assert kh.read_text().count("[127.0.0.2]") == 0  # nothing was added (127.0.0.20/21 are other lab hosts)
+    assert kh.read_text().count(f"[{addr(lab)}]") == 0  # nothing was added
 
 
 def test_missing_known_hosts_file_is_unknown_key(lab, tmp_path) -> None:
@@ -97,7 +102,7 @@ def test_changed_host_key_refused_with_both_fingerprints(lab, tmp_path) -> None:
     other_blob = (tmp_path / "other_key.pub").read_text().split()[1]
     lines = []
     for line in lab.known_hosts.read_text().splitlines():
-        if line.startswith("[127.0.0.2]:2222 "):
+        if line.startswith(f"[{addr(lab)}]:2222 "):
             name, ktype, _ = line.split()[:3]
             line = f"{name} {ktype} {other_blob}"
         lines.append(line)
@@ -108,7 +113,7 @@ def test_changed_host_key_refused_with_both_fingerprints(lab, tmp_path) -> None:
     with pytest.raises(HostKeyError) as ei:
         tr.run(Cmd.of("touch", str(marker)))
     msg = str(ei.value)
-    assert "host key CHANGED" in msg and "127.0.0.2" in msg and "2222" in msg
+    assert "host key CHANGED" in msg and addr(lab) in msg and "2222" in msg
     assert ssh_keygen_fingerprint(host_pub(lab)) in msg  # offered
     assert ssh_keygen_fingerprint(tmp_path / "other_key.pub") in msg  # expected
     assert not marker.exists()
@@ -300,7 +305,7 @@ def test_run_is_never_retried_but_probe_is(t) -> None:
 def test_ssh_config_fills_fields_left_out(lab, tmp_path) -> None:
     cfg = tmp_path / "ssh_config"
     cfg.write_text(
-        f"Host lab-alias\n  HostName 127.0.0.2\n  Port 2222\n  User root\n  IdentityFile {lab.operator_key}\n"
+        f"Host lab-alias\n  HostName {addr(lab)}\n  Port 2222\n  User root\n  IdentityFile {lab.operator_key}\n"
         "  StrictHostKeyChecking no\n"
     )
     spec = lab.inventory.host(HOST)
@@ -308,7 +313,7 @@ def test_ssh_config_fills_fields_left_out(lab, tmp_path) -> None:
     inv = Inventory.model_validate({"known_hosts": str(lab.known_hosts), "use_ssh_config": True, "hosts": {HOST: bare}})
     tr = SshTransport.from_inventory(inv, HOST, ssh_config_path=cfg)
     assert (tr.target.hostname, tr.target.port, tr.target.user, tr.target.key_filename) == (
-        "127.0.0.2",
+        addr(lab),
         2222,
         "root",
         str(lab.operator_key),
@@ -326,7 +331,7 @@ def test_ssh_config_fills_fields_left_out(lab, tmp_path) -> None:
 def test_inventory_fields_win_over_ssh_config(lab, tmp_path) -> None:
     import paramiko
 
-    cfg = paramiko.SSHConfig.from_text("Host 127.0.0.2\n  Port 9999\n  User nobody\n  IdentityFile /nope\n")
+    cfg = paramiko.SSHConfig.from_text(f"Host {addr(lab)}\n  Port 9999\n  User nobody\n  IdentityFile /nope\n")
     inv = lab.inventory.model_copy(update={"use_ssh_config": True})
     tg = resolve_target(inv, HOST, cfg)
     assert (tg.port, tg.user, tg.key_filename) == (2222, "root", str(lab.operator_key))

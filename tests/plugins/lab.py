@@ -20,6 +20,7 @@ from orchestrator.config.inventory import Inventory, load_inventory
 from orchestrator.lab.lab import Lab, LabStatus, down_all
 from orchestrator.paths import Home
 from tests.plugins.tiers import refuse_in_check
+from tests.plugins.workers import prepare_shared, worker_index, worker_inventory
 
 
 @dataclass(frozen=True)
@@ -42,15 +43,25 @@ class LabEnv:
         return {h.name: h.pid for h in self.status.hosts if h.pid is not None}
 
 
+def lab_inventory_file(name: str = "lab") -> Path:
+    """The inventory file of lab NAME as this test session brings it up; tests that edit a copy read it here.
+
+    A developer's second lab on other addresses (same pair names), so two test runs need not share
+    one pair: PAIRCTL_TEST_LAB_INVENTORY=FILE with PAIRCTL_INVENTORY=FILE and its own home; an
+    xdist worker sets both to its own copy (tests/plugins/workers.py)."""
+    override = os.environ.get("PAIRCTL_TEST_LAB_INVENTORY") if name == "lab" else None
+    if override:
+        return Path(override).resolve()
+    return Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{name}.yaml"
+
+
 def _lab_up(home_root: Path, name: str, *, source: bool):
     refuse_in_check(f"the {name} lab's sshd hosts")
     home = Home.resolve(home_root)
-    path = Path(__file__).resolve().parents[2] / "manifests" / "inventories" / f"{name}.yaml"
-    # A developer's second lab on other addresses (same pair names), so two test runs need not
-    # share one pair: PAIRCTL_TEST_LAB_INVENTORY=FILE with PAIRCTL_INVENTORY=FILE and its own home.
-    override = os.environ.get("PAIRCTL_TEST_LAB_INVENTORY") if name == "lab" else None
-    if override:
-        path = Path(override).resolve()
+    path = lab_inventory_file(name)
+    if worker_index() is not None:  # an xdist worker's own addresses (tests/plugins/workers.py)
+        path = worker_inventory(name)
+        prepare_shared(source=source)
     inv = load_inventory(str(path), {"PAIRCTL_HOME": str(home.root)})
     lab = Lab(home, inv)
     status = lab.up(source=source)
@@ -71,7 +82,7 @@ def _want_source() -> bool:
 
 @pytest.fixture(scope="session")
 def lab(pairctl_home: Path):
-    """The two-host lab (lab-native 127.0.0.2, lab-rpc 127.0.0.3, port 2222), up for the session."""
+    """The two-host lab (lab-native 127.0.0.2, lab-rpc 127.0.0.3, port 2222; a worker's own under xdist)."""
     env, started = _lab_up(pairctl_home, "lab", source=_want_source())
     yield env
     _teardown(env, started)
@@ -79,7 +90,7 @@ def lab(pairctl_home: Path):
 
 @pytest.fixture(scope="session")
 def lab_faults(pairctl_home: Path):
-    """Two more pairs on four hosts (127.0.0.18-21, port 2222): the fault matrix's extra shards."""
+    """Three more pairs on six hosts (127.0.0.18-23, port 2222): with lab3's, the fault matrix's shards."""
     env, started = _lab_up(pairctl_home, "labfaults", source=_want_source())
     yield env
     _teardown(env, started)

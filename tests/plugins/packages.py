@@ -27,6 +27,7 @@ from orchestrator.build.store import Package, PackageStore
 from orchestrator.lab.source import BASELINE_TAG, ensure_source, git_env
 from orchestrator.paths import Home
 from tests.plugins.tiers import refuse_in_check
+from tests.plugins.workers import prepare_shared
 
 LAB_PROFILE = "lab"
 LAB_TARGET = "cpu-lab"
@@ -111,6 +112,7 @@ def _seed_sdist(home: Home) -> None:
 def lab_source(pairctl_home: Path) -> Path:
     """The lab's llama.cpp git repository (tag `baseline` = the pinned sdist's tree)."""
     refuse_in_check("the pinned llama.cpp source")
+    prepare_shared(source=True)
     home = Home.resolve(pairctl_home)
     _seed_sdist(home)
     return ensure_source(home)

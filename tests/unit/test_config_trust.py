@@ -52,8 +52,9 @@ def _plant(root: Path, *, owner: int = NOBODY, mode: int = 0o777) -> Path:
 
 
 def _pairctl(cwd: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """The installed console script, as an operator runs it from CWD."""
-    e = {k: v for k, v in os.environ.items() if k != search.CONFIG_ENV}
+    """The installed console script, as an operator runs it from CWD (no inventory named: a test lab's
+    PAIRCTL_INVENTORY, set for a second lab or an xdist worker, would skip the config search)."""
+    e = {k: v for k, v in os.environ.items() if k not in (search.CONFIG_ENV, "PAIRCTL_INVENTORY")}
     e["XDG_CONFIG_HOME"] = str(cwd / ".no-xdg")
     e.update(env or {})
     exe = Path(sys.executable).parent / "pairctl"
