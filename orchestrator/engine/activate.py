@@ -28,7 +28,7 @@ from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
-from orchestrator.engine import leasing, route_states
+from orchestrator.engine import leasing
 from orchestrator.engine.context import RunContext, Target
 from orchestrator.engine.plan import Activation, Exec, PairView, Step, service_exec
 from orchestrator.engine.runner import Handler, Planned
@@ -57,7 +57,7 @@ from orchestrator.hosts.layout import (
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write
 from orchestrator.hosts.rpc_guard import install_guard
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.command import Cmd
@@ -896,80 +896,6 @@ def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
 
 
-def _route_successor(ctx: RunContext) -> RouteRecord | None:
-    """The record this run writes (computed once, identical on both hosts)."""
-    return ctx.route_once(lambda: _compute_route(ctx))
-
-
-def _compute_route(ctx: RunContext) -> RouteRecord | None:
-    """The record this run writes, by the transition engine/route_states.py names for it: a
-    deploy names its pair `activating` (route-accepted settles it); a failed deploy's rollback
-    writes the record it found again; `rollback` and `rollback --to` their own transitions.
-    Signed with this home's key and anchored at the pair's evidence head as this run found it."""
-    current = _base_record(ctx)
-    found = _found_record(ctx)
-    pair, run = ctx.view.name, ctx.run_id
-    if ctx.mode == "deploy":
-        assert ctx.target is not None
-        new = ctx.target.entry
-        keep = ctx.inputs.options.restore_record
-        if keep is not None:  # qualify's restore: the record as found before its first arm
-            rec = route_states.restore(current, keep, new, pair=pair, run_id=run)
-        else:
-            rec = route_states.activate(current, new, ctx.restore.entry if ctx.restore else None, pair=pair, run_id=run)
-        return _seal_route(ctx, rec, route_states.ACTIVATING)
-    if ctx.restore is None and not ctx.route_written:
-        return None  # nothing was recorded for the failed pair: leave the record as it was
-    restored = ctx.restore.entry if ctx.restore else None
-    if (
-        ctx.restore_kind == "back-out"
-        and not ctx.route_written
-        and found is not None
-        and route_states.unchanged_by_back_out(found, restored)
-    ):
-        # the record already names the restored pair in its settled state: writing it again would
-        # change only the revision, and a host whose root takes no new file (read-only) could not
-        return None
-    if ctx.restore_kind == "back-out" or found is None or restored is None:
-        rec = route_states.back_out(current, found, restored, pair=pair, run_id=run)
-    elif ctx.restore_kind == "roll-to":
-        rec = route_states.roll_to(found, restored, pair=pair, run_id=run)
-    else:
-        rec = route_states.roll_back(found, restored, pair=pair, run_id=run)
-    return _seal_route(ctx, rec, rec.state)
-
-
-def _found_record(ctx: RunContext) -> RouteRecord | None:
-    """The record as this run found it (the facts step's bytes), before it wrote anything."""
-    try:
-        return parse_route(ctx.hosts.facts["native"].route_bytes)
-    except (PairctlError, KeyError):
-        return None
-
-
-def _settled_state(ctx: RunContext, rec: RouteRecord) -> str:
-    """What route-accepted settles a deploy's `activating` record as: accepted only when the
-    whole suite ran and passed; qualify's restore puts back the state it found."""
-    keep = ctx.inputs.options.restore_record
-    if keep is not None:
-        return route_states.restore(None, keep, rec.active, pair=rec.pair, run_id=rec.updated_by).state  # type: ignore[arg-type]
-    return route_states.finish(rec, accepted=ctx.inputs.options.accepts_fully).state
-
-
-def _base_record(ctx: RunContext) -> RouteRecord | None:
-    """The record this run replaces (its revision counts on); one that does not parse was
-    refused before any change, except this run's own bytes, which always parse."""
-    try:
-        return parse_route(ctx.hosts.route_bytes("native"))
-    except PairctlError:
-        return None
-
-
-def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
-    update = {"state": state, "evidence_head": ctx.inputs.evidence_head, "mac": None}
-    return rec.model_copy(update={**update, "evidence_home": ctx.inputs.evidence_home}).sign(ctx.inputs.route_key)
-
-
 def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
     """Before either host's record is written: both install roots take a file of the record's
     size (one SFTP write and remove each, checked once for both hosts' steps). A root that
@@ -995,58 +921,53 @@ def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
     ctx.room_once(step, probe)
 
 
-def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
-    rec = _route_successor(ctx)
-    if rec is None:
-        return {"skipped": "route record unchanged (no pair was recorded by this run)"}
+_SAME = "byte-identical"
+
+
+def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> str:
+    """The step's planned record onto ROLE's host by compare-and-swap on the bytes this run read
+    (or wrote) there, once both roots proved they take it; read back byte-identical."""
     data = rec.to_bytes()
-    _room_for_route(ctx, "route", data)
+    _room_for_route(ctx, step.action, data)
     _before_change(ctx, role)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
     except RouteConflict as exc:
         # never retry stale bytes: what is there now becomes the base, and whoever writes next
         # (this run's rollback) decides again from it
-        try:
-            ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route, max_bytes=HOST_FILE_MAX))
-        except FileNotFoundError:
-            pass
-        raise CheckFailed(
-            f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)"
-        ) from None
-    if back != data:
-        raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
-    ctx.hosts.route_written(role, data)
-    ctx.route_written = True
-    return {
-        "revision": rec.revision,
-        "active": rec.active.names() if rec.active else None,
-        "state": rec.state,
-        "sha256": sha256_bytes(data),
-        "read_back": "byte-identical",
-    }
-
-
-def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
-    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
-    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
-    by compare-and-swap on the bytes this run wrote."""
-    rec = _route_successor(ctx)
-    if rec is None or ctx.mode != "deploy":
-        return {"skipped": "no activation recorded by this run"}
-    state = _settled_state(ctx, rec)
-    active = rec.model_copy(update={"state": state, "mac": None}).sign(ctx.inputs.route_key)
-    data = active.to_bytes()
-    _room_for_route(ctx, "route-accepted", data)
-    _before_change(ctx, role)
-    try:
-        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
-    except RouteConflict as exc:
+        if step.action == "route":
+            try:
+                ctx.hosts.route_seen(role, ctx.t(role).read_bytes(ctx.layout(role).route, max_bytes=HOST_FILE_MAX))
+            except FileNotFoundError:
+                pass
+            raise CheckFailed(
+                f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)"
+            ) from None
         raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused)") from None
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
-    return {"revision": active.revision, "state": state, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    return sha256_bytes(data)
+
+
+def a_route(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    rec = step.route.record if step.route is not None else None
+    if rec is None:
+        return {"skipped": "route record unchanged (no pair was recorded by this run)"}
+    sha = _write_route(ctx, role, step, rec)
+    active = rec.active.names() if rec.active else None
+    return {"revision": rec.revision, "active": active, "state": rec.state, "sha256": sha, "read_back": _SAME}
+
+
+def a_route_accepted(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
+    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
+    by compare-and-swap on the bytes this run wrote (both decided by the plan)."""
+    rec = step.route.settled if step.route is not None else None
+    if rec is None:
+        return {"skipped": "no activation recorded by this run"}
+    sha = _write_route(ctx, role, step, rec)
+    return {"revision": rec.revision, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
 def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
@@ -1088,8 +1009,8 @@ HANDLERS: dict[str, Handler] = {
     "restart-rpc": Planned(a_restart_rpc),
     "start-server": Planned(a_start_server),
     "verify": a_verify,
-    "route": a_route,
-    "route-accepted": a_route_accepted,
+    "route": Planned(a_route),
+    "route-accepted": Planned(a_route_accepted),
     "accept": a_accept,
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,

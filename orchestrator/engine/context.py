@@ -106,6 +106,7 @@ class HostState:
         self._lock = threading.Lock()
         self._facts: dict[str, HostFacts] = {}
         self._route_bytes: dict[str, bytes | None] = {}
+        self._wrote_route = False
         self._leases: dict[str, Lease] = {}
         self._identities: dict[str, ProcIdentity] = {}
         self._deferred: dict[str, tuple[str, dict[str, str]]] = {}
@@ -129,6 +130,17 @@ class HostState:
     def route_written(self, role: str, data: bytes) -> None:
         with self._lock:
             self._route_bytes[role] = data
+            self._wrote_route = True
+
+    def route_seen(self, role: str, data: bytes) -> None:
+        """Another writer's record, re-read after a refused compare-and-swap: the next base."""
+        with self._lock:
+            self._route_bytes[role] = data
+
+    def wrote_route(self) -> bool:
+        """This run wrote a route record on a host (a back-out then writes one in any case)."""
+        with self._lock:
+            return self._wrote_route
 
     # leases
     def lease_nonce(self) -> str:
@@ -221,12 +233,8 @@ class RunContext:
     target: Target | None = None
     restore: Target | None = None
     restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
-    restore_kind: str = "back-out"  # engine/route_states.py: back-out (failed deploy) | roll-back | roll-to
-    route_written: bool = False
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
-    next_route: RouteRecord | None = None  # the record this run writes, computed once for both hosts
     # per route-writing step of this run: both hosts took a file of the record's size (None) or
     # what refused it, found once before either host's record is written (engine/activate.py)
     route_room: dict[str, PairctlError | None] = field(default_factory=dict)
@@ -280,7 +288,7 @@ class RunContext:
         probes over the same inputs, connections, journal, host state and leases; the deploy's
         context is left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
         self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
-        return replace(self, mode="rollback", next_route=None, route_room={}, _route_lock=threading.Lock())
+        return replace(self, mode="rollback", route_room={}, _route_lock=threading.Lock())
 
     def activating(self) -> Target | None:
         return self.restore if self.mode == "rollback" else self.target
@@ -298,11 +306,3 @@ class RunContext:
             err = self.route_room[key]
         if err is not None:
             raise err
-
-    def route_once(self, compute: Callable[[], RouteRecord | None]) -> RouteRecord | None:
-        """The record both hosts' route steps write: `compute` runs once (under this lock) and
-        its record is reused, so the two hosts get byte-identical records."""
-        with self._route_lock:
-            if self.next_route is None:
-                self.next_route = compute()
-            return self.next_route

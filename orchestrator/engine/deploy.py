@@ -22,10 +22,10 @@ from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, route_trust, team_sync
+from orchestrator.engine import activate, leasing, route_plan, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
-from orchestrator.engine.plan import PairView, Step, pair_view, plan
+from orchestrator.engine.plan import PairView, RouteWrite, Step, pair_view, plan, with_route
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import (
@@ -271,6 +271,7 @@ def deploy(
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
             _keep_previous_links(ctx)
+            route = route_plan.deploy_transition(ctx.inputs, route_plan.parsed(ctx.hosts.facts["native"].route_bytes))
             steps = plan(
                 deploy_pb,
                 view,
@@ -279,6 +280,7 @@ def deploy(
                 skip_accept=skip_accept,
                 checks=tuple(checks),
                 kernel_check=kernel_check,
+                route=route,
             )
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
@@ -288,6 +290,10 @@ def deploy(
                 return result
             _set_restore_from_start(ctx, judged)
             rest = steps[n_prefix:]
+            first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
+            run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            # the records the route steps write, sealed before the first change (prepare hashed the models)
+            rest = with_route(rest[first_change:], _deploy_route(ctx, route))
             cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
             for i, part in enumerate((rest[:cut], rest[cut:])):
                 if i == 1:
@@ -313,6 +319,14 @@ def deploy(
         result.active = ctx.target.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+def _deploy_route(ctx: RunContext, planned: RouteWrite) -> RouteWrite:
+    """The deploy's route records as its plan named them, with the entry prepare completed."""
+    assert ctx.target is not None
+    current = route_plan.parsed(ctx.hosts.route_bytes("native"))
+    prior = ctx.restore.entry if ctx.restore else None
+    return route_plan.for_deploy(ctx.inputs, planned, current, ctx.target.entry, prior)
 
 
 def _keep_previous_links(ctx: RunContext) -> None:
@@ -380,7 +394,17 @@ def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str
         pass
 
 
-def _restore_plan(ctx: RunContext, pb: Playbook, view: PairView) -> list[Step]:
+def _restore_route(ctx: RunContext, kind: str) -> RouteWrite:
+    """A restore's route write (kind: back-out | roll-back | roll-to), decided before its first change."""
+    found = route_plan.parsed(ctx.hosts.facts["native"].route_bytes)
+    current = route_plan.parsed(ctx.hosts.route_bytes("native"))
+    restored = ctx.restore.entry if ctx.restore else None
+    return route_plan.for_restore(
+        ctx.inputs, kind, found=found, current=current, restored=restored, wrote=ctx.hosts.wrote_route()
+    )
+
+
+def _restore_plan(ctx: RunContext, pb: Playbook, view: PairView, kind: str | None = None) -> list[Step]:
     """The whole plan of a run that puts the recorded pair back by hand (rollback, restart, start,
     stop), from the facts its prefix gathered: what the dry run shows and the receipt keeps."""
     assert ctx.restore is not None  # both callers chose the pair to put back before planning
@@ -392,6 +416,7 @@ def _restore_plan(ctx: RunContext, pb: Playbook, view: PairView) -> list[Step]:
         restore=ctx.restore.activation,
         mode="manual",
         restore_links=ctx.restore_links,
+        route=_restore_route(ctx, kind) if kind is not None else None,
     )
 
 
@@ -450,7 +475,6 @@ def _set_restore_from_start(ctx: RunContext, judged: route_trust.Judgement) -> N
             label="previous",
             trusted=record.mac_ok(ctx.inputs.route_key),
         )
-        ctx.restore_previous_entry = record.previous
     elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
 
@@ -531,12 +555,14 @@ def _rollback_after_failure(
         restore=ctx.restore.activation if ctx.restore else None,
         mode="auto",
         restore_links=ctx.restore_links,
+        route=_restore_route(ctx, "back-out"),
     )
     try:
         run_steps(steps, rb, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
         _rollback_failed(rb, failed, first_failure=failure)
     what = rb.restore.entry.names() if rb.restore else None
+    written = any(s.route is not None and s.route.record is not None for s in steps)
     ctx.journal.set("final_state", _final_state(rb, "restored" if what else "stopped (no previous pair)"))
     ctx.journal.set(
         "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
@@ -544,7 +570,7 @@ def _rollback_after_failure(
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-            f"verified, route record {'revision updated' if rb.route_written else 'unchanged (it names that pair)'}; "
+            f"verified, route record {'revision updated' if written else 'unchanged (it names that pair)'}; "
             f"{_leases_after(rb, record)}.\ncause: {failure.message}"
         )
     else:
@@ -672,7 +698,7 @@ def _read_api_key(ctx: RunContext) -> None:
     ctx.key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
-def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore) -> None:
+def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore, verb: str = "rollback") -> None:
     """Before anything running changes: the releases being restored still match their manifests
     on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
     and the running pair keeps running. Without this, a rollback to a damaged previous release
@@ -680,10 +706,10 @@ def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageS
     for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
         if store.exists(pid):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
-    _verify_restore_files(ctx, entry)
+    _verify_restore_files(ctx, entry, verb)
 
 
-def _verify_restore_files(ctx: RunContext, entry: RouteEntry) -> None:
+def _verify_restore_files(ctx: RunContext, entry: RouteEntry, verb: str) -> None:
     """Before anything running changes: every file the restored llama-server loads besides its
     release (the profile's declared `files`: grammars, control vectors, templates; the models)
     re-hashed on the native host against what the route record holds for that pair. A file
@@ -700,7 +726,6 @@ def _verify_restore_files(ctx: RunContext, entry: RouteEntry) -> None:
     recorded = {n: sha for n, sha in entry.models.items() if n in models}
     problems += recorded_model_problems(recorded, models, host, t, layout)
     if problems:
-        verb = ctx.restore_kind if ctx.restore_kind in ("restart", "start") else "rollback"
         raise HostStateError(
             f"{verb} refused, nothing was changed: " + "; ".join(dict.fromkeys(problems)),
             hint="put the deployed file back on the native host (or deploy the pair you want with a profile that "
@@ -815,7 +840,6 @@ def _cut_short_target(ctx: RunContext, rec: RouteRecord | None, store: PackageSt
     states), which is what that run's own rollback would have done."""
     assert rec is not None and rec.active is not None  # `switched` needs a record naming a pair
     pair = ctx.inventory.pair(ctx.view.name)
-    ctx.restore_kind = "back-out"
     ctx.restore = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)
     ctx.journal.note(
         f"current links disagree with route record revision {rec.revision} (a run cut short): "
@@ -856,7 +880,7 @@ def rollback(
         mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
-        ctx.restore_kind = "roll-to" if to else "roll-back"
+        kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
@@ -873,6 +897,7 @@ def rollback(
             rec = judged.record
             store = PackageStore(home.store)
             cut_short = judged.switched and not to
+            kind = "back-out" if cut_short else kind
             back_to = _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
             assert rec is not None and ctx.restore is not None
             revisions.require_one_revision(
@@ -884,7 +909,6 @@ def rollback(
                 hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
                 "--packages NATIVE RPC`",
             )
-            ctx.restore_previous_entry = rec.previous if cut_short else rec.active
             if not cut_short:
                 _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
@@ -909,10 +933,10 @@ def rollback(
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, view)
+        full = _restore_plan(ctx, pb, view, kind)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
-        journal.set("target", {"to": ctx.restore.entry.names(), "how": ctx.restore_kind})
+        journal.set("target", {"to": ctx.restore.entry.names(), "how": kind})
         if dry_run:
             result.outcome = "dry-run"
             result.active = ctx.restore.entry.model_dump(mode="json")  # the pair it would put back

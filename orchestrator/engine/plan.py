@@ -12,7 +12,7 @@ commands and the receipt's are the same bytes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +21,7 @@ from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
+from orchestrator.hosts.route import RouteRecord
 from orchestrator.hosts.units import SystemdUnits, unit_name
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
@@ -43,6 +44,21 @@ class Exec:
 
 
 @dataclass(frozen=True)
+class RouteWrite:
+    """The route record a plan's `route` / `route-accepted` steps write, decided before the first
+    change by engine/route_plan.py: the transition (engine/route_states.py) from the record as
+    found (its revision), and the sealed records themselves (None: the record is left as it is)."""
+
+    transition: str  # activate | restore | back-out | roll-back | roll-to | rebuilt | unchanged
+    base_revision: int | None
+    record: RouteRecord | None = None  # what `route` writes on both hosts
+    settled: RouteRecord | None = None  # what `route-accepted` writes (a deploy's record, settled)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transition": self.transition, "base_revision": self.base_revision}
+
+
+@dataclass(frozen=True)
 class Step:
     """One planned step: which playbook step, on which hosts, doing what."""
 
@@ -56,6 +72,7 @@ class Step:
     execs: Mapping[str, Exec] = field(default_factory=dict)  # per host: the command this step runs there
     # per host: the (current, previous) links a switch / restart-rpc puts there, decided here once
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -71,7 +88,7 @@ class Step:
             "changes": self.changes,
             "description": self.description,
             "argv": {h: list(a) for h, a in self.argv.items()},
-        }
+        } | ({"route": self.route.to_dict()} if self.route is not None else {})
 
 
 @dataclass(frozen=True)
@@ -241,6 +258,7 @@ def plan(
     checks: tuple[str, ...] = (),
     kernel_check: bool = False,
     restore_links: Mapping[str, tuple[str | None, str | None]] | None = None,
+    route: RouteWrite | None = None,
 ) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
@@ -270,9 +288,19 @@ def plan(
                 description=desc or s.description,
                 execs=argv,
                 links={view.hosts[r]: lk for r, lk in links.items()},
+                route=route if s.action in ROUTE_ACTIONS else None,
             )
         )
     return steps
+
+
+ROUTE_ACTIONS = ("route", "route-accepted", "route-repair")
+
+
+def with_route(steps: list[Step], route: RouteWrite) -> list[Step]:
+    """The same steps, the route-writing ones carrying `route` (a deploy's records, sealed once
+    prepare measured the model hashes its entry records, before the first change)."""
+    return [replace(s, route=route) if s.action in ROUTE_ACTIONS else s for s in steps]
 
 
 def _rel(rel: str | None) -> str:

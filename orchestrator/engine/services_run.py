@@ -77,7 +77,6 @@ def run_services(
         mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
-        ctx.restore_kind = verb
         _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual")
         n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
@@ -108,7 +107,7 @@ def run_services(
             )
             ctx.restore_links = {r: (ctx.hosts.facts[r].current, ctx.hosts.facts[r].previous) for r in ROLES}
             if not dry_run and verb != "stop":
-                _verify_restore_releases(ctx, rec.active, store)
+                _verify_restore_releases(ctx, rec.active, store, verb)
                 for r in ROLES:  # systemd hosts: the units to start pass the host's verify
                     activate.verify_unit_before_change(ctx, r)
         except (StepFailed, PairctlError) as exc:
