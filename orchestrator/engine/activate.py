@@ -29,8 +29,8 @@ from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing
-from orchestrator.engine.context import RunContext, Target
-from orchestrator.engine.plan import Activation, Exec, PairView, Step, service_exec
+from orchestrator.engine.context import RunContext
+from orchestrator.engine.plan import Activation, Exec, PairView, Step, Target, service_exec
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import (
     CheckFailed,
@@ -282,11 +282,11 @@ def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - t0, 4)}
 
 
-def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_facts(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
     ctx.hosts.found(role, f)
     d = f.to_dict()
-    if ctx.layout(role).systemd is not None and ctx.mode == "rollback":
+    if ctx.layout(role).systemd is not None and step.restores:
         # a rollback has no prepare step: its systemd host gets the helper that speaks units
         # (replaced by rename; running supervisors keep the copy they read) and the manager check;
         # its units are checked once the pair to restore is known (engine/deploy.py rollback)
@@ -317,7 +317,7 @@ def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
-def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_prepare(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     f = ctx.hosts.facts.get(role)
     if f is not None and f.svc_sha256 == svc_sha256():
         d: dict[str, Any] = {"helper": "up to date"}
@@ -326,11 +326,11 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
         d = {"helper": "installed", "sha256": svc_sha256()}
     if ctx.layout(role).systemd is not None:
         d["systemd"] = _check_manager(ctx, role)
-        if ctx.mode == "deploy":
-            d["unit_verified"] = verify_unit_before_change(ctx, role)
+        if step.pair is not None:
+            d["unit_verified"] = verify_unit_before_change(ctx, role, step.pair)
     if (svc_user := ctx.inventory.host(ctx.host(role)).service_user) is not None:
         d["service_user"] = _check_service_user(ctx, role, svc_user)
-    if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
+    if role == "native" and step.pair is not None:
         d["models"] = _hash_models(ctx)
         if files := _hash_files(ctx):
             d["files"] = files
@@ -410,11 +410,11 @@ def _check_manager(ctx: RunContext, role: str) -> str:
     return version
 
 
-def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
+def verify_unit_before_change(ctx: RunContext, role: str, tgt: Target | None) -> str | None:
     """A systemd host: the unit this run's start will install is rendered, staged and checked by
     the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
     rejects, e.g. an older systemd's, refuses the run with nothing changed)."""
-    layout, tgt = ctx.layout(role), ctx.activating()
+    layout = ctx.layout(role)
     if layout.systemd is None or tgt is None:
         return None
     ex = service_exec(ctx.view, "restart-rpc" if role == "rpc" else "start-server", role, tgt.activation)
@@ -531,10 +531,12 @@ def _reach_before_change(ctx: RunContext, role: str) -> float:
     return time.monotonic() - t0
 
 
-def _before_change(ctx: RunContext, role: str, *, next_within_s: float = leasing.HEARTBEAT_S) -> None:
+def _before_change(
+    ctx: RunContext, role: str, step: Step | None = None, *, next_within_s: float = leasing.HEARTBEAT_S
+) -> None:
     """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
     LeaseLost otherwise, and nothing is changed)."""
-    leasing.recheck(ctx, role, next_within_s=next_within_s)
+    leasing.recheck(ctx, role, next_within_s=next_within_s, restores=step is not None and step.restores)
 
 
 def _space_on(ctx: RunContext, role: str) -> int:
@@ -620,7 +622,7 @@ def _ran(ex: Exec) -> dict[str, Any]:
 
 def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t0 = time.monotonic()
-    if ctx.mode == "deploy" and role == "native":
+    if not step.restores and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
             free = _prove_both_before_first_change(ctx)
         except HostError as exc:
@@ -633,18 +635,18 @@ def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
             ) from None
     else:
         free = None
-        if ctx.mode == "rollback" and role == "native" and ctx.activating() is not None:
+        if role == "native" and step.pair is not None:
             # restoring needs the RPC host (restart-rpc); one that does not answer now (after the
             # reconnect budget) means nothing can be restored, and stopping native would only take
             # down the half that still serves (issue 33: the model traffic between them was fine)
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-            _writable_for_restore(ctx)
-        _before_change(ctx, role)
+            _writable_for_restore(ctx, step.pair)
+        _before_change(ctx, role, step)
     ex, verify = _planned(ctx, role, step)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
-        if ctx.mode == "deploy" and role == "native" and never_ran(exc):  # the first change never started
+        if not step.restores and role == "native" and never_ran(exc):  # the first change never started
             raise UnreachableBeforeChange(
                 f"{ctx.host(role)} could not be reached to stop {SERVICE_OF_ROLE[role]}, so nothing was stopped: {exc}",
                 hint="the previous pair keeps serving; repair the host, then deploy again",
@@ -661,8 +663,8 @@ def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
 
 def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     cur, prev = _planned_links(ctx, role, step)
-    _before_change(ctx, role)
-    if ctx.mode == "deploy":
+    _before_change(ctx, role, step)
+    if not step.restores:
         ctx.links_switched.add(role)
     switch_links(ctx.t(role), ctx.layout(role), cur, prev)
     return {"current": cur, "previous": prev}
@@ -671,8 +673,8 @@ def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
 def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = _planned_links(ctx, "rpc", step)
-    tgt = ctx.activating()
-    _before_change(ctx, "rpc")
+    tgt = step.pair
+    _before_change(ctx, "rpc", step)
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
         ex, _ = _planned(ctx, "rpc", step)
@@ -691,7 +693,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
     guard = install_guard(t, layout)
     ex, verify = _planned(ctx, "rpc", step)
-    if ctx.mode == "deploy":
+    if not step.restores:
         ctx.links_switched.add("rpc")
     units: services.Units = {}
     try:
@@ -709,7 +711,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
             cmd=ex.cmd,
         )
     except space.NotWritable as exc:
-        kept = _keep_unchanged_rpc(ctx, links, exc)
+        kept = _keep_unchanged_rpc(ctx, links, exc) if step.restores else None
         if kept is None:
             raise
         return {**kept, **_ran(ex)}
@@ -731,13 +733,11 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def _writable_for_restore(ctx: RunContext) -> None:
+def _writable_for_restore(ctx: RunContext, tgt: Target) -> None:
     """Before a rollback stops native: the roots it will write take a new file (native's always,
     the RPC host's unless `current` there already names the release restored, whose server
     restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
     both services down with neither able to start again, where what ran kept serving (issue 49)."""
-    tgt = ctx.activating()
-    assert tgt is not None  # the caller checked
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
     for role in roles:
         for path in (ctx.layout(role).run, ctx.layout(role).root):
@@ -760,7 +760,7 @@ def _keep_unchanged_rpc(
     ggml-rpc-server still runs, that server is kept (verify then proves its identity, exe and
     argv) instead of failing the rollback, which stopped both services although the RPC side
     never changed. None (the refusal stands) in a deploy, or when anything else runs there."""
-    if ctx.mode != "rollback" or links[0] is None or _current_on(ctx, "rpc") != links[0]:
+    if links[0] is None or _current_on(ctx, "rpc") != links[0]:
         return None
     try:
         ident = read_identities({"rpc": ctx.t("rpc")}, ctx.view.layouts, roles=("rpc",))["rpc"]
@@ -809,12 +809,12 @@ def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *
 
 
 def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
-    tgt = ctx.activating()
+    tgt = step.pair
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
     ex, _ = _planned(ctx, "native", step)
-    _before_change(ctx, "native")
+    _before_change(ctx, "native", step)
     _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
     units: services.Units = {}
@@ -869,8 +869,8 @@ def _boot_entry(ctx: RunContext, role: str, unit: UnitReadback | None = None) ->
     return out
 
 
-def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
-    tgt = ctx.activating()
+def a_verify(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    tgt = step.pair
     if tgt is None:
         return {"skipped": "no previous pair: nothing runs"}
     if tgt.expected is None:
@@ -929,7 +929,7 @@ def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> st
     (or wrote) there, once both roots proved they take it; read back byte-identical."""
     data = rec.to_bytes()
     _room_for_route(ctx, step.action, data)
-    _before_change(ctx, role)
+    _before_change(ctx, role, step)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
     except RouteConflict as exc:
@@ -970,17 +970,17 @@ def a_route_accepted(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return {"revision": rec.revision, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
-def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
+def a_accept(ctx: RunContext, role: str | None, step: Step) -> dict[str, Any]:
     from orchestrator.engine import acceptance
 
-    tgt = ctx.activating()
+    tgt = step.pair
     if tgt is not None and not ctx.inputs.options.skip_accept:
         # the suite's requests are bounded (checks/budget.py): the next heartbeat comes within
         # the whole suite's bound, announced in the lease so nobody judges this run dead meanwhile
         bound = acceptance.suite_bound_s(tgt.entry.profile)
         for r in ("native", "rpc"):
-            _before_change(ctx, r, next_within_s=bound)
-    return acceptance.run(ctx)
+            _before_change(ctx, r, step, next_within_s=bound)
+    return acceptance.run(ctx, tgt)
 
 
 def a_kernel_check(ctx: RunContext, role: str | None) -> dict[str, Any]:
@@ -999,19 +999,19 @@ def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
 HANDLERS: dict[str, Handler] = {
     "preflight": a_preflight,
     "connect": a_connect,
-    "facts": a_facts,
+    "facts": Planned(a_facts),
     "lease": a_lease,
-    "prepare": a_prepare,
+    "prepare": Planned(a_prepare),
     "upload": a_upload,
     "secret": a_secret,
     "stop": Planned(a_stop),
     "switch": Planned(a_switch),
     "restart-rpc": Planned(a_restart_rpc),
     "start-server": Planned(a_start_server),
-    "verify": a_verify,
+    "verify": Planned(a_verify),
     "route": Planned(a_route),
     "route-accepted": Planned(a_route_accepted),
-    "accept": a_accept,
+    "accept": Planned(a_accept),
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,
 }
@@ -1027,7 +1027,7 @@ def links_back(ctx: RunContext) -> dict[str, str]:
         return {"links": "none switched by this deploy"}
     for role in changed:
         try:
-            leasing.recheck(ctx, role)
+            leasing.recheck(ctx, role, restores=True)  # after a failed rollback
         except Exception as exc:
             return {"links": f"left as they are ({ctx.host(role)} did not answer: {str(exc)[:200]})"}
     out = {}

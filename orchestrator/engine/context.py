@@ -7,8 +7,8 @@
   Step handlers run on both hosts at once, so it is changed only through its methods, under
   its own lock.
 - `RunRecorder`: figures for the result (timings, uploads), with its own lock.
-- `RunContext`: the three, the connections and the journal, plus the run's own decisions
-  (what it activates or restores, whether anything changed yet).
+- `RunContext`: the three, the connections and the journal, plus what the command chose
+  before planning (the pair it activates or restores) and whether anything changed yet.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.config.profiles import RouteProfile
-from orchestrator.engine.plan import Activation, PairView
+from orchestrator.engine.plan import PairView, Target
 from orchestrator.errors import PairctlError
-from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import Lease, new_nonce
 from orchestrator.hosts.probes import HostFacts, ProcIdentity
-from orchestrator.hosts.route import RouteEntry, RouteRecord
+from orchestrator.hosts.route import RouteRecord
 from orchestrator.paths import Home
 from orchestrator.remote.transport import Transport
 
@@ -47,15 +46,6 @@ class Pool(Protocol):
     def stats(self) -> dict[str, dict[str, Any]]: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Target:
-    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
-
-    activation: Activation
-    entry: RouteEntry
-    expected: Expected | None  # None when a manifest is not in the local store
 
 
 @dataclass(frozen=True)
@@ -213,18 +203,14 @@ class RunRecorder:
 
 @dataclass
 class RunContext:
-    """One run: its inputs, host state and recorder, connections and journal, and its decisions.
-
-    The decisions (`target`, `restore`, ...) are set by the single-threaded parts (preflight,
-    the command bodies in engine/deploy.py) or, for the target's model hashes, by the one
-    native-host step that computes them."""
+    """One run: its inputs, host state and recorder, connections and journal, and what the command
+    bodies (engine/deploy.py) chose before planning; what each step does is on the step (plan.py)."""
 
     inputs: RunInputs
     pool: Pool
     journal: Journal
     log: BoundLogger
     evidence: EvidenceStore | None = None
-    mode: str = "deploy"  # deploy | rollback
     hosts: HostState = field(default_factory=HostState)
     recorder: RunRecorder = field(default_factory=RunRecorder)
     # decided by the run
@@ -284,14 +270,10 @@ class RunContext:
         return self.key.value if self.key is not None else None
 
     def for_rollback(self) -> RunContext:
-        """The context a failed deploy's rollback runs in: its own plan, route successor and room
-        probes over the same inputs, connections, journal, host state and leases; the deploy's
-        context is left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
+        """A failed deploy's back-out: its own room probes over the same inputs, connections,
+        journal, host state and leases (its plan is its own: engine/deploy.py)."""
         self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
-        return replace(self, mode="rollback", route_room={}, _route_lock=threading.Lock())
-
-    def activating(self) -> Target | None:
-        return self.restore if self.mode == "rollback" else self.target
+        return replace(self, route_room={}, _route_lock=threading.Lock())
 
     def room_once(self, key: str, probe: Callable[[], None]) -> None:
         """`probe` runs once per key (under the route lock; the other host's step waits for it)

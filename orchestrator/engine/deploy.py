@@ -25,7 +25,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, route_plan, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
-from orchestrator.engine.plan import PairView, RouteWrite, Step, pair_view, plan, with_route
+from orchestrator.engine.plan import PairView, RouteWrite, Step, Target, pair_view, plan, sealed
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import (
@@ -116,7 +116,6 @@ def _pair_run(
     argv: list[str] | None,
     on_step: Callable[[StepOutcome], None] | None,
     pool: Pool | None,
-    mode: str = "deploy",
     package_ids: tuple[str, str] | None = None,
     profile: RouteProfile | None = None,
     options: RunOptions | None = None,
@@ -154,7 +153,6 @@ def _pair_run(
         journal=journal,
         log=get_logger(pair=view.name, run=journal.run_id),
         evidence=evidence,
-        mode=mode,
         hosts=HostState(held_lease_nonce),
     )
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
@@ -257,17 +255,10 @@ def deploy(
     ) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
-        n_prefix = next(i for i, s in enumerate(first) if s.action not in PLAN_PREFIX)
         record = _ReleaseWatch(record)
+        n_prefix = _n_prefix(first)
         try:
-            # a dry run changes nothing on a host, not even a lease: it reads the facts unleased
-            run_steps(
-                [s for s in first[:n_prefix] if not (dry_run and s.action == "lease")],
-                ctx,
-                activate.HANDLERS,
-                journal=journal,
-                on_step=record,
-            )
+            _run_prefix(ctx, first, dry_run, record)
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
             _keep_previous_links(ctx)
@@ -281,6 +272,7 @@ def deploy(
                 checks=tuple(checks),
                 kernel_check=kernel_check,
                 route=route,
+                pair=ctx.target,
             )
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
@@ -293,7 +285,7 @@ def deploy(
             first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
             run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=journal, on_step=record)
             # the records the route steps write, sealed before the first change (prepare hashed the models)
-            rest = with_route(rest[first_change:], _deploy_route(ctx, route))
+            rest = sealed(rest[first_change:], _deploy_route(ctx, route), ctx.target)
             cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
             for i, part in enumerate((rest[:cut], rest[cut:])):
                 if i == 1:
@@ -313,7 +305,7 @@ def deploy(
             _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
             raise
         assert ctx.target is not None
-        journal.set("final_state", _final_state(ctx, "activated"))
+        journal.set("final_state", _final_state("activated", ctx.target))
         record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
         result.outcome = "passed"
         result.active = ctx.target.entry.model_dump(mode="json")
@@ -327,6 +319,17 @@ def _deploy_route(ctx: RunContext, planned: RouteWrite) -> RouteWrite:
     current = route_plan.parsed(ctx.hosts.route_bytes("native"))
     prior = ctx.restore.entry if ctx.restore else None
     return route_plan.for_deploy(ctx.inputs, planned, current, ctx.target.entry, prior)
+
+
+def _n_prefix(steps: list[Step]) -> int:
+    return next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+
+
+def _run_prefix(ctx: RunContext, steps: list[Step], dry_run: bool, record: Callable[[StepOutcome], None]) -> None:
+    """The steps before the plan is made; a dry run changes nothing on a host, not even a lease:
+    it reads the facts unleased."""
+    prefix = [s for s in steps[: _n_prefix(steps)] if not (dry_run and s.action == "lease")]
+    run_steps(prefix, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
 
 
 def _keep_previous_links(ctx: RunContext) -> None:
@@ -404,19 +407,21 @@ def _restore_route(ctx: RunContext, kind: str) -> RouteWrite:
     )
 
 
-def _restore_plan(ctx: RunContext, pb: Playbook, view: PairView, kind: str | None = None) -> list[Step]:
-    """The whole plan of a run that puts the recorded pair back by hand (rollback, restart, start,
-    stop), from the facts its prefix gathered: what the dry run shows and the receipt keeps."""
-    assert ctx.restore is not None  # both callers chose the pair to put back before planning
+def _restore_plan(ctx: RunContext, pb: Playbook, kind: str | None, mode: str = "manual") -> list[Step]:
+    """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop by
+    hand; `auto`: a failed deploy's back-out, already connected and leased), from the facts its
+    prefix gathered: what the dry run shows and the receipt keeps. `kind`: its route write."""
     return plan(
         pb,
-        view,
+        ctx.view,
         facts=ctx.hosts.facts,
         target=None,
-        restore=ctx.restore.activation,
-        mode="manual",
+        restore=ctx.restore.activation if ctx.restore else None,
+        mode=mode,
         restore_links=ctx.restore_links,
         route=_restore_route(ctx, kind) if kind is not None else None,
+        pair=ctx.restore,
+        restores=True,
     )
 
 
@@ -547,23 +552,14 @@ def _rollback_after_failure(
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     rb = ctx.for_rollback()
-    steps = plan(
-        pb,
-        ctx.view,
-        facts=ctx.hosts.facts,
-        target=None,
-        restore=ctx.restore.activation if ctx.restore else None,
-        mode="auto",
-        restore_links=ctx.restore_links,
-        route=_restore_route(ctx, "back-out"),
-    )
+    steps = _restore_plan(ctx, pb, "back-out", mode="auto")
     try:
         run_steps(steps, rb, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
         _rollback_failed(rb, failed, first_failure=failure)
     what = rb.restore.entry.names() if rb.restore else None
     written = any(s.route is not None and s.route.record is not None for s in steps)
-    ctx.journal.set("final_state", _final_state(rb, "restored" if what else "stopped (no previous pair)"))
+    ctx.journal.set("final_state", _final_state("restored" if what else "stopped (no previous pair)", rb.restore))
     ctx.journal.set(
         "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
     )
@@ -598,7 +594,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     if rb.step.action == "stop" and isinstance(error_of(rb), (activate.UnreachableBeforeChange, space.NotWritable)):
         _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
-    final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
+    final = _final_state("stopped (rollback failed)", None, stopped=stopped)
     if (
         first_failure is not None
         and first_failure.step.action in LINKS_BACK_BEFORE
@@ -679,10 +675,9 @@ def activate_lease_text(handle: Lease) -> str:
     return str(leasing.describe(handle))
 
 
-def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = None) -> dict[str, Any]:
+def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {"state": what}
-    tgt = ctx.activating()
-    if tgt is not None and what != "stopped (rollback failed)":
+    if tgt is not None:
         d["active"] = tgt.entry.names()
     if stopped:
         d["stopped"] = stopped
@@ -707,6 +702,8 @@ def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageS
         if store.exists(pid):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
     _verify_restore_files(ctx, entry, verb)
+    for r in ("native", "rpc"):  # systemd hosts: the units to start pass the host's verify
+        activate.verify_unit_before_change(ctx, r, ctx.restore)
 
 
 def _verify_restore_files(ctx: RunContext, entry: RouteEntry, verb: str) -> None:
@@ -877,22 +874,15 @@ def rollback(
         argv=argv,
         on_step=on_step,
         pool=pool,
-        mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
         kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
         _read_api_key(ctx)
-        steps = plan(pb, view, facts=None, target=None, mode="manual")
-        n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+        steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
         record = _ReleaseWatch(record)
+        n_prefix = _n_prefix(steps)
         try:
-            run_steps(
-                [s for s in steps[:n_prefix] if not (dry_run and s.action == "lease")],
-                ctx,
-                activate.HANDLERS,
-                journal=journal,
-                on_step=record,
-            )
+            _run_prefix(ctx, steps, dry_run, record)
             judged = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS)
             rec = judged.record
             store = PackageStore(home.store)
@@ -925,15 +915,13 @@ def rollback(
                 ctx.restore_links.update(route_trust.switched_links(rec, ctx.hosts.facts, judged))
             if not dry_run:
                 _verify_restore_releases(ctx, back_to, store)
-                for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
-                    activate.verify_unit_before_change(ctx, r)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, view, kind)
+        full = _restore_plan(ctx, pb, kind)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
         journal.set("target", {"to": ctx.restore.entry.names(), "how": kind})
@@ -949,7 +937,7 @@ def rollback(
                 _abort(ctx, rb, record)
                 raise _cause(rb) from None
             _rollback_failed(ctx, rb, None)
-        journal.set("final_state", _final_state(ctx, "restored"))
+        journal.set("final_state", _final_state("restored", ctx.restore))
         record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         result.outcome = "passed"
         result.active = ctx.restore.entry.model_dump(mode="json")

@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts import services, supervisor
+from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
-from orchestrator.hosts.route import RouteRecord
+from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.hosts.units import SystemdUnits, unit_name
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
@@ -73,6 +74,11 @@ class Step:
     # per host: the (current, previous) links a switch / restart-rpc puts there, decided here once
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
+    pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
+    # a plan that puts a recorded pair back (rollback, a failed deploy's back-out, restart, start,
+    # stop): its facts step readies systemd hosts (no prepare), its stop proves the RPC host and
+    # the roots first, a read-only root's lease renewal and RPC server are let be, no interrupt
+    restores: bool = False
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -126,6 +132,15 @@ class Activation:
     # (path, sha256) of each file the profile declares (RouteProfile.files): llama-server's
     # supervisor re-hashes them (cached by stat) before each start, as a rollback does before its own
     declared: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Target:
+    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
+
+    activation: Activation
+    entry: RouteEntry
+    expected: Expected | None  # None when a manifest is not in the local store
 
 
 def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
@@ -259,6 +274,8 @@ def plan(
     kernel_check: bool = False,
     restore_links: Mapping[str, tuple[str | None, str | None]] | None = None,
     route: RouteWrite | None = None,
+    pair: Target | None = None,
+    restores: bool = False,
 ) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
@@ -289,6 +306,8 @@ def plan(
                 execs=argv,
                 links={view.hosts[r]: lk for r, lk in links.items()},
                 route=route if s.action in ROUTE_ACTIONS else None,
+                pair=pair,
+                restores=restores,
             )
         )
     return steps
@@ -297,10 +316,10 @@ def plan(
 ROUTE_ACTIONS = ("route", "route-accepted", "route-repair")
 
 
-def with_route(steps: list[Step], route: RouteWrite) -> list[Step]:
-    """The same steps, the route-writing ones carrying `route` (a deploy's records, sealed once
-    prepare measured the model hashes its entry records, before the first change)."""
-    return [replace(s, route=route) if s.action in ROUTE_ACTIONS else s for s in steps]
+def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:
+    """The same steps, the route-writing ones carrying `route`, all the pair (a deploy's, sealed
+    once prepare measured the model hashes its entry records, before the first change)."""
+    return [replace(s, route=route if s.action in ROUTE_ACTIONS else s.route, pair=pair) for s in steps]
 
 
 def _rel(rel: str | None) -> str:

@@ -29,7 +29,7 @@ from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, team_sync
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
-from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, with_route
+from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, sealed
 from orchestrator.engine.playbook import load_playbook
 from orchestrator.engine.runner import Planned, StepFailed, error_of, run_steps
 from orchestrator.errors import CheckFailed, HostStateError, PairctlError
@@ -98,7 +98,6 @@ def repair(
         journal=journal,
         log=get_logger(pair=pair_name, run=journal.run_id),
         evidence=evidence,
-        mode="repair",
         hosts=HostState(),
     )
     steps = plan(load_playbook("repair"), view, facts=None, target=None)
@@ -118,7 +117,7 @@ def repair(
                 return result
             base = route_plan.parsed(ctx.hosts.route_bytes("native"))
             route = RouteWrite("rebuilt", base.revision if base else None, rec)
-            run_steps(with_route(steps[n_read:], route), ctx, HANDLERS, journal=journal)
+            run_steps(sealed(steps[n_read:], route, None), ctx, HANDLERS, journal=journal)
         except StepFailed as failure:
             if ctx.hosts.leases:
                 rel = [s for s in steps if s.action == "release-lease"]
