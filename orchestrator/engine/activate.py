@@ -298,8 +298,6 @@ def a_facts(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
 
 
 def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
-    from orchestrator.engine import leasing
-
     handle = leasing.take(ctx, role)
     ctx.hosts.lease_taken(role, handle)
     d = leasing.describe(handle)
@@ -307,8 +305,6 @@ def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
 
 
 def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
-    from orchestrator.engine import leasing
-
     handle = ctx.hosts.leases.get(role)
     if handle is None:
         return {"skipped": "no lease held by this run"}
@@ -896,7 +892,7 @@ def a_verify(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
 
 
-def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
+def _room_for_route(ctx: RunContext, data: bytes, sha: str) -> None:
     """Before either host's record is written: both install roots take a file of the record's
     size (one SFTP write and remove each, checked once for both hosts' steps). A root that
     filled up or went read-only after the switch's own check otherwise took the record on one
@@ -918,7 +914,7 @@ def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
                     hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
                 ) from None
 
-    ctx.room_once(step, probe)
+    ctx.room_once(sha, probe)
 
 
 _SAME = "byte-identical"
@@ -928,7 +924,8 @@ def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> st
     """The step's planned record onto ROLE's host by compare-and-swap on the bytes this run read
     (or wrote) there, once both roots proved they take it; read back byte-identical."""
     data = rec.to_bytes()
-    _room_for_route(ctx, step.action, data)
+    sha = sha256_bytes(data)
+    _room_for_route(ctx, data, sha)
     _before_change(ctx, role, step)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
@@ -947,7 +944,7 @@ def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> st
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
-    return sha256_bytes(data)
+    return sha
 
 
 def a_route(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
@@ -991,8 +988,6 @@ def a_kernel_check(ctx: RunContext, role: str | None) -> dict[str, Any]:
 
 
 def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
-    from orchestrator.build.store import PackageStore
-
     return preflight_checks(ctx, PackageStore(ctx.home.store))
 
 

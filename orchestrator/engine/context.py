@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config.inventory import ApiKey, Inventory
@@ -221,8 +221,8 @@ class RunContext:
     restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
-    # per route-writing step of this run: both hosts took a file of the record's size (None) or
-    # what refused it, found once before either host's record is written (engine/activate.py)
+    # per record this run writes (its sha256): both hosts took a file of its size (None) or what
+    # refused it, found once before either host's copy is written (engine/activate.py)
     route_room: dict[str, PairctlError | None] = field(default_factory=dict)
     _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -268,12 +268,6 @@ class RunContext:
         """The Bearer value, as the one reader (`config.inventory.read_api_key`) found it: the
         first key line, `#` comments skipped as llama-server skips them."""
         return self.key.value if self.key is not None else None
-
-    def for_rollback(self) -> RunContext:
-        """A failed deploy's back-out: its own room probes over the same inputs, connections,
-        journal, host state and leases (its plan is its own: engine/deploy.py)."""
-        self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
-        return replace(self, route_room={}, _route_lock=threading.Lock())
 
     def room_once(self, key: str, probe: Callable[[], None]) -> None:
         """`probe` runs once per key (under the route lock; the other host's step waits for it)

@@ -41,7 +41,7 @@ from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts import space
-from orchestrator.hosts.leases import Lease, LeaseLost
+from orchestrator.hosts.leases import LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
@@ -551,15 +551,15 @@ def _rollback_after_failure(
         )
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
-    rb = ctx.for_rollback()
+    ctx.hosts.forget_identities()  # what the deploy started is not what the back-out verifies
     steps = _restore_plan(ctx, pb, "back-out", mode="auto")
     try:
-        run_steps(steps, rb, activate.HANDLERS, journal=ctx.journal, on_step=record)
+        run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
-        _rollback_failed(rb, failed, first_failure=failure)
-    what = rb.restore.entry.names() if rb.restore else None
+        _rollback_failed(ctx, failed, first_failure=failure)
+    what = ctx.restore.entry.names() if ctx.restore else None
     written = any(s.route is not None and s.route.record is not None for s in steps)
-    ctx.journal.set("final_state", _final_state("restored" if what else "stopped (no previous pair)", rb.restore))
+    ctx.journal.set("final_state", _final_state("restored" if what else "stopped (no previous pair)", ctx.restore))
     ctx.journal.set(
         "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
     )
@@ -567,12 +567,12 @@ def _rollback_after_failure(
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
             f"verified, route record {'revision updated' if written else 'unchanged (it names that pair)'}; "
-            f"{_leases_after(rb, record)}.\ncause: {failure.message}"
+            f"{_leases_after(ctx, record)}.\ncause: {failure.message}"
         )
     else:
         msg = (
             f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-            f"stopped; {_leases_after(rb, record)}.\ncause: {failure.message}"
+            f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}"
         )
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
@@ -602,7 +602,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     ):
         final["links_back"] = activate.links_back(ctx)
     ctx.journal.set("final_state", final)
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
     msg = (
@@ -647,7 +647,7 @@ def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFa
     unwritable = isinstance(error_of(rb), space.NotWritable)
     why = "a root it must write takes no new file" if unwritable else "could not reach the RPC host"
     ctx.journal.set("final_state", {"state": f"left as the failed step left it (rollback {why})"})
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     first = (
         f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
         if first_failure
@@ -669,10 +669,6 @@ def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFa
         f"`pairctl status --pair {ctx.view.name}`, release the leases (`pairctl lease release {ctx.view.name} "
         f"--dead-run {ctx.run_id}`), then rollback or deploy; leases held: {held or 'none'}",
     )
-
-
-def activate_lease_text(handle: Lease) -> str:
-    return str(leasing.describe(handle))
 
 
 def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None = None) -> dict[str, Any]:

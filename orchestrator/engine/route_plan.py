@@ -1,12 +1,8 @@
-"""The route write a plan carries, decided before its first change: which transition of
-engine/route_states.py, from which record (its revision), and the sealed records the `route`
-and `route-accepted` steps write on both hosts. Their executors (engine/activate.py) write
-exactly these bytes and decide nothing; a dry run prints the transition and base revision.
-
-A deploy names its pair `activating` (route-accepted settles it); qualify's restore puts the
-record back as found; a failed deploy's back-out writes the record it found again (or nothing);
-`rollback` and `rollback --to` their own transitions. Signed with this home's key and anchored
-at the pair's evidence head as the run found it."""
+"""The route write a plan carries, decided before its first change: the transition of
+engine/route_states.py, the record it starts from (its revision) and the sealed records the
+`route` / `route-accepted` steps write on both hosts (engine/activate.py writes exactly these;
+a dry run prints the transition and base revision). Signed with this home's key, anchored at
+the pair's evidence head as the run found it."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from typing import Literal
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, route_trust
+from orchestrator.engine import activate, leasing, route_trust
 from orchestrator.engine.context import Pool, RunContext
 from orchestrator.engine.deploy import (
     RunResult,
@@ -34,7 +34,6 @@ from orchestrator.engine.deploy import (
     _restore_plan,
     _run_prefix,
     _verify_restore_releases,
-    activate_lease_text,
 )
 from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import load_playbook
@@ -146,7 +145,7 @@ def _failed_after_change(ctx: RunContext, failed: StepFailed, verb: str) -> None
     """Like a failed rollback: both services stopped (never half a pair), the leases kept."""
     stopped = activate.stop_everything(ctx)
     ctx.journal.set("final_state", _final_state(f"stopped ({verb} failed)", ctx.restore, stopped=stopped))
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     msg = (
         f"{verb} failed at step '{failed.step.name}' on {', '.join(failed.step.hosts)}: {failed.message}. "
         "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
