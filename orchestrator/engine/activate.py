@@ -1,16 +1,8 @@
-"""deploy / rollback: the run context and the action handlers the engine dispatches to.
+"""The executors of the playbooks' actions (HANDLERS) and what they prove before a change.
 
-Order of business (playbooks/deploy.yaml says the same for people):
-  1. preflight (local, before any host is touched): packages exist and verify; one revision;
-     targets match the pair; the profile renders and every flag is in the native package's
-     captured `--help`; the API key file is readable.
-  2. connect + facts on both hosts (read-only; a host-key problem stops here).
-  3. leases, prepare, upload (nothing that runs has changed yet: a failure aborts).
-  4. stop, switch, start, verify, route, accept: from here any failure rolls back.
-The rollback restores exactly the links and the route entry that were active at the start
-(for `pairctl rollback`: the route record's previous entry), restarts it with its recorded
-argv and verifies it the same way. If the rollback fails, both services are stopped and the
-leases are kept.
+Each runs what its plan step carries (plan.py: commands, links, route records, the pair it starts,
+whether its plan restores one) and decides none of it. The order of business is in
+playbooks/deploy.yaml; what a failure leads to (abort, back-out, both stopped) in engine/deploy.py.
 """
 
 from __future__ import annotations

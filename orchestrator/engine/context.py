@@ -7,8 +7,7 @@
   Step handlers run on both hosts at once, so it is changed only through its methods, under
   its own lock.
 - `RunRecorder`: figures for the result (timings, uploads), with its own lock.
-- `RunContext`: the three, the connections and the journal, plus what the command chose
-  before planning (the pair it activates or restores) and whether anything changed yet.
+- `RunContext`: the three, connections, journal and what the command chose before planning.
 """
 
 from __future__ import annotations

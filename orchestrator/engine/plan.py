@@ -75,9 +75,8 @@ class Step:
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
     pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
-    # a plan that puts a recorded pair back (rollback, a failed deploy's back-out, restart, start,
-    # stop): its facts step readies systemd hosts (no prepare), its stop proves the RPC host and
-    # the roots first, a read-only root's lease renewal and RPC server are let be, no interrupt
+    # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
+    # systemd hosts, stop proves the RPC host and roots first, a read-only root is let be
     restores: bool = False
 
     @property

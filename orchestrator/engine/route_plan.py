@@ -14,8 +14,7 @@ from orchestrator.hosts.route import RouteEntry, RouteRecord, parse_route
 
 
 def parsed(data: bytes | None) -> RouteRecord | None:
-    """A record's bytes as a record; None when there is none or it does not parse (one that does
-    not parse was refused before any change, except this run's own bytes, which always parse)."""
+    """A record's bytes as a record; None: none, or one that does not parse (refused before any change)."""
     try:
         return parse_route(data)
     except PairctlError:
@@ -28,8 +27,7 @@ def _seal(inputs: RunInputs, rec: RouteRecord, state: str) -> RouteRecord:
 
 
 def deploy_transition(inputs: RunInputs, found: RouteRecord | None) -> RouteWrite:
-    """What a deploy's plan says of its route write before the records can be sealed (the entry
-    records the model hashes its prepare step measures)."""
+    """A deploy's route write as planned; its records are sealed once prepare hashed the models."""
     keep = inputs.options.restore_record
     return RouteWrite("restore" if keep is not None else "activate", found.revision if found else None)
 
@@ -61,8 +59,8 @@ def for_restore(
     restored: RouteEntry | None,
     wrote: bool,
 ) -> RouteWrite:
-    """A restore's record (kind: back-out | roll-back | roll-to), from the record found at the
-    start and `current`, the one it replaces (a failed deploy's own record when it `wrote` one)."""
+    """A restore's record (back-out | roll-back | roll-to) from the one found at the start and
+    `current`, the one it replaces (a failed deploy's own, when it `wrote` one)."""
     base = current.revision if current else None
     if restored is None and not wrote:
         return RouteWrite("unchanged", base)  # nothing was recorded for the failed pair
