@@ -21,7 +21,8 @@ from orchestrator.server.client import ServerClient
 from orchestrator.server.tunnel import via_for
 
 if TYPE_CHECKING:
-    from orchestrator.engine.context import RunContext, Target
+    from orchestrator.engine.context import RunContext
+    from orchestrator.engine.plan import Target
 
 
 def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnapshot]:
@@ -60,10 +61,9 @@ def _announce(ctx: RunContext, measured: budget.RequestBudget) -> None:
         leasing.recheck(ctx, role, next_within_s=bound)
 
 
-def run(ctx: RunContext) -> dict[str, Any]:
+def run(ctx: RunContext, target: Target | None) -> dict[str, Any]:
     if ctx.inputs.options.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
-    target = ctx.activating()
     assert target is not None  # accept follows a verified activation
     profile = profile_from_record(target.entry.profile)
     limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)

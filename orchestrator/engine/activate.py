@@ -1,16 +1,8 @@
-"""deploy / rollback: the run context and the action handlers the engine dispatches to.
+"""The executors of the playbooks' actions (HANDLERS) and what they prove before a change.
 
-Order of business (playbooks/deploy.yaml says the same for people):
-  1. preflight (local, before any host is touched): packages exist and verify; one revision;
-     targets match the pair; the profile renders and every flag is in the native package's
-     captured `--help`; the API key file is readable.
-  2. connect + facts on both hosts (read-only; a host-key problem stops here).
-  3. leases, prepare, upload (nothing that runs has changed yet: a failure aborts).
-  4. stop, switch, start, verify, route, accept: from here any failure rolls back.
-The rollback restores exactly the links and the route entry that were active at the start
-(for `pairctl rollback`: the route record's previous entry), restarts it with its recorded
-argv and verifies it the same way. If the rollback fails, both services are stopped and the
-leases are kept.
+Each runs what its plan step carries (plan.py: commands, links, route records, the pair it starts,
+whether its plan restores one) and decides none of it. The order of business is in
+playbooks/deploy.yaml; what a failure leads to (abort, back-out, both stopped) in engine/deploy.py.
 """
 
 from __future__ import annotations
@@ -28,9 +20,9 @@ from orchestrator.build.store import Package, PackageStore
 from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
-from orchestrator.engine import leasing, route_states
-from orchestrator.engine.context import RunContext, Target
-from orchestrator.engine.plan import Activation, Exec, PairView, Step, service_exec
+from orchestrator.engine import leasing
+from orchestrator.engine.context import RunContext
+from orchestrator.engine.plan import Activation, Exec, PairView, Step, Target, service_exec
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import (
     CheckFailed,
@@ -57,7 +49,7 @@ from orchestrator.hosts.layout import (
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ExpectedProc, ProbeError, read_facts, release_of_link
 from orchestrator.hosts.release import ensure_release, expected_hashes
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write
 from orchestrator.hosts.rpc_guard import install_guard, install_route_key
 from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.command import Cmd
@@ -282,11 +274,11 @@ def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - t0, 4)}
 
 
-def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_facts(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
     ctx.hosts.found(role, f)
     d = f.to_dict()
-    if ctx.layout(role).systemd is not None and ctx.mode == "rollback":
+    if ctx.layout(role).systemd is not None and step.restores:
         # a rollback has no prepare step: its systemd host gets the helper that speaks units
         # (replaced by rename; running supervisors keep the copy they read) and the manager check;
         # its units are checked once the pair to restore is known (engine/deploy.py rollback)
@@ -298,8 +290,6 @@ def a_facts(ctx: RunContext, role: str) -> dict[str, Any]:
 
 
 def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
-    from orchestrator.engine import leasing
-
     handle = leasing.take(ctx, role)
     ctx.hosts.lease_taken(role, handle)
     d = leasing.describe(handle)
@@ -307,8 +297,6 @@ def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
 
 
 def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
-    from orchestrator.engine import leasing
-
     handle = ctx.hosts.leases.get(role)
     if handle is None:
         return {"skipped": "no lease held by this run"}
@@ -317,7 +305,7 @@ def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
-def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_prepare(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     f = ctx.hosts.facts.get(role)
     if f is not None and f.svc_sha256 == svc_sha256():
         d: dict[str, Any] = {"helper": "up to date"}
@@ -326,11 +314,11 @@ def a_prepare(ctx: RunContext, role: str) -> dict[str, Any]:
         d = {"helper": "installed", "sha256": svc_sha256()}
     if ctx.layout(role).systemd is not None:
         d["systemd"] = _check_manager(ctx, role)
-        if ctx.mode == "deploy":
-            d["unit_verified"] = verify_unit_before_change(ctx, role)
+        if step.pair is not None:
+            d["unit_verified"] = verify_unit_before_change(ctx, role, step.pair)
     if (svc_user := ctx.inventory.host(ctx.host(role)).service_user) is not None:
         d["service_user"] = _check_service_user(ctx, role, svc_user)
-    if role == "native" and ctx.mode == "deploy" and ctx.target is not None:
+    if role == "native" and step.pair is not None:
         d["models"] = _hash_models(ctx)
         if files := _hash_files(ctx):
             d["files"] = files
@@ -410,11 +398,11 @@ def _check_manager(ctx: RunContext, role: str) -> str:
     return version
 
 
-def verify_unit_before_change(ctx: RunContext, role: str) -> str | None:
+def verify_unit_before_change(ctx: RunContext, role: str, tgt: Target | None) -> str | None:
     """A systemd host: the unit this run's start will install is rendered, staged and checked by
     the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
     rejects, e.g. an older systemd's, refuses the run with nothing changed)."""
-    layout, tgt = ctx.layout(role), ctx.activating()
+    layout = ctx.layout(role)
     if layout.systemd is None or tgt is None:
         return None
     ex = service_exec(ctx.view, "restart-rpc" if role == "rpc" else "start-server", role, tgt.activation)
@@ -531,10 +519,12 @@ def _reach_before_change(ctx: RunContext, role: str) -> float:
     return time.monotonic() - t0
 
 
-def _before_change(ctx: RunContext, role: str, *, next_within_s: float = leasing.HEARTBEAT_S) -> None:
+def _before_change(
+    ctx: RunContext, role: str, step: Step | None = None, *, next_within_s: float = leasing.HEARTBEAT_S
+) -> None:
     """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
     LeaseLost otherwise, and nothing is changed)."""
-    leasing.recheck(ctx, role, next_within_s=next_within_s)
+    leasing.recheck(ctx, role, next_within_s=next_within_s, restores=step is not None and step.restores)
 
 
 def _space_on(ctx: RunContext, role: str) -> int:
@@ -620,7 +610,7 @@ def _ran(ex: Exec) -> dict[str, Any]:
 
 def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t0 = time.monotonic()
-    if ctx.mode == "deploy" and role == "native":
+    if not step.restores and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
             free = _prove_both_before_first_change(ctx)
         except HostError as exc:
@@ -633,18 +623,18 @@ def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
             ) from None
     else:
         free = None
-        if ctx.mode == "rollback" and role == "native" and ctx.activating() is not None:
+        if role == "native" and step.pair is not None:
             # restoring needs the RPC host (restart-rpc); one that does not answer now (after the
             # reconnect budget) means nothing can be restored, and stopping native would only take
             # down the half that still serves (issue 33: the model traffic between them was fine)
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-            _writable_for_restore(ctx)
-        _before_change(ctx, role)
+            _writable_for_restore(ctx, step.pair)
+        _before_change(ctx, role, step)
     ex, verify = _planned(ctx, role, step)
     try:
         out, verified = services.stop(ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd)
     except HostError as exc:
-        if ctx.mode == "deploy" and role == "native" and never_ran(exc):  # the first change never started
+        if not step.restores and role == "native" and never_ran(exc):  # the first change never started
             raise UnreachableBeforeChange(
                 f"{ctx.host(role)} could not be reached to stop {SERVICE_OF_ROLE[role]}, so nothing was stopped: {exc}",
                 hint="the previous pair keeps serving; repair the host, then deploy again",
@@ -661,8 +651,8 @@ def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
 
 def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     cur, prev = _planned_links(ctx, role, step)
-    _before_change(ctx, role)
-    if ctx.mode == "deploy":
+    _before_change(ctx, role, step)
+    if not step.restores:
         ctx.links_switched.add(role)
     switch_links(ctx.t(role), ctx.layout(role), cur, prev)
     return {"current": cur, "previous": prev}
@@ -671,8 +661,8 @@ def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
 def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = _planned_links(ctx, "rpc", step)
-    tgt = ctx.activating()
-    _before_change(ctx, "rpc")
+    tgt = step.pair
+    _before_change(ctx, "rpc", step)
     t0 = time.monotonic()
     if tgt is None:  # nothing to restore: stop, put the links back as found, start nothing
         ex, _ = _planned(ctx, "rpc", step)
@@ -692,7 +682,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     guard = install_guard(t, layout)
     key = install_route_key((ctx.t("native"), ctx.layout("native")), (t, layout))
     ex, verify = _planned(ctx, "rpc", step)
-    if ctx.mode == "deploy":
+    if not step.restores:
         ctx.links_switched.add("rpc")
     units: services.Units = {}
     try:
@@ -710,7 +700,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
             cmd=ex.cmd,
         )
     except space.NotWritable as exc:
-        kept = _keep_unchanged_rpc(ctx, links, exc)
+        kept = _keep_unchanged_rpc(ctx, links, exc) if step.restores else None
         if kept is None:
             raise
         return {**kept, **_ran(ex)}
@@ -733,13 +723,11 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def _writable_for_restore(ctx: RunContext) -> None:
+def _writable_for_restore(ctx: RunContext, tgt: Target) -> None:
     """Before a rollback stops native: the roots it will write take a new file (native's always,
     the RPC host's unless `current` there already names the release restored, whose server
     restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
     both services down with neither able to start again, where what ran kept serving (issue 49)."""
-    tgt = ctx.activating()
-    assert tgt is not None  # the caller checked
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
     for role in roles:
         for path in (ctx.layout(role).run, ctx.layout(role).root):
@@ -762,7 +750,7 @@ def _keep_unchanged_rpc(
     ggml-rpc-server still runs, that server is kept (verify then proves its identity, exe and
     argv) instead of failing the rollback, which stopped both services although the RPC side
     never changed. None (the refusal stands) in a deploy, or when anything else runs there."""
-    if ctx.mode != "rollback" or links[0] is None or _current_on(ctx, "rpc") != links[0]:
+    if links[0] is None or _current_on(ctx, "rpc") != links[0]:
         return None
     try:
         ident = read_identities({"rpc": ctx.t("rpc")}, ctx.view.layouts, roles=("rpc",))["rpc"]
@@ -811,12 +799,12 @@ def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *
 
 
 def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
-    tgt = ctx.activating()
+    tgt = step.pair
     if tgt is None:
         return {"skipped": "no previous pair to start"}
     t, layout = ctx.t("native"), ctx.layout("native")
     ex, _ = _planned(ctx, "native", step)
-    _before_change(ctx, "native")
+    _before_change(ctx, "native", step)
     _one_revision_before_start(ctx, tgt.activation, LLAMA_SERVER, links=True)
     t0 = time.monotonic()
     units: services.Units = {}
@@ -871,8 +859,8 @@ def _boot_entry(ctx: RunContext, role: str, unit: UnitReadback | None = None) ->
     return out
 
 
-def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
-    tgt = ctx.activating()
+def a_verify(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    tgt = step.pair
     if tgt is None:
         return {"skipped": "no previous pair: nothing runs"}
     if tgt.expected is None:
@@ -898,81 +886,7 @@ def a_verify(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
 
 
-def _route_successor(ctx: RunContext) -> RouteRecord | None:
-    """The record this run writes (computed once, identical on both hosts)."""
-    return ctx.route_once(lambda: _compute_route(ctx))
-
-
-def _compute_route(ctx: RunContext) -> RouteRecord | None:
-    """The record this run writes, by the transition engine/route_states.py names for it: a
-    deploy names its pair `activating` (route-accepted settles it); a failed deploy's rollback
-    writes the record it found again; `rollback` and `rollback --to` their own transitions.
-    Signed with this home's key and anchored at the pair's evidence head as this run found it."""
-    current = _base_record(ctx)
-    found = _found_record(ctx)
-    pair, run = ctx.view.name, ctx.run_id
-    if ctx.mode == "deploy":
-        assert ctx.target is not None
-        new = ctx.target.entry
-        keep = ctx.inputs.options.restore_record
-        if keep is not None:  # qualify's restore: the record as found before its first arm
-            rec = route_states.restore(current, keep, new, pair=pair, run_id=run)
-        else:
-            rec = route_states.activate(current, new, ctx.restore.entry if ctx.restore else None, pair=pair, run_id=run)
-        return _seal_route(ctx, rec, route_states.ACTIVATING)
-    if ctx.restore is None and not ctx.route_written:
-        return None  # nothing was recorded for the failed pair: leave the record as it was
-    restored = ctx.restore.entry if ctx.restore else None
-    if (
-        ctx.restore_kind == "back-out"
-        and not ctx.route_written
-        and found is not None
-        and route_states.unchanged_by_back_out(found, restored)
-    ):
-        # the record already names the restored pair in its settled state: writing it again would
-        # change only the revision, and a host whose root takes no new file (read-only) could not
-        return None
-    if ctx.restore_kind == "back-out" or found is None or restored is None:
-        rec = route_states.back_out(current, found, restored, pair=pair, run_id=run)
-    elif ctx.restore_kind == "roll-to":
-        rec = route_states.roll_to(found, restored, pair=pair, run_id=run)
-    else:
-        rec = route_states.roll_back(found, restored, pair=pair, run_id=run)
-    return _seal_route(ctx, rec, rec.state)
-
-
-def _found_record(ctx: RunContext) -> RouteRecord | None:
-    """The record as this run found it (the facts step's bytes), before it wrote anything."""
-    try:
-        return parse_route(ctx.hosts.facts["native"].route_bytes)
-    except (PairctlError, KeyError):
-        return None
-
-
-def _settled_state(ctx: RunContext, rec: RouteRecord) -> str:
-    """What route-accepted settles a deploy's `activating` record as: accepted only when the
-    whole suite ran and passed; qualify's restore puts back the state it found."""
-    keep = ctx.inputs.options.restore_record
-    if keep is not None:
-        return route_states.restore(None, keep, rec.active, pair=rec.pair, run_id=rec.updated_by).state  # type: ignore[arg-type]
-    return route_states.finish(rec, accepted=ctx.inputs.options.accepts_fully).state
-
-
-def _base_record(ctx: RunContext) -> RouteRecord | None:
-    """The record this run replaces (its revision counts on); one that does not parse was
-    refused before any change, except this run's own bytes, which always parse."""
-    try:
-        return parse_route(ctx.hosts.route_bytes("native"))
-    except PairctlError:
-        return None
-
-
-def _seal_route(ctx: RunContext, rec: RouteRecord, state: str) -> RouteRecord:
-    update = {"state": state, "evidence_head": ctx.inputs.evidence_head, "mac": None}
-    return rec.model_copy(update={**update, "evidence_home": ctx.inputs.evidence_home}).sign(ctx.inputs.route_key)
-
-
-def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
+def _room_for_route(ctx: RunContext, data: bytes, sha: str) -> None:
     """Before either host's record is written: both install roots take a file of the record's
     size (one SFTP write and remove each, checked once for both hosts' steps). A root that
     filled up or went read-only after the switch's own check otherwise took the record on one
@@ -994,74 +908,70 @@ def _room_for_route(ctx: RunContext, step: str, data: bytes) -> None:
                     hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
                 ) from None
 
-    ctx.room_once(step, probe)
+    ctx.room_once(sha, probe)
 
 
-def a_route(ctx: RunContext, role: str) -> dict[str, Any]:
-    rec = _route_successor(ctx)
-    if rec is None:
-        return {"skipped": "route record unchanged (no pair was recorded by this run)"}
+_SAME = "byte-identical"
+
+
+def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> str:
+    """The step's planned record onto ROLE's host by compare-and-swap on the bytes this run read
+    (or wrote) there, once both roots proved they take it; read back byte-identical."""
     data = rec.to_bytes()
-    _room_for_route(ctx, "route", data)
-    _before_change(ctx, role)
+    sha = sha256_bytes(data)
+    _room_for_route(ctx, data, sha)
+    _before_change(ctx, role, step)
     try:
         back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
     except RouteConflict as exc:
         # never retry stale bytes: what is there now becomes the base, and whoever writes next
         # (this run's rollback) decides again from it
-        try:
-            ctx.hosts.route_written(role, ctx.t(role).read_bytes(ctx.layout(role).route, max_bytes=HOST_FILE_MAX))
-        except FileNotFoundError:
-            pass
-        raise CheckFailed(
-            f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)"
-        ) from None
-    if back != data:
-        raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
-    ctx.hosts.route_written(role, data)
-    ctx.route_written = True
-    return {
-        "revision": rec.revision,
-        "active": rec.active.names() if rec.active else None,
-        "state": rec.state,
-        "sha256": sha256_bytes(data),
-        "read_back": "byte-identical",
-    }
-
-
-def a_route_accepted(ctx: RunContext, role: str) -> dict[str, Any]:
-    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
-    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
-    by compare-and-swap on the bytes this run wrote."""
-    rec = _route_successor(ctx)
-    if rec is None or ctx.mode != "deploy":
-        return {"skipped": "no activation recorded by this run"}
-    state = _settled_state(ctx, rec)
-    active = rec.model_copy(update={"state": state, "mac": None}).sign(ctx.inputs.route_key)
-    data = active.to_bytes()
-    _room_for_route(ctx, "route-accepted", data)
-    _before_change(ctx, role)
-    try:
-        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
-    except RouteConflict as exc:
+        if step.action == "route":
+            try:
+                ctx.hosts.route_seen(role, ctx.t(role).read_bytes(ctx.layout(role).route, max_bytes=HOST_FILE_MAX))
+            except FileNotFoundError:
+                pass
+            raise CheckFailed(
+                f"{ctx.host(role)}: {exc} (compare-and-swap refused; re-read for the next decision)"
+            ) from None
         raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused)") from None
     if back != data:
         raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
     ctx.hosts.route_written(role, data)
-    return {"revision": active.revision, "state": state, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
+    return sha
 
 
-def a_accept(ctx: RunContext, role: str | None) -> dict[str, Any]:
+def a_route(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    rec = step.route.record if step.route is not None else None
+    if rec is None:
+        return {"skipped": "route record unchanged (no pair was recorded by this run)"}
+    sha = _write_route(ctx, role, step, rec)
+    active = rec.active.names() if rec.active else None
+    return {"revision": rec.revision, "active": active, "state": rec.state, "sha256": sha, "read_back": _SAME}
+
+
+def a_route_accepted(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
+    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
+    by compare-and-swap on the bytes this run wrote (both decided by the plan)."""
+    rec = step.route.settled if step.route is not None else None
+    if rec is None:
+        return {"skipped": "no activation recorded by this run"}
+    sha = _write_route(ctx, role, step, rec)
+    return {"revision": rec.revision, "state": rec.state, "sha256": sha, "read_back": _SAME}
+
+
+def a_accept(ctx: RunContext, role: str | None, step: Step) -> dict[str, Any]:
     from orchestrator.engine import acceptance
 
-    tgt = ctx.activating()
+    tgt = step.pair
     if tgt is not None and not ctx.inputs.options.skip_accept:
         # the suite's requests are bounded (checks/budget.py): the next heartbeat comes within
         # the whole suite's bound, announced in the lease so nobody judges this run dead meanwhile
         bound = acceptance.suite_bound_s(tgt.entry.profile)
         for r in ("native", "rpc"):
-            _before_change(ctx, r, next_within_s=bound)
-    return acceptance.run(ctx)
+            _before_change(ctx, r, step, next_within_s=bound)
+    return acceptance.run(ctx, tgt)
 
 
 def a_kernel_check(ctx: RunContext, role: str | None) -> dict[str, Any]:
@@ -1072,27 +982,25 @@ def a_kernel_check(ctx: RunContext, role: str | None) -> dict[str, Any]:
 
 
 def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
-    from orchestrator.build.store import PackageStore
-
     return preflight_checks(ctx, PackageStore(ctx.home.store))
 
 
 HANDLERS: dict[str, Handler] = {
     "preflight": a_preflight,
     "connect": a_connect,
-    "facts": a_facts,
+    "facts": Planned(a_facts),
     "lease": a_lease,
-    "prepare": a_prepare,
+    "prepare": Planned(a_prepare),
     "upload": a_upload,
     "secret": a_secret,
     "stop": Planned(a_stop),
     "switch": Planned(a_switch),
     "restart-rpc": Planned(a_restart_rpc),
     "start-server": Planned(a_start_server),
-    "verify": a_verify,
-    "route": a_route,
-    "route-accepted": a_route_accepted,
-    "accept": a_accept,
+    "verify": Planned(a_verify),
+    "route": Planned(a_route),
+    "route-accepted": Planned(a_route_accepted),
+    "accept": Planned(a_accept),
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,
 }
@@ -1108,7 +1016,7 @@ def links_back(ctx: RunContext) -> dict[str, str]:
         return {"links": "none switched by this deploy"}
     for role in changed:
         try:
-            leasing.recheck(ctx, role)
+            leasing.recheck(ctx, role, restores=True)  # after a failed rollback
         except Exception as exc:
             return {"links": f"left as they are ({ctx.host(role)} did not answer: {str(exc)[:200]})"}
     out = {}

@@ -7,26 +7,24 @@
   Step handlers run on both hosts at once, so it is changed only through its methods, under
   its own lock.
 - `RunRecorder`: figures for the result (timings, uploads), with its own lock.
-- `RunContext`: the three, the connections and the journal, plus the run's own decisions
-  (what it activates or restores, whether anything changed yet).
+- `RunContext`: the three, connections, journal and what the command chose before planning.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.config.profiles import RouteProfile
-from orchestrator.engine.plan import Activation, PairView
+from orchestrator.engine.plan import PairView, Target
 from orchestrator.errors import PairctlError
-from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import Lease, new_nonce
 from orchestrator.hosts.probes import HostFacts, ProcIdentity
-from orchestrator.hosts.route import RouteEntry, RouteRecord
+from orchestrator.hosts.route import RouteRecord
 from orchestrator.paths import Home
 from orchestrator.remote.transport import Transport
 
@@ -47,15 +45,6 @@ class Pool(Protocol):
     def stats(self) -> dict[str, dict[str, Any]]: ...
 
     def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class Target:
-    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
-
-    activation: Activation
-    entry: RouteEntry
-    expected: Expected | None  # None when a manifest is not in the local store
 
 
 @dataclass(frozen=True)
@@ -106,6 +95,7 @@ class HostState:
         self._lock = threading.Lock()
         self._facts: dict[str, HostFacts] = {}
         self._route_bytes: dict[str, bytes | None] = {}
+        self._wrote_route = False
         self._leases: dict[str, Lease] = {}
         self._identities: dict[str, ProcIdentity] = {}
         self._deferred: dict[str, tuple[str, dict[str, str]]] = {}
@@ -129,6 +119,17 @@ class HostState:
     def route_written(self, role: str, data: bytes) -> None:
         with self._lock:
             self._route_bytes[role] = data
+            self._wrote_route = True
+
+    def route_seen(self, role: str, data: bytes) -> None:
+        """Another writer's record, re-read after a refused compare-and-swap: the next base."""
+        with self._lock:
+            self._route_bytes[role] = data
+
+    def wrote_route(self) -> bool:
+        """This run wrote a route record on a host (a back-out then writes one in any case)."""
+        with self._lock:
+            return self._wrote_route
 
     # leases
     def lease_nonce(self) -> str:
@@ -201,18 +202,14 @@ class RunRecorder:
 
 @dataclass
 class RunContext:
-    """One run: its inputs, host state and recorder, connections and journal, and its decisions.
-
-    The decisions (`target`, `restore`, ...) are set by the single-threaded parts (preflight,
-    the command bodies in engine/deploy.py) or, for the target's model hashes, by the one
-    native-host step that computes them."""
+    """One run: its inputs, host state and recorder, connections and journal, and what the command
+    bodies (engine/deploy.py) chose before planning; what each step does is on the step (plan.py)."""
 
     inputs: RunInputs
     pool: Pool
     journal: Journal
     log: BoundLogger
     evidence: EvidenceStore | None = None
-    mode: str = "deploy"  # deploy | rollback
     hosts: HostState = field(default_factory=HostState)
     recorder: RunRecorder = field(default_factory=RunRecorder)
     # decided by the run
@@ -221,14 +218,10 @@ class RunContext:
     target: Target | None = None
     restore: Target | None = None
     restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    restore_previous_entry: RouteEntry | None = None  # what the route names as previous after a rollback
-    restore_kind: str = "back-out"  # engine/route_states.py: back-out (failed deploy) | roll-back | roll-to
-    route_written: bool = False
     links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
     changed: bool = False
-    next_route: RouteRecord | None = None  # the record this run writes, computed once for both hosts
-    # per route-writing step of this run: both hosts took a file of the record's size (None) or
-    # what refused it, found once before either host's record is written (engine/activate.py)
+    # per record this run writes (its sha256): both hosts took a file of its size (None) or what
+    # refused it, found once before either host's copy is written (engine/activate.py)
     route_room: dict[str, PairctlError | None] = field(default_factory=dict)
     _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -275,16 +268,6 @@ class RunContext:
         first key line, `#` comments skipped as llama-server skips them."""
         return self.key.value if self.key is not None else None
 
-    def for_rollback(self) -> RunContext:
-        """The context a failed deploy's rollback runs in: its own plan, route successor and room
-        probes over the same inputs, connections, journal, host state and leases; the deploy's
-        context is left as the deploy found it (it was flipped to `mode = "rollback"` half-way before)."""
-        self.hosts.forget_identities()  # what the deploy started is not what the rollback verifies
-        return replace(self, mode="rollback", next_route=None, route_room={}, _route_lock=threading.Lock())
-
-    def activating(self) -> Target | None:
-        return self.restore if self.mode == "rollback" else self.target
-
     def room_once(self, key: str, probe: Callable[[], None]) -> None:
         """`probe` runs once per key (under the route lock; the other host's step waits for it)
         and what it raised is raised to both hosts' steps."""
@@ -298,11 +281,3 @@ class RunContext:
             err = self.route_room[key]
         if err is not None:
             raise err
-
-    def route_once(self, compute: Callable[[], RouteRecord | None]) -> RouteRecord | None:
-        """The record both hosts' route steps write: `compute` runs once (under this lock) and
-        its record is reused, so the two hosts get byte-identical records."""
-        with self._route_lock:
-            if self.next_route is None:
-                self.next_route = compute()
-            return self.next_route

@@ -22,10 +22,10 @@ from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config import search
 from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, route_trust, team_sync
+from orchestrator.engine import activate, leasing, route_plan, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
-from orchestrator.engine.plan import PairView, Step, pair_view, plan
+from orchestrator.engine.plan import PairView, RouteWrite, Step, Target, pair_view, plan, sealed
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import (
@@ -41,7 +41,7 @@ from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts import space
-from orchestrator.hosts.leases import Lease, LeaseLost
+from orchestrator.hosts.leases import LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
@@ -116,7 +116,6 @@ def _pair_run(
     argv: list[str] | None,
     on_step: Callable[[StepOutcome], None] | None,
     pool: Pool | None,
-    mode: str = "deploy",
     package_ids: tuple[str, str] | None = None,
     profile: RouteProfile | None = None,
     options: RunOptions | None = None,
@@ -154,7 +153,6 @@ def _pair_run(
         journal=journal,
         log=get_logger(pair=view.name, run=journal.run_id),
         evidence=evidence,
-        mode=mode,
         hosts=HostState(held_lease_nonce),
     )
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
@@ -257,20 +255,14 @@ def deploy(
     ) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
-        n_prefix = next(i for i, s in enumerate(first) if s.action not in PLAN_PREFIX)
         record = _ReleaseWatch(record)
+        n_prefix = _n_prefix(first)
         try:
-            # a dry run changes nothing on a host, not even a lease: it reads the facts unleased
-            run_steps(
-                [s for s in first[:n_prefix] if not (dry_run and s.action == "lease")],
-                ctx,
-                activate.HANDLERS,
-                journal=journal,
-                on_step=record,
-            )
+            _run_prefix(ctx, first, dry_run, record)
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.target is not None  # preflight rendered it
             _keep_previous_links(ctx)
+            route = route_plan.deploy_transition(ctx.inputs, route_plan.parsed(ctx.hosts.facts["native"].route_bytes))
             steps = plan(
                 deploy_pb,
                 view,
@@ -279,6 +271,8 @@ def deploy(
                 skip_accept=skip_accept,
                 checks=tuple(checks),
                 kernel_check=kernel_check,
+                route=route,
+                pair=ctx.target,
             )
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
@@ -288,6 +282,10 @@ def deploy(
                 return result
             _set_restore_from_start(ctx, judged)
             rest = steps[n_prefix:]
+            first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
+            run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            # the records the route steps write, sealed before the first change (prepare hashed the models)
+            rest = sealed(rest[first_change:], _deploy_route(ctx, route), ctx.target)
             cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
             for i, part in enumerate((rest[:cut], rest[cut:])):
                 if i == 1:
@@ -307,12 +305,31 @@ def deploy(
             _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
             raise
         assert ctx.target is not None
-        journal.set("final_state", _final_state(ctx, "activated"))
+        journal.set("final_state", _final_state("activated", ctx.target))
         record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
         result.outcome = "passed"
         result.active = ctx.target.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
         return result
+
+
+def _deploy_route(ctx: RunContext, planned: RouteWrite) -> RouteWrite:
+    """The deploy's route records as its plan named them, with the entry prepare completed."""
+    assert ctx.target is not None
+    current = route_plan.parsed(ctx.hosts.route_bytes("native"))
+    prior = ctx.restore.entry if ctx.restore else None
+    return route_plan.for_deploy(ctx.inputs, planned, current, ctx.target.entry, prior)
+
+
+def _n_prefix(steps: list[Step]) -> int:
+    return next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+
+
+def _run_prefix(ctx: RunContext, steps: list[Step], dry_run: bool, record: Callable[[StepOutcome], None]) -> None:
+    """The steps before the plan is made; a dry run changes nothing on a host, not even a lease:
+    it reads the facts unleased."""
+    prefix = [s for s in steps[: _n_prefix(steps)] if not (dry_run and s.action == "lease")]
+    run_steps(prefix, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
 
 
 def _keep_previous_links(ctx: RunContext) -> None:
@@ -380,18 +397,31 @@ def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str
         pass
 
 
-def _restore_plan(ctx: RunContext, pb: Playbook, view: PairView) -> list[Step]:
-    """The whole plan of a run that puts the recorded pair back by hand (rollback, restart, start,
-    stop), from the facts its prefix gathered: what the dry run shows and the receipt keeps."""
-    assert ctx.restore is not None  # both callers chose the pair to put back before planning
+def _restore_route(ctx: RunContext, kind: str) -> RouteWrite:
+    """A restore's route write (kind: back-out | roll-back | roll-to), decided before its first change."""
+    found = route_plan.parsed(ctx.hosts.facts["native"].route_bytes)
+    current = route_plan.parsed(ctx.hosts.route_bytes("native"))
+    restored = ctx.restore.entry if ctx.restore else None
+    return route_plan.for_restore(
+        ctx.inputs, kind, found=found, current=current, restored=restored, wrote=ctx.hosts.wrote_route()
+    )
+
+
+def _restore_plan(ctx: RunContext, pb: Playbook, kind: str | None, mode: str = "manual") -> list[Step]:
+    """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop by
+    hand; `auto`: a failed deploy's back-out, already connected and leased), from the facts its
+    prefix gathered: what the dry run shows and the receipt keeps. `kind`: its route write."""
     return plan(
         pb,
-        view,
+        ctx.view,
         facts=ctx.hosts.facts,
         target=None,
-        restore=ctx.restore.activation,
-        mode="manual",
+        restore=ctx.restore.activation if ctx.restore else None,
+        mode=mode,
         restore_links=ctx.restore_links,
+        route=_restore_route(ctx, kind) if kind is not None else None,
+        pair=ctx.restore,
+        restores=True,
     )
 
 
@@ -450,7 +480,6 @@ def _set_restore_from_start(ctx: RunContext, judged: route_trust.Judgement) -> N
             label="previous",
             trusted=record.mac_ok(ctx.inputs.route_key),
         )
-        ctx.restore_previous_entry = record.previous
     elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
 
@@ -522,35 +551,28 @@ def _rollback_after_failure(
         )
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
-    rb = ctx.for_rollback()
-    steps = plan(
-        pb,
-        ctx.view,
-        facts=ctx.hosts.facts,
-        target=None,
-        restore=ctx.restore.activation if ctx.restore else None,
-        mode="auto",
-        restore_links=ctx.restore_links,
-    )
+    ctx.hosts.forget_identities()  # what the deploy started is not what the back-out verifies
+    steps = _restore_plan(ctx, pb, "back-out", mode="auto")
     try:
-        run_steps(steps, rb, activate.HANDLERS, journal=ctx.journal, on_step=record)
+        run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
-        _rollback_failed(rb, failed, first_failure=failure)
-    what = rb.restore.entry.names() if rb.restore else None
-    ctx.journal.set("final_state", _final_state(rb, "restored" if what else "stopped (no previous pair)"))
+        _rollback_failed(ctx, failed, first_failure=failure)
+    what = ctx.restore.entry.names() if ctx.restore else None
+    written = any(s.route is not None and s.route.record is not None for s in steps)
+    ctx.journal.set("final_state", _final_state("restored" if what else "stopped (no previous pair)", ctx.restore))
     ctx.journal.set(
         "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
     )
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
-            f"verified, route record {'revision updated' if rb.route_written else 'unchanged (it names that pair)'}; "
-            f"{_leases_after(rb, record)}.\ncause: {failure.message}"
+            f"verified, route record {'revision updated' if written else 'unchanged (it names that pair)'}; "
+            f"{_leases_after(ctx, record)}.\ncause: {failure.message}"
         )
     else:
         msg = (
             f"deploy failed at step '{failure.step.name}'; there was no previous pair, so both services are "
-            f"stopped; {_leases_after(rb, record)}.\ncause: {failure.message}"
+            f"stopped; {_leases_after(ctx, record)}.\ncause: {failure.message}"
         )
     ctx.journal.finish("failed", msg)
     raise RolledBack(msg)
@@ -572,7 +594,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     if rb.step.action == "stop" and isinstance(error_of(rb), (activate.UnreachableBeforeChange, space.NotWritable)):
         _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
-    final = _final_state(ctx, "stopped (rollback failed)", stopped=stopped)
+    final = _final_state("stopped (rollback failed)", None, stopped=stopped)
     if (
         first_failure is not None
         and first_failure.step.action in LINKS_BACK_BEFORE
@@ -580,7 +602,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     ):
         final["links_back"] = activate.links_back(ctx)
     ctx.journal.set("final_state", final)
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
     msg = (
@@ -625,7 +647,7 @@ def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFa
     unwritable = isinstance(error_of(rb), space.NotWritable)
     why = "a root it must write takes no new file" if unwritable else "could not reach the RPC host"
     ctx.journal.set("final_state", {"state": f"left as the failed step left it (rollback {why})"})
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     first = (
         f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
         if first_failure
@@ -649,14 +671,9 @@ def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFa
     )
 
 
-def activate_lease_text(handle: Lease) -> str:
-    return str(leasing.describe(handle))
-
-
-def _final_state(ctx: RunContext, what: str, stopped: dict[str, str] | None = None) -> dict[str, Any]:
+def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {"state": what}
-    tgt = ctx.activating()
-    if tgt is not None and what != "stopped (rollback failed)":
+    if tgt is not None:
         d["active"] = tgt.entry.names()
     if stopped:
         d["stopped"] = stopped
@@ -672,7 +689,7 @@ def _read_api_key(ctx: RunContext) -> None:
     ctx.key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
-def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore) -> None:
+def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore, verb: str = "rollback") -> None:
     """Before anything running changes: the releases being restored still match their manifests
     on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
     and the running pair keeps running. Without this, a rollback to a damaged previous release
@@ -680,10 +697,12 @@ def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageS
     for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
         if store.exists(pid):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
-    _verify_restore_files(ctx, entry)
+    _verify_restore_files(ctx, entry, verb)
+    for r in ("native", "rpc"):  # systemd hosts: the units to start pass the host's verify
+        activate.verify_unit_before_change(ctx, r, ctx.restore)
 
 
-def _verify_restore_files(ctx: RunContext, entry: RouteEntry) -> None:
+def _verify_restore_files(ctx: RunContext, entry: RouteEntry, verb: str) -> None:
     """Before anything running changes: every file the restored llama-server loads besides its
     release (the profile's declared `files`: grammars, control vectors, templates; the models)
     re-hashed on the native host against what the route record holds for that pair. A file
@@ -700,7 +719,6 @@ def _verify_restore_files(ctx: RunContext, entry: RouteEntry) -> None:
     recorded = {n: sha for n, sha in entry.models.items() if n in models}
     problems += recorded_model_problems(recorded, models, host, t, layout)
     if problems:
-        verb = ctx.restore_kind if ctx.restore_kind in ("restart", "start") else "rollback"
         raise HostStateError(
             f"{verb} refused, nothing was changed: " + "; ".join(dict.fromkeys(problems)),
             hint="put the deployed file back on the native host (or deploy the pair you want with a profile that "
@@ -815,7 +833,6 @@ def _cut_short_target(ctx: RunContext, rec: RouteRecord | None, store: PackageSt
     states), which is what that run's own rollback would have done."""
     assert rec is not None and rec.active is not None  # `switched` needs a record naming a pair
     pair = ctx.inventory.pair(ctx.view.name)
-    ctx.restore_kind = "back-out"
     ctx.restore = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)
     ctx.journal.note(
         f"current links disagree with route record revision {rec.revision} (a run cut short): "
@@ -853,26 +870,20 @@ def rollback(
         argv=argv,
         on_step=on_step,
         pool=pool,
-        mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
-        ctx.restore_kind = "roll-to" if to else "roll-back"
+        kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
         _read_api_key(ctx)
-        steps = plan(pb, view, facts=None, target=None, mode="manual")
-        n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+        steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
         record = _ReleaseWatch(record)
+        n_prefix = _n_prefix(steps)
         try:
-            run_steps(
-                [s for s in steps[:n_prefix] if not (dry_run and s.action == "lease")],
-                ctx,
-                activate.HANDLERS,
-                journal=journal,
-                on_step=record,
-            )
+            _run_prefix(ctx, steps, dry_run, record)
             judged = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS)
             rec = judged.record
             store = PackageStore(home.store)
             cut_short = judged.switched and not to
+            kind = "back-out" if cut_short else kind
             back_to = _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
             assert rec is not None and ctx.restore is not None
             revisions.require_one_revision(
@@ -884,7 +895,6 @@ def rollback(
                 hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
                 "--packages NATIVE RPC`",
             )
-            ctx.restore_previous_entry = rec.previous if cut_short else rec.active
             if not cut_short:
                 _refuse_restoring_what_runs(ctx, rec.active)
             for r in ("native", "rpc"):
@@ -901,18 +911,16 @@ def rollback(
                 ctx.restore_links.update(route_trust.switched_links(rec, ctx.hosts.facts, judged))
             if not dry_run:
                 _verify_restore_releases(ctx, back_to, store)
-                for r in ("native", "rpc"):  # systemd hosts: the units to restore pass the host's verify
-                    activate.verify_unit_before_change(ctx, r)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             if failure is not None and ctx.changed:
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, view)
+        full = _restore_plan(ctx, pb, kind)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
-        journal.set("target", {"to": ctx.restore.entry.names(), "how": ctx.restore_kind})
+        journal.set("target", {"to": ctx.restore.entry.names(), "how": kind})
         if dry_run:
             result.outcome = "dry-run"
             result.active = ctx.restore.entry.model_dump(mode="json")  # the pair it would put back
@@ -925,7 +933,7 @@ def rollback(
                 _abort(ctx, rb, record)
                 raise _cause(rb) from None
             _rollback_failed(ctx, rb, None)
-        journal.set("final_state", _final_state(ctx, "restored"))
+        journal.set("final_state", _final_state("restored", ctx.restore))
         record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")
         result.outcome = "passed"
         result.active = ctx.restore.entry.model_dump(mode="json")

@@ -87,7 +87,9 @@ def _free_left_by_unwritable_root(ctx: RunContext, role: str) -> bool:
 LEFT_ON_UNWRITABLE = "the root refused the release"
 
 
-def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -> dict[str, Any]:
+def recheck(
+    ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S, restores: bool = False
+) -> dict[str, Any]:
     """Immediately before a change on `role`'s host: prove the lease still this run's and renew
     it (heartbeat now, next one within `next_within_s`). LeaseLost (nothing changed) if not."""
     ttl = max(DEFAULT_TTL_S, next_within_s + SAFETY_S)
@@ -96,7 +98,7 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     try:
         lease = leases.renew_lease(t, root, nonce, ttl, min_left_s=SAFETY_S, stale_after_s=promise)
     except HostError as exc:
-        if not _unwritable(str(exc), ctx):
+        if not _unwritable(str(exc), restores):
             raise
         # a full (or, in a rollback, read-only) root cannot take the renewed lease.json, but the
         # lease is still provably this run's (nobody can take one there either): go on, so a rollback is not
@@ -113,11 +115,11 @@ def recheck(ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S) -
     return {"lease_rechecked": {"expires_at": leases._iso(lease.expires_at), "heartbeat": leases._iso(lease.heartbeat)}}
 
 
-def _unwritable(text: str, ctx: RunContext) -> bool:
+def _unwritable(text: str, restores: bool) -> bool:
     """Full, or (for a rollback) read-only. A deploy on a read-only root stops at its re-check,
     before the change (with the renewal let through, acceptance passed and route-accepted then
     wrote one host's record of two: records that differ, for repair)."""
-    return "no space left" in text.lower() or (space.refuses_writes(text) and ctx.mode == "rollback")
+    return "no space left" in text.lower() or (space.refuses_writes(text) and restores)
 
 
 def release(ctx: RunContext, role: str, handle: Lease) -> bool:

@@ -12,15 +12,17 @@ commands and the receipt's are the same bytes.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts import services, supervisor
+from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import HostFacts
+from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.hosts.units import SystemdUnits, unit_name
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
@@ -43,6 +45,21 @@ class Exec:
 
 
 @dataclass(frozen=True)
+class RouteWrite:
+    """The route record a plan's `route` / `route-accepted` steps write, decided before the first
+    change by engine/route_plan.py: the transition (engine/route_states.py) from the record as
+    found (its revision), and the sealed records themselves (None: the record is left as it is)."""
+
+    transition: str  # activate | restore | back-out | roll-back | roll-to | rebuilt | unchanged
+    base_revision: int | None
+    record: RouteRecord | None = None  # what `route` writes on both hosts
+    settled: RouteRecord | None = None  # what `route-accepted` writes (a deploy's record, settled)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transition": self.transition, "base_revision": self.base_revision}
+
+
+@dataclass(frozen=True)
 class Step:
     """One planned step: which playbook step, on which hosts, doing what."""
 
@@ -56,6 +73,11 @@ class Step:
     execs: Mapping[str, Exec] = field(default_factory=dict)  # per host: the command this step runs there
     # per host: the (current, previous) links a switch / restart-rpc puts there, decided here once
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
+    route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
+    pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
+    # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
+    # systemd hosts, stop proves the RPC host and roots first, a read-only root is let be
+    restores: bool = False
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -71,7 +93,7 @@ class Step:
             "changes": self.changes,
             "description": self.description,
             "argv": {h: list(a) for h, a in self.argv.items()},
-        }
+        } | ({"route": self.route.to_dict()} if self.route is not None else {})
 
 
 @dataclass(frozen=True)
@@ -109,6 +131,15 @@ class Activation:
     # (path, sha256) of each file the profile declares (RouteProfile.files): llama-server's
     # supervisor re-hashes them (cached by stat) before each start, as a rollback does before its own
     declared: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Target:
+    """A pair to activate or restore: ids, exact argv, route entry and what identity expects."""
+
+    activation: Activation
+    entry: RouteEntry
+    expected: Expected | None  # None when a manifest is not in the local store
 
 
 def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
@@ -241,6 +272,9 @@ def plan(
     checks: tuple[str, ...] = (),
     kernel_check: bool = False,
     restore_links: Mapping[str, tuple[str | None, str | None]] | None = None,
+    route: RouteWrite | None = None,
+    pair: Target | None = None,
+    restores: bool = False,
 ) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
@@ -270,9 +304,21 @@ def plan(
                 description=desc or s.description,
                 execs=argv,
                 links={view.hosts[r]: lk for r, lk in links.items()},
+                route=route if s.action in ROUTE_ACTIONS else None,
+                pair=pair,
+                restores=restores,
             )
         )
     return steps
+
+
+ROUTE_ACTIONS = ("route", "route-accepted", "route-repair")
+
+
+def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:
+    """The same steps, the route-writing ones carrying `route`, all the pair (a deploy's, sealed
+    once prepare measured the model hashes its entry records, before the first change)."""
+    return [replace(s, route=route if s.action in ROUTE_ACTIONS else s.route, pair=pair) for s in steps]
 
 
 def _rel(rel: str | None) -> str:

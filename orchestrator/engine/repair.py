@@ -27,16 +27,16 @@ from typing import Any
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, leasing, route_states, route_trust, team_sync
+from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, team_sync
 from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
-from orchestrator.engine.plan import pair_view, plan
+from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, sealed
 from orchestrator.engine.playbook import load_playbook
-from orchestrator.engine.runner import StepFailed, error_of, run_steps
+from orchestrator.engine.runner import Planned, StepFailed, error_of, run_steps
 from orchestrator.errors import CheckFailed, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.layout import switch_links
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write, parse_route
+from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
@@ -98,7 +98,6 @@ def repair(
         journal=journal,
         log=get_logger(pair=pair_name, run=journal.run_id),
         evidence=evidence,
-        mode="repair",
         hosts=HostState(),
     )
     steps = plan(load_playbook("repair"), view, facts=None, target=None)
@@ -116,8 +115,9 @@ def repair(
             if not write:
                 result.receipt = journal.finish("passed", "repair shown, nothing written (--yes writes it)")
                 return result
-            ctx.next_route = rec
-            run_steps(steps[n_read:], ctx, HANDLERS, journal=journal)
+            base = route_plan.parsed(ctx.hosts.route_bytes("native"))
+            route = RouteWrite("rebuilt", base.revision if base else None, rec)
+            run_steps(sealed(steps[n_read:], route, None), ctx, HANDLERS, journal=journal)
         except StepFailed as failure:
             if ctx.hosts.leases:
                 rel = [s for s in steps if s.action == "release-lease"]
@@ -148,7 +148,7 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
             "repair cannot rebuild the route record: " + "; ".join(p.text for p in bad),
             hint=bad[0].hint.split(", then")[0],
         )
-    olds = [r for r in (_parsed(facts[role].route_bytes) for role in ("native", "rpc")) if r is not None]
+    olds = [r for r in (route_plan.parsed(facts[role].route_bytes) for role in ("native", "rpc")) if r is not None]
     old_entries = [(e, r.mac_ok(ctx.inputs.route_key)) for r in olds for e in (r.active, r.previous) if e is not None]
     pair = ctx.inventory.pair(view.name)
     store = PackageStore(ctx.home.store)
@@ -261,10 +261,10 @@ def _one_revision_links(
     return links
 
 
-def a_route_repair(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_route_repair(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     """The rebuilt record onto one host, by compare-and-swap on the bytes read there; first, a
     host whose `current` was of the other revision gets the recorded pair's links back."""
-    rec = ctx.next_route
+    rec = step.route.record if step.route is not None else None
     assert rec is not None
     relinked = ctx.restore_links.get(role)
     if relinked is not None:
@@ -282,13 +282,6 @@ def a_route_repair(ctx: RunContext, role: str) -> dict[str, Any]:
     if relinked is not None:
         out["links_put_back"] = {"current": relinked[0], "previous": relinked[1]}
     return out
-
-
-def _parsed(data: bytes | None) -> RouteRecord | None:
-    try:
-        return parse_route(data)
-    except PairctlError:
-        return None
 
 
 def _profile_from_evidence(evidence: EvidenceStore | None, pair: str, native: str, rpc: str) -> str | None:
@@ -311,4 +304,4 @@ def _profile_from_evidence(evidence: EvidenceStore | None, pair: str, native: st
     return None
 
 
-HANDLERS = {**activate.HANDLERS, "route-repair": a_route_repair}
+HANDLERS = {**activate.HANDLERS, "route-repair": Planned(a_route_repair)}

@@ -130,7 +130,7 @@ def _stop_if_interrupted(step: Step, ctx: RunContext, journal: Journal, host_lab
     """A signal stops the run before its next step, as that step's failure (the deploy's
     failure path then rolls back or releases). Never a lease release, nor the steps of a
     rollback once it changed something: those are the cleanup and run to their end."""
-    if step.action == "release-lease" or (getattr(ctx, "mode", None) == "rollback" and ctx.changed):
+    if step.action == "release-lease" or (step.restores and ctx.changed):
         return
     try:
         interrupt.check(f"before step {step.name}")

@@ -17,23 +17,23 @@ from typing import Literal
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, route_trust
+from orchestrator.engine import activate, leasing, route_trust
 from orchestrator.engine.context import Pool, RunContext
 from orchestrator.engine.deploy import (
-    PLAN_PREFIX,
     RunResult,
     _abort,
     _cause,
     _final_state,
     _inventory_sha,
     _judge_hosts,
+    _n_prefix,
     _pair_run,
     _playbook_sha,
     _read_api_key,
     _ReleaseWatch,
     _restore_plan,
+    _run_prefix,
     _verify_restore_releases,
-    activate_lease_text,
 )
 from orchestrator.engine.plan import pair_view, plan
 from orchestrator.engine.playbook import load_playbook
@@ -74,22 +74,14 @@ def run_services(
         argv=argv,
         on_step=on_step,
         pool=pool,
-        mode="rollback",
     ) as (ctx, result, record):
         journal = ctx.journal
-        ctx.restore_kind = verb
         _read_api_key(ctx)
-        steps = plan(pb, view, facts=None, target=None, mode="manual")
-        n_prefix = next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
+        steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
         record = _ReleaseWatch(record)
+        n_prefix = _n_prefix(steps)
         try:
-            run_steps(
-                [s for s in steps[:n_prefix] if not (dry_run and s.action == "lease")],
-                ctx,
-                activate.HANDLERS,
-                journal=journal,
-                on_step=record,
-            )
+            _run_prefix(ctx, steps, dry_run, record)
             rec = _judge_hosts(ctx, verb, route_trust.ROLLBACK_ALLOWS).record
             if rec is None or rec.active is None:
                 raise HostStateError(
@@ -108,14 +100,12 @@ def run_services(
             )
             ctx.restore_links = {r: (ctx.hosts.facts[r].current, ctx.hosts.facts[r].previous) for r in ROLES}
             if not dry_run and verb != "stop":
-                _verify_restore_releases(ctx, rec.active, store)
-                for r in ROLES:  # systemd hosts: the units to start pass the host's verify
-                    activate.verify_unit_before_change(ctx, r)
+                _verify_restore_releases(ctx, rec.active, store, verb)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, view)
+        full = _restore_plan(ctx, pb, None)
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
         journal.set("target", {"pair": ctx.restore.entry.names(), "how": verb})
@@ -142,7 +132,7 @@ def run_services(
                 _abort(ctx, failed, record)
                 raise _cause(failed) from None
             _failed_after_change(ctx, failed, verb)
-        journal.set("final_state", _final_state(ctx, DONE[verb]))
+        journal.set("final_state", _final_state(DONE[verb], ctx.restore))
         done = f"{DONE[verb]} {pair_name}: {ctx.restore.entry.names()}"
         record.raise_if_release_failed(ctx, done)
         result.outcome = "passed"
@@ -154,8 +144,8 @@ def run_services(
 def _failed_after_change(ctx: RunContext, failed: StepFailed, verb: str) -> None:
     """Like a failed rollback: both services stopped (never half a pair), the leases kept."""
     stopped = activate.stop_everything(ctx)
-    ctx.journal.set("final_state", _final_state(ctx, f"stopped ({verb} failed)", stopped=stopped))
-    held = {ctx.host(r): activate_lease_text(h) for r, h in ctx.hosts.leases.items()}
+    ctx.journal.set("final_state", _final_state(f"stopped ({verb} failed)", ctx.restore, stopped=stopped))
+    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     msg = (
         f"{verb} failed at step '{failed.step.name}' on {', '.join(failed.step.hosts)}: {failed.message}. "
         "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."

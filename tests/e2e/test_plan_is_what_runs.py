@@ -75,7 +75,25 @@ def _dry_equals_run(fp: FaultPair, *args: str) -> dict[str, Any]:
     want, got = _planned(dry["plan"]), _ran(fp, out["receipt"])
     assert want and got == want, (want, got)
     assert all(any(w.startswith("sup.") for w in a) for (step, _), a in want.items() if step != "stop-native")
+    # the route write is decided by the plan too: its transition and base revision are the dry
+    # run's, and each host's record is the planned successor of that revision
+    route = _routes(dry["plan"])
+    assert route and route == _routes(out["plan"]), (route, out["plan"])
+    want_how = {"deploy": "activate", "rollback": "roll-back"}[args[0]]
+    assert {r["transition"] for r in route.values()} == {want_how}, route
+    written = {
+        (s.name, h): d["revision"]
+        for s in EvidenceStore(fp.home.evidence).load(out["receipt"]).steps
+        if s.name in route
+        for h, d in (s.data or {}).items()
+        if isinstance(d, dict) and "revision" in d
+    }
+    assert written and all(v == (route[n]["base_revision"] or 0) + 1 for (n, _), v in written.items()), written
     return {"dry": dry, "run": out}
+
+
+def _routes(plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s["route"] for s in plan if s["action"] in ("route", "route-accepted")}
 
 
 def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> None:

@@ -55,14 +55,15 @@ def test_shielded_cleanup_is_not_interrupted_and_a_second_signal_is_said(capfd):
         interrupt.check("after the cleanup")
 
 
-def _ctx(mode: str, changed: bool) -> SimpleNamespace:
-    return SimpleNamespace(mode=mode, changed=changed)
+def _ctx(changed: bool) -> SimpleNamespace:
+    return SimpleNamespace(changed=changed)
 
 
-def _step(name: str, action: str) -> Step:
+def _step(name: str, action: str, restores: bool = False) -> Step:
     return Step(
-        name=name, action=action, role="both", hosts=("h1", "h2"), on_failure="rollback", changes=True, description=""
-    )
+        name=name, action=action, role="both", hosts=("h1", "h2"), on_failure="rollback", changes=True,
+        description="", restores=restores,
+    )  # fmt: skip
 
 
 class _Journal:
@@ -79,14 +80,14 @@ def test_runner_stops_before_a_step_but_never_in_cleanup():
     j = _Journal()
     upload = _step("upload", "upload")
     with pytest.raises(StepFailed) as exc:
-        _stop_if_interrupted(upload, _ctx("deploy", False), j, "h1,h2")  # type: ignore[arg-type]
+        _stop_if_interrupted(upload, _ctx(False), j, "h1,h2")  # type: ignore[arg-type]
     assert isinstance(exc.value.cause, Interrupted) and j.steps == [("upload", "skipped")]
     release = _step("release-lease", "release-lease")
-    _stop_if_interrupted(release, _ctx("deploy", True), j, "h1,h2")  # type: ignore[arg-type]
-    start = _step("start-server", "start-server")
-    _stop_if_interrupted(start, _ctx("rollback", True), j, "h1")  # type: ignore[arg-type]  # a rollback under way
+    _stop_if_interrupted(release, _ctx(True), j, "h1,h2")  # type: ignore[arg-type]
+    start = _step("start-server", "start-server", restores=True)  # a rollback's (its plan restores)
+    _stop_if_interrupted(start, _ctx(True), j, "h1")  # type: ignore[arg-type]  # a rollback under way
     with pytest.raises(StepFailed):  # a manual rollback before its first change stops
-        _stop_if_interrupted(start, _ctx("rollback", False), j, "h1")  # type: ignore[arg-type]
+        _stop_if_interrupted(start, _ctx(False), j, "h1")  # type: ignore[arg-type]
 
 
 def test_receipt_of_a_signalled_run_is_interrupted_naming_the_signal(tmp_path):
