@@ -118,7 +118,7 @@ def answer_key(profile: RouteProfile, models: Mapping[str, str], fs: FixtureSet)
     """What answers are comparable by: the fixture set and the model file served. A baseline
     with another key (the tiny model's answers when the real one serves, another fixture set) is
     no baseline, even on a pair whose inventory lists the same model files."""
-    return sha256_json({"fixtures": fs.sha256(), "model": profile.model, "model_sha256": models.get(profile.model)})
+    return sha256_json({"fixtures": fs.sha256(), "model": profile.model, "weights_sha256": models.get(profile.model)})
 
 
 def run(ctx: CheckContext) -> CheckResult:
@@ -152,8 +152,8 @@ def run(ctx: CheckContext) -> CheckResult:
     raw = {
         "fixture_set": fs.name,
         "fixture_set_sha256": fs.sha256(),
-        "models": dict(ctx.models),
-        "answer_key": answer_key(ctx.profile, ctx.models, fs),
+        "models": dict(ctx.weights_sha256),
+        "answer_key": answer_key(ctx.profile, ctx.weights_sha256, fs),
         "baseline_receipt": ctx.baseline.receipt if ctx.baseline else None,
         "results": [o.model_dump() for o in outcomes],
         "problems": problems,

@@ -97,7 +97,7 @@ class CheckContext:
     api_key: Any = None
     identity_probe: IdentityProbe | None = None
     baseline: BaselineRef | None = None  # answer fixtures are compared against this
-    models: Mapping[str, str] = field(default_factory=dict)  # model name -> sha256, from the active route entry
+    weights_sha256: Mapping[str, str] = field(default_factory=dict)  # model name -> sha256, from the active route entry
     fixtures: Any = None  # orchestrator.checks.fixtures.FixtureSet | None (None: the default set)
     reference: ReferenceState | None = None  # the route's reference pair and its answers (checks.reference)
     oracle_fixtures: str | None = None  # reference fixture set name or path (None: oracle-lab)

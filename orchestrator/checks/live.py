@@ -303,7 +303,7 @@ def open_live(
             identity_probe=probe,
             baseline=baseline,
             reference=reference,
-            models=models,
+            weights_sha256=models,
             fixtures=fixture_set,
             options=opts,
             logger=logger,

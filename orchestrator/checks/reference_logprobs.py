@@ -65,7 +65,7 @@ def asked_raw(ctx: CheckContext, fs: OracleFixtureSet, k: int, vocab: int | None
     return {
         "fixture_set": fs.name,
         "fixture_set_sha256": fs.sha256(),
-        "models": dict(ctx.models),
+        "models": dict(ctx.weights_sha256),
         "top_k": k,
         "n_vocab": vocab,
     }
@@ -380,7 +380,7 @@ def run(ctx: CheckContext) -> CheckResult:
             duration_s=timer.elapsed(),
         )
     pin = state.pin.packages() if state.pin else running
-    base = base_key(pin, ctx.models, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
+    base = base_key(pin, ctx.weights_sha256, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
     key = answers_key(base, numerics)
     base_raw |= {
         "packages": list(running),

@@ -86,7 +86,7 @@ def run(ctx: RunContext, target: Target | None) -> dict[str, Any]:
             identity_probe=identity_probe(ctx, target),
             baseline=baseline,
             reference=reference,
-            models=models,
+            weights_sha256=models,
             logger=ctx.log,
             options=CheckOptions(request_timeout_s=limits.completion_s),
             on_budget=lambda measured: _announce(ctx, measured),

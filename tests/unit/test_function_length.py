@@ -14,8 +14,6 @@ ALLOWED = {  # may only shrink
     ("engine/status.py", "status"),
     ("engine/route_trust.py", "judge"),
     ("engine/deploy.py", "deploy"),
-    ("engine/deploy.py", "rollback"),
-    ("engine/services_run.py", "run_services"),
 }
 
 
