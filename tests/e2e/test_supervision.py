@@ -301,8 +301,12 @@ def test_cleared_environment_ignores_a_planted_llama_arg(pair, cli, tmp_path):
     environ = Path(f"/proc/{new}/environ").read_bytes().split(b"\0")
     assert not [e for e in environ if e.startswith(b"LLAMA_")]
     names = sorted(e.split(b"=", 1)[0].decode() for e in environ if e)
-    assert names == ["HOME", "LD_LIBRARY_PATH", "PATH"], names
-    home = dict(e.split(b"=", 1) for e in environ if e)[b"HOME"].decode()
+    # the cleared environment plus the RPC guard's three (hosts/rpc_guard.c): the shim that answers the
+    # route key's challenge, the RPC address it answers for, and the key's PATH (never the key itself)
+    assert names == ["HOME", "LD_LIBRARY_PATH", "LD_PRELOAD", "PAIRCTL_RPC_DIAL", "PAIRCTL_RPC_KEY", "PATH"], names
+    env = {k.decode(): v.decode() for k, v in (e.split(b"=", 1) for e in environ if e)}
+    assert env["LD_PRELOAD"].startswith(f"{root}/bin/") and env["PAIRCTL_RPC_KEY"] == f"{root}/secrets/rpc.key"
+    home = env["HOME"]
     assert home == f"{root}/run/home/{LLAMA_SERVER}" and (os.stat(home).st_mode & 0o777) == 0o700
     line = next(x for x in out.splitlines() if x.startswith("proc="))
     assert base64.b64decode(line.split(":")[3]).rstrip(b"\0").split(b"\0") == argv
