@@ -202,7 +202,7 @@ def test_fault_matrix(fault_matrix, tmp_path, capsys):
     failed = [c for c in cells if not c.holds and (c.fault, c.step) not in KNOWN_OPEN]
     open_now = sorted((c.fault, c.step) for c in cells if not c.holds and (c.fault, c.step) in KNOWN_OPEN)
     with capsys.disabled():
-        print(f"[faults] known open cells (issue 21), still failing: {open_now}", flush=True)
+        print(f"[faults] known open cells (KNOWN_OPEN), still failing: {open_now}", flush=True)
     assert not failed, "\n".join(f"{c.fault} @ {c.step}: {c.problems}" for c in failed)
     if not os.environ.get("PAIRCTL_FAULTS_ONLY") and not os.environ.get("PAIRCTL_FAULTS_STEPS"):
         assert len(faults) >= 6 and len(cells) == len(faults) * len(steps)
