@@ -109,6 +109,11 @@ class _Found:
     def add(self, kind: str, file: str, message: str, chain: str | None = None, at: str | None = None) -> None:
         self.problems.append(Problem(kind, file, message, chain, at))
 
+    def reject(self, stem: str, path: Path, kind: str, message: str, at: str | None = None) -> None:
+        """A receipt file named `stem` that cannot be trusted: it is bad (links to it are judged so) and a problem."""
+        self.bad[stem] = str(path)
+        self.add(kind, str(path), message, at=at)
+
 
 def verify_store(store: StoreFiles) -> VerifyReport:
     rep = VerifyReport(root=str(store.root))
@@ -169,19 +174,17 @@ def _read_receipt(path: Path, rep: VerifyReport, found: _Found) -> None:
     try:
         data = safejson.read_receipt(path)
     except OSError as exc:
-        found.bad[stem] = str(path)
-        found.add("unreadable", str(path), f"receipt file {path} cannot be read: {exc.strerror or exc}")
+        found.reject(stem, path, "unreadable", f"receipt file {path} cannot be read: {exc.strerror or exc}")
         return
     except EvidenceError as exc:
-        found.bad[stem] = str(path)
-        found.add("unreadable", str(path), exc.message)
+        found.reject(stem, path, "unreadable", exc.message)
         return
     actual = sha256_bytes(data)
     if actual != stem:
-        found.bad[stem] = str(path)
-        found.add(
+        found.reject(
+            stem,
+            path,
             "changed",
-            str(path),
             f"receipt file {path} does not match its name: its sha256 is {actual} (changed after it was written)",
             at=_started(data),
         )
@@ -191,10 +194,10 @@ def _read_receipt(path: Path, rep: VerifyReport, found: _Found) -> None:
             raise ValueError("not canonical JSON (sorted keys, no whitespace, UTF-8)")
         r = Receipt.model_validate_json(data)
     except (ValidationError, ValueError, EvidenceError, RecursionError) as exc:
-        found.bad[stem] = str(path)
-        found.add(
+        found.reject(
+            stem,
+            path,
             "invalid",
-            str(path),
             f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
             at=_started(data),
         )
