@@ -579,7 +579,7 @@ def deploy_step(ctx: Any, role: str | None = None) -> dict[str, Any]:
     Place it after `upload` and before `stop-native`: the packages being deployed are on the
     hosts, nothing that runs has changed yet, and a failure aborts the deploy without a rollback.
     The live pair keeps serving meanwhile (the check uses its own rpc-server on rpc_port + 1).
-    `ctx` is the engine's RunContext (inventory, view, home, package_ids, pool, journal).
+    `ctx` is the engine's RunEnv (inventory, view, home, package_ids, pool, journal).
     """
     if ctx.package_ids is None:
         raise ConfigError("kernel-check runs in a deploy (it needs the package ids being deployed)")

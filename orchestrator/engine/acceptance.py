@@ -21,11 +21,11 @@ from orchestrator.server.client import ServerClient
 from orchestrator.server.tunnel import via_for
 
 if TYPE_CHECKING:
-    from orchestrator.engine.context import RunContext
-    from orchestrator.engine.plan import Target
+    from orchestrator.engine.context import RunEnv
+    from orchestrator.engine.plan import Step, Target
 
 
-def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnapshot]:
+def identity_probe(ctx: RunEnv, target: Target, api_key: str | None) -> Callable[[], IdentitySnapshot]:
     """A zero-argument probe for CheckContext.identity_probe: identity of both hosts, now."""
 
     expected = target.expected
@@ -39,7 +39,7 @@ def identity_probe(ctx: RunContext, target: Target) -> Callable[[], IdentitySnap
             ctx.view.hosts,
             expected,
             base_url=ctx.view.base_url,
-            api_key=ctx.api_key,
+            api_key=api_key,
         )
         return IdentitySnapshot(data=rep.data, problems=tuple(rep.problems))
 
@@ -51,7 +51,7 @@ def suite_bound_s(profile: dict[str, Any]) -> float:
     return budget.suite_seconds(budget.for_profile(profile_from_record(profile)), len(CHECKS))
 
 
-def _announce(ctx: RunContext, measured: budget.RequestBudget) -> None:
+def _announce(ctx: RunEnv, measured: budget.RequestBudget) -> None:
     """Once the pair's speed is measured: the lease's next renewal comes within the whole suite's
     bound at that speed (a slow real pair's suite may outlast the planning figure)."""
     from orchestrator.engine import leasing
@@ -61,7 +61,9 @@ def _announce(ctx: RunContext, measured: budget.RequestBudget) -> None:
         leasing.recheck(ctx, role, next_within_s=bound)
 
 
-def run(ctx: RunContext, target: Target | None) -> dict[str, Any]:
+def run(ctx: RunEnv, step: Step) -> dict[str, Any]:
+    """The acceptance suite against the pair the step names, with the step's key and packages."""
+    target, api_key = step.pair, step.key.value if step.key is not None else None
     if ctx.inputs.options.skip_accept:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
     assert target is not None  # accept follows a verified activation
@@ -70,8 +72,8 @@ def run(ctx: RunContext, target: Target | None) -> dict[str, Any]:
     models = dict(target.entry.models)
     key = answer_fixtures.answer_key(profile, models, answer_fixtures.fixture_set_for(profile))
     baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models, answer_key=key)
-    via = via_for(ctx.t("native"), ctx.api_key)  # the key only inside SSH (server.tunnel)
-    with ServerClient(ctx.view.base_url, api_key=ctx.api_key, timeout=limits.control_s, via=via) as client:
+    via = via_for(ctx.t("native"), api_key)  # the key only inside SSH (server.tunnel)
+    with ServerClient(ctx.view.base_url, api_key=api_key, timeout=limits.control_s, via=via) as client:
         cctx = CheckContext(
             client=client,
             profile=profile,
@@ -80,10 +82,10 @@ def run(ctx: RunContext, target: Target | None) -> dict[str, Any]:
             transports={r: ctx.t(r) for r in ("native", "rpc")},
             host_roots={r: ctx.view.layouts[r].root for r in ("native", "rpc")},
             host_names=dict(ctx.view.hosts),
-            packages={r: p.manifest for r, p in ctx.packages.items()},
+            packages={r: p.manifest for r, p in step.packages.items()},
             journal=ctx.journal,
-            api_key=ctx.api_key,
-            identity_probe=identity_probe(ctx, target),
+            api_key=api_key,
+            identity_probe=identity_probe(ctx, target, api_key),
             baseline=baseline,
             reference=reference,
             weights_sha256=models,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import posixpath
 import re
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -21,8 +22,8 @@ from orchestrator.config.flags import server_policy_problems
 from orchestrator.config.inventory import PairSpec, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record, unknown_flags
 from orchestrator.engine import leasing
-from orchestrator.engine.context import RunContext
-from orchestrator.engine.plan import Activation, Exec, PairView, Step, Target, service_exec
+from orchestrator.engine.context import RunEnv
+from orchestrator.engine.plan import Activation, Exec, PairView, Prepared, Step, Target, service_exec
 from orchestrator.engine.runner import Handler, Planned
 from orchestrator.errors import (
     CheckFailed,
@@ -189,13 +190,18 @@ def render_recorded(
             f"that {label} package {native.manifest.id}'s llama-server does not offer",
             hint="deploy the pair you want with a profile that fits its package",
         )
-    return replace(target, entry=target.entry.model_copy(update={"models": dict(models)}))
+    return with_models(target, models)
+
+
+def with_models(target: Target, models: Mapping[str, str | None] | None) -> Target:
+    """`target` whose route entry records these model hashes (None: as it is)."""
+    return target if models is None else replace(target, entry=target.entry.model_copy(update={"models": dict(models)}))
 
 
 # -- preflight (local) ---------------------------------------------------------------------
 
 
-def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
+def preflight_checks(ctx: RunEnv, store: PackageStore) -> dict[str, Any]:
     """Everything that can refuse a deploy without touching a host."""
     pair = ctx.inventory.pair(ctx.view.name)
     profile, ids = ctx.inputs.profile, ctx.inputs.package_ids
@@ -245,9 +251,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
             f"pair {ctx.view.name}, profile {profile.name}: " + "; ".join(policy.problems),
             hint="see the flag policy in docs/explanation/security.md",
         )
-    ctx.key = key
-    ctx.packages = {"native": native, "rpc": rpc}
-    ctx.target = target
+    ctx.recorder.prepared(Prepared({"native": native, "rpc": rpc}, key, target))
     return {
         "packages": {"native": nid, "rpc": rid},
         "revision": nm.revision,
@@ -264,7 +268,7 @@ def preflight_checks(ctx: RunContext, store: PackageStore) -> dict[str, Any]:
 # -- host actions --------------------------------------------------------------------------
 
 
-def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_connect(ctx: RunEnv, role: str) -> dict[str, Any]:
     t0 = time.monotonic()
     t = ctx.t(role)
     connect = getattr(t, "connect", None)
@@ -274,7 +278,7 @@ def a_connect(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - t0, 4)}
 
 
-def a_facts(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_facts(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
     ctx.hosts.found(role, f)
     d = f.to_dict()
@@ -289,14 +293,14 @@ def a_facts(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def a_lease(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_lease(ctx: RunEnv, role: str) -> dict[str, Any]:
     handle = leasing.take(ctx, role)
     ctx.hosts.lease_taken(role, handle)
     d = leasing.describe(handle)
     return {**d, "renewed": "the calling run's lease"} if ctx.lease_held_by_caller else d
 
 
-def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_release_lease(ctx: RunEnv, role: str) -> dict[str, Any]:
     handle = ctx.hosts.leases.get(role)
     if handle is None:
         return {"skipped": "no lease held by this run"}
@@ -305,7 +309,7 @@ def a_release_lease(ctx: RunContext, role: str) -> dict[str, Any]:
     return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
-def a_prepare(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_prepare(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     f = ctx.hosts.facts.get(role)
     if f is not None and f.svc_sha256 == svc_sha256():
         d: dict[str, Any] = {"helper": "up to date"}
@@ -317,10 +321,10 @@ def a_prepare(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
         if step.pair is not None:
             d["unit_verified"] = verify_unit_before_change(ctx, role, step.pair)
     if (svc_user := ctx.inventory.host(ctx.host(role)).service_user) is not None:
-        d["service_user"] = _check_service_user(ctx, role, svc_user)
+        d["service_user"] = _check_service_user(ctx, role, svc_user, step.pair)
     if role == "native" and step.pair is not None:
         d["models"] = _hash_models(ctx)
-        if files := _hash_files(ctx):
+        if files := _hash_files(ctx, step.pair):
             d["files"] = files
     return d
 
@@ -332,15 +336,15 @@ _SERVICE_USER_SH = (
 )
 
 
-def _check_service_user(ctx: RunContext, role: str, user: str) -> dict[str, Any]:
+def _check_service_user(ctx: RunEnv, role: str, user: str, tgt: Target | None) -> dict[str, Any]:
     """The inventory's service_user exists on the host (not as root), setpriv is there and (native
     host) it can read every model and declared file the servers load, before any change: the
     supervisor starts nothing without them, and a rollback would fail the same way."""
     paths: list[str] = []
     if role == "native":
         paths = [m.path for m in ctx.inventory.pair(ctx.view.name).models.values()]
-        if ctx.target is not None:
-            paths += sorted(ctx.target.entry.profile.get("files") or {})
+        if tgt is not None:
+            paths += sorted(tgt.entry.profile.get("files") or {})
     res = ctx.t(role).run(Cmd(("sh", "-c", _SERVICE_USER_SH, "_", user, *paths)), check=False, timeout=120)
     lines = as_text(res.stdout).split()
     unreadable = [ln.removeprefix("unreadable=") for ln in lines if ln.startswith("unreadable=")]
@@ -360,7 +364,7 @@ def _check_service_user(ctx: RunContext, role: str, user: str) -> dict[str, Any]
     return {"user": user, "uid": int(lines[0]) if lines and lines[0].isdigit() else None, "checked": len(paths)}
 
 
-def _check_manager(ctx: RunContext, role: str) -> str:
+def _check_manager(ctx: RunEnv, role: str) -> str:
     """A `service_manager: systemd` host: its manager must answer before anything is stopped,
     or the start after the stop (and the rollback's) would fail and leave the pair down."""
     layout = ctx.layout(role)
@@ -398,7 +402,7 @@ def _check_manager(ctx: RunContext, role: str) -> str:
     return version
 
 
-def verify_unit_before_change(ctx: RunContext, role: str, tgt: Target | None) -> str | None:
+def verify_unit_before_change(ctx: RunEnv, role: str, tgt: Target | None) -> str | None:
     """A systemd host: the unit this run's start will install is rendered, staged and checked by
     the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
     rejects, e.g. an older systemd's, refuses the run with nothing changed)."""
@@ -424,7 +428,7 @@ def verify_unit_before_change(ctx: RunContext, role: str, tgt: Target | None) ->
     return staged[0]
 
 
-def _hash_models(ctx: RunContext) -> dict[str, Any]:
+def _hash_models(ctx: RunEnv) -> dict[str, Any]:
     """The model files the new pair will load, hashed on the native host (cached there by stat,
     so only a new or changed file costs a full read). A missing file, or one whose sha256 is not
     the one the inventory declares, refuses the deploy before anything changes (exit 6); the
@@ -447,19 +451,16 @@ def _hash_models(ctx: RunContext) -> dict[str, Any]:
             "; ".join(problems) + "; nothing was changed",
             hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)",
         )
-    hashes = {name: h.sha256 for name, h in found.items()}
-    assert ctx.target is not None  # a_prepare hashes only for a deploy whose preflight rendered it
-    ctx.target = replace(ctx.target, entry=ctx.target.entry.model_copy(update={"models": hashes}))
+    ctx.recorder.models_hashed({name: h.sha256 for name, h in found.items()})  # they seal the route entry
     return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
 
 
-def _hash_files(ctx: RunContext) -> dict[str, Any]:
+def _hash_files(ctx: RunEnv, tgt: Target) -> dict[str, Any]:
     """The answer-changing files the profile's extra_args name (RouteProfile.files), hashed on the
     native host before anything changes: a missing file or one whose sha256 is not the declared
     one refuses the deploy (exit 6). The declared hashes are in the profile the route entry
     records, so status and acceptance re-hash the files against them."""
-    assert ctx.target is not None
-    files = dict(ctx.target.entry.profile.get("files") or {})
+    files = dict(tgt.entry.profile.get("files") or {})
     if not files:
         return {}
     found, problems = check_models(
@@ -474,8 +475,8 @@ def _hash_files(ctx: RunContext) -> dict[str, Any]:
     return {p: {"sha256": h.sha256, "size": h.size, "how": h.how} for p, h in sorted(found.items())}
 
 
-def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
-    pkg = ctx.packages[role]
+def a_upload(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
+    pkg = step.packages[role]
     f = ctx.hosts.facts.get(role)
     present = f is not None and pkg.manifest.id in f.releases
     t0 = time.monotonic()
@@ -488,12 +489,12 @@ def a_upload(ctx: RunContext, role: str) -> dict[str, Any]:
     return d
 
 
-def a_secret(ctx: RunContext, role: str) -> dict[str, Any]:
+def a_secret(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     if not ctx.view.has_api_key:
         return {"skipped": "the pair has no api_key_file"}
-    if ctx.key is None:
+    if step.key is None:
         raise ConfigError(f"pair {ctx.view.name}: api_key_file was not read before the secret step")
-    path = put_secret(ctx.t(role), ctx.layout(role), ctx.key.file_bytes)
+    path = put_secret(ctx.t(role), ctx.layout(role), step.key.file_bytes)
     return {"path": path, "mode": "0600"}  # never the value, never its hash
 
 
@@ -504,7 +505,7 @@ class UnreachableBeforeChange(HostError):
     nothing_changed = True
 
 
-def _reach_before_change(ctx: RunContext, role: str) -> float:
+def _reach_before_change(ctx: RunEnv, role: str) -> float:
     """Stopping native is the first change, and from there the other host must take a restart
     (and a rollback needs it too). One exec round trip to it now turns a host lost since `lease`
     into a refusal with the previous pair still serving (exit 4), not a pair taken down (exit 8)."""
@@ -520,14 +521,14 @@ def _reach_before_change(ctx: RunContext, role: str) -> float:
 
 
 def _before_change(
-    ctx: RunContext, role: str, step: Step | None = None, *, next_within_s: float = leasing.HEARTBEAT_S
+    ctx: RunEnv, role: str, step: Step | None = None, *, next_within_s: float = leasing.HEARTBEAT_S
 ) -> None:
     """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
     LeaseLost otherwise, and nothing is changed)."""
     leasing.recheck(ctx, role, next_within_s=next_within_s, restores=step is not None and step.restores)
 
 
-def _space_on(ctx: RunContext, role: str) -> int:
+def _space_on(ctx: RunEnv, role: str) -> int:
     """Before the first change, on one host: room for what the switch writes (route record twice,
     pidfiles, the new services' logs) and run/ and the root take new files, so a full or
     read-only disk is refused with nothing stopped. One batch of SFTP requests (free space by
@@ -545,7 +546,7 @@ def _space_on(ctx: RunContext, role: str) -> int:
     return sp.free_bytes
 
 
-def _prove_both_before_first_change(ctx: RunContext) -> dict[str, int]:
+def _prove_both_before_first_change(ctx: RunEnv) -> dict[str, int]:
     """What a deploy proves before its first change, on both hosts at once (each host's reads
     batched, the two hosts in parallel): the RPC host answers an exec, both leases are still
     this run's (renewed), both roots have room and take new files. Failures are raised in the
@@ -578,7 +579,7 @@ def _prove_both_before_first_change(ctx: RunContext) -> dict[str, int]:
     return {ctx.host(r): futs[r].result() for r in ("native", "rpc")}
 
 
-def _planned(ctx: RunContext, role: str, step: Step) -> tuple[Exec, tuple[str, dict[str, str]] | None]:
+def _planned(ctx: RunEnv, role: str, step: Step) -> tuple[Exec, tuple[str, dict[str, str]] | None]:
     """The step's planned command for this host and, when the plan has it verify a present
     release first, that release's hashes as the upload deferred them; a plan and a run that
     disagree (no command, or no such release deferred) are refused before anything runs."""
@@ -595,7 +596,7 @@ def _planned(ctx: RunContext, role: str, step: Step) -> tuple[Exec, tuple[str, d
     return ex, verify
 
 
-def _planned_links(ctx: RunContext, role: str, step: Step) -> tuple[str | None, str | None]:
+def _planned_links(ctx: RunEnv, role: str, step: Step) -> tuple[str | None, str | None]:
     """The (current, previous) links the plan put on this host's step (decided there, never here)."""
     links = step.links.get(ctx.host(role))
     if links is None:
@@ -608,7 +609,7 @@ def _ran(ex: Exec) -> dict[str, Any]:
     return {"argv": list(ex.argv()), "bound_s": ex.bound_s}
 
 
-def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_stop(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     t0 = time.monotonic()
     if not step.restores and role == "native":
         try:  # the first change: both hosts reached and both leases proven this run's first
@@ -649,16 +650,16 @@ def a_stop(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def a_switch(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_switch(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     cur, prev = _planned_links(ctx, role, step)
     _before_change(ctx, role, step)
     if not step.restores:
-        ctx.links_switched.add(role)
+        ctx.recorder.switched(role)
     switch_links(ctx.t(role), ctx.layout(role), cur, prev)
     return {"current": cur, "previous": prev}
 
 
-def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_restart_rpc(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     t, layout = ctx.t("rpc"), ctx.layout("rpc")
     links = _planned_links(ctx, "rpc", step)
     tgt = step.pair
@@ -683,7 +684,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     key = install_route_key((ctx.t("native"), ctx.layout("native")), (t, layout))
     ex, verify = _planned(ctx, "rpc", step)
     if not step.restores:
-        ctx.links_switched.add("rpc")
+        ctx.recorder.switched("rpc")
     units: services.Units = {}
     try:
         pid, ident, stopped, verified = services.restart_listening(
@@ -723,7 +724,7 @@ def a_restart_rpc(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def _writable_for_restore(ctx: RunContext, tgt: Target) -> None:
+def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
     """Before a rollback stops native: the roots it will write take a new file (native's always,
     the RPC host's unless `current` there already names the release restored, whose server
     restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
@@ -743,7 +744,7 @@ def _writable_for_restore(ctx: RunContext, tgt: Target) -> None:
 
 
 def _keep_unchanged_rpc(
-    ctx: RunContext, links: tuple[str | None, str | None], exc: space.NotWritable
+    ctx: RunEnv, links: tuple[str | None, str | None], exc: space.NotWritable
 ) -> dict[str, Any] | None:
     """A rollback's restart-rpc on an RPC root that takes no new file (refused before anything
     was stopped): when `current` there already names the release being restored and its
@@ -770,7 +771,7 @@ def _keep_unchanged_rpc(
     }
 
 
-def _current_on(ctx: RunContext, role: str) -> str | None:
+def _current_on(ctx: RunEnv, role: str) -> str | None:
     """The release `current` names on ROLE's host now (read over SFTP, not from this run's facts)."""
     try:
         return release_of_link(ctx.t(role).readlink(ctx.layout(role).current) or "-", ctx.layout(role).root)
@@ -778,7 +779,7 @@ def _current_on(ctx: RunContext, role: str) -> str | None:
         raise HostStateError(f"{ctx.host(role)}: {ctx.layout(role).current}: {exc}") from None
 
 
-def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *, links: bool = False) -> None:
+def _one_revision_before_start(ctx: RunEnv, act: Activation, service: str, *, links: bool = False) -> None:
     """Before any start: the pair being started is of one source revision (build/revisions.py);
     with `links`, so are the releases both hosts' `current` links name right now (what a step
     that timed out, another tool or a hand edit may have changed since this run read them)."""
@@ -798,7 +799,7 @@ def _one_revision_before_start(ctx: RunContext, act: Activation, service: str, *
         )
 
 
-def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_start_server(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     tgt = step.pair
     if tgt is None:
         return {"skipped": "no previous pair to start"}
@@ -833,7 +834,7 @@ def a_start_server(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     }
 
 
-def _boot_entry(ctx: RunContext, role: str, unit: UnitReadback | None = None) -> dict[str, Any]:
+def _boot_entry(ctx: RunEnv, role: str, unit: UnitReadback | None = None) -> dict[str, Any]:
     """After a start: what brings the service back at boot. On a systemd host its unit, which
     the start enabled and read back (a user manager without lingering is a warning); elsewhere
     the host's @reboot crontab line for its root (hosts/boot.py; the start itself left the
@@ -859,7 +860,7 @@ def _boot_entry(ctx: RunContext, role: str, unit: UnitReadback | None = None) ->
     return out
 
 
-def a_verify(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_verify(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     tgt = step.pair
     if tgt is None:
         return {"skipped": "no previous pair: nothing runs"}
@@ -876,7 +877,7 @@ def a_verify(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
         ctx.view.hosts,
         tgt.expected,
         base_url=ctx.view.base_url,
-        api_key=ctx.api_key,
+        api_key=step.key.value if step.key is not None else None,
         roles=(role,),
         seen=seen,
     )
@@ -886,7 +887,7 @@ def a_verify(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
 
 
-def _room_for_route(ctx: RunContext, data: bytes, sha: str) -> None:
+def _room_for_route(ctx: RunEnv, data: bytes, sha: str) -> None:
     """Before either host's record is written: both install roots take a file of the record's
     size (one SFTP write and remove each, checked once for both hosts' steps). A root that
     filled up or went read-only after the switch's own check otherwise took the record on one
@@ -908,13 +909,13 @@ def _room_for_route(ctx: RunContext, data: bytes, sha: str) -> None:
                     hint=f"free space under {root} on {ctx.host(r)} or make it writable (`df {root}`, `mount`)",
                 ) from None
 
-    ctx.room_once(sha, probe)
+    ctx.recorder.room_once(sha, probe)
 
 
 _SAME = "byte-identical"
 
 
-def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> str:
+def _write_route(ctx: RunEnv, role: str, step: Step, rec: RouteRecord) -> str:
     """The step's planned record onto ROLE's host by compare-and-swap on the bytes this run read
     (or wrote) there, once both roots proved they take it; read back byte-identical."""
     data = rec.to_bytes()
@@ -941,7 +942,7 @@ def _write_route(ctx: RunContext, role: str, step: Step, rec: RouteRecord) -> st
     return sha
 
 
-def a_route(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_route(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     rec = step.route.record if step.route is not None else None
     if rec is None:
         return {"skipped": "route record unchanged (no pair was recorded by this run)"}
@@ -950,7 +951,7 @@ def a_route(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return {"revision": rec.revision, "active": active, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
-def a_route_accepted(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_route_accepted(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
     `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
     by compare-and-swap on the bytes this run wrote (both decided by the plan)."""
@@ -961,7 +962,7 @@ def a_route_accepted(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
     return {"revision": rec.revision, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
-def a_accept(ctx: RunContext, role: str | None, step: Step) -> dict[str, Any]:
+def a_accept(ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
     from orchestrator.engine import acceptance
 
     tgt = step.pair
@@ -971,17 +972,17 @@ def a_accept(ctx: RunContext, role: str | None, step: Step) -> dict[str, Any]:
         bound = acceptance.suite_bound_s(tgt.entry.profile)
         for r in ("native", "rpc"):
             _before_change(ctx, r, step, next_within_s=bound)
-    return acceptance.run(ctx, tgt)
+    return acceptance.run(ctx, step)
 
 
-def a_kernel_check(ctx: RunContext, role: str | None) -> dict[str, Any]:
+def a_kernel_check(ctx: RunEnv, role: str | None) -> dict[str, Any]:
     """The packages' own kernel validation harness on both hosts, before anything running changes."""
     from orchestrator.checks import kernels
 
     return kernels.deploy_step(ctx, role)
 
 
-def a_preflight(ctx: RunContext, role: str | None) -> dict[str, Any]:
+def a_preflight(ctx: RunEnv, role: str | None) -> dict[str, Any]:
     return preflight_checks(ctx, PackageStore(ctx.home.store))
 
 
@@ -991,8 +992,8 @@ HANDLERS: dict[str, Handler] = {
     "facts": Planned(a_facts),
     "lease": a_lease,
     "prepare": Planned(a_prepare),
-    "upload": a_upload,
-    "secret": a_secret,
+    "upload": Planned(a_upload),
+    "secret": Planned(a_secret),
     "stop": Planned(a_stop),
     "switch": Planned(a_switch),
     "restart-rpc": Planned(a_restart_rpc),
@@ -1006,12 +1007,13 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def links_back(ctx: RunContext) -> dict[str, str]:
+def links_back(ctx: RunEnv, restore_links: Mapping[str, tuple[str | None, str | None]]) -> dict[str, str]:
     """Best effort after a failed rollback of a deploy: the links this deploy switched go back as
     it found them (by rename, under this run's lease), so they agree with the route record again
     - but only when every such host answers: putting back one host of two would leave a mixed
     pair (new links on one host, previous on the other) for `repair` to record."""
-    changed = [r for r in ROLES if r in ctx.links_switched and ctx.restore_links.get(r, (None, None))[0]]
+    switched = ctx.recorder.switched_roles()
+    changed = [r for r in ROLES if r in switched and restore_links.get(r, (None, None))[0]]
     if not changed:
         return {"links": "none switched by this deploy"}
     for role in changed:
@@ -1021,7 +1023,7 @@ def links_back(ctx: RunContext) -> dict[str, str]:
             return {"links": f"left as they are ({ctx.host(role)} did not answer: {str(exc)[:200]})"}
     out = {}
     for role in changed:
-        cur, prev = ctx.restore_links[role]
+        cur, prev = restore_links[role]
         try:
             switch_links(ctx.t(role), ctx.layout(role), cur, prev)
             out[ctx.host(role)] = f"current {cur}, previous {prev}"
@@ -1030,7 +1032,7 @@ def links_back(ctx: RunContext) -> dict[str, str]:
     return out
 
 
-def stop_everything(ctx: RunContext) -> dict[str, str]:
+def stop_everything(ctx: RunEnv) -> dict[str, str]:
     """Best effort, native first: used when a rollback fails (never leave a half-running pair)."""
     out = {}
     for role in ROLES:

@@ -6,8 +6,9 @@
   compare-and-swap base, leases, the identities read by the exec that started each service).
   Step handlers run on both hosts at once, so it is changed only through its methods, under
   its own lock.
-- `RunRecorder`: figures for the result (timings, uploads), with its own lock.
-- `RunContext`: the three, connections, journal and what the command chose before planning.
+- `RunRecorder`: what the run observed (timings, uploads, whether it changed what runs, the
+  links it switched), with its own lock.
+- `RunEnv` (frozen): the three, connections and journal, handed to each executor with its step.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from orchestrator.config.inventory import ApiKey, Inventory
+from orchestrator.config.inventory import Inventory
 from orchestrator.config.profiles import RouteProfile
-from orchestrator.engine.plan import PairView, Target
+from orchestrator.engine.plan import PairView, Prepared
 from orchestrator.errors import PairctlError
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import Lease, new_nonce
@@ -31,7 +32,6 @@ from orchestrator.remote.transport import Transport
 if TYPE_CHECKING:  # the journal module imports the evidence store, which the engine only types against
     from structlog.stdlib import BoundLogger
 
-    from orchestrator.build.store import Package
     from orchestrator.evidence.journal import Journal
     from orchestrator.evidence.store import EvidenceStore
 
@@ -176,12 +176,21 @@ class HostState:
 
 
 class RunRecorder:
-    """Figures for the run's result (timings summed per key, upload reports per role)."""
+    """What the run observed while it ran, for its result and its failure paths: timings summed
+    per key, upload reports per role, whether a step that changes what runs has begun, the roles
+    whose links this run switched, and per route record the room both hosts had for it. Steps run
+    on both hosts at once, so all of it goes through methods, under locks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._room_lock = threading.Lock()  # held while one host's step probes; the other waits
         self._timings: dict[str, float] = {}
         self._uploads: dict[str, dict[str, Any]] = {}
+        self._changed = False
+        self._switched: set[str] = set()
+        self._room: dict[str, PairctlError | None] = {}
+        self._prepared: Prepared | None = None
+        self._models: dict[str, str | None] | None = None
 
     def timed(self, key: str, seconds: float) -> None:
         with self._lock:
@@ -199,11 +208,64 @@ class RunRecorder:
         with self._lock:
             return dict(self._uploads)
 
+    @property
+    def changed(self) -> bool:
+        """A step that changes what runs has begun: a failure from here may leave the pair half-changed."""
+        with self._lock:
+            return self._changed
 
-@dataclass
-class RunContext:
-    """One run: its inputs, host state and recorder, connections and journal, and what the command
-    bodies (engine/deploy.py) chose before planning; what each step does is on the step (plan.py)."""
+    def set_changed(self, changed: bool) -> None:
+        with self._lock:
+            self._changed = changed
+
+    def switched(self, role: str) -> None:
+        """This run switched `role`'s links (to a release it activates, not back)."""
+        with self._lock:
+            self._switched.add(role)
+
+    def switched_roles(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._switched)
+
+    def prepared(self, prep: Prepared) -> None:
+        """What preflight decided (once, before the plan is made)."""
+        with self._lock:
+            self._prepared = prep
+
+    @property
+    def prep(self) -> Prepared | None:
+        with self._lock:
+            return self._prepared
+
+    def models_hashed(self, hashes: dict[str, str | None]) -> None:
+        """The model hashes prepare found on the native host (they seal the deploy's route entry)."""
+        with self._lock:
+            self._models = dict(hashes)
+
+    def model_hashes(self) -> dict[str, str | None] | None:
+        with self._lock:
+            return None if self._models is None else dict(self._models)
+
+    def room_once(self, key: str, probe: Callable[[], None]) -> None:
+        """`probe` runs once per key (the other host's step waits for it) and what it raised is
+        raised to both hosts' steps."""
+        with self._room_lock:
+            if key not in self._room:
+                try:
+                    probe()
+                    self._room[key] = None
+                except PairctlError as exc:
+                    self._room[key] = exc
+            err = self._room[key]
+        if err is not None:
+            raise err
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    """What every executor gets beside its plan step: the run's inputs, connections, journal,
+    log, evidence store, the host state and the recorder. Frozen: what a step does is on the
+    step (plan.py); what the run finds goes to `hosts` and `recorder`, through their methods."""
 
     inputs: RunInputs
     pool: Pool
@@ -212,18 +274,6 @@ class RunContext:
     evidence: EvidenceStore | None = None
     hosts: HostState = field(default_factory=HostState)
     recorder: RunRecorder = field(default_factory=RunRecorder)
-    # decided by the run
-    packages: dict[str, Package] = field(default_factory=dict)  # role -> Package (deploy)
-    key: ApiKey | None = field(default=None, repr=False)  # read once by config.inventory.read_api_key
-    target: Target | None = None
-    restore: Target | None = None
-    restore_links: dict[str, tuple[str | None, str | None]] = field(default_factory=dict)
-    links_switched: set[str] = field(default_factory=set)  # roles whose links this deploy switched
-    changed: bool = False
-    # per record this run writes (its sha256): both hosts took a file of its size (None) or what
-    # refused it, found once before either host's copy is written (engine/activate.py)
-    route_room: dict[str, PairctlError | None] = field(default_factory=dict)
-    _route_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # read-through to the inputs (checks/kernels.py's deploy step reads these too)
     @property
@@ -261,23 +311,3 @@ class RunContext:
 
     def timed(self, key: str, seconds: float) -> None:
         self.recorder.timed(key, seconds)
-
-    @property
-    def api_key(self) -> str | None:
-        """The Bearer value, as the one reader (`config.inventory.read_api_key`) found it: the
-        first key line, `#` comments skipped as llama-server skips them."""
-        return self.key.value if self.key is not None else None
-
-    def room_once(self, key: str, probe: Callable[[], None]) -> None:
-        """`probe` runs once per key (under the route lock; the other host's step waits for it)
-        and what it raised is raised to both hosts' steps."""
-        with self._route_lock:
-            if key not in self.route_room:
-                try:
-                    probe()
-                    self.route_room[key] = None
-                except PairctlError as exc:
-                    self.route_room[key] = exc
-            err = self.route_room[key]
-        if err is not None:
-            raise err

@@ -12,7 +12,7 @@ through the evidence store (inputs by hash), and runs its playbook through the o
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,11 +20,11 @@ from typing import Any
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config import search
-from orchestrator.config.inventory import Inventory, read_api_key
+from orchestrator.config.inventory import ApiKey, Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, route_plan, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
-from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs, RunOptions
+from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, RouteWrite, Step, Target, pair_view, plan, sealed
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
@@ -120,9 +120,9 @@ def _pair_run(
     profile: RouteProfile | None = None,
     options: RunOptions | None = None,
     held_lease_nonce: str | None = None,
-) -> Iterator[tuple[RunContext, RunResult, Callable[[StepOutcome], None]]]:
+) -> Iterator[tuple[RunEnv, RunResult, Callable[[StepOutcome], None]]]:
     """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
-    raises before finishing it, its hash on the error), one connection per host, the RunContext,
+    raises before finishing it, its hash on the error), one connection per host, the RunEnv,
     and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
     t_start = time.monotonic()
     key = route_trust.route_key(home)
@@ -147,7 +147,7 @@ def _pair_run(
         evidence_head=head.sha256 if head else None,
         evidence_home=evidence.home_id(),
     )
-    ctx = RunContext(
+    ctx = RunEnv(
         inputs=run_inputs,
         pool=pool,
         journal=journal,
@@ -257,22 +257,26 @@ def deploy(
         first = plan(deploy_pb, view, facts=None, target=None)
         record = _ReleaseWatch(record)
         n_prefix = _n_prefix(first)
+        restore = Restore(None, {})
         try:
             _run_prefix(ctx, first, dry_run, record)
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
-            assert ctx.target is not None  # preflight rendered it
-            _keep_previous_links(ctx)
+            prep = ctx.recorder.prep
+            assert prep is not None  # preflight decided it
+            target = _keep_previous_links(ctx, prep.target)
             route = route_plan.deploy_transition(ctx.inputs, route_plan.parsed(ctx.hosts.facts["native"].route_bytes))
             steps = plan(
                 deploy_pb,
                 view,
                 facts=ctx.hosts.facts,
-                target=ctx.target.activation,
+                target=target.activation,
                 skip_accept=skip_accept,
                 checks=tuple(checks),
                 kernel_check=kernel_check,
                 route=route,
-                pair=ctx.target,
+                pair=target,
+                packages=prep.packages,
+                key=prep.key,
             )
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
@@ -280,71 +284,80 @@ def deploy(
                 result.outcome = "dry-run"
                 result.receipt = journal.finish("passed", "dry run: plan printed, nothing changed")
                 return result
-            _set_restore_from_start(ctx, judged)
+            restore = _restore_from_start(ctx, judged, prep.key)
             rest = steps[n_prefix:]
             first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
             run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=journal, on_step=record)
             # the records the route steps write, sealed before the first change (prepare hashed the models)
-            rest = sealed(rest[first_change:], _deploy_route(ctx, route), ctx.target)
+            target = activate.with_models(target, ctx.recorder.model_hashes())
+            rest = sealed(rest[first_change:], _deploy_route(ctx, route, target, restore), target)
             cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
             for i, part in enumerate((rest[:cut], rest[cut:])):
                 if i == 1:
                     _prune(ctx)  # keep_releases, under the leases, recorded in the receipt
                 run_steps(part, ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as failure:
-            if not ctx.changed:
+            if not ctx.recorder.changed:
                 _abort(ctx, failure, record)
                 raise _cause(failure) from None
-            _rollback_after_failure(ctx, rollback_pb, failure, record)  # raises RolledBack / RollbackFailed
+            _rollback_after_failure(ctx, rollback_pb, failure, record, restore)  # raises RolledBack / RollbackFailed
         except PairctlError as refused:
             # a refusal after `lease` but outside a step (the hosts' state judged, the previous pair
             # rendered): nothing changed, and the leases this run took are given back (they were
             # left held until their TTL, and the next deploy was refused with exit 5)
-            if ctx.changed:
+            if ctx.recorder.changed:
                 raise
             _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
             raise
-        assert ctx.target is not None
-        journal.set("final_state", _final_state("activated", ctx.target))
-        record.raise_if_release_failed(ctx, f"deployed {ctx.target.entry.names()} on {pair_name}")
+        journal.set("final_state", _final_state("activated", target))
+        record.raise_if_release_failed(ctx, f"deployed {target.entry.names()} on {pair_name}")
         result.outcome = "passed"
-        result.active = ctx.target.entry.model_dump(mode="json")
-        result.receipt = journal.finish("passed", f"deployed {ctx.target.entry.names()} on {pair_name}")
+        result.active = target.entry.model_dump(mode="json")
+        result.receipt = journal.finish("passed", f"deployed {target.entry.names()} on {pair_name}")
         return result
 
 
-def _deploy_route(ctx: RunContext, planned: RouteWrite) -> RouteWrite:
+@dataclass(frozen=True)
+class Restore:
+    """What a run that puts a recorded pair back restores, decided before its first change: the
+    pair (None: nothing, both services stop), each role's (current, previous) links, verify's key."""
+
+    target: Target | None
+    links: Mapping[str, tuple[str | None, str | None]]
+    key: ApiKey | None = field(default=None, repr=False)
+
+
+def _deploy_route(ctx: RunEnv, planned: RouteWrite, target: Target, restore: Restore) -> RouteWrite:
     """The deploy's route records as its plan named them, with the entry prepare completed."""
-    assert ctx.target is not None
     current = route_plan.parsed(ctx.hosts.route_bytes("native"))
-    prior = ctx.restore.entry if ctx.restore else None
-    return route_plan.for_deploy(ctx.inputs, planned, current, ctx.target.entry, prior)
+    prior = restore.target.entry if restore.target else None
+    return route_plan.for_deploy(ctx.inputs, planned, current, target.entry, prior)
 
 
 def _n_prefix(steps: list[Step]) -> int:
     return next(i for i, s in enumerate(steps) if s.action not in PLAN_PREFIX)
 
 
-def _run_prefix(ctx: RunContext, steps: list[Step], dry_run: bool, record: Callable[[StepOutcome], None]) -> None:
+def _run_prefix(ctx: RunEnv, steps: list[Step], dry_run: bool, record: Callable[[StepOutcome], None]) -> None:
     """The steps before the plan is made; a dry run changes nothing on a host, not even a lease:
     it reads the facts unleased."""
     prefix = [s for s in steps[: _n_prefix(steps)] if not (dry_run and s.action == "lease")]
     run_steps(prefix, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
 
 
-def _keep_previous_links(ctx: RunContext) -> None:
+def _keep_previous_links(ctx: RunEnv, target: Target) -> Target:
     """Qualify's restore puts the record back as found, and the `previous` links with it (not
     the last arm's release), where the hosts still keep what they named."""
     keep = ctx.inputs.options.restore_previous_links
-    if ctx.target is None or keep is None:
-        return
     facts = ctx.hosts.facts
-    if all(rel is None or rel in facts[r].releases for r, rel in zip(("native", "rpc"), keep, strict=True)):
-        act = replace(ctx.target.activation, keep_previous=keep)
-        ctx.target = replace(ctx.target, activation=act)
+    if keep is None or not all(
+        rel is None or rel in facts[r].releases for r, rel in zip(("native", "rpc"), keep, strict=True)
+    ):
+        return target
+    return replace(target, activation=replace(target.activation, keep_previous=keep))
 
 
-def _prune(ctx: RunContext) -> None:
+def _prune(ctx: RunEnv) -> None:
     """keep_releases after a successful activation, under the leases: removing a release is a
     change on the host, so each lease is re-checked first (a lost one: nothing pruned, recorded;
     release-lease then fails the run). Never fails the deploy itself."""
@@ -370,7 +383,7 @@ class _ReleaseWatch:
         if o.step.action == "release-lease" and not o.ok:
             self.errors.append(o.error or "release-lease failed")
 
-    def raise_if_release_failed(self, ctx: RunContext, done: str) -> None:
+    def raise_if_release_failed(self, ctx: RunEnv, done: str) -> None:
         if not self.errors:
             return
         msg = f"{done}, but releasing the leases failed: {'; '.join(self.errors)}"
@@ -397,17 +410,17 @@ def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str
         pass
 
 
-def _restore_route(ctx: RunContext, kind: str) -> RouteWrite:
+def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
     """A restore's route write (kind: back-out | roll-back | roll-to), decided before its first change."""
     found = route_plan.parsed(ctx.hosts.facts["native"].route_bytes)
     current = route_plan.parsed(ctx.hosts.route_bytes("native"))
-    restored = ctx.restore.entry if ctx.restore else None
+    restored = restore.target.entry if restore.target else None
     return route_plan.for_restore(
         ctx.inputs, kind, found=found, current=current, restored=restored, wrote=ctx.hosts.wrote_route()
     )
 
 
-def _restore_plan(ctx: RunContext, pb: Playbook, kind: str | None, mode: str = "manual") -> list[Step]:
+def _restore_plan(ctx: RunEnv, pb: Playbook, kind: str | None, restore: Restore, mode: str = "manual") -> list[Step]:
     """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop by
     hand; `auto`: a failed deploy's back-out, already connected and leased), from the facts its
     prefix gathered: what the dry run shows and the receipt keeps. `kind`: its route write."""
@@ -416,12 +429,13 @@ def _restore_plan(ctx: RunContext, pb: Playbook, kind: str | None, mode: str = "
         ctx.view,
         facts=ctx.hosts.facts,
         target=None,
-        restore=ctx.restore.activation if ctx.restore else None,
+        restore=restore.target.activation if restore.target else None,
         mode=mode,
-        restore_links=ctx.restore_links,
-        route=_restore_route(ctx, kind) if kind is not None else None,
-        pair=ctx.restore,
+        restore_links=restore.links,
+        route=_restore_route(ctx, kind, restore) if kind is not None else None,
+        pair=restore.target,
         restores=True,
+        key=restore.key,
     )
 
 
@@ -430,7 +444,7 @@ def _cause(failure: StepFailed) -> BaseException:
     return err if err is not None else failure.cause
 
 
-def _judge_hosts(ctx: RunContext, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
+def _judge_hosts(ctx: RunEnv, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
     """Both hosts' route records and links, judged before anything is decided from them
     (engine/route_trust.py); a problem not in `allowed` refuses the run before any change."""
     if ctx.evidence is not None and "native" in ctx.hosts.facts:  # another home's record: its receipts first
@@ -444,23 +458,23 @@ def _judge_hosts(ctx: RunContext, command: str, allowed: frozenset[str]) -> rout
     return j
 
 
-def _set_restore_from_start(ctx: RunContext, judged: route_trust.Judgement) -> None:
+def _restore_from_start(ctx: RunEnv, judged: route_trust.Judgement, key: ApiKey | None) -> Restore:
     """What a rollback puts back: the links and the route's active pair as found at the start,
     the pair rendered now from the inventory and its profile (never the recorded argv). A
     previous pair that cannot be rendered refuses the deploy here, before anything changes.
     Links a run cut short left switched go back to the recorded pair, not as found (as found,
     they would name the cut run's release beside the recorded one: a pair of two revisions)."""
     facts = ctx.hosts.facts
-    ctx.restore_links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
+    links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = parse_route(ctx.hosts.route_bytes("native"))
     if record is not None and judged.switched:
         back = route_trust.switched_links(record, facts, judged)
-        ctx.restore_links.update(back)
+        links.update(back)
         ctx.journal.note(
             "current links left switched by a run cut short; a failed deploy puts back the recorded pair: "
             + ", ".join(f"{ctx.host(r)} current {c}" for r, (c, _) in back.items())
         )
-    ctx.restore = None
+    restore = None
     mixed = None
     if record is not None and record.active is not None:
         a = record.active
@@ -472,7 +486,7 @@ def _set_restore_from_start(ctx: RunContext, judged: route_trust.Judgement) -> N
         ctx.journal.note(f"the recorded active pair is not restored if this deploy fails: {mixed}")
         ctx.log.warning("recorded active pair mixes revisions: a failed deploy stops both", problem=mixed)
     elif record is not None and record.active is not None:
-        ctx.restore = restore_target(
+        restore = restore_target(
             ctx.view,
             ctx.inventory.pair(ctx.view.name),
             record.active,
@@ -482,9 +496,10 @@ def _set_restore_from_start(ctx: RunContext, judged: route_trust.Judgement) -> N
         )
     elif facts["native"].current or facts["rpc"].current:
         ctx.log.warning("hosts have a current release but no route record: a rollback can only stop")
+    return Restore(restore, links, key)
 
 
-def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome], None]) -> None:
+def _abort(ctx: RunEnv, failure: StepFailed, record: Callable[[StepOutcome], None]) -> None:
     """Nothing that runs changed: release the leases this run holds; the cause is re-raised."""
     ctx.journal.note(f"aborted before any change to what runs: {failure.message}")
     if ctx.hosts.leases:
@@ -502,7 +517,7 @@ def _abort(ctx: RunContext, failure: StepFailed, record: Callable[[StepOutcome],
             cause.message += "\n" + "\n".join(x.splitlines()[0] for x in left)
 
 
-def _release_unlost(ctx: RunContext, failure: StepFailed) -> str:
+def _release_unlost(ctx: RunEnv, failure: StepFailed) -> str:
     """After a lease was lost on one host: the leases this run still holds (the other host's) are
     released, and the message says exactly what is held now (it said "no lease" while the native
     lease was still this run's: issue 33)."""
@@ -530,7 +545,7 @@ def _release_unlost(ctx: RunContext, failure: StepFailed) -> str:
 
 
 def _rollback_after_failure(
-    ctx: RunContext, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None]
+    ctx: RunEnv, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None], restore: Restore
 ) -> None:
     lost = _lost_lease(failure)
     if lost is not None:
@@ -552,17 +567,15 @@ def _rollback_after_failure(
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     ctx.hosts.forget_identities()  # what the deploy started is not what the back-out verifies
-    steps = _restore_plan(ctx, pb, "back-out", mode="auto")
+    steps = _restore_plan(ctx, pb, "back-out", restore, mode="auto")
     try:
         run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
-        _rollback_failed(ctx, failed, first_failure=failure)
-    what = ctx.restore.entry.names() if ctx.restore else None
+        _rollback_failed(ctx, failed, failure, restore.links)
+    what = restore.target.entry.names() if restore.target else None
     written = any(s.route is not None and s.route.record is not None for s in steps)
-    ctx.journal.set("final_state", _final_state("restored" if what else "stopped (no previous pair)", ctx.restore))
-    ctx.journal.set(
-        "rollback", {"restored": what, "links": {ctx.host(r): ctx.restore_links[r] for r in ("native", "rpc")}}
-    )
+    ctx.journal.set("final_state", _final_state("restored" if what else "stopped (no previous pair)", restore.target))
+    ctx.journal.set("rollback", {"restored": what, "links": {ctx.host(r): restore.links[r] for r in ("native", "rpc")}})
     if what:
         msg = (
             f"deploy failed at step '{failure.step.name}' and was rolled back: {what} is running again, "
@@ -578,7 +591,7 @@ def _rollback_after_failure(
     raise RolledBack(msg)
 
 
-def _leases_after(ctx: RunContext, record: Callable[[StepOutcome], None] | None = None) -> str:
+def _leases_after(ctx: RunEnv, record: Callable[[StepOutcome], None] | None = None) -> str:
     if ctx.lease_held_by_caller:
         return "the leases stay with the run that holds them"
     errors = getattr(record, "errors", None)
@@ -590,7 +603,12 @@ def _leases_after(ctx: RunContext, record: Callable[[StepOutcome], None] | None 
 LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
 
 
-def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
+def _rollback_failed(
+    ctx: RunEnv,
+    rb: StepFailed,
+    first_failure: StepFailed | None,
+    links: Mapping[str, tuple[str | None, str | None]] | None = None,
+) -> None:
     if rb.step.action == "stop" and isinstance(error_of(rb), (activate.UnreachableBeforeChange, space.NotWritable)):
         _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
@@ -600,7 +618,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
         and first_failure.step.action in LINKS_BACK_BEFORE
         and all(ctx.hosts.route_bytes(r) == ctx.hosts.facts[r].route_bytes for r in ("native", "rpc"))
     ):
-        final["links_back"] = activate.links_back(ctx)
+        final["links_back"] = activate.links_back(ctx, links or {})
     ctx.journal.set("final_state", final)
     held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     where = rb.step.hosts
@@ -625,7 +643,7 @@ def _rollback_failed(ctx: RunContext, rb: StepFailed, first_failure: StepFailed 
     )
 
 
-def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
+def _down_now(ctx: RunEnv, stopped: dict[str, str]) -> str:
     """What runs after a failed rollback, host by host, from what stopping each one said: a stop
     that failed is named as such (it read "both services are stopped" also when one still ran)."""
     said = []
@@ -640,7 +658,7 @@ def _down_now(ctx: RunContext, stopped: dict[str, str]) -> str:
     return "Now down (a pair never runs half): " + "; ".join(said)
 
 
-def _rollback_unreachable(ctx: RunContext, rb: StepFailed, first_failure: StepFailed | None) -> None:
+def _rollback_unreachable(ctx: RunEnv, rb: StepFailed, first_failure: StepFailed | None) -> None:
     """The rollback could not reach the RPC host, or a root it must write takes no new file, before
     its first change: nothing it would do can work, so it changes nothing (stopping native would
     take down what may still serve) and keeps the leases, like any failed rollback."""
@@ -683,13 +701,15 @@ def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None =
 # -- rollback -----------------------------------------------------------------------------------
 
 
-def _read_api_key(ctx: RunContext) -> None:
+def _read_api_key(ctx: RunEnv) -> ApiKey | None:
     """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
     (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
-    ctx.key = read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
+    return read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
-def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageStore, verb: str = "rollback") -> None:
+def _verify_restore_releases(
+    ctx: RunEnv, entry: RouteEntry, store: PackageStore, restore: Target, verb: str = "rollback"
+) -> None:
     """Before anything running changes: the releases being restored still match their manifests
     on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
     and the running pair keeps running. Without this, a rollback to a damaged previous release
@@ -697,24 +717,23 @@ def _verify_restore_releases(ctx: RunContext, entry: RouteEntry, store: PackageS
     for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
         if store.exists(pid):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
-    _verify_restore_files(ctx, entry, verb)
+    _verify_restore_files(ctx, entry, verb, restore)
     for r in ("native", "rpc"):  # systemd hosts: the units to start pass the host's verify
-        activate.verify_unit_before_change(ctx, r, ctx.restore)
+        activate.verify_unit_before_change(ctx, r, restore)
 
 
-def _verify_restore_files(ctx: RunContext, entry: RouteEntry, verb: str) -> None:
+def _verify_restore_files(ctx: RunEnv, entry: RouteEntry, verb: str, restore: Target) -> None:
     """Before anything running changes: every file the restored llama-server loads besides its
     release (the profile's declared `files`: grammars, control vectors, templates; the models)
     re-hashed on the native host against what the route record holds for that pair. A file
     replaced since it was deployed refuses the rollback or restart (exit 6, the file named): it
     started the server on the planted file and reported "passed" (issue 49 item 3). The hashes
     come from the entry as recorded, and from the profile as rendered now when they differ."""
-    assert ctx.restore is not None
     t, layout, host = ctx.t("native"), ctx.layout("native"), ctx.host("native")
     problems = recorded_file_problems(entry.profile, host, t, layout)
-    rendered = recorded_files(ctx.restore.entry.profile)
+    rendered = recorded_files(restore.entry.profile)
     if rendered != recorded_files(entry.profile):  # an untrusted record: the operator's profile file renders it
-        problems += recorded_file_problems(ctx.restore.entry.profile, host, t, layout)
+        problems += recorded_file_problems(restore.entry.profile, host, t, layout)
     models = ctx.inventory.pair(ctx.view.name).models  # the ones the server is rendered to load now
     recorded = {n: sha for n, sha in entry.models.items() if n in models}
     problems += recorded_model_problems(recorded, models, host, t, layout)
@@ -726,11 +745,10 @@ def _verify_restore_files(ctx: RunContext, entry: RouteEntry, verb: str) -> None
         )
 
 
-def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> None:
+def _refuse_restoring_what_runs(ctx: RunEnv, active: RouteEntry | None, restore: Target) -> None:
     """A rollback never "restores" the pair that is already running (a record whose active and
     previous were swapped on the host would otherwise stop and restart it, reported healthy)."""
-    assert ctx.restore is not None
-    a = ctx.restore.activation
+    a = restore.activation
     facts = ctx.hosts.facts
     running = (facts["native"].current, facts["rpc"].current) == (a.native_package, a.rpc_package)
     same = (
@@ -741,14 +759,14 @@ def _refuse_restoring_what_runs(ctx: RunContext, active: RouteEntry | None) -> N
     )
     if running and (same or active is None):
         raise HostStateError(
-            f"rollback refused, nothing was changed: the route record's previous pair {ctx.restore.entry.names()} "
+            f"rollback refused, nothing was changed: the route record's previous pair {restore.entry.names()} "
             f"is what runs now on {ctx.host('native')} and {ctx.host('rpc')}",
             hint=f"`pairctl repair --pair {ctx.view.name}` rebuilds the record from the links; deploy the pair "
             "you want instead",
         )
 
 
-def _release_pair(ctx: RunContext, to: tuple[str, ...], store: PackageStore) -> tuple[str, str]:
+def _release_pair(ctx: RunEnv, to: tuple[str, ...], store: PackageStore) -> tuple[str, str]:
     """`rollback --to`: the (native, rpc) release ids. One id: that release on the native host
     and the RPC host's kept release of the same revision (the same id when the hosts share a
     target); two ids: native, rpc. Each must be kept on its host and in the local store, both
@@ -795,8 +813,10 @@ def _release_pair(ctx: RunContext, to: tuple[str, ...], store: PackageStore) -> 
     return native, rpc
 
 
-def _rollback_target(ctx: RunContext, rec: RouteRecord | None, to: tuple[str, ...], store: PackageStore) -> RouteEntry:
-    """What the rollback puts back, rendered now (ctx.restore), and the record entry it comes from."""
+def _rollback_target(
+    ctx: RunEnv, rec: RouteRecord | None, to: tuple[str, ...], store: PackageStore
+) -> tuple[RouteEntry, Target]:
+    """The record entry the rollback puts back, and that pair rendered now."""
     pair_name, pair = ctx.view.name, ctx.inventory.pair(ctx.view.name)
     if rec is None:
         raise HostStateError(
@@ -812,33 +832,49 @@ def _rollback_target(ctx: RunContext, rec: RouteRecord | None, to: tuple[str, ..
                 hint=f"`pairctl status --pair {pair_name}` shows what runs; `pairctl rollback --pair {pair_name} "
                 "--to RELEASE` goes to another kept release",
             )
-        ctx.restore = restore_target(ctx.view, pair, rec.previous, store, label="previous", trusted=trusted)
-        return rec.previous
+        return rec.previous, restore_target(ctx.view, pair, rec.previous, store, label="previous", trusted=trusted)
     native, rpc = _release_pair(ctx, to, store)
     known = next(
         (e for e in (rec.previous, rec.active) if e is not None and (e.native_package, e.rpc_package) == (native, rpc)),
         None,
     )
     if known is not None:  # a recorded pair: its own profile, as a plain rollback renders it
-        ctx.restore = restore_target(ctx.view, pair, known, store, label="previous", trusted=trusted)
-        return known
-    ctx.restore = activate.render_recorded(ctx.view, pair, native, rpc, pair.profile, {}, store, f"release {native}")
-    return ctx.restore.entry
+        return known, restore_target(ctx.view, pair, known, store, label="previous", trusted=trusted)
+    tgt = activate.render_recorded(ctx.view, pair, native, rpc, pair.profile, {}, store, f"release {native}")
+    return tgt.entry, tgt
 
 
-def _cut_short_target(ctx: RunContext, rec: RouteRecord | None, store: PackageStore) -> RouteEntry:
+def _cut_short_target(ctx: RunEnv, rec: RouteRecord | None, store: PackageStore) -> tuple[RouteEntry, Target]:
     """`rollback` after a run cut short between its switch and its route record (links that
     disagree with this home's signed record, kind `switched`): the recorded active pair comes
     back, verified, and the record is written as found (a back-out: active, previous and their
     states), which is what that run's own rollback would have done."""
     assert rec is not None and rec.active is not None  # `switched` needs a record naming a pair
     pair = ctx.inventory.pair(ctx.view.name)
-    ctx.restore = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)
+    tgt = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)
     ctx.journal.note(
         f"current links disagree with route record revision {rec.revision} (a run cut short): "
         f"rollback puts back the recorded pair {rec.active.names()}"
     )
-    return rec.active
+    return rec.active, tgt
+
+
+def _rollback_links(
+    ctx: RunEnv, rec: RouteRecord, back_to: RouteEntry, cut_short: route_trust.Judgement | None
+) -> dict[str, tuple[str | None, str | None]]:
+    """(current, previous) per role after the rollback: the restored release current, the
+    recorded active one previous (or the previous kept, when it is the same); after a run cut
+    short, the recorded pair's own links where that run switched them."""
+    links: dict[str, tuple[str | None, str | None]] = {}
+    for r in ("native", "rpc"):
+        want = back_to.native_package if r == "native" else back_to.rpc_package
+        if want not in ctx.hosts.facts[r].releases:
+            raise ConfigError(f"{ctx.host(r)}: release {want} (the previous pair) is not installed")
+        cur = None if rec.active is None else (rec.active.native_package if r == "native" else rec.active.rpc_package)
+        links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
+    if cut_short is not None:
+        links.update(route_trust.switched_links(rec, ctx.hosts.facts, cut_short))
+    return links
 
 
 def rollback(
@@ -873,7 +909,7 @@ def rollback(
     ) as (ctx, result, record):
         journal = ctx.journal
         kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
-        _read_api_key(ctx)
+        key = _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
         record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
@@ -884,8 +920,10 @@ def rollback(
             store = PackageStore(home.store)
             cut_short = judged.switched and not to
             kind = "back-out" if cut_short else kind
-            back_to = _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
-            assert rec is not None and ctx.restore is not None
+            back_to, tgt = (
+                _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
+            )
+            assert rec is not None
             revisions.require_one_revision(
                 store,
                 pair_name,
@@ -896,46 +934,35 @@ def rollback(
                 "--packages NATIVE RPC`",
             )
             if not cut_short:
-                _refuse_restoring_what_runs(ctx, rec.active)
-            for r in ("native", "rpc"):
-                want = back_to.native_package if r == "native" else back_to.rpc_package
-                if want not in ctx.hosts.facts[r].releases:
-                    raise ConfigError(f"{view.hosts[r]}: release {want} (the previous pair) is not installed")
-                cur = (
-                    None
-                    if rec.active is None
-                    else (rec.active.native_package if r == "native" else rec.active.rpc_package)
-                )
-                ctx.restore_links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
-            if cut_short:  # the recorded pair's own links, where the cut run switched them
-                ctx.restore_links.update(route_trust.switched_links(rec, ctx.hosts.facts, judged))
+                _refuse_restoring_what_runs(ctx, rec.active, tgt)
+            links = _rollback_links(ctx, rec, back_to, judged if cut_short else None)
             if not dry_run:
-                _verify_restore_releases(ctx, back_to, store)
+                _verify_restore_releases(ctx, back_to, store, tgt)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
-            if failure is not None and ctx.changed:
+            if failure is not None and ctx.recorder.changed:
                 _rollback_failed(ctx, failure, None)
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, kind)
+        full = _restore_plan(ctx, pb, kind, Restore(tgt, links, key))
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
-        journal.set("target", {"to": ctx.restore.entry.names(), "how": kind})
+        journal.set("target", {"to": tgt.entry.names(), "how": kind})
         if dry_run:
             result.outcome = "dry-run"
-            result.active = ctx.restore.entry.model_dump(mode="json")  # the pair it would put back
-            result.receipt = journal.finish("passed", f"dry run: would roll back to {ctx.restore.entry.names()}")
+            result.active = tgt.entry.model_dump(mode="json")  # the pair it would put back
+            result.receipt = journal.finish("passed", f"dry run: would roll back to {tgt.entry.names()}")
             return result
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
-            if not ctx.changed:  # refused before its first change (the RPC host did not answer)
+            if not ctx.recorder.changed:  # refused before its first change (the RPC host did not answer)
                 _abort(ctx, rb, record)
                 raise _cause(rb) from None
             _rollback_failed(ctx, rb, None)
-        journal.set("final_state", _final_state("restored", ctx.restore))
-        record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {ctx.restore.entry.names()}")
+        journal.set("final_state", _final_state("restored", tgt))
+        record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {tgt.entry.names()}")
         result.outcome = "passed"
-        result.active = ctx.restore.entry.model_dump(mode="json")
-        result.receipt = journal.finish("passed", f"rolled back {pair_name} to {ctx.restore.entry.names()}")
+        result.active = tgt.entry.model_dump(mode="json")
+        result.receipt = journal.finish("passed", f"rolled back {pair_name} to {tgt.entry.names()}")
         return result

@@ -21,7 +21,7 @@ from orchestrator.hosts import leases, space
 from orchestrator.remote.transport import Transport
 
 if TYPE_CHECKING:
-    from orchestrator.engine.context import RunContext
+    from orchestrator.engine.context import RunEnv
     from orchestrator.hosts.leases import Lease
 
 DEFAULT_TTL_S = 1800
@@ -29,7 +29,7 @@ HEARTBEAT_S = 600  # longer than any step but acceptance waits (upload 600 s is 
 SAFETY_S = 60.0  # a lease with less left could be broken between the re-check and the change
 
 
-def take(ctx: RunContext, role: str) -> Lease:
+def take(ctx: RunEnv, role: str) -> Lease:
     if ctx.lease_held_by_caller:
         return leases.renew_lease(ctx.t(role), ctx.layout(role).root, ctx.hosts.lease_nonce(), DEFAULT_TTL_S)
     command = ctx.journal.state.header.get("command", "deploy")
@@ -55,7 +55,7 @@ def take(ctx: RunContext, role: str) -> Lease:
         raise
 
 
-def _free_left_by_unwritable_root(ctx: RunContext, role: str) -> bool:
+def _free_left_by_unwritable_root(ctx: RunEnv, role: str) -> bool:
     """A lease this home's own run left because its root refused the release (read-only or full
     then: issue 49) is freed by the next run of this home, so no operator step is left after the
     root takes writes again. Only when the evidence here proves that run over (its sealed receipt,
@@ -87,9 +87,7 @@ def _free_left_by_unwritable_root(ctx: RunContext, role: str) -> bool:
 LEFT_ON_UNWRITABLE = "the root refused the release"
 
 
-def recheck(
-    ctx: RunContext, role: str, *, next_within_s: float = HEARTBEAT_S, restores: bool = False
-) -> dict[str, Any]:
+def recheck(ctx: RunEnv, role: str, *, next_within_s: float = HEARTBEAT_S, restores: bool = False) -> dict[str, Any]:
     """Immediately before a change on `role`'s host: prove the lease still this run's and renew
     it (heartbeat now, next one within `next_within_s`). LeaseLost (nothing changed) if not."""
     ttl = max(DEFAULT_TTL_S, next_within_s + SAFETY_S)
@@ -122,7 +120,7 @@ def _unwritable(text: str, restores: bool) -> bool:
     return "no space left" in text.lower() or (space.refuses_writes(text) and restores)
 
 
-def release(ctx: RunContext, role: str, handle: Lease) -> bool:
+def release(ctx: RunEnv, role: str, handle: Lease) -> bool:
     """Release this run's lease; False (left held) when the caller holds it."""
     if ctx.lease_held_by_caller:
         return False

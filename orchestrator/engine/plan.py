@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import ApiKey, Inventory
 from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.identity import Expected
@@ -26,6 +26,9 @@ from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.hosts.units import SystemdUnits, unit_name
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
+
+if TYPE_CHECKING:
+    from orchestrator.build.store import Package
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,8 @@ class Step:
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
     pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
+    packages: Mapping[str, Package] = field(default_factory=dict, compare=False, repr=False)  # role -> upload
+    key: ApiKey | None = field(default=None, compare=False, repr=False)  # the secret it puts, verify's Bearer
     # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
     # systemd hosts, stop proves the RPC host and roots first, a read-only root is let be
     restores: bool = False
@@ -94,6 +99,16 @@ class Step:
             "description": self.description,
             "argv": {h: list(a) for h, a in self.argv.items()},
         } | ({"route": self.route.to_dict()} if self.route is not None else {})
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a deploy's preflight decided before its plan is made: each role's package, the API key
+    (read once by config.inventory.read_api_key), the pair to activate."""
+
+    packages: Mapping[str, Package]
+    key: ApiKey | None = field(repr=False)
+    target: Target
 
 
 @dataclass(frozen=True)
@@ -275,6 +290,8 @@ def plan(
     route: RouteWrite | None = None,
     pair: Target | None = None,
     restores: bool = False,
+    packages: Mapping[str, Package] | None = None,
+    key: ApiKey | None = None,
 ) -> list[Step]:
     """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
     (a rollback inside a failed deploy is already connected and leased)."""
@@ -307,6 +324,8 @@ def plan(
                 route=route if s.action in ROUTE_ACTIONS else None,
                 pair=pair,
                 restores=restores,
+                packages=packages or {},
+                key=key,
             )
         )
     return steps

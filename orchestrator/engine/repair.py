@@ -21,14 +21,14 @@ released. A current link naming a release that is not installed cannot be repair
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, team_sync
-from orchestrator.engine.context import HostState, Pool, RunContext, RunInputs
+from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs
 from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, sealed
 from orchestrator.engine.playbook import load_playbook
 from orchestrator.engine.runner import Planned, StepFailed, error_of, run_steps
@@ -84,7 +84,7 @@ def repair(
         head = evidence.latest(pair_name)
     except PairctlError:
         head = None
-    ctx = RunContext(
+    ctx = RunEnv(
         inputs=RunInputs(
             home=home,
             inventory=inventory,
@@ -109,7 +109,7 @@ def repair(
             judged = route_trust.judge(view, ctx.hosts.facts, key, evidence, run_id=ctx.run_id)
             problems = [str(p) for p in judged.problems]
             journal.set("problems_before", problems)
-            rec, sources = rebuilt_record(ctx, judged)
+            rec, sources, relinks = rebuilt_record(ctx, judged)
             journal.set("rebuilt", {"record": rec.model_dump(mode="json", by_alias=True), "sources": sources})
             result = RepairResult(pair_name, False, problems, rec.model_dump(mode="json", by_alias=True), None, sources)
             if not write:
@@ -117,7 +117,11 @@ def repair(
                 return result
             base = route_plan.parsed(ctx.hosts.route_bytes("native"))
             route = RouteWrite("rebuilt", base.revision if base else None, rec)
-            run_steps(sealed(steps[n_read:], route, None), ctx, HANDLERS, journal=journal)
+            rest = [
+                replace(s, links={view.hosts[r]: lk for r, lk in relinks.items()}) if s.action == "route-repair" else s
+                for s in sealed(steps[n_read:], route, None)
+            ]
+            run_steps(rest, ctx, HANDLERS, journal=journal)
         except StepFailed as failure:
             if ctx.hosts.leases:
                 rel = [s for s in steps if s.action == "release-lease"]
@@ -139,8 +143,11 @@ def repair(
             pool.close()
 
 
-def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[RouteRecord, dict[str, str]]:
-    """The record the links, manifests and this home's evidence support (see the module doc)."""
+def rebuilt_record(
+    ctx: RunEnv, judged: route_trust.Judgement
+) -> tuple[RouteRecord, dict[str, str], dict[str, tuple[str, str | None]]]:
+    """The record the links, manifests and this home's evidence support (see the module doc), and
+    the links put back first where `current` was of the other revision (role -> current, previous)."""
     view, facts = ctx.view, ctx.hosts.facts
     bad = [p for p in judged.problems if p.kind == route_trust.RELEASE]
     if bad:
@@ -172,8 +179,8 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
         sources[label] = f"{native} + {rpc}, profile {profile} (from {why})"
         return activate.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
 
-    links = _one_revision_links(ctx, store, olds)
-    for r, (cur, prev) in ctx.restore_links.items():  # shown (and, with --yes, done) before the record
+    links, relinks = _one_revision_links(ctx, store, olds)
+    for r, (cur, prev) in relinks.items():  # shown (and, with --yes, done) before the record
         sources[f"links:{ctx.host(r)}"] = f"current {cur}, previous {prev} (put back: current was of another revision)"
     active = entry_for("active", links["native"][0], links["rpc"][0])
     prev_links = (links["native"][1], links["rpc"][1])
@@ -210,25 +217,26 @@ def rebuilt_record(ctx: RunContext, judged: route_trust.Judgement) -> tuple[Rout
     rec = rec.model_copy(
         update={"evidence_head": ctx.inputs.evidence_head, "evidence_home": ctx.inputs.evidence_home}
     ).sign(ctx.inputs.route_key)
-    return rec, sources
+    return rec, sources, relinks
 
 
 def _one_revision_links(
-    ctx: RunContext, store: PackageStore, olds: list[RouteRecord]
-) -> dict[str, tuple[str | None, str | None]]:
+    ctx: RunEnv, store: PackageStore, olds: list[RouteRecord]
+) -> tuple[dict[str, tuple[str | None, str | None]], dict[str, tuple[str, str | None]]]:
     """(current, previous) per host that the rebuilt record names: the links as they are, unless
     their `current`s are of two revisions (a run cut short between restart-rpc and switch-native
     leaves them so). Such a pair is never recorded (a rollback or restart would run it); the
     links go back to the active pair of the old record signed by this home (one revision, its
     releases installed on both hosts), which `--yes` switches back by rename under the leases and
-    records (ctx.restore_links). Without such a record repair refuses (exit 6)."""
+    records (the second map). Without such a record repair refuses (exit 6)."""
     facts, pair = ctx.hosts.facts, ctx.view.name
-    links = {r: (facts[r].current, facts[r].previous) for r in ROLES}
+    links: dict[str, tuple[str | None, str | None]] = {r: (facts[r].current, facts[r].previous) for r in ROLES}
+    relinks: dict[str, tuple[str, str | None]] = {}
     if links["native"][0] is None or links["rpc"][0] is None:
-        return links
+        return links, relinks
     revs = revisions.pair_revisions(store, links["native"][0], links["rpc"][0])
     if revs.native is None or revs.rpc is None or not revisions.differ(revs.native, revs.rpc):
-        return links  # one revision (a package missing from the store is refused when it is rendered)
+        return links, relinks  # one revision (a package missing from the store is refused when it is rendered)
     problem = f"the pair {revs.describe()}, not of one source revision"
     trusted = [r for r in olds if r.mac_ok(ctx.inputs.route_key) and r.active is not None]
     rec = max(trusted, key=lambda r: r.revision) if trusted else None
@@ -252,21 +260,20 @@ def _one_revision_links(
         if links[r][0] != want[r]:
             p = None if prev is None else (prev.native_package if r == "native" else prev.rpc_package)
             p = p if p in facts[r].releases and p != want[r] else links[r][0]
-            ctx.restore_links[r] = (want[r], p)
-            links[r] = (want[r], p)
+            relinks[r] = links[r] = (want[r], p)
     ctx.journal.note(
         f"current links named {problem}; repair puts back {act.names()} (route record revision "
-        f"{rec.revision}) on {', '.join(ctx.host(r) for r in ctx.restore_links)}"
+        f"{rec.revision}) on {', '.join(ctx.host(r) for r in relinks)}"
     )
-    return links
+    return links, relinks
 
 
-def a_route_repair(ctx: RunContext, role: str, step: Step) -> dict[str, Any]:
+def a_route_repair(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     """The rebuilt record onto one host, by compare-and-swap on the bytes read there; first, a
     host whose `current` was of the other revision gets the recorded pair's links back."""
     rec = step.route.record if step.route is not None else None
     assert rec is not None
-    relinked = ctx.restore_links.get(role)
+    relinked = step.links.get(ctx.host(role))
     if relinked is not None:
         leasing.recheck(ctx, role)
         switch_links(ctx.t(role), ctx.layout(role), *relinked)

@@ -18,10 +18,10 @@ from orchestrator.engine.plan import Step
 from orchestrator.errors import Interrupted, PairctlError
 
 if TYPE_CHECKING:
-    from orchestrator.engine.context import RunContext
+    from orchestrator.engine.context import RunEnv
     from orchestrator.evidence.journal import Journal
 
-HandlerFn = Callable[["RunContext", Any], dict[str, Any] | None]  # (ctx, role: native | rpc | None)
+HandlerFn = Callable[["RunEnv", Any], dict[str, Any] | None]  # (ctx, role: native | rpc | None)
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Planned:
     plan.Exec, the links a switch puts there): it is handed the step and decides none of it,
     so what runs is what the plan printed."""
 
-    fn: Callable[[RunContext, Any, Step], dict[str, Any] | None]
+    fn: Callable[[RunEnv, Any, Step], dict[str, Any] | None]
 
 
 Handler = HandlerFn | Planned
@@ -67,7 +67,7 @@ class StepOutcome:
 
 def run_steps(
     steps: list[Step],
-    ctx: RunContext,
+    ctx: RunEnv,
     handlers: Mapping[str, Handler],
     *,
     journal: Journal,
@@ -83,9 +83,9 @@ def run_steps(
         progress.event("step.start", f"step {step.name} on {host_label or '-'} ...", step=step.name, hosts=host_label)
         data: dict[str, Any] = {}
         errors: dict[str, BaseException] = {}
-        was_changed = ctx.changed
+        was_changed = ctx.recorder.changed
         if step.changes:
-            ctx.changed = True  # from here a failure (even of this step) means the pair may be half-changed
+            ctx.recorder.set_changed(True)  # from here a failure (even of this step) means the pair may be half-changed
         try:
             with journal.step(step.name, host=host_label) as js:
                 js.data["action"] = step.action
@@ -119,18 +119,18 @@ def run_steps(
             on_step(out)
         if errors:
             if all(getattr(e, "nothing_changed", False) for e in errors.values()):
-                ctx.changed = was_changed  # e.g. a release check that refused before stopping anything
+                ctx.recorder.set_changed(was_changed)  # e.g. a release check that refused before stopping anything
             if step.on_failure == "continue":
                 continue
             raise StepFailed(step, errors)
     return outcomes
 
 
-def _stop_if_interrupted(step: Step, ctx: RunContext, journal: Journal, host_label: str) -> None:
+def _stop_if_interrupted(step: Step, ctx: RunEnv, journal: Journal, host_label: str) -> None:
     """A signal stops the run before its next step, as that step's failure (the deploy's
     failure path then rolls back or releases). Never a lease release, nor the steps of a
     rollback once it changed something: those are the cleanup and run to their end."""
-    if step.action == "release-lease" or (step.restores and ctx.changed):
+    if step.action == "release-lease" or (step.restores and ctx.recorder.changed):
         return
     try:
         interrupt.check(f"before step {step.name}")
@@ -146,7 +146,7 @@ class _GroupError(Exception):
 
 
 def _execute(
-    step: Step, ctx: RunContext, handlers: Mapping[str, Handler]
+    step: Step, ctx: RunEnv, handlers: Mapping[str, Handler]
 ) -> tuple[dict[str, Any], dict[str, BaseException]]:
     planned = handlers[step.action]
     fn: HandlerFn = (lambda c, r: planned.fn(c, r, step)) if isinstance(planned, Planned) else planned

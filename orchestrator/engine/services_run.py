@@ -18,8 +18,9 @@ from typing import Literal
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate, leasing, route_trust
-from orchestrator.engine.context import Pool, RunContext
+from orchestrator.engine.context import Pool, RunEnv
 from orchestrator.engine.deploy import (
+    Restore,
     RunResult,
     _abort,
     _cause,
@@ -35,7 +36,7 @@ from orchestrator.engine.deploy import (
     _run_prefix,
     _verify_restore_releases,
 )
-from orchestrator.engine.plan import pair_view, plan
+from orchestrator.engine.plan import Target, pair_view, plan
 from orchestrator.engine.playbook import load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, run_steps
 from orchestrator.errors import HostStateError, PairctlError, RollbackFailed
@@ -76,7 +77,7 @@ def run_services(
         pool=pool,
     ) as (ctx, result, record):
         journal = ctx.journal
-        _read_api_key(ctx)
+        key = _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
         record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
@@ -90,7 +91,7 @@ def run_services(
                     hint=f"`pairctl deploy --pair {pair_name} --native ID --rpc ID` deploys one",
                 )
             store = PackageStore(home.store)
-            ctx.restore = activate.restore_target(
+            tgt = activate.restore_target(
                 view,
                 inventory.pair(pair_name),
                 rec.active,
@@ -98,22 +99,24 @@ def run_services(
                 label="active",
                 trusted=rec.mac_ok(ctx.inputs.route_key),
             )
-            ctx.restore_links = {r: (ctx.hosts.facts[r].current, ctx.hosts.facts[r].previous) for r in ROLES}
+            links: dict[str, tuple[str | None, str | None]] = {
+                r: (ctx.hosts.facts[r].current, ctx.hosts.facts[r].previous) for r in ROLES
+            }
             if not dry_run and verb != "stop":
-                _verify_restore_releases(ctx, rec.active, store, verb)
+                _verify_restore_releases(ctx, rec.active, store, tgt, verb)
         except (StepFailed, PairctlError) as exc:
             failure = exc if isinstance(exc, StepFailed) else None
             _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
             raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, None)
+        full = _restore_plan(ctx, pb, None, Restore(tgt, links, key))
         result.plan = [s.to_dict() for s in full]
         journal.set("plan", result.plan)
-        journal.set("target", {"pair": ctx.restore.entry.names(), "how": verb})
+        journal.set("target", {"pair": tgt.entry.names(), "how": verb})
         running = {r: SERVICE_OF_ROLE[r] in ctx.hosts.facts[r].running for r in ROLES}
         if verb == "start" and all(running.values()):
             # Kamal's `app start` on a running app: nothing to start (restart restarts it)
             result.outcome = "nothing to start"
-            result.active = ctx.restore.entry.model_dump(mode="json")
+            result.active = tgt.entry.model_dump(mode="json")
             if not dry_run:
                 run_steps([s for s in full if s.action == "release-lease"], ctx, activate.HANDLERS, journal=journal,
                           on_step=record)  # fmt: skip
@@ -122,29 +125,29 @@ def run_services(
             return result
         if dry_run:
             result.outcome = "dry-run"
-            result.active = ctx.restore.entry.model_dump(mode="json")
-            result.receipt = journal.finish("passed", f"dry run: would {verb} {ctx.restore.entry.names()}")
+            result.active = tgt.entry.model_dump(mode="json")
+            result.receipt = journal.finish("passed", f"dry run: would {verb} {tgt.entry.names()}")
             return result
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as failed:
-            if not ctx.changed:
+            if not ctx.recorder.changed:
                 _abort(ctx, failed, record)
                 raise _cause(failed) from None
-            _failed_after_change(ctx, failed, verb)
-        journal.set("final_state", _final_state(DONE[verb], ctx.restore))
-        done = f"{DONE[verb]} {pair_name}: {ctx.restore.entry.names()}"
+            _failed_after_change(ctx, failed, verb, tgt)
+        journal.set("final_state", _final_state(DONE[verb], tgt))
+        done = f"{DONE[verb]} {pair_name}: {tgt.entry.names()}"
         record.raise_if_release_failed(ctx, done)
         result.outcome = "passed"
-        result.active = ctx.restore.entry.model_dump(mode="json")
+        result.active = tgt.entry.model_dump(mode="json")
         result.receipt = journal.finish("passed", done)
         return result
 
 
-def _failed_after_change(ctx: RunContext, failed: StepFailed, verb: str) -> None:
+def _failed_after_change(ctx: RunEnv, failed: StepFailed, verb: str, tgt: Target) -> None:
     """Like a failed rollback: both services stopped (never half a pair), the leases kept."""
     stopped = activate.stop_everything(ctx)
-    ctx.journal.set("final_state", _final_state(f"stopped ({verb} failed)", ctx.restore, stopped=stopped))
+    ctx.journal.set("final_state", _final_state(f"stopped ({verb} failed)", tgt, stopped=stopped))
     held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     msg = (
         f"{verb} failed at step '{failed.step.name}' on {', '.join(failed.step.hosts)}: {failed.message}. "

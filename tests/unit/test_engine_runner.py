@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+from orchestrator.engine.context import RunRecorder
 from orchestrator.engine.plan import Step
 from orchestrator.engine.runner import StepFailed, run_steps
 from orchestrator.errors import CheckFailed
@@ -18,7 +19,7 @@ from orchestrator.hosts.release import ReleaseMismatch
 
 class Ctx:
     def __init__(self) -> None:
-        self.changed = False
+        self.recorder = RunRecorder()
         self.calls: list[tuple[str, str | None]] = []
         self.lock = threading.Lock()
 
@@ -65,7 +66,7 @@ def test_both_runs_each_host_and_journals_one_step(journal):
         ("ok", "native"),
         ("ok", "rpc"),
     ]
-    assert ctx.changed
+    assert ctx.recorder.changed
     names = [s.name for s in journal.state.steps.values()]
     assert names == ["a", "b"]
     first = next(iter(journal.state.steps.values()))
@@ -86,7 +87,7 @@ def test_failure_raises_with_each_hosts_error_and_continue_goes_on(journal):
             journal=journal,
         )
     assert ei.value.step.name == "b" and list(ei.value.errors) == ["r"] and "rpc: broke" in ei.value.message
-    assert ctx.changed  # b changes what runs: its failure means the pair may be half-changed
+    assert ctx.recorder.changed  # b changes what runs: its failure means the pair may be half-changed
     outcomes = {s.name: s.outcome for s in journal.state.steps.values()}
     assert outcomes == {"a": "failed", "b": "failed"}  # c never ran
 
@@ -95,4 +96,4 @@ def test_a_check_that_changed_nothing_keeps_the_run_unchanged(journal):
     ctx = Ctx()
     with pytest.raises(StepFailed):
         run_steps([step("stop-native", "mismatch", "native", "rollback", changes=True)], ctx, HANDLERS, journal=journal)
-    assert not ctx.changed  # deploy aborts (releases leases) instead of rolling back a pair it never touched
+    assert not ctx.recorder.changed  # deploy aborts (releases leases) instead of rolling back a pair it never touched

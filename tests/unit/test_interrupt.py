@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator import interrupt
 from orchestrator.cli import _after_signal
+from orchestrator.engine.context import RunRecorder
 from orchestrator.engine.plan import Step
 from orchestrator.engine.runner import StepFailed, _stop_if_interrupted
 from orchestrator.errors import ExitCode, Interrupted
@@ -56,7 +57,9 @@ def test_shielded_cleanup_is_not_interrupted_and_a_second_signal_is_said(capfd):
 
 
 def _ctx(changed: bool) -> SimpleNamespace:
-    return SimpleNamespace(changed=changed)
+    rec = RunRecorder()
+    rec.set_changed(changed)
+    return SimpleNamespace(recorder=rec)
 
 
 def _step(name: str, action: str, restores: bool = False) -> Step:

@@ -458,7 +458,7 @@ def test_every_host_is_reached_before_any_lease_changes(tmp_path) -> None:
 
 
 class _Run:
-    """What engine/leasing reads of a run (RunContext's connections, layouts and nonce)."""
+    """What engine/leasing reads of a run (RunEnv's connections, layouts and nonce)."""
 
     def __init__(self, root: str, nonce: str) -> None:
         self._t, self._root, self._nonce = LocalTransport("h1"), root, nonce
