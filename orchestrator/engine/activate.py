@@ -24,7 +24,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile, profile_fro
 from orchestrator.engine import leasing
 from orchestrator.engine.context import RunEnv
 from orchestrator.engine.plan import Activation, Exec, PairView, Prepared, Step, Target, service_exec
-from orchestrator.engine.runner import Handler, Planned
+from orchestrator.engine.runner import Handler
 from orchestrator.errors import (
     CheckFailed,
     ConfigError,
@@ -268,7 +268,7 @@ def preflight_checks(ctx: RunEnv, store: PackageStore) -> dict[str, Any]:
 # -- host actions --------------------------------------------------------------------------
 
 
-def a_connect(ctx: RunEnv, role: str) -> dict[str, Any]:
+def a_connect(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     t0 = time.monotonic()
     t = ctx.t(role)
     connect = getattr(t, "connect", None)
@@ -293,14 +293,14 @@ def a_facts(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def a_lease(ctx: RunEnv, role: str) -> dict[str, Any]:
+def a_lease(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     handle = leasing.take(ctx, role)
     ctx.hosts.lease_taken(role, handle)
     d = leasing.describe(handle)
     return {**d, "renewed": "the calling run's lease"} if ctx.lease_held_by_caller else d
 
 
-def a_release_lease(ctx: RunEnv, role: str) -> dict[str, Any]:
+def a_release_lease(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     handle = ctx.hosts.leases.get(role)
     if handle is None:
         return {"skipped": "no lease held by this run"}
@@ -675,8 +675,7 @@ def a_restart_rpc(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
             "current": links[0],
             "previous": links[1],
             "started": "nothing (no previous pair)",
-            **_ran(ex),
-        }
+        } | _ran(ex)
     _one_revision_before_start(ctx, tgt.activation, RPC_SERVER)
     # whatever starts ggml-rpc-server (deploy, rollback, restart) puts its guard there first: the
     # supervisor preloads it and starts nothing without it (hosts/rpc_guard.py)
@@ -688,18 +687,9 @@ def a_restart_rpc(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     units: services.Units = {}
     try:
         pid, ident, stopped, verified = services.restart_listening(
-            t,
-            layout,
-            RPC_SERVER,
-            links,
-            ctx.view.rpc_bind,
-            ctx.view.rpc_port,
-            list(ex.service_argv),
-            verify=verify,
-            sup=ex.sup,
-            units=units,
-            cmd=ex.cmd,
-        )
+            t, layout, RPC_SERVER, links, ctx.view.rpc_bind, ctx.view.rpc_port, list(ex.service_argv),
+            verify=verify, sup=ex.sup, units=units, cmd=ex.cmd,
+        )  # fmt: skip
     except space.NotWritable as exc:
         kept = _keep_unchanged_rpc(ctx, links, exc) if step.restores else None
         if kept is None:
@@ -975,33 +965,33 @@ def a_accept(ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
     return acceptance.run(ctx, step)
 
 
-def a_kernel_check(ctx: RunEnv, role: str | None) -> dict[str, Any]:
+def a_kernel_check(ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
     """The packages' own kernel validation harness on both hosts, before anything running changes."""
     from orchestrator.checks import kernels
 
     return kernels.deploy_step(ctx, role)
 
 
-def a_preflight(ctx: RunEnv, role: str | None) -> dict[str, Any]:
+def a_preflight(ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
     return preflight_checks(ctx, PackageStore(ctx.home.store))
 
 
 HANDLERS: dict[str, Handler] = {
     "preflight": a_preflight,
     "connect": a_connect,
-    "facts": Planned(a_facts),
+    "facts": a_facts,
     "lease": a_lease,
-    "prepare": Planned(a_prepare),
-    "upload": Planned(a_upload),
-    "secret": Planned(a_secret),
-    "stop": Planned(a_stop),
-    "switch": Planned(a_switch),
-    "restart-rpc": Planned(a_restart_rpc),
-    "start-server": Planned(a_start_server),
-    "verify": Planned(a_verify),
-    "route": Planned(a_route),
-    "route-accepted": Planned(a_route_accepted),
-    "accept": Planned(a_accept),
+    "prepare": a_prepare,
+    "upload": a_upload,
+    "secret": a_secret,
+    "stop": a_stop,
+    "switch": a_switch,
+    "restart-rpc": a_restart_rpc,
+    "start-server": a_start_server,
+    "verify": a_verify,
+    "route": a_route,
+    "route-accepted": a_route_accepted,
+    "accept": a_accept,
     "kernel-check": a_kernel_check,
     "release-lease": a_release_lease,
 }

@@ -25,7 +25,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, route_plan, route_trust, team_sync
 from orchestrator.engine.activate import restore_target
 from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs, RunOptions
-from orchestrator.engine.plan import PairView, RouteWrite, Step, Target, pair_view, plan, sealed
+from orchestrator.engine.plan import PairView, Prepared, RouteWrite, Step, Target, pair_view, plan, sealed
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.errors import (
@@ -87,6 +87,14 @@ class RunResult:
             "wall_s": round(self.wall_s, 4),
         }
 
+    def passed(self, journal: Journal, outcome: str, said: str, active: Target | None = None) -> RunResult:
+        """The run ended well (`outcome`: passed, dry-run, ...): its receipt sealed `passed`."""
+        self.outcome = outcome
+        if active is not None:
+            self.active = active.entry.model_dump(mode="json")
+        self.receipt = journal.finish("passed", said)
+        return self
+
 
 def _pool(inventory: Inventory) -> Pool:
     return TransportPool(inventory)
@@ -130,31 +138,8 @@ def _pair_run(
     journal = _begin(evidence, journal_command, list(argv or []), view.name, inputs)
     own_pool = pool is None
     pool = pool or _pool(inventory)
-    try:
-        head = evidence.latest(view.name)
-    except PairctlError:
-        head = None  # a broken chain shows in the route's anchor check
-    run_inputs = RunInputs(
-        home=home,
-        inventory=inventory,
-        view=view,
-        run_id=journal.state.run_id,
-        package_ids=package_ids,
-        profile=profile,
-        options=options or RunOptions(),
-        held_lease_nonce=held_lease_nonce,
-        route_key=key,
-        evidence_head=head.sha256 if head else None,
-        evidence_home=evidence.home_id(),
-    )
-    ctx = RunEnv(
-        inputs=run_inputs,
-        pool=pool,
-        journal=journal,
-        log=get_logger(pair=view.name, run=journal.run_id),
-        evidence=evidence,
-        hosts=HostState(held_lease_nonce),
-    )
+    given = RunInputs(home, inventory, view, journal.state.run_id, package_ids, profile, options or RunOptions())
+    ctx = run_env(replace(given, held_lease_nonce=held_lease_nonce, route_key=key), evidence, journal, pool)
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
     outcomes: list[StepOutcome] = []
 
@@ -181,6 +166,18 @@ def _pair_run(
             result.receipt = journal.receipt_hash
         if own_pool:
             pool.close()
+
+
+def run_env(inputs: RunInputs, evidence: EvidenceStore, journal: Journal, pool: Pool) -> RunEnv:
+    """The run's environment: `inputs` with the pair's newest receipt when the run began (the
+    route records it writes anchor it) and whose chain that is, the connections, journal and log."""
+    try:
+        head = evidence.latest(inputs.view.name)
+    except PairctlError:
+        head = None  # a broken chain shows in the route's anchor check
+    inputs = replace(inputs, evidence_head=head.sha256 if head else None, evidence_home=evidence.home_id())
+    log = get_logger(pair=inputs.view.name, run=journal.run_id)
+    return RunEnv(inputs, pool, journal, log, evidence, HostState(inputs.held_lease_nonce))
 
 
 def _step_dict(o: StepOutcome) -> dict[str, Any]:
@@ -223,22 +220,13 @@ def deploy(
     pair = inventory.pair(pair_name)
     profile = load_profile(profile_name or pair.profile, pair=pair)
     deploy_pb, rollback_pb = load_playbook("deploy"), load_playbook("rollback")
-    inputs = {
-        "package:native": package_ids[0],
-        "package:rpc": package_ids[1],
-        "profile": sha256_json(profile.model_dump(mode="json")),
-        "inventory": _inventory_sha(inventory),
-        "playbook:deploy": _playbook_sha("deploy"),
-        "playbook:rollback": _playbook_sha("rollback"),
-    }
-    _add_digests(home, package_ids, inputs)
     with _pair_run(
         home,
         inventory,
         view,
         command="deploy",
         journal_command="deploy" if not dry_run else "deploy --dry-run",
-        inputs=inputs,
+        inputs=_deploy_inputs(home, inventory, package_ids, profile),
         argv=argv,
         on_step=on_step,
         pool=pool,
@@ -261,41 +249,13 @@ def deploy(
         try:
             _run_prefix(ctx, first, dry_run, record)
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
-            prep = ctx.recorder.prep
-            assert prep is not None  # preflight decided it
-            target = _keep_previous_links(ctx, prep.target)
-            route = route_plan.deploy_transition(ctx.inputs, route_plan.parsed(ctx.hosts.facts["native"].route_bytes))
-            steps = plan(
-                deploy_pb,
-                view,
-                facts=ctx.hosts.facts,
-                target=target.activation,
-                skip_accept=skip_accept,
-                checks=tuple(checks),
-                kernel_check=kernel_check,
-                route=route,
-                pair=target,
-                packages=prep.packages,
-                key=prep.key,
-            )
+            prep, route, steps = _deploy_plan(ctx, deploy_pb)
             result.plan = [s.to_dict() for s in steps]
             journal.set("plan", result.plan)
             if dry_run:
-                result.outcome = "dry-run"
-                result.receipt = journal.finish("passed", "dry run: plan printed, nothing changed")
-                return result
+                return result.passed(journal, "dry-run", "dry run: plan printed, nothing changed")
             restore = _restore_from_start(ctx, judged, prep.key)
-            rest = steps[n_prefix:]
-            first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
-            run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=journal, on_step=record)
-            # the records the route steps write, sealed before the first change (prepare hashed the models)
-            target = activate.with_models(target, ctx.recorder.model_hashes())
-            rest = sealed(rest[first_change:], _deploy_route(ctx, route, target, restore), target)
-            cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
-            for i, part in enumerate((rest[:cut], rest[cut:])):
-                if i == 1:
-                    _prune(ctx)  # keep_releases, under the leases, recorded in the receipt
-                run_steps(part, ctx, activate.HANDLERS, journal=journal, on_step=record)
+            target = _activate(ctx, steps[n_prefix:], prep.target, route, restore, record)
         except StepFailed as failure:
             if not ctx.recorder.changed:
                 _abort(ctx, failure, record)
@@ -311,10 +271,71 @@ def deploy(
             raise
         journal.set("final_state", _final_state("activated", target))
         record.raise_if_release_failed(ctx, f"deployed {target.entry.names()} on {pair_name}")
-        result.outcome = "passed"
-        result.active = target.entry.model_dump(mode="json")
-        result.receipt = journal.finish("passed", f"deployed {target.entry.names()} on {pair_name}")
-        return result
+        return result.passed(journal, "passed", f"deployed {target.entry.names()} on {pair_name}", target)
+
+
+def _deploy_inputs(
+    home: Home, inventory: Inventory, package_ids: tuple[str, str], profile: RouteProfile
+) -> dict[str, str]:
+    """The deploy receipt's inputs: packages (by content digest too, when the store has them),
+    the profile, inventory and playbooks, each by sha256."""
+    inputs = {
+        "package:native": package_ids[0],
+        "package:rpc": package_ids[1],
+        "profile": sha256_json(profile.model_dump(mode="json")),
+        "inventory": _inventory_sha(inventory),
+        "playbook:deploy": _playbook_sha("deploy"),
+        "playbook:rollback": _playbook_sha("rollback"),
+    }
+    try:
+        store = PackageStore(home.store)
+        for role, pid in zip(("native", "rpc"), package_ids, strict=True):
+            if store.exists(pid):
+                inputs[f"package:{role}:content_digest"] = store.get(pid).manifest.content_digest
+    except PairctlError:
+        pass
+    return inputs
+
+
+def _deploy_plan(ctx: RunEnv, pb: Playbook) -> tuple[Prepared, RouteWrite, list[Step]]:
+    """The whole deploy plan from the facts its prefix read and what preflight decided (the
+    target with qualify's `previous` links kept): what the dry run prints and the receipt keeps."""
+    prep = ctx.recorder.prep
+    assert prep is not None  # preflight decided it
+    prep = replace(prep, target=_keep_previous_links(ctx, prep.target))
+    route = route_plan.deploy_transition(ctx.inputs, route_plan.parsed(ctx.hosts.facts["native"].route_bytes))
+    opts = ctx.inputs.options
+    steps = plan(
+        pb,
+        ctx.view,
+        facts=ctx.hosts.facts,
+        target=prep.target.activation,
+        skip_accept=opts.skip_accept,
+        checks=opts.checks,
+        kernel_check=opts.kernel_check,
+        route=route,
+        pair=prep.target,
+        packages=prep.packages,
+        key=prep.key,
+    )
+    return prep, route, steps
+
+
+def _activate(
+    ctx: RunEnv, rest: list[Step], target: Target, route: RouteWrite, restore: Restore, record: _ReleaseWatch
+) -> Target:
+    """The deploy's steps after its prefix: up to the first change, then the rest with the route
+    records sealed (prepare hashed the models the entry records), the keep_releases prune under
+    the leases before they are released. Returns the pair activated, as its entry records it."""
+    first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
+    run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    target = activate.with_models(target, ctx.recorder.model_hashes())
+    rest = sealed(rest[first_change:], _deploy_route(ctx, route, target, restore), target)
+    cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
+    run_steps(rest[:cut], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    _prune(ctx)  # keep_releases, under the leases, recorded in the receipt
+    run_steps(rest[cut:], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    return target
 
 
 @dataclass(frozen=True)
@@ -397,17 +418,6 @@ class _ReleaseWatch:
 
 def _lost_lease(failure: StepFailed) -> LeaseLost | None:
     return next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
-
-
-def _add_digests(home: Home, package_ids: tuple[str, str], inputs: dict[str, str]) -> None:
-    """Packages by content digest in the receipt's inputs (when the store has them)."""
-    try:
-        store = PackageStore(home.store)
-        for role, pid in zip(("native", "rpc"), package_ids, strict=True):
-            if store.exists(pid):
-                inputs[f"package:{role}:content_digest"] = store.get(pid).manifest.content_digest
-    except PairctlError:
-        pass
 
 
 def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
@@ -620,16 +630,10 @@ def _rollback_failed(
     ):
         final["links_back"] = activate.links_back(ctx, links or {})
     ctx.journal.set("final_state", final)
-    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
-    where = rb.step.hosts
     logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
     msg = (
-        (
-            f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
-            if first_failure
-            else ""
-        )
-        + f"the rollback failed at step '{rb.step.name}' on {', '.join(where)}: {rb.message}. "
+        _deploy_failed(first_failure)
+        + f"the rollback failed at step '{rb.step.name}' on {', '.join(rb.step.hosts)}: {rb.message}. "
         + _down_now(ctx, stopped)
         + "; the leases are kept so nobody deploys onto an unknown state."
     )
@@ -637,10 +641,22 @@ def _rollback_failed(
     raise RollbackFailed(
         msg,
         hint=f"look at the logs under {logs}, `pairctl status --pair {ctx.view.name}` and receipt "
-        f"{ctx.journal.receipt_hash}; leases held: {held or 'none'} (release with `pairctl lease release`); "
+        f"{ctx.journal.receipt_hash}; leases held: {held_leases(ctx)} (release with `pairctl lease release`); "
         f"where status then names links that disagree with the route record, `pairctl repair --pair "
         f"{ctx.view.name} --yes` records what the links name before the next deploy",
     )
+
+
+def _deploy_failed(first_failure: StepFailed | None) -> str:
+    """A failed rollback's message opens with the deploy failure that started it, if any."""
+    if first_failure is None:
+        return ""
+    return f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
+
+
+def held_leases(ctx: RunEnv) -> dict[str, str] | str:
+    """The leases this run still holds, by host, as a failure's hint names them."""
+    return {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()} or "none"
 
 
 def _down_now(ctx: RunEnv, stopped: dict[str, str]) -> str:
@@ -665,14 +681,8 @@ def _rollback_unreachable(ctx: RunEnv, rb: StepFailed, first_failure: StepFailed
     unwritable = isinstance(error_of(rb), space.NotWritable)
     why = "a root it must write takes no new file" if unwritable else "could not reach the RPC host"
     ctx.journal.set("final_state", {"state": f"left as the failed step left it (rollback {why})"})
-    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
-    first = (
-        f"deploy failed at step '{first_failure.step.name}' ({first_failure.message.splitlines()[0]}); "
-        if first_failure
-        else ""
-    )
     said = rb.message.splitlines()[0]
-    msg = first + (
+    msg = _deploy_failed(first_failure) + (
         f"the rollback cannot write where it must ({said}), so it changed nothing: what runs keeps running "
         f"(`pairctl status --pair {ctx.view.name}` names what is down)."
         if unwritable
@@ -685,7 +695,7 @@ def _rollback_unreachable(ctx: RunEnv, rb: StepFailed, first_failure: StepFailed
         msg,
         hint=f"once {'the root takes writes' if unwritable else ctx.host('rpc') + ' answers SSH'} again: "
         f"`pairctl status --pair {ctx.view.name}`, release the leases (`pairctl lease release {ctx.view.name} "
-        f"--dead-run {ctx.run_id}`), then rollback or deploy; leases held: {held or 'none'}",
+        f"--dead-run {ctx.run_id}`), then rollback or deploy; leases held: {held_leases(ctx)}",
     )
 
 
@@ -949,10 +959,7 @@ def rollback(
         journal.set("plan", result.plan)
         journal.set("target", {"to": tgt.entry.names(), "how": kind})
         if dry_run:
-            result.outcome = "dry-run"
-            result.active = tgt.entry.model_dump(mode="json")  # the pair it would put back
-            result.receipt = journal.finish("passed", f"dry run: would roll back to {tgt.entry.names()}")
-            return result
+            return result.passed(journal, "dry-run", f"dry run: would roll back to {tgt.entry.names()}", tgt)
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as rb:
@@ -962,7 +969,4 @@ def rollback(
             _rollback_failed(ctx, rb, None)
         journal.set("final_state", _final_state("restored", tgt))
         record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {tgt.entry.names()}")
-        result.outcome = "passed"
-        result.active = tgt.entry.model_dump(mode="json")
-        result.receipt = journal.finish("passed", f"rolled back {pair_name} to {tgt.entry.names()}")
-        return result
+        return result.passed(journal, "passed", f"rolled back {pair_name} to {tgt.entry.names()}", tgt)

@@ -28,16 +28,16 @@ from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, team_sync
-from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs
+from orchestrator.engine.context import Pool, RunEnv, RunInputs
+from orchestrator.engine.deploy import run_env
 from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, sealed
 from orchestrator.engine.playbook import load_playbook
-from orchestrator.engine.runner import Planned, StepFailed, error_of, run_steps
+from orchestrator.engine.runner import StepFailed, error_of, run_steps
 from orchestrator.errors import CheckFailed, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.layout import switch_links
 from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write
-from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 
@@ -80,26 +80,7 @@ def repair(
     journal = evidence.begin("repair" if write else "repair --show", argv=list(argv or []), pair=pair_name)
     own = pool is None
     pool = pool or TransportPool(inventory)
-    try:
-        head = evidence.latest(pair_name)
-    except PairctlError:
-        head = None
-    ctx = RunEnv(
-        inputs=RunInputs(
-            home=home,
-            inventory=inventory,
-            view=view,
-            run_id=journal.state.run_id,
-            route_key=key,
-            evidence_head=head.sha256 if head else None,
-            evidence_home=evidence.home_id(),
-        ),
-        pool=pool,
-        journal=journal,
-        log=get_logger(pair=pair_name, run=journal.run_id),
-        evidence=evidence,
-        hosts=HostState(),
-    )
+    ctx = run_env(RunInputs(home, inventory, view, journal.state.run_id, route_key=key), evidence, journal, pool)
     steps = plan(load_playbook("repair"), view, facts=None, target=None)
     try:
         n_read = next(i for i, s in enumerate(steps) if s.action == "lease")
@@ -311,4 +292,4 @@ def _profile_from_evidence(evidence: EvidenceStore | None, pair: str, native: st
     return None
 
 
-HANDLERS = {**activate.HANDLERS, "route-repair": Planned(a_route_repair)}
+HANDLERS = {**activate.HANDLERS, "route-repair": a_route_repair}

@@ -21,19 +21,10 @@ if TYPE_CHECKING:
     from orchestrator.engine.context import RunEnv
     from orchestrator.evidence.journal import Journal
 
-HandlerFn = Callable[["RunEnv", Any], dict[str, Any] | None]  # (ctx, role: native | rpc | None)
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A handler that runs what its planned step carries for its host (the command as a
-    plan.Exec, the links a switch puts there): it is handed the step and decides none of it,
-    so what runs is what the plan printed."""
-
-    fn: Callable[[RunEnv, Any, Step], dict[str, Any] | None]
-
-
-Handler = HandlerFn | Planned
+# (run environment, role: native | rpc | None, the planned step): an executor runs what its step
+# carries for its host (the command as a plan.Exec, the links, the record, the package) and
+# decides none of it, so what runs is what the plan printed
+Handler = Callable[["RunEnv", Any, Step], dict[str, Any] | None]
 
 
 class StepFailed(Exception):
@@ -148,8 +139,7 @@ class _GroupError(Exception):
 def _execute(
     step: Step, ctx: RunEnv, handlers: Mapping[str, Handler]
 ) -> tuple[dict[str, Any], dict[str, BaseException]]:
-    planned = handlers[step.action]
-    fn: HandlerFn = (lambda c, r: planned.fn(c, r, step)) if isinstance(planned, Planned) else planned
+    fn = handlers[step.action]
     roles: tuple[str | None, ...]
     if step.role == "both":
         roles = ("native", "rpc")
@@ -163,14 +153,14 @@ def _execute(
         r = roles[0]
         host = step.hosts[0]
         try:
-            data[host] = fn(ctx, r) or {}
+            data[host] = fn(ctx, r, step) or {}
         except Exception as exc:
             errors[host] = exc
         if r is None:
             data = data.get(host, {})
         return data, errors
     with ThreadPoolExecutor(max_workers=len(roles), thread_name_prefix=f"step-{step.name}") as pool:
-        futs = {host: pool.submit(fn, ctx, r) for host, r in zip(step.hosts, roles, strict=True)}
+        futs = {host: pool.submit(fn, ctx, r, step) for host, r in zip(step.hosts, roles, strict=True)}
         for host, fut in futs.items():
             try:
                 data[host] = fut.result() or {}

@@ -17,7 +17,7 @@ from typing import Literal
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, leasing, route_trust
+from orchestrator.engine import activate, route_trust
 from orchestrator.engine.context import Pool, RunEnv
 from orchestrator.engine.deploy import (
     Restore,
@@ -35,6 +35,7 @@ from orchestrator.engine.deploy import (
     _restore_plan,
     _run_prefix,
     _verify_restore_releases,
+    held_leases,
 )
 from orchestrator.engine.plan import Target, pair_view, plan
 from orchestrator.engine.playbook import load_playbook
@@ -115,19 +116,15 @@ def run_services(
         running = {r: SERVICE_OF_ROLE[r] in ctx.hosts.facts[r].running for r in ROLES}
         if verb == "start" and all(running.values()):
             # Kamal's `app start` on a running app: nothing to start (restart restarts it)
-            result.outcome = "nothing to start"
-            result.active = tgt.entry.model_dump(mode="json")
             if not dry_run:
                 run_steps([s for s in full if s.action == "release-lease"], ctx, activate.HANDLERS, journal=journal,
                           on_step=record)  # fmt: skip
                 record.raise_if_release_failed(ctx, "nothing to start")
-            result.receipt = journal.finish("passed", f"nothing to start: both services of {pair_name} run")
-            return result
+            return result.passed(
+                journal, "nothing to start", f"nothing to start: both services of {pair_name} run", tgt
+            )
         if dry_run:
-            result.outcome = "dry-run"
-            result.active = tgt.entry.model_dump(mode="json")
-            result.receipt = journal.finish("passed", f"dry run: would {verb} {tgt.entry.names()}")
-            return result
+            return result.passed(journal, "dry-run", f"dry run: would {verb} {tgt.entry.names()}", tgt)
         try:
             run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
         except StepFailed as failed:
@@ -138,17 +135,13 @@ def run_services(
         journal.set("final_state", _final_state(DONE[verb], tgt))
         done = f"{DONE[verb]} {pair_name}: {tgt.entry.names()}"
         record.raise_if_release_failed(ctx, done)
-        result.outcome = "passed"
-        result.active = tgt.entry.model_dump(mode="json")
-        result.receipt = journal.finish("passed", done)
-        return result
+        return result.passed(journal, "passed", done, tgt)
 
 
 def _failed_after_change(ctx: RunEnv, failed: StepFailed, verb: str, tgt: Target) -> None:
     """Like a failed rollback: both services stopped (never half a pair), the leases kept."""
     stopped = activate.stop_everything(ctx)
     ctx.journal.set("final_state", _final_state(f"stopped ({verb} failed)", tgt, stopped=stopped))
-    held = {ctx.host(r): str(leasing.describe(h)) for r, h in ctx.hosts.leases.items()}
     msg = (
         f"{verb} failed at step '{failed.step.name}' on {', '.join(failed.step.hosts)}: {failed.message}. "
         "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
@@ -157,6 +150,6 @@ def _failed_after_change(ctx: RunEnv, failed: StepFailed, verb: str, tgt: Target
     raise RollbackFailed(
         msg,
         hint=f"`pairctl logs --pair {ctx.view.name}` and receipt {ctx.journal.receipt_hash}; leases held: "
-        f"{held or 'none'} (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then deploy "
+        f"{held_leases(ctx)} (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then deploy "
         "or rollback",
     )

@@ -31,19 +31,19 @@ def step(name: str, action: str, role: str = "both", on_failure: str = "abort", 
     )
 
 
-def ok(ctx, role):
+def ok(ctx, role, step):
     with ctx.lock:
         ctx.calls.append(("ok", role))
     return {"role": role}
 
 
-def boom(ctx, role):
+def boom(ctx, role, step):
     if role in (None, "rpc"):
         raise CheckFailed(f"{role}: broke")
     return {}
 
 
-def mismatch(ctx, role):
+def mismatch(ctx, role, step):
     raise ReleaseMismatch("n: releases/x does not match its manifest")
 
 
