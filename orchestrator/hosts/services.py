@@ -21,7 +21,7 @@ from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 from orchestrator.hosts.space import NotWritable
-from orchestrator.hosts.units import UnitReadback, check_readback
+from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
@@ -85,12 +85,10 @@ Units = MutableMapping[str, UnitReadback]  # service name -> its unit read back 
 
 
 def _unit_read_back(
-    transport: Transport, staged: tuple[str, str] | None, out: str, name: str, units: Units | None
+    transport: Transport, layout: HostLayout, staged: tuple[str, str] | None, out: str, name: str, units: Units | None
 ) -> None:
-    if staged is None:
-        return
-    rb = check_readback(transport.name, out, *staged)
-    if units is not None:
+    rb = layout.manager.read_back(transport.name, out, staged)
+    if units is not None and rb is not None:
         units[name] = rb
 
 
@@ -117,7 +115,7 @@ def start(
     res = transport.run(cmd or layout.start_cmd(name, argv, sup), timeout=layout.manager.bound_s("start"))
     out = as_text(res.stdout)
     pid_ident = _pid_and_identity(transport.name, out, name)
-    _unit_read_back(transport, staged, out, name, units)
+    _unit_read_back(transport, layout, staged, out, name, units)
     return pid_ident
 
 
@@ -174,7 +172,7 @@ def restart_listening(
         )
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
-        _unit_read_back(transport, staged, out, name, units)
+        _unit_read_back(transport, layout, staged, out, name, units)
         stopped = next((line.split("=", 1)[1] for line in out.splitlines() if line.startswith("stopped=")), "")
         return pid, ident, stopped, verified
     if res.exit_status in (4, 5):

@@ -29,6 +29,9 @@ class InitScripts:
     ) -> tuple[str, str]:
         return f"/etc/init.d/{service}", "#!/bin/sh\nexec " + " ".join(layout.supervise_argv(service, argv, sup))
 
+    def read_back(self, host: str, out: str, staged: tuple[str, str] | None) -> None:
+        return None
+
     def check(self, t: Transport, layout: HostPaths, host: str) -> dict[str, Any]:
         return {"initd": "checked"}
 

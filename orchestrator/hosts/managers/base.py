@@ -48,6 +48,9 @@ class ServiceManager(Protocol):
     ) -> tuple[str, str] | None:
         """Before a start: the file it writes on the host for SERVICE, (its name, its text)."""
 
+    def read_back(self, host: str, out: str, staged: tuple[str, str] | None) -> UnitReadback | None:
+        """After a start: what the start's output says of the staged file (raises HostError)."""
+
     def check(self, t: Transport, layout: HostPaths, host: str) -> dict[str, Any]:
         """Before any change: the host's manager answers (receipt fields; raises HostStateError)."""
 

@@ -30,6 +30,9 @@ class PairctlSupervisor:
     def stage(self, *_: object) -> None:  # nothing to write: the start's own argv is all
         return None
 
+    def read_back(self, *_: object) -> None:
+        return None
+
     def check(self, *_: object) -> dict[str, Any]:
         return {}
 

@@ -15,7 +15,7 @@ from orchestrator.config.inventory import Supervision
 from orchestrator.errors import HostError, HostStateError
 from orchestrator.hosts import boot
 from orchestrator.hosts.root_trust import put_new
-from orchestrator.hosts.units import Scope, UnitReadback, parse_readback, render_unit, unit_name
+from orchestrator.hosts.units import Scope, UnitReadback, check_readback, parse_readback, render_unit, unit_name
 from orchestrator.remote.result import as_text
 from orchestrator.roles import LLAMA_SERVER, RPC_SERVER
 
@@ -78,6 +78,10 @@ class SystemdManager:
         t.makedirs(posixpath.dirname(path), 0o755)
         put_new(t, text.encode(), path, 0o644)  # exclusive per-run temp name: never written through a link
         return self.unit(service), text
+
+    def read_back(self, host: str, out: str, staged: tuple[str, str] | None) -> UnitReadback | None:
+        """The unit on the host is the one staged, enabled and active (hosts/units.py)."""
+        return check_readback(host, out, *staged) if staged else None
 
     def check(self, t: Transport, layout: HostPaths, host: str) -> dict[str, Any]:
         """The manager must answer before anything is stopped, or the start after the stop (and
