@@ -8,7 +8,6 @@ playbooks/deploy.yaml; what a failure leads to (abort, back-out, both stopped) i
 from __future__ import annotations
 
 import posixpath
-import re
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -35,7 +34,7 @@ from orchestrator.errors import (
     PairctlError,
 )
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts import boot, services, space, supervisor
+from orchestrator.hosts import services, space, supervisor
 from orchestrator.hosts.identity import Expected, read_identities, verify_identity
 from orchestrator.hosts.layout import (
     LLAMA_SERVER,
@@ -58,7 +57,6 @@ from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, FileStat, FreeBytes, HostClock, fs_batch, never_ran
 
 ROLES = ("native", "rpc")
-MIN_SYSTEMD = 240  # StandardOutput=append: in pairctl's units
 
 
 # -- building targets (pure given manifests) ---------------------------------------------------
@@ -282,14 +280,14 @@ def a_facts(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
     ctx.hosts.found(role, f)
     d = f.to_dict()
-    if ctx.layout(role).systemd is not None and step.restores:
+    if ctx.layout(role).manager.units and step.restores:
         # a rollback has no prepare step: its systemd host gets the helper that speaks units
         # (replaced by rename; running supervisors keep the copy they read) and the manager check;
         # its units are checked once the pair to restore is known (engine/deploy.py rollback)
         if f.svc_sha256 != svc_sha256():
             install_helper(ctx.t(role), ctx.layout(role))
             d["helper"] = "installed"
-        d["systemd"] = _check_manager(ctx, role)
+        d |= _check_manager(ctx, role)
     return d
 
 
@@ -316,8 +314,8 @@ def a_prepare(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     else:
         install_helper(ctx.t(role), ctx.layout(role))
         d = {"helper": "installed", "sha256": svc_sha256()}
-    if ctx.layout(role).systemd is not None:
-        d["systemd"] = _check_manager(ctx, role)
+    if ctx.layout(role).manager.units:
+        d |= _check_manager(ctx, role)
         if step.pair is not None:
             d["unit_verified"] = verify_unit_before_change(ctx, role, step.pair)
     if (svc_user := ctx.inventory.host(ctx.host(role)).service_user) is not None:
@@ -364,68 +362,22 @@ def _check_service_user(ctx: RunEnv, role: str, user: str, tgt: Target | None) -
     return {"user": user, "uid": int(lines[0]) if lines and lines[0].isdigit() else None, "checked": len(paths)}
 
 
-def _check_manager(ctx: RunEnv, role: str) -> str:
-    """A `service_manager: systemd` host: its manager must answer before anything is stopped,
-    or the start after the stop (and the rollback's) would fail and leave the pair down."""
-    layout = ctx.layout(role)
-    assert layout.systemd is not None
-    res = ctx.t(role).run_idempotent(layout.systemd_check_cmd(), check=False, timeout=120)
-    out, err = as_text(res.stdout), as_text(res.stderr).strip()
-    if res.exit_status != 0:
-        user = "the host's user" if layout.systemd.scope == "user" else ""
-        raise HostStateError(
-            f"{ctx.host(role)}: the inventory says service_manager: systemd ({layout.systemd.scope} scope), but "
-            f"{err.removeprefix('pairctl-svc: ')[-300:] or f'systemd-check exited {res.exit_status}'}; "
-            "nothing was changed",
-            hint=(
-                f"start {user}'s manager without a login: `loginctl enable-linger USER` on the host"
-                if user
-                else "install systemd, or set service_manager: pairctl for this host"
-            ),
-        )
-    version = next((ln.split("=", 1)[1] for ln in out.splitlines() if ln.startswith("systemd=")), "?")[:80]
-    major = re.match(r"^(?:user|system):(\d+)", version)
-    if major is None or int(major.group(1)) < MIN_SYSTEMD:
-        raise HostStateError(
-            f"{ctx.host(role)}: systemd {version.split(':', 1)[-1]} is older than {MIN_SYSTEMD} or unknown; its units "
-            f"need StandardOutput=append: (systemd {MIN_SYSTEMD}); nothing was changed",
-            hint="set service_manager: pairctl for this host (its own supervisor and an @reboot line)",
-        )
-    linger = next((ln for ln in out.splitlines() if ln.startswith("linger=")), "")
-    if layout.systemd.scope == "user" and not linger.endswith(":yes"):
-        who = linger.removeprefix("linger=").rsplit(":", 1)[0] or "USER"
-        raise HostStateError(
-            f"{ctx.host(role)}: {who}'s systemd user manager does not linger, so it (and every unit in it) stops "
-            "when that user's last login session ends, pairctl's own SSH session included; nothing was changed",
-            hint=f"run `loginctl enable-linger {who}` on the host (as root), or use systemd_scope: system",
-        )
-    return version
+def _check_manager(ctx: RunEnv, role: str) -> dict[str, Any]:
+    """The host's service manager must answer before anything is stopped, or the start after the
+    stop (and the rollback's) would fail and leave the pair down (hosts/managers)."""
+    return ctx.layout(role).manager.check(ctx.t(role), ctx.layout(role), ctx.host(role))
 
 
 def verify_unit_before_change(ctx: RunEnv, role: str, tgt: Target | None) -> str | None:
-    """A systemd host: the unit this run's start will install is rendered, staged and checked by
-    the host's own `systemd-analyze verify` now, before anything is stopped (a unit the host
-    rejects, e.g. an older systemd's, refuses the run with nothing changed)."""
-    layout = ctx.layout(role)
-    if layout.systemd is None or tgt is None:
+    """What this run's start will install (a systemd unit) is staged and checked by the host now,
+    before anything is stopped (hosts/managers): one the host rejects refuses the run unchanged."""
+    if tgt is None:
         return None
     ex = service_exec(ctx.view, "restart-rpc" if role == "rpc" else "start-server", role, tgt.activation)
     name = ex.service or SERVICE_OF_ROLE[role]
-    staged = services.stage_unit(ctx.t(role), layout, name, list(ex.service_argv), ex.sup)
-    assert staged is not None
-    res = ctx.t(role).run(layout.unit_verify_cmd(name), check=False, timeout=120)
-    if res.exit_status != 0:
-        complaints = "; ".join(
-            ln.removeprefix("unit_verify=") for ln in as_text(res.stdout).splitlines() if ln.startswith("unit_verify=")
-        )
-        raise HostStateError(
-            f"{ctx.host(role)}: {staged[0]} was refused by the host before any change: "
-            f"{as_text(res.stderr).strip().removeprefix('pairctl-svc: ')[-300:]}"
-            + (f" ({complaints[-600:]})" if complaints else "")
-            + "; nothing was changed",
-            hint="set service_manager: pairctl for this host if its systemd cannot run pairctl's units",
-        )
-    return staged[0]
+    return ctx.layout(role).manager.verify_staged(
+        ctx.t(role), ctx.layout(role), ctx.host(role), name, list(ex.service_argv), ex.sup
+    )
 
 
 def _hash_models(ctx: RunEnv) -> dict[str, Any]:
@@ -825,29 +777,14 @@ def a_start_server(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
 
 
 def _boot_entry(ctx: RunEnv, role: str, unit: UnitReadback | None = None) -> dict[str, Any]:
-    """After a start: what brings the service back at boot. On a systemd host its unit, which
-    the start enabled and read back (a user manager without lingering is a warning); elsewhere
-    the host's @reboot crontab line for its root (hosts/boot.py; the start itself left the
-    service's arguments in run/NAME.boot). Recorded, never a failure of the step: a host
-    without crontab keeps a running pair, with "no boot persistence" to say so."""
-    if unit is not None:
-        out = unit.boot()
-        try:  # a line left from when this host's supervisors ran without systemd
-            out["crontab_line"] = boot.remove_entry(ctx.t(role), ctx.layout(role))
-        except (HostError, OSError) as exc:
-            out["crontab_line"] = f"not checked: {str(exc)[:200]}"
-        if out.get("warning"):
-            ctx.log.warning("boot persistence", host=ctx.host(role), warning=out["warning"])
-        return out
+    """After a start: what brings the service back at boot, as the host's manager keeps it
+    (hosts/managers). Recorded, never a failure of the step: "no boot persistence" says so."""
     t0 = time.monotonic()
-    try:
-        out = boot.ensure_entry(ctx.t(role), ctx.layout(role))
-    except (HostError, OSError) as exc:  # the host stopped answering: the next step finds out too
-        out = {"persistence": None, "warning": f"no boot persistence: {str(exc)[:300]}"}
+    out = ctx.layout(role).manager.boot_after_start(ctx.t(role), ctx.layout(role), unit)
     ctx.timed("boot_entry_s", time.monotonic() - t0)
     if out.get("warning"):
         ctx.log.warning("boot persistence", host=ctx.host(role), warning=out["warning"])
-    return out
+    return dict(out)
 
 
 def a_verify(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:

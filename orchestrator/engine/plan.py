@@ -21,9 +21,9 @@ from orchestrator.engine.playbook import ACTIONS, Playbook
 from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.managers import manager_for
 from orchestrator.hosts.probes import HostFacts
 from orchestrator.hosts.route import RouteEntry, RouteRecord
-from orchestrator.hosts.units import SystemdUnits, unit_name
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
 
@@ -81,7 +81,7 @@ class Step:
     packages: Mapping[str, Package] = field(default_factory=dict, compare=False, repr=False)  # role -> upload
     key: ApiKey | None = field(default=None, compare=False, repr=False)  # the secret it puts, verify's Bearer
     # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
-    # systemd hosts, stop proves the RPC host and roots first, a read-only root is let be
+    # hosts whose manager installs units, stop proves the RPC host and roots first, a read-only root is let be
     restores: bool = False
 
     @property
@@ -157,33 +157,11 @@ class Target:
     expected: Expected | None  # None when a manifest is not in the local store
 
 
-def systemd_units(inventory: Inventory, pair_name: str, role: str) -> SystemdUnits | None:
-    """How ROLE's host of the pair runs its supervisor: None (setsid, @reboot line) or as a
-    systemd unit; llama-server's unit is ordered after ggml-rpc-server's when both run under one
-    manager (same address, port, user and scope)."""
-    p = inventory.pair(pair_name)
-    spec = inventory.host(p.native if role == "native" else p.rpc)
-    if spec.service_manager != "systemd":
-        return None
-    after = None
-    rpc = inventory.host(p.rpc)
-    same = (rpc.service_manager, rpc.systemd_scope, rpc.address, rpc.port, rpc.user)
-    if role == "native" and same == ("systemd", spec.systemd_scope, spec.address, spec.port, spec.user):
-        after = unit_name(pair_name, RPC_SERVER, rpc.install_root)
-    return SystemdUnits(
-        scope=spec.systemd_scope,
-        pair=pair_name,
-        root=spec.install_root,
-        supervision=inventory.supervision,
-        after=after,
-    )
-
-
 def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     p = inventory.pair(pair_name)
     hosts = {"native": p.native, "rpc": p.rpc}
     layouts = {
-        role: HostLayout(inventory.host(h).install_root, systemd_units(inventory, pair_name, role))
+        role: HostLayout(inventory.host(h).install_root, manager_for(inventory, pair_name, role))
         for role, h in hosts.items()
     }
     server_bind = inventory.server_bind(pair_name)
@@ -237,7 +215,7 @@ def service_exec(
     layout = view.layouts[role]
     name = LLAMA_SERVER if role == "native" else RPC_SERVER
     if action == "stop" or (action == "restart-rpc" and act is None):
-        return Exec(layout.stop_cmd(name, verify_release), services.stop_bound_s(layout), verify_release)
+        return Exec(layout.stop_cmd(name, verify_release), layout.manager.bound_s("stop"), verify_release)
     assert act is not None
     sup = tuple(view.sup.get(role, ()))
     if digest := act.files[0 if role == "native" else 1]:
@@ -261,7 +239,7 @@ def service_exec(
     if action == "start-server":
         argv = list(act.native_argv)
         cmd = layout.start_cmd(LLAMA_SERVER, argv, sup)
-        return Exec(cmd, services.start_bound_s(layout), None, LLAMA_SERVER, tuple(argv), sup)
+        return Exec(cmd, layout.manager.bound_s("start"), None, LLAMA_SERVER, tuple(argv), sup)
     raise ValueError(f"action {action} runs no service command")
 
 

@@ -13,10 +13,10 @@ from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import leasing, route_trust, team_sync
-from orchestrator.engine.plan import pair_view
+from orchestrator.engine.plan import PairView, pair_view
 from orchestrator.errors import HostKeyError, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
-from orchestrator.hosts import boot, supervisor
+from orchestrator.hosts import supervisor
 from orchestrator.hosts.identity import RPC_PROBE_S, read_identities, rpc_probe
 from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
@@ -25,7 +25,6 @@ from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
 from orchestrator.hosts.release import check_hash_output, expected_hashes, leftovers
 from orchestrator.hosts.route import parse_route
 from orchestrator.hosts.services import get_json
-from orchestrator.hosts.units import parse_readback
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
@@ -77,97 +76,9 @@ def status(
         found: dict[str, HostFacts] = {}
         out["unreachable"] = {}  # host -> why: the other host is still shown (a partial view)
         for role in ROLES:
-            host, layout = view.hosts[role], view.layouts[role]
-            name = SERVICE_OF_ROLE[role]
-            try:
-                t = pool.get(host)
-                f = read_facts(t, layout, (name,))
-            except (Unreachable, ConnectionLost, HostKeyError) as exc:  # say so, show what the other host says
-                out["unreachable"][host] = exc.message
-                out["hosts"][host] = {
-                    **{"role": role, "current": None, "previous": None, "releases": [], "service": name},
-                    **{"running": None, "pid": None, "matches_manifest": None, "leases": []},
-                    **{"reachable": False, "error": exc.message},
-                }
-                out["problems"].append(f"{host}: not reachable, nothing read from it: {exc.message}")
-                continue
-            # a host pairctl never prepared has no helper to ask (and nothing of ours running)
-            ident = read_identities({role: t}, {role: layout}, (role,))[role] if f.svc_sha256 else None
-            want = _bin_sha(store, f.current, name)
-            matches = None
-            if ident is not None and ident.running:
-                matches = want is not None and ident.exe_sha256 == want
-                if f.current and not _have(store, f.current):  # missing here, not wrong there
-                    matches = None
-                    out["problems"].append(
-                        f"{host}: package {f.current} (current) is not in this home ({store.root}), so running "
-                        f"{name} cannot be checked against its manifest; {how_to_get(f.current)}"
-                    )
-                elif not matches:
-                    out["problems"].append(f"{host}: running {name} does not match the manifest of {f.current}")
-                if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
-                    out["problems"].append(f"{host}: running {name} is not from current ({f.current})")
-            elif f.current:
-                out["problems"].append(
-                    f"{host}: current is {f.current} but {name} is not running; `pairctl restart --pair {view.name}` "
-                    "starts the pair again"
-                )
-            h: dict[str, Any] = {
-                "role": role,
-                "reachable": True,
-                "current": f.current,
-                "previous": f.previous,
-                "releases": list(f.releases),
-                "service": name,
-                "running": bool(ident and ident.running),
-                "pid": ident.pid if ident else None,
-                "matches_manifest": matches,
-                "leases": _leases(t, layout.root),
-                # partial uploads of killed runs (the next deploy under the lease removes them)
-                "upload_leftovers": leftovers(t, layout),
-            }
-            if role == "rpc" and ident is not None and ident.running:
-                h["rpc_probe"] = rpc_probe(t, layout, view.rpc_bind, view.rpc_port)
-                problem = rpc_probe_problem(host, name, h["rpc_probe"], RPC_PROBE_S)
-                if problem:
-                    out["problems"].append(problem)
-            sup = supervisor.read_state(t, layout, name)
-            h["supervisor"] = sup.as_dict() if sup else None
-            if sup is not None and sup.state == "refused":
-                out["problems"].append(
-                    f"{host}: the supervisor refused to start {name}: {sup.refused or 'its release failed its check'}; "
-                    f"`pairctl status --pair {view.name} --verify-files` names the files, then deploy or rollback"
-                )
-            elif (
-                sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up")
-            ):
-                out["problems"].append(
-                    f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} is restarted "
-                    f"only by the crontab watchdog, within a minute, where cron runs (systemd hosts: by its unit); "
-                    f"`pairctl restart --pair {view.name}` starts it under a new supervisor now"
-                )
-            if sup is not None and sup.given_up:
-                out["problems"].append(
-                    f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
-                    f"last: {sup.last_exit or '?'}); see {layout.log(name + '.out')}, then deploy or rollback"
-                )
-            if f.svc_sha256 and layout.systemd is not None:  # its supervisor's unit (hosts/units.py)
-                h["boot"] = _unit_boot(t, layout, name, host, running=bool(f.current), problems=out["problems"])
-                if h["boot"].get("warning"):
-                    out["warnings"].append(f"{host}: {h['boot']['warning']}")
-            elif f.svc_sha256:  # a prepared host: what a reboot would bring back (hosts/boot.py)
-                h["boot"] = {
-                    **boot.read_entry(t, layout),
-                    "starts_at_boot": t.stat(layout.log(name + ".boot")) is not None,
-                }
-                if h["boot"].get("warning"):
-                    out["warnings"].append(f"{host}: {h['boot']['warning']}")
-            if verify_files:
-                h["release_files"] = _verify_current(t, layout, store, f.current, host)
-                if h["release_files"].get("problem"):
-                    out["problems"].append(h["release_files"]["problem"])
-            out["hosts"][host] = h
-            found[role] = f
+            f = _read_host(view, role, pool, store, out, verify_files)
+            if f is not None:
+                found[role] = f
         if out["unreachable"]:
             # one host read: its route record is shown as that host has it, not judged (judging
             # compares both hosts' records and links; a deploy or rollback would refuse anyway)
@@ -183,49 +94,8 @@ def status(
             out["host_state_problems"] = [{"kind": p.kind, "text": p.text, "fix": p.hint} for p in judged.problems]
             rec = judged.record
         if rec is not None:
-            out["route"] = {
-                "revision": rec.revision,
-                "updated_at": rec.updated_at,
-                "updated_by": rec.updated_by,
-                "state": rec.state,
-                "signed": rec.mac is not None,
-                "evidence_head": rec.evidence_head,
-                "evidence_home": rec.evidence_home,
-                "active": rec.active.names() if rec.active else None,
-                "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
-                "previous": rec.previous.names() if rec.previous else None,
-                "previous_state": (rec.previous_state or "active") if rec.previous else None,
-            }
-            if "native" not in found:
-                out["route"]["read_from"] = view.hosts["rpc"]
-            elif "rpc" not in found:
-                out["route"]["read_from"] = view.hosts["native"]
-            if rec.active and rec.active.models and "native" in found:
-                bad = recorded_model_problems(
-                    rec.active.models,
-                    inventory.pair(pair_name).models,
-                    view.hosts["native"],
-                    pool.get(view.hosts["native"]),
-                    view.layouts["native"],
-                )
-                out["route"]["models"] = dict(rec.active.models)
-                out["route"]["models_verified"] = not bad
-                out["problems"] += bad
-            if rec.active and recorded_files(rec.active.profile) and "native" in found:
-                bad = recorded_file_problems(
-                    rec.active.profile, view.hosts["native"], pool.get(view.hosts["native"]), view.layouts["native"]
-                )
-                out["route"]["files"] = recorded_files(rec.active.profile)
-                out["route"]["files_verified"] = not bad
-                out["problems"] += bad
-        try:
-            get_json(view.base_url, "/health", timeout=3)
-            out["health"] = "ok"
-        except Exception as exc:
-            out["health"] = f"not healthy: {str(exc)[:120]}"
-            if (rec is not None and rec.active is not None) or any(h.get("current") for h in out["hosts"].values()):
-                # a pair that should serve and does not answer is a problem (exit 1), hung or dead
-                out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
+            out["route"] = _route_shown(inventory, view, pool, found, rec, out)
+        _health(view, rec, out)
         out["unsealed_runs"] = [u for u in evidence.unsealed() if u.get("pair") == pair_name]
         # a home rewritten after it pushed: the team's remote still holds what was written
         remote_bad, remote_warn = team_sync.remote_problems(evidence, inventory)
@@ -241,6 +111,162 @@ def status(
     finally:
         if own:
             pool.close()
+
+
+def _read_host(
+    view: PairView, role: str, pool: TransportPool, store: PackageStore, out: dict[str, Any], verify_files: bool
+) -> HostFacts | None:
+    """ROLE's host as status shows it (out["hosts"][host]); its facts, or None when it cannot be read."""
+    host, layout = view.hosts[role], view.layouts[role]
+    name = SERVICE_OF_ROLE[role]
+    try:
+        t = pool.get(host)
+        f = read_facts(t, layout, (name,))
+    except (Unreachable, ConnectionLost, HostKeyError) as exc:  # say so, show what the other host says
+        out["unreachable"][host] = exc.message
+        out["hosts"][host] = {
+            **{"role": role, "current": None, "previous": None, "releases": [], "service": name},
+            **{"running": None, "pid": None, "matches_manifest": None, "leases": []},
+            **{"reachable": False, "error": exc.message},
+        }
+        out["problems"].append(f"{host}: not reachable, nothing read from it: {exc.message}")
+        return None
+    # a host pairctl never prepared has no helper to ask (and nothing of ours running)
+    ident = read_identities({role: t}, {role: layout}, (role,))[role] if f.svc_sha256 else None
+    h: dict[str, Any] = {
+        "role": role,
+        "reachable": True,
+        "current": f.current,
+        "previous": f.previous,
+        "releases": list(f.releases),
+        "service": name,
+        "running": bool(ident and ident.running),
+        "pid": ident.pid if ident else None,
+        "matches_manifest": _matches(view, store, host, name, f, ident, out["problems"]),
+        "leases": _leases(t, layout.root),
+        # partial uploads of killed runs (the next deploy under the lease removes them)
+        "upload_leftovers": leftovers(t, layout),
+    }
+    if role == "rpc" and ident is not None and ident.running:
+        h["rpc_probe"] = rpc_probe(t, layout, view.rpc_bind, view.rpc_port)
+        problem = rpc_probe_problem(host, name, h["rpc_probe"], RPC_PROBE_S)
+        if problem:
+            out["problems"].append(problem)
+    h["supervisor"] = _supervisor(t, layout, view, host, name, f, out["problems"])
+    if f.svc_sha256:  # a prepared host: what a reboot would bring back (hosts/managers)
+        h["boot"] = layout.manager.boot_status(t, layout, name, host, running=bool(f.current), problems=out["problems"])
+        if h["boot"].get("warning"):
+            out["warnings"].append(f"{host}: {h['boot']['warning']}")
+    if verify_files:
+        h["release_files"] = _verify_current(t, layout, store, f.current, host)
+        if h["release_files"].get("problem"):
+            out["problems"].append(h["release_files"]["problem"])
+    out["hosts"][host] = h
+    return f
+
+
+def _matches(
+    view: PairView, store: PackageStore, host: str, name: str, f: HostFacts, ident: Any, problems: list[str]
+) -> bool | None:
+    """Whether the running service is current's binary (None: nothing runs, or no manifest here)."""
+    if ident is None or not ident.running:
+        if f.current:
+            problems.append(
+                f"{host}: current is {f.current} but {name} is not running; `pairctl restart --pair {view.name}` "
+                "starts the pair again"
+            )
+        return None
+    want = _bin_sha(store, f.current, name)
+    matches: bool | None = want is not None and ident.exe_sha256 == want
+    if f.current and not _have(store, f.current):  # missing here, not wrong there
+        matches = None
+        problems.append(
+            f"{host}: package {f.current} (current) is not in this home ({store.root}), so running "
+            f"{name} cannot be checked against its manifest; {how_to_get(f.current)}"
+        )
+    elif not matches:
+        problems.append(f"{host}: running {name} does not match the manifest of {f.current}")
+    if f.current and f"/releases/{f.current}/" not in (ident.argv[0] if ident.argv else ""):
+        problems.append(f"{host}: running {name} is not from current ({f.current})")
+    return matches
+
+
+def _supervisor(
+    t: Transport, layout: HostLayout, view: PairView, host: str, name: str, f: HostFacts, problems: list[str]
+) -> dict[str, Any] | None:
+    """NAME's supervisor state; one that refused, died or gave up is a problem, with its fix."""
+    sup = supervisor.read_state(t, layout, name)
+    if sup is not None and sup.state == "refused":
+        problems.append(
+            f"{host}: the supervisor refused to start {name}: {sup.refused or 'its release failed its check'}; "
+            f"`pairctl status --pair {view.name} --verify-files` names the files, then deploy or rollback"
+        )
+    elif sup is not None and not sup.supervisor_alive and f.current and sup.state not in ("stopped", "given-up"):
+        problems.append(
+            f"{host}: the supervisor of {name} is not running (killed?), so a crash of {name} is restarted "
+            f"only by the crontab watchdog, within a minute, where cron runs (systemd hosts: by its unit); "
+            f"`pairctl restart --pair {view.name}` starts it under a new supervisor now"
+        )
+    if sup is not None and sup.given_up:
+        problems.append(
+            f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
+            f"last: {sup.last_exit or '?'}); see {layout.log(name + '.out')}, then deploy or rollback"
+        )
+    return sup.as_dict() if sup else None
+
+
+def _route_shown(
+    inventory: Inventory,
+    view: PairView,
+    pool: TransportPool,
+    found: dict[str, HostFacts],
+    rec: Any,
+    out: dict[str, Any],
+) -> dict[str, Any]:
+    """The route record as status shows it, with the active pair's models and files checked."""
+    shown: dict[str, Any] = {
+        "revision": rec.revision,
+        "updated_at": rec.updated_at,
+        "updated_by": rec.updated_by,
+        "state": rec.state,
+        "signed": rec.mac is not None,
+        "evidence_head": rec.evidence_head,
+        "evidence_home": rec.evidence_home,
+        "active": rec.active.names() if rec.active else None,
+        "active_packages": [rec.active.native_package, rec.active.rpc_package] if rec.active else None,
+        "previous": rec.previous.names() if rec.previous else None,
+        "previous_state": (rec.previous_state or "active") if rec.previous else None,
+    }
+    if "native" not in found:
+        shown["read_from"] = view.hosts["rpc"]
+    elif "rpc" not in found:
+        shown["read_from"] = view.hosts["native"]
+    native = view.hosts["native"]
+    if rec.active and rec.active.models and "native" in found:
+        bad = recorded_model_problems(
+            rec.active.models, inventory.pair(view.name).models, native, pool.get(native), view.layouts["native"]
+        )
+        shown["models"] = dict(rec.active.models)
+        shown["models_verified"] = not bad
+        out["problems"] += bad
+    if rec.active and recorded_files(rec.active.profile) and "native" in found:
+        bad = recorded_file_problems(rec.active.profile, native, pool.get(native), view.layouts["native"])
+        shown["files"] = recorded_files(rec.active.profile)
+        shown["files_verified"] = not bad
+        out["problems"] += bad
+    return shown
+
+
+def _health(view: PairView, rec: Any, out: dict[str, Any]) -> None:
+    """llama-server's /health; a pair that should serve and does not answer is a problem (exit 1),
+    hung or dead."""
+    try:
+        get_json(view.base_url, "/health", timeout=3)
+        out["health"] = "ok"
+    except Exception as exc:
+        out["health"] = f"not healthy: {str(exc)[:120]}"
+        if (rec is not None and rec.active is not None) or any(h.get("current") for h in out["hosts"].values()):
+            out["problems"].append(f"llama-server at {view.base_url} is not healthy: {str(exc)[:120]}")
 
 
 def _one_host_record(view: Any, found: dict[str, HostFacts], key: bytes, out: dict[str, Any]) -> Any:
@@ -328,34 +354,3 @@ def _leases(transport: Transport, root: str) -> list[dict[str, Any]]:
         return leasing.show(transport, root)
     except Exception as exc:  # a status must still show the rest
         return [{"error": str(exc)[:200]}]
-
-
-def _unit_boot(
-    t: Transport, layout: HostLayout, name: str, host: str, *, running: bool, problems: list[str]
-) -> dict[str, Any]:
-    """A systemd host: NAME's unit read back (one exec). A pair with a current release whose unit
-    is missing or not active is a problem (a failed unit: systemd's start limit was hit)."""
-    assert layout.systemd is not None
-    res = t.run_idempotent(layout.units_cmd(name), check=False, timeout=120)
-    rb = parse_readback(as_text(res.stdout))
-    unit = layout.systemd.unit(name)
-    if rb is None or rb.sha256 is None:
-        if running:
-            problems.append(
-                f"{host}: the inventory says service_manager: systemd, but {unit} is not installed; "
-                "a deploy or rollback installs it"
-            )
-        return {"persistence": None, "unit": unit, "starts_at_boot": False}
-    if rb.unit != unit:
-        problems.append(f"{host}: run/{name}.unit names {rb.unit}, not {unit}; a deploy or rollback replaces it")
-        return {"persistence": None, "unit": unit, "starts_at_boot": False}
-    if running and rb.source not in (None, "ok:none:no"):
-        problems.append(
-            f"{host}: {unit} as systemd runs it is not the file pairctl installed (source {rb.source}: "
-            "fragment, drop-ins, pending reload); `systemctl cat` on the host shows what overrides it"
-        )
-    if running and rb.active == "-":
-        problems.append(f"{host}: no systemd {layout.systemd.scope} manager answers for {unit}")
-    elif running and rb.active != "active":
-        problems.append(f"{host}: {unit} is {rb.active} (systemctl{' --user' if rb.user else ''} status {unit})")
-    return {**rb.boot(), "starts_at_boot": rb.starts_at_boot}

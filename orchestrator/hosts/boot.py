@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from orchestrator.hosts.layout import HostLayout
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import Transport
+
+if TYPE_CHECKING:
+    from orchestrator.hosts.managers.base import HostPaths
 
 MARKER_PREFIX = "# pairctl boot persistence, install root "
 MARKER_SUFFIX = " (managed by pairctl; a deploy rewrites it)"
@@ -41,7 +44,7 @@ def marker(root: str) -> str:
     return MARKER_PREFIX + root + MARKER_SUFFIX
 
 
-def boot_argv(layout: HostLayout) -> list[str]:
+def boot_argv(layout: HostPaths) -> list[str]:
     """What the @reboot line runs: the installed helper's `boot` for this root."""
     return ["sh", layout.svc, "boot", layout.root]
 
@@ -90,7 +93,7 @@ def cron_command(line: str) -> str:
     return "".join(out)
 
 
-def entry(layout: HostLayout) -> str:
+def entry(layout: HostPaths) -> str:
     """The lines under this root's marker (the root checked with `unfit_for_cron` first): the
     @reboot line, and the watchdog that supervises the supervisors where no service manager does
     (issue 49: a supervisor killed, then its service, stayed down): every minute, `watch` starts
@@ -206,7 +209,7 @@ def _text_or_warning(got: CrontabRead) -> str | dict[str, object]:
     return got.text
 
 
-def ensure_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
+def ensure_entry(t: Transport, layout: HostPaths) -> dict[str, object]:
     """This root's @reboot line in the host user's crontab, replaced in place (never twice), read
     back and compared. Never raises for cron's absence or a refused write: the result says what
     is persisted (`persistence`: `cron` or None) and why not (`warning`), for receipts and status."""
@@ -232,7 +235,7 @@ def ensure_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
     return _unpersisted(f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)")
 
 
-def remove_entry(t: Transport, layout: HostLayout) -> str:
+def remove_entry(t: Transport, layout: HostPaths) -> str:
     """Best effort, for a root whose services are now systemd units: its @reboot line goes (it
     would start nothing, since no run/NAME.boot is left, but it should not stay to mislead).
     Returns what happened, for the receipt; never raises for cron's absence."""
@@ -247,7 +250,7 @@ def remove_entry(t: Transport, layout: HostLayout) -> str:
     return "removed" if res.exit_status == 0 else f"crontab - exited {res.exit_status}"
 
 
-def read_entry(t: Transport, layout: HostLayout) -> dict[str, object]:
+def read_entry(t: Transport, layout: HostPaths) -> dict[str, object]:
     """For status: whether this root's @reboot line is in the crontab (`installed`), and a
     `warning` when it is not."""
     why = unfit_for_cron(layout.root)

@@ -28,8 +28,10 @@ from pathlib import Path
 
 from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts.managers.base import ServiceManager
+from orchestrator.hosts.managers.pairctl import PAIRCTL
 from orchestrator.hosts.root_trust import check_root, put_new
-from orchestrator.hosts.units import SystemdUnits, supervise_argv
+from orchestrator.hosts.units import supervise_argv
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import Transport
 
@@ -55,11 +57,11 @@ def svc_sha256() -> str:
 
 @dataclass(frozen=True)
 class HostLayout:
-    """Paths under one host's install root (POSIX paths on the host, not here), and, where the
-    inventory says `service_manager: systemd`, the units its supervisors run as."""
+    """Paths under one host's install root (POSIX paths on the host, not here), and the service
+    manager its supervisors run under (hosts/managers)."""
 
     root: str
-    systemd: SystemdUnits | None = None
+    manager: ServiceManager = PAIRCTL
 
     def _p(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -119,16 +121,8 @@ class HostLayout:
         """The guard as running NAME has it: `guard=NAME:SHA256:ALLOW:KEYID` (rpc_guard.parse_guard)."""
         return self.svc_cmd("guard", name)
 
-    def staged_unit(self, name: str) -> str:
-        """Where deploy puts NAME's rendered unit for `pairctl-svc` to verify and install."""
-        assert self.systemd is not None
-        return self._p("run", "units", self.systemd.unit(name))
-
     def supervise_argv(self, name: str, argv: Sequence[str], sup: Sequence[str]) -> list[str]:
         return supervise_argv(self.svc, self.root, name, sup, argv)
-
-    def _unit_word(self, name: str) -> tuple[str, ...]:
-        return (self.systemd.word(name),) if self.systemd else ()
 
     # --- commands (each one SSH exec: keep them few) ----------------------------------------
 
@@ -137,9 +131,9 @@ class HostLayout:
         return Cmd(("sh", self.svc, sub, self.root, *args))
 
     def start_cmd(self, name: str, argv: list[str], sup: Sequence[str] = ()) -> Cmd:
-        """Start NAME under its supervisor (setsid, or its systemd unit; `sup.KEY=VALUE` options,
+        """Start NAME under its supervisor (as its manager starts it; `sup.KEY=VALUE` options,
         hosts/supervisor.py); prints `pid=` and its identity line (and the unit read back)."""
-        return self.svc_cmd("start", name, *self._unit_word(name), *sup, *argv)
+        return self.svc_cmd("start", name, *self.manager.words(name), *sup, *argv)
 
     def stop_cmd(self, name: str, verify_release: str | None = None) -> Cmd:
         """Stop NAME; with `verify_release`, first check that release against the manifest on stdin
@@ -169,23 +163,13 @@ class HostLayout:
             address,
             str(port),
             str(timeout_s),
-            *self._unit_word(name),
+            *self.manager.words(name),
             *sup,
             *argv,
         )
 
     def wait_listen_cmd(self, name: str, address: str, port: int, timeout_s: int) -> Cmd:
         return self.svc_cmd("wait-listen", name, address, str(port), str(timeout_s))
-
-    def systemd_check_cmd(self) -> Cmd:
-        """The manager this host's units would use answers, and systemd-analyze is installed."""
-        assert self.systemd is not None
-        return self.svc_cmd("systemd-check", self.systemd.scope)
-
-    def unit_verify_cmd(self, name: str) -> Cmd:
-        """The host's systemd-analyze verify on NAME's staged unit (nothing else is touched)."""
-        assert self.systemd is not None
-        return self.svc_cmd("unit-verify", name, f"{self.systemd.scope}:{self.systemd.unit(name)}")
 
     def units_cmd(self, *names: str) -> Cmd:
         """Per NAME, its installed unit read back (hosts/units.py parse_readback), or `unit=-`."""

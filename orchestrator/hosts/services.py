@@ -8,7 +8,6 @@ from here; a process that died meanwhile fails the wait at once with its log tai
 
 from __future__ import annotations
 
-import posixpath
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -21,9 +20,8 @@ from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
-from orchestrator.hosts.root_trust import put_new
 from orchestrator.hosts.space import NotWritable
-from orchestrator.hosts.units import UnitReadback, check_readback, render_unit
+from orchestrator.hosts.units import UnitReadback
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_LOG_MAX, Transport
@@ -83,62 +81,22 @@ def _pid_and_identity(host: str, out: str, name: str) -> tuple[int, ProcIdentity
     return pid, ident
 
 
-# A systemd host's exec runs up to ~13 systemctl calls (each bounded at 30 s by pairctl-svc, a
-# stop waiting for TimeoutStopSec=20) and one verify (30 s): the exec's own bound covers their sum,
-# so pairctl never gives up on a step the host is still doing.
-SYSTEMD_EXEC_S = 480
-SYSTEMD_STOP_S = 200
 Units = MutableMapping[str, UnitReadback]  # service name -> its unit read back after the start
 
 
-def stage_unit(
-    transport: Transport, layout: HostLayout, name: str, argv: Sequence[str], sup: Sequence[str]
-) -> tuple[str, str] | None:
-    """On a `service_manager: systemd` host: NAME's supervisor unit rendered here and put on the
-    host (run/units/UNIT, by rename) for `pairctl-svc` to verify and install; (unit, text), or
-    None on a host without systemd."""
-    sd = layout.systemd
-    if sd is None:
-        return None
-    text = render_unit(
-        pair=sd.pair,
-        service=name,
-        exec_argv=layout.supervise_argv(name, argv, sup),
-        root=layout.root,
-        supervision=sd.supervision,
-        after=sd.after if name == LLAMA_SERVER else None,
-        user=sd.user,
-    )
-    path = layout.staged_unit(name)
-    transport.makedirs(posixpath.dirname(path), 0o755)
-    put_new(transport, text.encode(), path, 0o644)  # exclusive per-run temp name: never written through a link
-    return sd.unit(name), text
-
-
 def _unit_read_back(
-    transport: Transport, staged: tuple[str, str] | None, out: str, name: str, units: Units | None
+    transport: Transport, layout: HostLayout, staged: tuple[str, str] | None, out: str, name: str, units: Units | None
 ) -> None:
-    if staged is None:
-        return
-    rb = check_readback(transport.name, out, *staged)
-    if units is not None:
+    rb = layout.manager.read_back(transport.name, out, staged)
+    if units is not None and rb is not None:
         units[name] = rb
 
 
 RPC_LISTEN_S = 20  # restart: how long the helper waits for ggml-rpc-server to live and listen
 
 
-def start_bound_s(layout: HostLayout) -> int:
-    """The start exec's bound: a systemd host's systemctl calls, else 30 s."""
-    return SYSTEMD_EXEC_S if layout.systemd is not None else 30
-
-
 def restart_bound_s(layout: HostLayout, listen_s: int = RPC_LISTEN_S) -> int:
-    return listen_s + (SYSTEMD_EXEC_S if layout.systemd is not None else 60)
-
-
-def stop_bound_s(layout: HostLayout) -> int:
-    return SYSTEMD_STOP_S if layout.systemd is not None else 60
+    return listen_s + layout.manager.bound_s("restart")
 
 
 def start(
@@ -150,14 +108,14 @@ def start(
     units: Units | None = None,
     cmd: Cmd | None = None,
 ) -> tuple[int, ProcIdentity]:
-    """Start NAME under its supervisor (one exec; on a systemd host its unit is staged first and
-    read back after); returns its pid and identity (exe sha256, argv) once it has exec'd. `cmd`:
+    """Start NAME under its supervisor (one exec; what its manager writes, e.g. a systemd unit, is
+    staged first and read back after); returns its pid and identity (exe sha256, argv) once it has exec'd. `cmd`:
     the command as the plan rendered it (engine/plan.py), run as it is."""
-    staged = stage_unit(transport, layout, name, argv, sup)
-    res = transport.run(cmd or layout.start_cmd(name, argv, sup), timeout=start_bound_s(layout))
+    staged = layout.manager.stage(transport, layout, name, argv, sup)
+    res = transport.run(cmd or layout.start_cmd(name, argv, sup), timeout=layout.manager.bound_s("start"))
     out = as_text(res.stdout)
     pid_ident = _pid_and_identity(transport.name, out, name)
-    _unit_read_back(transport, staged, out, name, units)
+    _unit_read_back(transport, layout, staged, out, name, units)
     return pid_ident
 
 
@@ -193,7 +151,7 @@ def restart_listening(
     listens on address:port and read its identity, in one exec. Raises CheckFailed with the
     output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
     exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
-    staged = stage_unit(transport, layout, name, argv, sup)
+    staged = layout.manager.stage(transport, layout, name, argv, sup)
     cmd = cmd or layout.restart_cmd(
         name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None, sup=sup
     )
@@ -214,7 +172,7 @@ def restart_listening(
         )
     if res.exit_status == 0:
         pid, ident = _pid_and_identity(transport.name, out, name)
-        _unit_read_back(transport, staged, out, name, units)
+        _unit_read_back(transport, layout, staged, out, name, units)
         stopped = next((line.split("=", 1)[1] for line in out.splitlines() if line.startswith("stopped=")), "")
         return pid, ident, stopped, verified
     if res.exit_status in (4, 5):
@@ -234,7 +192,7 @@ def stop(
     res = transport.run(
         cmd or layout.stop_cmd(name, verify[0] if verify else None),
         check=False,
-        timeout=stop_bound_s(layout),
+        timeout=layout.manager.bound_s("stop"),
         stdin=manifest_lines(verify[1]) if verify else None,
     )
     out = as_text(res.stdout)

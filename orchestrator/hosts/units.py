@@ -46,29 +46,6 @@ def root_tag(root: str) -> str:
     return sha256_bytes(root.encode())[:8]
 
 
-@dataclass(frozen=True)
-class SystemdUnits:
-    """A host whose supervisors run as systemd units: the manager's scope, the pair (in the unit
-    names) and, for llama-server on a host it shares with ggml-rpc-server, the unit to start after."""
-
-    scope: Scope
-    pair: str
-    root: str
-    supervision: Supervision
-    after: str | None = None
-
-    @property
-    def user(self) -> bool:
-        return self.scope == "user"
-
-    def unit(self, service: str) -> str:
-        return unit_name(self.pair, service, self.root)
-
-    def word(self, service: str) -> str:
-        """The `systemd=SCOPE:UNIT` word `pairctl-svc start|restart` takes."""
-        return f"systemd={self.scope}:{self.unit(service)}"
-
-
 def exec_quote(arg: str) -> str:
     """One ExecStart= word: double-quoted with systemd's C-style escapes (a control character as
     `\\xNN`, which systemd turns back into that byte), and `$`/`%` doubled so neither environment

@@ -216,7 +216,7 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     r = cli(*deploy)
     assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
     view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
-    units = {role: view.layouts[role].systemd.unit(SERVICE[role]) for role in SERVICE}  # type: ignore[union-attr]
+    units = {role: view.layouts[role].manager.unit(SERVICE[role]) for role in SERVICE}  # type: ignore[attr-defined]
     yield {
         "cli": cli,
         "roots": roots,
@@ -359,10 +359,10 @@ def test_a_unit_the_host_rejects_stops_nothing(pair):
     """The host's systemd-analyze verify runs before the stop: a staged unit it rejects (here
     one edited on the host after pairctl put it there) fails the step, and the pair keeps running."""
     root = pair["roots"]["rpc"]
-    layout = HostLayout(root, pair["layouts"]["rpc"].systemd)
+    layout = HostLayout(root, pair["layouts"]["rpc"].manager)
     before = _identity(root, RPC_SERVER)
     assert before is not None
-    staged = Path(layout.staged_unit(RPC_SERVER))
+    staged = Path(layout.manager.staged_unit(layout, RPC_SERVER))
     staged.write_text(staged.read_text().replace("Restart=on-failure", "Restart=sometimes"))
     argv = before[2].decode().split("\0")[:-1]
     cmd = layout.restart_cmd(RPC_SERVER, None, None, ADDRESS["rpc"], RPC_PORT, 10, argv)

@@ -205,7 +205,7 @@ def test_the_plan_carries_the_commands_the_executor_runs(inv):
     by = {s.name: s for s in plan(load_playbook("deploy"), view, facts=facts, target=act)}
     server = by["start-server"].execs["lab-native"]
     assert server.sup == view.sup["native"] and any(w.startswith("sup.peer=") for w in server.argv())
-    assert server.service_argv == act.native_argv and server.bound_s == services.start_bound_s(view.layouts["native"])
+    assert server.service_argv == act.native_argv and server.bound_s == view.layouts["native"].manager.bound_s("start")
     rpc = by["restart-rpc"].execs["lab-rpc"]
     assert str(services.RPC_LISTEN_S) in rpc.argv() and any(w.startswith("sup.") for w in rpc.argv())
     assert by["stop-native"].execs["lab-native"].verify_release == "pkg-n"  # present: verified before the stop
