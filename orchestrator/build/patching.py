@@ -67,6 +67,20 @@ def check_base_blobs(repo: Path, base: str, meta: KernelPatch) -> None:
             )
 
 
+def _patch_and_base(repo: Path, rev: str, patch_dir: Path | str) -> tuple[Path, KernelPatch, str]:
+    """The kernel patch's folder and metadata, and the commit REV names once it holds the patch's base blobs."""
+    try:
+        d, meta = load_kernel(patch_dir)
+    except ConfigError as exc:
+        raise BuildError(f"kernel patch {patch_dir}: {exc}") from None
+    proc = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise BuildError(f"revision {rev!r} is not a commit in {repo}")
+    base = proc.stdout.strip()
+    check_base_blobs(repo, base, meta)
+    return d, meta, base
+
+
 def apply_patch_commit(repo: Path | str, rev: str, patch_dir: Path | str) -> str:
     """Apply `patch_dir`'s patch onto REV in a throw-away index and commit it; return the new commit.
 
@@ -80,16 +94,8 @@ def apply_patch_commit(repo: Path | str, rev: str, patch_dir: Path | str) -> str
 def apply_patch(repo: Path | str, rev: str, patch_dir: Path | str) -> PatchedRevision:
     repo = Path(repo)
     log = get_logger(step="build.patch", repo=str(repo))
-    try:
-        d, meta = load_kernel(patch_dir)
-    except ConfigError as exc:
-        raise BuildError(f"kernel patch {patch_dir}: {exc}") from None
+    d, meta, base = _patch_and_base(repo, rev, patch_dir)
     patch = d / meta.patch
-    proc = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise BuildError(f"revision {rev!r} is not a commit in {repo}")
-    base = proc.stdout.strip()
-    check_base_blobs(repo, base, meta)
     date = git(repo, "show", "-s", "--format=%cI", base).stdout.strip()
     env = _env(date)
 
@@ -121,15 +127,7 @@ def apply_patch(repo: Path | str, rev: str, patch_dir: Path | str) -> PatchedRev
 def verify_patch(patch_dir: Path | str, repo: Path | str, rev: str = "baseline") -> dict[str, str]:
     """Check without committing: metadata matches the diff, REV has the base blobs, the diff applies."""
     repo = Path(repo)
-    try:
-        d, meta = load_kernel(patch_dir)
-    except ConfigError as exc:
-        raise BuildError(f"kernel patch {patch_dir}: {exc}") from None
-    proc = git(repo, "rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}", check=False)
-    if proc.returncode != 0 or not proc.stdout.strip():
-        raise BuildError(f"revision {rev!r} is not a commit in {repo}")
-    base = proc.stdout.strip()
-    check_base_blobs(repo, base, meta)
+    d, meta, base = _patch_and_base(repo, rev, patch_dir)
     with tempfile.TemporaryDirectory(prefix="pairctl-patch-") as tmp:
         env = _env("1970-01-01T00:00:00+0000")
         env["GIT_INDEX_FILE"] = str(Path(tmp) / "index")

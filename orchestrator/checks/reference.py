@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.hashing import sha256_json
+from orchestrator.roles import Role
 
 # KV types for which the pinned CPU flash-attention kernel's summation order follows threads and ubatch
 CPU_SPLIT_KV_TYPES = frozenset({"f16", "f32"})
@@ -119,7 +120,7 @@ def device_kind(manifest: Any) -> str:
     return f"{backend}:{arch}" if arch else backend
 
 
-def numerics_fields(profile: RouteProfile, kinds: Mapping[str, str]) -> dict[str, Any]:
+def numerics_fields(profile: RouteProfile, kinds: Mapping[Role, str]) -> dict[str, Any]:
     """The profile fields that legitimately change the numbers (measured: docs/reference-answers.md).
 
     KV types and flash attention change the kernels and the stored precision. The split of layers

@@ -40,6 +40,7 @@ from orchestrator.checks.reference import (
     profile_answer_fields,
 )
 from orchestrator.config.reference_gates import GateFigures, ReferenceGates, derived
+from orchestrator.roles import ROLES
 from orchestrator.server.parsers import parse_token_logprobs
 
 NAME = CHECK
@@ -53,7 +54,7 @@ class Answer:
 
 
 def running_packages(ctx: CheckContext) -> tuple[str, str] | None:
-    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ("native", "rpc"))
+    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ROLES)
     return (str(ids[0]), str(ids[1])) if all(ids) else None
 
 
@@ -362,7 +363,7 @@ def run(ctx: CheckContext) -> CheckResult:
         return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
     running = running_packages(ctx)
     state = ctx.reference
-    kinds = {r: device_kind(ctx.packages.get(r)) for r in ("native", "rpc")}
+    kinds = {r: device_kind(ctx.packages.get(r)) for r in ROLES}
     numerics = numerics_fields(ctx.profile, kinds)
     base_raw: dict[str, Any] = {
         **asked_raw(ctx, fs, k, vocab),

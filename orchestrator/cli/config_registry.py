@@ -33,6 +33,7 @@ from orchestrator.engine.playbook import REQUIRED_STEPS, Playbook
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS, default_home
 from orchestrator.qualify.plan import QualifyPlan
+from orchestrator.roles import ROLES
 
 
 def schemas() -> dict[str, type[BaseModel]]:
@@ -203,7 +204,7 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
             continue
         at = f"pairs.{pname}"
         if not fields_ok:  # the model's own pair -> host check runs only once the fields validate
-            for side in ("native", "rpc"):
+            for side in ROLES:
                 h = pair.get(side)
                 if isinstance(h, str) and h not in hosts:
                     known = ", ".join(sorted(map(str, hosts))) or "none"

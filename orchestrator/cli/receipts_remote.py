@@ -11,8 +11,8 @@ from orchestrator.cli.context import Ctx, get_ctx
 from orchestrator.errors import ConfigError, PairctlError
 
 if TYPE_CHECKING:
-    from orchestrator.config.evidence_remote import RemoteAccess
     from orchestrator.evidence.store import EvidenceStore
+    from orchestrator.evidence.team import RemoteAccess
     from orchestrator.evidence.verify import VerifyReport
 
 

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import posixpath
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator
 
 from orchestrator.config.base import StrictModel
+
+if TYPE_CHECKING:
+    from orchestrator.evidence.team import RemoteAccess
 
 _PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
 _USER = re.compile(r"^[A-Za-z0-9._][A-Za-z0-9._-]{0,63}$")
@@ -79,25 +81,6 @@ def parse_url(url: str) -> ParsedUrl:
     return ParsedUrl(user=u.username, host=u.hostname, port=port, path=path)
 
 
-@dataclass(frozen=True)
-class RemoteAccess:
-    """Everything git needs to reach the remote the way pairctl reaches its hosts."""
-
-    url: str  # ssh://user@address:port/path, as git is given it
-    path: str
-    host_name: str
-    ssh_argv: tuple[str, ...]  # ssh with strict host keys; GIT_SSH_COMMAND is its shlex.join
-    destination: str  # user@address, for `ssh ... DEST COMMAND`
-    port: int
-    signing_key: str | None
-    allowed_signers: str | None
-    timeout_s: float
-
-    @property
-    def git_ssh_command(self) -> str:
-        return shlex.join(self.ssh_argv)
-
-
 class _Host(Protocol):
     """What the remote borrows of an inventory host (config.inventory's HostSpec)."""
 
@@ -126,6 +109,8 @@ class Hosts(Protocol):
 def resolve_remote(inv: Hosts) -> RemoteAccess | None:
     """The inventory's remote resolved against its hosts (None: no remote configured).
     Raises ValueError naming the field when the URL's host is not one of the inventory's."""
+    from orchestrator.evidence.team import RemoteAccess  # only a command that reaches the remote loads git's side
+
     spec = getattr(inv, "evidence_remote", None)
     if spec is None:
         return None

@@ -17,6 +17,7 @@ Addresses are judged after the resolution the binary does: ggml-rpc-server passe
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 from dataclasses import dataclass, field
@@ -517,10 +518,8 @@ def _numeric_host(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
     t = text.strip()
     if t.startswith("[") and t.endswith("]"):
         t = t[1:-1]
-    try:
+    with contextlib.suppress(ValueError):
         return ipaddress.IPv6Address(t.split("%", 1)[0])
-    except ValueError:
-        pass
     return inet_addr(t)
 
 

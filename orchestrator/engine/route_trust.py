@@ -44,8 +44,9 @@ from orchestrator.evidence import atomic
 from orchestrator.evidence.receipt import Receipt
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.probes import HostFacts
-from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
+from orchestrator.hosts.route import RouteEntry, RouteRecord, entry_argv_ok, parse_route
 from orchestrator.paths import Home
+from orchestrator.roles import ROLES, Role
 
 KEY_NAME = "route.key"
 # what a record from another home looks like here when it does not name its home (`evidence_home`,
@@ -139,8 +140,12 @@ class Judgement:
         raise HostStateError(text, hint=hint)
 
 
-def _where(view: PairView, role: str) -> str:
+def _where(view: PairView, role: Role) -> str:
     return f"{view.hosts[role]}:{view.layouts[role].route}"
+
+
+def _package(entry: RouteEntry | None, role: Role) -> str | None:
+    return None if entry is None else (entry.native_package if role == "native" else entry.rpc_package)
 
 
 def judge(
@@ -154,15 +159,44 @@ def judge(
     """Every problem with both hosts' route records and links; pure apart from reading evidence."""
     pair = view.name
     repair = f"`pairctl repair --pair {pair}` shows the record it would rebuild from the links (--yes writes it)"
+    recs, problems = _parse_records(view, facts, repair)
+    problems += _release_problems(view, facts, repair)
+    record = recs.get("native") or recs.get("rpc")
+    if record is None:
+        if not any(p.kind == PARSE for p in problems) and any(facts[r].current for r in ROLES):
+            cur = ", ".join(f"{view.hosts[r]}: {facts[r].current}" for r in ROLES if facts[r].current)
+            problems.append(
+                Problem(
+                    MISSING,
+                    f"no route record on either host ({_where(view, 'native')}, "
+                    f"{_where(view, 'rpc')}) although current links name a release ({cur})",
+                    repair,
+                )
+            )
+        return Judgement(None, problems)
+    role_of_record: Role = "native" if recs.get("native") else "rpc"
+    where = _where(view, role_of_record)
+    raw = facts[role_of_record].route_bytes
+    problems += _signature_problems(record, where, raw, key, pair, repair)
+    signed = bool(record.mac is not None and record.mac_ok(key) and raw == record.to_bytes())
+    problems += _link_problems(view, facts, record, signed, repair)
+    if evidence is not None:
+        problems += _evidence_problems(record, evidence, key, run_id, pair, repair)
+    return Judgement(record, problems)
+
+
+def _parse_records(
+    view: PairView, facts: Mapping[str, HostFacts], repair: str
+) -> tuple[dict[Role, RouteRecord | None], list[Problem]]:
+    """Each host's record as parsed (a role missing: it does not parse), and whether they differ."""
     problems: list[Problem] = []
-    recs: dict[str, RouteRecord | None] = {}
-    for role in ("native", "rpc"):
+    recs: dict[Role, RouteRecord | None] = {}
+    for role in ROLES:
         try:
-            recs[role] = parse_route(facts[role].route_bytes, where=_where(view, role), pair=pair)
+            recs[role] = parse_route(facts[role].route_bytes, where=_where(view, role), pair=view.name)
         except HostStateError as exc:
             problems.append(Problem(PARSE, exc.message, repair))
-    raw = {r: facts[r].route_bytes for r in ("native", "rpc")}
-    if len(recs) == 2 and raw["native"] != raw["rpc"]:
+    if len(recs) == 2 and facts["native"].route_bytes != facts["rpc"].route_bytes:
         problems.append(
             Problem(
                 DIFFER,
@@ -172,8 +206,13 @@ def judge(
                 repair,
             )
         )
-    record = recs.get("native") or recs.get("rpc")
-    for role in ("native", "rpc"):
+    return recs, problems
+
+
+def _release_problems(view: PairView, facts: Mapping[str, HostFacts], repair: str) -> list[Problem]:
+    """A `current` link that names a release not installed on its host."""
+    problems: list[Problem] = []
+    for role in ROLES:
         f = facts[role]
         if f.current and f.current not in f.releases:
             root = view.layouts[role].root
@@ -186,51 +225,41 @@ def judge(
                     f"or remove it, then {repair}",
                 )
             )
-    if record is None:
-        if not any(p.kind == PARSE for p in problems) and any(facts[r].current for r in ("native", "rpc")):
-            cur = ", ".join(f"{view.hosts[r]}: {facts[r].current}" for r in ("native", "rpc") if facts[r].current)
-            problems.append(
-                Problem(
-                    MISSING,
-                    f"no route record on either host ({_where(view, 'native')}, "
-                    f"{_where(view, 'rpc')}) although current links name a release ({cur})",
-                    repair,
-                )
-            )
-        return Judgement(None, problems)
-    role_of_record = "native" if recs.get("native") else "rpc"
-    where = _where(view, role_of_record)
+    return problems
+
+
+def _signature_problems(
+    record: RouteRecord, where: str, raw: bytes | None, key: bytes, pair: str, repair: str
+) -> list[Problem]:
+    """The record names another pair, is unsigned, forged, or carries an entry whose argv was edited."""
+    problems: list[Problem] = []
     if record.pair != pair:
         problems.append(Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair))
+    rev = f"{where} (revision {record.revision})"
     if record.mac is None:
         problems.append(
-            Problem(
-                UNSIGNED,
-                f"{where} (revision {record.revision}) carries no signature: written by an older pairctl or by hand",
-                repair,
-            )
+            Problem(UNSIGNED, f"{rev} carries no signature: written by an older pairctl or by hand", repair)
         )
     elif not record.mac_ok(key):
         problems.append(
             Problem(
                 FORGED,
-                f"{where} (revision {record.revision}) does not verify against this home's "
+                f"{rev} does not verify against this home's "
                 "route key: it was edited on the host, or written from another operator's home",
                 repair,
             )
         )
-    elif raw[role_of_record] != record.to_bytes():
+    elif raw != record.to_bytes():
         # The signature covers what the parser kept; bytes pairctl never wrote (a key given twice,
         # another encoding, a BOM) could read differently to another parser.
         problems.append(
             Problem(
                 FORGED,
-                f"{where} (revision {record.revision}) is signed, but its bytes are not the ones pairctl "
+                f"{rev} is signed, but its bytes are not the ones pairctl "
                 "writes (a key given twice, another encoding or layout): it was rewritten on the host",
                 repair,
             )
         )
-    signed = bool(record.mac is not None and record.mac_ok(key) and raw[role_of_record] == record.to_bytes())
     for label, entry in (("active", record.active), ("previous", record.previous)):
         if entry is not None and not entry_argv_ok(entry):
             problems.append(
@@ -240,67 +269,84 @@ def judge(
                     repair,
                 )
             )
-    for role in ("native", "rpc"):
-        want: str | None = (
-            None
-            if record.active is None
-            else (record.active.native_package if role == "native" else record.active.rpc_package)
-        )
+    return problems
+
+
+def _link_problems(
+    view: PairView, facts: Mapping[str, HostFacts], record: RouteRecord, signed: bool, repair: str
+) -> list[Problem]:
+    """Each host's `current` against the release the record names active: a switch cut short
+    (signed record, both installed) or links that disagree."""
+    problems: list[Problem] = []
+    for role in ROLES:
+        want = _package(record.active, role)
         linked = facts[role].current
-        if linked != want:
-            text = (
-                f"{view.hosts[role]}: {view.layouts[role].root}/current names "
-                f"{linked or 'nothing'} but the route record names "
-                f"{want or 'nothing'} active"
-            )
-            releases = facts[role].releases
-            if signed and want in releases and linked in releases and record.active is not None:
-                problems.append(
-                    Problem(
-                        SWITCHED,
-                        text + " (a run cut short between its switch and its route record)",
-                        f"free a dead run's leases as status names them, then `pairctl rollback --pair {pair}` "
-                        f"puts back the recorded pair {record.active.names()}, or deploy again",
-                    )
+        if linked == want:
+            continue
+        text = (
+            f"{view.hosts[role]}: {view.layouts[role].root}/current names "
+            f"{linked or 'nothing'} but the route record names "
+            f"{want or 'nothing'} active"
+        )
+        releases = facts[role].releases
+        if signed and want in releases and linked in releases and record.active is not None:
+            problems.append(
+                Problem(
+                    SWITCHED,
+                    text + " (a run cut short between its switch and its route record)",
+                    f"free a dead run's leases as status names them, then `pairctl rollback --pair {view.name}` "
+                    f"puts back the recorded pair {record.active.names()}, or deploy again",
                 )
-            else:
-                problems.append(Problem(LINKS, text, repair))
-    writer = None if evidence is None else writer_evidence(record, evidence)
+            )
+        else:
+            problems.append(Problem(LINKS, text, repair))
+    return problems
+
+
+def _evidence_problems(
+    record: RouteRecord, evidence: EvidenceStore, key: bytes, run_id: str | None, pair: str, repair: str
+) -> list[Problem]:
+    """The record against the writing home's evidence: not pulled, an activation never accepted,
+    an anchor that does not hold, or a record put back over a newer one."""
+    problems: list[Problem] = []
+    writer = writer_evidence(record, evidence)
     if writer is not None and writer is not evidence and writer.run_status(record.updated_by)[0] == "unknown":
         writer = None  # pulled before that run's receipt was pushed: the remote only appends, so not a deletion
-    if evidence is not None and writer is None and record.updated_by != run_id and record.mac_ok(key):
-        problems.append(
-            Problem(
-                UNPULLED,
-                f"route record revision {record.revision} was written by run {record.updated_by} from operator "
-                f"home {record.evidence_home}, whose receipts this home has not pulled: not checked against them",
-                "`pairctl receipts pull` (the inventory's evidence_remote) fetches them",
-            )
-        )
-    if evidence is not None and writer is not None and record.updated_by != run_id:
-        if record.state == "activating":
-            state, why = writer.run_status(record.updated_by)
-            if state not in ("running", "elsewhere"):
-                problems.append(
-                    Problem(
-                        ACTIVATING,
-                        f"route record revision {record.revision} names "
-                        f"{record.active.names() if record.active else 'nothing'} as activating by run "
-                        f"{record.updated_by}, which is over ({why}): that pair was never accepted",
-                        f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)",
-                    )
+    if record.updated_by == run_id:
+        return problems
+    if writer is None:
+        if record.mac_ok(key):
+            problems.append(
+                Problem(
+                    UNPULLED,
+                    f"route record revision {record.revision} was written by run {record.updated_by} from operator "
+                    f"home {record.evidence_home}, whose receipts this home has not pulled: not checked against them",
+                    "`pairctl receipts pull` (the inventory's evidence_remote) fetches them",
                 )
-        if record.mac is not None and record.mac_ok(key):
-            anchor, replayed = _anchor(record, writer, pair)
-            if replayed is None and writer is not evidence:
-                replayed = _replayed_here(record, evidence, pair)
-            problems += [
-                Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record")
-                for t in anchor
-            ]
-            if replayed:
-                problems.append(Problem(FORGED, replayed, repair))
-    return Judgement(record, problems)
+            )
+        return problems
+    if record.state == "activating":
+        state, why = writer.run_status(record.updated_by)
+        if state not in ("running", "elsewhere"):
+            problems.append(
+                Problem(
+                    ACTIVATING,
+                    f"route record revision {record.revision} names "
+                    f"{record.active.names() if record.active else 'nothing'} as activating by run "
+                    f"{record.updated_by}, which is over ({why}): that pair was never accepted",
+                    f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)",
+                )
+            )
+    if record.mac is not None and record.mac_ok(key):
+        anchor, replayed = _anchor(record, writer, pair)
+        if replayed is None and writer is not evidence:
+            replayed = _replayed_here(record, evidence, pair)
+        problems += [
+            Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record") for t in anchor
+        ]
+        if replayed:
+            problems.append(Problem(FORGED, replayed, repair))
+    return problems
 
 
 def writer_evidence(record: RouteRecord, evidence: EvidenceStore) -> EvidenceStore | None:
@@ -332,13 +378,12 @@ def switched_links(
     out: dict[str, tuple[str | None, str | None]] = {}
     if record.active is None or not judged.switched:
         return out
-    for role in ("native", "rpc"):
-        want = record.active.native_package if role == "native" else record.active.rpc_package
+    for role in ROLES:
+        want = _package(record.active, role)
         linked = facts[role].current
         if linked == want:
             continue
-        prev = record.previous
-        p = None if prev is None else (prev.native_package if role == "native" else prev.rpc_package)
+        p = _package(record.previous, role)
         out[role] = (want, p if p in facts[role].releases and p != want else linked)
     return out
 

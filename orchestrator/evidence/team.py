@@ -38,7 +38,6 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.evidence import atomic
@@ -63,26 +62,24 @@ _SIG_MEANING = {
 }
 
 
-class RemoteAccess(Protocol):
-    """How to reach the remote (config/evidence_remote.py builds it from the inventory); the
-    evidence layer only reads it, so it stays below config."""
+@dataclass(frozen=True)
+class RemoteAccess:
+    """Everything git needs to reach the remote the way pairctl reaches its hosts
+    (config/evidence_remote.py resolves it from the inventory)."""
+
+    url: str  # ssh://user@address:port/path, as git is given it
+    path: str
+    host_name: str
+    ssh_argv: tuple[str, ...]  # ssh with strict host keys; GIT_SSH_COMMAND is its shlex.join
+    destination: str  # user@address, for `ssh ... DEST COMMAND`
+    port: int
+    signing_key: str | None
+    allowed_signers: str | None
+    timeout_s: float
 
     @property
-    def url(self) -> str: ...
-    @property
-    def path(self) -> str: ...
-    @property
-    def host_name(self) -> str: ...
-    @property
-    def ssh_argv(self) -> tuple[str, ...]: ...
-    @property
-    def destination(self) -> str: ...
-    @property
-    def signing_key(self) -> str | None: ...
-    @property
-    def timeout_s(self) -> float: ...
-    @property
-    def git_ssh_command(self) -> str: ...
+    def git_ssh_command(self) -> str:
+        return shlex.join(self.ssh_argv)
 
 
 class RemoteUnreachable(HostError):

@@ -7,6 +7,7 @@ any llama-server / ggml-rpc-server whose pid file lives in a lab host's `root/ru
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import ipaddress
 import os
@@ -278,10 +279,8 @@ def stop_supervisors(root: Path) -> list[int]:
     run = root / "run"
     pids = [p for f in sorted(run.glob("*.sup.pid")) if (p := supervisor_pid(f)) is not None] if run.is_dir() else []
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     return pids
 
 

@@ -7,6 +7,7 @@ config path, so `down` can never signal a process the lab did not start.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -197,20 +198,16 @@ def pid_alive(pid: int) -> bool:
 def terminate(pids: list[int], *, timeout: float = 5.0) -> list[int]:
     """SIGTERM, wait, then SIGKILL what is left; return the pids still alive at the end."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
     deadline = time.monotonic() + timeout
     left = [p for p in pids if pid_alive(p)]
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
         left = [p for p in left if pid_alive(p)]
     for pid in left:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     time.sleep(0.05 if left else 0)
     return [p for p in left if pid_alive(p)]
 

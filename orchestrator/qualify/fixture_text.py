@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 WORDS = (
@@ -23,66 +24,58 @@ WORDS = (
 IDENTS = "count total index value buffer offset length result node item key weight scale row col acc".split()
 
 
-def prose(n_chars: int, seed: int) -> str:
-    rng = random.Random(seed)
-    out: list[str] = []
-    size = 0
-    while size < n_chars:
-        words = [rng.choice(WORDS) for _ in range(rng.randint(6, 16))]
-        sentence = " ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!"])
-        if rng.random() < 0.15:
-            sentence += "\n\n"
-        else:
-            sentence += " "
-        out.append(sentence)
-        size += len(sentence)
-    return "".join(out)
+def _text(piece: Callable[[random.Random, int], str]) -> Callable[[int, int], str]:
+    """`piece(rng, k)` -> a generator `(n_chars, seed) -> text`: pieces 0, 1, ... drawn from one
+    `random.Random(seed)` until the text is at least n_chars long."""
+
+    def generate(n_chars: int, seed: int) -> str:
+        rng = random.Random(seed)
+        out: list[str] = []
+        size = k = 0
+        while size < n_chars:
+            out.append(piece(rng, k))
+            size += len(out[-1])
+            k += 1
+        return "".join(out)
+
+    return generate
 
 
-def code(n_chars: int, seed: int) -> str:
-    rng = random.Random(seed)
-    out: list[str] = []
-    size = 0
-    k = 0
-    while size < n_chars:
-        a, b, c = rng.sample(IDENTS, 3)
-        op = rng.choice(["+", "-", "*", "^", "|"])
-        lim = rng.randint(2, 64)
-        fn = (
-            f"def {rng.choice(WORDS)}_{k}({a}, {b}):\n"
-            f"    {c} = 0\n"
-            f"    for i in range({lim}):\n"
-            f"        if ({a} + i) % {rng.randint(2, 9)} == 0:\n"
-            f"            {c} = {c} {op} ({b} * i)\n"
-            f"        else:\n"
-            f"            {c} += {a}\n"
-            f"    return {c}\n\n\n"
-        )
-        out.append(fn)
-        size += len(fn)
-        k += 1
-    return "".join(out)
+@_text
+def prose(rng: random.Random, k: int) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(6, 16))]
+    sentence = " ".join(words).capitalize() + rng.choice([".", ".", ".", "?", "!"])
+    return sentence + ("\n\n" if rng.random() < 0.15 else " ")
 
 
-def structured(n_chars: int, seed: int) -> str:
-    rng = random.Random(seed)
-    out: list[str] = []
-    size = 0
-    k = 0
-    while size < n_chars:
-        rec = {
-            "id": k,
-            "name": f"{rng.choice(WORDS)}-{rng.choice(WORDS)}",
-            "tags": rng.sample(WORDS, 3),
-            "qty": rng.randint(0, 9999),
-            "price": round(rng.uniform(0.5, 999.0), 2),
-            "active": rng.random() < 0.5,
-        }
-        line = json.dumps(rec, sort_keys=True) + "\n"
-        out.append(line)
-        size += len(line)
-        k += 1
-    return "".join(out)
+@_text
+def code(rng: random.Random, k: int) -> str:
+    a, b, c = rng.sample(IDENTS, 3)
+    op = rng.choice(["+", "-", "*", "^", "|"])
+    lim = rng.randint(2, 64)
+    return (
+        f"def {rng.choice(WORDS)}_{k}({a}, {b}):\n"
+        f"    {c} = 0\n"
+        f"    for i in range({lim}):\n"
+        f"        if ({a} + i) % {rng.randint(2, 9)} == 0:\n"
+        f"            {c} = {c} {op} ({b} * i)\n"
+        f"        else:\n"
+        f"            {c} += {a}\n"
+        f"    return {c}\n\n\n"
+    )
+
+
+@_text
+def structured(rng: random.Random, k: int) -> str:
+    rec = {
+        "id": k,
+        "name": f"{rng.choice(WORDS)}-{rng.choice(WORDS)}",
+        "tags": rng.sample(WORDS, 3),
+        "qty": rng.randint(0, 9999),
+        "price": round(rng.uniform(0.5, 999.0), 2),
+        "active": rng.random() < 0.5,
+    }
+    return json.dumps(rec, sort_keys=True) + "\n"
 
 
 GENERATORS = {"code": code, "prose": prose, "structured": structured}

@@ -36,10 +36,8 @@ def _run_group(argv: list[str], stdin: bytes, timeout: float | None) -> subproce
         out, err = p.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
         for sig in (signal.SIGCONT, signal.SIGKILL):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                pass
         out, err = p.communicate()
         raise subprocess.TimeoutExpired(argv, timeout or 0.0, out, err) from None
     return subprocess.CompletedProcess(argv, p.returncode, out, err)
@@ -168,10 +166,8 @@ class LocalTransport:
             missing.append(p)
             p = p.parent
         for d in reversed(missing):
-            try:
+            with contextlib.suppress(FileExistsError):
                 self.mkdir(str(d), mode)
-            except FileExistsError:
-                pass
 
     def stat(self, path: str) -> FileStat | None:
         self.stats.add(commands=1)

@@ -18,6 +18,7 @@ stdout/stderr are read as bytes, and a command costs one channel round trip.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import getpass
 import hashlib
@@ -437,15 +438,11 @@ class SshTransport:
     def _drop(self) -> None:
         conn, self._conn, sftp, self._sftp = self._conn, None, self._sftp, None
         if sftp is not None:
-            try:
+            with contextlib.suppress(Exception):
                 sftp.close()
-            except Exception:
-                pass
         if conn is not None:
-            try:
+            with contextlib.suppress(Exception):
                 conn.close()
-            except Exception:
-                pass
 
     def close(self) -> None:
         with self._lock:
@@ -584,15 +581,10 @@ class SshTransport:
             return None
 
         def feed() -> None:
-            try:
+            with contextlib.suppress(Exception):
                 _send_all(chan, stdin)
-            except Exception:
-                pass
-            finally:
-                try:
-                    chan.shutdown_write()
-                except Exception:
-                    pass
+            with contextlib.suppress(Exception):
+                chan.shutdown_write()
 
         writer = threading.Thread(target=feed, daemon=True, name=f"stdin-{self.name}")
         writer.start()
@@ -819,10 +811,8 @@ class SshTransport:
             cur = cur.rsplit("/", 1)[0] or "/"
         del parts
         for d in reversed(missing):
-            try:
+            with contextlib.suppress(FileExistsError):
                 self.mkdir(d, mode)
-            except FileExistsError:
-                pass
 
     def stat(self, path: str) -> FileStat | None:
         def do(sftp: paramiko.SFTPClient) -> FileStat | None:
@@ -995,10 +985,8 @@ class SshTransport:
             return ConnectionLost(f"{self.name}: {op} {src} -> {dst} failed: {exc}")
         if op == "put" and ("size mismatch" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
             # sftp-server reports a full disk as a short file (paramiko: "size mismatch in put! 0 != N")
-            try:
+            with contextlib.suppress(OSError, paramiko.SSHException, EOFError):
                 self._sftp_client().remove(dst)  # no partial file left behind
-            except (OSError, paramiko.SSHException, EOFError):
-                pass
             return DiskFull(
                 f"no space left on {self.name}:{posixpath.dirname(dst) or dst} "
                 f"(writing {posixpath.basename(dst)}: {exc})",
@@ -1039,10 +1027,8 @@ def _no_delay(t: paramiko.Transport | None) -> None:
     one back until the host's delayed ACK of the one before (40 ms apiece on Linux)."""
     sock = getattr(t, "sock", None)
     if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-        try:
+        with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@ an inventory host; those import this module, and this module imports neither.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -290,10 +291,8 @@ def one_fs_read(transport: Transport, op: FsRead) -> FsResult:
     try:
         st = transport.stat(op.path)
     finally:
-        try:
+        with contextlib.suppress(OSError):
             transport.remove(op.path)
-        except OSError:
-            pass
     return st if st is not None else FileNotFoundError(2, f"{op.path} vanished")
 
 

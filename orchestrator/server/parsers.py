@@ -3,29 +3,38 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from orchestrator.server.models import CompletionResult, Props, ServerError, SlotState, StreamChunk
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class ParseError(ValueError):
     """A response did not have the shape this pinned llama-server produces."""
 
 
-def _obj(data: Any, what: str) -> dict[str, Any]:
+def _obj(data: Any, what: str, kind: type[dict[str, Any]] | type[list[Any]] = dict) -> Any:
+    """`data` (JSON text, or already parsed) as a JSON object (or list, `kind`)."""
     if isinstance(data, (bytes, str)):
         try:
             data = json.loads(data)
         except json.JSONDecodeError as exc:
             raise ParseError(f"{what}: not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    if not isinstance(data, kind):
+        raise ParseError(f"{what}: expected a JSON {'object' if kind is dict else 'list'}, got {type(data).__name__}")
     return data
+
+
+def _model(model: type[M], data: dict[str, Any], what: str) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ParseError(f"{what}: {exc}") from None
 
 
 def parse_props(data: Any) -> Props:
@@ -34,20 +43,11 @@ def parse_props(data: Any) -> Props:
         n_ctx = d["default_generation_settings"]["n_ctx"]
     except (KeyError, TypeError):
         raise ParseError("/props: no default_generation_settings.n_ctx") from None
-    try:
-        return Props.model_validate({**d, "n_ctx_per_slot": n_ctx})
-    except ValidationError as exc:
-        raise ParseError(f"/props: {exc}") from None
+    return _model(Props, {**d, "n_ctx_per_slot": n_ctx}, "/props")
 
 
 def parse_slots(data: Any) -> list[SlotState]:
-    if isinstance(data, (bytes, str)):
-        try:
-            data = json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise ParseError(f"/slots: not JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise ParseError(f"/slots: expected a JSON list, got {type(data).__name__}")
+    data = _obj(data, "/slots", list)
     out = []
     for s in data:
         if not isinstance(s, dict):
@@ -56,10 +56,7 @@ def parse_slots(data: Any) -> list[SlotState]:
         n_decoded = nt[0].get("n_decoded") if isinstance(nt, list) and nt and isinstance(nt[0], dict) else None
         # drop the slot's prompt/generated text: it can be a whole context long
         slim = {k: v for k, v in s.items() if k not in ("prompt", "generated", "params")}
-        try:
-            out.append(SlotState.model_validate({**slim, "n_decoded": n_decoded}))
-        except ValidationError as exc:
-            raise ParseError(f"/slots: {exc}") from None
+        out.append(_model(SlotState, {**slim, "n_decoded": n_decoded}, "/slots"))
     return out
 
 
@@ -67,10 +64,7 @@ def parse_completion(data: Any) -> CompletionResult:
     d = _obj(data, "/completion")
     if "error" in d:
         raise ParseError(f"/completion: server error: {d['error']}")
-    try:
-        return CompletionResult.model_validate(d)
-    except ValidationError as exc:
-        raise ParseError(f"/completion: {exc}") from None
+    return _model(CompletionResult, d, "/completion")
 
 
 def parse_error(data: Any) -> ServerError | None:
@@ -108,10 +102,7 @@ def parse_detokenize(data: Any) -> str:
 def parse_sse_lines(lines: Iterable[str]) -> Iterator[StreamChunk]:
     """Server-sent events of a streaming /completion, each a StreamChunk."""
     for d in parse_sse_events(lines, what="stream chunk"):
-        try:
-            yield StreamChunk.model_validate(d)
-        except ValidationError as exc:
-            raise ParseError(f"stream chunk: {exc}") from None
+        yield _model(StreamChunk, d, "stream chunk")
 
 
 def parse_sse_events(lines: Iterable[str], *, what: str = "stream event") -> Iterator[dict[str, Any]]:
@@ -156,7 +147,7 @@ def parse_metrics(text: str) -> dict[str, float]:
             v = float(value)
         except ValueError:
             raise ParseError(f"/metrics: bad value in {line!r}") from None
-        out[name + (labels or "")] = v if not math.isnan(v) else float("nan")
+        out[name + (labels or "")] = v
     return out
 
 

@@ -202,14 +202,13 @@ def test_receipts_on_the_team_remote_with_the_same_bytes_go_and_others_stay(tmp_
     (the same plumbing as over SSH, tests/e2e/test_team_evidence.py has the SSH half)."""
     import subprocess
 
-    from orchestrator.config.evidence_remote import RemoteAccess
     from orchestrator.evidence import team
 
     bare = tmp_path / "remote.git"
     subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
     key = tmp_path / "id_ed25519"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
-    access = RemoteAccess(str(bare), str(bare), "local", ("ssh",), "x", 22, str(key), None, 20.0)
+    access = team.RemoteAccess(str(bare), str(bare), "local", ("ssh",), "x", 22, str(key), None, 20.0)
     store = EvidenceStore(tmp_path / "ev")
     pushed = _chain(store, None, 4, command="build")
     team.push(store, access, "alice")
