@@ -573,6 +573,62 @@ def test_a_local_stranger_at_the_peers_address_gets_nothing(deployed_sec, strang
     assert "refused a connection from 127.0.0.1 (no proof of the route's key)" in log, log[-2000:]
 
 
+
+def test_silent_peers_at_the_allowed_address_do_not_keep_llama_server_out(deployed_sec):
+    """Issue 49: the guard waited up to 2 s for each allowed peer's proof before it looked at the
+    next, so a local process at the allowed address that keeps connecting and says nothing kept
+    the real llama-server's connection waiting past its own 2 s (refused, restarted, refused).
+    Such a process runs here (a connection every 0.3 s from 127.0.0.1, each held open, silent)
+    while llama-server is killed: its supervisor starts it again, it proves the route key and
+    serves a completion through the RPC device, and the silent ones are reset on their deadline."""
+    fp, _ = deployed_sec
+    rpc_addr = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+    native_addr = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    stop, held = threading.Event(), []
+
+    def silent_peers() -> None:
+        while not stop.is_set() and len(held) < 200:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", 0))  # the allowed address (rpc_peers in the lab)
+                s.settimeout(2)
+                s.connect((rpc_addr, 50192))
+            except OSError:
+                pass
+            held.append(s)
+            stop.wait(0.3)
+
+    th = threading.Thread(target=silent_peers, daemon=True)
+    th.start()
+    try:
+        time.sleep(1)  # some already wait in the backlog behind llama-server's connection
+        npid = service_pid_of(fp, "native")
+        assert npid is not None
+        os.kill(npid, 9)
+        deadline, served = time.monotonic() + 45, None
+        with httpx.Client(timeout=10, trust_env=False) as c:
+            while time.monotonic() < deadline and served is None:
+                try:
+                    r = c.post(
+                        f"http://{native_addr}:8192/completion",
+                        json={"prompt": "Hello", "n_predict": 4},
+                        headers={"Authorization": f"Bearer {fp.api_key}"},
+                    )
+                    served = r.json() if r.status_code == 200 else None
+                except httpx.HTTPError:
+                    pass
+                if served is None:
+                    time.sleep(0.3)
+        assert served is not None and "content" in served, "llama-server did not serve within 45 s"
+        assert service_pid_of(fp, "native") != npid
+    finally:
+        stop.set()
+        th.join(timeout=10)
+        for s in held:
+            s.close()
+    log = (fp.roots["rpc"] / "run" / "ggml-rpc-server.out").read_text(errors="replace")
+    assert "refused a connection from 127.0.0.1 (no proof of the route's key)" in log, log[-2000:]
+
 def test_a_guard_list_other_than_the_inventorys_fails_identity(deployed_sec):
     """Verified on the host, against the inventory as it stands: the list the running server's
     guard holds (its environment, read on the host) must be the pair's rpc_peers. An inventory
