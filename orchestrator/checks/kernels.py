@@ -8,7 +8,9 @@ same `pairctl-svc` helper under its own small root (`<install_root>/run/kernel-c
 stops it afterwards whatever happened. It serves only the pair's peers, as the live one does:
 pairctl's RPC guard (hosts/rpc_guard.py) is preloaded into it and read back from the running
 process before any harness connects (issue 32: a second, unguarded rpc-server on rpc_port + 1
-served any host that could reach it for the length of the check).
+served any host that could reach it for the length of the check), and each peer proves the
+pair's route key (issue 49: by address alone, any local user of a peer was served); the harness
+proves it through the same shim llama-server has (`dial_env`).
 
 Planning (`plan_kernel_check`) and judging (`parse_harness_output`, `judge_host`) are pure;
 `run_kernel_check` executes a plan and writes the results into a receipt, either its own
@@ -32,9 +34,16 @@ from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
 from orchestrator.hosts import probes
-from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper
+from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper, put_secret
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
-from orchestrator.hosts.rpc_guard import guard_problem, install_guard, parse_guard
+from orchestrator.hosts.rpc_guard import (
+    KEY_LEN,
+    ROUTE_KEY,
+    guard_problem,
+    install_guard,
+    install_route_key,
+    parse_guard,
+)
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
@@ -75,6 +84,8 @@ class RpcServerPlan:
     allow: tuple[str, ...] = ()  # the peers its guard serves (Inventory.rpc_peers); () refuses all
     user: str | None = None  # the RPC host's service_user: it runs as the live one does
     wait_s: int = 20
+    native: tuple[str, str] = ("", "")  # the pair's native host and install root (the route key's other holder)
+    rpc_root: str = ""  # the RPC host's install root: the route key copied from there into `root`
 
     @property
     def layout(self) -> HostLayout:
@@ -107,6 +118,14 @@ class RpcServerPlan:
 
     def stop_cmd(self) -> Cmd:
         return self.layout.stop_cmd(RPC_SERVER)
+
+    def dial_env(self, host: str, install_root: str) -> tuple[tuple[str, str], ...]:
+        """What a harness on HOST needs to prove the route key to this server's guard: the shim
+        and the key file on that host (this server's own root on the RPC host, where both are
+        put by the check itself), preloaded as the supervisor preloads them into llama-server."""
+        layout = self.layout if host == self.host else HostLayout(install_root)
+        key = posixpath.join(layout.secrets, ROUTE_KEY)
+        return (("LD_PRELOAD", layout.guard), ("PAIRCTL_RPC_DIAL", self.endpoint), ("PAIRCTL_RPC_KEY", key))
 
     def listeners_cmd(self) -> Cmd:
         return probes.listeners_cmd()
@@ -225,25 +244,11 @@ def plan_kernel_check(
         raise ConfigError(f"kernel check port {port} is out of range")
     endpoint = f"{bind}:{port}"
 
-    runs = []
-    need_rpc = False
-    for role, host_name in zip(ROLES, (p.native, p.rpc), strict=True):
-        host = inventory.host(host_name)
-        if host_name not in packages:
-            raise ConfigError(f"no package given for host {host_name}")
-        layout = HostLayout(host.install_root)
-        harness = posixpath.join(layout.release(packages[host_name]), *HARNESS_RELPATH)
-        via_rpc = host.gpu is None
-        need_rpc |= via_rpc
-        argv = harness_argv(harness, cases, rpc=endpoint if via_rpc else None, perturb=perturb)
-        # GGML_NO_BACKTRACE: an aborting harness (e.g. the RPC peer vanished) fails fast instead of attaching gdb.
-        cmd = Cmd(tuple(argv), env=(("GGML_NO_BACKTRACE", "1"),))
-        runs.append(
-            HostRun(host=host_name, role=role, package=packages[host_name], harness=harness, via_rpc=via_rpc, cmd=cmd)
-        )
-
+    missing = [h for h in (p.native, p.rpc) if h not in packages]
+    if missing:
+        raise ConfigError(f"no package given for host {missing[0]}")
     server = None
-    if need_rpc:
+    if any(inventory.host(h).gpu is None for h in (p.native, p.rpc)):
         rl = HostLayout(inventory.host(p.rpc).install_root)
         server = RpcServerPlan(
             host=p.rpc,
@@ -253,7 +258,29 @@ def plan_kernel_check(
             port=port,
             allow=tuple(inventory.rpc_peers(pair)),
             user=inventory.host(p.rpc).service_user,
+            native=(p.native, inventory.host(p.native).install_root),
+            rpc_root=rl.root,
         )
+    runs = []
+    for role, host_name in zip(ROLES, (p.native, p.rpc), strict=True):
+        host = inventory.host(host_name)
+        layout = HostLayout(host.install_root)
+        harness = posixpath.join(layout.release(packages[host_name]), *HARNESS_RELPATH)
+        via_rpc = server is not None and host.gpu is None
+        argv = harness_argv(harness, cases, rpc=endpoint if via_rpc else None, perturb=perturb)
+        # GGML_NO_BACKTRACE: an aborting harness (e.g. the RPC peer vanished) fails fast instead of attaching gdb.
+        env = (("GGML_NO_BACKTRACE", "1"), *(server.dial_env(host_name, layout.root) if via_rpc and server else ()))
+        runs.append(
+            HostRun(
+                host=host_name,
+                role=role,
+                package=packages[host_name],
+                harness=harness,
+                via_rpc=via_rpc,
+                cmd=Cmd(tuple(argv), env=env),
+            )
+        )
+
     return KernelCheckPlan(
         pair=pair,
         kernel=cases.kernel,
@@ -418,6 +445,13 @@ def _execute(
                 step.data.update(argv=server.argv(), endpoint=server.endpoint)
                 install_helper(t, server.layout)  # SFTP: the layout and this checkout's pairctl-svc
                 step.data["guard"] = install_guard(t, server.layout)  # bin/ judged by install_helper
+                # the pair's route key (made here when the pair has none yet: a first deploy's check),
+                # copied into the server's own root, where its supervisor reads it as the live one does
+                step.data["route_key"] = install_route_key(
+                    (pool.get(server.native[0]), HostLayout(server.native[1])), (t, HostLayout(server.rpc_root))
+                )
+                key = t.read_bytes(posixpath.join(HostLayout(server.rpc_root).secrets, ROUTE_KEY), max_bytes=KEY_LEN)
+                put_secret(t, server.layout, key, ROUTE_KEY)
                 started = True  # from here on, always try to stop it
                 t.run(server.stop_cmd(), timeout=60)  # a leftover of a killed check would hold the port
                 # ggml-rpc-server exits 0 when its bind fails, and the helper's wait only sees *a*
@@ -443,8 +477,10 @@ def _execute(
                 if problem is None:  # the running process has the guard mapped, with the pair's peers
                     g = t.run(server.guard_cmd(), check=False, timeout=30)
                     state = parse_guard(g.stdout, RPC_SERVER)
-                    step.data["guard_state"] = {"allow": state[1], "sha256": state[0]} if state else None
-                    problem = guard_problem(server.host, RPC_SERVER, state, list(server.allow), keyed=False)
+                    step.data["guard_state"] = (
+                        dict(zip(("sha256", "allow", "key"), state, strict=True)) if state else None
+                    )
+                    problem = guard_problem(server.host, RPC_SERVER, state, list(server.allow))
                 if problem:
                     raise CheckFailed(
                         f"{server.host}: the kernel-check ggml-rpc-server on {server.endpoint}: {problem}\n"

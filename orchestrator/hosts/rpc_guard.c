@@ -124,8 +124,8 @@ static void hmac(const unsigned char key[32], const unsigned char msg[32], unsig
 
 #define AUTH_LEN 32
 /* The answer is one HMAC computed by the client right after connect() returned, plus one round
- * trip: milliseconds on any network pairctl pairs hosts on. 2 s also bounds how long a silent
- * peer at an allowed address keeps the (one-at-a-time) accept loop waiting. */
+ * trip: milliseconds on any network pairctl pairs hosts on. A peer silent for 2 s is reset; it
+ * never delays another: every pending challenge is waited on at once (see accept4). */
 #define AUTH_WAIT_MS 2000
 
 static int read_key(unsigned char key[AUTH_LEN]) {
@@ -162,17 +162,6 @@ static int xfer(int fd, unsigned char *b, size_t n, int out, long deadline) {
         done += (size_t)k;
     }
     return 1;
-}
-
-static int authenticated(int c) {
-    unsigned char key[AUTH_LEN], chal[AUTH_LEN], want[AUTH_LEN], got[AUTH_LEN];
-    long deadline = ms_now() + AUTH_WAIT_MS;
-    if (!read_key(key) || syscall(SYS_getrandom, chal, sizeof chal, 0) != (long)sizeof chal) return 0;
-    if (!xfer(c, chal, sizeof chal, 1, deadline) || !xfer(c, got, sizeof got, 0, deadline)) return 0;
-    hmac(key, chal, want);
-    unsigned char diff = 0;
-    for (int i = 0; i < AUTH_LEN; i++) diff |= (unsigned char)(want[i] ^ got[i]); /* constant time */
-    return diff == 0;
 }
 
 static int prove(int fd) {
@@ -220,33 +209,122 @@ __attribute__((constructor)) static void guard_init(void) {
     if (getenv("PAIRCTL_RPC_ALLOW") != NULL) signal(SIGPIPE, SIG_IGN);
 }
 
+static void refuse(int c, const struct sockaddr_storage *peer, const char *why) {
+    char who[INET6_ADDRSTRLEN] = "?";
+    if (peer->ss_family == AF_INET)
+        inet_ntop(AF_INET, &((const struct sockaddr_in *)peer)->sin_addr, who, sizeof who);
+    else
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)peer)->sin6_addr, who, sizeof who);
+    fprintf(stderr, "pairctl-rpc-guard: refused a connection from %s (%s)\n", who, why);
+    fflush(stderr); /* said before the reset: whoever sees the reset can read why */
+    struct linger l = {1, 0};
+    setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(c);
+}
+
+/* Allowed peers sent a challenge and not answered yet (issue 49): one silent peer must not hold
+ * up the next, so accept4 waits on the listener and every pending answer at once (poll), each
+ * with its own deadline, and returns the first connection that proves the key. The table is
+ * bounded; a peer past it is reset at once (a flood of silent peers is a denial of service a
+ * firewall answers, not this shim). ggml-rpc-server calls accept from one thread. */
+#define PENDING_MAX 32
+static struct pending {
+    int fd, flags;
+    long deadline;
+    size_t got;
+    unsigned char chal[AUTH_LEN], ans[AUTH_LEN];
+    struct sockaddr_storage peer;
+    socklen_t plen;
+} pend[PENDING_MAX];
+static int npend;
+
+static void drop(int i) { pend[i] = pend[--npend]; }
+
+/* a new connection from an allowed address: challenged and pending (1), or refused (0) */
+static int challenge(int c, const struct sockaddr_storage *peer, socklen_t plen, int flags) {
+    struct pending *p = &pend[npend];
+    if (npend == PENDING_MAX) return refuse(c, peer, "too many peers owe a proof"), 0;
+    if (syscall(SYS_getrandom, p->chal, sizeof p->chal, 0) != (long)sizeof p->chal ||
+        send(c, p->chal, sizeof p->chal, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof p->chal)
+        return refuse(c, peer, "no proof of the route's key"), 0;
+    p->fd = c, p->flags = flags, p->deadline = ms_now() + AUTH_WAIT_MS, p->got = 0, p->peer = *peer, p->plen = plen;
+    npend++;
+    return 1;
+}
+
+/* pending I has bytes (or an end): 1 when its answer is complete and right (it leaves the table
+ * either way once it is decided) */
+static int answered(int i, unsigned char key[AUTH_LEN]) {
+    struct pending *p = &pend[i];
+    ssize_t k = recv(p->fd, p->ans + p->got, AUTH_LEN - p->got, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) return 0;
+    if (k > 0) p->got += (size_t)k;
+    if (k > 0 && p->got < AUTH_LEN) return 0;
+    unsigned char want[AUTH_LEN], diff = k <= 0;
+    hmac(key, p->chal, want);
+    for (int j = 0; j < AUTH_LEN; j++) diff |= (unsigned char)(want[j] ^ p->ans[j]); /* constant time */
+    if (diff == 0) return 1;
+    refuse(p->fd, &p->peer, "no proof of the route's key");
+    drop(i);
+    return 0;
+}
+
+/* the connection to the program, as accept4(FLAGS) would have returned it */
+static int hand_over(const struct pending *p, struct sockaddr *addr, socklen_t *len) {
+    if (!(p->flags & SOCK_NONBLOCK)) fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) & ~O_NONBLOCK);
+    if (addr != NULL && len != NULL) {
+        socklen_t k = *len < p->plen ? *len : p->plen;
+        memcpy(addr, &p->peer, k);
+        *len = p->plen;
+    }
+    return p->fd;
+}
+
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
+    if (!guarding()) return (int)syscall(SYS_accept4, fd, addr, len, flags); /* a dialling process */
+    unsigned char key[AUTH_LEN];
+    int keyed = getenv("PAIRCTL_RPC_KEY") != NULL, have_key = keyed && read_key(key);
+    int lflags = fcntl(fd, F_GETFL), blocking = lflags >= 0 && !(lflags & O_NONBLOCK);
     for (;;) {
-        struct sockaddr_storage peer;
-        socklen_t plen = sizeof peer;
-        memset(&peer, 0, sizeof peer);
-        int c = (int)syscall(SYS_accept4, fd, (struct sockaddr *)&peer, &plen, flags);
-        if (c < 0 || !guarding()) return c; /* a dialling process (llama-server) accepts as it did */
-        int ok = allowed(&peer), proved = ok && (getenv("PAIRCTL_RPC_KEY") == NULL || authenticated(c));
-        if (proved) {
-            if (addr != NULL && len != NULL) {
-                socklen_t k = *len < plen ? *len : plen;
-                memcpy(addr, &peer, k);
-                *len = plen;
+        struct pollfd pf[PENDING_MAX + 1];
+        long now = ms_now(), wait = -1;
+        for (int i = npend - 1; i >= 0; i--) { /* past its deadline: reset */
+            if (pend[i].deadline <= now) {
+                refuse(pend[i].fd, &pend[i].peer, "no proof of the route's key");
+                drop(i);
             }
-            return c;
         }
-        char who[INET6_ADDRSTRLEN] = "?";
-        if (peer.ss_family == AF_INET)
-            inet_ntop(AF_INET, &((struct sockaddr_in *)&peer)->sin_addr, who, sizeof who);
-        else
-            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&peer)->sin6_addr, who, sizeof who);
-        fprintf(stderr, "pairctl-rpc-guard: refused a connection from %s (%s)\n", who,
-                ok ? "no proof of the route's key" : "not in PAIRCTL_RPC_ALLOW");
-        fflush(stderr); /* said before the reset: whoever sees the reset can read why */
-        struct linger l = {1, 0};
-        setsockopt(c, SOL_SOCKET, SO_LINGER, &l, sizeof l);
-        close(c);
+        pf[0] = (struct pollfd){fd, POLLIN, 0};
+        for (int i = 0; i < npend; i++) {
+            pf[i + 1] = (struct pollfd){pend[i].fd, POLLIN, 0};
+            if (wait < 0 || pend[i].deadline - now < wait) wait = pend[i].deadline - now;
+        }
+        int n = npend;
+        if (poll(pf, (nfds_t)n + 1, blocking ? (int)wait : 0) < 0 && errno != EINTR) return -1;
+        for (int i = n - 1; i >= 0; i--) /* backwards: drop() moves the last entry into i */
+            if (pf[i + 1].revents && answered(i, key)) {
+                struct pending p = pend[i];
+                drop(i);
+                return hand_over(&p, addr, len);
+            }
+        if (pf[0].revents & POLLIN) {
+            struct sockaddr_storage peer;
+            socklen_t plen = sizeof peer;
+            memset(&peer, 0, sizeof peer);
+            /* the listener may have lost that connection meanwhile: never block in accept here */
+            fcntl(fd, F_SETFL, lflags | O_NONBLOCK);
+            int c = (int)syscall(SYS_accept4, fd, (struct sockaddr *)&peer, &plen, flags | SOCK_NONBLOCK);
+            fcntl(fd, F_SETFL, lflags);
+            if (c < 0 && errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) return -1;
+            if (c >= 0 && !allowed(&peer)) refuse(c, &peer, "not in PAIRCTL_RPC_ALLOW");
+            else if (c >= 0 && keyed && !have_key) refuse(c, &peer, "no proof of the route's key");
+            else if (c >= 0 && !keyed) /* served by address alone (no key named) */
+                return hand_over(&(struct pending){.fd = c, .flags = flags, .peer = peer, .plen = plen}, addr, len);
+            else if (c >= 0) challenge(c, &peer, plen, flags);
+        } else if (!blocking) { /* a non-blocking listener: nothing proved yet */
+            errno = EAGAIN;
+            return -1;
+        }
     }
 }
 

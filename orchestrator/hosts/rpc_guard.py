@@ -128,19 +128,17 @@ def parse_guard(out: str, name: str) -> tuple[str, str, str] | None:
     return None
 
 
-def guard_problem(
-    host: str, name: str, state: tuple[str, str, str] | None, peers: list[str], *, keyed: bool = True
-) -> str | None:
+def guard_problem(host: str, name: str, state: tuple[str, str, str] | None, peers: list[str]) -> str | None:
     """What is wrong with the guard the running server has, as a problem line (None: as rendered).
     Its file's hash is data, not a problem: another pairctl version or compiler builds other
     bytes (the next deploy replaces them), and whoever can write bin/ can already replace the
-    helper pairctl runs (hosts/root_trust.py). `keyed`: the pair's server also checks a route key
-    (the kernel check's short-lived second server is served by address only)."""
+    helper pairctl runs (hosts/root_trust.py). Every server pairctl starts (the pair's, and the
+    kernel check's second one) also checks the route key."""
     if state is None:
         return f"{host}: {name} runs without pairctl's RPC guard: any host that reaches its port is served"
     _, allow, key = state
     if allow != ",".join(peers):
         return f"{host}: {name} serves {allow!r}, the inventory says {','.join(peers)!r}"
-    if keyed and key == "-":
+    if key == "-":
         return f"{host}: {name} checks no route key: any local user of {allow} is served (deploy again)"
     return None

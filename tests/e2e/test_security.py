@@ -573,6 +573,62 @@ def test_a_local_stranger_at_the_peers_address_gets_nothing(deployed_sec, strang
     assert "refused a connection from 127.0.0.1 (no proof of the route's key)" in log, log[-2000:]
 
 
+def test_silent_peers_at_the_allowed_address_do_not_keep_llama_server_out(deployed_sec):
+    """Issue 49: the guard waited up to 2 s for each allowed peer's proof before it looked at the
+    next, so a local process at the allowed address that keeps connecting and says nothing kept
+    the real llama-server's connection waiting past its own 2 s (refused, restarted, refused).
+    Such a process runs here (a connection every 0.3 s from 127.0.0.1, each held open, silent)
+    while llama-server is killed: its supervisor starts it again, it proves the route key and
+    serves a completion through the RPC device, and the silent ones are reset on their deadline."""
+    fp, _ = deployed_sec
+    rpc_addr = fp.base_inventory.hosts[fp.base_hosts["rpc"]].address
+    native_addr = fp.base_inventory.hosts[fp.base_hosts["native"]].address
+    stop, held = threading.Event(), []
+
+    def silent_peers() -> None:
+        while not stop.is_set() and len(held) < 200:
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", 0))  # the allowed address (rpc_peers in the lab)
+                s.settimeout(2)
+                s.connect((rpc_addr, 50192))
+            except OSError:
+                pass
+            held.append(s)
+            stop.wait(0.3)
+
+    th = threading.Thread(target=silent_peers, daemon=True)
+    th.start()
+    try:
+        time.sleep(1)  # some already wait in the backlog behind llama-server's connection
+        npid = service_pid_of(fp, "native")
+        assert npid is not None
+        os.kill(npid, 9)
+        deadline, served = time.monotonic() + 45, None
+        with httpx.Client(timeout=10, trust_env=False) as c:
+            while time.monotonic() < deadline and served is None:
+                try:
+                    r = c.post(
+                        f"http://{native_addr}:8192/completion",
+                        json={"prompt": "Hello", "n_predict": 4},
+                        headers={"Authorization": f"Bearer {fp.api_key}"},
+                    )
+                    served = r.json() if r.status_code == 200 else None
+                except httpx.HTTPError:
+                    pass
+                if served is None:
+                    time.sleep(0.3)
+        assert served is not None and "content" in served, "llama-server did not serve within 45 s"
+        assert service_pid_of(fp, "native") != npid
+    finally:
+        stop.set()
+        th.join(timeout=10)
+        for s in held:
+            s.close()
+    log = (fp.roots["rpc"] / "run" / "ggml-rpc-server.out").read_text(errors="replace")
+    assert "refused a connection from 127.0.0.1 (no proof of the route's key)" in log, log[-2000:]
+
+
 def test_a_guard_list_other_than_the_inventorys_fails_identity(deployed_sec):
     """Verified on the host, against the inventory as it stands: the list the running server's
     guard holds (its environment, read on the host) must be the pair's rpc_peers. An inventory
@@ -723,9 +779,10 @@ def test_rollback_and_restart_rehash_declared_files_before_starting_a_server(dep
 
 def test_the_kernel_checks_rpc_server_serves_only_the_pairs_peers(deployed_sec, tmp_path):
     """`kernels check` starts a second ggml-rpc-server on rpc_port + 1 for the length of the
-    check; it ran without the RPC guard, so any host reaching that port got HELLO answered. Held
-    at its first harness (the server up, no client yet), a third address is reset; the pair's
-    own peer is served; the check then passes."""
+    check; it ran without the RPC guard, so any host reaching that port got HELLO answered, and
+    then (issue 49) with the address rule only. Held at its first harness (the server up, no
+    client yet), a third address is reset, the peer's address without the route key gets nothing,
+    a client with the key is served; the check (its harnesses proving the key) then passes."""
     fp, _ = deployed_sec
     fault = tmp_path / "fault"
     env = fp.env(PAIRCTL_ENABLE_FAULT_HOOKS="1", PAIRCTL_FAULT_HOOK="kernels.harness.native:pause",
@@ -745,13 +802,30 @@ def test_the_kernel_checks_rpc_server_serves_only_the_pairs_peers(deployed_sec, 
             assert answer_of(stray, 10) in ("reset", "closed")
         finally:
             close_stray(stray)
-        with socket.socket() as ok:
-            ok.bind(("127.0.0.1", 0))  # the lab's hosts reach each other from 127.0.0.1 (rpc_peers)
-            ok.settimeout(10)
-            ok.connect((addr, 50193))
-            ok.sendall(HELLO)
-            got = answer_of(ok, 10)
-            assert isinstance(got, bytes) and got[:1] == bytes([28]), got
+        # issue 49: the peer's address is not enough there either (any local user has it): a
+        # client at 127.0.0.1 (rpc_peers in the lab) without the route key gets the challenge, a
+        # reset, never a HELLO answer; the same client through the shim with the native host's key
+        # (what the harness runs with) is served
+        with socket.socket() as plain:
+            plain.bind(("127.0.0.1", 0))
+            plain.settimeout(10)
+            plain.connect((addr, 50193))
+            plain.sendall(HELLO)
+            got = b""
+            try:
+                while b := plain.recv(64):
+                    got += b
+            except (ConnectionResetError, TimeoutError):  # reset after the challenge; served: waits
+                pass
+            assert len(got) <= 32, f"a client without the route key got more than the challenge: {got.hex()}"
+        nroot = fp.roots["native"]
+        keyed = subprocess.run(
+            [sys.executable, "-c", HELLO_CLIENT, addr, "50193"],
+            env={"PATH": os.environ["PATH"], "LD_PRELOAD": str(nroot / "bin" / "pairctl-rpc-guard.so"),
+                 "PAIRCTL_RPC_DIAL": f"{addr}:50193", "PAIRCTL_RPC_KEY": str(nroot / "secrets" / "rpc.key")},
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        assert bytes.fromhex(keyed.stdout.strip() or "00")[:1] == bytes([28]), (keyed.stdout, keyed.stderr)
     finally:
         (fault / "resume").touch()
         out, err = p.communicate(timeout=600)
@@ -759,3 +833,12 @@ def test_the_kernel_checks_rpc_server_serves_only_the_pairs_peers(deployed_sec, 
     assert json.loads(out)["plan"]["rpc_server"]["allow"] == ["127.0.0.1"]
     log = (fp.roots["rpc"] / "run" / "kernel-check" / "run" / "ggml-rpc-server.out").read_text(errors="replace")
     assert f"refused a connection from {STRAY}" in log, log[-2000:]
+    assert "refused a connection from 127.0.0.1 (no proof of the route's key)" in log, log[-2000:]
+
+
+HELLO_CLIENT = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.sendall(bytes([14]) + (24).to_bytes(8, "little") + bytes(24))
+print(s.recv(64).hex())
+"""

@@ -349,6 +349,18 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
     assert argv[argv.index("--rpc") + 1] == "127.0.0.3:50053" and "--no-local" in argv
     assert argv.count("--case") == 6 and "--perturb" not in argv
     assert rpc.harness.startswith("/H/lab/hosts/lab-rpc/root/releases/pkg-r/")
+    # issue 49: each harness proves the pair's route key to the second server's guard, with its
+    # host's shim and key (on the RPC host: those the check puts in the server's own root)
+    nroot = "/H/lab/hosts/lab-native/root"
+    assert dict(native.cmd.env) == {
+        "GGML_NO_BACKTRACE": "1",
+        "LD_PRELOAD": f"{nroot}/bin/pairctl-rpc-guard.so",
+        "PAIRCTL_RPC_DIAL": "127.0.0.3:50053",
+        "PAIRCTL_RPC_KEY": f"{nroot}/secrets/rpc.key",
+    }
+    assert dict(rpc.cmd.env)["PAIRCTL_RPC_KEY"] == f"{kroot}/secrets/rpc.key"
+    assert dict(rpc.cmd.env)["LD_PRELOAD"] == f"{kroot}/bin/pairctl-rpc-guard.so"
+    assert (s.native, s.rpc_root) == (("lab-native", nroot), "/H/lab/hosts/lab-rpc/root")
 
 
 def test_plan_gpu_hosts_test_their_own_gpus(lab_inv):
@@ -522,5 +534,5 @@ def test_started_identity_requires_our_running_binary():
 
 def test_harness_runs_without_gdb_backtraces(lab_inv):
     run = _run(lab_inv)
-    assert dict(run.cmd.env) == {"GGML_NO_BACKTRACE": "1"}
+    assert dict(run.cmd.env)["GGML_NO_BACKTRACE"] == "1"
     assert run.cmd.full_argv()[:3] == ("env", "--", "GGML_NO_BACKTRACE=1")
