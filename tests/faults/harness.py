@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -90,6 +91,11 @@ class FaultPair:
     api_key: str
     name: str = PAIR
     in_flight: Any = None  # the deploy child a cell is running (killed at teardown if left)
+    # (status, receipts) a cell that held ended on: the next cell's starting point, read once. No one
+    # acts on this pair between two cells of its shard, so reading them again gave the same answer
+    # (one status and one store scan per cell, about a quarter of a quick cell); after a cell that
+    # failed, the next one reads both afresh
+    last_seen: tuple[dict[str, Any], dict[str, dict[str, Any]]] | None = None
     mounted: list[Path] = field(default_factory=list)
 
     # pairctl as a child process, exactly as an operator runs it
@@ -872,6 +878,12 @@ BY_NAME = {f.name: f for f in FAULTS}
 # -- one cell: fault x step, then the operator's next commands, then the promise ---------------
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 @dataclass
 class Cell:
     fault: str
@@ -885,6 +897,20 @@ class Cell:
     final: str = ""  # new | previous | NEITHER
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # where the seconds went, phase by phase (status before, faulted deploy, repair, status after,
+    # operator's command, final status, receipts read back), as [wall s, CPU s of pairctl's side:
+    # this shard and the commands it waited for]: what to cut is measured, not guessed
+    phases: dict[str, list[float]] = field(default_factory=dict)
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the previous lap (or the cell's start) to `phase`."""
+        now = (time.monotonic(), _cpu_s())
+        was = self.phases.get(phase, [0.0, 0.0])
+        self.phases[phase] = [round(was[i] + now[i] - self._last[i], 2) for i in (0, 1)]
+        self._last = now
+
+    def __post_init__(self) -> None:
+        self._last = (time.monotonic(), _cpu_s())
 
     @property
     def holds(self) -> bool:
@@ -952,13 +978,13 @@ def _receipts(fp: FaultPair) -> dict[str, dict[str, Any]]:
     return {r["hash"]: r for r in EvidenceStore(fp.home.evidence).summaries(pair=fp.name)}
 
 
-def _accepted_since(fp: FaultPair, before: dict[str, Any], pkg: str) -> bool:
+def _accepted_since(fp: FaultPair, before: dict[str, Any], after: dict[str, dict[str, Any]], pkg: str) -> bool:
     """A deploy receipt written since the cell began (the faulted deploy or the operator's) that
     passed with its acceptance suite passed: "new" means accepted after the fault."""
     from orchestrator.evidence.store import EvidenceStore
 
     store = EvidenceStore(fp.home.evidence)
-    for h, r in _receipts(fp).items():
+    for h, r in after.items():
         if h in before or r["command"] != "deploy" or r["outcome"] != "passed":
             continue
         rec = store.load(h)
@@ -975,14 +1001,16 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     the route record names no previous pair yet)."""
     t0 = time.monotonic()
     cell = Cell(fault.name, step)
-    _, st0 = fp.status()
+    seen, fp.last_seen = fp.last_seen, None
+    st0 = seen[0] if seen else fp.status()[1]
     old = active_package(st0)
     if old not in fp.packages:  # a failed cell must not fail the next one
         establish(fp, fp.packages[0])
-        old = fp.packages[0]
+        old, seen = fp.packages[0], None
     new = fp.packages[1] if old == fp.packages[0] else fp.packages[0]
-    before = _receipts(fp)
+    before = seen[1] if seen else _receipts(fp)
     state: dict[str, Any] = {"old": old, "new": new}
+    cell.lap("status before")
 
     # 1. the faulted deploy
     run = start_deploy_paused(fp, new, step, work / "marker", extra_env=fault.deploy_env())
@@ -992,7 +1020,9 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.first = f"exit {rc} (step not reached)"
         cell.problems.append(f"step {step} was never reached (exit {rc}): {err[-500:]}")
     else:
+        cell.lap("deploy to the step")
         cell.injected = fault.inject(fp, run, state)
+        cell.lap("inject")
         cell.problems += state.pop("problems", [])
         if not fault.kills_pairctl:
             run.resume()
@@ -1013,10 +1043,13 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             )
         if "Traceback" in err:
             cell.problems.append("a traceback reached the user: " + err[-800:])
+    cell.lap("deploy after the fault")
     fault.repair(fp, state) if fault.name != "corrupt-release" else None
+    cell.lap("repair")
 
     # 2. the operator: status first
     rc_s, st1 = fp.status()
+    cell.lap("status after")
     mid = active_package(st1)
     cell.between = "new" if mid == new else "prev" if mid == old else "unverified"
     if (
@@ -1123,6 +1156,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.operator.append(f"repair --yes (exit {rp.returncode})")
         if rp.returncode != 0:
             cell.problems.append(f"repair --yes exited {rp.returncode}: {rp.stderr[-400:]}")
+    cell.lap("leases, repair")
     # 3. the operator's next command
     if operator == "rollback":
         p = fp.cli("--json", "rollback", "--pair", fp.name)
@@ -1148,8 +1182,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     if fault.name == "corrupt-release":
         fault.repair(fp, state)
 
+    cell.lap("operator's command")
     # 4. the promise
     _, st2 = fp.status()
+    cell.lap("status final")
     act = active_package(st2)
     cell.final = "new" if act == new else "previous" if act == old else "NEITHER"
     if act not in (new, old):
@@ -1161,7 +1197,8 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     # "new" counts only when a deploy accepted it after the fault; a passed rollback that restored
     # it put back the record's previous pair (accepted when it was deployed, and verified now)
     restored = operator == "rollback" and cell.recovery == "rollback 0"
-    if act == new and not restored and not _accepted_since(fp, before, new):
+    after = _receipts(fp)
+    if act == new and not restored and not _accepted_since(fp, before, after, new):
         cell.problems.append("the new pair is active but no deploy accepted it after the fault")
         cell.final = "new UNACCEPTED"
     for role in ROLES:
@@ -1171,7 +1208,7 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         ours, known = processes_under(fp.roots[role]), pidfile_pids(fp.roots[role])
         if ours != known:
             cell.problems.append(f"{host}: processes under the root {sorted(ours)} != pidfiles {sorted(known)}")
-    new_receipts = [r for h, r in _receipts(fp).items() if h not in before]
+    new_receipts = [r for h, r in after.items() if h not in before]
     for r in new_receipts:  # each new receipt read back and checked against its hash (the whole
         shown = fp.cli("receipts", "show", r["hash"])  # store's chains are verified after the matrix)
         if shown.returncode != 0:
@@ -1181,7 +1218,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         cell.problems.append(
             f"expected receipts for both runs, found {[(r['command'], r['outcome']) for r in new_receipts]}"
         )
+    cell.lap("checks, receipts")
     cell.seconds = time.monotonic() - t0
+    if cell.holds:
+        fp.last_seen = (st2, after)
     return cell
 
 

@@ -155,6 +155,16 @@ def _run_shards(matrix, specs: list[dict], capsys) -> list[Cell]:
     return cells
 
 
+def _phase_totals(ran: list[Cell]) -> str:
+    """Where the cells' seconds went, summed over the matrix: wall and pairctl-side CPU per phase."""
+    tot: dict[str, list[float]] = {}
+    for c in ran:
+        for phase, spent in c.phases.items():
+            tot[phase] = [a + b for a, b in zip(tot.get(phase, [0.0, 0.0]), spent, strict=True)]
+    rows = sorted(tot.items(), key=lambda kv: -kv[1][0])
+    return "cell seconds by phase (wall, pairctl CPU): " + "; ".join(f"{k} {w:.0f}, {c:.0f}" for k, (w, c) in rows)
+
+
 def test_fault_matrix(fault_matrix, tmp_path, capsys):
     steps = _selected("PAIRCTL_FAULTS_STEPS", [s.name for s in load_playbook("deploy").steps] + CHECK_STEPS)
     faults = [f for f in FAULTS if f.name in _selected("PAIRCTL_FAULTS_ONLY", [f.name for f in FAULTS])]
@@ -189,7 +199,7 @@ def test_fault_matrix(fault_matrix, tmp_path, capsys):
     ran = [c for c in cells if c.first != "n/a"]
     report = (
         f"{table}\n\n{len(ran)} cells run, {sum(c.holds for c in ran)} hold; {len(cells) - len(ran)} n/a; "
-        f"{took:.0f} s in {len(sites)} shards side by side"
+        f"{took:.0f} s in {len(sites)} shards side by side\n{_phase_totals(ran)}"
     )
     out = fault_matrix.home_root / "faults"
     out.mkdir(parents=True, exist_ok=True)
