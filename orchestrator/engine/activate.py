@@ -371,7 +371,7 @@ def _check_manager(ctx: RunEnv, role: str) -> dict[str, Any]:
 def verify_unit_before_change(ctx: RunEnv, role: str, tgt: Target | None) -> str | None:
     """What this run's start will install (a systemd unit) is staged and checked by the host now,
     before anything is stopped (hosts/managers): one the host rejects refuses the run unchanged."""
-    if tgt is None:
+    if not ctx.layout(role).manager.units or tgt is None:
         return None
     ex = service_exec(ctx.view, "restart-rpc" if role == "rpc" else "start-server", role, tgt.activation)
     name = ex.service or SERVICE_OF_ROLE[role]
