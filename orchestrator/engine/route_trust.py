@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 import secrets
 import stat
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.engine.plan import PairView
@@ -209,75 +209,60 @@ def _parse_records(
     return recs, problems
 
 
-def _release_problems(view: PairView, facts: Mapping[str, HostFacts], repair: str) -> list[Problem]:
+def _release_problems(view: PairView, facts: Mapping[str, HostFacts], repair: str) -> Iterator[Problem]:
     """A `current` link that names a release not installed on its host."""
-    problems: list[Problem] = []
     for role in ROLES:
         f = facts[role]
         if f.current and f.current not in f.releases:
             root = view.layouts[role].root
-            problems.append(
-                Problem(
-                    RELEASE,
-                    f"{view.hosts[role]}: {root}/current names release {f.current}, which is not in {root}/releases/",
-                    f"on {view.hosts[role]}, point current at an installed release "
-                    f"(ln -sfn releases/ID {root}/current) "
-                    f"or remove it, then {repair}",
-                )
+            yield Problem(
+                RELEASE,
+                f"{view.hosts[role]}: {root}/current names release {f.current}, which is not in {root}/releases/",
+                f"on {view.hosts[role]}, point current at an installed release "
+                f"(ln -sfn releases/ID {root}/current) "
+                f"or remove it, then {repair}",
             )
-    return problems
 
 
 def _signature_problems(
     record: RouteRecord, where: str, raw: bytes | None, key: bytes, pair: str, repair: str
-) -> list[Problem]:
+) -> Iterator[Problem]:
     """The record names another pair, is unsigned, forged, or carries an entry whose argv was edited."""
-    problems: list[Problem] = []
     if record.pair != pair:
-        problems.append(Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair))
+        yield Problem(PAIR, f"{where} is the record of pair {record.pair!r}, not {pair!r}", repair)
     rev = f"{where} (revision {record.revision})"
     if record.mac is None:
-        problems.append(
-            Problem(UNSIGNED, f"{rev} carries no signature: written by an older pairctl or by hand", repair)
-        )
+        yield Problem(UNSIGNED, f"{rev} carries no signature: written by an older pairctl or by hand", repair)
     elif not record.mac_ok(key):
-        problems.append(
-            Problem(
-                FORGED,
-                f"{rev} does not verify against this home's "
-                "route key: it was edited on the host, or written from another operator's home",
-                repair,
-            )
+        yield Problem(
+            FORGED,
+            f"{rev} does not verify against this home's "
+            "route key: it was edited on the host, or written from another operator's home",
+            repair,
         )
     elif raw != record.to_bytes():
         # The signature covers what the parser kept; bytes pairctl never wrote (a key given twice,
         # another encoding, a BOM) could read differently to another parser.
-        problems.append(
-            Problem(
-                FORGED,
-                f"{rev} is signed, but its bytes are not the ones pairctl "
-                "writes (a key given twice, another encoding or layout): it was rewritten on the host",
-                repair,
-            )
+        yield Problem(
+            FORGED,
+            f"{rev} is signed, but its bytes are not the ones pairctl "
+            "writes (a key given twice, another encoding or layout): it was rewritten on the host",
+            repair,
         )
     for label, entry in (("active", record.active), ("previous", record.previous)):
         if entry is not None and not entry_argv_ok(entry):
-            problems.append(
-                Problem(
-                    ARGV,
-                    f"{where}: the {label} entry's argv_sha256 does not match its argv (edited after pairctl wrote it)",
-                    repair,
-                )
+            yield Problem(
+                ARGV,
+                f"{where}: the {label} entry's argv_sha256 does not match its argv (edited after pairctl wrote it)",
+                repair,
             )
-    return problems
 
 
 def _link_problems(
     view: PairView, facts: Mapping[str, HostFacts], record: RouteRecord, signed: bool, repair: str
-) -> list[Problem]:
+) -> Iterator[Problem]:
     """Each host's `current` against the release the record names active: a switch cut short
     (signed record, both installed) or links that disagree."""
-    problems: list[Problem] = []
     for role in ROLES:
         want = _package(record.active, role)
         linked = facts[role].current
@@ -290,63 +275,54 @@ def _link_problems(
         )
         releases = facts[role].releases
         if signed and want in releases and linked in releases and record.active is not None:
-            problems.append(
-                Problem(
-                    SWITCHED,
-                    text + " (a run cut short between its switch and its route record)",
-                    f"free a dead run's leases as status names them, then `pairctl rollback --pair {view.name}` "
-                    f"puts back the recorded pair {record.active.names()}, or deploy again",
-                )
+            yield Problem(
+                SWITCHED,
+                text + " (a run cut short between its switch and its route record)",
+                f"free a dead run's leases as status names them, then `pairctl rollback --pair {view.name}` "
+                f"puts back the recorded pair {record.active.names()}, or deploy again",
             )
         else:
-            problems.append(Problem(LINKS, text, repair))
-    return problems
+            yield Problem(LINKS, text, repair)
 
 
 def _evidence_problems(
     record: RouteRecord, evidence: EvidenceStore, key: bytes, run_id: str | None, pair: str, repair: str
-) -> list[Problem]:
+) -> Iterator[Problem]:
     """The record against the writing home's evidence: not pulled, an activation never accepted,
     an anchor that does not hold, or a record put back over a newer one."""
-    problems: list[Problem] = []
     writer = writer_evidence(record, evidence)
     if writer is not None and writer is not evidence and writer.run_status(record.updated_by)[0] == "unknown":
         writer = None  # pulled before that run's receipt was pushed: the remote only appends, so not a deletion
     if record.updated_by == run_id:
-        return problems
+        return
     if writer is None:
         if record.mac_ok(key):
-            problems.append(
-                Problem(
-                    UNPULLED,
-                    f"route record revision {record.revision} was written by run {record.updated_by} from operator "
-                    f"home {record.evidence_home}, whose receipts this home has not pulled: not checked against them",
-                    "`pairctl receipts pull` (the inventory's evidence_remote) fetches them",
-                )
+            yield Problem(
+                UNPULLED,
+                f"route record revision {record.revision} was written by run {record.updated_by} from operator "
+                f"home {record.evidence_home}, whose receipts this home has not pulled: not checked against them",
+                "`pairctl receipts pull` (the inventory's evidence_remote) fetches them",
             )
-        return problems
+        return
     if record.state == "activating":
         state, why = writer.run_status(record.updated_by)
         if state not in ("running", "elsewhere"):
-            problems.append(
-                Problem(
-                    ACTIVATING,
-                    f"route record revision {record.revision} names "
-                    f"{record.active.names() if record.active else 'nothing'} as activating by run "
-                    f"{record.updated_by}, which is over ({why}): that pair was never accepted",
-                    f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)",
-                )
+            yield Problem(
+                ACTIVATING,
+                f"route record revision {record.revision} names "
+                f"{record.active.names() if record.active else 'nothing'} as activating by run "
+                f"{record.updated_by}, which is over ({why}): that pair was never accepted",
+                f"`pairctl rollback --pair {pair}` puts the last accepted pair back (or deploy again)",
             )
     if record.mac is not None and record.mac_ok(key):
         anchor, replayed = _anchor(record, writer, pair)
         if replayed is None and writer is not evidence:
             replayed = _replayed_here(record, evidence, pair)
-        problems += [
+        yield from [
             Problem(EVIDENCE, t, f"`pairctl receipts verify`; then {repair} to re-anchor the record") for t in anchor
         ]
         if replayed:
-            problems.append(Problem(FORGED, replayed, repair))
-    return problems
+            yield Problem(FORGED, replayed, repair)
 
 
 def writer_evidence(record: RouteRecord, evidence: EvidenceStore) -> EvidenceStore | None:

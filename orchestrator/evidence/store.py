@@ -12,6 +12,7 @@ Layout under the root:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import getpass
@@ -663,10 +664,8 @@ class EvidenceStore:
         chain = _check_chain_name(pair or NO_PAIR)
         head = _read_small(self.heads_dir / chain)
         if head and _HASH.match(head) and self.path_of(head).is_file():
-            try:
+            with contextlib.suppress(EvidenceError):  # else fall back to the receipts themselves
                 return self.load(head)
-            except EvidenceError:
-                pass  # fall back to the receipts themselves
         members = list(self.iter(pair))
         return members[-1] if members else None
 

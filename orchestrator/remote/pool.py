@@ -78,9 +78,6 @@ class TransportPool:
 
     __getitem__ = get
 
-    def opened(self) -> dict[str, Transport]:
-        return dict(self._by_host)
-
     def stats(self) -> dict[str, dict[str, float]]:
         return {h: t.stats.as_dict() for h, t in self._by_host.items()}
 

@@ -14,6 +14,7 @@ only the byte stream comes from the channel.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
@@ -75,10 +76,8 @@ class _ChannelStream(httpcore.NetworkStream):
             raise
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # closing a channel of a dropped connection is not an error
             self._ch.close()
-        except Exception:  # noqa: BLE001 - closing a channel of a dropped connection is not an error
-            pass
 
     def start_tls(
         self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
