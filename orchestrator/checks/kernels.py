@@ -252,7 +252,7 @@ def plan_kernel_check(
         rl = HostLayout(inventory.host(p.rpc).install_root)
         server = RpcServerPlan(
             host=p.rpc,
-            root=posixpath.join(rl.run, KERNEL_CHECK_DIR),
+            root=posixpath.join(inventory.host(p.rpc).state_dir or rl.run, KERNEL_CHECK_DIR),
             binary=rl.binary(packages[p.rpc], RPC_SERVER),
             bind=bind,
             port=port,

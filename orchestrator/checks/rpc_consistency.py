@@ -103,7 +103,8 @@ def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
     port = pair.server_port + cfg.port_offset
     if port in (pair.server_port, pair.rpc_port) or port > 65535:
         raise CheckFailed(f"rpc_consistency.port_offset {cfg.port_offset} gives port {port}, which the pair cannot use")
-    layout, probe = HostLayout(root), HostLayout(posixpath.join(HostLayout(root).run, PROBE_DIR))
+    state = ctx.inventory.hosts[pair.native].state_dir or HostLayout(root).run  # never through run/'s link
+    layout, probe = HostLayout(root), HostLayout(posixpath.join(state, PROBE_DIR))
     args = _with_threads(probe_profile(ctx.profile), cfg.threads).render_args(
         model_paths={role: m.path for role, m in pair.models.items()},
         host=bind,

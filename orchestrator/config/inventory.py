@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
@@ -42,6 +42,13 @@ class HostSpec(StrictModel):
     user: str | None = None
     key: str | None = Field(default=None, description="private key for this host (operator side)")
     install_root: str = Field(description="absolute directory on the host: releases/, current, previous, leases/, run/")
+    state_dir: str | None = Field(
+        default=None,
+        description="absolute directory on the host, outside install_root, for the services' runtime files "
+        "(pidfiles, supervisor state, logs): install_root/run becomes a link to it, judged like the root, so "
+        "an install root that turned read-only still lets a rollback start the previous release; "
+        "default: run/ is a directory inside install_root",
+    )
     role: Literal["native", "rpc"]
     transport: Literal["ssh", "local"] = "ssh"
     gpu: str | None = Field(default=None, description="expected GPU, e.g. 'Tesla V100'; none for CPU lab hosts")
@@ -86,13 +93,28 @@ class HostSpec(StrictModel):
             )
         return self
 
-    @field_validator("install_root")
+    @field_validator("install_root", "state_dir")
     @classmethod
-    def _abs(cls, v: str) -> str:
+    def _abs(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
         if not (v.startswith("/") or v.startswith("${") or v.startswith("~")):
-            raise ValueError("install_root must be an absolute path")
-        check_canonical_root(v)
+            raise ValueError(f"{info.field_name} must be an absolute path")
+        try:
+            check_canonical_root(v)
+        except ValueError as exc:
+            raise ValueError(str(exc).replace("install_root", str(info.field_name))) from None
         return v
+
+    @model_validator(mode="after")
+    def _state_outside_root(self) -> HostSpec:
+        s, r = self.state_dir, self.install_root
+        if s is not None and (s == r or s.startswith(r + "/") or r.startswith(s + "/")):
+            raise ValueError(
+                f"state_dir {s} must lie outside install_root {r} (and not hold it): it is what "
+                "keeps working when the root turns read-only"
+            )
+        return self
 
 
 def check_canonical_root(v: str) -> None:
@@ -333,7 +355,12 @@ class Inventory(StrictModel):
         def hx(name: str, h: HostSpec) -> HostSpec:
             root = expand(h.install_root, variables)
             check_expanded_root(name, h.install_root, root)
-            return h.model_copy(update={"install_root": root, "key": expand(h.key, variables) if h.key else None})
+            state = expand(h.state_dir, variables) if h.state_dir else None
+            if state is not None:
+                check_expanded_root(name, h.state_dir or "", state)
+            return h.model_copy(
+                update={"install_root": root, "state_dir": state, "key": expand(h.key, variables) if h.key else None}
+            )
 
         def px(p: PairSpec) -> PairSpec:
             return p.model_copy(

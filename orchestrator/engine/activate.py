@@ -308,8 +308,9 @@ def a_release_lease(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
 
 
 def a_prepare(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
-    f = ctx.hosts.facts.get(role)
-    if f is not None and f.svc_sha256 == svc_sha256():
+    f, layout = ctx.hosts.facts.get(role), ctx.layout(role)
+    linked = layout.state is None or ctx.t(role).readlink(layout.run) == layout.state  # run/ -> state_dir
+    if f is not None and f.svc_sha256 == svc_sha256() and linked:
         d: dict[str, Any] = {"helper": "up to date"}
     else:
         install_helper(ctx.t(role), ctx.layout(role))
@@ -607,7 +608,12 @@ def a_switch(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     _before_change(ctx, role, step)
     if not step.restores:
         ctx.recorder.switched(role)
-    switch_links(ctx.t(role), ctx.layout(role), cur, prev)
+    try:
+        switch_links(ctx.t(role), ctx.layout(role), cur, prev)
+    except (HostError, OSError) as exc:  # a rollback on a read-only root whose `current` is already right
+        if not (step.restores and space.refuses_writes(str(exc)) and _current_on(ctx, role) == cur):
+            raise
+        return {"current": cur, "previous": "left as it was: " + str(exc).splitlines()[0][:200]}
     return {"current": cur, "previous": prev}
 
 
@@ -672,8 +678,9 @@ def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
     restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
     both services down with neither able to start again, where what ran kept serving (issue 49)."""
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
-    for role in roles:
-        for path in (ctx.layout(role).run, ctx.layout(role).root):
+    for role in roles:  # native's root only for links to change (run/ may be a state_dir outside it)
+        keep = role == "native" and _current_on(ctx, role) == tgt.activation.native_package
+        for path in (ctx.layout(role).run,) if keep else (ctx.layout(role).run, ctx.layout(role).root):
             try:
                 space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")
             except space.NotWritable as exc:

@@ -161,7 +161,9 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     p = inventory.pair(pair_name)
     hosts = {"native": p.native, "rpc": p.rpc}
     layouts = {
-        role: HostLayout(inventory.host(h).install_root, manager_for(inventory, pair_name, role))
+        role: HostLayout(
+            inventory.host(h).install_root, manager_for(inventory, pair_name, role), inventory.host(h).state_dir
+        )
         for role, h in hosts.items()
     }
     server_bind = inventory.server_bind(pair_name)

@@ -6,7 +6,8 @@ On each host, under the inventory's install_root:
     current, previous        symlinks to releases/<id>, switched by rename (never rm + ln)
     leases/                  lease directories (orchestrator.hosts.leases)
     route.json               the route record (orchestrator.hosts.route)
-    run/                     pidfiles, stdout/stderr and server logs
+    run/                     pidfiles, stdout/stderr and server logs (a link to the host's
+                             state_dir when the inventory names one: see install_helper)
     secrets/                 0700; the API key file, 0600
     bin/pairctl-svc          the pidfile supervisor (orchestrator/hosts/pairctl-svc.sh)
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, HostStateError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
@@ -62,6 +63,7 @@ class HostLayout:
 
     root: str
     manager: ServiceManager = PAIRCTL
+    state: str | None = None  # the inventory's state_dir: run/ links there
 
     def _p(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -217,6 +219,8 @@ def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
     exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust)."""
     check_root(transport, layout.root)
+    if layout.state:
+        _link_run(transport, layout, layout.state)
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
     transport.makedirs(layout.secrets, 0o700)
@@ -224,13 +228,40 @@ def install_helper(transport: Transport, layout: HostLayout) -> None:
     put_new(transport, svc_script(), layout.svc, 0o755)
 
 
+def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
+    """run/ -> STATE, outside the root: every start writes pidfiles, state and logs there, so a
+    root that turned read-only (a disk remounted after an error) still lets a rollback start the
+    previous release (issue 49). STATE is judged as an install root is, and made 0755. A run/
+    directory from before, or a link elsewhere, is refused: its pidfiles name running services."""
+    check_root(transport, state)
+    transport.makedirs(state, 0o755)
+    check_root(transport, state)
+    there = transport.readlink(layout.run)
+    if there == state:
+        return
+    if there is not None or transport.stat(layout.run) is not None:
+        raise HostStateError(
+            f"{transport.name}: {layout.run} is {'a link to ' + there if there else 'a directory'}, and the "
+            f"inventory's state_dir is {state}",
+            hint=f"on {transport.name}, stop the pair's services, move {layout.run}'s files into {state} and "
+            f"remove {layout.run}; or remove state_dir from the inventory",
+        )
+    transport.makedirs(layout.root, 0o755)
+    tmp = unique_tmp(layout.run)
+    transport.symlink(state, tmp)
+    transport.rename(tmp, layout.run)
+
+
 def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:
     """current/previous -> releases/<id>: a new symlink under a temporary name, renamed over the
-    old one (never rm + ln); None removes the link."""
+    old one (never rm + ln); None removes the link. A link that already names its release is left
+    as it is (a rollback's on a root that turned read-only writes nothing there)."""
     for link, rel in ((layout.current, current), (layout.previous, previous)):
         if rel is None:
             if transport.readlink(link) is not None:
                 transport.remove(link)
+            continue
+        if transport.readlink(link) == f"releases/{rel}":
             continue
         tmp = unique_tmp(link)
         transport.symlink(f"releases/{rel}", tmp)

@@ -300,7 +300,7 @@ class _Named(Protocol):
 
 
 class DeployRun(Protocol):
-    """What `prune_after_deploy` needs of a deploy's RunContext (read-only: its inputs are)."""
+    """What `prune_after_deploy` needs of a deploy run (read-only: its inputs are)."""
 
     @property
     def inventory(self) -> Inventory: ...

@@ -6,7 +6,8 @@ to the root could run code as that user or make pairctl write where they choose.
 helper is read or run, every directory from `/` to the root must be owned by the login user or
 root and not writable by group or others (a sticky directory such as /tmp may be writable: others
 cannot replace our entry there), none may be a link, and the root, its own folders and the
-helper must be owned by the login user or root, not writable by group or others, and not links.
+helper must be owned by the login user or root, not writable by group or others, and not links;
+only run/ may be a link, to the host's state_dir (absolute, judged as a root is: issue 49).
 Read over SFTP (lstat, no process on the host; all of them in one pipelined batch). Files are
 written under a temporary name made exclusively and unique per run (never through a link), then
 renamed into place.
@@ -79,6 +80,13 @@ def root_problem(transport: Transport, root: str) -> str | None:
             owners.add(st.uid)  # cannot tell the login user: the root's own owner, judged above
     for p in dirs:
         st = _stat_of(seen[p])
+        if st is not None and st.is_link and p == dirs[_DIRS.index("run")] and st.uid in owners:
+            target = transport.readlink(p) or ""
+            if not target.startswith("/") or target == root or target.startswith(root + "/"):
+                return f"{p} is a link to {target!r}, not to a state_dir outside the root"
+            if why := root_problem(transport, target):
+                return why
+            continue
         if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=True)):
             return why
     for p in files:

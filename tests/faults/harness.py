@@ -187,6 +187,12 @@ def make_pair(
         root = fdir / f"{role}-root"
         root.mkdir(exist_ok=True)
         h["install_root"] = str(root)
+        # issue 49: run/ (pidfiles, supervisor state, logs) outside the root, so a root that turns
+        # read-only still lets a rollback start the previous release; a run/ directory an earlier
+        # session left (its services stopped at its teardown) gives way to the link
+        h["state_dir"] = str(fdir / f"{role}-state")
+        if (root / "run").is_dir() and not (root / "run").is_symlink():
+            shutil.rmtree(root / "run")
         hosts[f"{name}-{role}"] = h
         roots[role] = root
         base_hosts[role] = bname
@@ -1081,9 +1087,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
             f"a read-only RPC root at restart-rpc must end rolled back to the previous pair, verified (exit 7); "
             f"got {cell.first}[{cell.between}]"
         )
-    # issue 49 item 1 (open: test_fault_matrix.KNOWN_OPEN): the native root read-only at restart-rpc,
-    # llama-server already stopped; every start writes under the root (pidfiles, state, logs), so
-    # the rollback cannot start the previous llama-server again: exit 8 with both down
+    # issue 49 item 1: the native root read-only at restart-rpc, llama-server already stopped; every
+    # start wrote under the root (pidfiles, state, logs), so the rollback could not start the previous
+    # llama-server again (exit 8, both down). run/ is now the host's state_dir, outside the root, and a
+    # rollback leaves native's links as they are when `current` already names the restored release
     if (fault.name, step) == ("read-only-native-root", "restart-rpc") and (cell.first, cell.between) != (
         "exit 7",
         "prev",

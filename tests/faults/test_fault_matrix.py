@@ -88,9 +88,7 @@ DEFAULT_EXPECTED_S = 30
 
 # Cells known to fail, left open on an issue: printed every run, failing no other cell; remove an
 # entry once its cell holds again.
-KNOWN_OPEN: set[tuple[str, str]] = {
-    ("read-only-native-root", "restart-rpc"),  # issue 49 item 1: runtime state still under the root
-}
+KNOWN_OPEN: set[tuple[str, str]] = set()
 
 
 def _run_shards(matrix, specs: list[dict], capsys) -> list[Cell]:

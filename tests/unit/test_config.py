@@ -117,3 +117,22 @@ def test_api_key_is_read_one_way(tmp_path):
         read_api_key("p", pair(f))
     with pytest.raises(ConfigError, match="cannot read"):
         read_api_key("p", pair(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize(
+    ("state_dir", "why"),
+    [
+        ("/srv/root/run-state", "must lie outside install_root"),
+        ("/srv", "must lie outside install_root"),
+        ("/srv/root", "must lie outside install_root"),
+        ("relative/state", "state_dir must be an absolute path"),
+        ("/var/lib/../pairctl", "state_dir '/var/lib/../pairctl' is not canonical"),
+    ],
+)
+def test_state_dir_lies_outside_the_install_root(state_dir, why):
+    """Issue 49: run/ links to the host's state_dir so a read-only root still lets a start write;
+    inside the root (or holding it) it would go read-only with it."""
+    host = {"address": "10.0.0.1", "role": "native", "install_root": "/srv/root"}
+    Inventory.model_validate({"hosts": {"n": {**host, "state_dir": "/var/lib/pairctl/n"}}})
+    with pytest.raises(ValueError, match=why):
+        Inventory.model_validate({"hosts": {"n": {**host, "state_dir": state_dir}}})

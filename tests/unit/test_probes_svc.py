@@ -419,3 +419,33 @@ def test_set_state_never_copies_through_a_link(host, tmp_path):
     services.stop(t, layout, "llama-server")
     assert secret.read_text() == "root-only=1\n"
     assert not os.path.islink(state) and "root-only" not in open(state).read()
+
+
+def test_run_is_a_link_to_the_state_dir_and_a_bad_one_is_refused(tmp_path):
+    """Issue 49: every start wrote pidfiles, state and logs under the install root, so a root that
+    turned read-only left a rollback unable to start the previous release. With the inventory's
+    state_dir, install_helper makes run/ a link there (outside the root), and the helper's files
+    land there; the link's target is judged as a root is (not others'-writable, outside the root),
+    and a run/ directory from before is refused rather than abandoned with its pidfiles."""
+    from orchestrator.errors import HostStateError
+    from orchestrator.hosts.root_trust import root_problem
+
+    t = LocalTransport("local-test")
+    root, state = str(tmp_path / "root"), str(tmp_path / "state")
+    layout = HostLayout(root, state=state)
+    install_helper(t, layout)
+    install_helper(t, layout)  # again: the link is kept
+    assert os.readlink(layout.run) == state and os.path.isdir(state)
+    res = t.run(layout.svc_cmd("log-tail", "x.log"), check=False)
+    assert res.exit_status == 0 and root_problem(t, root) is None
+    os.chmod(state, 0o777)
+    assert "writable by others" in (root_problem(t, root) or "")
+    os.chmod(state, 0o755)
+    os.remove(layout.run)
+    os.symlink("state-elsewhere", layout.run)
+    assert "not to a state_dir outside the root" in (root_problem(t, root) or "")
+    os.remove(layout.run)
+    os.mkdir(layout.run)  # a run/ directory from before state_dir was set
+    with pytest.raises(HostStateError, match="is a directory, and the inventory's state_dir is"):
+        install_helper(t, layout)
+    assert os.path.isdir(layout.run) and not os.path.islink(layout.run)  # left as it was
