@@ -22,12 +22,12 @@ from orchestrator.build.store import PackageStore, how_to_get
 from orchestrator.config import search
 from orchestrator.config.inventory import ApiKey, Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
-from orchestrator.engine import activate, leasing, route_plan, route_trust, team_sync
-from orchestrator.engine.activate import restore_target
+from orchestrator.engine import activate, leasing, route_plan, route_trust, targets, team_sync
 from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, Prepared, RouteWrite, Step, Target, pair_view, plan, sealed
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
+from orchestrator.engine.targets import restore_target
 from orchestrator.errors import (
     ConfigError,
     HostError,
@@ -329,7 +329,7 @@ def _activate(
     the leases before they are released. Returns the pair activated, as its entry records it."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
     run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
-    target = activate.with_models(target, ctx.recorder.model_hashes())
+    target = targets.with_models(target, ctx.recorder.model_hashes())
     rest = sealed(rest[first_change:], _deploy_route(ctx, route, target, restore), target)
     cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
     run_steps(rest[:cut], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
@@ -850,7 +850,7 @@ def _rollback_target(
     )
     if known is not None:  # a recorded pair: its own profile, as a plain rollback renders it
         return known, restore_target(ctx.view, pair, known, store, label="previous", trusted=trusted)
-    tgt = activate.render_recorded(ctx.view, pair, native, rpc, pair.profile, {}, store, f"release {native}")
+    tgt = targets.render_recorded(ctx.view, pair, native, rpc, pair.profile, {}, store, f"release {native}")
     return tgt.entry, tgt
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate
+from orchestrator.engine import targets
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import HostStateError
 from orchestrator.hosts.identity import read_identities
@@ -66,7 +66,7 @@ def pair_diff(
                 hint=f"`pairctl diff --pair {pair_name} --native ID --rpc ID` compares against those packages",
             )
     want_profile = profile or spec.profile
-    target = activate.render_recorded(view, spec, packages[0], packages[1], want_profile, {}, store, "wanted")
+    target = targets.render_recorded(view, spec, packages[0], packages[1], want_profile, {}, store, "wanted")
     wanted = {"native": target.activation.native_argv, "rpc": target.activation.rpc_argv}
     out: dict[str, Any] = {
         "pair": pair_name,

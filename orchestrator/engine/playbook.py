@@ -16,7 +16,8 @@ from pydantic import Field, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model
+from orchestrator.config.loader import load_model, read_yaml
+from orchestrator.paths import PLAYBOOKS
 
 # Every action the engine implements, and whether it changes what runs on a host.
 ACTIONS: dict[str, bool] = {
@@ -41,80 +42,22 @@ ACTIONS: dict[str, bool] = {
 }
 CHANGES = {a for a, c in ACTIONS.items() if c}
 
-# The playbooks pairctl's commands run, by name: (action, host, on_failure) of each step the
-# bundled playbook has, in order. A config repo may override one (descriptions, extra steps),
-# but never drop or reorder these, or soften what their failure means: a planted deploy.yaml
-# without verify/accept, or with `on_failure: continue` on them, would mark an unverified pair
-# active (issue 32). `preflight` first is also what lets deploy refuse before any lease.
-_R, _S, _A, _C = "rollback", "stop", "abort", "continue"
-REQUIRED_STEPS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "deploy": (
-        ("preflight", "local", _A),
-        ("connect", "both", _A),
-        ("lease", "both", _A),
-        ("facts", "both", _A),
-        ("prepare", "both", _A),
-        ("upload", "both", _A),
-        ("kernel-check", "local", _A),
-        ("secret", "native", _A),
-        ("stop", "native", _R),
-        ("restart-rpc", "rpc", _R),
-        ("switch", "native", _R),
-        ("start-server", "native", _R),
-        ("verify", "both", _R),
-        ("route", "both", _R),
-        ("accept", "local", _R),
-        ("route-accepted", "both", _R),
-        ("release-lease", "both", _C),
-    ),
-    "rollback": (
-        ("connect", "both", _A),
-        ("lease", "both", _A),
-        ("facts", "both", _A),
-        ("secret", "native", _A),
-        ("stop", "native", _S),
-        ("restart-rpc", "rpc", _S),
-        ("switch", "native", _S),
-        ("start-server", "native", _S),
-        ("verify", "both", _S),
-        ("route", "both", _S),
-        ("release-lease", "both", _C),
-    ),
-    "restart": (
-        ("connect", "both", _A),
-        ("lease", "both", _A),
-        ("facts", "both", _A),
-        ("secret", "native", _A),
-        ("stop", "native", _S),
-        ("restart-rpc", "rpc", _S),
-        ("start-server", "native", _S),
-        ("verify", "both", _S),
-        ("release-lease", "both", _C),
-    ),
-    "stop": (
-        ("connect", "both", _A),
-        ("lease", "both", _A),
-        ("facts", "both", _A),
-        ("stop", "native", _S),
-        ("stop", "rpc", _S),
-        ("release-lease", "both", _C),
-    ),
-    "accept": (
-        ("connect", "both", _A),
-        ("facts", "both", _A),
-        ("lease", "both", _A),
-        ("verify", "both", _C),
-        ("accept", "local", _C),
-        ("release-lease", "both", _C),
-    ),
-    "repair": (
-        ("connect", "both", _A),
-        ("facts", "both", _A),
-        ("lease", "both", _A),
-        ("route-repair", "both", _A),
-        ("release-lease", "both", _C),
-    ),
-}
+
+def _bundled_steps() -> dict[str, tuple[tuple[str, str, str], ...]]:
+    """(action, host, on_failure) of each step of every playbook pairctl ships (playbooks/*.yaml in
+    the package), by name, in order: the steps those commands need. A config repo may override
+    a playbook (descriptions, extra steps), but never drop or reorder these, or soften what their
+    failure means: a planted deploy.yaml without verify/accept, or with `on_failure: continue` on
+    them, would mark an unverified pair active (issue 32). `preflight` first is also what lets
+    deploy refuse before any lease. Read from the shipped files, so nothing repeats them."""
+    found = {}
+    for path in sorted(PLAYBOOKS.glob("*.yaml")):
+        steps = read_yaml(path)["steps"]
+        found[path.stem] = tuple((s["action"], s["host"], s.get("on_failure", "abort")) for s in steps)
+    return found
+
+
+REQUIRED_STEPS = _bundled_steps()
 
 
 def missing_required(name: str, steps: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:

@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, team_sync
+from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, targets, team_sync
 from orchestrator.engine.context import Pool, RunEnv, RunInputs
 from orchestrator.engine.deploy import run_env
 from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, sealed
@@ -152,13 +152,13 @@ def rebuilt_record(
         if signed is not None:
             what = f"profile {signed.profile_name} (from the old route record, signed by this home)"
             sources[label] = f"{native} + {rpc}, {what}"
-            return activate.restore_target(view, pair, signed, store, label, trusted=True).entry
+            return targets.restore_target(view, pair, signed, store, label, trusted=True).entry
         found = _profile_from_evidence(ctx.evidence, view.name, native, rpc)
         profile, why = (found, "this home's evidence") if found else (pair.profile, "the inventory")
         if same:
             why += "; the old route record is not signed by this home, so its profile and model hashes are not used"
         sources[label] = f"{native} + {rpc}, profile {profile} (from {why})"
-        return activate.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
+        return targets.render_recorded(view, pair, native, rpc, profile, {}, store, label).entry
 
     links, relinks = _one_revision_links(ctx, store, olds)
     for r, (cur, prev) in relinks.items():  # shown (and, with --yes, done) before the record

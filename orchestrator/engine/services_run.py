@@ -17,7 +17,7 @@ from typing import Literal
 
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, route_trust
+from orchestrator.engine import activate, route_trust, targets
 from orchestrator.engine.context import Pool, RunEnv
 from orchestrator.engine.deploy import (
     Restore,
@@ -92,7 +92,7 @@ def run_services(
                     hint=f"`pairctl deploy --pair {pair_name} --native ID --rpc ID` deploys one",
                 )
             store = PackageStore(home.store)
-            tgt = activate.restore_target(
+            tgt = targets.restore_target(
                 view,
                 inventory.pair(pair_name),
                 rec.active,
