@@ -40,6 +40,10 @@ hosts:
     user: pairctl                # a user that owns install_root (no root needed)
     key: ~/.ssh/id_ed25519       # operator-side private key for this host
     install_root: /opt/pairctl   # releases/, current, previous, leases/, run/ live here
+    # Runtime files (pidfiles, supervisor state, logs) outside install_root: run/ becomes a link
+    # here, so a root that turns read-only mid-deploy still lets the rollback restart the previous
+    # pair. Set it before the first deploy (an existing run/ directory is refused, not moved).
+    # state_dir: /var/lib/pairctl
     role: native
     gpu: Tesla V100              # substring expected in nvidia-smi's GPU name
     # Who keeps the services up: pairctl's own supervisor (default; an @reboot crontab line
