@@ -108,13 +108,20 @@ class HostSpec(StrictModel):
 
     @model_validator(mode="after")
     def _state_outside_root(self) -> HostSpec:
-        s, r = self.state_dir, self.install_root
-        if s is not None and (s == r or s.startswith(r + "/") or r.startswith(s + "/")):
-            raise ValueError(
-                f"state_dir {s} must lie outside install_root {r} (and not hold it): it is what "
-                "keeps working when the root turns read-only"
-            )
+        problem = state_problem(self.state_dir, self.install_root)
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def state_problem(s: str | None, r: str) -> str | None:
+    """A state_dir inside install_root (or holding it): judged as written and again as expanded."""
+    if s is not None and (s == r or s.startswith(r + "/") or r.startswith(s + "/")):
+        return (
+            f"state_dir {s} must lie outside install_root {r} (and not hold it): it is what "
+            "keeps working when the root turns read-only"
+        )
+    return None
 
 
 def check_canonical_root(v: str) -> None:
@@ -135,15 +142,16 @@ def check_canonical_root(v: str) -> None:
         )
 
 
-def check_expanded_root(host: str, written: str, root: str) -> None:
-    """What `${VAR}` or `~` in an install root expanded to is judged as if it had been written:
-    `${ROOT}` with ROOT=/ is the root directory, ROOT=srv a relative path."""
+def check_expanded_root(host: str, written: str, root: str, field: str = "install_root") -> None:
+    """What `${VAR}` or `~` in an install root (or state_dir) expanded to is judged as if it had
+    been written: `${ROOT}` with ROOT=/ is the root directory, ROOT=srv a relative path."""
     try:
         if not root.startswith("/"):
-            raise ValueError(f"install_root expands to {root!r}, not an absolute path")
+            raise ValueError(f"{field} expands to {root!r}, not an absolute path")
         check_canonical_root(root)
     except ValueError as exc:
-        raise ConfigError(f"hosts.{host}.install_root: {exc} (from {written!r})") from None
+        why = str(exc).replace("install_root", field)
+        raise ConfigError(f"hosts.{host}.{field}: {why} (from {written!r})") from None
 
 
 class PairSpec(StrictModel):
@@ -283,6 +291,10 @@ class Inventory(StrictModel):
                         f"{kind} name {n!r} may hold only letters, digits, '.', '_' and '-' "
                         "(it becomes part of paths, lease owners and commands)"
                     )
+        states: dict[tuple[str, int, str], str] = {}
+        for n, h in self.hosts.items():  # two roots on one machine sharing run/: one's stop kills the other's
+            if h.state_dir is not None and (other := states.setdefault((h.address, h.port, h.state_dir), n)) != n:
+                raise ValueError(f"hosts {other!r} and {n!r} share state_dir {h.state_dir} on {h.address}: one each")
         for pname, pair in self.pairs.items():
             for side, expect in (("native", "native"), ("rpc", "rpc")):
                 host = getattr(pair, side)
@@ -357,7 +369,9 @@ class Inventory(StrictModel):
             check_expanded_root(name, h.install_root, root)
             state = expand(h.state_dir, variables) if h.state_dir else None
             if state is not None:
-                check_expanded_root(name, h.state_dir or "", state)
+                check_expanded_root(name, h.state_dir or "", state, "state_dir")
+                if problem := state_problem(state, root):
+                    raise ConfigError(f"hosts.{name}.state_dir: {problem} (as expanded)")
             return h.model_copy(
                 update={"install_root": root, "state_dir": state, "key": expand(h.key, variables) if h.key else None}
             )

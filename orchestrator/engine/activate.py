@@ -363,7 +363,7 @@ def a_stop(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
             # reconnect budget) means nothing can be restored, and stopping native would only take
             # down the half that still serves (issue 33: the model traffic between them was fine)
             ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-            _writable_for_restore(ctx, step.pair)
+            _writable_for_restore(ctx, step.pair, writes_route=step.route is None or step.route.record is not None)
         _before_change(ctx, role, step)
     ex, verify = _planned(ctx, role, step)
     try:
@@ -453,14 +453,16 @@ def a_restart_rpc(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
     return d
 
 
-def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
+def _writable_for_restore(ctx: RunEnv, tgt: Target, *, writes_route: bool) -> None:
     """Before a rollback stops native: the roots it will write take a new file (native's always,
     the RPC host's unless `current` there already names the release restored, whose server
     restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
-    both services down with neither able to start again, where what ran kept serving (issue 49)."""
+    both services down with neither able to start again, where what ran kept serving (issue 49).
+    Native's root itself only when its links change or the plan writes the route record there
+    (run/ may be a state_dir outside it)."""
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
-    for role in roles:  # native's root only for links to change (run/ may be a state_dir outside it)
-        keep = role == "native" and _current_on(ctx, role) == tgt.activation.native_package
+    for role in roles:
+        keep = role == "native" and not writes_route and _current_on(ctx, role) == tgt.activation.native_package
         for path in (ctx.layout(role).run,) if keep else (ctx.layout(role).run, ctx.layout(role).root):
             try:
                 space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")

@@ -301,7 +301,8 @@ def plan(
                 description=desc or s.description,
                 execs=argv,
                 links={view.hosts[r]: lk for r, lk in links.items()},
-                route=route if s.action in ROUTE_ACTIONS else None,
+                # a restore's stop carries it too: what it must find writable before it stops anything
+                route=route if s.action in ROUTE_ACTIONS or (restores and s.action == "stop") else None,
                 pair=pair,
                 restores=restores,
                 packages=packages or {},

@@ -159,7 +159,7 @@ def judge(
     """Every problem with both hosts' route records and links; pure apart from reading evidence."""
     pair = view.name
     repair = f"`pairctl repair --pair {pair}` shows the record it would rebuild from the links (--yes writes it)"
-    recs, problems = _parse_records(view, facts, repair)
+    recs, problems = _parse_records(view, facts, repair, key)
     problems += _release_problems(view, facts, repair)
     record = recs.get("native") or recs.get("rpc")
     if record is None:
@@ -186,7 +186,7 @@ def judge(
 
 
 def _parse_records(
-    view: PairView, facts: Mapping[str, HostFacts], repair: str
+    view: PairView, facts: Mapping[str, HostFacts], repair: str, key: bytes
 ) -> tuple[dict[Role, RouteRecord | None], list[Problem]]:
     """Each host's record as parsed (a role missing: it does not parse), and whether they differ."""
     problems: list[Problem] = []
@@ -196,7 +196,10 @@ def _parse_records(
             recs[role] = parse_route(facts[role].route_bytes, where=_where(view, role), pair=view.name)
         except HostStateError as exc:
             problems.append(Problem(PARSE, exc.message, repair))
-    if len(recs) == 2 and facts["native"].route_bytes != facts["rpc"].route_bytes:
+    settling = _split_settle(recs, facts, key)
+    if settling is not None:  # the other host's settled copy is dropped: judged as `activating`
+        recs = {settling: recs[settling]}
+    elif len(recs) == 2 and facts["native"].route_bytes != facts["rpc"].route_bytes:
         problems.append(
             Problem(
                 DIFFER,
@@ -207,6 +210,24 @@ def _parse_records(
             )
         )
     return recs, problems
+
+
+def _split_settle(recs: Mapping[Role, RouteRecord | None], facts: Mapping[str, HostFacts], key: bytes) -> Role | None:
+    """The role whose copy is `activating` when a run was cut short between its two hosts'
+    route-accepted writes: both records signed with this home's key as written, by one run, one
+    revision, the same pairs, one `activating` and the other its settled state. Nothing sealed that
+    run's acceptance, so the pair is judged as never accepted (ACTIVATING: a rollback or deploy
+    puts it right) rather than as records that differ (repair only)."""
+    a, b = recs.get("native"), recs.get("rpc")
+    if a is None or b is None or a.state == b.state or "activating" not in (a.state, b.state):
+        return None
+    for role, rec in (("native", a), ("rpc", b)):
+        if rec.mac is None or not rec.mac_ok(key) or facts[role].route_bytes != rec.to_bytes():
+            return None
+    same = ("pair", "revision", "active", "previous", "updated_by", "previous_state", "evidence_head", "evidence_home")
+    if any(getattr(a, f) != getattr(b, f) for f in same):
+        return None
+    return "native" if a.state == "activating" else "rpc"
 
 
 def _release_problems(view: PairView, facts: Mapping[str, HostFacts], repair: str) -> Iterator[Problem]:

@@ -283,15 +283,26 @@ static int hand_over(const struct pending *p, struct sockaddr *addr, socklen_t *
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     if (!guarding()) return (int)syscall(SYS_accept4, fd, addr, len, flags); /* a dialling process */
     unsigned char key[AUTH_LEN];
-    int keyed = getenv("PAIRCTL_RPC_KEY") != NULL, have_key = keyed && read_key(key);
+    int keyed = getenv("PAIRCTL_RPC_KEY") != NULL, have_key = 0;
     int lflags = fcntl(fd, F_GETFL), blocking = lflags >= 0 && !(lflags & O_NONBLOCK);
     for (;;) {
         struct pollfd pf[PENDING_MAX + 1];
         long now = ms_now(), wait = -1;
-        for (int i = npend - 1; i >= 0; i--) { /* past its deadline: reset */
+        have_key = keyed && read_key(key); /* read at every wake: a key rotated meanwhile is the one asked */
+        for (; keyed && !have_key && npend > 0; drop(npend - 1)) /* no key to check proofs against */
+            refuse(pend[npend - 1].fd, &pend[npend - 1].peer, "no proof of the route's key");
+        for (int i = npend - 1; i >= 0; i--) { /* past its deadline: an answer that came in time first */
             if (pend[i].deadline <= now) {
-                refuse(pend[i].fd, &pend[i].peer, "no proof of the route's key");
-                drop(i);
+                int fdi = pend[i].fd;
+                if (have_key && answered(i, key)) {
+                    struct pending p = pend[i];
+                    drop(i);
+                    return hand_over(&p, addr, len);
+                }
+                if (i < npend && pend[i].fd == fdi) { /* still owed (answered() drops a wrong one) */
+                    refuse(pend[i].fd, &pend[i].peer, "no proof of the route's key");
+                    drop(i);
+                }
             }
         }
         pf[0] = (struct pollfd){fd, POLLIN, 0};
@@ -302,11 +313,15 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
         int n = npend;
         if (poll(pf, (nfds_t)n + 1, blocking ? (int)wait : 0) < 0 && errno != EINTR) return -1;
         for (int i = n - 1; i >= 0; i--) /* backwards: drop() moves the last entry into i */
-            if (pf[i + 1].revents && answered(i, key)) {
+            if (pf[i + 1].revents && have_key && answered(i, key)) {
                 struct pending p = pend[i];
                 drop(i);
                 return hand_over(&p, addr, len);
             }
+        if (pf[0].revents & POLLNVAL) { /* not a listener (any more): as accept4 would say */
+            errno = EBADF;
+            return -1;
+        }
         if (pf[0].revents & POLLIN) {
             struct sockaddr_storage peer;
             socklen_t plen = sizeof peer;

@@ -136,3 +136,18 @@ def test_state_dir_lies_outside_the_install_root(state_dir, why):
     Inventory.model_validate({"hosts": {"n": {**host, "state_dir": "/var/lib/pairctl/n"}}})
     with pytest.raises(ValueError, match=why):
         Inventory.model_validate({"hosts": {"n": {**host, "state_dir": state_dir}}})
+
+
+def test_state_dir_is_judged_again_as_expanded_and_never_shared_on_one_machine():
+    """`${R}/pairctl` and `/home/op/pairctl/s` read apart but expand into one another; two roots
+    on one machine sharing a state_dir would share pidfiles (one's stop kills the other's server)."""
+    host = {"address": "10.0.0.1", "role": "native", "install_root": "${R}/pairctl", "state_dir": "/home/op/pairctl/s"}
+    inv = Inventory.model_validate({"hosts": {"n": host}})
+    with pytest.raises(ConfigError, match=r"hosts\.n\.state_dir: .*must lie outside install_root.*as expanded"):
+        inv.resolved({"R": "/home/op"})
+    with pytest.raises(ConfigError, match=r"hosts\.n\.state_dir: state_dir expands to 'rel'"):
+        Inventory.model_validate({"hosts": {"n": {**host, "state_dir": "${S}"}}}).resolved({"R": "/h", "S": "rel"})
+    two = {"a": {**host, "state_dir": "/var/lib/p"}, "b": {**host, "install_root": "/srv/b", "state_dir": "/var/lib/p"}}
+    with pytest.raises(ValueError, match="hosts 'a' and 'b' share state_dir /var/lib/p on 10.0.0.1"):
+        Inventory.model_validate({"hosts": two})
+    Inventory.model_validate({"hosts": {**two, "b": {**two["b"], "address": "10.0.0.2"}}})  # another machine

@@ -166,3 +166,23 @@ def test_a_record_from_another_home_is_not_called_a_deletion(tmp_path):
     (tmp_path / "a" / "evidence" / "heads" / "lab").write_text(h0 + "\n")
     (deleted,) = route_trust.anchor_problems(rec, first, "lab")
     assert "the newest receipts were deleted" in deleted and route_trust.OTHER_HOME not in deleted
+
+
+def test_a_run_cut_short_between_its_two_route_accepted_writes_is_judged_activating(view):
+    """SIGKILL between the hosts' route-accepted writes (seen in test_bisect_killed): one host holds
+    the run's `activating` record, the other the same record settled. Not records that differ
+    (repair only): the pair as never accepted, the `activating` copy, which rollback and deploy
+    resolve. Anything else that differs stays DIFFER."""
+    rec = _record().model_copy(update={"state": "activating", "mac": None}).sign(KEY)
+    settled = rec.model_copy(update={"state": "identity-verified", "mac": None}).sign(KEY)
+    for native, rpc in ((rec, settled), (settled, rec)):
+        j = route_trust.judge(
+            view, {"native": _facts("B", native.to_bytes()), "rpc": _facts("B", rpc.to_bytes())}, KEY, None
+        )
+        assert j.problems == [] and j.record is not None and j.record.state == "activating"
+    other_run = settled.model_copy(update={"updated_by": "run2", "mac": None}).sign(KEY)
+    assert _kinds(view, rec.to_bytes(), other_run.to_bytes()) == {route_trust.DIFFER}
+    unsigned = settled.model_copy(update={"mac": None})
+    assert route_trust.DIFFER in _kinds(view, rec.to_bytes(), unsigned.to_bytes())
+    next_rev = settled.model_copy(update={"revision": rec.revision + 1, "mac": None}).sign(KEY)
+    assert _kinds(view, rec.to_bytes(), next_rev.to_bytes()) == {route_trust.DIFFER}
