@@ -178,7 +178,7 @@ def judge(
     where = _where(view, role_of_record)
     raw = facts[role_of_record].route_bytes
     problems += _signature_problems(record, where, raw, key, pair, repair)
-    signed = bool(record.mac is not None and record.mac_ok(key) and raw == record.to_bytes())
+    signed = _signed_as_written(record, raw, key)
     problems += _link_problems(view, facts, record, signed, repair)
     if evidence is not None:
         problems += _evidence_problems(record, evidence, key, run_id, pair, repair)
@@ -214,20 +214,23 @@ def _parse_records(
 
 def _split_settle(recs: Mapping[Role, RouteRecord | None], facts: Mapping[str, HostFacts], key: bytes) -> Role | None:
     """The role whose copy is `activating` when a run was cut short between its two hosts'
-    route-accepted writes: both records signed with this home's key as written, by one run, one
-    revision, the same pairs, one `activating` and the other its settled state. Nothing sealed that
-    run's acceptance, so the pair is judged as never accepted (ACTIVATING: a rollback or deploy
-    puts it right) rather than as records that differ (repair only)."""
+    route-accepted writes: both records signed with this home's key as written, equal in every
+    field but the state (and so the signature), one `activating` and the other its settled state.
+    Nothing sealed that run's acceptance, so the pair is judged as never accepted (ACTIVATING: a
+    rollback or deploy puts it right) rather than as records that differ (repair only)."""
     a, b = recs.get("native"), recs.get("rpc")
     if a is None or b is None or a.state == b.state or "activating" not in (a.state, b.state):
         return None
-    for role, rec in (("native", a), ("rpc", b)):
-        if rec.mac is None or not rec.mac_ok(key) or facts[role].route_bytes != rec.to_bytes():
-            return None
-    same = ("pair", "revision", "active", "previous", "updated_by", "previous_state", "evidence_head", "evidence_home")
-    if any(getattr(a, f) != getattr(b, f) for f in same):
+    if not all(_signed_as_written(r, facts[role].route_bytes, key) for role, r in (("native", a), ("rpc", b))):
+        return None
+    if a.model_copy(update={"state": b.state, "mac": None}) != b.model_copy(update={"mac": None}):
         return None
     return "native" if a.state == "activating" else "rpc"
+
+
+def _signed_as_written(rec: RouteRecord, raw: bytes | None, key: bytes) -> bool:
+    """Signed with this home's key, and the bytes on the host are the ones pairctl writes for it."""
+    return bool(rec.mac is not None and rec.mac_ok(key) and raw == rec.to_bytes())
 
 
 def _release_problems(view: PairView, facts: Mapping[str, HostFacts], repair: str) -> Iterator[Problem]:

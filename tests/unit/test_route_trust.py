@@ -184,5 +184,7 @@ def test_a_run_cut_short_between_its_two_route_accepted_writes_is_judged_activat
     assert _kinds(view, rec.to_bytes(), other_run.to_bytes()) == {route_trust.DIFFER}
     unsigned = settled.model_copy(update={"mac": None})
     assert route_trust.DIFFER in _kinds(view, rec.to_bytes(), unsigned.to_bytes())
+    restamped = settled.model_copy(update={"updated_at": "2026-01-02T00:00:00Z", "mac": None}).sign(KEY)
+    assert _kinds(view, rec.to_bytes(), restamped.to_bytes()) == {route_trust.DIFFER}
     next_rev = settled.model_copy(update={"revision": rec.revision + 1, "mac": None}).sign(KEY)
     assert _kinds(view, rec.to_bytes(), next_rev.to_bytes()) == {route_trust.DIFFER}
