@@ -280,6 +280,13 @@ static int hand_over(const struct pending *p, struct sockaddr *addr, socklen_t *
     return p->fd;
 }
 
+/* pending I proved the key: out of the table and to the program */
+static int take(int i, struct sockaddr *addr, socklen_t *len) {
+    struct pending p = pend[i];
+    drop(i);
+    return hand_over(&p, addr, len);
+}
+
 int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
     if (!guarding()) return (int)syscall(SYS_accept4, fd, addr, len, flags); /* a dialling process */
     unsigned char key[AUTH_LEN];
@@ -294,11 +301,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
         for (int i = npend - 1; i >= 0; i--) { /* past its deadline: an answer that came in time first */
             if (pend[i].deadline <= now) {
                 int fdi = pend[i].fd;
-                if (have_key && answered(i, key)) {
-                    struct pending p = pend[i];
-                    drop(i);
-                    return hand_over(&p, addr, len);
-                }
+                if (have_key && answered(i, key)) return take(i, addr, len);
                 if (i < npend && pend[i].fd == fdi) { /* still owed (answered() drops a wrong one) */
                     refuse(pend[i].fd, &pend[i].peer, "no proof of the route's key");
                     drop(i);
@@ -313,11 +316,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
         int n = npend;
         if (poll(pf, (nfds_t)n + 1, blocking ? (int)wait : 0) < 0 && errno != EINTR) return -1;
         for (int i = n - 1; i >= 0; i--) /* backwards: drop() moves the last entry into i */
-            if (pf[i + 1].revents && have_key && answered(i, key)) {
-                struct pending p = pend[i];
-                drop(i);
-                return hand_over(&p, addr, len);
-            }
+            if (pf[i + 1].revents && have_key && answered(i, key)) return take(i, addr, len);
         if (pf[0].revents & POLLNVAL) { /* not a listener (any more): as accept4 would say */
             errno = EBADF;
             return -1;
