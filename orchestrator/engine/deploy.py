@@ -724,9 +724,9 @@ def _verify_restore_releases(
     on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
     and the running pair keeps running. Without this, a rollback to a damaged previous release
     stopped a verified pair and left both hosts stopped (found by the fault matrix)."""
-    for r, pid in (("native", entry.native_package), ("rpc", entry.rpc_package)):
-        if store.exists(pid):
-            ensure_release(ctx.t(r), ctx.layout(r), store.get(pid), True, ctx.host(r))
+    for r in ("native", "rpc"):
+        if store.exists(entry.package(r)):
+            ensure_release(ctx.t(r), ctx.layout(r), store.get(entry.package(r)), True, ctx.host(r))
     _verify_restore_files(ctx, entry, verb, restore)
     for r in ("native", "rpc"):  # systemd hosts: the units to start pass the host's verify
         activate.verify_unit_before_change(ctx, r, restore)
@@ -877,10 +877,10 @@ def _rollback_links(
     short, the recorded pair's own links where that run switched them."""
     links: dict[str, tuple[str | None, str | None]] = {}
     for r in ("native", "rpc"):
-        want = back_to.native_package if r == "native" else back_to.rpc_package
+        want = back_to.package(r)
         if want not in ctx.hosts.facts[r].releases:
             raise ConfigError(f"{ctx.host(r)}: release {want} (the previous pair) is not installed")
-        cur = None if rec.active is None else (rec.active.native_package if r == "native" else rec.active.rpc_package)
+        cur = None if rec.active is None else rec.active.package(r)
         links[r] = (want, cur if cur != want else ctx.hosts.facts[r].previous)
     if cut_short is not None:
         links.update(route_trust.switched_links(rec, ctx.hosts.facts, cut_short))

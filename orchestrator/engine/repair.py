@@ -235,11 +235,11 @@ def _one_revision_links(
             hint=f"on one host point current at a release of the other's revision (`ln -sfn releases/ID "
             f"ROOT/current`), then `pairctl repair --pair {pair} --yes`; or deploy one revision to both",
         )
-    want = {"native": act.native_package, "rpc": act.rpc_package}
+    want = {r: act.package(r) for r in ROLES}
     prev = rec.previous
     for r in ROLES:
         if links[r][0] != want[r]:
-            p = None if prev is None else (prev.native_package if r == "native" else prev.rpc_package)
+            p = None if prev is None else prev.package(r)
             p = p if p in facts[r].releases and p != want[r] else links[r][0]
             relinks[r] = links[r] = (want[r], p)
     ctx.journal.note(

@@ -77,6 +77,9 @@ class RouteEntry(BaseModel):
     def names(self) -> str:
         return f"{self.native_package} + {self.rpc_package} ({self.profile_name})"
 
+    def package(self, role: str) -> str:
+        return self.native_package if role == "native" else self.rpc_package
+
 
 class RouteRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
