@@ -30,6 +30,7 @@ import socket
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
@@ -660,6 +661,15 @@ class SshTransport:
                 self._sftp = self._conn.sftp()
             return self._sftp
 
+    @contextlib.contextmanager
+    def _transfer(self, op: str, src: str, dst: str) -> Iterator[paramiko.SFTPClient]:
+        """The SFTP session for one transfer, held alone; its failure judged by `_transfer_error`."""
+        try:
+            with self._sftp_io:
+                yield self._sftp_client()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            raise self._transfer_error(op, src, dst, exc) from None
+
     def put(self, local_path: str | Path, remote_path: str) -> None:
         """Copy a file (content + permission bits minus group/other write) via SFTP."""
         local_path = Path(local_path)
@@ -667,27 +677,19 @@ class SshTransport:
         if not stat.S_ISREG(st.st_mode):
             raise HostError(f"put {local_path}: not a regular file")
         t0 = time.monotonic()
-        try:
-            with self._sftp_io:
-                sftp = self._sftp_client()
-                sftp.put(str(local_path), remote_path, confirm=True)
-                sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise self._transfer_error("put", str(local_path), remote_path, exc) from None
+        with self._transfer("put", str(local_path), remote_path) as sftp:
+            sftp.put(str(local_path), remote_path, confirm=True)
+            sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
         self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
         t0 = time.monotonic()
-        try:
-            with self._sftp_io:
-                sftp = self._sftp_client()
-                if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
-                    # refused somewhere: again the long way, for the error as it always read (a full
-                    # disk shows as paramiko's "size mismatch in put!", which names it DiskFull)
-                    sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
-                    sftp.chmod(remote_path, mode & 0o7755)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
+        with self._transfer("put", "<bytes>", remote_path) as sftp:
+            if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
+                # refused somewhere: again the long way, for the error as it always read (a full
+                # disk shows as paramiko's "size mismatch in put!", which names it DiskFull)
+                sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
+                sftp.chmod(remote_path, mode & 0o7755)
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     @staticmethod
@@ -747,10 +749,8 @@ class SshTransport:
                 raise OSError(f"{remote_path} came out mode {(st.st_mode or 0) & 0o777:o}, size {st.st_size}")
 
         t0 = time.monotonic()
-        try:
-            self._fs("put", remote_path, do)
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise self._transfer_error("put", "<bytes>", remote_path, exc) from None
+        with self._transfer("put", "<bytes>", remote_path):
+            self._fs_locked("put", remote_path, do)
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     def chmod(self, path: str, mode: int) -> None:
@@ -758,11 +758,8 @@ class SshTransport:
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
         t0 = time.monotonic()
-        try:
-            with self._sftp_io:
-                self._sftp_client().get(remote_path, str(local_path))
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            raise self._transfer_error("get", remote_path, str(local_path), exc) from None
+        with self._transfer("get", remote_path, str(local_path)) as sftp:
+            sftp.get(remote_path, str(local_path))
         self.stats.add(gets=1, get_bytes=Path(local_path).stat().st_size, get_s=time.monotonic() - t0)
 
     # -- file operations (SFTP requests: no login shell, ~ms each) --
@@ -803,13 +800,11 @@ class SshTransport:
         self._fs("mkdir", path, do)
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
-        parts = [p for p in path.split("/") if p]
         missing: list[str] = []
         cur = path.rstrip("/") or "/"
         while cur not in ("", "/") and self.stat(cur) is None:
             missing.append(cur)
             cur = cur.rsplit("/", 1)[0] or "/"
-        del parts
         for d in reversed(missing):
             with contextlib.suppress(FileExistsError):
                 self.mkdir(d, mode)
@@ -820,7 +815,7 @@ class SshTransport:
                 a = sftp.lstat(path)
             except FileNotFoundError:
                 return None
-            return FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
+            return _file_stat(a)
 
         st: FileStat | None = self._fs("stat", path, do)
         return st
@@ -932,13 +927,7 @@ class SshTransport:
                 vals.append(None)
                 continue
             errs.append(None)
-            if t == S.CMD_ATTRS:
-                a = _attrs_of(msg)
-                vals.append(
-                    FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
-                )
-            else:
-                vals.append(None)
+            vals.append(_file_stat(_attrs_of(msg)) if t == S.CMD_ATTRS else None)
         return errs, vals
 
     def login_uid(self) -> int:
@@ -1122,6 +1111,10 @@ def _attrs_of(msg: paramiko.Message) -> paramiko.SFTPAttributes:
     if not isinstance(factory, _AttrsFromMsg):
         raise HostError(f"paramiko {paramiko.__version__}: SFTPAttributes cannot be read from an answer")
     return factory._from_msg(msg)
+
+
+def _file_stat(a: paramiko.SFTPAttributes) -> FileStat:
+    return FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
 
 
 def _send_all(chan: paramiko.Channel, data: bytes) -> None:
