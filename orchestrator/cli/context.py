@@ -114,7 +114,6 @@ class Ctx:
 
 def evidence_store_for(ctx: Context | Ctx, evidence_dir: Path | str | None = None) -> EvidenceStore:
     """The store a command writes to: `--evidence DIR` if given, else the home's evidence folder."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.evidence.store import EvidenceStore
 
     c = ctx if isinstance(ctx, Ctx) else get_ctx(ctx)

@@ -24,7 +24,6 @@ def doctor(
 ) -> None:
     """Check SSH keys, known_hosts entries for every host, and toolchains for the targets; say what to fix.
     With --hosts, also the programs pairctl runs on each host (by package, and what each is for)."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     from orchestrator.config.targets import load_target

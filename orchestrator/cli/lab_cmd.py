@@ -18,14 +18,12 @@ app = typer.Typer(
 
 
 def _lab(c: Ctx) -> Lab:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.lab.lab import Lab
 
     return Lab(c.home, c.inventory())
 
 
 def _show(c: Ctx, st: LabStatus) -> None:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     if c.json_output:
@@ -62,7 +60,6 @@ def status(ctx: typer.Context) -> None:
 @app.command("down")
 def down(ctx: typer.Context) -> None:
     """Stop every process this home's lab started (sshd hosts, servers under host roots), by pid."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.lab.lab import down_all
 
     c = get_ctx(ctx)

@@ -5,6 +5,8 @@ any command module; `pairctl deploy ...` imports deploy_cmd and nothing of the o
 A loaded command is prepared once: the global options are attached to it and its subcommands
 (cli/options.py), options without a metavar get one from their name (`--pair PAIR`, never
 `<str>`), help is plain text, and its callback first builds the run's context (home, logging).
+For the same start-up budget (benchmarks/startup.py) a command body imports what only it needs
+inside the function, never at the top of its module: `--help` loads none of it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ host is older than the bound it promised.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -53,7 +53,6 @@ def _journal(c: Ctx, command: str, argv: list[str], target: str) -> Journal:
 
 
 def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     from orchestrator.hosts import leases as L
@@ -95,7 +94,6 @@ def take(
     ),
 ) -> None:
     """Take the lease of a host or of both hosts of a pair; prints the nonce needed to release it."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.durations import parse_duration
     from orchestrator.hosts import leases as L
 
@@ -148,7 +146,6 @@ def show(
     ctx: typer.Context, positional: str | None = _TARGET, pair: str | None = _PAIR, host: str | None = _HOST
 ) -> None:
     """Who holds the host(s), for what, until when (never the nonce)."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.hosts import leases as L
 
     c = get_ctx(ctx)
@@ -185,7 +182,6 @@ def release(
     With --dead-run instead, release the leases a killed or finished pairctl run left behind
     (its nonce died with it), refusing unless the run is over and every lease it names is its own.
     """
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.hosts import leases as L
 
     c = get_ctx(ctx)
@@ -198,7 +194,6 @@ def release(
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    out: dict[str, Any] = {}
     with TransportPool(inv) as pool, _journal(c, "lease release", ["lease", "release", target], target) as j:
         with j.step("release", host=",".join(hosts)) as step:
             released = L.release_leases(L.targets_of(inv, pool, target), nonce)
@@ -221,7 +216,6 @@ def release(
 def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.errors import LeaseError, LeaseHeldError
     from orchestrator.evidence.store import EvidenceStore
     from orchestrator.hosts import leases as L

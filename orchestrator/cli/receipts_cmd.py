@@ -23,7 +23,6 @@ app = typer.Typer(
 
 
 def summary(r: Receipt) -> dict[str, Any]:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.evidence.receipt import summary_of
 
     return summary_of(r)
@@ -54,7 +53,6 @@ def list_(
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """Receipts, oldest first."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     from orchestrator.evidence.receipt import parse_time
@@ -139,7 +137,6 @@ def show(
     evidence: Path | None = EVIDENCE_OPT,
 ) -> None:
     """A readable summary of one receipt (`--json` for all of it)."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     c = get_ctx(ctx)
@@ -193,7 +190,6 @@ def show(
 
 
 def _seconds(a: str, b: str) -> str:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.evidence.receipt import parse_time
 
     try:

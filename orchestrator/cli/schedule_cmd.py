@@ -29,7 +29,6 @@ def _pairctl_exe() -> str:
 
 
 def _inventory_path(ref: str) -> str:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.config import search
 
     return str(search.resolve_ref("inventory", ref).resolve())  # the file the search path finds now
@@ -51,7 +50,6 @@ def install(
     A scheduled run that finds the pair leased by someone else records `skipped: leased by ...`
     and exits 11, which the unit treats as success. Without systemd, prints the crontab line.
     """
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.ops import schedule as sched
 
     c = get_ctx(ctx)
@@ -101,7 +99,6 @@ def list_(
     unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Look in this folder instead."),
 ) -> None:
     """List the schedules pairctl installed."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     from orchestrator.ops import schedule as sched
@@ -125,7 +122,6 @@ def remove(
     unit_dir: Path | None = typer.Option(None, "--unit-dir", metavar="DIR", help="Remove from this folder instead."),
 ) -> None:
     """Stop and remove the schedule of PAIR."""
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.ops import schedule as sched
 
     c = get_ctx(ctx)

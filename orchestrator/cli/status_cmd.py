@@ -43,7 +43,6 @@ def last_acceptance(evidence: EvidenceStore, pair: str) -> dict[str, Any] | None
 
 
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from orchestrator.engine.render import lease_text
 
     now = datetime.now(UTC)
@@ -154,7 +153,6 @@ def _watch(
 def _status_once(
     ctx: typer.Context, pair: list[str] | None, all_pairs: bool, parallel: int, verify_files: bool
 ) -> None:
-    # start-up: loaded when the command runs, never for `--help` (benchmarks/startup.py)
     from rich.table import Table
 
     from orchestrator.engine.render import print_status
