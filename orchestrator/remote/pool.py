@@ -10,6 +10,7 @@ and nothing imports them back.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from pathlib import Path
 
 from orchestrator.config.inventory import Inventory
@@ -58,7 +59,9 @@ class TransportPool:
         ssh_config_path: str | Path | None = None,
     ) -> None:
         self.inventory = inventory
-        self._retry, self._connect_timeout_s, self._ssh_config_path = retry, connect_timeout_s, ssh_config_path
+        self._open = partial(
+            open_transport, inventory, retry=retry, connect_timeout_s=connect_timeout_s, ssh_config_path=ssh_config_path
+        )
         self._by_host: dict[str, Transport] = {}
         self._lock = threading.Lock()
 
@@ -66,14 +69,7 @@ class TransportPool:
         with self._lock:
             t = self._by_host.get(host_name)
             if t is None:
-                t = open_transport(
-                    self.inventory,
-                    host_name,
-                    retry=self._retry,
-                    connect_timeout_s=self._connect_timeout_s,
-                    ssh_config_path=self._ssh_config_path,
-                )
-                self._by_host[host_name] = t
+                t = self._by_host[host_name] = self._open(host_name)
             return t
 
     __getitem__ = get
