@@ -21,7 +21,7 @@ from orchestrator.errors import DiskFull, HostError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import Result, command_failed, command_timed_out
-from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, RetryPolicy, TransportStats, transient_command_error
+from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, RetryPolicy, TransportStats, run_retried
 
 
 def _run_group(argv: list[str], stdin: bytes, timeout: float | None) -> subprocess.CompletedProcess[bytes]:
@@ -85,13 +85,7 @@ class LocalTransport:
     def run_idempotent(
         self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
     ) -> Result:
-        return self.retry.call(
-            lambda: self.run(cmd, check=check, timeout=timeout, stdin=stdin),
-            retry_on=transient_command_error,
-            what=f"probe: {cmd.display()[:80]}",
-            host=self.name,
-            on_retry=lambda: self.stats.add(retries=1),
-        )
+        return run_retried(self, self.retry, cmd, check=check, timeout=timeout, stdin=stdin)
 
     def put(self, local_path: str | Path, remote_path: str) -> None:
         src = Path(local_path)

@@ -61,7 +61,7 @@ from orchestrator.remote.transport import (
     RetryPolicy,
     TransportStats,
     Unreachable,
-    transient_command_error,
+    run_retried,
 )
 
 _READ = 1 << 16
@@ -497,17 +497,7 @@ class SshTransport:
         self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
     ) -> Result:
         """For read-only probes: a broken connection or a timeout is retried (reconnecting)."""
-
-        def once() -> Result:
-            return self.run(cmd, check=check, timeout=timeout, stdin=stdin)
-
-        return self.retry.call(
-            once,
-            retry_on=transient_command_error,
-            what=f"probe: {cmd.display()[:80]}",
-            host=self.name,
-            on_retry=lambda: self.stats.add(retries=1),
-        )
+        return run_retried(self, self.retry, cmd, check=check, timeout=timeout, stdin=stdin)
 
     def _exec(
         self,

@@ -373,3 +373,16 @@ RECONNECT_RETRY = RetryPolicy(attempts=1000, initial_s=0.5, max_s=5.0, budget_s=
 def transient_command_error(exc: BaseException) -> bool:
     """What `run_idempotent` retries: the connection broke, or the probe timed out."""
     return isinstance(exc, (ConnectionLost, CommandTimeout))
+
+
+def run_retried(
+    t: Transport, retry: RetryPolicy, cmd: Cmd, *, check: bool, timeout: float | None, stdin: bytes | None
+) -> Result:
+    """`run_idempotent` of every transport: `t.run`, again after a `transient_command_error`."""
+    return retry.call(
+        lambda: t.run(cmd, check=check, timeout=timeout, stdin=stdin),
+        retry_on=transient_command_error,
+        what=f"probe: {cmd.display()[:80]}",
+        host=t.name,
+        on_retry=lambda: t.stats.add(retries=1),
+    )
