@@ -84,7 +84,7 @@ class PlaybookStep(StrictModel):
         if self.action not in actions:
             raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(actions))})")
         self._changes = actions[self.action].changes
-        if self.action in ("preflight", "accept") and self.host != "local":
+        if actions[self.action].local and self.host != "local":
             raise ValueError(f"action {self.action} runs on host: local")
         return self
 

@@ -78,6 +78,9 @@ def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
     dup = {"name": "x", "steps": [{"name": "a", "host": "both", "action": "connect"}] * 2}
     with pytest.raises(ConfigError, match="repeat"):
         validate(Playbook, dup, source="t", context=reg)
+    remote = {"name": "x", "steps": [{"name": "a", "host": "native", "action": "preflight"}]}
+    with pytest.raises(ConfigError, match="action preflight runs on host: local"):  # the class says local
+        validate(Playbook, remote, source="t", context=reg)
     with pytest.raises(ConfigError, match="no action registry"):  # validated without one: nothing is known
         validate(Playbook, base, source="t")
 

@@ -15,9 +15,10 @@ if TYPE_CHECKING:
 class Action:
     name: ClassVar[str]
     changes: ClassVar[bool]  # it changes what runs on a host: a later failure must not be `abort`
+    local: ClassVar[bool]  # it runs here, never on a host: a playbook step naming it says `host: local`
 
-    def __init_subclass__(cls, *, name: str, changes: bool = False) -> None:
-        cls.name, cls.changes = name, changes
+    def __init_subclass__(cls, *, name: str, changes: bool = False, local: bool = False) -> None:
+        cls.name, cls.changes, cls.local = name, changes, local
 
     def execute(self, ctx: RunEnv, role: Any, step: Step) -> dict[str, Any]:
         """Run the step on ROLE's host (None: a local step); the receipt records what it returns."""

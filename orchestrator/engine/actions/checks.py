@@ -14,7 +14,7 @@ from orchestrator.errors import CheckFailed, PackageError
 from orchestrator.hosts.identity import verify_identity
 
 
-class Preflight(Action, name="preflight"):
+class Preflight(Action, name="preflight", local=True):
     """Local: packages exist and verify, one revision, profile flags in --help."""
 
     def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
@@ -60,7 +60,7 @@ class Verify(Action, name="verify"):
         return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
 
 
-class Accept(Action, name="accept"):
+class Accept(Action, name="accept", local=True):
     """Acceptance checks (orchestrator.checks.suite) or identity only."""
 
     def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
