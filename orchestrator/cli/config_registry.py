@@ -29,7 +29,8 @@ from orchestrator.config.kernels import CaseSet, KernelPatch
 from orchestrator.config.loader import expand, load_model, read_yaml, validation_problems
 from orchestrator.config.profiles import RouteProfile, load_profile, profile_from_record
 from orchestrator.config.targets import Target
-from orchestrator.engine.playbook import REQUIRED_STEPS, Playbook
+from orchestrator.engine.actions import ACTIONS
+from orchestrator.engine.playbook import Playbook, required_steps
 from orchestrator.errors import ConfigError
 from orchestrator.paths import KERNELS, default_home
 from orchestrator.qualify.plan import QualifyPlan
@@ -136,11 +137,13 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
         context = {"base_dir": str(path.resolve().parent)}
     elif k == "profile":
         context = _profile_context(path)
+    elif k == "playbook":
+        context = {"actions": ACTIONS}
     problems, fields_ok = validation_problems(models[k], data, source=str(path), context=context)
     if k == "inventory" and not problems:
         problems += _expanded_root_problems(str(path), Inventory.model_validate(data))
         problems += _api_key_problems(str(path), Inventory.model_validate(data))
-    if k == "playbook" and isinstance(data, dict) and path.stem in REQUIRED_STEPS and data.get("name") != path.stem:
+    if k == "playbook" and isinstance(data, dict) and path.stem in required_steps() and data.get("name") != path.stem:
         problems.append(
             f"{path}: field 'name': is {data.get('name')!r} but pairctl loads this file as the "
             f"{path.stem!r} playbook; name it {path.stem!r}"

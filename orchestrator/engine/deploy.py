@@ -23,9 +23,10 @@ from orchestrator.config import search
 from orchestrator.config.inventory import ApiKey, Inventory, read_api_key
 from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, route_plan, route_trust, targets, team_sync
+from orchestrator.engine.actions import ACTIONS, host, load_playbook
 from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs, RunOptions
 from orchestrator.engine.plan import PairView, Prepared, RouteWrite, Step, Target, pair_view, plan, sealed
-from orchestrator.engine.playbook import Playbook, load_playbook
+from orchestrator.engine.playbook import Playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.engine.targets import restore_target
 from orchestrator.errors import (
@@ -328,13 +329,13 @@ def _activate(
     records sealed (prepare hashed the models the entry records), the keep_releases prune under
     the leases before they are released. Returns the pair activated, as its entry records it."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
-    run_steps(rest[:first_change], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     target = targets.with_models(target, ctx.recorder.model_hashes())
     rest = sealed(rest[first_change:], _deploy_route(ctx, route, target, restore), target)
     cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
-    run_steps(rest[:cut], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    run_steps(rest[:cut], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     _prune(ctx)  # keep_releases, under the leases, recorded in the receipt
-    run_steps(rest[cut:], ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    run_steps(rest[cut:], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     return target
 
 
@@ -363,7 +364,7 @@ def _run_prefix(ctx: RunEnv, steps: list[Step], dry_run: bool, record: Callable[
     """The steps before the plan is made; a dry run changes nothing on a host, not even a lease:
     it reads the facts unleased."""
     prefix = [s for s in steps[: _n_prefix(steps)] if not (dry_run and s.action == "lease")]
-    run_steps(prefix, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+    run_steps(prefix, ctx, ACTIONS, journal=ctx.journal, on_step=record)
 
 
 def _keep_previous_links(ctx: RunEnv, target: Target) -> Target:
@@ -517,7 +518,7 @@ def _abort(ctx: RunEnv, failure: StepFailed, record: Callable[[StepOutcome], Non
             s for s in plan(load_playbook("deploy"), ctx.view, facts=None, target=None) if s.action == "release-lease"
         ]
         try:
-            run_steps(rel, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+            run_steps(rel, ctx, ACTIONS, journal=ctx.journal, on_step=record)
         except StepFailed:
             pass
         # a root that refused the release (read-only, full) keeps the lease until this home's next
@@ -579,7 +580,7 @@ def _rollback_after_failure(
     ctx.hosts.forget_identities()  # what the deploy started is not what the back-out verifies
     steps = _restore_plan(ctx, pb, "back-out", restore, mode="auto")
     try:
-        run_steps(steps, ctx, activate.HANDLERS, journal=ctx.journal, on_step=record)
+        run_steps(steps, ctx, ACTIONS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
         _rollback_failed(ctx, failed, failure, restore.links)
     what = restore.target.entry.names() if restore.target else None
@@ -729,7 +730,7 @@ def _verify_restore_releases(
             ensure_release(ctx.t(r), ctx.layout(r), store.get(entry.package(r)), True, ctx.host(r))
     _verify_restore_files(ctx, entry, verb, restore)
     for r in ("native", "rpc"):  # systemd hosts: the units to start pass the host's verify
-        activate.verify_unit_before_change(ctx, r, restore)
+        host.verify_unit_before_change(ctx, r, restore)
 
 
 def _verify_restore_files(ctx: RunEnv, entry: RouteEntry, verb: str, restore: Target) -> None:
@@ -961,7 +962,7 @@ def rollback(
         if dry_run:
             return result.passed(journal, "dry-run", f"dry run: would roll back to {tgt.entry.names()}", tgt)
         try:
-            run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            run_steps(full[n_prefix:], ctx, ACTIONS, journal=journal, on_step=record)
         except StepFailed as rb:
             if not ctx.recorder.changed:  # refused before its first change (the RPC host did not answer)
                 _abort(ctx, rb, record)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.config.inventory import ApiKey, Inventory
-from orchestrator.engine.playbook import ACTIONS, Playbook
+from orchestrator.engine.playbook import Playbook
 from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
@@ -297,7 +297,7 @@ def plan(
                 role=s.host,
                 hosts=hosts,
                 on_failure=s.on_failure,
-                changes=ACTIONS[s.action],
+                changes=s.changes,
                 description=desc or s.description,
                 execs=argv,
                 links={view.hosts[r]: lk for r, lk in links.items()},

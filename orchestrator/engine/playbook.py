@@ -10,60 +10,44 @@ be `rollback`, `stop` (inside a rollback: leave the hosts stopped, keep the leas
 
 from __future__ import annotations
 
+import functools
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
-from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.loader import load_model, read_yaml
+from orchestrator.config.loader import read_yaml
+from orchestrator.errors import ConfigError
 from orchestrator.paths import PLAYBOOKS
 
-# Every action the engine implements, and whether it changes what runs on a host.
-ACTIONS: dict[str, bool] = {
-    "preflight": False,  # local: packages exist and verify, one revision, profile flags in --help
-    "connect": False,  # open one connection per host; strict host keys
-    "facts": False,  # read links, releases, pid files, route record (SFTP, read-only)
-    "lease": False,  # take this host's lease (atomic mkdir on the host)
-    "prepare": False,  # create the layout, install pairctl-svc (SFTP)
-    "upload": False,  # send + verify the release (only verified when present)
-    "kernel-check": False,  # kernel validation cases of the packages being deployed (deploy --kernel-check)
-    "secret": False,  # API key file to secrets/, 0600 (SFTP, never argv)
-    "stop": True,  # stop this host's service
-    "restart-rpc": True,  # rpc host, one exec: stop, switch links, start, wait for the port, identity
-    "switch": True,  # current/previous symlinks by rename (SFTP)
-    "start-server": True,  # llama-server: start, identity, /health 200
-    "verify": False,  # identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive
-    "route": True,  # route record by compare-and-swap, read back byte-identical
-    "route-accepted": True,  # the same record, state activating -> active, once acceptance passed
-    "route-repair": False,  # pairctl repair: the rebuilt route record by compare-and-swap (nothing runs changes)
-    "accept": False,  # acceptance checks (orchestrator.checks.suite) or identity only
-    "release-lease": False,  # release this host's lease, verify inactive
-}
-CHANGES = {a for a, c in ACTIONS.items() if c}
 
-
-def _bundled_steps() -> dict[str, tuple[tuple[str, str, str], ...]]:
+@functools.cache
+def required_steps(folder: Path = PLAYBOOKS) -> dict[str, tuple[tuple[str, str, str], ...]]:
     """(action, host, on_failure) of each step of every playbook pairctl ships (playbooks/*.yaml in
     the package), by name, in order: the steps those commands need. A config repo may override
     a playbook (descriptions, extra steps), but never drop or reorder these, or soften what their
     failure means: a planted deploy.yaml without verify/accept, or with `on_failure: continue` on
     them, would mark an unverified pair active (issue 32). `preflight` first is also what lets
-    deploy refuse before any lease. Read from the shipped files, so nothing repeats them."""
+    deploy refuse before any lease. Read from the shipped files, so nothing repeats them; none
+    there (an install without them) refuses, where an empty table would require nothing."""
     found = {}
-    for path in sorted(PLAYBOOKS.glob("*.yaml")):
+    paths = sorted(folder.glob("*.yaml"))
+    if not paths:
+        raise ConfigError(
+            f"{folder}: no bundled playbooks (*.yaml) to read the steps each command needs from; nothing was run",
+            hint="reinstall pairctl: its package ships playbooks/*.yaml",
+        )
+    for path in paths:
         steps = read_yaml(path)["steps"]
         found[path.stem] = tuple((s["action"], s["host"], s.get("on_failure", "abort")) for s in steps)
     return found
 
 
-REQUIRED_STEPS = _bundled_steps()
-
-
 def missing_required(name: str, steps: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     """The required steps of playbook NAME that STEPS lacks, in the required order (a step
     counts when its action, host and on_failure match and it comes after the previous one)."""
-    need = list(REQUIRED_STEPS.get(name, ()))
+    need = list(required_steps().get(name, ()))
     for s in steps:
         if need and s == need[0]:
             need.pop(0)
@@ -85,11 +69,22 @@ class PlaybookStep(StrictModel):
     )
     description: str = ""
 
+    _changes: bool = PrivateAttr(default=False)
+
+    @property
+    def changes(self) -> bool:
+        """Its action changes what runs (the action's class says; engine/actions)."""
+        return self._changes
+
     @model_validator(mode="after")
-    def _check(self) -> PlaybookStep:
-        if self.action not in ACTIONS:
-            raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(ACTIONS))})")
-        if self.action in ("preflight", "accept") and self.host != "local":
+    def _check(self, info: ValidationInfo) -> PlaybookStep:
+        actions = (info.context or {}).get("actions")
+        if actions is None:  # fail closed: no step is valid without the registry that runs it
+            raise ValueError("no action registry to check against: load playbooks with engine.actions.load_playbook")
+        if self.action not in actions:
+            raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(actions))})")
+        self._changes = actions[self.action].changes
+        if actions[self.action].local and self.host != "local":
             raise ValueError(f"action {self.action} runs on host: local")
         return self
 
@@ -112,7 +107,7 @@ class Playbook(StrictModel):
                     f"step {s.name!r} has on_failure: abort after {changed!r} changed what runs; "
                     "use rollback, stop, or continue for steps that cannot hurt"
                 )
-            if s.action in CHANGES and changed is None:
+            if s.changes and changed is None:
                 changed = s.name
         missing = missing_required(self.name, [(s.action, s.host, s.on_failure) for s in self.steps])
         if missing:
@@ -123,18 +118,3 @@ class Playbook(StrictModel):
                 "in order (missing: " + ", ".join(m[0] for m in missing) + ")"
             )
         return self
-
-
-def load_playbook(name_or_path: str) -> Playbook:
-    """The playbook a command runs; a file found under a command's name must call itself that
-    (a `playbooks/deploy.yaml` named `x` would escape the required steps of `deploy`)."""
-    path = search.resolve_ref("playbook", name_or_path)
-    pb = load_model(Playbook, path)
-    if name_or_path in REQUIRED_STEPS and pb.name != name_or_path:
-        from orchestrator.errors import ConfigError
-
-        raise ConfigError(
-            f"{path}: field 'name': is {pb.name!r} but pairctl loads this file as the {name_or_path!r} playbook; "
-            f"name it {name_or_path!r}"
-        )
-    return pb

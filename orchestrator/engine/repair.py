@@ -27,17 +27,15 @@ from typing import Any
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
-from orchestrator.engine import activate, leasing, route_plan, route_states, route_trust, targets, team_sync
+from orchestrator.engine import route_plan, route_states, route_trust, targets, team_sync
+from orchestrator.engine.actions import ACTIONS, load_playbook
 from orchestrator.engine.context import Pool, RunEnv, RunInputs
 from orchestrator.engine.deploy import run_env
-from orchestrator.engine.plan import RouteWrite, Step, pair_view, plan, sealed
-from orchestrator.engine.playbook import load_playbook
+from orchestrator.engine.plan import RouteWrite, pair_view, plan, sealed
 from orchestrator.engine.runner import StepFailed, error_of, run_steps
-from orchestrator.errors import CheckFailed, HostStateError, PairctlError
+from orchestrator.errors import HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
-from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts.layout import switch_links
-from orchestrator.hosts.route import RouteConflict, RouteEntry, RouteRecord, cas_write
+from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 
@@ -85,7 +83,7 @@ def repair(
     try:
         n_read = next(i for i, s in enumerate(steps) if s.action == "lease")
         try:
-            run_steps(steps[:n_read], ctx, HANDLERS, journal=journal)
+            run_steps(steps[:n_read], ctx, ACTIONS, journal=journal)
             team_sync.pull_for_route(evidence, inventory, ctx.hosts.facts["native"].route_bytes)
             judged = route_trust.judge(view, ctx.hosts.facts, key, evidence, run_id=ctx.run_id)
             problems = [str(p) for p in judged.problems]
@@ -102,12 +100,12 @@ def repair(
                 replace(s, links={view.hosts[r]: lk for r, lk in relinks.items()}) if s.action == "route-repair" else s
                 for s in sealed(steps[n_read:], route, None)
             ]
-            run_steps(rest, ctx, HANDLERS, journal=journal)
+            run_steps(rest, ctx, ACTIONS, journal=journal)
         except StepFailed as failure:
             if ctx.hosts.leases:
                 rel = [s for s in steps if s.action == "release-lease"]
                 try:
-                    run_steps(rel, ctx, HANDLERS, journal=journal)
+                    run_steps(rel, ctx, ACTIONS, journal=journal)
                 except StepFailed:
                     pass
             err = error_of(failure)
@@ -249,29 +247,6 @@ def _one_revision_links(
     return links, relinks
 
 
-def a_route_repair(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
-    """The rebuilt record onto one host, by compare-and-swap on the bytes read there; first, a
-    host whose `current` was of the other revision gets the recorded pair's links back."""
-    rec = step.route.record if step.route is not None else None
-    assert rec is not None
-    relinked = step.links.get(ctx.host(role))
-    if relinked is not None:
-        leasing.recheck(ctx, role)
-        switch_links(ctx.t(role), ctx.layout(role), *relinked)
-    data = rec.to_bytes()
-    try:
-        back = cas_write(ctx.t(role), ctx.layout(role).route, ctx.hosts.route_bytes(role), data)
-    except RouteConflict as exc:
-        raise CheckFailed(f"{ctx.host(role)}: {exc} (compare-and-swap refused; run repair again)") from None
-    if back != data:
-        raise CheckFailed(f"{ctx.host(role)}: route.json read back differs from what was written")
-    ctx.hosts.route_written(role, data)
-    out: dict[str, Any] = {"revision": rec.revision, "sha256": sha256_bytes(data), "read_back": "byte-identical"}
-    if relinked is not None:
-        out["links_put_back"] = {"current": relinked[0], "previous": relinked[1]}
-    return out
-
-
 def _profile_from_evidence(evidence: EvidenceStore | None, pair: str, native: str, rpc: str) -> str | None:
     """The profile the newest passed deploy of these packages used (its preflight step says)."""
     if evidence is None:
@@ -290,6 +265,3 @@ def _profile_from_evidence(evidence: EvidenceStore | None, pair: str, native: st
     except PairctlError:
         return None
     return None
-
-
-HANDLERS = {**activate.HANDLERS, "route-repair": a_route_repair}

@@ -1,6 +1,6 @@
 """The route write a plan carries, decided before its first change: the transition of
 engine/route_states.py, the record it starts from (its revision) and the sealed records the
-`route` / `route-accepted` steps write on both hosts (engine/activate.py writes exactly these;
+`route` / `route-accepted` steps write on both hosts (engine/actions/route.py writes exactly these;
 a dry run prints the transition and base revision). Signed with this home's key, anchored at
 the pair's evidence head as the run found it."""
 

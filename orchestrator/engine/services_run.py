@@ -18,6 +18,7 @@ from typing import Literal
 from orchestrator.build.store import PackageStore
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine import activate, route_trust, targets
+from orchestrator.engine.actions import ACTIONS, load_playbook
 from orchestrator.engine.context import Pool, RunEnv
 from orchestrator.engine.deploy import (
     Restore,
@@ -38,7 +39,6 @@ from orchestrator.engine.deploy import (
     held_leases,
 )
 from orchestrator.engine.plan import Target, pair_view, plan
-from orchestrator.engine.playbook import load_playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, run_steps
 from orchestrator.errors import HostStateError, PairctlError, RollbackFailed
 from orchestrator.paths import Home
@@ -117,7 +117,7 @@ def run_services(
         if verb == "start" and all(running.values()):
             # Kamal's `app start` on a running app: nothing to start (restart restarts it)
             if not dry_run:
-                run_steps([s for s in full if s.action == "release-lease"], ctx, activate.HANDLERS, journal=journal,
+                run_steps([s for s in full if s.action == "release-lease"], ctx, ACTIONS, journal=journal,
                           on_step=record)  # fmt: skip
                 record.raise_if_release_failed(ctx, "nothing to start")
             return result.passed(
@@ -126,7 +126,7 @@ def run_services(
         if dry_run:
             return result.passed(journal, "dry-run", f"dry run: would {verb} {tgt.entry.names()}", tgt)
         try:
-            run_steps(full[n_prefix:], ctx, activate.HANDLERS, journal=journal, on_step=record)
+            run_steps(full[n_prefix:], ctx, ACTIONS, journal=journal, on_step=record)
         except StepFailed as failed:
             if not ctx.recorder.changed:
                 _abort(ctx, failed, record)

@@ -844,7 +844,7 @@ def _cut_budget() -> dict[str, str]:
 
 
 def _cut_steps() -> frozenset[str] | None:
-    from orchestrator.engine.playbook import load_playbook
+    from orchestrator.engine.actions import load_playbook
 
     return frozenset(s.name for s in load_playbook("deploy").steps) - CUT_SSH_SKIPPED | frozenset(CHECK_STEPS)
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engine.playbook import load_playbook
+from orchestrator.engine.actions import load_playbook
 from tests.faults.harness import CHECK_STEPS, FAULTS, Cell, render_matrix
 from tests.plugins.cli import run_cli
 

@@ -181,9 +181,10 @@ def test_deploy_playbook_that_softens_verify_or_renames_itself_fails(tmp_path, c
 
 
 def test_bundled_playbooks_have_their_required_steps():
-    from orchestrator.engine.playbook import REQUIRED_STEPS, load_playbook
+    from orchestrator.engine.actions import load_playbook
+    from orchestrator.engine.playbook import required_steps
 
-    for name in REQUIRED_STEPS:
+    for name in required_steps():
         assert load_playbook(name).name == name
 
 

@@ -12,8 +12,9 @@ import pytest
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.loader import validate
 from orchestrator.config.profiles import load_profile
+from orchestrator.engine.actions import ACTIONS, load_playbook
 from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, plan
-from orchestrator.engine.playbook import Playbook, load_playbook
+from orchestrator.engine.playbook import Playbook
 from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.hosts import services
 from orchestrator.hosts.probes import facts_from
@@ -61,6 +62,7 @@ def test_shipped_playbooks_validate():
 
 
 def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
+    reg = {"actions": ACTIONS}
     base = {
         "name": "x",
         "steps": [
@@ -69,13 +71,30 @@ def test_playbook_refuses_abort_after_a_change_and_unknown_actions():
         ],
     }
     with pytest.raises(ConfigError, match="abort after 'stop'"):
-        validate(Playbook, base, source="t")
+        validate(Playbook, base, source="t", context=reg)
     bad = {"name": "x", "steps": [{"name": "a", "host": "local", "action": "reboot"}]}
     with pytest.raises(ConfigError, match="unknown action"):
-        validate(Playbook, bad, source="t")
+        validate(Playbook, bad, source="t", context=reg)
     dup = {"name": "x", "steps": [{"name": "a", "host": "both", "action": "connect"}] * 2}
     with pytest.raises(ConfigError, match="repeat"):
-        validate(Playbook, dup, source="t")
+        validate(Playbook, dup, source="t", context=reg)
+    remote = {"name": "x", "steps": [{"name": "a", "host": "native", "action": "preflight"}]}
+    with pytest.raises(ConfigError, match="action preflight runs on host: local"):  # the class says local
+        validate(Playbook, remote, source="t", context=reg)
+    with pytest.raises(ConfigError, match="no action registry"):  # validated without one: nothing is known
+        validate(Playbook, base, source="t")
+
+
+def test_required_steps_fail_closed_without_the_bundled_playbooks(tmp_path):
+    """The steps each command needs are read from the bundled playbooks; a folder that is missing
+    or holds none refuses with the fix named, where an empty table required nothing."""
+    from orchestrator.engine.playbook import required_steps
+
+    for folder in (tmp_path / "missing", tmp_path):
+        with pytest.raises(ConfigError, match="no bundled playbooks.*nothing was run") as err:
+            required_steps(folder)
+        assert "reinstall pairctl" in (err.value.hint or "")
+    assert {"deploy", "rollback", "repair"} <= set(required_steps())
 
 
 def test_deploy_plan_lists_every_step_on_its_hosts(inv):
@@ -197,8 +216,6 @@ def test_the_plan_carries_the_commands_the_executor_runs(inv):
     executor uses (they carried none, and a literal 20), and the executor is handed them."""
     import inspect
 
-    from orchestrator.engine.activate import HANDLERS
-
     view = pair_view(inv, "lab")
     act = _activation(view, load_profile("lab"), inv)
     facts = {"native": _facts("pkg-n", None, ("pkg-n",)), "rpc": _facts(None, None, ())}
@@ -210,7 +227,7 @@ def test_the_plan_carries_the_commands_the_executor_runs(inv):
     assert str(services.RPC_LISTEN_S) in rpc.argv() and any(w.startswith("sup.") for w in rpc.argv())
     assert by["stop-native"].execs["lab-native"].verify_release == "pkg-n"  # present: verified before the stop
     assert rpc.verify_release is None  # absent: uploaded and verified by the upload
-    assert all("step" in inspect.signature(HANDLERS[a]).parameters for a in HANDLERS)  # every executor is handed it
+    assert all("step" in inspect.signature(ACTIONS[a]).parameters for a in ACTIONS)  # every executor is handed it
 
 
 def test_a_restore_keeps_the_previous_links_it_was_given(inv):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from orchestrator.checks import telemetry
 from orchestrator.config.inventory import HostSpec
-from orchestrator.engine import activate
+from orchestrator.engine.actions import host
 from orchestrator.hosts import prune, tools
 
 ROOT = Path(__file__).resolve().parents[2] / "orchestrator"
@@ -59,7 +59,7 @@ def argv_programs() -> set[str]:
 def test_every_program_pairctl_runs_on_a_host_is_one_doctor_checks():
     listed = {t for g in tools.TOOL_GROUPS for t in g.tools}
     svc = (ROOT / "hosts" / "pairctl-svc.sh").read_text()
-    scripts = [svc, telemetry.SAMPLE_SCRIPT, activate._SERVICE_USER_SH, prune.REMOVE_SH, tools.MISSING_SH]
+    scripts = [svc, telemetry.SAMPLE_SCRIPT, host._SERVICE_USER_SH, prune.REMOVE_SH, tools.MISSING_SH]
     used = set().union(*(commands(s) for s in scripts)) | argv_programs()
     # the operator side's own commands (run locally, not on a host)
     assert {"timeout", "sha256sum", "setsid", "grep", "cat", "df"} <= used  # the scan sees them

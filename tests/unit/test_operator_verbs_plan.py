@@ -8,9 +8,9 @@ import pytest
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.profiles import load_profile
+from orchestrator.engine.actions import load_playbook
 from orchestrator.engine.diff import argv_lines
 from orchestrator.engine.plan import Activation, pair_view, plan
-from orchestrator.engine.playbook import load_playbook
 from orchestrator.hosts import services
 from orchestrator.hosts.probes import facts_from
 
