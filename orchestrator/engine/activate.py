@@ -36,7 +36,7 @@ from orchestrator.hosts.layout import (
 )
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import ProbeError, read_facts, release_of_link
-from orchestrator.hosts.release import ensure_release, expected_hashes
+from orchestrator.hosts.release import ensure_release
 from orchestrator.hosts.route import RouteConflict, RouteRecord, cas_write
 from orchestrator.hosts.rpc_guard import install_guard, install_route_key
 from orchestrator.hosts.units import UnitReadback
@@ -210,16 +210,14 @@ def _hash_files(ctx: RunEnv, tgt: Target) -> dict[str, Any]:
 
 
 def a_upload(ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
-    pkg = step.packages[role]
-    f = ctx.hosts.facts.get(role)
-    present = f is not None and pkg.manifest.id in f.releases
+    pkg, up = step.packages[role], step.uploads[ctx.host(role)]  # present or not: decided by the plan
     t0 = time.monotonic()
-    res = ensure_release(ctx.t(role), ctx.layout(role), pkg, present, ctx.host(role), defer_present=True)
+    res = ensure_release(ctx.t(role), ctx.layout(role), pkg, up.present, ctx.host(role), defer_present=True)
     ctx.timed("upload_s", time.monotonic() - t0)
     d = res.to_dict()
     ctx.recorder.uploaded(role, d)
     if res.deferred:
-        ctx.hosts.defer(role, pkg.manifest.id, expected_hashes(pkg.manifest))
+        ctx.hosts.defer(role, up.release, dict(up.files))
     return d
 
 

@@ -56,7 +56,7 @@ def _ran(fp: FaultPair, receipt: str) -> dict[tuple[str, str], list[str]]:
     out = {}
     for s in EvidenceStore(fp.home.evidence).load(receipt).steps:
         for host, d in (s.data or {}).items():
-            if isinstance(d, dict) and "argv" in d and s.data.get("action") in PLANNED:
+            if host != "planned" and isinstance(d, dict) and "argv" in d and s.data.get("action") in PLANNED:
                 out[(s.name, host)] = d["argv"]
     return out
 
