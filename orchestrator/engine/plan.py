@@ -127,7 +127,7 @@ class Step:
         if self.action in PAIR_ACTIONS and self.pair is not None:
             d["pair"] = self.pair.entry.names()
         if self.action in KEY_ACTIONS:
-            d["api_key"] = "set" if self.key is not None else None
+            d["has_key"] = self.key is not None  # named so the receipt's masking keeps it (never the key)
         if self.restores:
             d["restores"] = True
         return d
@@ -299,7 +299,6 @@ def plan(
     facts: Mapping[str, HostFacts] | None,
     target: Activation | None,
     restore: Activation | None = None,
-    mode: str = "manual",
     skip_accept: bool = False,
     checks: tuple[str, ...] = (),
     kernel_check: bool = False,
@@ -310,12 +309,9 @@ def plan(
     packages: Mapping[str, Package] | None = None,
     key: ApiKey | None = None,
 ) -> list[Step]:
-    """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
-    (a rollback inside a failed deploy is already connected and leased)."""
+    """Concrete steps of `playbook` for this pair (a failed deploy's back-out: of `back_out`'s)."""
     steps = []
     for s in playbook.steps:
-        if mode == "auto" and s.when == "manual":
-            continue
         if s.action == "kernel-check" and not kernel_check:
             continue  # only with `deploy --kernel-check`
         if s.action == "accept" and skip_accept:
@@ -352,6 +348,12 @@ def plan(
 
 
 ROUTE_ACTIONS = ("route", "route-accepted", "route-repair")
+
+
+def back_out(playbook: Playbook) -> Playbook:
+    """The rollback playbook as a failed deploy's back-out runs it, a plan of its own: without
+    its `when: manual` steps (the deploy is connected and leased, its secret put already)."""
+    return playbook.model_copy(update={"steps": [s for s in playbook.steps if s.when != "manual"]})
 
 
 def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.loader import validate
 from orchestrator.config.profiles import load_profile
-from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, plan
+from orchestrator.engine.plan import Activation, back_out, links_after_deploy, pair_view, plan
 from orchestrator.engine.playbook import Playbook, load_playbook
 from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.hosts import services
@@ -111,12 +111,11 @@ def test_deploy_plan_lists_every_step_on_its_hosts(inv):
 def test_auto_rollback_plan_skips_manual_steps(inv):
     view = pair_view(inv, "lab")
     steps = plan(
-        load_playbook("rollback"),
+        back_out(load_playbook("rollback")),
         view,
         facts={},
         target=None,
         restore=None,
-        mode="auto",
         restore_links={"native": (None, "z"), "rpc": (None, None)},
     )
     assert [s.name for s in steps][0] == "stop-native"
@@ -124,7 +123,7 @@ def test_auto_rollback_plan_skips_manual_steps(inv):
     assert (
         "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
     )
-    manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
+    manual = plan(load_playbook("rollback"), view, facts={}, target=None)
     assert [s.name for s in manual][:3] == ["connect", "lease", "facts"]  # facts once the hosts are held (issue 21)
 
 
