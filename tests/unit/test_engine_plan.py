@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.config.inventory import load_inventory
+from orchestrator.config.inventory import ApiKey, load_inventory
 from orchestrator.config.loader import validate
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.plan import Activation, back_out, links_after_deploy, pair_view, plan
@@ -106,6 +106,23 @@ def test_deploy_plan_lists_every_step_on_its_hosts(inv):
     assert "--rpc" in server and server[server.index("--rpc") + 1] == "127.0.0.3:50052"
     assert all(not s.changes for s in steps[: names.index("stop-native")])
     assert all(s.on_failure in ("rollback", "continue") for s in steps[names.index("stop-native") :])
+
+
+def test_the_dry_runs_form_of_a_step_carries_its_decisions_and_never_the_key(inv):
+    """Step.to_dict is what --dry-run prints and what the runner records for each step it runs:
+    the upload's present / absent, the links, the route write; the key only as set or not."""
+    view = pair_view(inv, "lab")
+    facts = {"native": _facts("old-n", None, ("old-n", "pkg-n")), "rpc": _facts(None, None, ())}
+    key = ApiKey(b"sekrit-key\n", "sekrit-key")
+    steps = plan(
+        load_playbook("deploy"), view, facts=facts, target=_activation(view, load_profile("lab"), inv), key=key
+    )
+    by = {s.name: s.to_dict() for s in steps}
+    up = by["upload"]["upload"]
+    assert up["lab-native"]["present"] is True and up["lab-rpc"] == {"release": "pkg-r", "present": False, "files": {}}
+    assert by["switch-native"]["links"] == {"lab-native": ["pkg-n", "old-n"]}
+    assert by["secret"]["has_key"] is True and "sekrit" not in repr(by)
+    assert "upload" not in by["switch-native"] and "links" not in by["upload"]
 
 
 def test_auto_rollback_plan_skips_manual_steps(inv):
