@@ -25,7 +25,7 @@ from orchestrator.config.profiles import RouteProfile, load_profile
 from orchestrator.engine import activate, leasing, route_plan, route_trust, targets, team_sync
 from orchestrator.engine.actions import ACTIONS, host, load_playbook
 from orchestrator.engine.context import HostState, Pool, RunEnv, RunInputs, RunOptions
-from orchestrator.engine.plan import PairView, Prepared, RouteWrite, Step, Target, pair_view, plan, sealed
+from orchestrator.engine.plan import PairView, Prepared, RouteWrite, Step, Target, back_out, pair_view, plan, sealed
 from orchestrator.engine.playbook import Playbook
 from orchestrator.engine.runner import StepFailed, StepOutcome, error_of, run_steps
 from orchestrator.engine.targets import restore_target
@@ -431,7 +431,7 @@ def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
     )
 
 
-def _restore_plan(ctx: RunEnv, pb: Playbook, kind: str | None, restore: Restore, mode: str = "manual") -> list[Step]:
+def _restore_plan(ctx: RunEnv, pb: Playbook, kind: str | None, restore: Restore) -> list[Step]:
     """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop by
     hand; `auto`: a failed deploy's back-out, already connected and leased), from the facts its
     prefix gathered: what the dry run shows and the receipt keeps. `kind`: its route write."""
@@ -441,7 +441,6 @@ def _restore_plan(ctx: RunEnv, pb: Playbook, kind: str | None, restore: Restore,
         facts=ctx.hosts.facts,
         target=None,
         restore=restore.target.activation if restore.target else None,
-        mode=mode,
         restore_links=restore.links,
         route=_restore_route(ctx, kind, restore) if kind is not None else None,
         pair=restore.target,
@@ -578,7 +577,7 @@ def _rollback_after_failure(
     ctx.journal.note(f"deploy failed at step {failure.step.name}; rolling back: {failure.message}")
     ctx.journal.set("failure", {"step": failure.step.name, "error": failure.message})
     ctx.hosts.forget_identities()  # what the deploy started is not what the back-out verifies
-    steps = _restore_plan(ctx, pb, "back-out", restore, mode="auto")
+    steps = _restore_plan(ctx, back_out(pb), "back-out", restore)
     try:
         run_steps(steps, ctx, ACTIONS, journal=ctx.journal, on_step=record)
     except StepFailed as failed:
@@ -921,7 +920,7 @@ def rollback(
         journal = ctx.journal
         kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
         key = _read_api_key(ctx)
-        steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
+        steps = plan(pb, view, facts=None, target=None, restores=True)
         record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
         try:

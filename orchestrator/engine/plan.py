@@ -23,6 +23,7 @@ from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
 from orchestrator.hosts.managers import manager_for
 from orchestrator.hosts.probes import HostFacts
+from orchestrator.hosts.release import expected_hashes
 from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import ROLES
@@ -63,6 +64,20 @@ class RouteWrite:
 
 
 @dataclass(frozen=True)
+class Upload:
+    """What `upload` does on one host, decided from the facts the plan was made from: the release
+    is `present` (nothing is sent; the exec that stops its service checks these sha256 first, on
+    the host, before it stops anything) or absent (these files are sent, checked, renamed in)."""
+
+    release: str
+    present: bool
+    files: Mapping[str, str]  # relpath -> sha256, the manifest's
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"release": self.release, "present": self.present, "files": dict(sorted(self.files.items()))}
+
+
+@dataclass(frozen=True)
 class Step:
     """One planned step: which playbook step, on which hosts, doing what."""
 
@@ -77,6 +92,7 @@ class Step:
     # per host: the (current, previous) links a switch / restart-rpc puts there, decided here once
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
+    uploads: Mapping[str, Upload] = field(default_factory=dict)  # per host: what `upload` sends or verifies
     pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
     packages: Mapping[str, Package] = field(default_factory=dict, compare=False, repr=False)  # role -> upload
     key: ApiKey | None = field(default=None, compare=False, repr=False)  # the secret it puts, verify's Bearer
@@ -89,7 +105,10 @@ class Step:
         return {h: e.argv() for h, e in self.execs.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The step as decided, in one form: what `--dry-run` prints and what the receipt records
+        for each step run (engine/runner.py), so the two are equal by construction. Only what the
+        step's action uses; the API key never (only whether one is set)."""
+        d: dict[str, Any] = {
             "name": self.name,
             "action": self.action,
             "role": self.role,
@@ -98,7 +117,25 @@ class Step:
             "changes": self.changes,
             "description": self.description,
             "argv": {h: list(a) for h, a in self.argv.items()},
-        } | ({"route": self.route.to_dict()} if self.route is not None else {})
+        }
+        if self.links:
+            d["links"] = {h: list(lk) for h, lk in self.links.items()}
+        if self.uploads:
+            d["upload"] = {h: u.to_dict() for h, u in self.uploads.items()}
+        if self.route is not None:
+            d["route"] = self.route.to_dict()
+        if self.action in PAIR_ACTIONS and self.pair is not None:
+            d["pair"] = self.pair.entry.names()
+        if self.action in KEY_ACTIONS:
+            d["has_key"] = self.key is not None  # named so the receipt's masking keeps it (never the key)
+        if self.restores:
+            d["restores"] = True
+        return d
+
+
+# the actions that run on the pair the plan starts (`pair`), and those that put or use the API key
+PAIR_ACTIONS = ("prepare", "stop", "restart-rpc", "start-server", "verify", "accept", "kernel-check")
+KEY_ACTIONS = ("secret", "verify", "accept")
 
 
 @dataclass(frozen=True)
@@ -262,7 +299,6 @@ def plan(
     facts: Mapping[str, HostFacts] | None,
     target: Activation | None,
     restore: Activation | None = None,
-    mode: str = "manual",
     skip_accept: bool = False,
     checks: tuple[str, ...] = (),
     kernel_check: bool = False,
@@ -273,12 +309,9 @@ def plan(
     packages: Mapping[str, Package] | None = None,
     key: ApiKey | None = None,
 ) -> list[Step]:
-    """Concrete steps of `playbook` for this pair. `mode` "auto" drops steps marked manual
-    (a rollback inside a failed deploy is already connected and leased)."""
+    """Concrete steps of `playbook` for this pair (a failed deploy's back-out: of `back_out`'s)."""
     steps = []
     for s in playbook.steps:
-        if mode == "auto" and s.when == "manual":
-            continue
         if s.action == "kernel-check" and not kernel_check:
             continue  # only with `deploy --kernel-check`
         if s.action == "accept" and skip_accept:
@@ -289,6 +322,7 @@ def plan(
             r: _links(r, facts or {}, target, restore_links or {})
             for r in (roles if s.action in ("switch", "restart-rpc") else ())
         }
+        ups = _uploads(roles, view, facts or {}, target, packages or {}) if s.action == "upload" else {}
         desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks, links)
         steps.append(
             Step(
@@ -298,8 +332,9 @@ def plan(
                 hosts=hosts,
                 on_failure=s.on_failure,
                 changes=s.changes,
-                description=desc or s.description,
+                description=desc or _upload_text(ups) or s.description,
                 execs=argv,
+                uploads=ups,
                 links={view.hosts[r]: lk for r, lk in links.items()},
                 # a restore's stop carries it too: what it must find writable before it stops anything
                 route=route if s.action in ROUTE_ACTIONS or (restores and s.action == "stop") else None,
@@ -313,6 +348,12 @@ def plan(
 
 
 ROUTE_ACTIONS = ("route", "route-accepted", "route-repair")
+
+
+def back_out(playbook: Playbook) -> Playbook:
+    """The rollback playbook as a failed deploy's back-out runs it, a plan of its own: without
+    its `when: manual` steps (the deploy is connected and leased, its secret put already)."""
+    return playbook.model_copy(update={"steps": [s for s in playbook.steps if s.when != "manual"]})
 
 
 def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:
@@ -352,6 +393,38 @@ def _present(role: str, facts: Mapping[str, HostFacts], target: Activation | Non
     return pkg if f is not None and pkg in f.releases else None
 
 
+def _uploads(
+    roles: tuple[str, ...],
+    view: PairView,
+    facts: Mapping[str, HostFacts],
+    target: Activation | None,
+    packages: Mapping[str, Package],
+) -> dict[str, Upload]:
+    """Each host's upload, decided here from the facts: present (verified by the exec that stops
+    its service, nothing sent) or absent (its files sent)."""
+    out: dict[str, Upload] = {}
+    for r in roles if target is not None else ():
+        assert target is not None
+        pkg = packages.get(r)
+        files = expected_hashes(pkg.manifest) if pkg is not None else {}
+        rel = target.native_package if r == "native" else target.rpc_package
+        out[view.hosts[r]] = Upload(rel, _present(r, facts, target) is not None, files)
+    return out
+
+
+def _upload_text(ups: Mapping[str, Upload]) -> str:
+    return "; ".join(
+        f"{h}: {u.release} "
+        + (
+            "present: send 0 bytes; its sha256 are checked on the host by the exec that stops the service, "
+            "before it stops it"
+            if u.present
+            else "absent: send, verify sha256, rename into releases/"
+        )
+        for h, u in ups.items()
+    )
+
+
 def _describe(
     action: str,
     roles: tuple[str, ...],
@@ -365,22 +438,6 @@ def _describe(
 ) -> tuple[str, dict[str, Exec]]:
     """A sentence for people plus the command that will run on each host where one says it all."""
     argv: dict[str, Exec] = {}
-    pkg = {"native": target.native_package, "rpc": target.rpc_package} if target else {}
-    if action == "upload" and target:
-        parts = []
-        for r in roles:
-            f = facts.get(r)
-            present = f is not None and pkg[r] in f.releases
-            parts.append(
-                f"{view.hosts[r]}: {pkg[r]} "
-                + (
-                    "present: send 0 bytes; its sha256 are checked on the host "
-                    "by the exec that stops the service, before it stops it"
-                    if present
-                    else "absent: send, verify sha256, rename into releases/"
-                )
-            )
-        return "; ".join(parts), argv
     act = restore if target is None else target
     if action == "switch":
         r = roles[0]

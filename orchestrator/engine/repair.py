@@ -51,6 +51,7 @@ class RepairResult:
     record: dict[str, Any] | None
     receipt: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    plan: list[dict[str, Any]] = field(default_factory=list)  # its steps, as shown and as run (plan.Step.to_dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +61,7 @@ class RepairResult:
             "record": self.record,
             "sources": self.sources,
             "receipt": self.receipt,
+            "plan": self.plan,
         }
 
 
@@ -91,15 +93,17 @@ def repair(
             rec, sources, relinks = rebuilt_record(ctx, judged)
             journal.set("rebuilt", {"record": rec.model_dump(mode="json", by_alias=True), "sources": sources})
             result = RepairResult(pair_name, False, problems, rec.model_dump(mode="json", by_alias=True), None, sources)
-            if not write:
-                result.receipt = journal.finish("passed", "repair shown, nothing written (--yes writes it)")
-                return result
             base = route_plan.parsed(ctx.hosts.route_bytes("native"))
             route = RouteWrite("rebuilt", base.revision if base else None, rec)
             rest = [
                 replace(s, links={view.hosts[r]: lk for r, lk in relinks.items()}) if s.action == "route-repair" else s
                 for s in sealed(steps[n_read:], route, None)
             ]
+            result.plan = [s.to_dict() for s in steps[:n_read] + rest]  # shown, then (--yes) run
+            journal.set("plan", result.plan)
+            if not write:
+                result.receipt = journal.finish("passed", "repair shown, nothing written (--yes writes it)")
+                return result
             run_steps(rest, ctx, ACTIONS, journal=journal)
         except StepFailed as failure:
             if ctx.hosts.leases:

@@ -80,6 +80,7 @@ def run_steps(
         try:
             with journal.step(step.name, host=host_label) as js:
                 js.data["action"] = step.action
+                js.data["planned"] = step.to_dict()  # the step as given, in --dry-run's form (plan.Step.to_dict)
                 data, errors = _execute(step, ctx, handlers)
                 js.data.update(_plain(data))
                 if errors:

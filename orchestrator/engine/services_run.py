@@ -79,7 +79,7 @@ def run_services(
     ) as (ctx, result, record):
         journal = ctx.journal
         key = _read_api_key(ctx)
-        steps = plan(pb, view, facts=None, target=None, mode="manual", restores=True)
+        steps = plan(pb, view, facts=None, target=None, restores=True)
         record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
         try:

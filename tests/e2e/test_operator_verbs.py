@@ -56,7 +56,7 @@ def _ran(fp: FaultPair, receipt: str) -> dict[tuple[str, str], list[str]]:
     out = {}
     for s in EvidenceStore(fp.home.evidence).load(receipt).steps:
         for host, d in (s.data or {}).items():
-            if isinstance(d, dict) and "argv" in d and s.data.get("action") in PLANNED:
+            if host != "planned" and isinstance(d, dict) and "argv" in d and s.data.get("action") in PLANNED:
                 out[(s.name, host)] = d["argv"]
     return out
 
@@ -68,6 +68,9 @@ def _dry_equals_run(fp: FaultPair, verb: str) -> dict[str, Any]:
     validate_output(verb, out)
     want, got = _planned(dry["plan"]), _ran(fp, out["receipt"])
     assert want and got == want, (want, got)
+    # every step, not only the commands: the receipt records each step it ran as the dry run printed it
+    ran = [s.data["planned"] for s in EvidenceStore(fp.home.evidence).load(out["receipt"]).steps if "planned" in s.data]
+    assert json.dumps(ran, sort_keys=True) == json.dumps(dry["plan"], sort_keys=True), (dry["plan"], ran)
     return out
 
 

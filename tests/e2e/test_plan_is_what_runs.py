@@ -25,6 +25,7 @@ import yaml
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.deploy import deploy
+from orchestrator.engine.playbook import load_playbook
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.ops.revision import PairPackages
 from orchestrator.ops.rollout import on_revision
@@ -35,7 +36,9 @@ from tests.faults.harness import FaultPair, fresh_pair, service_pid_of
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 NAME = "routes"
-PLANNED = ("stop", "restart-rpc", "start-server")  # the steps that run a service command
+# every action of the playbooks a dry run shows (kernel-check runs only with --kernel-check)
+PLAYBOOKS = ("deploy", "rollback", "repair")
+COMPARED: set[str] = set()  # the actions whose dry-run step equalled the executed one, over the module
 
 
 @pytest.fixture(scope="module")
@@ -53,34 +56,43 @@ def _status(fp: FaultPair) -> dict[str, Any]:
     return fp.status()[1]
 
 
-def _planned(plan: list[dict[str, Any]]) -> dict[tuple[str, str], list[str]]:
-    return {(s["name"], h): a for s in plan if s["action"] in PLANNED for h, a in s["argv"].items()}
+def _executed(fp: FaultPair, receipt: str | None) -> list[dict[str, Any]]:
+    """Each step the run executed, as the receipt records the step it was given."""
+    assert receipt is not None
+    return [s.data["planned"] for s in EvidenceStore(fp.home.evidence).load(receipt).steps if "planned" in s.data]
 
 
-def _ran(fp: FaultPair, receipt: str) -> dict[tuple[str, str], list[str]]:
-    rec = EvidenceStore(fp.home.evidence).load(receipt)
-    out = {}
-    for s in rec.steps:
-        for host, d in (s.data or {}).items():
-            if isinstance(d, dict) and "argv" in d and s.data.get("action") in PLANNED:
-                out[(s.name, host)] = d["argv"]
-    return out
+def _same_steps(plan: list[dict[str, Any]], fp: FaultPair, receipt: str | None) -> None:
+    """The dry run's steps (names, actions, hosts, argv, links, uploads, route, pair) are the
+    executed steps as the receipt records them, byte for byte (canonical JSON)."""
+    ran = _executed(fp, receipt)
+    assert [s["name"] for s in ran] == [s["name"] for s in plan]
+    for want, got in zip(plan, ran, strict=True):
+        assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True), (want, got)
+    COMPARED.update(s["action"] for s in plan)
 
 
-def _dry_equals_run(fp: FaultPair, *args: str) -> dict[str, Any]:
-    """`pairctl ARGS --dry-run`, then `pairctl ARGS`: the receipt's commands are the plan's."""
-    dry = _json(fp.cli("--json", *args, "--dry-run"), f"{args[0]} --dry-run")
-    assert dry["outcome"] == "dry-run"
-    out = _json(fp.cli("--json", *args), args[0])
-    want, got = _planned(dry["plan"]), _ran(fp, out["receipt"])
-    assert want and got == want, (want, got)
-    assert all(any(w.startswith("sup.") for w in a) for (step, _), a in want.items() if step != "stop-native")
+def _dry_equals_run(fp: FaultPair, *args: str, how: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`pairctl ARGS --dry-run`, then `pairctl ARGS`: the receipt's steps are the plan's (repair:
+    without, then with --yes)."""
+    repair = args[0] == "repair"
+    dry = _json(fp.cli("--json", *args, *(() if repair else ("--dry-run",))), f"{args[0]} --dry-run")
+    assert repair or dry["outcome"] == "dry-run"
+    out = _json(fp.cli("--json", *args, *(("--yes",) if repair else ())), args[0])
+    _same_steps(dry["plan"], fp, out["receipt"])
+    assert out["plan"] == dry["plan"]
+    if not repair:
+        assert all(
+            any(w.startswith("sup.") for w in a)
+            for s in dry["plan"]
+            if s["action"] in ("restart-rpc", "start-server")
+            for a in s["argv"].values()
+        )
     # the route write is decided by the plan too: its transition and base revision are the dry
     # run's, and each host's record is the planned successor of that revision
     route = _routes(dry["plan"])
-    assert route and route == _routes(out["plan"]), (route, out["plan"])
-    want_how = {"deploy": "activate", "rollback": "roll-back"}[args[0]]
-    assert {r["transition"] for r in route.values()} == {want_how}, route
+    want_how = how or ({"deploy": "activate", "rollback": "roll-back", "repair": "rebuilt"}[args[0]],)
+    assert route and {r["transition"] for r in route.values()} <= set(want_how), route
     written = {
         (s.name, h): d["revision"]
         for s in EvidenceStore(fp.home.evidence).load(out["receipt"]).steps
@@ -88,12 +100,14 @@ def _dry_equals_run(fp: FaultPair, *args: str) -> dict[str, Any]:
         for h, d in (s.data or {}).items()
         if isinstance(d, dict) and "revision" in d
     }
-    assert written and all(v == (route[n]["base_revision"] or 0) + 1 for (n, _), v in written.items()), written
+    assert written, out["receipt"]
+    if not repair:  # repair never writes below a revision this home recorded
+        assert all(v == (route[n]["base_revision"] or 0) + 1 for (n, _), v in written.items()), written
     return {"dry": dry, "run": out}
 
 
 def _routes(plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s["route"] for s in plan if s["action"] in ("route", "route-accepted")}
+    return {s["name"]: s["route"] for s in plan if s["action"] in ("route", "route-accepted", "route-repair")}
 
 
 def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> None:
@@ -118,8 +132,11 @@ def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPai
     assert "identity-verified" in (on_revision(st, pp, accepts_fully=False) or "")
     # a present release: stop-native and restart-rpc verify it before they stop anything
     again = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--checks", "identity")
-    argv = {s["name"]: s["argv"] for s in again["dry"]["plan"]}
-    assert a in next(iter(argv["stop-native"].values()))
+    by = {s["name"]: s for s in again["dry"]["plan"]}
+    assert a in next(iter(by["stop-native"]["argv"].values()))
+    assert all(u["present"] and u["release"] == a for u in by["upload"]["upload"].values()), by["upload"]
+    fresh = {s["name"]: s for s in skip["dry"]["plan"]}["upload"]["upload"]
+    assert all(not u["present"] and u["files"] for u in fresh.values()), fresh
     assert _status(fp)["route"]["state"] == "identity-verified"  # a partial --checks is not acceptance
     # rollback: --dry-run names the pair it goes back to, and its commands are the run's
     rb = _dry_equals_run(fp, "rollback", "--pair", NAME)
@@ -151,9 +168,23 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
             snap = d.snapshot()
             dry = deploy(fp.home, inv, NAME, (a, a), profile_name=str(arm_file), skip_accept=True, dry_run=True)
             d.activate(ArmPackages(a, a), arm)
-            # the qualification arm ran the commands a dry run of the same deploy prints
-            assert _ran(fp, d.deploy_receipts[-1]) == _planned(dry.plan) != {}
+            # the qualification arm ran the steps a dry run of the same deploy prints
+            _same_steps(dry.plan, fp, d.deploy_receipts[-1])
+            # ... and so did its restore (the record and `previous` links as found)
+            dry = deploy(
+                fp.home,
+                inv,
+                NAME,
+                (snap["native"], snap["rpc"]),
+                profile_name=d._profile_file(snap["profile"]),
+                skip_accept=True,
+                dry_run=True,
+                restore_record=d._found,
+                restore_previous_links=d._found_links,
+            )
+            assert {s["route"]["transition"] for s in dry.plan if s["action"] == "route"} == {"restore"}
             d.restore(snap)
+            _same_steps(dry.plan, fp, d.deploy_receipts[-1])
     finally:
         d.close()
     after = _status(fp)["route"]
@@ -174,11 +205,20 @@ def test_rollback_to_a_kept_release(routes: FaultPair) -> None:
     a, b = fp.packages
     st = _status(fp)["route"]
     to = b if st["active_packages"] == [a, a] else a
-    out = _json(fp.cli("--json", "rollback", "--pair", NAME, "--to", to), "rollback --to")
+    out = _dry_equals_run(fp, "rollback", "--pair", NAME, "--to", to, how=("roll-to", "roll-back"))["run"]
     assert out["active"]["native_package"] == to
     assert _status(fp)["route"]["active_packages"] == [to, to]
     bad = fp.cli("rollback", "--pair", NAME, "--to", "no-such-release")
     assert bad.returncode == 3 and "not kept there" in bad.stderr, bad.stderr
+    # repair of a pair whose record is sound: what it shows is what --yes runs
+    _dry_equals_run(fp, "repair", "--pair", NAME)
+
+
+def test_every_action_of_every_playbook_was_compared(routes: FaultPair) -> None:
+    if not COMPARED:
+        pytest.skip("run with the tests above (one module)")
+    every = {s.action for pb in PLAYBOOKS for s in load_playbook(pb).steps} - {"kernel-check"}
+    assert every <= COMPARED, sorted(every - COMPARED)
 
 
 # -- the route model on the lab -----------------------------------------------------------------

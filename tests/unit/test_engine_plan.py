@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from orchestrator.config.inventory import load_inventory
+from orchestrator.config.inventory import ApiKey, load_inventory
 from orchestrator.config.loader import validate
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.actions import ACTIONS, load_playbook
-from orchestrator.engine.plan import Activation, links_after_deploy, pair_view, plan
+from orchestrator.engine.plan import Activation, back_out, links_after_deploy, pair_view, plan
 from orchestrator.engine.playbook import Playbook
 from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.hosts import services
@@ -127,15 +127,31 @@ def test_deploy_plan_lists_every_step_on_its_hosts(inv):
     assert all(s.on_failure in ("rollback", "continue") for s in steps[names.index("stop-native") :])
 
 
+def test_the_dry_runs_form_of_a_step_carries_its_decisions_and_never_the_key(inv):
+    """Step.to_dict is what --dry-run prints and what the runner records for each step it runs:
+    the upload's present / absent, the links, the route write; the key only as set or not."""
+    view = pair_view(inv, "lab")
+    facts = {"native": _facts("old-n", None, ("old-n", "pkg-n")), "rpc": _facts(None, None, ())}
+    key = ApiKey(b"sekrit-key\n", "sekrit-key")
+    steps = plan(
+        load_playbook("deploy"), view, facts=facts, target=_activation(view, load_profile("lab"), inv), key=key
+    )
+    by = {s.name: s.to_dict() for s in steps}
+    up = by["upload"]["upload"]
+    assert up["lab-native"]["present"] is True and up["lab-rpc"] == {"release": "pkg-r", "present": False, "files": {}}
+    assert by["switch-native"]["links"] == {"lab-native": ["pkg-n", "old-n"]}
+    assert by["secret"]["has_key"] is True and "sekrit" not in repr(by)
+    assert "upload" not in by["switch-native"] and "links" not in by["upload"]
+
+
 def test_auto_rollback_plan_skips_manual_steps(inv):
     view = pair_view(inv, "lab")
     steps = plan(
-        load_playbook("rollback"),
+        back_out(load_playbook("rollback")),
         view,
         facts={},
         target=None,
         restore=None,
-        mode="auto",
         restore_links={"native": (None, "z"), "rpc": (None, None)},
     )
     assert [s.name for s in steps][0] == "stop-native"
@@ -143,7 +159,7 @@ def test_auto_rollback_plan_skips_manual_steps(inv):
     assert (
         "current -> (none), previous -> releases/z" in next(s for s in steps if s.name == "switch-native").description
     )
-    manual = plan(load_playbook("rollback"), view, facts={}, target=None, mode="manual")
+    manual = plan(load_playbook("rollback"), view, facts={}, target=None)
     assert [s.name for s in manual][:3] == ["connect", "lease", "facts"]  # facts once the hosts are held (issue 21)
 
 

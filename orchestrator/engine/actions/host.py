@@ -15,7 +15,7 @@ from orchestrator.errors import ConfigError, HostStateError, PackageError
 from orchestrator.hosts.layout import SERVICE_OF_ROLE, install_helper, put_secret, svc_sha256
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import read_facts
-from orchestrator.hosts.release import ensure_release, expected_hashes
+from orchestrator.hosts.release import ensure_release
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 
@@ -201,16 +201,14 @@ class Upload(Action, name="upload"):
     """Send + verify the release (only verified when present)."""
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
-        pkg = step.packages[role]
-        f = ctx.hosts.facts.get(role)
-        present = f is not None and pkg.manifest.id in f.releases
+        pkg, up = step.packages[role], step.uploads[ctx.host(role)]  # present or not: decided by the plan
         t0 = time.monotonic()
-        res = ensure_release(ctx.t(role), ctx.layout(role), pkg, present, ctx.host(role), defer_present=True)
+        res = ensure_release(ctx.t(role), ctx.layout(role), pkg, up.present, ctx.host(role), defer_present=True)
         ctx.timed("upload_s", time.monotonic() - t0)
         d = res.to_dict()
         ctx.recorder.uploaded(role, d)
         if res.deferred:
-            ctx.hosts.defer(role, pkg.manifest.id, expected_hashes(pkg.manifest))
+            ctx.hosts.defer(role, up.release, dict(up.files))
         return d
 
 
