@@ -14,7 +14,8 @@ its CPU seconds whatever the load was; wall time alone moves with the neighbours
 the llama-server and rpc-server under it (most of a real-model test). So where the cgroup file
 system lets it (root on this machine), the process moves itself into a cpuacct cgroup of its own
 at start; everything it starts afterwards, daemons included, stays there, and `tree_cpu_s` is the
-whole tree's CPU over the test's phases (and the session's over the run). Not writable, no field.
+whole tree's CPU over the test's phases (and the session's over the run). Not writable, or a
+hierarchy that also holds the cpu controller (joining would change the run's scheduling): no field.
 
 Under pytest-xdist the CPU seconds are measured in the worker and travel on the report
 (`pairctl_cpu_s`); the controller writes the file, with each test's worker (tried 2026-12-06:
@@ -90,6 +91,9 @@ def _join_tree() -> None:
         group = root / f"pairctl-test-{os.getpid()}"
         try:
             group.mkdir(exist_ok=True)
+            if (group / "cpu.shares").exists() or (group / "cpu.weight").exists():
+                group.rmdir()  # a CPU controller here too: joining would change how the run is scheduled
+                continue
             (group / "cgroup.procs").write_text(str(os.getpid()))
         except OSError:
             continue

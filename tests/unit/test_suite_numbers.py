@@ -94,6 +94,8 @@ def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, m
                             "time_s": run["junit"]["time_s"]}  # fmt: skip
     assert run["slowest"][0]["test"].rsplit("::")[-1] in {"test_burns_cpu", "test_waits", "test_a_daemon_burns"}
     assert set(run["tiers"]) == {"other", "unit_slow"} and run["tiers"]["other"]["tests"] == 4
+    if durations._tree is not None:  # the daemon's and the burner's CPU reach the tier's tree column
+        assert run["tiers"]["other"]["tree_cpu_s"] >= 0.5, run["tiers"]
     assert got["line"].startswith("suite: check ") and "6 tests" in got["line"]
 
 
