@@ -46,13 +46,15 @@ def junit_counts(path: Path) -> dict[str, Any]:
 
 
 def per_tier(tests: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    tiers: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, "wall_s": 0.0, "cpu_s": 0.0})
+    """Tests, wall, CPU and (where the durations file has it) the whole process tree's CPU per tier."""
+    keys = ("wall_s", "cpu_s", "tree_cpu_s")
+    tiers: dict[str, dict[str, float]] = defaultdict(lambda: {"tests": 0, **dict.fromkeys(keys, 0.0)})
     for row in tests.values():
         t = tiers[row.get("tier", "other")]
         t["tests"] += 1
-        t["wall_s"] += row.get("wall_s", 0.0)
-        t["cpu_s"] += row.get("cpu_s", 0.0)
-    return {k: {"tests": int(v["tests"]), "wall_s": round(v["wall_s"], 1), "cpu_s": round(v["cpu_s"], 1)}
+        for k in keys:
+            t[k] += row.get(k, 0.0)
+    return {k: {"tests": int(v["tests"]), **{f: round(v[f], 1) for f in keys}}
             for k, v in sorted(tiers.items(), key=lambda kv: -kv[1]["wall_s"])}  # fmt: skip
 
 
@@ -114,9 +116,10 @@ def render(name: str, run: dict[str, Any]) -> list[str]:
         lines.append(f"   {j['tests']} tests: {j['passed']} passed, {j['failures']} failed, {j['errors']} errors, "
                      f"{j['skipped']} skipped")  # fmt: skip
     # the tests' own seconds added up: the run's wall time when serial, more than it under xdist
-    lines.append(f"   {'tier':<12} {'tests':>6} {'sum wall':>9} {'cpu s':>8}")
+    # tree cpu s: pytest's and every process it started, servers and sshd included (0: not measured)
+    lines.append(f"   {'tier':<12} {'tests':>6} {'sum wall':>9} {'cpu s':>8} {'tree cpu s':>10}")
     for tier, t in run["tiers"].items():
-        lines.append(f"   {tier:<12} {t['tests']:>6} {_mmss(t['wall_s']):>9} {t['cpu_s']:>8}")
+        lines.append(f"   {tier:<12} {t['tests']:>6} {_mmss(t['wall_s']):>9} {t['cpu_s']:>8} {t['tree_cpu_s']:>10}")
     lines.append(f"   slowest {len(run['slowest'])} (wall s, cpu s, tier):")
     for r in run["slowest"]:
         lines.append(f"   {r['wall_s']:8.2f} {r.get('cpu_s', 0.0):7.2f}  {r.get('tier', '?'):<11} {r['test']}")

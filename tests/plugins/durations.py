@@ -10,6 +10,12 @@ Makefile). Unset, the plugin records nothing.
 
 CPU time is kept beside wall time because the machine is shared: a test that got slower shows in
 its CPU seconds whatever the load was; wall time alone moves with the neighbours.
+`cpu_s` misses what no pytest process waits for: the lab's sshd, the pairctl steps it runs, and
+the llama-server and rpc-server under it (most of a real-model test). So where the cgroup file
+system lets it (root on this machine), the process moves itself into a cpuacct cgroup of its own
+at start; everything it starts afterwards, daemons included, stays there, and `tree_cpu_s` is the
+whole tree's CPU over the test's phases (and the session's over the run). Not writable, or a
+hierarchy that also holds the cpu controller (joining would change the run's scheduling): no field.
 
 Under pytest-xdist the CPU seconds are measured in the worker and travel on the report
 (`pairctl_cpu_s`); the controller writes the file, with each test's worker (tried 2026-12-06:
@@ -54,7 +60,50 @@ def _cpu() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-_STARTS: dict[str, float] = {}
+# cgroup v1's cpuacct hierarchy (nanoseconds in cpuacct.usage), else v2's (usage_usec in cpu.stat)
+_CGROUP_ROOTS = (Path("/sys/fs/cgroup/cpuacct"), Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup"))
+_tree: Path | None = None
+
+
+def _tree_cpu() -> float | None:
+    if _tree is None:
+        return None
+    try:
+        if (_tree / "cpuacct.usage").is_file():
+            return int((_tree / "cpuacct.usage").read_text()) / 1e9
+        stat = dict(line.split() for line in (_tree / "cpu.stat").read_text().splitlines())
+        return int(stat["usage_usec"]) / 1e6
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _join_tree() -> None:
+    """Move this process into a new cgroup (`pairctl-test-PID`) so its whole tree's CPU can be read."""
+    global _tree
+    for root in _CGROUP_ROOTS:
+        if not (root / "cgroup.procs").is_file() or not os.access(root, os.W_OK):
+            continue
+        for old in root.glob("pairctl-test-*"):  # those of earlier runs whose processes all ended
+            try:
+                old.rmdir()
+            except OSError:
+                pass
+        group = root / f"pairctl-test-{os.getpid()}"
+        try:
+            group.mkdir(exist_ok=True)
+            if (group / "cpu.shares").exists() or (group / "cpu.weight").exists():
+                group.rmdir()  # a CPU controller here too: joining would change how the run is scheduled
+                continue
+            (group / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            continue
+        _tree = group
+        if _tree_cpu() is not None:
+            return
+    _tree = None
+
+
+_STARTS: dict[str, tuple[float, float | None]] = {}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -63,7 +112,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     rep.pairctl_tier = tier_of(item)
     start = _STARTS.get(item.nodeid)  # absent when a skip mark stopped the setup before it
     if start is not None:
-        rep.pairctl_cpu_s = round(_cpu() - start, 3)  # cumulative since this test's setup began
+        rep.pairctl_cpu_s = round(_cpu() - start[0], 3)  # cumulative since this test's setup began
+        tree = _tree_cpu()
+        if tree is not None and start[1] is not None:
+            rep.pairctl_tree_cpu_s = round(tree - start[1], 3)
     if call.when == "teardown":
         _STARTS.pop(item.nodeid, None)
     return rep
@@ -71,7 +123,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    _STARTS[item.nodeid] = _cpu()
+    _STARTS[item.nodeid] = (_cpu(), _tree_cpu())
 
 
 class _Recorder:
@@ -79,6 +131,7 @@ class _Recorder:
         self.out = out
         self.rows: dict[str, dict[str, Any]] = {}
         self.started = time.time()
+        self.tree_start = _tree_cpu()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         row = self.rows.setdefault(
@@ -88,6 +141,9 @@ class _Recorder:
         cpu = getattr(report, "pairctl_cpu_s", None)
         if cpu is not None:
             row["cpu_s"] = max(row["cpu_s"], cpu)
+        tree = getattr(report, "pairctl_tree_cpu_s", None)
+        if tree is not None:
+            row["tree_cpu_s"] = max(row.get("tree_cpu_s", 0.0), tree)
         tier = getattr(report, "pairctl_tier", None)
         if tier:
             row["tier"] = tier
@@ -113,6 +169,7 @@ class _Recorder:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+            **_tree_total(self.tree_start),
             "tests": dict(sorted(self.rows.items())),
         }
         try:
@@ -127,12 +184,20 @@ class _Recorder:
             session.config.get_terminal_writer().line(f"pairctl durations: not written: {exc}", yellow=True)
 
 
+def _tree_total(start: float | None) -> dict[str, float]:
+    """The whole tree's CPU over the run (this process's; under xdist the rows carry the workers')."""
+    now = _tree_cpu()
+    return {"tree_cpu_s": round(now - start, 2)} if now is not None and start is not None else {}
+
+
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     out = os.environ.get(RECORD_ENV)
+    if out:
+        _join_tree()
     # the xdist controller writes; workers only measure (they have `workerinput`)
     if out and not hasattr(config, "workerinput"):
         config.pluginmanager.register(_Recorder(Path(out)), "pairctl-durations-recorder")

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks import suite
+from tests.plugins import durations
 
 pytest_plugins = ["pytester"]
 
 TESTS = '''
+import subprocess
 import time
 import pytest
 
@@ -27,6 +29,16 @@ def test_burns_cpu():
 
 def test_waits():
     time.sleep(0.2)
+
+def test_a_daemon_burns(tmp_path):
+    # a grandchild nobody waits for (as the lab's sshd and servers are): only the cgroup sees its CPU
+    done = tmp_path / "done"
+    burn = "import time,sys\\nt=time.process_time()\\nwhile time.process_time()-t<0.3: pass\\nopen(sys.argv[1],'w')"
+    subprocess.run(["sh", "-c", 'python3 -c "$0" "$1" >/dev/null 2>&1 &', burn, str(done)], check=True)
+    t = time.monotonic()
+    while not done.exists() and time.monotonic() - t < 20:
+        time.sleep(0.01)
+    time.sleep(0.05)
 
 def test_fails():
     assert 1 == 2
@@ -52,15 +64,20 @@ def _session(pytester: pytest.Pytester, out: Path, monkeypatch: pytest.MonkeyPat
 def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, monkeypatch):
     out = tmp_path / "runs" / "check"
     r = _session(pytester, out, monkeypatch)
-    r.assert_outcomes(passed=3, failed=1, skipped=1)
+    r.assert_outcomes(passed=4, failed=1, skipped=1)
     doc = json.loads((out / "durations.json").read_text())
     rows = {k.split("::")[1]: v for k, v in doc["tests"].items()}
     assert {k: v["outcome"] for k, v in rows.items()} == {
-        "test_burns_cpu": "passed", "test_waits": "passed", "test_fails": "failed",
+        "test_burns_cpu": "passed", "test_waits": "passed", "test_a_daemon_burns": "passed", "test_fails": "failed",
         "test_skipped": "skipped", "test_marked_slow": "passed",
     }  # fmt: skip
     assert rows["test_burns_cpu"]["cpu_s"] >= 0.25 and rows["test_burns_cpu"]["wall_s"] >= 0.25
     assert rows["test_waits"]["wall_s"] >= 0.2 and rows["test_waits"]["cpu_s"] < 0.15  # waiting is not CPU
+    daemon = rows["test_a_daemon_burns"]
+    assert daemon["cpu_s"] < 0.2  # pytest never waited for it
+    if durations._tree is not None:  # the cgroup file system is writable here (root): the tree saw it
+        assert daemon["tree_cpu_s"] >= 0.25 and rows["test_burns_cpu"]["tree_cpu_s"] >= 0.25, daemon
+        assert doc["tree_cpu_s"] >= 0.5
     assert rows["test_marked_slow"]["tier"] == "unit_slow" and rows["test_waits"]["tier"] == "other"
     assert rows["test_skipped"]["tier"] == "unit_slow"  # a skip mark ends the setup early: the tier stays
     assert doc["exitstatus"] == 1 and doc["cpus"] and len(doc["loadavg_end"]) == 3 and doc["wall_s"] > 0.5
@@ -73,11 +90,13 @@ def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, m
     monkeypatch.setenv("SUITE_RUNS", str(tmp_path / "runs"))
     got = suite.run()
     run = got["runs"]["check"]
-    assert run["junit"] == {"tests": 5, "failures": 1, "errors": 0, "skipped": 1, "passed": 3,
+    assert run["junit"] == {"tests": 6, "failures": 1, "errors": 0, "skipped": 1, "passed": 4,
                             "time_s": run["junit"]["time_s"]}  # fmt: skip
-    assert run["slowest"][0]["test"].endswith("test_burns_cpu") or run["slowest"][0]["test"].endswith("test_waits")
-    assert set(run["tiers"]) == {"other", "unit_slow"} and run["tiers"]["other"]["tests"] == 3
-    assert got["line"].startswith("suite: check ") and "5 tests" in got["line"]
+    assert run["slowest"][0]["test"].rsplit("::")[-1] in {"test_burns_cpu", "test_waits", "test_a_daemon_burns"}
+    assert set(run["tiers"]) == {"other", "unit_slow"} and run["tiers"]["other"]["tests"] == 4
+    if durations._tree is not None:  # the daemon's and the burner's CPU reach the tier's tree column
+        assert run["tiers"]["other"]["tree_cpu_s"] >= 0.5, run["tiers"]
+    assert got["line"].startswith("suite: check ") and "6 tests" in got["line"]
 
 
 def test_a_test_whose_cpu_grew_is_named():
