@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import posixpath
 from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
 from orchestrator.hosts import probes
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper, put_secret
+from orchestrator.hosts.leases import default_owner, hold_pair_leases, hosts_of, targets_of
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
 from orchestrator.hosts.rpc_guard import (
     KEY_LEN,
@@ -54,6 +56,9 @@ DEFAULT_KERNEL = "mmvf-warp-per-row"
 KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
 HARNESS_RELPATH = ("tests", "bin", HARNESS_NAME)
 HARNESS_TIMEOUT_S = 900
+# a check on its own holds the pair's leases this long at most: its two harness runs and the
+# rpc-server's start, wait and stop, each bounded above, with a margin
+LEASE_TTL_S = 2 * HARNESS_TIMEOUT_S + 600
 EXIT_MEANING = {
     0: "all cases passed",
     1: "a comparison failed",
@@ -572,7 +577,21 @@ def run_kernel_check(
                 pair=pair,
                 inputs=_inputs(kernel),
             )
-            with own:  # an exception seals the receipt as failed (or aborted) and propagates
+            # an exception seals the receipt as failed (or aborted) and propagates. On its own the
+            # check writes live files (the pair's route key, the guard under bin/): it holds the
+            # pair's leases as accept does, so it never races a deploy or a rollback; a leased
+            # pair refuses it (LeaseHeldError) before anything is written
+            with own, ExitStack() as stack:
+                with own.step("lease", host=",".join(hosts_of(inventory, pair))) as st:
+                    held = stack.enter_context(
+                        hold_pair_leases(
+                            targets_of(inventory, hosts, pair),
+                            owner=default_owner(),
+                            purpose=f"pairctl kernels check {pair} (run {own.run_id})",
+                            ttl_s=LEASE_TTL_S,
+                        )
+                    )
+                    st.data["leases"] = held.public()["hosts"]
                 result = run(own)
                 own.set("kernel_check", {"kernel": kernel, "passed": result.passed, "problems": result.problems})
                 result.receipt = own.finish(

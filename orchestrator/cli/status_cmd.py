@@ -35,11 +35,26 @@ def _age(iso: str | None, now: datetime) -> str:
 
 
 def last_acceptance(evidence: EvidenceStore, pair: str) -> dict[str, Any] | None:
-    """The newest `accept` receipt of the pair (scheduled or by hand)."""
-    for s in evidence.summaries(pair)[::-1]:  # newest first
-        if s.get("command") == "accept":
-            return s
-    return None
+    """The newest `accept` receipt of the pair (scheduled or by hand): walked back from the pair's
+    chain head, so a status of many pairs reads each pair's receipts since its last acceptance,
+    not every receipt in the store once per pair. A chain that breaks on the way (a receipt that
+    does not verify) is left to the full listing, which skips what does not verify."""
+    from orchestrator.errors import EvidenceError
+
+    seen: set[str] = set()
+    try:
+        r = evidence.latest(pair)
+        while r is not None and r.sha256 not in seen:
+            if r.command == "accept":
+                return {"hash": r.sha256, "outcome": r.outcome, "finished_at": r.finished_at}
+            seen.add(r.sha256)
+            r = evidence.load(r.previous) if r.previous else None
+        return None
+    except EvidenceError:
+        for s in evidence.summaries(pair)[::-1]:  # newest first
+            if s.get("command") == "accept":
+                return s
+        return None
 
 
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:

@@ -423,8 +423,9 @@ def _lost_lease(failure: StepFailed) -> LeaseLost | None:
 
 def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
     """A restore's route write (kind: back-out | roll-back | roll-to), decided before its first change."""
-    found = route_plan.parsed(ctx.hosts.facts["native"].route_bytes)
-    current = route_plan.parsed(ctx.hosts.route_bytes("native"))
+    found = route_trust.found_record(ctx.hosts.facts, ctx.inputs.route_key)
+    now = ctx.hosts.route_bytes("native")  # what this run wrote or re-read since, else as found
+    current = found if now == ctx.hosts.facts["native"].route_bytes else route_plan.parsed(now)
     restored = restore.target.entry if restore.target else None
     return route_plan.for_restore(
         ctx.inputs, kind, found=found, current=current, restored=restored, wrote=ctx.hosts.wrote_route()

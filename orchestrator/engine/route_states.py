@@ -61,7 +61,7 @@ def settled(state: str) -> str:
     return IDENTITY_ONLY if state == ACTIVATING else state
 
 
-def _same_pair(a: RouteEntry | None, b: RouteEntry | None) -> bool:
+def same_pair(a: RouteEntry | None, b: RouteEntry | None) -> bool:
     if a is None or b is None:
         return a is b
     key = ("native_package", "rpc_package", "profile_sha256", "argv_sha256")
@@ -93,7 +93,7 @@ def activate(
     now: datetime | None = None,
 ) -> RouteRecord:
     """`prior`: found's active pair as a rollback would render it now (None: nothing active)."""
-    if found is None or found.active is None or prior is None or _same_pair(prior, new):
+    if found is None or found.active is None or prior is None or same_pair(prior, new):
         prev, prev_state = (found.previous, state_of_previous(found)) if found else (None, None)
     else:
         prev, prev_state = prior, settled(found.state)
@@ -138,7 +138,7 @@ def back_out(
 def unchanged_by_back_out(found: RouteRecord, restored: RouteEntry | None) -> bool:
     """A back-out of a run that wrote no record would write `found` again: the same pairs and
     states, only the revision higher (the record then stays as it was)."""
-    return restored is not None and _same_pair(found.active, restored) and found.state == settled(found.state)
+    return restored is not None and same_pair(found.active, restored) and found.state == settled(found.state)
 
 
 def roll_back(
@@ -159,7 +159,7 @@ def roll_back(
 def roll_to(
     found: RouteRecord, restored: RouteEntry, *, pair: str, run_id: str, now: datetime | None = None
 ) -> RouteRecord:
-    if found.previous is not None and _same_pair(found.previous, restored):
+    if found.previous is not None and same_pair(found.previous, restored):
         return roll_back(found, restored, pair=pair, run_id=run_id, now=now)
     return _next(
         found,
@@ -183,7 +183,7 @@ def restore(
     now: datetime | None = None,
 ) -> RouteRecord:
     """`current` is what the restore replaces (its revision counts on), `found` what to restore."""
-    state = settled(found.state) if _same_pair(found.active, restored) else IDENTITY_ONLY
+    state = settled(found.state) if same_pair(found.active, restored) else IDENTITY_ONLY
     return _next(
         current,
         pair=pair,
@@ -205,9 +205,9 @@ def rebuilt(
     run_id: str,
     now: datetime | None = None,
 ) -> RouteRecord:
-    keep = found is not None and _same_pair(found.active, active)
+    keep = found is not None and same_pair(found.active, active)
     state = settled(found.state) if keep and found is not None else IDENTITY_ONLY
-    prev_state = state_of_previous(found) if found is not None and _same_pair(found.previous, previous) else None
+    prev_state = state_of_previous(found) if found is not None and same_pair(found.previous, previous) else None
     return _next(
         found,
         pair=pair,

@@ -38,6 +38,7 @@ import stat
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
+from orchestrator.engine import route_states
 from orchestrator.engine.plan import PairView
 from orchestrator.errors import ConfigError, EvidenceError, HostStateError, PairctlError
 from orchestrator.evidence import atomic
@@ -213,19 +214,48 @@ def _parse_records(
 
 
 def _split_settle(recs: Mapping[Role, RouteRecord | None], facts: Mapping[str, HostFacts], key: bytes) -> Role | None:
-    """The role whose copy is `activating` when a run was cut short between its two hosts'
-    route-accepted writes: both records signed with this home's key as written, equal in every
-    field but the state (and so the signature), one `activating` and the other its settled state.
-    Nothing sealed that run's acceptance, so the pair is judged as never accepted (ACTIVATING: a
-    rollback or deploy puts it right) rather than as records that differ (repair only)."""
+    """The role whose copy is `activating` when a run was cut short between its two hosts' writes
+    of one record (judged as never accepted, ACTIVATING: a rollback or deploy puts it right, rather
+    than records that differ, repair only). Both records signed with this home's key as written,
+    one `activating` and the other either
+    - the same record settled (cut between the route-accepted writes): equal in every field but
+      the state (and so the signature), or
+    - the record it was made from (cut between the route writes): the revision before, settled,
+      written by another run of the same home, and the base `route_states.activate` makes its
+      `activating` successor from (the same pair, its previous pair and states carried over)."""
     a, b = recs.get("native"), recs.get("rpc")
     if a is None or b is None or a.state == b.state or "activating" not in (a.state, b.state):
         return None
     if not all(_signed_as_written(r, facts[role].route_bytes, key) for role, r in (("native", a), ("rpc", b))):
         return None
-    if a.model_copy(update={"state": b.state, "mac": None}) != b.model_copy(update={"mac": None}):
+    role: Role = "native" if a.state == "activating" else "rpc"
+    new, old = (a, b) if role == "native" else (b, a)
+    if new.model_copy(update={"state": old.state, "mac": None}) == old.model_copy(update={"mac": None}):
+        return role
+    return role if _activated_from(new, old) else None
+
+
+def _activated_from(new: RouteRecord, old: RouteRecord) -> bool:
+    """`new` is the `activating` record a deploy's route step makes from the settled `old`."""
+    if (new.pair, new.revision, new.evidence_home) != (old.pair, old.revision + 1, old.evidence_home):
+        return False
+    if new.updated_by == old.updated_by or new.active is None:
+        return False
+    kept = route_states.state_of_previous(old) if old.previous else None
+    if old.active is None or route_states.same_pair(old.active, new.active):  # a first deploy, or a re-deploy
+        return new.previous == old.previous and new.previous_state == kept
+    return route_states.same_pair(new.previous, old.active) and new.previous_state == route_states.settled(old.state)
+
+
+def found_record(facts: Mapping[str, HostFacts], key: bytes) -> RouteRecord | None:
+    """The record a run that puts a pair back starts from: the native host's, or the `activating`
+    copy where a run was cut short between its hosts' writes (the one judge takes), so what it
+    writes follows the record the pair was judged by, whichever host that run reached first."""
+    try:
+        recs = {role: parse_route(facts[role].route_bytes) for role in ROLES}
+    except HostStateError:
         return None
-    return "native" if a.state == "activating" else "rpc"
+    return recs[_split_settle(recs, facts, key) or "native"]
 
 
 def _signed_as_written(rec: RouteRecord, raw: bytes | None, key: bytes) -> bool:

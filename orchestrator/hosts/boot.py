@@ -21,6 +21,7 @@ command (the rest becomes stdin); `cron_command` is what it runs, `cron_escape` 
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -158,6 +159,17 @@ def drop_entry(existing: str, root: str) -> str:
     return "\n".join(out) + "\n" if out else ""
 
 
+def drop_entries_under(existing: str, prefix: str) -> str:
+    """The user's crontab without the entry of every root at or under the folder `prefix` (a
+    test session's or a lab's home going away); equal to `existing` when there is none."""
+    under = prefix.rstrip("/") + "/"
+    for ln in _lines(existing):
+        root = ln.removeprefix(MARKER_PREFIX).removesuffix(MARKER_SUFFIX)
+        if ln == marker(root) and (root + "/").startswith(under):
+            existing = drop_entry(existing, root)
+    return existing
+
+
 def entry_state(text: str, root: str, line: str) -> str:
     """`installed` (marker followed by exactly `line`, once), `absent`, or `differs`."""
     lines, want = _lines(text), line.split("\n")
@@ -239,15 +251,34 @@ def remove_entry(t: Transport, layout: HostPaths) -> str:
     """Best effort, for a root whose services are now systemd units: its @reboot line goes (it
     would start nothing, since no run/NAME.boot is left, but it should not stay to mislead).
     Returns what happened, for the receipt; never raises for cron's absence."""
+    return _drop(t, lambda text: drop_entry(text, layout.root))
+
+
+def remove_entries_under(t: Transport, prefix: str) -> str:
+    """Every root's entry at or under `prefix` out of the host user's crontab (`remove_entry`'s
+    result words): what a lab or a test session that made those roots leaves behind."""
+    return _drop(t, lambda text: drop_entries_under(text, prefix))
+
+
+def _drop(t: Transport, change: Callable[[str], str]) -> str:
+    """The crontab rewritten by `change`, read back: a crontab several writers share (labs, test
+    sessions) may be rewritten between the read and the write, so it is changed again from what
+    is there, as ensure_entry does, until what was written stays."""
     got = read_crontab(t)
-    text = _text_or_warning(got)
-    if isinstance(text, dict):
-        return "no crontab"
-    kept = drop_entry(text, layout.root)
-    if kept == text:
-        return "none"
-    res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=kept.encode())
-    return "removed" if res.exit_status == 0 else f"crontab - exited {res.exit_status}"
+    for attempt in range(WRITE_ATTEMPTS):
+        text = _text_or_warning(got)
+        if isinstance(text, dict):
+            return "no crontab"
+        kept = change(text)
+        if kept == text:
+            return "removed" if attempt else "none"
+        res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=kept.encode())
+        if res.exit_status != 0:
+            return f"crontab - exited {res.exit_status}"
+        got = read_crontab(t)
+        if got.text == kept:
+            return "removed"
+    return f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)"
 
 
 def read_entry(t: Transport, layout: HostPaths) -> dict[str, object]:

@@ -272,6 +272,7 @@ static int answered(int i, unsigned char key[AUTH_LEN]) {
 /* the connection to the program, as accept4(FLAGS) would have returned it */
 static int hand_over(const struct pending *p, struct sockaddr *addr, socklen_t *len) {
     if (!(p->flags & SOCK_NONBLOCK)) fcntl(p->fd, F_SETFL, fcntl(p->fd, F_GETFL) & ~O_NONBLOCK);
+    if (!(p->flags & SOCK_CLOEXEC)) fcntl(p->fd, F_SETFD, 0); /* held close-on-exec while pending */
     if (addr != NULL && len != NULL) {
         socklen_t k = *len < p->plen ? *len : p->plen;
         memcpy(addr, &p->peer, k);
@@ -321,15 +322,23 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags) {
             errno = EBADF;
             return -1;
         }
-        if (pf[0].revents & POLLIN) {
+        if (pf[0].revents & (POLLIN | POLLERR | POLLHUP)) { /* an error or an end: accept4 names it */
             struct sockaddr_storage peer;
             socklen_t plen = sizeof peer;
             memset(&peer, 0, sizeof peer);
             /* the listener may have lost that connection meanwhile: never block in accept here */
             fcntl(fd, F_SETFL, lflags | O_NONBLOCK);
-            int c = (int)syscall(SYS_accept4, fd, (struct sockaddr *)&peer, &plen, flags | SOCK_NONBLOCK);
+            /* close-on-exec while the guard holds it: a process the program starts meanwhile (another
+             * thread's fork and exec) must not inherit a peer that has not proved the key */
+            int c = (int)syscall(SYS_accept4, fd, (struct sockaddr *)&peer, &plen, flags | SOCK_NONBLOCK | SOCK_CLOEXEC);
+            int err = errno;
             fcntl(fd, F_SETFL, lflags);
+            errno = err;
             if (c < 0 && errno != EAGAIN && errno != EINTR && errno != ECONNABORTED) return -1;
+            if (c < 0 && !(pf[0].revents & POLLIN)) { /* an end poll keeps saying, that accept4 did not */
+                errno = EINVAL;
+                return -1;
+            }
             if (c >= 0 && !allowed(&peer)) refuse(c, &peer, "not in PAIRCTL_RPC_ALLOW");
             else if (c >= 0 && keyed && !have_key) refuse(c, &peer, "no proof of the route's key");
             else if (c >= 0 && !keyed) /* served by address alone (no key named) */

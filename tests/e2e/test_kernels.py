@@ -182,3 +182,42 @@ def test_harness_built_against_the_package_build_tree_passes_and_can_fail(lab_pa
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def _live_files(pair) -> dict[str, tuple[int, int]]:
+    """(mtime_ns, size) of what the check may write on the pair's hosts: bin/, secrets/, the route."""
+    out = {}
+    for root in pair.roots().values():
+        for sub in ("bin", "secrets"):
+            for f in Path(root, sub).rglob("*"):
+                if f.is_file():
+                    out[str(f)] = (f.stat().st_mtime_ns, f.stat().st_size)
+        route = Path(root, "route.json")
+        out[str(route)] = (route.stat().st_mtime_ns, route.stat().st_size)
+    return out
+
+
+def test_a_check_on_its_own_refuses_a_pair_another_run_holds(deployed_lab, cli):
+    """`kernels check` on its own wrote live files (the route key, the guard under bin/) without the
+    pair's leases: beside a deploy of another operator (or home) it raced it. It holds the leases
+    as accept does: with the real leases held on both lab hosts (over SSH) it is refused (exit 5,
+    the holder named) and writes nothing; once they are free, it takes and releases them."""
+    from orchestrator.hosts.leases import hold_pair_leases, targets_of
+    from orchestrator.remote.pool import TransportPool
+
+    inv = deployed_lab.inventory
+    with TransportPool(inv) as pool:
+        with hold_pair_leases(
+            targets_of(inv, pool, PAIR), owner="other@operator", purpose="pairctl deploy lab (another home)", ttl_s=600
+        ):
+            before = _live_files(deployed_lab)
+            r, _ = _check(cli)
+            assert r.exit_code == 5, r.stderr + r.stdout
+            assert "other@operator" in r.stderr, r.stderr
+            assert _live_files(deployed_lab) == before
+    r, out = _check(cli)
+    assert r.exit_code == 0, r.stderr + r.stdout
+    rec = _receipt(deployed_lab.home, out["receipt"])
+    assert [s.name for s in rec.steps][:2] == ["lease", "kernels.plan"]
+    with TransportPool(inv) as pool, hold_pair_leases(targets_of(inv, pool, PAIR), owner="t", purpose="t", ttl_s=60):
+        pass  # the check released both

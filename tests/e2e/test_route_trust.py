@@ -168,6 +168,45 @@ def test_deploy_killed_before_acceptance_is_not_recorded_active(deployed_lab, la
         _baseline(cli, a)
 
 
+def test_deploy_killed_between_its_two_route_writes_is_resolved_by_rollback(
+    deployed_lab, lab_packages_b, cli, tmp_path
+):
+    """A deploy SIGKILLed between the hosts' `route` writes leaves the new `activating` record on one
+    host and the settled record it was made from on the other: judged as records that differ, every
+    later deploy and rollback refused (repair only). The two writes run at once, so the kill is
+    placed after both and the native host's record put back as it was (the bytes pairctl wrote
+    there before): the host a rollback reads its base from holds the older record. Now status names
+    the interrupted activation and rollback puts the found pair back, one record on both hosts."""
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    before = _routes(deployed_lab)
+    child = hooked_deploy(Path(deployed_lab.home), b, "route-accepted:kill", tmp_path)
+    _, err = child.communicate(timeout=600)
+    assert child.returncode == -signal.SIGKILL, err[-2000:]
+    new = _routes(deployed_lab)
+    run = json.loads(new["rpc"])["updated_by"]
+    (_roots(deployed_lab)["native"] / "route.json").write_bytes(before["native"])
+    try:
+        r = cli("--json", "status", "--pair", PAIR)
+        assert r.exit_code == 1, r.output
+        st = json.loads(r.stdout)
+        text = " ".join(st["problems"])
+        assert "never accepted" in text and "differ" not in text, st["problems"]
+        assert st["route"]["state"] == "activating" and st["route"]["updated_by"] == run
+        assert cli("lease", "release", PAIR, "--dead-run", run).exit_code == 0
+        rb = cli("rollback", "--pair", PAIR)
+        assert rb.exit_code == 0, rb.stderr
+        assert is_active(lab_status(cli), a)
+        routes = _routes(deployed_lab)
+        rec = json.loads(routes["native"])
+        assert routes["native"] == routes["rpc"] and rec["revision"] == json.loads(new["rpc"])["revision"] + 1
+        assert rec["previous"]["native_package"] == b and rec["previous_state"] == "identity-verified"
+    finally:  # never the saved records put back: the killed run's receipt names a later revision
+        cli("lease", "release", PAIR, "--dead-run", run)
+        if lab_status(cli)["problems"]:
+            cli("repair", "--pair", PAIR, "--yes")
+        _baseline(cli, a)
+
+
 def test_links_that_leave_the_install_root_are_refused(deployed_lab, lab_packages_b, cli, tmp_path):
     """Issue 16 #8: `current` outside the install root was shown as that release; a link without
     /releases/ crashed deploy/rollback with an internal ProbeError. Now both are exit 6 naming

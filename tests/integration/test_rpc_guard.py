@@ -214,3 +214,88 @@ def test_rpc_peers_default_and_override():
     for bad in (["0.0.0.0"], [], ["10.0.0.0/8"]):
         with pytest.raises(ValueError, match="rpc_peers"):
             _inventory("10.0.0.1", "10.0.0.2", rpc_peers=bad)
+
+
+SHUT_LISTENER = """
+import resource, socket, threading, time
+s = socket.socket(); s.bind(("127.0.0.94", 0)); s.listen(8)
+threading.Timer(0.3, s.shutdown, (socket.SHUT_RD,)).start()  # the listener goes: POLLHUP, no POLLIN
+try:
+    s.accept()
+    print("accepted", flush=True)
+except OSError as exc:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    print("refused", exc.errno, ru.ru_utime + ru.ru_stime, flush=True)
+"""
+
+
+def test_a_listener_that_ends_returns_its_error_instead_of_spinning(tmp_path):
+    """A listener shut down while the program waits in accept polls POLLHUP without POLLIN: the
+    guard looped on poll at once forever (one core at 100 %, the program never told). It now asks
+    the listener itself, and accept returns the listener's error, as accept4 would."""
+    so = tmp_path / "pairctl-rpc-guard.so"
+    so.write_bytes(guard_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_RPC_")}
+    env |= {"LD_PRELOAD": str(so), "PAIRCTL_RPC_ALLOW": "127.0.0.1"}
+    p = subprocess.Popen([sys.executable, "-c", SHUT_LISTENER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        out, _ = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        cpu = sum(int(x) for x in Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[11:13])
+        p.kill()
+        p.communicate()
+        pytest.fail(f"accept never returned on a listener that ended ({cpu / os.sysconf('SC_CLK_TCK'):.1f} s CPU)")
+    word, errno_, cpu = out.split()
+    assert word == "refused" and int(errno_) == 22, out  # EINVAL: what accept4 says of a listener that ended
+    assert float(cpu) < 2.0, out
+
+
+PENDING = """
+import ctypes, os, socket, sys, threading
+s = socket.socket(); s.bind(("127.0.0.94", 0)); s.listen(8)
+print(s.getsockname()[1], flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+
+def flags(fd):
+    text = open(f"/proc/self/fdinfo/{fd}").read()
+    return int(next(l for l in text.splitlines() if l.startswith("flags:")).split()[1], 8)
+
+def pending():  # once told a peer waits on its challenge: the guard's fds beyond the listener
+    sys.stdin.readline()
+    fds = [f"/proc/self/fd/{f}" for f in os.listdir("/proc/self/fd") if int(f) > s.fileno()]
+    socks = [int(f.rsplit("/", 1)[1]) for f in fds if os.path.exists(f) and os.readlink(f).startswith("socket:")]
+    print("pending", *(bool(flags(f) & os.O_CLOEXEC) for f in socks), flush=True)
+
+threading.Thread(target=pending).start()
+c = libc.accept(s.fileno(), None, None)  # accept(), no SOCK_CLOEXEC asked: as ggml-rpc-server calls it
+print("accepted", bool(flags(c) & os.O_CLOEXEC), flush=True)
+"""
+
+
+def test_pending_peers_are_close_on_exec_and_the_handed_over_one_as_asked(tmp_path):
+    """A peer owing its proof is held by the guard inside accept; a process the program starts
+    meanwhile (another thread's fork and exec) must not inherit it: the guard accepts with
+    SOCK_CLOEXEC, and the connection it hands over carries the flags the program asked for."""
+    key = tmp_path / "rpc.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    so = tmp_path / "pairctl-rpc-guard.so"
+    so.write_bytes(guard_bytes())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PAIRCTL_RPC_")}
+    env |= {"LD_PRELOAD": str(so), "PAIRCTL_RPC_ALLOW": "127.0.0.1", "PAIRCTL_RPC_KEY": str(key)}
+    p = subprocess.Popen(
+        [sys.executable, "-c", PENDING], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        port = int(p.stdout.readline())
+        with socket.create_connection(("127.0.0.94", port), timeout=10) as silent:
+            assert len(silent.recv(32)) == 32  # challenged: pending in the guard
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.stdout.readline().split() == ["pending", "True"]
+        assert _client(port, so, key) == "closed"  # proved the key; the program got it (and prints)
+        assert p.stdout.readline().split() == ["accepted", "False"]
+    finally:
+        p.kill()
+        p.communicate(timeout=10)

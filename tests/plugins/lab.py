@@ -80,6 +80,30 @@ def _want_source() -> bool:
     return os.environ.get("PAIRCTL_LAB_SOURCE", "1") != "0"
 
 
+def drop_boot_lines(*homes: Path) -> str:
+    """The @reboot and watchdog lines of every install root under these folders out of this
+    user's crontab (hosts/boot.py). The lab hosts are this machine's user, so every pair, key
+    or jitter fixture's deploy wrote into one crontab that other sessions (other labs, other
+    worktrees) share: only roots under this session's own homes are touched."""
+    from orchestrator.hosts import boot
+    from orchestrator.remote.local import LocalTransport
+
+    t = LocalTransport("test-session")
+    return "; ".join(boot.remove_entries_under(t, str(h.resolve())) for h in homes)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _boot_lines_removed(tmp_path_factory: pytest.TempPathFactory):
+    """A test session leaves no boot line for a root it made: under the test home (lab hosts,
+    pairs) or pytest's temporary folders. `lab down` removes only its own lab's lines, and each
+    session left ~30 behind, their watchdogs run by cron every minute."""
+    yield
+    home = os.environ.get("PAIRCTL_TEST_HOME")  # as conftest's pairctl_home, read at the end (workers set it)
+    drop_boot_lines(
+        Path(home) if home else Path(__file__).resolve().parents[2] / ".state" / "test", tmp_path_factory.getbasetemp()
+    )
+
+
 @pytest.fixture(scope="session")
 def lab(pairctl_home: Path):
     """The two-host lab (lab-native 127.0.0.2, lab-rpc 127.0.0.3, port 2222; a worker's own under xdist)."""

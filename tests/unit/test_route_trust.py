@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from orchestrator.config.inventory import load_inventory
-from orchestrator.engine import route_trust
+from orchestrator.engine import route_states, route_trust
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import ConfigError, HostStateError
 from orchestrator.hosts.probes import facts_from
@@ -188,3 +188,48 @@ def test_a_run_cut_short_between_its_two_route_accepted_writes_is_judged_activat
     assert _kinds(view, rec.to_bytes(), restamped.to_bytes()) == {route_trust.DIFFER}
     next_rev = settled.model_copy(update={"revision": rec.revision + 1, "mac": None}).sign(KEY)
     assert _kinds(view, rec.to_bytes(), next_rev.to_bytes()) == {route_trust.DIFFER}
+
+
+def test_a_run_cut_short_between_its_two_route_writes_is_judged_activating(view):
+    """SIGKILL between the hosts' `route` writes: one host holds the new run's signed `activating`
+    record, the other the settled record it was made from (the revision before). The interrupted
+    activation (rollback and deploy resolve it, and rollback starts from the `activating` copy
+    whichever host holds it), not records that differ; every near miss stays DIFFER."""
+    base = _record()  # run1 accepted B over A
+    new = route_states.activate(base, _entry("C"), _entry("B"), pair="lab", run_id="run2", now=NOW).sign(KEY)
+    assert new.state == "activating" and new.revision == base.revision + 1
+    cur = ("C", "C")
+    for native, rpc in ((new, base), (base, new)):
+        facts = {"native": _facts("C", native.to_bytes(), "ABC"), "rpc": _facts("C", rpc.to_bytes(), "ABC")}
+        j = route_trust.judge(view, facts, KEY, None)
+        assert j.problems == [] and j.record == new
+        assert route_trust.found_record(facts, KEY) == new
+    again = route_states.activate(base, _entry("B"), _entry("B"), pair="lab", run_id="run2", now=NOW).sign(KEY)
+    assert _kinds(view, again.to_bytes(), base.to_bytes()) == set()  # a re-deploy of the active pair
+
+    def resigned(**update):
+        return new.model_copy(update={**update, "mac": None}).sign(KEY)
+
+    near_misses = {
+        "same run": resigned(updated_by="run1"),
+        "unsigned": new.model_copy(update={"mac": None}),
+        "another home's key": new.model_copy(update={"mac": None}).sign(b"o" * 64),
+        "base not the previous": resigned(previous=_entry("A")),
+        "base's state not carried": resigned(previous_state="identity-verified"),
+        "a revision skipped": resigned(revision=base.revision + 2),
+        "same revision": resigned(revision=base.revision),
+        "another home": resigned(evidence_home="elsewhere"),
+    }
+    for why, rec in near_misses.items():
+        kinds = _kinds(view, rec.to_bytes(), base.to_bytes(), cur=cur, releases="ABC")
+        assert route_trust.DIFFER in kinds, why
+    # the base must be what was written, signed: an unsigned or re-encoded base is not the previous record
+    unsigned_base = base.model_copy(update={"mac": None})
+    assert route_trust.DIFFER in _kinds(view, new.to_bytes(), unsigned_base.to_bytes(), cur=cur, releases="ABC")
+    assert route_trust.DIFFER in _kinds(view, new.to_bytes(), base.to_bytes() + b" ", cur=cur, releases="ABC")
+    assert (
+        route_trust.found_record(
+            {"native": _facts("C", base.to_bytes(), "ABC"), "rpc": _facts("C", unsigned_base.to_bytes(), "ABC")}, KEY
+        )
+        == base
+    )
