@@ -426,7 +426,7 @@ def active_packages(inventory: Inventory, pair: str, pool: TransportPool) -> dic
     p = inventory.pair(pair)
     out = {}
     for host_name in (p.native, p.rpc):
-        layout = HostLayout(inventory.host(host_name).install_root)
+        layout = HostLayout(inventory.host(host_name).install_root, state=inventory.host(host_name).state_dir)
         facts = read_facts(pool.get(host_name), layout, ())
         if not facts.current:
             raise CheckFailed(

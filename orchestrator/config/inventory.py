@@ -47,7 +47,7 @@ class HostSpec(StrictModel):
         description="absolute directory on the host, outside install_root, for the services' runtime files "
         "(pidfiles, supervisor state, logs): install_root/run becomes a link to it, judged like the root, so "
         "an install root that turned read-only still lets a rollback start the previous release; "
-        "default: run/ is a directory inside install_root",
+        "default: install_root with `.state` appended, beside it (run/ stays a directory where that cannot be made)",
     )
     role: Literal["native", "rpc"]
     transport: Literal["ssh", "local"] = "ssh"
@@ -122,6 +122,15 @@ def state_problem(s: str | None, r: str) -> str | None:
             "keeps working when the root turns read-only"
         )
     return None
+
+
+def default_state_dir(root: str) -> str:
+    """Where run/ links without a state_dir: beside the root (ROOT.state), so a root that turned
+    read-only still lets a rollback start the previous release. Computed, not asked of the host,
+    so every reader (status, checks, a unit's ReadWritePaths) names it alike; judged as the root is
+    (the same directories lead to it), and a service_user reaches it as it reaches the root (a
+    login's $HOME, 0700 for root, would not let it)."""
+    return root + ".state"
 
 
 def check_canonical_root(v: str) -> None:
@@ -367,11 +376,10 @@ class Inventory(StrictModel):
         def hx(name: str, h: HostSpec) -> HostSpec:
             root = expand(h.install_root, variables)
             check_expanded_root(name, h.install_root, root)
-            state = expand(h.state_dir, variables) if h.state_dir else None
-            if state is not None:
-                check_expanded_root(name, h.state_dir or "", state, "state_dir")
-                if problem := state_problem(state, root):
-                    raise ConfigError(f"hosts.{name}.state_dir: {problem} (as expanded)")
+            state = expand(h.state_dir, variables) if h.state_dir else default_state_dir(root)
+            check_expanded_root(name, h.state_dir or root, state, "state_dir")
+            if problem := state_problem(state, root):
+                raise ConfigError(f"hosts.{name}.state_dir: {problem} (as expanded)")
             return h.model_copy(
                 update={"install_root": root, "state_dir": state, "key": expand(h.key, variables) if h.key else None}
             )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from orchestrator.errors import HostError, HostStateError
+from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
@@ -218,38 +218,50 @@ class HostLayout:
 def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
     exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust)."""
-    check_root(transport, layout.root)
+    check_root(transport, layout.root, layout.state)
     if layout.state:
         _link_run(transport, layout, layout.state)
     for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
     transport.makedirs(layout.secrets, 0o700)
-    check_root(transport, layout.root)  # what makedirs found there already
+    check_root(transport, layout.root, layout.state)  # what makedirs found there already
     put_new(transport, svc_script(), layout.svc, 0o755)
 
 
 def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
-    """run/ -> STATE, outside the root: every start writes pidfiles, state and logs there, so a
-    root that turned read-only (a disk remounted after an error) still lets a rollback start the
-    previous release (issue 49). STATE is judged as an install root is, and made 0755. A run/
-    directory from before, or a link elsewhere, is refused: its pidfiles name running services."""
+    """run/ -> STATE (0755, judged as a root is), outside the root: a root that turned read-only
+    still lets a rollback start the previous release (issue 49). A run/ directory from before is
+    moved under the lease (a_prepare), while supervisors are passive (no pid changes): its small
+    files are copied to STATE, it is renamed aside (.run.old.tmp-*) and the link renamed in. A live
+    supervisor writes its state through the link, and its open logs in the old directory until
+    the restart that follows. Where the default STATE cannot be made (the root's parent is not
+    the login user's), run/ stays the directory it was."""
     check_root(transport, state)
-    transport.makedirs(state, 0o755)
+    try:
+        transport.makedirs(state, 0o755)
+    except PermissionError:
+        if state == layout.root + ".state":  # the computed default (config/inventory.py)
+            return
+        raise
     check_root(transport, state)
-    there = transport.readlink(layout.run)
-    if there == state:
-        return
-    if there is not None or transport.stat(layout.run) is not None:
-        raise HostStateError(
-            f"{transport.name}: {layout.run} is {'a link to ' + there if there else 'a directory'}, and the "
-            f"inventory's state_dir is {state}",
-            hint=f"on {transport.name}, stop the pair's services, move {layout.run}'s files into {state} and "
-            f"remove {layout.run}; or remove state_dir from the inventory",
-        )
+    if transport.readlink(layout.run) == state:
+        return  # a link elsewhere: check_root refused it
     transport.makedirs(layout.root, 0o755)
     tmp = unique_tmp(layout.run)
     transport.symlink(state, tmp)
-    transport.rename(tmp, layout.run)
+    moved = None
+    if transport.stat(layout.run) is not None:
+        for name in transport.listdir(layout.run):
+            st = transport.stat(src := posixpath.join(layout.run, name))
+            if st is not None and st.is_file and st.size <= 1 << 20:
+                put_new(transport, transport.read_bytes(src, 1 << 20), posixpath.join(state, name), st.perms)
+        transport.rename(layout.run, moved := unique_tmp(posixpath.join(layout.root, "run.old")))
+    try:
+        transport.rename(tmp, layout.run)
+    except OSError:
+        if moved:
+            transport.rename(moved, layout.run)  # run/ is never left missing
+        raise
 
 
 def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:

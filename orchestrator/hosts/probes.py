@@ -165,7 +165,7 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
     def got(r: FsResult) -> bytes | None:
         return r if isinstance(r, bytes) else None  # a missing or unreadable file reads as none
 
-    check_root(transport, layout.root)  # before the helper is hashed here and run by the caller
+    check_root(transport, layout.root, layout.state)  # before the helper is hashed here and run by the caller
     pidfiles = [layout.log(f"{name}.pid") for name in services]
     ops: list[FsRead] = [
         Lstat(layout.root),

@@ -211,8 +211,8 @@ def host_plan(
 ) -> PrunePlan:
     """Read one host (links, releases, every route on it) and plan its prune."""
     t = get(host_name)
-    layout = HostLayout(inventory.host(host_name).install_root)
-    check_root(t, layout.root)  # releases/ (or any directory to it) a link: never prune through it
+    layout = HostLayout(inventory.host(host_name).install_root, state=inventory.host(host_name).state_dir)
+    check_root(t, layout.root, layout.state)  # releases/ (or any directory to it) a link: never prune through it
     releases, tombs = read_releases(t, layout)
     protected = {
         **route_protected(inventory, get, host_name),

@@ -7,7 +7,8 @@ helper is read or run, every directory from `/` to the root must be owned by the
 root and not writable by group or others (a sticky directory such as /tmp may be writable: others
 cannot replace our entry there), none may be a link, and the root, its own folders and the
 helper must be owned by the login user or root, not writable by group or others, and not links;
-only run/ may be a link, to the host's state_dir (absolute, judged as a root is: issue 49).
+only run/ may be a link, and only to the host's state_dir as written (judged as a root is, where
+no link is trusted: issue 49).
 Read over SFTP (lstat, no process on the host; all of them in one pipelined batch). Files are
 written under a temporary name made exclusively and unique per run (never through a link), then
 renamed into place.
@@ -56,9 +57,10 @@ def _judge(path: str, st: FileStat, owners: set[int], *, sticky_ok: bool, want_d
     return None
 
 
-def root_problem(transport: Transport, root: str) -> str | None:
+def root_problem(transport: Transport, root: str, state: str | None = None) -> str | None:
     """Why ROOT on this host may not be used, or None (also None when it does not exist yet: the
-    directories above it are still judged, since pairctl will create it there)."""
+    directories above it are still judged, since pairctl will create it there). run/ may be a
+    link to STATE (the host's state_dir), exactly, and nowhere else."""
     uid = login_uid(transport)
     owners = {0} | ({uid} if uid is not None else set())
     parts = [p for p in root.split("/") if p]
@@ -81,10 +83,9 @@ def root_problem(transport: Transport, root: str) -> str | None:
     for p in dirs:
         st = _stat_of(seen[p])
         if st is not None and st.is_link and p == dirs[_DIRS.index("run")] and st.uid in owners:
-            target = transport.readlink(p) or ""
-            if not target.startswith("/") or target == root or target.startswith(root + "/"):
-                return f"{p} is a link to {target!r}, not to a state_dir outside the root"
-            if why := root_problem(transport, target):
+            if (target := transport.readlink(p)) != state or state is None:
+                return f"{p} is a link to {target!r}, not to this host's state_dir {state}"
+            if why := root_problem(transport, state):
                 return why
             continue
         if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=True)):
@@ -101,9 +102,9 @@ def _stat_of(r: FsResult) -> FileStat | None:
     return r
 
 
-def check_root(transport: Transport, root: str) -> None:
+def check_root(transport: Transport, root: str, state: str | None = None) -> None:
     """Refuse (exit 6, before anything there is run or written) an install root others can change."""
-    why = root_problem(transport, root)
+    why = root_problem(transport, root, state)
     if why:
         raise HostStateError(
             f"{transport.name}: refusing install root {root}: {why}",

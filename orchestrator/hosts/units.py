@@ -119,16 +119,17 @@ def _under_shared_tmp(path: str) -> bool:
     return any(p == t or p.startswith(t + "/") for t in _SHARED_TMP)
 
 
-def hardening(root: str, *, user: bool, reads: Sequence[str] = ()) -> list[str]:
+def hardening(root: str, *, user: bool, reads: Sequence[str] = (), state: str | None = None) -> list[str]:
     """The [Service] sandboxing lines for a unit of this scope (see HARDENING_*). `reads`: the
-    service's argv; PrivateTmp= is left out when the root or an absolute path in it lies under
-    /tmp or /var/tmp, which a private /tmp would hide."""
+    service's argv; PrivateTmp= is left out when the root, the state_dir (run/'s target) or an
+    absolute path in the argv lies under /tmp or /var/tmp, which a private /tmp would hide. The
+    one writable path is run/ as resolved: the state_dir it links to, never the link's name."""
     if user:
         return list(HARDENING_COMMON)
-    paths = [root, *(w.split("=", 1)[-1] for w in reads)]
+    paths = [root, state or root, *(w.split("=", 1)[-1] for w in reads)]
     hides = any(p.startswith("/") and _under_shared_tmp(p) for p in paths)
     system = [x for x in HARDENING_SYSTEM if not (hides and x == "PrivateTmp=yes")]
-    return [*HARDENING_COMMON, *system, f"ReadWritePaths={_spec(posixpath.join(root, 'run'))}"]
+    return [*HARDENING_COMMON, *system, f"ReadWritePaths={_spec(state or posixpath.join(root, 'run'))}"]
 
 
 def supervise_argv(svc: str, root: str, service: str, sup: Sequence[str], argv: Sequence[str]) -> list[str]:
@@ -145,6 +146,7 @@ def render_unit(
     supervision: Supervision,
     after: str | None = None,
     user: bool = False,
+    state: str | None = None,
 ) -> str:
     """One service's supervisor as a unit. `after`: the unit this one needs first on the same host
     (the RPC server's). Its output goes where `pairctl-svc start` puts it (run/NAME.sup.log)."""
@@ -174,7 +176,7 @@ def render_unit(
         f"WorkingDirectory={_spec(posixpath.join(root, 'run'))}",
         f"StandardOutput=append:{sup_log}",
         f"StandardError=append:{sup_log}",
-        *hardening(root, user=user, reads=exec_argv),
+        *hardening(root, user=user, reads=exec_argv, state=state),
         "",
         "[Install]",
         f"WantedBy={'default.target' if user else 'multi-user.target'}",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from orchestrator.config.loader import read_yaml
@@ -187,12 +188,9 @@ def make_pair(
         root = fdir / f"{role}-root"
         root.mkdir(exist_ok=True)
         h["install_root"] = str(root)
-        # issue 49: run/ (pidfiles, supervisor state, logs) outside the root, so a root that turns
-        # read-only still lets a rollback start the previous release; a run/ directory an earlier
-        # session left (its services stopped at its teardown) gives way to the link
-        h["state_dir"] = str(fdir / f"{role}-state")
-        if (root / "run").is_dir() and not (root / "run").is_symlink():
-            shutil.rmtree(root / "run")
+        # issue 49: no state_dir, as an operator's own inventory has it: run/ (pidfiles, supervisor
+        # state, logs) links to the default ROOT.state beside the root, which the read-only bind
+        # mount over the root leaves writable, as a root remounted read-only would
         hosts[f"{name}-{role}"] = h
         roots[role] = root
         base_hosts[role] = bname
@@ -1001,6 +999,16 @@ def _accepted_since(fp: FaultPair, before: dict[str, Any], after: dict[str, dict
     return False
 
 
+def _serving(fp: FaultPair) -> bool:
+    inv = read_yaml(fp.inventory_path)
+    pair = inv["pairs"][fp.name]
+    url = f"http://{inv['hosts'][pair['native']]['address']}:{pair['server_port']}/health"
+    try:
+        return httpx.get(url, timeout=5.0, trust_env=False).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: str = "deploy") -> Cell:
     """One cell. `operator`: what the operator runs after `status` — the same `deploy` again, or
     `rollback` (falling back to the deploy when the rollback leaves no verified pair, e.g. when
@@ -1050,6 +1058,10 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
         if "Traceback" in err:
             cell.problems.append("a traceback reached the user: " + err[-800:])
     cell.lap("deploy after the fault")
+    # issue 49 item 1: a read-only root ends with a pair serving (the previous one, or what ran when
+    # the rollback was refused before any change), seen while the root is still read-only
+    if fault.name.startswith("read-only-") and cell.first != "exit 0" and not _serving(fp):
+        cell.problems.append(f"a read-only root left the pair down (/health not 200 after {cell.first})")
     fault.repair(fp, state) if fault.name != "corrupt-release" else None
     cell.lap("repair")
 

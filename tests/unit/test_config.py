@@ -151,3 +151,14 @@ def test_state_dir_is_judged_again_as_expanded_and_never_shared_on_one_machine()
     with pytest.raises(ValueError, match="hosts 'a' and 'b' share state_dir /var/lib/p on 10.0.0.1"):
         Inventory.model_validate({"hosts": two})
     Inventory.model_validate({"hosts": {**two, "b": {**two["b"], "address": "10.0.0.2"}}})  # another machine
+
+
+def test_a_host_without_state_dir_gets_one_beside_its_root():
+    """An operator's own inventory names no state_dir: run/ must still live outside the root, or a
+    root that turned read-only leaves a rollback unable to start anything (issue 49). The default
+    is computed from the root as expanded (ROOT.state), so every reader names the same path."""
+    host = {"address": "10.0.0.1", "role": "native", "install_root": "${R}/pairctl"}
+    inv = Inventory.model_validate({"hosts": {"n": host}}).resolved({"R": "/srv"})
+    assert inv.hosts["n"].state_dir == "/srv/pairctl.state"
+    inv = Inventory.model_validate({"hosts": {"n": {**host, "state_dir": "/var/lib/p"}}}).resolved({"R": "/srv"})
+    assert inv.hosts["n"].state_dir == "/var/lib/p"

@@ -324,7 +324,7 @@ def test_plan_on_cpu_lab_uses_a_second_rpc_server_on_the_rpc_address(lab_inv):
     s = plan.rpc_server
     assert s is not None and (s.host, s.bind, s.port) == ("lab-rpc", "127.0.0.3", 50053)
     assert s.binary == "/H/lab/hosts/lab-rpc/root/releases/pkg-r/bin/ggml-rpc-server"
-    kroot = "/H/lab/hosts/lab-rpc/root/run/kernel-check"
+    kroot = "/H/lab/hosts/lab-rpc/root.state/kernel-check"  # run/ links to the default state dir
     assert list(s.start_cmd().argv) == [
         "sh",
         f"{kroot}/bin/pairctl-svc",

@@ -423,10 +423,11 @@ def test_set_state_never_copies_through_a_link(host, tmp_path):
 
 def test_run_is_a_link_to_the_state_dir_and_a_bad_one_is_refused(tmp_path):
     """Issue 49: every start wrote pidfiles, state and logs under the install root, so a root that
-    turned read-only left a rollback unable to start the previous release. With the inventory's
-    state_dir, install_helper makes run/ a link there (outside the root), and the helper's files
-    land there; the link's target is judged as a root is (not others'-writable, outside the root),
-    and a run/ directory from before is refused rather than abandoned with its pidfiles."""
+    turned read-only left a rollback unable to start the previous release. install_helper makes
+    run/ a link to the state_dir (outside the root), and the helper's files land there; the link
+    is trusted only when it names this host's state_dir exactly (not merely outside the root, not
+    normalising to it, never without one), and the target is judged as a root is, trusting no
+    link of its own (run/ links pointing at each other recursed without limit)."""
     from orchestrator.errors import HostStateError
     from orchestrator.hosts.root_trust import root_problem
 
@@ -437,15 +438,49 @@ def test_run_is_a_link_to_the_state_dir_and_a_bad_one_is_refused(tmp_path):
     install_helper(t, layout)  # again: the link is kept
     assert os.readlink(layout.run) == state and os.path.isdir(state)
     res = t.run(layout.svc_cmd("log-tail", "x.log"), check=False)
-    assert res.exit_status == 0 and root_problem(t, root) is None
+    assert res.exit_status == 0 and root_problem(t, root, state) is None
+    assert "not to this host's state_dir None" in (root_problem(t, root) or "")  # no state_dir: no link
     os.chmod(state, 0o777)
-    assert "writable by others" in (root_problem(t, root) or "")
+    assert "writable by others" in (root_problem(t, root, state) or "")
     os.chmod(state, 0o755)
-    os.remove(layout.run)
-    os.symlink("state-elsewhere", layout.run)
-    assert "not to a state_dir outside the root" in (root_problem(t, root) or "")
-    os.remove(layout.run)
-    os.mkdir(layout.run)  # a run/ directory from before state_dir was set
-    with pytest.raises(HostStateError, match="is a directory, and the inventory's state_dir is"):
+    for target in ("state-elsewhere", str(tmp_path / "x" / ".." / "state"), str(tmp_path / "other")):
+        os.remove(layout.run)
+        os.symlink(target, layout.run)
+        assert "not to this host's state_dir" in (root_problem(t, root, state) or ""), target
+    with pytest.raises(HostStateError, match="refusing install root .*other', not to this host's state_dir"):
         install_helper(t, layout)
-    assert os.path.isdir(layout.run) and not os.path.islink(layout.run)  # left as it was
+    os.remove(layout.run)
+    os.symlink(state, layout.run)
+    os.symlink(layout.run, state + "/run")  # run/ links that point at each other
+    assert "not to this host's state_dir None" in (root_problem(t, root, state) or "")
+
+
+def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatch):
+    """The default layout on a root deployed before it: run/'s small files (pidfiles, supervisor
+    state) are copied to the state dir, run/ is renamed aside and the link takes its name, so a
+    stop finds the live service's pidfile through the link; a default state dir that cannot be
+    made (the root's parent not the login user's) leaves run/ the directory it was."""
+    t = LocalTransport("local-test")
+    root = str(tmp_path / "root")
+    install_helper(t, HostLayout(root))
+    with open(os.path.join(root, "run", "llama-server.pid"), "w") as fh:
+        fh.write("4242\n")
+    layout = HostLayout(root, state=root + ".state")
+    install_helper(t, layout)
+    assert os.readlink(layout.run) == root + ".state"
+    with open(layout.log("llama-server.pid")) as fh:
+        assert fh.read() == "4242\n"
+    (old,) = [n for n in os.listdir(root) if n.startswith(".run.old")]
+    assert os.path.isfile(os.path.join(root, old, "llama-server.pid"))
+    other = HostLayout(str(tmp_path / "r2"), state=str(tmp_path / "r2") + ".state")
+    install_helper(t, HostLayout(other.root))
+    makedirs = t.makedirs
+
+    def refused(path: str, mode: int = 0o755) -> None:
+        if path == other.state:
+            raise PermissionError(13, "Permission denied", path)
+        makedirs(path, mode)
+
+    monkeypatch.setattr(t, "makedirs", refused)
+    install_helper(t, other)
+    assert os.path.isdir(other.run) and not os.path.islink(other.run)

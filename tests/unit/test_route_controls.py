@@ -252,3 +252,22 @@ def test_the_kernel_checks_rpc_server_runs_as_the_service_user(tmp_path):
         and "sup.user=pairctl" in argv
         and argv.index("sup.user=pairctl") < argv.index("/r/b")
     )
+
+
+def test_a_units_writable_path_is_the_state_dir_run_links_to():
+    """run/ is a link to the host's state_dir: ReadWritePaths= names the directory it resolves to
+    (not the link's name), and a state_dir under /tmp, which PrivateTmp= would hide, leaves the
+    private /tmp out as a root there does."""
+
+    def unit(state: str) -> list[str]:
+        return render_unit(
+            pair="p", service="llama-server", root="/srv/pairctl", supervision=Supervision(), user=False,
+            exec_argv=["/bin/sh", "/srv/pairctl/bin/pairctl-svc", "supervise", "/srv/pairctl", "llama-server"],
+            state=state,
+        ).splitlines()  # fmt: skip
+
+    lines = unit("/srv/pairctl.state")
+    assert "ReadWritePaths=/srv/pairctl.state" in lines and "PrivateTmp=yes" in lines
+    assert not any(x.startswith("ReadWritePaths=/srv/pairctl/run") for x in lines)
+    lines = unit("/tmp/pairctl-state")
+    assert "ReadWritePaths=/tmp/pairctl-state" in lines and "PrivateTmp=yes" not in lines

@@ -42,7 +42,8 @@ def test_the_probe_is_the_profile_on_the_native_device_alone():
     assert "--log-verbosity" not in argv  # the split expectation is identity's, not the probe's
     assert argv[argv.index("--port") + 1] == str(pair.server_port + 1)
     assert argv[argv.index("--model") + 1] == pair.models["target"].path
-    assert argv[argv.index("--log-file") + 1].startswith("/R/n/run/rpc-consistency/")
+    state = ctx.inventory.hosts[pair.native].state_dir  # type: ignore[union-attr]  # run/ links there
+    assert argv[argv.index("--log-file") + 1].startswith(f"{state}/rpc-consistency/")
     assert "--api-key-file" not in argv
     # what decides the numbers stays the profile's: KV types, flash attention, threads, layers
     live = ctx.profile.render_args(
@@ -50,7 +51,7 @@ def test_the_probe_is_the_profile_on_the_native_device_alone():
     )
     for flag in ("--cache-type-k", "--cache-type-v", "--flash-attn", "--threads", "--n-gpu-layers", "--ubatch-size"):
         assert argv[argv.index(flag) + 1] == live[live.index(flag) + 1], flag
-    assert plan.root == "/R/n/run/rpc-consistency" and plan.base_url.endswith(f":{pair.server_port + 1}")
+    assert plan.root == f"{state}/rpc-consistency" and plan.base_url.endswith(f":{pair.server_port + 1}")
 
 
 def test_the_probe_uses_the_pairs_api_key_file_when_it_has_one():

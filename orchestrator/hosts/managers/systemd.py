@@ -73,6 +73,7 @@ class SystemdManager:
             supervision=self.supervision,
             after=self.after if service == LLAMA_SERVER else None,
             user=self.user,
+            state=layout.state,
         )
         path = self.staged_unit(layout, service)
         t.makedirs(posixpath.dirname(path), 0o755)
