@@ -38,9 +38,12 @@ is_ours() { # is_ours PID NAME: argv[0] ends in /NAME (guards against a reused p
 link_of() { if [ -L "$1" ]; then readlink "$1"; else echo "-"; fi; }
 
 identity_of() { # identity_of ROOT NAME: proc=NAME:PID:SHA256(exe):BASE64(cmdline), or proc=NAME:-
+    # A process that exits between the check and the reads (a server that cannot load its model)
+    # is not running: its empty hash and argv are never printed as an identity.
     pid=$(pid_of "$1" "$2")
-    if alive "$pid" && is_ours "$pid" "$2"; then
-        echo "proc=$2:$pid:$(sha256sum "/proc/$pid/exe" | cut -d' ' -f1):$(base64 -w0 "/proc/$pid/cmdline")"
+    if alive "$pid" && is_ours "$pid" "$2" && sha=$(sha256sum "/proc/$pid/exe" 2>/dev/null) &&
+        argv=$(base64 -w0 "/proc/$pid/cmdline" 2>/dev/null) && [ -n "$argv" ] && alive "$pid"; then
+        echo "proc=$2:$pid:${sha%% *}:$argv"
     else
         echo "proc=$2:-"
     fi

@@ -484,3 +484,24 @@ def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatc
     monkeypatch.setattr(t, "makedirs", refused)
     install_helper(t, other)
     assert os.path.isdir(other.run) and not os.path.islink(other.run)
+
+
+def test_a_server_that_exits_while_its_identity_is_read_is_not_running(host, tmp_path):
+    """The start of a server that cannot load its model: it is alive when the helper checks it and
+    gone when the helper hashes /proc/PID/exe. A sha256sum that kills the process first makes that
+    window certain; the identity is `not running`, never the line `NAME:PID::` the parser refuses."""
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    real = shutil.which("sha256sum")
+    (shim / "sha256sum").write_text(
+        f'#!/bin/sh\nkill -9 {pid}; while kill -0 {pid} 2>/dev/null; do sleep 0.01; done\nexec {real} "$@"\n'
+    )
+    (shim / "sha256sum").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    out = subprocess.run(
+        ["sh", layout.svc, "identity", layout.root, "llama-server"], env=env, capture_output=True, text=True, timeout=20
+    )
+    assert parse_identity(out.stdout)["llama-server"].running is False, out
