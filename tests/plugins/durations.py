@@ -77,18 +77,56 @@ def _tree_cpu() -> float | None:
         return None
 
 
+def own_group(root: Path, proc_cgroup: str) -> Path | None:
+    """This process's own cgroup folder in the hierarchy mounted at `root`, from the text of
+    /proc/self/cgroup: cgroup v1's cpuacct line for the cpuacct mount, else v2's "0::" line."""
+    want = "cpuacct" if root.name == "cpuacct" else ""
+    for line in proc_cgroup.splitlines():
+        num, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if (controllers == "" and num == "0" and not want) or (want and want in controllers.split(",")):
+            return root / path.lstrip("/") if path.startswith("/") else None
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _join_tree() -> None:
-    """Move this process into a new cgroup (`pairctl-test-PID`) so its whole tree's CPU can be read."""
+    """Move this process into a new cgroup (`pairctl-test-PID`) under its OWN cgroup, so its
+    whole tree's CPU can be read and it (with every daemon it starts) stays inside the limits and
+    the kill-by-cgroup of the CI job or container that started it. Anything refused: no tree."""
     global _tree
+    try:
+        proc = Path("/proc/self/cgroup").read_text()
+    except OSError:
+        proc = ""
     for root in _CGROUP_ROOTS:
-        if not (root / "cgroup.procs").is_file() or not os.access(root, os.W_OK):
+        own = own_group(root, proc)
+        if own is None or not (own / "cgroup.procs").is_file() or not os.access(own, os.W_OK):
             continue
-        for old in root.glob("pairctl-test-*"):  # those of earlier runs whose processes all ended
+        name = f"pairctl-test-{os.getpid()}"
+        if own.name == name:  # joined already (a second session in this process: pytester)
+            _tree = own
+            if _tree_cpu() is not None:
+                return
+            continue
+        for old in own.glob("pairctl-test-*"):  # of earlier runs whose pytest ended (never a live sibling's)
+            pid = old.name.removeprefix("pairctl-test-")
+            if not pid.isdigit() or _alive(int(pid)):
+                continue
             try:
                 old.rmdir()
             except OSError:
-                pass
-        group = root / f"pairctl-test-{os.getpid()}"
+                pass  # a daemon of that run still in it
+        group = own / name
         try:
             group.mkdir(exist_ok=True)
             if (group / "cpu.shares").exists() or (group / "cpu.weight").exists():
@@ -134,9 +172,7 @@ class _Recorder:
         self.tree_start = _tree_cpu()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        row = self.rows.setdefault(
-            report.nodeid, {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed", "tier": "other"}
-        )
+        row = self.rows.setdefault(report.nodeid, {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed", "tier": "other"})
         row["wall_s"] = round(row["wall_s"] + report.duration, 4)
         cpu = getattr(report, "pairctl_cpu_s", None)
         if cpu is not None:

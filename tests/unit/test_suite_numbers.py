@@ -8,6 +8,7 @@ the benchmark reads exactly those two files.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.plugins import durations
 
 pytest_plugins = ["pytester"]
 
-TESTS = '''
+TESTS = """
 import subprocess
 import time
 import pytest
@@ -51,7 +52,7 @@ def test_skipped():
 @pytest.mark.unit_slow
 def test_marked_slow():
     pass
-'''
+"""
 
 
 def _session(pytester: pytest.Pytester, out: Path, monkeypatch: pytest.MonkeyPatch) -> pytest.RunResult:
@@ -63,7 +64,11 @@ def _session(pytester: pytest.Pytester, out: Path, monkeypatch: pytest.MonkeyPat
 
 def test_a_run_keeps_every_tests_wall_cpu_tier_and_outcome(pytester, tmp_path, monkeypatch):
     out = tmp_path / "runs" / "check"
+    proc = Path("/proc/self/cgroup").read_text() if Path("/proc/self/cgroup").is_file() else ""
+    owns = [o for o in (durations.own_group(root, proc) for root in durations._CGROUP_ROOTS) if o is not None]
     r = _session(pytester, out, monkeypatch)
+    if durations._tree is not None:  # under this process's own cgroup (or it, joined already), never the root's
+        assert any(durations._tree in (o, o / f"pairctl-test-{os.getpid()}") for o in owns), (durations._tree, owns)
     r.assert_outcomes(passed=4, failed=1, skipped=1)
     doc = json.loads((out / "durations.json").read_text())
     rows = {k.split("::")[1]: v for k, v in doc["tests"].items()}
@@ -113,3 +118,30 @@ def test_no_recorded_run_is_said_not_an_error(tmp_path, monkeypatch):
     monkeypatch.setenv("SUITE_RUNS", str(tmp_path / "nothing"))
     got = suite.run()
     assert got["runs"] == {} and "no run recorded" in got["line"]
+
+
+def test_the_group_is_made_under_the_process_own_cgroup():
+    """A pytest inside a CI job's or container's cgroup stays in it: v2's "0::" path, v1's cpuacct line."""
+    v2 = "0::/ci/job-7\n"
+    assert durations.own_group(Path("/sys/fs/cgroup"), v2) == Path("/sys/fs/cgroup/ci/job-7")
+    v1 = "4:memory:/x\n2:cpu,cpuacct:/ci/job-7\n0::/\n"
+    assert durations.own_group(Path("/sys/fs/cgroup/cpuacct"), v1) == Path("/sys/fs/cgroup/cpuacct/ci/job-7")
+    assert durations.own_group(Path("/sys/fs/cgroup/unified"), v1) == Path("/sys/fs/cgroup/unified")
+    assert durations.own_group(Path("/sys/fs/cgroup/cpuacct"), v2) is None
+
+
+def test_only_groups_of_ended_processes_are_cleaned(tmp_path, monkeypatch):
+    """xdist workers start together: one must not remove a live sibling's group."""
+    import subprocess
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    live, gone = tmp_path / f"pairctl-test-{os.getppid()}", tmp_path / f"pairctl-test-{ended.pid}"
+    live.mkdir()
+    gone.mkdir()
+    (tmp_path / "cgroup.procs").write_text("")
+    monkeypatch.setattr(durations, "_CGROUP_ROOTS", (tmp_path,))
+    monkeypatch.setattr(durations, "own_group", lambda root, proc: root)
+    monkeypatch.setattr(durations, "_tree", None)
+    durations._join_tree()  # a plain folder: no cpu.stat in the new group, so nothing is joined
+    assert live.is_dir() and not gone.exists() and durations._tree is None
