@@ -28,6 +28,7 @@ from typing import Any
 
 from orchestrator import faults
 from orchestrator.build.harness import HARNESS_NAME
+from orchestrator.checks.runner import heartbeat, heartbeat_s
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.kernels import CaseSet, load_cases, load_kernel
 from orchestrator.errors import CheckFailed, ConfigError, HostError
@@ -36,7 +37,7 @@ from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file
 from orchestrator.hosts import probes
 from orchestrator.hosts.layout import RPC_SERVER, HostLayout, install_helper, put_secret
-from orchestrator.hosts.leases import default_owner, hold_pair_leases, hosts_of, targets_of
+from orchestrator.hosts.leases import LeaseLost, default_owner, hold_pair_leases, hosts_of, targets_of
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_sha256sum, read_facts
 from orchestrator.hosts.rpc_guard import (
     KEY_LEN,
@@ -581,18 +582,30 @@ def run_kernel_check(
             # check writes live files (the pair's route key, the guard under bin/): it holds the
             # pair's leases as accept does, so it never races a deploy or a rollback; a leased
             # pair refuses it (LeaseHeldError) before anything is written
-            with own, ExitStack() as stack:
-                with own.step("lease", host=",".join(hosts_of(inventory, pair))) as st:
-                    held = stack.enter_context(
-                        hold_pair_leases(
-                            targets_of(inventory, hosts, pair),
-                            owner=default_owner(),
-                            purpose=f"pairctl kernels check {pair} (run {own.run_id})",
-                            ttl_s=LEASE_TTL_S,
+            # renewed while the cases run, and stale after two missed renewals: a killed check
+            # frees the pair in minutes, not the TTL. The receipt is sealed after the leases go.
+            with own:
+                with ExitStack() as stack:
+                    with own.step("lease", host=",".join(hosts_of(inventory, pair))) as st:
+                        period = heartbeat_s(LEASE_TTL_S)
+                        held = stack.enter_context(
+                            hold_pair_leases(
+                                targets_of(inventory, hosts, pair),
+                                owner=default_owner(),
+                                purpose=f"pairctl kernels check {pair} (run {own.run_id})",
+                                ttl_s=LEASE_TTL_S,
+                                stale_after_s=int(2 * period),
+                            )
                         )
-                    )
-                    st.data["leases"] = held.public()["hosts"]
-                result = run(own)
+                        st.data["leases"] = held.public()["hosts"]
+                        st.data["heartbeat_s"] = period
+                    with heartbeat(held, period) as lost:
+                        result = run(own)
+                    if lost:
+                        raise LeaseLost(
+                            f"pair {pair}: the kernel check's lease was lost while it ran ({lost[0]})",
+                            hint=f"`pairctl lease show {pair}` names the holder; check again once it is done",
+                        )
                 own.set("kernel_check", {"kernel": kernel, "passed": result.passed, "problems": result.problems})
                 result.receipt = own.finish(
                     "passed" if result.passed else "failed",

@@ -219,5 +219,10 @@ def test_a_check_on_its_own_refuses_a_pair_another_run_holds(deployed_lab, cli):
     assert r.exit_code == 0, r.stderr + r.stdout
     rec = _receipt(deployed_lab.home, out["receipt"])
     assert [s.name for s in rec.steps][:2] == ["lease", "kernels.plan"]
+    # renewed while it runs and stale after two missed renewals: a killed check frees the pair in
+    # minutes, not after the whole TTL
+    lease = rec.steps[0].data
+    assert 0 < lease["heartbeat_s"] and len(lease["leases"]) == 2, lease
+    assert all(x["stale_after_s"] == int(2 * lease["heartbeat_s"]) for x in lease["leases"]), lease
     with TransportPool(inv) as pool, hold_pair_leases(targets_of(inv, pool, PAIR), owner="t", purpose="t", ttl_s=60):
         pass  # the check released both
