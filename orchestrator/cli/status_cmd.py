@@ -34,27 +34,41 @@ def _age(iso: str | None, now: datetime) -> str:
     return f"{s}s"
 
 
+# receipts walked back from a pair's head; a longer run since its last acceptance is left to the listing
+WALK_MAX = 1000
+
+
 def last_acceptance(evidence: EvidenceStore, pair: str) -> dict[str, Any] | None:
     """The newest `accept` receipt of the pair (scheduled or by hand): walked back from the pair's
     chain head, so a status of many pairs reads each pair's receipts since its last acceptance,
-    not every receipt in the store once per pair. A chain that breaks on the way (a receipt that
-    does not verify) is left to the full listing, which skips what does not verify."""
+    not every receipt in the store once per pair. Each step is the store's summary, its file
+    checked against its hash. A link that does not verify, one that leads to another pair's
+    receipt (a changed head or `previous`: that pair's acceptance is not this one's), or a walk
+    longer than WALK_MAX is left to the full listing, which keeps only the pair's own receipts."""
     from orchestrator.errors import EvidenceError
 
-    seen: set[str] = set()
     try:
         r = evidence.latest(pair)
-        while r is not None and r.sha256 not in seen:
-            if r.command == "accept":
-                return {"hash": r.sha256, "outcome": r.outcome, "finished_at": r.finished_at}
-            seen.add(r.sha256)
-            r = evidence.load(r.previous) if r.previous else None
-        return None
-    except EvidenceError:
-        for s in evidence.summaries(pair)[::-1]:  # newest first
-            if s.get("command") == "accept":
+        if r is None:
+            return None
+        s: dict[str, Any] | None = None
+        if r.command == "accept":
+            s = {"hash": r.sha256, "outcome": r.outcome, "finished_at": r.finished_at}
+        prev, steps = r.previous, 0
+        if r.pair == pair:
+            while s is None and prev and steps < WALK_MAX:
+                got = evidence.summary_of(prev)
+                if got.get("pair") != pair:
+                    break
+                s, prev, steps = (got if got["command"] == "accept" else None), got.get("previous"), steps + 1
+            if s is not None or not prev:
                 return s
-        return None
+    except EvidenceError:
+        pass
+    for s in evidence.summaries(pair)[::-1]:  # newest first
+        if s.get("command") == "accept":
+            return s
+    return None
 
 
 def fleet_rows(results: Any, evidence: Any) -> list[dict[str, Any]]:

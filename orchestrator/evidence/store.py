@@ -501,7 +501,7 @@ class EvidenceStore:
         every: dict[str, dict[str, Any]] = {}
         for sha in self.hashes():
             try:
-                summary = self._summary_of_file(sha)
+                summary = self.summary_of(sha)
             except EvidenceError as exc:
                 self.log.warning("receipt skipped", receipt=sha, error=str(exc).splitlines()[0])
                 continue
@@ -540,7 +540,9 @@ class EvidenceStore:
                     continue
         return accounted(records)
 
-    def _summary_of_file(self, sha: str) -> dict[str, Any]:
+    def summary_of(self, sha: str) -> dict[str, Any]:
+        """One receipt's summary (as `summaries` lists them), its file checked against its name
+        on every call and parsed once per process (EvidenceError: missing, changed or invalid)."""
         path = self.path_of(sha)
         try:
             data = safejson.read_receipt(path)  # a link or a huge file is refused before reading

@@ -41,3 +41,32 @@ def test_a_broken_chain_is_left_to_the_full_listing(tmp_path):
     store.path_of(bad).write_bytes(store.path_of(bad).read_bytes().replace(b"ran", b"RAN"))  # no longer verifies
     got = last_acceptance(store, "p")
     assert got is not None and got["hash"] == _newest_accept(store, "p")["hash"]
+
+
+def test_a_link_to_another_pair_s_receipt_is_not_this_pair_s_acceptance(tmp_path):
+    """A changed head (or `previous`) that leads into another pair's chain: its acceptance is not
+    shown as this pair's; the listing's answer (only this pair's receipts) is."""
+    store = EvidenceStore(tmp_path / "evidence")
+    mine = store.begin("accept", ["accept"], pair="p").finish("failed", "this pair's acceptance")
+    store.begin("deploy", ["deploy"], pair="p").finish("passed", "ran")
+    other = store.begin("accept", ["accept"], pair="q").finish("passed", "another pair's")
+    store.begin("deploy", ["deploy"], pair="q").finish("passed", "ran")
+    (store.heads_dir / "p").write_text(store.summaries("q")[-1]["hash"])  # p's head now names q's newest
+    got = last_acceptance(store, "p")
+    assert got is not None and got["hash"] == mine != other and got["outcome"] == "failed"
+
+
+def test_the_walk_is_bounded(tmp_path, monkeypatch):
+    from orchestrator.cli import status_cmd
+
+    store = EvidenceStore(tmp_path / "evidence")
+    acc = store.begin("accept", ["accept"], pair="p").finish("passed", "accepted")
+    for _ in range(4):
+        store.begin("deploy", ["deploy"], pair="p").finish("passed", "ran")
+    monkeypatch.setattr(status_cmd, "WALK_MAX", 2)
+    calls: list[str] = []
+    real = store.summary_of
+    monkeypatch.setattr(store, "summary_of", lambda sha: calls.append(sha) or real(sha))
+    got = last_acceptance(store, "p")
+    assert got is not None and got["hash"] == acc  # from the listing, after two steps of the walk
+    assert len(calls) == 2 + 5, calls  # two links walked, then the listing's five receipts
