@@ -23,6 +23,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 from orchestrator.remote.command import Cmd
@@ -161,7 +162,11 @@ def drop_entry(existing: str, root: str) -> str:
 
 def drop_entries_under(existing: str, prefix: str) -> str:
     """The user's crontab without the entry of every root at or under the folder `prefix` (a
-    test session's or a lab's home going away); equal to `existing` when there is none."""
+    test session's or a lab's home going away); equal to `existing` when there is none. A prefix
+    of fewer than two folders ("/", "", "/home") would take other users' and labs' roots too:
+    refused (ValueError), a caller's bug rather than a cleanup to attempt."""
+    if not prefix.startswith("/") or len(PurePosixPath(prefix).parts) < 3:
+        raise ValueError(f"refusing to drop boot entries under {prefix!r}: name an absolute folder two levels deep")
     under = prefix.rstrip("/") + "/"
     for ln in _lines(existing):
         root = ln.removeprefix(MARKER_PREFIX).removesuffix(MARKER_SUFFIX)

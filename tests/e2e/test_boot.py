@@ -286,12 +286,20 @@ def _set_crontab(pair: Any, text: str) -> None:
 
 
 def _put_back(pair: Any, saved: str, only: str) -> None:
-    """The crontab as saved, with what other sessions wrote into it meanwhile (this user's crontab
-    is shared by every lab on the machine): their new lines kept, nothing of `saved` lost."""
+    """The crontab put back after the test held only this pair's lines (this user's crontab is
+    shared by every lab on the machine): what is in it now (other sessions' new lines), this
+    pair's own entries, and of the rest of `saved` only the entries whose root is still present.
+    An entry of a session that ended meanwhile (its teardown removed its lines from a crontab that
+    held only ours; its root folder went with it) is not brought back."""
     now = _crontab(pair, "native")
     ours = set(only.splitlines())
-    added = [ln for ln in now.splitlines() if ln not in ours and ln not in saved.splitlines()]
-    _set_crontab(pair, saved + "".join(f"{ln}\n" for ln in added))
+    kept = saved
+    for ln in saved.splitlines():
+        root = ln.removeprefix(boot.MARKER_PREFIX).removesuffix(boot.MARKER_SUFFIX)
+        if ln == boot.marker(root) and ln not in ours and not Path(root).exists():
+            kept = boot.drop_entry(kept, root)
+    added = [ln for ln in now.splitlines() if ln not in ours and ln not in kept.splitlines()]
+    _set_crontab(pair, kept + "".join(f"{ln}\n" for ln in added))
 
 
 def test_the_real_cron_daemon_runs_the_lines_when_it_starts(pair, cli):

@@ -26,6 +26,14 @@ def test_entries_under_a_folder_go_and_every_other_line_stays():
     assert boot.drop_entries_under(kept, "/t/home") == kept
 
 
+@pytest.mark.parametrize("prefix", ["/", "", "//", "/t", "/t/", "t/home"])
+def test_a_prefix_of_fewer_than_two_folders_is_refused(prefix):
+    """ "/" (or "") is a prefix of every root: it would take every lab's and session's lines."""
+    text = boot.merge_crontab("", "/t/home/root", boot.entry(HostLayout("/t/home/root")))
+    with pytest.raises(ValueError, match="two levels deep"):
+        boot.drop_entries_under(text, prefix)
+
+
 def test_the_session_teardown_leaves_no_boot_line_for_its_roots(tmp_path_factory):
     """As a pair fixture's deploy writes them (ensure_entry, the real crontab of this user) for
     two roots of a test home, beside one of another home: the teardown's call removes the two."""
