@@ -39,6 +39,7 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.engine import route_states
+from orchestrator.engine.actions import ACTIONS
 from orchestrator.engine.plan import PairView
 from orchestrator.errors import ConfigError, EvidenceError, HostStateError, PairctlError
 from orchestrator.evidence import atomic
@@ -75,7 +76,6 @@ PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, SWITCHED, RELEASE, 
     "unpulled",  # written by another operator home whose receipts are not here (yet): a warning
 )
 DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING, SWITCHED, UNPULLED})
-ROUTE_WRITES = frozenset({"route", "route-accepted", "route-repair"})  # the playbook actions that write route.json
 ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED, UNPULLED})
 
 
@@ -454,7 +454,7 @@ def _route_write(receipt: Receipt) -> int | None:
     only the steps that write the record (route, route-accepted, route-repair)."""
     revs: list[int] = []
     for s in receipt.steps:
-        if s.data.get("action") not in ROUTE_WRITES:
+        if s.data.get("action") not in ACTIONS or not ACTIONS[s.data["action"]].writes_route:
             continue
         for d in (s.data, *(v for v in s.data.values() if isinstance(v, dict))):
             if d.get("read_back") == "byte-identical" and type(d.get("revision")) is int:

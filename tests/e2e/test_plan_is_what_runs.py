@@ -24,8 +24,8 @@ import yaml
 
 from orchestrator.config.inventory import load_inventory
 from orchestrator.config.profiles import load_profile
+from orchestrator.engine.actions import load_playbook
 from orchestrator.engine.deploy import deploy
-from orchestrator.engine.playbook import load_playbook
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.ops.revision import PairPackages
 from orchestrator.ops.rollout import on_revision

@@ -8,7 +8,7 @@ from orchestrator.build.store import PackageStore
 from orchestrator.engine.actions.base import Action
 from orchestrator.engine.activate import before_change
 from orchestrator.engine.context import RunEnv
-from orchestrator.engine.plan import Step
+from orchestrator.engine.plan import Exec, Planning, Step
 from orchestrator.engine.targets import preflight_checks
 from orchestrator.errors import CheckFailed, PackageError
 from orchestrator.hosts.identity import verify_identity
@@ -21,7 +21,7 @@ class Preflight(Action, name="preflight", local=True):
         return preflight_checks(ctx, PackageStore(ctx.home.store))
 
 
-class KernelCheck(Action, name="kernel-check"):
+class KernelCheck(Action, name="kernel-check", uses_pair=True):
     """The packages' own kernel validation harness on both hosts, before anything running changes."""
 
     def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
@@ -30,7 +30,7 @@ class KernelCheck(Action, name="kernel-check"):
         return kernels.deploy_step(ctx, role)
 
 
-class Verify(Action, name="verify"):
+class Verify(Action, name="verify", uses_pair=True, uses_key=True):
     """Identity: exe sha256, argv, /props build_info, /slots, rpc bind, alive."""
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
@@ -60,8 +60,11 @@ class Verify(Action, name="verify"):
         return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
 
 
-class Accept(Action, name="accept", local=True):
+class Accept(Action, name="accept", local=True, uses_pair=True, uses_key=True):
     """Acceptance checks (orchestrator.checks.suite) or identity only."""
+
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        return "acceptance checks: " + (", ".join(p.checks) if p.checks else "the suite's defaults"), {}
 
     def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
         from orchestrator.engine import acceptance

@@ -73,7 +73,7 @@ class ReleaseLease(Action, name="release-lease"):
         return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
-class Prepare(Action, name="prepare"):
+class Prepare(Action, name="prepare", uses_pair=True):
     """Create the layout, install pairctl-svc (SFTP); check the service manager, user, models and files."""
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
@@ -212,7 +212,7 @@ class Upload(Action, name="upload"):
         return d
 
 
-class Secret(Action, name="secret"):
+class Secret(Action, name="secret", uses_key=True):
     """API key file to secrets/, 0600 (SFTP, never argv)."""
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
