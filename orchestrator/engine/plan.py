@@ -4,7 +4,7 @@ host at all.
 
 The plan is what runs: a step that starts or stops a service carries its command per host as a
 frozen `Exec` (argv, the release it verifies first, its bound, the argv the started service
-must show), rendered here and only here (`service_exec`). The executor (engine/activate.py) is
+must show), rendered here and only here (`service_exec`). The step's action (engine/actions) is
 handed that Exec and runs it as it is, and records its argv in the receipt, so the dry run's
 commands and the receipt's are the same bytes.
 """
@@ -199,6 +199,9 @@ class Activation:
     # supervisor re-hashes them (cached by stat) before each start, as a rollback does before its own
     declared: tuple[tuple[str, str], ...] = ()
 
+    def package(self, role: str) -> str:
+        return self.native_package if role == "native" else self.rpc_package
+
 
 @dataclass(frozen=True)
 class Target:
@@ -390,7 +393,7 @@ def _links(
     a restore puts back."""
     if target is None:
         return restore_links.get(role, (None, None))
-    cur, prev = links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
+    cur, prev = links_after_deploy(facts.get(role), target.package(role))
     if target.keep_previous is not None:
         prev = target.keep_previous[0 if role == "native" else 1]
     return cur, prev
@@ -401,7 +404,7 @@ def present_release(role: str, facts: Mapping[str, HostFacts], target: Activatio
     that changes anything (stop-native, restart-rpc) verifies its files before it stops."""
     if target is None:
         return None
-    pkg = target.native_package if role == "native" else target.rpc_package
+    pkg = target.package(role)
     f = facts.get(role)
     return pkg if f is not None and pkg in f.releases else None
 
@@ -420,7 +423,7 @@ def _uploads(
         assert target is not None
         pkg = packages.get(r)
         files = expected_hashes(pkg.manifest) if pkg is not None else {}
-        rel = target.native_package if r == "native" else target.rpc_package
+        rel = target.package(r)
         out[view.hosts[r]] = Upload(rel, present_release(r, facts, target) is not None, files)
     return out
 

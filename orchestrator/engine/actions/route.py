@@ -76,8 +76,6 @@ def _write_route(ctx: RunEnv, role: str, step: Step, rec: RouteRecord) -> str:
 
 
 class Route(Action, name="route", changes=True, writes_route=True):
-    """The route record by compare-and-swap, read back byte-identical."""
-
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         rec = step.route.record if step.route is not None else None
         if rec is None:

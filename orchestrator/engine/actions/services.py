@@ -179,8 +179,6 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
 
 
 class Switch(Action, name="switch", changes=True):
-    """current/previous symlinks by rename (SFTP)."""
-
     def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
         cur, prev = p.links[p.roles[0]]
         host = p.view.hosts[p.roles[0]]
@@ -201,8 +199,6 @@ class Switch(Action, name="switch", changes=True):
 
 
 class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
-    """RPC host, one exec: stop, switch links, start, wait for the port, identity."""
-
     def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
         cur, prev = p.links["rpc"]
         vr = present_release("rpc", p.facts, p.target)
@@ -351,8 +347,6 @@ def _one_revision_before_start(ctx: RunEnv, act: Activation, service: str, *, li
 
 
 class StartServer(Action, name="start-server", changes=True, uses_pair=True):
-    """llama-server: start, identity, /health 200."""
-
     def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
         if p.act is None:
             return "nothing to start (no previous pair)", {}
