@@ -3,7 +3,7 @@
 
 A read: no lease, no receipt. Per host the running service's release and argv (from /proc, as
 status and acceptance read them) against the release and argv a deploy would render now from the
-inventory and the profile (engine/activate.py `render_recorded`, the one renderer deploy and
+inventory and the profile (engine/targets.py `render_recorded`, the one renderer deploy and
 rollback use), as a unified diff with one flag and its values a line.
 """
 

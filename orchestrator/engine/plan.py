@@ -4,7 +4,7 @@ host at all.
 
 The plan is what runs: a step that starts or stops a service carries its command per host as a
 frozen `Exec` (argv, the release it verifies first, its bound, the argv the started service
-must show), rendered here and only here (`service_exec`). The executor (engine/activate.py) is
+must show), rendered here and only here (`service_exec`). The step's action (engine/actions) is
 handed that Exec and runs it as it is, and records its argv in the receipt, so the dry run's
 commands and the receipt's are the same bytes.
 """
@@ -99,6 +99,7 @@ class Step:
     # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
     # hosts whose manager installs units, stop proves the RPC host and roots first, a read-only root is let be
     restores: bool = False
+    kind: Any = field(default=None, compare=False, repr=False)  # its action's class (engine/actions)
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -124,18 +125,32 @@ class Step:
             d["upload"] = {h: u.to_dict() for h, u in self.uploads.items()}
         if self.route is not None:
             d["route"] = self.route.to_dict()
-        if self.action in PAIR_ACTIONS and self.pair is not None:
+        if self.kind is not None and self.kind.uses_pair and self.pair is not None:
             d["pair"] = self.pair.entry.names()
-        if self.action in KEY_ACTIONS:
+        if self.kind is not None and self.kind.uses_key:
             d["has_key"] = self.key is not None  # named so the receipt's masking keeps it (never the key)
         if self.restores:
             d["restores"] = True
         return d
 
 
-# the actions that run on the pair the plan starts (`pair`), and those that put or use the API key
-PAIR_ACTIONS = ("prepare", "stop", "restart-rpc", "start-server", "verify", "accept", "kernel-check")
-KEY_ACTIONS = ("secret", "verify", "accept")
+@dataclass(frozen=True)
+class Planning:
+    """What a step's action describes itself from (Action.describe): its roles and links, the hosts
+    as found, what the plan activates or restores, and the options that change the text."""
+
+    roles: tuple[str, ...]
+    view: PairView
+    facts: Mapping[str, HostFacts]
+    target: Activation | None
+    restore: Activation | None
+    skip_accept: bool
+    checks: tuple[str, ...]
+    links: Mapping[str, tuple[str | None, str | None]]
+
+    @property
+    def act(self) -> Activation | None:
+        return self.restore if self.target is None else self.target
 
 
 @dataclass(frozen=True)
@@ -183,6 +198,9 @@ class Activation:
     # (path, sha256) of each file the profile declares (RouteProfile.files): llama-server's
     # supervisor re-hashes them (cached by stat) before each start, as a rollback does before its own
     declared: tuple[tuple[str, str], ...] = ()
+
+    def package(self, role: str) -> str:
+        return self.native_package if role == "native" else self.rpc_package
 
 
 @dataclass(frozen=True)
@@ -323,7 +341,7 @@ def plan(
             for r in (roles if s.action in ("switch", "restart-rpc") else ())
         }
         ups = _uploads(roles, view, facts or {}, target, packages or {}) if s.action == "upload" else {}
-        desc, argv = _describe(s.action, roles, view, facts or {}, target, restore, skip_accept, checks, links)
+        desc, argv = s.kind.describe(Planning(roles, view, facts or {}, target, restore, skip_accept, checks, links))
         steps.append(
             Step(
                 name=s.name,
@@ -337,17 +355,15 @@ def plan(
                 uploads=ups,
                 links={view.hosts[r]: lk for r, lk in links.items()},
                 # a restore's stop carries it too: what it must find writable before it stops anything
-                route=route if s.action in ROUTE_ACTIONS or (restores and s.action == "stop") else None,
+                route=route if s.kind.writes_route or (restores and s.action == "stop") else None,
                 pair=pair,
                 restores=restores,
                 packages=packages or {},
                 key=key,
+                kind=s.kind,
             )
         )
     return steps
-
-
-ROUTE_ACTIONS = ("route", "route-accepted", "route-repair")
 
 
 def back_out(playbook: Playbook) -> Playbook:
@@ -359,10 +375,10 @@ def back_out(playbook: Playbook) -> Playbook:
 def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:
     """The same steps, the route-writing ones carrying `route`, all the pair (a deploy's, sealed
     once prepare measured the model hashes its entry records, before the first change)."""
-    return [replace(s, route=route if s.action in ROUTE_ACTIONS else s.route, pair=pair) for s in steps]
+    return [replace(s, route=route if s.kind.writes_route else s.route, pair=pair) for s in steps]
 
 
-def _rel(rel: str | None) -> str:
+def rel_text(rel: str | None) -> str:
     return f"releases/{rel}" if rel else "(none)"
 
 
@@ -377,18 +393,18 @@ def _links(
     a restore puts back."""
     if target is None:
         return restore_links.get(role, (None, None))
-    cur, prev = links_after_deploy(facts.get(role), target.native_package if role == "native" else target.rpc_package)
+    cur, prev = links_after_deploy(facts.get(role), target.package(role))
     if target.keep_previous is not None:
         prev = target.keep_previous[0 if role == "native" else 1]
     return cur, prev
 
 
-def _present(role: str, facts: Mapping[str, HostFacts], target: Activation | None) -> str | None:
+def present_release(role: str, facts: Mapping[str, HostFacts], target: Activation | None) -> str | None:
     """A deploy's release already on the host: nothing is uploaded, so the host's first exec
     that changes anything (stop-native, restart-rpc) verifies its files before it stops."""
     if target is None:
         return None
-    pkg = target.native_package if role == "native" else target.rpc_package
+    pkg = target.package(role)
     f = facts.get(role)
     return pkg if f is not None and pkg in f.releases else None
 
@@ -407,8 +423,8 @@ def _uploads(
         assert target is not None
         pkg = packages.get(r)
         files = expected_hashes(pkg.manifest) if pkg is not None else {}
-        rel = target.native_package if r == "native" else target.rpc_package
-        out[view.hosts[r]] = Upload(rel, _present(r, facts, target) is not None, files)
+        rel = target.package(r)
+        out[view.hosts[r]] = Upload(rel, present_release(r, facts, target) is not None, files)
     return out
 
 
@@ -423,64 +439,3 @@ def _upload_text(ups: Mapping[str, Upload]) -> str:
         )
         for h, u in ups.items()
     )
-
-
-def _describe(
-    action: str,
-    roles: tuple[str, ...],
-    view: PairView,
-    facts: Mapping[str, HostFacts],
-    target: Activation | None,
-    restore: Activation | None,
-    skip_accept: bool,
-    checks: tuple[str, ...],
-    links: Mapping[str, tuple[str | None, str | None]],
-) -> tuple[str, dict[str, Exec]]:
-    """A sentence for people plus the command that will run on each host where one says it all."""
-    argv: dict[str, Exec] = {}
-    act = restore if target is None else target
-    if action == "switch":
-        r = roles[0]
-        cur, prev = links[r]
-        return (
-            f"{view.hosts[r]}: current -> {_rel(cur)}, previous -> {_rel(prev)} (symlinks replaced by rename)",
-            argv,
-        )
-    if action == "stop":
-        r = roles[0]
-        name = LLAMA_SERVER if r == "native" else RPC_SERVER
-        f = facts.get(r)
-        pid = f.running.get(name) if f else None
-        argv[view.hosts[r]] = service_exec(view, "stop", r, act, verify_release=_present(r, facts, target))
-        return f"stop {name}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), argv
-    if action == "restart-rpc":
-        cur, prev = links["rpc"]
-        argv[view.hosts["rpc"]] = service_exec(
-            view, "restart-rpc", "rpc", act, (cur, prev), verify_release=_present("rpc", facts, target)
-        )
-        if act is None:
-            return (
-                f"stop ggml-rpc-server; links back: current -> {_rel(cur)}, previous -> {_rel(prev)}; no pair to start",
-                argv,
-            )
-        return (
-            f"stop ggml-rpc-server; current -> {_rel(cur)}, previous -> {_rel(prev)}; start it bound to "
-            f"{view.rpc_bind}:{view.rpc_port}; wait until it lives and listens; read its identity"
-        ), argv
-    if action == "start-server":
-        if act is None:
-            return "nothing to start (no previous pair)", argv
-        argv[view.hosts["native"]] = service_exec(view, "start-server", "native", act)
-        return f"start llama-server from releases/{act.native_package}; wait for {view.base_url}/health 200", argv
-    if action == "route-accepted":
-        if skip_accept:
-            return "route.json: the pair identity-verified (--skip-accept: no acceptance ran), same revision", argv
-        if checks:
-            return (
-                "route.json: the pair `active` (accepted) if --checks names the whole suite, else identity-verified",
-                argv,
-            )
-        return "", argv
-    if action == "accept":
-        return "acceptance checks: " + (", ".join(checks) if checks else "the suite's defaults"), argv
-    return "", argv

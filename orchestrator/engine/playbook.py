@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
@@ -69,12 +69,16 @@ class PlaybookStep(StrictModel):
     )
     description: str = ""
 
-    _changes: bool = PrivateAttr(default=False)
+    _kind: Any = PrivateAttr(default=None)
+
+    @property
+    def kind(self) -> Any:
+        """Its action's class (engine/actions): what the step changes, writes, uses and says."""
+        return self._kind
 
     @property
     def changes(self) -> bool:
-        """Its action changes what runs (the action's class says; engine/actions)."""
-        return self._changes
+        return bool(self._kind.changes)
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> PlaybookStep:
@@ -83,7 +87,7 @@ class PlaybookStep(StrictModel):
             raise ValueError("no action registry to check against: load playbooks with engine.actions.load_playbook")
         if self.action not in actions:
             raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(actions))})")
-        self._changes = actions[self.action].changes
+        self._kind = actions[self.action]
         if actions[self.action].local and self.host != "local":
             raise ValueError(f"action {self.action} runs on host: local")
         return self

@@ -39,13 +39,14 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from orchestrator.engine import route_states
+from orchestrator.engine.actions import ACTIONS
 from orchestrator.engine.plan import PairView
 from orchestrator.errors import ConfigError, EvidenceError, HostStateError, PairctlError
 from orchestrator.evidence import atomic
 from orchestrator.evidence.receipt import Receipt
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts.probes import HostFacts
-from orchestrator.hosts.route import RouteEntry, RouteRecord, entry_argv_ok, parse_route
+from orchestrator.hosts.route import RouteRecord, entry_argv_ok, parse_route
 from orchestrator.paths import Home
 from orchestrator.roles import ROLES, Role
 
@@ -75,7 +76,6 @@ PARSE, DIFFER, MISSING, UNSIGNED, FORGED, ARGV, PAIR, LINKS, SWITCHED, RELEASE, 
     "unpulled",  # written by another operator home whose receipts are not here (yet): a warning
 )
 DEPLOY_ALLOWS = frozenset({UNSIGNED, ACTIVATING, SWITCHED, UNPULLED})
-ROUTE_WRITES = frozenset({"route", "route-accepted", "route-repair"})  # the playbook actions that write route.json
 ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED, UNPULLED})
 
 
@@ -143,10 +143,6 @@ class Judgement:
 
 def _where(view: PairView, role: Role) -> str:
     return f"{view.hosts[role]}:{view.layouts[role].route}"
-
-
-def _package(entry: RouteEntry | None, role: Role) -> str | None:
-    return None if entry is None else (entry.native_package if role == "native" else entry.rpc_package)
 
 
 def judge(
@@ -318,7 +314,7 @@ def _link_problems(
     """Each host's `current` against the release the record names active: a switch cut short
     (signed record, both installed) or links that disagree."""
     for role in ROLES:
-        want = _package(record.active, role)
+        want = record.active.package(role) if record.active else None
         linked = facts[role].current
         if linked == want:
             continue
@@ -409,11 +405,11 @@ def switched_links(
     if record.active is None or not judged.switched:
         return out
     for role in ROLES:
-        want = _package(record.active, role)
+        want = record.active.package(role) if record.active else None
         linked = facts[role].current
         if linked == want:
             continue
-        p = _package(record.previous, role)
+        p = record.previous.package(role) if record.previous else None
         out[role] = (want, p if p in facts[role].releases and p != want else linked)
     return out
 
@@ -454,7 +450,7 @@ def _route_write(receipt: Receipt) -> int | None:
     only the steps that write the record (route, route-accepted, route-repair)."""
     revs: list[int] = []
     for s in receipt.steps:
-        if s.data.get("action") not in ROUTE_WRITES:
+        if s.data.get("action") not in ACTIONS or not ACTIONS[s.data["action"]].writes_route:
             continue
         for d in (s.data, *(v for v in s.data.values() if isinstance(v, dict))):
             if d.get("read_back") == "byte-identical" and type(d.get("revision")) is int:

@@ -1,7 +1,7 @@
 """The programs pairctl runs on each host, and one SSH exec that names the missing ones.
 
 Every command pairctl sends a host is an argv (remote/command.py) or a fixed script
-(hosts/pairctl-svc.sh, checks/telemetry.py's sample, engine/activate.py's service-user check,
+(hosts/pairctl-svc.sh, checks/telemetry.py's sample, engine/actions/host.py's service-user check,
 hosts/prune.py's remove): the programs in them are listed here, by Debian package, with what they
 do for pairctl. `pairctl doctor --hosts` asks each host for all of them at once (`command -v`)
 and names any that is missing with its package, before a deploy finds out half-way (`ss` was

@@ -1,6 +1,6 @@
 """The actions playbooks name, one class each (engine/actions/base.py), grouped by what they touch:
-host.py (reads, leases, files put before a change), services.py (what runs), route.py (the route
-record), checks.py (preflight, kernels, identity, acceptance). ACTIONS, built from the classes, is
+host.py (checks, reads, leases, files put before a change), services.py (what runs), route.py
+(the route record). ACTIONS, built from the classes, is
 the one registry: the playbook loader validates each step's action against it and the runner
 executes from it, so no other table repeats an action's name."""
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from orchestrator.config import search
 from orchestrator.config.loader import load_model
-from orchestrator.engine.actions import checks, host, route, services
+from orchestrator.engine.actions import host, route, services
 from orchestrator.engine.actions.base import Action
 from orchestrator.engine.playbook import Playbook, required_steps
 from orchestrator.errors import ConfigError
 
-MODULES = (host, services, route, checks)  # where every Action subclass is defined
+MODULES = (host, services, route)  # where every Action subclass is defined
 ACTIONS: dict[str, Action] = {cls.name: cls() for cls in Action.__subclasses__()}
 
 

@@ -1,17 +1,22 @@
-"""Actions that read a host and hold it: connect, facts, lease, release-lease; and those that put
-files there before anything running changes: prepare (helper, manager, service user, model and
-file hashes), upload, secret. None of them changes what runs."""
+"""Actions that check and change nothing: preflight (local), kernel-check, verify (identity),
+accept; those that read a host and hold it: connect, facts, lease, release-lease; and those that
+put files there before anything running changes: prepare (helper, manager, service user, model
+and file hashes), upload, secret. None of them changes what runs."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+from orchestrator.build.store import PackageStore
 from orchestrator.engine import leasing
 from orchestrator.engine.actions.base import Action
+from orchestrator.engine.activate import before_change
 from orchestrator.engine.context import RunEnv
-from orchestrator.engine.plan import Step, Target, service_exec
-from orchestrator.errors import ConfigError, HostStateError, PackageError
+from orchestrator.engine.plan import Exec, Planning, Step, Target, service_exec
+from orchestrator.engine.targets import preflight_checks
+from orchestrator.errors import CheckFailed, ConfigError, HostStateError, PackageError
+from orchestrator.hosts.identity import verify_identity
 from orchestrator.hosts.layout import SERVICE_OF_ROLE, install_helper, put_secret, svc_sha256
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import read_facts
@@ -20,9 +25,64 @@ from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 
 
-class Connect(Action, name="connect"):
-    """Open one connection per host; strict host keys."""
+class Preflight(Action, name="preflight", local=True):
+    def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
+        return preflight_checks(ctx, PackageStore(ctx.home.store))
 
+
+class KernelCheck(Action, name="kernel-check", uses_pair=True):
+    def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
+        from orchestrator.checks import kernels
+
+        return kernels.deploy_step(ctx, role)
+
+
+class Verify(Action, name="verify", uses_pair=True, uses_key=True):
+    def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
+        tgt = step.pair
+        if tgt is None:
+            return {"skipped": "no previous pair: nothing runs"}
+        if tgt.expected is None:
+            raise PackageError(
+                f"cannot verify {tgt.activation.native_package} / {tgt.activation.rpc_package}: "
+                "their manifests are not in the local package store"
+            )
+        ident = ctx.hosts.identity(role)
+        seen = {role: ident} if ident is not None else None
+        rep = verify_identity(
+            {role: ctx.t(role)},
+            ctx.view.layouts,
+            ctx.view.hosts,
+            tgt.expected,
+            base_url=ctx.view.base_url,
+            api_key=step.key.value if step.key is not None else None,
+            roles=(role,),
+            seen=seen,
+        )
+        ctx.journal.identity(ctx.host(role), {**rep.data, "problems": rep.problems, "label": tgt.activation.label})
+        if rep.problems:
+            raise CheckFailed("identity does not match: " + "; ".join(rep.problems))
+        return {"identity": "verified", **{k: v for k, v in rep.data.items() if k == "server"}}
+
+
+class Accept(Action, name="accept", local=True, uses_pair=True, uses_key=True):
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        return "acceptance checks: " + (", ".join(p.checks) if p.checks else "the suite's defaults"), {}
+
+    def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
+        from orchestrator.engine import acceptance
+
+        tgt = step.pair
+        if tgt is not None and not ctx.inputs.options.skip_accept:
+            # the suite's requests are bounded (checks/budget.py): the next heartbeat comes within
+            # the whole suite's bound, announced in the lease so nobody judges this run dead meanwhile
+            bound = acceptance.suite_bound_s(tgt.entry.profile)
+            for r in ("native", "rpc"):
+                before_change(ctx, r, step, next_within_s=bound)
+        return acceptance.run(ctx, step)
+
+
+class Connect(Action, name="connect"):
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         t0 = time.monotonic()
         t = ctx.t(role)
@@ -34,8 +94,6 @@ class Connect(Action, name="connect"):
 
 
 class Facts(Action, name="facts"):
-    """Read links, releases, pid files, route record (SFTP, read-only)."""
-
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
         ctx.hosts.found(role, f)
@@ -52,8 +110,6 @@ class Facts(Action, name="facts"):
 
 
 class Lease(Action, name="lease"):
-    """Take this host's lease (atomic mkdir on the host)."""
-
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         handle = leasing.take(ctx, role)
         ctx.hosts.lease_taken(role, handle)
@@ -62,8 +118,6 @@ class Lease(Action, name="lease"):
 
 
 class ReleaseLease(Action, name="release-lease"):
-    """Release this host's lease, verify inactive."""
-
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         handle = ctx.hosts.leases.get(role)
         if handle is None:
@@ -73,9 +127,7 @@ class ReleaseLease(Action, name="release-lease"):
         return {"released": True} if released else {"kept": "held by the calling run, which releases it"}
 
 
-class Prepare(Action, name="prepare"):
-    """Create the layout, install pairctl-svc (SFTP); check the service manager, user, models and files."""
-
+class Prepare(Action, name="prepare", uses_pair=True):
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         f, layout = ctx.hosts.facts.get(role), ctx.layout(role)
         linked = layout.state is None or ctx.t(role).readlink(layout.run) == layout.state  # run/ -> state_dir
@@ -198,8 +250,6 @@ def _hash_files(ctx: RunEnv, tgt: Target) -> dict[str, Any]:
 
 
 class Upload(Action, name="upload"):
-    """Send + verify the release (only verified when present)."""
-
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         pkg, up = step.packages[role], step.uploads[ctx.host(role)]  # present or not: decided by the plan
         t0 = time.monotonic()
@@ -212,9 +262,7 @@ class Upload(Action, name="upload"):
         return d
 
 
-class Secret(Action, name="secret"):
-    """API key file to secrets/, 0600 (SFTP, never argv)."""
-
+class Secret(Action, name="secret", uses_key=True):
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         if not ctx.view.has_api_key:
             return {"skipped": "the pair has no api_key_file"}

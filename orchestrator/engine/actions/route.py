@@ -10,7 +10,7 @@ from orchestrator.engine import leasing
 from orchestrator.engine.actions.base import Action
 from orchestrator.engine.activate import before_change
 from orchestrator.engine.context import RunEnv
-from orchestrator.engine.plan import Step
+from orchestrator.engine.plan import Exec, Planning, Step
 from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import space
@@ -75,9 +75,7 @@ def _write_route(ctx: RunEnv, role: str, step: Step, rec: RouteRecord) -> str:
     return sha
 
 
-class Route(Action, name="route", changes=True):
-    """The route record by compare-and-swap, read back byte-identical."""
-
+class Route(Action, name="route", changes=True, writes_route=True):
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         rec = step.route.record if step.route is not None else None
         if rec is None:
@@ -87,10 +85,20 @@ class Route(Action, name="route", changes=True):
         return {"revision": rec.revision, "active": active, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
-class RouteAccepted(Action, name="route-accepted", changes=True):
+class RouteAccepted(Action, name="route-accepted", changes=True, writes_route=True):
     """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
     `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
     by compare-and-swap on the bytes this run wrote (both decided by the plan)."""
+
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        if p.skip_accept:
+            return "route.json: the pair identity-verified (--skip-accept: no acceptance ran), same revision", {}
+        if p.checks:
+            return (
+                "route.json: the pair `active` (accepted) if --checks names the whole suite, else identity-verified",
+                {},
+            )
+        return "", {}
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         rec = step.route.settled if step.route is not None else None
@@ -100,7 +108,7 @@ class RouteAccepted(Action, name="route-accepted", changes=True):
         return {"revision": rec.revision, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
-class RouteRepair(Action, name="route-repair"):
+class RouteRepair(Action, name="route-repair", writes_route=True):
     """The rebuilt record onto one host, by compare-and-swap on the bytes read there; first, a
     host whose `current` was of the other revision gets the recorded pair's links back."""
 

@@ -14,7 +14,7 @@ from orchestrator.build.store import PackageStore
 from orchestrator.engine.actions.base import Action
 from orchestrator.engine.activate import UnreachableBeforeChange, before_change
 from orchestrator.engine.context import RunEnv
-from orchestrator.engine.plan import Activation, Exec, Step, Target
+from orchestrator.engine.plan import Activation, Exec, Planning, Step, Target, present_release, rel_text, service_exec
 from orchestrator.errors import CheckFailed, DiskFull, HostError, HostStateError
 from orchestrator.hosts import services, space
 from orchestrator.hosts.identity import read_identities
@@ -122,8 +122,17 @@ def _ran(ex: Exec) -> dict[str, Any]:
     return {"argv": list(ex.argv()), "bound_s": ex.bound_s}
 
 
-class Stop(Action, name="stop", changes=True):
+class Stop(Action, name="stop", changes=True, uses_pair=True):
     """Stop this host's service; a deploy's native stop is the first change, proven safe first."""
+
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        r = p.roles[0]
+        f = p.facts.get(r)
+        pid = f.running.get(SERVICE_OF_ROLE[r]) if f else None
+        ex = service_exec(p.view, "stop", r, p.act, verify_release=present_release(r, p.facts, p.target))
+        return f"stop {SERVICE_OF_ROLE[r]}" + (f" (pid {pid})" if pid else " (not running)" if f else ""), {
+            p.view.hosts[r]: ex
+        }
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -170,7 +179,10 @@ class Stop(Action, name="stop", changes=True):
 
 
 class Switch(Action, name="switch", changes=True):
-    """current/previous symlinks by rename (SFTP)."""
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        cur, prev = p.links[p.roles[0]]
+        host = p.view.hosts[p.roles[0]]
+        return f"{host}: current -> {rel_text(cur)}, previous -> {rel_text(prev)} (symlinks replaced by rename)", {}
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         cur, prev = _planned_links(ctx, role, step)
@@ -186,8 +198,20 @@ class Switch(Action, name="switch", changes=True):
         return {"current": cur, "previous": prev}
 
 
-class RestartRpc(Action, name="restart-rpc", changes=True):
-    """RPC host, one exec: stop, switch links, start, wait for the port, identity."""
+class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        cur, prev = p.links["rpc"]
+        vr = present_release("rpc", p.facts, p.target)
+        argv = {p.view.hosts["rpc"]: service_exec(p.view, "restart-rpc", "rpc", p.act, (cur, prev), verify_release=vr)}
+        if p.act is None:
+            return (
+                f"stop ggml-rpc-server; links back: current -> {rel_text(cur)}, previous -> {rel_text(prev)}; "
+                "no pair to start"
+            ), argv
+        return (
+            f"stop ggml-rpc-server; current -> {rel_text(cur)}, previous -> {rel_text(prev)}; start it bound to "
+            f"{p.view.rpc_bind}:{p.view.rpc_port}; wait until it lives and listens; read its identity"
+        ), argv
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         t, layout = ctx.t("rpc"), ctx.layout("rpc")
@@ -322,8 +346,13 @@ def _one_revision_before_start(ctx: RunEnv, act: Activation, service: str, *, li
         )
 
 
-class StartServer(Action, name="start-server", changes=True):
-    """llama-server: start, identity, /health 200."""
+class StartServer(Action, name="start-server", changes=True, uses_pair=True):
+    def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
+        if p.act is None:
+            return "nothing to start (no previous pair)", {}
+        return f"start llama-server from releases/{p.act.native_package}; wait for {p.view.base_url}/health 200", {
+            p.view.hosts["native"]: service_exec(p.view, "start-server", "native", p.act)
+        }
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         tgt = step.pair
