@@ -237,16 +237,16 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         prompts[0] = BuiltPrompt(tokens=leaked.tokens, nonce=nonces[0])
     prompt_texts = [ctx.client.detokenize(list(p.tokens)) for p in prompts]
 
-    lanes, peak = _both_lanes(ctx, prompts, gen_n)
-    problems = prompt_hygiene_problems(lanes, prompt_texts)
-    for lane in lanes:
-        problems += lane_problems(lane)
-    problems += overlap_problems(lanes, peak.both_processing_seen)
+    lanes, peak, problems = _both_lanes_judged(ctx, prompts, gen_n, prompt_texts)
     solo: list[LaneOutcome] = []
     walks: list[Walk | None] = []
     tol: Tolerance | None = None
+    first_run: dict[str, Any] | None = None
     if opts.isolation == "solo":
         solo, walks, tol = _solo_lanes(ctx, lanes, prompts, gen_n, problems)
+        if _numerics_only(problems, walks, tol):
+            first_run = {"problems": problems, "walks": [w.as_dict() if w is not None else None for w in walks]}
+            lanes, peak, walks, problems = _rerun(ctx, prompts, gen_n, solo, tol, prompt_texts)
     else:
         problems += isolation_problems_recall(lanes)
 
@@ -266,6 +266,8 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     }
     if tol is not None:
         figures.update(summary([w for w in walks if w is not None], tol))
+    if first_run is not None:
+        figures["rerun_after"] = first_run["problems"][0]
     raw: dict[str, Any] = {
         "lanes": [lane.model_dump() for lane in lanes],
         "solo": [s.model_dump() for s in solo],
@@ -273,15 +275,64 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         "walks": [w.as_dict() if w is not None else None for w in walks],
         "tolerance": tol.as_dict() if tol is not None else None,
         "problems": problems,
+        "first_run": first_run,
     }
     return CheckResult(
         name=TWO_LANE,
         verdict=verdict_of(problems),
-        message="; ".join(problems) or f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})",
+        message="; ".join(problems)
+        or f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})"
+        + (
+            f"; a first run parted beyond the tolerance, a second did not ({figures['rerun_after']})"
+            if first_run
+            else ""
+        ),
         figures=figures,
         raw=raw,
         duration_s=timer.elapsed(),
     )
+
+
+def _numerics_only(problems: list[str], walks: list[Walk | None], tol: Tolerance | None) -> bool:
+    """A first run that failed only by a lane parting from its solo run, on a pair whose lanes do
+    move with the batch (a measured floor above 0). The two lanes are separate requests, so which
+    batches they share depends on timing: each run draws another batch composition, and a GPU's
+    parting margins vary with it (an H100 baseline: 0.34, 0.17, 1.51 nats over runs of one suite),
+    while the floor's twins, posted as one request, always draw the same. A lane that takes the
+    other lane's data parts again in a second run; numerics seldom part the same way twice. A pair
+    with a floor of 0 (the CPU lab) must agree exactly, first time."""
+    walked = [w for w in walks if w is not None]
+    failed = [w for w in walked if w.problem]
+    return bool(failed) and tol is not None and tol.nats > 0 and not tol.problem and len(problems) == len(failed)
+
+
+def _rerun(
+    ctx: CheckContext,
+    prompts: list[BuiltPrompt],
+    gen_n: int,
+    solo: list[LaneOutcome],
+    tol: Tolerance,
+    prompt_texts: list[str],
+) -> tuple[list[LaneOutcome], SlotsPeak, list[Walk | None], list[str]]:
+    """Both lanes once more, judged whole against the same solo runs: the verdict is this run's."""
+    lanes, peak, problems = _both_lanes_judged(ctx, prompts, gen_n, prompt_texts)
+    walks: list[Walk | None] = [
+        solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
+        for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
+    ]
+    problems += [f"again in a second run: {p}" for p in isolation_problems_solo(lanes, solo, walks)]
+    return lanes, peak, walks, problems
+
+
+def _both_lanes_judged(
+    ctx: CheckContext, prompts: list[BuiltPrompt], gen_n: int, prompt_texts: list[str]
+) -> tuple[list[LaneOutcome], SlotsPeak, list[str]]:
+    """Both lanes at once, with what each lane and their overlap show on their own."""
+    lanes, peak = _both_lanes(ctx, prompts, gen_n)
+    problems = prompt_hygiene_problems(lanes, prompt_texts)
+    for lane in lanes:
+        problems += lane_problems(lane)
+    return lanes, peak, problems + overlap_problems(lanes, peak.both_processing_seen)
 
 
 def _both_lanes(ctx: CheckContext, prompts: list[BuiltPrompt], gen_n: int) -> tuple[list[LaneOutcome], SlotsPeak]:
