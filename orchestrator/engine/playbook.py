@@ -70,6 +70,7 @@ class PlaybookStep(StrictModel):
     description: str = ""
 
     _changes: bool = PrivateAttr(default=False)
+    _only_in: str | None = PrivateAttr(default=None)
 
     @property
     def changes(self) -> bool:
@@ -83,7 +84,7 @@ class PlaybookStep(StrictModel):
             raise ValueError("no action registry to check against: load playbooks with engine.actions.load_playbook")
         if self.action not in actions:
             raise ValueError(f"unknown action {self.action!r} (known: {', '.join(sorted(actions))})")
-        self._changes = actions[self.action].changes
+        self._changes, self._only_in = actions[self.action].changes, actions[self.action].only_in
         if actions[self.action].local and self.host != "local":
             raise ValueError(f"action {self.action} runs on host: local")
         return self
@@ -102,6 +103,11 @@ class Playbook(StrictModel):
             raise ValueError(f"step names repeat: {', '.join(sorted(dup))}")
         changed = None
         for s in self.steps:
+            if s._only_in not in (None, self.name):
+                raise ValueError(
+                    f"step {s.name!r}: action {s.action!r} runs only in the {s._only_in!r} playbook "
+                    f"(`pairctl {s._only_in}` decides what it writes); remove the step from playbook {self.name!r}"
+                )
             if changed and s.on_failure == "abort":
                 raise ValueError(
                     f"step {s.name!r} has on_failure: abort after {changed!r} changed what runs; "
