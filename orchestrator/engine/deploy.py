@@ -46,7 +46,7 @@ from orchestrator.hosts.leases import LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
-from orchestrator.hosts.route import RouteEntry, RouteRecord, parse_route
+from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
@@ -304,7 +304,7 @@ def _deploy_plan(ctx: RunEnv, pb: Playbook) -> tuple[Prepared, RouteWrite, list[
     prep = ctx.recorder.prep
     assert prep is not None  # preflight decided it
     prep = replace(prep, target=_keep_previous_links(ctx, prep.target))
-    route = route_plan.deploy_transition(ctx.inputs, route_plan.parsed(ctx.hosts.facts["native"].route_bytes))
+    route = route_plan.deploy_transition(ctx.inputs, _base_record(ctx))
     opts = ctx.inputs.options
     steps = plan(
         pb,
@@ -351,7 +351,7 @@ class Restore:
 
 def _deploy_route(ctx: RunEnv, planned: RouteWrite, target: Target, restore: Restore) -> RouteWrite:
     """The deploy's route records as its plan named them, with the entry prepare completed."""
-    current = route_plan.parsed(ctx.hosts.route_bytes("native"))
+    current = _base_record(ctx)
     prior = restore.target.entry if restore.target else None
     return route_plan.for_deploy(ctx.inputs, planned, current, target.entry, prior)
 
@@ -421,11 +421,21 @@ def _lost_lease(failure: StepFailed) -> LeaseLost | None:
     return next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
 
 
+def _base_record(ctx: RunEnv) -> RouteRecord | None:
+    """The record this run's route writes and restores start from: what it wrote or re-read since
+    on the native host, else the one the pair was judged by (route_trust.found_record: the
+    `activating` copy of a run cut short between its hosts' `route` writes, whichever host it
+    reached first). The native host's own record there named revision N beside the cut run's
+    N+1, so a deploy wrote N+1 again (two records of one revision) and backed out to N's pair."""
+    now = ctx.hosts.route_bytes("native")
+    if now != ctx.hosts.facts["native"].route_bytes:
+        return route_plan.parsed(now)
+    return route_trust.found_record(ctx.hosts.facts, ctx.inputs.route_key)
+
+
 def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
     """A restore's route write (kind: back-out | roll-back | roll-to), decided before its first change."""
-    found = route_trust.found_record(ctx.hosts.facts, ctx.inputs.route_key)
-    now = ctx.hosts.route_bytes("native")  # what this run wrote or re-read since, else as found
-    current = found if now == ctx.hosts.facts["native"].route_bytes else route_plan.parsed(now)
+    found, current = route_trust.found_record(ctx.hosts.facts, ctx.inputs.route_key), _base_record(ctx)
     restored = restore.target.entry if restore.target else None
     return route_plan.for_restore(
         ctx.inputs, kind, found=found, current=current, restored=restored, wrote=ctx.hosts.wrote_route()
@@ -477,7 +487,7 @@ def _restore_from_start(ctx: RunEnv, judged: route_trust.Judgement, key: ApiKey 
     they would name the cut run's release beside the recorded one: a pair of two revisions)."""
     facts = ctx.hosts.facts
     links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
-    record = parse_route(ctx.hosts.route_bytes("native"))
+    record = _base_record(ctx)
     if record is not None and judged.switched:
         back = route_trust.switched_links(record, facts, judged)
         links.update(back)

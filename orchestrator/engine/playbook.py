@@ -106,6 +106,11 @@ class Playbook(StrictModel):
             raise ValueError(f"step names repeat: {', '.join(sorted(dup))}")
         changed = None
         for s in self.steps:
+            if s.kind.only_in not in (None, self.name):
+                raise ValueError(
+                    f"step {s.name!r}: action {s.action!r} runs only in the {s.kind.only_in!r} playbook "
+                    f"(`pairctl {s.kind.only_in}` decides what it writes); remove the step from playbook {self.name!r}"
+                )
             if changed and s.on_failure == "abort":
                 raise ValueError(
                     f"step {s.name!r} has on_failure: abort after {changed!r} changed what runs; "

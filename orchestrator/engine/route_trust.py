@@ -459,7 +459,7 @@ def _route_write(receipt: Receipt) -> int | None:
 
 
 def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[list[str], str | None]:
-    """anchor_problems, and (one walk) whether a later run of this home wrote a newer revision:
+    """anchor_problems, and (one walk) whether a later run of this home wrote the same or a newer revision:
     a signed record of an earlier run put back on the hosts (with its links) is not the pair's state."""
     run = record.updated_by
     state, _ = evidence.run_status(run)
@@ -485,7 +485,7 @@ def _anchor(record: RouteRecord, evidence: EvidenceStore, pair: str) -> tuple[li
         if r.run_id == run:
             return _anchor_at(r, record, what, pair), newer
         rev = _route_write(r)
-        if newer is None and rev is not None and rev > record.revision:
+        if newer is None and rev is not None and rev >= record.revision:  # equal: another record of its revision
             newer = (
                 f"{what}, but a later run ({r.command} {r.run_id}, receipt {r.sha256[:12]}) wrote revision {rev}: "
                 "an earlier record was put back on the hosts"

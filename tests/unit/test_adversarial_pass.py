@@ -383,6 +383,41 @@ def test_an_older_signed_record_put_back_on_the_hosts_is_refused(view, tmp_path)
     assert "revision 1" in problems[0].text and "revision 2" in problems[0].text
 
 
+def test_a_record_put_back_after_a_later_run_wrote_its_revision_is_a_replay(view, tmp_path):  # noqa: F811
+    """A later run that wrote the same revision (a deploy cut short between its hosts' route writes
+    left its N+1 on one host, and the next deploy wrote its own N+1): the first run's N+1 put back
+    on both hosts verified, since only a higher revision counted as later. Both records of one
+    revision are signed and anchored; only the later one is the pair's state."""
+    from test_route_trust import _entry, _facts
+
+    from orchestrator.hosts.route import next_record, parse_route
+
+    store = EvidenceStore(tmp_path / "evidence")
+    old, sha1 = _write_route_run(
+        store, lambda run: next_record(None, pair="lab", active=_entry("A"), previous=None, run_id=run), None
+    )
+    cut, sha2 = _write_route_run(
+        store,
+        lambda run: next_record(parse_route(old), pair="lab", active=_entry("B"), previous=_entry("A"), run_id=run),
+        sha1,
+    )
+    later, _ = _write_route_run(
+        store,
+        lambda run: next_record(parse_route(old), pair="lab", active=_entry("C"), previous=_entry("A"), run_id=run),
+        sha2,
+    )
+    assert parse_route(cut).revision == parse_route(later).revision == 2  # type: ignore[union-attr]
+
+    def judge(data: bytes, cur: str) -> list:
+        facts = {r: _facts(cur, data, "ABC") for r in ("native", "rpc")}
+        return route_trust.judge(view, facts, KEY, store).problems
+
+    assert judge(later, "C") == []
+    problems = judge(cut, "B")
+    assert [p.kind for p in problems] == [route_trust.FORGED], problems
+    assert "a later run" in problems[0].text and "wrote revision 2" in problems[0].text
+
+
 # -- evidence files that are links to /dev/zero ------------------------------------------------
 
 _ZERO_LINKS = """

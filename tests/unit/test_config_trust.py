@@ -212,3 +212,22 @@ def test_override_notice_names_the_file(tmp_path, clean_env, monkeypatch, capsys
     search.resolve("target", "cpu-lab")
     search.resolve("profile", "lab")
     assert said == [f"target cpu-lab {ops.resolve() / 'targets' / 'cpu-lab.yaml'} {search.CONFIG_ENV}"]
+
+
+def test_a_deploy_playbook_naming_route_repair_is_refused(tmp_path, clean_env, cli):
+    """route-repair (a signed route write and relinks, decided by `pairctl repair`) was in the
+    registry every playbook loads from: an operator's own deploy.yaml could run it. Refused with
+    the step named (exit 3, no traceback); the bundled repair playbook still loads."""
+    from orchestrator.engine.actions import load_playbook
+
+    ops = _plant(tmp_path / "ops", owner=0, mode=0o755)
+    pb_path = ops / "playbooks" / "deploy.yaml"
+    pb = yaml.safe_load((PLAYBOOKS / "deploy.yaml").read_text())
+    pb["steps"].insert(-1, {"name": "sneak", "host": "both", "action": "route-repair", "on_failure": "rollback"})
+    pb_path.write_text(yaml.safe_dump(pb))
+    want = "step 'sneak': action 'route-repair' runs only in the 'repair' playbook"
+    r = cli("--config", str(ops), "config", "check", str(pb_path))
+    assert r.exit_code == 3 and want in r.stdout, r.output
+    r = cli("--config", str(ops), "deploy", "--pair", "lab", "--native", "a", "--rpc", "b")
+    assert r.exit_code == 3 and want in r.output and "Traceback" not in r.output
+    assert any(s.action == "route-repair" for s in load_playbook("repair").steps)

@@ -233,3 +233,24 @@ def test_a_run_cut_short_between_its_two_route_writes_is_judged_activating(view)
         )
         == base
     )
+
+
+def test_deploy_starts_from_the_activating_copy_whichever_host_a_cut_run_reached_first(view):
+    """The hosts' `route` writes run at once, so a run killed between them leaves its `activating`
+    N+1 on either host. Deploy allows that (ACTIVATING) but started its plan, its record and its
+    back-out pair from the native host's record: with rpc ahead it wrote N+1 again (two records
+    of one revision) and a failure backed out to N's pair. Its base is now the same either way."""
+    from types import SimpleNamespace
+
+    from orchestrator.engine.deploy import _base_record
+
+    base = _record()
+    new = route_states.activate(base, _entry("C"), _entry("B"), pair="lab", run_id="run2", now=NOW).sign(KEY)
+    seen = []
+    for native, rpc in ((new, base), (base, new)):
+        facts = {"native": _facts("C", native.to_bytes(), "ABC"), "rpc": _facts("C", rpc.to_bytes(), "ABC")}
+        hosts = SimpleNamespace(facts=facts, route_bytes=lambda role, f=facts: f[role].route_bytes)
+        seen.append(_base_record(SimpleNamespace(hosts=hosts, inputs=SimpleNamespace(route_key=KEY))))
+    assert seen == [new, new]
+    nxt = route_states.activate(seen[0], _entry("D"), _entry("C"), pair="lab", run_id="run3", now=NOW)
+    assert nxt.revision == new.revision + 1

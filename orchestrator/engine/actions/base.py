@@ -19,12 +19,15 @@ class Action:
     writes_route: ClassVar[bool]  # it writes route.json: its plan step carries the record (plan.RouteWrite)
     uses_pair: ClassVar[bool]  # it runs on the pair the plan starts: the dry run shows that pair
     uses_key: ClassVar[bool]  # it puts or uses the API key: the dry run shows whether one is set
+    # the one playbook that may name it (None: any): an action that writes what only its command
+    # decides (route-repair's signed record and relinks) must not run from an operator's own deploy
+    only_in: ClassVar[str | None]
 
     def __init_subclass__(
         cls, *, name: str, changes: bool = False, local: bool = False, writes_route: bool = False,
-        uses_pair: bool = False, uses_key: bool = False,
+        uses_pair: bool = False, uses_key: bool = False, only_in: str | None = None,
     ) -> None:  # fmt: skip
-        cls.name, cls.changes, cls.local = name, changes, local
+        cls.name, cls.changes, cls.local, cls.only_in = name, changes, local, only_in
         cls.writes_route, cls.uses_pair, cls.uses_key = writes_route, uses_pair, uses_key
 
     def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:

@@ -108,7 +108,7 @@ class RouteAccepted(Action, name="route-accepted", changes=True, writes_route=Tr
         return {"revision": rec.revision, "state": rec.state, "sha256": sha, "read_back": _SAME}
 
 
-class RouteRepair(Action, name="route-repair", writes_route=True):
+class RouteRepair(Action, name="route-repair", writes_route=True, only_in="repair"):
     """The rebuilt record onto one host, by compare-and-swap on the bytes read there; first, a
     host whose `current` was of the other revision gets the recorded pair's links back."""
 
