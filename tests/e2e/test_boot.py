@@ -285,6 +285,17 @@ def _set_crontab(pair: Any, text: str) -> None:
         t.close()
 
 
+def _host_logs(roots: dict[str, str]) -> str:
+    """The boot and supervisor logs' and the services' output's tails under both roots."""
+    out = []
+    for role, root in roots.items():
+        for name in ("boot.log", f"{SERVICE[role]}.sup.log", f"{SERVICE[role]}.out"):
+            f = Path(root, "run", name)
+            tail = f.read_text(errors="replace").splitlines()[-12:] if f.exists() else ["(none)"]
+            out.append(f"{role} {name}: " + " | ".join(tail))
+    return "\n".join(out)
+
+
 def _put_back(pair: Any, saved: str, only: str) -> None:
     """The crontab put back after the test held only this pair's lines (this user's crontab is
     shared by every lab on the machine): what is in it now (other sessions' new lines), this
@@ -327,12 +338,17 @@ def test_the_real_cron_daemon_runs_the_lines_when_it_starts(pair, cli):
             ["cron", "-f"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         try:
+            last: list[str] = []
 
             def back() -> bool:
-                code, st = _status(cli)
-                return code == 0 and st.get("health") == "ok"
+                r = cli("--json", "status", "--pair", "lab")
+                last[:] = [f"status exit {r.exit_code}: {r.stdout[-1500:]} {r.stderr[-1500:]}"]
+                return r.exit_code == 0 and json.loads(r.stdout).get("health") == "ok"
 
-            wait_until("status exit 0 and health ok after cron started", back, BACK_WITHIN_S)
+            try:
+                wait_until("status exit 0 and health ok after cron started", back, BACK_WITHIN_S)
+            except (AssertionError, ValueError) as exc:  # what the hosts said, for a failure seen once in a rehearsal
+                raise AssertionError(f"{exc}; {last}; {_host_logs(roots)}") from exc
             print(f"cron -f started -> pair healthy in {time.monotonic() - t0:.2f} s")
         finally:
             cron.terminate()
