@@ -300,9 +300,12 @@ class Inventory(StrictModel):
                         f"{kind} name {n!r} may hold only letters, digits, '.', '_' and '-' "
                         "(it becomes part of paths, lease owners and commands)"
                     )
-        states: dict[tuple[str, int, str], str] = {}
+        states: dict[tuple[str, int, str], tuple[str, str]] = {}
         for n, h in self.hosts.items():  # two roots on one machine sharing run/: one's stop kills the other's
-            if h.state_dir is not None and (other := states.setdefault((h.address, h.port, h.state_dir), n)) != n:
+            if h.state_dir is None:
+                continue
+            other, root = states.setdefault((h.address, h.port, h.state_dir), (n, h.install_root))
+            if root != h.install_root:  # two names for one root share its state, as they share the root
                 raise ValueError(f"hosts {other!r} and {n!r} share state_dir {h.state_dir} on {h.address}: one each")
         for pname, pair in self.pairs.items():
             for side, expect in (("native", "native"), ("rpc", "rpc")):

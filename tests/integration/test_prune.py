@@ -29,7 +29,8 @@ def _inventory(lab, tmp_path: Path) -> Inventory:
     native sshd) sharing lab-rpc, keep_releases 3."""
     hosts = {}
     for name, spec in lab.inventory.hosts.items():
-        hosts[name] = spec.model_copy(update={"install_root": str(tmp_path / "roots" / name)})
+        # a root of its own, and so the default state dir beside it (the lab's is filled in by now)
+        hosts[name] = spec.model_copy(update={"install_root": str(tmp_path / "roots" / name), "state_dir": None})
     hosts["other-native"] = hosts["lab-native"].model_copy(update={"install_root": str(tmp_path / "roots" / "other")})
     other = lab.inventory.pair("lab").model_copy(
         update={"native": "other-native", "server_port": 8091, "rpc_port": 50091}
