@@ -37,6 +37,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.lab.sshd import pid_alive
+
 RECORD_ENV = "PAIRCTL_TEST_RECORD"
 SCHEMA = "pairctl-test-durations/1"
 
@@ -89,16 +91,6 @@ def own_group(root: Path, proc_cgroup: str) -> Path | None:
     return None
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _join_tree() -> None:
     """Move this process into a new cgroup (`pairctl-test-PID`) under its OWN cgroup, so its
     whole tree's CPU can be read and it (with every daemon it starts) stays inside the limits and
@@ -120,7 +112,7 @@ def _join_tree() -> None:
             continue
         for old in own.glob("pairctl-test-*"):  # of earlier runs whose pytest ended (never a live sibling's)
             pid = old.name.removeprefix("pairctl-test-")
-            if not pid.isdigit() or _alive(int(pid)):
+            if not pid.isdigit() or pid_alive(int(pid)):
                 continue
             try:
                 old.rmdir()
