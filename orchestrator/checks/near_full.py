@@ -122,6 +122,16 @@ def solo_walk(ctx: CheckContext, lane: LaneOutcome, ref: LaneOutcome, prompt: Bu
     )
 
 
+def _walks(
+    ctx: CheckContext, lanes: list[LaneOutcome], solo: list[LaneOutcome], prompts: list[BuiltPrompt], tol: Tolerance
+) -> list[Walk | None]:
+    """Each lane walked against its solo run (None where either side failed)."""
+    return [
+        solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
+        for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
+    ]
+
+
 def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
     """Each lane's prompt carries its own nonce and no other lane's (else isolation proves nothing)."""
     p = []
@@ -316,10 +326,7 @@ def _rerun(
 ) -> tuple[list[LaneOutcome], SlotsPeak, list[Walk | None], list[str]]:
     """Both lanes once more, judged whole against the same solo runs: the verdict is this run's."""
     lanes, peak, problems = _both_lanes_judged(ctx, prompts, gen_n, prompt_texts)
-    walks: list[Walk | None] = [
-        solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
-        for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
-    ]
+    walks = _walks(ctx, lanes, solo, prompts, tol)
     problems += [f"again in a second run: {p}" for p in isolation_problems_solo(lanes, solo, walks)]
     return lanes, peak, walks, problems
 
@@ -382,10 +389,7 @@ def _solo_lanes(
     tol = batch_floor.measure(ctx)
     if tol.problem:
         problems.append(tol.problem)
-    walks = [
-        solo_walk(ctx, lane, ref, prompts[i], tol) if not (lane.error or ref.error) else None
-        for i, (lane, ref) in enumerate(zip(lanes, solo, strict=True))
-    ]
+    walks = _walks(ctx, lanes, solo, prompts, tol)
     problems += isolation_problems_solo(lanes, solo, walks)
     return solo, walks, tol
 
