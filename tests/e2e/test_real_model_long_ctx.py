@@ -31,8 +31,10 @@ from tests.plugins.pairs import PAIR
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.real_model,
-    pytest.mark.skipif(os.environ.get("PAIRCTL_TEST_LONG_CTX") != "1",
-                       reason="4x context: make test-long-ctx (PAIRCTL_TEST_LONG_CTX=1)"),  # fmt: skip
+    pytest.mark.skipif(
+        os.environ.get("PAIRCTL_TEST_LONG_CTX") != "1",
+        reason="4x context: make test-long-ctx (PAIRCTL_TEST_LONG_CTX=1)",
+    ),  # fmt: skip
 ]
 
 LONG = "lab-real-ctx4096"

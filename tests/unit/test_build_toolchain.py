@@ -140,7 +140,11 @@ def test_nvcc_candidates_order_cudacxx_roots_path_default(tmp_path: Path) -> Non
     bindir = _fake_nvcc(tmp_path, NVCC_VERSION, NVCC_ARCHES)
     env = {"CUDACXX": "/x/nvcc", CUDA_ROOTS_ENV: f"/r12{os.pathsep}{os.pathsep}/r13", "PATH": str(bindir)}
     assert nvcc_candidates(env) == [
-        "/x/nvcc", "/r12/bin/nvcc", "/r13/bin/nvcc", str(bindir / "nvcc"), "/usr/local/cuda/bin/nvcc"
+        "/x/nvcc",
+        "/r12/bin/nvcc",
+        "/r13/bin/nvcc",
+        str(bindir / "nvcc"),
+        "/usr/local/cuda/bin/nvcc",
     ]
 
 
@@ -201,7 +205,9 @@ def test_wheel_versions_of_a_pip_target_folder(tmp_path: Path) -> None:
 def test_configured_toolkit_must_be_the_checked_nvccs() -> None:
     """Captured: with /usr/local/bin/nvcc (CUDA 13.0) first on PATH, CMake took 13.0's headers and
     Debian's CUDA 11 cublas for a build whose nvcc was a CUDA 13.5 wheel."""
-    cache = "CUDAToolkit_BIN_DIR:PATH=/usr/local/cuda-13.0/bin\nCUDAToolkit_NVCC_EXECUTABLE:FILEPATH=/usr/local/bin/nvcc"  # noqa: E501
+    cache = (
+        "CUDAToolkit_BIN_DIR:PATH=/usr/local/cuda-13.0/bin\nCUDAToolkit_NVCC_EXECUTABLE:FILEPATH=/usr/local/bin/nvcc"  # noqa: E501
+    )
     why = configured_toolkit_mismatch(cache, "/w/nvidia/cu13/bin/nvcc")
     assert why is not None and "/usr/local/bin/nvcc" in why and "/w/nvidia/cu13/bin/nvcc" in why
     ok = "CUDAToolkit_NVCC_EXECUTABLE:FILEPATH=/w/nvidia/cu13/bin/nvcc\n"
