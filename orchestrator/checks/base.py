@@ -48,6 +48,20 @@ def verdict_of(problems: list[str]) -> Verdict:
     return "failed" if problems else "passed"
 
 
+def judged(
+    name: str, problems: list[str], ok: str, timer: Timer, *, figures: dict[str, Any], raw: dict[str, Any]
+) -> CheckResult:
+    """`failed` with the problems as its message, else `passed` with `ok`."""
+    return CheckResult(
+        name=name,
+        verdict=verdict_of(problems),
+        message="; ".join(problems) or ok,
+        figures=figures,
+        raw=raw,
+        duration_s=timer.elapsed(),
+    )
+
+
 @dataclass(frozen=True)
 class CheckOptions:
     """Knobs with defaults that fit both the lab and the production pair."""

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.parting import summary, walk
 from orchestrator.checks.prompts import PromptBuilder
 
@@ -85,12 +85,5 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
         "tolerance": tol.as_dict(),
         "problems": problems,
     }
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        message="; ".join(problems)
-        or f"continuation reused {r2.timings.cache_n} of {first_len} prefix tokens, same output as uncached",
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    ok = f"continuation reused {r2.timings.cache_n} of {first_len} prefix tokens, same output as uncached"
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

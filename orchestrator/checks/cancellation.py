@@ -15,7 +15,7 @@ import re
 import time
 from typing import Any
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.remote.command import Cmd
 
@@ -402,12 +402,5 @@ def run(ctx: CheckContext, *, close_connection: bool = True) -> CheckResult:
         "held_after_close_s": held_after,
         "late_bound_s": late_s,
     }
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        message="; ".join(problems)
-        or f"cancelled after {len(streamed)} tokens, slot idle in {idle_after} s, follow-up matched",
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    ok = f"cancelled after {len(streamed)} tokens, slot idle in {idle_after} s, follow-up matched"
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

@@ -40,7 +40,7 @@ from functools import partial
 from typing import Any
 
 from orchestrator.checks import contract_probes as cp
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.config.request_surface import KNOWN_FIELDS
@@ -217,17 +217,17 @@ def run(ctx: CheckContext) -> CheckResult:
     problems = [x for r in probes for x in r.problems]
     covered = {f: f"{NAME}/{r.name}" for r in probes for f in r.fields}
     failed = sorted({r.name for r in probes if r.problems})
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        message="; ".join(problems) or f"{len(probes)} probes held their contract: {', '.join(r.name for r in probes)}",
+    return judged(
+        NAME,
+        problems,
+        f"{len(probes)} probes held their contract: {', '.join(r.name for r in probes)}",
+        timer,
         figures={"probes": len(probes), "failed_probes": failed, "fields_checked": sorted(covered)},
         raw={
             "covered": covered,
             "probes": [{"name": r.name, "fields": list(r.fields), "problems": r.problems, **r.raw} for r in probes],
             "prompt_tokens": len(prompt),
         },
-        duration_s=timer.elapsed(),
     )
 
 

@@ -10,7 +10,7 @@ its tail is dropped from the cache either way).
 
 from __future__ import annotations
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.prompts import PromptBuilder
 
 NAME = "long_prefix_cache"
@@ -61,11 +61,5 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
         },
         "problems": problems,
     }
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        message="; ".join(problems) or f"{prompt_len}-token prompt: reused {reused}, new {new}, generated {generated}",
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    ok = f"{prompt_len}-token prompt: reused {reused}, new {new}, generated {generated}"
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, lane_split, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, lane_split
 from orchestrator.checks.parting import Tolerance, Walk, summary
 from orchestrator.checks.prompts import BuiltPrompt, PromptBuilder, make_nonce
 from orchestrator.server.client import ServerClient, ServerRequestError
@@ -287,20 +287,10 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
         "problems": problems,
         "first_run": first_run,
     }
-    return CheckResult(
-        name=TWO_LANE,
-        verdict=verdict_of(problems),
-        message="; ".join(problems)
-        or f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})"
-        + (
-            f"; a first run parted beyond the tolerance, a second did not ({figures['rerun_after']})"
-            if first_run
-            else ""
-        ),
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    ok = f"two lanes reached {population}/{capacity} tokens, isolated ({opts.isolation})"
+    if first_run:
+        ok += f"; a first run parted beyond the tolerance, a second did not ({figures['rerun_after']})"
+    return judged(TWO_LANE, problems, ok, timer, figures=figures, raw=raw)
 
 
 def _numerics_only(problems: list[str], walks: list[Walk | None], tol: Tolerance | None) -> bool:
@@ -427,11 +417,6 @@ def run_one_lane(ctx: CheckContext) -> CheckResult:
         "tg_tokens_per_s": round(lane.predicted_per_second, 2) if lane.predicted_per_second else None,
         "run": source,
     }
-    return CheckResult(
-        name=ONE_LANE,
-        verdict=verdict_of(problems),
-        message="; ".join(problems) or f"one lane reached {lane.population}/{per_slot} tokens cleanly ({source})",
-        figures=figures,
-        raw={"lane": lane.model_dump(), "run": source, "problems": problems},
-        duration_s=timer.elapsed(),
-    )
+    ok = f"one lane reached {lane.population}/{per_slot} tokens cleanly ({source})"
+    raw = {"lane": lane.model_dump(), "run": source, "problems": problems}
+    return judged(ONE_LANE, problems, ok, timer, figures=figures, raw=raw)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.prompts import PromptBuilder
 
 NAME = "sampling"
@@ -76,13 +76,12 @@ def run(ctx: CheckContext) -> CheckResult:
     a1, a2, b = tokens
     problems += sampling_problems(a1, a2, b)
     differ = sum(x != y for x, y in zip(a1, b, strict=False))
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        message="; ".join(problems)
-        or f"settings reported back; seed {SEEDS[0]} repeated its {len(a1)} tokens, seed {SEEDS[1]} differed at "
+    return judged(
+        NAME,
+        problems,
+        f"settings reported back; seed {SEEDS[0]} repeated its {len(a1)} tokens, seed {SEEDS[1]} differed at "
         f"{differ} positions",
+        timer,
         figures={"tokens": len(a1), "positions_differing": differ, **SETTINGS},
         raw={"settings": SETTINGS, "answers": answers, "problems": problems},
-        duration_s=timer.elapsed(),
     )
