@@ -153,18 +153,6 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
     return FileCheck(path, k, tuple(dict.fromkeys(problems)))
 
 
-def check_all(
-    paths: list[Path] | None, *, kind: str | None, variables: dict[str, str]
-) -> list[tuple[Path, str | None]]:
-    """(file, None or every problem as one text) for each file; kept for callers of the old shape."""
-    models = schemas()
-    out: list[tuple[Path, str | None]] = []
-    for p in paths or default_files():
-        r = check_file(p, kind=kind, models=models)
-        out.append((p, "\n".join(r.problems) if r.problems else None))
-    return out
-
-
 # -- cross-references -----------------------------------------------------------------------
 
 

@@ -30,7 +30,6 @@ from typing import Literal
 from orchestrator.config.inventory import Supervision
 from orchestrator.errors import ConfigError, HostError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.roles import LLAMA_SERVER, RPC_SERVER
 
 Scope = Literal["user", "system"]
 
@@ -183,40 +182,6 @@ def render_unit(
         "",
     ]
     return "\n".join(lines)
-
-
-def render_pair_units(
-    *,
-    pair: str,
-    native_exec: Sequence[str],
-    rpc_exec: Sequence[str],
-    native_root: str,
-    rpc_root: str,
-    same_host: bool,
-    supervision: Supervision,
-    user: bool = False,
-) -> dict[str, dict[str, str]]:
-    """role -> {unit file name: text}. Sharing a host, llama-server's unit comes after (and
-    wants) ggml-rpc-server's, so at boot its supervisor starts once its peer's does."""
-    rpc_unit = unit_name(pair, RPC_SERVER, rpc_root)
-    return {
-        "rpc": {
-            rpc_unit: render_unit(
-                pair=pair, service=RPC_SERVER, exec_argv=rpc_exec, root=rpc_root, supervision=supervision, user=user
-            )
-        },
-        "native": {
-            unit_name(pair, LLAMA_SERVER, native_root): render_unit(
-                pair=pair,
-                service=LLAMA_SERVER,
-                exec_argv=native_exec,
-                root=native_root,
-                supervision=supervision,
-                after=rpc_unit if same_host else None,
-                user=user,
-            )
-        },
-    }
 
 
 @dataclass(frozen=True)

@@ -336,19 +336,19 @@ def test_rendered_pair_argv_policy():
 
 
 def test_config_check_inventory_judges_each_pairs_profile(tmp_path):
-    from orchestrator.cli.config_registry import check_all
+    from orchestrator.cli.config_registry import check_file
 
     prof = write(tmp_path, "tools.yaml", {**LAB_PROFILE, "name": "tools", "extra_args": ["--agent"]})
     inv = yaml.safe_load(yaml.safe_dump(LAB_INV))
     inv["pairs"]["lab"]["profile"] = str(prof)
-    res = check_all([write(tmp_path, "inv.yaml", inv)], kind="inventory", variables={})
-    assert res[0][1] and "--agent is refused" in res[0][1]
+    res = check_file(write(tmp_path, "inv.yaml", inv), kind="inventory")
+    assert any("--agent is refused" in p for p in res.problems)
     key = tmp_path / "key"
     key.write_text("k3y\n")
     key.chmod(0o600)  # as an operator keeps it (config check names a 0644 key file)
     inv["pairs"]["lab"].update(api_key_file=str(key), allow_flags={"--agent": "agent test bench"})
-    res = check_all([write(tmp_path, "inv.yaml", inv)], kind="inventory", variables={})
-    assert res[0][1] is None, res
+    res = check_file(write(tmp_path, "inv.yaml", inv), kind="inventory")
+    assert res.problems == (), res
 
 
 def test_a_manifest_larger_than_any_is_refused_before_it_is_parsed(tmp_path):

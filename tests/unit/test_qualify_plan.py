@@ -144,7 +144,5 @@ def test_registered_as_manifest_kind_plan():
     from orchestrator.cli import config_registry as registry
 
     assert registry.schemas()["plan"].__name__ == "QualifyPlan"
-    results = registry.check_all(
-        [MANIFESTS / "plans" / "lab.yaml", MANIFESTS / "plans" / "mmvf-field.yaml"], kind=None, variables={}
-    )
-    assert [e for _, e in results] == [None, None]
+    results = [registry.check_file(MANIFESTS / "plans" / f, kind=None) for f in ("lab.yaml", "mmvf-field.yaml")]
+    assert [r.problems for r in results] == [(), ()]

@@ -17,7 +17,7 @@ from orchestrator.hosts.units import (
     check_readback,
     exec_quote,
     parse_readback,
-    render_pair_units,
+    render_unit,
     root_tag,
     supervise_argv,
     unit_name,
@@ -43,16 +43,32 @@ def _pair(tmp_path: Path, *, same_host: bool, arg: str = "--port"):
     return (
         supervise_argv(svc, root, "llama-server", sup, native),
         supervise_argv(svc, root, "ggml-rpc-server", [], rpc),
-        render_pair_units(
-            pair="lab",
+        _render_pair(
             native_exec=supervise_argv(svc, root, "llama-server", sup, native),
             rpc_exec=supervise_argv(svc, root, "ggml-rpc-server", [], rpc),
-            native_root=root,
-            rpc_root=root,
+            root=root,
             same_host=same_host,
             supervision=s,
         ),
     )
+
+
+def _render_pair(*, native_exec, rpc_exec, root, same_host, supervision):
+    """role -> {unit file name: text}, as SystemdManager.stage renders each host's unit: sharing a
+    host, llama-server's unit comes after (and wants) ggml-rpc-server's."""
+    rpc_unit = unit_name("lab", "ggml-rpc-server", root)
+    rpc_text = render_unit(
+        pair="lab", service="ggml-rpc-server", exec_argv=rpc_exec, root=root, supervision=supervision
+    )
+    native_text = render_unit(
+        pair="lab",
+        service="llama-server",
+        exec_argv=native_exec,
+        root=root,
+        supervision=supervision,
+        after=rpc_unit if same_host else None,
+    )
+    return {"rpc": {rpc_unit: rpc_text}, "native": {unit_name("lab", "llama-server", root): native_text}}
 
 
 def _exec_argv(text: str) -> list[str]:
