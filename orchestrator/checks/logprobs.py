@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 Position = Mapping[int, float]
 
@@ -87,13 +87,7 @@ class Summary:
     max_abs_dlogprob: float
 
     def as_dict(self) -> dict[str, float | int]:
-        return {
-            "positions": self.positions,
-            "mean_kl": self.mean_kl,
-            "max_kl": self.max_kl,
-            "top1": self.top1,
-            "max_abs_dlogprob": self.max_abs_dlogprob,
-        }
+        return asdict(self)
 
 
 def summarize(diffs: Iterable[PositionDiff]) -> Summary:

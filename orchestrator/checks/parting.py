@@ -149,13 +149,7 @@ class Walk:
         return max(ms) if ms else None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "partings": [asdict(p) for p in self.partings],
-            "compared": self.compared,
-            "stopped_early": self.stopped_early,
-            "problem": self.problem,
-            "requests": self.requests,
-        }
+        return asdict(self)
 
 
 def first_difference(a: list[int], b: list[int], start: int = 0) -> int | None:

@@ -19,7 +19,7 @@ must say the whole suite ran (`acceptance_whole_suite`, set by checks.suite) and
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.config.profiles import RouteProfile
@@ -59,12 +59,7 @@ class Pin:
         return self.native_package, self.rpc_package
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "native_package": self.native_package,
-            "rpc_package": self.rpc_package,
-            "receipt": self.receipt,
-            "how": self.how,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ which nothing (status, baselines, references, schedules) counts as a pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.evidence.receipt import Receipt, StepRecord
@@ -43,15 +43,7 @@ class Coverage:
         return "; ".join(parts)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "required": self.required,
-            "reused": self.reused,
-            "fresh": self.fresh,
-            "missing": self.missing,
-            "failed_fresh": self.failed_fresh,
-            "identity_mismatch": self.identity_mismatch,
-            "complete": self.complete,
-        }
+        return {**asdict(self), "complete": self.complete}
 
 
 def required_steps(original: Receipt) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.config.inventory import Inventory
@@ -39,15 +39,7 @@ class HostLog:
     truncated: bool = False  # more than LOG_TAIL_MAX bytes were new: only the last of them shown
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "role": self.role,
-            "path": self.path,
-            "lines": self.lines,
-            "size": self.size,
-            "error": self.error,
-            "truncated": self.truncated,
-        }
+        return {k: v for k, v in asdict(self).items() if k != "exit_code"}  # the exit code is the command's
 
 
 def roles_of(which: str) -> tuple[Role, ...]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator import interrupt, progress
@@ -76,19 +76,7 @@ class PairRun:
     hooks: list[dict[str, Any]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "pair": self.pair,
-            "wave": self.wave,
-            "outcome": self.outcome,
-            "packages": self.packages,
-            "profile": self.profile,
-            "reason": self.reason,
-            "receipt": self.receipt,
-            "exit_code": self.exit_code,
-            "error": self.error,
-            "wall_s": round(self.wall_s, 3),
-            "hooks": self.hooks,
-        }
+        return {**asdict(self), "wall_s": round(self.wall_s, 3)}
 
 
 @dataclass
