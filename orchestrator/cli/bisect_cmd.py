@@ -74,8 +74,7 @@ def bisect(
         folder = st.folder(c.home, pair)
         existed = folder.exists()
         shutil.rmtree(folder, ignore_errors=True)
-        _emit(
-            c,
+        c.say(
             {"command": "bisect", "pair": pair, "outcome": "reset", "discarded": existed},
             f"bisect state of {pair} {'discarded' if existed else 'was absent'} ({folder})",
         )
@@ -98,9 +97,9 @@ def bisect(
     result = run_bisect(c.home, c.inventory(), req)
     doc = result.to_dict()
     if result.outcome == "dry-run":
-        _emit(c, doc, _dry_run_text(doc["range"]))
+        c.say(doc, _dry_run_text(doc["range"]))
         return
-    _emit(c, doc, _result_text(doc))
+    c.say(doc, _result_text(doc))
     if result.outcome != "found":
         raise Inconclusive(
             f"bisect of {pair}: only skipped commits are left; the first bad commit is one of "
@@ -133,13 +132,6 @@ def _judgement(
     if not resume and judgement is None:
         raise UsageError("bisect needs a judgement: --checks NAME[,NAME] (or all) or --plan NAME|PATH")
     return judgement
-
-
-def _emit(c: Any, doc: dict[str, Any], text: str) -> None:
-    if c.json_output:
-        c.emit_json(doc)
-    else:
-        c.console.print(text, markup=False)
 
 
 def _dry_run_text(r: dict[str, Any]) -> str:

@@ -101,6 +101,14 @@ class Ctx:
             return "-"
         return digest[:n] if self.interactive else digest
 
+    def say(self, doc: Any, *lines: str) -> None:
+        """With --json the command's document, else its lines for a person (plain text, no markup)."""
+        if self.json_output:
+            self.emit_json(doc)
+            return
+        for line in lines:
+            self.console.print(line, markup=False)
+
     def emit_json(self, data: Any) -> None:
         """The command's one JSON document: held until the run ends (main prints it, with the
         `error` object when the command fails); written at once when no run holds it (tests)."""

@@ -197,14 +197,10 @@ def init(ctx: typer.Context, directory: Path = _DIR, force: bool = _FORCE) -> No
     c = get_ctx(ctx)
     root = directory.expanduser().resolve()
     written = write_scaffold(root, force=force)
-    if c.json_output:
-        c.emit_json({"config_dir": str(root), "files": [str(p) for p in written]})
-        return
-    for p in written:
-        c.console.print(f"wrote {p}", markup=False)
-    c.console.print(
+    c.say(
+        {"config_dir": str(root), "files": [str(p) for p in written]},
+        *(f"wrote {p}" for p in written),
         f"\nnext: export PAIRCTL_CONFIG={root} PAIRCTL_INVENTORY=site; edit inventories/site.yaml; "
         "write the server's API key, one line, to the api_key_file it names "
         "(umask 077; mkdir -p ~/.config/pairctl; cat > ~/.config/pairctl/prod.key); pairctl config check",
-        markup=False,
     )

@@ -30,9 +30,7 @@ def list_(ctx: typer.Context) -> None:
     if c.json_output:
         c.emit_json(rows)
         return
-    t = Table(title="kernel patches")
-    for col in ("name", "scope", "cases", "patch sha256"):
-        t.add_column(col)
+    t = Table("name", "scope", "cases", "patch sha256", title="kernel patches")
     for r in rows:
         cases = r.get("cases")
         cases = cases if isinstance(cases, list) else []
@@ -60,14 +58,11 @@ def verify(
     c = get_ctx(ctx)
     repo = source or (c.home.lab / "source")
     out = verify_patch(kernel, repo, rev)
-    if c.json_output:
-        c.emit_json(out)
-    else:
-        c.console.print(
-            f"ok   {out['kernel']} applies to {c.short(out['base'])} in {out['repo']} "
-            f"(patch sha256 {c.short(out['patch_sha256'], 16)})",
-            markup=False,
-        )
+    c.say(
+        out,
+        f"ok   {out['kernel']} applies to {c.short(out['base'])} in {out['repo']} "
+        f"(patch sha256 {c.short(out['patch_sha256'], 16)})",
+    )
 
 
 @app.command("check")
@@ -160,9 +155,8 @@ def _show(c: Ctx, result: KernelCheckResult, as_json: bool) -> None:
     if as_json:
         c.emit_json(result.to_dict())
         return
-    t = Table(title=f"kernel cases {result.plan.kernel} on pair {result.plan.pair}")
-    for col in ("host", "case", "backend", "nmse", "max err", "µs/run", "cpu µs/run", "ok"):
-        t.add_column(col)
+    cols = ("host", "case", "backend", "nmse", "max err", "µs/run", "cpu µs/run", "ok")
+    t = Table(*cols, title=f"kernel cases {result.plan.kernel} on pair {result.plan.pair}")
     for v in result.verdicts:
         for r in v.rows:
             t.add_row(

@@ -29,9 +29,7 @@ def _show(c: Ctx, st: LabStatus) -> None:
     if c.json_output:
         c.emit_json(st.as_dict())
         return
-    t = Table(title="lab hosts")
-    for col in ("host", "address", "pid", "state"):
-        t.add_column(col)
+    t = Table("host", "address", "pid", "state", title="lab hosts")
     for h in st.hosts:
         t.add_row(h.name, f"{h.address}:{h.port}", str(h.pid or "-"), h.state + (" (started)" if h.started else ""))
     c.console.print(t)

@@ -59,12 +59,7 @@ def push_cmd(ctx: typer.Context) -> None:
     doc = {"home": store.home_id(), "commit": res.commit, "added": res.added, "pushed": res.pushed, "lost": res.lost}
     if res.lost:
         typer.echo(f"pairctl: warning: {team.lost_message(store, res.lost)}", err=True)
-    if c.json_output:
-        c.emit_json(doc)
-    else:
-        c.console.print(
-            f"home {doc['home']}: {res.added} new receipt(s), commit {res.commit or '-'} pushed", markup=False
-        )
+    c.say(doc, f"home {doc['home']}: {res.added} new receipt(s), commit {res.commit or '-'} pushed")
 
 
 def pull_cmd(ctx: typer.Context) -> None:
@@ -74,11 +69,10 @@ def pull_cmd(ctx: typer.Context) -> None:
 
     c = get_ctx(ctx)
     res = team.pull(_store(c), access_of(c))
-    if c.json_output:
-        c.emit_json({"homes": res.homes, "problems": res.problems})
-    else:
-        for home, n in sorted(res.homes.items()):
-            c.console.print(f"home {home}: {n} new receipt(s)", markup=False)
+    c.say(
+        {"homes": res.homes, "problems": res.problems},
+        *(f"home {home}: {n} new receipt(s)" for home, n in sorted(res.homes.items())),
+    )
     if res.problems:
         raise EvidenceError(f"{len(res.problems)} problem(s); first: {res.problems[0]}")
 
@@ -94,14 +88,11 @@ def init_remote_cmd(ctx: typer.Context) -> None:
     c = get_ctx(ctx)
     a = access_of(c)
     init_remote(a, read_signers(a.allowed_signers))
-    if c.json_output:
-        c.emit_json({"url": a.url, "hook": "pre-receive", "allowed_signers": a.allowed_signers})
-    else:
-        c.console.print(
-            f"{a.url}: an append-only bare repository; its pre-receive hook accepts only appended receipts "
-            f"signed by each home's own key in {a.allowed_signers}",
-            markup=False,
-        )
+    c.say(
+        {"url": a.url, "hook": "pre-receive", "allowed_signers": a.allowed_signers},
+        f"{a.url}: an append-only bare repository; its pre-receive hook accepts only appended receipts "
+        f"signed by each home's own key in {a.allowed_signers}",
+    )
 
 
 def quarantine_cmd(
@@ -146,13 +137,9 @@ def quarantine_cmd(
     sha = j.finish("passed", f"branch homes/{stray} set aside at {tip[:12]}: {reason}")
     res = team.push(store, access, _operator(None))
     doc = {"home": stray, "tip": tip, "reason": reason, "receipt": sha, "by": _operator(None), "pushed": res.pushed}
-    if c.json_output:
-        c.emit_json(doc)
-    else:
-        c.console.print(
-            f"homes/{stray} quarantined at {tip[:12]} by {doc['by']} (receipt {sha[:16]}, commit {res.commit or '-'})",
-            markup=False,
-        )
+    c.say(
+        doc, f"homes/{stray} quarantined at {tip[:12]} by {doc['by']} (receipt {sha[:16]}, commit {res.commit or '-'})"
+    )
 
 
 def verify_remote(c: Ctx, store: EvidenceStore, rep: VerifyReport) -> None:

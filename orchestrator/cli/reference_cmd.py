@@ -93,14 +93,11 @@ def set_(
         )
         receipt = journal.finish("passed", f"reference of {pair} set to {native} / {rpc}")
     out = {**state_dict(pair, load_state(evidence, pair)), "receipt": receipt}
-    if c.json_output:
-        c.emit_json(out)
-    else:
-        c.console.print(
-            f"reference of {pair}: {native} / {rpc} (receipt {receipt[:16]}); its answers are recorded "
-            "by its next acceptance",
-            markup=False,
-        )
+    c.say(
+        out,
+        f"reference of {pair}: {native} / {rpc} (receipt {receipt[:16]}); its answers are recorded "
+        "by its next acceptance",
+    )
 
 
 @app.command("show")

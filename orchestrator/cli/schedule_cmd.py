@@ -82,14 +82,11 @@ def install(
         sched.systemctl(system, "daemon-reload")
         sched.systemctl(system, "enable", "--now", f"{s.unit_name}.timer")
         enabled = True
-    if c.json_output:
-        c.emit_json({"mode": "systemd", "units": [str(p) for p in paths], "enabled": enabled})
-    else:
-        for p in paths:
-            c.console.print(f"wrote {p}", markup=False)
-        c.console.print(
-            "enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)", markup=False
-        )
+    c.say(
+        {"mode": "systemd", "units": [str(p) for p in paths], "enabled": enabled},
+        *(f"wrote {p}" for p in paths),
+        "enabled and started the timer" if enabled else "units written (not enabled: --unit-dir)",
+    )
 
 
 @app.command("list")
@@ -132,9 +129,7 @@ def remove(
         except Exception:
             pass
     removed = sched.remove_units(name, unit_dir or sched.unit_dir(system))
-    if c.json_output:
-        c.emit_json({"removed": [str(p) for p in removed]})
-    else:
-        c.console.print(
-            f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}", markup=False
-        )
+    c.say(
+        {"removed": [str(p) for p in removed]},
+        f"removed {len(removed)} unit file(s)" if removed else f"no schedule for pair {pair}",
+    )
