@@ -18,7 +18,7 @@ or `--resume`, continues an interrupted bisect where it stopped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -93,19 +93,7 @@ class BisectResult:
     resumed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "command": "bisect",
-            "pair": self.pair,
-            "outcome": self.outcome,
-            "first_bad": self.first_bad,
-            "candidates": self.candidates,
-            "judged_steps": self.judged_steps,
-            "steps": self.steps,
-            "range": self.range,
-            "receipt": self.receipt,
-            "restored": self.restored,
-            "resumed": self.resumed,
-        }
+        return {"command": "bisect", **asdict(self)}
 
 
 def _now() -> str:

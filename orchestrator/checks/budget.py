@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.config.profiles import RouteProfile, SpeedFloors
@@ -82,15 +82,7 @@ class RequestBudget:
     blind_factor: float = 1.0
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "completion_s": self.completion_s,
-            "control_s": self.control_s,
-            "stall_s": self.stall_s,
-            "blind_s": self.blind_s,
-            "blind_factor": self.blind_factor,
-            "why": self.why,
-            "speeds": dict(self.speeds),
-        }
+        return asdict(self)
 
     def watch(self, alive: Callable[[], Liveness | None] | None = None) -> ProgressWatch:
         """The client's progress watch; with `alive` (services' CPU time) a stopped server fails in

@@ -23,7 +23,7 @@ import json
 import posixpath
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator import faults
@@ -340,17 +340,7 @@ class HostVerdict:
         return not self.problems
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "role": self.role,
-            "package": self.package,
-            "exit_status": self.exit_status,
-            "passed": self.passed,
-            "problems": self.problems,
-            "harness_sha256": self.harness_sha256,
-            "summary": self.summary,
-            "rows": self.rows,
-        }
+        return {**asdict(self), "passed": self.passed}
 
 
 def judge_host(

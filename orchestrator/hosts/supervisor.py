@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from orchestrator.config.inventory import Supervision
 from orchestrator.hosts.layout import HostLayout
@@ -98,16 +98,7 @@ class SupervisorState:
     refused: str | None = None  # why it started nothing (its release's files differ from the manifest)
 
     def as_dict(self) -> dict[str, object]:
-        return {
-            "state": self.state,
-            "restarts": self.restarts,
-            "last_exit": self.last_exit,
-            "started_at": self.started_at,
-            "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1),
-            "given_up": self.given_up,
-            "supervisor_alive": self.supervisor_alive,
-            "refused": self.refused,
-        }
+        return {**asdict(self), "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1)}
 
 
 def parse_state(text: str, *, supervisor_alive: bool = False) -> SupervisorState:
