@@ -220,21 +220,12 @@ def samples_sha256(rows: list[Any] | None) -> str | None:
     return None if rows is None else sha256_json(rows)
 
 
+SUMMARY_FIELDS = "started_at finished_at command pair outcome reason previous derived_from recovered run_id".split()
+
+
 def summary_of(r: Receipt, sha: str | None = None) -> dict[str, Any]:
     """The few fields `receipts list` and status need, without the samples."""
-    return {
-        "hash": sha or r.sha256,
-        "started_at": r.started_at,
-        "finished_at": r.finished_at,
-        "command": r.command,
-        "pair": r.pair,
-        "outcome": r.outcome,
-        "reason": r.reason,
-        "previous": r.previous,
-        "derived_from": r.derived_from,
-        "recovered": r.recovered,
-        "run_id": r.run_id,
-    }
+    return {"hash": sha or r.sha256, **{k: getattr(r, k) for k in SUMMARY_FIELDS}}
 
 
 RESERVED_FIELDS = frozenset(Receipt.model_fields) | {"sha256", "chain"}
