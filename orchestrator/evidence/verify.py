@@ -66,19 +66,8 @@ class VerifyReport:
         return self.problems[0] if self.problems else None
 
     def to_json(self) -> dict[str, Any]:
-        return (
-            {
-                "root": self.root,
-                "ok": self.ok,
-                "receipts": self.receipts,
-                "chains": self.chains,
-                "problems": [asdict(p) for p in self.problems],
-                "warnings": self.warnings,
-                "pruned": self.pruned,
-            }
-            | ({"signers": self.signers} if self.signers else {})
-            | ({"quarantined": self.quarantined} if self.quarantined else {})
-        )
+        d = {**asdict(self), "ok": self.ok}
+        return {k: v for k, v in d.items() if v or k not in ("signers", "quarantined")}  # those: --remote only
 
 
 def _started(data: bytes) -> str | None:
