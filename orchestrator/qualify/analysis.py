@@ -148,23 +148,9 @@ class QualifyResult:
             d["valid_pair_count"] = len(c.valid_pairs)
             return d
 
-        return {
-            "verdict": self.verdict,
-            "plan": self.plan_name,
-            "plan_sha256": self.plan_sha256,
-            "gates": [asdict(g) for g in self.gates],
-            "flags": [asdict(f) for f in self.flags],
-            "cells": [cell(c) for c in self.cells],
-            "samples_total": self.samples_total,
-            "samples_invalid": self.samples_invalid,
-            "arms": self.arms,
-            "deciding_method": self.deciding_method,
-            "noise": self.noise,
-            "rules": self.rules,
-            "drift": self.drift,
-            "order": self.order,
-            "sequential": self.sequential,
-        }
+        d = asdict(self)
+        d["plan"], d["cells"] = d.pop("plan_name"), [cell(c) for c in self.cells]
+        return d
 
 
 RULES_VERSION = 31

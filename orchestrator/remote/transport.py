@@ -10,7 +10,7 @@ import os
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -108,20 +108,8 @@ class TransportStats:
         return self.commands + self.puts + self.gets
 
     def as_dict(self) -> dict[str, float]:
-        return {
-            "connects": self.connects,
-            "connect_s": round(self.connect_s, 6),
-            "commands": self.commands,
-            "command_s": round(self.command_s, 6),
-            "retries": self.retries,
-            "puts": self.puts,
-            "put_bytes": self.put_bytes,
-            "put_s": round(self.put_s, 6),
-            "gets": self.gets,
-            "get_bytes": self.get_bytes,
-            "get_s": round(self.get_s, 6),
-            "round_trips": self.round_trips,
-        }
+        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
+        return {**{k: round(v, 6) if k.endswith("_s") else v for k, v in d.items()}, "round_trips": self.round_trips}
 
 
 @runtime_checkable
