@@ -90,17 +90,7 @@ class SuiteResult(BaseModel):
             "client_retries": len(self.client_retries),
             "request_budget": self.request_budget,
             "request_surface": self.request_surface,
-            "checks": [
-                {
-                    "name": r.name,
-                    "verdict": r.verdict,
-                    "required": r.required,
-                    "message": r.message,
-                    "figures": r.figures,
-                    "duration_s": r.duration_s,
-                }
-                for r in self.results
-            ],
+            "checks": [r.model_dump(exclude={"raw"}) for r in self.results],
         }
 
 

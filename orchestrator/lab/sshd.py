@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -232,17 +232,9 @@ class HostState:
         return "down"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.name,
-            "address": self.address,
-            "port": self.port,
-            "pid": self.pid,
-            "running": self.running,
-            "answering": self.answering,
-            "state": self.state,
-            "started": self.started,
-            "install_root": self.root,
-        }
+        d = asdict(self)
+        d["host"], d["install_root"] = d.pop("name"), d.pop("root")
+        return {**d, "state": self.state}
 
 
 class SshdHost:
