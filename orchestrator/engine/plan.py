@@ -11,6 +11,7 @@ commands and the receipt's are the same bytes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -58,9 +59,34 @@ class RouteWrite:
     base_revision: int | None
     record: RouteRecord | None = None  # what `route` writes on both hosts
     settled: RouteRecord | None = None  # what `route-accepted` writes (a deploy's record, settled)
+    # fields beyond RUN_FIELDS filled only once prepare ran ("active.models": a model the inventory
+    # declares no sha256 for, hashed on the host); every other field is the plan's, byte for byte
+    deferred: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"transition": self.transition, "base_revision": self.base_revision}
+        d: dict[str, Any] = {"transition": self.transition, "base_revision": self.base_revision}
+        for k, rec in (("record", self.record), ("settled", self.settled)):
+            if rec is not None:
+                d[k] = planned_fields(json.loads(rec.to_bytes()), (*RUN_FIELDS, *self.deferred))
+                d["deferred"] = [*RUN_FIELDS, *self.deferred]
+        return d
+
+
+# what only the run that writes a record knows: its clock, its id, the newest receipt of the chain
+# when it began (a dry run's own receipt is newer) and the mac over them
+RUN_FIELDS = ("updated_at", "updated_by", "evidence_head", "mac")
+
+
+def planned_fields(record: dict[str, Any], deferred: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """A route record (as its JSON) without its deferred fields (`a.b`: field b of a): what the
+    plan decided of it, which the dry run prints and the written record must equal."""
+    for f in deferred:
+        *up, last = f.split(".")
+        sub = record
+        for k in up:
+            sub = sub.get(k) or {}
+        sub.pop(last, None)
+    return record
 
 
 @dataclass(frozen=True)
