@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
@@ -50,7 +50,10 @@ from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
-from orchestrator.roles import SERVICE_OF_ROLE
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+
+if TYPE_CHECKING:
+    from orchestrator.checks.kernels import KernelCheckPlan
 
 # Steps run before the plan is made. The lease comes before the facts: host state that decides
 # anything (and is the route's compare-and-swap base) is read only once this run holds the hosts.
@@ -324,13 +327,22 @@ def _deploy_plan(ctx: RunEnv, pb: Playbook, restore: Restore) -> tuple[Prepared,
         target=target.activation,
         skip_accept=opts.skip_accept,
         checks=opts.checks,
-        kernel_check=opts.kernel_check,
+        kernel=_kernel_plan(ctx, target) if opts.kernel_check else None,
         route=_deploy_route(ctx, target, restore, deferred),
         pair=target,
         packages=prep.packages,
         key=prep.key,
     )
     return prep, steps
+
+
+def _kernel_plan(ctx: RunEnv, target: Target) -> KernelCheckPlan:
+    """`--kernel-check`: the kernel harness of the packages being deployed, on both hosts."""
+    from orchestrator.checks.kernels import DEFAULT_KERNEL, plan_kernel_check
+    from orchestrator.config.kernels import load_cases
+
+    ids = {ctx.view.hosts[r]: target.activation.package(r) for r in ROLES}
+    return plan_kernel_check(ctx.inventory, ctx.view.name, load_cases(DEFAULT_KERNEL), ids)
 
 
 def _activate(ctx: RunEnv, rest: list[Step], target: Target, restore: Restore, record: _ReleaseWatch) -> Target:

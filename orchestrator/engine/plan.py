@@ -31,6 +31,7 @@ from orchestrator.roles import ROLES
 
 if TYPE_CHECKING:
     from orchestrator.build.store import Package
+    from orchestrator.checks.kernels import KernelCheckPlan
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ class Step:
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
     uploads: Mapping[str, Upload] = field(default_factory=dict)  # per host: what `upload` sends or verifies
+    kernel: KernelCheckPlan | None = None  # kernel-check: each host's harness run, the second rpc-server
     pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
     packages: Mapping[str, Package] = field(default_factory=dict, compare=False, repr=False)  # role -> upload
     key: ApiKey | None = field(default=None, compare=False, repr=False)  # the secret it puts, verify's Bearer
@@ -151,6 +153,8 @@ class Step:
             d["upload"] = {h: u.to_dict() for h, u in self.uploads.items()}
         if self.route is not None:
             d["route"] = self.route.to_dict()
+        if self.kernel is not None:
+            d["kernel"] = self.kernel.to_dict()
         if self.kind is not None and self.kind.uses_pair and self.pair is not None:
             d["pair"] = self.pair.entry.names()
         if self.kind is not None and self.kind.uses_key:
@@ -345,7 +349,7 @@ def plan(
     restore: Activation | None = None,
     skip_accept: bool = False,
     checks: tuple[str, ...] = (),
-    kernel_check: bool = False,
+    kernel: KernelCheckPlan | None = None,
     restore_links: Mapping[str, tuple[str | None, str | None]] | None = None,
     route: RouteWrite | None = None,
     pair: Target | None = None,
@@ -356,7 +360,7 @@ def plan(
     """Concrete steps of `playbook` for this pair (a failed deploy's back-out: of `back_out`'s)."""
     steps = []
     for s in playbook.steps:
-        if s.action == "kernel-check" and not kernel_check:
+        if s.action == "kernel-check" and kernel is None:
             continue  # only with `deploy --kernel-check`
         if s.action == "accept" and skip_accept:
             continue  # not run, so not recorded as passed; route-accepted settles the pair identity-verified
@@ -382,6 +386,7 @@ def plan(
                 links={view.hosts[r]: lk for r, lk in links.items()},
                 # a restore's stop carries it too: what it must find writable before it stops anything
                 route=route if s.kind.writes_route or (restores and s.action == "stop") else None,
+                kernel=kernel if s.action == "kernel-check" else None,
                 pair=pair,
                 restores=restores,
                 packages=packages or {},

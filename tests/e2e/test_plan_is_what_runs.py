@@ -1,9 +1,10 @@
 """Issue 29 on the lab's sshd hosts with a real llama-server and ggml-rpc-server (pair `routes`,
 its own install roots and ports):
 
-- the plan is what runs: the commands `--dry-run` prints for deploy (fresh, a present release
-  verified first) and rollback are, byte for byte, the commands the real run records in its
-  receipt (supervisor options, bounds and all);
+- the plan is what runs: the steps `--dry-run` prints for deploy (fresh with --kernel-check, a
+  present release verified first, a failed one's back-out), rollback and repair are, byte for
+  byte, the steps the real run records in its receipt (supervisor options, bounds, the route
+  record but for the fields only the writing run knows, and all);
 - the route record's states (engine/route_states.py): a `--skip-accept` or partial `--checks`
   deploy is identity-verified, never "accept passed", and a rollout that accepts is not
   satisfied by it; a qualification (its arm on another profile, then its restore) leaves the
@@ -37,7 +38,7 @@ from tests.faults.harness import FaultPair, fresh_pair, service_pid_of
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 NAME = "routes"
-# every action of the playbooks a dry run shows (kernel-check runs only with --kernel-check)
+# every action of the playbooks a dry run shows (kernel-check: the first deploy's --kernel-check)
 PLAYBOOKS = ("deploy", "rollback", "repair")
 COMPARED: set[str] = set()  # the actions whose dry-run step equalled the executed one, over the module
 
@@ -132,8 +133,11 @@ def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> No
 def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPair) -> None:
     fp = routes
     a, b = fp.packages
-    # fresh deploys: nothing present, nothing verified first
-    _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept")
+    # fresh deploys: nothing present, nothing verified first; the first one checks the kernels of
+    # what it uploaded, as its dry run showed (harness argv per host, the second rpc-server)
+    first = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept", "--kernel-check")
+    kc = next(s for s in first["dry"]["plan"] if s["action"] == "kernel-check")["kernel"]
+    assert {r["package"] for r in kc["runs"]} == {a} and kc["rpc_server"] is not None, kc
     skip = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept")
     # a --skip-accept deploy is identity-verified: no accept step in its receipt, not accepted
     assert "accept" not in [s["name"] for s in skip["run"]["steps"]]
@@ -244,7 +248,7 @@ def test_rollback_to_a_kept_release(routes: FaultPair) -> None:
 def test_every_action_of_every_playbook_was_compared(routes: FaultPair) -> None:
     if not COMPARED:
         pytest.skip("run with the tests above (one module)")
-    every = {s.action for pb in PLAYBOOKS for s in load_playbook(pb).steps} - {"kernel-check"}
+    every = {s.action for pb in PLAYBOOKS for s in load_playbook(pb).steps}
     assert every <= COMPARED, sorted(every - COMPARED)
 
 

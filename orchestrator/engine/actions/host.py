@@ -34,7 +34,8 @@ class KernelCheck(Action, name="kernel-check", uses_pair=True):
     def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
         from orchestrator.checks import kernels
 
-        return kernels.deploy_step(ctx, role)
+        assert step.kernel is not None  # planned only with --kernel-check
+        return kernels.deploy_step(ctx, step.kernel)
 
 
 class Verify(Action, name="verify", uses_pair=True, uses_key=True):
