@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from orchestrator.config.inventory import ApiKey, Inventory
-from orchestrator.engine.playbook import Playbook
+from orchestrator.engine.playbook import ActionKind, Playbook
 from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
@@ -127,7 +127,7 @@ class Step:
     # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
     # hosts whose manager installs units, stop proves the RPC host and roots first, a read-only root is let be
     restores: bool = False
-    kind: Any = field(default=None, compare=False, repr=False)  # its action's class (engine/actions)
+    kind: ActionKind | None = field(default=None, compare=False, repr=False)  # its action's class (engine/actions)
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -406,7 +406,7 @@ def back_out(playbook: Playbook) -> Playbook:
 def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:
     """The same steps, the route-writing ones carrying `route`, all the pair (a deploy's, sealed
     once prepare measured the model hashes its entry records, before the first change)."""
-    return [replace(s, route=route if s.kind.writes_route else s.route, pair=pair) for s in steps]
+    return [replace(s, route=route if s.kind and s.kind.writes_route else s.route, pair=pair) for s in steps]
 
 
 def rel_text(rel: str | None) -> str:
