@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from orchestrator.config.inventory import ApiKey, Inventory
@@ -104,6 +104,25 @@ class Upload:
         return {"release": self.release, "present": self.present, "files": dict(sorted(self.files.items()))}
 
 
+# What a step does beyond its action (Step.may), decided for that step by the plan, never by the
+# executor from the kind of run it is in:
+#   first-change: a deploy's first change (stop-native): both hosts and leases proven first, and a
+#     host it never reached changed nothing
+#   switch-own: the links it switches are the deploy's own (put back as found if its back-out fails)
+#   restore: it puts a recorded pair back: a root that refuses writes is let be where it holds what
+#     the step puts, stop proves the RPC host and the roots first, a signal no longer stops it once
+#     something changed
+#   install-helper: facts of a plan without `prepare` install the helper that speaks units and check the manager
+May = Literal["first-change", "switch-own", "restore", "install-helper"]
+
+
+def _may(action: str, restores: bool, first_change: bool) -> frozenset[May]:
+    if restores:
+        return frozenset(("restore", "install-helper") if action == "facts" else ("restore",))
+    own: tuple[May, ...] = ("switch-own",) if action in ("switch", "restart-rpc") else ()
+    return frozenset(("first-change", *own) if first_change else own)
+
+
 @dataclass(frozen=True)
 class Step:
     """One planned step: which playbook step, on which hosts, doing what."""
@@ -124,9 +143,7 @@ class Step:
     pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
     packages: Mapping[str, Package] = field(default_factory=dict, compare=False, repr=False)  # role -> upload
     key: ApiKey | None = field(default=None, compare=False, repr=False)  # the secret it puts, verify's Bearer
-    # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
-    # hosts whose manager installs units, stop proves the RPC host and roots first, a read-only root is let be
-    restores: bool = False
+    may: frozenset[May] = frozenset()  # what this step does beyond its action, decided for it by the plan
     kind: ActionKind | None = field(default=None, compare=False, repr=False)  # its action's class (engine/actions)
 
     @property
@@ -159,8 +176,8 @@ class Step:
             d["pair"] = self.pair.entry.names()
         if self.kind is not None and self.kind.uses_key:
             d["has_key"] = self.key is not None  # named so the receipt's masking keeps it (never the key)
-        if self.restores:
-            d["restores"] = True
+        if self.may:
+            d["may"] = sorted(self.may)
         return d
 
 
@@ -359,6 +376,7 @@ def plan(
 ) -> list[Step]:
     """Concrete steps of `playbook` for this pair (a failed deploy's back-out: of `back_out`'s)."""
     steps = []
+    first = next((s.name for s in playbook.steps if s.changes), None)
     for s in playbook.steps:
         if s.action == "kernel-check" and kernel is None:
             continue  # only with `deploy --kernel-check`
@@ -388,7 +406,7 @@ def plan(
                 route=route if s.kind.writes_route or (restores and s.action == "stop") else None,
                 kernel=kernel if s.action == "kernel-check" else None,
                 pair=pair,
-                restores=restores,
+                may=_may(s.action, restores, s.name == first),
                 packages=packages or {},
                 key=key,
                 kind=s.kind,

@@ -99,7 +99,7 @@ class Facts(Action, name="facts"):
         f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
         ctx.hosts.found(role, f)
         d = f.to_dict()
-        if ctx.layout(role).manager.units and step.restores:
+        if ctx.layout(role).manager.units and "install-helper" in step.may:
             # a rollback has no prepare step: its systemd host gets the helper that speaks units
             # (replaced by rename; running supervisors keep the copy they read) and the manager check;
             # its units are checked once the pair to restore is known (engine/deploy.py rollback)
