@@ -69,8 +69,7 @@ class RunResult:
     outcome: str  # passed | failed | dry-run
     receipt: str | None
     plan: list[dict[str, Any]] = field(default_factory=list)
-    # a deploy's back-out as planned with it: what a failure before its route write runs
-    back_out: list[dict[str, Any]] = field(default_factory=list)
+    back_out: list[dict[str, Any]] = field(default_factory=list)  # what a failure before the route write runs
     steps: list[dict[str, Any]] = field(default_factory=list)
     uploads: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -308,10 +307,9 @@ def _deploy_inputs(
 
 
 def _deploy_plan(ctx: RunEnv, pb: Playbook, restore: Restore) -> tuple[Prepared, list[Step]]:
-    """The whole deploy plan from the facts its prefix read and what preflight decided (the
-    target with qualify's `previous` links kept), its route records too: the models' sha256 as the
-    inventory declares them (prepare refuses any other), deferred where it declares none. What the
-    dry run prints and the receipt keeps."""
+    """The whole deploy plan from the facts its prefix read and what preflight decided (qualify's
+    `previous` links kept), its route records with the models' sha256 the inventory declares
+    (prepare refuses any other; deferred where none is): what the dry run prints and the receipt keeps."""
     prep = ctx.recorder.prep
     assert prep is not None
     models = ctx.inventory.pair(ctx.view.name).models
@@ -347,9 +345,8 @@ def _kernel_plan(ctx: RunEnv, target: Target) -> KernelCheckPlan:
 
 def _activate(ctx: RunEnv, rest: list[Step], target: Target, restore: Restore, record: _ReleaseWatch) -> Target:
     """The deploy's steps after its prefix: up to the first change, then the rest with the route
-    records sealed again (prepare hashed the models the entry records: only the plan's deferred
-    fields change), the keep_releases prune under the leases before they are released. Returns
-    the pair activated, as its entry records it."""
+    records sealed again (only the plan's deferred fields may change), the keep_releases prune under
+    the leases before they are released. Returns the pair activated, as its entry records it."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
     run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     target = targets.with_models(target, ctx.recorder.model_hashes())

@@ -60,9 +60,7 @@ class RouteWrite:
     base_revision: int | None
     record: RouteRecord | None = None  # what `route` writes on both hosts
     settled: RouteRecord | None = None  # what `route-accepted` writes (a deploy's record, settled)
-    # fields beyond RUN_FIELDS filled only once prepare ran ("active.models": a model the inventory
-    # declares no sha256 for, hashed on the host); every other field is the plan's, byte for byte
-    deferred: tuple[str, ...] = ()
+    deferred: tuple[str, ...] = ()  # beyond RUN_FIELDS, known once prepare ran: "active.models" (undeclared sha256)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"transition": self.transition, "base_revision": self.base_revision}
@@ -73,14 +71,12 @@ class RouteWrite:
         return d
 
 
-# what only the run that writes a record knows: its clock, its id, the newest receipt of the chain
-# when it began (a dry run's own receipt is newer) and the mac over them
+# what only the writing run knows: its clock, id, chain head when it began (a dry run's receipt is newer), mac
 RUN_FIELDS = ("updated_at", "updated_by", "evidence_head", "mac")
 
 
 def planned_fields(record: dict[str, Any], deferred: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    """A route record (as its JSON) without its deferred fields (`a.b`: field b of a): what the
-    plan decided of it, which the dry run prints and the written record must equal."""
+    """A record's JSON without its deferred fields (`a.b`: b of a): what the dry run prints of it."""
     for f in deferred:
         *up, last = f.split(".")
         sub = record
@@ -104,15 +100,11 @@ class Upload:
         return {"release": self.release, "present": self.present, "files": dict(sorted(self.files.items()))}
 
 
-# What a step does beyond its action (Step.may), decided for that step by the plan, never by the
-# executor from the kind of run it is in:
-#   first-change: a deploy's first change (stop-native): both hosts and leases proven first, and a
-#     host it never reached changed nothing
-#   switch-own: the links it switches are the deploy's own (put back as found if its back-out fails)
-#   restore: it puts a recorded pair back: a root that refuses writes is let be where it holds what
-#     the step puts, stop proves the RPC host and the roots first, a signal no longer stops it once
-#     something changed
-#   install-helper: facts of a plan without `prepare` install the helper that speaks units and check the manager
+# What a step does beyond its action (Step.may), decided for it by the plan: first-change (a deploy's
+# first: both hosts and leases proven, a host never reached changed nothing); switch-own (its links
+# are the deploy's, put back if the back-out fails); restore (it puts a recorded pair back: a root
+# refusing writes is let be where it holds what the step puts, stop proves the RPC host and roots
+# first, no signal stops it once something changed); install-helper (facts of a plan without prepare)
 May = Literal["first-change", "switch-own", "restore", "install-helper"]
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
@@ -59,20 +59,14 @@ class ActionKind(Protocol):
     """What a step's action (an engine/actions class) says of itself, as the playbook and the plan
     read it; typed here, below the actions, so neither imports them."""
 
-    @property
-    def name(self) -> str: ...
-    @property
-    def changes(self) -> bool: ...
-    @property
-    def local(self) -> bool: ...
-    @property
-    def writes_route(self) -> bool: ...
-    @property
-    def uses_pair(self) -> bool: ...
-    @property
-    def uses_key(self) -> bool: ...
-    @property
-    def only_in(self) -> str | None: ...
+    name: ClassVar[str]
+    changes: ClassVar[bool]
+    local: ClassVar[bool]
+    writes_route: ClassVar[bool]
+    uses_pair: ClassVar[bool]
+    uses_key: ClassVar[bool]
+    only_in: ClassVar[str | None]
+
     def describe(self, p: Any) -> tuple[str, Mapping[str, Any]]: ...  # p: plan.Planning; per host: plan.Exec
 
 
