@@ -348,8 +348,9 @@ def _activate(ctx: RunEnv, rest: list[Step], target: Target, restore: Restore, r
     records sealed again (only the plan's deferred fields may change), the keep_releases prune under
     the leases before they are released. Returns the pair activated, as its entry records it."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
-    run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
-    target = targets.with_models(target, ctx.recorder.model_hashes())
+    done = run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
+    hashed = next((o.data.get(ctx.host("native"), {}).get("models") for o in done if o.step.action == "prepare"), None)
+    target = targets.with_models(target, {n: h["sha256"] for n, h in hashed.items()} if hashed else None)
     planned = next(s.route for s in rest if s.route is not None)
     route = _deploy_route(ctx, target, restore, planned.deferred)
     if route.to_dict() != planned.to_dict():  # the plan is what runs: never a record it did not show
