@@ -535,6 +535,7 @@ def run_kernel_check(
     pool: TransportPool | None = None,
     journal: Journal | None = None,
     argv: list[str] | None = None,
+    planned: KernelCheckPlan | None = None,
 ) -> KernelCheckResult:
     """Run the kernel cases of `kernel` on both hosts of `pair`; raise CheckFailed when any fails.
 
@@ -543,6 +544,7 @@ def run_kernel_check(
     - `pool`: a TransportPool to reuse (default: one opened and closed here).
     - `journal`: record into this journal's steps (a deploy's); default: a receipt of its own
       (`kernels check`), sealed here, whose hash is in the result and in the CheckFailed message.
+    - `planned`: the check as a deploy's plan decided it (its dry run printed it), run as it is.
     """
     log = get_logger(pair=pair, step="kernels.check")
     cases = load_cases(kernel)
@@ -552,9 +554,9 @@ def run_kernel_check(
     def run(j: Journal) -> KernelCheckResult:
         nonlocal packages
         with j.step("kernels.plan") as step:
-            if packages is None:
+            if packages is None and planned is None:
                 packages = active_packages(inventory, pair, hosts)
-            plan = plan_kernel_check(inventory, pair, cases, packages, port=port, perturb=perturb)
+            plan = planned or plan_kernel_check(inventory, pair, cases, packages or {}, port=port, perturb=perturb)
             step.data["plan"] = plan.to_dict()
         return _execute(plan, hosts, j, cases.names(), log)
 
@@ -631,21 +633,16 @@ def _inputs(kernel: str) -> dict[str, str]:
     }
 
 
-def deploy_step(ctx: Any, role: str | None = None) -> dict[str, Any]:
-    """The engine handler for a playbook step `action: kernel-check` (host: local).
+def deploy_step(ctx: Any, planned: KernelCheckPlan) -> dict[str, Any]:
+    """The engine handler for a playbook step `action: kernel-check` (host: local): the check its
+    plan step carries (the packages being deployed, decided with the deploy's plan).
 
     Place it after `upload` and before `stop-native`: the packages being deployed are on the
     hosts, nothing that runs has changed yet, and a failure aborts the deploy without a rollback.
     The live pair keeps serving meanwhile (the check uses its own rpc-server on rpc_port + 1).
-    `ctx` is the engine's RunEnv (inventory, view, home, package_ids, pool, journal).
     """
-    if ctx.package_ids is None:
-        raise ConfigError("kernel-check runs in a deploy (it needs the package ids being deployed)")
-    native_id, rpc_id = ctx.package_ids
-    hosts = ctx.view.hosts
     result = run_kernel_check(
-        ctx.inventory, ctx.view.name, home=ctx.home,
-        packages={hosts["native"]: native_id, hosts["rpc"]: rpc_id},
+        ctx.inventory, ctx.view.name, home=ctx.home, kernel=planned.kernel, planned=planned,
         pool=ctx.pool, journal=ctx.journal,
     )  # fmt: skip
     return {

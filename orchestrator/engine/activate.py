@@ -31,7 +31,7 @@ def before_change(
 ) -> None:
     """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
     LeaseLost otherwise, and nothing is changed)."""
-    leasing.recheck(ctx, role, next_within_s=next_within_s, restores=step is not None and step.restores)
+    leasing.recheck(ctx, role, next_within_s=next_within_s, restores=step is not None and "restore" in step.may)
 
 
 def links_back(ctx: RunEnv, restore_links: Mapping[str, tuple[str | None, str | None]]) -> dict[str, str]:

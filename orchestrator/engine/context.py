@@ -190,7 +190,6 @@ class RunRecorder:
         self._switched: set[str] = set()
         self._room: dict[str, PairctlError | None] = {}
         self._prepared: Prepared | None = None
-        self._models: dict[str, str | None] | None = None
 
     def timed(self, key: str, seconds: float) -> None:
         with self._lock:
@@ -236,15 +235,6 @@ class RunRecorder:
     def prep(self) -> Prepared | None:
         with self._lock:
             return self._prepared
-
-    def models_hashed(self, hashes: dict[str, str | None]) -> None:
-        """The model hashes prepare found on the native host (they seal the deploy's route entry)."""
-        with self._lock:
-            self._models = dict(hashes)
-
-    def model_hashes(self) -> dict[str, str | None] | None:
-        with self._lock:
-            return None if self._models is None else dict(self._models)
 
     def room_once(self, key: str, probe: Callable[[], None]) -> None:
         """`probe` runs once per key (the other host's step waits for it) and what it raised is

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
@@ -50,7 +50,10 @@ from orchestrator.hosts.route import RouteEntry, RouteRecord
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
-from orchestrator.roles import SERVICE_OF_ROLE
+from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+
+if TYPE_CHECKING:
+    from orchestrator.checks.kernels import KernelCheckPlan
 
 # Steps run before the plan is made. The lease comes before the facts: host state that decides
 # anything (and is the route's compare-and-swap base) is read only once this run holds the hosts.
@@ -66,6 +69,7 @@ class RunResult:
     outcome: str  # passed | failed | dry-run
     receipt: str | None
     plan: list[dict[str, Any]] = field(default_factory=list)
+    back_out: list[dict[str, Any]] = field(default_factory=list)  # what a failure before the route write runs
     steps: list[dict[str, Any]] = field(default_factory=list)
     uploads: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -80,6 +84,7 @@ class RunResult:
             "outcome": self.outcome,
             "receipt": self.receipt,
             "plan": self.plan,
+            "back_out": self.back_out,
             "steps": self.steps,
             "uploads": self.uploads,
             "timings": {k: round(v, 4) for k, v in self.timings.items()},
@@ -250,13 +255,16 @@ def deploy(
         try:
             _run_prefix(ctx, first, dry_run, record)
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
-            prep, route, steps = _deploy_plan(ctx, deploy_pb)
+            assert ctx.recorder.prep is not None  # preflight decided it
+            restore = _restore_from_start(ctx, judged, ctx.recorder.prep.key)
+            prep, steps = _deploy_plan(ctx, deploy_pb, restore)
             result.plan = [s.to_dict() for s in steps]
+            result.back_out = [s.to_dict() for s in _restore_plan(ctx, back_out(rollback_pb), "back-out", restore)]
             journal.set("plan", result.plan)
+            journal.set("back_out", result.back_out)
             if dry_run:
                 return result.passed(journal, "dry-run", "dry run: plan printed, nothing changed")
-            restore = _restore_from_start(ctx, judged, prep.key)
-            target = _activate(ctx, steps[n_prefix:], prep.target, route, restore, record)
+            target = _activate(ctx, steps[n_prefix:], prep.target, restore, record)
         except StepFailed as failure:
             if not ctx.recorder.changed:
                 _abort(ctx, failure, record)
@@ -298,40 +306,56 @@ def _deploy_inputs(
     return inputs
 
 
-def _deploy_plan(ctx: RunEnv, pb: Playbook) -> tuple[Prepared, RouteWrite, list[Step]]:
-    """The whole deploy plan from the facts its prefix read and what preflight decided (the
-    target with qualify's `previous` links kept): what the dry run prints and the receipt keeps."""
+def _deploy_plan(ctx: RunEnv, pb: Playbook, restore: Restore) -> tuple[Prepared, list[Step]]:
+    """The whole deploy plan from the facts its prefix read and what preflight decided (qualify's
+    `previous` links kept), its route records with the models' sha256 the inventory declares
+    (prepare refuses any other; deferred where none is): what the dry run prints and the receipt keeps."""
     prep = ctx.recorder.prep
-    assert prep is not None  # preflight decided it
-    prep = replace(prep, target=_keep_previous_links(ctx, prep.target))
-    route = route_plan.deploy_transition(ctx.inputs, _base_record(ctx))
+    assert prep is not None
+    models = ctx.inventory.pair(ctx.view.name).models
+    declared = {n: m.sha256 for n, m in models.items() if m.sha256}
+    target = targets.with_models(_keep_previous_links(ctx, prep.target), declared)
+    prep = replace(prep, target=target)
+    deferred = ("active.models",) if len(declared) < len(models) else ()
     opts = ctx.inputs.options
     steps = plan(
         pb,
         ctx.view,
         facts=ctx.hosts.facts,
-        target=prep.target.activation,
+        target=target.activation,
         skip_accept=opts.skip_accept,
         checks=opts.checks,
-        kernel_check=opts.kernel_check,
-        route=route,
-        pair=prep.target,
+        kernel=_kernel_plan(ctx, target) if opts.kernel_check else None,
+        route=_deploy_route(ctx, target, restore, deferred),
+        pair=target,
         packages=prep.packages,
         key=prep.key,
     )
-    return prep, route, steps
+    return prep, steps
 
 
-def _activate(
-    ctx: RunEnv, rest: list[Step], target: Target, route: RouteWrite, restore: Restore, record: _ReleaseWatch
-) -> Target:
+def _kernel_plan(ctx: RunEnv, target: Target) -> KernelCheckPlan:
+    """`--kernel-check`: the kernel harness of the packages being deployed, on both hosts."""
+    from orchestrator.checks.kernels import DEFAULT_KERNEL, plan_kernel_check
+    from orchestrator.config.kernels import load_cases
+
+    ids = {ctx.view.hosts[r]: target.activation.package(r) for r in ROLES}
+    return plan_kernel_check(ctx.inventory, ctx.view.name, load_cases(DEFAULT_KERNEL), ids)
+
+
+def _activate(ctx: RunEnv, rest: list[Step], target: Target, restore: Restore, record: _ReleaseWatch) -> Target:
     """The deploy's steps after its prefix: up to the first change, then the rest with the route
-    records sealed (prepare hashed the models the entry records), the keep_releases prune under
+    records sealed again (only the plan's deferred fields may change), the keep_releases prune under
     the leases before they are released. Returns the pair activated, as its entry records it."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
-    run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
-    target = targets.with_models(target, ctx.recorder.model_hashes())
-    rest = sealed(rest[first_change:], _deploy_route(ctx, route, target, restore), target)
+    done = run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
+    hashed = next((o.data.get(ctx.host("native"), {}).get("models") for o in done if o.step.action == "prepare"), None)
+    target = targets.with_models(target, {n: h["sha256"] for n, h in hashed.items()} if hashed else None)
+    planned = next(s.route for s in rest if s.route is not None)
+    route = _deploy_route(ctx, target, restore, planned.deferred)
+    if route.to_dict() != planned.to_dict():  # the plan is what runs: never a record it did not show
+        raise HostStateError(f"the route record after prepare is not the planned one: {route.to_dict()}")
+    rest = sealed(rest[first_change:], route, target)
     cut = next((i for i, s in enumerate(rest) if s.action == "release-lease"), len(rest))
     run_steps(rest[:cut], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     _prune(ctx)  # keep_releases, under the leases, recorded in the receipt
@@ -349,11 +373,9 @@ class Restore:
     key: ApiKey | None = field(default=None, repr=False)
 
 
-def _deploy_route(ctx: RunEnv, planned: RouteWrite, target: Target, restore: Restore) -> RouteWrite:
-    """The deploy's route records as its plan named them, with the entry prepare completed."""
-    current = _base_record(ctx)
+def _deploy_route(ctx: RunEnv, target: Target, restore: Restore, deferred: tuple[str, ...]) -> RouteWrite:
     prior = restore.target.entry if restore.target else None
-    return route_plan.for_deploy(ctx.inputs, planned, current, target.entry, prior)
+    return route_plan.for_deploy(ctx.inputs, _base_record(ctx), target.entry, prior, deferred)
 
 
 def _n_prefix(steps: list[Step]) -> int:

@@ -11,13 +11,14 @@ commands and the receipt's are the same bytes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from orchestrator.config.inventory import ApiKey, Inventory
-from orchestrator.engine.playbook import Playbook
+from orchestrator.engine.playbook import ActionKind, Playbook
 from orchestrator.hosts import services, supervisor
 from orchestrator.hosts.identity import Expected
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
@@ -30,6 +31,7 @@ from orchestrator.roles import ROLES
 
 if TYPE_CHECKING:
     from orchestrator.build.store import Package
+    from orchestrator.checks.kernels import KernelCheckPlan
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,30 @@ class RouteWrite:
     base_revision: int | None
     record: RouteRecord | None = None  # what `route` writes on both hosts
     settled: RouteRecord | None = None  # what `route-accepted` writes (a deploy's record, settled)
+    deferred: tuple[str, ...] = ()  # beyond RUN_FIELDS, known once prepare ran: "active.models" (undeclared sha256)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"transition": self.transition, "base_revision": self.base_revision}
+        d: dict[str, Any] = {"transition": self.transition, "base_revision": self.base_revision}
+        for k, rec in (("record", self.record), ("settled", self.settled)):
+            if rec is not None:
+                d[k] = planned_fields(json.loads(rec.to_bytes()), (*RUN_FIELDS, *self.deferred))
+                d["deferred"] = [*RUN_FIELDS, *self.deferred]
+        return d
+
+
+# what only the writing run knows: its clock, id, chain head when it began (a dry run's receipt is newer), mac
+RUN_FIELDS = ("updated_at", "updated_by", "evidence_head", "mac")
+
+
+def planned_fields(record: dict[str, Any], deferred: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """A record's JSON without its deferred fields (`a.b`: b of a): what the dry run prints of it."""
+    for f in deferred:
+        *up, last = f.split(".")
+        sub = record
+        for k in up:
+            sub = sub.get(k) or {}
+        sub.pop(last, None)
+    return record
 
 
 @dataclass(frozen=True)
@@ -75,6 +98,21 @@ class Upload:
 
     def to_dict(self) -> dict[str, Any]:
         return {"release": self.release, "present": self.present, "files": dict(sorted(self.files.items()))}
+
+
+# What a step does beyond its action (Step.may), decided for it by the plan: first-change (a deploy's
+# first: both hosts and leases proven, a host never reached changed nothing); switch-own (its links
+# are the deploy's, put back if the back-out fails); restore (it puts a recorded pair back: a root
+# refusing writes is let be where it holds what the step puts, stop proves the RPC host and roots
+# first, no signal stops it once something changed); install-helper (facts of a plan without prepare)
+May = Literal["first-change", "switch-own", "restore", "install-helper"]
+
+
+def _may(action: str, restores: bool, first_change: bool) -> frozenset[May]:
+    if restores:
+        return frozenset(("restore", "install-helper") if action == "facts" else ("restore",))
+    own: tuple[May, ...] = ("switch-own",) if action in ("switch", "restart-rpc") else ()
+    return frozenset(("first-change", *own) if first_change else own)
 
 
 @dataclass(frozen=True)
@@ -93,13 +131,12 @@ class Step:
     links: Mapping[str, tuple[str | None, str | None]] = field(default_factory=dict)
     route: RouteWrite | None = None  # route / route-accepted / route-repair: the record they write
     uploads: Mapping[str, Upload] = field(default_factory=dict)  # per host: what `upload` sends or verifies
+    kernel: KernelCheckPlan | None = None  # kernel-check: each host's harness run, the second rpc-server
     pair: Target | None = field(default=None, compare=False)  # what the plan starts (None: nothing)
     packages: Mapping[str, Package] = field(default_factory=dict, compare=False, repr=False)  # role -> upload
     key: ApiKey | None = field(default=None, compare=False, repr=False)  # the secret it puts, verify's Bearer
-    # its plan puts a recorded pair back (rollback, back-out, restart, start, stop): facts readies
-    # hosts whose manager installs units, stop proves the RPC host and roots first, a read-only root is let be
-    restores: bool = False
-    kind: Any = field(default=None, compare=False, repr=False)  # its action's class (engine/actions)
+    may: frozenset[May] = frozenset()  # what this step does beyond its action, decided for it by the plan
+    kind: ActionKind | None = field(default=None, compare=False, repr=False)  # its action's class (engine/actions)
 
     @property
     def argv(self) -> Mapping[str, tuple[str, ...]]:
@@ -125,12 +162,14 @@ class Step:
             d["upload"] = {h: u.to_dict() for h, u in self.uploads.items()}
         if self.route is not None:
             d["route"] = self.route.to_dict()
+        if self.kernel is not None:
+            d["kernel"] = self.kernel.to_dict()
         if self.kind is not None and self.kind.uses_pair and self.pair is not None:
             d["pair"] = self.pair.entry.names()
         if self.kind is not None and self.kind.uses_key:
             d["has_key"] = self.key is not None  # named so the receipt's masking keeps it (never the key)
-        if self.restores:
-            d["restores"] = True
+        if self.may:
+            d["may"] = sorted(self.may)
         return d
 
 
@@ -319,7 +358,7 @@ def plan(
     restore: Activation | None = None,
     skip_accept: bool = False,
     checks: tuple[str, ...] = (),
-    kernel_check: bool = False,
+    kernel: KernelCheckPlan | None = None,
     restore_links: Mapping[str, tuple[str | None, str | None]] | None = None,
     route: RouteWrite | None = None,
     pair: Target | None = None,
@@ -329,8 +368,9 @@ def plan(
 ) -> list[Step]:
     """Concrete steps of `playbook` for this pair (a failed deploy's back-out: of `back_out`'s)."""
     steps = []
+    first = next((s.name for s in playbook.steps if s.changes), None)
     for s in playbook.steps:
-        if s.action == "kernel-check" and not kernel_check:
+        if s.action == "kernel-check" and kernel is None:
             continue  # only with `deploy --kernel-check`
         if s.action == "accept" and skip_accept:
             continue  # not run, so not recorded as passed; route-accepted settles the pair identity-verified
@@ -356,8 +396,9 @@ def plan(
                 links={view.hosts[r]: lk for r, lk in links.items()},
                 # a restore's stop carries it too: what it must find writable before it stops anything
                 route=route if s.kind.writes_route or (restores and s.action == "stop") else None,
+                kernel=kernel if s.action == "kernel-check" else None,
                 pair=pair,
-                restores=restores,
+                may=_may(s.action, restores, s.name == first),
                 packages=packages or {},
                 key=key,
                 kind=s.kind,
@@ -375,7 +416,7 @@ def back_out(playbook: Playbook) -> Playbook:
 def sealed(steps: list[Step], route: RouteWrite, pair: Target | None) -> list[Step]:
     """The same steps, the route-writing ones carrying `route`, all the pair (a deploy's, sealed
     once prepare measured the model hashes its entry records, before the first change)."""
-    return [replace(s, route=route if s.kind.writes_route else s.route, pair=pair) for s in steps]
+    return [replace(s, route=route if s.kind and s.kind.writes_route else s.route, pair=pair) for s in steps]
 
 
 def rel_text(rel: str | None) -> str:

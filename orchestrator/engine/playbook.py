@@ -11,8 +11,9 @@ be `rollback`, `stop` (inside a rollback: leave the hosts stopped, keep the leas
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
@@ -54,6 +55,21 @@ def missing_required(name: str, steps: list[tuple[str, str, str]]) -> list[tuple
     return need
 
 
+class ActionKind(Protocol):
+    """What a step's action (an engine/actions class) says of itself, as the playbook and the plan
+    read it; typed here, below the actions, so neither imports them."""
+
+    name: ClassVar[str]
+    changes: ClassVar[bool]
+    local: ClassVar[bool]
+    writes_route: ClassVar[bool]
+    uses_pair: ClassVar[bool]
+    uses_key: ClassVar[bool]
+    only_in: ClassVar[str | None]
+
+    def describe(self, p: Any) -> tuple[str, Mapping[str, Any]]: ...  # p: plan.Planning; per host: plan.Exec
+
+
 class PlaybookStep(StrictModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     host: Literal["native", "rpc", "both", "local"]
@@ -69,16 +85,16 @@ class PlaybookStep(StrictModel):
     )
     description: str = ""
 
-    _kind: Any = PrivateAttr(default=None)
+    _kind: ActionKind = PrivateAttr()
 
     @property
-    def kind(self) -> Any:
+    def kind(self) -> ActionKind:
         """Its action's class (engine/actions): what the step changes, writes, uses and says."""
         return self._kind
 
     @property
     def changes(self) -> bool:
-        return bool(self._kind.changes)
+        return self._kind.changes
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> PlaybookStep:

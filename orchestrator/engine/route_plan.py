@@ -1,7 +1,7 @@
 """The route write a plan carries, decided before its first change: the transition of
 engine/route_states.py, the record it starts from (its revision) and the sealed records the
 `route` / `route-accepted` steps write on both hosts (engine/actions/route.py writes exactly these;
-a dry run prints the transition and base revision). Signed with this home's key, anchored at
+a dry run prints them but for the fields only the writing run knows). Signed with this home's key, anchored at
 the pair's evidence head as the run found it."""
 
 from __future__ import annotations
@@ -26,20 +26,16 @@ def _seal(inputs: RunInputs, rec: RouteRecord, state: str) -> RouteRecord:
     return rec.model_copy(update={**update, "mac": None}).sign(inputs.route_key)
 
 
-def deploy_transition(inputs: RunInputs, found: RouteRecord | None) -> RouteWrite:
-    """A deploy's route write as planned; its records are sealed once prepare hashed the models."""
-    keep = inputs.options.restore_record
-    return RouteWrite("restore" if keep is not None else "activate", found.revision if found else None)
-
-
 def for_deploy(
-    inputs: RunInputs, planned: RouteWrite, current: RouteRecord | None, new: RouteEntry, prior: RouteEntry | None
+    inputs: RunInputs, current: RouteRecord | None, new: RouteEntry, prior: RouteEntry | None, deferred: tuple[str, ...]
 ) -> RouteWrite:
-    """The deploy's records, sealed before its first change: `activating`, and what route-accepted
-    settles it as (accepted only when the whole suite runs; qualify's restore: the state found)."""
+    """The deploy's records, decided with its plan: `activating`, and what route-accepted settles
+    it as (accepted only when the whole suite runs; qualify's restore: the record as found before
+    its first arm, its states kept). Sealed again once prepare hashed the models: only `deferred`
+    (and plan.RUN_FIELDS) may change."""
     pair, run = inputs.view.name, inputs.run_id
     keep = inputs.options.restore_record
-    if keep is not None:  # qualify's restore: the record as found before its first arm
+    if keep is not None:
         rec = route_states.restore(current, keep, new, pair=pair, run_id=run)
         state = rec.state
     else:
@@ -47,7 +43,8 @@ def for_deploy(
         state = route_states.finish(rec, accepted=inputs.options.accepts_fully).state
     rec = _seal(inputs, rec, route_states.ACTIVATING)
     settled = rec.model_copy(update={"state": state, "mac": None}).sign(inputs.route_key)
-    return RouteWrite(planned.transition, planned.base_revision, rec, settled)
+    how = "restore" if keep is not None else "activate"
+    return RouteWrite(how, current.revision if current else None, rec, settled, deferred)
 
 
 def for_restore(

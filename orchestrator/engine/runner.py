@@ -122,7 +122,7 @@ def _stop_if_interrupted(step: Step, ctx: RunEnv, journal: Journal, host_label: 
     """A signal stops the run before its next step, as that step's failure (the deploy's
     failure path then rolls back or releases). Never a lease release, nor the steps of a
     rollback once it changed something: those are the cleanup and run to their end."""
-    if step.action == "release-lease" or (step.restores and ctx.recorder.changed):
+    if step.action == "release-lease" or ("restore" in step.may and ctx.recorder.changed):
         return
     try:
         interrupt.check(f"before step {step.name}")

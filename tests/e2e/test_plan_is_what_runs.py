@@ -1,9 +1,10 @@
 """Issue 29 on the lab's sshd hosts with a real llama-server and ggml-rpc-server (pair `routes`,
 its own install roots and ports):
 
-- the plan is what runs: the commands `--dry-run` prints for deploy (fresh, a present release
-  verified first) and rollback are, byte for byte, the commands the real run records in its
-  receipt (supervisor options, bounds and all);
+- the plan is what runs: the steps `--dry-run` prints for deploy (fresh with --kernel-check, a
+  present release verified first, a failed one's back-out), rollback and repair are, byte for
+  byte, the steps the real run records in its receipt (supervisor options, bounds, the route
+  record but for the fields only the writing run knows, and all);
 - the route record's states (engine/route_states.py): a `--skip-accept` or partial `--checks`
   deploy is identity-verified, never "accept passed", and a rollout that accepts is not
   satisfied by it; a qualification (its arm on another profile, then its restore) leaves the
@@ -26,6 +27,7 @@ from orchestrator.config.inventory import load_inventory
 from orchestrator.config.profiles import load_profile
 from orchestrator.engine.actions import load_playbook
 from orchestrator.engine.deploy import deploy
+from orchestrator.engine.plan import RUN_FIELDS, planned_fields
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.ops.revision import PairPackages
 from orchestrator.ops.rollout import on_revision
@@ -36,7 +38,7 @@ from tests.faults.harness import FaultPair, fresh_pair, service_pid_of
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 NAME = "routes"
-# every action of the playbooks a dry run shows (kernel-check runs only with --kernel-check)
+# every action of the playbooks a dry run shows (kernel-check: the first deploy's --kernel-check)
 PLAYBOOKS = ("deploy", "rollback", "repair")
 COMPARED: set[str] = set()  # the actions whose dry-run step equalled the executed one, over the module
 
@@ -62,14 +64,22 @@ def _executed(fp: FaultPair, receipt: str | None) -> list[dict[str, Any]]:
     return [s.data["planned"] for s in EvidenceStore(fp.home.evidence).load(receipt).steps if "planned" in s.data]
 
 
-def _same_steps(plan: list[dict[str, Any]], fp: FaultPair, receipt: str | None) -> None:
-    """The dry run's steps (names, actions, hosts, argv, links, uploads, route, pair) are the
-    executed steps as the receipt records them, byte for byte (canonical JSON)."""
-    ran = _executed(fp, receipt)
+def _same_steps(plan: list[dict[str, Any]], fp: FaultPair, receipt: str | None, last: bool = False) -> None:
+    """The dry run's steps (names, actions, hosts, argv, links, uploads, route records, pair) are
+    the executed steps as the receipt records them, byte for byte (canonical JSON); `last`: the
+    receipt's last steps (a failed deploy's back-out, after the steps that ran before it failed).
+    The record on the hosts is the one the last route write showed, but for its deferred fields."""
+    ran = _executed(fp, receipt)[-len(plan) :] if last else _executed(fp, receipt)
     assert [s["name"] for s in ran] == [s["name"] for s in plan]
     for want, got in zip(plan, ran, strict=True):
         assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True), (want, got)
     COMPARED.update(s["action"] for s in plan)
+    writes = [s for s in plan if s["action"] in WRITERS and "record" in s["route"]]
+    if writes:
+        r = writes[-1]["route"]
+        want = r["settled"] if writes[-1]["action"] == "route-accepted" else r["record"]
+        assert planned_fields(_record(fp), r["deferred"]) == want
+        assert set(r["deferred"]) <= set(RUN_FIELDS) | {"active.models"}, r["deferred"]
 
 
 def _dry_equals_run(fp: FaultPair, *args: str, how: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -106,8 +116,11 @@ def _dry_equals_run(fp: FaultPair, *args: str, how: tuple[str, ...] = ()) -> dic
     return {"dry": dry, "run": out}
 
 
+WRITERS = ("route", "route-accepted", "route-repair")
+
+
 def _routes(plan: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s["route"] for s in plan if s["action"] in ("route", "route-accepted", "route-repair")}
+    return {s["name"]: s["route"] for s in plan if s["action"] in WRITERS}
 
 
 def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> None:
@@ -120,8 +133,11 @@ def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> No
 def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPair) -> None:
     fp = routes
     a, b = fp.packages
-    # fresh deploys: nothing present, nothing verified first
-    _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept")
+    # fresh deploys: nothing present, nothing verified first; the first one checks the kernels of
+    # what it uploaded, as its dry run showed (harness argv per host, the second rpc-server)
+    first = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept", "--kernel-check")
+    kc = next(s for s in first["dry"]["plan"] if s["action"] == "kernel-check")["kernel"]
+    assert {r["package"] for r in kc["runs"]} == {a} and kc["rpc_server"] is not None, kc
     skip = _dry_equals_run(fp, "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept")
     # a --skip-accept deploy is identity-verified: no accept step in its receipt, not accepted
     assert "accept" not in [s["name"] for s in skip["run"]["steps"]]
@@ -143,6 +159,21 @@ def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPai
     assert rb["dry"]["active"]["native_package"] == b and rb["run"]["active"]["native_package"] == b
     text = fp.cli("rollback", "--pair", NAME, "--dry-run")
     assert text.returncode == 0 and f"goes back to: {a} + {a} (lab)" in text.stdout, text.stdout + text.stderr
+
+
+def test_a_failed_deploy_backs_out_as_its_dry_run_shows(routes: FaultPair) -> None:
+    """A deploy whose server does not load backs out: the back-out's steps (commands, links,
+    record) are the ones its dry run listed, byte for byte."""
+    fp = routes
+    args = ("--json", "deploy", "--pair", NAME, "--packages", fp.packages[0], fp.packages[0])
+    args += ("--profile", "lab-unloadable", "--skip-accept")
+    dry = _json(fp.cli(*args, "--dry-run"), "deploy --dry-run")
+    assert dry["back_out"] and {s["action"] for s in dry["back_out"]} >= {"stop", "start-server", "route"}
+    p = fp.cli(*args)
+    assert p.returncode == 7, p.stderr[-2000:]
+    latest = EvidenceStore(fp.home.evidence).latest(NAME)
+    assert latest is not None and latest.command == "deploy" and latest.outcome == "failed", latest
+    _same_steps(dry["back_out"], fp, latest.sha256, last=True)
 
 
 def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
@@ -217,7 +248,7 @@ def test_rollback_to_a_kept_release(routes: FaultPair) -> None:
 def test_every_action_of_every_playbook_was_compared(routes: FaultPair) -> None:
     if not COMPARED:
         pytest.skip("run with the tests above (one module)")
-    every = {s.action for pb in PLAYBOOKS for s in load_playbook(pb).steps} - {"kernel-check"}
+    every = {s.action for pb in PLAYBOOKS for s in load_playbook(pb).steps}
     assert every <= COMPARED, sorted(every - COMPARED)
 
 

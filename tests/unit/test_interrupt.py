@@ -65,7 +65,7 @@ def _ctx(changed: bool) -> SimpleNamespace:
 def _step(name: str, action: str, restores: bool = False) -> Step:
     return Step(
         name=name, action=action, role="both", hosts=("h1", "h2"), on_failure="rollback", changes=True,
-        description="", restores=restores,
+        description="", may=frozenset({"restore"} if restores else ()),
     )  # fmt: skip
 
 

@@ -178,3 +178,24 @@ def test_skip_accept_and_partial_checks_are_not_accepted() -> None:
     assert RunOptions(checks=tuple(CHECKS)).accepts_fully
     assert not RunOptions(skip_accept=True).accepts_fully
     assert not RunOptions(checks=("identity",)).accepts_fully
+
+
+def test_a_planned_record_shows_all_but_what_only_the_writing_run_knows() -> None:
+    """RouteWrite.to_dict (what a dry run prints and each step's receipt records): two runs of the
+    same plan (another run id, clock, chain head and mac; models hashed only by the second) print
+    the same record; a record that differs in anything else prints differently."""
+    from orchestrator.engine.plan import RUN_FIELDS, RouteWrite
+
+    found = rs.activate(None, entry("pkg-a", "lab"), None, pair="p", run_id="r1")
+    dry = rs.activate(found, entry("pkg-b", "lab"), found.active, pair="p", run_id="dry").sign(KEY)
+    hashed = entry("pkg-b", "lab").model_copy(update={"models": {"target": "ab" * 32}})
+    run = rs.activate(found, hashed, found.active, pair="p", run_id="run")
+    run = run.model_copy(update={"evidence_head": "e" * 64, "updated_at": "later"}).sign(KEY)
+    shown = RouteWrite("activate", 1, dry, deferred=("active.models",)).to_dict()
+    assert shown == RouteWrite("activate", 1, run, deferred=("active.models",)).to_dict()
+    assert shown["deferred"] == [*RUN_FIELDS, "active.models"] and "models" not in shown["record"]["active"]
+    assert shown["record"]["previous"] == found.active.model_dump(mode="json")  # type: ignore[union-attr]
+    # without the deferral the hashes are the plan's to show (a model whose sha256 the inventory declares)
+    assert RouteWrite("activate", 1, dry).to_dict() != RouteWrite("activate", 1, run).to_dict()
+    other = rs.activate(found, entry("pkg-c", "lab"), found.active, pair="p", run_id="dry")
+    assert RouteWrite("activate", 1, other, deferred=("active.models",)).to_dict()["record"] != shown["record"]

@@ -34,7 +34,8 @@ class KernelCheck(Action, name="kernel-check", uses_pair=True):
     def execute(self, ctx: RunEnv, role: str | None, step: Step) -> dict[str, Any]:
         from orchestrator.checks import kernels
 
-        return kernels.deploy_step(ctx, role)
+        assert step.kernel is not None  # planned only with --kernel-check
+        return kernels.deploy_step(ctx, step.kernel)
 
 
 class Verify(Action, name="verify", uses_pair=True, uses_key=True):
@@ -98,7 +99,7 @@ class Facts(Action, name="facts"):
         f = read_facts(ctx.t(role), ctx.layout(role), (SERVICE_OF_ROLE[role],))
         ctx.hosts.found(role, f)
         d = f.to_dict()
-        if ctx.layout(role).manager.units and step.restores:
+        if ctx.layout(role).manager.units and "install-helper" in step.may:
             # a rollback has no prepare step: its systemd host gets the helper that speaks units
             # (replaced by rename; running supervisors keep the copy they read) and the manager check;
             # its units are checked once the pair to restore is known (engine/deploy.py rollback)
@@ -225,7 +226,6 @@ def _hash_models(ctx: RunEnv) -> dict[str, Any]:
             "; ".join(problems) + "; nothing was changed",
             hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)",
         )
-    ctx.recorder.models_hashed({name: h.sha256 for name, h in found.items()})  # they seal the route entry
     return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
 
 

@@ -136,7 +136,7 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
 
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         t0 = time.monotonic()
-        if not step.restores and role == "native":
+        if "first-change" in step.may:
             try:  # the first change: both hosts reached and both leases proven this run's first
                 free = _prove_both_before_first_change(ctx)
             except HostError as exc:
@@ -162,7 +162,7 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
                 ctx.t(role), ctx.layout(role), SERVICE_OF_ROLE[role], verify=verify, cmd=ex.cmd
             )
         except HostError as exc:
-            if not step.restores and role == "native" and never_ran(exc):  # the first change never started
+            if "first-change" in step.may and never_ran(exc):  # the first change never started
                 raise UnreachableBeforeChange(
                     f"{ctx.host(role)} could not be reached to stop {SERVICE_OF_ROLE[role]}, "
                     f"so nothing was stopped: {exc}",
@@ -187,12 +187,12 @@ class Switch(Action, name="switch", changes=True):
     def execute(self, ctx: RunEnv, role: str, step: Step) -> dict[str, Any]:
         cur, prev = _planned_links(ctx, role, step)
         before_change(ctx, role, step)
-        if not step.restores:
+        if "switch-own" in step.may:
             ctx.recorder.switched(role)
         try:
             switch_links(ctx.t(role), ctx.layout(role), cur, prev)
         except (HostError, OSError) as exc:  # a rollback on a read-only root whose `current` is already right
-            if not (step.restores and space.refuses_writes(str(exc)) and _current_on(ctx, role) == cur):
+            if not ("restore" in step.may and space.refuses_writes(str(exc)) and _current_on(ctx, role) == cur):
                 raise
             return {"current": cur, "previous": "left as it was: " + str(exc).splitlines()[0][:200]}
         return {"current": cur, "previous": prev}
@@ -236,7 +236,7 @@ class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
         guard = install_guard(t, layout)
         key = install_route_key((ctx.t("native"), ctx.layout("native")), (t, layout))
         ex, verify = _planned(ctx, "rpc", step)
-        if not step.restores:
+        if "switch-own" in step.may:
             ctx.recorder.switched("rpc")
         units: services.Units = {}
         try:
@@ -245,7 +245,7 @@ class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
                 verify=verify, sup=ex.sup, units=units, cmd=ex.cmd,
             )  # fmt: skip
         except space.NotWritable as exc:
-            kept = _keep_unchanged_rpc(ctx, links, exc) if step.restores else None
+            kept = _keep_unchanged_rpc(ctx, links, exc) if "restore" in step.may else None
             if kept is None:
                 raise
             return {**kept, **_ran(ex)}
