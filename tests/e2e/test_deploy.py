@@ -349,7 +349,7 @@ def test_dead_run_lease_released_only_once_the_run_is_over(deployed_lab, cli, la
 def test_status_verify_files_sees_a_changed_file_the_process_hashes_cannot(deployed_lab, cli):
     """The running binaries can match their manifests while another file of the release (the
     kernel harness here; a shared library alike) has changed on disk: only --verify-files sees it."""
-    root = Path(deployed_lab.roots()["rpc"]) / "current"
+    root = Path(deployed_lab.roots()["rpc"]) / "run" / "current"
     victim = root / "tests" / "bin" / "ggml-kernel-cases"
     st = json.loads(cli("--json", "status", "--pair", PAIR, "--verify-files", inventory=INV_ARG).stdout)
     assert not st["problems"], st["problems"]
@@ -389,7 +389,7 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(
     good.write_text(json.dumps(inv))
     r, out = _deploy(cli, "--packages", b, b, "--skip-accept", inventory=str(good))
     assert r.exit_code == 0, r.stderr
-    route = json.loads((Path(deployed_lab.roots()["native"]) / "route.json").read_text())
+    route = json.loads((Path(deployed_lab.roots()["native"]) / "run" / "route.json").read_text())
     assert route["active"]["models"] == want
     prepared = next(s for s in out["steps"] if s["name"] == "prepare")
     assert prepared["ok"]
