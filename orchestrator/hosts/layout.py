@@ -283,6 +283,9 @@ def _move_into_run(transport: Transport, layout: HostLayout) -> None:
     if transport.readlink(layout.leases) != LEASES_LINK:
         _carry_lease(transport, layout.leases, posixpath.join(layout.run, "leases"))
         _swap_for_link(transport, layout.leases, LEASES_LINK)
+    for name in transport.listdir(layout.root):  # set aside by a move of an earlier pairctl, which kept them
+        if name.startswith((".run.old.tmp-", ".leases.old.tmp-")):
+            remove_tree(transport, posixpath.join(layout.root, name))
 
 
 LEASES_LINK = "run/leases"  # ROOT/leases, as root_trust allows it
@@ -319,12 +322,13 @@ def _swap_for_link(transport: Transport, path: str, target: str) -> None:
 
 def remove_tree(transport: Transport, path: str) -> None:
     """`rm -r PATH` over SFTP, never through a link (a link is removed, not followed)."""
+    st = transport.stat(path)
+    if st is None or st.is_link or not st.is_dir:
+        if st is not None:
+            transport.remove(path)
+        return
     for name in transport.listdir(path):
-        st = transport.stat(sub := posixpath.join(path, name))
-        if st is not None and st.is_dir and not st.is_link:
-            remove_tree(transport, sub)
-        elif st is not None:
-            transport.remove(sub)
+        remove_tree(transport, posixpath.join(path, name))
     transport.rmdir(path)
 
 

@@ -489,7 +489,8 @@ def test_an_older_layout_moves_into_run_under_the_lease(tmp_path):
     """A root deployed before everything written after the upload moved into run/ (issue 49):
     current/previous (re-pointed at absolute release paths), route.json and the lease this run
     took in leases/ move to the state dir, leases/ becomes a link to run/leases, and nothing is
-    left in the root but releases/, bin/, secrets/ and the links; status read the old places first."""
+    left in the root but releases/, bin/, secrets/ and the links (what an earlier move set aside
+    is removed, a link there unfollowed); status read the old places first."""
     t = LocalTransport("local-test")
     root = tmp_path / "root"
     for d in ("releases/a", "releases/b", "run", "leases/host.lock"):
@@ -498,6 +499,11 @@ def test_an_older_layout_moves_into_run_under_the_lease(tmp_path):
     os.symlink("releases/a", root / "previous")
     (root / "route.json").write_bytes(b'{"revision": 3}\n')
     (root / "leases/host.lock/lease.json").write_text('{"nonce": "n"}')
+    (root / ".run.old.tmp-0a").mkdir()  # an earlier pairctl's move kept what it set aside
+    (root / ".run.old.tmp-0a/llama-server.log").write_text("old")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere/keep").write_text("not ours")
+    os.symlink(tmp_path / "elsewhere", root / ".leases.old.tmp-0b")  # removed, never followed
     layout = HostLayout(str(root), state=str(root) + ".state")
     f = read_facts(t, HostLayout(str(root)), ())
     assert (f.current, f.previous, f.route_bytes) == ("b", "a", b'{"revision": 3}\n')
@@ -509,6 +515,7 @@ def test_an_older_layout_moves_into_run_under_the_lease(tmp_path):
     assert sorted(os.listdir(root)) == ["bin", "leases", "releases", "run", "secrets"]
     f = read_facts(t, layout, ())
     assert (f.current, f.previous, f.route_bytes) == ("b", "a", b'{"revision": 3}\n')
+    assert (tmp_path / "elsewhere/keep").read_text() == "not ours"
     install_helper(t, layout)  # once moved, nothing more to do
     assert sorted(os.listdir(root)) == ["bin", "leases", "releases", "run", "secrets"]
 
