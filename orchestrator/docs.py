@@ -238,7 +238,7 @@ def formats_md() -> str:
     out.append(_schema_doc("`Receipt`", Receipt.model_json_schema(by_alias=True)).replace("## `Receipt`\n\n", "", 1))
     out.append(
         "## Route records\n\n"
-        f"`<root>/route.json` on both hosts of a pair, the same bytes (schema `{SCHEMA}`): canonical JSON and a "
+        f"`<root>/run/route.json` on both hosts of a pair, the same bytes (schema `{SCHEMA}`): canonical JSON and a "
         "line break, replaced only by compare-and-swap, signed with `mac` (HMAC-SHA256 with `<home>/route.key` "
         "over the record without `mac`).\n\n"
     )

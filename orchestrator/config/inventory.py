@@ -41,12 +41,12 @@ class HostSpec(StrictModel):
     port: int = Field(default=22, ge=1, le=65535)
     user: str | None = None
     key: str | None = Field(default=None, description="private key for this host (operator side)")
-    install_root: str = Field(description="absolute directory on the host: releases/, current, previous, leases/, run/")
+    install_root: str = Field(description="absolute directory on the host: releases/, bin/, secrets/, run/ (a link)")
     state_dir: str | None = Field(
         default=None,
-        description="absolute directory on the host, outside install_root, for the services' runtime files "
-        "(pidfiles, supervisor state, logs): install_root/run becomes a link to it, judged like the root, so "
-        "an install root that turned read-only still lets a rollback start the previous release; "
+        description="absolute directory on the host, outside install_root, for all that is written after the "
+        "upload (current/previous links, route.json, leases, pidfiles, supervisor state, logs): install_root/run "
+        "becomes a link to it, judged like the root, so an install root that turned read-only stops nothing; "
         "default: install_root with `.state` appended, beside it (run/ stays a directory where that cannot be made)",
     )
     role: Literal["native", "rpc"]

@@ -3,13 +3,18 @@
 On each host, under the inventory's install_root:
 
     releases/<package-id>/   immutable, uploaded under a temporary name and renamed in
-    current, previous        symlinks to releases/<id>, switched by rename (never rm + ln)
-    leases/                  lease directories (orchestrator.hosts.leases)
-    route.json               the route record (orchestrator.hosts.route)
-    run/                     pidfiles, stdout/stderr and server logs (a link to the host's
-                             state_dir when the inventory names one: see install_helper)
     secrets/                 0700; the API key file, 0600
     bin/pairctl-svc          the pidfile supervisor (orchestrator/hosts/pairctl-svc.sh)
+    run/                     a link to the host's state_dir (ROOT.state by default: see
+                             install_helper), holding everything written after the upload:
+      current, previous      symlinks to ROOT/releases/<id>, switched by rename (never rm + ln)
+      route.json             the route record (orchestrator.hosts.route)
+      leases/                lease directories (orchestrator.hosts.leases), reached as
+                             ROOT/leases, a link to run/leases
+      *.pid, *.log, ...      pidfiles, supervisor state, stdout/stderr and server logs
+
+So the root is written at upload only: a root that turns read-only after it still lets a rollback
+switch, record and release its leases (issue 49).
 
 Every command here is data (a `Cmd` rendering an argv). The helper script is fixed text and
 takes every value as an argument, so no user value is ever parsed as shell code. An SSH exec
@@ -31,6 +36,7 @@ from orchestrator.errors import HostError
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
+from orchestrator.hosts.probes import release_of_link
 from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import supervise_argv
 from orchestrator.remote.command import Cmd
@@ -81,11 +87,11 @@ class HostLayout:
 
     @property
     def current(self) -> str:
-        return self._p("current")
+        return self._p("run", "current")
 
     @property
     def previous(self) -> str:
-        return self._p("previous")
+        return self._p("run", "previous")
 
     @property
     def leases(self) -> str:
@@ -93,7 +99,7 @@ class HostLayout:
 
     @property
     def route(self) -> str:
-        return self._p("route.json")
+        return self._p("run", "route.json")
 
     @property
     def run(self) -> str:
@@ -217,25 +223,27 @@ class HostLayout:
 
 def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
-    exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust)."""
+    exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust).
+    An older layout is moved on the way, under the caller's lease (see _link_run, _move_into_run)."""
     check_root(transport, layout.root, layout.state)
     if layout.state:
         _link_run(transport, layout, layout.state)
-    for d in (layout.releases, layout.leases, layout.run, posixpath.dirname(layout.svc)):
+    for d in (layout.releases, layout.run, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
     transport.makedirs(layout.secrets, 0o700)
+    _move_into_run(transport, layout)
     check_root(transport, layout.root, layout.state)  # what makedirs found there already
     put_new(transport, svc_script(), layout.svc, 0o755)
 
 
 def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
     """run/ -> STATE (0755, judged as a root is), outside the root: a root that turned read-only
-    still lets a rollback start the previous release (issue 49). A run/ directory from before is
-    moved under the lease (a_prepare), while supervisors are passive (no pid changes): its small
-    files are copied to STATE, it is renamed aside (.run.old.tmp-*) and the link renamed in. A live
-    supervisor writes its state through the link, and its open logs in the old directory until
-    the restart that follows. Where the default STATE cannot be made (the root's parent is not
-    the login user's), run/ stays the directory it was."""
+    still lets a rollback switch, record and start the previous release (issue 49). A run/
+    directory from before is moved under the lease (a_prepare), while supervisors are passive (no
+    pid changes): its small files are copied to STATE and the directory is swapped for the link
+    (_swap_for_link). A live supervisor writes its state through the link, and its open logs
+    into the removed directory until the restart that follows. Where the default STATE cannot be
+    made (the root's parent is not the login user's), run/ stays the directory it was."""
     check_root(transport, state)
     try:
         transport.makedirs(state, 0o755)
@@ -247,43 +255,104 @@ def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
     if transport.readlink(layout.run) == state:
         return  # a link elsewhere: check_root refused it
     transport.makedirs(layout.root, 0o755)
-    tmp = unique_tmp(layout.run)
-    transport.symlink(state, tmp)
-    moved = None
     if transport.stat(layout.run) is not None:
         for name in transport.listdir(layout.run):
             st = transport.stat(src := posixpath.join(layout.run, name))
             if st is not None and st.is_file and st.size <= 1 << 20:
                 put_new(transport, transport.read_bytes(src, 1 << 20), posixpath.join(state, name), st.perms)
-        transport.rename(layout.run, moved := unique_tmp(posixpath.join(layout.root, "run.old")))
+            elif st is not None and st.is_link and transport.readlink(dst := posixpath.join(state, name)) is None:
+                transport.symlink(transport.readlink(src) or "", dst)  # current, previous
+        _carry_lease(transport, posixpath.join(layout.run, "leases"), posixpath.join(state, "leases"))
+    _swap_for_link(transport, layout.run, state)
+
+
+def _move_into_run(transport: Transport, layout: HostLayout) -> None:
+    """What an older layout kept in the root itself moves into run/, under the caller's lease:
+    current and previous (re-pointed at absolute release paths, as run/ may be elsewhere),
+    route.json, and leases/ (this run's lease copied, then the directory swapped for the link
+    `leases -> run/leases`, which pairctl's lease code and older supervisors follow)."""
+    old = {n: posixpath.join(layout.root, n) for n in ("current", "previous", "route.json")}
+    links = [release_of_link(transport.readlink(old[n]) or "-", layout.root) for n in ("current", "previous")]
+    if any(links) and transport.readlink(layout.current) is None:
+        switch_links(transport, layout, *links)
+    if transport.stat(old["route.json"]) is not None and transport.stat(layout.route) is None:
+        put_new(transport, transport.read_bytes(old["route.json"], 1 << 20), layout.route, 0o644)
+    for path in old.values():
+        if transport.stat(path) is not None:
+            transport.remove(path)
+    if transport.readlink(layout.leases) != LEASES_LINK:
+        _carry_lease(transport, layout.leases, posixpath.join(layout.run, "leases"))
+        _swap_for_link(transport, layout.leases, LEASES_LINK)
+    for name in transport.listdir(layout.root):  # set aside by a move of an earlier pairctl, which kept them
+        if name.startswith((".run.old.tmp-", ".leases.old.tmp-")):
+            remove_tree(transport, posixpath.join(layout.root, name))
+
+
+LEASES_LINK = "run/leases"  # ROOT/leases, as root_trust allows it
+
+
+def _carry_lease(transport: Transport, src: str, dst: str) -> None:
+    """DST made (0700), with a copy of the lease in SRC (the caller's, taken there before the move),
+    so the lease holds without a gap while SRC is swapped for a link."""
+    if transport.stat(lock := posixpath.join(src, "host.lock")) is not None:
+        transport.makedirs(posixpath.join(dst, "host.lock"), 0o700)
+        data = transport.read_bytes(posixpath.join(lock, "lease.json"), 1 << 20)
+        put_new(transport, data, posixpath.join(dst, "host.lock", "lease.json"), 0o600)
+    transport.makedirs(dst, 0o700)
+
+
+def _swap_for_link(transport: Transport, path: str, target: str) -> None:
+    """PATH replaced by a link to TARGET by rename: the link made under a temporary name, PATH
+    (if any) renamed aside (.NAME.old.tmp-*), the link renamed in, and what was set aside
+    removed. PATH is never left missing."""
+    tmp = unique_tmp(path)
+    transport.symlink(target, tmp)
+    moved = None
+    if transport.stat(path) is not None:
+        transport.rename(path, moved := unique_tmp(path + ".old"))
     try:
-        transport.rename(tmp, layout.run)
+        transport.rename(tmp, path)
     except OSError:
         if moved:
-            transport.rename(moved, layout.run)  # run/ is never left missing
+            transport.rename(moved, path)
         raise
+    if moved:
+        remove_tree(transport, moved)
+
+
+def remove_tree(transport: Transport, path: str) -> None:
+    """`rm -r PATH` over SFTP, never through a link (a link is removed, not followed)."""
+    st = transport.stat(path)
+    if st is None or st.is_link or not st.is_dir:
+        if st is not None:
+            transport.remove(path)
+        return
+    for name in transport.listdir(path):
+        remove_tree(transport, posixpath.join(path, name))
+    transport.rmdir(path)
 
 
 def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:
     """current/previous -> releases/<id>: a new symlink under a temporary name, renamed over the
     old one (never rm + ln); None removes the link. A link that already names its release is left
-    as it is (a rollback's on a root that turned read-only writes nothing there)."""
+    as it is. The targets are absolute: run/ may be a link to a state_dir elsewhere."""
     for link, rel in ((layout.current, current), (layout.previous, previous)):
         if rel is None:
             if transport.readlink(link) is not None:
                 transport.remove(link)
             continue
-        if transport.readlink(link) == f"releases/{rel}":
+        if transport.readlink(link) == layout.release(rel):
             continue
         tmp = unique_tmp(link)
-        transport.symlink(f"releases/{rel}", tmp)
+        transport.symlink(layout.release(rel), tmp)
         transport.rename(tmp, link)
 
 
 def put_secret(transport: Transport, layout: HostLayout, data: bytes, name: str = API_KEY_NAME) -> str:
     """A secret file (0600 in the 0700 secrets/), by rename; its value is never an argument.
     The temporary file is created 0600 and exclusively (never chmod after); secrets/ is tightened
-    to 0700 on every call, and refused when it is a symlink or not a directory."""
+    to 0700 on every call, and refused when it is a symlink or not a directory. A file that already
+    holds DATA (0600, not a link) is left as it is."""
     transport.makedirs(layout.secrets, 0o700)
     st = transport.stat(layout.secrets)
     if st is None or st.is_link or not st.is_dir:
@@ -294,6 +363,9 @@ def put_secret(transport: Transport, layout: HostLayout, data: bytes, name: str 
     if st.perms != 0o700:
         transport.chmod(layout.secrets, 0o700)
     dest = posixpath.join(layout.secrets, name)
+    if (got := transport.stat(dest)) is not None and got.is_file and got.perms == 0o600:
+        if transport.read_bytes(dest, len(data)) == data:
+            return dest  # as it is: a root written at upload only (a read-only one) needs no write here
     for left in transport.listdir(layout.secrets):  # left by an interrupted run, in our own 0700 folder
         if left.startswith(f".{name}.tmp"):
             transport.remove(posixpath.join(layout.secrets, left))

@@ -764,13 +764,14 @@ model_hash() { # model_hash ROOT PATH...: per PATH, model=SHA256:SIZE:cached|has
 switch_links() { # switch_links ROOT CURRENT PREVIOUS: by rename (never rm + ln); "-" removes a link
     for pair in "current:$2" "previous:$3"; do
         link=${pair%%:*}; rel=${pair#*:}
-        if [ "$rel" = "-" ]; then rm -f "$1/$link"; continue; fi
+        if [ "$rel" = "-" ]; then rm -f "$1/run/$link"; continue; fi
         [ -d "$1/releases/$rel" ] || CODE=3 die "release $rel is not installed"
-        # a temporary name of this process's own: a late step of another run never renames it into place
-        ln -sfn "releases/$rel" "$1/.$link.tmp.$$" && mv -T "$1/.$link.tmp.$$" "$1/$link" || { rm -f "$1/.$link.tmp.$$"; exit 1; }
+        # in run/ (maybe a link to the state_dir: absolute targets), under a temporary name of this
+        # process's own: a late step of another run never renames it into place
+        ln -sfn "$1/releases/$rel" "$1/run/.$link.tmp.$$" && mv -T "$1/run/.$link.tmp.$$" "$1/run/$link" || { rm -f "$1/run/.$link.tmp.$$"; exit 1; }
     done
-    echo "current=$(link_of "$1/current")"
-    echo "previous=$(link_of "$1/previous")"
+    echo "current=$(link_of "$1/run/current")"
+    echo "previous=$(link_of "$1/run/previous")"
 }
 
 cmd=${1:-}
@@ -873,12 +874,11 @@ restart)
         sd_verify "$root"
         sd_verified=$1 ;;
     esac
-    # what follows writes the links and run/: a root that takes no new file (read-only, full) is
-    # refused here, before the running service is stopped
-    for d in "$root" "$root/run"; do
-        { true >"$d/.write-probe.$$"; } 2>/dev/null && rm -f "$d/.write-probe.$$" ||
-            CODE=3 die "writable=no: $d takes no new file (read-only or full?); nothing was stopped"
-    done
+    # what follows writes run/ only (links, pidfiles, logs): one that takes no new file (read-only,
+    # full) is refused here, before the running service is stopped
+    d="$root/run"
+    { true >"$d/.write-probe.$$"; } 2>/dev/null && rm -f "$d/.write-probe.$$" ||
+        CODE=3 die "writable=no: $d takes no new file (read-only or full?); nothing was stopped"
     stop_svc "$root" "$name"
     switch_links "$root" "$cur" "$prev"
     start_svc "$root" "$name" "$@"

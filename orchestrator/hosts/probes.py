@@ -174,16 +174,22 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         Readlink(layout.previous),
         ReadFile(layout.svc, HOST_FILE_MAX),
         ReadFile(layout.route, HOST_FILE_MAX),
+        # an older layout's, in the root itself, until a deploy or rollback moves them (layout.install_helper)
+        Readlink(f"{layout.root}/current"),
+        Readlink(f"{layout.root}/previous"),
+        ReadFile(f"{layout.root}/route.json", HOST_FILE_MAX),
         *(ReadFile(f, HOST_FILE_MAX) for f in pidfiles),
     ]
     first = fs_batch(transport, ops)
+    for new, old in ((2, 6), (3, 7), (5, 8)):  # run/'s where it has one
+        first[new] = first[new] if isinstance(first[new], (str, bytes)) else first[old]
     root_exists = first[0] is not None
     releases: list[str] = []
     procs: dict[str, tuple[int, bytes]] = {}
     if root_exists:
         if first[1] is not None:
             releases = transport.listdir(layout.releases)
-        pids = {name: parse_pid(raw) for name, r in zip(services, first[6:], strict=True) if (raw := got(r))}
+        pids = {name: parse_pid(raw) for name, r in zip(services, first[9:], strict=True) if (raw := got(r))}
         running = [(name, pid) for name, pid in pids.items() if pid is not None]
         cmdlines = fs_batch(transport, [ReadFile(f"/proc/{pid}/cmdline", HOST_FILE_MAX) for _, pid in running])
         for (name, pid), r in zip(running, cmdlines, strict=True):

@@ -8,7 +8,7 @@ root and not writable by group or others (a sticky directory such as /tmp may be
 cannot replace our entry there), none may be a link, and the root, its own folders and the
 helper must be owned by the login user or root, not writable by group or others, and not links;
 only run/ may be a link, and only to the host's state_dir as written (judged as a root is, where
-no link is trusted: issue 49).
+no link is trusted: issue 49), and leases/ only to run/leases.
 Read over SFTP (lstat, no process on the host; all of them in one pipelined batch). Files are
 written under a temporary name made exclusively and unique per run (never through a link), then
 renamed into place.
@@ -80,12 +80,14 @@ def root_problem(transport: Transport, root: str, state: str | None = None) -> s
             return why
         if last and uid is None:
             owners.add(st.uid)  # cannot tell the login user: the root's own owner, judged above
-    for p in dirs:
+    links = {"run": state, "leases": "run/leases"}  # the only links a root holds, each to exactly this
+    for name, p in zip(_DIRS, dirs, strict=True):
         st = _stat_of(seen[p])
-        if st is not None and st.is_link and p == dirs[_DIRS.index("run")] and st.uid in owners:
-            if (target := transport.readlink(p)) != state or state is None:
-                return f"{p} is a link to {target!r}, not to this host's state_dir {state}"
-            if why := root_problem(transport, state):
+        if st is not None and st.is_link and name in links and st.uid in owners:
+            if (target := transport.readlink(p)) != links[name] or target is None:
+                want = f"this host's state_dir {state}" if name == "run" else links[name]
+                return f"{p} is a link to {target!r}, not to {want}"
+            if name == "run" and (why := root_problem(transport, target)):
                 return why
             continue
         if st is not None and (why := _judge(p, st, owners, sticky_ok=False, want_dir=True)):

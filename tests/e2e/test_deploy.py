@@ -349,7 +349,7 @@ def test_dead_run_lease_released_only_once_the_run_is_over(deployed_lab, cli, la
 def test_status_verify_files_sees_a_changed_file_the_process_hashes_cannot(deployed_lab, cli):
     """The running binaries can match their manifests while another file of the release (the
     kernel harness here; a shared library alike) has changed on disk: only --verify-files sees it."""
-    root = Path(deployed_lab.roots()["rpc"]) / "current"
+    root = Path(deployed_lab.roots()["rpc"]) / "run" / "current"
     victim = root / "tests" / "bin" / "ggml-kernel-cases"
     st = json.loads(cli("--json", "status", "--pair", PAIR, "--verify-files", inventory=INV_ARG).stdout)
     assert not st["problems"], st["problems"]
@@ -389,7 +389,7 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(
     good.write_text(json.dumps(inv))
     r, out = _deploy(cli, "--packages", b, b, "--skip-accept", inventory=str(good))
     assert r.exit_code == 0, r.stderr
-    route = json.loads((Path(deployed_lab.roots()["native"]) / "route.json").read_text())
+    route = json.loads((Path(deployed_lab.roots()["native"]) / "run" / "route.json").read_text())
     assert route["active"]["models"] == want
     prepared = next(s for s in out["steps"] if s["name"] == "prepare")
     assert prepared["ok"]
@@ -431,3 +431,32 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(
         os.replace(keep, target)
     r = cli("--json", "status", "--pair", PAIR, inventory=INV_ARG)
     assert r.exit_code == 0 and json.loads(r.stdout)["route"]["models_verified"] is True, r.output
+
+
+def test_an_older_layout_is_moved_into_run_by_the_next_deploy(deployed_lab, lab_packages_b, cli, restore_baseline):
+    """Issue 49: hosts deployed before current/previous, route.json and leases/ moved into run/ (the
+    state dir) keep them in the root itself. status still reads them there; the next deploy moves
+    them under its lease (links re-pointed at absolute release paths, the record's bytes kept,
+    leases/ made a link to run/leases) and leaves nothing set aside in the root."""
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    for root in map(Path, deployed_lab.roots().values()):
+        run = root / "run"
+        for name in ("current", "previous"):
+            if (run / name).is_symlink():
+                os.symlink("releases/" + os.readlink(run / name).rsplit("/", 1)[-1], root / name)
+                (run / name).unlink()
+        os.replace(run / "route.json", root / "route.json")
+        (root / "leases").unlink()
+        (root / "leases").mkdir(mode=0o700)
+    record = (Path(deployed_lab.roots()["native"]) / "route.json").read_bytes()
+    st = lab_status(cli)
+    assert is_active(st, a) and not st["problems"], st
+    r, out = _deploy(cli, "--packages", b, b, "--skip-accept")
+    assert r.exit_code == 0, r.stderr
+    st = lab_status(cli)
+    assert is_active(st, b) and all(links == (b, a) for links in _host_links(st).values()), st
+    assert st["route"]["revision"] == json.loads(record)["revision"] + 1
+    for root in map(Path, deployed_lab.roots().values()):
+        assert sorted(os.listdir(root)) == ["bin", "leases", "releases", "run", "secrets"], os.listdir(root)
+        assert os.readlink(root / "leases") == "run/leases" and not os.listdir(root / "leases")
+        assert os.readlink(root / "run" / "current") == str(root / "releases" / b)

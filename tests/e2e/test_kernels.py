@@ -192,7 +192,7 @@ def _live_files(pair) -> dict[str, tuple[int, int]]:
             for f in Path(root, sub).rglob("*"):
                 if f.is_file():
                     out[str(f)] = (f.stat().st_mtime_ns, f.stat().st_size)
-        route = Path(root, "route.json")
+        route = Path(root, "run", "route.json")
         out[str(route)] = (route.stat().st_mtime_ns, route.stat().st_size)
     return out
 

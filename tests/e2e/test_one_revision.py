@@ -37,7 +37,7 @@ def _roots(lab) -> dict[str, Path]:
 
 
 def _current(root: Path) -> str:
-    return os.readlink(root / "current").removeprefix("releases/")
+    return os.readlink(root / "run" / "current").rsplit("/", 1)[-1]
 
 
 def _free_dead_runs(cli, st: dict[str, Any]) -> None:
@@ -107,13 +107,13 @@ def test_a_mixed_pair_is_reported_and_refused(
     assert acc.exit_code != 0, acc.stdout[-2000:]
     assert "two source revisions" in acc.stdout + acc.stderr
 
-    route = {r: (root / "route.json").read_bytes() for r, root in roots.items()}
+    route = {r: (root / "run" / "route.json").read_bytes() for r, root in roots.items()}
     rb = cli("--json", "rollback", "--pair", PAIR)  # its previous pair is B+A
     assert rb.exit_code == 6, rb.stderr[-2000:]
     assert "one source revision" in rb.stderr and "nothing was started" in rb.stderr
     rp = cli("--json", "repair", "--pair", PAIR, "--yes")
     assert rp.exit_code == 6, rp.stderr[-2000:]
-    assert {r: (root / "route.json").read_bytes() for r, root in roots.items()} == route
+    assert {r: (root / "run" / "route.json").read_bytes() for r, root in roots.items()} == route
     assert (_current(roots["native"]), _current(roots["rpc"])) == (a, b)
 
     st = lab_status(cli)

@@ -85,14 +85,14 @@ def test_a_never_deployed_pair_is_refused_in_one_line(verbs: FaultPair) -> None:
         assert p.returncode == 6, (args, p.returncode, p.stderr)
         said = [line for line in p.stderr.splitlines() if not re.match(r"pairctl: \[\d", line)]  # not progress
         assert "never deployed" in said[0] and "Traceback" not in p.stderr, (args, p.stderr)
-    assert not (fp.roots["native"] / "route.json").exists()
+    assert not (fp.roots["native"] / "run" / "route.json").exists()
 
 
 def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     fp = verbs
     a, _b = fp.packages
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--skip-accept"), "deploy")
-    route_before = (fp.roots["native"] / "route.json").read_bytes()
+    route_before = (fp.roots["native"] / "run" / "route.json").read_bytes()
 
     # diff: nothing differs from the profile it was deployed with; another profile shows its flags
     same = validate_output("diff", _json(fp.cli("--json", "diff", "--pair", NAME), "diff")).model_dump()
@@ -108,7 +108,7 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     assert out["active"]["native_package"] == a
     new = _pids(fp)
     assert None not in new.values() and all(new[r] != pids[r] for r in new), (pids, new)
-    assert (fp.roots["native"] / "route.json").read_bytes() == route_before
+    assert (fp.roots["native"] / "run" / "route.json").read_bytes() == route_before
     code, st = fp.status()
     assert code == 0 and not st["problems"], st["problems"]
 
@@ -160,7 +160,7 @@ def test_verbs_on_a_deployed_pair(verbs: FaultPair) -> None:
     assert None not in _pids(fp).values()
     again = _json(fp.cli("--json", "start", "--pair", NAME), "start of a running pair")
     assert again["outcome"] == "nothing to start"
-    assert (fp.roots["native"] / "route.json").read_bytes() == route_before
+    assert (fp.roots["native"] / "run" / "route.json").read_bytes() == route_before
 
     # status --watch: bounded looks, each a whole status
     watch = fp.cli("status", "--pair", NAME, "--watch", "0.2", "--count", "2")

@@ -127,7 +127,7 @@ def test_repair_of_a_never_deployed_pair_offers_nothing(routes: FaultPair) -> No
     p = routes.cli("repair", "--pair", NAME)
     assert p.returncode == 6, p.stdout + p.stderr
     assert "never deployed" in p.stderr and "active: null" not in p.stdout
-    assert not (routes.roots["native"] / "route.json").exists()
+    assert not (routes.roots["native"] / "run" / "route.json").exists()
 
 
 def test_dry_run_commands_are_the_commands_run_and_route_states(routes: FaultPair) -> None:
@@ -188,7 +188,10 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", a, a, "--profile", str(prof), "--skip-accept"), "A")
     _json(fp.cli("--json", "deploy", "--pair", NAME, "--packages", b, b, "--skip-accept"), "deploy B")
     before = _status(fp)["route"]
-    links = {r: (os.readlink(fp.roots[r] / "current"), os.readlink(fp.roots[r] / "previous")) for r in fp.roots}
+    links = {
+        r: (os.readlink(fp.roots[r] / "run" / "current"), os.readlink(fp.roots[r] / "run" / "previous"))
+        for r in fp.roots
+    }
     inv = load_inventory(str(fp.inventory_path), {"PAIRCTL_HOME": str(fp.home.root)})
     d = EngineDriver(fp.home, inv, NAME, argv=["test"])
     arm = load_profile("lab-draft-other", pair=inv.pair(NAME))
@@ -222,7 +225,10 @@ def test_qualification_leaves_the_record_as_found(routes: FaultPair) -> None:
     keys = ("active", "active_packages", "previous", "state")
     assert {k: after.get(k) for k in keys} == {k: before.get(k) for k in keys}, (before, after)
     # ... and the links too: `previous` names the found previous pair, not the arm's release
-    assert {r: (os.readlink(fp.roots[r] / "current"), os.readlink(fp.roots[r] / "previous")) for r in fp.roots} == links
+    assert {
+        r: (os.readlink(fp.roots[r] / "run" / "current"), os.readlink(fp.roots[r] / "run" / "previous"))
+        for r in fp.roots
+    } == links
     rb = _json(fp.cli("--json", "rollback", "--pair", NAME), "rollback after qualify")
     assert rb["active"]["native_package"] == a and rb["active"]["profile_name"] == "lab-alias", rb["active"]
     argv = rb["active"]["native_argv"]
@@ -256,8 +262,10 @@ def test_every_action_of_every_playbook_was_compared(routes: FaultPair) -> None:
 
 
 def _record(fp: FaultPair) -> dict[str, Any]:
-    data = json.loads((fp.roots["native"] / "route.json").read_bytes())
-    assert (fp.roots["rpc"] / "route.json").read_bytes() == (fp.roots["native"] / "route.json").read_bytes()
+    data = json.loads((fp.roots["native"] / "run" / "route.json").read_bytes())
+    assert (fp.roots["rpc"] / "run" / "route.json").read_bytes() == (
+        fp.roots["native"] / "run" / "route.json"
+    ).read_bytes()
     return data
 
 

@@ -39,7 +39,7 @@ def test_prune_keeps_anchors_verifies_and_still_reports_an_unaccounted_deletion(
     deploy_b = _ok(cli("--json", "deploy", "--pair", PAIR, "--packages", b, b, "--skip-accept"))["receipt"]
     _ok(cli("--json", "rollback", "--pair", PAIR))
     assert is_active(lab_status(cli), a)
-    record = parse_route((Path(deployed_lab.roots()["native"]) / "route.json").read_bytes(), pair=PAIR)
+    record = parse_route((Path(deployed_lab.roots()["native"]) / "run" / "route.json").read_bytes(), pair=PAIR)
     assert record is not None and record.evidence_head == deploy_b
 
     ev = tmp_path / "evidence"

@@ -49,12 +49,12 @@ def _baseline(cli, a: str) -> None:
 
 
 def _routes(pair) -> dict[str, bytes]:
-    return {k: (r / "route.json").read_bytes() for k, r in _roots(pair).items()}
+    return {k: (r / "run" / "route.json").read_bytes() for k, r in _roots(pair).items()}
 
 
 def _put_routes(pair, data: dict[str, bytes | None]) -> None:
     for k, r in _roots(pair).items():
-        p = r / "route.json"
+        p = r / "run" / "route.json"
         if data[k] is None:
             p.unlink(missing_ok=True)
         else:
@@ -119,7 +119,7 @@ def test_rollback_across_an_inventory_change_renders_argv_now(deployed_lab, b_ov
         assert rb.exit_code == 0, rb.stderr
         st = lab_status(cli, PAIR, str(changed))
         assert is_active(st, a), st
-        route = json.loads((_roots(deployed_lab)["native"] / "route.json").read_text())
+        route = json.loads((_roots(deployed_lab)["native"] / "run" / "route.json").read_text())
         native_argv = route["active"]["native_argv"]
         port = inv["pairs"][PAIR]["rpc_port"]
         assert "--api-key-file" in native_argv
@@ -149,7 +149,7 @@ def test_deploy_killed_before_acceptance_is_not_recorded_active(deployed_lab, la
     child = hooked_deploy(Path(deployed_lab.home), b, "route-accepted:kill", tmp_path)
     _, err = child.communicate(timeout=600)
     assert child.returncode == -signal.SIGKILL, err[-2000:]
-    run = json.loads((_roots(deployed_lab)["native"] / "route.json").read_text())["updated_by"]
+    run = json.loads((_roots(deployed_lab)["native"] / "run" / "route.json").read_text())["updated_by"]
     try:
         r = cli("--json", "status", "--pair", PAIR)
         assert r.exit_code == 1, r.output
@@ -184,7 +184,7 @@ def test_deploy_killed_between_its_two_route_writes_is_resolved_by_rollback(
     assert child.returncode == -signal.SIGKILL, err[-2000:]
     new = _routes(deployed_lab)
     run = json.loads(new["rpc"])["updated_by"]
-    (_roots(deployed_lab)["native"] / "route.json").write_bytes(before["native"])
+    (_roots(deployed_lab)["native"] / "run" / "route.json").write_bytes(before["native"])
     try:
         r = cli("--json", "status", "--pair", PAIR)
         assert r.exit_code == 1, r.output
@@ -213,7 +213,7 @@ def test_links_that_leave_the_install_root_are_refused(deployed_lab, lab_package
     host and link in status, deploy, rollback and kernels check; `current` naming a missing
     release is named."""
     a, b = deployed_lab.package_id, lab_packages_b.id
-    current = _roots(deployed_lab)["native"] / "current"
+    current = _roots(deployed_lab)["native"] / "run" / "current"
     target = os.readlink(current)
     fake = tmp_path / "evil" / "releases" / a
     fake.mkdir(parents=True)
@@ -294,7 +294,8 @@ def _with_revision(data: bytes, revision: int) -> bytes:
 
 def _routes_or_none(pair) -> dict[str, bytes | None]:
     return {
-        k: (r / "route.json").read_bytes() if (r / "route.json").exists() else None for k, r in _roots(pair).items()
+        k: (r / "run" / "route.json").read_bytes() if (r / "run" / "route.json").exists() else None
+        for k, r in _roots(pair).items()
     }
 
 
@@ -304,7 +305,7 @@ def test_deleted_receipts_show_up_against_the_route_anchor(deployed_lab, b_over_
     status names the gap and deploy refuses (exit 10) until the evidence is back."""
     a, b = b_over_a
     ev = Path(deployed_lab.home) / "evidence"
-    route = json.loads((_roots(deployed_lab)["native"] / "route.json").read_text())
+    route = json.loads((_roots(deployed_lab)["native"] / "run" / "route.json").read_text())
     head_file = ev / "heads" / PAIR
     head = head_file.read_text().strip()
     newest = json.loads((ev / "receipts" / f"{head}.json").read_text())
@@ -330,13 +331,14 @@ def test_deleted_receipts_show_up_against_the_route_anchor(deployed_lab, b_over_
 
 def _links(pair) -> dict[str, dict[str, str | None]]:
     return {
-        k: {n: os.readlink(r / n) if os.path.islink(r / n) else None for n in ("current", "previous")}
+        k: {n: os.readlink(r / "run" / n) if os.path.islink(r / "run" / n) else None for n in ("current", "previous")}
         for k, r in _roots(pair).items()
     }
 
 
 def _put_links(pair, links: dict[str, dict[str, str | None]]) -> None:
-    for k, r in _roots(pair).items():
+    for k, root in _roots(pair).items():
+        r = root / "run"
         for n, target in links[k].items():
             if target is None:
                 (r / n).unlink(missing_ok=True)

@@ -286,10 +286,11 @@ def test_rpc_server_listens_only_on_inventory_address(deployed_sec):
 
 def test_nothing_pairctl_created_is_world_writable(deployed_sec):
     fp, _ = deployed_sec
-    assert world_writable([fp.roots["native"], fp.roots["rpc"]]) == []
-    # every file pairctl wrote is there to be judged: releases, links, run/, leases/, secrets/, route
+    runs = [Path(os.path.realpath(r / "run")) for r in fp.roots.values()]  # run/ is a link to the state_dir
+    assert world_writable([fp.roots["native"], fp.roots["rpc"], *runs]) == []
+    # every file pairctl wrote is there to be judged: releases, run/ (links, route, leases), secrets/
     for role in ("native", "rpc"):
-        names = {p.name for p in fp.roots[role].iterdir()}
+        names = {p.name for p in fp.roots[role].iterdir()} | {p.name for p in (fp.roots[role] / "run").iterdir()}
         assert {"releases", "current", "run", "leases", "route.json", "bin"} <= names, names
 
 
@@ -702,7 +703,7 @@ def test_an_answer_changing_file_is_declared_verified_and_watched(deployed_sec, 
     cv = tmp_path / "calm.gguf"
     sha = _control_vector(cv, 0.5)
     base = yaml.safe_load(Path(__file__).parents[2].joinpath("manifests", "profiles", "lab.yaml").read_text())
-    route = (fp.roots["native"] / "route.json").read_bytes()
+    route = (fp.roots["native"] / "run" / "route.json").read_bytes()
 
     def profile(name: str, **extra: object) -> str:
         p = tmp_path / f"{name}.yaml"
@@ -714,7 +715,7 @@ def test_an_answer_changing_file_is_declared_verified_and_watched(deployed_sec, 
     assert r.returncode == 3 and f"files ({cv}: SHA256" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     r = fp.cli(*deploy, profile("cv-wrong", files={str(cv): "0" * 64}))
     assert r.returncode != 0 and f"file {cv} has sha256 {sha}, the profile declares" in r.stderr, r.stderr[-2000:]
-    assert "nothing was changed" in r.stderr and (fp.roots["native"] / "route.json").read_bytes() == route
+    assert "nothing was changed" in r.stderr and (fp.roots["native"] / "run" / "route.json").read_bytes() == route
     try:
         r = fp.cli(*deploy, profile("cv", files={str(cv): sha}))
         assert r.returncode == 0, r.stderr[-3000:]
@@ -763,11 +764,11 @@ def test_rollback_and_restart_rehash_declared_files_before_starting_a_server(dep
         r = fp.cli(*plain)  # another profile: the control-vector pair becomes the record's previous
         assert r.returncode == 0, r.stderr[-3000:]
         _control_vector(cv, -0.5)
-        pid, route = service_pid_of(fp, "native"), (fp.roots["native"] / "route.json").read_bytes()
+        pid, route = service_pid_of(fp, "native"), (fp.roots["native"] / "run" / "route.json").read_bytes()
         r = fp.cli("--json", "rollback", "--pair", fp.name)
         assert r.returncode == 6 and f"file {cv} has sha256" in r.stderr, r.stderr[-3000:]
         assert "rollback refused, nothing was changed" in r.stderr and "Traceback" not in r.stderr
-        assert service_pid_of(fp, "native") == pid and (fp.roots["native"] / "route.json").read_bytes() == route
+        assert service_pid_of(fp, "native") == pid and (fp.roots["native"] / "run" / "route.json").read_bytes() == route
         assert leases_free()
         _control_vector(cv, 0.5)  # the deployed bytes back: the rollback goes ahead
         r = fp.cli("--json", "rollback", "--pair", fp.name)

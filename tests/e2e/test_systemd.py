@@ -196,7 +196,9 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     LINGER.unlink(missing_ok=True)
     r = cli(*deploy)
     assert r.exit_code == 6 and "does not linger" in r.stderr and "loginctl enable-linger root" in r.stderr, r.stderr
-    assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
+    assert not any(
+        Path(root, "run", "current").exists() or Path(root, "run", "route.json").exists() for root in roots.values()
+    )
     LINGER.parent.mkdir(parents=True, exist_ok=True)
     LINGER.touch()
     # a service user the host lacks, or one that cannot read a model, is refused before any change
@@ -212,7 +214,9 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
     assert r.exit_code == 6 and f"service_user {SERVICE_USER} cannot read {home}/lab/models/" in r.stderr, r.stderr[
         -2000:
     ]
-    assert not any(Path(root, "current").exists() or Path(root, "route.json").exists() for root in roots.values())
+    assert not any(
+        Path(root, "run", "current").exists() or Path(root, "run", "route.json").exists() for root in roots.values()
+    )
     r = cli(*deploy)
     assert r.exit_code == 0, r.stderr[-3000:] + r.stdout[-2000:]
     view = pair_view(load_inventory(inv, {"PAIRCTL_HOME": home}), PAIR)
@@ -576,7 +580,7 @@ def test_a_restarted_manager_brings_the_pair_back_by_itself(pair, manager):
     assert not _healthy()
     # with no manager to start units, a deploy or rollback changes nothing: refused before the stop
     kept = {
-        role: (Path(root, "route.json").read_bytes(), os.readlink(Path(root, "current")))
+        role: (Path(root, "run", "route.json").read_bytes(), os.readlink(Path(root, "run", "current")))
         for role, root in pair["roots"].items()
     }
     pid = pair["package"]
@@ -585,7 +589,7 @@ def test_a_restarted_manager_brings_the_pair_back_by_itself(pair, manager):
         assert r.exit_code == 6 and "no systemd user manager answers" in r.stderr, r.stderr[-2000:]
         assert "enable-linger" in r.stderr and "Traceback" not in r.stderr
     assert kept == {
-        role: (Path(root, "route.json").read_bytes(), os.readlink(Path(root, "current")))
+        role: (Path(root, "run", "route.json").read_bytes(), os.readlink(Path(root, "run", "current")))
         for role, root in pair["roots"].items()
     }
     t0 = time.monotonic()

@@ -83,7 +83,7 @@ def test_a_step_that_timed_out_is_killed_before_the_rollback_and_never_acts(
         if _alive(pid):
             os.kill(pid, signal.SIGCONT)  # what the trial did: the paused step resumes
     time.sleep(3.0)
-    link = os.readlink(os.path.join(rpc_root, "current")).removeprefix("releases/")
+    link = os.readlink(os.path.join(rpc_root, "run", "current")).rsplit("/", 1)[-1]
     assert link == a, f"the RPC host's current names {link} after the rollback to {a}"
     st = lab_status(cli)
     assert is_active(st, a), json.dumps(st)[-3000:]

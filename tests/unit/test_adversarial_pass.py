@@ -142,6 +142,7 @@ def test_a_signed_record_in_other_bytes_is_forged(view):  # noqa: F811
 def test_a_huge_route_file_on_a_host_is_read_only_up_to_the_limit(tmp_path):
     """A host's route.json as a huge (sparse) file, or a link to /dev/zero, was read to its end."""
     layout = HostLayout(str(tmp_path))
+    Path(layout.run).mkdir()
     with open(layout.route, "wb") as f:
         f.truncate(HOST_FILE_MAX * 4)
     facts = read_facts(LocalTransport(), layout, [])

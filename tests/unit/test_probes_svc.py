@@ -124,7 +124,7 @@ def test_switch_links_by_rename(host):
     switch_links(t, layout, "b", "a")
     f = read_facts(t, layout, SERVICES)
     assert (f.current, f.previous, f.releases) == ("b", "a", ("a", "b"))
-    assert os.readlink(layout.current) == "releases/b"
+    assert os.readlink(layout.current) == layout.release("b")  # absolute: run/ may be a link elsewhere
     switch_links(t, layout, "a", None)
     f = read_facts(t, layout, SERVICES)
     assert (f.current, f.previous) == ("a", None)
@@ -470,8 +470,7 @@ def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatc
     assert os.readlink(layout.run) == root + ".state"
     with open(layout.log("llama-server.pid")) as fh:
         assert fh.read() == "4242\n"
-    (old,) = [n for n in os.listdir(root) if n.startswith(".run.old")]
-    assert os.path.isfile(os.path.join(root, old, "llama-server.pid"))
+    assert not [n for n in os.listdir(root) if n.startswith(".")]  # the old run/ removed once replaced
     other = HostLayout(str(tmp_path / "r2"), state=str(tmp_path / "r2") + ".state")
     install_helper(t, HostLayout(other.root))
     makedirs = t.makedirs
@@ -484,6 +483,41 @@ def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatc
     monkeypatch.setattr(t, "makedirs", refused)
     install_helper(t, other)
     assert os.path.isdir(other.run) and not os.path.islink(other.run)
+
+
+def test_an_older_layout_moves_into_run_under_the_lease(tmp_path):
+    """A root deployed before everything written after the upload moved into run/ (issue 49):
+    current/previous (re-pointed at absolute release paths), route.json and the lease this run
+    took in leases/ move to the state dir, leases/ becomes a link to run/leases, and nothing is
+    left in the root but releases/, bin/, secrets/ and the links (what an earlier move set aside
+    is removed, a link there unfollowed); status read the old places first."""
+    t = LocalTransport("local-test")
+    root = tmp_path / "root"
+    for d in ("releases/a", "releases/b", "run", "leases/host.lock"):
+        (root / d).mkdir(parents=True)
+    os.symlink("releases/b", root / "current")
+    os.symlink("releases/a", root / "previous")
+    (root / "route.json").write_bytes(b'{"revision": 3}\n')
+    (root / "leases/host.lock/lease.json").write_text('{"nonce": "n"}')
+    (root / ".run.old.tmp-0a").mkdir()  # an earlier pairctl's move kept what it set aside
+    (root / ".run.old.tmp-0a/llama-server.log").write_text("old")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere/keep").write_text("not ours")
+    os.symlink(tmp_path / "elsewhere", root / ".leases.old.tmp-0b")  # removed, never followed
+    layout = HostLayout(str(root), state=str(root) + ".state")
+    f = read_facts(t, HostLayout(str(root)), ())
+    assert (f.current, f.previous, f.route_bytes) == ("b", "a", b'{"revision": 3}\n')
+    install_helper(t, layout)
+    assert os.readlink(layout.current) == layout.release("b") and os.readlink(layout.previous) == layout.release("a")
+    assert open(layout.route, "rb").read() == b'{"revision": 3}\n'
+    assert os.readlink(layout.leases) == "run/leases"
+    assert (tmp_path / "root.state/leases/host.lock/lease.json").read_text() == '{"nonce": "n"}'
+    assert sorted(os.listdir(root)) == ["bin", "leases", "releases", "run", "secrets"]
+    f = read_facts(t, layout, ())
+    assert (f.current, f.previous, f.route_bytes) == ("b", "a", b'{"revision": 3}\n')
+    assert (tmp_path / "elsewhere/keep").read_text() == "not ours"
+    install_helper(t, layout)  # once moved, nothing more to do
+    assert sorted(os.listdir(root)) == ["bin", "leases", "releases", "run", "secrets"]
 
 
 def test_a_server_that_exits_while_its_identity_is_read_is_not_running(host, tmp_path):

@@ -17,7 +17,7 @@ from orchestrator.engine.plan import Exec, Planning, Step, Target, service_exec
 from orchestrator.engine.targets import preflight_checks
 from orchestrator.errors import CheckFailed, ConfigError, HostStateError, PackageError
 from orchestrator.hosts.identity import verify_identity
-from orchestrator.hosts.layout import SERVICE_OF_ROLE, install_helper, put_secret, svc_sha256
+from orchestrator.hosts.layout import LEASES_LINK, SERVICE_OF_ROLE, install_helper, put_secret, svc_sha256
 from orchestrator.hosts.models import check_models
 from orchestrator.hosts.probes import read_facts
 from orchestrator.hosts.release import ensure_release
@@ -115,6 +115,9 @@ class Lease(Action, name="lease"):
         handle = leasing.take(ctx, role)
         ctx.hosts.lease_taken(role, handle)
         d = leasing.describe(handle)
+        if ctx.t(role).readlink(ctx.layout(role).leases) != LEASES_LINK:  # an older layout (or none yet)
+            install_helper(ctx.t(role), ctx.layout(role))  # moves it into run/ under this lease
+            d["layout"] = "links, route record and leases moved into run/"
         return {**d, "renewed": "the calling run's lease"} if ctx.lease_held_by_caller else d
 
 

@@ -28,7 +28,7 @@ def _room_for_route(ctx: RunEnv, data: bytes, sha: str) -> None:
 
     def probe() -> None:
         for r in ROLES:
-            t, root = ctx.t(r), ctx.layout(r).root
+            t, root = ctx.t(r), ctx.layout(r).run  # where route.json lives (layout.py)
             tmp = unique_tmp(f"{root}/route-room")
             try:
                 t.put_bytes(data, tmp, mode=0o600)

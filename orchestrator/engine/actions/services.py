@@ -42,20 +42,17 @@ def _reach_before_change(ctx: RunEnv, role: str) -> float:
 
 
 def _space_on(ctx: RunEnv, role: str) -> int:
-    """Before the first change, on one host: room for what the switch writes (route record twice,
-    pidfiles, the new services' logs) and run/ and the root take new files, so a full or
-    read-only disk is refused with nothing stopped. One batch of SFTP requests (free space by
-    the server's statvfs, a file made and removed in each); a probe that failed is made again
-    alone, for the refusal exactly as `space.require_writable` words it."""
-    t, layout = ctx.t(role), ctx.layout(role)
-    checks = ((layout.run, "the switch (pidfiles, logs)"), (layout.root, "the switch (current link, route record)"))
-    probes = [HostClock(unique_tmp(posixpath.join(path, "write-probe"))) for path, _ in checks]
-    got = fs_batch(t, [FreeBytes(layout.root), *probes])
-    sp = space.free_space(t, layout.root, got[0])
+    """Before the first change, on one host: room for what the switch writes (links, route record
+    twice, pidfiles, the new services' logs), all of it in run/ (layout.py), and run/ takes a new
+    file, so a full or read-only disk is refused with nothing stopped. One batch of SFTP requests
+    (free space by the server's statvfs, a file made and removed); a probe that failed is made
+    again alone, for the refusal exactly as `space.require_writable` words it."""
+    t, run = ctx.t(role), ctx.layout(role).run
+    free, probed = fs_batch(t, [FreeBytes(run), HostClock(unique_tmp(posixpath.join(run, "write-probe")))])
+    sp = space.free_space(t, run, free)
     sp.require(space.SWITCH_NEEDED_BYTES, "the switch (route record, pidfiles, logs)")
-    for (path, what), r in zip(checks, got[1:], strict=True):
-        if not isinstance(r, FileStat):
-            space.require_writable(t, path, what)
+    if not isinstance(probed, FileStat):
+        space.require_writable(t, run, "the switch (links, route record, pidfiles, logs)")
     return sp.free_bytes
 
 
@@ -154,7 +151,7 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
                 # reconnect budget) means nothing can be restored, and stopping native would only take
                 # down the half that still serves (issue 33: the model traffic between them was fine)
                 ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-                _writable_for_restore(ctx, step.pair, writes_route=step.route is None or step.route.record is not None)
+                _writable_for_restore(ctx, step.pair)
             before_change(ctx, role, step)
         ex, verify = _planned(ctx, role, step)
         try:
@@ -268,26 +265,23 @@ class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
         return d
 
 
-def _writable_for_restore(ctx: RunEnv, tgt: Target, *, writes_route: bool) -> None:
-    """Before a rollback stops native: the roots it will write take a new file (native's always,
-    the RPC host's unless `current` there already names the release restored, whose server
-    restart-rpc keeps). One that does not refuses here with nothing stopped: stopping first left
-    both services down with neither able to start again, where what ran kept serving (issue 49).
-    Native's root itself only when its links change or the plan writes the route record there
-    (run/ may be a state_dir outside it)."""
+def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
+    """Before a rollback stops native: the run/ folders it will write (links, route record,
+    pidfiles, logs: layout.py) take a new file (native's always, the RPC host's unless `current`
+    there already names the release restored, whose server restart-rpc keeps). One that does not
+    refuses here with nothing stopped: stopping first left both services down with neither able to
+    start again, where what ran kept serving (issue 49)."""
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
     for role in roles:
-        keep = role == "native" and not writes_route and _current_on(ctx, role) == tgt.activation.native_package
-        for path in (ctx.layout(role).run,) if keep else (ctx.layout(role).run, ctx.layout(role).root):
-            try:
-                space.require_writable(ctx.t(role), path, "the rollback (links, pidfiles, logs)")
-            except space.NotWritable as exc:
-                # only a root that refuses the file (a full one that still takes it goes on, as
-                # before); a host lost meanwhile fails the steps as it did
-                if space.refuses_writes(exc.message):
-                    raise
-            except DiskFull:
-                pass
+        try:
+            space.require_writable(ctx.t(role), ctx.layout(role).run, "the rollback (links, pidfiles, logs)")
+        except space.NotWritable as exc:
+            # only a folder that refuses the file (a full one that still takes it goes on, as
+            # before); a host lost meanwhile fails the steps as it did
+            if space.refuses_writes(exc.message):
+                raise
+        except DiskFull:
+            pass
 
 
 def _keep_unchanged_rpc(
