@@ -46,6 +46,7 @@ CHECK_HOME := $(CURDIR)/.state/check
 # a lint error, a type error and a broken unit test.
 check: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	PAIRCTL_TEST_TIER=check PAIRCTL_TEST_HOME=$(CHECK_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/check \
 	  $(PY) -m pytest tests/unit -m "not unit_slow" --junitxml=$(RUNS)/check/junit.xml $(PYTEST_ARGS)
@@ -81,6 +82,7 @@ test-unit: setup
 # Static checks CI runs before the tests (configuration: pyproject.toml's [tool.ruff] and [tool.mypy]).
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 typecheck: setup
 	$(VENV)/bin/mypy

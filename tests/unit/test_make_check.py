@@ -1,5 +1,5 @@
-"""`make check` (issue 45) passes a clean tree and fails on a lint error, a type error and a broken
-unit test; and it leaves `unit_slow` tests to `make test`.
+"""`make check` (issue 45) passes a clean tree and fails on a lint error, an unformatted file, a type
+error and a broken unit test; and it leaves `unit_slow` tests to `make test`.
 
 Each case runs the repository's own Makefile target, unchanged, in a small project: this
 repository's pyproject.toml (the same ruff rules, strict mypy over `orchestrator`, pytest markers
@@ -36,13 +36,14 @@ CLEAN = {
         "import pytest\n\n\n"
         "def test_double() -> None:\n    assert 2 * 21 == 42\n\n\n"
         "@pytest.mark.unit_slow\n"
-        "def test_left_to_make_test() -> None:\n    raise AssertionError('make check must not run a unit_slow test')\n"
+        'def test_left_to_make_test() -> None:\n    raise AssertionError("make check must not run a unit_slow test")\n'
     ),
 }
 
 DEFECTS = {
     # step that must catch it, file, new text, what its output shows
     "lint": ("orchestrator/m.py", "import os\n\n\ndef double(x: int) -> int:\n    return 2 * x\n", "F401"),
+    "format": ("orchestrator/m.py", "def double(x: int) -> int:\n    return 2*x\n", "would be reformatted"),
     "type": ("orchestrator/m.py", "def double(x: int) -> int:\n    return str(2 * x)\n", "Incompatible return value"),
     "unit": ("tests/unit/test_m.py", "def test_double() -> None:\n    assert 2 * 21 == 43\n", "1 failed"),
 }
@@ -97,6 +98,8 @@ def test_make_check_fails_on(project: Path, defect: str) -> None:
     ran_pytest = re.search(r"^=+ .*\b\d+ (passed|failed)\b.* in [\d.]+s", out, re.M) is not None
     if defect == "lint":  # make stops at the first failing step: neither mypy nor pytest ran
         assert "Success: no issues found" not in out and "Incompatible" not in out and not ran_pytest, out
+    if defect == "format":  # ruff's rules pass; the layout does not: neither mypy nor pytest ran
+        assert "All checks passed!" in out and "Success: no issues found" not in out and not ran_pytest, out
     if defect == "type":
         assert "All checks passed!" in out and not ran_pytest, out
     if defect == "unit":
