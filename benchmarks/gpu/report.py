@@ -67,6 +67,17 @@ def build_phases(log: str) -> str:
     )
 
 
+def route_argv(p: Path) -> list[str]:
+    """The activated argv from a route record the run copied; said missing, never dropped silently
+    (a record not copied once hid this section: the run looked at the root's old place)."""
+    route = load_json(p)
+    active = route.get("active") if isinstance(route, dict) else None
+    if not (isinstance(active, dict) and active.get("native_argv")):
+        return [f"The route record's argv: not captured ({p.name} missing or without an active entry).", ""]
+    argv = [" ".join(active["native_argv"]), " ".join(active.get("rpc_argv") or [])]
+    return ["The route record's argv, as activated:", "```", *argv, "```", ""]
+
+
 def load_json(p: Path) -> Any:
     text = read(p)
     if not text:
@@ -140,17 +151,7 @@ def real_section(raw: Raw) -> list[str]:
         *fence(dep, 24),
         "",
     ]
-    route = load_json(raw / "real-native-route.json")
-    active = route.get("active") if isinstance(route, dict) else None
-    if isinstance(active, dict) and active.get("native_argv"):
-        md += [
-            "The route record's argv, as activated:",
-            "```",
-            " ".join(active["native_argv"]),
-            " ".join(active.get("rpc_argv") or []),
-            "```",
-            "",
-        ]
+    md += route_argv(raw / "real-native-route.json")
     split = [m.group(0) for m in _SPLIT.finditer(read(raw / "real-native-llama-server.log"))]
     if split:
         md += [
@@ -418,17 +419,7 @@ def early_pair(raw: Raw) -> list[str]:
             *fence("\n".join(banner[: end + 1]), 12),
             "",
         ]
-    route = load_json(raw / "native-route.json")
-    active = route.get("active") if isinstance(route, dict) else None
-    if isinstance(active, dict) and active.get("native_argv"):
-        md += [
-            "The route record's argv, as activated:",
-            "```",
-            " ".join(active["native_argv"]),
-            " ".join(active.get("rpc_argv") or []),
-            "```",
-            "",
-        ]
+    md += route_argv(raw / "native-route.json")
     acc = load_json(raw / "accept.json")
     md += [f"Accept exit status: {rc_of(read(raw / 'accept.err'))}", ""]
     checks = [d for d in dicts(acc) if "verdict" in d and "name" in d]

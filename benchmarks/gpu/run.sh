@@ -51,6 +51,11 @@ setup() {
   pairctl --inventory gpu lab up --json >"$R/lab-up.json" 2>"$R/lab-up.err" || { note "lab up failed"; tail -20 "$R/lab-up.err"; exit 3; }
 }
 pairctl() { python3 -m orchestrator "$@"; }
+route_copy() {  # route_copy SIDE DEST: the host's route record (run/route.json; an older layout kept it in the root)
+  local p; for p in "$PAIRCTL_HOME/gpu/$1/run/route.json" "$PAIRCTL_HOME/gpu/$1/route.json"; do
+    [ -f "$p" ] && { cp "$p" "$2"; return; }; done
+  echo "no route record under $PAIRCTL_HOME/gpu/$1" >"$2.missing"
+}
 
 build() {  # build TARGET LIMIT_S: `pairctl -v build`, timed, stopped at LIMIT_S so the call still reports
   local t=$1 start rc; start=$(date +%s)
@@ -85,7 +90,7 @@ pair() {
   kill "$(cat "$STATE/smi.pid")" 2>/dev/null
   for side in native rpc; do for f in "$PAIRCTL_HOME/gpu/$side/run/"*.log "$PAIRCTL_HOME/gpu/$side/run/"*.out; do
     [ -f "$f" ] && tail -c 200000 "$f" >"$R/$side-$(basename "$f")"; done
-    cp "$PAIRCTL_HOME/gpu/$side/route.json" "$R/$side-route.json" 2>/dev/null; done
+    route_copy "$side" "$R/$side-route.json"; done
   note "pair phase done"
 }
 
@@ -352,7 +357,7 @@ keep_logs() {  # keep_logs NAME: the pair's server logs (load log: buffers per d
   local side f
   for side in native rpc; do for f in "$PAIRCTL_HOME/gpu/$side/run/"*.log "$PAIRCTL_HOME/gpu/$side/run/"*.out; do
     [ -f "$f" ] && tail -c 400000 "$f" >"$R/$1-$side-$(basename "$f")"; done
-    cp "$PAIRCTL_HOME/gpu/$side/route.json" "$R/$1-$side-route.json" 2>/dev/null; done
+    route_copy "$side" "$R/$1-$side-route.json"; done
 }
 
 active_is() {  # active_is PKG NAME: the pair runs PKG on both hosts, verified (pairctl status), or stop
