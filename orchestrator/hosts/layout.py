@@ -342,7 +342,7 @@ def _carry_lease(transport: Transport, src: str, dst: str) -> str | None:
         if _lease_nonce(transport, dst) not in (None, nonce):
             raise LeaseLost(
                 f"{transport.name}: {dst}/host.lock holds another run's lease; the layout was not moved",
-                hint=f"see `pairctl lease show` for {transport.name}; retry once that run has ended",
+                hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
             ) from None
     data = transport.read_bytes(posixpath.join(src, "host.lock", "lease.json"), HOST_FILE_MAX)
     put_new(transport, data, posixpath.join(dst, "host.lock", "lease.json"), 0o600)
@@ -355,7 +355,7 @@ def _still_ours(transport: Transport, leases: str, nonce: str | None) -> None:
     if nonce is not None and _lease_nonce(transport, leases) != nonce:
         raise LeaseLost(
             f"{transport.name}: the lease under {leases} is not this run's after moving the layout into run/",
-            hint=f"see `pairctl lease show` for {transport.name}; retry once that run has ended",
+            hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
         )
 
 
@@ -380,7 +380,8 @@ def _swap_for_link(transport: Transport, path: str, target: str) -> None:
                 raise LeaseLost(
                     f"{transport.name}: {path} was made by another run while the layout was moved; "
                     f"this run's lease is set aside in {moved}",
-                    hint=f"see `pairctl lease show` for {transport.name}; remove {moved} once no run of yours is left",
+                    hint=f"`pairctl lease show {transport.name}` names the holder; "
+                    f"remove {moved} once no run of yours is left",
                 ) from None
         raise
     if moved:
