@@ -283,6 +283,25 @@ def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
         nonce = None
     _swap_for_link(transport, layout.run, state)
     _still_ours(transport, posixpath.join(layout.run, "leases"), nonce)
+    if (fs := fs_type(transport, state)) in ("tmpfs", "ramfs"):
+        get_logger(host=transport.name).warning(
+            "state_dir is on " + fs + ": a reboot loses the links, the route record and the leases", state_dir=state
+        )
+
+
+def fs_type(transport: Transport, path: str) -> str | None:
+    """The type of the file system PATH is on, from the host's /proc/self/mounts over SFTP (no
+    process): the longest mount point that holds PATH. None where it cannot be read."""
+    try:
+        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX).decode("utf-8", "replace")
+    except OSError:
+        return None
+    best: tuple[int, str] | None = None
+    for line in mounts.splitlines():
+        f = line.split()
+        if len(f) >= 3 and (path + "/").startswith(m := f[1].replace("\\040", " ").rstrip("/") + "/"):
+            best = max(best or (0, ""), (len(m), f[2]))
+    return best[1] if best else None
 
 
 def _move_into_run(transport: Transport, layout: HostLayout) -> None:

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from orchestrator.checks.live import read_route
 from orchestrator.errors import HostStateError
@@ -173,3 +174,22 @@ def test_run_links_are_absolute_only(tmp_path: Path) -> None:
     with pytest.raises(HostStateError, match="run/current") as err:
         read_facts(t, LY.HostLayout(str(root)), [])
     assert f"{root}/releases/ID {root}/run/current" in (err.value.hint or "")
+
+
+def test_a_state_dir_on_tmpfs_is_warned_of(tmp_path: Path) -> None:
+    """Bug 7: the state dir holds the links, the route record and the leases: on tmpfs a reboot
+    loses them. The host's /proc/self/mounts (read over SFTP) names its file system."""
+    assert LY.fs_type(LocalTransport("h"), "/dev/shm/pairctl") == "tmpfs"
+    t, root, state = _old_root(tmp_path)
+    real = t.read_bytes
+
+    def mounts(path: str, max_bytes: int | None = None) -> bytes:  # the host says: tmp_path is a tmpfs
+        if path == "/proc/self/mounts":
+            return f"/dev/sda1 / ext4 rw 0 0\nnone {tmp_path} tmpfs rw 0 0\n".encode()
+        return real(path, max_bytes)
+
+    t.read_bytes = mounts  # type: ignore[method-assign]
+    (root / "run").mkdir()
+    with capture_logs() as logs:
+        LY.move_layout(t, LY.HostLayout(str(root), state=state))
+    assert [e for e in logs if "state_dir is on tmpfs" in e["event"] and e["log_level"] == "warning"], logs
