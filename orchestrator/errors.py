@@ -84,6 +84,14 @@ class LeaseError(PairctlError, RuntimeError):
     exit_code = ExitCode.FAILURE
 
 
+class LeaseLost(LeaseError):
+    """The lease this run holds is gone, changed hands, or is about to expire: nothing more may
+    change on the host (the run stops before its next change). Exit 5: the host is someone else's."""
+
+    exit_code = ExitCode.LEASED
+    nothing_changed = True  # raised by the re-check before a change, never after one
+
+
 class BuildError(PairctlError, RuntimeError):
     exit_code = ExitCode.BUILD
 

@@ -234,8 +234,8 @@ def _one_revision_links(
         raise HostStateError(
             f"repair refused, nothing was written: the current links name {problem}, and no route record "
             "signed by this home names an installed pair of one revision to put back",
-            hint=f"on one host point current at a release of the other's revision (`ln -sfn releases/ID "
-            f"ROOT/current`), then `pairctl repair --pair {pair} --yes`; or deploy one revision to both",
+            hint=f"on one host point current at a release of the other's revision (`ln -sfn ROOT/releases/ID "
+            f"ROOT/run/current`), then `pairctl repair --pair {pair} --yes`; or deploy one revision to both",
         )
     want = {r: act.package(r) for r in ROLES}
     prev = rec.previous

@@ -267,9 +267,9 @@ def _release_problems(view: PairView, facts: Mapping[str, HostFacts], repair: st
             root = view.layouts[role].root
             yield Problem(
                 RELEASE,
-                f"{view.hosts[role]}: {root}/current names release {f.current}, which is not in {root}/releases/",
+                f"{view.hosts[role]}: {root}/run/current names release {f.current}, which is not in {root}/releases/",
                 f"on {view.hosts[role]}, point current at an installed release "
-                f"(ln -sfn releases/ID {root}/current) "
+                f"(ln -sfn {root}/releases/ID {root}/run/current) "
                 f"or remove it, then {repair}",
             )
 

@@ -25,6 +25,7 @@ need a process (hashing, starting, stopping).
 
 from __future__ import annotations
 
+import json
 import posixpath
 import secrets
 from collections.abc import Sequence
@@ -32,15 +33,16 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from orchestrator.errors import HostError
+from orchestrator.errors import HostError, LeaseLost
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
-from orchestrator.hosts.probes import release_of_link
+from orchestrator.hosts.probes import judged_link
 from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import supervise_argv
+from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 # The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
 from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
@@ -224,16 +226,29 @@ class HostLayout:
 def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
     exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust).
-    An older layout is moved on the way, under the caller's lease (see _link_run, _move_into_run)."""
+    An older layout is moved on the way, under the caller's lease (move_layout)."""
+    move_layout(transport, layout, always=True)
+    for d in (layout.releases, posixpath.dirname(layout.svc)):
+        transport.makedirs(d, 0o755)
+    transport.makedirs(layout.secrets, 0o700)
+    check_root(transport, layout.root, layout.state)  # what makedirs found there already
+    put_new(transport, svc_script(), layout.svc, 0o755)
+
+
+def move_layout(transport: Transport, layout: HostLayout, *, always: bool = False) -> bool:
+    """An older layout moved into run/ under the caller's lease (_link_run, _move_into_run), so
+    that links, the route record and leases are found in run/ only. Every leased command passes
+    here (hosts.leases.hold_pair_leases, the engine's lease step through install_helper); a root
+    whose leases/ is already the link is left untouched (`always` looks anyway). False then."""
+    if not always and transport.readlink(layout.leases) == LEASES_LINK:
+        return False
     check_root(transport, layout.root, layout.state)
     if layout.state:
         _link_run(transport, layout, layout.state)
-    for d in (layout.releases, layout.run, posixpath.dirname(layout.svc)):
-        transport.makedirs(d, 0o755)
-    transport.makedirs(layout.secrets, 0o700)
+    transport.makedirs(layout.run, 0o755)
     _move_into_run(transport, layout)
-    check_root(transport, layout.root, layout.state)  # what makedirs found there already
-    put_new(transport, svc_script(), layout.svc, 0o755)
+    check_root(transport, layout.root, layout.state)
+    return True
 
 
 def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
@@ -260,10 +275,33 @@ def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
             st = transport.stat(src := posixpath.join(layout.run, name))
             if st is not None and st.is_file and st.size <= 1 << 20:
                 put_new(transport, transport.read_bytes(src, 1 << 20), posixpath.join(state, name), st.perms)
-            elif st is not None and st.is_link and transport.readlink(dst := posixpath.join(state, name)) is None:
-                transport.symlink(transport.readlink(src) or "", dst)  # current, previous
-        _carry_lease(transport, posixpath.join(layout.run, "leases"), posixpath.join(state, "leases"))
+        links = [_release(transport, layout, posixpath.join(layout.run, n)) for n in ("current", "previous")]
+        if any(links) and transport.readlink(posixpath.join(state, "current")) is None:
+            switch_links(transport, layout, links[0], links[1], run=state)  # only these links: each judged first
+        nonce = _carry_lease(transport, posixpath.join(layout.run, "leases"), posixpath.join(state, "leases"))
+    else:
+        nonce = None
     _swap_for_link(transport, layout.run, state)
+    _still_ours(transport, posixpath.join(layout.run, "leases"), nonce)
+    if (fs := fs_type(transport, state)) in ("tmpfs", "ramfs"):
+        get_logger(host=transport.name).warning(
+            "state_dir is on " + fs + ": a reboot loses the links, the route record and the leases", state_dir=state
+        )
+
+
+def fs_type(transport: Transport, path: str) -> str | None:
+    """The type of the file system PATH is on, from the host's /proc/self/mounts over SFTP (no
+    process): the longest mount point that holds PATH. None where it cannot be read."""
+    try:
+        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX).decode("utf-8", "replace")
+    except OSError:
+        return None
+    best: tuple[int, str] | None = None
+    for line in mounts.splitlines():
+        f = line.split()
+        if len(f) >= 3 and (path + "/").startswith(m := f[1].replace("\\040", " ").rstrip("/") + "/"):
+            best = max(best or (0, ""), (len(m), f[2]))
+    return best[1] if best else None
 
 
 def _move_into_run(transport: Transport, layout: HostLayout) -> None:
@@ -272,7 +310,7 @@ def _move_into_run(transport: Transport, layout: HostLayout) -> None:
     route.json, and leases/ (this run's lease copied, then the directory swapped for the link
     `leases -> run/leases`, which pairctl's lease code and older supervisors follow)."""
     old = {n: posixpath.join(layout.root, n) for n in ("current", "previous", "route.json")}
-    links = [release_of_link(transport.readlink(old[n]) or "-", layout.root) for n in ("current", "previous")]
+    links = [_release(transport, layout, old[n]) for n in ("current", "previous")]
     if any(links) and transport.readlink(layout.current) is None:
         switch_links(transport, layout, *links)
     if transport.stat(old["route.json"]) is not None and transport.stat(layout.route) is None:
@@ -281,8 +319,9 @@ def _move_into_run(transport: Transport, layout: HostLayout) -> None:
         if transport.stat(path) is not None:
             transport.remove(path)
     if transport.readlink(layout.leases) != LEASES_LINK:
-        _carry_lease(transport, layout.leases, posixpath.join(layout.run, "leases"))
+        nonce = _carry_lease(transport, layout.leases, posixpath.join(layout.run, "leases"))
         _swap_for_link(transport, layout.leases, LEASES_LINK)
+        _still_ours(transport, layout.leases, nonce)
     for name in transport.listdir(layout.root):  # set aside by a move of an earlier pairctl, which kept them
         if name.startswith((".run.old.tmp-", ".leases.old.tmp-")):
             remove_tree(transport, posixpath.join(layout.root, name))
@@ -291,20 +330,59 @@ def _move_into_run(transport: Transport, layout: HostLayout) -> None:
 LEASES_LINK = "run/leases"  # ROOT/leases, as root_trust allows it
 
 
-def _carry_lease(transport: Transport, src: str, dst: str) -> None:
+def _release(transport: Transport, layout: HostLayout, link: str) -> str | None:
+    return judged_link(transport.name, link, transport.readlink(link), layout.root)
+
+
+def _lease_nonce(transport: Transport, leases: str) -> str | None:
+    """The nonce of the lease in LEASES/host.lock (None: no lease.json there; "?" for a file
+    that is not a lease: never this run's)."""
+    try:
+        data = transport.read_bytes(posixpath.join(leases, "host.lock", "lease.json"), HOST_FILE_MAX)
+        d = json.loads(data[:HOST_FILE_MAX])
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return "?"
+    return str(d.get("nonce")) if isinstance(d, dict) else "?"
+
+
+def _carry_lease(transport: Transport, src: str, dst: str) -> str | None:
     """DST made (0700), with a copy of the lease in SRC (the caller's, taken there before the move),
-    so the lease holds without a gap while SRC is swapped for a link."""
-    if transport.stat(lock := posixpath.join(src, "host.lock")) is not None:
-        transport.makedirs(posixpath.join(dst, "host.lock"), 0o700)
-        data = transport.read_bytes(posixpath.join(lock, "lease.json"), 1 << 20)
-        put_new(transport, data, posixpath.join(dst, "host.lock", "lease.json"), 0o600)
+    so the lease holds without a gap while SRC is swapped for a link; its nonce returned. DST's
+    host.lock is made exclusively: one that holds another run's lease is LeaseLost, never
+    overwritten (an interrupted move of this run's own is finished)."""
     transport.makedirs(dst, 0o700)
+    if (nonce := _lease_nonce(transport, src)) is None:
+        return None
+    try:
+        transport.mkdir(posixpath.join(dst, "host.lock"), 0o700)
+    except FileExistsError:
+        if _lease_nonce(transport, dst) not in (None, nonce):
+            raise LeaseLost(
+                f"{transport.name}: {dst}/host.lock holds another run's lease; the layout was not moved",
+                hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
+            ) from None
+    data = transport.read_bytes(posixpath.join(src, "host.lock", "lease.json"), HOST_FILE_MAX)
+    put_new(transport, data, posixpath.join(dst, "host.lock", "lease.json"), 0o600)
+    return nonce
+
+
+def _still_ours(transport: Transport, leases: str, nonce: str | None) -> None:
+    """After a swap, the lease read back through the new link must be the one carried: between
+    the rename aside and the rename in, another run's take_lease may have made a directory there."""
+    if nonce is not None and _lease_nonce(transport, leases) != nonce:
+        raise LeaseLost(
+            f"{transport.name}: the lease under {leases} is not this run's after moving the layout into run/",
+            hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
+        )
 
 
 def _swap_for_link(transport: Transport, path: str, target: str) -> None:
     """PATH replaced by a link to TARGET by rename: the link made under a temporary name, PATH
     (if any) renamed aside (.NAME.old.tmp-*), the link renamed in, and what was set aside
-    removed. PATH is never left missing."""
+    removed. A directory cannot be renamed over, so PATH is missing in between: the caller reads
+    its lease back afterwards (_still_ours)."""
     tmp = unique_tmp(path)
     transport.symlink(target, tmp)
     moved = None
@@ -313,30 +391,45 @@ def _swap_for_link(transport: Transport, path: str, target: str) -> None:
     try:
         transport.rename(tmp, path)
     except OSError:
+        transport.remove(tmp)
         if moved:
-            transport.rename(moved, path)
+            try:
+                transport.rename(moved, path)
+            except OSError:
+                raise LeaseLost(
+                    f"{transport.name}: {path} was made by another run while the layout was moved; "
+                    f"this run's lease is set aside in {moved}",
+                    hint=f"`pairctl lease show {transport.name}` names the holder; "
+                    f"remove {moved} once no run of yours is left",
+                ) from None
         raise
     if moved:
         remove_tree(transport, moved)
 
 
 def remove_tree(transport: Transport, path: str) -> None:
-    """`rm -r PATH` over SFTP, never through a link (a link is removed, not followed)."""
-    st = transport.stat(path)
-    if st is None or st.is_link or not st.is_dir:
-        if st is not None:
-            transport.remove(path)
-        return
-    for name in transport.listdir(path):
-        remove_tree(transport, posixpath.join(path, name))
-    transport.rmdir(path)
+    """`rm -rf --one-file-system -- PATH` on the host, best-effort. Never over SFTP by path: a
+    directory under PATH that a service user owns (run/home/SERVICE) can be swapped for a link
+    between a check and a delete; GNU rm removes a link inside the tree and never follows it.
+    A failure is logged, not raised: what is set aside is left for the next move to retry."""
+    try:
+        transport.run(Cmd(("rm", "-rf", "--one-file-system", "--", path)), timeout=HOST_RM_TIMEOUT_S)
+    except Exception as exc:
+        get_logger(host=transport.name).warning("leftover not removed", path=path, error=str(exc))
 
 
-def switch_links(transport: Transport, layout: HostLayout, current: str | None, previous: str | None) -> None:
-    """current/previous -> releases/<id>: a new symlink under a temporary name, renamed over the
-    old one (never rm + ln); None removes the link. A link that already names its release is left
-    as it is. The targets are absolute: run/ may be a link to a state_dir elsewhere."""
-    for link, rel in ((layout.current, current), (layout.previous, previous)):
+HOST_RM_TIMEOUT_S = 120.0  # a few small files and a service user's home; a hung host stops here
+
+
+def switch_links(
+    transport: Transport, layout: HostLayout, current: str | None, previous: str | None, run: str | None = None
+) -> None:
+    """current/previous (in RUN, run/ by default) -> releases/<id>: a new symlink under a
+    temporary name, renamed over the old one (never rm + ln); None removes the link. A link that
+    already names its release is left as it is. The targets are absolute: run/ may be a link to
+    a state_dir elsewhere."""
+    run = run or layout.run
+    for link, rel in ((posixpath.join(run, "current"), current), (posixpath.join(run, "previous"), previous)):
         if rel is None:
             if transport.readlink(link) is not None:
                 transport.remove(link)

@@ -41,8 +41,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
-from orchestrator.errors import ConfigError, ExitCode, HostError, LeaseError, LeaseHeldError, RollbackFailed
+from orchestrator.errors import ConfigError, HostError, LeaseError, LeaseHeldError, RollbackFailed
+from orchestrator.errors import LeaseLost as LeaseLost  # where callers have always found it
 from orchestrator.hashing import canonical_json
+from orchestrator.hosts.layout import HostLayout, move_layout
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
@@ -642,14 +644,6 @@ def release_lease(transport: Transport, install_root: str, nonce: str, *, clock:
     return st.lease
 
 
-class LeaseLost(LeaseError):
-    """The lease this run holds is gone, changed hands, or is about to expire: nothing more may
-    change on the host (the run stops before its next change). Exit 5: the host is someone else's."""
-
-    exit_code = ExitCode.LEASED
-    nothing_changed = True  # raised by the re-check before a change, never after one
-
-
 def renew_lease(
     transport: Transport,
     install_root: str,
@@ -768,6 +762,7 @@ def stale_proof(states: Sequence[LeaseState], run_id: str, *, evidence_says: str
 class LeaseTarget:
     transport: Transport
     install_root: str
+    state: str | None = None  # the inventory's state_dir: where an older layout is moved (layout.move_layout)
 
     @property
     def name(self) -> str:
@@ -924,6 +919,7 @@ def hold_pair_leases(
     log = get_logger(lease=nonce[:8])
     hosts = [t.name for t in ts]
     try:
+        _move_layouts(ts)
         yield held
     except BaseException as exc:
         if isinstance(exc, RollbackFailed) and held.kept is None:
@@ -955,6 +951,13 @@ def hold_pair_leases(
             log.error("releasing the leases failed", error=str(rel_exc), hosts=hosts)
 
 
+def _move_layouts(targets: Sequence[LeaseTarget]) -> None:
+    """An older layout (links, route record and leases in the root itself) moved into run/ under
+    the lease just taken, so that every leased command finds them in run/ only."""
+    for t in targets:
+        move_layout(t.transport, HostLayout(t.install_root, state=t.state))
+
+
 # -- operator level: a host or a pair of an inventory -------------------------------------------
 
 
@@ -972,7 +975,8 @@ def hosts_of(inventory: Any, target: str) -> list[str]:
 
 
 def targets_of(inventory: Any, pool: Any, target: str) -> list[LeaseTarget]:
-    return [LeaseTarget(pool.get(h), inventory.host(h).install_root) for h in hosts_of(inventory, target)]
+    hosts = {h: inventory.host(h) for h in hosts_of(inventory, target)}
+    return [LeaseTarget(pool.get(n), h.install_root, h.state_dir) for n, h in hosts.items()]
 
 
 def show_leases(inventory: Any, pool: Any, target: str) -> list[LeaseState]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -53,13 +54,17 @@ def parse_kv_lines(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def release_of_link(target: str, root: str | None = None) -> str | None:
-    """`releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None. An absolute
+def release_of_link(target: str, root: str | None = None, *, absolute: bool = False) -> str | None:
+    """`<root>/releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None. An absolute
     target must be `<root>/releases/<id>` when `root` is known (a link that leaves the install
-    root is not a release pairctl installed), and the id one plain path component."""
+    root is not a release pairctl installed), and the id one plain path component. A relative
+    `releases/<id>` (an older layout's links in the root itself) only without `absolute`: in
+    run/, which may be a state dir elsewhere, it would name another directory."""
     if target in ("", "-"):
         return None
     t = target.rstrip("/")
+    if absolute and not t.startswith("/"):
+        raise ProbeError(f"link in run/ names no absolute {root or 'ROOT'}/releases/ID: {target!r}")
     if t.startswith("/"):
         base, sep, rel = t.rpartition("/releases/")
         if not sep or (root is not None and base != root.rstrip("/")):
@@ -181,8 +186,10 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         *(ReadFile(f, HOST_FILE_MAX) for f in pidfiles),
     ]
     first = fs_batch(transport, ops)
+    paths = {2: layout.current, 3: layout.previous}
     for new, old in ((2, 6), (3, 7), (5, 8)):  # run/'s where it has one
-        first[new] = first[new] if isinstance(first[new], (str, bytes)) else first[old]
+        if not isinstance(first[new], (str, bytes)):
+            first[new], paths[new] = first[old], ops[old].path  # judged as the root's link it is
     root_exists = first[0] is not None
     releases: list[str] = []
     procs: dict[str, tuple[int, bytes]] = {}
@@ -199,16 +206,8 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         layout.current: _link(first[2]) if root_exists else None,
         layout.previous: _link(first[3]) if root_exists else None,
     }
-    for path, target in links.items():
-        try:
-            release_of_link(target or "-", layout.root)
-        except ProbeError as exc:
-            raise HostStateError(
-                f"{transport.name}: {path} -> {target}: {str(exc).split(': ')[0]}; "
-                "it is not a release pairctl installed",
-                hint=f"on {transport.name}, point it at an installed release (`ln -sfn releases/ID {path}`) or remove "
-                "it; then `pairctl repair --pair PAIR` rebuilds the route record from the links",
-            ) from None
+    for i, target in zip((2, 3), links.values(), strict=True):
+        judged_link(transport.name, paths[i], target, layout.root)  # a bad one: HostStateError
     return facts_from(
         root_exists=root_exists,
         current_link=links[layout.current],
@@ -219,6 +218,20 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         procs=procs,
         root=layout.root,
     )
+
+
+def judged_link(host: str, path: str, target: str | None, root: str) -> str | None:
+    """The release the link PATH -> TARGET on HOST names (release_of_link: absolute only in run/,
+    a relative one only in the root itself, an older layout's); one that names none is the
+    host's state, refused with the way to repair it (HostStateError, exit 6)."""
+    try:
+        return release_of_link(target or "-", root, absolute=posixpath.dirname(path) != root.rstrip("/"))
+    except ProbeError as exc:
+        raise HostStateError(
+            f"{host}: {path} -> {target}: {str(exc).split(': ')[0]}; it is not a release pairctl installed",
+            hint=f"on {host}, point it at an installed release (`ln -sfn {root}/releases/ID {root}/run/current`) "
+            "or remove it; then `pairctl repair --pair PAIR` rebuilds the route record from the links",
+        ) from None
 
 
 def _link(r: FsResult) -> str | None:

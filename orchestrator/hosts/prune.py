@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from orchestrator.config.inventory import HostSpec, Inventory
 from orchestrator.errors import HostError, HostStateError
 from orchestrator.hosts.layout import HostLayout
-from orchestrator.hosts.probes import release_of_link
+from orchestrator.hosts.probes import judged_link
 from orchestrator.hosts.root_trust import check_root
 from orchestrator.hosts.route import parse_route
 from orchestrator.remote.command import Cmd
@@ -196,7 +196,7 @@ def read_releases(transport: Transport, layout: HostLayout) -> tuple[dict[str, f
 def link_protected(transport: Transport, layout: HostLayout) -> dict[str, str]:
     out: dict[str, str] = {}
     for name, link in (("current", layout.current), ("previous", layout.previous)):
-        rel = release_of_link(transport.readlink(link) or "-")
+        rel = judged_link(transport.name, link, transport.readlink(link), layout.root)
         if rel is not None:
             out[rel] = name
     return out

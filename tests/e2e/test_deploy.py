@@ -433,12 +433,8 @@ def test_model_files_are_hashed_and_a_wrong_declared_model_is_refused(
     assert r.exit_code == 0 and json.loads(r.stdout)["route"]["models_verified"] is True, r.output
 
 
-def test_an_older_layout_is_moved_into_run_by_the_next_deploy(deployed_lab, lab_packages_b, cli, restore_baseline):
-    """Issue 49: hosts deployed before current/previous, route.json and leases/ moved into run/ (the
-    state dir) keep them in the root itself. status still reads them there; the next deploy moves
-    them under its lease (links re-pointed at absolute release paths, the record's bytes kept,
-    leases/ made a link to run/leases) and leaves nothing set aside in the root."""
-    a, b = deployed_lab.package_id, lab_packages_b.id
+def _to_older_layout(deployed_lab) -> None:
+    """The lab's roots as a pairctl before run/ left them: links (relative), route.json, leases/ in the root."""
     for root in map(Path, deployed_lab.roots().values()):
         run = root / "run"
         for name in ("current", "previous"):
@@ -448,6 +444,27 @@ def test_an_older_layout_is_moved_into_run_by_the_next_deploy(deployed_lab, lab_
         os.replace(run / "route.json", root / "route.json")
         (root / "leases").unlink()
         (root / "leases").mkdir(mode=0o700)
+
+
+def test_an_older_layout_is_found_by_a_leased_command(deployed_lab, cli):
+    """A command that holds the pair's leases (accept, releases prune, receipts prune) reads the
+    links and the route record in run/ only: on a host still in the older layout, the lease it
+    takes moves that layout there first, so accept finds the pair deployed (not exit 6)."""
+    _to_older_layout(deployed_lab)
+    acc = cli("--json", "accept", "--pair", PAIR, "--only", "identity", inventory=INV_ARG)
+    assert acc.exit_code == 0, acc.output
+    for root in map(Path, deployed_lab.roots().values()):
+        assert os.readlink(root / "leases") == "run/leases" and (root / "run" / "route.json").exists()
+        assert not os.path.lexists(root / "current") and (root / "run" / "current").is_symlink()
+
+
+def test_an_older_layout_is_moved_into_run_by_the_next_deploy(deployed_lab, lab_packages_b, cli, restore_baseline):
+    """Issue 49: hosts deployed before current/previous, route.json and leases/ moved into run/ (the
+    state dir) keep them in the root itself. status still reads them there; the next deploy moves
+    them under its lease (links re-pointed at absolute release paths, the record's bytes kept,
+    leases/ made a link to run/leases) and leaves nothing set aside in the root."""
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    _to_older_layout(deployed_lab)
     record = (Path(deployed_lab.roots()["native"]) / "route.json").read_bytes()
     st = lab_status(cli)
     assert is_active(st, a) and not st["problems"], st

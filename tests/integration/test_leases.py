@@ -19,6 +19,7 @@ import yaml
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LeaseError, LeaseHeldError
 from orchestrator.hosts import leases as L
+from orchestrator.remote.local import LocalTransport
 from orchestrator.remote.pool import TransportPool, open_transport
 
 pytestmark = pytest.mark.integration
@@ -281,3 +282,15 @@ def test_cli_lease_names_its_target_with_pair_or_host_like_every_command(lab, in
     finally:
         r = cli("--json", "lease", "release", "--pair", "lab", "--nonce", nonce, inventory=str(path))
     assert r.exit_code == 0 and [s["state"] for s in json.loads(r.stdout)["after"]] == ["free", "free"], r.output
+
+
+def test_the_file_system_of_a_state_dir_is_read_over_sftp(inv) -> None:
+    """layout.fs_type (a state_dir on tmpfs is warned of) reads /proc/self/mounts over real SFTP:
+    a file whose size reads 0, never a process on the host."""
+    from orchestrator.hosts.layout import fs_type
+
+    with TransportPool(inv) as pool:
+        t = pool.get("lab-native")
+        assert fs_type(t, "/dev/shm/pairctl") == "tmpfs"
+        root = inv.host("lab-native").install_root  # a loopback host: the same mounts as here
+        assert fs_type(t, root) == fs_type(LocalTransport("here"), root) is not None
