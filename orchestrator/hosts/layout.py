@@ -334,17 +334,28 @@ def _release(transport: Transport, layout: HostLayout, link: str) -> str | None:
     return judged_link(transport.name, link, transport.readlink(link), layout.root)
 
 
-def _lease_nonce(transport: Transport, leases: str) -> str | None:
-    """The nonce of the lease in LEASES/host.lock (None: no lease.json there; "?" for a file
-    that is not a lease: never this run's)."""
+def _lease_bytes(transport: Transport, leases: str) -> bytes | None:
+    """LEASES/host.lock/lease.json as the host holds it (None: there is none)."""
     try:
-        data = transport.read_bytes(posixpath.join(leases, "host.lock", "lease.json"), HOST_FILE_MAX)
-        d = json.loads(data[:HOST_FILE_MAX])
+        return transport.read_bytes(posixpath.join(leases, "host.lock", "lease.json"), HOST_FILE_MAX)
     except FileNotFoundError:
         return None
+
+
+def _nonce_of(data: bytes | None) -> str | None:
+    """The nonce in a lease.json's bytes (None: no lease.json; "?" for a file that is not a
+    lease: never this run's)."""
+    if data is None:
+        return None
+    try:
+        d = json.loads(data)
     except ValueError:
         return "?"
     return str(d.get("nonce")) if isinstance(d, dict) else "?"
+
+
+def _lease_nonce(transport: Transport, leases: str) -> str | None:
+    return _nonce_of(_lease_bytes(transport, leases))
 
 
 def _carry_lease(transport: Transport, src: str, dst: str) -> str | None:
@@ -353,8 +364,9 @@ def _carry_lease(transport: Transport, src: str, dst: str) -> str | None:
     host.lock is made exclusively: one that holds another run's lease is LeaseLost, never
     overwritten (an interrupted move of this run's own is finished)."""
     transport.makedirs(dst, 0o700)
-    if (nonce := _lease_nonce(transport, src)) is None:
+    if (data := _lease_bytes(transport, src)) is None:
         return None
+    nonce = _nonce_of(data)
     try:
         transport.mkdir(posixpath.join(dst, "host.lock"), 0o700)
     except FileExistsError:
@@ -363,7 +375,6 @@ def _carry_lease(transport: Transport, src: str, dst: str) -> str | None:
                 f"{transport.name}: {dst}/host.lock holds another run's lease; the layout was not moved",
                 hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
             ) from None
-    data = transport.read_bytes(posixpath.join(src, "host.lock", "lease.json"), HOST_FILE_MAX)
     put_new(transport, data, posixpath.join(dst, "host.lock", "lease.json"), 0o600)
     return nonce
 
