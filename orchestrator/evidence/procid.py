@@ -1,9 +1,5 @@
-"""Who is running this journal, and is that process still alive?
-
-A pid alone is not enough: after a reboot or a long time the same number names another
-process. We record the boot id and the process start time (`/proc/<pid>/stat` field 22) and
-call the owner alive only if all three still match.
-"""
+"""Who is running this journal, and is that process still alive? A pid alone may name another
+process later: the owner is alive only if pid, boot id and start time (/proc stat field 22) match."""
 
 from __future__ import annotations
 
@@ -41,13 +37,6 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
-def _pairctl_version() -> str | None:
-    try:
-        return __version__
-    except Exception:
-        return None
-
-
 def this_process() -> HostInfo:
     pid = os.getpid()
     try:
@@ -61,7 +50,7 @@ def this_process() -> HostInfo:
         start_ticks=start_ticks(pid),
         user=user,
         python=platform.python_version(),
-        pairctl=_pairctl_version(),
+        pairctl=__version__,
     )
 
 

@@ -77,7 +77,7 @@ def measure(
     memory: MemoryProbe | None,
     base: dict[str, Any],
 ) -> dict[str, Any]:
-    """One streaming request -> one sample dict (fields: analysis.SAMPLE_FIELDS). A failed request
+    """One streaming request -> one sample dict. A failed request
     is a sample with ok=False and the error, never an exception: the analysis decides. A signal
     (orchestrator/interrupt.py) stops the arm here, between requests; the pair is then restored."""
     interrupt.check(f"before a qualification request ({prompt.fixture})")
