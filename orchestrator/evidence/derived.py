@@ -27,16 +27,12 @@ class Coverage:
         return not (self.missing or self.failed_fresh or self.identity_mismatch)
 
     def why(self) -> str:
-        parts = []
-        if self.missing:
-            parts.append(f"not covered by a reused or fresh passed step: {', '.join(self.missing)}")
-        if self.failed_fresh:
-            parts.append(f"fresh step(s) did not pass: {', '.join(self.failed_fresh)}")
-        if self.identity_mismatch:
-            parts.append(
-                f"fresh steps not shown to run against the original's identities: {', '.join(self.identity_mismatch)}"
-            )
-        return "; ".join(parts)
+        parts = (
+            ("not covered by a reused or fresh passed step", self.missing),
+            ("fresh step(s) did not pass", self.failed_fresh),
+            ("fresh steps not shown to run against the original's identities", self.identity_mismatch),
+        )
+        return "; ".join(f"{what}: {', '.join(names)}" for what, names in parts if names)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "complete": self.complete}

@@ -58,7 +58,6 @@ def has_lone_surrogate(text: str) -> bool:
 def escape_surrogates(obj: Any) -> Any:
     """A copy of plain JSON `obj` whose strings encode as UTF-8: a lone surrogate becomes the text
     `\\udcff`, never an encoding error mid-run nor a receipt `verify` cannot canonicalise."""
-
     if isinstance(obj, str):
         return obj.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(obj, dict):

@@ -37,18 +37,21 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
+def login_user() -> str | None:
+    try:
+        return getpass.getuser()
+    except Exception:
+        return None
+
+
 def this_process() -> HostInfo:
     pid = os.getpid()
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = None
     return HostInfo(
         hostname=socket.gethostname(),
         pid=pid,
         boot_id=boot_id(),
         start_ticks=start_ticks(pid),
-        user=user,
+        user=login_user(),
         python=platform.python_version(),
         pairctl=__version__,
     )

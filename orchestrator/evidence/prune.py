@@ -242,7 +242,6 @@ def write_archive(path: Path, files: Mapping[str, Path]) -> dict[str, Any]:
 
 def check_archive(path: Path, files: Mapping[str, Path]) -> None:
     """Every receipt present once, hashing to its name and equal to the local file."""
-
     found: dict[str, bytes] = {}
     try:
         with tarfile.open(path, mode="r:xz") as tar:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import getpass
 import json
 import os
 import re
@@ -144,12 +143,7 @@ def _new_run_id() -> str:
 
 
 def _operator(explicit: str | None) -> str | None:
-    if explicit or os.environ.get("PAIRCTL_OPERATOR"):
-        return explicit or os.environ["PAIRCTL_OPERATOR"]
-    try:
-        return getpass.getuser()
-    except Exception:
-        return None
+    return explicit or os.environ.get("PAIRCTL_OPERATOR") or procid.login_user()
 
 
 class EvidenceStore:
@@ -244,21 +238,10 @@ class EvidenceStore:
             def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
                 return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
 
-            journal = Journal(
-                self.journal_dir / f"{run_id}.jsonl",
-                lock,
-                seal=seal,
-                header=dict(
-                    schema_version=SCHEMA_VERSION,
-                    run_id=run_id,
-                    command=command,
-                    argv=mask_argv(list(argv)),
-                    pair=pair,
-                    inputs=dict(inputs or {}),
-                    operator=_operator(operator),
-                    host=procid.this_process().model_dump(),
-                ),
-            )
+            header = dict(schema_version=SCHEMA_VERSION, run_id=run_id, command=command, argv=mask_argv(list(argv)))
+            header.update(pair=pair, inputs=dict(inputs or {}), operator=_operator(operator))
+            header["host"] = procid.this_process().model_dump()
+            journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=header)
         except BaseException:
             if journal is not None:
                 journal.close_unfinished()  # also releases the lock
@@ -319,18 +302,10 @@ class EvidenceStore:
         """Journals present now: live runs and killed ones not yet recovered (for status/verify)."""
         out = []
         for state, path in self._journals():
-            alive, why = procid.liveness(HostInfo(**state.header["host"]))
-            out.append(
-                {
-                    "run_id": state.run_id,
-                    "pair": state.header.get("pair"),
-                    "command": state.header.get("command"),
-                    "journal": str(path),
-                    "alive": alive,
-                    "why": why,
-                    "owner": _owner_of(state.header.get("host")),
-                }
-            )
+            h = state.header
+            alive, why = procid.liveness(HostInfo(**h["host"]))
+            j = {"run_id": state.run_id, "pair": h.get("pair"), "command": h.get("command"), "journal": str(path)}
+            out.append({**j, "alive": alive, "why": why, "owner": _owner_of(h.get("host"))})
         return out
 
     def run_status(self, run_id: str) -> tuple[str, str]:
@@ -350,17 +325,14 @@ class EvidenceStore:
             if summ.get("run_id") != run_id:
                 continue
             if not summ.get("in_chain"):
+                why = f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
                 return (
                     "unknown",
-                    f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
-                    f"chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)",
+                    f"{why}chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)",
                     None,
                 )
-            return (
-                "ended",
-                f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})",
-                summ.get("owner"),
-            )
+            why = f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})"
+            return "ended", why, summ.get("owner")
         return "unknown", f"no run {run_id} in the evidence under {self.root}", None
 
     def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
@@ -757,7 +729,6 @@ def _read_receipt(path: Path) -> bytes:
 
 
 def _fresh_step(d: dict[str, Any]) -> StepRecord:
-
     if d.get("outcome") not in STEP_OUTCOMES:
         raise EvidenceError(f"fresh step {d.get('name')!r}: outcome must be one of {STEP_OUTCOMES}")
     return StepRecord.of(0, d, at=utc_now())

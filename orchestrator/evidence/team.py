@@ -17,14 +17,12 @@ Under the evidence root:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.evidence import atomic
-from orchestrator.evidence.store import HOME_ID, EvidenceStore
+from orchestrator.evidence.store import HOME_ID, EvidenceStore, _ChainLock
 
 _HEAD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # a chain's name (NO_PAIR included)
 BRANCH = "refs/heads/homes/"
@@ -114,14 +112,8 @@ def _git(
     for c in config:
         argv += ["-c", c]
     try:  # its own process group: a timeout ends git and the ssh it started, not git alone
-        proc = subprocess.Popen(
-            [*argv, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen([*argv, *args], stdin=pipe, stdout=pipe, stderr=pipe, env=env, start_new_session=True)
     except FileNotFoundError:
         raise EvidenceError("git is not installed here; the evidence remote needs the git CLI") from None
     try:
@@ -155,20 +147,13 @@ def ensure_mirror(store: EvidenceStore) -> Path:
 @contextmanager
 def _mirror_lock(store: EvidenceStore) -> Iterator[None]:
     """One git writer per home at a time (a deploy's automatic push and a `receipts push`)."""
-    fd = os.open(ensure_mirror(store) / "pairctl.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + LOCK_WAIT_S
+    lock = _ChainLock(ensure_mirror(store) / "pairctl.lock")
+    if not lock.acquire(wait_s=LOCK_WAIT_S):
+        raise EvidenceError(f"{mirror_dir(store)} stayed locked for {LOCK_WAIT_S:.0f} s")
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EvidenceError(f"{mirror_dir(store)} stayed locked for {LOCK_WAIT_S:.0f} s") from None
-                time.sleep(0.05)
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _rev(store: EvidenceStore, ref: str) -> str | None:
@@ -380,11 +365,17 @@ def _ssh(access: RemoteAccess, script: str) -> subprocess.CompletedProcess[str]:
         raise RemoteUnreachable(f"{access.host_name} did not answer within {access.timeout_s:.0f} s") from None
 
 
+def _untrusted(cp: subprocess.CompletedProcess[str]) -> str | None:
+    """The trust script's refusal (`_trust_script`), if it refused."""
+    if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
+        return cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]
+    return None
+
+
 def init_remote(access: RemoteAccess, signers: bytes) -> None:
     """Create or update the bare repository over SSH; one someone else could write is refused."""
     cp = _ssh(access, setup_script(access.path, signers))
-    if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
-        why = cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]
+    if why := _untrusted(cp):
         raise ConfigError(
             f"refusing the evidence repository {access.path} on {access.host_name}: {why}",
             hint="make it (and every directory above it) the login user's or root's, not group/world-writable",
@@ -402,8 +393,8 @@ def remote_state(access: RemoteAccess) -> list[str]:
         f"&& [ -f {q}/{REMOTE_SIGNERS} ] || echo unhooked"
     )
     cp = _ssh(access, script)
-    if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
-        return ["untrusted: " + cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]]
+    if why := _untrusted(cp):
+        return ["untrusted: " + why]
     if cp.returncode != 0:
         raise RemoteUnreachable(f"reading {access.path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
     return ["unhooked"] if "unhooked" in cp.stdout else []

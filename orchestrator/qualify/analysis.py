@@ -97,16 +97,14 @@ class QualifyResult:
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
             d = asdict(c)
-            d["tg"] = (
-                None
-                if c.tg is None
-                else {
-                    "gain": c.tg.gain,
-                    "ratios": list(c.tg.ratios),
-                    "interval": None if c.tg.interval is None else asdict(c.tg.interval),
-                    "bootstrap": None if c.tg.bootstrap is None else asdict(c.tg.bootstrap),
+            if c.tg is not None:
+                iv, bs = c.tg.interval, c.tg.bootstrap
+                tg = {"gain": c.tg.gain, "ratios": list(c.tg.ratios)}
+                d["tg"] = {
+                    **tg,
+                    "interval": None if iv is None else asdict(iv),
+                    "bootstrap": None if bs is None else asdict(bs),
                 }
-            )
             d["valid_pair_count"] = len(c.valid_pairs)
             return d
 
@@ -159,25 +157,13 @@ def analyze(
         part = [s for s in samples if isinstance(s.get("pair"), int) and s["pair"] < n]
         res = _analyze_fixed(sub, part, plan_sha256=plan_sha256, noise=noise, rules=rules)
         stop = seq.settled(res.gates)
-        looks.append(
-            {
-                "look": k,
-                "pairs": n,
-                "confidence": conf,
-                "settled": stop,
-                "gates": [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in res.gates],
-            }
-        )
+        seen = [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in res.gates]
+        looks.append({"look": k, "pairs": n, "confidence": conf, "settled": stop, "gates": seen})
         last = k == len(pairs_at)
         if stop or last or n >= measured:
             gates = [seq.at_look(g, k, len(pairs_at), n) for g in res.gates]
-            info = {
-                **design,
-                "looks_taken": looks,
-                "decided_at_look": k if (stop or last) else None,
-                "pairs_used": n,
-                "stopped_early": stop and not last,
-            }
+            info = {**design, "looks_taken": looks, "decided_at_look": k if (stop or last) else None, "pairs_used": n}
+            info["stopped_early"] = stop and not last
             return replace(res, gates=gates, verdict=overall(gates), samples_total=len(samples), sequential=info)
     raise AssertionError("unreachable: the last look always returns")
 
@@ -351,11 +337,9 @@ def _drift_and_order(
     for c in cells:
         if c.tg is None:
             continue
-        second = []
-        for p in c.valid_pairs:
-            b = valid[(p, "baseline", fixtures_of_cell(plan, c.family)[0])].get("seq")
-            k = valid[(p, "candidate", fixtures_of_cell(plan, c.family)[0])].get("seq")
-            second.append(isinstance(b, int) and isinstance(k, int) and k > b)
+        fx = fixtures_of_cell(plan, c.family)[0]
+        seqs = [(valid[(p, "baseline", fx)].get("seq"), valid[(p, "candidate", fx)].get("seq")) for p in c.valid_pairs]
+        second = [isinstance(b, int) and isinstance(k, int) and k > b for b, k in seqs]
         position[c.family] = drift_checks.position_effect(
             [math.log(r) for r in c.tg.ratios], second, confidence=plan.confidence
         )

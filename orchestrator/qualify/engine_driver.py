@@ -102,14 +102,8 @@ class EngineDriver:
         self._found = rec
         self._found_links = (self._facts("native").previous, self._facts("rpc").previous)
         a = rec.active
-        return {
-            "native": a.native_package,
-            "rpc": a.rpc_package,
-            "profile": a.profile,
-            "profile_sha256": a.profile_sha256,
-            "argv_sha256": a.argv_sha256,
-            "route_revision": rec.revision,
-        }
+        found = {k: getattr(a, k) for k in ("profile", "profile_sha256", "argv_sha256")}
+        return {"native": a.native_package, "rpc": a.rpc_package, **found, "route_revision": rec.revision}
 
     # -- holding the pair ----------------------------------------------------------------------
     def _wait_busy(self, what: str, attempt_fn: Callable[[], T]) -> T:
@@ -176,22 +170,10 @@ class EngineDriver:
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
-        res = self._wait_busy(
-            why,
-            lambda: deploy(
-                self.home,
-                self.inventory,
-                self.pair,
-                (native, rpc),
-                profile_name=self._profile_file(profile),
-                skip_accept=True,
-                argv=[*self.argv, f"({why})"],
-                pool=self.pool,
-                held_lease_nonce=self._lease_nonce,
-                restore_record=restore_record,
-                restore_previous_links=links,
-            ),
-        )
+        kw: dict[str, Any] = {"profile_name": self._profile_file(profile), "skip_accept": True, "pool": self.pool}
+        kw.update(argv=[*self.argv, f"({why})"], held_lease_nonce=self._lease_nonce)
+        kw.update(restore_record=restore_record, restore_previous_links=links)
+        res = self._wait_busy(why, lambda: deploy(self.home, self.inventory, self.pair, (native, rpc), **kw))
         self.deploy_receipts.append(res.receipt)
         return res
 
@@ -205,18 +187,13 @@ class EngineDriver:
         client = ServerClient(self.view.base_url, api_key=self._api_key, via=via)
         props = client.props()
         pids: dict[str, int | None] = {role: self._pid(role) for role in ROLES}
-        identity = {
-            "deploy_receipt": res.receipt,
-            "build_info": props.build_info,
-            "total_slots": props.total_slots,
-            "n_ctx_per_slot": props.n_ctx_per_slot,
-            "pids": pids,
-            "active": res.active
-            and {k: res.active[k] for k in ("native_package", "rpc_package", "profile_sha256", "argv_sha256")},
+        served = {k: getattr(props, k) for k in ("build_info", "total_slots", "n_ctx_per_slot")}
+        active = res.active and {
+            k: res.active[k] for k in ("native_package", "rpc_package", "profile_sha256", "argv_sha256")
         }
-        return ActiveArm(
-            client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=self._memory_probe(pids)
-        )
+        identity = {"deploy_receipt": res.receipt, **served, "pids": pids, "active": active}
+        memory = self._memory_probe(pids)
+        return ActiveArm(client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=memory)
 
     def _memory_probe(self, pids: dict[str, int | None]) -> Callable[[], tuple[int | None, str]]:
         """After each measured request: `pair_memory` of one telemetry sample per host, whose pids

@@ -41,12 +41,9 @@ def estimate_noise(log_ratios: Sequence[float], *, upper_confidence: float = 0.8
         raise ValueError(f"noise needs at least 2 finite A/A log ratios, got {x.tolist()}")
     df = x.size - 1
     sd = float(x.std(ddof=1))
+    upper = sd * math.sqrt(df / chi2_quantile(1 - upper_confidence, df))
     return Noise(
-        sigma=sd,
-        sigma_upper=sd * math.sqrt(df / chi2_quantile(1 - upper_confidence, df)),
-        pairs=int(x.size),
-        upper_confidence=upper_confidence,
-        mean_log=float(x.mean()),
+        sigma=sd, sigma_upper=upper, pairs=int(x.size), upper_confidence=upper_confidence, mean_log=float(x.mean())
     )
 
 
@@ -107,7 +104,6 @@ def required_pairs(
 
 def resolution(sigma: float, n: int, confidence: float = 0.95) -> float:
     """The expected half-width (log ratio) of the deciding interval at n pairs: t(n-1) sigma / sqrt(n)."""
-
     return t_quantile(1 - (1 - confidence) / 2, n - 1) * sigma / math.sqrt(n)
 
 

@@ -75,11 +75,9 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
     if isinstance(cal_run, dict) and isinstance(cal_run.get("pairs"), int):
         plan = plan.model_copy(update={"pairs": cal_run["pairs"]})  # an A/A run measures the calibration's pairs
 
-    if receipt.derived_from is None:
-        steps = [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
-    else:
-        steps = [n for n in receipt.reused_steps if n.startswith(ARM_STEP_PREFIX)]
-        steps += [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
+    steps = [n for n in receipt.reused_steps if n.startswith(ARM_STEP_PREFIX)]  # none unless derived
+    steps += [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
+    if receipt.derived_from is not None:
         checks.append(
             f"derived record: {len(receipt.reused_steps)} step(s) reused by reference from {receipt.derived_from[:16]}"
         )
@@ -460,7 +458,6 @@ def noise_lines(result: QualifyResult) -> list[str]:
 def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
     """Per family: each pair's TG gain (dots), the paired gain and its intervals (whiskers), and
     the gates' thresholds."""
-
     import matplotlib  # heavy optional dependency: only drawing the report's figure needs it
 
     matplotlib.use("Agg", force=True)

@@ -205,16 +205,10 @@ def t_interval(
     calibrated = floor_sd is not None and floor_sd > own
     sd = floor_sd if calibrated and floor_sd is not None else own
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    low, high = math.expm1(mean - half), math.expm1(mean + half)
+    spread: Literal["own", "calibrated"] = "calibrated" if calibrated else "own"
     return Interval(
-        low=math.expm1(mean - half),
-        high=math.expm1(mean + half),
-        confidence=confidence,
-        method="student-t",
-        df=n - 1,
-        sd_log=sd,
-        sd_own=own,
-        sd_floor=floor_sd,
-        spread="calibrated" if calibrated else "own",
+        low, high, confidence, "student-t", df=n - 1, sd_log=sd, sd_own=own, sd_floor=floor_sd, spread=spread
     )
 
 
@@ -228,18 +222,13 @@ def estimate_gain(
     floor_sd: float | None = None,
 ) -> GainEstimate:
     r = tuple(float(x) for x in _positive(pair_ratios, "ratios"))
-    return GainEstimate(
-        gain=geometric_gain(r),
-        interval=t_interval(r, confidence=confidence, floor_sd=floor_sd),
-        ratios=r,
-        bootstrap=bootstrap_interval(r, confidence=confidence, exact_limit=exact_limit, resamples=resamples, seed=seed),
-    )
+    boot = bootstrap_interval(r, confidence=confidence, exact_limit=exact_limit, resamples=resamples, seed=seed)
+    return GainEstimate(geometric_gain(r), t_interval(r, confidence=confidence, floor_sd=floor_sd), r, boot)
 
 
 def robust_centre(values: Sequence[float]) -> tuple[float, float | None]:
     """An arm's value from its repeats: the median, and as dispersion the sd of the logs (None for
     one value). The sd, not a MAD: with 3 repeats a MAD ignores the one wild request."""
-
     arr = _positive(values, "repeats")
     med = float(np.median(arr))
     if arr.size < 2:
