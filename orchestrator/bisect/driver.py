@@ -1,11 +1,6 @@
-"""The pair under a bisect: one hold of both leases for the whole run, deploys under it, and
-the restore of what ran before, on the qualification's EngineDriver (same snapshot, same
-restore: the route record written back as found, then read back and compared).
-
-A plan judgement runs a whole qualification per step; its runner takes a hold of its own, so
-it gets a driver (`UnderHold`) whose hold is a view of the bisect's: the same nonce renewed by
-each arm's deploy, never released by the qualification, so no other run lands between steps.
-"""
+"""The pair under a bisect, on the qualification's EngineDriver: one hold of both leases for the
+whole run, deploys under it, and the restore of what ran before. A plan judgement's nested
+qualification gets `UnderHold`, whose hold is a view of the bisect's (renewed, never released)."""
 
 from __future__ import annotations
 
@@ -35,8 +30,7 @@ class BisectDriver(EngineDriver):
 
     @contextmanager
     def hold(self, run_id: str) -> Iterator[Any]:
-        """Both leases for the whole bisect (renewed by every deploy and after every build).
-        Unlike a qualification's hold, a stop after a deploy does not keep them: the bisect
+        """Both leases for the whole bisect. A stop after a deploy does not keep them: the bisect
         restores the pair first and keeps them itself (`held.keep`) when it could not."""
         with self._held_leases(run_id, "bisect", BISECT_LEASE_TTL_S, keep_after_deploy=False) as held:
             yield held
@@ -75,9 +69,8 @@ class BisectDriver(EngineDriver):
         return self.found_snapshot
 
     def _wait_busy(self, what: str, attempt_fn: Callable[[], T]) -> T:
-        """As EngineDriver's, except a lease held by one of this bisect's own earlier runs (a
-        killed run: its nonce died with it) is not waited for: nothing but the documented
-        dead-run release frees it, so say so at once instead of waiting out busy_wait_s."""
+        """As EngineDriver's, except a lease held by this bisect's own killed earlier run is not
+        waited for (only the dead-run release frees it): said at once."""
         try:
             return attempt_fn()
         except LeaseHeldError as exc:
@@ -99,21 +92,9 @@ class BisectDriver(EngineDriver):
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
-        return self._wait_busy(
-            why,
-            lambda: deploy(
-                self.home,
-                self.inventory,
-                self.pair,
-                ids,
-                profile_name=profile,
-                skip_accept=False,
-                checks=checks,
-                argv=[*self.argv, f"({why})"],
-                pool=self.pool,
-                held_lease_nonce=self._lease_nonce,
-            ),
-        )
+        kw: dict[str, Any] = {"profile_name": profile, "skip_accept": False, "checks": checks, "pool": self.pool}
+        kw.update(argv=[*self.argv, f"({why})"], held_lease_nonce=self._lease_nonce)
+        return self._wait_busy(why, lambda: deploy(self.home, self.inventory, self.pair, ids, **kw))
 
     def restore_found(self) -> dict[str, Any]:
         """The pair as the bisect found it: packages, profile, route record and links."""

@@ -1,15 +1,7 @@
-"""git's own bisect, driven in a private bare clone of the source repository.
-
-Why a private clone: `git bisect` keeps its state (BISECT_LOG, refs/bisect/*) in the repository
-it runs in, and an operator's source checkout must stay untouched (builds refuse a dirty tree,
-and the operator may be bisecting by hand there). `git clone --bare --shared` costs no object
-copies; in a bare repository `git bisect` never checks anything out (`--no-checkout`): it only
-moves BISECT_HEAD, which is all pairctl needs, since every build exports a commit's tree itself.
-The clone lives in the home, so an interrupted bisect resumes from git's own state.
-
-No search of our own: which commit to judge next, and when the first bad one is known, are
-git's answers (`BISECT_HEAD`, and the `# first bad commit` line of `git bisect log`).
-"""
+"""git's own bisect (which commit next, which is first bad: git's answers), driven in a private
+bare `--shared` clone in the home: `git bisect` keeps its state in the repository it runs in, and
+the operator's checkout must stay untouched. `--no-checkout` only moves BISECT_HEAD (builds export
+a commit's tree themselves), and an interrupted bisect resumes from git's own state."""
 
 from __future__ import annotations
 
@@ -87,12 +79,9 @@ def resolve_range(repo: Path, good: str, bad: str) -> Range:
         )
     out = git.git(repo, "log", "--reverse", "--format=%H %s", f"{g.commit}..{b.commit}").stdout
     commits = tuple(Commit(*(line.split(" ", 1) + [""])[:2]) for line in out.splitlines() if line.strip())
-    steps = 0
     vars_out = git.git(repo, "rev-list", "--bisect-vars", b.commit, f"^{g.commit}").stdout
     m = re.search(r"^bisect_steps=(\d+)", vars_out, re.M)
-    if m:
-        steps = int(m.group(1))
-    return Range(good=g, bad=b, commits=commits, git_steps=steps)
+    return Range(good=g, bad=b, commits=commits, git_steps=int(m.group(1)) if m else 0)
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,21 @@
 """`pairctl bisect`: the first bad revision between a good and a bad one, judged on the pair.
 
-Per step (the commit git's bisect names next): build the pair's targets from that exact commit
-(`pairctl build`, its own receipt), then judge it on the pair under the bisect's leases:
-  - checks: a deploy with acceptance limited to `--checks` (the engine rolls a failure back);
-    a failed check or identity verification is `bad`, a package that never came up is `skip`;
-  - plan:   a qualification of the good revision's packages (baseline) against the step's
-    (candidate); a failed non-regression gate is `bad`, all passed is `good`, else `skip`.
-A commit that does not build is `skip` too (git then judges a neighbour). Every step writes a
-receipt (verdict, reason, the build/deploy/qualify receipts behind it) before git is told.
-
-The pair is held (both leases) from the snapshot of what runs to its restore, which runs at the
-end, after a failure and after a signal (shielded, verified: route record and identities).
-State (git's bisect in a private clone, plus state.json) stays in the home: the same command,
-or `--resume`, continues an interrupted bisect where it stopped.
+Each step builds the commit git names next (a build failure: `skip`) and judges it under the
+bisect's leases: `checks`, a deploy with acceptance limited to them (a failed check `bad`, a
+package that never came up `skip`); `plan`, a qualification against the good revision (a failed
+non-regression gate `bad`, all passed `good`, else `skip`). Each step's receipt is sealed before
+git is told. The pair is restored (shielded, verified) at the end, after a failure or a signal;
+the state stays in the home, so the same command or `--resume` continues an interrupted bisect.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from orchestrator import interrupt
@@ -116,10 +111,8 @@ class _Pair:
     def package_ids(self, commit: str) -> tuple[str, str]:
         from orchestrator.build.manifest import package_id
 
-        return (
-            package_id(self.profile_name, commit, self.targets[0]),
-            package_id(self.profile_name, commit, self.targets[1]),
-        )
+        native, rpc = self.targets
+        return package_id(self.profile_name, commit, native), package_id(self.profile_name, commit, rpc)
 
 
 def _pair(inventory: Inventory, name: str, profile: str | None) -> _Pair:
@@ -171,34 +164,17 @@ def bisect(home: Home, inventory: Inventory, req: BisectRequest) -> BisectResult
         assert rng is not None and req.judgement is not None
         source, judgement = req.source, req.judgement
     if req.dry_run:
-        return BisectResult(
-            req.pair,
-            "dry-run",
-            {
-                **rng.as_dict(),
-                "judgement": judgement.as_dict(),
-                "targets": list(pair.targets),
-                "profile": pair.profile_ref,
-            },
-        )
+        what = {"judgement": judgement.as_dict(), "targets": list(pair.targets), "profile": pair.profile_ref}
+        return BisectResult(req.pair, "dry-run", {**rng.as_dict(), **what})
     if rng.size < 1:
         raise UsageError("the range is empty")
+    private = PrivateBisect(st.folder(home, req.pair), source)
     if old is None:
-        state = BisectState(
-            pair=req.pair,
-            source=str(source),
-            good=rng.good.commit,
-            bad=rng.bad.commit,
-            judgement=judgement,
-            profile=pair.profile_ref,
-            started_at=_now(),
-        )
-        private = PrivateBisect(st.folder(home, req.pair), source)
+        state = BisectState(req.pair, str(source), rng.good.commit, rng.bad.commit, judgement, pair.profile_ref, _now())
         private.start(rng)
         st.save(home, state)
     else:
         state = old
-        private = PrivateBisect(st.folder(home, req.pair), source)
         if not private.exists():
             raise ConfigError(
                 f"{private.repo}: the bisect's git state is gone; it cannot be resumed",
@@ -207,37 +183,30 @@ def bisect(home: Home, inventory: Inventory, req: BisectRequest) -> BisectResult
     return _Run(home, inventory, req, pair, state, private, rng, resumed=old is not None).run()
 
 
+@dataclass
 class _Run:
-    def __init__(
-        self,
-        home: Home,
-        inventory: Inventory,
-        req: BisectRequest,
-        pair: _Pair,
-        state: BisectState,
-        private: PrivateBisect,
-        rng: Range,
-        *,
-        resumed: bool,
-    ) -> None:
-        self.home, self.inventory, self.req, self.pair = home, inventory, req, pair
-        self.state, self.private, self.rng, self.resumed = state, private, rng, resumed
-        self.source = Path(state.source)
-        self.store = EvidenceStore(home.evidence)
-        self.log = get_logger(pair=pair.name, command="bisect")
-        self.argv = req.argv or ["pairctl", "bisect", "--pair", pair.name]
-        self.good_ids: tuple[str, str] | None = None
-        self.noise: dict[str, Any] | None = None
+    home: Home
+    inventory: Inventory
+    req: BisectRequest
+    pair: _Pair
+    state: BisectState
+    private: PrivateBisect
+    rng: Range
+    resumed: bool
+    good_ids: tuple[str, str] | None = None
+    noise: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.source = Path(self.state.source)
+        self.store = EvidenceStore(self.home.evidence)
+        self.log = get_logger(pair=self.pair.name, command="bisect")
+        self.argv = self.req.argv or ["pairctl", "bisect", "--pair", self.pair.name]
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> BisectResult:
         j = self.state.judgement
-        inputs = {
-            "good": self.state.good,
-            "bad": self.state.bad,
-            "judgement": j.describe(),
-            "profile": self.pair.profile_ref,
-        }
+        inputs = {"good": self.state.good, "bad": self.state.bad, "judgement": j.describe()}
+        inputs["profile"] = self.pair.profile_ref
         journal = self.store.begin(command="bisect", argv=self.argv, pair=None, inputs=inputs)
         self.state.runs.append(journal.run_id)
         st.save(self.home, self.state)  # a later resume knows this run's leases as its own, even after a SIGKILL
@@ -246,16 +215,9 @@ class _Run:
         try:
             with journal:
                 journal.set("bisect_pair", self.pair.name)
-                journal.set(
-                    "bisect_request",
-                    {
-                        **inputs,
-                        "judgement": j.as_dict(),
-                        "source": str(self.source),
-                        "targets": list(self.pair.targets),
-                        "resumed": self.resumed,
-                    },
-                )
+                request: dict[str, Any] = {**inputs, "judgement": j.as_dict(), "source": str(self.source)}
+                request.update(targets=list(self.pair.targets), resumed=self.resumed)
+                journal.set("bisect_request", request)
                 journal.set("bisect_range", self.rng.as_dict())
                 driver.own_runs = tuple(self.state.runs[:-1])
                 with driver.hold(journal.run_id) as held:
@@ -279,21 +241,12 @@ class _Run:
                 journal.set("bisect_leases_end", held.end())
                 self._answer(mark, result)
                 journal.set("bisect_verdicts", [self._evidence(s) for s in self.state.steps])
+                answer = {"first_bad": result.first_bad, "candidates": result.candidates}
                 journal.set(
                     "bisect_answer",
-                    {
-                        "first_bad": result.first_bad,
-                        "candidates": result.candidates,
-                        "judged_steps": result.judged_steps,
-                        "git_bisect_log": self.private.log(),
-                    },
+                    {**answer, "judged_steps": result.judged_steps, "git_bisect_log": self.private.log()},
                 )
-                self.state.finished = {
-                    "outcome": result.outcome,
-                    "first_bad": result.first_bad,
-                    "candidates": result.candidates,
-                    "at": _now(),
-                }
+                self.state.finished = {"outcome": result.outcome, **answer, "at": _now()}
                 st.save(self.home, self.state)
                 what = (
                     f"first bad commit {result.first_bad['commit'][:10]} ({result.first_bad['subject']})"
@@ -379,23 +332,11 @@ class _Run:
 
     # -- one step ------------------------------------------------------------------------------
     def _step(self, driver: BisectDriver, held: Any, commit: str) -> StepRecord:
-        journal = self.store.begin(
-            command="bisect step",
-            argv=[*self.argv, f"(step {commit[:10]})"],
-            pair=None,
-            inputs={"commit": commit, "judgement": self.state.judgement.describe()},
-        )
+        inputs = {"commit": commit, "judgement": self.state.judgement.describe()}
+        journal = self.store.begin("bisect step", [*self.argv, f"(step {commit[:10]})"], pair=None, inputs=inputs)
         with journal:
-            journal.set(
-                "bisect_step",
-                {
-                    "pair": self.pair.name,
-                    "commit": commit,
-                    "good": self.state.good,
-                    "bad": self.state.bad,
-                    "judgement": self.state.judgement.as_dict(),
-                },
-            )
+            about = {"pair": self.pair.name, "commit": commit, "good": self.state.good, "bad": self.state.bad}
+            journal.set("bisect_step", {**about, "judgement": self.state.judgement.as_dict()})
             evidence: dict[str, Any] = {}
             verdict, reason = self._build(commit, evidence, journal)
             if verdict is None:
@@ -417,21 +358,10 @@ class _Run:
         req = BuildRequest(
             source=self.source, rev=commit, targets=targets, profile=self.pair.profile_name, jobs=self.req.jobs
         )
+        argv = ["build", "--rev", commit, *(f"--target={t}" for t in targets), f"--profile={self.pair.profile_name}"]
         with journal.step("build") as step:
             try:
-                results = run_build(
-                    self.home,
-                    req,
-                    interactive=False,
-                    argv=[
-                        "build",
-                        "--rev",
-                        commit,
-                        *(f"--target={t}" for t in targets),
-                        f"--profile={self.pair.profile_name}",
-                        "(bisect step)",
-                    ],
-                )
+                results = run_build(self.home, req, interactive=False, argv=[*argv, "(bisect step)"])
             except PackageError:
                 raise  # a package that differs from its id's: integrity, never a verdict
             except BuildError as exc:
@@ -470,8 +400,8 @@ class _Run:
         return "good", f"deployed and accepted ({', '.join(checks) or 'the whole suite'})"
 
     def _failed_steps(self, receipt: str | None) -> tuple[list[str], str]:
-        """The deploy receipt's failed steps (its rollback's aside) and the first line of the most
-        specific error: a check's own message rather than the deploy's summary."""
+        """The deploy receipt's failed steps (not its rollback's) and the first line of the most
+        specific error (a check's own rather than the deploy's summary)."""
         if not receipt:
             return [], ""
         rec = self.store.load(receipt)
@@ -482,8 +412,8 @@ class _Run:
 
     # -- plan judgement ------------------------------------------------------------------------
     def _prepare_plan(self, driver: BisectDriver, held: Any) -> dict[str, Any]:
-        """The good revision's packages (the baseline of every step) and the plan's calibration
-        for them: found in the evidence, or measured now (an A/A run) and recorded."""
+        """The good revision's packages (every step's baseline) and the plan's calibration for
+        them: found in the evidence, or measured now (an A/A run)."""
         from orchestrator.qualify.calibration import find_calibration, judge, profile_key
         from orchestrator.qualify.plan import load_plan
 
@@ -496,15 +426,12 @@ class _Run:
         spec = self.inventory.pair(self.pair.name)
         profile = load_profile(self.pair.profile_ref, pair=spec)
         base = {"native": self.good_ids[0], "rpc": self.good_ids[1]}
-        found = find_calibration(
-            self.store, pair=self.pair.name, plan=loaded.plan, profile_sha256=profile_key(profile), baseline=base
-        )
+        kw: dict[str, Any] = {"pair": self.pair.name, "plan": loaded.plan, "profile_sha256": profile_key(profile)}
+        found = find_calibration(self.store, **kw, baseline=base)
         if found is None and loaded.plan.calibration is not None:
             outcome = self._qualify(driver, held, self.good_ids, calibrate=True)
             out["calibrated_now"] = outcome.receipt
-            found = find_calibration(
-                self.store, pair=self.pair.name, plan=loaded.plan, profile_sha256=profile_key(profile), baseline=base
-            )
+            found = find_calibration(self.store, **kw, baseline=base)
         hint = "the calibration of the good revision did not resolve the plan's gates; see its receipt"
         self.noise = judge(loaded.plan, found, calibrate_hint=hint)
         self.state.calibration = found[0] if found else None
@@ -542,20 +469,8 @@ class _Run:
     ) -> tuple[str, str]:
         out = self._qualify(driver, held, ids)
         nr = [g for g in out.result.gates if g.kind == "non_regression"]
-        evidence["qualify"] = {
-            "receipt": out.receipt,
-            "non_regression": [
-                {
-                    "family": g.family,
-                    "verdict": g.verdict,
-                    "gain": g.gain,
-                    "low": g.low,
-                    "high": g.high,
-                    "threshold": g.threshold,
-                }
-                for g in nr
-            ],
-        }
+        keys = ("family", "verdict", "gain", "low", "high", "threshold")
+        evidence["qualify"] = {"receipt": out.receipt, "non_regression": [{k: getattr(g, k) for k in keys} for g in nr]}
         if isinstance(out.stop_error, RollbackFailed) or not out.restored:
             raise RollbackFailed(f"the qualification of the step could not restore the pair: {out.restore_error}")
         if out.stop_error is not None:
@@ -575,18 +490,8 @@ class _Run:
 class _NoJournal:
     """`_build` outside a step receipt (the good revision's packages, in the bisect receipt)."""
 
-    class _Step:
-        data: dict[str, Any] = {}
-
-        def __enter__(self) -> _NoJournal._Step:
-            self.data = {}
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            return None
-
-    def step(self, name: str) -> _NoJournal._Step:
-        return _NoJournal._Step()
+    def step(self, name: str) -> AbstractContextManager[Any]:
+        return nullcontext(SimpleNamespace(data={}))
 
 
 __all__ = ["BisectRequest", "BisectResult", "bisect", "Inconclusive", "PairctlError"]

@@ -1,10 +1,6 @@
 """A bisect's state in the home: `<home>/bisect/<pair>/state.json` beside git's own (repo.git).
-
-What git keeps (the verdicts and which commit is next) stays in git; this file keeps what git
-cannot: the request (so a resume judges the same way), the evidence for each verdict (step
-receipts), and whether the bisect ended. A verdict is written here before git is told, so a
-run killed in between re-tells git on resume instead of judging the commit again.
-"""
+It keeps what git cannot: the request (a resume judges the same way), each verdict's evidence,
+and the end. A verdict is written here before git is told, so a resume re-tells it, not re-judges."""
 
 from __future__ import annotations
 
@@ -19,11 +15,10 @@ from orchestrator.evidence.atomic import replace
 from orchestrator.paths import Home
 
 STATE_VERSION = 1
-# A state holds one record per step (about log2 of the range, a few KB each) and nests 5 levels
-# (steps -> evidence -> receipts -> ...): the bounds are far above that and far below what
-# exhausts memory or json's recursion (a 200,000-deep file was `internal error: RecursionError`).
+# far above a state's size and depth (a few KB a step, 5 levels), far below what exhausts memory or recursion
 MAX_STATE_BYTES = 16 << 20
 MAX_STATE_DEPTH = 64
+_RESET_HINT = "`pairctl bisect --pair PAIR --reset` discards it"
 
 
 @dataclass(frozen=True)
@@ -66,9 +61,8 @@ class BisectState:
     runs: list[str] = field(default_factory=list)  # run ids of the bisect receipts (the first run, each resume)
     calibration: str | None = None  # plan judgement: the calibration receipt used
     finished: dict[str, Any] | None = None  # the answer, once git named it
-    # what ran before the bisect began (BisectDriver.saved_snapshot), taken once by its first run
-    # and written here before any step changes the pair: every restore (a resume's after a kill
-    # included) puts back this, never what a killed run left active
+    # what ran before the bisect (BisectDriver.saved_snapshot), saved before any step changes the
+    # pair: every restore, a resume's too, puts back this, never what a killed run left active
     snapshot: dict[str, Any] | None = None
     version: int = STATE_VERSION
 
@@ -100,16 +94,9 @@ class BisectState:
             d["judgement"] = Judgement(kind=j["kind"], checks=tuple(j["checks"]), plan=j["plan"])
             d["steps"] = [StepRecord(**s) for s in d["steps"]]
             return cls(**d)
-        except safejson.Unbounded as exc:
-            raise ConfigError(
-                f"{where}: not a bisect state this pairctl can read: it {exc}",
-                hint="`pairctl bisect --pair PAIR --reset` discards it",
-            ) from None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ConfigError(
-                f"{where}: not a bisect state this pairctl can read ({exc})",
-                hint="`pairctl bisect --pair PAIR --reset` discards it",
-            ) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # safejson.Unbounded too
+            why = f": it {exc}" if isinstance(exc, safejson.Unbounded) else f" ({exc})"
+            raise ConfigError(f"{where}: not a bisect state this pairctl can read{why}", hint=_RESET_HINT) from None
 
 
 def folder(home: Home, pair: str) -> Path:
@@ -128,10 +115,8 @@ def load(home: Home, pair: str) -> BisectState | None:
         with safejson.open_regular_or_unbounded(p) as f:
             data = f.read(MAX_STATE_BYTES + 1)
     except (safejson.Unbounded, OSError) as exc:
-        raise ConfigError(
-            f"{p}: not a bisect state this pairctl can read: {getattr(exc, 'strerror', None) or exc}",
-            hint="`pairctl bisect --pair PAIR --reset` discards it",
-        ) from None
+        why = getattr(exc, "strerror", None) or exc
+        raise ConfigError(f"{p}: not a bisect state this pairctl can read: {why}", hint=_RESET_HINT) from None
     return BisectState.from_json(data, p)
 
 

@@ -34,11 +34,9 @@ def _write_temp(path: Path, data: bytes, mode: int) -> Path:
 
 
 def write_once(path: Path, data: bytes, *, mode: int = 0o444) -> bool:
-    """Create `path` with `data`, never replacing an existing file. False if it already existed.
+    """Create `path` with `data` by link() (an existing file is never touched); False if it existed
+    (the caller checks its bytes)."""
 
-    A receipt's name is its hash, so an existing file of that name should hold the same bytes;
-    the caller checks. Using link() rather than rename() means an existing file is never touched.
-    """
     tmp = _write_temp(path, data, mode)
     try:
         os.link(tmp, path)

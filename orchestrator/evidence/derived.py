@@ -1,10 +1,6 @@
-"""A derived record's outcome is computed, never granted.
-
-It passes only when every step the original command required is covered: reused by hash from a
-step that passed, or run fresh and passed, with the fresh steps observed against the same
-identities (binary hashes, build info) the original recorded. Otherwise it is `incomplete`,
-which nothing (status, baselines, references, schedules) counts as a pass.
-"""
+"""A derived record's outcome is computed, never granted: it passes only when every required step
+is reused from a passed step or run fresh and passed against the original's identities; else it
+is `incomplete`, which nothing counts as a pass."""
 
 from __future__ import annotations
 
@@ -31,27 +27,21 @@ class Coverage:
         return not (self.missing or self.failed_fresh or self.identity_mismatch)
 
     def why(self) -> str:
-        parts = []
-        if self.missing:
-            parts.append(f"not covered by a reused or fresh passed step: {', '.join(self.missing)}")
-        if self.failed_fresh:
-            parts.append(f"fresh step(s) did not pass: {', '.join(self.failed_fresh)}")
-        if self.identity_mismatch:
-            parts.append(
-                f"fresh steps not shown to run against the original's identities: {', '.join(self.identity_mismatch)}"
-            )
-        return "; ".join(parts)
+        parts = (
+            ("not covered by a reused or fresh passed step", self.missing),
+            ("fresh step(s) did not pass", self.failed_fresh),
+            ("fresh steps not shown to run against the original's identities", self.identity_mismatch),
+        )
+        return "; ".join(f"{what}: {', '.join(names)}" for what, names in parts if names)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "complete": self.complete}
 
 
 def required_steps(original: Receipt) -> list[str]:
-    """What the original command set out to do: its recorded plan (a deploy records one; steps
-    it never reached are in it), the acceptance checks its suite set out to run (an interrupted
-    suite's rest, and checks skipped only because the suite stopped, are still required), every
-    step it ran that was not skipped by its own judgement, and, for a derived original, the
-    steps it covered by reference."""
+    """What the original set out to do: its recorded plan (unreached steps too), the acceptance
+    checks it set out to run, every step it ran not skipped by its own judgement, and the steps
+    a derived original covered by reference."""
     names: list[str] = []
     extra = original.extra_fields()
     plan = extra.get("plan")
@@ -98,9 +88,7 @@ def coverage(
     cov.missing = [n for n in required if n not in reused and n not in fresh_passed]
     cov.failed_fresh = [s.name for s in fresh if s.outcome in ("failed", "aborted")]
     if fresh_passed & set(required):
-        latest: dict[str, dict[str, Any]] = {}
-        for host, data in fresh_identities:
-            latest[host] = data
+        latest = dict(fresh_identities)
         for host in dict.fromkeys(i.host for i in original.identities):
             want = _identity_leaves(original.identity_of(host))
             got = _identity_leaves(latest.get(host)) if host in latest else None
@@ -120,6 +108,4 @@ def derived_outcome(cov: Coverage, requested: str | None) -> str:
     if cov.failed_fresh:
         return "failed"
     computed = "passed" if cov.complete else "incomplete"
-    if requested is None or requested == "passed":
-        return computed
-    return requested
+    return computed if requested in (None, "passed") else requested

@@ -1,10 +1,6 @@
-"""The journal: a run's receipt written as it happens, one fsynced JSON line per event.
-
-An orchestrator killed with SIGKILL leaves its journal up to the last completed event; the
-next command on the pair replays it (`replay`) into a receipt marked `aborted`. The same
-reducer (`JournalState.apply`) builds the receipt of a run that finishes normally, so a
-recovered receipt and a normal one cannot drift apart.
-"""
+"""The journal: a run's receipt written as it happens, one fsynced JSON line per event. A killed
+run's journal is replayed (`replay`) into an `aborted` receipt by the same reducer
+(`JournalState.apply`) that builds a finished run's, so the two cannot drift apart."""
 
 from __future__ import annotations
 
@@ -219,8 +215,7 @@ class ChainLock(Protocol):
 
 
 class Seal(Protocol):
-    """Turns a finished journal into a sealed receipt and returns its hash: the store hands one
-    to each journal it opens (it chains the receipt and removes the journal file)."""
+    """The store's sealing of a finished journal (chains the receipt, removes the file): its hash."""
 
     def __call__(self, state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str: ...
 
@@ -231,8 +226,7 @@ _LOGGED_FIELDS = {"rollback": "rollback", "final_state": "final state"}
 
 
 class Journal:
-    """An open run. Created by `EvidenceStore.begin` (which writes its `begin` event from
-    `header`); sealed by `finish` through the `seal` the store hands it."""
+    """An open run, from `EvidenceStore.begin`; sealed by `finish` through the store's `seal`."""
 
     def __init__(self, path: Path, lock: ChainLock | None, *, seal: Seal, header: dict[str, Any]) -> None:
         self.path = path
@@ -256,8 +250,7 @@ class Journal:
 
     # -- the JSON log: one info event per step, check, rollback and outcome (audit, alerting) -------
     def _log(self, event: str, **fields: Any) -> None:
-        """An info event in pairctl's JSON log naming this run (run id, pair, command); the
-        receipt hash comes with the outcome, the one event that has it."""
+        """An info event in pairctl's JSON log naming this run (run id, pair, command)."""
         try:
             logging_setup.audit(
                 event, run_id=self.run_id, pair=self.pair, command=self._state.header.get("command"), **fields
@@ -288,10 +281,9 @@ class Journal:
             return seq
 
     def _write(self, data: bytes) -> None:
-        """Append (fsync'd). The operator's own disk full (or over quota): the first such write
-        raises EvidenceError naming the file, so the step it was part of fails and the run rolls
-        back; from then on events are kept in memory and appended once there is room again, so
-        the rollback itself is never stopped by the evidence it cannot write yet (issue 33)."""
+        """Append (fsync'd). On a full disk the first such write raises EvidenceError (its step
+        fails, the run rolls back); later events are kept in memory and appended once there is
+        room, so the rollback is never stopped by evidence it cannot write yet."""
         assert self._fd is not None
         self._pending += data
         try:
@@ -407,11 +399,8 @@ class Journal:
         self._emit("identity", host=host, data=data)
 
     def samples(self, step_name: str, rows: list[dict[str, Any]]) -> None:
-        """Raw samples, kept whole in the receipt; may be called repeatedly for one step.
-
-        Serialised once, canonically; that text goes into the journal line and, spliced, into
-        the receipt. Non-JSON values (paths, numpy numbers) and secrets take a slower path.
-        """
+        """Raw samples, kept whole in the receipt (repeatable per step): serialised once, that text
+        goes into the journal and, spliced, the receipt. Non-JSON values and secrets go slower."""
         rows = list(rows)
         try:
             text = canonical_text(rows)
@@ -500,9 +489,7 @@ class Journal:
             self._lock.release()
             self._lock = None
 
-    def __del__(self) -> None:
-        # Dropped without finish() (a bug in the caller): seal it now rather than keep the pair
-        # locked for the rest of this process's life.
+    def __del__(self) -> None:  # dropped without finish(): seal now, not hold the pair's lock forever
         if getattr(self, "_fd", None) is None:
             return
         try:

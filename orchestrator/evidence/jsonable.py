@@ -1,8 +1,5 @@
-"""Turn what commands hand the journal (paths, models, numpy numbers, `Secret`s) into plain JSON.
-
-Done once, when the journal line is written; the parsed line is what the receipt keeps, so a
-caller mutating its dict afterwards cannot change the evidence.
-"""
+"""Turn what commands hand the journal (paths, models, numpy numbers, `Secret`s) into plain JSON,
+once, when the line is written: a caller mutating its dict afterwards cannot change the evidence."""
 
 from __future__ import annotations
 
@@ -10,7 +7,7 @@ import dataclasses
 import enum
 import json
 import re
-from datetime import date, datetime
+from datetime import date
 from pathlib import PurePath
 from typing import Any
 
@@ -22,9 +19,7 @@ def _default(obj: Any) -> Any:
         return MASK
     if isinstance(obj, PurePath):
         return str(obj)
-    if isinstance(obj, datetime):
-        return obj.isoformat()
-    if isinstance(obj, date):
+    if isinstance(obj, date):  # datetime too
         return obj.isoformat()
     if isinstance(obj, enum.Enum):
         return obj.value
@@ -61,9 +56,8 @@ def has_lone_surrogate(text: str) -> bool:
 
 
 def escape_surrogates(obj: Any) -> Any:
-    """A copy of plain JSON `obj` whose strings encode as UTF-8: a lone surrogate becomes the
-    visible text `\\udcff`, never an encoding error in the middle of a run, nor a receipt that
-    `receipts verify` cannot canonicalise."""
+    """A copy of plain JSON `obj` whose strings encode as UTF-8: a lone surrogate becomes the text
+    `\\udcff`, never an encoding error mid-run nor a receipt `verify` cannot canonicalise."""
     if isinstance(obj, str):
         return obj.encode("utf-8", "backslashreplace").decode("utf-8")
     if isinstance(obj, dict):

@@ -1,10 +1,6 @@
-"""Secrets are masked at the source: before anything reaches a journal, a receipt or a log.
-
-Three shapes are covered: an argv (the value after `--api-key`, `--api-key=VALUE`, a `Secret`
-object), a command line held as one string (e.g. `ps` output), and data whose *keys* name a
-secret (`api_key`, `hf_token`, `password`, ...). Keys are matched on their last word so that
-measurement fields such as `n_tokens` or `tokens_predicted` stay intact.
-"""
+"""Secrets are masked at the source, before a journal, receipt or log: in an argv (after
+`--api-key`, `--api-key=VALUE`, a `Secret`), a command line held as one string, and data whose
+*keys* name a secret, matched on their last word so that `n_tokens` and the like stay intact."""
 
 from __future__ import annotations
 
@@ -60,24 +56,16 @@ def mask_argv(argv: list[Any] | tuple[Any, ...]) -> list[str]:
     out: list[str] = []
     mask_next = False
     for item in argv:
-        if is_secret_object(item):
+        if is_secret_object(item) or mask_next:
             out.append(MASK)
             mask_next = False
-            continue
-        s = str(item)
-        if mask_next:
-            out.append(MASK)
-            mask_next = False
-            continue
-        if _FLAG.match(s):
+        elif _FLAG.match(s := str(item)):
             out.append(s)
             mask_next = True
-            continue
-        m = _FLAG_EQ.match(s) or _ENV_EQ.match(s)
-        if m:
+        elif m := _FLAG_EQ.match(s) or _ENV_EQ.match(s):
             out.append(f"{m.group(1)}={MASK}")
-            continue
-        out.append(mask_text(s) if " " in s or "://" in s else s)
+        else:
+            out.append(mask_text(s) if " " in s or "://" in s else s)
     return out
 
 
@@ -109,33 +97,14 @@ def mask_data(obj: Any) -> Any:
 
 # Quick pre-check on already serialised JSON: if none of these appear, mask_data cannot change
 # anything, so 100k-row sample sets skip the walk.
-_WORDS = (
-    "apikey",
-    "api_key",
-    "api-key",
-    "token",
-    "secret",
-    "password",
-    "passphrase",
-    "passwd",
-    "authorization",
-    "-hft",
-)
+_WORDS = tuple("apikey api_key api-key token secret password passphrase passwd authorization -hft".split())
 _ENDS_WORD = frozenset(['"', "=", " ", "\t", ""])
 
 
 def may_hold_secret(serialised: str) -> bool:
-    """Cheap over-approximation: True if masking *might* change the JSON text `serialised`.
-
-    Plain substring scans (no regex over megabytes): a secret word that ends a key, a flag or a
-    string, a bearer token, or a URL with a password.
-    """
+    """True if masking *might* change the JSON text `serialised`: substring scans, no regex over
+    megabytes, for a secret word ending a key, flag or string, a bearer token, a URL password."""
     low = serialised.lower()
     if "bearer" in low or ("@" in low and _URL_PASSWORD.search(serialised)):
         return True
-    for w in _WORDS:
-        if w in low and any(w + end in low for end in _ENDS_WORD if end):
-            return True
-        if low.endswith(w):
-            return True
-    return False
+    return any((w in low and any(w + end in low for end in _ENDS_WORD if end)) or low.endswith(w) for w in _WORDS)

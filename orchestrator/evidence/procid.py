@@ -1,9 +1,5 @@
-"""Who is running this journal, and is that process still alive?
-
-A pid alone is not enough: after a reboot or a long time the same number names another
-process. We record the boot id and the process start time (`/proc/<pid>/stat` field 22) and
-call the owner alive only if all three still match.
-"""
+"""Who is running this journal, and is that process still alive? A pid alone may name another
+process later: the owner is alive only if pid, boot id and start time (/proc stat field 22) match."""
 
 from __future__ import annotations
 
@@ -41,27 +37,23 @@ def start_ticks(pid: int) -> int | None:
         return None
 
 
-def _pairctl_version() -> str | None:
+def login_user() -> str | None:
     try:
-        return __version__
+        return getpass.getuser()
     except Exception:
         return None
 
 
 def this_process() -> HostInfo:
     pid = os.getpid()
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = None
     return HostInfo(
         hostname=socket.gethostname(),
         pid=pid,
         boot_id=boot_id(),
         start_ticks=start_ticks(pid),
-        user=user,
+        user=login_user(),
         python=platform.python_version(),
-        pairctl=_pairctl_version(),
+        pairctl=__version__,
     )
 
 

@@ -1,19 +1,14 @@
-"""Pruning old receipts without breaking the audit trail: which receipts may go (pure), how the
-pruned ones are accounted for, and the archive they are written into first.
+"""Pruning old receipts without breaking the audit trail: what may go (pure), how it stays
+accounted for, and the archive it is written into first.
 
-A pruned receipt stays accounted for by a *prune receipt* (command `receipts prune`, field
-`pruned`): its hash, its chain, the hash it followed (`previous`) and where it is kept (the team's
-evidence remote, an archive, or both). `verify` reads these records: a missing receipt a prune
-receipt names is pruned; any other missing receipt is still deleted evidence. The skeleton of
-`previous` links lets the chain walks step over pruned receipts. Prune receipts are never pruned.
+A *prune receipt* (command `receipts prune`, field `pruned`) names each pruned receipt's hash,
+chain, `previous` and where it is kept (remote, archive), so `verify` and the chain walks step
+over it; any other missing receipt is still deleted evidence. Prune receipts are never pruned.
 
-What may go, per chain (`select`): only receipts reachable from the chain's head, and never
-- the head, nor anything as new as the newest receipt that must stay: a receipt newer than the
-  cut-off, or one a route record on a host anchors (its writer's run, or the head it followed), so
-  the walk from the head to a route record's writer never crosses a gap;
-- a receipt a feature still reads (`pinned`: reference answers, baselines, calibrations, prune
-  receipts) or one a kept derived record references;
-- a chain the caller blocked (an unsealed run, hosts whose route records could not be read).
+Per chain (`select`) only receipts reachable from the head may go, and never: the head or anything
+as new as the newest that must stay (newer than the cut-off, or anchored by a host's route record,
+so the walk to a route record's writer never crosses a gap); a receipt a feature reads (`pinned`)
+or a kept derived record references; a chain the caller blocked.
 """
 
 from __future__ import annotations
@@ -42,8 +37,7 @@ def _is_hash(v: Any) -> bool:
 
 @dataclass(frozen=True)
 class Anchors:
-    """What the route records on a pair's hosts point at: the writers' run ids and the chain heads
-    they followed (`evidence_head`)."""
+    """What a pair's route records point at: the writers' run ids and the heads they followed."""
 
     run_ids: frozenset[str] = frozenset()
     hashes: frozenset[str] = frozenset()
@@ -72,8 +66,8 @@ class Selection:
 
 
 def accounted(receipts: Iterable[Receipt]) -> dict[str, dict[str, Any]]:
-    """hash -> the prune record's entry for it (plus `by`: the prune receipt), from every prune
-    receipt among `receipts` (receipts that verify; an entry of the wrong shape is ignored)."""
+    """hash -> its entry (plus `by`: the prune receipt) in the prune receipts among `receipts`
+    (which verify); an entry of the wrong shape is ignored."""
     out: dict[str, dict[str, Any]] = {}
     for r in receipts:
         if r.command != COMMAND:
@@ -119,11 +113,9 @@ def select(
     blocked: Mapping[str, str],
     pruned: Mapping[str, Mapping[str, Any]],
 ) -> Selection:
-    """Which receipts may go (before checking that each is safe elsewhere: `restrict`).
-
-    `receipts`: every receipt that verifies, with its file size; `heads`: each chain's head;
-    `anchors`: per pair chain, what its route records point at; `pinned`: hash -> why a feature
-    still reads it; `blocked`: chain -> why none of it may go; `pruned`: `accounted()`."""
+    """Which receipts may go, before `restrict` checks each is safe elsewhere. `receipts`: every
+    verifying receipt with its size; `pinned`: hash -> why a feature reads it; `blocked`: chain ->
+    why none of it may go; `pruned`: `accounted()`."""
     by_hash = {r.sha256: r for r, _ in receipts}
     size = {r.sha256: n for r, n in receipts}
     sel = Selection(blocked=dict(blocked))
@@ -196,7 +188,7 @@ def _close_references(sel: Selection, receipts: Mapping[str, Receipt]) -> None:
 def record(
     sel: Selection, *, cutoff: datetime, archive: dict[str, Any] | None, remote: dict[str, Any] | None
 ) -> dict[str, Any]:
-    """The prune receipt's `pruned` field: per chain the first and last pruned hash, every pruned
+    """The prune receipt's `pruned` field: per chain the first and last pruned hash, each pruned
     receipt's link and where it is kept."""
     chains: dict[str, dict[str, Any]] = {}
     for c in sel.prune:
@@ -208,29 +200,21 @@ def record(
         "remote": remote,
         "chains": chains,
         "receipts": [
-            {
-                "hash": c.sha,
-                "chain": c.receipt.chain,
-                "previous": c.receipt.previous,
-                "command": c.receipt.command,
-                "outcome": c.receipt.outcome,
-                "started_at": c.receipt.started_at,
-                "bytes": c.size,
-                "kept": c.kept,
-            }
+            {"hash": c.sha, **{k: getattr(c.receipt, k) for k in _LINK}, "bytes": c.size, "kept": c.kept}
             for c in sel.prune
         ],
     }
+
+
+_LINK = ("chain", "previous", "command", "outcome", "started_at")
 
 
 # -- the archive ----------------------------------------------------------------------------
 
 
 def write_archive(path: Path, files: Mapping[str, Path]) -> dict[str, Any]:
-    """Write `receipts/<sha>.json` of each receipt into a new tar.xz at `path` (O_EXCL, 0600, never
-    over an existing file), fsync it, then read it back and check every member against its name
-    and the local file. {path, sha256, bytes, receipts} of the archive; EvidenceError on any
-    mismatch (the caller then removes nothing)."""
+    """Write `receipts/<sha>.json` of each into a new tar.xz (O_EXCL, 0600), fsync, read it back and
+    check each member: {path, sha256, bytes, receipts}; EvidenceError on any mismatch."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
@@ -257,8 +241,7 @@ def write_archive(path: Path, files: Mapping[str, Path]) -> dict[str, Any]:
 
 
 def check_archive(path: Path, files: Mapping[str, Path]) -> None:
-    """Read the archive back: every receipt present once, its bytes hashing to its name and equal
-    to the local file."""
+    """Every receipt present once, hashing to its name and equal to the local file."""
     found: dict[str, bytes] = {}
     try:
         with tarfile.open(path, mode="r:xz") as tar:

@@ -1,13 +1,7 @@
 """The receipt: what one command did, sealed as canonical JSON and named by its sha256.
-
-A receipt is the evidence an operator shows months later: command, operator, inputs by hash,
-what was observed on hosts, each step with outcome and timing, the raw samples, the final
-outcome and why. `previous` chains receipts of one pair; `derived_from`/`reused_steps` let a
-later record reuse valid parts of a failed run without touching it.
-
-Command-specific top-level fields (e.g. `plan_sha256`) are allowed as extra keys; the journal
-records when each was set so "declared before the first sample" can be shown.
-"""
+`previous` chains receipts of one pair; `derived_from`/`reused_steps` let a later record reuse
+valid parts of a failed run. Command-specific top-level fields are extra keys, and `fields_set`
+records when each was set (so "declared before the first sample" can be shown)."""
 
 from __future__ import annotations
 
@@ -79,17 +73,10 @@ class StepRecord(_Model):
     def of(cls, seq: int, fields: Mapping[str, Any], *, at: str) -> StepRecord:
         """The one way a step is built from recorded fields (a journal event, a caller's dict):
         absent times are `at`, absent data is empty, unknown keys are ignored."""
+        optional = {k: fields.get(k) for k in ("host", "duration_s", "error", "skip_reason")}
+        times = {k: fields.get(k) or at for k in ("started_at", "finished_at")}
         return cls(
-            seq=seq,
-            name=fields["name"],
-            host=fields.get("host"),
-            started_at=fields.get("started_at") or at,
-            finished_at=fields.get("finished_at") or at,
-            duration_s=fields.get("duration_s"),
-            outcome=fields["outcome"],
-            error=fields.get("error"),
-            skip_reason=fields.get("skip_reason"),
-            data=fields.get("data") or {},
+            seq=seq, name=fields["name"], outcome=fields["outcome"], data=fields.get("data") or {}, **optional, **times
         )
 
 
@@ -164,17 +151,11 @@ class Receipt(BaseModel):
 
     def step(self, name: str) -> StepRecord | None:
         """The last record of the step called `name` (a step may be retried)."""
-        for s in reversed(self.steps):
-            if s.name == name:
-                return s
-        return None
+        return next((s for s in reversed(self.steps) if s.name == name), None)
 
     def identity_of(self, host: str) -> dict[str, Any] | None:
         """The latest identity observed on `host`."""
-        for i in reversed(self.identities):
-            if i.host == host:
-                return i.data
-        return None
+        return next((i.data for i in reversed(self.identities) if i.host == host), None)
 
     def extra_fields(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
@@ -191,13 +172,10 @@ def canonical_text(obj: Any) -> str:
 
 
 def seal_bytes(receipt: Receipt, samples_text: dict[str, list[str]] | None = None) -> tuple[str, bytes]:
-    """(sha256, canonical bytes): the receipt's name and its exact file content.
+    """(sha256, canonical bytes). With `samples_text` (step -> each call's rows as the journal
+    wrote them, brackets stripped) the samples are spliced in as text, not serialised again (a
+    100k-sample receipt in under a second); the bytes equal `canonical_json` of the whole."""
 
-    With `samples_text` (step -> canonical JSON of each samples() call's rows, brackets
-    stripped, as the journal already wrote them), the samples are spliced in as text instead of
-    being serialised again: this is what keeps a 100k-sample receipt under a second. The bytes
-    are identical to `canonical_json` of the whole receipt (tested).
-    """
     if samples_text is None:
         data = receipt.canonical_bytes()
         return sha256_bytes(data), data

@@ -1,8 +1,5 @@
-"""JSON from the evidence store read as hostile input: bounded size, bounded nesting, one error type.
-
-Receipts, heads, index entries and journals can be edited by anyone with the home's files; a
-100,000-bracket receipt must be "does not verify" (exit 10), never a RecursionError.
-"""
+"""JSON from the evidence store read as hostile input (anyone with the home's files can edit it):
+bounded size and nesting, one error type; a 100,000-bracket receipt "does not verify", no crash."""
 
 from __future__ import annotations
 
@@ -34,9 +31,8 @@ def depth_exceeds(obj: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 def open_regular(path: Path) -> BinaryIO:
-    """`path` opened for reading if it is a regular file, not followed through a link (one to
-    /dev/zero would be read forever; a FIFO would block). OSError (missing, unreadable) passes
-    through; a link or special file is an EvidenceError."""
+    """`path` opened for reading if it is a regular file, never through a link (/dev/zero would be
+    read forever, a FIFO block): a link or special file is an EvidenceError, OSError passes."""
     try:  # O_NONBLOCK: a FIFO does not block the open
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -74,9 +70,8 @@ class Unbounded(ValueError):
 
 
 def parse_bounded(data: bytes | str, *, max_bytes: int, max_depth: int | None, noun: str) -> Any:
-    """`json.loads` for hostile bytes: at most `max_bytes`, nested at most `max_depth` (None: only
-    what the parser itself survives), so neither size nor depth can exhaust memory or the stack.
-    Raises Unbounded naming the bound (`noun`: what no such file is, e.g. "receipt")."""
+    """`json.loads` for hostile bytes: at most `max_bytes`, nested at most `max_depth` (None: what
+    the parser survives); Unbounded names the bound (`noun`: what no such file is)."""
     if len(data) > max_bytes:
         raise Unbounded(f"is {len(data)} bytes, more than any {noun} pairctl writes ({max_bytes})")
     try:
@@ -100,9 +95,8 @@ def loads(data: bytes | str, *, what: str, max_depth: int | None = None) -> Any:
 
 
 def read_json(path: Path, *, max_bytes: int, max_depth: int, noun: str) -> Any:
-    """A local state file's JSON (bisect state, lab indexes): a regular file, not a link, of at
-    most `max_bytes`, nested at most `max_depth`. Raises Unbounded naming the file and the bound
-    (callers turn it into their own one-line error and exit code); OSError passes through."""
+    """A local state file's JSON (bisect state, lab indexes), bounded; Unbounded names the file
+    and the bound (callers make it their own one-line error); OSError passes through."""
     with open_regular_or_unbounded(path) as f:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
@@ -127,7 +121,6 @@ INDEX_MAX_DEPTH = 16
 
 
 def read_index(path: Path) -> Any:
-    """A small JSON index pairctl wrote in its home (lab models, lab hosts): read_json with the
-    index bounds. Unbounded is a ValueError, so a caller that rewrites a damaged index on
-    ValueError rewrites a huge or 200,000-deep one too, instead of dying of RecursionError."""
+    """A small JSON index pairctl wrote in its home, with the index bounds (Unbounded is a
+    ValueError: a caller rewriting a damaged index rewrites a huge or deep one too)."""
     return read_json(path, max_bytes=INDEX_MAX_BYTES, max_depth=INDEX_MAX_DEPTH, noun="index")

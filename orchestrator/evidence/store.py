@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import getpass
 import json
 import os
 import re
@@ -56,9 +55,8 @@ _CHAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 HOME_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")  # a branch name on the evidence remote
 # evidence roots that sealed a receipt in this process: main() pushes them to the team's remote
 WRITTEN: set[Path] = set()
-# hash -> the summary of the receipt whose bytes hash to it. The bytes are still read and hashed
-# on every call (a changed file never passes); only the parse is kept: one status or deploy asks
-# for every summary three or four times, and a home of ~1,000 receipts costs 0.3 s CPU a parse.
+# hash -> summary: the bytes are still read and hashed on every call, only the parse is kept
+# (a status asks for every summary 3-4 times; ~1,000 receipts cost 0.3 s CPU a parse).
 _SUMMARIES: dict[str, dict[str, Any]] = {}
 
 
@@ -70,10 +68,6 @@ def _check_chain_name(name: str) -> str:
     if name != NO_PAIR and not _CHAIN_NAME.match(name):
         raise EvidenceError(f"pair name {name!r} cannot name an evidence chain (letters, digits, . _ - only)")
     return name
-
-
-def _sha(data: bytes) -> str:
-    return sha256_bytes(data)
 
 
 class _ChainLock:
@@ -108,8 +102,7 @@ class _ChainLock:
         return True
 
     def holder(self, wait_s: float = 1.0) -> dict[str, Any]:
-        """Who holds the lock; a winner that is writing its record right now is waited for
-        briefly (a race loser printed "(pid ?, ?, run ?)")."""
+        """Who holds the lock, waiting briefly for a winner still writing its record."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
@@ -150,15 +143,7 @@ def _new_run_id() -> str:
 
 
 def _operator(explicit: str | None) -> str | None:
-    if explicit:
-        return explicit
-    env = os.environ.get("PAIRCTL_OPERATOR")
-    if env:
-        return env
-    try:
-        return getpass.getuser()
-    except Exception:
-        return None
+    return explicit or os.environ.get("PAIRCTL_OPERATOR") or procid.login_user()
 
 
 class EvidenceStore:
@@ -182,8 +167,8 @@ class EvidenceStore:
 
     # -- this home among the team's (evidence/team.py) ---------------------------------------
     def home_id(self, *, create: bool = True) -> str:
-        """This home's name in the team: its branch on the evidence remote and the `evidence_home`
-        of the route records it writes. Made once (user, machine, random) and kept in `home-id`."""
+        """This home's name in the team (its remote branch, the `evidence_home` of its route
+        records): made once from user, machine and a random part, kept in `home-id`."""
         path = self.root / "home-id"
         found = _read_small(path)
         if found and HOME_ID.match(found):
@@ -253,21 +238,10 @@ class EvidenceStore:
             def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
                 return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
 
-            journal = Journal(
-                self.journal_dir / f"{run_id}.jsonl",
-                lock,
-                seal=seal,
-                header=dict(
-                    schema_version=SCHEMA_VERSION,
-                    run_id=run_id,
-                    command=command,
-                    argv=mask_argv(list(argv)),
-                    pair=pair,
-                    inputs=dict(inputs or {}),
-                    operator=_operator(operator),
-                    host=procid.this_process().model_dump(),
-                ),
-            )
+            header = dict(schema_version=SCHEMA_VERSION, run_id=run_id, command=command, argv=mask_argv(list(argv)))
+            header.update(pair=pair, inputs=dict(inputs or {}), operator=_operator(operator))
+            header["host"] = procid.this_process().model_dump()
+            journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=header)
         except BaseException:
             if journal is not None:
                 journal.close_unfinished()  # also releases the lock
@@ -280,11 +254,8 @@ class EvidenceStore:
 
     # -- recovery of killed runs -------------------------------------------------------------
     def recover_aborted(self, pair: str | None | EllipsisType = ...) -> list[str]:
-        """Seal every journal whose process is dead as an `aborted` receipt; returns their hashes.
-
-        `pair=...` (default) looks at every chain; `pair=None` only at runs without a pair.
-        Chains held by a live run are left to that run.
-        """
+        """Seal every journal of a dead process as an `aborted` receipt; their hashes. `pair=...`:
+        every chain; None: runs without a pair. Chains held by a live run are left to it."""
         if not self.journal_dir.exists():
             return []
         chains = {NO_PAIR if pair is None else pair} if pair is not ... else None
@@ -294,9 +265,8 @@ class EvidenceStore:
         return out
 
     def _journals(self) -> Iterator[tuple[JournalState, Path]]:
-        """The journals this user's pairctl wrote. A journal proves a run dead (and so frees its
-        leases, `lease release --dead-run`) and is sealed into a chain: one another user could
-        write, in a home others can write to, is skipped with a warning, never believed."""
+        """The journals this user wrote. A journal proves a run dead (freeing its leases) and is
+        sealed into a chain, so one of another user is skipped with a warning, never believed."""
         me = os.geteuid()
         for path in sorted(self.journal_dir.glob("*.jsonl")):
             try:
@@ -317,8 +287,7 @@ class EvidenceStore:
             yield state, path
 
     def _drop_empty_journal(self, path: Path, exc: Exception) -> None:
-        """A journal without a whole `begin` line: its process died before recording anything.
-        The pid is in the name (<time>-<pid>-<rand>); remove it once that process is gone."""
+        """A journal without a whole `begin` line: removed once the pid in its name is gone."""
         try:
             pid = int(path.stem.split("-")[1])
         except (IndexError, ValueError):
@@ -333,32 +302,21 @@ class EvidenceStore:
         """Journals present now: live runs and killed ones not yet recovered (for status/verify)."""
         out = []
         for state, path in self._journals():
-            alive, why = procid.liveness(HostInfo(**state.header["host"]))
-            out.append(
-                {
-                    "run_id": state.run_id,
-                    "pair": state.header.get("pair"),
-                    "command": state.header.get("command"),
-                    "journal": str(path),
-                    "alive": alive,
-                    "why": why,
-                    "owner": _owner_of(state.header.get("host")),
-                }
-            )
+            h = state.header
+            alive, why = procid.liveness(HostInfo(**h["host"]))
+            j = {"run_id": state.run_id, "pair": h.get("pair"), "command": h.get("command"), "journal": str(path)}
+            out.append({**j, "alive": alive, "why": why, "owner": _owner_of(h.get("host"))})
         return out
 
     def run_status(self, run_id: str) -> tuple[str, str]:
-        """Is run `run_id` over? ("ended", "receipt H: OUTCOME"), ("dead", why: killed, not yet
-        sealed), ("running", why), ("elsewhere", why: its journal is another machine's) or
-        ("unknown", why). Only "ended" and "dead" prove that nothing will use its leases again."""
+        """(state, why): "ended", "dead" (killed, not sealed), "running", "elsewhere" (another
+        machine's journal) or "unknown". Only "ended" and "dead" prove its leases unused."""
         state, why, _owner = self.run_record(run_id)
         return state, why
 
     def run_record(self, run_id: str) -> tuple[str, str, str | None]:
-        """run_status plus who ran it (`user@machine`, as leases name their owner), from the run's
-        journal or its receipt. "ended" only from a receipt that verifies (its bytes match its
-        name) and that the chain reaches from its head: the index, a forged receipt beside the
-        chain or one whose run id was copied never prove a run over."""
+        """run_status plus its owner (`user@machine`). "ended" only from a receipt that verifies and
+        that its chain's head reaches: a forged receipt beside the chain never proves a run over."""
         for j in self.unsealed():
             if j["run_id"] == run_id:
                 state = {True: "running", False: "dead", None: "elsewhere"}[j["alive"]]
@@ -367,17 +325,14 @@ class EvidenceStore:
             if summ.get("run_id") != run_id:
                 continue
             if not summ.get("in_chain"):
+                why = f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
                 return (
                     "unknown",
-                    f"receipt {summ['hash'][:12]} names run {run_id} but is not reachable from "
-                    f"chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)",
+                    f"{why}chain {summ.get('pair') or NO_PAIR!r}'s head (run `pairctl receipts verify`)",
                     None,
                 )
-            return (
-                "ended",
-                f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})",
-                summ.get("owner"),
-            )
+            why = f"{summ['command']} run {run_id} ended {summ['outcome']} (receipt {summ['hash'][:12]})"
+            return "ended", why, summ.get("owner")
         return "unknown", f"no run {run_id} in the evidence under {self.root}", None
 
     def _recover(self, chain: str, *, lock_held: bool) -> list[str]:
@@ -410,14 +365,12 @@ class EvidenceStore:
     def _recover_one(self, path: Path, why: str, *, lock_held: bool) -> str | None:
         try:
             state, problems = replay(path)
-        except FileNotFoundError:
-            # listed dead before this run had the chain's lock, and sealed meanwhile by the run
-            # that had it (two commands started at once after a killed one): nothing left to do
+        except FileNotFoundError:  # sealed meanwhile by a run that had the chain's lock
             return None
         head = self._head(state.chain)
         if state.finish is not None:
             # It finished but died while sealing: the receipt may already be the chain's head.
-            if head is not None and self._run_id_of(head) == state.run_id:
+            if head is not None and self._field_of(head, "run_id", None) == state.run_id:
                 path.unlink(missing_ok=True)
                 return None
             outcome, reason = state.finish["outcome"], state.finish["reason"]
@@ -443,12 +396,12 @@ class EvidenceStore:
         )
         return sha
 
-    def _run_id_of(self, sha: str) -> str | None:
+    def _field_of(self, sha: str, key: str, default: Any) -> Any:
+        """One field of a receipt file, unchecked (`default`: unreadable)."""
         try:
-            run_id = safejson.loads(safejson.read_receipt(self.path_of(sha)), what="receipt").get("run_id")
+            return safejson.loads(safejson.read_receipt(self.path_of(sha)), what="receipt").get(key)
         except (OSError, EvidenceError, AttributeError):
-            return None
-        return run_id if isinstance(run_id, str) else None
+            return default
 
     # -- sealing -----------------------------------------------------------------------------
     def _seal(
@@ -476,7 +429,7 @@ class EvidenceStore:
         pending = self.heads_dir / f"{chain}.pending"
         atomic.replace(pending, sha.encode())
         path = self.path_of(sha)
-        if not atomic.write_once(path, data) and _sha(safejson.read_receipt(path)) != sha:
+        if not atomic.write_once(path, data) and sha256_bytes(safejson.read_receipt(path)) != sha:
             raise EvidenceError(f"receipt file {path} exists with different content; run `pairctl receipts verify`")
         atomic.replace(self.heads_dir / chain, sha.encode())
         pending.unlink(missing_ok=True)
@@ -493,11 +446,9 @@ class EvidenceStore:
             self.log.warning("receipt index not written", receipt=sha, error=str(exc))
 
     def summaries(self, pair: str | None | EllipsisType = ...) -> list[dict[str, Any]]:
-        """Summaries (hash, times, command, pair, outcome, reason, run_id, owner, in_chain) oldest
-        first, each read from its receipt and checked against its name. The index is a cache
-        for other tools and is never read here: a forged index entry cannot change an outcome.
-        `in_chain`: the receipt is reachable from its chain's head through receipts that verify
-        (a receipt added beside the chain, or left beyond a moved-back head, is not)."""
+        """Summaries oldest first, each read from its receipt and checked against its name (the
+        index is never read here: a forged entry cannot change an outcome). `in_chain`: reachable
+        from its chain's head through receipts that verify."""
         every: dict[str, dict[str, Any]] = {}
         for sha in self.hashes():
             try:
@@ -526,8 +477,7 @@ class EvidenceStore:
         return out
 
     def pruned(self, summaries: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-        """hash -> its entry in the prune receipt that accounts for it (evidence/prune.py), from the
-        prune receipts here that verify."""
+        """hash -> its entry in the verified prune receipt that accounts for it (evidence/prune.py)."""
         from orchestrator.evidence.prune import COMMAND, accounted
 
         every = summaries if summaries is not None else {s["hash"]: s for s in self.summaries()}
@@ -541,14 +491,10 @@ class EvidenceStore:
         return accounted(records)
 
     def summary_of(self, sha: str) -> dict[str, Any]:
-        """One receipt's summary (as `summaries` lists them), its file checked against its name
-        on every call and parsed once per process (EvidenceError: missing, changed or invalid)."""
+        """One receipt's summary, its file checked against its name on every call, parsed once."""
         path = self.path_of(sha)
-        try:
-            data = safejson.read_receipt(path)  # a link or a huge file is refused before reading
-        except OSError as exc:
-            raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
-        if _sha(data) != sha:
+        data = _read_receipt(path)
+        if sha256_bytes(data) != sha:
             raise EvidenceError(f"receipt file {path} does not match its name")
         if sha in _SUMMARIES:
             return dict(_SUMMARIES[sha])
@@ -557,8 +503,7 @@ class EvidenceStore:
             raise EvidenceError(f"receipt file {path} is not a receipt")
         summary = {k: obj.get(k) for k in (*_SUMMARY_STR, *_SUMMARY_OPT) if k != "hash"}
         summary.update(hash=sha, recovered=obj.get("recovered") is True, owner=_owner_of(obj.get("host")))
-        # a receipt outside every pair's chain that is still about one pair (a qualification, a
-        # bisect and its steps: they run under the pair's leases, beside its chain)
+        # outside every chain yet about one pair: a qualification, a bisect and its steps
         step = obj.get("bisect_step")
         about = obj.get("qualify_pair") or obj.get("bisect_pair")
         if about is None and isinstance(step, dict):
@@ -577,20 +522,14 @@ class EvidenceStore:
         if pending.exists():
             p = _read_small(pending) or ""
             if _HASH.match(p) and self.path_of(p).exists():
-                try:
-                    prev = safejson.loads(safejson.read_receipt(self.path_of(p)), what="receipt").get("previous")
-                except (OSError, EvidenceError, AttributeError):
-                    prev = "?"
-                if prev == head:
+                if self._field_of(p, "previous", "?") == head:
                     atomic.replace(head_file, p.encode())
                     head = p
             pending.unlink(missing_ok=True)
         if head is not None:
             if not _HASH.match(head):
                 raise EvidenceError(f"the head file {head_file} is not a receipt hash; run `pairctl receipts verify`")
-            if not self.path_of(head).exists():
-                # Never block a run (a rollback may depend on it): chain onto the missing hash so
-                # the gap stays visible to `verify`, and say so now.
+            if not self.path_of(head).exists():  # never block a run: chain on, `verify` shows the gap
                 self.log.warning(
                     "the newest receipt of this chain is missing; run `pairctl receipts verify`",
                     chain=chain,
@@ -634,11 +573,8 @@ class EvidenceStore:
         """A receipt by hash (or prefix), checked against its name: a changed byte is an error."""
         sha = self.resolve(ref)
         path = self.path_of(sha)
-        try:
-            data = safejson.read_receipt(path)
-        except OSError as exc:
-            raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
-        actual = _sha(data)
+        data = _read_receipt(path)
+        actual = sha256_bytes(data)
         if actual != sha:
             raise EvidenceError(
                 f"receipt file {path} does not match its name (its sha256 is {actual})",
@@ -657,8 +593,7 @@ class EvidenceStore:
         return receipt
 
     def iter(self, pair: str | None | EllipsisType = ...) -> Iterator[Receipt]:
-        """Every receipt that verifies, oldest first, loaded one at a time; `pair=` filters
-        (None: receipts with no pair). Ordering and filtering use `summaries()`."""
+        """Every receipt that verifies, oldest first; `pair=` filters (None: receipts with no pair)."""
         for summary in self.summaries(pair):
             try:
                 r = self.load(summary["hash"])
@@ -694,8 +629,8 @@ class EvidenceStore:
         argv: list[str] | None = None,
         operator: str | None = None,
     ) -> str:
-        """A new receipt that reuses passed steps of `original_hash` by reference and records
-        `fresh_steps` (re-run now). The original is only read. Returns the new receipt's hash."""
+        """A new receipt reusing passed steps of `original_hash` by reference, with `fresh_steps`
+        re-run now; the original is only read. Returns the new receipt's hash."""
         original = self.load(original_hash)
         fresh = [s if isinstance(s, StepRecord) else _fresh_step(s) for s in (fresh_steps or [])]
         fresh_names = [s.name for s in fresh]
@@ -738,19 +673,9 @@ class EvidenceStore:
                 samples=len(rows or []),
                 outcome=step.outcome,
             ).model_dump(by_alias=True)
-        argv = (
-            list(argv)
-            if argv is not None
-            else [
-                "receipts",
-                "derive",
-                "--from",
-                original.sha256,
-                *[a for n in reuse for a in ("--reuse", n)],
-                "--reason",
-                reason,
-            ]
-        )
+        if argv is None:
+            argv = ["receipts", "derive", "--from", original.sha256, *[a for n in reuse for a in ("--reuse", n)]]
+            argv += ["--reason", reason]
         with self.begin(command, argv, pair=original.pair, inputs=original.inputs, operator=operator) as j:
             j.record_derivation(original.sha256, reused, fresh_names)
             for key, value in (fields or {}).items():
@@ -758,17 +683,12 @@ class EvidenceStore:
             for host, data in identities or []:
                 j.identity(host, data)
             for s in fresh:
-                j.record_step(
-                    s.name,
-                    s.outcome,
-                    s.data,
-                    host=s.host,
-                    error=s.error,
-                    skip_reason=s.skip_reason,
-                    started_at=s.started_at,
-                    finished_at=s.finished_at,
-                    duration_s=s.duration_s,
-                )
+                times: dict[str, Any] = {
+                    "started_at": s.started_at,
+                    "finished_at": s.finished_at,
+                    "duration_s": s.duration_s,
+                }
+                j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason, **times)
             for step_name, rows in (fresh_samples or {}).items():
                 j.samples(step_name, rows)
             cov = coverage(original, reuse, fresh, list(identities or []))
@@ -777,8 +697,8 @@ class EvidenceStore:
             return j.finish(final, reason if cov.complete else f"{reason} [incomplete: {cov.why()}]")
 
     def step_view(self, ref: str, step: str) -> tuple[StepRecord, list[Any]]:
-        """A step's record and raw samples, following a derived record's reference to the source
-        and checking the referenced data against the hashes the derived record holds."""
+        """A step's record and samples, following a derived record's reference to the source and
+        checking that data against the hashes the derived record holds."""
         rec, rows = self._step_view(ref, step)
         return rec, rows or []
 
@@ -799,6 +719,13 @@ class EvidenceStore:
 
     def verify(self) -> VerifyReport:
         return verify_store(self)
+
+
+def _read_receipt(path: Path) -> bytes:
+    try:
+        return safejson.read_receipt(path)  # a link or a huge file is refused before reading
+    except OSError as exc:
+        raise EvidenceError(f"receipt file {path} cannot be read: {exc.strerror or exc}") from None
 
 
 def _fresh_step(d: dict[str, Any]) -> StepRecord:

@@ -1,21 +1,12 @@
-"""The team's evidence remote: this home's receipts pushed as signed git commits to a shared bare
-repository; every other home's pulled into read-only copies. git does the syncing (plumbing
-commands only, no work tree); nothing here is a protocol of its own.
+"""The team's evidence remote: this home's receipts pushed as signed git commits (plumbing only,
+no work tree) to a shared bare repository; every other home's pulled into read-only copies.
 
-On the remote, one branch per operator home, `refs/heads/homes/<home-id>`, whose tree is
-`receipts/<sha256>.json` (every receipt the home sealed, byte for byte) and `heads/<chain>`. A
-home only appends: a commit adds the receipt names its parent lacks and keeps every earlier blob
-as it was, so a local receipt rewritten after it was committed is never sent over the remote's
-copy; the repository refuses non-fast-forward updates and deletes (receive.denyNonFastForwards,
-receive.denyDeletes). Every commit is signed with the operator's SSH key (gpg.format=ssh) and
-checked against the team's allowed signers by `receipts verify --remote`.
-
-The remote enforces the same rules (issue 48): `init-remote` installs a pre-receive hook
-(pre-receive.sh beside this file; git and ssh-keygen only) and a copy of the allowed signers, so a
-push that drops or changes a receipt blob, is not a fast-forward, or carries a commit not signed by
-a key bound to that branch's home is refused. A home is bound to a key by the principal
-`homes/<home-id>` on the key's line of allowed_signers (`alice@team,homes/alice-vm-1a2b3c
-namespaces="git" ssh-ed25519 AAAA...`). verify checks the same on a remote made before the hook.
+One branch per home, `refs/heads/homes/<home-id>`, tree `receipts/<sha256>.json` + `heads/<chain>`.
+A commit only adds receipt names its parent lacks and keeps earlier blobs, so a receipt rewritten
+locally is never sent. The remote refuses non-fast-forwards and deletes, and its pre-receive hook
+(pre-receive.sh) refuses a changed or dropped receipt blob and a commit not signed (gpg.format=ssh)
+by a key bound to the branch's home: principal `homes/<home-id>` on the key's allowed_signers line.
+`receipts verify --remote` checks the same, also on a remote made before the hook.
 
 Under the evidence root:
 
@@ -26,22 +17,21 @@ Under the evidence root:
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
 import shlex
 import signal
 import subprocess
-import time
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.evidence import atomic
-from orchestrator.evidence.store import HOME_ID, EvidenceStore
+from orchestrator.evidence.store import HOME_ID, EvidenceStore, _ChainLock
 
 _HEAD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # a chain's name (NO_PAIR included)
 BRANCH = "refs/heads/homes/"
@@ -64,8 +54,7 @@ _SIG_MEANING = {
 
 @dataclass(frozen=True)
 class RemoteAccess:
-    """Everything git needs to reach the remote the way pairctl reaches its hosts
-    (config/evidence_remote.py resolves it from the inventory)."""
+    """How git reaches the remote, the way pairctl reaches its hosts (config/evidence_remote.py)."""
 
     url: str  # ssh://user@address:port/path, as git is given it
     path: str
@@ -113,8 +102,7 @@ def _git(
     config: Sequence[str] = (),
     check: bool = True,
 ) -> subprocess.CompletedProcess[bytes]:
-    """git on this home's mirror, argv only; with `access`, ssh reaches the remote as pairctl's own
-    connections do (strict host keys against the inventory's known_hosts, its key and port)."""
+    """git on this home's mirror; with `access`, over pairctl's own ssh (strict host keys, key, port)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_TERMINAL_PROMPT="0", GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", LC_ALL="C")
     if access is not None:
@@ -124,14 +112,8 @@ def _git(
     for c in config:
         argv += ["-c", c]
     try:  # its own process group: a timeout ends git and the ssh it started, not git alone
-        proc = subprocess.Popen(
-            [*argv, *args],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            start_new_session=True,
-        )
+        pipe = subprocess.PIPE
+        proc = subprocess.Popen([*argv, *args], stdin=pipe, stdout=pipe, stderr=pipe, env=env, start_new_session=True)
     except FileNotFoundError:
         raise EvidenceError("git is not installed here; the evidence remote needs the git CLI") from None
     try:
@@ -165,20 +147,13 @@ def ensure_mirror(store: EvidenceStore) -> Path:
 @contextmanager
 def _mirror_lock(store: EvidenceStore) -> Iterator[None]:
     """One git writer per home at a time (a deploy's automatic push and a `receipts push`)."""
-    fd = os.open(ensure_mirror(store) / "pairctl.lock", os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + LOCK_WAIT_S
+    lock = _ChainLock(ensure_mirror(store) / "pairctl.lock")
+    if not lock.acquire(wait_s=LOCK_WAIT_S):
+        raise EvidenceError(f"{mirror_dir(store)} stayed locked for {LOCK_WAIT_S:.0f} s")
     try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise EvidenceError(f"{mirror_dir(store)} stayed locked for {LOCK_WAIT_S:.0f} s") from None
-                time.sleep(0.05)
         yield
     finally:
-        os.close(fd)
+        lock.release()
 
 
 def _rev(store: EvidenceStore, ref: str) -> str | None:
@@ -252,12 +227,7 @@ def commit_local(store: EvidenceStore, access: RemoteAccess, operator: str | Non
         *(["-p", tip] if tip else []),
         *env_args,
         tree,
-        config=[
-            "gpg.format=ssh",
-            f"user.signingkey={key}",
-            f"user.name={who}",
-            f"user.email={me}@pairctl",
-        ],
+        config=["gpg.format=ssh", f"user.signingkey={key}", f"user.name={who}", f"user.email={me}@pairctl"],
     )
     commit = cp.stdout.decode().strip()
     _git(store, "update-ref", ref, commit, *([tip] if tip else []))
@@ -265,9 +235,8 @@ def commit_local(store: EvidenceStore, access: RemoteAccess, operator: str | Non
 
 
 def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None) -> PushResult:
-    """Commit what is new, then push this home's branch (fast-forward only). A branch the remote
-    holds further than this mirror (the mirror was lost or made anew) is fetched and built upon:
-    its receipts stay as the remote has them, this home's missing ones are added; never forced."""
+    """Commit what is new, push this home's branch (fast-forward only, never forced). A remote branch
+    ahead of this mirror (mirror lost or remade) is fetched and built upon, its receipts kept."""
     with _mirror_lock(store):
         tip, added = commit_local(store, access, operator)
         if tip is None:
@@ -290,9 +259,11 @@ def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None
 
 def _push_branch(store: EvidenceStore, access: RemoteAccess) -> subprocess.CompletedProcess[bytes]:
     ref = BRANCH + store.home_id()
-    return _git(
-        store, "push", "--porcelain", access.url, f"{ref}:{ref}", access=access, timeout=access.timeout_s, check=False
-    )
+    return _git(store, "push", "--porcelain", access.url, f"{ref}:{ref}", **_remote_kw(access))
+
+
+def _remote_kw(access: RemoteAccess) -> dict[str, Any]:
+    return {"access": access, "timeout": access.timeout_s, "check": False}
 
 
 def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProcess[bytes]) -> PairctlErrorT:
@@ -314,12 +285,10 @@ PairctlErrorT = EvidenceError | RemoteUnreachable
 
 
 def _trust_script(path: str) -> str:
-    """sh that exits UNTRUSTED_EXIT naming the first path someone other than the login user or
-    root could have written: the repository, its config, hooks and signers, and every directory
-    above it (a sticky one such as /tmp may be writable by others), as config/trust.py judges
-    local files. Links are judged by where they lead (find -L), and the directories above the
-    path's resolved form are walked too (a link into a world-writable folder is caught). A find
-    that cannot judge (BusyBox and BSD lack -printf) fails closed."""
+    """sh that exits UNTRUSTED_EXIT naming the first path someone other than the login user or root
+    could write: the repository, its config, hooks, signers, and every directory above it and above
+    its resolved form (sticky ones may be others'-writable), links judged by target (find -L).
+    A find that cannot judge (BusyBox and BSD lack -printf) fails closed."""
     q = shlex.quote(path)
     return (
         f"uid=$(id -u); p={q}; "
@@ -339,9 +308,8 @@ def _trust_script(path: str) -> str:
 
 
 def setup_script(path: str, signers: bytes) -> str:
-    """sh (run on the remote's host, or here for a local repository) that makes or updates the bare
-    repository: refuse an untrusted one, `git init`, the receive settings, the team's allowed
-    signers and the pre-receive hook, each written to a temp name and renamed into place."""
+    """sh that makes or updates the bare repository: refuses an untrusted one, then `git init`, the
+    receive settings, the allowed signers and the hook, each written to a temp name and renamed."""
     q = shlex.quote(path)
     hook = HOOK_SOURCE.read_text()
     steps = [
@@ -397,13 +365,17 @@ def _ssh(access: RemoteAccess, script: str) -> subprocess.CompletedProcess[str]:
         raise RemoteUnreachable(f"{access.host_name} did not answer within {access.timeout_s:.0f} s") from None
 
 
-def init_remote(access: RemoteAccess, signers: bytes) -> None:
-    """Create (or update) the bare repository on its host over SSH (strict host keys): refusing
-    rewrites and deletes of any branch, with the pre-receive hook and the team's allowed signers.
-    An existing one keeps its history; one someone else could write is refused (ConfigError)."""
-    cp = _ssh(access, setup_script(access.path, signers))
+def _untrusted(cp: subprocess.CompletedProcess[str]) -> str | None:
+    """The trust script's refusal (`_trust_script`), if it refused."""
     if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
-        why = cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]
+        return cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]
+    return None
+
+
+def init_remote(access: RemoteAccess, signers: bytes) -> None:
+    """Create or update the bare repository over SSH; one someone else could write is refused."""
+    cp = _ssh(access, setup_script(access.path, signers))
+    if why := _untrusted(cp):
         raise ConfigError(
             f"refusing the evidence repository {access.path} on {access.host_name}: {why}",
             hint="make it (and every directory above it) the login user's or root's, not group/world-writable",
@@ -413,8 +385,7 @@ def init_remote(access: RemoteAccess, signers: bytes) -> None:
 
 
 def remote_state(access: RemoteAccess) -> list[str]:
-    """What `verify --remote` reports of the repository itself, read over SSH: '' when it is safe
-    and hooked; else 'untrusted: WHY' or 'unhooked' (made before the hook existed)."""
+    """The repository's own problems, read over SSH: [] safe and hooked, 'untrusted: WHY', 'unhooked'."""
     q = shlex.quote(access.path)
     script = (
         _trust_script(access.path)
@@ -422,41 +393,25 @@ def remote_state(access: RemoteAccess) -> list[str]:
         f"&& [ -f {q}/{REMOTE_SIGNERS} ] || echo unhooked"
     )
     cp = _ssh(access, script)
-    if cp.returncode == UNTRUSTED_EXIT and "untrusted: " in cp.stderr:
-        return ["untrusted: " + cp.stderr.split("untrusted: ", 1)[1].strip().splitlines()[0]]
+    if why := _untrusted(cp):
+        return ["untrusted: " + why]
     if cp.returncode != 0:
         raise RemoteUnreachable(f"reading {access.path} on {access.host_name} failed: {cp.stderr.strip()[-300:]}")
     return ["unhooked"] if "unhooked" in cp.stdout else []
 
 
 def bound_lines(signers: str, home: str) -> str:
-    """The allowed-signers lines that bind `home`: principals (first field, comma separated) that
-    hold `homes/<home>` (as the hook's awk reads them)."""
+    """The allowed-signers lines whose principals (first field) hold `homes/<home>`, as the hook reads them."""
     want = f"homes/{home}"
-    out = []
-    for line in signers.splitlines():
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):
-            continue
-        if want in fields[0].split(","):
-            out.append(line + "\n")
-    return "".join(out)
+    fields = [(line, line.split()) for line in signers.splitlines()]
+    return "".join(ln + "\n" for ln, f in fields if f and not f[0].startswith("#") and want in f[0].split(","))
 
 
 def fetch(store: EvidenceStore, access: RemoteAccess) -> None:
     """Every home's branch into refs/team/<home>; never forced (a rewritten remote branch is refused)."""
     ensure_mirror(store)
-    cp = _git(
-        store,
-        "fetch",
-        "--no-tags",
-        "--no-write-fetch-head",
-        access.url,
-        f"{BRANCH}*:{TRACKING}*",
-        access=access,
-        timeout=access.timeout_s,
-        check=False,
-    )
+    refspec = f"{BRANCH}*:{TRACKING}*"
+    cp = _git(store, "fetch", "--no-tags", "--no-write-fetch-head", access.url, refspec, **_remote_kw(access))
     if cp.returncode != 0:
         raise _remote_error("fetch", access, cp)
 
@@ -509,9 +464,8 @@ def materialize(store: EvidenceStore, home: str) -> tuple[int, list[str]]:
 
 
 def lost_receipts(store: EvidenceStore) -> list[str]:
-    """Receipts this home's own branch here holds (committed, and pushed when the remote took them)
-    that the last fetched remote branch lacks: someone dropped them there (a remote without the
-    pre-receive hook). The next push adds them back; the operator is told."""
+    """Receipts of this home that the remote once held and its last fetched branch lacks: someone
+    dropped them there (a remote without the hook). The next push adds them back."""
     me = store.home_id()
     if _rev(store, TRACKING + me) is None:
         return []
@@ -556,10 +510,8 @@ def pull(store: EvidenceStore, access: RemoteAccess) -> PullResult:
 
 
 def local_differences(store: EvidenceStore, home: str, files: EvidenceStore, pruned: Collection[str] = ()) -> list[str]:
-    """Receipts the last fetched copy of `home`'s branch holds that `files` lacks or holds
-    otherwise: a rewritten home (a receipt changed, or the chain re-hashed and the old names gone).
-    A copy of another home lacking one is only behind (`pull` copies it), not rewritten; nor is this
-    home lacking one a prune receipt accounts for (`pruned`: `receipts prune` removed it)."""
+    """Receipts the fetched branch of `home` holds that `files` lacks or holds otherwise (a rewritten
+    home). Missing ones count only for this home (another's copy is just behind), less the `pruned`."""
     tree = {p: o for p, o in tree_of(store, TRACKING + home).items() if p.startswith("receipts/")}
     gone = sorted(p for p in tree if not (files.root / p).is_file() and p.removeprefix("receipts/")[:-5] not in pruned)
     missing = gone if home == store.home_id() else []
@@ -585,7 +537,7 @@ def signature_problems(
     store: EvidenceStore, home: str, allowed_signers: str | None, signers: set[str] | None = None
 ) -> list[str]:
     """Every commit of `home`'s branch signed by an allowed signer, and appending only; the
-    principals that signed go into `signers` (who pushed that home's receipts)."""
+    principals that signed go into `signers`."""
     ref = TRACKING + home
     out: list[str] = []
     if allowed_signers is None:
@@ -596,13 +548,7 @@ def signature_problems(
                 f"evidence_remote.allowed_signers {allowed_signers} is not a readable file",
                 hint='list the team\'s keys there, one a line: `alice@team namespaces="git" ssh-ed25519 AAAA...`',
             )
-        cp = _git(
-            store,
-            "log",
-            "--format=%H %G? %GS",
-            ref,
-            config=["gpg.format=ssh", f"gpg.ssh.allowedSignersFile={allowed_signers}"],
-        )
+        cp = _git(store, "log", "--format=%H %G? %GS", ref, config=_signers_config(allowed_signers))
         good: dict[str, str] = {}
         for line in cp.stdout.decode(errors="replace").splitlines():
             sha, status, *who = line.split(" ", 2)
@@ -627,8 +573,8 @@ def signature_problems(
 
 
 def _binding_problems(store: EvidenceStore, home: str, allowed_signers: str, good: dict[str, str]) -> list[str]:
-    """Each home its own signer: the commits `good` (sha -> principal: signed by an allowed
-    signer) must verify against the lines bound to `homes/<home>` alone, as the hook checks."""
+    """The commits `good` (sha -> principal) must verify against the lines bound to `homes/<home>`
+    alone, as the hook checks: each home its own signer."""
     if not good:
         return []
     bound = bound_lines(Path(allowed_signers).read_text(errors="replace"), home)
@@ -640,13 +586,7 @@ def _binding_problems(store: EvidenceStore, home: str, allowed_signers: str, goo
     tmp = mirror_dir(store) / f".bound-{os.getpid()}-{home}"
     try:
         atomic.replace(tmp, bound.encode())
-        cp = _git(
-            store,
-            "log",
-            "--format=%H %G?",
-            TRACKING + home,
-            config=["gpg.format=ssh", f"gpg.ssh.allowedSignersFile={tmp}"],
-        )
+        cp = _git(store, "log", "--format=%H %G?", TRACKING + home, config=_signers_config(str(tmp)))
     finally:
         tmp.unlink(missing_ok=True)
     out = []
@@ -660,6 +600,10 @@ def _binding_problems(store: EvidenceStore, home: str, allowed_signers: str, goo
     return out
 
 
+def _signers_config(path: str) -> list[str]:
+    return ["gpg.format=ssh", f"gpg.ssh.allowedSignersFile={path}"]
+
+
 def ahead(store: EvidenceStore) -> bool:
     """Has this home receipts its last fetched remote branch lacks (a push to retry)?"""
     me = store.home_id()
@@ -670,9 +614,8 @@ def ahead(store: EvidenceStore) -> bool:
 def remote_copies(
     store: EvidenceStore, access: RemoteAccess, names: Sequence[str]
 ) -> tuple[str | None, dict[str, bytes]]:
-    """Fetch, then the remote's bytes of each receipt `names` (sha256) that this home's branch holds
-    there: (the branch's tip on the remote, sha -> bytes). `receipts prune` compares them with the
-    local files before removing any."""
+    """Fetch, then (the remote branch's tip, sha -> the remote's bytes) of the receipts `names` this
+    home's branch holds there: `receipts prune` compares them with the local files."""
     with _mirror_lock(store):
         fetch(store, access)
         ref = TRACKING + store.home_id()
@@ -692,8 +635,8 @@ def branch_tip(store: EvidenceStore, home: str) -> str | None:
 
 
 def quarantine_decisions(stores: Sequence[tuple[str, EvidenceStore]]) -> dict[str, dict[str, str]]:
-    """home -> the newest decision (a sealed `quarantine` receipt of any of `stores`, given as
-    (deciding home, store)) to set its branch aside: who, why, when, at which tip, which receipt."""
+    """home -> the newest passed `quarantine` receipt of any (deciding home, store) setting its
+    branch aside: who, why, when, at which tip, which receipt."""
     found: list[dict[str, str]] = []
     for decider, st in stores:
         for summ in st.summaries(None):
@@ -709,18 +652,8 @@ def quarantine_decisions(stores: Sequence[tuple[str, EvidenceStore]]) -> dict[st
             d = step.data
             if not all(isinstance(d.get(k), str) for k in ("home", "tip", "reason")):
                 continue
+            what = {k: d[k] for k in ("home", "tip", "reason")}
             found.append(
-                {
-                    "home": d["home"],
-                    "tip": d["tip"],
-                    "reason": d["reason"],
-                    "by": r.operator or "?",
-                    "by_home": decider,
-                    "at": r.finished_at,
-                    "receipt": r.sha256,
-                }
+                {**what, "by": r.operator or "?", "by_home": decider, "at": r.finished_at, "receipt": r.sha256}
             )
-    out: dict[str, dict[str, str]] = {}
-    for d in sorted(found, key=lambda x: x["at"]):
-        out[d["home"]] = d
-    return out
+    return {d["home"]: d for d in sorted(found, key=lambda x: x["at"])}

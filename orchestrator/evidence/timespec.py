@@ -18,14 +18,11 @@ def parse_since(text: str, *, now: datetime | None = None) -> datetime:
         try:
             return now - timedelta(seconds=seconds)
         except (OverflowError, ValueError):  # before year 1: everything is newer
-            raise ValueError(
-                f"--since {text!r} reaches back before year 1; use a shorter duration or an ISO "
-                "time (2026-12-01T10:00Z)"
-            ) from None
+            why = "reaches back before year 1; use a shorter duration or an ISO time (2026-12-01T10:00Z)"
+            raise ValueError(f"--since {text!r} {why}") from None
     try:
         t = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(
-            f"--since {text!r}: use a duration (30m, 2h, 3d, 1w) or an ISO time (2026-12-01T10:00Z)"
-        ) from None
+        why = "use a duration (30m, 2h, 3d, 1w) or an ISO time (2026-12-01T10:00Z)"
+        raise ValueError(f"--since {text!r}: {why}") from None
     return t if t.tzinfo else t.replace(tzinfo=UTC)

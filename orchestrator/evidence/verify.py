@@ -1,9 +1,6 @@
 """`receipts verify`: rehash every receipt and walk every chain from the receipts themselves.
-
-Heads are a cache and are only cross-checked (a head naming a missing receipt means the newest
-receipt was deleted or replaced, which walking alone cannot see). References of derived
-records must resolve to receipts that verify, with matching data hashes.
-"""
+Heads are a cache, only cross-checked (a head naming a missing receipt shows the newest one
+deleted, which walking cannot). Derived records' references must resolve to verifying receipts."""
 
 from __future__ import annotations
 
@@ -22,8 +19,7 @@ from orchestrator.hashing import canonical_json, sha256_bytes
 
 
 class StoreFiles(Protocol):
-    """What verification reads of an evidence store: its folders and its live journals.
-    `EvidenceStore.verify` hands itself over; this module never imports the store."""
+    """What verification reads of an evidence store (so this module never imports the store)."""
 
     root: Path
     receipts_dir: Path
@@ -128,14 +124,8 @@ def verify_store(store: StoreFiles) -> VerifyReport:
                 continue
             head = _text(head_file)
             if head not in good and head not in bad:
-                found.add(
-                    "head-missing",
-                    str(head_file),
-                    f"chain {head_file.name!r}: its head "
-                    f"{head_file} names receipt {head or '(unreadable)'}, which is missing",
-                    head_file.name,
-                    "~",
-                )
+                msg = f"chain {head_file.name!r}: its head {head_file} names receipt {head or '(unreadable)'}"
+                found.add("head-missing", str(head_file), f"{msg}, which is missing", head_file.name, "~")
     for r in good.values():
         _check_references(str(store.path_of(r.sha256)), r, found)
     _check_deleted(store, found)
@@ -148,9 +138,8 @@ def verify_store(store: StoreFiles) -> VerifyReport:
 
 
 def _read_receipt(path: Path, rep: VerifyReport, found: _Found) -> None:
-    """One file of the receipts folder: a receipt whose bytes hash to its name, in canonical form,
-    goes to `good`; anything else is a problem (and `bad` when it claims a receipt's name, so a
-    chain through it is reported as broken there rather than as missing)."""
+    """A receipt file hashing to its name, in canonical form, goes to `good`; anything else is a
+    problem (and `bad` when it has a receipt's name: a chain through it is broken, not missing)."""
     name = path.name
     if name.startswith(".tmp-"):
         rep.warnings.append(f"leftover temporary file {path} (an interrupted write; safe to delete)")
@@ -170,26 +159,16 @@ def _read_receipt(path: Path, rep: VerifyReport, found: _Found) -> None:
         return
     actual = sha256_bytes(data)
     if actual != stem:
-        found.reject(
-            stem,
-            path,
-            "changed",
-            f"receipt file {path} does not match its name: its sha256 is {actual} (changed after it was written)",
-            at=_started(data),
-        )
+        msg = f"receipt file {path} does not match its name: its sha256 is {actual} (changed after it was written)"
+        found.reject(stem, path, "changed", msg, at=_started(data))
         return
     try:
         if canonical_json(safejson.loads(data, what="it")) != data:
             raise ValueError("not canonical JSON (sorted keys, no whitespace, UTF-8)")
         r = Receipt.model_validate_json(data)
     except (ValidationError, ValueError, EvidenceError, RecursionError) as exc:
-        found.reject(
-            stem,
-            path,
-            "invalid",
-            f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}",
-            at=_started(data),
-        )
+        msg = f"receipt file {path} is not a valid receipt: {str(exc).splitlines()[0]}"
+        found.reject(stem, path, "invalid", msg, at=_started(data))
         return
     r._sha256 = stem
     found.good[stem] = r
@@ -198,59 +177,40 @@ def _read_receipt(path: Path, rep: VerifyReport, found: _Found) -> None:
 def _check_links(store: StoreFiles, chain: str, members: list[Receipt], found: _Found) -> None:
     """Each receipt's `previous` must be a verifying receipt of the same chain (or one a prune
     receipt accounts for), and no two receipts may follow the same one: walking the receipts
-    themselves finds a deletion or an insertion that the head cache cannot."""
+    finds a deletion or an insertion that the head cache cannot."""
     good, bad = found.good, found.bad
     children: dict[str | None, list[Receipt]] = defaultdict(list)
     for r in members:
         children[r.previous].append(r)
-        f = str(store.path_of(r.sha256))
-        if r.previous is None:
+        f, prev = str(store.path_of(r.sha256)), r.previous
+        if prev is None or (prev in good and good[prev].chain == chain):
             continue
-        if r.previous in good:
-            if good[r.previous].chain != chain:
-                found.add(
-                    "wrong-chain",
-                    f,
-                    f"receipt {f} (chain {chain!r}) names previous "
-                    f"{r.previous}, which belongs to chain {good[r.previous].chain!r}",
-                    chain,
-                    r.started_at,
-                )
-        elif r.previous in found.pruned and found.pruned[r.previous]["chain"] == chain:
-            pass  # pruned: kept on the team's remote or in an archive, as its prune receipt says
-        elif r.previous in bad:
-            found.add(
+        if prev in found.pruned and found.pruned[prev]["chain"] == chain:
+            continue  # kept on the team's remote or in an archive, as its prune receipt says
+        if prev in good:
+            kind = "wrong-chain"
+            msg = f"receipt {f} (chain {chain!r}) names previous {prev}, which belongs to chain {good[prev].chain!r}"
+        elif prev in bad:
+            kind, msg = (
                 "previous-changed",
-                f,
-                f"chain {chain!r} broken at {f}: its previous receipt {bad[r.previous]} does not verify",
-                chain,
-                r.started_at,
+                f"chain {chain!r} broken at {f}: its previous receipt {bad[prev]} does not verify",
             )
         else:
-            found.add(
-                "missing-previous",
-                f,
-                f"chain {chain!r} broken at {f}: it names previous "
-                f"receipt {r.previous}, which is missing (deleted or renamed)",
-                chain,
-                r.started_at,
-            )
+            kind, msg = "missing-previous", f"chain {chain!r} broken at {f}: it names previous receipt {prev}"
+            msg += ", which is missing (deleted or renamed)"
+        found.add(kind, f, msg, chain, r.started_at)
     for prev, kids in children.items():
         if len(kids) > 1:
             names = ", ".join(str(store.path_of(k.sha256)) for k in kids)
             what = "start the chain" if prev is None else f"name the same previous {prev}"
-            found.add(
-                "two-starts" if prev is None else "fork",
-                str(store.path_of(kids[1].sha256)),
-                f"chain {chain!r}: {len(kids)} receipts {what}: {names}",
-                chain,
-                min(k.started_at for k in kids),
-            )
+            msg = f"chain {chain!r}: {len(kids)} receipts {what}: {names}"
+            kind = "two-starts" if prev is None else "fork"
+            found.add(kind, str(store.path_of(kids[1].sha256)), msg, chain, min(k.started_at for k in kids))
 
 
 def _check_head(store: StoreFiles, chain: str, members: list[Receipt], found: _Found, rep: VerifyReport) -> None:
-    """The head file is a cache, only cross-checked: it must name a receipt that exists, and every
-    end of the chain other than the head must be explained (an interrupted write) or is reported."""
+    """The head file, a cache, must name a receipt that exists; every other end of the chain must
+    be explained (an interrupted write) or is reported."""
     good, problems = found.good, found.problems
     # a receipt the next one of which was pruned is still followed: the prune receipt says by what
     referenced = {r.previous for r in members} | {
@@ -275,24 +235,11 @@ def _check_head(store: StoreFiles, chain: str, members: list[Receipt], found: _F
                 )
             else:
                 f = str(store.path_of(tip))
-                found.add(
-                    "beyond-head",
-                    f,
-                    f"chain {chain!r}: receipt {f} is not reachable "
-                    f"from the chain's head {head[:12]} (added outside pairctl?)",
-                    chain,
-                    good[tip].started_at,
-                )
+                msg = f"chain {chain!r}: receipt {f} is not reachable from the chain's head {head[:12]}"
+                found.add("beyond-head", f, f"{msg} (added outside pairctl?)", chain, good[tip].started_at)
     elif head not in found.bad:
-        found.add(
-            "head-missing",
-            str(head_file),
-            f"chain {chain!r}: its head {head_file} "
-            f"names receipt {head or '(unreadable)'}, which is missing (the newest receipt was deleted "
-            "or replaced)",
-            chain,
-            "~",
-        )
+        msg = f"chain {chain!r}: its head {head_file} names receipt {head or '(unreadable)'}, which is missing"
+        found.add("head-missing", str(head_file), f"{msg} (the newest receipt was deleted or replaced)", chain, "~")
 
 
 def _check_references(f: str, r: Receipt, found: _Found) -> None:
@@ -301,13 +248,8 @@ def _check_references(f: str, r: Receipt, found: _Found) -> None:
     good, bad = found.good, found.bad
     if r.derived_from and r.derived_from not in good:
         state = "does not verify" if r.derived_from in bad else "is missing"
-        found.add(
-            "dangling-reference",
-            f,
-            f"derived receipt {f} names original {r.derived_from}, which {state}",
-            r.chain,
-            r.started_at,
-        )
+        msg = f"derived receipt {f} names original {r.derived_from}, which {state}"
+        found.add("dangling-reference", f, msg, r.chain, r.started_at)
     for step, ref in r.reused_steps.items():
         src = good.get(ref.from_)
         why = None
@@ -325,29 +267,18 @@ def _check_references(f: str, r: Receipt, found: _Found) -> None:
                 why = f"step {step!r} samples in {ref.from_[:12]} do not match samples_sha256"
         if why:
             found.add(
-                "dangling-reference",
-                f,
-                f"derived receipt {f} reuses step {step!r}: {why}",
-                r.chain,
-                r.started_at,
+                "dangling-reference", f, f"derived receipt {f} reuses step {step!r}: {why}", r.chain, r.started_at
             )
 
 
 def _check_deleted(store: StoreFiles, found: _Found) -> None:
-    """pairctl deletes a receipt only by `receipts prune`, which accounts for it; an index entry
-    (written with every receipt) whose receipt is gone otherwise shows a deletion that moving the
-    head back, or re-hashing the chain, hid."""
+    """An index entry whose receipt is gone, and no prune receipt accounts for it, shows a deletion
+    that moving the head back or re-hashing the chain hid."""
     if not store.index_dir.exists():
         return
     for idx in sorted(store.index_dir.glob("*.json")):
         sha = idx.name[:-5]
         if len(sha) == 64 and all(c in "0123456789abcdef" for c in sha) and sha not in found.good:
             if sha not in found.bad and sha not in found.pruned:
-                found.add(
-                    "deleted",
-                    str(store.path_of(sha)),
-                    f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
-                    "evidence was deleted or rewritten",
-                    None,
-                    "~",
-                )
+                msg = f"receipt {sha} was written (the index has its entry {idx}) but is gone: "
+                found.add("deleted", str(store.path_of(sha)), msg + "evidence was deleted or rewritten", None, "~")

@@ -1,9 +1,5 @@
-"""`pairctl doctor`: check the operator's machine before a job, and say what to fix.
-
-Reads only local files and runs only `--version`-style probes: it never connects to a host,
-so it is safe to run anywhere, any time. With `--hosts` it also connects to each inventory host
-once and asks it for every program pairctl runs there (hosts/tools.py), naming what is missing.
-"""
+"""`pairctl doctor`: check the operator's machine before a job, and say what to fix. Local files
+and `--version`-style probes only; with `--hosts`, one exec per host naming the programs it lacks."""
 
 from __future__ import annotations
 
@@ -49,14 +45,8 @@ def check_tools(targets: list[Target]) -> list[Finding]:
         except BuildError as exc:
             out.append(Finding(f"toolchain:{t.name}", False, exc.message, exc.hint or "install the missing tools"))
     if not shutil.which("ccache"):
-        out.append(
-            Finding(
-                "tool:ccache",
-                False,
-                "not found (rebuilds of other revisions recompile everything)",
-                "apt-get install ccache",
-            )
-        )
+        why = "not found (rebuilds of other revisions recompile everything)"
+        out.append(Finding("tool:ccache", False, why, "apt-get install ccache"))
     return out
 
 
@@ -73,28 +63,16 @@ def check_inventory(inv: Inventory) -> list[Finding]:
         except Exception as exc:
             out.append(Finding("known_hosts", False, f"{kh_path}: unreadable ({exc})", "fix or regenerate the file"))
     else:
-        out.append(
-            Finding(
-                "known_hosts",
-                False,
-                f"{kh_path} does not exist",
-                "ssh-keyscan each host, check fingerprints out of band, write them there",
-            )
-        )
+        fix = "ssh-keyscan each host, check fingerprints out of band, write them there"
+        out.append(Finding("known_hosts", False, f"{kh_path} does not exist", fix))
     for name, h in sorted(inv.hosts.items()):
         if h.transport == "local":
             out.append(Finding(f"host:{name}", True, "local transport"))
             continue
         entry = known_hosts_name(h.address, h.port)
         has = known.lookup(entry) is not None
-        out.append(
-            Finding(
-                f"known_host:{name}",
-                has,
-                f"{entry} {'present' if has else 'missing'}",
-                "" if has else f"add {entry}'s host key to {kh_path} after checking its fingerprint",
-            )
-        )
+        fix = "" if has else f"add {entry}'s host key to {kh_path} after checking its fingerprint"
+        out.append(Finding(f"known_host:{name}", has, f"{entry} {'present' if has else 'missing'}", fix))
         if h.key:
             kp = Path(h.key)
             if not kp.exists():
@@ -112,8 +90,7 @@ def check_inventory(inv: Inventory) -> list[Finding]:
 
 
 def check_host_tools(inv: Inventory, transports: Mapping[str, Transport]) -> list[Finding]:
-    """Per host, one exec that names every program pairctl needs there and lacks (hosts/tools.py):
-    the required ones fail the check with their package and use, the optional ones are reported."""
+    """Per host, one exec naming every program pairctl needs there and lacks (hosts/tools.py)."""
     out = []
     for name, t in sorted(transports.items()):
         spec = inv.host(name)

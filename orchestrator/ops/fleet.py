@@ -1,9 +1,6 @@
-"""Run one operation over many pairs with a bound, collecting each pair's result or error.
-
-Like fabric's `GroupResult`: every pair gets an outcome, one pair's failure never stops the
-others, and the caller decides the exit code from the whole map. Exclusivity on hosts comes
-from the leases each operation takes, not from this module.
-"""
+"""Run one operation over many pairs with a bound, collecting each pair's result or error. Like
+fabric's `GroupResult`: one pair's failure never stops the others, and the caller decides the
+exit code from the whole map (exclusivity comes from each operation's leases)."""
 
 from __future__ import annotations
 
@@ -28,14 +25,8 @@ class PairOutcome:
 
     def as_dict(self) -> dict[str, Any]:
         v = self.value.as_dict() if hasattr(self.value, "as_dict") else self.value
-        return {
-            "pair": self.pair,
-            "ok": self.ok,
-            "exit_code": self.exit_code,
-            "error": self.error,
-            "duration_s": round(self.duration_s, 3),
-            "result": v,
-        }
+        head = {k: getattr(self, k) for k in ("pair", "ok", "exit_code", "error")}
+        return {**head, "duration_s": round(self.duration_s, 3), "result": v}
 
 
 @dataclass
@@ -82,28 +73,16 @@ def fan_out(
 
     def one(pair: str) -> PairOutcome:
         t0 = time.monotonic()
+        value: Any = None
         try:
             value = fn(pair)
-            good = ok(value)
-            return PairOutcome(
-                pair,
-                good,
-                value=value,
-                exit_code=0 if good else int(ExitCode.FAILURE),
-                duration_s=time.monotonic() - t0,
-            )
+            good, error = ok(value), None
+            code = 0 if good else int(ExitCode.FAILURE)
         except PairctlError as exc:
-            return PairOutcome(
-                pair, False, error=str(exc), exit_code=int(exc.exit_code), duration_s=time.monotonic() - t0
-            )
+            value, good, error, code = None, False, str(exc), int(exc.exit_code)
         except Exception as exc:  # one pair's bug must not hide the others' results
-            return PairOutcome(
-                pair,
-                False,
-                error=f"{type(exc).__name__}: {exc}",
-                exit_code=int(ExitCode.FAILURE),
-                duration_s=time.monotonic() - t0,
-            )
+            value, good, error, code = None, False, f"{type(exc).__name__}: {exc}", int(ExitCode.FAILURE)
+        return PairOutcome(pair, good, value=value, error=error, exit_code=code, duration_s=time.monotonic() - t0)
 
     if parallel == 1 or len(pairs) == 1:
         return FleetResult([one(p) for p in pairs])

@@ -1,13 +1,7 @@
-"""Hooks: the inventory's commands run on the operator's machine when something happens.
-
-Like Capistrano's `failed` hooks or Kamal's hooks, for people (a chat message when an
-unattended run rolls back). A hook is argv, never a shell line; the event is one JSON document
-on its stdin; it is killed after its timeout. What it did (exit status, seconds, the tail of its
-stderr) is recorded where the caller keeps evidence and in `<home>/logs/hooks.jsonl`; a hook
-that fails, hangs or cannot start never changes the outcome of the run that fired it, except a
-`pre-deploy` hook (Kamal's pre-deploy): it runs before any host changes, and one that fails,
-hangs or cannot start vetoes the deploy (exit 1, nothing changed), failing closed.
-"""
+"""Hooks: the inventory's commands (argv, the event as JSON on stdin, killed after a timeout) run
+on the operator's machine when something happens, recorded with the caller's evidence and in
+`<home>/logs/hooks.jsonl`. A failing hook never changes the run's outcome, except `pre-deploy`,
+which runs before any host changes and vetoes the deploy when it fails (failing closed)."""
 
 from __future__ import annotations
 
@@ -34,11 +28,7 @@ def event_document(event: HookEvent, text: str, **fields: Any) -> dict[str, Any]
 
 def run_hooks(home: Home, inventory: Inventory, doc: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every hook declared for `doc["event"]`, one after the other; never raises."""
-    records = []
-    for hook in inventory.hooks:
-        if doc["event"] not in hook.on:
-            continue
-        records.append(_run_one(list(hook.argv), hook.timeout_s, doc))
+    records = [_run_one(list(h.argv), h.timeout_s, doc) for h in inventory.hooks if doc["event"] in h.on]
     if records:
         _log(home, records)
     return records
@@ -68,13 +58,8 @@ def _run_one(argv: list[str], timeout_s: float, doc: dict[str, Any]) -> dict[str
     rec: dict[str, Any] = {"event": doc["event"], "argv0": argv[0], "ok": False, "exit_code": None, "error": None}
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(
-            argv,
-            input=json.dumps(doc, sort_keys=True).encode(),
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
+        data = json.dumps(doc, sort_keys=True).encode()
+        proc = subprocess.run(argv, input=data, capture_output=True, timeout=timeout_s, check=False)
         rec["exit_code"] = proc.returncode
         rec["ok"] = proc.returncode == 0
         if proc.returncode != 0:

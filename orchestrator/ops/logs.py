@@ -1,11 +1,6 @@
-"""`pairctl logs`: the output files of a pair's services (run/llama-server.out on the native host,
-run/ggml-rpc-server.out on the RPC host), the last lines and, with `follow`, what is appended.
-
-A read: no lease, no receipt, nothing changes on a host. The host is untrusted: a log file is
-read only as a regular file (lstat, never through a link: a link to /dev/zero must not hang
-us), and never more than LOG_TAIL_MAX bytes at a time; a follow is bounded by its own deadline.
-A host that does not answer is named and the other host's log is still shown (exit 4 after).
-"""
+"""`pairctl logs`: the last lines of a pair's service output files and, with `follow`, what is
+appended. A read only. The host is untrusted: only a regular file (never through a link), at most
+LOG_TAIL_MAX bytes a look; a host that does not answer is named, the other's log still shown."""
 
 from __future__ import annotations
 

@@ -1,12 +1,9 @@
 """`pairctl receipts prune`: remove old receipts that are safe elsewhere, and record what went.
 
-The order is what keeps the audit trail: verify the store first (a broken one is never pruned);
-hold the chain lock of every pair pruned (no run extends or anchors a chain meanwhile); read the
-route records on the pairs' hosts (what they anchor stays); select (evidence/prune.py); check each
-candidate against the team remote's bytes, or write and read back the archive; seal the prune
-receipt; only then remove files. A crash before the removal leaves receipts that the prune receipt
-already names (harmless); a crash after it leaves nothing unaccounted.
-"""
+The order keeps the audit trail: verify the store (a broken one is never pruned); hold every
+pruned chain's lock; read the hosts' route records (what they anchor stays); select; check each
+against the remote's bytes or the read-back archive; seal the prune receipt; only then remove.
+A crash at any point leaves nothing unaccounted."""
 
 from __future__ import annotations
 
@@ -40,16 +37,9 @@ class PruneResult:
             "cutoff": self.cutoff.isoformat(),
             "receipt": self.receipt,
             "pruned": [
-                {
-                    "hash": c.sha,
-                    "chain": c.receipt.chain,
-                    "command": c.receipt.command,
-                    "started_at": c.receipt.started_at,
-                    "bytes": c.size,
-                    "kept": c.kept,
-                }
+                {"hash": c.sha, **{k: getattr(c.receipt, k) for k in _SHOWN}, "bytes": c.size, "kept": c.kept}
                 for c in self.selection.prune
-            ],  # fmt: skip
+            ],
             "bytes": self.selection.bytes,
             "kept": self.selection.kept,
             "blocked": self.selection.blocked,
@@ -59,10 +49,12 @@ class PruneResult:
         }
 
 
+_SHOWN = ("chain", "command", "started_at")
+
+
 def pins(receipts: Sequence[Receipt]) -> dict[str, str]:
-    """hash -> why a feature still reads the receipt: the pair's reference pin and answers
-    (checks/reference.py), the newest baseline per check, models and answer key (checks/live.py),
-    calibrations (qualify/calibration.py) and prune receipts."""
+    """hash -> why a feature still reads the receipt: reference pins and answers, the newest
+    baseline per check, models and answer key, calibrations and prune receipts."""
     from orchestrator.checks.reference import state_from_receipts
 
     out: dict[str, str] = {}
@@ -96,9 +88,8 @@ def pins(receipts: Sequence[Receipt]) -> dict[str, str]:
 
 
 def route_anchors(inventory: Any, pairs: Iterable[str]) -> tuple[dict[str, pr.Anchors], dict[str, str]]:
-    """What the route records on each pair's two hosts anchor; pairs whose records cannot be read
-    (not in the inventory, a host unreachable, a record that does not parse) are blocked: without
-    knowing the anchors nothing of that chain may go."""
+    """What the route records on each pair's hosts anchor; a pair whose records cannot be read is
+    blocked (without its anchors nothing of that chain may go)."""
     from orchestrator.engine.plan import pair_view
     from orchestrator.hosts.route import parse_route
     from orchestrator.remote.pool import TransportPool
@@ -215,12 +206,10 @@ def run(
         doc = pr.record(sel, cutoff=cutoff, archive=res.archive, remote=res.remote)
         with store.begin(pr.COMMAND, argv, pair=None) as j:
             j.set(pr.FIELD, doc)
+            places = (("on the evidence remote", res.remote), ("in an archive", res.archive))
+            kept = " and ".join(w for w, on in places if on)
             res.receipt = j.finish(
-                "passed",
-                f"pruned {len(sel.prune)} receipt(s) finished before {doc['cutoff']}, kept "
-                + " and ".join(
-                    w for w, on in (("on the evidence remote", res.remote), ("in an archive", res.archive)) if on
-                ),
+                "passed", f"pruned {len(sel.prune)} receipt(s) finished before {doc['cutoff']}, kept {kept}"
             )
         _remove(store, [c.sha for c in sel.prune])
         return res

@@ -1,11 +1,6 @@
-"""Deploy by revision: which packages of the store a pair gets for REV.
-
-A package's id is `<profile>-<rev10>-<target>` and its manifest records the full revision and
-the target, so (revision, target, profile) names at most one package. A pair needs two: its
-native target and its RPC target, both built with its profile's name. Every pair is resolved
-before anything starts, and every missing package is named with the exact `pairctl build`
-command that makes it, so one refusal tells the operator everything to build.
-"""
+"""Deploy by revision: which packages of the store a pair gets for REV ((revision, target,
+profile) names at most one). Every pair is resolved before anything starts, and one refusal
+names every missing package with the `pairctl build` command that makes it."""
 
 from __future__ import annotations
 
@@ -42,8 +37,8 @@ class PairPackages:
 
 
 def resolve_commit(home: Home, rev: str, source: Path | None = None) -> str:
-    """REV as a full commit id: given as one, through the source repository (as `build` resolves
-    it), or, without a repository, a unique prefix of a revision the store holds."""
+    """REV as a full commit id: as given, through the source repository, or else a unique prefix
+    of a revision the store holds."""
     if not rev or rev.startswith("-"):
         raise ConfigError(f"--rev {rev!r} is not a revision")
     if _FULL.match(rev):
@@ -67,12 +62,8 @@ def resolve_commit(home: Home, rev: str, source: Path | None = None) -> str:
 
 
 def build_command(rev: str, targets: list[str], profile_name: str, source: Path | None) -> str:
-    argv = ["pairctl", "build", "--rev", rev]
-    for t in targets:
-        argv += ["--target", t]
-    argv += ["--profile", profile_name]
-    if source is not None:
-        argv += ["--source", str(source)]
+    argv = ["pairctl", "build", "--rev", rev, *(a for t in targets for a in ("--target", t))]
+    argv += ["--profile", profile_name, *(["--source", str(source)] if source is not None else [])]
     return shlex.join(argv)
 
 

@@ -1,11 +1,9 @@
 """Rollouts: one revision (or a rollback) across many pairs, canary first, in waves, stopping on failure.
 
-Like Ansible's `serial` and `max_fail_percentage` and Argo Rollouts' canary step, built on the
-one per-pair engine: every pair is a plain `engine.deploy.deploy` (or `rollback`) with its own
-leases, rollback and receipt. This module only decides the order (`plan_waves`, pure), which
-pairs need nothing (already on the revision and accepted: a re-run continues where the last
-one stopped), when to stop starting pairs (`--max-fail`, a failed canary), and writes the fleet
-run's own receipt naming each pair's receipt and the plan it followed.
+Like Ansible's `serial`/`max_fail_percentage` and Argo's canary: every pair is a plain per-pair
+deploy (or rollback) with its own leases and receipt. This module decides the order, which pairs
+need nothing (a re-run continues where the last stopped) and when to stop starting pairs, and
+writes the fleet run's receipt naming each pair's receipt and the plan it followed.
 """
 
 from __future__ import annotations
@@ -46,6 +44,11 @@ _EVENT_OF: dict[str, HookEvent] = {
     PASSED: "deploy.passed",
     ROLLED_BACK: "deploy.rolled_back",
     ROLLBACK_FAILED: "deploy.rollback_failed",
+}
+_OUTCOME_OF_EXIT = {
+    int(ExitCode.ROLLED_BACK): ROLLED_BACK,
+    int(ExitCode.ROLLBACK_FAILED): ROLLBACK_FAILED,
+    int(ExitCode.LEASED): LEASED,
 }
 
 
@@ -109,10 +112,7 @@ class RolloutResult:
         return {
             "rev": self.rev,
             "commit": self.commit,
-            "canary": o.canary,
-            "serial": o.serial,
-            "max_fail": o.max_fail,
-            "pause_s": o.pause_s,
+            **{k: getattr(o, k) for k in ("canary", "serial", "max_fail", "pause_s")},
             "waves_max": o.waves,
             "waves": self.waves,
             "skipped": {p.pair: p.reason for p in self.pairs if p.wave is None},
@@ -169,10 +169,9 @@ def fleet_exit_code(outcomes: list[str], codes: list[int]) -> int:
 
 
 def on_revision(st: dict[str, Any], pp: PairPackages, *, accepts_fully: bool = True) -> str | None:
-    """Why a pair needs no deploy (None: it does): `status` shows the packages of REV active,
-    with the same profile, healthy, and no problem, and as far along as this rollout would take
-    it (engine/route_states.py): accepted (route state `active`) for a rollout that runs the
-    whole suite; accepted or identity-verified for one that skips acceptance or runs part of it."""
+    """Why a pair needs no deploy (None: it does): REV's packages active with the same profile,
+    healthy, no problem, and as far along as this rollout would take it: accepted for one running
+    the whole suite, else accepted or identity-verified."""
     route = st.get("route") or {}
     if route.get("active_packages") != [pp.native, pp.rpc]:
         return None
@@ -225,13 +224,8 @@ def rollout(
         result.wall_s = time.monotonic() - t0
         return result
 
-    evidence = EvidenceStore(home.evidence)
-    journal = evidence.begin(
-        f"fleet {command}",
-        argv=argv,
-        pair=None,
-        inputs={"plan": sha256_json(result.plan_dict()), "inventory": sha256_json(inventory.model_dump(mode="json"))},
-    )
+    inputs = {"plan": sha256_json(result.plan_dict()), "inventory": sha256_json(inventory.model_dump(mode="json"))}
+    journal = EvidenceStore(home.evidence).begin(f"fleet {command}", argv=argv, pair=None, inputs=inputs)
     journal.set("plan", result.plan_dict())
     try:
         _run_waves(home, inventory, result, runs, argv, say)
@@ -270,9 +264,8 @@ def _mark_skips(
     runs: dict[str, PairRun],
     accepts_fully: bool = True,
 ) -> None:
-    """Read each pair's status (a read, bounded in parallel) and mark the pairs with nothing to
-    do: for a deploy those already on REV; for a rollback those whose route record was last
-    written by a passed rollback (rolling back again would bring back what it replaced)."""
+    """Mark the pairs with nothing to do, from their status (read in parallel): for a deploy those
+    on REV; for a rollback those last written by a passed rollback (again would undo it)."""
     got = fan_out(pairs, lambda p: pair_status(home, inventory, p), parallel=min(4, len(pairs)))
     rolled = _rollback_runs(home) if packages is None else {}
     for out in got.outcomes:
@@ -358,17 +351,9 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
                     "pre-deploy", f"pairctl deploy {run.pair}: starting", command="deploy", pair=run.pair,
                     rev=result.rev, packages=run.packages, profile=run.profile,
                 ))  # fmt: skip
-            res = deploy_pair(
-                home,
-                inventory,
-                run.pair,
-                (run.packages[0], run.packages[1]),
-                profile_name=run.profile,
-                skip_accept=o.skip_accept,
-                checks=o.checks,
-                kernel_check=o.kernel_check,
-                argv=argv,
-            )
+            kw: dict[str, Any] = {"skip_accept": o.skip_accept, "checks": o.checks, "kernel_check": o.kernel_check}
+            pkgs = (run.packages[0], run.packages[1])
+            res = deploy_pair(home, inventory, run.pair, pkgs, profile_name=run.profile, **kw, argv=argv)
         else:
             res = rollback_pair(home, inventory, run.pair, argv=argv)
         run.outcome, run.receipt = PASSED, res.receipt
@@ -376,11 +361,7 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
         run.exit_code = int(exc.exit_code)
         run.error = str(exc)
         run.receipt = getattr(exc, "receipt", None)
-        run.outcome = {
-            int(ExitCode.ROLLED_BACK): ROLLED_BACK,
-            int(ExitCode.ROLLBACK_FAILED): ROLLBACK_FAILED,
-            int(ExitCode.LEASED): LEASED,
-        }.get(run.exit_code, REFUSED)
+        run.outcome = _OUTCOME_OF_EXIT.get(run.exit_code, REFUSED)
     except Exception as exc:  # one pair's bug must not hide the others' results (its traceback is logged)
         run.exit_code, run.outcome = int(ExitCode.FAILURE), REFUSED
         run.error = f"internal error: {type(exc).__name__}: {exc}"
@@ -392,16 +373,12 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
             None if run.outcome == NOT_STARTED else "rollback.passed" if run.outcome == PASSED else "rollback.failed"
         )
     if event is not None:
-        text = f"pairctl {result.command} {run.pair}: {run.outcome}" + (
-            f" ({run.error.splitlines()[0][:200]})" if run.error else ""
-        )
+        why = f" ({run.error.splitlines()[0][:200]})" if run.error else ""
+        what = {"command": result.command, "pair": run.pair, "rev": result.rev, "packages": run.packages}
         doc = event_document(
             event,
-            text,
-            command=result.command,
-            pair=run.pair,
-            rev=result.rev,
-            packages=run.packages,
+            f"pairctl {result.command} {run.pair}: {run.outcome}{why}",
+            **what,
             outcome=run.outcome,
             exit_code=run.exit_code,
             receipt=run.receipt,

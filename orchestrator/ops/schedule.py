@@ -70,43 +70,35 @@ class Schedule:
         return f"pairctl-accept-{safe}"
 
     def service_text(self) -> str:
-        return "\n".join(
-            [
-                MARKER,
-                "[Unit]",
-                f"Description=pairctl scheduled acceptance of pair {self.pair}",
-                "Wants=network-online.target",
-                "After=network-online.target",
-                "",
-                "[Service]",
-                "Type=oneshot",
-                f"Environment=PAIRCTL_HOME={systemd_quote(self.home)}",
-                "ExecStart=" + " ".join(systemd_quote(a) for a in self.argv),
-                f"SuccessExitStatus={SKIPPED_EXIT}",
-                "TimeoutStartSec=6h",
-                "",
-            ]
-        )
+        return f"""{MARKER}
+[Unit]
+Description=pairctl scheduled acceptance of pair {self.pair}
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=oneshot
+Environment=PAIRCTL_HOME={systemd_quote(self.home)}
+ExecStart={" ".join(systemd_quote(a) for a in self.argv)}
+SuccessExitStatus={SKIPPED_EXIT}
+TimeoutStartSec=6h
+"""
 
     def timer_text(self) -> str:
-        return "\n".join(
-            [
-                MARKER,
-                "[Unit]",
-                f"Description=Run pairctl acceptance of pair {self.pair} every {self.every_s}s",
-                "",
-                "[Timer]",
-                "OnBootSec=15min",
-                f"OnUnitActiveSec={self.every_s}s",
-                "RandomizedDelaySec=60s",
-                "Persistent=true",
-                f"Unit={self.unit_name}.service",
-                "",
-                "[Install]",
-                "WantedBy=timers.target",
-                "",
-            ]
-        )
+        return f"""{MARKER}
+[Unit]
+Description=Run pairctl acceptance of pair {self.pair} every {self.every_s}s
+
+[Timer]
+OnBootSec=15min
+OnUnitActiveSec={self.every_s}s
+RandomizedDelaySec=60s
+Persistent=true
+Unit={self.unit_name}.service
+
+[Install]
+WantedBy=timers.target
+"""
 
     def crontab_line(self) -> str:
         """The line for crontab(5), where an unescaped `%` in the command ends it and turns the

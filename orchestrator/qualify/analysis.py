@@ -1,15 +1,10 @@
-"""From raw samples to a qualification result: cells, gate verdicts, flags.
+"""From raw samples to a qualification result: cells, gate verdicts, flags. Pure, on the samples
+as the receipt stores them, so any receipt's result can be recomputed without a host.
 
-Pure: it takes the plan and the sample dicts exactly as the receipt stores them, so the result
-can be recomputed from any receipt (original or derived) without touching a host.
-
-An *arm value* is, per fixture, the median of the arm's `repeats` measured requests (all of
-them must be valid); its dispersion (sd of log TG over the repeats) is recorded, and an arm
-above the plan's `max_arm_dispersion` is invalid: its pair counts as missing, never used.
-
-A *cell* is one family (or `combined`). For each pair, a family's ratio is the geometric mean
-over that family's fixtures of candidate/baseline arm values; a pair counts for a cell only
-when every arm value it needs is valid in both arms.
+An *arm value* is, per fixture, the median of the arm's `repeats` requests (all valid); an arm
+whose dispersion (sd of log TG) exceeds `max_arm_dispersion` is invalid. A *cell* is a family (or
+`combined`); a pair's family ratio is the geomean over its fixtures of candidate/baseline arm
+values, and a pair counts for a cell only when every arm value it needs is valid in both arms.
 """
 
 from __future__ import annotations
@@ -33,39 +28,6 @@ from orchestrator.qualify.stats import (
     estimate_gain,
     geomean,
     robust_centre,
-)
-
-# Sample fields the runner writes (one dict per measured request); see measure.measure.
-# `rep` is the repeat index (0..repeats-1; absent in receipts from before repeats: 0).
-SAMPLE_FIELDS = (
-    "pair",
-    "arm",
-    "seq",
-    "rep",
-    "attempt",
-    "fixture",
-    "family",
-    "fixture_sha256",
-    "prompt_sha256",
-    "package_native",
-    "package_rpc",
-    "build_info",
-    "ok",
-    "error",
-    "prompt_n",
-    "prompt_ms",
-    "prompt_per_second",
-    "predicted_n",
-    "predicted_ms",
-    "predicted_per_second",
-    "draft_n",
-    "draft_n_accepted",
-    "cache_n",
-    "stop_type",
-    "wall_s",
-    "ttft_s",
-    "peak_memory_bytes",
-    "memory_source",
 )
 
 
@@ -135,16 +97,14 @@ class QualifyResult:
     def to_json(self) -> dict[str, Any]:
         def cell(c: Cell) -> dict[str, Any]:
             d = asdict(c)
-            d["tg"] = (
-                None
-                if c.tg is None
-                else {
-                    "gain": c.tg.gain,
-                    "ratios": list(c.tg.ratios),
-                    "interval": None if c.tg.interval is None else asdict(c.tg.interval),
-                    "bootstrap": None if c.tg.bootstrap is None else asdict(c.tg.bootstrap),
+            if c.tg is not None:
+                iv, bs = c.tg.interval, c.tg.bootstrap
+                tg = {"gain": c.tg.gain, "ratios": list(c.tg.ratios)}
+                d["tg"] = {
+                    **tg,
+                    "interval": None if iv is None else asdict(iv),
+                    "bootstrap": None if bs is None else asdict(bs),
                 }
-            )
             d["valid_pair_count"] = len(c.valid_pairs)
             return d
 
@@ -157,14 +117,10 @@ RULES_VERSION = 31
 
 
 def rules_for(plan: QualifyPlan, noise: dict[str, Any] | None, order_seed: int | None) -> dict[str, Any]:
-    """What decides this run, recorded in the receipt before the first sample (`qualify_rules`):
-    the spread floor (the calibration's sigma_upper, none by the plan's choice, or none because
-    there is no calibration), the drift bounds, and the arm order with its seed. A receipt
-    without it (older) is re-analysed as it was decided: own spread, no drift verdict."""
-    if noise is None:
-        floor = None
-    else:
-        floor = plan.calibration.floor if plan.calibration is not None else "none"
+    """What decides this run, recorded before the first sample (`qualify_rules`): the spread floor,
+    the drift bounds, the arm order and its seed. A receipt without it is re-analysed as it was
+    decided: own spread, no drift verdict."""
+    floor = None if noise is None else (plan.calibration.floor if plan.calibration is not None else "none")
     rules = {
         "version": RULES_VERSION,
         "floor": floor,
@@ -186,9 +142,9 @@ def analyze(
     noise: dict[str, Any] | None = None,
     rules: dict[str, Any] | None = None,
 ) -> QualifyResult:
-    """The result of a run. Under a recorded sequential design (`rules['sequential']`), the
-    looks are taken in order on the first n_k pairs at their own confidence, and the first look
-    that settles the gates (or the last one the samples reach) is the result, saying which."""
+    """The result of a run. Under a recorded sequential design the looks are taken in order on the
+    first n_k pairs at their own confidence; the first that settles the gates (or the last the
+    samples reach) is the result, saying which."""
     samples = list(samples)
     design = (rules or {}).get("sequential")
     if not design:
@@ -201,25 +157,13 @@ def analyze(
         part = [s for s in samples if isinstance(s.get("pair"), int) and s["pair"] < n]
         res = _analyze_fixed(sub, part, plan_sha256=plan_sha256, noise=noise, rules=rules)
         stop = seq.settled(res.gates)
-        looks.append(
-            {
-                "look": k,
-                "pairs": n,
-                "confidence": conf,
-                "settled": stop,
-                "gates": [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in res.gates],
-            }
-        )
+        seen = [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in res.gates]
+        looks.append({"look": k, "pairs": n, "confidence": conf, "settled": stop, "gates": seen})
         last = k == len(pairs_at)
         if stop or last or n >= measured:
             gates = [seq.at_look(g, k, len(pairs_at), n) for g in res.gates]
-            info = {
-                **design,
-                "looks_taken": looks,
-                "decided_at_look": k if (stop or last) else None,
-                "pairs_used": n,
-                "stopped_early": stop and not last,
-            }
+            info = {**design, "looks_taken": looks, "decided_at_look": k if (stop or last) else None, "pairs_used": n}
+            info["stopped_early"] = stop and not last
             return replace(res, gates=gates, verdict=overall(gates), samples_total=len(samples), sequential=info)
     raise AssertionError("unreachable: the last look always returns")
 
@@ -253,12 +197,8 @@ def _analyze_fixed(
         g = geomean(r)
         return 1.0 / g if invert else g
 
-    boot: _Bootstrap = {
-        "confidence": plan.confidence,
-        "exact_limit": plan.bootstrap.exact_limit,
-        "resamples": plan.bootstrap.resamples,
-        "seed": plan.bootstrap.seed,
-    }
+    bs = plan.bootstrap
+    boot = _Bootstrap(confidence=plan.confidence, exact_limit=bs.exact_limit, resamples=bs.resamples, seed=bs.seed)
     cells: list[Cell] = []
     for fam in plan.families:
         pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
@@ -302,8 +242,8 @@ def _analyze_fixed(
 def _by_arm(
     plan: QualifyPlan, samples: list[dict[str, Any]], invalid: list[dict[str, Any]]
 ) -> dict[ArmKey, dict[tuple[int, int], dict[str, Any]]]:
-    """The samples by (pair, arm, fixture), then (attempt, repeat). A failed or duplicated sample
-    goes to `invalid` with its reason and leaves a marker, so the arm's value knows it is short."""
+    """The samples by (pair, arm, fixture), then (attempt, repeat); a failed or duplicated one goes
+    to `invalid` and leaves a marker, so the arm's value knows it is short."""
     reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
     for s in samples:
         key = (s.get("pair"), s.get("arm"), s.get("fixture"))
@@ -313,9 +253,7 @@ def _by_arm(
         if rep in got:
             problem = problem or "duplicate sample for this pair, arm, fixture and repeat"
         if problem:
-            invalid.append(
-                {"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep[1], "attempt": rep[0], "problem": problem}
-            )
+            invalid.append(_invalid(key, rep[1], rep[0], problem))
             got.setdefault(rep, {"_invalid": True})
         else:
             got[rep] = s
@@ -333,17 +271,13 @@ def _flags(plan: QualifyPlan, by_family: dict[str, Cell]) -> list[FlagResult]:
                 ratio = None if c.tg is None else c.tg.gain + 1.0
             else:
                 ratio = getattr(c, metric_attr[fl.metric])
-            flags.append(
-                FlagResult(
-                    fl.metric, fam, fl.min_ratio, ratio, None if ratio is None else at_least(ratio, fl.min_ratio)
-                )
-            )
+            ok = None if ratio is None else at_least(ratio, fl.min_ratio)
+            flags.append(FlagResult(fl.metric, fam, fl.min_ratio, ratio, ok))
     return flags
 
 
 def _floors(noise: dict[str, Any] | None, rules: dict[str, Any] | None) -> dict[str, float]:
-    """Per cell, the calibrated sd below which the deciding interval may not go (none when the
-    rules recorded no floor: no calibration, the plan's `floor: none`, or a legacy receipt)."""
+    """Per cell, the calibrated sd below which the deciding interval may not go (when recorded)."""
     if not rules or rules.get("floor") != "sigma_upper" or not noise:
         return {}
     return {
@@ -403,11 +337,9 @@ def _drift_and_order(
     for c in cells:
         if c.tg is None:
             continue
-        second = []
-        for p in c.valid_pairs:
-            b = valid[(p, "baseline", fixtures_of_cell(plan, c.family)[0])].get("seq")
-            k = valid[(p, "candidate", fixtures_of_cell(plan, c.family)[0])].get("seq")
-            second.append(isinstance(b, int) and isinstance(k, int) and k > b)
+        fx = fixtures_of_cell(plan, c.family)[0]
+        seqs = [(valid[(p, "baseline", fx)].get("seq"), valid[(p, "candidate", fx)].get("seq")) for p in c.valid_pairs]
+        second = [isinstance(b, int) and isinstance(k, int) and k > b for b, k in seqs]
         position[c.family] = drift_checks.position_effect(
             [math.log(r) for r in c.tg.ratios], second, confidence=plan.confidence
         )
@@ -429,13 +361,16 @@ _CENTRED = ("predicted_per_second", "prompt_per_second", "wall_s", "ttft_s")
 ArmKey = tuple[int, str, str]  # (pair, arm, fixture)
 
 
+def _invalid(key: tuple[Any, ...], rep: int | None, attempt: int, problem: str) -> dict[str, Any]:
+    return {"pair": key[0], "arm": key[1], "fixture": key[2], "rep": rep, "attempt": attempt, "problem": problem}
+
+
 def _arm_values(
     plan: QualifyPlan, reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]], invalid: list[dict[str, Any]]
 ) -> tuple[dict[ArmKey, dict[str, Any]], list[dict[str, Any]]]:
-    """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent
-    (missing) when a repeat is invalid or missing, or the repeats spread more than the plan allows.
-    The runner re-measures a fixture whose repeats spread too much (`attempt` 1, 2, ...): the
-    first attempt that is complete and within the bound is used, every attempt stays recorded."""
+    """Per (pair, arm, fixture): the median of its repeats as one sample-shaped dict, or absent when
+    a repeat is invalid or missing or they spread too much. Of the runner's re-measured attempts,
+    the first complete one within the bound is used; every attempt stays recorded."""
     valid: dict[ArmKey, dict[str, Any]] = {}
     arms: list[dict[str, Any]] = []
     by_attempt: list[tuple[ArmKey, int, dict[int, dict[str, Any]]]] = []
@@ -462,43 +397,17 @@ def _arm_value(
     good = {r: s for r, s in got.items() if not s.get("_invalid")}
     tg = [good[r]["predicted_per_second"] for r in sorted(good)]
     centre, spread = robust_centre(tg) if tg else (None, None)
-    row: dict[str, Any] = {
-        "pair": key[0],
-        "arm": key[1],
-        "fixture": key[2],
-        "attempt": attempt,
-        "repeats": len(good),
-        "median_tg": centre,
-        "dispersion": spread,
-        "valid": False,
-    }
+    row: dict[str, Any] = {**dict(zip(("pair", "arm", "fixture"), key, strict=True)), "attempt": attempt}
+    row.update(repeats=len(good), median_tg=centre, dispersion=spread, valid=False)
     arms.append(row)
     if set(good) != want:
         if not set(got) - set(good):  # not already explained by an invalid sample
-            invalid.append(
-                {
-                    "pair": key[0],
-                    "arm": key[1],
-                    "fixture": key[2],
-                    "rep": None,
-                    "attempt": attempt,
-                    "problem": f"{len(good)} valid of {plan.repeats} planned repeats",
-                }
-            )
+            invalid.append(_invalid(key, None, attempt, f"{len(good)} valid of {plan.repeats} planned repeats"))
         return
     bound = plan.max_arm_dispersion
     if bound is not None and spread is not None and spread > bound:
-        invalid.append(
-            {
-                "pair": key[0],
-                "arm": key[1],
-                "fixture": key[2],
-                "rep": None,
-                "attempt": attempt,
-                "problem": f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) "
-                f"exceeds the plan's max_arm_dispersion {bound}",
-            }
-        )
+        why = f"arm dispersion {spread:.4f} (sd of log TG over {plan.repeats} repeats) exceeds the plan's"
+        invalid.append(_invalid(key, None, attempt, f"{why} max_arm_dispersion {bound}"))
         return
     rows = [good[r] for r in sorted(good)]
     merged = dict(rows[0])
@@ -510,16 +419,7 @@ def _arm_value(
     for k in ("draft_n", "draft_n_accepted"):
         merged[k] = sum(r.get(k) or 0 for r in rows) if any(r.get(k) is not None for r in rows) else None
     if len({r.get("prompt_sha256") for r in rows}) != 1:
-        invalid.append(
-            {
-                "pair": key[0],
-                "arm": key[1],
-                "fixture": key[2],
-                "rep": None,
-                "attempt": attempt,
-                "problem": "the repeats of this arm sent different prompts",
-            }
-        )
+        invalid.append(_invalid(key, None, attempt, "the repeats of this arm sent different prompts"))
         return
     valid[key] = merged
     row["valid"] = True
@@ -546,13 +446,11 @@ def _cell(
     floor: float | None = None,
 ) -> Cell:
     def per_pair(key: str, invert: bool = False) -> list[float]:
-        if fam == COMBINED:
-            return (
-                list(combine_families([[fam_ratio(p, f, key, invert) for p in pairs] for f in families]))
-                if pairs
-                else []
-            )
-        return [fam_ratio(p, fam, key, invert) for p in pairs]
+        if fam != COMBINED:
+            return [fam_ratio(p, fam, key, invert) for p in pairs]
+        return (
+            list(combine_families([[fam_ratio(p, f, key, invert) for p in pairs] for f in families])) if pairs else []
+        )
 
     tg = estimate_gain(per_pair("predicted_per_second"), **boot, floor_sd=floor) if pairs else None
     pp = geomean(per_pair("prompt_per_second")) if pairs else None

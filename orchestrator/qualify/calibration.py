@@ -1,16 +1,7 @@
-"""A/A calibration: the measured noise of a pair + profile + plan shape, and what it allows.
-
-`pairctl qualify --calibrate` runs the plan's measurement with the baseline in both arms (fresh
-activations, the calibration's pair count). Every difference is noise, so the sd of the per-pair
-log TG ratio per family is this setup's noise floor. The receipt keeps it under `calibration`
-with the pairs each gate needs to reach its declared power (`power.required_pairs`, planned on
-the noise's upper confidence bound).
-
-Before a qualification, the newest matching calibration (same pair, baseline packages, profile
-and plan measurement key; gates and pair count may differ) is looked up; a gate that needs more
-pairs than the plan has is refused before the first sample (exit 9): at that noise its verdict
-would be a coin toss, pass or fail.
-"""
+"""A/A calibration (`qualify --calibrate`: the baseline in both arms, every difference noise): the
+noise floor per family and the pairs each gate needs for its power. A qualification looks up the
+newest matching calibration (pair, baseline, profile, measurement key) and refuses a gate needing
+more pairs than the plan has before the first sample (exit 9): its verdict would be a coin toss."""
 
 from __future__ import annotations
 
@@ -50,25 +41,17 @@ def calibration_of(
             )
             continue
         families[c.family] = asdict(estimate_noise(np.log(c.tg.ratios).tolist(), upper_confidence=upper))
-    record: dict[str, Any] = {
-        "pair": pair,
-        "baseline": baseline,
-        "profile_sha256": profile_sha256,
-        "measurement_key": plan.measurement_key(),
-        "pairs": len(next((c.valid_pairs for c in result.cells), [])),
-        "families": families,
-        "problems": problems,
-        "dispersion": _dispersion(result),
-        "aa_gates": [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in result.gates],
-    }
+    record: dict[str, Any] = {"pair": pair, "baseline": baseline, "profile_sha256": profile_sha256}
+    record.update(measurement_key=plan.measurement_key(), pairs=len(next((c.valid_pairs for c in result.cells), [])))
+    record.update(families=families, problems=problems, dispersion=_dispersion(result))
+    record["aa_gates"] = [{"kind": g.kind, "family": g.family, "verdict": g.verdict} for g in result.gates]
     record["gates"] = needs(plan, record)
     return record
 
 
 def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per gate (a '*' gate once per family): the pairs it needs for its power at the measured
-    noise (None: more than MAX_PAIRS, or the family's noise was not measured), and whether the
-    plan's pair count reaches that."""
+    """Per gate (a '*' gate once per family): the pairs it needs for its power at the measured noise
+    (None: more than MAX_PAIRS, or no noise measured) and whether the plan's pairs reach that."""
     fams = calibration.get("families") or {}
     floored = plan.calibration is not None and plan.calibration.floor == "sigma_upper"
     out = []
@@ -76,46 +59,29 @@ def needs(plan: QualifyPlan, calibration: dict[str, Any]) -> list[dict[str, Any]
         for fam in plan.families if g.family == ALL else [g.family]:
             power = g.power if g.power is not None else plan.power
             n = fams.get(fam)
-            need = (
-                None
-                if n is None
-                else required_pairs(
-                    g.kind,
-                    g.threshold,
-                    g.design_gain,
-                    n["sigma_upper"],
-                    power,
-                    confidence=plan.confidence,
-                    floor=n["sigma_upper"] if floored else None,
-                )
+            need = None
+            if n is not None:
+                floor = n["sigma_upper"] if floored else None
+                args = (g.kind, g.threshold, g.design_gain, n["sigma_upper"], power)
+                need = required_pairs(*args, confidence=plan.confidence, floor=floor)
+            row = {"kind": g.kind, "family": fam, "threshold": g.threshold, "power_at": g.design_gain, "power": power}
+            row.update(sigma=None if n is None else n["sigma"], sigma_upper=None if n is None else n["sigma_upper"])
+            row.update(needed_pairs=need, max_pairs=MAX_PAIRS, plan_pairs=plan.pairs)
+            row["resolvable"] = need is not None and need <= plan.pairs
+            row["half_width_at_plan"] = None if n is None else resolution(n["sigma"], plan.pairs, plan.confidence)
+            # the narrowest deciding half-width a run may have (its sd floored at sigma_upper)
+            row["floor"] = "sigma_upper" if floored else "none"
+            floored_sd = n["sigma_upper"] if n is not None and floored else None
+            row["min_half_width_at_plan"] = (
+                None if floored_sd is None else resolution(floored_sd, plan.pairs, plan.confidence)
             )
-            out.append(
-                {
-                    "kind": g.kind,
-                    "family": fam,
-                    "threshold": g.threshold,
-                    "power_at": g.design_gain,
-                    "power": power,
-                    "sigma": None if n is None else n["sigma"],
-                    "sigma_upper": None if n is None else n["sigma_upper"],
-                    "needed_pairs": need,
-                    "max_pairs": MAX_PAIRS,
-                    "plan_pairs": plan.pairs,
-                    "resolvable": need is not None and need <= plan.pairs,
-                    "half_width_at_plan": None if n is None else resolution(n["sigma"], plan.pairs, plan.confidence),
-                    # the narrowest deciding half-width a run may have (its sd floored at sigma_upper)
-                    "floor": "sigma_upper" if floored else "none",
-                    "min_half_width_at_plan": (
-                        None if n is None or not floored else resolution(n["sigma_upper"], plan.pairs, plan.confidence)
-                    ),
-                }
-            )
+            out.append(row)
     return out
 
 
 def calibration_outcome(cal: dict[str, Any], stopped_early: str | None) -> tuple[str, str]:
-    """A calibration passes when it measured the noise of every family and every gate of the
-    plan is resolvable at the plan's pair count; else it is inconclusive (exit 9)."""
+    """Passed when every family's noise was measured and every gate is resolvable at the plan's
+    pairs; else inconclusive (exit 9)."""
     floor = ", ".join(f"{fam} {100 * v['sigma']:.2f}%" for fam, v in cal["families"].items())
     short = [g for g in cal["gates"] if not g["resolvable"]]
     if stopped_early or cal["problems"]:
@@ -161,12 +127,7 @@ def find_calibration(
 ) -> tuple[str, dict[str, Any]] | None:
     """The newest calibration receipt matching this pair, baseline, profile and plan measurement
     (or the one named by `ref`, which must match too)."""
-    want = {
-        "pair": pair,
-        "baseline": baseline,
-        "profile_sha256": profile_sha256,
-        "measurement_key": plan.measurement_key(),
-    }
+    want = dict(pair=pair, baseline=baseline, profile_sha256=profile_sha256, measurement_key=plan.measurement_key())
     if ref is not None:
         sha = store.resolve(ref)
         r = store.load(sha)
@@ -195,10 +156,9 @@ def find_calibration(
 
 
 def judge(plan: QualifyPlan, found: tuple[str, dict[str, Any]] | None, *, calibrate_hint: str) -> dict[str, Any] | None:
-    """Before any host is touched: the noise record the run is judged by, or a refusal.
+    """Before any host is touched: the noise record the run is judged by, or a refusal: no required
+    calibration, ConfigError (exit 3); a gate that cannot reach its power, Inconclusive (exit 9)."""
 
-    No calibration where the plan requires one: ConfigError (exit 3). A gate that cannot reach
-    its power with the plan's pairs at the measured noise: Inconclusive (exit 9)."""
     if plan.calibration is None:
         return None
     if found is None:

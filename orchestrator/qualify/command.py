@@ -1,9 +1,6 @@
 """`pairctl qualify`'s body: resolve plan, profile and packages, run on the engine, write the report.
-
-Everything that can refuse the run without touching a host is checked first (plan and fixture
-hashes, fit to the profile, the four packages in the store, the A/A calibration and whether the
-gates can be resolved at its noise), so a typo or a hopeless plan costs nothing.
-"""
+Every refusal that needs no host comes first (hashes, fit, packages, calibration, resolvable
+gates), so a typo or a hopeless plan costs nothing."""
 
 from __future__ import annotations
 
@@ -55,17 +52,12 @@ def qualify_pair(
     base = ArmPackages(*baseline)
     noise = None
     if not calibrate:
+        key = profile_key(profile)
         found = find_calibration(
-            store,
-            pair=pair,
-            plan=loaded.plan,
-            profile_sha256=profile_key(profile),
-            baseline=base.to_dict(),
-            ref=calibration_ref,
+            store, pair=pair, plan=loaded.plan, profile_sha256=key, baseline=base.to_dict(), ref=calibration_ref
         )
-        hint = f"pairctl qualify --calibrate --pair {pair} --baseline {' '.join(baseline)} --plan {plan_ref}" + (
-            f" --profile {profile_ref}" if profile_ref else ""
-        )
+        hint = f"pairctl qualify --calibrate --pair {pair} --baseline {' '.join(baseline)} --plan {plan_ref}"
+        hint += f" --profile {profile_ref}" if profile_ref else ""
         noise = judge(loaded.plan, found, calibrate_hint=hint)
     driver = EngineDriver(c.home, inventory, pair, argv=argv)
     try:

@@ -1,18 +1,8 @@
-"""Drift and order: is the run's noise the noise it was planned for, and did arm order matter?
-
-Three pure checks on what `analysis` already has (arm values in run order, per-pair log ratios):
-
-- **trend**: the baseline arms' log TG regressed on their position in the run (ordinary least
-  squares, Student-t interval of the slope, df = points - 2). A machine whose speed moves during
-  the run (a neighbour's job starts, thermal state) shows up here; a candidate cannot cause it.
-- **spread**: a family's own sd of the per-pair log ratio against the A/A calibration's upper
-  bound. Far above it, the pair is not the pair that was calibrated (the plan's pairs were sized
-  for another noise), so neither a pass nor a fail means what the plan promised.
-- **position**: per family, the log effect of being the second arm of a pair, estimated from the
-  pairs run each way (L = g + P for candidate-second pairs, g - P for candidate-first ones). With
-  as many pairs each way, P cancels in the mean gain exactly; the estimate and its interval are
-  reported so a reader sees both the effect and that it cancelled.
-"""
+"""Drift and order, three pure checks: **trend**, the baseline arms' log TG regressed on their
+position (a machine whose speed moves during the run; a candidate cannot cause it); **spread**, a
+family's own sd far above the calibration's (the pairs were sized for another noise); and
+**position**, the effect of being a pair's second arm (L = g + P or g - P), which cancels in the
+mean gain when as many pairs ran each way: reported so a reader sees that it did."""
 
 from __future__ import annotations
 

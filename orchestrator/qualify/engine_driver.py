@@ -1,21 +1,8 @@
-"""The runner's PairDriver on the real deploy engine.
-
-Each arm is a full `engine.deploy.deploy` (stop, switch, start, verify identity, route record
-by compare-and-swap; rolled back by the engine itself if any of it fails), with acceptance
-skipped: qualification measures, acceptance is its own command. Every deploy writes its own
-receipt on the pair's chain; the qualification receipt names each one in its arm step. For
-that reason the qualification receipt is not on the pair's chain (the engine takes the
-chain's lock for each deploy); it records the pair in `qualify_pair`.
-
-Restore = a deploy of the route record's active entry as found at the start (packages and the
-exact profile) that writes the record as found (previous pair, profiles, states:
-engine/route_states.py `restore`), then the route record and running identities read back and
-compared.
-
-The pair's two host leases are held for the whole run (`hold`): each arm's deploy renews them
-(`deploy(..., held_lease_nonce=...)`) and never releases them, so nobody else's deploy lands
-between a baseline and a candidate arm and makes the pairing meaningless.
-"""
+"""The runner's PairDriver on the real deploy engine. Each arm is a full engine deploy (rolled
+back by the engine on failure) without acceptance, writing its own receipt on the pair's chain.
+Restore is a deploy of the active entry found at the start that writes the route record as found
+(previous pair, profiles, states), then read back and compared. The pair's leases are held for
+the whole run and renewed by each deploy, so no other deploy lands between two arms."""
 
 from __future__ import annotations
 
@@ -42,10 +29,8 @@ from orchestrator.roles import ROLES, Role
 
 
 def pair_memory(samples: dict[str, dict[str, Any]]) -> tuple[int | None, str]:
-    """The pair's memory from one telemetry sample per host (`checks.telemetry.parse_sample`):
-    on a host with GPUs, the GPU memory in use (nvidia-smi, all its GPUs: weights, KV cache and
-    compute buffers live there and are allocated at load); on a CPU host, the service's peak
-    resident set (VmHWM). Summed over the hosts; the source names what each host gave."""
+    """The pair's memory, summed over one telemetry sample per host: GPU memory in use (nvidia-smi,
+    all GPUs) where there are GPUs, else the service's VmHWM; the source names what each gave."""
     total, parts = 0, []
     for role, s in samples.items():
         if s.get("gpus"):
@@ -117,20 +102,13 @@ class EngineDriver:
         self._found = rec
         self._found_links = (self._facts("native").previous, self._facts("rpc").previous)
         a = rec.active
-        return {
-            "native": a.native_package,
-            "rpc": a.rpc_package,
-            "profile": a.profile,
-            "profile_sha256": a.profile_sha256,
-            "argv_sha256": a.argv_sha256,
-            "route_revision": rec.revision,
-        }
+        found = {k: getattr(a, k) for k in ("profile", "profile_sha256", "argv_sha256")}
+        return {"native": a.native_package, "rpc": a.rpc_package, **found, "route_revision": rec.revision}
 
     # -- holding the pair ----------------------------------------------------------------------
     def _wait_busy(self, what: str, attempt_fn: Callable[[], T]) -> T:
-        """Run `attempt_fn` until the pair is not busy (a host lease or its evidence chain held by
-        another run: refused before anything changes, so trying again is safe); every wait is
-        logged, and after `busy_wait_s` the refusal stands."""
+        """Run `attempt_fn` until the pair is not busy (refused before anything changes, so a retry
+        is safe); every wait is logged, and after `busy_wait_s` the refusal stands."""
         deadline = time.monotonic() + self.busy_wait_s
         attempt = 0
         while True:
@@ -145,35 +123,26 @@ class EngineDriver:
 
     @contextmanager
     def hold(self, run_id: str) -> Iterator[Any]:
-        """Both hosts' leases for run `run_id` (`hosts.leases.hold_pair_leases`), from before the
-        snapshot until after the restore; a pair busy with another run is waited for. Released on
-        exit unless kept: by the runner after an arm's failed rollback, or here when the run
-        stops after a deploy began (the pair's state is then unchecked; the lease names the run,
-        so `lease release --dead-run` frees it). A failed release is recorded, not raised: the
-        measurements and the restore already happened."""
+        """Both hosts' leases for run `run_id`, from snapshot to restore (a busy pair is waited
+        for). Released on exit unless kept (an arm's failed rollback, or a stop after a deploy
+        began: `lease release --dead-run` frees them); a failed release is recorded, not raised."""
         with self._held_leases(run_id, "qualify", QUALIFY_LEASE_TTL_S, keep_after_deploy=True) as held:
             yield held
 
     @contextmanager
     def _held_leases(self, run_id: str, verb: str, ttl_s: float, *, keep_after_deploy: bool) -> Iterator[Any]:
-        """The one way a run over many deploys holds the pair (qualify, bisect): both leases taken
-        under `pairctl VERB PAIR (run RUN_ID)`, their nonce kept for the deploys to renew, and, with
-        `keep_after_deploy`, kept rather than released when the run stops after a deploy began."""
+        """How a run over many deploys holds the pair (qualify, bisect): both leases under `pairctl
+        VERB PAIR (run RUN_ID)`, their nonce renewed by the deploys; with `keep_after_deploy`, kept
+        when the run stops after a deploy began."""
         from orchestrator.hosts import leases
 
         targets = leases.targets_of(self.inventory, self.pool, self.pair)
         with ExitStack() as stack:
+            purpose = f"pairctl {verb} {self.pair} (run {run_id})"
+            kw: dict[str, Any] = {"purpose": purpose, "ttl_s": ttl_s, "record_release_error": True}
+            owner = leases.default_owner()
             held = self._wait_busy(
-                "lease",
-                lambda: stack.enter_context(
-                    leases.hold_pair_leases(
-                        targets,
-                        owner=leases.default_owner(),
-                        purpose=f"pairctl {verb} {self.pair} (run {run_id})",
-                        ttl_s=ttl_s,
-                        record_release_error=True,
-                    )
-                ),
+                "lease", lambda: stack.enter_context(leases.hold_pair_leases(targets, owner=owner, **kw))
             )
             self._lease_nonce, deploys_before = held.nonce, self._deploys_started
             try:
@@ -201,22 +170,10 @@ class EngineDriver:
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
-        res = self._wait_busy(
-            why,
-            lambda: deploy(
-                self.home,
-                self.inventory,
-                self.pair,
-                (native, rpc),
-                profile_name=self._profile_file(profile),
-                skip_accept=True,
-                argv=[*self.argv, f"({why})"],
-                pool=self.pool,
-                held_lease_nonce=self._lease_nonce,
-                restore_record=restore_record,
-                restore_previous_links=links,
-            ),
-        )
+        kw: dict[str, Any] = {"profile_name": self._profile_file(profile), "skip_accept": True, "pool": self.pool}
+        kw.update(argv=[*self.argv, f"({why})"], held_lease_nonce=self._lease_nonce)
+        kw.update(restore_record=restore_record, restore_previous_links=links)
+        res = self._wait_busy(why, lambda: deploy(self.home, self.inventory, self.pair, (native, rpc), **kw))
         self.deploy_receipts.append(res.receipt)
         return res
 
@@ -230,23 +187,17 @@ class EngineDriver:
         client = ServerClient(self.view.base_url, api_key=self._api_key, via=via)
         props = client.props()
         pids: dict[str, int | None] = {role: self._pid(role) for role in ROLES}
-        identity = {
-            "deploy_receipt": res.receipt,
-            "build_info": props.build_info,
-            "total_slots": props.total_slots,
-            "n_ctx_per_slot": props.n_ctx_per_slot,
-            "pids": pids,
-            "active": res.active
-            and {k: res.active[k] for k in ("native_package", "rpc_package", "profile_sha256", "argv_sha256")},
+        served = {k: getattr(props, k) for k in ("build_info", "total_slots", "n_ctx_per_slot")}
+        active = res.active and {
+            k: res.active[k] for k in ("native_package", "rpc_package", "profile_sha256", "argv_sha256")
         }
-        return ActiveArm(
-            client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=self._memory_probe(pids)
-        )
+        identity = {"deploy_receipt": res.receipt, **served, "pids": pids, "active": active}
+        memory = self._memory_probe(pids)
+        return ActiveArm(client=client, identity=identity, per_slot_ctx=props.n_ctx_per_slot, memory=memory)
 
     def _memory_probe(self, pids: dict[str, int | None]) -> Callable[[], tuple[int | None, str]]:
-        """After each measured request: one telemetry sample per host (GPU memory in use where
-        the host has GPUs, else the service's VmHWM), summed (`pair_memory`); the pids the arm
-        started with must still be the ones sampled."""
+        """After each measured request: `pair_memory` of one telemetry sample per host, whose pids
+        must still be the ones the arm started with."""
         from orchestrator.checks.telemetry import parse_sample, sample_cmd
 
         def probe() -> tuple[int | None, str]:
@@ -263,19 +214,13 @@ class EngineDriver:
 
     # -- restoring -----------------------------------------------------------------------------
     def restore(self, snapshot: dict[str, Any]) -> dict[str, Any]:
-        # the record as found (previous pair, profiles, states), not a new deploy's: a rollback
-        # afterwards returns to what was previous before the qualification
-        res = self._deploy(
-            snapshot["native"], snapshot["rpc"], snapshot["profile"], "qualify restore", self._found, self._found_links
-        )
+        # the record as found, not a new deploy's: a later rollback returns to what was previous before
+        pkgs = (snapshot["native"], snapshot["rpc"])
+        res = self._deploy(*pkgs, snapshot["profile"], "qualify restore", self._found, self._found_links)
         rec = self._route()
         a = rec.active if rec else None
-        seen = {
-            "native": a and a.native_package,
-            "rpc": a and a.rpc_package,
-            "profile_sha256": a and a.profile_sha256,
-            "argv_sha256": a and a.argv_sha256,
-        }
+        fields = (("native", "native_package"), ("rpc", "rpc_package"), ("profile_sha256",) * 2, ("argv_sha256",) * 2)
+        seen = {k: a and getattr(a, attr) for k, attr in fields}
         want, re_rendered = restore_expectation(snapshot, res.active)
         if seen != want:
             raise CheckFailed(f"after restore the route record names {seen}, expected {want}")
@@ -291,15 +236,10 @@ class EngineDriver:
 def restore_expectation(
     snapshot: dict[str, Any], rendered: dict[str, Any] | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """What the route record must name after a restore, and what was rendered anew.
+    """What the route record must name after a restore, and what was rendered anew: the snapshot's
+    packages, and the profile/argv hashes the restore's deploy rendered and verified (`rendered`):
+    a record by an older pairctl may hash differently now. Moved hashes are returned for the receipt."""
 
-    The packages are the snapshot's. The profile and argv hashes are those the restore's own
-    deploy rendered from the snapshot's profile and verified on the hosts (`rendered`, its
-    route entry): the inventory and profile as they stand are the truth, as for a rollback. A
-    record written by an earlier pairctl, whose profile model lacked a field added since (a
-    `cors` block, declared `files`), hashes differently once this pairctl renders it; demanding
-    the old bytes failed every first qualification after an upgrade with "not restored" (exit 8)
-    on a pair that was restored. Where the hashes moved, both are returned for the receipt."""
     want = {"native": snapshot["native"], "rpc": snapshot["rpc"]}
     moved: dict[str, Any] = {}
     for key in ("profile_sha256", "argv_sha256"):

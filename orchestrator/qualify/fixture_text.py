@@ -1,12 +1,6 @@
-"""Deterministic fixture prompts (code / prose / structured) for qualification plans.
-
-The shipped files under manifests/fixtures/qualify/ are this module's output, frozen by sha256 in
-the plans; a test regenerates them and compares hashes, so anyone can see where a prompt came
-from. Only Python's `random.Random(seed)` (stable across versions for these calls) is used.
-
-Token counts are not known here: the server's tokenizer measures them at run time, and the plan
-sends exactly the first `tokens` tokens, so the text is generated long enough for any tokenizer.
-"""
+"""Deterministic fixture prompts (code / prose / structured): the shipped files under
+manifests/fixtures/qualify/ are this module's output (a test regenerates them and compares
+hashes), from `random.Random(seed)` only, long enough for any tokenizer's `tokens` prefix."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""Gate decisions: pure functions of an estimate, so their edges are tested exactly.
-
-A gate answers pass / fail / inconclusive. Missing data is never a pass: a cell with fewer valid
-pairs than the plan declared is inconclusive whatever its numbers say. The deciding interval is
-the Student-t one (`stats.t_interval`); the percentile bootstrap's bounds are carried beside it
-in the verdict for comparison (the field report's method), never used to decide.
-"""
+"""Gate decisions: pure functions of an estimate, so their edges are tested exactly. Missing data
+is never a pass (fewer valid pairs than planned: inconclusive). The Student-t interval decides;
+the bootstrap's bounds are carried beside it, never deciding."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 from orchestrator.qualify.stats import DECIDING_METHOD, GainEstimate, Interval, above, at_least
 
@@ -31,8 +27,7 @@ class GateVerdict:
     method: str = DECIDING_METHOD
     bootstrap_low: float | None = None
     bootstrap_high: float | None = None
-    # Which sd made the deciding interval: "own" (the run's), "calibrated" (the A/A calibration's
-    # upper bound, larger than the run's own), or "own (no calibration)"; both figures beside it.
+    # which sd made the deciding interval: "own", "calibrated" or "own (no calibration)"
     spread: str | None = None
     sd_own: float | None = None
     sd_calibrated: float | None = None
@@ -86,23 +81,13 @@ def decide(
     def verdict(v: Verdict, reason: str) -> GateVerdict:
         if iv is not None and iv.spread is not None and v != "inconclusive":
             reason = f"{reason}; {spread_text(iv)}"
-        return GateVerdict(
-            kind,
-            family,
-            threshold,
-            v,
-            reason,
-            gain=est.gain if est else None,
-            low=iv.low if iv else None,
-            high=iv.high if iv else None,
-            valid_pairs=valid_pairs,
-            planned_pairs=planned_pairs,
-            bootstrap_low=boot.low if boot else None,
-            bootstrap_high=boot.high if boot else None,
-            spread=None if iv is None else (iv.spread if iv.sd_floor is not None else "own (no calibration)"),
-            sd_own=iv.sd_own if iv else None,
-            sd_calibrated=iv.sd_floor if iv else None,
-        )
+        numbers: dict[str, Any] = {"gain": est.gain if est else None}
+        numbers.update(low=iv.low if iv else None, high=iv.high if iv else None)
+        numbers.update(bootstrap_low=boot.low if boot else None, bootstrap_high=boot.high if boot else None)
+        numbers.update(sd_own=iv.sd_own if iv else None, sd_calibrated=iv.sd_floor if iv else None)
+        spread = None if iv is None else (iv.spread if iv.sd_floor is not None else "own (no calibration)")
+        n: dict[str, Any] = {"valid_pairs": valid_pairs, "planned_pairs": planned_pairs}
+        return GateVerdict(kind, family, threshold, v, reason, **numbers, **n, spread=spread)
 
     if est is None or iv is None or valid_pairs < planned_pairs:
         why = f"{valid_pairs} of {planned_pairs} planned pairs valid"
@@ -114,10 +99,8 @@ def decide(
 
 
 def under_drift(v: GateVerdict, why: str) -> GateVerdict:
-    """A run that drifted is not the run the plan was sized for: a pass becomes inconclusive, and
-    so does a fail unless its whole deciding interval is on the failing side (a non-regression
-    interval entirely below the floor, a gain interval entirely below 0): such a candidate is
-    slower than the gate allows even at the widened noise, and no drift makes it qualify."""
+    """A drifted run is not the run the plan was sized for: a pass becomes inconclusive, and so
+    does a fail unless its whole interval is on the failing side (no drift makes that qualify)."""
     if v.verdict == "inconclusive":
         return replace(v, drift=why)
     decisive = (

@@ -1,10 +1,6 @@
-"""One measured request against a running llama-server, and the exact prompts both arms send.
-
-Streaming gives the client's view (time to first token, wall time) and the server's own
-`timings` in the final event of the same request, so one request yields one sample. Every
-measured request has `cache_prompt: false` and `ignore_eos: true`: each arm does the same cold
-prompt and exactly `n_predict` tokens of generation.
-"""
+"""One measured request (streamed: the client's TTFT and wall time plus the server's `timings`
+of the same request), and the exact prompts both arms send: cold (`cache_prompt: false`) and
+exactly `n_predict` generated tokens (`ignore_eos`)."""
 
 from __future__ import annotations
 
@@ -19,6 +15,8 @@ from orchestrator.hashing import sha256_json
 from orchestrator.qualify.plan import LoadedPlan
 
 MemoryProbe = Callable[[], tuple[int | None, str]]
+_TIMINGS = "prompt_n prompt_ms prompt_per_second predicted_n predicted_ms predicted_per_second".split()
+_TIMINGS += ["draft_n", "draft_n_accepted", "cache_n"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +34,8 @@ class Prompt:
 
 
 def prompts_for(loaded: LoadedPlan, tokenize: Callable[[str], list[int]], per_slot_ctx: int) -> list[Prompt]:
-    """Tokenize each fixture with the server's tokenizer and cut it to the plan's `tokens`.
-
-    A fixture whose text is shorter than its declared tokens, or whose prompt plus generation
-    does not fit one slot as the server reports it, is a config error naming the fixture."""
+    """Each fixture tokenized by the server and cut to the plan's `tokens`; one too short, or not
+    fitting the server's slot, is a config error naming the fixture."""
     plan = loaded.plan
     out = []
     for fx in plan.fixtures:
@@ -59,13 +55,8 @@ def prompts_for(loaded: LoadedPlan, tokenize: Callable[[str], list[int]], per_sl
 
 
 def request_params(plan_seed: int, temperature: float) -> dict[str, Any]:
-    return {
-        "cache_prompt": False,
-        "ignore_eos": True,
-        "temperature": temperature,
-        "seed": plan_seed,
-        "return_tokens": True,
-    }
+    params = {"cache_prompt": False, "ignore_eos": True, "temperature": temperature, "seed": plan_seed}
+    return {**params, "return_tokens": True}
 
 
 def measure(
@@ -77,7 +68,7 @@ def measure(
     memory: MemoryProbe | None,
     base: dict[str, Any],
 ) -> dict[str, Any]:
-    """One streaming request -> one sample dict (fields: analysis.SAMPLE_FIELDS). A failed request
+    """One streaming request -> one sample dict. A failed request
     is a sample with ok=False and the error, never an exception: the analysis decides. A signal
     (orchestrator/interrupt.py) stops the arm here, between requests; the pair is then restored."""
     interrupt.check(f"before a qualification request ({prompt.fixture})")
@@ -113,19 +104,8 @@ def measure(
         row["error"] = "the stream ended without a final event carrying timings"
         return row
     t = final.timings
-    row.update(
-        ok=True,
-        prompt_n=t.prompt_n,
-        prompt_ms=t.prompt_ms,
-        prompt_per_second=t.prompt_per_second,
-        predicted_n=t.predicted_n,
-        predicted_ms=t.predicted_ms,
-        predicted_per_second=t.predicted_per_second,
-        draft_n=t.draft_n,
-        draft_n_accepted=t.draft_n_accepted,
-        cache_n=t.cache_n,
-        stop_type=getattr(final, "stop_type", None),
-    )
+    row["ok"] = True
+    row.update({k: getattr(t, k) for k in _TIMINGS}, stop_type=getattr(final, "stop_type", None))
     if memory is not None:
         try:
             peak, source = memory()
@@ -142,9 +122,5 @@ def warmup(client: Any, loaded: LoadedPlan, params: dict[str, Any]) -> dict[str,
     w = loaded.plan.warmup
     t0 = time.monotonic()
     res = client.completion(w.prompt, w.n_predict, **params)
-    return {
-        "prompt": w.prompt,
-        "n_predict": w.n_predict,
-        "predicted_n": res.timings.predicted_n,
-        "wall_s": time.monotonic() - t0,
-    }
+    wall = time.monotonic() - t0
+    return {"prompt": w.prompt, "n_predict": w.n_predict, "predicted_n": res.timings.predicted_n, "wall_s": wall}

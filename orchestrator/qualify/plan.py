@@ -1,12 +1,10 @@
-"""Qualification plans: frozen fixtures, run shape and gates, declared before any sample.
-
-The plan file's sha256 goes into the receipt before the first measurement, so a gate cannot be
-moved after the data is seen. Fixtures are named by path and sha256 and checked when the plan
-is loaded: a changed prompt is a different experiment and must not be compared silently.
-"""
+"""Qualification plans: frozen fixtures, run shape and gates. The plan's sha256 is recorded before
+the first measurement (a gate cannot move after the data is seen); fixtures are checked against
+their sha256 on load (a changed prompt is a different experiment)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -263,26 +261,19 @@ class QualifyPlan(StrictModel):
     @property
     def families(self) -> list[str]:
         """Families in first-seen order (report order)."""
-        out: list[str] = []
-        for f in self.fixtures:
-            if f.family not in out:
-                out.append(f.family)
-        return out
+        return list(dict.fromkeys(f.family for f in self.fixtures))
 
     def arm_order(self, seed: int | None = None) -> list[tuple[int, Arm]]:
-        """(pair index, arm) in run order. Alternating: B C, C B, B C, ... so a linear drift
-        cancels. Random: a seeded shuffle of floor(n/2) B-first and ceil(n/2) C-first pairs
-        (counterbalanced as alternating is, but no fixed period for a periodic load to match; with a
-        sequential design, within each look's new pairs);
-        `seed` defaults to the plan's `order_seed` and a random order needs one."""
+        """(pair index, arm) in run order. Alternating: B C, C B, ... so a linear drift cancels.
+        Random: a seeded shuffle of as many B-first as C-first pairs (no period for a periodic load
+        to match), within each sequential look's new pairs; `seed` defaults to `order_seed`."""
         if isinstance(self.order, list):
             return [(i // 2, a) for i, a in enumerate(self.order)]
         if self.order == "random":
             seed = self.order_seed if seed is None else seed
             if seed is None:
                 raise ValueError("a random arm order needs a seed (the plan's order_seed or the run's)")
-            # True: candidate first. Shuffled within each sequential look's new pairs (one block without
-            # a design), so every look, not only the last, has half of its pairs each way.
+            # True: candidate first; per look, so every look has half of its pairs each way
             rng = np.random.default_rng(seed)
             d = self.sequential_design()
             ends = d["pairs_at"] if d is not None else [self.pairs]
@@ -307,9 +298,8 @@ class QualifyPlan(StrictModel):
         return seq.design(self.pairs, self.sequential.looks, self.sequential.spending, self.confidence)
 
     def measurement_key(self) -> str:
-        """What a calibration must share with the plan that uses it: the measurement itself
-        (fixtures, tokens, repeats, warm-up, sampling, order), not the gates or the pair count,
-        so a plan may be given more pairs after its calibration says how many it needs."""
+        """What a calibration must share with its plan: the measurement, not the gates or the pair
+        count (a plan may get more pairs after its calibration says how many it needs)."""
         return sha256_json(
             {
                 "fixtures": [[f.name, f.family, f.sha256, f.tokens] for f in self.fixtures],
@@ -328,21 +318,20 @@ class QualifyPlan(StrictModel):
         for f in self.fixtures:
             if f.tokens is None:
                 continue
+            what = f"fixture {f.name!r} ({f.tokens} prompt + {self.n_predict} generated)"
             try:
-                profile.check_fits(
-                    f.tokens + self.n_predict, f"fixture {f.name!r} ({f.tokens} prompt + {self.n_predict} generated)"
-                )
+                profile.check_fits(f.tokens + self.n_predict, what)
             except ValueError as e:
                 raise ConfigError(f"plan {self.name}: {e} of profile {profile.name}") from None
 
 
+@dataclass
 class LoadedPlan:
     """A validated plan plus where it came from and its hash (what the receipt records)."""
 
-    def __init__(self, plan: QualifyPlan, path: Path, sha256: str) -> None:
-        self.plan = plan
-        self.path = path
-        self.sha256 = sha256
+    plan: QualifyPlan
+    path: Path
+    sha256: str
 
     @cached_property
     def fixture_paths(self) -> dict[str, Path]:

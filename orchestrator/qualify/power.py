@@ -1,17 +1,9 @@
 """Noise and power: how many pairs a gate needs before its verdict means anything.
 
-The per-pair log ratio of an A/A run (baseline against baseline, fresh activations) is pure
-noise; its sample sd `sigma` is the noise floor of this pair, profile and plan shape. Given
-sigma, a gate's pass probability at a true gain is computed from the deciding rule itself
-(Student-t interval on n log ratios drawn N(log(1 + gain), sigma^2)): the mean is normal and
-the variance a scaled chi-square, so both are drawn directly, with a fixed seed (the same
-answer on every call) and common draws across n (pass probability then grows smoothly in n).
-
-A gate is *resolvable* at n pairs when it passes with the declared power where it should
-(a gain gate at its `power_at` gain, a non-regression gate at its `power_at`, 0 by default:
-identical code must pass); the false pass of a gain gate at no gain is bounded by the
-interval itself (alpha / 2 one-sided), whatever n.
-"""
+An A/A run's per-pair log ratios are pure noise; their sd `sigma` is the noise floor. A gate's
+pass probability at a true gain is simulated with the deciding rule itself (mean normal, variance
+a scaled chi-square, fixed seed, common draws across n). A gate is *resolvable* at n pairs when it
+passes with the declared power at its `power_at`."""
 
 from __future__ import annotations
 
@@ -33,11 +25,8 @@ MAX_PAIRS = 1000
 
 @dataclass(frozen=True)
 class Noise:
-    """Noise of the per-pair log TG ratio, measured from `pairs` A/A pairs.
-
-    sigma: the sample sd; sigma_upper: its one-sided `upper_confidence` upper bound (the
-    chi-square bound), which is what pairs are planned with: a plan sized on a lucky quiet
-    calibration would be underpowered."""
+    """Noise of the per-pair log TG ratio from `pairs` A/A pairs. Pairs are planned on sigma_upper,
+    the chi-square upper bound of the sd: a lucky quiet calibration would leave a plan underpowered."""
 
     sigma: float
     sigma_upper: float
@@ -52,12 +41,9 @@ def estimate_noise(log_ratios: Sequence[float], *, upper_confidence: float = 0.8
         raise ValueError(f"noise needs at least 2 finite A/A log ratios, got {x.tolist()}")
     df = x.size - 1
     sd = float(x.std(ddof=1))
+    upper = sd * math.sqrt(df / chi2_quantile(1 - upper_confidence, df))
     return Noise(
-        sigma=sd,
-        sigma_upper=sd * math.sqrt(df / chi2_quantile(1 - upper_confidence, df)),
-        pairs=int(x.size),
-        upper_confidence=upper_confidence,
-        mean_log=float(x.mean()),
+        sigma=sd, sigma_upper=upper, pairs=int(x.size), upper_confidence=upper_confidence, mean_log=float(x.mean())
     )
 
 
@@ -97,9 +83,8 @@ def required_pairs(
     max_pairs: int = MAX_PAIRS,
     floor: float | None = None,
 ) -> int | None:
-    """The fewest pairs (>= 2) at which the gate passes with probability >= `power` when the
-    true gain is `power_at`; None when even `max_pairs` are not enough. `floor`: the sd floor
-    the deciding interval will use (the calibrated noise), so the pairs match the rule that runs."""
+    """The fewest pairs (>= 2) at which the gate passes with probability >= `power` at gain
+    `power_at` (with the interval's sd `floor`, as the rule that runs); None beyond `max_pairs`."""
 
     def ok(n: int) -> bool:
         return pass_probability(kind, threshold, power_at, sigma, n, confidence=confidence, floor=floor) >= power
@@ -118,9 +103,7 @@ def required_pairs(
 
 
 def resolution(sigma: float, n: int, confidence: float = 0.95) -> float:
-    """The expected half-width (in log ratio, about a fraction) of the deciding interval at n
-    pairs: t(n-1) sigma / sqrt(n). A gate threshold closer to the expected gain than this
-    cannot be told apart from noise."""
+    """The expected half-width (log ratio) of the deciding interval at n pairs: t(n-1) sigma / sqrt(n)."""
     return t_quantile(1 - (1 - confidence) / 2, n - 1) * sigma / math.sqrt(n)
 
 

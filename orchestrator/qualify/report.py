@@ -1,10 +1,7 @@
 """The qualification result recomputed from a receipt, and its report (Markdown + PNG chart).
-
-`load_record` reads a receipt, original or derived: a derived record's reused arm steps are
-followed to the receipt that measured them (their hashes checked by the evidence store), and
-the plan is the text recorded before the first sample, checked against its sha256. Nothing is
-re-measured and nothing is read from the plan file on disk.
-"""
+A derived record's reused arm steps are followed to the receipt that measured them (hashes
+checked), and the plan is the text recorded before the first sample, checked against its sha256:
+nothing is re-measured, no plan file is read."""
 
 from __future__ import annotations
 
@@ -78,11 +75,9 @@ def load_record(store: EvidenceStore, ref: str) -> QualifyRecord:
     if isinstance(cal_run, dict) and isinstance(cal_run.get("pairs"), int):
         plan = plan.model_copy(update={"pairs": cal_run["pairs"]})  # an A/A run measures the calibration's pairs
 
-    if receipt.derived_from is None:
-        steps = [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
-    else:
-        steps = [n for n in receipt.reused_steps if n.startswith(ARM_STEP_PREFIX)]
-        steps += [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
+    steps = [n for n in receipt.reused_steps if n.startswith(ARM_STEP_PREFIX)]  # none unless derived
+    steps += [s.name for s in receipt.steps if s.name.startswith(ARM_STEP_PREFIX) and s.outcome == "passed"]
+    if receipt.derived_from is not None:
         checks.append(
             f"derived record: {len(receipt.reused_steps)} step(s) reused by reference from {receipt.derived_from[:16]}"
         )
@@ -125,25 +120,9 @@ def write_report(store: EvidenceStore, ref: str) -> tuple[Path, QualifyRecord, Q
     out.mkdir(parents=True, exist_ok=True)
     chart(result, record, out / CHART_PNG)
     (out / REPORT_MD).write_text(markdown(result, record), encoding="utf-8")
-    (out / RESULT_JSON).write_text(
-        json.dumps(
-            {
-                "receipt": record.receipt,
-                "origin": record.origin,
-                "derived": record.derived,
-                "pair": record.pair,
-                "arms": record.arms,
-                "sample_steps": record.sample_steps,
-                "checks": record.checks,
-                **result.to_json(),
-            },
-            indent=2,
-            sort_keys=True,
-            default=str,
-        )
-        + "\n",
-        encoding="utf-8",
-    )
+    meta = {k: getattr(record, k) for k in ("receipt", "origin", "derived", "pair", "arms", "sample_steps", "checks")}
+    text = json.dumps({**meta, **result.to_json()}, indent=2, sort_keys=True, default=str)
+    (out / RESULT_JSON).write_text(text + "\n", encoding="utf-8")
     return out, record, result
 
 
@@ -458,10 +437,7 @@ def noise_lines(result: QualifyResult) -> list[str]:
     """The calibration the run was judged by: the noise floor and each gate's needed pairs."""
     n = result.noise
     if not n:
-        return [
-            "- Noise floor: no calibration (the plan needs none); the gates' power is unknown",
-            floor_line(result),
-        ]
+        return ["- Noise floor: no calibration (the plan needs none); the gates' power is unknown", floor_line(result)]
     out = [
         floor_line(result),
         f"- Noise floor (A/A calibration `{str(n.get('receipt'))[:16]}`, {n.get('pairs')} pairs): "
@@ -480,8 +456,8 @@ def noise_lines(result: QualifyResult) -> list[str]:
 
 
 def chart(result: QualifyResult, record: QualifyRecord, path: Path) -> None:
-    """Per family: each pair's TG gain (dots), the paired gain (bar) and its interval (whiskers),
-    with 0, the gain threshold and the non-regression floor drawn where a gate uses them."""
+    """Per family: each pair's TG gain (dots), the paired gain and its intervals (whiskers), and
+    the gates' thresholds."""
     import matplotlib  # heavy optional dependency: only drawing the report's figure needs it
 
     matplotlib.use("Agg", force=True)

@@ -1,27 +1,15 @@
 """The paired runner: alternating fresh arms, one warm-up each, every fixture, then restore.
 
-Order of evidence in the receipt (each a journal event, so a killed run keeps what it had):
+The receipt's events, in order (a killed run keeps what it had):
+1. the plan, its sha256, both arms, noise and rules, BEFORE the first sample; `qualify_leases`:
+   the hosts' leases, held (named by run id) until after the restore and renewed by each arm's
+   deploy, so nothing else changes the pair between arms (`qualify_leases_end`: how they ended);
+2. `snapshot` of what is active; 3. one step per arm, `arm-<k>-p<pair>-<arm>`: fresh activation,
+   warm-up, `repeats` rounds over the fixtures, raw rows under the step; 4. `restore`, verified.
 
-1. `plan_sha256`, the plan text and both arms' package ids are set BEFORE the first sample.
-   `qualify_leases`: both hosts' leases, taken for this run (their purpose names its run id,
-   so `pairctl lease release --dead-run` frees them if the run is killed) and held until after
-   the restore; each arm's deploy renews them instead of taking its own, so no other deploy,
-   accept or rollback can change the pair between two arms. `qualify_leases_end` says how
-   they ended (released, or kept after an arm's failed rollback).
-2. `snapshot`: what is active on the pair now (to restore afterwards).
-3. One step per arm, named `arm-<k>-p<pair>-<baseline|candidate>`: fresh activation of that
-   arm's packages with its profile (the deploy engine's activation + verification), the
-   warm-up, then `repeats` rounds of one sample per fixture, kept raw under the step's name.
-4. `restore`: the pair back on what was active before, verified.
-
-A calibration (`calibrate=`) is the same run with the baseline in both arms and the
-calibration's pair count; its receipt also holds `calibration`: the A/A noise per family and
-the pairs each gate needs (`qualify.calibration`). A qualification judged by a calibration
-records it in `qualify_noise` before the first sample.
-
-A failed `restore` after all samples makes the receipt `failed`, but every arm step passed and
-holds its samples, so `pairctl receipts derive --from HASH --reuse arm-... --reason ...` can
-rebuild the result without measuring again (`pairctl qualify report --receipt DERIVED`).
+A calibration is the same run with the baseline in both arms; its receipt adds `calibration`.
+A failed restore fails the receipt, but the arm steps keep their samples, so `receipts derive
+--reuse arm-...` rebuilds the result without measuring again.
 """
 
 from __future__ import annotations
@@ -84,8 +72,7 @@ class PairDriver(Protocol):
         """Put the snapshot's pair back and verify it; returns what was verified."""
 
     def hold(self, run_id: str) -> AbstractContextManager[Any]:
-        """Hold the pair's host leases (purpose naming `run_id`) from before the snapshot until
-        after the restore, so no other run changes the pair between arms. Yields an object
+        """Hold the pair's host leases (naming `run_id`) from snapshot to restore; yields an object
         with `keep(reason)`: leases kept on exit (a failed rollback left the pair unknown)."""
 
     def close(self) -> None: ...
@@ -134,9 +121,8 @@ def run_qualification(
     plan = loaded.plan
     if calibrate:
         if plan.calibration is None:
-            raise ConfigError(
-                f"plan {plan.name} declares no calibration", hint="add `calibration: {pairs: 8}` to the plan"
-            )
+            hint = "add `calibration: {pairs: 8}` to the plan"
+            raise ConfigError(f"plan {plan.name} declares no calibration", hint=hint)
         candidate, candidate_profile = baseline, None
         plan = plan.model_copy(update={"pairs": plan.calibration.pairs, "sequential": None})
     hooks = hooks or Hooks()
@@ -148,15 +134,12 @@ def run_qualification(
     profiles = {"baseline": profile, "candidate": candidate_profile or profile}
     inputs = {"plan": loaded.sha256, **{f"fixture:{f.name}": f.sha256 for f in plan.fixtures}}
 
-    # Not on the pair's chain: each arm's deploy writes its own receipt there (and takes that
-    # chain's lock); this receipt names the pair in `qualify_pair` and each deploy receipt.
+    # Not on the pair's chain: each arm's deploy writes its own receipt there (under its lock).
     journal = store.begin(command="qualify", argv=argv, pair=None, inputs=inputs)
     with journal:
         order_seed = _order_seed(plan)
         rules = _declare(journal, loaded, plan, pair, arms, profile, candidate_profile, calibrate, noise, order_seed)
         arm_order = plan.arm_order(order_seed)
-        # The pair is held from before the snapshot until after the restore: every arm's deploy
-        # renews this run's leases instead of taking its own, so nothing else runs in between.
         with driver.hold(journal.run_id) as held:
             journal.set("qualify_leases", held.public())
             with journal.step("snapshot") as step:
@@ -193,8 +176,7 @@ def run_qualification(
                         progress.event("qualify.stop", f"qualify: settled at look {look['look']}", **look)
                         break
                 except Exception as exc:  # noqa: BLE001 - whatever stops an arm, the pair is restored below
-                    # An arm that cannot be activated or measured ends the measuring; missing pairs
-                    # make the result inconclusive. The step records the error; nothing is retried.
+                    # ends the measuring (missing pairs: inconclusive); the step records it, no retry
                     stopped_early = f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                     stop_error = exc
                     log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
@@ -227,8 +209,8 @@ def _declare(
     noise: dict[str, Any] | None,
     order_seed: int | None,
 ) -> dict[str, Any]:
-    """Everything the result will be judged by, set before any sample (the receipt shows these
-    `set` events precede the first row): the plan, both arms, profiles, noise and decision rules."""
+    """Everything the result will be judged by, set before any sample: plan, arms, profiles,
+    noise and the decision rules."""
     journal.set("qualify_pair", pair)
     journal.set("plan_sha256", loaded.sha256)
     journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
@@ -237,13 +219,10 @@ def _declare(
     if candidate_profile is not None:
         journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
     if calibrate:
-        journal.set(
-            "qualify_calibrate",
-            {"pairs": plan.pairs, "measurement_key": plan.measurement_key(), "profile_sha256": profile_key(profile)},
-        )
+        key = {"pairs": plan.pairs, "measurement_key": plan.measurement_key(), "profile_sha256": profile_key(profile)}
+        journal.set("qualify_calibrate", key)
     if noise is not None:
         journal.set("qualify_noise", noise)
-    # The decision rules (spread floor, drift bounds, arm order and its seed) before any sample.
     rules = rules_for(plan, noise, order_seed)
     journal.set("qualify_rules", rules)
     return rules
@@ -260,30 +239,23 @@ def _measure_arm(
     samples: list[dict[str, Any]],
     log: BoundLogger,
 ) -> tuple[list[dict[str, Any]], list[Prompt]]:
-    """One arm in its own step: a fresh activation, the fixtures tokenized again, one warm-up and
-    every sample, so the receipt holds each arm's identity and rows or the error that ended it.
-    Adds the rows to `samples`; returns them and the prompts every later arm sends (the first
-    arm's token ids)."""
+    """One arm in its own step (fresh activation, tokenize, warm-up, every sample), so the receipt
+    holds its identity and rows or the error that ended it. Adds the rows to `samples`; returns
+    them and the prompts every later arm sends (the first arm's token ids)."""
     plan = loaded.plan
     name = arm_step_name(base["seq"], base["pair"], base["arm"])
     params = request_params(plan.seed, plan.temperature)
     with journal.step(name) as step:
         active = driver.activate(pkgs, profile)
         step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
-        try:
-            # Every arm tokenizes the fixtures again: both arms must send the same ids
-            # (the first arm's), and a candidate whose tokenizer disagrees is recorded.
+        try:  # both arms send the first arm's ids; a tokenizer that disagrees is recorded
             mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
             prompts = prompts or mine
             step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
             step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
             step.data["warmup"] = warmup(active.client, loaded, params)
-            base = {
-                **base,
-                "package_native": pkgs.native,
-                "package_rpc": pkgs.rpc,
-                "build_info": active.identity.get("build_info"),
-            }
+            base = {**base, "package_native": pkgs.native, "package_rpc": pkgs.rpc}
+            base["build_info"] = active.identity.get("build_info")
             rows = _measure_rows(active, plan, prompts, params, base, name, log)
         finally:
             close = getattr(active.client, "close", None)
@@ -306,20 +278,13 @@ def _measure_rows(
     log: BoundLogger,
 ) -> list[dict[str, Any]]:
     """Rounds over the fixtures (not one fixture k times), so drift within an arm spreads over
-    every fixture alike. A fixture whose repeats spread more than the plan allows is measured
-    again (attempt 1, 2, ...); the analysis uses the first attempt within the bound, and every
-    attempt stays in the receipt."""
+    every fixture alike. A fixture whose repeats spread too much is measured again (attempt
+    1, 2, ...); every attempt stays in the receipt."""
 
     def rounds(fixtures: list[Prompt], **extra: Any) -> list[dict[str, Any]]:
+        kw: dict[str, Any] = {"n_predict": plan.n_predict, "params": params, "memory": active.memory}
         return [
-            measure(
-                active.client,
-                pr,
-                n_predict=plan.n_predict,
-                params=params,
-                memory=active.memory,
-                base={**base, "rep": r, **extra},
-            )
+            measure(active.client, pr, **kw, base={**base, "rep": r, **extra})
             for r in range(plan.repeats)
             for pr in fixtures
         ]
@@ -329,12 +294,8 @@ def _measure_rows(
         redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
         if not redo:
             break
-        log.info(
-            "arm dispersion above the bound; measuring again",
-            step=name,
-            attempt=attempt,
-            fixtures=[pr.fixture for pr in redo],
-        )
+        redone = [pr.fixture for pr in redo]
+        log.info("arm dispersion above the bound; measuring again", step=name, attempt=attempt, fixtures=redone)
         rows += rounds(redo, attempt=attempt)
     return rows
 
@@ -349,11 +310,9 @@ def _restore(
     stopped_early: str | None,
     log: BoundLogger,
 ) -> tuple[bool, str | None]:
-    """The pair back on what was active before the first arm, in the `restore` step; a failure
-    here is the run's outcome (the samples stay usable), so it is returned, not raised."""
-    if isinstance(stop_error, RollbackFailed):
-        # The arm's deploy could not put the previous pair back: both services are stopped
-        # and the state is unknown. Nothing is deployed onto it; the leases stay held.
+    """The pair back on what was active before, in the `restore` step; a failure is the run's
+    outcome (the samples stay usable), returned, not raised."""
+    if isinstance(stop_error, RollbackFailed):  # the pair's state is unknown: nothing goes on it
         held.keep("an arm's rollback failed; the pair's state is unknown")
         return False, f"not attempted, an arm's rollback failed ({stopped_early})"
     try:
@@ -381,8 +340,8 @@ def _sequential_stop(
     k: int,
     arm_order: list[tuple[int, Arm]],
 ) -> dict[str, Any] | None:
-    """After the arm that completes a look's pairs (a look before the last): the look, when it
-    settles every gate (the run stops there); else None. The same analysis the result uses."""
+    """After the arm completing a look's pairs (not the last look): the look, if it settles every
+    gate (the run stops there); else None."""
     design = rules.get("sequential")
     if not design or k + 1 >= len(arm_order) or arm_order[k + 1][0] == p_idx:
         return None  # no design, the last arm, or this pair's first arm
@@ -428,10 +387,7 @@ def _outcome(
     if not restored:
         return "failed", f"restore failed after measurements: {restore_error}; result {result.verdict} ({gates})"
     if stopped_early:
-        return (
-            "inconclusive" if result.verdict != "fail" else "failed",
-            f"stopped early at {stopped_early}; result {result.verdict} ({gates})",
-        )
-    return {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}[
-        result.verdict
-    ], f"qualification {result.verdict} ({gates})"
+        outcome = "inconclusive" if result.verdict != "fail" else "failed"
+        return outcome, f"stopped early at {stopped_early}; result {result.verdict} ({gates})"
+    outcome = {"pass": "passed", "fail": "failed", "inconclusive": "inconclusive"}[result.verdict]
+    return outcome, f"qualification {result.verdict} ({gates})"

@@ -1,26 +1,14 @@
-"""Group-sequential qualification (opt-in): pre-planned looks that stop a run once it has failed.
+"""Group-sequential qualification (opt-in, pure): pre-planned looks that stop a run once it failed.
 
-A plan with `sequential: {looks: K, spending: ...}` is looked at after ceil(k N / K) of its N pairs
-(k = 1..K), each look with the same Student-t interval (floored at the calibrated noise) as a fixed
-run. A look before the last decides only a **fail whose whole interval is below the gate's
-threshold** (a non-regression gate's floor, a gain gate's threshold): the run stops there, failed.
-A **pass is decided only at the last look**, at the plan's own confidence, exactly as a fixed run
-decides it; so no sequential run passes anything a fixed run of N pairs would not pass (false gain
-passes and missed regressions are at most the fixed design's).
+The run is looked at after ceil(k N / K) of its N pairs, each look with a fixed run's interval. A
+look before the last decides only a **fail whose whole interval is below the threshold**; a
+**pass is decided only at the last look**, as a fixed run decides it. Early passes were tried:
+under a periodic load a few counterbalanced pairs can line up with it, and identical code passed
+a +5% gate in 16% of decided gates (benchmarks/qualify_seq_sim.py).
 
-Why passes wait for the last look (issue 31, benchmarks/qualify_seq_sim.py): the first build also
-let early looks pass, with alpha split over all looks; under a periodic load that comes and goes
-every two pairs identical code passed the +5% gain gate in 16% of the decided gates (fixed run: 0%);
-as we read it, 4 pairs of a counterbalanced order line up with the load in 1 of 6 shuffles (every
-pair then says the same) and a calibration that saw little of the load floors too low. Pairs are
-not independent under such load, and a look with few of them cannot be trusted to pass.
-
-The early fails spend the one-sided alpha, (1 - confidence) / 2, over the K - 1 early looks:
-equally (`bonferroni`), or by the Lan-DeMets O'Brien-Fleming-type function
-alpha(t) = 2 - 2 Phi(z_{1 - alpha/2} / sqrt(t)) at t = n_k / N rescaled to the early looks
-(`obrien-fleming`: strict at the first look). By the union bound a candidate at or above a
-threshold is failed early with probability at most alpha (i.i.d. pairs): the power a calibration
-planned is lowered by at most that. Pure: plain numbers and GateVerdicts, no samples or hosts.
+The early fails spend the one-sided alpha over the K - 1 early looks: equally (`bonferroni`) or
+by the Lan-DeMets O'Brien-Fleming-type function (`obrien-fleming`: strict at first); by the union
+bound a good candidate is failed early with probability at most alpha.
 """
 
 from __future__ import annotations
@@ -55,9 +43,8 @@ def spent(fraction: float, alpha: float, spending: Spending, look: int, looks: i
 
 
 def look_confidences(pairs_at: Sequence[int], confidence: float, spending: Spending) -> list[float]:
-    """Per look, the two-sided confidence of its interval: the early looks 1 - 2 alpha_k, where the
-    alpha_k (from the spending function) sum to the one-sided alpha (1 - confidence) / 2; the last
-    look the plan's confidence (it decides as a fixed run)."""
+    """Per look, its interval's two-sided confidence: 1 - 2 alpha_k early, the alpha_k summing to
+    the one-sided alpha; the plan's confidence at the last look."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
     alpha = (1 - confidence) / 2
@@ -86,14 +73,12 @@ def at_look(v: GateVerdict, look: int, looks: int, pairs: int) -> GateVerdict:
         return replace(v, reason=f"{v.reason}; decided at the last {where}")
     if decided(v):
         return replace(v, reason=f"{v.reason}; decided at {where}: the whole interval is below the threshold")
-    return replace(
-        v, verdict="inconclusive", reason=f"not decided at {where} (passes wait for the last look): {v.reason}"
-    )
+    reason = f"not decided at {where} (passes wait for the last look): {v.reason}"
+    return replace(v, verdict="inconclusive", reason=reason)
 
 
 def settled(verdicts: Sequence[GateVerdict]) -> bool:
-    """Whether a look before the last ends the run: a gate failed decisively (the run fails
-    whatever the others say)."""
+    """Whether a look before the last ends the run: a gate failed decisively."""
     return any(decided(v) for v in verdicts)
 
 

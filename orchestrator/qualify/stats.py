@@ -1,17 +1,9 @@
-"""Paired statistics for qualification: geometric gain, the deciding interval and the bootstrap.
+"""Paired statistics for qualification (pure numpy on plain floats), over per-pair log ratios:
+the unit of evidence is a pair of arms measured back to back, never a request.
 
-The unit of evidence is a *pair* (one baseline arm and one candidate arm measured back to back),
-so everything is computed over per-pair log ratios, never over requests.
-
-Two intervals are computed for every cell. The **Student-t interval** on the per-pair log
-ratios decides: its coverage is honest at small n (3 to 5 pairs) when the log ratios are about
-normal, which log-normal speed noise makes them. The **exact percentile bootstrap** is the field
-report's method and is kept beside it for comparison only: with few pairs every one of the n**n
-resamples is enumerated (five pairs give 3125), but it treats the observed pairs as the whole
-population, so at such n it is far narrower than the uncertainty (issue 22: 13 of 30 A/A
-intervals excluded zero). More pairs fall back to a seeded resample.
-
-Everything here is pure numpy on plain floats: no samples, plans or receipts.
+The **Student-t interval** decides: its coverage is honest at 3 to 5 pairs for about-normal log
+ratios. The **percentile bootstrap** (exact over all n**n resamples when few, else seeded) is
+shown for comparison only: at small n it treats the pairs as the population and is far too narrow.
 """
 
 from __future__ import annotations
@@ -41,9 +33,7 @@ DECIDING_METHOD = "student-t"
 
 @dataclass(frozen=True)
 class Interval:
-    """An interval of the paired geometric gain (fractions, 0.05 = 5%).
-
-    method: "student-t" (the deciding one), or the percentile bootstrap's "exact" / "seeded"."""
+    """An interval of the paired geometric gain (fractions, 0.05 = 5%)."""
 
     low: float
     high: float
@@ -60,9 +50,8 @@ class Interval:
 
 @dataclass(frozen=True)
 class GainEstimate:
-    """Paired geometric gain, the deciding Student-t interval (None below 2 pairs: no spread can
-    be measured from one) and the percentile bootstrap beside it; `ratios` are per pair,
-    candidate over baseline."""
+    """Paired geometric gain, the deciding Student-t interval (None below 2 pairs) and the
+    bootstrap beside it; `ratios`: per pair, candidate over baseline."""
 
     gain: float
     interval: Interval | None
@@ -95,11 +84,8 @@ def geometric_gain(pair_ratios: Sequence[float]) -> float:
 
 
 def combine_families(per_family: Sequence[Sequence[float]]) -> NDArray[np.float64]:
-    """Per pair, the geometric mean of that pair's ratios over families.
-
-    `per_family[f][p]` is family f's ratio in pair p. The combined result bootstraps these
-    per-pair values, so a pair stays one unit of evidence however many families it holds.
-    """
+    """Per pair p, the geometric mean over families f of `per_family[f][p]`: a pair stays one unit
+    of evidence however many families it holds."""
     arr = np.asarray(per_family, dtype=float)
     if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
         raise ValueError("combine_families needs a non-empty families x pairs table")
@@ -114,12 +100,8 @@ def bootstrap_distribution(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
 ) -> tuple[np.ndarray, Literal["exact", "seeded"]]:
-    """Geometric gains of every bootstrap resample of the pairs.
-
-    n**n <= exact_limit: all ordered resamples (index tuples), each once, so the percentile
-    interval is that of the exact bootstrap distribution. Otherwise `resamples` draws from
-    numpy's PCG64 seeded with `seed`.
-    """
+    """Geometric gains of every bootstrap resample: all n**n ordered resamples when at most
+    `exact_limit`, else `resamples` draws seeded with `seed`."""
     logs = np.log(_positive(pair_ratios, "ratios"))
     n = logs.size
     if n**n <= exact_limit:
@@ -145,14 +127,8 @@ def bootstrap_interval(
     dist, method = bootstrap_distribution(pair_ratios, exact_limit=exact_limit, resamples=resamples, seed=seed)
     alpha = (1 - confidence) / 2
     low, high = np.percentile(dist, [100 * alpha, 100 * (1 - alpha)])
-    return Interval(
-        low=float(low),
-        high=float(high),
-        confidence=confidence,
-        method=method,
-        resamples=int(dist.size),
-        seed=None if method == "exact" else seed,
-    )
+    seed_used = None if method == "exact" else seed
+    return Interval(float(low), float(high), confidence, method, resamples=int(dist.size), seed=seed_used)
 
 
 @lru_cache(maxsize=1024)
@@ -214,13 +190,9 @@ def _betainc(a: float, b: float, x: float) -> float:
 def t_interval(
     pair_ratios: Sequence[float], *, confidence: float = 0.95, floor_sd: float | None = None
 ) -> Interval | None:
-    """Student-t interval of the mean per-pair log ratio, back-transformed to a gain:
-    exp(mean +- t(n-1) * sd / sqrt(n)) - 1. None below two pairs.
-
-    `floor_sd` (the A/A calibration's upper bound of the same sd): the interval uses the larger
-    of the run's own sd and the floor, so it is never narrower than the measured noise allows at
-    n pairs. A run's own sd is blind to noise that is correlated across its pairs (a load that
-    comes and goes over minutes): issue 31 saw a 5% half-width where the calibration said 22%."""
+    """exp(mean +- t(n-1) * sd / sqrt(n)) - 1 of the per-pair log ratios; None below two pairs.
+    With `floor_sd` (the calibration's upper bound) the sd is the larger of the two: a run's own
+    sd is blind to noise correlated across its pairs (a load coming and going over minutes)."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be between 0 and 1, got {confidence}")
     if floor_sd is not None and not (math.isfinite(floor_sd) and floor_sd >= 0):
@@ -233,16 +205,10 @@ def t_interval(
     calibrated = floor_sd is not None and floor_sd > own
     sd = floor_sd if calibrated and floor_sd is not None else own
     half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    low, high = math.expm1(mean - half), math.expm1(mean + half)
+    spread: Literal["own", "calibrated"] = "calibrated" if calibrated else "own"
     return Interval(
-        low=math.expm1(mean - half),
-        high=math.expm1(mean + half),
-        confidence=confidence,
-        method="student-t",
-        df=n - 1,
-        sd_log=sd,
-        sd_own=own,
-        sd_floor=floor_sd,
-        spread="calibrated" if calibrated else "own",
+        low, high, confidence, "student-t", df=n - 1, sd_log=sd, sd_own=own, sd_floor=floor_sd, spread=spread
     )
 
 
@@ -256,19 +222,13 @@ def estimate_gain(
     floor_sd: float | None = None,
 ) -> GainEstimate:
     r = tuple(float(x) for x in _positive(pair_ratios, "ratios"))
-    return GainEstimate(
-        gain=geometric_gain(r),
-        interval=t_interval(r, confidence=confidence, floor_sd=floor_sd),
-        ratios=r,
-        bootstrap=bootstrap_interval(r, confidence=confidence, exact_limit=exact_limit, resamples=resamples, seed=seed),
-    )
+    boot = bootstrap_interval(r, confidence=confidence, exact_limit=exact_limit, resamples=resamples, seed=seed)
+    return GainEstimate(geometric_gain(r), t_interval(r, confidence=confidence, floor_sd=floor_sd), r, boot)
 
 
 def robust_centre(values: Sequence[float]) -> tuple[float, float | None]:
-    """An arm's value from its k repeated requests: the median (robust to one odd request), and
-    its dispersion as the sample sd of the log values (about the relative spread: 0.05 = 5%).
-    The sd, not a MAD, on purpose: with k = 3 a MAD ignores the one wild request that makes an
-    arm untrustworthy, and the plan's bound is there to see it. None for a single value."""
+    """An arm's value from its repeats: the median, and as dispersion the sd of the logs (None for
+    one value). The sd, not a MAD: with 3 repeats a MAD ignores the one wild request."""
     arr = _positive(values, "repeats")
     med = float(np.median(arr))
     if arr.size < 2:
