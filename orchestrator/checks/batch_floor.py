@@ -1,20 +1,13 @@
 """The batch-variance floor of this pair: how far a logprob moves when only the batch around a
 request changes, measured on the running pair before any comparison uses it.
 
-One prompt goes to two slots at once (twin lanes: the same tokens at the same positions, posted in
-one request so that the server batches them together), then to one slot alone, for a few prompts;
-each twin is walked against the solo run while their tokens agree, and the floor is the largest
-movement of a token both sides list (`logprobs.compare_position`'s shared figure), or the margin
-where a twin parted. The twins' content is identical, so a regression that lets one lane's
-content reach the other (lane bleed) cannot move this figure: only numerics can, which is what the
-floor is for. A comparison check (near_full, speculative, cached_continuation) then lets two runs
-part only at a near-tie within `factor` times this floor (checks/parting.py).
-
-On the CPU lab the floor is 0 (bit-identical runs), so those checks keep demanding equal text there;
-on an H100 beside a second lane it was measured up to 0.27 nats. A floor above the profile's
-`batch_variance.cap_nats` fails acceptance: two runs of one prompt that differ more than any device
-measured are not numerics. Measured once per suite run (cached on the context); a profile may
-declare `batch_variance.floor_nats` instead (the receipt says which).
+One prompt goes to two slots at once (twin lanes, batched together), then to one slot alone; each
+twin is walked against the solo run, and the floor is the largest movement of a token both sides
+list, or the margin where a twin parted. The twins' content is identical, so lane bleed cannot move
+this figure: only numerics can. Comparison checks then let two runs part only at a near-tie within
+`factor` times this floor (checks/parting.py). On the CPU lab the floor is 0. A floor above
+`batch_variance.cap_nats` fails acceptance; a profile may declare `batch_variance.floor_nats`
+instead (the receipt says which). Measured once per suite run (cached on the context).
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
-"""Request contract: what a client asks for is what it gets, field by field (issue 47).
+"""Request contract: what a client asks for is what it gets, field by field.
 
-Every other check judges how the engine computes; a fork can keep every token right and still
-break a request field clients depend on (a sampling parameter echoed but never applied, a stop
-string never honoured). This check probes each field of the profile's declared `request_surface`
-(config/request_surface.py) with a question whose answer a broken build cannot fake
-(checks/contract_probes.py):
-
-- one greedy `/completion` of GREEDY_TOKENS tokens with `n_probs` is the reference: `n_predict`
-  (that many tokens, stop_type limit), `n_probs` (that many sorted entries a token, greedy on top);
-- `stop`: a character of the reference's text as stop string ends the text before its first
-  occurrence, stop_type word;
-- `logit_bias`: banning the reference's first token gives its second-ranked one; raising the
-  third-ranked one 2 nats past the first gives it;
-- `top_k` 1 and `top_p` 1e-6 at temperature 100 give the reference's tokens; `temperature` 100
-  with top_k 40 does not;
-- `grammar`: the answer matches the grammar in full and ends with eos;
-- chat: `max_tokens` N (ignore_eos) gives N completion tokens, finish_reason length; `logprobs`
-  gives one entry a token with `top_logprobs` entries; `messages`: `/apply-template` holds the
-  system message verbatim before the user's, in a place independent of its text, and the chat's
-  usage.prompt_tokens is the token count of that rendered prompt; `stream` adds up to the
-  non-streamed answer with one final finish_reason chunk, and `stream_options.include_usage`
-  sends the non-streamed usage; `response_format` json_schema parses and matches the schema.
-
-Compared answers come from one configuration (greedy or one kept token, slot 0, no prompt cache,
-sequential), so their tokens are equal on any device. `seed` is the `sampling` check's; `tools`
+A fork can keep every token right and still break a request field clients depend on (a sampling
+parameter echoed but never applied, a stop string never honoured). This check probes each field
+of the profile's declared `request_surface` with a question whose answer a broken build cannot
+fake (the probes and what each demands: checks/contract_probes.py). Compared answers come from one
+configuration, so their tokens are equal on any device. `seed` is the `sampling` check's; `tools`
 and the penalties have no probe yet: the suite's `request_surface` record names them unchecked.
-A probe whose request the server refuses (HTTP error, unparsable answer) fails with the server's
-answer; the others still run.
-
-Cost (measured 2026-12-06 on the 2-core lab, load 2-4): 11 model requests of a 16-token prompt,
-0.2 s on `lab`, 6.4-6.7 s on `lab-real` over RPC, where the whole suite took 142 s with it (the
-README's target is 3 minutes).
+A probe whose request the server refuses fails with the server's answer; the others still run.
 """
 
 from __future__ import annotations

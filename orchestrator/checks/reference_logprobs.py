@@ -1,17 +1,12 @@
 """Reference logprobs: the candidate's next-token distributions against the reference pair's
 recorded answers, teacher-forced on the reference's own tokens.
 
-Self-consistency checks cannot see a forward pass that changed the same way on both sides; this
-one compares with answers recorded once from the route's reference pair (`checks.reference`).
-For each fixture the candidate answers the same prompt through the same endpoint with top-K
-logprobs; where its greedy token differs from the reference's, it continues from the reference's
-prefix (`/completion`, same slot, prompt cache: one new token), so every position is judged on
-the reference's sequence. Figures as `llama-perplexity --kl-divergence` reports them plus the
-largest |delta logprob| over top-K; the gates are the profile's `reference_gates`.
-
-Roles: the pinned reference pair (or, with no pin yet, the route's first pair) *records*
-answers for its key when none exist; any other pair *compares* and fails when the reference has
-no answers for its key (the message says how to record them).
+Self-consistency checks cannot see a forward pass that changed the same way on both sides. For
+each fixture the candidate answers the same prompt with top-K logprobs; where its greedy token
+differs, it continues from the reference's prefix, so every position is judged on the reference's
+sequence, gated by the profile's `reference_gates`. The pinned reference pair (or, with no pin, the
+route's first pair) *records* answers for its key when none exist; any other pair *compares*, and
+fails when the reference has no answers for its key.
 """
 
 from __future__ import annotations
@@ -191,12 +186,9 @@ def record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, floor: float) 
 
 def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = None) -> tuple[Answer, int, int]:
     """The candidate's distribution at every position of the reference's tokens; also the number
-    of positions where its greedy token differed and the first such position (-1: none).
-
-    Two things make it continue from the reference's prefix (`/completion`, prompt cache): a
-    greedy token that differs (its own distribution is still on the reference's prefix, so it
-    counts), and a position without logprobs (the pinned server reports none for tokens accepted
-    from a draft; the first token after a prompt is always sampled with them)."""
+    of positions where its greedy token differed and the first such position (-1: none). It
+    continues from the reference's prefix where its greedy token differs and where a position has
+    no logprobs (tokens accepted from a draft)."""
     ref_tokens = list(fx["tokens"])
     n = len(ref_tokens)
     got = first if first is not None else asker.first(fx["endpoint"], fx["prompt"], n)
@@ -225,13 +217,9 @@ DRAFT_FREE_TOKENS = 2  # a request's first token comes from its prompt, the seco
 
 
 def continuation_tokens(left: int, drafting: bool) -> int:
-    """How many tokens a teacher-forced continuation asks for. A drafting server reports logprobs
-    only for tokens it did not take from a draft, so asking all that is left generated tokens the
-    walk threw away (measured: one position per request, up to 9 tokens generated for it). Two
-    tokens are never drafted: the first is sampled from the prompt, and the server drafts at most
-    n_remaining - 1 tokens (`get_n_draft_max`), none with one token left. Both are the same
-    distributions at the same positions from the same cached prefix. A server that does not draft
-    answers every position with logprobs: all that is left, in one request."""
+    """How many tokens a teacher-forced continuation asks for: a drafting server reports logprobs
+    only for tokens not taken from a draft, and never drafts the first token after a prompt nor with
+    one token left, so it is asked two; a server that does not draft, all that is left."""
     return min(left, DRAFT_FREE_TOKENS) if drafting else left
 
 

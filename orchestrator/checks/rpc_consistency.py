@@ -1,19 +1,13 @@
 """RPC consistency: the RPC host's half judged on its own, with no reference answers needed.
 
-A fault in `ggml-rpc-server`, in the kernels it runs or in the transport between the hosts moves
-the numbers of every layer the RPC device holds, and on a route's first deploy there is no
-reference to compare with (`reference_logprobs` records the first pair's answers, whatever they
-are). This check compares the pair with itself on the other device: the profile's fixtures are
-answered through the live pair (layers on the RPC device) and through a probe `llama-server` on
-the native host, started from the same release with the same model and the same profile minus
-`--rpc` and drafting (the same layers on the native device). A broken native binary moves both
-sides alike and is `reference_logprobs`' business; what differs is the RPC host's part.
+On a route's first deploy there is no reference to compare with, yet a fault in `ggml-rpc-server`,
+its kernels or the transport moves every layer the RPC device holds. So the profile's fixtures are
+answered through the live pair and through a probe `llama-server` on the native host, from the same
+release and model, the profile minus `--rpc` and drafting; what differs is the RPC host's part.
 
-The probe runs under its own `pairctl-svc` root (`<install_root>/run/rpc-consistency`, like the
-kernel check's second rpc-server), listens on the pair's server address at `server_port +
-port_offset`, uses the pair's API key file when the pair has one, and is always stopped after.
-The gates come from the profile's measured floor (`config.rpc_consistency`); floor, factor,
-minimum and the derived gates are in the receipt beside the figures.
+The probe runs under its own `pairctl-svc` root (`<install_root>/run/rpc-consistency`) on the
+pair's server address at `server_port + port_offset`, with the pair's API key file when it has one,
+and is always stopped after. The gates derive from the profile's measured floor and are in the receipt.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Speculative / MTP drafting: greedy output identical to the same requests with drafting off.
 
-Per-request `speculative.*` is compiled out of the pinned server, but the server never drafts
-for a request whose remaining budget is one token (`get_n_draft_max` caps a draft at
-`n_remaining - 1`). So the draft-free reference is made on the same live server by stepping two
-tokens a request (the first sampled from the prompt, the second with one token left): prompt ->
-2 tokens, prompt + those -> 2 tokens, ... each step checked to report no drafting.
-The drafted requests (normal `n_predict`) must give those tokens, parting only at near-ties
-within the pair's batch-variance tolerance (a verification batch runs other GPU kernels than one
-token: checks/parting.py); draft counts come
-from `timings` (`draft_n`, `draft_n_accepted`). The profile's `draft.expect` names the
-verification paths that must run: the lab route's perturbed draft is accepted often and rejected
-sometimes (both), lab-draft-other's is always rejected, a same-weights draft always accepted.
+Per-request `speculative.*` is compiled out of the pinned server, but it never drafts for a request
+with one token left (`get_n_draft_max` caps a draft at `n_remaining - 1`). So the draft-free
+reference is made on the same server two tokens a request, each step checked to report no drafting.
+The drafted requests must give those tokens, parting only at near-ties (checks/parting.py); draft
+counts come from `timings`. The profile's `draft.expect` names the verification paths that must run
+(accepted, rejected or both).
 """
 
 from __future__ import annotations

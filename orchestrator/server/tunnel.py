@@ -1,15 +1,10 @@
 """HTTP to llama-server carried inside the SSH connection pairctl already holds to the native host.
 
-Why: pairctl needs an API key exactly when llama-server listens beyond loopback, i.e. on a
-network; sent over `http://` there, the key crosses that network in cleartext (issue 32 item 6).
-Through SSH's `direct-tcpip` channel (what `ssh -L` uses) the request leaves the operator's
-machine encrypted and authenticated by the host key pairctl already checked; the native host's
-sshd opens the last hop to the server on the host itself. No listening port is opened on the
-operator's machine and nothing is installed on the host; the host's sshd must allow TCP
-forwarding for the login user (OpenSSH's default, `AllowTcpForwarding local` suffices).
-
-The seam is httpcore's `NetworkBackend`: httpx keeps its HTTP/1.1 handling, timeouts and errors,
-only the byte stream comes from the channel.
+Over `http://` on a network the API key would cross it in cleartext. SSH's `direct-tcpip` channel
+(what `ssh -L` uses) carries the request encrypted to the host key pairctl already checked; no port
+opens on the operator's machine and nothing is installed on the host (its sshd must allow TCP
+forwarding). The seam is httpcore's `NetworkBackend`: httpx keeps its HTTP handling, timeouts and
+errors; only the byte stream comes from the channel.
 """
 
 from __future__ import annotations
