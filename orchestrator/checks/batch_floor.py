@@ -174,10 +174,8 @@ def _measure(ctx: CheckContext) -> Tolerance:
         twins = scored_twins(ctx.client, prompt, gen, timeout=timeout)
         solo = scored(ctx.client, prompt, gen, timeout=timeout, cache_prompt=False)
         per_twin += [{"round": r, **twin_figures(t, solo)} for t in twins]
-    # the regime the comparisons run in: a long prompt and a lane's generation, where a GPU's
-    # differences accumulate in the KV cache (on an H100 healthy lanes parted at margins up to 0.96
-    # nats after 28 tokens, where the first token moved 0.36); each parting of a twin from the solo
-    # run is a sample of the margins numerics flip here (twins cannot bleed into each other)
+    # the regime the comparisons run in (a long prompt, a lane's generation: differences accumulate
+    # in the KV cache); each parting of a twin from the solo run samples the margins numerics flip
     gen2 = min(LONG_GENERATE, max(16, ctx.near_full() // 8))
     size2 = max(size, min(ctx.per_slot() // 2, ctx.near_full() - gen2 - 8))
     prompt2 = list(pb.exact(size2, variant=410, head="Notes for the record:\n"))

@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.prompts import PromptBuilder
-from orchestrator.remote.command import Cmd
+from orchestrator.checks.split import log_grep_cmd
 
 NAME = "cancellation"
 SERVER_LOGS = ("llama-server.log", "llama-server.out")  # --log-file, then stdio
@@ -33,14 +33,6 @@ def stop_line(id_task: int) -> str:
 def launch_line(id_task: int) -> str:
     """The slot's start line for this task: `... | task N | processing task, is_child = 0`."""
     return f"| task {id_task} | processing task"
-
-
-def log_grep_cmd(root: str, file: str, *texts: str) -> Cmd:
-    """Lines of `<root>/run/<file>` holding any of the fixed strings (no shell, no regex), at most 20."""
-    argv: list[str] = ["grep", "-F", "-m", "20"]
-    for t in texts:
-        argv += ["-e", t]
-    return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
 
 
 _STOP = re.compile(r"\| task (\d+) \| stop processing: n_tokens = (\d+)")

@@ -9,7 +9,7 @@ the same prompt (reused from the slot's cache) must stop at exactly G.
 
 from __future__ import annotations
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.server.client import ServerRequestError
 
@@ -63,14 +63,9 @@ def run(ctx: CheckContext) -> CheckResult:
     try:
         full = ctx.client.completion(prompt, GENERATE, **kw)
     except ServerRequestError as exc:  # the slot is smaller than the profile says: the finding, not an error
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            duration_s=timer.elapsed(),
-            message=f"prompt {len(prompt)} + {GENERATE} = n_ctx {n_ctx} was refused: {exc}",
-            figures={"n_ctx": n_ctx, "prompt": len(prompt)},
-            raw={"refused": exc.body[:2000]},
-        )
+        msg = f"prompt {len(prompt)} + {GENERATE} = n_ctx {n_ctx} was refused: {exc}"
+        refused = {"n_ctx": n_ctx, "prompt": len(prompt)}
+        return result(NAME, "failed", msg, timer, figures=refused, raw={"refused": exc.body[:2000]})
     beyond = ctx.client.completion(prompt, GENERATE + 1, **{**kw, "cache_prompt": True})
     over_status = over_type = None
     over_msg = ""
@@ -112,9 +107,5 @@ def run(ctx: CheckContext) -> CheckResult:
         },
         "problems": problems,
     }
-    msg = "; ".join(problems) or (
-        f"slot filled to exactly {n_ctx} ({len(prompt)} + {GENERATE}); {n_ctx} prompt tokens refused ({over_type})"
-    )
-    return CheckResult(
-        name=NAME, verdict=verdict_of(problems), message=msg, figures=figures, raw=raw, duration_s=timer.elapsed()
-    )
+    ok = f"slot filled to exactly {n_ctx} ({len(prompt)} + {GENERATE}); {n_ctx} prompt tokens refused ({over_type})"
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

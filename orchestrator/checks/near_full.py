@@ -80,14 +80,19 @@ def lane_problems(lane: LaneOutcome) -> list[str]:
 
 def isolation_problems_recall(lanes: list[LaneOutcome]) -> list[str]:
     """Each answer names its own nonce and none of the others'."""
+    texts = [lane.content or "" for lane in lanes]
+    return _nonce_problems(lanes, texts, "answer does not contain its own nonce {}", "answer contains")
+
+
+def _nonce_problems(lanes: list[LaneOutcome], texts: list[str], missing: str, carries: str) -> list[str]:
+    """Each lane's text holds its own nonce (else `missing`, formatted with it) and no other lane's."""
     p = []
-    for lane in lanes:
-        text = lane.content or ""
+    for lane, text in zip(lanes, texts, strict=True):
         if lane.nonce and lane.nonce not in text:
-            p.append(f"lane {lane.lane}: answer does not contain its own nonce {lane.nonce}")
+            p.append(f"lane {lane.lane}: " + missing.format(lane.nonce))
         for other in lanes:
             if other is not lane and other.nonce and other.nonce in text:
-                p.append(f"lane {lane.lane}: answer contains lane {other.lane}'s nonce {other.nonce}")
+                p.append(f"lane {lane.lane}: {carries} lane {other.lane}'s nonce {other.nonce}")
     return p
 
 
@@ -129,14 +134,7 @@ def _walks(
 
 def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
     """Each lane's prompt carries its own nonce and no other lane's (else isolation proves nothing)."""
-    p = []
-    for lane, text in zip(lanes, prompt_texts, strict=True):
-        if lane.nonce and lane.nonce not in text:
-            p.append(f"lane {lane.lane}: prompt does not carry its own nonce")
-        for other in lanes:
-            if other is not lane and other.nonce and other.nonce in text:
-                p.append(f"lane {lane.lane}: prompt carries lane {other.lane}'s nonce {other.nonce}")
-    return p
+    return _nonce_problems(lanes, prompt_texts, "prompt does not carry its own nonce", "prompt carries")
 
 
 def overlap_problems(lanes: list[LaneOutcome], both_generating_seen: bool) -> list[str]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.checks import logprobs as lp
-from orchestrator.checks.base import CheckContext, CheckResult, Timer
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.oracle_fixtures import load_oracle_set
 from orchestrator.checks.reference_logprobs import (
     NO_VOCAB,
@@ -27,7 +27,6 @@ from orchestrator.checks.reference_logprobs import (
     Asker,
     asked_raw,
     compare,
-    judged,
     record,
     top_k_for,
 )
@@ -172,18 +171,12 @@ def run(ctx: CheckContext) -> CheckResult:
     timer = Timer()
     cfg = ctx.profile.rpc_consistency
     if not cfg.enabled:
-        return CheckResult(
-            name=NAME,
-            verdict="skipped",
-            required=False,
-            message="rpc_consistency.enabled is false in the profile",
-            duration_s=timer.elapsed(),
-        )
+        return result(NAME, "skipped", "rpc_consistency.enabled is false in the profile", timer)
     fs = load_oracle_set(cfg.fixtures)
     ref_gates: ReferenceGates = ctx.profile.reference_gates
     k, vocab, complete = top_k_for(ctx, ref_gates)
     if k <= 0:
-        return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
+        return result(NAME, "failed", NO_VOCAB, timer)
     plan = plan_probe(ctx, cfg)
     raw: dict[str, Any] = {**asked_raw(ctx, fs, k, vocab), "gates": gates_of(cfg), "probe": plan.to_dict()}
     # 1. the live pair: the layers on the RPC device
@@ -222,7 +215,7 @@ def run(ctx: CheckContext) -> CheckResult:
         f"(gate {cfg.gate_abs_dlogprob():g}), max KL {summary.max_kl:.3g} (gate {cfg.gate_max_kl():g}), "
         f"{summary.positions} positions"
     )
-    return judged(NAME, problems, failed, passed, figures, raw, timer)
+    return judged(NAME, problems, passed, timer, figures=figures, raw=raw, failed=failed)
 
 
 class _Recorder(Asker):

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.parting import Tolerance, Walk, summary, walk
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.hashing import sha256_json
@@ -127,7 +127,7 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         try:
             toks, d = stepwise_reference(ctx.client, p, n_predict, slot=0, timeout=timeout)
         except StepMismatch as exc:
-            return CheckResult(name=NAME, verdict="failed", message=str(exc), duration_s=timer.elapsed())
+            return result(NAME, "failed", str(exc), timer)
         reference.append(toks)
         ref_drafted += d
     draft_n = sum(r.timings.draft_n or 0 for r in results)
@@ -168,21 +168,10 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         "tolerance": tol.as_dict(),
         "problems": problems,
     }
-    if not problems:
-        msg = (
-            f"drafted output follows the draft-free reference{parted_note(walks, tol)}; "
-            f"{accepted}/{draft_n} drafted tokens accepted"
-            if ctx.drafting()
-            else f"drafting off: output follows the stepwise reference{parted_note(walks, tol)}"
-        )
-    else:
-        msg = "; ".join(problems)
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        required=True,
-        message=msg,
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
+    ok = (
+        f"drafted output follows the draft-free reference{parted_note(walks, tol)}; "
+        f"{accepted}/{draft_n} drafted tokens accepted"
+        if ctx.drafting()
+        else f"drafting off: output follows the stepwise reference{parted_note(walks, tol)}"
     )
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

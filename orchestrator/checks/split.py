@@ -143,10 +143,10 @@ def split_problems(split: dict[str, Any] | None, expect: SplitExpectation) -> li
     return p
 
 
-def log_lines_cmd(root: str, file: str) -> Cmd:
-    """The load-log lines of `<root>/run/<file>` (fixed strings, no shell), at most 4000."""
-    argv: list[str] = ["grep", "-F", "-m", "4000"]
-    for t in MARKERS:
+def log_grep_cmd(root: str, file: str, *texts: str, most: int = 20) -> Cmd:
+    """Lines of `<root>/run/<file>` holding any of the fixed strings (no shell, no regex), at most `most`."""
+    argv: list[str] = ["grep", "-F", "-m", str(most)]
+    for t in texts:
         argv += ["-e", t]
     return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
 
@@ -160,7 +160,7 @@ def read_split(ctx: CheckContext) -> dict[str, Any]:
     if tr is None or root is None:
         return {"split": None, "problems": ["split: no transport to the native host to read its server log"]}
     try:
-        r = tr.run(log_lines_cmd(root, LOG_FILE), check=False, timeout=30)
+        r = tr.run(log_grep_cmd(root, LOG_FILE, *MARKERS, most=4000), check=False, timeout=30)
     except Exception as exc:  # a host error is an identity problem, not a crash of the suite
         return {"split": None, "problems": [f"split: cannot read the server log: {type(exc).__name__}: {exc}"]}
     split = parse_load_split(as_text(r.stdout))
