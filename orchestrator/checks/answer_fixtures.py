@@ -1,11 +1,9 @@
 """Answer fixtures against the baseline: no new failing case.
 
-Each fixture's answer is judged by its own expectation (regex, or equal to the baseline's
-answer), then compared with the baseline's result for the same fixture sha256:
-passed-before-fails-now is a regression (the check fails); failing on both is pre-existing
-(reported, never counted as a pass); a fixture the baseline lacks is judged on its own.
-Answers depend on the weights: a baseline is only one that ran the same model files (sha256 of
-each, from the route entry; `checks.live.find_baseline`).
+Each fixture's answer is judged by its own expectation (regex, or equal to the baseline's answer),
+then compared with the baseline's result for the same fixture sha256: passed-before-fails-now is a
+regression; failing on both is pre-existing (reported, never a pass). A baseline is only one that
+ran the same model files (`checks.live.find_baseline`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, result
 from orchestrator.checks.fixtures import Fixture, FixtureSet, load_fixture_set
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.hashing import sha256_json
@@ -161,16 +159,10 @@ def run(ctx: CheckContext) -> CheckResult:
     if base is None:
         # nothing to compare "no new failing case" against: record these answers as a baseline
         failing = [o.id for o in outcomes if o.passed is False]
-        return CheckResult(
-            name=NAME,
-            verdict="skipped",
-            required=False,
-            message="no baseline results: recorded the answers as a baseline"
-            + (f" (failing their regex: {', '.join(failing)})" if failing else ""),
-            figures=figures,
-            raw=raw,
-            duration_s=timer.elapsed(),
+        msg = "no baseline results: recorded the answers as a baseline" + (
+            f" (failing their regex: {', '.join(failing)})" if failing else ""
         )
+        return result(NAME, "skipped", msg, timer, figures=figures, raw=raw)
     verdict = "failed" if problems else "passed"
     pre = [o.id for o in outcomes if o.status == "pre_existing"]
     msg = "; ".join(problems) or (

@@ -1,9 +1,7 @@
 """What every acceptance check shares: its result model, the context it runs in, and sizing.
 
-A check is a function `run(ctx) -> CheckResult`. It never raises for a failed condition (that
-is a `failed` verdict with a message); an exception it did not expect becomes an `error`
-verdict in the suite. Each check derives every size from the route profile, so the same code
-runs at 266240 tokens on the production pair and at ~2k in the lab.
+A check is a function `run(ctx) -> CheckResult`; a failed condition is a `failed` verdict, never an
+exception (an unexpected one becomes an `error` verdict). Every size derives from the route profile.
 """
 
 from __future__ import annotations
@@ -49,17 +47,24 @@ def verdict_of(problems: list[str]) -> Verdict:
 
 
 def judged(
-    name: str, problems: list[str], ok: str, timer: Timer, *, figures: dict[str, Any], raw: dict[str, Any]
+    name: str,
+    problems: list[str],
+    ok: str,
+    timer: Timer,
+    *,
+    figures: dict[str, Any],
+    raw: dict[str, Any],
+    failed: str | None = None,
 ) -> CheckResult:
-    """`failed` with the problems as its message, else `passed` with `ok`."""
-    return CheckResult(
-        name=name,
-        verdict=verdict_of(problems),
-        message="; ".join(problems) or ok,
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
+    """`failed` with the problems (or `failed`, which names them) as its message, else `passed` with `ok`."""
+    message = (failed if failed is not None else "; ".join(problems)) if problems else ok
+    return result(name, verdict_of(problems), message or ok, timer, figures=figures, raw=raw)
+
+
+def result(name: str, verdict: Verdict, message: str, timer: Timer | None = None, **kw: Any) -> CheckResult:
+    """A check's result timed by `timer`; a skipped one never blocks acceptance unless `required` says so."""
+    kw.setdefault("required", verdict != "skipped")
+    return CheckResult(name=name, verdict=verdict, message=message, duration_s=timer.elapsed() if timer else 0.0, **kw)
 
 
 @dataclass(frozen=True)
@@ -118,20 +123,15 @@ class CheckContext:
     options: CheckOptions = field(default_factory=CheckOptions)
     n_ctx_train: int | None = None
     logger: Any = None
-    # told the measured request budget before the checks run (deploy re-announces its lease's
-    # next heartbeat from it: a slow pair's suite may outlast the planning figure)
+    # told the measured request budget before the checks run (deploy renews its lease by it)
     on_budget: Callable[[Any], None] | None = None
     stall_s: float = 30.0  # how long an idle wait between checks may last (the measured stall bound)
-    # set by run_suite: this run runs every check of the suite (no --checks/--skip); only such a run
-    # may record reference answers (checks.reference: a reference only from a pair that passed it all)
+    # set by run_suite when no check is left out: only such a run may record reference answers
     whole_suite: bool = False
     budget: dict[str, Any] = field(default_factory=dict)  # the measured request budget, once probed
-    # two_lane_near_full's solo reference run of lane 0 (a near_full.LaneOutcome): one near-full lane
-    # alone on slot 0, cold, the very request one_lane_near_full sends, so that check judges it
-    # instead of sending it again (the same deployed release, within one suite run)
+    # two_lane_near_full's solo run of lane 0 (a near_full.LaneOutcome): one_lane_near_full judges it
     solo_near_full: Any = None
-    # the batch-variance tolerance of this suite run (a parting.Tolerance), measured once by the first
-    # comparison check that needs it (checks/batch_floor.py) and used by every other
+    # the batch-variance tolerance (a parting.Tolerance), measured once by the first check that needs it
     batch_tolerance: Any = None
 
     def per_slot(self) -> int:

@@ -1,20 +1,13 @@
 """The batch-variance floor of this pair: how far a logprob moves when only the batch around a
 request changes, measured on the running pair before any comparison uses it.
 
-One prompt goes to two slots at once (twin lanes: the same tokens at the same positions, posted in
-one request so that the server batches them together), then to one slot alone, for a few prompts;
-each twin is walked against the solo run while their tokens agree, and the floor is the largest
-movement of a token both sides list (`logprobs.compare_position`'s shared figure), or the margin
-where a twin parted. The twins' content is identical, so a regression that lets one lane's
-content reach the other (lane bleed) cannot move this figure: only numerics can, which is what the
-floor is for. A comparison check (near_full, speculative, cached_continuation) then lets two runs
-part only at a near-tie within `factor` times this floor (checks/parting.py).
-
-On the CPU lab the floor is 0 (bit-identical runs), so those checks keep demanding equal text there;
-on an H100 beside a second lane it was measured up to 0.27 nats. A floor above the profile's
-`batch_variance.cap_nats` fails acceptance: two runs of one prompt that differ more than any device
-measured are not numerics. Measured once per suite run (cached on the context); a profile may
-declare `batch_variance.floor_nats` instead (the receipt says which).
+One prompt goes to two slots at once (twin lanes, batched together), then to one slot alone; each
+twin is walked against the solo run, and the floor is the largest movement of a token both sides
+list, or the margin where a twin parted. The twins' content is identical, so lane bleed cannot move
+this figure: only numerics can. Comparison checks then let two runs part only at a near-tie within
+`factor` times this floor (checks/parting.py). On the CPU lab the floor is 0. A floor above
+`batch_variance.cap_nats` fails acceptance; a profile may declare `batch_variance.floor_nats`
+instead (the receipt says which). Measured once per suite run (cached on the context).
 """
 
 from __future__ import annotations
@@ -181,10 +174,8 @@ def _measure(ctx: CheckContext) -> Tolerance:
         twins = scored_twins(ctx.client, prompt, gen, timeout=timeout)
         solo = scored(ctx.client, prompt, gen, timeout=timeout, cache_prompt=False)
         per_twin += [{"round": r, **twin_figures(t, solo)} for t in twins]
-    # the regime the comparisons run in: a long prompt and a lane's generation, where a GPU's
-    # differences accumulate in the KV cache (on an H100 healthy lanes parted at margins up to 0.96
-    # nats after 28 tokens, where the first token moved 0.36); each parting of a twin from the solo
-    # run is a sample of the margins numerics flip here (twins cannot bleed into each other)
+    # the regime the comparisons run in (a long prompt, a lane's generation: differences accumulate
+    # in the KV cache); each parting of a twin from the solo run samples the margins numerics flip
     gen2 = min(LONG_GENERATE, max(16, ctx.near_full() // 8))
     size2 = max(size, min(ctx.per_slot() // 2, ctx.near_full() - gen2 - 8))
     prompt2 = list(pb.exact(size2, variant=410, head="Notes for the record:\n"))

@@ -1,38 +1,18 @@
-"""How long an acceptance request may take: derived from the speed measured on this pair.
+"""How long an acceptance request may take: derived from the speed measured on this pair, never a
+fixed number (a constant tuned to the lab's toy model fails a healthy pair serving a real model).
 
-Constants tuned to the lab's 0.5 MB toy model failed a healthy pair serving a real model (a 2-core
-machine processes ~7 prompt tokens/s over RPC under load, and the old floor was 300). So a request
-is judged two ways, neither a fixed number:
+- **Progress.** `/slots` must show progress within `stall_s`: the longest honest gap is one batch at
+  the deepest context the suite fills, every lane in it, slowed by `slowdown_allowance` (see
+  `stall_seconds`; no upper cap, the bound follows the batch's cost).
+- **Liveness.** Since that bound grows with the work, a stopped server is caught by the CPU time of
+  llama-server and ggml-rpc-server (`/proc` over SFTP): none on either and no progress for IDLE_S
+  fails the request. While that reading is unavailable, `stall_s` is held to `blind_s`.
+- **Total.** A cold probe measures prompt and generation speed; the largest request may take
+  `slowdown_allowance` times its work at those speeds, plus a margin.
+- **Floors.** A pair slower than the profile's `speed:` floors fails at the probe.
 
-- **Progress.** While a model request runs, `/slots` must show progress (a slot's prompt tokens
-  processed or tokens decoded change) within `stall_s`. llama-server answers `/slots` between
-  batches, so the longest honest gap is one batch *at the deepest context the suite fills, with
-  every lane in it*: the probe's per-token cost grows with the KV cells a token attends (the
-  probe's `max(PROBE_PROMPT, KV_PAD)` against a slot's `per_slot_ctx`; counted as if all of the
-  cost were attention, so the bound is never short), and a busy machine may make it
-  `slowdown_allowance` times longer: `stall_s = max(STALL_MIN_S, STALL_BATCHES * allowance *
-  batch_tokens / measured prompt speed * context growth)`, with no upper cap. (A cap of 100 s failed
-  a healthy pair at ctx 4096 / 2 slots / batch 1024 on a busy 2-core machine: one batch of two
-  near-full lanes took ~100 s where the 128-token probe ran 34 tok/s; issue 42 item 2.)
-- **Liveness.** Because that bound grows with the work, a stopped server is caught by a finer
-  signal: the CPU time of llama-server and ggml-rpc-server on their hosts (`/proc/<pid>/stat`
-  over SFTP, no tool on the host), read every poll. A service that computes uses CPU time every
-  second; none on either service and no `/slots` progress for `idle_s` (STALL_MIN_S: a floor that
-  only a stopped or deadlocked process reaches, not a slow one) fails the request: a SIGSTOPped
-  llama-server or ggml-rpc-server fails within ~30 s whatever the profile. While that reading is
-  unavailable (a host's /proc unreadable), `stall_s` is held to `blind_s` (`blind_seconds`: one
-  batch at the probe's speed without the context growth, x STALL_BATCHES x allowance), raised as the
-  suite goes to that factor times the longest silence between batches seen: measured, not assumed.
-- **Total.** A short cold probe at the start of acceptance measures this pair's prompt and
-  generation speed (`timings`), and the largest request (a near-full lane, all slots busy) may
-  take `slowdown_allowance` times its work at those speeds, plus a margin. A request that keeps
-  progressing past that is "slower than measured", not "unreachable".
-- **Floors.** A pair slower than the profile's declared floors (`speed:` in the profile; defaults
-  below) fails at the probe: "slower than the profile's floor (measured X tok/s, floor Y)".
-
-`for_profile` is the *planning* figure before anything is measured (lease TTLs, whose heartbeat
-renews them while the suite runs); it never fails a request. Pure except `measure` (one request).
-Tested without a server in tests/unit/test_budget.py, on the lab in tests/e2e/test_real_model.py.
+`for_profile` is the planning figure before anything is measured (lease TTLs); it never fails a
+request. Pure except `measure` (one request).
 """
 
 from __future__ import annotations
@@ -48,22 +28,18 @@ from orchestrator.remote.transport import Transport
 from orchestrator.roles import SERVICE_OF_ROLE
 from orchestrator.server.client import Liveness, ProgressWatch, ServerClient
 
-# Planning speeds (the field report's pair runs ~1000 prompt and ~50 generated tokens/s per lane):
-# only for bounds needed before the pair is measured (lease TTLs, renewed by heartbeats).
+# Planning speeds: only for bounds needed before the pair is measured (lease TTLs).
 FLOOR_PROMPT_TOKENS_PER_S = 300.0
 FLOOR_GENERATED_TOKENS_PER_S = 20.0
 MARGIN_S = 30.0
 CONTROL_TIMEOUT_S = 30.0
-# Progress: the shortest stall bound, and how many batches' worth of silence in /slots is still honest
-# at the slowest speed the allowance admits. No upper cap: the bound follows the batch's cost.
+# the shortest stall bound, and how many batches' worth of silence in /slots is still honest
 STALL_MIN_S = 30.0
 STALL_BATCHES = 3.0
-# The KV cells llama.cpp attends at least (the cache's n_kv is padded to 256): the probe's span
 IDLE_S = STALL_MIN_S  # no CPU time on either service and no /slots progress this long: stopped
-KV_PAD = 256
+KV_PAD = 256  # the KV cells llama.cpp attends at least (n_kv is padded to 256)
 POLL_S = 1.0
-# The speed probe: a cold prompt of PROBE_PROMPT tokens (at most a quarter of a slot), PROBE_GENERATE
-# generated; both small enough to take seconds at the default floors' speed on the slowest lab.
+# the speed probe's cold prompt (at most a quarter of a slot) and generated tokens
 PROBE_PROMPT = 128
 PROBE_GENERATE = 32
 
@@ -151,11 +127,9 @@ def for_profile(
 
 
 def context_growth(profile: RouteProfile, n_ctx_train: int | None = None) -> tuple[float, int, int]:
-    """How much more a prompt token costs at the deepest context the suite fills than in the speed
-    probe: (growth, cells attended there, cells attended in the probe). Counted as if attention
-    were the whole cost (the weights' share does not grow), so it is an upper bound. Lanes: with
-    explicit `-np` (pairctl always renders it) each lane has its own KV stream and a token attends
-    its own lane's cells; a unified cache (`--kv-unified` in extra_args) attends every lane's."""
+    """(growth, cells attended at the deepest context, cells in the probe): how much more a prompt
+    token costs there than in the probe, as if attention were the whole cost (an upper bound). A
+    lane attends its own KV stream; a unified cache (`--kv-unified`) attends every lane's."""
     per_slot = profile.per_slot_ctx(n_ctx_train)
     unified = any(a in ("--kv-unified", "-kvu") for a in profile.extra_args)
     deep = per_slot * (profile.parallel if unified else 1)
@@ -184,10 +158,9 @@ def stall_seconds(profile: RouteProfile, prompt_per_s: float, n_ctx_train: int |
 
 def blind_seconds(profile: RouteProfile, prompt_per_s: float, n_ctx_train: int | None = None) -> tuple[float, float]:
     """The stall bound while the services' CPU time cannot be read, and its growth factor: one batch
-    at the probe's measured speed (the context growth left out: it is what `stall_seconds` over-counts
-    into hours at a field profile's context), times STALL_BATCHES and the allowance; the watch raises
-    it to that factor times the longest silence between batches it has seen (ProgressWatch). A hung
-    server then fails within minutes; one whose batches slow as its context fills is measured doing so."""
+    at the probe's speed without context growth (which over-counts into hours at a field context),
+    times STALL_BATCHES and the allowance; ProgressWatch raises it to that factor times the longest
+    silence between batches seen, so it is measured, not assumed."""
     factor = STALL_BATCHES * profile.speed.slowdown_allowance
     batch = min(profile.batch_size, profile.parallel * profile.per_slot_ctx(n_ctx_train))
     return round(max(STALL_MIN_S, factor * batch / prompt_per_s), 1), factor
@@ -355,19 +328,15 @@ class _Bounded:
             box = self._box
         if not done.wait(self._wait_s):
             return None
-        with self._lock:  # every caller that waited on this reading gets it (two lanes' watches share
-            if self._done is done:  # one reader; the second used to get None, and never judged idle)
+        with self._lock:  # every caller that waited on this reading gets it (lanes share one reader)
+            if self._done is done:
                 self._box, self._done = {}, None
         return box.get("seen")
 
 
 def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:
-    """A reader of the pair's services' CPU time: per role with a transport and an install root,
-    the service's pid file (`<root>/run/<service>.pid`) and its main thread's
-    `/proc/<pid>/task/<pid>/stat`, over SFTP (no tool runs on the host), bounded by READ_WAIT_S.
-    None when no service could be read. (With the process total, a SIGSTOPped ggml-rpc-server was
-    caught only by the speed probe's 96 s bound in the fault matrix: llama-server's HTTP threads
-    used CPU time answering the watch's /slots polls.)"""
+    """A reader of the pair's services' CPU time over SFTP, bounded by READ_WAIT_S: each service's
+    pid file and its main thread's `/proc/<pid>/task/<pid>/stat`; None when none could be read."""
 
     def read() -> Liveness | None:
         out = []
@@ -377,13 +346,10 @@ def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) 
                 continue
             try:
                 pid = parse_pid(t.read_bytes(f"{root.rstrip('/')}/run/{service}.pid", max_bytes=64))
-                # the main thread: it runs the decode loop (and takes part in CPU graph compute);
-                # llama-server's HTTP threads answer the watch's own /slots polls, so the process
-                # total moves even while the loop waits on a stopped ggml-rpc-server
+                # the main thread runs the decode loop; the process total also moves with the HTTP
+                # threads answering the watch's own /slots polls while the loop waits on a stopped peer
                 st = parse_proc_stat(t.read_bytes(f"/proc/{pid}/task/{pid}/stat", max_bytes=4096)) if pid else None
-            except (OSError, ValueError):
-                continue
-            except Exception:  # a host error: no reading from it this poll
+            except Exception:  # an unreadable file or a host error: no reading from it this poll
                 continue
             if pid and st:
                 out.append((service, pid, st[0], st[1]))

@@ -1,10 +1,8 @@
 """Cached continuation: a prompt, then the prompt plus a continuation on the same slot.
 
-The second request must report `timings.cache_n` of at least the first prompt's length minus
-one (a repeated prefix re-evaluates at least one token), and give the greedy tokens of the same
-request with `cache_prompt: false`, i.e. reusing the cache changes nothing but speed; the two may
-part only at a near-tie within the pair's batch-variance tolerance (on a GPU the cached prefix was
-computed in other batches than the uncached one: checks/parting.py).
+The second request must report `timings.cache_n` of at least the first prompt's length minus one,
+and give the greedy tokens of the same request with `cache_prompt: false` (the cache changes
+nothing but speed), parting only at a near-tie within the pair's tolerance (checks/parting.py).
 """
 
 from __future__ import annotations

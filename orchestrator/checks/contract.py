@@ -1,36 +1,12 @@
-"""Request contract: what a client asks for is what it gets, field by field (issue 47).
+"""Request contract: what a client asks for is what it gets, field by field.
 
-Every other check judges how the engine computes; a fork can keep every token right and still
-break a request field clients depend on (a sampling parameter echoed but never applied, a stop
-string never honoured). This check probes each field of the profile's declared `request_surface`
-(config/request_surface.py) with a question whose answer a broken build cannot fake
-(checks/contract_probes.py):
-
-- one greedy `/completion` of GREEDY_TOKENS tokens with `n_probs` is the reference: `n_predict`
-  (that many tokens, stop_type limit), `n_probs` (that many sorted entries a token, greedy on top);
-- `stop`: a character of the reference's text as stop string ends the text before its first
-  occurrence, stop_type word;
-- `logit_bias`: banning the reference's first token gives its second-ranked one; raising the
-  third-ranked one 2 nats past the first gives it;
-- `top_k` 1 and `top_p` 1e-6 at temperature 100 give the reference's tokens; `temperature` 100
-  with top_k 40 does not;
-- `grammar`: the answer matches the grammar in full and ends with eos;
-- chat: `max_tokens` N (ignore_eos) gives N completion tokens, finish_reason length; `logprobs`
-  gives one entry a token with `top_logprobs` entries; `messages`: `/apply-template` holds the
-  system message verbatim before the user's, in a place independent of its text, and the chat's
-  usage.prompt_tokens is the token count of that rendered prompt; `stream` adds up to the
-  non-streamed answer with one final finish_reason chunk, and `stream_options.include_usage`
-  sends the non-streamed usage; `response_format` json_schema parses and matches the schema.
-
-Compared answers come from one configuration (greedy or one kept token, slot 0, no prompt cache,
-sequential), so their tokens are equal on any device. `seed` is the `sampling` check's; `tools`
+A fork can keep every token right and still break a request field clients depend on (a sampling
+parameter echoed but never applied, a stop string never honoured). This check probes each field
+of the profile's declared `request_surface` with a question whose answer a broken build cannot
+fake (the probes and what each demands: checks/contract_probes.py). Compared answers come from one
+configuration, so their tokens are equal on any device. `seed` is the `sampling` check's; `tools`
 and the penalties have no probe yet: the suite's `request_surface` record names them unchecked.
-A probe whose request the server refuses (HTTP error, unparsable answer) fails with the server's
-answer; the others still run.
-
-Cost (measured 2026-12-06 on the 2-core lab, load 2-4): 11 model requests of a 16-token prompt,
-0.2 s on `lab`, 6.4-6.7 s on `lab-real` over RPC, where the whole suite took 142 s with it (the
-README's target is 3 minutes).
+A probe whose request the server refuses fails with the server's answer; the others still run.
 """
 
 from __future__ import annotations
@@ -70,6 +46,12 @@ def _probe(out: list[cp.ProbeResult], name: str, fields: tuple[str, ...], fn: Ca
     out.append(cp.ProbeResult(name, fields, problems, raw))
 
 
+def _wanted(out: list[cp.ProbeResult], want: set[str], name: str, fn: Callable[[], Judged]) -> None:
+    """`_probe` of the field `name` when the profile's request surface declares it."""
+    if name in want:
+        _probe(out, name, (name,), fn)
+
+
 def _base_probe(out: list[cp.ProbeResult], name: str, fn: Callable[[], Judged], fields: set[str], why: str) -> bool:
     """Run the request every later probe builds on (it judges nothing itself); when the server
     refuses it, each of `fields` fails with it, saying why (True: stop probing)."""
@@ -93,10 +75,8 @@ def _completion_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.
     greedy = box["greedy"]
     g = cp.tokens_of(greedy)
     ref = {"tokens": g, "content": greedy.get("content"), "top0": cp.top_entries(greedy, 0)}
-    if "n_predict" in want:
-        _probe(out, "n_predict", ("n_predict",), lambda: (cp.n_predict_problems(greedy, cp.GREEDY_TOKENS), ref))
-    if "n_probs" in want:
-        _probe(out, "n_probs", ("n_probs",), lambda: (cp.n_probs_problems(greedy, cp.N_PROBS, drafting=drafting), ref))
+    _wanted(out, want, "n_predict", lambda: (cp.n_predict_problems(greedy, cp.GREEDY_TOKENS), ref))
+    _wanted(out, want, "n_probs", lambda: (cp.n_probs_problems(greedy, cp.N_PROBS, drafting=drafting), ref))
 
     def stop() -> Judged:
         word = cp.choose_stop(str(greedy.get("content") or ""))
@@ -120,15 +100,11 @@ def _completion_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.
         judge = cp.keep_many_problems(g, toks) if name == "temperature" else cp.keep_one_problems(name, g, toks)
         return judge, {"greedy": g, "sampled": toks, "settings": settings}
 
-    if "stop" in want:
-        _probe(out, "stop", ("stop",), stop)
-    if "logit_bias" in want:
-        _probe(out, "logit_bias", ("logit_bias",), logit_bias)
+    _wanted(out, want, "stop", stop)
+    _wanted(out, want, "logit_bias", logit_bias)
     for name in ("top_k", "top_p"):
-        if name in want:
-            _probe(out, name, (name,), partial(sampled, name, cp.KEEP_ONE[name]))
-    if "temperature" in want:
-        _probe(out, "temperature", ("temperature",), partial(sampled, "temperature", cp.KEEP_MANY))
+        _wanted(out, want, name, partial(sampled, name, cp.KEEP_ONE[name]))
+    _wanted(out, want, "temperature", partial(sampled, "temperature", cp.KEEP_MANY))
     return out
 
 
@@ -170,13 +146,11 @@ def _chat_probes(p: cp.Prober, want: set[str], drafting: bool) -> list[cp.ProbeR
         events = p.client.stream_events("/v1/chat/completions", streamed, timeout=p.timeout)
         return cp.stream_problems(events, answer), {"answer": brief, "events": events[-3:], "n_events": len(events)}
 
-    if "max_tokens" in want:
-        _probe(out, "max_tokens", ("max_tokens",), lambda: (cp.max_tokens_problems(answer, cp.CHAT_TOKENS), brief))
+    _wanted(out, want, "max_tokens", lambda: (cp.max_tokens_problems(answer, cp.CHAT_TOKENS), brief))
     if "logprobs" in want:
         problems = cp.logprobs_problems(answer, cp.CHAT_TOKENS, cp.TOP_LOGPROBS, drafting=drafting)
         _probe(out, "logprobs", ("logprobs",), lambda: (problems, brief))
-    if "messages" in want:
-        _probe(out, "messages", ("messages",), messages)
+    _wanted(out, want, "messages", messages)
     if want & {"stream", "stream_options"}:
         _probe(out, "stream", tuple(f for f in ("stream", "stream_options") if f in want), stream)
     return out
@@ -196,10 +170,8 @@ def _constrained_probes(p: cp.Prober, want: set[str]) -> list[cp.ProbeResult]:
         raw = {"content": cp.chat_text(answer), "finish_reason": cp.chat_choice(answer).get("finish_reason")}
         return cp.schema_problems(answer), raw
 
-    if "grammar" in want:
-        _probe(out, "grammar", ("grammar",), grammar)
-    if "response_format" in want:
-        _probe(out, "response_format", ("response_format",), response_format)
+    _wanted(out, want, "grammar", grammar)
+    _wanted(out, want, "response_format", response_format)
     return out
 
 

@@ -1,15 +1,10 @@
 """The probes of `request_contract` (checks/contract.py): one request field each, judged so that a
 build which breaks the field cannot pass by accident.
 
-Every probe asks greedy or one-token-kept questions on slot 0 without the prompt cache, one request
-after another, so two answers it compares come from the same configuration of the model (the same
-prompt batch, the same slot, the same decode shapes): their tokens are equal on any device, and no
-cross-configuration floor is needed (checks/parting.py is for those). Each probe returns the
-request fields it covered, what the server did wrong (empty when right), and the server's own
-answers for the receipt.
-
-The pure judges (`*_problems`) take the server's answers as parsed JSON and are unit-tested on
-answers recorded from the pinned server.
+Every probe asks greedy or one-token-kept questions on slot 0 without the prompt cache, one after
+another, so answers it compares come from one configuration of the model and are equal on any
+device. Each returns the fields it covered, the problems found and the server's answers for the
+receipt. The pure judges (`*_problems`) take the server's answers as parsed JSON.
 """
 
 from __future__ import annotations
@@ -117,9 +112,8 @@ def n_predict_problems(body: dict[str, Any], n: int) -> list[str]:
 
 def n_probs_problems(body: dict[str, Any], k: int, *, drafting: bool) -> list[str]:
     """Every generated token carries `k` top entries, sorted, log-probabilities, mass at most 1;
-    at the first token (decoded from the prompt batch, never drafted) the greedy token is on top.
-    On a drafting pair the pinned server sends no entries for an accepted drafted token (llama.cpp
-    fills them only for a token sampled from its own position): such tokens may carry none."""
+    at the first token (never drafted) the greedy token is on top. An accepted drafted token may
+    carry none (the pinned server fills them only for a token sampled from its own position)."""
     out = []
     probs = body.get("completion_probabilities") or []
     toks = tokens_of(body)

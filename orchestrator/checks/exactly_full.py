@@ -1,20 +1,15 @@
 """Exactly full: one slot filled to exactly its n_ctx, and one token over.
 
-The near-full checks leave `near_full_slack` free (the two-lane concurrency case needs it), so a
-slot that truncates or refuses a few dozen tokens before its reported context would pass them.
-This check uses no slack: a prompt of n_ctx - G tokens with n_predict G must be evaluated whole
-and generate all G tokens (prompt + generated = n_ctx; the pinned server flags such an answer
-`truncated` because the context's end was reached, which is not a cut: nothing is left out); a
-prompt of n_ctx tokens must be refused with `exceed_context_size_error`, the server's documented
-error; and asking G + 1 tokens after the same prompt must stop at exactly G (the end of the slot,
-neither earlier nor beyond). That last request reuses the prompt the first left in the slot
-(`cache_prompt`): where generation stops depends on the tokens the slot holds, not on how they
-got there, and evaluating the same n_ctx - G tokens cold a second time proved nothing new.
+The near-full checks leave slack free, so a slot that truncates a few dozen tokens early passes
+them. Here a prompt of n_ctx - G tokens with n_predict G must be evaluated whole and generate all
+G tokens (the server flags it `truncated`: the context's end was reached, nothing is cut); a
+prompt of n_ctx tokens must be refused with `exceed_context_size_error`; and G + 1 tokens after
+the same prompt (reused from the slot's cache) must stop at exactly G.
 """
 
 from __future__ import annotations
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.server.client import ServerRequestError
 
@@ -68,14 +63,9 @@ def run(ctx: CheckContext) -> CheckResult:
     try:
         full = ctx.client.completion(prompt, GENERATE, **kw)
     except ServerRequestError as exc:  # the slot is smaller than the profile says: the finding, not an error
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            duration_s=timer.elapsed(),
-            message=f"prompt {len(prompt)} + {GENERATE} = n_ctx {n_ctx} was refused: {exc}",
-            figures={"n_ctx": n_ctx, "prompt": len(prompt)},
-            raw={"refused": exc.body[:2000]},
-        )
+        msg = f"prompt {len(prompt)} + {GENERATE} = n_ctx {n_ctx} was refused: {exc}"
+        refused = {"n_ctx": n_ctx, "prompt": len(prompt)}
+        return result(NAME, "failed", msg, timer, figures=refused, raw={"refused": exc.body[:2000]})
     beyond = ctx.client.completion(prompt, GENERATE + 1, **{**kw, "cache_prompt": True})
     over_status = over_type = None
     over_msg = ""
@@ -117,9 +107,5 @@ def run(ctx: CheckContext) -> CheckResult:
         },
         "problems": problems,
     }
-    msg = "; ".join(problems) or (
-        f"slot filled to exactly {n_ctx} ({len(prompt)} + {GENERATE}); {n_ctx} prompt tokens refused ({over_type})"
-    )
-    return CheckResult(
-        name=NAME, verdict=verdict_of(problems), message=msg, figures=figures, raw=raw, duration_s=timer.elapsed()
-    )
+    ok = f"slot filled to exactly {n_ctx} ({len(prompt)} + {GENERATE}); {n_ctx} prompt tokens refused ({over_type})"
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

@@ -1,11 +1,9 @@
 """Identity before and after the suite: the pair that was accepted is the pair that ran.
 
-Two sources, both compared across the suite: deploy's `verify_identity` (binary hashes on the
-hosts, process argv vs the rendered profile, build_info, slots, route record) through
-`ctx.identity_probe`, and the server's own `/props` (build_info, slots, per-slot context,
-model path) read here, and, where the profile declares `split`, the devices' share of the model
-from the server's load log (checks.split). The check fails if either side reports a problem before or after, or
-if anything changed in between (a restart, a swapped binary, another profile).
+Two sources, compared across the suite: deploy's `verify_identity` (`ctx.identity_probe`) and the
+server's own `/props` read here, plus, where the profile declares `split`, the devices' share of
+the model from the load log (checks.split). The check fails if either side reports a problem
+before or after, or if anything changed in between.
 """
 
 from __future__ import annotations

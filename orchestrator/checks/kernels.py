@@ -1,20 +1,13 @@
 """Kernel validation on a pair: run each host's packaged `ggml-kernel-cases` against the CPU.
 
-On a GPU host the harness tests that host's own GPUs. On the lab's CPU hosts the non-CPU backend
-is the RPC device of the pair's RPC host. `ggml-rpc-server` serves one client at a time, so the
-check never goes through the rpc-server a live llama-server holds: it starts a second one from
-the RPC host's package on another port, bound to the inventory's RPC address, supervised by the
-same `pairctl-svc` helper under its own small root (`<install_root>/run/kernel-check`), and
-stops it afterwards whatever happened. It serves only the pair's peers, as the live one does:
-pairctl's RPC guard (hosts/rpc_guard.py) is preloaded into it and read back from the running
-process before any harness connects (issue 32: a second, unguarded rpc-server on rpc_port + 1
-served any host that could reach it for the length of the check), and each peer proves the
-pair's route key (issue 49: by address alone, any local user of a peer was served); the harness
-proves it through the same shim llama-server has (`dial_env`).
+A GPU host tests its own GPUs; a CPU host tests the RPC device of the pair's RPC host. Since
+`ggml-rpc-server` serves one client at a time, the check starts a second one from the RPC host's
+package on another port, under its own `pairctl-svc` root (`<install_root>/run/kernel-check`),
+guarded as the live one is (RPC guard preloaded and read back, route key proven by each peer via
+`dial_env`), and stops it whatever happened.
 
 Planning (`plan_kernel_check`) and judging (`parse_harness_output`, `judge_host`) are pure;
-`run_kernel_check` executes a plan and writes the results into a receipt, either its own
-(`pairctl kernels check`) or a step of a caller's journal (a deploy before the servers start).
+`run_kernel_check` executes a plan into its own receipt or a step of a caller's journal.
 """
 
 from __future__ import annotations
@@ -50,15 +43,14 @@ from orchestrator.hosts.rpc_guard import (
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
-from orchestrator.remote.transport import HOST_LOG_MAX
 from orchestrator.roles import ROLES, Role
 
 DEFAULT_KERNEL = "mmvf-warp-per-row"
 KERNEL_CHECK_DIR = "kernel-check"  # under <install_root>/run: the second rpc-server's own svc root
 HARNESS_RELPATH = ("tests", "bin", HARNESS_NAME)
 HARNESS_TIMEOUT_S = 900
-# a check on its own holds the pair's leases this long at most: its two harness runs and the
-# rpc-server's start, wait and stop, each bounded above, with a margin
+# a check on its own holds the pair's leases this long at most: two harness runs, the rpc-server's
+# start, wait and stop, and a margin
 LEASE_TTL_S = 2 * HARNESS_TIMEOUT_S + 600
 EXIT_MEANING = {
     0: "all cases passed",
@@ -75,12 +67,8 @@ EXIT_MEANING = {
 
 @dataclass(frozen=True)
 class RpcServerPlan:
-    """The second rpc-server: which host, from which package, bound where.
-
-    It is supervised by its own copy of `pairctl-svc` (this checkout's, installed over SFTP)
-    in its own root `<install_root>/run/kernel-check`, so its pid and output files never touch
-    the live services' and the helper's command line always matches this code.
-    """
+    """The second rpc-server: which host, from which package, bound where; under its own root so
+    its pid and output files never touch the live services'."""
 
     host: str
     root: str  # <install_root>/run/kernel-check
@@ -100,10 +88,6 @@ class RpcServerPlan:
     @property
     def endpoint(self) -> str:
         return f"{self.bind}:{self.port}"
-
-    @property
-    def output_file(self) -> str:
-        return self.layout.log(f"{RPC_SERVER}.out")
 
     def argv(self) -> list[str]:
         return [self.binary, "-H", self.bind, "-p", str(self.port)]
@@ -126,15 +110,11 @@ class RpcServerPlan:
         return self.layout.stop_cmd(RPC_SERVER)
 
     def dial_env(self, host: str, install_root: str) -> tuple[tuple[str, str], ...]:
-        """What a harness on HOST needs to prove the route key to this server's guard: the shim
-        and the key file on that host (this server's own root on the RPC host, where both are
-        put by the check itself), preloaded as the supervisor preloads them into llama-server."""
+        """What a harness on HOST needs to prove the route key to this server's guard: the shim and
+        key file on that host (this server's own root on the RPC host), preloaded."""
         layout = self.layout if host == self.host else HostLayout(install_root)
         key = posixpath.join(layout.secrets, ROUTE_KEY)
         return (("LD_PRELOAD", layout.guard), ("PAIRCTL_RPC_DIAL", self.endpoint), ("PAIRCTL_RPC_KEY", key))
-
-    def listeners_cmd(self) -> Cmd:
-        return probes.listeners_cmd()
 
 
 def port_taken(proc_net_tcp: str, bind: str, port: int) -> list[str]:
@@ -229,12 +209,8 @@ def plan_kernel_check(
     port: int | None = None,
     perturb: Iterable[str] = (),
 ) -> KernelCheckPlan:
-    """Which harness runs where, with which argv, and whether a second rpc-server is needed.
-
-    `packages` maps host name -> package id (the active or about-to-be-active release). A host
-    with a GPU (`gpu:` in the inventory) tests its own GPUs; a CPU host tests the pair's RPC
-    device through a second rpc-server on `port` (default: the pair's rpc_port + 1).
-    """
+    """Which harness runs where, with which argv, and whether a second rpc-server is needed (on
+    `port`, default rpc_port + 1). `packages`: host name -> package id."""
     p = inventory.pair(pair)
     perturb = tuple(perturb)
     unknown = [x for x in perturb if x != "all" and x not in cases.names()]
@@ -390,7 +366,6 @@ class KernelCheckResult:
     plan: KernelCheckPlan
     verdicts: list[HostVerdict]
     receipt: str | None = None
-    rpc_server_log: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -484,9 +459,7 @@ def _execute(
                     )
         for run in plan.runs:
             t = pool.get(run.host)
-            faults.at_step(
-                f"kernels.harness.{run.role}"
-            )  # test-only boundary (orchestrator/faults.py); inert otherwise
+            faults.at_step(f"kernels.harness.{run.role}")  # test-only boundary; inert otherwise
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
                 h = t.run(run.hash_cmd(), check=False, timeout=60)
                 sha = parse_sha256sum(h.stdout).get(run.harness) if h.exit_status == 0 else None
@@ -511,11 +484,6 @@ def _execute(
         if server is not None and started:
             t = pool.get(server.host)
             with journal.step("kernels.rpc_server.stop", host=server.host) as step:
-                try:
-                    log = t.read_bytes(server.output_file, max_bytes=HOST_LOG_MAX)
-                    result.rpc_server_log = log[-2000:].decode("utf-8", "replace")
-                except OSError:
-                    result.rpc_server_log = None
                 res = t.run(server.stop_cmd(), check=False, timeout=60)
                 step.data["stop"] = res.stdout.strip()
                 if res.exit_status != 0:
@@ -539,12 +507,8 @@ def run_kernel_check(
 ) -> KernelCheckResult:
     """Run the kernel cases of `kernel` on both hosts of `pair`; raise CheckFailed when any fails.
 
-    - `packages`: {host name: package id}; default: each host's active (`current`) release. A
-      deploy passes the ids it just uploaded, before the servers start.
-    - `pool`: a TransportPool to reuse (default: one opened and closed here).
-    - `journal`: record into this journal's steps (a deploy's); default: a receipt of its own
-      (`kernels check`), sealed here, whose hash is in the result and in the CheckFailed message.
-    - `planned`: the check as a deploy's plan decided it (its dry run printed it), run as it is.
+    `packages` defaults to each host's active release; `journal` (a deploy's) replaces a receipt of
+    its own; `planned` is the check as a deploy's plan decided it, run as it is.
     """
     log = get_logger(pair=pair, step="kernels.check")
     cases = load_cases(kernel)
@@ -570,12 +534,8 @@ def run_kernel_check(
                 pair=pair,
                 inputs=_inputs(kernel),
             )
-            # an exception seals the receipt as failed (or aborted) and propagates. On its own the
-            # check writes live files (the pair's route key, the guard under bin/): it holds the
-            # pair's leases as accept does, so it never races a deploy or a rollback; a leased
-            # pair refuses it (LeaseHeldError) before anything is written
-            # renewed while the cases run, and stale after two missed renewals: a killed check
-            # frees the pair in minutes, not the TTL. The receipt is sealed after the leases go.
+            # on its own the check writes live files (route key, guard): it holds the pair's leases
+            # as accept does, renewed while the cases run and stale after two missed renewals
             with own:
                 with ExitStack() as stack:
                     with own.step("lease", host=",".join(hosts_of(inventory, pair))) as st:
@@ -634,13 +594,8 @@ def _inputs(kernel: str) -> dict[str, str]:
 
 
 def deploy_step(ctx: Any, planned: KernelCheckPlan) -> dict[str, Any]:
-    """The engine handler for a playbook step `action: kernel-check` (host: local): the check its
-    plan step carries (the packages being deployed, decided with the deploy's plan).
-
-    Place it after `upload` and before `stop-native`: the packages being deployed are on the
-    hosts, nothing that runs has changed yet, and a failure aborts the deploy without a rollback.
-    The live pair keeps serving meanwhile (the check uses its own rpc-server on rpc_port + 1).
-    """
+    """The engine handler for a playbook step `action: kernel-check`: placed after `upload` and
+    before `stop-native`, so a failure aborts the deploy before anything that runs has changed."""
     result = run_kernel_check(
         ctx.inventory, ctx.view.name, home=ctx.home, kernel=planned.kernel, planned=planned,
         pool=ctx.pool, journal=ctx.journal,

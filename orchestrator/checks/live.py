@@ -1,9 +1,6 @@
 """Build a `CheckContext` for a deployed pair: what is active (route record), how to reach it,
-how to prove its identity, and which earlier results it is compared against.
-
-Executing code (SSH, HTTP, file reads) lives here so the checks and the CLI stay small.
-`open_live(...)` is what `pairctl accept` calls; deploy builds its own context from what it
-just activated and calls `suite.run_suite` directly.
+how to prove its identity, and which earlier results it is compared against. `open_live` is what
+`pairctl accept` calls; deploy builds its own context and calls `suite.run_suite` directly.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Pure comparison of two next-token distributions given as top-K logprobs (no I/O).
 
-A position is `{token id: logprob}` as llama-server reports it with `n_probs` (pre-sampling
-probabilities of the full softmax). Tokens missing on one side (top-K shorter than the
-vocabulary) count as that side's smallest listed logprob; every value is clamped at `floor`
-(the server writes log(0) as the lowest float, and far below the floor float32 rounding rules).
-The figures follow llama.cpp's `llama-perplexity --kl-divergence` (KL of the candidate from the
-reference, top-1 agreement) plus the largest |delta logprob| over the union of both top-K sets.
-
-Under a top-K cut that union figure has two parts: the movement of tokens both sides list, and a
-token crossing the cut, which counts at the other side's smallest listed logprob (on a real model's
-long tail that alone can be most of a nat). `shared_max_abs_dlogprob` keeps the first part apart: how
-far the numbers themselves moved, the size a numeric bug is quoted in. It is reported, not gated.
+A position is `{token id: logprob}` as llama-server reports it with `n_probs`. A token missing on
+one side counts as that side's smallest listed logprob; every value is clamped at `floor` (the
+server writes log(0) as the lowest float). Figures follow `llama-perplexity --kl-divergence` (KL,
+top-1 agreement) plus the largest |delta logprob| over the union of both top-K sets; since a token
+crossing the cut alone can make most of a nat, `shared_max_abs_dlogprob` (tokens both sides list)
+is reported apart, not gated.
 """
 
 from __future__ import annotations

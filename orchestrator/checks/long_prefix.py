@@ -1,11 +1,8 @@
 """Long-prefix cache reuse: a long prompt, then a request sharing most of it, on the same slot.
 
-Reports reused / new / generated tokens (the field report: 98304 prompt, 72941 reused, 25363
-new, 512 generated). Functional coverage, not a speed claim: it passes when the shared part was
-reused (at least the shared length minus one), the rest was evaluated, and generation completed.
-The first request only fills the slot: it generates one token (what it generates is never looked
-at, and the second request's prompt leaves the shared prefix before the first's prompt ends, so
-its tail is dropped from the cache either way).
+Reports reused / new / generated tokens. Functional coverage, not a speed claim: it passes when the
+shared part was reused (at least its length minus one), the rest was evaluated, and generation
+completed. The first request only fills the slot, so it generates one token.
 """
 
 from __future__ import annotations

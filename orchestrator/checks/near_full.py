@@ -1,20 +1,15 @@
 """Near-full slots: two lanes at once, and one lane alone, filled to per-slot capacity minus slack.
 
-Two lanes: both slots generate at the same time, each prompt sized so prompt + generation
-reaches `profile.near_full_tokens()`; each lane carries its own random nonce. Passes only if
-both complete without truncation with exactly the planned token counts, on two distinct slots
-that `/slots` showed generating at the same time, and each lane's output is isolated from the other:
-`recall` mode (models that can recall): the answer holds its own nonce and not the other's;
-`solo` mode (the lab's random model, any model): each lane's greedy tokens follow the same
-request run alone, parting only at near-ties within the pair's batch-variance tolerance (a GPU is
-not batch-invariant: checks/parting.py, checks/batch_floor.py). The population reached (sum of
-tokens_evaluated + tokens_predicted, and the peak seen in `/slots` while both ran) is reported
-against capacity.
+Two lanes: both slots generate at once, each with its own nonce, prompt + generation reaching
+`profile.near_full_tokens()`. Passes only if both complete untruncated with the planned token
+counts, on two distinct slots `/slots` showed generating together, each lane isolated from the
+other: in `recall` mode the answer holds its own nonce and not the other's; in `solo` mode each
+lane's greedy tokens follow the same request run alone, parting only at near-ties (parting.py).
+The population reached is reported against capacity.
 
 One lane: a near-full lane alone on slot 0 must complete cleanly. In `solo` mode two_lane's
-reference run of lane 0 is exactly that request (same size, slot, cold, greedy), so within one
-suite one_lane judges that run instead of sending it again; alone (`--checks one_lane_near_full`)
-or in `recall` mode it sends its own.
+reference run of lane 0 is that very request, so within one suite one_lane judges it instead of
+sending it again.
 """
 
 from __future__ import annotations
@@ -85,14 +80,19 @@ def lane_problems(lane: LaneOutcome) -> list[str]:
 
 def isolation_problems_recall(lanes: list[LaneOutcome]) -> list[str]:
     """Each answer names its own nonce and none of the others'."""
+    texts = [lane.content or "" for lane in lanes]
+    return _nonce_problems(lanes, texts, "answer does not contain its own nonce {}", "answer contains")
+
+
+def _nonce_problems(lanes: list[LaneOutcome], texts: list[str], missing: str, carries: str) -> list[str]:
+    """Each lane's text holds its own nonce (else `missing`, formatted with it) and no other lane's."""
     p = []
-    for lane in lanes:
-        text = lane.content or ""
+    for lane, text in zip(lanes, texts, strict=True):
         if lane.nonce and lane.nonce not in text:
-            p.append(f"lane {lane.lane}: answer does not contain its own nonce {lane.nonce}")
+            p.append(f"lane {lane.lane}: " + missing.format(lane.nonce))
         for other in lanes:
             if other is not lane and other.nonce and other.nonce in text:
-                p.append(f"lane {lane.lane}: answer contains lane {other.lane}'s nonce {other.nonce}")
+                p.append(f"lane {lane.lane}: {carries} lane {other.lane}'s nonce {other.nonce}")
     return p
 
 
@@ -134,14 +134,7 @@ def _walks(
 
 def prompt_hygiene_problems(lanes: list[LaneOutcome], prompt_texts: list[str]) -> list[str]:
     """Each lane's prompt carries its own nonce and no other lane's (else isolation proves nothing)."""
-    p = []
-    for lane, text in zip(lanes, prompt_texts, strict=True):
-        if lane.nonce and lane.nonce not in text:
-            p.append(f"lane {lane.lane}: prompt does not carry its own nonce")
-        for other in lanes:
-            if other is not lane and other.nonce and other.nonce in text:
-                p.append(f"lane {lane.lane}: prompt carries lane {other.lane}'s nonce {other.nonce}")
-    return p
+    return _nonce_problems(lanes, prompt_texts, "prompt does not carry its own nonce", "prompt carries")
 
 
 def overlap_problems(lanes: list[LaneOutcome], both_generating_seen: bool) -> list[str]:
@@ -294,13 +287,10 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
 
 
 def _numerics_only(problems: list[str], walks: list[Walk | None], tol: Tolerance | None) -> bool:
-    """A first run that failed only by a lane parting from its solo run, on a pair whose lanes do
-    move with the batch (a measured floor above 0). The two lanes are separate requests, so which
-    batches they share depends on timing: each run draws another batch composition, and a GPU's
-    parting margins vary with it (an H100 baseline: 0.34, 0.17, 1.51 nats over runs of one suite),
-    while the floor's twins, posted as one request, always draw the same. A lane that takes the
-    other lane's data parts again in a second run; numerics seldom part the same way twice. A pair
-    with a floor of 0 (the CPU lab) must agree exactly, first time."""
+    """A first run that failed only by a lane parting from its solo run, on a pair whose lanes move
+    with the batch (floor above 0): which batches two separate requests share depends on timing, so
+    margins vary run to run, while a lane taking the other's data parts again in a second run. A
+    floor of 0 (the CPU lab) must agree exactly, first time."""
     walked = [w for w in walks if w is not None]
     failed = [w for w in walked if w.problem]
     return bool(failed) and tol is not None and tol.nats > 0 and not tol.problem and len(problems) == len(failed)

@@ -1,26 +1,18 @@
 """Where two greedy runs of one request part, and whether the device's numerics explain it.
 
-Kernels on a GPU are not batch-invariant (llama.cpp issues #3014, #7052, #27407): a request
-decoded beside another lane, or verified in a batch of drafted tokens, goes through other kernels
-(or tilings) than the same request alone, so its logits move a little and a greedy near-tie can
-flip. Measured on an H100 with a real model: chosen tokens' logprobs moved up to 0.27 nats beside
-a second lane, and texts parted at top-two margins of 0.006-0.28 nats. On the CPU lab the same
-runs are bit-identical. So the checks that compare two runs of the model (two lanes against solo,
-drafted against draft-free, cached against uncached) never demand equal text; they walk the two
-token lists and judge each place they part:
+GPU kernels are not batch-invariant: a request decoded beside another lane, or verified in a batch
+of drafted tokens, takes other kernels than alone, so a greedy near-tie can flip (the CPU lab is
+bit-identical). So checks that compare two runs (two lanes vs solo, drafted vs draft-free, cached
+vs uncached) never demand equal text; they walk the two token lists and judge each parting:
 
-- the reference side's next-token distribution at the common prefix (one `probe` request, top K)
-  gives the *margin*: how much more it preferred its own token than the one the other side chose;
-- a margin within the tolerance (the batch-variance floor measured on this pair, `batch_floor`)
-  is a near-tie the device may flip: it is reported, one side continues from the other's prefix
-  (`reanchor`: one request), and the walk goes on, so the rest of the text is still judged;
-- a margin above it, or the other side's token outside the reference's top K, is a real
-  difference: the check fails there, naming the position and the margin.
+- the reference side's top-K at the common prefix (one `probe` request) gives the *margin*: how
+  much more it preferred its own token than the other side's;
+- a margin within the tolerance (the batch-variance floor measured by `batch_floor`) is a near-tie:
+  reported, one side continues from the other's prefix (`reanchor`), and the walk goes on;
+- a margin above it, or the other token outside the top K, is a real difference: the check fails.
 
-The regressions these checks exist for (a lane steered by the other's logits, a draft accepted
-without verification, a cache that changes the answer) part where the reference was sure, far
-above any device's floor, and they part again after every re-anchor. Pure except through the two
-callables the caller passes in; tested without a server in tests/unit/test_parting.py.
+The regressions these checks exist for part where the reference was sure, and part again after
+every re-anchor. Pure except through the two callables the caller passes in.
 """
 
 from __future__ import annotations
@@ -33,18 +25,11 @@ from typing import Any, Literal
 Probe = Callable[[list[int]], Mapping[int, float]]  # generated prefix -> the reference side's next-token logprobs
 Reanchor = Callable[[list[int], int], list[int]]  # (generated prefix, tokens left) -> the re-run side's tokens
 
-# How many near-tie partings one walk may hold. Each is a flip numerics can explain, but flips come
-# at the rate this pair's numerics make them, and batch_floor measures that rate on every twin it
-# runs (`pooled`: P partings in T tokens compared, short and long twins together). A walk of m
-# tokens may then hold the count a healthy pair exceeds with chance at most FALSE_FAIL, the rate's
-# uncertainty included: the rate's upper confidence bound at FALSE_FAIL / 2 (Garwood: the rate at
-# which P or fewer partings in T tokens had that chance), scaled to m, and that mean's Poisson upper
-# quantile at FALSE_FAIL / 2; at most MAX_PARTINGS (each parting costs two requests). More is a run
-# that keeps parting: a small systematic shift (a lane nudged by the other's logits) that stays
-# under the tolerance at each place. On the H100 run the twins parted 9 times in 354 tokens and
-# healthy 56-64 token walks at most 7 times (bound 12, held to 8); twins that never part in 400
-# tokens allow 6 in a 56-token walk. (The rule this replaces scaled the long twins' partings alone,
-# one sample of ~112 tokens: 0 or 1 partings there allowed 2-4, which a healthy GPU pair may exceed.)
+# How many near-tie partings one walk may hold: batch_floor measures this pair's parting rate on its
+# twins (`pooled`: P partings in T tokens); a walk of m tokens may hold the count a healthy pair
+# exceeds with chance at most FALSE_FAIL, the rate's uncertainty included (Garwood upper bound at
+# FALSE_FAIL / 2, scaled to m, then its Poisson upper quantile at FALSE_FAIL / 2), capped at
+# MAX_PARTINGS (each parting costs two requests). More is a small systematic shift that keeps parting.
 MAX_PARTINGS = 8
 FALSE_FAIL = 1e-3  # per walk; a suite walks about six times
 UNMEASURED = (MAX_PARTINGS, f"no parting rate measured: at most {MAX_PARTINGS}")
@@ -161,9 +146,8 @@ def first_difference(a: list[int], b: list[int], start: int = 0) -> int | None:
 
 
 def margin_of(dist: Mapping[int, float], theirs: int, ours: int) -> tuple[float | None, float]:
-    """(lp(theirs) - lp(ours), lower bound when `ours` is not listed). A negative margin means the
-    probe itself preferred our token; how far either way is what numerics must explain. A probe
-    whose top K lacks the reference side's own token disagrees with that run: no margin (never a tie)."""
+    """(lp(theirs) - lp(ours), lower bound when `ours` is not listed); negative: the probe preferred
+    ours. A top K without the reference's own token gives no margin (never a tie)."""
     if not dist or theirs not in dist:
         return None, float("inf")
     top = dist[theirs]
@@ -182,12 +166,10 @@ def walk(
     tolerance: float,
     max_partings: tuple[int, str] = UNMEASURED,
 ) -> Walk:
-    """Compare `subject` (the run under test) with `reference` token by token. At each parting the
-    probe scores the reference side after the common prefix; within `tolerance` the side named by
-    `side` is re-run from the other's prefix (its token at the parting taken over) and the walk
-    goes on. More near-ties than `max_partings` (the bound and its why: `Tolerance.parting_bound`)
-    fail the walk, except a measuring one (`tolerance` infinite), which stops there. Both lists
-    hold generated tokens only; prefixes handed to the callables are too."""
+    """Compare `subject` (the run under test) with `reference` (generated tokens only) token by
+    token. Within `tolerance` the side named by `side` is re-run from the other's prefix and the
+    walk goes on; more near-ties than `max_partings` fail the walk, except a measuring one
+    (`tolerance` infinite), which stops there."""
     a, r = list(subject), list(reference)
     n = len(r)
     out = Walk()

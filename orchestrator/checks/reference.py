@@ -1,19 +1,14 @@
 """Reference answers: which package pair is a route's yardstick, and its recorded answers.
 
 Both live in the pair's receipt chain, so every change is evidence:
-- the *pinned reference* is the newest passed `reference` receipt (`pairctl reference set`);
-  without one, the first passed acceptance that recorded reference answers (a route's first
-  accepted pair becomes its reference unless one is set);
-- *reference answers* are the raw data of a passed `check:reference_logprobs` step whose role
-  was `reference`, keyed by (reference packages, model file hashes, answer-defining profile
-  fields, fixture set, **numerics**: KV types, flash attention, and the split of layers when it
-  spans device kinds). They are recorded once per key, by the reference pair itself, with the
-  replay floor it measured and the gates derived from it.
-An accepted candidate never becomes the yardstick: only the reference pair records answers,
-and promoting another pair is the deliberate `reference set`. Neither the pin nor answers come
-from a run limited by `--checks`/`--skip` (issue 42: a deploy limited to `--checks
-reference_logprobs`, whose only check skipped, made its pair the route's reference): the receipt
-must say the whole suite ran (`acceptance_whole_suite`, set by checks.suite) and it must have passed.
+- the *pinned reference* is the newest passed `reference` receipt (`pairctl reference set`), else
+  the first passed acceptance that recorded reference answers;
+- *reference answers* are the raw data of a passed `check:reference_logprobs` step whose role was
+  `reference`, keyed by packages, model hashes, answer-defining profile fields, fixture set and
+  numerics (KV types, flash attention, a split spanning device kinds); recorded once per key by
+  the reference pair itself, with its replay floor and gates.
+An accepted candidate never becomes the yardstick. Neither pin nor answers come from a run limited
+by `--checks`/`--skip`: the receipt must say the whole suite ran (`acceptance_whole_suite`) and passed.
 """
 
 from __future__ import annotations
@@ -116,19 +111,12 @@ def device_kind(manifest: Any) -> str:
 
 
 def numerics_fields(profile: RouteProfile, kinds: Mapping[Role, str]) -> dict[str, Any]:
-    """The profile fields that legitimately change the numbers (measured: docs/reference-answers.md).
-
-    KV types and flash attention change the kernels and the stored precision. The split of layers
-    counts only when the devices that may hold layers are of different kinds (`kinds`: role ->
-    device_kind; the native host's CPU holds layers when not all are offloaded): between identical
-    backends it was measured to change nothing. Batch and ubatch sizes and drafting were measured
-    to change nothing on the CPU lab and the H200 and are not part of the key, with one exception:
-    where a CPU holds layers with an f16 or f32 KV cache (K and V alike) under flash attention, the
-    pinned CPU kernel (ggml-cpu ops.cpp) splits the cache across threads for one-token steps
-    (>= 512 cells, summed in thread order) and takes a tiled path for batches of >= GGML_FA_TILE_Q
-    rows, so the thread count and the ubatch size move numbers there (measured on the real lab
-    model stored F16: 0.07-0.5 nats for 1 -> 2 threads, 0.008 for ubatch 256 -> 64) and join the
-    key; with any other cache each output is reduced by one thread in one order."""
+    """The profile fields that legitimately change the numbers (measured: docs/reference-answers.md):
+    KV types and flash attention; the split of layers only when the devices that may hold layers
+    are of different kinds (`kinds`: role -> device_kind). Batch sizes and drafting change nothing,
+    except where a CPU holds layers with an f16/f32 KV cache under flash attention: the pinned CPU
+    kernel then splits the cache across threads and tiles large batches, so threads and ubatch
+    join the key."""
     used = {kinds.get("native", "unknown"), kinds.get("rpc", "unknown")}
     if profile.n_gpu_layers != "all":
         used.add("cpu")

@@ -1,17 +1,12 @@
 """Reference logprobs: the candidate's next-token distributions against the reference pair's
 recorded answers, teacher-forced on the reference's own tokens.
 
-Self-consistency checks cannot see a forward pass that changed the same way on both sides; this
-one compares with answers recorded once from the route's reference pair (`checks.reference`).
-For each fixture the candidate answers the same prompt through the same endpoint with top-K
-logprobs; where its greedy token differs from the reference's, it continues from the reference's
-prefix (`/completion`, same slot, prompt cache: one new token), so every position is judged on
-the reference's sequence. Figures as `llama-perplexity --kl-divergence` reports them plus the
-largest |delta logprob| over top-K; the gates are the profile's `reference_gates`.
-
-Roles: the pinned reference pair (or, with no pin yet, the route's first pair) *records*
-answers for its key when none exist; any other pair *compares* and fails when the reference has
-no answers for its key (the message says how to record them).
+Self-consistency checks cannot see a forward pass that changed the same way on both sides. For
+each fixture the candidate answers the same prompt with top-K logprobs; where its greedy token
+differs, it continues from the reference's prefix, so every position is judged on the reference's
+sequence, gated by the profile's `reference_gates`. The pinned reference pair (or, with no pin, the
+route's first pair) *records* answers for its key when none exist; any other pair *compares*, and
+fails when the reference has no answers for its key.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.checks import logprobs as lp
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.oracle_fixtures import (
     DEFAULT_SET,
     OracleFixture,
@@ -70,20 +65,6 @@ def asked_raw(ctx: CheckContext, fs: OracleFixtureSet, k: int, vocab: int | None
         "top_k": k,
         "n_vocab": vocab,
     }
-
-
-def judged(
-    name: str, problems: list[str], failed: str, passed: str, figures: dict[str, Any], raw: dict[str, Any], timer: Timer
-) -> CheckResult:
-    """A logprob comparison's result: `failed` (which names the problems) when there are any, else `passed`."""
-    return CheckResult(
-        name=name,
-        verdict=verdict_of(problems),
-        message=failed if problems else passed,
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
-    )
 
 
 def top_k_for(ctx: CheckContext, gates: ReferenceGates) -> tuple[int, int | None, bool]:
@@ -191,12 +172,9 @@ def record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, floor: float) 
 
 def teacher_forced(asker: Asker, fx: Mapping[str, Any], first: Answer | None = None) -> tuple[Answer, int, int]:
     """The candidate's distribution at every position of the reference's tokens; also the number
-    of positions where its greedy token differed and the first such position (-1: none).
-
-    Two things make it continue from the reference's prefix (`/completion`, prompt cache): a
-    greedy token that differs (its own distribution is still on the reference's prefix, so it
-    counts), and a position without logprobs (the pinned server reports none for tokens accepted
-    from a draft; the first token after a prompt is always sampled with them)."""
+    of positions where its greedy token differed and the first such position (-1: none). It
+    continues from the reference's prefix where its greedy token differs and where a position has
+    no logprobs (tokens accepted from a draft)."""
     ref_tokens = list(fx["tokens"])
     n = len(ref_tokens)
     got = first if first is not None else asker.first(fx["endpoint"], fx["prompt"], n)
@@ -225,13 +203,9 @@ DRAFT_FREE_TOKENS = 2  # a request's first token comes from its prompt, the seco
 
 
 def continuation_tokens(left: int, drafting: bool) -> int:
-    """How many tokens a teacher-forced continuation asks for. A drafting server reports logprobs
-    only for tokens it did not take from a draft, so asking all that is left generated tokens the
-    walk threw away (measured: one position per request, up to 9 tokens generated for it). Two
-    tokens are never drafted: the first is sampled from the prompt, and the server drafts at most
-    n_remaining - 1 tokens (`get_n_draft_max`), none with one token left. Both are the same
-    distributions at the same positions from the same cached prefix. A server that does not draft
-    answers every position with logprobs: all that is left, in one request."""
+    """How many tokens a teacher-forced continuation asks for: a drafting server reports logprobs
+    only for tokens not taken from a draft, and never drafts the first token after a prompt nor with
+    one token left, so it is asked two; a server that does not draft, all that is left."""
     return min(left, DRAFT_FREE_TOKENS) if drafting else left
 
 
@@ -320,26 +294,21 @@ def _record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, gates: Refere
         "floor_fixtures": per_fixture,
     }
     if problems:
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            duration_s=started.elapsed(),
-            message=(
-                f"the reference pair does not reproduce its own answers (replay right after recording): "
-                f"{'; '.join(problems)}; nothing was recorded (raise reference_gates.minimum only with a reason)"
-            ),
-            raw={**base_raw, "role": "replay", **origin, "problems": problems},
+        msg = (
+            f"the reference pair does not reproduce its own answers (replay right after recording): "
+            f"{'; '.join(problems)}; nothing was recorded (raise reference_gates.minimum only with a reason)"
         )
-    return CheckResult(
-        name=NAME,
-        verdict="skipped",
-        required=False,
-        duration_s=started.elapsed(),
-        message=(
-            f"{how}; recorded its answers ({len(answers)} fixtures) as reference answers, key {key[:12]}; replay "
-            f"floor max |dlogprob| {floor.max_abs_dlogprob:.3g}, max KL {floor.max_kl:.3g} -> gates "
-            f"{g.max_abs_dlogprob:.3g} / {g.max_kl:.3g}"
-        ),
+        return result(NAME, "failed", msg, started, raw={**base_raw, "role": "replay", **origin, "problems": problems})
+    msg = (
+        f"{how}; recorded its answers ({len(answers)} fixtures) as reference answers, key {key[:12]}; replay "
+        f"floor max |dlogprob| {floor.max_abs_dlogprob:.3g}, max KL {floor.max_kl:.3g} -> gates "
+        f"{g.max_abs_dlogprob:.3g} / {g.max_kl:.3g}"
+    )
+    return result(
+        NAME,
+        "skipped",
+        msg,
+        started,
         figures={
             "role": "reference",
             "key": key[:12],
@@ -360,7 +329,7 @@ def run(ctx: CheckContext) -> CheckResult:
     gates = ctx.profile.reference_gates
     k, vocab, complete = top_k_for(ctx, gates)
     if k <= 0:
-        return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
+        return result(NAME, "failed", NO_VOCAB, timer)
     running = running_packages(ctx)
     state = ctx.reference
     kinds = {r: device_kind(ctx.packages.get(r)) for r in ROLES}
@@ -373,13 +342,7 @@ def run(ctx: CheckContext) -> CheckResult:
     }
     if running is None or state is None:
         why = "the active packages are not in the local store" if running is None else "no evidence store was given"
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            message=f"cannot compare with reference answers: {why}",
-            raw=base_raw,
-            duration_s=timer.elapsed(),
-        )
+        return result(NAME, "failed", f"cannot compare with reference answers: {why}", timer, raw=base_raw)
     pin = state.pin.packages() if state.pin else running
     base = base_key(pin, ctx.weights_sha256, profile_answer_fields(ctx.profile, ctx.n_ctx_train), fs.sha256())
     key = answers_key(base, numerics)
@@ -413,12 +376,9 @@ def run(ctx: CheckContext) -> CheckResult:
     else:
         rg = recorded_gates(found)
         if rg is None:
-            return CheckResult(
-                name=NAME,
-                verdict="failed",
-                raw={**base_raw, "role": "candidate", "reference_receipt": found.receipt},
-                duration_s=timer.elapsed(),
-                message=f"reference answers {found.receipt[:12]} carry no derived gates: re-record them",
+            msg = f"reference answers {found.receipt[:12]} carry no derived gates: re-record them"
+            return result(
+                NAME, "failed", msg, timer, raw={**base_raw, "role": "candidate", "reference_receipt": found.receipt}
             )
         in_force = rg
         origin = f"replay floor x {found.raw.get('floor_factor')} (receipt {found.receipt[:12]})"
@@ -445,30 +405,18 @@ def _no_answers(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, gates: Re
                 "packages with this profile once to record them, or promote this pair with "
                 f"`pairctl reference set --pair {ctx.pair}`"
             )
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            raw={**base_raw, "role": "candidate", "changed": changed},
-            duration_s=timer.elapsed(),
-            message=msg,
-        )
+        return result(NAME, "failed", msg, timer, raw={**base_raw, "role": "candidate", "changed": changed})
     pinned = ctx.reference is not None and ctx.reference.pin is not None
     how = "this pair is the pinned reference" if pinned else "the route has no reference yet: this pair becomes it"
     if changed:
         how += f" (numerics changed: {'; '.join(changed)})"
     if not ctx.whole_suite:
-        return CheckResult(
-            name=NAME,
-            verdict="skipped",
-            required=False,
-            duration_s=timer.elapsed(),
-            message=(
-                f"{how}, but this run does not run the whole suite (--checks/--skip): a reference is recorded "
-                "only by a run of every check that then passes, so nothing was recorded and the route has no "
-                "reference from this run; deploy or accept without --checks/--skip to record it"
-            ),
-            raw={**base_raw, "role": "not recorded", "why": "limited suite"},
+        msg = (
+            f"{how}, but this run does not run the whole suite (--checks/--skip): a reference is recorded "
+            "only by a run of every check that then passes, so nothing was recorded and the route has no "
+            "reference from this run; deploy or accept without --checks/--skip to record it"
         )
+        return result(NAME, "skipped", msg, timer, raw={**base_raw, "role": "not recorded", "why": "limited suite"})
     return _record(ctx, asker, fs, gates, complete, base_raw, how, key, timer)
 
 
@@ -511,4 +459,5 @@ def _judge(asker: Asker, found: Answers, gates: ReferenceGates, complete: bool, 
         f"{summary.mean_kl:.3g}, max KL {summary.max_kl:.3g}, top-1 {summary.top1:.4f}, max |dlogprob| "
         f"{summary.max_abs_dlogprob:.3g}"
     )
-    return judged(NAME, problems, "; ".join(problems) + f" (gates from {origin})", passed, figures, raw, timer)
+    failed = "; ".join(problems) + f" (gates from {origin})"
+    return judged(NAME, problems, passed, timer, figures=figures, raw=raw, failed=failed)

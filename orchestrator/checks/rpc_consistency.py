@@ -1,19 +1,13 @@
 """RPC consistency: the RPC host's half judged on its own, with no reference answers needed.
 
-A fault in `ggml-rpc-server`, in the kernels it runs or in the transport between the hosts moves
-the numbers of every layer the RPC device holds, and on a route's first deploy there is no
-reference to compare with (`reference_logprobs` records the first pair's answers, whatever they
-are). This check compares the pair with itself on the other device: the profile's fixtures are
-answered through the live pair (layers on the RPC device) and through a probe `llama-server` on
-the native host, started from the same release with the same model and the same profile minus
-`--rpc` and drafting (the same layers on the native device). A broken native binary moves both
-sides alike and is `reference_logprobs`' business; what differs is the RPC host's part.
+On a route's first deploy there is no reference to compare with, yet a fault in `ggml-rpc-server`,
+its kernels or the transport moves every layer the RPC device holds. So the profile's fixtures are
+answered through the live pair and through a probe `llama-server` on the native host, from the same
+release and model, the profile minus `--rpc` and drafting; what differs is the RPC host's part.
 
-The probe runs under its own `pairctl-svc` root (`<install_root>/run/rpc-consistency`, like the
-kernel check's second rpc-server), listens on the pair's server address at `server_port +
-port_offset`, uses the pair's API key file when the pair has one, and is always stopped after.
-The gates come from the profile's measured floor (`config.rpc_consistency`); floor, factor,
-minimum and the derived gates are in the receipt beside the figures.
+The probe runs under its own `pairctl-svc` root (`<install_root>/run/rpc-consistency`) on the
+pair's server address at `server_port + port_offset`, with the pair's API key file when it has one,
+and is always stopped after. The gates derive from the profile's measured floor and are in the receipt.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.checks import logprobs as lp
-from orchestrator.checks.base import CheckContext, CheckResult, Timer
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.oracle_fixtures import load_oracle_set
 from orchestrator.checks.reference_logprobs import (
     NO_VOCAB,
@@ -33,7 +27,6 @@ from orchestrator.checks.reference_logprobs import (
     Asker,
     asked_raw,
     compare,
-    judged,
     record,
     top_k_for,
 )
@@ -178,18 +171,12 @@ def run(ctx: CheckContext) -> CheckResult:
     timer = Timer()
     cfg = ctx.profile.rpc_consistency
     if not cfg.enabled:
-        return CheckResult(
-            name=NAME,
-            verdict="skipped",
-            required=False,
-            message="rpc_consistency.enabled is false in the profile",
-            duration_s=timer.elapsed(),
-        )
+        return result(NAME, "skipped", "rpc_consistency.enabled is false in the profile", timer)
     fs = load_oracle_set(cfg.fixtures)
     ref_gates: ReferenceGates = ctx.profile.reference_gates
     k, vocab, complete = top_k_for(ctx, ref_gates)
     if k <= 0:
-        return CheckResult(name=NAME, verdict="failed", message=NO_VOCAB, duration_s=timer.elapsed())
+        return result(NAME, "failed", NO_VOCAB, timer)
     plan = plan_probe(ctx, cfg)
     raw: dict[str, Any] = {**asked_raw(ctx, fs, k, vocab), "gates": gates_of(cfg), "probe": plan.to_dict()}
     # 1. the live pair: the layers on the RPC device
@@ -228,7 +215,7 @@ def run(ctx: CheckContext) -> CheckResult:
         f"(gate {cfg.gate_abs_dlogprob():g}), max KL {summary.max_kl:.3g} (gate {cfg.gate_max_kl():g}), "
         f"{summary.positions} positions"
     )
-    return judged(NAME, problems, failed, passed, figures, raw, timer)
+    return judged(NAME, problems, passed, timer, figures=figures, raw=raw, failed=failed)
 
 
 class _Recorder(Asker):

@@ -1,7 +1,4 @@
-"""`pairctl accept` end to end: open the live context, begin a receipt, run the suite, seal.
-
-Kept out of the CLI module so the command stays thin and tests can call `accept_pair` directly.
-"""
+"""`pairctl accept` end to end: open the live context, begin a receipt, run the suite, seal."""
 
 from __future__ import annotations
 
@@ -35,9 +32,7 @@ if TYPE_CHECKING:
 
     from orchestrator.evidence.journal import Journal
 
-# The accept lease lasts as long as the suite may (checks/budget.py suite_seconds for the checks
-# selected, on the profile's budget) plus a margin, and a heartbeat renews it while the suite runs,
-# so a slow suite never outlives its lease and a killed accept's lease goes stale within minutes.
+# The accept lease lasts as long as the suite may plus a margin, renewed by a heartbeat while it runs.
 LEASE_MARGIN_S = 120.0
 HEARTBEAT_S = 300.0  # the heartbeat's period at most; the lease promises the next within twice that
 FALLBACK_TTL_S = 3600.0  # only when no profile can be loaded before the lease (open then refuses)

@@ -1,16 +1,11 @@
 """Sampling honoured: non-greedy settings reach the sampler, and the seed decides the text.
 
 Every other check is greedy, so a server that ignores temperature, top_k, top_p or the seed
-would pass them all. This one sends one prompt with non-greedy settings three times without the
-prompt cache: seed A, seed A again, seed B. It requires that each response's
-`generation_settings` reports the settings sent, that seed A repeats itself token for token and
-that seeds A and B give different tokens. The fixture is flat: at temperature 100 (applied
-after top_k and before top_p) the lab models' logit gaps (tens of logits) shrink below one nat,
-so two seeds agree on N_PREDICT sampled tokens with a vanishing chance (about 1 in 30 a token, so
-below 1e-20 for 16); a server whose sampler is greedy whatever it is told gives the same tokens for
-both seeds and fails. More tokens would prove nothing more and cost the most of any check on a
-drafting pair: at that temperature every draft is rejected, so each token costs a draft and a
-verification.
+would pass them all. One prompt is sent three times without the prompt cache: seed A, seed A
+again, seed B. Each `generation_settings` must report the settings sent, seed A must repeat itself
+and seeds A and B must differ. At temperature 100 the lab models' logit gaps shrink below one nat,
+so two seeds agree on N_PREDICT tokens with a vanishing chance; more tokens would only cost (on a
+drafting pair every draft is rejected at that temperature).
 """
 
 from __future__ import annotations

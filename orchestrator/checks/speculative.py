@@ -1,16 +1,11 @@
 """Speculative / MTP drafting: greedy output identical to the same requests with drafting off.
 
-Per-request `speculative.*` is compiled out of the pinned server, but the server never drafts
-for a request whose remaining budget is one token (`get_n_draft_max` caps a draft at
-`n_remaining - 1`). So the draft-free reference is made on the same live server by stepping two
-tokens a request (the first sampled from the prompt, the second with one token left): prompt ->
-2 tokens, prompt + those -> 2 tokens, ... each step checked to report no drafting.
-The drafted requests (normal `n_predict`) must give those tokens, parting only at near-ties
-within the pair's batch-variance tolerance (a verification batch runs other GPU kernels than one
-token: checks/parting.py); draft counts come
-from `timings` (`draft_n`, `draft_n_accepted`). The profile's `draft.expect` names the
-verification paths that must run: the lab route's perturbed draft is accepted often and rejected
-sometimes (both), lab-draft-other's is always rejected, a same-weights draft always accepted.
+Per-request `speculative.*` is compiled out of the pinned server, but it never drafts for a request
+with one token left (`get_n_draft_max` caps a draft at `n_remaining - 1`). So the draft-free
+reference is made on the same server two tokens a request, each step checked to report no drafting.
+The drafted requests must give those tokens, parting only at near-ties (checks/parting.py); draft
+counts come from `timings`. The profile's `draft.expect` names the verification paths that must run
+(accepted, rejected or both).
 """
 
 from __future__ import annotations
@@ -19,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.parting import Tolerance, Walk, summary, walk
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.hashing import sha256_json
@@ -132,7 +127,7 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         try:
             toks, d = stepwise_reference(ctx.client, p, n_predict, slot=0, timeout=timeout)
         except StepMismatch as exc:
-            return CheckResult(name=NAME, verdict="failed", message=str(exc), duration_s=timer.elapsed())
+            return result(NAME, "failed", str(exc), timer)
         reference.append(toks)
         ref_drafted += d
     draft_n = sum(r.timings.draft_n or 0 for r in results)
@@ -173,21 +168,10 @@ def run(ctx: CheckContext, *, drafted_params: dict[str, Any] | None = None) -> C
         "tolerance": tol.as_dict(),
         "problems": problems,
     }
-    if not problems:
-        msg = (
-            f"drafted output follows the draft-free reference{parted_note(walks, tol)}; "
-            f"{accepted}/{draft_n} drafted tokens accepted"
-            if ctx.drafting()
-            else f"drafting off: output follows the stepwise reference{parted_note(walks, tol)}"
-        )
-    else:
-        msg = "; ".join(problems)
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        required=True,
-        message=msg,
-        figures=figures,
-        raw=raw,
-        duration_s=timer.elapsed(),
+    ok = (
+        f"drafted output follows the draft-free reference{parted_note(walks, tol)}; "
+        f"{accepted}/{draft_n} drafted tokens accepted"
+        if ctx.drafting()
+        else f"drafting off: output follows the stepwise reference{parted_note(walks, tol)}"
     )
+    return judged(NAME, problems, ok, timer, figures=figures, raw=raw)

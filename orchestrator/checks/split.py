@@ -1,19 +1,13 @@
 """The split of the model between the pair's devices, read from llama-server's own load log.
 
-The point of the pair is that the RPC host holds part of the model; nothing over HTTP says so
-(`/props` lists no devices). llama-server logs it while loading, at `--log-verbosity 4`
-(the profile's `split` asks for that level): per buffer `load_tensors: <buffer> model buffer size
-= X MiB` and `llama_kv_cache: <buffer> KV buffer size = X MiB`, the total `offloaded N/M layers
-to GPU`, and at debug level (5) `layer N assigned to device D`. A buffer is named after its device
-(`RPC0[host:port]`, `CUDA0`, `CPU_Mapped`). Layers per device come from the debug lines when
-present, otherwise from the offloaded count: all of it when exactly one non-CPU device holds the
-weights (the lab pair, where the RPC device is the only accelerator), else shared between the
-accelerators in proportion to their model buffer bytes (a GPU pair: `CUDA0` and `RPC0[...]` both
-hold weights, and level 4, the level the profile renders, has no per-layer line; issue 42 item 3).
-A shared count is an estimate (layers differ in size by their share of the output layer) and says
-so in `layers_from`; the judgement it feeds is "the RPC device holds at least N layers".
-The parse uses the first load that really loads (`load_mode` other than `none`: the
-parameter-fitting probe loads nothing) up to the draft model or `load_model: initializing`.
+Nothing over HTTP says the RPC host holds part of the model; llama-server logs it while loading
+at `--log-verbosity 4`: per buffer (named after its device: `RPC0[host:port]`, `CUDA0`,
+`CPU_Mapped`) the model and KV buffer sizes, the total `offloaded N/M layers`, and at level 5
+`layer N assigned to device D`. Layers per device come from the debug lines when present, else
+from the offloaded count: all of it when one non-CPU device holds weights, else shared between the
+accelerators in proportion to their model buffer bytes (an estimate, said so in `layers_from`).
+The parse uses the first load that really loads (`load_mode` other than `none`) up to the draft
+model or `load_model: initializing`.
 """
 
 from __future__ import annotations
@@ -149,10 +143,10 @@ def split_problems(split: dict[str, Any] | None, expect: SplitExpectation) -> li
     return p
 
 
-def log_lines_cmd(root: str, file: str) -> Cmd:
-    """The load-log lines of `<root>/run/<file>` (fixed strings, no shell), at most 4000."""
-    argv: list[str] = ["grep", "-F", "-m", "4000"]
-    for t in MARKERS:
+def log_grep_cmd(root: str, file: str, *texts: str, most: int = 20) -> Cmd:
+    """Lines of `<root>/run/<file>` holding any of the fixed strings (no shell, no regex), at most `most`."""
+    argv: list[str] = ["grep", "-F", "-m", str(most)]
+    for t in texts:
         argv += ["-e", t]
     return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
 
@@ -166,7 +160,7 @@ def read_split(ctx: CheckContext) -> dict[str, Any]:
     if tr is None or root is None:
         return {"split": None, "problems": ["split: no transport to the native host to read its server log"]}
     try:
-        r = tr.run(log_lines_cmd(root, LOG_FILE), check=False, timeout=30)
+        r = tr.run(log_grep_cmd(root, LOG_FILE, *MARKERS, most=4000), check=False, timeout=30)
     except Exception as exc:  # a host error is an identity problem, not a crash of the suite
         return {"split": None, "problems": [f"split: cannot read the server log: {type(exc).__name__}: {exc}"]}
     split = parse_load_split(as_text(r.stdout))

@@ -1,10 +1,8 @@
 """The acceptance suite: identity first and last, telemetry around, the checks in between.
 
-`run_suite(ctx, only=None, skip=None) -> SuiteResult` is what `pairctl accept` and deploy's
-acceptance step call. Every check's result (with its raw data) becomes one journal step
-`check:<name>` in the receipt; telemetry samples go to the receipt's samples; the suite
-summary is the receipt field `acceptance`. `SuiteResult.passed` is True only if every required
-check passed; the caller decides what that means (exit 1, or a rollback in deploy).
+`run_suite` is what `pairctl accept` and deploy's acceptance step call. Every check's result
+becomes one journal step `check:<name>`; the suite summary is the receipt field `acceptance`.
+`SuiteResult.passed` is True only if every required check passed; the caller decides what that means.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Peak memory per host while the suite runs: GPU memory from nvidia-smi where present, else
 the service's resident memory (VmHWM / VmRSS from /proc/<pid>/status).
 
-Each sample is one fixed remote command with a bounded timeout. A sample that times out or
-breaks is a *sampler fault*: recorded in the receipt with its host and time, and kept apart
-from check verdicts, so a slow SSH probe never reads as a failed pair (the field report's
-first receipt failed on exactly that).
+Each sample is one fixed remote command with a bounded timeout. A sample that times out or breaks
+is a *sampler fault*, recorded apart from check verdicts: a slow SSH probe never fails a pair.
 """
 
 from __future__ import annotations

@@ -59,23 +59,15 @@ Liveness = tuple[tuple[str, int, str, int], ...]
 
 @dataclass(frozen=True)
 class ProgressWatch:
-    """How a model request is judged alive while it runs: `/slots` is read every `poll_s`; any
-    change in a slot's task, prompt tokens processed or tokens decoded is progress; none for
-    `stall_s` fails the request. `why` says where `stall_s` came from (for the message).
+    """How a model request is judged alive while it runs: `/slots` is read every `poll_s`; a change
+    in a slot's task, prompt tokens processed or tokens decoded is progress; none for `stall_s`
+    fails the request (`why` says where `stall_s` came from).
 
-    `/slots` answers only between batches, so a long batch is silent there. `alive` is the finer
-    signal: the services' CPU time on their hosts (/proc/<pid>/stat), read every poll; a service
-    that computes uses CPU time every second. When neither `/slots` nor the CPU time of any service
-    moves for `idle_s` (a SIGSTOPped or deadlocked server), the request fails then, however long a
-    batch at this context may honestly take; `stall_s` still bounds a server that spins without
-    progress. `alive` returning None (a host slow to answer) changes nothing: the counters are
-    cumulative, so the next reading still shows whether any CPU time was used across the gap, and
-    `/slots` is never waited on past `idle_s`. No reading for `idle_s` leaves `/slots` alone: then
-    `stall_s` (an upper bound on a batch at the deepest context, hours on a field profile) is held
-    to `blind_s` or `blind_factor` times the longest silence between two `/slots` moves seen so far
-    in this suite (`gaps`, shared by the requests that use this watch), whichever is more: a batch
-    costs at most a bounded multiple of the one before it at the same lanes, so a slow pair that
-    progresses is measured as it goes, while a hung one fails within `blind_s`."""
+    `/slots` is silent during a batch, so `alive` (the services' CPU time) is the finer signal:
+    neither moving for `idle_s` (a SIGSTOPped or deadlocked server) fails the request however long
+    a batch may take. A None reading changes nothing (the counters are cumulative). With no reading
+    for `idle_s`, `stall_s` is held to `blind_s` or `blind_factor` times the longest silence seen
+    between `/slots` moves (`gaps`, shared by the suite's requests), whichever is more."""
 
     stall_s: float
     poll_s: float = 1.0
@@ -110,10 +102,8 @@ def _fresh(watch: ProgressWatch, read_at: float | None, now: float) -> bool:
 
 
 def _stopped(seen: Liveness | None) -> bool:
-    """A service in state T (SIGSTOP) or t (a tracer's stop) computes nothing, whatever CPU time
-    the other still spends: the RPC server finishing the batch it was sent (a minute and more at 4x
-    context on the loaded lab) is work the stopped llama-server will never collect, so it is no sign
-    of progress (it held a SIGSTOPped llama-server's failure to ~120 s where idle_s is 30)."""
+    """A service in state T or t (stopped) computes nothing, whatever CPU time the other spends: the
+    RPC server finishing its batch is work a stopped llama-server never collects, not progress."""
     return any(st in ("T", "t") for _n, _pid, st, _t in seen or ())
 
 
@@ -172,9 +162,8 @@ class StreamHandle:
 
 
 class ServerClient:
-    """A llama-server's HTTP endpoint. `base_url` like `http://127.0.0.2:8080`. With `via` (the
-    native host's SSH transport, see `tunnel.via_for`) every request travels inside that SSH
-    connection: a request that carries the API key never crosses the network in cleartext."""
+    """A llama-server's HTTP endpoint. With `via` (the native host's SSH transport) every request
+    travels inside that SSH connection, so the API key never crosses the network in cleartext."""
 
     def __init__(
         self, base_url: str, api_key: Any = None, timeout: float = DEFAULT_TIMEOUT, *, via: TcpOpener | None = None
@@ -220,10 +209,9 @@ class ServerClient:
         return self._send(method, path, json, t)
 
     def _watched(self, watch: ProgressWatch, method: str, path: str, json: Any, timeout: float) -> httpx.Response:
-        """The request in a worker thread, judged by progress while it runs: `/slots` must change
-        within `watch.stall_s`, and the whole request must end within `timeout`. A stalled request
-        is abandoned (its own `timeout` still ends the worker), so a hung server fails in the stall
-        bound, not in the total one."""
+        """The request in a worker thread, judged by progress while it runs (see ProgressWatch) and
+        ended within `timeout`; a stalled request is abandoned, so a hung server fails in the stall
+        bound, not the total one."""
         box: dict[str, Any] = {}
         done = threading.Event()
 
@@ -258,10 +246,7 @@ class ServerClient:
                 slots = None
             seen = _read_alive(watch)  # after /slots, so a batch that kept /slots silent is seen working
             now = time.monotonic()
-            # None (a host slow to answer, as under load) teaches nothing and forgets nothing: the
-            # counters are cumulative, so a reading after a gap that shows the same ticks still
-            # proves no CPU time was used across it (resetting here let alternate late readings hide
-            # a SIGSTOPped llama-server for minutes at load 20)
+            # None (a host slow to answer) teaches and forgets nothing: the counters are cumulative
             if seen is not None:
                 if (cpu is None or _ticks(seen) != cpu_ticks) and not _stopped(seen):  # moved, or the first reading
                     busy = now
@@ -312,8 +297,7 @@ class ServerClient:
             try:
                 r = self._http.request(method, path, json=json, timeout=t)
             except httpx.RemoteProtocolError as exc:
-                # the connection dropped before any response: the request is sent again once, on a
-                # new connection, and counted (every request pairctl sends only reads the server)
+                # dropped before any response: sent again once and counted (every request only reads)
                 self.retries.append(f"{method} {path}: {exc}")
                 get_logger(server=self.base_url).warning(
                     "request retried after a dropped connection", path=path, error=str(exc)

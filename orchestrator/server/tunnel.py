@@ -1,22 +1,17 @@
 """HTTP to llama-server carried inside the SSH connection pairctl already holds to the native host.
 
-Why: pairctl needs an API key exactly when llama-server listens beyond loopback, i.e. on a
-network; sent over `http://` there, the key crosses that network in cleartext (issue 32 item 6).
-Through SSH's `direct-tcpip` channel (what `ssh -L` uses) the request leaves the operator's
-machine encrypted and authenticated by the host key pairctl already checked; the native host's
-sshd opens the last hop to the server on the host itself. No listening port is opened on the
-operator's machine and nothing is installed on the host; the host's sshd must allow TCP
-forwarding for the login user (OpenSSH's default, `AllowTcpForwarding local` suffices).
-
-The seam is httpcore's `NetworkBackend`: httpx keeps its HTTP/1.1 handling, timeouts and errors,
-only the byte stream comes from the channel.
+Over `http://` on a network the API key would cross it in cleartext. SSH's `direct-tcpip` channel
+(what `ssh -L` uses) carries the request encrypted to the host key pairctl already checked; no port
+opens on the operator's machine and nothing is installed on the host (its sshd must allow TCP
+forwarding). The seam is httpcore's `NetworkBackend`: httpx keeps its HTTP handling, timeouts and
+errors; only the byte stream comes from the channel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import httpcore
@@ -53,27 +48,25 @@ class _ChannelStream(httpcore.NetworkStream):
     def __init__(self, channel: Any) -> None:
         self._ch = channel
 
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+    def _io(self, what: str, fn: Callable[[], Any], timeout: float | None, errors: tuple[type[Exception], ...]) -> Any:
+        """`fn` on the channel; a timeout or a broken channel becomes httpcore's (timeout, error) of `what`."""
         try:
             self._ch.settimeout(timeout)
-            return bytes(self._ch.recv(max_bytes))
+            return fn()
         except TimeoutError as exc:
-            raise httpcore.ReadTimeout(str(exc) or "read timed out") from None
+            raise errors[0](str(exc) or f"{what} timed out") from None
         except Exception as exc:
             if _stream_error(exc):
-                raise httpcore.ReadError(f"{type(exc).__name__}: {exc}") from None
+                raise errors[1](f"{type(exc).__name__}: {exc}") from None
             raise
 
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return bytes(
+            self._io("read", lambda: self._ch.recv(max_bytes), timeout, (httpcore.ReadTimeout, httpcore.ReadError))
+        )
+
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        try:
-            self._ch.settimeout(timeout)
-            self._ch.sendall(buffer)
-        except TimeoutError as exc:
-            raise httpcore.WriteTimeout(str(exc) or "write timed out") from None
-        except Exception as exc:
-            if _stream_error(exc):
-                raise httpcore.WriteError(f"{type(exc).__name__}: {exc}") from None
-            raise
+        self._io("write", lambda: self._ch.sendall(buffer), timeout, (httpcore.WriteTimeout, httpcore.WriteError))
 
     def close(self) -> None:
         with contextlib.suppress(Exception):  # closing a channel of a dropped connection is not an error
