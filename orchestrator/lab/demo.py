@@ -59,8 +59,7 @@ def main(steps: list[Step] | None = None) -> int:
     return 0
 
 
-# -- the real story (issue 17): two revisions, a failed candidate that rolls back to the previous
-# revision, the candidate deployed, status naming current and previous, rollback to baseline.
+# -- the story: a failed candidate rolls back, the candidate deployed, status, rollback to baseline
 
 PATCH = "kernels/mmvf-warp-per-row"
 

@@ -122,9 +122,8 @@ class SystemdManager:
     def verify_staged(
         self, t: Transport, layout: HostPaths, host: str, service: str, argv: Sequence[str], sup: Sequence[str]
     ) -> str:
-        """The unit this run's start will install, rendered, staged and checked by the host's own
-        `systemd-analyze verify` now, before anything is stopped (a unit the host rejects, e.g. an
-        older systemd's, refuses the run with nothing changed)."""
+        """The unit this run's start will install, staged and checked by the host's own
+        `systemd-analyze verify` now: one it rejects refuses the run with nothing changed."""
         unit, _ = self.stage(t, layout, service, argv, sup)
         res = t.run(layout.svc_cmd("unit-verify", service, f"{self.scope}:{unit}"), check=False, timeout=120)
         if res.exit_status != 0:
