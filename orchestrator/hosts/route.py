@@ -84,8 +84,7 @@ class RouteRecord(BaseModel):
     previous: RouteEntry | None = None
     updated_at: str
     updated_by: str  # the run id that wrote it
-    # engine/route_states.py: activating (switched, acceptance not finished), active (accepted),
-    # identity-verified (acceptance skipped or partial); previous_state: what `previous` had
+    # engine/route_states.py; previous_state: what `previous` had
     state: Literal["active", "activating", "identity-verified"] = "active"
     previous_state: Literal["active", "identity-verified"] | None = None
     evidence_head: str | None = None  # the pair's newest receipt when the writing run began

@@ -81,8 +81,7 @@ def free_space(transport: Transport, path: str, known: FsResult = None) -> Space
 
 
 def refuses_writes(text: str) -> bool:
-    """A host error that says a root takes no new file: full, or read-only (OpenSSH's SFTP
-    server answers both with a bare 'Failure', which the transport names so: remote/ssh.py)."""
+    """A host error that says a root takes no new file: full, or read-only (remote/ssh.py)."""
     low = text.lower()
     return "no space left" in low or "read-only" in low
 

@@ -144,11 +144,8 @@ def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState |
     spid = (_read(t, layout.log(f"{name}.sup.pid")) or "").strip()
     alive = False
     if spid.isdigit():  # `sh .../pairctl-svc supervise ROOT NAME ...` (guards against a reused pid)
-        try:
-            cmd = t.read_bytes(f"/proc/{spid}/cmdline", max_bytes=HOST_FILE_MAX)
-        except (FileNotFoundError, OSError):
-            cmd = b""
-        alive = b"\0supervise\0" in cmd and b"\0" + name.encode() + b"\0" in cmd
+        cmd = _read(t, f"/proc/{spid}/cmdline") or ""
+        alive = "\0supervise\0" in cmd and f"\0{name}\0" in cmd
     st = parse_state(text, supervisor_alive=alive)
     pid = (_read(t, layout.log(f"{name}.pid")) or "").strip()
     if st.state == "running" and pid.isdigit():

@@ -161,16 +161,7 @@ def write_llama_gguf(
     temp file and rename; return its models.json record (sha256, size, shape)."""
     import gguf  # heavy optional dependency: only writing a lab model needs the GGUF writer
 
-    shape = ModelShape(
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv or n_head,
-        n_ff=n_ff,
-        n_vocab=n_vocab,
-        ctx=ctx,
-        dtype=dtype,
-    )
+    shape = ModelShape(n_layer, n_embd, n_head, n_head_kv or n_head, n_ff, n_vocab, ctx, dtype)
     shape.validate()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -210,9 +201,8 @@ def write_llama_gguf(
         if perturb:
             w.add_float32("pairctl.lab.perturb", perturb)
             w.add_uint32("pairctl.lab.perturb_seed", perturb_seed)
-        for tname, arr in _weights(
-            shape, seed, output_scale=output_scale, perturb=perturb, perturb_seed=perturb_seed
-        ).items():
+        weights = _weights(shape, seed, output_scale=output_scale, perturb=perturb, perturb_seed=perturb_seed)
+        for tname, arr in weights.items():
             _add_tensor(w, tname, arr, dtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -266,13 +256,7 @@ ROLE_FILES = {
     "sensitive": "sensitive.gguf",
     "draft_perturbed": "draft-perturbed-085.gguf",  # named for its noise: a changed one is written anew
 }
-ROLE_SEEDS = {
-    "target": TARGET_SEED,
-    "draft_same": TARGET_SEED,
-    "draft_other": OTHER_SEED,
-    "sensitive": TARGET_SEED,
-    "draft_perturbed": TARGET_SEED,
-}
+ROLE_SEEDS = {role: OTHER_SEED if role == "draft_other" else TARGET_SEED for role in ROLE_FILES}
 # `sensitive`: the target with its output projection scaled down, so next-token distributions have
 # near-ties and small numeric changes flip tokens (the reference-logprob profile). `draft_perturbed`:
 # the target plus seeded noise (0.85 accepts about 77% of drafts), for both speculative paths.

@@ -12,8 +12,7 @@ TAIL_CHARS = 2000
 
 @dataclass(frozen=True)
 class Result:
-    """Exit status, decoded output (UTF-8, undecodable bytes replaced; `stdout_bytes` exact) and
-    wall time."""
+    """Exit status, decoded output (`stdout_bytes`: the exact bytes) and wall time."""
 
     exit_status: int
     stdout: str

@@ -197,8 +197,7 @@ class _RevokedHostKey(_UnknownHostKey):
 
 
 class _RejectAndRecord(paramiko.RejectPolicy):
-    """RejectPolicy that keeps the offered key, so the error can show its fingerprint; a key
-    known_hosts marks `@revoked` is told apart (it is never among the accepted keys)."""
+    """RejectPolicy that keeps the offered key (for its fingerprint) and tells `@revoked` apart."""
 
     def __init__(self, revoked: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.revoked = revoked
@@ -288,9 +287,8 @@ class SshTransport:
         self._conn: _FabricConnection | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
-        # one SFTP conversation at a time: paramiko's client drops an answer that another thread's
-        # wait reads first, and that thread's own wait then never ends (two threads on one host
-        # deadlocked so); requests of one batch are still pipelined
+        # one SFTP conversation at a time: paramiko drops an answer another thread's wait reads
+        # first, and that thread then waits forever (a batch's requests are still pipelined)
         self._sftp_io = threading.RLock()
         self._log = get_logger(host=self.name)
         self._reached = False  # once connected, a lost connection is reconnected with RECONNECT_RETRY
@@ -312,8 +310,7 @@ class SshTransport:
     # -- connecting --
 
     def connect(self) -> None:
-        """Open the connection now (otherwise the first command does); idempotent. A failure is
-        a HostError naming the host (exit 4), as for a command."""
+        """Open the connection now (otherwise the first command does); idempotent."""
         self._connect_or_raise()
 
     @property
@@ -618,8 +615,7 @@ class SshTransport:
     # -- tcp through the host --
 
     def open_tcp(self, host: str, port: int, timeout: float | None) -> paramiko.Channel:
-        """A `direct-tcpip` channel (what `ssh -L` opens) to HOST:PORT as the host sees it: the
-        bytes cross the network inside this SSH connection (orchestrator.server.tunnel)."""
+        """A `direct-tcpip` channel (what `ssh -L` opens) to HOST:PORT as the host sees it."""
         t = self._connect_or_raise()
         return t.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
 
@@ -658,8 +654,7 @@ class SshTransport:
         t0 = time.monotonic()
         with self._transfer("put", "<bytes>", remote_path) as sftp:
             if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
-                # refused somewhere: again the long way, for the error as it always read (a full
-                # disk shows as paramiko's "size mismatch in put!", which names it DiskFull)
+                # refused somewhere: again the long way, for its error (a full disk: DiskFull)
                 sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
                 sftp.chmod(remote_path, mode & 0o7755)
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
@@ -901,8 +896,7 @@ class SshTransport:
         return errs, vals
 
     def login_uid(self) -> int:
-        """The login user's uid: the owner of the SFTP session's start directory, its home
-        (hosts/root_trust judges install roots against it); read once per transport."""
+        """The login user's uid: the owner of the SFTP session's start directory (its home)."""
         uid = getattr(self, "_login_uid", None)
         if uid is None:
             uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
@@ -1009,8 +1003,7 @@ class _AttrsFromMsg(Protocol):
 
 
 def _send_first(sftp: _SftpRequests, op: FsRead) -> int:
-    """The first request of one batch operation (an LSTAT, READLINK, statvfs or OPEN), sent
-    without waiting, so every path's first round trip is shared."""
+    """The first request of one batch operation (LSTAT, READLINK, statvfs or OPEN), not awaited."""
     from paramiko import sftp as S
     from paramiko.sftp_attr import SFTPAttributes
 

@@ -122,7 +122,6 @@ class Transport(Protocol):
     def connect(self) -> None:
         """Reach the host now (every other method does so on first use); idempotent. A failure
         is a HostError naming the host (`Unreachable` when no connection could be made)."""
-        ...
 
     def run(
         self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
@@ -139,7 +138,6 @@ class Transport(Protocol):
     def put_private(self, data: bytes, remote_path: str) -> None:
         """Create `remote_path` exclusively (O_CREAT|O_EXCL) with mode 0600 from its first byte,
         never chmod after: a secret is never readable by others, even for a moment."""
-        ...
 
     def chmod(self, path: str, mode: int) -> None: ...
 
@@ -151,25 +149,20 @@ class Transport(Protocol):
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         """mkdir(2), then chmod to `mode`: FileExistsError if the path exists (cannot be won twice)."""
-        ...
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
         """`mkdir -p`: create missing parents with `mode`; existing directories are fine."""
-        ...
 
     def stat(self, path: str) -> FileStat | None:
         """lstat(2), or None when the path does not exist."""
-        ...
 
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         """The file's content; FileNotFoundError when it does not exist. With `max_bytes`, at most
         `max_bytes + 1` bytes: a caller learns that a host's file is larger than it accepts
         without reading a hostile one (a link to /dev/zero) to its end."""
-        ...
 
     def rename(self, src: str, dst: str) -> None:
         """rename(2): atomic, replaces `dst` if it is a file or symlink."""
-        ...
 
     def remove(self, path: str) -> None: ...
 
@@ -179,11 +172,9 @@ class Transport(Protocol):
 
     def symlink(self, target: str, path: str) -> None:
         """Create `path` as a symlink pointing to `target` (like `ln -s target path`)."""
-        ...
 
     def readlink(self, path: str) -> str | None:
         """The link's target, or None when `path` does not exist or is not a symlink."""
-        ...
 
 
 # -- batched file reads (`fs_batch`: SSH pipelines them, two round trips for the whole batch) ----

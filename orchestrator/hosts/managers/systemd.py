@@ -25,9 +25,8 @@ if TYPE_CHECKING:
     from orchestrator.remote.transport import Transport
 
 MIN_SYSTEMD = 240  # StandardOutput=append: in pairctl's units
-# An exec runs up to ~13 systemctl calls (each bounded at 30 s by pairctl-svc, a stop waiting for
-# TimeoutStopSec=20) and one verify (30 s): the exec's own bound covers their sum, so pairctl
-# never gives up on a step the host is still doing.
+# An exec runs up to ~13 systemctl calls (30 s each) and one verify (30 s): its bound covers their
+# sum, so pairctl never gives up on a step the host is still doing.
 _BOUND_S = {"start": 480, "stop": 200, "restart": 480}
 
 
