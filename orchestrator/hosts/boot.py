@@ -1,21 +1,10 @@
-"""Boot persistence on hosts without systemd: one `@reboot` crontab line per install root.
+"""Boot persistence on hosts without systemd: `@reboot` (and watchdog) crontab lines per root.
 
-What a boot needs is on the host already: `pairctl-svc start|restart` keeps each service's
-start arguments in `run/NAME.boot` (0600) and `stop` removes them, so `pairctl-svc boot ROOT`
-starts again exactly the supervisors whose last deliberate act was a start, with the argv pairctl
-verified. This module puts the line that runs it at boot into the host user's crontab:
-
-    # pairctl boot persistence, install root /srv/pairctl (managed by pairctl; a deploy rewrites it)
-    @reboot sh /srv/pairctl/bin/pairctl-svc boot /srv/pairctl
-
-The marker comment names the root, so several roots of one user coexist, and a second deploy
-replaces its own line (never appends it twice) and keeps every other line of the user's. The
-merge is pure (`merge_crontab`); the executor reads with `crontab -l`, writes with `crontab -`
-(the text on stdin, argv only) and reads back. A host without `crontab` is no failure: the
-result says "no boot persistence: crontab missing", and `status` shows it as a warning.
-
-cron runs the command with `/bin/sh -c` after turning an unescaped `%` into the end of the
-command (the rest becomes stdin); `cron_command` is what it runs, `cron_escape` its inverse.
+`pairctl-svc start|restart` keeps each service's verified start arguments in `run/NAME.boot` and
+`stop` removes them, so `pairctl-svc boot ROOT` starts again exactly what was last started. The
+lines that run it sit under a marker comment naming the root, so several roots coexist and a
+deploy replaces its own lines, keeping every other line (`merge_crontab`, pure). A host without
+`crontab` is no failure: the result says so and `status` warns.
 """
 
 from __future__ import annotations
@@ -97,9 +86,8 @@ def cron_command(line: str) -> str:
 
 def entry(layout: HostPaths) -> str:
     """The lines under this root's marker (the root checked with `unfit_for_cron` first): the
-    @reboot line, and the watchdog that supervises the supervisors where no service manager does
-    (issue 49: a supervisor killed, then its service, stayed down): every minute, `watch` starts
-    again what `boot` would, unless a lease is held or the supervisor gave up or refused."""
+    @reboot line, and the watchdog that supervises the supervisors where no service manager does:
+    every minute, `watch` starts again what `boot` would (unless leased, given up or refused)."""
     watch = ["sh", layout.svc, "watch", layout.root]
     return (
         "@reboot " + cron_escape(shlex.join(boot_argv(layout))) + "\n" + WATCH_SCHEDULE + cron_escape(shlex.join(watch))
@@ -140,10 +128,9 @@ def _without_entry(existing: str, root: str, stray: str | None = None) -> tuple[
 
 
 def merge_crontab(existing: str, root: str, line: str) -> str:
-    """The user's crontab with this root's marker + line exactly once: in the place of its first
-    marker (the @reboot line after a marker is ours and replaced), appended when there was none;
-    every other line kept as it was, in order (a stray copy of our line without its marker goes).
-    Equal to `existing` when nothing needs changing."""
+    """The user's crontab with this root's marker + line exactly once, in the place of its first
+    marker or appended; every other line kept in order (a stray copy of our line goes). Equal to
+    `existing` when nothing needs changing."""
     out, at = _without_entry(existing, root, stray=line)
     pos = len(out) if at is None else at
     out[pos:pos] = [marker(root), line]
@@ -161,10 +148,9 @@ def drop_entry(existing: str, root: str) -> str:
 
 
 def drop_entries_under(existing: str, prefix: str) -> str:
-    """The user's crontab without the entry of every root at or under the folder `prefix` (a
-    test session's or a lab's home going away); equal to `existing` when there is none. A prefix
-    of fewer than two folders ("/", "", "/home") would take other users' and labs' roots too:
-    refused (ValueError), a caller's bug rather than a cleanup to attempt."""
+    """The user's crontab without the entry of every root at or under the folder `prefix` (a lab's
+    home going away). A prefix of fewer than two folders ("/", "/home") would take other users'
+    roots too: refused (ValueError), a caller's bug."""
     if not prefix.startswith("/") or len(PurePosixPath(prefix).parts) < 3:
         raise ValueError(f"refusing to drop boot entries under {prefix!r}: name an absolute folder two levels deep")
     under = prefix.rstrip("/") + "/"
@@ -227,9 +213,9 @@ def _text_or_warning(got: CrontabRead) -> str | dict[str, object]:
 
 
 def ensure_entry(t: Transport, layout: HostPaths) -> dict[str, object]:
-    """This root's @reboot line in the host user's crontab, replaced in place (never twice), read
-    back and compared. Never raises for cron's absence or a refused write: the result says what
-    is persisted (`persistence`: `cron` or None) and why not (`warning`), for receipts and status."""
+    """This root's lines in the host user's crontab, replaced in place and read back. Never raises
+    for cron's absence or a refused write: the result says what is persisted (`persistence`:
+    `cron` or None) and why not (`warning`)."""
     why = unfit_for_cron(layout.root)
     if why:
         return _unpersisted(why)
@@ -253,22 +239,19 @@ def ensure_entry(t: Transport, layout: HostPaths) -> dict[str, object]:
 
 
 def remove_entry(t: Transport, layout: HostPaths) -> str:
-    """Best effort, for a root whose services are now systemd units: its @reboot line goes (it
-    would start nothing, since no run/NAME.boot is left, but it should not stay to mislead).
-    Returns what happened, for the receipt; never raises for cron's absence."""
+    """Best effort, for a root whose services are now systemd units: its lines go (they would
+    mislead). Returns what happened, for the receipt; never raises for cron's absence."""
     return _drop(t, lambda text: drop_entry(text, layout.root))
 
 
 def remove_entries_under(t: Transport, prefix: str) -> str:
-    """Every root's entry at or under `prefix` out of the host user's crontab (`remove_entry`'s
-    result words): what a lab or a test session that made those roots leaves behind."""
+    """Every root's entry at or under `prefix` out of the host user's crontab (a lab's leftovers)."""
     return _drop(t, lambda text: drop_entries_under(text, prefix))
 
 
 def _drop(t: Transport, change: Callable[[str], str]) -> str:
-    """The crontab rewritten by `change`, read back: a crontab several writers share (labs, test
-    sessions) may be rewritten between the read and the write, so it is changed again from what
-    is there, as ensure_entry does, until what was written stays."""
+    """The crontab rewritten by `change` and read back; another writer in between means changing
+    again from what is there, as ensure_entry does."""
     got = read_crontab(t)
     for attempt in range(WRITE_ATTEMPTS):
         text = _text_or_warning(got)

@@ -1,10 +1,8 @@
 """verify_identity: is the running pair exactly what its manifests, profile and route say?
 
-Used by deploy (after start), rollback (after restore), status, and acceptance (through an
-identity probe). Reads: the helper's `identity` (sha256 of /proc/PID/exe and /proc/PID/cmdline
-of each supervised process; deploy gets these from the exec that started the process), that
-the pids still run (SFTP), `/props`, `/slots`, and (where the profile expects pipeline
-parallelism) the server log. The comparisons are the pure functions in `hosts.probes`.
+Used by deploy, rollback, status and acceptance. Reads the helper's `identity` (sha256 of each
+supervised process's exe and cmdline), that the pids still run, `/props`, `/slots` and (for
+pipeline parallelism) the server log; compares with the pure functions in `hosts.probes`.
 """
 
 from __future__ import annotations
@@ -100,11 +98,8 @@ def verify_identity(
     http: bool = True,
     seen: Mapping[str, ProcIdentity | None] | None = None,
 ) -> IdentityReport:
-    """Every identity condition, all checked (not stopping at the first), problems listed.
-
-    `seen`: identities read by the exec that started each process (deploy passes them, saving an
-    exec per host); then only liveness of those pids is re-read, over SFTP. Without `seen`, the
-    identities are read now (status, acceptance)."""
+    """Every identity condition, all checked, problems listed. `seen`: identities read by the exec
+    that started each process (deploy), so only the pids' liveness is re-read; else read now."""
     rep = IdentityReport()
     probe_rpc = seen is None  # a deploy's own start just saw it listen, with llama-server connecting
     if expected.rpc_revision is not None and revisions.differ(expected.revision, expected.rpc_revision):

@@ -1,29 +1,15 @@
 """Leases: an exclusive, expiring hold on a host, taken atomically on the host itself.
 
-Layout on a host: `<root>/leases/host.lock/lease.json`. Taking is `mkdir host.lock` (mkdir(2)
-cannot be won twice), then writing `lease.json` to a temp name and renaming it into place.
-Everything goes through the transport's file operations (SFTP on SSH hosts), so a lease costs a
-few cheap requests and never depends on the remote login shell.
+`<root>/leases/host.lock/lease.json` (0600: its nonce releases it): taking is `mkdir host.lock`
+(mkdir(2) cannot be won twice), then lease.json written to a temp name and renamed in, all over
+the transport's file operations (SFTP), never the login shell. States (`lease_state`): free;
+held; expired (breakable with `break_expired`); half-made (a lock directory without lease.json:
+breakable past a grace period); unreadable (never broken automatically).
 
-States a host can be in (`lease_state`):
-  free       no lock directory
-  held       lease.json present and not expired
-  expired    lease.json present, expires_at passed: breakable with `break_expired=True` only
-  half-made  lock directory without lease.json (a taker died between mkdir and write, or is
-             writing right now): held, holder unknown; breakable once older than a grace period
-  unreadable lease.json present but not a lease: held; never broken automatically
-
-Time is the host's, never the operator's: an operator whose clock is an hour off must neither
-break a live lease nor write one that is expired the moment it lands. Every time written into or
-compared with a lease comes from the host's own clock, read as the mtime of a file the host
-just wrote (`host_now`; SFTP has no clock call, and an mtime costs no exec). `taken_at`,
-`expires_at` and `renewed_at` are host times; `lease_state` judges them against host time.
-
-A holder proves it is alive by renewing: `renew_lease` rewrites `lease.json` with a fresh
-`renewed_at` (the heartbeat). A pairctl run promises to renew at least every `stale_after_s`
-(written into the lease), so another operator, who cannot see the holder's pid on its own
-machine, can prove the run over from the host alone: a heartbeat older than that bound
-(`LeaseState.stale`). lease.json and its temporary files are 0600 (the nonce releases it).
+Every time in a lease is the host's (the mtime of a file it just wrote, `host_now`): an operator
+whose clock is off must neither break a live lease nor write one already expired. A run renews
+(`renewed_at`, the heartbeat) at least every `stale_after_s`, so another operator can prove it
+over from the host alone (`LeaseState.stale`).
 """
 
 from __future__ import annotations
@@ -36,7 +22,7 @@ import secrets
 import socket
 import stat as _stat
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
@@ -68,8 +54,6 @@ def check_request(owner: str, purpose: str, ttl_s: float) -> None:
 
 
 LEASE_MODE = 0o600
-# A lease without a heartbeat promise (`lease take` by a person) is never judged stale: only
-# expiry frees it. pairctl runs promise this bound; see orchestrator/engine/leasing.py.
 CLOCK_PROBE = ".clock"
 
 State = Literal["free", "held", "expired", "half-made", "unreadable"]
@@ -99,10 +83,8 @@ def host_now(transport: Transport, leases_dir: str) -> datetime:
     try:
         st = transport.stat(probe)
     finally:
-        try:
+        with suppress(OSError):
             transport.remove(probe)
-        except OSError:
-            pass
     if st is None:
         raise LeaseError(f"{transport.name}: cannot read the host's clock ({probe} vanished)")
     return datetime.fromtimestamp(int(st.mtime), UTC)  # whole seconds, as SFTP reports them
@@ -470,10 +452,8 @@ def _entomb(
     except LeaseError:
         moved_nonce = "unparseable"
     if not hmac.compare_digest(moved_nonce.encode(), expect_nonce.encode()):
-        try:
+        with suppress(OSError):
             transport.rename(tomb, lock)
-        except OSError:
-            pass
         raise on_changed()
     _remove_tree_shallow(transport, tomb)
 
@@ -482,10 +462,8 @@ def _remove_tree_shallow(transport: Transport, d: str) -> None:
     """Remove a (former) lock directory: its files, then itself. Best effort."""
     try:
         for n in transport.listdir(d):
-            try:
+            with suppress(OSError):
                 transport.remove(f"{d}/{n}")
-            except OSError:
-                pass
         transport.rmdir(d)
     except OSError:
         get_logger(host=transport.name).warning("could not remove old lease directory", path=d)
@@ -502,12 +480,8 @@ def _break(
     why: str | None = None,
     clock: Clock | None = None,
 ) -> dict[str, Any]:
-    """Move the judged lock away atomically (rename) and return its record for the receipt.
-
-    The rename only happens after re-reading that the lock is still the one judged breakable
-    (`may_break`, by default: expired, or half-made past `grace_s`); if the moved lock turns out
-    to hold another lease (lost race), it is moved back.
-    """
+    """Move the judged lock away (`_entomb`) once a re-read shows it still the one judged
+    breakable (`may_break`; by default expired, or half-made past `grace_s`); returns its record."""
     log = get_logger(host=transport.name)
     again = lease_state(transport, install_root, clock=clock)
     same = again.state == st.state and (
@@ -519,14 +493,8 @@ def _break(
             f"host is leased: {again.describe()}", hint="the lease changed while breaking it; nothing broken"
         )
     old_nonce = st.lease.nonce if st.lease else ""
-    _entomb(
-        transport,
-        install_root,
-        "broken",
-        old_nonce[:16] or "none",
-        old_nonce,
-        lambda: LeaseHeldError(f"{transport.name}: the lease changed while breaking it; nothing broken"),
-    )
+    changed = f"{transport.name}: the lease changed while breaking it; nothing broken"
+    _entomb(transport, install_root, "broken", old_nonce[:16] or "none", old_nonce, lambda: LeaseHeldError(changed))
     record = {
         "host": transport.name,
         "state": st.state,
@@ -558,12 +526,8 @@ def take_lease(
     clock: Clock | None = None,
 ) -> Lease:
     """Take the host's lease or fail at once (LeaseHeldError naming holder, purpose, until when).
-
-    With `break_expired`, an expired lease (or a half-made one older than `grace_s`) is broken
-    first; the returned lease's `broken` holds the broken record. A live lease is never broken.
-    `taken_at` / `expires_at` are read from the host's clock once the lock directory is ours.
-    `stale_after_s` is the holder's promise to renew at least that often (see `renew_lease`).
-    """
+    With `break_expired`, a breakable lease is broken first (recorded in the lease's `broken`);
+    a live one never is. Times come from the host's clock once the lock directory is ours."""
     log = get_logger(host=transport.name)
     leases, lock, file = _paths(install_root)
     make_lease(transport.name, owner, purpose, ttl_s, nonce=nonce, stale_after_s=stale_after_s)  # bad input: refuse now
@@ -593,10 +557,8 @@ def take_lease(
         except BaseException:
             # leave no half-made lease behind if we can help it
             for p, fn in ((tmp, transport.remove), (file, transport.remove), (lock, transport.rmdir)):
-                try:
+                with suppress(Exception):
                     fn(p)
-                except Exception:
-                    pass
             raise
         log.info(
             "lease taken",
@@ -612,10 +574,8 @@ def take_lease(
 
 
 def release_lease(transport: Transport, install_root: str, nonce: str, *, clock: Clock | None = None) -> Lease:
-    """Release the lease holding `nonce`, then read back that it is no longer active.
-
-    A wrong nonce raises LeaseError and leaves the lease untouched. Returns the released lease.
-    """
+    """Release the lease holding `nonce` (a wrong one: LeaseError, untouched), then read back that
+    it is no longer active. Returns the released lease."""
     st = lease_state(transport, install_root, clock=clock)
     if st.lease is None:
         if st.free:
@@ -627,14 +587,8 @@ def release_lease(transport: Transport, install_root: str, nonce: str, *, clock:
             f"{st.lease.purpose!r} until {_iso(st.lease.expires_at)}); the lease is untouched",
             hint="use the nonce `pairctl lease take` printed",
         )
-    _entomb(
-        transport,
-        install_root,
-        "released",
-        nonce[:16],
-        nonce,
-        lambda: LeaseError(f"{transport.name}: the lease changed while releasing it; left as found"),
-    )
+    changed = f"{transport.name}: the lease changed while releasing it; left as found"
+    _entomb(transport, install_root, "released", nonce[:16], nonce, lambda: LeaseError(changed))
     after = lease_state(transport, install_root, clock=clock)
     if after.lease is not None and after.lease.nonce == nonce:
         raise LeaseError(f"{transport.name}: lease still active after release ({after.describe()})")
@@ -654,16 +608,10 @@ def renew_lease(
     stale_after_s: int | None = None,
     clock: Clock | None = None,
 ) -> Lease:
-    """Prove this run still holds the lease and renew it: the heartbeat (`renewed_at`) becomes the
-    host's now, `expires_at` at least now + `ttl_s` (never shortened).
-
-    Before every change a run calls this (engine/leasing.py): LeaseLost when the lease is gone,
-    another's, expired, or has less than `min_left_s` left by the host's clock, so the run aborts
-    before changing anything. An expired lease is never renewed: anybody may break it at any
-    moment, so renewing it could write into another taker's lock. Written by temp + rename
-    inside the lock directory, as taking does. `stale_after_s` replaces the holder's promise of
-    its next heartbeat (a long step announces its own bound).
-    """
+    """Prove this run still holds the lease and renew it: `renewed_at` becomes the host's now,
+    `expires_at` at least now + `ttl_s` (never shortened); `stale_after_s` replaces the promised
+    bound. LeaseLost, before any change, when the lease is gone, another's, expired (anybody may
+    break it: renewing could write into another taker's lock) or has under `min_left_s` left."""
     _, lock, file = _paths(install_root)
     st = lease_state(transport, install_root, clock=clock)
     if st.lease is None or not hmac.compare_digest(st.lease.nonce.encode(), nonce.encode()):
@@ -712,11 +660,9 @@ def break_run_lease(
     require_stale: bool = False,
     clock: Clock | None = None,
 ) -> dict[str, Any] | None:
-    """Break the lease that run `run_id` holds on this host (the caller has proven the run over:
-    its nonce died with it). None when the host is free; LeaseError when another holds it.
-
-    With `require_stale`, the proof is the host itself: the lease's heartbeat must be older than
-    the bound its run promised (another operator's home has no evidence of that run)."""
+    """Break the lease run `run_id` holds here (the caller proved the run over: its nonce died with
+    it); None when free, LeaseError when another holds it. With `require_stale` the host is the
+    proof: a heartbeat older than the run's promised bound."""
     st = lease_state(transport, install_root, clock=clock)
     if st.free:
         return None
@@ -778,9 +724,8 @@ def _targets(targets: Sequence[Any]) -> list[LeaseTarget]:
 
 
 def reach_all(targets: Sequence[LeaseTarget]) -> None:
-    """Every host answers and shows the host key known_hosts names before any host's lease
-    changes: a changed key on the second host must not leave the first one's lease taken or
-    released (issue 16 item 9). Connecting is what checks the key (HostKeyError, exit 4)."""
+    """Connect (which checks host keys) to every host before any lease changes: a changed key on
+    the second host must not leave the first one's lease taken or released."""
     for t in targets:
         connect = getattr(t.transport, "connect", None)
         if callable(connect):
@@ -805,22 +750,18 @@ def take_leases(
     reach_all(ordered)
     try:
         for t in ordered:
-            taken.append(
-                (
-                    t,
-                    take_lease(
-                        t.transport,
-                        t.install_root,
-                        owner,
-                        purpose,
-                        ttl_s,
-                        nonce=nonce,
-                        break_expired=break_expired,
-                        grace_s=grace_s,
-                        stale_after_s=stale_after_s,
-                    ),
-                )
+            lease = take_lease(
+                t.transport,
+                t.install_root,
+                owner,
+                purpose,
+                ttl_s,
+                nonce=nonce,
+                break_expired=break_expired,
+                grace_s=grace_s,
+                stale_after_s=stale_after_s,
             )
+            taken.append((t, lease))
     except BaseException as exc:
         for t, _ in reversed(taken):
             try:
@@ -894,15 +835,11 @@ def hold_pair_leases(
     record_release_error: bool = False,
     stale_after_s: int | None = None,
 ) -> Iterator[HeldLeases]:
-    """Hold every host's lease for the body; release them on every path.
-
-    `targets` are `(transport, install_root)` pairs (or `LeaseTarget`s). The leases are kept
-    (not released) when the body calls `held.keep(reason)` or raises `RollbackFailed`. A failed
-    release after a failed body is added as a note to the body's exception, never hiding it;
-    after a body that succeeded it is raised, or with `record_release_error` only recorded in
-    `held.ended` (the body's work is done and must not be lost to it). `held.ended` says how the
-    hold ended on every path.
-    """
+    """Hold every host's lease (`(transport, install_root)` pairs or `LeaseTarget`s) for the body
+    and release them on every path, unless kept (`held.keep`, or `RollbackFailed`). A failed
+    release is a note on a failed body's exception; after a body that succeeded it is raised, or
+    with `record_release_error` only recorded (the body's work must not be lost to it).
+    `held.ended` says how the hold ended."""
     nonce = new_nonce()
     ts = _targets(targets)
     leases = take_leases(

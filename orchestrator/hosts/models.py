@@ -1,10 +1,9 @@
 """The model files a pair serves, identified by sha256 on the native host.
 
-A model is tens of GB, so the host helper keeps each file's sha256 under a key of its stat
-(`pairctl-svc model-hash`: device, inode, size, mtime and ctime to the nanosecond) and reads
-a file again only when that changes. Deploy hashes the inventory's models into the route
-entry; status and acceptance's identity check re-read them against it, since a file replaced
-or rewritten under a running server changes what it serves (or what it loads on restart).
+The helper (`pairctl-svc model-hash`) caches each file's sha256 under its stat (device, inode,
+size, mtime and ctime in ns), so a model of tens of GB is read again only when it changes. Status
+and acceptance re-read them against the route entry: a file replaced under a running server
+changes what it serves.
 """
 
 from __future__ import annotations
@@ -38,10 +37,8 @@ def check_models(
     kind: str = "model",
 ) -> tuple[dict[str, ModelHash], list[str]]:
     """Hash the model files `paths` (name -> path) on the host (one exec) and compare each with
-    `expected` (name -> sha256; a name without one is only required to exist): deploy against the
-    inventory's declared sha256, status and acceptance against the route entry. Returns what was
-    found for each matching file (by name) and a problem per missing or differing file, worded
-    "..., `expected_is` SHA `mismatch_means`"."""
+    `expected` (name -> sha256; without one it need only exist). Returns what was found by name
+    and a problem per missing or differing file ("..., `expected_is` SHA `mismatch_means`")."""
     seen = hash_models(transport, layout, paths.values())
     found, problems = {}, []
     for name, path in sorted(paths.items()):
@@ -94,9 +91,8 @@ def recorded_files(profile: Any) -> dict[str, str]:
 
 
 def recorded_file_problems(profile: Any, host: str, transport: Transport, layout: Any) -> list[str]:
-    """The files the route entry's profile declares (extra_args' control vectors, adapters,
-    grammars, templates...) re-hashed on the native host: one replaced under a running server
-    changes what it answers (or what it loads on its next restart)."""
+    """The files the route entry's profile declares (control vectors, adapters, grammars...)
+    re-hashed on the native host: one replaced under a running server changes what it answers."""
     files = recorded_files(profile)
     if not files:
         return []

@@ -55,11 +55,9 @@ def parse_kv_lines(text: str) -> list[tuple[str, str]]:
 
 
 def release_of_link(target: str, root: str | None = None, *, absolute: bool = False) -> str | None:
-    """`<root>/releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None. An absolute
-    target must be `<root>/releases/<id>` when `root` is known (a link that leaves the install
-    root is not a release pairctl installed), and the id one plain path component. A relative
-    `releases/<id>` (an older layout's links in the root itself) only without `absolute`: in
-    run/, which may be a state dir elsewhere, it would name another directory."""
+    """`<root>/releases/<id>` (what `switch` writes) -> `<id>`; "-" (no link) -> None. The id is
+    one plain component, under `root` when known. A relative `releases/<id>` (an older layout's
+    link in the root itself) only without `absolute`: in run/ it would name another directory."""
     if target in ("", "-"):
         return None
     t = target.rstrip("/")
@@ -221,9 +219,8 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
 
 
 def judged_link(host: str, path: str, target: str | None, root: str) -> str | None:
-    """The release the link PATH -> TARGET on HOST names (release_of_link: absolute only in run/,
-    a relative one only in the root itself, an older layout's); one that names none is the
-    host's state, refused with the way to repair it (HostStateError, exit 6)."""
+    """The release the link PATH -> TARGET on HOST names (absolute only in run/); one that names
+    none is refused with the way to repair it (HostStateError, exit 6)."""
     try:
         return release_of_link(target or "-", root, absolute=posixpath.dirname(path) != root.rstrip("/"))
     except ProbeError as exc:
@@ -398,8 +395,7 @@ def rpc_probe_problem(host: str, name: str, state: str | None, hang_s: float) ->
     return None
 
 
-# TCP listeners from the kernel's own tables, not `ss` (iproute2 is missing on minimal images, e.g.
-# the lent GPU host: issue 42 item 4). `cat` is coreutils, which the pairctl-svc helper needs anyway.
+# TCP listeners from the kernel's own tables, not `ss` (iproute2 is missing on minimal images).
 PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 TCP_LISTEN = "0A"  # include/net/tcp_states.h: TCP_LISTEN = 10
 

@@ -1,14 +1,9 @@
 """Keep hosts tidy: remove the oldest releases beyond the inventory's `keep_releases`.
 
-A release is never removed while anything may still need it: `current`, `previous`, the pair's
-pinned reference, and every release a route record of a pair on the same host names (active or
-previous). Planning is pure (`plan_prune`); the caller holds the hosts' leases (deploy, after a
-successful activation and before it releases them; `pairctl releases prune` takes them itself).
-
-Removal is interruption-safe: a release is first renamed (one SFTP rename, atomic) to a tomb
-name `releases/.<id>.tomb-<nonce>`, which no reader takes for a release (dot names are never
-releases: `probes.facts_from`), and only then deleted by one exec. A prune killed between the two
-leaves a tomb, never a half-removed `releases/<id>`; the next prune deletes leftover tombs first.
+Never removed: `current`, `previous`, the pair's pinned reference, and every release a route
+record on the same host names. Planning is pure (`plan_prune`); the caller holds the leases.
+A release is first renamed (atomic) to `releases/.<id>.tomb-<nonce>`, which no reader takes for
+a release, then deleted: a killed prune leaves a tomb, which the next one deletes first.
 """
 
 from __future__ import annotations
@@ -125,11 +120,8 @@ class HostPrune:
 
 
 def pinned_references(pair_name: str) -> dict[str, str]:
-    """Releases the pair's pinned reference package names (release -> why).
-
-    Hook for the reference record (answers recorded from a pinned reference package, DESIGN.md
-    "Acceptance compares against a reference"): it does not exist on this branch yet, so nothing
-    is pinned. When it lands, return its package ids here; every caller already honours them."""
+    """Releases the pair's pinned reference package names (release -> why): none until the
+    reference record (DESIGN.md "Acceptance compares against a reference") exists."""
     return {}
 
 
@@ -262,8 +254,7 @@ def prune_pair(
     dry_run: bool = False,
 ) -> list[HostPrune]:
     """Prune both hosts of a pair (the caller holds their leases). A host whose state cannot be
-    read safely is skipped with the reason; the other is still pruned. An install root that is
-    not safe to use (hosts/root_trust) refuses the whole prune before anything is renamed."""
+    read is skipped with the reason; an unsafe install root refuses the whole prune first."""
     pair = inventory.pair(pair_name)
     out = []
     for host in (pair.native, pair.rpc):

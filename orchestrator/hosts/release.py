@@ -1,10 +1,6 @@
-"""Releases on a host: upload a package under a temporary name, verify every file's sha256 on
-the host against the manifest, rename into `releases/<id>`. An already present release that
-verifies is not sent again.
-
-Packing is pure (a tar stream in memory, sent as stdin of one remote command, so a package is
-one exec, not one per file); verification parses the host's `sha256sum` output with
-`probes.parse_sha256sum` and compares in Python before the rename.
+"""Releases on a host: upload a package (a tar stream as one exec's stdin) under a temporary name,
+verify every file's sha256 on the host against the manifest, rename into `releases/<id>`. A
+present release that verifies is not sent again.
 """
 
 from __future__ import annotations
@@ -84,10 +80,8 @@ class ReleaseMismatch(PackageError):
 
 def check_hash_output(expected: Mapping[str, str], output: str, host: str, where: str) -> int:
     """Compare the helper's `list_files` output (sha256sum lines, then `entries=N`) with the
-    manifest (pure): the whole list, as `packages verify` does locally. Every file the manifest
-    names must be there with its sha256, and nothing else but manifest.json: an added file (a
-    planted lib/libgomp.so.1 is loaded first, release lib/ leads LD_LIBRARY_PATH), a link or
-    any other entry fails. Returns the number of files verified; raises ReleaseMismatch."""
+    manifest (pure): every file with its sha256, and nothing else but manifest.json (a planted
+    library in lib/ would be loaded first). Returns the number verified; raises ReleaseMismatch."""
     sums = "\n".join(line for line in output.splitlines() if _SHA_LINE.match(line))
     observed = parse_sha256sum(sums)
     problems = hash_problems(expected, observed)
@@ -143,17 +137,12 @@ class ReleaseResult:
 def ensure_release(
     transport: Transport, layout: HostLayout, package: Any, present: bool, host: str, *, defer_present: bool = False
 ) -> ReleaseResult:
-    """Make `releases/<id>` exist on the host, every file verified by sha256 on the host.
-
-    Absent: one exec unpacks the tar stream into `releases/.<id>.tmp-<nonce>` and prints
-    `sha256sum` of what landed; compared here with the manifest, then renamed into
-    `releases/<id>` (SFTP). Present: one exec (`sha256sum` of the release), nothing sent; or,
-    with `defer_present`, no exec here: the caller passes the manifest to the exec that stops
-    the service (`stop_cmd(verify_release=...)`), which checks before it stops anything."""
+    """Make `releases/<id>` exist on the host, every file verified by sha256 on the host. Absent:
+    one exec unpacks into `releases/.<id>.tmp-<nonce>` and prints what landed, compared here, then
+    renamed. Present: one `sha256sum` exec; with `defer_present` none: the stop exec verifies."""
     pid = package.manifest.id
     expected = expected_hashes(package.manifest)
-    # under the lease nobody else is uploading: a killed upload's directory goes now, whether or
-    # not this release is sent (it survived 90 deploys of present releases: issue 33)
+    # under the lease nobody else is uploading: a killed upload's directory goes now, sent or not
     removed = tuple(discard_leftovers(transport, layout))
     if present and defer_present:
         return ReleaseResult(host, pid, True, 0, 0, deferred=True, leftovers_removed=removed)
@@ -177,8 +166,7 @@ def ensure_release(
                 f"no space left on {host}:{layout.releases} while unpacking {pid} "
                 f"({len(data)} bytes); the partial upload was removed, nothing else changed"
             ) from None
-        # tar's last line ("Exiting with failure status") names no cause: a root that takes no
-        # new file (remounted read-only) is said as such, with its path (issue 49 item 1)
+        # tar's last line names no cause: a root that takes no new file is said as such
         space.require_writable(transport, layout.releases, f"the upload of {pid}")
         raise
     progress.event("upload", f"upload {pid} to {host}: {progress.rate(len(data), time.monotonic() - t0)}", host=host)

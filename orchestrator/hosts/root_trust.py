@@ -1,17 +1,11 @@
 """Whether an install root on a host may be used: by owner and mode, as OpenSSH's StrictModes.
 
-pairctl runs `sh <root>/bin/pairctl-svc` as the SSH user (often root) and writes there, so
-anyone else who can write the helper, the folders pairctl writes in, or a directory on the way
-to the root could run code as that user or make pairctl write where they choose. Before the
-helper is read or run, every directory from `/` to the root must be owned by the login user or
-root and not writable by group or others (a sticky directory such as /tmp may be writable: others
-cannot replace our entry there), none may be a link, and the root, its own folders and the
-helper must be owned by the login user or root, not writable by group or others, and not links;
-only run/ may be a link, and only to the host's state_dir as written (judged as a root is, where
-no link is trusted: issue 49), and leases/ only to run/leases.
-Read over SFTP (lstat, no process on the host; all of them in one pipelined batch). Files are
-written under a temporary name made exclusively and unique per run (never through a link), then
-renamed into place.
+pairctl runs `sh <root>/bin/pairctl-svc` as the SSH user and writes there, so whoever else can
+write the helper, pairctl's folders or a directory on the way could run code as that user. So
+every directory from `/` to the root, the root, its folders and the helper must be owned by the
+login user or root, not group/other writable (a sticky directory on the way may be), and not
+links; only run/ may be a link, to the host's state_dir as written, and leases/ only to
+run/leases. Read over SFTP in one pipelined batch, before the helper is read or run.
 """
 
 from __future__ import annotations
@@ -30,9 +24,8 @@ _FILES = ("bin/pairctl-svc",)
 
 
 def login_uid(transport: Transport) -> int | None:
-    """The uid the transport acts as on the host, where it can tell (None: root only counts). A host
-    that cannot be reached is not "cannot tell": that error goes up, or the next read would try
-    to connect all over again (`status` with a host down retried and warned twice)."""
+    """The uid the transport acts as on the host, where it can tell (None: root only counts). An
+    unreachable host is not "cannot tell": that error goes up (else the next read retries)."""
     fn: Any = getattr(transport, "login_uid", None)
     try:
         return int(fn()) if fn is not None else None

@@ -1,19 +1,12 @@
 """The route record: what is active on a pair, persisted on the hosts with a revision number.
 
-`<root>/route.json` on the native host (the record of truth) and a copy on the RPC host. It
-is replaced only by compare-and-swap: the writer names the content hash it read, the helper
-replaces the file (under flock, by rename) only if that is still the content, and prints the
-file back so the writer compares bytes. The record carries the rendered argv of the active
-and the previous pair (a check on what runs; a rollback renders the argv anew from the
-inventory and profile as they stand, never from the record).
-
-The host is untrusted: every record pairctl writes carries `mac`, an HMAC-SHA256 over the rest
-of the record with a key kept in the operator's home (engine/route_trust.py), and
-`evidence_head`, the newest receipt of the pair's evidence chain when the writing run began,
-and `evidence_home`, the id of the home whose chain that is (its branch on the team's evidence
-remote), so a deleted receipt or chain shows up on the next command that reads the route, in
-the writer's home and in every home that pulled the writer's receipts. Its states
-and the transitions between them are engine/route_states.py's.
+`route.json` on the native host (the record of truth) and a copy on the RPC host, replaced only
+by compare-and-swap (the helper swaps under flock only if the content hash the writer read is
+still there, and prints the file back). It carries the active and previous pair's argv (a check
+only: a rollback renders argv anew). The host is untrusted: `mac` is an HMAC over the rest with a
+key in the operator's home (engine/route_trust.py), and `evidence_head`/`evidence_home` name the
+pair's newest receipt, so a deleted receipt or chain shows up on the next read. Its states are
+engine/route_states.py's.
 """
 
 from __future__ import annotations
@@ -91,13 +84,11 @@ class RouteRecord(BaseModel):
     previous: RouteEntry | None = None
     updated_at: str
     updated_by: str  # the run id that wrote it
-    # engine/route_states.py: activating (switched, acceptance not finished), active (accepted),
-    # identity-verified (acceptance skipped or partial); previous_state: what `previous` had
+    # engine/route_states.py; previous_state: what `previous` had
     state: Literal["active", "activating", "identity-verified"] = "active"
     previous_state: Literal["active", "identity-verified"] | None = None
     evidence_head: str | None = None  # the pair's newest receipt when the writing run began
-    # the writing home's id (evidence/home-id): whose chain `evidence_head` is in, which is also its
-    # branch on the team's evidence remote (evidence/team.py); None: written before homes were named
+    # the writing home's id: whose chain `evidence_head` is in (None: written before homes were named)
     evidence_home: str | None = None
     mac: str | None = None  # HMAC-SHA256 of the record without `mac` (None: not signed)
 

@@ -1,26 +1,12 @@
-"""The RPC guard: ggml-rpc-server serves only the pair's peers (issue 32 item 2).
+"""The RPC guard: ggml-rpc-server (no authentication, runs any graph) serves only the pair's peers.
 
-ggml-rpc-server has no authentication and runs any graph a client sends, and binding it to one
-address is not access control: any host that can route to that address could talk to it (HELLO,
-ALLOC_BUFFER, SET_TENSOR, GRAPH_COMPUTE), and one stray client held its single client slot. The
-fixes that need root (a firewall rule, systemd's IPAddressAllow=) are not available to a login
-user, and a tunnel would need keys between the hosts; so pairctl preloads a 60-line shim
-(`rpc_guard.c`) into the server: accept() resets every peer outside `Inventory.rpc_peers` before
-a byte is read. It is compiled here with the operator's C compiler (pairctl already builds
-llama.cpp with one), put on the RPC host as `bin/pairctl-rpc-guard.so` (exclusive temp name,
-rename), preloaded by the supervisor (`sup.allow=`), and verified on the host: the running
-server must have that file mapped (not a deleted one) and its environment must hold exactly the
-inventory's list (`pairctl-svc guard`); its hash is recorded beside.
-
-An address is not a user: every local user of the native host connects from its address (issue
-49). So each route also has a key: 32 random bytes made here, put over SFTP as `secrets/rpc.key`
-on both hosts (0600, the service user's 0400 once started; never argv, logs or receipts, which
-keep a 16-digit id of its sha256). The guard challenges every allowed peer and resets one whose
-answer is not HMAC-SHA256(key, challenge); llama-server answers through the same shim preloaded
-with PAIRCTL_RPC_DIAL (its connect() to the RPC endpoint), as do the supervisors' probes. Why this
-design: a local stranger can neither read the key nor use llama-server's connections (another
-uid), whereas a loopback forwarder or a uid check by /proc/net/tcp would need a second process
-to supervise and would not reach a stranger on the RPC host's side of a remote native host.
+Binding to an address is not access control and a firewall needs root, so pairctl preloads a
+small shim (`rpc_guard.c`, compiled here) into the server: accept() resets every peer outside
+`Inventory.rpc_peers` before a byte is read, and challenges the rest for HMAC-SHA256 with the
+route's key (`secrets/rpc.key`, 0600, never in argv, logs or receipts), since every local user
+of the native host shares its address. llama-server and the supervisors' probes answer through
+the same shim (PAIRCTL_RPC_DIAL). The host verifies the running server maps exactly that file and
+holds exactly the inventory's list (`pairctl-svc guard`).
 """
 
 from __future__ import annotations
@@ -98,10 +84,8 @@ def key_id(key: bytes) -> str:
 
 
 def install_route_key(native: tuple[Transport, HostLayout], rpc: tuple[Transport, HostLayout]) -> str:
-    """The pair's route key on both hosts (the one there when both hold the same 32 bytes, else a
-    new one, RPC host first), and the shim on the native host; returns the key's id. Called before
-    ggml-rpc-server starts: the supervisors read the key at every start, the guard and the shim
-    at every connection."""
+    """The pair's route key on both hosts (kept when both hold the same 32 bytes, else a new one,
+    RPC host first) and the shim on the native host, before ggml-rpc-server starts; the key's id."""
     held = []
     for t, layout in (native, rpc):
         try:
@@ -130,10 +114,8 @@ def parse_guard(out: str, name: str) -> tuple[str, str, str] | None:
 
 def guard_problem(host: str, name: str, state: tuple[str, str, str] | None, peers: list[str]) -> str | None:
     """What is wrong with the guard the running server has, as a problem line (None: as rendered).
-    Its file's hash is data, not a problem: another pairctl version or compiler builds other
-    bytes (the next deploy replaces them), and whoever can write bin/ can already replace the
-    helper pairctl runs (hosts/root_trust.py). Every server pairctl starts (the pair's, and the
-    kernel check's second one) also checks the route key."""
+    Its file's hash is data, not a problem: another compiler builds other bytes, and whoever can
+    write bin/ can already replace the helper (hosts/root_trust.py)."""
     if state is None:
         return f"{host}: {name} runs without pairctl's RPC guard: any host that reaches its port is served"
     _, allow, key = state

@@ -1,9 +1,8 @@
 """The two supervised services of a pair: their argv (pure) and start / stop / wait (executing).
 
-`ggml-rpc-server` exits 0 on an unknown argument and on a failed bind, so it is judged alive
-by its process living AND its address:port listening (`pairctl-svc wait-listen`, one round
-trip that polls on the host). `llama-server` is judged by `/health` answering 200, polled
-from here; a process that died meanwhile fails the wait at once with its log tail.
+`ggml-rpc-server` exits 0 on an unknown argument and on a failed bind, so it is alive only if
+its process lives AND its address:port listens (`pairctl-svc wait-listen`); `llama-server` when
+`/health` answers 200 (a process that died fails the wait at once, with its log tail).
 """
 
 from __future__ import annotations
@@ -108,9 +107,8 @@ def start(
     units: Units | None = None,
     cmd: Cmd | None = None,
 ) -> tuple[int, ProcIdentity]:
-    """Start NAME under its supervisor (one exec; what its manager writes, e.g. a systemd unit, is
-    staged first and read back after); returns its pid and identity (exe sha256, argv) once it has exec'd. `cmd`:
-    the command as the plan rendered it (engine/plan.py), run as it is."""
+    """Start NAME under its supervisor with the plan's `cmd`, in one exec; returns its pid and
+    identity (exe sha256, argv) once it has exec'd."""
     staged = layout.manager.stage(transport, layout, name, argv, sup)
     res = transport.run(cmd or layout.start_cmd(name, argv, sup), timeout=layout.manager.bound_s("start"))
     out = as_text(res.stdout)
@@ -147,10 +145,9 @@ def restart_listening(
     units: Units | None = None,
     cmd: Cmd | None = None,
 ) -> tuple[int, ProcIdentity, str, int]:
-    """(Verify a present release,) stop NAME, switch links, start argv, wait until it lives and
-    listens on address:port and read its identity, in one exec. Raises CheckFailed with the
-    output tail if it died or never listened (ggml-rpc-server exits 0 on a failed bind, so its
-    exit code proves nothing). Returns (pid, identity, what was stopped, files verified)."""
+    """(Verify a present release,) stop NAME, switch links, start, wait until it listens and read
+    its identity, in one exec; CheckFailed with the output tail if it died or never listened.
+    Returns (pid, identity, what was stopped, files verified)."""
     staged = layout.manager.stage(transport, layout, name, argv, sup)
     cmd = cmd or layout.restart_cmd(
         name, links[0], links[1], address, port, timeout_s, argv, verify_release=verify[0] if verify else None, sup=sup

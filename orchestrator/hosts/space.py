@@ -1,14 +1,10 @@
-"""Free space on a host, measured before a change needs it (issue 21 item 4).
+"""Free space on a host, measured before a change needs it.
 
-A full disk used to turn a recoverable failure into a dead pair: the route write failed half
-way (paramiko's "size mismatch in put! 0 != 3982") and the rollback needed the same write.
-So a deploy measures first: before the upload, the package's size plus a margin must fit
-under `releases/`; before the first change, the route record (written twice: temporary file
-and rename), pidfiles and the logs the new services start must fit under the install root.
-Not enough is a refusal naming host, path, free and needed, before anything changes.
-
-The measurement is the SFTP server's statvfs (OpenSSH's extension: one request, batched with
-the other pre-change reads), or one `df -Pk PATH` exec where the server has none; the parser is pure.
+A full disk mid-route-write turned a recoverable failure into a dead pair (the rollback needed
+the same write), so a deploy measures first: the package plus a margin under `releases/` before
+the upload; the route record (written twice), pidfiles and logs under the root before the first
+change. Too little is a refusal naming host, path, free and needed. Measured by the SFTP server's
+statvfs, or one `df -Pk PATH` where it has none.
 """
 
 from __future__ import annotations
@@ -85,16 +81,14 @@ def free_space(transport: Transport, path: str, known: FsResult = None) -> Space
 
 
 def refuses_writes(text: str) -> bool:
-    """A host error that says a root takes no new file: full, or read-only (OpenSSH's SFTP
-    server answers both with a bare 'Failure', which the transport names so: remote/ssh.py)."""
+    """A host error that says a root takes no new file: full, or read-only (remote/ssh.py)."""
     low = text.lower()
     return "no space left" in low or "read-only" in low
 
 
 def require_writable(transport: Transport, path: str, what: str) -> None:
-    """PATH takes a new file now (one SFTP write and remove, no exec): a read-only filesystem is
-    refused before any change (exit 6), naming host and path, instead of a step failing half-way
-    with "OSError: Failure" after the other host's service was stopped (issue 33)."""
+    """PATH takes a new file now (one SFTP write and remove): a read-only filesystem is refused
+    before any change (exit 6), not half-way after the other host's service was stopped."""
     from orchestrator.hosts.layout import unique_tmp
 
     probe = unique_tmp(posixpath.join(path, "write-probe"))

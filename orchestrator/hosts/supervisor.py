@@ -1,12 +1,8 @@
 """The per-service supervisor on a host: its options (pure) and its state file (read over SFTP).
 
-`pairctl-svc start` runs each service under `pairctl-svc supervise` (setsid, pidfile
-run/NAME.sup.pid). The supervisor restarts a crashed service with exponential backoff, gives
-up after a crash loop, restarts llama-server when /health stops answering (hung) or when its
-RPC peer went away, and starts llama-server only once the peer's port answers. While a lease is
-held on the host it acts on nothing (a deploy, rollback or acceptance owns the services then).
-A deliberate `stop` kills the supervisor first, so a stop is never answered by a restart.
-
+`pairctl-svc supervise` restarts a crashed service with exponential backoff, gives up after a
+crash loop, restarts a hung llama-server or one whose RPC peer went away, starts it only once the
+peer answers, and acts on nothing while a lease is held. A `stop` kills the supervisor first.
 Its state is `run/NAME.state`, KEY=VALUE lines written by rename; this module parses it.
 """
 
@@ -38,10 +34,9 @@ def ipv4_endpoint(host: str, port: int) -> str | None:
 
 
 def release_files_digest(expected: Mapping[str, str]) -> str:
-    """The digest `pairctl-svc supervise` compares a release with before it starts a service from
-    it (sup.files): sha256 of the release's `sha256sum` lines ("HASH  ./PATH", every file the
-    manifest names, manifest.json itself aside), sorted bytewise. A file added (a planted
-    library on LD_LIBRARY_PATH), changed or removed gives another digest."""
+    """What `pairctl-svc supervise` checks a release against before a start (sup.files): sha256
+    of its sorted `sha256sum` lines ("HASH  ./PATH", manifest.json aside); any file added, changed
+    or removed changes it."""
     lines = sorted(f"{sha}  ./{rel}\n" for rel, sha in expected.items() if rel != "manifest.json")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
 
@@ -55,13 +50,10 @@ def sup_args(
     allow: list[str] | None = None,
     user: str | None = None,
 ) -> list[str]:
-    """The `sup.KEY=VALUE` words `pairctl-svc start|restart` passes to the supervisor. `health`
-    (llama-server's ADDRESS:PORT) turns on hang detection; `peer` (the RPC server's ADDRESS:PORT)
-    makes the native supervisor start llama-server only once the peer answers, and restart it
-    when the connection to the peer is lost; `rpc` (ggml-rpc-server's own ADDRESS:PORT) turns on
-    its hang detection (pairctl-svc rpc_probe: stopped, or no answer to the RPC HELLO while no
-    client is served); `allow`: ggml-rpc-server's peers, served through the preloaded guard;
-    `user`: the host's service_user, whom the (root) supervisor runs the service as (setpriv)."""
+    """The `sup.KEY=VALUE` words for the supervisor. `health` (llama-server's ADDRESS:PORT): hang
+    detection; `peer` (the RPC server's): start llama-server once it answers, restart it when it
+    is lost; `rpc` (ggml-rpc-server's own): its hang detection (RPC HELLO); `allow`: its peers,
+    through the guard; `user`: the service_user a root supervisor runs it as."""
     out = [
         f"sup.backoff={_num(s.backoff_s)}",
         f"sup.backoff_max={_num(s.backoff_max_s)}",
@@ -152,11 +144,8 @@ def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState |
     spid = (_read(t, layout.log(f"{name}.sup.pid")) or "").strip()
     alive = False
     if spid.isdigit():  # `sh .../pairctl-svc supervise ROOT NAME ...` (guards against a reused pid)
-        try:
-            cmd = t.read_bytes(f"/proc/{spid}/cmdline", max_bytes=HOST_FILE_MAX)
-        except (FileNotFoundError, OSError):
-            cmd = b""
-        alive = b"\0supervise\0" in cmd and b"\0" + name.encode() + b"\0" in cmd
+        cmd = _read(t, f"/proc/{spid}/cmdline") or ""
+        alive = "\0supervise\0" in cmd and f"\0{name}\0" in cmd
     st = parse_state(text, supervisor_alive=alive)
     pid = (_read(t, layout.log(f"{name}.pid")) or "").strip()
     if st.state == "running" and pid.isdigit():

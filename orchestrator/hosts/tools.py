@@ -1,12 +1,7 @@
-"""The programs pairctl runs on each host, and one SSH exec that names the missing ones.
-
-Every command pairctl sends a host is an argv (remote/command.py) or a fixed script
-(hosts/pairctl-svc.sh, checks/telemetry.py's sample, engine/actions/host.py's service-user check,
-hosts/prune.py's remove): the programs in them are listed here, by Debian package, with what they
-do for pairctl. `pairctl doctor --hosts` asks each host for all of them at once (`command -v`)
-and names any that is missing with its package, before a deploy finds out half-way (`ss` was
-missing on the lent GPU machine's image: issue 42 item 4). tests/unit/test_host_tools.py scans the
-scripts and argv lists so that no program is run on a host that this list does not name.
+"""The programs pairctl runs on each host, by Debian package, and one SSH exec that names the
+missing ones (`pairctl doctor --hosts`, before a deploy finds out half-way).
+tests/unit/test_host_tools.py scans the scripts and argv lists so that no program runs on a host
+that this list does not name.
 """
 
 from __future__ import annotations

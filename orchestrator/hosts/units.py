@@ -1,18 +1,11 @@
 """systemd units for a pair's services (pure rendering), and their check by `systemd-analyze verify`.
 
-For hosts with `service_manager: systemd` in the inventory, each service's supervisor
-(`pairctl-svc supervise ROOT NAME sup.* ARGV`, the same loop as on hosts without systemd) runs
-as an enabled unit instead of under setsid. systemd owns what it is good at: starting the
-supervisor at boot, restarting it if it dies (Restart=on-failure, a start limit), and stopping
-the whole process tree. The supervisor keeps what systemd 252 cannot do for these servers:
-exponential backoff (RestartSteps= came in 254), a /health hang check without sd_notify, a
-restart of llama-server when its RPC peer on another host went away, and no action while a
-deploy holds the lease. One supervision model on both kinds of host; the service's exact argv
-is the tail of ExecStart, and identity checks read it from /proc as everywhere else.
-
-Rendering is pure. Deploy stages the text on the host, where `pairctl-svc` has the host's own
-`systemd-analyze verify` check it before anything is stopped, installs it by rename, enables
-and starts it, and prints it back (hash, enabled, active) for deploy to compare.
+With `service_manager: systemd`, each service's supervisor (`pairctl-svc supervise`, the same loop
+as elsewhere) runs as an enabled unit: systemd starts it at boot, restarts it and stops the whole
+tree; the supervisor keeps what systemd 252 cannot (exponential backoff, a /health hang check
+without sd_notify, restarting llama-server when its RPC peer went away, holding still under a
+lease). The service's exact argv is the tail of ExecStart. `pairctl-svc` verifies the staged text
+with the host's own `systemd-analyze` before anything is stopped, and prints back what it installed.
 """
 
 from __future__ import annotations
@@ -35,9 +28,8 @@ Scope = Literal["user", "system"]
 
 
 def unit_name(pair: str, service: str, root: str) -> str:
-    """`pairctl-PAIR-SERVICE-ROOTHASH.service`: the install root's sha256 prefix keeps two roots
-    of one host user (a pair deployed twice, a moved root) from sharing, and overwriting, a unit.
-    pairctl-svc recomputes the suffix from its ROOT, so a unit record can only name this root's."""
+    """`pairctl-PAIR-SERVICE-ROOTHASH.service`: the root's hash keeps two roots of one user from
+    sharing a unit (pairctl-svc recomputes it, so a unit record can only name this root's)."""
     return f"pairctl-{pair}-{service}-{root_tag(root)}.service"
 
 
@@ -46,10 +38,8 @@ def root_tag(root: str) -> str:
 
 
 def exec_quote(arg: str) -> str:
-    """One ExecStart= word: double-quoted with systemd's C-style escapes (a control character as
-    `\\xNN`, which systemd turns back into that byte), and `$`/`%` doubled so neither environment
-    expansion nor specifiers change the argv. Every argument a profile may hold is written
-    exactly, so rendering a unit cannot fail half-way through a deploy."""
+    """One ExecStart= word: double-quoted with systemd's C-style escapes (`\\xNN` for a control
+    character) and `$`/`%` doubled, so every argument a profile may hold is written exactly."""
     if "\0" in arg:
         raise ConfigError(f"argument {arg!r} holds a NUL byte, which no argv can carry")
     escaped = arg.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$").replace("%", "%%")
@@ -58,21 +48,16 @@ def exec_quote(arg: str) -> str:
 
 
 def _spec(value: str) -> str:
-    """A path setting (an install root's run/ paths): `%` doubled (specifiers). Such settings
-    take no escapes, so a control character is refused; the inventory refuses it in
-    install_root already (config/inventory.py), this guards the rendering itself."""
+    """A path setting: `%` doubled (specifiers); such settings take no escapes, so a control
+    character is refused (the inventory refuses it already; this guards the rendering)."""
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
         raise ConfigError(f"path {value!r} holds a control character; it cannot be written into a unit")
     return value.replace("%", "%%")
 
 
-# Hardening every unit gets: what a user manager applies without namespaces (seccomp filters and
-# the no_new_privs bit; an unprivileged manager implies NoNewPrivileges= for them anyway). The
-# servers need TCP/IP and the resolver (AF_NETLINK: getaddrinfo's AI_ADDRCONFIG), nothing more.
-# Measured with `systemd-analyze security --offline=true` (systemd 252): a system unit's exposure
-# 9.6 without these lines, 3.4 with them (system set); a user unit 6.5. What is left: the
-# supervisor runs as root (it drops the service itself), devices stay open (GPUs), the network
-# stays open (the servers serve it).
+# Hardening every unit gets: what a user manager applies without namespaces (seccomp, no_new_privs).
+# The servers need TCP/IP and the resolver (AF_NETLINK: getaddrinfo's AI_ADDRCONFIG), nothing more;
+# devices (GPUs) and the network stay open.
 HARDENING_COMMON = (
     "NoNewPrivileges=yes",
     "RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK",
@@ -87,11 +72,9 @@ HARDENING_COMMON = (
     "SystemCallErrorNumber=EPERM",
     "UMask=0077",
 )
-# Added in the system manager, where the supervisor runs as root (it drops the service itself
-# to service_user with setpriv, hosts/pairctl-svc.sh): a read-only OS and install root except
-# run/, no /tmp shared with other services, no writes to the kernel's knobs, and only the
-# capabilities the supervisor uses (drop to the service user, signal it, read its /proc entries,
-# chown its home and log). No PrivateDevices=: the GPU device nodes must stay reachable.
+# Added in the system manager, where the supervisor runs as root (it drops the service to
+# service_user itself): a read-only OS and root except run/, a private /tmp, and only the
+# capabilities the supervisor uses. No PrivateDevices=: the GPU device nodes must stay reachable.
 HARDENING_SYSTEM = (
     "ProtectSystem=strict",
     "ProtectHome=read-only",
@@ -108,8 +91,7 @@ HARDENING_SYSTEM = (
 )
 
 
-# PrivateTmp= mounts an empty /tmp and /var/tmp: an install root, model or other file the service
-# reads from under them would vanish, and the start fails 226/NAMESPACE (seen with a root in /tmp).
+# PrivateTmp= hides what is under these: a root or model there fails the start (226/NAMESPACE).
 _SHARED_TMP = ("/tmp", "/var/tmp")
 
 
@@ -119,10 +101,9 @@ def _under_shared_tmp(path: str) -> bool:
 
 
 def hardening(root: str, *, user: bool, reads: Sequence[str] = (), state: str | None = None) -> list[str]:
-    """The [Service] sandboxing lines for a unit of this scope (see HARDENING_*). `reads`: the
-    service's argv; PrivateTmp= is left out when the root, the state_dir (run/'s target) or an
-    absolute path in the argv lies under /tmp or /var/tmp, which a private /tmp would hide. The
-    one writable path is run/ as resolved: the state_dir it links to, never the link's name."""
+    """The [Service] sandboxing lines for a unit of this scope. PrivateTmp= is left out when the
+    root, the state_dir or an absolute path in `reads` (the argv) lies under /tmp or /var/tmp. The
+    one writable path is run/ as resolved (the state_dir), never the link's name."""
     if user:
         return list(HARDENING_COMMON)
     paths = [root, state or root, *(w.split("=", 1)[-1] for w in reads)]

@@ -59,8 +59,7 @@ def main(steps: list[Step] | None = None) -> int:
     return 0
 
 
-# -- the real story (issue 17): two revisions, a failed candidate that rolls back to the previous
-# revision, the candidate deployed, status naming current and previous, rollback to baseline.
+# -- the story: a failed candidate rolls back, the candidate deployed, status, rollback to baseline
 
 PATCH = "kernels/mmvf-warp-per-row"
 
@@ -78,28 +77,25 @@ def _baseline_rev() -> str:
     ).stdout.strip()
 
 
+def _newest(pkgs: list[Package], what: str, step: str = "build") -> str:
+    if not pkgs:
+        raise SystemExit(f"demo: no cpu-lab package of the {what} (did the {step} step run?)")
+    return max(pkgs, key=lambda p: p.manifest.finished_at).id
+
+
 def _baseline_package() -> str:
     """The cpu-lab package `pairctl build` made from the lab source's baseline tag (no patch)."""
     rev = _baseline_rev()
     pkgs = [p for p in _packages() if p.manifest.revision == rev and p.manifest.patch is None]
-    if not pkgs:
-        raise SystemExit("demo: no cpu-lab package of the baseline revision (did the build step run?)")
-    return max(pkgs, key=lambda p: p.manifest.finished_at).id
+    return _newest(pkgs, "baseline revision")
 
 
 def _candidate_package() -> str:
     """The cpu-lab package built from the baseline with the MMVF kernel patch committed on top."""
     rev = _baseline_rev()
-    pkgs = [
-        p
-        for p in _packages()
-        if p.manifest.patch is not None
-        and p.manifest.patch.name == "mmvf-warp-per-row"
-        and p.manifest.patch.base_revision == rev
-    ]
-    if not pkgs:
-        raise SystemExit("demo: no cpu-lab package of the MMVF candidate (did the candidate build step run?)")
-    return max(pkgs, key=lambda p: p.manifest.finished_at).id
+    patched = [(p, p.manifest.patch) for p in _packages()]
+    pkgs = [p for p, c in patched if c is not None and c.name == "mmvf-warp-per-row" and c.base_revision == rev]
+    return _newest(pkgs, "MMVF candidate", "candidate build")
 
 
 _WHICH: dict[str, Callable[[], str]] = {"baseline": _baseline_package, "candidate": _candidate_package}

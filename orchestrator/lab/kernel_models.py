@@ -1,13 +1,9 @@
 """The lab's tiny model variant for the MMVF kernel patch: `ensure_kmmvf_models(home)`.
 
-A BF16 llama with n_embd 320 and n_ff 10240, so `ffn_gate` and `ffn_up` are BF16 matrices with
-K = 320 and M = 10240. With a same-weights draft and `--spec-draft-n-max 3` every verification
-batch is one token plus three drafts: the W4 MUL_MAT (ne11 = 4, no fusion: the CUDA GLU fusion
-only takes one column) the patch targets. 5 heads of size 64 keep Q8 KV with flash attention
-possible on CUDA too: its flash-attention kernels have no head size 32, and since the RPC backend
-claims every op, a remote CUDA ggml-rpc-server aborted on the first graph (seen on the H200). On
-a CPU lab this only exercises the same graph; on a Volta GPU it runs the patched path. Written by
-`orchestrator.lab.models.write_llama_gguf` (deterministic bytes).
+A BF16 llama with n_embd 320 and n_ff 10240 (BF16 `ffn_gate`/`ffn_up` with K = 320, M = 10240):
+with a same-weights draft and `--spec-draft-n-max 3` every verification batch is the 4-column
+MUL_MAT the patch targets. Head size 64, because CUDA's flash-attention kernels have none of 32
+and a remote CUDA ggml-rpc-server aborted on the first graph. Deterministic bytes (lab.models).
 """
 
 from __future__ import annotations
@@ -60,11 +56,8 @@ def _present(folder: Path) -> dict[str, Any] | None:
 
 
 def ensure_kmmvf_models(home: Home | Path | str) -> dict[str, Path]:
-    """Write (unless intact) the BF16 K320/M10240 target and its same-weights draft; return role -> path.
-
-    Roles are `target` and `draft_same` (same seed, so drafts are always accepted and every
-    verification batch is 4 wide with draft max 3). `kmmvf.json` records sha256, size and shape.
-    """
+    """Write (unless intact) the BF16 K320/M10240 `target` and `draft_same`; return role -> path
+    (`kmmvf.json` records sha256, size and shape)."""
     home = home if isinstance(home, Home) else Home.resolve(home)
     folder = kmmvf_folder(home)
     folder.mkdir(parents=True, exist_ok=True)

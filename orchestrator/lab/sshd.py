@@ -90,13 +90,16 @@ def ensure_sshd_installed() -> None:
         raise PairctlError(f"{SSHD} is still missing after installing openssh-server")
 
 
+def is_lab_address(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address) in ipaddress.ip_network("127.0.0.0/8")
+    except ValueError:
+        return False
+
+
 def check_loopback(address: str) -> None:
     """The lab only ever listens on 127.0.0.0/8."""
-    try:
-        ok = ipaddress.ip_address(address) in ipaddress.ip_network("127.0.0.0/8")
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_lab_address(address):
         raise PairctlError(f"lab hosts must use a 127.0.0.0/8 address, not {address!r}")
 
 
@@ -127,9 +130,8 @@ def render_sshd_config(plan: HostPlan) -> str:
         "LoginGraceTime 30",
         "LogLevel INFO",
         "Subsystem sftp internal-sftp",
-        # Debian's bash sources ~/.bashrc for every ssh command; an operator's rc (here: pyenv init)
-        # then costs ~0.5 s per command. SHLVL=1 makes bash treat the shell as nested and skip it,
-        # as a real host with a plain rc would behave.
+        # Debian's bash sources ~/.bashrc for every ssh command (an operator's costs ~0.5 s); with
+        # SHLVL=1 it skips it, as a real host with a plain rc behaves
         "SetEnv SHLVL=1",
     ]
     return "\n".join(lines) + "\n"
@@ -352,12 +354,9 @@ def config_arg(cmdline: bytes) -> str | None:
 
 
 def orphaned_lab_sshd(address: str, port: int, own_config: Path) -> int | None:
-    """The pid of a lab sshd listening on address:port that no pid file leads to any more.
-
-    It runs either this host's own config (its pid file was lost, e.g. the home was deleted and
-    made again) or a lab config that no longer exists (its home was deleted). Nothing else can
-    stop it, and it holds the lab's address. Any other live config is another home's lab: never ours.
-    """
+    """The pid of a lab sshd on address:port that no pid file leads to any more: one running this
+    host's own config (its pid file lost) or a lab config that no longer exists. Any other live
+    config is another home's lab: never ours."""
     try:
         inodes = listening_inodes(address, port, Path("/proc/net/tcp").read_text())
     except OSError:

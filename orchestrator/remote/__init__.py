@@ -1,9 +1,4 @@
-"""Reaching hosts: commands as data, one Transport protocol, SSH and local implementations.
-
-command.py   Cmd / Secret: a frozen argv, rendered with shlex.join only for the transport
-commands.py  builders for common steps (mkdir, mv -T, ln -sfn, sha256sum, ...), pure
-result.py    Result and the errors a failed or timed-out command becomes
-transport.py Transport protocol, TransportStats, RetryPolicy, open_transport, TransportPool
-ssh.py       SshTransport: strict host keys, one lazy connection, byte-exact exec, SFTP files
-local.py     LocalTransport: argv exec'd directly, files copied
+"""Reaching hosts: commands as data (command.py), results and their errors (result.py), one
+Transport protocol (transport.py), SSH and local implementations (ssh.py, local.py), and a
+pool of them per run (pool.py).
 """

@@ -1,12 +1,9 @@
 """A remote command is data: a frozen argv, rendered with `shlex.join` only at the last moment.
 
-Why: an argv cannot be mis-split by a shell, so paths with spaces, `;`, `$()` or newlines reach
-the program unchanged, and a `Secret` argument is masked in every repr, log line and receipt
-while the transport still sends its real value. `cwd` and `env` are expressed as more argv
-(`env -C DIR -- K=V cmd ...`, GNU coreutils), never as `cd x && export k=v && ...`.
-
-The rendered line is for a POSIX `sh -c` (what sshd runs a command with for a user whose login
-shell is sh/bash/dash); hosts whose login shell is csh or fish are not supported.
+An argv cannot be mis-split by a shell, and a `Secret` argument is masked in every repr, log line
+and receipt while the transport still sends its real value. `cwd` and `env` become more argv
+(`env -C DIR -- K=V cmd ...`). The rendered line is for a POSIX `sh -c` (csh and fish login shells
+are not supported).
 """
 
 from __future__ import annotations
@@ -22,11 +19,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 @dataclass(frozen=True)
 class Secret:
-    """An argument whose value must never be shown: repr, str and display all give `***`.
-
-    A secret in argv is still visible to `ps` on the host; prefer stdin or a file for real
-    credentials and keep `Secret` for values that only must stay out of pairctl's own output.
-    """
+    """An argument whose value must never be shown: repr, str and display all give `***` (argv
+    is still visible to `ps` on the host: real credentials go through stdin or a file)."""
 
     value: str = field(repr=False)
 
@@ -64,12 +58,8 @@ def _shown(a: Arg) -> str:
 
 @dataclass(frozen=True)
 class Cmd:
-    """One program invocation: `argv`, optionally in `cwd` with extra `env` variables.
-
-    Build with `Cmd.of("ls", "-l", path)` or `Cmd(argv=(...))`. `env` is stored as sorted
-    (name, value) pairs so equal commands compare and hash equal; its values may not be
-    secrets (secrets go through stdin or files, never the environment of a logged line).
-    """
+    """One program invocation: `argv`, optionally in `cwd` with extra `env` variables (sorted
+    pairs, so equal commands compare and hash equal; never secrets)."""
 
     argv: tuple[Arg, ...]
     cwd: str | None = None

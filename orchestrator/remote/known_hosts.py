@@ -13,10 +13,8 @@ def known_hosts_name(address: str, port: int) -> str:
 
 @dataclass(frozen=True)
 class KnownHostsText:
-    """A known_hosts file read as OpenSSH reads it (sshd(8) "SSH_KNOWN_HOSTS FILE FORMAT"): plain
-    entries (`PATTERNS KEYTYPE BASE64 [COMMENT]`), keys marked `@revoked` (never accepted, for
-    any host), `@cert-authority` lines (host certificates: pairctl does not verify them, so they
-    are set aside, not an error), and lines it cannot read (skipped, as OpenSSH skips them)."""
+    """A known_hosts file read as OpenSSH reads it: plain entries, `@revoked` keys (never accepted
+    for any host), `@cert-authority` lines (not verified: set aside) and unreadable lines (skipped)."""
 
     entries: tuple[tuple[int, str], ...]  # (line number, line) of plain host-key lines
     revoked: frozenset[tuple[str, str]]  # (key type, base64 blob)

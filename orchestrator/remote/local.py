@@ -25,10 +25,9 @@ from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, RetryPolicy, 
 
 
 def _run_group(argv: list[str], stdin: bytes, timeout: float | None) -> subprocess.CompletedProcess[bytes]:
-    """ARGV in a session of its own (a Ctrl-C or hangup sent to the operator's terminal group
-    must not kill an exec mid-write: orchestrator/interrupt.py); at `timeout` its whole process
-    group is killed before this returns (what the SSH transport's host-side bound does), so a
-    step that timed out cannot act later. Services it started under setsid are not in it."""
+    """ARGV in a session of its own (a Ctrl-C to the operator's terminal must not kill an exec
+    mid-write); at `timeout` its whole process group is killed before this returns, as the SSH
+    transport's host-side bound does (services it started under setsid are not in it)."""
     p = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
     )

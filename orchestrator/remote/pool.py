@@ -1,10 +1,6 @@
-"""How to get a transport for an inventory host, and a pool of them for one run.
-
-`open_transport(inventory, host_name)` picks SSH or local from `HostSpec.transport`.
-`TransportPool` keeps one transport (one SSH connection) per host for a whole run and closes
-them all at the end; a deploy/status/lease command opens one pool and passes it down.
-Kept apart from `transport.py` (the contract) so that the implementations import the contract
-and nothing imports them back.
+"""How to get a transport for an inventory host, and a pool of them (one SSH connection per host)
+for one run, closed at its end. Kept apart from `transport.py` so that the implementations
+import the contract and nothing imports them back.
 """
 
 from __future__ import annotations
@@ -27,15 +23,11 @@ def open_transport(
     connect_timeout_s: float | None = None,
     ssh_config_path: str | Path | None = None,
 ) -> Transport:
-    """A transport for `host_name`: SSH (lazy connect) or local, from `HostSpec.transport`.
-
-    The keywords go to `SshTransport` (retry policy, connect timeout, ssh config path).
-    """
+    """A transport for `host_name`: SSH (lazy connect; the keywords go to it) or local."""
     spec = inventory.host(host_name)
     if spec.transport == "local":
         return LocalTransport(host_name)
-    # paramiko and fabric load only when a host is reached over SSH (start-up time; a local-only
-    # inventory, as on a GPU machine, never needs them).
+    # paramiko and fabric load only when a host is reached over SSH (start-up time)
     from orchestrator.remote.ssh import DEFAULT_CONNECT_TIMEOUT_S, SshTransport
 
     return SshTransport.from_inventory(

@@ -12,10 +12,7 @@ TAIL_CHARS = 2000
 
 @dataclass(frozen=True)
 class Result:
-    """Exit status, decoded output (UTF-8, undecodable bytes replaced) and wall time.
-
-    `stdout_bytes` keeps the exact bytes for callers that read binary output.
-    """
+    """Exit status, decoded output (`stdout_bytes`: the exact bytes) and wall time."""
 
     exit_status: int
     stdout: str

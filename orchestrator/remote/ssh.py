@@ -1,18 +1,10 @@
 """SSH transport on fabric/paramiko with strict host keys, one lazy connection per host.
 
-Host keys: only the inventory's known_hosts file (plus ssh_config's UserKnownHostsFile when
-the inventory defers to ~/.ssh/config); the policy rejects every unknown key and never adds
-one. An unknown or changed key raises `HostKeyError` with OpenSSH-style SHA256 fingerprints
-before anything runs.
-
-Every command starts the login user's shell (`sh -c LINE`, which sshd requires): where bash
-sources a heavy ~/.bashrc for ssh commands, every `run` pays that. File operations (`mkdir`,
-`rename`, `stat`, `read_bytes`, `symlink`, ...) go over SFTP and start no shell at all.
-
-Commands run on a paramiko session channel of the fabric connection, not through
-`Connection.run`: invoke feeds stdin one byte per 10 ms and decodes it byte by byte, which
-corrupts non-ASCII input and makes a 1 KiB stdin take 10 s. Here stdin is sent as bytes,
-stdout/stderr are read as bytes, and a command costs one channel round trip.
+Host keys come only from the inventory's known_hosts (plus ssh_config's UserKnownHostsFile when
+it defers to ~/.ssh/config); an unknown or changed key raises `HostKeyError` with SHA256
+fingerprints before anything runs, and no key is ever added. File operations go over SFTP and
+start no login shell. Commands run on a raw session channel, not `Connection.run`, whose invoke
+feeds stdin a byte per 10 ms and corrupts non-ASCII: here stdin and output are bytes.
 """
 
 from __future__ import annotations
@@ -65,12 +57,9 @@ from orchestrator.remote.transport import (
 )
 
 _READ = 1 << 16
-# A command run with a timeout runs under the host's own `timeout` (coreutils): at the bound its
-# process group gets TERM (and CONT, so a stopped one handles it), KILL HOST_KILL_AFTER_S later.
-# pairctl waits that long and HOST_SLACK_S more (the exec's start-up) before it calls the command
-# timed out, so a step that timed out has been killed on the host before anything else touches
-# it (issue 33: a paused restart-rpc switched `current` 2 s after the rollback). Services a step
-# starts run under setsid, in sessions of their own, and are not touched.
+# A command with a timeout runs under the host's `timeout` (TERM, KILL HOST_KILL_AFTER_S later);
+# pairctl waits that long and HOST_SLACK_S more before calling it timed out, so a timed-out step
+# is dead on the host before anything else touches it (services run under setsid: untouched).
 HOST_KILL_AFTER_S = 5.0
 HOST_SLACK_S = 5.0
 
@@ -123,11 +112,8 @@ def resolve_target(
     *,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
 ) -> SshTarget:
-    """Inventory fields win; with `use_ssh_config`, fields left out come from ssh_config.
-
-    Only user, port, HostName, IdentityFile and UserKnownHostsFile are taken from ssh_config.
-    StrictHostKeyChecking there is ignored: checking is always strict.
-    """
+    """Inventory fields win; with `use_ssh_config`, user, port, HostName, IdentityFile,
+    UserKnownHostsFile and ConnectTimeout left out come from ssh_config (checking stays strict)."""
     spec = inventory.host(host_name)
     hostname, port, user, key = spec.address, spec.port, spec.user, spec.key
     known = [inventory.known_hosts]
@@ -211,8 +197,7 @@ class _RevokedHostKey(_UnknownHostKey):
 
 
 class _RejectAndRecord(paramiko.RejectPolicy):
-    """RejectPolicy that keeps the offered key, so the error can show its fingerprint; a key
-    known_hosts marks `@revoked` is told apart (it is never among the accepted keys)."""
+    """RejectPolicy that keeps the offered key (for its fingerprint) and tells `@revoked` apart."""
 
     def __init__(self, revoked: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.revoked = revoked
@@ -224,9 +209,8 @@ class _RejectAndRecord(paramiko.RejectPolicy):
 
 
 def _load_host_keys(files: tuple[str, ...]) -> tuple[paramiko.HostKeys, list[str], frozenset[tuple[str, str]]]:
-    """The accepted keys, the files missing, and the revoked keys. Read as OpenSSH reads them
-    (known_hosts.read_known_hosts): an `@revoked` or `@cert-authority` line, or one that cannot
-    be parsed, is no reason to refuse every host (paramiko's own loader raised on them)."""
+    """The accepted keys, the files missing, and the revoked keys, read as OpenSSH reads them: an
+    `@revoked`, `@cert-authority` or unparsable line refuses no other host (paramiko's loader does)."""
     keys = paramiko.HostKeys()
     missing: list[str] = []
     revoked: set[tuple[str, str]] = set()
@@ -269,11 +253,8 @@ _TRANSIENT_ERRNOS = {
 
 
 def _connect_transient(exc: BaseException) -> bool:
-    """Connect errors worth retrying: refused, timed out, unreachable, reset, no banner.
-
-    Never a host-key or authentication failure, nor a missing key file: retrying those
-    only delays the same answer.
-    """
+    """Connect errors worth retrying: refused, timed out, unreachable, reset, no banner; never a
+    host-key, authentication or key-file failure (retrying only delays the same answer)."""
     if isinstance(exc, (PairctlError, paramiko.AuthenticationException, paramiko.BadHostKeyException)):
         return False  # our own verdicts (host key, auth) are final; HostError is also a ConnectionError
     if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
@@ -306,9 +287,8 @@ class SshTransport:
         self._conn: _FabricConnection | None = None
         self._sftp: paramiko.SFTPClient | None = None
         self._lock = threading.RLock()
-        # one SFTP conversation at a time: paramiko's client drops an answer that another thread's
-        # wait reads first, and that thread's own wait then never ends (two threads on one host
-        # deadlocked so); requests of one batch are still pipelined
+        # one SFTP conversation at a time: paramiko drops an answer another thread's wait reads
+        # first, and that thread then waits forever (a batch's requests are still pipelined)
         self._sftp_io = threading.RLock()
         self._log = get_logger(host=self.name)
         self._reached = False  # once connected, a lost connection is reconnected with RECONNECT_RETRY
@@ -330,8 +310,7 @@ class SshTransport:
     # -- connecting --
 
     def connect(self) -> None:
-        """Open the connection now (otherwise the first command does); idempotent. A failure is
-        a HostError naming the host (exit 4), as for a command."""
+        """Open the connection now (otherwise the first command does); idempotent."""
         self._connect_or_raise()
 
     @property
@@ -636,8 +615,7 @@ class SshTransport:
     # -- tcp through the host --
 
     def open_tcp(self, host: str, port: int, timeout: float | None) -> paramiko.Channel:
-        """A `direct-tcpip` channel (what `ssh -L` opens) to HOST:PORT as the host sees it: the
-        bytes cross the network inside this SSH connection (orchestrator.server.tunnel)."""
+        """A `direct-tcpip` channel (what `ssh -L` opens) to HOST:PORT as the host sees it."""
         t = self._connect_or_raise()
         return t.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout)
 
@@ -676,8 +654,7 @@ class SshTransport:
         t0 = time.monotonic()
         with self._transfer("put", "<bytes>", remote_path) as sftp:
             if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
-                # refused somewhere: again the long way, for the error as it always read (a full
-                # disk shows as paramiko's "size mismatch in put!", which names it DiskFull)
+                # refused somewhere: again the long way, for its error (a full disk: DiskFull)
                 sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
                 sftp.chmod(remote_path, mode & 0o7755)
         self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
@@ -802,10 +779,9 @@ class SshTransport:
     def stat(self, path: str) -> FileStat | None:
         def do(sftp: paramiko.SFTPClient) -> FileStat | None:
             try:
-                a = sftp.lstat(path)
+                return _file_stat(sftp.lstat(path))
             except FileNotFoundError:
                 return None
-            return _file_stat(a)
 
         st: FileStat | None = self._fs("stat", path, do)
         return st
@@ -836,10 +812,9 @@ class SshTransport:
         return data
 
     def fs_batch(self, ops: list[FsRead]) -> list[FsResult]:
-        """`transport.fs_batch` pipelined: every LSTAT, READLINK and OPEN is sent before the first
-        answer is read (sftp-server answers in order), then every READ and CLOSE, and a clock
-        file's CLOSE, LSTAT and REMOVE; a file still not at its end reads on. About three round
-        trips for the whole batch instead of two to five per path."""
+        """`transport.fs_batch` pipelined: every first request (LSTAT, READLINK, OPEN) is sent before
+        the first answer is read (sftp-server answers in order), then every READ and CLOSE, and a
+        clock file's CLOSE, LSTAT and REMOVE; a file not at its end reads on."""
         if not ops:
             return []
         rounds = 0
@@ -921,8 +896,7 @@ class SshTransport:
         return errs, vals
 
     def login_uid(self) -> int:
-        """The login user's uid: the owner of the SFTP session's start directory, its home
-        (hosts/root_trust judges install roots against it); read once per transport."""
+        """The login user's uid: the owner of the SFTP session's start directory (its home)."""
         uid = getattr(self, "_login_uid", None)
         if uid is None:
             uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
@@ -947,9 +921,8 @@ class SshTransport:
     def readlink(self, path: str) -> str | None:
         def do(sftp: paramiko.SFTPClient) -> str | None:
             try:
-                target: str | None = sftp.readlink(path)
-                return target
-            except (OSError, FileNotFoundError):
+                return sftp.readlink(path)
+            except OSError:
                 return None
 
         link: str | None = self._fs("readlink", path, do)
@@ -977,9 +950,8 @@ class SshTransport:
 
 
 def host_file_error(host: str, op: str, path: str, exc: OSError) -> HostError:
-    """An SFTP operation the host refused, as one line naming host, operation and path (it was
-    "OSError: Failure": OpenSSH's sftp-server answers a read-only or full filesystem with a bare
-    SSH_FX_FAILURE, no errno)."""
+    """An SFTP operation the host refused, as one line naming host, operation and path (OpenSSH's
+    sftp-server answers a read-only or full filesystem with a bare SSH_FX_FAILURE, no errno)."""
     why = exc.strerror or str(exc) or type(exc).__name__
     d = posixpath.dirname(path.rstrip("/")) or "/"
     if exc.errno == errno.ENOSPC:
@@ -1001,9 +973,8 @@ class _TooMuch(Exception):
 
 
 def _no_delay(t: paramiko.Transport | None) -> None:
-    """TCP_NODELAY on the connection, as OpenSSH's client sets it for its sessions: a batch of
-    SFTP requests (fs_batch) is several small packets in a row, and Nagle's algorithm held each
-    one back until the host's delayed ACK of the one before (40 ms apiece on Linux)."""
+    """TCP_NODELAY, as OpenSSH's client sets it: otherwise Nagle holds each small packet of an
+    SFTP batch back until the host's delayed ACK of the one before (40 ms apiece)."""
     sock = getattr(t, "sock", None)
     if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
         with contextlib.suppress(OSError):
@@ -1012,10 +983,8 @@ def _no_delay(t: paramiko.Transport | None) -> None:
 
 @runtime_checkable
 class _SftpRequests(Protocol):
-    """paramiko.SFTPClient's request layer, which the pipelined transfers drive directly (several
-    requests in flight per round trip). It is private in paramiko, so types-paramiko leaves it out;
-    `_requests` checks that the installed paramiko has it. `_read_response` as called here, with
-    the request number it waits for: it returns that answer or raises."""
+    """paramiko.SFTPClient's private request layer, which the pipelined transfers drive directly
+    (types-paramiko leaves it out; `_requests` checks that the installed paramiko has it)."""
 
     def _request(self, t: int, *args: object) -> tuple[int, paramiko.Message]: ...
 
@@ -1034,8 +1003,7 @@ class _AttrsFromMsg(Protocol):
 
 
 def _send_first(sftp: _SftpRequests, op: FsRead) -> int:
-    """The first request of one batch operation (an LSTAT, READLINK, statvfs or OPEN), sent
-    without waiting, so every path's first round trip is shared."""
+    """The first request of one batch operation (LSTAT, READLINK, statvfs or OPEN), not awaited."""
     from paramiko import sftp as S
     from paramiko.sftp_attr import SFTPAttributes
 
@@ -1073,8 +1041,7 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
                 failed = failed or exc  # raised once every answer is read
             continue
         if isinstance(op, Lstat):
-            a = _attrs_of(msg)
-            out[i] = FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
+            out[i] = _file_stat(_attrs_of(msg))
         elif isinstance(op, Readlink):
             out[i] = msg.get_text() if msg.get_int() == 1 else None
         elif isinstance(op, FreeBytes):
@@ -1108,8 +1075,8 @@ def _file_stat(a: paramiko.SFTPAttributes) -> FileStat:
 
 
 def _send_all(chan: paramiko.Channel, data: bytes) -> None:
-    """Channel.sendall re-slices the whole remaining buffer per packet (quadratic: 19 MB took
-    3.5 s); slicing a memoryview per packet keeps it linear."""
+    """Channel.sendall re-slices the whole remaining buffer per packet (quadratic); a memoryview
+    keeps it linear."""
     view = memoryview(data)
     off, n = 0, len(data)
     while off < n:

@@ -1,7 +1,5 @@
 """The one interface every host is reached through: the `Transport` contract, its errors,
-counters and retry policy. `remote/pool.py` picks an implementation (`ssh.py`, `local.py`) for
-an inventory host; those import this module, and this module imports neither.
-"""
+counters and retry policy (implemented by ssh.py and local.py, which import this module)."""
 
 from __future__ import annotations
 
@@ -114,13 +112,9 @@ class TransportStats:
 
 @runtime_checkable
 class Transport(Protocol):
-    """Run commands on and copy files to/from one host.
-
-    `run` never retries (a command may change state); `run_idempotent` retries transient
-    transport failures and timeouts, for read-only probes only. `check=True` raises
-    `RemoteCommandError` on a nonzero exit. `put` copies content and permission bits
-    (minus group/other write); `put_bytes` writes given bytes with an explicit mode.
-    """
+    """Run commands on and copy files to/from one host. `run` never retries (a command may change
+    state); `run_idempotent` retries transient failures, for read-only probes only. `check=True`
+    raises `RemoteCommandError` on a nonzero exit."""
 
     name: str
     stats: TransportStats
@@ -128,7 +122,6 @@ class Transport(Protocol):
     def connect(self) -> None:
         """Reach the host now (every other method does so on first use); idempotent. A failure
         is a HostError naming the host (`Unreachable` when no connection could be made)."""
-        ...
 
     def run(
         self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
@@ -145,7 +138,6 @@ class Transport(Protocol):
     def put_private(self, data: bytes, remote_path: str) -> None:
         """Create `remote_path` exclusively (O_CREAT|O_EXCL) with mode 0600 from its first byte,
         never chmod after: a secret is never readable by others, even for a moment."""
-        ...
 
     def chmod(self, path: str, mode: int) -> None: ...
 
@@ -153,30 +145,24 @@ class Transport(Protocol):
 
     def close(self) -> None: ...
 
-    # File operations without a shell (SFTP on SSH hosts, os.* locally): one cheap request
-    # each, no login shell started, the same syscall semantics on both transports.
+    # file operations without a shell (SFTP on SSH hosts, os.* locally), same syscall semantics
 
     def mkdir(self, path: str, mode: int = 0o755) -> None:
         """mkdir(2), then chmod to `mode`: FileExistsError if the path exists (cannot be won twice)."""
-        ...
 
     def makedirs(self, path: str, mode: int = 0o755) -> None:
         """`mkdir -p`: create missing parents with `mode`; existing directories are fine."""
-        ...
 
     def stat(self, path: str) -> FileStat | None:
         """lstat(2), or None when the path does not exist."""
-        ...
 
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         """The file's content; FileNotFoundError when it does not exist. With `max_bytes`, at most
         `max_bytes + 1` bytes: a caller learns that a host's file is larger than it accepts
         without reading a hostile one (a link to /dev/zero) to its end."""
-        ...
 
     def rename(self, src: str, dst: str) -> None:
         """rename(2): atomic, replaces `dst` if it is a file or symlink."""
-        ...
 
     def remove(self, path: str) -> None: ...
 
@@ -186,19 +172,12 @@ class Transport(Protocol):
 
     def symlink(self, target: str, path: str) -> None:
         """Create `path` as a symlink pointing to `target` (like `ln -s target path`)."""
-        ...
 
     def readlink(self, path: str) -> str | None:
         """The link's target, or None when `path` does not exist or is not a symlink."""
-        ...
 
 
-# -- batched file reads -------------------------------------------------------------------------
-#
-# A step that reads several small things on one host (an install root's chain of directories, a
-# lease with the host's clock) asks for them at once: an SSH transport sends every request before
-# it waits for the first answer (SFTP is pipelined; the server answers in order), so the batch
-# costs two round trips instead of several per path. Every other transport runs them one by one.
+# -- batched file reads (`fs_batch`: SSH pipelines them, two round trips for the whole batch) ----
 
 
 @dataclass(frozen=True)
@@ -247,10 +226,8 @@ FsResult = FileStat | bytes | str | int | None | OSError | NotImplementedError
 
 
 def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
-    """Run OPS on one host, results in order: pipelined where the transport can (SSH: two round
-    trips for the whole batch), one by one elsewhere. A ReadFile the host refused (missing:
-    FileNotFoundError) or a HostClock that could not write its file gives the error; a connection
-    lost raises."""
+    """Run OPS on one host, results in order, pipelined where the transport can. A refused
+    ReadFile or HostClock gives the error; a connection lost raises."""
     batch = getattr(transport, "fs_batch", None)
     if batch is not None:
         return list(batch(ops))
@@ -337,15 +314,10 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
-# Reconnecting to a host this run already reached (its connection dropped: an sshd restart, a
-# network blip): what it waits for is the host's sshd coming back, which took about 25 s for a
-# restart measured on the lab (issue 33); the run's leases promise their next heartbeat within
-# 600 s (engine/leasing.py HEARTBEAT_S), so waiting a minute costs the pair nothing, while giving
-# up after 1.4 s (the first connect's budget) rolled a healthy pair back and stopped it.
 def _reconnect_budget(default: float = 60.0) -> float:
-    """How long a host this run already reached may stay unreachable (an sshd restart, a network
-    blip) before a step fails: 60 s, or PAIRCTL_SSH_RECONNECT_S (seconds, 5 to 3600) for an
-    operator whose hosts take longer, or a test lab that must not wait a minute per cut."""
+    """How long a host this run already reached may stay unreachable (an sshd restart takes about
+    25 s) before a step fails: 60 s, well inside the leases' heartbeat, where the first connect's
+    1.4 s rolled healthy pairs back; PAIRCTL_SSH_RECONNECT_S (5 to 3600) overrides it."""
     raw = os.environ.get("PAIRCTL_SSH_RECONNECT_S", "")
     try:
         v = float(raw) if raw else default

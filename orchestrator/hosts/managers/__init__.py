@@ -1,15 +1,9 @@
 """The service-manager seam: what runs a host's supervisors, and brings them back at boot.
 
-One module per manager (`pairctl`: setsid and an @reboot crontab line; `systemd`: an enabled
-unit per service), each a class with the operations below, as pyinfra adds an init system: the
-engine, `status` and the host commands call the manager a host's layout carries and never ask
-which one it is. `manager_for` is the one place that reads the inventory's `service_manager`;
-a new manager is a new module here and its line in `MANAGERS`.
-
-The supervisor loop itself (`pairctl-svc supervise`) is the same under every manager; a manager
-decides how it is started (the words `pairctl-svc start|restart` take), how long a start, stop or
-restart exec may take, what it writes before a start and checks before any change, and how a
-reboot brings the service back (recorded after a start, read back by `status`).
+One module per manager (`pairctl`: setsid and crontab lines; `systemd`: an enabled unit per
+service), as pyinfra adds an init system: callers use the manager a host's layout carries and
+never ask which one it is. `manager_for` is the one place that reads `service_manager`; a new
+manager is a new module and its line in `MANAGERS`. The supervisor loop is the same under all.
 """
 
 from __future__ import annotations

@@ -25,9 +25,8 @@ if TYPE_CHECKING:
     from orchestrator.remote.transport import Transport
 
 MIN_SYSTEMD = 240  # StandardOutput=append: in pairctl's units
-# An exec runs up to ~13 systemctl calls (each bounded at 30 s by pairctl-svc, a stop waiting for
-# TimeoutStopSec=20) and one verify (30 s): the exec's own bound covers their sum, so pairctl
-# never gives up on a step the host is still doing.
+# An exec runs up to ~13 systemctl calls (30 s each) and one verify (30 s): its bound covers their
+# sum, so pairctl never gives up on a step the host is still doing.
 _BOUND_S = {"start": 480, "stop": 200, "restart": 480}
 
 
@@ -122,9 +121,8 @@ class SystemdManager:
     def verify_staged(
         self, t: Transport, layout: HostPaths, host: str, service: str, argv: Sequence[str], sup: Sequence[str]
     ) -> str:
-        """The unit this run's start will install, rendered, staged and checked by the host's own
-        `systemd-analyze verify` now, before anything is stopped (a unit the host rejects, e.g. an
-        older systemd's, refuses the run with nothing changed)."""
+        """The unit this run's start will install, staged and checked by the host's own
+        `systemd-analyze verify` now: one it rejects refuses the run with nothing changed."""
         unit, _ = self.stage(t, layout, service, argv, sup)
         res = t.run(layout.svc_cmd("unit-verify", service, f"{self.scope}:{unit}"), check=False, timeout=120)
         if res.exit_status != 0:
