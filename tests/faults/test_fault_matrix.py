@@ -82,6 +82,7 @@ EXPECTED_S = {
     "skew-holder-behind": 13,
     "read-only-rpc-root": 13,
     "read-only-native-root": 12,
+    "ro-disk-native": 15,
 }
 DEFAULT_EXPECTED_S = 30
 
