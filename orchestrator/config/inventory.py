@@ -47,7 +47,7 @@ class HostSpec(StrictModel):
         description="absolute directory on the host, outside install_root, for all that is written after the "
         "upload (current/previous links, route.json, leases, pidfiles, supervisor state, logs): install_root/run "
         "becomes a link to it, judged like the root, so an install root that turned read-only stops nothing; "
-        "default: install_root with `.state` appended, beside it (run/ stays a directory where that cannot be made); "
+        "default: install_root with `.state` appended, beside it (a deploy is refused where that cannot be made); "
         "it must survive a reboot: on tmpfs (e.g. under /run) a reboot loses the links, the route record and the "
         "leases, and the host reads as never deployed",
     )

@@ -133,7 +133,8 @@ def release(ctx: RunEnv, role: str, handle: Lease) -> bool:
             f"{ctx.host(role)}: {ctx.layout(role).leases} takes no new file ({exc.message[:200]}): "
             f"{LEFT_ON_UNWRITABLE}, so run {ctx.run_id}'s lease stays until it is writable again; this "
             f"home's next deploy or rollback of {ctx.view.name} frees it then",
-            hint=f"make {ctx.layout(role).root} writable on {ctx.host(role)} (a read-only mount? a full disk?)",
+            hint=f"make {ctx.layout(role).state or ctx.layout(role).root} writable on {ctx.host(role)} (a read-only "
+            f"mount? a full disk?), then `pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}` frees it",
         ) from None
     return True
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from orchestrator.errors import HostError, LeaseLost
+from orchestrator.errors import HostError, HostStateError, LeaseLost
 from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
@@ -226,8 +226,11 @@ class HostLayout:
 def install_helper(transport: Transport, layout: HostLayout) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
     exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust).
-    An older layout is moved on the way, under the caller's lease (move_layout)."""
-    move_layout(transport, layout, always=True)
+    An older layout is moved on the way, under the caller's lease (move_layout), and a run/ that
+    would stay inside the root is refused (`strict`): the root is about to take a release. What
+    an earlier move could not remove is tried again (_sweep_aside: one listing)."""
+    if not move_layout(transport, layout, strict=True):
+        _sweep_aside(transport, layout)
     for d in (layout.releases, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
     transport.makedirs(layout.secrets, 0o700)
@@ -235,37 +238,49 @@ def install_helper(transport: Transport, layout: HostLayout) -> None:
     put_new(transport, svc_script(), layout.svc, 0o755)
 
 
-def move_layout(transport: Transport, layout: HostLayout, *, always: bool = False) -> bool:
+def move_layout(transport: Transport, layout: HostLayout, *, strict: bool = False) -> bool:
     """An older layout moved into run/ under the caller's lease (_link_run, _move_into_run), so
     that links, the route record and leases are found in run/ only. Every leased command passes
     here (hosts.leases.hold_pair_leases, the engine's lease step through install_helper); a root
-    whose leases/ is already the link is left untouched (`always` looks anyway). False then."""
-    if not always and transport.readlink(layout.leases) == LEASES_LINK:
+    whose leases/ and run/ are already the links is left untouched (two readlinks). False then.
+    `strict`: a state dir that cannot be made is refused, not left as run/ inside the root."""
+    if transport.readlink(layout.leases) == LEASES_LINK and (
+        layout.state is None or transport.readlink(layout.run) == layout.state
+    ):
         return False
     check_root(transport, layout.root, layout.state)
     if layout.state:
-        _link_run(transport, layout, layout.state)
+        _link_run(transport, layout, layout.state, strict)
     transport.makedirs(layout.run, 0o755)
     _move_into_run(transport, layout)
     check_root(transport, layout.root, layout.state)
     return True
 
 
-def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
+def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool) -> None:
     """run/ -> STATE (0755, judged as a root is), outside the root: a root that turned read-only
     still lets a rollback switch, record and start the previous release (issue 49). A run/
     directory from before is moved under the lease (a_prepare), while supervisors are passive (no
     pid changes): its small files are copied to STATE and the directory is swapped for the link
     (_swap_for_link). A live supervisor writes its state through the link, and its open logs
     into the removed directory until the restart that follows. Where the default STATE cannot be
-    made (the root's parent is not the login user's), run/ stays the directory it was."""
+    made (the root's parent is not the login user's), run/ stays the directory it was for a
+    command that uploads nothing (a rollback still runs there); a deploy (`strict`) is refused
+    before any change, naming state_dir: a root turning read-only would stop its pair (issue 49)."""
     check_root(transport, state)
     try:
         transport.makedirs(state, 0o755)
     except PermissionError:
-        if state == layout.root + ".state":  # the computed default (config/inventory.py)
-            return
-        raise
+        if state != layout.root + ".state":  # not the computed default (config/inventory.py)
+            raise
+        if strict:
+            raise HostStateError(
+                f"{transport.name}: {state} cannot be made (the parent of {layout.root} is not writable), so "
+                f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
+                hint=f"set hosts.{transport.name}.state_dir in the inventory to a directory the login user "
+                "can write, outside the root and not on tmpfs (e.g. under /var/lib), then run the command again",
+            ) from None
+        return
     check_root(transport, state)
     if transport.readlink(layout.run) == state:
         return  # a link elsewhere: check_root refused it
@@ -273,8 +288,8 @@ def _link_run(transport: Transport, layout: HostLayout, state: str) -> None:
     if transport.stat(layout.run) is not None:
         for name in transport.listdir(layout.run):
             st = transport.stat(src := posixpath.join(layout.run, name))
-            if st is not None and st.is_file and st.size <= 1 << 20:
-                put_new(transport, transport.read_bytes(src, 1 << 20), posixpath.join(state, name), st.perms)
+            if st is not None and st.is_file and st.size <= HOST_FILE_MAX:
+                put_new(transport, transport.read_bytes(src, HOST_FILE_MAX), posixpath.join(state, name), st.perms)
         links = [_release(transport, layout, posixpath.join(layout.run, n)) for n in ("current", "previous")]
         if any(links) and transport.readlink(posixpath.join(state, "current")) is None:
             switch_links(transport, layout, links[0], links[1], run=state)  # only these links: each judged first
@@ -314,7 +329,7 @@ def _move_into_run(transport: Transport, layout: HostLayout) -> None:
     if any(links) and transport.readlink(layout.current) is None:
         switch_links(transport, layout, *links)
     if transport.stat(old["route.json"]) is not None and transport.stat(layout.route) is None:
-        put_new(transport, transport.read_bytes(old["route.json"], 1 << 20), layout.route, 0o644)
+        put_new(transport, transport.read_bytes(old["route.json"], HOST_FILE_MAX), layout.route, 0o644)
     for path in old.values():
         if transport.stat(path) is not None:
             transport.remove(path)
@@ -322,12 +337,18 @@ def _move_into_run(transport: Transport, layout: HostLayout) -> None:
         nonce = _carry_lease(transport, layout.leases, posixpath.join(layout.run, "leases"))
         _swap_for_link(transport, layout.leases, LEASES_LINK)
         _still_ours(transport, layout.leases, nonce)
-    for name in transport.listdir(layout.root):  # set aside by a move of an earlier pairctl, which kept them
+    _sweep_aside(transport, layout)
+
+
+def _sweep_aside(transport: Transport, layout: HostLayout) -> None:
+    """What a move set aside and could not remove (or an earlier pairctl's move kept), removed."""
+    for name in transport.listdir(layout.root):
         if name.startswith((".run.old.tmp-", ".leases.old.tmp-")):
             remove_tree(transport, posixpath.join(layout.root, name))
 
 
 LEASES_LINK = "run/leases"  # ROOT/leases, as root_trust allows it
+_HOLDER_HINT = "`pairctl lease show {host}` names the holder; retry once that run has ended"
 
 
 def _release(transport: Transport, layout: HostLayout, link: str) -> str | None:
@@ -373,7 +394,7 @@ def _carry_lease(transport: Transport, src: str, dst: str) -> str | None:
         if _lease_nonce(transport, dst) not in (None, nonce):
             raise LeaseLost(
                 f"{transport.name}: {dst}/host.lock holds another run's lease; the layout was not moved",
-                hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
+                hint=_HOLDER_HINT.format(host=transport.name),
             ) from None
     put_new(transport, data, posixpath.join(dst, "host.lock", "lease.json"), 0o600)
     return nonce
@@ -385,7 +406,7 @@ def _still_ours(transport: Transport, leases: str, nonce: str | None) -> None:
     if nonce is not None and _lease_nonce(transport, leases) != nonce:
         raise LeaseLost(
             f"{transport.name}: the lease under {leases} is not this run's after moving the layout into run/",
-            hint=f"`pairctl lease show {transport.name}` names the holder; retry once that run has ended",
+            hint=_HOLDER_HINT.format(host=transport.name),
         )
 
 
@@ -425,7 +446,7 @@ def remove_tree(transport: Transport, path: str) -> None:
     A failure is logged, not raised: what is set aside is left for the next move to retry."""
     try:
         transport.run(Cmd(("rm", "-rf", "--one-file-system", "--", path)), timeout=HOST_RM_TIMEOUT_S)
-    except Exception as exc:
+    except OSError as exc:  # a host's refusal or a timeout (HostError is an OSError)
         get_logger(host=transport.name).warning("leftover not removed", path=path, error=str(exc))
 
 

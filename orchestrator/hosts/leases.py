@@ -560,6 +560,7 @@ def take_lease(
                 with suppress(Exception):
                     fn(p)
             raise
+        _sweep_probes(transport, leases, now, stale_after_s or grace_s)
         log.info(
             "lease taken",
             owner=owner,
@@ -571,6 +572,18 @@ def take_lease(
         return lease
     st = lease_state(transport, install_root, clock=clock)
     raise _held_error(st, grace_s=grace_s)
+
+
+def _sweep_probes(transport: Transport, leases: str, now: datetime, older_than_s: float) -> None:
+    """Clock probes (`.clock.*`, host_now) a killed run left, removed under the lease just taken:
+    a live reader's probe lives one round trip, far less than the lease's stale bound. Best effort."""
+    try:
+        for name in transport.listdir(leases):
+            st = transport.stat(probe := f"{leases}/{name}") if name.startswith(CLOCK_PROBE + ".") else None
+            if st is not None and st.is_file and now.timestamp() - st.mtime > older_than_s:
+                transport.remove(probe)
+    except OSError:
+        pass
 
 
 def release_lease(transport: Transport, install_root: str, nonce: str, *, clock: Clock | None = None) -> Lease:

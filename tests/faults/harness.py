@@ -572,25 +572,27 @@ def repair_fill_root(fp, st):
         Path(st["filler"]).unlink(missing_ok=True)
 
 
-def _read_only_root(role):
+def _read_only_root(role, *, with_state=False):
     def inject(fp, run, st):
         """The host's install root becomes read-only (a remount after a disk error): every step
-        that writes there fails; the message must name host and path, never "OSError: Failure"."""
+        that writes there fails; the message must name host and path, never "OSError: Failure".
+        `with_state`: its state dir too (ROOT.state, one filesystem with the root)."""
         root = str(fp.roots[role])
+        st["ro_paths"] = [root, root + ".state"][: 1 + with_state]
         # a read-only bind mount over the root: new writes there fail with EROFS (a plain remount
         # is refused while the services' logs are open for writing); the files already open keep
         # the mount beneath, as they would keep an inode on a disk remounted after an error
-        subprocess.run(["mount", "--bind", root, root], check=True)
-        subprocess.run(["mount", "-o", "remount,bind,ro", root], check=True)
-        st["ro_root"] = role
-        return f"made {role} root read-only (a read-only bind mount over it)"
+        for path in st["ro_paths"]:
+            subprocess.run(["mount", "--bind", path, path], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", path], check=True)
+        return f"made {' and '.join(st['ro_paths'])} read-only (read-only bind mounts over them)"
 
     return inject
 
 
 def repair_read_only_root(fp, st):
-    if st.get("ro_root"):  # lazily: a service started meanwhile may have its cwd under it
-        subprocess.run(["umount", "-l", str(fp.roots[st["ro_root"]])], check=True)
+    for path in st.get("ro_paths", ()):  # lazily: a service started meanwhile may have its cwd under it
+        subprocess.run(["umount", "-l", path], check=True)
 
 
 def inject_corrupt_release(fp, run, st):
@@ -863,6 +865,14 @@ FAULTS = [
     Fault("fill-rpc-root", _fill_root("rpc"), repair_fill_root, steps=SWITCH_STEPS),
     Fault("read-only-rpc-root", _read_only_root("rpc"), repair_read_only_root, steps=READ_ONLY_STEPS),
     Fault("read-only-native-root", _read_only_root("native"), repair_read_only_root, steps=READ_ONLY_STEPS),
+    # issue 49: the root and its state dir on one filesystem that turns read-only (nothing on the host
+    # takes a write): a pair still serving, a message naming the read-only path, never an internal error
+    Fault(
+        "ro-disk-native",
+        _read_only_root("native", with_state=True),
+        repair_read_only_root,
+        steps=READ_ONLY_STEPS,
+    ),
     Fault("corrupt-release", inject_corrupt_release, repair_corrupt_release),
     Fault("break-lease", inject_break_lease, repair_break_lease),
     Fault("skew-other-ahead", inject_skew_other_ahead, repair_other_lease, steps=LEASED_STEPS),
@@ -1062,8 +1072,14 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     cell.lap("deploy after the fault")
     # issue 49 item 1: a read-only root ends with a pair serving (the previous one, or what ran when
     # the rollback was refused before any change), seen while the root is still read-only
-    if fault.name.startswith("read-only-") and cell.first != "exit 0" and not _serving(fp):
+    if fault.name.startswith(("read-only-", "ro-disk-")) and cell.first != "exit 0" and not _serving(fp):
         cell.problems.append(f"a read-only root left the pair down (/health not 200 after {cell.first})")
+    ro_said = state.get("first_err", "")
+    if fault.name.startswith("ro-disk-") and cell.first != "exit 0":
+        if not any(p in ro_said for p in state.get("ro_paths", ())) or "internal error" in ro_said:
+            cell.problems.append(
+                f"a read-only disk must be named by its path, never an internal error: {ro_said[-300:]}"
+            )
     fault.repair(fp, state) if fault.name != "corrupt-release" else None
     cell.lap("repair")
 
@@ -1137,6 +1153,8 @@ def run_cell(fp: FaultPair, fault: Fault, step: str, work: Path, *, operator: st
     ):
         cell.problems.append("the killed run was not sealed as an aborted receipt by status")
     held = [r for r in ROLES if lease_held(fp.roots[r])]
+    if held and fault.name.startswith("ro-disk-") and not ("lease release" in ro_said or "frees it then" in ro_said):
+        cell.problems.append(f"a lease left on a read-only disk names no command that frees it: {ro_said[-300:]}")
     if held and fault.name.startswith("read-only-") and step != "upload":
         cell.problems.append(f"a root read-only after the upload left the lease held on {held}")
     # issue 49: a lease a read-only root refused to give back is freed by the home's next deploy

@@ -82,13 +82,20 @@ EXPECTED_S = {
     "skew-holder-behind": 13,
     "read-only-rpc-root": 13,
     "read-only-native-root": 12,
+    "ro-disk-native": 15,
 }
 DEFAULT_EXPECTED_S = 30
 
 
 # Cells known to fail, left open on an issue: printed every run, failing no other cell; remove an
 # entry once its cell holds again.
-KNOWN_OPEN: set[tuple[str, str]] = set()
+KNOWN_OPEN: set[tuple[str, str]] = {
+    # issue 49: the native root and its state dir on one filesystem turning read-only after stop-native:
+    # the rollback cannot start the previous llama-server (its supervisor writes pidfiles and logs in
+    # run/), so the pair is down until the disk takes writes; exit 8 names the path and the
+    # `lease release --dead-run` that frees the leases, and the operator's rollback then restores it
+    ("ro-disk-native", "restart-rpc"),
+}
 
 
 def _run_shards(matrix, specs: list[dict], capsys) -> list[Cell]:

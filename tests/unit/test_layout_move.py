@@ -100,7 +100,9 @@ def test_a_leftover_that_cannot_be_removed_does_not_fail_the_move(tmp_path: Path
         assert os.readlink(root / "leases") == "run/leases"
     assert [n for n in os.listdir(root) if n.startswith(".leases.old.tmp-")]
     t.run = real  # type: ignore[method-assign]
-    LY.move_layout(t, LY.HostLayout(str(root), state=state), always=True)
+    layout = LY.HostLayout(str(root), state=state)
+    assert not LY.move_layout(t, layout)  # the layout is new: two readlinks, nothing judged or listed
+    LY.install_helper(t, layout)  # a deploy's: the leftover tried again
     assert not [n for n in os.listdir(root) if n.startswith(".")]
 
 
@@ -193,3 +195,27 @@ def test_a_state_dir_on_tmpfs_is_warned_of(tmp_path: Path) -> None:
     with capture_logs() as logs:
         LY.move_layout(t, LY.HostLayout(str(root), state=state))
     assert [e for e in logs if "state_dir is on tmpfs" in e["event"] and e["log_level"] == "warning"], logs
+
+
+def test_a_root_whose_state_dir_cannot_be_made_is_refused_by_a_deploy_only(tmp_path: Path) -> None:
+    """Issue 49: where ROOT.state cannot be made (the root's parent is not the login user's),
+    run/ stayed inside the root and a root turning read-only ended exit 8 with the lease held. A
+    leased command that uploads nothing still runs there; a deploy's install_helper is refused
+    before any change (exit 6), naming the path and state_dir as the fix."""
+    t, root, state = _old_root(tmp_path)
+    real = t.makedirs
+
+    def no_parent(path: str, mode: int = 0o755) -> None:  # the root's parent: not ours to write
+        if path == state:
+            raise PermissionError(13, "Permission denied", path)
+        real(path, mode)
+
+    t.makedirs = no_parent  # type: ignore[method-assign]
+    layout = LY.HostLayout(str(root), state=state)
+    with L.hold_pair_leases([L.LeaseTarget(t, str(root), state)], owner="op@t", purpose="rollback"):
+        assert os.path.isdir(root / "run") and not os.path.islink(root / "run")  # moved, in the root
+        before = sorted(os.listdir(root))
+        with pytest.raises(HostStateError, match=f"{state} cannot be made") as err:
+            LY.install_helper(t, layout)
+        assert "hosts.h.state_dir" in (err.value.hint or "") and sorted(os.listdir(root)) == before
+    assert L.lease_state(t, str(root)).free

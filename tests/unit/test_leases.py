@@ -141,6 +141,19 @@ def test_take_show_release(host) -> None:
     assert os.listdir(os.path.join(root, "leases")) == []  # no tombstones left
 
 
+def test_a_killed_runs_clock_probe_is_swept_by_the_next_lease(host) -> None:
+    """A run killed between writing and removing its clock probe left `leases/.clock.*` for
+    good: the next lease taken removes those older than its stale bound, never a live one."""
+    t, root = host
+    leases = os.path.join(root, "leases")
+    os.makedirs(leases)
+    for name, age in ((".clock.dead0001", 3600), (".clock.live0002", 0)):
+        open(p := os.path.join(leases, name), "wb").close()
+        os.utime(p, (time.time() - age, time.time() - age))
+    L.take_lease(t, root, "op", "deploy", 600, stale_after_s=90)
+    assert sorted(n for n in os.listdir(leases) if n.startswith(".clock")) == [".clock.live0002"]
+
+
 def test_second_taker_refused_with_holder(host) -> None:
     t, root = host
     L.take_lease(t, root, "alice@a", "deploy B", 3600)

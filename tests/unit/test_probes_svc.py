@@ -12,9 +12,18 @@ import tarfile
 
 import pytest
 
+from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes, sha256_file
 from orchestrator.hosts import services
-from orchestrator.hosts.layout import SVC_SOURCE, HostLayout, install_helper, put_secret, svc_script, switch_links
+from orchestrator.hosts.layout import (
+    SVC_SOURCE,
+    HostLayout,
+    install_helper,
+    move_layout,
+    put_secret,
+    svc_script,
+    switch_links,
+)
 from orchestrator.hosts.probes import ProbeError, parse_identity, parse_model_hashes, parse_sha256sum, read_facts
 from orchestrator.hosts.release import ReleaseMismatch
 from orchestrator.hosts.route import RouteConflict, cas_write
@@ -459,7 +468,8 @@ def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatc
     """The default layout on a root deployed before it: run/'s small files (pidfiles, supervisor
     state) are copied to the state dir, run/ is renamed aside and the link takes its name, so a
     stop finds the live service's pidfile through the link; a default state dir that cannot be
-    made (the root's parent not the login user's) leaves run/ the directory it was."""
+    made (the root's parent not the login user's) leaves run/ the directory it was for a leased
+    command that uploads nothing, and refuses a deploy's install_helper naming state_dir."""
     t = LocalTransport("local-test")
     root = str(tmp_path / "root")
     install_helper(t, HostLayout(root))
@@ -481,8 +491,10 @@ def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatc
         makedirs(path, mode)
 
     monkeypatch.setattr(t, "makedirs", refused)
-    install_helper(t, other)
+    assert move_layout(t, other)
     assert os.path.isdir(other.run) and not os.path.islink(other.run)
+    with pytest.raises(HostStateError, match="state_dir"):
+        install_helper(t, other)
 
 
 def test_an_older_layout_moves_into_run_under_the_lease(tmp_path):
