@@ -15,9 +15,11 @@ set -u
 
 die() { echo "pairctl-svc: $*" >&2; exit "${CODE:-1}"; }
 
-alive() { # alive PID: the process exists and is not a zombie
+alive() { # alive PID: the process exists and is not a zombie; $state is its state (R S D T t Z ...)
+    # read by the shell itself (no sed, no cut: the wait loops call it every 10-25 ms)
     [ -n "$1" ] && [ -r "/proc/$1/stat" ] || return 1
-    state=$(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    state=; read -r state <"/proc/$1/stat" 2>/dev/null
+    state=${state##*") "}; state=${state%% *}
     [ -n "$state" ] && [ "$state" != Z ]
 }
 
@@ -330,8 +332,6 @@ health_probe() { # health_probe ADDRESS PORT TIMEOUT_S: GET /health gets an HTTP
         exit 1' _ "$1" "$2" 2>/dev/null
 }
 
-proc_state() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1; }  # R S D T t Z ...
-
 rpc_client() { # rpc_client PID PORT: PID holds an ESTABLISHED connection on its local PORT (a client
     # is being served; ggml-rpc-server serves one at a time, so a HELLO now would only wait behind it)
     inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
@@ -388,7 +388,7 @@ rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stoppe
     # HELLO is not sent (it would wait behind that client): a stopped process still shows.
     pid=$(pid_of "$1" "$2")
     if ! alive "$pid" || ! is_ours "$pid" "$2"; then echo "rpc=$2:down"; return 0; fi
-    if [ "$(proc_state "$pid")" = T ]; then echo "rpc=$2:stopped"; return 0; fi
+    if alive "$pid" && [ "$state" = T ]; then echo "rpc=$2:stopped"; return 0; fi  # $state: alive's
     if rpc_client "$pid" "$4"; then echo "rpc=$2:serving"; return 0; fi
     addr=$3  # a wildcard bind is reached on loopback
     case "$addr" in 0.0.0.0) addr=127.0.0.1 ;; :: | "[::]") addr=::1 ;; esac
