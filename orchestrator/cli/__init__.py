@@ -1,12 +1,6 @@
-"""The `pairctl` console script: typer apps, thin.
-
-Each command parses, builds a context, calls one function. Only `main()` turns exceptions into
-exit codes and messages, so no traceback ever reaches a user; with `--json` it also prints the
-run's one JSON document, with an `error` object when the run failed.
-
-Start-up is part of the design: this module imports typer and the command registry only.
-Commands (cli/commands.py) are imported when they run, so `pairctl --version` and `--help`
-load none of them.
+"""The `pairctl` console script. Only `main()` turns exceptions into exit codes and messages, so
+no traceback reaches a user; with `--json` it prints the run's one JSON document (with `error` on
+failure). Start-up: this module imports typer and the command registry only (cli/lazy.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """What every command gets: the state home, the inventory, output mode, a console.
 
-Built once per run from the global options (cli/options.py: Globals), when the command starts,
-and passed down (httpie's Environment idea), so tests drive the real CLI with their own home and
-inventory. Building it resolves the home, exports it to children and configures logging.
+Built once per run from the global options (cli/options.py: Globals) and passed down (httpie's
+Environment idea), so tests drive the real CLI with their own home and inventory.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -20,8 +19,7 @@ from orchestrator import terminal
 from orchestrator.cli.options import Globals
 from orchestrator.paths import Home
 
-if TYPE_CHECKING:  # typer >= 0.29 vendors click as the private typer._click; only types name it, so
-    # pairctl starts on the older typer its floor allows (whose Context is click's)
+if TYPE_CHECKING:  # typer >= 0.29 vendors click as typer._click; only types name it (see cli/lazy.py)
     from rich.console import Console
     from typer._click.core import Context
 
@@ -70,14 +68,7 @@ class Ctx:
         os.environ["PAIRCTL_HOME"] = str(home.root)  # children (lab sshd, schedules) see the same home
         config_dir = set_config_dir(g.config)
         log.configure(log_file=home.logs / "pairctl.jsonl", verbosity=g.verbosity)
-        return cls(
-            home=home,
-            inventory_ref=g.inventory_ref,
-            json_output=g.json_output,
-            verbosity=g.verbosity,
-            run=g,
-            config_dir=config_dir,
-        )
+        return cls(home, g.inventory_ref, g.json_output, g.verbosity, run=g, config_dir=config_dir)
 
     @property
     def variables(self) -> dict[str, str]:
@@ -128,7 +119,7 @@ def evidence_store_for(ctx: Context | Ctx, evidence_dir: Path | str | None = Non
     return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
 
 
-def usage(message: str) -> None:
+def usage(message: str) -> NoReturn:
     """A bad option value: exit 2 like click's usage errors, without a traceback."""
     typer.echo(f"pairctl: error: {message}", err=True)
     raise typer.Exit(2)

@@ -28,46 +28,26 @@ def run_fleet(
     command: str,
     pair: list[str] | None,
     all_pairs: bool,
+    options: RolloutOptions,
     *,
+    dry_run: bool,
     rev: str | None = None,
     source: Path | None = None,
     profile: str | None = None,
-    canary: str | None = None,
-    serial: int = 1,
-    max_fail: int = 1,
-    pause: float = 0.0,
-    waves: int = 0,
-    dry_run: bool = False,
-    skip_accept: bool = False,
-    checks: tuple[str, ...] = (),
-    kernel_check: bool = False,
 ) -> None:
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
+    canary = options.canary
     if canary is not None and canary not in pairs:
         if pair:  # --pair lists name the rollout; a canary outside it is a typo, not an addition
             raise typer.BadParameter(f"{canary} is not one of the --pair values", param_hint="--canary")
         inv.pair(canary)
-    options = RolloutOptions(
-        canary=canary,
-        serial=serial,
-        max_fail=max_fail,
-        pause_s=pause,
-        waves=waves,
-        skip_accept=skip_accept,
-        checks=checks,
-        kernel_check=kernel_check,
-    )
     check_options(options)
     commit = packages = None
     if command == "deploy":
         assert rev is not None
         commit = resolve_commit(c.home, rev, source)
         packages = resolve_packages(c.home, inv, pairs, rev, commit, profile_override=profile, source=source)
-
-    def say(line: str) -> None:
-        progress.event("fleet", line)  # stderr: a live line on a TTY, a plain line otherwise
-
     result = rollout(
         c.home,
         inv,
@@ -79,7 +59,7 @@ def run_fleet(
         options=options,
         argv=["pairctl", *sys.argv[1:]],
         dry_run=dry_run,
-        say=say,
+        say=lambda line: progress.event("fleet", line),  # stderr: a live line on a TTY, a plain line otherwise
     )
     if c.json_output:
         c.emit_json(result.as_dict())

@@ -1,13 +1,10 @@
-"""`pairctl status`: what runs on a pair, whether it matches, the route record, leases.
-
-With several pairs (`--pair` repeated or `--all`) it probes them concurrently (`--parallel`)
-and shows one row per pair: active packages and revision, how long they have been active,
-the last acceptance and its age, leases.
-"""
+"""`pairctl status`: what runs on a pair, whether it matches, the route record, leases; several
+pairs are probed concurrently and shown one row each."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -39,12 +36,10 @@ WALK_MAX = 1000
 
 
 def last_acceptance(evidence: EvidenceStore, pair: str) -> dict[str, Any] | None:
-    """The newest `accept` receipt of the pair (scheduled or by hand): walked back from the pair's
-    chain head, so a status of many pairs reads each pair's receipts since its last acceptance,
-    not every receipt in the store once per pair. Each step is the store's summary, its file
-    checked against its hash. A link that does not verify, one that leads to another pair's
-    receipt (a changed head or `previous`: that pair's acceptance is not this one's), or a walk
-    longer than WALK_MAX is left to the full listing, which keeps only the pair's own receipts."""
+    """The newest `accept` receipt of the pair, walked back from its chain head (each step's file
+    checked against its hash), so a status of many pairs reads only the receipts since each one's
+    last acceptance. A link that does not verify, leads to another pair's receipt, or a walk
+    longer than WALK_MAX falls back to the full listing of the pair's own receipts."""
     from orchestrator.errors import EvidenceError
 
     try:
@@ -131,20 +126,12 @@ def status(
 
         raise UsageError("--watch takes 0.1 to 3600 seconds and --count a count of looks (0: an hour's worth)")
     if watch:
-        _watch(ctx, pair, all_pairs, parallel, verify_files, watch, count)
+        _watch(ctx, lambda: _status_once(ctx, pair, all_pairs, parallel, verify_files), watch, count)
         return
     _status_once(ctx, pair, all_pairs, parallel, verify_files)
 
 
-def _watch(
-    ctx: typer.Context,
-    pair: list[str] | None,
-    all_pairs: bool,
-    parallel: int,
-    verify_files: bool,
-    every: float,
-    count: int,
-) -> None:
+def _watch(ctx: typer.Context, look: Callable[[], None], every: float, count: int) -> None:
     """`watch pairctl status`, bounded: COUNT looks (default an hour's), each probe bounded itself."""
     import time
 
@@ -163,7 +150,7 @@ def _watch(
             stamp = datetime.now(UTC).astimezone().strftime("%H:%M:%S")
             c.console.print(f"-- {stamp} look {i + 1}/{looks}, every {every:g} s (Ctrl-C stops) --", markup=False)
             try:
-                _status_once(ctx, pair, all_pairs, parallel, verify_files)
+                look()
                 code = 0
             except typer.Exit as exc:
                 code = exc.exit_code
