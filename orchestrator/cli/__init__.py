@@ -70,24 +70,14 @@ def _root(
 
 
 def _meaning(code: int) -> str:
-    try:
-        return EXIT_MEANINGS[ExitCode(code)]
-    except (ValueError, KeyError):
-        return f"exit {code}"
+    return next((text for c, text in EXIT_MEANINGS.items() if c == code), f"exit {code}")
 
 
 def _error(
     code: int, message: str, *, kind: str, hint: str | None = None, receipt: str | None = None
 ) -> dict[str, Any]:
     """The `error` object of a failed run's JSON document (schema: cli/outputs.py ErrorInfo)."""
-    return {
-        "exit_code": code,
-        "kind": kind,
-        "message": message,
-        "hint": hint,
-        "receipt": receipt,
-        "meaning": _meaning(code),
-    }
+    return dict(exit_code=code, kind=kind, message=message, hint=hint, receipt=receipt, meaning=_meaning(code))
 
 
 def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None:

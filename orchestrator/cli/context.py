@@ -71,10 +71,6 @@ class Ctx:
         return cls(home, g.inventory_ref, g.json_output, g.verbosity, run=g, config_dir=config_dir)
 
     @property
-    def variables(self) -> dict[str, str]:
-        return {"PAIRCTL_HOME": str(self.home.root)}
-
-    @property
     def interactive(self) -> bool:
         return self.console.is_terminal
 
@@ -83,7 +79,7 @@ class Ctx:
             # start-up: the config stack is loaded by the commands that read an inventory
             from orchestrator.config.inventory import load_inventory
 
-            self._inventory = load_inventory(self.inventory_ref, self.variables)
+            self._inventory = load_inventory(self.inventory_ref, {"PAIRCTL_HOME": str(self.home.root)})
         return self._inventory
 
     def short(self, digest: str | None, n: int = 12) -> str:
@@ -93,10 +89,14 @@ class Ctx:
         return digest[:n] if self.interactive else digest
 
     def say(self, doc: Any, *lines: str) -> None:
-        """With --json the command's document, else its lines for a person (plain text, no markup)."""
+        """With --json the command's document, else its lines for a person."""
         if self.json_output:
             self.emit_json(doc)
             return
+        self.line(*lines)
+
+    def line(self, *lines: str) -> None:
+        """Lines for a person, as plain text: text read from hosts or receipts is never rich markup."""
         for line in lines:
             self.console.print(line, markup=False)
 

@@ -1,4 +1,5 @@
-"""What `deploy --rev` and `rollback` over several pairs share: resolve, roll out, print, exit.
+"""What deploy and rollback share: a rollout over several pairs (resolve, roll out, print, exit),
+the inventory's hooks, and a failed run's `--json` read back from its receipt.
 
 Imported only when such a run starts (the engine and the SSH stack come with it).
 """
@@ -9,12 +10,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from orchestrator import progress
-from orchestrator.cli.context import Ctx
-from orchestrator.cli.failed_run import failed_run_document
+from orchestrator.cli.context import Ctx, evidence_store_for
 from orchestrator.config.inventory import HookEvent, Inventory
 from orchestrator.errors import PairctlError, RollbackFailed, RolledBack
 from orchestrator.ops.fleet import select_pairs
@@ -105,15 +106,41 @@ def print_rollout(c: Ctx, r: RolloutResult) -> None:
 @contextmanager
 def failed_run_json(c: Ctx, command: str, pair: str) -> Iterator[None]:
     """With --json, a run that fails after it wrote a receipt (exit 1, 7, 8, 130) still prints
-    its steps, final state and rollback beside the `error` object (cli/failed_run.py)."""
+    its steps, final state and rollback beside the `error` object: the engine's result never
+    reaches the CLI of a run that raised, its sealed receipt holds them."""
     try:
         yield
     except PairctlError as exc:
         if c.json_output:
-            doc = failed_run_document(c.home, command, pair, getattr(exc, "receipt", None))
+            doc = failed_run_document(c, command, pair, getattr(exc, "receipt", None))
             if doc is not None:
                 c.emit_json(doc)
         raise
+
+
+def failed_run_document(c: Ctx, command: str, pair: str, receipt: str | None) -> dict[str, Any] | None:
+    """steps, final_state and rollback of the run sealed as `receipt` (None if it cannot be read)."""
+
+    try:
+        rec = evidence_store_for(c).load(receipt) if receipt else None
+    except Exception:  # the error object still names the receipt; `receipts verify` says why
+        return None
+    if rec is None:
+        return None
+    steps = [
+        {
+            "name": s.name,
+            "hosts": [h for h in (s.host or "").split(",") if h],
+            "ok": s.outcome in ("passed", "skipped"),
+            "outcome": s.outcome,
+            "seconds": s.duration_s or 0.0,
+            "error": s.error,
+        }
+        for s in rec.steps
+    ]
+    extra = rec.model_extra or {}
+    doc = {"command": command, "pair": pair, "outcome": rec.outcome, "reason": rec.reason, "receipt": receipt}
+    return doc | {"steps": steps, "final_state": extra.get("final_state"), "rollback": extra.get("rollback")}
 
 
 def pre_deploy_veto(c: Ctx, inv: Inventory, pair: str, ids: tuple[str, str], profile: str | None) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, evidence_store_for, get_ctx
 from orchestrator.errors import LeaseError
 
 if TYPE_CHECKING:
@@ -42,9 +42,8 @@ def _target(c: Ctx, positional: str | None, pair: str | None, host: str | None) 
 
 
 def _journal(c: Ctx, command: str, argv: list[str], target: str) -> Journal:
-    from orchestrator.evidence.store import EvidenceStore
 
-    return EvidenceStore(c.home.evidence).begin(command=command, argv=argv, pair=None, inputs={"target": target})
+    return evidence_store_for(c).begin(command=command, argv=argv, pair=None, inputs={"target": target})
 
 
 def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
@@ -124,13 +123,12 @@ def take(
         return
     for lease in leases:
         if lease.broken:
-            c.console.print(
+            c.line(
                 f"broke an {lease.broken['state']} lease on {lease.host} "
-                f"(recorded in receipt {c.short(j.receipt_hash)})",
-                markup=False,
+                f"(recorded in receipt {c.short(j.receipt_hash)})"
             )
     _table(c, [L.LeaseState(lease.host, "held", lease, now=lease.taken_at) for lease in leases], f"leased {target}")
-    c.console.print(f"nonce: {nonce}", markup=False)
+    c.line(f"nonce: {nonce}")
 
 
 @app.command("show")
@@ -201,7 +199,7 @@ def release(
         c.emit_json(out)
         return
     for lease in released:
-        c.console.print(f"released {lease.host} (held by {lease.owner} for {lease.purpose!r})", markup=False)
+        c.line(f"released {lease.host} (held by {lease.owner} for {lease.purpose!r})")
     _table(c, after, f"leases of {target} now")
 
 
@@ -209,13 +207,12 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
     from orchestrator.errors import LeaseError, LeaseHeldError
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.hosts import leases as L
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    state, why, run_owner = EvidenceStore(c.home.evidence).run_record(run_id)
+    state, why, run_owner = evidence_store_for(c).run_record(run_id)
     # another operator's run: this home has no evidence of it, the hosts' heartbeats decide
     if state == "running":
         raise LeaseHeldError(
@@ -269,9 +266,7 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     if c.json_output:
         c.emit_json(out)
         return
-    c.console.print(f"{why}", markup=False)
+    c.line(f"{why}")
     for b in broken:
-        c.console.print(
-            f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})", markup=False
-        )
+        c.line(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})")
     _table(c, after, f"leases of {target} now")

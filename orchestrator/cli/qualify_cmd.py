@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, evidence_store_for, get_ctx
 from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
 
 if TYPE_CHECKING:
@@ -84,7 +84,6 @@ def qualify(
     if candidate is not None:
         opts.refuse_option_like(candidate, "--candidate")
     # start-up: the engine loads when the command runs, never for `--help`
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.command import qualify_pair
 
     argv = ["qualify", "--pair", pair, "--baseline", *baseline, *(["--candidate", *candidate] if candidate else [])]
@@ -116,7 +115,7 @@ def qualify(
     if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
         raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
     if calibrate:
-        rec = EvidenceStore(c.home.evidence).load(out.receipt)
+        rec = evidence_store_for(c).load(out.receipt)
         if rec.outcome != "passed":
             raise Inconclusive(
                 f"calibration {out.receipt[:16]}: {rec.reason}",
@@ -148,10 +147,9 @@ def report(
     receipt = hash_ or receipt
     assert receipt is not None
     from orchestrator.cli.receipts_cmd import resolve_receipt
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report
 
-    store = EvidenceStore(c.home.evidence)
+    store = evidence_store_for(c)
     out_dir, record, result = write_report(store, resolve_receipt(store, receipt, "--receipt"))
     extra = {"origin": record.origin, "derived": record.derived, "checks": record.checks}
     _show(c, result, record.receipt, out_dir, extra)
@@ -186,9 +184,7 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     if c.json_output:
         payload = {"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()}
         if report_dir is not None:
-            from orchestrator.evidence.store import EvidenceStore
-
-            rec = EvidenceStore(c.home.evidence).load(receipt)
+            rec = evidence_store_for(c).load(receipt)
             payload["outcome"], payload["reason"] = rec.outcome, rec.reason
             payload["calibration"] = rec.extra_fields().get("calibration")
         c.emit_json(payload)

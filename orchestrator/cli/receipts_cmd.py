@@ -99,7 +99,7 @@ def list_(
         if pair and u["pair"] != pair:
             continue
         state = "running" if u["alive"] else "on another host" if u["alive"] is None else _KILLED
-        c.console.print(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}", markup=False)
+        c.line(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}")
 
 
 _KILLED = "killed; sealed as aborted by the next command on its pair"
@@ -205,19 +205,18 @@ def verify(
         c.emit_json(rep.to_json())
     else:
         chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
-        c.console.print(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}", markup=False)
+        c.line(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}")
         for home, who in sorted(rep.signers.items()):
-            c.console.print(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}", markup=False)
+            c.line(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}")
         for home, d in sorted(rep.quarantined.items()):
-            c.console.print(
+            c.line(
                 f"home {home}: quarantined at {d['tip'][:12]} by {d['by']} (home {d['by_home']}) on {d['at']}: "
-                f"{d['reason']} (receipt {d['receipt'][:16]}; {len(d['problems'])} problem(s) set aside)",
-                markup=False,
+                f"{d['reason']} (receipt {d['receipt'][:16]}; {len(d['problems'])} problem(s) set aside)"
             )
         for w in rep.warnings:
-            c.console.print(f"warning: {w}", markup=False)
+            c.line(f"warning: {w}")
         for prob in rep.problems:
-            c.console.print(f"FAIL [{prob.kind}] {prob.message}", markup=False)
+            c.line(f"FAIL [{prob.kind}] {prob.message}")
         if rep.ok:
             c.console.print("ok: every receipt matches its hash and every chain is whole")
     first = rep.first
@@ -268,10 +267,10 @@ def derive(
         reused = {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()}
         c.emit_json(summary_of(r) | {"reused_steps": reused, "fresh_steps": r.fresh_steps})
     else:
-        c.console.print(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}", markup=False)
+        c.line(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}")
         c.console.print(f"reused: {', '.join(r.reused_steps)}; fresh: {', '.join(r.fresh_steps) or '-'}")
         if r.outcome == "incomplete":
-            c.console.print(r.reason, markup=False)
+            c.line(r.reason)
     if r.outcome == "incomplete":  # written, but not a pass: scripts must not read exit 0 as one
         raise typer.Exit(int(ExitCode.INCONCLUSIVE))
 

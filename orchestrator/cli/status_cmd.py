@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import first_line, get_ctx
+from orchestrator.cli.context import evidence_store_for, first_line, get_ctx
 
 if TYPE_CHECKING:
     from orchestrator.evidence.store import EvidenceStore
@@ -148,7 +148,7 @@ def _watch(ctx: typer.Context, look: Callable[[], None], every: float, count: in
             if c.interactive:
                 c.console.clear()
             stamp = datetime.now(UTC).astimezone().strftime("%H:%M:%S")
-            c.console.print(f"-- {stamp} look {i + 1}/{looks}, every {every:g} s (Ctrl-C stops) --", markup=False)
+            c.line(f"-- {stamp} look {i + 1}/{looks}, every {every:g} s (Ctrl-C stops) --")
             try:
                 look()
                 code = 0
@@ -156,11 +156,11 @@ def _watch(ctx: typer.Context, look: Callable[[], None], every: float, count: in
                 code = exc.exit_code
             except PairctlError as exc:
                 code = exc.exit_code
-                c.console.print(f"error: {first_line(exc.message)}", markup=False)
+                c.line(f"error: {first_line(exc.message)}")
             if i + 1 < looks:
                 time.sleep(max(0.0, every - (time.monotonic() - t0)))
     except KeyboardInterrupt:
-        c.console.print("stopped watching", markup=False)
+        c.line("stopped watching")
         code = 0
     if code:
         raise typer.Exit(code)
@@ -173,7 +173,6 @@ def _status_once(
 
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.ops.fleet import fan_out, select_pairs
 
     c = get_ctx(ctx)
@@ -198,7 +197,7 @@ def _status_once(
         if not one.ok:
             raise typer.Exit(1)
         return
-    rows = fleet_rows(results, EvidenceStore(c.home.evidence))
+    rows = fleet_rows(results, evidence_store_for(c))
     if c.json_output:
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
