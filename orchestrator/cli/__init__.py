@@ -1,12 +1,6 @@
-"""The `pairctl` console script: typer apps, thin.
-
-Each command parses, builds a context, calls one function. Only `main()` turns exceptions into
-exit codes and messages, so no traceback ever reaches a user; with `--json` it also prints the
-run's one JSON document, with an `error` object when the run failed.
-
-Start-up is part of the design: this module imports typer and the command registry only.
-Commands (cli/commands.py) are imported when they run, so `pairctl --version` and `--help`
-load none of them.
+"""The `pairctl` console script. Only `main()` turns exceptions into exit codes and messages, so
+no traceback reaches a user; with `--json` it prints the run's one JSON document (with `error` on
+failure). Start-up: this module imports typer and the command registry only (cli/lazy.py).
 """
 
 from __future__ import annotations
@@ -76,24 +70,14 @@ def _root(
 
 
 def _meaning(code: int) -> str:
-    try:
-        return EXIT_MEANINGS[ExitCode(code)]
-    except (ValueError, KeyError):
-        return f"exit {code}"
+    return next((text for c, text in EXIT_MEANINGS.items() if c == code), f"exit {code}")
 
 
 def _error(
     code: int, message: str, *, kind: str, hint: str | None = None, receipt: str | None = None
 ) -> dict[str, Any]:
     """The `error` object of a failed run's JSON document (schema: cli/outputs.py ErrorInfo)."""
-    return {
-        "exit_code": code,
-        "kind": kind,
-        "message": message,
-        "hint": hint,
-        "receipt": receipt,
-        "meaning": _meaning(code),
-    }
+    return dict(exit_code=code, kind=kind, message=message, hint=hint, receipt=receipt, meaning=_meaning(code))
 
 
 def _print_document(g: Globals, code: int, error: dict[str, Any] | None) -> None:

@@ -106,10 +106,8 @@ def accept(
             if o.value is not None:
                 render_table(c.console, o.value)
             else:
-                c.console.print(f"pair {o.pair}: {o.error}", markup=False)
-        c.console.print(
-            ", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes), markup=False
-        )
+                c.line(f"pair {o.pair}: {o.error}")
+        c.line(", ".join(f"{o.pair}: {'passed' if o.ok else 'FAILED'}" for o in results.outcomes))
     if not results.ok:
         raise typer.Exit(results.exit_code())
 

@@ -68,8 +68,8 @@ def build(
         m = r.package.manifest
         what = "already present, verified" if r.status == "verified" else "built"
         cache = " (build cache hit)" if r.cached else ""
-        c.console.print(f"{what}: {m.id}{cache}  build_info {m.build_info}  tree {c.short(m.tree)}  "
-                        f"{len(m.files)} files  {r.duration_s:.1f}s", markup=False)  # fmt: skip
-        c.console.print(f"  {r.package.path}", markup=False)
+        c.line(f"{what}: {m.id}{cache}  build_info {m.build_info}  tree {c.short(m.tree)}  "
+                        f"{len(m.files)} files  {r.duration_s:.1f}s")  # fmt: skip
+        c.line(f"  {r.package.path}")
     if results and results[0].receipt:
-        c.console.print(f"receipt {results[0].receipt}", markup=False)
+        c.line(f"receipt {results[0].receipt}")

@@ -4,24 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from orchestrator.cli.context import get_ctx
 from orchestrator.errors import ConfigError
 
-if TYPE_CHECKING:
-    from pydantic import BaseModel
-
 app = typer.Typer(help="Validate manifests, show where names resolve, print JSON schemas.", no_args_is_help=True)
-
-
-def _schemas() -> dict[str, type[BaseModel]]:
-    # start-up: the manifest models load when a command runs, never for `--help`
-    from orchestrator.cli import config_registry as registry
-
-    return registry.schemas()
 
 
 @app.command("check")
@@ -40,13 +29,12 @@ def check(
     """Validate manifests: every problem of a file in one pass (unknown keys, wrong types, impossible
     values, and names it uses that do not resolve: profile, targets, model roles), each with file,
     field and fix."""
-    # start-up: loaded when the command runs
-    from orchestrator.cli import config_registry as registry
+    from orchestrator.cli import config_registry as registry  # start-up: the manifest models load when it runs
 
     c = get_ctx(ctx)
     if not paths:
         _check_here_too()
-    models = _schemas()
+    models = registry.schemas()
     results = [registry.check_file(p, kind=kind, models=models) for p in (paths or registry.default_files())]
     bad = [r for r in results if not r.ok]
     if c.json_output:
@@ -65,9 +53,9 @@ def check(
     else:
         for r in results:
             kind_note = f"  ({r.kind})" if r.kind else ""
-            c.console.print(f"{'ok  ' if r.ok else 'FAIL'} {r.path}{kind_note}", markup=False)
+            c.line(f"{'ok  ' if r.ok else 'FAIL'} {r.path}{kind_note}")
             for line in r.problems:
-                c.console.print("  " + line, markup=False)
+                c.line("  " + line)
     if bad:
         n = sum(len(r.problems) for r in bad)
         raise ConfigError(f"{len(bad)} of {len(results)} file(s) invalid ({n} problem{'s' if n != 1 else ''})")
@@ -121,14 +109,14 @@ def show(ctx: typer.Context) -> None:
             }
         )
         return
-    c.console.print("search path (first match wins):", markup=False)
+    c.line("search path (first match wins):")
     for i, lay in enumerate(layers, 1):
-        c.console.print(f"  {i}. {lay.origin:<15} {lay.root}", markup=False)
+        c.line(f"  {i}. {lay.origin:<15} {lay.root}")
     for kind, res in table.items():
-        c.console.print(f"\n{kind} ({search.KIND_DIRS[kind]}/):", markup=False)
+        c.line(f"\n{kind} ({search.KIND_DIRS[kind]}/):")
         for n, r in res.items():
             over = f"  (overrides {', '.join(str(p) for p in r.shadows)})" if r.shadows else ""
-            c.console.print(f"  {n:<20} {r.origin:<15} {r.path}{over}", markup=False)
+            c.line(f"  {n:<20} {r.origin:<15} {r.path}{over}")
 
 
 @app.command("schema")
@@ -151,7 +139,9 @@ def schema(
             raise ConfigError(f"unknown output {kind!r}; known: {', '.join('output.' + n for n in OUTPUTS)}")
         doc = output_schema(kind[len("output.") :])
     else:
-        schemas = _schemas()
+        from orchestrator.cli import config_registry as registry
+
+        schemas = registry.schemas()
         if kind not in schemas:
             raise ConfigError(f"unknown kind {kind!r}; known: {', '.join(sorted(schemas))}, output.COMMAND")
         doc = schemas[kind].model_json_schema()

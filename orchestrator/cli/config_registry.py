@@ -1,17 +1,10 @@
 """Which model validates which manifest: used by `config check` and `config schema`.
 
-A file's kind comes from `--kind`, else from the folder it sits in (a `targets/`, `profiles/`,
-... folder of any layer of the search path, or a kernel folder), else from its content (the
-kind whose fields its top-level keys match best). `check_file` reports every problem of a file
-in one pass: the fields, then the cross-references (the profile, targets and model roles an
-inventory names; the profile a plan names) resolved on the same search path pairctl itself uses,
-and the flag policy: an inventory pair's profile under that pair's allow_flags and API key, a
-profile checked alone under what every inventory pair serving it allows.
-
-Every kind is named here, also those whose models live with the code that uses them (playbooks,
-qualification plans, fixture sets): a missing one is an import error, never a kind silently skipped.
-That is why this table sits with the `config` command and not in config/: it names models of
-every layer, and config/ imports none above it.
+A file's kind comes from `--kind`, else its folder, else its keys; `check_file` reports the
+fields, then the cross-references and flag policy on the search path pairctl itself uses.
+Every kind is named here, also those whose models live with the code that uses them, so a
+missing one is an import error, never a kind silently skipped; the table sits with the `config`
+command because it names models of every layer, and config/ imports none above it.
 """
 
 from __future__ import annotations
@@ -66,9 +59,8 @@ def _kind_of(path: Path) -> str | None:
 
 
 def _keys(model: type[BaseModel]) -> tuple[set[str], set[str]]:
-    fields = {f.alias or n for n, f in model.model_fields.items()}
-    required = {f.alias or n for n, f in model.model_fields.items() if f.is_required()}
-    return fields, required
+    fields = model.model_fields.items()
+    return {f.alias or n for n, f in fields}, {f.alias or n for n, f in fields if f.is_required()}
 
 
 def infer_kind(data: Any, models: dict[str, type[BaseModel]]) -> str | None:
@@ -120,18 +112,12 @@ def check_file(path: Path, *, kind: str | None, models: dict[str, type[BaseModel
         return FileCheck(path, kind, (str(e),))
     k = kind or _kind_of(path) or infer_kind(data, models)
     if k is None:
-        return FileCheck(
-            path,
-            None,
-            (
-                f"{path}: cannot tell what kind of file this is from its folder or its keys; "
-                f"pass --kind (one of: {', '.join(sorted(models))})",
-            ),
-        )
+        why = f"{path}: cannot tell what kind of file this is from its folder or its keys; pass --kind (one of: "
+        return FileCheck(path, None, (f"{why}{', '.join(sorted(models))})",))
     if k not in models:
         return FileCheck(path, k, (f"{path}: unknown kind {k!r}; known: {', '.join(sorted(models))}",))
     # a plan in a config repo's plans/ resolves its fixture paths against that folder (as loading
-    # it by name does); one elsewhere against the bundled plans folder, as before
+    # it by name does); one elsewhere against the bundled plans folder
     context: dict[str, Any] | None = None
     if k == "plan" and _kind_of(path) == "plan":
         context = {"base_dir": str(path.resolve().parent)}

@@ -1,8 +1,7 @@
 """What every command gets: the state home, the inventory, output mode, a console.
 
-Built once per run from the global options (cli/options.py: Globals), when the command starts,
-and passed down (httpie's Environment idea), so tests drive the real CLI with their own home and
-inventory. Building it resolves the home, exports it to children and configures logging.
+Built once per run from the global options (cli/options.py: Globals) and passed down (httpie's
+Environment idea), so tests drive the real CLI with their own home and inventory.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -20,8 +19,7 @@ from orchestrator import terminal
 from orchestrator.cli.options import Globals
 from orchestrator.paths import Home
 
-if TYPE_CHECKING:  # typer >= 0.29 vendors click as the private typer._click; only types name it, so
-    # pairctl starts on the older typer its floor allows (whose Context is click's)
+if TYPE_CHECKING:  # typer >= 0.29 vendors click as typer._click; only types name it (see cli/lazy.py)
     from rich.console import Console
     from typer._click.core import Context
 
@@ -70,18 +68,7 @@ class Ctx:
         os.environ["PAIRCTL_HOME"] = str(home.root)  # children (lab sshd, schedules) see the same home
         config_dir = set_config_dir(g.config)
         log.configure(log_file=home.logs / "pairctl.jsonl", verbosity=g.verbosity)
-        return cls(
-            home=home,
-            inventory_ref=g.inventory_ref,
-            json_output=g.json_output,
-            verbosity=g.verbosity,
-            run=g,
-            config_dir=config_dir,
-        )
-
-    @property
-    def variables(self) -> dict[str, str]:
-        return {"PAIRCTL_HOME": str(self.home.root)}
+        return cls(home, g.inventory_ref, g.json_output, g.verbosity, run=g, config_dir=config_dir)
 
     @property
     def interactive(self) -> bool:
@@ -92,7 +79,7 @@ class Ctx:
             # start-up: the config stack is loaded by the commands that read an inventory
             from orchestrator.config.inventory import load_inventory
 
-            self._inventory = load_inventory(self.inventory_ref, self.variables)
+            self._inventory = load_inventory(self.inventory_ref, {"PAIRCTL_HOME": str(self.home.root)})
         return self._inventory
 
     def short(self, digest: str | None, n: int = 12) -> str:
@@ -102,10 +89,14 @@ class Ctx:
         return digest[:n] if self.interactive else digest
 
     def say(self, doc: Any, *lines: str) -> None:
-        """With --json the command's document, else its lines for a person (plain text, no markup)."""
+        """With --json the command's document, else its lines for a person."""
         if self.json_output:
             self.emit_json(doc)
             return
+        self.line(*lines)
+
+    def line(self, *lines: str) -> None:
+        """Lines for a person, as plain text: text read from hosts or receipts is never rich markup."""
         for line in lines:
             self.console.print(line, markup=False)
 
@@ -128,7 +119,7 @@ def evidence_store_for(ctx: Context | Ctx, evidence_dir: Path | str | None = Non
     return EvidenceStore(Path(evidence_dir) if evidence_dir else c.home.evidence)
 
 
-def usage(message: str) -> None:
+def usage(message: str) -> NoReturn:
     """A bad option value: exit 2 like click's usage errors, without a traceback."""
     typer.echo(f"pairctl: error: {message}", err=True)
     raise typer.Exit(2)

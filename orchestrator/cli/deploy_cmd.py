@@ -59,26 +59,15 @@ def deploy(
     if rev is not None:
         if native or rpc or packages:
             raise typer.BadParameter("give --rev or package ids, not both", param_hint="--rev")
-        from orchestrator.cli.fleet_cmd import run_fleet  # start-up: the engine loads only when a rollout runs
+        from dataclasses import replace
 
-        run_fleet(
-            c,
-            "deploy",
-            pair,
-            all_pairs,
-            rev=rev,
-            source=resolve_path(source) if source else None,
-            profile=profile,
-            canary=canary,
-            serial=serial,
-            max_fail=max_fail,
-            pause=pause,
-            waves=waves,
-            dry_run=dry_run,
-            skip_accept=skip_accept,
-            checks=tuple(opts.check_names(checks)),
-            kernel_check=kernel_check,
-        )
+        from orchestrator.cli.fleet_cmd import run_fleet  # start-up: the engine loads only when a rollout runs
+        from orchestrator.ops.rollout import RolloutOptions
+
+        o = RolloutOptions(canary=canary, serial=serial, max_fail=max_fail, pause_s=pause, waves=waves)
+        o = replace(o, skip_accept=skip_accept, checks=tuple(opts.check_names(checks)), kernel_check=kernel_check)
+        src = resolve_path(source) if source else None
+        run_fleet(c, "deploy", pair, all_pairs, o, rev=rev, source=src, profile=profile, dry_run=dry_run)
         return
     if all_pairs or len(pair or []) != 1 or canary:
         raise typer.BadParameter(

@@ -12,10 +12,7 @@ def diff(
     ctx: typer.Context,
     pair: str = opts.PAIR,
     profile: str | None = typer.Option(
-        None,
-        "--profile",
-        metavar="NAME|PATH",
-        help="The profile to compare with (default: the pair's own).",
+        None, "--profile", metavar="NAME|PATH", help="The profile to compare with (default: the pair's own)."
     ),
     native: str | None = typer.Option(
         None, "--native", metavar="ID", help="Compare with this native package (default: the active pair's)."
@@ -45,11 +42,11 @@ def diff(
     else:
         for host, h in out["hosts"].items():
             if h["same"]:
-                c.console.print(f"{host}: {h['service']} runs what {out['profile']} asks: no difference", markup=False)
+                c.line(f"{host}: {h['service']} runs what {out['profile']} asks: no difference")
                 continue
             for line in h["diff"] or [
                 f"{host}: current is {h['current']}, {out['profile']} asks {h['wanted_release']}"
             ]:
-                c.console.print(line, markup=False)
+                c.line(line)
     if not out["same"]:
         raise typer.Exit(1)

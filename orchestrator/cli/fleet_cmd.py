@@ -1,4 +1,5 @@
-"""What `deploy --rev` and `rollback` over several pairs share: resolve, roll out, print, exit.
+"""What deploy and rollback share: a rollout over several pairs (resolve, roll out, print, exit),
+the inventory's hooks, and a failed run's `--json` read back from its receipt.
 
 Imported only when such a run starts (the engine and the SSH stack come with it).
 """
@@ -9,12 +10,12 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from orchestrator import progress
-from orchestrator.cli.context import Ctx
-from orchestrator.cli.failed_run import failed_run_document
+from orchestrator.cli.context import Ctx, evidence_store_for
 from orchestrator.config.inventory import HookEvent, Inventory
 from orchestrator.errors import PairctlError, RollbackFailed, RolledBack
 from orchestrator.ops.fleet import select_pairs
@@ -28,46 +29,26 @@ def run_fleet(
     command: str,
     pair: list[str] | None,
     all_pairs: bool,
+    options: RolloutOptions,
     *,
+    dry_run: bool,
     rev: str | None = None,
     source: Path | None = None,
     profile: str | None = None,
-    canary: str | None = None,
-    serial: int = 1,
-    max_fail: int = 1,
-    pause: float = 0.0,
-    waves: int = 0,
-    dry_run: bool = False,
-    skip_accept: bool = False,
-    checks: tuple[str, ...] = (),
-    kernel_check: bool = False,
 ) -> None:
     inv = c.inventory()
     pairs = select_pairs(inv, pair, all_pairs)
+    canary = options.canary
     if canary is not None and canary not in pairs:
         if pair:  # --pair lists name the rollout; a canary outside it is a typo, not an addition
             raise typer.BadParameter(f"{canary} is not one of the --pair values", param_hint="--canary")
         inv.pair(canary)
-    options = RolloutOptions(
-        canary=canary,
-        serial=serial,
-        max_fail=max_fail,
-        pause_s=pause,
-        waves=waves,
-        skip_accept=skip_accept,
-        checks=checks,
-        kernel_check=kernel_check,
-    )
     check_options(options)
     commit = packages = None
     if command == "deploy":
         assert rev is not None
         commit = resolve_commit(c.home, rev, source)
         packages = resolve_packages(c.home, inv, pairs, rev, commit, profile_override=profile, source=source)
-
-    def say(line: str) -> None:
-        progress.event("fleet", line)  # stderr: a live line on a TTY, a plain line otherwise
-
     result = rollout(
         c.home,
         inv,
@@ -79,7 +60,7 @@ def run_fleet(
         options=options,
         argv=["pairctl", *sys.argv[1:]],
         dry_run=dry_run,
-        say=say,
+        say=lambda line: progress.event("fleet", line),  # stderr: a live line on a TTY, a plain line otherwise
     )
     if c.json_output:
         c.emit_json(result.as_dict())
@@ -125,15 +106,41 @@ def print_rollout(c: Ctx, r: RolloutResult) -> None:
 @contextmanager
 def failed_run_json(c: Ctx, command: str, pair: str) -> Iterator[None]:
     """With --json, a run that fails after it wrote a receipt (exit 1, 7, 8, 130) still prints
-    its steps, final state and rollback beside the `error` object (cli/failed_run.py)."""
+    its steps, final state and rollback beside the `error` object: the engine's result never
+    reaches the CLI of a run that raised, its sealed receipt holds them."""
     try:
         yield
     except PairctlError as exc:
         if c.json_output:
-            doc = failed_run_document(c.home, command, pair, getattr(exc, "receipt", None))
+            doc = failed_run_document(c, command, pair, getattr(exc, "receipt", None))
             if doc is not None:
                 c.emit_json(doc)
         raise
+
+
+def failed_run_document(c: Ctx, command: str, pair: str, receipt: str | None) -> dict[str, Any] | None:
+    """steps, final_state and rollback of the run sealed as `receipt` (None if it cannot be read)."""
+
+    try:
+        rec = evidence_store_for(c).load(receipt) if receipt else None
+    except Exception:  # the error object still names the receipt; `receipts verify` says why
+        return None
+    if rec is None:
+        return None
+    steps = [
+        {
+            "name": s.name,
+            "hosts": [h for h in (s.host or "").split(",") if h],
+            "ok": s.outcome in ("passed", "skipped"),
+            "outcome": s.outcome,
+            "seconds": s.duration_s or 0.0,
+            "error": s.error,
+        }
+        for s in rec.steps
+    ]
+    extra = rec.model_extra or {}
+    doc = {"command": command, "pair": pair, "outcome": rec.outcome, "reason": rec.reason, "receipt": receipt}
+    return doc | {"steps": steps, "final_state": extra.get("final_state"), "rollback": extra.get("rollback")}
 
 
 def pre_deploy_veto(c: Ctx, inv: Inventory, pair: str, ids: tuple[str, str], profile: str | None) -> None:

@@ -179,18 +179,17 @@ def write_scaffold(root: Path, *, force: bool = False) -> list[Path]:
     for rel, text in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
-        # an exclusive temp name unique to this write (O_EXCL), renamed over p: a link planted at
-        # a predictable name is never followed (issue 32 #12)
+        # an exclusive temp name (O_EXCL) renamed over p: a link planted at a predictable name is never followed
         atomic.replace(p, text.encode("utf-8"), mode=0o644)
         written.append(p)
     return written
 
 
-_DIR = typer.Argument(..., help="The config repo to create (made if missing).")
-_FORCE = typer.Option(False, "--force", help="Replace files init would write that already exist.")
-
-
-def init(ctx: typer.Context, directory: Path = _DIR, force: bool = _FORCE) -> None:
+def init(
+    ctx: typer.Context,
+    directory: Path = typer.Argument(..., help="The config repo to create (made if missing)."),
+    force: bool = typer.Option(False, "--force", help="Replace files init would write that already exist."),
+) -> None:
     """Scaffold an operator config repo: an inventory for a V100 native + RTX 5060 Ti RPC pair (with
     comments), a production profile, answer fixtures and a README; it passes `config check` once the
     API key file the inventory names exists (one line, mode 600: deploy and `config check` refuse others)."""

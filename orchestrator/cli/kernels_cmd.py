@@ -107,7 +107,6 @@ def check(
     pairs = select_pairs(inv, pair, all_pairs)
     if packages and len(pairs) > 1:
         raise ConfigError("--package names hosts of one pair; give one --pair with it")
-    as_json = c.json_output
 
     def one(name: str) -> KernelCheckResult:
         argv = ["pairctl", "kernels", "check", "--pair", name, "--kernel", kernel]
@@ -120,12 +119,12 @@ def check(
             result = one(pairs[0])
         except KernelCheckFailed as exc:
             if exc.result is not None:
-                _show(c, exc.result, as_json)
+                _show(c, exc.result)
             raise
-        _show(c, result, as_json)
+        _show(c, result)
         return
     results = fan_out(pairs, one, parallel=parallel)
-    if as_json:
+    if c.json_output:
         c.emit_json(
             {
                 "ok": results.ok,
@@ -144,15 +143,15 @@ def check(
     else:
         for o in results.outcomes:
             if o.value is not None:
-                _show(c, o.value, False)
+                _show(c, o.value)
             else:
-                c.console.print(f"pair {o.pair}: {o.error}", markup=False)
+                c.line(f"pair {o.pair}: {o.error}")
     if not results.ok:
         raise typer.Exit(results.exit_code())
 
 
-def _show(c: Ctx, result: KernelCheckResult, as_json: bool) -> None:
-    if as_json:
+def _show(c: Ctx, result: KernelCheckResult) -> None:
+    if c.json_output:
         c.emit_json(result.to_dict())
         return
     cols = ("host", "case", "backend", "nmse", "max err", "µs/run", "cpu µs/run", "ok")
@@ -171,8 +170,8 @@ def _show(c: Ctx, result: KernelCheckResult, as_json: bool) -> None:
             )
     c.console.print(t)
     for p in result.problems:
-        c.console.print(f"FAIL {p}", markup=False)
-    c.console.print(f"{'passed' if result.passed else 'failed'}; receipt {result.receipt}", markup=False)
+        c.line(f"FAIL {p}")
+    c.line(f"{'passed' if result.passed else 'failed'}; receipt {result.receipt}")
 
 
 def _num(x: object) -> str:

@@ -33,9 +33,9 @@ def _show(c: Ctx, st: LabStatus) -> None:
     for h in st.hosts:
         t.add_row(h.name, f"{h.address}:{h.port}", str(h.pid or "-"), h.state + (" (started)" if h.started else ""))
     c.console.print(t)
-    c.console.print(f"models: {'ok' if st.models_ok else 'missing'} ({st.models['target']} ...)", markup=False)
-    c.console.print(f"source: {st.source or 'missing'}", markup=False)
-    c.console.print(f"known_hosts: {st.known_hosts}", markup=False)
+    c.line(f"models: {'ok' if st.models_ok else 'missing'} ({st.models['target']} ...)")
+    c.line(f"source: {st.source or 'missing'}")
+    c.line(f"known_hosts: {st.known_hosts}")
 
 
 @app.command("up")
@@ -70,4 +70,4 @@ def down(ctx: typer.Context) -> None:
     for s in report.stopped:
         pids = s.get("pids")  # an @reboot crontab line removed has none
         what = f"stopped {s['what']} on {s['host']}" if pids else f"removed the {s['what']} on {s['host']}"
-        c.console.print(what + (f": pids {', '.join(map(str, pids))}" if pids else ""), markup=False)
+        c.line(what + (f": pids {', '.join(map(str, pids))}" if pids else ""))

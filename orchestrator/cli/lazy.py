@@ -1,10 +1,6 @@
 """Commands registered by name and imported only when they run (click's LazyGroup pattern).
 
-`pairctl --help` lists every command from the registry's one-line summaries without importing
-any command module; `pairctl deploy ...` imports deploy_cmd and nothing of the other commands.
-A loaded command is prepared once: the global options are attached to it and its subcommands
-(cli/options.py), options without a metavar get one from their name (`--pair PAIR`, never
-`<str>`), help is plain text, and its callback first builds the run's context (home, logging).
+`pairctl --help` lists the registry's one-line summaries without importing any command module.
 For the same start-up budget (benchmarks/startup.py) a command body imports what only it needs
 inside the function, never at the top of its module: `--help` loads none of it.
 """
@@ -37,10 +33,6 @@ class Lazy:
     summary: str
 
 
-def lazy(target: str, summary: str) -> Lazy:
-    return Lazy(target, summary)
-
-
 def load(name: str, entry: Lazy) -> Any:
     """Import the module and turn its typer app or function into a prepared click command."""
     module, _, attr = entry.target.partition(":")
@@ -65,12 +57,8 @@ def prepare(cmd: Any) -> Any:
     cmd.params.extend(p for p in global_params() if p.name not in have)
     for p in cmd.params:
         kind = getattr(p, "param_type_name", "")
-        if (
-            kind == "option"
-            and p.metavar is None
-            and not getattr(p, "is_flag", False)
-            and not getattr(p, "count", False)
-        ):
+        takes_value = not getattr(p, "is_flag", False) and not getattr(p, "count", False)
+        if kind == "option" and p.metavar is None and takes_value:
             p.metavar = (p.name or "value").upper()
         elif kind == "argument":
             p.get_help_record = _untyped_help(p.get_help_record)
@@ -99,7 +87,6 @@ def _with_run_context(callback: Callable[..., Any]) -> Callable[..., Any]:
             g = ctx.find_root().obj
             if isinstance(g, Globals):
                 g.ran = True
-            # start-up: context.py loads the logging and config stack, which `--help` never needs
             from orchestrator.cli.context import get_ctx
 
             get_ctx(ctx)

@@ -1,11 +1,7 @@
 """`pairctl lease take|show|release HOST|PAIR`: exclusive, expiring holds on hosts.
 
-A pair name means both of its hosts, taken in one fixed order with one nonce (the first is
-given back if the second is held). `take` prints the nonce: only its holder can release.
-`take` and `release` write a receipt (without the nonce); breaking an expired lease is in it.
-`release --dead-run RUN_ID` frees what a killed or finished run left (its nonce died with it),
-once the evidence store proves that run over, or (another operator's run) its heartbeat on every
-host is older than the bound it promised.
+A pair name means both of its hosts, taken in one fixed order with one nonce; only its holder
+releases it, or `release --dead-run RUN_ID` once that run is proven over.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, evidence_store_for, get_ctx
 from orchestrator.errors import LeaseError
 
 if TYPE_CHECKING:
@@ -41,15 +37,13 @@ def _target(c: Ctx, positional: str | None, pair: str | None, host: str | None) 
         inv.pair(pair)  # the inventory's own "no pair named ..." error (exit 3)
     if host is not None and host not in inv.hosts:
         inv.host(host)
-    # The positional form stays without a deprecation note: pairctl's own hints (status, a lease
-    # refusal, exit 8) print `lease release PAIR --dead-run RUN`, and both forms mean the same.
+    # no deprecation note for the positional form: pairctl's own hints print `lease release PAIR ...`
     return given[0]
 
 
 def _journal(c: Ctx, command: str, argv: list[str], target: str) -> Journal:
-    from orchestrator.evidence.store import EvidenceStore
 
-    return EvidenceStore(c.home.evidence).begin(command=command, argv=argv, pair=None, inputs={"target": target})
+    return evidence_store_for(c).begin(command=command, argv=argv, pair=None, inputs={"target": target})
 
 
 def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
@@ -116,11 +110,8 @@ def take(
                     L.targets_of(inv, pool, target), owner, purpose, ttl_s, break_expired=break_expired
                 )
             except LeaseError as exc:  # the hint names the pair the holder's run leased, not a literal PAIR
-                pair = (
-                    target
-                    if target in inv.pairs
-                    else next((n for n, p in inv.pairs.items() if target in (p.native, p.rpc)), target)
-                )
+                owner_pair = (n for n, p in inv.pairs.items() if target in (p.native, p.rpc))
+                pair = target if target in inv.pairs else next(owner_pair, target)
                 if exc.hint:
                     exc.hint = exc.hint.replace("lease release PAIR", f"lease release {pair}")
                 raise
@@ -132,13 +123,12 @@ def take(
         return
     for lease in leases:
         if lease.broken:
-            c.console.print(
+            c.line(
                 f"broke an {lease.broken['state']} lease on {lease.host} "
-                f"(recorded in receipt {c.short(j.receipt_hash)})",
-                markup=False,
+                f"(recorded in receipt {c.short(j.receipt_hash)})"
             )
     _table(c, [L.LeaseState(lease.host, "held", lease, now=lease.taken_at) for lease in leases], f"leased {target}")
-    c.console.print(f"nonce: {nonce}", markup=False)
+    c.line(f"nonce: {nonce}")
 
 
 @app.command("show")
@@ -209,7 +199,7 @@ def release(
         c.emit_json(out)
         return
     for lease in released:
-        c.console.print(f"released {lease.host} (held by {lease.owner} for {lease.purpose!r})", markup=False)
+        c.line(f"released {lease.host} (held by {lease.owner} for {lease.purpose!r})")
     _table(c, after, f"leases of {target} now")
 
 
@@ -217,14 +207,13 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     """Prove the run over from the evidence store, check every host before touching any, then break
     that run's lease on each host that still has it (atomic rename, re-checked; see leases._break)."""
     from orchestrator.errors import LeaseError, LeaseHeldError
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.hosts import leases as L
     from orchestrator.remote.pool import TransportPool
 
     inv = c.inventory()
     hosts = L.hosts_of(inv, target)
-    state, why, run_owner = EvidenceStore(c.home.evidence).run_record(run_id)
-    # another operator's run: this home has no evidence of it, the hosts' heartbeats decide (issue 21)
+    state, why, run_owner = evidence_store_for(c).run_record(run_id)
+    # another operator's run: this home has no evidence of it, the hosts' heartbeats decide
     if state == "running":
         raise LeaseHeldError(
             f"run {run_id} is not proven over ({why}); its leases are left alone",
@@ -241,19 +230,14 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
         theirs = [s for s in states if s.lease is not None and L.run_of(s.lease) == run_id]
         others = [s for s in states if not s.free and s not in theirs]
         if others:
-            raise LeaseError(
-                "not every lease on "
-                + target
-                + f" is run {run_id}'s; nothing released: "
-                + "; ".join(s.describe() for s in others)
-            )
+            detail = "; ".join(s.describe() for s in others)
+            raise LeaseError(f"not every lease on {target} is run {run_id}'s; nothing released: {detail}")
         if not theirs:
             raise LeaseError(
                 f"run {run_id} holds no lease on {target} (" + "; ".join(s.describe() for s in states) + ")"
             )
-        # The lease names its owner; the run's own (verified) evidence must name the same one, so a
-        # receipt or journal planted in this home cannot free someone else's lease.
-        # (A run proven over by the hosts' stale heartbeats needs no evidence here, so no owner to match.)
+        # the run's verified evidence must name the lease's owner, so a receipt planted in this home
+        # cannot free someone else's lease (a run proven over by stale heartbeats has no evidence here)
         foreign = [] if on_hosts else [s for s in theirs if s.lease is not None and s.lease.owner != run_owner]
         if foreign:
             raise LeaseHeldError(
@@ -265,21 +249,11 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
         with _journal(c, "lease release", argv, target) as j:
             with j.step("release-dead-run", host=",".join(hosts)) as step:
                 step.data["run"] = {"run_id": run_id, "state": state, "why": why}
-                broken = [
-                    b
-                    for t in targets
-                    if (
-                        b := L.break_run_lease(
-                            t.transport,
-                            t.install_root,
-                            run_id,
-                            by=L.default_owner(),
-                            why=f"run over: {why}",
-                            require_stale=on_hosts,
-                        )
-                    )
-                    is not None
-                ]
+                broken, me, over = [], L.default_owner(), f"run over: {why}"
+                for t in targets:
+                    b = L.break_run_lease(t.transport, t.install_root, run_id, by=me, why=over, require_stale=on_hosts)
+                    if b is not None:
+                        broken.append(b)
                 after = L.show_leases(inv, pool, target)
                 step.data["released"] = broken
                 step.data["after"] = [s.to_dict() for s in after]
@@ -292,9 +266,7 @@ def _release_dead_run(c: Ctx, target: str, run_id: str) -> None:
     if c.json_output:
         c.emit_json(out)
         return
-    c.console.print(f"{why}", markup=False)
+    c.line(f"{why}")
     for b in broken:
-        c.console.print(
-            f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})", markup=False
-        )
+        c.line(f"released {b['host']} (left by run {run_id}; recorded in receipt {c.short(j.receipt_hash)})")
     _table(c, after, f"leases of {target} now")

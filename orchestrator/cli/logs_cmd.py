@@ -58,13 +58,13 @@ def logs(
             for g in got:
                 if g.error is None:
                     head = f"==> {g.host} {g.path}" + (" (no file: never started)" if g.size is None else "")
-                    c.console.print(head + (" (last 1 MiB)" if g.truncated else "") + " <==", markup=False)
+                    c.line(head + (" (last 1 MiB)" if g.truncated else "") + " <==")
                 for line in g.lines:
-                    c.console.print(f"{g.host} | {line}", markup=False)
+                    c.line(f"{g.host} | {line}")
         if follow_:
             try:
                 for h, line in follow(pool, got, seconds=for_s):
-                    c.console.print(f"{h} | {line}", markup=False)
+                    c.line(f"{h} | {line}")
             except KeyboardInterrupt:
                 pass
     down = [g for g in got if g.error is not None]

@@ -60,14 +60,11 @@ def _remember(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Non
         return
     if param.name == "verbose":
         g.verbosity += int(value)
-    elif param.name == "json_output":
-        g.json_output = True
-    elif param.name == "home":
-        g.home = Path(value)
-    elif param.name == "inventory":
-        g.inventory = str(value)
-    elif param.name == "config":
-        g.config = Path(value)
+    elif param.name in _SET:
+        setattr(g, param.name, _SET[param.name](value))
+
+
+_SET: dict[str, Any] = {"json_output": lambda _: True, "home": Path, "inventory": str, "config": Path}
 
 
 def _global_options(
@@ -123,7 +120,7 @@ class _Uncoerced(TyperOption):
 
     typer 0.29 coerces every parameter through a pydantic TypeAdapter, and the root's options
     (these, --version, --help, completion) are processed before a subcommand's `--help`: skipping
-    it keeps pydantic out of `pairctl COMMAND --help` (start-up budget, issue 20). Only for
+    it keeps pydantic out of `pairctl COMMAND --help` (start-up budget). Only for
     options whose parsed value is already what the callback wants (flags, counts, plain text)."""
 
     def process_value(self, ctx: Any, value: Any) -> Any:
@@ -197,11 +194,7 @@ def check_names(values: list[str] | None, flag: str = "--checks") -> list[str]:
     got = names(values)
     unknown = [n for n in got if n not in CHECKS]
     if unknown:
-        import typer as _typer
-
-        raise _typer.BadParameter(
-            f"unknown check(s): {', '.join(unknown)}; known: {', '.join(CHECKS)}", param_hint=flag
-        )
+        raise typer.BadParameter(f"unknown check(s): {', '.join(unknown)}; known: {', '.join(CHECKS)}", param_hint=flag)
     return got
 
 

@@ -68,13 +68,13 @@ def show(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID")
         return
     from rich.table import Table
 
-    c.console.print(f"{m.id}  ({pkg.path})", markup=False)
+    c.line(f"{m.id}  ({pkg.path})")
     for k in ("revision", "tree", "build_info", "build_host", "started_at", "finished_at", "content_digest"):
-        c.console.print(f"  {k}: {getattr(m, k)}", markup=False)
-    c.console.print(f"  target: {m.target.name}   toolchain: {m.toolchain}", markup=False)
-    c.console.print(f"  source_diff: {'(empty)' if not m.source_diff else 'NOT EMPTY'}", markup=False)
+        c.line(f"  {k}: {getattr(m, k)}")
+    c.line(f"  target: {m.target.name}   toolchain: {m.toolchain}")
+    c.line(f"  source_diff: {'(empty)' if not m.source_diff else 'NOT EMPTY'}")
     if m.patch:
-        c.console.print(f"  patch: {m.patch.name} {m.patch.sha256}", markup=False)
+        c.line(f"  patch: {m.patch.name} {m.patch.sha256}")
     table = Table("file", "kind", "mode", "size", "sha256")
     for rel, e in sorted(m.files.items()):
         table.add_row(rel, e.kind, e.mode, str(e.size), e.sha256)
@@ -86,15 +86,9 @@ def verify(ctx: typer.Context, package_id: str = typer.Argument(..., metavar="ID
     """Rehash every file of a package against its manifest; any difference fails (exit 6), by file."""
     c, store = _store(ctx)
     report = store.verify(_known(store, package_id), check=False)
-    if c.json_output:
-        c.emit_json(
-            {"id": report.id, "ok": report.ok, "files_checked": report.files_checked, "problems": report.problems}
-        )
-    else:
-        for p in report.problems:
-            c.console.print(f"FAIL {p}", markup=False)
-        if report.ok:
-            c.console.print(f"ok {report.id}: {report.files_checked} files match the manifest", markup=False)
+    doc = {"id": report.id, "ok": report.ok, "files_checked": report.files_checked, "problems": report.problems}
+    ok = [f"ok {report.id}: {report.files_checked} files match the manifest"] if report.ok else []
+    c.say(doc, *(f"FAIL {p}" for p in report.problems), *ok)
     if not report.ok:
         from orchestrator.errors import PackageError
 

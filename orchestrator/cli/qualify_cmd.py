@@ -1,13 +1,4 @@
-"""`pairctl qualify --pair P --baseline N R --candidate N R --plan PLAN`, `pairctl qualify --calibrate`
-and `pairctl qualify report`.
-
-Exit codes: 0 every gate passed (a calibration: every gate resolvable at the plan's pairs);
-1 a gate failed; 3 no calibration where the plan needs one; 9 inconclusive (fewer valid pairs
-than planned, or the plan refused before the first sample because a gate cannot reach its power
-at the calibrated noise); 8 the pair could not be restored after the measurements (the receipt is failed, the
-samples are kept: derive a record and run `qualify report` on it), or an arm's rollback failed
-(nothing restored onto it, leases kept); 5 the pair stayed leased by another run.
-"""
+"""`pairctl qualify` (a qualification or `--calibrate`) and `pairctl qualify report`; exit codes in the app's help."""
 
 from __future__ import annotations
 
@@ -17,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, evidence_store_for, get_ctx
 from orchestrator.errors import CheckFailed, ConfigError, Inconclusive
 
 if TYPE_CHECKING:
@@ -93,10 +84,10 @@ def qualify(
     if candidate is not None:
         opts.refuse_option_like(candidate, "--candidate")
     # start-up: the engine loads when the command runs, never for `--help`
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.command import qualify_pair
 
-    argv = _argv(pair, baseline, candidate, plan, profile)
+    argv = ["qualify", "--pair", pair, "--baseline", *baseline, *(["--candidate", *candidate] if candidate else [])]
+    argv += ["--plan", plan] + (["--profile", profile] if profile else [])
     argv += ["--candidate-profile", candidate_profile] if candidate_profile else []
     argv += (["--calibrate"] if calibrate else []) + (["--calibration", calibration] if calibration else [])
     out = qualify_pair(
@@ -111,9 +102,7 @@ def qualify(
         calibration_ref=calibration,
         candidate_profile_ref=candidate_profile,
     )
-    _show(
-        c, out.result, out.receipt, out.report_dir, extra={"restored": out.restored, "restore_error": out.restore_error}
-    )
+    _show(c, out.result, out.receipt, out.report_dir, {"restored": out.restored, "restore_error": out.restore_error})
     if not out.restored:
         from orchestrator.errors import RollbackFailed
 
@@ -126,7 +115,7 @@ def qualify(
     if isinstance(out.stop_error, ConfigError):  # e.g. a fixture longer than the server's slot: exit 3
         raise ConfigError(f"{out.stop_error.message} (receipt {out.receipt})", hint=out.stop_error.hint)
     if calibrate:
-        rec = EvidenceStore(c.home.evidence).load(out.receipt)
+        rec = evidence_store_for(c).load(out.receipt)
         if rec.outcome != "passed":
             raise Inconclusive(
                 f"calibration {out.receipt[:16]}: {rec.reason}",
@@ -158,40 +147,18 @@ def report(
     receipt = hash_ or receipt
     assert receipt is not None
     from orchestrator.cli.receipts_cmd import resolve_receipt
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.qualify.report import write_report
 
-    store = EvidenceStore(c.home.evidence)
+    store = evidence_store_for(c)
     out_dir, record, result = write_report(store, resolve_receipt(store, receipt, "--receipt"))
-    _show(
-        c,
-        result,
-        record.receipt,
-        out_dir,
-        extra={"origin": record.origin, "derived": record.derived, "checks": record.checks},
-    )
+    extra = {"origin": record.origin, "derived": record.derived, "checks": record.checks}
+    _show(c, result, record.receipt, out_dir, extra)
     if record.calibration is not None:
         # an A/A run: its gates are the A/A check; its outcome says whether the plan is resolvable
         if record.outcome != "passed":
             raise Inconclusive(f"calibration {record.receipt[:16]}: {record.reason}")
         return
     _exit_for(result)
-
-
-def _argv(
-    pair: str, baseline: tuple[str, str], candidate: tuple[str, str] | None, plan: str, profile: str | None
-) -> list[str]:
-    argv = [
-        "qualify",
-        "--pair",
-        pair,
-        "--baseline",
-        *baseline,
-        *(["--candidate", *candidate] if candidate else []),
-        "--plan",
-        plan,
-    ]
-    return argv + (["--profile", profile] if profile else [])
 
 
 def _pct(x: float | None) -> str:
@@ -217,28 +184,16 @@ def _show(c: Ctx, result: QualifyResult, receipt: str, report_dir: Path | None, 
     if c.json_output:
         payload = {"receipt": receipt, "report": str(report_dir) if report_dir else None, **extra, **result.to_json()}
         if report_dir is not None:
-            from orchestrator.evidence.store import EvidenceStore
-
-            rec = EvidenceStore(c.home.evidence).load(receipt)
+            rec = evidence_store_for(c).load(receipt)
             payload["outcome"], payload["reason"] = rec.outcome, rec.reason
             payload["calibration"] = rec.extra_fields().get("calibration")
         c.emit_json(payload)
         return
     from rich.table import Table
 
-    t = Table(title=f"qualification {result.verdict.upper()} — plan {result.plan_name}")
-    for col in (
-        "gate",
-        "family",
-        "threshold",
-        "gain",
-        f"{result.deciding_method} interval (decides)",
-        "spread (own / calibrated sd)",
-        "bootstrap",
-        "pairs",
-        "verdict",
-    ):
-        t.add_column(col)
+    decides = f"{result.deciding_method} interval (decides)"
+    cols = ("gate", "family", "threshold", "gain", decides, "spread (own / calibrated sd)", "bootstrap", "pairs")
+    t = Table(*cols, "verdict", title=f"qualification {result.verdict.upper()} — plan {result.plan_name}")
     for g in result.gates:
         t.add_row(
             g.kind,

@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from orchestrator.cli import receipts_prune, receipts_remote
 from orchestrator.cli.context import evidence_store_for, first_line, get_ctx, usage
-from orchestrator.cli.options import EVIDENCE_OPT
+from orchestrator.cli.options import EVIDENCE_OPT, names
 from orchestrator.errors import EvidenceError, ExitCode
-
-if TYPE_CHECKING:
-    from orchestrator.evidence.receipt import Receipt
-
 
 app = typer.Typer(
     help="Receipts: list, show, verify the hash chains, derive recovery records, prune old ones.", no_args_is_help=True
 )
-
-
-def summary(r: Receipt) -> dict[str, Any]:
-    from orchestrator.evidence.receipt import summary_of
-
-    return summary_of(r)
 
 
 @app.command("list")
@@ -66,7 +56,6 @@ def list_(
             cutoff = parse_since(since)
         except ValueError as exc:
             usage(str(exc))
-    from orchestrator.cli.options import names
     from orchestrator.evidence.receipt import OUTCOMES
 
     commands, outcomes = set(names(command)), set(names(outcome))
@@ -109,16 +98,11 @@ def list_(
     for u in store.unsealed():
         if pair and u["pair"] != pair:
             continue
-        state = (
-            "running"
-            if u["alive"]
-            else (
-                "killed; sealed as aborted by the next command on its pair"
-                if u["alive"] is False
-                else "on another host"
-            )
-        )
-        c.console.print(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}", markup=False)
+        state = "running" if u["alive"] else "on another host" if u["alive"] is None else _KILLED
+        c.line(f"unsealed run {u['run_id']} ({u['command']}, pair {u['pair'] or '-'}): {state}")
+
+
+_KILLED = "killed; sealed as aborted by the next command on its pair"
 
 
 def resolve_receipt(store: Any, ref: str, param: str) -> str:
@@ -221,19 +205,18 @@ def verify(
         c.emit_json(rep.to_json())
     else:
         chains = ", ".join(f"{k} ({v})" for k, v in sorted(rep.chains.items())) or "none"
-        c.console.print(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}", markup=False)
+        c.line(f"{rep.receipts} receipt(s) in {rep.root}; chains: {chains}")
         for home, who in sorted(rep.signers.items()):
-            c.console.print(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}", markup=False)
+            c.line(f"home {home}: pushes signed by {', '.join(who) or 'no allowed signer'}")
         for home, d in sorted(rep.quarantined.items()):
-            c.console.print(
+            c.line(
                 f"home {home}: quarantined at {d['tip'][:12]} by {d['by']} (home {d['by_home']}) on {d['at']}: "
-                f"{d['reason']} (receipt {d['receipt'][:16]}; {len(d['problems'])} problem(s) set aside)",
-                markup=False,
+                f"{d['reason']} (receipt {d['receipt'][:16]}; {len(d['problems'])} problem(s) set aside)"
             )
         for w in rep.warnings:
-            c.console.print(f"warning: {w}", markup=False)
+            c.line(f"warning: {w}")
         for prob in rep.problems:
-            c.console.print(f"FAIL [{prob.kind}] {prob.message}", markup=False)
+            c.line(f"FAIL [{prob.kind}] {prob.message}")
         if rep.ok:
             c.console.print("ok: every receipt matches its hash and every chain is whole")
     first = rep.first
@@ -262,7 +245,7 @@ def derive(
 ) -> None:
     """A new receipt reusing passed steps of a failed run by hash; the original is never touched."""
     c = get_ctx(ctx)
-    steps = [s.strip() for item in reuse for s in item.split(",") if s.strip()]
+    steps = names(reuse)
     fresh_steps, fresh_samples, fresh_ids = _read_fresh(fresh)
     store = evidence_store_for(c, evidence)
     argv = ["receipts", "derive", "--from", original, *[a for s in steps for a in ("--reuse", s)], "--reason", reason]
@@ -279,18 +262,15 @@ def derive(
     )
     r = store.load(sha)
     if c.json_output:
-        c.emit_json(
-            summary(r)
-            | {
-                "reused_steps": {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()},
-                "fresh_steps": r.fresh_steps,
-            }
-        )
+        from orchestrator.evidence.receipt import summary_of
+
+        reused = {k: v.model_dump(by_alias=True) for k, v in r.reused_steps.items()}
+        c.emit_json(summary_of(r) | {"reused_steps": reused, "fresh_steps": r.fresh_steps})
     else:
-        c.console.print(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}", markup=False)
+        c.line(f"derived receipt {sha} ({r.outcome}) from {r.derived_from}")
         c.console.print(f"reused: {', '.join(r.reused_steps)}; fresh: {', '.join(r.fresh_steps) or '-'}")
         if r.outcome == "incomplete":
-            c.console.print(r.reason, markup=False)
+            c.line(r.reason)
     if r.outcome == "incomplete":  # written, but not a pass: scripts must not read exit 0 as one
         raise typer.Exit(int(ExitCode.INCONCLUSIVE))
 
@@ -320,8 +300,7 @@ def _read_fresh(path: Path | None) -> FreshInput:
             usage(f"--fresh {path}: identities must be a list of {{host, data}}")
         return data.get("steps", []), data.get("samples"), [(i["host"], i["data"]) for i in ids]
     usage(f"--fresh {path}: expected a list of steps or {{steps, samples, identities}}")
-    raise AssertionError  # unreachable
 
 
-receipts_remote.register(app)  # push, pull, init-remote
-receipts_prune.register(app)
+receipts_remote.register(app)  # push, pull, init-remote, quarantine
+app.command("prune", epilog=receipts_prune.EPILOG)(receipts_prune.prune_cmd)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -88,10 +89,7 @@ def prune_cmd(
         p(f"warning: {w}", markup=False)
     for chain, why in sorted(sel.blocked.items()):
         p(f"chain {chain}: kept whole: {why}", markup=False)
-    reasons: dict[str, int] = {}
-    for why in sel.kept.values():
-        reasons[first_line(why)] = reasons.get(first_line(why), 0) + 1
-    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+    for why, n in Counter(first_line(why) for why in sel.kept.values()).most_common():
         p(f"kept {n} older receipt(s): {why}", markup=False)
     verb = "would go" if dry_run else "pruned"
     for cand in sel.prune:
@@ -110,7 +108,3 @@ def prune_cmd(
         where = " and ".join(x for x, on in (("the evidence remote", res.remote), (str(archive), res.archive)) if on)
         p(f"pruned {len(sel.prune)} receipt(s), freed {freed}; kept in {where}", markup=False)
         p(f"prune receipt {res.receipt}", markup=False)
-
-
-def register(app: typer.Typer) -> None:
-    app.command("prune", epilog=EPILOG)(prune_cmd)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, evidence_store_for, get_ctx
 from orchestrator.errors import ConfigError, PairctlError
 
 if TYPE_CHECKING:
@@ -28,10 +28,8 @@ def access_of(c: Ctx) -> RemoteAccess:
     if access is None:
         raise ConfigError(
             f"the inventory {c.inventory_ref} names no evidence_remote",
-            hint=(
-                "add `evidence_remote: {url: ssh://HOST/PATH.git, allowed_signers: FILE}` "
-                "(docs/guides/team-evidence.md)"
-            ),
+            hint="add `evidence_remote: {url: ssh://HOST/PATH.git, allowed_signers: FILE}` "
+            "(docs/guides/team-evidence.md)",
         )
     if access.allowed_signers is not None and Path(access.allowed_signers).exists():
         why = trust.unsafe_reason(Path(access.allowed_signers))
@@ -42,19 +40,13 @@ def access_of(c: Ctx) -> RemoteAccess:
     return access
 
 
-def _store(c: Ctx) -> EvidenceStore:
-    from orchestrator.evidence.store import EvidenceStore
-
-    return EvidenceStore(c.home.evidence)
-
-
 def push_cmd(ctx: typer.Context) -> None:
     """Commit this home's new receipts (signed with your SSH key) and push them to the team's remote."""
     from orchestrator.evidence import team
     from orchestrator.evidence.store import _operator
 
     c = get_ctx(ctx)
-    store = _store(c)
+    store = evidence_store_for(c)
     res = team.push(store, access_of(c), _operator(None))
     doc = {"home": store.home_id(), "commit": res.commit, "added": res.added, "pushed": res.pushed, "lost": res.lost}
     if res.lost:
@@ -68,7 +60,7 @@ def pull_cmd(ctx: typer.Context) -> None:
     from orchestrator.evidence import team
 
     c = get_ctx(ctx)
-    res = team.pull(_store(c), access_of(c))
+    res = team.pull(evidence_store_for(c), access_of(c))
     c.say(
         {"homes": res.homes, "problems": res.problems},
         *(f"home {home}: {n} new receipt(s)" for home, n in sorted(res.homes.items())),
@@ -109,7 +101,7 @@ def quarantine_cmd(
     from orchestrator.evidence.store import HOME_ID, _operator
 
     c = get_ctx(ctx)
-    store = _store(c)
+    store = evidence_store_for(c)
     access = access_of(c)
     if not HOME_ID.match(stray):
         raise UsageError(f"{stray!r} cannot name an operator home (letters, digits, . _ - only)")
@@ -194,12 +186,8 @@ def verify_remote(c: Ctx, store: EvidenceStore, rep: VerifyReport) -> None:
             if tip == d["tip"]:
                 rep.quarantined[home] = {**d, "problems": [t for _, t in mine]}
                 continue  # its receipts and chains are not the team's
-            mine.append(
-                (
-                    "quarantine",
-                    f"home {home}: its branch moved to {str(tip)[:12]} past its quarantine at {d['tip'][:12]}",
-                )
-            )
+            moved = f"home {home}: its branch moved to {str(tip)[:12]} past its quarantine at {d['tip'][:12]}"
+            mine.append(("quarantine", moved))
         if home in chains:
             rep.receipts += chains[home][0]
             rep.chains.update({f"{home}/{k}": v for k, v in chains[home][1].items()})

@@ -1,9 +1,7 @@
 """`pairctl reference set|show`: the package pair a route's answers are compared with.
 
-Setting a reference is a deliberate, recorded action: it writes a receipt (command `reference`)
-into the pair's chain, which `checks.reference` reads. The new reference's answers are recorded
-by its next acceptance (deploy it, or `pairctl accept` while it is active); until then a
-candidate's `reference_logprobs` check fails and says so.
+Setting one writes a receipt (command `reference`) into the pair's chain, which `checks.reference`
+reads; its answers are recorded by its next acceptance.
 """
 
 from __future__ import annotations
@@ -14,9 +12,8 @@ import typer
 
 from orchestrator.build.store import PackageStore
 from orchestrator.checks.reference import COMMAND, FIELD, ReferenceState, load_state
-from orchestrator.cli.context import get_ctx
+from orchestrator.cli.context import evidence_store_for, get_ctx
 from orchestrator.errors import ConfigError, PackageError
-from orchestrator.evidence.store import EvidenceStore
 from orchestrator.roles import Role
 
 app = typer.Typer(help="A route's reference package pair: the yardstick of its answers.", no_args_is_help=True)
@@ -76,7 +73,7 @@ def set_(
             f"{native} and {rpc} come from different revisions ({', '.join(sorted(revs))}); "
             "a reference is a matched pair"
         )
-    evidence = EvidenceStore(c.home.evidence)
+    evidence = evidence_store_for(c)
     before = load_state(evidence, pair)
     argv = ["reference", "set", "--pair", pair, "--native-package", native, "--rpc-package", rpc, "--reason", reason]
     journal = evidence.begin(command=COMMAND, argv=argv, pair=pair, inputs={})
@@ -101,34 +98,29 @@ def set_(
 
 
 @app.command("show")
-def show(
-    ctx: typer.Context,
-    pair: str = typer.Option(..., "--pair", help="Pair (route) to show."),
-) -> None:
+def show(ctx: typer.Context, pair: str = typer.Option(..., "--pair", help="Pair (route) to show.")) -> None:
     """The reference of PAIR, how it became one, and the answer sets recorded for it."""
     c = get_ctx(ctx)
     c.inventory().pair(pair)
-    out = state_dict(pair, load_state(EvidenceStore(c.home.evidence), pair))
+    out = state_dict(pair, load_state(evidence_store_for(c), pair))
     if c.json_output:
         c.emit_json(out)
         return
     pin = out["reference"]
     if pin is None:
-        c.console.print(f"pair {pair} has no reference yet: its first accepted pair becomes it", markup=False)
+        c.line(f"pair {pair} has no reference yet: its first accepted pair becomes it")
         return
-    c.console.print(
+    c.line(
         f"reference of {pair}: {pin['native_package']} / {pin['rpc_package']} ({pin['how']}, "
-        f"receipt {str(pin['receipt'])[:16]})",
-        markup=False,
+        f"receipt {str(pin['receipt'])[:16]})"
     )
     for a in out["answers"]:
         n, f, g = a.get("numerics") or {}, a.get("floor") or {}, a.get("gates") or {}
-        c.console.print(
+        c.line(
             f"  answers {a['key'][:12]}: {a['fixtures']} fixtures of {a['fixture_set']}, receipt {a['receipt'][:16]}; "
             f"KV {n.get('cache_type_k')}/{n.get('cache_type_v')}, FA {n.get('flash_attn')}; replay floor max "
             f"|dlogprob| {f.get('max_abs_dlogprob')}, gates |dlogprob| {g.get('max_abs_dlogprob')} "
-            f"KL {g.get('max_kl')}",
-            markup=False,
+            f"KL {g.get('max_kl')}"
         )
     if not out["answers"]:
-        c.console.print("  no answers recorded yet: accept the reference pair to record them", markup=False)
+        c.line("  no answers recorded yet: accept the reference pair to record them")

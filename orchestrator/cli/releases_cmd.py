@@ -1,16 +1,12 @@
-"""`pairctl releases list|prune --pair P`: the releases on a pair's hosts, and removing the oldest.
-
-`list` reads (no receipt, no lease). `prune` takes both hosts' leases, removes the oldest releases
-beyond the inventory's `keep_releases` (never current, previous, the pinned reference, or a
-release any pair's route on that host names) and writes a receipt of what it removed.
-"""
+"""`pairctl releases list|prune --pair P`: the releases on a pair's hosts (a read), and removing
+the oldest beyond `keep_releases` under both hosts' leases, with a receipt."""
 
 from __future__ import annotations
 
 import typer
 from rich.table import Table
 
-from orchestrator.cli.context import Ctx, get_ctx
+from orchestrator.cli.context import Ctx, evidence_store_for, get_ctx
 from orchestrator.errors import HostError
 from orchestrator.hosts import leases as L
 from orchestrator.hosts import prune as P
@@ -50,6 +46,10 @@ def list_releases(ctx: typer.Context, pair: str = _PAIR, keep: int | None = _KEE
         c.emit_json(P.summary(results))
     else:
         _print(c, results, f"releases of {pair} (keep {keep or inv.keep_releases} per host)")
+    _raise_skipped(results)
+
+
+def _raise_skipped(results: list[P.HostPrune]) -> None:
     if any(r.skipped for r in results):
         raise HostError("; ".join(f"{r.host}: {r.skipped}" for r in results if r.skipped))
 
@@ -66,25 +66,21 @@ def prune(
     inv = c.inventory()
     if dry_run:
         return list_releases(ctx, pair=pair, keep=keep)
-    from orchestrator.evidence.store import EvidenceStore
 
     argv = ["releases", "prune", "--pair", pair] + (["--keep", str(keep)] if keep else [])
     with (
         TransportPool(inv) as pool,
-        EvidenceStore(c.home.evidence).begin(
-            command="releases prune", argv=argv, pair=pair, inputs={"pair": pair}
-        ) as j,
+        evidence_store_for(c).begin(command="releases prune", argv=argv, pair=pair, inputs={"pair": pair}) as j,
     ):
         with L.hold_pair_leases(L.targets_of(inv, pool, pair), owner=L.default_owner(), purpose="releases prune"):
             with j.step("prune", host=pair) as step:
                 results = P.prune_pair(inv, pool.get, pair, keep_releases=keep)
                 step.data.update(P.summary(results))
             j.set("prune", P.summary(results))
-        if any(r.skipped for r in results):
-            raise HostError("; ".join(f"{r.host}: {r.skipped}" for r in results if r.skipped))
+        _raise_skipped(results)
     s = P.summary(results)
     if c.json_output:
         c.emit_json({**s, "receipt": j.receipt_hash})
         return
     _print(c, results, f"pruned {pair}: {s['removed']} release(s), {size(s['bytes_freed'])} freed")
-    c.console.print(f"receipt {j.receipt_hash}", markup=False)
+    c.line(f"receipt {j.receipt_hash}")

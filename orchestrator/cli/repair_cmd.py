@@ -28,20 +28,17 @@ def repair(
         c.emit_json(result.to_dict())
         return
     for p in result.problems:
-        c.console.print(f"problem: {p}", markup=False)
+        c.line(f"problem: {p}")
     healthy = not result.problems and not result.written
     if healthy:  # the record the hosts hold already judges clean: say so first, not after 300 lines
-        c.console.print(
-            f"nothing to repair: pair {pair}'s route record is valid, signed and agrees with both hosts' links",
-            markup=False,
-        )
+        c.line(f"nothing to repair: pair {pair}'s route record is valid, signed and agrees with both hosts' links")
         if c.verbosity < 1:
-            c.console.print("(-v shows the record it would write)", markup=False)
+            c.line("(-v shows the record it would write)")
             return
     for label, text in result.sources.items():
-        c.console.print(f"{label}: {text}", markup=False)
-    c.console.print(json.dumps(result.record, indent=2, sort_keys=True), markup=False)
+        c.line(f"{label}: {text}")
+    c.line(json.dumps(result.record, indent=2, sort_keys=True))
     if result.written:
-        c.console.print(f"written on both hosts (receipt {result.receipt})", markup=False)
+        c.line(f"written on both hosts (receipt {result.receipt})")
     else:
-        c.console.print(f"nothing written; `pairctl repair --pair {pair} --yes` writes this record", markup=False)
+        c.line(f"nothing written; `pairctl repair --pair {pair} --yes` writes this record")

@@ -45,11 +45,10 @@ def rollback(
         raise typer.BadParameter("names a release of one pair: give exactly one --pair", param_hint="--to")
     if all_pairs or len(pair or []) != 1 or canary:
         from orchestrator.cli.fleet_cmd import run_fleet  # start-up: the engine loads only when it runs
+        from orchestrator.ops.rollout import RolloutOptions
 
-        run_fleet(
-            c, "rollback", pair, all_pairs, canary=canary, serial=serial, max_fail=max_fail, pause=pause,
-            waves=waves, dry_run=dry_run,
-        )  # fmt: skip
+        o = RolloutOptions(canary=canary, serial=serial, max_fail=max_fail, pause_s=pause, waves=waves)
+        run_fleet(c, "rollback", pair, all_pairs, o, dry_run=dry_run)
         return
     # start-up: the engine (SSH stack) loads when a rollback runs, never for `--help`
     from orchestrator.cli.fleet_cmd import failed_run_json, fire_rollback_hook

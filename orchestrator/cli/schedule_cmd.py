@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 from pathlib import Path
@@ -28,12 +29,6 @@ def _pairctl_exe() -> str:
     raise PairctlError("cannot find the pairctl executable to schedule")
 
 
-def _inventory_path(ref: str) -> str:
-    from orchestrator.config import search
-
-    return str(search.resolve_ref("inventory", ref).resolve())  # the file the search path finds now
-
-
 @app.command("install")
 def install(
     ctx: typer.Context,
@@ -50,17 +45,19 @@ def install(
     A scheduled run that finds the pair leased by someone else records `skipped: leased by ...`
     and exits 11, which the unit treats as success. Without systemd, prints the crontab line.
     """
+    from orchestrator.config import search
     from orchestrator.ops import schedule as sched
 
     c = get_ctx(ctx)
     c.inventory().pair(pair)  # the pair must exist
+    inventory = search.resolve_ref("inventory", c.inventory_ref).resolve()  # the file the search path finds now
     s = sched.Schedule(
         pair=pair,
         every_s=sched.parse_every(every),
         argv=sched.accept_argv(
             _pairctl_exe(),
             home=str(c.home.root),
-            inventory=_inventory_path(c.inventory_ref),
+            inventory=str(inventory),
             pair=pair,
             checks=opts.check_names(checks),
         ),
@@ -71,7 +68,7 @@ def install(
         if c.json_output:
             c.emit_json({"mode": "cron", "line": line})
         else:
-            c.console.print("systemd is not running here; add this line to the crontab (crontab -e):", markup=False)
+            c.line("systemd is not running here; add this line to the crontab (crontab -e):")
             typer.echo(line)
         return
     directory = unit_dir or sched.unit_dir(system)
@@ -124,10 +121,8 @@ def remove(
     c = get_ctx(ctx)
     name = sched.Schedule(pair=pair, every_s=3600, argv=("x",), home="").unit_name
     if unit_dir is None and sched.systemd_running():
-        try:
+        with contextlib.suppress(Exception):
             sched.systemctl(system, "disable", "--now", f"{name}.timer")
-        except Exception:
-            pass
     removed = sched.remove_units(name, unit_dir or sched.unit_dir(system))
     c.say(
         {"removed": [str(p) for p in removed]},

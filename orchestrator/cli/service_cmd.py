@@ -34,12 +34,10 @@ def _run(ctx: typer.Context, verb: Verb, pair: str, dry_run: bool) -> None:
         c.emit_json(result.to_dict())
         return
     if result.outcome == "nothing to start":
-        c.console.print(f"start {pair}: nothing to start, both services run (restart restarts them)", markup=False)
+        c.line(f"start {pair}: nothing to start, both services run (restart restarts them)")
     elif dry_run:
         a = result.active or {}
-        c.console.print(
-            f"{verb}s: {a.get('native_package')} + {a.get('rpc_package')} ({a.get('profile_name')})", markup=False
-        )
+        c.line(f"{verb}s: {a.get('native_package')} + {a.get('rpc_package')} ({a.get('profile_name')})")
         print_plan(c.console, result.plan, command=verb)
     else:
         print_result(c.console, result)

@@ -1,20 +1,17 @@
-"""`pairctl status`: what runs on a pair, whether it matches, the route record, leases.
-
-With several pairs (`--pair` repeated or `--all`) it probes them concurrently (`--parallel`)
-and shows one row per pair: active packages and revision, how long they have been active,
-the last acceptance and its age, leases.
-"""
+"""`pairctl status`: what runs on a pair, whether it matches, the route record, leases; several
+pairs are probed concurrently and shown one row each."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from orchestrator.cli import options as opts
-from orchestrator.cli.context import first_line, get_ctx
+from orchestrator.cli.context import evidence_store_for, first_line, get_ctx
 
 if TYPE_CHECKING:
     from orchestrator.evidence.store import EvidenceStore
@@ -39,12 +36,10 @@ WALK_MAX = 1000
 
 
 def last_acceptance(evidence: EvidenceStore, pair: str) -> dict[str, Any] | None:
-    """The newest `accept` receipt of the pair (scheduled or by hand): walked back from the pair's
-    chain head, so a status of many pairs reads each pair's receipts since its last acceptance,
-    not every receipt in the store once per pair. Each step is the store's summary, its file
-    checked against its hash. A link that does not verify, one that leads to another pair's
-    receipt (a changed head or `previous`: that pair's acceptance is not this one's), or a walk
-    longer than WALK_MAX is left to the full listing, which keeps only the pair's own receipts."""
+    """The newest `accept` receipt of the pair, walked back from its chain head (each step's file
+    checked against its hash), so a status of many pairs reads only the receipts since each one's
+    last acceptance. A link that does not verify, leads to another pair's receipt, or a walk
+    longer than WALK_MAX falls back to the full listing of the pair's own receipts."""
     from orchestrator.errors import EvidenceError
 
     try:
@@ -131,20 +126,12 @@ def status(
 
         raise UsageError("--watch takes 0.1 to 3600 seconds and --count a count of looks (0: an hour's worth)")
     if watch:
-        _watch(ctx, pair, all_pairs, parallel, verify_files, watch, count)
+        _watch(ctx, lambda: _status_once(ctx, pair, all_pairs, parallel, verify_files), watch, count)
         return
     _status_once(ctx, pair, all_pairs, parallel, verify_files)
 
 
-def _watch(
-    ctx: typer.Context,
-    pair: list[str] | None,
-    all_pairs: bool,
-    parallel: int,
-    verify_files: bool,
-    every: float,
-    count: int,
-) -> None:
+def _watch(ctx: typer.Context, look: Callable[[], None], every: float, count: int) -> None:
     """`watch pairctl status`, bounded: COUNT looks (default an hour's), each probe bounded itself."""
     import time
 
@@ -161,19 +148,19 @@ def _watch(
             if c.interactive:
                 c.console.clear()
             stamp = datetime.now(UTC).astimezone().strftime("%H:%M:%S")
-            c.console.print(f"-- {stamp} look {i + 1}/{looks}, every {every:g} s (Ctrl-C stops) --", markup=False)
+            c.line(f"-- {stamp} look {i + 1}/{looks}, every {every:g} s (Ctrl-C stops) --")
             try:
-                _status_once(ctx, pair, all_pairs, parallel, verify_files)
+                look()
                 code = 0
             except typer.Exit as exc:
                 code = exc.exit_code
             except PairctlError as exc:
                 code = exc.exit_code
-                c.console.print(f"error: {first_line(exc.message)}", markup=False)
+                c.line(f"error: {first_line(exc.message)}")
             if i + 1 < looks:
                 time.sleep(max(0.0, every - (time.monotonic() - t0)))
     except KeyboardInterrupt:
-        c.console.print("stopped watching", markup=False)
+        c.line("stopped watching")
         code = 0
     if code:
         raise typer.Exit(code)
@@ -186,7 +173,6 @@ def _status_once(
 
     from orchestrator.engine.render import print_status
     from orchestrator.engine.status import status as run_status
-    from orchestrator.evidence.store import EvidenceStore
     from orchestrator.ops.fleet import fan_out, select_pairs
 
     c = get_ctx(ctx)
@@ -211,7 +197,7 @@ def _status_once(
         if not one.ok:
             raise typer.Exit(1)
         return
-    rows = fleet_rows(results, EvidenceStore(c.home.evidence))
+    rows = fleet_rows(results, evidence_store_for(c))
     if c.json_output:
         c.emit_json({"pairs": rows, "details": results.as_dict()["pairs"]})
     else:
