@@ -1,13 +1,9 @@
 """Progress of long work, as events: deploy steps, uploads, acceptance checks, qualification arms.
 
-The engine, the checks and qualification call one function, `event(kind, message, **fields)`,
-and know nothing about terminals. The CLI installs a sink for the run (`reporting(...)`): on a
-TTY a rich display on stderr, otherwise one plain line per event on stderr (no -v needed), so a
-log or CI shows the same story. With no sink installed (library use, unit tests) an event costs
-nothing. stdout is never touched: `--json` keeps its one document.
-
-The sink is process-wide, like logging's handlers, because the work reports from worker threads
-(fan-out over a pair's two hosts) that a context variable would not reach.
+Callers use `event(kind, message, **fields)` and know nothing about terminals; the CLI installs a
+sink (`reporting`): rich on a TTY, plain lines otherwise, always on stderr (stdout keeps `--json`).
+With no sink an event costs nothing. The sink is process-wide because work reports from worker
+threads that a context variable would not reach.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Compile the kernel validation harness against a llama.cpp build tree's own ggml.
 
-The harness must exercise exactly the kernels that get deployed, so it is linked with the same
-static ggml libraries, link flags and compiler as the package's `ggml-rpc-server` (always built,
-and linked with ggml and every enabled backend: CPU, RPC, CUDA with its runtime libraries). Those
-are read from the build tree's `build.ninja` and `CMakeCache.txt` rather than guessed, so a CUDA
-build links cudart/cublas the way CMake decided. Pure parsing is separate from the compile.
+It links the same static ggml libraries, flags and compiler as the package's `ggml-rpc-server`, read
+from the build tree's `build.ninja` and `CMakeCache.txt` rather than guessed.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Toolchain facts (cmake, ninja, C++ compiler, ccache, nvcc) and the checks made before configure.
 
-Parsers are pure and tested on captured output. The one check that matters most: CUDA 13
-dropped sm_70, so a V100 build must stop before configure when only CUDA 13 is available.
-Targets may need different CUDA majors (sm_70 wants 12.x or older, sm_120 12.8 or newer), so
-each target takes the first nvcc that can build it, from $CUDACXX, the roots listed in
-$PAIRCTL_CUDA_ROOTS (toolkits unpacked from registry wheels), PATH and /usr/local/cuda; an
-nvcc is run only if it and its toolkit root pass the same ownership rules as config files.
+CUDA 13 dropped sm_70, so targets may need different CUDA majors: each takes the first nvcc that can
+build it, from $CUDACXX, $PAIRCTL_CUDA_ROOTS, PATH and /usr/local/cuda, run only if it and its root
+pass the config files' ownership rules.
 """
 
 from __future__ import annotations

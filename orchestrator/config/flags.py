@@ -1,18 +1,10 @@
 """Flag policy for llama-server and ggml-rpc-server: argv parsed the way each binary parses it.
 
-A deny list of spellings misses `--tools=all`, `--mcp_servers_config` (llama.cpp turns `_` into
-`-` after `--`) and `-ag`. Here every argument is first resolved to its option (aliases from the
-package's own `--help` when there is one, else from the pinned source's table below), then the
-option's *group* decides:
-
-- managed: rendered by pairctl from profile / inventory fields; never in extra_args;
-- risky: executes commands, serves or reads host files over HTTP, enables tools/agents/MCP,
-  downloads, or lets clients change server state. Refused unless the inventory allows it for the
-  pair with a reason, and only with an API key set.
-
-Addresses are judged after the resolution the binary does: ggml-rpc-server passes `-H` to
-`inet_addr` (so "0", "0x0", "0.0.0.00", "017.0.0.1" are numbers), llama-server to getaddrinfo
-(numeric forms only here: a name is resolved on the host and cannot be judged locally).
+Every argument is resolved to its option first (aliases from the package's `--help`, else the pinned
+source's tables below; `_` becomes `-` after `--`), so no spelling escapes. Managed options are
+rendered by pairctl, never in extra_args; risky ones (commands, host files over HTTP, tools, downloads,
+server-state changes) need the inventory's allow with a reason and an API key. Addresses are judged as
+the binary resolves them: inet_addr for ggml-rpc-server's `-H`, numeric getaddrinfo for llama-server.
 """
 
 from __future__ import annotations
@@ -186,10 +178,8 @@ def _value_hints(text: str) -> list[str]:
 
 @lru_cache(maxsize=8)
 def parse_help(help_text: str) -> HelpSpec:
-    """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0 (common_arg::to_string);
-    continuation lines are indented. Aliases are separated by ", "; value hints follow a space.
-    Cached by text (callers only read the spec): a deploy's preflight parsed one package's help
-    three times, a third of its own CPU time."""
+    """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0; continuation
+    lines are indented. Cached by text: one preflight parses the same help several times."""
     spec = HelpSpec()
     current: list[tuple[tuple[str, ...], tuple[str, ...], list[str]]] = []
     for line in help_text.splitlines():

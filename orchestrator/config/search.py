@@ -1,21 +1,11 @@
 """Where a manifest name resolves: the operator's config repo layered over the bundled defaults.
 
-The search path, first match wins (by file name, per kind):
-
-1. `--config DIR` or `PAIRCTL_CONFIG` (the CLI's `--config` sets the variable, so every loader
-   and every child process sees the same path);
-2. `./pairctl/` in the working directory or the nearest parent that has one (a config repo
-   checked out next to other work, found the way git finds `.git`); the walk stops below the
-   first directory owned by someone other than the user or root, as git's discovery does;
-3. the user config directory (`platformdirs.user_config_dir("pairctl")`, e.g. ~/.config/pairctl);
-4. the defaults bundled with pairctl (orchestrator.paths).
-
-A config directory holds the same folders as the bundled manifests: `inventories/`, `profiles/`,
-`targets/`, `fixtures/`, `plans/`, and `playbooks/`. A name is looked up as `<folder>/<name>.yaml`.
-
-Nothing is believed by where it was found (config.trust): every config directory on the path and
-every file read from one must be the user's or root's and not group/world-writable, with no
-directory on the way there that others could replace; otherwise the command stops (exit 3).
+First match wins, by file name per kind: `--config DIR` / `PAIRCTL_CONFIG` (the CLI sets the variable
+so child processes see it); `./pairctl/` in the working directory or its nearest parent that has one
+(found like git finds `.git`, stopping below a directory owned by someone other than the user or
+root); the user config directory; the bundled defaults. A name is looked up as
+`<folder>/<name>.yaml`. Nothing is believed by where it was found: config.trust judges every
+directory and file (exit 3).
 """
 
 from __future__ import annotations

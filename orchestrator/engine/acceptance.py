@@ -68,7 +68,7 @@ def run(ctx: RunEnv, step: Step) -> dict[str, Any]:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
     assert target is not None  # accept follows a verified activation
     profile = profile_from_record(target.entry.profile)
-    limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
+    limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour
     models = dict(target.entry.models)
     key = answer_fixtures.answer_key(profile, models, answer_fixtures.fixture_set_for(profile))
     baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models, answer_key=key)

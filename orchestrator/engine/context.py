@@ -1,14 +1,9 @@
-"""What one deploy / rollback run carries between the engine's modules, split by who owns it.
+"""What one run carries between the engine's modules, split by who owns it.
 
-- `RunInputs` (frozen): what the operator asked for and the inventory said (pair view,
-  package ids, profile, options). Nothing in the run changes it.
-- `HostState`: what the run discovered on the hosts (facts, the route bytes that are the
-  compare-and-swap base, leases, the identities read by the exec that started each service).
-  Step handlers run on both hosts at once, so it is changed only through its methods, under
-  its own lock.
-- `RunRecorder`: what the run observed (timings, uploads, whether it changed what runs, the
-  links it switched), with its own lock.
-- `RunEnv` (frozen): the three, connections and journal, handed to each executor with its step.
+`RunInputs` (frozen): what the operator and inventory asked. `HostState`: what the run found on the
+hosts (facts, compare-and-swap base, leases, identities); steps run on both hosts at once, so it
+changes only through its methods, under its lock. `RunRecorder`: what the run observed, with its own
+lock. `RunEnv` (frozen): the three, connections and journal, handed to each executor.
 """
 
 from __future__ import annotations

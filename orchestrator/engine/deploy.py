@@ -1,12 +1,8 @@
-"""The three commands' bodies: `deploy`, `rollback` and `status` for one pair.
+"""The bodies of `deploy` and `rollback` for one pair: one connection per host, one receipt, one engine.
 
-Each opens one connection per host for the whole run (TransportPool), writes a receipt
-through the evidence store (inputs by hash), and runs its playbook through the one engine
-(`runner.run_steps`). Failure handling lives here, in one place:
-  - before anything that runs changed: release the leases this run took, re-raise (exit code
-    of the cause: 3 config, 4 host/host key, 5 leased, 6 package);
-  - after: run playbooks/rollback.yaml → RolledBack (7), or if that fails: stop both services,
-    keep the leases → RollbackFailed (8).
+A failure before anything that runs changed releases the leases and re-raises its cause; after, the
+rollback playbook backs out (RolledBack, 7), or if that fails both services stop and the leases are
+kept (RollbackFailed, 8).
 """
 
 from __future__ import annotations
@@ -216,12 +212,8 @@ def deploy(
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
 
-    `restore_record`: the route record to put back as it was (qualify's restore): its previous
-    pair and states, not this deploy's (engine/route_states.py `restore`); `restore_previous_links`
-    the hosts' `previous` links as found, put back with it.
-
-    `held_lease_nonce`: the caller already holds both hosts' leases with this nonce (a
-    qualification across its arms); the run renews them and leaves them held on every path."""
+    `restore_record` / `restore_previous_links`: qualify's restore, the record and `previous` links
+    put back as found. `held_lease_nonce`: the caller holds both leases; renewed, never released."""
     view = pair_view(inventory, pair_name)
     pair = inventory.pair(pair_name)
     profile = load_profile(profile_name or pair.profile, pair=pair)
@@ -271,9 +263,7 @@ def deploy(
                 raise _cause(failure) from None
             _rollback_after_failure(ctx, rollback_pb, failure, record, restore)  # raises RolledBack / RollbackFailed
         except PairctlError as refused:
-            # a refusal after `lease` but outside a step (the hosts' state judged, the previous pair
-            # rendered): nothing changed, and the leases this run took are given back (they were
-            # left held until their TTL, and the next deploy was refused with exit 5)
+            # a refusal after `lease` but outside a step: nothing changed, give the leases back
             if ctx.recorder.changed:
                 raise
             _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
@@ -415,8 +405,8 @@ def _prune(ctx: RunEnv) -> None:
 
 
 class _ReleaseWatch:
-    """The step recorder, noting a failed release-lease: the work is done, but a lease this run
-    cannot give back (lost, or the host gone) makes the run failed, never a warning (issue 21)."""
+    """The step recorder, noting a failed release-lease: a lease this run cannot give back makes
+    the run failed, never a warning."""
 
     def __init__(self, record: Callable[[StepOutcome], None]) -> None:
         self.record = record
@@ -445,10 +435,8 @@ def _lost_lease(failure: StepFailed) -> LeaseLost | None:
 
 def _base_record(ctx: RunEnv) -> RouteRecord | None:
     """The record this run's route writes and restores start from: what it wrote or re-read since
-    on the native host, else the one the pair was judged by (route_trust.found_record: the
-    `activating` copy of a run cut short between its hosts' `route` writes, whichever host it
-    reached first). The native host's own record there named revision N beside the cut run's
-    N+1, so a deploy wrote N+1 again (two records of one revision) and backed out to N's pair."""
+    on the native host, else the one the pair was judged by (route_trust.found_record), so a run cut
+    short between its hosts' writes is followed, never written again at the same revision."""
     now = ctx.hosts.route_bytes("native")
     if now != ctx.hosts.facts["native"].route_bytes:
         return route_plan.parsed(now)
@@ -503,10 +491,8 @@ def _judge_hosts(ctx: RunEnv, command: str, allowed: frozenset[str]) -> route_tr
 
 def _restore_from_start(ctx: RunEnv, judged: route_trust.Judgement, key: ApiKey | None) -> Restore:
     """What a rollback puts back: the links and the route's active pair as found at the start,
-    the pair rendered now from the inventory and its profile (never the recorded argv). A
-    previous pair that cannot be rendered refuses the deploy here, before anything changes.
-    Links a run cut short left switched go back to the recorded pair, not as found (as found,
-    they would name the cut run's release beside the recorded one: a pair of two revisions)."""
+    rendered now (never the recorded argv; one that cannot be rendered refuses here). Links a run
+    cut short left switched go back to the recorded pair, never to a pair of two revisions."""
     facts = ctx.hosts.facts
     links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = _base_record(ctx)
@@ -553,17 +539,14 @@ def _abort(ctx: RunEnv, failure: StepFailed, record: Callable[[StepOutcome], Non
             run_steps(rel, ctx, ACTIONS, journal=ctx.journal, on_step=record)
         except StepFailed:
             pass
-        # a root that refused the release (read-only, full) keeps the lease until this home's next
-        # run frees it: the refusal says so (it said nothing, and the lease was left for the operator)
+        # a root that refused the release keeps the lease until this home's next run frees it: say so
         cause, left = _cause(failure), [e for e in getattr(record, "errors", ()) if leasing.LEFT_ON_UNWRITABLE in e]
         if isinstance(cause, PairctlError) and left:
             cause.message += "\n" + "\n".join(x.splitlines()[0] for x in left)
 
 
 def _release_unlost(ctx: RunEnv, failure: StepFailed) -> str:
-    """After a lease was lost on one host: the leases this run still holds (the other host's) are
-    released, and the message says exactly what is held now (it said "no lease" while the native
-    lease was still this run's: issue 33)."""
+    """After a lease was lost on one host: release the other host's, and say exactly what is held now."""
     lost_on = {h for h, e in failure.errors.items() if isinstance(e, LeaseLost)}
     released, kept = [], []
     for role, handle in list(ctx.hosts.leases.items()):
@@ -693,8 +676,7 @@ def held_leases(ctx: RunEnv) -> dict[str, str] | str:
 
 
 def _down_now(ctx: RunEnv, stopped: dict[str, str]) -> str:
-    """What runs after a failed rollback, host by host, from what stopping each one said: a stop
-    that failed is named as such (it read "both services are stopped" also when one still ran)."""
+    """What runs after a failed rollback, host by host, naming a stop that failed as such."""
     said = []
     for role in ("native", "rpc"):
         host, svc = ctx.host(role), SERVICE_OF_ROLE[role]
@@ -745,18 +727,15 @@ def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None =
 
 
 def _read_api_key(ctx: RunEnv) -> ApiKey | None:
-    """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
-    (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
+    """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it."""
     return read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
 def _verify_restore_releases(
     ctx: RunEnv, entry: RouteEntry, store: PackageStore, restore: Target, verb: str = "rollback"
 ) -> None:
-    """Before anything running changes: the releases being restored still match their manifests
-    on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
-    and the running pair keeps running. Without this, a rollback to a damaged previous release
-    stopped a verified pair and left both hosts stopped (found by the fault matrix)."""
+    """Before anything running changes: the releases restored still match their manifests on the
+    hosts (one exec per host); a damaged one is refused (exit 6) and the running pair keeps running."""
     for r in ("native", "rpc"):
         if store.exists(entry.package(r)):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(entry.package(r)), True, ctx.host(r))
@@ -767,11 +746,9 @@ def _verify_restore_releases(
 
 def _verify_restore_files(ctx: RunEnv, entry: RouteEntry, verb: str, restore: Target) -> None:
     """Before anything running changes: every file the restored llama-server loads besides its
-    release (the profile's declared `files`: grammars, control vectors, templates; the models)
-    re-hashed on the native host against what the route record holds for that pair. A file
-    replaced since it was deployed refuses the rollback or restart (exit 6, the file named): it
-    started the server on the planted file and reported "passed" (issue 49 item 3). The hashes
-    come from the entry as recorded, and from the profile as rendered now when they differ."""
+    release (the profile's `files`, the models) re-hashed on the native host against the route
+    record's hashes (and the profile's as rendered now, where they differ); a replaced file
+    refuses the rollback or restart (exit 6), naming it."""
     t, layout, host = ctx.t("native"), ctx.layout("native"), ctx.host("native")
     problems = recorded_file_problems(entry.profile, host, t, layout)
     rendered = recorded_files(restore.entry.profile)
@@ -888,10 +865,9 @@ def _rollback_target(
 
 
 def _cut_short_target(ctx: RunEnv, rec: RouteRecord | None, store: PackageStore) -> tuple[RouteEntry, Target]:
-    """`rollback` after a run cut short between its switch and its route record (links that
-    disagree with this home's signed record, kind `switched`): the recorded active pair comes
-    back, verified, and the record is written as found (a back-out: active, previous and their
-    states), which is what that run's own rollback would have done."""
+    """`rollback` after a run cut short between its switch and its route record (kind `switched`):
+    the recorded active pair comes back and the record is written as found, as that run's own
+    back-out would have."""
     assert rec is not None and rec.active is not None  # `switched` needs a record naming a pair
     pair = ctx.inventory.pair(ctx.view.name)
     tgt = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)

@@ -1,12 +1,8 @@
-"""Planning: a playbook plus what the hosts look like -> the concrete steps, each on a named
-host with what it will do. Pure: `--dry-run` prints exactly this, and tests check it with no
-host at all.
+"""Planning: a playbook plus what the hosts look like -> the concrete steps, each on a named host.
 
-The plan is what runs: a step that starts or stops a service carries its command per host as a
-frozen `Exec` (argv, the release it verifies first, its bound, the argv the started service
-must show), rendered here and only here (`service_exec`). The step's action (engine/actions) is
-handed that Exec and runs it as it is, and records its argv in the receipt, so the dry run's
-commands and the receipt's are the same bytes.
+Pure: `--dry-run` prints exactly this. A step that starts or stops a service carries its command per
+host as a frozen `Exec`, rendered only here (`service_exec`); the action runs it as it is and records
+its argv, so the dry run's commands and the receipt's are the same bytes.
 """
 
 from __future__ import annotations
@@ -265,7 +261,7 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     reach_url = f"[{reach}]" if ":" in reach else reach
     rpc_bind = inventory.rpc_bind(pair_name)
     sup = {
-        # the RPC server's own endpoint turns on its hang check (pairctl-svc rpc-probe, issue 33)
+        # the RPC server's own endpoint turns on its hang check (pairctl-svc rpc-probe)
         "rpc": tuple(
             supervisor.sup_args(
                 inventory.supervision,

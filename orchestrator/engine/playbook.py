@@ -1,11 +1,8 @@
 """Playbooks: the ordered steps a command runs, as YAML a user can read (playbooks/*.yaml).
 
-Each step names the host role it runs on (native, rpc, both, local), an action the engine
-knows, and what a failure means (`rollback`, `abort`, `continue`). Validation makes the
-safety rule structural: once a step that changes what runs (stop, switch, start, route) has
-come, a later failure may not be `abort` (which would leave a half-activated pair) — it must
-be `rollback`, `stop` (inside a rollback: leave the hosts stopped, keep the leases) or
-`continue` (steps that cannot hurt, like releasing leases).
+Each step names a host role, an action and what a failure means. Once a step that changes what runs
+has come, a later failure may not be `abort` (a half-activated pair): it must be `rollback`, `stop`
+or `continue`.
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
 """The route record's states and transitions, written down once; every command goes through here.
 
-A record names the pair that is active on the hosts and the one a rollback returns to:
-
-    state of `active`        meaning
-    (no record)              never deployed
-    activating               a deploy switched to it and verified its identity; acceptance not finished
-    active                   accepted: the whole acceptance suite passed on it (wire name of route/1)
-    identity-verified        identity verified, acceptance skipped or only part of it run
-                             (`--skip-accept`, a partial `--checks`, a `rollback --to` a release)
-
-`previous` is the pair a rollback returns to and `previous_state` the state it had while it
-was active (absent in records written before it existed: read as `active`, as they were).
-
-Transitions (pure; each returns the successor record, revision + 1 unless said otherwise):
-
-    activate(found, new)            deploy's `route` step: new `activating`; previous := found's
-                                    active with its state (a re-deploy of the same pair keeps
-                                    found's previous)
-    finish(rec, accepted)           deploy's `route-accepted` step, same revision:
-                                    `active` if the whole suite passed, else `identity-verified`
-    back_out(found, restored)       a failed deploy rolled back: the found record again (active,
-                                    previous, both states), the active entry as rendered now; not
-                                    written at all when the run wrote none and it would equal
-                                    found (unchanged_by_back_out)
-    roll_back(found, restored)      `rollback`: the previous pair active with the state it had,
-                                    found's active becomes previous (`activating` -> identity-verified)
-    roll_to(found, restored)        `rollback --to RELEASE`: that pair active, identity-verified
-                                    (its state if it is found's previous); found's active previous
-    restore(found, restored)        qualify's restore: the record as found before the first arm
-                                    (previous, profiles, states); the state only if what was
-                                    rendered now is what found named
-    rebuilt(found, active, previous) repair: from the links; `identity-verified` (acceptance is
-                                    not known), never a record of nothing active
-
-Who reads states: `rollout.on_revision` skips only an accepted pair (or an identity-verified one
-for a rollout that itself accepts less), `route_trust` flags an `activating` record whose run is over.
+States of `active`: `activating` (deploy switched and verified identity, acceptance not finished),
+`active` (the whole acceptance suite passed; route/1's wire name), `identity-verified` (acceptance
+skipped or partial, or `rollback --to` a release). `previous_state` is the state `previous` had while
+active (absent in older records: read as `active`). Each transition is pure and returns the successor
+record, revision + 1 except `finish`; `rollout.on_revision` and `route_trust` read the states.
 """
 
 from __future__ import annotations

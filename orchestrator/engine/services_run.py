@@ -1,13 +1,8 @@
-"""`pairctl restart | start | stop`: the pair that runs now, restarted, started or stopped in place
-(Kamal's `app boot | start | stop`), under both leases, with a receipt.
+"""`pairctl restart | start | stop`: the active pair restarted, started or stopped in place, under both leases.
 
-The same machinery as a rollback (engine/deploy.py `_pair_run`, mode "rollback"): the pair
-restarted is the route record's active entry, rendered now from the inventory and its profile
-(never the recorded argv), its links left as found. The plan (playbooks/restart.yaml or
-stop.yaml) carries every command as an `Exec` from `plan.service_exec`, so `--dry-run` prints
-the exact commands the run records in its receipt. Nothing here writes the route record: the
-pair it names is the pair that runs again. A restart or start that fails after its first change
-ends like a failed rollback: both services stopped, leases kept, exit 8.
+Rollback's machinery (engine/deploy.py `_pair_run`): the route record's active entry rendered now
+(never the recorded argv), links left as found, the route record not written. A failure after the
+first change ends like a failed rollback: both services stopped, leases kept, exit 8.
 """
 
 from __future__ import annotations

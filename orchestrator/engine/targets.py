@@ -1,8 +1,6 @@
-"""What a pair renders into, before any host is touched: the target a deploy activates (exact
-argv, route entry, the identity verify expects), a recorded pair a restore puts back, rendered
-again from the inventory and its profile (never the recorded argv), and preflight, which refuses
-a deploy locally (packages verified and of one revision, flags its llama-server offers, the
-flag policy) and decides the packages, key and target the plan carries.
+"""What a pair renders into, before any host is touched: a deploy's target (argv, route entry, the
+identity verify expects), a recorded pair a restore puts back (rendered again, never the recorded
+argv), and preflight, which refuses a deploy locally and decides what the plan carries.
 """
 
 from __future__ import annotations

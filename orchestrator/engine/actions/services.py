@@ -42,11 +42,9 @@ def _reach_before_change(ctx: RunEnv, role: str) -> float:
 
 
 def _space_on(ctx: RunEnv, role: str) -> int:
-    """Before the first change, on one host: room for what the switch writes (links, route record
-    twice, pidfiles, the new services' logs), all of it in run/ (layout.py), and run/ takes a new
-    file, so a full or read-only disk is refused with nothing stopped. One batch of SFTP requests
-    (free space by the server's statvfs, a file made and removed); a probe that failed is made
-    again alone, for the refusal exactly as `space.require_writable` words it."""
+    """Before the first change, on one host: room in run/ (layout.py) for links, route record, pidfiles
+    and logs, and run/ takes a new file, in one batch of SFTP requests; a failed probe is made again
+    alone, for `space.require_writable`'s refusal."""
     t, run = ctx.t(role), ctx.layout(role).run
     free, probed = fs_batch(t, [FreeBytes(run), HostClock(unique_tmp(posixpath.join(run, "write-probe")))])
     sp = space.free_space(t, run, free)
@@ -57,11 +55,9 @@ def _space_on(ctx: RunEnv, role: str) -> int:
 
 
 def _prove_both_before_first_change(ctx: RunEnv) -> dict[str, int]:
-    """What a deploy proves before its first change, on both hosts at once (each host's reads
-    batched, the two hosts in parallel): the RPC host answers an exec, both leases are still
-    this run's (renewed), both roots have room and take new files. Failures are raised in the
-    order the checks used to run one by one: RPC reach, RPC lease, room on native, room on RPC,
-    native lease."""
+    """What a deploy proves before its first change, both hosts in parallel: the RPC host answers,
+    both leases are still this run's, both roots have room and take new files. Failures are
+    raised in a fixed order: RPC reach, RPC lease, room on native, room on RPC, native lease."""
 
     def rpc_side() -> int:
         ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
@@ -149,7 +145,7 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
             if role == "native" and step.pair is not None:
                 # restoring needs the RPC host (restart-rpc); one that does not answer now (after the
                 # reconnect budget) means nothing can be restored, and stopping native would only take
-                # down the half that still serves (issue 33: the model traffic between them was fine)
+                # down the half that still serves
                 ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
                 _writable_for_restore(ctx, step.pair)
             before_change(ctx, role, step)
@@ -266,11 +262,9 @@ class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
 
 
 def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
-    """Before a rollback stops native: the run/ folders it will write (links, route record,
-    pidfiles, logs: layout.py) take a new file (native's always, the RPC host's unless `current`
-    there already names the release restored, whose server restart-rpc keeps). One that does not
-    refuses here with nothing stopped: stopping first left both services down with neither able to
-    start again, where what ran kept serving (issue 49)."""
+    """Before a rollback stops native: the run/ folders it will write take a new file (the RPC
+    host's unless its `current` already names the release restored), else refuse with nothing
+    stopped, so what runs keeps serving."""
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
     for role in roles:
         try:
@@ -287,11 +281,9 @@ def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
 def _keep_unchanged_rpc(
     ctx: RunEnv, links: tuple[str | None, str | None], exc: space.NotWritable
 ) -> dict[str, Any] | None:
-    """A rollback's restart-rpc on an RPC root that takes no new file (refused before anything
-    was stopped): when `current` there already names the release being restored and its
-    ggml-rpc-server still runs, that server is kept (verify then proves its identity, exe and
-    argv) instead of failing the rollback, which stopped both services although the RPC side
-    never changed. None (the refusal stands) in a deploy, or when anything else runs there."""
+    """A rollback's restart-rpc on an RPC root that takes no new file: when `current` there already
+    names the release restored and its server runs, keep it (verify proves it) rather than fail.
+    None (the refusal stands) in a deploy, or when anything else runs there."""
     if links[0] is None or _current_on(ctx, "rpc") != links[0]:
         return None
     try:
