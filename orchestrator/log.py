@@ -114,10 +114,8 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ig
 
 
 class _LogFileHandler(logging.FileHandler):
-    """The JSON log file. A write it cannot make (the operator's disk full, the file removed
-    under a read-only remount) prints one line once and drops the later lines of this run:
-    logging's own handleError printed a traceback per line, and a run's outcome never depends
-    on its log (the receipt is the record)."""
+    """The JSON log file. A write it cannot make prints one line once and drops the rest of this
+    run's lines: a run's outcome never depends on its log (the receipt is the record)."""
 
     failed: str | None = None
 

@@ -18,11 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def bundled(name: str) -> Path:
-    """The bundled folder NAME: the wheel's package data, else the checkout's top-level folder.
-
-    Installed wheels are unpacked on disk (pip, pipx, uv), so the resource is a real directory;
-    a zipped install is not supported and falls back to a path that does not exist (`config
-    check` then says "file not found")."""
+    """The bundled folder NAME: the wheel's package data, else the checkout's top-level folder (a
+    zipped install is not supported: the path then does not exist)."""
     data = files("orchestrator").joinpath("_data", name)
     if data.is_dir():
         return Path(str(data))

@@ -119,10 +119,8 @@ class PlainSink:
 
 
 class LiveSink:
-    """On a TTY: a live area with one spinner line per open activity (an arm with its ETA above
-    the step within it, above the check within that; one group per pair of a fleet), and every
-    finished event printed once above it. The area is cleared whenever nothing is open, so a
-    command's own output (its table) never lands on a spinner line, and `close` clears it."""
+    """On a TTY: a live area with one spinner line per open activity, every finished event printed
+    once above it; cleared whenever nothing is open, so a command's own table never lands on it."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         # rich: only a TTY run draws

@@ -81,10 +81,8 @@ def _patch_and_base(repo: Path, rev: str, patch_dir: Path | str) -> tuple[Path, 
 def apply_patch_commit(repo: Path | str, rev: str, patch_dir: Path | str) -> str:
     """Apply `patch_dir`'s patch onto REV in a throw-away index and commit it; return the new commit.
 
-    Idempotent: same patch, same REV -> same commit id. Raises BuildError when the patch does not
-    apply cleanly or REV is not the base the patch was written against, ConfigError when the
-    patch folder's metadata does not match its diff.
-    """
+    Raises BuildError when the patch does not apply or REV is not its base, ConfigError when the
+    patch folder's metadata does not match its diff."""
     return apply_patch(repo, rev, patch_dir).commit
 
 

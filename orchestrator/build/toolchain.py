@@ -91,10 +91,8 @@ def cuda_refusal(target: Target, nvcc: NvccVersion, arches: list[int]) -> str | 
 
 
 def configured_toolkit_mismatch(cmake_cache: str, nvcc: str) -> str | None:
-    """Why CMake's CUDAToolkit (headers, cudart, cublas) is not the checked nvcc's toolkit, or None.
-    ggml calls find_package(CUDAToolkit) before enable_language(CUDA), so CMake looks for nvcc on
-    PATH and not at CMAKE_CUDA_COMPILER: unchecked, one CUDA's nvcc compiles against another's
-    headers and the binaries link another's cublas."""
+    """Why CMake's CUDAToolkit is not the checked nvcc's toolkit, or None: ggml's
+    find_package(CUDAToolkit) looks for nvcc on PATH, not at CMAKE_CUDA_COMPILER."""
     m = re.search(r"^CUDAToolkit_NVCC_EXECUTABLE:FILEPATH=(.*)$", cmake_cache, re.M)
     found = m.group(1).strip() if m else ""
     if found and os.path.realpath(found) == os.path.realpath(nvcc):

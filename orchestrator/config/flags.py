@@ -220,10 +220,8 @@ def normalise(arg: str) -> str:
 
 
 def parse_args(args: list[str], help_spec: HelpSpec | None = None) -> tuple[list[ParsedArg], list[str]]:
-    """Walk `args` as llama-server does. Returns (options, problems).
-
-    Without a help spec, an argument that does not start with `-` is taken as the previous
-    option's value (conservative: every `-x` is still judged as a flag)."""
+    """Walk `args` as llama-server does. Returns (options, problems). Without a help spec, a
+    non-flag argument is the previous option's value (every `-x` is still judged as a flag)."""
     out: list[ParsedArg] = []
     problems: list[str] = []
     i = 0

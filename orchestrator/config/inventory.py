@@ -127,11 +127,8 @@ def state_problem(s: str | None, r: str) -> str | None:
 
 
 def default_state_dir(root: str) -> str:
-    """Where run/ links without a state_dir: beside the root (ROOT.state), so a root that turned
-    read-only still lets a rollback start the previous release. Computed, not asked of the host,
-    so every reader (status, checks, a unit's ReadWritePaths) names it alike; judged as the root is
-    (the same directories lead to it), and a service_user reaches it as it reaches the root (a
-    login's $HOME, 0700 for root, would not let it)."""
+    """Where run/ links without a state_dir: beside the root, so a read-only root still lets a
+    rollback start; computed, never asked of the host, so every reader names it alike."""
     return root + ".state"
 
 

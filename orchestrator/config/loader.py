@@ -197,11 +197,8 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def expand(value: str, variables: dict[str, str] | None = None) -> str:
-    """Expand `${VAR}` (from `variables`, then the environment) and a leading `~`.
-
-    Inventories use `${PAIRCTL_HOME}` so the lab's paths follow the state directory.
-    An unknown variable is an error, never an empty string.
-    """
+    """Expand `${VAR}` (from `variables`, then the environment) and a leading `~`; an unknown
+    variable is an error, never an empty string."""
     env = {**os.environ, **(variables or {})}
 
     def sub(m: re.Match[str]) -> str:

@@ -54,10 +54,8 @@ def bundled_folder(kind: str) -> Path:
 
 
 def find_upwards(start: Path, name: str = CWD_DIR) -> Path | None:
-    """`start/name` or the nearest parent's `name` that is a directory (pure but for stat). The
-    walk stops at a directory owned by another user (it and its parents are not looked in), so
-    a folder someone else controls above the working directory never becomes a candidate; what
-    is found is judged by search_path (config.trust)."""
+    """`start/name` or the nearest parent's `name` that is a directory. The walk stops at a directory
+    owned by another user; what is found is judged by search_path (config.trust)."""
     for d in (start, *start.parents):
         if not trust.owned_by_user(d):
             return None

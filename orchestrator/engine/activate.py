@@ -35,10 +35,8 @@ def before_change(
 
 
 def links_back(ctx: RunEnv, restore_links: Mapping[str, tuple[str | None, str | None]]) -> dict[str, str]:
-    """Best effort after a failed rollback of a deploy: the links this deploy switched go back as
-    it found them (by rename, under this run's lease), so they agree with the route record again
-    - but only when every such host answers: putting back one host of two would leave a mixed
-    pair (new links on one host, previous on the other) for `repair` to record."""
+    """Best effort after a failed rollback of a deploy: the links it switched go back as found (by
+    rename, under its lease), only when every such host answers, never leaving a mixed pair."""
     switched = ctx.recorder.switched_roles()
     changed = [r for r in ROLES if r in switched and restore_links.get(r, (None, None))[0]]
     if not changed:

@@ -171,10 +171,8 @@ class HostState:
 
 
 class RunRecorder:
-    """What the run observed while it ran, for its result and its failure paths: timings summed
-    per key, upload reports per role, whether a step that changes what runs has begun, the roles
-    whose links this run switched, and per route record the room both hosts had for it. Steps run
-    on both hosts at once, so all of it goes through methods, under locks."""
+    """What the run observed, for its result and failure paths: timings, uploads, whether a change
+    began, the roles whose links it switched, the room each route record had. Under locks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -248,9 +246,8 @@ class RunRecorder:
 
 @dataclass(frozen=True)
 class RunEnv:
-    """What every executor gets beside its plan step: the run's inputs, connections, journal,
-    log, evidence store, the host state and the recorder. Frozen: what a step does is on the
-    step (plan.py); what the run finds goes to `hosts` and `recorder`, through their methods."""
+    """What every executor gets beside its plan step. Frozen: what a step does is on the step;
+    what the run finds goes to `hosts` and `recorder`, through their methods."""
 
     inputs: RunInputs
     pool: Pool

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.build import revisions
@@ -74,20 +74,8 @@ class RunResult:
     wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "command": self.command,
-            "pair": self.pair,
-            "outcome": self.outcome,
-            "receipt": self.receipt,
-            "plan": self.plan,
-            "back_out": self.back_out,
-            "steps": self.steps,
-            "uploads": self.uploads,
-            "timings": {k: round(v, 4) for k, v in self.timings.items()},
-            "transport": self.transport,
-            "active": self.active,
-            "wall_s": round(self.wall_s, 4),
-        }
+        timings = {k: round(v, 4) for k, v in self.timings.items()}
+        return asdict(self) | {"timings": timings, "wall_s": round(self.wall_s, 4)}
 
     def passed(self, journal: Journal, outcome: str, said: str, active: Target | None = None) -> RunResult:
         """The run ended well (`outcome`: passed, dry-run, ...): its receipt sealed `passed`."""
@@ -98,20 +86,10 @@ class RunResult:
         return self
 
 
-def _pool(inventory: Inventory) -> Pool:
-    return TransportPool(inventory)
-
-
-def _begin(evidence: EvidenceStore, command: str, argv: list[str], pair: str, inputs: dict[str, str]) -> Journal:
-    return evidence.begin(command, argv=argv, pair=pair, inputs=inputs)
-
-
-def _inventory_sha(inventory: Inventory) -> str:
-    return sha256_json(inventory.model_dump(mode="json"))
-
-
-def _playbook_sha(name: str) -> str:
-    return sha256_file(search.resolve("playbook", name))
+def _inputs(inventory: Inventory, *playbooks: str) -> dict[str, str]:
+    """A receipt's inputs by sha256: the inventory and the playbooks the run may use."""
+    shas = {f"playbook:{n}": sha256_file(search.resolve("playbook", n)) for n in playbooks}
+    return {"inventory": sha256_json(inventory.model_dump(mode="json"))} | shas
 
 
 @contextmanager
@@ -121,7 +99,7 @@ def _pair_run(
     view: PairView,
     *,
     command: str,
-    journal_command: str,
+    dry_run: bool,
     inputs: dict[str, str],
     argv: list[str] | None,
     on_step: Callable[[StepOutcome], None] | None,
@@ -130,16 +108,17 @@ def _pair_run(
     profile: RouteProfile | None = None,
     options: RunOptions | None = None,
     held_lease_nonce: str | None = None,
-) -> Iterator[tuple[RunEnv, RunResult, Callable[[StepOutcome], None]]]:
+) -> Iterator[tuple[RunEnv, RunResult, _ReleaseWatch]]:
     """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
     raises before finishing it, its hash on the error), one connection per host, the RunEnv,
     and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
     t_start = time.monotonic()
     key = route_trust.route_key(home)
     evidence = EvidenceStore(home.evidence)
-    journal = _begin(evidence, journal_command, list(argv or []), view.name, inputs)
+    journal_command = f"{command} --dry-run" if dry_run else command
+    journal = evidence.begin(journal_command, argv=list(argv or []), pair=view.name, inputs=inputs)
     own_pool = pool is None
-    pool = pool or _pool(inventory)
+    pool = pool or TransportPool(inventory)
     given = RunInputs(home, inventory, view, journal.state.run_id, package_ids, profile, options or RunOptions())
     ctx = run_env(replace(given, held_lease_nonce=held_lease_nonce, route_key=key), evidence, journal, pool)
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
@@ -151,7 +130,7 @@ def _pair_run(
             on_step(o)
 
     try:
-        yield ctx, result, record
+        yield ctx, result, _ReleaseWatch(record)
     except BaseException as exc:
         if not journal.finished:
             journal.finish("failed" if isinstance(exc, Exception) else "aborted", str(exc) or type(exc).__name__)
@@ -223,7 +202,7 @@ def deploy(
         inventory,
         view,
         command="deploy",
-        journal_command="deploy" if not dry_run else "deploy --dry-run",
+        dry_run=dry_run,
         inputs=_deploy_inputs(home, inventory, package_ids, profile),
         argv=argv,
         on_step=on_step,
@@ -241,7 +220,6 @@ def deploy(
     ) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
-        record = _ReleaseWatch(record)
         n_prefix = _n_prefix(first)
         restore = Restore(None, {})
         try:
@@ -282,10 +260,7 @@ def _deploy_inputs(
         "package:native": package_ids[0],
         "package:rpc": package_ids[1],
         "profile": sha256_json(profile.model_dump(mode="json")),
-        "inventory": _inventory_sha(inventory),
-        "playbook:deploy": _playbook_sha("deploy"),
-        "playbook:rollback": _playbook_sha("rollback"),
-    }
+    } | _inputs(inventory, "deploy", "rollback")
     try:
         store = PackageStore(home.store)
         for role, pid in zip(("native", "rpc"), package_ids, strict=True):
@@ -912,7 +887,7 @@ def rollback(
     hosts unleased, names the target and prints the plan; nothing changes."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
-    inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
+    inputs = _inputs(inventory, "rollback")
     if to:
         inputs["to"] = " ".join(to)
     with _pair_run(
@@ -920,7 +895,7 @@ def rollback(
         inventory,
         view,
         command="rollback",
-        journal_command="rollback" if not dry_run else "rollback --dry-run",
+        dry_run=dry_run,
         inputs=inputs,
         argv=argv,
         on_step=on_step,
@@ -930,7 +905,6 @@ def rollback(
         kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
         key = _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, restores=True)
-        record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
         try:
             _run_prefix(ctx, steps, dry_run, record)

@@ -22,13 +22,10 @@ from orchestrator.paths import PLAYBOOKS
 
 @functools.cache
 def required_steps(folder: Path = PLAYBOOKS) -> dict[str, tuple[tuple[str, str, str], ...]]:
-    """(action, host, on_failure) of each step of every playbook pairctl ships (playbooks/*.yaml in
-    the package), by name, in order: the steps those commands need. A config repo may override
-    a playbook (descriptions, extra steps), but never drop or reorder these, or soften what their
-    failure means: a planted deploy.yaml without verify/accept, or with `on_failure: continue` on
-    them, would mark an unverified pair active (issue 32). `preflight` first is also what lets
-    deploy refuse before any lease. Read from the shipped files, so nothing repeats them; none
-    there (an install without them) refuses, where an empty table would require nothing."""
+    """(action, host, on_failure) of each step of every playbook pairctl ships, by name, in order.
+    A config repo's playbook may add steps but never drop, reorder or soften these (a deploy.yaml
+    without verify would mark an unverified pair active). Read from the shipped files; none there
+    refuses, where an empty table would require nothing."""
     found = {}
     paths = sorted(folder.glob("*.yaml"))
     if not paths:

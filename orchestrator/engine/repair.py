@@ -9,7 +9,7 @@ nothing is written; with it the record is replaced by compare-and-swap under bot
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator.build import revisions
@@ -37,20 +37,12 @@ class RepairResult:
     written: bool
     problems: list[str]
     record: dict[str, Any] | None
-    receipt: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    receipt: str | None = None
     plan: list[dict[str, Any]] = field(default_factory=list)  # its steps, as shown and as run (plan.Step.to_dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pair": self.pair,
-            "written": self.written,
-            "problems": self.problems,
-            "record": self.record,
-            "sources": self.sources,
-            "receipt": self.receipt,
-            "plan": self.plan,
-        }
+        return asdict(self)
 
 
 def repair(
@@ -80,7 +72,7 @@ def repair(
             journal.set("problems_before", problems)
             rec, sources, relinks = rebuilt_record(ctx, judged)
             journal.set("rebuilt", {"record": rec.model_dump(mode="json", by_alias=True), "sources": sources})
-            result = RepairResult(pair_name, False, problems, rec.model_dump(mode="json", by_alias=True), None, sources)
+            result = RepairResult(pair_name, False, problems, rec.model_dump(mode="json", by_alias=True), sources)
             base = route_plan.parsed(ctx.hosts.route_bytes("native"))
             route = RouteWrite("rebuilt", base.revision if base else None, rec)
             rest = [

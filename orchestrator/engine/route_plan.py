@@ -30,9 +30,7 @@ def for_deploy(
     inputs: RunInputs, current: RouteRecord | None, new: RouteEntry, prior: RouteEntry | None, deferred: tuple[str, ...]
 ) -> RouteWrite:
     """The deploy's records, decided with its plan: `activating`, and what route-accepted settles
-    it as (accepted only when the whole suite runs; qualify's restore: the record as found before
-    its first arm, its states kept). Sealed again once prepare hashed the models: only `deferred`
-    (and plan.RUN_FIELDS) may change."""
+    it as. Sealed again once prepare hashed the models: only `deferred` and RUN_FIELDS may change."""
     pair, run = inputs.view.name, inputs.run_id
     keep = inputs.options.restore_record
     if keep is not None:

@@ -40,13 +40,13 @@ def same_pair(a: RouteEntry | None, b: RouteEntry | None) -> bool:
 
 def _next(
     found: RouteRecord | None,
-    *,
-    pair: str,
-    run_id: str,
     active: RouteEntry | None,
     state: str,
     previous: RouteEntry | None,
     previous_state: str | None,
+    *,
+    pair: str,
+    run_id: str,
     now: datetime | None,
 ) -> RouteRecord:
     rec = next_record(found, pair=pair, active=active, previous=previous, run_id=run_id, now=now)
@@ -67,16 +67,7 @@ def activate(
         prev, prev_state = (found.previous, state_of_previous(found)) if found else (None, None)
     else:
         prev, prev_state = prior, settled(found.state)
-    return _next(
-        found,
-        pair=pair,
-        run_id=run_id,
-        active=new,
-        state=ACTIVATING,
-        previous=prev,
-        previous_state=prev_state,
-        now=now,
-    )
+    return _next(found, new, ACTIVATING, prev, prev_state, pair=pair, run_id=run_id, now=now)
 
 
 def finish(rec: RouteRecord, *, accepted: bool) -> RouteRecord:
@@ -95,12 +86,12 @@ def back_out(
     """`current`: what the rollback replaces (the failed deploy's own record, or found)."""
     return _next(
         current,
+        restored,
+        settled(found.state) if found is not None and restored is not None else IDENTITY_ONLY,
+        found.previous if found else None,
+        state_of_previous(found) if found else None,
         pair=pair,
         run_id=run_id,
-        active=restored,
-        state=settled(found.state) if found is not None and restored is not None else IDENTITY_ONLY,
-        previous=found.previous if found else None,
-        previous_state=state_of_previous(found) if found else None,
         now=now,
     )
 
@@ -115,14 +106,7 @@ def roll_back(
     found: RouteRecord, restored: RouteEntry, *, pair: str, run_id: str, now: datetime | None = None
 ) -> RouteRecord:
     return _next(
-        found,
-        pair=pair,
-        run_id=run_id,
-        active=restored,
-        state=state_of_previous(found),
-        previous=found.active,
-        previous_state=settled(found.state),
-        now=now,
+        found, restored, state_of_previous(found), found.active, settled(found.state), pair=pair, run_id=run_id, now=now
     )
 
 
@@ -131,16 +115,7 @@ def roll_to(
 ) -> RouteRecord:
     if found.previous is not None and same_pair(found.previous, restored):
         return roll_back(found, restored, pair=pair, run_id=run_id, now=now)
-    return _next(
-        found,
-        pair=pair,
-        run_id=run_id,
-        active=restored,
-        state=IDENTITY_ONLY,
-        previous=found.active,
-        previous_state=settled(found.state),
-        now=now,
-    )
+    return _next(found, restored, IDENTITY_ONLY, found.active, settled(found.state), pair=pair, run_id=run_id, now=now)
 
 
 def restore(
@@ -156,12 +131,12 @@ def restore(
     state = settled(found.state) if same_pair(found.active, restored) else IDENTITY_ONLY
     return _next(
         current,
+        restored,
+        state,
+        found.previous,
+        state_of_previous(found) if found.previous else None,
         pair=pair,
         run_id=run_id,
-        active=restored,
-        state=state,
-        previous=found.previous,
-        previous_state=state_of_previous(found) if found.previous else None,
         now=now,
     )
 
@@ -180,11 +155,11 @@ def rebuilt(
     prev_state = state_of_previous(found) if found is not None and same_pair(found.previous, previous) else None
     return _next(
         found,
+        active,
+        state,
+        previous,
+        prev_state or (IDENTITY_ONLY if previous else None),
         pair=pair,
         run_id=run_id,
-        active=active,
-        state=state,
-        previous=previous,
-        previous_state=prev_state or (IDENTITY_ONLY if previous else None),
         now=now,
     )

@@ -63,10 +63,8 @@ ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED, UNPULLED})
 
 
 def route_key(home: Home) -> bytes:
-    """The key route records are signed with, created 0600 on first use. It is written to a
-    temporary file and linked into place (never replacing one), so two first runs of one home
-    at once agree on one key and neither reads a half-written file. A key others can read is
-    refused: whoever reads it can forge a record pairctl trusts."""
+    """The key route records are signed with, created 0600 on first use by link (never replace),
+    so two first runs agree on one key. A key others can read is refused: it could forge records."""
     path = home.root / KEY_NAME
     home.root.mkdir(parents=True, exist_ok=True)
     if not os.path.lexists(path):

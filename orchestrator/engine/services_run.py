@@ -21,13 +21,11 @@ from orchestrator.engine.deploy import (
     _abort,
     _cause,
     _final_state,
-    _inventory_sha,
+    _inputs,
     _judge_hosts,
     _n_prefix,
     _pair_run,
-    _playbook_sha,
     _read_api_key,
-    _ReleaseWatch,
     _restore_plan,
     _run_prefix,
     _verify_restore_releases,
@@ -60,13 +58,13 @@ def run_services(
     view = pair_view(inventory, pair_name)
     name = PLAYBOOK[verb]
     pb = load_playbook(name)
-    inputs = {"inventory": _inventory_sha(inventory), f"playbook:{name}": _playbook_sha(name)}
+    inputs = _inputs(inventory, name)
     with _pair_run(
         home,
         inventory,
         view,
         command=verb,
-        journal_command=verb if not dry_run else f"{verb} --dry-run",
+        dry_run=dry_run,
         inputs=inputs,
         argv=argv,
         on_step=on_step,
@@ -75,7 +73,6 @@ def run_services(
         journal = ctx.journal
         key = _read_api_key(ctx)
         steps = plan(pb, view, facts=None, target=None, restores=True)
-        record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
         try:
             _run_prefix(ctx, steps, dry_run, record)

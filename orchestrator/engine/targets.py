@@ -104,13 +104,10 @@ def _bin_sha(manifest: PackageManifest, name: str) -> str:
 def restore_target(
     view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *, trusted: bool
 ) -> Target:
-    """A recorded pair to put back, rendered NOW from the inventory as it stands (API key,
-    binds, ports) and its profile: the record says which packages and which profile; its argv
-    are never restarted. The profile is the one the entry records when the record carries this
-    home's signature (`trusted`: this operator deployed exactly that, e.g. a qualification
-    arm's), else the operator's profile file of that name. Refuses (before anything changes)
-    when the packages are not in the local store, the profile cannot be had or renders a flag
-    the package lacks."""
+    """A recorded pair to put back, rendered NOW from the inventory and its profile (the record's
+    argv are never restarted): the recorded profile when this home signed the record (`trusted`),
+    else the operator's profile file of that name. Refuses before any change when a package is not
+    in the local store or the profile cannot be had or renders a flag the package lacks."""
     profile: RouteProfile | str = entry.profile_name
     if trusted:
         try:
