@@ -34,8 +34,7 @@ def count() -> int:
 
 
 def guard() -> None:
-    """Install the recording handlers (main thread only; the CLI calls it for the commands
-    that take leases). Other commands keep Python's defaults."""
+    """Install the recording handlers (main thread only; for the commands that take leases)."""
     for sig in SIGNALS:
         signal.signal(sig, _handler)
 

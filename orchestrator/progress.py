@@ -69,8 +69,7 @@ def reporting(sink: Sink) -> Iterator[Sink]:
 
 @contextmanager
 def scope(label: str) -> Iterator[None]:
-    """Events of this thread carry `label` (a fleet's pair), so parallel pairs' lines and
-    spinners are told apart."""
+    """Events of this thread carry `label` (a fleet's pair), so parallel pairs' lines are told apart."""
     before = getattr(_scope, "label", None)
     _scope.label = label
     try:
@@ -82,10 +81,6 @@ def scope(label: str) -> Iterator[None]:
 def _labelled(ev: Event) -> str:
     label = ev.fields.get("label")
     return f"{label}: {ev.message}" if label else ev.message
-
-
-def _deeper_or_same(level: str, than: str) -> bool:
-    return LEVELS.index(level) >= LEVELS.index(than)
 
 
 def rate(n_bytes: int, seconds: float) -> str:
@@ -103,9 +98,8 @@ def eta(done: int, total: int, elapsed_s: float) -> str:
 
 
 class PlainSink:
-    """Without a TTY (logs, CI, pipes): one line per finished step, check, arm, upload and build
-    phase, with the time; an arm's start (it carries the ETA) and a build phase are lines of
-    their own, since they are what a long wait is spent on."""
+    """Without a TTY: one line per finished step, check, arm, upload and build phase, with the
+    time; an arm's start (with its ETA) and a build phase also get lines, as long waits."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream
@@ -135,7 +129,7 @@ class LiveSink:
         level, _, edge = ev.kind.partition(".")
         with self._lock:
             if level in LEVELS and edge in ("start", "end"):
-                for key in [k for k in self.open if k[0] == label and _deeper_or_same(k[1], level)]:
+                for key in [k for k in self.open if k[0] == label and LEVELS.index(k[1]) >= LEVELS.index(level)]:
                     del self.open[key]
                 if edge == "start":
                     self.open[(label, level)] = _labelled(ev)

@@ -178,8 +178,7 @@ def _object_format(repo: Path) -> str:
 
 
 def blob_id(data: bytes, object_format: str = "sha1") -> str:
-    """The id git gives a blob of these bytes (`git hash-object --no-filters`), computed here so
-    that no `.gitattributes` or filter of the repository takes part."""
+    """The id git gives a blob of these bytes (`hash-object --no-filters`), with no `.gitattributes` involved."""
     h = hashlib.new("sha256" if object_format == "sha256" else "sha1")
     h.update(b"blob %d\0" % len(data))
     h.update(data)

@@ -64,8 +64,7 @@ def mixed_problem(store: PackageStore, native_package: str | None, rpc_package: 
 def require_one_revision(
     store: PackageStore, pair: str, native_package: str, rpc_package: str, *, what: str, hint: str | None = None
 ) -> None:
-    """Refuse (HostStateError, exit 6) before `what` when the two packages are not of one known
-    revision; nothing has been started by then."""
+    """Refuse (exit 6) before `what` when the two packages are not of one known revision."""
     problem = mixed_problem(store, native_package, rpc_package)
     if problem is None:
         return

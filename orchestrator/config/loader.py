@@ -176,9 +176,8 @@ def validation_problems(
 
 
 def is_manifest_name(name_or_path: str | Path) -> bool:
-    """The one name-or-path rule for every manifest a command names (profiles, targets,
-    inventories, playbooks, fixture sets, plans): a bare name has no suffix, anything else is a
-    path. config.search looks names up on the config search path."""
+    """The one name-or-path rule for every manifest a command names: a bare name has no suffix,
+    anything else is a path. config.search looks names up on the config search path."""
     return not Path(name_or_path).suffix
 
 

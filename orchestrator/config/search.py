@@ -123,9 +123,8 @@ def resolve(kind: str, name: str) -> Path:
     )
 
 
-# Kinds whose override changes what is built or which steps run (a target's CMake flags, a
-# playbook's steps): resolving one from a config directory is said on stderr once per process,
-# so an operator sees it on every command that uses it (`config show` lists every override).
+# Kinds whose override changes what is built or which steps run: resolving one from a config
+# directory is said on stderr once per process (`config show` lists every override).
 SHOWN_OVERRIDES = frozenset({"target", "playbook"})
 _said: set[tuple[str, str, Path]] = set()
 

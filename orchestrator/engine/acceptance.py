@@ -1,8 +1,7 @@
-"""Deploy's `accept` step: the acceptance suite (orchestrator.checks.suite.run_suite) against
-the pair just activated, with `verify_identity` as its identity probe. It is compared with the
-same baseline and reference answers as `pairctl accept` (checks.live.comparisons, on the model
-hashes of the route entry being activated), so a regression only the reference answers see
-blocks the deploy. A failed suite raises, so the engine rolls the deploy back."""
+"""Deploy's `accept` step: the acceptance suite against the pair just activated, compared with the
+same baseline and reference answers as `pairctl accept`, so a regression only the reference answers
+see blocks the deploy. A failed suite raises, so the engine rolls the deploy back.
+"""
 
 from __future__ import annotations
 

@@ -32,8 +32,7 @@ if TYPE_CHECKING:  # the journal module imports the evidence store, which the en
 
 
 class Pool(Protocol):
-    """One transport per host for the whole run (remote.transport.TransportPool, or a wrapper
-    that counts what it does, as the deploy benchmark's)."""
+    """One transport per host for the whole run (TransportPool, or the deploy benchmark's counting wrapper)."""
 
     def get(self, host_name: str) -> Transport: ...
 
@@ -230,8 +229,7 @@ class RunRecorder:
             return self._prepared
 
     def room_once(self, key: str, probe: Callable[[], None]) -> None:
-        """`probe` runs once per key (the other host's step waits for it) and what it raised is
-        raised to both hosts' steps."""
+        """`probe` runs once per key (the other host's step waits); what it raised is raised to both steps."""
         with self._room_lock:
             if key not in self._room:
                 try:

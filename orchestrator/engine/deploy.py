@@ -110,8 +110,7 @@ def _pair_run(
     held_lease_nonce: str | None = None,
 ) -> Iterator[tuple[RunEnv, RunResult, _ReleaseWatch]]:
     """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
-    raises before finishing it, its hash on the error), one connection per host, the RunEnv,
-    and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
+    raises first), one connection per host, the RunEnv, and a RunResult filled on every path."""
     t_start = time.monotonic()
     key = route_trust.route_key(home)
     evidence = EvidenceStore(home.evidence)
@@ -254,8 +253,7 @@ def deploy(
 def _deploy_inputs(
     home: Home, inventory: Inventory, package_ids: tuple[str, str], profile: RouteProfile
 ) -> dict[str, str]:
-    """The deploy receipt's inputs: packages (by content digest too, when the store has them),
-    the profile, inventory and playbooks, each by sha256."""
+    """The deploy receipt's inputs by sha256: packages (and content digests), profile, inventory, playbooks."""
     inputs = {
         "package:native": package_ids[0],
         "package:rpc": package_ids[1],
@@ -272,9 +270,8 @@ def _deploy_inputs(
 
 
 def _deploy_plan(ctx: RunEnv, pb: Playbook, restore: Restore) -> tuple[Prepared, list[Step]]:
-    """The whole deploy plan from the facts its prefix read and what preflight decided (qualify's
-    `previous` links kept), its route records with the models' sha256 the inventory declares
-    (prepare refuses any other; deferred where none is): what the dry run prints and the receipt keeps."""
+    """The whole deploy plan from the prefix's facts and preflight's decisions, its route records
+    with the inventory's declared model sha256 (deferred where none is): what dry run and receipt show."""
     prep = ctx.recorder.prep
     assert prep is not None
     models = ctx.inventory.pair(ctx.view.name).models
@@ -310,8 +307,7 @@ def _kernel_plan(ctx: RunEnv, target: Target) -> KernelCheckPlan:
 
 def _activate(ctx: RunEnv, rest: list[Step], target: Target, restore: Restore, record: _ReleaseWatch) -> Target:
     """The deploy's steps after its prefix: up to the first change, then the rest with the route
-    records sealed again (only the plan's deferred fields may change), the keep_releases prune under
-    the leases before they are released. Returns the pair activated, as its entry records it."""
+    records sealed again, the keep_releases prune before the leases go. Returns the pair activated."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
     done = run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     hashed = next((o.data.get(ctx.host("native"), {}).get("models") for o in done if o.step.action == "prepare"), None)
@@ -348,15 +344,13 @@ def _n_prefix(steps: list[Step]) -> int:
 
 
 def _run_prefix(ctx: RunEnv, steps: list[Step], dry_run: bool, record: Callable[[StepOutcome], None]) -> None:
-    """The steps before the plan is made; a dry run changes nothing on a host, not even a lease:
-    it reads the facts unleased."""
+    """The steps before the plan is made; a dry run reads the facts unleased, changing nothing on a host."""
     prefix = [s for s in steps[: _n_prefix(steps)] if not (dry_run and s.action == "lease")]
     run_steps(prefix, ctx, ACTIONS, journal=ctx.journal, on_step=record)
 
 
 def _keep_previous_links(ctx: RunEnv, target: Target) -> Target:
-    """Qualify's restore puts the record back as found, and the `previous` links with it (not
-    the last arm's release), where the hosts still keep what they named."""
+    """Qualify's restore puts back the `previous` links as found too, where the hosts still keep those releases."""
     keep = ctx.inputs.options.restore_previous_links
     facts = ctx.hosts.facts
     if keep is None or not all(
@@ -367,9 +361,8 @@ def _keep_previous_links(ctx: RunEnv, target: Target) -> Target:
 
 
 def _prune(ctx: RunEnv) -> None:
-    """keep_releases after a successful activation, under the leases: removing a release is a
-    change on the host, so each lease is re-checked first (a lost one: nothing pruned, recorded;
-    release-lease then fails the run). Never fails the deploy itself."""
+    """keep_releases after a successful activation, each lease re-checked first (a lost one: nothing
+    pruned, recorded, and release-lease fails the run). Never fails the deploy itself."""
     try:
         for role in ("native", "rpc"):
             leasing.recheck(ctx, role)
@@ -380,8 +373,7 @@ def _prune(ctx: RunEnv) -> None:
 
 
 class _ReleaseWatch:
-    """The step recorder, noting a failed release-lease: a lease this run cannot give back makes
-    the run failed, never a warning."""
+    """The step recorder, noting a failed release-lease: that makes the run failed, never a warning."""
 
     def __init__(self, record: Callable[[StepOutcome], None]) -> None:
         self.record = record
@@ -404,10 +396,6 @@ class _ReleaseWatch:
         )
 
 
-def _lost_lease(failure: StepFailed) -> LeaseLost | None:
-    return next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
-
-
 def _base_record(ctx: RunEnv) -> RouteRecord | None:
     """The record this run's route writes and restores start from: what it wrote or re-read since
     on the native host, else the one the pair was judged by (route_trust.found_record), so a run cut
@@ -428,9 +416,8 @@ def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
 
 
 def _restore_plan(ctx: RunEnv, pb: Playbook, kind: str | None, restore: Restore) -> list[Step]:
-    """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop by
-    hand; `auto`: a failed deploy's back-out, already connected and leased), from the facts its
-    prefix gathered: what the dry run shows and the receipt keeps. `kind`: its route write."""
+    """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop, a
+    failed deploy's back-out) from its prefix's facts. `kind`: its route write."""
     return plan(
         pb,
         ctx.view,
@@ -451,8 +438,7 @@ def _cause(failure: StepFailed) -> BaseException:
 
 
 def _judge_hosts(ctx: RunEnv, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
-    """Both hosts' route records and links, judged before anything is decided from them
-    (engine/route_trust.py); a problem not in `allowed` refuses the run before any change."""
+    """Both hosts' route records and links judged (route_trust); a problem not `allowed` refuses the run."""
     if ctx.evidence is not None and "native" in ctx.hosts.facts:  # another home's record: its receipts first
         warning = team_sync.pull_for_route(ctx.evidence, ctx.inputs.inventory, ctx.hosts.facts["native"].route_bytes)
         if warning:
@@ -548,7 +534,7 @@ def _release_unlost(ctx: RunEnv, failure: StepFailed) -> str:
 def _rollback_after_failure(
     ctx: RunEnv, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None], restore: Restore
 ) -> None:
-    lost = _lost_lease(failure)
+    lost = next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
     if lost is not None:
         # another operator holds the pair now (it broke this run's expired or stale lease): acting
         # on it would fight that operator, so this run changes nothing more and keeps no lease
@@ -666,8 +652,7 @@ def _down_now(ctx: RunEnv, stopped: dict[str, str]) -> str:
 
 def _rollback_unreachable(ctx: RunEnv, rb: StepFailed, first_failure: StepFailed | None) -> None:
     """The rollback could not reach the RPC host, or a root it must write takes no new file, before
-    its first change: nothing it would do can work, so it changes nothing (stopping native would
-    take down what may still serve) and keeps the leases, like any failed rollback."""
+    its first change: it changes nothing (native may still serve) and keeps the leases."""
     unwritable = isinstance(error_of(rb), space.NotWritable)
     why = "a root it must write takes no new file" if unwritable else "could not reach the RPC host"
     ctx.journal.set("final_state", {"state": f"left as the failed step left it (rollback {why})"})
@@ -699,11 +684,6 @@ def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None =
 
 
 # -- rollback -----------------------------------------------------------------------------------
-
-
-def _read_api_key(ctx: RunEnv) -> ApiKey | None:
-    """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it."""
-    return read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
 
 
 def _verify_restore_releases(
@@ -762,10 +742,8 @@ def _refuse_restoring_what_runs(ctx: RunEnv, active: RouteEntry | None, restore:
 
 
 def _release_pair(ctx: RunEnv, to: tuple[str, ...], store: PackageStore) -> tuple[str, str]:
-    """`rollback --to`: the (native, rpc) release ids. One id: that release on the native host
-    and the RPC host's kept release of the same revision (the same id when the hosts share a
-    target); two ids: native, rpc. Each must be kept on its host and in the local store, both
-    of one revision (a pair is two packages with one revision)."""
+    """`rollback --to`: the (native, rpc) release ids. One id: that release on native and the RPC
+    host's kept release of its revision; two ids: native, rpc. Kept on the hosts and in the store, one revision."""
     facts = ctx.hosts.facts
     if len(to) not in (1, 2):
         raise ConfigError("rollback --to takes one release (both hosts) or two (native, then rpc)")
@@ -856,9 +834,8 @@ def _cut_short_target(ctx: RunEnv, rec: RouteRecord | None, store: PackageStore)
 def _rollback_links(
     ctx: RunEnv, rec: RouteRecord, back_to: RouteEntry, cut_short: route_trust.Judgement | None
 ) -> dict[str, tuple[str | None, str | None]]:
-    """(current, previous) per role after the rollback: the restored release current, the
-    recorded active one previous (or the previous kept, when it is the same); after a run cut
-    short, the recorded pair's own links where that run switched them."""
+    """(current, previous) per role after the rollback: the restored release current, the recorded
+    active one previous (or the kept previous); after a run cut short, the recorded pair's own links."""
     links: dict[str, tuple[str | None, str | None]] = {}
     for r in ("native", "rpc"):
         want = back_to.package(r)
@@ -882,9 +859,8 @@ def rollback(
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Pool | None = None,
 ) -> RunResult:
-    """`pairctl rollback`: swap to the route record's previous pair (or, with `to`, to a kept
-    release: engine/route_states.py `roll_to`), verify it, release leases. `dry_run` reads the
-    hosts unleased, names the target and prints the plan; nothing changes."""
+    """`pairctl rollback`: to the route record's previous pair (or, with `to`, a kept release),
+    verified, leases released. `dry_run` reads the hosts unleased and prints the plan."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
     inputs = _inputs(inventory, "rollback")
@@ -903,7 +879,7 @@ def rollback(
     ) as (ctx, result, record):
         journal = ctx.journal
         kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
-        key = _read_api_key(ctx)
+        key = read_api_key(pair_name, inventory.pair(pair_name))  # verify's /props and /slots reads need it
         steps = plan(pb, view, facts=None, target=None, restores=True)
         n_prefix = _n_prefix(steps)
         try:

@@ -22,10 +22,8 @@ from orchestrator.paths import PLAYBOOKS
 
 @functools.cache
 def required_steps(folder: Path = PLAYBOOKS) -> dict[str, tuple[tuple[str, str, str], ...]]:
-    """(action, host, on_failure) of each step of every playbook pairctl ships, by name, in order.
-    A config repo's playbook may add steps but never drop, reorder or soften these (a deploy.yaml
-    without verify would mark an unverified pair active). Read from the shipped files; none there
-    refuses, where an empty table would require nothing."""
+    """(action, host, on_failure) of each step of every playbook pairctl ships, by name, in order: a
+    config repo's playbook may add steps, never drop, reorder or soften these. None shipped refuses."""
     found = {}
     paths = sorted(folder.glob("*.yaml"))
     if not paths:

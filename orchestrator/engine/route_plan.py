@@ -1,8 +1,8 @@
-"""The route write a plan carries, decided before its first change: the transition of
-engine/route_states.py, the record it starts from (its revision) and the sealed records the
-`route` / `route-accepted` steps write on both hosts (engine/actions/route.py writes exactly these;
-a dry run prints them but for the fields only the writing run knows). Signed with this home's key, anchored at
-the pair's evidence head as the run found it."""
+"""The route write a plan carries, decided before its first change: the route_states transition, the
+record it starts from and the sealed records `route` / `route-accepted` write on both hosts (a dry
+run prints them but for the fields only the writing run knows), signed and anchored at the pair's
+evidence head as the run found it.
+"""
 
 from __future__ import annotations
 

@@ -191,10 +191,8 @@ def _parse_records(
 
 
 def _split_settle(recs: Mapping[Role, RouteRecord | None], facts: Mapping[str, HostFacts], key: bytes) -> Role | None:
-    """The role whose copy is `activating` when a run was cut short between its two hosts' writes
-    of one record (judged ACTIVATING, which rollback or deploy put right). Both signed by this
-    home; the other copy is the same record settled (cut between route-accepted writes) or the
-    settled record of the revision before that `route_states.activate` made it from."""
+    """The role whose copy is `activating` when a run was cut short between its hosts' writes of one
+    record: both signed here, the other copy that record settled or the settled revision it came from."""
     a, b = recs.get("native"), recs.get("rpc")
     if a is None or b is None or a.state == b.state or "activating" not in (a.state, b.state):
         return None
@@ -221,8 +219,7 @@ def _activated_from(new: RouteRecord, old: RouteRecord) -> bool:
 
 def found_record(facts: Mapping[str, HostFacts], key: bytes) -> RouteRecord | None:
     """The record a run that puts a pair back starts from: the native host's, or the `activating`
-    copy where a run was cut short between its hosts' writes (the one judge takes), so what it
-    writes follows the record the pair was judged by, whichever host that run reached first."""
+    copy of a run cut short between its hosts' writes (the one judge takes)."""
     try:
         recs = {role: parse_route(facts[role].route_bytes) for role in ROLES}
     except HostStateError:
@@ -374,9 +371,8 @@ def _replayed_here(record: RouteRecord, evidence: EvidenceStore, pair: str) -> s
 def switched_links(
     record: RouteRecord, facts: Mapping[str, HostFacts], judged: Judgement
 ) -> dict[str, tuple[str | None, str | None]]:
-    """(current, previous) that put back the recorded active pair on each host whose `current` a
-    cut-short run switched (kind `switched`): previous is the record's previous release where
-    that host keeps it, else the release the link named (as repair puts them back)."""
+    """(current, previous) that put back the recorded active pair on each host a cut-short run
+    switched: previous is the record's previous release where kept there, else what the link named."""
     out: dict[str, tuple[str | None, str | None]] = {}
     if record.active is None or not judged.switched:
         return out

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from orchestrator.build.store import PackageStore
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.engine import activate, route_trust, targets
 from orchestrator.engine.actions import ACTIONS, load_playbook
 from orchestrator.engine.context import Pool, RunEnv
@@ -25,7 +25,6 @@ from orchestrator.engine.deploy import (
     _judge_hosts,
     _n_prefix,
     _pair_run,
-    _read_api_key,
     _restore_plan,
     _run_prefix,
     _verify_restore_releases,
@@ -71,7 +70,7 @@ def run_services(
         pool=pool,
     ) as (ctx, result, record):
         journal = ctx.journal
-        key = _read_api_key(ctx)
+        key = read_api_key(pair_name, inventory.pair(pair_name))  # verify's /props and /slots reads need it
         steps = plan(pb, view, facts=None, target=None, restores=True)
         n_prefix = _n_prefix(steps)
         try:

@@ -104,10 +104,9 @@ def _bin_sha(manifest: PackageManifest, name: str) -> str:
 def restore_target(
     view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *, trusted: bool
 ) -> Target:
-    """A recorded pair to put back, rendered NOW from the inventory and its profile (the record's
-    argv are never restarted): the recorded profile when this home signed the record (`trusted`),
-    else the operator's profile file of that name. Refuses before any change when a package is not
-    in the local store or the profile cannot be had or renders a flag the package lacks."""
+    """A recorded pair to put back, rendered NOW (never the recorded argv) with the recorded profile
+    when this home signed it (`trusted`), else the operator's profile of that name; refused before
+    any change when a package is not in the store or the profile cannot be had or rendered."""
     profile: RouteProfile | str = entry.profile_name
     if trusted:
         try:

@@ -161,9 +161,8 @@ _SERVICE_USER_SH = (
 
 
 def _check_service_user(ctx: RunEnv, role: str, user: str, tgt: Target | None) -> dict[str, Any]:
-    """The inventory's service_user exists on the host (not as root), setpriv is there and (native
-    host) it can read every model and declared file the servers load, before any change: the
-    supervisor starts nothing without them, and a rollback would fail the same way."""
+    """The inventory's service_user exists on the host (not as root), setpriv is there and it can
+    read every model and declared file (native), before any change: without them nothing starts."""
     paths: list[str] = []
     if role == "native":
         paths = [m.path for m in ctx.inventory.pair(ctx.view.name).models.values()]
@@ -207,9 +206,8 @@ def verify_unit_before_change(ctx: RunEnv, role: str, tgt: Target | None) -> str
 
 
 def _hash_models(ctx: RunEnv) -> dict[str, Any]:
-    """The models the new pair will load, hashed on the native host (cached there by stat); a
-    missing file or an undeclared sha256 refuses the deploy before any change (exit 6). The hashes
-    go into the route entry."""
+    """The models the new pair will load, hashed on the native host (cached by stat); missing or
+    undeclared sha256 refuses the deploy before any change (exit 6). The hashes go into the route entry."""
     models = ctx.inventory.pair(ctx.view.name).models
     if not models:
         return {}

@@ -84,9 +84,8 @@ class Route(Action, name="route", changes=True, writes_route=True):
 
 
 class RouteAccepted(Action, name="route-accepted", changes=True, writes_route=True):
-    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
-    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
-    by compare-and-swap on the bytes this run wrote (both decided by the plan)."""
+    """Acceptance passed (or was skipped): the route step's record settled, same revision, `active`
+    or `identity-verified`, by compare-and-swap on the bytes this run wrote (decided by the plan)."""
 
     def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
         if p.skip_accept:
