@@ -3,16 +3,9 @@
     python -m orchestrator.docs            # write docs/reference/*.md
     python -m orchestrator.docs --check    # exit 1 naming every file that differs (what CI's test does)
 
-What each page is made from:
-- cli.md: every command and subcommand of the typer app (the lazy registry walked like `--help`
-  does), with its arguments and options (names, metavar, default, help); the global options once;
-- config.md: every manifest kind `config check` validates (cli/config_registry.py), each field with
-  its type, default and `Field(description=...)`, from the pydantic models' JSON schemas;
-- exit-codes.md: the `ExitCode` enum with the meanings `pairctl --help` prints;
-- formats.md: the receipt (evidence/receipt.py) and the route record (hosts/route.py);
-- outputs.md: every command's `--json` document (cli/outputs.py, `config schema output`).
-
-The output is deterministic: commands, kinds and fields sorted, no paths of this machine, no dates.
+Pages: cli.md (the typer app, walked like `--help`), config.md (every manifest kind's fields from the
+pydantic JSON schemas), exit-codes.md, formats.md (receipt, route record), outputs.md (`--json`
+documents). Deterministic: sorted, no paths of this machine, no dates.
 """
 
 from __future__ import annotations

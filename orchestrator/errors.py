@@ -101,9 +101,8 @@ class PackageError(BuildError):
 
 
 class HostStateError(PackageError):
-    """What pairctl keeps on a host (links, releases, route record) is damaged or disagrees
-    between the hosts: refused before any change (exit 6); the message names host, path and
-    the command that repairs it."""
+    """What pairctl keeps on a host is damaged or disagrees between the hosts: refused before any
+    change (exit 6), naming host, path and the command that repairs it."""
 
 
 class CheckFailed(PairctlError, AssertionError):

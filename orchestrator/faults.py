@@ -1,19 +1,9 @@
-"""A test-only hook that stops the engine at a step boundary, for the fault-injection matrix
-(tests/faults/). Inert unless BOTH environment variables are set:
+"""A test-only hook that stops the engine at a step boundary, for the fault matrix (tests/faults/).
 
-    PAIRCTL_ENABLE_FAULT_HOOKS=1
-    PAIRCTL_FAULT_HOOK=<step>:<action>     e.g. "upload:pause"
-    PAIRCTL_FAULT_DIR=<dir>                where the markers go (pause only)
-
-It fires once per process, just before the first step named <step> starts (the boundary
-between that step and the one before it). Actions:
-
-    pause  write <dir>/paused (JSON: pid, step), then wait until <dir>/resume exists; the test
-           injects its fault meanwhile and then resumes pairctl or SIGKILLs it
-    kill   SIGKILL this process (a crash exactly at the boundary, no cleanup runs)
-
-Why an environment variable and not an option: an operator never sees it, and the real
-`pairctl deploy` runs unchanged in a child process, as it would in production.
+Inert unless PAIRCTL_ENABLE_FAULT_HOOKS=1 and PAIRCTL_FAULT_HOOK=<step>:<action> are set. It fires
+once per process, just before the first step named <step> starts: `pause` writes
+$PAIRCTL_FAULT_DIR/paused (JSON: pid, step) and waits for <dir>/resume; `kill` SIGKILLs this process.
+An environment variable, not an option: the real `pairctl deploy` runs unchanged in a child process.
 """
 
 from __future__ import annotations

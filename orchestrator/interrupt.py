@@ -1,17 +1,10 @@
 """SIGTERM, SIGINT and SIGHUP during a command that holds leases: stop like a failure.
 
-Python's default SIGTERM kills the process with no cleanup (its leases stayed on the hosts for
-their TTL), and a KeyboardInterrupt raised at an arbitrary bytecode could cut a remote exec
-mid-write of route.json or a link switch. So for those commands (`guard`) a signal only records
-itself; the run stops at its next bounded point (`check`: before each engine step, between
-acceptance checks, between qualification requests, before a fleet wave), as a failure:
-`Interrupted` is an ordinary PairctlError, so the rollback (if activation had begun) and the
-lease release run on the paths every failure takes. Cleanup (a rollback after a failure, a
-qualification's restore, releasing leases) is `shielded`: it is never interrupted.
-
-A second signal does not abort the rollback: a half-done rollback leaves a stopped pair and
-kept leases, and every step of it is bounded by its own timeouts. It is said on stderr; SIGKILL
-remains for an operator who wants the process gone (then `lease release PAIR --dead-run RUN`).
+Python's default SIGTERM skips all cleanup, and a KeyboardInterrupt at an arbitrary bytecode could
+cut a write of route.json or a link switch. Under `guard` a signal only records itself; the run stops
+at its next bounded point (`check`) with `Interrupted`, an ordinary PairctlError, so rollback and
+lease release run as for any failure. Cleanup is `shielded`; a second signal is only said on stderr
+(SIGKILL remains, then `lease release PAIR --dead-run RUN`).
 """
 
 from __future__ import annotations
@@ -41,8 +34,7 @@ def count() -> int:
 
 
 def guard() -> None:
-    """Install the recording handlers (main thread only; the CLI calls it for the commands
-    that take leases). Other commands keep Python's defaults."""
+    """Install the recording handlers (main thread only; for the commands that take leases)."""
     for sig in SIGNALS:
         signal.signal(sig, _handler)
 

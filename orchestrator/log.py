@@ -53,9 +53,8 @@ LOG_KEEP = 3
 
 
 def rotate_if_large(path: Path, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_KEEP) -> bool:
-    """Shift `path` to `path.1` (`.1` to `.2` ..., the oldest beyond `keep` dropped) when it is past
-    `max_bytes`, under a lock so two commands starting together rotate once; a process still
-    writing keeps its open file (now `.1`). True when it rotated."""
+    """Shift `path` to `path.1` (and on, `keep` kept) when past `max_bytes`, under a lock so two
+    commands rotate once; a writer keeps its open file (now `.1`). True when it rotated."""
     from orchestrator.filelock import file_lock
 
     try:
@@ -92,16 +91,14 @@ def _private_file(path: Path) -> None:
 
 
 def drop_tracebacks(_logger: Any, _name: str, event: EventDict) -> EventDict:
-    """Console only: a traceback (with its locals, which may hold secrets) never reaches a
-    person's terminal; the JSON log file keeps it."""
+    """Console only: a traceback (its locals may hold secrets) stays in the JSON log file, off the terminal."""
     for key in ("exc_info", "exception", "stack"):
         event.pop(key, None)
     return event
 
 
 def visible_strings(_logger: Any, _name: str, event: EventDict) -> EventDict:
-    """Console only: a control character in a logged value (a host's lease owner, a server's
-    answer) is written as its escape, never sent to the terminal."""
+    """Console only: a control character in a logged value is written as its escape, never sent raw."""
     return {k: visible(v) if isinstance(v, str) else v for k, v in event.items()}
 
 
@@ -114,10 +111,8 @@ class _ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg,unused-ig
 
 
 class _LogFileHandler(logging.FileHandler):
-    """The JSON log file. A write it cannot make (the operator's disk full, the file removed
-    under a read-only remount) prints one line once and drops the later lines of this run:
-    logging's own handleError printed a traceback per line, and a run's outcome never depends
-    on its log (the receipt is the record)."""
+    """The JSON log file. A write it cannot make prints one line once and drops the rest of this
+    run's lines: a run's outcome never depends on its log (the receipt is the record)."""
 
     failed: str | None = None
 
@@ -227,8 +222,7 @@ def get_logger(**bind: Any) -> structlog.stdlib.BoundLogger:
 
 
 def audit(event: str, **fields: Any) -> None:
-    """An info event of the run's record (step, check, outcome, rollback) for the JSON log; nothing
-    where pairctl's logging was never configured (library use, a test's child process), so it
-    never writes to a stdout that belongs to someone else."""
+    """An info event of the run's record for the JSON log; nothing where logging was never
+    configured (library use, a test's child process), so it never writes to someone else's stdout."""
     if structlog.is_configured():
         get_logger().info(event, **fields)

@@ -1,13 +1,8 @@
 """Where pairctl finds its bundled defaults and keeps its state on the operator's machine.
 
-Bundled defaults (targets, profiles, inventories, fixtures, plans, playbooks, kernels) ship in
-the wheel as package data under `orchestrator/_data/` (pyproject.toml maps the repo's top-level
-`manifests/`, `playbooks/` and `kernels/` there), read through importlib.resources; in a checkout
-(or an editable install) they are the repo's own folders. The operator's config repo is layered
-over them by `orchestrator.config.search`.
-
-State lives under one home so a test, a CI run or an operator can point pairctl at a separate
-world with one variable (`PAIRCTL_HOME`) or `--home`.
+Bundled defaults ship as package data under `orchestrator/_data/` (pyproject.toml maps `manifests/`,
+`playbooks/` and `kernels/` there); in a checkout they are the repo's own folders. State lives under
+one home (`PAIRCTL_HOME` or `--home`), so a test or CI run gets a separate world with one variable.
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def bundled(name: str) -> Path:
-    """The bundled folder NAME: the wheel's package data, else the checkout's top-level folder.
-
-    Installed wheels are unpacked on disk (pip, pipx, uv), so the resource is a real directory;
-    a zipped install is not supported and falls back to a path that does not exist (`config
-    check` then says "file not found")."""
+    """The bundled folder NAME: the wheel's package data, else the checkout's top-level folder (a
+    zipped install is not supported: the path then does not exist)."""
     data = files("orchestrator").joinpath("_data", name)
     if data.is_dir():
         return Path(str(data))

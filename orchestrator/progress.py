@@ -1,13 +1,9 @@
 """Progress of long work, as events: deploy steps, uploads, acceptance checks, qualification arms.
 
-The engine, the checks and qualification call one function, `event(kind, message, **fields)`,
-and know nothing about terminals. The CLI installs a sink for the run (`reporting(...)`): on a
-TTY a rich display on stderr, otherwise one plain line per event on stderr (no -v needed), so a
-log or CI shows the same story. With no sink installed (library use, unit tests) an event costs
-nothing. stdout is never touched: `--json` keeps its one document.
-
-The sink is process-wide, like logging's handlers, because the work reports from worker threads
-(fan-out over a pair's two hosts) that a context variable would not reach.
+Callers use `event(kind, message, **fields)` and know nothing about terminals; the CLI installs a
+sink (`reporting`): rich on a TTY, plain lines otherwise, always on stderr (stdout keeps `--json`).
+With no sink an event costs nothing. The sink is process-wide because work reports from worker
+threads that a context variable would not reach.
 """
 
 from __future__ import annotations
@@ -73,8 +69,7 @@ def reporting(sink: Sink) -> Iterator[Sink]:
 
 @contextmanager
 def scope(label: str) -> Iterator[None]:
-    """Events of this thread carry `label` (a fleet's pair), so parallel pairs' lines and
-    spinners are told apart."""
+    """Events of this thread carry `label` (a fleet's pair), so parallel pairs' lines are told apart."""
     before = getattr(_scope, "label", None)
     _scope.label = label
     try:
@@ -86,10 +81,6 @@ def scope(label: str) -> Iterator[None]:
 def _labelled(ev: Event) -> str:
     label = ev.fields.get("label")
     return f"{label}: {ev.message}" if label else ev.message
-
-
-def _deeper_or_same(level: str, than: str) -> bool:
-    return LEVELS.index(level) >= LEVELS.index(than)
 
 
 def rate(n_bytes: int, seconds: float) -> str:
@@ -107,9 +98,8 @@ def eta(done: int, total: int, elapsed_s: float) -> str:
 
 
 class PlainSink:
-    """Without a TTY (logs, CI, pipes): one line per finished step, check, arm, upload and build
-    phase, with the time; an arm's start (it carries the ETA) and a build phase are lines of
-    their own, since they are what a long wait is spent on."""
+    """Without a TTY: one line per finished step, check, arm, upload and build phase, with the
+    time; an arm's start (with its ETA) and a build phase also get lines, as long waits."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream
@@ -123,10 +113,8 @@ class PlainSink:
 
 
 class LiveSink:
-    """On a TTY: a live area with one spinner line per open activity (an arm with its ETA above
-    the step within it, above the check within that; one group per pair of a fleet), and every
-    finished event printed once above it. The area is cleared whenever nothing is open, so a
-    command's own output (its table) never lands on a spinner line, and `close` clears it."""
+    """On a TTY: a live area with one spinner line per open activity, every finished event printed
+    once above it; cleared whenever nothing is open, so a command's own table never lands on it."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         # rich: only a TTY run draws
@@ -141,7 +129,7 @@ class LiveSink:
         level, _, edge = ev.kind.partition(".")
         with self._lock:
             if level in LEVELS and edge in ("start", "end"):
-                for key in [k for k in self.open if k[0] == label and _deeper_or_same(k[1], level)]:
+                for key in [k for k in self.open if k[0] == label and LEVELS.index(k[1]) >= LEVELS.index(level)]:
                     del self.open[key]
                 if edge == "start":
                     self.open[(label, level)] = _labelled(ev)

@@ -1,8 +1,6 @@
 """A pair's two roles and the service each one runs: the one place they are spelled.
 
-`native` runs llama-server (the HTTP endpoint, with the model); `rpc` runs ggml-rpc-server, the
-remote backend llama-server offloads to. The service names are also argv[0]'s basename, which
-`pairctl-svc stop` checks before it signals a process.
+The service names are also argv[0]'s basename, which `pairctl-svc stop` checks before it signals.
 """
 
 from __future__ import annotations

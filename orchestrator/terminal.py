@@ -1,9 +1,8 @@
 """Text for a person's terminal: control characters from hosts and evidence are shown, not obeyed.
 
-Lease owners and purposes, route record fields, server answers and receipts are written by
-others; an ESC in one of them (`\\x1b[2J`, an OSC title or clipboard sequence) would act on the
-operator's terminal. Every console pairctl prints through renders its strings with `visible`;
-pairctl's own styling (rich's tables) is added after, so it still works.
+Lease owners, route record fields, server answers and receipts are written by others; an ESC in one
+would act on the operator's terminal. Every console renders its strings with `visible`; pairctl's own
+styling is added after.
 """
 
 from __future__ import annotations

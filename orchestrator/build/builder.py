@@ -1,9 +1,8 @@
 """`pairctl build`: from an exact, clean revision to one verified package per target.
 
-Order: refuse a dirty tree or a non-commit, check `--expect-tree`, check the toolchain, then
-per target: build-cache lookup, or export REV's tree + prove it equal + configure + compile +
-keep outputs; then assemble the package in a temporary folder, hash it, and rename it into the
-store (or, if the id exists, verify the existing package against the new files).
+Refuse a dirty tree or a non-commit, check `--expect-tree` and the toolchain; per target, the build
+cache or export + prove + configure + compile; assemble in a temporary folder, hash, rename into the
+store (or verify the existing package of that id).
 """
 
 from __future__ import annotations

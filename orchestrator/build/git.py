@@ -178,8 +178,7 @@ def _object_format(repo: Path) -> str:
 
 
 def blob_id(data: bytes, object_format: str = "sha1") -> str:
-    """The id git gives a blob of these bytes (`git hash-object --no-filters`), computed here so
-    that no `.gitattributes` or filter of the repository takes part."""
+    """The id git gives a blob of these bytes (`hash-object --no-filters`), with no `.gitattributes` involved."""
     h = hashlib.new("sha256" if object_format == "sha256" else "sha1")
     h.update(b"blob %d\0" % len(data))
     h.update(data)
@@ -232,12 +231,9 @@ def _write_new(path: Path, data: bytes, mode: int) -> None:
 
 
 def export_tree(repo: Path, commit: str, dest: Path) -> None:
-    """Write exactly COMMIT's blobs into the new folder DEST.
-
-    Not `git archive`: it applies `.gitattributes` (ident, eol/text, filter drivers,
-    working-tree-encoding, export-subst, export-ignore), so the folder it writes can differ from
-    the commit that the package's manifest names. Blobs are read raw and written as they are;
-    links are made last so no file is ever written through one."""
+    """Write exactly COMMIT's blobs into the new folder DEST, raw: not `git archive`, which applies
+    `.gitattributes` (ident, eol, filters, export-subst) and can differ from the commit. Links are
+    made last so no file is written through one."""
     dest.mkdir(parents=True, exist_ok=False)
     entries = tree_entries(repo, commit)
     blobs = [e for e in entries if e.mode != "160000"]

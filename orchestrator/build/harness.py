@@ -1,10 +1,7 @@
 """Compile the kernel validation harness against a llama.cpp build tree's own ggml.
 
-The harness must exercise exactly the kernels that get deployed, so it is linked with the same
-static ggml libraries, link flags and compiler as the package's `ggml-rpc-server` (always built,
-and linked with ggml and every enabled backend: CPU, RPC, CUDA with its runtime libraries). Those
-are read from the build tree's `build.ninja` and `CMakeCache.txt` rather than guessed, so a CUDA
-build links cudart/cublas the way CMake decided. Pure parsing is separate from the compile.
+It links the same static ggml libraries, flags and compiler as the package's `ggml-rpc-server`, read
+from the build tree's `build.ninja` and `CMakeCache.txt` rather than guessed.
 """
 
 from __future__ import annotations
@@ -123,11 +120,8 @@ def compile_argv(line: LinkLine, *, sources: list[Path], include_dirs: list[Path
 def build_harness(build_dir: Path | str, src_dir: Path | str, out_dir: Path | str, target: Any = None) -> list[Path]:
     """Compile `ggml-kernel-cases` into `out_dir` against `build_dir`'s ggml; return the files made.
 
-    `src_dir` is the llama.cpp source tree the build dir was configured from (for ggml's public
-    headers); `target` (a config Target) is only logged: the link line already carries its backends.
-    Call after the llama.cpp build of `ggml-rpc-server`; put the result under the package's
-    `tests/bin/` as a test file.
-    """
+    `src_dir`: the source tree the build dir was configured from (ggml's headers); `target` is only
+    logged. Call after the build of `ggml-rpc-server`; the result goes under the package's tests/bin/."""
     build_dir, src_dir, out_dir = Path(build_dir).resolve(), Path(src_dir).resolve(), Path(out_dir).resolve()
     log = get_logger(step="build.harness", build_dir=str(build_dir), target=getattr(target, "name", target))
     ninja, cache = build_dir / "build.ninja", build_dir / "CMakeCache.txt"

@@ -1,11 +1,8 @@
 """`pairctl build --patch kernels/<name>`: turn REV + a kernel patch into a new exact commit.
 
-A candidate package must still come from an exact commit with an empty source diff, so the
-patch is never applied to a working copy that gets built: it is applied to REV's tree in a
-throw-away index (`git apply --cached`, git's own temporary-worktree equivalent without
-checking out thousands of files), written as a tree and committed on top of REV with a fixed
-identity and REV's own committer date. The same patch on the same REV therefore always gives
-the same commit id, and the commit message names the patch and its sha256.
+The patch is applied to REV's tree in a throw-away index (`git apply --cached`), never to a working
+copy, and committed on REV with a fixed identity and REV's committer date: the same patch on the same
+REV always gives the same commit id, whose message names the patch and its sha256.
 """
 
 from __future__ import annotations
@@ -84,10 +81,8 @@ def _patch_and_base(repo: Path, rev: str, patch_dir: Path | str) -> tuple[Path, 
 def apply_patch_commit(repo: Path | str, rev: str, patch_dir: Path | str) -> str:
     """Apply `patch_dir`'s patch onto REV in a throw-away index and commit it; return the new commit.
 
-    Idempotent: same patch, same REV -> same commit id. Raises BuildError when the patch does not
-    apply cleanly or REV is not the base the patch was written against, ConfigError when the
-    patch folder's metadata does not match its diff.
-    """
+    Raises BuildError when the patch does not apply or REV is not its base, ConfigError when the
+    patch folder's metadata does not match its diff."""
     return apply_patch(repo, rev, patch_dir).commit
 
 

@@ -120,10 +120,8 @@ def make_plan(
 
 
 def toolkit_env(target: Target, toolchain: Toolchain) -> dict[str, str]:
-    """Search paths put first for a CUDA build: nvcc's own folder on PATH, so the ptxas, fatbinary
-    and nvlink it runs are its toolkit's and not another CUDA's earlier on PATH; the toolkit's
-    library folders, so the built binaries find its cudart and cublas when the package is checked
-    (`--help`, `ldd`) even when the toolkit was unpacked from wheels onto no loader path."""
+    """Search paths put first for a CUDA build: nvcc's folder on PATH (its own ptxas, fatbinary,
+    nvlink) and the toolkit's library folders (the package's `--help`/`ldd` checks find its cudart)."""
     root = toolchain.cuda_root if target.backend == "cuda" else None
     if root is None or toolchain.nvcc_path is None:
         return {}

@@ -1,14 +1,8 @@
 """One source revision per pair: the check every start path makes before a service starts.
 
-The RPC handshake compares protocol versions only, so a llama-server of one revision talks to a
-ggml-rpc-server of another without complaint, and mismatched builds have crashed in the field.
-Each package's manifest records its revision; a pair whose two packages (or whose two hosts'
-`current` links) name two revisions is refused before anything starts (exit 6), by deploy's
-start steps, rollback, and repair (which never records such a pair), and reported by status
-and the identity check.
-
-Revisions come from this home's package store (content-addressed, verified at build); a
-package that is not in it has no revision pairctl can vouch for, and is refused the same way.
+The RPC handshake compares protocol versions only, and mismatched builds have crashed in the field.
+A pair whose packages (or `current` links) name two revisions is refused before anything starts
+(exit 6). Revisions come from this home's verified package store; a package not in it is refused too.
 """
 
 from __future__ import annotations
@@ -70,8 +64,7 @@ def mixed_problem(store: PackageStore, native_package: str | None, rpc_package: 
 def require_one_revision(
     store: PackageStore, pair: str, native_package: str, rpc_package: str, *, what: str, hint: str | None = None
 ) -> None:
-    """Refuse (HostStateError, exit 6) before `what` when the two packages are not of one known
-    revision; nothing has been started by then."""
+    """Refuse (exit 6) before `what` when the two packages are not of one known revision."""
     problem = mixed_problem(store, native_package, rpc_package)
     if problem is None:
         return

@@ -126,10 +126,8 @@ _PACKAGE_ID = re.compile(r"^(?P<profile>[a-z0-9][a-z0-9.-]*?)-(?P<rev>[0-9a-f]{1
 
 
 def how_to_get(package_id: str) -> str:
-    """How a home that lacks `package_id` gets it (a second operator's first deploy or rollback of
-    a pair another home deployed): build the same revision here (the id is derived from the
-    revision, target and profile, so the same inputs give the same id and the same files) or
-    copy the folder from the home that built it and verify it."""
+    """How a home that lacks `package_id` gets it: build the same revision here (the same inputs
+    give the same id and files) or copy the folder from the home that built it and verify it."""
     copy = (
         "or copy its folder from the home that built it into this home's packages/ and check it with "
         f"`pairctl packages verify {package_id}`"
@@ -183,10 +181,7 @@ class PackageStore:
         return [self.get(i) for i in self.ids()]
 
     def verify(self, package_id: str, *, check: bool = True, workers: int | None = None) -> VerifyReport:
-        """Rehash every file against the manifest; report each difference by file.
-
-        With check=True (default) a failed verification raises PackageError listing the files.
-        """
+        """Rehash every file against the manifest; report each difference by file (raise if `check`)."""
         pkg = self.get(package_id)
         report = verify_tree(pkg.path, pkg.manifest, workers=workers)
         if pkg.path.is_symlink():

@@ -1,11 +1,8 @@
 """Toolchain facts (cmake, ninja, C++ compiler, ccache, nvcc) and the checks made before configure.
 
-Parsers are pure and tested on captured output. The one check that matters most: CUDA 13
-dropped sm_70, so a V100 build must stop before configure when only CUDA 13 is available.
-Targets may need different CUDA majors (sm_70 wants 12.x or older, sm_120 12.8 or newer), so
-each target takes the first nvcc that can build it, from $CUDACXX, the roots listed in
-$PAIRCTL_CUDA_ROOTS (toolkits unpacked from registry wheels), PATH and /usr/local/cuda; an
-nvcc is run only if it and its toolkit root pass the same ownership rules as config files.
+CUDA 13 dropped sm_70, so targets may need different CUDA majors: each takes the first nvcc that can
+build it, from $CUDACXX, $PAIRCTL_CUDA_ROOTS, PATH and /usr/local/cuda, run only if it and its root
+pass the config files' ownership rules.
 """
 
 from __future__ import annotations
@@ -94,10 +91,8 @@ def cuda_refusal(target: Target, nvcc: NvccVersion, arches: list[int]) -> str | 
 
 
 def configured_toolkit_mismatch(cmake_cache: str, nvcc: str) -> str | None:
-    """Why CMake's CUDAToolkit (headers, cudart, cublas) is not the checked nvcc's toolkit, or None.
-    ggml calls find_package(CUDAToolkit) before enable_language(CUDA), so CMake looks for nvcc on
-    PATH and not at CMAKE_CUDA_COMPILER: unchecked, one CUDA's nvcc compiles against another's
-    headers and the binaries link another's cublas."""
+    """Why CMake's CUDAToolkit is not the checked nvcc's toolkit, or None: ggml's
+    find_package(CUDAToolkit) looks for nvcc on PATH, not at CMAKE_CUDA_COMPILER."""
     m = re.search(r"^CUDAToolkit_NVCC_EXECUTABLE:FILEPATH=(.*)$", cmake_cache, re.M)
     found = m.group(1).strip() if m else ""
     if found and os.path.realpath(found) == os.path.realpath(nvcc):

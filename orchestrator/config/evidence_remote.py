@@ -1,9 +1,8 @@
 """The team's evidence remote (inventory field `evidence_remote`): a git repository reached over SSH.
 
-Why in the inventory: the team shares one inventory for its pairs, so everyone who deploys them
-pushes to the same remote. The URL's host must be one of the inventory's hosts (or its address):
-user, port and key default to that host's, and its host key is checked against the inventory's
-`known_hosts` exactly as pairctl's own SSH connections check it (StrictHostKeyChecking=yes).
+In the inventory because the team shares one, so all who deploy its pairs push to one remote. The
+URL's host must be an inventory host (or its address): user, port, key and the `known_hosts` check
+are that host's, exactly as pairctl's own SSH connections.
 """
 
 from __future__ import annotations

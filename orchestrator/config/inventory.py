@@ -127,11 +127,8 @@ def state_problem(s: str | None, r: str) -> str | None:
 
 
 def default_state_dir(root: str) -> str:
-    """Where run/ links without a state_dir: beside the root (ROOT.state), so a root that turned
-    read-only still lets a rollback start the previous release. Computed, not asked of the host,
-    so every reader (status, checks, a unit's ReadWritePaths) names it alike; judged as the root is
-    (the same directories lead to it), and a service_user reaches it as it reaches the root (a
-    login's $HOME, 0700 for root, would not let it)."""
+    """Where run/ links without a state_dir: beside the root, so a read-only root still lets a
+    rollback start; computed, never asked of the host, so every reader names it alike."""
     return root + ".state"
 
 
@@ -429,9 +426,8 @@ class ApiKey:
 
 
 def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
-    """Read the operator-side key file once, the same way for deploy, rollback and accept.
-    An unreadable or empty file is a config error, never a silent "no key"; so is a key that is
-    not printable ASCII (it goes into an HTTP header, where anything else cannot be sent)."""
+    """Read the operator-side key file once, alike for deploy, rollback and accept. Unreadable, empty
+    or not printable ASCII (it goes into an HTTP header) is a config error, never a silent "no key"."""
     if not pair.api_key_file:
         return None
     try:
@@ -444,9 +440,8 @@ def read_api_key(pair_name: str, pair: PairSpec) -> ApiKey | None:
 
 
 def api_key_file_problems(pair_name: str, api_key_file: str) -> list[str]:
-    """What deploy would refuse or warn about in a pair's (expanded) api_key_file, found before
-    any deploy: missing or unreadable, not a regular file, a key llama-server would read
-    differently, readable by other users. For `config check` and `doctor`."""
+    """What deploy would refuse or warn about in a pair's api_key_file, for `config check` and `doctor`:
+    missing or unreadable, not a regular file, read differently by llama-server, readable by others."""
     p = Path(api_key_file)
     try:
         if not p.is_file():

@@ -1,8 +1,6 @@
 """Kernel patches and their validation case sets: `kernels/<name>/kernel.yaml` and `cases.yaml`.
 
-A kernel patch is only worth carrying if its scope is written down exactly (which op, type, shape,
-architecture it changes and what it leaves alone) and it is pinned to the base it was written
-against, so a build on another base fails loudly instead of silently patching the wrong code.
+A patch states its scope exactly and is pinned to its base, so a build on another base fails loudly.
 """
 
 from __future__ import annotations

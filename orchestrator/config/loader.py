@@ -176,9 +176,8 @@ def validation_problems(
 
 
 def is_manifest_name(name_or_path: str | Path) -> bool:
-    """The one name-or-path rule for every manifest a command names (profiles, targets,
-    inventories, playbooks, fixture sets, plans): a bare name has no suffix, anything else is a
-    path. config.search looks names up on the config search path."""
+    """The one name-or-path rule for every manifest a command names: a bare name has no suffix,
+    anything else is a path. config.search looks names up on the config search path."""
     return not Path(name_or_path).suffix
 
 
@@ -197,11 +196,8 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def expand(value: str, variables: dict[str, str] | None = None) -> str:
-    """Expand `${VAR}` (from `variables`, then the environment) and a leading `~`.
-
-    Inventories use `${PAIRCTL_HOME}` so the lab's paths follow the state directory.
-    An unknown variable is an error, never an empty string.
-    """
+    """Expand `${VAR}` (from `variables`, then the environment) and a leading `~`; an unknown
+    variable is an error, never an empty string."""
     env = {**os.environ, **(variables or {})}
 
     def sub(m: re.Match[str]) -> str:

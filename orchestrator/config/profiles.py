@@ -1,8 +1,7 @@
 """Route profiles: the exact serving configuration of a pair, rendered to llama-server's argv.
 
-Sizes the acceptance checks use (per-slot context, near-full targets) are derived here, the
-way llama-server derives them with an explicit `-np`, so the same check runs at 266240 tokens
-on the real pair and at a few thousand in the lab.
+Check sizes (per-slot context, near-full targets) are derived here as llama-server derives them with
+an explicit `-np`, so one check runs at 266240 tokens on the real pair and a few thousand in the lab.
 """
 
 from __future__ import annotations
@@ -258,26 +257,17 @@ class RouteProfile(StrictModel):
             args += ["--alias", self.alias]
         if rpc:
             args += ["--rpc", ",".join(rpc)]
+        args += ["--ctx-size", str(self.ctx_size), "--parallel", str(self.parallel)]
+        args += ["--batch-size", str(self.batch_size), "--ubatch-size", str(self.ubatch_size)]
         args += [
-            "--ctx-size",
-            str(self.ctx_size),
-            "--parallel",
-            str(self.parallel),
-            "--batch-size",
-            str(self.batch_size),
-            "--ubatch-size",
-            str(self.ubatch_size),
             "--flash-attn",
             self.flash_attn,
             "--cache-type-k",
             self.cache_type_k,
             "--cache-type-v",
             self.cache_type_v,
-            "--n-gpu-layers",
-            "all" if self.n_gpu_layers == "all" else str(self.n_gpu_layers),
-            "--split-mode",
-            self.split_mode,
         ]
+        args += ["--n-gpu-layers", str(self.n_gpu_layers), "--split-mode", self.split_mode]
         if self.threads:
             args += ["--threads", str(self.threads)]
         if self.draft is not None:

@@ -1,18 +1,10 @@
-"""Gates of the reference-logprob comparison (`checks.reference_logprobs`), declared in the route
-profile so they are part of what is deployed and hashed.
+"""Gates of the reference-logprob comparison (`checks.reference_logprobs`), declared in the route profile.
 
-The figures are the ones llama.cpp's `llama-perplexity --kl-divergence` reports (mean and
-maximum KL divergence of the candidate's next-token distribution from the reference's, top-1
-agreement) plus the largest |delta logprob| over the whole top-K set, which is the figure that
-moves on a peaked model where KL barely does.
-
-The KL and |delta logprob| gates are not declared numbers: they come from the replay floor the
-reference pair measures right after recording its answers at a numerics key (the same pair
-replaying its own answers), times `floor_factor`, and never below `minimum` (the documented
-absolute minimum, which covers what an identical replay cannot show: e.g. a GPU's other kernels
-for other batch shapes). Floor and gates are kept in the receipt that recorded the answers. A
-candidate at another numerics key (another KV type, flash attention, a split over other device
-kinds) is judged only through a `tolerance` that names its reason. See docs/reference-answers.md.
+The figures are those of `llama-perplexity --kl-divergence` (mean and max KL, top-1 agreement) plus
+the largest |delta logprob| over the top-K set, which moves on a peaked model where KL barely does.
+The KL and |delta logprob| gates derive from the reference pair's own replay floor times
+`floor_factor`, never below `minimum`; a candidate at another numerics key is judged only through a
+`tolerance` that names its reason. See docs/reference-answers.md.
 """
 
 from __future__ import annotations

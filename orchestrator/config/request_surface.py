@@ -1,14 +1,9 @@
 """The request surface a route promises its clients: the request fields acceptance must prove.
 
-A route profile declares `request_surface` (a list of the names below). The `request_contract`
-check (checks/contract.py) probes each declared field it knows how to probe; every acceptance
-receipt lists the declared fields that were checked (and by which probe) and those that were not,
-and names the known fields outside the declared surface, so nothing is silently assumed.
-
-The default is what an OpenAI-compatible client of llama-server sends (the README's own example
-is a chat completion with `messages`, `max_tokens` and `temperature`), plus the llama.cpp fields
-the project's clients use for constrained and inspected generation (`top_k`, `n_predict`,
-`grammar`, `n_probs`).
+A route profile declares `request_surface`; the `request_contract` check probes each declared field
+it can, and the receipt lists what was checked, what was not, and known fields outside the surface.
+The default is an OpenAI-compatible chat client's fields plus the llama.cpp ones the project's
+clients use (`top_k`, `n_predict`, `grammar`, `n_probs`).
 """
 
 from __future__ import annotations

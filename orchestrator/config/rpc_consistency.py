@@ -1,18 +1,10 @@
 """How `checks.rpc_consistency` judges the RPC host's half on its own, declared in the route profile.
 
-The check computes the same fixtures twice with the same package and model: through the live pair
-(layers on the RPC device) and through a probe llama-server on the native host with no `--rpc`
-(the same layers on the native device). The gate on the difference is derived from the measured
-floor of that comparison on a healthy build: `max(factor * floor, minimum)`. Floor, factor,
-minimum and the derived gate are written into the receipt with the figures.
-
-Defaults are the lab's, measured 2026-12-05 with the baseline package on both lab profiles
-(docs/guides/acceptance.md, "The RPC host's half on its own"): both devices are CPUs running the same ggml code and
-agree bit for bit; the floor is the 6-digit rounding of the recorded answers. The minimum sits 200
-times above that floor (the same 5e-7 nats as the replay floor in docs/reference-answers.md). A
-pair whose two devices differ (a V100 and an RTX 5060 Ti) must measure its own floor (`pairctl
-accept --checks rpc_consistency` on a build it trusts reports it) and declare it here with where
-it came from.
+The check computes the same fixtures through the live pair and through a probe llama-server on the
+native host with no `--rpc`; the gate on the difference is `max(factor * floor, minimum)`, floor
+measured on a healthy build, all written into the receipt. The defaults are the lab's (two CPUs that
+agree bit for bit: docs/guides/acceptance.md); a pair of two different devices declares its own
+measured floor here with where it came from.
 """
 
 from __future__ import annotations

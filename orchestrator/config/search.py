@@ -1,21 +1,11 @@
 """Where a manifest name resolves: the operator's config repo layered over the bundled defaults.
 
-The search path, first match wins (by file name, per kind):
-
-1. `--config DIR` or `PAIRCTL_CONFIG` (the CLI's `--config` sets the variable, so every loader
-   and every child process sees the same path);
-2. `./pairctl/` in the working directory or the nearest parent that has one (a config repo
-   checked out next to other work, found the way git finds `.git`); the walk stops below the
-   first directory owned by someone other than the user or root, as git's discovery does;
-3. the user config directory (`platformdirs.user_config_dir("pairctl")`, e.g. ~/.config/pairctl);
-4. the defaults bundled with pairctl (orchestrator.paths).
-
-A config directory holds the same folders as the bundled manifests: `inventories/`, `profiles/`,
-`targets/`, `fixtures/`, `plans/`, and `playbooks/`. A name is looked up as `<folder>/<name>.yaml`.
-
-Nothing is believed by where it was found (config.trust): every config directory on the path and
-every file read from one must be the user's or root's and not group/world-writable, with no
-directory on the way there that others could replace; otherwise the command stops (exit 3).
+First match wins, by file name per kind: `--config DIR` / `PAIRCTL_CONFIG` (the CLI sets the variable
+so child processes see it); `./pairctl/` in the working directory or its nearest parent that has one
+(found like git finds `.git`, stopping below a directory owned by someone other than the user or
+root); the user config directory; the bundled defaults. A name is looked up as
+`<folder>/<name>.yaml`. Nothing is believed by where it was found: config.trust judges every
+directory and file (exit 3).
 """
 
 from __future__ import annotations
@@ -64,10 +54,8 @@ def bundled_folder(kind: str) -> Path:
 
 
 def find_upwards(start: Path, name: str = CWD_DIR) -> Path | None:
-    """`start/name` or the nearest parent's `name` that is a directory (pure but for stat). The
-    walk stops at a directory owned by another user (it and its parents are not looked in), so
-    a folder someone else controls above the working directory never becomes a candidate; what
-    is found is judged by search_path (config.trust)."""
+    """`start/name` or the nearest parent's `name` that is a directory. The walk stops at a directory
+    owned by another user; what is found is judged by search_path (config.trust)."""
     for d in (start, *start.parents):
         if not trust.owned_by_user(d):
             return None
@@ -135,9 +123,8 @@ def resolve(kind: str, name: str) -> Path:
     )
 
 
-# Kinds whose override changes what is built or which steps run (a target's CMake flags, a
-# playbook's steps): resolving one from a config directory is said on stderr once per process,
-# so an operator sees it on every command that uses it (`config show` lists every override).
+# Kinds whose override changes what is built or which steps run: resolving one from a config
+# directory is said on stderr once per process (`config show` lists every override).
 SHOWN_OVERRIDES = frozenset({"target", "playbook"})
 _said: set[tuple[str, str, Path]] = set()
 

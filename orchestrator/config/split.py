@@ -1,9 +1,7 @@
 """What a route profile expects of the model's split between the pair's devices (`split`).
 
-Identity reads the split from llama-server's load log (`checks.split`); a profile that declares
-`split` makes the server log at the verbosity that prints it, and identity fails when the RPC
-device holds less than declared, e.g. an RPC host that serves nothing while the native host
-computes everything.
+A profile that declares `split` makes llama-server log the split; identity (`checks.split`) fails
+when the RPC device holds less than declared, e.g. an RPC host that serves nothing.
 """
 
 from __future__ import annotations

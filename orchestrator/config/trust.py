@@ -1,17 +1,10 @@
 """Whether a config directory or file may be believed: by owner and mode, never by location.
 
-A config file decides what runs as the operator (inventory hooks, CMake flags of a target, the
-steps of a playbook), so anyone who can write it, or replace a directory on the way to it, is
-as powerful as the operator. The rules are OpenSSH's StrictModes and git's safe.directory:
-
-- the file, and the config directory that holds it, must be owned by the invoking user or root
-  and not writable by group or others;
-- every directory on the way there (of the path as given and of the path links lead to) must be
-  owned by the user or root and not writable by group or others unless it has the sticky bit
-  (`/tmp`: others may add entries but not replace ours).
-
-A link is judged by where it leads (its own owner cannot matter: only the owner of the directory
-holding it can replace it, and that directory is judged too).
+A config file decides what runs as the operator, so whoever can write it, or replace a directory on
+the way to it, is as powerful as the operator. As OpenSSH's StrictModes and git's safe.directory:
+file, config directory and every directory on the way (of the path given and of where links lead)
+owned by the user or root and not group/world-writable (a sticky directory like /tmp excepted). A
+link is judged by where it leads: only its directory's owner can replace it, and that is judged too.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""Deploy's `accept` step: the acceptance suite (orchestrator.checks.suite.run_suite) against
-the pair just activated, with `verify_identity` as its identity probe. It is compared with the
-same baseline and reference answers as `pairctl accept` (checks.live.comparisons, on the model
-hashes of the route entry being activated), so a regression only the reference answers see
-blocks the deploy. A failed suite raises, so the engine rolls the deploy back."""
+"""Deploy's `accept` step: the acceptance suite against the pair just activated, compared with the
+same baseline and reference answers as `pairctl accept`, so a regression only the reference answers
+see blocks the deploy. A failed suite raises, so the engine rolls the deploy back.
+"""
 
 from __future__ import annotations
 
@@ -68,7 +67,7 @@ def run(ctx: RunEnv, step: Step) -> dict[str, Any]:
         return {"skipped": "--skip-accept: identity was verified by the verify step; no acceptance checks ran"}
     assert target is not None  # accept follows a verified activation
     profile = profile_from_record(target.entry.profile)
-    limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour (issue 21)
+    limits = budget.for_profile(profile)  # a hung server fails within this, not in an hour
     models = dict(target.entry.models)
     key = answer_fixtures.answer_key(profile, models, answer_fixtures.fixture_set_for(profile))
     baseline, reference = comparisons(EvidenceStore(ctx.home.evidence), ctx.view.name, models, answer_key=key)

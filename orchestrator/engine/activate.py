@@ -1,9 +1,5 @@
-"""What the actions (engine/actions) share before a change, and what a failed rollback does after:
-the lease re-check before each change, the refusal a host lost just before the first change
-raises, and the best-effort links back and stop of both services.
-
-The executors of the playbooks' actions are engine/actions; the order of business is in
-playbooks/deploy.yaml; what a failure leads to (abort, back-out, both stopped) in engine/deploy.py.
+"""What the actions share before a change (the lease re-check, the refusal of a host lost just
+before the first change) and what a failed rollback does after (links back, both services stopped).
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from orchestrator.roles import ROLES
 
 
 class UnreachableBeforeChange(HostError):
-    """A host did not answer just before the first change (the RPC host's probe, or the native
-    host's stop that never started): nothing was stopped."""
+    """A host did not answer just before the first change (RPC probe, or a native stop never started)."""
 
     nothing_changed = True
 
@@ -29,16 +24,13 @@ class UnreachableBeforeChange(HostError):
 def before_change(
     ctx: RunEnv, role: str, step: Step | None = None, *, next_within_s: float = leasing.HEARTBEAT_S
 ) -> None:
-    """Immediately before a change on `role`'s host: the lease is still this run's (renewed;
-    LeaseLost otherwise, and nothing is changed)."""
+    """Immediately before a change on `role`'s host: the lease is still this run's (renewed), else LeaseLost."""
     leasing.recheck(ctx, role, next_within_s=next_within_s, restores=step is not None and "restore" in step.may)
 
 
 def links_back(ctx: RunEnv, restore_links: Mapping[str, tuple[str | None, str | None]]) -> dict[str, str]:
-    """Best effort after a failed rollback of a deploy: the links this deploy switched go back as
-    it found them (by rename, under this run's lease), so they agree with the route record again
-    - but only when every such host answers: putting back one host of two would leave a mixed
-    pair (new links on one host, previous on the other) for `repair` to record."""
+    """Best effort after a failed rollback of a deploy: the links it switched go back as found (by
+    rename, under its lease), only when every such host answers, never leaving a mixed pair."""
     switched = ctx.recorder.switched_roles()
     changed = [r for r in ROLES if r in switched and restore_links.get(r, (None, None))[0]]
     if not changed:

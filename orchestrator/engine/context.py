@@ -1,14 +1,9 @@
-"""What one deploy / rollback run carries between the engine's modules, split by who owns it.
+"""What one run carries between the engine's modules, split by who owns it.
 
-- `RunInputs` (frozen): what the operator asked for and the inventory said (pair view,
-  package ids, profile, options). Nothing in the run changes it.
-- `HostState`: what the run discovered on the hosts (facts, the route bytes that are the
-  compare-and-swap base, leases, the identities read by the exec that started each service).
-  Step handlers run on both hosts at once, so it is changed only through its methods, under
-  its own lock.
-- `RunRecorder`: what the run observed (timings, uploads, whether it changed what runs, the
-  links it switched), with its own lock.
-- `RunEnv` (frozen): the three, connections and journal, handed to each executor with its step.
+`RunInputs` (frozen): what the operator and inventory asked. `HostState`: what the run found on the
+hosts (facts, compare-and-swap base, leases, identities); steps run on both hosts at once, so it
+changes only through its methods, under its lock. `RunRecorder`: what the run observed, with its own
+lock. `RunEnv` (frozen): the three, connections and journal, handed to each executor.
 """
 
 from __future__ import annotations
@@ -37,8 +32,7 @@ if TYPE_CHECKING:  # the journal module imports the evidence store, which the en
 
 
 class Pool(Protocol):
-    """One transport per host for the whole run (remote.transport.TransportPool, or a wrapper
-    that counts what it does, as the deploy benchmark's)."""
+    """One transport per host for the whole run (TransportPool, or the deploy benchmark's counting wrapper)."""
 
     def get(self, host_name: str) -> Transport: ...
 
@@ -176,10 +170,8 @@ class HostState:
 
 
 class RunRecorder:
-    """What the run observed while it ran, for its result and its failure paths: timings summed
-    per key, upload reports per role, whether a step that changes what runs has begun, the roles
-    whose links this run switched, and per route record the room both hosts had for it. Steps run
-    on both hosts at once, so all of it goes through methods, under locks."""
+    """What the run observed, for its result and failure paths: timings, uploads, whether a change
+    began, the roles whose links it switched, the room each route record had. Under locks."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -237,8 +229,7 @@ class RunRecorder:
             return self._prepared
 
     def room_once(self, key: str, probe: Callable[[], None]) -> None:
-        """`probe` runs once per key (the other host's step waits for it) and what it raised is
-        raised to both hosts' steps."""
+        """`probe` runs once per key (the other host's step waits); what it raised is raised to both steps."""
         with self._room_lock:
             if key not in self._room:
                 try:
@@ -253,9 +244,8 @@ class RunRecorder:
 
 @dataclass(frozen=True)
 class RunEnv:
-    """What every executor gets beside its plan step: the run's inputs, connections, journal,
-    log, evidence store, the host state and the recorder. Frozen: what a step does is on the
-    step (plan.py); what the run finds goes to `hosts` and `recorder`, through their methods."""
+    """What every executor gets beside its plan step. Frozen: what a step does is on the step;
+    what the run finds goes to `hosts` and `recorder`, through their methods."""
 
     inputs: RunInputs
     pool: Pool

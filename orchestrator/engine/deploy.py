@@ -1,12 +1,8 @@
-"""The three commands' bodies: `deploy`, `rollback` and `status` for one pair.
+"""The bodies of `deploy` and `rollback` for one pair: one connection per host, one receipt, one engine.
 
-Each opens one connection per host for the whole run (TransportPool), writes a receipt
-through the evidence store (inputs by hash), and runs its playbook through the one engine
-(`runner.run_steps`). Failure handling lives here, in one place:
-  - before anything that runs changed: release the leases this run took, re-raise (exit code
-    of the cause: 3 config, 4 host/host key, 5 leased, 6 package);
-  - after: run playbooks/rollback.yaml → RolledBack (7), or if that fails: stop both services,
-    keep the leases → RollbackFailed (8).
+A failure before anything that runs changed releases the leases and re-raises its cause; after, the
+rollback playbook backs out (RolledBack, 7), or if that fails both services stop and the leases are
+kept (RollbackFailed, 8).
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.build import revisions
@@ -78,20 +74,8 @@ class RunResult:
     wall_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "command": self.command,
-            "pair": self.pair,
-            "outcome": self.outcome,
-            "receipt": self.receipt,
-            "plan": self.plan,
-            "back_out": self.back_out,
-            "steps": self.steps,
-            "uploads": self.uploads,
-            "timings": {k: round(v, 4) for k, v in self.timings.items()},
-            "transport": self.transport,
-            "active": self.active,
-            "wall_s": round(self.wall_s, 4),
-        }
+        timings = {k: round(v, 4) for k, v in self.timings.items()}
+        return asdict(self) | {"timings": timings, "wall_s": round(self.wall_s, 4)}
 
     def passed(self, journal: Journal, outcome: str, said: str, active: Target | None = None) -> RunResult:
         """The run ended well (`outcome`: passed, dry-run, ...): its receipt sealed `passed`."""
@@ -102,20 +86,10 @@ class RunResult:
         return self
 
 
-def _pool(inventory: Inventory) -> Pool:
-    return TransportPool(inventory)
-
-
-def _begin(evidence: EvidenceStore, command: str, argv: list[str], pair: str, inputs: dict[str, str]) -> Journal:
-    return evidence.begin(command, argv=argv, pair=pair, inputs=inputs)
-
-
-def _inventory_sha(inventory: Inventory) -> str:
-    return sha256_json(inventory.model_dump(mode="json"))
-
-
-def _playbook_sha(name: str) -> str:
-    return sha256_file(search.resolve("playbook", name))
+def _inputs(inventory: Inventory, *playbooks: str) -> dict[str, str]:
+    """A receipt's inputs by sha256: the inventory and the playbooks the run may use."""
+    shas = {f"playbook:{n}": sha256_file(search.resolve("playbook", n)) for n in playbooks}
+    return {"inventory": sha256_json(inventory.model_dump(mode="json"))} | shas
 
 
 @contextmanager
@@ -125,7 +99,7 @@ def _pair_run(
     view: PairView,
     *,
     command: str,
-    journal_command: str,
+    dry_run: bool,
     inputs: dict[str, str],
     argv: list[str] | None,
     on_step: Callable[[StepOutcome], None] | None,
@@ -134,16 +108,16 @@ def _pair_run(
     profile: RouteProfile | None = None,
     options: RunOptions | None = None,
     held_lease_nonce: str | None = None,
-) -> Iterator[tuple[RunEnv, RunResult, Callable[[StepOutcome], None]]]:
+) -> Iterator[tuple[RunEnv, RunResult, _ReleaseWatch]]:
     """What deploy and rollback share: one receipt journal (sealed `failed`/`aborted` if the body
-    raises before finishing it, its hash on the error), one connection per host, the RunEnv,
-    and a RunResult whose steps, uploads, timings and transport figures are filled on every path."""
+    raises first), one connection per host, the RunEnv, and a RunResult filled on every path."""
     t_start = time.monotonic()
     key = route_trust.route_key(home)
     evidence = EvidenceStore(home.evidence)
-    journal = _begin(evidence, journal_command, list(argv or []), view.name, inputs)
+    journal_command = f"{command} --dry-run" if dry_run else command
+    journal = evidence.begin(journal_command, argv=list(argv or []), pair=view.name, inputs=inputs)
     own_pool = pool is None
-    pool = pool or _pool(inventory)
+    pool = pool or TransportPool(inventory)
     given = RunInputs(home, inventory, view, journal.state.run_id, package_ids, profile, options or RunOptions())
     ctx = run_env(replace(given, held_lease_nonce=held_lease_nonce, route_key=key), evidence, journal, pool)
     result = RunResult(command=command, pair=view.name, outcome="failed", receipt=None)
@@ -155,7 +129,7 @@ def _pair_run(
             on_step(o)
 
     try:
-        yield ctx, result, record
+        yield ctx, result, _ReleaseWatch(record)
     except BaseException as exc:
         if not journal.finished:
             journal.finish("failed" if isinstance(exc, Exception) else "aborted", str(exc) or type(exc).__name__)
@@ -216,12 +190,8 @@ def deploy(
 ) -> RunResult:
     """Activate `package_ids` (native, rpc) on `pair_name`. Raises PairctlError subclasses.
 
-    `restore_record`: the route record to put back as it was (qualify's restore): its previous
-    pair and states, not this deploy's (engine/route_states.py `restore`); `restore_previous_links`
-    the hosts' `previous` links as found, put back with it.
-
-    `held_lease_nonce`: the caller already holds both hosts' leases with this nonce (a
-    qualification across its arms); the run renews them and leaves them held on every path."""
+    `restore_record` / `restore_previous_links`: qualify's restore, the record and `previous` links
+    put back as found. `held_lease_nonce`: the caller holds both leases; renewed, never released."""
     view = pair_view(inventory, pair_name)
     pair = inventory.pair(pair_name)
     profile = load_profile(profile_name or pair.profile, pair=pair)
@@ -231,7 +201,7 @@ def deploy(
         inventory,
         view,
         command="deploy",
-        journal_command="deploy" if not dry_run else "deploy --dry-run",
+        dry_run=dry_run,
         inputs=_deploy_inputs(home, inventory, package_ids, profile),
         argv=argv,
         on_step=on_step,
@@ -249,7 +219,6 @@ def deploy(
     ) as (ctx, result, record):
         journal = ctx.journal
         first = plan(deploy_pb, view, facts=None, target=None)
-        record = _ReleaseWatch(record)
         n_prefix = _n_prefix(first)
         restore = Restore(None, {})
         try:
@@ -271,9 +240,7 @@ def deploy(
                 raise _cause(failure) from None
             _rollback_after_failure(ctx, rollback_pb, failure, record, restore)  # raises RolledBack / RollbackFailed
         except PairctlError as refused:
-            # a refusal after `lease` but outside a step (the hosts' state judged, the previous pair
-            # rendered): nothing changed, and the leases this run took are given back (they were
-            # left held until their TTL, and the next deploy was refused with exit 5)
+            # a refusal after `lease` but outside a step: nothing changed, give the leases back
             if ctx.recorder.changed:
                 raise
             _abort(ctx, StepFailed(first[n_prefix - 1], {"local": refused}), record)
@@ -286,16 +253,12 @@ def deploy(
 def _deploy_inputs(
     home: Home, inventory: Inventory, package_ids: tuple[str, str], profile: RouteProfile
 ) -> dict[str, str]:
-    """The deploy receipt's inputs: packages (by content digest too, when the store has them),
-    the profile, inventory and playbooks, each by sha256."""
+    """The deploy receipt's inputs by sha256: packages (and content digests), profile, inventory, playbooks."""
     inputs = {
         "package:native": package_ids[0],
         "package:rpc": package_ids[1],
         "profile": sha256_json(profile.model_dump(mode="json")),
-        "inventory": _inventory_sha(inventory),
-        "playbook:deploy": _playbook_sha("deploy"),
-        "playbook:rollback": _playbook_sha("rollback"),
-    }
+    } | _inputs(inventory, "deploy", "rollback")
     try:
         store = PackageStore(home.store)
         for role, pid in zip(("native", "rpc"), package_ids, strict=True):
@@ -307,9 +270,8 @@ def _deploy_inputs(
 
 
 def _deploy_plan(ctx: RunEnv, pb: Playbook, restore: Restore) -> tuple[Prepared, list[Step]]:
-    """The whole deploy plan from the facts its prefix read and what preflight decided (qualify's
-    `previous` links kept), its route records with the models' sha256 the inventory declares
-    (prepare refuses any other; deferred where none is): what the dry run prints and the receipt keeps."""
+    """The whole deploy plan from the prefix's facts and preflight's decisions, its route records
+    with the inventory's declared model sha256 (deferred where none is): what dry run and receipt show."""
     prep = ctx.recorder.prep
     assert prep is not None
     models = ctx.inventory.pair(ctx.view.name).models
@@ -345,8 +307,7 @@ def _kernel_plan(ctx: RunEnv, target: Target) -> KernelCheckPlan:
 
 def _activate(ctx: RunEnv, rest: list[Step], target: Target, restore: Restore, record: _ReleaseWatch) -> Target:
     """The deploy's steps after its prefix: up to the first change, then the rest with the route
-    records sealed again (only the plan's deferred fields may change), the keep_releases prune under
-    the leases before they are released. Returns the pair activated, as its entry records it."""
+    records sealed again, the keep_releases prune before the leases go. Returns the pair activated."""
     first_change = next((i for i, s in enumerate(rest) if s.changes), len(rest))
     done = run_steps(rest[:first_change], ctx, ACTIONS, journal=ctx.journal, on_step=record)
     hashed = next((o.data.get(ctx.host("native"), {}).get("models") for o in done if o.step.action == "prepare"), None)
@@ -383,15 +344,13 @@ def _n_prefix(steps: list[Step]) -> int:
 
 
 def _run_prefix(ctx: RunEnv, steps: list[Step], dry_run: bool, record: Callable[[StepOutcome], None]) -> None:
-    """The steps before the plan is made; a dry run changes nothing on a host, not even a lease:
-    it reads the facts unleased."""
+    """The steps before the plan is made; a dry run reads the facts unleased, changing nothing on a host."""
     prefix = [s for s in steps[: _n_prefix(steps)] if not (dry_run and s.action == "lease")]
     run_steps(prefix, ctx, ACTIONS, journal=ctx.journal, on_step=record)
 
 
 def _keep_previous_links(ctx: RunEnv, target: Target) -> Target:
-    """Qualify's restore puts the record back as found, and the `previous` links with it (not
-    the last arm's release), where the hosts still keep what they named."""
+    """Qualify's restore puts back the `previous` links as found too, where the hosts still keep those releases."""
     keep = ctx.inputs.options.restore_previous_links
     facts = ctx.hosts.facts
     if keep is None or not all(
@@ -402,9 +361,8 @@ def _keep_previous_links(ctx: RunEnv, target: Target) -> Target:
 
 
 def _prune(ctx: RunEnv) -> None:
-    """keep_releases after a successful activation, under the leases: removing a release is a
-    change on the host, so each lease is re-checked first (a lost one: nothing pruned, recorded;
-    release-lease then fails the run). Never fails the deploy itself."""
+    """keep_releases after a successful activation, each lease re-checked first (a lost one: nothing
+    pruned, recorded, and release-lease fails the run). Never fails the deploy itself."""
     try:
         for role in ("native", "rpc"):
             leasing.recheck(ctx, role)
@@ -415,8 +373,7 @@ def _prune(ctx: RunEnv) -> None:
 
 
 class _ReleaseWatch:
-    """The step recorder, noting a failed release-lease: the work is done, but a lease this run
-    cannot give back (lost, or the host gone) makes the run failed, never a warning (issue 21)."""
+    """The step recorder, noting a failed release-lease: that makes the run failed, never a warning."""
 
     def __init__(self, record: Callable[[StepOutcome], None]) -> None:
         self.record = record
@@ -439,16 +396,10 @@ class _ReleaseWatch:
         )
 
 
-def _lost_lease(failure: StepFailed) -> LeaseLost | None:
-    return next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
-
-
 def _base_record(ctx: RunEnv) -> RouteRecord | None:
     """The record this run's route writes and restores start from: what it wrote or re-read since
-    on the native host, else the one the pair was judged by (route_trust.found_record: the
-    `activating` copy of a run cut short between its hosts' `route` writes, whichever host it
-    reached first). The native host's own record there named revision N beside the cut run's
-    N+1, so a deploy wrote N+1 again (two records of one revision) and backed out to N's pair."""
+    on the native host, else the one the pair was judged by (route_trust.found_record), so a run cut
+    short between its hosts' writes is followed, never written again at the same revision."""
     now = ctx.hosts.route_bytes("native")
     if now != ctx.hosts.facts["native"].route_bytes:
         return route_plan.parsed(now)
@@ -465,9 +416,8 @@ def _restore_route(ctx: RunEnv, kind: str, restore: Restore) -> RouteWrite:
 
 
 def _restore_plan(ctx: RunEnv, pb: Playbook, kind: str | None, restore: Restore) -> list[Step]:
-    """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop by
-    hand; `auto`: a failed deploy's back-out, already connected and leased), from the facts its
-    prefix gathered: what the dry run shows and the receipt keeps. `kind`: its route write."""
+    """The whole plan of a run that puts the recorded pair back (rollback, restart, start, stop, a
+    failed deploy's back-out) from its prefix's facts. `kind`: its route write."""
     return plan(
         pb,
         ctx.view,
@@ -488,8 +438,7 @@ def _cause(failure: StepFailed) -> BaseException:
 
 
 def _judge_hosts(ctx: RunEnv, command: str, allowed: frozenset[str]) -> route_trust.Judgement:
-    """Both hosts' route records and links, judged before anything is decided from them
-    (engine/route_trust.py); a problem not in `allowed` refuses the run before any change."""
+    """Both hosts' route records and links judged (route_trust); a problem not `allowed` refuses the run."""
     if ctx.evidence is not None and "native" in ctx.hosts.facts:  # another home's record: its receipts first
         warning = team_sync.pull_for_route(ctx.evidence, ctx.inputs.inventory, ctx.hosts.facts["native"].route_bytes)
         if warning:
@@ -503,10 +452,8 @@ def _judge_hosts(ctx: RunEnv, command: str, allowed: frozenset[str]) -> route_tr
 
 def _restore_from_start(ctx: RunEnv, judged: route_trust.Judgement, key: ApiKey | None) -> Restore:
     """What a rollback puts back: the links and the route's active pair as found at the start,
-    the pair rendered now from the inventory and its profile (never the recorded argv). A
-    previous pair that cannot be rendered refuses the deploy here, before anything changes.
-    Links a run cut short left switched go back to the recorded pair, not as found (as found,
-    they would name the cut run's release beside the recorded one: a pair of two revisions)."""
+    rendered now (never the recorded argv; one that cannot be rendered refuses here). Links a run
+    cut short left switched go back to the recorded pair, never to a pair of two revisions."""
     facts = ctx.hosts.facts
     links = {r: (facts[r].current, facts[r].previous) for r in ("native", "rpc")}
     record = _base_record(ctx)
@@ -553,17 +500,14 @@ def _abort(ctx: RunEnv, failure: StepFailed, record: Callable[[StepOutcome], Non
             run_steps(rel, ctx, ACTIONS, journal=ctx.journal, on_step=record)
         except StepFailed:
             pass
-        # a root that refused the release (read-only, full) keeps the lease until this home's next
-        # run frees it: the refusal says so (it said nothing, and the lease was left for the operator)
+        # a root that refused the release keeps the lease until this home's next run frees it: say so
         cause, left = _cause(failure), [e for e in getattr(record, "errors", ()) if leasing.LEFT_ON_UNWRITABLE in e]
         if isinstance(cause, PairctlError) and left:
             cause.message += "\n" + "\n".join(x.splitlines()[0] for x in left)
 
 
 def _release_unlost(ctx: RunEnv, failure: StepFailed) -> str:
-    """After a lease was lost on one host: the leases this run still holds (the other host's) are
-    released, and the message says exactly what is held now (it said "no lease" while the native
-    lease was still this run's: issue 33)."""
+    """After a lease was lost on one host: release the other host's, and say exactly what is held now."""
     lost_on = {h for h, e in failure.errors.items() if isinstance(e, LeaseLost)}
     released, kept = [], []
     for role, handle in list(ctx.hosts.leases.items()):
@@ -590,7 +534,7 @@ def _release_unlost(ctx: RunEnv, failure: StepFailed) -> str:
 def _rollback_after_failure(
     ctx: RunEnv, pb: Playbook, failure: StepFailed, record: Callable[[StepOutcome], None], restore: Restore
 ) -> None:
-    lost = _lost_lease(failure)
+    lost = next((e for e in failure.errors.values() if isinstance(e, LeaseLost)), None)
     if lost is not None:
         # another operator holds the pair now (it broke this run's expired or stale lease): acting
         # on it would fight that operator, so this run changes nothing more and keeps no lease
@@ -693,8 +637,7 @@ def held_leases(ctx: RunEnv) -> dict[str, str] | str:
 
 
 def _down_now(ctx: RunEnv, stopped: dict[str, str]) -> str:
-    """What runs after a failed rollback, host by host, from what stopping each one said: a stop
-    that failed is named as such (it read "both services are stopped" also when one still ran)."""
+    """What runs after a failed rollback, host by host, naming a stop that failed as such."""
     said = []
     for role in ("native", "rpc"):
         host, svc = ctx.host(role), SERVICE_OF_ROLE[role]
@@ -709,8 +652,7 @@ def _down_now(ctx: RunEnv, stopped: dict[str, str]) -> str:
 
 def _rollback_unreachable(ctx: RunEnv, rb: StepFailed, first_failure: StepFailed | None) -> None:
     """The rollback could not reach the RPC host, or a root it must write takes no new file, before
-    its first change: nothing it would do can work, so it changes nothing (stopping native would
-    take down what may still serve) and keeps the leases, like any failed rollback."""
+    its first change: it changes nothing (native may still serve) and keeps the leases."""
     unwritable = isinstance(error_of(rb), space.NotWritable)
     why = "a root it must write takes no new file" if unwritable else "could not reach the RPC host"
     ctx.journal.set("final_state", {"state": f"left as the failed step left it (rollback {why})"})
@@ -744,19 +686,11 @@ def _final_state(what: str, tgt: Target | None, stopped: dict[str, str] | None =
 # -- rollback -----------------------------------------------------------------------------------
 
 
-def _read_api_key(ctx: RunEnv) -> ApiKey | None:
-    """The pair's API key for verify's /props and /slots reads, as deploy's preflight reads it
-    (without it a rollback of a keyed pair got 401 at verify and left the hosts stopped)."""
-    return read_api_key(ctx.view.name, ctx.inventory.pair(ctx.view.name))
-
-
 def _verify_restore_releases(
     ctx: RunEnv, entry: RouteEntry, store: PackageStore, restore: Target, verb: str = "rollback"
 ) -> None:
-    """Before anything running changes: the releases being restored still match their manifests
-    on the hosts (sha256 of every file, one exec per host); a damaged one is refused (exit 6)
-    and the running pair keeps running. Without this, a rollback to a damaged previous release
-    stopped a verified pair and left both hosts stopped (found by the fault matrix)."""
+    """Before anything running changes: the releases restored still match their manifests on the
+    hosts (one exec per host); a damaged one is refused (exit 6) and the running pair keeps running."""
     for r in ("native", "rpc"):
         if store.exists(entry.package(r)):
             ensure_release(ctx.t(r), ctx.layout(r), store.get(entry.package(r)), True, ctx.host(r))
@@ -767,11 +701,9 @@ def _verify_restore_releases(
 
 def _verify_restore_files(ctx: RunEnv, entry: RouteEntry, verb: str, restore: Target) -> None:
     """Before anything running changes: every file the restored llama-server loads besides its
-    release (the profile's declared `files`: grammars, control vectors, templates; the models)
-    re-hashed on the native host against what the route record holds for that pair. A file
-    replaced since it was deployed refuses the rollback or restart (exit 6, the file named): it
-    started the server on the planted file and reported "passed" (issue 49 item 3). The hashes
-    come from the entry as recorded, and from the profile as rendered now when they differ."""
+    release (the profile's `files`, the models) re-hashed on the native host against the route
+    record's hashes (and the profile's as rendered now, where they differ); a replaced file
+    refuses the rollback or restart (exit 6), naming it."""
     t, layout, host = ctx.t("native"), ctx.layout("native"), ctx.host("native")
     problems = recorded_file_problems(entry.profile, host, t, layout)
     rendered = recorded_files(restore.entry.profile)
@@ -810,10 +742,8 @@ def _refuse_restoring_what_runs(ctx: RunEnv, active: RouteEntry | None, restore:
 
 
 def _release_pair(ctx: RunEnv, to: tuple[str, ...], store: PackageStore) -> tuple[str, str]:
-    """`rollback --to`: the (native, rpc) release ids. One id: that release on the native host
-    and the RPC host's kept release of the same revision (the same id when the hosts share a
-    target); two ids: native, rpc. Each must be kept on its host and in the local store, both
-    of one revision (a pair is two packages with one revision)."""
+    """`rollback --to`: the (native, rpc) release ids. One id: that release on native and the RPC
+    host's kept release of its revision; two ids: native, rpc. Kept on the hosts and in the store, one revision."""
     facts = ctx.hosts.facts
     if len(to) not in (1, 2):
         raise ConfigError("rollback --to takes one release (both hosts) or two (native, then rpc)")
@@ -888,10 +818,9 @@ def _rollback_target(
 
 
 def _cut_short_target(ctx: RunEnv, rec: RouteRecord | None, store: PackageStore) -> tuple[RouteEntry, Target]:
-    """`rollback` after a run cut short between its switch and its route record (links that
-    disagree with this home's signed record, kind `switched`): the recorded active pair comes
-    back, verified, and the record is written as found (a back-out: active, previous and their
-    states), which is what that run's own rollback would have done."""
+    """`rollback` after a run cut short between its switch and its route record (kind `switched`):
+    the recorded active pair comes back and the record is written as found, as that run's own
+    back-out would have."""
     assert rec is not None and rec.active is not None  # `switched` needs a record naming a pair
     pair = ctx.inventory.pair(ctx.view.name)
     tgt = restore_target(ctx.view, pair, rec.active, store, label="recorded", trusted=True)
@@ -905,9 +834,8 @@ def _cut_short_target(ctx: RunEnv, rec: RouteRecord | None, store: PackageStore)
 def _rollback_links(
     ctx: RunEnv, rec: RouteRecord, back_to: RouteEntry, cut_short: route_trust.Judgement | None
 ) -> dict[str, tuple[str | None, str | None]]:
-    """(current, previous) per role after the rollback: the restored release current, the
-    recorded active one previous (or the previous kept, when it is the same); after a run cut
-    short, the recorded pair's own links where that run switched them."""
+    """(current, previous) per role after the rollback: the restored release current, the recorded
+    active one previous (or the kept previous); after a run cut short, the recorded pair's own links."""
     links: dict[str, tuple[str | None, str | None]] = {}
     for r in ("native", "rpc"):
         want = back_to.package(r)
@@ -931,12 +859,11 @@ def rollback(
     on_step: Callable[[StepOutcome], None] | None = None,
     pool: Pool | None = None,
 ) -> RunResult:
-    """`pairctl rollback`: swap to the route record's previous pair (or, with `to`, to a kept
-    release: engine/route_states.py `roll_to`), verify it, release leases. `dry_run` reads the
-    hosts unleased, names the target and prints the plan; nothing changes."""
+    """`pairctl rollback`: to the route record's previous pair (or, with `to`, a kept release),
+    verified, leases released. `dry_run` reads the hosts unleased and prints the plan."""
     view = pair_view(inventory, pair_name)
     pb = load_playbook("rollback")
-    inputs = {"inventory": _inventory_sha(inventory), "playbook:rollback": _playbook_sha("rollback")}
+    inputs = _inputs(inventory, "rollback")
     if to:
         inputs["to"] = " ".join(to)
     with _pair_run(
@@ -944,7 +871,7 @@ def rollback(
         inventory,
         view,
         command="rollback",
-        journal_command="rollback" if not dry_run else "rollback --dry-run",
+        dry_run=dry_run,
         inputs=inputs,
         argv=argv,
         on_step=on_step,
@@ -952,9 +879,8 @@ def rollback(
     ) as (ctx, result, record):
         journal = ctx.journal
         kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
-        key = _read_api_key(ctx)
+        key = read_api_key(pair_name, inventory.pair(pair_name))  # verify's /props and /slots reads need it
         steps = plan(pb, view, facts=None, target=None, restores=True)
-        record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
         try:
             _run_prefix(ctx, steps, dry_run, record)

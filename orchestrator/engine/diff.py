@@ -1,10 +1,7 @@
-"""`pairctl diff`: what runs on a pair against what the inventory and a profile ask now (Ansible's
-`--check --diff`, `kamal config` beside `docker inspect`).
+"""`pairctl diff`: what runs on a pair against what the inventory and a profile ask now.
 
-A read: no lease, no receipt. Per host the running service's release and argv (from /proc, as
-status and acceptance read them) against the release and argv a deploy would render now from the
-inventory and the profile (engine/targets.py `render_recorded`, the one renderer deploy and
-rollback use), as a unified diff with one flag and its values a line.
+A read: no lease, no receipt. Per host, the running release and argv (from /proc) against what a
+deploy would render now (engine/targets.py `render_recorded`), as a unified diff, one flag a line.
 """
 
 from __future__ import annotations

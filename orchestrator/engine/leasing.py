@@ -1,15 +1,10 @@
 """Deploy's view of leases: take / re-check / release one host's lease for this run.
 
-A thin adapter over `orchestrator.hosts.leases`: one nonce per run for both hosts, the run's
-purpose text (`... (run RUN_ID)`), and lease records without nonces for receipts. A run
-started under a caller's lease (`ctx.lease_held_by_caller`: qualification holds the pair
-across its arms) renews that lease instead of taking one, and leaves releasing it to the caller.
-
-The run's promise, written into its lease (`stale_after_s`): it renews the lease at least every
-`HEARTBEAT_S` seconds, and before every step that changes a running thing it re-checks it
-(`recheck`: still its nonce, at least `SAFETY_S` left by the host's clock, renewed), so a run
-whose lease was broken while it was paused stops before its next change. A step that waits
-longer than `HEARTBEAT_S` (acceptance) announces its own bound when it re-checks.
+One nonce per run for both hosts, the run's purpose text, nonce-free records for receipts. A run under
+a caller's lease (qualification) renews it and leaves releasing it to the caller. The promise written
+into the lease (`stale_after_s`): renewed at least every `HEARTBEAT_S`, and re-checked (`recheck`:
+own nonce, `SAFETY_S` left by the host's clock) before every change, so a run whose lease was broken
+while paused stops before its next change.
 """
 
 from __future__ import annotations
@@ -56,11 +51,9 @@ def take(ctx: RunEnv, role: str) -> Lease:
 
 
 def _free_left_by_unwritable_root(ctx: RunEnv, role: str) -> bool:
-    """A lease this home's own run left because its root refused the release (read-only or full
-    then: issue 49) is freed by the next run of this home, so no operator step is left after the
-    root takes writes again. Only when the evidence here proves that run over (its sealed receipt,
-    in the chain, the same owner as the lease) and records that very refusal on this host: a lease
-    kept on purpose (a failed rollback) or another home's run is left alone, as before."""
+    """A lease this home's own run left because its root refused the release is freed by this
+    home's next run, only when the evidence proves that run over (sealed receipt, in the chain,
+    same owner) and records that very refusal on this host; any other lease is left alone."""
     t, root, host = ctx.t(role), ctx.layout(role).root, ctx.host(role)
     st = leases.lease_state(t, root)
     run = leases.run_of(st.lease) if st.lease is not None else None
@@ -114,9 +107,7 @@ def recheck(ctx: RunEnv, role: str, *, next_within_s: float = HEARTBEAT_S, resto
 
 
 def _unwritable(text: str, restores: bool) -> bool:
-    """Full, or (for a rollback) read-only. A deploy on a read-only root stops at its re-check,
-    before the change (with the renewal let through, acceptance passed and route-accepted then
-    wrote one host's record of two: records that differ, for repair)."""
+    """Full, or (for a rollback) read-only. A deploy on a read-only root stops at its re-check, before the change."""
     return "no space left" in text.lower() or (space.refuses_writes(text) and restores)
 
 

@@ -1,12 +1,8 @@
-"""Planning: a playbook plus what the hosts look like -> the concrete steps, each on a named
-host with what it will do. Pure: `--dry-run` prints exactly this, and tests check it with no
-host at all.
+"""Planning: a playbook plus what the hosts look like -> the concrete steps, each on a named host.
 
-The plan is what runs: a step that starts or stops a service carries its command per host as a
-frozen `Exec` (argv, the release it verifies first, its bound, the argv the started service
-must show), rendered here and only here (`service_exec`). The step's action (engine/actions) is
-handed that Exec and runs it as it is, and records its argv in the receipt, so the dry run's
-commands and the receipt's are the same bytes.
+Pure: `--dry-run` prints exactly this. A step that starts or stops a service carries its command per
+host as a frozen `Exec`, rendered only here (`service_exec`); the action runs it as it is and records
+its argv, so the dry run's commands and the receipt's are the same bytes.
 """
 
 from __future__ import annotations
@@ -36,8 +32,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Exec:
-    """One command a step runs on one host, rendered once: what `--dry-run` prints, what the
-    executor runs and what the receipt records."""
+    """One command a step runs on one host, rendered once: what the dry run prints, runs and records."""
 
     cmd: Cmd
     bound_s: float  # the exec's own timeout
@@ -53,8 +48,7 @@ class Exec:
 @dataclass(frozen=True)
 class RouteWrite:
     """The route record a plan's `route` / `route-accepted` steps write, decided before the first
-    change by engine/route_plan.py: the transition (engine/route_states.py) from the record as
-    found (its revision), and the sealed records themselves (None: the record is left as it is)."""
+    change (engine/route_plan.py): the transition, the base revision, the sealed records (None: left as is)."""
 
     transition: str  # activate | restore | back-out | roll-back | roll-to | rebuilt | unchanged
     base_revision: int | None
@@ -88,9 +82,8 @@ def planned_fields(record: dict[str, Any], deferred: tuple[str, ...] | list[str]
 
 @dataclass(frozen=True)
 class Upload:
-    """What `upload` does on one host, decided from the facts the plan was made from: the release
-    is `present` (nothing is sent; the exec that stops its service checks these sha256 first, on
-    the host, before it stops anything) or absent (these files are sent, checked, renamed in)."""
+    """What `upload` does on one host: the release is `present` (nothing sent; the stop's exec checks
+    these sha256 on the host first) or absent (these files are sent, checked, renamed in)."""
 
     release: str
     present: bool
@@ -100,11 +93,10 @@ class Upload:
         return {"release": self.release, "present": self.present, "files": dict(sorted(self.files.items()))}
 
 
-# What a step does beyond its action (Step.may), decided for it by the plan: first-change (a deploy's
-# first: both hosts and leases proven, a host never reached changed nothing); switch-own (its links
-# are the deploy's, put back if the back-out fails); restore (it puts a recorded pair back: a root
-# refusing writes is let be where it holds what the step puts, stop proves the RPC host and roots
-# first, no signal stops it once something changed); install-helper (facts of a plan without prepare)
+# What a step does beyond its action (Step.may), decided by the plan: first-change (prove both hosts and
+# leases first); switch-own (its links are the deploy's, put back if the back-out fails); restore (puts a
+# recorded pair back: proves the RPC host and roots first, no signal stops it once something changed);
+# install-helper (facts of a plan without prepare)
 May = Literal["first-change", "switch-own", "restore", "install-helper"]
 
 
@@ -143,9 +135,8 @@ class Step:
         return {h: e.argv() for h, e in self.execs.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        """The step as decided, in one form: what `--dry-run` prints and what the receipt records
-        for each step run (engine/runner.py), so the two are equal by construction. Only what the
-        step's action uses; the API key never (only whether one is set)."""
+        """The step as decided: what `--dry-run` prints and the receipt records for each step run, equal
+        by construction. Only what the step's action uses; the API key never (only whether one is set)."""
         d: dict[str, Any] = {
             "name": self.name,
             "action": self.action,
@@ -194,8 +185,7 @@ class Planning:
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a deploy's preflight decided before its plan is made: each role's package, the API key
-    (read once by config.inventory.read_api_key), the pair to activate."""
+    """What a deploy's preflight decided before its plan: each role's package, the API key, the pair."""
 
     packages: Mapping[str, Package]
     key: ApiKey | None = field(repr=False)
@@ -265,7 +255,7 @@ def pair_view(inventory: Inventory, pair_name: str) -> PairView:
     reach_url = f"[{reach}]" if ":" in reach else reach
     rpc_bind = inventory.rpc_bind(pair_name)
     sup = {
-        # the RPC server's own endpoint turns on its hang check (pairctl-svc rpc-probe, issue 33)
+        # the RPC server's own endpoint turns on its hang check (pairctl-svc rpc-probe)
         "rpc": tuple(
             supervisor.sup_args(
                 inventory.supervision,
@@ -306,8 +296,7 @@ def service_exec(
     links: tuple[str | None, str | None] = (None, None),
     verify_release: str | None = None,
 ) -> Exec:
-    """The command `action` (stop | restart-rpc | start-server) runs on ROLE's host: the one
-    renderer for the plan, the executor and the receipt."""
+    """The command `action` (stop | restart-rpc | start-server) runs on ROLE's host: the one renderer."""
     layout = view.layouts[role]
     name = LLAMA_SERVER if role == "native" else RPC_SERVER
     if action == "stop" or (action == "restart-rpc" and act is None):
@@ -340,8 +329,7 @@ def service_exec(
 
 
 def links_after_deploy(facts: HostFacts | None, new_id: str) -> tuple[str, str | None]:
-    """(current, previous) after activating `new_id`: the old current becomes previous, unless
-    it is the same release (a re-deploy keeps the older previous)."""
+    """(current, previous) after activating `new_id`: old current becomes previous unless it is the same."""
     if facts is None or facts.current is None:
         return new_id, facts.previous if facts else None
     if facts.current == new_id:
@@ -429,9 +417,8 @@ def _links(
     target: Activation | None,
     restore_links: Mapping[str, tuple[str | None, str | None]],
 ) -> tuple[str | None, str | None]:
-    """(current, previous) a switch leaves on ROLE's host, decided once here for the plan and the
-    executor: a deploy's new release (qualify's restore keeps the `previous` it found), or what
-    a restore puts back."""
+    """(current, previous) a switch leaves on ROLE's host, decided once for plan and executor: a
+    deploy's new release (qualify's restore keeps the `previous` it found), or what a restore puts back."""
     if target is None:
         return restore_links.get(role, (None, None))
     cur, prev = links_after_deploy(facts.get(role), target.package(role))
@@ -457,8 +444,7 @@ def _uploads(
     target: Activation | None,
     packages: Mapping[str, Package],
 ) -> dict[str, Upload]:
-    """Each host's upload, decided here from the facts: present (verified by the exec that stops
-    its service, nothing sent) or absent (its files sent)."""
+    """Each host's upload from the facts: present (verified by the exec that stops it) or absent (sent)."""
     out: dict[str, Upload] = {}
     for r in roles if target is not None else ():
         assert target is not None

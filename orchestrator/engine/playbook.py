@@ -1,11 +1,8 @@
 """Playbooks: the ordered steps a command runs, as YAML a user can read (playbooks/*.yaml).
 
-Each step names the host role it runs on (native, rpc, both, local), an action the engine
-knows, and what a failure means (`rollback`, `abort`, `continue`). Validation makes the
-safety rule structural: once a step that changes what runs (stop, switch, start, route) has
-come, a later failure may not be `abort` (which would leave a half-activated pair) — it must
-be `rollback`, `stop` (inside a rollback: leave the hosts stopped, keep the leases) or
-`continue` (steps that cannot hurt, like releasing leases).
+Each step names a host role, an action and what a failure means. Once a step that changes what runs
+has come, a later failure may not be `abort` (a half-activated pair): it must be `rollback`, `stop`
+or `continue`.
 """
 
 from __future__ import annotations
@@ -25,13 +22,8 @@ from orchestrator.paths import PLAYBOOKS
 
 @functools.cache
 def required_steps(folder: Path = PLAYBOOKS) -> dict[str, tuple[tuple[str, str, str], ...]]:
-    """(action, host, on_failure) of each step of every playbook pairctl ships (playbooks/*.yaml in
-    the package), by name, in order: the steps those commands need. A config repo may override
-    a playbook (descriptions, extra steps), but never drop or reorder these, or soften what their
-    failure means: a planted deploy.yaml without verify/accept, or with `on_failure: continue` on
-    them, would mark an unverified pair active (issue 32). `preflight` first is also what lets
-    deploy refuse before any lease. Read from the shipped files, so nothing repeats them; none
-    there (an install without them) refuses, where an empty table would require nothing."""
+    """(action, host, on_failure) of each step of every playbook pairctl ships, by name, in order: a
+    config repo's playbook may add steps, never drop, reorder or soften these. None shipped refuses."""
     found = {}
     paths = sorted(folder.glob("*.yaml"))
     if not paths:

@@ -1,27 +1,15 @@
-"""`pairctl repair --pair P`: rebuild a pair's route record from what the hosts and this home
-hold, after showing it.
+"""`pairctl repair --pair P`: rebuild a pair's route record from what the hosts and this home hold.
 
-The route record is a cache of what runs, signed by this home. When it is missing, does not
-parse, differs between the hosts, names what the links do not, or was written elsewhere,
-deploy and rollback refuse (exit 6) and point here. The rebuilt record says:
-  - active: the packages `current` names on both hosts, previous: what `previous` names;
-  - each rendered now from the inventory and a profile: the one the old record names for
-    those packages when this home signed it, else the one the newest passed deploy of them in
-    this home's evidence used, else the pair's profile in the inventory (an unsigned record is
-    what the host wrote: it never picks the profile, issue 32 item 14);
-  - the model hashes the signed old record had for those packages (none otherwise);
-  - revision: one above the highest either host had; signed and anchored like any record;
-  - state: the old record's when it names the same pair, else identity-verified (route_states.rebuilt).
-A pair whose `current` names no release on both hosts (never deployed) has nothing to rebuild:
-refused, never a record of nothing active.
-Without `--yes` nothing is written (the receipt says what would be). With it, both hosts'
-leases are taken, route.json is replaced by compare-and-swap on each host, and the leases are
-released. A current link naming a release that is not installed cannot be repaired here.
+The rebuilt record names what `current` and `previous` name on both hosts, each rendered now with the
+profile the signed old record names for it, else the newest passed deploy's, else the inventory's (an
+unsigned record never picks the profile); model hashes from the signed old record only; revision one
+above either host's; state from route_states.rebuilt. A pair never deployed is refused. Without `--yes`
+nothing is written; with it the record is replaced by compare-and-swap under both leases.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator.build import revisions
@@ -49,20 +37,12 @@ class RepairResult:
     written: bool
     problems: list[str]
     record: dict[str, Any] | None
-    receipt: str | None = None
     sources: dict[str, str] = field(default_factory=dict)
+    receipt: str | None = None
     plan: list[dict[str, Any]] = field(default_factory=list)  # its steps, as shown and as run (plan.Step.to_dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "pair": self.pair,
-            "written": self.written,
-            "problems": self.problems,
-            "record": self.record,
-            "sources": self.sources,
-            "receipt": self.receipt,
-            "plan": self.plan,
-        }
+        return asdict(self)
 
 
 def repair(
@@ -92,7 +72,7 @@ def repair(
             journal.set("problems_before", problems)
             rec, sources, relinks = rebuilt_record(ctx, judged)
             journal.set("rebuilt", {"record": rec.model_dump(mode="json", by_alias=True), "sources": sources})
-            result = RepairResult(pair_name, False, problems, rec.model_dump(mode="json", by_alias=True), None, sources)
+            result = RepairResult(pair_name, False, problems, rec.model_dump(mode="json", by_alias=True), sources)
             base = route_plan.parsed(ctx.hosts.route_bytes("native"))
             route = RouteWrite("rebuilt", base.revision if base else None, rec)
             rest = [
@@ -207,11 +187,8 @@ def _one_revision_links(
     ctx: RunEnv, store: PackageStore, olds: list[RouteRecord]
 ) -> tuple[dict[str, tuple[str | None, str | None]], dict[str, tuple[str, str | None]]]:
     """(current, previous) per host that the rebuilt record names: the links as they are, unless
-    their `current`s are of two revisions (a run cut short between restart-rpc and switch-native
-    leaves them so). Such a pair is never recorded (a rollback or restart would run it); the
-    links go back to the active pair of the old record signed by this home (one revision, its
-    releases installed on both hosts), which `--yes` switches back by rename under the leases and
-    records (the second map). Without such a record repair refuses (exit 6)."""
+    their `current`s are of two revisions; then the active pair of the old record this home
+    signed (the second map, switched back under the leases with `--yes`), else refused (exit 6)."""
     facts, pair = ctx.hosts.facts, ctx.view.name
     links: dict[str, tuple[str | None, str | None]] = {r: (facts[r].current, facts[r].previous) for r in ROLES}
     relinks: dict[str, tuple[str, str | None]] = {}

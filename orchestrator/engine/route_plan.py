@@ -1,8 +1,8 @@
-"""The route write a plan carries, decided before its first change: the transition of
-engine/route_states.py, the record it starts from (its revision) and the sealed records the
-`route` / `route-accepted` steps write on both hosts (engine/actions/route.py writes exactly these;
-a dry run prints them but for the fields only the writing run knows). Signed with this home's key, anchored at
-the pair's evidence head as the run found it."""
+"""The route write a plan carries, decided before its first change: the route_states transition, the
+record it starts from and the sealed records `route` / `route-accepted` write on both hosts (a dry
+run prints them but for the fields only the writing run knows), signed and anchored at the pair's
+evidence head as the run found it.
+"""
 
 from __future__ import annotations
 
@@ -30,9 +30,7 @@ def for_deploy(
     inputs: RunInputs, current: RouteRecord | None, new: RouteEntry, prior: RouteEntry | None, deferred: tuple[str, ...]
 ) -> RouteWrite:
     """The deploy's records, decided with its plan: `activating`, and what route-accepted settles
-    it as (accepted only when the whole suite runs; qualify's restore: the record as found before
-    its first arm, its states kept). Sealed again once prepare hashed the models: only `deferred`
-    (and plan.RUN_FIELDS) may change."""
+    it as. Sealed again once prepare hashed the models: only `deferred` and RUN_FIELDS may change."""
     pair, run = inputs.view.name, inputs.run_id
     keep = inputs.options.restore_record
     if keep is not None:

@@ -1,40 +1,10 @@
 """The route record's states and transitions, written down once; every command goes through here.
 
-A record names the pair that is active on the hosts and the one a rollback returns to:
-
-    state of `active`        meaning
-    (no record)              never deployed
-    activating               a deploy switched to it and verified its identity; acceptance not finished
-    active                   accepted: the whole acceptance suite passed on it (wire name of route/1)
-    identity-verified        identity verified, acceptance skipped or only part of it run
-                             (`--skip-accept`, a partial `--checks`, a `rollback --to` a release)
-
-`previous` is the pair a rollback returns to and `previous_state` the state it had while it
-was active (absent in records written before it existed: read as `active`, as they were).
-
-Transitions (pure; each returns the successor record, revision + 1 unless said otherwise):
-
-    activate(found, new)            deploy's `route` step: new `activating`; previous := found's
-                                    active with its state (a re-deploy of the same pair keeps
-                                    found's previous)
-    finish(rec, accepted)           deploy's `route-accepted` step, same revision:
-                                    `active` if the whole suite passed, else `identity-verified`
-    back_out(found, restored)       a failed deploy rolled back: the found record again (active,
-                                    previous, both states), the active entry as rendered now; not
-                                    written at all when the run wrote none and it would equal
-                                    found (unchanged_by_back_out)
-    roll_back(found, restored)      `rollback`: the previous pair active with the state it had,
-                                    found's active becomes previous (`activating` -> identity-verified)
-    roll_to(found, restored)        `rollback --to RELEASE`: that pair active, identity-verified
-                                    (its state if it is found's previous); found's active previous
-    restore(found, restored)        qualify's restore: the record as found before the first arm
-                                    (previous, profiles, states); the state only if what was
-                                    rendered now is what found named
-    rebuilt(found, active, previous) repair: from the links; `identity-verified` (acceptance is
-                                    not known), never a record of nothing active
-
-Who reads states: `rollout.on_revision` skips only an accepted pair (or an identity-verified one
-for a rollout that itself accepts less), `route_trust` flags an `activating` record whose run is over.
+States of `active`: `activating` (deploy switched and verified identity, acceptance not finished),
+`active` (the whole acceptance suite passed; route/1's wire name), `identity-verified` (acceptance
+skipped or partial, or `rollback --to` a release). `previous_state` is the state `previous` had while
+active (absent in older records: read as `active`). Each transition is pure and returns the successor
+record, revision + 1 except `finish`; `rollout.on_revision` and `route_trust` read the states.
 """
 
 from __future__ import annotations
@@ -70,13 +40,13 @@ def same_pair(a: RouteEntry | None, b: RouteEntry | None) -> bool:
 
 def _next(
     found: RouteRecord | None,
-    *,
-    pair: str,
-    run_id: str,
     active: RouteEntry | None,
     state: str,
     previous: RouteEntry | None,
     previous_state: str | None,
+    *,
+    pair: str,
+    run_id: str,
     now: datetime | None,
 ) -> RouteRecord:
     rec = next_record(found, pair=pair, active=active, previous=previous, run_id=run_id, now=now)
@@ -97,16 +67,7 @@ def activate(
         prev, prev_state = (found.previous, state_of_previous(found)) if found else (None, None)
     else:
         prev, prev_state = prior, settled(found.state)
-    return _next(
-        found,
-        pair=pair,
-        run_id=run_id,
-        active=new,
-        state=ACTIVATING,
-        previous=prev,
-        previous_state=prev_state,
-        now=now,
-    )
+    return _next(found, new, ACTIVATING, prev, prev_state, pair=pair, run_id=run_id, now=now)
 
 
 def finish(rec: RouteRecord, *, accepted: bool) -> RouteRecord:
@@ -125,12 +86,12 @@ def back_out(
     """`current`: what the rollback replaces (the failed deploy's own record, or found)."""
     return _next(
         current,
+        restored,
+        settled(found.state) if found is not None and restored is not None else IDENTITY_ONLY,
+        found.previous if found else None,
+        state_of_previous(found) if found else None,
         pair=pair,
         run_id=run_id,
-        active=restored,
-        state=settled(found.state) if found is not None and restored is not None else IDENTITY_ONLY,
-        previous=found.previous if found else None,
-        previous_state=state_of_previous(found) if found else None,
         now=now,
     )
 
@@ -145,14 +106,7 @@ def roll_back(
     found: RouteRecord, restored: RouteEntry, *, pair: str, run_id: str, now: datetime | None = None
 ) -> RouteRecord:
     return _next(
-        found,
-        pair=pair,
-        run_id=run_id,
-        active=restored,
-        state=state_of_previous(found),
-        previous=found.active,
-        previous_state=settled(found.state),
-        now=now,
+        found, restored, state_of_previous(found), found.active, settled(found.state), pair=pair, run_id=run_id, now=now
     )
 
 
@@ -161,16 +115,7 @@ def roll_to(
 ) -> RouteRecord:
     if found.previous is not None and same_pair(found.previous, restored):
         return roll_back(found, restored, pair=pair, run_id=run_id, now=now)
-    return _next(
-        found,
-        pair=pair,
-        run_id=run_id,
-        active=restored,
-        state=IDENTITY_ONLY,
-        previous=found.active,
-        previous_state=settled(found.state),
-        now=now,
-    )
+    return _next(found, restored, IDENTITY_ONLY, found.active, settled(found.state), pair=pair, run_id=run_id, now=now)
 
 
 def restore(
@@ -186,12 +131,12 @@ def restore(
     state = settled(found.state) if same_pair(found.active, restored) else IDENTITY_ONLY
     return _next(
         current,
+        restored,
+        state,
+        found.previous,
+        state_of_previous(found) if found.previous else None,
         pair=pair,
         run_id=run_id,
-        active=restored,
-        state=state,
-        previous=found.previous,
-        previous_state=state_of_previous(found) if found.previous else None,
         now=now,
     )
 
@@ -210,11 +155,11 @@ def rebuilt(
     prev_state = state_of_previous(found) if found is not None and same_pair(found.previous, previous) else None
     return _next(
         found,
+        active,
+        state,
+        previous,
+        prev_state or (IDENTITY_ONLY if previous else None),
         pair=pair,
         run_id=run_id,
-        active=active,
-        state=state,
-        previous=previous,
-        previous_state=prev_state or (IDENTITY_ONLY if previous else None),
         now=now,
     )

@@ -1,33 +1,16 @@
 """Judging what the hosts say about a pair before anything is decided from it.
 
-The hosts are untrusted input. Every command that reads the route record (status, deploy,
-rollback, repair) judges both hosts' records and links here, and each problem names host,
-path and the command that resolves it:
+The hosts are untrusted input. Every command that reads the route record judges both hosts' records
+and links here: same bytes on both, signed by this home (`mac`, HMAC-SHA256 with `<home>/route.key`)
+and byte for byte what pairctl writes, argv digests right, `current` naming the recorded active
+release, anchored in the writing home's evidence chain (`unpulled` for another home's record whose
+receipts are not here: a warning, offline first), and no `activating` record of a finished run.
+Each problem names host, path and the command that resolves it.
 
-- each host's route.json parses, names this pair, and the two hosts hold the same bytes;
-- the record carries this home's signature (`mac`, HMAC-SHA256 with `<home>/route.key`, 0600,
-  made on first use): an entry edited on the host, or written by hand, does not verify; a signed
-  record must also be byte for byte what pairctl writes (no duplicate keys, no re-encoding);
-- each entry's argv_sha256 is the digest of its argv;
-- `current` on each host names what the record names active, and a release that is there;
-- the record is anchored in the writing home's evidence (`evidence_home`: this home's, or the
-  copy of another operator's pulled from the team's evidence remote, evidence/team.py): the
-  receipt of the run that wrote it is in the pair's chain and follows the chain head the record
-  names, so a deleted newest receipt, a deleted chain or a rewritten one shows up; a record of
-  another home whose receipts are not here (yet) is `unpulled`, a warning deploy and rollback
-  let pass (offline first);
-- a record still `activating` whose run is over names a pair that was never accepted.
-
-A `current` that disagrees with a record signed by this home, where both the link and the
-recorded release are installed on that host, is a switch cut short (a run killed or failed
-between its first switch and its route step leaves exactly that): kind `switched`, which
-deploy and rollback resolve themselves (rollback puts the recorded active pair back, deploy
-replaces it, and a failed deploy backs out to the recorded pair, not to the links it found),
-so the documented crash recovery (free the leases, then rollback or deploy) needs no repair.
-
-Deploy refuses every problem except an unsigned record (written before records were signed:
-deploy replaces it with a signed one), an unaccepted activation (deploying again resolves
-it) and a switch cut short; rollback refuses every problem except those last two.
+A `current` that disagrees with a signed record while both releases are installed is a switch cut
+short (kind `switched`): deploy and rollback resolve it themselves, so crash recovery needs no repair.
+Deploy lets pass an unsigned record, an unaccepted activation and a switch cut short; rollback the
+last two.
 """
 
 from __future__ import annotations
@@ -80,10 +63,8 @@ ROLLBACK_ALLOWS = frozenset({ACTIVATING, SWITCHED, UNPULLED})
 
 
 def route_key(home: Home) -> bytes:
-    """The key route records are signed with, created 0600 on first use. It is written to a
-    temporary file and linked into place (never replacing one), so two first runs of one home
-    at once agree on one key and neither reads a half-written file. A key others can read is
-    refused: whoever reads it can forge a record pairctl trusts."""
+    """The key route records are signed with, created 0600 on first use by link (never replace),
+    so two first runs agree on one key. A key others can read is refused: it could forge records."""
     path = home.root / KEY_NAME
     home.root.mkdir(parents=True, exist_ok=True)
     if not os.path.lexists(path):
@@ -210,15 +191,8 @@ def _parse_records(
 
 
 def _split_settle(recs: Mapping[Role, RouteRecord | None], facts: Mapping[str, HostFacts], key: bytes) -> Role | None:
-    """The role whose copy is `activating` when a run was cut short between its two hosts' writes
-    of one record (judged as never accepted, ACTIVATING: a rollback or deploy puts it right, rather
-    than records that differ, repair only). Both records signed with this home's key as written,
-    one `activating` and the other either
-    - the same record settled (cut between the route-accepted writes): equal in every field but
-      the state (and so the signature), or
-    - the record it was made from (cut between the route writes): the revision before, settled,
-      written by another run of the same home, and the base `route_states.activate` makes its
-      `activating` successor from (the same pair, its previous pair and states carried over)."""
+    """The role whose copy is `activating` when a run was cut short between its hosts' writes of one
+    record: both signed here, the other copy that record settled or the settled revision it came from."""
     a, b = recs.get("native"), recs.get("rpc")
     if a is None or b is None or a.state == b.state or "activating" not in (a.state, b.state):
         return None
@@ -245,8 +219,7 @@ def _activated_from(new: RouteRecord, old: RouteRecord) -> bool:
 
 def found_record(facts: Mapping[str, HostFacts], key: bytes) -> RouteRecord | None:
     """The record a run that puts a pair back starts from: the native host's, or the `activating`
-    copy where a run was cut short between its hosts' writes (the one judge takes), so what it
-    writes follows the record the pair was judged by, whichever host that run reached first."""
+    copy of a run cut short between its hosts' writes (the one judge takes)."""
     try:
         recs = {role: parse_route(facts[role].route_bytes) for role in ROLES}
     except HostStateError:
@@ -398,9 +371,8 @@ def _replayed_here(record: RouteRecord, evidence: EvidenceStore, pair: str) -> s
 def switched_links(
     record: RouteRecord, facts: Mapping[str, HostFacts], judged: Judgement
 ) -> dict[str, tuple[str | None, str | None]]:
-    """(current, previous) that put back the recorded active pair on each host whose `current` a
-    cut-short run switched (kind `switched`): previous is the record's previous release where
-    that host keeps it, else the release the link named (as repair puts them back)."""
+    """(current, previous) that put back the recorded active pair on each host a cut-short run
+    switched: previous is the record's previous release where kept there, else what the link named."""
     out: dict[str, tuple[str | None, str | None]] = {}
     if record.active is None or not judged.switched:
         return out
@@ -444,10 +416,8 @@ def highest_recorded(evidence: EvidenceStore, pair: str) -> int | None:
 
 
 def _route_write(receipt: Receipt) -> int | None:
-    """The highest route revision a run recorded writing, None when it wrote none. The engine
-    records a step's data per host (`{"action": "route", "<host>": {"revision": ..., "read_back":
-    "byte-identical", ...}}`, engine.runner), a local step's at the top: both shapes count, and
-    only the steps that write the record (route, route-accepted, route-repair)."""
+    """The highest route revision a run recorded writing (route, route-accepted, route-repair
+    steps; per-host or local step data), None when it wrote none."""
     revs: list[int] = []
     for s in receipt.steps:
         if s.data.get("action") not in ACTIONS or not ACTIONS[s.data["action"]].writes_route:

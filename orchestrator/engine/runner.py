@@ -1,8 +1,6 @@
 """The one engine: runs planned steps in order, one journal step per playbook step, and on a
-failure does what the step says (rollback / abort / stop / continue).
-
-Steps on `both` hosts run on the two hosts at once (a 2-thread pool) and collect each host's
-result or error, the way fabric's GroupResult does; the journal step records both.
+failure does what the step says (rollback / abort / stop / continue). Steps on `both` hosts run on
+the two at once and collect each host's result or error, like fabric's GroupResult.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ if TYPE_CHECKING:
     from orchestrator.evidence.journal import Journal
 
 # (run environment, role: native | rpc | None, the planned step): an executor runs what its step
-# carries for its host (the command as a plan.Exec, the links, the record, the package) and
-# decides none of it, so what runs is what the plan printed
+# carries for its host and decides none of it, so what runs is what the plan printed
 Handler = Callable[["RunEnv", Any, Step], dict[str, Any] | None]
 
 
@@ -119,9 +116,8 @@ def run_steps(
 
 
 def _stop_if_interrupted(step: Step, ctx: RunEnv, journal: Journal, host_label: str) -> None:
-    """A signal stops the run before its next step, as that step's failure (the deploy's
-    failure path then rolls back or releases). Never a lease release, nor the steps of a
-    rollback once it changed something: those are the cleanup and run to their end."""
+    """A signal stops the run before its next step, as that step's failure; never a lease release
+    nor a rollback's steps once it changed something: those are the cleanup."""
     if step.action == "release-lease" or ("restore" in step.may and ctx.recorder.changed):
         return
     try:

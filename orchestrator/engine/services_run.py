@@ -1,13 +1,8 @@
-"""`pairctl restart | start | stop`: the pair that runs now, restarted, started or stopped in place
-(Kamal's `app boot | start | stop`), under both leases, with a receipt.
+"""`pairctl restart | start | stop`: the active pair restarted, started or stopped in place, under both leases.
 
-The same machinery as a rollback (engine/deploy.py `_pair_run`, mode "rollback"): the pair
-restarted is the route record's active entry, rendered now from the inventory and its profile
-(never the recorded argv), its links left as found. The plan (playbooks/restart.yaml or
-stop.yaml) carries every command as an `Exec` from `plan.service_exec`, so `--dry-run` prints
-the exact commands the run records in its receipt. Nothing here writes the route record: the
-pair it names is the pair that runs again. A restart or start that fails after its first change
-ends like a failed rollback: both services stopped, leases kept, exit 8.
+Rollback's machinery (engine/deploy.py `_pair_run`): the route record's active entry rendered now
+(never the recorded argv), links left as found, the route record not written. A failure after the
+first change ends like a failed rollback: both services stopped, leases kept, exit 8.
 """
 
 from __future__ import annotations
@@ -16,7 +11,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from orchestrator.build.store import PackageStore
-from orchestrator.config.inventory import Inventory
+from orchestrator.config.inventory import Inventory, read_api_key
 from orchestrator.engine import activate, route_trust, targets
 from orchestrator.engine.actions import ACTIONS, load_playbook
 from orchestrator.engine.context import Pool, RunEnv
@@ -26,13 +21,10 @@ from orchestrator.engine.deploy import (
     _abort,
     _cause,
     _final_state,
-    _inventory_sha,
+    _inputs,
     _judge_hosts,
     _n_prefix,
     _pair_run,
-    _playbook_sha,
-    _read_api_key,
-    _ReleaseWatch,
     _restore_plan,
     _run_prefix,
     _verify_restore_releases,
@@ -65,22 +57,21 @@ def run_services(
     view = pair_view(inventory, pair_name)
     name = PLAYBOOK[verb]
     pb = load_playbook(name)
-    inputs = {"inventory": _inventory_sha(inventory), f"playbook:{name}": _playbook_sha(name)}
+    inputs = _inputs(inventory, name)
     with _pair_run(
         home,
         inventory,
         view,
         command=verb,
-        journal_command=verb if not dry_run else f"{verb} --dry-run",
+        dry_run=dry_run,
         inputs=inputs,
         argv=argv,
         on_step=on_step,
         pool=pool,
     ) as (ctx, result, record):
         journal = ctx.journal
-        key = _read_api_key(ctx)
+        key = read_api_key(pair_name, inventory.pair(pair_name))  # verify's /props and /slots reads need it
         steps = plan(pb, view, facts=None, target=None, restores=True)
-        record = _ReleaseWatch(record)
         n_prefix = _n_prefix(steps)
         try:
             _run_prefix(ctx, steps, dry_run, record)

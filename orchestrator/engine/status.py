@@ -1,8 +1,6 @@
-"""`pairctl status --pair NAME`: what is active and previous on each host, whether the services
-run and match their manifests, the route record, the leases, and runs that were killed.
+"""`pairctl status --pair NAME`: releases, services, route record, leases and killed runs of a pair.
 
-Read-only on the hosts, and a read writes no receipt (issue 17: the audit trail holds what
-changed or was judged, not every look); it never waits for (or blocks) a deploy holding the pair.
+Read-only on the hosts, no receipt, and never waits for (or blocks) a deploy holding the pair.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""What a pair renders into, before any host is touched: the target a deploy activates (exact
-argv, route entry, the identity verify expects), a recorded pair a restore puts back, rendered
-again from the inventory and its profile (never the recorded argv), and preflight, which refuses
-a deploy locally (packages verified and of one revision, flags its llama-server offers, the
-flag policy) and decides the packages, key and target the plan carries.
+"""What a pair renders into, before any host is touched: a deploy's target (argv, route entry, the
+identity verify expects), a recorded pair a restore puts back (rendered again, never the recorded
+argv), and preflight, which refuses a deploy locally and decides what the plan carries.
 """
 
 from __future__ import annotations
@@ -106,13 +104,9 @@ def _bin_sha(manifest: PackageManifest, name: str) -> str:
 def restore_target(
     view: PairView, pair: PairSpec, entry: RouteEntry, store: PackageStore, label: str, *, trusted: bool
 ) -> Target:
-    """A recorded pair to put back, rendered NOW from the inventory as it stands (API key,
-    binds, ports) and its profile: the record says which packages and which profile; its argv
-    are never restarted. The profile is the one the entry records when the record carries this
-    home's signature (`trusted`: this operator deployed exactly that, e.g. a qualification
-    arm's), else the operator's profile file of that name. Refuses (before anything changes)
-    when the packages are not in the local store, the profile cannot be had or renders a flag
-    the package lacks."""
+    """A recorded pair to put back, rendered NOW (never the recorded argv) with the recorded profile
+    when this home signed it (`trusted`), else the operator's profile of that name; refused before
+    any change when a package is not in the store or the profile cannot be had or rendered."""
     profile: RouteProfile | str = entry.profile_name
     if trusted:
         try:

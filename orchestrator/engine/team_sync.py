@@ -1,8 +1,6 @@
 """The team's evidence remote as the engine meets it: pull another home's receipts before its route
-record is judged, and compare this home's evidence with the remote's copy for `status`.
-
-Offline first: a remote that does not answer is a warning, never a refusal of its own; the
-route's judge (engine/route_trust.py) then says which record it could not check.
+record is judged, and compare this home's evidence with the remote's for `status`. Offline first: a
+remote that does not answer is a warning, never a refusal of its own.
 """
 
 from __future__ import annotations
@@ -38,10 +36,8 @@ def pull_for_route(evidence: EvidenceStore, inventory: Inventory, route_bytes: b
 
 
 def remote_problems(evidence: EvidenceStore, inventory: Inventory) -> tuple[list[str], list[str]]:
-    """(problems, warnings): receipts the remote holds that this home's evidence lacks or holds
-    otherwise, or that its copy of another home's holds otherwise (a rewritten home), after
-    pulling (other homes' new receipts are copied, so only a change shows); compared with the
-    last fetched copy when the remote does not answer."""
+    """(problems, warnings): receipts the remote holds that this home's evidence (or its copy of
+    another home's) lacks or holds otherwise, after pulling; against the last fetch when offline."""
     access = resolve_remote(inventory)
     if access is None:
         return [], []

@@ -18,9 +18,8 @@ ACTIONS: dict[str, Action] = {cls.name: cls() for cls in Action.__subclasses__()
 
 
 def load_playbook(name_or_path: str) -> Playbook:
-    """The playbook a command runs, its steps' actions checked against ACTIONS; a file found under
-    a command's name must call itself that (a `playbooks/deploy.yaml` named `x` would escape the
-    required steps of `deploy`)."""
+    """The playbook a command runs, its actions checked against ACTIONS; a file found under a
+    command's name must call itself that, or it would escape that command's required steps."""
     required = required_steps()  # refuses first when the bundled playbooks cannot be read
     path = search.resolve_ref("playbook", name_or_path)
     pb = load_model(Playbook, path, context={"actions": ACTIONS})

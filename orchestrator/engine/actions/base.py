@@ -1,7 +1,7 @@
 """What every playbook action is: a class named by the playbooks (`class Stop(Action, name="stop",
-changes=True)`), whose `execute` runs what its plan step carries for one host and decides none of
-it. The registry (engine/actions/__init__.py) is built from these classes, so an action's name and
-whether it changes what runs are said once, on its class."""
+changes=True)`) whose `execute` runs what its plan step carries for one host and decides none of it;
+its name and whether it changes what runs are said once, on its class.
+"""
 
 from __future__ import annotations
 

@@ -161,9 +161,8 @@ _SERVICE_USER_SH = (
 
 
 def _check_service_user(ctx: RunEnv, role: str, user: str, tgt: Target | None) -> dict[str, Any]:
-    """The inventory's service_user exists on the host (not as root), setpriv is there and (native
-    host) it can read every model and declared file the servers load, before any change: the
-    supervisor starts nothing without them, and a rollback would fail the same way."""
+    """The inventory's service_user exists on the host (not as root), setpriv is there and it can
+    read every model and declared file (native), before any change: without them nothing starts."""
     paths: list[str] = []
     if role == "native":
         paths = [m.path for m in ctx.inventory.pair(ctx.view.name).models.values()]
@@ -207,49 +206,38 @@ def verify_unit_before_change(ctx: RunEnv, role: str, tgt: Target | None) -> str
 
 
 def _hash_models(ctx: RunEnv) -> dict[str, Any]:
-    """The model files the new pair will load, hashed on the native host (cached there by stat,
-    so only a new or changed file costs a full read). A missing file, or one whose sha256 is not
-    the one the inventory declares, refuses the deploy before anything changes (exit 6); the
-    hashes go into the route entry, so status, acceptance and answer baselines know the weights."""
+    """The models the new pair will load, hashed on the native host (cached by stat); missing or
+    undeclared sha256 refuses the deploy before any change (exit 6). The hashes go into the route entry."""
     models = ctx.inventory.pair(ctx.view.name).models
     if not models:
         return {}
-    t0 = time.monotonic()
-    found, problems = check_models(
-        {n: m.path for n, m in models.items()},
-        {n: m.sha256 for n, m in models.items() if m.sha256},
-        ctx.host("native"),
-        ctx.t("native"),
-        ctx.layout("native"),
-        expected_is="the inventory declares",
-    )
-    ctx.timed("model_hash_s", time.monotonic() - t0)
-    if problems:
-        raise PackageError(
-            "; ".join(problems) + "; nothing was changed",
-            hint="put the declared file in place (or correct models.<name>.sha256 in the inventory)",
-        )
-    return {name: {"sha256": h.sha256, "size": h.size, "how": h.how} for name, h in sorted(found.items())}
+    paths, declared = {n: m.path for n, m in models.items()}, {n: m.sha256 for n, m in models.items() if m.sha256}
+    hint = "put the declared file in place (or correct models.<name>.sha256 in the inventory)"
+    return _hashed(ctx, paths, declared, hint, "model_hash_s", expected_is="the inventory declares")
 
 
 def _hash_files(ctx: RunEnv, tgt: Target) -> dict[str, Any]:
-    """The answer-changing files the profile's extra_args name (RouteProfile.files), hashed on the
-    native host before anything changes: a missing file or one whose sha256 is not the declared
-    one refuses the deploy (exit 6). The declared hashes are in the profile the route entry
-    records, so status and acceptance re-hash the files against them."""
+    """The answer-changing files the profile's extra_args name, hashed on the native host before
+    any change: missing or not the declared sha256 refuses the deploy (exit 6)."""
     files = dict(tgt.entry.profile.get("files") or {})
     if not files:
         return {}
-    found, problems = check_models(
-        {p: p for p in files}, files, ctx.host("native"), ctx.t("native"), ctx.layout("native"),
-        expected_is="the profile declares", kind="file",
-    )  # fmt: skip
+    hint = "put the declared file in place on the native host, or correct the profile's files.<path>"
+    return _hashed(ctx, {p: p for p in files}, files, hint, None, expected_is="the profile declares", kind="file")
+
+
+def _hashed(
+    ctx: RunEnv, paths: dict[str, str], declared: dict[str, str], hint: str, timing: str | None, **how: str
+) -> dict[str, Any]:
+    """`paths` hashed on the native host against `declared`, as the receipt records them; a
+    problem refuses the run, nothing changed."""
+    t0 = time.monotonic()
+    found, problems = check_models(paths, declared, ctx.host("native"), ctx.t("native"), ctx.layout("native"), **how)
+    if timing is not None:
+        ctx.timed(timing, time.monotonic() - t0)
     if problems:
-        raise PackageError(
-            "; ".join(problems) + "; nothing was changed",
-            hint="put the declared file in place on the native host, or correct the profile's files.<path>",
-        )
-    return {p: {"sha256": h.sha256, "size": h.size, "how": h.how} for p, h in sorted(found.items())}
+        raise PackageError("; ".join(problems) + "; nothing was changed", hint=hint)
+    return {k: {"sha256": h.sha256, "size": h.size, "how": h.how} for k, h in sorted(found.items())}
 
 
 class Upload(Action, name="upload"):

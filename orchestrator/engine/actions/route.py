@@ -21,10 +21,8 @@ from orchestrator.roles import ROLES
 
 
 def _room_for_route(ctx: RunEnv, data: bytes, sha: str) -> None:
-    """Before either host's record is written: both install roots take a file of the record's
-    size (one SFTP write and remove each, checked once for both hosts' steps). A root that
-    filled up or went read-only after the switch's own check otherwise took the record on one
-    host only: records of two revisions, which only `repair` resolved (issue 33 item 9)."""
+    """Before either host's record is written: both roots take a file of the record's size (checked
+    once for both hosts), so a root full or read-only since the switch never gets one host's record only."""
 
     def probe() -> None:
         for r in ROLES:
@@ -86,9 +84,8 @@ class Route(Action, name="route", changes=True, writes_route=True):
 
 
 class RouteAccepted(Action, name="route-accepted", changes=True, writes_route=True):
-    """Acceptance passed (or was skipped): the record the route step wrote, `activating` ->
-    `active` (the whole suite passed) or `identity-verified` (skipped or partial), same revision,
-    by compare-and-swap on the bytes this run wrote (both decided by the plan)."""
+    """Acceptance passed (or was skipped): the route step's record settled, same revision, `active`
+    or `identity-verified`, by compare-and-swap on the bytes this run wrote (decided by the plan)."""
 
     def describe(self, p: Planning) -> tuple[str, dict[str, Exec]]:
         if p.skip_accept:

@@ -27,9 +27,8 @@ from orchestrator.roles import ROLES
 
 
 def _reach_before_change(ctx: RunEnv, role: str) -> float:
-    """Stopping native is the first change, and from there the other host must take a restart
-    (and a rollback needs it too). One exec round trip to it now turns a host lost since `lease`
-    into a refusal with the previous pair still serving (exit 4), not a pair taken down (exit 8)."""
+    """Stopping native is the first change, and from there the RPC host must take a restart: one
+    round trip now turns a host lost since `lease` into a refusal (exit 4), not a pair taken down (8)."""
     t0 = time.monotonic()
     try:
         ctx.t(role).run_idempotent(ctx.layout(role).alive_cmd(SERVICE_OF_ROLE[role]), check=False, timeout=30)
@@ -42,11 +41,8 @@ def _reach_before_change(ctx: RunEnv, role: str) -> float:
 
 
 def _space_on(ctx: RunEnv, role: str) -> int:
-    """Before the first change, on one host: room for what the switch writes (links, route record
-    twice, pidfiles, the new services' logs), all of it in run/ (layout.py), and run/ takes a new
-    file, so a full or read-only disk is refused with nothing stopped. One batch of SFTP requests
-    (free space by the server's statvfs, a file made and removed); a probe that failed is made
-    again alone, for the refusal exactly as `space.require_writable` words it."""
+    """Before the first change, on one host: room in run/ for links, record, pidfiles and logs, and
+    run/ takes a new file (one SFTP batch; a failed probe redone alone for its refusal)."""
     t, run = ctx.t(role), ctx.layout(role).run
     free, probed = fs_batch(t, [FreeBytes(run), HostClock(unique_tmp(posixpath.join(run, "write-probe")))])
     sp = space.free_space(t, run, free)
@@ -57,11 +53,9 @@ def _space_on(ctx: RunEnv, role: str) -> int:
 
 
 def _prove_both_before_first_change(ctx: RunEnv) -> dict[str, int]:
-    """What a deploy proves before its first change, on both hosts at once (each host's reads
-    batched, the two hosts in parallel): the RPC host answers an exec, both leases are still
-    this run's (renewed), both roots have room and take new files. Failures are raised in the
-    order the checks used to run one by one: RPC reach, RPC lease, room on native, room on RPC,
-    native lease."""
+    """What a deploy proves before its first change, both hosts in parallel: the RPC host answers,
+    both leases are still this run's, both roots have room and take new files. Failures are
+    raised in a fixed order: RPC reach, RPC lease, room on native, room on RPC, native lease."""
 
     def rpc_side() -> int:
         ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
@@ -77,22 +71,17 @@ def _prove_both_before_first_change(ctx: RunEnv) -> dict[str, int]:
         futs = {"rpc": pool.submit(rpc_side), "native": pool.submit(native_side)}
         errors = {r: f.exception() for r, f in futs.items()}
     rpc_err, nat_err = errors["rpc"], errors["native"]
+    room = (space.NoSpace, space.NotWritable)
     # the RPC side's reach and lease come first; then room (native, then RPC), then native's lease
-    if rpc_err is not None and not isinstance(rpc_err, (space.NoSpace, space.NotWritable)):
-        raise rpc_err
-    if nat_err is not None and isinstance(nat_err, (space.NoSpace, space.NotWritable)):
-        raise nat_err
-    if rpc_err is not None:
-        raise rpc_err
-    if nat_err is not None:
-        raise nat_err
+    order = (rpc_err if not isinstance(rpc_err, room) else None, nat_err if isinstance(nat_err, room) else None)
+    if first := next((e for e in (*order, rpc_err, nat_err) if e is not None), None):
+        raise first
     return {ctx.host(r): futs[r].result() for r in ("native", "rpc")}
 
 
 def _planned(ctx: RunEnv, role: str, step: Step) -> tuple[Exec, tuple[str, dict[str, str]] | None]:
-    """The step's planned command for this host and, when the plan has it verify a present
-    release first, that release's hashes as the upload deferred them; a plan and a run that
-    disagree (no command, or no such release deferred) are refused before anything runs."""
+    """The step's planned command for this host and, when it verifies a present release first,
+    that release's deferred hashes; a plan and a run that disagree are refused before anything runs."""
     ex = step.execs.get(ctx.host(role))
     if ex is None:
         raise HostStateError(f"{ctx.host(role)}: the plan carries no command for this step; nothing was run")
@@ -149,7 +138,7 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
             if role == "native" and step.pair is not None:
                 # restoring needs the RPC host (restart-rpc); one that does not answer now (after the
                 # reconnect budget) means nothing can be restored, and stopping native would only take
-                # down the half that still serves (issue 33: the model traffic between them was fine)
+                # down the half that still serves
                 ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
                 _writable_for_restore(ctx, step.pair)
             before_change(ctx, role, step)
@@ -266,11 +255,8 @@ class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
 
 
 def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
-    """Before a rollback stops native: the run/ folders it will write (links, route record,
-    pidfiles, logs: layout.py) take a new file (native's always, the RPC host's unless `current`
-    there already names the release restored, whose server restart-rpc keeps). One that does not
-    refuses here with nothing stopped: stopping first left both services down with neither able to
-    start again, where what ran kept serving (issue 49)."""
+    """Before a rollback stops native: the run/ folders it will write take a new file (the RPC host's
+    unless `current` there names the release restored), else refuse with what runs still serving."""
     roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
     for role in roles:
         try:
@@ -287,11 +273,9 @@ def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
 def _keep_unchanged_rpc(
     ctx: RunEnv, links: tuple[str | None, str | None], exc: space.NotWritable
 ) -> dict[str, Any] | None:
-    """A rollback's restart-rpc on an RPC root that takes no new file (refused before anything
-    was stopped): when `current` there already names the release being restored and its
-    ggml-rpc-server still runs, that server is kept (verify then proves its identity, exe and
-    argv) instead of failing the rollback, which stopped both services although the RPC side
-    never changed. None (the refusal stands) in a deploy, or when anything else runs there."""
+    """A rollback's restart-rpc on an RPC root that takes no new file: when `current` there already
+    names the release restored and its server runs, keep it (verify proves it) rather than fail.
+    None (the refusal stands) in a deploy, or when anything else runs there."""
     if links[0] is None or _current_on(ctx, "rpc") != links[0]:
         return None
     try:
@@ -321,9 +305,8 @@ def _current_on(ctx: RunEnv, role: str) -> str | None:
 
 
 def _one_revision_before_start(ctx: RunEnv, act: Activation, service: str, *, links: bool = False) -> None:
-    """Before any start: the pair being started is of one source revision (build/revisions.py);
-    with `links`, so are the releases both hosts' `current` links name right now (what a step
-    that timed out, another tool or a hand edit may have changed since this run read them)."""
+    """Before any start: the pair started is of one revision; with `links`, so are the releases
+    both hosts' `current` links name right now (a timed-out step or a hand edit may have changed them)."""
     store = PackageStore(ctx.home.store)
     what = f"starting {service} on {ctx.host('native' if service == LLAMA_SERVER else 'rpc')}"
     require_one_revision(store, ctx.view.name, act.native_package, act.rpc_package, what=what)
