@@ -31,36 +31,14 @@ SOURCE = Path(__file__).with_name("rpc_guard.c")
 
 @functools.lru_cache(maxsize=1)
 def guard_bytes() -> bytes:
-    """The shim, compiled with `$CC` or `cc` once per source and compiler (0.1 s wall, about
-    0.3 s CPU: every `status` and deploy compiled it again), kept in the user's cache folder under
-    a name made of both (the compiler by its resolved path, size and mtime: an upgrade moves it)."""
+    """The shim, compiled once per process with `$CC` or `cc` (about 0.1 s)."""
     cc = os.environ.get("CC") or "cc"
-    if (where := shutil.which(cc)) is None:
+    if shutil.which(cc) is None:
         raise BuildError(
             f"pairctl builds ggml-rpc-server's guard (orchestrator/hosts/rpc_guard.c) with a C compiler; {cc!r} "
             "is not on PATH",
             hint="install one (e.g. apt-get install gcc) or point CC at it",
         )
-    st = os.stat(where)
-    key = hashlib.sha256(SOURCE.read_bytes() + f"\0{os.path.realpath(where)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pairctl"
-    cached = cache / f"guard-{key.hexdigest()[:32]}.so"
-    try:
-        return cached.read_bytes()
-    except OSError:
-        pass
-    data = _compile(cc)
-    try:  # best effort: a cache that cannot be written only costs the next process a compile
-        cached.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, cached)
-    except OSError:
-        pass
-    return data
-
-
-def _compile(cc: str) -> bytes:
     with tempfile.TemporaryDirectory(prefix="pairctl-guard-") as d:
         out = Path(d) / GUARD
         p = subprocess.run(

@@ -15,12 +15,7 @@ if TYPE_CHECKING:
     from orchestrator.hosts.managers.base import HostPaths
     from orchestrator.remote.transport import Transport
 
-# A restart's bound is what pairctl-svc itself waits at most (pairctl-svc.sh: sup_stop 200 x 10 ms,
-# stop_svc's TERM 400 x 25 ms and KILL 200 x 25 ms, start_svc 1000 x 10 ms), plus two hashings
-# (verify_release, identity_of's exe); the listen wait comes on top (services.restart_bound_s).
-_HELPER_WAITS_S = 2 + 10 + 5 + 10
-_HASH_S = 10
-_BOUND_S = {"start": 30, "stop": 60, "restart": _HELPER_WAITS_S + _HASH_S}
+_BOUND_S = {"start": 30, "stop": 60, "restart": 60}
 
 
 class PairctlSupervisor:
