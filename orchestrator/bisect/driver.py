@@ -92,9 +92,21 @@ class BisectDriver(EngineDriver):
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
-        kw: dict[str, Any] = {"profile_name": profile, "skip_accept": False, "checks": checks, "pool": self.pool}
-        kw.update(argv=[*self.argv, f"({why})"], held_lease_nonce=self._lease_nonce)
-        return self._wait_busy(why, lambda: deploy(self.home, self.inventory, self.pair, ids, **kw))
+        return self._wait_busy(
+            why,
+            lambda: deploy(
+                self.home,
+                self.inventory,
+                self.pair,
+                ids,
+                profile_name=profile,
+                skip_accept=False,
+                checks=checks,
+                argv=[*self.argv, f"({why})"],
+                pool=self.pool,
+                held_lease_nonce=self._lease_nonce,
+            ),
+        )
 
     def restore_found(self) -> dict[str, Any]:
         """The pair as the bisect found it: packages, profile, route record and links."""

@@ -170,7 +170,15 @@ def bisect(home: Home, inventory: Inventory, req: BisectRequest) -> BisectResult
         raise UsageError("the range is empty")
     private = PrivateBisect(st.folder(home, req.pair), source)
     if old is None:
-        state = BisectState(req.pair, str(source), rng.good.commit, rng.bad.commit, judgement, pair.profile_ref, _now())
+        state = BisectState(
+            pair=req.pair,
+            source=str(source),
+            good=rng.good.commit,
+            bad=rng.bad.commit,
+            judgement=judgement,
+            profile=pair.profile_ref,
+            started_at=_now(),
+        )
         private.start(rng)
         st.save(home, state)
     else:
@@ -425,13 +433,18 @@ class _Run:
         loaded = load_plan(self.state.judgement.plan or "")
         spec = self.inventory.pair(self.pair.name)
         profile = load_profile(self.pair.profile_ref, pair=spec)
-        base = {"native": self.good_ids[0], "rpc": self.good_ids[1]}
-        kw: dict[str, Any] = {"pair": self.pair.name, "plan": loaded.plan, "profile_sha256": profile_key(profile)}
-        found = find_calibration(self.store, **kw, baseline=base)
+        base, key = {"native": self.good_ids[0], "rpc": self.good_ids[1]}, profile_key(profile)
+
+        def find() -> tuple[str, dict[str, Any]] | None:
+            return find_calibration(
+                self.store, pair=self.pair.name, plan=loaded.plan, profile_sha256=key, baseline=base
+            )
+
+        found = find()
         if found is None and loaded.plan.calibration is not None:
             outcome = self._qualify(driver, held, self.good_ids, calibrate=True)
             out["calibrated_now"] = outcome.receipt
-            found = find_calibration(self.store, **kw, baseline=base)
+            found = find()
         hint = "the calibration of the good revision did not resolve the plan's gates; see its receipt"
         self.noise = judge(loaded.plan, found, calibrate_hint=hint)
         self.state.calibration = found[0] if found else None

@@ -61,10 +61,26 @@ def judged(
     return result(name, verdict_of(problems), message or ok, timer, figures=figures, raw=raw)
 
 
-def result(name: str, verdict: Verdict, message: str, timer: Timer | None = None, **kw: Any) -> CheckResult:
+def result(
+    name: str,
+    verdict: Verdict,
+    message: str,
+    timer: Timer | None = None,
+    *,
+    figures: dict[str, Any] | None = None,
+    raw: dict[str, Any] | None = None,
+    required: bool | None = None,
+) -> CheckResult:
     """A check's result timed by `timer`; a skipped one never blocks acceptance unless `required` says so."""
-    kw.setdefault("required", verdict != "skipped")
-    return CheckResult(name=name, verdict=verdict, message=message, duration_s=timer.elapsed() if timer else 0.0, **kw)
+    return CheckResult(
+        name=name,
+        verdict=verdict,
+        message=message,
+        duration_s=timer.elapsed() if timer else 0.0,
+        figures=figures or {},
+        raw=raw or {},
+        required=verdict != "skipped" if required is None else required,
+    )
 
 
 @dataclass(frozen=True)

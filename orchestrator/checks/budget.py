@@ -3,7 +3,7 @@ fixed number (a constant tuned to the lab's toy model fails a healthy pair servi
 
 - **Progress.** `/slots` must show progress within `stall_s`: the longest honest gap is one batch at
   the deepest context the suite fills, every lane in it, slowed by `slowdown_allowance` (see
-  `stall_seconds`; no upper cap, the bound follows the batch's cost).
+  `stall_seconds`; no upper cap: a 100 s cap failed a healthy pair whose near-full batch took ~100 s).
 - **Liveness.** Since that bound grows with the work, a stopped server is caught by the CPU time of
   llama-server and ggml-rpc-server (`/proc` over SFTP): none on either and no progress for IDLE_S
   fails the request. While that reading is unavailable, `stall_s` is held to `blind_s`.

@@ -73,10 +73,17 @@ class StepRecord(_Model):
     def of(cls, seq: int, fields: Mapping[str, Any], *, at: str) -> StepRecord:
         """The one way a step is built from recorded fields (a journal event, a caller's dict):
         absent times are `at`, absent data is empty, unknown keys are ignored."""
-        optional = {k: fields.get(k) for k in ("host", "duration_s", "error", "skip_reason")}
-        times = {k: fields.get(k) or at for k in ("started_at", "finished_at")}
         return cls(
-            seq=seq, name=fields["name"], outcome=fields["outcome"], data=fields.get("data") or {}, **optional, **times
+            seq=seq,
+            name=fields["name"],
+            host=fields.get("host"),
+            started_at=fields.get("started_at") or at,
+            finished_at=fields.get("finished_at") or at,
+            duration_s=fields.get("duration_s"),
+            outcome=fields["outcome"],
+            error=fields.get("error"),
+            skip_reason=fields.get("skip_reason"),
+            data=fields.get("data") or {},
         )
 
 

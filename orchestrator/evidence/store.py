@@ -70,7 +70,7 @@ def _check_chain_name(name: str) -> str:
     return name
 
 
-class _ChainLock:
+class ChainLock:
     """An exclusive flock on locks/<chain>.lock; the kernel drops it when the holder dies."""
 
     def __init__(self, path: Path) -> None:
@@ -199,8 +199,8 @@ class EvidenceStore:
         names = sorted(p.name for p in d.iterdir() if p.is_dir()) if d.is_dir() else []
         return {n: s for n in names if (s := self.team_store(n)) is not None}
 
-    def _lock(self, chain: str) -> _ChainLock:
-        return _ChainLock(self.locks_dir / f"{_check_chain_name(chain)}.lock")
+    def _lock(self, chain: str) -> ChainLock:
+        return ChainLock(self.locks_dir / f"{_check_chain_name(chain)}.lock")
 
     # -- starting a run ----------------------------------------------------------------------
     def begin(
@@ -216,7 +216,7 @@ class EvidenceStore:
         self._ensure()
         chain = _check_chain_name(pair or NO_PAIR)
         run_id = _new_run_id()
-        lock: _ChainLock | None = None
+        lock: ChainLock | None = None
         if pair is not None:
             lock = self._lock(chain)
             holder = {"run_id": run_id, "pid": os.getpid(), "command": command}
@@ -346,7 +346,7 @@ class EvidenceStore:
                 self.log.warning("journal of another host left alone", journal=str(path), why=why)
         if not dead:
             return []
-        lock: _ChainLock | None = None
+        lock: ChainLock | None = None
         if not lock_held:
             lock = self._lock(chain)
             if not lock.acquire(wait_s=0 if chain != NO_PAIR else 10.0):
@@ -405,7 +405,7 @@ class EvidenceStore:
 
     # -- sealing -----------------------------------------------------------------------------
     def _seal(
-        self, state: JournalState, journal_path: Path, *, lock: _ChainLock | None, outcome: str, reason: str
+        self, state: JournalState, journal_path: Path, *, lock: ChainLock | None, outcome: str, reason: str
     ) -> str:
         own = lock is None or not lock.held
         if own:
@@ -683,12 +683,17 @@ class EvidenceStore:
             for host, data in identities or []:
                 j.identity(host, data)
             for s in fresh:
-                times: dict[str, Any] = {
-                    "started_at": s.started_at,
-                    "finished_at": s.finished_at,
-                    "duration_s": s.duration_s,
-                }
-                j.record_step(s.name, s.outcome, s.data, host=s.host, error=s.error, skip_reason=s.skip_reason, **times)
+                j.record_step(
+                    s.name,
+                    s.outcome,
+                    s.data,
+                    host=s.host,
+                    error=s.error,
+                    skip_reason=s.skip_reason,
+                    started_at=s.started_at,
+                    finished_at=s.finished_at,
+                    duration_s=s.duration_s,
+                )
             for step_name, rows in (fresh_samples or {}).items():
                 j.samples(step_name, rows)
             cov = coverage(original, reuse, fresh, list(identities or []))

@@ -27,11 +27,10 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from orchestrator.errors import ConfigError, EvidenceError, HostError
 from orchestrator.evidence import atomic
-from orchestrator.evidence.store import HOME_ID, EvidenceStore, _ChainLock
+from orchestrator.evidence.store import HOME_ID, ChainLock, EvidenceStore
 
 _HEAD_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")  # a chain's name (NO_PAIR included)
 BRANCH = "refs/heads/homes/"
@@ -147,7 +146,7 @@ def ensure_mirror(store: EvidenceStore) -> Path:
 @contextmanager
 def _mirror_lock(store: EvidenceStore) -> Iterator[None]:
     """One git writer per home at a time (a deploy's automatic push and a `receipts push`)."""
-    lock = _ChainLock(ensure_mirror(store) / "pairctl.lock")
+    lock = ChainLock(ensure_mirror(store) / "pairctl.lock")
     if not lock.acquire(wait_s=LOCK_WAIT_S):
         raise EvidenceError(f"{mirror_dir(store)} stayed locked for {LOCK_WAIT_S:.0f} s")
     try:
@@ -259,11 +258,11 @@ def push(store: EvidenceStore, access: RemoteAccess, operator: str | None = None
 
 def _push_branch(store: EvidenceStore, access: RemoteAccess) -> subprocess.CompletedProcess[bytes]:
     ref = BRANCH + store.home_id()
-    return _git(store, "push", "--porcelain", access.url, f"{ref}:{ref}", **_remote_kw(access))
+    return _git_remote(store, access, "push", "--porcelain", access.url, f"{ref}:{ref}")
 
 
-def _remote_kw(access: RemoteAccess) -> dict[str, Any]:
-    return {"access": access, "timeout": access.timeout_s, "check": False}
+def _git_remote(store: EvidenceStore, access: RemoteAccess, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return _git(store, *args, access=access, timeout=access.timeout_s, check=False)
 
 
 def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProcess[bytes]) -> PairctlErrorT:
@@ -411,7 +410,7 @@ def fetch(store: EvidenceStore, access: RemoteAccess) -> None:
     """Every home's branch into refs/team/<home>; never forced (a rewritten remote branch is refused)."""
     ensure_mirror(store)
     refspec = f"{BRANCH}*:{TRACKING}*"
-    cp = _git(store, "fetch", "--no-tags", "--no-write-fetch-head", access.url, refspec, **_remote_kw(access))
+    cp = _git_remote(store, access, "fetch", "--no-tags", "--no-write-fetch-head", access.url, refspec)
     if cp.returncode != 0:
         raise _remote_error("fetch", access, cp)
 

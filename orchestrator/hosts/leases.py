@@ -140,7 +140,8 @@ class Lease:
     host: str
     broken: dict[str, Any] | None = None
     renewed_at: datetime | None = None  # the holder's last heartbeat (host time); None: never renewed
-    stale_after_s: int | None = None  # the holder renews at least this often (None: no promise)
+    # None: no heartbeat promise (`lease take` by a person): never judged stale; only expiry frees it
+    stale_after_s: int | None = None  # the holder renews at least this often
 
     def expired(self, now: datetime) -> bool:
         return now >= self.expires_at

@@ -161,7 +161,16 @@ def write_llama_gguf(
     temp file and rename; return its models.json record (sha256, size, shape)."""
     import gguf  # heavy optional dependency: only writing a lab model needs the GGUF writer
 
-    shape = ModelShape(n_layer, n_embd, n_head, n_head_kv or n_head, n_ff, n_vocab, ctx, dtype)
+    shape = ModelShape(
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv or n_head,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        ctx=ctx,
+        dtype=dtype,
+    )
     shape.validate()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

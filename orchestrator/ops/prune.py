@@ -18,7 +18,7 @@ from orchestrator.errors import EvidenceError, PairctlError
 from orchestrator.evidence import atomic
 from orchestrator.evidence import prune as pr
 from orchestrator.evidence.receipt import NO_PAIR, Receipt
-from orchestrator.evidence.store import EvidenceStore, _ChainLock, _read_small
+from orchestrator.evidence.store import ChainLock, EvidenceStore, _read_small
 
 
 @dataclass
@@ -156,12 +156,12 @@ def run(
     blocked: dict[str, str] = {}
     for u in store.unsealed():
         blocked.setdefault(u["pair"] or NO_PAIR, f"run {u['run_id']} ({u['command']}) is not sealed yet")
-    locks: list[_ChainLock] = []
+    locks: list[ChainLock] = []
     try:
         for chain in chains:
             if chain == NO_PAIR or chain in blocked:
                 continue
-            lock = _ChainLock(store.locks_dir / f"{chain}.lock")
+            lock = ChainLock(store.locks_dir / f"{chain}.lock")
             if lock.acquire(wait_s=0):
                 locks.append(lock)
             else:

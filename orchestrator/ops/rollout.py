@@ -351,9 +351,17 @@ def _one(home: Home, inventory: Inventory, result: RolloutResult, run: PairRun, 
                     "pre-deploy", f"pairctl deploy {run.pair}: starting", command="deploy", pair=run.pair,
                     rev=result.rev, packages=run.packages, profile=run.profile,
                 ))  # fmt: skip
-            kw: dict[str, Any] = {"skip_accept": o.skip_accept, "checks": o.checks, "kernel_check": o.kernel_check}
-            pkgs = (run.packages[0], run.packages[1])
-            res = deploy_pair(home, inventory, run.pair, pkgs, profile_name=run.profile, **kw, argv=argv)
+            res = deploy_pair(
+                home,
+                inventory,
+                run.pair,
+                (run.packages[0], run.packages[1]),
+                profile_name=run.profile,
+                skip_accept=o.skip_accept,
+                checks=o.checks,
+                kernel_check=o.kernel_check,
+                argv=argv,
+            )
         else:
             res = rollback_pair(home, inventory, run.pair, argv=argv)
         run.outcome, run.receipt = PASSED, res.receipt

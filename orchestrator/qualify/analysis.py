@@ -247,7 +247,7 @@ def _by_arm(
     reps: dict[ArmKey, dict[tuple[int, int], dict[str, Any]]] = {}
     for s in samples:
         key = (s.get("pair"), s.get("arm"), s.get("fixture"))
-        rep = (s.get("attempt", 0), s.get("rep", 0))
+        rep = (s.get("attempt", 0), s.get("rep", 0))  # receipts from before repeats have no `rep`: 0
         problem = sample_problem(s, plan.n_predict)
         got = reps.setdefault(key, {})  # type: ignore[arg-type]
         if rep in got:

@@ -139,10 +139,14 @@ class EngineDriver:
         targets = leases.targets_of(self.inventory, self.pool, self.pair)
         with ExitStack() as stack:
             purpose = f"pairctl {verb} {self.pair} (run {run_id})"
-            kw: dict[str, Any] = {"purpose": purpose, "ttl_s": ttl_s, "record_release_error": True}
             owner = leases.default_owner()
             held = self._wait_busy(
-                "lease", lambda: stack.enter_context(leases.hold_pair_leases(targets, owner=owner, **kw))
+                "lease",
+                lambda: stack.enter_context(
+                    leases.hold_pair_leases(
+                        targets, owner=owner, purpose=purpose, ttl_s=ttl_s, record_release_error=True
+                    )
+                ),
             )
             self._lease_nonce, deploys_before = held.nonce, self._deploys_started
             try:
@@ -170,10 +174,22 @@ class EngineDriver:
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
-        kw: dict[str, Any] = {"profile_name": self._profile_file(profile), "skip_accept": True, "pool": self.pool}
-        kw.update(argv=[*self.argv, f"({why})"], held_lease_nonce=self._lease_nonce)
-        kw.update(restore_record=restore_record, restore_previous_links=links)
-        res = self._wait_busy(why, lambda: deploy(self.home, self.inventory, self.pair, (native, rpc), **kw))
+        res = self._wait_busy(
+            why,
+            lambda: deploy(
+                self.home,
+                self.inventory,
+                self.pair,
+                (native, rpc),
+                profile_name=self._profile_file(profile),
+                skip_accept=True,
+                argv=[*self.argv, f"({why})"],
+                pool=self.pool,
+                held_lease_nonce=self._lease_nonce,
+                restore_record=restore_record,
+                restore_previous_links=links,
+            ),
+        )
         self.deploy_receipts.append(res.receipt)
         return res
 

@@ -5,7 +5,7 @@ the bootstrap's bounds are carried beside it, never deciding."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Literal
 
 from orchestrator.qualify.stats import DECIDING_METHOD, GainEstimate, Interval, above, at_least
 
@@ -81,13 +81,23 @@ def decide(
     def verdict(v: Verdict, reason: str) -> GateVerdict:
         if iv is not None and iv.spread is not None and v != "inconclusive":
             reason = f"{reason}; {spread_text(iv)}"
-        numbers: dict[str, Any] = {"gain": est.gain if est else None}
-        numbers.update(low=iv.low if iv else None, high=iv.high if iv else None)
-        numbers.update(bootstrap_low=boot.low if boot else None, bootstrap_high=boot.high if boot else None)
-        numbers.update(sd_own=iv.sd_own if iv else None, sd_calibrated=iv.sd_floor if iv else None)
-        spread = None if iv is None else (iv.spread if iv.sd_floor is not None else "own (no calibration)")
-        n: dict[str, Any] = {"valid_pairs": valid_pairs, "planned_pairs": planned_pairs}
-        return GateVerdict(kind, family, threshold, v, reason, **numbers, **n, spread=spread)
+        return GateVerdict(
+            kind,
+            family,
+            threshold,
+            v,
+            reason,
+            gain=est.gain if est else None,
+            low=iv.low if iv else None,
+            high=iv.high if iv else None,
+            valid_pairs=valid_pairs,
+            planned_pairs=planned_pairs,
+            bootstrap_low=boot.low if boot else None,
+            bootstrap_high=boot.high if boot else None,
+            spread=None if iv is None else (iv.spread if iv.sd_floor is not None else "own (no calibration)"),
+            sd_own=iv.sd_own if iv else None,
+            sd_calibrated=iv.sd_floor if iv else None,
+        )
 
     if est is None or iv is None or valid_pairs < planned_pairs:
         why = f"{valid_pairs} of {planned_pairs} planned pairs valid"

@@ -3,7 +3,8 @@
 An A/A run's per-pair log ratios are pure noise; their sd `sigma` is the noise floor. A gate's
 pass probability at a true gain is simulated with the deciding rule itself (mean normal, variance
 a scaled chi-square, fixed seed, common draws across n). A gate is *resolvable* at n pairs when it
-passes with the declared power at its `power_at`."""
+passes with the declared power at its `power_at`; a gain gate's false pass at no gain is bounded
+by the interval itself (alpha / 2 one-sided), whatever n."""
 
 from __future__ import annotations
 

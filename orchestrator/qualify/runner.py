@@ -282,9 +282,15 @@ def _measure_rows(
     1, 2, ...); every attempt stays in the receipt."""
 
     def rounds(fixtures: list[Prompt], **extra: Any) -> list[dict[str, Any]]:
-        kw: dict[str, Any] = {"n_predict": plan.n_predict, "params": params, "memory": active.memory}
         return [
-            measure(active.client, pr, **kw, base={**base, "rep": r, **extra})
+            measure(
+                active.client,
+                pr,
+                n_predict=plan.n_predict,
+                params=params,
+                memory=active.memory,
+                base={**base, "rep": r, **extra},
+            )
             for r in range(plan.repeats)
             for pr in fixtures
         ]

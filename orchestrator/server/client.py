@@ -67,7 +67,8 @@ class ProgressWatch:
     neither moving for `idle_s` (a SIGSTOPped or deadlocked server) fails the request however long
     a batch may take. A None reading changes nothing (the counters are cumulative). With no reading
     for `idle_s`, `stall_s` is held to `blind_s` or `blind_factor` times the longest silence seen
-    between `/slots` moves (`gaps`, shared by the suite's requests), whichever is more."""
+    between `/slots` moves (`gaps`, shared by the suite's requests), whichever is more: safe, as a
+    batch costs at most a bounded multiple of the one before it at the same lanes."""
 
     stall_s: float
     poll_s: float = 1.0

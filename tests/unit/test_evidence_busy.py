@@ -39,8 +39,8 @@ def test_race_loser_names_the_winner_even_while_it_records_itself(tmp_path) -> N
 def test_a_deep_lock_holder_file_reads_as_no_holder_not_a_recursion_error(tmp_path):
     """Issue 49 item 7: a lock file edited to 30,000 brackets (within its 64 KB bound) was a
     RecursionError out of the busy message; it now reads as an unknown holder."""
-    from orchestrator.evidence.store import _ChainLock
+    from orchestrator.evidence.store import ChainLock
 
     path = tmp_path / "lab.lock"
     path.write_bytes(b"[" * 30_000 + b"]" * 30_000)
-    assert _ChainLock(path).holder(wait_s=0.05) == {}
+    assert ChainLock(path).holder(wait_s=0.05) == {}
