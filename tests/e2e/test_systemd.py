@@ -234,7 +234,9 @@ def pair(manager, lab, lab_packages, tmp_path_factory) -> Iterator[dict[str, Any
 
 
 def _clean(lab: Any, roots: dict[str, str]) -> None:
-    """Both services stopped through pairctl-svc (their units disabled and removed), the roots gone."""
+    """Both services stopped through pairctl-svc (their units disabled and removed), the roots and
+    their default state dirs (`ROOT.state`, where run/ points) gone: a state dir left behind would name
+    a release the next run's fresh root lacks, and its first deploy would rightly refuse."""
     for role, root in roots.items():
         if Path(root, "bin", "pairctl-svc").exists():
             t = open_transport(lab.inventory, "lab-native" if role == "native" else "lab-rpc")
@@ -243,6 +245,7 @@ def _clean(lab: Any, roots: dict[str, str]) -> None:
             finally:
                 t.close()
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root + ".state", ignore_errors=True)
 
 
 def _identity(root: str, name: str) -> tuple[int, str, bytes] | None:
