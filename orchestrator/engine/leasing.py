@@ -120,11 +120,13 @@ def release(ctx: RunEnv, role: str, handle: Lease) -> bool:
     except HostError as exc:
         if not space.refuses_writes(str(exc)):
             raise
+        layout = ctx.layout(role)  # run/ is the state dir's link, or (older layout) a directory in the root
+        refused = layout.state if layout.state and ctx.t(role).readlink(layout.run) == layout.state else layout.root
         raise HostError(
-            f"{ctx.host(role)}: {ctx.layout(role).leases} takes no new file ({exc.message[:200]}): "
+            f"{ctx.host(role)}: {layout.leases} takes no new file ({exc.message[:200]}): "
             f"{LEFT_ON_UNWRITABLE}, so run {ctx.run_id}'s lease stays until it is writable again; this "
             f"home's next deploy or rollback of {ctx.view.name} frees it then",
-            hint=f"make {ctx.layout(role).state or ctx.layout(role).root} writable on {ctx.host(role)} (a read-only "
+            hint=f"make {refused} writable on {ctx.host(role)} (a read-only "
             f"mount? a full disk?), then `pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}` frees it",
         ) from None
     return True

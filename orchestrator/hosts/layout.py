@@ -223,13 +223,14 @@ class HostLayout:
 # -- SFTP operations (no process on the host: cheap) -------------------------------------------
 
 
-def install_helper(transport: Transport, layout: HostLayout) -> None:
+def install_helper(transport: Transport, layout: HostLayout, *, strict: bool = False) -> None:
     """The layout's directories (secrets/ 0700) and bin/pairctl-svc, replaced by rename from an
     exclusive, per-run temporary name; the root is judged before and after (hosts/root_trust).
-    An older layout is moved on the way, under the caller's lease (move_layout), and a run/ that
-    would stay inside the root is refused (`strict`): the root is about to take a release. What
-    an earlier move could not remove is tried again (_sweep_aside: one listing)."""
-    if not move_layout(transport, layout, strict=True):
+    An older layout is moved on the way, under the caller's lease (move_layout). `strict` (a
+    deploy's prepare only: the root is about to take a release) refuses a run/ that would stay
+    inside the root; a rollback, stop or repair still runs there. What an earlier move could not
+    remove is tried again (_sweep_aside: one listing)."""
+    if not move_layout(transport, layout, strict=strict):
         _sweep_aside(transport, layout)
     for d in (layout.releases, posixpath.dirname(layout.svc)):
         transport.makedirs(d, 0o755)
@@ -257,6 +258,9 @@ def move_layout(transport: Transport, layout: HostLayout, *, strict: bool = Fals
     return True
 
 
+_REFUSED = ("permission denied", "read-only", "only 'failure'")  # remote/ssh.py host_file_error's words
+
+
 def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool) -> None:
     """run/ -> STATE (0755, judged as a root is), outside the root: a root that turned read-only
     still lets a rollback switch, record and start the previous release (issue 49). A run/
@@ -270,15 +274,18 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
     check_root(transport, state)
     try:
         transport.makedirs(state, 0o755)
-    except PermissionError:
-        if state != layout.root + ".state":  # not the computed default (config/inventory.py)
+    except (PermissionError, HostError) as exc:  # over SSH a refused mkdir is a HostError (remote/ssh.py)
+        said = str(exc).lower()
+        refused = isinstance(exc, PermissionError) or any(w in said for w in _REFUSED)
+        if state != layout.root + ".state" or not refused:  # not the computed default (config/inventory.py)
             raise
         if strict:
             raise HostStateError(
                 f"{transport.name}: {state} cannot be made (the parent of {layout.root} is not writable), so "
                 f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
-                hint=f"set hosts.{transport.name}.state_dir in the inventory to a directory the login user "
-                "can write, outside the root and not on tmpfs (e.g. under /var/lib), then run the command again",
+                hint=f"make a directory the login user can write, outside the root and not on tmpfs (e.g. `sudo "
+                f"install -d -o USER -m 0700 /var/lib/pairctl-{transport.name}`), set hosts.{transport.name}.state_dir "
+                "to it in the inventory, then run the command again",
             ) from None
         return
     check_root(transport, state)

@@ -18,7 +18,7 @@ die() { echo "pairctl-svc: $*" >&2; exit "${CODE:-1}"; }
 alive() { # alive PID: the process exists and is not a zombie; $state is its state (R S D T t Z ...)
     # read by the shell itself (no sed, no cut: the wait loops call it every 10-25 ms)
     [ -n "$1" ] && [ -r "/proc/$1/stat" ] || return 1
-    state=; read -r state <"/proc/$1/stat" 2>/dev/null
+    state=; read -r state 2>/dev/null <"/proc/$1/stat"  # 2> first: a pid gone mid-check says nothing
     state=${state##*") "}; state=${state%% *}
     [ -n "$state" ] && [ "$state" != Z ]
 }

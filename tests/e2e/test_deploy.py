@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -481,3 +482,36 @@ def test_an_older_layout_is_moved_into_run_by_the_next_deploy(deployed_lab, lab_
         held = [n for n in os.listdir(root / "leases") if not n.startswith(CLOCK_PROBE)]
         assert os.readlink(root / "leases") == "run/leases" and not held, held
         assert os.readlink(root / "run" / "current") == str(root / "releases" / b)
+
+
+def test_recovery_runs_where_the_state_dir_cannot_be_made(deployed_lab, lab_packages_b, cli, restore_baseline):
+    """Only a deploy refuses a host whose ROOT.state cannot be made (issue 49): a rollback and a
+    stop there still run, with run/ the directory it was inside the root. The roots' parents made
+    really unwritable (chattr +i: EPERM even for the lab's root login), run/ a directory in the
+    root with ROOT.state gone, and the older layout, so the lease step moves it (install_helper)."""
+    a, b = deployed_lab.package_id, lab_packages_b.id
+    r, _ = _deploy(cli, "--packages", b, b, "--skip-accept")
+    assert r.exit_code == 0, r.stderr
+    roots = list(map(Path, deployed_lab.roots().values()))
+    _to_older_layout(deployed_lab)
+    for root in roots:
+        state = Path(str(root) + ".state")
+        (root / "run").unlink()
+        shutil.copytree(state, root / "run", symlinks=True)
+        shutil.rmtree(state)
+    parents = [str(root.parent) for root in roots]
+    subprocess.run(["chattr", "+i", *parents], check=True)
+    try:
+        rb = cli("--json", "rollback", "--pair", PAIR, inventory=INV_ARG)
+        assert rb.exit_code == 0, rb.output
+        assert is_active(lab_status(cli), a)
+        _to_older_layout(deployed_lab)  # the lease step moves it again under stop's lease
+        st = cli("--json", "stop", "--pair", PAIR, inventory=INV_ARG)
+        assert st.exit_code == 0, st.output
+        for root in roots:
+            run = root / "run"
+            assert run.is_dir() and not run.is_symlink() and not os.path.lexists(f"{root}.state")
+        dep, _ = _deploy(cli, "--packages", a, a, "--skip-accept")  # a deploy is refused, naming state_dir
+        assert dep.exit_code == 6 and "cannot be made" in dep.stderr and "state_dir" in dep.stderr, dep.output
+    finally:
+        subprocess.run(["chattr", "-i", *parents], check=True)

@@ -216,6 +216,8 @@ def test_a_root_whose_state_dir_cannot_be_made_is_refused_by_a_deploy_only(tmp_p
         assert os.path.isdir(root / "run") and not os.path.islink(root / "run")  # moved, in the root
         before = sorted(os.listdir(root))
         with pytest.raises(HostStateError, match=f"{state} cannot be made") as err:
-            LY.install_helper(t, layout)
+            LY.install_helper(t, layout, strict=True)  # a deploy's prepare
         assert "hosts.h.state_dir" in (err.value.hint or "") and sorted(os.listdir(root)) == before
+        LY.install_helper(t, layout)  # a rollback's, a stop's lease step: runs with run/ in the root
+        assert os.path.isfile(layout.svc) and not os.path.islink(root / "run")
     assert L.lease_state(t, str(root)).free

@@ -494,7 +494,7 @@ def test_a_run_directory_from_before_moves_to_the_state_dir(tmp_path, monkeypatc
     assert move_layout(t, other)
     assert os.path.isdir(other.run) and not os.path.islink(other.run)
     with pytest.raises(HostStateError, match="state_dir"):
-        install_helper(t, other)
+        install_helper(t, other, strict=True)  # a deploy's prepare only
 
 
 def test_an_older_layout_moves_into_run_under_the_lease(tmp_path):

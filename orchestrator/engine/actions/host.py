@@ -138,7 +138,7 @@ class Prepare(Action, name="prepare", uses_pair=True):
         if f is not None and f.svc_sha256 == svc_sha256() and linked:
             d: dict[str, Any] = {"helper": "up to date"}
         else:
-            install_helper(ctx.t(role), ctx.layout(role))
+            install_helper(ctx.t(role), ctx.layout(role), strict="restore" not in step.may)  # a deploy's
             d = {"helper": "installed", "sha256": svc_sha256()}
         if ctx.layout(role).manager.units:
             d |= _check_manager(ctx, role)
