@@ -25,6 +25,7 @@ need a process (hashing, starting, stopping).
 
 from __future__ import annotations
 
+import errno
 import json
 import posixpath
 import secrets
@@ -259,6 +260,7 @@ def move_layout(transport: Transport, layout: HostLayout, *, strict: bool = Fals
 
 
 _REFUSED = ("permission denied", "read-only", "only 'failure'")  # remote/ssh.py host_file_error's words
+_REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)  # the local transport's own OSError
 
 
 def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool) -> None:
@@ -274,14 +276,14 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
     check_root(transport, state)
     try:
         transport.makedirs(state, 0o755)
-    except (PermissionError, HostError) as exc:  # over SSH a refused mkdir is a HostError (remote/ssh.py)
+    except OSError as exc:  # over SSH a refused mkdir is a HostError (remote/ssh.py); locally an OSError
         said = str(exc).lower()
-        refused = isinstance(exc, PermissionError) or any(w in said for w in _REFUSED)
+        refused = exc.errno in _REFUSED_ERRNOS or (isinstance(exc, HostError) and any(w in said for w in _REFUSED))
         if state != layout.root + ".state" or not refused:  # not the computed default (config/inventory.py)
             raise
         if strict:
             raise HostStateError(
-                f"{transport.name}: {state} cannot be made (the parent of {layout.root} is not writable), so "
+                f"{transport.name}: {state} cannot be made ({exc.strerror or exc}), so "
                 f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
                 hint=f"make a directory the login user can write, outside the root and not on tmpfs (e.g. `sudo "
                 f"install -d -o USER -m 0700 /var/lib/pairctl-{transport.name}`), set hosts.{transport.name}.state_dir "

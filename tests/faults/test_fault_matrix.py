@@ -89,19 +89,20 @@ DEFAULT_EXPECTED_S = 30
 
 # Cells known to fail, left open on an issue, with the problem they are known to have: each run prints
 # their problems; one that holds is said loudly (remove its entry), one with any other problem fails.
-KNOWN_OPEN: dict[tuple[str, str], str] = {
+KNOWN_OPEN: dict[tuple[str, str], tuple[str, str]] = {  # (fault, step): (its first outcome, its problem)
     # issue 49: the native root and its state dir on one filesystem turning read-only after stop-native:
     # the rollback cannot start the previous llama-server (its supervisor writes pidfiles and logs in
     # run/), so the pair is down until the disk takes writes; exit 8 names the path and the
     # `lease release --dead-run` that frees the leases, and the operator's rollback then restores it
-    ("ro-disk-native", "restart-rpc"): "a read-only root left the pair down",
+    ("ro-disk-native", "restart-rpc"): ("exit 8", "a read-only root left the pair down"),
 }
 
 
 def _known_open(cell: Cell) -> bool:
-    """Excused only by its known problem: any other (a new traceback) fails the matrix."""
+    """Excused only by its known outcome and problem: any other (another exit, a new traceback)
+    fails the matrix."""
     known = KNOWN_OPEN.get((cell.fault, cell.step))
-    return known is not None and all(known in p for p in cell.problems)
+    return known is not None and cell.first == known[0] and all(known[1] in p for p in cell.problems)
 
 
 def _run_shards(matrix, specs: list[dict], capsys) -> list[Cell]:

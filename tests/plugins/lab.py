@@ -11,6 +11,7 @@ leave everything running.
 from __future__ import annotations
 
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,11 +64,22 @@ def _lab_up(home_root: Path, name: str, *, source: bool):
         path = worker_inventory(name)
         prepare_shared(source=source)
     inv = load_inventory(str(path), {"PAIRCTL_HOME": str(home.root)})
+    _clear_immutable(home.root / "lab" / "hosts")
     lab = Lab(home, inv)
     status = lab.up(source=source)
     env = LabEnv(home=home, inventory=inv, inventory_path=path, models=lab.model_paths(), status=status)
     started = {h.name for h in status.hosts if h.started}
     return env, started
+
+
+def _clear_immutable(hosts: Path) -> None:
+    """test_deploy's state-dir test sets chattr +i on the lab hosts' folders and clears it in its
+    own `finally`, which a killed run never reaches; left set, every later deploy there is refused
+    (ROOT.state cannot be made) and `lab down` or `rm -rf .state` fail with EPERM."""
+    if hosts.is_dir():
+        dirs = [str(d) for d in hosts.iterdir() if d.is_dir() and not d.is_symlink()]
+        if dirs:
+            subprocess.run(["chattr", "-i", *dirs], capture_output=True, check=False)
 
 
 def _teardown(env: LabEnv, started: set[str]) -> None:

@@ -4,7 +4,9 @@ untrusted input. LocalTransport on a temporary root: real mkdir/rename/symlink, 
 
 from __future__ import annotations
 
+import errno
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from orchestrator.hosts.probes import ProbeError, read_facts, release_of_link
 from orchestrator.hosts.prune import link_protected
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.local import LocalTransport
+from orchestrator.remote.ssh import host_file_error
 
 ROUTE = b'{"not": "parsed here"}\n'
 
@@ -197,17 +200,28 @@ def test_a_state_dir_on_tmpfs_is_warned_of(tmp_path: Path) -> None:
     assert [e for e in logs if "state_dir is on tmpfs" in e["event"] and e["log_level"] == "warning"], logs
 
 
-def test_a_root_whose_state_dir_cannot_be_made_is_refused_by_a_deploy_only(tmp_path: Path) -> None:
+_REFUSALS: dict[str, Callable[[str], OSError]] = {  # each in the shape its transport really raises it
+    "local-permission": lambda p: PermissionError(errno.EACCES, "Permission denied", p),
+    "local-read-only": lambda p: OSError(errno.EROFS, "Read-only file system", p),
+    "ssh-permission": lambda p: host_file_error("h", "mkdir", p, PermissionError(errno.EACCES, "Permission denied")),
+    "ssh-bare-failure": lambda p: host_file_error("h", "mkdir", p, OSError("Failure")),
+}
+
+
+@pytest.mark.parametrize("refusal", sorted(_REFUSALS))
+def test_a_root_whose_state_dir_cannot_be_made_is_refused_by_a_deploy_only(tmp_path: Path, refusal: str) -> None:
     """Issue 49: where ROOT.state cannot be made (the root's parent is not the login user's),
     run/ stayed inside the root and a root turning read-only ended exit 8 with the lease held. A
     leased command that uploads nothing still runs there; a deploy's install_helper is refused
-    before any change (exit 6), naming the path and state_dir as the fix."""
+    before any change (exit 6), naming the path and state_dir as the fix. Over SSH the refusal is
+    a HostError whose words say it (remote/ssh.py host_file_error); locally a raw OSError, where a
+    read-only parent (EROFS) once ended a rollback in an internal error."""
     t, root, state = _old_root(tmp_path)
     real = t.makedirs
 
     def no_parent(path: str, mode: int = 0o755) -> None:  # the root's parent: not ours to write
         if path == state:
-            raise PermissionError(13, "Permission denied", path)
+            raise _REFUSALS[refusal](path)
         real(path, mode)
 
     t.makedirs = no_parent  # type: ignore[method-assign]
