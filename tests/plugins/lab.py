@@ -11,6 +11,7 @@ leave everything running.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,7 @@ def _clear_immutable(hosts: Path) -> None:
     """test_deploy's state-dir test sets chattr +i on the lab hosts' folders and clears it in its
     own `finally`, which a killed run never reaches; left set, every later deploy there is refused
     (ROOT.state cannot be made) and `lab down` or `rm -rf .state` fail with EPERM."""
-    if hosts.is_dir():
+    if hosts.is_dir() and shutil.which("chattr"):
         dirs = [str(d) for d in hosts.iterdir() if d.is_dir() and not d.is_symlink()]
         if dirs:
             subprocess.run(["chattr", "-i", *dirs], capture_output=True, check=False)
