@@ -53,6 +53,10 @@ class ConfigError(PairctlError, ValueError):
 
 class HostError(PairctlError, ConnectionError):
     exit_code = ExitCode.HOST
+    # The host refused a write for its permissions or a read-only filesystem, as remote/ssh.py
+    # host_file_error reads the host's own answer (never a path's spelling); an SFTP server's bare
+    # "Failure" counts, though it may also mean a full disk, so a caller quotes it.
+    write_refused: bool = False
 
 
 class DiskFull(HostError):

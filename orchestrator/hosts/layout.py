@@ -259,7 +259,6 @@ def move_layout(transport: Transport, layout: HostLayout, *, strict: bool = Fals
     return True
 
 
-_REFUSED = ("permission denied", "read-only", "only 'failure'")  # remote/ssh.py host_file_error's words
 _REFUSED_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS)  # the local transport's own OSError
 
 
@@ -276,9 +275,8 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
     check_root(transport, state)
     try:
         transport.makedirs(state, 0o755)
-    except OSError as exc:  # over SSH a refused mkdir is a HostError (remote/ssh.py); locally an OSError
-        said = str(exc).lower()
-        refused = exc.errno in _REFUSED_ERRNOS or (isinstance(exc, HostError) and any(w in said for w in _REFUSED))
+    except OSError as exc:  # over SSH a refused mkdir is a HostError saying so (remote/ssh.py); locally an OSError
+        refused = (isinstance(exc, HostError) and exc.write_refused) or exc.errno in _REFUSED_ERRNOS
         if state != layout.root + ".state" or not refused:  # not the computed default (config/inventory.py)
             raise
         if strict:

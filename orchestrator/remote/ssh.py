@@ -956,12 +956,16 @@ def host_file_error(host: str, op: str, path: str, exc: OSError) -> HostError:
     d = posixpath.dirname(path.rstrip("/")) or "/"
     if exc.errno == errno.ENOSPC:
         return DiskFull(f"no space left on {host}:{d} ({op} {path})", hint=f"free space under {d} on {host}")
-    if why.strip().lower() == "failure":
+    said = why.strip().lower()
+    refused = exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or said in ("failure", "permission denied")
+    if said == "failure":
         why = "the host's SFTP server says only 'Failure' (a read-only or full filesystem?)"
-    return HostError(
+    err = HostError(
         f"{host}: {op} {path} failed: {why}",
         hint=f"on {host}, check that {d} is writable and has room (`df {d}`, `mount`), then run the command again",
     )
+    err.write_refused = refused or "read-only" in said  # a read-only filesystem in the host's own words
+    return err
 
 
 class _Timeout(Exception):
