@@ -83,6 +83,9 @@ def n_vocab(ctx: CheckContext) -> int | None:
         return None
 
 
+GREEDY = {"temperature": 0.0, "seed": 0, "id_slot": 0, "cache_prompt": True, "stream": False}
+
+
 class Asker:
     """The requests of one comparison: first pass per endpoint, continuation via /completion."""
 
@@ -97,7 +100,7 @@ class Asker:
         return Answer(tokens, positions)
 
     def first(self, endpoint: str, prompt: Prompt, n: int) -> Answer:
-        common = {"temperature": 0.0, "seed": 0, "id_slot": 0, "cache_prompt": False, "stream": False}
+        common = {**GREEDY, "cache_prompt": False}
         if endpoint == "chat":
             return self._post(
                 "/v1/chat/completions",
@@ -115,19 +118,7 @@ class Asker:
 
     def cont(self, prefix: Prompt, forced: list[int], n: int) -> Answer:
         prompt: list[Any] = ([prefix] if isinstance(prefix, str) else list(prefix)) + list(forced)
-        return self._post(
-            "/completion",
-            {
-                "prompt": prompt,
-                "n_predict": n,
-                "n_probs": self.k,
-                "temperature": 0.0,
-                "seed": 0,
-                "id_slot": 0,
-                "cache_prompt": True,
-                "stream": False,
-            },
-        )
+        return self._post("/completion", {"prompt": prompt, "n_predict": n, "n_probs": self.k, **GREEDY})
 
     def template(self, message: str) -> str:
         self.requests += 1
@@ -207,10 +198,6 @@ def continuation_tokens(left: int, drafting: bool) -> int:
     only for tokens not taken from a draft, and never drafts the first token after a prompt nor with
     one token left, so it is asked two; a server that does not draft, all that is left."""
     return min(left, DRAFT_FREE_TOKENS) if drafting else left
-
-
-def gates_dict(g: ReferenceGates) -> dict[str, Any]:
-    return g.model_dump(mode="json")
 
 
 def compare(
@@ -336,7 +323,7 @@ def run(ctx: CheckContext) -> CheckResult:
     numerics = numerics_fields(ctx.profile, kinds)
     base_raw: dict[str, Any] = {
         **asked_raw(ctx, fs, k, vocab),
-        "gates": gates_dict(gates),
+        "gates": gates.model_dump(mode="json"),
         "numerics": numerics,
         "profile": ctx.profile.name,
     }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,6 @@ from orchestrator.config.rpc_consistency import RpcConsistency
 from orchestrator.errors import CheckFailed
 from orchestrator.hosts import probes, services
 from orchestrator.hosts.layout import LLAMA_SERVER, HostLayout, install_helper
-from orchestrator.remote.command import Cmd
 from orchestrator.server.client import ServerClient
 
 NAME = "rpc_consistency"
@@ -64,9 +64,6 @@ class ProbePlan:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
 
-    def listeners_cmd(self) -> Cmd:
-        return probes.listeners_cmd()
-
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "root": self.root, "argv": list(self.argv), "url": self.base_url}
 
@@ -75,10 +72,6 @@ def probe_profile(profile: RouteProfile) -> RouteProfile:
     """The profile as the native device alone runs it: no draft (drafting never changes a
     distribution, it only costs time) and no load-log expectation (`split` is identity's)."""
     return profile.model_copy(update={"draft": None, "split": None})
-
-
-def _with_threads(profile: RouteProfile, threads: int | None) -> RouteProfile:
-    return profile if threads is None else profile.model_copy(update={"threads": threads})
 
 
 def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
@@ -98,7 +91,10 @@ def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
         raise CheckFailed(f"rpc_consistency.port_offset {cfg.port_offset} gives port {port}, which the pair cannot use")
     state = ctx.inventory.hosts[pair.native].state_dir or HostLayout(root).run  # never through run/'s link
     layout, probe = HostLayout(root), HostLayout(posixpath.join(state, PROBE_DIR))
-    args = _with_threads(probe_profile(ctx.profile), cfg.threads).render_args(
+    profile = probe_profile(ctx.profile)
+    if cfg.threads is not None:
+        profile = profile.model_copy(update={"threads": cfg.threads})
+    args = profile.render_args(
         model_paths={role: m.path for role, m in pair.models.items()},
         host=bind,
         port=port,
@@ -189,7 +185,7 @@ def run(ctx: CheckContext) -> CheckResult:
     probe = _Probe(ctx, plan, cfg.start_timeout_s)
     with probe, ServerClient(plan.base_url, api_key=ctx.api_key, timeout=ctx.client.timeout) as client:
         start_s = round(timer.elapsed() - t1, 3)
-        native = _Recorder(_on(ctx, client), k)
+        native = _Recorder(dataclasses.replace(ctx, client=client), k)
         summary, per_fixture, problems = compare(native, answers, ref_gates, complete)
         chosen = chosen_deltas(answers, native.got)
     native_s = round(timer.elapsed() - t1, 3)
@@ -255,12 +251,4 @@ def chosen_deltas(answers: list[Mapping[str, Any]], got: list[Answer]) -> list[f
 
 
 def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    if not s:
-        return 0.0
-    m = len(s) // 2
-    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
-
-
-def _on(ctx: CheckContext, client: ServerClient) -> CheckContext:
-    return dataclasses.replace(ctx, client=client)
+    return statistics.median(xs) if xs else 0.0

@@ -167,7 +167,7 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
                             stale_after_s=int(2 * period),
                         )
                     )
-                    st.data["leases"] = [lease_public(x) for x in held.leases]
+                    st.data["leases"] = held.public()["hosts"]
                     st.data["ttl_s"] = ttl
                     st.data["heartbeat_s"] = period
             except LeaseHeldError as exc:
@@ -250,12 +250,6 @@ def _run(
     finally:
         live.close()
     return suite, route
-
-
-def lease_public(lease: Any) -> dict[str, Any]:
-    """A lease for the receipt, never its nonce (the nonce releases it)."""
-    public = getattr(lease, "public", None)
-    return dict(public()) if callable(public) else {"host": getattr(lease, "host", None)}
 
 
 def _write_metrics(home: Any, suite: SuiteResult | None, *, pair: str, skipped: bool = False) -> None:
