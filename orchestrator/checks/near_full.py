@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, lane_split
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, lane_split, result
 from orchestrator.checks.parting import Tolerance, Walk, summary
 from orchestrator.checks.prompts import BuiltPrompt, PromptBuilder, make_nonce
 from orchestrator.server.client import ServerClient, ServerRequestError
@@ -220,7 +220,7 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     timer = Timer()
     per_slot, target = ctx.per_slot(), ctx.near_full()
     if ctx.profile.parallel < 2:
-        return CheckResult(name=TWO_LANE, verdict="skipped", required=False, message="the profile has one slot")
+        return result(TWO_LANE, "skipped", "the profile has one slot")
     prompt_n, gen_n = lane_split(target, opts.generation_fraction)
     rng = random.Random()  # nonces are fresh every run
     nonces = [make_nonce(rng), make_nonce(rng)]
