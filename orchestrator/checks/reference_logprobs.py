@@ -48,11 +48,6 @@ class Answer:
     positions: list[dict[int, float]]
 
 
-def running_packages(ctx: CheckContext) -> tuple[str, str] | None:
-    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ROLES)
-    return (str(ids[0]), str(ids[1])) if all(ids) else None
-
-
 NO_VOCAB = "the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile"
 
 
@@ -248,10 +243,6 @@ def spread(per_fixture: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def floor_figures(s: lp.Summary) -> GateFigures:
-    return GateFigures(max_mean_kl=s.mean_kl, max_kl=s.max_kl, max_abs_dlogprob=s.max_abs_dlogprob)
-
-
 def recorded_gates(found: Answers) -> GateFigures | None:
     g = found.raw.get("derived_gates")
     try:
@@ -267,7 +258,7 @@ def _record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, gates: Refere
     means the pair does not reproduce itself: nothing is recorded as a yardstick then."""
     answers = record(ctx, asker, fs, gates.logprob_floor)
     floor, per_fixture, problems = compare(asker, answers, gates, complete)
-    fl = floor_figures(floor)
+    fl = GateFigures(max_mean_kl=floor.mean_kl, max_kl=floor.max_kl, max_abs_dlogprob=floor.max_abs_dlogprob)
     g = derived(fl, gates.floor_factor, gates.minimum)
     problems += lp.gate_problems(
         floor, max_mean_kl=gates.minimum.max_mean_kl, max_kl=gates.minimum.max_kl, min_top1=gates.min_top1,
@@ -317,7 +308,8 @@ def run(ctx: CheckContext) -> CheckResult:
     k, vocab, complete = top_k_for(ctx, gates)
     if k <= 0:
         return result(NAME, "failed", NO_VOCAB, timer)
-    running = running_packages(ctx)
+    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ROLES)
+    running = (str(ids[0]), str(ids[1])) if all(ids) else None
     state = ctx.reference
     kinds = {r: device_kind(ctx.packages.get(r)) for r in ROLES}
     numerics = numerics_fields(ctx.profile, kinds)
