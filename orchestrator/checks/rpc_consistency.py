@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
+from orchestrator.checks.live import http_url, server_host
 from orchestrator.checks.oracle_fixtures import load_oracle_set
 from orchestrator.checks.reference_logprobs import (
     NO_VOCAB,
@@ -59,10 +60,7 @@ class ProbePlan:
 
     @property
     def base_url(self) -> str:
-        host = self.bind
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
+        return http_url(self.bind, self.port)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "root": self.root, "argv": list(self.argv), "url": self.base_url}
@@ -83,9 +81,7 @@ def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
     root = ctx.host_roots.get("native")
     if native is None or not root:
         raise CheckFailed("the RPC consistency probe needs the native host's active package and install root")
-    bind = ctx.inventory.server_bind(ctx.pair)
-    if bind in ("0.0.0.0", "::", "[::]", "*", ""):
-        bind = ctx.inventory.hosts[pair.native].address
+    bind = server_host(ctx.inventory, ctx.pair)
     port = pair.server_port + cfg.port_offset
     if port in (pair.server_port, pair.rpc_port) or port > 65535:
         raise CheckFailed(f"rpc_consistency.port_offset {cfg.port_offset} gives port {port}, which the pair cannot use")
