@@ -118,11 +118,9 @@ class AcceptOutcome:
 
 
 def _isolation(value: str) -> Literal["solo", "recall"]:
-    if value == "solo":
-        return "solo"
-    if value == "recall":
-        return "recall"
-    raise ConfigError(f"--isolation must be solo or recall, not {value!r}")
+    if value not in ("solo", "recall"):
+        raise ConfigError(f"--isolation must be solo or recall, not {value!r}")
+    return "solo" if value == "solo" else "recall"
 
 
 def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptOutcome:
@@ -281,11 +279,8 @@ def key_figures(r: Any, limit: int = 6) -> str:
 def render_table(console: Any, outcome: AcceptOutcome) -> None:
     s = outcome.suite
     t = Table(title=f"acceptance of pair {s.pair} (profile {s.profile})")
-    t.add_column("check")
-    t.add_column("verdict")
-    t.add_column("req")
-    t.add_column("key figures", overflow="fold")
-    t.add_column("message", overflow="fold")
+    for i, column in enumerate(("check", "verdict", "req", "key figures", "message")):
+        t.add_column(column, overflow="fold" if i >= 3 else "ellipsis")
     for r in s.results:
         t.add_row(
             Text(r.name),
