@@ -50,9 +50,7 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
 
     from orchestrator.hosts import leases as L
 
-    t = Table(title=title)
-    for col in ("host", "state", "owner", "purpose", "taken", "expires", "left"):
-        t.add_column(col)
+    t = Table("host", "state", "owner", "purpose", "taken", "expires", "left", title=title)
     for s in states:
         lease = s.lease
         if lease is None:
