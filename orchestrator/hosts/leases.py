@@ -867,39 +867,38 @@ def hold_pair_leases(
         stale_after_s=stale_after_s,
     )
     held = HeldLeases(targets=ts, leases=leases, nonce=nonce, ttl_s=ttl_s)
-    log = get_logger(lease=nonce[:8])
-    hosts = [t.name for t in ts]
     try:
         _move_layouts(ts)
         yield held
     except BaseException as exc:
         if isinstance(exc, RollbackFailed) and held.kept is None:
             held.keep("rollback failed")
-        if held.kept is None:
-            try:
-                release_leases(ts, nonce)
-                held.ended = {"released": hosts}
-            except Exception as rel_exc:
-                held.ended = {"release_failed": str(rel_exc)}
-                exc.add_note(f"releasing the leases also failed: {rel_exc}")
-        else:
-            held.ended = {"kept": held.kept, "hosts": hosts}
-            exc.add_note(f"leases KEPT on {', '.join(hosts)}: {held.kept}")
-            log.warning("leases kept", reason=held.kept, hosts=hosts)
+        if (failed := _end_hold(held, Exception)) is not None:
+            exc.add_note(f"releasing the leases also failed: {failed}")
+        elif held.kept is not None:
+            exc.add_note(f"leases KEPT on {', '.join(t.name for t in ts)}: {held.kept}")
         raise
-    else:
-        if held.kept is not None:
-            held.ended = {"kept": held.kept, "hosts": hosts}
-            log.warning("leases kept", reason=held.kept, hosts=hosts)
-            return
-        try:
-            release_leases(ts, nonce)
-            held.ended = {"released": hosts}
-        except LeaseError as rel_exc:
-            held.ended = {"release_failed": str(rel_exc)}
-            if not record_release_error:
-                raise
-            log.error("releasing the leases failed", error=str(rel_exc), hosts=hosts)
+    if (failed := _end_hold(held, LeaseError)) is not None and not record_release_error:
+        raise failed
+    if failed is not None:
+        get_logger(lease=nonce[:8]).error("releasing the leases failed", error=str(failed), hosts=[t.name for t in ts])
+
+
+def _end_hold(held: HeldLeases, catch: type[Exception]) -> Exception | None:
+    """Release the held leases, or keep them (logged); `held.ended` says which. A release error of
+    type `catch` is recorded and returned, any other raised."""
+    hosts = [t.name for t in held.targets]
+    if held.kept is not None:
+        held.ended = {"kept": held.kept, "hosts": hosts}
+        get_logger(lease=held.nonce[:8]).warning("leases kept", reason=held.kept, hosts=hosts)
+        return None
+    try:
+        release_leases(held.targets, held.nonce)
+    except catch as rel_exc:
+        held.ended = {"release_failed": str(rel_exc)}
+        return rel_exc
+    held.ended = {"released": hosts}
+    return None
 
 
 def _move_layouts(targets: Sequence[LeaseTarget]) -> None:
