@@ -22,7 +22,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
@@ -51,6 +51,7 @@ from orchestrator.remote.transport import (
     ReadFile,
     Readlink,
     RetryPolicy,
+    T,
     TransportStats,
     Unreachable,
     run_retried,
@@ -495,8 +496,7 @@ class SshTransport:
         try:
             chan = t.open_session(timeout=self.target.connect_timeout_s)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            with self._lock:
-                self._drop()
+            self.close()
             raise NotStarted(f"{self.name}: cannot open a session channel: {exc}") from None
         writer: threading.Thread | None = None
         try:
@@ -522,12 +522,10 @@ class SshTransport:
                 killed_on_host=None if host_bound else False,
             ) from None
         except ConnectionLost:
-            with self._lock:
-                self._drop()
+            self.close()
             raise
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            with self._lock:
-                self._drop()
+            self.close()
             raise ConnectionLost(f"{self.name}: connection failed while running {shown.display()}: {exc}") from None
         finally:
             chan.close()
@@ -731,11 +729,11 @@ class SshTransport:
 
     # -- file operations (SFTP requests: no login shell, ~ms each) --
 
-    def _fs(self, op: str, path: str, fn: Any) -> Any:
+    def _fs(self, op: str, path: str, fn: Callable[[paramiko.SFTPClient], T]) -> T:
         with self._sftp_io:
             return self._fs_locked(op, path, fn)
 
-    def _fs_locked(self, op: str, path: str, fn: Any) -> Any:
+    def _fs_locked(self, op: str, path: str, fn: Callable[[paramiko.SFTPClient], T]) -> T:
         sftp = self._sftp_client()
         t0 = time.monotonic()
         try:
@@ -744,8 +742,7 @@ class SshTransport:
             raise
         except OSError as exc:
             if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
-                with self._lock:
-                    self._drop()
+                self.close()
                 raise ConnectionLost(f"{self.name}: {op} {path} failed: {exc}") from None
             if isinstance(exc, HostError):
                 raise
@@ -783,8 +780,7 @@ class SshTransport:
             except FileNotFoundError:
                 return None
 
-        st: FileStat | None = self._fs("stat", path, do)
-        return st
+        return self._fs("stat", path, do)
 
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         if max_bytes is not None and max_bytes <= HOST_FILE_MAX:
@@ -807,7 +803,7 @@ class SshTransport:
                 head: bytes = f.read(max_bytes + 1)
                 return head
 
-        data: bytes = self._fs("read", path, do)
+        data = self._fs("read", path, do)
         self.stats.add(get_bytes=len(data))
         return data
 
@@ -849,8 +845,8 @@ class SshTransport:
                 for i, nums in pending.items():
                     op = ops[i]
                     if isinstance(op, HostClock):
-                        _, stat_ok = self._answers(sftp, nums)
-                        out[i] = stat_ok[1] if stat_ok[1] is not None else FileNotFoundError(2, f"{op.path} vanished")
+                        close_stat_remove = [_stat_answer(sftp, num) for num in nums]  # every answer read, in order
+                        out[i] = close_stat_remove[1] or FileNotFoundError(2, f"{op.path} vanished")
                         continue
                     assert isinstance(op, ReadFile)
                     try:
@@ -873,35 +869,18 @@ class SshTransport:
                 pending = nxt
             return out
 
-        got: list[FsResult] = self._fs("read", ops[0].path, do)
+        got = self._fs("read", ops[0].path, do)
         self.stats.add(commands=max(0, rounds - 1), get_bytes=sum(len(r) for r in got if isinstance(r, bytes)))
         return got
 
-    @staticmethod
-    def _answers(sftp: _SftpRequests, nums: list[int]) -> tuple[list[BaseException | None], list[Any]]:
-        """Read the answers to NUMS in order: (error or None, FileStat for an ATTRS answer)."""
-        from paramiko import sftp as S
-
-        errs: list[BaseException | None] = []
-        vals: list[Any] = []
-        for num in nums:
-            try:
-                t, msg = sftp._read_response(num)
-            except OSError as exc:
-                errs.append(exc)
-                vals.append(None)
-                continue
-            errs.append(None)
-            vals.append(_file_stat(_attrs_of(msg)) if t == S.CMD_ATTRS else None)
-        return errs, vals
-
     def login_uid(self) -> int:
         """The login user's uid: the owner of the SFTP session's start directory (its home)."""
-        uid = getattr(self, "_login_uid", None)
+        uid: int | None = getattr(self, "_login_uid", None)
         if uid is None:
-            uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
-            self._login_uid = uid
-        return int(uid)
+            uid = self._login_uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
+        if uid is None:  # a server that names no owner: root_trust then trusts root only
+            raise TypeError(f"{self.name}: the SFTP server names no owner of its start directory")
+        return uid
 
     def rename(self, src: str, dst: str) -> None:
         self._fs("rename", src, lambda sftp: sftp.posix_rename(src, dst))
@@ -925,15 +904,13 @@ class SshTransport:
             except OSError:
                 return None
 
-        link: str | None = self._fs("readlink", path, do)
-        return link
+        return self._fs("readlink", path, do)
 
     def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
         if isinstance(exc, HostError):  # already judged (by _fs)
             return exc
         if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
-            with self._lock:
-                self._drop()
+            self.close()
             return ConnectionLost(f"{self.name}: {op} {src} -> {dst} failed: {exc}")
         if op == "put" and ("size mismatch" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
             # sftp-server reports a full disk as a short file (paramiko: "size mismatch in put! 0 != N")
@@ -1059,6 +1036,17 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
             sftp._async_request(type(None), S.CMD_CLOSE, h)  # answers are drained by the next request
         raise failed
     return handles
+
+
+def _stat_answer(sftp: _SftpRequests, num: int) -> FileStat | None:
+    """Read the answer to request NUM: the FileStat of an ATTRS answer, else (an error too) None."""
+    from paramiko import sftp as S
+
+    try:
+        t, msg = sftp._read_response(num)
+    except OSError:
+        return None
+    return _file_stat(_attrs_of(msg)) if t == S.CMD_ATTRS else None
 
 
 def _requests(sftp: paramiko.SFTPClient) -> _SftpRequests:
