@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 MARKER_PREFIX = "# pairctl boot persistence, install root "
 MARKER_SUFFIX = " (managed by pairctl; a deploy rewrites it)"
-CRONTAB_MISSING = "no boot persistence: crontab missing"
 WRITE_ATTEMPTS = 3  # another writer between our write and its read-back: merge again from what is there
 
 CRONTAB_LIST = Cmd(("crontab", "-l"))
@@ -205,10 +204,8 @@ def _unpersisted(why: str) -> dict[str, object]:
 
 def _text_or_warning(got: CrontabRead) -> str | dict[str, object]:
     """The crontab's text, or the result saying why `crontab -l` gave nothing to judge or merge."""
-    if got.missing:
-        return {"persistence": None, "warning": CRONTAB_MISSING}
     if got.text is None:
-        return _unpersisted(str(got.error))
+        return _unpersisted("crontab missing" if got.missing else str(got.error))
     return got.text
 
 

@@ -352,14 +352,12 @@ class LeaseState:
         }
 
 
-def lease_state(
-    transport: Transport, install_root: str, *, now: datetime | None = None, clock: Clock | None = None
-) -> LeaseState:
-    """Look at the host's lease and judge it by the host's clock (`now` overrides it; `clock`
-    is how to read it, `host_now` by default). A free host needs no clock read."""
+def lease_state(transport: Transport, install_root: str, *, clock: Clock | None = None) -> LeaseState:
+    """Look at the host's lease and judge it by the host's clock (`clock` is how to read it, one
+    batch with the lock and the lease by default). A free host needs no clock read."""
     host = transport.name
     leases, lock, file = _paths(install_root)
-    if now is None and clock is None:
+    if clock is None:
         # the lock, the host's clock and the lease in one pipelined batch (engine/leasing.py
         # re-checks before every change: this was a dozen SFTP round trips each time)
         probe = f"{leases}/{CLOCK_PROBE}.{secrets.token_hex(4)}"
@@ -375,7 +373,7 @@ def lease_state(
         st = transport.stat(lock)
         if st is None:
             return LeaseState(host, "free")
-        now = now or (clock or host_now)(transport, leases)
+        now = clock(transport, leases)
         data_r = None
     age = max(0.0, now.timestamp() - st.mtime)
     if not _stat.S_ISDIR(st.mode):
@@ -485,15 +483,12 @@ def _break(
     breakable (`may_break`; by default expired, or half-made past `grace_s`); returns its record."""
     log = get_logger(host=transport.name)
     again = lease_state(transport, install_root, clock=clock)
-    same = again.state == st.state and (
-        (st.lease is None and again.lease is None)
-        or (st.lease is not None and again.lease is not None and again.lease.nonce == st.lease.nonce)
-    )
+    old_nonce = st.lease.nonce if st.lease else ""
+    same = again.state == st.state and (again.lease.nonce if again.lease else "") == old_nonce
     if not same or not (may_break or (lambda s: s.breakable(grace_s)))(again):
         raise LeaseHeldError(
             f"host is leased: {again.describe()}", hint="the lease changed while breaking it; nothing broken"
         )
-    old_nonce = st.lease.nonce if st.lease else ""
     changed = f"{transport.name}: the lease changed while breaking it; nothing broken"
     _entomb(transport, install_root, "broken", old_nonce[:16] or "none", old_nonce, lambda: LeaseHeldError(changed))
     record = {
