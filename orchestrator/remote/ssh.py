@@ -50,11 +50,11 @@ from orchestrator.remote.transport import (
     NotStarted,
     ReadFile,
     Readlink,
+    Retrying,
     RetryPolicy,
     T,
     TransportStats,
     Unreachable,
-    run_retried,
 )
 
 _READ = 1 << 16
@@ -274,7 +274,7 @@ def _connect_transient(exc: BaseException) -> bool:
 
 
 @dataclass
-class SshTransport:
+class SshTransport(Retrying):
     """`Transport` over SSH. Connects lazily on first use and reuses the connection."""
 
     target: SshTarget
@@ -429,12 +429,6 @@ class SshTransport:
         with self._lock:
             self._drop()
 
-    def __enter__(self) -> SshTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _connect_or_raise(self) -> paramiko.Transport:
         try:
             return self._transport()
@@ -472,12 +466,6 @@ class SshTransport:
         if check and result.exit_status != 0:
             raise command_failed(self.name, cmd, result)
         return result
-
-    def run_idempotent(
-        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
-    ) -> Result:
-        """For read-only probes: a broken connection or a timeout is retried (reconnecting)."""
-        return run_retried(self, self.retry, cmd, check=check, timeout=timeout, stdin=stdin)
 
     def _exec(
         self,
