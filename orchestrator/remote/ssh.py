@@ -616,13 +616,17 @@ class SshTransport(Retrying):
             return self._sftp
 
     @contextlib.contextmanager
-    def _transfer(self, op: str, src: str, dst: str) -> Iterator[paramiko.SFTPClient]:
-        """The SFTP session for one transfer, held alone; its failure judged by `_transfer_error`."""
+    def _transfer(self, op: str, src: str, dst: str, size: int = 0) -> Iterator[paramiko.SFTPClient]:
+        """The SFTP session for one transfer of `size` bytes (a get: the local file's), held alone;
+        its failure judged by `_transfer_error`, its time and bytes counted (`stats`)."""
+        t0 = time.monotonic()
         try:
             with self._sftp_io:
                 yield self._sftp_client()
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error(op, src, dst, exc) from None
+        size = Path(dst).stat().st_size if op == "get" else size
+        self.stats.add(**{f"{op}s": 1, f"{op}_bytes": size, f"{op}_s": time.monotonic() - t0})
 
     def put(self, local_path: str | Path, remote_path: str) -> None:
         """Copy a file (content + permission bits minus group/other write) via SFTP."""
@@ -630,20 +634,16 @@ class SshTransport(Retrying):
         st = local_path.stat()
         if not stat.S_ISREG(st.st_mode):
             raise HostError(f"put {local_path}: not a regular file")
-        t0 = time.monotonic()
-        with self._transfer("put", str(local_path), remote_path) as sftp:
+        with self._transfer("put", str(local_path), remote_path, st.st_size) as sftp:
             sftp.put(str(local_path), remote_path, confirm=True)
             sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
-        self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        t0 = time.monotonic()
-        with self._transfer("put", "<bytes>", remote_path) as sftp:
+        with self._transfer("put", "<bytes>", remote_path, len(data)) as sftp:
             if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
                 # refused somewhere: again the long way, for its error (a full disk: DiskFull)
                 sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
                 sftp.chmod(remote_path, mode & 0o7755)
-        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     @staticmethod
     def _put_pipelined(sftp_client: paramiko.SFTPClient, data: bytes, path: str, mode: int) -> bool:
@@ -701,19 +701,15 @@ class SshTransport(Retrying):
                 sftp.remove(remote_path)
                 raise OSError(f"{remote_path} came out mode {(st.st_mode or 0) & 0o777:o}, size {st.st_size}")
 
-        t0 = time.monotonic()
-        with self._transfer("put", "<bytes>", remote_path):
+        with self._transfer("put", "<bytes>", remote_path, len(data)):
             self._fs_locked("put", remote_path, do)
-        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     def chmod(self, path: str, mode: int) -> None:
         self._fs("chmod", path, lambda sftp: sftp.chmod(path, mode))
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
-        t0 = time.monotonic()
         with self._transfer("get", remote_path, str(local_path)) as sftp:
             sftp.get(remote_path, str(local_path))
-        self.stats.add(gets=1, get_bytes=Path(local_path).stat().st_size, get_s=time.monotonic() - t0)
 
     # -- file operations (SFTP requests: no login shell, ~ms each) --
 
