@@ -580,9 +580,7 @@ class EvidenceStore:
                 f"receipt file {path} does not match its name (its sha256 is {actual})",
                 hint="it was changed after it was written; run `pairctl receipts verify`",
             )
-        try:
-            if len(data) > safejson.MAX_RECEIPT_BYTES:
-                raise ValueError(f"{len(data)} bytes, more than any receipt")
+        try:  # _read_receipt refused a file larger than any receipt
             receipt = Receipt.model_validate_json(data)
         except (ValueError, RecursionError) as exc:  # pydantic's ValidationError is a ValueError
             raise EvidenceError(
@@ -683,17 +681,7 @@ class EvidenceStore:
             for host, data in identities or []:
                 j.identity(host, data)
             for s in fresh:
-                j.record_step(
-                    s.name,
-                    s.outcome,
-                    s.data,
-                    host=s.host,
-                    error=s.error,
-                    skip_reason=s.skip_reason,
-                    started_at=s.started_at,
-                    finished_at=s.finished_at,
-                    duration_s=s.duration_s,
-                )
+                j.record_step(**s.model_dump(exclude={"seq"}))
             for step_name, rows in (fresh_samples or {}).items():
                 j.samples(step_name, rows)
             cov = coverage(original, reuse, fresh, list(identities or []))
