@@ -263,7 +263,10 @@ class Journal:
         self._log(kind, **{kind: bare}, outcome=outcome, host=host, duration_s=duration_s, error=error)
 
     # -- writing -----------------------------------------------------------------------------
-    def _emit(self, kind: str, rows: tuple[str, int] | None = None, **fields: Any) -> int:
+    def _emit(self, kind: str, **fields: Any) -> int:
+        return self._append(kind, fields)
+
+    def _append(self, kind: str, fields: dict[str, Any], rows: tuple[str, int] | None = None) -> int:
         """Append one event; `rows`: a samples event's canonical rows text and count, spliced in."""
         with self._mutex:
             if self._fd is None:
@@ -419,7 +422,7 @@ class Journal:
             text = canonical_text(mask_data(json.loads(text)))
         if jsonable.has_lone_surrogate(text):
             text = canonical_text(jsonable.escape_surrogates(json.loads(text)))
-        self._emit("samples", (text, len(rows)), step=step_name)
+        self._append("samples", {"step": step_name}, (text, len(rows)))
 
     def note(self, text: str) -> None:
         self._emit("note", text=mask_text(text))
