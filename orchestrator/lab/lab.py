@@ -127,7 +127,7 @@ class Lab:
         ensure_real_model(self.models_dir)
         say(f"models ready in {self.models_dir}")
         if source:
-            self._ensure_source()
+            ensure_source(self.home)
             say(f"llama.cpp source ready in {self.source_dir}")
         hosts = [SshdHost(p) for p in self.plans]
         if not hosts:
@@ -155,9 +155,6 @@ class Lab:
             source=str(self.source_dir) if (self.source_dir / ".git").exists() else None,
             known_hosts=str(self.known_hosts),
         )
-
-    def _ensure_source(self) -> Path | None:
-        return ensure_source(self.home)
 
     def down(self) -> DownReport:
         """Stop services under each lab host's root, then each lab sshd (all hosts of this home)."""
