@@ -311,8 +311,7 @@ class EvidenceStore:
     def run_status(self, run_id: str) -> tuple[str, str]:
         """(state, why): "ended", "dead" (killed, not sealed), "running", "elsewhere" (another
         machine's journal) or "unknown". Only "ended" and "dead" prove its leases unused."""
-        state, why, _owner = self.run_record(run_id)
-        return state, why
+        return self.run_record(run_id)[:2]
 
     def run_record(self, run_id: str) -> tuple[str, str, str | None]:
         """run_status plus its owner (`user@machine`). "ended" only from a receipt that verifies and
