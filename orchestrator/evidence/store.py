@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -234,13 +235,10 @@ class EvidenceStore:
         journal: Journal | None = None
         try:
             recovered = self._recover(chain, lock_held=lock is not None)
-
-            def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
-                return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
-
             header = dict(schema_version=SCHEMA_VERSION, run_id=run_id, command=command, argv=mask_argv(list(argv)))
             header.update(pair=pair, inputs=dict(inputs or {}), operator=_operator(operator))
             header["host"] = procid.this_process().model_dump()
+            seal = functools.partial(self._seal, lock=lock)
             journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=header)
         except BaseException:
             if journal is not None:
