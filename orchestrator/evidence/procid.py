@@ -23,7 +23,7 @@ def boot_id() -> str | None:
         return None
 
 
-def _stat(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     """The fields of /proc/PID/stat from field 3 (the state) on; none if there is no such process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
@@ -36,7 +36,7 @@ def _stat(pid: int) -> list[str]:
 def start_ticks(pid: int) -> int | None:
     """Start time of `pid` in clock ticks since boot, or None if there is no such process."""
     try:
-        return int(_stat(pid)[19])  # field 22 overall
+        return int(stat_fields(pid)[19])  # field 22 overall
     except (IndexError, ValueError):
         return None
 
@@ -74,7 +74,7 @@ def liveness(owner: HostInfo) -> tuple[bool | None, str]:
             return False, f"process {owner.pid} no longer exists"
         if owner.start_ticks is not None and ticks != owner.start_ticks:
             return False, f"process {owner.pid} no longer exists (the pid now names a different process)"
-        if _stat(owner.pid)[:1] == ["Z"]:
+        if stat_fields(owner.pid)[:1] == ["Z"]:
             return False, f"process {owner.pid} has exited (zombie)"
         return True, f"process {owner.pid} is running"
     try:

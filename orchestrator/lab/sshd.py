@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import HostError, PairctlError
+from orchestrator.evidence.procid import stat_fields
 from orchestrator.lab.keys import ensure_ed25519, public_key_line
 
 SSHD = "/usr/sbin/sshd"
@@ -189,12 +190,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie is dead for our purposes
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-        return state[state.rfind(")") + 2 :].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = stat_fields(pid)  # a zombie is dead for our purposes
+    return bool(fields) and fields[0] != "Z"
 
 
 def terminate(pids: list[int], *, timeout: float = 5.0) -> list[int]:
