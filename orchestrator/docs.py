@@ -75,27 +75,19 @@ def _param_rows(cmd: Any, skip: set[str]) -> list[str]:
     for p in cmd.params:
         if p.name in skip or getattr(p, "hidden", False):
             continue
-        kind = getattr(p, "param_type_name", "")
-        if kind == "argument":
+        flag = getattr(p, "is_flag", False) or getattr(p, "count", False)
+        if getattr(p, "param_type_name", "") == "argument":
             names = (p.metavar or p.name or "").upper()
-            help_text = getattr(p, "help", None) or ""
         else:
             names = ", ".join(f"`{o}`" for o in (*p.opts, *p.secondary_opts))
-            if not getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.metavar:
+            if not flag and p.metavar:
                 names += f" {p.metavar}"
-            help_text = getattr(p, "help", None) or ""
-        default = "" if getattr(p, "is_flag", False) and not p.default else _clean_default(p.default)
-        if getattr(p, "is_flag", False) or getattr(p, "count", False):
-            default = ""
+        help_text = getattr(p, "help", None) or ""
+        default = "" if flag else _clean_default(p.default)
         required = "yes" if p.required else ""
         multiple = "yes" if getattr(p, "multiple", False) or getattr(p, "nargs", 1) != 1 else ""
         rows.append(f"| {_cell(names)} | {_cell(help_text)} | {_cell(default)} | {required} | {multiple} |")
     return rows
-
-
-def _help(cmd: Any) -> str:
-    text = inspect.cleandoc(cmd.help or "")
-    return text.replace("\b\n", "").strip()
 
 
 def cli_md() -> str:
@@ -120,7 +112,7 @@ def cli_md() -> str:
         out.append(f"### pairctl {name}\n\n")
         usage = " ".join(cmd.collect_usage_pieces(_FakeCtx()))
         out.append(f"`pairctl {name} {usage}`\n\n")
-        text = _help(cmd)
+        text = inspect.cleandoc(cmd.help or "").replace("\b\n", "").strip()
         if text:
             out.append(text + "\n\n")
         rows = _param_rows(cmd, skip)

@@ -6,6 +6,7 @@ Modules never configure logging and keep no logger globals with state; commands 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -57,26 +58,21 @@ def rotate_if_large(path: Path, max_bytes: int = LOG_MAX_BYTES, keep: int = LOG_
     commands rotate once; a writer keeps its open file (now `.1`). True when it rotated."""
     from orchestrator.filelock import file_lock
 
-    try:
-        if path.stat().st_size <= max_bytes:
-            return False
-    except FileNotFoundError:
-        return False
-    with file_lock(path.with_name(f".{path.name}.rotate.lock")):
+    def large() -> bool:
         try:
-            if path.stat().st_size <= max_bytes:  # another command rotated it meanwhile
-                return False
+            return path.stat().st_size > max_bytes
         except FileNotFoundError:
             return False
-        for i in range(keep, 0, -1):
-            older = path.with_name(f"{path.name}.{i}")
-            if i == keep:
-                older.unlink(missing_ok=True)
-            else:
-                try:
-                    older.rename(path.with_name(f"{path.name}.{i + 1}"))
-                except FileNotFoundError:
-                    pass
+
+    if not large():
+        return False
+    with file_lock(path.with_name(f".{path.name}.rotate.lock")):
+        if not large():  # another command rotated it meanwhile
+            return False
+        path.with_name(f"{path.name}.{keep}").unlink(missing_ok=True)
+        for i in range(keep - 1, 0, -1):
+            with contextlib.suppress(FileNotFoundError):
+                path.with_name(f"{path.name}.{i}").rename(path.with_name(f"{path.name}.{i + 1}"))
         path.rename(path.with_name(f"{path.name}.1"))
         return True
 

@@ -89,24 +89,7 @@ class BisectDriver(EngineDriver):
     def deploy_checked(self, ids: tuple[str, str], profile: str, checks: tuple[str, ...], why: str) -> RunResult:
         """A full deploy with acceptance limited to `checks` (all when empty); the engine rolls
         it back on failure (RolledBack carries the receipt)."""
-        from orchestrator.engine.deploy import deploy
-
-        self._deploys_started += 1
-        return self._wait_busy(
-            why,
-            lambda: deploy(
-                self.home,
-                self.inventory,
-                self.pair,
-                ids,
-                profile_name=profile,
-                skip_accept=False,
-                checks=checks,
-                argv=[*self.argv, f"({why})"],
-                pool=self.pool,
-                held_lease_nonce=self._lease_nonce,
-            ),
-        )
+        return self._deploy(*ids, profile, why, checks=checks)
 
     def restore_found(self) -> dict[str, Any]:
         """The pair as the bisect found it: packages, profile, route record and links."""

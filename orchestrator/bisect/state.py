@@ -78,9 +78,7 @@ class BisectState:
         return (self.good, self.bad, self.judgement, self.profile) == (good, bad, judgement, profile)
 
     def to_json(self) -> str:
-        d = asdict(self)
-        d["judgement"] = self.judgement.as_dict()
-        return json.dumps(d, indent=2, sort_keys=True) + "\n"
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"  # the judgement's checks: a list
 
     @classmethod
     def from_json(cls, text: str | bytes, where: Path) -> BisectState:

@@ -7,6 +7,7 @@ store (or verify the existing package of that id).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -256,13 +257,8 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
         try:
             kinds = assemble(plan, outputs, tmp, reporter=reporter)
             reporter.phase("hash", len(kinds))
-            done = [0]
-
-            def tick(_p: Path) -> None:
-                done[0] += 1
-                reporter.update(done[0], len(kinds))
-
-            files = entries_for(tmp, kinds, on_done=tick)
+            done = itertools.count(1)
+            files = entries_for(tmp, kinds, on_done=lambda _p: reporter.update(next(done), len(kinds)))
             manifest = PackageManifest(
                 id=pid, revision=rev.commit, tree=rev.tree, build_number=rev.count, build_info=rev.build_info,
                 source_diff="", target=TargetRecord(name=target.name, spec=target.model_dump(mode="json")),
@@ -284,8 +280,7 @@ def build_target(req: BuildRequest, target: Target, rev: Revision, toolchain: To
                             + "\n".join(f"  {p}" for p in problems),
                             hint="a package is never modified in place; remove it explicitly if it is known bad",
                         )
-                    remove_tree(tmp)
-                    package = existing
+                    package = existing  # tmp goes below
                     log.info("package already present, verified", path=str(package.path))
                 else:
                     status = "built"

@@ -6,6 +6,7 @@ made read-only, so a reader never sees half a package. It is never modified in p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -28,14 +29,8 @@ def hash_files(
     paths = list(paths)
     workers = workers or min(8, os.cpu_count() or 1, max(1, len(paths)))
     out: dict[Path, str] = {}
-    if workers <= 1:
-        for p in paths:
-            out[p] = sha256_file(p)
-            if on_done:
-                on_done(p)
-        return out
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for p, h in zip(paths, pool.map(sha256_file, paths), strict=True):
+    with ThreadPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext() as pool:
+        for p, h in zip(paths, pool.map(sha256_file, paths) if pool else map(sha256_file, paths), strict=True):
             out[p] = h
             if on_done:
                 on_done(p)
@@ -47,22 +42,19 @@ def file_mode(path: Path) -> str:
     return "0755" if path.stat().st_mode & 0o111 else "0644"
 
 
-def make_read_only(root: Path) -> None:
+def _chmod_tree(root: Path, mode: Callable[[int], int]) -> None:
+    """`mode(old mode)` on every folder and file under root (links keep theirs)."""
     for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            p = Path(dirpath) / name
-            if not p.is_symlink():
-                p.chmod(p.stat().st_mode & ~0o222)
-        Path(dirpath).chmod(Path(dirpath).stat().st_mode & ~0o222)
+        for p in [Path(dirpath), *(Path(dirpath) / n for n in filenames if not (Path(dirpath) / n).is_symlink())]:
+            p.chmod(mode(p.stat().st_mode))
+
+
+def make_read_only(root: Path) -> None:
+    _chmod_tree(root, lambda m: m & ~0o222)
 
 
 def make_writable(root: Path) -> None:
-    for dirpath, _dirnames, filenames in os.walk(root):
-        Path(dirpath).chmod(Path(dirpath).stat().st_mode | stat.S_IWUSR)
-        for name in filenames:
-            p = Path(dirpath) / name
-            if not p.is_symlink():
-                p.chmod(p.stat().st_mode | stat.S_IWUSR)
+    _chmod_tree(root, lambda m: m | stat.S_IWUSR)
 
 
 def remove_tree(root: Path) -> None:

@@ -150,11 +150,7 @@ def _run(argv: list[str], timeout: float = 60) -> str:
 
 def _need(name: str, env_var: str | None = None, extra: tuple[str, ...] = ()) -> str:
     cands = ([os.environ[env_var]] if env_var and os.environ.get(env_var) else []) + [name, *extra]
-    for c in cands:
-        found = shutil.which(c)
-        if found:
-            return found
-    return ""
+    return next((found for c in cands if (found := shutil.which(c))), "")
 
 
 def nvcc_candidates(env: Mapping[str, str]) -> list[str]:
@@ -227,11 +223,9 @@ def pick_nvcc(target: Target) -> tuple[str, str]:
 
 def check_toolchain(target: Target) -> Toolchain:
     """Find and version every tool the target needs; raise BuildError naming what is missing."""
-    missing = []
     cmake, ninja, cxx = _need("cmake"), _need("ninja"), _need("c++", "CXX", ("g++", "clang++"))
-    for tool, path, pkg in (("cmake", cmake, "cmake"), ("ninja", ninja, "ninja-build"), ("a C++ compiler", cxx, "g++")):
-        if not path:
-            missing.append(f"{tool} (Debian package {pkg})")
+    tools = (("cmake", cmake, "cmake"), ("ninja", ninja, "ninja-build"), ("a C++ compiler", cxx, "g++"))
+    missing = [f"{tool} (Debian package {pkg})" for tool, path, pkg in tools if not path]
     if missing:
         raise BuildError("toolchain incomplete: missing " + ", ".join(missing), hint="`make setup` installs them")
     try:

@@ -8,21 +8,6 @@ recovery of killed runs, derived records that reuse valid parts of failed runs.
         j.finish("passed", "deployed and verified")     # -> receipt hash
 """
 
-from orchestrator.evidence.journal import Journal, StepHandle
-from orchestrator.evidence.masking import mask_argv, mask_data, mask_text
-from orchestrator.evidence.receipt import OUTCOMES, Receipt, ReusedStep, StepRecord
-from orchestrator.evidence.store import EvidenceBusy, EvidenceStore
+from orchestrator.evidence.store import EvidenceBusy, EvidenceStore  # the package's entry point
 
-__all__ = [
-    "EvidenceBusy",
-    "EvidenceStore",
-    "Journal",
-    "OUTCOMES",
-    "Receipt",
-    "ReusedStep",
-    "StepHandle",
-    "StepRecord",
-    "mask_argv",
-    "mask_data",
-    "mask_text",
-]
+__all__ = ["EvidenceBusy", "EvidenceStore"]

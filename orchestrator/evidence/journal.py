@@ -264,20 +264,31 @@ class Journal:
 
     # -- writing -----------------------------------------------------------------------------
     def _emit(self, kind: str, **fields: Any) -> int:
+        return self._append(kind, fields)
+
+    def _append(self, kind: str, fields: dict[str, Any], rows: tuple[str, int] | None = None) -> int:
+        """Append one event; `rows`: a samples event's canonical rows text and count, spliced in."""
         with self._mutex:
             if self._fd is None:
                 raise EvidenceError(f"journal {self._state.header.get('run_id') or self.path.name} is already finished")
-            seq = self._seq
-            text = jsonable.dumps({"ev": kind, "seq": seq, "at": utc_now(), **fields})
+            seq, at = self._seq, utc_now()
+            text = jsonable.dumps({"ev": kind, "seq": seq, "at": at, **fields})
             self._seq += 1
+
+            def keep() -> None:
+                if rows is None:
+                    self._state.apply(json.loads(text))
+                else:
+                    self._state.add_samples(fields["step"], rows[0][1:-1], rows[1], at, seq)
+
             try:
-                self._write((text + "\n").encode("utf-8"))
+                self._write(((text if rows is None else f'{text[:-1]},"rows":{rows[0]}}}') + "\n").encode("utf-8"))
             except EvidenceError:
                 if self._no_room is None:
                     raise
-                self._state.apply(json.loads(text))  # kept (written once there is room): part of the run
+                keep()  # kept (written once there is room): part of the run
                 raise
-            self._state.apply(json.loads(text))
+            keep()
             return seq
 
     def _write(self, data: bytes) -> None:
@@ -411,20 +422,7 @@ class Journal:
             text = canonical_text(mask_data(json.loads(text)))
         if jsonable.has_lone_surrogate(text):
             text = canonical_text(jsonable.escape_surrogates(json.loads(text)))
-        with self._mutex:
-            if self._fd is None:
-                raise EvidenceError(f"journal {self.run_id} is already finished")
-            seq = self._seq
-            self._seq += 1
-            at = utc_now()
-            head = jsonable.dumps({"ev": "samples", "seq": seq, "at": at, "step": step_name})
-            try:
-                self._write((head[:-1] + ',"rows":' + text + "}\n").encode("utf-8"))
-            except EvidenceError:
-                if self._no_room is not None:  # kept, written once there is room (see _write)
-                    self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
-                raise
-            self._state.add_samples(step_name, text[1:-1], len(rows), at, seq)
+        self._append("samples", {"step": step_name}, (text, len(rows)))
 
     def note(self, text: str) -> None:
         self._emit("note", text=mask_text(text))

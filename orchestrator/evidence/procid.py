@@ -23,16 +23,20 @@ def boot_id() -> str | None:
         return None
 
 
-def start_ticks(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot, or None if there is no such process."""
+def stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat from field 3 (the state) on; none if there is no such process."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return None
+        return []
     # The command name (field 2) may contain spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rindex(")") + 2 :].split()
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot, or None if there is no such process."""
     try:
-        return int(rest[19])  # field 22 overall; rest starts at field 3
+        return int(stat_fields(pid)[19])  # field 22 overall
     except (IndexError, ValueError):
         return None
 
@@ -70,7 +74,7 @@ def liveness(owner: HostInfo) -> tuple[bool | None, str]:
             return False, f"process {owner.pid} no longer exists"
         if owner.start_ticks is not None and ticks != owner.start_ticks:
             return False, f"process {owner.pid} no longer exists (the pid now names a different process)"
-        if _is_zombie(owner.pid):
+        if stat_fields(owner.pid)[:1] == ["Z"]:
             return False, f"process {owner.pid} has exited (zombie)"
         return True, f"process {owner.pid} is running"
     try:
@@ -80,11 +84,3 @@ def liveness(owner: HostInfo) -> tuple[bool | None, str]:
     except PermissionError:
         pass
     return True, f"process {owner.pid} is running"
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return raw[raw.rindex(")") + 2 :].split()[0] == "Z"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -234,13 +235,10 @@ class EvidenceStore:
         journal: Journal | None = None
         try:
             recovered = self._recover(chain, lock_held=lock is not None)
-
-            def seal(state: JournalState, journal_path: Path, *, outcome: str, reason: str) -> str:
-                return self._seal(state, journal_path, lock=lock, outcome=outcome, reason=reason)
-
             header = dict(schema_version=SCHEMA_VERSION, run_id=run_id, command=command, argv=mask_argv(list(argv)))
             header.update(pair=pair, inputs=dict(inputs or {}), operator=_operator(operator))
             header["host"] = procid.this_process().model_dump()
+            seal = functools.partial(self._seal, lock=lock)
             journal = Journal(self.journal_dir / f"{run_id}.jsonl", lock, seal=seal, header=header)
         except BaseException:
             if journal is not None:
@@ -311,8 +309,7 @@ class EvidenceStore:
     def run_status(self, run_id: str) -> tuple[str, str]:
         """(state, why): "ended", "dead" (killed, not sealed), "running", "elsewhere" (another
         machine's journal) or "unknown". Only "ended" and "dead" prove its leases unused."""
-        state, why, _owner = self.run_record(run_id)
-        return state, why
+        return self.run_record(run_id)[:2]
 
     def run_record(self, run_id: str) -> tuple[str, str, str | None]:
         """run_status plus its owner (`user@machine`). "ended" only from a receipt that verifies and
@@ -580,9 +577,7 @@ class EvidenceStore:
                 f"receipt file {path} does not match its name (its sha256 is {actual})",
                 hint="it was changed after it was written; run `pairctl receipts verify`",
             )
-        try:
-            if len(data) > safejson.MAX_RECEIPT_BYTES:
-                raise ValueError(f"{len(data)} bytes, more than any receipt")
+        try:  # _read_receipt refused a file larger than any receipt
             receipt = Receipt.model_validate_json(data)
         except (ValueError, RecursionError) as exc:  # pydantic's ValidationError is a ValueError
             raise EvidenceError(
@@ -683,17 +678,7 @@ class EvidenceStore:
             for host, data in identities or []:
                 j.identity(host, data)
             for s in fresh:
-                j.record_step(
-                    s.name,
-                    s.outcome,
-                    s.data,
-                    host=s.host,
-                    error=s.error,
-                    skip_reason=s.skip_reason,
-                    started_at=s.started_at,
-                    finished_at=s.finished_at,
-                    duration_s=s.duration_s,
-                )
+                j.record_step(**s.model_dump(exclude={"seq"}))
             for step_name, rows in (fresh_samples or {}).items():
                 j.samples(step_name, rows)
             cov = coverage(original, reuse, fresh, list(identities or []))

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.errors import ConfigError, EvidenceError, HostError
+from orchestrator.errors import ConfigError, EvidenceError, HostError, PairctlError
 from orchestrator.evidence import atomic
 from orchestrator.evidence.store import HOME_ID, ChainLock, EvidenceStore
 
@@ -265,7 +265,7 @@ def _git_remote(store: EvidenceStore, access: RemoteAccess, *args: str) -> subpr
     return _git(store, *args, access=access, timeout=access.timeout_s, check=False)
 
 
-def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProcess[bytes]) -> PairctlErrorT:
+def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProcess[bytes]) -> PairctlError:
     text = (cp.stderr + cp.stdout).decode(errors="replace")
     lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("To ")]
     short = "; ".join(lines[-3:]) or f"exit {cp.returncode}"
@@ -278,9 +278,6 @@ def _remote_error(verb: str, access: RemoteAccess, cp: subprocess.CompletedProce
         f"the evidence remote {access.url} did not take the {verb}: {short}",
         hint="every receipt is kept here; `pairctl receipts push` (or the next command) retries",
     )
-
-
-PairctlErrorT = EvidenceError | RemoteUnreachable
 
 
 def _trust_script(path: str) -> str:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable
 
 from orchestrator import cli
+from orchestrator.build.git import git
 from orchestrator.build.store import Package, PackageStore
 from orchestrator.lab.source import BASELINE_TAG
 from orchestrator.paths import Home
@@ -69,12 +70,7 @@ def _packages() -> list[Package]:
 
 
 def _baseline_rev() -> str:
-    return subprocess.run(
-        ["git", "-C", str(Home.resolve().lab / "source"), "rev-parse", f"{BASELINE_TAG}^{{commit}}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
+    return git(Home.resolve().lab / "source", "rev-parse", f"{BASELINE_TAG}^{{commit}}").stdout.strip()
 
 
 def _newest(pkgs: list[Package], what: str, step: str = "build") -> str:

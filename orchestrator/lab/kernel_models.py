@@ -8,13 +8,11 @@ and a remote CUDA ggml-rpc-server aborted on the first graph. Deterministic byte
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from orchestrator.evidence.safejson import read_index
-from orchestrator.hashing import sha256_file
-from orchestrator.lab.models import write_llama_gguf
+from orchestrator.lab.models import records_match, write_index, write_llama_gguf
 from orchestrator.paths import Home
 
 KMMVF_SHAPE: dict[str, Any] = {
@@ -35,24 +33,14 @@ def kmmvf_folder(home: Home) -> Path:
     return home.lab / "models"
 
 
-def _present(folder: Path) -> dict[str, Any] | None:
-    index = folder / KMMVF_INDEX
-    if not index.is_file():
-        return None
+def _present(folder: Path) -> bool:
     try:
-        data = read_index(index)
-        records = data["models"]
+        data = read_index(folder / KMMVF_INDEX)
         if data.get("shape") != KMMVF_SHAPE or data.get("seed") != KMMVF_SEED:
-            return None
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(records, dict):
-        return None
-    for role, fname in KMMVF_FILES.items():
-        rec, p = records.get(role), folder / fname
-        if not rec or not p.is_file() or p.stat().st_size != rec.get("size") or sha256_file(p) != rec.get("sha256"):
-            return None
-    return records
+            return False
+        return records_match(folder, KMMVF_FILES, data["models"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def ensure_kmmvf_models(home: Home | Path | str) -> dict[str, Path]:
@@ -61,18 +49,10 @@ def ensure_kmmvf_models(home: Home | Path | str) -> dict[str, Path]:
     home = home if isinstance(home, Home) else Home.resolve(home)
     folder = kmmvf_folder(home)
     folder.mkdir(parents=True, exist_ok=True)
-    if _present(folder) is None:
-        shape = {k: v for k, v in KMMVF_SHAPE.items()}
+    if not _present(folder):
         records = {
-            role: write_llama_gguf(folder / fname, seed=KMMVF_SEED, name=f"pairctl-kmmvf-{role}", **shape)
+            role: write_llama_gguf(folder / fname, seed=KMMVF_SEED, name=f"pairctl-kmmvf-{role}", **KMMVF_SHAPE)
             for role, fname in KMMVF_FILES.items()
         }
-        tmp = folder / f".{KMMVF_INDEX}.tmp"
-        tmp.write_text(
-            json.dumps(
-                {"format": 1, "shape": KMMVF_SHAPE, "seed": KMMVF_SEED, "models": records}, indent=2, sort_keys=True
-            )
-            + "\n"
-        )
-        tmp.replace(folder / KMMVF_INDEX)
+        write_index(folder / KMMVF_INDEX, {"format": 1, "shape": KMMVF_SHAPE, "seed": KMMVF_SEED, "models": records})
     return {role: folder / fname for role, fname in KMMVF_FILES.items()}

@@ -71,13 +71,18 @@ def merge_known_hosts(existing: str, entries: list[KnownHost]) -> str:
 
 
 def write_known_hosts(path: Path, entries: list[KnownHost]) -> None:
-    """Merge `entries` into `path`, written to a temp name and renamed (never half a file)."""
+    """Merge `entries` into `path` (see write_if_changed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    existing = path.read_text() if path.is_file() else ""
-    text = merge_known_hosts(existing, entries)
-    if text == existing:
-        return
+    write_if_changed(path, merge_known_hosts(path.read_text() if path.is_file() else "", entries), 0o644)
+
+
+def write_if_changed(path: Path, text: str, mode: int) -> bool:
+    """Write `text` to a temp name and rename it over `path` (never half a file), unless `path`
+    already holds it; True when written."""
+    if path.is_file() and path.read_text() == text:
+        return False
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
-    os.chmod(tmp, 0o644)
+    os.chmod(tmp, mode)
     tmp.replace(path)
+    return True

@@ -8,12 +8,11 @@ any llama-server / ggml-rpc-server whose pid file lives in a lab host's `root/ru
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from orchestrator import progress
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.evidence.safejson import read_index
+from orchestrator.filelock import file_lock
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
 from orchestrator.lab.real_model import REAL_FILES, ensure_real_model, real_model_present
@@ -127,7 +127,7 @@ class Lab:
         ensure_real_model(self.models_dir)
         say(f"models ready in {self.models_dir}")
         if source:
-            self._ensure_source()
+            ensure_source(self.home)
             say(f"llama.cpp source ready in {self.source_dir}")
         hosts = [SshdHost(p) for p in self.plans]
         if not hosts:
@@ -156,24 +156,14 @@ class Lab:
             known_hosts=str(self.known_hosts),
         )
 
-    def _ensure_source(self) -> Path | None:
-        return ensure_source(self.home)
-
     def down(self) -> DownReport:
         """Stop services under each lab host's root, then each lab sshd (all hosts of this home)."""
         return down_all(self.home)
 
 
-@contextmanager
-def lab_lock(home: Home) -> Iterator[None]:
+def lab_lock(home: Home) -> AbstractContextManager[None]:
     """One `lab up`/`lab down` at a time per home (two test sessions may share a home)."""
-    home.lab.mkdir(parents=True, exist_ok=True)
-    with open(home.lab / ".lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    return file_lock(home.lab / ".lock")
 
 
 def down_all(home: Home, only: set[str] | None = None) -> DownReport:

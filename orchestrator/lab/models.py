@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator.evidence import atomic
 from orchestrator.evidence.safejson import read_index
 from orchestrator.hashing import sha256_file
 
@@ -289,21 +290,29 @@ class LabModels:
         return {role: self.folder / f for role, f in ROLE_FILES.items()}
 
 
-def models_present(folder: Path) -> bool:
-    """Whether models.json exists and every model file matches its recorded sha256 and size."""
-    index = folder / "models.json"
-    if not index.is_file():
+def records_match(folder: Path, files: dict[str, str], records: Any) -> bool:
+    """Whether every role's file (role -> file name) in `folder` has its recorded size and sha256."""
+    if not isinstance(records, dict):
         return False
-    try:
-        records = read_index(index)["models"]
-    except (ValueError, KeyError, TypeError):
-        return False
-    for role, fname in ROLE_FILES.items():
-        rec = records.get(role)
-        p = folder / fname
+    for role, fname in files.items():
+        rec, p = records.get(role), folder / fname
         if not rec or not p.is_file() or p.stat().st_size != rec.get("size") or sha256_file(p) != rec.get("sha256"):
             return False
     return True
+
+
+def write_index(path: Path, index: dict[str, Any]) -> None:
+    """A models index (sorted JSON), replacing the old one at once."""
+    atomic.replace(path, (json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
+
+
+def models_present(folder: Path) -> bool:
+    """Whether models.json exists and every model file matches its recorded sha256 and size."""
+    try:
+        records = read_index(folder / "models.json")["models"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return records_match(folder, ROLE_FILES, records)
 
 
 def ensure_lab_models(folder: str | os.PathLike[str]) -> LabModels:
@@ -319,8 +328,5 @@ def ensure_lab_models(folder: str | os.PathLike[str]) -> LabModels:
         )
         for role, fname in ROLE_FILES.items()
     }
-    index = {"format": 1, "models": records}
-    tmp = folder / ".models.json.tmp"
-    tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    tmp.replace(folder / "models.json")
+    write_index(folder / "models.json", {"format": 1, "models": records})
     return LabModels(folder, records)

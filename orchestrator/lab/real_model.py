@@ -124,12 +124,11 @@ def norm_tensors(model: Path) -> list[tuple[str, int, int]]:
     """(name, byte offset, element count) of every F32 `*_norm.weight` tensor in a GGUF file."""
     from gguf import GGMLQuantizationType, GGUFReader
 
-    reader = GGUFReader(str(model))
-    out = []
-    for t in reader.tensors:
-        if t.name.endswith("norm.weight") and t.tensor_type == GGMLQuantizationType.F32:
-            out.append((t.name, int(t.data_offset), int(t.n_elements)))
-    return out
+    return [
+        (t.name, int(t.data_offset), int(t.n_elements))
+        for t in GGUFReader(str(model)).tensors
+        if t.name.endswith("norm.weight") and t.tensor_type == GGMLQuantizationType.F32
+    ]
 
 
 def write_draft(model: Path, dest: Path, *, noise: float = DRAFT_NOISE, seed: int = DRAFT_SEED) -> None:

@@ -14,7 +14,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from orchestrator.build.git import commit_env
+from orchestrator.build.git import commit_env, git
 from orchestrator.errors import BuildError
 from orchestrator.filelock import file_lock
 from orchestrator.hashing import sha256_file
@@ -102,10 +102,7 @@ def _extract_tree(tarball: Path, dest: Path) -> None:
 def source_ready(repo: Path) -> bool:
     if not (repo / ".git").is_dir():
         return False
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{BASELINE_TAG}^{{commit}}"],
-        env=git_env(), capture_output=True, text=True,
-    )  # fmt: skip
+    proc = git(repo, "rev-parse", "--verify", "--quiet", f"{BASELINE_TAG}^{{commit}}", env=git_env(), check=False)
     return proc.returncode == 0
 
 

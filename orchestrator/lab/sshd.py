@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import HostError, PairctlError
-from orchestrator.lab.keys import ensure_ed25519, public_key_line
+from orchestrator.evidence.procid import stat_fields
+from orchestrator.lab.keys import ensure_ed25519, public_key_line, write_if_changed
 
 SSHD = "/usr/sbin/sshd"
 PRIVSEP_DIR = Path("/run/sshd")
@@ -189,12 +190,8 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # a zombie is dead for our purposes
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text()
-        return state[state.rfind(")") + 2 :].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = stat_fields(pid)  # a zombie is dead for our purposes
+    return bool(fields) and fields[0] != "Z"
 
 
 def terminate(pids: list[int], *, timeout: float = 5.0) -> list[int]:
@@ -273,10 +270,10 @@ class SshdHost:
         p.root.mkdir(parents=True, exist_ok=True)
         os.chmod(p.root, 0o755)
         ensure_ed25519(p.host_key, f"pairctl-lab-{p.name}")
-        _write_if_changed(p.authorized_keys, public_key_line(operator_pub) + " pairctl-operator\n", 0o600)
+        write_if_changed(p.authorized_keys, public_key_line(operator_pub) + " pairctl-operator\n", 0o600)
         meta = json.dumps({"name": p.name, "address": p.address, "port": p.port, "user": p.user}, indent=2) + "\n"
-        _write_if_changed(p.meta_file, meta, 0o644)
-        return _write_if_changed(p.config, render_sshd_config(p), 0o644)
+        write_if_changed(p.meta_file, meta, 0o644)
+        return write_if_changed(p.config, render_sshd_config(p), 0o644)
 
     def host_key_line(self) -> str:
         return public_key_line(self.plan.host_key.with_name(self.plan.host_key.name + ".pub"))
@@ -391,16 +388,6 @@ def _connects(address: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _write_if_changed(path: Path, text: str, mode: int) -> bool:
-    if path.is_file() and path.read_text() == text:
-        return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    tmp.replace(path)
-    return True
 
 
 def _log_tail(log: Path, n: int = 5) -> str:

@@ -200,14 +200,9 @@ def _analyze_fixed(
     bs = plan.bootstrap
     boot = _Bootstrap(confidence=plan.confidence, exact_limit=bs.exact_limit, resamples=bs.resamples, seed=bs.seed)
     cells: list[Cell] = []
-    for fam in plan.families:
-        pairs = [p for p in range(plan.pairs) if pair_ok(p, fam)]
-        cells.append(_cell(fam, plan.pairs, pairs, fam_ratio, [fam], valid, fixtures_of, boot, floors.get(fam)))
-    combined_pairs = [p for p in range(plan.pairs) if all(pair_ok(p, f) for f in plan.families)]
-    comb_floor = floors.get(COMBINED)
-    cells.append(
-        _cell(COMBINED, plan.pairs, combined_pairs, fam_ratio, plan.families, valid, fixtures_of, boot, comb_floor)
-    )
+    for fam, fams in [*((f, [f]) for f in plan.families), (COMBINED, plan.families)]:  # each family, then all
+        pairs = [p for p in range(plan.pairs) if all(pair_ok(p, f) for f in fams)]
+        cells.append(_cell(fam, plan.pairs, pairs, fam_ratio, fams, valid, fixtures_of, boot, floors.get(fam)))
     by_family = {c.family: c for c in cells}
 
     gates: list[GateVerdict] = []

@@ -168,9 +168,18 @@ class EngineDriver:
         return str(p)
 
     def _deploy(
-        self, native: str, rpc: str, profile: dict[str, Any], why: str, restore_record: Any = None, links: Any = None
+        self,
+        native: str,
+        rpc: str,
+        profile: dict[str, Any] | str,
+        why: str,
+        restore_record: Any = None,
+        links: Any = None,
+        *,
+        checks: tuple[str, ...] | None = None,
     ) -> RunResult:
-        """One engine deploy under this run's held leases (renewed, not taken or released)."""
+        """One engine deploy under this run's held leases (renewed, not taken or released), of the
+        profile `profile` (its body, or a name); acceptance only with `checks` (all when empty)."""
         from orchestrator.engine.deploy import deploy
 
         self._deploys_started += 1
@@ -181,8 +190,9 @@ class EngineDriver:
                 self.inventory,
                 self.pair,
                 (native, rpc),
-                profile_name=self._profile_file(profile),
-                skip_accept=True,
+                profile_name=profile if isinstance(profile, str) else self._profile_file(profile),
+                skip_accept=checks is None,
+                checks=checks or (),
                 argv=[*self.argv, f"({why})"],
                 pool=self.pool,
                 held_lease_nonce=self._lease_nonce,

@@ -300,18 +300,11 @@ class QualifyPlan(StrictModel):
     def measurement_key(self) -> str:
         """What a calibration must share with its plan: the measurement, not the gates or the pair
         count (a plan may get more pairs after its calibration says how many it needs)."""
-        return sha256_json(
-            {
-                "fixtures": [[f.name, f.family, f.sha256, f.tokens] for f in self.fixtures],
-                "n_predict": self.n_predict,
-                "repeats": self.repeats,
-                "warmup": self.warmup.model_dump(mode="json"),
-                "temperature": self.temperature,
-                "seed": self.seed,
-                "active_slots": self.active_slots,
-                "order": self.order if isinstance(self.order, str) else "explicit",
-            }
+        measured = self.model_dump(
+            mode="json", include={"n_predict", "repeats", "warmup", "temperature", "seed", "active_slots"}
         )
+        measured["order"] = self.order if isinstance(self.order, str) else "explicit"
+        return sha256_json({**measured, "fixtures": [[f.name, f.family, f.sha256, f.tokens] for f in self.fixtures]})
 
     def check_fits(self, profile: RouteProfile) -> None:
         """Every fixture's declared tokens + n_predict must fit one slot of the profile."""

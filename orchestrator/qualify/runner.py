@@ -138,7 +138,8 @@ def run_qualification(
     journal = store.begin(command="qualify", argv=argv, pair=None, inputs=inputs)
     with journal:
         order_seed = _order_seed(plan)
-        rules = _declare(journal, loaded, plan, pair, arms, profile, candidate_profile, calibrate, noise, order_seed)
+        run = _Run(journal, driver, loaded, plan, hooks, log, noise)
+        rules = run.declare(pair, arms, profile, candidate_profile, calibrate, order_seed)
         arm_order = plan.arm_order(order_seed)
         with driver.hold(journal.run_id) as held:
             journal.set("qualify_leases", held.public())
@@ -148,7 +149,6 @@ def run_qualification(
 
             prompts: list[Prompt] | None = None
             arm_steps: list[str] = []
-            samples: list[dict[str, Any]] = []
             stopped_early: str | None = None
             stop_error: BaseException | None = None
             t_arms = time.monotonic()
@@ -163,13 +163,13 @@ def run_qualification(
                 try:
                     base = {"pair": p_idx, "arm": arm, "seq": k}
                     pkgs, prof = arms[arm], profiles[arm]
-                    rows, prompts = _measure_arm(journal, driver, loaded, pkgs, prof, base, prompts, samples, log)
+                    rows, prompts = run.measure_arm(pkgs, prof, base, prompts)
                     arm_steps.append(name)
                     log.info("arm measured", step=name, samples=len(rows))
                     progress.event("arm.end", f"qualify arm {name}: {len(rows)} samples", arm=name, samples=len(rows))
                     if hooks.after_arm:
                         hooks.after_arm(name)
-                    look = _sequential_stop(plan, rules, samples, noise, loaded.sha256, p_idx, k, arm_order)
+                    look = run.sequential_stop(p_idx, k, arm_order)
                     if look is not None:
                         journal.set("qualify_sequential_stop", look)
                         log.info("sequential design settled; no more pairs", **look)
@@ -181,10 +181,10 @@ def run_qualification(
                     stop_error = exc
                     log.warning("arm failed; stopping measurements", step=name, error=stopped_early)
                     break
-            restored, restore_error = _restore(journal, driver, hooks, held, before, stop_error, stopped_early, log)
+            restored, restore_error = run.restore(held, before, stop_error, stopped_early)
         journal.set("qualify_leases_end", held.end())
 
-        result = analyze(plan, samples, plan_sha256=loaded.sha256, noise=noise, rules=rules)
+        result = analyze(plan, run.samples, plan_sha256=loaded.sha256, noise=noise, rules=rules)
         journal.set("qualification", result.to_json())
         outcome, reason = _outcome(result, restored, restore_error, stopped_early)
         if calibrate:
@@ -197,167 +197,153 @@ def run_qualification(
     return RunOutcome(receipt, result, restored, restore_error, arm_steps, report_dir, stop_error)
 
 
-def _declare(
-    journal: Journal,
-    loaded: LoadedPlan,
-    plan: QualifyPlan,
-    pair: str,
-    arms: dict[str, ArmPackages],
-    profile: RouteProfile,
-    candidate_profile: RouteProfile | None,
-    calibrate: bool,
-    noise: dict[str, Any] | None,
-    order_seed: int | None,
-) -> dict[str, Any]:
-    """Everything the result will be judged by, set before any sample: plan, arms, profiles,
-    noise and the decision rules."""
-    journal.set("qualify_pair", pair)
-    journal.set("plan_sha256", loaded.sha256)
-    journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
-    journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
-    journal.set("qualify_profile", profile.model_dump(mode="json"))
-    if candidate_profile is not None:
-        journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
-    if calibrate:
-        key = {"pairs": plan.pairs, "measurement_key": plan.measurement_key(), "profile_sha256": profile_key(profile)}
-        journal.set("qualify_calibrate", key)
-    if noise is not None:
-        journal.set("qualify_noise", noise)
-    rules = rules_for(plan, noise, order_seed)
-    journal.set("qualify_rules", rules)
-    return rules
+@dataclass
+class _Run:
+    """What the steps of one qualification share: its journal, driver, plan and the samples so far."""
 
+    journal: Journal
+    driver: PairDriver
+    loaded: LoadedPlan
+    plan: QualifyPlan  # loaded.plan, or a calibration's copy of it (its pairs, no sequential design)
+    hooks: Hooks
+    log: BoundLogger
+    noise: dict[str, Any] | None
+    rules: dict[str, Any] = field(default_factory=dict)
+    samples: list[dict[str, Any]] = field(default_factory=list)
 
-def _measure_arm(
-    journal: Journal,
-    driver: PairDriver,
-    loaded: LoadedPlan,
-    pkgs: ArmPackages,
-    profile: RouteProfile,
-    base: dict[str, Any],
-    prompts: list[Prompt] | None,
-    samples: list[dict[str, Any]],
-    log: BoundLogger,
-) -> tuple[list[dict[str, Any]], list[Prompt]]:
-    """One arm in its own step (fresh activation, tokenize, warm-up, every sample), so the receipt
-    holds its identity and rows or the error that ended it. Adds the rows to `samples`; returns
-    them and the prompts every later arm sends (the first arm's token ids)."""
-    plan = loaded.plan
-    name = arm_step_name(base["seq"], base["pair"], base["arm"])
-    params = request_params(plan.seed, plan.temperature)
-    with journal.step(name) as step:
-        active = driver.activate(pkgs, profile)
-        step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
-        try:  # both arms send the first arm's ids; a tokenizer that disagrees is recorded
-            mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
-            prompts = prompts or mine
-            step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
-            step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
-            step.data["warmup"] = warmup(active.client, loaded, params)
-            base = {**base, "package_native": pkgs.native, "package_rpc": pkgs.rpc}
-            base["build_info"] = active.identity.get("build_info")
-            rows = _measure_rows(active, plan, prompts, params, base, name, log)
-        finally:
-            close = getattr(active.client, "close", None)
-            if close:
-                close()
-        journal.samples(name, rows)
-        samples += rows
-        step.data["samples"] = len(rows)
-        step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
-    return rows, prompts
+    def declare(
+        self,
+        pair: str,
+        arms: dict[str, ArmPackages],
+        profile: RouteProfile,
+        candidate_profile: RouteProfile | None,
+        calibrate: bool,
+        order_seed: int | None,
+    ) -> dict[str, Any]:
+        """Everything the result will be judged by, set before any sample: plan, arms, profiles,
+        noise and the decision rules."""
+        journal, loaded, plan, noise = self.journal, self.loaded, self.plan, self.noise
+        journal.set("qualify_pair", pair)
+        journal.set("plan_sha256", loaded.sha256)
+        journal.set("plan_text", loaded.path.read_text(encoding="utf-8"))
+        journal.set("qualify_arms", {a: p.to_dict() for a, p in arms.items()})
+        journal.set("qualify_profile", profile.model_dump(mode="json"))
+        if candidate_profile is not None:
+            journal.set("qualify_candidate_profile", candidate_profile.model_dump(mode="json"))
+        if calibrate:
+            key = {
+                "pairs": plan.pairs,
+                "measurement_key": plan.measurement_key(),
+                "profile_sha256": profile_key(profile),
+            }
+            journal.set("qualify_calibrate", key)
+        if noise is not None:
+            journal.set("qualify_noise", noise)
+        self.rules = rules_for(plan, noise, order_seed)
+        journal.set("qualify_rules", self.rules)
+        return self.rules
 
+    def measure_arm(
+        self, pkgs: ArmPackages, profile: RouteProfile, base: dict[str, Any], prompts: list[Prompt] | None
+    ) -> tuple[list[dict[str, Any]], list[Prompt]]:
+        """One arm in its own step (fresh activation, tokenize, warm-up, every sample), so the receipt
+        holds its identity and rows or the error that ended it. Adds the rows to `samples`; returns
+        them and the prompts every later arm sends (the first arm's token ids)."""
+        journal, loaded, plan = self.journal, self.loaded, self.loaded.plan
+        name = arm_step_name(base["seq"], base["pair"], base["arm"])
+        params = request_params(plan.seed, plan.temperature)
+        with journal.step(name) as step:
+            active = self.driver.activate(pkgs, profile)
+            step.data.update(packages=pkgs.to_dict(), identity=active.identity, per_slot_ctx=active.per_slot_ctx)
+            try:  # both arms send the first arm's ids; a tokenizer that disagrees is recorded
+                mine = prompts_for(loaded, active.client.tokenize, active.per_slot_ctx)
+                prompts = prompts or mine
+                step.data["prompts"] = {p.fixture: {"tokens": len(p.tokens), "sha256": p.sha256} for p in prompts}
+                step.data["tokenizer_agrees"] = [p.sha256 for p in mine] == [p.sha256 for p in prompts]
+                step.data["warmup"] = warmup(active.client, loaded, params)
+                base = {**base, "package_native": pkgs.native, "package_rpc": pkgs.rpc}
+                base["build_info"] = active.identity.get("build_info")
+                rows = self.measure_rows(active, prompts, params, base, name)
+            finally:
+                close = getattr(active.client, "close", None)
+                if close:
+                    close()
+            journal.samples(name, rows)
+            self.samples += rows
+            step.data["samples"] = len(rows)
+            step.data["failed_requests"] = sum(1 for r in rows if not r["ok"])
+        return rows, prompts
 
-def _measure_rows(
-    active: ActiveArm,
-    plan: QualifyPlan,
-    prompts: list[Prompt],
-    params: dict[str, Any],
-    base: dict[str, Any],
-    name: str,
-    log: BoundLogger,
-) -> list[dict[str, Any]]:
-    """Rounds over the fixtures (not one fixture k times), so drift within an arm spreads over
-    every fixture alike. A fixture whose repeats spread too much is measured again (attempt
-    1, 2, ...); every attempt stays in the receipt."""
+    def measure_rows(
+        self, active: ActiveArm, prompts: list[Prompt], params: dict[str, Any], base: dict[str, Any], name: str
+    ) -> list[dict[str, Any]]:
+        """Rounds over the fixtures (not one fixture k times), so drift within an arm spreads over
+        every fixture alike. A fixture whose repeats spread too much is measured again (attempt
+        1, 2, ...); every attempt stays in the receipt."""
+        plan = self.loaded.plan
 
-    def rounds(fixtures: list[Prompt], **extra: Any) -> list[dict[str, Any]]:
-        return [
-            measure(
-                active.client,
-                pr,
-                n_predict=plan.n_predict,
-                params=params,
-                memory=active.memory,
-                base={**base, "rep": r, **extra},
+        def rounds(fixtures: list[Prompt], **extra: Any) -> list[dict[str, Any]]:
+            return [
+                measure(
+                    active.client,
+                    pr,
+                    n_predict=plan.n_predict,
+                    params=params,
+                    memory=active.memory,
+                    base={**base, "rep": r, **extra},
+                )
+                for r in range(plan.repeats)
+                for pr in fixtures
+            ]
+
+        rows = rounds(prompts)
+        for attempt in range(1, plan.arm_retries + 1):
+            redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
+            if not redo:
+                break
+            redone = [pr.fixture for pr in redo]
+            self.log.info(
+                "arm dispersion above the bound; measuring again", step=name, attempt=attempt, fixtures=redone
             )
-            for r in range(plan.repeats)
-            for pr in fixtures
-        ]
+            rows += rounds(redo, attempt=attempt)
+        return rows
 
-    rows = rounds(prompts)
-    for attempt in range(1, plan.arm_retries + 1):
-        redo = [pr for pr in prompts if _too_spread(plan, rows, pr.fixture, attempt - 1)]
-        if not redo:
-            break
-        redone = [pr.fixture for pr in redo]
-        log.info("arm dispersion above the bound; measuring again", step=name, attempt=attempt, fixtures=redone)
-        rows += rounds(redo, attempt=attempt)
-    return rows
+    def restore(
+        self, held: Any, before: dict[str, Any], stop_error: BaseException | None, stopped_early: str | None
+    ) -> tuple[bool, str | None]:
+        """The pair back on what was active before, in the `restore` step; a failure is the run's
+        outcome (the samples stay usable), returned, not raised."""
+        if isinstance(stop_error, RollbackFailed):  # the pair's state is unknown: nothing goes on it
+            held.keep("an arm's rollback failed; the pair's state is unknown")
+            return False, f"not attempted, an arm's rollback failed ({stopped_early})"
+        hooks = self.hooks
+        try:
+            # the cleanup after a signal too: it runs to its end (orchestrator/interrupt.py)
+            with self.journal.step("restore") as step, interrupt.shielded():
+                if hooks.before_restore:
+                    hooks.before_restore()
+                step.data["verified"] = self.driver.restore(before)
+                if hooks.after_restore:
+                    hooks.after_restore(step.data["verified"])
+        except PairctlError as exc:
+            restore_error = str(exc).splitlines()[0]
+            self.log.error("restore failed after measurements", error=restore_error)
+            return False, restore_error
+        return True, None
 
-
-def _restore(
-    journal: Journal,
-    driver: PairDriver,
-    hooks: Hooks,
-    held: Any,
-    before: dict[str, Any],
-    stop_error: BaseException | None,
-    stopped_early: str | None,
-    log: BoundLogger,
-) -> tuple[bool, str | None]:
-    """The pair back on what was active before, in the `restore` step; a failure is the run's
-    outcome (the samples stay usable), returned, not raised."""
-    if isinstance(stop_error, RollbackFailed):  # the pair's state is unknown: nothing goes on it
-        held.keep("an arm's rollback failed; the pair's state is unknown")
-        return False, f"not attempted, an arm's rollback failed ({stopped_early})"
-    try:
-        # the cleanup after a signal too: it runs to its end (orchestrator/interrupt.py)
-        with journal.step("restore") as step, interrupt.shielded():
-            if hooks.before_restore:
-                hooks.before_restore()
-            step.data["verified"] = driver.restore(before)
-            if hooks.after_restore:
-                hooks.after_restore(step.data["verified"])
-    except PairctlError as exc:
-        restore_error = str(exc).splitlines()[0]
-        log.error("restore failed after measurements", error=restore_error)
-        return False, restore_error
-    return True, None
-
-
-def _sequential_stop(
-    plan: QualifyPlan,
-    rules: dict[str, Any],
-    samples: list[dict[str, Any]],
-    noise: dict[str, Any] | None,
-    plan_sha256: str,
-    p_idx: int,
-    k: int,
-    arm_order: list[tuple[int, Arm]],
-) -> dict[str, Any] | None:
-    """After the arm completing a look's pairs (not the last look): the look, if it settles every
-    gate (the run stops there); else None."""
-    design = rules.get("sequential")
-    if not design or k + 1 >= len(arm_order) or arm_order[k + 1][0] == p_idx:
-        return None  # no design, the last arm, or this pair's first arm
-    if p_idx + 1 not in design["pairs_at"][:-1]:
-        return None
-    res = analyze(plan, samples, plan_sha256=plan_sha256, noise=noise, rules=rules)
-    info = res.sequential or {}
-    if not info.get("stopped_early"):
-        return None
-    return {"look": info["decided_at_look"], "pairs": info["pairs_used"], "verdict": res.verdict}
+    def sequential_stop(self, p_idx: int, k: int, arm_order: list[tuple[int, Arm]]) -> dict[str, Any] | None:
+        """After the arm completing a look's pairs (not the last look): the look, if it settles every
+        gate (the run stops there); else None."""
+        design = self.rules.get("sequential")
+        if not design or k + 1 >= len(arm_order) or arm_order[k + 1][0] == p_idx:
+            return None  # no design, the last arm, or this pair's first arm
+        if p_idx + 1 not in design["pairs_at"][:-1]:
+            return None
+        res = analyze(self.plan, self.samples, plan_sha256=self.loaded.sha256, noise=self.noise, rules=self.rules)
+        info = res.sequential or {}
+        if not info.get("stopped_early"):
+            return None
+        return {"look": info["decided_at_look"], "pairs": info["pairs_used"], "verdict": res.verdict}
 
 
 def _too_spread(plan: QualifyPlan, rows: list[dict[str, Any]], fixture: str, attempt: int) -> bool:
