@@ -157,24 +157,33 @@ def _outcome(
     lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run: Callable[[], CompletionResult]
 ) -> LaneOutcome:
     started = time.monotonic() - t0
-    planned = LaneOutcome(lane=lane, prompt_tokens=len(prompt), n_predict=n_predict, nonce=prompt.nonce)
     try:
         r = run()
     except ServerRequestError as exc:
-        return planned.model_copy(update={"started_s": started, "finished_s": time.monotonic() - t0, "error": str(exc)})
-    return planned.model_copy(
-        update=dict(
-            id_slot=r.id_slot,
-            tokens_evaluated=r.tokens_evaluated,
-            tokens_predicted=r.tokens_predicted,
-            truncated=r.truncated,
-            stop_type=r.stop_type,
-            content=r.content,
-            output_tokens=list(r.tokens),
-            predicted_per_second=r.timings.predicted_per_second,
-            started_s=round(started, 4),
-            finished_s=round(time.monotonic() - t0, 4),
+        return LaneOutcome(
+            lane=lane,
+            prompt_tokens=len(prompt),
+            n_predict=n_predict,
+            nonce=prompt.nonce,
+            started_s=started,
+            finished_s=time.monotonic() - t0,
+            error=str(exc),
         )
+    return LaneOutcome(
+        lane=lane,
+        id_slot=r.id_slot,
+        prompt_tokens=len(prompt),
+        n_predict=n_predict,
+        nonce=prompt.nonce,
+        tokens_evaluated=r.tokens_evaluated,
+        tokens_predicted=r.tokens_predicted,
+        truncated=r.truncated,
+        stop_type=r.stop_type,
+        content=r.content,
+        output_tokens=list(r.tokens),
+        predicted_per_second=r.timings.predicted_per_second,
+        started_s=round(started, 4),
+        finished_s=round(time.monotonic() - t0, 4),
     )
 
 

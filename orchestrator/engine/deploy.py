@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from orchestrator.build import revisions
 from orchestrator.build.store import PackageStore, how_to_get
@@ -595,7 +595,7 @@ def _rollback_failed(
     rb: StepFailed,
     first_failure: StepFailed | None,
     links: Mapping[str, tuple[str | None, str | None]] | None = None,
-) -> None:
+) -> NoReturn:
     if rb.step.action == "stop" and isinstance(error_of(rb), (activate.UnreachableBeforeChange, space.NotWritable)):
         _rollback_unreachable(ctx, rb, first_failure)
     stopped = activate.stop_everything(ctx)
@@ -941,7 +941,7 @@ def put_back(
         return result.passed(journal, "passed", done, tgt)
 
 
-def _failed_after_change(ctx: RunEnv, failed: StepFailed, verb: str, tgt: Target) -> None:
+def _failed_after_change(ctx: RunEnv, failed: StepFailed, verb: str, tgt: Target) -> NoReturn:
     """A restart, start or stop that failed after its first change ends like a failed rollback:
     both services stopped (never half a pair), the leases kept."""
     stopped = activate.stop_everything(ctx)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, Protocol, runtime_checkable
+from typing import Any, Literal, NoReturn, Protocol, runtime_checkable
 
 import paramiko
 
@@ -616,7 +616,7 @@ class SshTransport(Retrying):
             return self._sftp
 
     @contextlib.contextmanager
-    def _transfer(self, op: str, src: str, dst: str, size: int = 0) -> Iterator[paramiko.SFTPClient]:
+    def _transfer(self, op: Literal["put", "get"], src: str, dst: str, size: int = 0) -> Iterator[paramiko.SFTPClient]:
         """The SFTP session for one transfer of `size` bytes (a get: the local file's), held alone;
         its failure judged by `_transfer_error`, its time and bytes counted (`stats`)."""
         t0 = time.monotonic()
