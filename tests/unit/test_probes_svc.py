@@ -4,6 +4,7 @@ the same parsers deploy uses. No network, no SSH."""
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import shutil
@@ -73,6 +74,61 @@ def test_start_identity_stop_with_pidfile(host):
     assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
     assert not services.process_alive(t, pid, "llama-server")
     assert services.stop(t, layout, "llama-server") == ("stopped=llama-server:-", 0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind over run/: needs root")
+def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host):
+    """Issue 49 item 1: the state dir read-only after stop-native, and the rollback's llama-server
+    could not start (its supervisor writes pidfiles, state and logs in run/). A real read-only bind
+    over run/: the start keeps them in /run/pairctl-0/ROOTTAG, and identity, alive, the supervisor's
+    state, the log tail and stop find them there; once run/ takes files again, the next start is
+    back in run/ and leaves nothing in the runtime dir. A link or a folder of another mode at that
+    path is never followed: the start is refused, naming both."""
+    from orchestrator.hosts.units import root_tag
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    shutil.rmtree(rt, ignore_errors=True)
+    services.start(t, layout, "llama-server", [exe, "30"])  # it ran before (run/home/llama-server is there)
+    services.stop(t, layout, "llama-server")
+    run = os.path.realpath(layout.run)
+    subprocess.run(["mount", "--bind", run, run], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
+        pid, ident = services.start(t, layout, "llama-server", [exe, "30"])
+        assert ident.pid == pid and "llama-server.pid" not in os.listdir(run)
+        assert oct(os.stat(rt).st_mode & 0o777) == "0o700" and oct(os.stat(os.path.dirname(rt)).st_mode) == "0o40700"
+        assert sorted(f for f in os.listdir(rt) if not f.startswith(".") and ".tmp." not in f) == [
+            "llama-server.out",
+            "llama-server.pid",
+            "llama-server.state",
+            "llama-server.sup.log",
+            "llama-server.sup.pid",
+        ]
+        assert parse_identity(t.run(layout.identity_cmd(*SERVICES)).stdout)["llama-server"].pid == pid
+        assert t.run(layout.alive_cmd("llama-server")).stdout.strip() == f"alive=llama-server:{pid}"
+        sup = t.run(layout.svc_cmd("supervisor", "llama-server")).stdout.strip().split(":", 1)[1]
+        assert (
+            "state=running" in base64.b64decode(sup).decode() and "supervisor_alive=1" in base64.b64decode(sup).decode()
+        )
+        with open(os.path.join(rt, "llama-server.out"), "a") as f:
+            f.write("written by the service\n")
+        assert "written by the service" in t.run(layout.log_tail_cmd("llama-server.out")).stdout
+        assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
+        assert not services.process_alive(t, pid, "llama-server")
+        shutil.rmtree(rt)
+        for planted in ("link", "mode"):  # a stranger's link, or a folder others may enter: refused
+            os.symlink(str(layout.root), rt) if planted == "link" else os.mkdir(rt, 0o755)
+            r = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
+            assert r.exit_status == 3 and f"{run} takes no new file, and {rt} is not a 0700 folder" in r.stderr
+            os.unlink(rt) if planted == "link" else os.rmdir(rt)
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
+    assert read_facts(t, layout, SERVICES).running == {"llama-server": pid}
+    assert not os.path.exists(rt) or os.listdir(rt) == []
+    shutil.rmtree(rt, ignore_errors=True)
 
 
 def test_stop_leaves_a_foreign_pid_alone(host):
