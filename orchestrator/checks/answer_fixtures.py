@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel
 
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, result
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, result, verdict_of
 from orchestrator.checks.fixtures import Fixture, FixtureSet, load_fixture_set
 from orchestrator.config.profiles import RouteProfile
 from orchestrator.hashing import sha256_json
@@ -137,10 +137,7 @@ def run(ctx: CheckContext) -> CheckResult:
         )
         outcomes.append(judge(fx, r.content, list(r.tokens), base.get(fx.sha256) if base is not None else None))
     problems = verdict_problems(outcomes, base is not None)
-    counts = {
-        s: sum(1 for o in outcomes if o.status == s)
-        for s in ("pass", "regressed", "pre_existing", "fixed", "fail_new", "no_baseline")
-    }
+    counts = {s: sum(1 for o in outcomes if o.status == s) for s in get_args(Status)}
     figures = {
         "fixture_set": fs.name,
         "fixture_set_sha256": fs.sha256()[:16],
@@ -163,11 +160,10 @@ def run(ctx: CheckContext) -> CheckResult:
             f" (failing their regex: {', '.join(failing)})" if failing else ""
         )
         return result(NAME, "skipped", msg, timer, figures=figures, raw=raw)
-    verdict = "failed" if problems else "passed"
     pre = [o.id for o in outcomes if o.status == "pre_existing"]
     msg = "; ".join(problems) or (
         f"no new failing fixture ({counts['pass'] + counts['fixed']} pass"
         + (f"; pre-existing failures, not counted as passes: {', '.join(pre)}" if pre else "")
         + ")"
     )
-    return CheckResult(name=NAME, verdict=verdict, message=msg, figures=figures, raw=raw, duration_s=timer.elapsed())
+    return result(NAME, verdict_of(problems), msg, timer, figures=figures, raw=raw)

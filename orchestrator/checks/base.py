@@ -104,9 +104,6 @@ class CheckOptions:
     seed: int = 20260421
 
 
-IdentityProbe = Callable[[], "IdentitySnapshot"]
-
-
 @dataclass(frozen=True)
 class IdentitySnapshot:
     """What deploy's `verify_identity` saw: the facts compared across the suite and its problems."""
@@ -130,7 +127,7 @@ class CheckContext:
     packages: Mapping[str, Any] = field(default_factory=dict)  # role -> PackageManifest (active)
     journal: Journal | None = None
     api_key: Any = None
-    identity_probe: IdentityProbe | None = None
+    identity_probe: Callable[[], IdentitySnapshot] | None = None
     baseline: BaselineRef | None = None  # answer fixtures are compared against this
     weights_sha256: Mapping[str, str] = field(default_factory=dict)  # model name -> sha256, from the active route entry
     fixtures: Any = None  # orchestrator.checks.fixtures.FixtureSet | None (None: the default set)

@@ -106,22 +106,14 @@ def _largest_request(profile: RouteProfile, generation_fraction: float, n_ctx_tr
     return max(0, per_slot - generated), generated
 
 
-def for_profile(
-    profile: RouteProfile,
-    *,
-    generation_fraction: float = 0.125,
-    n_ctx_train: int | None = None,
-    floor_pp: float = FLOOR_PROMPT_TOKENS_PER_S,
-    floor_tg: float = FLOOR_GENERATED_TOKENS_PER_S,
-    margin_s: float = MARGIN_S,
-) -> RequestBudget:
+def for_profile(profile: RouteProfile) -> RequestBudget:
     """The planning budget for `profile` at planning speeds (before anything is measured)."""
-    prompt, generated = _largest_request(profile, generation_fraction, n_ctx_train)
+    prompt, generated = _largest_request(profile, 0.125, None)  # CheckOptions' generation_fraction
     lanes = profile.parallel
-    s = request_seconds(prompt, generated, lanes=lanes, floor_pp=floor_pp, floor_tg=floor_tg, margin_s=margin_s)
+    s = request_seconds(prompt, generated, lanes=lanes)
     why = (
-        f"{lanes} lane(s) x ({prompt} prompt tokens / {floor_pp:g} tok/s + {generated} generated / "
-        f"{floor_tg:g} tok/s) + {margin_s:g} s margin"
+        f"{lanes} lane(s) x ({prompt} prompt tokens / {FLOOR_PROMPT_TOKENS_PER_S:g} tok/s + {generated} generated / "
+        f"{FLOOR_GENERATED_TOKENS_PER_S:g} tok/s) + {MARGIN_S:g} s margin"
     )
     return RequestBudget(completion_s=s, control_s=CONTROL_TIMEOUT_S, why=why)
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
 from orchestrator.checks.parting import summary, walk
 from orchestrator.checks.prompts import PromptBuilder
 
@@ -41,11 +41,8 @@ def run(ctx: CheckContext, *, cache_second: bool = True) -> CheckResult:
     cont_len = max(16, first_len // 4)
     n_predict = 32
     if first_len + cont_len + n_predict > slot_budget:
-        return CheckResult(
-            name=NAME,
-            verdict="failed",
-            message=f"per-slot context {ctx.per_slot()} too small for {first_len}+{cont_len}+{n_predict}",
-        )
+        msg = f"per-slot context {ctx.per_slot()} too small for {first_len}+{cont_len}+{n_predict}"
+        return result(NAME, "failed", msg)
     pb = PromptBuilder(ctx.client, opts.seed + 200)
     first = list(pb.exact(first_len, variant=200, head="A story begins.\n"))
     cont = list(pb.filler(cont_len, variant=201))

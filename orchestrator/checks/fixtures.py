@@ -10,9 +10,9 @@ matched to the baseline by fixture sha256, not by name.
 from __future__ import annotations
 
 import re
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
@@ -101,12 +101,7 @@ def unique_ids(fixtures: list[_F]) -> list[_F]:
 class FixtureSet(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
-    fixtures: list[Fixture] = Field(min_length=1)
-
-    @field_validator("fixtures")
-    @classmethod
-    def _unique(cls, v: list[Fixture]) -> list[Fixture]:
-        return unique_ids(v)
+    fixtures: Annotated[list[Fixture], AfterValidator(unique_ids)] = Field(min_length=1)
 
     def sha256(self) -> str:
         return sha256_json([f.sha256 for f in self.fixtures])

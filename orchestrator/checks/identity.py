@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.checks import split
-from orchestrator.checks.base import CheckContext, CheckResult, IdentitySnapshot, verdict_of
+from orchestrator.checks.base import CheckContext, CheckResult, IdentitySnapshot, result, verdict_of
 
 NAME = "identity"
 
@@ -108,10 +108,6 @@ def judge(before: dict[str, Any], after: dict[str, Any], *, probe_configured: bo
         "identical before and after the suite"
         + ("" if probe_configured else " (HTTP only: no host identity probe configured)")
     )
-    return CheckResult(
-        name=NAME,
-        verdict=verdict_of(problems),
-        message=msg,
-        figures=figures,
-        raw={"before": before, "after": after, "changes": changes},
+    return result(
+        NAME, verdict_of(problems), msg, figures=figures, raw={"before": before, "after": after, "changes": changes}
     )

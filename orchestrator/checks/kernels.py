@@ -103,9 +103,6 @@ class RpcServerPlan:
     def wait_cmd(self) -> Cmd:
         return self.layout.wait_listen_cmd(RPC_SERVER, self.bind, self.port, self.wait_s)
 
-    def identity_cmd(self) -> Cmd:
-        return self.layout.identity_cmd(RPC_SERVER)
-
     def stop_cmd(self) -> Cmd:
         return self.layout.stop_cmd(RPC_SERVER)
 
@@ -144,9 +141,6 @@ class HostRun:
     harness: str
     via_rpc: bool
     cmd: Cmd
-
-    def hash_cmd(self) -> Cmd:
-        return Cmd(("sha256sum", self.harness))
 
 
 @dataclass(frozen=True)
@@ -435,7 +429,7 @@ def _execute(
                         hint="pass --port",
                     )
                 out = []
-                for cmd in (server.start_cmd(), server.wait_cmd(), server.identity_cmd()):
+                for cmd in (server.start_cmd(), server.wait_cmd(), server.layout.identity_cmd(RPC_SERVER)):
                     res = t.run(cmd, check=False, timeout=server.wait_s + 30)
                     out.append(res.stdout.strip())
                     if res.exit_status != 0:
@@ -461,7 +455,7 @@ def _execute(
             t = pool.get(run.host)
             faults.at_step(f"kernels.harness.{run.role}")  # test-only boundary; inert otherwise
             with journal.step(f"kernels.harness.{run.role}", host=run.host) as step:
-                h = t.run(run.hash_cmd(), check=False, timeout=60)
+                h = t.run(Cmd(("sha256sum", run.harness)), check=False, timeout=60)
                 sha = parse_sha256sum(h.stdout).get(run.harness) if h.exit_status == 0 else None
                 res = t.run(run.cmd, check=False, timeout=HARNESS_TIMEOUT_S)
                 v = judge_host(run, res.exit_status, res.stdout, res.stderr, cases=cases, max_nmse=plan.max_nmse)

@@ -36,14 +36,18 @@ from orchestrator.server.tunnel import via_for
 STEP_PREFIX = "check:"
 
 
-def base_url(inventory: Inventory, pair: str) -> str:
-    p = inventory.pair(pair)
+def server_host(inventory: Inventory, pair: str) -> str:
+    """Where clients reach the pair's server: its bind address, the native host's for a wildcard."""
     host = inventory.server_bind(pair)
-    if host in ("0.0.0.0", "::", "[::]", "*", ""):
-        host = inventory.hosts[p.native].address
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"http://{host}:{p.server_port}"
+    return inventory.hosts[inventory.pair(pair).native].address if host in ("0.0.0.0", "::", "[::]", "*", "") else host
+
+
+def http_url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host and not host.startswith("[") else f"http://{host}:{port}"
+
+
+def base_url(inventory: Inventory, pair: str) -> str:
+    return http_url(server_host(inventory, pair), inventory.pair(pair).server_port)
 
 
 def read_api_key(inventory: Inventory, pair: str) -> Secret | None:

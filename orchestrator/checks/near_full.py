@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator.checks import batch_floor
-from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, lane_split
+from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, lane_split, result
 from orchestrator.checks.parting import Tolerance, Walk, summary
 from orchestrator.checks.prompts import BuiltPrompt, PromptBuilder, make_nonce
 from orchestrator.server.client import ServerClient, ServerRequestError
@@ -157,33 +157,24 @@ def _outcome(
     lane: int, prompt: BuiltPrompt, n_predict: int, t0: float, run: Callable[[], CompletionResult]
 ) -> LaneOutcome:
     started = time.monotonic() - t0
+    planned = LaneOutcome(lane=lane, prompt_tokens=len(prompt), n_predict=n_predict, nonce=prompt.nonce)
     try:
         r = run()
     except ServerRequestError as exc:
-        return LaneOutcome(
-            lane=lane,
-            prompt_tokens=len(prompt),
-            n_predict=n_predict,
-            nonce=prompt.nonce,
-            started_s=started,
-            finished_s=time.monotonic() - t0,
-            error=str(exc),
+        return planned.model_copy(update={"started_s": started, "finished_s": time.monotonic() - t0, "error": str(exc)})
+    return planned.model_copy(
+        update=dict(
+            id_slot=r.id_slot,
+            tokens_evaluated=r.tokens_evaluated,
+            tokens_predicted=r.tokens_predicted,
+            truncated=r.truncated,
+            stop_type=r.stop_type,
+            content=r.content,
+            output_tokens=list(r.tokens),
+            predicted_per_second=r.timings.predicted_per_second,
+            started_s=round(started, 4),
+            finished_s=round(time.monotonic() - t0, 4),
         )
-    return LaneOutcome(
-        lane=lane,
-        id_slot=r.id_slot,
-        prompt_tokens=len(prompt),
-        n_predict=n_predict,
-        nonce=prompt.nonce,
-        tokens_evaluated=r.tokens_evaluated,
-        tokens_predicted=r.tokens_predicted,
-        truncated=r.truncated,
-        stop_type=r.stop_type,
-        content=r.content,
-        output_tokens=list(r.tokens),
-        predicted_per_second=r.timings.predicted_per_second,
-        started_s=round(started, 4),
-        finished_s=round(time.monotonic() - t0, 4),
     )
 
 
@@ -229,7 +220,7 @@ def run_two_lane(ctx: CheckContext, *, leak_other_nonce: bool = False) -> CheckR
     timer = Timer()
     per_slot, target = ctx.per_slot(), ctx.near_full()
     if ctx.profile.parallel < 2:
-        return CheckResult(name=TWO_LANE, verdict="skipped", required=False, message="the profile has one slot")
+        return result(TWO_LANE, "skipped", "the profile has one slot")
     prompt_n, gen_n = lane_split(target, opts.generation_fraction)
     rng = random.Random()  # nonces are fresh every run
     nonces = [make_nonce(rng), make_nonce(rng)]

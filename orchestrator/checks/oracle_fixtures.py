@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from orchestrator.checks.fixtures import unique_ids
 from orchestrator.config.base import StrictModel
@@ -43,12 +43,7 @@ class OracleFixtureSet(StrictModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
     near_full_margin: int = Field(default=8, ge=1, description="tokens left free in the slot by near-full fixtures")
-    fixtures: list[OracleFixture] = Field(min_length=1)
-
-    @field_validator("fixtures")
-    @classmethod
-    def _unique(cls, v: list[OracleFixture]) -> list[OracleFixture]:
-        return unique_ids(v)
+    fixtures: Annotated[list[OracleFixture], AfterValidator(unique_ids)] = Field(min_length=1)
 
     def sha256(self) -> str:
         return sha256_json(self.model_dump(mode="json"))

@@ -39,7 +39,6 @@ def make_nonce(rng: random.Random) -> str:
 class BuiltPrompt:
     tokens: tuple[int, ...]
     nonce: str | None = None
-    nonce_tokens: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -97,5 +96,4 @@ class PromptBuilder:
         """A lane prompt: states its nonce at the start and asks for it at the end."""
         head = f"The secret code for this conversation is {nonce}. Remember it.\n"
         tail = "\nQuestion: what is the secret code for this conversation? Answer: the secret code is"
-        tokens = self.exact(n, variant=variant, head=head, tail=tail)
-        return BuiltPrompt(tokens=tokens, nonce=nonce, nonce_tokens=self.tok(nonce))
+        return BuiltPrompt(tokens=self.exact(n, variant=variant, head=head, tail=tail), nonce=nonce)

@@ -48,11 +48,6 @@ class Answer:
     positions: list[dict[int, float]]
 
 
-def running_packages(ctx: CheckContext) -> tuple[str, str] | None:
-    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ROLES)
-    return (str(ids[0]), str(ids[1])) if all(ids) else None
-
-
 NO_VOCAB = "the server does not report n_vocab (/v1/models); set reference_gates.top_k in the profile"
 
 
@@ -83,6 +78,9 @@ def n_vocab(ctx: CheckContext) -> int | None:
         return None
 
 
+GREEDY = {"temperature": 0.0, "seed": 0, "id_slot": 0, "cache_prompt": True, "stream": False}
+
+
 class Asker:
     """The requests of one comparison: first pass per endpoint, continuation via /completion."""
 
@@ -97,7 +95,7 @@ class Asker:
         return Answer(tokens, positions)
 
     def first(self, endpoint: str, prompt: Prompt, n: int) -> Answer:
-        common = {"temperature": 0.0, "seed": 0, "id_slot": 0, "cache_prompt": False, "stream": False}
+        common = {**GREEDY, "cache_prompt": False}
         if endpoint == "chat":
             return self._post(
                 "/v1/chat/completions",
@@ -115,19 +113,7 @@ class Asker:
 
     def cont(self, prefix: Prompt, forced: list[int], n: int) -> Answer:
         prompt: list[Any] = ([prefix] if isinstance(prefix, str) else list(prefix)) + list(forced)
-        return self._post(
-            "/completion",
-            {
-                "prompt": prompt,
-                "n_predict": n,
-                "n_probs": self.k,
-                "temperature": 0.0,
-                "seed": 0,
-                "id_slot": 0,
-                "cache_prompt": True,
-                "stream": False,
-            },
-        )
+        return self._post("/completion", {"prompt": prompt, "n_predict": n, "n_probs": self.k, **GREEDY})
 
     def template(self, message: str) -> str:
         self.requests += 1
@@ -209,10 +195,6 @@ def continuation_tokens(left: int, drafting: bool) -> int:
     return min(left, DRAFT_FREE_TOKENS) if drafting else left
 
 
-def gates_dict(g: ReferenceGates) -> dict[str, Any]:
-    return g.model_dump(mode="json")
-
-
 def compare(
     asker: Asker, answers: Sequence[Mapping[str, Any]], gates: ReferenceGates, complete: bool
 ) -> tuple[lp.Summary, list[dict[str, Any]], list[str]]:
@@ -261,10 +243,6 @@ def spread(per_fixture: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return out
 
 
-def floor_figures(s: lp.Summary) -> GateFigures:
-    return GateFigures(max_mean_kl=s.mean_kl, max_kl=s.max_kl, max_abs_dlogprob=s.max_abs_dlogprob)
-
-
 def recorded_gates(found: Answers) -> GateFigures | None:
     g = found.raw.get("derived_gates")
     try:
@@ -280,7 +258,7 @@ def _record(ctx: CheckContext, asker: Asker, fs: OracleFixtureSet, gates: Refere
     means the pair does not reproduce itself: nothing is recorded as a yardstick then."""
     answers = record(ctx, asker, fs, gates.logprob_floor)
     floor, per_fixture, problems = compare(asker, answers, gates, complete)
-    fl = floor_figures(floor)
+    fl = GateFigures(max_mean_kl=floor.mean_kl, max_kl=floor.max_kl, max_abs_dlogprob=floor.max_abs_dlogprob)
     g = derived(fl, gates.floor_factor, gates.minimum)
     problems += lp.gate_problems(
         floor, max_mean_kl=gates.minimum.max_mean_kl, max_kl=gates.minimum.max_kl, min_top1=gates.min_top1,
@@ -330,13 +308,14 @@ def run(ctx: CheckContext) -> CheckResult:
     k, vocab, complete = top_k_for(ctx, gates)
     if k <= 0:
         return result(NAME, "failed", NO_VOCAB, timer)
-    running = running_packages(ctx)
+    ids = tuple(getattr(ctx.packages.get(r), "id", None) for r in ROLES)
+    running = (str(ids[0]), str(ids[1])) if all(ids) else None
     state = ctx.reference
     kinds = {r: device_kind(ctx.packages.get(r)) for r in ROLES}
     numerics = numerics_fields(ctx.profile, kinds)
     base_raw: dict[str, Any] = {
         **asked_raw(ctx, fs, k, vocab),
-        "gates": gates_dict(gates),
+        "gates": gates.model_dump(mode="json"),
         "numerics": numerics,
         "profile": ctx.profile.name,
     }

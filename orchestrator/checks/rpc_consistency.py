@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.checks import logprobs as lp
 from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged, result
+from orchestrator.checks.live import http_url, server_host
 from orchestrator.checks.oracle_fixtures import load_oracle_set
 from orchestrator.checks.reference_logprobs import (
     NO_VOCAB,
@@ -36,7 +38,6 @@ from orchestrator.config.rpc_consistency import RpcConsistency
 from orchestrator.errors import CheckFailed
 from orchestrator.hosts import probes, services
 from orchestrator.hosts.layout import LLAMA_SERVER, HostLayout, install_helper
-from orchestrator.remote.command import Cmd
 from orchestrator.server.client import ServerClient
 
 NAME = "rpc_consistency"
@@ -59,13 +60,7 @@ class ProbePlan:
 
     @property
     def base_url(self) -> str:
-        host = self.bind
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
-
-    def listeners_cmd(self) -> Cmd:
-        return probes.listeners_cmd()
+        return http_url(self.bind, self.port)
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "root": self.root, "argv": list(self.argv), "url": self.base_url}
@@ -77,10 +72,6 @@ def probe_profile(profile: RouteProfile) -> RouteProfile:
     return profile.model_copy(update={"draft": None, "split": None})
 
 
-def _with_threads(profile: RouteProfile, threads: int | None) -> RouteProfile:
-    return profile if threads is None else profile.model_copy(update={"threads": threads})
-
-
 def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
     """Pure: the probe's argv from the active native package, the pair's models and the profile."""
     if ctx.inventory is None:
@@ -90,15 +81,16 @@ def plan_probe(ctx: CheckContext, cfg: RpcConsistency) -> ProbePlan:
     root = ctx.host_roots.get("native")
     if native is None or not root:
         raise CheckFailed("the RPC consistency probe needs the native host's active package and install root")
-    bind = ctx.inventory.server_bind(ctx.pair)
-    if bind in ("0.0.0.0", "::", "[::]", "*", ""):
-        bind = ctx.inventory.hosts[pair.native].address
+    bind = server_host(ctx.inventory, ctx.pair)
     port = pair.server_port + cfg.port_offset
     if port in (pair.server_port, pair.rpc_port) or port > 65535:
         raise CheckFailed(f"rpc_consistency.port_offset {cfg.port_offset} gives port {port}, which the pair cannot use")
     state = ctx.inventory.hosts[pair.native].state_dir or HostLayout(root).run  # never through run/'s link
     layout, probe = HostLayout(root), HostLayout(posixpath.join(state, PROBE_DIR))
-    args = _with_threads(probe_profile(ctx.profile), cfg.threads).render_args(
+    profile = probe_profile(ctx.profile)
+    if cfg.threads is not None:
+        profile = profile.model_copy(update={"threads": cfg.threads})
+    args = profile.render_args(
         model_paths={role: m.path for role, m in pair.models.items()},
         host=bind,
         port=port,
@@ -189,7 +181,7 @@ def run(ctx: CheckContext) -> CheckResult:
     probe = _Probe(ctx, plan, cfg.start_timeout_s)
     with probe, ServerClient(plan.base_url, api_key=ctx.api_key, timeout=ctx.client.timeout) as client:
         start_s = round(timer.elapsed() - t1, 3)
-        native = _Recorder(_on(ctx, client), k)
+        native = _Recorder(dataclasses.replace(ctx, client=client), k)
         summary, per_fixture, problems = compare(native, answers, ref_gates, complete)
         chosen = chosen_deltas(answers, native.got)
     native_s = round(timer.elapsed() - t1, 3)
@@ -255,12 +247,4 @@ def chosen_deltas(answers: list[Mapping[str, Any]], got: list[Answer]) -> list[f
 
 
 def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    if not s:
-        return 0.0
-    m = len(s) // 2
-    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
-
-
-def _on(ctx: CheckContext, client: ServerClient) -> CheckContext:
-    return dataclasses.replace(ctx, client=client)
+    return statistics.median(xs) if xs else 0.0

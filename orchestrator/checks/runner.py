@@ -118,11 +118,9 @@ class AcceptOutcome:
 
 
 def _isolation(value: str) -> Literal["solo", "recall"]:
-    if value == "solo":
-        return "solo"
-    if value == "recall":
-        return "recall"
-    raise ConfigError(f"--isolation must be solo or recall, not {value!r}")
+    if value not in ("solo", "recall"):
+        raise ConfigError(f"--isolation must be solo or recall, not {value!r}")
+    return "solo" if value == "solo" else "recall"
 
 
 def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptOutcome:
@@ -167,7 +165,7 @@ def accept_pair(home: Home, inventory: Inventory, req: AcceptRequest) -> AcceptO
                             stale_after_s=int(2 * period),
                         )
                     )
-                    st.data["leases"] = [lease_public(x) for x in held.leases]
+                    st.data["leases"] = held.public()["hosts"]
                     st.data["ttl_s"] = ttl
                     st.data["heartbeat_s"] = period
             except LeaseHeldError as exc:
@@ -252,12 +250,6 @@ def _run(
     return suite, route
 
 
-def lease_public(lease: Any) -> dict[str, Any]:
-    """A lease for the receipt, never its nonce (the nonce releases it)."""
-    public = getattr(lease, "public", None)
-    return dict(public()) if callable(public) else {"host": getattr(lease, "host", None)}
-
-
 def _write_metrics(home: Any, suite: SuiteResult | None, *, pair: str, skipped: bool = False) -> None:
     """The Prometheus textfile for this pair (best effort: metrics never change the verdict)."""
     try:
@@ -287,11 +279,8 @@ def key_figures(r: Any, limit: int = 6) -> str:
 def render_table(console: Any, outcome: AcceptOutcome) -> None:
     s = outcome.suite
     t = Table(title=f"acceptance of pair {s.pair} (profile {s.profile})")
-    t.add_column("check")
-    t.add_column("verdict")
-    t.add_column("req")
-    t.add_column("key figures", overflow="fold")
-    t.add_column("message", overflow="fold")
+    for i, column in enumerate(("check", "verdict", "req", "key figures", "message")):
+        t.add_column(column, overflow="fold" if i >= 3 else "ellipsis")
     for r in s.results:
         t.add_row(
             Text(r.name),

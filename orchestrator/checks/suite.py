@@ -33,7 +33,7 @@ from orchestrator.checks import (
     speculative,
     telemetry,
 )
-from orchestrator.checks.base import CheckContext, CheckResult
+from orchestrator.checks.base import CheckContext, CheckResult, result
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.errors import ConfigError
 
@@ -106,12 +106,7 @@ def _guarded(name: str, fn: Callable[[], CheckResult]) -> CheckResult:
     try:
         r = fn()
     except Exception as exc:  # an unexpected exception is an `error` verdict, never a crash of the suite
-        r = CheckResult(
-            name=name,
-            verdict="error",
-            message=f"{type(exc).__name__}: {exc}",
-            raw={"exception": f"{type(exc).__name__}: {exc}"},
-        )
+        r = result(name, "error", f"{type(exc).__name__}: {exc}", raw={"exception": f"{type(exc).__name__}: {exc}"})
     if not r.duration_s:
         r.duration_s = round(time.monotonic() - t0, 4)
     return r
@@ -227,14 +222,13 @@ def run_suite(
         )
         sampler.start()
     stopped: CheckResult | None = None
-    runnable = [n for n in names if fns.get(n) is not None]
     ctx.whole_suite = names == select()
     if ctx.journal is not None:  # what it set out to run: an interrupted suite's rest is still required
         ctx.journal.set("acceptance_plan", [STEP_PREFIX + n for n in names if n in fns])
         ctx.journal.set(reference.WHOLE_SUITE, ctx.whole_suite)
     try:
-        model_checks = [n for n in names if fns.get(n) is not None]
-        if model_checks and ctx.options.measure_speed:
+        runnable = [n for n in names if fns.get(n) is not None]
+        if runnable and ctx.options.measure_speed:
             failed = measure_budget(ctx)
             if failed is not None:
                 results.append(failed)
@@ -245,11 +239,8 @@ def run_suite(
             if fn is None:
                 continue
             if stopped is not None:  # the server stopped answering: the rest would only wait on it
-                r = CheckResult(
-                    name=name,
-                    verdict="skipped",
-                    required=False,
-                    message=f"not run: {stopped.name} {_why_stopped(stopped)} ({stopped.message[:160]})",
+                r = result(
+                    name, "skipped", f"not run: {stopped.name} {_why_stopped(stopped)} ({stopped.message[:160]})"
                 )
                 results.append(r)
                 _record(ctx, r, not_run=True)

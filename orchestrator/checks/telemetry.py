@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.checks.base import CheckResult
+from orchestrator.checks.base import CheckResult, result
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import SERVICE_OF_ROLE
 
@@ -185,15 +185,7 @@ class Sampler:
             "samples": len(self.rows),
         }
         if not self.transports:
-            return CheckResult(
-                name=NAME, verdict="skipped", required=False, message="no host transports: nothing sampled"
-            )
+            return result(NAME, "skipped", "no host transports: nothing sampled")
         # not required: telemetry reports; a sampler fault is not a failure of the pair
-        return CheckResult(
-            name=NAME,
-            verdict="error" if problems else "passed",
-            required=False,
-            message="; ".join(problems) or f"{len(self.rows)} samples, {len(self.faults)} sampler faults",
-            figures=figures,
-            raw=raw,
-        )
+        msg = "; ".join(problems) or f"{len(self.rows)} samples, {len(self.faults)} sampler faults"
+        return result(NAME, "error" if problems else "passed", msg, figures=figures, raw=raw, required=False)

@@ -49,29 +49,25 @@ def write_acceptance(
     path = textfile_path(directory, pair)
     previous = _previous_success(path)
     reg = CollectorRegistry()
-    Gauge(LAST_RUN, "Unix time of the last acceptance run", ["pair"], registry=reg).labels(pair).set(now)
     last_ok = now if passed and not skipped else previous
-    g = Gauge(LAST_SUCCESS, "Unix time of the last passing acceptance run", ["pair"], registry=reg)
-    if last_ok is not None:
-        g.labels(pair).set(last_ok)
-    Gauge("pairctl_acceptance_passed", "1 if the last acceptance run passed", ["pair"], registry=reg).labels(pair).set(
-        1 if passed else 0
-    )
-    Gauge(
-        "pairctl_acceptance_skipped", "1 if the last scheduled run was skipped (pair leased)", ["pair"], registry=reg
-    ).labels(pair).set(1 if skipped else 0)
+    # in this order in the file; a value of None registers the gauge without a sample
+    for name, doc, value in (
+        (LAST_RUN, "Unix time of the last acceptance run", now),
+        (LAST_SUCCESS, "Unix time of the last passing acceptance run", last_ok),
+        ("pairctl_acceptance_passed", "1 if the last acceptance run passed", 1 if passed else 0),
+        ("pairctl_acceptance_skipped", "1 if the last scheduled run was skipped (pair leased)", 1 if skipped else 0),
+    ):
+        g = Gauge(name, doc, ["pair"], registry=reg)
+        if value is not None:
+            g.labels(pair).set(value)
     cg = Gauge(
         "pairctl_acceptance_check_passed", "1 if the check passed in the last run", ["pair", "check"], registry=reg
     )
     for name, ok in sorted(checks.items()):
         cg.labels(pair, name).set(1 if ok else 0)
     if tokens_per_second is not None:
-        Gauge(
-            "pairctl_generation_tokens_per_second",
-            "Generation tokens/s measured by the last acceptance run",
-            ["pair"],
-            registry=reg,
-        ).labels(pair).set(tokens_per_second)
+        doc = "Generation tokens/s measured by the last acceptance run"
+        Gauge("pairctl_generation_tokens_per_second", doc, ["pair"], registry=reg).labels(pair).set(tokens_per_second)
     write_to_textfile(str(path), reg)
     path.chmod(0o644)
     return path
