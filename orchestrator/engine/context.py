@@ -273,10 +273,6 @@ class RunEnv:
         return self.inputs.run_id
 
     @property
-    def package_ids(self) -> tuple[str, str] | None:
-        return self.inputs.package_ids
-
-    @property
     def lease_held_by_caller(self) -> bool:
         return self.inputs.lease_held_by_caller
 

@@ -848,6 +848,117 @@ def _rollback_links(
     return links
 
 
+@dataclass(frozen=True)
+class PutBack:
+    """What a run that puts a recorded pair back (rollback, restart, start, stop) decided from its
+    prefix's facts before its first change, and the words its receipt and messages use."""
+
+    entry: RouteEntry  # the recorded entry restored
+    target: Target  # that pair rendered now
+    links: dict[str, tuple[str | None, str | None]]
+    kind: str | None  # its route write (None: the record is not written)
+    noop: str | None = None  # `start` on a running pair: nothing to start, this said
+
+
+# each command's playbook and words: what its dry run would do, its final state, its message once done
+PUT_BACK: dict[str, tuple[str, str, str, str]] = {
+    "rollback": ("rollback", "roll back to", "restored", "rolled back {pair} to {names}"),
+    "restart": ("restart", "restart", "restarted", "restarted {pair}: {names}"),
+    "start": ("restart", "start", "started", "started {pair}: {names}"),
+    "stop": ("stop", "stop", "stopped", "stopped {pair}: {names}"),
+}
+
+
+def put_back(
+    home: Home,
+    inventory: Inventory,
+    pair_name: str,
+    command: str,
+    extra_inputs: Mapping[str, str],
+    decide: Callable[[RunEnv, route_trust.Judgement, PackageStore], PutBack],
+    *,
+    dry_run: bool,
+    argv: list[str] | None,
+    on_step: Callable[[StepOutcome], None] | None,
+    pool: Pool | None,
+) -> RunResult:
+    """What rollback and restart/start/stop share: the prefix, `decide` and the restored releases
+    verified before any change (a refusal releases the leases), the whole plan, then its run; a
+    failure after the first change stops both services and keeps the leases."""
+    view = pair_view(inventory, pair_name)
+    playbook, would, state, done = PUT_BACK[command]
+    pb = load_playbook(playbook)
+    with _pair_run(
+        home,
+        inventory,
+        view,
+        command=command,
+        dry_run=dry_run,
+        inputs=_inputs(inventory, playbook) | dict(extra_inputs),
+        argv=argv,
+        on_step=on_step,
+        pool=pool,
+    ) as (ctx, result, record):
+        journal = ctx.journal
+        key = read_api_key(pair_name, inventory.pair(pair_name))  # verify's /props and /slots reads need it
+        steps = plan(pb, view, facts=None, target=None, restores=True)
+        n_prefix = _n_prefix(steps)
+        try:
+            _run_prefix(ctx, steps, dry_run, record)
+            store = PackageStore(home.store)
+            put = decide(ctx, _judge_hosts(ctx, command, route_trust.ROLLBACK_ALLOWS), store)
+            if not dry_run and command != "stop":
+                _verify_restore_releases(ctx, put.entry, store, put.target, command)
+        except (StepFailed, PairctlError) as exc:  # the prefix changes nothing that runs
+            failure = exc if isinstance(exc, StepFailed) else None
+            _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
+            raise (_cause(failure) if failure else exc) from None
+        tgt, names = put.target, put.target.entry.names()
+        done = done.format(pair=pair_name, names=names)
+        full = _restore_plan(ctx, pb, put.kind, Restore(tgt, put.links, key))
+        result.plan = [s.to_dict() for s in full]
+        journal.set("plan", result.plan)
+        journal.set("target", {"to" if command == "rollback" else "pair": names, "how": put.kind or command})
+        if put.noop is not None:
+            if not dry_run:
+                run_steps([s for s in full if s.action == "release-lease"], ctx, ACTIONS, journal=journal,
+                          on_step=record)  # fmt: skip
+                record.raise_if_release_failed(ctx, "nothing to start")
+            return result.passed(journal, "nothing to start", put.noop, tgt)
+        if dry_run:
+            return result.passed(journal, "dry-run", f"dry run: would {would} {names}", tgt)
+        try:
+            run_steps(full[n_prefix:], ctx, ACTIONS, journal=journal, on_step=record)
+        except StepFailed as failed:
+            if not ctx.recorder.changed:  # refused before its first change (the RPC host did not answer)
+                _abort(ctx, failed, record)
+                raise _cause(failed) from None
+            if command == "rollback":
+                _rollback_failed(ctx, failed, None)
+            _failed_after_change(ctx, failed, command, tgt)
+        journal.set("final_state", _final_state(state, tgt))
+        record.raise_if_release_failed(ctx, done)
+        return result.passed(journal, "passed", done, tgt)
+
+
+def _failed_after_change(ctx: RunEnv, failed: StepFailed, verb: str, tgt: Target) -> None:
+    """A restart, start or stop that failed after its first change ends like a failed rollback:
+    both services stopped (never half a pair), the leases kept."""
+    stopped = activate.stop_everything(ctx)
+    ctx.journal.set("final_state", _final_state(f"stopped ({verb} failed)", tgt, stopped=stopped))
+    msg = (
+        f"{verb} failed at step '{failed.step.name}' on {', '.join(failed.step.hosts)}: {failed.message}. "
+        "Both services are stopped; the leases are kept so nobody deploys onto an unknown state."
+    )
+    ctx.journal.finish("failed", msg)
+    raise RollbackFailed(
+        msg,
+        hint=f"`pairctl logs --pair {ctx.view.name}` and receipt {ctx.journal.receipt_hash}; leases held: "
+        f"{held_leases(ctx)} (`pairctl lease release {ctx.view.name} --dead-run {ctx.run_id}`), then deploy "
+        "or rollback",
+    )
+
+
 def rollback(
     home: Home,
     inventory: Inventory,
@@ -861,71 +972,37 @@ def rollback(
 ) -> RunResult:
     """`pairctl rollback`: to the route record's previous pair (or, with `to`, a kept release),
     verified, leases released. `dry_run` reads the hosts unleased and prints the plan."""
-    view = pair_view(inventory, pair_name)
-    pb = load_playbook("rollback")
-    inputs = _inputs(inventory, "rollback")
-    if to:
-        inputs["to"] = " ".join(to)
-    with _pair_run(
+
+    def decide(ctx: RunEnv, judged: route_trust.Judgement, store: PackageStore) -> PutBack:
+        rec = judged.record
+        cut_short = judged.switched and not to
+        kind = "back-out" if cut_short else "roll-to" if to else "roll-back"  # engine/route_states.py's transition
+        back_to, tgt = _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
+        assert rec is not None
+        revisions.require_one_revision(
+            store,
+            pair_name,
+            back_to.native_package,
+            back_to.rpc_package,
+            what="rollback to " + ("the route record's previous pair" if not to else f"release {to[0]}"),
+            hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
+            "--packages NATIVE RPC`",
+        )
+        if not cut_short:
+            _refuse_restoring_what_runs(ctx, rec.active, tgt)
+        links = _rollback_links(ctx, rec, back_to, judged if cut_short else None)
+        return PutBack(back_to, tgt, links, kind)
+
+    inputs = {"to": " ".join(to)} if to else {}
+    return put_back(
         home,
         inventory,
-        view,
-        command="rollback",
+        pair_name,
+        "rollback",
+        inputs,
+        decide,
         dry_run=dry_run,
-        inputs=inputs,
         argv=argv,
         on_step=on_step,
         pool=pool,
-    ) as (ctx, result, record):
-        journal = ctx.journal
-        kind = "roll-to" if to else "roll-back"  # engine/route_states.py's transition
-        key = read_api_key(pair_name, inventory.pair(pair_name))  # verify's /props and /slots reads need it
-        steps = plan(pb, view, facts=None, target=None, restores=True)
-        n_prefix = _n_prefix(steps)
-        try:
-            _run_prefix(ctx, steps, dry_run, record)
-            judged = _judge_hosts(ctx, "rollback", route_trust.ROLLBACK_ALLOWS)
-            rec = judged.record
-            store = PackageStore(home.store)
-            cut_short = judged.switched and not to
-            kind = "back-out" if cut_short else kind
-            back_to, tgt = (
-                _cut_short_target(ctx, rec, store) if cut_short else _rollback_target(ctx, rec, tuple(to), store)
-            )
-            assert rec is not None
-            revisions.require_one_revision(
-                store,
-                pair_name,
-                back_to.native_package,
-                back_to.rpc_package,
-                what="rollback to " + ("the route record's previous pair" if not to else f"release {to[0]}"),
-                hint=f"deploy the pair you want, built from one commit: `pairctl deploy --pair {pair_name} "
-                "--packages NATIVE RPC`",
-            )
-            if not cut_short:
-                _refuse_restoring_what_runs(ctx, rec.active, tgt)
-            links = _rollback_links(ctx, rec, back_to, judged if cut_short else None)
-            if not dry_run:
-                _verify_restore_releases(ctx, back_to, store, tgt)
-        except (StepFailed, PairctlError) as exc:
-            failure = exc if isinstance(exc, StepFailed) else None
-            if failure is not None and ctx.recorder.changed:
-                _rollback_failed(ctx, failure, None)
-            _abort(ctx, failure or StepFailed(steps[n_prefix - 1], {"local": exc}), record)
-            raise (_cause(failure) if failure else exc) from None
-        full = _restore_plan(ctx, pb, kind, Restore(tgt, links, key))
-        result.plan = [s.to_dict() for s in full]
-        journal.set("plan", result.plan)
-        journal.set("target", {"to": tgt.entry.names(), "how": kind})
-        if dry_run:
-            return result.passed(journal, "dry-run", f"dry run: would roll back to {tgt.entry.names()}", tgt)
-        try:
-            run_steps(full[n_prefix:], ctx, ACTIONS, journal=journal, on_step=record)
-        except StepFailed as rb:
-            if not ctx.recorder.changed:  # refused before its first change (the RPC host did not answer)
-                _abort(ctx, rb, record)
-                raise _cause(rb) from None
-            _rollback_failed(ctx, rb, None)
-        journal.set("final_state", _final_state("restored", tgt))
-        record.raise_if_release_failed(ctx, f"rolled back {pair_name} to {tgt.entry.names()}")
-        return result.passed(journal, "passed", f"rolled back {pair_name} to {tgt.entry.names()}", tgt)
+    )

@@ -232,17 +232,10 @@ def _profile_from_evidence(evidence: EvidenceStore | None, pair: str, native: st
     """The profile the newest passed deploy of these packages used (its preflight step says)."""
     if evidence is None:
         return None
-    try:
-        r = evidence.latest(pair)
-        for _ in range(EVIDENCE_LOOKBACK):
-            if r is None:
-                return None
-            if r.command == "deploy" and r.outcome == "passed":
-                pre = next((s for s in r.steps if s.name == "preflight"), None)
-                if pre is not None and pre.data.get("packages") == {"native": native, "rpc": rpc}:
-                    name = pre.data.get("profile")
-                    return name if isinstance(name, str) else None
-            r = evidence.load(r.previous) if r.previous else None
-    except PairctlError:
-        return None
+    for r in route_trust.chain(evidence, pair, EVIDENCE_LOOKBACK):
+        if r.command == "deploy" and r.outcome == "passed":
+            pre = next((s for s in r.steps if s.name == "preflight"), None)
+            if pre is not None and pre.data.get("packages") == {"native": native, "rpc": rpc}:
+                name = pre.data.get("profile")
+                return name if isinstance(name, str) else None
     return None

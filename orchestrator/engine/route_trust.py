@@ -395,24 +395,21 @@ def anchor_problems(record: RouteRecord, evidence: EvidenceStore, pair: str) -> 
 def highest_recorded(evidence: EvidenceStore, pair: str) -> int | None:
     """The highest route revision any run of this home recorded writing for PAIR (the newest
     CHAIN_WALK_LIMIT receipts): repair starts above it, so a revision never goes down."""
+    revs = [rev for r in chain(evidence, pair, CHAIN_WALK_LIMIT) if (rev := _route_write(r)) is not None]
+    return max(revs) if revs else None
+
+
+def chain(evidence: EvidenceStore, pair: str, limit: int) -> Iterator[Receipt]:
+    """PAIR's receipts, newest first, at most `limit`; the walk ends where the chain cannot be read."""
     try:
         r = evidence.latest(pair)
+        for _ in range(limit):
+            if r is None:
+                return
+            yield r
+            r = evidence.load(r.previous) if r.previous else None
     except PairctlError:
-        return None
-    best: int | None = None
-    for _ in range(CHAIN_WALK_LIMIT):
-        if r is None:
-            break
-        rev = _route_write(r)
-        if rev is not None and (best is None or rev > best):
-            best = rev
-        if r.previous is None:
-            break
-        try:
-            r = evidence.load(r.previous)
-        except PairctlError:
-            break
-    return best
+        return
 
 
 def _route_write(receipt: Receipt) -> int | None:
