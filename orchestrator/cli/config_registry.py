@@ -216,16 +216,12 @@ def _inventory_refs(data: dict[str, Any], source: str, fields_ok: bool) -> list[
 
 
 def _expanded_root_problems(source: str, inv: Inventory) -> list[str]:
-    """Install roots as every command expands them (`${VAR}`, `~`); a variable unset here is
-    left to the command that runs with it."""
+    """Install roots as every command expands them (`${VAR}`, `~`)."""
     out: list[str] = []
     for name, h in inv.hosts.items():
         try:
-            root = expand(h.install_root, {"PAIRCTL_HOME": str(default_home())})
-        except ConfigError:
-            continue
-        try:
-            check_expanded_root(name, h.install_root, root)
+            if (root := _expanded(h.install_root)) is not None:
+                check_expanded_root(name, h.install_root, root)
         except ConfigError as exc:
             out.append(f"{source}: {exc}")
     return out
@@ -234,16 +230,20 @@ def _expanded_root_problems(source: str, inv: Inventory) -> list[str]:
 def _api_key_problems(source: str, inv: Inventory) -> list[str]:
     """Each pair's api_key_file as deploy reads it (expanded as commands expand it): missing,
     unreadable, a key llama-server reads differently, or readable by other users."""
-    out: list[str] = []
-    for name, pair in inv.pairs.items():
-        if not pair.api_key_file:
-            continue
-        try:
-            path = expand(pair.api_key_file, {"PAIRCTL_HOME": str(default_home())})
-        except ConfigError:
-            continue  # a variable unset here is left to the command that runs with it
-        out += [f"{source}: field 'pairs.{name}.api_key_file': {p}" for p in api_key_file_problems(name, path)]
-    return out
+    return [
+        f"{source}: field 'pairs.{name}.api_key_file': {p}"
+        for name, pair in inv.pairs.items()
+        if pair.api_key_file and (path := _expanded(pair.api_key_file)) is not None
+        for p in api_key_file_problems(name, path)
+    ]
+
+
+def _expanded(value: str) -> str | None:
+    """VALUE as commands expand it; None for a variable unset here (left to the command that runs with it)."""
+    try:
+        return expand(value, {"PAIRCTL_HOME": str(default_home())})
+    except ConfigError:
+        return None
 
 
 def _pair_spec(pair: dict[str, Any]) -> PairSpec | None:

@@ -32,12 +32,10 @@ def list_(ctx: typer.Context) -> None:
         return
     t = Table("name", "scope", "cases", "patch sha256", title="kernel patches")
     for r in rows:
-        cases = r.get("cases")
-        cases = cases if isinstance(cases, list) else []
         t.add_row(
             str(r["name"]),
             str(r.get("scope_line", r.get("error", ""))),
-            ", ".join(str(x) for x in cases),
+            ", ".join(r.get("cases") or []),
             c.short(str(r.get("patch_sha256") or ""), 16),
         )
     c.console.print(t)

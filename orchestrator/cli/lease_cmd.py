@@ -33,16 +33,15 @@ def _target(c: Ctx, positional: str | None, pair: str | None, host: str | None) 
     if len(given) != 1:
         raise typer.BadParameter("name one pair (--pair PAIR) or one host (--host HOST)", param_hint="--pair")
     inv = c.inventory()
-    if pair is not None and pair not in inv.pairs:
+    if pair is not None:
         inv.pair(pair)  # the inventory's own "no pair named ..." error (exit 3)
-    if host is not None and host not in inv.hosts:
+    if host is not None:
         inv.host(host)
     # no deprecation note for the positional form: pairctl's own hints print `lease release PAIR ...`
     return given[0]
 
 
 def _journal(c: Ctx, command: str, argv: list[str], target: str) -> Journal:
-
     return evidence_store_for(c).begin(command=command, argv=argv, pair=None, inputs={"target": target})
 
 
@@ -51,9 +50,7 @@ def _table(c: Ctx, states: list[L.LeaseState], title: str) -> None:
 
     from orchestrator.hosts import leases as L
 
-    t = Table(title=title)
-    for col in ("host", "state", "owner", "purpose", "taken", "expires", "left"):
-        t.add_column(col)
+    t = Table("host", "state", "owner", "purpose", "taken", "expires", "left", title=title)
     for s in states:
         lease = s.lease
         if lease is None:

@@ -14,10 +14,13 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from typer.core import TyperOption
+
+if TYPE_CHECKING:  # typer >= 0.29 vendors click as typer._click; only types name it (see cli/lazy.py)
+    from typer._click.core import Context, Parameter
 
 DEFAULT_INVENTORY = "lab"
 
@@ -53,7 +56,7 @@ class Globals:
         return self.inventory or os.environ.get("PAIRCTL_INVENTORY") or DEFAULT_INVENTORY
 
 
-def _remember(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> None:
+def _remember(ctx: Context, param: Parameter, value: Any) -> None:
     """Store a global option given at any level into the run's Globals (defaults never override)."""
     g = ctx.find_root().obj
     if not isinstance(g, Globals) or not value:
@@ -71,8 +74,6 @@ def _global_options(
     json_output: bool = typer.Option(
         False,
         "--json",
-        callback=_remember,
-        expose_value=False,
         help="Machine output: exactly one JSON document on stdout, on success and on failure.",
     ),
     inventory: str | None = typer.Option(
@@ -80,24 +81,18 @@ def _global_options(
         "--inventory",
         "-i",
         metavar="NAME|PATH",
-        callback=_remember,
-        expose_value=False,
         help="Inventory name (on the config search path) or YAML path; default $PAIRCTL_INVENTORY or 'lab'.",
     ),
     home: Path | None = typer.Option(
         None,
         "--home",
         metavar="DIR",
-        callback=_remember,
-        expose_value=False,
         help="pairctl's state directory; default $PAIRCTL_HOME or the user state directory.",
     ),
     config: Path | None = typer.Option(
         None,
         "--config",
         metavar="DIR",
-        callback=_remember,
-        expose_value=False,
         help="Operator config directory, searched first (then ./pairctl/ upwards, the user config dir, the "
         "bundled defaults); default $PAIRCTL_CONFIG.",
     ),
@@ -106,8 +101,6 @@ def _global_options(
         "--verbose",
         "-v",
         count=True,
-        callback=_remember,
-        expose_value=False,
         show_default=False,
         help="More log output on stderr (repeat for debug).",
     ),
@@ -129,10 +122,14 @@ class _Uncoerced(TyperOption):
 
 @cache
 def global_params() -> tuple[Any, ...]:
-    """The global options as click parameters, built by typer from `_global_options`."""
+    """The global options as click parameters, built by typer from `_global_options`: each one
+    only lands in the run's Globals (`_remember`), never in a command's arguments."""
     t = typer.Typer(add_completion=False)
     t.command()(_global_options)
-    return tuple(uncoerced(p) for p in typer.main.get_command(t).params)
+    params = typer.main.get_command(t).params
+    for p in params:
+        p.callback, p.expose_value = _remember, False
+    return tuple(uncoerced(p) for p in params)
 
 
 def uncoerced(param: Any) -> Any:

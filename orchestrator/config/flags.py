@@ -126,8 +126,6 @@ NEGATIVE: dict[str, str] = {
 
 _MANAGED = {alias: names[0] for names in MANAGED_ALIASES for alias in names}
 _RISKY = {alias: names[0] for names in RISKY_ALIASES for alias in names} | {k: k for k in RISKY}
-MANAGED_FLAGS = frozenset(_MANAGED)
-RISKY_FLAGS = frozenset(set(_RISKY) | set(RISKY))
 
 
 @dataclass(frozen=True)
@@ -267,25 +265,21 @@ def risky_key(flag: str, help_spec: HelpSpec | None = None) -> str | None:
     """The RISKY key `flag` resolves to (through the help's aliases when given), or None."""
     if flag in NEGATIVE or flag.startswith(("--no-", "-no-")):
         return None  # a negative form switches a feature off
-    names: tuple[str, ...] = (flag,)
-    if help_spec is not None and (opt := help_spec.get(flag)) is not None:
-        names = opt.names
-    for n in names:
-        if n in _RISKY and n not in NEGATIVE:
-            return _RISKY[n]
-    if help_spec is not None and (opt := help_spec.get(flag)) is not None and opt.untrusted:
+    opt, names = _spelled(flag, help_spec)
+    key = next((_RISKY[n] for n in names if n in _RISKY and n not in NEGATIVE), None)
+    if key is None and opt is not None and opt.untrusted:
         return max(opt.names, key=len)  # a new option the package's own help warns about
-    return None
+    return key
 
 
 def managed_key(flag: str, help_spec: HelpSpec | None = None) -> str | None:
-    names: tuple[str, ...] = (flag,)
-    if help_spec is not None and (opt := help_spec.get(flag)) is not None:
-        names = opt.names
-    for n in names:
-        if n in _MANAGED:
-            return _MANAGED[n]
-    return None
+    return next((_MANAGED[n] for n in _spelled(flag, help_spec)[1] if n in _MANAGED), None)
+
+
+def _spelled(flag: str, help_spec: HelpSpec | None) -> tuple[OptionSpec | None, tuple[str, ...]]:
+    """The help's spec of `flag` (None without one) and every alias it has there (else `flag` alone)."""
+    opt = help_spec.get(flag) if help_spec is not None else None
+    return opt, opt.names if opt is not None else (flag,)
 
 
 def canonical_risky(name: str) -> str | None:
@@ -315,9 +309,8 @@ def check_extra_args(
     where: str = "extra_args",
 ) -> list[str]:
     """Problems with extra_args; `allowed`: RISKY key (any alias) -> the inventory's reason (needs an API key)."""
-    help_spec = parse_help(help_text) if help_text else None
-    allow = {canonical_risky(k) or k: v for k, v in (allowed or {}).items()}
-    parsed, problems = parse_args(args, help_spec)
+    help_spec, (parsed, problems) = _parsed(args, help_text)
+    allow = _allowed(allowed or {})
     out = [f"{where}[{i}] {why}" for i, a in enumerate(args) if (why := argv_text_problem(a))]
     out += [f"{where}: {p}" for p in problems]
     for p in parsed:
@@ -345,9 +338,19 @@ def check_extra_args(
 
 def allowed_used(args: list[str], help_text: str | None = None) -> list[str]:
     """RISKY keys present in `args` (for the receipt, next to the inventory's reasons)."""
-    help_spec = parse_help(help_text) if help_text else None
-    parsed, _ = parse_args(args, help_spec)
+    help_spec, (parsed, _) = _parsed(args, help_text)
     return sorted({k for p in parsed if (k := risky_key(p.flag, help_spec)) is not None})
+
+
+def _parsed(args: list[str], help_text: str | None) -> tuple[HelpSpec | None, tuple[list[ParsedArg], list[str]]]:
+    """`args` walked against the package's `--help` when there is one (parse_args)."""
+    help_spec = parse_help(help_text) if help_text else None
+    return help_spec, parse_args(args, help_spec)
+
+
+def _allowed(allow_flags: dict[str, str]) -> dict[str, str]:
+    """An inventory's allow_flags keyed by the RISKY key each entry names."""
+    return {canonical_risky(k) or k: v for k, v in allow_flags.items()}
 
 
 # -- files that change what llama-server answers ---------------------------------------------------
@@ -383,15 +386,10 @@ _FILE_HINT = re.compile(r"^(FNAME|FILE|[A-Z_]*_FILE)(:SCALE,\.\.\.)?$")
 
 def output_file_key(flag: str, help_spec: HelpSpec | None = None) -> tuple[str, str] | None:
     """(canonical option, how its value holds paths) when `flag` reads an answer-changing file."""
-    names: tuple[str, ...] = (flag,)
-    opt = help_spec.get(flag) if help_spec is not None else None
-    if opt is not None:
-        names = opt.names
-    for n in names:
-        if n in _FILE_OPT:
-            key = _FILE_OPT[n]
-            return key, OUTPUT_FILES[key]
-    if opt is not None and opt.hints and not set(opt.names) & (NOT_OUTPUT_FILES | MANAGED_FLAGS | RISKY_FLAGS):
+    opt, names = _spelled(flag, help_spec)
+    if (key := next((_FILE_OPT[n] for n in names if n in _FILE_OPT), None)) is not None:
+        return key, OUTPUT_FILES[key]
+    if opt is not None and opt.hints and not set(opt.names) & (NOT_OUTPUT_FILES | _MANAGED.keys() | _RISKY.keys()):
         if m := _FILE_HINT.match(opt.hints[0]):
             return max(opt.names, key=len), "scaled" if m.group(2) else "path"
     return None
@@ -412,8 +410,7 @@ def value_paths(how: str, values: tuple[str, ...]) -> list[str]:
 
 def file_args(args: list[str], help_text: str | None = None) -> list[tuple[str, str]]:
     """(option as written, path) for every answer-changing file `args` names."""
-    help_spec = parse_help(help_text) if help_text else None
-    parsed, _ = parse_args(args, help_spec)
+    help_spec, (parsed, _) = _parsed(args, help_text)
     return [
         (p.written, path)
         for p in parsed
@@ -533,26 +530,19 @@ def server_bind_problem(value: str, *, api_key: bool) -> str | None:
     return None
 
 
-def host_in_args(args: list[str]) -> list[str]:
-    """Every `--host` value an argv sets (any spelling), so an extra `--host=…` is judged too."""
-    parsed, _ = parse_args(args, None)
-    return [v for p in parsed if p.flag == "--host" for v in p.values[:1]]
-
-
 # -- ggml-rpc-server and the whole rendered pair ------------------------------------------------
 
 # tools/rpc/rpc-server.cpp parses exact spellings only; an unknown one makes it print usage and exit 0.
 RPC_OPTIONS: dict[str, tuple[str, int]] = {
-    "-H": ("--host", 1),
-    "--host": ("--host", 1),
-    "-p": ("--port", 1),
-    "--port": ("--port", 1),
-    "-t": ("--threads", 1),
-    "--threads": ("--threads", 1),
-    "-d": ("--device", 1),
-    "--device": ("--device", 1),
-    "-c": ("--cache", 0),
-    "--cache": ("--cache", 0),
+    alias: (names[0], n_values)
+    for names, n_values in (
+        (("--host", "-H"), 1),
+        (("--port", "-p"), 1),
+        (("--threads", "-t"), 1),
+        (("--device", "-d"), 1),
+        (("--cache", "-c"), 0),
+    )
+    for alias in names
 }
 RPC_REFUSED = {"--cache": "a local file cache under $LLAMA_CACHE/rpc that any client can grow without bound"}
 
@@ -605,11 +595,9 @@ def server_policy_problems(
     list, every --host the rendered llama-server argv carries, and the rendered rpc-server argv."""
     problems = check_extra_args(extra_args, allowed=allow_flags, api_key=api_key, help_text=help_text)
     problems += file_problems(extra_args, dict(files or {}), help_text=help_text)
-    parsed, _ = parse_args(native_args, parse_help(help_text) if help_text else None)
-    for p in parsed:
+    for p in _parsed(native_args, help_text)[1][0]:
         if p.flag == "--host" and p.values and (why := server_bind_problem(p.values[0], api_key=api_key)):
             problems.append(f"llama-server --host {why}")
     problems += check_rpc_args(rpc_args)
-    allow = {canonical_risky(k) or k: v for k, v in allow_flags.items()}
-    used = allowed_used(extra_args, help_text)
-    return Policy(problems=problems, allowed={k: allow[k] for k in used if k in allow})
+    allow = _allowed(allow_flags)
+    return Policy(problems=problems, allowed={k: allow[k] for k in allowed_used(extra_args, help_text) if k in allow})

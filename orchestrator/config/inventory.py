@@ -75,7 +75,7 @@ class HostSpec(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _system_scope_is_root(self) -> HostSpec:
+    def _check(self) -> HostSpec:
         if self.service_manager == "systemd" and self.systemd_scope == "system" and self.user != "root":
             raise ValueError(
                 f"systemd_scope: system needs `user: root` written here (units go to /etc/systemd/system), not "
@@ -93,6 +93,8 @@ class HostSpec(StrictModel):
                 "unprivileged host user that can read the models and use the GPUs (e.g. `useradd --system "
                 "--no-create-home pairctl` on the host, then service_user: pairctl)"
             )
+        if problem := state_problem(self.state_dir, self.install_root):
+            raise ValueError(problem)
         return self
 
     @field_validator("install_root", "state_dir")
@@ -107,13 +109,6 @@ class HostSpec(StrictModel):
         except ValueError as exc:
             raise ValueError(str(exc).replace("install_root", str(info.field_name))) from None
         return v
-
-    @model_validator(mode="after")
-    def _state_outside_root(self) -> HostSpec:
-        problem = state_problem(self.state_dir, self.install_root)
-        if problem:
-            raise ValueError(problem)
-        return self
 
 
 def state_problem(s: str | None, r: str) -> str | None:

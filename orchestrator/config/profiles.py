@@ -14,7 +14,7 @@ from pydantic import Field, ValidationInfo, model_validator
 
 from orchestrator.config import search
 from orchestrator.config.base import StrictModel
-from orchestrator.config.flags import MANAGED_FLAGS, check_extra_args, file_problems, host_in_args, is_number, normalise
+from orchestrator.config.flags import check_extra_args, file_problems, is_number, normalise
 from orchestrator.config.inventory import PairSpec
 from orchestrator.config.loader import load_model
 from orchestrator.config.reference_gates import ReferenceGates
@@ -295,8 +295,6 @@ class RouteProfile(StrictModel):
         args += list(self.extra_args)
         return args
 
-
-__all__ = ["MANAGED_FLAGS", "RouteProfile", "host_in_args", "load_profile", "unknown_flags"]
 
 _FLAG = re.compile(r"(?<![\w-])(--?[A-Za-z][A-Za-z0-9-]*)")
 

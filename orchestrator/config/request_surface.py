@@ -33,21 +33,7 @@ RequestField = Literal[
     "n_probs",  # n_probs entries per token, sorted, the greedy token on top
 ]
 KNOWN_FIELDS: tuple[str, ...] = get_args(RequestField)
-DEFAULT_SURFACE: tuple[RequestField, ...] = (
-    "messages",
-    "max_tokens",
-    "stop",
-    "temperature",
-    "top_p",
-    "seed",
-    "logit_bias",
-    "logprobs",
-    "response_format",
-    "stream",
-    "stream_options",
-    "tools",
-    "n_predict",
-    "top_k",
-    "grammar",
-    "n_probs",
+# The default surface: every known field but the two penalties, in the same order.
+DEFAULT_SURFACE: tuple[RequestField, ...] = tuple(
+    f for f in get_args(RequestField) if f not in ("frequency_penalty", "presence_penalty")
 )
