@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 MARKER_PREFIX = "# pairctl boot persistence, install root "
 MARKER_SUFFIX = " (managed by pairctl; a deploy rewrites it)"
-CRONTAB_MISSING = "no boot persistence: crontab missing"
 WRITE_ATTEMPTS = 3  # another writer between our write and its read-back: merge again from what is there
 
 CRONTAB_LIST = Cmd(("crontab", "-l"))
@@ -205,10 +204,8 @@ def _unpersisted(why: str) -> dict[str, object]:
 
 def _text_or_warning(got: CrontabRead) -> str | dict[str, object]:
     """The crontab's text, or the result saying why `crontab -l` gave nothing to judge or merge."""
-    if got.missing:
-        return {"persistence": None, "warning": CRONTAB_MISSING}
     if got.text is None:
-        return _unpersisted(str(got.error))
+        return _unpersisted("crontab missing" if got.missing else str(got.error))
     return got.text
 
 
@@ -220,22 +217,10 @@ def ensure_entry(t: Transport, layout: HostPaths) -> dict[str, object]:
     if why:
         return _unpersisted(why)
     line = entry(layout)
-    got = read_crontab(t)
-    for attempt in range(1, WRITE_ATTEMPTS + 1):
-        text = _text_or_warning(got)
-        if isinstance(text, dict):
-            return text
-        merged = merge_crontab(text, layout.root, line)
-        if merged == text:
-            return {"persistence": "cron", "entry": line, "changed": attempt > 1, "read_back": "installed"}
-        res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=merged.encode())
-        if res.exit_status != 0:
-            return _unpersisted(f"crontab - exited {res.exit_status}: {as_text(res.stderr).strip()[-200:]}")
-        got = read_crontab(t)
-        if got.text == merged:
-            return {"persistence": "cron", "entry": line, "changed": True, "read_back": "installed"}
-        # someone else wrote meanwhile (or cron rewrote it): merge again from what is there now
-    return _unpersisted(f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)")
+    outcome, detail = _rewrite(t, lambda text: merge_crontab(text, layout.root, line))
+    if outcome in ("unchanged", "changed"):
+        return {"persistence": "cron", "entry": line, "changed": outcome == "changed", "read_back": "installed"}
+    return detail if isinstance(detail, dict) else _unpersisted(detail)
 
 
 def remove_entry(t: Transport, layout: HostPaths) -> str:
@@ -250,23 +235,32 @@ def remove_entries_under(t: Transport, prefix: str) -> str:
 
 
 def _drop(t: Transport, change: Callable[[str], str]) -> str:
-    """The crontab rewritten by `change` and read back; another writer in between means changing
-    again from what is there, as ensure_entry does."""
+    """What `_rewrite` did, in the words of a receipt's `crontab_line`."""
+    outcome, detail = _rewrite(t, change)
+    if isinstance(detail, dict):
+        return "no crontab"
+    return {"unchanged": "none", "changed": "removed", "refused": detail.partition(":")[0]}.get(outcome, detail)
+
+
+def _rewrite(t: Transport, change: Callable[[str], str]) -> tuple[str, str | dict[str, object]]:
+    """The crontab rewritten by `change` and read back: `unchanged` (nothing to write), `changed`,
+    `refused` (`crontab -` failed), `unread` (the warning `crontab -l` gave) or `raced`. Another
+    writer in between (or cron rewriting it) means changing again from what is there now."""
     got = read_crontab(t)
     for attempt in range(WRITE_ATTEMPTS):
         text = _text_or_warning(got)
         if isinstance(text, dict):
-            return "no crontab"
-        kept = change(text)
-        if kept == text:
-            return "removed" if attempt else "none"
-        res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=kept.encode())
+            return "unread", text
+        new = change(text)
+        if new == text:
+            return ("changed" if attempt else "unchanged"), ""
+        res = t.run(CRONTAB_INSTALL, check=False, timeout=30, stdin=new.encode())
         if res.exit_status != 0:
-            return f"crontab - exited {res.exit_status}"
+            return "refused", f"crontab - exited {res.exit_status}: {as_text(res.stderr).strip()[-200:]}"
         got = read_crontab(t)
-        if got.text == kept:
-            return "removed"
-    return f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)"
+        if got.text == new:
+            return "changed", ""
+    return "raced", f"the crontab read back differs from what was written {WRITE_ATTEMPTS} times (another writer?)"
 
 
 def read_entry(t: Transport, layout: HostPaths) -> dict[str, object]:

@@ -352,14 +352,12 @@ class LeaseState:
         }
 
 
-def lease_state(
-    transport: Transport, install_root: str, *, now: datetime | None = None, clock: Clock | None = None
-) -> LeaseState:
-    """Look at the host's lease and judge it by the host's clock (`now` overrides it; `clock`
-    is how to read it, `host_now` by default). A free host needs no clock read."""
+def lease_state(transport: Transport, install_root: str, *, clock: Clock | None = None) -> LeaseState:
+    """Look at the host's lease and judge it by the host's clock (`clock` is how to read it, one
+    batch with the lock and the lease by default). A free host needs no clock read."""
     host = transport.name
     leases, lock, file = _paths(install_root)
-    if now is None and clock is None:
+    if clock is None:
         # the lock, the host's clock and the lease in one pipelined batch (engine/leasing.py
         # re-checks before every change: this was a dozen SFTP round trips each time)
         probe = f"{leases}/{CLOCK_PROBE}.{secrets.token_hex(4)}"
@@ -375,7 +373,7 @@ def lease_state(
         st = transport.stat(lock)
         if st is None:
             return LeaseState(host, "free")
-        now = now or (clock or host_now)(transport, leases)
+        now = clock(transport, leases)
         data_r = None
     age = max(0.0, now.timestamp() - st.mtime)
     if not _stat.S_ISDIR(st.mode):
@@ -485,15 +483,12 @@ def _break(
     breakable (`may_break`; by default expired, or half-made past `grace_s`); returns its record."""
     log = get_logger(host=transport.name)
     again = lease_state(transport, install_root, clock=clock)
-    same = again.state == st.state and (
-        (st.lease is None and again.lease is None)
-        or (st.lease is not None and again.lease is not None and again.lease.nonce == st.lease.nonce)
-    )
+    old_nonce = st.lease.nonce if st.lease else ""
+    same = again.state == st.state and (again.lease.nonce if again.lease else "") == old_nonce
     if not same or not (may_break or (lambda s: s.breakable(grace_s)))(again):
         raise LeaseHeldError(
             f"host is leased: {again.describe()}", hint="the lease changed while breaking it; nothing broken"
         )
-    old_nonce = st.lease.nonce if st.lease else ""
     changed = f"{transport.name}: the lease changed while breaking it; nothing broken"
     _entomb(transport, install_root, "broken", old_nonce[:16] or "none", old_nonce, lambda: LeaseHeldError(changed))
     record = {
@@ -867,39 +862,38 @@ def hold_pair_leases(
         stale_after_s=stale_after_s,
     )
     held = HeldLeases(targets=ts, leases=leases, nonce=nonce, ttl_s=ttl_s)
-    log = get_logger(lease=nonce[:8])
-    hosts = [t.name for t in ts]
     try:
         _move_layouts(ts)
         yield held
     except BaseException as exc:
         if isinstance(exc, RollbackFailed) and held.kept is None:
             held.keep("rollback failed")
-        if held.kept is None:
-            try:
-                release_leases(ts, nonce)
-                held.ended = {"released": hosts}
-            except Exception as rel_exc:
-                held.ended = {"release_failed": str(rel_exc)}
-                exc.add_note(f"releasing the leases also failed: {rel_exc}")
-        else:
-            held.ended = {"kept": held.kept, "hosts": hosts}
-            exc.add_note(f"leases KEPT on {', '.join(hosts)}: {held.kept}")
-            log.warning("leases kept", reason=held.kept, hosts=hosts)
+        if (failed := _end_hold(held, Exception)) is not None:
+            exc.add_note(f"releasing the leases also failed: {failed}")
+        elif held.kept is not None:
+            exc.add_note(f"leases KEPT on {', '.join(t.name for t in ts)}: {held.kept}")
         raise
-    else:
-        if held.kept is not None:
-            held.ended = {"kept": held.kept, "hosts": hosts}
-            log.warning("leases kept", reason=held.kept, hosts=hosts)
-            return
-        try:
-            release_leases(ts, nonce)
-            held.ended = {"released": hosts}
-        except LeaseError as rel_exc:
-            held.ended = {"release_failed": str(rel_exc)}
-            if not record_release_error:
-                raise
-            log.error("releasing the leases failed", error=str(rel_exc), hosts=hosts)
+    if (failed := _end_hold(held, LeaseError)) is not None and not record_release_error:
+        raise failed
+    if failed is not None:
+        get_logger(lease=nonce[:8]).error("releasing the leases failed", error=str(failed), hosts=[t.name for t in ts])
+
+
+def _end_hold(held: HeldLeases, catch: type[Exception]) -> Exception | None:
+    """Release the held leases, or keep them (logged); `held.ended` says which. A release error of
+    type `catch` is recorded and returned, any other raised."""
+    hosts = [t.name for t in held.targets]
+    if held.kept is not None:
+        held.ended = {"kept": held.kept, "hosts": hosts}
+        get_logger(lease=held.nonce[:8]).warning("leases kept", reason=held.kept, hosts=hosts)
+        return None
+    try:
+        release_leases(held.targets, held.nonce)
+    except catch as rel_exc:
+        held.ended = {"release_failed": str(rel_exc)}
+        return rel_exc
+    held.ended = {"released": hosts}
+    return None
 
 
 def _move_layouts(targets: Sequence[LeaseTarget]) -> None:

@@ -70,16 +70,9 @@ def recorded_model_problems(
         for n in sorted(recorded)
         if n not in models
     ]
-    _, differ = check_models(
-        {n: models[n].path for n in recorded if n in models},
-        recorded,
-        host,
-        transport,
-        layout,
-        expected_is="the route entry records",
-        mismatch_means="(changed since it was deployed)",
+    return problems + _changed_since_deploy(
+        {n: models[n].path for n in recorded if n in models}, recorded, host, transport, layout
     )
-    return problems + differ
 
 
 def recorded_files(profile: Any) -> dict[str, str]:
@@ -94,16 +87,19 @@ def recorded_file_problems(profile: Any, host: str, transport: Transport, layout
     """The files the route entry's profile declares (control vectors, adapters, grammars...)
     re-hashed on the native host: one replaced under a running server changes what it answers."""
     files = recorded_files(profile)
-    if not files:
-        return []
-    _, differ = check_models(
-        {p: p for p in files},
-        files,
-        host,
-        transport,
-        layout,
-        expected_is="the route entry records",
-        mismatch_means="(changed since it was deployed)",
-        kind="file",
-    )
-    return differ
+    return _changed_since_deploy({p: p for p in files}, files, host, transport, layout, "file") if files else []
+
+
+def _changed_since_deploy(
+    paths: Mapping[str, str],
+    recorded: Mapping[str, str],
+    host: str,
+    transport: Transport,
+    layout: Any,
+    kind: str = "model",
+) -> list[str]:
+    """`check_models`' problems with what the route entry recorded at deploy time."""
+    expected_is, means = "the route entry records", "(changed since it was deployed)"
+    return check_models(
+        paths, recorded, host, transport, layout, expected_is=expected_is, mismatch_means=means, kind=kind
+    )[1]

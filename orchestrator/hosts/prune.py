@@ -133,11 +133,8 @@ def pairs_on_host(inventory: Inventory, host_name: str) -> list[str]:
     """Every pair of the inventory with a host that is this host (by name, or by the same
     address, port and install root under another name)."""
     me = inventory.host(host_name)
-    out = []
-    for pname, p in sorted(inventory.pairs.items()):
-        if any(h == host_name or _same_host(inventory.host(h), me) for h in (p.native, p.rpc)):
-            out.append(pname)
-    return out
+    pairs = sorted(inventory.pairs.items())
+    return [n for n, p in pairs if any(h == host_name or _same_host(inventory.host(h), me) for h in (p.native, p.rpc))]
 
 
 def route_protected(inventory: Inventory, get: Callable[[str], Transport], host_name: str) -> dict[str, str]:
@@ -169,20 +166,11 @@ def read_releases(transport: Transport, layout: HostLayout) -> tuple[dict[str, f
     """({release: mtime}, leftover tomb names) under releases/, over SFTP."""
     if transport.stat(layout.releases) is None:
         return {}, []
-    releases: dict[str, float] = {}
-    tombs: list[str] = []
     names = transport.listdir(layout.releases)
     cands = [n for n in names if not TOMB.match(n) and not n.startswith(".")]
     stats = fs_batch(transport, [Lstat(layout.release(n)) for n in cands])  # one pipelined batch
-    got = dict(zip(cands, stats, strict=True))
-    for name in names:
-        if TOMB.match(name):
-            tombs.append(name)
-        elif not name.startswith("."):
-            st = got[name]
-            if isinstance(st, FileStat) and st.is_dir:
-                releases[name] = st.mtime
-    return releases, tombs
+    releases = {n: st.mtime for n, st in zip(cands, stats, strict=True) if isinstance(st, FileStat) and st.is_dir}
+    return releases, [n for n in names if TOMB.match(n)]
 
 
 def link_protected(transport: Transport, layout: HostLayout) -> dict[str, str]:

@@ -64,14 +64,10 @@ def install_guard(transport: Transport, layout: HostLayout) -> str:
         there = transport.read_bytes(layout.guard, max_bytes=1 << 20)
     except (FileNotFoundError, OSError):
         there = None
-    if there == guard_bytes() and not (transport.stat(layout.guard) or _NoStat).is_link:
+    if there == guard_bytes() and ((st := transport.stat(layout.guard)) is None or not st.is_link):
         return "up to date"
     put_new(transport, guard_bytes(), layout.guard, 0o755)
     return "installed"
-
-
-class _NoStat:
-    is_link = False
 
 
 ROUTE_KEY = "rpc.key"  # in secrets/ on both hosts of a pair (pairctl-svc key_ok)

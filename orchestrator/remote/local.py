@@ -21,7 +21,7 @@ from orchestrator.errors import DiskFull, HostError
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import Result, command_failed, command_timed_out
-from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, RetryPolicy, TransportStats, run_retried
+from orchestrator.remote.transport import DEFAULT_RETRY, FileStat, Retrying, RetryPolicy, TransportStats
 
 
 def _run_group(argv: list[str], stdin: bytes, timeout: float | None) -> subprocess.CompletedProcess[bytes]:
@@ -43,7 +43,7 @@ def _run_group(argv: list[str], stdin: bytes, timeout: float | None) -> subproce
 
 
 @dataclass
-class LocalTransport:
+class LocalTransport(Retrying):
     name: str = "local"
     retry: RetryPolicy = DEFAULT_RETRY
     stats: TransportStats = field(default_factory=TransportStats)
@@ -80,11 +80,6 @@ class LocalTransport:
         if check and status != 0:
             raise command_failed(self.name, cmd, result)
         return result
-
-    def run_idempotent(
-        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
-    ) -> Result:
-        return run_retried(self, self.retry, cmd, check=check, timeout=timeout, stdin=stdin)
 
     def put(self, local_path: str | Path, remote_path: str) -> None:
         src = Path(local_path)
@@ -212,12 +207,6 @@ class LocalTransport:
             return os.readlink(path)
         except (FileNotFoundError, OSError):
             return None
-
-    def __enter__(self) -> LocalTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _dec(b: bytes | None) -> str:

@@ -22,7 +22,7 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn, Protocol, runtime_checkable
@@ -50,10 +50,11 @@ from orchestrator.remote.transport import (
     NotStarted,
     ReadFile,
     Readlink,
+    Retrying,
     RetryPolicy,
+    T,
     TransportStats,
     Unreachable,
-    run_retried,
 )
 
 _READ = 1 << 16
@@ -273,7 +274,7 @@ def _connect_transient(exc: BaseException) -> bool:
 
 
 @dataclass
-class SshTransport:
+class SshTransport(Retrying):
     """`Transport` over SSH. Connects lazily on first use and reuses the connection."""
 
     target: SshTarget
@@ -428,12 +429,6 @@ class SshTransport:
         with self._lock:
             self._drop()
 
-    def __enter__(self) -> SshTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def _connect_or_raise(self) -> paramiko.Transport:
         try:
             return self._transport()
@@ -472,12 +467,6 @@ class SshTransport:
             raise command_failed(self.name, cmd, result)
         return result
 
-    def run_idempotent(
-        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
-    ) -> Result:
-        """For read-only probes: a broken connection or a timeout is retried (reconnecting)."""
-        return run_retried(self, self.retry, cmd, check=check, timeout=timeout, stdin=stdin)
-
     def _exec(
         self,
         t: paramiko.Transport,
@@ -495,8 +484,7 @@ class SshTransport:
         try:
             chan = t.open_session(timeout=self.target.connect_timeout_s)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            with self._lock:
-                self._drop()
+            self.close()
             raise NotStarted(f"{self.name}: cannot open a session channel: {exc}") from None
         writer: threading.Thread | None = None
         try:
@@ -522,12 +510,10 @@ class SshTransport:
                 killed_on_host=None if host_bound else False,
             ) from None
         except ConnectionLost:
-            with self._lock:
-                self._drop()
+            self.close()
             raise
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            with self._lock:
-                self._drop()
+            self.close()
             raise ConnectionLost(f"{self.name}: connection failed while running {shown.display()}: {exc}") from None
         finally:
             chan.close()
@@ -630,13 +616,17 @@ class SshTransport:
             return self._sftp
 
     @contextlib.contextmanager
-    def _transfer(self, op: str, src: str, dst: str) -> Iterator[paramiko.SFTPClient]:
-        """The SFTP session for one transfer, held alone; its failure judged by `_transfer_error`."""
+    def _transfer(self, op: str, src: str, dst: str, size: int = 0) -> Iterator[paramiko.SFTPClient]:
+        """The SFTP session for one transfer of `size` bytes (a get: the local file's), held alone;
+        its failure judged by `_transfer_error`, its time and bytes counted (`stats`)."""
+        t0 = time.monotonic()
         try:
             with self._sftp_io:
                 yield self._sftp_client()
         except (OSError, paramiko.SSHException, EOFError) as exc:
             raise self._transfer_error(op, src, dst, exc) from None
+        size = Path(dst).stat().st_size if op == "get" else size
+        self.stats.add(**{f"{op}s": 1, f"{op}_bytes": size, f"{op}_s": time.monotonic() - t0})
 
     def put(self, local_path: str | Path, remote_path: str) -> None:
         """Copy a file (content + permission bits minus group/other write) via SFTP."""
@@ -644,20 +634,16 @@ class SshTransport:
         st = local_path.stat()
         if not stat.S_ISREG(st.st_mode):
             raise HostError(f"put {local_path}: not a regular file")
-        t0 = time.monotonic()
-        with self._transfer("put", str(local_path), remote_path) as sftp:
+        with self._transfer("put", str(local_path), remote_path, st.st_size) as sftp:
             sftp.put(str(local_path), remote_path, confirm=True)
             sftp.chmod(remote_path, stat.S_IMODE(st.st_mode) & 0o755)
-        self.stats.add(puts=1, put_bytes=st.st_size, put_s=time.monotonic() - t0)
 
     def put_bytes(self, data: bytes, remote_path: str, *, mode: int = 0o644) -> None:
-        t0 = time.monotonic()
-        with self._transfer("put", "<bytes>", remote_path) as sftp:
+        with self._transfer("put", "<bytes>", remote_path, len(data)) as sftp:
             if not self._put_pipelined(sftp, data, remote_path, mode & 0o7755):
                 # refused somewhere: again the long way, for its error (a full disk: DiskFull)
                 sftp.putfo(io.BytesIO(data), remote_path, file_size=len(data), confirm=True)
                 sftp.chmod(remote_path, mode & 0o7755)
-        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     @staticmethod
     def _put_pipelined(sftp_client: paramiko.SFTPClient, data: bytes, path: str, mode: int) -> bool:
@@ -715,27 +701,23 @@ class SshTransport:
                 sftp.remove(remote_path)
                 raise OSError(f"{remote_path} came out mode {(st.st_mode or 0) & 0o777:o}, size {st.st_size}")
 
-        t0 = time.monotonic()
-        with self._transfer("put", "<bytes>", remote_path):
+        with self._transfer("put", "<bytes>", remote_path, len(data)):
             self._fs_locked("put", remote_path, do)
-        self.stats.add(puts=1, put_bytes=len(data), put_s=time.monotonic() - t0)
 
     def chmod(self, path: str, mode: int) -> None:
         self._fs("chmod", path, lambda sftp: sftp.chmod(path, mode))
 
     def get(self, remote_path: str, local_path: str | Path) -> None:
-        t0 = time.monotonic()
         with self._transfer("get", remote_path, str(local_path)) as sftp:
             sftp.get(remote_path, str(local_path))
-        self.stats.add(gets=1, get_bytes=Path(local_path).stat().st_size, get_s=time.monotonic() - t0)
 
     # -- file operations (SFTP requests: no login shell, ~ms each) --
 
-    def _fs(self, op: str, path: str, fn: Any) -> Any:
+    def _fs(self, op: str, path: str, fn: Callable[[paramiko.SFTPClient], T]) -> T:
         with self._sftp_io:
             return self._fs_locked(op, path, fn)
 
-    def _fs_locked(self, op: str, path: str, fn: Any) -> Any:
+    def _fs_locked(self, op: str, path: str, fn: Callable[[paramiko.SFTPClient], T]) -> T:
         sftp = self._sftp_client()
         t0 = time.monotonic()
         try:
@@ -744,8 +726,7 @@ class SshTransport:
             raise
         except OSError as exc:
             if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
-                with self._lock:
-                    self._drop()
+                self.close()
                 raise ConnectionLost(f"{self.name}: {op} {path} failed: {exc}") from None
             if isinstance(exc, HostError):
                 raise
@@ -783,8 +764,7 @@ class SshTransport:
             except FileNotFoundError:
                 return None
 
-        st: FileStat | None = self._fs("stat", path, do)
-        return st
+        return self._fs("stat", path, do)
 
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         if max_bytes is not None and max_bytes <= HOST_FILE_MAX:
@@ -807,7 +787,7 @@ class SshTransport:
                 head: bytes = f.read(max_bytes + 1)
                 return head
 
-        data: bytes = self._fs("read", path, do)
+        data = self._fs("read", path, do)
         self.stats.add(get_bytes=len(data))
         return data
 
@@ -849,8 +829,8 @@ class SshTransport:
                 for i, nums in pending.items():
                     op = ops[i]
                     if isinstance(op, HostClock):
-                        _, stat_ok = self._answers(sftp, nums)
-                        out[i] = stat_ok[1] if stat_ok[1] is not None else FileNotFoundError(2, f"{op.path} vanished")
+                        close_stat_remove = [_stat_answer(sftp, num) for num in nums]  # every answer read, in order
+                        out[i] = close_stat_remove[1] or FileNotFoundError(2, f"{op.path} vanished")
                         continue
                     assert isinstance(op, ReadFile)
                     try:
@@ -873,35 +853,18 @@ class SshTransport:
                 pending = nxt
             return out
 
-        got: list[FsResult] = self._fs("read", ops[0].path, do)
+        got = self._fs("read", ops[0].path, do)
         self.stats.add(commands=max(0, rounds - 1), get_bytes=sum(len(r) for r in got if isinstance(r, bytes)))
         return got
 
-    @staticmethod
-    def _answers(sftp: _SftpRequests, nums: list[int]) -> tuple[list[BaseException | None], list[Any]]:
-        """Read the answers to NUMS in order: (error or None, FileStat for an ATTRS answer)."""
-        from paramiko import sftp as S
-
-        errs: list[BaseException | None] = []
-        vals: list[Any] = []
-        for num in nums:
-            try:
-                t, msg = sftp._read_response(num)
-            except OSError as exc:
-                errs.append(exc)
-                vals.append(None)
-                continue
-            errs.append(None)
-            vals.append(_file_stat(_attrs_of(msg)) if t == S.CMD_ATTRS else None)
-        return errs, vals
-
     def login_uid(self) -> int:
         """The login user's uid: the owner of the SFTP session's start directory (its home)."""
-        uid = getattr(self, "_login_uid", None)
+        uid: int | None = getattr(self, "_login_uid", None)
         if uid is None:
-            uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
-            self._login_uid = uid
-        return int(uid)
+            uid = self._login_uid = self._fs("stat", ".", lambda sftp: sftp.stat(".").st_uid)
+        if uid is None:  # a server that names no owner: root_trust then trusts root only
+            raise TypeError(f"{self.name}: the SFTP server names no owner of its start directory")
+        return uid
 
     def rename(self, src: str, dst: str) -> None:
         self._fs("rename", src, lambda sftp: sftp.posix_rename(src, dst))
@@ -925,15 +888,13 @@ class SshTransport:
             except OSError:
                 return None
 
-        link: str | None = self._fs("readlink", path, do)
-        return link
+        return self._fs("readlink", path, do)
 
     def _transfer_error(self, op: str, src: str, dst: str, exc: BaseException) -> HostError:
         if isinstance(exc, HostError):  # already judged (by _fs)
             return exc
         if isinstance(exc, (paramiko.SSHException, EOFError)) or not self.connected:
-            with self._lock:
-                self._drop()
+            self.close()
             return ConnectionLost(f"{self.name}: {op} {src} -> {dst} failed: {exc}")
         if op == "put" and ("size mismatch" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC):
             # sftp-server reports a full disk as a short file (paramiko: "size mismatch in put! 0 != N")
@@ -1059,6 +1020,17 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
             sftp._async_request(type(None), S.CMD_CLOSE, h)  # answers are drained by the next request
         raise failed
     return handles
+
+
+def _stat_answer(sftp: _SftpRequests, num: int) -> FileStat | None:
+    """Read the answer to request NUM: the FileStat of an ATTRS answer, else (an error too) None."""
+    from paramiko import sftp as S
+
+    try:
+        t, msg = sftp._read_response(num)
+    except OSError:
+        return None
+    return _file_stat(_attrs_of(msg)) if t == S.CMD_ATTRS else None
 
 
 def _requests(sftp: paramiko.SFTPClient) -> _SftpRequests:

@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Protocol, Self, TypeVar, runtime_checkable
 
 from orchestrator.errors import HostError
 from orchestrator.log import get_logger
@@ -335,14 +335,34 @@ def transient_command_error(exc: BaseException) -> bool:
     return isinstance(exc, (ConnectionLost, CommandTimeout))
 
 
-def run_retried(
-    t: Transport, retry: RetryPolicy, cmd: Cmd, *, check: bool, timeout: float | None, stdin: bytes | None
-) -> Result:
-    """`run_idempotent` of every transport: `t.run`, again after a `transient_command_error`."""
-    return retry.call(
-        lambda: t.run(cmd, check=check, timeout=timeout, stdin=stdin),
-        retry_on=transient_command_error,
-        what=f"probe: {cmd.display()[:80]}",
-        host=t.name,
-        on_retry=lambda: t.stats.add(retries=1),
-    )
+class Retrying:
+    """What SshTransport and LocalTransport share over their own `run` and `close`:
+    `run_idempotent` and closing at the end of a `with` block."""
+
+    name: str
+    stats: TransportStats
+    retry: RetryPolicy
+
+    def run(self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None) -> Result:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def run_idempotent(
+        self, cmd: Cmd, *, check: bool = True, timeout: float | None = None, stdin: bytes | None = None
+    ) -> Result:
+        """For read-only probes: `run`, again after a `transient_command_error` (reconnecting)."""
+        return self.retry.call(
+            lambda: self.run(cmd, check=check, timeout=timeout, stdin=stdin),
+            retry_on=transient_command_error,
+            what=f"probe: {cmd.display()[:80]}",
+            host=self.name,
+            on_retry=lambda: self.stats.add(retries=1),
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

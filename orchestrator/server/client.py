@@ -18,6 +18,7 @@ import httpx
 
 from orchestrator.errors import HostError, PairctlError
 from orchestrator.log import get_logger
+from orchestrator.remote.command import Arg, Secret
 from orchestrator.server import parsers
 from orchestrator.server.models import CompletionResult, Props, ServerError, SlotState, StreamChunk
 from orchestrator.server.tunnel import TcpOpener, ssh_http_transport
@@ -123,19 +124,9 @@ def progress_signature(slots: list[dict[str, Any]]) -> tuple[Any, ...]:
     return tuple(sig)
 
 
-def _secret_text(value: Any) -> str | None:
-    """The plain text of an API key given as str or as a Secret-like object."""
-    if value is None:
-        return None
-    for attr in ("reveal", "get_secret_value"):
-        fn = getattr(value, attr, None)
-        if callable(fn):
-            return str(fn())
-    for attr in ("value", "secret"):
-        v = getattr(value, attr, None)
-        if isinstance(v, str):
-            return v
-    return str(value)
+def _secret_text(value: Arg | None) -> str | None:
+    """The plain text of an API key given as str or as a `Secret`."""
+    return value.value if isinstance(value, Secret) else value
 
 
 @dataclass
@@ -167,7 +158,12 @@ class ServerClient:
     travels inside that SSH connection, so the API key never crosses the network in cleartext."""
 
     def __init__(
-        self, base_url: str, api_key: Any = None, timeout: float = DEFAULT_TIMEOUT, *, via: TcpOpener | None = None
+        self,
+        base_url: str,
+        api_key: Arg | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        via: TcpOpener | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
@@ -309,14 +305,7 @@ class ServerClient:
         except httpx.TransportError as exc:
             raise ServerUnreachable(f"{method} {self.base_url}{path}: {type(exc).__name__}: {exc}") from None
         if r.status_code >= 400:
-            err = parsers.parse_error(r.content)
-            what = f"{err.type}: {err.message}" if err else r.text[:300]
-            raise ServerRequestError(
-                f"{method} {self.base_url}{path}: HTTP {r.status_code}: {what}",
-                status=r.status_code,
-                error=err,
-                body=r.text[:4000],
-            )
+            raise _http_error(f"{method} {self.base_url}{path}", r, with_type=True)
         return r
 
     def get_json(self, path: str, *, timeout: float | None = None) -> Any:
@@ -346,13 +335,7 @@ class ServerClient:
             ) as r:
                 if r.status_code >= 400:
                     r.read()
-                    err = parsers.parse_error(r.content)
-                    raise ServerRequestError(
-                        f"{where}: HTTP {r.status_code}: {err.message if err else r.text[:300]}",
-                        status=r.status_code,
-                        error=err,
-                        body=r.text[:4000],
-                    )
+                    raise _http_error(where, r, with_type=False)
                 yield r
         except httpx.TimeoutException as exc:
             raise ServerUnreachable(f"{where}: timed out ({type(exc).__name__})") from None
@@ -438,6 +421,15 @@ class ServerClient:
 
             yield handle, chunks()
             handle.close()
+
+
+def _http_error(where: str, r: httpx.Response, *, with_type: bool) -> ServerRequestError:
+    """An error answer: the server's error object (its type too, `with_type`), else its text."""
+    err = parsers.parse_error(r.content)
+    what = (f"{err.type}: {err.message}" if with_type else err.message) if err else r.text[:300]
+    return ServerRequestError(
+        f"{where}: HTTP {r.status_code}: {what}", status=r.status_code, error=err, body=r.text[:4000]
+    )
 
 
 def _json_object(data: Any, what: str) -> dict[str, Any]:
