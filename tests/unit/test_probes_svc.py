@@ -83,12 +83,17 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
     over run/: the start keeps them in /run/pairctl-0/ROOTTAG, and identity, alive, the supervisor's
     state, the log tail and stop find them there; once run/ takes files again, the next start is
     back in run/ and leaves nothing in the runtime dir. A link or a folder of another mode at that
-    path is never followed: the start is refused, naming both."""
+    path is never followed: the start is refused, naming both. pairctl's own readers over SFTP
+    (read_facts, status' supervisor state) find it where the helper put it (RuntimeDir: the same
+    path), and read run/ again where that dir is not this user's."""
+    from orchestrator.hosts import supervisor
+    from orchestrator.hosts.probes import RuntimeDir
     from orchestrator.hosts.units import root_tag
 
     t, layout = host
     exe = _release(layout, "pkg-a")
     rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    assert RuntimeDir.of(t, layout.root) == RuntimeDir(0, rt)
     shutil.rmtree(rt, ignore_errors=True)
     services.start(t, layout, "llama-server", [exe, "30"])  # it ran before (run/home/llama-server is there)
     services.stop(t, layout, "llama-server")
@@ -115,6 +120,15 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
         with open(os.path.join(rt, "llama-server.out"), "a") as f:
             f.write("written by the service\n")
         assert "written by the service" in t.run(layout.log_tail_cmd("llama-server.out")).stdout
+        assert read_facts(t, layout, SERVICES).running == {"llama-server": pid}
+        st = supervisor.read_state(t, layout, "llama-server")
+        assert st is not None and (st.state, st.supervisor_alive, st.runtime_dir) == ("running", True, rt)
+        assert st.as_dict()["runtime_dir"] == rt
+        os.chown(rt, 1, -1)  # another user's folder there: never read as ours (run/'s stopped state is)
+        assert read_facts(t, layout, SERVICES).running == {}
+        st = supervisor.read_state(t, layout, "llama-server")
+        assert st is not None and (st.state, st.runtime_dir) == ("stopped", None) and "runtime_dir" not in st.as_dict()
+        os.chown(rt, 0, -1)
         assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
         assert not services.process_alive(t, pid, "llama-server")
         shutil.rmtree(rt)
