@@ -226,6 +226,10 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         *) break ;;
         esac
     done
+    # a unit's start writes run/ (its record, its supervisor's pidfiles and logs: the runtime dir
+    # below serves pairctl's own supervisor only), so one that takes no new file is refused here
+    [ -z "$sd" ] || takes_file "$r/run" ||
+        CODE=3 die "writable=no: $r/run takes no new file (read-only or full?), and $sd_unit writes there; nothing was stopped"
     [ -z "$sd" ] || [ "${sd_verified:-}" = "systemd=$sd_scope:$sd_unit" ] || sd_verify "$r"
     # a unit of an earlier start (either mode) goes first: systemd would restart its supervisor
     (sd_stop "$r" "$n" >/dev/null) || exit $?

@@ -86,8 +86,11 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
     path is never followed: the start is refused, naming both. pairctl's own readers over SFTP
     (read_facts, status' supervisor state) find it where the helper put it (RuntimeDir: the same
     path), and read run/ again where that dir is not this user's."""
+    from orchestrator.config.inventory import Supervision
     from orchestrator.hosts import supervisor
+    from orchestrator.hosts.managers.systemd import SystemdManager
     from orchestrator.hosts.probes import RuntimeDir
+    from orchestrator.hosts.space import NotWritable
     from orchestrator.hosts.units import root_tag
 
     t, layout = host
@@ -137,6 +140,14 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
             r = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
             assert r.exit_status == 3 and f"{run} takes no new file, and {rt} is not a 0700 folder" in r.stderr
             os.unlink(rt) if planted == "link" else os.rmdir(rt)
+        # a systemd host's start writes run/ (its staged unit, record, pidfiles, logs): refused before
+        # any change, naming run/, by pairctl's check of the unit and by the helper itself
+        mgr = SystemdManager("system", "p", layout.root, Supervision())
+        with pytest.raises(NotWritable, match=f"{layout.run} takes no new file .*nothing was changed"):
+            mgr.verify_staged(t, layout, "h", "llama-server", [exe, "30"], [])
+        r = t.run(layout.svc_cmd("start", "llama-server", *mgr.words("llama-server"), exe, "30"), check=False)
+        assert r.exit_status == 3 and f"writable=no: {layout.run} takes no new file" in r.stderr
+        assert "nothing was stopped" in r.stderr and not os.path.exists(rt)
     finally:
         subprocess.run(["umount", "-l", run], check=True)
     pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
