@@ -86,7 +86,10 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
     path is never followed: the start is refused, naming both. pairctl's own readers over SFTP
     (read_facts, status' supervisor state) find it where the helper put it (RuntimeDir: the same
     path), and read run/ again where that dir is not this user's."""
+    from types import SimpleNamespace
+
     from orchestrator.config.inventory import Supervision
+    from orchestrator.engine import status as status_of
     from orchestrator.hosts import supervisor
     from orchestrator.hosts.managers.systemd import SystemdManager
     from orchestrator.hosts.probes import RuntimeDir
@@ -127,6 +130,15 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
         st = supervisor.read_state(t, layout, "llama-server")
         assert st is not None and (st.state, st.supervisor_alive, st.runtime_dir) == ("running", True, rt)
         assert st.as_dict()["runtime_dir"] == rt
+        out: dict[str, list[str]] = {"problems": [], "warnings": []}  # what `pairctl status` says of it
+        f = read_facts(t, layout, ("llama-server",))
+        assert status_of._supervisor(t, layout, SimpleNamespace(name="p"), "h", "llama-server", f, out)
+        assert out["problems"] == [] and len(out["warnings"]) == 1
+        assert (
+            f"llama-server runs with its pidfiles, supervisor state and logs in {rt}, because {layout.run}"
+            in (out["warnings"][0])
+        )
+        assert "a reboot does not bring it back until" in out["warnings"][0]
         os.chown(rt, 1, -1)  # another user's folder there: never read as ours (run/'s stopped state is)
         assert read_facts(t, layout, SERVICES).running == {}
         st = supervisor.read_state(t, layout, "llama-server")
