@@ -40,12 +40,23 @@ small() { # small FILE MAX: at most MAX bytes of FILE, only when it is a regular
 # What must persist (links, route record, leases, the boot arguments) is never written there.
 rt_uid= rt_path= rt_ok=
 
-rt_init() { # rt_init ROOT: rt_path, and rt_ok when that dir exists and is ours (once per process)
+rt_init() { # rt_init ROOT: rt_ok when ROOT's runtime dir is there and ours (once per process, before any
+    # subshell). First a glob, no fork: where no runtime dir holds a service's state (the normal path)
+    # nothing else runs, so a helper call costs what it did before; rt_path only then (or rt_make)
+    for f in /run/pairctl-0/*/*.state /dev/shm/pairctl-[0-9]*/*/*.state; do
+        if [ -f "$f" ]; then
+            rt_where "$1"
+            if [ -d "$rt_path" ] && rt_safe; then rt_ok=1; fi
+            return 0
+        fi
+    done
+}
+
+rt_where() { # rt_where ROOT: rt_uid and rt_path (forks: id, sha256sum)
+    [ -z "$rt_path" ] || return 0
     rt_uid=$(id -u)
     case "$rt_uid" in 0) rt_path=/run ;; *) rt_path=/dev/shm ;; esac
     rt_path="$rt_path/pairctl-$rt_uid/$(root_tag "$1")"
-    rt_ok=
-    if [ -d "$rt_path" ] && rt_safe; then rt_ok=1; fi
 }
 
 rt_safe() { # rt_safe: both levels of rt_path are this user's directories (not links), 0700
@@ -54,8 +65,9 @@ rt_safe() { # rt_safe: both levels of rt_path are this user's directories (not l
     done
 }
 
-rt_make() { # rt_make: the runtime dir made (mode 0700, never over what is there) and checked
+rt_make() { # rt_make ROOT: the runtime dir made (mode 0700, never over what is there) and checked
     [ -n "$rt_ok" ] && return 0
+    rt_where "$1"
     mkdir -m 700 "${rt_path%/*}" 2>/dev/null
     mkdir -m 700 "$rt_path" 2>/dev/null
     rt_safe && rt_ok=1
@@ -236,7 +248,7 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
     rd=$r/run  # this run's files: in run/, or in the runtime dir when run/ takes no new file
     if [ -z "$sd" ] && ! takes_file "$rd"; then
-        rt_make || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
+        rt_make "$r" || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
         rd=$rt_path
     fi
     if [ -n "$sd" ]; then
@@ -550,7 +562,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
     rd=$r/run  # where its files go: start_svc chose the runtime dir (PAIRCTL_SVC_RT=1) or run/
     if [ "${PAIRCTL_SVC_RT:-}" = 1 ]; then
-        rt_make || { echo "$(date -u +%FT%TZ) $n: $rt_path is not a 0700 directory of this user: not started"; exit 1; }
+        rt_make "$r" || { echo "$(date -u +%FT%TZ) $n: $rt_path is not a 0700 directory of this user: not started"; exit 1; }
         rd=$rt_path
     fi
     home="$r/run/home/$n"  # (only a mode that differs is changed: a read-only run/ keeps a right one)
