@@ -231,6 +231,16 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
+    # this run's files: in run/, or in the runtime dir when run/ takes no new file; decided before any change
+    rd=$r/run
+    if [ -z "$sd" ] && ! takes_file "$rd"; then
+        # run/NAME.boot stays (read-only): one of other arguments would start those at the next boot
+        if [ -e "$rd/$n.boot" ] && ! printf '%s\0' "$@" | cmp -s -- - "$rd/$n.boot"; then
+            CODE=3 die "$rd takes no new file (read-only), and run/$n.boot holds other arguments than these: a reboot or the watchdog would start those; $n not started, nothing was stopped"
+        fi
+        rt_make "$r" || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
+        rd=$rt_path
+    fi
     for a in "$@"; do  # the service user's files made right here, outside any unit's sandbox
         case "$a" in
         sup.user=*) user_prep "$r" "$n" "${a#sup.user=}" >&2 || CODE=3 die "service user ${a#sup.user=}: see above" ;;
@@ -246,11 +256,6 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     # a unit of an earlier start (either mode) goes first: systemd would restart its supervisor
     (sd_stop "$r" "$n" >/dev/null) || exit $?
     sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
-    rd=$r/run  # this run's files: in run/, or in the runtime dir when run/ takes no new file
-    if [ -z "$sd" ] && ! takes_file "$rd"; then
-        rt_make "$r" || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
-        rd=$rt_path
-    fi
     if [ -n "$sd" ]; then
         rm -f "$r/run/$n.boot"  # systemd starts the enabled unit at boot, not the @reboot line
     elif [ "$rd" = "$r/run" ]; then
@@ -316,7 +321,10 @@ sup_stop() { # sup_stop ROOT NAME: a deliberate stop: the supervisor goes first,
 }
 
 stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s, then KILL; only a process whose argv[0] is NAME
-    rm -f "$1/run/$2.boot" 2>/dev/null  # deliberately stopped: not started at boot either (unless run/ is read-only)
+    rm -f "$1/run/$2.boot" 2>/dev/null  # deliberately stopped: not started at boot either, so one that stays
+    if [ -e "$1/run/$2.boot" ] || [ -L "$1/run/$2.boot" ]; then  # (run/ read-only) stops nothing
+        CODE=3 die "run/$2.boot cannot be removed: a reboot or the watchdog would start $2 again; nothing was stopped"
+    fi
     pid=$(pid_of "$1" "$2")
     was=""; if alive "$pid" && is_ours "$pid" "$2"; then was=$pid; fi
     sd_stop "$1" "$2"  # its unit (service_manager: systemd) is stopped, disabled and removed
@@ -897,6 +905,9 @@ boot)
         if sup_alive "$root" "$name" >/dev/null; then echo "boot=$name:supervised"; continue; fi
         pid=$(pid_of "$root" "$name")
         if alive "$pid" && is_ours "$pid" "$name"; then echo "boot=$name:running"; continue; fi
+        # its last start was in the runtime dir (run/ read-only): run/NAME.boot is not what it runs
+        svc_dir "$root" "$name"
+        if [ "$svd" != "$root/run" ]; then echo "boot=$name:runtime-dir"; continue; fi
         # the arguments go back as they were written (NUL-separated: any byte but NUL survives)
         if PAIRCTL_SVC_AT_BOOT=1 xargs -0 -x sh "$0" start "$root" "$name" <"$f"; then
             echo "boot=$name:started"
@@ -920,6 +931,7 @@ watch)
         name=${f##*/}; name=${name%.boot}
         sup_alive "$root" "$name" >/dev/null && continue
         svc_dir "$root" "$name"
+        [ "$svd" = "$root/run" ] || continue  # started in the runtime dir: run/NAME.boot is not its start
         small "$svd/$name.state" 65536 | grep -qx 'state=\(given-up\|refused\)' && continue
         # its service outlives it: `boot` would only log "running" each minute (`start` refuses a
         # live service); the minute after the service ends, it is started again (status names the

@@ -168,6 +168,54 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
     shutil.rmtree(rt, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind over run/: needs root")
+def test_a_read_only_run_dir_never_leaves_a_boot_file_that_starts_other_arguments(host):
+    """review-f49 item 1: run/NAME.boot cannot be removed on a read-only run/, and a reboot or the
+    watchdog would start it again: a stop then stops nothing (exit 3, naming it); a start in the
+    runtime dir of other arguments than it holds is refused before any change, of the same ones
+    goes on; `boot` and `watch` never start NAME from it while the runtime dir holds NAME's state."""
+    from orchestrator.hosts.units import root_tag
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    shutil.rmtree(rt, ignore_errors=True)
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])  # run/llama-server.boot: these arguments
+    run = os.path.realpath(layout.run)
+    subprocess.run(["mount", "--bind", run, run], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
+        r = t.run(layout.stop_cmd("llama-server"), check=False)
+        assert r.exit_status == 3 and r.stdout == ""
+        assert "run/llama-server.boot cannot be removed: a reboot or the watchdog would start llama-server" in r.stderr
+        assert "nothing was stopped" in r.stderr and services.process_alive(t, pid, "llama-server")
+        sup = int(open(os.path.join(run, "llama-server.sup.pid")).read())
+        os.kill(sup, 9)  # both gone (a crash): the next start is in the runtime dir
+        os.kill(pid, 9)
+        while services.process_alive(t, pid, "llama-server"):
+            pass
+        r = t.run(layout.start_cmd("llama-server", [exe, "31"]), check=False)
+        assert r.exit_status == 3 and "run/llama-server.boot holds other arguments than these" in r.stderr
+        assert "nothing was stopped" in r.stderr and not os.path.exists(rt)
+        pid, _ = services.start(t, layout, "llama-server", [exe, "30"])  # the same ones: started there
+        assert sorted(os.listdir(rt)) and "llama-server.state" in os.listdir(rt)
+        sup = int(open(os.path.join(rt, "llama-server.sup.pid")).read())
+        os.kill(sup, 9)
+        os.kill(pid, 9)
+        while services.process_alive(t, pid, "llama-server"):
+            pass
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+    try:  # run/ takes files again, the runtime dir still holds its state: run/llama-server.boot stays unused
+        assert t.run(layout.svc_cmd("watch")).stdout == ""
+        t.run(layout.svc_cmd("boot"))
+        with open(os.path.join(run, "boot.log")) as f:
+            assert f.read().splitlines()[-1] == "boot=llama-server:runtime-dir"
+        assert subprocess.run(["pgrep", "-f", exe], check=False).returncode == 1  # nothing started
+    finally:
+        shutil.rmtree(rt, ignore_errors=True)
+
+
 def test_stop_leaves_a_foreign_pid_alone(host):
     t, layout = host
     p = subprocess.Popen(["sleep", "30"])
