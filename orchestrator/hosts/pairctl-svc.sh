@@ -75,6 +75,12 @@ rt_make() { # rt_make ROOT: the runtime dir made (mode 0700, never over what is 
 
 takes_file() { { true >"$1/.write-probe.$$"; } 2>/dev/null && rm -f "$1/.write-probe.$$"; }  # takes_file DIR
 
+read_only() { # read_only DIR: a new file there fails for a read-only filesystem (EROFS), not a full one
+    case "$( { true >"$1/.write-probe.$$"; } 2>&1)" in *'Read-only file system'*) return 0 ;; esac
+    rm -f "$1/.write-probe.$$"
+    return 1
+}
+
 svc_dir() { # svc_dir ROOT NAME: svd := the folder of NAME's runtime files (the runtime dir, or ROOT/run)
     if [ -n "$rt_ok" ] && [ -f "$rt_path/$2.state" ]; then svd=$rt_path; else svd=$1/run; fi
 }
@@ -231,9 +237,10 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
-    # this run's files: in run/, or in the runtime dir when run/ takes no new file; decided before any change
+    # this run's files: in run/, or in the runtime dir when run/ is on a read-only filesystem (a full
+    # one is no reason: such a start fails on run/NAME.boot as it did); decided before any change
     rd=$r/run
-    if [ -z "$sd" ] && ! takes_file "$rd"; then
+    if [ -z "$sd" ] && ! takes_file "$rd" && read_only "$rd"; then
         # run/NAME.boot stays (read-only): one of other arguments would start those at the next boot
         if [ -e "$rd/$n.boot" ] && ! printf '%s\0' "$@" | cmp -s -- - "$rd/$n.boot"; then
             CODE=3 die "$rd takes no new file (read-only), and run/$n.boot holds other arguments than these: a reboot or the watchdog would start those; $n not started, nothing was stopped"

@@ -216,6 +216,30 @@ def test_a_read_only_run_dir_never_leaves_a_boot_file_that_starts_other_argument
         shutil.rmtree(rt, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs over run/: needs root")
+def test_a_start_on_a_full_run_dir_fails_there_and_never_moves_to_the_runtime_dir(host):
+    """review-f49 item 8: only a read-only filesystem moves a start to the runtime dir; a full one
+    (here: no inode left) fails on run/llama-server.boot as it did, and the runtime dir stays unmade."""
+    from orchestrator.hosts.units import root_tag
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    shutil.rmtree(rt, ignore_errors=True)
+    run = os.path.realpath(layout.run)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16,mode=0700", "f49fix", run], check=True)
+    try:
+        with pytest.raises(OSError):
+            for i in range(64):
+                open(os.path.join(run, f"fill.{i}"), "w").close()
+        r = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
+        assert r.exit_status == 1 and "No space left on device" in r.stderr and ".boot" in r.stderr
+        assert not os.path.exists(rt) and subprocess.run(["pgrep", "-f", exe], check=False).returncode == 1
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+        shutil.rmtree(rt, ignore_errors=True)
+
+
 def test_stop_leaves_a_foreign_pid_alone(host):
     t, layout = host
     p = subprocess.Popen(["sleep", "30"])
