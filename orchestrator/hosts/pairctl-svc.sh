@@ -32,10 +32,10 @@ small() { # small FILE MAX: at most MAX bytes of FILE, only when it is a regular
 # A state dir that takes no new file (its disk remounted read-only) must not keep a service from
 # starting (a rollback's restored llama-server): a start then puts the files of that run of the
 # service (pidfiles, supervisor state and log, its stdout) on the host's runtime filesystem, as
-# /run is there for: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG (never
-# $XDG_RUNTIME_DIR: logind removes it with the login's last session). The host is untrusted: both
-# levels must be directories of this user, not links, mode 0700, or the dir is not used at all
-# (never followed, never repaired). While it holds NAME.state, the latest start of NAME was made
+# /run is there for: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG, and that
+# only for a user who lingers (never $XDG_RUNTIME_DIR: logind removes it, and that user's /dev/shm
+# files, with the login's last session). The host is untrusted: both levels must be directories of
+# this user, not links, mode 0700, or the dir is not used at all (never followed, never repaired). While it holds NAME.state, the latest start of NAME was made
 # there and every reader of NAME's files looks there (svc_dir); a start in run/ removes them.
 # What must persist (links, route record, leases, the boot arguments) is never written there.
 rt_uid= rt_path= rt_ok=
@@ -46,7 +46,7 @@ rt_init() { # rt_init ROOT: rt_ok when ROOT's runtime dir is there and ours (onc
     for f in /run/pairctl-0/*/*.state /dev/shm/pairctl-[0-9]*/*/*.state; do
         if [ -f "$f" ]; then
             rt_where "$1"
-            if [ -d "$rt_path" ] && rt_safe; then rt_ok=1; fi
+            if [ -d "$rt_path" ] && rt_safe && lingers; then rt_ok=1; fi
             return 0
         fi
     done
@@ -70,10 +70,15 @@ rt_make() { # rt_make ROOT: the runtime dir made (mode 0700, never over what is 
     rt_where "$1"
     mkdir -m 700 "${rt_path%/*}" 2>/dev/null
     mkdir -m 700 "$rt_path" 2>/dev/null
-    rt_safe && rt_ok=1
+    lingers && rt_safe && rt_ok=1
 }
 
 takes_file() { { true >"$1/.write-probe.$$"; } 2>/dev/null && rm -f "$1/.write-probe.$$"; }  # takes_file DIR
+
+lingers() { # lingers: root, or a user whose runtime files logind keeps after the last session ends
+    # (RemoveIPC=yes, the default, clears /dev/shm of a non-system user then: pairctl's disconnect)
+    [ "$rt_uid" = 0 ] || [ -e "/var/lib/systemd/linger/$(id -un)" ]
+}
 
 read_only() { # read_only DIR: a new file there fails for a read-only filesystem (EROFS), not a full one
     case "$( { true >"$1/.write-probe.$$"; } 2>&1)" in *'Read-only file system'*) return 0 ;; esac
@@ -241,6 +246,8 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     # one is no reason: such a start fails on run/NAME.boot as it did); decided before any change
     rd=$r/run
     if [ -z "$sd" ] && ! takes_file "$rd" && read_only "$rd"; then
+        rt_where "$r"
+        lingers || CODE=3 die "$rd takes no new file (read-only), and $(id -un) does not linger (no /var/lib/systemd/linger/$(id -un)): logind would remove $rt_path with the last session; $n not started"
         # run/NAME.boot stays (read-only): one of other arguments would start those at the next boot
         if [ -e "$rd/$n.boot" ] && ! printf '%s\0' "$@" | cmp -s -- - "$rd/$n.boot"; then
             CODE=3 die "$rd takes no new file (read-only), and run/$n.boot holds other arguments than these: a reboot or the watchdog would start those; $n not started, nothing was stopped"

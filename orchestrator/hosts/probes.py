@@ -162,6 +162,16 @@ def parse_pid(data: bytes) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _lingers(transport: Transport, uid: int) -> bool:
+    """/var/lib/systemd/linger/NAME exists for UID's name in the host's /etc/passwd (SFTP reads only)."""
+    try:
+        text = transport.read_bytes("/etc/passwd", HOST_FILE_MAX).decode("utf-8", "replace")
+        names = [f[0] for f in (line.split(":") for line in text.splitlines()) if len(f) > 2 and f[2] == str(uid)]
+        return any(transport.stat(f"/var/lib/systemd/linger/{n}") is not None for n in names if "/" not in n)
+    except OSError:
+        return False
+
+
 @dataclass(frozen=True)
 class RuntimeDir:
     """Where `pairctl-svc` keeps a service's pidfiles, supervisor state and stdout when run/ takes no
@@ -175,9 +185,11 @@ class RuntimeDir:
 
     @classmethod
     def of(cls, transport: Transport, root: str) -> RuntimeDir | None:
-        """The login user's, or None where the transport cannot tell that user (run/ only then)."""
+        """The login user's, or None where the transport cannot tell that user, or that user is not
+        root and does not linger (logind removes its /dev/shm files with its last session; the helper's
+        lingers): run/ only then."""
         uid = login_uid(transport)
-        if uid is None:
+        if uid is None or (uid != 0 and not _lingers(transport, uid)):
             return None
         return cls(uid, f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(root)}")
 

@@ -240,6 +240,68 @@ def test_a_start_on_a_full_run_dir_fails_there_and_never_moves_to_the_runtime_di
         shutil.rmtree(rt, ignore_errors=True)
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind and runs the helper as nobody: needs root")
+def test_a_user_who_does_not_linger_never_starts_in_the_runtime_dir():
+    """review-f49 item 3: logind removes a non-root user's /dev/shm files with its last session (the
+    SSH session pairctl ends), pidfiles and all: such a user's start on a read-only run/ is refused,
+    naming run/ and the linger that would allow it; pairctl's readers (RuntimeDir) read run/ only then."""
+    import tempfile
+    from pathlib import Path
+    from typing import cast
+
+    from orchestrator.hosts.probes import RuntimeDir
+    from orchestrator.hosts.units import root_tag
+    from orchestrator.remote.transport import Transport
+
+    top = Path(tempfile.mkdtemp(prefix="pairctl-nobody-"))  # (pytest's own tmp is root's, 0700)
+    os.chmod(top, 0o755)
+    root, run = top / "root", top / "root" / "run"
+    exe = top / "root" / "releases" / "pkg-a" / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True)
+    run.mkdir()
+    shutil.copy2("/bin/sleep", exe)
+    shutil.copy2(SVC_SOURCE, top / "pairctl-svc")
+    for d, _, files in os.walk(top):
+        for x in (d, *(os.path.join(d, f) for f in files)):
+            os.chown(x, 65534, 65534)
+    assert not os.path.exists("/var/lib/systemd/linger/nobody")
+    subprocess.run(["mount", "--bind", str(run), str(run)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], check=True)
+        r = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", str(top / "pairctl-svc")]
+            + ["start", str(root), "llama-server", str(exe), "30"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 3 and f"{run} takes no new file (read-only), and nobody does not linger" in r.stderr
+        assert not os.path.exists("/dev/shm/pairctl-65534")
+    finally:
+        subprocess.run(["umount", "-l", str(run)], check=True)
+        shutil.rmtree(top)
+
+    class NotLingering:  # what RuntimeDir reads over SFTP
+        def login_uid(self) -> int:
+            return 65534
+
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            with open(path, "rb") as f:
+                return f.read(max_bytes)
+
+        def stat(self, path: str) -> object:
+            return None if path == "/var/lib/systemd/linger/nobody" else object()
+
+    class Lingering(NotLingering):
+        def stat(self, path: str) -> object:
+            return object()
+
+    assert RuntimeDir.of(cast(Transport, NotLingering()), str(root)) is None
+    assert RuntimeDir.of(cast(Transport, Lingering()), str(root)) == RuntimeDir(
+        65534, f"/dev/shm/pairctl-65534/{root_tag(str(root))}"
+    )
+
+
 def test_stop_leaves_a_foreign_pid_alone(host):
     t, layout = host
     p = subprocess.Popen(["sleep", "30"])
