@@ -278,10 +278,16 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         # in the runtime dir is not remembered: run/ takes no file, and that dir is gone after a reboot)
         (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp.$$") && mv -f "$r/run/.$n.boot.tmp.$$" "$r/run/$n.boot" || exit 1
     fi
-    if [ "$rd" = "$r/run" ] && [ -n "$rt_ok" ]; then rm -f "$rt_path/$n".*; fi  # readers look in run/ again
     for f in "$rd/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
         if [ -f "$f" ]; then mv -f "$f" "$f.prev" 2>/dev/null; fi  # (the --log-file stays in a read-only run/)
     done
+    if [ "$rd" = "$r/run" ] && [ -n "$rt_ok" ]; then  # readers look in run/ again
+        # the previous run was in the runtime dir: its output is the one kept as run/NAME.out.prev
+        if [ -f "$rt_path/$n.state" ] && [ -f "$rt_path/$n.out" ] && [ ! -L "$rt_path/$n.out" ]; then
+            mv -f "$rt_path/$n.out" "$r/run/$n.out.prev"
+        fi
+        rm -f "$rt_path/$n".*
+    fi
     rm -f "$rd/$n.pid" "$rd/$n.state"
     if [ -n "$sd" ]; then
         sd_install "$r" "$n"

@@ -212,6 +212,12 @@ def test_a_read_only_run_dir_never_leaves_a_boot_file_that_starts_other_argument
         with open(os.path.join(run, "boot.log")) as f:
             assert f.read().splitlines()[-1] == "boot=llama-server:runtime-dir"
         assert subprocess.run(["pgrep", "-f", exe], check=False).returncode == 1  # nothing started
+        with open(os.path.join(rt, "llama-server.out"), "a") as f:
+            f.write("the runtime dir's last output\n")
+        services.start(t, layout, "llama-server", [exe, "30"])  # back in run/: that output kept as its .prev
+        with open(os.path.join(run, "llama-server.out.prev")) as f:  # (review-f49 item 6)
+            assert f.read() == "the runtime dir's last output\n"
+        assert os.listdir(rt) == []
     finally:
         shutil.rmtree(rt, ignore_errors=True)
 
