@@ -588,10 +588,13 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         case "$k" in backoff) backoff0=$v ;; want) wants="$wants$v$nl" ;; *) eval "$k=\$v" ;; esac  # $k: a name above
     done
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
-    rd=$r/run  # where its files go: start_svc chose the runtime dir (PAIRCTL_SVC_RT=1) or run/
+    rd=$r/run rt_logs=  # where its files go: start_svc chose the runtime dir (PAIRCTL_SVC_RT=1) or run/
     if [ "${PAIRCTL_SVC_RT:-}" = 1 ]; then
         rt_make "$r" || { echo "$(date -u +%FT%TZ) $n: $rt_path is not a 0700 directory of this user: not started"; exit 1; }
         rd=$rt_path
+        # its logs there sit in memory (tmpfs): NAME.out and this supervisor's own log at most 1 MiB, one kept
+        if [ "$log_max" = 0 ] || [ "$log_max" -gt 1048576 ]; then log_max=1048576; fi
+        log_keep=1 rt_logs=$rd/$n.sup.log
     fi
     home="$r/run/home/$n"  # (only a mode that differs is changed: a read-only run/ keeps a right one)
     mkdir -p "$home" && { same_mode "$home" 700 || chmod 700 "$home"; } || exit 1
@@ -657,7 +660,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             echo "$(date -u +%FT%TZ) $n: file $changed changed since it was deployed: not started"
             exit 1
         fi
-        rotate_logs "$log_max" "$log_keep" "$rd/$n.out"
+        rotate_logs "$log_max" "$log_keep" "$rd/$n.out" ${rt_logs:+"$rt_logs"}
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
         # the ended run's log to .1 (a deliberate start keeps it as .prev)
         if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
@@ -691,7 +694,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         while alive "$cpid"; do
             sleep "$probe_s"
             alive "$cpid" || break
-            rotate_logs "$log_max" "$log_keep" "$rd/$n.out"
+            rotate_logs "$log_max" "$log_keep" "$rd/$n.out" ${rt_logs:+"$rt_logs"}
             if lease_held "$r"; then unanswered_since=""; continue; fi  # passive while leased
             if [ "$rpc" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
                 # ggml-rpc-server: stopped (SIGSTOP), or no HELLO answer while no client is served

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -139,6 +140,17 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
             in (out["warnings"][0])
         )
         assert "a reboot does not bring it back until" in out["warnings"][0]
+        for f in ("llama-server.out", "llama-server.sup.log"):  # in memory there: 1 MiB each, one kept
+            with open(os.path.join(rt, f), "a") as out:
+                out.write("x" * (2 << 20) + "\n")
+        os.kill(pid, 9)  # its supervisor starts it again, rotating both first
+        while (new := open(os.path.join(rt, "llama-server.pid")).read().strip()) in ("", str(pid)):
+            time.sleep(0.05)
+        pid = int(new)
+        assert os.path.getsize(os.path.join(rt, "llama-server.out")) < 4096
+        assert os.path.getsize(os.path.join(rt, "llama-server.sup.log")) < 4096
+        assert os.path.getsize(os.path.join(rt, "llama-server.sup.log.1")) > 2 << 20
+        assert not os.path.exists(os.path.join(rt, "llama-server.out.2"))
         os.chown(rt, 1, -1)  # another user's folder there: never read as ours (run/'s stopped state is)
         assert read_facts(t, layout, SERVICES).running == {}
         st = supervisor.read_state(t, layout, "llama-server")
