@@ -267,7 +267,7 @@ def supervisor_pid(pid_file: Path) -> int | None:
     return _live_pid(pid_file, lambda c: b"\0supervise\0" in c)
 
 
-def _service_dirs(root: Path) -> list[Path]:
+def service_dirs(root: Path) -> list[Path]:
     """`root/run`, and the runtime dir where `pairctl-svc` keeps a service started while run/ was
     read-only (its rt_where: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG):
     a lab service left there is stopped at teardown too."""
@@ -279,7 +279,7 @@ def _service_dirs(root: Path) -> list[Path]:
 def stop_supervisors(root: Path) -> list[int]:
     """SIGKILL the supervisors recorded in `root/run/*.sup.pid` (and the runtime dir's) first, so that
     stopping their services is not answered by a restart (what `pairctl-svc stop` does on a host)."""
-    pids = [p for d in _service_dirs(root) for f in sorted(d.glob("*.sup.pid")) if (p := supervisor_pid(f)) is not None]
+    pids = [p for d in service_dirs(root) for f in sorted(d.glob("*.sup.pid")) if (p := supervisor_pid(f)) is not None]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -293,7 +293,7 @@ def stop_services(root: Path) -> list[int]:
     run = root / "run"
     for name in SERVICE_NAMES:
         (run / f"{name}.boot").unlink(missing_ok=True)
-    pids = [pid for d in _service_dirs(root) for f in sorted(d.glob("*.pid")) if (pid := service_pid(f)) is not None]
+    pids = [pid for d in service_dirs(root) for f in sorted(d.glob("*.pid")) if (pid := service_pid(f)) is not None]
     if not pids:
         return []
     left = terminate(pids)
