@@ -273,7 +273,7 @@ def service_dirs(root: Path) -> list[Path]:
     a lab service left there is stopped at teardown too."""
     uid = os.geteuid()
     rt = Path(f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(str(root))}")
-    return [d for d in (root / "run", rt) if d.is_dir() and not d.is_symlink()]
+    return [d for d in (root / "run", rt) if d.is_dir() and not (d == rt and d.is_symlink())]  # (run/: a link)
 
 
 def stop_supervisors(root: Path) -> list[int]:
