@@ -150,7 +150,7 @@ def _read_host(
         problem = rpc_probe_problem(host, name, h["rpc_probe"], RPC_PROBE_S)
         if problem:
             out["problems"].append(problem)
-    h["supervisor"] = _supervisor(t, layout, view, host, name, f, out["problems"])
+    h["supervisor"] = _supervisor(t, layout, view, host, name, f, out)
     if f.svc_sha256:  # a prepared host: what a reboot would bring back (hosts/managers)
         h["boot"] = layout.manager.boot_status(t, layout, name, host, running=bool(f.current), problems=out["problems"])
         if h["boot"].get("warning"):
@@ -190,10 +190,19 @@ def _matches(
 
 
 def _supervisor(
-    t: Transport, layout: HostLayout, view: PairView, host: str, name: str, f: HostFacts, problems: list[str]
+    t: Transport, layout: HostLayout, view: PairView, host: str, name: str, f: HostFacts, out: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """NAME's supervisor state; one that refused, died or gave up is a problem, with its fix."""
+    """NAME's supervisor state; one that refused, died or gave up is a problem, with its fix; one
+    started in the runtime dir (run/ took no new file) a warning: it serves, but not after a reboot."""
+    problems: list[str] = out["problems"]
     sup = supervisor.read_state(t, layout, name)
+    if sup is not None and sup.runtime_dir is not None:
+        out["warnings"].append(
+            f"{host}: {name} runs with its pidfiles, supervisor state and logs in {sup.runtime_dir}, because "
+            f"{layout.run} took no new file (read-only?) when it started; a reboot does not bring it back until "
+            f"{layout.run} is writable (its boot arguments cannot be written there): make it writable "
+            f"(`mount -o remount,rw`), then `pairctl restart --pair {view.name}` starts it from run/ again"
+        )
     if sup is not None and sup.state == "refused":
         problems.append(
             f"{host}: the supervisor refused to start {name}: {sup.refused or 'its release failed its check'}; "
@@ -208,7 +217,7 @@ def _supervisor(
     if sup is not None and sup.given_up:
         problems.append(
             f"{host}: the supervisor gave up on {name} after a crash loop ({sup.restarts} restarts, "
-            f"last: {sup.last_exit or '?'}); see {layout.log(name + '.out')}, then deploy or rollback"
+            f"last: {sup.last_exit or '?'}); see {sup.runtime_dir or layout.run}/{name}.out, then deploy or rollback"
         )
     return sup.as_dict() if sup else None
 

@@ -14,7 +14,9 @@ On each host, under the inventory's install_root:
       *.pid, *.log, ...      pidfiles, supervisor state, stdout/stderr and server logs
 
 So the root is written at upload only: a root that turns read-only after it still lets a rollback
-switch, record and release its leases (issue 49).
+switch, record and release its leases (issue 49). A state dir that turns read-only too still lets a
+rollback start the release `current` names: that run's pidfiles, supervisor state and stdout go to
+the host's runtime dir (/run, /dev/shm: pairctl-svc.sh), where the helper's readers look first.
 
 Every command here is data (a `Cmd` rendering an argv). The helper script is fixed text and
 takes every value as an argument, so no user value is ever parsed as shell code. An SSH exec

@@ -3,9 +3,9 @@
 #
 # Fixed text: pairctl never formats it. Every value (root, names, ports, argv) arrives as a
 # positional argument, so nothing a user writes is ever parsed by this shell as code.
-# Processes run under setsid with stdio on files under <root>/run/, so they outlive the SSH
-# session that started them (no systemd in the lab). Exit codes: 0 ok, 2 usage, 3 refused
-# (state differs from what the caller expected), 4 process died, 5 timed out.
+# Processes run under setsid with stdio on files under <root>/run/ (or the runtime dir, below),
+# so they outlive the SSH session that started them (no systemd in the lab). Exit codes: 0 ok,
+# 2 usage, 3 refused (state differs from what the caller expected), 4 process died, 5 timed out.
 #
 # Each call is one SSH exec, and an exec is the expensive thing (a login shell per call), so
 # the subcommands a deploy uses do a whole host step each: `restart` stops, switches, starts,
@@ -28,8 +28,76 @@ small() { # small FILE MAX: at most MAX bytes of FILE, only when it is a regular
     if [ -f "$1" ] && [ ! -L "$1" ]; then head -c "$2" -- "$1" 2>/dev/null; fi
 }
 
+# -- the runtime dir (issue 49) -------------------------------------------------------------------
+# A state dir that takes no new file (its disk remounted read-only) must not keep a service from
+# starting (a rollback's restored llama-server): a start then puts the files of that run of the
+# service (pidfiles, supervisor state and log, its stdout) on the host's runtime filesystem, as
+# /run is there for: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG, and that
+# only for a user who lingers (never $XDG_RUNTIME_DIR: logind removes it, and that user's /dev/shm
+# files, with the login's last session). The host is untrusted: both levels must be directories of
+# this user, not links, mode 0700, or the dir is not used at all (never followed, never repaired). While it holds NAME.state, the latest start of NAME was made
+# there and every reader of NAME's files looks there (svc_dir); a start in run/ removes them.
+# What must persist (links, route record, leases, the boot arguments) is never written there.
+rt_uid= rt_path= rt_ok=
+
+rt_init() { # rt_init ROOT: rt_ok when ROOT's runtime dir is there and ours (once per process, before any
+    # subshell). First a glob, no fork: where no runtime dir holds a service's state (the normal path)
+    # nothing else runs, so a helper call costs what it did before; rt_path only then (or rt_make)
+    for f in /run/pairctl-0/*/*.state /dev/shm/pairctl-[0-9]*/*/*.state; do
+        if [ -f "$f" ]; then
+            rt_where "$1"
+            if [ -d "$rt_path" ] && rt_safe && lingers; then rt_ok=1; fi
+            return 0
+        fi
+    done
+}
+
+rt_where() { # rt_where ROOT: rt_uid and rt_path (forks: id, sha256sum)
+    [ -z "$rt_path" ] || return 0
+    rt_uid=$(id -u)
+    case "$rt_uid" in 0) rt_path=/run ;; *) rt_path=/dev/shm ;; esac
+    rt_path="$rt_path/pairctl-$rt_uid/$(root_tag "$1")"
+}
+
+rt_safe() { # rt_safe: both levels of rt_path are this user's directories (not links), 0700
+    for d in "${rt_path%/*}" "$rt_path"; do
+        [ -d "$d" ] && [ ! -L "$d" ] && [ "$(stat -c %u:%a -- "$d" 2>/dev/null)" = "$rt_uid:700" ] || return 1
+    done
+}
+
+rt_make() { # rt_make ROOT: the runtime dir made (mode 0700, never over what is there) and checked
+    [ -n "$rt_ok" ] && return 0
+    rt_where "$1"
+    mkdir -m 700 "${rt_path%/*}" 2>/dev/null
+    mkdir -m 700 "$rt_path" 2>/dev/null
+    lingers && rt_safe && rt_ok=1
+}
+
+takes_file() { { true >"$1/.write-probe.$$"; } 2>/dev/null && rm -f "$1/.write-probe.$$"; }  # takes_file DIR
+
+lingers() { # lingers: root, or a user whose runtime files logind keeps after the last session ends
+    # (RemoveIPC=yes, the default, clears /dev/shm of a non-system user then: pairctl's disconnect)
+    [ "$rt_uid" = 0 ] || [ -e "/var/lib/systemd/linger/$(id -un)" ]
+}
+
+read_only() { # read_only DIR: a new file there fails for a read-only filesystem (EROFS), not a full one
+    case "$( { true >"$1/.write-probe.$$"; } 2>&1)" in *'Read-only file system'*) return 0 ;; esac
+    rm -f "$1/.write-probe.$$"
+    return 1
+}
+
+svc_dir() { # svc_dir ROOT NAME: svd := the folder of NAME's runtime files (the runtime dir, or ROOT/run)
+    if [ -n "$rt_ok" ] && [ -f "$rt_path/$2.state" ]; then svd=$rt_path; else svd=$1/run; fi
+}
+
+run_file() { # run_file ROOT FILE: the path of FILE (NAME.out, NAME.log.1 ...) in NAME's folder, else in run/
+    svc_dir "$1" "${2%%.*}"
+    if [ -f "$svd/$2" ]; then echo "$svd/$2"; else echo "$1/run/$2"; fi
+}
+
 pid_of() { # pid_of ROOT NAME: the recorded pid, empty when none (digits only)
-    small "$1/run/$2.pid" 32 | tr -cd '0-9'
+    svc_dir "$1" "$2"
+    small "$svd/$2.pid" 32 | tr -cd '0-9'
 }
 
 is_ours() { # is_ours PID NAME: argv[0] ends in /NAME (guards against a reused pid)
@@ -174,6 +242,19 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
     prog=""
     for a in "$@"; do case "$a" in sup.*=*) ;; *) prog=$a; break ;; esac; done
     [ -x "$prog" ] || CODE=3 die "${prog:-PROGRAM} is not an executable file"
+    # this run's files: in run/, or in the runtime dir when run/ is on a read-only filesystem (a full
+    # one is no reason: such a start fails on run/NAME.boot as it did); decided before any change
+    rd=$r/run
+    if [ -z "$sd" ] && ! takes_file "$rd" && read_only "$rd"; then
+        rt_where "$r"
+        lingers || CODE=3 die "$rd takes no new file (read-only), and $(id -un) does not linger (no /var/lib/systemd/linger/$(id -un)): logind would remove $rt_path with the last session; $n not started"
+        # run/NAME.boot stays (read-only): one of other arguments would start those at the next boot
+        if [ -e "$rd/$n.boot" ] && ! printf '%s\0' "$@" | cmp -s -- - "$rd/$n.boot"; then
+            CODE=3 die "$rd takes no new file (read-only), and run/$n.boot holds other arguments than these: a reboot or the watchdog would start those; $n not started, nothing was stopped"
+        fi
+        rt_make "$r" || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
+        rd=$rt_path
+    fi
     for a in "$@"; do  # the service user's files made right here, outside any unit's sandbox
         case "$a" in
         sup.user=*) user_prep "$r" "$n" "${a#sup.user=}" >&2 || CODE=3 die "service user ${a#sup.user=}: see above" ;;
@@ -181,21 +262,33 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         *) break ;;
         esac
     done
+    # a unit's start writes run/ (its record, its supervisor's pidfiles and logs: the runtime dir
+    # below serves pairctl's own supervisor only), so one that takes no new file is refused here
+    [ -z "$sd" ] || takes_file "$r/run" ||
+        CODE=3 die "writable=no: $r/run takes no new file (read-only or full?), and $sd_unit writes there; nothing was stopped"
     [ -z "$sd" ] || [ "${sd_verified:-}" = "systemd=$sd_scope:$sd_unit" ] || sd_verify "$r"
     # a unit of an earlier start (either mode) goes first: systemd would restart its supervisor
     (sd_stop "$r" "$n" >/dev/null) || exit $?
     sup_stop "$r" "$n"  # a supervisor left without its service (given up, or waiting) never races this one
-    if [ -z "$sd" ]; then
-        # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
-        # a deliberate stop removes the file, so a stopped service stays stopped after a reboot
-        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp.$$") && mv -f "$r/run/.$n.boot.tmp.$$" "$r/run/$n.boot" || exit 1
-    else
+    if [ -n "$sd" ]; then
         rm -f "$r/run/$n.boot"  # systemd starts the enabled unit at boot, not the @reboot line
+    elif [ "$rd" = "$r/run" ]; then
+        # what a boot needs to start it again exactly so (`boot`): these arguments, NUL-separated, 0600;
+        # a deliberate stop removes the file, so a stopped service stays stopped after a reboot (a start
+        # in the runtime dir is not remembered: run/ takes no file, and that dir is gone after a reboot)
+        (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp.$$") && mv -f "$r/run/.$n.boot.tmp.$$" "$r/run/$n.boot" || exit 1
     fi
-    for f in "$r/run/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
-        if [ -f "$f" ]; then mv -f "$f" "$f.prev"; fi
+    for f in "$rd/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
+        if [ -f "$f" ]; then mv -f "$f" "$f.prev" 2>/dev/null; fi  # (the --log-file stays in a read-only run/)
     done
-    rm -f "$r/run/$n.pid" "$r/run/$n.state"
+    if [ "$rd" = "$r/run" ] && [ -n "$rt_ok" ]; then  # readers look in run/ again
+        # the previous run was in the runtime dir: its output is the one kept as run/NAME.out.prev
+        if [ -f "$rt_path/$n.state" ] && [ -f "$rt_path/$n.out" ] && [ ! -L "$rt_path/$n.out" ]; then
+            mv -f "$rt_path/$n.out" "$r/run/$n.out.prev"
+        fi
+        rm -f "$rt_path/$n".*
+    fi
+    rm -f "$rd/$n.pid" "$rd/$n.state"
     if [ -n "$sd" ]; then
         sd_install "$r" "$n"
         true >"$r/run/$n.go"  # this start is the lease holder's: the supervisor's first start does not wait for the lease
@@ -203,36 +296,39 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         spid=$(sd_ctl "$sd_scope" show -p MainPID --value "$sd_unit")
         [ "${spid:-0}" != 0 ] || { rm -f "$r/run/$n.go"; CODE=4 die "$sd_unit has no main process after its start; see run/$n.sup.log"; }
     else
-        setsid sh "$0" supervise "$r" "$n" "$@" >>"$r/run/$n.sup.log" 2>&1 </dev/null &
+        rt=0; [ "$rd" = "$r/run" ] || rt=1
+        PAIRCTL_SVC_RT=$rt setsid sh "$0" supervise "$r" "$n" "$@" >>"$rd/$n.sup.log" 2>&1 </dev/null &
         spid=$!
-        echo "$spid" >"$r/run/.$n.sup.pid.tmp.$$" && mv -f "$r/run/.$n.sup.pid.tmp.$$" "$r/run/$n.sup.pid"
+        echo "$spid" >"$rd/.$n.sup.pid.tmp.$$" && mv -f "$rd/.$n.sup.pid.tmp.$$" "$rd/$n.sup.pid"
     fi
     if [ "${PAIRCTL_SVC_AT_BOOT:-}" = 1 ]; then  # at boot the supervisor may first wait for a peer or a lease
         echo "supervisor=$spid"
         return 0
     fi
-    i=0  # the supervisor writes run/NAME.pid right after it forks the service
+    i=0  # the supervisor writes NAME.pid right after it forks the service
     while [ $i -lt 1000 ]; do
-        pid=$(pid_of "$r" "$n")
+        pid=$(small "$rd/$n.pid" 32 | tr -cd '0-9')
         if [ -n "$pid" ] && { ! alive "$pid" || is_ours "$pid" "$n"; }; then break; fi
         if ! alive "$spid"; then break; fi
         sleep 0.01; i=$((i + 1))
     done
     rm -f "$r/run/$n.go"
-    [ -n "$pid" ] || CODE=4 die "$n: its supervisor (pid $spid) started nothing; see run/$n.sup.log"
+    [ -n "$pid" ] || CODE=4 die "$n: its supervisor (pid $spid) started nothing; see ${rd#"$r/"}/$n.sup.log"
     echo "pid=$pid"
     [ -z "$sd" ] || sd_state
 }
 
 sup_alive() { # sup_alive ROOT NAME: prints the pid of NAME's supervisor when it runs
-    spid=$(small "$1/run/$2.sup.pid" 32 | tr -cd '0-9')
+    svc_dir "$1" "$2"
+    spid=$(small "$svd/$2.sup.pid" 32 | tr -cd '0-9')
     alive "$spid" || return 1
     tr '\0' ' ' <"/proc/$spid/cmdline" 2>/dev/null | grep -qF " supervise $1 $2 " || return 1
     echo "$spid"
 }
 
 sup_stop() { # sup_stop ROOT NAME: a deliberate stop: the supervisor goes first, so nothing restarts
-    spid=$(sup_alive "$1" "$2") || { rm -f "$1/run/$2.sup.pid"; return 0; }
+    svc_dir "$1" "$2"
+    spid=$(sup_alive "$1" "$2") || { rm -f "$svd/$2.sup.pid" 2>/dev/null; return 0; }
     kill -KILL "$spid" 2>/dev/null
     i=0
     while alive "$spid" && [ $i -lt 200 ]; do sleep 0.01; i=$((i + 1)); done
@@ -240,12 +336,15 @@ sup_stop() { # sup_stop ROOT NAME: a deliberate stop: the supervisor goes first,
     for p in $(ps -o pid= -g "$spid" 2>/dev/null); do
         [ "$p" = "$(pid_of "$1" "$2")" ] || kill -KILL "$p" 2>/dev/null
     done
-    rm -f "$1/run/$2.sup.pid"
-    set_state "$1" "$2" state stopped
+    rm -f "$svd/$2.sup.pid"
+    set_state "$svd" "$2" state stopped
 }
 
 stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s, then KILL; only a process whose argv[0] is NAME
-    rm -f "$1/run/$2.boot"  # deliberately stopped: not started at boot either
+    rm -f "$1/run/$2.boot" 2>/dev/null  # deliberately stopped: not started at boot either, so one that stays
+    if [ -e "$1/run/$2.boot" ] || [ -L "$1/run/$2.boot" ]; then  # (run/ read-only) stops nothing
+        CODE=3 die "run/$2.boot cannot be removed: a reboot or the watchdog would start $2 again; nothing was stopped"
+    fi
     pid=$(pid_of "$1" "$2")
     was=""; if alive "$pid" && is_ours "$pid" "$2"; then was=$pid; fi
     sd_stop "$1" "$2"  # its unit (service_manager: systemd) is stopped, disabled and removed
@@ -267,7 +366,8 @@ stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s,
     else
         echo "stopped=$2:-"
     fi
-    rm -f "$1/run/$2.pid"
+    svc_dir "$1" "$2"
+    rm -f "$svd/$2.pid" 2>/dev/null || true  # one left in a read-only run/ names a dead pid: read as none
 }
 
 # -- supervision -------------------------------------------------------------------------------
@@ -280,8 +380,8 @@ stop_svc() { # stop_svc ROOT NAME: supervisor first, then TERM, wait up to 10 s,
 
 now_s() { date +%s; }
 
-set_state() { # set_state ROOT NAME KEY VALUE [KEY VALUE...]: replace keys in run/NAME.state, by rename
-    f="$1/run/$2.state"; shift 2
+set_state() { # set_state DIR NAME KEY VALUE [KEY VALUE...]: replace keys in DIR/NAME.state, by rename
+    f="$1/$2.state"; shift 2
     tmp="$f.tmp.$$"
     rm -f "$tmp" "$tmp.2" 2>/dev/null  # never write through a link left at these names
     # `true`, never `:`: dash exits on a failed redirection of a special builtin, and a read-only
@@ -488,8 +588,16 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         case "$k" in backoff) backoff0=$v ;; want) wants="$wants$v$nl" ;; *) eval "$k=\$v" ;; esac  # $k: a name above
     done
     [ -x "${1:-}" ] || CODE=2 die "supervise: ${1:-PROGRAM} is not an executable file"
-    home="$r/run/home/$n"
-    mkdir -p "$home" && chmod 700 "$home" || exit 1
+    rd=$r/run rt_logs=  # where its files go: start_svc chose the runtime dir (PAIRCTL_SVC_RT=1) or run/
+    if [ "${PAIRCTL_SVC_RT:-}" = 1 ]; then
+        rt_make "$r" || { echo "$(date -u +%FT%TZ) $n: $rt_path is not a 0700 directory of this user: not started"; exit 1; }
+        rd=$rt_path
+        # its logs there sit in memory (tmpfs): NAME.out and this supervisor's own log at most 1 MiB, one kept
+        if [ "$log_max" = 0 ] || [ "$log_max" -gt 1048576 ]; then log_max=1048576; fi
+        log_keep=1 rt_logs=$rd/$n.sup.log
+    fi
+    home="$r/run/home/$n"  # (only a mode that differs is changed: a read-only run/ keeps a right one)
+    mkdir -p "$home" && { same_mode "$home" 700 || chmod 700 "$home"; } || exit 1
     if [ "$user" != - ]; then
         # the service drops to the service user; what it needs is in place (start made it so;
         # under ProtectSystem=strict the root is read-only here, so only what differs changes).
@@ -499,34 +607,34 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
     bindir=$(dirname "$1")
     libdir="$bindir"; [ -d "$bindir/../lib" ] && libdir="$bindir:$(cd "$bindir/../lib" && pwd)"
     starts=""; restarts=0; backoff=$backoff0; first=1; reason=-
-    set_state "$r" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
+    set_state "$rd" "$n" supervisor_pid $$ state starting restarts 0 last_exit - given_up 0 started_at - pid -
     at_boot=${PAIRCTL_SVC_AT_BOOT:-}
     if [ "${PAIRCTL_SVC_MANAGED:-}" = systemd ]; then
-        echo "$$" >"$r/run/.$n.sup.pid.tmp.$$" && mv -f "$r/run/.$n.sup.pid.tmp.$$" "$r/run/$n.sup.pid"
+        echo "$$" >"$rd/.$n.sup.pid.tmp.$$" && mv -f "$rd/.$n.sup.pid.tmp.$$" "$rd/$n.sup.pid"
         # started by the lease holder's `start` (run/NAME.go), or else by systemd itself (at boot,
         # or again after this supervisor died): then, as at boot, a held lease keeps the first start off
-        if [ -f "$r/run/$n.go" ]; then rm -f "$r/run/$n.go"; set_state "$r" "$n" started_by pairctl; else at_boot=systemd; fi
+        if [ -f "$r/run/$n.go" ]; then rm -f "$r/run/$n.go"; set_state "$rd" "$n" started_by pairctl; else at_boot=systemd; fi
     fi
     if [ -n "$at_boot" ]; then
         # started by `boot` (or systemd): a lease left by a run the reboot cut short keeps even the first start off
-        set_state "$r" "$n" started_by "$( [ "$at_boot" = systemd ] && echo systemd || echo boot)"
-        while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
+        set_state "$rd" "$n" started_by "$( [ "$at_boot" = systemd ] && echo systemd || echo boot)"
+        while lease_held "$r"; do set_state "$rd" "$n" state passive-lease; sleep "$probe_s"; done
     fi
     while :; do
         if [ $first = 0 ]; then
             # never race a deploy: while a lease is held nothing starts (the holder starts what it wants)
-            while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
+            while lease_held "$r"; do set_state "$rd" "$n" state passive-lease; sleep "$probe_s"; done
             t=$(now_s); kept=""; count=0
             for s0 in $starts; do
                 if [ $((t - s0)) -lt "${loop_s%.*}" ]; then kept="$kept $s0"; count=$((count + 1)); fi
             done
             starts=$kept
             if [ "$count" -ge "$loop_n" ]; then
-                set_state "$r" "$n" state given-up given_up 1 given_up_at "$t"
+                set_state "$rd" "$n" state given-up given_up 1 given_up_at "$t"
                 echo "$(date -u +%FT%TZ) $n: $count starts in ${loop_s} s: crash loop, giving up"
                 exit 0
             fi
-            set_state "$r" "$n" state backoff backoff_s "$backoff"
+            set_state "$rd" "$n" state backoff backoff_s "$backoff"
             sleep "$backoff"
             backoff=$(awk -v b="$backoff" -v m="$backoff_max" 'BEGIN { b *= 2; if (b > m) b = m; print b }')
             lease_held "$r" && continue
@@ -534,25 +642,25 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         if [ "$peer" != - ]; then  # the pair as one unit: llama-server starts only once its RPC peer listens
             w=$backoff0
             until tcp_probe "${peer%:*}" "${peer##*:}" 2; do
-                set_state "$r" "$n" state waiting-peer
+                set_state "$rd" "$n" state waiting-peer
                 sleep "$w"
                 w=$(awk -v b="$w" -v m="$backoff_max" 'BEGIN { b *= 2; if (b > m) b = m; print b }')
-                while lease_held "$r"; do set_state "$r" "$n" state passive-lease; sleep "$probe_s"; done
+                while lease_held "$r"; do set_state "$rd" "$n" state passive-lease; sleep "$probe_s"; done
             done
         fi
         # sup.files: every start (the first, each restart, at boot) from a release whose files are
         # still its manifest's; a planted library or a changed binary starts nothing (issue 49)
         if [ "$files" != - ] && ! release_ok "$r" "$bindir/.." "$files"; then
-            set_state "$r" "$n" state refused refused "the files of $(cd "$bindir/.." 2>/dev/null && pwd -P) differ from its manifest" pid -
+            set_state "$rd" "$n" state refused refused "the files of $(cd "$bindir/.." 2>/dev/null && pwd -P) differ from its manifest" pid -
             echo "$(date -u +%FT%TZ) $n: release $(cd "$bindir/.." 2>/dev/null && pwd -P): files differ from its manifest: not started"
             exit 1
         fi
         if [ -n "$wants" ] && ! changed=$(wants_ok "$r"); then
-            set_state "$r" "$n" state refused refused "file $changed changed since it was deployed" pid -
+            set_state "$rd" "$n" state refused refused "file $changed changed since it was deployed" pid -
             echo "$(date -u +%FT%TZ) $n: file $changed changed since it was deployed: not started"
             exit 1
         fi
-        rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
+        rotate_logs "$log_max" "$log_keep" "$rd/$n.out" ${rt_logs:+"$rt_logs"}
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
         # the ended run's log to .1 (a deliberate start keeps it as .prev)
         if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
@@ -575,18 +683,18 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
             set -- setpriv --reuid="$uid" --regid="$gid" --init-groups --inh-caps=-all --no-new-privs -- "$@"
         fi
         (cd "$home" && exec env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="$home" LD_LIBRARY_PATH="$libdir" "$@") \
-            >>"$r/run/$n.out" 2>&1 </dev/null &
+            >>"$rd/$n.out" 2>&1 </dev/null &
         cpid=$!
-        echo "$cpid" >"$r/run/.$n.pid.tmp.$$" && mv -f "$r/run/.$n.pid.tmp.$$" "$r/run/$n.pid"
+        echo "$cpid" >"$rd/.$n.pid.tmp.$$" && mv -f "$rd/.$n.pid.tmp.$$" "$rd/$n.pid"
         t0=$(now_s); starts="$starts $t0"
         if [ $first = 0 ]; then restarts=$((restarts + 1)); fi
-        set_state "$r" "$n" state running pid "$cpid" started_at "$t0" restarts "$restarts"
+        set_state "$rd" "$n" state running pid "$cpid" started_at "$t0" restarts "$restarts"
         [ $first = 0 ] && echo "$(date -u +%FT%TZ) $n: restarted as pid $cpid (restart $restarts, after $reason)"
         first=0; reason=-; unanswered_since=""
         while alive "$cpid"; do
             sleep "$probe_s"
             alive "$cpid" || break
-            rotate_logs "$log_max" "$log_keep" "$r/run/$n.out"
+            rotate_logs "$log_max" "$log_keep" "$rd/$n.out" ${rt_logs:+"$rt_logs"}
             if lease_held "$r"; then unanswered_since=""; continue; fi  # passive while leased
             if [ "$rpc" != - ] && [ "${hang_s%.*}" -gt 0 ] 2>/dev/null; then
                 # ggml-rpc-server: stopped (SIGSTOP), or no HELLO answer while no client is served
@@ -639,7 +747,7 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         t=$(now_s)
         # a process that ran longer than the loop window was healthy: the backoff starts over
         if [ $((t - t0)) -ge "${loop_s%.*}" ]; then backoff=$backoff0; fi
-        set_state "$r" "$n" state exited last_exit "$last" last_exit_at "$t" pid -
+        set_state "$rd" "$n" state exited last_exit "$last" last_exit_at "$t" pid -
         echo "$(date -u +%FT%TZ) $n: pid $cpid ended: $last"
     done
 }
@@ -694,7 +802,8 @@ wait_listen() { # wait_listen ROOT NAME ADDRESS PORT TIMEOUT_S: lives AND ADDRES
     while :; do
         if ! alive "$pid"; then
             echo "died=$2:${pid:--}"
-            tail -n 30 "$1/run/$2.out" 2>/dev/null
+            svc_dir "$1" "$2"
+            tail -n 30 "$svd/$2.out" 2>/dev/null
             exit 4
         fi
         if listens "$3" "$4"; then
@@ -780,6 +889,7 @@ shift
 root=${1:-}
 [ -n "$root" ] || CODE=2 die "$cmd: missing ROOT"
 shift
+rt_init "$root"
 
 case "$cmd" in
 supervise)
@@ -789,8 +899,9 @@ supervise)
 supervisor)
     # supervisor ROOT NAME...: per NAME, its state file as sup=NAME:BASE64(state) (or sup=NAME:-)
     for name in "$@"; do
-        if [ -r "$root/run/$name.state" ]; then
-            st=$(small "$root/run/$name.state" 65536)
+        svc_dir "$root" "$name"
+        if [ -r "$svd/$name.state" ]; then
+            st=$(small "$svd/$name.state" 65536)
             if sup_alive "$root" "$name" >/dev/null; then st="$st
 supervisor_alive=1"; else st="$st
 supervisor_alive=0"; fi
@@ -817,6 +928,9 @@ boot)
         if sup_alive "$root" "$name" >/dev/null; then echo "boot=$name:supervised"; continue; fi
         pid=$(pid_of "$root" "$name")
         if alive "$pid" && is_ours "$pid" "$name"; then echo "boot=$name:running"; continue; fi
+        # its last start was in the runtime dir (run/ read-only): run/NAME.boot is not what it runs
+        svc_dir "$root" "$name"
+        if [ "$svd" != "$root/run" ]; then echo "boot=$name:runtime-dir"; continue; fi
         # the arguments go back as they were written (NUL-separated: any byte but NUL survives)
         if PAIRCTL_SVC_AT_BOOT=1 xargs -0 -x sh "$0" start "$root" "$name" <"$f"; then
             echo "boot=$name:started"
@@ -839,7 +953,9 @@ watch)
         [ -f "$f" ] || continue
         name=${f##*/}; name=${name%.boot}
         sup_alive "$root" "$name" >/dev/null && continue
-        small "$root/run/$name.state" 65536 | grep -qx 'state=\(given-up\|refused\)' && continue
+        svc_dir "$root" "$name"
+        [ "$svd" = "$root/run" ] || continue  # started in the runtime dir: run/NAME.boot is not its start
+        small "$svd/$name.state" 65536 | grep -qx 'state=\(given-up\|refused\)' && continue
         # its service outlives it: `boot` would only log "running" each minute (`start` refuses a
         # live service); the minute after the service ends, it is started again (status names the
         # dead supervisor meanwhile)
@@ -877,8 +993,7 @@ restart)
     # what follows writes run/ only (links, pidfiles, logs): one that takes no new file (read-only,
     # full) is refused here, before the running service is stopped
     d="$root/run"
-    { true >"$d/.write-probe.$$"; } 2>/dev/null && rm -f "$d/.write-probe.$$" ||
-        CODE=3 die "writable=no: $d takes no new file (read-only or full?); nothing was stopped"
+    takes_file "$d" || CODE=3 die "writable=no: $d takes no new file (read-only or full?); nothing was stopped"
     stop_svc "$root" "$name"
     switch_links "$root" "$cur" "$prev"
     start_svc "$root" "$name" "$@"
@@ -935,17 +1050,18 @@ identity)
 alive)
     name=${1:?name}
     pid=$(pid_of "$root" "$name")
-    if alive "$pid"; then echo "alive=$name:$pid"; else echo "dead=$name:${pid:--}"; tail -n 30 "$root/run/$name.out" 2>/dev/null; exit 4; fi
+    svc_dir "$root" "$name"
+    if alive "$pid"; then echo "alive=$name:$pid"; else echo "dead=$name:${pid:--}"; tail -n 30 "$svd/$name.out" 2>/dev/null; exit 4; fi
     ;;
 log-grep)
     # log-grep ROOT FILE TEXT: 0 when the fixed TEXT occurs in run/FILE.
     # Only a regular file, not a link (one to /dev/zero would never end), and at most 64 MiB.
-    f="$root/run/${1:?file}"
+    f=$(run_file "$root" "${1:?file}")
     [ -f "$f" ] && [ ! -L "$f" ] || exit 1
     head -c 67108864 -- "$f" | grep -qF -- "${2:?text}"
     ;;
 log-tail)
-    f="$root/run/${1:?file}"
+    f=$(run_file "$root" "${1:?file}")
     if [ -f "$f" ] && [ ! -L "$f" ]; then tail -c 1048576 -- "$f" 2>/dev/null | tail -n "${2:-40}"; fi
     ;;
 switch)

@@ -20,10 +20,12 @@ from typing import Any
 
 from orchestrator.errors import HostStateError
 from orchestrator.hashing import sha256_bytes
-from orchestrator.hosts.root_trust import check_root
+from orchestrator.hosts.root_trust import check_root, login_uid
+from orchestrator.hosts.units import root_tag
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.transport import (
     HOST_FILE_MAX,
+    FileStat,
     FsRead,
     FsResult,
     Lstat,
@@ -160,15 +162,66 @@ def parse_pid(data: bytes) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+def _lingers(transport: Transport, uid: int) -> bool:
+    """/var/lib/systemd/linger/NAME exists for UID's name in the host's /etc/passwd (SFTP reads only)."""
+    try:
+        text = transport.read_bytes("/etc/passwd", HOST_FILE_MAX).decode("utf-8", "replace")
+        names = [f[0] for f in (line.split(":") for line in text.splitlines()) if len(f) > 2 and f[2] == str(uid)]
+        return any(transport.stat(f"/var/lib/systemd/linger/{n}") is not None for n in names if "/" not in n)
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class RuntimeDir:
+    """Where `pairctl-svc` keeps a service's pidfiles, supervisor state and stdout when run/ takes no
+    new file (issue 49): /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG (its
+    rt_init; test_probes_svc holds the two to one path). Its readers there, and these, trust it only
+    as the helper does: both levels this uid's directories, not links, mode 0700; and a service's
+    files are there only while it holds NAME.state (else they are in run/)."""
+
+    uid: int
+    path: str
+
+    @classmethod
+    def of(cls, transport: Transport, root: str) -> RuntimeDir | None:
+        """The login user's, or None where the transport cannot tell that user, or that user is not
+        root and does not linger (logind removes its /dev/shm files with its last session; the helper's
+        lingers): run/ only then."""
+        uid = login_uid(transport)
+        if uid is None or (uid != 0 and not _lingers(transport, uid)):
+            return None
+        return cls(uid, f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(root)}")
+
+    def lstats(self, services: Iterable[str]) -> list[FsRead]:
+        """What `holding` judges, for one SFTP batch: both levels, then each NAME.state."""
+        return [Lstat(posixpath.dirname(self.path)), Lstat(self.path), *(Lstat(self.state(n)) for n in services)]
+
+    def state(self, name: str) -> str:
+        return f"{self.path}/{name}.state"
+
+    def holding(self, services: Iterable[str], got: list[FsResult]) -> set[str]:
+        """The services (of `lstats`' results) whose files are here; none where the dir is not ours."""
+
+        def ours(r: FsResult) -> bool:
+            return isinstance(r, FileStat) and r.is_dir and r.uid == self.uid and r.perms == 0o700
+
+        if not (ours(got[0]) and ours(got[1])):
+            return set()
+        return {n for n, r in zip(services, got[2:], strict=True) if isinstance(r, FileStat) and r.is_file}
+
+
 def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> HostFacts:
     """What is installed and running on one host, read over SFTP only (no process on the host):
-    the small files and links in one pipelined batch, then the processes their pid files name."""
+    the small files and links in one pipelined batch, then the processes their pid files name (a
+    service started in the host's runtime dir: its pid file there, RuntimeDir)."""
     services = tuple(services)
 
     def got(r: FsResult) -> bytes | None:
         return r if isinstance(r, bytes) else None  # a missing or unreadable file reads as none
 
     check_root(transport, layout.root, layout.state)  # before the helper is hashed here and run by the caller
+    rt = RuntimeDir.of(transport, layout.root) if services else None
     pidfiles = [layout.log(f"{name}.pid") for name in services]
     ops: list[FsRead] = [
         Lstat(layout.root),
@@ -182,8 +235,15 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         Readlink(f"{layout.root}/previous"),
         ReadFile(f"{layout.root}/route.json", HOST_FILE_MAX),
         *(ReadFile(f, HOST_FILE_MAX) for f in pidfiles),
+        *(rt.lstats(services) if rt else ()),
     ]
     first = fs_batch(transport, ops)
+    n = len(services)
+    pid_reads = dict(zip(services, first[9 : 9 + n], strict=True))
+    in_rt = sorted(rt.holding(services, first[9 + n :])) if rt else []
+    if rt and in_rt:  # read only once the dir is judged ours (a stranger's could hold a FIFO there)
+        reads = fs_batch(transport, [ReadFile(f"{rt.path}/{s}.pid", HOST_FILE_MAX) for s in in_rt])
+        pid_reads |= zip(in_rt, reads, strict=True)
     paths = {2: layout.current, 3: layout.previous}
     for new, old in ((2, 6), (3, 7), (5, 8)):  # run/'s where it has one
         if not isinstance(first[new], (str, bytes)):
@@ -194,7 +254,7 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
     if root_exists:
         if first[1] is not None:
             releases = transport.listdir(layout.releases)
-        pids = {name: parse_pid(raw) for name, r in zip(services, first[9:], strict=True) if (raw := got(r))}
+        pids = {name: parse_pid(raw) for name, r in pid_reads.items() if (raw := got(r))}
         running = [(name, pid) for name, pid in pids.items() if pid is not None]
         cmdlines = fs_batch(transport, [ReadFile(f"/proc/{pid}/cmdline", HOST_FILE_MAX) for _, pid in running])
         for (name, pid), r in zip(running, cmdlines, strict=True):

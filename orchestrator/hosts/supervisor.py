@@ -3,7 +3,8 @@
 `pairctl-svc supervise` restarts a crashed service with exponential backoff, gives up after a
 crash loop, restarts a hung llama-server or one whose RPC peer went away, starts it only once the
 peer answers, and acts on nothing while a lease is held. A `stop` kills the supervisor first.
-Its state is `run/NAME.state`, KEY=VALUE lines written by rename; this module parses it.
+Its state is `run/NAME.state` (or in the host's runtime dir: probes.RuntimeDir), KEY=VALUE lines
+written by rename; this module parses it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass
 
 from orchestrator.config.inventory import Supervision
 from orchestrator.hosts.layout import HostLayout
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.hosts.probes import RuntimeDir
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport, fs_batch
 
 CLOCK_TICKS_PER_S = 100  # Linux USER_HZ: /proc/PID/stat start times are in these
 
@@ -88,9 +90,13 @@ class SupervisorState:
     supervisor_alive: bool
     uptime_s: float | None = None  # of the current process, by the host's /proc clock
     refused: str | None = None  # why it started nothing (its release's files differ from the manifest)
+    runtime_dir: str | None = None  # where its files are when not in run/ (that took no new file)
 
     def as_dict(self) -> dict[str, object]:
-        return {**asdict(self), "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1)}
+        d = {**asdict(self), "uptime_s": None if self.uptime_s is None else round(self.uptime_s, 1)}
+        if self.runtime_dir is None:  # shown only where it is one
+            del d["runtime_dir"]
+        return d
 
 
 def parse_state(text: str, *, supervisor_alive: bool = False) -> SupervisorState:
@@ -137,17 +143,23 @@ def _read(t: Transport, path: str) -> str | None:
 
 
 def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState | None:
-    """The supervisor's state for NAME over SFTP (no exec), or None when it never ran here."""
-    text = _read(t, layout.log(f"{name}.state"))
+    """The supervisor's state for NAME over SFTP (no exec), or None when it never ran here; read
+    where the helper's readers read it (the runtime dir while it holds NAME.state, else run/)."""
+    rt = RuntimeDir.of(t, layout.root)
+    in_rt = rt is not None and name in rt.holding((name,), fs_batch(t, rt.lstats((name,))))
+    d = rt.path if rt is not None and in_rt else layout.run
+    text = _read(t, f"{d}/{name}.state")
     if text is None:
         return None
-    spid = (_read(t, layout.log(f"{name}.sup.pid")) or "").strip()
+    spid = (_read(t, f"{d}/{name}.sup.pid") or "").strip()
     alive = False
     if spid.isdigit():  # `sh .../pairctl-svc supervise ROOT NAME ...` (guards against a reused pid)
         cmd = _read(t, f"/proc/{spid}/cmdline") or ""
         alive = "\0supervise\0" in cmd and f"\0{name}\0" in cmd
     st = parse_state(text, supervisor_alive=alive)
-    pid = (_read(t, layout.log(f"{name}.pid")) or "").strip()
+    if in_rt:
+        st = SupervisorState(**{**st.__dict__, "runtime_dir": d})
+    pid = (_read(t, f"{d}/{name}.pid") or "").strip()
     if st.state == "running" and pid.isdigit():
         up, stat = _read(t, "/proc/uptime"), _read(t, f"/proc/{pid}/stat")
         if up and stat:

@@ -22,6 +22,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.evidence.safejson import read_index
 from orchestrator.filelock import file_lock
+from orchestrator.hosts.units import root_tag
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
 from orchestrator.lab.real_model import REAL_FILES, ensure_real_model, real_model_present
@@ -256,11 +257,19 @@ def supervisor_pid(pid_file: Path) -> int | None:
     return _live_pid(pid_file, lambda c: b"\0supervise\0" in c)
 
 
+def service_dirs(root: Path) -> list[Path]:
+    """`root/run`, and the runtime dir where `pairctl-svc` keeps a service started while run/ was
+    read-only (its rt_where: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG):
+    a lab service left there is stopped at teardown too."""
+    uid = os.geteuid()
+    rt = Path(f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(str(root))}")
+    return [d for d in (root / "run", rt) if d.is_dir() and not (d == rt and d.is_symlink())]  # (run/: a link)
+
+
 def stop_supervisors(root: Path) -> list[int]:
-    """SIGKILL the supervisors recorded in `root/run/*.sup.pid` first, so that stopping their
-    services is not answered by a restart (what `pairctl-svc stop` does on a host)."""
-    run = root / "run"
-    pids = [p for f in sorted(run.glob("*.sup.pid")) if (p := supervisor_pid(f)) is not None] if run.is_dir() else []
+    """SIGKILL the supervisors recorded in `root/run/*.sup.pid` (and the runtime dir's) first, so that
+    stopping their services is not answered by a restart (what `pairctl-svc stop` does on a host)."""
+    pids = [p for d in service_dirs(root) for f in sorted(d.glob("*.sup.pid")) if (p := supervisor_pid(f)) is not None]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -268,13 +277,13 @@ def stop_supervisors(root: Path) -> list[int]:
 
 
 def stop_services(root: Path) -> list[int]:
-    """Stop the services recorded in `root/run/*.pid` (supervisors first), deliberately: their
-    run/NAME.boot go too, so boot starts nothing of them."""
+    """Stop the services recorded in `root/run/*.pid` and the runtime dir's (supervisors first),
+    deliberately: their run/NAME.boot go too, so boot starts nothing of them."""
     stop_supervisors(root)
     run = root / "run"
     for name in SERVICE_NAMES:
         (run / f"{name}.boot").unlink(missing_ok=True)
-    pids = [pid for f in sorted(run.glob("*.pid")) if (pid := service_pid(f)) is not None] if run.is_dir() else []
+    pids = [pid for d in service_dirs(root) for f in sorted(d.glob("*.pid")) if (pid := service_pid(f)) is not None]
     if not pids:
         return []
     left = terminate(pids)

@@ -31,7 +31,7 @@ import httpx
 import yaml
 
 from orchestrator.config.loader import read_yaml
-from orchestrator.lab.lab import host_plans, service_pid, stop_supervisors
+from orchestrator.lab.lab import host_plans, service_dirs, service_pid, stop_supervisors
 from orchestrator.lab.sshd import SshdHost, pid_alive
 from orchestrator.paths import Home
 from tests.plugins.cli import run_cli
@@ -320,8 +320,8 @@ def processes_under(root: Path) -> set[int]:
 
 
 def pidfile_pids(root: Path) -> set[int]:
-    run = root / "run"
-    return {pid for f in sorted(run.glob("*.pid")) if (pid := service_pid(f)) is not None} if run.is_dir() else set()
+    """The live services run/*.pid names, and the runtime dir's (a start while run/ was read-only)."""
+    return {pid for d in service_dirs(root) for f in sorted(d.glob("*.pid")) if (pid := service_pid(f)) is not None}
 
 
 def service_pid_of(fp: FaultPair, role: str) -> int | None:

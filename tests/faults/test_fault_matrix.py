@@ -89,13 +89,9 @@ DEFAULT_EXPECTED_S = 30
 
 # Cells known to fail, left open on an issue, with the problem they are known to have: each run prints
 # their problems; one that holds is said loudly (remove its entry), one with any other problem fails.
-KNOWN_OPEN: dict[tuple[str, str], tuple[str, str]] = {  # (fault, step): (its first outcome, its problem)
-    # issue 49: the native root and its state dir on one filesystem turning read-only after stop-native:
-    # the rollback cannot start the previous llama-server (its supervisor writes pidfiles and logs in
-    # run/), so the pair is down until the disk takes writes; exit 8 names the path and the
-    # `lease release --dead-run` that frees the leases, and the operator's rollback then restores it
-    ("ro-disk-native", "restart-rpc"): ("exit 8", "a read-only root left the pair down"),
-}
+# (issue 49's last one, the native root and its state dir read-only after stop-native, holds since the
+# rollback's llama-server keeps its pidfiles and logs in the host's runtime dir: hosts/pairctl-svc.sh)
+KNOWN_OPEN: dict[tuple[str, str], tuple[str, str]] = {}  # (fault, step): (its first outcome, its problem)
 
 
 def _known_open(cell: Cell) -> bool:

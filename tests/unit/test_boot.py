@@ -312,3 +312,25 @@ def test_the_watchdog_leaves_a_supervisor_that_gave_up_alone(host):
     _boot_as_cron(layout, 1)
     time.sleep(0.5)
     assert not Path(layout.log("boot.log")).exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the runtime dir of root: /run/pairctl-0")
+def test_lab_teardown_stops_a_service_left_in_the_runtime_dir(tmp_path):
+    """review-f49: a lab service started while run/ was read-only keeps its pidfiles in the runtime
+    dir (/run/pairctl-0/ROOTTAG of this test's own root): stop_services finds and stops it too."""
+    from orchestrator.hosts.units import root_tag
+
+    root = tmp_path / "root"
+    (root / "run").mkdir(parents=True)
+    exe = tmp_path / "llama-server"
+    shutil.copy2("/bin/sleep", exe)
+    rt = Path(f"/run/pairctl-0/{root_tag(str(root))}")
+    rt.mkdir(mode=0o700, parents=True)
+    p = subprocess.Popen([str(exe), "30"])
+    try:
+        (rt / "llama-server.pid").write_text(f"{p.pid}\n")
+        assert stop_services(root) == [p.pid]
+        assert p.wait(timeout=10) != 0
+    finally:
+        p.kill()
+        shutil.rmtree(rt)

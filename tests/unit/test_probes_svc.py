@@ -4,11 +4,13 @@ the same parsers deploy uses. No network, no SSH."""
 
 from __future__ import annotations
 
+import base64
 import io
 import os
 import shutil
 import subprocess
 import tarfile
+import time
 
 import pytest
 
@@ -73,6 +75,255 @@ def test_start_identity_stop_with_pidfile(host):
     assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
     assert not services.process_alive(t, pid, "llama-server")
     assert services.stop(t, layout, "llama-server") == ("stopped=llama-server:-", 0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind over run/: needs root")
+def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host):
+    """Issue 49 item 1: the state dir read-only after stop-native, and the rollback's llama-server
+    could not start (its supervisor writes pidfiles, state and logs in run/). A real read-only bind
+    over run/: the start keeps them in /run/pairctl-0/ROOTTAG, and identity, alive, the supervisor's
+    state, the log tail and stop find them there; once run/ takes files again, the next start is
+    back in run/ and leaves nothing in the runtime dir. A link or a folder of another mode at that
+    path is never followed: the start is refused, naming both. pairctl's own readers over SFTP
+    (read_facts, status' supervisor state) find it where the helper put it (RuntimeDir: the same
+    path), and read run/ again where that dir is not this user's."""
+    from types import SimpleNamespace
+
+    from orchestrator.config.inventory import Supervision
+    from orchestrator.engine import status as status_of
+    from orchestrator.hosts import supervisor
+    from orchestrator.hosts.managers.systemd import SystemdManager
+    from orchestrator.hosts.probes import RuntimeDir
+    from orchestrator.hosts.space import NotWritable
+    from orchestrator.hosts.units import root_tag
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    assert RuntimeDir.of(t, layout.root) == RuntimeDir(0, rt)
+    shutil.rmtree(rt, ignore_errors=True)
+    services.start(t, layout, "llama-server", [exe, "30"])  # it ran before (run/home/llama-server is there)
+    services.stop(t, layout, "llama-server")
+    run = os.path.realpath(layout.run)
+    subprocess.run(["mount", "--bind", run, run], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
+        pid, ident = services.start(t, layout, "llama-server", [exe, "30"])
+        assert ident.pid == pid and "llama-server.pid" not in os.listdir(run)
+        assert oct(os.stat(rt).st_mode & 0o777) == "0o700" and oct(os.stat(os.path.dirname(rt)).st_mode) == "0o40700"
+        assert sorted(f for f in os.listdir(rt) if not f.startswith(".") and ".tmp." not in f) == [
+            "llama-server.out",
+            "llama-server.pid",
+            "llama-server.state",
+            "llama-server.sup.log",
+            "llama-server.sup.pid",
+        ]
+        assert parse_identity(t.run(layout.identity_cmd(*SERVICES)).stdout)["llama-server"].pid == pid
+        assert t.run(layout.alive_cmd("llama-server")).stdout.strip() == f"alive=llama-server:{pid}"
+        sup = t.run(layout.svc_cmd("supervisor", "llama-server")).stdout.strip().split(":", 1)[1]
+        assert (
+            "state=running" in base64.b64decode(sup).decode() and "supervisor_alive=1" in base64.b64decode(sup).decode()
+        )
+        with open(os.path.join(rt, "llama-server.out"), "a") as f:
+            f.write("written by the service\n")
+        assert "written by the service" in t.run(layout.log_tail_cmd("llama-server.out")).stdout
+        assert read_facts(t, layout, SERVICES).running == {"llama-server": pid}
+        st = supervisor.read_state(t, layout, "llama-server")
+        assert st is not None and (st.state, st.supervisor_alive, st.runtime_dir) == ("running", True, rt)
+        assert st.as_dict()["runtime_dir"] == rt
+        out: dict[str, list[str]] = {"problems": [], "warnings": []}  # what `pairctl status` says of it
+        f = read_facts(t, layout, ("llama-server",))
+        assert status_of._supervisor(t, layout, SimpleNamespace(name="p"), "h", "llama-server", f, out)
+        assert out["problems"] == [] and len(out["warnings"]) == 1
+        assert (
+            f"llama-server runs with its pidfiles, supervisor state and logs in {rt}, because {layout.run}"
+            in (out["warnings"][0])
+        )
+        assert "a reboot does not bring it back until" in out["warnings"][0]
+        for f in ("llama-server.out", "llama-server.sup.log"):  # in memory there: 1 MiB each, one kept
+            with open(os.path.join(rt, f), "a") as out:
+                out.write("x" * (2 << 20) + "\n")
+        os.kill(pid, 9)  # its supervisor starts it again, rotating both first
+        while (new := open(os.path.join(rt, "llama-server.pid")).read().strip()) in ("", str(pid)):
+            time.sleep(0.05)
+        pid = int(new)
+        assert os.path.getsize(os.path.join(rt, "llama-server.out")) < 4096
+        assert os.path.getsize(os.path.join(rt, "llama-server.sup.log")) < 4096
+        assert os.path.getsize(os.path.join(rt, "llama-server.sup.log.1")) > 2 << 20
+        assert not os.path.exists(os.path.join(rt, "llama-server.out.2"))
+        os.chown(rt, 1, -1)  # another user's folder there: never read as ours (run/'s stopped state is)
+        assert read_facts(t, layout, SERVICES).running == {}
+        st = supervisor.read_state(t, layout, "llama-server")
+        assert st is not None and (st.state, st.runtime_dir) == ("stopped", None) and "runtime_dir" not in st.as_dict()
+        os.chown(rt, 0, -1)
+        assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
+        assert not services.process_alive(t, pid, "llama-server")
+        shutil.rmtree(rt)
+        for planted in ("link", "mode"):  # a stranger's link, or a folder others may enter: refused
+            os.symlink(str(layout.root), rt) if planted == "link" else os.mkdir(rt, 0o755)
+            r = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
+            assert r.exit_status == 3 and f"{run} takes no new file, and {rt} is not a 0700 folder" in r.stderr
+            os.unlink(rt) if planted == "link" else os.rmdir(rt)
+        # a systemd host's start writes run/ (its staged unit, record, pidfiles, logs): refused before
+        # any change, naming run/, by pairctl's check of the unit and by the helper itself
+        mgr = SystemdManager("system", "p", layout.root, Supervision())
+        with pytest.raises(NotWritable, match=f"{layout.run} takes no new file .*nothing was changed"):
+            mgr.verify_staged(t, layout, "h", "llama-server", [exe, "30"], [])
+        r = t.run(layout.svc_cmd("start", "llama-server", *mgr.words("llama-server"), exe, "30"), check=False)
+        assert r.exit_status == 3 and f"writable=no: {layout.run} takes no new file" in r.stderr
+        assert "nothing was stopped" in r.stderr and not os.path.exists(rt)
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
+    assert read_facts(t, layout, SERVICES).running == {"llama-server": pid}
+    assert not os.path.exists(rt) or os.listdir(rt) == []
+    shutil.rmtree(rt, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind over run/: needs root")
+def test_a_read_only_run_dir_never_leaves_a_boot_file_that_starts_other_arguments(host):
+    """review-f49 item 1: run/NAME.boot cannot be removed on a read-only run/, and a reboot or the
+    watchdog would start it again: a stop then stops nothing (exit 3, naming it); a start in the
+    runtime dir of other arguments than it holds is refused before any change, of the same ones
+    goes on; `boot` and `watch` never start NAME from it while the runtime dir holds NAME's state."""
+    from orchestrator.hosts.units import root_tag
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    shutil.rmtree(rt, ignore_errors=True)
+    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])  # run/llama-server.boot: these arguments
+    run = os.path.realpath(layout.run)
+    subprocess.run(["mount", "--bind", run, run], check=True)
+    try:
+        # its supervisor may hold a file there open for writing a moment (EBUSY): as a disk's remount, again
+        for _ in range(50):
+            if subprocess.run(["mount", "-o", "remount,bind,ro", run], check=False).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"{run}: the read-only remount kept failing")
+        r = t.run(layout.stop_cmd("llama-server"), check=False)
+        assert r.exit_status == 3 and r.stdout == ""
+        assert "run/llama-server.boot cannot be removed: a reboot or the watchdog would start llama-server" in r.stderr
+        assert "nothing was stopped" in r.stderr and services.process_alive(t, pid, "llama-server")
+        sup = int(open(os.path.join(run, "llama-server.sup.pid")).read())
+        os.kill(sup, 9)  # both gone (a crash): the next start is in the runtime dir
+        os.kill(pid, 9)
+        while services.process_alive(t, pid, "llama-server"):
+            pass
+        r = t.run(layout.start_cmd("llama-server", [exe, "31"]), check=False)
+        assert r.exit_status == 3 and "run/llama-server.boot holds other arguments than these" in r.stderr
+        assert "nothing was stopped" in r.stderr and not os.path.exists(rt)
+        pid, _ = services.start(t, layout, "llama-server", [exe, "30"])  # the same ones: started there
+        assert sorted(os.listdir(rt)) and "llama-server.state" in os.listdir(rt)
+        sup = int(open(os.path.join(rt, "llama-server.sup.pid")).read())
+        os.kill(sup, 9)
+        os.kill(pid, 9)
+        while services.process_alive(t, pid, "llama-server"):
+            pass
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+    try:  # run/ takes files again, the runtime dir still holds its state: run/llama-server.boot stays unused
+        assert t.run(layout.svc_cmd("watch")).stdout == ""
+        t.run(layout.svc_cmd("boot"))
+        with open(os.path.join(run, "boot.log")) as f:
+            assert f.read().splitlines()[-1] == "boot=llama-server:runtime-dir"
+        assert subprocess.run(["pgrep", "-f", exe], check=False).returncode == 1  # nothing started
+        with open(os.path.join(rt, "llama-server.out"), "a") as f:
+            f.write("the runtime dir's last output\n")
+        services.start(t, layout, "llama-server", [exe, "30"])  # back in run/: that output kept as its .prev
+        with open(os.path.join(run, "llama-server.out.prev")) as f:  # (review-f49 item 6)
+            assert f.read() == "the runtime dir's last output\n"
+        assert os.listdir(rt) == []
+    finally:
+        shutil.rmtree(rt, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs over run/: needs root")
+def test_a_start_on_a_full_run_dir_fails_there_and_never_moves_to_the_runtime_dir(host):
+    """review-f49 item 8: only a read-only filesystem moves a start to the runtime dir; a full one
+    (here: no inode left) fails on run/llama-server.boot as it did, and the runtime dir stays unmade."""
+    from orchestrator.hosts.units import root_tag
+
+    t, layout = host
+    exe = _release(layout, "pkg-a")
+    rt = f"/run/pairctl-0/{root_tag(layout.root)}"
+    shutil.rmtree(rt, ignore_errors=True)
+    run = os.path.realpath(layout.run)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,nr_inodes=16,mode=0700", "f49fix", run], check=True)
+    try:
+        with pytest.raises(OSError):
+            for i in range(64):
+                open(os.path.join(run, f"fill.{i}"), "w").close()
+        r = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
+        assert r.exit_status == 1 and "No space left on device" in r.stderr and ".boot" in r.stderr
+        assert not os.path.exists(rt) and subprocess.run(["pgrep", "-f", exe], check=False).returncode == 1
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+        shutil.rmtree(rt, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind and runs the helper as nobody: needs root")
+def test_a_user_who_does_not_linger_never_starts_in_the_runtime_dir():
+    """review-f49 item 3: logind removes a non-root user's /dev/shm files with its last session (the
+    SSH session pairctl ends), pidfiles and all: such a user's start on a read-only run/ is refused,
+    naming run/ and the linger that would allow it; pairctl's readers (RuntimeDir) read run/ only then."""
+    import tempfile
+    from pathlib import Path
+    from typing import cast
+
+    from orchestrator.hosts.probes import RuntimeDir
+    from orchestrator.hosts.units import root_tag
+    from orchestrator.remote.transport import Transport
+
+    top = Path(tempfile.mkdtemp(prefix="pairctl-nobody-"))  # (pytest's own tmp is root's, 0700)
+    os.chmod(top, 0o755)
+    root, run = top / "root", top / "root" / "run"
+    exe = top / "root" / "releases" / "pkg-a" / "bin" / "llama-server"
+    exe.parent.mkdir(parents=True)
+    run.mkdir()
+    shutil.copy2("/bin/sleep", exe)
+    shutil.copy2(SVC_SOURCE, top / "pairctl-svc")
+    for d, _, files in os.walk(top):
+        for x in (d, *(os.path.join(d, f) for f in files)):
+            os.chown(x, 65534, 65534)
+    assert not os.path.exists("/var/lib/systemd/linger/nobody")
+    subprocess.run(["mount", "--bind", str(run), str(run)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(run)], check=True)
+        r = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", str(top / "pairctl-svc")]
+            + ["start", str(root), "llama-server", str(exe), "30"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 3 and f"{run} takes no new file (read-only), and nobody does not linger" in r.stderr
+        assert not os.path.exists("/dev/shm/pairctl-65534")
+    finally:
+        subprocess.run(["umount", "-l", str(run)], check=True)
+        shutil.rmtree(top)
+
+    class NotLingering:  # what RuntimeDir reads over SFTP
+        def login_uid(self) -> int:
+            return 65534
+
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            with open(path, "rb") as f:
+                return f.read(max_bytes)
+
+        def stat(self, path: str) -> object:
+            return None if path == "/var/lib/systemd/linger/nobody" else object()
+
+    class Lingering(NotLingering):
+        def stat(self, path: str) -> object:
+            return object()
+
+    assert RuntimeDir.of(cast(Transport, NotLingering()), str(root)) is None
+    assert RuntimeDir.of(cast(Transport, Lingering()), str(root)) == RuntimeDir(
+        65534, f"/dev/shm/pairctl-65534/{root_tag(str(root))}"
+    )
 
 
 def test_stop_leaves_a_foreign_pid_alone(host):

@@ -140,7 +140,7 @@ class Stop(Action, name="stop", changes=True, uses_pair=True):
                 # reconnect budget) means nothing can be restored, and stopping native would only take
                 # down the half that still serves
                 ctx.timed("rpc_reach_s", _reach_before_change(ctx, "rpc"))
-                _writable_for_restore(ctx, step.pair)
+                _writable_for_restore(ctx, step.pair, step.route is not None and step.route.record is not None)
             before_change(ctx, role, step)
         ex, verify = _planned(ctx, role, step)
         try:
@@ -254,10 +254,24 @@ class RestartRpc(Action, name="restart-rpc", changes=True, uses_pair=True):
         return d
 
 
-def _writable_for_restore(ctx: RunEnv, tgt: Target) -> None:
-    """Before a rollback stops native: the run/ folders it will write take a new file (the RPC host's
-    unless `current` there names the release restored), else refuse with what runs still serving."""
-    roles = ("native",) if _current_on(ctx, "rpc") == tgt.activation.rpc_package else ("native", "rpc")
+def _writable_for_restore(ctx: RunEnv, tgt: Target, writes_route: bool) -> None:
+    """Before a rollback stops native: the run/ folders it will write take a new file, else refuse with
+    what runs still serving. Not the RPC host's where `current` there names the release restored; not
+    native's where its `current` does, no route record is written, pairctl's own supervisor starts it
+    (a unit writes run/) and no run/llama-server.boot is left for the stop to remove (one that stays
+    would start the stopped server at the next boot: the helper's stop refuses then): its restored
+    llama-server's pidfiles and logs then go to the host's runtime dir (pairctl-svc.sh, issue 49)."""
+    act = tgt.activation
+
+    def writes_run(role: str, pkg: str) -> bool:
+        if _current_on(ctx, role) != pkg:
+            return True
+        if role != "native":
+            return False
+        lay = ctx.layout(role)
+        return writes_route or lay.manager.units or ctx.t(role).stat(lay.log(f"{LLAMA_SERVER}.boot")) is not None
+
+    roles = tuple(r for r, pkg in (("native", act.native_package), ("rpc", act.rpc_package)) if writes_run(r, pkg))
     for role in roles:
         try:
             space.require_writable(ctx.t(role), ctx.layout(role).run, "the rollback (links, pidfiles, logs)")

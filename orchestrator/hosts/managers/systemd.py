@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from orchestrator.config.inventory import Supervision
-from orchestrator.errors import HostError, HostStateError
+from orchestrator.errors import DiskFull, HostError, HostStateError
 from orchestrator.hosts import boot
 from orchestrator.hosts.root_trust import put_new
+from orchestrator.hosts.space import NotWritable, refuses_writes
 from orchestrator.hosts.units import Scope, UnitReadback, check_readback, parse_readback, render_unit, unit_name
 from orchestrator.remote.result import as_text
 from orchestrator.roles import LLAMA_SERVER, RPC_SERVER
@@ -122,8 +123,20 @@ class SystemdManager:
         self, t: Transport, layout: HostPaths, host: str, service: str, argv: Sequence[str], sup: Sequence[str]
     ) -> str:
         """The unit this run's start will install, staged and checked by the host's own
-        `systemd-analyze verify` now: one it rejects refuses the run with nothing changed."""
-        unit, _ = self.stage(t, layout, service, argv, sup)
+        `systemd-analyze verify` now: one it rejects refuses the run with nothing changed, as does a
+        run/ that takes no new file (the unit, its record, pidfiles and logs go there: the runtime
+        dir a read-only run/ leaves to pairctl's own supervisor is no place for a unit's files)."""
+        try:
+            unit, _ = self.stage(t, layout, service, argv, sup)
+        except (HostError, OSError) as exc:
+            said = str(getattr(exc, "message", exc))
+            if isinstance(exc, DiskFull) or not (getattr(exc, "write_refused", False) or refuses_writes(said)):
+                raise
+            raise NotWritable(
+                f"{host}: {layout.run} takes no new file ({said[-200:]}), and {self.unit(service)} writes there "
+                "(the staged unit, its record, pidfiles and logs); nothing was changed",
+                hint=f"make {layout.run} writable on {host} (a read-only mount? `mount`), then run the command again",
+            ) from None
         res = t.run(layout.svc_cmd("unit-verify", service, f"{self.scope}:{unit}"), check=False, timeout=120)
         if res.exit_status != 0:
             complaints = "; ".join(
