@@ -305,8 +305,10 @@ def test_the_watchdog_brings_back_a_killed_supervisor_once_its_service_is_killed
 def test_the_watchdog_leaves_a_supervisor_that_gave_up_alone(host):
     t, layout = host
     t.run(layout.start_cmd(NAME, _argv(layout), SUP))
-    for f in (f"{NAME}.sup.pid", f"{NAME}.pid"):
-        os.kill(int(Path(layout.log(f)).read_text()), 9)
+    sup, svc = (int(Path(layout.log(f)).read_text()) for f in (f"{NAME}.sup.pid", f"{NAME}.pid"))
+    os.killpg(sup, 9)  # its whole group: a `mv` it forked could otherwise replace the state file below
+    os.kill(svc, 9)
+    _wait(lambda: _cmdline(sup) is None and _cmdline(svc) is None)
     state = Path(layout.log(f"{NAME}.state"))
     state.write_text(state.read_text() + "state=given-up\n")  # as a crash loop ends it
     _boot_as_cron(layout, 1)
