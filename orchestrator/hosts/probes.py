@@ -172,6 +172,11 @@ def _lingers(transport: Transport, uid: int) -> bool:
         return False
 
 
+def runtime_path(uid: int, root: str) -> str:
+    """The helper's runtime dir for ROOT as user UID (pairctl-svc.sh rt_where), before any trust check."""
+    return f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(root)}"
+
+
 @dataclass(frozen=True)
 class RuntimeDir:
     """Where `pairctl-svc` keeps a service's pidfiles, supervisor state and stdout when run/ takes no
@@ -191,7 +196,7 @@ class RuntimeDir:
         uid = login_uid(transport)
         if uid is None or (uid != 0 and not _lingers(transport, uid)):
             return None
-        return cls(uid, f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(root)}")
+        return cls(uid, runtime_path(uid, root))
 
     def lstats(self, services: Iterable[str]) -> list[FsRead]:
         """What `holding` judges, for one SFTP batch: both levels, then each NAME.state."""

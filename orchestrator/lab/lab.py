@@ -22,7 +22,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import ConfigError, PairctlError
 from orchestrator.evidence.safejson import read_index
 from orchestrator.filelock import file_lock
-from orchestrator.hosts.units import root_tag
+from orchestrator.hosts.probes import runtime_path
 from orchestrator.lab.keys import KnownHost, ensure_ed25519, write_known_hosts
 from orchestrator.lab.models import ROLE_FILES, ensure_lab_models, models_present
 from orchestrator.lab.real_model import REAL_FILES, ensure_real_model, real_model_present
@@ -261,8 +261,7 @@ def service_dirs(root: Path) -> list[Path]:
     """`root/run`, and the runtime dir where `pairctl-svc` keeps a service started while run/ was
     read-only (its rt_where: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG):
     a lab service left there is stopped at teardown too."""
-    uid = os.geteuid()
-    rt = Path(f"{'/run' if uid == 0 else '/dev/shm'}/pairctl-{uid}/{root_tag(str(root))}")
+    rt = Path(runtime_path(os.geteuid(), str(root)))
     return [d for d in (root / "run", rt) if d.is_dir() and not (d == rt and d.is_symlink())]  # (run/: a link)
 
 
