@@ -19,6 +19,7 @@ pytest_plugins = [
     p
     for p in (
         "tests.plugins.workers",  # first: lab.py and packages.py import it
+        "tests.plugins.bytecode",
         "tests.plugins.durations",
         "tests.plugins.history",
         "tests.plugins.lab",
