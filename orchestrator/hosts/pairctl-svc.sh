@@ -501,7 +501,12 @@ rpc_probe() { # rpc_probe ROOT NAME ADDRESS PORT TIMEOUT_S: rpc=NAME:down|stoppe
 peer_closed() { # peer_closed PID ADDRESS PORT: PID holds a TCP connection to ADDRESS:PORT that the
     # peer closed (CLOSE_WAIT: ggml-rpc-server died or restarted). llama-server's own short-lived
     # connections (device queries at start) close from its side and never show this state.
-    want=$(printf '%s\n' "$2" | awk -F. -v port="$3" 'NF == 4 { printf "%02X%02X%02X%02X:%04X", $4, $3, $2, $1, port }')
+    # the peer as /proc/net/tcp writes it, worked out once per peer: the probe loop asks every probe_s
+    if [ "${pc_peer:-}" != "$2:$3" ]; then
+        pc_want=$(printf '%s\n' "$2" | awk -F. -v port="$3" 'NF == 4 { printf "%02X%02X%02X%02X:%04X", $4, $3, $2, $1, port }')
+        pc_peer="$2:$3"
+    fi
+    want=$pc_want
     inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
     [ -n "$want" ] && [ -n "$inodes" ] || return 1
     awk -v want="$want" -v inodes=" $inodes" 'NR > 1 && $3 == want && $4 == "08" && index(inodes, " " $10 " ") { found = 1 }
