@@ -437,8 +437,10 @@ rpc_client() { # rpc_client PID PORT: PID holds an ESTABLISHED connection on its
     inodes=$(ls -l "/proc/$1/fd" 2>/dev/null | sed -n 's/.*socket:\[\([0-9]*\)\].*/\1/p' | tr '\n' ' ')
     [ -n "$inodes" ] || return 1
     want=$(printf ':%04X' "$2")
+    # the first match ends the read: the kernel writes the rest of the tables (every socket of the
+    # host, ~1,500 lines on a busy one) only for the lines read, and the served case is the usual one
     cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk -v want="$want" -v inodes=" $inodes" \
-        'NR > 1 && $4 == "01" && substr($2, length($2) - 4) == want && index(inodes, " " $10 " ") { found = 1 }
+        'NR > 1 && $4 == "01" && substr($2, length($2) - 4) == want && index(inodes, " " $10 " ") { found = 1; exit }
         END { exit !found }'
 }
 
