@@ -192,7 +192,10 @@ def render(r: dict[str, object]) -> str:
 
 
 def run() -> dict[str, object]:
-    """The benchmark runner's entry: the tree of `python -m orchestrator --help`."""
+    """The benchmark runner's entry: the tree of `python -m orchestrator --help` (skipped where no
+    cpuacct group can be made: not root, or no cgroup v1)."""
+    if os.geteuid() != 0 or not (CPUACCT / "cgroup.procs").is_file():
+        return {"skipped": True, "line": "cpu_tree: skipped (needs root and cgroup v1 cpuacct)"}
     r = measure([sys.executable, "-m", "orchestrator", "--help"])
     return {**r, "line": render(r)}
 
