@@ -406,7 +406,8 @@ def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
     logs` and the identity check's split (read from llama-server's --log-file) read run/ directly:
     the previous run's lines, shown as if they were this run's. The lab's runs print the same lines,
     so the previous run's files are told apart by what they hold (one line each, written after the
-    stop, as a run before would have left them)."""
+    stop, as a run before would have left them). leases/ (in run/ on the lab) stays writable, by a
+    bind mount of its own: pairctl holds the host as a deploy that held it before its disk turned would."""
     root = pair.roots()["native"]
     run = os.path.realpath(os.path.join(root, "run"))
     stale = "a line of the previous run"
@@ -414,7 +415,9 @@ def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
     assert r.exit_code == 0, r.output[-3000:]
     for f in (f"{LLAMA_SERVER}.out", f"{LLAMA_SERVER}.log"):
         Path(run, f).write_text(stale + "\n")
-    subprocess.run(["mount", "--bind", run, run], check=True)
+    leases = os.path.realpath(os.path.join(root, "leases"))
+    subprocess.run(["mount", "--bind", leases, leases], check=True)
+    subprocess.run(["mount", "--rbind", run, run], check=True)  # leases/' mount goes along, writable
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
         r = cli("--json", "start", "--pair", "lab")
@@ -423,14 +426,15 @@ def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
         r = cli("--json", "logs", "--pair", "lab", "--host", "native", "-n", "400")
         assert r.exit_code == 0, r.output[-3000:]
         (log,) = json.loads(r.stdout)["logs"]
-        assert not log["path"].startswith(root) and log["path"].endswith(f"/{LLAMA_SERVER}.out"), log["path"]
         text = "\n".join(log["lines"])
         assert stale not in text and "load_tensors:" in text, text[-2000:]
+        assert log["path"] == f"{runtime_path(os.geteuid(), root)}/{LLAMA_SERVER}.out"
         r = cli("--json", "accept", "--pair", "lab", "--only", "identity")
         assert r.exit_code == 0, r.output[-3000:]
         assert Path(run, f"{LLAMA_SERVER}.log").read_text() == stale + "\n"  # run/ took nothing
     finally:
         subprocess.run(["umount", "-l", run], check=True)
+        subprocess.run(["umount", "-l", leases], check=True)
         r = cli("restart", "--pair", "lab")  # back in run/ for the tests after this one
         assert r.exit_code == 0, r.output[-3000:]
     assert _pid(root, LLAMA_SERVER) is not None
