@@ -431,6 +431,8 @@ def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
         assert log["path"] == f"{runtime_path(os.geteuid(), root)}/{LLAMA_SERVER}.out"
         r = cli("--json", "accept", "--pair", "lab", "--only", "identity")
         assert r.exit_code == 0, r.output[-3000:]
+        r = cli("--json", "diff", "--pair", "lab")  # the moved --log-file is the helper's, not a drift
+        assert r.exit_code == 0 and json.loads(r.stdout)["same"], r.output[-3000:]
         assert Path(run, f"{LLAMA_SERVER}.log").read_text() == stale + "\n"  # run/ took nothing
     finally:
         subprocess.run(["umount", "-l", run], check=True)
