@@ -256,7 +256,7 @@ def wait_health(
             last_alive[0] = now
             counters["alive"] += 1
             if not process_alive(transport, pid, LLAMA_SERVER):
-                log, out = _files(transport, layout, SERVER_LOG, LLAMA_SERVER + ".out")
+                log, out = files_of(transport, layout, LLAMA_SERVER, SERVER_LOG, LLAMA_SERVER + ".out")
                 raise CheckFailed(
                     f"{transport.name}: llama-server (pid {pid}) exited before it was healthy; "
                     f"{log} ends:\n"
@@ -284,9 +284,10 @@ def wait_health(
         try:
             retry(attempt, client)
         except _NotYet as exc:
+            (out,) = files_of(transport, layout, LLAMA_SERVER, LLAMA_SERVER + ".out")
             raise CheckFailed(
                 f"{transport.name}: llama-server not healthy at {base_url} after {timeout_s:.0f} s ({exc}); "
-                f"its output ends:\n" + read_tail(transport, _files(transport, layout, LLAMA_SERVER + ".out")[0], 25)
+                f"its output ends:\n" + read_tail(transport, out, 25)
             ) from None
     return WaitResult(time.monotonic() - t0, counters["polls"], counters["alive"])
 
@@ -295,9 +296,13 @@ class _NotYet(Exception):
     pass
 
 
-def _files(transport: Transport, layout: HostLayout, *files: str) -> list[str]:
-    """llama-server's FILES where this run of it keeps them (probes.service_dir)."""
-    d = service_dir(transport, layout.root, LLAMA_SERVER)
+def files_of(transport: Transport, layout: HostLayout, name: str, *files: str) -> list[str]:
+    """NAME's FILES where this run of it keeps them (probes.service_dir), for a failure's log tails:
+    run/'s where the host does not answer (read_tail then says there is no output file)."""
+    try:
+        d = service_dir(transport, layout.root, name)
+    except OSError:
+        d = layout.run
     return [posixpath.join(d, f) for f in files]
 
 
