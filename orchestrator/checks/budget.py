@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.config.profiles import RouteProfile, SpeedFloors
-from orchestrator.hosts.probes import parse_pid, parse_proc_stat
+from orchestrator.hosts.probes import parse_pid, parse_proc_stat, service_dir
 from orchestrator.remote.transport import Transport
 from orchestrator.roles import SERVICE_OF_ROLE
 from orchestrator.server.client import Liveness, ProgressWatch, ServerClient
@@ -337,7 +337,7 @@ def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) 
             if t is None or root is None:
                 continue
             try:
-                pid = parse_pid(t.read_bytes(f"{root.rstrip('/')}/run/{service}.pid", max_bytes=64))
+                pid = parse_pid(t.read_bytes(f"{service_dir(t, root, service)}/{service}.pid", max_bytes=64))
                 # the main thread runs the decode loop; the process total also moves with the HTTP
                 # threads answering the watch's own /slots polls while the loop waits on a stopped peer
                 st = parse_proc_stat(t.read_bytes(f"/proc/{pid}/task/{pid}/stat", max_bytes=4096)) if pid else None

@@ -16,6 +16,8 @@ from typing import Any
 from orchestrator.checks.base import CheckContext, CheckResult, Timer, judged
 from orchestrator.checks.prompts import PromptBuilder
 from orchestrator.checks.split import log_grep_cmd
+from orchestrator.hosts.probes import service_dir
+from orchestrator.roles import LLAMA_SERVER
 
 NAME = "cancellation"
 SERVER_LOGS = ("llama-server.log", "llama-server.out")  # --log-file, then stdio
@@ -82,11 +84,12 @@ def read_server_log(ctx: CheckContext, id_task: int, *, within_s: float = 3.0) -
     root = ctx.host_roots.get("native")
     if tr is None or root is None:
         return {"checked": False, "found": False, "why": "no transport to the native host"}
+    d = service_dir(tr, root, LLAMA_SERVER)
     deadline = time.monotonic() + within_s
     while True:
         for f in SERVER_LOGS:
             r = tr.run(
-                log_grep_cmd(root, f, cancel_line(id_task), stop_line(id_task), launch_line(id_task)),
+                log_grep_cmd(root, f, cancel_line(id_task), stop_line(id_task), launch_line(id_task), folder=d),
                 check=False,
                 timeout=30,
             )

@@ -16,8 +16,10 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.split import LOG_VERBOSITY, SplitExpectation
+from orchestrator.hosts.probes import service_dir
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
+from orchestrator.roles import LLAMA_SERVER
 
 if TYPE_CHECKING:  # checks.base imports the profile models; the check context is only a type here
     from orchestrator.checks.base import CheckContext
@@ -143,12 +145,13 @@ def split_problems(split: dict[str, Any] | None, expect: SplitExpectation) -> li
     return p
 
 
-def log_grep_cmd(root: str, file: str, *texts: str, most: int = 20) -> Cmd:
-    """Lines of `<root>/run/<file>` holding any of the fixed strings (no shell, no regex), at most `most`."""
+def log_grep_cmd(root: str, file: str, *texts: str, most: int = 20, folder: str | None = None) -> Cmd:
+    """Lines of `<folder>/<file>` holding any of the fixed strings (no shell, no regex), at most `most`.
+    FOLDER: where llama-server keeps its files now (probes.service_dir), `<root>/run` when not given."""
     argv: list[str] = ["grep", "-F", "-m", str(most)]
     for t in texts:
         argv += ["-e", t]
-    return Cmd((*argv, "--", f"{root.rstrip('/')}/run/{file}"))
+    return Cmd((*argv, "--", f"{folder or root.rstrip('/') + '/run'}/{file}"))
 
 
 def read_split(ctx: CheckContext) -> dict[str, Any]:
@@ -160,7 +163,8 @@ def read_split(ctx: CheckContext) -> dict[str, Any]:
     if tr is None or root is None:
         return {"split": None, "problems": ["split: no transport to the native host to read its server log"]}
     try:
-        r = tr.run(log_grep_cmd(root, LOG_FILE, *MARKERS, most=4000), check=False, timeout=30)
+        d = service_dir(tr, root, LLAMA_SERVER)
+        r = tr.run(log_grep_cmd(root, LOG_FILE, *MARKERS, most=4000, folder=d), check=False, timeout=30)
     except Exception as exc:  # a host error is an identity problem, not a crash of the suite
         return {"split": None, "problems": [f"split: cannot read the server log: {type(exc).__name__}: {exc}"]}
     split = parse_load_split(as_text(r.stdout))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.checks.base import CheckResult, result
+from orchestrator.hosts.probes import service_dir
 from orchestrator.remote.command import Cmd
 from orchestrator.roles import SERVICE_OF_ROLE
 
@@ -38,8 +39,9 @@ fi
 )
 
 
-def sample_cmd(root: str, role: str) -> Cmd:
-    pidfile = f"{root.rstrip('/')}/run/{SERVICE_OF_ROLE[role]}.pid"
+def sample_cmd(root: str, role: str, folder: str | None = None) -> Cmd:
+    """FOLDER: where the service keeps its pid file now (probes.service_dir), `<root>/run` when not given."""
+    pidfile = f"{folder or root.rstrip('/') + '/run'}/{SERVICE_OF_ROLE[role]}.pid"
     return Cmd(("sh", "-c", SAMPLE_SCRIPT, "pairctl-mem", pidfile))
 
 
@@ -134,7 +136,8 @@ class Sampler:
                 continue
             t = round(time.monotonic() - self._t0, 3)
             try:
-                r = tr.run(sample_cmd(root, role), check=False, timeout=self.timeout_s)
+                d = service_dir(tr, root, SERVICE_OF_ROLE[role])
+                r = tr.run(sample_cmd(root, role, d), check=False, timeout=self.timeout_s)
                 text = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
                 s = parse_sample(text)
             except Exception as exc:  # timeout, lost connection, odd output: a sampler fault

@@ -7,6 +7,8 @@ pipeline parallelism) the server log; compares with the pure functions in `hosts
 
 from __future__ import annotations
 
+import dataclasses
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,12 +19,14 @@ from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.probes import (
     ExpectedProc,
     ProcIdentity,
+    argv_from,
     build_info_problems,
     parse_identity,
     parse_rpc_bind,
     parse_rpc_probe,
     proc_problems,
     rpc_probe_problem,
+    service_dir,
     slots_problems,
 )
 from orchestrator.hosts.rpc_guard import guard_problem, guard_sha256, parse_guard
@@ -113,6 +117,10 @@ def verify_identity(
         t, layout, host = transports[role], layouts[role], hosts[role]
         exp = expected.native if role == "native" else expected.rpc
         name = SERVICE_OF_ROLE[role]
+        # started from the runtime dir (run/ read-only): its --log-file is there too (argv_from)
+        d = service_dir(t, layout.root, name)
+        if d != layout.run:
+            exp = dataclasses.replace(exp, argv=argv_from(exp.argv, layout.root, name, d))
         ident = seen.get(role)
         alive = bool(ident and ident.pid is not None and process_alive(t, ident.pid, name))
         rep.data[host] = {
@@ -155,7 +163,7 @@ def verify_identity(
                 )
         if role == "native" and expected.expect_pipeline_parallel:
             try:
-                log = t.read_bytes(layout.log(SERVER_LOG), max_bytes=HOST_LOG_MAX)
+                log = t.read_bytes(posixpath.join(d, SERVER_LOG), max_bytes=HOST_LOG_MAX)
             except (FileNotFoundError, OSError):
                 log = b""
             rep.data[host]["pipeline_parallel"] = PIPELINE_LINE.encode() in log

@@ -31,7 +31,7 @@ small() { # small FILE MAX: at most MAX bytes of FILE, only when it is a regular
 # -- the runtime dir (issue 49) -------------------------------------------------------------------
 # A state dir that takes no new file (its disk remounted read-only) must not keep a service from
 # starting (a rollback's restored llama-server): a start then puts the files of that run of the
-# service (pidfiles, supervisor state and log, its stdout) on the host's runtime filesystem, as
+# service (pidfiles, supervisor state and log, its stdout, its --log-file) on the host's runtime filesystem, as
 # /run is there for: /run/pairctl-0/ROOTTAG as root, else /dev/shm/pairctl-UID/ROOTTAG, and that
 # only for a user who lingers (never $XDG_RUNTIME_DIR: logind removes it, and that user's /dev/shm
 # files, with the login's last session). The host is untrusted: both levels must be directories of
@@ -90,9 +90,10 @@ svc_dir() { # svc_dir ROOT NAME: svd := the folder of NAME's runtime files (the 
     if [ -n "$rt_ok" ] && [ -f "$rt_path/$2.state" ]; then svd=$rt_path; else svd=$1/run; fi
 }
 
-run_file() { # run_file ROOT FILE: the path of FILE (NAME.out, NAME.log.1 ...) in NAME's folder, else in run/
+run_file() { # run_file ROOT FILE: the path of FILE (NAME.out, NAME.log.1 ...) in NAME's folder: never run/'s
+    # while NAME runs from the runtime dir (what run/ holds then is an earlier run's)
     svc_dir "$1" "${2%%.*}"
-    if [ -f "$svd/$2" ]; then echo "$svd/$2"; else echo "$1/run/$2"; fi
+    echo "$svd/$2"
 }
 
 pid_of() { # pid_of ROOT NAME: the recorded pid, empty when none (digits only)
@@ -254,6 +255,13 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         fi
         rt_make "$r" || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
         rd=$rt_path
+        # its --log-file too (pairctl renders run/NAME.log, which run/ cannot take): the one argument
+        # that is exactly that path is replaced, word for word (no shell text is built), before the
+        # supervisor gets them; pairctl's identity expects the same (probes.argv_from)
+        for a in "$@"; do
+            shift
+            if [ "$a" = "$r/run/$n.log" ]; then set -- "$@" "$rd/$n.log"; else set -- "$@" "$a"; fi
+        done
     fi
     for a in "$@"; do  # the service user's files made right here, outside any unit's sandbox
         case "$a" in
@@ -278,14 +286,16 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         # in the runtime dir is not remembered: run/ takes no file, and that dir is gone after a reboot)
         (umask 077 && printf '%s\0' "$@" >"$r/run/.$n.boot.tmp.$$") && mv -f "$r/run/.$n.boot.tmp.$$" "$r/run/$n.boot" || exit 1
     fi
-    for f in "$rd/$n.out" "$r/run/$n.log"; do  # keep the previous run's output (a failed start's reason)
-        if [ -f "$f" ]; then mv -f "$f" "$f.prev" 2>/dev/null; fi  # (the --log-file stays in a read-only run/)
+    for f in "$rd/$n.out" "$rd/$n.log"; do  # keep the previous run's output (a failed start's reason)
+        if [ -f "$f" ]; then mv -f "$f" "$f.prev" 2>/dev/null; fi
     done
     if [ "$rd" = "$r/run" ] && [ -n "$rt_ok" ]; then  # readers look in run/ again
-        # the previous run was in the runtime dir: its output is the one kept as run/NAME.out.prev
-        if [ -f "$rt_path/$n.state" ] && [ -f "$rt_path/$n.out" ] && [ ! -L "$rt_path/$n.out" ]; then
-            mv -f "$rt_path/$n.out" "$r/run/$n.out.prev"
-        fi
+        # the previous run was in the runtime dir: its output and log are the ones kept as run/NAME.*.prev
+        for f in out log; do
+            if [ -f "$rt_path/$n.state" ] && [ -f "$rt_path/$n.$f" ] && [ ! -L "$rt_path/$n.$f" ]; then
+                mv -f "$rt_path/$n.$f" "$r/run/$n.$f.prev"
+            fi
+        done
         rm -f "$rt_path/$n".*
     fi
     rm -f "$rd/$n.pid" "$rd/$n.state"
@@ -670,9 +680,9 @@ supervise() { # supervise ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...
         rotate_logs "$log_max" "$log_keep" "$rd/$n.out" ${rt_logs:+"$rt_logs"}
         # llama-server opens its --log-file with fopen("w"), truncating it: a restart first moves
         # the ended run's log to .1 (a deliberate start keeps it as .prev)
-        if [ $first = 0 ] && [ -f "$r/run/$n.log" ]; then shift_log "$r/run/$n.log" "$log_keep"; mv -f "$r/run/$n.log" "$r/run/$n.log.1"; fi
-        if [ "$user" != - ] && [ ! -e "$r/run/$n.log" ]; then  # llama-server opens its --log-file itself
-            (umask 077 && true >"$r/run/$n.log") && chown "$uid:$gid" "$r/run/$n.log"
+        if [ $first = 0 ] && [ -f "$rd/$n.log" ]; then shift_log "$rd/$n.log" "$log_keep"; mv -f "$rd/$n.log" "$rd/$n.log.1"; fi
+        if [ "$user" != - ] && [ ! -e "$rd/$n.log" ]; then  # llama-server opens its --log-file itself
+            (umask 077 && true >"$rd/$n.log") && chown "$uid:$gid" "$rd/$n.log"
         fi
         # a cleared environment (no LLAMA_ARG_* or config of the host user's), its own HOME and cwd;
         # the subshell execs env, which execs PROGRAM: $! is the service's pid

@@ -216,6 +216,29 @@ class RuntimeDir:
         return {n for n, r in zip(services, got[2:], strict=True) if isinstance(r, FileStat) and r.is_file}
 
 
+def service_dirs(transport: Transport, root: str, services: Iterable[str]) -> dict[str, str]:
+    """Where each service's files are now (pidfiles, supervisor state, NAME.out, its --log-file), as
+    the helper's own readers find them (svc_dir): the runtime dir while it holds NAME.state there
+    (RuntimeDir's trust rule), else ROOT/run. run/ keeps an earlier run's files while the service
+    runs from the runtime dir, so every reader of them asks here first (one SFTP batch, none
+    where no runtime dir can be)."""
+    services = tuple(services)
+    rt = RuntimeDir.of(transport, root)
+    held = rt.holding(services, fs_batch(transport, rt.lstats(services))) if rt is not None else set()
+    return {n: rt.path if rt is not None and n in held else posixpath.join(root, "run") for n in services}
+
+
+def service_dir(transport: Transport, root: str, service: str) -> str:
+    return service_dirs(transport, root, (service,))[service]
+
+
+def argv_from(argv: Iterable[str], root: str, service: str, folder: str) -> tuple[str, ...]:
+    """ARGV as the helper starts SERVICE with its files in FOLDER (pairctl-svc.sh start_svc): the
+    argument that is exactly ROOT/run/SERVICE.log (llama-server's --log-file) names FOLDER's instead."""
+    here, there = posixpath.join(root, "run", f"{service}.log"), posixpath.join(folder, f"{service}.log")
+    return tuple(there if a == here else a for a in argv)
+
+
 def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> HostFacts:
     """What is installed and running on one host, read over SFTP only (no process on the host):
     the small files and links in one pipelined batch, then the processes their pid files name (a

@@ -7,6 +7,7 @@ its process lives AND its address:port listens (`pairctl-svc wait-listen`); `lla
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import tenacity
 
 from orchestrator.errors import CheckFailed, HostError
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
-from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity
+from orchestrator.hosts.probes import ProcIdentity, argv0_is, parse_identity, service_dir
 from orchestrator.hosts.release import ReleaseMismatch, check_hash_output, manifest_lines
 from orchestrator.hosts.space import NotWritable
 from orchestrator.hosts.units import UnitReadback
@@ -255,12 +256,13 @@ def wait_health(
             last_alive[0] = now
             counters["alive"] += 1
             if not process_alive(transport, pid, LLAMA_SERVER):
+                log, out = files_of(transport, layout, LLAMA_SERVER, SERVER_LOG, LLAMA_SERVER + ".out")
                 raise CheckFailed(
                     f"{transport.name}: llama-server (pid {pid}) exited before it was healthy; "
-                    f"{layout.log(SERVER_LOG)} ends:\n"
-                    + read_tail(transport, layout.log(SERVER_LOG), 12)
-                    + f"\nand {layout.log(LLAMA_SERVER + '.out')} ends:\n"
-                    + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 6)
+                    f"{log} ends:\n"
+                    + read_tail(transport, log, 12)
+                    + f"\nand {out} ends:\n"
+                    + read_tail(transport, out, 6)
                     + "\n(kept as *.prev when the next start replaces them)"
                 )
         raise _NotYet(reason)
@@ -282,15 +284,26 @@ def wait_health(
         try:
             retry(attempt, client)
         except _NotYet as exc:
+            (out,) = files_of(transport, layout, LLAMA_SERVER, LLAMA_SERVER + ".out")
             raise CheckFailed(
                 f"{transport.name}: llama-server not healthy at {base_url} after {timeout_s:.0f} s ({exc}); "
-                f"its output ends:\n" + read_tail(transport, layout.log(LLAMA_SERVER + ".out"), 25)
+                f"its output ends:\n" + read_tail(transport, out, 25)
             ) from None
     return WaitResult(time.monotonic() - t0, counters["polls"], counters["alive"])
 
 
 class _NotYet(Exception):
     pass
+
+
+def files_of(transport: Transport, layout: HostLayout, name: str, *files: str) -> list[str]:
+    """NAME's FILES where this run of it keeps them (probes.service_dir), for a failure's log tails:
+    run/'s where the host does not answer (read_tail then says there is no output file)."""
+    try:
+        d = service_dir(transport, layout.root, name)
+    except OSError:
+        d = layout.run
+    return [posixpath.join(d, f) for f in files]
 
 
 def get_json(

@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass
 
 from orchestrator.config.inventory import Supervision
 from orchestrator.hosts.layout import HostLayout
-from orchestrator.hosts.probes import RuntimeDir
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport, fs_batch
+from orchestrator.hosts.probes import service_dir
+from orchestrator.remote.transport import HOST_FILE_MAX, Transport
 
 CLOCK_TICKS_PER_S = 100  # Linux USER_HZ: /proc/PID/stat start times are in these
 
@@ -145,9 +145,8 @@ def _read(t: Transport, path: str) -> str | None:
 def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState | None:
     """The supervisor's state for NAME over SFTP (no exec), or None when it never ran here; read
     where the helper's readers read it (the runtime dir while it holds NAME.state, else run/)."""
-    rt = RuntimeDir.of(t, layout.root)
-    in_rt = rt is not None and name in rt.holding((name,), fs_batch(t, rt.lstats((name,))))
-    d = rt.path if rt is not None and in_rt else layout.run
+    d = service_dir(t, layout.root, name)
+    in_rt = d != layout.run
     text = _read(t, f"{d}/{name}.state")
     if text is None:
         return None

@@ -4,6 +4,7 @@ LOG_TAIL_MAX bytes a look; a host that does not answer is named, the other's log
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -12,6 +13,7 @@ from typing import Any
 from orchestrator.config.inventory import Inventory
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import HostError, HostStateError
+from orchestrator.hosts.probes import service_dir
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
@@ -70,10 +72,11 @@ def tail(pool: TransportPool, inventory: Inventory, pair: str, which: str, lines
     view = pair_view(inventory, pair)
     out = []
     for role in roles_of(which):
-        host, layout = view.hosts[role], view.layouts[role]
-        log = HostLog(host, role, layout.log(SERVICE_OF_ROLE[role] + ".out"))
+        host, layout, name = view.hosts[role], view.layouts[role], SERVICE_OF_ROLE[role]
+        log = HostLog(host, role, layout.log(name + ".out"))
         try:
             t = pool.get(host)
+            log.path = posixpath.join(service_dir(t, layout.root, name), name + ".out")
             log.size = _size(t, log.path)
             if log.size is not None:
                 # the last lines are within the last LOG_TAIL_MAX bytes, or only those are shown

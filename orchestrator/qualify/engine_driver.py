@@ -225,12 +225,14 @@ class EngineDriver:
         """After each measured request: `pair_memory` of one telemetry sample per host, whose pids
         must still be the ones the arm started with."""
         from orchestrator.checks.telemetry import parse_sample, sample_cmd
+        from orchestrator.hosts.probes import service_dir
 
         def probe() -> tuple[int | None, str]:
             samples = {}
             for role, pid in pids.items():
-                t = self.pool.get(self.view.hosts[role])
-                s = parse_sample(t.run(sample_cmd(self.view.layouts[role].root, role), check=False, timeout=30).stdout)
+                t, root = self.pool.get(self.view.hosts[role]), self.view.layouts[role].root
+                d = service_dir(t, root, SERVICE_OF_ROLE[role])
+                s = parse_sample(t.run(sample_cmd(root, role, d), check=False, timeout=30).stdout)
                 if s.get("pid") != pid:
                     return None, f"{role}: {SERVICE_OF_ROLE[role]} is pid {s.get('pid')}, the arm started pid {pid}"
                 samples[role] = s

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from orchestrator.hosts.layout import LLAMA_SERVER, RPC_SERVER, HostLayout
+from orchestrator.hosts.probes import runtime_path
 from orchestrator.hosts.supervisor import ipv4_endpoint, parse_state, sup_args
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.pool import open_transport
@@ -397,3 +398,45 @@ def test_an_expired_lease_does_not_keep_supervision_off(pair, cli):
         freed = cli("lease", "release", "lab-native", "--nonce", nonce)
         assert freed.exit_code == 0, freed.output
     print(f"kill -9 llama-server under a 3 s lease -> healthy again in {took:.2f} s, lease not released")
+
+
+def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
+    """Issue 49: with run/ on a read-only filesystem, `pairctl start` starts llama-server with its
+    pidfiles, state and output in the runtime dir, and run/ keeps the previous run's files. `pairctl
+    logs` and the identity check's split (read from llama-server's --log-file) read run/ directly:
+    the previous run's lines, shown as if they were this run's. The lab's runs print the same lines,
+    so the previous run's files are told apart by what they hold (one line each, written after the
+    stop, as a run before would have left them). leases/ (in run/ on the lab) stays writable, by a
+    bind mount of its own: pairctl holds the host as a deploy that held it before its disk turned would."""
+    root = pair.roots()["native"]
+    run = os.path.realpath(os.path.join(root, "run"))
+    stale = "a line of the previous run"
+    r = cli("stop", "--pair", "lab")
+    assert r.exit_code == 0, r.output[-3000:]
+    for f in (f"{LLAMA_SERVER}.out", f"{LLAMA_SERVER}.log"):
+        Path(run, f).write_text(stale + "\n")
+    leases = os.path.realpath(os.path.join(root, "leases"))
+    subprocess.run(["mount", "--bind", leases, leases], check=True)
+    subprocess.run(["mount", "--rbind", run, run], check=True)  # leases/' mount goes along, writable
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
+        r = cli("--json", "start", "--pair", "lab")
+        assert r.exit_code == 0, r.output[-3000:]
+        assert Path(runtime_path(os.geteuid(), root), f"{LLAMA_SERVER}.state").is_file()  # started there
+        r = cli("--json", "logs", "--pair", "lab", "--host", "native", "-n", "400")
+        assert r.exit_code == 0, r.output[-3000:]
+        (log,) = json.loads(r.stdout)["logs"]
+        text = "\n".join(log["lines"])
+        assert stale not in text and "load_tensors:" in text, text[-2000:]
+        assert log["path"] == f"{runtime_path(os.geteuid(), root)}/{LLAMA_SERVER}.out"
+        r = cli("--json", "accept", "--pair", "lab", "--only", "identity")
+        assert r.exit_code == 0, r.output[-3000:]
+        r = cli("--json", "diff", "--pair", "lab")  # the moved --log-file is the helper's, not a drift
+        assert r.exit_code == 0 and json.loads(r.stdout)["same"], r.output[-3000:]
+        assert Path(run, f"{LLAMA_SERVER}.log").read_text() == stale + "\n"  # run/ took nothing
+    finally:
+        subprocess.run(["umount", "-l", run], check=True)
+        subprocess.run(["umount", "-l", leases], check=True)
+        r = cli("restart", "--pair", "lab")  # back in run/ for the tests after this one
+        assert r.exit_code == 0, r.output[-3000:]
+    assert _pid(root, LLAMA_SERVER) is not None

@@ -363,7 +363,7 @@ class StartServer(Action, name="start-server", changes=True, uses_pair=True):
         except CheckFailed as exc:
             # llama-server often dies of its RPC peer ("recv failed" when ggml-rpc-server aborted on a
             # graph): the peer's output holds the cause, so the failure names it too.
-            rpc_out = ctx.layout("rpc").log(RPC_SERVER + ".out")
+            (rpc_out,) = services.files_of(ctx.t("rpc"), ctx.layout("rpc"), RPC_SERVER, RPC_SERVER + ".out")
             raise CheckFailed(
                 f"{exc}\nand {ctx.host('rpc')}'s {rpc_out} ends:\n" + services.read_tail(ctx.t("rpc"), rpc_out, 8)
             ) from None
