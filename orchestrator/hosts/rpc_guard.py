@@ -11,7 +11,6 @@ holds exactly the inventory's list (`pairctl-svc guard`).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
@@ -25,7 +24,6 @@ from pathlib import Path
 from orchestrator.errors import BuildError
 from orchestrator.hosts.layout import GUARD, HostLayout, put_secret
 from orchestrator.hosts.root_trust import put_new
-from orchestrator.paths import Home
 from orchestrator.remote.transport import Transport
 
 SOURCE = Path(__file__).with_name("rpc_guard.c")
@@ -33,26 +31,18 @@ SOURCE = Path(__file__).with_name("rpc_guard.c")
 
 @functools.lru_cache(maxsize=1)
 def guard_bytes() -> bytes:
-    """The shim, compiled once per process with `$CC` or `cc` (about 0.1 s of wall, 0.3 s of CPU for
-    the compiler's processes), and kept in the home's build cache under a key of the source, the
-    flags and the compiler's file, so the next pairctl process on this machine reads it back: every
-    deploy, rollback and status compiled it again (issue 45: one `cc` per pairctl child in the suite)."""
+    """The shim, compiled once per process with `$CC` or `cc` (about 0.1 s)."""
     cc = os.environ.get("CC") or "cc"
-    cc_path = shutil.which(cc)
-    if cc_path is None:
+    if shutil.which(cc) is None:
         raise BuildError(
             f"pairctl builds ggml-rpc-server's guard (orchestrator/hosts/rpc_guard.c) with a C compiler; {cc!r} "
             "is not on PATH",
             hint="install one (e.g. apt-get install gcc) or point CC at it",
         )
-    flags = ["-O2", "-shared", "-fPIC"]
-    cached = _cache_path(cc, cc_path, flags)
-    if cached is not None and cached.is_file():
-        return cached.read_bytes()
     with tempfile.TemporaryDirectory(prefix="pairctl-guard-") as d:
         out = Path(d) / GUARD
         p = subprocess.run(
-            [cc, *flags, "-o", str(out), str(SOURCE)],
+            [cc, "-O2", "-shared", "-fPIC", "-o", str(out), str(SOURCE)],
             capture_output=True,
             text=True,
             timeout=120,
@@ -60,43 +50,7 @@ def guard_bytes() -> bytes:
         )
         if p.returncode != 0:
             raise BuildError(f"compiling {SOURCE.name} failed (exit {p.returncode}): {p.stderr.strip()[-400:]}")
-        data = out.read_bytes()
-    if cached is not None:
-        _keep(cached, data)
-    return data
-
-
-def _cache_path(cc: str, cc_path: str, flags: list[str]) -> Path | None:
-    """Where the compiled shim is kept: `<home>/build-cache/rpc-guard/<key>.so`, only when the
-    home's build cache exists already (nothing new is made in a home pairctl never set up). The
-    key changes with the source, the flags, `$CC` and the compiler's file (resolved path, size,
-    mtime: an upgraded compiler is a new key)."""
-    cache = Home.resolve().build_cache
-    try:
-        real = os.path.realpath(cc_path)
-        st = os.stat(real)
-        if not cache.is_dir():
-            return None
-        source = SOURCE.read_bytes()
-    except OSError:
-        return None
-    h = hashlib.sha256(source)
-    for part in (cc, real, str(st.st_size), str(st.st_mtime_ns), *flags):
-        h.update(b"\0" + part.encode())
-    return cache / "rpc-guard" / f"{h.hexdigest()[:32]}.so"
-
-
-def _keep(path: Path, data: bytes) -> None:
-    """Written whole by rename (a reader never sees half a shim); a cache that cannot be written is
-    no error: the next process compiles again."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        path.parent.mkdir(mode=0o700, exist_ok=True)
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        return out.read_bytes()
 
 
 def guard_sha256() -> str:
