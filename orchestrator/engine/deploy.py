@@ -38,6 +38,7 @@ from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts import space
+from orchestrator.hosts.layout import check_state_dir
 from orchestrator.hosts.leases import LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
@@ -223,6 +224,8 @@ def deploy(
         restore = Restore(None, {})
         try:
             _run_prefix(ctx, first, dry_run, record)
+            for role in ROLES:  # what prepare would refuse, said before any change and by a dry run
+                check_state_dir(ctx.t(role), ctx.layout(role))
             judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
             assert ctx.recorder.prep is not None  # preflight decided it
             restore = _restore_from_start(ctx, judged, ctx.recorder.prep.key)

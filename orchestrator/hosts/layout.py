@@ -35,9 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import TypeGuard
 
 from orchestrator.errors import HostError, HostStateError, LeaseLost
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts import writable
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
 from orchestrator.hosts.probes import judged_link
@@ -45,7 +47,7 @@ from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import supervise_argv
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, FsResult, Lstat, ReadFile, Readlink, Transport, fs_batch
 
 # The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
 from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
@@ -279,16 +281,10 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
         transport.makedirs(state, 0o755)
     except OSError as exc:  # over SSH a refused mkdir is a HostError saying so (remote/ssh.py); locally an OSError
         refused = (isinstance(exc, HostError) and exc.write_refused) or exc.errno in _REFUSED_ERRNOS
-        if state != layout.root + ".state" or not refused:  # not the computed default (config/inventory.py)
+        if not _default_state(layout, state) or not refused:
             raise
         if strict:
-            raise HostStateError(
-                f"{transport.name}: {state} cannot be made ({exc.strerror or exc}), so "
-                f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
-                hint=f"make a directory the login user can write, outside the root and not on tmpfs (e.g. `sudo "
-                f"install -d -o USER -m 0700 /var/lib/pairctl-{transport.name}`), set hosts.{transport.name}.state_dir "
-                "to it in the inventory, then run the command again",
-            ) from None
+            raise _state_refused(transport.name, layout, state, str(exc.strerror or exc)) from None
         return
     check_root(transport, state)
     if transport.readlink(layout.run) == state:
@@ -313,19 +309,64 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
         )
 
 
+def _default_state(layout: HostLayout, state: str) -> bool:
+    """STATE is the computed default beside the root (config/inventory.py default_state_dir): only
+    that one may be left unmade, run/ staying inside the root; a state_dir the inventory names must
+    be made."""
+    return state == layout.root + ".state"
+
+
+def _state_refused(host: str, layout: HostLayout, state: str, why: str) -> HostStateError:
+    """A deploy's refusal of a state dir that cannot be made, the one message for both the real
+    run's failed mkdir (_link_run) and what SFTP facts predict before any change (check_state_dir)."""
+    return HostStateError(
+        f"{host}: {state} cannot be made ({why}), so "
+        f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
+        hint=f"make a directory the login user can write, outside the root and not on tmpfs (e.g. `sudo "
+        f"install -d -o USER -m 0700 /var/lib/pairctl-{host}`), set hosts.{host}.state_dir "
+        "to it in the inventory, then run the command again",
+    )
+
+
+def check_state_dir(transport: Transport, layout: HostLayout) -> None:
+    """What a deploy's prepare would refuse (_link_run, strict), refused before any change and by a
+    dry run, decided from facts read over SFTP (hosts/writable: no process, no write): run/ not yet
+    the link, the default state dir missing and its nearest existing directory above not writable by
+    the login user or on a read-only mount. Where that cannot be told, nothing is refused here: the
+    real mkdir still is."""
+    state = layout.state
+    if state is None or not _default_state(layout, state):
+        return
+    chain = writable.ancestors(state)
+    got = fs_batch(transport, [Readlink(layout.run), *(Lstat(p) for p in chain)])
+    if got[0] == state or got[1] is not None:
+        return  # linked already, or there (as it is today): nothing to make
+    status, mounts = fs_batch(
+        transport, [ReadFile("/proc/self/status", HOST_FILE_MAX), ReadFile("/proc/self/mounts", HOST_FILE_MAX)]
+    )
+    why = writable.why_not_made(
+        list(zip(chain, got[1:], strict=True)),
+        writable.parse_creds(status) if _whole(status) else None,
+        writable.parse_mounts(mounts) if _whole(mounts) else None,
+    )
+    if why is not None:
+        raise _state_refused(transport.name, layout, state, why)
+
+
+def _whole(r: FsResult) -> TypeGuard[bytes]:
+    """A host file read in full (not refused, not past HOST_FILE_MAX)."""
+    return isinstance(r, bytes) and len(r) <= HOST_FILE_MAX
+
+
 def fs_type(transport: Transport, path: str) -> str | None:
     """The type of the file system PATH is on, from the host's /proc/self/mounts over SFTP (no
     process): the longest mount point that holds PATH. None where it cannot be read."""
     try:
-        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX).decode("utf-8", "replace")
+        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX)
     except OSError:
         return None
-    best: tuple[int, str] | None = None
-    for line in mounts.splitlines():
-        f = line.split()
-        if len(f) >= 3 and (path + "/").startswith(m := f[1].replace("\\040", " ").rstrip("/") + "/"):
-            best = max(best or (0, ""), (len(m), f[2]))
-    return best[1] if best else None
+    m = writable.mount_of(writable.parse_mounts(mounts), path)
+    return m.fstype if m else None
 
 
 def _move_into_run(transport: Transport, layout: HostLayout) -> None:

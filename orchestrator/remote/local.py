@@ -163,7 +163,7 @@ class LocalTransport(Retrying):
             st = os.lstat(path)
         except FileNotFoundError:
             return None
-        return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid)
+        return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid, gid=st.st_gid)
 
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         self.stats.add(commands=1)

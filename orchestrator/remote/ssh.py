@@ -1047,7 +1047,9 @@ def _attrs_of(msg: paramiko.Message) -> paramiko.SFTPAttributes:
 
 
 def _file_stat(a: paramiko.SFTPAttributes) -> FileStat:
-    return FileStat(mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0)
+    return FileStat(
+        mode=a.st_mode or 0, size=a.st_size or 0, mtime=float(a.st_mtime or 0), uid=a.st_uid or 0, gid=a.st_gid
+    )
 
 
 def _send_all(chan: paramiko.Channel, data: bytes) -> None:

@@ -36,6 +36,7 @@ class FileStat:
     size: int
     mtime: float
     uid: int
+    gid: int | None = None  # None where the transport does not say (hosts/writable judges group bits by it)
 
     @property
     def is_dir(self) -> bool:
