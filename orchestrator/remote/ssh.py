@@ -47,6 +47,7 @@ from orchestrator.remote.transport import (
     FsResult,
     HostClock,
     Lstat,
+    MountFlags,
     NotStarted,
     ReadFile,
     Readlink,
@@ -979,7 +980,7 @@ def _send_first(sftp: _SftpRequests, op: FsRead) -> int:
         return send(type(None), S.CMD_READLINK, path)
     if isinstance(op, ReadFile):
         return send(type(None), S.CMD_OPEN, path, S.SFTP_FLAG_READ, SFTPAttributes())
-    if isinstance(op, FreeBytes):  # a server without it answers "unsupported": df then
+    if isinstance(op, (FreeBytes, MountFlags)):  # a server without it answers "unsupported": df, mounts then
         return send(type(None), S.CMD_EXTENDED, "statvfs@openssh.com", path)
     attrs = SFTPAttributes()
     attrs.st_mode = op.mode
@@ -1000,7 +1001,7 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
         except OSError as exc:  # the answer was an error status
             if isinstance(op, Readlink) or (isinstance(op, Lstat) and isinstance(exc, FileNotFoundError)):
                 out[i] = None
-            elif isinstance(op, (HostClock, ReadFile, FreeBytes)):
+            elif isinstance(op, (HostClock, ReadFile, FreeBytes, MountFlags)):
                 out[i] = exc
             else:
                 failed = failed or exc  # raised once every answer is read
@@ -1013,6 +1014,11 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
             # struct statvfs as OpenSSH's PROTOCOL says: bsize, frsize, blocks, bfree, bavail, ...
             _bsize, frsize, _blocks, _bfree, bavail = (msg.get_int64() for _ in range(5))
             out[i] = (bavail * frsize // 1024) * 1024  # df -Pk's Available, in bytes
+        elif isinstance(op, MountFlags):
+            # bsize, frsize, blocks, bfree, bavail, files, ffree, favail, fsid, then flag (the tenth)
+            for _ in range(9):
+                msg.get_int64()
+            out[i] = msg.get_int64()
         else:
             handles[i] = msg.get_binary()
     if failed is not None:

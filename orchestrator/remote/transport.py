@@ -222,7 +222,23 @@ class FreeBytes:
     path: str
 
 
-FsRead = Lstat | ReadFile | Readlink | HostClock | FreeBytes
+@dataclass(frozen=True)
+class MountFlags:
+    """The f_flag of `path`'s filesystem (statvfs, links followed: ST_RDONLY is bit 0x1), from the
+    SFTP server's statvfs (the local transport's os.statvfs): an int, or NotImplementedError where
+    the transport cannot tell without an exec (hosts/writable then reads /proc/self/mounts)."""
+
+    path: str
+
+
+@runtime_checkable
+class StatvfsFlags(Protocol):
+    """A transport that answers MountFlags itself, with no SFTP batch (the local transport)."""
+
+    def mount_flags(self, path: str) -> int: ...
+
+
+FsRead = Lstat | ReadFile | Readlink | HostClock | FreeBytes | MountFlags
 FsResult = FileStat | bytes | str | int | None | OSError | NotImplementedError
 
 
@@ -243,6 +259,13 @@ def one_fs_read(transport: Transport, op: FsRead) -> FsResult:
         return transport.readlink(op.path)
     if isinstance(op, FreeBytes):
         return NotImplementedError("statvfs")
+    if isinstance(op, MountFlags):
+        if not isinstance(transport, StatvfsFlags):
+            return NotImplementedError("statvfs")
+        try:
+            return transport.mount_flags(op.path)
+        except OSError as exc:
+            return exc
     if isinstance(op, ReadFile):
         try:
             return transport.read_bytes(op.path, max_bytes=op.max_bytes)
