@@ -42,12 +42,21 @@ from orchestrator.hashing import sha256_bytes
 from orchestrator.hosts import writable
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
-from orchestrator.hosts.probes import judged_link
+from orchestrator.hosts.probes import HostFacts, judged_link
 from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import supervise_argv
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import HOST_FILE_MAX, FsResult, Lstat, ReadFile, Readlink, Transport, fs_batch
+from orchestrator.remote.transport import (
+    HOST_FILE_MAX,
+    FsResult,
+    Lstat,
+    MountFlags,
+    ReadFile,
+    Readlink,
+    Transport,
+    fs_batch,
+)
 
 # The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
 from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
@@ -328,26 +337,46 @@ def _state_refused(host: str, layout: HostLayout, state: str, why: str) -> HostS
     )
 
 
-def check_state_dir(transport: Transport, layout: HostLayout) -> None:
+def check_state_dir(transport: Transport, layout: HostLayout, facts: HostFacts | None = None) -> None:
     """What a deploy's prepare would refuse (_link_run, strict), refused before any change and by a
     dry run, decided from facts read over SFTP (hosts/writable: no process, no write): run/ not yet
     the link, the default state dir missing and its nearest existing directory above not writable by
-    the login user or on a read-only mount. Where that cannot be told, nothing is refused here: the
-    real mkdir still is."""
+    the login user or on a read-only file system. Where that cannot be told, nothing is refused
+    here: the real mkdir still is. FACTS: read_facts' own readlink of run/ and lstat of the state
+    dir, so the usual host (linked already) costs no further round trip; without them, one batch.
+    A false refusal (an ACL grant the mode bits do not show: hosts/writable) is passed by naming
+    the state dir (hosts.NAME.state_dir): only the computed default is judged here."""
     state = layout.state
     if state is None or not _default_state(layout, state):
         return
-    chain = writable.ancestors(state)
-    got = fs_batch(transport, [Readlink(layout.run), *(Lstat(p) for p in chain)])
-    if got[0] == state or got[1] is not None:
+    if facts is not None and facts.state_there is not None:
+        run_link, there = facts.run_link, facts.state_there
+    else:
+        got = fs_batch(transport, [Readlink(layout.run), Lstat(state)])
+        run_link, there = (got[0] if isinstance(got[0], str) else None), got[1] is not None
+    if run_link == state or there:
         return  # linked already, or there (as it is today): nothing to make
-    status, mounts = fs_batch(
-        transport, [ReadFile("/proc/self/status", HOST_FILE_MAX), ReadFile("/proc/self/mounts", HOST_FILE_MAX)]
+    chain = writable.ancestors(state)[1:]  # each directory above it: where mkdir -p starts
+    got = fs_batch(
+        transport,
+        [
+            *(Lstat(p) for p in chain),
+            *(MountFlags(p) for p in chain),  # the kernel's read-only flag, for whichever is nearest
+            ReadFile("/proc/self/status", HOST_FILE_MAX),
+        ],
     )
+    lstats, flags, status = got[: len(chain)], got[len(chain) : -1], got[-1]
+    judged: list[tuple[str, FsResult]] = [(state, None), *zip(chain, lstats, strict=True)]
+    where = writable.nearest(judged)
+    flag = flags[chain.index(where)] if where is not None else None
+    mounts: FsResult = None
+    if where is not None and not isinstance(flag, int):  # no statvfs@openssh.com there: the mounts table
+        mounts = fs_batch(transport, [ReadFile("/proc/self/mounts", HOST_FILE_MAX)])[0]
     why = writable.why_not_made(
-        list(zip(chain, got[1:], strict=True)),
+        judged,
         writable.parse_creds(status) if _whole(status) else None,
         writable.parse_mounts(mounts) if _whole(mounts) else None,
+        flag,
     )
     if why is not None:
         raise _state_refused(transport.name, layout, state, why)
@@ -361,11 +390,10 @@ def _whole(r: FsResult) -> TypeGuard[bytes]:
 def fs_type(transport: Transport, path: str) -> str | None:
     """The type of the file system PATH is on, from the host's /proc/self/mounts over SFTP (no
     process): the longest mount point that holds PATH. None where it cannot be read."""
-    try:
-        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX)
-    except OSError:
+    try:  # mid-prepare: a mounts file that cannot be read or parsed reads as unknown, never an internal error
+        m = writable.mount_of(writable.parse_mounts(transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX)), path)
+    except (OSError, ValueError):
         return None
-    m = writable.mount_of(writable.parse_mounts(mounts), path)
     return m.fstype if m else None
 
 

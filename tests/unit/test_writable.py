@@ -143,14 +143,25 @@ def test_the_nearest_existing_directory_decides_and_an_existing_one_is_never_ref
     assert ancestors("/srv/h/root.state/") == ["/srv/h/root.state", "/srv/h", "/srv", "/"]
 
 
-def _host_says(monkeypatch: pytest.MonkeyPatch, t: LocalTransport, status: bytes, mounts: bytes) -> None:
-    """The host's /proc/self files as T reads them (the test runs as root: the host's user need not)."""
+def _host_says(
+    monkeypatch: pytest.MonkeyPatch, t: LocalTransport, status: bytes, mounts: bytes, flags: int | None = None
+) -> None:
+    """The host's /proc/self files as T reads them (the test runs as root: the host's user need not),
+    and its statvfs f_flag: FLAGS, or (None) an SFTP server without statvfs@openssh.com, which
+    answers "unsupported" (the mounts then decide)."""
     real = t.read_bytes
 
     def read(path: str, max_bytes: int | None = None) -> bytes:
         return {"/proc/self/status": status, "/proc/self/mounts": mounts}.get(path) or real(path, max_bytes)
 
+    def mount_flags(path: str) -> int:
+        if flags is None:
+            raise OSError(errno.EOPNOTSUPP, "Operation unsupported")
+        os.stat(path)  # a missing path: its error, as the server answers
+        return flags
+
     monkeypatch.setattr(t, "read_bytes", read)
+    monkeypatch.setattr(t, "mount_flags", mount_flags)
 
 
 def _host(tmp_path: Path) -> tuple[LocalTransport, LY.HostLayout]:
@@ -235,3 +246,109 @@ def test_a_state_dir_that_exists_or_is_linked_or_named_is_not_judged(
     os.remove(Path(layout.root) / "run")
     LY.check_state_dir(t, LY.HostLayout(layout.root, state=str(tmp_path / "elsewhere")))  # named: its mkdir says
     LY.check_state_dir(t, LY.HostLayout(layout.root))  # no state dir at all
+
+
+# -- the reviewer's cases: each a false refusal, or an internal error, before the fix -------------------
+
+
+def test_a_mount_point_holding_a_byte_that_str_splits_at_is_read_whole() -> None:
+    """'ą' is UTF-8 c4 85, and 0x85 is a line break to str.splitlines on latin-1 text (0xa0, 0x0b
+    are whitespace to str.split): the point was cut and the path judged by its parent's mount."""
+    mounts = parse_mounts(b"/dev/vda / ext4 ro 0 0\n/dev/vdb /srv/\xc4\x85\xc2\xa0x\x0by tmpfs rw 0 0\n")
+    assert [m.point for m in mounts] == ["/", "/srv/\u0105\u00a0x\x0by"]
+    on = _on(mounts, "/srv/\u0105\u00a0x\x0by/root.state")
+    assert on.fstype == "tmpfs" and not on.read_only
+
+
+def test_fs_type_reads_a_point_holding_0x85(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = LocalTransport("h")
+    _host_says(monkeypatch, t, STATUS, "/dev/vda / ext4 rw 0 0\ntmpfs /srv/\u0105 tmpfs rw 0 0\n".encode())
+    assert LY.fs_type(t, "/srv/\u0105/root.state") == "tmpfs"  # the tmpfs warning's fact
+
+
+def test_a_later_mount_over_a_path_hides_the_mounts_beneath_it() -> None:
+    """`/srv` mounted after `/srv/data` hides it: the path is on /srv's mount, not the longest point."""
+    mounts = parse_mounts(b"/dev/a / ext4 rw 0 0\n/dev/b /srv/data ext4 ro 0 0\n/dev/c /srv ext4 rw 0 0\n")
+    assert _on(mounts, "/srv/data/root.state").point == "/srv" and not _on(mounts, "/srv/data/x").read_only
+    again = parse_mounts(b"/dev/a / ext4 rw 0 0\n/dev/c /srv ext4 rw 0 0\n/dev/b /srv/data ext4 ro 0 0\n")
+    assert _on(again, "/srv/data/x").read_only  # mounted after /srv: seen
+    assert not _on(again, "/srv/database").read_only  # /srv/data does not hold /srv/database
+    assert why_not_made(_chain(_dir(0o755, uid=1000)), USER, RO) == READ_ONLY
+    over = parse_mounts(b"/dev/a / ext4 rw 0 0\n/dev/b /srv/h ext4 ro 0 0\n/dev/c /srv ext4 rw 0 0\n")
+    assert why_not_made(_chain(_dir(0o755, uid=1000)), USER, over) is None
+
+
+def test_an_escape_past_one_byte_is_no_escape_and_no_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """\\400-\\777 is no byte: it stays as written (it raised UnicodeEncodeError, mid-prepare from fs_type)."""
+    mounts = parse_mounts(b"/dev/a / ext4 rw 0 0\n/dev/b /mnt/x\\777y\\101 xfs rw 0 0\n")
+    assert mounts[1].point == "/mnt/x\\777yA"
+    t = LocalTransport("h")
+    _host_says(monkeypatch, t, STATUS, b"/dev/b /mnt/\\400 xfs rw 0 0\n/dev/a / ext4 rw 0 0\n")
+    assert LY.fs_type(t, "/mnt/x") == "ext4"
+
+
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_link_or_a_file_at_or_above_the_nearest_directory_is_not_judged(at: int) -> None:
+    """lstat of what lies below a link follows it: a chain with a link at /srv/h (the nearest) or
+    /srv above it says nothing of where mkdir lands (no refusal); so for a file."""
+    link = FileStat(stat.S_IFLNK | 0o777, 8, 0.0, 0, 0)
+    plain = FileStat(stat.S_IFREG | 0o644, 8, 0.0, 0, 0)
+    for odd in (link, plain):
+        rest: list[FsResult] = [_dir(0o555), _dir(0o555), _dir(0o555)]
+        rest[at - 1] = odd
+        assert why_not_made(_chain(*rest), USER, RO) is None
+    missing_under_a_link = _chain(None, link, _dir(0o755))  # /srv/h missing, /srv a link
+    assert why_not_made(missing_under_a_link, USER, RO) is None
+
+
+def test_cap_dac_override_passes_the_mode_bits_not_a_read_only_mount() -> None:
+    cap = STATUS + b"CapEff:\t0000000000000002\n"
+    assert parse_creds(cap) == Creds(1000, frozenset({4, 27, 1000, 1001}), dac_override=True)
+    assert parse_creds(STATUS + b"CapEff:\t000001ffffffffff\n") == parse_creds(cap)
+    assert parse_creds(STATUS + b"CapEff:\t0000000000000001\n") == parse_creds(STATUS)  # CAP_CHOWN only
+    assert parse_creds(STATUS + b"CapEff:\tzz\n") is None
+    dac = Creds(1000, frozenset({1000}), dac_override=True)
+    assert why_not_made(_chain(_dir(0o555)), dac, RW) is None
+    assert why_not_made(_chain(_dir(0o755)), dac, RO) == READ_ONLY
+
+
+def test_the_kernels_statvfs_flag_decides_read_only_before_the_mounts_table() -> None:
+    assert why_not_made(_chain(_dir(0o755, uid=1000)), USER, RW, flags=1) == READ_ONLY
+    assert why_not_made(_chain(_dir(0o755, uid=1000)), USER, RO, flags=0x1000) is None  # ST_RELATIME only
+    unsupported = OSError(errno.EOPNOTSUPP, "Operation unsupported")
+    assert why_not_made(_chain(_dir(0o755, uid=1000)), USER, RO, flags=unsupported) == READ_ONLY
+
+
+def test_statvfs_of_the_nearest_directory_refuses_without_reading_the_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    t, layout = _host(tmp_path)
+    _host_says(monkeypatch, t, AS_ROOT, b"", flags=1)  # no mounts table to read: the kernel said
+    with pytest.raises(HostStateError, match=r"cannot be made \(Read-only file system\)"):
+        LY.check_state_dir(t, layout)
+    _host_says(monkeypatch, t, AS_ROOT, b"/dev/vda / ext4 ro 0 0\n", flags=0)
+    LY.check_state_dir(t, layout)  # the kernel's rw wins over a table that says ro
+
+
+def test_the_facts_batch_carries_run_and_the_state_dir_so_the_usual_host_pays_no_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read_facts reads run/'s link and the state dir in its own batch; check_state_dir given those
+    facts reads nothing more where the state dir is there or run/ is its link."""
+    from orchestrator.hosts.probes import read_facts
+
+    t, layout = _host(tmp_path)
+    assert layout.state is not None
+    _host_says(monkeypatch, t, STATUS, b"/dev/vda / ext4 ro 0 0\n")
+    facts = read_facts(t, layout, ())
+    assert (facts.run_link, facts.state_there) == (None, False)
+    os.mkdir(layout.state)
+    facts = read_facts(t, layout, ())
+    assert facts.state_there and facts.to_dict() == read_facts(t, LY.HostLayout(layout.root), ()).to_dict()
+    before = t.stats.commands
+    LY.check_state_dir(t, layout, facts)
+    assert t.stats.commands == before  # no read: the facts said
+    os.rmdir(layout.state)
+    with pytest.raises(HostStateError):  # missing again: the facts say so, and its parent is root's 0755
+        LY.check_state_dir(t, layout, read_facts(t, layout, ()))
+    assert read_facts(t, LY.HostLayout(layout.root), ()).state_there is None
