@@ -27,13 +27,12 @@ Handler = Callable[["RunEnv", Any, Step], dict[str, Any] | None]
 class StepFailed(Exception):
     """A planned step failed; carries the step and the per-host errors."""
 
-    def __init__(self, step: Step, errors: dict[str, BaseException]):
+    def __init__(self, step: Step, errors: dict[str, BaseException], cause: BaseException | None = None):
         self.step = step
         self.errors = errors
-        first = next(iter(errors.values()))
-        self.cause = first
+        self.cause = cause or next(iter(errors.values()))  # CAUSE: one error that says every host's
         where = ", ".join(errors)
-        super().__init__(f"step {step.name} failed on {where}: {first}")
+        super().__init__(f"step {step.name} failed on {where}: {self.cause}")
 
     @property
     def message(self) -> str:
