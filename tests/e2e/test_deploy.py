@@ -598,8 +598,10 @@ def test_a_dry_run_refuses_where_the_state_dir_cannot_be_made(deployed_lab, cli)
         _unmount(mounts)
     said = _refusal(dry.stderr)
     native = f"{deployed_lab.native}: {roots[0]}.state cannot be made (Read-only file system)"
-    assert dry.exit_code == 6 and len(said) == 2 and native in said[0], dry.output
+    rpc = f"; {deployed_lab.rpc}: {roots[1]}.state cannot be made (Read-only file system)"
+    assert dry.exit_code == 6 and len(said) == 2 and native in said[0] and rpc in said[0], dry.output  # both hosts
     assert f"hosts.{deployed_lab.native}.state_dir" in said[1] and "install -d -o USER -m 0700" in said[1]
+    assert f"hosts.{deployed_lab.rpc}.state_dir" in said[1]
     assert dep.exit_code == 6 and _refusal(dep.stderr) == said, dep.output  # the real deploy's own words
     st = lab_status(cli)  # the real deploy refused before any change: no lease held, the pair as it was
     assert is_active(st, a) and all(v["leases"] == [] for v in st["hosts"].values()), st
