@@ -224,8 +224,7 @@ def deploy(
         restore = Restore(None, {})
         try:
             _run_prefix(ctx, first, dry_run, record)
-            judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
-            _refuse_unmade_state(ctx, judged, next(s for s in first if s.action == "prepare"))
+            judged = _judge_before_prepare(ctx, next(s for s in first if s.action == "prepare"))
             assert ctx.recorder.prep is not None  # preflight decided it
             restore = _restore_from_start(ctx, judged, ctx.recorder.prep.key)
             prep, steps = _deploy_plan(ctx, deploy_pb, restore)
@@ -456,12 +455,14 @@ def _problem_rows(j: route_trust.Judgement) -> list[dict[str, str | None]]:
     return [{"kind": p.kind, "text": p.text, "hint": p.hint} for p in j.problems]
 
 
-def _refuse_unmade_state(ctx: RunEnv, judged: route_trust.Judgement, prepare: Step) -> None:
-    """What PREPARE would refuse on either host, a default state dir that cannot be made
-    (layout.check_state_dir), refused before any change and by a dry run; after the route's
-    judgement, whose refusal says more. Both hosts judged, as a step's fan-out collects them: one
-    error naming each refused host (a single host's in the very words its mkdir refusal gives),
-    recorded as prepare's failure, its problems beside route_trust's (host_state_problems)."""
+def _judge_before_prepare(ctx: RunEnv, prepare: Step) -> route_trust.Judgement:
+    """The route's judgement (_judge_hosts) first, its refusal (a security signal) saying more; then
+    what PREPARE would refuse on either host, a default state dir on a read-only file system
+    (layout.check_state_dir), refused by a dry run and by the real run before prepare. Both hosts
+    judged, as a step's fan-out collects them: one error naming each refused host (a single host's
+    in the very words its mkdir refusal gives), recorded as prepare's failure, its problems beside
+    route_trust's (host_state_problems)."""
+    judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
     refused: dict[str, HostStateError] = {}
     for role in ROLES:
         try:
@@ -469,7 +470,7 @@ def _refuse_unmade_state(ctx: RunEnv, judged: route_trust.Judgement, prepare: St
         except HostStateError as exc:
             refused[ctx.host(role)] = exc
     if not refused:
-        return
+        return judged
     errs = list(refused.values())
     rows = [{"kind": "state-dir", "text": e.message, "hint": e.hint} for e in errs]
     ctx.journal.set("host_state_problems", _problem_rows(judged) + rows)

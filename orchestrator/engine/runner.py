@@ -25,12 +25,13 @@ Handler = Callable[["RunEnv", Any, Step], dict[str, Any] | None]
 
 
 class StepFailed(Exception):
-    """A planned step failed; carries the step and the per-host errors."""
+    """A planned step failed; carries the step and the per-host errors (CAUSE: one error that says
+    every host's, else the first)."""
 
     def __init__(self, step: Step, errors: dict[str, BaseException], cause: BaseException | None = None):
         self.step = step
         self.errors = errors
-        self.cause = cause or next(iter(errors.values()))  # CAUSE: one error that says every host's
+        self.cause = cause if cause is not None else next(iter(errors.values()))
         where = ", ".join(errors)
         super().__init__(f"step {step.name} failed on {where}: {self.cause}")
 

@@ -35,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TypeGuard
 
 from orchestrator.errors import HostError, HostStateError, LeaseLost
 from orchestrator.hashing import sha256_bytes
@@ -47,16 +46,7 @@ from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import supervise_argv
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import (
-    HOST_FILE_MAX,
-    FsResult,
-    Lstat,
-    MountFlags,
-    ReadFile,
-    Readlink,
-    Transport,
-    fs_batch,
-)
+from orchestrator.remote.transport import HOST_FILE_MAX, Lstat, MountFlags, Readlink, Transport, fs_batch
 
 # The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
 from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
@@ -327,7 +317,7 @@ def _default_state(layout: HostLayout, state: str) -> bool:
 
 def _state_refused(host: str, layout: HostLayout, state: str, why: str) -> HostStateError:
     """A deploy's refusal of a state dir that cannot be made, the one message for both the real
-    run's failed mkdir (_link_run) and what SFTP facts predict before any change (check_state_dir)."""
+    run's failed mkdir (_link_run) and what SFTP facts predict before prepare (check_state_dir)."""
     return HostStateError(
         f"{host}: {state} cannot be made ({why}), so "
         f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
@@ -338,62 +328,37 @@ def _state_refused(host: str, layout: HostLayout, state: str, why: str) -> HostS
 
 
 def check_state_dir(transport: Transport, layout: HostLayout, facts: HostFacts | None = None) -> None:
-    """What a deploy's prepare would refuse (_link_run, strict), refused before any change and by a
-    dry run, decided from facts read over SFTP (hosts/writable: no process, no write): run/ not yet
-    the link, the default state dir missing and its nearest existing directory above not writable by
-    the login user or on a read-only file system. Where that cannot be told, nothing is refused
-    here: the real mkdir still is. FACTS: read_facts' own readlink of run/ and lstat of the state
-    dir, so the usual host (linked already) costs no further round trip; without them, one batch.
-    A false refusal (an ACL grant the mode bits do not show: hosts/writable) is passed by naming
-    the state dir (hosts.NAME.state_dir): only the computed default is judged here."""
+    """What a deploy's prepare would refuse (_link_run, strict) as a read-only file system, refused
+    by a dry run and by the real deploy before prepare (a dry run changes nothing; the real one has
+    taken its leases, and on a fresh or older-layout host the lease step's install_helper, not
+    strict, may already have made root/run/ and moved that layout into it): run/ not yet the link,
+    the default state dir missing, and statvfs of the nearest existing directory above it saying
+    read-only (hosts/writable, which says what is not predicted and why). FACTS: read_facts' own
+    readlink of run/ and lstat of the state dir, so the usual host (linked, or the state dir there)
+    costs no round trip; else one batch. Only the computed default is judged: a named state_dir's
+    mkdir must work, and says why where it does not."""
     state = layout.state
     if state is None or not _default_state(layout, state):
         return
-    if facts is not None and facts.state_there is not None:
-        run_link, there = facts.run_link, facts.state_there
-    else:
-        got = fs_batch(transport, [Readlink(layout.run), Lstat(state)])
-        run_link, there = (got[0] if isinstance(got[0], str) else None), got[1] is not None
-    if run_link == state or there:
+    if facts is not None and (facts.run_link == state or facts.state_there):
         return  # linked already, or there (as it is today): nothing to make
-    chain = writable.ancestors(state)[1:]  # each directory above it: where mkdir -p starts
+    chain = writable.ancestors(state)
     got = fs_batch(
         transport,
-        [
-            *(Lstat(p) for p in chain),
-            *(MountFlags(p) for p in chain),  # the kernel's read-only flag, for whichever is nearest
-            ReadFile("/proc/self/status", HOST_FILE_MAX),
-        ],
+        [Readlink(layout.run), *(Lstat(p, soft=True) for p in chain), *(MountFlags(p) for p in chain[1:])],
     )
-    lstats, flags, status = got[: len(chain)], got[len(chain) : -1], got[-1]
-    judged: list[tuple[str, FsResult]] = [(state, None), *zip(chain, lstats, strict=True)]
-    where = writable.nearest(judged)
-    flag = flags[chain.index(where)] if where is not None else None
-    mounts: FsResult = None
-    if where is not None and not isinstance(flag, int):  # no statvfs@openssh.com there: the mounts table
-        mounts = fs_batch(transport, [ReadFile("/proc/self/mounts", HOST_FILE_MAX)])[0]
-    why = writable.why_not_made(
-        judged,
-        writable.parse_creds(status) if _whole(status) else None,
-        writable.parse_mounts(mounts) if _whole(mounts) else None,
-        flag,
-    )
-    if why is not None:
+    if got[0] != state and (why := writable.why_not_made(got[1 : len(chain) + 1], got[len(chain) + 1 :])):
         raise _state_refused(transport.name, layout, state, why)
-
-
-def _whole(r: FsResult) -> TypeGuard[bytes]:
-    """A host file read in full (not refused, not past HOST_FILE_MAX)."""
-    return isinstance(r, bytes) and len(r) <= HOST_FILE_MAX
 
 
 def fs_type(transport: Transport, path: str) -> str | None:
     """The type of the file system PATH is on, from the host's /proc/self/mounts over SFTP (no
     process): the longest mount point that holds PATH. None where it cannot be read."""
-    try:  # mid-prepare: a mounts file that cannot be read or parsed reads as unknown, never an internal error
-        m = writable.mount_of(writable.parse_mounts(transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX)), path)
-    except (OSError, ValueError):
+    try:
+        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX)
+    except OSError:
         return None
+    m = writable.mount_of(writable.parse_mounts(mounts), path)
     return m.fstype if m else None
 
 

@@ -117,7 +117,7 @@ class HostFacts:
     running: Mapping[str, int] = field(default_factory=dict)
     route_bytes: bytes | None = None
     # run/'s link target and whether the state dir is there, read in the same batch for the deploy's
-    # check of a state dir that cannot be made (layout.check_state_dir); None where not read
+    # check of a state dir that cannot be made (layout.check_state_dir); None where not read or not known
     run_link: str | None = None
     state_there: bool | None = None
 
@@ -244,7 +244,7 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         Readlink(f"{layout.root}/previous"),
         ReadFile(f"{layout.root}/route.json", HOST_FILE_MAX),
         Readlink(layout.run),
-        Lstat(layout.state or layout.run),
+        Lstat(layout.state or layout.run, soft=True),  # an error (under an unsearchable dir): not known
         *(ReadFile(f, HOST_FILE_MAX) for f in pidfiles),
         *(rt.lstats(services) if rt else ()),
     ]
@@ -287,8 +287,8 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         procs=procs,
         root=layout.root,
     )
-    run_link = first[9] if isinstance(first[9], str) else None
-    return replace(facts, run_link=run_link, state_there=first[10] is not None if layout.state else None)
+    there = None if layout.state is None or isinstance(first[10], OSError) else first[10] is not None
+    return replace(facts, run_link=first[9] if isinstance(first[9], str) else None, state_there=there)
 
 
 def judged_link(host: str, path: str, target: str | None, root: str) -> str | None:

@@ -163,7 +163,7 @@ class LocalTransport(Retrying):
             st = os.lstat(path)
         except FileNotFoundError:
             return None
-        return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid, gid=st.st_gid)
+        return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid)
 
     def mount_flags(self, path: str) -> int:
         """statvfs(PATH)'s f_flag (transport.MountFlags)."""

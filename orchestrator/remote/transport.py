@@ -36,7 +36,6 @@ class FileStat:
     size: int
     mtime: float
     uid: int
-    gid: int | None = None  # None where the transport does not say (hosts/writable judges group bits by it)
 
     @property
     def is_dir(self) -> bool:
@@ -183,9 +182,11 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class Lstat:
-    """lstat(2) of `path`: a FileStat, or None when it does not exist."""
+    """lstat(2) of `path`: a FileStat, or None when it does not exist; any other error raised,
+    or (`soft`) given as the result."""
 
     path: str
+    soft: bool = False
 
 
 @dataclass(frozen=True)
@@ -225,8 +226,8 @@ class FreeBytes:
 @dataclass(frozen=True)
 class MountFlags:
     """The f_flag of `path`'s filesystem (statvfs, links followed: ST_RDONLY is bit 0x1), from the
-    SFTP server's statvfs (the local transport's os.statvfs): an int, or NotImplementedError where
-    the transport cannot tell without an exec (hosts/writable then reads /proc/self/mounts)."""
+    SFTP server's statvfs (the local transport's os.statvfs): an int, the host's error, or
+    NotImplementedError where the transport cannot tell without an exec (hosts/writable: no prediction)."""
 
     path: str
 
@@ -254,7 +255,12 @@ def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
 def one_fs_read(transport: Transport, op: FsRead) -> FsResult:
     """OP with the transport's own one-request methods (what `fs_batch` does one by one)."""
     if isinstance(op, Lstat):
-        return transport.stat(op.path)
+        try:
+            return transport.stat(op.path)
+        except OSError as exc:
+            if not op.soft or isinstance(exc, ConnectionLost):
+                raise
+            return exc
     if isinstance(op, Readlink):
         return transport.readlink(op.path)
     if isinstance(op, FreeBytes):
