@@ -38,6 +38,7 @@ from orchestrator.evidence.journal import Journal
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hashing import sha256_file, sha256_json
 from orchestrator.hosts import space
+from orchestrator.hosts.layout import check_state_dir
 from orchestrator.hosts.leases import LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.prune import prune_after_deploy
@@ -223,7 +224,7 @@ def deploy(
         restore = Restore(None, {})
         try:
             _run_prefix(ctx, first, dry_run, record)
-            judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
+            judged = _judge_before_prepare(ctx, next(s for s in first if s.action == "prepare"))
             assert ctx.recorder.prep is not None  # preflight decided it
             restore = _restore_from_start(ctx, judged, ctx.recorder.prep.key)
             prep, steps = _deploy_plan(ctx, deploy_pb, restore)
@@ -445,9 +446,37 @@ def _judge_hosts(ctx: RunEnv, command: str, allowed: frozenset[str]) -> route_tr
             ctx.log.warning(warning)
     j = route_trust.judge(ctx.view, ctx.hosts.facts, ctx.inputs.route_key, ctx.evidence, run_id=ctx.run_id)
     if j.problems:
-        ctx.journal.set("host_state_problems", [{"kind": p.kind, "text": p.text, "hint": p.hint} for p in j.problems])
+        ctx.journal.set("host_state_problems", _problem_rows(j))
     j.refuse(command, allowed)
     return j
+
+
+def _problem_rows(j: route_trust.Judgement) -> list[dict[str, str | None]]:
+    return [{"kind": p.kind, "text": p.text, "hint": p.hint} for p in j.problems]
+
+
+def _judge_before_prepare(ctx: RunEnv, prepare: Step) -> route_trust.Judgement:
+    """The route's judgement (_judge_hosts) first, its refusal (a security signal) saying more; then
+    what PREPARE would refuse on either host, a default state dir on a read-only file system
+    (layout.check_state_dir), refused by a dry run and by the real run before prepare. Both hosts
+    judged, as a step's fan-out collects them: one error naming each refused host (a single host's
+    in the very words its mkdir refusal gives), recorded as prepare's failure, its problems beside
+    route_trust's (host_state_problems)."""
+    judged = _judge_hosts(ctx, "deploy", route_trust.DEPLOY_ALLOWS)
+    refused: dict[str, HostStateError] = {}
+    for role in ROLES:
+        try:
+            check_state_dir(ctx.t(role), ctx.layout(role), ctx.hosts.facts.get(role))
+        except HostStateError as exc:
+            refused[ctx.host(role)] = exc
+    if not refused:
+        return judged
+    errs = list(refused.values())
+    rows = [{"kind": "state-dir", "text": e.message, "hint": e.hint} for e in errs]
+    ctx.journal.set("host_state_problems", _problem_rows(judged) + rows)
+    one = errs[0] if len(errs) == 1 else None
+    hint = "; ".join(dict.fromkeys(e.hint for e in errs if e.hint))
+    raise StepFailed(prepare, dict(refused), one or HostStateError("; ".join(e.message for e in errs), hint=hint))
 
 
 def _restore_from_start(ctx: RunEnv, judged: route_trust.Judgement, key: ApiKey | None) -> Restore:

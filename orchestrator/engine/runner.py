@@ -25,15 +25,15 @@ Handler = Callable[["RunEnv", Any, Step], dict[str, Any] | None]
 
 
 class StepFailed(Exception):
-    """A planned step failed; carries the step and the per-host errors."""
+    """A planned step failed; carries the step and the per-host errors (CAUSE: one error that says
+    every host's, else the first)."""
 
-    def __init__(self, step: Step, errors: dict[str, BaseException]):
+    def __init__(self, step: Step, errors: dict[str, BaseException], cause: BaseException | None = None):
         self.step = step
         self.errors = errors
-        first = next(iter(errors.values()))
-        self.cause = first
+        self.cause = cause if cause is not None else next(iter(errors.values()))
         where = ", ".join(errors)
-        super().__init__(f"step {step.name} failed on {where}: {first}")
+        super().__init__(f"step {step.name} failed on {where}: {self.cause}")
 
     @property
     def message(self) -> str:

@@ -38,14 +38,15 @@ from pathlib import Path
 
 from orchestrator.errors import HostError, HostStateError, LeaseLost
 from orchestrator.hashing import sha256_bytes
+from orchestrator.hosts import writable
 from orchestrator.hosts.managers.base import ServiceManager
 from orchestrator.hosts.managers.pairctl import PAIRCTL
-from orchestrator.hosts.probes import judged_link
+from orchestrator.hosts.probes import HostFacts, judged_link
 from orchestrator.hosts.root_trust import check_root, put_new
 from orchestrator.hosts.units import supervise_argv
 from orchestrator.log import get_logger
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.transport import HOST_FILE_MAX, Transport
+from orchestrator.remote.transport import HOST_FILE_MAX, Lstat, MountFlags, Readlink, Transport, fs_batch
 
 # The services a layout runs; spelled in orchestrator.roles and named here for the modules that manage them.
 from orchestrator.roles import LLAMA_SERVER as LLAMA_SERVER
@@ -279,16 +280,10 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
         transport.makedirs(state, 0o755)
     except OSError as exc:  # over SSH a refused mkdir is a HostError saying so (remote/ssh.py); locally an OSError
         refused = (isinstance(exc, HostError) and exc.write_refused) or exc.errno in _REFUSED_ERRNOS
-        if state != layout.root + ".state" or not refused:  # not the computed default (config/inventory.py)
+        if not _default_state(layout, state) or not refused:
             raise
         if strict:
-            raise HostStateError(
-                f"{transport.name}: {state} cannot be made ({exc.strerror or exc}), so "
-                f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
-                hint=f"make a directory the login user can write, outside the root and not on tmpfs (e.g. `sudo "
-                f"install -d -o USER -m 0700 /var/lib/pairctl-{transport.name}`), set hosts.{transport.name}.state_dir "
-                "to it in the inventory, then run the command again",
-            ) from None
+            raise _state_refused(transport.name, layout, state, str(exc.strerror or exc)) from None
         return
     check_root(transport, state)
     if transport.readlink(layout.run) == state:
@@ -313,19 +308,58 @@ def _link_run(transport: Transport, layout: HostLayout, state: str, strict: bool
         )
 
 
+def _default_state(layout: HostLayout, state: str) -> bool:
+    """STATE is the computed default beside the root (config/inventory.py default_state_dir): only
+    that one may be left unmade, run/ staying inside the root; a state_dir the inventory names must
+    be made."""
+    return state == layout.root + ".state"
+
+
+def _state_refused(host: str, layout: HostLayout, state: str, why: str) -> HostStateError:
+    """A deploy's refusal of a state dir that cannot be made, the one message for both the real
+    run's failed mkdir (_link_run) and what SFTP facts predict before prepare (check_state_dir)."""
+    return HostStateError(
+        f"{host}: {state} cannot be made ({why}), so "
+        f"{layout.run} would stay inside the root, where a root that turns read-only stops the pair",
+        hint=f"make a directory the login user can write, outside the root and not on tmpfs (e.g. `sudo "
+        f"install -d -o USER -m 0700 /var/lib/pairctl-{host}`), set hosts.{host}.state_dir "
+        "to it in the inventory, then run the command again",
+    )
+
+
+def check_state_dir(transport: Transport, layout: HostLayout, facts: HostFacts | None = None) -> None:
+    """What a deploy's prepare would refuse (_link_run, strict) as a read-only file system, refused
+    by a dry run and by the real deploy before prepare (a dry run changes nothing; the real one has
+    taken its leases, and on a fresh or older-layout host the lease step's install_helper, not
+    strict, may already have made root/run/ and moved that layout into it): run/ not yet the link,
+    the default state dir missing, and statvfs of the nearest existing directory above it saying
+    read-only (hosts/writable, which says what is not predicted and why). FACTS: read_facts' own
+    readlink of run/ and lstat of the state dir, so the usual host (linked, or the state dir there)
+    costs no round trip; else one batch. Only the computed default is judged: a named state_dir's
+    mkdir must work, and says why where it does not."""
+    state = layout.state
+    if state is None or not _default_state(layout, state):
+        return
+    if facts is not None and (facts.run_link == state or facts.state_there):
+        return  # linked already, or there (as it is today): nothing to make
+    chain = writable.ancestors(state)
+    got = fs_batch(
+        transport,
+        [Readlink(layout.run), *(Lstat(p, soft=True) for p in chain), *(MountFlags(p) for p in chain[1:])],
+    )
+    if got[0] != state and (why := writable.why_not_made(got[1 : len(chain) + 1], got[len(chain) + 1 :])):
+        raise _state_refused(transport.name, layout, state, why)
+
+
 def fs_type(transport: Transport, path: str) -> str | None:
     """The type of the file system PATH is on, from the host's /proc/self/mounts over SFTP (no
     process): the longest mount point that holds PATH. None where it cannot be read."""
     try:
-        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX).decode("utf-8", "replace")
+        mounts = transport.read_bytes("/proc/self/mounts", HOST_FILE_MAX)
     except OSError:
         return None
-    best: tuple[int, str] | None = None
-    for line in mounts.splitlines():
-        f = line.split()
-        if len(f) >= 3 and (path + "/").startswith(m := f[1].replace("\\040", " ").rstrip("/") + "/"):
-            best = max(best or (0, ""), (len(m), f[2]))
-    return best[1] if best else None
+    m = writable.mount_of(writable.parse_mounts(mounts), path)
+    return m.fstype if m else None
 
 
 def _move_into_run(transport: Transport, layout: HostLayout) -> None:

@@ -15,7 +15,7 @@ import ipaddress
 import posixpath
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.errors import HostStateError
@@ -116,6 +116,10 @@ class HostFacts:
     svc_sha256: str | None = None
     running: Mapping[str, int] = field(default_factory=dict)
     route_bytes: bytes | None = None
+    # run/'s link target and whether the state dir is there, read in the same batch for the deploy's
+    # check of a state dir that cannot be made (layout.check_state_dir); None where not read or not known
+    run_link: str | None = None
+    state_there: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -262,13 +266,15 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         Readlink(f"{layout.root}/current"),
         Readlink(f"{layout.root}/previous"),
         ReadFile(f"{layout.root}/route.json", HOST_FILE_MAX),
+        Readlink(layout.run),
+        Lstat(layout.state or layout.run, soft=True),  # an error (under an unsearchable dir): not known
         *(ReadFile(f, HOST_FILE_MAX) for f in pidfiles),
         *(rt.lstats(services) if rt else ()),
     ]
     first = fs_batch(transport, ops)
     n = len(services)
-    pid_reads = dict(zip(services, first[9 : 9 + n], strict=True))
-    in_rt = sorted(rt.holding(services, first[9 + n :])) if rt else []
+    pid_reads = dict(zip(services, first[11 : 11 + n], strict=True))
+    in_rt = sorted(rt.holding(services, first[11 + n :])) if rt else []
     if rt and in_rt:  # read only once the dir is judged ours (a stranger's could hold a FIFO there)
         reads = fs_batch(transport, [ReadFile(f"{rt.path}/{s}.pid", HOST_FILE_MAX) for s in in_rt])
         pid_reads |= zip(in_rt, reads, strict=True)
@@ -294,7 +300,7 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
     }
     for i, target in zip((2, 3), links.values(), strict=True):
         judged_link(transport.name, paths[i], target, layout.root)  # a bad one: HostStateError
-    return facts_from(
+    facts = facts_from(
         root_exists=root_exists,
         current_link=links[layout.current],
         previous_link=links[layout.previous],
@@ -304,6 +310,8 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         procs=procs,
         root=layout.root,
     )
+    there = None if layout.state is None or isinstance(first[10], OSError) else first[10] is not None
+    return replace(facts, run_link=first[9] if isinstance(first[9], str) else None, state_there=there)
 
 
 def judged_link(host: str, path: str, target: str | None, root: str) -> str | None:

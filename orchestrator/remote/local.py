@@ -165,6 +165,11 @@ class LocalTransport(Retrying):
             return None
         return FileStat(mode=st.st_mode, size=st.st_size, mtime=st.st_mtime, uid=st.st_uid)
 
+    def mount_flags(self, path: str) -> int:
+        """statvfs(PATH)'s f_flag (transport.MountFlags)."""
+        self.stats.add(commands=1)
+        return os.statvfs(path).f_flag
+
     def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
         self.stats.add(commands=1)
         with open(path, "rb") as f:

@@ -47,6 +47,7 @@ from orchestrator.remote.transport import (
     FsResult,
     HostClock,
     Lstat,
+    MountFlags,
     NotStarted,
     ReadFile,
     Readlink,
@@ -979,7 +980,7 @@ def _send_first(sftp: _SftpRequests, op: FsRead) -> int:
         return send(type(None), S.CMD_READLINK, path)
     if isinstance(op, ReadFile):
         return send(type(None), S.CMD_OPEN, path, S.SFTP_FLAG_READ, SFTPAttributes())
-    if isinstance(op, FreeBytes):  # a server without it answers "unsupported": df then
+    if isinstance(op, (FreeBytes, MountFlags)):  # a server without it answers "unsupported": df, or no prediction
         return send(type(None), S.CMD_EXTENDED, "statvfs@openssh.com", path)
     attrs = SFTPAttributes()
     attrs.st_mode = op.mode
@@ -996,11 +997,11 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
     failed: BaseException | None = None
     for i, (op, num) in enumerate(zip(ops, first, strict=True)):
         try:
-            _, msg = sftp._read_response(num)
+            t, msg = sftp._read_response(num)
         except OSError as exc:  # the answer was an error status
             if isinstance(op, Readlink) or (isinstance(op, Lstat) and isinstance(exc, FileNotFoundError)):
                 out[i] = None
-            elif isinstance(op, (HostClock, ReadFile, FreeBytes)):
+            elif isinstance(op, (HostClock, ReadFile, FreeBytes, MountFlags)) or (isinstance(op, Lstat) and op.soft):
                 out[i] = exc
             else:
                 failed = failed or exc  # raised once every answer is read
@@ -1009,10 +1010,8 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
             out[i] = _file_stat(_attrs_of(msg))
         elif isinstance(op, Readlink):
             out[i] = msg.get_text() if msg.get_int() == 1 else None
-        elif isinstance(op, FreeBytes):
-            # struct statvfs as OpenSSH's PROTOCOL says: bsize, frsize, blocks, bfree, bavail, ...
-            _bsize, frsize, _blocks, _bfree, bavail = (msg.get_int64() for _ in range(5))
-            out[i] = (bavail * frsize // 1024) * 1024  # df -Pk's Available, in bytes
+        elif isinstance(op, (FreeBytes, MountFlags)):
+            out[i] = _statvfs_answer(op, t, msg)
         else:
             handles[i] = msg.get_binary()
     if failed is not None:
@@ -1020,6 +1019,18 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
             sftp._async_request(type(None), S.CMD_CLOSE, h)  # answers are drained by the next request
         raise failed
     return handles
+
+
+def _statvfs_answer(op: FreeBytes | MountFlags, t: int, msg: paramiko.Message) -> int | NotImplementedError:
+    """OP's part of a statvfs@openssh.com answer (type T), read as OpenSSH's PROTOCOL says: bsize,
+    frsize, blocks, bfree, bavail, files, ffree, favail, fsid, flag, namemax; an answer of another
+    type reads as unsupported (paramiko would read a short one as zeros)."""
+    from paramiko import sftp as S
+
+    if t != S.CMD_EXTENDED_REPLY:
+        return NotImplementedError("statvfs")
+    f = [msg.get_int64() for _ in range(11)]
+    return f[9] if isinstance(op, MountFlags) else (f[4] * f[1] // 1024) * 1024  # df -Pk's Available, in bytes
 
 
 def _stat_answer(sftp: _SftpRequests, num: int) -> FileStat | None:

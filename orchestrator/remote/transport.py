@@ -182,9 +182,11 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class Lstat:
-    """lstat(2) of `path`: a FileStat, or None when it does not exist."""
+    """lstat(2) of `path`: a FileStat, or None when it does not exist; any other error raised,
+    or (`soft`) given as the result."""
 
     path: str
+    soft: bool = False
 
 
 @dataclass(frozen=True)
@@ -221,7 +223,23 @@ class FreeBytes:
     path: str
 
 
-FsRead = Lstat | ReadFile | Readlink | HostClock | FreeBytes
+@dataclass(frozen=True)
+class MountFlags:
+    """The f_flag of `path`'s filesystem (statvfs, links followed: ST_RDONLY is bit 0x1), from the
+    SFTP server's statvfs (the local transport's os.statvfs): an int, the host's error, or
+    NotImplementedError where the transport cannot tell without an exec (hosts/writable: no prediction)."""
+
+    path: str
+
+
+@runtime_checkable
+class StatvfsFlags(Protocol):
+    """A transport that answers MountFlags itself, with no SFTP batch (the local transport)."""
+
+    def mount_flags(self, path: str) -> int: ...
+
+
+FsRead = Lstat | ReadFile | Readlink | HostClock | FreeBytes | MountFlags
 FsResult = FileStat | bytes | str | int | None | OSError | NotImplementedError
 
 
@@ -237,11 +255,23 @@ def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
 def one_fs_read(transport: Transport, op: FsRead) -> FsResult:
     """OP with the transport's own one-request methods (what `fs_batch` does one by one)."""
     if isinstance(op, Lstat):
-        return transport.stat(op.path)
+        try:
+            return transport.stat(op.path)
+        except OSError as exc:
+            if not op.soft or isinstance(exc, ConnectionLost):
+                raise
+            return exc
     if isinstance(op, Readlink):
         return transport.readlink(op.path)
     if isinstance(op, FreeBytes):
         return NotImplementedError("statvfs")
+    if isinstance(op, MountFlags):
+        if not isinstance(transport, StatvfsFlags):
+            return NotImplementedError("statvfs")
+        try:
+            return transport.mount_flags(op.path)
+        except OSError as exc:
+            return exc
     if isinstance(op, ReadFile):
         try:
             return transport.read_bytes(op.path, max_bytes=op.max_bytes)

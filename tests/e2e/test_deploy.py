@@ -520,3 +520,95 @@ def test_recovery_runs_where_the_state_dir_cannot_be_made(deployed_lab, lab_pack
         assert dep.exit_code == 6 and "cannot be made" in dep.stderr and "state_dir" in dep.stderr, dep.output
     finally:
         subprocess.run(["chattr", "-i", *parents], check=True)
+
+
+def _read_only_parents(roots: list[Path]) -> list[str]:
+    """Each root's parent made a read-only mount, as a disk remounted after an error would be (a
+    bind mount over it, remounted ro: EROFS even for the lab's root login), with the root itself
+    bound read-write beneath it first, so it still takes its lease. The mount points made, in the
+    order _unmount takes them off (a read-only parent of sshd's own log refuses every connection)."""
+    made: list[str] = []
+    try:
+        for root in roots:
+            for rw in (root, *root.parent.glob("*.log")):  # and the host's sshd.log, which sshd opens per connection
+                subprocess.run(["mount", "--bind", str(rw), str(rw)], check=True)
+                made.insert(0, str(rw))
+            subprocess.run(["mount", "--rbind", str(root.parent), str(root.parent)], check=True)
+            made.insert(0, str(root.parent))
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(root.parent)], check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        _unmount(made)
+        pytest.skip(f"no read-only bind mount here: {exc}")
+    return made
+
+
+def _unmount(points: list[str]) -> None:
+    for point in points:  # lazily: a service may hold a file or its cwd under it
+        subprocess.run(["umount", "-l", point], check=True)
+
+
+def _host_tree(root: Path) -> dict[str, str]:
+    """What a deploy writes on a host, by path: links by target, files by their bytes (the logs the
+    services write meanwhile by name only), releases by name; and the root's parent by name."""
+    seen = {f"../{n}": "" for n in os.listdir(root.parent) if n.startswith(root.name)}
+    for d, dirs, files in os.walk(root):
+        rel = os.path.relpath(d, root)
+        for n in [*dirs, *files]:
+            p = Path(d) / n
+            key = os.path.join(rel, n)
+            if p.is_symlink():
+                seen[key] = "-> " + os.readlink(p)
+            elif p.is_dir():
+                seen[key] = "dir"
+            else:
+                logs = n.endswith((".log", ".out", ".prev"))
+                seen[key] = "file" if logs else p.read_bytes().hex()
+        if rel == "releases":
+            dirs.clear()
+    return seen
+
+
+def _refusal(stderr: str) -> list[str]:
+    """The refusal's line and its hint's."""
+    return [ln for ln in stderr.splitlines() if "cannot be made" in ln or "state_dir to it" in ln]
+
+
+def test_a_dry_run_refuses_where_the_state_dir_cannot_be_made(deployed_lab, cli):
+    """Issue 49: `deploy --dry-run` printed a plan (exit 0) for a host whose ROOT.state cannot be
+    made, which the real deploy refuses (exit 6). Now the dry run decides it from what it reads
+    over SFTP (the parent's mount is read-only), refuses with the real deploy's message and exit
+    code, and changes nothing on either host. run/ is a directory in the root with ROOT.state gone
+    (what a rollback leaves where the state dir could not be made). Once the parent is writable
+    again the dry run prints its plan and the deploy makes ROOT.state."""
+    a = deployed_lab.package_id
+    roots = list(map(Path, deployed_lab.roots().values()))
+    for root in roots:
+        state = Path(str(root) + ".state")
+        if (root / "run").is_symlink():  # else an earlier run of this test left it so
+            (root / "run").unlink()
+            shutil.copytree(state, root / "run", symlinks=True)
+            shutil.rmtree(state)
+    before = {str(root): _host_tree(root) for root in roots}
+    mounts = _read_only_parents(roots)
+    try:
+        dry = cli("deploy", "--pair", PAIR, "--packages", a, a, "--skip-accept", "--dry-run", inventory=INV_ARG)
+        assert {str(root): _host_tree(root) for root in roots} == before  # nothing written by the dry run
+        dep, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
+    finally:
+        _unmount(mounts)
+    said = _refusal(dry.stderr)
+    native = f"{deployed_lab.native}: {roots[0]}.state cannot be made (Read-only file system)"
+    rpc = f"; {deployed_lab.rpc}: {roots[1]}.state cannot be made (Read-only file system)"
+    assert dry.exit_code == 6 and len(said) == 2 and native in said[0] and rpc in said[0], dry.output  # both hosts
+    assert f"hosts.{deployed_lab.native}.state_dir" in said[1] and "install -d -o USER -m 0700" in said[1]
+    assert f"hosts.{deployed_lab.rpc}.state_dir" in said[1]
+    assert dep.exit_code == 6 and _refusal(dep.stderr) == said, dep.output  # the real deploy's own words
+    st = lab_status(cli)  # the real deploy refused before any change: no lease held, the pair as it was
+    assert is_active(st, a) and all(v["leases"] == [] for v in st["hosts"].values()), st
+    dry = cli("deploy", "--pair", PAIR, "--packages", a, a, "--skip-accept", "--dry-run", inventory=INV_ARG)
+    assert dry.exit_code == 0 and "upload" in dry.stdout, dry.output  # a writable parent: as before
+    assert {str(root): _host_tree(root) for root in roots} == before
+    dep, _ = _deploy(cli, "--packages", a, a, "--skip-accept")
+    assert dep.exit_code == 0, dep.stderr
+    for root in roots:
+        assert os.readlink(root / "run") == f"{root}.state" and Path(f"{root}.state").is_dir()
