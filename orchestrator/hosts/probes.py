@@ -199,8 +199,11 @@ class RuntimeDir:
         return cls(uid, runtime_path(uid, root))
 
     def lstats(self, services: Iterable[str]) -> list[FsRead]:
-        """What `holding` judges, for one SFTP batch: both levels, then each NAME.state."""
-        return [Lstat(posixpath.dirname(self.path)), Lstat(self.path), *(Lstat(self.state(n)) for n in services)]
+        """What `holding` judges, for one SFTP batch: both levels, then each NAME.state. A refused
+        lstat (a stranger made the first level 0700 first) is a result, never the batch's error:
+        the helper's rt_safe calls that dir not its own and uses run/, and so do these readers."""
+        paths = [posixpath.dirname(self.path), self.path, *(self.state(n) for n in services)]
+        return [Lstat(p, refused_ok=True) for p in paths]
 
     def state(self, name: str) -> str:
         return f"{self.path}/{name}.state"

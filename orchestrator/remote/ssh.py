@@ -1000,7 +1000,7 @@ def _first_answers(sftp: _SftpRequests, ops: list[FsRead], first: list[int], out
         except OSError as exc:  # the answer was an error status
             if isinstance(op, Readlink) or (isinstance(op, Lstat) and isinstance(exc, FileNotFoundError)):
                 out[i] = None
-            elif isinstance(op, (HostClock, ReadFile, FreeBytes)):
+            elif isinstance(op, (HostClock, ReadFile, FreeBytes)) or (isinstance(op, Lstat) and op.refused_ok):
                 out[i] = exc
             else:
                 failed = failed or exc  # raised once every answer is read

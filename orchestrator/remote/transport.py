@@ -182,9 +182,11 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class Lstat:
-    """lstat(2) of `path`: a FileStat, or None when it does not exist."""
+    """lstat(2) of `path`: a FileStat, or None when it does not exist. REFUSED_OK: an lstat the host
+    refuses (EACCES under a stranger's 0700 folder) is this op's result, not an error of the batch."""
 
     path: str
+    refused_ok: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,7 @@ FsResult = FileStat | bytes | str | int | None | OSError | NotImplementedError
 
 def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
     """Run OPS on one host, results in order, pipelined where the transport can. A refused
-    ReadFile or HostClock gives the error; a connection lost raises."""
+    ReadFile, HostClock or Lstat(refused_ok) gives the error; a connection lost raises."""
     batch = getattr(transport, "fs_batch", None)
     if batch is not None:
         return list(batch(ops))
@@ -237,7 +239,14 @@ def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
 def one_fs_read(transport: Transport, op: FsRead) -> FsResult:
     """OP with the transport's own one-request methods (what `fs_batch` does one by one)."""
     if isinstance(op, Lstat):
-        return transport.stat(op.path)
+        try:
+            return transport.stat(op.path)
+        except ConnectionLost:
+            raise
+        except OSError as exc:
+            if op.refused_ok:
+                return exc
+            raise
     if isinstance(op, Readlink):
         return transport.readlink(op.path)
     if isinstance(op, FreeBytes):

@@ -252,3 +252,78 @@ def test_argv_from_the_runtime_dir_moves_only_the_log_file_argument():
         "/r/run/x.log",
     )
     assert argv_from(argv, "/r", "llama-server", "/r/run") == argv
+
+
+class _StrangersShm:
+    """A lingering uid 1000 host where a stranger made /dev/shm/pairctl-1000 first (0700, not ours):
+    lstat under it is refused (EACCES), as sftp-server answers it. run/ holds the service's state."""
+
+    def __init__(self, root: str) -> None:
+        from orchestrator.hosts.units import root_tag
+
+        self.name = "h"
+        self.top, self.rt = "/dev/shm/pairctl-1000", f"/dev/shm/pairctl-1000/{root_tag(root)}"
+        self.files = {
+            "/etc/passwd": b"u:x:1000:1000::/home/u:/bin/sh\n",
+            f"{root}/run/llama-server.state": b"state=running\nrestarts=2\n",
+        }
+
+    def login_uid(self) -> int:
+        return 1000
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        if path.startswith(self.top + "/"):
+            raise PermissionError(13, "Permission denied", path)
+        if path not in self.files:
+            raise FileNotFoundError(2, "No such file", path)
+        return self.files[path]
+
+    def stat(self, path: str) -> object:
+        from orchestrator.remote.transport import FileStat
+
+        if path == "/var/lib/systemd/linger/u":
+            return FileStat(mode=0o100644, size=0, mtime=0.0, uid=0)
+        if path == self.top:
+            return FileStat(mode=0o40700, size=0, mtime=0.0, uid=4242)  # the stranger's
+        if path.startswith(self.top + "/"):
+            raise PermissionError(13, "Permission denied", path)
+        return None
+
+
+def test_a_refused_lstat_of_the_runtime_dir_reads_run_as_the_helper_does():
+    """The helper's rt_safe calls a runtime dir it cannot lstat not its own and uses run/: so do
+    pairctl's readers (service_dirs, supervisor.read_state), never an error for the whole read."""
+    from typing import cast
+
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.hosts.supervisor import read_state
+    from orchestrator.remote.transport import Transport
+
+    t = cast(Transport, _StrangersShm("/r"))
+    assert probes.RuntimeDir.of(t, "/r") is not None  # lingering: the runtime dir is asked for
+    assert probes.service_dirs(t, "/r", ("llama-server", "ggml-rpc-server")) == {
+        "llama-server": "/r/run",
+        "ggml-rpc-server": "/r/run",
+    }
+    st = read_state(t, HostLayout("/r"), "llama-server")
+    assert st is not None and (st.state, st.restarts, st.runtime_dir) == ("running", 2, None)
+
+
+def test_the_ssh_batch_answers_a_refused_lstat_only_where_the_op_allows_it():
+    """SSH's pipelined batch: an Lstat(refused_ok) the host refuses is that op's result; a plain
+    Lstat's refusal is still the batch's error (raised once every answer is read)."""
+    from typing import Any
+
+    from orchestrator.remote.ssh import _first_answers
+    from orchestrator.remote.transport import FsResult, Lstat
+
+    class Sftp:
+        def _read_response(self, num: int) -> object:
+            raise PermissionError(13, "Permission denied")
+
+    sftp: Any = Sftp()  # only the request layer _first_answers reads
+    out: list[FsResult] = [None]
+    assert _first_answers(sftp, [Lstat("/dev/shm/pairctl-1000/t", refused_ok=True)], [1], out) == {}
+    assert isinstance(out[0], PermissionError)
+    with pytest.raises(PermissionError):
+        _first_answers(sftp, [Lstat("/x")], [1], [None])
