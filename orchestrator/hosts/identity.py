@@ -21,6 +21,7 @@ from orchestrator.hosts.probes import (
     ProcIdentity,
     argv_from,
     build_info_problems,
+    log_unwritable,
     parse_identity,
     parse_rpc_bind,
     parse_rpc_probe,
@@ -168,7 +169,10 @@ def verify_identity(
                 log = b""
             rep.data[host]["pipeline_parallel"] = PIPELINE_LINE.encode() in log
             if not rep.data[host]["pipeline_parallel"]:
-                rep.problems.append(f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
+                why = log_unwritable(t, host, layout.root, d, name)  # a log its server could never write
+                rep.problems.append(
+                    why or f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)"
+                )
     if http and "native" in roles:
         try:
             via = via_for(transports["native"], api_key)  # the key only inside SSH (server.tunnel)

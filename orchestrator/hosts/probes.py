@@ -235,6 +235,43 @@ def service_dir(transport: Transport, root: str, service: str) -> str:
     return service_dirs(transport, root, (service,))[service]
 
 
+def sup_user(cmdline: bytes, service: str) -> str | None:
+    """The sup.user=U a supervisor of SERVICE was started with (`sh .../pairctl-svc supervise ROOT
+    NAME sup.KEY=VALUE... PROGRAM ...`, its /proc/PID/cmdline), or None: none given, or not that."""
+    args = cmdline.decode("utf-8", "surrogateescape").split("\0")
+    if "supervise" not in args:
+        return None
+    i = args.index("supervise")
+    if args[i + 2 : i + 3] != [service]:
+        return None
+    for a in args[i + 3 :]:
+        if not a.startswith("sup."):
+            break
+        if a.startswith("sup.user="):
+            return a[len("sup.user=") :] or None
+    return None
+
+
+def log_unwritable(transport: Transport, host: str, root: str, folder: str, service: str) -> str | None:
+    """Why SERVICE's --log-file in FOLDER holds nothing, where that is known: it runs from the
+    runtime dir (run/ read-only) as a service user (setpriv), which cannot enter that root-only 0700
+    dir, so llama-server never opens its log there. None on the normal path (run/: no read at all),
+    and where it runs as the login user or the host does not say."""
+    if folder == posixpath.join(root, "run"):
+        return None
+    try:
+        spid = parse_pid(transport.read_bytes(f"{folder}/{service}.sup.pid", max_bytes=64))
+        user = sup_user(transport.read_bytes(f"/proc/{spid}/cmdline", HOST_FILE_MAX), service) if spid else None
+    except OSError:
+        return None
+    if user is None:
+        return None
+    return (
+        f"{host}: {service} runs from the runtime dir {folder} ({root}/run is read-only) as service user "
+        f"{user}, which cannot write its log there: make {root}/run writable and restart {service}"
+    )
+
+
 def argv_from(argv: Iterable[str], root: str, service: str, folder: str) -> tuple[str, ...]:
     """ARGV as the helper starts SERVICE with its files in FOLDER (pairctl-svc.sh start_svc): the
     argument that is exactly ROOT/run/SERVICE.log (llama-server's --log-file) names FOLDER's instead."""

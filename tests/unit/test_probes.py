@@ -327,3 +327,35 @@ def test_the_ssh_batch_answers_a_refused_lstat_only_where_the_op_allows_it():
     assert isinstance(out[0], PermissionError)
     with pytest.raises(PermissionError):
         _first_answers(sftp, [Lstat("/x")], [1], [None])
+
+
+def test_a_service_user_in_the_runtime_dir_is_named_as_why_its_log_is_empty():
+    """With a service user, llama-server (after setpriv) cannot enter the root-only 0700 runtime
+    dir: its --log-file there stays empty. The readers of that log say so (one line: host, path,
+    fix), read from the supervisor's own argv; run/ (the normal path) reads nothing at all."""
+    from typing import cast
+
+    from orchestrator.remote.transport import Transport
+
+    rt = "/run/pairctl-0/tag"
+    sup = b"sh\0/r/run/pairctl-svc\0supervise\0/r\0llama-server\0sup.backoff=1\0sup.user=pairctl\0/r/bin/llama-server\0"
+    files = {f"{rt}/llama-server.sup.pid": b"77\n", "/proc/77/cmdline": sup}
+
+    class Host:
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            if path not in files:
+                raise FileNotFoundError(2, "No such file", path)
+            return files[path]
+
+    t = cast(Transport, Host())
+    assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") == (
+        f"h1: llama-server runs from the runtime dir {rt} (/r/run is read-only) as service user pairctl, "
+        "which cannot write its log there: make /r/run writable and restart llama-server"
+    )
+    assert probes.log_unwritable(t, "h1", "/r", "/r/run", "llama-server") is None
+    files["/proc/77/cmdline"] = sup.replace(b"sup.user=pairctl\0", b"")  # as the login user: it writes its log
+    assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") is None
+    assert probes.sup_user(b"sh\0x\0supervise\0/r\0ggml-rpc-server\0sup.user=u\0p\0", "llama-server") is None
+    assert probes.sup_user(b"/r/bin/llama-server\0--log-file\0x\0", "llama-server") is None
+    del files[f"{rt}/llama-server.sup.pid"]
+    assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") is None
