@@ -173,6 +173,10 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
             in (out["warnings"][0])
         )
         assert "a reboot does not bring it back until" in out["warnings"][0]
+        assert out["warnings"][0].endswith(  # its --log-file there: in memory, growing with the run
+            f"; its log {rt}/llama-server.log is 0.0 MiB and grows with every request, held in memory "
+            f"until {layout.run} is writable and llama-server restarted"
+        )
         for f in ("llama-server.out", "llama-server.sup.log"):  # in memory there: 1 MiB each, one kept
             with open(os.path.join(rt, f), "a") as out:
                 out.write("x" * (2 << 20) + "\n")
