@@ -134,7 +134,7 @@ def verify_identity(
         }
         # restarts the host's supervisor made since this service was (re)started by a deploy or
         # rollback: a restarted process with the same exe and argv is the same identity, counted
-        sup = supervisor.read_state(t, layout, name)
+        sup = supervisor.read_state(t, layout, name, folder=d)
         rep.data[host]["supervisor"] = sup.as_dict() if sup else None
         rep.problems += proc_problems(host, exp, ident)
         if ident is not None and ident.running and not alive:

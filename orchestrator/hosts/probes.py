@@ -14,6 +14,7 @@ import binascii
 import ipaddress
 import posixpath
 import re
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -162,14 +163,29 @@ def parse_pid(data: bytes) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+# id(transport) -> (a weak reference to it, uid, its answer): the lingering answer per transport,
+# read once (every service_dir of a non-root login asked again: /etc/passwd and the linger file);
+# an entry goes with its transport. An answer that could not be read is not kept.
+_LINGERS: dict[int, tuple[weakref.ref[Any], int, bool]] = {}
+
+
 def _lingers(transport: Transport, uid: int) -> bool:
     """/var/lib/systemd/linger/NAME exists for UID's name in the host's /etc/passwd (SFTP reads only)."""
+    key = id(transport)
+    got = _LINGERS.get(key)
+    if got is not None and got[0]() is transport and got[1] == uid:
+        return got[2]
     try:
         text = transport.read_bytes("/etc/passwd", HOST_FILE_MAX).decode("utf-8", "replace")
         names = [f[0] for f in (line.split(":") for line in text.splitlines()) if len(f) > 2 and f[2] == str(uid)]
-        return any(transport.stat(f"/var/lib/systemd/linger/{n}") is not None for n in names if "/" not in n)
+        answer = any(transport.stat(f"/var/lib/systemd/linger/{n}") is not None for n in names if "/" not in n)
     except OSError:
         return False
+    try:
+        _LINGERS[key] = (weakref.ref(transport, lambda _r: _LINGERS.pop(key, None)), uid, answer)
+    except TypeError:  # a transport that takes no weak reference: asked each time
+        pass
+    return answer
 
 
 def runtime_path(uid: int, root: str) -> str:

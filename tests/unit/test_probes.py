@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -312,7 +313,6 @@ def test_a_refused_lstat_of_the_runtime_dir_reads_run_as_the_helper_does():
 def test_the_ssh_batch_answers_a_refused_lstat_only_where_the_op_allows_it():
     """SSH's pipelined batch: an Lstat(refused_ok) the host refuses is that op's result; a plain
     Lstat's refusal is still the batch's error (raised once every answer is read)."""
-    from typing import Any
 
     from orchestrator.remote.ssh import _first_answers
     from orchestrator.remote.transport import FsResult, Lstat
@@ -359,3 +359,52 @@ def test_a_service_user_in_the_runtime_dir_is_named_as_why_its_log_is_empty():
     assert probes.sup_user(b"/r/bin/llama-server\0--log-file\0x\0", "llama-server") is None
     del files[f"{rt}/llama-server.sup.pid"]
     assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") is None
+
+
+def test_the_lingering_answer_is_read_once_per_transport():
+    """service_dir as non-root read /etc/passwd and the linger file on every call (the telemetry
+    sampler asks each second): the answer is kept per transport, and goes with it."""
+    from typing import cast
+
+    from orchestrator.remote.transport import Transport
+
+    class Counting(_StrangersShm):
+        reads = 0
+
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            Counting.reads += path == "/etc/passwd"
+            return super().read_bytes(path, max_bytes)
+
+    t = Counting("/r")
+    for _ in range(3):
+        assert probes.service_dir(cast(Transport, t), "/r", "llama-server") == "/r/run"
+    assert Counting.reads == 1 and id(t) in probes._LINGERS
+    key = id(t)
+    del t
+    assert key not in probes._LINGERS
+
+
+def test_the_sampler_resolves_each_service_folder_once(monkeypatch):
+    """Telemetry samples every host each second: the service's folder is resolved once per run."""
+    from types import SimpleNamespace
+
+    from orchestrator.checks import telemetry
+
+    asked: list[str] = []
+
+    def service_dir(t: object, root: str, name: str) -> str:
+        asked.append(name)
+        return f"{root}/run"
+
+    ran: list[tuple[str, ...]] = []
+
+    class Host:
+        def run(self, cmd: Any, check: bool = False, timeout: float = 0) -> Any:
+            ran.append(cmd.argv)
+            return SimpleNamespace(stdout="")
+
+    monkeypatch.setattr(telemetry, "service_dir", service_dir)
+    s = telemetry.Sampler(transports={"native": Host()}, roots={"native": "/r"}, hosts={"native": "h"})
+    for _ in range(3):
+        s.sample_once()
+    assert asked == ["llama-server"] and len(ran) == 3 and ran[0][-1] == "/r/run/llama-server.pid"
