@@ -289,8 +289,9 @@ def log_unwritable(transport: Transport, host: str, root: str, folder: str, serv
 
 
 def argv_from(argv: Iterable[str], root: str, service: str, folder: str) -> tuple[str, ...]:
-    """ARGV as the helper starts SERVICE with its files in FOLDER (pairctl-svc.sh start_svc): the
-    argument that is exactly ROOT/run/SERVICE.log (llama-server's --log-file) names FOLDER's instead."""
+    """ARGV as the helper starts SERVICE with its files in FOLDER (pairctl-svc.sh start_svc): every
+    argument exactly equal to ROOT/run/SERVICE.log (wherever it is, not only after --log-file: that
+    is llama-server's log file) names FOLDER's instead; every other argument is kept as it is."""
     here, there = posixpath.join(root, "run", f"{service}.log"), posixpath.join(folder, f"{service}.log")
     return tuple(there if a == here else a for a in argv)
 

@@ -240,17 +240,20 @@ def test_a_sub_millisecond_bound_is_never_no_bound():
 
 def test_argv_from_the_runtime_dir_moves_only_the_log_file_argument():
     """A start from the runtime dir (run/ read-only) puts llama-server's --log-file there: the
-    helper replaces the one argument that is exactly ROOT/run/NAME.log, and identity expects that."""
+    helper replaces every argument exactly equal to ROOT/run/NAME.log (not only after --log-file),
+    and identity expects that."""
     from orchestrator.hosts.probes import argv_from
 
-    argv = ("/r/releases/p/bin/llama-server", "--log-file", "/r/run/llama-server.log", "-m", "/r/run/x.log")
+    argv = ("/r/releases/p/bin/llama-server", "--log-file", "/r/run/llama-server.log", "-m", "/r/run/x.log", "-a")
     rt = "/run/pairctl-0/tag"
-    assert argv_from(argv, "/r", "llama-server", rt) == (
+    assert argv_from((*argv, "/r/run/llama-server.log"), "/r", "llama-server", rt) == (
         "/r/releases/p/bin/llama-server",
         "--log-file",
         f"{rt}/llama-server.log",
         "-m",
         "/r/run/x.log",
+        "-a",
+        f"{rt}/llama-server.log",  # equal to it, after another option: replaced too, as the helper does
     )
     assert argv_from(argv, "/r", "llama-server", "/r/run") == argv
 
