@@ -34,7 +34,7 @@ from orchestrator.hosts.rpc_guard import guard_problem, guard_sha256, parse_guar
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
-from orchestrator.roles import ROLES, RPC_SERVER, SERVICE_OF_ROLE
+from orchestrator.roles import LLAMA_SERVER, ROLES, RPC_SERVER, SERVICE_OF_ROLE
 from orchestrator.server.tunnel import via_for
 
 PIPELINE_LINE = "pipeline parallelism enabled"
@@ -89,6 +89,20 @@ def rpc_probe(t: Transport, layout: HostLayout, bind: str, port: int) -> str | N
     is served; the kernel accepting a connection proves nothing). One exec on the RPC host."""
     res = t.run_idempotent(layout.rpc_probe_cmd(RPC_SERVER, bind, port, RPC_PROBE_S), check=False, timeout=30)
     return parse_rpc_probe(as_text(res.stdout), RPC_SERVER)
+
+
+def _pipeline_parallel(t: Transport, host: str, layout: HostLayout, folder: str, problems: list[str]) -> bool:
+    """Whether llama-server's log in FOLDER says PIPELINE_LINE (the profile expects it); where not,
+    the problem: that, or why its server could never write that log (probes.log_unwritable)."""
+    try:
+        log = t.read_bytes(posixpath.join(folder, SERVER_LOG), max_bytes=HOST_LOG_MAX)
+    except (FileNotFoundError, OSError):
+        log = b""
+    if PIPELINE_LINE.encode() in log:
+        return True
+    why = log_unwritable(t, host, layout.root, folder, LLAMA_SERVER)
+    problems.append(why or f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
+    return False
 
 
 def verify_identity(
@@ -163,16 +177,7 @@ def verify_identity(
                     f"inventory says {expected.rpc_bind}:{expected.rpc_port}"
                 )
         if role == "native" and expected.expect_pipeline_parallel:
-            try:
-                log = t.read_bytes(posixpath.join(d, SERVER_LOG), max_bytes=HOST_LOG_MAX)
-            except (FileNotFoundError, OSError):
-                log = b""
-            rep.data[host]["pipeline_parallel"] = PIPELINE_LINE.encode() in log
-            if not rep.data[host]["pipeline_parallel"]:
-                why = log_unwritable(t, host, layout.root, d, name)  # a log its server could never write
-                rep.problems.append(
-                    why or f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)"
-                )
+            rep.data[host]["pipeline_parallel"] = _pipeline_parallel(t, host, layout, d, rep.problems)
     if http and "native" in roles:
         try:
             via = via_for(transports["native"], api_key)  # the key only inside SSH (server.tunnel)
