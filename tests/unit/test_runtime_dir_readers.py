@@ -67,3 +67,33 @@ def test_a_failed_rollbacks_hint_names_the_folder_each_service_runs_from():
     assert _logs_folder(ctx(_Root("llama-server")), "rpc") == "/r/run/"  # its ggml-rpc-server is in run/
     assert _logs_folder(ctx(_Root()), "native") == "/r/run/"
     assert _logs_folder(ctx(OSError("unreachable")), "native") == "/r/run/"
+
+
+def test_the_split_check_names_a_service_user_that_cannot_write_its_log_in_the_runtime_dir():
+    """A service user's llama-server cannot enter the root-only runtime dir: its --log-file there
+    stays empty, and the split check says so (host, path, user, fix), not "run it with -lv 4"."""
+    from orchestrator.checks.split import read_split
+
+    sup = b"sh\0/r/bin/pairctl-svc\0supervise\0/r\0llama-server\0sup.user=pairctl\0/r/bin/llama-server\0"
+
+    class Host(_Root):
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            files = {f"{RT}/llama-server.sup.pid": b"77\n", "/proc/77/cmdline": sup}
+            if path not in files:
+                raise FileNotFoundError(2, "No such file", path)
+            return files[path]
+
+        def run(self, cmd: Any, check: bool = False, timeout: float = 0) -> Any:
+            assert cmd.argv[-1] == f"{RT if self.held else '/r/run'}/llama-server.log"
+            return SimpleNamespace(stdout="", exit_status=1)
+
+    def ctx(t: Any) -> Any:
+        profile = SimpleNamespace(split=SimpleNamespace(rpc_min_layers=1, rpc_min_model_mib=1, rpc_kv=False))
+        return SimpleNamespace(profile=profile, transports={"native": t}, host_roots={"native": "/r"}, host_names={})
+
+    assert read_split(ctx(Host("llama-server")))["problems"] == [
+        f"split: h: llama-server runs from the runtime dir {RT} (/r/run is read-only) as service user pairctl, "
+        "which cannot write its log there: make /r/run writable and restart llama-server"
+    ]
+    (normal,) = read_split(ctx(Host()))["problems"]  # run/: the advice as before
+    assert normal.startswith("split: the server's log shows no model load (run it with --log-verbosity")
