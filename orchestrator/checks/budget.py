@@ -328,7 +328,9 @@ class _Bounded:
 
 def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) -> Callable[[], Liveness | None]:
     """A reader of the pair's services' CPU time over SFTP, bounded by READ_WAIT_S: each service's
-    pid file and its main thread's `/proc/<pid>/task/<pid>/stat`; None when none could be read."""
+    pid file and its main thread's `/proc/<pid>/task/<pid>/stat`; None when none could be read.
+    Each pid file's folder is resolved once (probes.service_dir): only a start moves it."""
+    dirs: dict[str, str] = {}
 
     def read() -> Liveness | None:
         out = []
@@ -337,7 +339,8 @@ def services_cpu(transports: Mapping[str, Transport], roots: Mapping[str, str]) 
             if t is None or root is None:
                 continue
             try:
-                pid = parse_pid(t.read_bytes(f"{service_dir(t, root, service)}/{service}.pid", max_bytes=64))
+                d = dirs.get(role) or dirs.setdefault(role, service_dir(t, root, service))
+                pid = parse_pid(t.read_bytes(f"{d}/{service}.pid", max_bytes=64))
                 # the main thread runs the decode loop; the process total also moves with the HTTP
                 # threads answering the watch's own /slots polls while the loop waits on a stopped peer
                 st = parse_proc_stat(t.read_bytes(f"/proc/{pid}/task/{pid}/stat", max_bytes=4096)) if pid else None

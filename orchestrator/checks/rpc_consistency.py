@@ -155,11 +155,8 @@ class _Probe:
     def __exit__(self, *exc: object) -> None:
         if not self.started:
             return
-        try:  # its log where it started (the runtime dir's, where run/ took no file), then stopped whatever came
-            d = probes.service_dir(self.t, self.plan.root, LLAMA_SERVER)
-            self.log_tail = services.read_tail(self.t, posixpath.join(d, services.SERVER_LOG), 8)
-        finally:
-            services.stop(self.t, self.plan.layout, LLAMA_SERVER)
+        self.log_tail = services.read_tail(self.t, self.plan.layout.log(services.SERVER_LOG), 8)
+        services.stop(self.t, self.plan.layout, LLAMA_SERVER)
 
 
 def run(ctx: CheckContext) -> CheckResult:

@@ -16,7 +16,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.split import LOG_VERBOSITY, SplitExpectation
-from orchestrator.hosts.probes import service_dir
+from orchestrator.hosts.probes import log_unwritable, service_dir
 from orchestrator.remote.command import Cmd
 from orchestrator.remote.result import as_text
 from orchestrator.roles import LLAMA_SERVER
@@ -168,4 +168,6 @@ def read_split(ctx: CheckContext) -> dict[str, Any]:
     except Exception as exc:  # a host error is an identity problem, not a crash of the suite
         return {"split": None, "problems": [f"split: cannot read the server log: {type(exc).__name__}: {exc}"]}
     split = parse_load_split(as_text(r.stdout))
-    return {"split": split, "problems": [f"split: {p}" for p in split_problems(split, expect)]}
+    # no load in a log its server could never write (a service user in the runtime dir): that, not -lv
+    why = log_unwritable(tr, ctx.host_names.get("native", tr.name), root, d, LLAMA_SERVER) if split is None else None
+    return {"split": split, "problems": [f"split: {p}" for p in ([why] if why else split_problems(split, expect))]}

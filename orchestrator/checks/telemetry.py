@@ -127,6 +127,9 @@ class Sampler:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _t0: float = 0.0
+    # role -> its service's folder, resolved once per check run: only a start moves it, and a
+    # sampler's run starts nothing
+    _dirs: dict[str, str] = field(default_factory=dict)
 
     def sample_once(self) -> None:
         for role, tr in self.transports.items():
@@ -136,7 +139,7 @@ class Sampler:
                 continue
             t = round(time.monotonic() - self._t0, 3)
             try:
-                d = service_dir(tr, root, SERVICE_OF_ROLE[role])
+                d = self._dirs.get(role) or self._dirs.setdefault(role, service_dir(tr, root, SERVICE_OF_ROLE[role]))
                 r = tr.run(sample_cmd(root, role, d), check=False, timeout=self.timeout_s)
                 text = r.stdout.decode() if isinstance(r.stdout, bytes) else r.stdout
                 s = parse_sample(text)

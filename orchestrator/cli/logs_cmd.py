@@ -26,7 +26,8 @@ def logs(
     ),
 ) -> None:
     """Show the last lines of PAIR's service output (run/llama-server.out on the native host,
-    run/ggml-rpc-server.out on the RPC host), each line prefixed with its host.
+    run/ggml-rpc-server.out on the RPC host; the host's runtime dir's while a service runs from
+    there because run/ is read-only), each line prefixed with its host.
 
     A read: no lease, no receipt, nothing changes. Each file is read only as a regular file and
     at most 1 MiB at a time. Exit 4 when a host does not answer (the other host's lines are still

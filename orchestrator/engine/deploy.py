@@ -7,6 +7,7 @@ kept (RollbackFailed, 8).
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from orchestrator.hosts import space
 from orchestrator.hosts.layout import check_state_dir
 from orchestrator.hosts.leases import LeaseLost
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
+from orchestrator.hosts.probes import service_dir
 from orchestrator.hosts.prune import prune_after_deploy
 from orchestrator.hosts.release import ensure_release
 from orchestrator.hosts.route import RouteEntry, RouteRecord
@@ -619,6 +621,17 @@ def _leases_after(ctx: RunEnv, record: Callable[[StepOutcome], None] | None = No
 LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
 
 
+def _logs_folder(ctx: RunEnv, role: str) -> str:
+    """ROLE's service's folder as the hint names it, `DIR/`: the runtime dir while it runs from
+    there (run/ read-only), else run/; run/'s where the host does not answer (the hint must not
+    hide the failure it follows)."""
+    layout = ctx.view.layouts[role]
+    try:
+        return posixpath.join(service_dir(ctx.t(role), layout.root, SERVICE_OF_ROLE[role]), "")
+    except Exception:
+        return f"{layout.run}/"
+
+
 def _rollback_failed(
     ctx: RunEnv,
     rb: StepFailed,
@@ -636,7 +649,7 @@ def _rollback_failed(
     ):
         final["links_back"] = activate.links_back(ctx, links or {})
     ctx.journal.set("final_state", final)
-    logs = ", ".join(f"{h}:{ctx.view.layouts[r].run}/" for r, h in ctx.view.hosts.items())
+    logs = ", ".join(f"{h}:{_logs_folder(ctx, r)}" for r, h in ctx.view.hosts.items())
     msg = (
         _deploy_failed(first_failure)
         + f"the rollback failed at step '{rb.step.name}' on {', '.join(rb.step.hosts)}: {rb.message}. "

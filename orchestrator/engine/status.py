@@ -16,7 +16,7 @@ from orchestrator.errors import HostKeyError, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import supervisor
 from orchestrator.hosts.identity import RPC_PROBE_S, read_identities, rpc_probe
-from orchestrator.hosts.layout import HostLayout
+from orchestrator.hosts.layout import LLAMA_SERVER, HostLayout
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
@@ -202,6 +202,7 @@ def _supervisor(
             f"{layout.run} took no new file (read-only?) when it started; a reboot does not bring it back until "
             f"{layout.run} is writable (its boot arguments cannot be written there): make it writable "
             f"(`mount -o remount,rw`), then `pairctl restart --pair {view.name}` starts it from run/ again"
+            + _held_log(t, sup.runtime_dir, name, layout.run)
         )
     if sup is not None and sup.state == "refused":
         problems.append(
@@ -220,6 +221,25 @@ def _supervisor(
             f"last: {sup.last_exit or '?'}); see {sup.runtime_dir or layout.run}/{name}.out, then deploy or rollback"
         )
     return sup.as_dict() if sup else None
+
+
+def _held_log(t: Transport, folder: str, name: str, run: str) -> str:
+    """What llama-server's --log-file in the runtime dir holds now: that dir is in memory (tmpfs),
+    and the log grows with the run (at -lv 4, every request) until the server restarts; "" for
+    another service, or where there is no such file (a service user writes none there)."""
+    if name != LLAMA_SERVER:
+        return ""
+    path = f"{folder}/{name}.log"
+    try:
+        st = t.stat(path)
+    except OSError:
+        return ""
+    if st is None or not st.is_file:
+        return ""
+    return (
+        f"; its log {path} is {st.size / 1048576:.1f} MiB and grows with every request, held in memory "
+        f"until {run} is writable and {name} restarted"
+    )
 
 
 def _route_shown(

@@ -21,6 +21,7 @@ from orchestrator.hosts.probes import (
     ProcIdentity,
     argv_from,
     build_info_problems,
+    log_unwritable,
     parse_identity,
     parse_rpc_bind,
     parse_rpc_probe,
@@ -33,7 +34,7 @@ from orchestrator.hosts.rpc_guard import guard_problem, guard_sha256, parse_guar
 from orchestrator.hosts.services import SERVER_LOG, get_json, process_alive
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import HOST_LOG_MAX, Transport
-from orchestrator.roles import ROLES, RPC_SERVER, SERVICE_OF_ROLE
+from orchestrator.roles import LLAMA_SERVER, ROLES, RPC_SERVER, SERVICE_OF_ROLE
 from orchestrator.server.tunnel import via_for
 
 PIPELINE_LINE = "pipeline parallelism enabled"
@@ -90,6 +91,20 @@ def rpc_probe(t: Transport, layout: HostLayout, bind: str, port: int) -> str | N
     return parse_rpc_probe(as_text(res.stdout), RPC_SERVER)
 
 
+def _pipeline_parallel(t: Transport, host: str, layout: HostLayout, folder: str, problems: list[str]) -> bool:
+    """Whether llama-server's log in FOLDER says PIPELINE_LINE (the profile expects it); where not,
+    the problem: that, or why its server could never write that log (probes.log_unwritable)."""
+    try:
+        log = t.read_bytes(posixpath.join(folder, SERVER_LOG), max_bytes=HOST_LOG_MAX)
+    except (FileNotFoundError, OSError):
+        log = b""
+    if PIPELINE_LINE.encode() in log:
+        return True
+    why = log_unwritable(t, host, layout.root, folder, LLAMA_SERVER)
+    problems.append(why or f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
+    return False
+
+
 def verify_identity(
     transports: Mapping[str, Transport],
     layouts: Mapping[str, HostLayout],
@@ -133,7 +148,7 @@ def verify_identity(
         }
         # restarts the host's supervisor made since this service was (re)started by a deploy or
         # rollback: a restarted process with the same exe and argv is the same identity, counted
-        sup = supervisor.read_state(t, layout, name)
+        sup = supervisor.read_state(t, layout, name, folder=d)
         rep.data[host]["supervisor"] = sup.as_dict() if sup else None
         rep.problems += proc_problems(host, exp, ident)
         if ident is not None and ident.running and not alive:
@@ -162,13 +177,7 @@ def verify_identity(
                     f"inventory says {expected.rpc_bind}:{expected.rpc_port}"
                 )
         if role == "native" and expected.expect_pipeline_parallel:
-            try:
-                log = t.read_bytes(posixpath.join(d, SERVER_LOG), max_bytes=HOST_LOG_MAX)
-            except (FileNotFoundError, OSError):
-                log = b""
-            rep.data[host]["pipeline_parallel"] = PIPELINE_LINE.encode() in log
-            if not rep.data[host]["pipeline_parallel"]:
-                rep.problems.append(f"{host}: {SERVER_LOG} does not say '{PIPELINE_LINE}' (the profile expects it)")
+            rep.data[host]["pipeline_parallel"] = _pipeline_parallel(t, host, layout, d, rep.problems)
     if http and "native" in roles:
         try:
             via = via_for(transports["native"], api_key)  # the key only inside SSH (server.tunnel)

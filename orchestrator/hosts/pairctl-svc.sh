@@ -255,9 +255,10 @@ start_svc() { # start_svc ROOT NAME [sup.KEY=VALUE...] PROGRAM ARGS...: PROGRAM 
         fi
         rt_make "$r" || CODE=3 die "$rd takes no new file, and $rt_path is not a 0700 folder of this user: $n not started"
         rd=$rt_path
-        # its --log-file too (pairctl renders run/NAME.log, which run/ cannot take): the one argument
-        # that is exactly that path is replaced, word for word (no shell text is built), before the
-        # supervisor gets them; pairctl's identity expects the same (probes.argv_from)
+        # its --log-file too (pairctl renders run/NAME.log, which run/ cannot take): every argument
+        # exactly equal to that path (wherever it stands, not only after --log-file) is replaced,
+        # word for word (no shell text is built), before the supervisor gets them; pairctl's
+        # identity expects the same (probes.argv_from)
         for a in "$@"; do
             shift
             if [ "$a" = "$r/run/$n.log" ]; then set -- "$@" "$rd/$n.log"; else set -- "$@" "$a"; fi

@@ -14,6 +14,7 @@ import binascii
 import ipaddress
 import posixpath
 import re
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -166,14 +167,29 @@ def parse_pid(data: bytes) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+# id(transport) -> (a weak reference to it, uid, its answer): the lingering answer per transport,
+# read once (every service_dir of a non-root login asked again: /etc/passwd and the linger file);
+# an entry goes with its transport. An answer that could not be read is not kept.
+_LINGERS: dict[int, tuple[weakref.ref[Any], int, bool]] = {}
+
+
 def _lingers(transport: Transport, uid: int) -> bool:
     """/var/lib/systemd/linger/NAME exists for UID's name in the host's /etc/passwd (SFTP reads only)."""
+    key = id(transport)
+    got = _LINGERS.get(key)
+    if got is not None and got[0]() is transport and got[1] == uid:
+        return got[2]
     try:
         text = transport.read_bytes("/etc/passwd", HOST_FILE_MAX).decode("utf-8", "replace")
         names = [f[0] for f in (line.split(":") for line in text.splitlines()) if len(f) > 2 and f[2] == str(uid)]
-        return any(transport.stat(f"/var/lib/systemd/linger/{n}") is not None for n in names if "/" not in n)
+        answer = any(transport.stat(f"/var/lib/systemd/linger/{n}") is not None for n in names if "/" not in n)
     except OSError:
         return False
+    try:
+        _LINGERS[key] = (weakref.ref(transport, lambda _r: _LINGERS.pop(key, None)), uid, answer)
+    except TypeError:  # a transport that takes no weak reference: asked each time
+        pass
+    return answer
 
 
 def runtime_path(uid: int, root: str) -> str:
@@ -203,8 +219,11 @@ class RuntimeDir:
         return cls(uid, runtime_path(uid, root))
 
     def lstats(self, services: Iterable[str]) -> list[FsRead]:
-        """What `holding` judges, for one SFTP batch: both levels, then each NAME.state."""
-        return [Lstat(posixpath.dirname(self.path)), Lstat(self.path), *(Lstat(self.state(n)) for n in services)]
+        """What `holding` judges, for one SFTP batch: both levels, then each NAME.state. A refused
+        lstat (a stranger made the first level 0700 first) is a result, never the batch's error:
+        the helper's rt_safe calls that dir not its own and uses run/, and so do these readers."""
+        paths = [posixpath.dirname(self.path), self.path, *(self.state(n) for n in services)]
+        return [Lstat(p, soft=True) for p in paths]
 
     def state(self, name: str) -> str:
         return f"{self.path}/{name}.state"
@@ -236,9 +255,47 @@ def service_dir(transport: Transport, root: str, service: str) -> str:
     return service_dirs(transport, root, (service,))[service]
 
 
+def sup_user(cmdline: bytes, service: str) -> str | None:
+    """The sup.user=U a supervisor of SERVICE was started with (`sh .../pairctl-svc supervise ROOT
+    NAME sup.KEY=VALUE... PROGRAM ...`, its /proc/PID/cmdline), or None: none given, or not that."""
+    args = cmdline.decode("utf-8", "surrogateescape").split("\0")
+    if "supervise" not in args:
+        return None
+    i = args.index("supervise")
+    if args[i + 2 : i + 3] != [service]:
+        return None
+    for a in args[i + 3 :]:
+        if not a.startswith("sup."):
+            break
+        if a.startswith("sup.user="):
+            return a[len("sup.user=") :] or None
+    return None
+
+
+def log_unwritable(transport: Transport, host: str, root: str, folder: str, service: str) -> str | None:
+    """Why SERVICE's --log-file in FOLDER holds nothing, where that is known: it runs from the
+    runtime dir (run/ read-only) as a service user (setpriv), which cannot enter that root-only 0700
+    dir, so llama-server never opens its log there. None on the normal path (run/: no read at all),
+    and where it runs as the login user or the host does not say."""
+    if folder == posixpath.join(root, "run"):
+        return None
+    try:
+        spid = parse_pid(transport.read_bytes(f"{folder}/{service}.sup.pid", max_bytes=64))
+        user = sup_user(transport.read_bytes(f"/proc/{spid}/cmdline", HOST_FILE_MAX), service) if spid else None
+    except OSError:
+        return None
+    if user is None:
+        return None
+    return (
+        f"{host}: {service} runs from the runtime dir {folder} ({root}/run is read-only) as service user "
+        f"{user}, which cannot write its log there: make {root}/run writable and restart {service}"
+    )
+
+
 def argv_from(argv: Iterable[str], root: str, service: str, folder: str) -> tuple[str, ...]:
-    """ARGV as the helper starts SERVICE with its files in FOLDER (pairctl-svc.sh start_svc): the
-    argument that is exactly ROOT/run/SERVICE.log (llama-server's --log-file) names FOLDER's instead."""
+    """ARGV as the helper starts SERVICE with its files in FOLDER (pairctl-svc.sh start_svc): every
+    argument exactly equal to ROOT/run/SERVICE.log (wherever it is, not only after --log-file: that
+    is llama-server's log file) names FOLDER's instead; every other argument is kept as it is."""
     here, there = posixpath.join(root, "run", f"{service}.log"), posixpath.join(folder, f"{service}.log")
     return tuple(there if a == here else a for a in argv)
 

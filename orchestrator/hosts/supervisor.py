@@ -142,10 +142,11 @@ def _read(t: Transport, path: str) -> str | None:
         return None
 
 
-def read_state(t: Transport, layout: HostLayout, name: str) -> SupervisorState | None:
+def read_state(t: Transport, layout: HostLayout, name: str, folder: str | None = None) -> SupervisorState | None:
     """The supervisor's state for NAME over SFTP (no exec), or None when it never ran here; read
-    where the helper's readers read it (the runtime dir while it holds NAME.state, else run/)."""
-    d = service_dir(t, layout.root, name)
+    where the helper's readers read it (the runtime dir while it holds NAME.state, else run/).
+    FOLDER: that folder, where the caller has just resolved it (probes.service_dir)."""
+    d = folder or service_dir(t, layout.root, name)
     in_rt = d != layout.run
     text = _read(t, f"{d}/{name}.state")
     if text is None:

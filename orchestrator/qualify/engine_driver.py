@@ -227,11 +227,13 @@ class EngineDriver:
         from orchestrator.checks.telemetry import parse_sample, sample_cmd
         from orchestrator.hosts.probes import service_dir
 
+        dirs: dict[str, str] = {}  # each pid file's folder, resolved once for the arm (only a start moves it)
+
         def probe() -> tuple[int | None, str]:
             samples = {}
             for role, pid in pids.items():
                 t, root = self.pool.get(self.view.hosts[role]), self.view.layouts[role].root
-                d = service_dir(t, root, SERVICE_OF_ROLE[role])
+                d = dirs.get(role) or dirs.setdefault(role, service_dir(t, root, SERVICE_OF_ROLE[role]))
                 s = parse_sample(t.run(sample_cmd(root, role, d), check=False, timeout=30).stdout)
                 if s.get("pid") != pid:
                     return None, f"{role}: {SERVICE_OF_ROLE[role]} is pid {s.get('pid')}, the arm started pid {pid}"

@@ -182,8 +182,9 @@ class Transport(Protocol):
 
 @dataclass(frozen=True)
 class Lstat:
-    """lstat(2) of `path`: a FileStat, or None when it does not exist; any other error raised,
-    or (`soft`) given as the result."""
+    """lstat(2) of `path`: a FileStat, or None when it does not exist; any other error raised, or
+    (`soft`) this op's result, not an error of the batch (an lstat the host refuses: EACCES under a
+    stranger's 0700 folder, or a state dir under an unsearchable one)."""
 
     path: str
     soft: bool = False

@@ -416,9 +416,12 @@ def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
     for f in (f"{LLAMA_SERVER}.out", f"{LLAMA_SERVER}.log"):
         Path(run, f).write_text(stale + "\n")
     leases = os.path.realpath(os.path.join(root, "leases"))
-    subprocess.run(["mount", "--bind", leases, leases], check=True)
-    subprocess.run(["mount", "--rbind", run, run], check=True)  # leases/' mount goes along, writable
+    mounted: list[str] = []  # undone in the finally, newest first: only those made (a second that failed is not)
     try:
+        subprocess.run(["mount", "--bind", leases, leases], check=True)
+        mounted.append(leases)
+        subprocess.run(["mount", "--rbind", run, run], check=True)  # leases/' mount goes along, writable
+        mounted.append(run)
         subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
         r = cli("--json", "start", "--pair", "lab")
         assert r.exit_code == 0, r.output[-3000:]
@@ -434,9 +437,9 @@ def test_a_start_from_the_runtime_dir_is_what_logs_and_checks_read(pair, cli):
         r = cli("--json", "diff", "--pair", "lab")  # the moved --log-file is the helper's, not a drift
         assert r.exit_code == 0 and json.loads(r.stdout)["same"], r.output[-3000:]
         assert Path(run, f"{LLAMA_SERVER}.log").read_text() == stale + "\n"  # run/ took nothing
-    finally:
-        subprocess.run(["umount", "-l", run], check=True)
-        subprocess.run(["umount", "-l", leases], check=True)
-        r = cli("restart", "--pair", "lab")  # back in run/ for the tests after this one
-        assert r.exit_code == 0, r.output[-3000:]
+    finally:  # nothing here raises: the body's failure, if any, is the one reported
+        for m in reversed(mounted):
+            subprocess.run(["umount", "-l", m], check=False)
+        restarted = cli("restart", "--pair", "lab")  # back in run/ for the tests after this one
+    assert restarted.exit_code == 0, restarted.output[-3000:]
     assert _pid(root, LLAMA_SERVER) is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,16 +240,174 @@ def test_a_sub_millisecond_bound_is_never_no_bound():
 
 def test_argv_from_the_runtime_dir_moves_only_the_log_file_argument():
     """A start from the runtime dir (run/ read-only) puts llama-server's --log-file there: the
-    helper replaces the one argument that is exactly ROOT/run/NAME.log, and identity expects that."""
+    helper replaces every argument exactly equal to ROOT/run/NAME.log (not only after --log-file),
+    and identity expects that."""
     from orchestrator.hosts.probes import argv_from
 
-    argv = ("/r/releases/p/bin/llama-server", "--log-file", "/r/run/llama-server.log", "-m", "/r/run/x.log")
+    argv = ("/r/releases/p/bin/llama-server", "--log-file", "/r/run/llama-server.log", "-m", "/r/run/x.log", "-a")
     rt = "/run/pairctl-0/tag"
-    assert argv_from(argv, "/r", "llama-server", rt) == (
+    assert argv_from((*argv, "/r/run/llama-server.log"), "/r", "llama-server", rt) == (
         "/r/releases/p/bin/llama-server",
         "--log-file",
         f"{rt}/llama-server.log",
         "-m",
         "/r/run/x.log",
+        "-a",
+        f"{rt}/llama-server.log",  # equal to it, after another option: replaced too, as the helper does
     )
     assert argv_from(argv, "/r", "llama-server", "/r/run") == argv
+
+
+class _StrangersShm:
+    """A lingering uid 1000 host where a stranger made /dev/shm/pairctl-1000 first (0700, not ours):
+    lstat under it is refused (EACCES), as sftp-server answers it. run/ holds the service's state."""
+
+    def __init__(self, root: str) -> None:
+        from orchestrator.hosts.units import root_tag
+
+        self.name = "h"
+        self.top, self.rt = "/dev/shm/pairctl-1000", f"/dev/shm/pairctl-1000/{root_tag(root)}"
+        self.files = {
+            "/etc/passwd": b"u:x:1000:1000::/home/u:/bin/sh\n",
+            f"{root}/run/llama-server.state": b"state=running\nrestarts=2\n",
+        }
+
+    def login_uid(self) -> int:
+        return 1000
+
+    def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+        if path.startswith(self.top + "/"):
+            raise PermissionError(13, "Permission denied", path)
+        if path not in self.files:
+            raise FileNotFoundError(2, "No such file", path)
+        return self.files[path]
+
+    def stat(self, path: str) -> object:
+        from orchestrator.remote.transport import FileStat
+
+        if path == "/var/lib/systemd/linger/u":
+            return FileStat(mode=0o100644, size=0, mtime=0.0, uid=0)
+        if path == self.top:
+            return FileStat(mode=0o40700, size=0, mtime=0.0, uid=4242)  # the stranger's
+        if path.startswith(self.top + "/"):
+            raise PermissionError(13, "Permission denied", path)
+        return None
+
+
+def test_a_refused_lstat_of_the_runtime_dir_reads_run_as_the_helper_does():
+    """The helper's rt_safe calls a runtime dir it cannot lstat not its own and uses run/: so do
+    pairctl's readers (service_dirs, supervisor.read_state), never an error for the whole read."""
+    from typing import cast
+
+    from orchestrator.hosts.layout import HostLayout
+    from orchestrator.hosts.supervisor import read_state
+    from orchestrator.remote.transport import Transport
+
+    t = cast(Transport, _StrangersShm("/r"))
+    assert probes.RuntimeDir.of(t, "/r") is not None  # lingering: the runtime dir is asked for
+    assert probes.service_dirs(t, "/r", ("llama-server", "ggml-rpc-server")) == {
+        "llama-server": "/r/run",
+        "ggml-rpc-server": "/r/run",
+    }
+    st = read_state(t, HostLayout("/r"), "llama-server")
+    assert st is not None and (st.state, st.restarts, st.runtime_dir) == ("running", 2, None)
+
+
+def test_the_ssh_batch_answers_a_refused_lstat_only_where_the_op_allows_it():
+    """SSH's pipelined batch: an Lstat(soft) the host refuses is that op's result; a plain
+    Lstat's refusal is still the batch's error (raised once every answer is read)."""
+
+    from orchestrator.remote.ssh import _first_answers
+    from orchestrator.remote.transport import FsResult, Lstat
+
+    class Sftp:
+        def _read_response(self, num: int) -> object:
+            raise PermissionError(13, "Permission denied")
+
+    sftp: Any = Sftp()  # only the request layer _first_answers reads
+    out: list[FsResult] = [None]
+    assert _first_answers(sftp, [Lstat("/dev/shm/pairctl-1000/t", soft=True)], [1], out) == {}
+    assert isinstance(out[0], PermissionError)
+    with pytest.raises(PermissionError):
+        _first_answers(sftp, [Lstat("/x")], [1], [None])
+
+
+def test_a_service_user_in_the_runtime_dir_is_named_as_why_its_log_is_empty():
+    """With a service user, llama-server (after setpriv) cannot enter the root-only 0700 runtime
+    dir: its --log-file there stays empty. The readers of that log say so (one line: host, path,
+    fix), read from the supervisor's own argv; run/ (the normal path) reads nothing at all."""
+    from typing import cast
+
+    from orchestrator.remote.transport import Transport
+
+    rt = "/run/pairctl-0/tag"
+    sup = b"sh\0/r/run/pairctl-svc\0supervise\0/r\0llama-server\0sup.backoff=1\0sup.user=pairctl\0/r/bin/llama-server\0"
+    files = {f"{rt}/llama-server.sup.pid": b"77\n", "/proc/77/cmdline": sup}
+
+    class Host:
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            if path not in files:
+                raise FileNotFoundError(2, "No such file", path)
+            return files[path]
+
+    t = cast(Transport, Host())
+    assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") == (
+        f"h1: llama-server runs from the runtime dir {rt} (/r/run is read-only) as service user pairctl, "
+        "which cannot write its log there: make /r/run writable and restart llama-server"
+    )
+    assert probes.log_unwritable(t, "h1", "/r", "/r/run", "llama-server") is None
+    files["/proc/77/cmdline"] = sup.replace(b"sup.user=pairctl\0", b"")  # as the login user: it writes its log
+    assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") is None
+    assert probes.sup_user(b"sh\0x\0supervise\0/r\0ggml-rpc-server\0sup.user=u\0p\0", "llama-server") is None
+    assert probes.sup_user(b"/r/bin/llama-server\0--log-file\0x\0", "llama-server") is None
+    del files[f"{rt}/llama-server.sup.pid"]
+    assert probes.log_unwritable(t, "h1", "/r", rt, "llama-server") is None
+
+
+def test_the_lingering_answer_is_read_once_per_transport():
+    """service_dir as non-root read /etc/passwd and the linger file on every call (the telemetry
+    sampler asks each second): the answer is kept per transport, and goes with it."""
+    from typing import cast
+
+    from orchestrator.remote.transport import Transport
+
+    class Counting(_StrangersShm):
+        reads = 0
+
+        def read_bytes(self, path: str, max_bytes: int | None = None) -> bytes:
+            Counting.reads += path == "/etc/passwd"
+            return super().read_bytes(path, max_bytes)
+
+    t = Counting("/r")
+    for _ in range(3):
+        assert probes.service_dir(cast(Transport, t), "/r", "llama-server") == "/r/run"
+    assert Counting.reads == 1 and id(t) in probes._LINGERS
+    key = id(t)
+    del t
+    assert key not in probes._LINGERS
+
+
+def test_the_sampler_resolves_each_service_folder_once(monkeypatch):
+    """Telemetry samples every host each second: the service's folder is resolved once per run."""
+    from types import SimpleNamespace
+
+    from orchestrator.checks import telemetry
+
+    asked: list[str] = []
+
+    def service_dir(t: object, root: str, name: str) -> str:
+        asked.append(name)
+        return f"{root}/run"
+
+    ran: list[tuple[str, ...]] = []
+
+    class Host:
+        def run(self, cmd: Any, check: bool = False, timeout: float = 0) -> Any:
+            ran.append(cmd.argv)
+            return SimpleNamespace(stdout="")
+
+    monkeypatch.setattr(telemetry, "service_dir", service_dir)
+    s = telemetry.Sampler(transports={"native": Host()}, roots={"native": "/r"}, hosts={"native": "h"})
+    for _ in range(3):
+        s.sample_once()
+    assert asked == ["llama-server"] and len(ran) == 3 and ran[0][-1] == "/r/run/llama-server.pid"

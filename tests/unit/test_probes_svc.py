@@ -26,7 +26,14 @@ from orchestrator.hosts.layout import (
     svc_script,
     switch_links,
 )
-from orchestrator.hosts.probes import ProbeError, parse_identity, parse_model_hashes, parse_sha256sum, read_facts
+from orchestrator.hosts.probes import (
+    ProbeError,
+    argv_from,
+    parse_identity,
+    parse_model_hashes,
+    parse_sha256sum,
+    read_facts,
+)
 from orchestrator.hosts.release import ReleaseMismatch
 from orchestrator.hosts.route import RouteConflict, cas_write
 from orchestrator.remote.local import LocalTransport
@@ -44,10 +51,10 @@ def host(tmp_path):
         t.run(layout.stop_cmd(name), check=False)
 
 
-def _release(layout: HostLayout, pid: str, name: str = "llama-server") -> str:
+def _release(layout: HostLayout, pid: str, name: str = "llama-server", program: str = "/bin/sleep") -> str:
     b = os.path.join(layout.release(pid), "bin")
     os.makedirs(b, exist_ok=True)
-    shutil.copy2("/bin/sleep", os.path.join(b, name))  # a regular file, as in a package
+    shutil.copy2(program, os.path.join(b, name))  # a regular file, as in a package
     return os.path.join(b, name)
 
 
@@ -77,6 +84,20 @@ def test_start_identity_stop_with_pidfile(host):
     assert services.stop(t, layout, "llama-server") == ("stopped=llama-server:-", 0)
 
 
+def _wait_read(path: str, within_s: float = 5.0) -> str:
+    """PATH's text once it has some (a service writes its log a moment after its start)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with open(path) as f:
+                if (text := f.read()) or time.monotonic() > deadline:
+                    return text
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.05)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounts a read-only bind over run/: needs root")
 def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host):
     """Issue 49 item 1: the state dir read-only after stop-native, and the rollback's llama-server
@@ -98,20 +119,32 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
     from orchestrator.hosts.units import root_tag
 
     t, layout = host
-    exe = _release(layout, "pkg-a")
+    # a shell as llama-server: it writes its --log-file ($1, "--log-file" its $0) as llama-server
+    # does, and lives while its 1 s children come and go (no sleep outlives a stop)
+    exe = _release(layout, "pkg-a", program="/bin/sh")
+    script = 'echo "started $$" >"$1"; while :; do /bin/sleep 1; done'
+    argv = [exe, "-c", script, "--log-file", layout.log("llama-server.log")]
     rt = f"/run/pairctl-0/{root_tag(layout.root)}"
     assert RuntimeDir.of(t, layout.root) == RuntimeDir(0, rt)
     shutil.rmtree(rt, ignore_errors=True)
-    services.start(t, layout, "llama-server", [exe, "30"])  # it ran before (run/home/llama-server is there)
+    services.start(t, layout, "llama-server", argv)  # it ran before (run/home/llama-server is there)
     services.stop(t, layout, "llama-server")
     run = os.path.realpath(layout.run)
+    run_log = _wait_read(os.path.join(run, "llama-server.log"))
+
     subprocess.run(["mount", "--bind", run, run], check=True)
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", run], check=True)
-        pid, ident = services.start(t, layout, "llama-server", [exe, "30"])
+        pid, ident = services.start(t, layout, "llama-server", argv)
         assert ident.pid == pid and "llama-server.pid" not in os.listdir(run)
+        # its --log-file moved with it, word for word as pairctl's identity expects (probes.argv_from)
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert tuple(f.read().decode().split("\0")[:-1]) == argv_from(argv, layout.root, "llama-server", rt)
+        assert _wait_read(os.path.join(rt, "llama-server.log")) == f"started {pid}\n"
+        assert _wait_read(os.path.join(run, "llama-server.log")) == run_log  # run/'s untouched
         assert oct(os.stat(rt).st_mode & 0o777) == "0o700" and oct(os.stat(os.path.dirname(rt)).st_mode) == "0o40700"
         assert sorted(f for f in os.listdir(rt) if not f.startswith(".") and ".tmp." not in f) == [
+            "llama-server.log",
             "llama-server.out",
             "llama-server.pid",
             "llama-server.state",
@@ -140,6 +173,10 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
             in (out["warnings"][0])
         )
         assert "a reboot does not bring it back until" in out["warnings"][0]
+        assert out["warnings"][0].endswith(  # its --log-file there: in memory, growing with the run
+            f"; its log {rt}/llama-server.log is 0.0 MiB and grows with every request, held in memory "
+            f"until {layout.run} is writable and llama-server restarted"
+        )
         for f in ("llama-server.out", "llama-server.sup.log"):  # in memory there: 1 MiB each, one kept
             with open(os.path.join(rt, f), "a") as out:
                 out.write("x" * (2 << 20) + "\n")
@@ -158,23 +195,37 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
         os.chown(rt, 0, -1)
         assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
         assert not services.process_alive(t, pid, "llama-server")
+        # the next start back in run/ keeps the runtime dir's --log-file as run/llama-server.log.prev
+        rt_log = _wait_read(os.path.join(rt, "llama-server.log"))
+        subprocess.run(["mount", "-o", "remount,bind,rw", run], check=True)
+        pid, _ = services.start(t, layout, "llama-server", argv)
+        assert _wait_read(os.path.join(run, "llama-server.log.prev")) == rt_log
+        assert _wait_read(os.path.join(run, "llama-server.log")) == f"started {pid}\n"
+        assert services.stop(t, layout, "llama-server") == (f"stopped=llama-server:{pid}", 0)
+        assert [f for f in os.listdir(rt) if f.startswith("llama-server.")] == []
+        for _ in range(50):  # its supervisor may hold a file in run/ open for writing a moment (EBUSY)
+            if subprocess.run(["mount", "-o", "remount,bind,ro", run], check=False).returncode == 0:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"{run}: the read-only remount kept failing")
         shutil.rmtree(rt)
         for planted in ("link", "mode"):  # a stranger's link, or a folder others may enter: refused
             os.symlink(str(layout.root), rt) if planted == "link" else os.mkdir(rt, 0o755)
-            r = t.run(layout.start_cmd("llama-server", [exe, "30"]), check=False)
+            r = t.run(layout.start_cmd("llama-server", argv), check=False)
             assert r.exit_status == 3 and f"{run} takes no new file, and {rt} is not a 0700 folder" in r.stderr
             os.unlink(rt) if planted == "link" else os.rmdir(rt)
         # a systemd host's start writes run/ (its staged unit, record, pidfiles, logs): refused before
         # any change, naming run/, by pairctl's check of the unit and by the helper itself
         mgr = SystemdManager("system", "p", layout.root, Supervision())
         with pytest.raises(NotWritable, match=f"{layout.run} takes no new file .*nothing was changed"):
-            mgr.verify_staged(t, layout, "h", "llama-server", [exe, "30"], [])
+            mgr.verify_staged(t, layout, "h", "llama-server", argv, [])
         r = t.run(layout.svc_cmd("start", "llama-server", *mgr.words("llama-server"), exe, "30"), check=False)
         assert r.exit_status == 3 and f"writable=no: {layout.run} takes no new file" in r.stderr
         assert "nothing was stopped" in r.stderr and not os.path.exists(rt)
     finally:
         subprocess.run(["umount", "-l", run], check=True)
-    pid, _ = services.start(t, layout, "llama-server", [exe, "30"])
+    pid, _ = services.start(t, layout, "llama-server", argv)
     assert read_facts(t, layout, SERVICES).running == {"llama-server": pid}
     assert not os.path.exists(rt) or os.listdir(rt) == []
     shutil.rmtree(rt, ignore_errors=True)
