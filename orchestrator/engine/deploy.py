@@ -624,11 +624,14 @@ LINKS_BACK_BEFORE = {"stop", "restart-rpc", "switch", "start-server", "verify"}
 def _logs_folder(ctx: RunEnv, role: str) -> str:
     """ROLE's service's folder as the hint names it, `DIR/`: the runtime dir while it runs from
     there (run/ read-only), else run/; run/'s where the host does not answer (the hint must not
-    hide the failure it follows)."""
+    hide the failure it follows, nor wait to connect again to a host it lost)."""
     layout = ctx.view.layouts[role]
     try:
-        return posixpath.join(service_dir(ctx.t(role), layout.root, SERVICE_OF_ROLE[role]), "")
-    except Exception:
+        t = ctx.t(role)
+        if not getattr(t, "connected", True):
+            return f"{layout.run}/"
+        return posixpath.join(service_dir(t, layout.root, SERVICE_OF_ROLE[role]), "")
+    except Exception:  # whatever it is, the rollback's own failure is what this message must say
         return f"{layout.run}/"
 
 

@@ -78,7 +78,7 @@ def pair_diff(
         ident = idents.get(r)
         running = list(ident.argv) if ident is not None and ident.running else []
         want = list(wanted[r])
-        if r in dirs and dirs[r] != view.layouts[r].run:  # started from the runtime dir: its --log-file is there
+        if running and r in dirs and dirs[r] != view.layouts[r].run:  # runs from the runtime dir: its log is there
             want = list(argv_from(want, view.layouts[r].root, SERVICE_OF_ROLE[r], dirs[r]))
         pkg = packages[0] if r == "native" else packages[1]
         lines = list(

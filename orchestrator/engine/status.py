@@ -16,7 +16,7 @@ from orchestrator.errors import HostKeyError, HostStateError, PairctlError
 from orchestrator.evidence.store import EvidenceStore
 from orchestrator.hosts import supervisor
 from orchestrator.hosts.identity import RPC_PROBE_S, read_identities, rpc_probe
-from orchestrator.hosts.layout import LLAMA_SERVER, HostLayout
+from orchestrator.hosts.layout import HostLayout
 from orchestrator.hosts.leases import parse_run_of
 from orchestrator.hosts.models import recorded_file_problems, recorded_files, recorded_model_problems
 from orchestrator.hosts.probes import HostFacts, read_facts, rpc_probe_problem
@@ -27,7 +27,7 @@ from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
 from orchestrator.remote.result import as_text
 from orchestrator.remote.transport import ConnectionLost, Transport, Unreachable
-from orchestrator.roles import ROLES, SERVICE_OF_ROLE
+from orchestrator.roles import LLAMA_SERVER, ROLES, SERVICE_OF_ROLE
 
 
 def _have(store: PackageStore, package_id: str) -> bool:

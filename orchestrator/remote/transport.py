@@ -246,7 +246,7 @@ FsResult = FileStat | bytes | str | int | None | OSError | NotImplementedError
 
 def fs_batch(transport: Transport, ops: list[FsRead]) -> list[FsResult]:
     """Run OPS on one host, results in order, pipelined where the transport can. A refused
-    ReadFile or HostClock gives the error; a connection lost raises."""
+    ReadFile, HostClock, FreeBytes, MountFlags or Lstat(soft) gives the error; a connection lost raises."""
     batch = getattr(transport, "fs_batch", None)
     if batch is not None:
         return list(batch(ops))
