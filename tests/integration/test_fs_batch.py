@@ -12,7 +12,6 @@ import pytest
 
 from orchestrator.errors import HostError
 from orchestrator.hosts import space
-from orchestrator.remote.pool import open_transport
 from orchestrator.remote.transport import (
     HOST_FILE_MAX,
     FileStat,
@@ -28,13 +27,6 @@ from orchestrator.remote.transport import (
 pytestmark = pytest.mark.integration
 
 HOST = "lab-native"
-
-
-@pytest.fixture(scope="module")
-def t(lab):
-    tr = open_transport(lab.inventory, HOST)
-    yield tr
-    tr.close()
 
 
 @pytest.fixture()

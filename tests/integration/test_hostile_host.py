@@ -9,19 +9,11 @@ import pytest
 
 from orchestrator.errors import HostError
 from orchestrator.remote.command import Cmd
-from orchestrator.remote.pool import open_transport
 from orchestrator.remote.transport import HOST_FILE_MAX, HOST_OUTPUT_MAX
 
 pytestmark = pytest.mark.integration
 
 HOST = "lab-native"
-
-
-@pytest.fixture(scope="module")
-def t(lab):
-    tr = open_transport(lab.inventory, HOST)
-    yield tr
-    tr.close()
 
 
 def test_a_command_that_floods_its_output_is_stopped_at_the_bound(t) -> None:

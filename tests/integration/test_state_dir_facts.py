@@ -16,19 +16,11 @@ import pytest
 from orchestrator.errors import HostStateError
 from orchestrator.hosts import layout as LY
 from orchestrator.hosts.writable import ST_RDONLY
-from orchestrator.remote.pool import open_transport
 from orchestrator.remote.transport import MountFlags, fs_batch
 
 pytestmark = pytest.mark.integration
 
 HOST = "lab-native"
-
-
-@pytest.fixture(scope="module")
-def t(lab):
-    tr = open_transport(lab.inventory, HOST)
-    yield tr
-    tr.close()
 
 
 def _host(tmp_path: Path) -> tuple[Path, LY.HostLayout]:

@@ -49,13 +49,6 @@ def inventory_with_known_hosts(lab, known_hosts: Path) -> Inventory:
     return lab.inventory.model_copy(update={"known_hosts": str(known_hosts)})
 
 
-@pytest.fixture(scope="module")
-def t(lab):
-    tr = open_transport(lab.inventory, HOST)
-    yield tr
-    tr.close()
-
-
 def test_login_with_strict_host_keys(lab, t) -> None:
     r = t.run(Cmd.of("id", "-u"))
     assert r.stdout == "0\n" and r.exit_status == 0
