@@ -15,7 +15,7 @@ from orchestrator.engine import targets
 from orchestrator.engine.plan import pair_view
 from orchestrator.errors import HostStateError
 from orchestrator.hosts.identity import read_identities
-from orchestrator.hosts.probes import argv_from, read_facts, service_dir
+from orchestrator.hosts.probes import argv_from, read_facts
 from orchestrator.hosts.route import parse_route
 from orchestrator.paths import Home
 from orchestrator.remote.pool import TransportPool
@@ -50,7 +50,7 @@ def pair_diff(
         facts = {r: read_facts(t[r], view.layouts[r], (SERVICE_OF_ROLE[r],)) for r in ROLES}
         prepared = tuple(r for r in ROLES if facts[r].svc_sha256)
         idents = read_identities({r: t[r] for r in prepared}, view.layouts, prepared) if prepared else {}
-        dirs = {r: service_dir(t[r], view.layouts[r].root, SERVICE_OF_ROLE[r]) for r in prepared}
+        dirs = {r: facts[r].folders[SERVICE_OF_ROLE[r]] for r in prepared}
     rec = parse_route(facts["native"].route_bytes, where=f"{view.hosts['native']}:route.json", pair=pair_name)
     if packages is None:
         if rec is not None and rec.active is not None:

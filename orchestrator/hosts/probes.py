@@ -121,6 +121,8 @@ class HostFacts:
     # check of a state dir that cannot be made (layout.check_state_dir); None where not read or not known
     run_link: str | None = None
     state_there: bool | None = None
+    # each service's folder now, as service_dirs would answer, from the same batch (diff reads it)
+    folders: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -368,7 +370,8 @@ def read_facts(transport: Transport, layout: Any, services: Iterable[str]) -> Ho
         root=layout.root,
     )
     there = None if layout.state is None or isinstance(first[10], OSError) else first[10] is not None
-    return replace(facts, run_link=first[9] if isinstance(first[9], str) else None, state_there=there)
+    folders = {s: rt.path if rt is not None and s in in_rt else layout.run for s in services}
+    return replace(facts, run_link=first[9] if isinstance(first[9], str) else None, state_there=there, folders=folders)
 
 
 def judged_link(host: str, path: str, target: str | None, root: str) -> str | None:

@@ -33,6 +33,7 @@ from orchestrator.hosts.probes import (
     parse_model_hashes,
     parse_sha256sum,
     read_facts,
+    service_dirs,
 )
 from orchestrator.hosts.release import ReleaseMismatch
 from orchestrator.hosts.route import RouteConflict, cas_write
@@ -62,6 +63,7 @@ def test_install_helper_and_facts_of_an_empty_host(host):
     t, layout = host
     f = read_facts(t, layout, SERVICES)
     assert f.root_exists and f.current is None and f.releases == () and f.route_bytes is None
+    assert f.folders == service_dirs(t, layout.root, SERVICES) == dict.fromkeys(SERVICES, layout.run)
     assert f.svc_sha256 == sha256_bytes(svc_script())
     assert oct(os.stat(layout.secrets).st_mode & 0o777) == "0o700"
     assert os.access(layout.svc, os.X_OK)
@@ -166,6 +168,7 @@ def test_a_start_on_a_read_only_run_dir_keeps_its_files_in_the_runtime_dir(host)
         assert st.as_dict()["runtime_dir"] == rt
         out: dict[str, list[str]] = {"problems": [], "warnings": []}  # what `pairctl status` says of it
         f = read_facts(t, layout, ("llama-server",))
+        assert f.folders == service_dirs(t, layout.root, ("llama-server",)) == {"llama-server": rt}  # diff reads it
         assert status_of._supervisor(t, layout, SimpleNamespace(name="p"), "h", "llama-server", f, out)
         assert out["problems"] == [] and len(out["warnings"]) == 1
         assert (
