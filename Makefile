@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PAIRCTL := $(VENV)/bin/pairctl
 PYTEST_ARGS ?=
 
-.PHONY: setup system venv demo check test test-par test-real-mutants test-long-ctx test-unit lint typecheck fmt bench clean-state
+.PHONY: setup system venv demo check test test-serial test-real-mutants test-long-ctx test-unit lint typecheck fmt bench clean-state
 
 setup: system venv
 
@@ -51,20 +51,23 @@ check: venv
 	PAIRCTL_TEST_TIER=check PAIRCTL_TEST_HOME=$(CHECK_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/check \
 	  $(PY) -m pytest tests/unit -m "not unit_slow" --junitxml=$(RUNS)/check/junit.xml $(PYTEST_ARGS)
 
-# The demo's lab holds the lab addresses; stop it (by pid) so the tests can start theirs.
+# The whole suite on WORKERS pytest-xdist workers (default 2: CI's machine has two cores), each with a
+# lab of its own (addresses 127.0.4.x, a home under .state/test/workers/gwK; tests/plugins/workers.py),
+# the package store shared; lab test modules and the fault matrix (on lab3's and labfaults' hosts)
+# each stay on one worker (--dist loadgroup), handed out longest first. The demo's lab holds the lab
+# addresses; stop it (by pid) so the tests can start theirs.
+WORKERS ?= 2
 test: setup
 	-@[ -d $(DEMO_HOME)/lab ] && PAIRCTL_HOME=$(DEMO_HOME) $(PAIRCTL) lab down >/dev/null 2>&1; true
 	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/test \
-	  $(PY) -m pytest --junitxml=$(RUNS)/test/junit.xml $(PYTEST_ARGS)
+	  $(PY) -m pytest -n $(WORKERS) --dist loadgroup --junitxml=$(RUNS)/test/junit.xml $(PYTEST_ARGS)
 
-# The same tests on N workers (default 2), each with a lab of its own (addresses 127.0.4.x, a home under
-# .state/test/workers/gwK; tests/plugins/workers.py), the package store shared; lab test modules and
-# the fault matrix (on lab3's and labfaults' hosts) each stay on one worker (--dist loadgroup).
-WORKERS ?= 2
-test-par: setup
+# The same tests one at a time in one process, on the bundled lab addresses (127.0.0.x), as `make
+# test` ran them before it took workers: for a debugger, or a machine where a second lab cannot start.
+test-serial: setup
 	-@[ -d $(DEMO_HOME)/lab ] && PAIRCTL_HOME=$(DEMO_HOME) $(PAIRCTL) lab down >/dev/null 2>&1; true
-	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/test-par \
-	  $(PY) -m pytest -n $(WORKERS) --dist loadgroup --junitxml=$(RUNS)/test-par/junit.xml $(PYTEST_ARGS)
+	PAIRCTL_TEST_HOME=$(TEST_HOME) PAIRCTL_TEST_RECORD=$(RUNS)/test-serial \
+	  $(PY) -m pytest --junitxml=$(RUNS)/test-serial/junit.xml $(PYTEST_ARGS)
 
 # Every mutant on the real model too (about 20 minutes more; not part of CI's `make test`).
 test-real-mutants: setup

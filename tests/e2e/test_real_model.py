@@ -109,11 +109,9 @@ def test_openai_client_gets_a_real_answer_under_the_declared_name(real_deploy):
     r, _took, cli, lab_env = real_deploy
     assert r.exit_code == 0, r.output[-3000:]
     st = lab_status(cli)
-    from orchestrator.config.inventory import load_inventory
     from orchestrator.engine.plan import pair_view
 
-    inv = load_inventory("lab", {"PAIRCTL_HOME": str(Path(os.environ["PAIRCTL_HOME"]))})
-    base = pair_view(inv, PAIR).base_url
+    base = pair_view(lab_env.inventory, PAIR).base_url  # the lab's own (an xdist worker's: its addresses)
     client = openai.OpenAI(base_url=base + "/v1", api_key="unused", timeout=120, max_retries=0)
     models = [m.id for m in client.models.list().data]
     assert models == [ALIAS], models  # the profile's alias, not a host path

@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from orchestrator.lab.sshd import pid_alive
+from tests.plugins.workers import without_group
 
 RECORD_ENV = "PAIRCTL_TEST_RECORD"
 SCHEMA = "pairctl-test-durations/1"
@@ -164,7 +165,9 @@ class _Recorder:
         self.tree_start = _tree_cpu()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        row = self.rows.setdefault(report.nodeid, {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed", "tier": "other"})
+        row = self.rows.setdefault(
+            without_group(report.nodeid), {"wall_s": 0.0, "cpu_s": 0.0, "outcome": "passed", "tier": "other"}
+        )
         row["wall_s"] = round(row["wall_s"] + report.duration, 4)
         cpu = getattr(report, "pairctl_cpu_s", None)
         if cpu is not None:

@@ -19,7 +19,9 @@ checks that they share none of these but the package store.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,7 @@ NET_ENV = "PAIRCTL_TEST_WORKER_NET"
 OFFSET_ENV = "PAIRCTL_TEST_WORKER_OFFSET"  # first block (a nested run keeps clear of its parent's workers)
 BASE_ENV = "PAIRCTL_TEST_WORKER_BASE"  # the test home the workers share their store with
 BLOCK = 32  # addresses per worker: the bundled lab inventories use 127.0.0.2-21
-SHARED = ("packages", "build-cache", "lab/source", "lab/sdist", "lab/models")
+SHARED = ("packages", "build-cache", "lab/source", "lab/sdist")  # lab/models: linked file by file (_link_models)
 # Lab tests are grouped by module (their module-scoped deploys stay on one worker); unit tests spread.
 LAB_DIRS = ("e2e", "integration", "faults", "mutants", "install", "numerics")
 
@@ -63,12 +65,13 @@ def worker_inventory(name: str) -> Path:
     index = worker_index()
     assert index is not None, "only under xdist"
     out = Home.resolve(os.environ["PAIRCTL_TEST_HOME"]).root / "inventories" / f"{name}.yaml"
-    if not out.is_file():
-        inv = yaml.safe_load((MANIFESTS / "inventories" / f"{name}.yaml").read_text())
-        for host in inv["hosts"].values():
-            host["address"] = worker_address(host["address"], index)
+    inv = yaml.safe_load((MANIFESTS / "inventories" / f"{name}.yaml").read_text())
+    for host in inv["hosts"].values():
+        host["address"] = worker_address(host["address"], index)
+    text = yaml.safe_dump(inv, sort_keys=False)
+    if not out.is_file() or out.read_text() != text:  # a bundled inventory edited since the last run
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(yaml.safe_dump(inv, sort_keys=False))
+        out.write_text(text)
     return out
 
 
@@ -87,6 +90,28 @@ def prepare_shared(*, source: bool) -> None:
         ensure_real_model(home.lab / "models")
         if source:
             ensure_source(home)
+        _link_models(home.lab / "models", Home.resolve(os.environ["PAIRCTL_TEST_HOME"]).lab / "models")
+
+
+def _link_models(shared: Path, own: Path) -> None:
+    """The worker's lab/models: a folder of its own whose files are hard links to the shared ones.
+    A test may swap a model file for a changed one and put it back (test_deploy's model-hash test
+    renames target.gguf aside and writes another in its place): in its own folder that swaps
+    only its worker's name, never the file the other worker's running pair was deployed with.
+    Linked afresh each session, so a model remade in the shared folder is the one linked."""
+    if own.is_symlink():  # a run before models were per worker
+        own.unlink()
+    own.mkdir(parents=True, exist_ok=True)
+    for src in shared.iterdir():
+        dest = own / src.name
+        if src.is_dir():
+            if not dest.is_symlink():
+                dest.symlink_to(src)
+            continue
+        if dest.exists() and os.path.samefile(src, dest):
+            continue
+        dest.unlink(missing_ok=True)
+        os.link(src, dest)
 
 
 def _worker_home(base: Path, index: int) -> Path:
@@ -101,6 +126,9 @@ def _worker_home(base: Path, index: int) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_GroupSuffix(), "pairctl-xdist-group-suffix")
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False  # the controller's scheduler: longest group first instead
     index = worker_index()
     if index is None:
         return
@@ -113,9 +141,79 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PAIRCTL_INVENTORY"] = inv
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Lab tests in one xdist group per module (`--dist loadgroup`); an explicit group wins."""
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which names each item's group from these markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Lab tests in one xdist group per module (`--dist loadgroup`); an explicit group wins.
+
+    Under xdist the groups are handed out longest first, by the wall seconds a recorded run gave
+    them (`recorded_walls`): a worker that picks the fault matrix or the real model last would
+    run it alone at the end while the other idles. xdist's own order (most tests first, its
+    `--loadscope-reorder`) is turned off for that; every worker sorts the same file the same way,
+    so their collections stay equal, as xdist requires."""
+    groups: dict[str, str] = {}
     for item in items:
         module = item.nodeid.split("::")[0]
         if module.split("/")[:2] in ([["tests", d] for d in LAB_DIRS]) and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(module))
+        marker = item.get_closest_marker("xdist_group")
+        groups[item.nodeid] = str(marker.args[0] if marker.args else marker.kwargs.get("name", "")) if marker else ""
+    if worker_index() is None or not getattr(config.option, "loadgroup", False):  # a worker's own dist is "no"
+        return
+    walls = recorded_walls()
+    weight: dict[str, float] = {}
+    for item in items:
+        key = groups[item.nodeid] or item.nodeid
+        weight[key] = weight.get(key, 0.0) + walls.get(without_group(item.nodeid), 0.0)
+    items.sort(key=lambda item: -weight[groups[item.nodeid] or item.nodeid])  # stable: ties keep their order
+
+
+class _GroupSuffix:
+    """xdist's loadgroup sends a worker's items to the controller as `NODEID@GROUP`, written by its
+    own collection hook into `item._nodeid`; pytest 9 derives `nodeid` from `item._id` instead,
+    so the suffix never reaches the scheduler and every lab module's tests were spread over both
+    workers (a module fixture deployed twice, a module's tests on two labs). Run after xdist's hook:
+    the suffix set where it is missing, as xdist means it (its group names sorted, joined by `_`)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if not getattr(config.option, "loadgroup", False):
+            return
+        for item in items:
+            names = sorted(
+                {
+                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")
+                }
+            )
+            if names and not item.nodeid.endswith("@" + "_".join(names)):  # (a pytest before 9 has it)
+                from _pytest.nodeid import NodeId
+
+                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
+
+
+def without_group(nodeid: str) -> str:
+    """A test id as it reads outside loadgroup: its `@GROUP` suffix (no `]` in it) dropped."""
+    return re.sub(r"@[^\]@]*$", "", nodeid) if "::" in nodeid else nodeid
+
+
+def recorded_walls() -> dict[str, float]:
+    """Each test's wall seconds: the newest clean-clone run kept in docs/results, overlaid by the
+    last run this machine recorded (PAIRCTL_TEST_RECORD's durations.json, which may have run only a
+    few tests); empty if none reads (then the collection's own order)."""
+    kept = sorted(Path(__file__).resolve().parents[2].glob("docs/results/durations-*.json"), key=_ended_at)
+    record = os.environ.get("PAIRCTL_TEST_RECORD")
+    walls: dict[str, float] = {}
+    for path in kept[-1:] + ([Path(record) / "durations.json"] if record else []):
+        try:
+            tests = json.loads(path.read_text())["tests"]
+            walls |= {without_group(nodeid): float(row["wall_s"]) for nodeid, row in tests.items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return walls
+
+
+def _ended_at(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text()).get("ended_at", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
