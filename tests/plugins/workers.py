@@ -9,10 +9,11 @@ Under xdist each worker (PYTEST_XDIST_WORKER=gwK) gets
   workers' sshd hosts, llama-servers and rpc-servers never bind the same address and port;
   PAIRCTL_TEST_LAB_INVENTORY and PAIRCTL_INVENTORY name the worker's `lab` copy, as they would a
   developer's second lab;
-- the test home's package store, build cache, pinned source and models, shared through symlinks:
-  a package is built once by whichever worker asks first (pairctl's build and store locks are
-  file locks in those shared folders), and the source and models are prepared once under
-  `prepare_shared`'s lock before any worker's lab starts.
+- the test home's package store, build cache and pinned source, shared through symlinks: a
+  package is built once by whichever worker asks first (pairctl's build and store locks are file
+  locks in those shared folders), and the source and models are prepared once under
+  `prepare_shared`'s lock before any worker's lab starts; the models are hard-linked into a folder
+  of the worker's own (`_link_models`), so a test that swaps a model file swaps only its own.
 Without xdist nothing changes. tests/integration/test_workers.py runs two workers on purpose and
 checks that they share none of these but the package store.
 """
