@@ -22,7 +22,7 @@ def test_two_workers_share_no_lab_address_port_state_folder_or_build(pairctl_hom
         os.environ,
         PROBE_DIR=str(tmp_path),
         PAIRCTL_TEST_HOME=str(pairctl_home),
-        # blocks 6 and 7 of the worker range: clear of the workers of a `make test-par` running this
+        # blocks 6 and 7 of the worker range: clear of the workers of a `make test` running this
         PAIRCTL_TEST_WORKER_OFFSET="6",
     )
     for var in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PAIRCTL_TEST_LAB_INVENTORY", "PAIRCTL_INVENTORY"):
