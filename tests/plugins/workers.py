@@ -24,6 +24,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -156,8 +157,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.nodeid.split("::")[0]
         if module.split("/")[:2] in ([["tests", d] for d in LAB_DIRS]) and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(module))
-        marker = item.get_closest_marker("xdist_group")
-        groups[item.nodeid] = str(marker.args[0] if marker.args else marker.kwargs.get("name", "")) if marker else ""
+        groups[item.nodeid] = group_of(item)
     if worker_index() is None or not getattr(config.option, "loadgroup", False):  # a worker's own dist is "no"
         return
     walls = recorded_walls()
@@ -180,16 +180,18 @@ class _GroupSuffix:
         if not getattr(config.option, "loadgroup", False):
             return
         for item in items:
-            names = sorted(
-                {
-                    str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                    for m in item.iter_markers("xdist_group")
-                }
-            )
-            if names and not item.nodeid.endswith("@" + "_".join(names)):  # (a pytest before 9 has it)
+            group = group_of(item)
+            if group and not item.nodeid.endswith("@" + group):  # (a pytest before 9 has it)
                 from _pytest.nodeid import NodeId
 
-                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
+                item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
+
+
+def group_of(item: pytest.Item) -> str:
+    """The item's xdist group as xdist names it (its xdist_group names sorted, joined by `_`); ""
+    for none."""
+    marks = item.iter_markers("xdist_group")
+    return "_".join(sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default")) for m in marks}))
 
 
 def without_group(nodeid: str) -> str:
@@ -201,20 +203,23 @@ def recorded_walls() -> dict[str, float]:
     """Each test's wall seconds: the newest clean-clone run kept in docs/results, overlaid by the
     last run this machine recorded (PAIRCTL_TEST_RECORD's durations.json, which may have run only a
     few tests); empty if none reads (then the collection's own order)."""
-    kept = sorted(Path(__file__).resolve().parents[2].glob("docs/results/durations-*.json"), key=_ended_at)
+    kept = [_run(p) for p in Path(__file__).resolve().parents[2].glob("docs/results/durations-*.json")]
     record = os.environ.get("PAIRCTL_TEST_RECORD")
+    runs = [max(kept, key=lambda run: str(run.get("ended_at", "")), default={})]
+    runs += [_run(Path(record) / "durations.json")] if record else []
     walls: dict[str, float] = {}
-    for path in kept[-1:] + ([Path(record) / "durations.json"] if record else []):
+    for run in runs:
         try:
-            tests = json.loads(path.read_text())["tests"]
-            walls |= {without_group(nodeid): float(row["wall_s"]) for nodeid, row in tests.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            walls |= {without_group(nodeid): float(row["wall_s"]) for nodeid, row in run.get("tests", {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return walls
 
 
-def _ended_at(path: Path) -> str:
+def _run(path: Path) -> dict[str, Any]:
+    """A durations file's content, or {} where it does not read as a JSON object."""
     try:
-        return str(json.loads(path.read_text()).get("ended_at", ""))
-    except (OSError, ValueError, AttributeError):
-        return ""
+        run = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return run if isinstance(run, dict) else {}
