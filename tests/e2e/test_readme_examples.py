@@ -19,7 +19,9 @@ sshd hosts, deployed once for the whole module), run the way an operator runs pa
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -230,6 +232,13 @@ def test_the_readme_examples_run(fp: FaultPair, tmp_path: Path, monkeypatch) -> 
         _deploy(fp, fp.packages[0])
         _deploy(fp, fp.packages[1])
     values = _values(fp)
+    # the examples' homes below are new folders, and ccache keeps its cache under $HOME: without
+    # this a guide's `build --patch` compiles all of llama.cpp cold (500 s and 900 core-s on 2 cores,
+    # with every other worker's build waiting on the build lock) instead of a few cache hits
+    if shutil.which("ccache") and "CCACHE_DIR" not in os.environ:
+        got = subprocess.run(["ccache", "--get-config", "cache_dir"], capture_output=True, text=True, check=False)
+        if got.returncode == 0 and got.stdout.strip():
+            monkeypatch.setenv("CCACHE_DIR", got.stdout.strip())
     ran: list[str] = []
     sources: set[str] = set()
     for ex in examples():
