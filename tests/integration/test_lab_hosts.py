@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.lab.keys import ensure_ed25519
 from orchestrator.lab.sshd import is_lab_sshd, pid_alive, port_answers, terminate
-from tests.plugins.workers import spare_addresses
+from tests.plugins.workers import link_session_models, spare_addresses
 
 pytestmark = pytest.mark.integration
 
@@ -153,6 +153,7 @@ def throwaway(tmp_path, cli):
     home = tmp_path / "home"
     inv = tmp_path / "throwaway.yaml"
     inv.write_text(THROWAWAY)
+    link_session_models(home)  # these tests are about sshd, not about making models
     yield home, inv
     cli("lab", "down", home=home)  # never leave the throwaway running, even on failure
 
@@ -230,6 +231,7 @@ def test_lab_up_refuses_a_port_taken_by_another_lab(throwaway, cli, tmp_path):
     home, inv = throwaway
     assert cli("lab", "up", "--no-source", "--inventory", str(inv), home=home).exit_code == 0
     other = tmp_path / "other-home"
+    link_session_models(other)
     r = cli("lab", "up", "--no-source", "--inventory", str(inv), home=other)
     assert r.exit_code == 4, r.output  # ExitCode.HOST
     assert "already in use" in r.stderr
@@ -247,6 +249,7 @@ def test_lab_up_stops_an_orphaned_lab_sshd_whose_home_was_deleted(throwaway, cli
     old = {h["host"]: h["pid"] for h in json.loads(r.stdout)["hosts"]}
     configs = {n: str(home / "lab" / "hosts" / n / "sshd_config") for n in old}
     shutil.rmtree(home)
+    link_session_models(home)
     try:
         r = cli("lab", "up", "--no-source", "--json", "--inventory", str(inv), home=home)
         assert r.exit_code == 0, r.output
