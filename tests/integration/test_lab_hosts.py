@@ -149,11 +149,11 @@ pairs:
 
 
 @pytest.fixture
-def throwaway(tmp_path, cli):
+def throwaway(tmp_path, cli, pairctl_home):
     home = tmp_path / "home"
     inv = tmp_path / "throwaway.yaml"
     inv.write_text(THROWAWAY)
-    link_session_models(home)  # these tests are about sshd, not about making models
+    link_session_models(home, pairctl_home)  # these tests are about sshd, not about making models
     yield home, inv
     cli("lab", "down", home=home)  # never leave the throwaway running, even on failure
 
@@ -227,18 +227,18 @@ def test_lab_up_replaces_a_stale_pid_file(throwaway, cli):
         decoy.wait()
 
 
-def test_lab_up_refuses_a_port_taken_by_another_lab(throwaway, cli, tmp_path):
+def test_lab_up_refuses_a_port_taken_by_another_lab(throwaway, cli, tmp_path, pairctl_home):
     home, inv = throwaway
     assert cli("lab", "up", "--no-source", "--inventory", str(inv), home=home).exit_code == 0
     other = tmp_path / "other-home"
-    link_session_models(other)
+    link_session_models(other, pairctl_home)
     r = cli("lab", "up", "--no-source", "--inventory", str(inv), home=other)
     assert r.exit_code == 4, r.output  # ExitCode.HOST
     assert "already in use" in r.stderr
     cli("lab", "down", home=other)
 
 
-def test_lab_up_stops_an_orphaned_lab_sshd_whose_home_was_deleted(throwaway, cli):
+def test_lab_up_stops_an_orphaned_lab_sshd_whose_home_was_deleted(throwaway, cli, pairctl_home):
     """`rm -rf` of a home while its lab runs leaves an sshd nobody can find by pid file; the next
     `lab up` on that address recognises it (its config file is gone) and replaces it."""
     import shutil
@@ -249,7 +249,7 @@ def test_lab_up_stops_an_orphaned_lab_sshd_whose_home_was_deleted(throwaway, cli
     old = {h["host"]: h["pid"] for h in json.loads(r.stdout)["hosts"]}
     configs = {n: str(home / "lab" / "hosts" / n / "sshd_config") for n in old}
     shutil.rmtree(home)
-    link_session_models(home)
+    link_session_models(home, pairctl_home)
     try:
         r = cli("lab", "up", "--no-source", "--json", "--inventory", str(inv), home=home)
         assert r.exit_code == 0, r.output

@@ -116,15 +116,16 @@ def _link_models(shared: Path, own: Path) -> None:
         os.link(src, dest)
 
 
-def link_session_models(home_root: Path) -> None:
+def link_session_models(home_root: Path, session_home: Path) -> None:
     """A throwaway home's lab/models as hard links to this session's, so its `lab up` finds the
     models intact instead of writing them: the real model's draft and F16 form alone take ~18
     CPU-s and ~35 s on the 2-core machine (gguf's reader and dequantizer in Python), paid again by
-    every `lab up` in a new home. The session's folder is made here if no lab has made it yet."""
+    every `lab up` in a new home. The session's folder (SESSION_HOME's, conftest's pairctl_home) is
+    made here if no lab has made it yet."""
     from orchestrator.lab.models import ensure_lab_models
     from orchestrator.lab.real_model import ensure_real_model
 
-    own = Home.resolve(os.environ["PAIRCTL_TEST_HOME"]).lab / "models"
+    own = Home.resolve(session_home).lab / "models"
     with file_lock(own.parent / ".models.lock"):
         ensure_lab_models(own)
         ensure_real_model(own)
