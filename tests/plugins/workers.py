@@ -82,17 +82,24 @@ def prepare_shared(*, source: bool) -> None:
     base = os.environ.get(BASE_ENV)
     if worker_index() is None or not base:
         return
-    from orchestrator.lab.models import ensure_lab_models
-    from orchestrator.lab.real_model import ensure_real_model
     from orchestrator.lab.source import ensure_source
 
     home = Home.resolve(base)
     with file_lock(home.lab / ".workers.lock"):
-        ensure_lab_models(home.lab / "models")
-        ensure_real_model(home.lab / "models")
+        _made_models(home.lab / "models")
         if source:
             ensure_source(home)
         _link_models(home.lab / "models", Home.resolve(os.environ["PAIRCTL_TEST_HOME"]).lab / "models")
+
+
+def _made_models(folder: Path) -> None:
+    """The lab's generated models and the real model (with its draft and F16 form) in FOLDER:
+    each written once, checked on every call."""
+    from orchestrator.lab.models import ensure_lab_models
+    from orchestrator.lab.real_model import ensure_real_model
+
+    ensure_lab_models(folder)
+    ensure_real_model(folder)
 
 
 def _link_models(shared: Path, own: Path) -> None:
@@ -121,14 +128,12 @@ def link_session_models(home_root: Path, session_home: Path) -> None:
     models intact instead of writing them: the real model's draft and F16 form alone take ~18
     CPU-s and ~35 s on the 2-core machine (gguf's reader and dequantizer in Python), paid again by
     every `lab up` in a new home. The session's folder (SESSION_HOME's, conftest's pairctl_home) is
-    made here if no lab has made it yet."""
-    from orchestrator.lab.models import ensure_lab_models
-    from orchestrator.lab.real_model import ensure_real_model
-
+    made here if no lab has made it yet: under xdist linked from the shared one (`prepare_shared`),
+    so a worker never writes models of its own."""
+    prepare_shared(source=False)
     own = Home.resolve(session_home).lab / "models"
     with file_lock(own.parent / ".models.lock"):
-        ensure_lab_models(own)
-        ensure_real_model(own)
+        _made_models(own)
     _link_models(own, Home.resolve(home_root).lab / "models")
 
 
@@ -198,7 +203,7 @@ class _GroupSuffix:
         for item in items:
             group = group_of(item)
             if group and not item.nodeid.endswith("@" + group):  # (a pytest before 9 has it)
-                from _pytest.nodeid import NodeId
+                from _pytest.nodeid import NodeId  # pytest 9's: imported only where the suffix is missing
 
                 item._id = NodeId.parse(f"{item.nodeid}@{group}")  # type: ignore[attr-defined]
 
